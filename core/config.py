@@ -1,0 +1,446 @@
+"""Reads a site's YAML, validates it against one schema composed from core and its plugins.
+
+Every problem is reported, each as ``FILE:LINE: json.path: message``. YAML syntax errors are
+reported apart from schema errors. Defaults are filled only into a document that is already
+valid, so filling them can never make an invalid document valid.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match
+
+from gridgate.core.plugins import (
+    CONFIG_GROUPS,
+    SECTIONS_GROUP,
+    STATE_GROUP,
+    PluginLoadError,
+    load_class,
+)
+
+PathT = tuple[str | int, ...]
+
+#: How a secret is given: the name of an environment variable or a file, never the value.
+SECRET_SCHEMA: dict[str, Any] = {
+    "description": "A secret read at run time: {env: VARIABLE} or {file: /path/to/file}.",
+    "type": "object",
+    "properties": {"env": {"type": "string", "minLength": 1}, "file": {"type": "string", "minLength": 1}},
+    "additionalProperties": False,
+    "minProperties": 1,
+    "maxProperties": 1,
+}
+
+DIRECTOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "The submission director's loop.",
+    "properties": {
+        "cycle_seconds": {"type": "number", "exclusiveMinimum": 0, "default": 60,
+                          "description": "Pause between iterations, in seconds."},
+        "max_threads": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 8,
+                        "description": "Submissions run in parallel on this many threads."},
+        "command_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 120,
+                            "description": "Hard limit in seconds for every backend command."},
+        "failing_expiry": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
+                           "description": "Seconds a failing server stays in the failing cache."},
+        "ticket_expiry": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
+                          "description": "The tickets cache lives failing_expiry + ticket_expiry."},
+        "notify_kinds": {
+            "type": "object",
+            "description": "Per failure kind, whether people are told (overrides the classifier).",
+            "additionalProperties": {"type": "boolean"},
+            "default": {},
+        },
+        "max_output_bytes": {"type": "integer", "minimum": 1024, "default": 4 * 1024 * 1024,
+                             "description": "Per stream; output past it is dropped and flagged."},
+        "state_dir": {"type": "string", "default": "./gridgate-state",
+                      "description": "Where plugins keep files (outbox, spool, work files)."},
+        "user": {"type": "string", "default": "",
+                 "description": "Name the director gives admission control (default: its uid's)."},
+        "metrics_port": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535,
+                         "default": None, "description": "Serve Prometheus metrics here."},
+    },
+    "additionalProperties": False,
+}
+
+STATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Where caches, history and accounting live.",
+    "properties": {"driver": {"type": "string", "default": "sqlite"}},
+    "default": {"driver": "sqlite"},
+}
+
+
+def _plugin_group_schema(key: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": f"Plugins of group {CONFIG_GROUPS[key]}, by entry-point name, in order.",
+        "properties": {},
+        "additionalProperties": False,
+    }
+
+
+def core_schema() -> dict[str, Any]:
+    """The schema of what core itself owns, before plugins add their sections."""
+    props: dict[str, Any] = {"director": DIRECTOR_SCHEMA, "state": STATE_SCHEMA}
+    for key in CONFIG_GROUPS:
+        props[key] = _plugin_group_schema(key)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "gridgate site configuration",
+        "type": "object",
+        "properties": props,
+        "additionalProperties": False,
+    }
+
+
+# --- defaults -------------------------------------------------------------------------------
+
+
+def _set_defaults(validator: Any, properties: Mapping[str, Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if isinstance(instance, dict):
+        for name, sub in properties.items():
+            if isinstance(sub, dict) and "default" in sub and name not in instance:
+                instance[name] = copy.deepcopy(sub["default"])
+    yield from Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, schema)
+
+
+_DefaultFiller = validators.extend(Draft202012Validator, {"properties": _set_defaults})
+
+
+def apply_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
+    """Fill schema defaults into ``instance`` in place. Call only on a valid document."""
+    for _ in _DefaultFiller(schema).iter_errors(instance):
+        pass  # errors were already reported by the plain validator; this pass only fills
+
+
+# --- YAML with line numbers ------------------------------------------------------------------
+
+
+def _line_map(node: yaml.Node | None, path: PathT = (), out: dict[PathT, int] | None = None) -> dict[PathT, int]:
+    out = {} if out is None else out
+    if node is None:
+        return out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            child = (*path, key)
+            out[child] = key_node.start_mark.line + 1
+            _line_map(value_node, child, out)
+            out[child] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _line_map(item, (*path, index), out)
+    return out
+
+
+def format_path(path: PathT) -> str:
+    if not path:
+        return "$"
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    file: str
+    line: int
+    path: PathT
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {format_path(self.path)}: {self.message}"
+
+
+class ConfigError(Exception):
+    """A config file could not be used. ``problems`` lists every reason; ``kind`` is ``yaml``
+    (syntax), ``schema`` (content) or ``io`` (unreadable)."""
+
+    def __init__(self, problems: list[ConfigProblem], kind: str = "schema") -> None:
+        self.problems, self.kind = problems, kind
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated config with defaults filled. ``data`` must not be modified."""
+
+    data: Mapping[str, Any]
+    path: Path | None = None
+    digest: str = ""
+    plugin_classes: Mapping[tuple[str, str], type] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    @property
+    def director(self) -> Mapping[str, Any]:
+        return self.data["director"]
+
+
+def _parse_yaml(text: str, filename: str) -> tuple[Any, dict[PathT, int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        message = f"YAML syntax error: {exc.problem or exc}"
+        if exc.context:
+            message += f" ({exc.context})"
+        raise ConfigError([ConfigProblem(filename, line, (), message)], kind="yaml") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigProblem(filename, 0, (), f"YAML error: {exc}")], kind="yaml") from None
+    return data, _line_map(node)
+
+
+def compose_schema(doc: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[tuple[str, str], type], list[tuple[PathT, str]]]:
+    """Core's schema plus the section schema of every plugin ``doc`` names.
+
+    :return: the schema, the plugin classes by (config key, name), and load problems as
+        (path, message) for names that are not installed or do not import.
+    """
+    schema = core_schema()
+    classes: dict[tuple[str, str], type] = {}
+    problems: list[tuple[PathT, str]] = []
+    doc = doc if isinstance(doc, Mapping) else {}
+
+    def load(group: str, name: str, path: PathT) -> type | None:
+        try:
+            return load_class(group, name)
+        except PluginLoadError as exc:
+            problems.append((path, str(exc)))
+            return None
+
+    for key, group in CONFIG_GROUPS.items():
+        section = doc.get(key)
+        if not isinstance(section, Mapping):
+            continue
+        for name in section:
+            cls = load(group, str(name), (key, name))
+            if cls is not None:
+                classes[(key, str(name))] = cls
+                schema["properties"][key]["properties"][name] = _section_schema(cls)
+    state = doc.get("state")
+    driver = state.get("driver", "sqlite") if isinstance(state, Mapping) else "sqlite"
+    if isinstance(driver, str):
+        cls = load(STATE_GROUP, driver, ("state", "driver"))
+        if cls is not None:
+            classes[("state", driver)] = cls
+            driver_schema = _section_schema(cls)
+            merged = copy.deepcopy(STATE_SCHEMA)
+            merged["properties"].update(driver_schema.get("properties", {}))
+            merged["additionalProperties"] = False
+            schema["properties"]["state"] = merged
+    for key in doc:
+        if key in schema["properties"] or not isinstance(key, str):
+            continue
+        cls = load(SECTIONS_GROUP, key, (key,))
+        if cls is not None:
+            classes[("sections", key)] = cls
+            schema["properties"][key] = _section_schema(cls)
+    return schema, classes, problems
+
+
+def _section_schema(cls: type) -> dict[str, Any]:
+    section = copy.deepcopy(getattr(cls, "config_schema", {"type": "object"}))
+    section.setdefault("type", "object")
+    return section
+
+
+def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
+    """Turn one jsonschema error into (path, message) pairs that point at the culprit."""
+    path: PathT = tuple(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        patterns = error.schema.get("patternProperties", {})
+        import re
+
+        extras = [k for k in error.instance if k not in allowed and not any(re.search(p, str(k)) for p in patterns)]
+        hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
+        return [((*path, k), f"unknown key{hint}") for k in extras] or [(path, error.message)]
+    if error.validator in ("anyOf", "oneOf") and error.context:
+        best = best_match(error.context)
+        return [(tuple(error.absolute_path) + tuple(best.relative_path), best.message)]
+    if error.validator == "required":
+        return [(path, error.message)]
+    return [(path, error.message)]
+
+
+def _normalise_sections(doc: dict[str, Any]) -> None:
+    """``log:`` with nothing after it means an empty section, not null."""
+    for key in CONFIG_GROUPS:
+        section = doc.get(key)
+        if isinstance(section, dict):
+            for name, value in list(section.items()):
+                if value is None:
+                    section[name] = {}
+    for key in ("director", "state"):
+        if key in doc and doc[key] is None:
+            doc[key] = {}
+
+
+def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT, int] | None = None) -> Config:
+    """Validate an already parsed document; return it with defaults filled.
+
+    :raises ConfigError: with every problem found.
+    """
+    lines = lines or {}
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError([ConfigProblem(filename, 1, (), "the config must be a mapping of sections")])
+    doc = copy.deepcopy(doc)
+    _normalise_sections(doc)
+    schema, classes, load_problems = compose_schema(doc)
+
+    def line_of(path: PathT) -> int:
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in lines:
+                return lines[path[:cut]]
+        return 1
+
+    found: list[tuple[PathT, str]] = list(load_problems)
+    for error in Draft202012Validator(schema).iter_errors(doc):
+        found.extend(_describe(error))
+    if not found:
+        for (key, name), cls in classes.items():
+            checker = getattr(cls, "config_errors", None)
+            if checker is None:
+                continue
+            base: PathT = (key, name) if key in CONFIG_GROUPS else (key,)
+            if key == "state":
+                base = ("state",)
+            section = _get(doc, base) or {}
+            filled = copy.deepcopy(section)
+            apply_defaults(filled, schema_at(schema, base))
+            for sub, message in checker(filled):
+                found.append(((*base, *sub), message))
+    if found:
+        problems = sorted(
+            {ConfigProblem(filename, line_of(p), p, m) for p, m in found},
+            key=lambda p: (p.line, format_path(p.path), p.message),
+        )
+        raise ConfigError(problems)
+    apply_defaults(doc, schema)
+    return Config(data=doc, plugin_classes=classes)
+
+
+def _get(doc: Mapping[str, Any], path: PathT) -> Any:
+    node: Any = doc
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def schema_at(schema: Mapping[str, Any], path: PathT) -> Mapping[str, Any]:
+    node: Any = schema
+    for part in path:
+        node = node.get("properties", {}).get(part, {})
+    return node
+
+
+def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config:
+    """Read, parse and validate a config file.
+
+    :raises ConfigError: unreadable file, YAML syntax error, or schema problems; every
+        problem names the file and line.
+    """
+    path = Path(path)
+    filename = str(path)
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError([ConfigProblem(filename, 0, (), f"cannot read: {exc}")], kind="io") from None
+    data, lines = _parse_yaml(text, filename)
+    config = validate_document(data, filename, lines)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return Config(data=config.data, path=path, digest=digest, plugin_classes=config.plugin_classes)
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    """What :meth:`ConfigSource.reload` found: a new config, no change, or a refusal."""
+
+    changed: bool
+    error: ConfigError | None = None
+
+
+class ConfigSource:
+    """A config file re-read on demand; the last good config stays in force.
+
+    A file that changed and validates replaces the current config; one that does not is
+    refused with the reasons, and :attr:`current` keeps the last good one. The same bad
+    content is reported once, not at every reload.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], initial: Config | None = None) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._current = initial or load_config(self.path)
+        self._refused_digest: str | None = None
+
+    @property
+    def current(self) -> Config:
+        return self._current
+
+    def reload(self) -> ReloadOutcome:
+        with self._lock:
+            try:
+                text = self.path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                err = ConfigError([ConfigProblem(str(self.path), 0, (), f"cannot read: {exc}")], kind="io")
+                return ReloadOutcome(changed=False, error=err)
+            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            if digest == self._current.digest:
+                self._refused_digest = None
+                return ReloadOutcome(changed=False)
+            try:
+                new = load_config(self.path, text=text)
+            except ConfigError as exc:
+                first_time = digest != self._refused_digest
+                self._refused_digest = digest
+                return ReloadOutcome(changed=False, error=exc if first_time else None)
+            self._current = new
+            self._refused_digest = None
+            return ReloadOutcome(changed=True)
+
+
+class SecretError(Exception):
+    """A secret named in the config could not be read. The message never holds the value."""
+
+
+def read_secret(spec: Mapping[str, str] | None) -> str | None:
+    """Read a secret given as ``{env: NAME}`` or ``{file: PATH}``; None when not configured.
+
+    Trailing newlines of a file are stripped.
+    """
+    if not spec:
+        return None
+    if "env" in spec:
+        value = os.environ.get(spec["env"])
+        if value is None:
+            raise SecretError(f"environment variable {spec['env']} is not set")
+        return value
+    try:
+        return Path(spec["file"]).read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as exc:
+        raise SecretError(f"cannot read secret file {spec['file']}: {exc.strerror}") from None

@@ -1,0 +1,231 @@
+"""The hook contract between gridgate's engine and its plugins.
+
+Decisions are ``firstresult`` hooks: the first non-None answer wins, and a plugin returns None
+for what is not its own. Events are broadcast to every plugin. Call hooks with keyword
+arguments only. The built-in defaults (``gridgate.core.defaults``) are plugins registered
+``trylast`` so that any configured plugin answers before them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gridgate.core import hookspec
+
+if TYPE_CHECKING:
+    import click
+
+    from gridgate.core.model import (
+        AccountingRecord,
+        AdmissionRequest,
+        DemandRegistry,
+        Endpoint,
+        Escalation,
+        Failure,
+        Grant,
+        IterationInfo,
+        IterationSummary,
+        ListMatchResult,
+        Notification,
+        Refusal,
+        SubmitRequest,
+        SubmitResult,
+    )
+
+
+# -------------------------------------------------------------------------------------------
+# command line
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def gridgate_register_commands(cli: click.Group) -> None:
+    """Add sub-commands to the ``gridgate`` command line.
+
+    Called once when the ``gridgate`` program starts, before arguments are parsed, on every
+    plugin of the ``gridgate.cli`` entry-point group (commands must exist before any config
+    is read).
+
+    :param cli: the top-level click group; call ``cli.add_command(...)``.
+    :return: nothing (broadcast).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# iteration lifecycle
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def gridgate_iteration_started(iteration: IterationInfo) -> None:
+    """An iteration of the director begins.
+
+    Called after the config has been re-read and before demand is asked for.
+
+    :param iteration: the iteration number and its start time.
+    :return: nothing (broadcast).
+    """
+
+
+@hookspec
+def gridgate_demand(iteration: IterationInfo, demand: DemandRegistry) -> None:
+    """Say what to submit this iteration.
+
+    Called once per iteration, after :func:`gridgate_iteration_started`, on every demand
+    plugin in config order.
+
+    :param iteration: the iteration number and its start time.
+    :param demand: registry; call ``demand.add(SubmitRequest(...), times=N)``.
+    :return: nothing (broadcast); contribute through ``demand``.
+    """
+
+
+@hookspec
+def gridgate_iteration_finished(summary: IterationSummary) -> None:
+    """An iteration has finished: every submission is accounted for.
+
+    Called after the last submission of the iteration and its accounting, before the
+    director sleeps until the next cycle.
+
+    :param summary: what the iteration did.
+    :return: nothing (broadcast).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# one submission, in the order the director calls them
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def gridgate_select_endpoint(
+    candidates: Sequence[Endpoint], request: SubmitRequest
+) -> Endpoint | None:
+    """Choose the server for one submission.
+
+    Called for every submission with the backend's servers minus those in the failing cache
+    and those excluded earlier in this iteration; never called with an empty list.
+
+    :param candidates: usable endpoints of ``request.backend``, in config order.
+    :param request: what is to be submitted.
+    :return: one of ``candidates``; None to let the next plugin decide (the default picks
+        uniformly at random). Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_admit(request: AdmissionRequest) -> Grant | Refusal | None:
+    """Ask admission control whether a command may run now.
+
+    Called after the endpoint is chosen and before any command contacts it (the endpoint is
+    part of the request so that per-server limits are possible). May block up to the
+    controller's wait limit.
+
+    :param request: category, opcode, user and the endpoint about to be contacted.
+    :return: a :class:`Grant` (proceed, and later release it) or a :class:`Refusal` (do not
+        run now; not a server failure); None if this plugin does not govern the request
+        (the default admits everything). Stops at first non-None result.
+    """
+
+
+@hookspec
+def gridgate_release(grant: Grant) -> None:
+    """Give back what :func:`gridgate_admit` granted.
+
+    Called exactly once per grant, when the command has finished or was killed, also when the
+    submission failed. Every plugin is called; only the one named by ``grant.issuer`` acts.
+
+    :param grant: the grant returned by :func:`gridgate_admit`.
+    :return: nothing (broadcast).
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_list_match(
+    endpoint: Endpoint, request: SubmitRequest, timeout: float
+) -> ListMatchResult | None:
+    """Find the resources that match ``request`` on ``endpoint``.
+
+    Called before a submission whose ``request.list_match`` is true, unless a cached answer
+    for (endpoint, requirements) is still fresh. The command must be killed at ``timeout``.
+
+    :param endpoint: the chosen server.
+    :param request: the submission to match.
+    :param timeout: hard limit in seconds for the command.
+    :return: a :class:`ListMatchResult`; None when ``endpoint.backend`` is not this plugin's.
+        Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_submit(
+    endpoint: Endpoint, request: SubmitRequest, timeout: float
+) -> SubmitResult | None:
+    """Submit ``request`` to ``endpoint``.
+
+    Called once per submission, after admission and list-match. The command must be killed
+    at ``timeout`` and whatever it printed kept in the result.
+
+    :param endpoint: the chosen server.
+    :param request: the pilots to submit.
+    :param timeout: hard limit in seconds for the command.
+    :return: a :class:`SubmitResult` (failures are results, not exceptions); None when
+        ``endpoint.backend`` is not this plugin's. Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_classify_failure(endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+    """Say what kind of failure ``result`` is.
+
+    Called for every submission or list-match whose result is not ``ok``.
+
+    :param endpoint: the server that failed.
+    :param result: the failed result with the command's evidence.
+    :return: a :class:`Failure`; None to let the next classifier decide (the default
+        ``rules`` classifier always answers). Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_escalate(
+    endpoint: Endpoint, failure: Failure, result: SubmitResult
+) -> Escalation | None:
+    """Decide whether a failure is told to people, and at which level.
+
+    Called for every classified failure whose ``failure.exclude`` is true, after the endpoint
+    has been excluded from the iteration. Keeps its memory (failing and tickets caches) in
+    the state store.
+
+    :param endpoint: the server that failed.
+    :param failure: its classification.
+    :param result: the failed result.
+    :return: an :class:`Escalation` whose ``level`` is ``error``, ``alarm`` or None (record,
+        send nothing); None to let the next plugin decide (the default is the seed's two
+        caches). Stops at first non-None result.
+    """
+
+
+@hookspec
+def gridgate_notify(notification: Notification) -> None:
+    """Deliver a message to people.
+
+    Called on every notifier for every notification (errors, alarms, config refusals,
+    state-store trouble). Must not block a submission thread: queue and return.
+
+    :param notification: level, subject, body and the structured evidence.
+    :return: nothing (broadcast).
+    """
+
+
+@hookspec
+def gridgate_submission_finished(record: AccountingRecord) -> None:
+    """A submission attempt is over, whatever its outcome.
+
+    Called once per attempt (submitted, failed, no match, refused, skipped) after it has been
+    written to the accounting table; used for metrics.
+
+    :param record: the accounting row.
+    :return: nothing (broadcast).
+    """

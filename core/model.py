@@ -1,0 +1,311 @@
+"""The small immutable values that cross hooks: what a plugin receives and what it returns."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+#: Outcomes of one submission attempt, as recorded in the accounting table.
+Outcome = Literal["submitted", "failed", "no_match", "refused", "skipped"]
+#: Notification levels. ``error`` and ``alarm`` are the seed's two destinations.
+Level = Literal["info", "error", "alarm"]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One server a backend can submit to.
+
+    ``backend`` is the backend's entry-point name (``wms_glite``), ``name`` the host or queue
+    name shown to people (``wms01.example.org``), ``url`` the address the command line needs
+    (``https://wms01.example.org:7443/glite_wms_wmproxy_server``), empty when not applicable.
+    """
+
+    backend: str
+    name: str
+    url: str = ""
+
+    @property
+    def key(self) -> str:
+        """Stable identifier used in state keys and metrics: ``backend/name``."""
+        return f"{self.backend}/{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """Pilots to submit in one command to one backend.
+
+    ``group`` names the demand group (a queue or a requirements set) the request came from;
+    ``count`` pilots go in this one command (a parametric/bulk job when > 1);
+    ``requirements`` is the backend's requirement expression (JDL ``Requirements``, LSF ``-R``);
+    ``list_match`` asks the director to list-match before submitting; ``attributes`` carries
+    backend-specific extras from the demand config; ``user`` is who asks (for admission).
+    """
+
+    backend: str
+    group: str = "default"
+    count: int = 1
+    requirements: str = ""
+    list_match: bool = False
+    attributes: Mapping[str, Any] = field(default=_EMPTY, compare=False, hash=False)
+    user: str = ""
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"SubmitRequest.count must be >= 1, got {self.count}")
+        object.__setattr__(self, "attributes", _frozen_mapping(self.attributes))
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one external command did, including when it was killed or never started.
+
+    ``returncode`` is None when the process never started (see ``launch_error``) or was killed
+    at its deadline (``timed_out``). ``stdout``/``stderr`` hold what it printed up to the end
+    or the kill, decoded as UTF-8 with replacement; ``*_truncated`` says output past the cap
+    was dropped.
+    """
+
+    argv: tuple[str, ...]
+    returncode: int | None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    duration: float = 0.0
+    launch_error: str | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the command ran to completion with exit code 0."""
+        return self.returncode == 0 and not self.timed_out and self.launch_error is None
+
+    @property
+    def command_line(self) -> str:
+        """The argv quoted for display only (never executed through a shell)."""
+        return shlex.join(self.argv)
+
+    def describe(self) -> str:
+        """One line saying what happened: ``timed out after 120.0 s``, ``exit code 1``..."""
+        if self.launch_error is not None:
+            return f"could not start: {self.launch_error}"
+        if self.timed_out:
+            return f"timed out after {self.duration:.1f} s and was killed"
+        return f"exit code {self.returncode}"
+
+
+@dataclass(frozen=True)
+class ListMatchResult:
+    """Resources (CE ids, queues) that match a request on one endpoint.
+
+    ``ok`` is False when the command failed (a server fault, classified like a submit failure);
+    ``ok`` True with no ``resources`` means "nothing matches here", which is not a fault.
+    """
+
+    endpoint: Endpoint
+    ok: bool
+    resources: tuple[str, ...] = ()
+    command: CommandResult | None = None
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """The answer of a backend to one submission.
+
+    ``ok`` with ``job_ids`` on success; on failure ``command`` carries the evidence that the
+    classifier reads. ``operation`` names what was run (``Job Submit``, ``List Match``) for
+    messages. ``no_match`` marks "no resources for this request here", which is not a fault.
+    """
+
+    endpoint: Endpoint
+    ok: bool
+    job_ids: tuple[str, ...] = ()
+    command: CommandResult | None = None
+    operation: str = "Job Submit"
+    no_match: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure.
+
+    ``kind`` is a short word (``timeout``, ``overload``, ``drained``, ``unreachable``, ``auth``,
+    ``usage``, ``bad_output``, ``launch``, ``error``...). ``exclude`` takes the endpoint out of
+    rotation; ``notify`` says whether people hear about it; ``transient`` says a retry elsewhere
+    is worthwhile. ``reason`` is one human line.
+    """
+
+    kind: str
+    exclude: bool = True
+    notify: bool = True
+    transient: bool = True
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """What to do about a failure, decided by the escalation hook.
+
+    ``level`` is ``error`` or ``alarm``, or None to record the failure and tell nobody.
+    ``episode_start`` is the wall time of the first failure of this episode (the seed's
+    "failing at least for N hours" comes from it); ``failures`` counts failures in the episode.
+    """
+
+    level: Level | None
+    episode_start: float
+    failures: int = 1
+    reason: str = ""
+
+    def hours_failing(self, now: float) -> int:
+        """Whole hours since the episode started, at least 1 (the seed's wording)."""
+        return max(1, int((now - self.episode_start) // 3600))
+
+
+@dataclass(frozen=True)
+class Notification:
+    """A message for people, broadcast to every notifier.
+
+    ``level`` chooses the destination; ``subject`` and ``body`` are ready to send;
+    ``endpoint``, ``failure``, ``command`` and the episode fields are there so a notifier can
+    render its own format (a GGUS ticket) instead of re-parsing the body. ``key`` identifies
+    the event for de-duplication.
+    """
+
+    level: Level
+    subject: str
+    body: str
+    created: float
+    endpoint: Endpoint | None = None
+    failure: Failure | None = None
+    command: CommandResult | None = None
+    episode_start: float | None = None
+    failures_in_episode: int = 0
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """Who wants to run what, asked of admission control before a command runs.
+
+    ``category`` is ``query``, ``submission`` or ``other``; ``opcode`` a batch opcode or command
+    name; ``endpoint`` is the server the command will contact (None for plain commands).
+    """
+
+    category: str
+    opcode: str
+    user: str = ""
+    host: str = ""
+    size: int = 0
+    endpoint: Endpoint | None = None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Permission to proceed. ``issuer`` is the admission plugin that must release it;
+    ``token`` is empty when no token was needed (category disabled, controller unavailable)."""
+
+    issuer: str
+    token: str = ""
+    category: str = ""
+    waited: float = 0.0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Permission denied: do not run the command now. Not a server failure."""
+
+    issuer: str
+    reason: str
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class IterationInfo:
+    """Handed to lifecycle and demand hooks: which iteration this is and when it started."""
+
+    number: int
+    started: float
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One row per submission attempt: what `gridgate report` counts."""
+
+    time: float
+    backend: str
+    endpoint: str
+    outcome: Outcome
+    group: str = "default"
+    pilots: int = 0
+    failure_kind: str = ""
+    job_ids: tuple[str, ...] = ()
+    duration: float = 0.0
+    iteration: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "backend": self.backend,
+            "endpoint": self.endpoint,
+            "outcome": self.outcome,
+            "group": self.group,
+            "pilots": self.pilots,
+            "failure_kind": self.failure_kind,
+            "job_ids": list(self.job_ids),
+            "duration": self.duration,
+            "iteration": self.iteration,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AccountingRecord:
+        return cls(**{**data, "job_ids": tuple(data.get("job_ids", ()))})
+
+
+@dataclass(frozen=True)
+class IterationSummary:
+    """What one director iteration did; the ``--json`` line is built from it."""
+
+    number: int
+    started: float
+    duration: float
+    records: tuple[AccountingRecord, ...] = ()
+    excluded: tuple[str, ...] = ()
+    notifications: tuple[Notification, ...] = ()
+    failures: tuple[Mapping[str, Any], ...] = ()
+    config_error: str | None = None
+
+
+class DemandRegistry:
+    """Collects what the demand hooks ask for in one iteration.
+
+    Plugins call :meth:`add`; the director reads :attr:`requests`. Thread-safe is not needed:
+    demand hooks run one after another before any submission starts.
+    """
+
+    def __init__(self) -> None:
+        self._requests: list[SubmitRequest] = []
+
+    def add(self, request: SubmitRequest, times: int = 1) -> None:
+        """Ask for ``times`` submissions of ``request`` this iteration."""
+        if times < 0:
+            raise ValueError(f"times must be >= 0, got {times}")
+        self._requests.extend([request] * times)
+
+    @property
+    def requests(self) -> tuple[SubmitRequest, ...]:
+        return tuple(self._requests)

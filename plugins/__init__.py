@@ -1,0 +1,1 @@
+"""gridgate plugins shipped with the distribution."""

@@ -1,0 +1,1 @@
+"""The lsf_proxy plugin package."""

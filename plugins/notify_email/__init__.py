@@ -1,0 +1,1 @@
+"""The notify_email plugin package."""

@@ -1,0 +1,1 @@
+"""The notify_ggus plugin package."""

@@ -1,0 +1,1 @@
+"""The wms_glite plugin package."""

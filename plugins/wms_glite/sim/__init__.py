@@ -1,0 +1,1 @@
+"""Stand-in gLite WMS commands for tests and the demo."""
