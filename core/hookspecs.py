@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from gridgate.core.model import (
         AccountingRecord,
+        BackendInfo,
         AdmissionRequest,
         DemandRegistry,
         Endpoint,
@@ -90,6 +91,19 @@ def gridgate_iteration_finished(summary: IterationSummary) -> None:
 
     :param summary: what the iteration did.
     :return: nothing (broadcast).
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_backend_info(backend: str) -> BackendInfo | None:
+    """Describe a configured backend: its servers, bulk size and command limit.
+
+    Called at the start of every iteration for every backend that has demand (so a config
+    reload that changes the server list takes effect at the next iteration).
+
+    :param backend: the backend's entry-point name (``wms_glite``).
+    :return: a :class:`BackendInfo`; None when ``backend`` is not this plugin's. Stops at
+        first non-None result.
     """
 
 

@@ -13,9 +13,6 @@ Outcome = Literal["submitted", "failed", "no_match", "refused", "skipped"]
 #: Notification levels. ``error`` and ``alarm`` are the seed's two destinations.
 Level = Literal["info", "error", "alarm"]
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
 
@@ -43,6 +40,21 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class BackendInfo:
+    """What a backend tells the director about itself.
+
+    ``endpoints`` are its configured servers in config order; ``pilots_per_submission`` how
+    many pilots one command carries (bulk/parametric jobs when > 1); ``command_timeout``
+    overrides the director's limit for this backend's commands when set.
+    """
+
+    backend: str
+    endpoints: tuple[Endpoint, ...]
+    pilots_per_submission: int = 1
+    command_timeout: float | None = None
+
+
+@dataclass(frozen=True)
 class SubmitRequest:
     """Pilots to submit in one command to one backend.
 
@@ -58,7 +70,7 @@ class SubmitRequest:
     count: int = 1
     requirements: str = ""
     list_match: bool = False
-    attributes: Mapping[str, Any] = field(default=_EMPTY, compare=False, hash=False)
+    attributes: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     user: str = ""
 
     def __post_init__(self) -> None:
