@@ -1,0 +1,352 @@
+"""Run one external command (an argv list, never a shell) with a hard deadline and capped output.
+
+Every grid and batch command gridgate issues goes through :func:`run`. The child is started in
+its own session, so it and everything it forks share one process group; when the deadline
+passes, the whole group gets SIGTERM, then SIGKILL after a short grace, and the caller gets back
+what was printed up to that moment. Processes the command leaves behind in its group are killed
+when it ends, so nothing outlives a call.
+
+Both pipes (and stdin, when input is given) are serviced from the calling thread with
+``poll(2)``; no helper threads, so hundreds of concurrent calls cost only file descriptors.
+The main child is not reaped until its group has been killed: the zombie pins the process-group
+id, so the final ``killpg`` can never hit an unrelated group that reused the number.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO
+
+from gridgate.core.model import CommandResult
+from loguru import logger
+
+__all__ = ["run", "kill_process_group", "DEFAULT_MAX_OUTPUT", "DRAIN_AFTER_EXIT"]
+
+DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
+#: Seconds the readers may go on after the main child exited while something else in its
+#: group still holds the pipes open (a background job); then the leftovers are killed.
+DRAIN_AFTER_EXIT = 0.5
+
+_CHUNK = 64 * 1024
+# Without pidfd (non-Linux), exit of the child is noticed by polling at this period.
+_EXIT_POLL = 0.05
+# A SIGKILLed process is normally gone at once; this only bounds a process stuck in the kernel.
+_REAP_TIMEOUT = 5.0
+# Enough reads to empty a pipe buffer after the writers are dead, bounded in case a writer
+# escaped the group (setsid) and keeps writing.
+_FINAL_DRAIN_READS = 64
+
+
+class _Stream:
+    """One output pipe: bytes kept up to the cap, the rest read and dropped."""
+
+    def __init__(self, pipe: IO[bytes], cap: int) -> None:
+        self.pipe = pipe
+        self.fd = pipe.fileno()
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.truncated = False
+        self.open = True
+        os.set_blocking(self.fd, False)
+
+    def read_available(self, max_reads: int | None = None) -> None:
+        """Read until the pipe would block, reaches EOF, or ``max_reads`` reads were done."""
+        reads = 0
+        while self.open and (max_reads is None or reads < max_reads):
+            try:
+                data = os.read(self.fd, _CHUNK)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # EIO and the like: treat the stream as ended
+                logger.debug("runner: read error on fd {}: {}", self.fd, exc)
+                self.open = False
+                return
+            reads += 1
+            if not data:
+                self.open = False
+                return
+            room = self.cap - self.kept
+            if room > 0:
+                piece = data[:room]
+                self.chunks.append(piece)
+                self.kept += len(piece)
+            if len(data) > max(room, 0):
+                self.truncated = True
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", errors="replace")
+
+
+def _check_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(argv, (str, bytes, bytearray)):
+        raise TypeError("run() takes an argv list, not a string: no shell is ever involved")
+    items = tuple(os.fspath(a) if isinstance(a, os.PathLike) else a for a in argv)
+    if not items:
+        raise ValueError("run() needs a non-empty argv")
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"argv items must be str, got {type(item).__name__}: {item!r}")
+    return items
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError as exc:  # a member changed uid (setuid binary): nothing more we can do
+        logger.warning("runner: cannot signal process group {}: {}", pgid, exc)
+
+
+def kill_process_group(pid: int, grace: float) -> bool:
+    """SIGTERM the process group ``pid``, wait up to ``grace`` seconds for it to vanish, then
+    SIGKILL what is left. Returns True when SIGKILL was needed.
+
+    Meant for groups whose members are not unreaped children of the caller (a zombie child
+    keeps its group alive, so the wait would always last the full grace); :func:`run` handles
+    its own children itself.
+    """
+    _signal_group(pid, signal.SIGTERM)
+    end = time.monotonic() + max(0.0, grace)
+    while True:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        if time.monotonic() >= end:
+            break
+        time.sleep(0.02)
+    _signal_group(pid, signal.SIGKILL)
+    return True
+
+
+class _Exit:
+    """Notices the main child's exit without reaping it (the zombie pins the group id)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.exited = False
+        self.pidfd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.pidfd = os.pidfd_open(pid)
+            except OSError:
+                self.pidfd = None
+
+    def check(self) -> bool:
+        if not self.exited:
+            try:
+                info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                # Reaped by someone else (a global os.wait elsewhere): it has exited.
+                info = True
+            self.exited = info is not None
+        return self.exited
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def run(
+    argv: Sequence[str],
+    timeout: float,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    input: bytes | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    kill_grace: float = 2.0,
+) -> CommandResult:
+    """Run ``argv`` with a hard deadline of ``timeout`` seconds and return what happened.
+
+    Never raises for the command's own failures: a program that is missing or cannot be
+    executed gives a result with ``launch_error``; a deadline that passes gives
+    ``timed_out=True`` and ``returncode=None`` with the output printed so far. Each of stdout
+    and stderr keeps at most ``max_output`` bytes (the rest is read and dropped, and
+    ``*_truncated`` is set). At the deadline the child's process group gets SIGTERM, then
+    SIGKILL ``kill_grace`` seconds later. When the child exits while something it started
+    still holds the pipes, reading goes on for :data:`DRAIN_AFTER_EXIT` seconds at most, then
+    the group's leftovers are killed. Raises TypeError/ValueError only for a malformed call.
+    """
+    args = _check_argv(argv)
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if kill_grace < 0 or max_output < 0:
+        raise ValueError("kill_grace and max_output must not be negative")
+    if input is not None and not isinstance(input, (bytes, bytearray, memoryview)):
+        raise TypeError("input must be bytes")
+
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            close_fds=True,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.filename is not None:
+            reason = f"{reason}: {exc.filename}"
+        logger.debug("runner: could not start {}: {}", args[0], reason)
+        return CommandResult(
+            argv=args,
+            returncode=None,
+            launch_error=reason,
+            duration=time.monotonic() - start,
+        )
+
+    return _supervise(proc, args, start, timeout, input, max_output, kill_grace)
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes],
+    args: tuple[str, ...],
+    start: float,
+    timeout: float,
+    input: bytes | None,
+    max_output: int,
+    kill_grace: float,
+) -> CommandResult:
+    assert proc.stdout is not None and proc.stderr is not None
+    pgid = proc.pid  # start_new_session: the child leads its own group
+    out = _Stream(proc.stdout, max_output)
+    err = _Stream(proc.stderr, max_output)
+    exit_watch = _Exit(proc.pid)
+    sel = selectors.PollSelector()
+    pending_input = memoryview(bytes(input)) if input is not None else None
+    stdin_fd: int | None = None
+    timed_out = False
+    group_killed = False
+    finished = False
+    try:
+        sel.register(out.fd, selectors.EVENT_READ, out)
+        sel.register(err.fd, selectors.EVENT_READ, err)
+        if exit_watch.pidfd is not None:
+            sel.register(exit_watch.pidfd, selectors.EVENT_READ, exit_watch)
+        if proc.stdin is not None:
+            stdin_fd = proc.stdin.fileno()
+            os.set_blocking(stdin_fd, False)
+            sel.register(stdin_fd, selectors.EVENT_WRITE, "stdin")
+
+        deadline = start + timeout
+        drain_until: float | None = None
+        term_until: float | None = None
+
+        while True:
+            now = time.monotonic()
+            if exit_watch.exited and not out.open and not err.open:
+                break
+            if term_until is not None:
+                # Terminating: wait for the child and the pipes, but not past the grace.
+                limit = term_until
+                if now >= limit:
+                    break
+            elif exit_watch.exited:
+                if drain_until is None:
+                    drain_until = min(now + DRAIN_AFTER_EXIT, max(deadline, now))
+                limit = drain_until
+                if now >= limit:
+                    logger.debug(
+                        "runner: {} exited but its group still holds the pipes; killing it",
+                        args[0],
+                    )
+                    break
+            else:
+                limit = deadline
+                if now >= limit:
+                    timed_out = True
+                    logger.debug("runner: {} timed out after {:.1f} s", args[0], timeout)
+                    _signal_group(pgid, signal.SIGTERM)
+                    term_until = now + kill_grace
+                    if stdin_fd is not None:
+                        sel.unregister(stdin_fd)
+                        proc.stdin.close()  # type: ignore[union-attr]
+                        stdin_fd = None
+                    continue
+
+            wait = limit - now
+            if exit_watch.pidfd is None and not exit_watch.exited:
+                wait = min(wait, _EXIT_POLL)
+            for key, _mask in sel.select(wait):
+                what = key.data
+                if isinstance(what, _Stream):
+                    what.read_available(max_reads=1)
+                    if not what.open:
+                        sel.unregister(what.fd)
+                elif what is exit_watch:
+                    sel.unregister(exit_watch.pidfd)  # type: ignore[arg-type]
+                    exit_watch.exited = True
+                elif what == "stdin":
+                    assert pending_input is not None and proc.stdin is not None
+                    try:
+                        written = os.write(stdin_fd, pending_input[:_CHUNK])  # type: ignore[arg-type]
+                    except BlockingIOError:
+                        written = 0
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPIPE, errno.EINVAL):
+                            logger.debug("runner: stdin write failed: {}", exc)
+                        pending_input = pending_input[len(pending_input):]
+                        written = 0
+                    pending_input = pending_input[written:]
+                    if not pending_input:
+                        sel.unregister(stdin_fd)  # type: ignore[arg-type]
+                        proc.stdin.close()
+                        stdin_fd = None
+            if exit_watch.pidfd is None:
+                exit_watch.check()
+
+        # Whatever is left in the group dies now; the unreaped main child pins the id.
+        _signal_group(pgid, signal.SIGKILL)
+        group_killed = True
+        out.read_available(max_reads=_FINAL_DRAIN_READS)
+        err.read_available(max_reads=_FINAL_DRAIN_READS)
+        try:
+            returncode: int | None = proc.wait(timeout=_REAP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            logger.warning("runner: {} (pid {}) did not die after SIGKILL", args[0], proc.pid)
+            returncode = None
+        finished = True
+        return CommandResult(
+            argv=args,
+            returncode=None if timed_out else returncode,
+            stdout=out.text(),
+            stderr=err.text(),
+            timed_out=timed_out,
+            duration=time.monotonic() - start,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+        )
+    finally:
+        if not finished:
+            # KeyboardInterrupt or a bug above: never leave the command running.
+            if not group_killed:
+                _signal_group(pgid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=_REAP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pass
+        sel.close()
+        exit_watch.close()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass

@@ -1,0 +1,365 @@
+"""The command runner against real processes: deadlines, process-group kills, capped output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from gridgate.core.runner import DRAIN_AFTER_EXIT, kill_process_group, run
+
+PY = sys.executable
+# Generous slack for a loaded 2-core machine: this bounds behaviour (no waiting for a
+# grandchild's 1000 s), it is not a speed measurement.
+SLACK = 10.0
+
+
+def _proc_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (ppid, pgid, state) for every process visible in /proc."""
+    table: dict[int, tuple[int, int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: split after the last ')'.
+        fields = raw[raw.rindex(")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def live_descendants(root: int) -> set[int]:
+    """Non-zombie processes whose parent chain leads to ``root``."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _pgid, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return {pid for pid in found if table[pid][2] != "Z"}
+
+
+def live_in_group(pgid: int) -> set[int]:
+    """Non-zombie members of process group ``pgid`` (zombies may wait on a lazy init)."""
+    return {pid for pid, (_pp, g, state) in _proc_table().items() if g == pgid and state != "Z"}
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_children():
+    """Every test here must leave no child process of its own running."""
+    before = live_descendants(os.getpid())
+    yield
+    left = live_descendants(os.getpid()) - before
+    assert not left, f"test left child processes running: {sorted(left)}"
+
+
+def test_success_with_output():
+    r = run(["sh", "-c", "echo hello; echo warn >&2"], 5)
+    assert r.ok
+    assert r.returncode == 0
+    assert r.stdout == "hello\n"
+    assert r.stderr == "warn\n"
+    assert not r.timed_out and r.launch_error is None
+    assert not r.stdout_truncated and not r.stderr_truncated
+    assert r.argv == ("sh", "-c", "echo hello; echo warn >&2")
+    assert r.duration >= 0
+
+
+def test_nonzero_exit():
+    r = run(["sh", "-c", "echo partial; exit 7"], 5)
+    assert r.returncode == 7
+    assert not r.ok
+    assert r.stdout == "partial\n"
+    assert r.describe() == "exit code 7"
+
+
+def test_killed_by_signal_reports_negative_code():
+    r = run(["sh", "-c", "kill -9 $$"], 5)
+    assert r.returncode == -signal.SIGKILL
+    assert not r.timed_out
+
+
+def test_stdin_input_small_and_large():
+    assert run(["cat"], 5, input=b"abc\n").stdout == "abc\n"
+    # Larger than any pipe buffer: stdin must be written while stdout is read.
+    big = b"0123456789abcdef" * (256 * 1024)
+    r = run(["cat"], 20, input=big, max_output=len(big))
+    assert r.returncode == 0
+    assert r.stdout.encode() == big
+    assert not r.stdout_truncated
+
+
+def test_child_not_reading_stdin_does_not_block():
+    r = run(["true"], 5, input=b"x" * (1024 * 1024))
+    assert r.returncode == 0
+
+
+def test_env_and_cwd(tmp_path):
+    r = run(["sh", "-c", 'echo "$GG_VAR"; pwd'], 5, env={"GG_VAR": "v1", "PATH": os.environ["PATH"]},
+            cwd=tmp_path)
+    assert r.stdout.splitlines() == ["v1", str(tmp_path.resolve())]
+
+
+def test_prints_then_hangs_keeps_partial_output():
+    r = run(["sh", "-c", "echo before; echo err-before >&2; exec sleep 1000"], 0.5, kill_grace=0.5)
+    assert r.timed_out
+    assert r.returncode is None
+    assert r.stdout == "before\n"
+    assert r.stderr == "err-before\n"
+    assert 0.5 <= r.duration <= 0.5 + 0.5 + SLACK
+    assert "timed out" in r.describe()
+
+
+def test_hangs_before_printing():
+    r = run(["sleep", "1000"], 0.5, kill_grace=0.5)
+    assert r.timed_out and r.returncode is None
+    assert r.stdout == "" and r.stderr == ""
+    assert r.duration <= 0.5 + 0.5 + SLACK
+
+
+def test_grandchild_holding_pipes_is_killed_at_deadline(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    script = f"sleep 1000 & echo $! > {pidfile}; echo hi; wait"
+    r = run(["sh", "-c", script], 1, kill_grace=1)
+    assert r.timed_out
+    assert r.stdout == "hi\n"
+    assert r.duration <= 1 + 1 + SLACK  # not 1000 s
+    grandchild = int(pidfile.read_text())
+    assert not is_alive(grandchild)
+
+
+def test_group_is_empty_after_timeout(tmp_path):
+    pidfile = tmp_path / "pids"
+    # Several generations, all in the child's group, all holding the pipes.
+    script = (
+        f"(sleep 1000 & echo $! >> {pidfile}; sleep 1000) & echo $! >> {pidfile}; "
+        f"echo $$ >> {pidfile}; echo started; wait"
+    )
+    r = run(["sh", "-c", script], 1, kill_grace=1)
+    assert r.timed_out and r.stdout == "started\n"
+    pids = [int(p) for p in pidfile.read_text().split()]
+    leader = pids[-1]
+    assert live_in_group(leader) == set()
+    assert not any(is_alive(p) for p in pids)
+
+
+def test_background_job_after_normal_exit_does_not_hold_the_call(tmp_path):
+    pidfile = tmp_path / "bg.pid"
+    # The child exits at once with code 0; its background job keeps stdout open.
+    r = run(["sh", "-c", f"sleep 1000 & echo $! > {pidfile}; echo done"], 30)
+    assert r.returncode == 0
+    assert not r.timed_out
+    assert r.stdout == "done\n"
+    assert r.duration < 30  # did not wait for the deadline, let alone the 1000 s
+    assert r.duration >= DRAIN_AFTER_EXIT * 0.5  # the readers did get their bounded chance
+    assert not is_alive(int(pidfile.read_text()))
+
+
+def test_background_job_with_closed_pipes_is_not_left_behind(tmp_path):
+    pidfile = tmp_path / "bg.pid"
+    r = run(["sh", "-c", f"sleep 1000 >/dev/null 2>&1 & echo $! > {pidfile}"], 30)
+    assert r.returncode == 0
+    assert not is_alive(int(pidfile.read_text()))
+
+
+def test_fifty_megabytes_is_capped_without_deadlock():
+    cap = 1024 * 1024
+    writer = (
+        "import sys\n"
+        "block = b'x' * (1024 * 1024)\n"
+        "for _ in range(50):\n"
+        "    sys.stdout.buffer.write(block)\n"
+        "    sys.stderr.buffer.write(block)\n"
+        "sys.stdout.flush(); sys.stderr.flush()\n"
+    )
+    r = run([PY, "-c", writer], 60, max_output=cap)
+    assert r.returncode == 0  # the writer was never blocked into a timeout
+    assert not r.timed_out
+    assert len(r.stdout) == cap and len(r.stderr) == cap
+    assert set(r.stdout) == {"x"}
+    assert r.stdout_truncated and r.stderr_truncated
+
+
+def test_fifty_megabytes_default_cap():
+    r = run([PY, "-c", "import sys; sys.stdout.buffer.write(b'y' * 50_000_000)"], 60)
+    assert r.returncode == 0
+    assert len(r.stdout) == 4 * 1024 * 1024
+    assert r.stdout_truncated and not r.stderr_truncated
+
+
+def test_output_exactly_at_cap_is_not_truncated():
+    r = run([PY, "-c", "import sys; sys.stdout.write('z' * 1000)"], 10, max_output=1000)
+    assert len(r.stdout) == 1000 and not r.stdout_truncated
+    r = run([PY, "-c", "import sys; sys.stdout.write('z' * 1001)"], 10, max_output=1000)
+    assert len(r.stdout) == 1000 and r.stdout_truncated
+
+
+def test_ignores_sigterm_dies_by_sigkill():
+    script = (
+        "import signal, sys, time\n"
+        "def on_term(signum, frame):\n"
+        "    print('got TERM, ignoring', flush=True)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n"
+    )
+    r = run([PY, "-c", script], 1, kill_grace=0.5)
+    assert r.timed_out and r.returncode is None
+    # SIGTERM was delivered (and shrugged off) during the grace; SIGKILL ended it.
+    assert r.stdout == "ready\ngot TERM, ignoring\n"
+    assert r.duration >= 1 + 0.5
+    assert r.duration <= 1 + 0.5 + SLACK
+
+
+def test_sigterm_grace_ends_early_when_child_obeys():
+    r = run(["sleep", "1000"], 0.5, kill_grace=60)
+    assert r.timed_out
+    assert r.duration < 60  # the grace is a maximum, not a fixed wait
+
+
+def test_missing_binary_is_a_result():
+    r = run(["gridgate-no-such-program-xyz", "--flag"], 5)
+    assert r.launch_error is not None
+    assert "No such file" in r.launch_error and "gridgate-no-such-program-xyz" in r.launch_error
+    assert r.returncode is None and not r.timed_out and not r.ok
+    assert r.describe().startswith("could not start")
+
+
+def test_not_executable_is_a_result(tmp_path):
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    r = run([str(script)], 5)
+    assert r.launch_error is not None and "Permission denied" in r.launch_error
+    assert r.returncode is None
+
+
+def test_missing_cwd_is_a_result(tmp_path):
+    r = run(["true"], 5, cwd=tmp_path / "gone")
+    assert r.launch_error is not None and r.returncode is None
+
+
+def test_non_utf8_output_is_replaced():
+    r = run([PY, "-c", "import sys; sys.stdout.buffer.write(b'ok \\xff\\xfe end'); "
+                       "sys.stderr.buffer.write(b'\\xc3')"], 5)
+    assert r.stdout == "ok \ufffd\ufffd end"
+    assert r.stderr == "\ufffd"
+
+
+@pytest.mark.parametrize("bad", ["echo hi", b"echo hi"])
+def test_string_argv_is_refused(bad):
+    with pytest.raises(TypeError, match="argv list"):
+        run(bad, 5)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError):
+        run([], 5)
+    with pytest.raises(ValueError):
+        run(["true"], 0)
+    with pytest.raises(ValueError):
+        run(["true"], float("nan"))
+    with pytest.raises(TypeError):
+        run(["echo", 3], 5)  # type: ignore[list-item]
+
+
+def test_shell_metacharacters_are_plain_arguments(tmp_path):
+    marker = tmp_path / "pwned"
+    r = run(["echo", f"; touch {marker}", "$(id)", "`id`"], 5)
+    assert r.stdout == f"; touch {marker} $(id) `id`\n"
+    assert not marker.exists()
+
+
+@pytest.mark.timeout(180)
+def test_two_hundred_at_once_from_a_thread_pool():
+    def one(i: int):
+        if i % 3 == 0:
+            return i, run(["sh", "-c", f"echo hang{i}; sleep 1000 & wait"], 1, kill_grace=0.5)
+        if i % 3 == 1:
+            return i, run(["sleep", "1000"], 1, kill_grace=0.5)
+        return i, run(["sh", "-c", f"echo ok{i}"], 30)
+
+    with ThreadPoolExecutor(max_workers=200) as pool:
+        results = dict(pool.map(one, range(200)))
+
+    assert sorted(results) == list(range(200))
+    for i, r in results.items():
+        assert r.launch_error is None, r.launch_error
+        if i % 3 == 2:
+            assert r.returncode == 0 and r.stdout == f"ok{i}\n"
+        else:
+            assert r.timed_out and r.returncode is None
+            assert r.duration <= 1 + 0.5 + SLACK * 3
+            if i % 3 == 0:
+                assert r.stdout == f"hang{i}\n"
+
+
+def test_keyboard_interrupt_kills_the_group(tmp_path):
+    pidfile = tmp_path / "pids"
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGUSR1, interrupt)
+    ready = threading.Event()
+
+    def fire():
+        # Wait until the command has started its grandchild, then interrupt the main thread.
+        for _ in range(500):
+            if pidfile.exists() and len(pidfile.read_text().split()) == 2:
+                break
+            ready.wait(0.01)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    t = threading.Thread(target=fire)
+    try:
+        t.start()
+        with pytest.raises(KeyboardInterrupt):
+            run(["sh", "-c", f"sleep 1000 & echo $! >> {pidfile}; echo $$ >> {pidfile}; wait"],
+                120)
+    finally:
+        t.join()
+        signal.signal(signal.SIGUSR1, old)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert not any(is_alive(p) for p in pids)
+    assert live_in_group(pids[1]) == set()
+
+
+def test_kill_process_group_helper():
+    import subprocess
+
+    proc = subprocess.Popen(
+        [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                   "print('ready', flush=True); time.sleep(1000)"],
+        start_new_session=True, stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        # The zombie keeps the group alive until reaped, so SIGKILL is always reported here.
+        assert kill_process_group(proc.pid, 0.2) is True
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        proc.stdout.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
