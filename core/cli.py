@@ -7,11 +7,10 @@ import sys
 from typing import Any
 
 import click
-from loguru import logger
-
 from gridgate.core import __version__
 from gridgate.core.config import ConfigError, compose_schema, load_config
 from gridgate.core.plugins import PluginLoadError, cli_plugin_manager, installed_plugins
+from loguru import logger
 
 #: Exit code for a config that cannot be used (file, line and key are printed).
 EXIT_CONFIG = 2
@@ -109,6 +108,128 @@ def config_schema(path: str | None) -> None:
     click.echo(json.dumps(schema, indent=2))
     if problems:
         raise SystemExit(EXIT_CONFIG)
+
+
+@config_group.command("example")
+def config_example() -> None:
+    """Print a complete, commented site config that validates."""
+    from importlib.resources import files
+
+    click.echo(files("gridgate.core").joinpath("example.yaml").read_text(encoding="utf-8"), nl=False)
+
+
+@cli.command("run")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False),
+              help="Site config (re-read at every iteration).")
+@click.option("--once", is_flag=True, help="One iteration, then exit.")
+@click.option("--iterations", type=click.IntRange(min=1), help="This many iterations, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per iteration on stdout.")
+def run_command(path: str, once: bool, iterations: int | None, as_json: bool) -> None:
+    """Run the submission director."""
+    import signal
+
+    from gridgate.core.config import ConfigSource
+    from gridgate.core.director import Director, summary_json
+
+    config = load_config_or_exit(path)
+    director = Director(ConfigSource(path, initial=config))
+
+    def stop(signum: int, _frame: Any) -> None:
+        logger.warning("signal {} received: finishing the commands in flight", signum)
+        director.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    def emit(summary: Any) -> None:
+        if as_json:
+            click.echo(summary_json(summary))
+        else:
+            counts: dict[str, int] = {}
+            for record in summary.records:
+                counts[record.outcome] = counts.get(record.outcome, 0) + record.pilots
+            click.echo(f"iteration {summary.number}: {summary.duration:.1f} s, "
+                       + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                       + (f", excluded {', '.join(summary.excluded)}" if summary.excluded else ""))
+
+    try:
+        director.run(iterations=1 if once else iterations, on_iteration=emit)
+    finally:
+        director.close()
+
+
+@cli.command("report")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--since", default="24h", show_default=True, help="How far back: 90m, 24h, 7d.")
+@click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
+@click.option("--png", "png", type=click.Path(dir_okay=False), help="Also draw the plot to this PNG.")
+def report_command(path: str, since: str, as_json: bool, png: str | None) -> None:
+    """Pilots per hour per endpoint, from the accounting table."""
+    from gridgate.core.director import ACCOUNTING, open_state
+    from gridgate.core.report import hourly_table, parse_duration, render_table
+
+    config = load_config_or_exit(path)
+    try:
+        seconds = parse_duration(since)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    state = open_state(config)
+    try:
+        import time
+
+        rows = state.records(ACCOUNTING, since=time.time() - seconds)
+    finally:
+        state.close()
+    table = hourly_table(rows)
+    if as_json:
+        click.echo(json.dumps(table, indent=2))
+    else:
+        click.echo(render_table(table), nl=False)
+    if png:
+        from gridgate.core.report import plot_png
+
+        plot_png(rows, png)
+        click.echo(f"plot written to {png}", err=True)
+
+
+@cli.group("notify")
+def notify_group() -> None:
+    """Notification tools."""
+
+
+@notify_group.command("test")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--level", type=click.Choice(["error", "alarm", "info"]), default="error", show_default=True)
+@click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for delivery.")
+def notify_test(path: str, level: str, wait: float) -> None:
+    """Send a test notification through every configured notifier and say what happened."""
+    from gridgate.core.director import Director
+    from gridgate.core.model import Notification
+
+    config = load_config_or_exit(path)
+    director = Director(config)
+    import time
+
+    note = Notification(level=level, subject=f"gridgate test {level} notification",  # type: ignore[arg-type]
+                        body="This is a test sent by `gridgate notify test`.\n", created=time.time(),
+                        key=f"test/{time.time():.0f}")
+    failed = False
+    try:
+        for name, plugin in director.pm.list_name_plugin():
+            if not hasattr(plugin, "gridgate_notify"):
+                continue
+            try:
+                plugin.gridgate_notify(notification=note)
+                flush = getattr(plugin, "flush", None)
+                outcome = flush(timeout=wait) if callable(flush) else "handed over"
+                click.echo(f"{name}: {outcome if outcome is not None else 'done'}")
+            except Exception as exc:
+                failed = True
+                click.echo(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+    finally:
+        director.close()
+    if failed:
+        raise SystemExit(1)
 
 
 def _report_cli_plugin_error(error: PluginLoadError) -> None:

@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError, best_match
-
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
@@ -27,6 +24,8 @@ from gridgate.core.plugins import (
     PluginLoadError,
     load_class,
 )
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match
 
 PathT = tuple[str | int, ...]
 
@@ -193,6 +192,23 @@ class Config:
         return self.data["director"]
 
 
+def _duplicate_keys(node: yaml.Node | None, path: PathT = ()) -> list[tuple[PathT, int]]:
+    """PyYAML keeps the last of two equal keys silently; an operator wants to hear of it."""
+    found: list[tuple[PathT, int]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                found.append(((*path, key), key_node.start_mark.line + 1))
+            seen.add(key)
+            found += _duplicate_keys(value_node, (*path, key))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            found += _duplicate_keys(item, (*path, index))
+    return found
+
+
 def _parse_yaml(text: str, filename: str) -> tuple[Any, dict[PathT, int]]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -206,6 +222,12 @@ def _parse_yaml(text: str, filename: str) -> tuple[Any, dict[PathT, int]]:
         raise ConfigError([ConfigProblem(filename, line, (), message)], kind="yaml") from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(filename, 0, (), f"YAML error: {exc}")], kind="yaml") from None
+    duplicates = _duplicate_keys(node)
+    if duplicates:
+        raise ConfigError(
+            [ConfigProblem(filename, line, p, "duplicate key (YAML would keep only the last)") for p, line in duplicates],
+            kind="yaml",
+        )
     return data, _line_map(node)
 
 
@@ -233,9 +255,10 @@ def compose_schema(doc: Mapping[str, Any] | None = None) -> tuple[dict[str, Any]
             continue
         for name in section:
             cls = load(group, str(name), (key, name))
+            # a plugin that did not load is reported once, not again as an unknown key
+            schema["properties"][key]["properties"][name] = _section_schema(cls) if cls else {}
             if cls is not None:
                 classes[(key, str(name))] = cls
-                schema["properties"][key]["properties"][name] = _section_schema(cls)
     state = doc.get("state")
     driver = state.get("driver", "sqlite") if isinstance(state, Mapping) else "sqlite"
     if isinstance(driver, str):
@@ -251,6 +274,7 @@ def compose_schema(doc: Mapping[str, Any] | None = None) -> tuple[dict[str, Any]
         if key in schema["properties"] or not isinstance(key, str):
             continue
         cls = load(SECTIONS_GROUP, key, (key,))
+        schema["properties"][key] = {}
         if cls is not None:
             classes[("sections", key)] = cls
             schema["properties"][key] = _section_schema(cls)
@@ -275,8 +299,11 @@ def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
         hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
         return [((*path, k), f"unknown key{hint}") for k in extras] or [(path, error.message)]
     if error.validator in ("anyOf", "oneOf") and error.context:
-        best = best_match(error.context)
-        return [(tuple(error.absolute_path) + tuple(best.relative_path), best.message)]
+        # A branch rejected for its very type says little: the branch whose type fits the
+        # value ("a list of groups, but one lacks pilots") is the one the author meant.
+        fitting = [e for e in error.context if not (e.validator == "type" and not e.relative_path)]
+        best = best_match(fitting or error.context)
+        return [(tuple(best.absolute_path), best.message)]
     if error.validator == "required":
         return [(path, error.message)]
     return [(path, error.message)]
@@ -304,7 +331,7 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
-        raise ConfigError([ConfigProblem(filename, 1, (), "the config must be a mapping of sections")])
+        raise ConfigError([ConfigProblem(filename, lines.get((), 1), (), "the config must be a mapping of sections")])
     doc = copy.deepcopy(doc)
     _normalise_sections(doc)
     schema, classes, load_problems = compose_schema(doc)

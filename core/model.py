@@ -52,6 +52,7 @@ class BackendInfo:
     endpoints: tuple[Endpoint, ...]
     pilots_per_submission: int = 1
     command_timeout: float | None = None
+    list_match: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class SubmitRequest:
     ``group`` names the demand group (a queue or a requirements set) the request came from;
     ``count`` pilots go in this one command (a parametric/bulk job when > 1);
     ``requirements`` is the backend's requirement expression (JDL ``Requirements``, LSF ``-R``);
-    ``list_match`` asks the director to list-match before submitting; ``attributes`` carries
+    ``list_match`` asks the director to list-match before submitting (None: the backend's default); ``attributes`` carries
     backend-specific extras from the demand config; ``user`` is who asks (for admission).
     """
 
@@ -69,7 +70,7 @@ class SubmitRequest:
     group: str = "default"
     count: int = 1
     requirements: str = ""
-    list_match: bool = False
+    list_match: bool | None = None
     attributes: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     user: str = ""
 

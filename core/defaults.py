@@ -1,0 +1,183 @@
+"""The built-in default plugins: random endpoint choice, rule-based classification, log
+notification and admit-all admission. They are registered like any other plugin and answer
+last (``trylast``), so a configured plugin always speaks first."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from gridgate.core import hookimpl
+from gridgate.core.model import (
+    AdmissionRequest,
+    Endpoint,
+    Failure,
+    Grant,
+    Notification,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.plugins import Plugin, PluginContext
+from loguru import logger
+
+
+class RandomSelector(Plugin):
+    """Pick the endpoint uniformly at random, as the seed's director did."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "seed": {"type": ["integer", "null"], "default": None,
+                     "description": "Fix the random sequence (tests, reproducible demos)."},
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        seed = config.get("seed")
+        self._random = random.Random(seed) if seed is not None else random.SystemRandom()
+
+    @hookimpl(trylast=True)
+    def gridgate_select_endpoint(self, candidates: Sequence[Endpoint], request: SubmitRequest) -> Endpoint | None:
+        return self._random.choice(list(candidates)) if candidates else None
+
+
+RULE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "kind": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
+        "pattern": {"type": "string", "description": "Regular expression searched in the output."},
+        "stream": {"enum": ["stdout", "stderr", "any"], "default": "any"},
+        "returncode": {"type": "integer"},
+        "backend": {"type": "string", "description": "Only for this backend (default: all)."},
+        "exclude": {"type": "boolean", "default": True},
+        "notify": {"type": "boolean", "default": True},
+        "transient": {"type": "boolean", "default": True},
+    },
+    "required": ["kind"],
+    "additionalProperties": False,
+}
+
+
+def compile_rules(rules: Sequence[Mapping[str, Any]]) -> list[tuple[re.Pattern[str] | None, Mapping[str, Any]]]:
+    return [(re.compile(r["pattern"], re.MULTILINE) if r.get("pattern") else None, r) for r in rules]
+
+
+def match_rules(
+    compiled: Sequence[tuple[re.Pattern[str] | None, Mapping[str, Any]]], result: SubmitResult
+) -> Failure | None:
+    """The first site rule that matches ``result``'s command evidence, as a Failure."""
+    command = result.command
+    for pattern, rule in compiled:
+        if rule.get("backend") and rule["backend"] != result.endpoint.backend:
+            continue
+        if "returncode" in rule and (command is None or command.returncode != rule["returncode"]):
+            continue
+        if pattern is not None:
+            stream = rule.get("stream", "any")
+            texts = []
+            if command is not None:
+                if stream in ("stdout", "any"):
+                    texts.append(command.stdout)
+                if stream in ("stderr", "any"):
+                    texts.append(command.stderr)
+            found = next((m for t in texts if (m := pattern.search(t))), None)
+            if found is None:
+                continue
+            reason = found.group(0).strip()[:200]
+        else:
+            reason = f"matched site rule {rule['kind']!r}"
+        return Failure(kind=rule["kind"], exclude=rule.get("exclude", True),
+                       notify=rule.get("notify", True), transient=rule.get("transient", True),
+                       reason=reason)
+    return None
+
+
+def generic_failure(result: SubmitResult) -> Failure:
+    """What any failed command is when nothing more specific is known."""
+    command = result.command
+    if command is None:
+        return Failure(kind="error", reason=result.message or "backend gave no command evidence")
+    if command.launch_error is not None:
+        return Failure(kind="launch", transient=False, reason=command.launch_error)
+    if command.timed_out:
+        return Failure(kind="timeout", reason=command.describe())
+    if command.returncode == 0:
+        return Failure(kind="bad_output", reason=result.message or "exit code 0 but no usable answer")
+    last = next((line.strip() for line in reversed((command.stderr or command.stdout).splitlines()) if line.strip()), "")
+    return Failure(kind="error", reason=f"{command.describe()}: {last}"[:300])
+
+
+class RuleClassifier(Plugin):
+    """Site rules from config, then the generic kinds (launch, timeout, bad_output, error).
+
+    Answers last: a backend that knows its tool's messages classifies first; this catches
+    everything else so that every failure gets a kind.
+    """
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "rules": {"type": "array", "items": RULE_SCHEMA, "default": [],
+                      "description": "Checked in order; the first match gives the kind."},
+        },
+        "additionalProperties": False,
+    }
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for index, rule in enumerate(section.get("rules", [])):
+            try:
+                re.compile(rule.get("pattern", ""))
+            except re.error as exc:
+                problems.append((("rules", index, "pattern"), f"invalid regular expression: {exc}"))
+        return problems
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self._rules = compile_rules(config.get("rules", []))
+
+    @hookimpl(trylast=True)
+    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure:
+        return match_rules(self._rules, result) or generic_failure(result)
+
+
+class LogNotifier(Plugin):
+    """Write every notification to the log: the notifier that needs no server."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "body": {"type": "boolean", "default": False,
+                     "description": "Log the whole body, not just the subject."},
+        },
+        "additionalProperties": False,
+    }
+
+    _LEVELS: ClassVar[dict[str, str]] = {"info": "INFO", "error": "ERROR", "alarm": "CRITICAL"}
+
+    @hookimpl(trylast=True)
+    def gridgate_notify(self, notification: Notification) -> None:
+        level = self._LEVELS.get(notification.level, "WARNING")
+        if self.config.get("body"):
+            logger.log(level, "[{}] {}\n{}", notification.level, notification.subject, notification.body)
+        else:
+            logger.log(level, "[{}] {}", notification.level, notification.subject)
+
+
+class AdmitAll(Plugin):
+    """Admission control that admits everything: the default when none is configured."""
+
+    config_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    @hookimpl(trylast=True)
+    def gridgate_admit(self, request: AdmissionRequest) -> Grant:
+        return Grant(issuer="all", category=request.category)
+
+    @hookimpl(trylast=True)
+    def gridgate_release(self, grant: Grant) -> None:
+        """Nothing was taken, so nothing is given back."""

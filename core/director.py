@@ -1,0 +1,438 @@
+"""The submission director: each iteration re-reads its config, asks for demand, submits in
+parallel to randomly chosen servers, and turns failures into exclusions and messages."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pluggy
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.config import Config, ConfigError, ConfigSource
+from gridgate.core.escalation import FAILING
+from gridgate.core.model import (
+    AccountingRecord,
+    AdmissionRequest,
+    BackendInfo,
+    DemandRegistry,
+    Endpoint,
+    Escalation,
+    Failure,
+    Grant,
+    IterationInfo,
+    IterationSummary,
+    Notification,
+    Outcome,
+    Refusal,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
+from gridgate.core.state import StateError, StateStore
+from loguru import logger
+
+ACCOUNTING = "accounting"
+
+ALARM_HEADER = "Submit GGUS Ticket for this error if not already opened"
+
+
+def open_state(config: Config | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> StateStore:
+    """Instantiate the state driver the config names (``state.driver``)."""
+    section = dict(config.get("state") or {"driver": "sqlite"})
+    driver = section.pop("driver", "sqlite")
+    cls = load_class(STATE_GROUP, driver)
+    return cls(section, clock=clock)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def compose_failure(
+    endpoint: Endpoint,
+    failure: Failure,
+    escalation: Escalation,
+    result: SubmitResult,
+    now: float,
+) -> Notification:
+    """The seed's error or alarm message for one failure (level from ``escalation``)."""
+    command = result.command
+    timed_out = bool(command and command.timed_out)
+    what = "timeout" if timed_out else "error"
+    subject = f"{endpoint.name}: {what} executing {result.operation}"
+    lines: list[str] = []
+    level = escalation.level or "error"
+    if level == "alarm":
+        lines += [ALARM_HEADER, f"It has been failing at least for {escalation.hours_failing(now)} hours", ""]
+    lines.append(f"Server: {endpoint.name} ({endpoint.backend})" + (f" {endpoint.url}" if endpoint.url else ""))
+    if command is not None:
+        lines.append(f"Command: {command.command_line}")
+        if command.launch_error is not None:
+            lines.append(f"returns: could not start ({command.launch_error})")
+        elif timed_out:
+            lines.append(f"returns: timeout (killed after {command.duration:.1f} s)")
+        else:
+            lines.append(f"returns: {command.returncode}")
+    lines.append(f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""))
+    lines.append(
+        f"Episode: first failure {_iso(escalation.episode_start)}, "
+        f"{escalation.failures} failure(s) since"
+    )
+    if command is not None:
+        lines += ["", "stdout:", command.stdout.rstrip("\n")]
+        if command.stdout_truncated:
+            lines.append("[stdout truncated at the output cap]")
+        lines += ["", "stderr:", command.stderr.rstrip("\n")]
+        if command.stderr_truncated:
+            lines.append("[stderr truncated at the output cap]")
+    return Notification(
+        level=level,
+        subject=subject,
+        body="\n".join(lines) + "\n",
+        created=now,
+        endpoint=endpoint,
+        failure=failure,
+        command=command,
+        episode_start=escalation.episode_start,
+        failures_in_episode=escalation.failures,
+        key=f"{level}/{endpoint.key}/{escalation.episode_start:.0f}/{escalation.failures}",
+    )
+
+
+@dataclass
+class _Iteration:
+    """Mutable bookkeeping shared by the submission threads of one iteration."""
+
+    info: IterationInfo
+    failing: set[str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    excluded: list[str] = field(default_factory=list)
+    records: list[AccountingRecord] = field(default_factory=list)
+    notifications: list[Notification] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def exclude(self, endpoint: Endpoint) -> None:
+        with self.lock:
+            if endpoint.key not in self.excluded:
+                self.excluded.append(endpoint.key)
+
+    def usable(self, endpoints: Iterable[Endpoint]) -> list[Endpoint]:
+        with self.lock:
+            gone = set(self.excluded) | self.failing
+        return [e for e in endpoints if e.key not in gone]
+
+
+class Director:
+    """Runs iterations. Give it a :class:`ConfigSource` (re-read each iteration) or a fixed
+    :class:`Config`. ``extra_plugins`` are registered after the configured ones (tests)."""
+
+    def __init__(
+        self,
+        source: ConfigSource | Config,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        extra_plugins: Iterable[object] = (),
+        state: StateStore | None = None,
+    ) -> None:
+        self.source = source
+        self.clock = clock
+        self.extra_plugins = list(extra_plugins)
+        self._own_state = state is None
+        self.config = source.current if isinstance(source, ConfigSource) else source
+        self.state = state or open_state(self.config, clock)
+        self.pm: pluggy.PluginManager
+        self._plugins: list[object] = []
+        self._build()
+        self.iteration = 0
+        self.stop_event = threading.Event()
+
+    # --- plugins and config --------------------------------------------------------------
+
+    def _build(self) -> None:
+        director = self.config.director
+        context = PluginContext(
+            clock=self.clock,
+            state=self.state,
+            state_dir=Path(director["state_dir"]),
+            config=self.config.data,
+            config_path=self.config.path,
+        )
+        pm, plugins = build_plugin_manager(self.config.data, context, self.extra_plugins)
+        old = self._plugins
+        self.pm, self._plugins = pm, plugins
+        for plugin in old:
+            _close(plugin)
+
+    def _reload(self) -> str | None:
+        """Re-read the config; rebuild plugins if it changed. Returns a refusal, if any."""
+        if not isinstance(self.source, ConfigSource):
+            return None
+        outcome = self.source.reload()
+        if outcome.changed:
+            logger.info("config {} changed; new settings take effect now", self.source.path)
+            self.config = self.source.current
+            self._build()
+        if outcome.error is not None:
+            return _refusal_text(outcome.error)
+        return None
+
+    def close(self) -> None:
+        for plugin in self._plugins:
+            _close(plugin)
+        self._plugins = []
+        if self._own_state:
+            self.state.close()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        iterations: int | None = None,
+        on_iteration: Callable[[IterationSummary], None] | None = None,
+    ) -> None:
+        """Iterate until ``iterations`` are done or :meth:`stop` is called."""
+        done = 0
+        while not self.stop_event.is_set():
+            started = time.monotonic()
+            summary = self.run_iteration()
+            if on_iteration is not None:
+                on_iteration(summary)
+            done += 1
+            if iterations is not None and done >= iterations:
+                break
+            pause = float(self.config.director["cycle_seconds"]) - (time.monotonic() - started)
+            if pause > 0:
+                self.stop_event.wait(pause)
+
+    def stop(self) -> None:
+        """Finish the commands in flight (each is killed at its deadline) and stop."""
+        self.stop_event.set()
+
+    def run_iteration(self) -> IterationSummary:
+        refusal = self._reload()
+        self.iteration += 1
+        info = IterationInfo(number=self.iteration, started=self.clock.time())
+        started = time.monotonic()
+        hook = self.pm.hook
+        config_note: Notification | None = None
+        if refusal is not None:
+            config_note = Notification(
+                level="error",
+                subject=f"gridgate: config {self.source.path} refused, previous settings kept",  # type: ignore[union-attr]
+                body=refusal,
+                created=info.started,
+                key=f"config/{info.started:.0f}",
+            )
+            logger.error("config refused, the last good config stays in force:\n{}", refusal)
+            hook.gridgate_notify(notification=config_note)
+        hook.gridgate_iteration_started(iteration=info)
+        demand = DemandRegistry()
+        hook.gridgate_demand(iteration=info, demand=demand)
+        try:
+            failing = {key[len(FAILING):] for key, _ in self.state.items(FAILING)}
+        except StateError as exc:
+            logger.error("state store unreadable, failing cache ignored this iteration: {}", exc)
+            failing = set()
+        it = _Iteration(info=info, failing=failing)
+        if config_note is not None:
+            it.notifications.append(config_note)
+        jobs = self._plan(demand, it)
+        threads = int(self.config.director["max_threads"])
+        if jobs:
+            with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="submit") as pool:
+                for future in [pool.submit(self._submit_one, backend, request, it) for backend, request in jobs]:
+                    future.result()
+        summary = IterationSummary(
+            number=info.number,
+            started=info.started,
+            duration=time.monotonic() - started,
+            records=tuple(it.records),
+            excluded=tuple(it.excluded),
+            notifications=tuple(it.notifications),
+            failures=tuple(it.failures),
+            config_error=refusal,
+        )
+        hook.gridgate_iteration_finished(summary=summary)
+        return summary
+
+    def _plan(self, demand: DemandRegistry, it: _Iteration) -> list[tuple[BackendInfo, SubmitRequest]]:
+        """Split demand into submissions of the backend's bulk size."""
+        jobs: list[tuple[BackendInfo, SubmitRequest]] = []
+        infos: dict[str, BackendInfo | None] = {}
+        user = self.config.director.get("user") or _current_user()
+        for request in demand.requests:
+            if request.backend not in infos:
+                infos[request.backend] = self.pm.hook.gridgate_backend_info(backend=request.backend)
+                if infos[request.backend] is None:
+                    logger.error("demand names backend {!r}, which is not configured", request.backend)
+            info = infos[request.backend]
+            if info is None:
+                self._account(it, request, None, "skipped", request.count, failure_kind="no_backend")
+                continue
+            size = max(1, info.pilots_per_submission)
+            list_match = info.list_match if request.list_match is None else request.list_match
+            for index in range(math.ceil(request.count / size)):
+                count = min(size, request.count - index * size)
+                jobs.append((info, replace(request, count=count, list_match=list_match, user=request.user or user)))
+        return jobs
+
+    # --- one submission ---------------------------------------------------------------------
+
+    def _submit_one(self, info: BackendInfo, request: SubmitRequest, it: _Iteration) -> None:
+        started = time.monotonic()
+        try:
+            self._attempt(info, request, it, started)
+        except Exception as exc:  # a plugin bug must not stop the iteration
+            logger.opt(exception=exc).error("submission to {} crashed in a plugin", info.backend)
+            self._account(it, request, None, "failed", request.count, failure_kind="plugin_error",
+                          duration=time.monotonic() - started)
+
+    def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float) -> None:
+        hook = self.pm.hook
+        candidates = it.usable(info.endpoints)
+        if not candidates:
+            self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint")
+            return
+        endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
+        answer = hook.gridgate_admit(request=AdmissionRequest(
+            category="submission", opcode="JOB_SUBMIT", user=request.user, size=request.count,
+            endpoint=endpoint,
+        ))
+        if isinstance(answer, Refusal):
+            self._account(it, request, endpoint, "refused", request.count, failure_kind="admission",
+                          duration=time.monotonic() - started)
+            return
+        grant: Grant | None = answer
+        try:
+            timeout = float(info.command_timeout or self.config.director["command_timeout"])
+            if request.list_match:
+                match = hook.gridgate_list_match(endpoint=endpoint, request=request, timeout=timeout)
+                if match is not None and not match.ok:
+                    failed = SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match")
+                    self._failed(endpoint, request, failed, it, started)
+                    return
+                if match is not None and not match.resources:
+                    self._account(it, request, endpoint, "no_match", request.count,
+                                  duration=time.monotonic() - started)
+                    return
+            result = hook.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)
+            if result is None:
+                result = SubmitResult(endpoint=endpoint, ok=False, message=f"no plugin submits to backend {endpoint.backend!r}")
+            if result.ok:
+                self._account(it, request, endpoint, "submitted", request.count, job_ids=result.job_ids,
+                              duration=time.monotonic() - started)
+            else:
+                self._failed(endpoint, request, result, it, started)
+        finally:
+            if grant is not None:
+                hook.gridgate_release(grant=grant)
+
+    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration, started: float) -> None:
+        hook = self.pm.hook
+        failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
+        override = self.config.director.get("notify_kinds", {}).get(failure.kind)
+        if override is not None:
+            failure = replace(failure, notify=override)
+        command = result.command
+        with it.lock:
+            it.failures.append({
+                "backend": endpoint.backend, "endpoint": endpoint.name, "kind": failure.kind,
+                "returncode": command.returncode if command else None,
+                "timed_out": bool(command and command.timed_out),
+                "command": list(command.argv) if command else [],
+                "operation": result.operation,
+            })
+        if failure.exclude:
+            it.exclude(endpoint)
+            escalation = hook.gridgate_escalate(endpoint=endpoint, failure=failure, result=result)
+            if escalation is not None and escalation.level is not None:
+                note = compose_failure(endpoint, failure, escalation, result, self.clock.time())
+                with it.lock:
+                    it.notifications.append(note)
+                hook.gridgate_notify(notification=note)
+        self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
+                      duration=time.monotonic() - started)
+
+    def _account(
+        self,
+        it: _Iteration,
+        request: SubmitRequest,
+        endpoint: Endpoint | None,
+        outcome: Outcome,
+        pilots: int,
+        *,
+        failure_kind: str = "",
+        job_ids: tuple[str, ...] = (),
+        duration: float = 0.0,
+    ) -> None:
+        record = AccountingRecord(
+            time=self.clock.time(), backend=request.backend,
+            endpoint=endpoint.name if endpoint else "", outcome=outcome, group=request.group,
+            pilots=pilots, failure_kind=failure_kind, job_ids=job_ids, duration=round(duration, 4),
+            iteration=it.info.number,
+        )
+        with it.lock:
+            it.records.append(record)
+        try:
+            self.state.append_record(ACCOUNTING, record.as_dict())
+        except StateError as exc:
+            logger.error("accounting row lost, state store failed: {}", exc)
+        self.pm.hook.gridgate_submission_finished(record=record)
+
+
+def summary_json(summary: IterationSummary) -> str:
+    """The one-line JSON document ``gridgate run --json`` prints per iteration."""
+    submitted = [
+        {"backend": r.backend, "endpoint": r.endpoint, "job_ids": list(r.job_ids), "group": r.group, "pilots": r.pilots}
+        for r in summary.records if r.outcome == "submitted"
+    ]
+    counts: dict[str, int] = {}
+    for record in summary.records:
+        counts[record.outcome] = counts.get(record.outcome, 0) + 1
+    doc = {
+        "iteration": summary.number,
+        "started": summary.started,
+        "duration_s": round(summary.duration, 3),
+        "submitted": submitted,
+        "failures": list(summary.failures),
+        "excluded": [key.split("/", 1)[1] for key in summary.excluded],
+        "skipped": counts.get("skipped", 0),
+        "refused": counts.get("refused", 0),
+        "no_match": counts.get("no_match", 0),
+        "pilots_submitted": sum(r.pilots for r in summary.records if r.outcome == "submitted"),
+        "notifications": [
+            {"level": n.level, "endpoint": n.endpoint.name if n.endpoint else None, "subject": n.subject}
+            for n in summary.notifications
+        ],
+        "config_error": summary.config_error,
+    }
+    return json.dumps(doc, sort_keys=False)
+
+
+def _refusal_text(error: ConfigError) -> str:
+    return "The config file no longer validates; the last good config stays in force.\n\n" + str(error) + "\n"
+
+
+def _close(plugin: object) -> None:
+    close = getattr(plugin, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception as exc:  # closing one plugin must not leave the others open
+            logger.opt(exception=exc).warning("closing plugin {} failed", type(plugin).__name__)
+
+
+def _current_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

@@ -1,0 +1,200 @@
+"""Config: composition, line-numbered errors, defaults, reloads and secrets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from gridgate.core.cli import cli
+from gridgate.core.config import (
+    ConfigError,
+    ConfigSource,
+    SecretError,
+    compose_schema,
+    load_config,
+    read_secret,
+    validate_document,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+HERE = Path(__file__).parent
+BAD = sorted((HERE / "bad_configs").glob("*.yaml"))
+BROKEN_DIST = HERE / "fixtures" / "broken_dist"
+
+
+@pytest.fixture
+def broken_plugin_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Puts a distribution on sys.path whose notifier entry point fails to import."""
+    monkeypatch.syspath_prepend(str(BROKEN_DIST))
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(BAD) >= 20
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_bad_config_names_file_line_and_key(path: Path, broken_plugin_installed: None) -> None:
+    expect = re.match(r"# expect: (\d+) (\S+)", path.read_text(encoding="utf-8"))
+    assert expect, f"{path.name} lacks its '# expect: LINE PATH' header"
+    line, key = expect.group(1), expect.group(2)
+    result = CliRunner().invoke(cli, ["config", "validate", str(path)])
+    assert result.exit_code == 2, result.output
+    wanted = f"{path}:{line}: "
+    lines = [ln for ln in result.output.splitlines() if ln.startswith(wanted)]
+    assert lines, f"no problem reported at {wanted}; got:\n{result.output}"
+    if key != "YAML":
+        assert any(f": {key}: " in ln for ln in lines), result.output
+    else:
+        assert any("YAML syntax error" in ln for ln in lines), result.output
+
+
+def test_every_problem_is_reported_not_just_the_first(write) -> None:
+    path = write("two.yaml", "director:\n  max_threads: x\n  cycle_seconds: -1\n  bogus: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    paths = {".".join(map(str, p.path)) for p in info.value.problems}
+    assert paths == {"director.max_threads", "director.cycle_seconds", "director.bogus"}
+    assert [p.line for p in info.value.problems] == [2, 3, 4]
+
+
+def test_broken_plugin_message_names_group_name_and_cause(write, broken_plugin_installed: None) -> None:
+    path = write("b.yaml", "notifiers:\n  broken_notifier: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert "gridgate.notifiers" in text and "broken_notifier" in text and "libfoo" in text
+
+
+def test_unknown_plugin_lists_what_is_installed(write) -> None:
+    path = write("u.yaml", "notifiers:\n  smoke_signal: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "not installed" in str(info.value) and "log" in str(info.value)
+
+
+def test_yaml_errors_are_reported_apart_from_schema_errors(write) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write("y.yaml", "director: [\n"))
+    assert info.value.kind == "yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(write("s.yaml", "director: {max_threads: x}\n"))
+    assert info.value.kind == "schema"
+
+
+def test_defaults_are_filled_and_plugin_sections_may_be_empty(write) -> None:
+    config = load_config(write("ok.yaml", "notifiers:\n  log:\nstate:\n  driver: memory\n"))
+    assert config.director["cycle_seconds"] == 60
+    assert config.director["max_threads"] == 8
+    assert config.director["command_timeout"] == 120
+    assert config["notifiers"]["log"] == {"body": False}
+
+
+def test_empty_file_is_a_valid_config_of_defaults(write) -> None:
+    config = load_config(write("empty.yaml", ""))
+    assert config.director["failing_expiry"] == 3600
+    assert config["state"]["driver"] == "sqlite"
+
+
+def test_example_config_validates() -> None:
+    result = CliRunner().invoke(cli, ["config", "example"])
+    assert result.exit_code == 0
+    doc = result.output
+    assert "director:" in doc
+    import yaml
+
+    validate_document(yaml.safe_load(doc))
+
+
+def test_examples_folder_validates() -> None:
+    for path in sorted((HERE.parent.parent / "examples").glob("*.yaml")):
+        load_config(path)
+
+
+def test_schema_command_prints_composed_schema() -> None:
+    result = CliRunner().invoke(cli, ["config", "schema"])
+    assert result.exit_code == 0
+    assert '"director"' in result.output and "2020-12" in result.output
+
+
+# --- defaults never make an invalid document valid ---------------------------------------
+
+director_values = st.one_of(
+    st.none(), st.integers(-5, 5), st.floats(allow_nan=False, allow_infinity=False, width=16),
+    st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2),
+)
+director_docs = st.dictionaries(
+    st.sampled_from(["cycle_seconds", "max_threads", "command_timeout", "failing_expiry",
+                     "ticket_expiry", "notify_kinds", "metrics_port", "state_dir", "bogus"]),
+    director_values, max_size=4,
+)
+documents = st.fixed_dictionaries(
+    {}, optional={"director": director_docs,
+                  "state": st.fixed_dictionaries({"driver": st.sampled_from(["memory", "sqlite"])}),
+                  "notifiers": st.just({"log": {"body": True}})},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents)
+def test_filling_defaults_never_makes_an_invalid_document_valid(doc: dict) -> None:
+    schema, _classes, problems = compose_schema(doc)
+    invalid_before = bool(problems) or any(True for _ in Draft202012Validator(schema).iter_errors(doc))
+    try:
+        validate_document(doc)
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == (not invalid_before)
+
+
+# --- reloads ---------------------------------------------------------------------------------
+
+
+def test_config_source_keeps_last_good_config(write) -> None:
+    path = write("site.yaml", "director: {max_threads: 4}\n")
+    source = ConfigSource(path)
+    assert source.reload().changed is False
+    path.write_text("director: {max_threads: 6}\n", encoding="utf-8")
+    assert source.reload().changed is True
+    assert source.current.director["max_threads"] == 6
+    path.write_text("director: {max_threads: many}\n", encoding="utf-8")
+    outcome = source.reload()
+    assert not outcome.changed and outcome.error is not None
+    assert "director.max_threads" in str(outcome.error)
+    assert source.current.director["max_threads"] == 6
+    # the same bad content is reported once, not at every iteration
+    assert source.reload().error is None
+    path.write_text("director: {max_threads: 2}\n", encoding="utf-8")
+    assert source.reload().changed is True
+    assert source.current.director["max_threads"] == 2
+
+
+def test_config_source_survives_a_deleted_file(write) -> None:
+    path = write("site.yaml", "director: {max_threads: 4}\n")
+    source = ConfigSource(path)
+    path.unlink()
+    outcome = source.reload()
+    assert outcome.error is not None and outcome.error.kind == "io"
+    assert source.current.director["max_threads"] == 4
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+
+def test_secret_from_env_and_file(write, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GG_TEST_SECRET", "s3cret")
+    assert read_secret({"env": "GG_TEST_SECRET"}) == "s3cret"
+    assert read_secret({"file": str(write("pw", "hunter2\n"))}) == "hunter2"
+    assert read_secret(None) is None
+
+
+def test_missing_secret_error_never_contains_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GG_ABSENT", raising=False)
+    with pytest.raises(SecretError, match="GG_ABSENT is not set"):
+        read_secret({"env": "GG_ABSENT"})
+    with pytest.raises(SecretError, match="cannot read secret file"):
+        read_secret({"file": "/nonexistent/secret"})
