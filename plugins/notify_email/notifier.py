@@ -1,0 +1,221 @@
+"""The ``email`` notifier: error and alarm notifications as e-mail, through a durable outbox."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gridgate.core import hookimpl
+from gridgate.core.config import SECRET_SCHEMA, apply_defaults
+from gridgate.core.model import Notification
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.plugins.notify_email.outbox import FlushResult, Outbox, RetryPolicy
+from gridgate.plugins.notify_email.smtp import (
+    SECURITY,
+    SMTP_TRANSPORT,
+    SmtpSettings,
+    SmtpTransport,
+    build_message,
+    message_payload,
+)
+from loguru import logger
+
+ADDRESS = {"type": "string", "pattern": r"^[^@\s,<>]+@[^@\s,<>]+$"}
+ADDRESSES = {
+    "description": "One address, a list of addresses, or \"\" to disable this level.",
+    "default": "",
+    "anyOf": [
+        {"type": "string", "const": ""},
+        ADDRESS,
+        {"type": "array", "items": ADDRESS},
+    ],
+}
+
+#: SMTP keys, shared with the ggus notifier's ``mail`` delivery.
+SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
+    "host": {"type": "string", "minLength": 1, "default": "localhost",
+             "description": "SMTP server host."},
+    "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 25,
+             "description": "SMTP server port (25, 587 for starttls, 465 for ssl)."},
+    "security": {"enum": list(SECURITY), "default": "none",
+                 "description": "none, starttls (upgrade after connecting) or ssl (TLS from the start)."},
+    "username": {"type": "string", "default": "",
+                 "description": "Log in as this user (AUTH); \"\" for no login."},
+    "password": {**SECRET_SCHEMA,
+                 "description": "Password for username: {env: NAME} or {file: PATH}, never inline."},
+    "timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                "description": "Seconds to wait for the server on each step."},
+    "ca_file": {"type": "string", "default": "",
+                "description": "PEM file of CAs to trust for starttls/ssl (\"\": the system's)."},
+    "verify": {"type": "boolean", "default": True,
+               "description": "Check the server's certificate and host name."},
+}
+
+#: Outbox keys, shared with the ggus notifier.
+OUTBOX_SCHEMA_PROPERTIES: dict[str, Any] = {
+    "retry_initial": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                      "description": "First retry after this many seconds; doubles each time."},
+    "retry_max": {"type": "number", "exclusiveMinimum": 0, "default": 1800,
+                  "description": "Longest pause between two attempts, in seconds."},
+    "max_age": {"type": "number", "exclusiveMinimum": 0, "default": 259200,
+                "description": "A message still failing this many seconds after it was queued "
+                               "goes to dead-letter (default 3 days)."},
+    "poll_interval": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+                      "description": "Seconds between the sender thread's passes when idle."},
+    "send_thread": {"type": "boolean", "default": True,
+                    "description": "Deliver from a background thread; false: only when the "
+                                   "director (or a test) calls flush()."},
+}
+
+
+def smtp_errors(section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    if section.get("username") and not section.get("password"):
+        problems.append((("password",), "username is set but password is not"))
+    if section.get("password") and not section.get("username"):
+        problems.append((("username",), "password is set but username is not"))
+    return problems
+
+
+def resolve_dir(value: str, state_dir: Path, default: str) -> Path:
+    """A configured folder; "" means ``state_dir/default``. Relative paths are relative to
+    the process's working directory."""
+    return Path(value) if value else Path(state_dir) / default
+
+
+def state_dir_of(config: Mapping[str, Any]) -> Path:
+    director = config.get("director") or {}
+    return Path(director.get("state_dir") or "./gridgate-state")
+
+
+def addresses(value: str | list[str]) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value else []
+    return [a for a in value if a]
+
+
+class EmailNotifier(Plugin):
+    """Sends ``error`` notifications to ``error_address`` and ``alarm`` ones to
+    ``alarm_address``; ``info`` ones go to ``error_address`` only with ``info_to_error``."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "E-mail over SMTP, queued in a durable outbox.",
+        "properties": {
+            **SMTP_SCHEMA_PROPERTIES,
+            "from": {**ADDRESS, "description": "Sender address (From and envelope)."},
+            "error_address": {**ADDRESSES, "description": "Where error notifications go; "
+                              "an address, a list, or \"\" to disable."},
+            "alarm_address": {**ADDRESSES, "description": "Where alarm notifications go; "
+                              "an address, a list, or \"\" to disable."},
+            "info_to_error": {"type": "boolean", "default": False,
+                              "description": "Also send info notifications to error_address."},
+            "subject_prefix": {"type": "string", "default": "[gridgate] ",
+                               "description": "Put in front of every subject."},
+            "dedup_window": {"type": "number", "minimum": 0, "default": 86400,
+                             "description": "Seconds during which the same subject and body "
+                                            "are not sent again to the same address (0: off)."},
+            "outbox": {"type": "string", "default": "",
+                       "description": "Outbox folder (\"\": <director.state_dir>/outbox)."},
+            **OUTBOX_SCHEMA_PROPERTIES,
+        },
+        "required": ["from"],
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        section = copy.deepcopy(dict(config))
+        apply_defaults(section, self.config_schema)
+        super().__init__(section, context)
+        self.clock = context.clock
+        self.outbox = self.make_outbox(section, context.state_dir, context.clock)
+        self.records = context.state if context.state is not None else self.outbox.records
+        if section["send_thread"] and self.outbox.pending():
+            self.outbox.start()
+
+    @classmethod
+    def outbox_path(cls, section: Mapping[str, Any], state_dir: Path) -> Path:
+        return resolve_dir(section.get("outbox", ""), state_dir, "outbox")
+
+    @classmethod
+    def make_outbox(cls, section: Mapping[str, Any], state_dir: Path, clock: Any) -> Outbox:
+        """The outbox with its SMTP transport, as configured by ``section``."""
+        transport = SmtpTransport(SmtpSettings.from_section(section))
+        return Outbox(
+            cls.outbox_path(section, state_dir),
+            {SMTP_TRANSPORT: transport},
+            clock=clock,
+            retry=RetryPolicy(section.get("retry_initial", 30), section.get("retry_max", 1800),
+                              section.get("max_age", 259200)),
+            poll_interval=section.get("poll_interval", 5),
+            name="email outbox",
+        )
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        return smtp_errors(section)
+
+    def recipients(self, level: str) -> list[str]:
+        if level == "alarm":
+            return addresses(self.config["alarm_address"])
+        if level == "error" or (level == "info" and self.config["info_to_error"]):
+            return addresses(self.config["error_address"])
+        return []
+
+    @staticmethod
+    def dedup_key(address: str, notification: Notification) -> str:
+        digest = hashlib.sha256(
+            "\0".join((address, notification.subject, notification.body)).encode("utf-8", "replace")
+        ).hexdigest()
+        return f"notify_email:dedup:{digest}"
+
+    def _first_time(self, address: str, notification: Notification) -> bool:
+        window = float(self.config["dedup_window"])
+        if window <= 0:
+            return True
+        try:
+            return bool(self.records.add_if_absent(self.dedup_key(address, notification), "1", window))
+        except Exception as exc:  # a state outage must not silence mail: send, maybe twice
+            logger.warning("email: de-duplication unavailable ({}); sending anyway", exc)
+            return True
+
+    @hookimpl
+    def gridgate_notify(self, notification: Notification) -> None:
+        wanted = self.recipients(notification.level)
+        if not wanted:
+            return None
+        to = [a for a in wanted if self._first_time(a, notification)]
+        if not to:
+            logger.info("email: {!r} already sent within {} s; not sent again",
+                        notification.subject, self.config["dedup_window"])
+            return None
+        sender = self.config["from"]
+        msg = build_message(notification, sender=sender, to=to,
+                            subject_prefix=self.config["subject_prefix"])
+        try:
+            self.outbox.enqueue(SMTP_TRANSPORT, message_payload(msg, sender, to),
+                                summary=str(msg["Subject"]))
+        except OSError as exc:
+            logger.error("email: cannot queue {!r} for {} in {}: {}", notification.subject,
+                         ", ".join(to), self.outbox.directory, exc)
+            # Not queued, so not sent: let a repeat of it through.
+            for address in to:
+                try:
+                    self.records.delete(self.dedup_key(address, notification))
+                except Exception:  # noqa: BLE001 - best effort, already reporting an error
+                    pass
+            return None
+        if self.config["send_thread"]:
+            self.outbox.start()
+        return None
+
+    def flush(self, timeout: float = 30.0) -> FlushResult:
+        """Deliver what is due now (see :meth:`Outbox.flush`)."""
+        return self.outbox.flush(timeout)
+
+    def close(self) -> None:
+        self.outbox.close(timeout=float(self.config["timeout"]) * 2 + 5)
+

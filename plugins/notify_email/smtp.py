@@ -1,0 +1,208 @@
+"""Builds e-mail messages from notifications and delivers queued ones over SMTP (smtplib).
+
+The transport sorts every answer into sent / retry / dead for the outbox: a permanent refusal
+(5xx) of the message is dead, a transient one (4xx), a refused connection or a timeout is
+retried. When only some recipients are refused, the message counts as sent to the others
+(they are never sent it twice); refused recipients with a 5xx go to dead-letter with the
+server's reply, those with a 4xx stay queued for a retry.
+"""
+
+from __future__ import annotations
+
+import email.policy
+import smtplib
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from typing import Any
+
+from gridgate.core.config import SecretError, read_secret
+from gridgate.core.model import Notification
+from gridgate.plugins.notify_email.outbox import Delivery, Message
+from loguru import logger
+
+#: Transport name stored in queued messages.
+SMTP_TRANSPORT = "smtp"
+SECURITY = ("none", "starttls", "ssl")
+
+
+@dataclass(frozen=True)
+class SmtpSettings:
+    """How to reach the mail server. ``password`` is the secret's spec, never its value."""
+
+    host: str = "localhost"
+    port: int = 25
+    security: str = "none"
+    username: str = ""
+    password: Mapping[str, str] | None = None
+    timeout: float = 30.0
+    ca_file: str = ""
+    verify: bool = True
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> SmtpSettings:
+        return cls(
+            host=section.get("host", "localhost"),
+            port=int(section.get("port", 25)),
+            security=section.get("security", "none"),
+            username=section.get("username", ""),
+            password=section.get("password"),
+            timeout=float(section.get("timeout", 30.0)),
+            ca_file=section.get("ca_file", ""),
+            verify=bool(section.get("verify", True)),
+        )
+
+    def __repr__(self) -> str:  # the spec is harmless, but keep reprs short and obvious
+        return (f"SmtpSettings(host={self.host!r}, port={self.port}, "
+                f"security={self.security!r}, username={self.username!r})")
+
+
+def one_line(text: str) -> str:
+    """Header-safe text: any run of whitespace (newlines included) becomes one space."""
+    return " ".join(text.split())
+
+
+def build_message(
+    notification: Notification,
+    *,
+    sender: str,
+    to: Sequence[str],
+    subject_prefix: str = "",
+    extra_headers: Mapping[str, str] | None = None,
+) -> EmailMessage:
+    """A proper UTF-8 e-mail for ``notification``: Date is when the event was created."""
+    body = notification.body.encode("utf-8", "replace").decode("utf-8")
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = ", ".join(to)
+    msg["Subject"] = one_line(f"{subject_prefix}{notification.subject}")
+    msg["Date"] = formatdate(notification.created, usegmt=True)
+    domain = sender.rpartition("@")[2] or "localhost"
+    msg["Message-ID"] = make_msgid("gridgate", domain=domain)
+    msg["X-Gridgate-Level"] = notification.level
+    if notification.endpoint is not None:
+        msg["X-Gridgate-Endpoint"] = one_line(notification.endpoint.key)
+    for name, value in (extra_headers or {}).items():
+        msg[name] = one_line(value)
+    text = body if body.endswith("\n") else body + "\n"
+    # Not every relay announces 8BITMIME: non-ASCII text travels as quoted-printable.
+    msg.set_content(text, charset="utf-8", cte=None if text.isascii() else "quoted-printable")
+    return msg
+
+
+def message_payload(msg: EmailMessage, sender: str, to: Sequence[str]) -> dict[str, Any]:
+    """What the outbox stores for an SMTP message: envelope and the exact bytes to send."""
+    raw = msg.as_bytes(policy=email.policy.SMTP)
+    return {"from": sender, "to": list(to), "raw": raw.decode("utf-8", "surrogateescape")}
+
+
+def _reply(code: int, text: bytes | str) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return f"{code} {one_line(text)}"
+
+
+class SmtpTransport:
+    """Delivers ``smtp`` outbox messages; keeps one connection open for a delivery pass."""
+
+    def __init__(self, settings: SmtpSettings) -> None:
+        self.settings = settings
+        self._conn: smtplib.SMTP | None = None
+
+    def _context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.settings.ca_file or None)
+        if not self.settings.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def _connect(self) -> smtplib.SMTP:
+        if self._conn is not None:
+            return self._conn
+        s = self.settings
+        password = read_secret(s.password) if s.username else None
+        conn: smtplib.SMTP
+        if s.security == "ssl":
+            conn = smtplib.SMTP_SSL(s.host, s.port, timeout=s.timeout, context=self._context())
+        else:
+            conn = smtplib.SMTP(s.host, s.port, timeout=s.timeout)
+        try:
+            conn.ehlo_or_helo_if_needed()
+            if s.security == "starttls":
+                conn.starttls(context=self._context())
+                conn.ehlo()
+            if s.username:
+                conn.login(s.username, password or "")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.quit()
+            except (OSError, smtplib.SMTPException):
+                conn.close()
+
+    def finish(self) -> None:
+        self._drop()
+
+    def deliver(self, message: Message) -> Delivery:
+        payload = message.payload
+        sender, rcpts = payload["from"], list(payload["to"])
+        raw = payload["raw"].encode("utf-8", "surrogateescape")
+        where = f"{self.settings.host}:{self.settings.port}"
+        try:
+            conn = self._connect()
+        except SecretError as exc:
+            return Delivery("retry", f"SMTP password unavailable: {exc}")
+        except smtplib.SMTPAuthenticationError as exc:
+            # A login refusal is a config problem, not the message's: keep it queued.
+            return Delivery("retry", f"{where}: login refused: {_reply(exc.smtp_code, exc.smtp_error)}")
+        except smtplib.SMTPResponseException as exc:
+            return Delivery("retry", f"{where}: {_reply(exc.smtp_code, exc.smtp_error)}")
+        except (OSError, smtplib.SMTPException) as exc:
+            return Delivery("retry", f"{where}: cannot connect: {type(exc).__name__}: {exc}")
+        try:
+            refused = conn.sendmail(sender, rcpts, raw)
+        except smtplib.SMTPRecipientsRefused as exc:
+            return self._split(payload, dict(exc.recipients), accepted=False)
+        except (smtplib.SMTPSenderRefused, smtplib.SMTPDataError) as exc:
+            reply = _reply(exc.smtp_code, exc.smtp_error)
+            if 500 <= exc.smtp_code < 600:
+                return Delivery("dead", reply)
+            return Delivery("retry", reply, blocking=False)
+        except smtplib.SMTPResponseException as exc:
+            self._drop()
+            reply = _reply(exc.smtp_code, exc.smtp_error)
+            return Delivery("dead" if 500 <= exc.smtp_code < 600 else "retry", reply)
+        except (OSError, smtplib.SMTPException) as exc:
+            self._drop()
+            return Delivery("retry", f"{where}: {type(exc).__name__}: {exc}")
+        if refused:
+            return self._split(payload, dict(refused), accepted=True)
+        return Delivery("sent", "250 accepted")
+
+    @staticmethod
+    def _split(payload: Mapping[str, Any], refused: Mapping[str, tuple[int, bytes]],
+               accepted: bool) -> Delivery:
+        dead = [r for r, (code, _t) in refused.items() if 500 <= code < 600]
+        again = [r for r in refused if r not in dead]
+        reply = "; ".join(f"{r}: {_reply(code, text)}" for r, (code, text) in refused.items())
+        dead_payload = {**payload, "to": dead} if dead else None
+        retry_payload = {**payload, "to": again} if again else None
+        if accepted:
+            logger.warning("SMTP: some recipients refused: {}", reply)
+            return Delivery("sent", reply, blocking=False, retry_payload=retry_payload,
+                            dead_payload=dead_payload)
+        if not again:
+            return Delivery("dead", reply)
+        if not dead:
+            return Delivery("retry", reply, blocking=False)
+        return Delivery("retry", reply, blocking=False, retry_payload=retry_payload,
+                        dead_payload=dead_payload)
