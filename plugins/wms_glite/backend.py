@@ -1,0 +1,408 @@
+"""The gLite WMS backend: submits pilot JDLs and list-matches through the gLite command line.
+
+Every call names its server explicitly (``--endpoint``), runs under a hard deadline through
+the core runner, and turns whatever came back into a result value; nothing here raises on a
+server's misbehaviour. The JDL goes into a private temporary file and never near a shell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from gridgate.core import hookimpl
+from gridgate.core.model import (
+    BackendInfo,
+    CommandResult,
+    Endpoint,
+    Failure,
+    ListMatchResult,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.plugins.wms_glite.classify import Rule, classify
+from gridgate.plugins.wms_glite.jdl import (
+    ATTRIBUTE_NAME_RE,
+    RESERVED,
+    JdlError,
+    build_jdl,
+    check_expression,
+    literal,
+    quote,
+)
+from gridgate.plugins.wms_glite.parse import is_no_match, parse_ce_ids, parse_job_ids
+from loguru import logger
+
+__all__ = ["GliteBackend", "build_jdl", "endpoint_for", "DEFAULT_PORT", "DEFAULT_PATH"]
+
+DEFAULT_PORT = 7443
+DEFAULT_PATH = "/glite_wms_wmproxy_server"
+HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
+DELEGATION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+OPERATION_SUBMIT = "Job Submit"
+OPERATION_LIST_MATCH = "List Match"
+
+_STRING_LIST = {"type": "array", "items": {"type": "string"}}
+_SCALAR = {"type": ["string", "number", "boolean"]}
+
+RULE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A site rule: a regex on the command's output decides the failure kind.",
+    "properties": {
+        "kind": {"type": "string", "minLength": 1, "description": "Failure kind to report."},
+        "pattern": {"type": "string", "minLength": 1,
+                    "description": "Python regex searched line by line."},
+        "stream": {"enum": ["stdout", "stderr", "any"], "default": "any",
+                   "description": "Which output the pattern is searched in."},
+        "returncode": {"type": ["integer", "null"], "default": None,
+                       "description": "Match only this exit code (null: any)."},
+        "exclude": {"type": "boolean", "default": True,
+                    "description": "Take the server out of rotation."},
+        "notify": {"type": "boolean", "default": True,
+                   "description": "Tell people (error/alarm mails)."},
+        "transient": {"type": "boolean", "default": True,
+                      "description": "A retry on another server is worthwhile."},
+    },
+    "required": ["kind", "pattern"],
+    "additionalProperties": False,
+}
+
+
+def endpoint_for(backend: str, server: str) -> Endpoint:
+    """The endpoint of a ``servers`` entry: a host name, or a full ``https://`` URL."""
+    server = server.strip()
+    if "://" in server:
+        host = urlsplit(server).hostname or server
+        return Endpoint(backend, host, server)
+    return Endpoint(backend, server, f"https://{server}:{DEFAULT_PORT}{DEFAULT_PATH}")
+
+
+def _server_problem(server: str) -> str | None:
+    text = server.strip()
+    if "://" in text:
+        try:
+            parts = urlsplit(text)
+            parts.port  # noqa: B018 -- raises ValueError on a bad port
+        except ValueError as exc:
+            return f"{server!r} is not a valid URL: {exc}"
+        if parts.scheme != "https":
+            return f"{server!r}: the WMProxy endpoint must be an https:// URL"
+        if not parts.hostname or not HOST_RE.match(parts.hostname):
+            return f"{server!r}: no valid host name in the URL"
+        return None
+    if not HOST_RE.match(text):
+        return f"{server!r} is neither a host name nor an https:// URL"
+    return None
+
+
+class GliteBackend(Plugin):
+    """Submits to gLite WMS servers with ``glite-wms-job-submit``/``-list-match``."""
+
+    name = "wms_glite"
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "gLite WMS backend: servers, commands, JDL, list-match and failure rules.",
+        "properties": {
+            "servers": {**_STRING_LIST, "default": [],
+                        "description": "WMS servers: host names (the endpoint becomes "
+                                       "https://HOST:7443/glite_wms_wmproxy_server) or full URLs."},
+            "commands": {
+                "type": "object",
+                "description": "Names (looked up on PATH) or paths of the gLite commands.",
+                "properties": {
+                    "submit": {"type": "string", "minLength": 1,
+                               "default": "glite-wms-job-submit",
+                               "description": "The submit command."},
+                    "list_match": {"type": "string", "minLength": 1,
+                                   "default": "glite-wms-job-list-match",
+                                   "description": "The list-match command."},
+                },
+                "default": {},
+                "additionalProperties": False,
+            },
+            "delegation": {"type": "string", "minLength": 1, "default": "auto",
+                           "description": "'auto' delegates at every call (-a); any other "
+                                          "value is a delegation id passed as -d ID."},
+            "config_file": {"type": ["string", "null"], "default": None,
+                            "description": "Client config file passed as -c FILE."},
+            "output_format": {"enum": ["text", "nomsg", "json"], "default": "text",
+                              "description": "Submit output to ask for: the default text, "
+                                             "--nomsg (id only) or --json."},
+            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
+                    "description": "Extra environment variables for the commands."},
+            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                                "default": None,
+                                "description": "Seconds; replaces the director's limit for "
+                                               "this backend's commands when set."},
+            "work_dir": {"type": ["string", "null"], "default": None,
+                         "description": "Where the private JDL files are written (default: "
+                                        "the system temporary directory)."},
+            "pilots_per_jdl": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1,
+                               "description": "Pilots per submission; > 1 makes a parametric "
+                                              "JDL."},
+            "list_match": {"type": "boolean", "default": True,
+                           "description": "Default for demand groups: list-match before "
+                                          "submitting (off for test jobs)."},
+            "list_match_cache": {"type": "number", "minimum": 0, "default": 900,
+                                 "description": "Seconds a list-match answer is reused per "
+                                                "(server, requirements); 0 disables."},
+            "executable": {"type": "string", "minLength": 1, "default": "pilot.sh",
+                           "description": "JDL Executable."},
+            "arguments": {"type": "string", "default": "", "description": "JDL Arguments."},
+            "input_sandbox": {**_STRING_LIST, "default": [],
+                              "description": "JDL InputSandbox files."},
+            "output_sandbox": {**_STRING_LIST, "default": ["std.out", "std.err"],
+                               "description": "JDL OutputSandbox files."},
+            "std_output": {"type": "string", "default": "std.out", "description": "JDL StdOutput."},
+            "std_error": {"type": "string", "default": "std.err", "description": "JDL StdError."},
+            "requirements": {"type": "string",
+                             "default": 'other.GlueCEStateStatus == "Production"',
+                             "description": "JDL Requirements (a ClassAd expression); a "
+                                            "request's own requirements replace it."},
+            "rank": {"type": "string", "default": "-other.GlueCEStateEstimatedResponseTime",
+                     "description": "JDL Rank (a ClassAd expression); empty for none."},
+            "vo": {"type": "string", "default": "",
+                   "description": "JDL VirtualOrganisation; empty for none."},
+            "extra_attributes": {
+                "type": "object",
+                "description": "More JDL attributes: name -> string, number, bool or list.",
+                "propertyNames": {"pattern": ATTRIBUTE_NAME_RE.pattern},
+                "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
+                "default": {},
+            },
+            "retry_count": {"type": "integer", "minimum": 0, "default": 0,
+                            "description": "JDL RetryCount (0: the director retries, not WMS)."},
+            "shallow_retry_count": {"type": "integer", "minimum": 0, "default": 0,
+                                    "description": "JDL ShallowRetryCount."},
+            "rules": {"type": "array", "items": RULE_SCHEMA, "default": [],
+                      "description": "Site failure rules, tried before the built-in ones."},
+        },
+        "additionalProperties": False,
+    }
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        seen: dict[str, int] = {}
+        for index, server in enumerate(section.get("servers") or []):
+            problem = _server_problem(server)
+            if problem:
+                problems.append((("servers", index), problem))
+                continue
+            host = endpoint_for(cls.name, server).name.lower()
+            if host in seen:
+                problems.append((("servers", index),
+                                 f"duplicate server {host!r} (also servers[{seen[host]}])"))
+            seen.setdefault(host, index)
+        delegation = section.get("delegation", "auto")
+        if delegation != "auto" and not DELEGATION_ID_RE.match(delegation):
+            problems.append((("delegation",), f"delegation id {delegation!r} may only hold "
+                                               "letters, digits, '.', '_' and '-'"))
+        for key in ("requirements", "rank"):
+            if (section.get(key) or "").strip():
+                try:
+                    check_expression(section[key], key)
+                except JdlError as exc:
+                    problems.append(((key,), str(exc)))
+        for key in ("executable", "arguments", "std_output", "std_error", "vo"):
+            if isinstance(section.get(key), str):
+                try:
+                    quote(section[key], key)
+                except JdlError as exc:
+                    problems.append(((key,), str(exc)))
+        for key in ("input_sandbox", "output_sandbox"):
+            for index, item in enumerate(section.get(key) or []):
+                try:
+                    quote(item, key)
+                except JdlError as exc:
+                    problems.append(((key, index), str(exc)))
+        for name, value in (section.get("extra_attributes") or {}).items():
+            if name.lower() in RESERVED:
+                problems.append((("extra_attributes", name),
+                                 f"{name} is written by gridgate itself; use its own key"))
+                continue
+            try:
+                literal(value, name)
+            except JdlError as exc:
+                problems.append((("extra_attributes", name), str(exc)))
+        for index, rule in enumerate(section.get("rules") or []):
+            try:
+                re.compile(rule.get("pattern", ""))
+            except re.error as exc:
+                problems.append((("rules", index, "pattern"), f"invalid regex: {exc}"))
+        return problems
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self.rules = tuple(Rule.from_config(rule) for rule in config.get("rules") or [])
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _mine(self, backend: str) -> bool:
+        return backend == self.name
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """The configured servers as endpoints, in config order."""
+        return tuple(endpoint_for(self.name, s) for s in self.config.get("servers") or [])
+
+    def _timeout(self, passed: float) -> float:
+        own = self.config.get("command_timeout")
+        return float(own) if own else float(passed)
+
+    def _env(self) -> dict[str, str] | None:
+        extra = self.config.get("env") or {}
+        return {**os.environ, **extra} if extra else None
+
+    def _commands(self) -> Mapping[str, str]:
+        return {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
+                **(self.config.get("commands") or {})}
+
+    def argv(self, operation: str, endpoint: Endpoint, jdl_path: str) -> list[str]:
+        """The argv of one call (no shell ever sees it)."""
+        command = self._commands()["submit" if operation == OPERATION_SUBMIT else "list_match"]
+        argv = [command, "--noint", "--endpoint", endpoint.url]
+        delegation = self.config.get("delegation", "auto")
+        argv += ["-a"] if delegation == "auto" else ["-d", delegation]
+        if self.config.get("config_file"):
+            argv += ["-c", self.config["config_file"]]
+        if operation == OPERATION_SUBMIT:
+            output_format = self.config.get("output_format", "text")
+            if output_format == "json":
+                argv.append("--json")
+            elif output_format == "nomsg":
+                argv.append("--nomsg")
+        argv.append(jdl_path)
+        return argv
+
+    def _run_with_jdl(
+        self, operation: str, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> CommandResult | str:
+        """Write the JDL privately, run the command, remove the file; a str is the reason
+        nothing could be run (a value that cannot go into a JDL, an unwritable work dir)."""
+        from gridgate.core.runner import run
+
+        try:
+            text = build_jdl(self.config, request)
+        except JdlError as exc:
+            return f"cannot build the JDL: {exc}"
+        work_dir = self.config.get("work_dir") or None
+        try:
+            # mkstemp creates the file 0600 and exclusively: no other user can read the JDL or
+            # swap it between writing and the command reading it.
+            fd, path = tempfile.mkstemp(prefix="gridgate-", suffix=".jdl", dir=work_dir)
+        except OSError as exc:
+            return f"cannot create the JDL file in {work_dir or tempfile.gettempdir()}: {exc}"
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            argv = self.argv(operation, endpoint, path)
+            logger.debug("{} on {}: {}", operation, endpoint.name, argv)
+            return run(argv, self._timeout(timeout), env=self._env())
+        except OSError as exc:
+            return f"cannot write the JDL file {path}: {exc}"
+        finally:
+            try:
+                Path(path).unlink()
+            except OSError:
+                pass
+
+    def _cache_key(self, endpoint: Endpoint, request: SubmitRequest) -> str:
+        requirements = request.requirements or self.config.get("requirements") or ""
+        digest = hashlib.sha256(requirements.encode("utf-8", "replace")).hexdigest()[:32]
+        return f"{self.name}/list_match/{endpoint.name}/{digest}"
+
+    def _cache_get(self, key: str) -> tuple[str, ...] | None:
+        state = self.context.state
+        if state is None or not self.config.get("list_match_cache", 900):
+            return None
+        try:
+            raw = state.get(key)
+            if raw is None:
+                return None
+            data = json.loads(raw)
+            return tuple(str(r) for r in data["resources"])
+        except Exception as exc:  # a broken cache must never stop a submission
+            logger.warning("list-match cache read of {} failed: {}", key, exc)
+            return None
+
+    def _cache_set(self, key: str, resources: tuple[str, ...]) -> None:
+        state = self.context.state
+        ttl = self.config.get("list_match_cache", 900)
+        if state is None or not ttl:
+            return
+        try:
+            value = json.dumps({"resources": list(resources), "time": self.context.clock.time()})
+            state.set(key, value, ttl=float(ttl))
+        except Exception as exc:
+            logger.warning("list-match cache write of {} failed: {}", key, exc)
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+        if not self._mine(backend):
+            return None
+        return BackendInfo(
+            backend=self.name,
+            endpoints=self.endpoints(),
+            pilots_per_submission=int(self.config.get("pilots_per_jdl", 1)),
+            command_timeout=self.config.get("command_timeout"),
+        )
+
+    @hookimpl
+    def gridgate_list_match(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> ListMatchResult | None:
+        if not self._mine(endpoint.backend):
+            return None
+        key = self._cache_key(endpoint, request)
+        cached = self._cache_get(key)
+        if cached is not None:
+            return ListMatchResult(endpoint, ok=True, resources=cached, cached=True)
+        outcome = self._run_with_jdl(OPERATION_LIST_MATCH, endpoint, request, timeout)
+        if isinstance(outcome, str):
+            logger.error("list-match on {} not run: {}", endpoint.name, outcome)
+            return ListMatchResult(endpoint, ok=False)
+        if not outcome.ok:
+            return ListMatchResult(endpoint, ok=False, command=outcome)
+        resources = parse_ce_ids(outcome.stdout)
+        if not resources and not is_no_match(outcome.stdout):
+            # Exit 0 with neither CEs nor the no-match banner: the answer is unreadable.
+            return ListMatchResult(endpoint, ok=False, command=outcome)
+        self._cache_set(key, resources)
+        return ListMatchResult(endpoint, ok=True, resources=resources, command=outcome)
+
+    @hookimpl
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
+        if not self._mine(endpoint.backend):
+            return None
+        outcome = self._run_with_jdl(OPERATION_SUBMIT, endpoint, request, timeout)
+        if isinstance(outcome, str):
+            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, message=outcome)
+        if outcome.ok:
+            job_ids = parse_job_ids(outcome.stdout)
+            if job_ids:
+                return SubmitResult(endpoint, ok=True, job_ids=job_ids, command=outcome,
+                                    operation=OPERATION_SUBMIT)
+            return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
+                                message="exit 0 but no job id in the output")
+        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
+                            message=outcome.describe())
+
+    @hookimpl
+    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+        if not self._mine(endpoint.backend):
+            return None
+        expected = "CE list" if result.operation == OPERATION_LIST_MATCH else "job id"
+        return classify(result.command, self.rules, result.message, expected=expected)
