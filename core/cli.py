@@ -7,10 +7,11 @@ import sys
 from typing import Any
 
 import click
+from loguru import logger
+
 from gridgate.core import __version__
 from gridgate.core.config import ConfigError, compose_schema, load_config
 from gridgate.core.plugins import PluginLoadError, cli_plugin_manager, installed_plugins
-from loguru import logger
 
 #: Exit code for a config that cannot be used (file, line and key are printed).
 EXIT_CONFIG = 2

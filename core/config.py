@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match
+
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
@@ -24,8 +27,6 @@ from gridgate.core.plugins import (
     PluginLoadError,
     load_class,
 )
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError, best_match
 
 PathT = tuple[str | int, ...]
 

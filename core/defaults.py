@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from loguru import logger
+
 from gridgate.core import hookimpl
 from gridgate.core.model import (
     AdmissionRequest,
@@ -20,7 +22,6 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.plugins import Plugin, PluginContext
-from loguru import logger
 
 
 class RandomSelector(Plugin):

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
+from jsonschema import Draft202012Validator
+from loguru import logger
+
 from gridgate.core import hookimpl
 from gridgate.core.model import DemandRegistry, IterationInfo, SubmitRequest
 from gridgate.core.plugins import Plugin
-from jsonschema import Draft202012Validator
-from loguru import logger
 
 GROUP_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pluggy
+from loguru import logger
+
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import Config, ConfigError, ConfigSource
 from gridgate.core.escalation import FAILING
@@ -38,7 +40,6 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.state import StateError, StateStore
-from loguru import logger
 
 ACCOUNTING = "accounting"
 

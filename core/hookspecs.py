@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
     from gridgate.core.model import (
         AccountingRecord,
-        BackendInfo,
         AdmissionRequest,
+        BackendInfo,
         DemandRegistry,
         Endpoint,
         Escalation,
