@@ -130,6 +130,61 @@ def kill_process_group(pid: int, grace: float) -> bool:
     return True
 
 
+def _live_members(pgid: int) -> bool | None:
+    """Whether a non-zombie process is in group ``pgid``; None when /proc cannot tell."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        # comm may hold spaces and parentheses: fields start after the last ')'.
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def _wait_group_gone(pgid: int, bound: float) -> None:
+    """Return once no live process is left in ``pgid`` (SIGKILL was sent), or after ``bound``.
+
+    SIGKILL is asynchronous: a killed grandchild may still be running its exit for a moment
+    after ``killpg`` returns. Waiting here lets run() promise that nothing of the command is
+    alive when it returns. Killed members become zombies of init, which some containers never
+    reap, hence /proc is read for live members rather than probing the group with signal 0.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return  # the usual case: the group died with the child
+    except PermissionError:
+        pass
+    end = time.monotonic() + bound
+    pause = 0.001
+    while True:
+        live = _live_members(pgid)
+        if live is False:
+            return
+        if live is None:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                pass
+        if time.monotonic() >= end:
+            logger.warning("runner: process group {} still has members after SIGKILL", pgid)
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 class _Exit:
     """Notices the main child's exit without reaping it (the zombie pins the group id)."""
 
@@ -322,6 +377,7 @@ def _supervise(
         except subprocess.TimeoutExpired:
             logger.warning("runner: {} (pid {}) did not die after SIGKILL", args[0], proc.pid)
             returncode = None
+        _wait_group_gone(pgid, _REAP_TIMEOUT)
         finished = True
         return CommandResult(
             argv=args,
