@@ -1,0 +1,365 @@
+"""Synchronous, thread-safe client of the token daemon: acquire/release, retries, fail-over.
+
+A token lives as long as the connection that acquired it, so each granted token keeps its
+connection until it is released; idle connections are pooled for the next request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+import random
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.config import read_secret
+from gridgate.plugins.lsf_proxy.config import host_name, parse_address, resolve_socket
+from gridgate.plugins.lsf_proxy.protocol import PROTOCOL_VERSION, encode, sign
+
+
+class ProxyError(Exception):
+    """Base of the client's errors."""
+
+
+class ProxyUnavailable(ProxyError):
+    """No daemon answered (and ``when_unavailable`` is ``fail``)."""
+
+
+class NoToken(ProxyError):
+    """Refused: blocked, or denied ``notoken_ntries`` times. ``reason`` is the last one."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class RequestFailed(ProxyError):
+    """The daemon answered with an error (``code``: forbidden, bad_request, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class _Broken(Exception):
+    """The connection failed (refused, reset, closed, timed out)."""
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """One daemon a client may talk to: a display name and an address."""
+
+    name: str
+    address: str
+
+
+def _local_user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+class Connection:
+    """One blocking connection speaking the line protocol; not shared between threads."""
+
+    def __init__(self, daemon: Daemon, timeout: float, key: str | None, user: str, host: str,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.daemon = daemon
+        self._key, self._user, self._host, self._clock = key, user, host, clock
+        kind, target = parse_address(daemon.address)
+        self.tcp = kind == "tcp"
+        if self.tcp and not key:
+            raise ProxyError(f"{daemon.name}: TCP needs the shared key (proxyd.key)")
+        family = socket.AF_UNIX if kind == "unix" else socket.AF_INET
+        if self.tcp:
+            try:
+                infos = socket.getaddrinfo(target[0], target[1], type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise _Broken(f"{daemon.name}: cannot resolve {daemon.address}: {exc}") from None
+            family, target = infos[0][0], infos[0][4]
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(target)
+        except OSError as exc:
+            self._sock.close()
+            raise _Broken(f"{daemon.name}: cannot connect to {daemon.address}: {exc}") from None
+        self._buffer = bytearray()
+        self._ids = itertools.count(1)
+
+    def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply (events in between are skipped)."""
+        msg_id = next(self._ids)
+        message: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": msg_id, "op": op, **fields}
+        if self.tcp:
+            assert self._key is not None
+            sign(message, self._key, self._user, self._host, self._clock)
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.sendall(encode(message))
+            while True:
+                reply = self._read_line()
+                if reply.get("id") == msg_id:
+                    return reply
+                if reply.get("id") is None and reply.get("ok") is False:
+                    error = reply.get("error") or {}
+                    raise RequestFailed(error.get("code", "error"), error.get("message", ""))
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise _Broken(f"{self.daemon.name}: {type(exc).__name__}: {exc}") from None
+
+    def _read_line(self) -> dict[str, Any]:
+        import json
+
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[:end + 1]
+                return json.loads(line)
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the daemon closed the connection")
+            self._buffer += chunk
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+@dataclass
+class Token:
+    """A granted token (or permission to proceed without one: ``proceed`` is True).
+
+    Use it as a context manager to release it on exit.
+    """
+
+    id: str
+    category: str
+    daemon: str = ""
+    proceed: bool = False
+    reason: str = ""
+    waited: float = 0.0
+    privileged: bool = False
+    _client: ProxyClient | None = field(default=None, repr=False)
+    _conn: Connection | None = field(default=None, repr=False)
+    released: bool = False
+
+    def release(self) -> None:
+        if self._client is not None:
+            self._client.release(self)
+
+    def __enter__(self) -> Token:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class HostReply:
+    """One daemon's answer to an admin command: ``reply`` or ``error`` (unreachable)."""
+
+    daemon: Daemon
+    reply: Mapping[str, Any] | None = None
+    error: str = ""
+
+
+class ProxyClient:
+    """Takes tokens from one or several daemons.
+
+    :param daemons: the daemons sharing the limits (a host is picked at random, the next one
+        tried when it does not answer); default: the local socket.
+    :param notoken_ntries: attempts when denied before giving up; None retries forever.
+    :param when_unavailable: ``proceed`` (a warning, a token-less pass) or ``fail``.
+    """
+
+    def __init__(self, daemons: Sequence[Daemon] | None = None, *, key: str | None = None,
+                 user: str | None = None, host: str | None = None,
+                 notoken_ntries: int | None = None, when_unavailable: str = "proceed",
+                 connect_timeout: float = 5.0, reply_timeout: float = 60.0,
+                 backoff: tuple[float, float] = (0.1, 5.0), clock: Clock = SYSTEM_CLOCK,
+                 rng: random.Random | None = None) -> None:
+        if when_unavailable not in ("proceed", "fail"):
+            raise ValueError("when_unavailable must be proceed or fail")
+        if notoken_ntries is not None and notoken_ntries < 1:
+            raise ValueError("notoken_ntries must be positive (None: unlimited)")
+        self.daemons = list(daemons or [Daemon(host_name(), resolve_socket(None))])
+        self.key = key
+        self.user = user or _local_user()
+        self.host = host or host_name()
+        self.notoken_ntries = notoken_ntries
+        self.when_unavailable = when_unavailable
+        self.connect_timeout = connect_timeout
+        self.reply_timeout = reply_timeout
+        self.backoff = backoff
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[Connection]] = {}
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any], socket_path: str | None = None,
+                     **overrides: Any) -> ProxyClient:
+        """A client configured by a ``proxyd:`` section (``--socket`` wins over its hosts)."""
+        if socket_path or os.environ.get("GRIDGATE_PROXYD_SOCKET") or not section.get("hosts"):
+            daemons = [Daemon(host_name(), resolve_socket(socket_path, section))]
+        else:
+            daemons = [Daemon(h["name"], h["address"]) for h in section["hosts"]]
+        needs_key = any(not d.address.startswith("/") for d in daemons)
+        options: dict[str, Any] = {
+            "key": read_secret(section.get("key")) if needs_key else None,
+            "notoken_ntries": section.get("notoken_ntries"),
+            "when_unavailable": section.get("when_unavailable", "proceed"),
+            "connect_timeout": float(section.get("client_timeout", 5)),
+            "reply_timeout": float(section.get("token_wait_time", 15)) + 15.0,
+        }
+        options.update(overrides)
+        return cls(daemons, **options)
+
+    # -- connections
+
+    def _connect(self, daemon: Daemon) -> tuple[Connection, bool]:
+        with self._lock:
+            pool = self._idle.get(daemon.address)
+            if pool:
+                return pool.pop(), True
+        return Connection(daemon, self.connect_timeout, self.key, self.user, self.host,
+                          self.clock), False
+
+    def _park(self, conn: Connection) -> None:
+        with self._lock:
+            self._idle.setdefault(conn.daemon.address, []).append(conn)
+
+    def _call(self, daemon: Daemon, op: str, timeout: float, **fields: Any) -> tuple[Connection, dict[str, Any]]:
+        """One request to ``daemon``; a pooled connection that went stale is replaced once."""
+        conn, pooled = self._connect(daemon)
+        try:
+            return conn, conn.call(op, timeout, **fields)
+        except _Broken:
+            if not pooled:
+                raise
+        conn = Connection(daemon, self.connect_timeout, self.key, self.user, self.host, self.clock)
+        return conn, conn.call(op, timeout, **fields)
+
+    def _order(self) -> list[Daemon]:
+        start = self.rng.randrange(len(self.daemons))
+        return self.daemons[start:] + self.daemons[:start]
+
+    # -- tokens
+
+    def acquire(self, category: str | None = None, opcode: str = "", size: int = 0) -> Token:
+        """Wait for a token of ``category`` (None: the daemon maps ``opcode`` to one).
+
+        :raises NoToken: blocked, or denied ``notoken_ntries`` times.
+        :raises ProxyUnavailable: no daemon answered and ``when_unavailable`` is ``fail``.
+        :raises RequestFailed: the daemon refused the request as malformed.
+        """
+        fields = {"category": category, "opcode": opcode, "size": size}
+        tries = 0
+        while True:
+            reply, conn, daemon = self._acquire_once(fields)
+            if reply is None:
+                message = f"no lsfproxyd answered ({', '.join(d.name for d in self.daemons)})"
+                if self.when_unavailable == "fail":
+                    raise ProxyUnavailable(message)
+                logger.warning("{}: proceeding without a token", message)
+                return Token("", category or "", proceed=True, reason="unavailable")
+            assert conn is not None and daemon is not None
+            result = reply.get("result")
+            if result == "granted":
+                return Token(reply["token"], reply.get("category", ""), daemon.name,
+                             waited=float(reply.get("waited", 0)),
+                             privileged=bool(reply.get("privileged")), _client=self, _conn=conn)
+            self._park(conn)
+            if result == "proceed":
+                return Token("", reply.get("category", ""), daemon.name, proceed=True,
+                             reason=reply.get("reason", ""))
+            reason = reply.get("reason", "denied")
+            tries += 1
+            if reason == "blocked":
+                raise NoToken(f"{daemon.name}: request blocked by the lsfproxyd administrator",
+                              reason)
+            if self.notoken_ntries is not None and tries >= self.notoken_ntries:
+                raise NoToken(f"no token after {tries} attempt(s), last: {reason} from "
+                              f"{daemon.name}", reason)
+            delay = min(self.backoff[1], self.backoff[0] * 2 ** min(tries - 1, 16))
+            delay *= 0.5 + self.rng.random() / 2
+            logger.info("no token from {} ({}), attempt {}{}: retrying in {:.2f} s", daemon.name,
+                        reason, tries,
+                        f"/{self.notoken_ntries}" if self.notoken_ntries else "", delay)
+            self.clock.sleep(delay)
+
+    def _acquire_once(self, fields: Mapping[str, Any]) -> tuple[dict[str, Any] | None, Connection | None, Daemon | None]:
+        for daemon in self._order():
+            try:
+                conn, reply = self._call(daemon, "acquire", self.reply_timeout, **fields)
+            except _Broken as exc:
+                logger.warning("lsfproxyd {} did not answer: {}; trying the next", daemon.name, exc)
+                continue
+            if not reply.get("ok"):
+                self._park(conn)
+                error = reply.get("error") or {}
+                raise RequestFailed(error.get("code", "error"),
+                                    f"{daemon.name}: {error.get('message', '')}")
+            return reply, conn, daemon
+        return None, None, None
+
+    def release(self, token: Token) -> None:
+        """Give a token back; a token-less pass or a second release does nothing."""
+        if token.released or token.proceed or token._conn is None:
+            token.released = True
+            return
+        token.released = True
+        conn, token._conn = token._conn, None
+        try:
+            conn.call("release", self.reply_timeout, token=token.id)
+        except (_Broken, RequestFailed) as exc:
+            # the daemon takes the token back when the connection closes anyway
+            logger.debug("release of {} on {}: {}", token.id, token.daemon, exc)
+            conn.close()
+            return
+        self._park(conn)
+
+    # -- admin
+
+    def admin(self, op: str, **fields: Any) -> list[HostReply]:
+        """Send an admin command to every daemon, in configured order."""
+        out = []
+        for daemon in self.daemons:
+            try:
+                conn = Connection(daemon, self.connect_timeout, self.key, self.user, self.host,
+                                  self.clock)
+            except _Broken as exc:
+                out.append(HostReply(daemon, error=str(exc)))
+                continue
+            try:
+                out.append(HostReply(daemon, reply=conn.call(op, self.reply_timeout, **fields)))
+            except (_Broken, RequestFailed) as exc:
+                out.append(HostReply(daemon, error=str(exc)))
+            finally:
+                conn.close()
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._idle = self._idle, {}
+        for pool in pools.values():
+            for conn in pool:
+                conn.close()
+
+    def __enter__(self) -> ProxyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

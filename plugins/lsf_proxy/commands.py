@@ -1,0 +1,209 @@
+"""``gridgate lsfproxyd ...``: run the token daemon and administer it like ``badmin lsfproxyd``."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from gridgate.core import hookimpl
+from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
+from gridgate.core.config import SecretError
+from gridgate.plugins.lsf_proxy import render
+from gridgate.plugins.lsf_proxy.client import HostReply, ProxyClient, ProxyError
+from gridgate.plugins.lsf_proxy.config import section_defaults
+
+#: Exit code when a daemon could not be reached or refused the command.
+EXIT_FAILED = 1
+
+
+def _section(config_path: str | None) -> dict[str, Any]:
+    if not config_path:
+        return section_defaults()
+    config = load_config_or_exit(config_path)
+    return dict(config.get("proxyd") or section_defaults())
+
+
+def _common(func: Callable[..., Any]) -> Callable[..., Any]:
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+    @click.option("--socket", "socket_path", metavar="PATH",
+                  help="The daemon's Unix socket (default: $GRIDGATE_PROXYD_SOCKET, the config, "
+                       "the runtime directory).")
+    @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+                  help="Site config with a proxyd: section.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _client(config_path: str | None, socket_path: str | None) -> ProxyClient:
+    section = _section(config_path)
+    try:
+        return ProxyClient.from_section(section, socket_path)
+    except SecretError as exc:
+        click.echo(f"gridgate lsfproxyd: {exc}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+
+
+def _run(op: str, config_path: str | None, socket_path: str | None, as_json: bool,
+         text: Callable[[Sequence[HostReply]], list[str]], **fields: Any) -> None:
+    client = _client(config_path, socket_path)
+    try:
+        replies = client.admin(op, **fields)
+    except ProxyError as exc:
+        click.echo(f"gridgate lsfproxyd: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+    failed = [r for r in replies if r.reply is None or not r.reply.get("ok")]
+    if as_json:
+        click.echo(json.dumps({"op": op, "hosts": [
+            {"name": r.daemon.name, "address": r.daemon.address,
+             "ok": bool(r.reply and r.reply.get("ok")),
+             **({"reply": r.reply} if r.reply is not None else {"error": r.error})}
+            for r in replies]}, indent=2))
+    else:
+        for line in text(replies):
+            click.echo(line)
+    for reply in failed:
+        if reply.reply is not None and (reply.reply.get("error") or {}).get("code") == "forbidden":
+            click.echo(f"gridgate lsfproxyd: {reply.daemon.name}: "
+                       f"{reply.reply['error']['message']}", err=True)
+    if failed:
+        raise SystemExit(EXIT_FAILED)
+
+
+def _names(text: str | None) -> list[str]:
+    return (text or "").split()
+
+
+@click.group("lsfproxyd")
+def lsfproxyd() -> None:
+    """The lsfproxyd-style token daemon and its admin commands (as badmin lsfproxyd)."""
+
+
+@lsfproxyd.command("serve")
+@_common
+@click.option("--name", help="This daemon's name in proxyd.hosts (default: proxyd.name, the host).")
+def serve(as_json: bool, socket_path: str | None, config_path: str | None, name: str | None) -> None:
+    """Run the daemon until SIGTERM; SIGHUP re-reads the config."""
+    from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError, run  # noqa: F401
+
+    section = _section(config_path)
+    if socket_path:
+        section["socket"] = socket_path
+    elif not section.get("socket"):
+        from gridgate.plugins.lsf_proxy.config import resolve_socket
+
+        section["socket"] = resolve_socket(None, section)
+
+    def ready(daemon: ProxyDaemon) -> None:
+        info = {"ready": True, "name": daemon.name, "socket": daemon.socket_path,
+                "pid": daemon.pid, "tcp_port": daemon.tcp_port}
+        click.echo(json.dumps(info) if as_json else
+                   f"lsfproxyd {daemon.name} listening on {daemon.socket_path} (pid {daemon.pid})")
+        sys.stdout.flush()
+
+    import asyncio
+
+    try:
+        daemon = ProxyDaemon(section, name=name, config_path=config_path)
+        daemon.on_ready = ready
+        asyncio.run(daemon.serve())
+    except (StartupError, SecretError, OSError) as exc:
+        click.echo(f"gridgate lsfproxyd serve: {exc}", err=True)
+        raise SystemExit(EXIT_FAILED) from None
+
+
+@lsfproxyd.command("status")
+@_common
+def status(as_json: bool, socket_path: str | None, config_path: str | None) -> None:
+    """Service status, tokens in use and the metrics of every daemon."""
+    _run("status", config_path, socket_path, as_json, render.status_text)
+
+
+def _enable_command(op: str) -> Callable[..., None]:
+    @_common
+    @click.argument("category", type=click.Choice(["all", "query", "sub", "other"]))
+    def command(category: str, as_json: bool, socket_path: str | None,
+                config_path: str | None) -> None:
+        _run(op, config_path, socket_path, as_json, render.enable_text, category=category)
+
+    command.__doc__ = (f"{op.capitalize()} token distribution for all, query, sub or other "
+                       "requests" + (" (disabled: clients proceed without a token)."
+                                     if op == "disable" else "."))
+    return command
+
+
+lsfproxyd.command("enable")(_enable_command("enable"))
+lsfproxyd.command("disable")(_enable_command("disable"))
+
+
+def _block_command(op: str) -> Callable[..., None]:
+    @_common
+    @click.argument("everything", required=False, type=click.Choice(["all"]))
+    @click.option("-u", "users", metavar='"USER ..."', help="Users (space separated).")
+    @click.option("-m", "hosts", metavar='"HOST ..."', help="Hosts (space separated).")
+    def command(everything: str | None, users: str | None, hosts: str | None, as_json: bool,
+                socket_path: str | None, config_path: str | None) -> None:
+        if everything and (users or hosts):
+            raise click.UsageError("'all' cannot be combined with -u or -m")
+        if not everything and not _names(users) and not _names(hosts):
+            raise click.UsageError("give all, -u \"user ...\" and/or -m \"host ...\"")
+        _run(op, config_path, socket_path, as_json, functools.partial(render.block_text, op),
+             all=bool(everything), users=_names(users), hosts=_names(hosts))
+
+    command.__doc__ = (f"{op.capitalize()} all, users, hosts, or users at hosts "
+                       + ("(one rule per command)." if op == "block"
+                          else "(removes only the identical rule)."))
+    return command
+
+
+lsfproxyd.command("block")(_block_command("block"))
+lsfproxyd.command("unblock")(_block_command("unblock"))
+
+
+@lsfproxyd.command("blocklist")
+@_common
+def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -> None:
+    """Who is blocked, per daemon."""
+    _run("blocklist", config_path, socket_path, as_json, render.blocklist_text)
+
+
+@lsfproxyd.command("diagnose")
+@_common
+@click.argument("state", type=click.Choice(["on", "off"]))
+def diagnose(state: str, as_json: bool, socket_path: str | None, config_path: str | None) -> None:
+    """Switch the diagnostic log of every request on or off."""
+
+    def describe(reply: HostReply) -> str:
+        r = reply.reply or {}
+        return (f"lsfproxyd diagnostic log {'ON' if r.get('diagnose') else 'OFF'} "
+                f"({r.get('file')}) on lsfproxyd host <{reply.daemon.name}>")
+
+    _run("diagnose", config_path, socket_path, as_json,
+         lambda replies: render.simple_text(replies, describe), on=state == "on")
+
+
+@lsfproxyd.command("reconfig")
+@_common
+def reconfig(as_json: bool, socket_path: str | None, config_path: str | None) -> None:
+    """Make every daemon re-read its config file (as SIGHUP does)."""
+
+    def describe(reply: HostReply) -> str:
+        return f"lsfproxyd host <{reply.daemon.name}>: {(reply.reply or {}).get('message')}"
+
+    _run("reconfig", config_path, socket_path, as_json,
+         lambda replies: render.simple_text(replies, describe))
+
+
+class Commands:
+    """Adds ``gridgate lsfproxyd`` (entry point ``gridgate.cli: lsf_proxy``)."""
+
+    @hookimpl
+    def gridgate_register_commands(self, cli: click.Group) -> None:
+        cli.add_command(lsfproxyd)

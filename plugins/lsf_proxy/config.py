@@ -1,0 +1,363 @@
+"""The ``proxyd:`` config section: its schema, the LSF ``PROXYD_POLICIES`` parser and limit rules.
+
+The seed's rules for a category: ``max`` defaults to 100, but to ``nominal`` when only nominal
+is given and it exceeds 100; ``nominal`` defaults to 50, but to ``max`` when only max is given
+and it is below 50; ``nominal > max`` and non-positive values are errors naming the field.
+Several daemons split ``max`` and ``nominal`` evenly, the remainder going to the first ones.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gridgate.core.config import SECRET_SCHEMA
+
+CATEGORIES: tuple[str, ...] = ("query", "submission", "other")
+#: How the LSF policy string and the status table spell each category.
+LSF_NAMES: dict[str, str] = {"query": "QUERY", "submission": "SUBMISSION", "other": "OTHER"}
+
+DEFAULT_MAX = 100
+DEFAULT_NOMINAL = 50
+DEFAULT_THROTTLE_MS = 1
+
+#: Commands and batch opcodes by category; everything not listed is ``other``.
+DEFAULT_CATEGORY_MAP: dict[str, tuple[str, ...]] = {
+    "submission": (
+        "bsub", "brestart", "bmod", "bswitch",
+        "BATCH_JOB_SUB", "BATCH_JOB_RESTART", "BATCH_JOB_MODIFY", "BATCH_JOB_SWITCH",
+    ),
+    "query": (
+        "bjobs", "bhosts", "bqueues", "bhist", "busers", "blimits", "bapp", "bparams",
+        "bjgroup", "bsla", "bresources", "bmgroup", "bugroup", "bpeek", "bread", "brsvs",
+        "squeue", "sinfo", "condor_q", "condor_status", "qstat",
+        "BATCH_JOB_QUERY", "BATCH_HOST_INFO", "BATCH_QUE_INFO", "BATCH_USER_INFO",
+        "BATCH_JOB_PEEK", "BATCH_PARAM_INFO", "BATCH_GRP_INFO", "BATCH_RESOURCE_INFO",
+        "BATCH_RSV_INFO", "BATCH_APP_INFO", "BATCH_SLA_INFO", "BATCH_LIMIT_INFO",
+    ),
+}
+
+_LIMIT_PROPS: dict[str, Any] = {
+    "max": {"type": "integer", "description": "Most tokens in use for ordinary users (default 100)."},
+    "nominal": {"type": "integer",
+                "description": "Below this many tokens in use, grant at once (default 50)."},
+    "throttle": {"type": "integer",
+                 "description": "Milliseconds between grants from nominal up (default 1)."},
+}
+_CATEGORY_LIMITS: dict[str, Any] = {
+    "type": "object",
+    "properties": _LIMIT_PROPS,
+    "additionalProperties": False,
+}
+
+
+def _address_schema(description: str) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "description": description}
+
+
+SECTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "The lsfproxyd-style token daemon (gridgate lsfproxyd ...).",
+    "properties": {
+        "socket": {"type": "string", "default": "",
+                   "description": "Unix socket path; empty: $XDG_RUNTIME_DIR/gridgate/proxyd.sock "
+                                  "(/run/gridgate/proxyd.sock for root)."},
+        "socket_mode": {"type": "string", "pattern": "^0?[0-7]{3}$", "default": "0666",
+                        "description": "Permissions of the Unix socket (octal)."},
+        "policies": {
+            "description": "PROXYD_POLICIES string verbatim, or a mapping per category.",
+            "default": "",
+            "oneOf": [
+                {"type": "string"},
+                {"type": "object",
+                 "properties": {c: _CATEGORY_LIMITS for c in CATEGORIES},
+                 "additionalProperties": False},
+            ],
+        },
+        "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "default": 15,
+                            "description": "Seconds a request may wait before it is denied."},
+        "queue_limit_per_user": {"type": "integer", "minimum": 1, "default": 1000,
+                                 "description": "Waiting requests per user and category; "
+                                                "more are refused at once."},
+        "lease_time": {"type": "number", "exclusiveMinimum": 0, "default": 300,
+                       "description": "Seconds a token may be held; an expired lease is "
+                                      "taken back and counted as an error."},
+        "sample_period": {"type": "number", "exclusiveMinimum": 0, "default": 60,
+                          "description": "Seconds per metrics sample period."},
+        "admins": {"type": "array", "items": {"type": "string", "minLength": 1},
+                   "default": ["root"],
+                   "description": "Users always served and allowed admin commands."},
+        "addon_hosts": {"type": "array", "items": {"type": "string", "minLength": 1},
+                        "default": [],
+                        "description": "Requests from these hosts are privileged (but blockable)."},
+        "hosts": {
+            "type": "array",
+            "default": [],
+            "description": "Every daemon sharing the limits, this one included, in a fixed order.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "address": _address_schema("Unix socket path, or host:port for TCP."),
+                },
+                "required": ["name", "address"],
+                "additionalProperties": False,
+            },
+        },
+        "name": {"type": "string", "default": "",
+                 "description": "This daemon's name in hosts (default: the host name)."},
+        "tcp": {"type": ["string", "null"], "default": None,
+                "description": "Also listen on host:port; every request must be signed with key."},
+        "key": {**SECRET_SCHEMA, "description": "Shared HMAC key for TCP: {env: ..} or {file: ..}."},
+        "max_clock_skew": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                           "description": "Seconds a signed request's timestamp may be off."},
+        "diagnose": {"type": "boolean", "default": False,
+                     "description": "Log every request to the diagnostic log."},
+        "diagnose_file": {"type": "string", "default": "",
+                          "description": "Diagnostic log path; empty: info.lsfproxydlog.<host> "
+                                         "next to the socket."},
+        "persist_blocklist": {"type": "boolean", "default": False,
+                              "description": "Keep the blocklist across restarts (LSF does not)."},
+        "blocklist_file": {"type": "string", "default": "",
+                           "description": "Where a persisted blocklist lives; empty: next to "
+                                          "the socket."},
+        "max_line_bytes": {"type": "integer", "minimum": 256, "maximum": 1048576,
+                           "default": 16384, "description": "Longest protocol line accepted."},
+        "max_connections": {"type": "integer", "minimum": 1, "default": 20000,
+                            "description": "Connections beyond this are closed at once."},
+        "categories": {
+            "type": "object",
+            "default": {},
+            "description": "Extra command/opcode names per category (added to the defaults).",
+            "properties": {c: {"type": "array", "items": {"type": "string"}} for c in CATEGORIES},
+            "additionalProperties": False,
+        },
+        "notoken_ntries": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                           "description": "Client retries when refused; null: unlimited."},
+        "when_unavailable": {"enum": ["proceed", "fail"], "default": "proceed",
+                             "description": "Client behaviour when no daemon answers."},
+        "client_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+                           "description": "Seconds a client waits to connect to a daemon."},
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One category's token limits; ``throttle`` is in seconds."""
+
+    max: int = DEFAULT_MAX
+    nominal: int = DEFAULT_NOMINAL
+    throttle: float = DEFAULT_THROTTLE_MS / 1000.0
+
+
+class PolicyError(ValueError):
+    """A policy string or mapping is wrong; ``path`` names the field inside ``policies``."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+_BLOCK = re.compile(r"\s*([A-Za-z_]+)\s*\[([^\[\]]*)\]\s*")
+_ATTR = re.compile(r"^([A-Za-z_]+)=(\S+)$")
+
+
+def parse_policies(text: str) -> dict[str, dict[str, int]]:
+    """Parse ``QUERY[max=100 nominal=50 throttle=1] SUBMISSION[...] OTHER[...]``.
+
+    :return: given attributes per category (missing categories and keys are absent).
+    :raises PolicyError: naming the category or attribute that is wrong.
+    """
+    result: dict[str, dict[str, int]] = {}
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1]
+    if text.startswith("PROXYD_POLICIES="):
+        return parse_policies(text[len("PROXYD_POLICIES="):])
+    pos = 0
+    while pos < len(text):
+        match = _BLOCK.match(text, pos)
+        if not match:
+            rest = text[pos:].strip()
+            raise PolicyError((), f"cannot parse {rest[:40]!r}: expected CATEGORY[key=value ...]")
+        pos = match.end()
+        name, body = match.group(1).upper(), match.group(2)
+        category = next((c for c, n in LSF_NAMES.items() if n == name), None)
+        if category is None:
+            raise PolicyError((), f"unknown category {match.group(1)!r} (QUERY, SUBMISSION, OTHER)")
+        if category in result:
+            raise PolicyError((category,), f"{name} is given twice")
+        attrs: dict[str, int] = {}
+        for word in body.split():
+            kv = _ATTR.match(word)
+            if not kv:
+                raise PolicyError((category,), f"{name}: cannot parse {word!r}: expected key=value")
+            key, value = kv.group(1).lower(), kv.group(2)
+            if key not in _LIMIT_PROPS:
+                raise PolicyError((category,), f"{name}: unknown attribute {key!r} "
+                                               "(max, nominal, throttle)")
+            if not re.fullmatch(r"[+-]?\d+", value):
+                raise PolicyError((category, key), f"{name}: {key}={value} is not an integer")
+            attrs[key] = int(value)
+        result[category] = attrs
+    return result
+
+
+def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()) -> Limits:
+    """Apply the seed's defaults and checks to one category's given attributes."""
+    for key in ("max", "nominal", "throttle"):
+        value = given.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise PolicyError((*where, key), f"{key} must be a positive integer, not {value!r}")
+    mx, nominal = given.get("max"), given.get("nominal")
+    if mx is None:
+        mx = nominal if nominal is not None and nominal > DEFAULT_MAX else DEFAULT_MAX
+    if nominal is None:
+        nominal = mx if mx < DEFAULT_NOMINAL else DEFAULT_NOMINAL
+    if nominal > mx:
+        raise PolicyError((*where, "nominal"), f"nominal ({nominal}) must not exceed max ({mx})")
+    throttle = given.get("throttle") or DEFAULT_THROTTLE_MS
+    return Limits(max=mx, nominal=nominal, throttle=throttle / 1000.0)
+
+
+def resolve_policies(policies: str | Mapping[str, Any] | None) -> dict[str, Limits]:
+    """The limits of every category from the config's ``policies`` value.
+
+    :raises PolicyError: with the path of the faulty field inside ``policies``.
+    """
+    if not policies:
+        given: Mapping[str, Any] = {}
+    elif isinstance(policies, str):
+        given = parse_policies(policies)
+    else:
+        given = policies
+    return {c: resolve_category(given.get(c) or {}, (c,)) for c in CATEGORIES}
+
+
+def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[str, Limits]:
+    """Daemon ``index``'s share when ``count`` daemons split the limits.
+
+    Each takes ``max // count`` and ``nominal // count``; the first ``max % count`` daemons
+    take one more (likewise nominal), so the shares sum exactly to the configured limits and
+    every share keeps ``nominal <= max``.
+    """
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"daemon index {index} out of range for {count} daemons")
+
+    def share(total: int) -> int:
+        return total // count + (1 if index < total % count else 0)
+
+    return {c: Limits(max=share(v.max), nominal=share(v.nominal), throttle=v.throttle)
+            for c, v in limits.items()}
+
+
+def category_map(extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
+    """Command or opcode name -> category, the defaults plus ``extra`` (which wins)."""
+    mapping: dict[str, str] = {}
+    for category, names in DEFAULT_CATEGORY_MAP.items():
+        for name in names:
+            mapping[name] = category
+    for category, names in (extra or {}).items():
+        for name in names:
+            mapping[name] = category
+    return mapping
+
+
+def category_of(name: str, mapping: Mapping[str, str] | None = None) -> str:
+    """The category of a command (``bjobs``, ``/usr/bin/bsub``) or opcode; default ``other``."""
+    mapping = mapping if mapping is not None else category_map()
+    base = os.path.basename(name)
+    return mapping.get(base) or mapping.get(name) or "other"
+
+
+def default_socket_path() -> str:
+    """The socket when nothing names one: under the runtime directory, /run for root."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if os.geteuid() == 0 or not runtime:
+        return "/run/gridgate/proxyd.sock"
+    return str(Path(runtime) / "gridgate" / "proxyd.sock")
+
+
+def resolve_socket(option: str | None, section: Mapping[str, Any] | None = None) -> str:
+    """The socket to use: ``--socket``, then ``$GRIDGATE_PROXYD_SOCKET``, then the config."""
+    if option:
+        return option
+    env = os.environ.get("GRIDGATE_PROXYD_SOCKET")
+    if env:
+        return env
+    if section and section.get("socket"):
+        return str(section["socket"])
+    return default_socket_path()
+
+
+def host_name() -> str:
+    """This host's short name, as the status and block rules show it."""
+    return socket.gethostname().split(".")[0]
+
+
+def section_defaults() -> dict[str, Any]:
+    """A full section from the schema defaults: the seed's defaults (``serve`` with no -c)."""
+    from gridgate.core.config import apply_defaults
+
+    section: dict[str, Any] = {}
+    apply_defaults(section, SECTION_SCHEMA)
+    return section
+
+
+class ProxydSection:
+    """The top-level ``proxyd:`` section of a site config (entry point ``gridgate.sections``)."""
+
+    config_schema: ClassVar[dict[str, Any]] = SECTION_SCHEMA
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        """Cross-field checks: the policy rules, host names, the TCP key."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        try:
+            resolve_policies(section.get("policies"))
+        except PolicyError as exc:
+            problems.append((("policies", *exc.path), str(exc)))
+        hosts = section.get("hosts") or []
+        names = [h.get("name") for h in hosts]
+        for index, name in enumerate(names):
+            if names.index(name) != index:
+                problems.append((("hosts", index, "name"), f"host name {name!r} is listed twice"))
+        for index, host in enumerate(hosts):
+            address = host.get("address", "")
+            if not address.startswith("/") and not _parse_tcp(address):
+                problems.append((("hosts", index, "address"),
+                                 f"{address!r} is neither an absolute socket path nor host:port"))
+        tcp_needed = section.get("tcp") or any(
+            not h.get("address", "/").startswith("/") for h in hosts)
+        if section.get("tcp") and not _parse_tcp(section["tcp"]):
+            problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))
+        if tcp_needed and not section.get("key"):
+            problems.append((("key",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}"))
+        return problems
+
+
+def _parse_tcp(address: str) -> tuple[str, int] | None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
+    """``("unix", path)`` or ``("tcp", (host, port))``.
+
+    :raises ValueError: for an address that is neither.
+    """
+    if address.startswith("/") or address.startswith("."):
+        return "unix", address
+    tcp = _parse_tcp(address)
+    if tcp is None:
+        raise ValueError(f"{address!r} is neither a socket path nor host:port")
+    return "tcp", tcp

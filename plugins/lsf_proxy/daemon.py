@@ -1,0 +1,619 @@
+"""The token daemon: serves a :class:`TokenPolicy` over a Unix socket (and signed TCP) with asyncio.
+
+Identity on the Unix socket comes from the kernel (SO_PEERCRED), so nobody can claim another
+user; over TCP every request is signed with the shared key. A token goes back to the pool
+when released, when its connection closes, or when its lease expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pwd
+import resource
+import signal
+import socket
+import struct
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.config import ConfigError, load_config, read_secret
+from gridgate.plugins.lsf_proxy.config import (
+    CATEGORIES,
+    LSF_NAMES,
+    category_map,
+    category_of,
+    host_name,
+    parse_address,
+    resolve_policies,
+    section_defaults,
+    split_limits,
+)
+from gridgate.plugins.lsf_proxy.policy import (
+    GRANTED,
+    QUEUED,
+    Blocklist,
+    BlockRule,
+    Decision,
+    PolicySettings,
+    TokenPolicy,
+)
+from gridgate.plugins.lsf_proxy.protocol import (
+    ADMIN_OPS,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    Verifier,
+    decode,
+    encode,
+)
+
+#: A client that does not read its replies is dropped once this much is waiting for it.
+MAX_WRITE_BUFFER = 1 << 20
+#: ``enable``/``disable`` spell categories as badmin does.
+CATEGORY_WORDS = {"all": "all", "query": "query", "sub": "submission", "submission": "submission",
+                  "other": "other"}
+
+
+class StartupError(Exception):
+    """The daemon cannot start (socket in use, name not in hosts, bad key...)."""
+
+
+def diagnose_line(decision: Decision) -> str:
+    """One diagnostic-log line in the seed's format::
+
+        Feb 8 07:57:12 2023 QUERY_REQ,BATCH_JOB_QUERY,user1,host1,184,1,075423,075426
+    """
+    req = decision.request
+    done = time.localtime(decision.decided)
+    stamp = f"{time.strftime('%b', done)} {done.tm_mday} {time.strftime('%H:%M:%S %Y', done)}"
+    accept = 1 if decision.outcome == GRANTED else 0
+    received = time.strftime("%H%M%S", time.localtime(decision.received))
+    processed = time.strftime("%H%M%S", done)
+    fields = [f"{LSF_NAMES[req.category]}_REQ", _field(req.opcode) or "-", _field(req.user),
+              _field(req.host), str(req.size), str(accept), received, processed]
+    return f"{stamp} {','.join(fields)}"
+
+
+def _field(text: str) -> str:
+    # a comma or newline inside a name would break the log's columns
+    return "".join(ch if ch.isprintable() and ch not in ", " else "_" for ch in text)
+
+
+class _Conn:
+    __slots__ = ("writer", "user", "host", "tcp", "tokens", "waiting", "peer", "closed")
+
+    def __init__(self, writer: asyncio.StreamWriter, user: str, host: str, tcp: bool, peer: str) -> None:
+        self.writer = writer
+        self.user = user
+        self.host = host
+        self.tcp = tcp
+        self.peer = peer
+        self.tokens: set[str] = set()
+        self.waiting: dict[str, Any] = {}  # policy request id -> the client's message id
+        self.closed = False
+
+
+class ProxyDaemon:
+    """One lsfproxyd-style daemon. ``section`` is a filled ``proxyd:`` section."""
+
+    def __init__(self, section: Mapping[str, Any] | None = None, *, socket_path: str | None = None,
+                 name: str | None = None, config_path: str | os.PathLike[str] | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.section = dict(section or section_defaults())
+        self.config_path = Path(config_path) if config_path else None
+        self.clock = clock
+        self.name = name or self.section.get("name") or host_name()
+        self.socket_path = socket_path or self.section.get("socket") or ""
+        if not self.socket_path:
+            from gridgate.plugins.lsf_proxy.config import resolve_socket
+
+            self.socket_path = resolve_socket(None, self.section)
+        self.local_host = host_name()
+        self.pid = os.getpid()
+        self._conns: set[_Conn] = set()
+        self._owners: dict[str, _Conn] = {}
+        self._waiters: dict[str, _Conn] = {}
+        self._ids = 0
+        self._wake: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._servers: list[asyncio.base_events.Server] = []
+        self._diag: Any = None
+        settings = self._settings(self.section)
+        self.policy = TokenPolicy(settings, clock=clock,
+                                  sample_period=float(self.section.get("sample_period", 60)),
+                                  blocklist=self._load_blocklist())
+        self._apply_runtime(self.section)
+        self.verifier: Verifier | None = None
+        #: Called once the sockets listen (the ``serve`` command announces readiness).
+        self.on_ready: Any = None
+
+    # -- configuration
+
+    def _settings(self, section: Mapping[str, Any]) -> PolicySettings:
+        limits = resolve_policies(section.get("policies"))
+        hosts = section.get("hosts") or []
+        if hosts:
+            names = [h["name"] for h in hosts]
+            if self.name not in names:
+                raise StartupError(f"this daemon's name {self.name!r} is not in proxyd.hosts "
+                                   f"({', '.join(names)}); give --name or proxyd.name")
+            limits = split_limits(limits, names.index(self.name), len(names))
+        return PolicySettings.from_section(section, limits)
+
+    def _apply_runtime(self, section: Mapping[str, Any]) -> None:
+        self.categories = category_map(section.get("categories"))
+        self.max_line = int(section.get("max_line_bytes", 16384))
+        self.max_connections = int(section.get("max_connections", 20000))
+        self._set_diagnose(bool(section.get("diagnose")))
+
+    def _side_file(self, key: str, default_name: str) -> Path:
+        configured = self.section.get(key)
+        if configured:
+            return Path(configured)
+        return Path(self.socket_path).parent / default_name
+
+    @property
+    def diagnose_path(self) -> Path:
+        return self._side_file("diagnose_file", f"info.lsfproxydlog.{self.local_host}")
+
+    @property
+    def blocklist_path(self) -> Path:
+        return self._side_file("blocklist_file", f"blocklist.{self.name}.json")
+
+    def _set_diagnose(self, on: bool) -> None:
+        if on and self._diag is None:
+            self.diagnose_path.parent.mkdir(parents=True, exist_ok=True)
+            self._diag = open(self.diagnose_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        elif not on and self._diag is not None:
+            self._diag.close()
+            self._diag = None
+
+    def _load_blocklist(self) -> Blocklist:
+        if not self.section.get("persist_blocklist"):
+            return Blocklist()
+        path = self.blocklist_path
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return Blocklist(BlockRule.from_json(r) for r in data.get("rules", []))
+        except FileNotFoundError:
+            return Blocklist()
+        except (OSError, ValueError, AttributeError) as exc:
+            raise StartupError(f"cannot read the persisted blocklist {path}: {exc}") from None
+
+    def _save_blocklist(self) -> None:
+        if not self.section.get("persist_blocklist"):
+            return
+        path = self.blocklist_path
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rules": [r.to_json() for r in self.policy.blocklist.rules]}),
+                       encoding="utf-8")
+        os.replace(tmp, path)
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file: new limits, lists, diagnose flag; tokens and blocks stay.
+
+        :raises ConfigError, StartupError: the file no longer works (the old config stays).
+        """
+        if self.config_path is None:
+            return {"reloaded": False, "message": "started without -c: nothing to re-read"}
+        config = load_config(self.config_path)
+        section = dict(config.get("proxyd") or section_defaults())
+        settings = self._settings(section)
+        for key in ("socket", "tcp", "key"):
+            if section.get(key) != self.section.get(key):
+                logger.warning("proxyd.{} changed: takes effect at the next restart", key)
+        self.section = section
+        self.policy.reconfigure(settings)
+        self._apply_runtime(section)
+        self._poke()
+        logger.info("lsfproxyd {} reconfigured from {}", self.name, self.config_path)
+        return {"reloaded": True, "message": f"reconfigured from {self.config_path}"}
+
+    # -- serving
+
+    async def serve(self) -> None:
+        """Listen until SIGTERM/SIGINT or :meth:`stop`."""
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        _raise_nofile()
+        await self._listen()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._sighup)
+        ticker = asyncio.create_task(self._ticker())
+        if self.on_ready is not None:
+            self.on_ready(self)
+        logger.info("lsfproxyd {} listening on {} (pid {})", self.name, self.socket_path, self.pid)
+        try:
+            await self._stop.wait()
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+            await self._shutdown()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _listen(self) -> None:
+        path = Path(self.socket_path)
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            if _socket_answers(str(path)):
+                raise StartupError(f"a daemon already listens on {path}")
+            path.unlink()
+        server = await asyncio.start_unix_server(self._on_unix, path=str(path),
+                                                 limit=self.max_line + 1)
+        os.chmod(path, int(self.section.get("socket_mode", "0666"), 8))
+        self._servers.append(server)
+        tcp = self.section.get("tcp")
+        if tcp:
+            key = read_secret(self.section.get("key"))
+            if not key:
+                raise StartupError("proxyd.tcp needs proxyd.key")
+            self.verifier = Verifier(key, float(self.section.get("max_clock_skew", 30)))
+            _, (host, port) = parse_address(tcp)
+            server = await asyncio.start_server(self._on_tcp, host=host, port=port, reuse_address=True)
+            self._servers.append(server)
+            logger.info("lsfproxyd {} also on tcp {}", self.name, tcp)
+
+    @property
+    def tcp_port(self) -> int | None:
+        for server in self._servers[1:]:
+            for sock in server.sockets:
+                return sock.getsockname()[1]
+        return None
+
+    def _sighup(self) -> None:
+        try:
+            self.reload()
+        except (ConfigError, StartupError) as exc:
+            logger.error("SIGHUP: config refused, the old one stays: {}", exc)
+
+    async def _shutdown(self) -> None:
+        for server in self._servers:
+            server.close()
+        for decision in self.policy.shutdown():
+            self._deliver(decision)
+        for conn in list(self._conns):
+            self._close(conn)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 2)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self._save_blocklist()
+        self._set_diagnose(False)
+        logger.info("lsfproxyd {} stopped", self.name)
+
+    async def _ticker(self) -> None:
+        assert self._wake is not None
+        while True:
+            result = self.policy.tick()
+            for token in result.expired:
+                owner = self._owners.pop(token.id, None)
+                logger.warning("lease of token {} ({}) held by {}@{} expired after {:.0f} s: "
+                               "taken back", token.id, token.category, token.user, token.host,
+                               self.policy.settings.lease_time)
+                if owner is not None:
+                    owner.tokens.discard(token.id)
+                    self._send(owner, {"v": PROTOCOL_VERSION, "event": "expired", "token": token.id})
+            for decision in result.decisions:
+                self._deliver(decision)
+            wake = self.policy.next_wakeup()
+            timeout = None if wake is None else max(0.0, wake - self.clock.monotonic())
+            self._wake.clear()
+            if timeout == 0.0:
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- connections
+
+    async def _on_unix(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid, uid, _gid = struct.unpack("3i", creds)
+        except OSError:
+            writer.close()
+            return
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+        await self._serve_conn(reader, _Conn(writer, user, self.local_host, False, f"pid {pid}"))
+
+    async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        await self._serve_conn(reader, _Conn(writer, "", "", True, f"tcp {peer}"))
+
+    async def _serve_conn(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
+        if len(self._conns) >= self.max_connections:
+            self._error(conn, None, ProtocolError("busy", "too many connections"))
+            conn.writer.close()
+            return
+        self._conns.add(conn)
+        buffer = bytearray()
+        discarding = False
+        try:
+            while not conn.closed:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                while True:
+                    end = buffer.find(b"\n")
+                    if end < 0:
+                        if len(buffer) > self.max_line:
+                            if not discarding:
+                                self._too_long(conn)
+                            discarding = True
+                            buffer.clear()
+                        break
+                    line = bytes(buffer[:end])
+                    del buffer[:end + 1]
+                    if discarding:
+                        discarding = False
+                        continue
+                    if len(line) > self.max_line:
+                        self._too_long(conn)
+                        continue
+                    if line.strip():
+                        self._handle_line(conn, line)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._close(conn)
+
+    def _too_long(self, conn: _Conn) -> None:
+        self.policy.count_error()
+        self._error(conn, None, ProtocolError("line_too_long",
+                                              f"lines are limited to {self.max_line} bytes"))
+
+    def _close(self, conn: _Conn) -> None:
+        if conn in self._conns:
+            self._conns.discard(conn)
+        conn.closed = True
+        for request_id in list(conn.waiting):
+            self.policy.cancel(request_id)
+            self._waiters.pop(request_id, None)
+        conn.waiting.clear()
+        for token_id in list(conn.tokens):
+            if self.policy.release(token_id) is not None:
+                logger.info("token {} of {}@{} returned: connection closed", token_id,
+                            conn.user, conn.host)
+            self._owners.pop(token_id, None)
+        conn.tokens.clear()
+        with contextlib.suppress(Exception):
+            conn.writer.close()
+        self._poke()
+
+    def _send(self, conn: _Conn, message: Mapping[str, Any]) -> None:
+        if conn.closed:
+            return
+        transport = conn.writer.transport
+        if transport.is_closing():
+            return
+        conn.writer.write(encode(message))
+        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            logger.warning("dropping {} ({}): it does not read its replies", conn.user, conn.peer)
+            self._close(conn)
+
+    def _error(self, conn: _Conn, msg_id: Any, exc: ProtocolError) -> None:
+        self._send(conn, {"v": PROTOCOL_VERSION, "id": msg_id, "ok": False,
+                          "error": {"code": exc.code, "message": str(exc)}})
+
+    def _reply(self, conn: _Conn, msg_id: Any, **fields: Any) -> None:
+        self._send(conn, {"v": PROTOCOL_VERSION, "id": msg_id, "ok": True, **fields})
+
+    def _handle_line(self, conn: _Conn, line: bytes) -> None:
+        msg_id = None
+        try:
+            message = decode(line)
+            msg_id = message.get("id")
+            user, host = conn.user, conn.host
+            if conn.tcp:
+                assert self.verifier is not None
+                user, host = self.verifier.verify(message)
+            self._dispatch(conn, message, msg_id, user, host)
+        except ProtocolError as exc:
+            if exc.code not in ("forbidden",):
+                self.policy.count_error()
+            self._error(conn, msg_id, exc)
+
+    def _dispatch(self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str,
+                  host: str) -> None:
+        op = message["op"]
+        if op == "hello":
+            self._reply(conn, msg_id, server="gridgate-lsfproxyd", name=self.name, pid=self.pid,
+                        protocol=PROTOCOL_VERSION, user=user, host=host,
+                        admin=self.policy.is_root_or_admin(user))
+            return
+        if op == "acquire":
+            self._acquire(conn, message, msg_id, user, host)
+            return
+        if op == "release":
+            token_id = message.get("token")
+            held = token_id in conn.tokens
+            if held:
+                conn.tokens.discard(token_id)
+                self._owners.pop(token_id, None)
+                self.policy.release(token_id)
+                self._poke()
+            self._reply(conn, msg_id, released=held)
+            return
+        if op not in ADMIN_OPS:
+            raise ProtocolError("unknown_op", f"unknown op {op!r}")
+        if not self.policy.is_root_or_admin(user):
+            raise ProtocolError("forbidden", f"permission denied: {op} is for root and the "
+                                             f"lsfproxyd admins; {user} is neither")
+        self._admin(conn, op, message, msg_id, user, host)
+
+    def _acquire(self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str,
+                 host: str) -> None:
+        opcode = message.get("opcode") or ""
+        category = message.get("category") or None
+        size = message.get("size") or 0
+        if not isinstance(opcode, str) or len(opcode) > 128:
+            raise ProtocolError("bad_request", "opcode must be a string of at most 128 characters")
+        if category is None:
+            category = category_of(opcode, self.categories)
+        category = CATEGORY_WORDS.get(category, category) if isinstance(category, str) else category
+        if category not in CATEGORIES:
+            raise ProtocolError("bad_request", f"category must be one of {', '.join(CATEGORIES)}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ProtocolError("bad_request", "size must be a non-negative integer")
+        self._ids += 1
+        from gridgate.plugins.lsf_proxy.policy import Request
+
+        req = Request(f"r{self._ids}", category, opcode, user, host, size)
+        conn.waiting[req.id] = msg_id
+        self._waiters[req.id] = conn
+        decision = self.policy.request(req)
+        if decision.outcome == QUEUED:
+            self._poke()
+            return
+        self._deliver(decision)
+
+    def _deliver(self, decision: Decision) -> None:
+        req = decision.request
+        conn = self._waiters.pop(req.id, None)
+        if self._diag is not None and decision.outcome in ("granted", "denied"):
+            try:
+                self._diag.write(diagnose_line(decision) + "\n")
+            except OSError as exc:
+                logger.error("diagnostic log {}: {}", self.diagnose_path, exc)
+        if conn is None:
+            return
+        msg_id = conn.waiting.pop(req.id, None)
+        if conn.closed:
+            if decision.token is not None:
+                self.policy.release(decision.token.id)
+            return
+        fields: dict[str, Any] = {"result": decision.outcome, "category": req.category,
+                                  "waited": round(decision.waited, 6)}
+        if decision.token is not None:
+            conn.tokens.add(decision.token.id)
+            self._owners[decision.token.id] = conn
+            fields.update(token=decision.token.id, lease=self.policy.settings.lease_time,
+                          privileged=decision.token.privileged)
+        if decision.reason:
+            fields["reason"] = decision.reason
+        self._reply(conn, msg_id, **fields)
+
+    # -- admin
+
+    def _admin(self, conn: _Conn, op: str, message: Mapping[str, Any], msg_id: Any, user: str,
+               host: str) -> None:
+        if op == "status":
+            status = self.policy.status()
+            status.update(name=self.name, pid=self.pid, host=self.local_host,
+                          diagnose=self._diag is not None,
+                          connections=len(self._conns))
+            self._reply(conn, msg_id, status=status)
+            return
+        if op in ("enable", "disable"):
+            word = message.get("category", "all")
+            category = CATEGORY_WORDS.get(word) if isinstance(word, str) else None
+            if category is None:
+                raise ProtocolError("bad_request", "category must be all, query, sub or other")
+            for decision in self.policy.set_enabled(category, op == "enable"):
+                self._deliver(decision)
+            logger.info("{} {} by {}@{}", op, category, user, host)
+            self._reply(conn, msg_id, service=self._service())
+            return
+        if op in ("block", "unblock"):
+            rule = _rule_from(message)
+            if op == "block":
+                added, decisions = self.policy.block(rule)
+                for decision in decisions:
+                    self._deliver(decision)
+                changed = added
+            else:
+                changed = self.policy.unblock(rule)
+            if changed:
+                self._save_blocklist()
+            logger.info("{} {} by {}@{} ({})", op, rule.describe(), user, host,
+                        "done" if changed else "no change")
+            self._reply(conn, msg_id, rule=rule.to_json(), text=rule.describe(), changed=changed)
+            return
+        if op == "blocklist":
+            self._reply(conn, msg_id, blocklist=self.policy.blocklist.summary(),
+                        rules=[r.to_json() for r in self.policy.blocklist.rules])
+            return
+        if op == "diagnose":
+            on = message.get("on")
+            if not isinstance(on, bool):
+                raise ProtocolError("bad_request", "diagnose needs \"on\": true or false")
+            try:
+                self._set_diagnose(on)
+            except OSError as exc:
+                raise ProtocolError("io_error", f"cannot open {self.diagnose_path}: {exc}") from None
+            self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path))
+            return
+        if op == "reconfig":
+            try:
+                result = self.reload()
+            except ConfigError as exc:
+                raise ProtocolError("bad_config", f"config refused, the old one stays:\n{exc}") from None
+            except StartupError as exc:
+                raise ProtocolError("bad_config", str(exc)) from None
+            self._reply(conn, msg_id, **result)
+            return
+        raise ProtocolError("unknown_op", f"unknown op {op!r}")  # pragma: no cover
+
+    def _service(self) -> dict[str, bool]:
+        return {name: cat.enabled for name, cat in self.policy.categories.items()}
+
+
+def _rule_from(message: Mapping[str, Any]) -> BlockRule:
+    users, hosts = message.get("users") or [], message.get("hosts") or []
+    if not (isinstance(users, list) and all(isinstance(u, str) for u in users)
+            and isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)):
+        raise ProtocolError("bad_request", "users and hosts must be lists of names")
+    try:
+        return BlockRule.make(bool(message.get("all")), users, hosts)
+    except ValueError as exc:
+        raise ProtocolError("bad_request", str(exc)) from None
+
+
+def _socket_answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+        return True
+
+
+def _raise_nofile() -> None:
+    """10,000 clients need 10,000 descriptors: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
+                                                        else 1 << 20, hard))
+
+
+def run(section: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    """Build a daemon and serve until stopped (the ``serve`` command)."""
+    daemon = ProxyDaemon(section, **kwargs)
+    asyncio.run(daemon.serve())

@@ -1,0 +1,634 @@
+"""The token policy of the admission controller: pure state and rules, time from an injected clock.
+
+No sockets and no threads here: the daemon (asyncio), the thread-safe :class:`LocalTokens`
+wrapper and the tests all drive the same :class:`TokenPolicy`. A request is answered at once
+(granted, denied, proceed without a token) or queued; :meth:`TokenPolicy.tick` later turns
+queued requests into grants or denials and takes back expired leases, and
+:meth:`TokenPolicy.next_wakeup` says when the next tick has something to do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from typing import Any
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits
+
+GRANTED = "granted"
+QUEUED = "queued"
+DENIED = "denied"
+PROCEED = "proceed"  # category disabled: go ahead without a token
+
+#: Metric rows of the status table, in the seed's order.
+METRIC_NAMES: tuple[str, ...] = (
+    *(f"requests.{c}" for c in CATEGORIES),
+    *(f"rejected.{c}" for c in CATEGORIES),
+    "blocked",
+    "error",
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One token request. ``id`` is unique among the requests a policy has pending."""
+
+    id: str
+    category: str
+    opcode: str = ""
+    user: str = ""
+    host: str = ""
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Token:
+    """A granted token; ``expires_at`` is on the monotonic clock."""
+
+    id: str
+    category: str
+    user: str
+    host: str
+    privileged: bool
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to a request. ``reason`` explains a denial (``blocked``, ``timeout``,
+    ``queue_full``, ``shutdown``) or a proceed (``disabled``). Times: ``received``/``decided``
+    are wall-clock epoch seconds; ``waited`` is seconds spent queued."""
+
+    request: Request
+    outcome: str
+    token: Token | None = None
+    reason: str = ""
+    received: float = 0.0
+    decided: float = 0.0
+    waited: float = 0.0
+
+    @property
+    def final(self) -> bool:
+        return self.outcome != QUEUED
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What a tick decided: answers for queued requests, and leases taken back."""
+
+    decisions: tuple[Decision, ...] = ()
+    expired: tuple[Token, ...] = ()
+
+
+# --- block rules ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockRule:
+    """One ``block`` command. ``kind`` is ``all``, ``users``, ``hosts`` or ``pairs``; ``items``
+    holds names (``user@host`` for pairs). Two rules are the same only when both are equal."""
+
+    kind: str
+    items: frozenset[str] = frozenset()
+
+    @classmethod
+    def make(cls, all_: bool = False, users: Iterable[str] = (), hosts: Iterable[str] = ()) -> BlockRule:
+        """The rule ``block [all] [-u users] [-m hosts]`` means.
+
+        :raises ValueError: ``all`` with users or hosts, or nothing at all.
+        """
+        users, hosts = [u for u in users if u], [h for h in hosts if h]
+        if all_:
+            if users or hosts:
+                raise ValueError("'all' cannot be combined with -u or -m")
+            return cls("all")
+        if users and hosts:
+            return cls("pairs", frozenset(f"{u}@{h}" for u in users for h in hosts))
+        if users:
+            return cls("users", frozenset(users))
+        if hosts:
+            return cls("hosts", frozenset(hosts))
+        raise ValueError("say what to block: all, -u \"user ...\" and/or -m \"host ...\"")
+
+    def matches(self, user: str, host: str) -> bool:
+        if self.kind == "all":
+            return True
+        if self.kind == "users":
+            return user in self.items
+        if self.kind == "hosts":
+            return host in self.items
+        return f"{user}@{host}" in self.items
+
+    def describe(self) -> str:
+        """The seed's wording: ``<all>``, ``Users <u1 u2>``, ``Hosts <h1>``, ``<u1@h1 ...>``."""
+        names = " ".join(sorted(self.items))
+        if self.kind == "all":
+            return "<all>"
+        if self.kind == "users":
+            return f"Users <{names}>"
+        if self.kind == "hosts":
+            return f"Hosts <{names}>"
+        return f"<{names}>"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "items": sorted(self.items)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BlockRule:
+        kind = data.get("kind")
+        if kind not in ("all", "users", "hosts", "pairs"):
+            raise ValueError(f"unknown rule kind {kind!r}")
+        return cls(kind, frozenset(str(i) for i in data.get("items", ())))
+
+
+class Blocklist:
+    """The block rules in force; ``unblock`` removes only a rule identical to the one given."""
+
+    def __init__(self, rules: Iterable[BlockRule] = ()) -> None:
+        self._rules: list[BlockRule] = []
+        for rule in rules:
+            self.add(rule)
+
+    @property
+    def rules(self) -> tuple[BlockRule, ...]:
+        return tuple(self._rules)
+
+    def add(self, rule: BlockRule) -> bool:
+        """Add ``rule``; False when the identical rule was already there (nothing changes)."""
+        if rule in self._rules:
+            return False
+        self._rules.append(rule)
+        return True
+
+    def remove(self, rule: BlockRule) -> bool:
+        """Remove the rule identical to ``rule``; False when there is none."""
+        if rule not in self._rules:
+            return False
+        self._rules.remove(rule)
+        return True
+
+    def blocks(self, user: str, host: str) -> bool:
+        return any(rule.matches(user, host) for rule in self._rules)
+
+    def summary(self) -> dict[str, Any]:
+        """What ``blocklist`` shows: all, users, hosts, user@host pairs (sorted, deduplicated)."""
+        out: dict[str, Any] = {"all": False, "users": set(), "hosts": set(), "pairs": set()}
+        for rule in self._rules:
+            if rule.kind == "all":
+                out["all"] = True
+            else:
+                out[rule.kind] |= rule.items
+        return {"all": out["all"], "users": sorted(out["users"]), "hosts": sorted(out["hosts"]),
+                "pairs": sorted(out["pairs"])}
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+class Metrics:
+    """Counts per sample period: the last complete period, the max of any, the average."""
+
+    def __init__(self, period: float, start: float) -> None:
+        self.period = period
+        self.start = start
+        self._index = 0
+        self._current = dict.fromkeys(METRIC_NAMES, 0)
+        self._last = dict.fromkeys(METRIC_NAMES, 0)
+        self._max = dict.fromkeys(METRIC_NAMES, 0)
+        self._total = dict.fromkeys(METRIC_NAMES, 0)
+        self._done = 0
+
+    def count(self, name: str, now: float, n: int = 1) -> None:
+        self.roll(now)
+        self._current[name] += n
+
+    def roll(self, now: float) -> None:
+        index = int((now - self.start) // self.period)
+        if index <= self._index:
+            return
+        for name, value in self._current.items():
+            self._max[name] = max(self._max[name], value)
+            self._total[name] += value
+        self._last = self._current
+        skipped = index - self._index - 1
+        if skipped:
+            # whole periods with no activity at all: their counts are zero
+            self._last = dict.fromkeys(METRIC_NAMES, 0)
+        self._done += 1 + skipped
+        self._current = dict.fromkeys(METRIC_NAMES, 0)
+        self._index = index
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """Rows of (last, max, avg) and the end of the last complete period (monotonic)."""
+        self.roll(now)
+        done = self._done
+        rows = {
+            name: {"last": self._last[name], "max": self._max[name],
+                   "avg": round(self._total[name] / done) if done else 0,
+                   "current": self._current[name]}
+            for name in METRIC_NAMES
+        }
+        return {"rows": rows, "periods": done,
+                "period_end": self.start + self._index * self.period if done else None}
+
+
+# --- the policy -----------------------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("request", "received", "received_wall", "user", "live")
+
+    def __init__(self, request: Request, received: float, received_wall: float) -> None:
+        self.request = request
+        self.received = received
+        self.received_wall = received_wall
+        self.user = request.user
+        self.live = True
+
+
+class _Queue:
+    """Waiting requests of one category: FIFO per user, round-robin across users."""
+
+    def __init__(self) -> None:
+        self.users: OrderedDict[str, deque[_Pending]] = OrderedDict()
+        self.arrivals: deque[_Pending] = deque()
+        self.counts: dict[str, int] = {}
+        self.size = 0
+
+    def push(self, item: _Pending) -> None:
+        queue = self.users.get(item.user)
+        if queue is None:
+            queue = self.users[item.user] = deque()
+        queue.append(item)
+        self.arrivals.append(item)
+        self.counts[item.user] = self.counts.get(item.user, 0) + 1
+        self.size += 1
+
+    def drop(self, item: _Pending) -> None:
+        """Take a live item out (granted, denied, cancelled); its slots are cleaned lazily."""
+        item.live = False
+        self.size -= 1
+        left = self.counts[item.user] - 1
+        if left:
+            self.counts[item.user] = left
+        else:
+            del self.counts[item.user]
+        queue = self.users.get(item.user)
+        while queue and not queue[0].live:
+            queue.popleft()
+        if queue is not None and not queue:
+            del self.users[item.user]
+
+    def next(self) -> _Pending | None:
+        """The head of the user whose turn it is; that user then goes to the back."""
+        while self.users:
+            user, queue = next(iter(self.users.items()))
+            while queue and not queue[0].live:
+                queue.popleft()
+            if not queue:
+                del self.users[user]
+                continue
+            self.users.move_to_end(user)
+            return queue[0]
+        return None
+
+    def oldest(self) -> _Pending | None:
+        while self.arrivals and not self.arrivals[0].live:
+            self.arrivals.popleft()
+        return self.arrivals[0] if self.arrivals else None
+
+    def live_items(self) -> list[_Pending]:
+        return [p for p in self.arrivals if p.live]
+
+
+@dataclass
+class _Category:
+    limits: Limits
+    enabled: bool = True
+    in_use: int = 0
+    in_use_privileged: int = 0
+    last_grant: float = float("-inf")
+    queue: _Queue = field(default_factory=_Queue)
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """Everything a reload may change."""
+
+    limits: Mapping[str, Limits]
+    token_wait_time: float = 15.0
+    queue_limit_per_user: int = 1000
+    lease_time: float = 300.0
+    admins: frozenset[str] = frozenset({"root"})
+    addon_hosts: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any], limits: Mapping[str, Limits]) -> PolicySettings:
+        return cls(
+            limits=dict(limits),
+            token_wait_time=float(section.get("token_wait_time", 15)),
+            queue_limit_per_user=int(section.get("queue_limit_per_user", 1000)),
+            lease_time=float(section.get("lease_time", 300)),
+            admins=frozenset(section.get("admins", ["root"])),
+            addon_hosts=frozenset(section.get("addon_hosts", [])),
+        )
+
+
+class TokenPolicy:
+    """Tokens per category with max / nominal / throttle, round-robin among waiting users."""
+
+    def __init__(self, settings: PolicySettings, clock: Clock = SYSTEM_CLOCK,
+                 sample_period: float = 60.0, blocklist: Blocklist | None = None) -> None:
+        self.clock = clock
+        self.settings = settings
+        self.categories = {c: _Category(settings.limits[c]) for c in CATEGORIES}
+        self.blocklist = blocklist or Blocklist()
+        self.started_wall = clock.time()
+        self._mono_start = clock.monotonic()
+        self.metrics = Metrics(sample_period, self._mono_start)
+        self._tokens: dict[str, Token] = {}
+        self._leases: list[tuple[float, str]] = []
+        self._pending: dict[str, tuple[str, _Pending]] = {}
+        self._ids = itertools.count(1)
+        self._prefix = secrets.token_hex(4)
+
+    # -- helpers
+
+    def _now(self, now: float | None) -> float:
+        return self.clock.monotonic() if now is None else now
+
+    def _wall(self, mono: float) -> float:
+        return self.started_wall + (mono - self._mono_start)
+
+    def is_root_or_admin(self, user: str) -> bool:
+        return user == "root" or user in self.settings.admins
+
+    def is_privileged(self, user: str, host: str) -> bool:
+        return self.is_root_or_admin(user) or host in self.settings.addon_hosts
+
+    def is_blocked(self, user: str, host: str) -> bool:
+        """Blocks apply to ordinary users and add-on hosts, never to root or admins."""
+        return not self.is_root_or_admin(user) and self.blocklist.blocks(user, host)
+
+    def _grant(self, cat: _Category, req: Request, privileged: bool, now: float,
+               received: float, received_wall: float) -> Decision:
+        token = Token(
+            id=f"{self._prefix}-{next(self._ids)}", category=req.category, user=req.user,
+            host=req.host, privileged=privileged, expires_at=now + self.settings.lease_time,
+        )
+        cat.in_use += 1
+        if privileged:
+            cat.in_use_privileged += 1
+        else:
+            cat.last_grant = now
+        self._tokens[token.id] = token
+        heappush(self._leases, (token.expires_at, token.id))
+        self.metrics.count(f"requests.{req.category}", now)
+        return Decision(req, GRANTED, token=token, received=received_wall,
+                        decided=self._wall(now), waited=now - received)
+
+    def _deny(self, req: Request, reason: str, now: float, received: float,
+              received_wall: float) -> Decision:
+        if reason == "blocked":
+            self.metrics.count("blocked", now)
+        elif reason in ("timeout", "queue_full"):
+            self.metrics.count(f"rejected.{req.category}", now)
+        return Decision(req, DENIED, reason=reason, received=received_wall,
+                        decided=self._wall(now), waited=now - received)
+
+    @staticmethod
+    def _can_grant(cat: _Category, now: float) -> bool:
+        if cat.in_use < cat.limits.nominal:
+            return True
+        return cat.in_use < cat.limits.max and now - cat.last_grant >= cat.limits.throttle
+
+    # -- requests
+
+    def request(self, req: Request, now: float | None = None) -> Decision:
+        """Answer ``req`` at once, or queue it (outcome ``queued``; a tick answers it later).
+
+        :raises ValueError: unknown category, or an id already pending.
+        """
+        now = self._now(now)
+        wall = self._wall(now)
+        cat = self.categories.get(req.category)
+        if cat is None:
+            raise ValueError(f"unknown category {req.category!r} (query, submission, other)")
+        if req.id in self._pending:
+            raise ValueError(f"request id {req.id!r} is already waiting")
+        self.metrics.roll(now)
+        if not cat.enabled:
+            return Decision(req, PROCEED, reason="disabled", received=wall, decided=wall)
+        if self.is_blocked(req.user, req.host):
+            return self._deny(req, "blocked", now, now, wall)
+        if self.is_privileged(req.user, req.host):
+            return self._grant(cat, req, True, now, now, wall)
+        if not cat.queue.size and self._can_grant(cat, now):
+            return self._grant(cat, req, False, now, now, wall)
+        if cat.queue.counts.get(req.user, 0) >= self.settings.queue_limit_per_user:
+            return self._deny(req, "queue_full", now, now, wall)
+        item = _Pending(req, now, wall)
+        cat.queue.push(item)
+        self._pending[req.id] = (req.category, item)
+        return Decision(req, QUEUED, received=wall, decided=wall)
+
+    def cancel(self, request_id: str) -> bool:
+        """Forget a queued request (its client went away); False when it is not queued."""
+        entry = self._pending.pop(request_id, None)
+        if entry is None:
+            return False
+        self.categories[entry[0]].queue.drop(entry[1])
+        return True
+
+    def release(self, token_id: str) -> Token | None:
+        """Return a token; the freed slot goes to the next waiter at the next tick.
+
+        :return: the token, or None when it is not (or no longer) held.
+        """
+        token = self._tokens.pop(token_id, None)
+        if token is None:
+            return None
+        cat = self.categories[token.category]
+        cat.in_use -= 1
+        if token.privileged:
+            cat.in_use_privileged -= 1
+        return token
+
+    def tick(self, now: float | None = None) -> TickResult:
+        """Take back expired leases, deny requests past the wait limit, grant what fits."""
+        now = self._now(now)
+        self.metrics.roll(now)
+        expired: list[Token] = []
+        while self._leases and self._leases[0][0] <= now:
+            _, token_id = heappop(self._leases)
+            token = self.release(token_id)
+            if token is not None:
+                self.metrics.count("error", now)
+                expired.append(token)
+        decisions: list[Decision] = []
+        wait = self.settings.token_wait_time
+        for cat in self.categories.values():
+            queue = cat.queue
+            while (item := queue.oldest()) is not None and now - item.received >= wait:
+                decisions.append(self._take(cat, item, now, DENIED, "timeout"))
+            while queue.size and self._can_grant(cat, now):
+                item = queue.next()
+                if item is None:
+                    break
+                decisions.append(self._take(cat, item, now, GRANTED))
+        return TickResult(tuple(decisions), tuple(expired))
+
+    def _take(self, cat: _Category, item: _Pending, now: float, outcome: str,
+              reason: str = "") -> Decision:
+        cat.queue.drop(item)
+        self._pending.pop(item.request.id, None)
+        if outcome == GRANTED:
+            return self._grant(cat, item.request, False, now, item.received, item.received_wall)
+        if outcome == PROCEED:
+            return Decision(item.request, PROCEED, reason=reason, received=item.received_wall,
+                            decided=self._wall(now), waited=now - item.received)
+        return self._deny(item.request, reason, now, item.received, item.received_wall)
+
+    def next_wakeup(self, now: float | None = None) -> float | None:
+        """When (monotonic) a tick will next have work; None when nothing is waiting or held."""
+        now = self._now(now)
+        times: list[float] = []
+        if self._leases:
+            times.append(self._leases[0][0])
+        for cat in self.categories.values():
+            oldest = cat.queue.oldest()
+            if oldest is None:
+                continue
+            times.append(oldest.received + self.settings.token_wait_time)
+            if cat.in_use < cat.limits.nominal:
+                times.append(now)
+            elif cat.in_use < cat.limits.max:
+                times.append(cat.last_grant + cat.limits.throttle)
+        return min(times) if times else None
+
+    # -- admin
+
+    def set_enabled(self, category: str, enabled: bool, now: float | None = None) -> list[Decision]:
+        """Enable or disable a category (``all`` for every one). Disabling answers its waiting
+        requests with ``proceed`` at once.
+
+        :raises ValueError: unknown category.
+        """
+        now = self._now(now)
+        names = CATEGORIES if category == "all" else (category,)
+        out: list[Decision] = []
+        for name in names:
+            cat = self.categories.get(name)
+            if cat is None:
+                raise ValueError(f"unknown category {name!r} (all, query, submission, other)")
+            cat.enabled = enabled
+            if not enabled:
+                for item in cat.queue.live_items():
+                    out.append(self._take(cat, item, now, PROCEED, "disabled"))
+        return out
+
+    def block(self, rule: BlockRule, now: float | None = None) -> tuple[bool, list[Decision]]:
+        """Add a block rule; waiting requests it now blocks are denied at once."""
+        now = self._now(now)
+        added = self.blocklist.add(rule)
+        out: list[Decision] = []
+        for cat in self.categories.values():
+            for item in cat.queue.live_items():
+                if self.is_blocked(item.request.user, item.request.host):
+                    out.append(self._take(cat, item, now, DENIED, "blocked"))
+        return added, out
+
+    def unblock(self, rule: BlockRule) -> bool:
+        return self.blocklist.remove(rule)
+
+    def count_error(self, now: float | None = None) -> None:
+        """A protocol or client error worth showing in the ``Error`` row."""
+        self.metrics.count("error", self._now(now))
+
+    def reconfigure(self, settings: PolicySettings) -> None:
+        """New limits and lists; tokens, queues, blocks and metrics stay."""
+        self.settings = settings
+        for name, cat in self.categories.items():
+            cat.limits = settings.limits[name]
+
+    def shutdown(self, now: float | None = None) -> list[Decision]:
+        """Deny everything still waiting (the daemon is stopping)."""
+        now = self._now(now)
+        out: list[Decision] = []
+        for cat in self.categories.values():
+            for item in cat.queue.live_items():
+                out.append(self._take(cat, item, now, DENIED, "shutdown"))
+        return out
+
+    @property
+    def tokens(self) -> Mapping[str, Token]:
+        return self._tokens
+
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        """Everything ``status`` shows, as plain data (JSON-ready)."""
+        now = self._now(now)
+        snap = self.metrics.snapshot(now)
+        end = snap["period_end"]
+        return {
+            "started": self.started_wall,
+            "sample_period": self.metrics.period,
+            "period_end": self._wall(end) if end is not None else None,
+            "categories": {
+                name: {"enabled": cat.enabled, "token_limit": cat.limits.max,
+                       "nominal": cat.limits.nominal, "throttle_ms": round(cat.limits.throttle * 1000),
+                       "in_use": cat.in_use, "in_use_privileged": cat.in_use_privileged,
+                       "queued": cat.queue.size}
+                for name, cat in self.categories.items()
+            },
+            "metrics": snap["rows"],
+        }
+
+
+class LocalTokens:
+    """A thread-safe, blocking front to a :class:`TokenPolicy` (admission in-process).
+
+    ``acquire`` blocks the calling thread until its request is decided; whichever waiting
+    thread wakes first runs the tick and hands every decision to its owner.
+    """
+
+    def __init__(self, policy: TokenPolicy) -> None:
+        self.policy = policy
+        self._cond = threading.Condition()
+        self._answers: dict[str, Decision] = {}
+        self._ids = itertools.count(1)
+
+    def acquire(self, category: str, opcode: str = "", user: str = "", host: str = "",
+                size: int = 0) -> Decision:
+        """Block until granted, denied or told to proceed; never longer than the wait limit
+        plus one throttle step (on the policy's clock)."""
+        with self._cond:
+            req = Request(f"local-{next(self._ids)}", category, opcode, user, host, size)
+            decision = self.policy.request(req)
+            while not decision.final:
+                self._tick()
+                if req.id in self._answers:
+                    decision = self._answers.pop(req.id)
+                    break
+                wake = self.policy.next_wakeup()
+                delay = 0.05 if wake is None else max(0.0, wake - self.policy.clock.monotonic())
+                self._cond.wait(timeout=min(delay, 0.5) or 0.0005)
+            return decision
+
+    def release(self, token_id: str) -> bool:
+        with self._cond:
+            found = self.policy.release(token_id) is not None
+            self._tick()
+            return found
+
+    def _tick(self) -> None:
+        result = self.policy.tick()
+        for decision in result.decisions:
+            self._answers[decision.request.id] = decision
+        if result.decisions:
+            self._cond.notify_all()

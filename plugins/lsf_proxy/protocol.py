@@ -1,0 +1,126 @@
+"""The daemon's wire protocol: newline-delimited JSON, versioned, HMAC-signed over TCP.
+
+docs/protocol.md describes it for writers of other clients; this module is the reference
+implementation of framing, signing and replay protection used by both ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_LINE = 16384
+
+#: Operations anyone may call; every other operation is an admin command.
+PUBLIC_OPS = frozenset({"hello", "acquire", "release"})
+ADMIN_OPS = frozenset({"status", "enable", "disable", "block", "unblock", "blocklist",
+                       "diagnose", "reconfig"})
+
+
+class ProtocolError(Exception):
+    """A message that cannot be served; ``code`` is the machine-readable error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One message as one line (compact JSON, ``\\n``-terminated)."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one line (without its newline) into a request.
+
+    :raises ProtocolError: not UTF-8 JSON, not an object, wrong version, or no ``op``.
+    """
+    try:
+        message = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("bad_json", f"not a JSON line: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("bad_request", "a message must be a JSON object")
+    version = message.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("bad_version", f"protocol version {version!r} is not supported "
+                                           f"(this daemon speaks v={PROTOCOL_VERSION})")
+    if not isinstance(message.get("op"), str):
+        raise ProtocolError("bad_request", "missing \"op\" (a string)")
+    return message
+
+
+def canonical(message: Mapping[str, Any]) -> bytes:
+    """The bytes a signature covers: the message without ``auth.mac``, keys sorted, compact."""
+    body = dict(message)
+    auth = dict(body.get("auth") or {})
+    auth.pop("mac", None)
+    body["auth"] = auth
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def sign(message: dict[str, Any], key: str, user: str, host: str,
+         clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
+    """Add ``auth`` (user, host, timestamp, nonce, HMAC-SHA256) to ``message`` and return it."""
+    message["auth"] = {"user": user, "host": host, "ts": clock.time(),
+                       "nonce": secrets.token_hex(16)}
+    mac = hmac.new(key.encode("utf-8"), canonical(message), hashlib.sha256).hexdigest()
+    message["auth"]["mac"] = mac
+    return message
+
+
+class Verifier:
+    """Checks signed requests: a valid MAC, a fresh timestamp, a nonce never seen before.
+
+    Nonces are remembered for twice the allowed skew (a replay older than that fails the
+    timestamp check anyway); at most ``capacity`` are kept, the oldest forgotten first.
+    """
+
+    def __init__(self, key: str, max_skew: float = 30.0, clock: Clock = SYSTEM_CLOCK,
+                 capacity: int = 200_000) -> None:
+        self._key = key.encode("utf-8")
+        self.max_skew = max_skew
+        self.clock = clock
+        self.capacity = capacity
+        self._seen: dict[str, float] = {}
+        self._order: deque[tuple[float, str]] = deque()
+
+    def verify(self, message: Mapping[str, Any]) -> tuple[str, str]:
+        """:return: (user, host) the signed request states.
+
+        :raises ProtocolError: ``unsigned``, ``bad_signature``, ``stale`` or ``replayed``.
+        """
+        auth = message.get("auth")
+        if not isinstance(auth, Mapping) or not isinstance(auth.get("mac"), str):
+            raise ProtocolError("unsigned", "requests over TCP must be signed (auth.mac)")
+        user, host, ts, nonce = auth.get("user"), auth.get("host"), auth.get("ts"), auth.get("nonce")
+        if not (isinstance(user, str) and user and isinstance(host, str) and host
+                and isinstance(ts, int | float) and isinstance(nonce, str) and 8 <= len(nonce) <= 128):
+            raise ProtocolError("unsigned", "auth needs user, host, ts and nonce")
+        expected = hmac.new(self._key, canonical(message), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, auth["mac"]):
+            raise ProtocolError("bad_signature", "signature does not match")
+        now = self.clock.time()
+        if abs(now - ts) > self.max_skew:
+            raise ProtocolError("stale", f"timestamp is {now - ts:.0f} s off (allowed "
+                                         f"{self.max_skew:.0f} s)")
+        self._forget(now)
+        if nonce in self._seen:
+            raise ProtocolError("replayed", "this request was already received")
+        self._seen[nonce] = now
+        self._order.append((now, nonce))
+        return user, host
+
+    def _forget(self, now: float) -> None:
+        horizon = now - 2 * self.max_skew
+        while self._order and (self._order[0][0] < horizon or len(self._order) > self.capacity):
+            _, nonce = self._order.popleft()
+            self._seen.pop(nonce, None)

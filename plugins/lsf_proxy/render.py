@@ -1,0 +1,137 @@
+"""Text of the admin commands, following the seed's ``badmin lsfproxyd`` output."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gridgate.plugins.lsf_proxy.client import HostReply
+from gridgate.plugins.lsf_proxy.config import CATEGORIES, LSF_NAMES
+
+_METRIC_LABELS = {"query": "Query", "submission": "Submission", "other": "Other"}
+_RULE = "-" * 78
+
+
+def _date(epoch: float | None) -> str:
+    return time.strftime("%a %b %d %H:%M:%S", time.localtime(epoch)) if epoch else "-"
+
+
+def service_status(service: Mapping[str, bool], spaced: bool) -> list[str]:
+    """``lsfproxyd service status:`` and one line per category (``QUERY: ENABLED``)."""
+    sep = ": " if spaced else ":"
+    return ["lsfproxyd service status:"] + [
+        f"  {LSF_NAMES[c]}{sep}{'ENABLED' if service.get(c) else 'DISABLED'}" for c in CATEGORIES
+    ]
+
+
+def _unreachable(reply: HostReply) -> str:
+    return f"Unable to contact <{reply.daemon.name}>"
+
+
+def _failure(reply: HostReply) -> str:
+    if reply.reply is None:
+        return _unreachable(reply)
+    error = reply.reply.get("error") or {}
+    return f"lsfproxyd host <{reply.daemon.name}>: {error.get('message', 'error')}"
+
+
+def status_text(replies: Sequence[HostReply]) -> list[str]:
+    lines: list[str] = []
+    good = [r for r in replies if r.reply is not None and r.reply.get("ok")]
+    if good:
+        cats = good[0].reply["status"]["categories"]  # type: ignore[index]
+        lines += ["", *service_status({c: v["enabled"] for c, v in cats.items()}, spaced=True)]
+    for reply in replies:
+        lines += ["", "lsfproxyd host status:"]
+        if reply not in good:
+            lines += [f"  HOSTNAME: {reply.daemon.name}", f"  STATUS: {_failure(reply)}"]
+            continue
+        status = reply.reply["status"]  # type: ignore[index]
+        lines += [f"  HOSTNAME: {status['name']}", "  STATUS: CONNECTED", f"  PID: {status['pid']}",
+                  f"  {'':<11}{'TOKEN_LIMIT':<13}{'TOKENS_IN_USE_TOTAL':<21}TOKENS_IN_USE_PRIVILEGED"]
+        for cat in CATEGORIES:
+            row = status["categories"][cat]
+            lines.append(f"  {LSF_NAMES[cat]:<11}{row['token_limit']:<13}{row['in_use']:<21}"
+                         f"{row['in_use_privileged']}")
+        lines += metrics_text(status)
+    return lines
+
+
+def metrics_text(status: Mapping[str, Any]) -> list[str]:
+    rows = status["metrics"]
+
+    def row(label: str, name: str) -> str:
+        r = rows[name]
+        return f"{label:<42}{r['last']:>12}{r['max']:>12}{r['avg']:>12}"
+
+    period = status["sample_period"]
+    period_text = f"{period:g}"
+    lines = [
+        "",
+        f"{'lsfproxyd started:':<32}{_date(status['started'])}",
+        f"{'End time of last sample period:':<32}{_date(status.get('period_end'))}",
+        f"{'Sample period:':<32}{period_text} Seconds",
+        _RULE,
+        f"{'Metrics':<42}{'Last':>12}{'Max':>12}{'Avg':>12}",
+        _RULE,
+        "Requests",
+        *(row(f"     {_METRIC_LABELS[c]}", f"requests.{c}") for c in CATEGORIES),
+        "Rejected",
+        *(row(f"     {_METRIC_LABELS[c]}", f"rejected.{c}") for c in CATEGORIES),
+        row("Blocked", "blocked"),
+        row("Error", "error"),
+    ]
+    return lines
+
+
+def block_text(op: str, replies: Sequence[HostReply]) -> list[str]:
+    """``<user1@hostA> added to the blocklist on lsfproxyd host <h1>``, one line per host."""
+    lines = []
+    for reply in replies:
+        if reply.reply is None or not reply.reply.get("ok"):
+            lines.append(_failure(reply))
+            continue
+        text, changed, name = reply.reply["text"], reply.reply["changed"], reply.daemon.name
+        if op == "block":
+            verb = "added to" if changed else "is already in"
+        else:
+            verb = "removed from" if changed else "is not a rule of"
+        lines.append(f"{text} {verb} the blocklist on lsfproxyd host <{name}>")
+    return lines
+
+
+def blocklist_text(replies: Sequence[HostReply]) -> list[str]:
+    lines: list[str] = []
+    for reply in replies:
+        if lines:
+            lines.append("")
+        lines.append(f"lsfproxyd host - {reply.daemon.name}")
+        if reply.reply is None or not reply.reply.get("ok"):
+            lines.append(f"  {_failure(reply)}")
+            continue
+        summary = reply.reply["blocklist"]
+        lines += [
+            f"  {'Blocked all:':<23}{'Yes' if summary['all'] else 'No'}",
+            f"  {'Blocked users:':<23}{' '.join(summary['users']) or '-'}",
+            f"  {'Blocked hosts:':<23}{' '.join(summary['hosts']) or '-'}",
+            f"  {'Blocked users@hosts:':<23}{' '.join(summary['pairs']) or '-'}",
+        ]
+    return lines
+
+
+def enable_text(replies: Sequence[HostReply]) -> list[str]:
+    lines: list[str] = []
+    shown = False
+    for reply in replies:
+        if reply.reply is None or not reply.reply.get("ok"):
+            lines.append(_failure(reply))
+        elif not shown:
+            lines += service_status(reply.reply["service"], spaced=False)
+            shown = True
+    return lines
+
+
+def simple_text(replies: Sequence[HostReply], describe: Any) -> list[str]:
+    return [describe(r) if r.reply is not None and r.reply.get("ok") else _failure(r)
+            for r in replies]
