@@ -4,9 +4,13 @@ last (``trylast``), so a configured plugin always speaks first."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import threading
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from loguru import logger
@@ -182,3 +186,41 @@ class AdmitAll(Plugin):
     @hookimpl(trylast=True)
     def gridgate_release(self, grant: Grant) -> None:
         """Nothing was taken, so nothing is given back."""
+
+
+class FileNotifier(Plugin):
+    """Write each notification as a text file in a folder: for sites whose mail goes through
+    another system that picks files up, and for the demo, which has no mail server."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "folder": {"type": "string", "minLength": 1, "default": "./gridgate-state/notifications",
+                       "description": "Where the texts are written (created, mode 0700)."},
+            "levels": {"type": "array", "items": {"enum": ["info", "error", "alarm"]},
+                       "default": ["error", "alarm"], "description": "Levels written."},
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self.folder = Path(config.get("folder", "./gridgate-state/notifications"))
+        self._lock = threading.Lock()
+        self._sequence = 0
+
+    @hookimpl
+    def gridgate_notify(self, notification: Notification) -> None:
+        if notification.level not in self.config.get("levels", ["error", "alarm"]):
+            return
+        with self._lock:
+            self._sequence += 1
+            sequence = self._sequence
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(notification.created))
+        who = re.sub(r"[^A-Za-z0-9_.-]", "_", notification.endpoint.name if notification.endpoint else "gridgate")
+        path = self.folder / f"{stamp}-{os.getpid()}-{sequence:05d}-{notification.level}-{who}.txt"
+        text = f"Subject: {notification.subject}\nLevel: {notification.level}\n\n{notification.body}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)

@@ -313,31 +313,38 @@ class Director:
                           duration=time.monotonic() - started)
             return
         grant: Grant | None = answer
+        timeout = float(info.command_timeout or self.config.director["command_timeout"])
         try:
-            timeout = float(info.command_timeout or self.config.director["command_timeout"])
-            if request.list_match:
-                match = hook.gridgate_list_match(endpoint=endpoint, request=request, timeout=timeout)
-                if match is not None and not match.ok:
-                    failed = SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match")
-                    self._failed(endpoint, request, failed, it, started)
-                    return
-                if match is not None and not match.resources:
-                    self._account(it, request, endpoint, "no_match", request.count,
-                                  duration=time.monotonic() - started)
-                    return
-            result = hook.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)
-            if result is None:
-                result = SubmitResult(endpoint=endpoint, ok=False, message=f"no plugin submits to backend {endpoint.backend!r}")
-            if result.ok:
-                self._account(it, request, endpoint, "submitted", request.count, job_ids=result.job_ids,
-                              duration=time.monotonic() - started)
-            else:
-                self._failed(endpoint, request, result, it, started)
+            result = self._commands(endpoint, request, timeout)
         finally:
+            # the token goes back as soon as the server is no longer being talked to
             if grant is not None:
                 hook.gridgate_release(grant=grant)
+        duration = time.monotonic() - started
+        if result is None:
+            self._account(it, request, endpoint, "no_match", request.count, duration=duration)
+        elif result.ok:
+            self._account(it, request, endpoint, "submitted", request.count, job_ids=result.job_ids,
+                          duration=duration)
+        else:
+            self._failed(endpoint, request, result, it, duration)
 
-    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration, started: float) -> None:
+    def _commands(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
+        """List-match (when asked) and submit; None when nothing matches on this server."""
+        hook = self.pm.hook
+        if request.list_match:
+            match = hook.gridgate_list_match(endpoint=endpoint, request=request, timeout=timeout)
+            if match is not None and not match.ok:
+                return SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match")
+            if match is not None and not match.resources:
+                return None
+        result = hook.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)
+        if result is None:
+            return SubmitResult(endpoint=endpoint, ok=False,
+                                message=f"no plugin submits to backend {endpoint.backend!r}")
+        return result
+
+    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration, duration: float) -> None:
         hook = self.pm.hook
         failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
         override = self.config.director.get("notify_kinds", {}).get(failure.kind)
@@ -361,7 +368,7 @@ class Director:
                     it.notifications.append(note)
                 hook.gridgate_notify(notification=note)
         self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
-                      duration=time.monotonic() - started)
+                      duration=duration)
 
     def _account(
         self,

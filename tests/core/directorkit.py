@@ -1,0 +1,138 @@
+"""Small in-test backends for director tests: they run real commands through the runner,
+or answer from a script of outcomes when only the director's logic is under test."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gridgate.core import hookimpl
+from gridgate.core.config import validate_document
+from gridgate.core.model import (
+    BackendInfo,
+    CommandResult,
+    Endpoint,
+    ListMatchResult,
+    Notification,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.runner import run
+
+BACKEND = "testbed"
+
+
+def config(servers: int = 3, pilots: int = 6, **director: Any) -> Any:
+    """A validated config with the in-memory state driver and static demand for the testbed."""
+    doc = {
+        "director": {"cycle_seconds": 0.01, "max_threads": 4, "command_timeout": 5, **director},
+        "state": {"driver": "memory"},
+        "demand": {"static": {BACKEND: pilots}},
+    }
+    return validate_document(doc)
+
+
+class ScriptedBackend:
+    """A backend whose servers ``s0..sN`` answer as ``behaviour[name]`` says.
+
+    Behaviours: ``ok`` (a job id), ``fail`` (exit 1 with a message), ``hang`` (killed at the
+    deadline) run a real Python child through the runner; ``fake-ok`` / ``fake-fail`` answer
+    without a process, for logic-only tests with many submissions.
+    """
+
+    def __init__(self, servers: int = 3, behaviour: Mapping[str, str] | None = None,
+                 pilots_per_submission: int = 1, barrier: threading.Barrier | None = None) -> None:
+        self.endpoints = tuple(Endpoint(BACKEND, f"s{i}") for i in range(servers))
+        self.behaviour: dict[str, str] = dict(behaviour or {})
+        self.pilots_per_submission = pilots_per_submission
+        self.barrier = barrier
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+        self.counter = 0
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+        if backend != BACKEND:
+            return None
+        return BackendInfo(BACKEND, self.endpoints, self.pilots_per_submission)
+
+    @hookimpl
+    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
+        if endpoint.backend != BACKEND:
+            return None
+        with self.lock:
+            self.calls.append(endpoint.name)
+            self.counter += 1
+            number = self.counter
+        if self.barrier is not None:
+            self.barrier.wait(timeout=30)
+        how = self.behaviour.get(endpoint.name, "ok")
+        if how == "fake-ok":
+            return SubmitResult(endpoint, ok=True, job_ids=(f"job-{number}",))
+        if how == "fake-fail":
+            command = CommandResult(argv=("submit", endpoint.name), returncode=1, stderr="Operation failed\n")
+            return SubmitResult(endpoint, ok=False, command=command)
+        script = {
+            "ok": f"print('JOBID job-{number}')",
+            "fail": "import sys; print('Connecting'); print('Error - Operation failed', file=sys.stderr); sys.exit(1)",
+            "hang": "import time; print('started', flush=True); time.sleep(600)",
+        }[how]
+        result = run([sys.executable, "-c", script], timeout=timeout, kill_grace=0.5)
+        if result.ok and "JOBID" in result.stdout:
+            return SubmitResult(endpoint, ok=True, job_ids=(result.stdout.split()[-1],), command=result)
+        return SubmitResult(endpoint, ok=False, command=result)
+
+
+class MatchingBackend(ScriptedBackend):
+    """Also list-matches: servers in ``empty`` match nothing, those in ``broken`` fail."""
+
+    def __init__(self, *args: Any, empty: set[str] = frozenset(), broken: set[str] = frozenset(), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.empty, self.broken = set(empty), set(broken)
+        self.matches = 0
+
+    @hookimpl
+    def gridgate_list_match(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> ListMatchResult | None:
+        if endpoint.backend != BACKEND:
+            return None
+        with self.lock:
+            self.matches += 1
+        if endpoint.name in self.broken:
+            command = CommandResult(argv=("list-match", endpoint.name), returncode=1, stderr="Unable to perform the operation\n")
+            return ListMatchResult(endpoint, ok=False, command=command)
+        if endpoint.name in self.empty:
+            return ListMatchResult(endpoint, ok=True, resources=())
+        return ListMatchResult(endpoint, ok=True, resources=("ce01.example.org:8443/cream-pbs-long",))
+
+
+class Collector:
+    """A notifier that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.notes: list[Notification] = []
+        self.lock = threading.Lock()
+
+    @hookimpl
+    def gridgate_notify(self, notification: Notification) -> None:
+        with self.lock:
+            self.notes.append(notification)
+
+    def levels(self) -> list[str]:
+        return [n.level for n in self.notes]
+
+
+class Recorder:
+    """Records which hooks fire, in order (for the whole-iteration order test)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.lock = threading.Lock()
+
+    def _log(self, name: str) -> None:
+        with self.lock:
+            self.events.append(name)
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        raise AttributeError(name)

@@ -1,0 +1,168 @@
+"""The director over whole iterations: parallel submission, exclusion, escalation timeline,
+accounting, config reloads."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from directorkit import BACKEND, Collector, MatchingBackend, ScriptedBackend, config
+
+from gridgate.core.clock import FakeClock
+from gridgate.core.config import ConfigSource
+from gridgate.core.director import ACCOUNTING, ALARM_HEADER, Director, summary_json
+from gridgate.core.state import MemoryState
+
+
+def make(backend: ScriptedBackend, clock: FakeClock | None = None, **kw) -> tuple[Director, Collector]:
+    collector = Collector()
+    clock = clock or FakeClock()
+    director = Director(config(servers=len(backend.endpoints), **kw), clock=clock,
+                        extra_plugins=[backend, collector], state=MemoryState(clock=clock))
+    return director, collector
+
+
+def test_all_healthy_submits_every_pilot_and_accounts_for_each() -> None:
+    backend = ScriptedBackend(3)
+    director, notes = make(backend, pilots=6)
+    summary = director.run_iteration()
+    assert [r.outcome for r in summary.records] == ["submitted"] * 6
+    assert len({j for r in summary.records for j in r.job_ids}) == 6
+    assert notes.notes == []
+    rows = director.state.records(ACCOUNTING)
+    assert len(rows) == 6 and {r["outcome"] for r in rows} == {"submitted"}
+    director.close()
+
+
+def test_failing_server_is_excluded_for_the_rest_of_the_iteration() -> None:
+    backend = ScriptedBackend(3, {"s0": "fail"})
+    director, notes = make(backend, pilots=30, max_threads=2)
+    summary = director.run_iteration()
+    assert backend.calls.count("s0") <= 2  # at most the threads already on their way
+    assert summary.excluded == ("testbed/s0",)
+    submitted = [r for r in summary.records if r.outcome == "submitted"]
+    failed = [r for r in summary.records if r.outcome == "failed"]
+    assert len(submitted) + len(failed) == 30
+    assert notes.levels() == ["error"]
+    note = notes.notes[0]
+    assert note.subject == "s0: error executing Job Submit"
+    assert "returns: 1" in note.body and "Error - Operation failed" in note.body and "Connecting" in note.body
+    director.close()
+
+
+def test_hanging_server_is_killed_at_the_deadline_and_reported_as_timeout() -> None:
+    backend = ScriptedBackend(2, {"s0": "hang"})
+    director, notes = make(backend, pilots=4, command_timeout=1, max_threads=4)
+    summary = director.run_iteration()
+    assert "testbed/s0" in summary.excluded
+    timeouts = [n for n in notes.notes if n.subject == "s0: timeout executing Job Submit"]
+    assert len(timeouts) == 1
+    assert "started" in timeouts[0].body  # what it printed before it was killed is kept
+    assert all(r.duration < 1 + 0.5 + 5 for r in summary.records)  # deadline + grace + slack
+    director.close()
+
+
+def test_every_server_excluded_skips_the_rest_instead_of_hammering() -> None:
+    backend = ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-fail"})
+    director, notes = make(backend, pilots=40, max_threads=1)
+    summary = director.run_iteration()
+    outcomes = [r.outcome for r in summary.records]
+    assert outcomes.count("failed") == 2
+    assert outcomes.count("skipped") == 38
+    assert len(backend.calls) == 2
+    director.close()
+
+
+def test_fifty_threads_failing_at_once_send_one_notification() -> None:
+    barrier = threading.Barrier(50)
+    backend = ScriptedBackend(1, {"s0": "fake-fail"}, barrier=barrier)
+    director, notes = make(backend, pilots=50, max_threads=50)
+    summary = director.run_iteration()
+    assert [r.outcome for r in summary.records].count("failed") == 50
+    assert notes.levels() == ["error"]
+    assert notes.notes[0].failures_in_episode >= 1
+    director.close()
+
+
+def test_escalation_timeline_on_an_injected_clock() -> None:
+    clock = FakeClock(1_000_000.0)
+    backend = ScriptedBackend(1, {"s0": "fake-fail"})
+    director, notes = make(backend, clock, pilots=1, failing_expiry=3600, ticket_expiry=3600)
+    start = clock.time()
+
+    def step(advance: float) -> list[str]:
+        clock.advance(advance)
+        before = len(notes.notes)
+        director.run_iteration()
+        return [n.level for n in notes.notes[before:]]
+
+    assert step(0) == ["error"]                     # first failure: error mail
+    assert step(60) == []                           # in the failing cache: left alone
+    assert step(1800) == []
+    assert step(3600) == ["alarm"]                  # failing expired, fails again: alarm
+    alarm = notes.notes[-1]
+    assert alarm.body.startswith(ALARM_HEADER + "\nIt has been failing at least for 1 hours")
+    assert alarm.episode_start == start
+    assert step(3601) == ["alarm"]                  # still broken: alarm again, not an error
+    assert "failing at least for 2 hours" in notes.notes[-1].body
+    assert step(3601) == ["alarm"]
+    assert "failing at least for 3 hours" in notes.notes[-1].body
+    backend.behaviour["s0"] = "fake-ok"             # recovery
+    for _ in range(4):
+        assert step(3601) == []
+    backend.behaviour["s0"] = "fake-fail"           # long after: a new episode starts
+    assert step(10) == ["error"]
+    assert notes.notes[-1].episode_start == clock.time()
+    director.close()
+
+
+def test_quiet_kinds_exclude_without_mail() -> None:
+    backend = ScriptedBackend(2, {"s0": "fake-fail"})
+    director, notes = make(backend, pilots=4, notify_kinds={"error": False})
+    summary = director.run_iteration()
+    assert "testbed/s0" in summary.excluded
+    assert notes.notes == []
+    director.close()
+
+
+def test_list_match_no_resources_is_not_a_failure() -> None:
+    backend = MatchingBackend(2, empty={"s0", "s1"})
+    director, notes = make(backend, pilots=3)
+    director.config.data["demand"]["static"][BACKEND]  # present
+    summary = director.run_iteration()
+    # the demand did not ask to list-match (backend default False): nothing matched
+    assert backend.matches == 0
+    assert {r.outcome for r in summary.records} == {"submitted"}
+    director.close()
+
+
+def test_summary_json_has_the_documented_fields() -> None:
+    backend = ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"})
+    director, _ = make(backend, pilots=3, max_threads=1)
+    doc = json.loads(summary_json(director.run_iteration()))
+    for key in ("iteration", "duration_s", "submitted", "failures", "excluded", "skipped", "notifications"):
+        assert key in doc
+    assert doc["excluded"] == ["s0"]
+    assert doc["failures"][0]["kind"] == "error" and doc["failures"][0]["returncode"] == 1
+    assert doc["notifications"][0]["level"] == "error"
+    director.close()
+
+
+def test_invalid_config_mid_run_is_refused_and_the_last_good_one_stays(write) -> None:
+    path = write("site.yaml", "state: {driver: memory}\ndirector: {max_threads: 2, cycle_seconds: 0.01}\n"
+                 "demand: {static: {testbed: 2}}\n")
+    backend = ScriptedBackend(2)
+    collector = Collector()
+    director = Director(ConfigSource(path), extra_plugins=[backend, collector])
+    assert len(director.run_iteration().records) == 2
+    path.write_text("state: {driver: memory}\ndirector: {max_threads: lots}\n", encoding="utf-8")
+    summary = director.run_iteration()
+    assert summary.config_error and "director.max_threads" in summary.config_error
+    assert len(summary.records) == 2  # old config still in force
+    assert [n.level for n in collector.notes] == ["error"]
+    assert "refused" in collector.notes[0].subject
+    path.write_text("state: {driver: memory}\ndirector: {max_threads: 2}\ndemand: {static: {testbed: 5}}\n",
+                    encoding="utf-8")
+    summary = director.run_iteration()
+    assert summary.config_error is None and len(summary.records) == 5
+    director.close()
