@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from loguru import logger
+
 from gridgate.core import hookimpl
 from gridgate.core.model import (
     BackendInfo,
@@ -39,7 +41,6 @@ from gridgate.plugins.wms_glite.jdl import (
     quote,
 )
 from gridgate.plugins.wms_glite.parse import is_no_match, parse_ce_ids, parse_job_ids
-from loguru import logger
 
 __all__ = ["GliteBackend", "build_jdl", "endpoint_for", "DEFAULT_PORT", "DEFAULT_PATH"]
 

@@ -91,7 +91,8 @@ def _telling_line(text: str, regex: re.Pattern[str]) -> str | None:
     for index, line in enumerate(lines):
         if regex.search(line):
             telling = line.strip()
-            if telling.endswith(":"):
+            # "Error - <header>" and "...too high:" announce the detail on the next line.
+            if telling.endswith(":") or telling.startswith("Error - "):
                 for following in lines[index + 1 :]:
                     if following.strip():
                         telling = f"{telling} {following.strip()}"
@@ -100,10 +101,15 @@ def _telling_line(text: str, regex: re.Pattern[str]) -> str | None:
     return None
 
 
-def _first_error_line(command: CommandResult) -> str:
+def _first_error_line(command: CommandResult, fallback_first: bool = False) -> str:
     for message in client_messages(command.stderr):
         if message.level == "error":
             return message.lines[0] if message.lines else message.header
+    if fallback_first:
+        # Usage output puts the complaint first and the option list after it.
+        for line in command.stderr.splitlines():
+            if line.strip():
+                return line.strip()
     return last_line(command.stderr) or last_line(command.stdout)
 
 
@@ -154,7 +160,7 @@ def classify(
             return Failure(pattern.kind, exclude=pattern.exclude, notify=pattern.notify,
                            transient=pattern.transient, reason=f"{pattern.label}: {_quote(line)}")
     if command.returncode == 255:
-        said = _first_error_line(command)
+        said = _first_error_line(command, fallback_first=True)
         return Failure("usage", exclude=True, notify=True, transient=False,
                        reason=f"usage error (exit 255): {_quote(said)}" if said else
                        "usage error (exit 255)")
