@@ -1,0 +1,449 @@
+"""The token policy on a FakeClock: the seed's rules one by one, then hypothesis properties."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gridgate.core.clock import FakeClock
+from gridgate.plugins.lsf_proxy.config import (
+    CATEGORIES,
+    Limits,
+    PolicyError,
+    category_of,
+    parse_policies,
+    resolve_policies,
+    split_limits,
+)
+from gridgate.plugins.lsf_proxy.policy import (
+    DENIED,
+    GRANTED,
+    PROCEED,
+    QUEUED,
+    Blocklist,
+    BlockRule,
+    LocalTokens,
+    PolicySettings,
+    Request,
+    TokenPolicy,
+)
+
+_ids = itertools.count(1)
+
+
+def make(max_=4, nominal=2, throttle=0.01, wait=15.0, bound=1000, lease=300.0,
+         admins=("root", "boss"), addon=("addon1",), clock=None, period=60.0):
+    limits = {c: Limits(max_, nominal, throttle) for c in CATEGORIES}
+    settings_ = PolicySettings(limits, wait, bound, lease, frozenset(admins), frozenset(addon))
+    clock = clock or FakeClock()
+    return TokenPolicy(settings_, clock=clock, sample_period=period), clock
+
+
+def req(user="alice", host="h1", category="query", opcode="BATCH_JOB_QUERY"):
+    return Request(f"q{next(_ids)}", category, opcode, user, host, 100)
+
+
+# --- limits ---------------------------------------------------------------------------------
+
+
+def test_policy_string_verbatim():
+    text = 'PROXYD_POLICIES="QUERY[max=100 nominal=50 throttle=1] SUBMISSION[max=30] OTHER[nominal=150]"'
+    limits = resolve_policies(text)
+    assert limits["query"] == Limits(100, 50, 0.001)
+    assert limits["submission"] == Limits(30, 30, 0.001)  # max < 50, nominal unset -> max
+    assert limits["other"] == Limits(150, 150, 0.001)  # max unset, nominal > 100 -> nominal
+    assert parse_policies("QUERY[ max=7 ]") == {"query": {"max": 7}}
+
+
+@pytest.mark.parametrize("text, path, words", [
+    ("QUERY[max=10 nominal=20]", ("query", "nominal"), "must not exceed max"),
+    ("SUBMISSION[max=0]", ("submission", "max"), "positive"),
+    ("OTHER[throttle=-3]", ("other", "throttle"), "positive"),
+    ("QUERY[max=ten]", ("query", "max"), "not an integer"),
+    ("QUERIES[max=1]", (), "unknown category"),
+    ("QUERY[speed=1]", ("query",), "unknown attribute"),
+    ("QUERY[max=1", (), "cannot parse"),
+])
+def test_policy_errors_name_the_field(text, path, words):
+    with pytest.raises(PolicyError) as info:
+        resolve_policies(text)
+    assert info.value.path == path
+    assert words in str(info.value)
+
+
+def test_category_map_defaults():
+    assert [category_of(c) for c in ("bsub", "brestart", "bmod", "bswitch")] == ["submission"] * 4
+    assert category_of("/usr/bin/bjobs") == "query"
+    assert category_of("BATCH_JOB_QUERY") == "query"
+    assert category_of("bkill") == "other"
+
+
+# --- granting -------------------------------------------------------------------------------
+
+
+def test_below_nominal_grants_at_once_then_throttles_then_waits_at_max():
+    policy, clock = make(max_=4, nominal=2, throttle=0.5)
+    d1, d2 = policy.request(req()), policy.request(req())
+    assert (d1.outcome, d2.outcome) == (GRANTED, GRANTED)
+    # in_use == nominal: one grant per throttle step
+    d3 = policy.request(req())
+    assert d3.outcome == QUEUED
+    assert policy.next_wakeup() == pytest.approx(clock.monotonic() + 0.5)
+    clock.advance(0.5)
+    assert [d.outcome for d in policy.tick().decisions] == [GRANTED]
+    d4 = policy.request(req())
+    assert d4.outcome == QUEUED
+    clock.advance(0.49)
+    assert policy.tick().decisions == ()
+    clock.advance(0.01)
+    assert [d.outcome for d in policy.tick().decisions] == [GRANTED]
+    assert policy.status()["categories"]["query"]["in_use"] == 4
+    # at max: wait even after many throttle steps, until a release
+    d5 = policy.request(req())
+    clock.advance(5)
+    assert policy.tick().decisions == ()
+    policy.release(d1.token.id)
+    granted = policy.tick().decisions
+    assert [(d.request.id, d.outcome) for d in granted] == [(d5.request.id, GRANTED)]
+    assert granted[0].waited == pytest.approx(5)
+
+
+def test_round_robin_across_users_fifo_within_user():
+    policy, clock = make(max_=1, nominal=1, throttle=0.0)
+    held = policy.request(req("holder"))
+    heavy = [policy.request(req("heavy")) for _ in range(500)]
+    light = policy.request(req("light"))
+    order = []
+    token = held.token
+    for _ in range(4):
+        policy.release(token.id)
+        (decision,) = policy.tick().decisions
+        order.append(decision)
+        token = decision.token
+    users = [d.request.user for d in order]
+    assert users == ["heavy", "light", "heavy", "heavy"]
+    heavy_ids = [d.request.id for d in order if d.request.user == "heavy"]
+    assert heavy_ids == [h.request.id for h in heavy[:3]]
+    assert light.outcome == QUEUED
+
+
+def test_wait_limit_denies_explicitly_and_counts_rejected():
+    policy, clock = make(max_=1, nominal=1, wait=15)
+    policy.request(req("a"))
+    waiting = policy.request(req("b"))
+    assert waiting.outcome == QUEUED
+    assert policy.next_wakeup() == pytest.approx(clock.monotonic() + 15)
+    clock.advance(14.9)
+    assert policy.tick().decisions == ()
+    clock.advance(0.1)
+    (denied,) = policy.tick().decisions
+    assert (denied.outcome, denied.reason) == (DENIED, "timeout")
+    clock.advance(60)
+    assert policy.status()["metrics"]["rejected.query"]["last"] == 1
+
+
+def test_per_user_queue_bound_refuses_at_once():
+    policy, _ = make(max_=1, nominal=1, bound=3)
+    policy.request(req("a"))
+    outcomes = [policy.request(req("greedy")).outcome for _ in range(5)]
+    assert outcomes == [QUEUED] * 3 + [DENIED] * 2
+    other = policy.request(req("modest"))
+    assert other.outcome == QUEUED  # the bound is per user
+
+
+def test_privileged_always_granted_and_counted():
+    policy, _ = make(max_=2, nominal=1, throttle=0)
+    for user in ("u1", "u2"):
+        policy.request(req(user))
+    assert policy.request(req("u3")).outcome == QUEUED
+    root = policy.request(req("root"))
+    boss = policy.request(req("boss"))
+    addon = policy.request(req("anyone", host="addon1"))
+    assert all(d.outcome == GRANTED and d.token.privileged for d in (root, boss, addon))
+    row = policy.status()["categories"]["query"]
+    assert (row["in_use"], row["in_use_privileged"], row["token_limit"]) == (5, 3, 2)
+    policy.release(root.token.id)
+    assert policy.status()["categories"]["query"]["in_use_privileged"] == 2
+    # still above max: the ordinary waiter keeps waiting
+    assert policy.tick().decisions == ()
+
+
+def test_disabled_category_proceeds_without_token_and_frees_waiters():
+    policy, _ = make(max_=1, nominal=1)
+    policy.request(req("a"))
+    waiting = policy.request(req("b"))
+    answers = policy.set_enabled("query", False)
+    assert [(d.request.id, d.outcome, d.reason) for d in answers] == [
+        (waiting.request.id, PROCEED, "disabled")]
+    assert policy.request(req("c")).outcome == PROCEED
+    assert policy.request(req("c", category="submission")).outcome == GRANTED
+    policy.set_enabled("all", True)
+    assert policy.request(req("c")).outcome == QUEUED
+    with pytest.raises(ValueError):
+        policy.set_enabled("queries", False)
+
+
+def test_lease_expiry_takes_token_back_as_error():
+    policy, clock = make(lease=30)
+    granted = policy.request(req("sloppy", host="hx"))
+    clock.advance(29)
+    assert policy.tick().expired == ()
+    clock.advance(1)
+    (expired,) = policy.tick().expired
+    assert (expired.id, expired.user, expired.host) == (granted.token.id, "sloppy", "hx")
+    assert policy.status()["categories"]["query"]["in_use"] == 0
+    assert policy.release(granted.token.id) is None  # a late release is harmless
+    clock.advance(60)
+    assert policy.status()["metrics"]["error"]["last"] == 1
+
+
+def test_cancelled_waiter_is_skipped():
+    policy, _ = make(max_=1, nominal=1, throttle=0)
+    held = policy.request(req("a"))
+    gone = policy.request(req("b"))
+    stays = policy.request(req("c"))
+    assert policy.cancel(gone.request.id)
+    policy.release(held.token.id)
+    (decision,) = policy.tick().decisions
+    assert decision.request.id == stays.request.id
+
+
+def test_metrics_last_max_average():
+    policy, clock = make(max_=100, nominal=100, period=60)
+    for count in (3, 7, 2):
+        for _ in range(count):
+            policy.request(req())
+        clock.advance(60)
+    row = policy.status()["metrics"]["requests.query"]
+    assert (row["last"], row["max"], row["avg"]) == (2, 7, 4)
+    clock.advance(120)  # two idle periods
+    row = policy.status()["metrics"]["requests.query"]
+    assert (row["last"], row["max"], row["avg"]) == (0, 7, 2)
+
+
+# --- blocks ---------------------------------------------------------------------------------
+
+
+def test_seed_block_sequence():
+    policy, _ = make()
+    rule1 = BlockRule.make(users=["user1", "user2"], hosts=["host1"])
+    rule2 = BlockRule.make(users=["user1"])
+    assert policy.block(rule1)[0] and policy.block(rule2)[0]
+    assert policy.request(req("user1", "host9")).reason == "blocked"
+    assert policy.unblock(BlockRule.make(users=["user1"]))
+    assert policy.request(req("user1", "host9")).outcome == GRANTED
+    assert policy.request(req("user1", "host1")).reason == "blocked"  # rule 1 stays
+    assert policy.request(req("user2", "host1")).reason == "blocked"
+    assert not policy.unblock(BlockRule.make(users=["user1"], hosts=["host1"]))  # not identical
+
+
+def test_unblock_all_removes_only_block_all():
+    policy, _ = make()
+    policy.block(BlockRule.make(users=["u1"]))
+    policy.block(BlockRule.make(all_=True))
+    assert policy.request(req("u2")).reason == "blocked"
+    assert policy.request(req("root")).outcome == GRANTED  # never root or admins
+    assert policy.request(req("boss")).outcome == GRANTED
+    assert policy.request(req("x", host="addon1")).reason == "blocked"  # add-on hosts are
+    assert policy.unblock(BlockRule.make(all_=True))
+    assert policy.request(req("u2")).outcome == GRANTED
+    assert policy.request(req("u1")).reason == "blocked"
+    assert policy.status()["metrics"]["blocked"]["current"] == 3
+
+
+def test_block_denies_waiting_requests():
+    policy, _ = make(max_=1, nominal=1)
+    policy.request(req("a"))
+    waiting = policy.request(req("bad"))
+    _, answers = policy.block(BlockRule.make(users=["bad"]))
+    assert [(d.request.id, d.reason) for d in answers] == [(waiting.request.id, "blocked")]
+
+
+def test_block_rule_shapes():
+    with pytest.raises(ValueError):
+        BlockRule.make()
+    with pytest.raises(ValueError):
+        BlockRule.make(all_=True, users=["u"])
+    assert BlockRule.make(users=["u1", "u2"], hosts=["a", "b"]).describe() == \
+        "<u1@a u1@b u2@a u2@b>"
+    assert BlockRule.make(users=["user1", "user2"]).describe() == "Users <user1 user2>"
+    assert BlockRule.make(hosts=["hostA", "hostB"]).describe() == "Hosts <hostA hostB>"
+
+
+# --- the thread-safe wrapper ------------------------------------------------------------------
+
+
+def test_local_tokens_threads_share_limits():
+    import threading
+
+    from gridgate.core.clock import SYSTEM_CLOCK
+
+    # real threads waiting on each other need real time (nothing here waits for an expiry)
+    policy, _ = make(max_=2, nominal=2, throttle=0, clock=SYSTEM_CLOCK)
+    local = LocalTokens(policy)
+    peak, lock, in_use = [0], threading.Lock(), [0]
+
+    def worker():
+        for _ in range(20):
+            decision = local.acquire("query", user="t")
+            assert decision.outcome == GRANTED
+            with lock:
+                in_use[0] += 1
+                peak[0] = max(peak[0], in_use[0])
+            with lock:
+                in_use[0] -= 1
+            local.release(decision.token.id)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert peak[0] <= 2
+    assert policy.status()["categories"]["query"]["in_use"] == 0
+
+
+# --- properties -----------------------------------------------------------------------------
+
+users_st = st.sampled_from(["u1", "u2", "u3", "root", "boss"])
+hosts_st = st.sampled_from(["h1", "h2", "addon1"])
+event_st = st.one_of(
+    st.tuples(st.just("req"), users_st, hosts_st, st.sampled_from(CATEGORIES)),
+    st.tuples(st.just("rel"), st.integers(0, 50)),
+    st.tuples(st.just("wait"), st.floats(0, 20)),
+    st.tuples(st.just("cancel"), st.integers(0, 50)),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(event_st, max_size=120), max_=st.integers(1, 6), nominal_cut=st.integers(0, 6),
+       throttle=st.sampled_from([0.0, 0.001, 0.25, 2.0]), wait=st.sampled_from([1.0, 15.0]))
+def test_property_limits_and_answer_time(events, max_, nominal_cut, throttle, wait):
+    """Ordinary grants never take in_use above max; every request is answered within the wait
+    limit plus one throttle step, when ticks happen at next_wakeup."""
+    nominal = max(1, min(max_, nominal_cut))
+    policy, clock = make(max_=max_, nominal=nominal, throttle=throttle, wait=wait, lease=1e9)
+    tokens, waiting = [], {}
+
+    def check(decision):
+        cat = policy.status()["categories"][decision.request.category]
+        if decision.outcome == GRANTED:
+            tokens.append(decision.token)
+            if not decision.token.privileged:
+                assert cat["in_use"] <= max_
+        if decision.final:
+            waiting.pop(decision.request.id, None)
+            assert decision.waited <= wait + throttle + 1e-9
+        else:
+            waiting[decision.request.id] = decision
+
+    def advance_to(target):
+        # a daemon ticks at every next_wakeup; do the same on the way to ``target``
+        while (wake := policy.next_wakeup()) is not None and wake <= target:
+            clock.advance(max(0.0, wake - clock.monotonic()))
+            for d in policy.tick().decisions:
+                check(d)
+        clock.advance(max(0.0, target - clock.monotonic()))
+        for d in policy.tick().decisions:
+            check(d)
+
+    for event in events:
+        if event[0] == "req":
+            check(policy.request(req(event[1], event[2], event[3])))
+        elif event[0] == "rel" and tokens:
+            policy.release(tokens.pop(event[1] % len(tokens)).id)
+        elif event[0] == "cancel" and waiting:
+            rid = sorted(waiting)[event[1] % len(waiting)]
+            assert policy.cancel(rid)
+            waiting.pop(rid)
+        elif event[0] == "wait":
+            advance_to(clock.monotonic() + event[1])
+    advance_to(clock.monotonic() + wait + throttle + 0.001)
+    assert waiting == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(heavy=st.integers(5, 200), light_users=st.integers(1, 4), max_=st.integers(1, 4))
+def test_property_round_robin_share(heavy, light_users, max_):
+    """At saturation each user with something waiting gets a turn before any user a second."""
+    policy, clock = make(max_=max_, nominal=max_, throttle=0, wait=1e9)
+    held = [policy.request(req("holder")).token for _ in range(max_)]
+    for _ in range(heavy):
+        policy.request(req("heavy"))
+    lights = [f"light{i}" for i in range(light_users)]
+    for name in lights:
+        for _ in range(3):
+            policy.request(req(name))
+    granted = Counter()
+    rounds = 3 * (light_users + 1)
+    for _ in range(rounds):
+        policy.release(held.pop(0).id)
+        for d in policy.tick().decisions:
+            granted[d.request.user] += 1
+            held.append(d.token)
+    for name in lights:
+        assert granted[name] == 3
+    assert granted["heavy"] == rounds - 3 * light_users
+
+
+rule_st = st.one_of(
+    st.just(("all",)),
+    st.tuples(st.just("u"), st.frozensets(st.sampled_from(["a", "b", "c"]), min_size=1)),
+    st.tuples(st.just("m"), st.frozensets(st.sampled_from(["x", "y"]), min_size=1)),
+    st.tuples(st.just("um"), st.frozensets(st.sampled_from(["a", "b"]), min_size=1),
+              st.frozensets(st.sampled_from(["x", "y"]), min_size=1)),
+)
+
+
+def _rule(spec):
+    if spec[0] == "all":
+        return BlockRule.make(all_=True)
+    if spec[0] == "u":
+        return BlockRule.make(users=sorted(spec[1]))
+    if spec[0] == "m":
+        return BlockRule.make(hosts=sorted(spec[1]))
+    return BlockRule.make(users=sorted(spec[1]), hosts=sorted(spec[2]))
+
+
+def _model_blocks(rules, user, host):
+    for spec in rules:
+        if spec[0] == "all" or (spec[0] == "u" and user in spec[1]) or \
+                (spec[0] == "m" and host in spec[1]) or \
+                (spec[0] == "um" and user in spec[1] and host in spec[2]):
+            return True
+    return False
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), rule_st), max_size=30))
+def test_property_block_algebra(ops):
+    """Blocked iff some rule in force matches; unblock removes exactly the identical rule."""
+    blocklist, model = Blocklist(), set()
+    for is_block, spec in ops:
+        rule = _rule(spec)
+        key = (spec[0], *spec[1:])
+        if is_block:
+            assert blocklist.add(rule) == (key not in model)
+            model.add(key)
+        else:
+            assert blocklist.remove(rule) == (key in model)
+            model.discard(key)
+        for user in "abcd":
+            for host in "xyz":
+                assert blocklist.blocks(user, host) == _model_blocks(model, user, host)
+
+
+@given(max_=st.integers(1, 10_000), nominal_cut=st.integers(1, 10_000), n=st.integers(1, 64))
+def test_property_split_sums_to_limits(max_, nominal_cut, n):
+    nominal = min(max_, nominal_cut)
+    total = {"query": Limits(max_, nominal, 0.001)}
+    shares = [split_limits(total, i, n)["query"] for i in range(n)]
+    assert sum(s.max for s in shares) == max_
+    assert sum(s.nominal for s in shares) == nominal
+    assert all(s.nominal <= s.max for s in shares)
+    assert max(s.max for s in shares) - min(s.max for s in shares) <= 1
