@@ -11,7 +11,6 @@ import base64
 import fcntl
 import json
 import os
-import random
 import re
 import subprocess
 import sys
@@ -312,10 +311,14 @@ def act(behaviour: str, opts: Options, spec: Mapping[str, Any], jdl: str) -> tup
     if behaviour == "garbage":
         # Exit 0 without a job id: junk, invalid UTF-8, and the :7443 endpoint (which a sloppy
         # parser would take for a job id).
-        rng = random.Random()
-        junk = bytes(rng.randrange(256) for _ in range(int(spec.get("garbage_bytes", 256))))
         sys.stdout.buffer.write(b"\nConnecting to the service " + endpoint.encode() + b"\n\n")
-        sys.stdout.buffer.write(junk.replace(b":9000/", b":9001/") + b"\n\xff\xfe half a line")
+        remaining = int(spec.get("garbage_bytes", 256))
+        while remaining > 0:
+            # Written in chunks so that 50 MB of garbage does not need 50 MB of memory.
+            junk = os.urandom(min(remaining, 1 << 20)).replace(b":9000/", b":9001/")
+            sys.stdout.buffer.write(junk)
+            remaining -= len(junk)
+        sys.stdout.buffer.write(b"\n\xff\xfe half a line")
         sys.stdout.flush()
         return 0, None
     if program == LIST_MATCH:

@@ -203,6 +203,16 @@ def test_grandchild_holding_the_pipes_does_not_hold_the_submission(
     assert kind == ("timeout" if parent_hangs else "bad_output")
 
 
+def test_fifty_megabytes_of_garbage_is_capped_and_classified(make_backend: Any) -> None:
+    pm, _ = make_backend(hosts={H1: {"behaviour": "garbage", "garbage_bytes": 50 * 1024 * 1024}})
+    result = pm.hook.gridgate_submit(endpoint=ep(), request=request(), timeout=30)
+    assert not result.ok and result.command.returncode == 0
+    assert result.command.stdout_truncated
+    assert len(result.command.stdout.encode("utf-8", "replace")) <= 3 * 4 * 1024 * 1024
+    failure = classify(pm, result)
+    assert failure.kind == "bad_output" and len(failure.reason) < 300
+
+
 def test_missing_command_is_launch(make_backend: Any) -> None:
     pm, _ = make_backend(hosts={H1: {}}, commands={"submit": "glite-wms-job-submit-nowhere"})
     result = pm.hook.gridgate_submit(endpoint=ep(), request=request(), timeout=2)
