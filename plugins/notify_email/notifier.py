@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from loguru import logger
+
 from gridgate.core import hookimpl
 from gridgate.core.config import SECRET_SCHEMA, apply_defaults
 from gridgate.core.model import Notification
@@ -21,7 +23,6 @@ from gridgate.plugins.notify_email.smtp import (
     build_message,
     message_payload,
 )
-from loguru import logger
 
 ADDRESS = {"type": "string", "pattern": r"^[^@\s,<>]+@[^@\s,<>]+$"}
 ADDRESSES = {
@@ -141,7 +142,8 @@ class EmailNotifier(Plugin):
         return resolve_dir(section.get("outbox", ""), state_dir, "outbox")
 
     @classmethod
-    def make_outbox(cls, section: Mapping[str, Any], state_dir: Path, clock: Any) -> Outbox:
+    def make_outbox(cls, section: Mapping[str, Any], state_dir: Path, clock: Any,
+                    config: Mapping[str, Any] | None = None) -> Outbox:
         """The outbox with its SMTP transport, as configured by ``section``."""
         transport = SmtpTransport(SmtpSettings.from_section(section))
         return Outbox(

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from loguru import logger
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
 
 Status = Literal["sent", "retry", "dead"]
 FORMAT_VERSION = 1
@@ -536,8 +537,10 @@ class Outbox:
         touched = 0
         now = self.clock.time()
         with file_lock(self.directory / ".deliver.lock"):
-            for folder in (self.dead_dir, self.queue_dir):
-                for path in sorted(folder.glob("*.json")):
+            listed = [(folder, sorted(folder.glob("*.json")))
+                      for folder in (self.dead_dir, self.queue_dir)]
+            for folder, paths in listed:
+                for path in paths:
                     if ids and path.stem not in ids:
                         continue
                     try:
