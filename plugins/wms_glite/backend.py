@@ -363,6 +363,7 @@ class GliteBackend(Plugin):
             endpoints=self.endpoints(),
             pilots_per_submission=int(self.config.get("pilots_per_jdl", 1)),
             command_timeout=self.config.get("command_timeout"),
+            list_match=bool(self.config.get("list_match", True)),
         )
 
     @hookimpl

@@ -44,6 +44,7 @@ def test_gridgate_backend_info(make_backend: Any) -> None:
         servers=[H1, "https://wms09.example.org:8443/custom_path"])
     info = pm.hook.gridgate_backend_info(backend="wms_glite")
     assert info.pilots_per_submission == 4 and info.command_timeout == 7.5
+    assert info.list_match is True
     assert info.endpoints == (
         Endpoint("wms_glite", H1, f"https://{H1}:7443/glite_wms_wmproxy_server"),
         Endpoint("wms_glite", "wms09.example.org", "https://wms09.example.org:8443/custom_path"),
@@ -304,8 +305,9 @@ def test_list_match_garbage_is_bad_output(make_backend: Any) -> None:
 def test_list_match_default_is_exposed_for_the_director(make_backend: Any) -> None:
     _, backend = make_backend(hosts={H1: {}})
     assert backend.config["list_match"] is True
-    _, off = make_backend(hosts={H1: {}}, list_match=False)
+    pm, off = make_backend(hosts={H1: {}}, list_match=False)
     assert off.config["list_match"] is False
+    assert pm.hook.gridgate_backend_info(backend="wms_glite").list_match is False
 
 
 # --- config ------------------------------------------------------------------------------------
