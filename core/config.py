@@ -354,6 +354,8 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
             base: PathT = (key, name) if key in CONFIG_GROUPS else (key,)
             if key == "state":
                 base = ("state",)
+            elif key == "sections":
+                base = (name,)  # a top-level section: its key is the entry-point name
             section = _get(doc, base) or {}
             filled = copy.deepcopy(section)
             apply_defaults(filled, schema_at(schema, base))
