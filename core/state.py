@@ -8,9 +8,17 @@ tests (tests/core/test_state_contract.py).
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import sqlite3
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
+
+from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 
@@ -69,3 +77,399 @@ class StateStore(ABC):
 
     def close(self) -> None:
         """Release connections and files."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the drivers
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"state keys are non-empty strings, got {key!r}")
+    return key
+
+
+def _check_value(value: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"state values are strings (encode JSON first), got {type(value).__name__}")
+    return value
+
+
+def _check_ttl(ttl: float | None) -> float | None:
+    if ttl is None:
+        return None
+    number = isinstance(ttl, (int, float)) and not isinstance(ttl, bool)
+    if not number or not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
+    return float(ttl)
+
+
+def _expires(clock: Clock, ttl: float | None) -> float | None:
+    ttl = _check_ttl(ttl)
+    return None if ttl is None else clock.time() + ttl
+
+
+def encode_record(record: Mapping[str, Any]) -> tuple[float, str]:
+    """Check a record for :meth:`StateStore.append_record` and return (time, JSON text)."""
+    if not isinstance(record, Mapping):
+        raise TypeError(f"a record is a mapping, got {type(record).__name__}")
+    when = record.get("time")
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        raise ValueError(f"a record needs a numeric 'time', got {when!r}")
+    try:
+        text = json.dumps(dict(record), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"record is not JSON-serialisable: {exc}") from exc
+    return float(when), text
+
+
+def prefix_successor(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix`` (code-point
+    order, which is also UTF-8 byte order); None when there is none."""
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop())
+        if last < 0x10FFFF:
+            nxt = last + 1
+            if 0xD800 <= nxt <= 0xDFFF:  # surrogates cannot be encoded; skip past them
+                nxt = 0xE000
+            return "".join(chars) + chr(nxt)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: one process, gone at exit
+
+class MemoryState(StateStore):
+    """A dict behind a lock, for tests and single-shot runs; nothing survives the process."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "In-process state: nothing is kept across restarts or shared.",
+        "properties": {},
+        "additionalProperties": False,
+    }
+
+    #: Expired keys are dropped at most this often (clock seconds), not on every call.
+    PRUNE_EVERY = 60.0
+
+    def __init__(self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(config, clock)
+        self._lock = threading.Lock()
+        self._data: dict[str, tuple[str, float | None]] = {}
+        self._records: dict[str, list[tuple[float, str]]] = {}
+        self._last_prune = clock.time()
+
+    def _live(self, key: str, now: float) -> tuple[str, float | None] | None:
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        if entry[1] is not None and entry[1] <= now:
+            del self._data[key]
+            return None
+        return entry
+
+    def _maybe_prune(self, now: float) -> None:
+        if now - self._last_prune < self.PRUNE_EVERY:
+            return
+        self._last_prune = now
+        dead = [k for k, (_v, exp) in self._data.items() if exp is not None and exp <= now]
+        for k in dead:
+            del self._data[k]
+
+    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
+        _check_key(key)
+        _check_value(value)
+        expires = _expires(self.clock, ttl)
+        with self._lock:
+            now = self.clock.time()
+            self._maybe_prune(now)
+            if self._live(key, now) is not None:
+                return False
+            self._data[key] = (value, expires)
+            return True
+
+    def set(self, key: str, value: str, ttl: float | None = None) -> None:
+        _check_key(key)
+        _check_value(value)
+        expires = _expires(self.clock, ttl)
+        with self._lock:
+            self._maybe_prune(self.clock.time())
+            self._data[key] = (value, expires)
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            entry = self._live(key, self.clock.time())
+            return None if entry is None else entry[0]
+
+    def delete(self, key: str) -> bool:
+        with self._lock:
+            live = self._live(key, self.clock.time()) is not None
+            self._data.pop(key, None)
+            return live
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]:
+        with self._lock:
+            now = self.clock.time()
+            return sorted(
+                (k, v)
+                for k, (v, exp) in self._data.items()
+                if k.startswith(prefix) and (exp is None or exp > now)
+            )
+
+    def ttl(self, key: str) -> float | None:
+        with self._lock:
+            now = self.clock.time()
+            entry = self._live(key, now)
+            if entry is None or entry[1] is None:
+                return None
+            return entry[1] - now
+
+    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
+        _check_key(stream)
+        when, text = encode_record(record)
+        with self._lock:
+            self._records.setdefault(stream, []).append((when, text))
+
+    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = [r for r in self._records.get(stream, []) if r[0] >= since]
+        rows.sort(key=lambda r: r[0])  # stable: equal times stay in append order
+        return [json.loads(text) for _when, text in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# sqlite: the embedded default, one file shared by threads and processes
+
+_SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    expires REAL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS kv_expires ON kv (expires) WHERE expires IS NOT NULL;
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream TEXT NOT NULL,
+    time REAL NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_stream_time ON records (stream, time, id);
+"""
+
+# One statement, so one implicit transaction: the row is written when absent or expired, and
+# the change count says whether this caller won.
+_SQL_ADD = """
+INSERT INTO kv (key, value, expires) VALUES (?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires
+WHERE kv.expires IS NOT NULL AND kv.expires <= ?
+"""
+_SQL_SET = """
+INSERT INTO kv (key, value, expires) VALUES (?, ?, ?)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires
+"""
+_LIVE = "(expires IS NULL OR expires > ?)"
+
+
+class SqliteState(StateStore):
+    """State in one SQLite file (WAL mode): safe for many threads and several processes on one
+    host, and expiries are absolute clock times, so a restart keeps them."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "Embedded state in one SQLite file on this host.",
+        "properties": {
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "default": "./gridgate-state/state.db",
+                "description": "The database file (relative paths are relative to the working "
+                               "directory). Created 0600 in a 0700 directory.",
+            },
+            "busy_timeout": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 30,
+                "description": "Seconds to wait for another process holding the write lock.",
+            },
+            "prune_interval": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 300,
+                "description": "Seconds (clock time) between sweeps of expired keys.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(config, clock)
+        self.path = Path(self.config.get("path", "./gridgate-state/state.db"))
+        self.busy_timeout = float(self.config.get("busy_timeout", 30))
+        self.prune_interval = float(self.config.get("prune_interval", 300))
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        self._last_prune = clock.time()
+        self._closed = False
+        self._prepare_file()
+        with self._lock:
+            self._connect()
+
+    def _prepare_file(self) -> None:
+        try:
+            if not self.path.parent.exists():
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Created here (not by sqlite, which follows the umask) so it is private from the
+            # first byte; sqlite gives its -wal and -shm files the same mode.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise StateError(f"cannot create state file {self.path}: {reason}") from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,  # autocommit: each statement is its own transaction
+                check_same_thread=False,  # guarded by self._lock
+            )
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open state file {self.path}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StateError(f"state file {self.path}: cannot use WAL mode (got {mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.executescript(_SQLITE_SCHEMA)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StateError(self._explain(exc, "open")) from exc
+        except StateError:
+            conn.close()
+            raise
+        self._conn = conn
+        self._pid = os.getpid()
+        return conn
+
+    def _explain(self, exc: sqlite3.Error, what: str) -> str:
+        text = str(exc)
+        low = text.lower()
+        if "readonly" in low or "read-only" in low:
+            hint = "the file or its directory is read-only"
+        elif "full" in low:
+            hint = "the disk is full"
+        elif "not a database" in low or "malformed" in low:
+            hint = "the file is not a gridgate state database or is damaged"
+        elif "locked" in low or "busy" in low:
+            hint = f"another process held the lock longer than busy_timeout={self.busy_timeout}s"
+        elif "unable to open" in low:
+            hint = "the path cannot be opened as a file"
+        else:
+            hint = "database error"
+        return f"state file {self.path}: cannot {what}: {hint} ({text})"
+
+    def _execute(self, what: str, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run one statement under the lock; caller holds ``self._lock``."""
+        if self._closed:
+            raise StateError(f"state file {self.path}: the store is closed")
+        conn = self._conn
+        if conn is None or self._pid != os.getpid():
+            # A forked child must not share the parent's connection.
+            conn = self._connect()
+        try:
+            return conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StateError(self._explain(exc, what)) from exc
+
+    def _maybe_prune(self, now: float) -> None:
+        if now - self._last_prune < self.prune_interval:
+            return
+        self._last_prune = now
+        self._execute("prune", "DELETE FROM kv WHERE expires IS NOT NULL AND expires <= ?", (now,))
+
+    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
+        _check_key(key)
+        _check_value(value)
+        expires = _expires(self.clock, ttl)
+        with self._lock:
+            now = self.clock.time()
+            self._maybe_prune(now)
+            cur = self._execute("write", _SQL_ADD, (key, value, expires, now))
+            return cur.rowcount == 1
+
+    def set(self, key: str, value: str, ttl: float | None = None) -> None:
+        _check_key(key)
+        _check_value(value)
+        expires = _expires(self.clock, ttl)
+        with self._lock:
+            self._maybe_prune(self.clock.time())
+            self._execute("write", _SQL_SET, (key, value, expires))
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            row = self._execute(
+                "read", f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, self.clock.time())
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def delete(self, key: str) -> bool:
+        with self._lock:
+            rows = self._execute(
+                "write", "DELETE FROM kv WHERE key = ? RETURNING expires", (key,)
+            ).fetchall()
+            now = self.clock.time()
+        return any(exp is None or exp > now for (exp,) in rows)
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]:
+        upper = prefix_successor(prefix)
+        sql = f"SELECT key, value FROM kv WHERE key >= ? AND {_LIVE}"
+        params: list[Any] = [prefix, 0.0]
+        if upper is not None:
+            sql += " AND key < ?"
+            params.append(upper)
+        sql += " ORDER BY key"
+        with self._lock:
+            params[1] = self.clock.time()
+            rows = self._execute("read", sql, params).fetchall()
+        return [(k, v) for k, v in rows]
+
+    def ttl(self, key: str) -> float | None:
+        with self._lock:
+            now = self.clock.time()
+            row = self._execute(
+                "read", f"SELECT expires FROM kv WHERE key = ? AND {_LIVE}", (key, now)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return row[0] - now
+
+    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
+        _check_key(stream)
+        when, text = encode_record(record)
+        with self._lock:
+            self._execute(
+                "write", "INSERT INTO records (stream, time, data) VALUES (?, ?, ?)",
+                (stream, when, text),
+            )
+
+    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._execute(
+                "read",
+                "SELECT data FROM records WHERE stream = ? AND time >= ? ORDER BY time, id",
+                (stream, since),
+            ).fetchall()
+        return [json.loads(text) for (text,) in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None and self._pid == os.getpid():
+                try:
+                    self._conn.close()
+                except sqlite3.Error as exc:
+                    logger.warning("state file {}: error on close: {}", self.path, exc)
+            self._conn = None

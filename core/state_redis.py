@@ -1,0 +1,316 @@
+"""The ``redis`` state driver: several directors on several hosts share one view through Redis.
+
+Each key is a Redis string holding ``"<expires> <value>"`` (``-`` for no expiry), where
+``expires`` is an absolute time on the injected clock, so expiry follows that clock exactly as
+the other drivers do; a real ``PX`` TTL computed from the same clock lets Redis drop the key
+itself. A sorted set (all scores 0) indexes the keys so ``items(prefix)`` is a lexicographic
+range, not a ``SCAN`` of the whole server. Records live in one sorted set per stream, scored by
+their ``time``. Every multi-step change is a Lua script, so it is atomic on the server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.state import (
+    StateError,
+    StateStore,
+    _check_key,
+    _check_value,
+    _expires,
+    encode_record,
+)
+
+try:
+    import redis
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "the 'redis' state driver needs redis-py: pip install 'gridgate[redis]'"
+    ) from exc
+
+T = TypeVar("T")
+
+# KEYS: data key, index. ARGV: payload, px ('' for none), now, member.
+# A present key whose clock expiry has passed counts as absent; otherwise SET NX PX decides.
+_ADD = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local sp = string.find(cur, ' ', 1, true)
+  local e = sp and string.sub(cur, 1, sp - 1) or '-'
+  if e == '-' or tonumber(e) > tonumber(ARGV[3]) then
+    return 0
+  end
+  redis.call('DEL', KEYS[1])
+end
+local ok
+if ARGV[2] ~= '' then
+  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+else
+  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX')
+end
+if not ok then
+  return 0
+end
+redis.call('ZADD', KEYS[2], 0, ARGV[4])
+return 1
+"""
+
+# KEYS: data key, index. ARGV: payload, px ('' for none), member.
+_SET = """
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
+return 1
+"""
+
+# KEYS: data key, index. ARGV: member. Returns the removed payload (or false).
+_DELETE = """
+local cur = redis.call('GET', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return cur
+"""
+
+# KEYS: index, then data keys. ARGV: their members. Drops index entries whose key is gone.
+_FORGET = """
+local n = 0
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    n = n + redis.call('ZREM', KEYS[1], ARGV[i - 1])
+  end
+end
+return n
+"""
+
+# KEYS: stream set, sequence counter. ARGV: time, record JSON.
+_APPEND = """
+local seq = redis.call('INCR', KEYS[2])
+redis.call('ZADD', KEYS[1], ARGV[1], string.format('%020d', seq) .. ' ' .. ARGV[2])
+return seq
+"""
+
+
+def _payload(value: str, expires: float | None) -> str:
+    return f"{'-' if expires is None else repr(expires)} {value}"
+
+
+def _decode(payload: str) -> tuple[float | None, str]:
+    head, _, value = payload.partition(" ")
+    return (None if head == "-" else float(head)), value
+
+
+class RedisState(StateStore):
+    """State in a Redis server, shared by every director pointed at it."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "Shared state in Redis, for several directors.",
+        "properties": {
+            "url": {
+                "type": "string",
+                "default": "redis://localhost:6379/0",
+                "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
+                               "password in the URL only through the environment or a file.",
+            },
+            "prefix": {
+                "type": "string",
+                "default": "gridgate:",
+                "description": "Prepended to every Redis key, so several sites can share a "
+                               "server.",
+            },
+            "socket_timeout": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 5,
+                "description": "Seconds to wait for a reply before the call fails.",
+            },
+            "socket_connect_timeout": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 5,
+                "description": "Seconds to wait for a connection.",
+            },
+            "prune_interval": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 300,
+                "description": "Seconds (clock time) between sweeps of stale key-index entries.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(config, clock)
+        self.url = str(self.config.get("url", "redis://localhost:6379/0"))
+        self.prefix = str(self.config.get("prefix", "gridgate:"))
+        self.prune_interval = float(self.config.get("prune_interval", 300))
+        self._index = f"{self.prefix}keys"
+        self._last_prune = clock.time()
+        try:
+            self._client = redis.Redis.from_url(
+                self.url,
+                socket_timeout=float(self.config.get("socket_timeout", 5)),
+                socket_connect_timeout=float(self.config.get("socket_connect_timeout", 5)),
+                decode_responses=True,
+                health_check_interval=30,
+            )
+        except (ValueError, RedisError) as exc:
+            raise StateError(f"redis state: bad url {self._safe_url()}: {exc}") from exc
+        self._add = self._client.register_script(_ADD)
+        self._set = self._client.register_script(_SET)
+        self._delete = self._client.register_script(_DELETE)
+        self._forget = self._client.register_script(_FORGET)
+        self._append = self._client.register_script(_APPEND)
+
+    def _safe_url(self) -> str:
+        # Never log a password that may sit in the URL.
+        head, sep, tail = self.url.rpartition("@")
+        if not sep:
+            return self.url
+        scheme, _, _creds = head.partition("://")
+        return f"{scheme}://***@{tail}"
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except RedisError as exc:
+            raise StateError(f"redis state at {self._safe_url()}: cannot {what}: {exc}") from exc
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}kv:{key}"
+
+    def _px(self, expires: float | None) -> str:
+        if expires is None:
+            return ""
+        # Redis' own TTL, from the same clock: at least 1 ms, so SET never sees a zero PX.
+        return str(max(1, math.ceil((expires - self.clock.time()) * 1000)))
+
+    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
+        _check_key(key)
+        _check_value(value)
+        expires = _expires(self.clock, ttl)
+        self._maybe_prune()
+        args = [_payload(value, expires), self._px(expires), repr(self.clock.time()), key]
+        won = self._call("add", lambda: self._add(keys=[self._key(key), self._index], args=args))
+        return bool(won)
+
+    def set(self, key: str, value: str, ttl: float | None = None) -> None:
+        _check_key(key)
+        _check_value(value)
+        expires = _expires(self.clock, ttl)
+        self._maybe_prune()
+        args = [_payload(value, expires), self._px(expires), key]
+        self._call("write", lambda: self._set(keys=[self._key(key), self._index], args=args))
+
+    def _live(self, payload: str | None, now: float) -> tuple[float | None, str] | None:
+        if payload is None:
+            return None
+        expires, value = _decode(payload)
+        if expires is not None and expires <= now:
+            return None
+        return expires, value
+
+    def get(self, key: str) -> str | None:
+        payload = self._call("read", lambda: self._client.get(self._key(key)))
+        live = self._live(payload, self.clock.time())
+        return None if live is None else live[1]
+
+    def delete(self, key: str) -> bool:
+        payload = self._call(
+            "delete", lambda: self._delete(keys=[self._key(key), self._index], args=[key])
+        )
+        return self._live(payload or None, self.clock.time()) is not None
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]:
+        if prefix:
+            # Keys are UTF-8, which never contains byte 0xFF: "[prefix\xff" bounds the range.
+            low, high = f"[{prefix}", b"[" + prefix.encode() + b"\xff"
+        else:
+            low, high = "-", "+"
+
+        def fetch() -> tuple[list[str], list[str | None]]:
+            members = self._client.zrangebylex(self._index, low, high)
+            payloads = self._client.mget([self._key(m) for m in members]) if members else []
+            return members, payloads
+
+        members, payloads = self._call("list", fetch)
+        now = self.clock.time()
+        out: list[tuple[str, str]] = []
+        gone: list[str] = []
+        for member, payload in zip(members, payloads, strict=True):
+            if payload is None:
+                gone.append(member)
+                continue
+            live = self._live(payload, now)
+            if live is not None:
+                out.append((member, live[1]))
+        if gone:
+            self._forget_members(gone)
+        out.sort()
+        return out
+
+    def _forget_members(self, members: list[str]) -> None:
+        keys = [self._index, *(self._key(m) for m in members)]
+        self._call("clean index", lambda: self._forget(keys=keys, args=members))
+
+    def _maybe_prune(self) -> None:
+        """Drop index entries whose key Redis has expired, now and then."""
+        now = self.clock.time()
+        if now - self._last_prune < self.prune_interval:
+            return
+        self._last_prune = now
+        cursor = 0
+        while True:
+            cursor, batch = self._call(
+                "sweep index", lambda c=cursor: self._client.zscan(self._index, c, count=500)
+            )
+            members = [m for m, _score in batch]
+            if members:
+                payloads = self._call(
+                    "sweep index", lambda ms=members: self._client.mget(
+                        [self._key(m) for m in ms]
+                    )
+                )
+                gone = [m for m, p in zip(members, payloads, strict=True) if p is None]
+                if gone:
+                    self._forget_members(gone)
+            if cursor == 0:
+                break
+
+    def ttl(self, key: str) -> float | None:
+        payload = self._call("read", lambda: self._client.get(self._key(key)))
+        now = self.clock.time()
+        live = self._live(payload, now)
+        if live is None or live[0] is None:
+            return None
+        return live[0] - now
+
+    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
+        _check_key(stream)
+        when, text = encode_record(record)
+        keys = [f"{self.prefix}rec:{stream}", f"{self.prefix}recseq"]
+        self._call("append", lambda: self._append(keys=keys, args=[repr(when), text]))
+
+    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
+        members = self._call(
+            "read records",
+            lambda: self._client.zrangebyscore(f"{self.prefix}rec:{stream}", repr(float(since)),
+                                               "+inf"),
+        )
+        # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
+        return [json.loads(m.partition(" ")[2]) for m in members]
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except RedisError:
+            pass

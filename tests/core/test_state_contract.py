@@ -1,0 +1,589 @@
+"""The StateStore contract, written once and run against every driver (memory, sqlite, redis).
+
+The sqlite and redis drivers run against real storage: a file under tmp_path and a real
+redis-server started by the ``redis_server`` fixture. Expiry is driven by a FakeClock.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import stat
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from gridgate.core.clock import FakeClock
+from gridgate.core.state import (
+    MemoryState,
+    SqliteState,
+    StateError,
+    StateStore,
+    prefix_successor,
+)
+from gridgate.core.state_redis import RedisState
+
+DRIVERS = ["memory", "sqlite", "redis"]
+SHARED = ["sqlite", "redis"]  # drivers whose data outlives one instance
+
+Factory = Callable[[FakeClock], StateStore]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def factory(request, tmp_path) -> Factory:
+    """Makes instances of the driver under test that all see the same data (except memory,
+    whose every instance is separate); closes them at the end of the test."""
+    kind = request.param
+    made: list[StateStore] = []
+    if kind == "memory":
+        def make(clock: FakeClock) -> StateStore:
+            return MemoryState({}, clock=clock)
+    elif kind == "sqlite":
+        path = tmp_path / "state" / "state.db"
+
+        def make(clock: FakeClock) -> StateStore:
+            return SqliteState({"path": str(path)}, clock=clock)
+    else:
+        server = request.getfixturevalue("redis_server")
+        prefix = f"test-{uuid.uuid4().hex}:"
+
+        def make(clock: FakeClock) -> StateStore:
+            return RedisState({"url": server.url, "prefix": prefix}, clock=clock)
+
+    def tracked(clock: FakeClock) -> StateStore:
+        store = make(clock)
+        made.append(store)
+        return store
+
+    tracked.kind = kind  # type: ignore[attr-defined]
+    yield tracked
+    for store in made:
+        store.close()
+
+
+def drivers(names):
+    return pytest.mark.parametrize("factory", names, indirect=True)
+
+
+@pytest.fixture
+def store(factory, clock) -> StateStore:
+    return factory(clock)
+
+
+# --------------------------------------------------------------------------- add_if_absent
+
+@drivers(DRIVERS)
+def test_add_if_absent_only_first_wins(store):
+    assert store.add_if_absent("k", "first", ttl=60) is True
+    assert store.add_if_absent("k", "second", ttl=60) is False
+    assert store.add_if_absent("k", "third") is False
+    assert store.get("k") == "first"
+
+
+@drivers(DRIVERS)
+def test_add_if_absent_without_ttl_never_expires(store, clock):
+    assert store.add_if_absent("k", "v") is True
+    clock.advance(10 * 365 * 86400)
+    assert store.get("k") == "v"
+    assert store.ttl("k") is None
+    assert store.add_if_absent("k", "w") is False
+
+
+@drivers(DRIVERS)
+def test_fifty_threads_race_one_wins(factory, clock):
+    # Each thread has its own instance where the driver allows it (own connection), and all
+    # start together at the barrier.
+    stores = [factory(clock) for _ in range(50)] if factory.kind != "memory" else None
+    shared = factory(clock) if stores is None else None
+    barrier = threading.Barrier(50)
+
+    def contend(i: int) -> bool:
+        s = stores[i] if stores is not None else shared
+        barrier.wait()
+        return s.add_if_absent("race", f"thread-{i}", ttl=300)
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        wins = list(pool.map(contend, range(50)))
+    assert wins.count(True) == 1
+    winner = wins.index(True)
+    reader = stores[0] if stores is not None else shared
+    assert reader.get("race") == f"thread-{winner}"
+
+
+@drivers(DRIVERS)
+def test_many_keys_raced_by_threads_one_winner_each(store):
+    keys = [f"key-{n}" for n in range(40)]
+    barrier = threading.Barrier(8)
+
+    def contend(i: int) -> list[str]:
+        barrier.wait()
+        return [k for k in keys if store.add_if_absent(k, str(i), ttl=100)]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        won = [k for ks in pool.map(contend, range(8)) for k in ks]
+    assert sorted(won) == sorted(keys)
+
+
+# --------------------------------------------------------------------------------- expiry
+
+@drivers(DRIVERS)
+def test_expiry_follows_the_clock(store, clock):
+    assert store.add_if_absent("k", "v", ttl=10)
+    clock.advance(9.5)
+    assert store.get("k") == "v"
+    assert store.add_if_absent("k", "again", ttl=10) is False
+    clock.advance(0.5)  # exactly at the expiry: gone
+    assert store.get("k") is None
+    assert store.ttl("k") is None
+    assert store.add_if_absent("k", "again", ttl=10) is True
+    assert store.get("k") == "again"
+    assert store.ttl("k") == pytest.approx(10)
+
+
+@drivers(DRIVERS)
+def test_ttl_counts_down(store, clock):
+    store.set("a", "1", ttl=100)
+    store.set("b", "2")
+    assert store.ttl("a") == pytest.approx(100)
+    clock.advance(40)
+    assert store.ttl("a") == pytest.approx(60)
+    assert store.ttl("b") is None
+    assert store.ttl("missing") is None
+    clock.advance(60)
+    assert store.ttl("a") is None
+
+
+@drivers(DRIVERS)
+def test_fractional_ttl(store, clock):
+    store.set("k", "v", ttl=0.25)
+    clock.advance(0.2)
+    assert store.get("k") == "v"
+    clock.advance(0.05)
+    assert store.get("k") is None
+
+
+# ------------------------------------------------------------------------ set/get/delete
+
+@drivers(DRIVERS)
+def test_set_get_delete(store, clock):
+    assert store.get("k") is None
+    store.set("k", "v1", ttl=10)
+    assert store.get("k") == "v1"
+    store.set("k", "v2")  # replaces the value and drops the expiry
+    clock.advance(20)
+    assert store.get("k") == "v2"
+    assert store.ttl("k") is None
+    store.set("k", "v3", ttl=5)  # and a new expiry replaces no-expiry
+    assert store.ttl("k") == pytest.approx(5)
+    assert store.delete("k") is True
+    assert store.get("k") is None
+    assert store.delete("k") is False
+
+
+@drivers(DRIVERS)
+def test_delete_of_expired_key_reports_false(store, clock):
+    store.set("k", "v", ttl=1)
+    clock.advance(2)
+    assert store.delete("k") is False
+    assert store.add_if_absent("k", "new") is True
+
+
+@drivers(DRIVERS)
+def test_values_are_kept_verbatim(store):
+    awkward = ['{"a": [1, 2]}', "", " leading space", "multi\nline", "ünïcødé ✓", "- -", "1e9 x"]
+    for i, value in enumerate(awkward):
+        store.set(f"v{i}", value, ttl=60)
+    for i, value in enumerate(awkward):
+        assert store.get(f"v{i}") == value
+
+
+# ------------------------------------------------------------------------------- items
+
+@drivers(DRIVERS)
+def test_items_by_prefix_sorted_without_expired(store, clock):
+    store.set("failing:wms2", "b", ttl=100)
+    store.set("failing:wms1", "a", ttl=100)
+    store.set("failing:wms3", "gone", ttl=5)
+    store.set("failingX", "not-in-prefix")
+    store.set("failinf:zzz", "before-prefix")
+    store.set("tickets:wms1", "t")
+    clock.advance(10)
+    assert store.items("failing:") == [("failing:wms1", "a"), ("failing:wms2", "b")]
+    assert store.items("tickets:") == [("tickets:wms1", "t")]
+    assert store.items("nothing:") == []
+    assert [k for k, _ in store.items()] == [
+        "failinf:zzz", "failing:wms1", "failing:wms2", "failingX", "tickets:wms1"
+    ]
+
+
+@drivers(DRIVERS)
+def test_items_with_unicode_and_edge_prefixes(store):
+    for key in ["é:1", "é:2", "éa", "e:1", "\U0010ffffz", "z\U0010ffff", "a%_b", "a%c", "A%_b"]:
+        store.set(key, key)
+    assert store.items("é:") == [("é:1", "é:1"), ("é:2", "é:2")]
+    assert store.items("\U0010ffff") == [("\U0010ffffz", "\U0010ffffz")]
+    assert store.items("z") == [("z\U0010ffff", "z\U0010ffff")]
+    # LIKE/glob metacharacters and case are plain characters in a prefix.
+    assert store.items("a%_") == [("a%_b", "a%_b")]
+    keys = [k for k, _ in store.items()]
+    assert keys == sorted(keys)
+
+
+def test_prefix_successor():
+    assert prefix_successor("") is None
+    assert prefix_successor("ab") == "ac"
+    assert prefix_successor("a\U0010ffff") == "b"
+    assert prefix_successor("\ud7ff") == "\ue000"
+    assert prefix_successor("\U0010ffff") is None
+
+
+# ----------------------------------------------------------------------------- records
+
+@drivers(DRIVERS)
+def test_records_since_oldest_first(store):
+    store.append_record("accounting", {"time": 300.0, "endpoint": "wms3", "n": 3})
+    store.append_record("accounting", {"time": 100.0, "endpoint": "wms1", "n": 1})
+    store.append_record("accounting", {"time": 200, "endpoint": "wms2", "n": 2})
+    store.append_record("accounting", {"time": 200, "endpoint": "wms2b", "n": 4})
+    store.append_record("other", {"time": 150.0, "x": True})
+    rows = store.records("accounting")
+    assert [r["endpoint"] for r in rows] == ["wms1", "wms2", "wms2b", "wms3"]
+    assert rows[0] == {"time": 100.0, "endpoint": "wms1", "n": 1}
+    assert [r["n"] for r in store.records("accounting", since=200)] == [2, 4, 3]
+    assert store.records("accounting", since=300.5) == []
+    assert store.records("other") == [{"time": 150.0, "x": True}]
+    assert store.records("missing") == []
+
+
+@drivers(DRIVERS)
+def test_identical_records_are_all_kept(store):
+    for _ in range(3):
+        store.append_record("s", {"time": 5.0, "same": 1})
+    assert store.records("s") == [{"time": 5.0, "same": 1}] * 3
+
+
+@drivers(DRIVERS)
+def test_bad_input_is_refused_and_nothing_is_lost(store):
+    store.set("keep", "v")
+    with pytest.raises(ValueError):
+        store.set("k", "v", ttl=0)
+    with pytest.raises(ValueError):
+        store.add_if_absent("k", "v", ttl=-1)
+    with pytest.raises(ValueError):
+        store.set("k", "v", ttl=float("inf"))
+    with pytest.raises(TypeError):
+        store.set("k", 42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        store.set("", "v")
+    with pytest.raises(ValueError, match="time"):
+        store.append_record("s", {"no": "time"})
+    with pytest.raises(ValueError, match="JSON"):
+        store.append_record("s", {"time": 1.0, "obj": object()})
+    assert store.get("keep") == "v"
+    assert store.get("k") is None
+    assert store.records("s") == []
+
+
+# ------------------------------------------------------------------- restart and sharing
+
+@drivers(SHARED)
+def test_restart_keeps_values_expiries_and_records(factory, clock):
+    first = factory(clock)
+    first.set("fail:wms1", "x", ttl=600)
+    first.add_if_absent("ticket:wms1", "t")
+    first.append_record("accounting", {"time": 1.0, "n": 1})
+    first.close()
+
+    clock.advance(100)
+    second = factory(clock)  # a new process would do the same: new instance, same storage
+    assert second.get("fail:wms1") == "x"
+    assert second.ttl("fail:wms1") == pytest.approx(500)
+    assert second.add_if_absent("ticket:wms1", "other") is False
+    assert second.records("accounting") == [{"time": 1.0, "n": 1}]
+    clock.advance(500)
+    assert second.get("fail:wms1") is None
+    assert second.items() == [("ticket:wms1", "t")]
+
+
+@drivers(SHARED)
+def test_two_instances_see_each_other(factory, clock):
+    a, b = factory(clock), factory(clock)
+    assert a.add_if_absent("k", "from-a", ttl=30)
+    assert b.add_if_absent("k", "from-b", ttl=30) is False
+    assert b.get("k") == "from-a"
+    assert b.delete("k") is True
+    assert a.get("k") is None
+
+
+def _sqlite_worker(path: str, start: float, keys: list[str], barrier, results) -> None:
+    store = SqliteState({"path": path}, clock=FakeClock(start))
+    try:
+        barrier.wait(timeout=60)
+        me = str(multiprocessing.current_process().pid)
+        results.put((me, [k for k in keys if store.add_if_absent(k, me, ttl=60)]))
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(240)
+def test_sqlite_four_processes_race(tmp_path):
+    path = str(tmp_path / "shared.db")
+    SqliteState({"path": path}).close()  # the schema exists before the race starts
+    keys = [f"k{i}" for i in range(100)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_sqlite_worker, args=(path, 1_700_000_000.0, keys, barrier,
+                                                      results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        wins = [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert all(p.exitcode == 0 for p in procs)
+    flat = [k for _pid, won in wins for k in won]
+    assert sorted(flat) == sorted(keys)  # every key won exactly once across the 4 processes
+    store = SqliteState({"path": path}, clock=FakeClock(1_700_000_000.0))
+    stored = dict(store.items("k"))
+    store.close()
+    # What is stored is what each winner was told it had won.
+    assert stored == {k: pid for pid, won in wins for k in won}
+
+
+# ------------------------------------------------------------ a model-based property test
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "set", "get", "delete", "ttl", "advance", "items"]),
+        st.sampled_from(["a", "ab", "b", "b:1", "b:2"]),
+        st.one_of(st.none(), st.sampled_from([0.5, 1.0, 3.0])),
+    ),
+    max_size=40,
+)
+
+
+@drivers(DRIVERS)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_behaves_like_a_dict_with_expiry(factory, ops):
+    clock = FakeClock()
+    store = factory(clock)
+    for key in ("a", "ab", "b", "b:1", "b:2"):  # same storage across examples: start clean
+        store.delete(key)
+    model: dict[str, tuple[str, float | None]] = {}
+
+    def live(now: float) -> dict[str, tuple[str, float | None]]:
+        return {k: v for k, v in model.items() if v[1] is None or v[1] > now}
+
+    for n, (op, key, ttl) in enumerate(ops):
+        now = clock.time()
+        current = live(now)
+        if op == "add":
+            expected = key not in current
+            assert store.add_if_absent(key, f"v{n}", ttl) is expected
+            if expected:
+                model[key] = (f"v{n}", None if ttl is None else now + ttl)
+        elif op == "set":
+            store.set(key, f"v{n}", ttl)
+            model[key] = (f"v{n}", None if ttl is None else now + ttl)
+        elif op == "get":
+            assert store.get(key) == (current[key][0] if key in current else None)
+        elif op == "delete":
+            assert store.delete(key) is (key in current)
+            model.pop(key, None)
+        elif op == "ttl":
+            want = current[key][1] - now if key in current and current[key][1] else None
+            got = store.ttl(key)
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert got == pytest.approx(want)
+        elif op == "advance":
+            clock.advance(ttl or 0.25)
+        else:
+            assert store.items(key) == sorted(
+                (k, v) for k, (v, _e) in current.items() if k.startswith(key)
+            )
+
+
+# ---------------------------------------------------------------------- driver specifics
+
+def test_sqlite_file_and_directory_are_private(tmp_path, clock):
+    path = tmp_path / "new-dir" / "state.db"
+    store = SqliteState({"path": str(path)}, clock=clock)
+    store.set("k", "v")
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    wal = Path(str(path) + "-wal")
+    assert wal.exists() and stat.S_IMODE(wal.stat().st_mode) == 0o600
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    store.close()
+
+
+def test_sqlite_default_path_is_relative_to_cwd(tmp_path, monkeypatch, clock):
+    monkeypatch.chdir(tmp_path)
+    store = SqliteState(None, clock=clock)
+    store.set("k", "v")
+    store.close()
+    assert (tmp_path / "gridgate-state" / "state.db").is_file()
+
+
+def test_sqlite_prunes_expired_rows_now_and_then(tmp_path, clock):
+    path = tmp_path / "s.db"
+    store = SqliteState({"path": str(path), "prune_interval": 60}, clock=clock)
+
+    def rows() -> int:
+        conn = sqlite3.connect(path)
+        try:
+            return conn.execute("SELECT count(*) FROM kv").fetchone()[0]
+        finally:
+            conn.close()
+
+    for i in range(10):
+        store.set(f"k{i}", "v", ttl=5)
+    store.set("forever", "v")
+    clock.advance(10)
+    store.get("k0")
+    assert rows() == 11  # reads never prune, and the interval has not passed
+    clock.advance(60)
+    store.set("trigger", "v")
+    assert rows() == 2
+    store.close()
+
+
+def test_memory_prunes_expired_keys(clock):
+    store = MemoryState(clock=clock)
+    for i in range(10):
+        store.set(f"k{i}", "v", ttl=1)
+    clock.advance(MemoryState.PRUNE_EVERY + 1)
+    store.set("x", "v")
+    assert len(store._data) == 1
+
+
+@pytest.mark.parametrize("make_bad", ["directory", "garbage", "parent-is-file"])
+def test_sqlite_unusable_path_is_a_state_error(tmp_path, make_bad):
+    if make_bad == "directory":
+        path = tmp_path / "is-a-dir"
+        path.mkdir()
+    elif make_bad == "garbage":
+        path = tmp_path / "garbage.db"
+        path.write_bytes(b"this is not sqlite at all" * 100)
+    else:
+        (tmp_path / "file").write_text("x")
+        path = tmp_path / "file" / "state.db"
+    with pytest.raises(StateError) as info:
+        SqliteState({"path": str(path)})
+    assert str(path) in str(info.value)
+    if make_bad == "garbage":
+        assert "not a gridgate state database" in str(info.value)
+        assert path.read_bytes().startswith(b"this is not sqlite")  # nothing overwritten
+
+
+def test_sqlite_write_error_is_a_state_error(tmp_path, clock):
+    path = tmp_path / "s.db"
+    store = SqliteState({"path": str(path)}, clock=clock)
+    store.set("k", "v")
+    # A second connection holds the write lock past busy_timeout: a real "database is locked".
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    store.busy_timeout = 0.05
+    store._conn.execute("PRAGMA busy_timeout = 50")
+    try:
+        with pytest.raises(StateError, match="lock"):
+            store.set("k2", "v")
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    store.set("k2", "v")
+    assert store.get("k2") == "v" and store.get("k") == "v"
+    store.close()
+    with pytest.raises(StateError, match="closed"):
+        store.get("k")
+
+
+def test_redis_sets_a_real_ttl_from_the_clock(redis_server, clock):
+    store = RedisState({"url": redis_server.url, "prefix": "pttl:"}, clock=clock)
+    store.add_if_absent("k", "v", ttl=120)
+    store.set("forever", "v")
+    raw = redis_server.client()
+    try:
+        assert 119_000 <= raw.pttl("pttl:kv:k") <= 120_000
+        assert raw.pttl("pttl:kv:forever") == -1
+    finally:
+        raw.close()
+        store.close()
+
+
+def test_redis_forgets_keys_redis_expired_itself(redis_server, clock):
+    store = RedisState({"url": redis_server.url, "prefix": "gone:"}, clock=clock)
+    store.set("a", "1")
+    store.set("b", "2")
+    raw = redis_server.client()
+    try:
+        raw.delete("gone:kv:a")  # as if Redis' own TTL had fired
+        assert store.items() == [("b", "2")]
+        assert raw.zrange("gone:keys", 0, -1) == [b"b"]
+    finally:
+        raw.close()
+        store.close()
+
+
+def test_redis_unreachable_is_a_state_error(clock):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = RedisState({"url": f"redis://user:secret@127.0.0.1:{port}/0",
+                        "socket_connect_timeout": 2}, clock=clock)
+    try:
+        with pytest.raises(StateError) as info:
+            store.add_if_absent("k", "v", ttl=5)
+        assert "redis state" in str(info.value)
+        assert "secret" not in str(info.value)
+    finally:
+        store.close()
+
+
+def test_redis_prefixes_keep_sites_apart(redis_server, clock):
+    one = RedisState({"url": redis_server.url, "prefix": "site1:"}, clock=clock)
+    two = RedisState({"url": redis_server.url, "prefix": "site2:"}, clock=clock)
+    try:
+        assert one.add_if_absent("k", "1") and two.add_if_absent("k", "2")
+        assert one.items() == [("k", "1")] and two.items() == [("k", "2")]
+    finally:
+        one.close()
+        two.close()
+
+
+# ------------------------------------------------------------------ entry points, schemas
+
+@pytest.mark.parametrize("name,cls", [("memory", MemoryState), ("sqlite", SqliteState),
+                                      ("redis", RedisState)])
+def test_entry_point_and_schema(name, cls):
+    (ep,) = [e for e in entry_points(group="gridgate.state") if e.name == name]
+    assert ep.load() is cls
+    Draft202012Validator.check_schema(cls.config_schema)
+    defaults = {k: v["default"] for k, v in cls.config_schema["properties"].items()}
+    assert list(Draft202012Validator(cls.config_schema).iter_errors(defaults)) == []
+    assert list(Draft202012Validator(cls.config_schema).iter_errors({"bogus": 1}))
