@@ -77,7 +77,8 @@ class GgusNotifier(Plugin):
             "priorities": {
                 "type": "object",
                 "description": "Priority per level.",
-                "properties": {lvl: {"enum": list(PRIORITIES), "default": DEFAULT_PRIORITIES[lvl]}
+                "properties": {lvl: {"enum": list(PRIORITIES), "default": DEFAULT_PRIORITIES[lvl],
+                                     "description": f"Priority of tickets for {lvl} notifications."}
                                for lvl in LEVELS},
                 "additionalProperties": False,
                 "default": {},

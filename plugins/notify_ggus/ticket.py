@@ -161,8 +161,6 @@ def _header(notification: Notification) -> str:
     n = notification
     where = f"{n.endpoint.name} ({n.endpoint.backend})" if n.endpoint else "gridgate"
     lines = []
-    if n.level == "alarm":
-        lines.append("Submit GGUS Ticket for this error if not already opened.")
     start = n.episode_start if n.episode_start is not None else n.created
     hours = max(1, int((n.created - start) // 3600)) if n.created > start else 0
     since = f"{where} has been failing since {utc(start)}"
@@ -188,7 +186,7 @@ def build_description(notification: Notification, limit: int = DESCRIPTION_MAX) 
     head = _header(notification) + "\n"
     cmd = notification.command
     if cmd is not None:
-        parts = [("stdout", cmd.stdout), ("stderr", cmd.stderr)]
+        parts = [("stdout", cmd.stdout or "(empty)\n"), ("stderr", cmd.stderr or "(empty)\n")]
     else:
         parts = [("details", notification.body)]
     labels = [f"\n--- {name} ---\n" for name, _ in parts]
