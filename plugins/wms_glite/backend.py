@@ -258,7 +258,8 @@ class GliteBackend(Plugin):
 
     def _timeout(self, passed: float) -> float:
         own = self.config.get("command_timeout")
-        return float(own) if own else float(passed)
+        # A caller with no time left still gets a result (killed at once), not a ValueError.
+        return max(float(own) if own else float(passed), 0.001)
 
     def _env(self) -> dict[str, str] | None:
         extra = self.config.get("env") or {}

@@ -104,7 +104,9 @@ def _telling_line(text: str, regex: re.Pattern[str]) -> str | None:
 def _first_error_line(command: CommandResult, fallback_first: bool = False) -> str:
     for message in client_messages(command.stderr):
         if message.level == "error":
-            return message.lines[0] if message.lines else message.header
+            # "Unable to submit the job to the service: <ep>" says where; the line after it
+            # usually says why, so both are quoted.
+            return " / ".join(message.lines[:2]) if message.lines else message.header
     if fallback_first:
         # Usage output puts the complaint first and the option list after it.
         for line in command.stderr.splitlines():

@@ -248,6 +248,12 @@ def test_backend_command_timeout_replaces_the_passed_one(make_backend: Any) -> N
     assert result.command.timed_out and result.command.duration < 10
 
 
+def test_no_time_left_is_a_timeout_not_an_exception(make_backend: Any) -> None:
+    pm, _ = make_backend(hosts={H1: {"behaviour": "hang_before_print"}})
+    result = pm.hook.gridgate_submit(endpoint=ep(), request=request(), timeout=0)
+    assert not result.ok and result.command.timed_out
+
+
 # --- gridgate_list_match -----------------------------------------------------------------------
 
 

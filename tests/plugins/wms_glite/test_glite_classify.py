@@ -49,7 +49,7 @@ def run_sim(tmp_path: Path, scenario: Callable[..., Path], sim_bin: Path) -> Cal
     ({"behaviour": "usage"}, "glite-wms-job-submit", "usage", True, True, "unrecognized option"),
     ({"behaviour": "garbage"}, "glite-wms-job-submit", "bad_output", True, True, "exit 0"),
     ({"behaviour": "error", "message": "SOAP-ENV:Server: boom"}, "glite-wms-job-submit", "error",
-     True, True, "Unable to submit the job to the service"),
+     True, True, "glite_wms_wmproxy_server / SOAP-ENV:Server: boom"),
 ])
 def test_each_behaviour_is_classified(run_sim: Callable[..., CommandResult], spec: dict[str, Any],
                                       command: str, kind: str, exclude: bool, notify: bool,
