@@ -24,8 +24,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-from gridgate.core.model import CommandResult
 from loguru import logger
+
+from gridgate.core.model import CommandResult
 
 __all__ = ["run", "kill_process_group", "DEFAULT_MAX_OUTPUT", "DRAIN_AFTER_EXIT"]
 

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from gridgate.core.runner import DRAIN_AFTER_EXIT, kill_process_group, run
 
 PY = sys.executable
