@@ -11,65 +11,9 @@ import pytest
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.plugins import PluginContext, new_plugin_manager
+from gridgate.core.state import MemoryState
 from gridgate.plugins.wms_glite.backend import GliteBackend
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
-
-try:
-    from gridgate.core.state import MemoryState
-except ImportError:  # pragma: no cover - until core's memory driver lands
-    MemoryState = None  # type: ignore[assignment,misc]
-
-
-def _memory_state(clock: FakeClock) -> Any:
-    if MemoryState is not None:
-        return MemoryState({}, clock=clock)
-    from gridgate.core.state import StateStore
-
-    class DictState(StateStore):
-        """A minimal in-test StateStore: enough for the list-match cache."""
-
-        def __init__(self) -> None:
-            super().__init__({}, clock)
-            self.data: dict[str, tuple[str, float | None]] = {}
-
-        def _live(self, key: str) -> tuple[str, float | None] | None:
-            item = self.data.get(key)
-            if item and item[1] is not None and item[1] <= self.clock.time():
-                del self.data[key]
-                return None
-            return item
-
-        def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
-            if self._live(key):
-                return False
-            self.set(key, value, ttl)
-            return True
-
-        def set(self, key: str, value: str, ttl: float | None = None) -> None:
-            self.data[key] = (value, None if ttl is None else self.clock.time() + ttl)
-
-        def get(self, key: str) -> str | None:
-            item = self._live(key)
-            return item[0] if item else None
-
-        def delete(self, key: str) -> bool:
-            return self.data.pop(key, None) is not None
-
-        def items(self, prefix: str = "") -> list[tuple[str, str]]:
-            return sorted((k, v[0]) for k in list(self.data) if k.startswith(prefix)
-                          and (v := self._live(k)))
-
-        def ttl(self, key: str) -> float | None:
-            item = self._live(key)
-            return None if not item or item[1] is None else item[1] - self.clock.time()
-
-        def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
-            raise NotImplementedError
-
-        def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
-            raise NotImplementedError
-
-    return DictState()
 
 
 @pytest.fixture
@@ -114,8 +58,8 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def state(clock: FakeClock) -> Any:
-    return _memory_state(clock)
+def state(clock: FakeClock) -> MemoryState:
+    return MemoryState({}, clock=clock)
 
 
 @pytest.fixture
