@@ -294,6 +294,16 @@ class Outbox:
         self._warned_unknown: set[str] = set()
         for path in (self.directory, self.queue_dir, self.dead_dir, self.tmp_dir):
             ensure_private_dir(path)
+        self._clean_tmp()
+
+    def _clean_tmp(self, older_than: float = 3600.0) -> None:
+        """Remove files a crash left half-written in ``tmp/`` (never complete messages: those
+        were renamed). Real file ages, so a write in progress elsewhere is left alone."""
+        limit = time.time() - older_than
+        for path in self.tmp_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < limit:
+                    path.unlink()
 
     # --- writing ---------------------------------------------------------------------------
 

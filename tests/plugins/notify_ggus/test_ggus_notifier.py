@@ -288,3 +288,15 @@ def test_config_cross_checks(tmp_path):
                    "    spool: ./gridgate-state/tickets\n")
     section = load_config(cfg)["notifiers"]["ggus"]
     assert section["deliver"] == ["spool"] and section["priorities"]["error"] == "urgent"
+
+
+def test_ggus_notifier_registers_with_pluggy_and_answers_gridgate_notify(tmp_path, clock):
+    from gridgate.core.plugins import new_plugin_manager
+
+    pm = new_plugin_manager()
+    n = make(tmp_path, clock)
+    pm.register(n, name="notifiers:ggus")
+    pm.check_pending()
+    assert pm.hook.gridgate_notify(notification=alarm(clock)) == []
+    assert len(tickets(n)) == 1
+    n.close()
