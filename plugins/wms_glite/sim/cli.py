@@ -81,6 +81,14 @@ def parse_args(program: str, args: Sequence[str]) -> Options:
     index = 0
     while index < len(args):
         arg = args[index]
+        if arg.startswith("--") and "=" in arg:
+            # getopt_long also takes --endpoint=URL.
+            name, value = arg.split("=", 1)
+            if name not in with_value:
+                raise UsageError("Wrong Option", f"{program}: unrecognized option '{arg}'")
+            setattr(opts, with_value[name], value)
+            index += 1
+            continue
         if arg in with_value:
             if index + 1 >= len(args):
                 raise UsageError("Wrong Option", f"option '{arg}' requires an argument")
@@ -389,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ScenarioError as exc:
         sys.stderr.write(f"\nError - Stand-in Scenario Error\n{exc}\n\n")
         return 1
+    # Without -e the real client takes the endpoint from this variable (formats.md).
+    opts.endpoint = opts.endpoint or os.environ.get("GLITE_WMS_WMPROXY_ENDPOINT", "")
     host = ""
     if opts.endpoint:
         try:

@@ -89,6 +89,7 @@ def make_backend(
         backend.name = "wms_glite"
         pm = new_plugin_manager()
         pm.register(backend, name="backends:wms_glite")
+        pm.check_pending()  # every hookimpl matches a documented hookspec
         made.append(backend)
         return pm, backend
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
@@ -109,3 +111,22 @@ def test_long_lines_are_clipped() -> None:
     result = CommandResult(("x",), 1, stderr="\nError - Operation failed\n" + "y" * 5000 + "\n\n")
     failure = classify(result)
     assert failure.kind == "error" and len(failure.reason) < 300
+
+
+_text = st.one_of(st.text(), st.binary().map(lambda b: b.decode("utf-8", errors="replace")),
+                  st.sampled_from(["\nError - Operation failed\n", "System load is too high:\n",
+                                   "Error - x", ":", ""]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(stdout=_text, stderr=_text, returncode=st.one_of(st.none(), st.integers(-300, 300)),
+       timed_out=st.booleans(), launch=st.one_of(st.none(), st.text(max_size=20)))
+def test_classify_never_raises_and_reason_is_one_line(
+    stdout: str, stderr: str, returncode: int | None, timed_out: bool, launch: str | None
+) -> None:
+    result = CommandResult(("glite-wms-job-submit",), returncode, stdout, stderr,
+                           timed_out=timed_out, launch_error=launch)
+    rules = [Rule("site", re.compile("x{3}"), stream="any")]
+    failure = classify(result, rules)
+    assert failure.kind and failure.reason
+    assert "\n" not in failure.reason and len(failure.reason) < 500

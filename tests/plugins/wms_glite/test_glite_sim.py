@@ -88,6 +88,21 @@ def test_nomsg_json_and_output_file(sim: Callable[..., CommandResult], jdl: Path
     assert out.read_text() == f"###Submitted Job Ids###\n{data['jobid']}\n"
 
 
+def test_endpoint_from_long_option_with_equals_or_environment(
+    sim_bin: Path, scenario: Callable[..., Path], jdl: Path, calls_log: Path
+) -> None:
+    path = scenario(hosts={HOST: {"behaviour": "drained"}})
+    env = {**os.environ, "GRIDGATE_SIM_SCENARIO": str(path)}
+    submit = str(sim_bin / "glite-wms-job-submit")
+    assert run([submit, f"--endpoint={EP}", "-a", str(jdl)], 10, env=env).returncode == 1
+    env["GLITE_WMS_WMPROXY_ENDPOINT"] = EP
+    assert run([submit, "-a", str(jdl)], 10, env=env).returncode == 1
+    del env["GLITE_WMS_WMPROXY_ENDPOINT"]
+    nowhere = run([submit, "-a", str(jdl)], 10, env=env)
+    assert nowhere.returncode == 1 and "Unable to contact any specified enpoint" in nowhere.stderr
+    assert [c.host for c in read_calls(calls_log)] == [HOST, HOST, ""]
+
+
 def test_parametric_json_lists_children(sim: Callable[..., CommandResult], tmp_path: Path) -> None:
     bulk = tmp_path / "bulk.jdl"
     bulk.write_text('[\n  JobType = "Parametric";\n  Parameters = 4;\n]\n')
