@@ -276,7 +276,8 @@ class GliteBackend(Plugin):
     def argv(self, operation: str, endpoint: Endpoint, jdl_path: str) -> list[str]:
         """The argv of one call (no shell ever sees it)."""
         command = self._commands()["submit" if operation == OPERATION_SUBMIT else "list_match"]
-        argv = [command, "--noint", "--endpoint", endpoint.url]
+        url = endpoint.url or endpoint_for(self.name, endpoint.name).url
+        argv = [command, "--noint", "--endpoint", url]
         delegation = self.config.get("delegation", "auto")
         argv += ["-a"] if delegation == "auto" else ["-d", delegation]
         if self.config.get("config_file"):

@@ -88,6 +88,12 @@ def test_submit_uses_delegation_id_and_config_file(make_backend: Any, calls_log:
     assert "-a" not in call.argv
 
 
+def test_endpoint_without_url_gets_the_default_one(make_backend: Any) -> None:
+    _, backend = make_backend(hosts={H1: {}})
+    argv = backend.argv("Job Submit", Endpoint("wms_glite", H1), "/x.jdl")
+    assert argv[2:4] == ["--endpoint", f"https://{H1}:7443/glite_wms_wmproxy_server"]
+
+
 def test_jdl_file_is_private_while_the_command_runs(
     make_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
