@@ -384,7 +384,6 @@ class Outbox:
         result = PassResult()
         blocked: set[str] = set()
         used: set[str] = set()
-        now = self.clock.time()
         try:
             for path in sorted(self.queue_dir.glob("*.json")):
                 if stop is not None and stop.is_set():
@@ -407,6 +406,7 @@ class Outbox:
                                        self.name, message.transport)
                     blocked.add(message.transport)
                     continue
+                now = self.clock.time()
                 if message.next_attempt > now:
                     if message.blocking:
                         blocked.add(message.transport)

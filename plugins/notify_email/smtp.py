@@ -18,10 +18,11 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from typing import Any
 
+from loguru import logger
+
 from gridgate.core.config import SecretError, read_secret
 from gridgate.core.model import Notification
 from gridgate.plugins.notify_email.outbox import Delivery, Message
-from loguru import logger
 
 #: Transport name stored in queued messages.
 SMTP_TRANSPORT = "smtp"

@@ -213,7 +213,11 @@ class GgusNotifier(Plugin):
 
     # --- the hook --------------------------------------------------------------------------
 
-    def episode_key(self, notification: Notification) -> str:
+    def episode_key(self, notification: Notification) -> str | None:
+        """The record that makes a ticket once per endpoint per episode; None when the
+        notification belongs to no endpoint and no episode (a test, a one-off event)."""
+        if notification.endpoint is None and notification.episode_start is None:
+            return None
         who = notification.endpoint.key if notification.endpoint else (
             notification.key or notification.subject)
         start = "open" if notification.episode_start is None else f"{notification.episode_start:.0f}"
@@ -226,11 +230,12 @@ class GgusNotifier(Plugin):
         ticket = render_ticket(notification, self.settings)
         key = self.episode_key(notification)
         try:
-            first = self.records.add_if_absent(key, ticket.ticket_id, self.config["episode_ttl"])
+            first = key is None or self.records.add_if_absent(key, ticket.ticket_id,
+                                                              self.config["episode_ttl"])
         except Exception as exc:  # better a second ticket than none
             logger.warning("ggus: episode record unavailable ({}); opening a ticket", exc)
             first = True
-        if not first:
+        if not first and key is not None:
             opened = self._existing(key)
             logger.info("ggus: ticket {} already opened for {} in this episode (since {}, {} "
                         "failures); no new ticket", opened, ticket.endpoint or ticket.subject,
@@ -238,7 +243,7 @@ class GgusNotifier(Plugin):
                         notification.failures_in_episode)
             return None
         done = self.deliver(ticket)
-        if not done:
+        if not done and key is not None:
             # Nothing recorded anywhere: let the next alarm of this episode try again.
             try:
                 self.records.delete(key)

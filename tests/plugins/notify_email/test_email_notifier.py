@@ -287,3 +287,43 @@ def test_unwritable_outbox_is_reported_and_does_not_raise(tmp_path, clock, smtp,
     n.gridgate_notify(notification=note(clock))
     assert len(n.outbox.pending()) == 1
     n.close()
+
+
+def test_server_that_never_answers_times_out_and_is_retried(tmp_path, clock):
+    import socket
+
+    with socket.socket() as silent:  # accepts connections (backlog) but never greets
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        n = make(tmp_path, clock, silent.getsockname()[1], timeout=0.5)
+        n.gridgate_notify(notification=note(clock))
+        result = n.flush(20)
+        n.close()
+    assert (result.sent, result.retried, result.waiting) == (0, 1, 1)
+    error = n.outbox.pending()[0].last_error
+    assert "timed out" in error or "Timeout" in error
+
+
+def test_two_directors_sharing_sqlite_state_send_one_mail(tmp_path, clock, smtp):
+    """De-duplication goes through the state store: two notifiers (two directors with their
+    own outboxes) sharing one SQLite state queue the same event once."""
+    from gridgate.core.state import SqliteState
+
+    stores = [SqliteState({"path": str(tmp_path / "state.db")}, clock) for _ in range(2)]
+    notifiers = [
+        EmailNotifier({"host": "127.0.0.1", "port": smtp.port, "from": "gridgate@example.org",
+                       "error_address": "ops@example.org", "send_thread": False,
+                       "outbox": str(tmp_path / f"outbox{i}")},
+                      PluginContext(clock=clock, state_dir=tmp_path, state=stores[i]))
+        for i in range(2)
+    ]
+    for n in notifiers:
+        n.gridgate_notify(notification=note(clock))
+    assert sum(len(n.outbox.pending()) for n in notifiers) == 1
+    for n in notifiers:
+        n.flush(10)
+        n.close()
+    for s in stores:
+        s.close()
+    assert len(smtp.handler.messages) == 1
+    assert not (tmp_path / "outbox0" / "records.json").exists()

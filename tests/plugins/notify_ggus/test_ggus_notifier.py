@@ -109,29 +109,23 @@ def test_one_ticket_per_endpoint_per_episode(tmp_path, clock, logs):
 
 
 def test_episode_rule_uses_the_state_store_when_there_is_one(tmp_path, clock):
-    class DictStore:
-        """Just the two calls the rule makes, to check which store it uses."""
+    from gridgate.core.state import MemoryState
 
-        def __init__(self) -> None:
-            self.data: dict[str, tuple[str, float | None]] = {}
-
-        def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
-            if key in self.data:
-                return False
-            self.data[key] = (value, ttl)
-            return True
-
-        def get(self, key: str) -> str | None:
-            return self.data[key][0] if key in self.data else None
-
-    store = DictStore()
+    store = MemoryState(clock=clock)
     n = GgusNotifier({"vo": "lhcb", "send_thread": False, "episode_ttl": 1234},
-                     PluginContext(clock=clock, state_dir=tmp_path, state=store))  # type: ignore[arg-type]
+                     PluginContext(clock=clock, state_dir=tmp_path, state=store))
     n.gridgate_notify(notification=alarm(clock, start=1000.0))
-    ((key, (value, ttl)),) = store.data.items()
+    ((key, value),) = store.items("notify_ggus:")
     assert key == "notify_ggus:ticket:wms_glite/wms01.example.org:1000"
-    assert ttl == 1234 and value == tickets(n)[0]["ticket_id"]
+    assert value == tickets(n)[0]["ticket_id"] and store.ttl(key) == 1234
+    assert not (tmp_path / "ggus-outbox" / "records.json").exists()
+    # a second notifier sharing the store (another director) opens no second ticket
+    other = GgusNotifier({"vo": "lhcb", "send_thread": False, "spool": str(tmp_path / "t2")},
+                         PluginContext(clock=clock, state_dir=tmp_path, state=store))
+    other.gridgate_notify(notification=alarm(clock, start=1000.0))
+    assert list((tmp_path / "t2").glob("*")) == []
     n.close()
+    other.close()
 
 
 def test_site_mapping():
@@ -298,5 +292,27 @@ def test_ggus_notifier_registers_with_pluggy_and_answers_gridgate_notify(tmp_pat
     pm.register(n, name="notifiers:ggus")
     pm.check_pending()
     assert pm.hook.gridgate_notify(notification=alarm(clock)) == []
+    assert len(tickets(n)) == 1
+    n.close()
+
+
+def test_notification_without_endpoint_or_episode_opens_a_ticket_each_time(tmp_path, clock):
+    n = make(tmp_path, clock)
+    for i in range(2):
+        n.gridgate_notify(notification=Notification("alarm", f"gridgate test {i}", "test\n",
+                                                    clock.time()))
+    assert len(tickets(n)) == 2
+    assert tickets(n)[0]["affected_site"].startswith("UNKNOWN")
+    n.close()
+
+
+def test_spool_failure_is_logged_and_the_episode_is_not_marked(tmp_path, clock, logs):
+    n = make(tmp_path, clock)
+    n.spool_dir.parent.mkdir(parents=True, exist_ok=True)
+    n.spool_dir.write_text("not a folder")
+    n.gridgate_notify(notification=alarm(clock))
+    assert any("spool delivery of ticket" in line for line in logs)
+    n.spool_dir.unlink()
+    n.gridgate_notify(notification=alarm(clock))  # same episode: tried again, now it works
     assert len(tickets(n)) == 1
     n.close()
