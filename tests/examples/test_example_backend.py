@@ -1,0 +1,145 @@
+"""The out-of-tree example backend loads like any third-party plugin: installed (not editable)
+into a private folder, found through its entry point, driven by config alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gridgate.core.testing import stand_in_command
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gridgate-example-backend"
+DISTRIBUTION = "gridgate-example-backend"
+
+
+def _pip_install(source: Path, target: Path) -> None:
+    base = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-input",
+            "--disable-pip-version-check", "--target", str(target)]
+    # Offline first (this environment's setuptools); when it cannot build a wheel (no
+    # `wheel` package next to an old setuptools), let pip fetch the build backend.
+    offline = subprocess.run([*base, "--no-build-isolation", str(source)], capture_output=True,
+                             text=True, timeout=300)
+    if offline.returncode == 0:
+        return
+    shutil.rmtree(target, ignore_errors=True)
+    isolated = subprocess.run([*base, str(source)], capture_output=True, text=True, timeout=300)
+    assert isolated.returncode == 0, (
+        f"pip install failed\n--- without build isolation:\n{offline.stderr[-3000:]}"
+        f"\n--- with build isolation:\n{isolated.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(site folder holding the installed package, copy of the example's sources)."""
+    work = tmp_path_factory.mktemp("example-backend")
+    source = work / "src-copy"
+    # build from a copy: setuptools writes build/ and *.egg-info next to the sources
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns(
+        "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    target = work / "site"
+    _pip_install(source, target)
+    assert (target / "gridgate_example_backend" / "backend.py").is_file()
+    assert not (target / "gridgate_example_backend" / "__editable__").exists()
+    return target, source
+
+
+def _env(target: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if target is not None:
+        env["PYTHONPATH"] = str(target)
+    return env
+
+
+def _site_config(tmp_path: Path, pilots: int = 4) -> Path:
+    pilot = stand_in_command(tmp_path / "bin", "pilot", stdout="booting\nJOBID local-{call}\n")
+    doc = {
+        "director": {"state_dir": str(tmp_path / "state"), "command_timeout": 30, "max_threads": 2},
+        "state": {"driver": "memory"},
+        "backends": {"local": {"command": [str(pilot), "--slot", "{slot}", "--n", "{count}"],
+                               "servers": ["slot-a", "slot-b"]}},
+        "demand": {"static": {"local": pilots}},
+    }
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_run_once_submits_through_the_installed_local_backend(installed, gridgate_exe, tmp_path) -> None:
+    target, _ = installed
+    site = _site_config(tmp_path, pilots=4)
+    done = subprocess.run([gridgate_exe, "run", "--once", "--json", "-c", str(site)],
+                          capture_output=True, text=True, env=_env(target), timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1
+    summary = json.loads(lines[0])
+    assert summary["failures"] == [] and summary["pilots_submitted"] == 4
+    assert {s["backend"] for s in summary["submitted"]} == {"local"}
+    assert {s["endpoint"] for s in summary["submitted"]} <= {"slot-a", "slot-b"}
+    job_ids = sorted(i for s in summary["submitted"] for i in s["job_ids"])
+    assert job_ids == ["local-1", "local-2", "local-3", "local-4"]
+    calls = [json.loads(line)["argv"] for line in
+             (tmp_path / "bin" / ".pilot.calls").read_text().splitlines()]
+    assert len(calls) == 4
+    assert all(c[0] == "--slot" and c[1] in ("slot-a", "slot-b") and c[2:] == ["--n", "1"]
+               for c in calls)
+
+
+def test_plugins_lists_it_with_its_distribution(installed, gridgate_exe) -> None:
+    target, _ = installed
+    done = subprocess.run([gridgate_exe, "plugins", "--json"], capture_output=True, text=True,
+                          env=_env(target), timeout=60)
+    assert done.returncode == 0, done.stderr
+    backends = {row["name"]: row for row in json.loads(done.stdout)["gridgate.backends"]}
+    assert backends["local"]["distribution"] == DISTRIBUTION
+    assert backends["local"]["version"] == "0.1.0"
+    assert backends["local"]["target"] == "gridgate_example_backend.backend:LocalBackend"
+    assert backends["local"]["default"] is False
+
+
+def test_config_validate_checks_its_section_through_the_installed_schema(installed, gridgate_exe,
+                                                                         tmp_path) -> None:
+    target, _ = installed
+    site = _site_config(tmp_path)
+    doc = yaml.safe_load(site.read_text())
+    doc["backends"]["local"]["command"].append("{slott}")
+    doc["backends"]["local"]["servers"] = "slot-a"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    ok = subprocess.run([gridgate_exe, "config", "validate", str(site)], capture_output=True,
+                        text=True, env=_env(target), timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run([gridgate_exe, "config", "validate", str(bad)], capture_output=True,
+                             text=True, env=_env(target), timeout=60)
+    assert refused.returncode == 2
+    assert "backends.local.servers" in refused.stderr
+
+
+def test_without_it_installed_a_config_naming_it_fails_with_exit_2(installed, gridgate_exe,
+                                                                   tmp_path) -> None:
+    site = _site_config(tmp_path)
+    for argv in (["run", "--once", "--json", "-c", str(site)], ["config", "validate", str(site)]):
+        done = subprocess.run([gridgate_exe, *argv], capture_output=True, text=True,
+                              env=_env(None), timeout=60)
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        assert "'local'" in done.stderr and "not installed" in done.stderr, done.stderr
+        assert "backends.local" in done.stderr
+        assert ": valid" not in done.stdout
+    assert not (tmp_path / "bin" / ".pilot.calls").exists()  # nothing ran
+
+
+def test_its_own_tests_pass_against_the_installed_package(installed, tmp_path) -> None:
+    target, source = installed
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(source / "tests")],
+                          cwd=source, capture_output=True, text=True, env=_env(target), timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout
