@@ -42,6 +42,7 @@ SECRET_SCHEMA: dict[str, Any] = {
 
 DIRECTOR_SCHEMA: dict[str, Any] = {
     "type": "object",
+    "default": {},
     "description": "The submission director's loop.",
     "properties": {
         "cycle_seconds": {"type": "number", "exclusiveMinimum": 0, "default": 60,
@@ -86,6 +87,7 @@ def _plugin_group_schema(key: str) -> dict[str, Any]:
         "description": f"Plugins of group {CONFIG_GROUPS[key]}, by entry-point name, in order.",
         "properties": {},
         "additionalProperties": False,
+        "default": {},
     }
 
 

@@ -102,8 +102,8 @@ def gridgate_backend_info(backend: str) -> BackendInfo | None:
     reload that changes the server list takes effect at the next iteration).
 
     :param backend: the backend's entry-point name (``wms_glite``).
-    :return: a :class:`BackendInfo`; None when ``backend`` is not this plugin's. Stops at
-        first non-None result.
+    :return: a :class:`BackendInfo`; None when ``backend`` is not this plugin's.
+        Stops at first non-None result.
     """
 
 

@@ -1,0 +1,212 @@
+"""Director figures for docs/performance.md: throughput against a plain thread pool, the rate
+under faults, and memory growth. Every figure is a ratio against a baseline measured in the
+same run, because these machines are shared and noisy.
+
+    .venv/bin/python bench/bench_director.py [--pilots 400] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gridgate.core import hookimpl
+from gridgate.core.config import validate_document
+from gridgate.core.director import Director
+from gridgate.core.model import BackendInfo, Endpoint, SubmitResult
+from gridgate.plugins.wms_glite.sim import install_commands, read_calls, write_scenario
+
+HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
+
+
+def site(folder: Path, scenario: dict[str, Any], *, pilots: int, threads: int, timeout: float,
+         servers: list[str], cycle: float = 0.0, failing_expiry: float = 3600) -> tuple[dict[str, Any], Path]:
+    bin_dir = install_commands(folder / "bin")
+    (folder / "sim").mkdir(exist_ok=True)
+    scenario = {"state_dir": str(folder / "sim"), "calls_log": str(folder / "calls.jsonl"), **scenario}
+    path = write_scenario(folder / "scenario.json", scenario)
+    doc = {
+        "director": {"cycle_seconds": cycle or 0.001, "max_threads": threads, "command_timeout": timeout,
+                     "failing_expiry": failing_expiry, "state_dir": str(folder / "state")},
+        "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
+        "backends": {"wms_glite": {
+            "servers": servers,
+            "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
+                         "list_match": str(bin_dir / "glite-wms-job-list-match")},
+            "list_match": False,
+            "env": {"GRIDGATE_SIM_SCENARIO": str(path)},
+        }},
+        "demand": {"static": {"wms_glite": pilots}},
+        "notifiers": {"files": {"folder": str(folder / "notes")}},
+    }
+    return doc, bin_dir
+
+
+def baseline_rate(folder: Path, bin_dir: Path, n: int, threads: int) -> float:
+    """A plain thread pool running the same stand-in command n times."""
+    jdl = folder / "baseline.jdl"
+    jdl.write_text('Executable = "pilot.sh";\n', encoding="utf-8")
+    env = {**os.environ, "GRIDGATE_SIM_SCENARIO": str(folder / "scenario.json")}
+    argv = [str(bin_dir / "glite-wms-job-submit"), "--noint", "-a", "--endpoint",
+            "https://wms01.example.org:7443/glite_wms_wmproxy_server", str(jdl)]
+
+    def once(_: int) -> int:
+        return subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        codes = list(pool.map(once, range(n)))
+    assert codes.count(0) == n, "baseline stand-in failed"
+    return n / (time.monotonic() - started)
+
+
+def director_rate(doc: dict[str, Any], iterations: int = 1) -> tuple[float, list[Any]]:
+    director = Director(validate_document(doc))
+    summaries = []
+    started = time.monotonic()
+    try:
+        director.run(iterations=iterations, on_iteration=summaries.append)
+    finally:
+        director.close()
+    elapsed = time.monotonic() - started
+    pilots = sum(r.pilots for s in summaries for r in s.records if r.outcome == "submitted")
+    return pilots / elapsed, summaries
+
+
+def bench_throughput(pilots: int, threads: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        doc, bin_dir = site(folder, {"default": {"behaviour": "healthy", "latency": 0.05}}, pilots=pilots,
+                            threads=threads, timeout=30, servers=HOSTS)
+        base = baseline_rate(folder, bin_dir, pilots, threads)
+        rate, _ = director_rate(doc)
+        base2 = baseline_rate(folder, bin_dir, pilots, threads)  # bracket the director run
+    baseline = (base + base2) / 2
+    return {"pilots": pilots, "threads": threads, "baseline_per_s": round(baseline, 1),
+            "director_per_s": round(rate, 1), "ratio": round(rate / baseline, 3)}
+
+
+def bench_faults(pilots: int, threads: int, iterations: int) -> dict[str, Any]:
+    healthy = {"default": {"behaviour": "healthy", "latency": 0.05}}
+    faulty = {"default": {"behaviour": "healthy", "latency": 0.05, "hang": 600}, "hosts": {
+        HOSTS[0]: {"behaviour": "hang_before_print"}, HOSTS[1]: {"behaviour": "print_then_hang"},
+        HOSTS[2]: {"behaviour": "grandchild", "parent_hangs": True},
+        HOSTS[3]: {"behaviour": "error"}, HOSTS[4]: {"behaviour": "unreachable"},
+    }}
+    out: dict[str, Any] = {"pilots_per_iteration": pilots, "threads": threads, "iterations": iterations,
+                           "command_timeout_s": 2}
+    with tempfile.TemporaryDirectory() as tmp:
+        doc, _ = site(Path(tmp), healthy, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
+        out["healthy_per_s"], _ = director_rate(doc, iterations)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        doc, _ = site(folder, faulty, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
+        rate, summaries = director_rate(doc, iterations)
+        steady = summaries[1:]
+        steady_time = sum(s.duration for s in steady)
+        steady_pilots = sum(r.pilots for s in steady for r in s.records if r.outcome == "submitted")
+        out["faulty_per_s"] = rate
+        out["faulty_steady_per_s"] = steady_pilots / steady_time if steady_time else 0.0
+        out["max_submission_s"] = round(max(r.duration for s in summaries for r in s.records), 2)
+        calls = read_calls(folder / "calls.jsonl")
+        out["stand_in_calls"] = len(calls)
+        time.sleep(0.5)
+        out["stand_ins_left_running"] = _stand_ins_running(str(folder))
+    out["ratio_whole_window"] = round(out["faulty_per_s"] / out["healthy_per_s"], 3)
+    out["ratio_after_first_iteration"] = round(out["faulty_steady_per_s"] / out["healthy_per_s"], 3)
+    for key in ("healthy_per_s", "faulty_per_s", "faulty_steady_per_s"):
+        out[key] = round(out[key], 1)
+    return out
+
+
+def _stand_ins_running(marker: str) -> int:
+    count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in environ and int(pid) != os.getpid():
+            count += 1
+    return count
+
+
+class _Instant:
+    """An in-process backend that answers at once: isolates the director's own memory."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.endpoints = tuple(Endpoint("instant", h) for h in HOSTS)
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+        return BackendInfo("instant", self.endpoints) if backend == "instant" else None
+
+    @hookimpl
+    def gridgate_submit(self, endpoint, request, timeout):
+        self.n += 1
+        if self.n % 5 == 0:
+            return SubmitResult(endpoint, ok=False, message="synthetic failure")
+        return SubmitResult(endpoint, ok=True, job_ids=(f"https://lb01.example.org:9000/{self.n:022d}",))
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_memory(total: int = 20_000, per_iteration: int = 500) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = {
+            "director": {"cycle_seconds": 0.001, "max_threads": 8, "failing_expiry": 0.001, "ticket_expiry": 0.001,
+                         "state_dir": tmp},
+            "state": {"driver": "sqlite", "path": f"{tmp}/state.db"},
+            "demand": {"static": {"instant": per_iteration}},
+            "notifiers": {"files": {"folder": f"{tmp}/notes"}},
+        }
+        director = Director(validate_document(doc), extra_plugins=[_Instant()])
+        marks: dict[int, float] = {}
+        done = 0
+        while done < total:
+            summary = director.run_iteration()
+            done += len(summary.records)
+            if done >= 2_000 and 2_000 not in marks:
+                marks[2_000] = rss_mb()
+        marks[total] = rss_mb()
+        director.close()
+    return {"submissions": total, "rss_mb_at_2000": round(marks[2_000], 1),
+            f"rss_mb_at_{total}": round(marks[total], 1), "ratio": round(marks[total] / marks[2_000], 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pilots", type=int, default=400)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = {
+        "throughput": bench_throughput(args.pilots, args.threads),
+        "faults": bench_faults(pilots=110, threads=args.threads, iterations=6),
+        "memory": bench_memory(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
