@@ -122,6 +122,7 @@ class ProxyDaemon:
         self._waiters: dict[str, _Conn] = {}
         self._ids = 0
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._diag: Any = None
@@ -218,16 +219,17 @@ class ProxyDaemon:
 
     # -- serving
 
-    async def serve(self) -> None:
-        """Listen until SIGTERM/SIGINT or :meth:`stop`."""
-        loop = asyncio.get_running_loop()
+    async def serve(self, install_signals: bool = True) -> None:
+        """Listen until SIGTERM/SIGINT or :meth:`stop` (signals only from the main thread)."""
+        loop = self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         _raise_nofile()
         await self._listen()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._sighup)
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(signal.SIGHUP, self._sighup)
         ticker = asyncio.create_task(self._ticker())
         if self.on_ready is not None:
             self.on_ready(self)
@@ -235,16 +237,27 @@ class ProxyDaemon:
         try:
             await self._stop.wait()
         finally:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+            # no task.cancel(): 3.11's wait_for can swallow a cancellation; the ticker
+            # sees the stop flag once poked
+            self._stop.set()
+            self._poke()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ticker, 5)
             await self._shutdown()
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    loop.remove_signal_handler(sig)
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
+        """Stop serving; callable from any thread."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def wake(self) -> None:
+        """Make the daemon look at its clock now; callable from any thread (a test that
+        moved a FakeClock, an embedding program)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._poke)
 
     async def _listen(self) -> None:
         path = Path(self.socket_path)
@@ -278,7 +291,7 @@ class ProxyDaemon:
     def _sighup(self) -> None:
         try:
             self.reload()
-        except (ConfigError, StartupError) as exc:
+        except (ConfigError, StartupError, ValueError) as exc:
             logger.error("SIGHUP: config refused, the old one stays: {}", exc)
 
     async def _shutdown(self) -> None:
@@ -290,7 +303,7 @@ class ProxyDaemon:
             self._close(conn)
         for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 2)
+                await asyncio.wait_for(server.wait_closed(), 1)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         self._save_blocklist()
@@ -298,8 +311,8 @@ class ProxyDaemon:
         logger.info("lsfproxyd {} stopped", self.name)
 
     async def _ticker(self) -> None:
-        assert self._wake is not None
-        while True:
+        assert self._wake is not None and self._stop is not None
+        while not self._stop.is_set():
             result = self.policy.tick()
             for token in result.expired:
                 owner = self._owners.pop(token.id, None)
@@ -319,6 +332,7 @@ class ProxyDaemon:
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
+        logger.debug("ticker stopped")
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -437,6 +451,10 @@ class ProxyDaemon:
             if exc.code not in ("forbidden",):
                 self.policy.count_error()
             self._error(conn, msg_id, exc)
+        except Exception as exc:  # one bad request must not take the connection down
+            logger.exception("request from {}@{} failed", conn.user, conn.host)
+            self.policy.count_error()
+            self._error(conn, msg_id, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
 
     def _dispatch(self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str,
                   host: str) -> None:
@@ -573,7 +591,7 @@ class ProxyDaemon:
                 result = self.reload()
             except ConfigError as exc:
                 raise ProtocolError("bad_config", f"config refused, the old one stays:\n{exc}") from None
-            except StartupError as exc:
+            except (StartupError, ValueError) as exc:
                 raise ProtocolError("bad_config", str(exc)) from None
             self._reply(conn, msg_id, **result)
             return

@@ -1,0 +1,397 @@
+"""The token daemon as a real process on real sockets, used by root and by ``nobody``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient, ProxyUnavailable
+
+PYTHON = sys.executable
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def talk(path: str, *lines: bytes, timeout: float = 10) -> list[dict]:
+    """Send raw lines, read one reply per line."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(b"".join(lines))
+        return _read(sock, len(lines))
+
+
+def _read(sock: socket.socket, count: int) -> list[dict]:
+    data = b""
+    while data.count(b"\n") < count:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return [json.loads(x) for x in data.splitlines()[:count]]
+
+
+def hello(path: str) -> dict:
+    return talk(path, b'{"v":1,"id":1,"op":"hello"}\n')[0]
+
+
+def status(path: str) -> dict:
+    (reply,) = talk(path, b'{"v":1,"id":1,"op":"status"}\n')
+    assert reply["ok"], reply
+    return reply["status"]
+
+
+def until(predicate, timeout: float = 20.0):
+    """Poll a condition the daemon reaches by itself (never an expiry: those use FakeClock)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+CLIENT = """
+import json, sys
+from gridgate.plugins.lsf_proxy.client import ProxyClient, Daemon, NoToken
+c = ProxyClient([Daemon("d", {sock!r})], notoken_ntries={ntries}, when_unavailable="fail")
+try:
+    t = c.acquire({category!r}, {opcode!r}, 12)
+except NoToken as exc:
+    print(json.dumps({{"denied": exc.reason}}), flush=True)
+    sys.exit(3)
+print(json.dumps({{"token": t.id, "proceed": t.proceed, "reason": t.reason,
+                  "privileged": t.privileged}}), flush=True)
+{after}
+"""
+
+
+def client_code(sock, category="query", opcode="BATCH_JOB_QUERY", ntries=1, after="t.release()"):
+    return CLIENT.format(sock=str(sock), category=category, opcode=opcode, ntries=ntries,
+                         after=after)
+
+
+def test_identity_comes_from_peer_credentials(start_daemon, py_as):
+    d = start_daemon({})
+    root = hello(d.socket)
+    assert (root["user"], root["admin"]) == ("root", True)
+    code = (f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({d.socket!r}); "
+            "s.sendall(b'{\"v\":1,\"id\":1,\"op\":\"hello\",\"user\":\"root\"}\\n'); "
+            "print(s.recv(4096).decode())")
+    out = py_as(code)
+    reply = json.loads(out.stdout)
+    assert (reply["user"], reply["admin"]) == ("nobody", False)  # a claimed user is ignored
+
+
+def test_admin_commands_refused_to_ordinary_users(start_daemon, cli):
+    d = start_daemon({})
+    for args in (["status"], ["block", "-u", "x"], ["disable", "all"], ["blocklist"],
+                 ["diagnose", "on"], ["reconfig"], ["enable", "query"], ["unblock", "all"]):
+        refused = cli(*args, "--socket", d.socket, user="nobody")
+        assert refused.returncode == 1, (args, refused.stdout, refused.stderr)
+        assert "permission denied" in refused.stderr
+    assert cli("blocklist", "--socket", d.socket).returncode == 0
+    after = status(d.socket)
+    assert all(c["enabled"] for c in after["categories"].values())
+
+
+def test_configured_admin_accepted(start_daemon, cli):
+    d = start_daemon({"admins": ["root", "nobody"]})
+    done = cli("block", "-u", "user9", "--socket", d.socket, user="nobody")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"Users <user9> added to the blocklist on lsfproxyd host <{d.info['name']}>"
+
+
+def test_seed_block_unblock_sequence(start_daemon, cli, py_as):
+    d = start_daemon({})
+    name = d.info["name"]
+
+    def run(*args):
+        out = cli(*args, "--socket", d.socket)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert run("block", "-u", "user1 user2", "-m", "host1") == \
+        f"<user1@host1 user2@host1> added to the blocklist on lsfproxyd host <{name}>"
+    assert run("block", "-u", "user1") == f"Users <user1> added to the blocklist on lsfproxyd host <{name}>"
+    assert run("block", "-m", "hostA hostB") == \
+        f"Hosts <hostA hostB> added to the blocklist on lsfproxyd host <{name}>"
+    assert run("unblock", "-u", "user1") == \
+        f"Users <user1> removed from the blocklist on lsfproxyd host <{name}>"
+    assert run("unblock", "all") == f"<all> is not a rule of the blocklist on lsfproxyd host <{name}>"
+    assert run("blocklist").splitlines() == [
+        f"lsfproxyd host - {name}",
+        "  Blocked all:           No",
+        "  Blocked users:         -",
+        "  Blocked hosts:         hostA hostB",
+        "  Blocked users@hosts:   user1@host1 user2@host1",
+    ]
+    # a block rule really stops an ordinary user, with no retry
+    assert run("block", "-u", "nobody").startswith("Users <nobody> added")
+    out = py_as(client_code(d.socket, ntries=5))
+    assert out.returncode == 3 and json.loads(out.stdout) == {"denied": "blocked"}
+    assert run("block", "all") == f"<all> added to the blocklist on lsfproxyd host <{name}>"
+    assert run("unblock", "all") == f"<all> removed from the blocklist on lsfproxyd host <{name}>"
+    assert status(d.socket)["metrics"]["blocked"]["current"] == 1
+    as_json = json.loads(cli("blocklist", "--json", "--socket", d.socket).stdout)
+    assert as_json["hosts"][0]["reply"]["blocklist"]["users"] == ["nobody"]
+
+
+def test_disable_means_proceed_without_token(start_daemon, cli, py_as):
+    d = start_daemon({})
+    out = cli("disable", "query", "--socket", d.socket)
+    assert out.stdout.splitlines() == ["lsfproxyd service status:", "  QUERY:DISABLED",
+                                       "  SUBMISSION:ENABLED", "  OTHER:ENABLED"]
+    got = json.loads(py_as(client_code(d.socket)).stdout)
+    assert got == {"token": "", "proceed": True, "reason": "disabled", "privileged": False}
+    got = json.loads(py_as(client_code(d.socket, "submission", "BATCH_JOB_SUB")).stdout)
+    assert got["token"] and not got["proceed"]
+    text = cli("status", "--socket", d.socket).stdout
+    assert "  QUERY: DISABLED" in text and "  SUBMISSION: ENABLED" in text
+    cli("enable", "all", "--socket", d.socket)
+    assert all(c["enabled"] for c in status(d.socket)["categories"].values())
+
+
+def test_status_text_matches_the_seed(start_daemon, cli):
+    d = start_daemon({"policies": "QUERY[max=100 nominal=50] SUBMISSION[max=30] OTHER[max=100]"})
+    with ProxyClient([Daemon("d", d.socket)]) as client:
+        held = [client.acquire("query", "BATCH_JOB_QUERY") for _ in range(3)]
+        lines = cli("status", "--socket", d.socket).stdout.splitlines()
+        for token in held:
+            token.release()
+    assert lines[:8] == ["", "lsfproxyd service status:", "  QUERY: ENABLED",
+                         "  SUBMISSION: ENABLED", "  OTHER: ENABLED", "",
+                         "lsfproxyd host status:", f"  HOSTNAME: {d.info['name']}"]
+    assert lines[8:14] == [
+        "  STATUS: CONNECTED", f"  PID: {d.pid}",
+        "             TOKEN_LIMIT  TOKENS_IN_USE_TOTAL  TOKENS_IN_USE_PRIVILEGED",
+        "  QUERY      100          3                    3",
+        "  SUBMISSION 30           0                    0",
+        "  OTHER      100          0                    0",
+    ]
+    assert lines[15].startswith("lsfproxyd started:              ")
+    assert lines[17] == "Sample period:                  60 Seconds"
+    assert lines[19] == "Metrics                                           Last         Max         Avg"
+    assert lines[22] == "     Query                                           0           0           0"
+    assert lines[-1] == "Error                                                0           0           0"
+
+
+def test_killed_client_does_not_leak_its_token(start_daemon):
+    d = start_daemon({})
+    holder = subprocess.Popen(
+        [*AS_NOBODY, PYTHON, "-c", client_code(d.socket, after="import time; time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        got = json.loads(holder.stdout.readline())
+        assert got["token"] and not got["privileged"]
+        assert status(d.socket)["categories"]["query"]["in_use"] == 1
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        assert until(lambda: status(d.socket)["categories"]["query"]["in_use"] == 0)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(10)
+        holder.stdout.close()
+
+
+def test_sighup_and_reconfig_reload(start_daemon, cli):
+    d = start_daemon({"policies": "QUERY[max=10]"})
+    assert status(d.socket)["categories"]["query"]["token_limit"] == 10
+    section = yaml.safe_load(d.config.read_text())["proxyd"]
+    section["policies"] = {"query": {"max": 20, "nominal": 5}}
+    d.config.write_text(yaml.safe_dump({"proxyd": section}))
+    os.kill(d.pid, signal.SIGHUP)
+    assert until(lambda: status(d.socket)["categories"]["query"]["token_limit"] == 20)
+    # a broken file is refused, the old config stays, the daemon lives
+    d.config.write_text("proxyd:\n  policies: 'QUERY[max=3 nominal=9]'\n")
+    os.kill(d.pid, signal.SIGHUP)
+    refused = cli("reconfig", "--socket", d.socket)
+    assert refused.returncode == 1 and "nominal" in refused.stdout
+    assert status(d.socket)["categories"]["query"]["token_limit"] == 20
+    section["policies"] = "QUERY[max=7]"
+    d.config.write_text(yaml.safe_dump({"proxyd": section}))
+    done = cli("reconfig", "--socket", d.socket)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert status(d.socket)["categories"]["query"]["nominal"] == 7
+    assert "config refused" in d.log()
+
+
+def test_sigterm_stops_cleanly_and_answers_waiters(start_daemon):
+    d = start_daemon({"policies": "QUERY[max=1]", "token_wait_time": 600})
+    holder = ProxyClient([Daemon("d", d.socket)])
+    waiter = subprocess.Popen([*AS_NOBODY, PYTHON, "-c", client_code(d.socket)],
+                              stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(d.socket)
+            token = holder.acquire("query")  # root's token counts: max=1 is reached
+            assert until(lambda: status(d.socket)["categories"]["query"]["queued"] == 1)
+            assert d.stop() == 0, d.log()
+            assert json.loads(waiter.stdout.readline()) == {"denied": "shutdown"}
+            assert waiter.wait(10) == 3
+            assert not os.path.exists(d.socket)
+            assert sock.recv(10) == b""  # connections are closed
+        holder.release(token)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        waiter.wait(10)
+        waiter.stdout.close()
+        holder.close()
+
+
+def test_malformed_and_oversized_lines_get_errors(start_daemon):
+    d = start_daemon({"max_line_bytes": 1024})
+    replies = talk(d.socket, b"garbage\n", b"[1,2]\n", b'{"v":9,"op":"hello"}\n',
+                   b'{"v":1,"id":4}\n', b'{"v":1,"id":5,"op":"nope"}\n',
+                   b'{"v":1,"id":6,"op":"acquire","category":"bogus"}\n',
+                   b'{"v":1,"id":7,"op":"acquire","category":"query","size":-1}\n',
+                   b"x" * 5000 + b"\n", b'{"v":1,"id":9,"op":"hello"}\n')
+    codes = [r.get("error", {}).get("code") for r in replies]
+    assert codes == ["bad_json", "bad_request", "bad_version", "bad_request", "unknown_op",
+                     "bad_request", "bad_request", "line_too_long", None]
+    assert replies[-1]["ok"] and replies[-1]["id"] == 9
+    # a partial line growing without end is cut off too; the daemon keeps serving others
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(d.socket)
+        sock.sendall(b"{" * 3000)
+        (reply,) = _read(sock, 1)
+        assert reply["error"]["code"] == "line_too_long"
+    assert hello(d.socket)["ok"]
+    assert status(d.socket)["metrics"]["error"]["current"] >= 8
+
+
+def test_two_daemons_split_limits_and_client_fails_over(start_daemon, sockdir, cli):
+    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
+             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    section = {"hosts": hosts, "policies": "QUERY[max=5 nominal=3] SUBMISSION[max=9]"}
+    a = start_daemon({**section, "socket": hosts[0]["address"]}, name="pa", config_name="site.yaml")
+    b = start_daemon({**section, "socket": hosts[1]["address"]}, name="pb", config_name="site.yaml")
+    sa, sb = status(a.socket)["categories"], status(b.socket)["categories"]
+    assert (sa["query"]["token_limit"], sb["query"]["token_limit"]) == (3, 2)
+    assert (sa["query"]["nominal"], sb["query"]["nominal"]) == (2, 1)
+    assert sa["submission"]["token_limit"] + sb["submission"]["token_limit"] == 9
+    # admin commands go to every daemon listed in the config
+    out = cli("block", "-u", "user1", "-m", "hostA", "-c", str(a.config))
+    assert out.stdout.splitlines() == [
+        "<user1@hostA> added to the blocklist on lsfproxyd host <pa>",
+        "<user1@hostA> added to the blocklist on lsfproxyd host <pb>"]
+    client = ProxyClient([Daemon(h["name"], h["address"]) for h in hosts],
+                         when_unavailable="fail")
+    used = {client.acquire("other").daemon for _ in range(40)}
+    assert used == {"pa", "pb"}  # random pick spreads the load
+    a.stop(signal.SIGKILL)
+    tokens = [client.acquire("other") for _ in range(20)]
+    assert {t.daemon for t in tokens} == {"pb"}
+    for token in tokens:
+        token.release()
+    out = cli("blocklist", "-c", str(a.config))
+    assert out.returncode == 1
+    assert "lsfproxyd host - pa\n  Unable to contact <pa>" in out.stdout
+    assert "lsfproxyd host - pb\n  Blocked all:           No" in out.stdout
+    b.stop(signal.SIGKILL)
+    with pytest.raises(ProxyUnavailable, match="no lsfproxyd answered"):
+        client.acquire("other")
+    proceeding = ProxyClient([Daemon(h["name"], h["address"]) for h in hosts])
+    assert proceeding.acquire("other").proceed  # when_unavailable: proceed (the default)
+    client.close()
+
+
+def test_diagnostic_log(start_daemon, cli, py_as, sockdir):
+    log = sockdir / "diag.log"
+    d = start_daemon({"diagnose": True, "diagnose_file": str(log)})
+    assert py_as(client_code(d.socket, "submission", "BATCH_JOB_SUB")).returncode == 0
+    cli("block", "-u", "nobody", "--socket", d.socket)
+    assert py_as(client_code(d.socket)).returncode == 3
+    lines = log.read_text().splitlines()
+    pattern = (r"^[A-Z][a-z]{2} \d{1,2} \d\d:\d\d:\d\d \d{4} "
+               r"(QUERY|SUBMISSION|OTHER)_REQ,[A-Z_-]+,\w+,[\w.-]+,\d+,[01],\d{6},\d{6}$")
+    assert all(re.match(pattern, line) for line in lines), lines
+    host = hello(d.socket)["host"]
+    assert lines[0].split(" ", 4)[4].startswith(f"SUBMISSION_REQ,BATCH_JOB_SUB,nobody,{host},12,1,")
+    assert lines[1].split(" ", 4)[4].startswith(f"QUERY_REQ,BATCH_JOB_QUERY,nobody,{host},12,0,")
+    off = cli("diagnose", "off", "--socket", d.socket)
+    assert "diagnostic log OFF" in off.stdout
+    cli("unblock", "-u", "nobody", "--socket", d.socket)
+    assert py_as(client_code(d.socket)).returncode == 0
+    assert len(log.read_text().splitlines()) == 2
+    cli("diagnose", "on", "--socket", d.socket)
+    assert py_as(client_code(d.socket)).returncode == 0
+    assert len(log.read_text().splitlines()) == 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tcp_requests_are_signed(start_daemon, sockdir):
+    from gridgate.plugins.lsf_proxy.protocol import encode, sign
+
+    key = sockdir / "key"
+    key.write_text("s3cret\n")
+    port = _free_port()
+    d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
+                      "addon_hosts": ["addonhost"], "policies": "QUERY[max=1]"})
+    address = f"127.0.0.1:{port}"
+    trusted = ProxyClient([Daemon("t", address)], key="s3cret", user="alice", host="addonhost")
+    first = trusted.acquire("query")
+    second = trusted.acquire("query")
+    assert first.privileged and second.privileged  # add-on host: beyond max
+    assert status(d.socket)["categories"]["query"]["in_use_privileged"] == 2
+    trusted.close()
+
+    def tcp(*messages: bytes) -> list[dict]:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"".join(messages))
+            return _read(sock, len(messages))
+
+    unsigned = tcp(b'{"v":1,"id":1,"op":"hello"}\n')[0]
+    assert unsigned["error"]["code"] == "unsigned"
+    signed = encode(sign({"v": 1, "id": 2, "op": "hello"}, "s3cret", "bob", "far"))
+    ok, replay = tcp(signed, signed)
+    assert (ok["user"], ok["host"], ok["admin"]) == ("bob", "far", False)
+    assert replay["error"]["code"] == "replayed"
+    forged = encode(sign({"v": 1, "id": 3, "op": "status"}, "wrong", "root", "far"))
+    assert tcp(forged)[0]["error"]["code"] == "bad_signature"
+    message = sign({"v": 1, "id": 4, "op": "hello"}, "s3cret", "bob", "far")
+    message["auth"]["user"] = "root"  # tampering breaks the signature
+    assert tcp(encode(message))[0]["error"]["code"] == "bad_signature"
+    from gridgate.core.clock import FakeClock
+
+    stale = sign({"v": 1, "id": 5, "op": "hello"}, "s3cret", "bob", "far",
+                 clock=FakeClock(time.time() - 3600))
+    assert tcp(encode(stale))[0]["error"]["code"] == "stale"
+
+
+def test_notoken_retries_then_gives_up(start_daemon, py_as):
+    d = start_daemon({"policies": "QUERY[max=1]", "token_wait_time": 0.2, "queue_limit_per_user": 1})
+    with ProxyClient([Daemon("d", d.socket)]) as root:
+        token = root.acquire("query")  # root's token fills max=1
+        out = py_as(client_code(d.socket, ntries=3))
+        token.release()
+    assert out.returncode == 3
+    assert json.loads(out.stdout) == {"denied": "timeout"}
+    assert len(re.findall(r"no token from d \(timeout\), attempt \d/3", out.stderr)) == 2
+    assert status(d.socket)["metrics"]["rejected.query"]["current"] == 3
+
+
+def test_config_errors_stop_serve(cli, sockdir):
+    bad = sockdir / "bad.yaml"
+    bad.write_text("proxyd:\n  policies: 'QUERY[max=10 nominal=20]'\n")
+    out = cli("serve", "-c", str(bad))
+    assert out.returncode == 2
+    assert f"{bad}:2: proxyd.policies.query.nominal: nominal (20) must not exceed max (10)" in out.stderr
