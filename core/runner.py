@@ -280,18 +280,21 @@ def _supervise(
     max_output: int,
     kill_grace: float,
 ) -> CommandResult:
-    assert proc.stdout is not None and proc.stderr is not None
     pgid = proc.pid  # start_new_session: the child leads its own group
-    out = _Stream(proc.stdout, max_output)
-    err = _Stream(proc.stderr, max_output)
-    exit_watch = _Exit(proc.pid)
-    sel = selectors.PollSelector()
-    pending_input = memoryview(bytes(input)) if input is not None else None
-    stdin_fd: int | None = None
-    timed_out = False
+    exit_watch: _Exit | None = None
+    sel: selectors.BaseSelector | None = None
     group_killed = False
     finished = False
+    # Everything after Popen sits inside the try, so an interrupt at any point kills the group.
     try:
+        assert proc.stdout is not None and proc.stderr is not None
+        out = _Stream(proc.stdout, max_output)
+        err = _Stream(proc.stderr, max_output)
+        exit_watch = _Exit(proc.pid)
+        sel = selectors.PollSelector()
+        pending_input = memoryview(bytes(input)) if input is not None else None
+        stdin_fd: int | None = None
+        timed_out = False
         sel.register(out.fd, selectors.EVENT_READ, out)
         sel.register(err.fd, selectors.EVENT_READ, err)
         if exit_watch.pidfd is not None:
@@ -399,8 +402,11 @@ def _supervise(
                 proc.wait(timeout=_REAP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 pass
-        sel.close()
-        exit_watch.close()
+            _wait_group_gone(pgid, _REAP_TIMEOUT)
+        if sel is not None:
+            sel.close()
+        if exit_watch is not None:
+            exit_watch.close()
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 try:

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
 from gridgate.core.cli import cli
 from gridgate.core.config import (
     ConfigError,
@@ -17,9 +21,6 @@ from gridgate.core.config import (
     read_secret,
     validate_document,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from jsonschema import Draft202012Validator
 
 HERE = Path(__file__).parent
 BAD = sorted((HERE / "bad_configs").glob("*.yaml"))
