@@ -329,17 +329,22 @@ class ProxydSection:
         for index, name in enumerate(names):
             if names.index(name) != index:
                 problems.append((("hosts", index, "name"), f"host name {name!r} is listed twice"))
+        has_key = bool(section.get("key"))
         for index, host in enumerate(hosts):
             address = host.get("address", "")
-            if not address.startswith("/") and not _parse_tcp(address):
+            if address.startswith("/"):
+                continue
+            if not _parse_tcp(address):
                 problems.append((("hosts", index, "address"),
                                  f"{address!r} is neither an absolute socket path nor host:port"))
-        tcp_needed = section.get("tcp") or any(
-            not h.get("address", "/").startswith("/") for h in hosts)
-        if section.get("tcp") and not _parse_tcp(section["tcp"]):
-            problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))
-        if tcp_needed and not section.get("key"):
-            problems.append((("key",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}"))
+            elif not has_key:
+                problems.append((("hosts", index, "address"),
+                                 "a TCP address needs the shared key: key: {env: NAME} or {file: PATH}"))
+        if section.get("tcp"):
+            if not _parse_tcp(section["tcp"]):
+                problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))
+            elif not has_key:
+                problems.append((("tcp",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}"))
         return problems
 
 

@@ -1,0 +1,148 @@
+"""Daemon behaviour that depends on time, on a FakeClock: the daemon runs in-process (a thread
+with its own event loop) on a real socket, clients are real processes; nobody sleeps for an
+expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from loguru import logger
+
+from gridgate.core.clock import FakeClock
+from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon
+
+pytestmark = pytest.mark.timeout(120)
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+@pytest.fixture
+def fake_daemon(sockdir):
+    """Start a daemon on a FakeClock in a thread; yields (daemon, clock)."""
+    started = []
+
+    def start(**overrides):
+        section = section_defaults()
+        section.update(socket=str(sockdir / "fake.sock"), **overrides)
+        clock = FakeClock(time.time())
+        daemon = ProxyDaemon(section, clock=clock)
+        ready = threading.Event()
+        daemon.on_ready = lambda _d: ready.set()
+        thread = threading.Thread(target=lambda: asyncio.run(daemon.serve(install_signals=False)),
+                                  daemon=True)
+        thread.start()
+        assert ready.wait(20), "daemon did not start"
+        started.append((daemon, thread))
+        return daemon, clock
+
+    yield start
+    for daemon, thread in started:
+        daemon.stop()
+        thread.join(20)
+        assert not thread.is_alive()
+
+
+def admin_status(path: str) -> dict:
+    with ProxyClient([Daemon("d", path)]) as client:
+        (reply,) = client.admin("status")
+    return reply.reply["status"]
+
+
+def until(predicate, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
+
+
+def test_lease_expiry_counts_as_error_and_is_logged(fake_daemon):
+    daemon, clock = fake_daemon(lease_time=30)
+    seen: list[str] = []
+    sink = logger.add(lambda m: seen.append(str(m)), level="WARNING", format="{message}")
+    try:
+        client = ProxyClient([Daemon("d", daemon.socket_path)])
+        token = client.acquire("submission", "BATCH_JOB_SUB")
+        assert admin_status(daemon.socket_path)["categories"]["submission"]["in_use"] == 1
+        clock.advance(29)
+        daemon.wake()
+        assert admin_status(daemon.socket_path)["categories"]["submission"]["in_use"] == 1
+        clock.advance(1)
+        daemon.wake()
+        assert until(lambda: admin_status(daemon.socket_path)["categories"]["submission"]["in_use"] == 0)
+        status = admin_status(daemon.socket_path)
+        assert status["metrics"]["error"]["current"] == 1
+        assert any("lease of token" in line and "root@" in line and "expired" in line for line in seen)
+        client.release(token)  # late release: harmless
+        client.close()
+    finally:
+        logger.remove(sink)
+
+
+def test_ordinary_user_waits_then_is_denied_at_the_wait_limit(fake_daemon):
+    daemon, clock = fake_daemon(policies="QUERY[max=1]", token_wait_time=15)
+    root = ProxyClient([Daemon("d", daemon.socket_path)])
+    held = root.acquire("query")  # root counts: max reached
+    code = (
+        "import json; from gridgate.plugins.lsf_proxy.client import *\n"
+        f"c = ProxyClient([Daemon('d', {daemon.socket_path!r})], notoken_ntries=1)\n"
+        "try:\n    t = c.acquire('query', 'BATCH_JOB_QUERY')\n    print(json.dumps({'token': t.id}))\n"
+        "except NoToken as e:\n    print(json.dumps({'denied': e.reason}))\n"
+    )
+    waiter = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              text=True, cwd="/")
+    try:
+        assert until(lambda: admin_status(daemon.socket_path)["categories"]["query"]["queued"] == 1)
+        clock.advance(14.5)
+        daemon.wake()
+        assert admin_status(daemon.socket_path)["categories"]["query"]["queued"] == 1
+        clock.advance(0.5)
+        daemon.wake()
+        assert json.loads(waiter.stdout.readline()) == {"denied": "timeout"}
+        assert waiter.wait(20) == 0
+        assert admin_status(daemon.socket_path)["metrics"]["rejected.query"]["current"] == 1
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        waiter.wait(10)
+        waiter.stdout.close()
+        root.release(held)
+        root.close()
+
+
+def test_waiter_granted_round_robin_when_tokens_come_back(fake_daemon):
+    daemon, clock = fake_daemon(policies="QUERY[max=1 throttle=1]")
+    root = ProxyClient([Daemon("d", daemon.socket_path)])
+    held = root.acquire("query")
+    code = (
+        "import json, sys; from gridgate.plugins.lsf_proxy.client import *\n"
+        f"c = ProxyClient([Daemon('d', {daemon.socket_path!r})])\n"
+        "t = c.acquire('query'); print(json.dumps({'token': t.id, 'waited': t.waited}), flush=True)\n"
+        "sys.stdin.readline(); t.release()\n"
+    )
+    waiter = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stdin=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert until(lambda: admin_status(daemon.socket_path)["categories"]["query"]["queued"] == 1)
+        clock.advance(3)
+        root.release(held)
+        got = json.loads(waiter.stdout.readline())
+        assert got["token"] and got["waited"] == pytest.approx(3, abs=0.01)
+        assert admin_status(daemon.socket_path)["categories"]["query"]["in_use"] == 1
+        waiter.stdin.write("\n")
+        waiter.stdin.flush()
+        assert waiter.wait(20) == 0
+        assert until(lambda: admin_status(daemon.socket_path)["categories"]["query"]["in_use"] == 0)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        waiter.wait(10)
+        waiter.stdout.close()
+        waiter.stdin.close()
+        root.close()

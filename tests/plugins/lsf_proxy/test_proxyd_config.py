@@ -1,0 +1,87 @@
+"""The ``proxyd:`` section through the site config loader: both policy forms, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from gridgate.core.config import ConfigError, load_config
+from gridgate.plugins.lsf_proxy.config import Limits, resolve_policies
+
+
+def load(write, text: str):
+    return load_config(write("site.yaml", text))
+
+
+def problems(write, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load(write, text)
+    return [str(p) for p in info.value.problems]
+
+
+def test_lsf_string_pasted_verbatim(write):
+    config = load(write, 'proxyd:\n  policies: "QUERY[max=100 nominal=50 throttle=1] '
+                         'SUBMISSION[max=100] OTHER[max=100]"\n')
+    section = config["proxyd"]
+    assert section["token_wait_time"] == 15 and section["admins"] == ["root"]
+    assert section["diagnose"] is False and section["hosts"] == []
+    assert resolve_policies(section["policies"])["query"] == Limits(100, 50, 0.001)
+
+
+def test_mapping_per_category(write):
+    config = load(write, "proxyd:\n  policies:\n    query: {max: 200}\n    other: {nominal: 150}\n")
+    limits = resolve_policies(config["proxyd"]["policies"])
+    assert limits["query"] == Limits(200, 50, 0.001)
+    assert limits["other"] == Limits(150, 150, 0.001)
+    assert limits["submission"] == Limits(100, 50, 0.001)
+
+
+def test_errors_name_file_line_and_field(write):
+    path = write("site.yaml", "proxyd:\n  admins: [root]\n  policies:\n    query:\n"
+                              "      max: 10\n      nominal: 20\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert [str(p) for p in info.value.problems] == [
+        f"{path}:6: proxyd.policies.query.nominal: nominal (20) must not exceed max (10)"]
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("  policies: 'QUERY[max=10 nominal=20]'\n",
+     "proxyd.policies.query.nominal: nominal (20) must not exceed max (10)"),
+    ("  policies: 'QUERY[max=-1]'\n", "proxyd.policies.query.max: max must be a positive integer"),
+    ("  policies: 'QUEUE[max=1]'\n", "proxyd.policies: unknown category 'QUEUE'"),
+    ("  policies: {query: {max: 0}}\n", "proxyd.policies.query.max: max must be a positive integer"),
+    ("  policies: {query: {speed: 1}}\n", "proxyd.policies"),
+    ("  tcp: '0.0.0.0:7000'\n", "proxyd.tcp: TCP needs a shared key"),
+    ("  hosts: [{name: a, address: /x.sock}, {name: a, address: /y.sock}]\n",
+     "proxyd.hosts[1].name: host name 'a' is listed twice"),
+    ("  hosts: [{name: a, address: nowhere}]\n", "proxyd.hosts[0].address: 'nowhere' is neither"),
+    ("  hosts: [{name: a, address: 'h1:7000'}]\n", "proxyd.hosts[0].address: a TCP address needs"),
+    ("  token_wait_time: 0\n", "proxyd.token_wait_time:"),
+    ("  wait: 3\n", "proxyd.wait: unknown key"),
+])
+def test_bad_sections(write, body, expected):
+    found = problems(write, "proxyd:\n" + body)
+    assert any(expected in p for p in found), found
+    assert all(":2: " in p for p in found), found
+
+
+def test_good_tcp_and_hosts(write):
+    config = load(write, "proxyd:\n  tcp: '127.0.0.1:7000'\n  key: {env: PROXYD_KEY}\n"
+                         "  hosts:\n    - {name: a, address: 'h1:7000'}\n"
+                         "    - {name: b, address: /run/b.sock}\n")
+    assert [h["name"] for h in config["proxyd"]["hosts"]] == ["a", "b"]
+
+
+def test_config_validate_command(write):
+    good = write("good.yaml", "proxyd:\n  policies: 'SUBMISSION[max=30]'\n")
+    bad = write("bad.yaml", "proxyd:\n  policies: 'SUBMISSION[max=30 nominal=31]'\n")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).parent / "gridgate")
+    assert subprocess.run([exe, "config", "validate", str(good)], capture_output=True).returncode == 0
+    out = subprocess.run([exe, "config", "validate", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert f"{bad}:2: proxyd.policies.submission.nominal: nominal (31) must not exceed max (30)" \
+        in out.stderr
