@@ -212,7 +212,7 @@ def notify_test(path: str, level: str, wait: float) -> None:
     import time
 
     note = Notification(level=level, subject=f"gridgate test {level} notification",  # type: ignore[arg-type]
-                        body="This is a test sent by `gridgate notify test`.\n", created=time.time(),
+                        body=f"This is a test sent by `gridgate notify test` at {time.ctime()}.\n", created=time.time(),
                         key=f"test/{time.time():.0f}")
     failed = False
     try:

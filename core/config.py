@@ -38,6 +38,7 @@ SECRET_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "minProperties": 1,
     "maxProperties": 1,
+    "x-gridgate-secret": True,
 }
 
 DIRECTOR_SCHEMA: dict[str, Any] = {
@@ -293,6 +294,9 @@ def _section_schema(cls: type) -> dict[str, Any]:
 def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
     """Turn one jsonschema error into (path, message) pairs that point at the culprit."""
     path: PathT = tuple(error.absolute_path)
+    if isinstance(error.schema, Mapping) and error.schema.get("x-gridgate-secret"):
+        # never echo what was written where a secret belongs: it may be the secret itself
+        return [(path, "a secret is given as {env: VARIABLE} or {file: PATH}, never inline")]
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = set(error.schema.get("properties", {}))
         patterns = error.schema.get("patternProperties", {})

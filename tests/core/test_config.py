@@ -199,3 +199,20 @@ def test_missing_secret_error_never_contains_a_value(monkeypatch: pytest.MonkeyP
         read_secret({"env": "GG_ABSENT"})
     with pytest.raises(SecretError, match="cannot read secret file"):
         read_secret({"file": "/nonexistent/secret"})
+
+
+def test_inline_secret_is_refused_without_echoing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gridgate.core.config import SECRET_SCHEMA, validate_document
+
+    class WithSecret:
+        config_schema = {"type": "object", "properties": {"password": SECRET_SCHEMA}, "additionalProperties": False}
+
+    import gridgate.core.config as config_module
+
+    original = config_module.load_class
+    monkeypatch.setattr(config_module, "load_class",
+                        lambda group, name: WithSecret if name == "secretive" else original(group, name))
+    with pytest.raises(ConfigError) as info:
+        validate_document({"notifiers": {"secretive": {"password": "hunter2-inline"}}})
+    assert "hunter2-inline" not in str(info.value)
+    assert "notifiers.secretive.password" in str(info.value) and "never inline" in str(info.value)
