@@ -285,18 +285,31 @@ class _Queue:
         if queue is not None and not queue:
             del self.users[item.user]
 
-    def next(self) -> _Pending | None:
-        """The head of the user whose turn it is; that user then goes to the back."""
-        while self.users:
-            user, queue = next(iter(self.users.items()))
+    def next(self, held: Mapping[str, int]) -> _Pending | None:
+        """The head of the next user in turn among those holding the fewest tokens; that
+        user then goes to the back of the rotation.
+
+        Plain rotation would let a user who is busy holding a token lose turns to one with
+        64 requests queued; preferring the least-served waiter keeps shares even (max-min).
+        """
+        best_user, best_held, empty = None, 0, []
+        for user, queue in self.users.items():
             while queue and not queue[0].live:
                 queue.popleft()
             if not queue:
-                del self.users[user]
+                empty.append(user)
                 continue
-            self.users.move_to_end(user)
-            return queue[0]
-        return None
+            count = held.get(user, 0)
+            if best_user is None or count < best_held:
+                best_user, best_held = user, count
+                if count == 0:
+                    break
+        for user in empty:
+            del self.users[user]
+        if best_user is None:
+            return None
+        self.users.move_to_end(best_user)
+        return self.users[best_user][0]
 
     def oldest(self) -> _Pending | None:
         while self.arrivals and not self.arrivals[0].live:
@@ -315,6 +328,7 @@ class _Category:
     in_use_privileged: int = 0
     last_grant: float = float("-inf")
     queue: _Queue = field(default_factory=_Queue)
+    held: dict[str, int] = field(default_factory=dict)  # tokens in use per user
 
 
 @dataclass(frozen=True)
@@ -383,6 +397,7 @@ class TokenPolicy:
             host=req.host, privileged=privileged, expires_at=now + self.settings.lease_time,
         )
         cat.in_use += 1
+        cat.held[req.user] = cat.held.get(req.user, 0) + 1
         if privileged:
             cat.in_use_privileged += 1
         else:
@@ -456,6 +471,11 @@ class TokenPolicy:
             return None
         cat = self.categories[token.category]
         cat.in_use -= 1
+        left = cat.held.get(token.user, 1) - 1
+        if left > 0:
+            cat.held[token.user] = left
+        else:
+            cat.held.pop(token.user, None)
         if token.privileged:
             cat.in_use_privileged -= 1
         return token
@@ -478,7 +498,7 @@ class TokenPolicy:
             while (item := queue.oldest()) is not None and now - item.received >= wait:
                 decisions.append(self._take(cat, item, now, DENIED, "timeout"))
             while queue.size and self._can_grant(cat, now):
-                item = queue.next()
+                item = queue.next(cat.held)
                 if item is None:
                     break
                 decisions.append(self._take(cat, item, now, GRANTED))

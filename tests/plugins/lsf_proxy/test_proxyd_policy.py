@@ -447,3 +447,19 @@ def test_property_split_sums_to_limits(max_, nominal_cut, n):
     assert sum(s.nominal for s in shares) == nominal
     assert all(s.nominal <= s.max for s in shares)
     assert max(s.max for s in shares) - min(s.max for s in shares) <= 1
+
+
+def test_waiter_holding_fewer_tokens_goes_first():
+    policy, _ = make(max_=3, nominal=3, throttle=0)
+    heavy_tokens = [policy.request(req("heavy")).token for _ in range(2)]
+    light_token = policy.request(req("light")).token
+    for _ in range(3):
+        policy.request(req("heavy"))  # queued first: first in the rotation
+    light_waiting = policy.request(req("light"))
+    policy.release(light_token.id)
+    (decision,) = policy.tick().decisions
+    # heavy still holds 2, light holds none: light's turn although heavy queued first
+    assert decision.request.id == light_waiting.request.id
+    policy.release(heavy_tokens[0].id)
+    (decision,) = policy.tick().decisions
+    assert decision.request.user == "heavy"
