@@ -267,7 +267,7 @@ class ProxyDaemon:
                 raise StartupError(f"a daemon already listens on {path}")
             path.unlink()
         server = await asyncio.start_unix_server(self._on_unix, path=str(path),
-                                                 limit=self.max_line + 1)
+                                                 limit=self.max_line + 1, backlog=1024)
         os.chmod(path, int(self.section.get("socket_mode", "0666"), 8))
         self._servers.append(server)
         tcp = self.section.get("tcp")
@@ -277,7 +277,8 @@ class ProxyDaemon:
                 raise StartupError("proxyd.tcp needs proxyd.key")
             self.verifier = Verifier(key, float(self.section.get("max_clock_skew", 30)))
             _, (host, port) = parse_address(tcp)
-            server = await asyncio.start_server(self._on_tcp, host=host, port=port, reuse_address=True)
+            server = await asyncio.start_server(self._on_tcp, host=host, port=port,
+                                                reuse_address=True, backlog=1024)
             self._servers.append(server)
             logger.info("lsfproxyd {} also on tcp {}", self.name, tcp)
 
