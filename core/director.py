@@ -20,7 +20,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import Config, ConfigError, ConfigSource
-from gridgate.core.escalation import FAILING
+from gridgate.core.escalation import EPISODE, FAILING, TICKETS
 from gridgate.core.model import (
     AccountingRecord,
     AdmissionRequest,
@@ -152,11 +152,41 @@ class Director:
         self.state = state or open_state(self.config, clock)
         self.pm: pluggy.PluginManager
         self._plugins: list[object] = []
+        self.metrics: Any = None
+        self.metrics_port: int | None = None
+        port = self.config.director.get("metrics_port")
+        if port is not None:
+            self._start_metrics(int(port))
         self._build()
         self.iteration = 0
         self.stop_event = threading.Event()
 
     # --- plugins and config --------------------------------------------------------------
+
+    def _start_metrics(self, port: int) -> None:
+        try:
+            from gridgate.core.metrics import DirectorMetrics
+        except ImportError as exc:
+            raise RuntimeError("director.metrics_port needs prometheus_client: "
+                               "pip install 'gridgate[metrics]'") from exc
+        self.metrics = DirectorMetrics(self._gauges)
+        self.metrics_port = self.metrics.serve(port)
+        self.extra_plugins.append(self.metrics)
+        logger.info("metrics on http://127.0.0.1:{}/metrics", self.metrics_port)
+
+    def _gauges(self) -> dict[str, Any]:
+        caches: dict[str, int] = {}
+        for name, prefix in (("failing", FAILING), ("tickets", TICKETS), ("episodes", EPISODE)):
+            try:
+                caches[name] = len(self.state.items(prefix))
+            except StateError:
+                continue
+        outbox: dict[str, int] = {}
+        for name, plugin in self.pm.list_name_plugin():
+            pending = getattr(getattr(plugin, "outbox", None), "pending", None)
+            if callable(pending):
+                outbox[name.split(":", 1)[-1]] = len(pending())
+        return {"caches": caches, "outbox": outbox}
 
     def _build(self) -> None:
         director = self.config.director
@@ -182,6 +212,8 @@ class Director:
             logger.info("config {} changed; new settings take effect now", self.source.path)
             self.config = self.source.current
             self._build()
+        if self.metrics is not None and (outcome.changed or outcome.error is not None):
+            self.metrics.config_reloaded(refused=outcome.error is not None)
         if outcome.error is not None:
             return _refusal_text(outcome.error)
         return None
@@ -190,6 +222,8 @@ class Director:
         for plugin in self._plugins:
             _close(plugin)
         self._plugins = []
+        if self.metrics is not None:
+            self.metrics.close()
         if self._own_state:
             self.state.close()
 

@@ -1,0 +1,87 @@
+"""Prometheus metrics of the director, served on ``director.metrics_port``.
+
+A plugin like any other: it listens to the lifecycle hooks and counts. It has its own
+registry, so two directors in one process (tests) never share series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from gridgate.core import hookimpl
+from gridgate.core.model import AccountingRecord, IterationSummary, Notification
+
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+class DirectorMetrics:
+    """Counters and gauges of the director; ``serve(port)`` exposes them over HTTP.
+
+    ``gauges_source`` is called at the end of each iteration and returns the sizes that
+    are read rather than counted: cache entries, outbox depth per notifier.
+    """
+
+    def __init__(self, gauges_source: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.submissions = Counter("gridgate_submissions", "Submission attempts by outcome",
+                                   ["backend", "endpoint", "outcome"], registry=r)
+        self.pilots = Counter("gridgate_pilots_submitted", "Pilots submitted", ["backend", "endpoint"], registry=r)
+        self.failures = Counter("gridgate_failures", "Failures by kind", ["backend", "endpoint", "kind"], registry=r)
+        self.duration = Histogram("gridgate_command_duration_seconds", "Duration of a submission attempt",
+                                  ["backend"], buckets=DURATION_BUCKETS, registry=r)
+        self.iteration = Histogram("gridgate_iteration_duration_seconds", "Duration of an iteration",
+                                   buckets=DURATION_BUCKETS, registry=r)
+        self.excluded = Gauge("gridgate_endpoints_excluded", "Endpoints excluded in the last iteration", registry=r)
+        self.notifications = Counter("gridgate_notifications", "Notifications by level", ["level"], registry=r)
+        self.reloads = Counter("gridgate_config_reloads", "Config re-reads that changed something",
+                               ["result"], registry=r)
+        self.cache = Gauge("gridgate_cache_entries", "Live entries per cache", ["cache"], registry=r)
+        self.outbox = Gauge("gridgate_outbox_depth", "Messages waiting per notifier", ["notifier"], registry=r)
+        self.gauges_source = gauges_source
+        self._server: Any = None
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Start the HTTP exposition; returns the port (useful with port 0)."""
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        self._server = server
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def config_reloaded(self, refused: bool) -> None:
+        self.reloads.labels(result="refused" if refused else "applied").inc()
+
+    @hookimpl
+    def gridgate_submission_finished(self, record: AccountingRecord) -> None:
+        endpoint = record.endpoint or "-"
+        self.submissions.labels(record.backend, endpoint, record.outcome).inc()
+        if record.outcome == "submitted":
+            self.pilots.labels(record.backend, endpoint).inc(record.pilots)
+        if record.outcome == "failed":
+            self.failures.labels(record.backend, endpoint, record.failure_kind or "error").inc()
+        if record.duration:
+            self.duration.labels(record.backend).observe(record.duration)
+
+    @hookimpl
+    def gridgate_notify(self, notification: Notification) -> None:
+        self.notifications.labels(notification.level).inc()
+
+    @hookimpl
+    def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
+        self.iteration.observe(summary.duration)
+        self.excluded.set(len(summary.excluded))
+        if self.gauges_source is None:
+            return
+        gauges = self.gauges_source()
+        for cache, size in gauges.get("caches", {}).items():
+            self.cache.labels(cache).set(size)
+        for notifier, depth in gauges.get("outbox", {}).items():
+            self.outbox.labels(notifier).set(depth)
