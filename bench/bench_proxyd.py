@@ -293,7 +293,16 @@ def markdown(results: dict) -> str:
                      f"{i['daemon_saw']} seen by the daemon) | **{i['rss_mb_with_connections']} MB** "
                      f"(idle daemon {i['rss_mb_idle_daemon']} MB; a grant meanwhile took "
                      f"{i['grant_ms_meanwhile']} ms) | <= 200 MB |")
-    lines += ["", "Raw results:", "", "```json", json.dumps(results, indent=2), "```", ""]
+    lines += [
+        "",
+        "How to read them: the echo server is an asyncio Unix-socket server with the daemon's "
+        "framing that returns each line; the clients send the very same acquire/release lines "
+        "to both. Server and client processes share the two cores, so both rates are partly "
+        "client-bound and the ratio flatters neither side much more than the other. Latency is "
+        "the acquire round trip seen by the client (no throttling: nominal 1000). Fairness: "
+        "fair share = total grants / 5 users; a light user's loop cannot ask again while it "
+        "holds its token, which is why the heavy user ends above 1.",
+        "", "Raw results:", "", "```json", json.dumps(results, indent=2), "```", ""]
     return "\n".join(lines)
 
 
