@@ -1,0 +1,110 @@
+"""Stand-in LSF commands (``bsub``, ``bjobs``) and a stand-in master daemon, for tests and demos.
+
+:func:`install_commands` writes the commands into a directory of the caller's choosing; nothing
+is put on PATH implicitly. Their behaviour comes from the scenario file named by
+``GRIDGATE_LSF_SCENARIO`` (see :mod:`gridgate.plugins.lsf_proxy.sim.cli`); the master daemon
+is started with :func:`start_master` or ``python -m gridgate.plugins.lsf_proxy.sim.master``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridgate.plugins.lsf_proxy.sim.cli import (
+    MASTER_ENV,
+    SCENARIO_ENV,
+    load_scenario,
+    write_scenario,
+)
+from gridgate.plugins.lsf_proxy.sim.master import call
+
+COMMANDS = ("bsub", "bjobs")
+
+_WRAPPER = """#!{python}
+# Stand-in written by gridgate.plugins.lsf_proxy.sim.install_commands: for tests and demos only.
+import sys
+
+from gridgate.plugins.lsf_proxy.sim.cli import main
+
+sys.exit(main())
+"""
+
+__all__ = ["COMMANDS", "MASTER_ENV", "SCENARIO_ENV", "Master", "install_commands",
+           "load_scenario", "start_master", "write_scenario"]
+
+
+def install_commands(bin_dir: Path, mode: int = 0o755) -> Path:
+    """Write the stand-in executables into ``bin_dir`` (created if needed) and return it.
+
+    They run under this interpreter, so they find gridgate whatever the caller's PATH.
+    """
+    bin_dir = Path(bin_dir)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in COMMANDS:
+        temporary = bin_dir / f".{name}.tmp{os.getpid()}"
+        temporary.write_text(_WRAPPER.format(python=sys.executable), encoding="utf-8")
+        temporary.chmod(mode)
+        temporary.replace(bin_dir / name)  # atomic: nobody runs a half-written script
+    return bin_dir
+
+
+@dataclass
+class Master:
+    """A running stand-in master daemon (a child process)."""
+
+    proc: subprocess.Popen[bytes]
+    socket: str
+
+    def stats(self) -> dict[str, Any]:
+        return call(self.socket, {"op": "stats"})
+
+    def reset(self) -> None:
+        call(self.socket, {"op": "reset"})
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(timeout)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return code
+
+    def __enter__(self) -> Master:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_master(socket_path: str | os.PathLike[str], base: float = 0.01, knee: float = 8.0,
+                 ready_timeout: float = 30.0) -> Master:
+    """Start the master daemon as a child process and wait until it listens.
+
+    :raises RuntimeError: it did not report ready within ``ready_timeout`` seconds.
+    """
+    argv = [sys.executable, "-m", "gridgate.plugins.lsf_proxy.sim.master", "--socket",
+            str(socket_path), "--base", str(base), "--knee", str(knee)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+    reader.join(ready_timeout)
+    if not line or not line[0]:
+        proc.kill()
+        proc.wait(10)
+        raise RuntimeError("the stand-in master daemon did not start")
+    info = json.loads(line[0])
+    return Master(proc, info["socket"])

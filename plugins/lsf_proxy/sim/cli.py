@@ -1,0 +1,352 @@
+"""The stand-in ``bsub`` and ``bjobs``: real processes that print what LSF prints (formats.md)
+and behave as the scenario file says; the program's identity is the basename of argv[0].
+
+The scenario (JSON or YAML) is named by ``GRIDGATE_LSF_SCENARIO``::
+
+    state_dir: /tmp/x/lsf          # job counter and job table (needed for bjobs to see jobs)
+    master: /tmp/x/master.sock     # stand-in master daemon to contact (or GRIDGATE_LSF_MASTER)
+    default_queue: normal
+    max_processors: 64             # bsub -n above this: "Too many processors requested"
+    job_stat: PEND                 # state bjobs shows for submitted jobs
+    default: {behaviour: ok}
+    queues:
+      normal: {behaviour: ok, latency: 0.1, preamble: 1}
+      broken: {behaviour: lim_down}
+    bjobs: {behaviour: ok}
+
+bsub behaviours: ``ok``, ``no_such_queue``, ``too_many_processors``, ``rusage_error``,
+``bad_resreq``, ``non_lsf_host``, ``lim_down``, ``master_lim_down``, ``daemon_not_responding``
+(prints the "still trying" line forever), ``hang``. ``preamble: N`` prints N lines of
+``Cannot connect to LSF. Please wait ...`` first. bjobs knows ``ok``, ``lim_down``,
+``daemon_not_responding`` and ``hang``. Imports stay small: a swarm of these is started in tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SCENARIO_ENV = "GRIDGATE_LSF_SCENARIO"
+MASTER_ENV = "GRIDGATE_LSF_MASTER"
+EXIT_FAIL = 255
+LONG_HANG = 3600.0
+PREAMBLE = "Cannot connect to LSF. Please wait ..."
+NOT_RESPONDING = "batch system daemon not responding ... still trying"
+BSUB_BEHAVIOURS = ("ok", "no_such_queue", "too_many_processors", "rusage_error", "bad_resreq",
+                   "non_lsf_host", "lim_down", "master_lim_down", "daemon_not_responding", "hang")
+BJOBS_BEHAVIOURS = ("ok", "lim_down", "daemon_not_responding", "hang")
+#: Failure lines of bsub, as formats.md quotes them.
+BSUB_FAILURES = {
+    "no_such_queue": "No such queue. Job not submitted.",
+    "too_many_processors": "Too many processors requested. Job not submitted.",
+    "rusage_error": "Error in rusage section. Job not submitted.",
+    "bad_resreq": "Bad resource requirement syntax. Job not submitted.",
+    "non_lsf_host": "Request from non-LSF host rejected",
+    "lim_down": "Failed in an LSF library call: LIM is down; try later. Job not submitted.",
+    "master_lim_down": "Master LIM is down; try later",
+}
+HEADER = ("JOBID", "USER", "STAT", "QUEUE", "FROM_HOST", "EXEC_HOST", "JOB_NAME", "SUBMIT_TIME")
+WIDTHS = (8, 8, 6, 11, 12, 12, 11, 0)
+
+
+class ScenarioError(ValueError):
+    """The scenario cannot be read or names an unknown behaviour."""
+
+
+def load_scenario(path: str | None) -> dict[str, Any]:
+    """Read the scenario; no path means every call succeeds."""
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        import yaml  # only for hand-written scenarios; tests write JSON
+
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"cannot parse scenario {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"scenario {path}: top level must be a mapping")
+    for where, spec in [("default", data.get("default") or {}),
+                        *((f"queues.{q}", s) for q, s in (data.get("queues") or {}).items())]:
+        if spec.get("behaviour", "ok") not in BSUB_BEHAVIOURS:
+            raise ScenarioError(f"scenario {where}: unknown bsub behaviour {spec['behaviour']!r}")
+    bjobs = (data.get("bjobs") or {}).get("behaviour", "ok")
+    if bjobs not in BJOBS_BEHAVIOURS:
+        raise ScenarioError(f"scenario bjobs: unknown behaviour {bjobs!r}")
+    return data
+
+
+def write_scenario(path: Path, scenario: dict[str, Any]) -> Path:
+    """Write a scenario as JSON (readable by everyone: gated commands may run as other users)."""
+    path = Path(path)
+    path.write_text(json.dumps(scenario, indent=2), encoding="utf-8")
+    path.chmod(0o644)
+    return path
+
+
+def _out(stream: Any, line: str) -> None:
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _contact_master(scenario: dict[str, Any], command: str) -> bool:
+    """One request to the master daemon, if there is one; False when it does not answer."""
+    path = os.environ.get(MASTER_ENV) or scenario.get("master")
+    if not path:
+        return True
+    from gridgate.plugins.lsf_proxy.sim.master import call
+
+    try:
+        return bool(call(str(path), {"op": "request", "command": command}).get("ok"))
+    except (OSError, ValueError):
+        return False
+
+
+def _hang_forever(line: str | None) -> int:
+    while True:
+        if line:
+            _out(sys.stderr, line)
+        time.sleep(1.0 if line else LONG_HANG)
+
+
+def _locked(path: Path) -> Any:
+    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - closed by the caller
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def _next_job_id(state_dir: Path | None) -> int:
+    if state_dir is None:
+        return os.getpid()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(state_dir / "counter") as handle:
+        handle.seek(0)
+        text = handle.read().strip()
+        value = int(text) + 1 if text.isdigit() else 1001
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(value))
+    return value
+
+
+def _record_job(state_dir: Path | None, job: dict[str, Any]) -> None:
+    if state_dir is None:
+        return
+    with _locked(state_dir / "jobs.jsonl") as handle:
+        handle.write(json.dumps(job) + "\n")
+
+
+def _read_jobs(state_dir: Path | None) -> list[dict[str, Any]]:
+    if state_dir is None:
+        return []
+    try:
+        text = (state_dir / "jobs.jsonl").read_text(encoding="utf-8")
+    except OSError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
+def bsub(args: list[str], scenario: dict[str, Any]) -> int:
+    options: dict[str, str] = {}
+    command: list[str] = []
+    takes_value = {"-q", "-J", "-o", "-e", "-R", "-n", "-W", "-M", "-P", "-G", "-u", "-app", "-m"}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in takes_value:
+            if i + 1 >= len(args):
+                _out(sys.stderr, f"bsub: option requires an argument -- {arg[1:]}")
+                return EXIT_FAIL
+            options[arg] = args[i + 1]
+            i += 2
+        elif arg.startswith("-") and not command:
+            i += 1  # flags such as -K, -I, -B are accepted and ignored
+        else:
+            command = args[i:]
+            break
+    queue = options.get("-q") or scenario.get("default_queue", "normal")
+    spec = {"behaviour": "ok", **(scenario.get("default") or {}),
+            **((scenario.get("queues") or {}).get(queue) or {})}
+    for _ in range(int(spec.get("preamble", 0))):
+        _out(sys.stdout, PREAMBLE)
+        time.sleep(float(spec.get("preamble_delay", 0.0)))
+    time.sleep(float(spec.get("latency", 0.0)))
+    behaviour = spec["behaviour"]
+    if behaviour == "hang":
+        return _hang_forever(None)
+    if behaviour == "daemon_not_responding":
+        return _hang_forever(NOT_RESPONDING)
+    if not _contact_master(scenario, "bsub"):
+        _out(sys.stderr, NOT_RESPONDING)
+        _out(sys.stderr, BSUB_FAILURES["lim_down"])
+        return EXIT_FAIL
+    if behaviour in BSUB_FAILURES:
+        _out(sys.stderr, BSUB_FAILURES[behaviour])
+        return EXIT_FAIL
+    # checks a real mbatchd makes of the request itself
+    known = scenario.get("known_queues")
+    if known is not None and queue not in known:
+        _out(sys.stderr, BSUB_FAILURES["no_such_queue"])
+        return EXIT_FAIL
+    if "-n" in options:
+        if not options["-n"].isdigit() or int(options["-n"]) < 1:
+            _out(sys.stderr, "Bad argument for option -n. Job not submitted.")
+            return EXIT_FAIL
+        if int(options["-n"]) > int(scenario.get("max_processors", 64)):
+            _out(sys.stderr, BSUB_FAILURES["too_many_processors"])
+            return EXIT_FAIL
+    resreq = options.get("-R", "")
+    if resreq and not _balanced(resreq):
+        _out(sys.stderr, BSUB_FAILURES["bad_resreq"])
+        return EXIT_FAIL
+    if "rusage[" in resreq and "rusage[]" in resreq.replace(" ", ""):
+        _out(sys.stderr, BSUB_FAILURES["rusage_error"])
+        return EXIT_FAIL
+    state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
+    job_id = _next_job_id(state_dir)
+    _record_job(state_dir, {
+        "id": job_id, "user": _user(), "queue": queue, "name": options.get("-J") or (
+            command[0] if command else "NONAME"),
+        "stat": scenario.get("job_stat", "PEND"), "submitted": time.time(),
+        "host": os.uname().nodename.split(".")[0], "command": command,
+    })
+    where = "queue" if "-q" in options else "default queue"
+    _out(sys.stdout, f"Job <{job_id}> is submitted to {where} <{queue}>.")
+    return 0
+
+
+def _row(values: tuple[str, ...]) -> str:
+    return "".join(v.ljust(w) if w else v for v, w in zip(values, WIDTHS, strict=True)).rstrip()
+
+
+def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
+    spec = {"behaviour": "ok", **(scenario.get("bjobs") or {})}
+    time.sleep(float(spec.get("latency", 0.0)))
+    if spec["behaviour"] == "hang":
+        return _hang_forever(None)
+    if spec["behaviour"] == "daemon_not_responding":
+        return _hang_forever(NOT_RESPONDING)
+    if spec["behaviour"] == "lim_down" or not _contact_master(scenario, "bjobs"):
+        _out(sys.stderr, "LSF daemon (LIM) not responding ... still trying")
+        _out(sys.stderr, "Failed in an LSF library call: LIM is down; try later.")
+        return EXIT_FAIL
+    noheader, fmt, ids, show_all, queue = False, "", [], False, ""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-noheader":
+            noheader = True
+        elif arg in ("-o", "-q", "-u"):
+            if i + 1 >= len(args):
+                _out(sys.stderr, f"bjobs: option requires an argument -- {arg[1:]}")
+                return EXIT_FAIL
+            value = args[i + 1]
+            if arg == "-o":
+                fmt = value
+            elif arg == "-q":
+                queue = value
+            i += 1
+        elif arg == "-a":
+            show_all = True
+        elif not arg.startswith("-"):
+            ids.append(arg)
+        i += 1
+    state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
+    jobs = {str(job["id"]): job for job in _read_jobs(state_dir)}
+    status = 0
+    if ids:
+        selected = []
+        for job_id in ids:
+            if job_id in jobs:
+                selected.append(jobs[job_id])
+            else:
+                _out(sys.stderr, f"Job <{job_id}> is not found")
+                status = EXIT_FAIL
+    else:
+        selected = [j for j in jobs.values()
+                    if (show_all or j["stat"] not in ("DONE", "EXIT")) and (not queue or j["queue"] == queue)]
+        if not selected:
+            _out(sys.stderr, "No unfinished job found")
+            return 0
+    if fmt:
+        fields, delimiter = _parse_format(fmt)
+        for job in selected:
+            _out(sys.stdout, delimiter.join(_field(job, f) for f in fields))
+        return status
+    if selected and not noheader:
+        _out(sys.stdout, _row(HEADER))
+    for job in selected:
+        when = time.strftime("%b %d %H:%M", time.localtime(job["submitted"]))
+        _out(sys.stdout, _row((str(job["id"]), job["user"], job["stat"], job["queue"], job["host"],
+                               _field(job, "exec_host"), job["name"], when)))
+    return status
+
+
+def _parse_format(fmt: str) -> tuple[list[str], str]:
+    delimiter = " "
+    fields = []
+    for word in fmt.split():
+        if word.startswith("delimiter="):
+            delimiter = word[len("delimiter="):].strip("'\"")
+        else:
+            fields.append(word.split(":")[0])
+    return fields, delimiter
+
+
+def _field(job: dict[str, Any], name: str) -> str:
+    if name == "jobid":
+        return str(job["id"])
+    if name == "exec_host":
+        return job["host"] if job["stat"] not in ("PEND", "PSUSP", "WAIT") else "-"
+    if name in ("stat", "queue", "user", "name"):
+        return str(job[name])
+    if name == "job_name":
+        return str(job["name"])
+    return "-"
+
+
+def main() -> int:
+    program = os.path.basename(sys.argv[0])
+    try:
+        scenario = load_scenario(os.environ.get(SCENARIO_ENV))
+    except ScenarioError as exc:
+        _out(sys.stderr, f"{program} (stand-in): {exc}")
+        return 2
+    if program == "bsub":
+        return bsub(sys.argv[1:], scenario)
+    if program == "bjobs":
+        return bjobs(sys.argv[1:], scenario)
+    _out(sys.stderr, f"stand-in: unknown program {program!r} (bsub, bjobs)")
+    return 2
