@@ -66,6 +66,8 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
                              "description": "Per stream; output past it is dropped and flagged."},
         "state_dir": {"type": "string", "default": "./gridgate-state",
                       "description": "Where plugins keep files (outbox, spool, work files)."},
+        "state_retry_seconds": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                                "description": "While the state store fails, try it again this often."},
         "user": {"type": "string", "default": "",
                  "description": "Name the director gives admission control (default: its uid's)."},
         "metrics_port": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535,

@@ -39,6 +39,7 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
+from gridgate.core.resilient import ResilientState
 from gridgate.core.state import StateError, StateStore
 
 ACCOUNTING = "accounting"
@@ -149,7 +150,12 @@ class Director:
         self.extra_plugins = list(extra_plugins)
         self._own_state = state is None
         self.config = source.current if isinstance(source, ConfigSource) else source
-        self.state = state or open_state(self.config, clock)
+        self.state = ResilientState(
+            state or open_state(self.config, clock),
+            clock=clock,
+            retry_every=float(self.config.director["state_retry_seconds"]),
+            on_change=self._state_changed,
+        )
         self.pm: pluggy.PluginManager
         self._plugins: list[object] = []
         self.metrics: Any = None
@@ -162,6 +168,16 @@ class Director:
         self.stop_event = threading.Event()
 
     # --- plugins and config --------------------------------------------------------------
+
+    def _state_changed(self, degraded: bool, reason: str) -> None:
+        """Tell people once when the state store fails, and once when it is back."""
+        subject = ("gridgate: state store unavailable, running on a local view" if degraded
+                   else "gridgate: state store available again")
+        body = (reason + "\n\nUntil it returns, failing-cache and escalation state is kept in this "
+                "process only and accounting rows are held in memory.\n") if degraded else reason + "\n"
+        note = Notification(level="error" if degraded else "info", subject=subject, body=body,
+                            created=self.clock.time(), key=f"state/{degraded}/{self.clock.time():.0f}")
+        self.pm.hook.gridgate_notify(notification=note)
 
     def _start_metrics(self, port: int) -> None:
         try:

@@ -1,0 +1,166 @@
+"""Keeps the director working when its state store fails (Redis gone, disk full, file
+read-only): it falls back to a local in-memory view, says so once, and resynchronises when the
+store answers again."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from loguru import logger
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.state import MemoryState, StateError, StateStore
+
+
+class ResilientState(StateStore):
+    """A state store that survives the failure of the one it wraps.
+
+    While the primary works, every write is mirrored into a local :class:`MemoryState`, so
+    when the primary fails the local view already knows this process's failing servers and
+    escalation history: no storm of duplicate mails. Reads and writes then go to the local
+    view, accounting rows are kept in memory, and every ``retry_every`` seconds the primary
+    is tried again. When it answers, the local keys are added to it (add-if-absent, so what
+    other directors wrote meanwhile wins), the kept rows are appended, and normal service
+    resumes. ``on_change(degraded, reason)`` is called once per transition.
+    """
+
+    def __init__(
+        self,
+        primary: StateStore,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        retry_every: float = 30.0,
+        on_change: Callable[[bool, str], None] | None = None,
+        max_kept_records: int = 100_000,
+    ) -> None:
+        super().__init__({}, clock)
+        self.primary = primary
+        self.local = MemoryState(clock=clock)
+        self.retry_every = retry_every
+        self.on_change = on_change
+        self.max_kept_records = max_kept_records
+        self._lock = threading.RLock()
+        self._degraded_since: float | None = None
+        self._last_try = 0.0
+        self._kept: list[tuple[str, dict[str, Any]]] = []
+        self.dropped_records = 0
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded_since is not None
+
+    # --- mode switching ---------------------------------------------------------------------
+
+    def _degrade(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._degraded_since is not None:
+                return
+            self._degraded_since = self.clock.monotonic()
+            self._last_try = self._degraded_since
+        reason = f"{type(self.primary).__name__}: {exc}"
+        logger.error("state store failed, continuing on a local view: {}", reason)
+        if self.on_change:
+            self.on_change(True, reason)
+
+    def _maybe_recover(self) -> bool:
+        """Try the primary again if it is time; True when it is back in service."""
+        with self._lock:
+            if self._degraded_since is None:
+                return True
+            now = self.clock.monotonic()
+            if now - self._last_try < self.retry_every:
+                return False
+            self._last_try = now
+            try:
+                for key, value in self.local.items():
+                    self.primary.add_if_absent(key, value, ttl=self.local.ttl(key))
+                for stream, record in self._kept:
+                    self.primary.append_record(stream, record)
+            except StateError as exc:
+                logger.debug("state store still failing: {}", exc)
+                return False
+            down_for = now - self._degraded_since
+            kept = len(self._kept)
+            self._kept.clear()
+            self._degraded_since = None
+        message = f"state store answers again after {down_for:.0f} s; {kept} accounting rows written back"
+        logger.warning(message)
+        if self.on_change:
+            self.on_change(False, message)
+        return True
+
+    def _read(self, name: str, *args: Any) -> Any:
+        if self._maybe_recover():
+            try:
+                return getattr(self.primary, name)(*args)
+            except StateError as exc:
+                self._degrade(exc)
+        return getattr(self.local, name)(*args)
+
+    # --- the StateStore contract ---------------------------------------------------------------
+
+    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
+        if self._maybe_recover():
+            try:
+                won = self.primary.add_if_absent(key, value, ttl)
+            except StateError as exc:
+                self._degrade(exc)
+            else:
+                if won:
+                    self.local.set(key, value, ttl)
+                return won
+        return self.local.add_if_absent(key, value, ttl)
+
+    def set(self, key: str, value: str, ttl: float | None = None) -> None:
+        if self._maybe_recover():
+            try:
+                self.primary.set(key, value, ttl)
+            except StateError as exc:
+                self._degrade(exc)
+        self.local.set(key, value, ttl)
+
+    def delete(self, key: str) -> bool:
+        removed_locally = self.local.delete(key)
+        if self._maybe_recover():
+            try:
+                return self.primary.delete(key)
+            except StateError as exc:
+                self._degrade(exc)
+        return removed_locally
+
+    def get(self, key: str) -> str | None:
+        return self._read("get", key)
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]:
+        return self._read("items", prefix)
+
+    def ttl(self, key: str) -> float | None:
+        return self._read("ttl", key)
+
+    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
+        if self._maybe_recover():
+            try:
+                self.primary.append_record(stream, record)
+                return
+            except StateError as exc:
+                self._degrade(exc)
+        with self._lock:
+            if len(self._kept) >= self.max_kept_records:
+                self.dropped_records += 1
+                return
+            self._kept.append((stream, dict(record)))
+
+    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
+        if self._maybe_recover():
+            try:
+                return self.primary.records(stream, since)
+            except StateError as exc:
+                self._degrade(exc)
+        with self._lock:
+            return [dict(r) for s, r in self._kept if s == stream and float(r.get("time", 0)) >= since]
+
+    def close(self) -> None:
+        self.primary.close()
+        self.local.close()
