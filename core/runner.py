@@ -20,9 +20,10 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, Any
 
 from loguru import logger
 
@@ -245,30 +246,85 @@ def run(
         raise TypeError("input must be bytes")
 
     start = time.monotonic()
+    started: list[subprocess.Popen[bytes]] = []
     try:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            close_fds=True,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        if exc.filename is not None:
-            reason = f"{reason}: {exc.filename}"
-        logger.debug("runner: could not start {}: {}", args[0], reason)
-        return CommandResult(
-            argv=args,
-            returncode=None,
-            launch_error=reason,
-            duration=time.monotonic() - start,
-        )
+        try:
+            proc = _spawn(
+                started,
+                args,
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.filename is not None:
+                reason = f"{reason}: {exc.filename}"
+            logger.debug("runner: could not start {}: {}", args[0], reason)
+            return CommandResult(
+                argv=args,
+                returncode=None,
+                launch_error=reason,
+                duration=time.monotonic() - start,
+            )
+        return _supervise(proc, args, start, timeout, input, max_output, kill_grace)
+    except BaseException:
+        # An interrupt can land inside Popen after the fork, or before _supervise's own
+        # cleanup is armed: the child must not outlive the call either way.
+        for child in started:
+            if child.pid is not None and child.returncode is None:
+                _signal_group(child.pid, signal.SIGKILL)
+                try:
+                    child.wait(timeout=_REAP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    pass
+                _wait_group_gone(child.pid, _REAP_TIMEOUT)
+                for pipe in (child.stdin, child.stdout, child.stderr):
+                    if pipe is not None:
+                        try:
+                            pipe.close()
+                        except OSError:
+                            pass
+        raise
 
-    return _supervise(proc, args, start, timeout, input, max_output, kill_grace)
+
+def _spawn(started: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start the child and record it in ``started``.
+
+    Python runs signal handlers, and so raises KeyboardInterrupt, only in the main thread; one
+    landing inside Popen just after the fork loses the child's pid. So from the main thread
+    the fork happens in a short-lived helper thread, and an interrupt waits for it to finish,
+    leaving the child in ``started`` for the caller to kill.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        proc = subprocess.Popen(*args, **kwargs)
+        started.append(proc)
+        return proc
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def spawn() -> None:
+        try:
+            started.append(subprocess.Popen(*args, **kwargs))
+        except BaseException as exc:  # handed to the calling thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=spawn, name="gridgate-runner-spawn", daemon=True).start()
+    # An Event, not Thread.join: a join interrupted by KeyboardInterrupt marks a still-running
+    # thread as stopped, so a second join would not wait.
+    try:
+        done.wait()
+    finally:
+        done.wait()  # interrupted: let the fork finish so the child can be killed
+    if failure:
+        raise failure[0]
+    return started[0]
 
 
 def _supervise(
