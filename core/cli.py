@@ -163,8 +163,9 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
 @click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
 @click.option("--since", default="24h", show_default=True, help="How far back: 90m, 24h, 7d.")
 @click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
+@click.option("--bucket", default="1h", show_default=True, help="Width of a row/bar: 1h, 10m, 30s.")
 @click.option("--png", "png", type=click.Path(dir_okay=False), help="Also draw the plot to this PNG.")
-def report_command(path: str, since: str, as_json: bool, png: str | None) -> None:
+def report_command(path: str, since: str, bucket: str, as_json: bool, png: str | None) -> None:
     """Pilots per hour per endpoint, from the accounting table."""
     from gridgate.core.director import ACCOUNTING, open_state
     from gridgate.core.report import hourly_table, parse_duration, render_table
@@ -172,8 +173,11 @@ def report_command(path: str, since: str, as_json: bool, png: str | None) -> Non
     config = load_config_or_exit(path)
     try:
         seconds = parse_duration(since)
+        width = parse_duration(bucket)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--since") from None
+        raise click.BadParameter(str(exc)) from None
+    if width <= 0:
+        raise click.BadParameter("--bucket must be positive")
     state = open_state(config)
     try:
         import time
@@ -181,7 +185,7 @@ def report_command(path: str, since: str, as_json: bool, png: str | None) -> Non
         rows = state.records(ACCOUNTING, since=time.time() - seconds)
     finally:
         state.close()
-    table = hourly_table(rows)
+    table = hourly_table(rows, width)
     if as_json:
         click.echo(json.dumps(table, indent=2))
     else:
@@ -189,7 +193,7 @@ def report_command(path: str, since: str, as_json: bool, png: str | None) -> Non
     if png:
         from gridgate.core.report import plot_png
 
-        plot_png(rows, png)
+        plot_png(rows, png, width)
         click.echo(f"plot written to {png}", err=True)
 
 

@@ -19,17 +19,20 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
-def _hour(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:00")
+def _slot(ts: float, bucket: float) -> str:
+    start = ts - (ts % bucket)
+    fmt = "%Y-%m-%d %H:00" if bucket >= 3600 and bucket % 3600 == 0 else "%Y-%m-%d %H:%M:%S" if bucket < 60 else "%Y-%m-%d %H:%M"
+    return datetime.fromtimestamp(start, UTC).strftime(fmt)
 
 
-def hourly_table(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Pilots submitted per hour per endpoint, plus failures per hour and totals."""
+def hourly_table(rows: Iterable[Mapping[str, Any]], bucket: float = 3600) -> dict[str, Any]:
+    """Pilots submitted per time slot (an hour unless ``bucket`` says otherwise) per endpoint,
+    plus failures per slot and totals per endpoint."""
     pilots: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     failures: dict[str, int] = defaultdict(int)
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for row in rows:
-        hour = _hour(float(row["time"]))
+        hour = _slot(float(row["time"]), bucket)
         endpoint = row.get("endpoint") or "-"
         outcome = row["outcome"]
         totals[endpoint][outcome] += int(row.get("pilots", 0)) if outcome == "submitted" else 1
@@ -40,6 +43,7 @@ def hourly_table(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     hours = sorted(set(pilots) | set(failures))
     endpoints = sorted({e for h in pilots.values() for e in h})
     return {
+        "bucket_s": bucket,
         "hours": hours,
         "endpoints": endpoints,
         "pilots": {h: dict(pilots[h]) for h in hours},
@@ -54,7 +58,7 @@ def render_table(table: Mapping[str, Any]) -> str:
     if not table["hours"]:
         return "no submissions in this period\n"
     width = max([8, *(len(e) for e in endpoints)])
-    head = f"{'hour (UTC)':<17}" + "".join(f"{e:>{width + 1}}" for e in endpoints) + f"{'total':>8}{'failures':>10}"
+    head = f"{'from (UTC)':<17}" + "".join(f"{e:>{width + 1}}" for e in endpoints) + f"{'total':>8}{'failures':>10}"
     lines = [head, "-" * len(head)]
     for hour in table["hours"]:
         row = table["pilots"].get(hour, {})
@@ -68,7 +72,7 @@ def render_table(table: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_png(rows: Iterable[Mapping[str, Any]], path: str) -> None:
+def plot_png(rows: Iterable[Mapping[str, Any]], path: str, bucket: float = 3600) -> None:
     """Stacked bars of pilots per hour per endpoint, with failures per hour beneath,
     like the seed's PilotsperHour.png. Needs matplotlib (the ``plot`` extra)."""
     try:
@@ -78,7 +82,7 @@ def plot_png(rows: Iterable[Mapping[str, Any]], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise RuntimeError("the plot needs matplotlib: pip install 'gridgate[plot]'") from exc
-    table = hourly_table(rows)
+    table = hourly_table(rows, bucket)
     hours, endpoints = table["hours"], table["endpoints"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})
@@ -89,8 +93,9 @@ def plot_png(rows: Iterable[Mapping[str, Any]], path: str) -> None:
         values = [table["pilots"][h].get(endpoint, 0) for h in hours]
         top.bar(positions, values, bottom=base, label=endpoint, color=colours(index % 20), width=0.9)
         base = [b + v for b, v in zip(base, values, strict=True)]
-    top.set_ylabel("pilots submitted per hour")
-    top.set_title("Submitted pilots per hour per server")
+    unit = "hour" if bucket == 3600 else f"{bucket:g} s"
+    top.set_ylabel(f"pilots submitted per {unit}")
+    top.set_title(f"Submitted pilots per {unit} per server")
     if endpoints:
         top.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     bottom.bar(positions, [table["failures"][h] for h in hours], color="firebrick", width=0.9)
