@@ -395,3 +395,13 @@ def test_config_errors_stop_serve(cli, sockdir):
     out = cli("serve", "-c", str(bad))
     assert out.returncode == 2
     assert f"{bad}:2: proxyd.policies.query.nominal: nominal (20) must not exceed max (10)" in out.stderr
+
+
+@pytest.mark.parametrize("persist", [False, True])
+def test_blocklist_persistence(start_daemon, cli, persist):
+    d = start_daemon({"persist_blocklist": persist})
+    assert cli("block", "-u", "user1", "--socket", d.socket).returncode == 0
+    assert d.stop() == 0
+    d2 = start_daemon({"persist_blocklist": persist})
+    (reply,) = talk(d2.socket, b'{"v":1,"id":1,"op":"blocklist"}\n')
+    assert reply["blocklist"]["users"] == (["user1"] if persist else [])
