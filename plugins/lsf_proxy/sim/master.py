@@ -55,6 +55,8 @@ class MasterState:
         self.max_in_flight = 0
         self.completed = 0
         self.by_command: dict[str, int] = {}
+        self.running: dict[str, int] = {}
+        self.max_running: dict[str, int] = {}
         self.latencies: list[float] = []
 
     def enter(self, command: str) -> float:
@@ -62,11 +64,15 @@ class MasterState:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.by_command[command] = self.by_command.get(command, 0) + 1
+            self.running[command] = self.running.get(command, 0) + 1
+            self.max_running[command] = max(self.max_running.get(command, 0),
+                                            self.running[command])
             return service_time(self.in_flight, self.base, self.knee)
 
-    def leave(self, latency: float) -> int:
+    def leave(self, command: str, latency: float) -> int:
         with self.lock:
             self.in_flight -= 1
+            self.running[command] -= 1
             self.completed += 1
             self.latencies.append(latency)
             return self.in_flight
@@ -77,6 +83,7 @@ class MasterState:
             return {
                 "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
                 "completed": self.completed, "by_command": dict(self.by_command),
+                "max_in_flight_by_command": dict(self.max_running),
                 "p50": percentile(values, 0.50), "p99": percentile(values, 0.99),
                 "max_latency": max(values) if values else 0.0,
                 "base": self.base, "knee": self.knee,
@@ -105,12 +112,13 @@ class _Handler(socketserver.StreamRequestHandler):
             self._reply({"ok": True})
         elif op == "request":
             started = time.monotonic()
-            delay = state.enter(str(request.get("command", "?")))
+            command = str(request.get("command", "?"))
+            delay = state.enter(command)
             try:
                 time.sleep(delay)  # the simulated work of the master daemon
             finally:
                 latency = time.monotonic() - started
-                state.leave(latency)
+                state.leave(command, latency)
             self._reply({"ok": True, "latency": latency})
         else:
             self._reply({"ok": False, "error": f"unknown op {op!r}"})
