@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -69,11 +68,13 @@ def test_site_config_has_eleven_wms_servers_email_and_ggus() -> None:
     assert config["state"]["path"].startswith(config.director["state_dir"])
 
 
-def test_site_config_marks_the_place_for_local_admission() -> None:
-    text = (DEPLOY / "site.yaml").read_text(encoding="utf-8")
-    assert "admission" not in yaml.safe_load(text)  # not active until its plugin exists
-    block = text[text.index("ADMISSION CONTROL"):]
-    assert "# admission:" in block and "#   lsf_proxy:" in block and "mode: local" in block
+def test_site_config_admits_locally() -> None:
+    from gridgate.core.config import load_config
+
+    admission = load_config(DEPLOY / "site.yaml")["admission"]
+    assert list(admission) == ["lsf_proxy"]
+    assert admission["lsf_proxy"]["mode"] == "local"
+    assert admission["lsf_proxy"]["categories"] == ["submission"]
 
 
 @pytest.mark.parametrize("name", sorted(UNITS))
@@ -111,11 +112,13 @@ def test_director_stop_timeout_outlasts_the_commands_in_flight() -> None:
     config = load_config(DEPLOY / "site.yaml")
     backend = config["backends"]["wms_glite"]
     limit = backend.get("command_timeout") or config.director["command_timeout"]
-    # one submission is list-match then submit: two commands, each up to the limit
+    # one submission waits for its token, then runs list-match and submit: two commands,
+    # each up to the limit
     commands = 2 if backend["list_match"] else 1
+    token_wait = config["admission"]["lsf_proxy"]["token_wait_time"]
     demand = config["demand"]["static"]["wms_glite"]
     assert demand <= config.director["max_threads"]  # so one round of commands per iteration
-    assert seconds(service["TimeoutStopSec"]) > commands * limit + 30
+    assert seconds(service["TimeoutStopSec"]) > token_wait + commands * limit + 30
     assert service["WorkingDirectory"] == config.director["state_dir"]
 
 
