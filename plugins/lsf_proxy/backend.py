@@ -1,0 +1,352 @@
+"""The LSF backend: submits pilots with ``bsub`` under a ``submission`` token and asks ``bjobs``
+under a ``query`` token, then reads LSF's answers as formats.md quotes them.
+
+Each configured queue is an endpoint. Failures are split the way an LSF operator would:
+a request the cluster will never accept (no such queue, too many processors, a resource
+requirement it cannot parse) is permanent and told at once; daemon trouble (LIM down, the batch
+daemon not responding, a non-LSF host) is transient: the queue is set aside for this iteration
+and people hear about it only when it fails again after its failing-cache period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from loguru import logger
+
+from gridgate.core import hookimpl
+from gridgate.core.escalation import EPISODE
+from gridgate.core.model import (
+    BackendInfo,
+    CommandResult,
+    Endpoint,
+    Failure,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.plugins.lsf_proxy.client import NoToken, ProxyClient, ProxyError
+from gridgate.plugins.lsf_proxy.config import section_defaults
+
+OPERATION_SUBMIT = "Job Submit"
+OPERATION_QUERY = "Job Query"
+#: The production regex (formats.md): searched, not anchored, since banners may come first.
+JOB_ID_RE = re.compile(r"Job <([0-9]+)> is submitted to .*queue")
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,58}$")
+BJOBS_FORMAT = "jobid stat exec_host delimiter='^'"
+NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
+STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
+DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A line LSF prints and what it means."""
+
+    kind: str
+    regex: re.Pattern[str]
+    transient: bool
+    label: str
+
+
+#: Order matters: the first pattern found in the output decides.
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern("no_queue", re.compile(r"No such queue"), False, "the queue does not exist"),
+    Pattern("usage", re.compile(r"Too many processors requested"), False,
+            "more processors than the queue allows"),
+    Pattern("usage", re.compile(r"Error in rusage section|[Rr]esource requirement syntax|"
+                                r"Bad resource requirement"), False,
+            "the resource requirement string is wrong"),
+    Pattern("unreachable", re.compile(r"Request from non-LSF host rejected"), True,
+            "this host is not an LSF client of the cluster"),
+    Pattern("daemon", re.compile(r"LIM is down|LIM\) not responding|Master LIM is down|"
+                                 r"batch system daemon not responding"), True,
+            "LSF daemons are not answering"),
+)
+
+
+@dataclass(frozen=True)
+class JobStates:
+    """What ``bjobs`` said about some jobs: ``states`` id -> (STAT, EXEC_HOST); ``missing``
+    the ids LSF does not know; ``ok`` False when the query itself failed (see ``command``)."""
+
+    ok: bool
+    states: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
+    command: CommandResult | None = None
+    message: str = ""
+
+
+def parse_job_id(text: str) -> str | None:
+    """The job id in ``bsub`` output, wherever the line is."""
+    match = JOB_ID_RE.search(text)
+    return match.group(1) if match else None
+
+
+def parse_bjobs(stdout: str, stderr: str = "") -> tuple[dict[str, tuple[str, str]], tuple[str, ...]]:
+    """Read ``bjobs -noheader -o "jobid stat exec_host delimiter='^'"`` output."""
+    states: dict[str, tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("^")
+        if len(parts) == 3 and parts[0].isdigit() and parts[1] in STATES:
+            states[parts[0]] = (parts[1], parts[2])
+    missing = tuple(NOT_FOUND_RE.findall(stderr))
+    return states, missing
+
+
+def classify(command: CommandResult | None, message: str = "") -> Failure:
+    """What a failed ``bsub``/``bjobs`` means (``notify`` of transient kinds is decided later)."""
+    if command is None:
+        return Failure("bad_request", exclude=False, notify=True, transient=False,
+                       reason=message or "nothing was run")
+    if command.launch_error is not None:
+        return Failure("launch", exclude=True, notify=True, transient=False,
+                       reason=f"could not start {command.argv[0]}: {command.launch_error}")
+    combined = f"{command.stderr}\n{command.stdout}"
+    for pattern in PATTERNS:
+        line = next((ln.strip() for ln in combined.splitlines() if pattern.regex.search(ln)), None)
+        if line is not None:
+            return Failure(pattern.kind, exclude=True, notify=not pattern.transient,
+                           transient=pattern.transient, reason=f"{pattern.label}: {line!r}")
+    if command.timed_out:
+        return Failure("timeout", exclude=True, notify=True, transient=True,
+                       reason=f"timed out after {command.duration:.1f} s and was killed")
+    if command.returncode == 0:
+        return Failure("bad_output", exclude=True, notify=True, transient=True,
+                       reason="exit 0 but no 'Job <N> is submitted' line")
+    said = next((ln.strip() for ln in combined.splitlines() if ln.strip()), "no output")
+    return Failure("error", exclude=True, notify=True, transient=True,
+                   reason=f"exit code {command.returncode}: {said!r}")
+
+
+class LsfBackend(Plugin):
+    """Submits pilots to LSF queues with ``bsub``; queries them with ``bjobs``."""
+
+    name = "lsf"
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "LSF backend: queues (one endpoint each), bsub options, tokens.",
+        "properties": {
+            "queues": {"type": "array", "items": {"type": "string"}, "default": [],
+                       "description": "Queues to submit to; each is an endpoint (bsub -q)."},
+            "commands": {
+                "type": "object", "default": {}, "additionalProperties": False,
+                "description": "Names (looked up on PATH) or paths of the LSF commands.",
+                "properties": {
+                    "bsub": {"type": "string", "minLength": 1, "default": "bsub",
+                             "description": "The submit command."},
+                    "bjobs": {"type": "string", "minLength": 1, "default": "bjobs",
+                              "description": "The query command."},
+                },
+            },
+            "job_name": {"type": "string", "minLength": 1, "default": "gridgate-pilot",
+                         "description": "bsub -J (an array NAME[1-N] when a job carries N "
+                                        "pilots)."},
+            "output": {"type": "string", "default": "",
+                       "description": "bsub -o path (%J is the job id); empty: LSF's default."},
+            "error": {"type": "string", "default": "",
+                      "description": "bsub -e path; empty: LSF's default."},
+            "resources": {"type": "string", "default": "",
+                          "description": "bsub -R resource requirement; a request's own "
+                                         "requirements replace it."},
+            "processors": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                           "description": "bsub -n; null: not given."},
+            "extra_options": {"type": "array", "items": {"type": "string"}, "default": [],
+                              "description": "More bsub arguments, each one argv item "
+                                             "(e.g. [\"-P\", \"myproject\"])."},
+            "command": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                        "default": ["pilot.sh"],
+                        "description": "The pilot command and its arguments (argv)."},
+            "pilots_per_job": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1,
+                               "description": "Pilots per bsub; > 1 submits a job array."},
+            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
+                    "description": "Extra environment variables for the commands."},
+            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                                "default": None,
+                                "description": "Seconds; replaces the director's limit for "
+                                               "these commands when set."},
+            "tokens": {"type": "boolean", "default": True,
+                       "description": "Take a token from lsfproxyd (the proxyd: section) before "
+                                      "each bsub (submission) and bjobs (query)."},
+            "socket": {"type": "string", "default": "",
+                       "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
+                                      "proxyd.socket or proxyd.hosts)."},
+            "notoken_ntries": {"type": "integer", "minimum": 1, "default": 3,
+                               "description": "Attempts when the daemon denies a token."},
+            "transient_notify_after": {"type": "integer", "minimum": 1, "default": 2,
+                                       "description": "Tell people about daemon trouble only "
+                                                      "from this failure of an episode on."},
+        },
+        "additionalProperties": False,
+    }
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        seen: set[str] = set()
+        for index, queue in enumerate(section.get("queues") or []):
+            if not QUEUE_NAME_RE.match(queue):
+                problems.append((("queues", index), f"{queue!r} is not an LSF queue name"))
+            elif queue in seen:
+                problems.append((("queues", index), f"queue {queue!r} is listed twice"))
+            seen.add(queue)
+        return problems
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self._client: ProxyClient | None = None
+        self._client_lock = threading.Lock()
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return tuple(Endpoint(self.name, q) for q in self.config.get("queues") or [])
+
+    def _command(self, which: str) -> str:
+        return str((self.config.get("commands") or {}).get(which) or which)
+
+    def _env(self) -> dict[str, str] | None:
+        extra = self.config.get("env") or {}
+        return {**os.environ, **extra} if extra else None
+
+    def _timeout(self, passed: float) -> float:
+        own = self.config.get("command_timeout")
+        return max(float(own) if own else float(passed), 0.001)
+
+    def _max_output(self) -> int:
+        director = self.context.config.get("director") or {}
+        return int(director.get("max_output_bytes") or DEFAULT_MAX_OUTPUT)
+
+    def client(self) -> ProxyClient | None:
+        """The token client (None when ``tokens`` is off), built on first use."""
+        if not self.config.get("tokens", True):
+            return None
+        with self._client_lock:
+            if self._client is None:
+                section = dict(self.context.config.get("proxyd") or section_defaults())
+                self._client = ProxyClient.from_section(
+                    section, self.config.get("socket") or None,
+                    notoken_ntries=int(self.config.get("notoken_ntries", 3)))
+            return self._client
+
+    def bsub_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
+        """The argv of one submission (no shell ever sees it)."""
+        name = str(self.config.get("job_name", "gridgate-pilot"))
+        if request.count > 1:
+            name = f"{name}[1-{request.count}]"
+        argv = [self._command("bsub"), "-q", endpoint.name, "-J", name]
+        for option, key in (("-o", "output"), ("-e", "error")):
+            if self.config.get(key):
+                argv += [option, str(self.config[key])]
+        resources = request.requirements or self.config.get("resources") or ""
+        if resources:
+            argv += ["-R", resources]
+        if self.config.get("processors"):
+            argv += ["-n", str(self.config["processors"])]
+        argv += [str(o) for o in self.config.get("extra_options") or []]
+        argv += [str(c) for c in self.config.get("command") or ["pilot.sh"]]
+        return argv
+
+    def _run(self, argv: Sequence[str], category: str, timeout: float) -> CommandResult | str:
+        """Run under a token of ``category``; a str says why it was not run."""
+        from gridgate.core.runner import run
+
+        client = self.client()
+        token = None
+        if client is not None:
+            try:
+                token = client.acquire(category, os.path.basename(argv[0]))
+            except NoToken as exc:
+                return f"no {category} token: {exc}"
+            except ProxyError as exc:
+                return f"lsfproxyd: {exc}"
+        try:
+            return run(argv, self._timeout(timeout), env=self._env(), max_output=self._max_output())
+        finally:
+            if token is not None:
+                token.release()
+
+    def query(self, job_ids: Sequence[str], timeout: float = 60.0) -> JobStates:
+        """Ask ``bjobs`` (under a query token) for the state of ``job_ids``."""
+        ids = [str(j) for j in job_ids]
+        bad = [j for j in ids if not re.fullmatch(r"[0-9]+(\[[0-9]+\])?", j)]
+        if bad:
+            return JobStates(ok=False, message=f"not LSF job ids: {bad}")
+        argv = [self._command("bjobs"), "-noheader", "-o", BJOBS_FORMAT, *ids]
+        outcome = self._run(argv, "query", timeout)
+        if isinstance(outcome, str):
+            return JobStates(ok=False, message=outcome)
+        states, missing = parse_bjobs(outcome.stdout, outcome.stderr)
+        # exit 255 with only "is not found" lines is an answer, not a failure
+        answered = outcome.ok or (outcome.returncode == 255 and bool(missing)
+                                  and classify(outcome).kind == "error")
+        return JobStates(ok=answered and not outcome.timed_out, states=states, missing=missing,
+                         command=outcome, message="" if answered else outcome.describe())
+
+    def _episode_failures(self, endpoint: Endpoint) -> int:
+        state = self.context.state
+        if state is None:
+            return 0
+        try:
+            raw = state.get(EPISODE + endpoint.key)
+            return int(json.loads(raw).get("failures", 0)) if raw else 0
+        except Exception as exc:  # a broken state store must not stop classification
+            logger.warning("lsf: episode of {} unreadable: {}", endpoint.name, exc)
+            return 0
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+        if backend != self.name:
+            return None
+        return BackendInfo(backend=self.name, endpoints=self.endpoints(),
+                           pilots_per_submission=int(self.config.get("pilots_per_job", 1)),
+                           command_timeout=self.config.get("command_timeout"), list_match=False)
+
+    @hookimpl
+    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest,
+                        timeout: float) -> SubmitResult | None:
+        if endpoint.backend != self.name:
+            return None
+        outcome = self._run(self.bsub_argv(endpoint, request), "submission", timeout)
+        if isinstance(outcome, str):
+            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, message=outcome)
+        job_id = parse_job_id(outcome.stdout) or parse_job_id(outcome.stderr)
+        if outcome.ok and job_id:
+            return SubmitResult(endpoint, ok=True, job_ids=(job_id,), command=outcome,
+                                operation=OPERATION_SUBMIT)
+        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
+                            message=outcome.describe())
+
+    @hookimpl
+    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+        if endpoint.backend != self.name:
+            return None
+        if result.command is None and result.message.startswith(("no submission token",
+                                                                  "lsfproxyd")):
+            # the token daemon said no: the queue is fine, try again later
+            return Failure("refused", exclude=False, notify=False, transient=True,
+                           reason=result.message)
+        failure = classify(result.command, result.message)
+        if failure.transient and failure.kind in ("daemon", "unreachable"):
+            # this failure will be number (recorded + 1) of the episode
+            persists = self._episode_failures(endpoint) + 1 >= int(
+                self.config.get("transient_notify_after", 2))
+            if persists:
+                failure = Failure(failure.kind, exclude=True, notify=True, transient=True,
+                                  reason=f"{failure.reason} (persists)")
+        return failure
+
+    def close(self) -> None:
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
