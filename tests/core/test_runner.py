@@ -315,23 +315,37 @@ def test_two_hundred_at_once_from_a_thread_pool():
                 assert r.stdout == f"hang{i}\n"
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _live_with_marker(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline and is_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
 def test_keyboard_interrupt_kills_the_group(tmp_path):
     pidfile = tmp_path / "pids"
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGUSR1, interrupt)
-    ready = threading.Event()
+    pause = threading.Event()  # never set: its wait() is an interruptible pause for the thread
 
     def fire():
         # Wait until the command has started its grandchild, then interrupt the main thread.
         for _ in range(500):
             if pidfile.exists() and len(pidfile.read_text().split()) == 2:
                 break
-            ready.wait(0.01)
+            pause.wait(0.01)
         os.kill(os.getpid(), signal.SIGUSR1)
 
+    old = signal.signal(signal.SIGUSR1, _interrupt)
     t = threading.Thread(target=fire)
     try:
         t.start()
@@ -344,6 +358,46 @@ def test_keyboard_interrupt_kills_the_group(tmp_path):
     pids = [int(p) for p in pidfile.read_text().split()]
     assert not any(is_alive(p) for p in pids)
     assert live_in_group(pids[1]) == set()
+
+
+@pytest.mark.timeout(120)
+def test_keyboard_interrupt_at_any_moment_leaves_nothing():
+    """Interrupts land at random points (inside Popen, before supervision, while polling):
+    whatever was started is killed every time."""
+    import random
+    import uuid
+
+    marker = f"gridgate-kbi-{uuid.uuid4().hex}"
+    rng = random.Random(4)
+    pause = threading.Event()
+    old = signal.signal(signal.SIGUSR1, _interrupt)
+    interrupted = 0
+    try:
+        for _ in range(40):
+            delay = rng.choice([0.0, 0.0005, 0.002, 0.005, 0.02])
+
+            def fire(delay=delay):
+                pause.wait(delay)
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+            t = threading.Thread(target=fire)
+            try:
+                t.start()
+                # The inner sh carries the marker in its argv and has a child of its own.
+                run(["sh", "-c", f"sh -c 'sleep 1000; :' {marker} & wait", marker], 60)
+            except KeyboardInterrupt:
+                interrupted += 1
+            finally:
+                t.join()
+                try:
+                    # A signal may still be pending: give Python the chance to run it here.
+                    pause.wait(0.001)
+                except KeyboardInterrupt:
+                    interrupted += 1
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert interrupted == 40
+    assert _live_with_marker(marker) == []
 
 
 def test_kill_process_group_helper():
