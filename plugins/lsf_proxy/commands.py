@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import sys
@@ -15,7 +16,7 @@ from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
 from gridgate.core.config import SecretError
 from gridgate.plugins.lsf_proxy import render
 from gridgate.plugins.lsf_proxy.client import HostReply, ProxyClient, ProxyError
-from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.config import resolve_socket, section_defaults
 
 #: Exit code when a daemon could not be reached or refused the command.
 EXIT_FAILED = 1
@@ -90,16 +91,15 @@ def lsfproxyd() -> None:
 @_common
 @click.option("--name", help="This daemon's name in proxyd.hosts (default: proxyd.name, the host).")
 def serve(as_json: bool, socket_path: str | None, config_path: str | None, name: str | None) -> None:
-    """Run the daemon until SIGTERM; SIGHUP re-reads the config."""
-    from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError, run  # noqa: F401
+    """Run the daemon until SIGTERM; SIGHUP re-reads the config.
+
+    Prints one line when it listens (a JSON object with --json: name, socket, pid, tcp_port).
+    """
+    # imported here: the other commands should not pay for asyncio and the daemon
+    from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError
 
     section = _section(config_path)
-    if socket_path:
-        section["socket"] = socket_path
-    elif not section.get("socket"):
-        from gridgate.plugins.lsf_proxy.config import resolve_socket
-
-        section["socket"] = resolve_socket(None, section)
+    section["socket"] = resolve_socket(socket_path, section)
 
     def ready(daemon: ProxyDaemon) -> None:
         info = {"ready": True, "name": daemon.name, "socket": daemon.socket_path,
@@ -107,8 +107,6 @@ def serve(as_json: bool, socket_path: str | None, config_path: str | None, name:
         click.echo(json.dumps(info) if as_json else
                    f"lsfproxyd {daemon.name} listening on {daemon.socket_path} (pid {daemon.pid})")
         sys.stdout.flush()
-
-    import asyncio
 
     try:
         daemon = ProxyDaemon(section, name=name, config_path=config_path)

@@ -33,6 +33,7 @@ from gridgate.plugins.lsf_proxy.config import (
     host_name,
     parse_address,
     resolve_policies,
+    resolve_socket,
     section_defaults,
     split_limits,
 )
@@ -43,6 +44,7 @@ from gridgate.plugins.lsf_proxy.policy import (
     BlockRule,
     Decision,
     PolicySettings,
+    Request,
     TokenPolicy,
 )
 from gridgate.plugins.lsf_proxy.protocol import (
@@ -112,8 +114,6 @@ class ProxyDaemon:
         self.name = name or self.section.get("name") or host_name()
         self.socket_path = socket_path or self.section.get("socket") or ""
         if not self.socket_path:
-            from gridgate.plugins.lsf_proxy.config import resolve_socket
-
             self.socket_path = resolve_socket(None, self.section)
         self.local_host = host_name()
         self.pid = os.getpid()
@@ -500,8 +500,6 @@ class ProxyDaemon:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ProtocolError("bad_request", "size must be a non-negative integer")
         self._ids += 1
-        from gridgate.plugins.lsf_proxy.policy import Request
-
         req = Request(f"r{self._ids}", category, opcode, user, host, size)
         conn.waiting[req.id] = msg_id
         self._waiters[req.id] = conn

@@ -85,3 +85,21 @@ def test_config_validate_command(write):
     assert out.returncode == 2
     assert f"{bad}:2: proxyd.policies.submission.nominal: nominal (31) must not exceed max (30)" \
         in out.stderr
+
+
+def test_gridgate_register_commands_adds_the_lsfproxyd_group():
+    import click
+
+    from gridgate.core.plugins import cli_plugin_manager
+
+    group = click.Group("gridgate")
+    errors = []
+    pm = cli_plugin_manager(on_error=errors.append)
+    pm.hook.gridgate_register_commands(cli=group)
+    assert not [e for e in errors if e.name == "lsf_proxy"]
+    proxyd = group.commands["lsfproxyd"]
+    assert set(proxyd.commands) == {"serve", "status", "enable", "disable", "block", "unblock",
+                                    "blocklist", "diagnose", "reconfig"}
+    for command in proxyd.commands.values():
+        options = {opt for param in command.params for opt in getattr(param, "opts", [])}
+        assert {"--json", "--socket", "-c", "--config"} <= options, command.name
