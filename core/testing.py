@@ -155,7 +155,6 @@ def director_for(config_doc: Mapping[str, Any], *plugins: object, clock: Clock |
     """
     doc = copy.deepcopy(dict(config_doc))
     doc.setdefault("state", {"driver": "memory"})
-    doc.setdefault("director", {})  # Director reads director.* even when the file has none
     # the director opens (and so closes) the state store the config names, on this clock
     return Director(make_config(doc), clock=clock or FakeClock(), extra_plugins=list(plugins))
 
