@@ -128,6 +128,9 @@ SECTION_SCHEMA: dict[str, Any] = {
                                           "the socket."},
         "max_line_bytes": {"type": "integer", "minimum": 256, "maximum": 1048576,
                            "default": 16384, "description": "Longest protocol line accepted."},
+        "line_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                         "description": "Seconds a started line may take to complete; then "
+                                        "the connection is closed."},
         "max_connections": {"type": "integer", "minimum": 1, "default": 20000,
                             "description": "Connections beyond this are closed at once."},
         "categories": {

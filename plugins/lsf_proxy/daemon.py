@@ -152,6 +152,7 @@ class ProxyDaemon:
         self.categories = category_map(section.get("categories"))
         self.max_line = int(section.get("max_line_bytes", 16384))
         self.max_connections = int(section.get("max_connections", 20000))
+        self.line_timeout = float(section.get("line_timeout", 30))
         self._set_diagnose(bool(section.get("diagnose")))
 
     def _side_file(self, key: str, default_name: str) -> Path:
@@ -369,7 +370,17 @@ class ProxyDaemon:
         discarding = False
         try:
             while not conn.closed:
-                chunk = await reader.read(65536)
+                if buffer and not discarding:
+                    # half a line may not sit here for ever: slow senders must not pile up
+                    try:
+                        chunk = await asyncio.wait_for(reader.read(65536), self.line_timeout)
+                    except TimeoutError:
+                        self.policy.count_error()
+                        self._error(conn, None, ProtocolError(
+                            "line_timeout", f"incomplete line for {self.line_timeout:g} s"))
+                        break
+                else:
+                    chunk = await reader.read(65536)
                 if not chunk:
                     break
                 buffer += chunk

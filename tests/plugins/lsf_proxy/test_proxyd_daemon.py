@@ -273,6 +273,21 @@ def test_malformed_and_oversized_lines_get_errors(start_daemon):
     assert status(d.socket)["metrics"]["error"]["current"] >= 8
 
 
+def test_slow_sender_is_cut_off_idle_client_is_not(start_daemon):
+    d = start_daemon({"line_timeout": 0.5})
+    with socket.socket(socket.AF_UNIX) as slow, socket.socket(socket.AF_UNIX) as idle:
+        slow.settimeout(20)
+        idle.settimeout(20)
+        slow.connect(d.socket)
+        idle.connect(d.socket)
+        slow.sendall(b'{"v":1,"id":1,')  # and never the rest
+        (reply,) = _read(slow, 1)
+        assert reply["error"]["code"] == "line_timeout"
+        assert slow.recv(10) == b""  # closed
+        idle.sendall(b'{"v":1,"id":2,"op":"hello"}\n')  # silent all along, still served
+        assert _read(idle, 1)[0]["ok"]
+
+
 def test_two_daemons_split_limits_and_client_fails_over(start_daemon, sockdir, cli):
     hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
              {"name": "pb", "address": str(sockdir / "pb.sock")}]
