@@ -20,36 +20,43 @@ from typing import Any
 from gridgate.plugins.lsf_proxy.sim.cli import (
     MASTER_ENV,
     SCENARIO_ENV,
+    call,
     load_scenario,
     write_scenario,
 )
-from gridgate.plugins.lsf_proxy.sim.master import call
 
 COMMANDS = ("bsub", "bjobs")
 
 _WRAPPER = """#!{python}
 # Stand-in written by gridgate.plugins.lsf_proxy.sim.install_commands: for tests and demos only.
+# The module is loaded by path, so any Python >= 3.10 runs it, with or without gridgate.
+import importlib.util
 import sys
 
-from gridgate.plugins.lsf_proxy.sim.cli import main
-
-sys.exit(main())
+spec = importlib.util.spec_from_file_location("gridgate_lsf_standin", {cli!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sys.exit(module.main())
 """
 
 __all__ = ["COMMANDS", "MASTER_ENV", "SCENARIO_ENV", "Master", "install_commands",
            "load_scenario", "start_master", "write_scenario"]
 
 
-def install_commands(bin_dir: Path, mode: int = 0o755) -> Path:
+def install_commands(bin_dir: Path, mode: int = 0o755, python: str | None = None) -> Path:
     """Write the stand-in executables into ``bin_dir`` (created if needed) and return it.
 
-    They run under this interpreter, so they find gridgate whatever the caller's PATH.
+    They run under ``python`` (default: this interpreter); give a system-wide one when other
+    users must run them and this interpreter is private (a virtualenv under /root).
     """
+    from gridgate.plugins.lsf_proxy.sim import cli
+
+    wrapper = _WRAPPER.format(python=python or sys.executable, cli=str(Path(cli.__file__).resolve()))
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in COMMANDS:
         temporary = bin_dir / f".{name}.tmp{os.getpid()}"
-        temporary.write_text(_WRAPPER.format(python=sys.executable), encoding="utf-8")
+        temporary.write_text(wrapper, encoding="utf-8")
         temporary.chmod(mode)
         temporary.replace(bin_dir / name)  # atomic: nobody runs a half-written script
     return bin_dir

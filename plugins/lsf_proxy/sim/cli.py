@@ -18,7 +18,8 @@ bsub behaviours: ``ok``, ``no_such_queue``, ``too_many_processors``, ``rusage_er
 ``bad_resreq``, ``non_lsf_host``, ``lim_down``, ``master_lim_down``, ``daemon_not_responding``
 (prints the "still trying" line forever), ``hang``. ``preamble: N`` prints N lines of
 ``Cannot connect to LSF. Please wait ...`` first. bjobs knows ``ok``, ``lim_down``,
-``daemon_not_responding`` and ``hang``. Imports stay small: a swarm of these is started in tests.
+``daemon_not_responding`` and ``hang``. Only the standard library is imported: a swarm of these
+is started in tests, and they may run under an interpreter without gridgate (any Python >= 3.10).
 """
 
 from __future__ import annotations
@@ -105,12 +106,32 @@ def _contact_master(scenario: dict[str, Any], command: str) -> bool:
     path = os.environ.get(MASTER_ENV) or scenario.get("master")
     if not path:
         return True
-    from gridgate.plugins.lsf_proxy.sim.master import call
-
     try:
         return bool(call(str(path), {"op": "request", "command": command}).get("ok"))
     except (OSError, ValueError):
         return False
+
+
+def call(path: str, message: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """Send one message to a master daemon and return its answer.
+
+    :raises OSError: the master does not answer.
+    """
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(json.dumps(message).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    if not data:
+        raise ConnectionError("the master closed the connection without answering")
+    return json.loads(data)
 
 
 def _hang_forever(line: str | None) -> int:

@@ -17,12 +17,15 @@ import argparse
 import json
 import os
 import signal
-import socket
 import socketserver
 import sys
 import threading
 import time
 from typing import Any
+
+from gridgate.plugins.lsf_proxy.sim.cli import call
+
+__all__ = ["MasterState", "call", "main", "percentile", "serve", "service_time"]
 
 #: Longest request line accepted; the stand-ins send a few dozen bytes.
 MAX_LINE = 4096
@@ -146,26 +149,6 @@ def serve(path: str, base: float, knee: float, mode: int = 0o666) -> _Server:
     os.chmod(path, mode)  # ordinary users' stand-in commands must reach it
     server.state = MasterState(base, knee)
     return server
-
-
-def call(path: str, message: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """Send one message to a master and return its answer.
-
-    :raises OSError: the master does not answer.
-    """
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    if not data:
-        raise ConnectionError("the master closed the connection without answering")
-    return json.loads(data)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,201 @@
+"""`gridgate gate`: category inference, passthrough of argv, streams and exit status, signals
+forwarded, tokens returned whatever happens, refusals, and shims that never recurse."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gridgate.plugins.lsf_proxy.gate import find_real, infer_category, install_shims
+
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+PYTHON = sys.executable
+#: An interpreter every user may run (this one may live in root's private home).
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or PYTHON
+
+
+@pytest.mark.parametrize(("command", "category"), [
+    ("bsub", "submission"), ("/opt/lsf/bin/bmod", "submission"), ("brestart", "submission"),
+    ("bswitch", "submission"), ("bjobs", "query"), ("bhosts", "query"), ("bqueues", "query"),
+    ("bhist", "query"), ("sbatch", "submission"), ("squeue", "query"), ("sinfo", "query"),
+    ("condor_submit", "submission"), ("condor_q", "query"), ("condor_status", "query"),
+    ("qsub", "submission"), ("qstat", "query"), ("bkill", "other"), ("ls", "other"),
+])
+def test_category_inferred_from_the_command_name(command, category) -> None:
+    assert infer_category(command) == category
+
+
+def test_config_categories_extend_the_map() -> None:
+    assert infer_category("mystat", {"categories": {"query": ["mystat"]}}) == "query"
+
+
+def in_use(cli, socket: str) -> dict[str, int]:
+    out = cli("status", "--json", "--socket", socket)
+    cats = json.loads(out.stdout)["hosts"][0]["reply"]["status"]["categories"]
+    return {name: c["in_use"] for name, c in cats.items()}
+
+
+def gate(exe: str, socket: str, *command: str, user: str = "root", **kwargs):
+    argv = [exe, "gate", "--socket", socket, "--", *command]
+    if user == "nobody":
+        argv = AS_NOBODY + argv
+    return subprocess.run(argv, capture_output=True, timeout=60, cwd="/", **kwargs)
+
+
+def test_streams_argv_and_exit_code_pass_through(start_daemon, gridgate_exe) -> None:
+    daemon = start_daemon({})
+    code = ("import sys; data = sys.stdin.read(); print(sys.argv[1:], data.upper()); "
+            "print('to stderr', file=sys.stderr); sys.exit(3)")
+    proc = gate(gridgate_exe, daemon.socket, PYTHON, "-c", code, "a b", "$(touch /x)", "'*'",
+                input=b"hello\n")
+    assert proc.returncode == 3
+    assert proc.stdout.decode() == "['a b', '$(touch /x)', \"'*'\"] HELLO\n\n"
+    assert proc.stderr.decode().endswith("to stderr\n")
+    assert not Path("/x").exists()
+
+
+def test_the_command_sees_its_token_and_returns_it(start_daemon, gridgate_exe, cli) -> None:
+    daemon = start_daemon({})
+    proc = gate(gridgate_exe, daemon.socket, "printenv", "GRIDGATE_GATE_TOKEN", user="nobody")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0}
+
+
+def test_missing_command_takes_no_token(start_daemon, gridgate_exe) -> None:
+    daemon = start_daemon({"diagnose": True})
+    proc = gate(gridgate_exe, daemon.socket, "no-such-command-here")
+    assert proc.returncode == 127
+    assert b"no-such-command-here: command not found" in proc.stderr
+
+
+def test_a_blocked_user_is_refused_with_a_clear_message(start_daemon, gridgate_exe, cli,
+                                                      sockdir) -> None:
+    daemon = start_daemon({})
+    assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
+    marker = sockdir / "ran"
+    proc = gate(gridgate_exe, daemon.socket, "/usr/bin/touch", str(marker), user="nobody")
+    assert proc.returncode == 75
+    assert b"touch: no other token, not run" in proc.stderr and b"blocked" in proc.stderr
+    assert not marker.exists()
+
+
+def _start_waiting_child(exe: str, socket: str, sockdir: Path, trap: bool):
+    ready = sockdir / "ready"
+    got = sockdir / "got"
+    code = (
+        "import os, signal, sys, time\n"
+        f"got = {str(got)!r}\n"
+        "def on(sig, frame):\n"
+        "    open(got, 'a').write(signal.Signals(sig).name + '\\n')\n"
+        "    sys.exit(7)\n"
+        + ("for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(s, on)\n"
+           if trap else "")
+        + f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([exe, "gate", "--socket", socket, "--category", "query", "--",
+                             PYTHON, "-c", code], cwd="/", start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "child never started"
+        time.sleep(0.05)
+    return proc, got
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signals_are_forwarded_to_the_command(start_daemon, gridgate_exe, cli, sockdir, sig) -> None:
+    daemon = start_daemon({})
+    proc, got = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=True)
+    assert in_use(cli, daemon.socket)["query"] == 1
+    os.kill(proc.pid, sig)  # only the gate is signalled: the child hears it from the gate
+    assert proc.wait(30) == 7
+    assert got.read_text().split() == [sig.name]
+    assert in_use(cli, daemon.socket)["query"] == 0
+
+
+def test_token_returned_when_the_command_is_killed(start_daemon, gridgate_exe, cli, sockdir) -> None:
+    daemon = start_daemon({})
+    proc, _ = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=False)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(30) == -signal.SIGTERM  # the gate dies the way its command did
+    assert in_use(cli, daemon.socket)["query"] == 0
+
+
+def test_token_returned_when_the_gate_itself_is_killed(start_daemon, gridgate_exe, cli,
+                                                       sockdir) -> None:
+    daemon = start_daemon({})
+    proc, _ = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=False)
+    assert in_use(cli, daemon.socket)["query"] == 1
+    os.killpg(proc.pid, signal.SIGKILL)  # gate and command, as a crash or the OOM killer would
+    proc.wait(30)
+    deadline = time.monotonic() + 20
+    while in_use(cli, daemon.socket)["query"] and time.monotonic() < deadline:
+        time.sleep(0.1)  # the daemon notices the closed connection asynchronously
+    assert in_use(cli, daemon.socket)["query"] == 0
+
+
+# --- shims -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def real_bin(sockdir) -> Path:
+    """A directory of 'real' batch commands that print their argv and gate token."""
+    folder = sockdir / "real"
+    folder.mkdir()
+    folder.chmod(0o755)
+    for name in ("bjobs", "bsub", "squeue"):
+        path = folder / name
+        path.write_text(f"#!{SYSTEM_PYTHON}\nimport json, os, sys\n"
+                        f"print(json.dumps({{'real': {name!r}, 'argv': sys.argv[1:], "
+                        "'token': os.environ.get('GRIDGATE_GATE_TOKEN')}))\n")
+        path.chmod(0o755)
+    return folder
+
+
+def test_install_shims_wraps_what_is_on_path(real_bin, sockdir, monkeypatch) -> None:
+    shims = sockdir / "shims"
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{real_bin}{os.pathsep}/usr/bin:/bin")
+    written = dict(install_shims(shims))
+    assert written == {"bjobs": str(real_bin / "bjobs"), "bsub": str(real_bin / "bsub"),
+                       "squeue": str(real_bin / "squeue")}
+    # the shims' own directory is never where the real command is looked for
+    assert find_real("bjobs") == str(shims / "bjobs")
+    assert find_real("bjobs", shims) == str(real_bin / "bjobs")
+
+
+def test_shims_run_the_real_command_through_the_gate(start_daemon, real_bin, sockdir,
+                                                     gridgate_exe) -> None:
+    log = sockdir / "diag.log"
+    daemon = start_daemon({"diagnose": True, "diagnose_file": str(log)})
+    shims = sockdir / "shims"
+    path = f"{shims}{os.pathsep}{real_bin}{os.pathsep}/usr/bin:/bin"
+    out = subprocess.run([gridgate_exe, "gate", "--install-shims", str(shims), "--socket",
+                          daemon.socket, "--shim", "bjobs", "--shim", "squeue", "--shim", "qstat"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": path})
+    assert out.returncode == 0, out.stderr
+    assert "qstat -> (looked up on PATH when run)" in out.stdout
+    env = {**os.environ, "PATH": path}
+    env.pop("GRIDGATE_GATE_TOKEN", None)
+    run = subprocess.run(AS_NOBODY + ["bjobs", "-u", "all", "a b"], capture_output=True, text=True,
+                         timeout=60, env=env, cwd="/")
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout)
+    assert answer["real"] == "bjobs" and answer["argv"] == ["-u", "all", "a b"] and answer["token"]
+    assert ",bjobs," in log.read_text() and "QUERY" in log.read_text().upper()
+    missing = subprocess.run(["qstat"], capture_output=True, text=True, timeout=60, env=env)
+    assert missing.returncode == 127 and "qstat: command not found" in missing.stderr
+    # a shim found again inside a gated command runs the real one at once, with no new token
+    nested = subprocess.run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "squeue"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert nested.returncode == 0, nested.stderr
+    assert json.loads(nested.stdout)["real"] == "squeue"
+    assert log.read_text().count(",squeue,") == 1
