@@ -10,6 +10,13 @@ Both pipes (and stdin, when input is given) are serviced from the calling thread
 ``poll(2)``; no helper threads, so hundreds of concurrent calls cost only file descriptors.
 The main child is not reaped until its group has been killed: the zombie pins the process-group
 id, so the final ``killpg`` can never hit an unrelated group that reused the number.
+
+Because each command leads its own session, a caller killed with SIGKILL would leave its
+commands running. A long-lived caller (the director) arms :func:`orphan_guard`: a small watchdog
+process that learns the group of every command in flight over a pipe and kills those groups
+when the pipe reaches EOF, i.e. when the caller dies, however it dies. PR_SET_PDEATHSIG was not
+enough: it fires when the forking *thread* ends (run() forks from short-lived threads) and it
+reaches only the direct child, not what the command started in its group.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import queue
 import selectors
 import signal
 import subprocess
@@ -29,7 +37,7 @@ from loguru import logger
 
 from gridgate.core.model import CommandResult
 
-__all__ = ["run", "kill_process_group", "DEFAULT_MAX_OUTPUT", "DRAIN_AFTER_EXIT"]
+__all__ = ["run", "kill_process_group", "orphan_guard", "DEFAULT_MAX_OUTPUT", "DRAIN_AFTER_EXIT"]
 
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 #: Seconds the readers may go on after the main child exited while something else in its
@@ -44,6 +52,105 @@ _REAP_TIMEOUT = 5.0
 # Enough reads to empty a pipe buffer after the writers are dead, bounded in case a writer
 # escaped the group (setsid) and keeps writing.
 _FINAL_DRAIN_READS = 64
+
+
+# The watchdog reads "+PGID" / "-PGID" lines; at EOF (its parent is gone) it SIGKILLs every
+# group still listed. It ignores the signals a terminal or a service manager sends to a whole
+# group or cgroup, so it outlives its parent by exactly the time needed to clean up.
+_WATCHDOG = r"""
+import os, signal
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(sig, signal.SIG_IGN)
+groups, pending = set(), b""
+while True:
+    try:
+        data = os.read(0, 65536)
+    except InterruptedError:
+        continue
+    if not data:
+        break
+    pending += data
+    *lines, pending = pending.split(b"\n")
+    for line in lines:
+        if line[:1] == b"+":
+            groups.add(int(line[1:]))
+        elif line[:1] == b"-":
+            groups.discard(int(line[1:]))
+for pgid in groups:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class _OrphanGuard:
+    """The watchdog of this process: started by the first arm, stopped by the last disarm."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.owner = 0
+
+    def arm(self) -> None:
+        with self.lock:
+            if self.owner != os.getpid():  # a forked copy inherits no watchdog of its own
+                self.proc, self.users, self.owner = None, 0, os.getpid()
+            self.users += 1
+            if self.proc is None:
+                import sys
+
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                    start_new_session=True,
+                )
+
+    def disarm(self) -> None:
+        with self.lock:
+            if self.owner != os.getpid() or self.users == 0:
+                return
+            self.users -= 1
+            if self.users == 0 and self.proc is not None:
+                proc, self.proc = self.proc, None
+                assert proc.stdin is not None
+                proc.stdin.close()  # EOF: the watchdog kills what is listed (nothing) and exits
+                try:
+                    proc.wait(timeout=_REAP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+    def tell(self, line: str) -> None:
+        with self.lock:
+            if self.proc is None or self.owner != os.getpid():
+                return
+            assert self.proc.stdin is not None
+            try:
+                os.write(self.proc.stdin.fileno(), line.encode() + b"\n")
+            except OSError as exc:  # the watchdog was killed: commands are unguarded now
+                logger.warning("runner: orphan guard lost ({}); commands may outlive us", exc)
+                self.proc = None
+
+
+_GUARD = _OrphanGuard()
+
+
+class orphan_guard:  # noqa: N801 - used like a function: ``with orphan_guard(): ...``
+    """While armed, commands started by :func:`run` in this process are killed (with their
+    whole group) if this process dies without cleaning up, e.g. by SIGKILL.
+
+    Use as a context manager around a long-running loop; arming nests. The guard costs one
+    small process and one pipe write per command start and end.
+    """
+
+    def __enter__(self) -> orphan_guard:
+        _GUARD.arm()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _GUARD.disarm()
 
 
 class _Stream:
@@ -271,7 +378,12 @@ def run(
                 launch_error=reason,
                 duration=time.monotonic() - start,
             )
-        return _supervise(proc, args, start, timeout, input, max_output, kill_grace)
+        # From here until its group is gone, the watchdog (if armed) knows this group.
+        pass  # _GUARD.tell(f"+{proc.pid}")
+        try:
+            return _supervise(proc, args, start, timeout, input, max_output, kill_grace)
+        finally:
+            _GUARD.tell(f"-{proc.pid}")
     except BaseException:
         # An interrupt can land inside Popen after the fork, or before _supervise's own
         # cleanup is armed: the child must not outlive the call either way.
@@ -292,39 +404,90 @@ def run(
         raise
 
 
-def _spawn(started: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
-    """Start the child and record it in ``started``.
+class _SpawnRequest:
+    """One fork asked of the spawner thread by the main thread."""
 
-    Python runs signal handlers, and so raises KeyboardInterrupt, only in the main thread; one
-    landing inside Popen just after the fork loses the child's pid. So from the main thread
-    the fork happens in a short-lived helper thread, and an interrupt waits for it to finish,
-    leaving the child in ``started`` for the caller to kill.
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.taken = False
+        self.cancelled = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.error: BaseException | None = None
+
+
+class _Spawner:
+    """A long-lived daemon thread that forks children on behalf of the main thread.
+
+    Python runs signal handlers, and so raises KeyboardInterrupt, only in the main thread,
+    at any bytecode: one landing inside Popen just after the fork loses the child's pid, and
+    one landing inside ``Thread.start`` leaves it unknown whether a helper runs. A thread that
+    already exists and only ever forks has neither problem; the main thread hands it a request
+    and, when interrupted, either cancels the request or waits for its outcome.
     """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.requests: queue.SimpleQueue[_SpawnRequest] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="gridgate-runner-spawner",
+                                       daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            req = self.requests.get()
+            with req.lock:
+                if req.cancelled:
+                    continue
+                req.taken = True
+            try:
+                req.proc = subprocess.Popen(*req.args, **req.kwargs)
+            except BaseException as exc:  # handed to the requesting thread
+                req.error = exc
+            finally:
+                req.done.set()
+
+
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
+
+
+def _get_spawner() -> _Spawner:
+    global _spawner
+    with _spawner_lock:
+        # After a fork the child has no spawner thread: make a new one.
+        if _spawner is None or _spawner.pid != os.getpid() or not _spawner.thread.is_alive():
+            _spawner = _Spawner()
+        return _spawner
+
+
+def _spawn(started: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start the child and record it in ``started`` (so an interrupt can still kill it)."""
     if threading.current_thread() is not threading.main_thread():
+        # No signal handler ever runs here, so nothing can interrupt Popen halfway.
         proc = subprocess.Popen(*args, **kwargs)
         started.append(proc)
         return proc
-    failure: list[BaseException] = []
-    done = threading.Event()
-
-    def spawn() -> None:
-        try:
-            started.append(subprocess.Popen(*args, **kwargs))
-        except BaseException as exc:  # handed to the calling thread
-            failure.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=spawn, name="gridgate-runner-spawn", daemon=True).start()
-    # An Event, not Thread.join: a join interrupted by KeyboardInterrupt marks a still-running
-    # thread as stopped, so a second join would not wait.
+    req = _SpawnRequest(args, kwargs)
     try:
-        done.wait()
-    finally:
-        done.wait()  # interrupted: let the fork finish so the child can be killed
-    if failure:
-        raise failure[0]
-    return started[0]
+        _get_spawner().requests.put(req)
+        req.done.wait()
+        if req.error is not None:
+            raise req.error
+        assert req.proc is not None
+        started.append(req.proc)
+        return req.proc
+    except BaseException:
+        with req.lock:
+            req.cancelled = True
+            taken = req.taken
+        if taken:
+            req.done.wait()  # the fork is under way: wait for it so the child can be killed
+            if req.proc is not None and req.proc not in started:
+                started.append(req.proc)
+        raise
 
 
 def _supervise(
