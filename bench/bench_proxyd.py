@@ -51,6 +51,11 @@ class Proc:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    @property
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -148,8 +153,12 @@ def bench_throughput(workdir: Path, seconds: float, clients: int = 64, procs: in
     echo = start_echo(workdir)
     try:
         run_pairs(daemon.info["socket"], clients, procs, 1.0, False)  # warm-up
+        cpu0 = daemon.cpu_seconds
         proxy_rate, latencies = run_pairs(daemon.info["socket"], clients, procs, seconds, False)
+        proxy_cpu = (daemon.cpu_seconds - cpu0) / (proxy_rate * seconds)
+        cpu0 = echo.cpu_seconds
         echo_rate, echo_lat = run_pairs(echo.info["socket"], clients, procs, seconds, True)
+        echo_cpu = (echo.cpu_seconds - cpu0) / (echo_rate * seconds)
     finally:
         daemon.stop()
         echo.stop()
@@ -158,6 +167,9 @@ def bench_throughput(workdir: Path, seconds: float, clients: int = 64, procs: in
     return {"clients": clients, "client_processes": procs, "seconds": seconds,
             "proxy_pairs_per_s": round(proxy_rate), "echo_pairs_per_s": round(echo_rate),
             "ratio": round(proxy_rate / echo_rate, 3),
+            "proxy_server_cpu_us_per_pair": round(proxy_cpu * 1e6, 1),
+            "echo_server_cpu_us_per_pair": round(echo_cpu * 1e6, 1),
+            "cpu_ratio_echo_over_proxy": round(echo_cpu / proxy_cpu, 3),
             "grant_p50_ms": round(q[49] * 1000, 3), "grant_p99_ms": round(q[98] * 1000, 3),
             "echo_p50_ms": round(eq[49] * 1000, 3), "echo_p99_ms": round(eq[98] * 1000, 3)}
 
@@ -277,6 +289,9 @@ def markdown(results: dict) -> str:
             f"{t['proxy_pairs_per_s']} | |",
             f"| echo server, same transport, same messages, same run | {t['echo_pairs_per_s']} | |",
             f"| ratio daemon / echo | **{t['ratio']}** | >= 0.5 |",
+            f"| server CPU per pair: daemon / echo (echo's over daemon's, i.e. the rate ratio "
+            f"if the server alone were the limit) | {t['proxy_server_cpu_us_per_pair']} us / "
+            f"{t['echo_server_cpu_us_per_pair']} us (**{t['cpu_ratio_echo_over_proxy']}**) | |",
             f"| grant latency below nominal, 64 clients: p50 / p99 | **{t['grant_p50_ms']} ms / "
             f"{t['grant_p99_ms']} ms** (echo: {t['echo_p50_ms']} / {t['echo_p99_ms']} ms) | |",
         ]
@@ -298,7 +313,9 @@ def markdown(results: dict) -> str:
         "How to read them: the echo server is an asyncio Unix-socket server with the daemon's "
         "framing that returns each line; the clients send the very same acquire/release lines "
         "to both. Server and client processes share the two cores, so both rates are partly "
-        "client-bound and the ratio flatters neither side much more than the other. Latency is "
+        "client-bound (a ratio near or above 1 means the clients, not the daemon, were the "
+        "limit); the server CPU per pair, read from /proc for the daemon and the echo process, "
+        "gives the ratio one would see if only the server were the limit. Latency is "
         "the acquire round trip seen by the client (no throttling: nominal 1000). Fairness: "
         "fair share = total grants / 5 users; a light user's loop cannot ask again while it "
         "holds its token, which is why the heavy user ends above 1.",

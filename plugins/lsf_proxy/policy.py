@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
@@ -469,6 +469,11 @@ class TokenPolicy:
         token = self._tokens.pop(token_id, None)
         if token is None:
             return None
+        if len(self._leases) > 2 * len(self._tokens) + 1024:
+            # released tokens leave their lease entries behind; drop them now and then so the
+            # heap stays proportional to the tokens actually held
+            self._leases = [(t.expires_at, t.id) for t in self._tokens.values()]
+            heapify(self._leases)
         cat = self.categories[token.category]
         cat.in_use -= 1
         left = cat.held.get(token.user, 1) - 1
@@ -585,6 +590,10 @@ class TokenPolicy:
             for item in cat.queue.live_items():
                 out.append(self._take(cat, item, now, DENIED, "shutdown"))
         return out
+
+    def has_waiters(self) -> bool:
+        """Whether any request is queued (a released token may let one through)."""
+        return any(cat.queue.size for cat in self.categories.values())
 
     @property
     def tokens(self) -> Mapping[str, Token]:
