@@ -463,3 +463,12 @@ def test_waiter_holding_fewer_tokens_goes_first():
     policy.release(heavy_tokens[0].id)
     (decision,) = policy.tick().decisions
     assert decision.request.user == "heavy"
+
+
+def test_released_tokens_do_not_pile_up_lease_entries():
+    policy, _ = make(max_=10, nominal=10, throttle=0)
+    for _ in range(20_000):
+        policy.release(policy.request(req()).token.id)
+    held = [policy.request(req()).token for _ in range(5)]
+    assert len(policy._leases) <= 2 * len(held) + 1025
+    assert policy.status()["categories"]["query"]["in_use"] == 5
