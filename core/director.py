@@ -40,6 +40,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.resilient import ResilientState
+from gridgate.core.runner import orphan_guard
 from gridgate.core.state import StateError, StateStore
 
 ACCOUNTING = "accounting"
@@ -250,7 +251,19 @@ class Director:
         iterations: int | None = None,
         on_iteration: Callable[[IterationSummary], None] | None = None,
     ) -> None:
-        """Iterate until ``iterations`` are done or :meth:`stop` is called."""
+        """Iterate until ``iterations`` are done or :meth:`stop` is called.
+
+        Commands in flight die with the director even when it is SIGKILLed (the runner's
+        orphan guard is armed while this runs).
+        """
+        with orphan_guard():
+            self._loop(iterations, on_iteration)
+
+    def _loop(
+        self,
+        iterations: int | None,
+        on_iteration: Callable[[IterationSummary], None] | None,
+    ) -> None:
         done = 0
         while not self.stop_event.is_set():
             started = time.monotonic()

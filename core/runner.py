@@ -379,7 +379,7 @@ def run(
                 duration=time.monotonic() - start,
             )
         # From here until its group is gone, the watchdog (if armed) knows this group.
-        pass  # _GUARD.tell(f"+{proc.pid}")
+        _GUARD.tell(f"+{proc.pid}")
         try:
             return _supervise(proc, args, start, timeout, input, max_output, kill_grace)
         finally:
