@@ -119,6 +119,15 @@ def config_example() -> None:
     click.echo(files("gridgate.core").joinpath("example.yaml").read_text(encoding="utf-8"), nl=False)
 
 
+@config_group.command("docs")
+@click.option("--all", "everything", is_flag=True, help="Include plugins of other distributions too.")
+def config_docs(everything: bool) -> None:
+    """Print the configuration reference (Markdown) generated from the composed schema."""
+    from gridgate.core.docgen import render
+
+    click.echo(render(all_distributions=everything), nl=False)
+
+
 @cli.command("run")
 @click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False),
               help="Site config (re-read at every iteration).")
