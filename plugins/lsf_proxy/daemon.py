@@ -117,6 +117,9 @@ class ProxyDaemon:
             self.socket_path = resolve_socket(None, self.section)
         self.local_host = host_name()
         self.pid = os.getpid()
+        #: The user running the daemon may administer it (it can stop it anyway) but is not
+        #: privileged for tokens: a personal daemon must still throttle its owner.
+        self.owner = _user_name(os.geteuid())
         self._conns: set[_Conn] = set()
         self._owners: dict[str, _Conn] = {}
         self._waiters: dict[str, _Conn] = {}
@@ -353,10 +356,7 @@ class ProxyDaemon:
         except OSError:
             writer.close()
             return
-        try:
-            user = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            user = str(uid)
+        user = _user_name(uid)
         await self._serve_conn(reader, _Conn(writer, user, self.local_host, False, f"pid {pid}"))
 
     async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -495,7 +495,7 @@ class ProxyDaemon:
             return
         if op not in ADMIN_OPS:
             raise ProtocolError("unknown_op", f"unknown op {op!r}")
-        if not self.policy.is_root_or_admin(user):
+        if not (self.policy.is_root_or_admin(user) or (user == self.owner and not conn.tcp)):
             raise ProtocolError("forbidden", f"permission denied: {op} is for root and the "
                                              f"lsfproxyd admins; {user} is neither")
         self._admin(conn, op, message, msg_id, user, host)
@@ -624,6 +624,13 @@ def _rule_from(message: Mapping[str, Any]) -> BlockRule:
         return BlockRule.make(bool(message.get("all")), users, hosts)
     except ValueError as exc:
         raise ProtocolError("bad_request", str(exc)) from None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _socket_answers(path: str) -> bool:

@@ -420,3 +420,30 @@ def test_blocklist_persistence(start_daemon, cli, persist):
     d2 = start_daemon({"persist_blocklist": persist})
     (reply,) = talk(d2.socket, b'{"v":1,"id":1,"op":"blocklist"}\n')
     assert reply["blocklist"]["users"] == (["user1"] if persist else [])
+
+
+def test_defaults_without_config_for_an_ordinary_user(gridgate_exe, sockdir, cli, py_as):
+    """serve with no -c and no --socket: $XDG_RUNTIME_DIR/gridgate/proxyd.sock; the admin
+    commands find it the same way; the owner may administer it but is throttled like anyone."""
+    runtime = sockdir / "xdg"
+    runtime.mkdir()
+    os.chown(runtime, 65534, 65534)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    env.pop("GRIDGATE_PROXYD_SOCKET", None)
+    proc = subprocess.Popen([*AS_NOBODY, gridgate_exe, "lsfproxyd", "serve", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd="/")
+    try:
+        info = json.loads(proc.stdout.readline())
+        assert info["socket"] == str(runtime / "gridgate" / "proxyd.sock")
+        out = cli("status", "--json", user="nobody", env={"XDG_RUNTIME_DIR": str(runtime)})
+        assert out.returncode == 0, out.stderr
+        reply = json.loads(out.stdout)["hosts"][0]["reply"]["status"]
+        assert reply["categories"]["query"]["token_limit"] == 100  # the seed's default
+        # the environment variable wins over the runtime directory, for root too
+        assert cli("status", env={"GRIDGATE_PROXYD_SOCKET": info["socket"]}).returncode == 0
+        got = json.loads(py_as(client_code(info["socket"])).stdout)
+        assert got["token"] and not got["privileged"]
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+        proc.stdout.close()
