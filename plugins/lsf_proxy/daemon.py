@@ -229,7 +229,15 @@ class ProxyDaemon:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         _raise_nofile()
-        await self._listen()
+        try:
+            await self._listen()
+        except BaseException:
+            for server in self._servers:
+                server.close()
+            if self._servers:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.socket_path)
+            raise
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
@@ -241,8 +249,8 @@ class ProxyDaemon:
         try:
             await self._stop.wait()
         finally:
-            # no task.cancel(): 3.11's wait_for can swallow a cancellation; the ticker
-            # sees the stop flag once poked
+            # the ticker is told to stop, not cancelled, so it never stops halfway through
+            # handing out the decisions of a tick
             self._stop.set()
             self._poke()
             with contextlib.suppress(Exception):

@@ -447,3 +447,23 @@ def test_defaults_without_config_for_an_ordinary_user(gridgate_exe, sockdir, cli
         proc.terminate()
         assert proc.wait(20) == 0
         proc.stdout.close()
+
+
+def test_second_daemon_on_the_same_socket_is_refused(start_daemon, cli, sockdir):
+    d = start_daemon({})
+    out = cli("serve", "--socket", d.socket)
+    assert out.returncode == 1 and "already listens" in out.stderr
+    assert hello(d.socket)["ok"]  # the first one is untouched
+    with socket.socket() as busy:  # a TCP port in use: clear error, no socket left behind
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        key = sockdir / "k"
+        key.write_text("k")
+        config = sockdir / "tcp.yaml"
+        config.write_text(yaml.safe_dump({"proxyd": {
+            "socket": str(sockdir / "tcp.sock"), "tcp": f"127.0.0.1:{port}",
+            "key": {"file": str(key)}}}))
+        out = cli("serve", "-c", str(config))
+    assert out.returncode == 1 and "address already in use" in out.stderr.lower()
+    assert not (sockdir / "tcp.sock").exists()
