@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.config import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.state import (
     StateError,
     StateStore,
@@ -120,6 +121,11 @@ class RedisState(StateStore):
                 "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
                                "password in the URL only through the environment or a file.",
             },
+            "password": {
+                **SECRET_SCHEMA,
+                "description": "The Redis password (AUTH), from {env: VAR} or {file: PATH}; "
+                               "never inline, and never in the url.",
+            },
             "prefix": {
                 "type": "string",
                 "default": "gridgate:",
@@ -155,9 +161,17 @@ class RedisState(StateStore):
         self.prune_interval = float(self.config.get("prune_interval", 300))
         self._index = f"{self.prefix}keys"
         self._last_prune = clock.time()
+        extra: dict[str, Any] = {}
+        try:
+            password = read_secret(self.config.get("password"))
+        except SecretError as exc:
+            raise StateError(f"redis state: cannot read the password: {exc}") from exc
+        if password is not None:
+            extra["password"] = password
         try:
             self._client = redis.Redis.from_url(
                 self.url,
+                **extra,
                 socket_timeout=float(self.config.get("socket_timeout", 5)),
                 socket_connect_timeout=float(self.config.get("socket_connect_timeout", 5)),
                 decode_responses=True,
@@ -170,6 +184,17 @@ class RedisState(StateStore):
         self._delete = self._client.register_script(_DELETE)
         self._forget = self._client.register_script(_FORGET)
         self._append = self._client.register_script(_APPEND)
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        """A password written into the url would sit in the config file and in messages."""
+        url = str(section.get("url", ""))
+        netloc = url.partition("://")[2].split("/", 1)[0]
+        creds, at, _host = netloc.rpartition("@")
+        if at and ":" in creds:
+            return [(("url",), "do not write the password into the url; give it as "
+                               "password: {env: VARIABLE} or password: {file: PATH}")]
+        return []
 
     def _safe_url(self) -> str:
         # Never log a password that may sit in the URL.

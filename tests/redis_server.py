@@ -31,9 +31,11 @@ def _free_port() -> int:
 class RedisServer:
     """One redis-server process without persistence, bound to 127.0.0.1."""
 
-    def __init__(self, workdir: Path, start_timeout: float = 15.0) -> None:
+    def __init__(self, workdir: Path, start_timeout: float = 15.0,
+                 password: str | None = None) -> None:
         self.workdir = Path(workdir)
         self.start_timeout = start_timeout
+        self.password = password
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -42,7 +44,8 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5,
+                           password=self.password)
 
     def start(self) -> RedisServer:
         binary = shutil.which("redis-server")
@@ -59,6 +62,8 @@ class RedisServer:
                 "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
                 "--daemonize", "no", "--logfile", str(log),
             ]
+            if self.password is not None:
+                argv += ["--requirepass", self.password]
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if self._wait_ready():

@@ -242,6 +242,17 @@ def test_items_with_unicode_and_edge_prefixes(store):
     assert keys == sorted(keys)
 
 
+@drivers(DRIVERS)
+def test_items_prefix_metacharacters_are_literal(store):
+    # Characters with a meaning to LIKE, glob, or Redis' lexicographic range syntax.
+    keys = ["[a", "[b", "(a", "-x", "+y", "*z", "a*b", "a?c", "\\d", "a", "b"]
+    for key in keys:
+        store.set(key, "v")
+    for prefix in ["[", "(", "-", "+", "*", "a*", "a?", "\\"]:
+        want = sorted(k for k in keys if k.startswith(prefix))
+        assert [k for k, _ in store.items(prefix)] == want, prefix
+
+
 def test_prefix_successor():
     assert prefix_successor("") is None
     assert prefix_successor("ab") == "ac"
@@ -565,6 +576,46 @@ def test_redis_unreachable_is_a_state_error(clock):
         store.close()
 
 
+def test_redis_password_from_a_secret(tmp_path, monkeypatch, clock):
+    from redis_server import RedisServer
+
+    with RedisServer(tmp_path / "auth", password="s3cret-pw") as server:
+        monkeypatch.setenv("GG_REDIS_PW", "s3cret-pw")
+        store = RedisState({"url": server.url, "password": {"env": "GG_REDIS_PW"}}, clock=clock)
+        assert store.add_if_absent("k", "v", ttl=10) is True
+        assert store.get("k") == "v"
+        store.close()
+        (tmp_path / "pw").write_text("s3cret-pw\n")
+        store = RedisState({"url": server.url, "password": {"file": str(tmp_path / "pw")}},
+                           clock=clock)
+        assert store.get("k") == "v"
+        store.close()
+        anonymous = RedisState({"url": server.url}, clock=clock)
+        with pytest.raises(StateError, match="(?i)auth"):
+            anonymous.get("k")
+        anonymous.close()
+    monkeypatch.delenv("GG_REDIS_PW")
+    with pytest.raises(StateError, match="GG_REDIS_PW"):
+        RedisState({"url": "redis://127.0.0.1:1/0", "password": {"env": "GG_REDIS_PW"}})
+
+
+def test_redis_inline_password_is_a_config_error(tmp_path):
+    from gridgate.core.config import ConfigError, load_config
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("state:\n  driver: redis\n  url: redis://:hunter2@db.example:6379/0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    text = str(info.value)
+    assert "state.url" in text and "password" in text and f"{bad}:3" in text
+    good = tmp_path / "good.yaml"
+    good.write_text("state:\n  driver: redis\n  url: redis://db.example:6379/0\n"
+                    "  password: {env: REDIS_PW}\n")
+    config = load_config(good)
+    assert config.data["state"]["prefix"] == "gridgate:"
+    assert RedisState.config_errors({"url": "redis://user@h/0"}) == []
+
+
 def test_redis_prefixes_keep_sites_apart(redis_server, clock):
     one = RedisState({"url": redis_server.url, "prefix": "site1:"}, clock=clock)
     two = RedisState({"url": redis_server.url, "prefix": "site2:"}, clock=clock)
@@ -584,6 +635,8 @@ def test_entry_point_and_schema(name, cls):
     (ep,) = [e for e in entry_points(group="gridgate.state") if e.name == name]
     assert ep.load() is cls
     Draft202012Validator.check_schema(cls.config_schema)
-    defaults = {k: v["default"] for k, v in cls.config_schema["properties"].items()}
+    props = cls.config_schema["properties"]
+    assert all("description" in v for v in props.values())
+    defaults = {k: v["default"] for k, v in props.items() if "default" in v}
     assert list(Draft202012Validator(cls.config_schema).iter_errors(defaults)) == []
     assert list(Draft202012Validator(cls.config_schema).iter_errors({"bogus": 1}))
