@@ -7,7 +7,9 @@ what was printed up to that moment. Processes the command leaves behind in its g
 when it ends, so nothing outlives a call.
 
 Both pipes (and stdin, when input is given) are serviced from the calling thread with
-``poll(2)``; no helper threads, so hundreds of concurrent calls cost only file descriptors.
+``poll(2)``; no reader threads, so hundreds of concurrent calls cost only file descriptors.
+Calls from the main thread fork through one long-lived spawner thread, so a KeyboardInterrupt
+can never land between the fork and the moment the child's pid is known.
 The main child is not reaped until its group has been killed: the zombie pins the process-group
 id, so the final ``killpg`` can never hit an unrelated group that reused the number.
 
