@@ -1,0 +1,152 @@
+"""Fault row: the director SIGKILLed mid-iteration with commands in flight, then restarted.
+
+A real `gridgate run` process drives the stand-in gLite commands; two servers hang (one of them
+with a grandchild holding the pipes) so commands are in flight when the director is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    HOSTS,
+    Site,
+    alive,
+    gridgate,
+    json_lines,
+    proc_table,
+    processes_with,
+    wait_for,
+)
+from gg_servers import SmtpServer, free_port
+
+from gridgate.core.director import ACCOUNTING, open_state
+from gridgate.plugins.wms_glite.sim import read_calls
+
+HANG, GRANDCHILD, BROKEN, HEALTHY = HOSTS[:4]
+
+
+def _kill_leftovers(marker: str, groups: set[int]) -> None:
+    """Whatever survived a failed run must not outlive the test."""
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in processes_with(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.timeout(150)
+def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
+                                            director_procs: list) -> None:
+    site = Site(tmp_path / "site")
+    smtp_port = free_port()  # SMTP is down for the whole run: mail waits in the outbox
+    # 12 threads: the chance that every thread ends up stuck on the same hanging server (and
+    # the other is never in flight) is 2 * 2**-12.
+    doc = site.doc(command_timeout=60, max_threads=12)
+    doc["demand"] = {"static": {"wms_glite": 24}}
+    doc["notifiers"]["email"] = {"host": "127.0.0.1", "port": smtp_port,
+                                 "from": "gridgate@example.org",
+                                 "error_address": "ops@example.org",
+                                 "alarm_address": "alarms@example.org",
+                                 "poll_interval": 0.05, "timeout": 2, "retry_initial": 0.1}
+    config = site.write(doc)
+    marker = str(site.bin)
+
+    # 1. One iteration: BROKEN fails, enters the failing cache, one error mail is queued.
+    site.scenario(hosts={BROKEN: {"behaviour": "error"}})
+    first = gridgate(gridgate_exe, "run", "-c", str(config), "--once", "--json")
+    assert first.returncode == 0, first.stderr
+    t_first = time.time()
+    [it1] = json_lines(first.stdout)
+    assert [(n["level"], n["endpoint"]) for n in it1["notifications"]] == [("error", BROKEN)]
+    outbox = site.state_dir / "outbox"
+    queued = sorted(p.name for p in outbox.rglob("*") if p.is_file())
+    assert queued, "the error mail should be waiting in the outbox"
+
+    # 2. HANG and GRANDCHILD now hang: start a long run and kill it while they are in flight.
+    site.scenario(hosts={BROKEN: {"behaviour": "error"},
+                         HANG: {"behaviour": "print_then_hang", "hang": 600},
+                         GRANDCHILD: {"behaviour": "grandchild", "parent_hangs": True,
+                                      "hang": 600}})
+    before = len(read_calls(site.calls_log))
+    log = (tmp_path / "run.out").open("w")
+    proc = subprocess.Popen([gridgate_exe, "run", "-c", str(config), "--iterations", "100",
+                             "--json"], stdout=log, stderr=subprocess.STDOUT, text=True)
+    director_procs.append(proc)
+    try:
+        def in_flight() -> list:
+            return [c for c in read_calls(site.calls_log)[before:]
+                    if c.end is None and c.host in (HANG, GRANDCHILD)]
+
+        hanging = wait_for(lambda: len({c.host for c in in_flight()}) == 2 and in_flight(), 60,
+                           "both hanging servers to have a command in flight")
+        grandchildren = wait_for(lambda: [c.grandchild for c in read_calls(site.calls_log)[before:]
+                                          if c.grandchild], 30, "a grandchild to be started")
+        stand_ins = set(processes_with(marker))
+        assert {c.pid for c in hanging} <= stand_ins
+        groups = {proc_table()[pid][1] for pid in stand_ins | set(grandchildren)
+                  if pid in proc_table()}
+        assert all(alive(pid) for pid in grandchildren)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+        # 3. Nothing the dead director started may live on: not the commands, not a grandchild.
+        def survivors() -> list[int]:
+            return [pid for pid, (_pp, pgid, st) in proc_table().items()
+                    if pgid in groups and st != "Z"]
+
+        wait_for(lambda: not survivors(), 10, "the commands to die with their director")
+    finally:
+        log.close()
+        _kill_leftovers(marker, groups if "groups" in locals() else set())
+
+    # 4. Restart: the failing cache and tickets survived, so BROKEN raises nothing new.
+    site.scenario(hosts={BROKEN: {"behaviour": "error"}})
+    t_last = time.time()
+    again = gridgate(gridgate_exe, "run", "-c", str(config), "--once", "--json")
+    assert again.returncode == 0, again.stderr
+    [it3] = json_lines(again.stdout)
+    assert it3["notifications"] == []
+    assert all(s["endpoint"] != BROKEN for s in it3["submitted"])
+    assert len(it3["submitted"]) == 24
+
+    state = open_state(doc)
+    try:
+        assert state.get(f"failing/wms_glite/{BROKEN}") is not None
+        assert state.get(f"tickets/wms_glite/{BROKEN}") is not None
+        rows = state.records(ACCOUNTING)
+    finally:
+        state.close()
+    # Accounting: both complete iterations fully recorded (8 pilots each); from the killed
+    # one only what finished before the kill: never a row for a command still in flight.
+    first_rows = [r for r in rows if r["time"] <= t_first]
+    last_rows = [r for r in rows if r["time"] >= t_last]
+    middle = [r for r in rows if t_first < r["time"] < t_last]
+    assert sum(r["pilots"] for r in first_rows) == 24
+    assert sum(r["pilots"] for r in last_rows) == 24
+    assert {(r["endpoint"], r["outcome"]) for r in middle} <= {(HEALTHY, "submitted")}
+    job_ids = [j for r in rows for j in r["job_ids"]]
+    assert len(job_ids) == len(set(job_ids)), "a submission recorded twice"
+    with sqlite3.connect(site.state_dir / "state.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+    # 5. The outbox kept the mail across the kill; SMTP returns and it is delivered once.
+    smtp = SmtpServer(port=smtp_port).start()
+    try:
+        flushed = gridgate(gridgate_exe, "outbox", "retry", "--flush", "-c", str(config))
+        assert flushed.returncode == 0, flushed.stderr
+        subjects = smtp.handler.subjects()
+    finally:
+        smtp.stop()
+    assert len(subjects) == 1 and BROKEN in subjects[0], subjects
