@@ -178,6 +178,10 @@ class LsfBackend(Plugin):
             "socket": {"type": "string", "default": "",
                        "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
                                       "proxyd.socket or proxyd.hosts)."},
+            "token_user": {"type": "string", "default": "",
+                           "description": "User named in signed TCP requests (a director's "
+                                          "service account); empty: the process's user. Over "
+                                          "a Unix socket the kernel says who is asking."},
             "notoken_ntries": {"type": "integer", "minimum": 1, "default": 3,
                                "description": "Attempts when the daemon denies a token."},
             "transient_notify_after": {"type": "integer", "minimum": 1, "default": 2,
@@ -231,9 +235,10 @@ class LsfBackend(Plugin):
         with self._client_lock:
             if self._client is None:
                 section = dict(self.context.config.get("proxyd") or section_defaults())
+                extra = {"user": self.config["token_user"]} if self.config.get("token_user") else {}
                 self._client = ProxyClient.from_section(
                     section, self.config.get("socket") or None,
-                    notoken_ntries=int(self.config.get("notoken_ntries", 3)))
+                    notoken_ntries=int(self.config.get("notoken_ntries", 3)), **extra)
             return self._client
 
     def bsub_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
