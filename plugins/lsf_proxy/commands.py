@@ -16,7 +16,7 @@ from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
 from gridgate.core.config import SecretError
 from gridgate.plugins.lsf_proxy import render
 from gridgate.plugins.lsf_proxy.client import HostReply, ProxyClient, ProxyError
-from gridgate.plugins.lsf_proxy.config import resolve_socket, section_defaults
+from gridgate.plugins.lsf_proxy.config import section_defaults
 
 #: Exit code when a daemon could not be reached or refused the command.
 EXIT_FAILED = 1
@@ -99,7 +99,6 @@ def serve(as_json: bool, socket_path: str | None, config_path: str | None, name:
     from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError
 
     section = _section(config_path)
-    section["socket"] = resolve_socket(socket_path, section)
 
     def ready(daemon: ProxyDaemon) -> None:
         info = {"ready": True, "name": daemon.name, "socket": daemon.socket_path,
@@ -109,7 +108,7 @@ def serve(as_json: bool, socket_path: str | None, config_path: str | None, name:
         sys.stdout.flush()
 
     try:
-        daemon = ProxyDaemon(section, name=name, config_path=config_path)
+        daemon = ProxyDaemon(section, socket_path=socket_path, name=name, config_path=config_path)
         daemon.on_ready = ready
         asyncio.run(daemon.serve())
     except (StartupError, SecretError, OSError) as exc:

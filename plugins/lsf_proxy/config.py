@@ -300,6 +300,19 @@ def resolve_socket(option: str | None, section: Mapping[str, Any] | None = None)
     return default_socket_path()
 
 
+def daemon_socket(option: str | None, section: Mapping[str, Any], name: str) -> str:
+    """Where daemon ``name`` listens: ``--socket``, ``proxyd.socket``, its own Unix address
+    in ``proxyd.hosts``, then as the clients look (environment, runtime directory)."""
+    if option:
+        return option
+    if section.get("socket"):
+        return str(section["socket"])
+    for host in section.get("hosts") or []:
+        if host.get("name") == name and str(host.get("address", "")).startswith("/"):
+            return str(host["address"])
+    return resolve_socket(None, section)
+
+
 def host_name() -> str:
     """This host's short name, as the status and block rules show it."""
     return socket.gethostname().split(".")[0]

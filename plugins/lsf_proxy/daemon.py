@@ -30,10 +30,10 @@ from gridgate.plugins.lsf_proxy.config import (
     LSF_NAMES,
     category_map,
     category_of,
+    daemon_socket,
     host_name,
     parse_address,
     resolve_policies,
-    resolve_socket,
     section_defaults,
     split_limits,
 )
@@ -112,9 +112,7 @@ class ProxyDaemon:
         self.config_path = Path(config_path) if config_path else None
         self.clock = clock
         self.name = name or self.section.get("name") or host_name()
-        self.socket_path = socket_path or self.section.get("socket") or ""
-        if not self.socket_path:
-            self.socket_path = resolve_socket(None, self.section)
+        self.socket_path = daemon_socket(socket_path, self.section, self.name)
         self.local_host = host_name()
         self.pid = os.getpid()
         #: The user running the daemon may administer it (it can stop it anyway) but is not

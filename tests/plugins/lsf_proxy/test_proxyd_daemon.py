@@ -292,8 +292,10 @@ def test_two_daemons_split_limits_and_client_fails_over(start_daemon, sockdir, c
     hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
              {"name": "pb", "address": str(sockdir / "pb.sock")}]
     section = {"hosts": hosts, "policies": "QUERY[max=5 nominal=3] SUBMISSION[max=9]"}
-    a = start_daemon({**section, "socket": hosts[0]["address"]}, name="pa", config_name="site.yaml")
-    b = start_daemon({**section, "socket": hosts[1]["address"]}, name="pb", config_name="site.yaml")
+    # both read the same site file; each listens on its own address from proxyd.hosts
+    a = start_daemon({**section, "socket": ""}, name="pa", config_name="site.yaml")
+    b = start_daemon({**section, "socket": ""}, name="pb", config_name="site.yaml")
+    assert (a.socket, b.socket) == (hosts[0]["address"], hosts[1]["address"])
     sa, sb = status(a.socket)["categories"], status(b.socket)["categories"]
     assert (sa["query"]["token_limit"], sb["query"]["token_limit"]) == (3, 2)
     assert (sa["query"]["nominal"], sb["query"]["nominal"]) == (2, 1)
