@@ -361,6 +361,9 @@ class SqliteState(StateStore):
             hint = "the file or its directory is read-only"
         elif "full" in low:
             hint = "the disk is full"
+        elif "disk i/o" in low:
+            # EFBIG (a file size limit) and EIO reach sqlite as SQLITE_IOERR, not SQLITE_FULL.
+            hint = "the disk could not be written (full, over a file size limit, or failing)"
         elif "not a database" in low or "malformed" in low:
             hint = "the file is not a gridgate state database or is damaged"
         elif "locked" in low or "busy" in low:
@@ -369,7 +372,8 @@ class SqliteState(StateStore):
             hint = "the path cannot be opened as a file"
         else:
             hint = "database error"
-        return f"state file {self.path}: cannot {what}: {hint} ({text})"
+        code = getattr(exc, "sqlite_errorname", "")
+        return f"state file {self.path}: cannot {what}: {hint} ({text}{', ' + code if code else ''})"
 
     def _execute(self, what: str, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Run one statement under the lock; caller holds ``self._lock``."""
