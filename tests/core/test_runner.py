@@ -418,3 +418,22 @@ def test_kill_process_group_helper():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_child_closing_its_pipes_is_still_held_to_the_deadline():
+    r = run(["sh", "-c", "echo bye; exec >&- 2>&-; exec sleep 1000"], 0.5, kill_grace=0.5)
+    assert r.timed_out and r.returncode is None
+    assert r.stdout == "bye\n"
+
+
+def test_without_pidfd_the_exit_is_polled(monkeypatch, tmp_path):
+    # Older kernels and other Unixes have no pidfd: the same behaviour through waitid polling.
+    monkeypatch.delattr(os, "pidfd_open", raising=False)
+    r = run(["sh", "-c", "echo ok; exit 4"], 5)
+    assert (r.returncode, r.stdout, r.timed_out) == (4, "ok\n", False)
+    r = run(["sh", "-c", "echo hi; sleep 1000 & wait"], 0.5, kill_grace=0.5)
+    assert r.timed_out and r.stdout == "hi\n"
+    pidfile = tmp_path / "bg"
+    r = run(["sh", "-c", f"sleep 1000 & echo $! > {pidfile}; echo done"], 30)
+    assert (r.returncode, r.stdout, r.timed_out) == (0, "done\n", False)
+    assert not is_alive(int(pidfile.read_text()))
