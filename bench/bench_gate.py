@@ -1,0 +1,266 @@
+"""Admission-in-use figures for docs/performance.md: the director's throughput with ``mode:
+local`` admission against none, in the same run; and a swarm of polling loops against the
+stand-in master daemon (slower as requests pile up), with and without tokens, as a curve.
+
+    .venv/bin/python bench/bench_gate.py [all|director|swarm|overhead] [--json]
+
+The swarm runs as ``nobody`` (root is privileged and never waits for a token): one process of
+N threads, each looping "take a query token from the real daemon, send one request to the
+master, give the token back" (gated) or just "send one request" (ungated) for a fixed time.
+That is the token protocol ``gridgate gate`` speaks, without the cost of starting a process
+per call; ``overhead`` measures that cost separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
+
+
+# --- the director with and without admission ---------------------------------------------------
+
+def _director_doc(folder: Path, admission: dict[str, Any] | None, pilots: int,
+                  threads: int) -> dict[str, Any]:
+    from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
+
+    bin_dir = install_commands(folder / "bin")
+    (folder / "sim").mkdir(exist_ok=True)
+    scenario = write_scenario(folder / "scenario.json", {
+        "state_dir": str(folder / "sim"), "calls_log": str(folder / "calls.jsonl"),
+        "default": {"behaviour": "healthy", "latency": 0.05}})
+    doc: dict[str, Any] = {
+        "director": {"cycle_seconds": 0.001, "max_threads": threads, "command_timeout": 30,
+                     "state_dir": str(folder / "state")},
+        "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
+        "backends": {"wms_glite": {
+            "servers": HOSTS,
+            "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
+                         "list_match": str(bin_dir / "glite-wms-job-list-match")},
+            "list_match": False, "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)}}},
+        "demand": {"static": {"wms_glite": pilots}},
+        "notifiers": {"files": {"folder": str(folder / "notes")}},
+    }
+    if admission is not None:
+        doc["admission"] = {"lsf_proxy": admission}
+    return doc
+
+
+def _director_once(admission: dict[str, Any] | None, pilots: int, threads: int) -> dict[str, Any]:
+    from gridgate.core.config import validate_document
+    from gridgate.core.director import Director
+    from gridgate.plugins.wms_glite.sim import max_concurrency, read_calls
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        director = Director(validate_document(_director_doc(folder, admission, pilots, threads)))
+        started = time.monotonic()
+        try:
+            summary = director.run_iteration()
+            plugin = director.pm.get_plugin("admission:lsf_proxy")
+            stats = plugin.stats() if plugin is not None else {}
+        finally:
+            director.close()
+        elapsed = time.monotonic() - started
+        calls = read_calls(folder / "calls.jsonl")
+    submitted = sum(r.pilots for r in summary.records if r.outcome == "submitted")
+    peak = max(max_concurrency([c for c in calls if c.host == h]) for h in HOSTS)
+    return {"rate": submitted / elapsed, "submitted": submitted,
+            "refused": sum(1 for r in summary.records if r.outcome == "refused"),
+            "waited": sum(s.waited for s in stats.values()), "peak_per_server": peak}
+
+
+def bench_director(pilots: int = 400, threads: int = 16, rounds: int = 2) -> dict[str, Any]:
+    """Alternate runs without and with ``mode: local`` (max 2 per server) to cancel drift."""
+    local = {"mode": "local", "max": 2}
+    runs: dict[str, list[dict[str, Any]]] = {"none": [], "local": []}
+    for _ in range(rounds):
+        runs["none"].append(_director_once(None, pilots, threads))
+        runs["local"].append(_director_once(local, pilots, threads))
+
+    def mean(name: str, key: str) -> float:
+        return sum(r[key] for r in runs[name]) / len(runs[name])
+
+    return {
+        "pilots": pilots, "threads": threads, "servers": len(HOSTS), "rounds": rounds,
+        "admission": local,
+        "none_per_s": round(mean("none", "rate"), 1),
+        "local_per_s": round(mean("local", "rate"), 1),
+        "ratio": round(mean("local", "rate") / mean("none", "rate"), 3),
+        "peak_per_server_none": max(r["peak_per_server"] for r in runs["none"]),
+        "peak_per_server_local": max(r["peak_per_server"] for r in runs["local"]),
+        "local_grants_that_waited": round(mean("local", "waited")),
+        "local_refused": sum(r["refused"] for r in runs["local"]),
+    }
+
+
+# --- the swarm against the master -------------------------------------------------------------
+
+class _Daemon:
+    def __init__(self, folder: Path, section: dict[str, Any]) -> None:
+        config = folder / "proxyd.yaml"
+        section = {"socket": str(folder / "proxyd.sock"), **section}
+        config.write_text(yaml.safe_dump({"proxyd": section}), encoding="utf-8")
+        config.chmod(0o644)
+        self.proc = subprocess.Popen([str(BIN / "gridgate"), "lsfproxyd", "serve", "-c",
+                                      str(config), "--json"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError("the token daemon did not start")
+        self.socket = json.loads(line)["socket"]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(20)
+        self.proc.stdout.close()  # type: ignore[union-attr]
+
+
+_WORKER = r"""
+import json, sys, threading, time
+sys.path.insert(0, {root!r})
+from gridgate.plugins.lsf_proxy.sim.cli import call
+loops, seconds, master, socket = {loops}, {seconds}, {master!r}, {socket!r}
+client = None
+if socket:
+    from loguru import logger
+    logger.remove()
+    from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+    client = ProxyClient([Daemon("proxy", socket)], backoff=(0.01, 0.2))
+done, latencies, errors = [0] * loops, [[] for _ in range(loops)], [0] * loops
+stop = time.monotonic() + seconds
+def loop(i):
+    while time.monotonic() < stop:
+        started = time.monotonic()
+        try:
+            if client is None:
+                call(master, {{"op": "request", "command": "bjobs"}})
+            else:
+                with client.acquire("query", "bjobs"):
+                    call(master, {{"op": "request", "command": "bjobs"}})
+        except Exception:
+            errors[i] += 1
+            continue
+        if time.monotonic() <= stop:
+            done[i] += 1
+            latencies[i].append(time.monotonic() - started)
+threads = [threading.Thread(target=loop, args=(i,)) for i in range(loops)]
+for t in threads: t.start()
+for t in threads: t.join()
+flat = sorted(x for l in latencies for x in l)
+p99 = flat[max(0, int(len(flat) * 0.99 + 0.999) - 1)] if flat else 0.0
+print(json.dumps({{"completed": sum(done), "errors": sum(errors), "client_p99": p99,
+                  "min_per_loop": min(done)}}))
+"""
+
+
+def _swarm_once(folder: Path, master: Any, daemon: _Daemon | None, loops: int,
+                seconds: float) -> dict[str, Any]:
+    master.reset()
+    code = _WORKER.format(root=str(ROOT), loops=loops, seconds=seconds, master=master.socket,
+                          socket=daemon.socket if daemon else "")
+    proc = subprocess.run(AS_NOBODY + [sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=seconds + 120, cwd="/")
+    if proc.returncode != 0:
+        raise RuntimeError(f"swarm worker failed: {proc.stderr[-2000:]}")
+    client = json.loads(proc.stdout)
+    stats = master.stats()
+    return {"loops": loops, "completed": client["completed"],
+            "per_s": round(client["completed"] / seconds, 1),
+            "master_p50_ms": round(stats["p50"] * 1000, 1),
+            "master_p99_ms": round(stats["p99"] * 1000, 1),
+            "master_max_in_flight": stats["max_in_flight"],
+            "client_p99_ms": round(client["client_p99"] * 1000, 1),
+            "slowest_loop_completed": client["min_per_loop"], "errors": client["errors"]}
+
+
+def bench_swarm(loops: tuple[int, ...] = (8, 25, 50, 100), seconds: float = 8.0,
+                base: float = 0.02, knee: float = 8.0, max_tokens: int = 8) -> dict[str, Any]:
+    from gridgate.plugins.lsf_proxy.sim import start_master
+
+    folder = Path(tempfile.mkdtemp(prefix="gg-bench-gate-", dir="/tmp"))
+    folder.chmod(0o755)
+    rows = []
+    try:
+        master = start_master(folder / "master.sock", base=base, knee=knee)
+        daemon = _Daemon(folder, {"policies": f"QUERY[max={max_tokens} nominal={max_tokens}]",
+                                  "token_wait_time": 60})
+        try:
+            for n in loops:
+                rows.append({"gate": False, **_swarm_once(folder, master, None, n, seconds)})
+                rows.append({"gate": True, **_swarm_once(folder, master, daemon, n, seconds)})
+        finally:
+            daemon.stop()
+            master.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"seconds_per_run": seconds, "master_base_ms": base * 1000, "master_knee": knee,
+            "query_max": max_tokens, "rows": rows}
+
+
+# --- what a gated process costs --------------------------------------------------------------
+
+def bench_overhead(calls: int = 20) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="gg-bench-gate-", dir="/tmp"))
+    try:
+        daemon = _Daemon(folder, {})
+        true = shutil.which("true") or "/bin/true"
+        try:
+            def timed(argv: list[str]) -> float:
+                started = time.monotonic()
+                for _ in range(calls):
+                    subprocess.run(argv, check=True, timeout=60)
+                return (time.monotonic() - started) / calls
+
+            plain = timed([true])
+            gated = timed([str(BIN / "gridgate"), "gate", "--socket", daemon.socket, "--", true])
+        finally:
+            daemon.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"calls": calls, "plain_ms": round(plain * 1000, 1), "gated_ms": round(gated * 1000, 1),
+            "added_ms": round((gated - plain) * 1000, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", nargs="?", default="all",
+                        choices=["all", "director", "swarm", "overhead"])
+    parser.add_argument("--json", action="store_true", help="(the output is always JSON)")
+    args = parser.parse_args()
+    from loguru import logger
+
+    logger.remove()  # the bench is an entry point: warnings only, the figures go to stdout
+    logger.add(sys.stderr, level="WARNING")
+    results: dict[str, Any] = {}
+    if args.which in ("all", "director"):
+        results["director"] = bench_director()
+    if args.which in ("all", "swarm"):
+        results["swarm"] = bench_swarm()
+    if args.which in ("all", "overhead"):
+        results["overhead"] = bench_overhead()
+    results.update({"python": sys.version.split()[0], "cpus": os.cpu_count(),
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench"
+    main()
