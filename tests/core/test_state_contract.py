@@ -7,6 +7,7 @@ redis-server started by the ``redis_server`` fixture. Expiry is driven by a Fake
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
 import stat
 import threading
@@ -530,6 +531,38 @@ def test_sqlite_write_error_is_a_state_error(tmp_path, clock):
     store.close()
     with pytest.raises(StateError, match="closed"):
         store.get("k")
+
+
+def test_sqlite_full_database_is_a_state_error(tmp_path, clock):
+    store = SqliteState({"path": str(tmp_path / "s.db")}, clock=clock)
+    store.set("keep", "v")
+    # SQLite's own page limit yields the very error a full disk gives (SQLITE_FULL).
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+    with pytest.raises(StateError, match="disk is full"):
+        for i in range(100):
+            store.set(f"big{i}", "x" * 100_000)
+    assert store.get("keep") == "v"  # what was stored before is intact
+    store.close()
+
+
+def test_sqlite_read_only_is_a_state_error(tmp_path, clock):
+    path = tmp_path / "s.db"
+    store = SqliteState({"path": str(path)}, clock=clock)
+    store.set("keep", "v")
+    if os.geteuid() != 0:
+        store.close()
+        path.chmod(0o400)
+        with pytest.raises(StateError, match="read-only"):
+            store = SqliteState({"path": str(path)}, clock=clock)
+            store.set("k", "v")
+        return
+    # root ignores file modes: make the connection itself read-only instead.
+    store._conn.execute("PRAGMA query_only = 1")
+    with pytest.raises(StateError, match="read-only"):
+        store.set("k", "v")
+    assert store.get("keep") == "v"
+    store.close()
 
 
 def test_redis_sets_a_real_ttl_from_the_clock(redis_server, clock):
