@@ -39,7 +39,7 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
-from gridgate.core.resilient import ResilientState
+from gridgate.core.resilient import DeferredState, ResilientState
 from gridgate.core.runner import orphan_guard
 from gridgate.core.state import StateError, StateStore
 
@@ -151,8 +151,11 @@ class Director:
         self.extra_plugins = list(extra_plugins)
         self._own_state = state is None
         self.config = source.current if isinstance(source, ConfigSource) else source
+        self._early_notes: list[Notification] = []
         self.state = ResilientState(
-            state or open_state(self.config, clock),
+            # Deferred: a store that cannot be opened at start (read-only file, Redis down)
+            # is one notification and a local view, not a crash.
+            state or DeferredState(lambda: open_state(self.config, clock), clock),
             clock=clock,
             retry_every=float(self.config.director["state_retry_seconds"]),
             on_change=self._state_changed,
@@ -178,6 +181,9 @@ class Director:
                 "process only and accounting rows are held in memory.\n") if degraded else reason + "\n"
         note = Notification(level="error" if degraded else "info", subject=subject, body=body,
                             created=self.clock.time(), key=f"state/{degraded}/{self.clock.time():.0f}")
+        if not hasattr(self, "pm"):  # the store failed while the notifiers were being built
+            self._early_notes.append(note)
+            return
         self.pm.hook.gridgate_notify(notification=note)
 
     def _start_metrics(self, port: int) -> None:
@@ -219,6 +225,8 @@ class Director:
         self.pm, self._plugins = pm, plugins
         for plugin in old:
             _close(plugin)
+        while self._early_notes:
+            self.pm.hook.gridgate_notify(notification=self._early_notes.pop(0))
 
     def _reload(self) -> str | None:
         """Re-read the config; rebuild plugins if it changed. Returns a refusal, if any."""

@@ -164,3 +164,57 @@ class ResilientState(StateStore):
     def close(self) -> None:
         self.primary.close()
         self.local.close()
+
+
+class DeferredState(StateStore):
+    """A state store opened on first use, and tried again at each use until it opens.
+
+    Lets the director start on its local view when the store cannot be opened yet (a read-only
+    or unreachable state file, Redis down at boot): the first operation raises
+    :class:`StateError`, which :class:`ResilientState` turns into one notification and retries.
+    """
+
+    def __init__(self, opener: Callable[[], StateStore], clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__({}, clock)
+        self._opener = opener
+        self._store: StateStore | None = None
+        self._lock = threading.Lock()
+        try:
+            self._open()
+        except StateError as exc:
+            logger.error("state store cannot be opened, starting on a local view: {}", exc)
+
+    def _open(self) -> StateStore:
+        with self._lock:
+            if self._store is None:
+                self._store = self._opener()
+            return self._store
+
+    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
+        return self._open().add_if_absent(key, value, ttl)
+
+    def set(self, key: str, value: str, ttl: float | None = None) -> None:
+        self._open().set(key, value, ttl)
+
+    def get(self, key: str) -> str | None:
+        return self._open().get(key)
+
+    def delete(self, key: str) -> bool:
+        return self._open().delete(key)
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]:
+        return self._open().items(prefix)
+
+    def ttl(self, key: str) -> float | None:
+        return self._open().ttl(key)
+
+    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
+        self._open().append_record(stream, record)
+
+    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
+        return self._open().records(stream, since)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()

@@ -103,11 +103,16 @@ class _OrphanGuard:
             if self.proc is None:
                 import sys
 
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-                    start_new_session=True,
-                )
+                try:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-I", "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    # A guard that cannot start must not stop the caller from working.
+                    logger.warning("runner: orphan guard not started ({}): commands in flight "
+                                   "would outlive a killed director", exc)
 
     def disarm(self) -> None:
         with self.lock:
