@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from gg_servers import SmtpServer, free_port
+from relkit import (
     HOSTS,
     Site,
     alive,
@@ -24,7 +25,6 @@ from conftest import (
     processes_with,
     wait_for,
 )
-from gg_servers import SmtpServer, free_port
 
 from gridgate.core.director import ACCOUNTING, open_state
 from gridgate.plugins.wms_glite.sim import read_calls

@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import HOSTS, Site, gridgate, wait_for
 from gg_servers import SmtpServer, free_port
+from relkit import HOSTS, Site, gridgate, wait_for
 
 BROKEN = HOSTS[:3]
 

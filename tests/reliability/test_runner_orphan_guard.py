@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import alive, proc_table, wait_for
+from relkit import alive, proc_table, wait_for
 
 from gridgate.core.runner import orphan_guard, run
 
