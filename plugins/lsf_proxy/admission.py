@@ -97,6 +97,10 @@ class ProxyAdmission(Plugin):
             "notoken_ntries": {"type": "integer", "minimum": 1, "default": 1,
                                "description": "remote: attempts when the daemon denies a token; "
                                               "the director retries the pilot next iteration."},
+            "user": {"type": "string", "default": "",
+                     "description": "remote: user named in signed TCP requests (the director's "
+                                    "service account); empty: the process's user. Over a Unix "
+                                    "socket the kernel says who is asking."},
             "when_unavailable": {"enum": ["proceed", "refuse"], "default": "proceed",
                                  "description": "remote: no daemon answers -> proceed without a "
                                                 "token (with a warning, as LSF does) or refuse."},
@@ -142,10 +146,12 @@ class ProxyAdmission(Plugin):
             )
         else:
             section = dict(context.config.get("proxyd") or section_defaults())
+            extra = {"user": config["user"]} if config.get("user") else {}
             self._client = ProxyClient.from_section(
                 section, config.get("socket") or None,
                 notoken_ntries=int(config.get("notoken_ntries", 1)),
                 when_unavailable="fail" if config.get("when_unavailable") == "refuse" else "proceed",
+                **extra,
             )
 
     # --- bookkeeping ------------------------------------------------------------------------

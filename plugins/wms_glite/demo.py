@@ -1,9 +1,18 @@
 """`gridgate demo`: the director against 11 simulated WMS servers of mixed health, with time
-compressed from hours to seconds, ending with a per-server table. No config, no network."""
+compressed from hours to seconds, its submissions behind token admission, ending with a
+per-server table. No config; no network beyond loopback.
+
+Admission (``--admission``): ``remote`` (the default) starts a token daemon (``gridgate lsfproxyd
+serve``) on a private socket and a loopback TCP port, and every submission takes a token from
+it first, signed as the service account ``demo-director`` (the demo runs as whoever starts it,
+often root, whom the daemon never limits); ``local`` runs the same policy in-process, per server;
+``none`` submits without admission."""
 
 from __future__ import annotations
 
 import json
+import secrets
+import socket
 import sys
 import tempfile
 import threading
@@ -20,6 +29,10 @@ from gridgate.core.config import load_config
 from gridgate.core.director import ACCOUNTING, Director
 from gridgate.core.model import IterationSummary, Notification
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
+
+#: Token limits of the demo: the director runs 16 threads, so submissions wait their turn.
+REMOTE_POLICY = "SUBMISSION[max=8 nominal=4 throttle=20]"
+LOCAL_MAX = 2
 
 #: host -> (behaviour spec, what a person should expect of it)
 FLEET: dict[str, tuple[dict[str, Any], str]] = {
@@ -52,7 +65,28 @@ class _Watch:
             self.notes.append(notification)
 
 
-def build_site(folder: Path, duration: float) -> Path:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_token_daemon(folder: Path) -> tuple[Any, dict[str, Any]]:
+    """Start a token daemon for the demo; return it and the ``proxyd:`` section clients use."""
+    from gridgate.plugins.lsf_proxy.sim import start_proxyd
+
+    key = folder / "proxyd.key"
+    key.write_text(secrets.token_hex(16) + "\n", encoding="utf-8")
+    key.chmod(0o600)
+    address = f"127.0.0.1:{_free_port()}"
+    daemon = start_proxyd(folder, {"policies": REMOTE_POLICY, "token_wait_time": 15,
+                                   "tcp": address, "key": {"file": str(key)}})
+    return daemon, {"hosts": [{"name": "demo-proxyd", "address": address}],
+                    "key": {"file": str(key)}}
+
+
+def build_site(folder: Path, duration: float, admission: str = "none",
+               proxyd: dict[str, Any] | None = None) -> Path:
     """Write the stand-ins, the scenario and the site config into ``folder``."""
     bin_dir = install_commands(folder / "bin")
     scenario = write_scenario(folder / "scenario.json", {
@@ -79,6 +113,12 @@ def build_site(folder: Path, duration: float) -> Path:
         "demand": {"static": {"wms_glite": 40}},
         "notifiers": {"files": {"folder": str(folder / "notifications")}},
     }
+    if admission == "remote":
+        config["proxyd"] = dict(proxyd or {})
+        config["admission"] = {"lsf_proxy": {"mode": "remote", "user": "demo-director",
+                                             "notoken_ntries": 1}}
+    elif admission == "local":
+        config["admission"] = {"lsf_proxy": {"mode": "local", "max": LOCAL_MAX}}
     path = folder / "site.yaml"
     header = (f"# Written by `gridgate demo`: 11 simulated WMS servers, time compressed\n"
               f"# (failing cache {config['director']['failing_expiry']} s instead of 1 h). "
@@ -87,9 +127,35 @@ def build_site(folder: Path, duration: float) -> Path:
     return path
 
 
-def run_demo(folder: Path, duration: float, echo: Any = click.echo) -> dict[str, Any]:
+def run_demo(folder: Path, duration: float, echo: Any = click.echo,
+             admission: str = "remote") -> dict[str, Any]:
     """Run the director for about ``duration`` seconds; return the figures shown."""
-    config_path = build_site(folder, duration)
+    daemon, proxyd = (start_token_daemon(folder) if admission == "remote" else (None, None))
+    try:
+        return _run(folder, duration, echo, admission, proxyd, daemon)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+
+def _admission_figures(mode: str, plugin: Any, daemon: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"mode": mode, "servers": {}}
+    if mode == "remote":
+        out.update(policy=REMOTE_POLICY, daemon=daemon.info["socket"])
+    elif mode == "local":
+        out["max_per_server"] = LOCAL_MAX
+    if plugin is None:
+        return out
+    for key, stats in plugin.stats().items():
+        out["servers"][key.split("/", 1)[-1]] = {
+            "granted": stats.granted, "waited": stats.waited,
+            "wait_s": round(stats.wait_seconds, 1), "refused": stats.refused}
+    return out
+
+
+def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[str, Any] | None,
+         daemon: Any) -> dict[str, Any]:
+    config_path = build_site(folder, duration, admission, proxyd)
     config = load_config(config_path)
     watch = _Watch()
     director = Director(config, extra_plugins=[watch])
@@ -106,14 +172,22 @@ def run_demo(folder: Path, duration: float, echo: Any = click.echo) -> dict[str,
         if time.monotonic() >= deadline:
             director.stop()
 
-    echo(f"gridgate demo: 11 simulated WMS servers, ~{duration:.0f} s, work folder {folder}", err=True)
+    behind = {"remote": f"a token daemon ({REMOTE_POLICY})",
+              "local": f"in-process tokens (max {LOCAL_MAX} per server)", "none": "no admission"}
+    echo(f"gridgate demo: 11 simulated WMS servers, ~{duration:.0f} s, submissions behind "
+         f"{behind[admission]}, work folder {folder}", err=True)
     try:
         director.run(on_iteration=progress)
     finally:
         elapsed = time.monotonic() - started
         rows = director.state.records(ACCOUNTING)
+        figures = _admission_figures(admission, director.pm.get_plugin("admission:lsf_proxy"),
+                                     daemon)
         director.close()
-    return summarise(rows, watch.notes, elapsed, folder)
+    result = summarise(rows, watch.notes, elapsed, folder)
+    result["admission"] = figures
+    result["refused"] = sum(1 for r in rows if r["outcome"] == "refused")
+    return result
 
 
 def summarise(rows: list[dict[str, Any]], notes: list[Notification], elapsed: float, folder: Path) -> dict[str, Any]:
@@ -145,20 +219,30 @@ def summarise(rows: list[dict[str, Any]], notes: list[Notification], elapsed: fl
 
 
 def render(result: dict[str, Any]) -> str:
+    admission = result.get("admission") or {"mode": "none", "servers": {}}
+    gated = admission["mode"] != "none"
+    extra = f"{'tokens':>8}{'waited':>8}{'wait s':>8}{'refused':>8}" if gated else ""
+    width = 97 + (32 if gated else 0)
     lines = [
         "",
-        f"{'server':<20}{'behaves':<22}{'pilots':>7}  {'failures by kind':<34}{'errors':>7}{'alarms':>7}",
-        "-" * 97,
+        f"{'server':<20}{'behaves':<22}{'pilots':>7}  {'failures by kind':<34}{'errors':>7}{'alarms':>7}{extra}",
+        "-" * width,
     ]
     for host in FLEET:
         row = result["servers"].get(host, {"expect": FLEET[host][1], "submitted": 0, "failures": {}, "errors": 0, "alarms": 0})
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(row["failures"].items())) or "-"
-        lines.append(f"{host:<20}{row['expect']:<22}{row['submitted']:>7}  {kinds:<34}{row['errors']:>7}{row['alarms']:>7}")
+        line = f"{host:<20}{row['expect']:<22}{row['submitted']:>7}  {kinds:<34}{row['errors']:>7}{row['alarms']:>7}"
+        if gated:
+            tokens = admission["servers"].get(host, {"granted": 0, "waited": 0, "wait_s": 0.0, "refused": 0})
+            line += (f"{tokens['granted']:>8}{tokens['waited']:>8}{tokens['wait_s']:>8.1f}"
+                     f"{tokens['refused']:>8}")
+        lines.append(line)
     lines += [
-        "-" * 97,
+        "-" * width,
         f"{result['pilots']} pilots in {result['elapsed_s']} s = {result['pilots_per_hour']} pilots/hour "
         f"(the seed's bar: > 1000/hour from 11 servers); {result['skipped']} submissions skipped "
         "because every server was excluded at that moment",
+        _admission_line(admission, result.get("refused", 0)),
         f"error and alarm texts: {result['notifications']}",
         f"site config used:      {result['config']}",
         "",
@@ -166,15 +250,29 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _admission_line(admission: dict[str, Any], refused: int) -> str:
+    if admission["mode"] == "remote":
+        return (f"admission: every submission took a token from lsfproxyd ({admission['policy']}, "
+                f"{admission['daemon']}); {refused} refused (counted, never escalated)")
+    if admission["mode"] == "local":
+        return (f"admission: in-process tokens, at most {admission['max_per_server']} submissions "
+                f"in flight per server; {refused} refused (counted, never escalated)")
+    return "admission: none (every submission went ahead)"
+
+
 @click.command("demo")
 @click.option("--duration", default=60.0, show_default=True, help="Seconds to run the director.")
 @click.option("--dir", "folder", type=click.Path(file_okay=False), help="Work folder (default: a new temporary one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def demo_command(duration: float, folder: str | None, as_json: bool) -> None:
+@click.option("--admission", type=click.Choice(["remote", "local", "none"]), default="remote",
+              show_default=True,
+              help="Submissions take tokens from a token daemon started for the demo (remote), "
+                   "from an in-process per-server policy (local), or none.")
+def demo_command(duration: float, folder: str | None, as_json: bool, admission: str) -> None:
     """Run the director against 11 simulated WMS servers (no config, no network)."""
     work = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="gridgate-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    result = run_demo(work.resolve(), duration)
+    result = run_demo(work.resolve(), duration, admission=admission)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -39,8 +40,8 @@ spec.loader.exec_module(module)
 sys.exit(module.main())
 """
 
-__all__ = ["COMMANDS", "MASTER_ENV", "SCENARIO_ENV", "Master", "install_commands",
-           "load_scenario", "start_master", "write_scenario"]
+__all__ = ["COMMANDS", "MASTER_ENV", "SCENARIO_ENV", "Master", "Proxyd", "install_commands",
+           "load_scenario", "start_master", "start_proxyd", "write_scenario"]
 
 
 def install_commands(bin_dir: Path, mode: int = 0o755, python: str | None = None) -> Path:
@@ -115,3 +116,60 @@ def start_master(socket_path: str | os.PathLike[str], base: float = 0.01, knee: 
         raise RuntimeError("the stand-in master daemon did not start")
     info = json.loads(line[0])
     return Master(proc, info["socket"])
+
+
+@dataclass
+class Proxyd:
+    """A token daemon started by :func:`start_proxyd` (a child process)."""
+
+    proc: subprocess.Popen[bytes]
+    socket: str
+    info: dict[str, Any]
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(timeout)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return code
+
+    def __enter__(self) -> Proxyd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_proxyd(folder: Path, section: dict[str, Any], ready_timeout: float = 30.0) -> Proxyd:
+    """Start ``gridgate lsfproxyd serve`` on a private socket in ``folder`` (demos, benches).
+
+    :raises RuntimeError: it did not report ready (its stderr is in ``folder/proxyd.stderr``).
+    """
+    import yaml
+
+    folder = Path(folder)
+    config = folder / "proxyd.yaml"
+    section = {"socket": str(folder / "proxyd.sock"), **section}
+    config.write_text(yaml.safe_dump({"proxyd": section}), encoding="utf-8")
+    config.chmod(0o644)
+    exe = Path(sys.executable).parent / "gridgate"
+    argv = [str(exe), "lsfproxyd", "serve", "-c", str(config), "--json"] if exe.exists() else [
+        sys.executable, "-m", "gridgate.core.cli", "lsfproxyd", "serve", "-c", str(config), "--json"]
+    with open(folder / "proxyd.stderr", "wb") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+    reader.join(ready_timeout)
+    if not line or not line[0]:
+        proc.kill()
+        proc.wait(10)
+        raise RuntimeError(f"the token daemon did not start; see {folder / 'proxyd.stderr'}")
+    info = json.loads(line[0])
+    return Proxyd(proc, info["socket"], info)
