@@ -91,12 +91,36 @@ class ResilientState(StateStore):
             self.on_change(False, message)
         return True
 
+    def _learn(self, key: str, value: str) -> None:
+        """Copy into the local view, with its expiry, a key another process wrote.
+
+        Without it, a director that lost an add to another director (or never tried: the
+        server was already excluded) would forget that server is failing when the store
+        fails, and mail about it again from its local view.
+        """
+        if self.local.get(key) is not None:
+            return
+        try:
+            ttl = self.primary.ttl(key)
+        except StateError:
+            return  # the next operation on the primary notices the failure
+        if ttl is not None and ttl <= 0:
+            return
+        self.local.set(key, value, ttl)
+
     def _read(self, name: str, *args: Any) -> Any:
         if self._maybe_recover():
             try:
-                return getattr(self.primary, name)(*args)
+                result = getattr(self.primary, name)(*args)
             except StateError as exc:
                 self._degrade(exc)
+            else:
+                if name == "get" and result is not None:
+                    self._learn(args[0], result)
+                elif name == "items":
+                    for key, value in result:
+                        self._learn(key, value)
+                return result
         return getattr(self.local, name)(*args)
 
     # --- the StateStore contract ---------------------------------------------------------------
@@ -110,6 +134,13 @@ class ResilientState(StateStore):
             else:
                 if won:
                     self.local.set(key, value, ttl)
+                else:
+                    try:
+                        held = self.primary.get(key)
+                    except StateError:
+                        held = None
+                    if held is not None:
+                        self._learn(key, held)
                 return won
         return self.local.add_if_absent(key, value, ttl)
 
