@@ -58,9 +58,15 @@ def check_expression(expression: str, attribute: str = "expression") -> str:
     if not text:
         raise JdlError(f"{attribute}: empty expression")
     in_string = escaped = False
+    depth = 0
     for char in text:
         if ord(char) < 0x20 or ord(char) == 0x7F:
             raise JdlError(f"{attribute}: control character U+{ord(char):04X} is not allowed")
+        if not in_string and char in "()":
+            # Unbalanced, the WMS refuses every submission with a JDL parse error.
+            depth += 1 if char == "(" else -1
+            if depth < 0:
+                raise JdlError(f"{attribute}: ')' without a matching '('")
         if in_string:
             if escaped:
                 escaped = False
@@ -74,6 +80,8 @@ def check_expression(expression: str, attribute: str = "expression") -> str:
             raise JdlError(f"{attribute}: {char!r} outside a string would end the expression")
     if in_string:
         raise JdlError(f"{attribute}: unterminated string literal")
+    if depth:
+        raise JdlError(f"{attribute}: {depth} unclosed '('")
     return text
 
 
