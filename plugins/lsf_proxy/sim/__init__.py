@@ -102,7 +102,7 @@ def start_master(socket_path: str | os.PathLike[str], base: float = 0.01, knee: 
     :raises RuntimeError: it did not report ready within ``ready_timeout`` seconds.
     """
     argv = [sys.executable, "-m", "gridgate.plugins.lsf_proxy.sim.master", "--socket",
-            str(socket_path), "--base", str(base), "--knee", str(knee)]
+            str(socket_path), "--base", str(base), "--knee", str(knee), "--exit-with-parent"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     line: list[bytes] = []

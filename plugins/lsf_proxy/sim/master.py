@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Service time of a lone request, seconds.")
     parser.add_argument("--knee", type=float, default=8.0,
                         help="Concurrency past which service time grows quadratically.")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="Stop when the process that started it is gone (tests: a killed "
+                             "test run leaves no master behind).")
     args = parser.parse_args(argv)
     if args.base < 0 or args.knee <= 0:
         parser.error("--base must be >= 0 and --knee > 0")
@@ -168,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if args.exit_with_parent:
+        parent = os.getppid()
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            server.shutdown()
+
+        threading.Thread(target=watch, daemon=True).start()
     print(json.dumps({"ready": True, "socket": args.socket, "pid": os.getpid()}), flush=True)
     try:
         server.serve_forever(poll_interval=0.1)

@@ -105,7 +105,7 @@ def _start_waiting_child(exe: str, socket: str, sockdir: Path, trap: bool):
     )
     proc = subprocess.Popen([exe, "gate", "--socket", socket, "--category", "query", "--",
                              PYTHON, "-c", code], cwd="/", start_new_session=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "child never started"
         time.sleep(0.05)
@@ -118,7 +118,7 @@ def test_signals_are_forwarded_to_the_command(start_daemon, gridgate_exe, cli, s
     proc, got = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=True)
     assert in_use(cli, daemon.socket)["query"] == 1
     os.kill(proc.pid, sig)  # only the gate is signalled: the child hears it from the gate
-    assert proc.wait(30) == 7
+    assert proc.wait(120) == 7
     assert got.read_text().split() == [sig.name]
     assert in_use(cli, daemon.socket)["query"] == 0
 
@@ -127,7 +127,7 @@ def test_token_returned_when_the_command_is_killed(start_daemon, gridgate_exe, c
     daemon = start_daemon({})
     proc, _ = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=False)
     os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(30) == -signal.SIGTERM  # the gate dies the way its command did
+    assert proc.wait(120) == -signal.SIGTERM  # the gate dies the way its command did
     assert in_use(cli, daemon.socket)["query"] == 0
 
 

@@ -67,12 +67,17 @@ def test_200_concurrent_gated_queries_never_exceed_max(start_daemon, cli, gridga
                            "token_wait_time": 120})
     env = {**os.environ, "GRIDGATE_LSF_SCENARIO": str(scenario)}
     env.pop("GRIDGATE_GATE_TOKEN", None)
-    # control: the same command without the gate piles up on the master
-    control = [launch(AS_NOBODY + [str(bin_dir / "bjobs")], env, tmp_path, -i - 1)
-               for i in range(40)]
-    assert wait_all(control, time.monotonic() + 120) == [0] * 40
-    assert master.stats()["max_in_flight"] > 8
-    master.reset()
+    # control: without the gate the same command piles up on a master (a slow one, so that
+    # the overlap does not depend on how fast this machine starts processes)
+    slow = start_master(tmp_path / "slow.sock", base=5.0, knee=1000)
+    try:
+        slow_env = {**env, "GRIDGATE_LSF_MASTER": slow.socket}
+        control = [launch(AS_NOBODY + [str(bin_dir / "bjobs")], slow_env, tmp_path, -i - 1)
+                   for i in range(30)]
+        assert wait_all(control, time.monotonic() + 300) == [0] * 30
+        assert slow.stats()["max_in_flight"] > 8
+    finally:
+        slow.stop()
 
     argv = AS_NOBODY + [gridgate_exe, "gate", "--socket", daemon.socket, "--",
                         str(bin_dir / "bjobs")]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,23 @@ def test_commands_fail_like_lsf_when_the_master_is_down(lsf, tmp_path) -> None:
     assert "batch system daemon not responding ... still trying" in out.stderr
     query = lsf("bjobs", scenario={"master": str(tmp_path / "gone.sock")})
     assert query.returncode == 255 and "LIM is down" in query.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_master_stops_when_its_starter_dies(tmp_path) -> None:
+    code = ("import os, sys; from gridgate.plugins.lsf_proxy.sim import start_master; "
+            f"m = start_master({str(tmp_path / 'm.sock')!r}); print(m.proc.pid, flush=True); "
+            "os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout)
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling a real process's exit, no expiry involved
+    assert not _alive(pid)
