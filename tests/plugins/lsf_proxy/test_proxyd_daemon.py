@@ -19,7 +19,7 @@ from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient, ProxyUnavaila
 PYTHON = sys.executable
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
 def talk(path: str, *lines: bytes, timeout: float = 10) -> list[dict]:
@@ -93,16 +93,28 @@ def test_identity_comes_from_peer_credentials(start_daemon, py_as):
     assert (reply["user"], reply["admin"]) == ("nobody", False)  # a claimed user is ignored
 
 
-def test_admin_commands_refused_to_ordinary_users(start_daemon, cli):
+def test_admin_commands_refused_to_ordinary_users(start_daemon, cli, py_as):
     d = start_daemon({})
-    for args in (["status"], ["block", "-u", "x"], ["disable", "all"], ["blocklist"],
-                 ["diagnose", "on"], ["reconfig"], ["enable", "query"], ["unblock", "all"]):
+    ops = [{"op": "status"}, {"op": "block", "users": ["x"]}, {"op": "unblock", "all": True},
+           {"op": "disable", "category": "all"}, {"op": "enable", "category": "query"},
+           {"op": "blocklist"}, {"op": "diagnose", "on": True}, {"op": "reconfig"}]
+    lines = b"".join(json.dumps({"v": 1, "id": i, **op}).encode() + b"\n"
+                     for i, op in enumerate(ops))
+    code = (f"import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect({d.socket!r}); "
+            f"s.sendall({lines!r}); data = b''\n"
+            f"while data.count(b'\\n') < {len(ops)}:\n    data += s.recv(65536)\n"
+            "sys.stdout.write(data.decode())")
+    out = py_as(code)
+    replies = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["error"]["code"] for r in replies] == ["forbidden"] * len(ops), out.stderr
+    for args in (["status"], ["block", "-u", "x"]):  # and the command line says so
         refused = cli(*args, "--socket", d.socket, user="nobody")
         assert refused.returncode == 1, (args, refused.stdout, refused.stderr)
         assert "permission denied" in refused.stderr
     assert cli("blocklist", "--socket", d.socket).returncode == 0
     after = status(d.socket)
     assert all(c["enabled"] for c in after["categories"].values())
+    assert not after["diagnose"]
 
 
 def test_configured_admin_accepted(start_daemon, cli):
