@@ -481,3 +481,13 @@ def test_second_daemon_on_the_same_socket_is_refused(start_daemon, cli, sockdir)
         out = cli("serve", "-c", str(config))
     assert out.returncode == 1 and "address already in use" in out.stderr.lower()
     assert not (sockdir / "tcp.sock").exists()
+
+
+def test_category_from_opcode_with_site_additions(start_daemon):
+    d = start_daemon({"categories": {"query": ["mytool"], "submission": ["BATCH_MY_SUB"]}})
+    asks = [("bsub", "submission"), ("/usr/bin/bjobs", "query"), ("mytool", "query"),
+            ("BATCH_MY_SUB", "submission"), ("bkill", "other"), ("BATCH_JOB_QUERY", "query")]
+    lines = [json.dumps({"v": 1, "id": i, "op": "acquire", "category": None, "opcode": opcode,
+                         "size": 1}).encode() + b"\n" for i, (opcode, _) in enumerate(asks)]
+    replies = talk(d.socket, *lines)
+    assert [(r["result"], r["category"]) for r in replies] == [("granted", c) for _, c in asks]
