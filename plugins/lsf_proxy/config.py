@@ -133,6 +133,9 @@ SECTION_SCHEMA: dict[str, Any] = {
                                         "the connection is closed."},
         "max_connections": {"type": "integer", "minimum": 1, "default": 20000,
                             "description": "Connections beyond this are closed at once."},
+        "max_connections_per_user": {"type": "integer", "minimum": 1, "default": 1024,
+                                     "description": "Unix-socket connections one ordinary "
+                                                    "user may hold (root and admins: no limit)."},
         "categories": {
             "type": "object",
             "default": {},

@@ -89,7 +89,7 @@ def _field(text: str) -> str:
 
 
 class _Conn:
-    __slots__ = ("writer", "user", "host", "tcp", "tokens", "waiting", "peer", "closed")
+    __slots__ = ("writer", "user", "host", "tcp", "tokens", "waiting", "peer", "closed", "counted")
 
     def __init__(self, writer: asyncio.StreamWriter, user: str, host: str, tcp: bool, peer: str) -> None:
         self.writer = writer
@@ -100,6 +100,7 @@ class _Conn:
         self.tokens: set[str] = set()
         self.waiting: dict[str, Any] = {}  # policy request id -> the client's message id
         self.closed = False
+        self.counted = False
 
 
 class ProxyDaemon:
@@ -119,6 +120,7 @@ class ProxyDaemon:
         #: privileged for tokens: a personal daemon must still throttle its owner.
         self.owner = _user_name(os.geteuid())
         self._conns: set[_Conn] = set()
+        self._per_user: dict[str, int] = {}
         self._owners: dict[str, _Conn] = {}
         self._waiters: dict[str, _Conn] = {}
         self._ids = 0
@@ -154,6 +156,7 @@ class ProxyDaemon:
         self.max_line = int(section.get("max_line_bytes", 16384))
         self.max_connections = int(section.get("max_connections", 20000))
         self.line_timeout = float(section.get("line_timeout", 30))
+        self.max_user_connections = int(section.get("max_connections_per_user", 1024))
         self._set_diagnose(bool(section.get("diagnose")))
 
     def _side_file(self, key: str, default_name: str) -> Path:
@@ -374,6 +377,16 @@ class ProxyDaemon:
             self._error(conn, None, ProtocolError("busy", "too many connections"))
             conn.writer.close()
             return
+        ordinary = not conn.tcp and not self.policy.is_root_or_admin(conn.user)
+        if ordinary and self._per_user.get(conn.user, 0) >= self.max_user_connections:
+            # one user's thousands of idle sockets must not lock everybody else out
+            self._error(conn, None, ProtocolError(
+                "busy", f"{conn.user} already has {self.max_user_connections} connections"))
+            conn.writer.close()
+            return
+        if ordinary:
+            self._per_user[conn.user] = self._per_user.get(conn.user, 0) + 1
+        conn.counted = ordinary
         self._conns.add(conn)
         buffer = bytearray()
         discarding = False
@@ -425,6 +438,12 @@ class ProxyDaemon:
     def _close(self, conn: _Conn) -> None:
         if conn in self._conns:
             self._conns.discard(conn)
+            if conn.counted:
+                left = self._per_user.get(conn.user, 1) - 1
+                if left > 0:
+                    self._per_user[conn.user] = left
+                else:
+                    self._per_user.pop(conn.user, None)
         conn.closed = True
         for request_id in list(conn.waiting):
             self.policy.cancel(request_id)

@@ -491,3 +491,21 @@ def test_category_from_opcode_with_site_additions(start_daemon):
                          "size": 1}).encode() + b"\n" for i, (opcode, _) in enumerate(asks)]
     replies = talk(d.socket, *lines)
     assert [(r["result"], r["category"]) for r in replies] == [("granted", c) for _, c in asks]
+
+
+def test_one_user_cannot_take_every_connection(start_daemon, py_as):
+    d = start_daemon({"max_connections_per_user": 5})
+    code = (
+        "import json, socket\n"
+        "socks = []\n"
+        "for i in range(6):\n"
+        "    s = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
+        f"    s.connect({d.socket!r}); socks.append(s)\n"
+        "    s.sendall(b'{\"v\":1,\"id\":1,\"op\":\"hello\"}\\n')\n"
+        "print(json.dumps([json.loads(s.recv(4096).split(b'\\n')[0]).get('ok') for s in socks]))\n"
+    )
+    out = py_as(code)
+    assert json.loads(out.stdout) == [True] * 5 + [False], out.stderr
+    assert hello(d.socket)["ok"]  # root is not limited, nor is anybody else
+    # the first run's connections were given back when it exited
+    assert until(lambda: json.loads(py_as(code).stdout) == [True] * 5 + [False])
