@@ -69,7 +69,7 @@ def test_200_concurrent_gated_queries_never_exceed_max(start_daemon, cli, gridga
     env.pop("GRIDGATE_GATE_TOKEN", None)
     # control: without the gate the same command piles up on a master (a slow one, so that
     # the overlap does not depend on how fast this machine starts processes)
-    slow = start_master(tmp_path / "slow.sock", base=5.0, knee=1000)
+    slow = start_master(bin_dir.parent / "slow.sock", base=5.0, knee=1000)  # nobody can reach it
     try:
         slow_env = {**env, "GRIDGATE_LSF_MASTER": slow.socket}
         control = [launch(AS_NOBODY + [str(bin_dir / "bjobs")], slow_env, tmp_path, -i - 1)
