@@ -21,7 +21,7 @@ from gridgate.plugins.lsf_proxy.backend import LsfBackend, parse_bjobs
 from gridgate.plugins.wms_glite.backend import OPERATION_LIST_MATCH, GliteBackend
 from gridgate.plugins.wms_glite.parse import banner
 
-EXAMPLES = 2000
+EXAMPLES = 1000
 
 GLITE_KINDS = {"launch", "timeout", "overload", "drained", "auth", "unreachable", "usage",
                "bad_output", "error", "bad_request", "site_rule"}
