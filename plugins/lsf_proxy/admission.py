@@ -87,6 +87,10 @@ class ProxyAdmission(Plugin):
             "queue_limit": {"type": "integer", "minimum": 1, "default": 1000,
                             "description": "local: waiting submissions per server; more are "
                                            "refused at once."},
+            "lease_time": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": None,
+                           "description": "local: seconds after which a token never given back "
+                                          "is taken back (null: 3 x director.command_timeout "
+                                          "+ 60, at least 600)."},
             "categories": {"type": "array", "items": {"enum": list(CATEGORIES)},
                            "default": ["submission"],
                            "description": "Categories this plugin governs; others are left to "
@@ -121,6 +125,16 @@ class ProxyAdmission(Plugin):
         given = {k: section[k] for k in ("max", "nominal", "throttle") if section.get(k) is not None}
         return resolve_category(given)
 
+    @staticmethod
+    def _lease_time(config: Mapping[str, Any], context: PluginContext) -> float:
+        # The director always releases (in a finally) once list-match and submit are over,
+        # each killed at command_timeout; the lease only bounds a token lost to a bug, and
+        # lets the policy forget its lease records instead of keeping one per submission.
+        if config.get("lease_time"):
+            return float(config["lease_time"])
+        timeout = float((context.config.get("director") or {}).get("command_timeout") or 120)
+        return max(600.0, 3 * timeout + 60)
+
     def __init__(self, config: Mapping[str, Any], context: PluginContext, *,
                  clock: Clock | None = None) -> None:
         super().__init__(config, context)
@@ -139,9 +153,7 @@ class ProxyAdmission(Plugin):
                 limits={c: limits for c in CATEGORIES},
                 token_wait_time=float(config.get("token_wait_time", 15)),
                 queue_limit_per_user=int(config.get("queue_limit", 1000)),
-                # a lease as long as the director's command limit would kill tokens in use;
-                # release always comes (the director calls it in a finally)
-                lease_time=10 * 365 * 86400.0,
+                lease_time=self._lease_time(config, context),
                 admins=frozenset(),
             )
         else:

@@ -244,3 +244,24 @@ print(type(answer).__name__, answer.reason)
     proc = py_as(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Refusal") and "blocked" in proc.stdout
+
+
+def test_a_token_never_given_back_is_taken_back_after_its_lease() -> None:
+    clock = FakeClock()
+    plugin = admission(clock=clock, max=1, lease_time=30, token_wait_time=60)
+    lost = ask(plugin)
+    assert isinstance(lost, Grant)
+    thread, box = in_thread(lambda: ask(plugin))
+    thread.join(0.3)
+    assert thread.is_alive()
+    clock.advance(30)  # the lease of the lost token ends: its slot goes to the waiter
+    thread.join(10)
+    assert isinstance(box[0], Grant)
+    plugin.gridgate_release(grant=lost)  # a late release of the expired token changes nothing
+    assert plugin.in_use() == {WMS1.key: 1}
+
+
+def test_default_lease_follows_the_director_command_timeout() -> None:
+    plugin = admission(config={"director": {"command_timeout": 300}})
+    assert plugin._settings.lease_time == 960
+    assert admission()._settings.lease_time == 600
