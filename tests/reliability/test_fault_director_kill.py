@@ -48,7 +48,7 @@ def _kill_leftovers(marker: str, groups: set[int]) -> None:
 
 @pytest.mark.timeout(150)
 def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
-                                            director_procs: list) -> None:
+                                            director_procs: list, figures) -> None:
     site = Site(tmp_path / "site")
     smtp_port = free_port()  # SMTP is down for the whole run: mail waits in the outbox
     # 12 threads: the chance that every thread ends up stuck on the same hanging server (and
@@ -98,6 +98,8 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
         groups = {proc_table()[pid][1] for pid in stand_ins | set(grandchildren)
                   if pid in proc_table()}
         assert all(alive(pid) for pid in grandchildren)
+        in_flight_groups = len(groups)
+        killed_at = time.monotonic()
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
 
@@ -107,6 +109,7 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
                     if pgid in groups and st != "Z"]
 
         wait_for(lambda: not survivors(), 10, "the commands to die with their director")
+        gone_after = time.monotonic() - killed_at
     finally:
         log.close()
         _kill_leftovers(marker, groups if "groups" in locals() else set())
@@ -150,3 +153,6 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
     finally:
         smtp.stop()
     assert len(subjects) == 1 and BROKEN in subjects[0], subjects
+    figures(groups_in_flight=in_flight_groups, processes=len(stand_ins | set(grandchildren)),
+            gone_after_s=round(gone_after, 2), accounting_rows=len(rows),
+            restart_notifications=len(it3["notifications"]), mails_delivered=len(subjects))

@@ -28,7 +28,7 @@ def _lines(path: Path) -> list[dict]:
 
 @pytest.mark.timeout(150)
 def test_smtp_down_across_a_restart_every_mail_once(tmp_path: Path, gridgate_exe: str,
-                                                     director_procs: list) -> None:
+                                                     director_procs: list, figures) -> None:
     site = Site(tmp_path / "site")
     port = free_port()
     # failing_expiry 1 s: each broken server raises an error, then an alarm about every second.
@@ -88,3 +88,6 @@ def test_smtp_down_across_a_restart_every_mail_once(tmp_path: Path, gridgate_exe
     # line: such mail is delivered too (once), so at most one iteration's worth is extra.
     assert not want - got, f"reported but never delivered: {want - got}"
     assert sum((got - want).values()) <= len(BROKEN), got - want
+    figures(reported=len(notes), delivered=len(received), duplicates=len(ids) - len(set(ids)),
+            errors=sum(n["level"] == "error" for n in notes),
+            alarms=sum(n["level"] == "alarm" for n in notes))
