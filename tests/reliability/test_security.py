@@ -195,3 +195,36 @@ def test_metacharacters_stay_literal_in_argv_and_jdl(tmp_path: Path, gridgate_ex
         assert "line1\\nline2" in jdl and "line1\nline2" not in jdl
         assert '\\"; Executable = \\"/bin/evil\\"' in jdl
         assert f"$(touch {pwned})" in jdl
+
+
+@pytest.mark.timeout(60)
+def test_metacharacters_stay_literal_in_bsub_argv(tmp_path: Path) -> None:
+    from gridgate.core.model import SubmitRequest
+    from gridgate.core.state import MemoryState
+    from gridgate.core.testing import build_plugin
+    from gridgate.plugins.lsf_proxy.backend import LsfBackend
+    from gridgate.plugins.lsf_proxy.sim import install_commands as install_lsf
+    from gridgate.plugins.lsf_proxy.sim import write_scenario as write_lsf_scenario
+
+    pwned = tmp_path / "pwned"
+    bin_dir = install_lsf(tmp_path / "lsfbin")
+    scenario = write_lsf_scenario(tmp_path / "lsf.json", {"state_dir": str(tmp_path / "lsf")})
+    name = f"pilot$(touch {pwned})"
+    command = ["pilot.sh", f"; touch {pwned}", f"`touch {pwned}`", "a\nb", "'\""]
+    backend = build_plugin(LsfBackend, {
+        "queues": ["short"],
+        "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
+        "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)},
+        "job_name": name, "command": command,
+        "resources": f'select[type=="X86_64"] order[$(touch {pwned})]',
+    }, state=MemoryState(), state_dir=tmp_path / "state", name="lsf")
+    try:
+        endpoint = backend.endpoints()[0]
+        result = backend.gridgate_submit(endpoint=endpoint, request=SubmitRequest(backend="lsf"),
+                                         timeout=30)
+    finally:
+        backend.close()
+    assert result is not None and result.ok, result
+    assert not pwned.exists(), "a config value reached a shell"
+    [job] = [json.loads(line) for line in (tmp_path / "lsf" / "jobs.jsonl").read_text().splitlines()]
+    assert job["name"] == name and job["command"] == command  # each argument arrived whole
