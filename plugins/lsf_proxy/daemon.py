@@ -499,10 +499,10 @@ class ProxyDaemon:
     def _dispatch(self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str,
                   host: str) -> None:
         op = message["op"]
+        may_admin = self.policy.is_root_or_admin(user) or (user == self.owner and not conn.tcp)
         if op == "hello":
             self._reply(conn, msg_id, server="gridgate-lsfproxyd", name=self.name, pid=self.pid,
-                        protocol=PROTOCOL_VERSION, user=user, host=host,
-                        admin=self.policy.is_root_or_admin(user))
+                        protocol=PROTOCOL_VERSION, user=user, host=host, admin=may_admin)
             return
         if op == "acquire":
             self._acquire(conn, message, msg_id, user, host)
@@ -520,7 +520,7 @@ class ProxyDaemon:
             return
         if op not in ADMIN_OPS:
             raise ProtocolError("unknown_op", f"unknown op {op!r}")
-        if not (self.policy.is_root_or_admin(user) or (user == self.owner and not conn.tcp)):
+        if not may_admin:
             raise ProtocolError("forbidden", f"permission denied: {op} is for root and the "
                                              f"lsfproxyd admins; {user} is neither")
         self._admin(conn, op, message, msg_id, user, host)
