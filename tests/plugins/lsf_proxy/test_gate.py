@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.gate import find_real, infer_category, install_shims
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -38,9 +39,11 @@ def test_config_categories_extend_the_map() -> None:
     assert infer_category("mystat", {"categories": {"query": ["mystat"]}}) == "query"
 
 
-def in_use(cli, socket: str) -> dict[str, int]:
-    out = cli("status", "--json", "--socket", socket)
-    cats = json.loads(out.stdout)["hosts"][0]["reply"]["status"]["categories"]
+def in_use(_cli, socket: str) -> dict[str, int]:
+    """Tokens in use per category, asked in-process (no CLI start-up on a loaded machine)."""
+    with ProxyClient([Daemon("proxyd", socket)]) as client:
+        [reply] = client.admin("status")
+    cats = reply.reply["status"]["categories"]
     return {name: c["in_use"] for name, c in cats.items()}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.sim import install_commands, start_master, write_scenario
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -39,9 +40,11 @@ def lsf_world(sockdir):
         master.stop()
 
 
-def in_use(cli, socket: str) -> dict[str, int]:
-    out = cli("status", "--json", "--socket", socket)
-    cats = json.loads(out.stdout)["hosts"][0]["reply"]["status"]["categories"]
+def in_use(_cli, socket: str) -> dict[str, int]:
+    """Tokens in use per category, asked in-process (no CLI start-up on a loaded machine)."""
+    with ProxyClient([Daemon("proxyd", socket)]) as client:
+        [reply] = client.admin("status")
+    cats = reply.reply["status"]["categories"]
     return {name: c["in_use"] for name, c in cats.items()}
 
 
