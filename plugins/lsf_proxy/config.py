@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gridgate.core.config import SECRET_SCHEMA
+from gridgate.core.plugins import Plugin
 
 CATEGORIES: tuple[str, ...] = ("query", "submission", "other")
 #: How the LSF policy string and the status table spell each category.
@@ -330,8 +331,11 @@ def section_defaults() -> dict[str, Any]:
     return section
 
 
-class ProxydSection:
-    """The top-level ``proxyd:`` section of a site config (entry point ``gridgate.sections``)."""
+class ProxydSection(Plugin):
+    """The top-level ``proxyd:`` section of a site config (entry point ``gridgate.sections``).
+
+    Only its schema and cross-field checks are used: the section configures the daemon and
+    its clients, it implements no hook."""
 
     config_schema: ClassVar[dict[str, Any]] = SECTION_SCHEMA
 
