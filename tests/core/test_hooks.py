@@ -284,9 +284,14 @@ def test_gridgate_release_once_per_grant_even_when_the_backend_crashes() -> None
 
 
 def test_gridgate_list_match_failure_is_a_list_match_error_and_empty_is_no_match() -> None:
+    class FirstUsable:  # deterministic: s0 first, then s1 once s0 is excluded
+        @hookimpl
+        def gridgate_select_endpoint(self, candidates, request):
+            return candidates[0]
+
     backend = MatchingBackend(2, broken={"s0"}, empty={"s1"})
     collector = Collector()
-    director = director_with(backend, collector, servers=2, pilots=4, max_threads=1)
+    director = director_with(backend, collector, FirstUsable(), servers=2, pilots=4, max_threads=1)
     director.config.data["demand"]["static"][BACKEND] = [{"group": "g", "pilots": 4, "list_match": True,
                                                           "requirements": "", "attributes": {}}]
     outcomes = [r.outcome for r in director.run_iteration().records]
