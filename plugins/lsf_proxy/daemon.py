@@ -15,6 +15,7 @@ import pwd
 import resource
 import signal
 import socket
+import stat
 import struct
 import time
 from collections.abc import Mapping
@@ -275,6 +276,7 @@ class ProxyDaemon:
     async def _listen(self) -> None:
         path = Path(self.socket_path)
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        _check_socket_dir(path.parent)
         if path.exists() or path.is_symlink():
             if _socket_answers(str(path)):
                 raise StartupError(f"a daemon already listens on {path}")
@@ -656,6 +658,24 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def _check_socket_dir(folder: Path) -> None:
+    """Refuse a socket directory anyone but its owner (us or root) can write: whoever can
+    write there can replace the socket and collect every client's requests."""
+    euid = os.geteuid()
+    link = os.lstat(folder)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, euid):
+        raise StartupError(f"the socket directory {folder} is a symbolic link owned by uid "
+                           f"{link.st_uid}: use a directory owned by this user or root")
+    info = os.stat(folder)
+    if info.st_uid not in (0, euid):
+        raise StartupError(f"the socket directory {folder} belongs to uid {info.st_uid}, "
+                           "not to this user or root: another user could replace the socket")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StartupError(f"the socket directory {folder} is writable by others (mode "
+                           f"{stat.S_IMODE(info.st_mode):04o}): another user could replace the "
+                           "socket; use a directory only its owner can write (e.g. 0755)")
 
 
 def _socket_answers(path: str) -> bool:
