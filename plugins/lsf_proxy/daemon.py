@@ -176,8 +176,16 @@ class ProxyDaemon:
 
     def _set_diagnose(self, on: bool) -> None:
         if on and self._diag is None:
-            self.diagnose_path.parent.mkdir(parents=True, exist_ok=True)
-            self._diag = open(self.diagnose_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            self.diagnose_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            # it names every user and host that asked: readable by the daemon's owner only
+            fd = os.open(self.diagnose_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_mode & 0o077:
+                    os.fchmod(fd, 0o600)
+                self._diag = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+            except BaseException:
+                os.close(fd)
+                raise
         elif not on and self._diag is not None:
             self._diag.close()
             self._diag = None
@@ -199,8 +207,11 @@ class ProxyDaemon:
             return
         path = self.blocklist_path
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rules": [r.to_json() for r in self.policy.blocklist.rules]}),
-                       encoding="utf-8")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(json.dumps({"rules": [r.to_json() for r in self.policy.blocklist.rules]}))
         os.replace(tmp, path)
 
     def reload(self) -> dict[str, Any]:
