@@ -111,8 +111,11 @@ def test_example_config_validates() -> None:
 
 
 def test_examples_folder_validates() -> None:
-    for path in sorted((HERE.parent.parent / "examples").glob("*.yaml")):
-        load_config(path)
+    paths = sorted((HERE.parent.parent / "examples").glob("*.yaml"))
+    assert paths, "examples/ must hold at least one site config"
+    for path in paths:
+        config = load_config(path)
+        assert config["backends"], f"{path.name} configures no backend"
 
 
 def test_schema_command_prints_composed_schema() -> None:
