@@ -110,6 +110,20 @@ def test_example_config_validates() -> None:
     validate_document(yaml.safe_load(doc))
 
 
+def test_example_config_commented_sections_validate_when_uncommented() -> None:
+    import yaml
+
+    text = CliRunner().invoke(cli, ["config", "example"]).output
+    lines = []
+    for line in text.splitlines():
+        # "  # email:" -> "  email:", "# admission:" -> "admission:"; prose comments stay
+        match = re.match(r"^(\s*)# (\s*[a-z_]+:.*)$", line)
+        lines.append(match.group(1) + match.group(2) if match else line)
+    doc = yaml.safe_load("\n".join(lines))
+    assert {"email", "ggus"} <= set(doc["notifiers"]) and "lsf_proxy" in doc["admission"]
+    validate_document(doc)
+
+
 def test_examples_folder_validates() -> None:
     paths = sorted((HERE.parent.parent / "examples").glob("*.yaml"))
     assert paths, "examples/ must hold at least one site config"
