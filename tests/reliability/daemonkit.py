@@ -1,0 +1,96 @@
+"""Helpers of the token-daemon reliability tests: the lsf_proxy daemon fixtures, raw socket talk."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The daemon fixtures of the plugin's own tests (a real `gridgate lsfproxyd serve` process, a
+# socket directory `nobody` can reach, commands run as `nobody`) are reused, not copied.
+_spec = importlib.util.spec_from_file_location(
+    "lsf_proxy_fixtures", ROOT / "tests" / "plugins" / "lsf_proxy" / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+lsf_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lsf_fixtures)
+
+AS_NOBODY = lsf_fixtures.AS_NOBODY
+PYTHON = lsf_fixtures.PYTHON
+
+
+def read_replies(sock: socket.socket, count: int) -> list[dict[str, Any]]:
+    """Read ``count`` reply lines (fewer if the daemon closes the connection)."""
+    data = b""
+    while data.count(b"\n") < count:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return [json.loads(line) for line in data.splitlines()[:count]]
+
+
+def talk(path: str, *lines: bytes, timeout: float = 20) -> list[dict[str, Any]]:
+    """Send raw lines on one Unix connection, read one reply per line."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(b"".join(lines))
+        return read_replies(sock, len(lines))
+
+
+def status(path: str) -> dict[str, Any]:
+    (reply,) = talk(path, b'{"v":1,"id":1,"op":"status"}\n')
+    assert reply["ok"], reply
+    return reply["status"]
+
+
+def in_use(path: str) -> dict[str, int]:
+    """category -> in_use on the daemon at ``path``."""
+    return {name: cat["in_use"] for name, cat in status(path)["categories"].items()}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of ``pid`` in MiB (from /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def until(predicate: Callable[[], Any], bound: float = 20.0, pause: float = 0.02) -> Any:
+    """Poll a state the daemon reaches by itself; returns the last value (falsy on timeout)."""
+    end = time.monotonic() + bound
+    while True:
+        value = predicate()
+        if value or time.monotonic() > end:
+            return value
+        time.sleep(pause)
+
+
+def hello_as_nobody_code(path: str, messages: list[dict[str, Any]], count: int) -> str:
+    """Python code that sends ``messages`` on one Unix connection and prints ``count`` replies
+    as a JSON list (run it as ``nobody`` with the ``py_as`` fixture)."""
+    return (
+        "import json, socket\n"
+        "data = b''\n"
+        "s = socket.socket(socket.AF_UNIX); s.settimeout(30)\n"
+        f"s.connect({path!r})\n"
+        f"s.sendall(b''.join(json.dumps(m).encode() + b'\\n' for m in {messages!r}))\n"
+        f"while data.count(b'\\n') < {count}:\n"
+        "    chunk = s.recv(65536)\n"
+        "    if not chunk: break\n"
+        "    data += chunk\n"
+        f"print(json.dumps([json.loads(x) for x in data.splitlines()[:{count}]]))\n"
+    )
