@@ -522,6 +522,9 @@ class ProxyDaemon:
             return
         if op == "release":
             token_id = message.get("token")
+            if not isinstance(token_id, str):
+                # a list or object here used to end as an "internal" TypeError (unhashable)
+                raise ProtocolError("bad_request", "token must be a string")
             held = token_id in conn.tokens
             if held:
                 conn.tokens.discard(token_id)
