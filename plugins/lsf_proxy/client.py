@@ -6,6 +6,7 @@ connection until it is released; idle connections are pooled for the next reques
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import pwd
@@ -52,6 +53,12 @@ class _Broken(Exception):
     """The connection failed (refused, reset, closed, timed out)."""
 
 
+class _Busy(_Broken):
+    """The daemon is there but did not take or answer the request in time (listen backlog
+    full, reply overdue). Not a reason to run without a token: that is for daemons that are
+    down."""
+
+
 @dataclass(frozen=True)
 class Daemon:
     """One daemon a client may talk to: a display name and an address."""
@@ -91,7 +98,8 @@ class Connection:
             self._sock.connect(target)
         except OSError as exc:
             self._sock.close()
-            raise _Broken(f"{daemon.name}: cannot connect to {daemon.address}: {exc}") from None
+            kind_of = _Busy if isinstance(exc, TimeoutError) or exc.errno == errno.EAGAIN else _Broken
+            raise kind_of(f"{daemon.name}: cannot connect to {daemon.address}: {exc}") from None
         self._buffer = bytearray()
         self._ids = itertools.count(1)
 
@@ -112,6 +120,9 @@ class Connection:
                 if reply.get("id") is None and reply.get("ok") is False:
                     error = reply.get("error") or {}
                     raise RequestFailed(error.get("code", "error"), error.get("message", ""))
+        except TimeoutError as exc:
+            self.close()
+            raise _Busy(f"{self.daemon.name}: no reply within {timeout:.0f} s: {exc}") from None
         except (OSError, ValueError) as exc:
             self.close()
             raise _Broken(f"{self.daemon.name}: {type(exc).__name__}: {exc}") from None
@@ -275,13 +286,14 @@ class ProxyClient:
                     raise ProxyUnavailable(message)
                 logger.warning("{}: proceeding without a token", message)
                 return Token("", category or "", proceed=True, reason="unavailable")
-            assert conn is not None and daemon is not None
+            assert daemon is not None
             result = reply.get("result")
             if result == "granted":
                 return Token(reply["token"], reply.get("category", ""), daemon.name,
                              waited=float(reply.get("waited", 0)),
                              privileged=bool(reply.get("privileged")), _client=self, _conn=conn)
-            self._park(conn)
+            if conn is not None:
+                self._park(conn)
             if result == "proceed":
                 return Token("", reply.get("category", ""), daemon.name, proceed=True,
                              reason=reply.get("reason", ""))
@@ -301,9 +313,14 @@ class ProxyClient:
             self.clock.sleep(delay)
 
     def _acquire_once(self, fields: Mapping[str, Any]) -> tuple[dict[str, Any] | None, Connection | None, Daemon | None]:
+        busy: Daemon | None = None
         for daemon in self._order():
             try:
                 conn, reply = self._call(daemon, "acquire", self.reply_timeout, **fields)
+            except _Busy as exc:
+                logger.warning("lsfproxyd {} is overloaded: {}; trying the next", daemon.name, exc)
+                busy = busy or daemon
+                continue
             except _Broken as exc:
                 logger.warning("lsfproxyd {} did not answer: {}; trying the next", daemon.name, exc)
                 continue
@@ -313,6 +330,9 @@ class ProxyClient:
                 raise RequestFailed(error.get("code", "error"),
                                     f"{daemon.name}: {error.get('message', '')}")
             return reply, conn, daemon
+        if busy is not None:
+            # alive but swamped: a refusal to retry, never a licence to run without a token
+            return {"ok": True, "result": "denied", "reason": "busy"}, None, busy
         return None, None, None
 
     def release(self, token: Token) -> None:

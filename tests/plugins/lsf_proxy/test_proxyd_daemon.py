@@ -512,3 +512,27 @@ def test_one_user_cannot_take_every_connection(start_daemon, py_as):
     assert hello(d.socket)["ok"]  # root is not limited, nor is anybody else
     # the first run's connections were given back when it exited
     assert until(lambda: json.loads(py_as(code).stdout) == [True] * 5 + [False])
+
+
+def test_a_swamped_daemon_is_a_refusal_not_a_pass_without_token(start_daemon, py_as):
+    # The daemon holds the request longer than the client will wait for its reply: the client
+    # must count that as "busy" and retry, never run its command without a token (which is
+    # what "no daemon answered" + when_unavailable: proceed would do).
+    d = start_daemon({"policies": "QUERY[max=1]", "token_wait_time": 30})
+    code = (
+        "import json\n"
+        "from gridgate.plugins.lsf_proxy.client import ProxyClient, Daemon, NoToken\n"
+        f"c = ProxyClient([Daemon('d', {d.socket!r})], notoken_ntries=2, when_unavailable='proceed',\n"
+        "                reply_timeout=0.5, backoff=(0.05, 0.1))\n"
+        "try:\n"
+        "    t = c.acquire('query', 'BATCH_JOB_QUERY', 1)\n"
+        "    print(json.dumps({'token': t.id, 'proceed': t.proceed, 'reason': t.reason}))\n"
+        "except NoToken as exc:\n"
+        "    print(json.dumps({'denied': exc.reason}))\n"
+    )
+    with ProxyClient([Daemon("d", d.socket)]) as root:
+        token = root.acquire("query")  # root fills max=1 for the whole test
+        out = py_as(code)
+        token.release()
+    assert json.loads(out.stdout) == {"denied": "busy"}, out.stderr
+    assert "proceeding without a token" not in out.stderr
