@@ -26,6 +26,7 @@ from gridgate.core import hookimpl
 from gridgate.core.config import validate_document
 from gridgate.core.director import Director
 from gridgate.core.model import BackendInfo, Endpoint, SubmitResult
+from gridgate.core.runner import run
 from gridgate.plugins.wms_glite.sim import install_commands, read_calls, write_scenario
 
 HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
@@ -54,15 +55,21 @@ def site(folder: Path, scenario: dict[str, Any], *, pilots: int, threads: int, t
     return doc, bin_dir
 
 
-def baseline_rate(folder: Path, bin_dir: Path, n: int, threads: int) -> float:
-    """A plain thread pool running the same stand-in command n times."""
+def baseline_rate(folder: Path, bin_dir: Path, n: int, threads: int, use_runner: bool = False) -> float:
+    """A plain thread pool running the same stand-in command n times, with subprocess.run or
+    (``use_runner``) with gridgate's runner, so the director's own overhead shows apart."""
     jdl = folder / "baseline.jdl"
     jdl.write_text('Executable = "pilot.sh";\n', encoding="utf-8")
     env = {**os.environ, "GRIDGATE_SIM_SCENARIO": str(folder / "scenario.json")}
-    argv = [str(bin_dir / "glite-wms-job-submit"), "--noint", "-a", "--endpoint",
-            "https://wms01.example.org:7443/glite_wms_wmproxy_server", str(jdl)]
 
-    def once(_: int) -> int:
+    def once(index: int) -> int:
+        # spread over the same 11 hosts as the director: the stand-in keeps a per-host call
+        # counter under a file lock, and one host would serialise the baseline on it
+        host = HOSTS[index % len(HOSTS)]
+        argv = [str(bin_dir / "glite-wms-job-submit"), "--noint", "--endpoint",
+                f"https://{host}:7443/glite_wms_wmproxy_server", "-a", str(jdl)]
+        if use_runner:
+            return run(argv, 60, env=env).returncode or 0
         return subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode
 
     started = time.monotonic()
@@ -87,51 +94,63 @@ def director_rate(doc: dict[str, Any], iterations: int = 1) -> tuple[float, list
 
 def bench_throughput(pilots: int, threads: int, rounds: int = 3) -> dict[str, Any]:
     """Baseline and director alternate, ``rounds`` times each; the ratio of the medians."""
-    bases, rates = [], []
+    bases, runner_bases, rates = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         doc, bin_dir = site(folder, {"default": {"behaviour": "healthy", "latency": 0.05}}, pilots=pilots,
                             threads=threads, timeout=30, servers=HOSTS)
         for _ in range(rounds):
             bases.append(baseline_rate(folder, bin_dir, pilots, threads))
+            runner_bases.append(baseline_rate(folder, bin_dir, pilots, threads, use_runner=True))
             rates.append(director_rate(doc)[0])
-    baseline, rate = statistics.median(bases), statistics.median(rates)
+    median = statistics.median
     return {"pilots": pilots, "threads": threads, "rounds": rounds,
-            "baseline_per_s": [round(b, 1) for b in bases], "director_per_s": [round(r, 1) for r in rates],
-            "ratio_of_medians": round(rate / baseline, 3)}
+            "subprocess_pool_per_s": [round(b, 1) for b in bases],
+            "runner_pool_per_s": [round(b, 1) for b in runner_bases],
+            "director_per_s": [round(r, 1) for r in rates],
+            "ratio_vs_subprocess_pool": round(median(rates) / median(bases), 3),
+            "ratio_vs_runner_pool": round(median(rates) / median(runner_bases), 3)}
 
 
-def bench_faults(pilots: int, threads: int, iterations: int) -> dict[str, Any]:
+def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) -> dict[str, Any]:
+    """All-healthy and faulty fleets alternate, ``rounds`` times; ratios of the medians."""
     healthy = {"default": {"behaviour": "healthy", "latency": 0.05}}
     faulty = {"default": {"behaviour": "healthy", "latency": 0.05, "hang": 600}, "hosts": {
         HOSTS[0]: {"behaviour": "hang_before_print"}, HOSTS[1]: {"behaviour": "print_then_hang"},
         HOSTS[2]: {"behaviour": "grandchild", "parent_hangs": True},
         HOSTS[3]: {"behaviour": "error"}, HOSTS[4]: {"behaviour": "unreachable"},
     }}
-    out: dict[str, Any] = {"pilots_per_iteration": pilots, "threads": threads, "iterations": iterations,
-                           "command_timeout_s": 2}
-    with tempfile.TemporaryDirectory() as tmp:
-        doc, _ = site(Path(tmp), healthy, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
-        out["healthy_per_s"], _ = director_rate(doc, iterations)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        doc, _ = site(folder, faulty, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
-        rate, summaries = director_rate(doc, iterations)
-        steady = summaries[1:]
-        steady_time = sum(s.duration for s in steady)
-        steady_pilots = sum(r.pilots for s in steady for r in s.records if r.outcome == "submitted")
-        out["faulty_per_s"] = rate
-        out["faulty_steady_per_s"] = steady_pilots / steady_time if steady_time else 0.0
-        out["max_submission_s"] = round(max(r.duration for s in summaries for r in s.records), 2)
-        calls = read_calls(folder / "calls.jsonl")
-        out["stand_in_calls"] = len(calls)
-        time.sleep(0.5)
-        out["stand_ins_left_running"] = _stand_ins_running(str(folder))
-    out["ratio_whole_window"] = round(out["faulty_per_s"] / out["healthy_per_s"], 3)
-    out["ratio_after_first_iteration"] = round(out["faulty_steady_per_s"] / out["healthy_per_s"], 3)
-    for key in ("healthy_per_s", "faulty_per_s", "faulty_steady_per_s"):
-        out[key] = round(out[key], 1)
-    return out
+    healthy_rates, faulty_rates, steady_rates, max_durations, calls, left = [], [], [], [], 0, 0
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, _ = site(Path(tmp), healthy, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
+            healthy_rates.append(director_rate(doc, iterations)[0])
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            doc, _ = site(folder, faulty, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
+            rate, summaries = director_rate(doc, iterations)
+            faulty_rates.append(rate)
+            steady = summaries[1:]
+            steady_time = sum(s.duration for s in steady)
+            steady_pilots = sum(r.pilots for s in steady for r in s.records if r.outcome == "submitted")
+            steady_rates.append(steady_pilots / steady_time if steady_time else 0.0)
+            max_durations.append(max(r.duration for s in summaries for r in s.records))
+            calls += len(read_calls(folder / "calls.jsonl"))
+            time.sleep(0.5)
+            left += _stand_ins_running(str(folder))
+    median = statistics.median
+    return {
+        "pilots_per_iteration": pilots, "threads": threads, "iterations": iterations, "rounds": rounds,
+        "command_timeout_s": 2,
+        "healthy_per_s": [round(r, 1) for r in healthy_rates],
+        "faulty_per_s": [round(r, 1) for r in faulty_rates],
+        "faulty_after_first_iteration_per_s": [round(r, 1) for r in steady_rates],
+        "ratio_whole_window": round(median(faulty_rates) / median(healthy_rates), 3),
+        "ratio_after_first_iteration": round(median(steady_rates) / median(healthy_rates), 3),
+        "max_submission_s": round(max(max_durations), 2),
+        "stand_in_calls": calls,
+        "stand_ins_left_running": left,
+    }
 
 
 def _stand_ins_running(marker: str) -> int:
