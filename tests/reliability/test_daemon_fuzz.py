@@ -154,8 +154,13 @@ def _fuzz_run(connect, tcp: bool, tally: Tally, examples: int) -> None:
         with connect() as sock:
             sock.sendall(b"".join(line + b"\n" for line in wire))
             replies = read_replies(sock, expected)
-            # every non-blank line answered once (nothing missing, nothing extra)
+            # every non-blank line answered once: nothing missing, and the next reply is the
+            # marker's (nothing extra)
             assert len(replies) == expected, (len(replies), expected, wire[:3])
+            marker: dict[str, Any] = {"v": 1, "id": "end-of-batch", "op": "hello"}
+            sock.sendall(encode(sign(marker, KEY, "fuzzer", "fuzzhost") if tcp else marker))
+            (last,) = read_replies(sock, 1)
+            assert last.get("id") == "end-of-batch" and last.get("ok") is True, last
             sock.sendall(tail.replace(b"\n", b""))
         tally.lines += len(wire) + (1 if tail else 0)
         tally.connections += 1
