@@ -421,7 +421,10 @@ class TokenPolicy:
     def _can_grant(cat: _Category, now: float) -> bool:
         if cat.in_use < cat.limits.nominal:
             return True
-        return cat.in_use < cat.limits.max and now - cat.last_grant >= cat.limits.throttle
+        # the same expression next_wakeup() reports: ``now - last >= throttle`` can be false
+        # at the very instant ``last + throttle`` (floating point at epoch magnitudes), and a
+        # daemon woken at that instant would then spin without granting
+        return cat.in_use < cat.limits.max and now >= cat.last_grant + cat.limits.throttle
 
     # -- requests
 

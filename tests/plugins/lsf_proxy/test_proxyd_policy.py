@@ -344,7 +344,10 @@ def test_property_limits_and_answer_time(events, max_, nominal_cut, throttle, wa
 
     def advance_to(target):
         # a daemon ticks at every next_wakeup; do the same on the way to ``target``
+        ticks = 0
         while (wake := policy.next_wakeup()) is not None and wake <= target:
+            ticks += 1
+            assert ticks < 10_000, f"tick at next_wakeup {wake} makes no progress: a daemon would spin"
             clock.advance(max(0.0, wake - clock.monotonic()))
             for d in policy.tick().decisions:
                 check(d)
@@ -365,6 +368,17 @@ def test_property_limits_and_answer_time(events, max_, nominal_cut, throttle, wa
             advance_to(clock.monotonic() + event[1])
     advance_to(clock.monotonic() + wait + throttle + 0.001)
     assert waiting == {}
+
+
+def test_throttle_step_is_granted_at_the_wakeup_it_announces():
+    # found by the property above: at epoch-sized clock values ``now - last >= 0.001`` was
+    # false at ``last + 0.001``, so the daemon's wakeup granted nothing and came again at once
+    policy, clock = make(max_=2, nominal=1, throttle=0.001, wait=1.0, lease=1e9)
+    assert policy.request(req("u1")).outcome == GRANTED
+    assert policy.request(req("u1")).outcome != GRANTED  # at nominal: throttled
+    wake = policy.next_wakeup()
+    clock.advance(wake - clock.monotonic())
+    assert [d.outcome for d in policy.tick().decisions] == [GRANTED]
 
 
 @settings(max_examples=60, deadline=None)
