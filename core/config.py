@@ -66,6 +66,9 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
                              "description": "Per stream; output past it is dropped and flagged."},
         "state_dir": {"type": "string", "default": "./gridgate-state",
                       "description": "Where plugins keep files (outbox, spool, work files)."},
+        "demand_lock": {"type": "boolean", "default": False,
+                        "description": "Several directors on one shared state store (Redis): each "
+                                       "demand group is filled by one of them, the holder of its lock."},
         "state_retry_seconds": {"type": "number", "exclusiveMinimum": 0, "default": 30,
                                 "description": "While the state store fails, try it again this often."},
         "user": {"type": "string", "default": "",

@@ -6,8 +6,11 @@ from __future__ import annotations
 import getpass
 import json
 import math
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -170,6 +173,8 @@ class Director:
         self._build()
         self.iteration = 0
         self.stop_event = threading.Event()
+        #: Names this director in shared state (demand locks): host, pid and a random part.
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     # --- plugins and config --------------------------------------------------------------
 
@@ -340,6 +345,7 @@ class Director:
         """Split demand into submissions of the backend's bulk size."""
         jobs: list[tuple[BackendInfo, SubmitRequest]] = []
         infos: dict[str, BackendInfo | None] = {}
+        claims: dict[tuple[str, str], bool] = {}
         user = self.config.director.get("user") or _current_user()
         for request in demand.requests:
             if request.backend not in infos:
@@ -350,12 +356,38 @@ class Director:
             if info is None:
                 self._account(it, request, None, "skipped", request.count, failure_kind="no_backend")
                 continue
+            if self.config.director["demand_lock"] and not self._claim(request, claims):
+                self._account(it, request, None, "skipped", request.count, failure_kind="claimed_elsewhere")
+                continue
             size = max(1, info.pilots_per_submission)
             list_match = info.list_match if request.list_match is None else request.list_match
             for index in range(math.ceil(request.count / size)):
                 count = min(size, request.count - index * size)
                 jobs.append((info, replace(request, count=count, list_match=list_match, user=request.user or user)))
         return jobs
+
+    def _claim(self, request: SubmitRequest, claims: dict[tuple[str, str], bool]) -> bool:
+        """Whether this director fills ``request``'s demand group this iteration.
+
+        With several directors on one shared store (Redis), each group is filled by the
+        director holding its lock: an atomic add-if-absent (SET NX PX on Redis) that the owner
+        renews every iteration and that lapses 1.5 cycles after its owner stops, so another
+        director takes the group over. No consensus of our own: the store's atomic add decides.
+        """
+        group = (request.backend, request.group)
+        if group not in claims:
+            key = f"demand-lock/{request.backend}/{request.group}"
+            ttl = 1.5 * float(self.config.director["cycle_seconds"])
+            try:
+                mine = self.state.add_if_absent(key, self.instance, ttl=ttl)
+                if not mine and self.state.get(key) == self.instance:
+                    self.state.set(key, self.instance, ttl=ttl)
+                    mine = True
+            except StateError as exc:  # no shared view: filling twice beats filling never
+                logger.error("demand lock unavailable, filling {}/{} anyway: {}", *group, exc)
+                mine = True
+            claims[group] = mine
+        return claims[group]
 
     # --- one submission ---------------------------------------------------------------------
 
