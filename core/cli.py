@@ -235,7 +235,7 @@ def notify_test(path: str, level: str, wait: float) -> None:
             try:
                 plugin.gridgate_notify(notification=note)
                 flush = getattr(plugin, "flush", None)
-                outcome = flush(timeout=wait) if callable(flush) else "handed over"
+                outcome = flush(timeout=wait) if callable(flush) else "done"
                 click.echo(f"{name}: {outcome if outcome is not None else 'done'}")
             except Exception as exc:
                 failed = True

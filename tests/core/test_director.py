@@ -166,3 +166,17 @@ def test_invalid_config_mid_run_is_refused_and_the_last_good_one_stays(write) ->
     summary = director.run_iteration()
     assert summary.config_error is None and len(summary.records) == 5
     director.close()
+
+
+def test_notify_test_command_reports_per_notifier(write, tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from gridgate.core.cli import cli
+
+    folder = tmp_path / "notes"
+    path = write("site.yaml", f"state: {{driver: memory}}\nnotifiers:\n  files: {{folder: {folder}}}\n")
+    result = CliRunner().invoke(cli, ["notify", "test", "-c", str(path), "--level", "alarm"])
+    assert result.exit_code == 0, result.output
+    assert "notifiers:files: done" in result.output and "notifiers:log: done" in result.output
+    [text] = [p.read_text() for p in folder.glob("*-alarm-gridgate.txt")]
+    assert "Subject: gridgate test alarm notification" in text
