@@ -11,6 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
+# Helper modules shared by every test folder (proctable.py, redis_server.py) live in tests/.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 
 @pytest.fixture
 def gridgate_exe() -> str:

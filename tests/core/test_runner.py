@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from proctable import live_descendants, live_in_group  # noqa: E402
 
 from gridgate.core.runner import DRAIN_AFTER_EXIT, kill_process_group, run
 
@@ -17,43 +18,6 @@ PY = sys.executable
 # Generous slack for a loaded 2-core machine: this bounds behaviour (no waiting for a
 # grandchild's 1000 s), it is not a speed measurement.
 SLACK = 10.0
-
-
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (ppid, pgid, state) for every process visible in /proc."""
-    table: dict[int, tuple[int, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses: split after the last ')'.
-        fields = raw[raw.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
-    return table
-
-
-def live_descendants(root: int) -> set[int]:
-    """Non-zombie processes whose parent chain leads to ``root``."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _pgid, _state) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return {pid for pid in found if table[pid][2] != "Z"}
-
-
-def live_in_group(pgid: int) -> set[int]:
-    """Non-zombie members of process group ``pgid`` (zombies may wait on a lazy init)."""
-    return {pid for pid, (_pp, g, state) in _proc_table().items() if g == pgid and state != "Z"}
 
 
 def is_alive(pid: int) -> bool:

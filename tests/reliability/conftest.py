@@ -12,32 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relkit import Site, proc_table
-
-
-def _live_descendants(root: int) -> set[int]:
-    table = proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _pgid, _state) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return {pid for pid in found if table[pid][2] != "Z"}
+from proctable import live_descendants
+from relkit import Site
 
 
 @pytest.fixture(autouse=True)
 def _no_child_left() -> Iterator[None]:
     """Every test here must leave no process of its own running (directors, servers, guards)."""
-    before = _live_descendants(os.getpid())
+    before = live_descendants(os.getpid())
     yield
     # A process told to stop a moment ago may still be running its own shutdown.
     end = time.monotonic() + 5
-    while (left := _live_descendants(os.getpid()) - before) and time.monotonic() < end:
+    while (left := live_descendants(os.getpid()) - before) and time.monotonic() < end:
         time.sleep(0.05)
     assert not left, f"test left child processes running: {sorted(left)}"
 

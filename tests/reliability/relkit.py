@@ -18,24 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # The SMTP and HTTP helpers of the notifier tests are reused, not copied.
 sys.path.insert(0, str(ROOT / "tests" / "plugins" / "notify_email"))
 
+from proctable import proc_table  # noqa: E402, F401  (re-exported for the tests)
+
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario  # noqa: E402
 
 HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
-
-
-def proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (ppid, pgid, state) of every process visible in /proc."""
-    table: dict[int, tuple[int, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
-    return table
 
 
 def alive(pid: int) -> bool:

@@ -1,0 +1,43 @@
+"""Reading the process table from /proc: which processes a test left running."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def proc_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (ppid, pgid, state) for every process visible in /proc."""
+    table: dict[int, tuple[int, int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: split after the last ')'.
+        fields = raw[raw.rindex(")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def live_descendants(root: int) -> set[int]:
+    """Non-zombie processes whose parent chain leads to ``root``."""
+    table = proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _pgid, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return {pid for pid in found if table[pid][2] != "Z"}
+
+
+def live_in_group(pgid: int) -> set[int]:
+    """Non-zombie members of process group ``pgid`` (zombies may wait on a lazy init)."""
+    return {pid for pid, (_pp, g, state) in proc_table().items() if g == pgid and state != "Z"}
