@@ -144,6 +144,12 @@ SECTION_SCHEMA: dict[str, Any] = {
             "properties": {c: {"type": "array", "items": {"type": "string"}} for c in CATEGORIES},
             "additionalProperties": False,
         },
+        "metrics_port": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535,
+                         "default": None,
+                         "description": "Serve Prometheus metrics on this port (0: any free "
+                                        "port; null: off). Needs gridgate[metrics]."},
+        "metrics_address": {"type": "string", "minLength": 1, "default": "127.0.0.1",
+                            "description": "Address the metrics port listens on."},
         "notoken_ntries": {"type": ["integer", "null"], "minimum": 1, "default": None,
                            "description": "Client retries when refused; null: unlimited."},
         "when_unavailable": {"enum": ["proceed", "fail"], "default": "proceed",

@@ -39,6 +39,7 @@ from gridgate.plugins.lsf_proxy.config import (
     split_limits,
 )
 from gridgate.plugins.lsf_proxy.policy import (
+    DENIED,
     GRANTED,
     QUEUED,
     Blocklist,
@@ -59,6 +60,8 @@ from gridgate.plugins.lsf_proxy.protocol import (
 
 #: A client that does not read its replies is dropped once this much is waiting for it.
 MAX_WRITE_BUFFER = 1 << 20
+#: Wait-time histogram buckets (seconds): token_wait_time defaults to 15 s.
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300)
 #: ``enable``/``disable`` spell categories as badmin does.
 CATEGORY_WORDS = {"all": "all", "query": "query", "sub": "submission", "submission": "submission",
                   "other": "other"}
@@ -87,6 +90,99 @@ def diagnose_line(decision: Decision) -> str:
 def _field(text: str) -> str:
     # a comma or newline inside a name would break the log's columns
     return "".join(ch if ch.isprintable() and ch not in ", " else "_" for ch in text)
+
+
+class DaemonMetrics:
+    """Prometheus series of one daemon, on their own registry.
+
+    Decisions and errors are counted as they happen; tokens in use and queue lengths are
+    read from the policy at scrape time (the HTTP server runs in its own thread, so it only
+    reads plain integers and never calls into the policy, which would roll its periods).
+    """
+
+    def __init__(self, policy: TokenPolicy) -> None:
+        try:
+            import prometheus_client as prom
+            from prometheus_client.core import GaugeMetricFamily
+        except ImportError:
+            raise StartupError("proxyd.metrics_port is set but prometheus_client is not "
+                               "installed: pip install 'gridgate[metrics]'") from None
+        self._prom = prom
+        self.policy = policy
+        self.registry = r = prom.CollectorRegistry()
+        self.grants = prom.Counter("gridgate_proxyd_grants", "Tokens granted",
+                                   ["category"], registry=r)
+        self.rejections = prom.Counter("gridgate_proxyd_rejections",
+                                       "Requests denied for lack of a token (queue full or "
+                                       "waited token_wait_time)", ["category", "reason"],
+                                       registry=r)
+        self.blocked = prom.Counter("gridgate_proxyd_blocked", "Requests denied by the blocklist",
+                                    ["category"], registry=r)
+        self.errors = prom.Counter("gridgate_proxyd_errors",
+                                   "Protocol and client errors (the status table's Error row)",
+                                   registry=r)
+        self.wait = prom.Histogram("gridgate_proxyd_wait_seconds",
+                                   "Seconds from request to grant or denial",
+                                   ["category", "outcome"], buckets=WAIT_BUCKETS, registry=r)
+        for category in CATEGORIES:
+            # series exist from the start, so a rate over the first grant is right
+            self.grants.labels(category)
+            self.blocked.labels(category)
+            for reason in ("timeout", "queue_full"):
+                self.rejections.labels(category, reason)
+        self._gauge = GaugeMetricFamily
+        r.register(self)
+        self._server: Any = None
+
+    def collect(self) -> list[Any]:
+        """The gauges, read now (called by the registry at each scrape)."""
+        gauges = {
+            "in_use": self._gauge("gridgate_proxyd_tokens_in_use", "Tokens held now",
+                                  labels=["category"]),
+            "privileged": self._gauge("gridgate_proxyd_tokens_in_use_privileged",
+                                      "Tokens held now by root, admins and add-on hosts",
+                                      labels=["category"]),
+            "queue": self._gauge("gridgate_proxyd_queue_length", "Requests waiting now",
+                                 labels=["category"]),
+            "limit": self._gauge("gridgate_proxyd_token_limit", "The category's max",
+                                 labels=["category"]),
+        }
+        for name, cat in list(self.policy.categories.items()):
+            gauges["in_use"].add_metric([name], cat.in_use)
+            gauges["privileged"].add_metric([name], cat.in_use_privileged)
+            gauges["queue"].add_metric([name], cat.queue.size)
+            gauges["limit"].add_metric([name], cat.limits.max)
+        return list(gauges.values())
+
+    def decided(self, decision: Decision) -> None:
+        """Count one final decision and observe how long its request waited."""
+        req = decision.request
+        if decision.outcome == GRANTED:
+            self.grants.labels(req.category).inc()
+        elif decision.outcome == DENIED:
+            if decision.reason == "blocked":
+                self.blocked.labels(req.category).inc()
+            elif decision.reason in ("timeout", "queue_full"):
+                self.rejections.labels(req.category, decision.reason).inc()
+        else:
+            return
+        self.wait.labels(req.category, decision.outcome).observe(max(0.0, decision.waited))
+
+    def serve(self, port: int, address: str) -> int:
+        """Start the HTTP exposition; returns the port (useful with port 0)."""
+        try:
+            server, _thread = self._prom.start_http_server(port, addr=address,
+                                                           registry=self.registry)
+        except OSError as exc:
+            raise StartupError(f"cannot serve metrics on {address}:{port}: {exc}") from None
+        self._server = server
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
 
 class _Conn:
@@ -135,6 +231,11 @@ class ProxyDaemon:
                                   sample_period=float(self.section.get("sample_period", 60)),
                                   blocklist=self._load_blocklist())
         self._apply_runtime(self.section)
+        #: Prometheus series when ``metrics_port`` is set; the port once serving.
+        self.metrics: DaemonMetrics | None = None
+        self.metrics_port: int | None = None
+        if self.section.get("metrics_port") is not None:
+            self.metrics = DaemonMetrics(self.policy)
         self.verifier: Verifier | None = None
         #: Called once the sockets listen (the ``serve`` command announces readiness).
         self.on_ready: Any = None
@@ -224,7 +325,7 @@ class ProxyDaemon:
         config = load_config(self.config_path)
         section = dict(config.get("proxyd") or section_defaults())
         settings = self._settings(section)
-        for key in ("socket", "tcp", "key"):
+        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address"):
             if section.get(key) != self.section.get(key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
         self.section = section
@@ -244,6 +345,12 @@ class ProxyDaemon:
         _raise_nofile()
         try:
             await self._listen()
+            if self.metrics is not None:
+                self.metrics_port = self.metrics.serve(
+                    int(self.section["metrics_port"]),
+                    str(self.section.get("metrics_address") or "127.0.0.1"))
+                logger.info("lsfproxyd {} metrics on http://{}:{}/metrics", self.name,
+                            self.section.get("metrics_address"), self.metrics_port)
         except BaseException:
             for server in self._servers:
                 server.close()
@@ -335,6 +442,8 @@ class ProxyDaemon:
             os.unlink(self.socket_path)
         self._save_blocklist()
         self._set_diagnose(False)
+        if self.metrics is not None:
+            self.metrics.close()
         logger.info("lsfproxyd {} stopped", self.name)
 
     async def _ticker(self) -> None:
@@ -410,7 +519,7 @@ class ProxyDaemon:
                     try:
                         chunk = await asyncio.wait_for(reader.read(65536), self.line_timeout)
                     except TimeoutError:
-                        self.policy.count_error()
+                        self._count_error()
                         self._error(conn, None, ProtocolError(
                             "line_timeout", f"incomplete line for {self.line_timeout:g} s"))
                         break
@@ -443,8 +552,13 @@ class ProxyDaemon:
         finally:
             self._close(conn)
 
-    def _too_long(self, conn: _Conn) -> None:
+    def _count_error(self) -> None:
         self.policy.count_error()
+        if self.metrics is not None:
+            self.metrics.errors.inc()
+
+    def _too_long(self, conn: _Conn) -> None:
+        self._count_error()
         self._error(conn, None, ProtocolError("line_too_long",
                                               f"lines are limited to {self.max_line} bytes"))
 
@@ -502,11 +616,11 @@ class ProxyDaemon:
             self._dispatch(conn, message, msg_id, user, host)
         except ProtocolError as exc:
             if exc.code not in ("forbidden",):
-                self.policy.count_error()
+                self._count_error()
             self._error(conn, msg_id, exc)
         except Exception as exc:  # one bad request must not take the connection down
             logger.exception("request from {}@{} failed", conn.user, conn.host)
-            self.policy.count_error()
+            self._count_error()
             self._error(conn, msg_id, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
 
     def _dispatch(self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str,
@@ -568,6 +682,8 @@ class ProxyDaemon:
     def _deliver(self, decision: Decision) -> None:
         req = decision.request
         conn = self._waiters.pop(req.id, None)
+        if self.metrics is not None:
+            self.metrics.decided(decision)
         if self._diag is not None and decision.outcome in ("granted", "denied"):
             try:
                 self._diag.write(diagnose_line(decision) + "\n")
@@ -599,7 +715,7 @@ class ProxyDaemon:
             status = self.policy.status()
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
-                          connections=len(self._conns))
+                          connections=len(self._conns), metrics_port=self.metrics_port)
             self._reply(conn, msg_id, status=status)
             return
         if op in ("enable", "disable"):
