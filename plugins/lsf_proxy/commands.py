@@ -93,7 +93,8 @@ def lsfproxyd() -> None:
 def serve(as_json: bool, socket_path: str | None, config_path: str | None, name: str | None) -> None:
     """Run the daemon until SIGTERM; SIGHUP re-reads the config.
 
-    Prints one line when it listens (a JSON object with --json: name, socket, pid, tcp_port).
+    Prints one line when it listens (a JSON object with --json: name, socket, pid, tcp_port,
+    metrics_port).
     """
     # imported here: the other commands should not pay for asyncio and the daemon
     from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError
@@ -102,7 +103,8 @@ def serve(as_json: bool, socket_path: str | None, config_path: str | None, name:
 
     def ready(daemon: ProxyDaemon) -> None:
         info = {"ready": True, "name": daemon.name, "socket": daemon.socket_path,
-                "pid": daemon.pid, "tcp_port": daemon.tcp_port}
+                "pid": daemon.pid, "tcp_port": daemon.tcp_port,
+                "metrics_port": daemon.metrics_port}
         click.echo(json.dumps(info) if as_json else
                    f"lsfproxyd {daemon.name} listening on {daemon.socket_path} (pid {daemon.pid})")
         sys.stdout.flush()
