@@ -15,16 +15,22 @@ setup() {
     "$VENV/bin/python" -m pip install -q -e ".[test]"
 }
 
-need_redis() {
-    # The redis state driver is tested against a real redis-server (Debian package).
-    if ! command -v redis-server >/dev/null 2>&1; then
-        echo "dev.sh: installing redis-server (Debian package) for the redis driver's tests" >&2
-        if [ "$(id -u)" = 0 ]; then
-            (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null 2>&1 || true
-        else
-            (sudo apt-get update -qq && sudo apt-get install -y -qq redis-server) >/dev/null 2>&1 || true
-        fi
-    fi
+need_tools() {
+    # Real parts the tests start or call, from Debian's packages: redis-server (the redis
+    # driver), openssl (test certificates), setpriv (clients as another uid), chattr (a
+    # read-only state file as root), systemd-analyze (the unit files).
+    local missing=()
+    local pair
+    for pair in redis-server:redis-server openssl:openssl setpriv:util-linux \
+                chattr:e2fsprogs systemd-analyze:systemd; do
+        command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "dev.sh: installing ${missing[*]} (Debian packages) for the tests" >&2
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    ($sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
+        || echo "dev.sh: could not install ${missing[*]}; the tests that need them will fail" >&2
 }
 
 case "${1:-}" in
@@ -36,7 +42,7 @@ case "${1:-}" in
     test)
         shift
         setup
-        need_redis
+        need_tools
         "$VENV/bin/ruff" check core plugins tests bench
         exec "$VENV/bin/python" -m pytest -n 2 -q "$@"
         ;;
