@@ -119,8 +119,9 @@ class DaemonMetrics:
         self.blocked = prom.Counter("gridgate_proxyd_blocked", "Requests denied by the blocklist",
                                     ["category"], registry=r)
         self.errors = prom.Counter("gridgate_proxyd_errors",
-                                   "Protocol and client errors (the status table's Error row)",
-                                   registry=r)
+                                   "The status table's Error row: bad or cut-off requests "
+                                   "(protocol) and leases taken back (lease_expired)",
+                                   ["kind"], registry=r)
         self.wait = prom.Histogram("gridgate_proxyd_wait_seconds",
                                    "Seconds from request to grant or denial",
                                    ["category", "outcome"], buckets=WAIT_BUCKETS, registry=r)
@@ -130,6 +131,8 @@ class DaemonMetrics:
             self.blocked.labels(category)
             for reason in ("timeout", "queue_full"):
                 self.rejections.labels(category, reason)
+        for kind in ("protocol", "lease_expired"):
+            self.errors.labels(kind)
         self._gauge = GaugeMetricFamily
         r.register(self)
         self._server: Any = None
@@ -450,6 +453,9 @@ class ProxyDaemon:
         assert self._wake is not None and self._stop is not None and self._loop is not None
         while not self._stop.is_set():
             result = self.policy.tick()
+            if self.metrics is not None and result.expired:
+                # the policy counted them in its Error row
+                self.metrics.errors.labels("lease_expired").inc(len(result.expired))
             for token in result.expired:
                 owner = self._owners.pop(token.id, None)
                 logger.warning("lease of token {} ({}) held by {}@{} expired after {:.0f} s: "
@@ -555,7 +561,7 @@ class ProxyDaemon:
     def _count_error(self) -> None:
         self.policy.count_error()
         if self.metrics is not None:
-            self.metrics.errors.inc()
+            self.metrics.errors.labels("protocol").inc()
 
     def _too_long(self, conn: _Conn) -> None:
         self._count_error()

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
 import pytest
 
+from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigError, load_config
 from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.config import section_defaults
 from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -127,7 +131,8 @@ def test_series_move_with_grants_rejections_blocks_and_errors(start_daemon, cli,
     assert delta(before, after, q("gridgate_proxyd_rejections_total", category="query",
                                   reason="queue_full")) == 0
     assert delta(before, after, q("gridgate_proxyd_blocked_total", category="query")) == 1
-    assert delta(before, after, "gridgate_proxyd_errors_total") == 1
+    assert delta(before, after, q("gridgate_proxyd_errors_total", kind="protocol")) == 1
+    assert delta(before, after, q("gridgate_proxyd_errors_total", kind="lease_expired")) == 0
     assert delta(before, after, q("gridgate_proxyd_grants_total", category="submission")) == 0
     granted = q("gridgate_proxyd_wait_seconds_count", category="query", outcome="granted")
     denied = q("gridgate_proxyd_wait_seconds_count", category="query", outcome="denied")
@@ -191,3 +196,59 @@ def test_metrics_port_in_use_is_a_startup_error(gridgate_exe, sockdir):
     assert out.returncode != 0
     assert f"cannot serve metrics on 127.0.0.1:{taken}" in out.stderr
     assert not (sockdir / "busy.sock").exists()
+
+
+def test_wait_times_and_expired_leases_on_a_fake_clock(sockdir):
+    """In-process daemon on a FakeClock: the histogram holds the exact waits, and a lease
+    taken back counts as an error, without anybody sleeping for an expiry."""
+    section = section_defaults()
+    section.update(socket=str(sockdir / "fake.sock"), metrics_port=0, token_wait_time=10,
+                   lease_time=30, policies="SUBMISSION[max=1 nominal=1]")
+    clock = FakeClock(time.time())
+    daemon = ProxyDaemon(section, clock=clock)
+    ready = threading.Event()
+    daemon.on_ready = lambda _d: ready.set()
+    thread = threading.Thread(target=lambda: asyncio.run(daemon.serve(install_signals=False)),
+                              daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(20), "daemon did not start"
+        port = daemon.metrics_port
+        assert port
+        holder = ProxyClient([Daemon("d", daemon.socket_path)])
+        token = holder.acquire("submission", "BATCH_JOB_SUB")
+        waiter = subprocess.Popen(AS_NOBODY + [sys.executable, "-c", ACQUIRE.format(
+            sock=daemon.socket_path).replace('"query", "BATCH_JOB_QUERY"',
+                                             '"submission", "BATCH_JOB_SUB"')],
+                                  stdout=subprocess.PIPE, text=True, cwd="/")
+        try:
+            assert until(lambda: scrape(port)[
+                q("gridgate_proxyd_queue_length", category="submission")] == 1)
+            clock.advance(10)
+            daemon.wake()
+            out, _ = waiter.communicate(timeout=60)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait(10)
+        assert json.loads(out) == {"denied": "timeout"}
+        series = scrape(port)
+        labels = {"category": "submission", "outcome": "denied"}
+        assert series[q("gridgate_proxyd_wait_seconds_sum", **labels)] == 10
+        assert series[q("gridgate_proxyd_wait_seconds_bucket", **labels, le="5.0")] == 0
+        assert series[q("gridgate_proxyd_wait_seconds_bucket", **labels, le="10.0")] == 1
+        assert series[q("gridgate_proxyd_errors_total", kind="lease_expired")] == 0
+        # the holder never releases: its lease ends 30 s after the grant
+        clock.advance(20)
+        daemon.wake()
+        assert until(lambda: scrape(port)[
+            q("gridgate_proxyd_errors_total", kind="lease_expired")] == 1)
+        assert scrape(port)[q("gridgate_proxyd_tokens_in_use", category="submission")] == 0
+        holder.close()
+    finally:
+        daemon.stop()
+        thread.join(20)
+    assert not thread.is_alive()
+    # the HTTP server went with the daemon
+    with pytest.raises(OSError):
+        scrape(port)
