@@ -27,19 +27,14 @@ from gridgate.core.plugins import (
     PluginLoadError,
     load_class,
 )
+from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 
 PathT = tuple[str | int, ...]
 
-#: How a secret is given: the name of an environment variable or a file, never the value.
-SECRET_SCHEMA: dict[str, Any] = {
-    "description": "A secret read at run time: {env: VARIABLE} or {file: /path/to/file}.",
-    "type": "object",
-    "properties": {"env": {"type": "string", "minLength": 1}, "file": {"type": "string", "minLength": 1}},
-    "additionalProperties": False,
-    "minProperties": 1,
-    "maxProperties": 1,
-    "x-gridgate-secret": True,
-}
+# SECRET_SCHEMA, SecretError and read_secret live in gridgate.core.secrets (light to import, for
+# the gate's start-up); they stay importable from here.
+__all__ = ["SECRET_SCHEMA", "SecretError", "read_secret"]
+
 
 DIRECTOR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -463,25 +458,3 @@ class ConfigSource:
             self._current = new
             self._refused_digest = None
             return ReloadOutcome(changed=True)
-
-
-class SecretError(Exception):
-    """A secret named in the config could not be read. The message never holds the value."""
-
-
-def read_secret(spec: Mapping[str, str] | None) -> str | None:
-    """Read a secret given as ``{env: NAME}`` or ``{file: PATH}``; None when not configured.
-
-    Trailing newlines of a file are stripped.
-    """
-    if not spec:
-        return None
-    if "env" in spec:
-        value = os.environ.get(spec["env"])
-        if value is None:
-            raise SecretError(f"environment variable {spec['env']} is not set")
-        return value
-    try:
-        return Path(spec["file"]).read_text(encoding="utf-8").rstrip("\r\n")
-    except OSError as exc:
-        raise SecretError(f"cannot read secret file {spec['file']}: {exc.strerror}") from None

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pluggy
 from loguru import logger
-from stevedore import ExtensionManager, NamedExtensionManager
 
 from gridgate.core import PROJECT, hookspecs
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
@@ -110,6 +109,8 @@ def load_class(group: str, name: str) -> type:
 
     :raises PluginLoadError: not installed, or its import failed (the cause is kept).
     """
+    from stevedore import NamedExtensionManager  # imported here: the gate's start-up needs none
+
     failures: list[str] = []
 
     def on_failure(_manager: Any, ep: Any, err: BaseException) -> None:
@@ -228,6 +229,8 @@ def cli_plugin_manager(on_error: Callable[[PluginLoadError], None] | None = None
     A provider that fails to import is reported through ``on_error`` and left out, so one
     broken plugin does not take the whole command line down with it.
     """
+    from stevedore import ExtensionManager
+
     pm = new_plugin_manager()
 
     def failed(_manager: Any, ep: Any, err: BaseException) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.config import read_secret
+from gridgate.core.secrets import read_secret
 from gridgate.plugins.lsf_proxy.config import host_name, parse_address, resolve_socket
 from gridgate.plugins.lsf_proxy.protocol import PROTOCOL_VERSION, encode, sign
 

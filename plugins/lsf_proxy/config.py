@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gridgate.core.config import SECRET_SCHEMA
 from gridgate.core.plugins import Plugin
+from gridgate.core.secrets import SECRET_SCHEMA
 
 CATEGORIES: tuple[str, ...] = ("query", "submission", "other")
 #: How the LSF policy string and the status table spell each category.
