@@ -28,13 +28,17 @@ import json, sys
 from gridgate.plugins.lsf_proxy.client import ProxyClient, Daemon, NoToken
 c = ProxyClient([Daemon("d", {sock!r})], notoken_ntries=1, when_unavailable="fail")
 try:
-    t = c.acquire("query", "BATCH_JOB_QUERY", 12)
+    t = c.acquire({category!r}, {opcode!r}, 12)
 except NoToken as exc:
     print(json.dumps({{"denied": exc.reason}}), flush=True)
     sys.exit(3)
 print(json.dumps({{"granted": t.id}}), flush=True)
 t.release()
 """
+
+
+def acquire_code(sock: str, category: str = "query", opcode: str = "BATCH_JOB_QUERY") -> str:
+    return ACQUIRE.format(sock=sock, category=category, opcode=opcode)
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -93,7 +97,7 @@ def test_series_move_with_grants_rejections_blocks_and_errors(start_daemon, cli,
         assert held[q("gridgate_proxyd_tokens_in_use_privileged", category="query")] == 1
 
         # nobody's request waits in the queue, then is denied after token_wait_time
-        waiter = subprocess.Popen(AS_NOBODY + [sys.executable, "-c", ACQUIRE.format(sock=d.socket)],
+        waiter = subprocess.Popen(AS_NOBODY + [sys.executable, "-c", acquire_code(d.socket)],
                                   stdout=subprocess.PIPE, text=True, cwd="/")
         try:
             queued = until(lambda: scrape(port)[
@@ -110,14 +114,14 @@ def test_series_move_with_grants_rejections_blocks_and_errors(start_daemon, cli,
         client.close()
 
     # an ordinary grant once the token is back
-    out = py_as(ACQUIRE.format(sock=d.socket))
+    out = py_as(acquire_code(d.socket))
     assert out.returncode == 0, out.stderr
     assert "granted" in json.loads(out.stdout)
 
     # a block
     blocked = cli("block", "-u", "nobody", "--socket", d.socket)
     assert blocked.returncode == 0, blocked.stderr
-    out = py_as(ACQUIRE.format(sock=d.socket))
+    out = py_as(acquire_code(d.socket))
     assert out.returncode == 3 and json.loads(out.stdout) == {"denied": "blocked"}
 
     # a protocol error
@@ -216,10 +220,11 @@ def test_wait_times_and_expired_leases_on_a_fake_clock(sockdir):
         port = daemon.metrics_port
         assert port
         holder = ProxyClient([Daemon("d", daemon.socket_path)])
+        # kept referenced: a collected Token drops its connection, which returns the token
         token = holder.acquire("submission", "BATCH_JOB_SUB")
-        waiter = subprocess.Popen(AS_NOBODY + [sys.executable, "-c", ACQUIRE.format(
-            sock=daemon.socket_path).replace('"query", "BATCH_JOB_QUERY"',
-                                             '"submission", "BATCH_JOB_SUB"')],
+        assert token.privileged
+        code = acquire_code(daemon.socket_path, "submission", "BATCH_JOB_SUB")
+        waiter = subprocess.Popen(AS_NOBODY + [sys.executable, "-c", code],
                                   stdout=subprocess.PIPE, text=True, cwd="/")
         try:
             assert until(lambda: scrape(port)[
