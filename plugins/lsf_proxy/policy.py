@@ -104,6 +104,11 @@ class BlockRule:
         :raises ValueError: ``all`` with users or hosts, or nothing at all.
         """
         users, hosts = [u for u in users if u], [h for h in hosts if h]
+        # "a b" would print as two names in "Users <a b>" and "u@h" would read as a pair:
+        # refuse names an administrator could not tell apart in the blocklist
+        odd = [n for n in (*users, *hosts) if any(c.isspace() for c in n) or "@" in n]
+        if odd:
+            raise ValueError(f"names cannot contain spaces or '@': {', '.join(map(repr, odd))}")
         if all_:
             if users or hosts:
                 raise ValueError("'all' cannot be combined with -u or -m")

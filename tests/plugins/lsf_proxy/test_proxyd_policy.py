@@ -272,6 +272,11 @@ def test_block_rule_shapes():
         "<u1@a u1@b u2@a u2@b>"
     assert BlockRule.make(users=["user1", "user2"]).describe() == "Users <user1 user2>"
     assert BlockRule.make(hosts=["hostA", "hostB"]).describe() == "Hosts <hostA hostB>"
+    for odd in (["a b"], ["tab\there"], ["user1@hostA"]):
+        with pytest.raises(ValueError, match="cannot contain"):
+            BlockRule.make(users=odd)
+    with pytest.raises(ValueError, match="cannot contain"):
+        BlockRule.make(users=["u"], hosts=["host a"])
 
 
 # --- the thread-safe wrapper ------------------------------------------------------------------
