@@ -218,6 +218,11 @@ class ProxyClient:
         self.rng = rng or random.Random()
         self._lock = threading.Lock()
         self._idle: dict[str, list[Connection]] = {}
+        #: address -> monotonic time until which a daemon that did not answer is tried last,
+        #: so that a dead host (over TCP each try may cost connect_timeout) is not tried first
+        #: by every other request
+        self._down: dict[str, float] = {}
+        self.down_for = 30.0
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], socket_path: str | None = None,
@@ -264,8 +269,20 @@ class ProxyClient:
         return conn, conn.call(op, timeout, **fields)
 
     def _order(self) -> list[Daemon]:
+        """A random rotation (spreads load), daemons that recently did not answer last."""
         start = self.rng.randrange(len(self.daemons))
-        return self.daemons[start:] + self.daemons[:start]
+        order = self.daemons[start:] + self.daemons[:start]
+        now = self.clock.monotonic()
+        with self._lock:
+            down = {a for a, until in self._down.items() if until > now}
+        return sorted(order, key=lambda d: d.address in down)  # stable: rotation kept
+
+    def _mark(self, daemon: Daemon, answered: bool) -> None:
+        with self._lock:
+            if answered:
+                self._down.pop(daemon.address, None)
+            else:
+                self._down[daemon.address] = self.clock.monotonic() + self.down_for
 
     # -- tokens
 
@@ -323,7 +340,9 @@ class ProxyClient:
                 continue
             except _Broken as exc:
                 logger.warning("lsfproxyd {} did not answer: {}; trying the next", daemon.name, exc)
+                self._mark(daemon, answered=False)
                 continue
+            self._mark(daemon, answered=True)
             if not reply.get("ok"):
                 self._park(conn)
                 error = reply.get("error") or {}

@@ -536,3 +536,23 @@ def test_a_swamped_daemon_is_a_refusal_not_a_pass_without_token(start_daemon, py
         token.release()
     assert json.loads(out.stdout) == {"denied": "busy"}, out.stderr
     assert "proceeding without a token" not in out.stderr
+
+
+def test_client_tries_a_dead_daemon_last(start_daemon, sockdir):
+    from loguru import logger
+
+    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
+             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    section = {"hosts": hosts, "policies": "QUERY[max=50]"}
+    a = start_daemon({**section, "socket": ""}, name="pa", config_name="site.yaml")
+    start_daemon({**section, "socket": ""}, name="pb", config_name="site.yaml")
+    a.stop(signal.SIGKILL)
+    misses: list[str] = []
+    sink = logger.add(lambda m: misses.append(m), level="WARNING", filter=lambda r: "did not answer" in r["message"])
+    try:
+        with ProxyClient([Daemon("pa", hosts[0]["address"]), Daemon("pb", hosts[1]["address"])]) as client:
+            for _ in range(20):
+                client.acquire("query").release()
+    finally:
+        logger.remove(sink)
+    assert len(misses) == 1  # the dead daemon was tried once, then last (never reached again)
