@@ -50,6 +50,27 @@ class RandomSelector(Plugin):
         return self._random.choice(list(candidates)) if candidates else None
 
 
+class RoundRobinSelector(Plugin):
+    """Take the usable endpoints in turn: every server gets its share in the same order each
+    time, for sites that prefer an even spread to a random one (and for reproducible runs)."""
+
+    config_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @hookimpl
+    def gridgate_select_endpoint(self, candidates: Sequence[Endpoint], request: SubmitRequest) -> Endpoint | None:
+        if not candidates:
+            return None
+        with self._lock:
+            turn = self._next
+            self._next += 1
+        return list(candidates)[turn % len(candidates)]
+
+
 RULE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {

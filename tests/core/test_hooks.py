@@ -368,3 +368,15 @@ def test_gridgate_submission_finished_once_per_attempt() -> None:
     director.run_iteration()
     assert len(rows) == 5 and rows.count("failed") == 1
     director.close()
+
+
+def test_gridgate_select_endpoint_round_robin_takes_servers_in_turn() -> None:
+    from gridgate.core.config import validate_document
+
+    doc = {"state": {"driver": "memory"}, "demand": {"static": {BACKEND: 9}},
+           "director": {"max_threads": 1}, "selectors": {"round_robin": {}}}
+    backend = ScriptedBackend(3, {f"s{i}": "fake-ok" for i in range(3)})
+    director = Director(validate_document(doc), extra_plugins=[backend], state=MemoryState())
+    director.run_iteration()
+    assert backend.calls == ["s0", "s1", "s2"] * 3
+    director.close()

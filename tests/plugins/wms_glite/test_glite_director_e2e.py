@@ -28,6 +28,9 @@ def site(tmp_path: Path, sim_bin: Path, scenario_path: Path, **director) -> Path
         }},
         "demand": {"static": {"wms_glite": 8}},
         "notifiers": {"files": {"folder": str(tmp_path / "notes")}},
+        # in turn, not at random: the first four submissions reach all four servers, so the
+        # assertions about each server's behaviour do not depend on chance
+        "selectors": {"round_robin": {}},
     }
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
