@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from polling import until  # noqa: F401  (re-exported for the daemon tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,16 +67,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmRSS for {pid}")
-
-
-def until(predicate: Callable[[], Any], bound: float = 20.0, pause: float = 0.02) -> Any:
-    """Poll a state the daemon reaches by itself; returns the last value (falsy on timeout)."""
-    end = time.monotonic() + bound
-    while True:
-        value = predicate()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(pause)
 
 
 def hello_as_nobody_code(path: str, messages: list[dict[str, Any]], count: int) -> str:

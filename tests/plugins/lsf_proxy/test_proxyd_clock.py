@@ -13,6 +13,7 @@ import time
 
 import pytest
 from loguru import logger
+from polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
@@ -53,13 +54,6 @@ def admin_status(path: str) -> dict:
     with ProxyClient([Daemon("d", path)]) as client:
         (reply,) = client.admin("status")
     return reply.reply["status"]
-
-
-def until(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return value
 
 
 def test_lease_expiry_counts_as_error_and_is_logged(fake_daemon):

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import yaml
+from polling import until
 
 from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient, ProxyUnavailable
 
@@ -49,16 +50,6 @@ def status(path: str) -> dict:
     (reply,) = talk(path, b'{"v":1,"id":1,"op":"status"}\n')
     assert reply["ok"], reply
     return reply["status"]
-
-
-def until(predicate, timeout: float = 20.0):
-    """Poll a condition the daemon reaches by itself (never an expiry: those use FakeClock)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
 
 
 CLIENT = """

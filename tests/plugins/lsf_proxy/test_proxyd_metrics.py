@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import pytest
+from polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigError, load_config
@@ -50,16 +51,6 @@ def scrape(port: int) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             series[key] = float(value)
     return series
-
-
-def until(predicate, timeout: float = 20.0):
-    """Poll a state the daemon reaches by itself."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
 
 
 def delta(before: dict[str, float], after: dict[str, float], key: str) -> float:
