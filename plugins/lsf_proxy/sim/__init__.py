@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,67 +64,11 @@ def install_commands(bin_dir: Path, mode: int = 0o755, python: str | None = None
 
 
 @dataclass
-class Master:
-    """A running stand-in master daemon (a child process)."""
+class _Child:
+    """A helper daemon started as a child process: stopped with SIGTERM, then SIGKILL."""
 
     proc: subprocess.Popen[bytes]
     socket: str
-
-    def stats(self) -> dict[str, Any]:
-        return call(self.socket, {"op": "stats"})
-
-    def reset(self) -> None:
-        call(self.socket, {"op": "reset"})
-
-    def stop(self, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait(timeout)
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        return code
-
-    def __enter__(self) -> Master:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def start_master(socket_path: str | os.PathLike[str], base: float = 0.01, knee: float = 8.0,
-                 ready_timeout: float = 30.0) -> Master:
-    """Start the master daemon as a child process and wait until it listens.
-
-    :raises RuntimeError: it did not report ready within ``ready_timeout`` seconds.
-    """
-    argv = [sys.executable, "-m", "gridgate.plugins.lsf_proxy.sim.master", "--socket",
-            str(socket_path), "--base", str(base), "--knee", str(knee), "--exit-with-parent"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
-                              daemon=True)
-    reader.start()
-    reader.join(ready_timeout)
-    if not line or not line[0]:
-        proc.kill()
-        proc.wait(10)
-        raise RuntimeError("the stand-in master daemon did not start")
-    info = json.loads(line[0])
-    return Master(proc, info["socket"])
-
-
-@dataclass
-class Proxyd:
-    """A token daemon started by :func:`start_proxyd` (a child process)."""
-
-    proc: subprocess.Popen[bytes]
-    socket: str
-    info: dict[str, Any]
 
     def stop(self, timeout: float = 20.0) -> int:
         if self.proc.poll() is None:
@@ -138,11 +82,57 @@ class Proxyd:
             self.proc.stdout.close()
         return code
 
-    def __enter__(self) -> Proxyd:
+    def __enter__(self) -> _Child:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _ready_line(proc: subprocess.Popen[bytes], timeout: float, failure: str) -> dict[str, Any]:
+    """The JSON line a child prints once it listens; kill it and raise if none comes."""
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not line or not line[0]:
+        proc.kill()
+        proc.wait(10)
+        raise RuntimeError(failure)
+    return json.loads(line[0])
+
+
+@dataclass
+class Master(_Child):
+    """A running stand-in master daemon (a child process)."""
+
+    def stats(self) -> dict[str, Any]:
+        return call(self.socket, {"op": "stats"})
+
+    def reset(self) -> None:
+        call(self.socket, {"op": "reset"})
+
+
+def start_master(socket_path: str | os.PathLike[str], base: float = 0.01, knee: float = 8.0,
+                 ready_timeout: float = 30.0) -> Master:
+    """Start the master daemon as a child process and wait until it listens.
+
+    :raises RuntimeError: it did not report ready within ``ready_timeout`` seconds.
+    """
+    argv = [sys.executable, "-m", "gridgate.plugins.lsf_proxy.sim.master", "--socket",
+            str(socket_path), "--base", str(base), "--knee", str(knee), "--exit-with-parent"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    info = _ready_line(proc, ready_timeout, "the stand-in master daemon did not start")
+    return Master(proc, info["socket"])
+
+
+@dataclass
+class Proxyd(_Child):
+    """A token daemon started by :func:`start_proxyd` (a child process)."""
+
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def start_proxyd(folder: Path, section: dict[str, Any], ready_timeout: float = 30.0) -> Proxyd:
@@ -162,14 +152,6 @@ def start_proxyd(folder: Path, section: dict[str, Any], ready_timeout: float = 3
         sys.executable, "-m", "gridgate.core.cli", "lsfproxyd", "serve", "-c", str(config), "--json"]
     with open(folder / "proxyd.stderr", "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
-                              daemon=True)
-    reader.start()
-    reader.join(ready_timeout)
-    if not line or not line[0]:
-        proc.kill()
-        proc.wait(10)
-        raise RuntimeError(f"the token daemon did not start; see {folder / 'proxyd.stderr'}")
-    info = json.loads(line[0])
+    info = _ready_line(proc, ready_timeout,
+                       f"the token daemon did not start; see {folder / 'proxyd.stderr'}")
     return Proxyd(proc, info["socket"], info)
