@@ -41,3 +41,27 @@ def live_descendants(root: int) -> set[int]:
 def live_in_group(pgid: int) -> set[int]:
     """Non-zombie members of process group ``pgid`` (zombies may wait on a lazy init)."""
     return {pid for pid, (_pp, g, state) in proc_table().items() if g == pgid and state != "Z"}
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker`` (a test's private path)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline and alive(int(entry)):
+            found.append(int(entry))
+    return found

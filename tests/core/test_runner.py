@@ -7,10 +7,9 @@ import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-from proctable import live_descendants, live_in_group  # noqa: E402
+from proctable import alive, live_descendants, live_in_group, processes_with  # noqa: E402
 
 from gridgate.core.runner import DRAIN_AFTER_EXIT, kill_process_group, run
 
@@ -18,14 +17,6 @@ PY = sys.executable
 # Generous slack for a loaded 2-core machine: this bounds behaviour (no waiting for a
 # grandchild's 1000 s), it is not a speed measurement.
 SLACK = 10.0
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +100,7 @@ def test_grandchild_holding_pipes_is_killed_at_deadline(tmp_path):
     assert r.stdout == "hi\n"
     assert r.duration <= 1 + 1 + SLACK  # not 1000 s
     grandchild = int(pidfile.read_text())
-    assert not is_alive(grandchild)
+    assert not alive(grandchild)
 
 
 def test_group_is_empty_after_timeout(tmp_path):
@@ -124,7 +115,7 @@ def test_group_is_empty_after_timeout(tmp_path):
     pids = [int(p) for p in pidfile.read_text().split()]
     leader = pids[-1]
     assert live_in_group(leader) == set()
-    assert not any(is_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_background_job_after_normal_exit_does_not_hold_the_call(tmp_path):
@@ -136,14 +127,14 @@ def test_background_job_after_normal_exit_does_not_hold_the_call(tmp_path):
     assert r.stdout == "done\n"
     assert r.duration < 30  # did not wait for the deadline, let alone the 1000 s
     assert r.duration >= DRAIN_AFTER_EXIT * 0.5  # the readers did get their bounded chance
-    assert not is_alive(int(pidfile.read_text()))
+    assert not alive(int(pidfile.read_text()))
 
 
 def test_background_job_with_closed_pipes_is_not_left_behind(tmp_path):
     pidfile = tmp_path / "bg.pid"
     r = run(["sh", "-c", f"sleep 1000 >/dev/null 2>&1 & echo $! > {pidfile}"], 30)
     assert r.returncode == 0
-    assert not is_alive(int(pidfile.read_text()))
+    assert not alive(int(pidfile.read_text()))
 
 
 def test_fifty_megabytes_is_capped_without_deadlock():
@@ -283,20 +274,6 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _live_with_marker(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline and is_alive(int(entry)):
-            found.append(int(entry))
-    return found
-
-
 def test_keyboard_interrupt_kills_the_group(tmp_path):
     pidfile = tmp_path / "pids"
     pause = threading.Event()  # never set: its wait() is an interruptible pause for the thread
@@ -320,7 +297,7 @@ def test_keyboard_interrupt_kills_the_group(tmp_path):
         t.join()
         signal.signal(signal.SIGUSR1, old)
     pids = [int(p) for p in pidfile.read_text().split()]
-    assert not any(is_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     assert live_in_group(pids[1]) == set()
 
 
@@ -361,7 +338,7 @@ def test_keyboard_interrupt_at_any_moment_leaves_nothing():
     finally:
         signal.signal(signal.SIGUSR1, old)
     assert interrupted == 40
-    assert _live_with_marker(marker) == []
+    assert processes_with(marker) == []
 
 
 def test_kill_process_group_helper():
@@ -400,4 +377,4 @@ def test_without_pidfd_the_exit_is_polled(monkeypatch, tmp_path):
     pidfile = tmp_path / "bg"
     r = run(["sh", "-c", f"sleep 1000 & echo $! > {pidfile}; echo done"], 30)
     assert (r.returncode, r.stdout, r.timed_out) == (0, "done\n", False)
-    assert not is_alive(int(pidfile.read_text()))
+    assert not alive(int(pidfile.read_text()))

@@ -18,32 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # The SMTP and HTTP helpers of the notifier tests are reused, not copied.
 sys.path.insert(0, str(ROOT / "tests" / "plugins" / "notify_email"))
 
-from proctable import proc_table  # noqa: E402, F401  (re-exported for the tests)
+from proctable import alive, proc_table, processes_with  # noqa: E402, F401  (re-exported for the tests)
 
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario  # noqa: E402
 
 HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (non-zombie) process."""
-    entry = proc_table().get(pid)
-    return entry is not None and entry[2] != "Z"
-
-
-def processes_with(marker: str) -> list[int]:
-    """Live processes whose command line contains ``marker`` (a test's private path)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline and alive(int(entry)):
-            found.append(int(entry))
-    return found
 
 
 def wait_for(predicate: Callable[[], Any], bound: float, what: str, pause: float = 0.05) -> Any:
