@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core import hookimpl
+from gridgate.core.files import atomic_write
 from gridgate.core.model import (
     AdmissionRequest,
     Endpoint,
@@ -242,6 +243,6 @@ class FileNotifier(Plugin):
         who = re.sub(r"[^A-Za-z0-9_.-]", "_", notification.endpoint.name if notification.endpoint else "gridgate")
         path = self.folder / f"{stamp}-{os.getpid()}-{sequence:05d}-{notification.level}-{who}.txt"
         text = f"Subject: {notification.subject}\nLevel: {notification.level}\n\n{notification.body}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        # Whole or not at all: whatever picks the texts up never sees half a message, and a
+        # write the disk refuses leaves nothing behind.
+        atomic_write(path, text.encode("utf-8"))

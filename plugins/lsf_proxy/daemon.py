@@ -26,6 +26,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import ConfigError, load_config, read_secret
+from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     LSF_NAMES,
@@ -309,14 +310,8 @@ class ProxyDaemon:
     def _save_blocklist(self) -> None:
         if not self.section.get("persist_blocklist"):
             return
-        path = self.blocklist_path
-        tmp = path.with_suffix(".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(json.dumps({"rules": [r.to_json() for r in self.policy.blocklist.rules]}))
-        os.replace(tmp, path)
+        rules = [r.to_json() for r in self.policy.blocklist.rules]
+        atomic_write(self.blocklist_path, json.dumps({"rules": rules}).encode("utf-8"))
 
     def reload(self) -> dict[str, Any]:
         """Re-read the config file: new limits, lists, diagnose flag; tokens and blocks stay.

@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from gridgate.core import hookimpl
+from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, category_map, section_defaults
 
 #: Exit codes of the gate itself (the command's own code is passed through otherwise).
@@ -227,10 +228,7 @@ def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | No
                             shim_dir=str(shim_dir.resolve()),
                             config=str(Path(config).resolve()) if config else None,
                             socket=socket_path)
-        temporary = shim_dir / f".{name}.tmp{os.getpid()}"
-        temporary.write_text(text, encoding="utf-8")
-        temporary.chmod(0o755)
-        temporary.replace(shim_dir / name)
+        atomic_write(shim_dir / name, text.encode("utf-8"), mode=0o755, durable=False)
         written.append((name, real))
     return written
 

@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.files import atomic_write, ensure_private_dir, fsync_dir
 
 Status = Literal["sent", "retry", "dead"]
 FORMAT_VERSION = 1
@@ -153,34 +154,6 @@ class RetryPolicy:
 
     def delay(self, attempts: int) -> float:
         return min(self.maximum, self.initial * (2 ** max(0, attempts - 1)))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, tmp_dir: Path | None = None, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the whole new one."""
-    tmp_dir = tmp_dir or path.parent
-    tmp = tmp_dir / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def ensure_private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with contextlib.suppress(PermissionError):
-        os.chmod(path, 0o700)
 
 
 @contextlib.contextmanager
@@ -438,7 +411,7 @@ class Outbox:
                          message.id, message.summary, self.dead_dir, delivery.reply)
         if delivery.status == "sent" and delivery.retry_payload is None:
             path.unlink()
-            _fsync_dir(self.queue_dir)
+            fsync_dir(self.queue_dir)
             result.sent += 1
             logger.info("{}: delivered {} ({})", self.name, message.id, message.summary)
             return
@@ -468,14 +441,14 @@ class Outbox:
     def _bury(self, path: Path, message: Message, reply: str, now: float) -> None:
         self._write(self.dead_dir, replace(message, reply=reply, dead_at=now))
         path.unlink()
-        _fsync_dir(self.queue_dir)
+        fsync_dir(self.queue_dir)
         logger.error("{}: {} ({}) refused for good, moved to {}: {}", self.name, message.id,
                      message.summary, self.dead_dir, reply)
 
     def _bury_unreadable(self, path: Path, exc: Exception) -> None:
         target = self.dead_dir / path.name
         os.replace(path, target)
-        _fsync_dir(self.queue_dir)
+        fsync_dir(self.queue_dir)
         logger.error("{}: unreadable message {} moved to {}: {}", self.name, path.name,
                      self.dead_dir, exc)
 
@@ -577,5 +550,5 @@ class Outbox:
                     if everything or (ids and path.stem in ids):
                         path.unlink()
                         removed += 1
-                _fsync_dir(folder)
+                fsync_dir(folder)
         return removed

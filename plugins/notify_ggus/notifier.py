@@ -13,6 +13,7 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.config import SECRET_SCHEMA, apply_defaults
+from gridgate.core.files import atomic_write, ensure_private_dir
 from gridgate.core.model import Notification
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.plugins.notify_email.notifier import (
@@ -27,8 +28,6 @@ from gridgate.plugins.notify_email.outbox import (
     Outbox,
     RetryPolicy,
     Transport,
-    atomic_write,
-    ensure_private_dir,
 )
 from gridgate.plugins.notify_email.smtp import (
     SMTP_TRANSPORT,

@@ -1,0 +1,64 @@
+"""Files that readers may see at any moment: written whole or not at all, private by default.
+
+Notes, outbox messages, tickets, the persisted blocklist and the gate's shims are all picked
+up by someone else (a person, a mail relay, the next start) while gridgate may be writing or
+crashing. Every such write goes through :func:`atomic_write`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600,
+                 durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that a reader or a crash sees the old file or the whole new one.
+
+    The bytes go to a hidden file (in ``tmp_dir``, default ``path``'s folder, which must be on
+    the same file system), created with ``mode``, then renamed over ``path``. A write the disk
+    refuses part-way (full, over a file-size limit) raises ``OSError`` and leaves nothing
+    behind. ``durable`` fsyncs the data and the folder, for files that must survive a power cut.
+    """
+    folder = tmp_dir or path.parent
+    tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:  # os.write may write less than asked (e.g. at a file-size limit)
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, f"no byte could be written to {tmp}")
+                view = view[written:]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, mode)  # the umask may have taken bits that ``mode`` asks for
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) if needed and make it owner-only (0700) when it is ours."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, 0o700)

@@ -1,0 +1,95 @@
+"""Files others read while gridgate writes them (core/files.py), and the built-in ``files``
+notifier on top: one complete, private text per notification, never a half-written one, also
+when the disk refuses the write."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+from gridgate.core.defaults import FileNotifier
+from gridgate.core.files import atomic_write
+from gridgate.core.model import Endpoint, Notification
+from gridgate.core.testing import build_plugin
+
+
+def note(body: str, level: str = "error") -> Notification:
+    return Notification(level=level, subject="gridgate: wms01 failing", body=body, created=1796068235.0,
+                        endpoint=Endpoint(backend="wms_glite", name="wms01.example.org"))
+
+
+def test_each_notification_is_one_complete_private_file(tmp_path) -> None:
+    notifier = build_plugin(FileNotifier, {"folder": str(tmp_path / "notes")})
+    notifier.gridgate_notify(notification=note("first"))
+    notifier.gridgate_notify(notification=note("second", level="alarm"))
+    notifier.gridgate_notify(notification=note("not written", level="info"))  # not in levels
+    files = sorted((tmp_path / "notes").iterdir())
+    assert [f.name.split("-", 3)[-1] for f in files] == ["error-wms01.example.org.txt",
+                                                         "alarm-wms01.example.org.txt"]
+    assert files[0].read_text().startswith("Subject: gridgate: wms01 failing\nLevel: error\n\nfirst")
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert stat.S_IMODE((tmp_path / "notes").stat().st_mode) == 0o700
+
+
+def test_a_write_the_disk_refuses_leaves_no_partial_file(tmp_path) -> None:
+    # A child process with a 4 KiB file-size limit writes a 64 KiB notification: the write
+    # fails (EFBIG) and neither the message nor a fragment of it may be left for a reader.
+    folder = tmp_path / "notes"
+    child = textwrap.dedent(f"""
+        import resource
+        from gridgate.core.defaults import FileNotifier
+        from gridgate.core.model import Notification
+        from gridgate.core.testing import build_plugin
+        notifier = build_plugin(FileNotifier, {{"folder": {str(folder)!r}}})
+        notifier.gridgate_notify(notification=Notification(
+            level="error", subject="small", body="ok", created=0.0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+        try:
+            notifier.gridgate_notify(notification=Notification(
+                level="error", subject="big", body="x" * 65536, created=0.0))
+        except OSError as exc:
+            print("refused", exc.errno)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused 27")  # EFBIG
+    left = sorted(p.name for p in folder.iterdir())
+    assert len(left) == 1 and left[0].endswith("-error-gridgate.txt"), left
+    assert (folder / left[0]).read_text() == "Subject: small\nLevel: error\n\nok"
+
+
+def test_atomic_write_replaces_whole_and_honours_the_mode_under_any_umask(tmp_path) -> None:
+    target = tmp_path / "shim"
+    target.write_text("old")
+    previous = os.umask(0o077)
+    try:
+        atomic_write(target, b"#!/bin/sh\nexit 0\n", mode=0o755)
+    finally:
+        os.umask(previous)
+    assert target.read_bytes() == b"#!/bin/sh\nexit 0\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shim"]  # no temporary left
+
+
+def test_atomic_write_refused_part_way_keeps_the_old_file(tmp_path) -> None:
+    # At a file-size limit os.write writes what fits and returns a short count; the next
+    # write fails with EFBIG. The old content must survive and no fragment may remain.
+    target = tmp_path / "blocklist.json"
+    target.write_text('{"rules": []}')
+    child = textwrap.dedent(f"""
+        import pathlib, resource
+        from gridgate.core.files import atomic_write
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+        try:
+            atomic_write(pathlib.Path({str(target)!r}), b"y" * 5000)
+        except OSError as exc:
+            print("refused", exc.errno)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused 27")  # EFBIG
+    assert target.read_text() == '{"rules": []}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocklist.json"]
