@@ -121,7 +121,7 @@ SECTION_SCHEMA: dict[str, Any] = {
                      "description": "Log every request to the diagnostic log."},
         "diagnose_file": {"type": "string", "default": "",
                           "description": "Diagnostic log path; empty: info.lsfproxydlog.<host> "
-                                         "next to the socket."},
+                                         "next to the socket. Reopened on SIGHUP (log rotation)."},
         "persist_blocklist": {"type": "boolean", "default": False,
                               "description": "Keep the blocklist across restarts (LSF does not)."},
         "blocklist_file": {"type": "string", "default": "",

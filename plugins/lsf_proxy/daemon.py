@@ -230,6 +230,7 @@ class ProxyDaemon:
         self._stop: asyncio.Event | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._diag: Any = None
+        self._diag_path: Path | None = None
         settings = self._settings(self.section)
         self.policy = TokenPolicy(settings, clock=clock,
                                   sample_period=float(self.section.get("sample_period", 60)),
@@ -280,6 +281,8 @@ class ProxyDaemon:
         return self._side_file("blocklist_file", f"blocklist.{self.name}.json")
 
     def _set_diagnose(self, on: bool) -> None:
+        if on and self._diag is not None and self._diag_path != self.diagnose_path:
+            self._set_diagnose(False)  # diagnose_file changed on reload: move to the new file
         if on and self._diag is None:
             self.diagnose_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             # it names every user and host that asked: readable by the daemon's owner only
@@ -288,6 +291,7 @@ class ProxyDaemon:
                 if os.fstat(fd).st_mode & 0o077:
                     os.fchmod(fd, 0o600)
                 self._diag = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+                self._diag_path = self.diagnose_path
             except BaseException:
                 os.close(fd)
                 raise
@@ -420,7 +424,15 @@ class ProxyDaemon:
                 return sock.getsockname()[1]
         return None
 
+    def reopen_logs(self) -> None:
+        """Close and reopen the diagnostic log, so that after logrotate renamed it the daemon
+        writes to a fresh file at the configured path (SIGHUP does this, then reloads)."""
+        if self._diag is not None:
+            self._set_diagnose(False)
+            self._set_diagnose(True)
+
     def _sighup(self) -> None:
+        self.reopen_logs()
         try:
             self.reload()
         except (ConfigError, StartupError, ValueError) as exc:

@@ -137,7 +137,7 @@ def test_proxyd_socket_and_logs_live_in_the_units_directories() -> None:
     assert service["ExecReload"].endswith("-HUP $MAINPID")
 
 
-def test_logrotate_snippet_copytruncates_the_diagnostic_log() -> None:
+def test_logrotate_snippet_renames_the_diagnostic_log_and_reloads_the_daemon() -> None:
     from gridgate.core.config import load_config
 
     text = (DEPLOY / "logrotate" / "gridgate-proxyd").read_text(encoding="utf-8")
@@ -147,8 +147,12 @@ def test_logrotate_snippet_copytruncates_the_diagnostic_log() -> None:
     path, directives = match.group(1), {d.strip().split()[0] for d in match.group(2).splitlines()
                                         if d.strip()}
     assert path == load_config(DEPLOY / "proxyd.yaml")["proxyd"]["diagnose_file"]
-    # the daemon does not reopen the log on SIGHUP, so the file must stay where it is
-    assert "copytruncate" in directives and "postrotate" not in directives
+    # the daemon reopens its log on SIGHUP (test_proxyd_daemon::test_sighup_reopens_...), so
+    # the file is renamed and the unit reloaded; copytruncate would lose lines
+    assert "copytruncate" not in directives and "postrotate" in directives
+    postrotate = re.search(r"postrotate\n(.*?)\n\s*endscript", match.group(2), re.S)
+    assert postrotate and "systemctl reload gridgate-proxyd.service" in postrotate.group(1)
+    assert (DEPLOY / "systemd" / "gridgate-proxyd.service").exists()
     assert {"rotate", "compress", "missingok"} <= directives
 
 

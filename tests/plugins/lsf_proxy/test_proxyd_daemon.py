@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -350,6 +351,21 @@ def test_diagnostic_log(start_daemon, cli, py_as, sockdir):
     cli("diagnose", "on", "--socket", d.socket)
     assert py_as(client_code(d.socket)).returncode == 0
     assert len(log.read_text().splitlines()) == 3
+
+
+def test_sighup_reopens_the_diagnostic_log_after_rotation(start_daemon, py_as, sockdir):
+    # What logrotate does without copytruncate: rename the file, then `systemctl reload`
+    # (SIGHUP). The next lines must go to a new file at the configured path.
+    log = sockdir / "diag.log"
+    d = start_daemon({"diagnose": True, "diagnose_file": str(log)})
+    assert py_as(client_code(d.socket)).returncode == 0
+    rotated = log.rename(sockdir / "diag.log.1")
+    os.kill(d.pid, signal.SIGHUP)
+    assert until(lambda: log.exists())
+    assert py_as(client_code(d.socket)).returncode == 0
+    assert until(lambda: len(log.read_text().splitlines()) == 1)
+    assert len(rotated.read_text().splitlines()) == 1  # nothing more went to the rotated file
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
 
 
 def _free_port() -> int:
