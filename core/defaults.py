@@ -129,7 +129,7 @@ def generic_failure(result: SubmitResult) -> Failure:
     if command is None:
         return Failure(kind="error", reason=result.message or "backend gave no command evidence")
     if command.launch_error is not None:
-        return Failure(kind="launch", transient=False, reason=command.launch_error)
+        return Failure(kind="launch", transient=False, local=True, reason=command.launch_error)
     if command.timed_out:
         return Failure(kind="timeout", reason=command.describe())
     if command.returncode == 0:

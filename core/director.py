@@ -114,6 +114,41 @@ def compose_failure(
     )
 
 
+def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResult, now: float,
+                        repeat_every: float) -> Notification:
+    """The error for a command that could not start on this machine: it names the command and
+    the host to fix, and says that no server was blamed."""
+    command = result.command
+    program = command.argv[0] if command is not None and command.argv else "?"
+    host = socket.gethostname()
+    lines = [
+        f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing.",
+        "",
+        f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""),
+    ]
+    if command is not None:
+        lines.append(f"Command: {command.command_line}")
+        if command.launch_error is not None:
+            lines.append(f"returns: could not start ({command.launch_error})")
+    lines += [
+        "",
+        "This is a fault of this machine (a missing or unusable program, a wrong path in the",
+        "config), not of any server: no server is put in the failing cache and no ticket is asked",
+        f"for. Backend {endpoint.backend} is paused for the rest of each iteration in which this",
+        "happens and tried again at the next, so submission resumes by itself once it is fixed.",
+        f"This message is repeated every {repeat_every:.0f} s while the fault lasts.",
+    ]
+    return Notification(
+        level="error",
+        subject=f"gridgate: cannot run {program} on {host} (backend {endpoint.backend})",
+        body="\n".join(lines) + "\n",
+        created=now,
+        failure=failure,
+        command=command,
+        key=f"local-fault/{endpoint.backend}/{failure.kind}/{now:.0f}",
+    )
+
+
 @dataclass
 class _Iteration:
     """Mutable bookkeeping shared by the submission threads of one iteration."""
@@ -125,6 +160,8 @@ class _Iteration:
     records: list[AccountingRecord] = field(default_factory=list)
     notifications: list[Notification] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    #: backends whose commands cannot run on this machine: paused for the rest of the iteration
+    local_faults: set[str] = field(default_factory=set)
 
     def exclude(self, endpoint: Endpoint) -> None:
         with self.lock:
@@ -402,6 +439,11 @@ class Director:
 
     def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float) -> None:
         hook = self.pm.hook
+        with it.lock:
+            paused = info.backend in it.local_faults
+        if paused:  # its command cannot start here: trying every server would only repeat that
+            self._account(it, request, None, "skipped", request.count, failure_kind="local_fault")
+            return
         candidates = it.usable(info.endpoints)
         if not candidates:
             self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint")
@@ -462,7 +504,9 @@ class Director:
                 "command": list(command.argv) if command else [],
                 "operation": result.operation,
             })
-        if failure.exclude:
+        if failure.local:
+            self._local_fault(endpoint, failure, result, it)
+        elif failure.exclude:
             it.exclude(endpoint)
             escalation = hook.gridgate_escalate(endpoint=endpoint, failure=failure, result=result)
             if escalation is not None and escalation.level is not None:
@@ -472,6 +516,26 @@ class Director:
                 hook.gridgate_notify(notification=note)
         self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
                       duration=duration)
+
+    def _local_fault(self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: _Iteration) -> None:
+        """A command that cannot start on this machine: pause the backend, blame no server,
+        and say so once per failing-cache period (the same rhythm as a failing server)."""
+        with it.lock:
+            it.local_faults.add(endpoint.backend)
+        if not failure.notify:
+            return
+        now = self.clock.time()
+        key = f"local-fault/{endpoint.backend}/{failure.kind}"
+        try:
+            first = self.state.add_if_absent(key, f"{now:.3f}", ttl=float(self.config.director["failing_expiry"]))
+        except StateError:  # no shared view: a repeated mail beats a silent outage
+            first = True
+        if not first:
+            return
+        note = compose_local_fault(endpoint, failure, result, now, float(self.config.director["failing_expiry"]))
+        with it.lock:
+            it.notifications.append(note)
+        self.pm.hook.gridgate_notify(notification=note)
 
     def _account(
         self,

@@ -208,8 +208,9 @@ def gridgate_escalate(
 ) -> Escalation | None:
     """Decide whether a failure is told to people, and at which level.
 
-    Called for every classified failure whose ``failure.exclude`` is true, after the endpoint
-    has been excluded from the iteration. Keeps its memory (failing and tickets caches) in
+    Called for every classified failure whose ``failure.exclude`` is true and ``failure.local``
+    false, after the endpoint has been excluded from the iteration (a local fault blames no
+    server: the director reports it itself). Keeps its memory (failing and tickets caches) in
     the state store.
 
     :param endpoint: the server that failed.

@@ -160,6 +160,11 @@ class Failure:
     ``usage``, ``bad_output``, ``launch``, ``error``...). ``exclude`` takes the endpoint out of
     rotation; ``notify`` says whether people hear about it; ``transient`` says a retry elsewhere
     is worthwhile. ``reason`` is one human line.
+
+    ``local`` says the fault is on the director's own machine (the command could not be
+    started at all), not the server's: no server is blamed (no failing cache, no ticket
+    escalation), the backend is paused for the rest of the iteration, and one error per
+    episode says what to fix here.
     """
 
     kind: str
@@ -167,6 +172,7 @@ class Failure:
     notify: bool = True
     transient: bool = True
     reason: str = ""
+    local: bool = False
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def classify(command: CommandResult | None, message: str = "") -> Failure:
         return Failure("bad_request", exclude=False, notify=True, transient=False,
                        reason=message or "nothing was run")
     if command.launch_error is not None:
-        return Failure("launch", exclude=True, notify=True, transient=False,
+        return Failure("launch", exclude=True, notify=True, transient=False, local=True,
                        reason=f"could not start {command.argv[0]}: {command.launch_error}")
     combined = f"{command.stderr}\n{command.stdout}"
     for pattern in PATTERNS:

@@ -226,6 +226,11 @@ class GgusNotifier(Plugin):
     def gridgate_notify(self, notification: Notification) -> None:
         if notification.level not in self.config["levels"]:
             return None
+        if notification.failure is not None and notification.failure.local:
+            # a command that cannot start on the director's own machine: nothing a grid site
+            # can fix, so no ticket (the error still reaches the other notifiers)
+            logger.info("ggus: no ticket for a fault of this machine: {}", notification.subject)
+            return None
         ticket = render_ticket(notification, self.settings)
         key = self.episode_key(notification)
         try:

@@ -147,7 +147,7 @@ def classify(
             return Failure(rule.kind, exclude=rule.exclude, notify=rule.notify,
                            transient=rule.transient, reason=f"site rule: {_quote(line)}")
     if command.launch_error is not None:
-        return Failure("launch", exclude=True, notify=True, transient=False,
+        return Failure("launch", exclude=True, notify=True, transient=False, local=True,
                        reason=_clip(f"could not start {command.argv[0] if command.argv else 'command'}: "
                                     f"{command.launch_error}"))
     if command.timed_out:

@@ -22,6 +22,7 @@ from gridgate.core.model import (
 from gridgate.core.runner import run
 
 BACKEND = "testbed"
+MISSING_PROGRAM = "/nonexistent/gridgate-test/submit-pilot"
 
 
 def config(servers: int = 3, pilots: int = 6, **director: Any) -> Any:
@@ -40,8 +41,9 @@ class ScriptedBackend:
     """A backend whose servers ``s0..sN`` answer as ``behaviour[name]`` says.
 
     Behaviours: ``ok`` (a job id), ``fail`` (exit 1 with a message), ``hang`` (killed at the
-    deadline) run a real Python child through the runner; ``fake-ok`` / ``fake-fail`` answer
-    without a process, for logic-only tests with many submissions.
+    deadline) run a real Python child through the runner; ``missing`` asks the runner for a
+    program that does not exist (a launch error); ``fake-ok`` / ``fake-fail`` answer without a
+    process, for logic-only tests with many submissions.
     """
 
     def __init__(self, servers: int = 3, behaviour: Mapping[str, str] | None = None,
@@ -76,6 +78,9 @@ class ScriptedBackend:
         if how == "fake-fail":
             command = CommandResult(argv=("submit", endpoint.name), returncode=1, stderr="Operation failed\n")
             return SubmitResult(endpoint, ok=False, command=command)
+        if how == "missing":
+            result = run([MISSING_PROGRAM, endpoint.name], timeout=timeout)
+            return SubmitResult(endpoint, ok=False, command=result)
         script = {
             "ok": f"print('JOBID job-{number}')",
             "fail": "import sys; print('Connecting'); print('Error - Operation failed', file=sys.stderr); sys.exit(1)",

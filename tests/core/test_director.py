@@ -6,11 +6,19 @@ from __future__ import annotations
 import json
 import threading
 
-from directorkit import BACKEND, Collector, MatchingBackend, ScriptedBackend, config
+from directorkit import (
+    BACKEND,
+    MISSING_PROGRAM,
+    Collector,
+    MatchingBackend,
+    ScriptedBackend,
+    config,
+)
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigSource
 from gridgate.core.director import ACCOUNTING, ALARM_HEADER, Director, summary_json
+from gridgate.core.escalation import FAILING, TICKETS
 from gridgate.core.state import MemoryState
 
 
@@ -114,6 +122,38 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
     backend.behaviour["s0"] = "fake-fail"           # long after: a new episode starts
     assert step(10) == ["error"]
     assert notes.notes[-1].episode_start == clock.time()
+    director.close()
+
+
+def test_a_command_that_cannot_start_here_blames_no_server_and_pauses_the_backend() -> None:
+    clock = FakeClock()
+    backend = ScriptedBackend(3, {f"s{i}": "missing" for i in range(3)})
+    director, notes = make(backend, clock, pilots=12, max_threads=2, failing_expiry=600)
+    first = director.run_iteration()
+    failed = [r for r in first.records if r.outcome == "failed"]
+    skipped = [r for r in first.records if r.outcome == "skipped"]
+    assert 1 <= len(failed) <= 2  # at most the threads already on their way
+    assert {r.failure_kind for r in failed} == {"launch"}
+    assert len(failed) + len(skipped) == 12 and {r.failure_kind for r in skipped} == {"local_fault"}
+    assert first.excluded == ()  # no server blamed...
+    assert director.state.items(FAILING) == [] and director.state.items(TICKETS) == []
+    assert len(notes.notes) == 1  # ...and one message about this machine, not one per server
+    note = notes.notes[0]
+    assert note.level == "error" and note.endpoint is None and note.failure.local
+    assert MISSING_PROGRAM in note.subject and "No such file or directory" in note.body
+    assert "no server is put in the failing cache" in note.body
+
+    director.run_iteration()  # still broken, same episode: no second message
+    assert len(notes.notes) == 1
+    clock.advance(601)
+    director.run_iteration()  # still broken an episode later: said again, still an error
+    assert [n.level for n in notes.notes] == ["error", "error"]
+
+    for server in backend.behaviour:  # fixed: submission resumes at once, every server in use
+        backend.behaviour[server] = "ok"
+    fixed = director.run_iteration()
+    assert [r.outcome for r in fixed.records] == ["submitted"] * 12
+    assert {r.endpoint for r in fixed.records} == {"s0", "s1", "s2"}
     director.close()
 
 

@@ -306,6 +306,17 @@ def test_notification_without_endpoint_or_episode_opens_a_ticket_each_time(tmp_p
     n.close()
 
 
+def test_a_fault_of_the_directors_own_machine_opens_no_ticket(tmp_path, clock):
+    n = make(tmp_path, clock, levels=["error", "alarm"])
+    local = Failure("launch", transient=False, local=True, reason="could not start bsub")
+    n.gridgate_notify(notification=Notification("error", "gridgate: cannot run bsub", "x\n",
+                                                clock.time(), failure=local))
+    assert tickets(n) == []
+    n.gridgate_notify(notification=alarm(clock))  # a server's failure still does
+    assert len(tickets(n)) == 1
+    n.close()
+
+
 def test_spool_failure_is_logged_and_the_episode_is_not_marked(tmp_path, clock, logs):
     n = make(tmp_path, clock)
     n.spool_dir.parent.mkdir(parents=True, exist_ok=True)
