@@ -206,6 +206,84 @@ def report_command(path: str, since: str, bucket: str, as_json: bool, png: str |
         click.echo(f"plot written to {png}", err=True)
 
 
+@cli.group("servers")
+def servers_group() -> None:
+    """Servers out of rotation (failing cache) or watched (tickets window), and putting them back."""
+
+
+def _open_state_or_exit(path: str) -> tuple[Any, Any]:
+    from gridgate.core.director import open_state
+
+    config = load_config_or_exit(path)
+    if (config.get("state") or {}).get("driver") == "memory":
+        click.echo(f"{path}: state.driver is memory: the caches live inside the running director "
+                   "only, nothing to show or change from here", err=True)
+        raise SystemExit(1)
+    return config, open_state(config)
+
+
+def _utc(ts: float | None) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if ts else "-"
+
+
+@servers_group.command("list")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
+def servers_list(path: str, as_json: bool) -> None:
+    """What the failing and tickets caches hold now, read from the director's state store."""
+    import time
+
+    from gridgate.core.escalation import cache_view
+
+    _config, state = _open_state_or_exit(path)
+    try:
+        rows = cache_view(state, time.time())
+    finally:
+        state.close()
+    if as_json:
+        click.echo(json.dumps({"servers": rows}, indent=2))
+        return
+    if not rows:
+        click.echo("every server is in rotation; no failure episode is open")
+        return
+    click.echo(f"{'SERVER':<44}{'STATUS':<13}{'KIND':<13}{'EPISODE SINCE (UTC)':<21}{'FAILURES':>9}  "
+               f"{'OUT UNTIL (UTC)':<21}{'ALARM IF IT FAILS BEFORE':<21}")
+    for r in rows:
+        click.echo(f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
+                   f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until']):<21}")
+
+
+@servers_group.command("clear")
+@click.argument("servers", nargs=-1)
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--all", "everything", is_flag=True, help="Every server, and the local-fault notes.")
+@click.option("--json", "as_json", is_flag=True, help="What was cleared, as JSON.")
+def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json: bool) -> None:
+    """Put SERVERS (host names or backend/host) back in rotation now, as if they had never failed.
+
+    For a server the site has fixed: the director uses it from its next iteration, and its next
+    failure starts a new episode (an error mail, not an alarm)."""
+    from gridgate.core.escalation import clear_servers
+
+    if not servers and not everything:
+        raise click.UsageError("name at least one server, or --all")
+    _config, state = _open_state_or_exit(path)
+    try:
+        cleared = clear_servers(state, list(servers), everything=everything)
+    finally:
+        state.close()
+    missing = sorted(n for n in servers if not any(c == n or c.split("/", 1)[-1] == n for c in cleared))
+    if as_json:
+        click.echo(json.dumps({"cleared": cleared, "not_found": missing}))
+    else:
+        for key in cleared:
+            click.echo(f"cleared {key}")
+        for name in missing:
+            click.echo(f"{name}: not in the caches (already in rotation)")
+
+
 @cli.group("notify")
 def notify_group() -> None:
     """Notification tools."""

@@ -23,7 +23,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import Config, ConfigError, ConfigSource
-from gridgate.core.escalation import EPISODE, FAILING, TICKETS
+from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
 from gridgate.core.model import (
     AccountingRecord,
     AdmissionRequest,
@@ -525,7 +525,7 @@ class Director:
         if not failure.notify:
             return
         now = self.clock.time()
-        key = f"local-fault/{endpoint.backend}/{failure.kind}"
+        key = f"{LOCAL_FAULT}{endpoint.backend}/{failure.kind}"
         try:
             first = self.state.add_if_absent(key, f"{now:.3f}", ttl=float(self.config.director["failing_expiry"]))
         except StateError:  # no shared view: a repeated mail beats a silent outage

@@ -89,3 +89,82 @@ class TwoCacheEscalation(Plugin):
         state.set(tickets, entry, ttl=window)
         return Escalation(level="error", episode_start=start, failures=count,
                           reason="first failure of an episode")
+
+
+#: The director's own note that a backend's command cannot start on its machine (a local fault).
+LOCAL_FAULT = "local-fault/"
+
+
+def _json(raw: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def cache_view(state: StateStore, now: float) -> list[dict[str, Any]]:
+    """Every server the caches know about, for ``gridgate servers list``.
+
+    One dict per ``backend/name``: ``status`` is ``failing`` (out of rotation until
+    ``failing_until``) or ``watched`` (back in rotation, but a failure before
+    ``tickets_until`` raises an alarm); with the episode's start and failure count and the
+    last failure kind. Local faults (``local-fault/<backend>/<kind>``) come as rows whose
+    ``status`` is ``local_fault``.
+    """
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(key: str) -> dict[str, Any]:
+        return rows.setdefault(key, {"server": key, "status": "watched", "kind": "",
+                                     "episode_start": None, "failures": 0,
+                                     "failing_until": None, "tickets_until": None})
+
+    for prefix, field in ((FAILING, "failing_until"), (TICKETS, "tickets_until")):
+        for key, raw in state.items(prefix):
+            server = key[len(prefix):]
+            entry, ttl = _json(raw), state.ttl(key)
+            current = row(server)
+            current[field] = now + ttl if ttl is not None else None
+            current["kind"] = current["kind"] or str(entry.get("kind", ""))
+            if prefix == FAILING:
+                current["status"] = "failing"
+                current["kind"] = str(entry.get("kind", ""))
+    for key, raw in state.items(EPISODE):
+        server = key[len(EPISODE):]
+        if server in rows:
+            entry = _json(raw)
+            rows[server]["episode_start"] = entry.get("start")
+            rows[server]["failures"] = int(entry.get("failures", 0))
+    for key, raw in state.items(LOCAL_FAULT):
+        backend, _, kind = key[len(LOCAL_FAULT):].partition("/")
+        ttl = state.ttl(key)
+        try:
+            since = float(raw)
+        except ValueError:
+            since = None
+        rows[f"{backend} (this machine)"] = {
+            "server": f"{backend} (this machine)", "status": "local_fault", "kind": kind,
+            "episode_start": since, "failures": 0,
+            "failing_until": now + ttl if ttl is not None else None, "tickets_until": None}
+    order = {"local_fault": 0, "failing": 1, "watched": 2}
+    return sorted(rows.values(), key=lambda r: (order[r["status"]], r["server"]))
+
+
+def clear_servers(state: StateStore, names: list[str], everything: bool = False) -> list[str]:
+    """Forget the failing, tickets and episode entries of the named servers (``backend/name``
+    or a bare host name matching any backend), putting them back in rotation as new: the
+    next failure starts a new episode with an error, not an alarm. ``everything`` clears every
+    server and the local-fault entries too. Returns what was cleared (``backend/name``, and
+    ``local-fault/...`` keys); a name that matches nothing is simply not returned."""
+    known = {key[len(prefix):] for prefix in (FAILING, TICKETS, EPISODE)
+             for key, _ in state.items(prefix)}
+    wanted = set(names)
+    cleared = sorted(k for k in known if everything or k in wanted or k.split("/", 1)[-1] in wanted)
+    for server in cleared:
+        for prefix in (FAILING, TICKETS, EPISODE):
+            state.delete(prefix + server)
+    if everything:
+        for key, _ in state.items(LOCAL_FAULT):
+            state.delete(key)
+            cleared.append(key)
+    return cleared
