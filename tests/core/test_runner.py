@@ -310,6 +310,7 @@ def test_keyboard_interrupt_at_any_moment_leaves_nothing():
 
     marker = f"gridgate-kbi-{uuid.uuid4().hex}"
     rng = random.Random(4)
+    main = threading.get_ident()
     pause = threading.Event()
     old = signal.signal(signal.SIGUSR1, _interrupt)
     interrupted = 0
@@ -319,13 +320,20 @@ def test_keyboard_interrupt_at_any_moment_leaves_nothing():
 
             def fire(delay=delay):
                 pause.wait(delay)
-                os.kill(os.getpid(), signal.SIGUSR1)
+                # At the main thread, where the runner is: a signal sent to the process may be
+                # taken by any thread (often the sender), and the main thread then only runs
+                # the handler when its blocking call returns, at the 60 s deadline.
+                signal.pthread_kill(main, signal.SIGUSR1)
 
             t = threading.Thread(target=fire)
             try:
                 t.start()
                 # The inner sh carries the marker in its argv and has a child of its own.
-                run(["sh", "-c", f"sh -c 'sleep 1000; :' {marker} & wait", marker], 60)
+                # A signal that lands just before the runner enters poll() is only handled
+                # when poll returns (CPython checks for signals between bytecodes, and the
+                # syscall is not interrupted): then the deadline kills the group and the
+                # KeyboardInterrupt comes right after. A short deadline keeps that case quick.
+                run(["sh", "-c", f"sh -c 'sleep 1000; :' {marker} & wait", marker], 5)
             except KeyboardInterrupt:
                 interrupted += 1
             finally:
