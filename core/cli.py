@@ -299,7 +299,7 @@ def notify_test(path: str, level: str, wait: float) -> None:
     from gridgate.core.model import Notification
 
     config = load_config_or_exit(path)
-    director = Director(config)
+    director = Director(config, serve_metrics=False)  # the running director holds metrics_port
     import time
 
     note = Notification(level=level, subject=f"gridgate test {level} notification",  # type: ignore[arg-type]

@@ -176,7 +176,9 @@ class _Iteration:
 
 class Director:
     """Runs iterations. Give it a :class:`ConfigSource` (re-read each iteration) or a fixed
-    :class:`Config`. ``extra_plugins`` are registered after the configured ones (tests)."""
+    :class:`Config`. ``extra_plugins`` are registered after the configured ones (tests).
+    ``serve_metrics=False`` leaves ``metrics_port`` alone, for a command that builds the
+    plugins beside a running director (which holds that port)."""
 
     def __init__(
         self,
@@ -185,6 +187,7 @@ class Director:
         clock: Clock = SYSTEM_CLOCK,
         extra_plugins: Iterable[object] = (),
         state: StateStore | None = None,
+        serve_metrics: bool = True,
     ) -> None:
         self.source = source
         self.clock = clock
@@ -205,7 +208,7 @@ class Director:
         self.metrics: Any = None
         self.metrics_port: int | None = None
         port = self.config.director.get("metrics_port")
-        if port is not None:
+        if port is not None and serve_metrics:
             self._start_metrics(int(port))
         self._build()
         self.iteration = 0

@@ -4,6 +4,7 @@ accounting, config reloads."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 
 from directorkit import (
@@ -215,8 +216,13 @@ def test_notify_test_command_reports_per_notifier(write, tmp_path) -> None:
     from gridgate.core.cli import cli
 
     folder = tmp_path / "notes"
-    path = write("site.yaml", f"state: {{driver: memory}}\nnotifiers:\n  files: {{folder: {folder}}}\n")
-    result = CliRunner().invoke(cli, ["notify", "test", "-c", str(path), "--level", "alarm"])
+    with socket.socket() as busy:  # the running director holds its metrics port
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        path = write("site.yaml", f"director: {{metrics_port: {port}}}\nstate: {{driver: memory}}\n"
+                                  f"notifiers:\n  files: {{folder: {folder}}}\n")
+        result = CliRunner().invoke(cli, ["notify", "test", "-c", str(path), "--level", "alarm"])
     assert result.exit_code == 0, result.output
     assert "notifiers:files: done" in result.output and "notifiers:log: done" in result.output
     [text] = [p.read_text() for p in folder.glob("*-alarm-gridgate.txt")]
