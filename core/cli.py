@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
@@ -11,20 +10,11 @@ from loguru import logger
 
 from gridgate.core import __version__
 from gridgate.core.config import ConfigError, compose_schema, load_config
+from gridgate.core.logs import configure_logging
 from gridgate.core.plugins import PluginLoadError, cli_plugin_manager, installed_plugins
 
 #: Exit code for a config that cannot be used (file, line and key are printed).
 EXIT_CONFIG = 2
-
-
-def configure_logging(verbose: int, log_json: bool) -> None:
-    """Send logs to stderr; stdout stays for machine-readable output."""
-    logger.remove()
-    level = "WARNING" if verbose == 0 else ("INFO" if verbose == 1 else "DEBUG")
-    if log_json:
-        logger.add(sys.stderr, level=level, serialize=True)
-    else:
-        logger.add(sys.stderr, level=level, format="{time:YYYY-MM-DD HH:mm:ss} {level: <7} {message}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

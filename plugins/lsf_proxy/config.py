@@ -8,15 +8,15 @@ Several daemons split ``max`` and ``nominal`` evenly, the remainder going to the
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from gridgate.core.plugins import Plugin
 from gridgate.core.secrets import SECRET_SCHEMA
 
 CATEGORIES: tuple[str, ...] = ("query", "submission", "other")
@@ -329,52 +329,13 @@ def host_name() -> str:
 
 
 def section_defaults() -> dict[str, Any]:
-    """A full section from the schema defaults: the seed's defaults (``serve`` with no -c)."""
-    from gridgate.core.config import apply_defaults
+    """A full section from the schema defaults: the seed's defaults (``serve`` with no -c).
 
-    section: dict[str, Any] = {}
-    apply_defaults(section, SECTION_SCHEMA)
-    return section
-
-
-class ProxydSection(Plugin):
-    """The top-level ``proxyd:`` section of a site config (entry point ``gridgate.sections``).
-
-    Only its schema and cross-field checks are used: the section configures the daemon and
-    its clients, it implements no hook."""
-
-    config_schema: ClassVar[dict[str, Any]] = SECTION_SCHEMA
-
-    @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-        """Cross-field checks: the policy rules, host names, the TCP key."""
-        problems: list[tuple[tuple[str | int, ...], str]] = []
-        try:
-            resolve_policies(section.get("policies"))
-        except PolicyError as exc:
-            problems.append((("policies", *exc.path), str(exc)))
-        hosts = section.get("hosts") or []
-        names = [h.get("name") for h in hosts]
-        for index, name in enumerate(names):
-            if names.index(name) != index:
-                problems.append((("hosts", index, "name"), f"host name {name!r} is listed twice"))
-        has_key = bool(section.get("key"))
-        for index, host in enumerate(hosts):
-            address = host.get("address", "")
-            if address.startswith("/"):
-                continue
-            if not _parse_tcp(address):
-                problems.append((("hosts", index, "address"),
-                                 f"{address!r} is neither an absolute socket path nor host:port"))
-            elif not has_key:
-                problems.append((("hosts", index, "address"),
-                                 "a TCP address needs the shared key: key: {env: NAME} or {file: PATH}"))
-        if section.get("tcp"):
-            if not _parse_tcp(section["tcp"]):
-                problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))
-            elif not has_key:
-                problems.append((("tcp",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}"))
-        return problems
+    Read straight from the schema's top-level ``default`` values (an empty section has nothing
+    deeper to fill), so that the gate's shims need no JSON Schema machinery; a test checks the
+    result equals what the config loader's default filling gives."""
+    return {key: copy.deepcopy(spec["default"])
+            for key, spec in SECTION_SCHEMA["properties"].items() if "default" in spec}
 
 
 def _parse_tcp(address: str) -> tuple[str, int] | None:

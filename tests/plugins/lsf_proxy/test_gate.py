@@ -35,6 +35,28 @@ def test_category_inferred_from_the_command_name(command, category) -> None:
     assert infer_category(command) == category
 
 
+def test_a_shim_loads_no_cli_schema_or_plugin_machinery() -> None:
+    # A shim runs in front of every gated bjobs: what it imports is its start-up cost.
+    probe = ("import sys, gridgate.plugins.lsf_proxy.gating, gridgate.plugins.lsf_proxy.client\n"
+             "heavy = ('click', 'jsonschema', 'yaml', 'stevedore', 'gridgate.core.config',"
+             " 'gridgate.core.plugins', 'gridgate.core.cli')\n"
+             "print(sorted(m for m in heavy if m in sys.modules))")
+    done = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_section_defaults_are_the_schema_defaults_the_config_loader_fills() -> None:
+    from gridgate.core.config import apply_defaults
+    from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA, section_defaults
+
+    filled: dict = {}
+    apply_defaults(filled, SECTION_SCHEMA)
+    assert section_defaults() == filled
+    section_defaults()["admins"].append("mallory")  # each call gets its own copy
+    assert section_defaults()["admins"] == ["root"]
+
+
 def test_config_categories_extend_the_map() -> None:
     assert infer_category("mystat", {"categories": {"query": ["mystat"]}}) == "query"
 

@@ -1,0 +1,57 @@
+"""The top-level ``proxyd:`` section of a site config, as a ``gridgate.sections`` entry point.
+
+Apart from :mod:`gridgate.plugins.lsf_proxy.config` so that the gate's shims, which read that
+module's defaults, do not load the plugin machinery."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gridgate.core.plugins import Plugin
+from gridgate.plugins.lsf_proxy.config import (
+    SECTION_SCHEMA,
+    PolicyError,
+    _parse_tcp,
+    resolve_policies,
+)
+
+
+class ProxydSection(Plugin):
+    """The top-level ``proxyd:`` section of a site config (entry point ``gridgate.sections``).
+
+    Only its schema and cross-field checks are used: the section configures the daemon and
+    its clients, it implements no hook."""
+
+    config_schema: ClassVar[dict[str, Any]] = SECTION_SCHEMA
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        """Cross-field checks: the policy rules, host names, the TCP key."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        try:
+            resolve_policies(section.get("policies"))
+        except PolicyError as exc:
+            problems.append((("policies", *exc.path), str(exc)))
+        hosts = section.get("hosts") or []
+        names = [h.get("name") for h in hosts]
+        for index, name in enumerate(names):
+            if names.index(name) != index:
+                problems.append((("hosts", index, "name"), f"host name {name!r} is listed twice"))
+        has_key = bool(section.get("key"))
+        for index, host in enumerate(hosts):
+            address = host.get("address", "")
+            if address.startswith("/"):
+                continue
+            if not _parse_tcp(address):
+                problems.append((("hosts", index, "address"),
+                                 f"{address!r} is neither an absolute socket path nor host:port"))
+            elif not has_key:
+                problems.append((("hosts", index, "address"),
+                                 "a TCP address needs the shared key: key: {env: NAME} or {file: PATH}"))
+        if section.get("tcp"):
+            if not _parse_tcp(section["tcp"]):
+                problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))
+            elif not has_key:
+                problems.append((("tcp",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}"))
+        return problems
