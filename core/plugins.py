@@ -104,6 +104,27 @@ def _entry_point_names(group: str) -> list[str]:
     return sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
 
 
+def _fresh(manager_class: Any) -> Any:
+    """``manager_class`` (a stevedore manager) reading its entry points from the installed
+    metadata each time, instead of stevedore's on-disk cache.
+
+    stevedore caches entry points in ``~/.cache/python-entrypoints`` under a hash of the
+    ``sys.path`` entries' mtimes packed as 32-bit floats: at today's timestamps that is a
+    128-second resolution, so for up to two minutes after an upgrade that adds or moves an
+    entry point stevedore hands back the old list (we hit it: ``import failed: ... has no
+    attribute 'ProxydSection'`` right after the class moved). ``importlib.metadata`` is what
+    stevedore reads underneath; one scan per group per manager costs a few milliseconds.
+    Loading, ordering and failure callbacks stay stevedore's.
+    """
+
+    class Fresh(manager_class):  # type: ignore[misc, valid-type]
+        def list_entry_points(self) -> list[importlib.metadata.EntryPoint]:
+            return list(importlib.metadata.entry_points(group=self.namespace))
+
+    Fresh.__name__ = f"Fresh{manager_class.__name__}"
+    return Fresh
+
+
 def load_class(group: str, name: str) -> type:
     """Import the class registered as ``name`` in entry-point ``group``.
 
@@ -117,7 +138,7 @@ def load_class(group: str, name: str) -> type:
         failures.append(f"import failed: {type(err).__name__}: {err}")
 
     missing: list[str] = []
-    manager = NamedExtensionManager(
+    manager = _fresh(NamedExtensionManager)(
         namespace=group,
         names=[name],
         invoke_on_load=False,
@@ -238,7 +259,7 @@ def cli_plugin_manager(on_error: Callable[[PluginLoadError], None] | None = None
         if on_error:
             on_error(error)
 
-    manager = ExtensionManager(
+    manager = _fresh(ExtensionManager)(
         namespace=CLI_GROUP, invoke_on_load=False, on_load_failure_callback=failed
     )
     for ext in sorted(manager.extensions, key=lambda e: e.name):
