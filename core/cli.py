@@ -239,10 +239,10 @@ def servers_list(path: str, as_json: bool) -> None:
         click.echo("every server is in rotation; no failure episode is open")
         return
     click.echo(f"{'SERVER':<44}{'STATUS':<13}{'KIND':<13}{'EPISODE SINCE (UTC)':<21}{'FAILURES':>9}  "
-               f"{'OUT UNTIL (UTC)':<21}{'ALARM IF IT FAILS BEFORE':<21}")
+               f"{'OUT UNTIL (UTC)':<21}{'ALARM IF IT FAILS BEFORE (UTC)'}")
     for r in rows:
         click.echo(f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
-                   f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until']):<21}")
+                   f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until'])}")
 
 
 @servers_group.command("clear")
