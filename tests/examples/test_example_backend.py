@@ -96,7 +96,7 @@ def test_run_once_submits_through_the_installed_local_backend(installed, gridgat
 def test_plugins_lists_it_with_its_distribution(installed, gridgate_exe) -> None:
     target, _ = installed
     done = subprocess.run([gridgate_exe, "plugins", "--json"], capture_output=True, text=True,
-                          env=_env(target), timeout=60)
+                          env=_env(target), timeout=180)
     assert done.returncode == 0, done.stderr
     backends = {row["name"]: row for row in json.loads(done.stdout)["gridgate.backends"]}
     assert backends["local"]["distribution"] == DISTRIBUTION
@@ -115,10 +115,10 @@ def test_config_validate_checks_its_section_through_the_installed_schema(install
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     ok = subprocess.run([gridgate_exe, "config", "validate", str(site)], capture_output=True,
-                        text=True, env=_env(target), timeout=60)
+                        text=True, env=_env(target), timeout=180)
     assert ok.returncode == 0, ok.stderr
     refused = subprocess.run([gridgate_exe, "config", "validate", str(bad)], capture_output=True,
-                             text=True, env=_env(target), timeout=60)
+                             text=True, env=_env(target), timeout=180)
     assert refused.returncode == 2
     assert "backends.local.servers" in refused.stderr
 
@@ -128,7 +128,7 @@ def test_without_it_installed_a_config_naming_it_fails_with_exit_2(installed, gr
     site = _site_config(tmp_path)
     for argv in (["run", "--once", "--json", "-c", str(site)], ["config", "validate", str(site)]):
         done = subprocess.run([gridgate_exe, *argv], capture_output=True, text=True,
-                              env=_env(None), timeout=60)
+                              env=_env(None), timeout=180)
         assert done.returncode == 2, (argv, done.stdout, done.stderr)
         assert "'local'" in done.stderr and "not installed" in done.stderr, done.stderr
         assert "backends.local" in done.stderr
