@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,36 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, source
 
 
+def _gridgate(exe: str, *args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run ``gridgate``; if it hangs, fail with where its threads were (faulthandler on SIGABRT).
+
+    Twice, with two full suites on the 2 cores, a call here printed its result and then did not
+    exit within 60 s; this is how the next occurrence will say where it stood."""
+    argv = [exe, *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "PYTHONFAULTHANDLER": "1"})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state = _proc_state(proc.pid)  # R running, S sleeping, D in the kernel (disk)
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"{argv} still running after {timeout} s (state {state}); "
+                    f"stdout so far: {out[-2000:]!r}\nits threads at SIGABRT:\n{err[-6000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
 def _env(target: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if target is not None:
@@ -75,8 +106,7 @@ def _site_config(tmp_path: Path, pilots: int = 4) -> Path:
 def test_run_once_submits_through_the_installed_local_backend(installed, gridgate_exe, tmp_path) -> None:
     target, _ = installed
     site = _site_config(tmp_path, pilots=4)
-    done = subprocess.run([gridgate_exe, "run", "--once", "--json", "-c", str(site)],
-                          capture_output=True, text=True, env=_env(target), timeout=120)
+    done = _gridgate(gridgate_exe, "run", "--once", "--json", "-c", str(site), env=_env(target))
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1
@@ -95,8 +125,7 @@ def test_run_once_submits_through_the_installed_local_backend(installed, gridgat
 
 def test_plugins_lists_it_with_its_distribution(installed, gridgate_exe) -> None:
     target, _ = installed
-    done = subprocess.run([gridgate_exe, "plugins", "--json"], capture_output=True, text=True,
-                          env=_env(target), timeout=180)
+    done = _gridgate(gridgate_exe, "plugins", "--json", env=_env(target))
     assert done.returncode == 0, done.stderr
     backends = {row["name"]: row for row in json.loads(done.stdout)["gridgate.backends"]}
     assert backends["local"]["distribution"] == DISTRIBUTION
@@ -114,11 +143,9 @@ def test_config_validate_checks_its_section_through_the_installed_schema(install
     doc["backends"]["local"]["servers"] = "slot-a"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    ok = subprocess.run([gridgate_exe, "config", "validate", str(site)], capture_output=True,
-                        text=True, env=_env(target), timeout=180)
+    ok = _gridgate(gridgate_exe, "config", "validate", str(site), env=_env(target))
     assert ok.returncode == 0, ok.stderr
-    refused = subprocess.run([gridgate_exe, "config", "validate", str(bad)], capture_output=True,
-                             text=True, env=_env(target), timeout=180)
+    refused = _gridgate(gridgate_exe, "config", "validate", str(bad), env=_env(target))
     assert refused.returncode == 2
     assert "backends.local.servers" in refused.stderr
 
@@ -127,8 +154,7 @@ def test_without_it_installed_a_config_naming_it_fails_with_exit_2(installed, gr
                                                                    tmp_path) -> None:
     site = _site_config(tmp_path)
     for argv in (["run", "--once", "--json", "-c", str(site)], ["config", "validate", str(site)]):
-        done = subprocess.run([gridgate_exe, *argv], capture_output=True, text=True,
-                              env=_env(None), timeout=180)
+        done = _gridgate(gridgate_exe, *argv, env=_env(None), timeout=120)
         assert done.returncode == 2, (argv, done.stdout, done.stderr)
         assert "'local'" in done.stderr and "not installed" in done.stderr, done.stderr
         assert "backends.local" in done.stderr
