@@ -115,12 +115,12 @@ def compose_failure(
 
 
 def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResult, now: float,
-                        repeat_every: float) -> Notification:
-    """The error for a command that could not start on this machine: it names the command and
-    the host to fix, and says that no server was blamed."""
+                        repeat_every: float, host: str | None = None) -> Notification:
+    """The error for a command that could not start on this machine (``host``, default this
+    one's name): it names the command and the host to fix, and says that no server was blamed."""
     command = result.command
     program = command.argv[0] if command is not None and command.argv else "?"
-    host = socket.gethostname()
+    host = host or socket.gethostname()
     lines = [
         f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing.",
         "",
@@ -132,11 +132,12 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
             lines.append(f"returns: could not start ({command.launch_error})")
     lines += [
         "",
-        "This is a fault of this machine (a missing or unusable program, a wrong path in the",
-        "config), not of any server: no server is put in the failing cache and no ticket is asked",
-        f"for. Backend {endpoint.backend} is paused for the rest of each iteration in which this",
-        "happens and tried again at the next, so submission resumes by itself once it is fixed.",
-        f"This message is repeated every {repeat_every:.0f} s while the fault lasts.",
+        "This is a fault of this machine (a missing or unusable program, a wrong path in the "
+        "config), not of any server:",
+        "- no server is put in the failing cache, and no GGUS ticket is asked for;",
+        f"- backend {endpoint.backend} is paused for the rest of each iteration in which this "
+        "happens and tried again at the next, so submission resumes by itself once it is fixed;",
+        f"- this message is repeated every {repeat_every:.0f} s while the fault lasts.",
     ]
     return Notification(
         level="error",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gridgate.core.clock import FakeClock
-from gridgate.core.model import CommandResult, Endpoint, Failure, Notification
+from gridgate.core.model import CommandResult, Endpoint, Failure, Notification, SubmitResult
 from gridgate.core.plugins import PluginContext
 from gridgate.plugins.notify_email.notifier import EmailNotifier
 from gridgate.plugins.notify_ggus.notifier import GgusNotifier
@@ -57,6 +57,17 @@ def sample_notifications() -> tuple[Notification, Notification]:
     return error, alarm
 
 
+def local_fault_notification() -> Notification:
+    """The director's own error for a submit command missing on its host."""
+    from gridgate.core.director import compose_local_fault
+
+    command = CommandResult(ARGV, None, launch_error="No such file or directory: 'glite-wms-job-submit'")
+    failure = Failure("launch", transient=False, local=True,
+                      reason="could not start glite-wms-job-submit: No such file or directory")
+    return compose_local_fault(ENDPOINT, failure, SubmitResult(ENDPOINT, ok=False, command=command),
+                               START + 600, 3600, host="director01.example.org")
+
+
 def _raw_mail(outbox_message: Mapping[str, Any]) -> str:
     """The queued mail's headers as sent, and its body decoded (it travels quoted-printable
     when a line is longer than 78 characters)."""
@@ -80,6 +91,7 @@ def generate() -> dict[str, str]:
                                "send_thread": False}, ctx)
         email.gridgate_notify(notification=error)
         email.gridgate_notify(notification=alarm)
+        email.gridgate_notify(notification=local_fault_notification())
         queued = sorted(email.outbox.queue_dir.glob("*.json"))
         mails = [_raw_mail(json.loads(p.read_text(encoding="utf-8"))) for p in queued]
         email.close()
@@ -97,6 +109,10 @@ def generate() -> dict[str, str]:
         "samples": "\n".join([
             "### Error mail (`error_address`)", "", f"{fence}text", mails[0].rstrip("\n"), fence, "",
             "### Alarm mail (`alarm_address`)", "", f"{fence}text", mails[1].rstrip("\n"), fence, "",
+            "### A fault of the director's own machine (`error_address`; never a GGUS ticket)", "",
+            "The program could not be started at all (here: not installed), so no server is blamed:",
+            "one such error per `failing_expiry` while it lasts, composed by the director.", "",
+            f"{fence}text", mails[2].rstrip("\n"), fence, "",
             f"### GGUS ticket, spool file `{txt.name}`", "", f"{fence}text",
             ticket_txt.rstrip("\n"), fence, "",
             f"### The same ticket, `{js.name}` (the body POSTed by `deliver: [rest]`)", "",
