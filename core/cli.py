@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import click
@@ -179,8 +180,6 @@ def report_command(path: str, since: str, bucket: str, as_json: bool, png: str |
         raise click.BadParameter("--bucket must be positive")
     state = open_state(config)
     try:
-        import time
-
         rows = state.records(ACCOUNTING, since=time.time() - seconds)
     finally:
         state.close()
@@ -201,7 +200,8 @@ def servers_group() -> None:
     """Servers out of rotation (failing cache) or watched (tickets window), and putting them back."""
 
 
-def _open_state_or_exit(path: str) -> tuple[Any, Any]:
+def _open_state_or_exit(path: str) -> Any:
+    """The state store the config at ``path`` names; exit 1 for one no other process can read."""
     from gridgate.core.director import open_state
 
     config = load_config_or_exit(path)
@@ -209,12 +209,10 @@ def _open_state_or_exit(path: str) -> tuple[Any, Any]:
         click.echo(f"{path}: state.driver is memory: the caches live inside the running director "
                    "only, nothing to show or change from here", err=True)
         raise SystemExit(1)
-    return config, open_state(config)
+    return open_state(config)
 
 
 def _utc(ts: float | None) -> str:
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if ts else "-"
 
 
@@ -223,11 +221,9 @@ def _utc(ts: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
 def servers_list(path: str, as_json: bool) -> None:
     """What the failing and tickets caches hold now, read from the director's state store."""
-    import time
-
     from gridgate.core.escalation import cache_view
 
-    _config, state = _open_state_or_exit(path)
+    state = _open_state_or_exit(path)
     try:
         rows = cache_view(state, time.time())
     finally:
@@ -259,7 +255,7 @@ def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json
 
     if not servers and not everything:
         raise click.UsageError("name at least one server, or --all")
-    _config, state = _open_state_or_exit(path)
+    state = _open_state_or_exit(path)
     try:
         cleared = clear_servers(state, list(servers), everything=everything)
     finally:
@@ -290,8 +286,6 @@ def notify_test(path: str, level: str, wait: float) -> None:
 
     config = load_config_or_exit(path)
     director = Director(config, serve_metrics=False)  # the running director holds metrics_port
-    import time
-
     note = Notification(level=level, subject=f"gridgate test {level} notification",  # type: ignore[arg-type]
                         body=f"This is a test sent by `gridgate notify test` at {time.ctime()}.\n", created=time.time(),
                         key=f"test/{time.time():.0f}")

@@ -529,14 +529,15 @@ class Director:
         if not failure.notify:
             return
         now = self.clock.time()
+        repeat_every = float(self.config.director["failing_expiry"])
         key = f"{LOCAL_FAULT}{endpoint.backend}/{failure.kind}"
         try:
-            first = self.state.add_if_absent(key, f"{now:.3f}", ttl=float(self.config.director["failing_expiry"]))
+            first = self.state.add_if_absent(key, f"{now:.3f}", ttl=repeat_every)
         except StateError:  # no shared view: a repeated mail beats a silent outage
             first = True
         if not first:
             return
-        note = compose_local_fault(endpoint, failure, result, now, float(self.config.director["failing_expiry"]))
+        note = compose_local_fault(endpoint, failure, result, now, repeat_every)
         with it.lock:
             it.notifications.append(note)
         self.pm.hook.gridgate_notify(notification=note)

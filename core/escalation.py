@@ -125,10 +125,9 @@ def cache_view(state: StateStore, now: float) -> list[dict[str, Any]]:
             entry, ttl = _json(raw), state.ttl(key)
             current = row(server)
             current[field] = now + ttl if ttl is not None else None
-            current["kind"] = current["kind"] or str(entry.get("kind", ""))
+            current["kind"] = current["kind"] or str(entry.get("kind", ""))  # failing entry first
             if prefix == FAILING:
                 current["status"] = "failing"
-                current["kind"] = str(entry.get("kind", ""))
     for key, raw in state.items(EPISODE):
         server = key[len(EPISODE):]
         if server in rows:
@@ -142,10 +141,9 @@ def cache_view(state: StateStore, now: float) -> list[dict[str, Any]]:
             since = float(raw)
         except ValueError:
             since = None
-        rows[f"{backend} (this machine)"] = {
-            "server": f"{backend} (this machine)", "status": "local_fault", "kind": kind,
-            "episode_start": since, "failures": 0,
-            "failing_until": now + ttl if ttl is not None else None, "tickets_until": None}
+        row(f"{backend} (this machine)").update(
+            status="local_fault", kind=kind, episode_start=since,
+            failing_until=now + ttl if ttl is not None else None)
     order = {"local_fault": 0, "failing": 1, "watched": 2}
     return sorted(rows.values(), key=lambda r: (order[r["status"]], r["server"]))
 

@@ -338,7 +338,7 @@ def section_defaults() -> dict[str, Any]:
             for key, spec in SECTION_SCHEMA["properties"].items() if "default" in spec}
 
 
-def _parse_tcp(address: str) -> tuple[str, int] | None:
+def parse_tcp(address: str) -> tuple[str, int] | None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return None
@@ -352,7 +352,7 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
     """
     if address.startswith("/") or address.startswith("."):
         return "unix", address
-    tcp = _parse_tcp(address)
+    tcp = parse_tcp(address)
     if tcp is None:
         raise ValueError(f"{address!r} is neither a socket path nor host:port")
     return "tcp", tcp

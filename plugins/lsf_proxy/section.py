@@ -12,7 +12,7 @@ from gridgate.core.plugins import Plugin
 from gridgate.plugins.lsf_proxy.config import (
     SECTION_SCHEMA,
     PolicyError,
-    _parse_tcp,
+    parse_tcp,
     resolve_policies,
 )
 
@@ -43,14 +43,14 @@ class ProxydSection(Plugin):
             address = host.get("address", "")
             if address.startswith("/"):
                 continue
-            if not _parse_tcp(address):
+            if not parse_tcp(address):
                 problems.append((("hosts", index, "address"),
                                  f"{address!r} is neither an absolute socket path nor host:port"))
             elif not has_key:
                 problems.append((("hosts", index, "address"),
                                  "a TCP address needs the shared key: key: {env: NAME} or {file: PATH}"))
         if section.get("tcp"):
-            if not _parse_tcp(section["tcp"]):
+            if not parse_tcp(section["tcp"]):
                 problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))
             elif not has_key:
                 problems.append((("tcp",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}"))

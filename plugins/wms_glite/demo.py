@@ -195,9 +195,11 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
 
 
 def summarise(rows: list[dict[str, Any]], notes: list[Notification], elapsed: float, folder: Path) -> dict[str, Any]:
-    per: dict[str, dict[str, Any]] = defaultdict(lambda: {"submitted": 0, "failures": Counter(), "errors": 0, "alarms": 0})
-    for host in FLEET:  # a server the run never reached still gets its row, with zeros
-        per[host]
+    def blank() -> dict[str, Any]:
+        return {"submitted": 0, "failures": Counter(), "errors": 0, "alarms": 0}
+
+    # a server the run never reached still gets its row, with zeros
+    per: dict[str, dict[str, Any]] = defaultdict(blank, {host: blank() for host in FLEET})
     for row in rows:
         host = row["endpoint"]
         if not host:

@@ -133,7 +133,7 @@ def test_a_command_that_cannot_start_here_blames_no_server_and_pauses_the_backen
     first = director.run_iteration()
     failed = [r for r in first.records if r.outcome == "failed"]
     skipped = [r for r in first.records if r.outcome == "skipped"]
-    assert 1 <= len(failed) <= 2  # at most the threads already on their way
+    assert len(failed) in (1, 2)  # at least one launch, at most the threads already on their way
     assert {r.failure_kind for r in failed} == {"launch"}
     assert len(failed) + len(skipped) == 12 and {r.failure_kind for r in skipped} == {"local_fault"}
     assert first.excluded == ()  # no server blamed...
