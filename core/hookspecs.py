@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         AccountingRecord,
         AdmissionRequest,
         BackendInfo,
+        CancelResult,
         DemandRegistry,
         Endpoint,
         Escalation,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         ListMatchResult,
         Notification,
         Refusal,
+        StatusResult,
         SubmitRequest,
         SubmitResult,
     )
@@ -243,4 +245,49 @@ def gridgate_submission_finished(record: AccountingRecord) -> None:
 
     :param record: the accounting row.
     :return: nothing (broadcast).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# tracking pilots: status polling and cancelling, per endpoint, in bulk
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def gridgate_job_status(
+    endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+) -> StatusResult | None:
+    """Report the state of many pilot jobs on one endpoint in one bulk query.
+
+    Called by the director when it polls the pilots it tracks (at the start of an iteration,
+    at most every ``status_interval`` seconds), once per endpoint with every tracked,
+    non-terminal pilot of that endpoint, under an admission grant of category ``query``.
+    The backend runs one command for the whole list (several only when the argv would grow
+    too long) and must kill it at ``timeout``.
+
+    :param endpoint: the server the jobs were submitted to.
+    :param job_ids: the job ids as the backend reported them at submission.
+    :param timeout: hard limit in seconds for all the commands of this call.
+    :return: a :class:`StatusResult` with a normalised :class:`JobStatus` per id still known
+        (ids it omits are no longer known to the backend); ``ok`` False when the query failed.
+        None when ``endpoint.backend`` is not this plugin's or it cannot report states.
+        Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_cancel(
+    endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+) -> CancelResult | None:
+    """Cancel pilot jobs on one endpoint.
+
+    Called by the director for pilots that waited longer than ``max_wait_time``, and by
+    ``gridgate pilots cancel``, under an admission grant of category ``other``. The command
+    must be killed at ``timeout``.
+
+    :param endpoint: the server the jobs were submitted to.
+    :param job_ids: the job ids to cancel.
+    :param timeout: hard limit in seconds for all the commands of this call.
+    :return: a :class:`CancelResult`; None when ``endpoint.backend`` is not this plugin's or
+        it cannot cancel. Stops at first non-None result.
     """

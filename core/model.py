@@ -12,6 +12,13 @@ from typing import Any, Literal
 Outcome = Literal["submitted", "failed", "no_match", "refused", "skipped"]
 #: Notification levels. ``error`` and ``alarm`` are the seed's two destinations.
 Level = Literal["info", "error", "alarm"]
+#: The fixed set of pilot states core understands; a backend maps its native states onto it.
+#: ``unknown`` is "the backend could not say" (gLite ``Unknown``, LSF ``UNKWN``); ``lost`` is
+#: set only by core, for a pilot the backend has not known for ``lost_after`` seconds.
+PilotState = Literal["waiting", "running", "done", "failed", "cancelled", "unknown", "lost"]
+PILOT_STATES: tuple[str, ...] = ("waiting", "running", "done", "failed", "cancelled", "unknown", "lost")
+#: States a pilot never leaves.
+TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "lost"})
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
@@ -149,6 +156,67 @@ class SubmitResult:
     command: CommandResult | None = None
     operation: str = "Job Submit"
     no_match: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a backend knows of one pilot job.
+
+    ``state`` is one of :data:`PILOT_STATES` (never ``lost``: core decides that); ``native``
+    the backend's own state text as printed (``Done (Exit Code !=0)``, ``PEND``,
+    ``CANCELLED by 0``) and ``reason`` its reason text, both kept for people;
+    ``exit_code`` when the backend reports one.
+    """
+
+    job_id: str
+    state: PilotState
+    native: str = ""
+    reason: str = ""
+    exit_code: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in PILOT_STATES or self.state == "lost":
+            raise ValueError(f"JobStatus.state must be one of {PILOT_STATES[:-1]}, got {self.state!r}")
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    """The answer of a backend to one bulk status query on one endpoint.
+
+    ``statuses`` maps job id to :class:`JobStatus` for every id the backend still knows; an id
+    that was asked for and is absent is one the backend no longer knows (core marks it
+    ``unknown``, then ``lost``). ``ok`` False means the query itself failed (a fault of the
+    server, classified and escalated like a failed submission; the pilots keep their last
+    known state); ``command`` carries the evidence, ``commands`` how many commands were run
+    (more than 1 only when a long id list had to be split).
+    """
+
+    endpoint: Endpoint
+    ok: bool
+    statuses: Mapping[str, JobStatus] = field(default_factory=dict)
+    command: CommandResult | None = None
+    commands: int = 1
+    operation: str = "Job Status"
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "statuses", _frozen_mapping(self.statuses))
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """The answer of a backend to cancelling jobs on one endpoint.
+
+    ``cancelled`` are the ids the backend accepted to cancel (or already finished);
+    ``ok`` False when the command failed as a whole.
+    """
+
+    endpoint: Endpoint
+    ok: bool
+    cancelled: tuple[str, ...] = ()
+    command: CommandResult | None = None
+    operation: str = "Job Cancel"
     message: str = ""
 
 

@@ -39,7 +39,10 @@ from loguru import logger
 
 from gridgate.core.model import CommandResult
 
-__all__ = ["run", "kill_process_group", "orphan_guard", "DEFAULT_MAX_OUTPUT", "DRAIN_AFTER_EXIT"]
+__all__ = [
+    "run", "kill_process_group", "orphan_guard", "argv_chunks", "DEFAULT_MAX_OUTPUT",
+    "DRAIN_AFTER_EXIT", "ARGV_BYTES",
+]
 
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 #: Seconds the readers may go on after the main child exited while something else in its
@@ -328,6 +331,45 @@ class _Exit:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+#: Bytes of argv (plus separators) one bulk command may carry. Linux allows far more
+#: (``ARG_MAX`` is 2 MiB, a single word 128 KiB), but the environment shares that space and
+#: the commands themselves (gLite's Python client, LSF) have choked on very long lines.
+ARGV_BYTES = 100_000
+
+
+def argv_chunks(
+    prefix: Sequence[str], items: Sequence[str], *, limit: int = ARGV_BYTES,
+    joiner: str | None = None,
+) -> list[list[str]]:
+    """Split one bulk command into as few argvs as fit ``limit`` bytes each.
+
+    ``prefix`` is the command and its options; ``items`` are the job ids. Each id becomes its
+    own argv word, or, with ``joiner`` (``","`` for ``squeue --jobs=1,2,3``), the ids are
+    joined into the last word of the prefix (``prefix[-1] + "1,2,3"``). Every argv carries
+    at least one id, so an id longer than ``limit`` still gets a command of its own.
+    An empty ``items`` gives no command at all.
+    """
+    def size(words: Sequence[str]) -> int:
+        return sum(len(w.encode()) + 1 for w in words)
+
+    base = size(prefix)
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    used = base
+    for item in items:
+        cost = len(item.encode()) + 1
+        if current and used + cost > limit:
+            chunks.append(current)
+            current, used = [], base
+        current.append(item)
+        used += cost
+    if current:
+        chunks.append(current)
+    if joiner is None:
+        return [[*prefix, *chunk] for chunk in chunks]
+    return [[*prefix[:-1], prefix[-1] + joiner.join(chunk)] for chunk in chunks]
 
 
 def run(

@@ -386,3 +386,18 @@ def test_without_pidfd_the_exit_is_polled(monkeypatch, tmp_path):
     r = run(["sh", "-c", f"sleep 1000 & echo $! > {pidfile}; echo done"], 30)
     assert (r.returncode, r.stdout, r.timed_out) == (0, "done\n", False)
     assert not alive(int(pidfile.read_text()))
+
+
+def test_argv_chunks_splits_only_when_the_argv_would_grow_too_long() -> None:
+    from gridgate.core.runner import argv_chunks
+
+    ids = [str(1000 + i) for i in range(5000)]
+    whole = argv_chunks(["bjobs", "-noheader"], ids)
+    assert len(whole) == 1 and whole[0][2:] == ids
+    small = argv_chunks(["bjobs"], ids, limit=1000)
+    assert len(small) > 1 and [i for argv in small for i in argv[1:]] == ids
+    assert all(sum(len(w) + 1 for w in argv) <= 1000 for argv in small)
+    joined = argv_chunks(["squeue", "--jobs="], ids[:3], joiner=",")
+    assert joined == [["squeue", "--jobs=1000,1001,1002"]]
+    assert argv_chunks(["squeue"], []) == []
+    assert argv_chunks(["x"], ["y" * 50], limit=10) == [["x", "y" * 50]]
