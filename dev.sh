@@ -4,7 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PY=${PYTHON:-python3}
+# The venv comes from the system's Python 3.11 when there is one: other users (the tests run
+# clients as `nobody`) cannot read an interpreter kept in root's home.
+if [ -z "${PYTHON:-}" ] && [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
+    PY=/usr/bin/python3
+else
+    PY=${PYTHON:-python3}
+fi
 VENV=.venv
 
 setup() {
