@@ -78,7 +78,7 @@ def compose_failure(
     lines: list[str] = []
     level = escalation.level or "error"
     if level == "alarm":
-        lines += [ALARM_HEADER, f"It has been failing at least for {escalation.hours_failing(now)} hours", ""]
+        lines += [ALARM_HEADER, f"It has been failing at least for {escalation.failing_for(now)}", ""]
     lines.append(f"Server: {endpoint.name} ({endpoint.backend})" + (f" {endpoint.url}" if endpoint.url else ""))
     if command is not None:
         lines.append(f"Command: {command.command_line}")

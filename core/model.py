@@ -249,7 +249,7 @@ class Escalation:
 
     ``level`` is ``error`` or ``alarm``, or None to record the failure and tell nobody.
     ``episode_start`` is the wall time of the first failure of this episode (the seed's
-    "failing at least for N hours" comes from it); ``failures`` counts failures in the episode.
+    "failing at least for N hours" comes from it, see :meth:`failing_for`); ``failures`` counts failures in the episode.
     """
 
     level: Level | None
@@ -257,9 +257,28 @@ class Escalation:
     failures: int = 1
     reason: str = ""
 
-    def hours_failing(self, now: float) -> int:
-        """Whole hours since the episode started, at least 1 (the seed's wording)."""
-        return max(1, int((now - self.episode_start) // 3600))
+    def hours_failing(self, now: float) -> float:
+        """Hours since the episode started, as they are (never rounded up, never clamped)."""
+        return max(0.0, now - self.episode_start) / 3600
+
+    def failing_for(self, now: float) -> str:
+        """The time since the episode's first failure as the alarm says it (:func:`elapsed_text`)."""
+        return elapsed_text(now - self.episode_start)
+
+
+def elapsed_text(seconds: float) -> str:
+    """A duration as an alarm's "failing at least for ..." says it, rounded down so that
+    "at least" stays true: ``42 seconds`` below a minute, ``17 minutes`` below an hour,
+    ``1.5 hours`` (one decimal) from an hour on."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        whole, unit = int(seconds), "second"
+    elif seconds < 3600:
+        whole, unit = int(seconds // 60), "minute"
+    else:
+        tenths = int(seconds // 360)
+        return f"{tenths // 10}.{tenths % 10} hours"
+    return f"{whole} {unit}{'' if whole == 1 else 's'}"
 
 
 @dataclass(frozen=True)
