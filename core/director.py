@@ -121,8 +121,15 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     command = result.command
     program = command.argv[0] if command is not None and command.argv else "?"
     host = host or socket.gethostname()
+    if command is None:  # nothing was started: the command's own files could not be written
+        subject = f"gridgate: backend {endpoint.backend} cannot write its files on {host}"
+        first = (f"gridgate could not prepare a {result.operation} command of backend "
+                 f"{endpoint.backend} on {host}, so it submits nothing.")
+    else:
+        subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend})"
+        first = f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing."
     lines = [
-        f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing.",
+        first,
         "",
         f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""),
     ]
@@ -132,8 +139,8 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
             lines.append(f"returns: could not start ({command.launch_error})")
     lines += [
         "",
-        "This is a fault of this machine (a missing or unusable program, a wrong path in the "
-        "config), not of any server:",
+        "This is a fault of this machine (a missing or unusable program, a work folder that is "
+        "missing, read-only or full, a wrong path in the config), not of any server:",
         "- no server is put in the failing cache, and no GGUS ticket is asked for;",
         f"- backend {endpoint.backend} is paused for the rest of each iteration in which this "
         "happens and tried again at the next, so submission resumes by itself once it is fixed;",
@@ -141,7 +148,7 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     ]
     return Notification(
         level="error",
-        subject=f"gridgate: cannot run {program} on {host} (backend {endpoint.backend})",
+        subject=subject,
         body="\n".join(lines) + "\n",
         created=now,
         failure=failure,
@@ -484,7 +491,8 @@ class Director:
         if request.list_match:
             match = hook.gridgate_list_match(endpoint=endpoint, request=request, timeout=timeout)
             if match is not None and not match.ok:
-                return SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match")
+                return SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match",
+                                    local_fault=match.local_fault)
             if match is not None and not match.resources:
                 return None
         result = hook.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)

@@ -132,6 +132,7 @@ class ListMatchResult:
 
     ``ok`` is False when the command failed (a server fault, classified like a submit failure);
     ``ok`` True with no ``resources`` means "nothing matches here", which is not a fault.
+    ``local_fault`` as in :class:`SubmitResult`.
     """
 
     endpoint: Endpoint
@@ -139,6 +140,7 @@ class ListMatchResult:
     resources: tuple[str, ...] = ()
     command: CommandResult | None = None
     cached: bool = False
+    local_fault: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,9 @@ class SubmitResult:
     ``ok`` with ``job_ids`` on success; on failure ``command`` carries the evidence that the
     classifier reads. ``operation`` names what was run (``Job Submit``, ``List Match``) for
     messages. ``no_match`` marks "no resources for this request here", which is not a fault.
+    ``local_fault``, when set, says why nothing could be run because of this machine (a work
+    folder missing, not writable or full: the folder and the OS error); it is classified as a
+    local fault (kind ``local_io``), so no server is blamed.
     """
 
     endpoint: Endpoint
@@ -157,6 +162,7 @@ class SubmitResult:
     operation: str = "Job Submit"
     no_match: bool = False
     message: str = ""
+    local_fault: str = ""
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,7 @@ class Failure:
     is worthwhile. ``reason`` is one human line.
 
     ``local`` says the fault is on the director's own machine (the command could not be
-    started at all), not the server's: no server is blamed (no failing cache, no ticket
+    started at all, or its input file could not be written), not the server's: no server is blamed (no failing cache, no ticket
     escalation), the backend is paused for the rest of the iteration, and one error per
     episode says what to fix here.
     """

@@ -130,7 +130,7 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
 def test_an_alarm_seconds_after_the_first_failure_says_seconds_not_one_hour() -> None:
     clock = FakeClock(1_000_000.0)
     backend = ScriptedBackend(1, {"s0": "fake-fail"})
-    director, notes = make(backend, clock, pilots=1, failing_expiry=2, ticket_expiry=600)
+    director, notes = make(backend, clock, pilots=1, failing_expiry=2, ticket_expiry=3600)
     director.run_iteration()
     clock.advance(4)
     director.run_iteration()
