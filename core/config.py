@@ -51,6 +51,10 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
                            "description": "Seconds a failing server stays in the failing cache."},
         "ticket_expiry": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
                           "description": "The tickets cache lives failing_expiry + ticket_expiry."},
+        "stall_iterations": {"type": "integer", "minimum": 1, "default": 3,
+                             "description": "Demand asked for pilots and none was submitted "
+                                            "this many iterations in a row: an error saying why "
+                                            "(an alarm once it lasts ticket_expiry)."},
         "notify_kinds": {
             "type": "object",
             "description": "Per failure kind, whether people are told (overrides the classifier).",

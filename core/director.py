@@ -44,6 +44,7 @@ from gridgate.core.model import (
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.resilient import DeferredState, ResilientState
 from gridgate.core.runner import orphan_guard
+from gridgate.core.stall import StallWatch
 from gridgate.core.state import StateError, StateStore
 
 ACCOUNTING = "accounting"
@@ -223,6 +224,7 @@ class Director:
         self.stop_event = threading.Event()
         #: Names this director in shared state (demand locks): host, pid and a random part.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{self.config.path or '-'}")
 
     # --- plugins and config --------------------------------------------------------------
 
@@ -376,6 +378,9 @@ class Director:
             with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="submit") as pool:
                 for future in [pool.submit(self._submit_one, backend, request, it) for backend, request in jobs]:
                     future.result()
+        for note in self.stall.observe(info, it.records, self.config.director):
+            it.notifications.append(note)
+            hook.gridgate_notify(notification=note)
         summary = IterationSummary(
             number=info.number,
             started=info.started,

@@ -97,7 +97,8 @@ def test_fifty_threads_failing_at_once_send_one_notification() -> None:
 def test_escalation_timeline_on_an_injected_clock() -> None:
     clock = FakeClock(1_000_000.0)
     backend = ScriptedBackend(1, {"s0": "fake-fail"})
-    director, notes = make(backend, clock, pilots=1, failing_expiry=3600, ticket_expiry=3600)
+    director, notes = make(backend, clock, pilots=1, failing_expiry=3600, ticket_expiry=3600,
+                          stall_iterations=100)  # one server failing: the stall alarm is test_stall.py's
     start = clock.time()
 
     def step(advance: float) -> list[str]:
@@ -130,7 +131,8 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
 def test_an_alarm_seconds_after_the_first_failure_says_seconds_not_one_hour() -> None:
     clock = FakeClock(1_000_000.0)
     backend = ScriptedBackend(1, {"s0": "fake-fail"})
-    director, notes = make(backend, clock, pilots=1, failing_expiry=2, ticket_expiry=3600)
+    director, notes = make(backend, clock, pilots=1, failing_expiry=2, ticket_expiry=3600,
+                          stall_iterations=100)
     director.run_iteration()
     clock.advance(4)
     director.run_iteration()
@@ -145,7 +147,8 @@ def test_an_alarm_seconds_after_the_first_failure_says_seconds_not_one_hour() ->
 def test_a_command_that_cannot_start_here_blames_no_server_and_pauses_the_backend() -> None:
     clock = FakeClock()
     backend = ScriptedBackend(3, {f"s{i}": "missing" for i in range(3)})
-    director, notes = make(backend, clock, pilots=12, max_threads=2, failing_expiry=600)
+    director, notes = make(backend, clock, pilots=12, max_threads=2, failing_expiry=600,
+                          stall_iterations=100)
     first = director.run_iteration()
     failed = [r for r in first.records if r.outcome == "failed"]
     skipped = [r for r in first.records if r.outcome == "skipped"]
