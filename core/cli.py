@@ -68,16 +68,25 @@ def config_group() -> None:
 @config_group.command("validate")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def config_validate(files: tuple[str, ...]) -> None:
-    """Check config FILES; exit 0 when all are valid, 2 otherwise."""
+    """Check config FILES; exit 0 when all are valid, 2 otherwise.
+
+    A file with a director, backends or demand section must also leave something to submit
+    (or say director.paused: true). Warnings (legal, probably not meant) do not fail."""
+    from gridgate.core.config_checks import config_warnings, is_director_config, submission_problems
+
     bad = False
     for path in files:
         try:
-            load_config(path)
+            config = load_config(path)
+            if is_director_config(config) and (problems := submission_problems(config)):
+                raise ConfigError(problems)
         except ConfigError as exc:
             bad = True
             for problem in exc.problems:
                 click.echo(str(problem), err=True)
         else:
+            for warning in config_warnings(config):
+                click.echo(str(warning), err=True)
             click.echo(f"{path}: valid")
     if bad:
         raise SystemExit(EXIT_CONFIG)
@@ -130,9 +139,15 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
     import signal
 
     from gridgate.core.config import ConfigSource
+    from gridgate.core.config_checks import submission_problems
     from gridgate.core.director import Director, summary_json
 
     config = load_config_or_exit(path)
+    idle = submission_problems(config)
+    for problem in idle:
+        click.echo(str(problem), err=True)
+    if idle:
+        raise SystemExit(EXIT_CONFIG)
     director = Director(ConfigSource(path, initial=config))
 
     def stop(signum: int, _frame: Any) -> None:

@@ -22,7 +22,8 @@ import pluggy
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.config import Config, ConfigError, ConfigSource
+from gridgate.core.config import Config, ConfigError, ConfigProblem, ConfigSource
+from gridgate.core.config_checks import change_notification, submission_problems
 from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
 from gridgate.core.model import (
     AccountingRecord,
@@ -204,6 +205,7 @@ class Director:
         self._own_state = state is None
         self.config = source.current if isinstance(source, ConfigSource) else source
         self._early_notes: list[Notification] = []
+        self._reload_notes: list[Notification] = []  # accepted config changes, said at info
         self.state = ResilientState(
             # Deferred: a store that cannot be opened at start (read-only file, Redis down)
             # is one notification and a local view, not a crash.
@@ -287,16 +289,29 @@ class Director:
         """Re-read the config; rebuild plugins if it changed. Returns a refusal, if any."""
         if not isinstance(self.source, ConfigSource):
             return None
-        outcome = self.source.reload()
+        outcome = self.source.reload(vet=lambda new: submission_problems(new, self._answers))
         if outcome.changed:
-            logger.info("config {} changed; new settings take effect now", self.source.path)
             self.config = self.source.current
             self._build()
+            assert outcome.previous is not None
+            self._reload_notes.append(change_notification(outcome.previous, self.config, self.clock.time()))
         if self.metrics is not None and (outcome.changed or outcome.error is not None):
             self.metrics.config_reloaded(refused=outcome.error is not None)
         if outcome.error is not None:
             return _refusal_text(outcome.error)
         return None
+
+    def _answers(self, backend: str) -> bool:
+        """Whether a plugin given in-process (not through the config) submits to ``backend``."""
+        for plugin in self.extra_plugins:
+            info = getattr(plugin, "gridgate_backend_info", None)
+            if callable(info) and info(backend=backend) is not None:
+                return True
+        return False
+
+    def nothing_to_submit(self) -> list[ConfigProblem]:
+        """Why the current config would submit nothing (empty when it would, or is paused)."""
+        return submission_problems(self.config, self._answers)
 
     def close(self) -> None:
         for plugin in self._plugins:
@@ -363,7 +378,8 @@ class Director:
             hook.gridgate_notify(notification=config_note)
         hook.gridgate_iteration_started(iteration=info)
         demand = DemandRegistry()
-        hook.gridgate_demand(iteration=info, demand=demand)
+        if not self.config.director["paused"]:  # paused on purpose: no demand, no stall
+            hook.gridgate_demand(iteration=info, demand=demand)
         try:
             failing = {key[len(FAILING):] for key, _ in self.state.items(FAILING)}
         except StateError as exc:
@@ -372,6 +388,9 @@ class Director:
         it = _Iteration(info=info, failing=failing)
         if config_note is not None:
             it.notifications.append(config_note)
+        while self._reload_notes:
+            it.notifications.append(self._reload_notes.pop(0))
+            hook.gridgate_notify(notification=it.notifications[-1])
         jobs = self._plan(demand, it)
         threads = int(self.config.director["max_threads"])
         if jobs:

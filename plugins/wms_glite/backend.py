@@ -119,6 +119,8 @@ class GliteBackend(Plugin):
     """Submits to gLite WMS servers with ``glite-wms-job-submit``/``-list-match``."""
 
     name = "wms_glite"
+    #: the config key that lists the endpoints: a section without any is a config error
+    endpoints_key = "servers"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",

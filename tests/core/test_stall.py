@@ -40,7 +40,8 @@ def director_for(cause: str, clock: FakeClock, state: MemoryState, collector: Co
         backend.behaviour = {"s0": "missing", "s1": "missing"}
     cfg = config(servers=2, pilots=4, failing_expiry=600, ticket_expiry=1800, **director)
     if cause == "no_backend":  # a demand group for a backend nothing answers for
-        doc = {**cfg.data, "demand": {"static": {"wms_glitch": 4}}}
+        doc = {**{k: v for k, v in cfg.data.items() if k != "backends"},
+               "demand": {"static": {"wms_glitch": 4}}}
         cfg = validate_document(doc)
     plugins = [backend, collector] + ([admission] if cause == "refused" else [])
     return Director(cfg, clock=clock, extra_plugins=plugins, state=state), backend, admission
