@@ -72,14 +72,12 @@ def config_validate(files: tuple[str, ...]) -> None:
 
     A file with a director, backends or demand section must also leave something to submit
     (or say director.paused: true). Warnings (legal, probably not meant) do not fail."""
-    from gridgate.core.config_checks import config_warnings, is_director_config, submission_problems
+    from gridgate.core.config_checks import checked_config, config_warnings
 
     bad = False
     for path in files:
         try:
-            config = load_config(path)
-            if is_director_config(config) and (problems := submission_problems(config)):
-                raise ConfigError(problems)
+            config = checked_config(path)
         except ConfigError as exc:
             bad = True
             for problem in exc.problems:

@@ -14,12 +14,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from loguru import logger
 
-from gridgate.core.config import Config, ConfigProblem, PathT, format_path
+from gridgate.core.config import Config, ConfigError, ConfigProblem, PathT, format_path, load_config
 from gridgate.core.model import Notification
 from gridgate.core.plugins import CONFIG_GROUPS
 
@@ -99,6 +100,20 @@ def submission_problems(config: Config, answers: Callable[[str], bool] = lambda 
         return problem(("demand", "static", wanted[0]),
                        f"no backend the demand names ({', '.join(wanted)}) is configured")
     return []
+
+
+def checked_config(path: str | os.PathLike[str], text: str | None = None) -> Config:
+    """What ``gridgate config validate`` checks: :func:`load_config`, and for a director
+    config, that it leaves something to submit.
+
+    :raises ConfigError: every problem, with file and line.
+    """
+    config = load_config(path, text=text)
+    if is_director_config(config):
+        problems = submission_problems(config)
+        if problems:
+            raise ConfigError(problems)
+    return config
 
 
 def config_warnings(config: Config) -> list[ConfigProblem]:
