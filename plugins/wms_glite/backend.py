@@ -159,7 +159,7 @@ class GliteBackend(Plugin):
                                                "this backend's commands when set."},
             "work_dir": {"type": ["string", "null"], "default": None,
                          "description": "Where the private JDL files are written; it must "
-                                        "exist (default: wms_glite/jdl under director."
+                                        "exist (default: wms_glite-jdl under director."
                                         "state_dir, created 0700). Files a killed director "
                                         "left there are removed at start."},
             "pilots_per_jdl": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1,
@@ -265,7 +265,7 @@ class GliteBackend(Plugin):
     def jdl_dir(self) -> Path:
         """The folder JDL files are written to."""
         configured = self.config.get("work_dir")
-        return Path(configured) if configured else Path(self.context.state_dir) / self.name / "jdl"
+        return Path(configured) if configured else Path(self.context.state_dir) / f"{self.name}-jdl"
 
     # --- helpers ---------------------------------------------------------------------------
 

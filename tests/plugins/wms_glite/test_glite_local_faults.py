@@ -118,7 +118,7 @@ def test_jdl_files_live_under_the_state_folder_by_default(tmp_path, sim_bin, sce
     config = site(tmp_path, sim_bin, scenario(), list_match=False)
     [doc], _ = run(gridgate_exe, config, "--once")
     assert doc["pilots_submitted"] == 6
-    folder = tmp_path / "state" / "wms_glite" / "jdl"
+    folder = tmp_path / "state" / "wms_glite-jdl"
     calls = [json.loads(line) for line in calls_log.read_text().splitlines()]
     jdls = [c["argv"][-1] for c in calls if c["event"] == "start"]
     assert len(jdls) == 6 and all(Path(j).parent == folder for j in jdls)
@@ -130,7 +130,7 @@ def test_jdl_files_of_a_killed_director_are_removed_at_the_next_start(
         tmp_path, sim_bin, scenario, calls_log, gridgate_exe) -> None:
     config = site(tmp_path, sim_bin, scenario(default={"behaviour": "print_then_hang", "hang": 600}),
                   list_match=False, command_timeout=300)
-    folder = tmp_path / "state" / "wms_glite" / "jdl"
+    folder = tmp_path / "state" / "wms_glite-jdl"
     director = subprocess.Popen([gridgate_exe, "run", "-c", str(config)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     try:
