@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from directorkit import BACKEND, Collector, TrackingBackend, config
 
 from gridgate.core import hookimpl
