@@ -421,34 +421,12 @@ class PilotTracker:
         old = [p for p in poll.active if p.state == "waiting" and now - p.submitted > float(limit)]
         if not old:
             return 0
-        hook = self.director.pm.hook
-        endpoint = poll.endpoint
-        answer = hook.gridgate_admit(request=AdmissionRequest(
-            category="other", opcode="JOB_CANCEL", size=len(old), endpoint=endpoint,
-            user=_user(str(self.director.config.director.get("user") or ""))))
-        if isinstance(answer, Refusal):
-            logger.info("cancelling on {} refused by admission control: {}", endpoint.key, answer.reason)
-            return 0
         timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
-        try:
-            result = hook.gridgate_cancel(endpoint=endpoint, job_ids=[p.job_id for p in old], timeout=timeout)
-        except Exception as exc:  # a plugin bug must not stop the iteration
-            logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
-            return 0
-        finally:
-            if answer is not None:
-                hook.gridgate_release(grant=answer)
-        if result is None:
-            logger.warning("{} pilot(s) on {} waited over max_wait_time but backend {} cannot cancel",
-                           len(old), endpoint.key, endpoint.backend)
-            return 0
-        if not result.ok:
-            logger.error("cancelling {} pilot(s) on {} failed: {}", len(old), endpoint.key,
-                         result.message or (result.command.describe() if result.command else "no detail"))
-        done = set(result.cancelled)
         reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
-        registry.put(p.moved("cancelled", now, p.native, reason) for p in old if p.job_id in done)
-        return len(done & {p.job_id for p in old})
+        done, problem = cancel_pilots(self.director, registry, poll.endpoint, old, timeout, reason)
+        if problem:
+            logger.error("cancelling {} pilot(s) on {}: {}", len(old), poll.endpoint.key, problem)
+        return len(done)
 
     # --- aborted pilots ------------------------------------------------------------------------------
 
@@ -500,6 +478,40 @@ class PilotTracker:
         if gone:
             logger.info("forgot {} pilot(s) finished over {:.0f} s ago", gone, keep)
         return gone
+
+
+def cancel_pilots(director: Director, registry: PilotRegistry, endpoint: Endpoint,
+                  pilots: Sequence[Pilot], timeout: float, reason: str) -> tuple[list[str], str]:
+    """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
+    grant of category ``other``, and record those cancelled (with ``reason``).
+
+    :return: the ids cancelled, and what went wrong ('' when nothing did).
+    """
+    hook = director.pm.hook
+    answer = hook.gridgate_admit(request=AdmissionRequest(
+        category="other", opcode="JOB_CANCEL", size=len(pilots), endpoint=endpoint,
+        user=_user(str(director.config.director.get("user") or ""))))
+    if isinstance(answer, Refusal):
+        return [], f"refused by admission control: {answer.reason}"
+    try:
+        result = hook.gridgate_cancel(endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout)
+    except Exception as exc:  # a plugin bug must not stop the iteration
+        logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
+        return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"
+    finally:
+        if answer is not None:
+            hook.gridgate_release(grant=answer)
+    if result is None:
+        return [], f"backend {endpoint.backend} cannot cancel"
+    wanted = {p.job_id for p in pilots}
+    done = sorted(wanted & set(result.cancelled))
+    now = director.clock.time()
+    registry.put(p.moved("cancelled", now, p.native, reason) for p in pilots if p.job_id in set(done))
+    problem = ""
+    if not result.ok or len(done) < len(pilots):
+        why = result.message or (result.command.describe() if result.command else "")
+        problem = f"{len(pilots) - len(done)} not cancelled" + (f": {why}" if why else "")
+    return done, problem
 
 
 def state_counts(counts: Counts) -> dict[str, dict[str, int]]:
