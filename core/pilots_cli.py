@@ -13,6 +13,7 @@ import click
 from gridgate.core import hookimpl
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
 from gridgate.core.pilots import Pilot
+from gridgate.core.report import render_states
 from gridgate.core.tracking import cancel_pilots, state_counts
 
 
@@ -94,22 +95,7 @@ def pilots_summary(path: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"endpoints": table}, indent=2))
         return
-    click.echo(render_summary(table), nl=False)
-
-
-def render_summary(table: dict[str, dict[str, int]]) -> str:
-    """Plain text: one row per endpoint, one column per state, and a total row."""
-    if not table:
-        return "no pilots tracked\n"
-    width = max(30, *(len(k) for k in table))
-    lines = [f"{'ENDPOINT':<{width}}" + "".join(f"{s:>10}" for s in PILOT_STATES)]
-    totals = dict.fromkeys(PILOT_STATES, 0)
-    for key, row in table.items():
-        lines.append(f"{key:<{width}}" + "".join(f"{row.get(s, 0):>10}" for s in PILOT_STATES))
-        for s in PILOT_STATES:
-            totals[s] += row.get(s, 0)
-    lines.append(f"{'total':<{width}}" + "".join(f"{totals[s]:>10}" for s in PILOT_STATES))
-    return "\n".join(lines) + "\n"
+    click.echo(render_states(table), nl=False)
 
 
 @pilots_group.command("cancel")

@@ -245,6 +245,8 @@ class PilotTracker:
         self._last_poll: dict[str, float] = {}
         self._last_prune: float | None = None
         self._lock = threading.Lock()
+        #: this iteration's pilots by endpoint and state, kept current as submissions succeed
+        self._states: dict[str, dict[str, int]] = {}
 
     # --- settings and the registry ----------------------------------------------------------
 
@@ -276,6 +278,11 @@ class PilotTracker:
         except StateError as exc:
             logger.error("{} submitted pilot(s) on {} not tracked, state store failed: {}",
                          len(pilots), record.endpoint, exc)
+            return
+        with self._lock:
+            row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
+                                          dict.fromkeys(PILOT_STATES, 0))
+            row["waiting"] += len(pilots)
 
     # --- the start of an iteration -------------------------------------------------------------
 
@@ -283,6 +290,7 @@ class PilotTracker:
         """Poll what is due, cancel what waited too long, and return the demand trimmed to the
         limits; ``it.limits`` and ``it.pilots`` are set for the submissions and the summary."""
         settings = self.settings
+        self._states = {}
         if not settings["track"]:
             return demand
         registry = self._registry()
@@ -333,7 +341,7 @@ class PilotTracker:
         for request, limit, pilots in cuts:
             director._account(it, request, None, "skipped", pilots, failure_kind=limit)
         it.limits = limits
-        report["states"] = state_counts(counts)
+        report["states"] = self._states = state_counts(counts)
         report["trimmed"] = limits.trimmed
         it.pilots = report
         trimmed = DemandRegistry()

@@ -14,7 +14,8 @@ from directorkit import BACKEND, Collector, TrackingBackend
 
 from gridgate.core.config import load_config
 from gridgate.core.director import Director
-from gridgate.core.pilots_cli import cancel, render_summary
+from gridgate.core.pilots_cli import cancel
+from gridgate.core.report import render_states
 
 
 def site(tmp_path: Path, state: dict) -> Path:
@@ -104,8 +105,8 @@ def test_memory_state_is_refused_with_a_reason(tmp_path, gridgate_exe) -> None:
 
 
 def test_render_summary_has_a_column_per_state() -> None:
-    assert render_summary({}) == "no pilots tracked\n"
-    text = render_summary({"b/e": {"waiting": 2, "done": 1}})
+    assert render_states({}) == "no pilots tracked\n"
+    text = render_states({"b/e": {"waiting": 2, "done": 1}})
     assert text.splitlines()[0].split() == ["ENDPOINT", "waiting", "running", "done", "failed",
                                             "cancelled", "unknown", "lost"]
     assert text.splitlines()[1].split() == ["b/e", "2", "0", "1", "0", "0", "0", "0"]
