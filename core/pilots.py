@@ -12,6 +12,7 @@ transaction per call.
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -211,9 +212,39 @@ CREATE TABLE IF NOT EXISTS pilots (
 CREATE INDEX IF NOT EXISTS pilots_by_state ON pilots (backend, endpoint, state);
 CREATE INDEX IF NOT EXISTS pilots_finished ON pilots (backend, endpoint, terminal, changed);
 CREATE INDEX IF NOT EXISTS pilots_age ON pilots (terminal, changed);
+CREATE TABLE IF NOT EXISTS pilot_counts (
+    backend TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    state TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    PRIMARY KEY (backend, endpoint, state)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS pilots_counted_in AFTER INSERT ON pilots BEGIN
+    INSERT INTO pilot_counts VALUES (NEW.backend, NEW.endpoint, NEW.state, 1)
+        ON CONFLICT (backend, endpoint, state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS pilots_counted_out AFTER DELETE ON pilots BEGIN
+    UPDATE pilot_counts SET n = n - 1
+        WHERE backend = OLD.backend AND endpoint = OLD.endpoint AND state = OLD.state;
+END;
+CREATE TRIGGER IF NOT EXISTS pilots_counted_moved AFTER UPDATE OF state ON pilots
+    WHEN OLD.state <> NEW.state BEGIN
+    UPDATE pilot_counts SET n = n - 1
+        WHERE backend = OLD.backend AND endpoint = OLD.endpoint AND state = OLD.state;
+    INSERT INTO pilot_counts VALUES (NEW.backend, NEW.endpoint, NEW.state, 1)
+        ON CONFLICT (backend, endpoint, state) DO UPDATE SET n = n + 1;
+END
 """
 _COLUMNS = "job_id, backend, endpoint, grp, submitted, state, changed, native, reason"
-_UPSERT = f"INSERT OR REPLACE INTO pilots ({_COLUMNS}, terminal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# An upsert, not INSERT OR REPLACE: a replace deletes without firing the delete trigger, so the
+# counts kept by the triggers would drift.
+_UPSERT = f"""
+INSERT INTO pilots ({_COLUMNS}, terminal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (backend, endpoint, job_id) DO UPDATE SET
+    grp = excluded.grp, submitted = excluded.submitted, state = excluded.state,
+    changed = excluded.changed, native = excluded.native, reason = excluded.reason,
+    terminal = excluded.terminal
+"""
 
 
 def _row(pilot: Pilot) -> tuple[Any, ...]:
@@ -227,12 +258,14 @@ def _pilot(row: Sequence[Any]) -> Pilot:
 
 class SqlitePilots(PilotRegistry):
     """The ``pilots`` table of a :class:`~gridgate.core.state.SqliteState` file, on its
-    connection and lock (so its errors are the store's :class:`StateError`)."""
+    connection and lock (so its errors are the store's :class:`StateError`). Triggers keep
+    ``pilot_counts`` (pilots per backend, endpoint and state) in step with every write, so the
+    counts the director reads at each iteration cost one small table, not a scan."""
 
     def __init__(self, store: SqliteState) -> None:
         self.store = store
         with store.transaction("create the pilots table") as conn:
-            for statement in filter(str.strip, _SCHEMA.split(";")):
+            for statement in _statements(_SCHEMA):
                 conn.execute(statement)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
@@ -252,8 +285,7 @@ class SqlitePilots(PilotRegistry):
         return sorted((_pilot(r) for r in rows), key=_order)
 
     def counts(self) -> Counts:
-        rows = self._read("SELECT backend, endpoint, state, COUNT(*) FROM pilots "
-                          "GROUP BY backend, endpoint, state")
+        rows = self._read("SELECT backend, endpoint, state, n FROM pilot_counts WHERE n > 0")
         return {(b, e, s): n for b, e, s, n in rows}
 
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
@@ -289,6 +321,19 @@ class SqlitePilots(PilotRegistry):
         with self.store.transaction("prune pilots") as conn:
             return conn.execute("DELETE FROM pilots WHERE terminal = 1 AND changed < ?",
                                 (before,)).rowcount
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of ``script``; a trigger's body (BEGIN ... END) stays whole."""
+    out: list[str] = []
+    current = ""
+    for part in script.split(";"):
+        current += part + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \n;"):
+                out.append(current.strip())
+            current = ""
+    return out
 
 
 def encode(pilot: Pilot) -> str:
