@@ -70,7 +70,10 @@ class Pilot:
         return cls(**{k: data[k] for k in _FIELDS if k in data})
 
     def moved(self, state: str, now: float, native: str = "", reason: str = "") -> Pilot:
-        """This pilot in ``state``; ``changed`` moves only when the state does."""
+        """This pilot in ``state``; ``changed`` moves only when the state does (and the same
+        pilot comes back when nothing changed: most pilots, most polls)."""
+        if state == self.state and native == self.native and reason == self.reason:
+            return self
         changed = self.changed if state == self.state else now
         return replace(self, state=state, changed=changed, native=native, reason=reason)
 
