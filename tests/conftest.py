@@ -92,7 +92,8 @@ def slurm_cluster():
     """
     from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
 
-    cluster = SlurmCluster()
+    # MessageTimeout 4 s instead of 10: a stopped controller costs 3 s per command, not 9.
+    cluster = SlurmCluster(message_timeout=4)
     try:
         cluster.start()
     except ClusterError as exc:

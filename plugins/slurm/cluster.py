@@ -119,17 +119,22 @@ class SlurmCluster:
     ``stop``) must be reachable by other users: munged refuses a socket below a folder that is
     not world-executable, and jobs of ordinary users run from it. ``partitions`` are created on
     the one node; the first is the default. ``extra_conf`` lines are appended to slurm.conf.
+    ``message_timeout`` is slurm.conf's MessageTimeout (Slurm's default 10): a client gives up
+    on a stopped controller after about ``message_timeout - 1`` seconds and on one that does
+    not answer after ``message_timeout``; tests use less to keep the suite short.
     """
 
     def __init__(self, folder: str | os.PathLike[str] | None = None, *,
                  partitions: Sequence[str] = DEFAULT_PARTITIONS,
-                 extra_conf: Sequence[str] = (), start_timeout: float = 60.0) -> None:
+                 extra_conf: Sequence[str] = (), start_timeout: float = 60.0,
+                 message_timeout: int = 10) -> None:
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else None
         self.partitions = tuple(partitions)
         if not self.partitions:
             raise ValueError("a cluster needs at least one partition")
         self.extra_conf = tuple(extra_conf)
+        self.message_timeout = int(message_timeout)
         self.start_timeout = start_timeout
         tag = secrets.token_hex(4)
         self.cluster_name = f"gg{tag}"
@@ -311,6 +316,7 @@ class SlurmCluster:
             # Reject at submission what a partition's limits forbid, as sites usually do.
             "EnforcePartLimits=ALL",
             f"MinJobAge={MIN_JOB_AGE}",
+            f"MessageTimeout={self.message_timeout}",
             "SchedulerType=sched/backfill",
             f"NodeName={self.node_name} NodeHostname=localhost NodeAddr=127.0.0.1 "
             f"CPUs={cpus} RealMemory={memory} State=UNKNOWN",
