@@ -7,8 +7,8 @@ are real executables (``gridgate.core.testing.stand_in_command``) run through th
 status command per partition per poll with every tracked job id in its argv; the test plays
 the scheduler between iterations (2 slots per good partition; on partition ``bad`` every job
 fails as soon as it is scheduled) and rewrites what ``status`` prints, in the
-``squeue -h -o "%i %T %r"`` shape. The same figures on the real Slurm cluster are in
-tests/plugins/slurm/ when that backend is installed (see docs/reliability.md).
+``squeue -h -o "%i %T %r"`` shape. The same checks on the real Slurm cluster are
+tests/plugins/slurm/test_closed_loop_slurm.py; this one is fast and needs no cluster.
 """
 
 from __future__ import annotations
