@@ -254,11 +254,19 @@ class PilotTracker:
     def settings(self) -> PilotSettings:
         return PilotSettings(self.director.config.director.get("pilots") or {})
 
-    def _registry(self) -> PilotRegistry | None:
+    def _registry(self, quiet: bool = False) -> PilotRegistry | None:
+        """The store's registry; None while the store is down (the director runs on its local
+        view then, and every call to the store would wait for it to time out)."""
+        if getattr(self.director.state, "degraded", False):
+            if not quiet:
+                logger.error("state store unavailable: pilots are not polled, limited or tracked "
+                             "this iteration")
+            return None
         try:
             return self.director.state.pilot_registry()
         except StateError as exc:
-            logger.error("pilot registry unavailable, pilots are not tracked this iteration: {}", exc)
+            if not quiet:
+                logger.error("pilot registry unavailable, pilots are not tracked this iteration: {}", exc)
             return None
 
     # --- submissions --------------------------------------------------------------------------
@@ -267,7 +275,7 @@ class PilotTracker:
         """Track the pilots of a successful submission (one per job id)."""
         if not record.job_ids or not self.settings["track"]:
             return
-        registry = self._registry()
+        registry = self._registry(quiet=True)
         if registry is None:
             return
         pilots = [Pilot(job_id=job, backend=record.backend, endpoint=record.endpoint,

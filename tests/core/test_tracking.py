@@ -345,3 +345,59 @@ def test_tracking_off_submits_untracked():
     assert backend.status_calls == [] and states(director) == {}
     assert backend.count("s0", "waiting") == 4
     director.close()
+
+
+def test_a_registry_that_fails_leaves_submission_untrimmed_and_running():
+    from gridgate.core.state import StateError
+
+    class Broken(MemoryState):
+        def pilot_registry(self):
+            raise StateError("redis state at redis://x: cannot read pilots: Connection refused")
+
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=4, clock=clock, state=Broken(clock=clock), max_waiting=1)
+    for _ in range(2):
+        summary = director.run_iteration()
+        assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
+    assert backend.status_calls == []
+    director.close()
+
+
+def test_settings_resolve_endpoint_then_backend_then_director():
+    from gridgate.core.model import Endpoint
+    from gridgate.core.tracking import PilotSettings
+
+    settings = PilotSettings({"max_waiting": 50, "status_interval": 300, "backends": {
+        "slurm": {"max_waiting": 10, "endpoints": {"debug": {"max_waiting": 2}}}}})
+    assert settings.for_endpoint(Endpoint("slurm", "debug"), "max_waiting") == 2
+    assert settings.for_endpoint(Endpoint("slurm", "batch"), "max_waiting") == 10
+    assert settings.for_endpoint(Endpoint("lsf", "short"), "max_waiting") == 50
+    assert settings.for_backend("slurm", "status_interval") == 300
+    assert settings.for_backend("slurm", "max_total") is None
+    assert settings["abort_window"] == 20 and settings["lost_after"] == 3600
+
+
+def test_a_store_that_is_down_is_not_asked_for_pilots_at_all():
+    from gridgate.core.state import StateError
+
+    asked = []
+
+    class Down(MemoryState):
+        def _fail(self, *args, **kw):
+            asked.append("kv")
+            raise StateError("redis state: cannot read: Connection refused")
+
+        add_if_absent = set = get = delete = items = ttl = append_record = records = _fail
+
+        def pilot_registry(self):
+            asked.append("pilots")
+            raise StateError("redis state: cannot read pilots: Connection refused")
+
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=3, clock=clock, state=Down(clock=clock))
+    summary = director.run_iteration()
+    assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 3
+    assert director.state.degraded and "pilots" not in asked
+    director.close()
