@@ -145,7 +145,8 @@ class Limits:
     """Room left this iteration under ``max_waiting`` (per endpoint) and ``max_total`` (per
     backend), shared by the submission threads: each submission reserves what it takes."""
 
-    def __init__(self, settings: PilotSettings, counts: Counts, infos: Mapping[str, BackendInfo]) -> None:
+    def __init__(self, settings: PilotSettings, counts: Counts, infos: Mapping[str, BackendInfo],
+                 blind: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self.endpoint_room: dict[str, int | None] = {}
         self.backend_room: dict[str, int | None] = {}
@@ -159,6 +160,10 @@ class Limits:
             if state not in ("done", "failed", "cancelled", "lost"):
                 active[backend] = active.get(backend, 0) + n
         for backend, info in infos.items():
+            if backend in blind:  # it cannot say when pilots start: a limit would only block
+                self.backend_room[backend] = None
+                self.endpoint_room.update((e.key, None) for e in info.endpoints)
+                continue
             total = settings.for_backend(backend, "max_total")
             self.backend_room[backend] = None if total is None else max(0, total - active.get(backend, 0))
             for endpoint in info.endpoints:
@@ -247,6 +252,8 @@ class PilotTracker:
         self._lock = threading.Lock()
         #: this iteration's pilots by endpoint and state, kept current as submissions succeed
         self._states: dict[str, dict[str, int]] = {}
+        #: backends that answered no status query (no gridgate_job_status): no limits for them
+        self._blind: set[str] = set()
 
     # --- settings and the registry ----------------------------------------------------------
 
@@ -343,7 +350,7 @@ class PilotTracker:
             logger.error("pilot registry failed, demand is not trimmed this iteration: {}", exc)
             it.pilots = report
             return demand
-        limits = Limits(settings, counts, infos)
+        limits = Limits(settings, counts, infos, self._blind)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         kept, cuts = limits.trim(demand.requests, usable)
         for request, limit, pilots in cuts:
@@ -402,6 +409,12 @@ class PilotTracker:
         with self._lock:
             self._last_poll[endpoint.key] = now
         if result is None:
+            with self._lock:
+                first = endpoint.backend not in self._blind
+                self._blind.add(endpoint.backend)
+            if first:
+                logger.warning("backend {} reports no pilot states: its pilots stay as submitted, "
+                               "and max_waiting / max_total are not applied to it", endpoint.backend)
             return _Poll(endpoint, len(ids), "unsupported", active=active)
         if not result.ok:
             failed = SubmitResult(endpoint=endpoint, ok=False, command=result.command,

@@ -401,3 +401,18 @@ def test_a_store_that_is_down_is_not_asked_for_pilots_at_all():
     assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 3
     assert director.state.degraded and "pilots" not in asked
     director.close()
+
+
+def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
+    from directorkit import ScriptedBackend
+
+    backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})  # no gridgate_job_status
+    director = make(backend, pilots=4, max_waiting=1)
+    first = director.run_iteration()
+    assert sum(r.pilots for r in first.records if r.outcome == "submitted") == 2  # limit, blind yet
+    for _ in range(2):
+        summary = director.run_iteration()
+        assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
+        assert [p["outcome"] for p in summary.pilots["polls"]] == ["unsupported"] * 2
+    assert states(director) == {"waiting": 10}
+    director.close()
