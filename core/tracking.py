@@ -190,7 +190,9 @@ class Limits:
                 continue
             if backend not in left:
                 rooms = [self.endpoint_room.get(e.key) for e in usable.get(backend, ())]
-                per_endpoint = math.inf if any(r is None for r in rooms) else float(sum(rooms))  # type: ignore[arg-type]
+                # no server in rotation: not a limit's doing (the director reports no_endpoint)
+                unlimited = not rooms or any(r is None for r in rooms)
+                per_endpoint = math.inf if unlimited else float(sum(rooms))  # type: ignore[arg-type]
                 total = self.backend_room[backend]
                 left[backend] = (per_endpoint, math.inf if total is None else float(total))
             per_endpoint, total = left[backend]

@@ -416,3 +416,13 @@ def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
         assert [p["outcome"] for p in summary.pilots["polls"]] == ["unsupported"] * 2
     assert states(director) == {"waiting": 10}
     director.close()
+
+
+def test_demand_with_every_server_out_of_rotation_is_not_counted_as_trimmed():
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=3, max_waiting=5)
+    director.state.set(FAILING + f"{BACKEND}/s0", "{}", ttl=600)
+    summary = director.run_iteration()
+    assert json.loads(summary_json(summary))["pilots"]["trimmed"] == {}
+    assert {r.failure_kind for r in summary.records} == {"no_endpoint"}
+    director.close()
