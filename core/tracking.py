@@ -305,7 +305,17 @@ class PilotTracker:
 
     def prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
         """Poll what is due, cancel what waited too long, and return the demand trimmed to the
-        limits; ``it.limits`` and ``it.pilots`` are set for the submissions and the summary."""
+        limits; ``it.limits`` and ``it.pilots`` are set for the submissions and the summary.
+        A bug here (or in a plugin it calls) costs the tracking of one iteration, never the
+        iteration: the demand then goes out untrimmed."""
+        try:
+            return self._prepare(demand, it)
+        except Exception as exc:
+            logger.opt(exception=exc).error("pilot tracking failed; this iteration's demand is not trimmed")
+            it.limits = None
+            return demand
+
+    def _prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
         settings = self.settings
         self._states = {}
         if not settings["track"]:

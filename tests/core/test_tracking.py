@@ -426,3 +426,29 @@ def test_demand_with_every_server_out_of_rotation_is_not_counted_as_trimmed():
     assert json.loads(summary_json(summary))["pilots"]["trimmed"] == {}
     assert {r.failure_kind for r in summary.records} == {"no_endpoint"}
     director.close()
+
+
+def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
+    from gridgate.core import hookimpl as impl
+
+    class Crashes:
+        @impl(tryfirst=True)
+        def gridgate_job_status(self, endpoint, job_ids, timeout):
+            raise RuntimeError("bug in a plugin")
+
+
+    crashes = Crashes()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, crashes, pilots=2, max_waiting=5)
+    director.run_iteration()
+    summary = director.run_iteration()
+    assert [p["outcome"] for p in summary.pilots["polls"]] == ["plugin_error"]
+    assert states(director) == {"waiting": 4}
+    def bug(*args):
+        raise KeyError("a bug in the tracker itself")
+
+    director.tracker._poll = bug  # the iteration still submits, untrimmed
+    after = director.run_iteration()
+    assert sum(r.pilots for r in after.records if r.outcome == "submitted") == 2
+    assert after.pilots == {}
+    director.close()
