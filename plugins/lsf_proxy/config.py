@@ -59,6 +59,7 @@ _CATEGORY_LIMITS: dict[str, Any] = {
 
 _RATE_LIMIT: dict[str, Any] = {
     "type": "object",
+    "description": "One category's bucket per user; every key has Slurm's default.",
     "properties": {
         "enable": {"type": "boolean", "default": True,
                    "description": "rl_enable: false keeps the entry but switches it off."},
