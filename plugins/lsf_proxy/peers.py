@@ -251,7 +251,10 @@ class Heartbeat:
         return BeatResult(name, reply=host.reply)
 
     def _settle(self, state: ServiceState | None) -> None:
-        adopted = state is not None and self.view.offer(state)
+        old = dict(self.view.service.enabled)
+        # a later stamp with the same categories (the same command run on every daemon) is
+        # taken quietly: nothing changes here
+        adopted = state is not None and self.view.offer(state) and old != dict(state.enabled)
         before, after = self.last_live, self.view.live()
         self.last_live = after
         if after != before:
