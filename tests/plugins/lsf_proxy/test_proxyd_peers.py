@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import signal
+import socket
 import subprocess
 import sys
 
@@ -258,3 +259,33 @@ def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockd
         "  QUERY:ENABLED", "  SUBMISSION:ENABLED", "  OTHER:ENABLED"]
     text = cli("status", "-c", str(a.config)).stdout
     assert text.count("  QUERY: ENABLED") == 2
+
+
+def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
+    """Daemons on two hosts talk TCP: the heartbeat is signed with the shared key like any
+    admin command, and the split follows it."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    key = sockdir / "key"
+    key.write_text("s3cret\n")
+    hosts = [{"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
+             {"name": "pb", "address": f"127.0.0.1:{ports[1]}"}]
+    common = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.2,
+              "key": {"file": str(key)}}
+
+    def start(name, port):
+        return start_daemon({**common, "tcp": f"127.0.0.1:{port}"}, name=name)
+
+    a, b = start("pa", ports[0]), start("pb", ports[1])
+    limit = lambda d: status(d.socket)["categories"]["query"]["token_limit"]  # noqa: E731
+    assert until(lambda: all(status(d.socket)["peers"]["peers"][o]["heard_ago"] is not None
+                             for d, o in ((a, "pb"), (b, "pa"))), 20)
+    assert (limit(a), limit(b)) == (4, 4)
+    a.stop(signal.SIGKILL)
+    assert until(lambda: limit(b) == 8, 20), status(b.socket)
+    a = start("pa", ports[0])
+    assert until(lambda: limit(a) == 4 and limit(b) == 4, 20)
+    assert "heartbeat to pa refused" not in b.log()  # a forbidden or unsigned heartbeat
