@@ -289,3 +289,48 @@ def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
     a = start("pa", ports[0])
     assert until(lambda: limit(a) == 4 and limit(b) == 4, 20)
     assert "heartbeat to pa refused" not in b.log()  # a forbidden or unsigned heartbeat
+
+
+def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_daemon, sockdir):
+    """The bound of docs/proxyd.md reached, not passed: the survivor holds 8 when the other
+    daemon rejoins and takes 4, so 12 = max + max/2 are out; neither grants beyond that, and
+    the survivor grants again only once its use is under its new share."""
+    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
+             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.2,
+               "socket": ""}
+    a = start_daemon(section, name="pa", config_name="site.yaml")
+    b = start_daemon(section, name="pb", config_name="site.yaml")
+    query = lambda d: status(d.socket)["categories"]["query"]  # noqa: E731
+    a.stop(signal.SIGKILL)
+    assert until(lambda: query(b)["token_limit"] == 8, 20)
+
+    def hold(daemon, count):
+        proc = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", HOLD, daemon.socket, str(count)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+        procs.append(proc)
+        return proc
+
+    procs: list[subprocess.Popen] = []
+    try:
+        assert hold(b, 8).stdout.readline().strip() == json.dumps([False] * 8)
+        a = start_daemon(section, name="pa", config_name="site.yaml")
+        assert until(lambda: query(b)["token_limit"] == 4, 20)
+        assert hold(a, 4).stdout.readline().strip() == json.dumps([False] * 4)
+        assert query(a)["in_use"] + query(b)["in_use"] == 12
+        # one more on each: both wait (pa is at its share, pb above it)
+        hold(a, 1)
+        waiting_b = hold(b, 1)
+        assert until(lambda: query(a)["queued"] == 1 and query(b)["queued"] == 1, 20)
+        assert query(a)["in_use"] + query(b)["in_use"] == 12
+        procs[0].stdin.close()  # the 8 on pb come back; its waiter is served under 4
+        assert waiting_b.stdout.readline().strip() == json.dumps([False])
+        assert query(b)["in_use"] == 1
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(20)
+            proc.stdout.close()
+            if not proc.stdin.closed:
+                proc.stdin.close()
