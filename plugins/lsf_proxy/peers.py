@@ -203,8 +203,11 @@ class Heartbeat:
     def active(self) -> bool:
         return bool(self.addresses)
 
-    def payload(self) -> dict[str, Any]:
-        return {"from": self.name, "service": self.view.service.to_json()}
+    def payload(self, leaving: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"from": self.name, "service": self.view.service.to_json()}
+        if leaving:
+            out["leaving"] = True
+        return out
 
     # -- answering a peer's heartbeat (the ``heartbeat`` admin op)
 
@@ -219,6 +222,9 @@ class Heartbeat:
                              "proxyd.hosts")
         state = ServiceState.from_json(message.get("service"))
         self.view.heard(sender)
+        if message.get("leaving") is True:
+            # a clean stop says so: its share is free now, not at our next heartbeat
+            self.view.failed(sender, refused=True)
         self._settle(state)
         return {"name": self.name, **self.payload(), "live": self.view.live()}
 
@@ -292,18 +298,25 @@ class Heartbeat:
         self._settle(newest)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Send a round of heartbeats at once, then every interval, until ``stop`` is set;
-        also re-checks liveness in between, so a silent peer is dropped on time."""
-        loop = asyncio.get_running_loop()
+        """Send a round of heartbeats at once, then every interval, until ``stop`` is set,
+        then a last one saying this daemon leaves."""
         while not stop.is_set():
             if self.active:
-                payload = self.payload()
-                beats = [loop.run_in_executor(None, self._beat, name, payload)
-                         for name in sorted(self.addresses)]
-                results = await asyncio.gather(*beats, return_exceptions=True)
-                self.take(r for r in results if isinstance(r, BeatResult))
-                for r in results:
-                    if isinstance(r, BaseException):
-                        logger.error("heartbeat failed: {}: {}", type(r).__name__, r)
+                self.take(await self._round(self.payload()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.view.interval)
+        if self.active:
+            # stopping: tell the others, so that they take the whole limit at once
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._round(self.payload(leaving=True)), 3)
+
+    async def _round(self, payload: Mapping[str, Any]) -> list[BeatResult]:
+        """One heartbeat to every other daemon at once (each in a worker thread)."""
+        loop = asyncio.get_running_loop()
+        beats = [loop.run_in_executor(None, self._beat, name, payload)
+                 for name in sorted(self.addresses)]
+        results = await asyncio.gather(*beats, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                logger.error("heartbeat failed: {}: {}", type(r).__name__, r)
+        return [r for r in results if isinstance(r, BeatResult)]

@@ -145,6 +145,8 @@ def test_heartbeat_answer_and_round_report_changes():
     assert len(changes) == 3
     beat.take([BeatResult("pb", reply={"ok": True, "service": state.to_json()})])
     assert len(changes) == 3  # nothing new
+    beat.answer({"from": "pb", "service": state.to_json(), "leaving": True})
+    assert beat.last_live == ["pa"] and changes[-1] is None  # a clean stop frees its share now
 
 
 # --- over-grant while views differ ----------------------------------------------------------
@@ -334,3 +336,20 @@ def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_
             proc.stdout.close()
             if not proc.stdin.closed:
                 proc.stdin.close()
+
+
+def test_a_daemon_that_stops_cleanly_frees_its_share_at_once(start_daemon, sockdir):
+    """SIGTERM: the last heartbeat says it leaves, so the survivor does not wait for its own
+    next heartbeat (30 s here) to take the whole limit."""
+    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
+             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 30,
+               "socket": ""}
+    a = start_daemon(section, name="pa", config_name="site.yaml")
+    b = start_daemon(section, name="pb", config_name="site.yaml")
+    assert until(lambda: status(b.socket)["peers"]["peers"]["pa"]["heard_ago"] is not None, 20)
+    assert status(b.socket)["categories"]["query"]["token_limit"] == 4
+    assert a.stop(signal.SIGTERM) == 0
+    # no heartbeat of pb's own is due for 30 s: only pa's farewell can have done this
+    assert status(b.socket)["peers"]["live"] == ["pb"]
+    assert status(b.socket)["categories"]["query"]["token_limit"] == 8
