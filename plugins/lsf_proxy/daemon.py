@@ -241,9 +241,9 @@ class ProxyDaemon:
         #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
         self.peers = Heartbeat(self.name, self.section, clock, self._peers_changed)
         settings = self._settings(self.section)
-        self.policy: TokenPolicy = RateLimitedPolicy(settings, clock=clock,
-                                  sample_period=float(self.section.get("sample_period", 60)),
-                                  blocklist=self._load_blocklist())
+        self.policy = RateLimitedPolicy(settings, clock=clock,
+                                        sample_period=float(self.section.get("sample_period", 60)),
+                                        blocklist=self._load_blocklist())
         self._apply_runtime(self.section)
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
