@@ -751,12 +751,15 @@ class ProxyDaemon:
     def _admin(self, conn: _Conn, op: str, message: Mapping[str, Any], msg_id: Any, user: str,
                host: str) -> None:
         if op == "status":
+            # peers first: a peer that fell silent since the last heartbeat is dropped now,
+            # so the shares shown are the ones in force
+            peers = self.peers.status() if self.peers.active else None
             status = self.policy.status()
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
                           connections=len(self._conns), metrics_port=self.metrics_port)
-            if self.peers.active:
-                status["peers"] = self.peers.view.status()
+            if peers is not None:
+                status["peers"] = peers
             self._reply(conn, msg_id, status=status)
             return
         if op in ("enable", "disable"):

@@ -228,6 +228,13 @@ class Heartbeat:
         self._settle(state)
         return {"name": self.name, **self.payload(), "live": self.view.live()}
 
+    def status(self) -> dict[str, Any]:
+        """The view for ``status``, after dropping peers that fell silent since the last
+        heartbeat (so that the share in force matches it)."""
+        now = self.clock.monotonic()
+        self._settle(None, now)
+        return self.view.status(now)
+
     def service_changed(self, enabled: Mapping[str, bool]) -> None:
         """``enable``/``disable`` was run on this daemon."""
         self.view.local_change(enabled)
@@ -256,12 +263,12 @@ class Heartbeat:
             return BeatResult(name, busy=host.busy, error=host.error)
         return BeatResult(name, reply=host.reply)
 
-    def _settle(self, state: ServiceState | None) -> None:
+    def _settle(self, state: ServiceState | None, now: float | None = None) -> None:
         old = dict(self.view.service.enabled)
         # a later stamp with the same categories (the same command run on every daemon) is
         # taken quietly: nothing changes here
         adopted = state is not None and self.view.offer(state) and old != dict(state.enabled)
-        before, after = self.last_live, self.view.live()
+        before, after = self.last_live, self.view.live(now=now)
         self.last_live = after
         if after != before:
             logger.info("lsfproxyd {}: live daemons now {} (were {})", self.name,
@@ -298,13 +305,40 @@ class Heartbeat:
         self._settle(newest)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Send a round of heartbeats at once, then every interval, until ``stop`` is set,
-        then a last one saying this daemon leaves."""
-        while not stop.is_set():
-            if self.active:
-                self.take(await self._round(self.payload()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.view.interval)
+        """Heartbeat every other daemon at once, then every interval, until ``stop`` is set,
+        then once more saying this daemon leaves.
+
+        Each peer has its own beat in flight (one that hangs does not delay the others), and
+        liveness is re-checked at least every interval, so a silent peer drops out on time.
+        """
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.ensure_future(stop.wait())
+        beats: dict[str, asyncio.Future[BeatResult]] = {}
+        due: dict[str, float] = {}
+        try:
+            while not stop.is_set():
+                now = loop.time()
+                payload = self.payload()
+                for name in sorted(self.addresses):
+                    if name not in beats and due.get(name, now) <= now:
+                        beats[name] = loop.run_in_executor(None, self._beat, name, payload)
+                        due[name] = now + self.view.interval
+                wake = min([due[n] for n in self.addresses if n not in beats]
+                           + [now + self.view.interval])
+                await asyncio.wait([stopping, *beats.values()], timeout=max(0.0, wake - now),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                results = []
+                for name, beat in list(beats.items()):
+                    if beat.done():
+                        del beats[name]
+                        try:
+                            results.append(beat.result())
+                        except Exception as exc:
+                            logger.error("heartbeat to {} failed: {}: {}", name,
+                                         type(exc).__name__, exc)
+                self.take(results)
+        finally:
+            stopping.cancel()
         if self.active:
             # stopping: tell the others, so that they take the whole limit at once
             with contextlib.suppress(TimeoutError):

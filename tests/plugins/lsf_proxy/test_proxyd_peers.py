@@ -353,3 +353,29 @@ def test_a_daemon_that_stops_cleanly_frees_its_share_at_once(start_daemon, sockd
     # no heartbeat of pb's own is due for 30 s: only pa's farewell can have done this
     assert status(b.socket)["peers"]["live"] == ["pb"]
     assert status(b.socket)["categories"]["query"]["token_limit"] == 8
+
+
+def test_a_hung_daemon_is_left_out_after_three_intervals_and_back_when_it_answers(
+        start_daemon, sockdir):
+    """SIGSTOP: connections still open (the kernel queues them) but nothing answers, so the
+    heartbeats time out; pb drops pa only when it has missed 3 intervals, and takes it back at
+    its first answer after SIGCONT."""
+    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
+             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.3,
+               "socket": ""}
+    a = start_daemon(section, name="pa", config_name="site.yaml")
+    b = start_daemon(section, name="pb", config_name="site.yaml")
+    peer = lambda: status(b.socket)["peers"]["peers"]["pa"]  # noqa: E731
+    assert until(lambda: peer()["heard_ago"] is not None, 20)
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        assert until(lambda: not peer()["live"], 30)
+        # dropped for silence, not for a refusal: it was last heard 3 intervals ago or more
+        assert peer()["heard_ago"] >= 3 * 0.3
+        assert status(b.socket)["categories"]["query"]["token_limit"] == 8
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    assert until(lambda: peer()["live"], 30)
+    assert status(b.socket)["categories"]["query"]["token_limit"] == 4
+    assert status(a.socket)["categories"]["query"]["token_limit"] == 4
