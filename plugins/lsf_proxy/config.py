@@ -132,6 +132,10 @@ SECTION_SCHEMA: dict[str, Any] = {
                                               "of hosts (LSF_PROXYD_HEARTBEAT_INTERVAL); a "
                                               "daemon not heard for 3 intervals, or refusing "
                                               "connections, is left out of the split."},
+        "heartbeat_via": {"enum": ["daemons", "state"], "default": "daemons",
+                          "description": "daemons: heartbeats over the daemons' own sockets; "
+                                         "state: a key with a TTL in the site's state store "
+                                         "(the state: section, e.g. the directors' Redis)."},
         "rate_limit": {
             "type": "object",
             "default": {},

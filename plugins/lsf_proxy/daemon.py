@@ -239,7 +239,11 @@ class ProxyDaemon:
         self._diag: Any = None
         self._diag_path: Path | None = None
         #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
-        self.peers = Heartbeat(self.name, self.section, clock, self._peers_changed)
+        try:
+            self.peers = Heartbeat(self.name, self.section, clock, self._peers_changed,
+                                   self.config_path)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
         settings = self._settings(self.section)
         self.policy = RateLimitedPolicy(settings, clock=clock,
                                         sample_period=float(self.section.get("sample_period", 60)),

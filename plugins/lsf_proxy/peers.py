@@ -2,7 +2,8 @@
 
 The daemons listed in ``proxyd.hosts`` send each other a ``heartbeat`` every
 ``heartbeat_interval`` seconds through the ordinary client (Unix socket or signed TCP, so a
-heartbeat is authenticated like any admin command). There is no consensus protocol: each
+heartbeat is authenticated like any admin command), or, with ``heartbeat_via: state``, keep a
+key with a TTL in the site's shared state store (Redis, where the directors already share one). There is no consensus protocol: each
 daemon sorts the names it believes alive and takes its share of that list
 (:func:`~gridgate.plugins.lsf_proxy.config.split_limits`), so daemons that hear each other
 agree on the split. Tokens already granted are never taken back: a shrunk share only stops new
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +33,8 @@ from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits, split_limits
 
 #: A peer not heard for this many heartbeat intervals is taken for dead.
 MISSES = 3
+#: State-store keys of the daemons' heartbeats (``heartbeat_via: state``), then the name.
+STORE_KEY = "proxyd.heartbeat."
 
 
 @dataclass(frozen=True)
@@ -179,8 +185,13 @@ class Heartbeat:
     """
 
     def __init__(self, name: str, section: Mapping[str, Any], clock: Clock,
-                 on_change: Callable[[Mapping[str, bool] | None], None]) -> None:
+                 on_change: Callable[[Mapping[str, bool] | None], None],
+                 config_path: str | os.PathLike[str] | None = None) -> None:
+        """:raises ValueError: ``heartbeat_via: state`` without a usable state store."""
         self.name = name
+        self.config_path = config_path
+        self.store: Any = None
+        self._pool: ThreadPoolExecutor | None = None
         self.clock = clock
         self.on_change = on_change
         self.view = PeerView(name, (), float(section.get("heartbeat_interval", 30)), clock)
@@ -196,8 +207,24 @@ class Heartbeat:
         hosts = section.get("hosts") or []
         self.addresses = {h["name"]: h["address"] for h in hosts if h["name"] != self.name}
         self.view.set_names(h["name"] for h in hosts)
+        if section.get("heartbeat_via") == "state" and self.addresses and self.store is None:
+            self.store = self._open_store()
         #: the live daemons the daemon's share was last computed from
         self.last_live = self.view.live()
+
+    def _open_store(self) -> Any:
+        from gridgate.core.config import load_config
+        from gridgate.core.director import open_state
+
+        if self.config_path is None:
+            raise ValueError("proxyd.heartbeat_via: state needs the site config (-c FILE) "
+                             "with its state: section")
+        state = load_config(self.config_path).get("state") or {"driver": "sqlite"}
+        if state.get("driver", "sqlite") == "memory":
+            raise ValueError("proxyd.heartbeat_via: state needs a store the daemons share "
+                             "(state.driver redis, or sqlite on one host), not memory")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="proxyd-heartbeat")
+        return open_state({"state": state}, clock=self.clock)
 
     @property
     def active(self) -> bool:
@@ -263,6 +290,32 @@ class Heartbeat:
             return BeatResult(name, busy=host.busy, error=host.error)
         return BeatResult(name, reply=host.reply)
 
+    def _store_round(self, payload: Mapping[str, Any], leaving: bool = False) -> list[BeatResult]:
+        """``heartbeat_via: state``: refresh this daemon's key (TTL: 3 intervals), read the
+        others' (runs in the heartbeat thread)."""
+        try:
+            if leaving:
+                self.store.delete(STORE_KEY + self.name)
+                return []
+            self.store.set(STORE_KEY + self.name, json.dumps(payload), ttl=self.view.timeout)
+            found = dict(self.store.items(STORE_KEY))
+        except Exception as exc:  # StateError, RedisError: the store, not the daemons, failed
+            # no news is not news of death: count the others as alive (the smaller share)
+            return [BeatResult(n, reply={"ok": False, "error": {"message": f"state store: {exc}"}})
+                    for n in sorted(self.addresses)]
+        out = []
+        for name in sorted(self.addresses):
+            value = found.get(STORE_KEY + name)
+            if value is None:
+                out.append(BeatResult(name, error="no heartbeat key in the state store"))
+                continue
+            try:
+                service = json.loads(value).get("service")
+            except (ValueError, AttributeError):
+                service = None
+            out.append(BeatResult(name, reply={"ok": True, "service": service}))
+        return out
+
     def _settle(self, state: ServiceState | None, now: float | None = None) -> None:
         old = dict(self.view.service.enabled)
         # a later stamp with the same categories (the same command run on every daemon) is
@@ -292,7 +345,7 @@ class Heartbeat:
             if not result.reply.get("ok"):
                 if result.name not in self._warned:
                     self._warned.add(result.name)
-                    logger.warning("heartbeat to {} refused: {}", result.name,
+                    logger.warning("heartbeat to {} not accepted: {}", result.name,
                                    (result.reply.get("error") or {}).get("message"))
                 continue
             try:
@@ -311,6 +364,9 @@ class Heartbeat:
         Each peer has its own beat in flight (one that hangs does not delay the others), and
         liveness is re-checked at least every interval, so a silent peer drops out on time.
         """
+        if self.store is not None:
+            await self._run_store(stop)
+            return
         loop = asyncio.get_running_loop()
         stopping = asyncio.ensure_future(stop.wait())
         beats: dict[str, asyncio.Future[BeatResult]] = {}
@@ -343,6 +399,23 @@ class Heartbeat:
             # stopping: tell the others, so that they take the whole limit at once
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._round(self.payload(leaving=True)), 3)
+
+    async def _run_store(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not stop.is_set():
+                self.take(await loop.run_in_executor(self._pool, self._store_round,
+                                                     self.payload()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.view.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(loop.run_in_executor(
+                    self._pool, self._store_round, self.payload(), True), 3)
+        finally:
+            assert self._pool is not None
+            self._pool.shutdown(wait=False)
+            with contextlib.suppress(Exception):
+                self.store.close()
 
     async def _round(self, payload: Mapping[str, Any]) -> list[BeatResult]:
         """One heartbeat to every other daemon at once (each in a worker thread)."""

@@ -290,7 +290,7 @@ def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
     assert until(lambda: limit(b) == 8, 20), status(b.socket)
     a = start("pa", ports[0])
     assert until(lambda: limit(a) == 4 and limit(b) == 4, 20)
-    assert "heartbeat to pa refused" not in b.log()  # a forbidden or unsigned heartbeat
+    assert "heartbeat to pa not accepted" not in b.log()  # a forbidden or unsigned heartbeat
 
 
 def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_daemon, sockdir):
@@ -379,3 +379,101 @@ def test_a_hung_daemon_is_left_out_after_three_intervals_and_back_when_it_answer
     assert until(lambda: peer()["live"], 30)
     assert status(b.socket)["categories"]["query"]["token_limit"] == 4
     assert status(a.socket)["categories"]["query"]["token_limit"] == 4
+
+
+def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):
+    """heartbeat_via: state: each daemon keeps a key with a TTL in the site's Redis (the
+    state: section the directors share); a killed daemon's key runs out, a restarted one's
+    comes back, and the service state travels in the keys too."""
+    import yaml
+    from redis_server import RedisServer
+
+    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
+             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(name):
+        err = open(sockdir / f"{name}.err", "wb")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen([gridgate_exe, "-v", "lsfproxyd", "serve", "-c", str(config),
+                                 "--name", name, "--json"], stdout=subprocess.PIPE, stderr=err,
+                                start_new_session=True)
+        err.close()
+        procs[name] = proc
+        line = proc.stdout.readline()
+        assert line, (sockdir / f"{name}.err").read_text()
+        return json.loads(line)["socket"]
+
+    with RedisServer(tmp_path / "redis") as server:
+        config = sockdir / "site.yaml"
+        config.write_text(yaml.safe_dump({
+            "state": {"driver": "redis", "url": server.url, "prefix": "gg-peers:"},
+            "proxyd": {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]",
+                       "heartbeat_interval": 0.2, "heartbeat_via": "state"}}))
+        try:
+            a, b = start("pa"), start("pb")
+            limit = lambda path: status(path)["categories"]["query"]["token_limit"]  # noqa: E731
+            # pa started alone and took 8 once its grace ran out; pb's key brings it to 4
+            assert until(lambda: (limit(a), limit(b)) == (4, 4), 20)
+            keys = sorted(k.decode() for k in server.client().keys("gg-peers:kv:proxyd.heartbeat.*"))
+            assert keys == ["gg-peers:kv:proxyd.heartbeat.pa", "gg-peers:kv:proxyd.heartbeat.pb"]
+            procs["pa"].send_signal(signal.SIGKILL)
+            procs["pa"].wait(20)
+            assert until(lambda: limit(b) == 8, 20)  # its key ran out (3 intervals)
+            with ProxyClient([Daemon("pb", b)]) as client:
+                client.admin("disable", category="query")
+            a = start("pa")
+            assert until(lambda: limit(a) == 4 and limit(b) == 4, 20)
+            assert until(lambda: not status(a)["categories"]["query"]["enabled"], 20)
+            procs["pa"].send_signal(signal.SIGTERM)  # a clean stop deletes its key at once
+            assert procs["pa"].wait(20) == 0
+            assert server.client().get("gg-peers:kv:proxyd.heartbeat.pa") is None
+            assert until(lambda: limit(b) == 8, 20)
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+                proc.stdout.close()
+
+
+def test_heartbeat_via_state_needs_a_shared_store(gridgate_exe, sockdir):
+    import yaml
+
+    config = sockdir / "site.yaml"
+    config.write_text(yaml.safe_dump({
+        "state": {"driver": "memory"},
+        "proxyd": {"hosts": [{"name": "pa", "address": str(sockdir / "pa.sock")},
+                             {"name": "pb", "address": str(sockdir / "pb.sock")}],
+                   "heartbeat_via": "state"}}))
+    out = subprocess.run([gridgate_exe, "lsfproxyd", "serve", "-c", str(config), "--name", "pa"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "needs a store the daemons share" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_unreachable_state_store_keeps_the_peers_counted():
+    """The store failing is no news of the daemons: they stay counted (the smaller share),
+    where taking their silence for death would let every daemon grant the whole limit."""
+    from gridgate.core.state_redis import RedisState
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clock = FakeClock()
+    section = {"hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}],
+               "heartbeat_interval": 1}
+    beat = Heartbeat("pa", section, clock, lambda _s: None)
+    beat.view.heard("pb")
+    beat.store = RedisState({"url": f"redis://127.0.0.1:{port}/0", "socket_timeout": 1}, clock)
+    for _ in range(5):
+        clock.advance(1)
+        results = beat._store_round(beat.payload())
+        assert [(r.name, r.reply["ok"]) for r in results] == [("pb", False)]
+        assert "state store" in results[0].reply["error"]["message"]
+        beat.take(results)
+    assert beat.last_live == ["pa", "pb"]
