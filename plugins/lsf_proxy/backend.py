@@ -147,8 +147,9 @@ class LsfBackend(Plugin):
                              "description": "The submit command."},
                     "bjobs": {"type": "string", "minLength": 1, "default": "bjobs",
                               "description": "The query command."},
-                    "bkill": {"type": "string", "minLength": 1, "default": "bkill",
-                              "description": "The cancel command."},
+                    "bkill": {"type": ["string", "null"], "minLength": 1, "default": None,
+                              "description": "The cancel command; null: bkill beside bjobs "
+                                             "when that is a path, else on PATH."},
                 },
             },
             "status_format": {"enum": ["custom", "table"], "default": "custom",

@@ -12,6 +12,7 @@ other ids on stdout: that is an answer, and the id is simply left out.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -175,6 +176,13 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
                         operation=OPERATION_STATUS)
 
 
+def bkill_command(backend: Any) -> str:
+    """``commands.bkill``, else ``bkill`` beside a ``bjobs`` given as a path, else on PATH."""
+    configured = (backend.config.get("commands") or {}).get("bkill")
+    folder = os.path.dirname(backend._command("bjobs"))
+    return str(configured or (os.path.join(folder, "bkill") if folder else "bkill"))
+
+
 def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
                   timeout: float) -> CancelResult:
     """``gridgate_cancel`` of the LSF backend: ``bkill`` under ``other`` tokens. Ids being
@@ -193,7 +201,7 @@ def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
     deadline = time.monotonic() + backend._timeout(timeout)
     cancelled: list[str] = []
     last: CommandResult | None = None
-    for argv in argv_chunks([backend._command("bkill")], ids):
+    for argv in argv_chunks([bkill_command(backend)], ids):
         outcome = backend._run(argv, "other", max(deadline - time.monotonic(), 0.001))
         if isinstance(outcome, str):
             return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled), command=last,

@@ -43,7 +43,7 @@ from gridgate.plugins.wms_glite.jdl import (
     quote,
 )
 from gridgate.plugins.wms_glite.parse import is_no_match, parse_ce_ids, parse_job_ids
-from gridgate.plugins.wms_glite.status import cancel_pilots, query_pilots
+from gridgate.plugins.wms_glite.status import cancel_pilots, query_pilots, sibling_commands
 
 __all__ = ["GliteBackend", "build_jdl", "endpoint_for", "DEFAULT_PORT", "DEFAULT_PATH"]
 
@@ -130,12 +130,13 @@ class GliteBackend(Plugin):
                     "list_match": {"type": "string", "minLength": 1,
                                    "default": "glite-wms-job-list-match",
                                    "description": "The list-match command."},
-                    "status": {"type": "string", "minLength": 1,
-                               "default": "glite-wms-job-status",
-                               "description": "The status command (pilot tracking)."},
-                    "cancel": {"type": "string", "minLength": 1,
-                               "default": "glite-wms-job-cancel",
-                               "description": "The cancel command."},
+                    "status": {"type": ["string", "null"], "minLength": 1, "default": None,
+                               "description": "The status command (pilot tracking); null: "
+                                              "glite-wms-job-status beside the submit "
+                                              "command when that is a path, else on PATH."},
+                    "cancel": {"type": ["string", "null"], "minLength": 1, "default": None,
+                               "description": "The cancel command; null: "
+                                              "glite-wms-job-cancel, found like status."},
                 },
                 "default": {},
                 "additionalProperties": False,
@@ -279,9 +280,11 @@ class GliteBackend(Plugin):
         return int(director.get("max_output_bytes") or DEFAULT_MAX_OUTPUT)
 
     def _commands(self) -> Mapping[str, str]:
-        return {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
-                "status": "glite-wms-job-status", "cancel": "glite-wms-job-cancel",
-                **(self.config.get("commands") or {})}
+        configured = {k: v for k, v in (self.config.get("commands") or {}).items() if v}
+        commands = {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
+                    **configured}
+        commands.update(sibling_commands(commands["submit"], configured))
+        return commands
 
     def argv(self, operation: str, endpoint: Endpoint, jdl_path: str) -> list[str]:
         """The argv of one call (no shell ever sees it)."""

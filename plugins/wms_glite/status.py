@@ -336,6 +336,18 @@ def write_id_file(job_ids: Iterable[str], work_dir: str | None) -> str:
 
 # --- the backend's hooks ----------------------------------------------------------------------------
 
+#: The tracking commands and their names; the gLite UI installs them beside the submit command.
+TRACKING_COMMANDS = {"status": "glite-wms-job-status", "cancel": "glite-wms-job-cancel"}
+
+
+def sibling_commands(submit: str, configured: Mapping[str, str]) -> dict[str, str]:
+    """The tracking commands not configured: beside ``submit`` when it is a path (a UI in
+    ``$GLITE_LOCATION/bin``), else their names, looked up on PATH."""
+    folder = os.path.dirname(submit)
+    return {key: configured.get(key) or (os.path.join(folder, name) if folder else name)
+            for key, name in TRACKING_COMMANDS.items()}
+
+
 
 def _base_argv(backend: Any, which: str) -> list[str]:
     argv = [backend._commands()[which], "--noint"]

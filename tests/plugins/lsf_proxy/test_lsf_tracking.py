@@ -92,7 +92,7 @@ def site(tmp_path: Path):
 
     def backend(**section) -> LsfBackend:
         section = {"queues": ["normal", "broken"], "tokens": False,
-                   "commands": {n: str(bin_dir / n) for n in ("bsub", "bjobs", "bkill")},
+                   "commands": {n: str(bin_dir / n) for n in ("bsub", "bjobs")},  # bkill: beside
                    "env": {"GRIDGATE_LSF_SCENARIO": str(path)}, **section}
         return LsfBackend(section_for(LsfBackend, section), PluginContext())
 
@@ -229,3 +229,14 @@ def test_bad_ids_and_other_backends(site) -> None:
     assert backend.gridgate_job_status(endpoint=other, job_ids=["1"], timeout=5) is None
     assert backend.gridgate_cancel(endpoint=other, job_ids=["1"], timeout=5) is None
     assert backend.gridgate_job_status(endpoint=NORMAL, job_ids=[], timeout=5).commands == 0
+
+
+def test_bkill_is_found_beside_bjobs_unless_configured() -> None:
+    from gridgate.plugins.lsf_proxy.tracking import bkill_command
+
+    def backend(commands: dict) -> LsfBackend:
+        return LsfBackend(section_for(LsfBackend, {"queues": ["q"], "commands": commands}), PluginContext())
+
+    assert bkill_command(backend({"bjobs": "/opt/lsf/bin/bjobs"})) == "/opt/lsf/bin/bkill"
+    assert bkill_command(backend({})) == "bkill"
+    assert bkill_command(backend({"bjobs": "/x/bjobs", "bkill": "/y/bkill"})) == "/y/bkill"

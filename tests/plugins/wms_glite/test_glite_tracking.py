@@ -207,3 +207,12 @@ def test_other_backends_are_not_answered(tracked: Any) -> None:
     assert pm.hook.gridgate_cancel(endpoint=other, job_ids=["1"], timeout=5) is None
     empty = status(pm, H1, [])
     assert empty.ok and empty.commands == 0
+
+
+def test_tracking_commands_are_found_beside_a_submit_path_unless_configured(make_backend: Any) -> None:
+    _, backend = make_backend(hosts={H1: {}}, commands={"submit": "/opt/glite/bin/glite-wms-job-submit"})
+    assert backend._commands()["status"] == "/opt/glite/bin/glite-wms-job-status"
+    assert backend._commands()["cancel"] == "/opt/glite/bin/glite-wms-job-cancel"
+    _, named = make_backend(hosts={H1: {}}, commands={"status": "/usr/local/bin/my-status"})
+    assert named._commands()["status"] == "/usr/local/bin/my-status"
+    assert named._commands()["cancel"] == "glite-wms-job-cancel"  # submit is a name: PATH
