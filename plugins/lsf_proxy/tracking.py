@@ -164,6 +164,10 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
             return StatusResult(endpoint, ok=False, commands=commands, command=last,
                                 operation=OPERATION_STATUS, message=outcome)
         last = outcome
+        if outcome.stdout_truncated:  # ids past the cut would look unknown, then lost
+            return StatusResult(endpoint, ok=False, commands=commands, command=outcome,
+                                operation=OPERATION_STATUS,
+                                message="bjobs output passed director.max_output_bytes and was cut")
         missing = NOT_FOUND_RE.findall(outcome.stderr)
         answered = outcome.ok or (outcome.returncode == 255 and bool(missing)
                                   and not _daemon_trouble(module, outcome))

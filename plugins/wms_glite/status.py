@@ -211,6 +211,10 @@ def status_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResu
 
     if command.launch_error is not None or command.timed_out:
         return failed(command.describe())
+    if command.stdout_truncated:
+        # The ids past the cut would look unknown (and become lost): no answer is safer.
+        return failed("the status output passed director.max_output_bytes and was cut; "
+                      "raise it for this many pilots")
     parsed = parse_status(command.stdout, command.stderr)
     statuses = {}
     for job_id, block in parsed.blocks.items():

@@ -90,11 +90,11 @@ def site(tmp_path: Path):
         write_scenario(path, {"state_dir": str(tmp_path / "lsf"), "clock_file": str(clock),
                               "calls_log": str(calls), **data})
 
-    def backend(**section) -> LsfBackend:
+    def backend(context: PluginContext | None = None, **section) -> LsfBackend:
         section = {"queues": ["normal", "broken"], "tokens": False,
                    "commands": {n: str(bin_dir / n) for n in ("bsub", "bjobs")},  # bkill: beside
                    "env": {"GRIDGATE_LSF_SCENARIO": str(path)}, **section}
-        return LsfBackend(section_for(LsfBackend, section), PluginContext())
+        return LsfBackend(section_for(LsfBackend, section), context or PluginContext())
 
     def bjobs_calls() -> list[dict]:
         if not calls.exists():
@@ -191,6 +191,15 @@ def test_a_long_id_list_is_split_only_as_the_argv_requires(site, monkeypatch) ->
     result = backend.gridgate_job_status(endpoint=NORMAL, job_ids=ids, timeout=20)
     assert result.ok and result.commands == 2 and set(result.statuses) == set(ids)
     assert [c["ids"] for c in bjobs_calls()] == [2, 1]
+
+
+def test_output_cut_at_the_size_limit_is_no_answer(site) -> None:
+    make, *_ = site
+    ids = [submit(make(), NORMAL) for _ in range(4)]
+    backend = make(PluginContext(config={"director": {"max_output_bytes": 30}}))
+    # 4 rows of 17 bytes, cut at 30
+    result = backend.gridgate_job_status(endpoint=NORMAL, job_ids=ids, timeout=20)
+    assert not result.ok and "max_output_bytes" in result.message
 
 
 def test_bkill_terminates_live_jobs_and_finished_ones_count_as_done_with(site) -> None:

@@ -194,6 +194,12 @@ def test_timeouts_launch_errors_other_codes_and_junk_are_failed_queries() -> Non
     assert not status_result(EP, [DONE_ID], cmd("", "bad option", 1)).ok
 
 
+def test_output_cut_at_the_size_limit_is_no_answer() -> None:
+    # the ids past the cut would otherwise look unknown to the server, then lost
+    result = status_result(EP, [DONE_ID, RUNNING_ID], cmd(STATUS2[:700], stdout_truncated=True))
+    assert not result.ok and "max_output_bytes" in result.message
+
+
 def test_a_block_cut_short_before_its_state_is_not_reported() -> None:
     cut = STATUS1.split("Current Status")[0]
     assert parse_status(cut).blocks == {}
