@@ -10,8 +10,8 @@ submission was not made (the accounting records' outcome and failure kind) and s
   ``failing_expiry`` while it lasts (the rhythm of a server that stays broken);
 - one ``info`` "submitting again" when an iteration submits again, if the error was sent.
 
-An iteration with no demand (or whose every demand group is filled by another director)
-neither counts nor ends a stall. The episode lives in the state store under
+An iteration with no demand (or whose every demand group is filled by another director, or
+trimmed because enough pilots already wait) neither counts nor ends a stall. The episode lives in the state store under
 ``stall/<host>:<config file>``, so a restarted director carries on counting (no second error
 for the same stall, the "submitting again" notice after a restart), and each message is sent
 once even when two directors with the same host and config share the store. The episode
@@ -33,6 +33,9 @@ from gridgate.core.model import AccountingRecord, IterationInfo, Notification, e
 from gridgate.core.state import StateError, StateStore
 
 STALL = "stall/"
+#: Skips that are not a failure to submit: the group is another director's, or enough pilots
+#: already wait (the pilot limits of the registry trimmed the demand).
+NOT_ASKED = frozenset({"claimed_elsewhere", "max_waiting", "max_total"})
 STALL_NOTE = "stall-note/"
 
 #: What an outcome/kind pair usually means, for the operator reading the error.
@@ -68,7 +71,7 @@ class StallWatch:
                 director: Mapping[str, Any]) -> list[Notification]:
         """Account one finished iteration; returns the notifications to send (already
         claimed in the store, so the caller just sends them)."""
-        asked = [r for r in records if r.failure_kind != "claimed_elsewhere"]
+        asked = [r for r in records if r.failure_kind not in NOT_ASKED]
         if not asked:
             return []
         try:

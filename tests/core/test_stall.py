@@ -152,3 +152,19 @@ def test_the_count_survives_a_restart_and_two_directors_send_one_error() -> None
     assert [n.level for n in stall_notes(collector)] == ["error", "info"]
     third.close()
     twin.close()
+
+
+def test_demand_trimmed_because_enough_pilots_wait_is_not_a_stall() -> None:
+    from gridgate.core.model import AccountingRecord, IterationInfo
+    from gridgate.core.stall import StallWatch
+
+    clock = FakeClock()
+    watch = StallWatch(MemoryState(clock=clock), clock, "host:site.yaml")
+    director = {"failing_expiry": 600, "ticket_expiry": 1800, "stall_iterations": 1}
+    full = [AccountingRecord(time=0, backend=BACKEND, endpoint="", outcome="skipped", pilots=4,
+                             failure_kind=kind) for kind in ("max_waiting", "max_total", "claimed_elsewhere")]
+    for number in range(1, 6):
+        assert watch.observe(IterationInfo(number, clock.time()), full, director) == []
+    refused = [AccountingRecord(time=0, backend=BACKEND, endpoint="s0", outcome="refused", pilots=4,
+                                failure_kind="admission")]
+    assert [n.level for n in watch.observe(IterationInfo(6, clock.time()), refused, director)] == ["error"]
