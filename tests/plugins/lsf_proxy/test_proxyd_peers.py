@@ -408,7 +408,8 @@ def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):
         config.write_text(yaml.safe_dump({
             "state": {"driver": "redis", "url": server.url, "prefix": "gg-peers:"},
             "proxyd": {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]",
-                       "heartbeat_interval": 0.2, "heartbeat_via": "state"}}))
+                       # 1 s: keys live 3 s, long enough on a loaded machine
+                       "heartbeat_interval": 1.0, "heartbeat_via": "state"}}))
         try:
             a, b = start("pa"), start("pb")
             limit = lambda path: status(path)["categories"]["query"]["token_limit"]  # noqa: E731
