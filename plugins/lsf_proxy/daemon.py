@@ -353,7 +353,7 @@ class ProxyDaemon:
         config = load_config(self.config_path)
         section = dict(config.get("proxyd") or section_defaults())
         settings = self._settings(section)
-        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address"):
+        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address", "heartbeat_via"):
             if section.get(key) != self.section.get(key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
         self.section = section
