@@ -92,8 +92,9 @@ def slurm_cluster():
     """
     from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
 
-    # MessageTimeout 4 s instead of 10: a stopped controller costs 3 s per command, not 9.
-    cluster = SlurmCluster(message_timeout=4)
+    # Slurm's default MessageTimeout (10 s): shorter ones made a loaded machine's slow answers
+    # look like a hung controller.
+    cluster = SlurmCluster()
     try:
         cluster.start()
     except ClusterError as exc:
@@ -106,10 +107,9 @@ def slurm_cluster():
 
 @pytest.fixture
 def slurm(slurm_cluster):
-    """The session's cluster, healthy: controller running, partitions UP, no job left."""
+    """The session's cluster, healthy: daemons running, partitions UP, no job left."""
     slurm_cluster.resume_controller()
-    if slurm_cluster.controller_pid is None:
-        slurm_cluster.start_controller()
+    slurm_cluster.ensure_running()
     for partition in slurm_cluster.partitions:
         slurm_cluster.set_partition_state(partition, "UP")
     slurm_cluster.cancel_all()
