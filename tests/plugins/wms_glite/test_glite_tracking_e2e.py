@@ -130,3 +130,48 @@ def test_an_alarm_when_the_aborting_persists_after_the_failing_cache(world, call
     assert f"wms_glite/{ABORTS}" in again.excluded
     assert collector.levels() == ["error", "alarm"]
     assert collector.notes[-1].endpoint.name == ABORTS
+
+
+def test_separate_processes_restart_summary_and_cancel(tmp_path, sim_bin, scenario, gridgate_exe) -> None:
+    """`gridgate run --once` twice (a restart between: the second process polls the pilots the
+    first submitted), then `gridgate pilots summary` and `gridgate pilots cancel` from others."""
+    import json
+    import subprocess
+
+    import yaml
+
+    clock_file = tmp_path / "simclock"
+    set_clock(clock_file, T0)
+    path = scenario(hosts={GOOD: {"pilots": {"outcome": "done", "running": 1000}},
+                           ABORTS: {"pilots": {"outcome": "aborted"}}}, clock_file=str(clock_file))
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({
+        "director": {"cycle_seconds": 0.1, "max_threads": 4, "command_timeout": 20,
+                     "state_dir": str(tmp_path / "state")},
+        "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
+        "backends": {"wms_glite": {"servers": [GOOD, ABORTS], "list_match": False,
+                                   "commands": {"submit": str(sim_bin / "glite-wms-job-submit")},
+                                   "env": {"GRIDGATE_SIM_SCENARIO": str(path)}}},
+        "demand": {"static": {"wms_glite": 4}},
+        "selectors": {"round_robin": {}},
+    }), encoding="utf-8")
+
+    def gridgate(*args: str) -> Any:
+        proc = subprocess.run([gridgate_exe, *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1] if args[0] == "run" else proc.stdout)
+
+    first = gridgate("run", "-c", str(site), "--once", "--json")
+    assert len(first["submitted"]) == 4
+    set_clock(clock_file, T0 + 10)  # wms02's pilots have aborted; wms01's run
+    gridgate("run", "-c", str(site), "--once", "--json")  # a new process: polls what the first submitted
+    summary = gridgate("pilots", "summary", "-c", str(site), "--json")["endpoints"]
+    assert summary[f"wms_glite/{ABORTS}"]["failed"] == 2
+    assert summary[f"wms_glite/{GOOD}"]["running"] == 2 and summary[f"wms_glite/{GOOD}"]["waiting"] == 2
+    running = gridgate("pilots", "list", "-c", str(site), "--endpoint", GOOD, "--state", "running", "--json")
+    ids = [p["job_id"] for p in running["pilots"]]
+    assert len(ids) == 2 and {p["native"] for p in running["pilots"]} == {"Running"}
+    cancelled = gridgate("pilots", "cancel", *ids, "-c", str(site), "--json")
+    assert sorted(cancelled["cancelled"][f"wms_glite/{GOOD}"]) == sorted(ids)
+    cancel_calls = [c for c in read_calls(tmp_path / "calls.jsonl") if c.command == "glite-wms-job-cancel"]
+    assert [(c.host, c.ids) for c in cancel_calls] == [(GOOD, 2)]
