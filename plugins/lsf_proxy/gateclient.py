@@ -10,10 +10,16 @@ runs and gives it back. Over the Unix socket it imports only ``os``, ``socket``,
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import time
+
+# The C halves of ``socket`` and ``json``: the Python wrappers import enum, selectors and re,
+# which cost the gate more than everything else it does (python -X importtime). This client
+# needs only what the C modules have; other interpreters fall back to the wrappers.
+try:
+    import _socket as socket
+except ImportError:  # pragma: no cover
+    import socket  # type: ignore[no-redef]
 
 TYPE_CHECKING = False  # typing costs more to import than the rest of this module
 if TYPE_CHECKING:
@@ -54,6 +60,64 @@ class _Broken(Exception):
 class _Busy(_Broken):
     """The daemon is there but did not take or answer the request in time: a reason to retry,
     never to run without a token."""
+
+
+class _Context:
+    """What ``_json.make_scanner`` reads of a decoder: the defaults of ``json.loads``."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # NaN, Infinity
+
+
+try:
+    import _json
+
+    _scan = _json.make_scanner(_Context)
+    _quote = _json.encode_basestring_ascii
+except (ImportError, AttributeError):  # pragma: no cover
+    _scan = _quote = None
+
+
+def dumps(message: Mapping[str, Any]) -> bytes:
+    """``message`` as one compact JSON line (what ``json.dumps`` gives, separators "," ":")."""
+    if _quote is None or not all(v is None or isinstance(v, str | int | float)
+                                 for v in message.values()):
+        import json
+
+        return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    parts = []
+    for key, value in message.items():
+        if isinstance(value, str):
+            text = _quote(value)
+        elif value is None or isinstance(value, bool):
+            text = {None: "null", True: "true", False: "false"}[value]
+        else:
+            text = repr(value)
+        parts.append(f"{_quote(key)}:{text}")
+    return ("{" + ",".join(parts) + "}\n").encode()
+
+
+def loads(line: bytes) -> Any:
+    """One JSON line (as ``json.loads``).
+
+    :raises ValueError: not a single JSON value.
+    """
+    if _scan is None:  # pragma: no cover
+        import json
+
+        return json.loads(line)
+    text = line.decode("utf-8").strip()
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        raise ValueError(f"not JSON: {text[:60]!r}") from None
+    if end != len(text):
+        raise ValueError(f"extra data after the JSON value: {text[end:end + 60]!r}")
+    return value
 
 
 def _rand() -> float:
@@ -97,7 +161,7 @@ class Link:
         if self._signer is not None:
             self._signer(message)
         try:
-            self.sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self.sock.sendall(dumps(message))
         except OSError as exc:
             self.close()
             raise _Broken(f"{self.name}: {exc}") from None
@@ -140,7 +204,7 @@ class Link:
                 continue
             line, self._buffer = self._buffer[:end], self._buffer[end + 1:]
             try:
-                reply = json.loads(line)
+                reply = loads(line)
             except ValueError as exc:
                 self.close()
                 raise _Broken(f"{self.name}: not a JSON line: {exc}") from None

@@ -10,20 +10,25 @@ honoured: the resolved ``proxyd:`` settings are kept (in the shim, or in a per-u
 together with the file's identity, and read again with the full config loader whenever the
 file changed.
 
-The command runs as an argv (never through a shell) with stdin, stdout and stderr inherited;
-its exit status is the gate's. SIGINT, SIGTERM and SIGHUP are forwarded to it; it gets
-``PR_SET_PDEATHSIG`` so that a gate killed even with SIGKILL takes it along, and the token goes
-back whatever happens (the daemon sees the connection close). A command run through the gate
-gets ``GRIDGATE_GATE_TOKEN``; a gate started inside it shows that token to the daemon, which
-says whether it is live and this user's, and runs at once only if so. Submission commands
-never get the token: they would export it into the jobs they create.
+The gate becomes its command (``execve``, never through a shell): same pid, stdin, stdout and
+stderr, so the exit status and every signal sent to the gate are the command's own, and a gate
+killed even with SIGKILL is a command killed. The token's connection is left to a small holder
+process that gives the token back when the command ends (the daemon also takes it back if the
+holder dies). A command run through the gate gets ``GRIDGATE_GATE_TOKEN``; a gate started
+inside it shows that token to the daemon, which says whether it is live and this user's, and
+runs at once only if so. Submission commands never get the token: they would export it into
+the jobs they create.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
+
+try:  # the C module: the signal wrapper imports enum, which costs more than this module
+    import _signal as signal
+except ImportError:  # pragma: no cover
+    import signal  # type: ignore[no-redef]
 
 TYPE_CHECKING = False  # typing costs more to import than this whole module
 if TYPE_CHECKING:
@@ -39,7 +44,6 @@ EXIT_NOT_FOUND = 127
 TOKEN_ENV = "GRIDGATE_GATE_TOKEN"
 #: Set (non-empty) to silence the "waiting for a token" line, as ``gridgate gate -q`` does.
 QUIET_ENV = "GRIDGATE_GATE_QUIET"
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CATEGORIES = ("query", "submission", "other")
 #: Seconds a waiting call stays silent before saying what it waits for.
 NOTICE_AFTER = 1.0
@@ -301,16 +305,16 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
     except Exception as exc:  # SecretError: the key named in the config cannot be read
         _say(str(exc))
         return EXIT_CONFIG
-    held = os.environ.get(TOKEN_ENV)
-    if held and client.check(held):
-        # inside a gated command whose token is live and ours: it covers this one
-        return _run_child(command, held, name, category)
 
     def waiting(ahead: int | None) -> None:
         _say(f"{name}: waiting for a {category} token"
              + (f", {ahead} ahead" if ahead is not None else ""))
 
+    held = os.environ.get(TOKEN_ENV)
     try:
+        if held and client.check(held):
+            # inside a gated command whose token is live and ours: it covers this one
+            return _exec(command, held, name, category)
         grant = client.acquire(category, opcode or name, None if quiet else NOTICE_AFTER,
                                waiting)
     except KeyboardInterrupt:
@@ -325,105 +329,99 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
     except Failed as exc:
         _say(f"{name}: not run: {exc}")
         return EXIT_NO_TOKEN
-    hold = None
-    if grant.token and start_only(name, argv[1:], section):
-        hold = float(section.get("start_hold", CLIENT_DEFAULTS["start_hold"]))
+    if grant.link is not None:
+        hold = None
+        if start_only(name, argv[1:], section):
+            hold = float(section.get("start_hold", CLIENT_DEFAULTS["start_hold"]))
+        _hand_over(grant, hold)
+    return _exec(command, grant.token or None, name, category)
+
+
+def _hand_over(grant: Any, hold: float | None) -> None:
+    """Leave the token (its connection) to a holder process that gives it back when this
+    process (about to become the command) ends, or after ``hold`` seconds.
+
+    The holder is a grandchild in a session of its own: never the command's child (no stray
+    SIGCHLD, no zombie), out of reach of the terminal's ^C and hang-up. It waits on a pidfd
+    of this process, opened before the fork, so a recycled pid cannot fool it.
+    """
     try:
-        return _run_child(command, grant.token or None, name, category, grant.release, hold)
-    finally:
-        grant.release()
-
-
-def _pdeathsig() -> None:
-    """Ask the kernel to SIGKILL this (child) process when the gate dies."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-
-
-def _exec_child(argv: list[str], env: dict[str, str], report: int, parent: int,
-                ignored: Sequence[int]) -> None:
-    """In the forked child: default signals, death signal, exec; never returns."""
-    try:
-        for sig in FORWARDED:
-            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; commands must not
-            signal.signal(sig, signal.SIG_DFL)
-        _pdeathsig()
-        if os.getppid() != parent:
-            os._exit(EXIT_CANNOT_EXECUTE)  # the gate died before the death signal was set
-        os.execve(argv[0], argv, env)
-    except OSError as exc:
+        watch = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):  # Linux before 5.3: poll the pid instead
+        watch = -1
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the holder, which only exits
         try:
-            os.write(report, f"{exc.errno or 0}:{exc.strerror or exc}".encode())
-        except OSError:
-            pass
-    finally:
-        os._exit(EXIT_CANNOT_EXECUTE)
+            os.setsid()
+            if os.fork() == 0:
+                # the command's stdout may be a pipe someone reads to its end
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                _hold(grant, watch, me, hold)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    if watch >= 0:
+        os.close(watch)
+    grant.link.close()  # the holder's copy keeps the connection, and the token, alive
 
 
-def _run_child(argv: list[str], token: str | None, name: str, category: str,
-               give_back: Any = None, hold: float | None = None) -> int:
+def _hold(grant: Any, watch: int, pid: int, hold: float | None) -> None:
+    import select
+
+    deadline = None if hold is None else _monotonic() + hold
+    while True:
+        left = None if deadline is None else max(0.0, deadline - _monotonic())
+        if watch >= 0:
+            poller = select.poll()
+            poller.register(watch, select.POLLIN)
+            if poller.poll(None if left is None else int(left * 1000) + 1):
+                break  # the command ended
+        else:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            select.select([], [], [], 0.2 if left is None else min(0.2, left))
+        if deadline is not None and _monotonic() >= deadline:
+            break  # a start-only command: its start is over
+    grant.release()
+
+
+def _monotonic() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _exec(argv: list[str], token: str | None, name: str, category: str) -> int:
+    """Become the command: same pid, so its exit status and the signals sent to the gate are
+    its own, and killing the gate (even with SIGKILL) kills the command. Returns only when
+    the command cannot be executed."""
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
     if token and category != "submission":
         # a submission command would export it into the jobs it creates (sbatch, bsub and
-        # qsub copy the environment): those jobs' own gated calls take tokens of their own
+        # qsub copy the environment): those jobs' gated calls take tokens of their own
         env[TOKEN_ENV] = token
-    child = 0
-    pending: list[int] = []
-
-    def forward(signum: int, _frame: Any) -> None:
-        if not child:
-            pending.append(signum)
-            return
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    ignored = [sig for sig, handler in previous.items() if handler == signal.SIG_IGN]
-    alarm = None
-    read_end, write_end = os.pipe()
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; commands must not
+        signal.signal(sig, signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
     try:
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child execs or exits
-            os.close(read_end)
-            _exec_child(argv, env, write_end, parent, ignored)
-        child = pid
-        os.close(write_end)
-        write_end = -1
-        report = b""
-        while chunk := os.read(read_end, 512):
-            report += chunk
-        if report:
-            os.waitpid(pid, 0)
-            code, _, text = report.decode(errors="replace").partition(":")
-            if code == "2":  # ENOENT
-                _say(f"{name}: command not found")
-                return EXIT_NOT_FOUND
-            _say(f"{name}: cannot execute: {text}")
-            return EXIT_CANNOT_EXECUTE
-        for signum in pending:
-            os.kill(pid, signum)
-        if hold is not None and give_back is not None:
-            alarm = signal.signal(signal.SIGALRM, lambda _s, _f: give_back())
-            signal.setitimer(signal.ITIMER_REAL, max(hold, 0.001))
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status)
+        os.execve(argv[0], argv, env)
+    except FileNotFoundError:
+        _say(f"{name}: command not found")
+        return EXIT_NOT_FOUND
+    except OSError as exc:
+        _say(f"{name}: cannot execute: {exc.strerror or exc}")
+        return EXIT_CANNOT_EXECUTE
     finally:
-        if alarm is not None:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, alarm)
-        os.close(read_end)
-        if write_end >= 0:
-            os.close(write_end)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_IGN)
+    return EXIT_CANNOT_EXECUTE  # pragma: no cover - execve returns only by raising
 
 
 def exit_like(status: int) -> int:
