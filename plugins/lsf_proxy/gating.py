@@ -51,14 +51,20 @@ NOTICE_AFTER = 1.0
 #: Other batch systems' commands, beside LSF's (config.DEFAULT_CATEGORY_MAP).
 GATE_CATEGORIES: dict[str, tuple[str, ...]] = {
     "submission": ("sbatch", "srun", "salloc", "condor_submit", "qsub"),
-    "query": ("squeue", "sinfo", "sacct", "sstat", "condor_q", "condor_status", "condor_history",
-              "qstat"),
+    "query": ("squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "condor_q",
+              "condor_status", "condor_history", "qstat"),
+    "other": ("scancel", "scontrol"),
+}
+#: Commands whose category depends on their first word that is not an option:
+#: ``scontrol show job 12`` only reads, ``scontrol update ...`` changes the cluster.
+ARGUMENT_CATEGORIES: dict[str, dict[str, str]] = {
+    "scontrol": {"show": "query"},
 }
 #: Commands ``--install-shims`` writes a wrapper for when they are on PATH.
 SHIM_COMMANDS: tuple[str, ...] = (
     "bjobs", "bhosts", "bqueues", "bhist", "busers", "bsub", "bmod", "bswitch", "brestart",
-    "squeue", "sinfo", "sacct", "sbatch", "condor_q", "condor_status", "condor_submit",
-    "qstat", "qsub",
+    "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "sbatch", "srun", "salloc",
+    "scancel", "scontrol", "condor_q", "condor_status", "condor_submit", "qstat", "qsub",
 )
 #: Commands never held whole: they take a token to start, not to run (interactive sessions,
 #: commands that repeat or follow by themselves). Name -> the arguments that make it so
@@ -125,9 +131,23 @@ def gate_category_map(section: Mapping[str, Any] | None = None) -> dict[str, str
     return mapping
 
 
-def infer_category(command: str, section: Mapping[str, Any] | None = None) -> str:
-    """The category of ``command`` (a name or a path): submission, query or other."""
-    return gate_category_map(section).get(os.path.basename(command), "other")
+def infer_category(command: str, section: Mapping[str, Any] | None = None,
+                   args: Sequence[str] = ()) -> str:
+    """The category of ``command`` (a name or a path) run with ``args``: submission, query or
+    other. The config's ``categories`` win over everything, the arguments over the name."""
+    return category_of(os.path.basename(command), args, gate_category_map(section), section)
+
+
+def category_of(name: str, args: Sequence[str], mapping: Mapping[str, str],
+                section: Mapping[str, Any] | None = None) -> str:
+    """:func:`infer_category` with the map already made (``mapping``)."""
+    own = {n for names in ((section or {}).get("categories") or {}).values() for n in names}
+    by_word = ARGUMENT_CATEGORIES.get(name)
+    if by_word and name not in own:
+        word = next((a for a in args if not a.startswith("-")), "")
+        if word in by_word:
+            return by_word[word]
+    return mapping.get(name, "other")
 
 
 def _flag_given(args: Sequence[str], flags: Sequence[str]) -> bool:
@@ -454,11 +474,13 @@ def shim_main(name: str, real: str | None, shim_dir: str, config: str | None = N
         _say(f"{name}: command not found (outside {shim_dir})")
         return EXIT_NOT_FOUND
     if snap is not None and snap.get("sig") == (_file_sig(config) if config else None):
-        section, category = snap["section"], snap["category"]
+        section, mapping = snap["section"], {name: snap["category"]}
     else:
         resolved = resolve(config)
-        section, category = resolved["section"], resolved["map"].get(name, "other")
-    status = run_gated([real, *sys.argv[1:]], category, name, section, socket)
+        section, mapping = resolved["section"], resolved["map"]
+    args = sys.argv[1:]
+    status = run_gated([real, *args], category_of(name, args, mapping, section), name, section,
+                       socket)
     return exit_like(status)
 
 
@@ -467,7 +489,8 @@ def gate_call(command: Sequence[str], category: str | None = None, opcode: str |
               quiet: bool = False) -> int:
     """``gridgate gate [options] -- COMMAND...``: the exit status to leave with."""
     resolved = resolve(config_path)
-    chosen = category or resolved["map"].get(os.path.basename(command[0]), "other")
+    chosen = category or category_of(os.path.basename(command[0]), command[1:], resolved["map"],
+                                     resolved["section"])
     return exit_like(run_gated(list(command), chosen, opcode or "", resolved["section"],
                                socket_path, quiet))
 
