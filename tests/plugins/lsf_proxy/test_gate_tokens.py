@@ -306,3 +306,35 @@ def test_start_only_commands(name, args, expected) -> None:
     assert start_only(name, args) is expected
     assert start_only("mywatch", ["-w"], {"start_only": {"mywatch": ["-w"]}}) is True
     assert start_only("squeue", ["-i", "5"], {"start_only": {"squeue": ["--never"]}}) is False
+
+
+def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(slurm, start_daemon, sockdir,
+                                                             gridgate_exe) -> None:
+    """On the private Slurm cluster: sbatch exports the whole environment into the job. Jobs
+    submitted by a gated sbatch, and by a shimmed sbatch inside a gated script (which holds a
+    live token), print their environment; neither has the token."""
+    daemon = start_daemon({})
+    shims = sockdir / "shims"
+    path = f"{shims}{os.pathsep}/usr/bin:/bin"
+    install_shims(shims, ["sbatch"], socket_path=daemon.socket)
+    env = {"PATH": path, **slurm.env, "GRIDGATE_TEST_MARK": "copied"}
+    out = Path(slurm.jobs_dir)
+    submit = "sbatch --parsable -p batch --output={}/%j.env --wrap 'env'"
+    direct = run([gridgate_exe, "gate", "--socket", daemon.socket, "--",
+                  "sh", "-c", submit.format(out)], user="nobody", env=env)
+    nested = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "sh", "-c",
+                  'echo "outer=$GRIDGATE_GATE_TOKEN"; ' + submit.format(out)],
+                 user="nobody", env=env)
+    plain = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "sbatch", "--parsable",
+                 "-p", "batch", f"--output={out}/%j.env", "--wrap", "env"], user="nobody",
+                env=env)
+    for proc in (direct, nested, plain):
+        assert proc.returncode == 0, proc.stderr
+    assert nested.stdout.splitlines()[0] != "outer="  # the script did hold a token
+    jobs = [p.stdout.strip().splitlines()[-1] for p in (direct, nested, plain)]
+    assert all(j.isdigit() for j in jobs), jobs
+    for job in jobs:
+        dump = out / f"{job}.env"
+        until(lambda d=dump: d.exists() and "GRIDGATE_TEST_MARK=copied" in d.read_text(),
+              timeout=120)
+        assert "GRIDGATE_GATE_TOKEN" not in dump.read_text()
