@@ -204,10 +204,12 @@ def _cache_read(path: str) -> dict[str, Any]:
     try:
         if not _trusted(os.fstat(fd)):
             return {}
-        import json
+        from gridgate.plugins.lsf_proxy.gateclient import loads
 
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = json.loads(handle.read())
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        data = loads(b"".join(chunks))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
