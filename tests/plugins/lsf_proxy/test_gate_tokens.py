@@ -207,7 +207,7 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, g
         time.sleep(1.0)  # twice start_hold: a start-only command would have given it back
         assert in_use(daemon.socket)["query"] == 1
         assert proc.wait(60) == 0
-        assert in_use(daemon.socket)["query"] == 0
+        assert until(lambda: in_use(daemon.socket)["query"] == 0)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -338,3 +338,36 @@ def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(slurm, start_daemon
         until(lambda d=dump: d.exists() and "GRIDGATE_TEST_MARK=copied" in d.read_text(),
               timeout=120)
         assert "GRIDGATE_GATE_TOKEN" not in dump.read_text()
+
+
+def test_the_gate_signs_its_requests_over_tcp(start_daemon, gridgate_exe, sockdir) -> None:
+    """A config naming the daemon by host:port: the gate's own client signs acquire and check
+    with the shared key (protocol.sign), and the daemon's verifier accepts them."""
+    import socket as _socket
+
+    with _socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    key = sockdir / "proxyd.key"
+    key.write_text("a-shared-key\n")
+    key.chmod(0o600)
+    log = sockdir / "diag.log"
+    daemon = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
+                           "diagnose": True, "diagnose_file": str(log)})
+    config = sockdir / "client.yaml"
+    config.write_text(yaml.safe_dump({"proxyd": {
+        "hosts": [{"name": "tcp1", "address": f"127.0.0.1:{port}"}], "key": {"file": str(key)},
+        "when_unavailable": "fail"}}))
+    env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
+    argv = [gridgate_exe, "gate", "-c", str(config), "--"]
+    outer = run(argv + ["sh", "-c", f"printenv GRIDGATE_GATE_TOKEN; {' '.join(argv)} "
+                                    "printenv GRIDGATE_GATE_TOKEN"], env=env)
+    assert outer.returncode == 0, outer.stderr
+    first, second = outer.stdout.split()
+    assert first == second  # the nested call's signed check found the token live
+    assert len([ln for ln in log.read_text().splitlines() if ",sh," in ln]) == 1
+    assert ",printenv," not in log.read_text()
+    key.write_text("another-key\n")
+    refused = run(argv + ["true"], env=env)
+    assert refused.returncode == 75 and "signature" in refused.stderr
+    assert daemon.proc.poll() is None
