@@ -299,6 +299,18 @@ class RateLimitedPolicy(TokenPolicy):
         out = self._drain(CATEGORIES, now, lambda _i: False, "denied", "shutdown")
         return out + super().shutdown(now)
 
+    def ahead(self, request_id: str) -> int:
+        """How many requests wait before a queued one: its user's earlier ones when it waits
+        for the rate, else everyone queued before it for a token."""
+        entry = self._rate_pending.get(request_id)
+        if entry is not None:
+            category, item = entry
+            return self._rate_queues[category][item.request.user].index(item)
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return 0
+        return max(0, self.categories[pending[0]].queue.size - 1)
+
     def has_waiters(self) -> bool:
         return bool(self._rate_pending) or super().has_waiters()
 
