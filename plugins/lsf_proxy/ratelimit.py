@@ -300,8 +300,8 @@ class RateLimitedPolicy(TokenPolicy):
         return out + super().shutdown(now)
 
     def ahead(self, request_id: str) -> int:
-        """How many requests wait before a queued one: its user's earlier ones when it waits
-        for the rate, else everyone queued before it for a token."""
+        """How many requests wait before one just queued: its user's earlier ones when it
+        waits for the rate, else everyone queued for a token (it is the last of them)."""
         entry = self._rate_pending.get(request_id)
         if entry is not None:
             category, item = entry
