@@ -379,6 +379,7 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
 
     key = sockdir / "key"
     key.write_text("s3cret\n")
+    key.chmod(0o600)
     port = _free_port()
     d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
                       "addon_hosts": ["addonhost"], "policies": "QUERY[max=1]"})
@@ -481,6 +482,7 @@ def test_second_daemon_on_the_same_socket_is_refused(start_daemon, cli, sockdir)
         port = busy.getsockname()[1]
         key = sockdir / "k"
         key.write_text("k")
+        key.chmod(0o600)
         config = sockdir / "tcp.yaml"
         config.write_text(yaml.safe_dump({"proxyd": {
             "socket": str(sockdir / "tcp.sock"), "tcp": f"127.0.0.1:{port}",
