@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.config import ConfigError, load_config, read_secret
+from gridgate.core.config import ConfigError, read_secret
 from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
@@ -58,6 +58,7 @@ from gridgate.plugins.lsf_proxy.protocol import (
     decode,
     encode,
 )
+from gridgate.plugins.lsf_proxy.reload_guard import ReloadLog, checked_section
 
 #: A client that does not read its replies is dropped once this much is waiting for it.
 MAX_WRITE_BUFFER = 1 << 20
@@ -239,8 +240,10 @@ class ProxyDaemon:
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
         self.metrics_port: int | None = None
+        self.reloads = ReloadLog()
         if self.section.get("metrics_port") is not None:
             self.metrics = DaemonMetrics(self.policy)
+            self.reloads.attach(self.metrics.registry)
         self.verifier: Verifier | None = None
         #: Called once the sockets listen (the ``serve`` command announces readiness).
         self.on_ready: Any = None
@@ -324,9 +327,12 @@ class ProxyDaemon:
         """
         if self.config_path is None:
             return {"reloaded": False, "message": "started without -c: nothing to re-read"}
-        config = load_config(self.config_path)
-        section = dict(config.get("proxyd") or section_defaults())
-        settings = self._settings(section)
+        try:
+            section = checked_section(self.config_path, self.section)
+            settings = self._settings(section)
+        except (ConfigError, StartupError, ValueError) as exc:
+            self.reloads.refuse(exc)
+            raise
         for key in ("socket", "tcp", "key", "metrics_port", "metrics_address"):
             if section.get(key) != self.section.get(key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
@@ -334,6 +340,7 @@ class ProxyDaemon:
         self.policy.reconfigure(settings)
         self._apply_runtime(section)
         self._poke()
+        self.reloads.ok()
         logger.info("lsfproxyd {} reconfigured from {}", self.name, self.config_path)
         return {"reloaded": True, "message": f"reconfigured from {self.config_path}"}
 
@@ -435,8 +442,8 @@ class ProxyDaemon:
         self.reopen_logs()
         try:
             self.reload()
-        except (ConfigError, StartupError, ValueError) as exc:
-            logger.error("SIGHUP: config refused, the old one stays: {}", exc)
+        except (ConfigError, StartupError, ValueError):
+            pass  # reload() logged and counted it
 
     async def _shutdown(self) -> None:
         for server in self._servers:
@@ -728,7 +735,8 @@ class ProxyDaemon:
             status = self.policy.status()
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
-                          connections=len(self._conns), metrics_port=self.metrics_port)
+                          connections=len(self._conns), metrics_port=self.metrics_port,
+                          reloads=self.reloads.as_json())
             self._reply(conn, msg_id, status=status)
             return
         if op in ("enable", "disable"):
