@@ -22,13 +22,8 @@ def talk(path: str, line: bytes) -> dict:
         sock.settimeout(30)
         sock.connect(path)
         sock.sendall(line)
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        return json.loads(data)
+        with sock.makefile("rb") as replies:
+            return json.loads(replies.readline())
 
 
 def status(path: str) -> dict:
