@@ -132,8 +132,26 @@ SECTION_SCHEMA: dict[str, Any] = {
         "line_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
                          "description": "Seconds a started line may take to complete; then "
                                         "the connection is closed."},
-        "max_connections": {"type": "integer", "minimum": 1, "default": 20000,
-                            "description": "Connections beyond this are closed at once."},
+        "max_connections": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                            "description": "Unix-socket and authenticated TCP connections; "
+                                           "beyond, new ones are closed at once (root and "
+                                           "admins may use admin_reserve more). null: what "
+                                           "RLIMIT_NOFILE leaves after the daemon's own files "
+                                           "and the other pools."},
+        "admin_reserve": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                          "description": "Connections kept for root, the admins and the "
+                                         "daemon's owner beyond max_connections; null: "
+                                         "RLIMIT_NOFILE/16, at most 64."},
+        "tcp_max_unauthenticated": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                                    "description": "TCP connections that have not yet sent "
+                                                   "a validly signed request; they never "
+                                                   "count toward max_connections. null: "
+                                                   "RLIMIT_NOFILE/8, at most 256."},
+        "tcp_max_per_peer": {"type": "integer", "minimum": 1, "default": 32,
+                             "description": "Unauthenticated TCP connections from one address."},
+        "tcp_auth_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+                             "description": "Seconds a TCP connection has to send a validly "
+                                            "signed request; then it is closed."},
         "max_connections_per_user": {"type": "integer", "minimum": 1, "default": 1024,
                                      "description": "Unix-socket connections one ordinary "
                                                     "user may hold (root and admins: no limit)."},

@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import resource
+import secrets
 import signal
 import socket
 import stat
@@ -38,6 +39,16 @@ from gridgate.plugins.lsf_proxy.config import (
     resolve_policies,
     section_defaults,
     split_limits,
+)
+from gridgate.plugins.lsf_proxy.guard import (
+    ORDINARY,
+    PRIVILEGED,
+    UNAUTH,
+    ConnectionGuard,
+    Listener,
+    PeriodicLog,
+    capacity,
+    listening_socket,
 )
 from gridgate.plugins.lsf_proxy.policy import (
     DENIED,
@@ -229,7 +240,7 @@ class ProxyDaemon:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._servers: list[asyncio.base_events.Server] = []
+        self._servers: list[Listener] = []
         self._diag: Any = None
         self._diag_path: Path | None = None
         settings = self._settings(self.section)
@@ -241,6 +252,8 @@ class ProxyDaemon:
         self.metrics: DaemonMetrics | None = None
         self.metrics_port: int | None = None
         self.reloads = ReloadLog()
+        self._challenges: dict[_Conn, str] = {}
+        self._shortage, self._refusals = PeriodicLog(), PeriodicLog()
         if self.section.get("metrics_port") is not None:
             self.metrics = DaemonMetrics(self.policy)
             self.reloads.attach(self.metrics.registry)
@@ -264,7 +277,8 @@ class ProxyDaemon:
     def _apply_runtime(self, section: Mapping[str, Any]) -> None:
         self.categories = category_map(section.get("categories"))
         self.max_line = int(section.get("max_line_bytes", 16384))
-        self.max_connections = int(section.get("max_connections", 20000))
+        self.guard = getattr(self, "guard", None) or ConnectionGuard(capacity(section))
+        self.guard.cap = capacity(section, self.guard.cap.nofile)
         self.line_timeout = float(section.get("line_timeout", 30))
         self.max_user_connections = int(section.get("max_connections_per_user", 1024))
         self._set_diagnose(bool(section.get("diagnose")))
@@ -352,6 +366,7 @@ class ProxyDaemon:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         _raise_nofile()
+        self.guard.cap = capacity(self.section)  # the limit as raised, from now on
         try:
             await self._listen()
             if self.metrics is not None:
@@ -408,8 +423,7 @@ class ProxyDaemon:
             if _socket_answers(str(path)):
                 raise StartupError(f"a daemon already listens on {path}")
             path.unlink()
-        server = await asyncio.start_unix_server(self._on_unix, path=str(path),
-                                                 limit=self.max_line + 1, backlog=1024)
+        server = self._listener(socket.AF_UNIX, str(path), self._on_unix, f"unix {path}")
         os.chmod(path, int(self.section.get("socket_mode", "0666"), 8))
         self._servers.append(server)
         tcp = self.section.get("tcp")
@@ -417,10 +431,11 @@ class ProxyDaemon:
             key = read_secret(self.section.get("key"))
             if not key:
                 raise StartupError("proxyd.tcp needs proxyd.key")
-            self.verifier = Verifier(key, float(self.section.get("max_clock_skew", 30)))
+            self.verifier = Verifier(key, float(self.section.get("max_clock_skew", 30)),
+                                     daemon=self.name)
             _, (host, port) = parse_address(tcp)
-            server = await asyncio.start_server(self._on_tcp, host=host, port=port,
-                                                reuse_address=True, backlog=1024)
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            server = self._listener(info[0][0], info[0][4], self._on_tcp, f"tcp {tcp}")
             self._servers.append(server)
             logger.info("lsfproxyd {} also on tcp {}", self.name, tcp)
 
@@ -514,16 +529,70 @@ class ProxyDaemon:
         peer = writer.get_extra_info("peername")
         await self._serve_conn(reader, _Conn(writer, "", "", True, f"tcp {peer}"))
 
+    # -- capacity and TCP authentication (guard.py)
+
+    def _listener(self, family: int, address: Any, handler: Any, what: str) -> Listener:
+        assert self._loop is not None
+        return Listener(self._loop, listening_socket(family, address), handler, what,
+                        self._shortage, self.max_line + 1,
+                        lambda listener: self.guard.room(
+                            listener, sum(server.live for server in self._servers)))
+
+    def _admit(self, conn: _Conn) -> str | None:
+        """None when ``conn`` may have a slot in its pool, else why not."""
+        if conn.tcp:
+            peer = (conn.writer.get_extra_info("peername") or ("?",))[0]
+            why = self.guard.admit(conn, UNAUTH, str(peer))
+            if why is None and self._loop is not None:
+                self.guard.watch(conn, self._loop.call_later(
+                    self.guard.cap.tcp_auth_timeout, self._auth_expired, conn))
+        else:
+            privileged = self.policy.is_root_or_admin(conn.user) or conn.user == self.owner
+            why = self.guard.admit(conn, PRIVILEGED if privileged else ORDINARY)
+        if why is not None:
+            self._refusals("lsfproxyd: connection from {} closed: {}", conn.peer, why)
+        return why
+
+    def _auth_expired(self, conn: _Conn) -> None:
+        if self.guard.pool_of(conn) == UNAUTH and not conn.closed:
+            self.guard.refused["auth_timeout"] += 1
+            timeout = self.guard.cap.tcp_auth_timeout
+            self._refusals("lsfproxyd: TCP connection {} closed: no signed request within {:g} s",
+                           conn.peer, timeout)
+            self._error(conn, None, ProtocolError(
+                "auth_timeout", f"no validly signed request within {timeout:g} s"))
+            self._close(conn)
+
+    def _hello_extra(self, conn: _Conn) -> dict[str, Any]:
+        """Over TCP ``hello`` hands out the connection's challenge, which every signature on
+        it must cover: a request captured here is good for nothing elsewhere (protocol.md)."""
+        if not conn.tcp:
+            return {}
+        return {"challenge": self._challenges.setdefault(conn, secrets.token_hex(16))}
+
+    def _verify(self, conn: _Conn, message: Mapping[str, Any]) -> tuple[str, str]:
+        """(user, host) of a signed TCP request; the first one authenticates the connection."""
+        assert self.verifier is not None
+        if message.get("op") == "hello" and "auth" not in message:
+            return "", ""  # how a TCP client learns its challenge
+        user, host = self.verifier.verify(message, challenge=self._challenges.get(conn))
+        busy = self.guard.authenticated(conn, self.policy.is_root_or_admin(user))
+        if busy is not None:
+            asyncio.get_running_loop().call_soon(self._close, conn)
+            raise ProtocolError("busy", busy)
+        return user, host
+
     async def _serve_conn(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
-        if len(self._conns) >= self.max_connections:
-            self._error(conn, None, ProtocolError("busy", "too many connections"))
-            conn.writer.close()
-            return
         ordinary = not conn.tcp and not self.policy.is_root_or_admin(conn.user)
         if ordinary and self._per_user.get(conn.user, 0) >= self.max_user_connections:
             # one user's thousands of idle sockets must not lock everybody else out
             self._error(conn, None, ProtocolError(
                 "busy", f"{conn.user} already has {self.max_user_connections} connections"))
+            conn.writer.close()
+            return
+        busy = self._admit(conn)
+        if busy is not None:
+            self._error(conn, None, ProtocolError("busy", busy))
             conn.writer.close()
             return
         if ordinary:
@@ -592,6 +661,8 @@ class ProxyDaemon:
                 else:
                     self._per_user.pop(conn.user, None)
         conn.closed = True
+        self.guard.release(conn)
+        self._challenges.pop(conn, None)
         for request_id in list(conn.waiting):
             self.policy.cancel(request_id)
             self._waiters.pop(request_id, None)
@@ -631,8 +702,7 @@ class ProxyDaemon:
             msg_id = message.get("id")
             user, host = conn.user, conn.host
             if conn.tcp:
-                assert self.verifier is not None
-                user, host = self.verifier.verify(message)
+                user, host = self._verify(conn, message)
             self._dispatch(conn, message, msg_id, user, host)
         except ProtocolError as exc:
             if exc.code not in ("forbidden",):
@@ -649,7 +719,8 @@ class ProxyDaemon:
         may_admin = self.policy.is_root_or_admin(user) or (user == self.owner and not conn.tcp)
         if op == "hello":
             self._reply(conn, msg_id, server="gridgate-lsfproxyd", name=self.name, pid=self.pid,
-                        protocol=PROTOCOL_VERSION, user=user, host=host, admin=may_admin)
+                        protocol=PROTOCOL_VERSION, user=user, host=host, admin=may_admin,
+                        **self._hello_extra(conn))
             return
         if op == "acquire":
             self._acquire(conn, message, msg_id, user, host)
@@ -736,7 +807,7 @@ class ProxyDaemon:
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
                           connections=len(self._conns), metrics_port=self.metrics_port,
-                          reloads=self.reloads.as_json())
+                          reloads=self.reloads.as_json(), capacity=self.guard.as_json())
             self._reply(conn, msg_id, status=status)
             return
         if op in ("enable", "disable"):
@@ -804,11 +875,19 @@ def _rule_from(message: Mapping[str, Any]) -> BlockRule:
         raise ProtocolError("bad_request", str(exc)) from None
 
 
+_NAMES: dict[int, str] = {0: "root"}
+
+
 def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    """Names found are kept: looking one up opens /etc/passwd, which fails when descriptors
+    run out, and a user (root above all) must not turn into a number then."""
+    name = _NAMES.get(uid)
+    if name is None:
+        try:
+            name = _NAMES[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+    return name
 
 
 def _check_socket_dir(folder: Path) -> None:

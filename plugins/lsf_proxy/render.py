@@ -33,6 +33,8 @@ def _failure(reply: HostReply) -> str:
     if reply.reply is None:
         return _unreachable(reply)
     error = reply.reply.get("error") or {}
+    if error.get("code") == "busy":
+        return f"lsfproxyd host <{reply.daemon.name}> is busy (it answered: {error.get('message')})"
     return f"lsfproxyd host <{reply.daemon.name}>: {error.get('message', 'error')}"
 
 

@@ -391,27 +391,48 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
     assert status(d.socket)["categories"]["query"]["in_use_privileged"] == 2
     trusted.close()
 
-    def tcp(*messages: bytes) -> list[dict]:
+    def tcp(*messages) -> list[dict]:
+        """One connection: ``hello`` for its challenge, then each message (a function of the
+        challenge and the daemon's name, or bytes) and its reply."""
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"".join(messages))
-            return _read(sock, len(messages))
+            sock.sendall(b'{"v":1,"id":0,"op":"hello"}\n')
+            (hi,) = _read(sock, 1)
+            assert hi["ok"] and len(hi["challenge"]) == 32 and hi["user"] == "", hi
+            lines = [m if isinstance(m, bytes) else m(hi["challenge"], hi["name"]) for m in messages]
+            sock.sendall(b"".join(lines))
+            return _read(sock, len(lines))
 
-    unsigned = tcp(b'{"v":1,"id":1,"op":"hello"}\n')[0]
+    def signed(message: dict, key: str = "s3cret", user: str = "bob", **kw):
+        return lambda challenge, name: encode(sign(dict(message), key, user, "far",
+                                                   challenge=challenge, daemon=name, **kw))
+
+    unsigned = tcp(b'{"v":1,"id":1,"op":"acquire","category":"query"}\n')[0]
     assert unsigned["error"]["code"] == "unsigned"
-    signed = encode(sign({"v": 1, "id": 2, "op": "hello"}, "s3cret", "bob", "far"))
-    ok, replay = tcp(signed, signed)
+    without_challenge = encode(sign({"v": 1, "id": 1, "op": "hello"}, "s3cret", "bob", "far"))
+    assert tcp(without_challenge)[0]["error"]["code"] == "bad_challenge"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b'{"v":1,"id":0,"op":"hello"}\n')
+        (hi,) = _read(sock, 1)
+        once = signed({"v": 1, "id": 2, "op": "hello"})(hi["challenge"], hi["name"])
+        sock.sendall(once + once)
+        ok, replay = _read(sock, 2)
     assert (ok["user"], ok["host"], ok["admin"]) == ("bob", "far", False)
     assert replay["error"]["code"] == "replayed"
-    forged = encode(sign({"v": 1, "id": 3, "op": "status"}, "wrong", "root", "far"))
+    assert tcp(once)[0]["error"]["code"] == "bad_challenge"  # another connection: refused
+    forged = signed({"v": 1, "id": 3, "op": "status"}, key="wrong", user="root")
     assert tcp(forged)[0]["error"]["code"] == "bad_signature"
-    message = sign({"v": 1, "id": 4, "op": "hello"}, "s3cret", "bob", "far")
-    message["auth"]["user"] = "root"  # tampering breaks the signature
-    assert tcp(encode(message))[0]["error"]["code"] == "bad_signature"
+
+    def tampered(challenge, name):
+        message = sign({"v": 1, "id": 4, "op": "hello"}, "s3cret", "bob", "far",
+                       challenge=challenge, daemon=name)
+        message["auth"]["user"] = "root"  # tampering breaks the signature
+        return encode(message)
+
+    assert tcp(tampered)[0]["error"]["code"] == "bad_signature"
     from gridgate.core.clock import FakeClock
 
-    stale = sign({"v": 1, "id": 5, "op": "hello"}, "s3cret", "bob", "far",
-                 clock=FakeClock(time.time() - 3600))
-    assert tcp(encode(stale))[0]["error"]["code"] == "stale"
+    stale = signed({"v": 1, "id": 5, "op": "hello"}, clock=FakeClock(time.time() - 3600))
+    assert tcp(stale)[0]["error"]["code"] == "stale"
 
 
 def test_notoken_retries_then_gives_up(start_daemon, py_as):
