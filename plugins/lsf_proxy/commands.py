@@ -156,9 +156,10 @@ def _block_command(op: str) -> Callable[..., None]:
         _run(op, config_path, socket_path, as_json, functools.partial(render.block_text, op),
              all=bool(everything), users=_names(users), hosts=_names(hosts))
 
-    command.__doc__ = (f"{op.capitalize()} all, users, hosts, or users at hosts "
-                       + ("(one rule per command)." if op == "block"
-                          else "(removes only the identical rule)."))
+    command.__doc__ = (f"{op.capitalize()} all, users, hosts, or users at hosts; each named "
+                       "element is a rule of its kind" + (" (a user, a host, a user@host)."
+                                                          if op == "block" else
+                                                          ": unblocking user1 leaves user1@host1."))
     return command
 
 

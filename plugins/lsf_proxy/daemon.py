@@ -833,7 +833,10 @@ class ProxyDaemon:
                 self._save_blocklist()
             logger.info("{} {} by {}@{} ({})", op, rule.describe(), user, host,
                         "done" if changed else "no change")
-            self._reply(conn, msg_id, rule=rule.to_json(), text=rule.describe(), changed=changed)
+            done, kept = rule.partition(changed)
+            self._reply(conn, msg_id, rule=rule.to_json(), text=rule.describe(),
+                        changed=bool(changed), done=done.describe() if done else "",
+                        kept=kept.describe() if kept else "")
             return
         if op == "blocklist":
             self._reply(conn, msg_id, blocklist=self.policy.blocklist.summary(),

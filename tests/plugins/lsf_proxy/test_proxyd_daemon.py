@@ -151,6 +151,41 @@ def test_seed_block_unblock_sequence(start_daemon, cli, py_as):
     assert as_json["hosts"][0]["reply"]["blocklist"]["users"] == ["nobody"]
 
 
+def test_seed_block_examples_each_element_a_rule(start_daemon, cli):
+    """The seed's block/unblock examples, as printed there; each named element is a rule."""
+    d = start_daemon({})
+    name = d.info["name"]
+
+    def run(*args):
+        out = cli(*args, "--socket", d.socket)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().replace(f"<{name}>", "<lsfproxydhost1>")
+
+    assert run("block", "all") == "<all> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("unblock", "all") == "<all> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("block", "-u", "user1 user2") == \
+        "Users <user1 user2> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("unblock", "-u", "user1") == \
+        "Users <user1> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("block", "-m", "hostA hostB") == \
+        "Hosts <hostA hostB> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("block", "-u", "user1 user2", "-m", "hostA hostB") == (
+        "<user1@hostA user1@hostB user2@hostA user2@hostB> added to the blocklist on "
+        "lsfproxyd host <lsfproxydhost1>")
+    assert run("unblock", "-u", "user1", "-m", "hostA hostB") == \
+        "<user1@hostA user1@hostB> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    # partly known: one line for what changed, one for what did not
+    assert run("block", "-u", "user3 user2").splitlines() == [
+        "Users <user3> added to the blocklist on lsfproxyd host <lsfproxydhost1>",
+        "Users <user2> is already in the blocklist on lsfproxyd host <lsfproxydhost1>"]
+    assert run("blocklist").splitlines()[1:] == [
+        "  Blocked all:           No",
+        "  Blocked users:         user2 user3",  # in blocking order
+        "  Blocked hosts:         hostA hostB",
+        "  Blocked users@hosts:   user2@hostA user2@hostB",
+    ]
+
+
 def test_disable_means_proceed_without_token(start_daemon, cli, py_as):
     d = start_daemon({})
     out = cli("disable", "query", "--socket", d.socket)
