@@ -80,6 +80,11 @@ SECTION_SCHEMA: dict[str, Any] = {
                  "additionalProperties": False},
             ],
         },
+        "max_concurrent_query": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                                 "description": "mbatchd's MAX_CONCURRENT_QUERY (lsb.params), "
+                                                "when the site states it: the QUERY max may "
+                                                "not exceed it, and defaults to it when it is "
+                                                "below 100."},
         "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "default": 15,
                             "description": "Seconds a request may wait before it is denied."},
         "queue_limit_per_user": {"type": "integer", "minimum": 1, "default": 1000,
@@ -258,9 +263,13 @@ def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()
     return Limits(max=mx, nominal=nominal, throttle=throttle / 1000.0)
 
 
-def resolve_policies(policies: str | Mapping[str, Any] | None) -> dict[str, Limits]:
+def resolve_policies(policies: str | Mapping[str, Any] | None,
+                     max_concurrent_query: int | None = None) -> dict[str, Limits]:
     """The limits of every category from the config's ``policies`` value.
 
+    :param max_concurrent_query: mbatchd's ``MAX_CONCURRENT_QUERY`` when the site states it:
+        the QUERY max may not exceed it (the seed), and an unset QUERY max defaults to it
+        when it is below 100.
     :raises PolicyError: with the path of the faulty field inside ``policies``.
     """
     if not policies:
@@ -269,7 +278,17 @@ def resolve_policies(policies: str | Mapping[str, Any] | None) -> dict[str, Limi
         given = parse_policies(policies)
     else:
         given = policies
-    return {c: resolve_category(given.get(c) or {}, (c,)) for c in CATEGORIES}
+    limits = {c: resolve_category(given.get(c) or {}, (c,)) for c in CATEGORIES}
+    if max_concurrent_query is not None:
+        query = dict(given.get("query") or {})
+        if query.get("max") is None and limits["query"].max > max_concurrent_query:
+            query["max"] = max_concurrent_query
+            limits["query"] = resolve_category(query, ("query",))
+        if limits["query"].max > max_concurrent_query:
+            raise PolicyError(("query", "max"), f"QUERY max ({limits['query'].max}) must not "
+                                                f"exceed max_concurrent_query "
+                                                f"({max_concurrent_query}, MAX_CONCURRENT_QUERY)")
+    return limits
 
 
 def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[str, Limits]:

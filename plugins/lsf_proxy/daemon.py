@@ -264,7 +264,7 @@ class ProxyDaemon:
     # -- configuration
 
     def _settings(self, section: Mapping[str, Any]) -> PolicySettings:
-        limits = resolve_policies(section.get("policies"))
+        limits = resolve_policies(section.get("policies"), section.get("max_concurrent_query"))
         hosts = section.get("hosts") or []
         if hosts:
             names = [h["name"] for h in hosts]
