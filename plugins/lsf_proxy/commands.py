@@ -201,6 +201,48 @@ def reconfig(as_json: bool, socket_path: str | None, config_path: str | None) ->
          lambda replies: render.simple_text(replies, describe))
 
 
+@lsfproxyd.command("import-lsf")
+@click.option("--lsf-conf", "lsf_conf", type=click.Path(dir_okay=False, exists=True),
+              help="The site's lsf.conf (LSF_PROXYD_*, LSF_ADDON_HOSTS).")
+@click.option("--lsb-params", "lsb_params", type=click.Path(dir_okay=False, exists=True),
+              help="The site's lsb.params (PROXYD_POLICIES, MAX_CONCURRENT_QUERY, "
+                   "ENABLE_DIAGNOSE).")
+@click.option("--key-file", default="/etc/gridgate/proxyd.key", show_default=True,
+              help="Where the shared TCP key is to live (named in the output).")
+def import_lsf(lsf_conf: str | None, lsb_params: str | None, key_file: str) -> None:
+    """Print a commented proxyd: section made from LSF's own files (checked before printing);
+    what cannot be carried over is named with the reason."""
+    from gridgate.core.config import ConfigError, load_config
+    from gridgate.plugins.lsf_proxy import lsfimport
+
+    if not lsf_conf and not lsb_params:
+        raise click.UsageError("give --lsf-conf FILE and/or --lsb-params FILE")
+    try:
+        conf = lsfimport.parse(_read(lsf_conf), lsf_conf) if lsf_conf else {}
+        params = lsfimport.parse(_read(lsb_params), lsb_params, sectioned=True) if lsb_params else {}
+        text = lsfimport.section_text(conf, params, key_file)
+    except lsfimport.LsfConfError as exc:
+        click.echo(f"gridgate lsfproxyd import-lsf: {exc}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    try:
+        load_config("import-lsf output", text)
+    except ConfigError as exc:  # e.g. a PROXYD_POLICIES that LSF would refuse as well
+        click.echo(text, nl=False, err=True)
+        for problem in exc.problems:
+            click.echo(f"gridgate lsfproxyd import-lsf: {problem}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    click.echo(text, nl=False)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError as exc:
+        click.echo(f"gridgate lsfproxyd import-lsf: cannot read {path}: {exc.strerror}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+
+
 class Commands:
     """Adds ``gridgate lsfproxyd`` (entry point ``gridgate.cli: lsf_proxy``)."""
 
