@@ -33,6 +33,7 @@ from gridgate.core.model import (
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.plugins.lsf_proxy.client import NoToken, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.opcodes import request_of
 
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_QUERY = "Job Query"
@@ -267,7 +268,7 @@ class LsfBackend(Plugin):
         token = None
         if client is not None:
             try:
-                token = client.acquire(category, os.path.basename(argv[0]))
+                token = client.acquire(category, *request_of(argv))
             except NoToken as exc:
                 return f"no {category} token: {exc}"
             except ProxyError as exc:

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -177,16 +178,32 @@ def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -
 @lsfproxyd.command("diagnose")
 @_common
 @click.argument("state", type=click.Choice(["on", "off"]))
-def diagnose(state: str, as_json: bool, socket_path: str | None, config_path: str | None) -> None:
+@click.option("-t", "minutes", type=click.FloatRange(min=0, min_open=True), metavar="MINUTES",
+              help="With on: turn diagnosis off by itself after this many minutes (as "
+                   "badmin diagnose -t).")
+@click.option("-f", "log_file", metavar="FILE",
+              help="With on: log to FILE, a bare name (next to the default log) or an "
+                   "absolute path, until diagnosis ends (as badmin diagnose -f).")
+def diagnose(state: str, minutes: float | None, log_file: str | None, as_json: bool,
+             socket_path: str | None, config_path: str | None) -> None:
     """Switch the diagnostic log of every request on or off."""
+    if state == "off" and (minutes is not None or log_file):
+        raise click.UsageError("-t and -f go with 'diagnose on'")
 
     def describe(reply: HostReply) -> str:
         r = reply.reply or {}
+        until = (f" until {time.strftime('%a %b %d %H:%M:%S', time.localtime(r['until']))}"
+                 if r.get("until") else "")
         return (f"lsfproxyd diagnostic log {'ON' if r.get('diagnose') else 'OFF'} "
-                f"({r.get('file')}) on lsfproxyd host <{reply.daemon.name}>")
+                f"({r.get('file')}){until} on lsfproxyd host <{reply.daemon.name}>")
 
+    fields: dict[str, Any] = {"on": state == "on"}
+    if minutes is not None:
+        fields["minutes"] = minutes
+    if log_file:
+        fields["file"] = log_file
     _run("diagnose", config_path, socket_path, as_json,
-         lambda replies: render.simple_text(replies, describe), on=state == "on")
+         lambda replies: render.simple_text(replies, describe), **fields)
 
 
 @lsfproxyd.command("reconfig")

@@ -310,10 +310,14 @@ def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[s
 
 def category_map(extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
     """Command or opcode name -> category, the defaults plus ``extra`` (which wins)."""
+    from gridgate.plugins.lsf_proxy.opcodes import COMMAND_OPCODES
+
     mapping: dict[str, str] = {}
     for category, names in DEFAULT_CATEGORY_MAP.items():
         for name in names:
             mapping[name] = category
+            # the opcode the gate sends for a command falls in the command's category
+            mapping.setdefault(COMMAND_OPCODES.get(name, name), category)
     for category, names in (extra or {}).items():
         for name in names:
             mapping[name] = category

@@ -40,6 +40,7 @@ from gridgate.plugins.lsf_proxy.config import (
     section_defaults,
     split_limits,
 )
+from gridgate.plugins.lsf_proxy.diagnose import diagnose_args, earliest
 from gridgate.plugins.lsf_proxy.guard import (
     ORDINARY,
     PRIVILEGED,
@@ -50,6 +51,7 @@ from gridgate.plugins.lsf_proxy.guard import (
     capacity,
     listening_socket,
 )
+from gridgate.plugins.lsf_proxy.opcodes import opcode_of
 from gridgate.plugins.lsf_proxy.policy import (
     DENIED,
     GRANTED,
@@ -95,7 +97,8 @@ def diagnose_line(decision: Decision) -> str:
     accept = 1 if decision.outcome == GRANTED else 0
     received = time.strftime("%H%M%S", time.localtime(decision.received))
     processed = time.strftime("%H%M%S", done)
-    fields = [f"{LSF_NAMES[req.category]}_REQ", _field(req.opcode) or "-", _field(req.user),
+    # a command name (from an older client, or the LSF backend) is logged as its batch opcode
+    fields = [f"{LSF_NAMES[req.category]}_REQ", _field(opcode_of(req.opcode)) or "-", _field(req.user),
               _field(req.host), str(req.size), str(accept), received, processed]
     return f"{stamp} {','.join(fields)}"
 
@@ -243,6 +246,8 @@ class ProxyDaemon:
         self._servers: list[Listener] = []
         self._diag: Any = None
         self._diag_path: Path | None = None
+        self._diag_file: Path | None = None  # from `diagnose on -f`
+        self._diag_until: float | None = None  # monotonic; from `diagnose on -t`
         settings = self._settings(self.section)
         self.policy = TokenPolicy(settings, clock=clock,
                                   sample_period=float(self.section.get("sample_period", 60)),
@@ -291,7 +296,9 @@ class ProxyDaemon:
 
     @property
     def diagnose_path(self) -> Path:
-        return self._side_file("diagnose_file", f"info.lsfproxydlog.{self.local_host}")
+        # a file named by `diagnose on -f FILE` holds until that diagnosis ends
+        return self._diag_file or self._side_file(
+            "diagnose_file", f"info.lsfproxydlog.{self.local_host}")
 
     @property
     def blocklist_path(self) -> Path:
@@ -481,6 +488,7 @@ class ProxyDaemon:
     async def _ticker(self) -> None:
         assert self._wake is not None and self._stop is not None and self._loop is not None
         while not self._stop.is_set():
+            self._diagnose_expiry()
             result = self.policy.tick()
             if self.metrics is not None and result.expired:
                 # the policy counted them in its Error row
@@ -495,7 +503,7 @@ class ProxyDaemon:
                     self._send(owner, {"v": PROTOCOL_VERSION, "event": "expired", "token": token.id})
             for decision in result.decisions:
                 self._deliver(decision)
-            wake = self.policy.next_wakeup()
+            wake = earliest(self.policy.next_wakeup(), self._diag_until)
             timeout = None if wake is None else max(0.0, wake - self.clock.monotonic())
             self._wake.clear()
             if timeout == 0.0:
@@ -507,6 +515,14 @@ class ProxyDaemon:
             if timer is not None:
                 timer.cancel()
         logger.debug("ticker stopped")
+
+    def _diagnose_expiry(self) -> None:
+        """`diagnose on -t MINUTES` turns itself off when its time is up."""
+        if self._diag_until is not None and self.clock.monotonic() >= self._diag_until:
+            logger.info("diagnose off: its time is up ({})", self.diagnose_path)
+            self._diag_until = None
+            self._diag_file = None
+            self._set_diagnose(False)
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -806,6 +822,7 @@ class ProxyDaemon:
             status = self.policy.status()
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
+                          diagnose_file=str(self.diagnose_path),
                           connections=len(self._conns), metrics_port=self.metrics_port,
                           reloads=self.reloads.as_json(), capacity=self.guard.as_json())
             self._reply(conn, msg_id, status=status)
@@ -843,14 +860,22 @@ class ProxyDaemon:
                         rules=[r.to_json() for r in self.policy.blocklist.rules])
             return
         if op == "diagnose":
-            on = message.get("on")
-            if not isinstance(on, bool):
-                raise ProtocolError("bad_request", "diagnose needs \"on\": true or false")
+            on, minutes, path = diagnose_args(message, self._side_file(
+                "diagnose_file", f"info.lsfproxydlog.{self.local_host}").parent)
+            previous = self._diag_file
+            self._diag_file = path if on else None
             try:
                 self._set_diagnose(on)
             except OSError as exc:
-                raise ProtocolError("io_error", f"cannot open {self.diagnose_path}: {exc}") from None
-            self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path))
+                self._diag_file = previous
+                raise ProtocolError("io_error", f"cannot open {path or self.diagnose_path}: "
+                                                f"{exc}") from None
+            self._diag_until = self.clock.monotonic() + minutes * 60 if minutes else None
+            self._poke()
+            until = self.clock.time() + minutes * 60 if minutes else None
+            logger.info("diagnose {} by {}@{} ({}{})", "on" if on else "off", user, host,
+                        self.diagnose_path, f", for {minutes:g} min" if minutes else "")
+            self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path), until=until)
             return
         if op == "reconfig":
             try:

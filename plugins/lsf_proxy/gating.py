@@ -102,6 +102,7 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
         ProxyError,
         ProxyUnavailable,
     )
+    from gridgate.plugins.lsf_proxy.opcodes import request_of
 
     program = argv[0]
     if os.sep not in program:
@@ -123,7 +124,7 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
     client = ProxyClient.from_section(section, socket_path)
     try:
         try:
-            token = client.acquire(category, opcode or name)
+            token = client.acquire(category, *request_of(argv, opcode))
         except KeyboardInterrupt:
             _say(f"{name}: interrupted while waiting for a {category} token")
             return 128 + signal.SIGINT

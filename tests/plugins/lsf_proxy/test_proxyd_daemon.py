@@ -621,3 +621,38 @@ def test_client_tries_a_dead_daemon_last(start_daemon, sockdir):
     finally:
         logger.remove(sink)
     assert len(misses) == 1  # the dead daemon was tried once, then last (never reached again)
+
+
+def test_diagnose_options_and_gated_commands_logged_with_opcode_and_size(
+        start_daemon, cli, sockdir, gridgate_exe):
+    """`diagnose on -t MINUTES -f FILE` as badmin's; a gated bhosts and bjobs are logged as the
+    seed's log has them: BATCH_HOST_INFO, BATCH_JOB_QUERY, with their request size."""
+    d = start_daemon({})
+    name = d.info["name"]
+    tools = sockdir / "bin"
+    tools.mkdir(mode=0o755)
+    for tool in ("bhosts", "bjobs"):
+        (tools / tool).write_text("#!/bin/sh\necho ok\n")
+        (tools / tool).chmod(0o755)
+    out = cli("diagnose", "on", "-t", "30", "-f", "badmin.log", "--socket", d.socket)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(rf"lsfproxyd diagnostic log ON \({sockdir}/badmin.log\) until "
+                        rf"\w{{3}} \w{{3}} \d\d \d\d:\d\d:\d\d on lsfproxyd host <{name}>",
+                        out.stdout.strip()), out.stdout
+    runs = [[str(tools / "bhosts")], [str(tools / "bjobs"), "-u", "all", "-w"]]
+    for argv in runs:
+        gated = subprocess.run([*AS_NOBODY, gridgate_exe, "gate", "--socket", d.socket, "--",
+                                *argv], capture_output=True, text=True, timeout=60, cwd="/")
+        assert gated.returncode == 0 and gated.stdout == "ok\n", gated.stderr
+    host = hello(d.socket)["host"]
+    logged = [line.split(" ", 4)[4] for line in (sockdir / "badmin.log").read_text().splitlines()]
+    sizes = [sum(len(a) + 1 for a in argv) for argv in runs]
+    assert logged[0].startswith(f"QUERY_REQ,BATCH_HOST_INFO,nobody,{host},{sizes[0]},1,"), logged
+    assert logged[1].startswith(f"QUERY_REQ,BATCH_JOB_QUERY,nobody,{host},{sizes[1]},1,"), logged
+    assert status(d.socket)["diagnose_file"] == str(sockdir / "badmin.log")
+    off = cli("diagnose", "off", "--socket", d.socket)
+    assert "diagnostic log OFF" in off.stdout
+    assert status(d.socket)["diagnose_file"].endswith(f"info.lsfproxydlog.{host}")
+    bad = cli("diagnose", "on", "-f", "../escape.log", "--socket", d.socket)
+    assert bad.returncode == 1 and "give a bare name" in bad.stdout, bad.stdout + bad.stderr
+    assert cli("diagnose", "off", "-t", "5", "--socket", d.socket).returncode == 2
