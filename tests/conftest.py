@@ -42,3 +42,51 @@ def _private_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Relative paths in configs (./gridgate-state) land in the test's own folder."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", os.environ.get("HOME", str(tmp_path)))
+
+
+# --- real uids ---------------------------------------------------------------------------------
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Once per run, in the controlling process only (not in each xdist worker).
+    if hasattr(config, "workerinput"):
+        return
+    from checkout import checkout_problem
+
+    problem = checkout_problem(ROOT, BIN)
+    if problem is not None:
+        pytest.exit(f"unusable checkout: {problem}", returncode=4)
+
+
+# --- a private Slurm cluster -----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """One private Slurm cluster per test process (xdist worker), started on first use.
+
+    Tests that change it (a partition set DOWN, the controller stopped) ask for ``slurm``
+    instead, which puts it back first. A missing Slurm package fails the test, never skips.
+    """
+    from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
+
+    # Slurm's default MessageTimeout (10 s): shorter ones made a loaded machine's slow answers
+    # look like a hung controller.
+    cluster = SlurmCluster()
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    """The session's cluster, healthy: daemons running, partitions UP, no job left."""
+    slurm_cluster.resume_controller()
+    slurm_cluster.ensure_running()
+    for partition in slurm_cluster.partitions:
+        slurm_cluster.set_partition_state(partition, "UP")
+    slurm_cluster.cancel_all()
+    return slurm_cluster

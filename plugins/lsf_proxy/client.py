@@ -223,11 +223,14 @@ class Token:
 
 @dataclass(frozen=True)
 class HostReply:
-    """One daemon's answer to an admin command: ``reply`` or ``error`` (unreachable)."""
+    """One daemon's answer to an admin command: ``reply`` or ``error`` (unreachable;
+    ``busy``: it is there but did not serve the command in time or at all, rather than
+    refusing the connection)."""
 
     daemon: Daemon
     reply: Mapping[str, Any] | None = None
     error: str = ""
+    busy: bool = False
 
 
 class ProxyClient:
@@ -420,23 +423,19 @@ class ProxyClient:
         """Send an admin command to every daemon, in configured order."""
         out = []
         for daemon in self.daemons:
-            conn = None
             try:
                 conn = Connection(daemon, self.connect_timeout, self.key, self.user, self.host,
                                   self.clock)
-                out.append(HostReply(daemon, reply=conn.call(op, self.reply_timeout, **fields)))
-            except _Busy as exc:
-                # it answered: "busy" is not "unable to contact"
-                out.append(HostReply(daemon, reply={"ok": False, "error": {
-                    "code": "busy", "message": str(exc)}}, error=str(exc)))
-            except RequestFailed as exc:
-                out.append(HostReply(daemon, reply={"ok": False, "error": {
-                    "code": exc.code, "message": str(exc)}}, error=str(exc)))
             except _Broken as exc:
-                out.append(HostReply(daemon, error=str(exc)))
+                out.append(HostReply(daemon, error=str(exc), busy=isinstance(exc, _Busy)))
+                continue
+            try:
+                out.append(HostReply(daemon, reply=conn.call(op, self.reply_timeout, **fields)))
+            except (_Broken, RequestFailed) as exc:
+                out.append(HostReply(daemon, error=str(exc),
+                                     busy=isinstance(exc, _Busy | RequestFailed)))
             finally:
-                if conn is not None:
-                    conn.close()
+                conn.close()
         return out
 
     def close(self) -> None:

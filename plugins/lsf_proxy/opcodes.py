@@ -1,9 +1,10 @@
 """The request a gated command makes of its scheduler, as the diagnostic log names it: a batch
 opcode (LSF's ``BATCH_JOB_QUERY`` for ``bjobs``..., Slurm's RPC for ``squeue``...) and a size.
 
-The daemon never sees the scheduler request itself, so the size is that of what the command
-carries into it: its arguments, in bytes, as the C ``argv`` strings (each with its NUL).
-docs/proxyd.md has the table.
+Clients keep naming the command (hold limits and ``status`` are by command); the daemon logs
+its opcode. The daemon never sees the scheduler request itself, so the size the clients send
+is that of what the command carries into it: its arguments, in bytes, as the C ``argv``
+strings (each with its NUL). docs/proxyd.md has the table.
 """
 
 from __future__ import annotations
@@ -39,28 +40,17 @@ COMMAND_OPCODES: dict[str, str] = {
     "scontrol": "REQUEST_UPDATE_JOB",
 }
 
-#: ``scontrol show WHAT`` is a query: which one.
-SCONTROL_SHOW: dict[str, str] = {
-    "job": "REQUEST_JOB_INFO", "jobs": "REQUEST_JOB_INFO", "node": "REQUEST_NODE_INFO",
-    "nodes": "REQUEST_NODE_INFO", "partition": "REQUEST_PARTITION_INFO",
-    "partitions": "REQUEST_PARTITION_INFO", "reservation": "REQUEST_RESERVATION_INFO",
-    "config": "REQUEST_BUILD_INFO", "step": "REQUEST_JOB_STEP_INFO",
-}
-
-
-def opcode_of(name: str, args: Sequence[str] = ()) -> str:
-    """The batch opcode of command ``name`` (a path is fine) with ``args``; the command's own
-    name when it is not in the table (an opcode already is returned as it is)."""
+def opcode_of(name: str, query: bool = False) -> str:
+    """The batch opcode of command ``name`` (a path is fine), for the diagnostic log; the name
+    itself when it is not in the table (so an opcode stays itself). ``query``: the request
+    came as a query (``scontrol show ...``, which the gate counts as one)."""
     base = os.path.basename(name)
-    if base == "scontrol" and args:
-        words = [a for a in args if not a.startswith("-")]
-        if len(words) >= 2 and words[0] == "show":
-            return SCONTROL_SHOW.get(words[1].lower(), "REQUEST_JOB_INFO")
+    if base == "scontrol" and query:
+        return "REQUEST_JOB_INFO"
     return COMMAND_OPCODES.get(base, base)
 
 
-def request_of(argv: Sequence[str], opcode: str = "") -> tuple[str, int]:
-    """``(opcode, size)`` for a token request made on behalf of ``argv``; an explicit
-    ``opcode`` (``gate --opcode``) wins."""
-    size = sum(len(arg.encode("utf-8", "surrogateescape")) + 1 for arg in argv)
-    return opcode or opcode_of(argv[0], argv[1:]), size
+def request_size(argv: Sequence[str]) -> int:
+    """The size of a token request made for ``argv``: its arguments in bytes, each with its
+    NUL, as the C ``argv`` strings the command carries into its scheduler request."""
+    return sum(len(arg.encode("utf-8", "surrogateescape")) + 1 for arg in argv)

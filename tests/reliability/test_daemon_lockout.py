@@ -258,5 +258,5 @@ def test_admin_cli_says_busy_not_unable_to_contact(start_daemon, cli):
             client.close()
     assert shown.returncode == 1
     assert "Unable to contact" not in shown.stdout, shown.stdout
-    assert "is busy (it answered: " in shown.stdout and "too many connections" in shown.stdout
+    assert "is busy: " in shown.stdout and "too many connections" in shown.stdout, shown.stdout
     assert "is busy" in blocked.stdout and "Unable to contact" not in blocked.stdout
