@@ -466,7 +466,8 @@ class GliteBackend(Plugin):
             return None
         if result.local_fault:
             return local_io_failure(result.local_fault)
-        expected = "CE list" if result.operation == OPERATION_LIST_MATCH else "job id"
+        expected = {OPERATION_LIST_MATCH: "CE list", "Job Status": "job status"}.get(
+            result.operation, "job id")
         return classify(result.command, self.rules, result.message, expected=expected)
 
 
