@@ -141,7 +141,7 @@ def _os_threads(pid: int) -> int:
     return 0
 
 
-def _fill(cluster: Any, total: int, workers: int = 4) -> None:
+def _fill(cluster: Any, total: int, workers: int = 16) -> None:
     """Bring the queue to ``total`` pending (held) jobs, each its own job record."""
     have = len(cluster.job_ids())
     missing = total - have
