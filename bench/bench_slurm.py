@@ -93,12 +93,51 @@ print(json.dumps({{"calls": sum(calls), "errors": sum(errors),
 """
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+class _CpuGroup:
+    """A cpuacct cgroup (v1) holding one worker and everything it starts, the gate's token
+    holders included (orphans stay in their cgroup): its CPU is the whole cost of its calls.
+    None of it when the machine has no writable cpuacct hierarchy."""
+
+    def __init__(self, name: str) -> None:
+        self.path: Path | None = CPUACCT / f"gg-bench-{os.getpid()}-{name}"
+        try:
+            self.path.mkdir()
+        except OSError:
+            self.path = None
+
+    def enter(self) -> None:
+        """In the child, before exec (Popen's preexec_fn)."""
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def close(self) -> None:
+        if self.path is None:
+            return
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the last token holders are still exiting
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
 def _worker(as_user: list[str], threads: int, seconds: float, interval: float, mode: str,
-            socket: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+            socket: str, argv: list[str], env: dict[str, str],
+            group: _CpuGroup | None = None) -> subprocess.Popen[str]:
     code = _WORKER.format(root=str(ROOT), threads=threads, seconds=seconds, interval=interval,
                           mode=mode, socket=socket, argv=argv)
     return subprocess.Popen([*as_user, sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd="/")
+                            stderr=subprocess.PIPE, text=True, env=env, cwd="/",
+                            preexec_fn=group.enter if group is not None else None)
 
 
 def _collect(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -178,11 +217,19 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
     sampler.start()
     light_mode = "ungated" if mode == "idle" else mode
     light = _worker(AS_LIGHT, 1, seconds, 1.0, light_mode, socket, argv, env)
-    heavy = (_worker(AS_NOBODY, loops, seconds, 0.0, mode, socket, argv, env)
+    group = _CpuGroup(mode) if mode != "idle" else None
+    heavy = (_worker(AS_NOBODY, loops, seconds, 0.0, mode, socket, argv, env, group)
              if mode != "idle" else None)
     lat = _collect(light, seconds + 600)
     load = _collect(heavy, seconds + 600) if heavy is not None else {"calls": 0, "errors": 0}
     wall, cpu = time.monotonic() - wall0, _cpu_seconds(pid) - cpu0
+    loop_cpu = None
+    if group is not None:
+        time.sleep(1.0)  # the last token holders give their tokens back and exit
+        used = group.seconds()
+        group.close()
+        if used is not None and load["calls"]:
+            loop_cpu = round(used / load["calls"] * 1000, 1)
     stop.set()
     sampler.join(130)
     rpcs = _sdiag_rpcs(_sdiag(cluster))
@@ -196,6 +243,8 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
         "light_median_ms": round(statistics.median(latencies) * 1000) if latencies else None,
         "light_max_ms": round(latencies[-1] * 1000) if latencies else None,
         "loop_calls_per_s": round(load["calls"] / seconds, 1), "loop_errors": load["errors"],
+        # every process of the loops (driver, squeue, shims, token holders) per call
+        "loop_cpu_ms_per_call": loop_cpu,
         "rpcs_per_s": round(total_rpcs / wall, 1),
         "job_info_calls": job_info[0], "job_info_mean_ms": round(job_info[1] / 1000, 1),
         "ctld_cpu": round(cpu / wall, 2),
@@ -237,7 +286,28 @@ def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
         shutil.rmtree(folder, ignore_errors=True)
     return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
             "loops": loops, "jobs": jobs, "seconds_per_phase": seconds, "query_max": query_max,
-            "cpus": os.cpu_count(), "load_before": os.getloadavg()[0], "rows": rows}
+            "cpus": os.cpu_count(), "load_before": os.getloadavg()[0], "rows": rows,
+            "goals": _goals(rows)}
+
+
+def _goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per queue size: the light user's gated (shims) median against its idle median (goal
+    <= 2x) and against the ungated flood's (goal <= 0.25x); the loops' CPU per call."""
+    out: dict[str, Any] = {}
+    for total in sorted({r["pending_jobs"] for r in rows}):
+        by_mode = {r["mode"]: r for r in rows if r["pending_jobs"] == total}
+        if not {"idle", "ungated", "shims"} <= set(by_mode):
+            continue
+        idle, flood, gated = (by_mode[m]["light_median_ms"] for m in ("idle", "ungated", "shims"))
+        if not (idle and flood and gated):
+            continue
+        out[str(total)] = {
+            "gated_vs_idle": round(gated / idle, 2), "gated_vs_idle_goal": 2.0,
+            "gated_vs_flood": round(gated / flood, 3), "gated_vs_flood_goal": 0.25,
+            "loop_cpu_ms_per_call": {m: by_mode[m].get("loop_cpu_ms_per_call")
+                                     for m in ("ungated", "shims", "client") if m in by_mode},
+        }
+    return out
 
 
 def main() -> None:

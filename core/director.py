@@ -45,6 +45,7 @@ from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manag
 from gridgate.core.resilient import DeferredState, ResilientState
 from gridgate.core.runner import orphan_guard
 from gridgate.core.state import StateError, StateStore
+from gridgate.core.tracking import PilotTracker
 
 ACCOUNTING = "accounting"
 
@@ -89,6 +90,8 @@ def compose_failure(
         else:
             lines.append(f"returns: {command.returncode}")
     lines.append(f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""))
+    if command is None and result.message:  # no command to show: the message is the evidence
+        lines.append(result.message)
     lines.append(
         f"Episode: first failure {_iso(escalation.episode_start)}, "
         f"{escalation.failures} failure(s) since"
@@ -163,6 +166,10 @@ class _Iteration:
     failures: list[dict[str, Any]] = field(default_factory=list)
     #: backends whose commands cannot run on this machine: paused for the rest of the iteration
     local_faults: set[str] = field(default_factory=set)
+    #: room under max_waiting / max_total (gridgate.core.tracking.Limits), None when not tracking
+    limits: Any = None
+    #: what the pilot tracker did this iteration, for the summary
+    pilots: dict[str, Any] = field(default_factory=dict)
 
     def exclude(self, endpoint: Endpoint) -> None:
         with self.lock:
@@ -212,6 +219,7 @@ class Director:
         if port is not None and serve_metrics:
             self._start_metrics(int(port))
         self._build()
+        self.tracker = PilotTracker(self)
         self.iteration = 0
         self.stop_event = threading.Event()
         #: Names this director in shared state (demand locks): host, pid and a random part.
@@ -363,6 +371,7 @@ class Director:
         it = _Iteration(info=info, failing=failing)
         if config_note is not None:
             it.notifications.append(config_note)
+        demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
         jobs = self._plan(demand, it)
         threads = int(self.config.director["max_threads"])
         if jobs:
@@ -378,6 +387,7 @@ class Director:
             notifications=tuple(it.notifications),
             failures=tuple(it.failures),
             config_error=refusal,
+            pilots=it.pilots,
         )
         hook.gridgate_iteration_finished(summary=summary)
         return summary
@@ -449,10 +459,21 @@ class Director:
             self._account(it, request, None, "skipped", request.count, failure_kind="local_fault")
             return
         candidates = it.usable(info.endpoints)
+        if candidates and it.limits is not None:
+            candidates = it.limits.with_room(candidates)
+            if not candidates:
+                self._account(it, request, None, "skipped", request.count, failure_kind="max_waiting")
+                return
         if not candidates:
             self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint")
             return
         endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
+        if it.limits is not None:
+            fitting = it.limits.reserve(endpoint, request)
+            if fitting is None:
+                self._account(it, request, endpoint, "skipped", request.count, failure_kind="max_waiting")
+                return
+            request = fitting
         answer = hook.gridgate_admit(request=AdmissionRequest(
             category="submission", opcode="JOB_SUBMIT", user=request.user, size=request.count,
             endpoint=endpoint,
@@ -494,8 +515,17 @@ class Director:
         return result
 
     def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration, duration: float) -> None:
+        failure = self._server_failed(endpoint, result, it)
+        self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
+                      duration=duration)
+
+    def _server_failed(self, endpoint: Endpoint, result: SubmitResult, it: _Iteration,
+                       failure: Failure | None = None) -> Failure:
+        """A failure of ``endpoint`` (a submission, a status query, aborting pilots):
+        classified unless ``failure`` is given, then excluded, escalated and told."""
         hook = self.pm.hook
-        failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
+        if failure is None:
+            failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
         override = self.config.director.get("notify_kinds", {}).get(failure.kind)
         if override is not None:
             failure = replace(failure, notify=override)
@@ -518,8 +548,7 @@ class Director:
                 with it.lock:
                     it.notifications.append(note)
                 hook.gridgate_notify(notification=note)
-        self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
-                      duration=duration)
+        return failure
 
     def _local_fault(self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: _Iteration) -> None:
         """A command that cannot start on this machine: pause the backend, blame no server,
@@ -566,6 +595,8 @@ class Director:
             self.state.append_record(ACCOUNTING, record.as_dict())
         except StateError as exc:
             logger.error("accounting row lost, state store failed: {}", exc)
+        if outcome == "submitted":
+            self.tracker.submitted(record)
         self.pm.hook.gridgate_submission_finished(record=record)
 
 
@@ -594,6 +625,7 @@ def summary_json(summary: IterationSummary) -> str:
             for n in summary.notifications
         ],
         "config_error": summary.config_error,
+        "pilots": dict(summary.pilots),
     }
     return json.dumps(doc, sort_keys=False)
 

@@ -375,6 +375,10 @@ class IterationSummary:
     notifications: tuple[Notification, ...] = ()
     failures: tuple[Mapping[str, Any], ...] = ()
     config_error: str | None = None
+    #: what the pilot tracker did: polls, state changes, cancels, aborted endpoints, demand
+    #: trimmed per backend and limit, and pilots by endpoint and state after the iteration's
+    #: submissions (gridgate.core.tracking)
+    pilots: Mapping[str, Any] = field(default_factory=dict)
 
 
 class DemandRegistry:
