@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gridgate.core.model import Endpoint, SubmitRequest
+from gridgate.core.model import Endpoint, IterationInfo, SubmitRequest
 from gridgate.core.testing import build_plugin, plugin_manager_with
 from gridgate.plugins.slurm.backend import (
     SlurmBackend,
@@ -113,8 +113,20 @@ def test_a_stopped_controller_takes_every_partition_out_and_escalates(slurm_site
     backend = _backend(slurm_site)
     status = backend.gridgate_job_status(endpoint=Endpoint("slurm", "debug"), job_ids=["1", "2"],
                                          timeout=30)
-    assert status is not None and not status.ok
+    assert status is not None and not status.ok and status.commands == 1
     assert "Unable to contact slurm controller" in status.command.stderr
+    # the sibling partition is not polled again in the same iteration, nor cancelled in
+    sibling = backend.gridgate_job_status(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
+                                          timeout=30)
+    assert not sibling.ok and sibling.commands == 0 and sibling.command == status.command
+    assert sibling.message.startswith("not tried: partition debug")
+    cancel = backend.gridgate_cancel(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
+                                     timeout=30)
+    assert not cancel.ok and cancel.message.startswith("not tried: partition debug")
+    # a new iteration tries again
+    backend.gridgate_iteration_started(iteration=IterationInfo(number=2, started=0.0))
+    assert backend.gridgate_job_status(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
+                                       timeout=30).commands == 1
 
 
 def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
