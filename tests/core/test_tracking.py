@@ -416,7 +416,8 @@ def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
         assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
         polls.append([p["outcome"] for p in summary.pilots["polls"]])
     # asked once per endpoint; after that its pilots are not even read (until plugins change)
-    assert polls == [["unsupported"] * 2, []]
+    # (the endpoints are polled in parallel: the second may already know the backend's answer)
+    assert set(polls[0]) == {"unsupported"} and polls[1] == []
     assert states(director) == {"waiting": 10}
     director.close()
 
