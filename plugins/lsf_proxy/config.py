@@ -105,6 +105,17 @@ SECTION_SCHEMA: dict[str, Any] = {
         "lease_time": {"type": "number", "exclusiveMinimum": 0, "default": 300,
                        "description": "Seconds a token may be held; an expired lease is "
                                       "taken back and counted as an error."},
+        "hold_limits": {"type": "object", "default": {},
+                        "additionalProperties": {"type": "number", "exclusiveMinimum": 0},
+                        "description": "Per command (opcode): seconds its token may be held, "
+                                       "instead of lease_time; e.g. {squeue: 30}."},
+        "start_only": {"type": "object", "default": {},
+                       "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                       "description": "Gate: commands that take a token to start, not to run, "
+                                      "with the arguments that make them so ([]: always); "
+                                      "added to the built-in srun, salloc, squeue -i, ..."},
+        "start_hold": {"type": "number", "exclusiveMinimum": 0, "default": 2,
+                       "description": "Gate: seconds a start_only command keeps its token."},
         "sample_period": {"type": "number", "exclusiveMinimum": 0, "default": 60,
                           "description": "Seconds per metrics sample period."},
         "admins": {"type": "array", "items": {"type": "string", "minLength": 1},
@@ -334,22 +345,30 @@ def default_socket_path() -> str:
 
 
 def resolve_socket(option: str | None, section: Mapping[str, Any] | None = None) -> str:
-    """The socket to use: ``--socket``, then ``$GRIDGATE_PROXYD_SOCKET``, then the config."""
+    """The socket to use: ``--socket``, then ``$GRIDGATE_PROXYD_SOCKET``, then the config.
+
+    A relative path (``--socket proxyd.sock``) is made absolute against the current directory.
+    """
     if option:
-        return option
+        return _absolute(option)
     env = os.environ.get("GRIDGATE_PROXYD_SOCKET")
     if env:
-        return env
+        return _absolute(env)
     if section and section.get("socket"):
         return str(section["socket"])
     return default_socket_path()
+
+
+def _absolute(path: str) -> str:
+    # an address is told from host:port by its leading "/" (parse_address)
+    return path if path.startswith("/") or parse_tcp(path) else os.path.abspath(path)
 
 
 def daemon_socket(option: str | None, section: Mapping[str, Any], name: str) -> str:
     """Where daemon ``name`` listens: ``--socket``, ``proxyd.socket``, its own Unix address
     in ``proxyd.hosts``, then as the clients look (environment, runtime directory)."""
     if option:
-        return option
+        return _absolute(option)
     if section.get("socket"):
         return str(section["socket"])
     for host in section.get("hosts") or []:

@@ -27,6 +27,7 @@ from loguru import logger
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import ConfigError, load_config, read_secret
 from gridgate.core.files import atomic_write
+from gridgate.plugins.lsf_proxy import holding
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     LSF_NAMES,
@@ -353,7 +354,7 @@ class ProxyDaemon:
         config = load_config(self.config_path)
         section = dict(config.get("proxyd") or section_defaults())
         settings = self._settings(section)
-        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address"):
+        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address", "heartbeat_via"):
             if section.get(key) != self.section.get(key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
         self.section = section
@@ -495,9 +496,11 @@ class ProxyDaemon:
                 self.metrics.errors.labels("lease_expired").inc(len(result.expired))
             for token in result.expired:
                 owner = self._owners.pop(token.id, None)
-                logger.warning("lease of token {} ({}) held by {}@{} expired after {:.0f} s: "
-                               "taken back", token.id, token.category, token.user, token.host,
-                               self.policy.settings.lease_time)
+                logger.warning("lease of token {} ({} {}) held by {}@{} expired after {:.0f} s "
+                               "(its hold limit): taken back", token.id, token.category,
+                               token.opcode or "-", token.user, token.host,
+                               token.expires_at - token.granted)
+                self._diag_write(holding.hold_limit_line(token, self.clock.time()))
                 if owner is not None:
                     owner.tokens.discard(token.id)
                     self._send(owner, {"v": PROTOCOL_VERSION, "event": "expired", "token": token.id})
@@ -677,6 +680,9 @@ class ProxyDaemon:
         if op == "acquire":
             self._acquire(conn, message, msg_id, user, host)
             return
+        if op == "check":
+            self._reply(conn, msg_id, **holding.check(self.policy, message, user, host, conn.tcp))
+            return
         if op == "release":
             token_id = message.get("token")
             if not isinstance(token_id, str):
@@ -718,20 +724,27 @@ class ProxyDaemon:
         self._waiters[req.id] = conn
         decision = self.policy.request(req)
         if decision.outcome == QUEUED:
+            # the client may tell its user why it waits, and behind how many
+            self._send(conn, {"v": PROTOCOL_VERSION, "event": "queued", "request": msg_id,
+                              "ahead": self.policy.categories[category].queue.size - 1})
             self._poke()
             return
         self._deliver(decision)
+
+    def _diag_write(self, line: str) -> None:
+        if self._diag is not None:
+            try:
+                self._diag.write(line + "\n")
+            except OSError as exc:
+                logger.error("diagnostic log {}: {}", self.diagnose_path, exc)
 
     def _deliver(self, decision: Decision) -> None:
         req = decision.request
         conn = self._waiters.pop(req.id, None)
         if self.metrics is not None:
             self.metrics.decided(decision)
-        if self._diag is not None and decision.outcome in ("granted", "denied"):
-            try:
-                self._diag.write(diagnose_line(decision) + "\n")
-            except OSError as exc:
-                logger.error("diagnostic log {}: {}", self.diagnose_path, exc)
+        if decision.outcome in ("granted", "denied"):
+            self._diag_write(diagnose_line(decision))
         if conn is None:
             return
         msg_id = conn.waiting.pop(req.id, None)
@@ -761,7 +774,8 @@ class ProxyDaemon:
             status = self.policy.status()
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
-                          connections=len(self._conns), metrics_port=self.metrics_port)
+                          connections=len(self._conns), metrics_port=self.metrics_port,
+                          longest_held=holding.longest_held(self.policy))
             if peers is not None:
                 status["peers"] = peers
             self._reply(conn, msg_id, status=status)

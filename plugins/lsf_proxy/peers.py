@@ -199,6 +199,10 @@ class Heartbeat:
         self.section: Mapping[str, Any] = {}
         self._warned: set[str] = set()
         self.configure(section)
+        # the transport is chosen once: a reload that changes heartbeat_via is logged and
+        # takes effect at the next start
+        if section.get("heartbeat_via") == "state" and self.addresses:
+            self.store = self._open_store()
 
     def configure(self, section: Mapping[str, Any]) -> None:
         """Take ``proxyd.hosts`` and ``heartbeat_interval`` (start and reload)."""
@@ -207,8 +211,6 @@ class Heartbeat:
         hosts = section.get("hosts") or []
         self.addresses = {h["name"]: h["address"] for h in hosts if h["name"] != self.name}
         self.view.set_names(h["name"] for h in hosts)
-        if section.get("heartbeat_via") == "state" and self.addresses and self.store is None:
-            self.store = self._open_store()
         #: the live daemons the daemon's share was last computed from
         self.last_live = self.view.live()
 

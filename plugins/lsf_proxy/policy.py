@@ -59,6 +59,8 @@ class Token:
     host: str
     privileged: bool
     expires_at: float
+    opcode: str = ""
+    granted: float = 0.0  # monotonic, like expires_at
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,8 @@ class PolicySettings:
     lease_time: float = 300.0
     admins: frozenset[str] = frozenset({"root"})
     addon_hosts: frozenset[str] = frozenset()
+    #: per command (opcode): seconds its token may be held, instead of ``lease_time``
+    hold_limits: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], limits: Mapping[str, Limits]) -> PolicySettings:
@@ -358,6 +362,7 @@ class PolicySettings:
             lease_time=float(section.get("lease_time", 300)),
             admins=frozenset(section.get("admins", ["root"])),
             addon_hosts=frozenset(section.get("addon_hosts", [])),
+            hold_limits={k: float(v) for k, v in (section.get("hold_limits") or {}).items()},
         )
 
 
@@ -401,7 +406,8 @@ class TokenPolicy:
                received: float, received_wall: float) -> Decision:
         token = Token(
             id=f"{self._prefix}-{next(self._ids)}", category=req.category, user=req.user,
-            host=req.host, privileged=privileged, expires_at=now + self.settings.lease_time,
+            host=req.host, privileged=privileged, opcode=req.opcode, granted=now,
+            expires_at=now + self.settings.hold_limits.get(req.opcode, self.settings.lease_time),
         )
         cat.in_use += 1
         cat.held[req.user] = cat.held.get(req.user, 0) + 1

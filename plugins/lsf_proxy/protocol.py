@@ -20,7 +20,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_LINE = 16384
 
 #: Operations anyone may call; every other operation is an admin command.
-PUBLIC_OPS = frozenset({"hello", "acquire", "release"})
+PUBLIC_OPS = frozenset({"hello", "acquire", "release", "check"})
 ADMIN_OPS = frozenset({"status", "enable", "disable", "block", "unblock", "blocklist",
                        "diagnose", "reconfig", "heartbeat"})
 

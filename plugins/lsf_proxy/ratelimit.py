@@ -46,12 +46,13 @@ class RateLimit:
 
 def rate_limits_from(section: Mapping[str, Any], daemons: int = 1) -> dict[str, RateLimit]:
     """The enabled rate limits of a ``proxyd:`` section, split over ``daemons`` live daemons
-    (as max and nominal are: a user spread over them gets the configured rate in all)."""
+    (as max and nominal are: a user spread over them gets the configured rate in all). A
+    share of the bucket is never below one request, or nobody could ever be served."""
     out: dict[str, RateLimit] = {}
     for category, spec in (section.get("rate_limit") or {}).items():
         if not spec.get("enable", True):
             continue
-        out[category] = RateLimit(float(spec.get("bucket_size", 30)) / daemons,
+        out[category] = RateLimit(max(1.0, float(spec.get("bucket_size", 30)) / daemons),
                                   float(spec.get("refill_rate", 2)) / daemons,
                                   float(spec.get("refill_period", 1)))
     return out
@@ -86,8 +87,10 @@ class Bucket:
         while now >= self.last + (periods + 1) * period:
             periods += 1
         if periods > 0:
-            self.tokens = min(limit.bucket_size, self.tokens + periods * limit.refill_rate)
+            self.tokens += periods * limit.refill_rate
             self.last += periods * period
+        # also when the bucket shrank (a reload, another daemon joining)
+        self.tokens = min(limit.bucket_size, self.tokens)
 
     def take(self, limit: RateLimit, now: float) -> bool:
         self.refill(limit, now)

@@ -60,6 +60,21 @@ def status_text(replies: Sequence[HostReply]) -> list[str]:
             lines.append(f"  {LSF_NAMES[cat]:<11}{row['token_limit']:<13}{row['in_use']:<21}"
                          f"{row['in_use_privileged']}")
         lines += metrics_text(status)
+        lines += held_text(status.get("longest_held") or [])
+    return lines
+
+
+def held_text(held: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The longest-held tokens (``status`` lists a few), with the time left to their limit."""
+    if not held:
+        return []
+    lines = ["", f"  {'LONGEST_HELD':<13} {'USER@HOST':<23} {'COMMAND':<19} {'CATEGORY':<11} "
+                 "RETURNED_IN"]
+    for t in held:
+        who = f"{t['user']}@{t['host']}"
+        lines.append(f"  {t['held']:<13.1f} {who:<23} {t['opcode'] or '-':<19} "
+                     f"{LSF_NAMES.get(t['category'], t['category']):<11} "
+                     f"{max(0.0, t['left']):.0f} s")
     return lines
 
 

@@ -187,7 +187,14 @@ def test_status_text_matches_the_seed(start_daemon, cli):
     assert lines[17] == "Sample period:                  60 Seconds"
     assert lines[19] == "Metrics                                           Last         Max         Avg"
     assert lines[22] == "     Query                                           0           0           0"
-    assert lines[-1] == "Error                                                0           0           0"
+    # the seed's table ends with the Error row; the longest-held tokens follow it
+    error = lines.index("Error                                                0           0           0")
+    assert lines[error + 1:error + 3] == [
+        "", "  LONGEST_HELD  USER@HOST               COMMAND             CATEGORY    RETURNED_IN"]
+    assert len(lines) == error + 6
+    for line in lines[error + 3:]:
+        assert line.split()[1].startswith("root@") and line.split()[2:4] == [
+            "BATCH_JOB_QUERY", "QUERY"]
 
 
 def test_killed_client_does_not_leak_its_token(start_daemon):
