@@ -31,6 +31,9 @@ def _unreachable(reply: HostReply) -> str:
 
 def _failure(reply: HostReply) -> str:
     if reply.reply is None:
+        if reply.busy:
+            # it is there (it answered busy, or took the connection and not the command)
+            return f"lsfproxyd host <{reply.daemon.name}> is busy: {reply.error}"
         return _unreachable(reply)
     error = reply.reply.get("error") or {}
     return f"lsfproxyd host <{reply.daemon.name}>: {error.get('message', 'error')}"
@@ -117,12 +120,17 @@ def block_text(op: str, replies: Sequence[HostReply]) -> list[str]:
         if reply.reply is None or not reply.reply.get("ok"):
             lines.append(_failure(reply))
             continue
-        text, changed, name = reply.reply["text"], reply.reply["changed"], reply.daemon.name
-        if op == "block":
-            verb = "added to" if changed else "is already in"
-        else:
-            verb = "removed from" if changed else "is not a rule of"
-        lines.append(f"{text} {verb} the blocklist on lsfproxyd host <{name}>")
+        r, name = reply.reply, reply.daemon.name
+        # each element is a rule: say which were changed and which were not (an older daemon
+        # answers only text and changed)
+        done, kept = (r["done"], r["kept"]) if "done" in r else (
+            (r["text"], "") if r["changed"] else ("", r["text"]))
+        if done:
+            verb = "added to" if op == "block" else "removed from"
+            lines.append(f"{done} {verb} the blocklist on lsfproxyd host <{name}>")
+        if kept:
+            verb = "is already in" if op == "block" else "is not a rule of"
+            lines.append(f"{kept} {verb} the blocklist on lsfproxyd host <{name}>")
     return lines
 
 

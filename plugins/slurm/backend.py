@@ -127,6 +127,8 @@ class SlurmBackend(Plugin):
     """Submits pilots to Slurm partitions; polls and cancels them."""
 
     name = "slurm"
+    #: the config key that lists the endpoints: a section without any is a config error
+    endpoints_key = "partitions"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
