@@ -57,6 +57,23 @@ _CATEGORY_LIMITS: dict[str, Any] = {
 }
 
 
+_RATE_LIMIT: dict[str, Any] = {
+    "type": "object",
+    "description": "One category's bucket per user; every key has Slurm's default.",
+    "properties": {
+        "enable": {"type": "boolean", "default": True,
+                   "description": "rl_enable: false keeps the entry but switches it off."},
+        "bucket_size": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                        "description": "rl_bucket_size: requests a user may make in a burst."},
+        "refill_rate": {"type": "number", "exclusiveMinimum": 0, "default": 2,
+                        "description": "rl_refill_rate: requests added to the bucket each period."},
+        "refill_period": {"type": "number", "exclusiveMinimum": 0, "default": 1,
+                          "description": "rl_refill_period: seconds between refills."},
+    },
+    "additionalProperties": False,
+}
+
+
 def _address_schema(description: str) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "description": description}
 
@@ -80,6 +97,11 @@ SECTION_SCHEMA: dict[str, Any] = {
                  "additionalProperties": False},
             ],
         },
+        "max_concurrent_query": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                                 "description": "mbatchd's MAX_CONCURRENT_QUERY (lsb.params), "
+                                                "when the site states it: the QUERY max may "
+                                                "not exceed it, and defaults to it when it is "
+                                                "below 100."},
         "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "default": 15,
                             "description": "Seconds a request may wait before it is denied."},
         "queue_limit_per_user": {"type": "integer", "minimum": 1, "default": 1000,
@@ -121,6 +143,24 @@ SECTION_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
             },
         },
+        "heartbeat_interval": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                               "description": "Seconds between heartbeats to the other daemons "
+                                              "of hosts (LSF_PROXYD_HEARTBEAT_INTERVAL); a "
+                                              "daemon not heard for 3 intervals, or refusing "
+                                              "connections, is left out of the split."},
+        "heartbeat_via": {"enum": ["daemons", "state"], "default": "daemons",
+                          "description": "daemons: heartbeats over the daemons' own sockets; "
+                                         "state: a key with a TTL in the site's state store "
+                                         "(the state: section, e.g. the directors' Redis)."},
+        "rate_limit": {
+            "type": "object",
+            "default": {},
+            "description": "Per-user token buckets per category (as Slurm's rl_*): a user's "
+                           "requests beyond the rate wait, within token_wait_time, then are "
+                           "denied. Categories not listed have no rate limit.",
+            "properties": {c: _RATE_LIMIT for c in CATEGORIES},
+            "additionalProperties": False,
+        },
         "name": {"type": "string", "default": "",
                  "description": "This daemon's name in hosts (default: the host name)."},
         "tcp": {"type": ["string", "null"], "default": None,
@@ -143,8 +183,26 @@ SECTION_SCHEMA: dict[str, Any] = {
         "line_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
                          "description": "Seconds a started line may take to complete; then "
                                         "the connection is closed."},
-        "max_connections": {"type": "integer", "minimum": 1, "default": 20000,
-                            "description": "Connections beyond this are closed at once."},
+        "max_connections": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                            "description": "Unix-socket and authenticated TCP connections; "
+                                           "beyond, new ones are closed at once (root and "
+                                           "admins may use admin_reserve more). null: what "
+                                           "RLIMIT_NOFILE leaves after the daemon's own files "
+                                           "and the other pools."},
+        "admin_reserve": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                          "description": "Connections kept for root, the admins and the "
+                                         "daemon's owner beyond max_connections; null: "
+                                         "RLIMIT_NOFILE/16, at most 64."},
+        "tcp_max_unauthenticated": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                                    "description": "TCP connections that have not yet sent "
+                                                   "a validly signed request; they never "
+                                                   "count toward max_connections. null: "
+                                                   "RLIMIT_NOFILE/8, at most 256."},
+        "tcp_max_per_peer": {"type": "integer", "minimum": 1, "default": 32,
+                             "description": "Unauthenticated TCP connections from one address."},
+        "tcp_auth_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+                             "description": "Seconds a TCP connection has to send a validly "
+                                            "signed request; then it is closed."},
         "max_connections_per_user": {"type": "integer", "minimum": 1, "default": 1024,
                                      "description": "Unix-socket connections one ordinary "
                                                     "user may hold (root and admins: no limit)."},
@@ -251,9 +309,13 @@ def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()
     return Limits(max=mx, nominal=nominal, throttle=throttle / 1000.0)
 
 
-def resolve_policies(policies: str | Mapping[str, Any] | None) -> dict[str, Limits]:
+def resolve_policies(policies: str | Mapping[str, Any] | None,
+                     max_concurrent_query: int | None = None) -> dict[str, Limits]:
     """The limits of every category from the config's ``policies`` value.
 
+    :param max_concurrent_query: mbatchd's ``MAX_CONCURRENT_QUERY`` when the site states it:
+        the QUERY max may not exceed it (the seed), and an unset QUERY max defaults to it
+        when it is below 100.
     :raises PolicyError: with the path of the faulty field inside ``policies``.
     """
     if not policies:
@@ -262,7 +324,17 @@ def resolve_policies(policies: str | Mapping[str, Any] | None) -> dict[str, Limi
         given = parse_policies(policies)
     else:
         given = policies
-    return {c: resolve_category(given.get(c) or {}, (c,)) for c in CATEGORIES}
+    limits = {c: resolve_category(given.get(c) or {}, (c,)) for c in CATEGORIES}
+    if max_concurrent_query is not None:
+        query = dict(given.get("query") or {})
+        if query.get("max") is None and limits["query"].max > max_concurrent_query:
+            query["max"] = max_concurrent_query
+            limits["query"] = resolve_category(query, ("query",))
+        if limits["query"].max > max_concurrent_query:
+            raise PolicyError(("query", "max"), f"QUERY max ({limits['query'].max}) must not "
+                                                f"exceed max_concurrent_query "
+                                                f"({max_concurrent_query}, MAX_CONCURRENT_QUERY)")
+    return limits
 
 
 def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[str, Limits]:
@@ -284,10 +356,14 @@ def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[s
 
 def category_map(extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
     """Command or opcode name -> category, the defaults plus ``extra`` (which wins)."""
+    from gridgate.plugins.lsf_proxy.opcodes import COMMAND_OPCODES
+
     mapping: dict[str, str] = {}
     for category, names in DEFAULT_CATEGORY_MAP.items():
         for name in names:
             mapping[name] = category
+            # the opcode the gate sends for a command falls in the command's category
+            mapping.setdefault(COMMAND_OPCODES.get(name, name), category)
     for category, names in (extra or {}).items():
         for name in names:
             mapping[name] = category

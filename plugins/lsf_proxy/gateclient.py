@@ -128,7 +128,8 @@ def _rand() -> float:
 class Link:
     """One blocking connection to one daemon."""
 
-    def __init__(self, name: str, address: str, timeout: float, signer: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(self, name: str, address: str, timeout: float,
+                 signer: Callable[..., None] | None) -> None:
         self.name, self.address = name, address
         self._signer = signer
         self._ids = 0
@@ -156,12 +157,29 @@ class Link:
             self.sock.close()
             busy = isinstance(exc, TimeoutError) or exc.errno == 11  # EAGAIN: backlog full
             raise (_Busy if busy else _Broken)(f"{name}: cannot connect to {address}: {exc}") from None
+        self._bound: dict[str, Any] = {}
+        if self._signer is not None:
+            self._handshake(timeout)
+
+    def _handshake(self, timeout: float) -> None:
+        """Over TCP, the challenge of this connection's ``hello``, which every signature on it
+        covers with the daemon's name (protocol.md): a captured request is good nowhere else."""
+        signer, self._signer = self._signer, None  # hello goes unsigned
+        try:
+            reply = self.call("hello", timeout)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._signer = signer
+        if reply.get("challenge"):
+            self._bound = {"challenge": reply["challenge"], "daemon": reply.get("name")}
 
     def send(self, op: str, **fields: Any) -> int:
         self._ids += 1
         message: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": self._ids, "op": op, **fields}
         if self._signer is not None:
-            self._signer(message)
+            self._signer(message, **self._bound)
         try:
             self.sock.sendall(dumps(message))
         except OSError as exc:
@@ -216,6 +234,10 @@ class Link:
                 ahead = reply.get("ahead") if isinstance(reply.get("ahead"), int) else None
             elif reply.get("id") is None and reply.get("ok") is False:
                 error = reply.get("error") or {}
+                if error.get("code") in ("busy", "auth_timeout"):
+                    # there, but no room for this connection: try the next, then again
+                    self.close()
+                    raise _Busy(f"{self.name}: busy: {error.get('message', '')}")
                 raise Failed(error.get("code", "error"), f"{self.name}: {error.get('message', '')}")
 
     def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
@@ -269,7 +291,7 @@ class GateClient:
         self.backoff = backoff
         self.warn = warn or (lambda _message: None)
         self._down: set[str] = set()
-        self._signer: Callable[[dict[str, Any]], None] | None = None
+        self._signer: Callable[..., None] | None = None
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], socket_path: str | None = None,
@@ -308,8 +330,8 @@ class GateClient:
                 user = str(os.geteuid())
             host, key = socket.gethostname().split(".")[0], self.key
 
-            def signer(message: dict[str, Any]) -> None:
-                sign(message, key, user, host)
+            def signer(message: dict[str, Any], **bound: Any) -> None:
+                sign(message, key, user, host, **bound)
 
             self._signer = signer
         return Link(daemon[0], daemon[1], self.connect_timeout, self._signer)
@@ -321,9 +343,10 @@ class GateClient:
 
     def acquire(self, category: str, opcode: str, notice: float | None = None,
                 on_notice: Callable[[int | None], None] | None = None,
-                on_sent: Callable[[Link], None] | None = None) -> Grant:
+                on_sent: Callable[[Link], None] | None = None, size: int = 0) -> Grant:
         """Wait for a token of ``category``; ``on_sent(link)`` after each request is sent
-        (work to overlap with the daemon's answer).
+        (work to overlap with the daemon's answer); ``size`` is the request's size in bytes
+        for the diagnostic log.
 
         :raises NoToken: blocked, or denied ``notoken_ntries`` times.
         :raises Unavailable: no daemon answered and ``when_unavailable`` is ``fail``.
@@ -331,7 +354,8 @@ class GateClient:
         """
         tries = 0
         while True:
-            reply, link, name = self._acquire_once(category, opcode, notice, on_notice, on_sent)
+            reply, link, name = self._acquire_once(category, opcode, notice, on_notice, on_sent,
+                                                   size)
             if reply is None:
                 message = f"no lsfproxyd answered ({', '.join(n for n, _ in self.daemons)})"
                 if self.when_unavailable == "fail":
@@ -358,14 +382,14 @@ class GateClient:
 
     def _acquire_once(self, category: str, opcode: str, notice: float | None,
                       on_notice: Callable[[int | None], None] | None,
-                      on_sent: Callable[[Link], None] | None = None,
+                      on_sent: Callable[[Link], None] | None = None, size: int = 0,
                       ) -> tuple[dict[str, Any] | None, Link | None, str]:
         busy = ""
         for daemon in self._order():
             try:
                 link = self._link(daemon)
                 try:
-                    msg_id = link.send("acquire", category=category, opcode=opcode, size=0)
+                    msg_id = link.send("acquire", category=category, opcode=opcode, size=size)
                     if on_sent is not None:
                         on_sent(link)
                     reply = link.wait(msg_id, self.reply_timeout, notice, on_notice)

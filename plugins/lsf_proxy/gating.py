@@ -304,6 +304,7 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
         NoToken,
         Unavailable,
     )
+    from gridgate.plugins.lsf_proxy.opcodes import request_size
 
     program = argv[0]
     if os.sep not in program:
@@ -342,7 +343,7 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
             # inside a gated command whose token is live and ours: it covers this one
             return _exec(command, held, name, category)
         grant = client.acquire(category, opcode or name, None if quiet else NOTICE_AFTER,
-                               waiting, holder.start)
+                               waiting, holder.start, size=request_size(argv))
     except KeyboardInterrupt:
         _say(f"{name}: interrupted while waiting for a {category} token")
         return 128 + signal.SIGINT

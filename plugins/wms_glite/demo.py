@@ -28,6 +28,16 @@ from gridgate.core import hookimpl
 from gridgate.core.config import load_config
 from gridgate.core.director import ACCOUNTING, Director
 from gridgate.core.model import IterationSummary, Notification
+from gridgate.plugins.wms_glite.demo_pilots import (
+    DIRECTOR_PILOTS,
+    aborted_lines,
+    left_rotation,
+    pilots_spec,
+    render_pilots,
+    scenario_of,
+    stand_in_states,
+    tracked_states,
+)
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
 
 #: Token limits of the demo: the director runs 16 threads, so submissions wait their turn.
@@ -39,7 +49,7 @@ FLEET: dict[str, tuple[dict[str, Any], str]] = {
     "wms01.example.org": ({"behaviour": "healthy", "latency": 0.2}, "healthy"),
     "wms02.example.org": ({"behaviour": "healthy", "latency": 0.3}, "healthy"),
     "wms03.example.org": ({"behaviour": "healthy", "latency": 0.4}, "healthy"),
-    "wms04.example.org": ({"behaviour": "healthy", "latency": 0.25}, "healthy"),
+    "wms04.example.org": ({"behaviour": "healthy", "latency": 0.25}, "pilots abort"),
     "wms05.example.org": ({"behaviour": "healthy", "latency": 1.5}, "slow"),
     "wms06.example.org": ({"behaviour": "overloaded", "latency": 0.2}, "overloaded"),
     "wms07.example.org": ({"behaviour": "drained", "latency": 0.1}, "drained"),
@@ -93,19 +103,22 @@ def build_site(folder: Path, duration: float, admission: str = "none",
         "state_dir": str(folder / "sim-state"),
         "calls_log": str(folder / "calls.jsonl"),
         "default": {"behaviour": "healthy", "hang": 600},
-        "hosts": {host: spec for host, (spec, _) in FLEET.items()},
+        "hosts": {host: {**spec, "pilots": pilots_spec(host)} for host, (spec, _) in FLEET.items()},
     })
     (folder / "sim-state").mkdir(exist_ok=True)
     config = {
         "director": {
             "cycle_seconds": 4, "max_threads": 16, "command_timeout": 3,
             "failing_expiry": 12, "ticket_expiry": 12, "state_dir": str(folder / "state"),
+            "pilots": DIRECTOR_PILOTS,
         },
         "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
         "backends": {"wms_glite": {
             "servers": list(FLEET),
             "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
-                         "list_match": str(bin_dir / "glite-wms-job-list-match")},
+                         "list_match": str(bin_dir / "glite-wms-job-list-match"),
+                         "status": str(bin_dir / "glite-wms-job-status"),
+                         "cancel": str(bin_dir / "glite-wms-job-cancel")},
             "list_match": False,
             "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
             "vo": "demo",
@@ -173,6 +186,8 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
         echo(f"  iteration {summary.number:>2}  {summary.duration:5.1f} s  submitted {pilots:>3}  "
              f"failed {counts['failed']:>2}  skipped {counts['skipped']:>2}  excluded now: {excluded}",
              err=True)
+        for line in aborted_lines(summary):
+            echo(line, err=True)
         if time.monotonic() >= deadline:
             director.stop()
 
@@ -185,10 +200,14 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
     finally:
         elapsed = time.monotonic() - started
         rows = director.state.records(ACCOUNTING)
+        tracked = tracked_states(director)
         figures = _admission_figures(admission, director.pm.get_plugin("admission:lsf_proxy"),
                                      daemon)
         director.close()
     result = summarise(rows, watch.notes, elapsed, folder)
+    result["pilot_states"] = tracked
+    result["stand_in_states"] = stand_in_states(scenario_of(folder))
+    result["left_rotation"] = left_rotation(watch.notes)
     result["admission"] = figures
     result["refused"] = sum(1 for r in rows if r["outcome"] == "refused")
     return result
@@ -253,6 +272,7 @@ def render(result: dict[str, Any]) -> str:
         _admission_line(admission, result.get("refused", 0)),
         f"error and alarm texts: {result['notifications']}",
         f"site config used:      {result['config']}",
+        *render_pilots(result.get("pilot_states") or {}, list(FLEET), result.get("left_rotation")),
         "",
     ]
     return "\n".join(lines)
