@@ -234,7 +234,8 @@ class Director:
         self.stop_event = threading.Event()
         #: Names this director in shared state (demand locks): host, pid and a random part.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{self.config.path or '-'}")
+        where = self.config.path.resolve() if self.config.path else "-"  # the same file however named
+        self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{where}")
 
     # --- plugins and config --------------------------------------------------------------
 
