@@ -57,6 +57,14 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
             "additionalProperties": {"type": "boolean"},
             "default": {},
         },
+        "retries_per_pilot": {"type": "integer", "minimum": 0, "maximum": 10, "default": 2,
+                              "description": "A failed submission whose failure is worth retrying "
+                                             "elsewhere is sent to another usable server at most "
+                                             "this many times in the same iteration (0: never)."},
+        "retry_within_seconds": {"type": "number", "minimum": 0, "default": 300,
+                                 "description": "The iteration's deadline for retries: a retry starts "
+                                                "only if its command's deadline falls within this "
+                                                "many seconds of the iteration's start."},
         "max_output_bytes": {"type": "integer", "minimum": 1024, "default": 4 * 1024 * 1024,
                              "description": "Per stream; output past it is dropped and flagged."},
         "state_dir": {"type": "string", "default": "./gridgate-state",

@@ -43,6 +43,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.resilient import DeferredState, ResilientState
+from gridgate.core.retry import RetryPolicy, retry_entry
 from gridgate.core.runner import orphan_guard
 from gridgate.core.state import StateError, StateStore
 
@@ -163,6 +164,8 @@ class _Iteration:
     failures: list[dict[str, Any]] = field(default_factory=list)
     #: backends whose commands cannot run on this machine: paused for the rest of the iteration
     local_faults: set[str] = field(default_factory=set)
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(0, 0.0))
+    retries: list[dict[str, Any]] = field(default_factory=list)
 
     def exclude(self, endpoint: Endpoint) -> None:
         with self.lock:
@@ -360,7 +363,8 @@ class Director:
         except StateError as exc:
             logger.error("state store unreadable, failing cache ignored this iteration: {}", exc)
             failing = set()
-        it = _Iteration(info=info, failing=failing)
+        it = _Iteration(info=info, failing=failing,
+                        retry=RetryPolicy.for_iteration(self.config.director, info.started))
         if config_note is not None:
             it.notifications.append(config_note)
         jobs = self._plan(demand, it)
@@ -378,6 +382,7 @@ class Director:
             notifications=tuple(it.notifications),
             failures=tuple(it.failures),
             config_error=refusal,
+            retries=tuple(it.retries),
         )
         hook.gridgate_iteration_finished(summary=summary)
         return summary
@@ -433,36 +438,60 @@ class Director:
     # --- one submission ---------------------------------------------------------------------
 
     def _submit_one(self, info: BackendInfo, request: SubmitRequest, it: _Iteration) -> None:
-        started = time.monotonic()
-        try:
-            self._attempt(info, request, it, started)
-        except Exception as exc:  # a plugin bug must not stop the iteration
-            logger.opt(exception=exc).error("submission to {} crashed in a plugin", info.backend)
-            self._account(it, request, None, "failed", request.count, failure_kind="plugin_error",
-                          duration=time.monotonic() - started)
+        tried: list[Endpoint] = []  # a failed submission is sent elsewhere (gridgate.core.retry)
+        for attempt in range(1, 2 + max(0, it.retry.retries)):
+            started = time.monotonic()
+            try:
+                failure = self._attempt(info, request, it, started, tried, attempt)
+            except Exception as exc:  # a plugin bug must not stop the iteration
+                logger.opt(exception=exc).error("submission to {} crashed in a plugin", info.backend)
+                self._account(it, request, None, "failed", request.count, failure_kind="plugin_error",
+                              duration=time.monotonic() - started, attempt=attempt)
+                return
+            if failure is None or not self._retry(info, request, it, tried, attempt, failure):
+                return
 
-    def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float) -> None:
+    def _retry(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, tried: list[Endpoint],
+               attempt: int, failure: Failure) -> bool:
+        others = [e for e in it.usable(info.endpoints) if e not in tried]
+        outcome = it.retry.decide(failure, attempt, self.clock.time(), self._timeout(info), len(others))
+        if outcome is None:
+            return False
+        with it.lock:
+            it.retries.append(retry_entry(request.backend, request.group, request.count,
+                                          tried[-1].name, failure.kind, attempt, outcome))
+        return outcome == "retried"
+
+    def _timeout(self, info: BackendInfo) -> float:
+        return float(info.command_timeout or self.config.director["command_timeout"])
+
+    def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float,
+                 tried: list[Endpoint], attempt: int = 1) -> Failure | None:
+        """One attempt; the failure when it failed (the caller may send it elsewhere)."""
         hook = self.pm.hook
         with it.lock:
             paused = info.backend in it.local_faults
         if paused:  # its command cannot start here: trying every server would only repeat that
-            self._account(it, request, None, "skipped", request.count, failure_kind="local_fault")
-            return
-        candidates = it.usable(info.endpoints)
+            self._account(it, request, None, "skipped", request.count, failure_kind="local_fault",
+                          attempt=attempt)
+            return None
+        candidates = [e for e in it.usable(info.endpoints) if e not in tried]
         if not candidates:
-            self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint")
-            return
+            self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint",
+                          attempt=attempt)
+            return None
         endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
+        tried.append(endpoint)
         answer = hook.gridgate_admit(request=AdmissionRequest(
             category="submission", opcode="JOB_SUBMIT", user=request.user, size=request.count,
             endpoint=endpoint,
         ))
         if isinstance(answer, Refusal):
             self._account(it, request, endpoint, "refused", request.count, failure_kind="admission",
-                          duration=time.monotonic() - started)
-            return
+                          duration=time.monotonic() - started, attempt=attempt)
+            return None
         grant: Grant | None = answer
-        timeout = float(info.command_timeout or self.config.director["command_timeout"])
+        timeout = self._timeout(info)
         try:
             result = self._commands(endpoint, request, timeout)
         finally:
@@ -471,12 +500,14 @@ class Director:
                 hook.gridgate_release(grant=grant)
         duration = time.monotonic() - started
         if result is None:
-            self._account(it, request, endpoint, "no_match", request.count, duration=duration)
+            self._account(it, request, endpoint, "no_match", request.count, duration=duration,
+                          attempt=attempt)
         elif result.ok:
             self._account(it, request, endpoint, "submitted", request.count, job_ids=result.job_ids,
-                          duration=duration)
+                          duration=duration, attempt=attempt)
         else:
-            self._failed(endpoint, request, result, it, duration)
+            return self._failed(endpoint, request, result, it, duration, attempt)
+        return None
 
     def _commands(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
         """List-match (when asked) and submit; None when nothing matches on this server."""
@@ -493,7 +524,8 @@ class Director:
                                 message=f"no plugin submits to backend {endpoint.backend!r}")
         return result
 
-    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration, duration: float) -> None:
+    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration,
+                duration: float, attempt: int = 1) -> Failure:
         hook = self.pm.hook
         failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
         override = self.config.director.get("notify_kinds", {}).get(failure.kind)
@@ -519,7 +551,8 @@ class Director:
                     it.notifications.append(note)
                 hook.gridgate_notify(notification=note)
         self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
-                      duration=duration)
+                      duration=duration, attempt=attempt)
+        return failure
 
     def _local_fault(self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: _Iteration) -> None:
         """A command that cannot start on this machine: pause the backend, blame no server,
@@ -553,12 +586,13 @@ class Director:
         failure_kind: str = "",
         job_ids: tuple[str, ...] = (),
         duration: float = 0.0,
+        attempt: int = 1,
     ) -> None:
         record = AccountingRecord(
             time=self.clock.time(), backend=request.backend,
             endpoint=endpoint.name if endpoint else "", outcome=outcome, group=request.group,
             pilots=pilots, failure_kind=failure_kind, job_ids=job_ids, duration=round(duration, 4),
-            iteration=it.info.number,
+            iteration=it.info.number, attempt=attempt,
         )
         with it.lock:
             it.records.append(record)
@@ -594,6 +628,7 @@ def summary_json(summary: IterationSummary) -> str:
             for n in summary.notifications
         ],
         "config_error": summary.config_error,
+        "retries": list(summary.retries),
     }
     return json.dumps(doc, sort_keys=False)
 

@@ -343,6 +343,8 @@ class AccountingRecord:
     job_ids: tuple[str, ...] = ()
     duration: float = 0.0
     iteration: int = 0
+    #: 1 for a submission's first try, 2... for its retries elsewhere in the same iteration
+    attempt: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -356,6 +358,7 @@ class AccountingRecord:
             "job_ids": list(self.job_ids),
             "duration": self.duration,
             "iteration": self.iteration,
+            "attempt": self.attempt,
         }
 
     @classmethod
@@ -375,6 +378,8 @@ class IterationSummary:
     notifications: tuple[Notification, ...] = ()
     failures: tuple[Mapping[str, Any], ...] = ()
     config_error: str | None = None
+    #: failed submissions that were (or, with why not, were not) sent to another server
+    retries: tuple[Mapping[str, Any], ...] = ()
 
 
 class DemandRegistry:

@@ -51,7 +51,9 @@ def test_failing_server_is_excluded_for_the_rest_of_the_iteration() -> None:
     assert summary.excluded == ("testbed/s0",)
     submitted = [r for r in summary.records if r.outcome == "submitted"]
     failed = [r for r in summary.records if r.outcome == "failed"]
-    assert len(submitted) + len(failed) == 30
+    # every failed submission was sent to a healthy server in the same iteration
+    assert sum(r.pilots for r in submitted) == 30 and all(r.endpoint != "s0" for r in submitted)
+    assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s0", "retried")] * len(failed)
     assert notes.levels() == ["error"]
     note = notes.notes[0]
     assert note.subject == "s0: error executing Job Submit"
@@ -77,9 +79,11 @@ def test_every_server_excluded_skips_the_rest_instead_of_hammering() -> None:
     director, notes = make(backend, pilots=40, max_threads=1)
     summary = director.run_iteration()
     outcomes = [r.outcome for r in summary.records]
+    # the first pilot fails on s0, is retried on s1 and fails there too: 39 pilots left to skip
     assert outcomes.count("failed") == 2
-    assert outcomes.count("skipped") == 38
+    assert outcomes.count("skipped") == 39
     assert len(backend.calls) == 2
+    assert [e["outcome"] for e in summary.retries] == ["retried", "not retried: no other usable server"]
     director.close()
 
 
