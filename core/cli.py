@@ -39,8 +39,14 @@ def load_config_or_exit(path: str) -> Any:
 
 @cli.command("plugins")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
-def plugins_command(as_json: bool) -> None:
+@click.option("--kinds", is_flag=True, help="The catalogue of failure kinds instead of the plugins.")
+def plugins_command(as_json: bool, kinds: bool) -> None:
     """List every installed plugin per entry-point group."""
+    if kinds:
+        from gridgate.core.kinds import print_kinds
+
+        print_kinds(click.echo, as_json)
+        return
     rows = installed_plugins()
     if as_json:
         groups: dict[str, list[dict[str, Any]]] = {}

@@ -56,7 +56,7 @@ def test_failing_server_is_excluded_for_the_rest_of_the_iteration() -> None:
     assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s0", "retried")] * len(failed)
     assert notes.levels() == ["error"]
     note = notes.notes[0]
-    assert note.subject == "s0: error executing Job Submit"
+    assert note.subject == "s0: error executing Job Submit [error]"
     assert "returns: 1" in note.body and "Error - Operation failed" in note.body and "Connecting" in note.body
     director.close()
 
@@ -67,7 +67,7 @@ def test_hanging_server_is_killed_at_the_deadline_and_reported_as_timeout() -> N
     director, notes = make(backend, pilots=4, command_timeout=3, max_threads=4)
     summary = director.run_iteration()
     assert "testbed/s0" in summary.excluded
-    timeouts = [n for n in notes.notes if n.subject == "s0: timeout executing Job Submit"]
+    timeouts = [n for n in notes.notes if n.subject == "s0: timeout executing Job Submit [timeout]"]
     assert len(timeouts) == 1
     assert "started" in timeouts[0].body  # what it printed before it was killed is kept
     assert all(r.duration < 3 + 0.5 + 10 for r in summary.records)  # deadline + grace + slack

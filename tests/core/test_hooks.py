@@ -300,7 +300,7 @@ def test_gridgate_list_match_failure_is_a_list_match_error_and_empty_is_no_match
     # the submission whose list-match failed on s0 is retried on s1, where nothing matches
     assert outcomes.count("failed") == 1 and outcomes.count("no_match") == 4
     assert backend.calls == []  # nothing submitted where nothing matched
-    assert collector.notes[0].subject == "s0: error executing List Match"
+    assert collector.notes[0].subject == "s0: error executing List Match [error]"
     director.close()
 
 
