@@ -28,7 +28,8 @@ def cli(verbose: int, log_json: bool) -> None:
 
 
 def load_config_or_exit(path: str) -> Any:
-    """Load a config for a command; on failure print every problem and exit 2."""
+    """Load the config file at ``path`` for a command; on failure print every problem
+    (``FILE:LINE: key: message``) on stderr and exit 2."""
     try:
         return load_config(path)
     except ConfigError as exc:

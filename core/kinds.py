@@ -28,7 +28,7 @@ from typing import Any
 
 from gridgate.core.model import Failure
 
-__all__ = ["KINDS", "OUTCOME_KINDS", "Kind", "failure", "kind_table", "markdown_table", "print_kinds"]
+__all__ = ["KINDS", "OUTCOME_KINDS", "Kind", "failure", "kind_table"]
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,15 @@ OUTCOME_KINDS: dict[str, str] = {
 
 
 def failure(kind: str, reason: str = "", **flags: Any) -> Failure:
-    """A failure of the catalogued ``kind`` with its flags; raises KeyError for an unknown
-    kind (build ``Failure(...)`` yourself for a kind of your own)."""
+    """A failure of the catalogued ``kind`` with its flags.
+
+    :param kind: a name in :data:`KINDS`.
+    :param reason: one human line: what the command said, quoted.
+    :param flags: ``exclude``, ``notify``, ``transient`` or ``local`` to differ from the
+        catalogue (a transient kind told only when it persists, say).
+    :raises KeyError: for a kind not in the catalogue (build ``Failure(...)`` yourself for a
+        kind of your own).
+    """
     return KINDS[kind].failure(reason, **flags)
 
 

@@ -20,6 +20,14 @@ PILOT_STATES: tuple[str, ...] = ("waiting", "running", "done", "failed", "cancel
 #: States a pilot never leaves.
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "lost"})
 
+__all__ = [
+    "PILOT_STATES", "TERMINAL_STATES", "AccountingRecord", "AdmissionRequest", "BackendInfo",
+    "CancelResult", "CommandResult", "DemandRegistry", "Endpoint", "Escalation", "Failure", "Grant",
+    "IterationInfo", "IterationSummary", "JobStatus", "Level", "ListMatchResult", "Notification",
+    "Outcome", "PilotState", "Refusal", "StatusResult", "SubmitRequest", "SubmitResult",
+]
+
+
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
 

@@ -31,6 +31,9 @@ def read_secret(spec: Mapping[str, str] | None) -> str | None:
     """Read a secret given as ``{env: NAME}`` or ``{file: PATH}``; None when not configured.
 
     Trailing newlines of a file are stripped.
+
+    :param spec: the value of a key whose schema is ``SECRET_SCHEMA``.
+    :raises SecretError: when the variable is unset or the file cannot be read.
     """
     if not spec:
         return None

@@ -81,7 +81,7 @@ def plugin_manager_with(
 
 
 def make_config(doc: Mapping[str, Any]) -> Config:
-    """Validate a config document given as a dict, exactly as a YAML file would be.
+    """Validate a config document ``doc`` given as a dict, exactly as a YAML file would be.
 
     Plugin sections are checked against the installed plugins' schemas and their
     ``config_errors``; defaults are filled.
@@ -97,6 +97,8 @@ def section_for(plugin_class: type, section: Mapping[str, Any] | None = None) ->
 
     Works for a plugin that is not installed (no entry point needed).
 
+    :param plugin_class: the class whose ``config_schema`` and ``config_errors`` apply.
+    :param section: the section as a site would write it (None: empty).
     :raises ConfigError: naming each problem's path inside the section.
     """
     schema = getattr(plugin_class, "config_schema", {"type": "object"})
@@ -129,6 +131,9 @@ def build_plugin(
 ) -> Any:
     """Validate ``section`` (:func:`section_for`) and instantiate ``plugin_class`` with it.
 
+    :param plugin_class: your plugin's class.
+    :param section: its config section as a site would write it (defaults are filled).
+    :param clock: the context's clock (default: a fresh :class:`FakeClock`).
     :param state: a :class:`~gridgate.core.state.StateStore` for plugins that keep state.
     :param state_dir: where the plugin may write files (give your ``tmp_path``).
     :param name: the entry-point name, set on the instance when its class leaves it empty.
@@ -152,6 +157,10 @@ def director_for(config_doc: Mapping[str, Any], *plugins: object, clock: Clock |
     without an entry point. ``state.driver`` defaults to ``memory``; the clock defaults to a
     fresh :class:`FakeClock` (reachable as ``director.clock``). Call ``director.close()``
     when done (or use ``contextlib.closing``).
+
+    :param config_doc: the config as a dict, as the YAML would be.
+    :param plugins: plugin instances registered to answer first.
+    :param clock: the director's clock.
     """
     doc = copy.deepcopy(dict(config_doc))
     doc.setdefault("state", {"driver": "memory"})
@@ -218,7 +227,8 @@ def stand_in_command(
     exit_code: int = 0,
     sleep: float = 0.0,
 ) -> StandIn:
-    """Write a real executable program ``tmp_dir/name`` that behaves as told.
+    """Write a real executable program ``name`` (a plain file name) in the folder
+    ``tmp_dir`` (created if needed) that behaves as told.
 
     It prints ``stdout`` (flushed), then sleeps ``sleep`` seconds (a hanging command, for
     deadline tests: the runner kills it), then prints ``stderr`` and exits with

@@ -43,7 +43,6 @@ QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,58}$")
 BJOBS_FORMAT = "jobid stat exec_host delimiter='^'"
 NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
 STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
-DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -221,10 +220,6 @@ class LsfBackend(Plugin):
         own = self.config.get("command_timeout")
         return max(float(own) if own else float(passed), 0.001)
 
-    def _max_output(self) -> int:
-        director = self.context.config.get("director") or {}
-        return int(director.get("max_output_bytes") or DEFAULT_MAX_OUTPUT)
-
     def client(self) -> ProxyClient | None:
         """The token client (None when ``tokens`` is off), built on first use."""
         if not self.config.get("tokens", True):
@@ -270,7 +265,7 @@ class LsfBackend(Plugin):
             except ProxyError as exc:
                 return f"lsfproxyd: {exc}"
         try:
-            return run(argv, self._timeout(timeout), env=self._env(), max_output=self._max_output())
+            return run(argv, self._timeout(timeout), env=self._env(), max_output=self.context.max_output_bytes)
         finally:
             if token is not None:
                 token.release()

@@ -48,7 +48,6 @@ DEFAULT_PORT = 7443
 DEFAULT_PATH = "/glite_wms_wmproxy_server"
 HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
 DELEGATION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_LIST_MATCH = "List Match"
 
@@ -265,10 +264,6 @@ class GliteBackend(Plugin):
         extra = self.config.get("env") or {}
         return {**os.environ, **extra} if extra else None
 
-    def _max_output(self) -> int:
-        director = self.context.config.get("director") or {}
-        return int(director.get("max_output_bytes") or DEFAULT_MAX_OUTPUT)
-
     def _commands(self) -> Mapping[str, str]:
         return {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
                 **(self.config.get("commands") or {})}
@@ -315,7 +310,7 @@ class GliteBackend(Plugin):
             argv = self.argv(operation, endpoint, path)
             logger.debug("{} on {}: {}", operation, endpoint.name, argv)
             return run(argv, self._timeout(timeout), env=self._env(),
-                       max_output=self._max_output())
+                       max_output=self.context.max_output_bytes)
         except OSError as exc:
             return f"cannot write the JDL file {path}: {exc}"
         finally:
