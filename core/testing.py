@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pluggy
-from jsonschema import Draft202012Validator
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import Clock, FakeClock
@@ -32,6 +31,7 @@ from gridgate.core.config import (
     ConfigError,
     ConfigProblem,
     apply_defaults,
+    schema_problems,
     validate_document,
 )
 from gridgate.core.director import Director
@@ -104,10 +104,8 @@ def section_for(plugin_class: type, section: Mapping[str, Any] | None = None) ->
     schema = getattr(plugin_class, "config_schema", {"type": "object"})
     doc = copy.deepcopy(dict(section or {}))
     name = getattr(plugin_class, "__name__", "plugin")
-    problems = [
-        ConfigProblem(f"<{name} section>", 0, tuple(error.absolute_path), error.message)
-        for error in Draft202012Validator(schema).iter_errors(doc)
-    ]
+    problems = [ConfigProblem(f"<{name} section>", 0, path, message)
+                for path, message in schema_problems(schema, doc)]
     if not problems:
         filled = copy.deepcopy(doc)
         apply_defaults(filled, schema)
