@@ -20,6 +20,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from gridgate.core.contract import list_match_problems
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
@@ -400,6 +401,7 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
             apply_defaults(filled, schema_at(schema, base))
             for sub, message in checker(filled):
                 found.append(((*base, *sub), message))
+        found += list_match_problems(doc, classes)  # checks across sections (gridgate.core.contract)
     if found:
         problems = sorted(
             {ConfigProblem(filename, line_of(p), p, m) for p, m in found},

@@ -23,6 +23,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import Config, ConfigError, ConfigSource
+from gridgate.core.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
 from gridgate.core.model import (
     AccountingRecord,
@@ -415,6 +416,11 @@ class Director:
                 continue
             size = max(1, info.pilots_per_submission)
             list_match = info.list_match if request.list_match is None else request.list_match
+            backend_plugin = self.pm.get_plugin(f"backends:{request.backend}")
+            if list_match and backend_plugin is not None and not list_matches(backend_plugin):
+                logger.error("demand group {}/{}: {}", request.backend, request.group, no_list_match(request.backend))
+                self._account(it, request, None, "skipped", request.count, failure_kind="config")
+                continue
             for index in range(math.ceil(request.count / size)):
                 count = min(size, request.count - index * size)
                 jobs.append((info, replace(request, count=count, list_match=list_match, user=request.user or user)))
@@ -530,7 +536,7 @@ class Director:
         if result is None:
             return SubmitResult(endpoint=endpoint, ok=False,
                                 message=f"no plugin submits to backend {endpoint.backend!r}")
-        return result
+        return checked_submit(result)
 
     def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration,
                 duration: float, attempt: int = 1) -> Failure:
