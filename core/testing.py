@@ -39,6 +39,7 @@ from gridgate.core.model import Notification
 from gridgate.core.plugins import PluginContext, new_plugin_manager
 
 __all__ = [
+    "BackendContract",  # noqa: F822 - loaded on first use (module __getattr__)
     "Collector",
     "FakeClock",
     "StandIn",
@@ -126,6 +127,7 @@ def build_plugin(
     state: Any = None,
     state_dir: str | os.PathLike[str] | None = None,
     name: str = "",
+    config: Mapping[str, Any] | None = None,
 ) -> Any:
     """Validate ``section`` (:func:`section_for`) and instantiate ``plugin_class`` with it.
 
@@ -135,11 +137,14 @@ def build_plugin(
     :param state: a :class:`~gridgate.core.state.StateStore` for plugins that keep state.
     :param state_dir: where the plugin may write files (give your ``tmp_path``).
     :param name: the entry-point name, set on the instance when its class leaves it empty.
+    :param config: the whole config the plugin sees as ``context.config`` (for instance
+        ``{"director": {"max_output_bytes": 1024}}``).
     """
     context = PluginContext(
         clock=clock or FakeClock(),
         state=state,
         state_dir=Path(state_dir) if state_dir is not None else Path("gridgate-state"),
+        config=dict(config or {}),
     )
     plugin = plugin_class(section_for(plugin_class, section), context)
     if name and hasattr(plugin, "name") and not getattr(plugin, "name", ""):
@@ -277,6 +282,15 @@ class Collector:
     def clear(self) -> None:
         with self._lock:
             self.notes.clear()
+
+
+def __getattr__(name: str) -> Any:
+    # the backend contract suite imports this module, so it is loaded on first use
+    if name == "BackendContract":
+        from gridgate.core.backend_contract import BackendContract
+
+        return BackendContract
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- pytest fixtures (only with pytest_plugins = ["gridgate.core.testing"]) --------------------
