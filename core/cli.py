@@ -67,6 +67,31 @@ def plugins_command(as_json: bool, kinds: bool) -> None:
         click.echo(f"  {row.name:<14} {row.distribution} {row.version}  {row.target}{mark}")
 
 
+@cli.group("plugin")
+def plugin_group() -> None:
+    """Start a plugin package of your own."""
+
+
+@plugin_group.command("new")
+@click.option("--kind", type=click.Choice(["backend", "notifier", "classifier"]), required=True)
+@click.argument("name")
+@click.argument("folder", required=False, type=click.Path(file_okay=False))
+def plugin_new(kind: str, name: str, folder: str | None) -> None:
+    """Write a package for plugin NAME in FOLDER (default ./gridgate-NAME): entry point,
+    schema'd config, tests with the testing kit; `pip install -e` it and its tests pass."""
+    from pathlib import Path
+
+    from gridgate.core.scaffold import ScaffoldError, new_plugin, next_steps
+
+    try:
+        written = new_plugin(kind, name, Path(folder) if folder else None)
+    except ScaffoldError as exc:
+        click.echo(f"gridgate plugin new: {exc}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    root = written[0].parent
+    click.echo(f"wrote {len(written)} files in {root}; next:\n{next_steps(kind, root)}", nl=False)
+
+
 @cli.group("config")
 def config_group() -> None:
     """Validate a config, print its schema or an example."""
