@@ -1,4 +1,4 @@
-"""Test helpers for plugin authors (the issue's ``gridgate_testing``): a fake clock, a plugin
+"""Test helpers for plugin authors: a fake clock, a plugin
 manager holding just your plugins, validated configs, a director on in-memory state, real
 executable stand-ins for the commands a backend runs, and a notifier that keeps what it gets.
 
