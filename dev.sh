@@ -32,12 +32,15 @@ setup() {
 need_tools() {
     # Real parts the tests start or call, from Debian's packages: redis-server (the redis
     # driver), openssl (test certificates), setpriv (clients as another uid), chattr (a
-    # read-only state file as root), systemd-analyze (the unit files).
+    # read-only state file as root), systemd-analyze (the unit files), and a real Slurm for the
+    # private cluster the Slurm tests start (munged, slurmctld, slurmd, the client commands).
     local missing=()
     local pair
     for pair in redis-server:redis-server openssl:openssl setpriv:util-linux \
-                chattr:e2fsprogs systemd-analyze:systemd; do
-        command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
+                chattr:e2fsprogs systemd-analyze:systemd munged:munge slurmctld:slurmctld \
+                slurmd:slurmd sbatch:slurm-client; do
+        PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
+            || missing+=("${pair##*:}")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     echo "dev.sh: installing ${missing[*]} (Debian packages) for the tests" >&2
@@ -60,8 +63,16 @@ case "${1:-}" in
         "$VENV/bin/ruff" check core plugins tests bench
         exec "$VENV/bin/python" -m pytest -n 2 -q "$@"
         ;;
+    slurm)
+        # A private one-node Slurm cluster for people, the demo and the benches:
+        # `bash dev.sh slurm up` prints the SLURM_CONF to export; `bash dev.sh slurm down`.
+        shift
+        setup
+        need_tools
+        exec "$VENV/bin/python" -m gridgate.plugins.slurm.cluster "${@:-up}"
+        ;;
     *)
-        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args]" >&2
+        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh slurm up|down|env" >&2
         exit 64
         ;;
 esac

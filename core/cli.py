@@ -200,7 +200,7 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
 def report_command(path: str, since: str, bucket: str, as_json: bool, png: str | None) -> None:
     """Pilots per hour per endpoint, from the accounting table."""
     from gridgate.core.director import ACCOUNTING, open_state
-    from gridgate.core.report import hourly_table, parse_duration, render_table
+    from gridgate.core.report import hourly_table, parse_duration, pilots_for_report, render_table
 
     config = load_config_or_exit(path)
     try:
@@ -213,9 +213,10 @@ def report_command(path: str, since: str, bucket: str, as_json: bool, png: str |
     state = open_state(config)
     try:
         rows = state.records(ACCOUNTING, since=time.time() - seconds)
+        finished, now = pilots_for_report(state, time.time() - seconds)
     finally:
         state.close()
-    table = hourly_table(rows, width)
+    table = hourly_table(rows, width, finished, now)
     if as_json:
         click.echo(json.dumps(table, indent=2))
     else:
@@ -223,7 +224,7 @@ def report_command(path: str, since: str, bucket: str, as_json: bool, png: str |
     if png:
         from gridgate.core.report import plot_png
 
-        plot_png(rows, png, width)
+        plot_png(rows, png, width, finished)
         click.echo(f"plot written to {png}", err=True)
 
 

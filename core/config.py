@@ -29,6 +29,7 @@ from gridgate.core.plugins import (
     load_class,
 )
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+from gridgate.core.tracking import PILOTS_SCHEMA
 
 PathT = tuple[str | int, ...]
 
@@ -79,6 +80,7 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
                  "description": "Name the director gives admission control (default: its uid's)."},
         "metrics_port": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535,
                          "default": None, "description": "Serve Prometheus metrics here."},
+        "pilots": PILOTS_SCHEMA,
     },
     "additionalProperties": False,
 }

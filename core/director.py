@@ -47,6 +47,7 @@ from gridgate.core.resilient import DeferredState, ResilientState
 from gridgate.core.retry import RetryPolicy, retry_entry
 from gridgate.core.runner import orphan_guard
 from gridgate.core.state import StateError, StateStore
+from gridgate.core.tracking import PilotTracker
 
 ACCOUNTING = "accounting"
 
@@ -91,6 +92,8 @@ def compose_failure(
         else:
             lines.append(f"returns: {command.returncode}")
     lines.append(f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""))
+    if command is None and result.message:  # no command to show: the message is the evidence
+        lines.append(result.message)
     lines.append(
         f"Episode: first failure {_iso(escalation.episode_start)}, "
         f"{escalation.failures} failure(s) since"
@@ -175,6 +178,10 @@ class _Iteration:
     local_faults: set[str] = field(default_factory=set)
     retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(0, 0.0))
     retries: list[dict[str, Any]] = field(default_factory=list)
+    #: room under max_waiting / max_total (gridgate.core.tracking.Limits), None when not tracking
+    limits: Any = None
+    #: what the pilot tracker did this iteration, for the summary
+    pilots: dict[str, Any] = field(default_factory=dict)
 
     def exclude(self, endpoint: Endpoint) -> None:
         with self.lock:
@@ -224,6 +231,7 @@ class Director:
         if port is not None and serve_metrics:
             self._start_metrics(int(port))
         self._build()
+        self.tracker = PilotTracker(self)
         self.iteration = 0
         self.stop_event = threading.Event()
         #: Names this director in shared state (demand locks): host, pid and a random part.
@@ -376,6 +384,7 @@ class Director:
                         retry=RetryPolicy.for_iteration(self.config.director, info.started))
         if config_note is not None:
             it.notifications.append(config_note)
+        demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
         jobs = self._plan(demand, it)
         threads = int(self.config.director["max_threads"])
         if jobs:
@@ -392,6 +401,7 @@ class Director:
             failures=tuple(it.failures),
             config_error=refusal,
             retries=tuple(it.retries),
+            pilots=it.pilots,
         )
         hook.gridgate_iteration_finished(summary=summary)
         return summary
@@ -490,12 +500,25 @@ class Director:
                           attempt=attempt)
             return None
         candidates = [e for e in it.usable(info.endpoints) if e not in tried]
+        if candidates and it.limits is not None:
+            candidates = it.limits.with_room(candidates)
+            if not candidates:
+                self._account(it, request, None, "skipped", request.count, failure_kind="max_waiting",
+                              attempt=attempt)
+                return None
         if not candidates:
             self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint",
                           attempt=attempt)
             return None
         endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
         tried.append(endpoint)
+        if it.limits is not None:
+            fitting = it.limits.reserve(endpoint, request)
+            if fitting is None:
+                self._account(it, request, endpoint, "skipped", request.count, failure_kind="max_waiting",
+                              attempt=attempt)
+                return None
+            request = fitting
         answer = hook.gridgate_admit(request=AdmissionRequest(
             category="submission", opcode="JOB_SUBMIT", user=request.user, size=request.count,
             endpoint=endpoint,
@@ -540,8 +563,18 @@ class Director:
 
     def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration,
                 duration: float, attempt: int = 1) -> Failure:
+        failure = self._server_failed(endpoint, result, it)
+        self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
+                      duration=duration, attempt=attempt)
+        return failure
+
+    def _server_failed(self, endpoint: Endpoint, result: SubmitResult, it: _Iteration,
+                       failure: Failure | None = None) -> Failure:
+        """A failure of ``endpoint`` (a submission, a status query, aborting pilots):
+        classified unless ``failure`` is given, then excluded, escalated and told."""
         hook = self.pm.hook
-        failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
+        if failure is None:
+            failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
         override = self.config.director.get("notify_kinds", {}).get(failure.kind)
         if override is not None:
             failure = replace(failure, notify=override)
@@ -564,8 +597,6 @@ class Director:
                 with it.lock:
                     it.notifications.append(note)
                 hook.gridgate_notify(notification=note)
-        self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
-                      duration=duration, attempt=attempt)
         return failure
 
     def _local_fault(self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: _Iteration) -> None:
@@ -614,6 +645,8 @@ class Director:
             self.state.append_record(ACCOUNTING, record.as_dict())
         except StateError as exc:
             logger.error("accounting row lost, state store failed: {}", exc)
+        if outcome == "submitted":
+            self.tracker.submitted(record)
         self.pm.hook.gridgate_submission_finished(record=record)
 
 
@@ -643,6 +676,7 @@ def summary_json(summary: IterationSummary) -> str:
         ],
         "config_error": summary.config_error,
         "retries": list(summary.retries),
+        "pilots": dict(summary.pilots),
     }
     return json.dumps(doc, sort_keys=False)
 

@@ -101,7 +101,8 @@ def gridgate_backend_info(backend: str) -> BackendInfo | None:
     """Describe a configured backend: its servers, bulk size and command limit.
 
     Called at the start of every iteration for every backend that has demand (so a config
-    reload that changes the server list takes effect at the next iteration).
+    reload that changes the server list takes effect at the next iteration), and before that
+    by the pilot tracker for every configured backend and every backend with tracked pilots.
 
     :param backend: the backend's entry-point name (``wms_glite``).
     :return: a :class:`BackendInfo`; None when ``backend`` is not this plugin's.

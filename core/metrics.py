@@ -6,7 +6,7 @@ registry, so two directors in one process (tests) never share series.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -41,6 +41,13 @@ class DirectorMetrics:
                                ["result"], registry=r)
         self.cache = Gauge("gridgate_cache_entries", "Live entries per cache", ["cache"], registry=r)
         self.outbox = Gauge("gridgate_outbox_depth", "Messages waiting per notifier", ["notifier"], registry=r)
+        self.pilot_states = Gauge("gridgate_pilots", "Tracked pilots by state",
+                                  ["backend", "endpoint", "state"], registry=r)
+        self.trimmed = Counter("gridgate_demand_trimmed", "Pilots of demand not submitted because "
+                               "of a limit (max_waiting, max_total)", ["backend", "limit"], registry=r)
+        self.status_polls = Counter("gridgate_status_polls", "Bulk status queries by outcome",
+                                    ["backend", "endpoint", "outcome"], registry=r)
+        self._pilot_labels: set[tuple[str, str, str]] = set()
         self.gauges_source = gauges_source
         self._server: Any = None
 
@@ -78,6 +85,7 @@ class DirectorMetrics:
     def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
         self.iteration.observe(summary.duration)
         self.excluded.set(len(summary.excluded))
+        self._pilots(summary.pilots)
         if self.gauges_source is None:
             return
         gauges = self.gauges_source()
@@ -85,3 +93,23 @@ class DirectorMetrics:
             self.cache.labels(cache).set(size)
         for notifier, depth in gauges.get("outbox", {}).items():
             self.outbox.labels(notifier).set(depth)
+
+    def _pilots(self, report: Mapping[str, Any]) -> None:
+        """Pilots by state (a series that disappeared from the registry drops to 0), demand
+        trimmed, and status polls, from the iteration's pilot report."""
+        if not report:
+            return
+        seen: set[tuple[str, str, str]] = set()
+        for key, states in report.get("states", {}).items():
+            backend, _, endpoint = key.partition("/")
+            for state, n in states.items():
+                self.pilot_states.labels(backend, endpoint, state).set(n)
+                seen.add((backend, endpoint, state))
+        for labels in self._pilot_labels - seen:
+            self.pilot_states.labels(*labels).set(0)
+        self._pilot_labels = seen
+        for backend, limits in report.get("trimmed", {}).items():
+            for limit, n in limits.items():
+                self.trimmed.labels(backend, limit).inc(n)
+        for poll in report.get("polls", []):
+            self.status_polls.labels(poll["backend"], poll["endpoint"], poll["outcome"]).inc()

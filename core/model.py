@@ -388,6 +388,10 @@ class IterationSummary:
     config_error: str | None = None
     #: failed submissions that were (or, with why not, were not) sent to another server
     retries: tuple[Mapping[str, Any], ...] = ()
+    #: what the pilot tracker did: polls, state changes, cancels, aborted endpoints, demand
+    #: trimmed per backend and limit, and pilots by endpoint and state after the iteration's
+    #: submissions (gridgate.core.tracking)
+    pilots: Mapping[str, Any] = field(default_factory=dict)
 
 
 class DemandRegistry:

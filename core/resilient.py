@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.state import MemoryState, StateError, StateStore
+
+if TYPE_CHECKING:
+    from gridgate.core.pilots import PilotRegistry
 
 
 class ResilientState(StateStore):
@@ -192,6 +195,12 @@ class ResilientState(StateStore):
         with self._lock:
             return [dict(r) for s, r in self._kept if s == stream and float(r.get("time", 0)) >= since]
 
+    def pilot_registry(self) -> PilotRegistry:
+        """The primary's registry: pilots are not mirrored into the local view, so while the
+        store fails this raises :class:`StateError` and the director tracks nothing (it says
+        so) until the store is back."""
+        return self.primary.pilot_registry()
+
     def close(self) -> None:
         self.primary.close()
         self.local.close()
@@ -244,6 +253,9 @@ class DeferredState(StateStore):
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         return self._open().records(stream, since)
+
+    def pilot_registry(self) -> PilotRegistry:
+        return self._open().pilot_registry()
 
     def close(self) -> None:
         with self._lock:

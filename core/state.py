@@ -14,13 +14,17 @@ import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from gridgate.core.pilots import PilotRegistry
 
 
 class StateError(Exception):
@@ -75,8 +79,23 @@ class StateStore(ABC):
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         """Records of ``stream`` whose ``time`` >= ``since``, oldest first."""
 
+    def pilot_registry(self) -> PilotRegistry:
+        """The pilot registry kept in this store (see :mod:`gridgate.core.pilots`).
+
+        A driver that does not override this keeps pilots in this process only."""
+        with _REGISTRY_LOCK:
+            registry = getattr(self, "_pilot_registry", None)
+            if registry is None:
+                from gridgate.core.pilots import MemoryPilots
+
+                registry = self._pilot_registry = MemoryPilots()
+            return registry
+
     def close(self) -> None:
         """Release connections and files."""
+
+
+_REGISTRY_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +407,35 @@ class SqliteState(StateStore):
         except sqlite3.Error as exc:
             raise StateError(self._explain(exc, what)) from exc
 
+    @contextmanager
+    def transaction(self, what: str, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock, inside one transaction (``BEGIN IMMEDIATE`` when
+        ``write``) that commits when the block ends and rolls back when it raises; sqlite
+        errors become :class:`StateError` naming ``what``."""
+        with self._lock:
+            self._execute(what, "BEGIN IMMEDIATE" if write else "BEGIN")
+            conn = self._conn
+            assert conn is not None
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback(conn)
+                raise StateError(self._explain(exc, what)) from exc
+            except BaseException:
+                _rollback(conn)
+                raise
+
+    def pilot_registry(self) -> PilotRegistry:
+        """The ``pilots`` table of this file."""
+        with self._lock:
+            registry = getattr(self, "_pilot_registry", None)
+            if registry is None:
+                from gridgate.core.pilots import SqlitePilots
+
+                registry = self._pilot_registry = SqlitePilots(self)
+            return registry
+
     def _maybe_prune(self, now: float) -> None:
         if now - self._last_prune < self.prune_interval:
             return
@@ -477,3 +525,10 @@ class SqliteState(StateStore):
                 except sqlite3.Error as exc:
                     logger.warning("state file {}: error on close: {}", self.path, exc)
             self._conn = None
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # the failed statement already ended the transaction

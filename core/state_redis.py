@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import SECRET_SCHEMA, SecretError, read_secret
@@ -33,6 +33,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
         "the 'redis' state driver needs redis-py: pip install 'gridgate[redis]'"
     ) from exc
+
+if TYPE_CHECKING:
+    from gridgate.core.pilots import PilotRegistry
 
 T = TypeVar("T")
 
@@ -333,6 +336,15 @@ class RedisState(StateStore):
         )
         # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
         return [json.loads(m.partition(" ")[2]) for m in members]
+
+    def pilot_registry(self) -> PilotRegistry:
+        """The pilot registry on this server, under this store's prefix."""
+        registry = getattr(self, "_pilot_registry", None)
+        if registry is None:
+            from gridgate.core.pilots_redis import RedisPilots
+
+            registry = self._pilot_registry = RedisPilots(self)
+        return registry
 
     def close(self) -> None:
         try:

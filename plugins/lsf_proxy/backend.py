@@ -25,15 +25,18 @@ from gridgate.core.escalation import EPISODE
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     BackendInfo,
+    CancelResult,
     CommandResult,
     Endpoint,
     Failure,
+    StatusResult,
     SubmitRequest,
     SubmitResult,
 )
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.plugins.lsf_proxy.client import NoToken, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.tracking import cancel_pilots, query_pilots
 
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_QUERY = "Job Query"
@@ -140,8 +143,15 @@ class LsfBackend(Plugin):
                              "description": "The submit command."},
                     "bjobs": {"type": "string", "minLength": 1, "default": "bjobs",
                               "description": "The query command."},
+                    "bkill": {"type": ["string", "null"], "minLength": 1, "default": None,
+                              "description": "The cancel command; null: bkill beside bjobs "
+                                             "when that is a path, else on PATH."},
                 },
             },
+            "status_format": {"enum": ["custom", "table"], "default": "custom",
+                              "description": "How pilots are tracked: bjobs -noheader -o "
+                                             "(LSF 9.1 and later) or the classic bjobs -aw "
+                                             "table (older clusters)."},
             "job_name": {"type": "string", "minLength": 1, "default": "gridgate-pilot",
                          "description": "bsub -J (an array NAME[1-N] when a job carries N "
                                         "pilots)."},
@@ -322,6 +332,16 @@ class LsfBackend(Plugin):
                                 operation=OPERATION_SUBMIT)
         return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
                             message=outcome.describe())
+
+    @hookimpl
+    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
+                            timeout: float) -> StatusResult | None:
+        return query_pilots(self, endpoint, job_ids, timeout) if endpoint.backend == self.name else None
+
+    @hookimpl
+    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
+                        timeout: float) -> CancelResult | None:
+        return cancel_pilots(self, endpoint, job_ids, timeout) if endpoint.backend == self.name else None
 
     @hookimpl
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:

@@ -179,11 +179,14 @@ class Token:
 
 @dataclass(frozen=True)
 class HostReply:
-    """One daemon's answer to an admin command: ``reply`` or ``error`` (unreachable)."""
+    """One daemon's answer to an admin command: ``reply`` or ``error`` (unreachable;
+    ``busy``: it is there but did not serve the command in time or at all, rather than
+    refusing the connection)."""
 
     daemon: Daemon
     reply: Mapping[str, Any] | None = None
     error: str = ""
+    busy: bool = False
 
 
 class ProxyClient:
@@ -380,12 +383,13 @@ class ProxyClient:
                 conn = Connection(daemon, self.connect_timeout, self.key, self.user, self.host,
                                   self.clock)
             except _Broken as exc:
-                out.append(HostReply(daemon, error=str(exc)))
+                out.append(HostReply(daemon, error=str(exc), busy=isinstance(exc, _Busy)))
                 continue
             try:
                 out.append(HostReply(daemon, reply=conn.call(op, self.reply_timeout, **fields)))
             except (_Broken, RequestFailed) as exc:
-                out.append(HostReply(daemon, error=str(exc)))
+                out.append(HostReply(daemon, error=str(exc),
+                                     busy=isinstance(exc, _Busy | RequestFailed)))
             finally:
                 conn.close()
         return out

@@ -57,6 +57,23 @@ _CATEGORY_LIMITS: dict[str, Any] = {
 }
 
 
+_RATE_LIMIT: dict[str, Any] = {
+    "type": "object",
+    "description": "One category's bucket per user; every key has Slurm's default.",
+    "properties": {
+        "enable": {"type": "boolean", "default": True,
+                   "description": "rl_enable: false keeps the entry but switches it off."},
+        "bucket_size": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                        "description": "rl_bucket_size: requests a user may make in a burst."},
+        "refill_rate": {"type": "number", "exclusiveMinimum": 0, "default": 2,
+                        "description": "rl_refill_rate: requests added to the bucket each period."},
+        "refill_period": {"type": "number", "exclusiveMinimum": 0, "default": 1,
+                          "description": "rl_refill_period: seconds between refills."},
+    },
+    "additionalProperties": False,
+}
+
+
 def _address_schema(description: str) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "description": description}
 
@@ -109,6 +126,24 @@ SECTION_SCHEMA: dict[str, Any] = {
                 "required": ["name", "address"],
                 "additionalProperties": False,
             },
+        },
+        "heartbeat_interval": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                               "description": "Seconds between heartbeats to the other daemons "
+                                              "of hosts (LSF_PROXYD_HEARTBEAT_INTERVAL); a "
+                                              "daemon not heard for 3 intervals, or refusing "
+                                              "connections, is left out of the split."},
+        "heartbeat_via": {"enum": ["daemons", "state"], "default": "daemons",
+                          "description": "daemons: heartbeats over the daemons' own sockets; "
+                                         "state: a key with a TTL in the site's state store "
+                                         "(the state: section, e.g. the directors' Redis)."},
+        "rate_limit": {
+            "type": "object",
+            "default": {},
+            "description": "Per-user token buckets per category (as Slurm's rl_*): a user's "
+                           "requests beyond the rate wait, within token_wait_time, then are "
+                           "denied. Categories not listed have no rate limit.",
+            "properties": {c: _RATE_LIMIT for c in CATEGORIES},
+            "additionalProperties": False,
         },
         "name": {"type": "string", "default": "",
                  "description": "This daemon's name in hosts (default: the host name)."},

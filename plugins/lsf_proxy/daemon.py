@@ -37,8 +37,8 @@ from gridgate.plugins.lsf_proxy.config import (
     parse_address,
     resolve_policies,
     section_defaults,
-    split_limits,
 )
+from gridgate.plugins.lsf_proxy.peers import Heartbeat
 from gridgate.plugins.lsf_proxy.policy import (
     DENIED,
     GRANTED,
@@ -58,6 +58,7 @@ from gridgate.plugins.lsf_proxy.protocol import (
     decode,
     encode,
 )
+from gridgate.plugins.lsf_proxy.ratelimit import RatedSettings, RateLimitedPolicy, rate_limits_from
 
 #: A client that does not read its replies is dropped once this much is waiting for it.
 MAX_WRITE_BUFFER = 1 << 20
@@ -119,6 +120,9 @@ class DaemonMetrics:
                                        registry=r)
         self.blocked = prom.Counter("gridgate_proxyd_blocked", "Requests denied by the blocklist",
                                     ["category"], registry=r)
+        self.rate_limited = prom.Counter("gridgate_proxyd_rate_limited",
+                                         "Requests denied for being over the user's rate "
+                                         "(proxyd.rate_limit)", ["category"], registry=r)
         self.errors = prom.Counter("gridgate_proxyd_errors",
                                    "The status table's Error row: bad or cut-off requests "
                                    "(protocol) and leases taken back (lease_expired)",
@@ -130,6 +134,7 @@ class DaemonMetrics:
             # series exist from the start, so a rate over the first grant is right
             self.grants.labels(category)
             self.blocked.labels(category)
+            self.rate_limited.labels(category)
             for reason in ("timeout", "queue_full"):
                 self.rejections.labels(category, reason)
         for kind in ("protocol", "lease_expired"):
@@ -168,6 +173,8 @@ class DaemonMetrics:
                 self.blocked.labels(req.category).inc()
             elif decision.reason in ("timeout", "queue_full"):
                 self.rejections.labels(req.category, decision.reason).inc()
+            elif decision.reason == "rate_limited":
+                self.rate_limited.labels(req.category).inc()
         else:
             return
         self.wait.labels(req.category, decision.outcome).observe(max(0.0, decision.waited))
@@ -231,10 +238,16 @@ class ProxyDaemon:
         self._servers: list[asyncio.base_events.Server] = []
         self._diag: Any = None
         self._diag_path: Path | None = None
+        #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
+        try:
+            self.peers = Heartbeat(self.name, self.section, clock, self._peers_changed,
+                                   self.config_path)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
         settings = self._settings(self.section)
-        self.policy = TokenPolicy(settings, clock=clock,
-                                  sample_period=float(self.section.get("sample_period", 60)),
-                                  blocklist=self._load_blocklist())
+        self.policy = RateLimitedPolicy(settings, clock=clock,
+                                        sample_period=float(self.section.get("sample_period", 60)),
+                                        blocklist=self._load_blocklist())
         self._apply_runtime(self.section)
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
@@ -250,13 +263,26 @@ class ProxyDaemon:
     def _settings(self, section: Mapping[str, Any]) -> PolicySettings:
         limits = resolve_policies(section.get("policies"))
         hosts = section.get("hosts") or []
+        live = 1
         if hosts:
             names = [h["name"] for h in hosts]
             if self.name not in names:
                 raise StartupError(f"this daemon's name {self.name!r} is not in proxyd.hosts "
                                    f"({', '.join(names)}); give --name or proxyd.name")
-            limits = split_limits(limits, names.index(self.name), len(names))
-        return PolicySettings.from_section(section, limits)
+            limits = self.peers.view.share(limits, names)
+            live = len(self.peers.view.live(names))
+        return RatedSettings.extend(PolicySettings.from_section(section, limits),
+                                    rate_limits_from(section, live))
+
+    def _peers_changed(self, service: Mapping[str, bool] | None) -> None:
+        """A heartbeat changed who is alive (a new share: held tokens stay, a smaller share
+        only stops new grants) or brought a newer service state from a peer."""
+        self.policy.reconfigure(self._settings(self.section))
+        for category, enabled in (service or {}).items():
+            if self.policy.categories[category].enabled != enabled:
+                for decision in self.policy.set_enabled(category, enabled):
+                    self._deliver(decision)
+        self._poke()
 
     def _apply_runtime(self, section: Mapping[str, Any]) -> None:
         self.categories = category_map(section.get("categories"))
@@ -331,6 +357,7 @@ class ProxyDaemon:
             if section.get(key) != self.section.get(key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
         self.section = section
+        self.peers.configure(section)
         self.policy.reconfigure(settings)
         self._apply_runtime(section)
         self._poke()
@@ -365,6 +392,7 @@ class ProxyDaemon:
                 loop.add_signal_handler(sig, self._stop.set)
             loop.add_signal_handler(signal.SIGHUP, self._sighup)
         ticker = asyncio.create_task(self._ticker())
+        beats = asyncio.create_task(self.peers.run(self._stop))
         if self.on_ready is not None:
             self.on_ready(self)
         logger.info("lsfproxyd {} listening on {} (pid {})", self.name, self.socket_path, self.pid)
@@ -377,6 +405,8 @@ class ProxyDaemon:
             self._poke()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ticker, 5)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(beats, 5)
             await self._shutdown()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -725,10 +755,15 @@ class ProxyDaemon:
     def _admin(self, conn: _Conn, op: str, message: Mapping[str, Any], msg_id: Any, user: str,
                host: str) -> None:
         if op == "status":
+            # peers first: a peer that fell silent since the last heartbeat is dropped now,
+            # so the shares shown are the ones in force
+            peers = self.peers.status() if self.peers.active else None
             status = self.policy.status()
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
                           connections=len(self._conns), metrics_port=self.metrics_port)
+            if peers is not None:
+                status["peers"] = peers
             self._reply(conn, msg_id, status=status)
             return
         if op in ("enable", "disable"):
@@ -738,6 +773,7 @@ class ProxyDaemon:
                 raise ProtocolError("bad_request", "category must be all, query, sub or other")
             for decision in self.policy.set_enabled(category, op == "enable"):
                 self._deliver(decision)
+            self.peers.service_changed(self._service())
             logger.info("{} {} by {}@{}", op, category, user, host)
             self._reply(conn, msg_id, service=self._service())
             return
@@ -769,6 +805,12 @@ class ProxyDaemon:
             except OSError as exc:
                 raise ProtocolError("io_error", f"cannot open {self.diagnose_path}: {exc}") from None
             self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path))
+            return
+        if op == "heartbeat":
+            try:
+                self._reply(conn, msg_id, **self.peers.answer(message))
+            except ValueError as exc:
+                raise ProtocolError("bad_request", str(exc)) from None
             return
         if op == "reconfig":
             try:

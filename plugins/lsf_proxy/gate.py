@@ -114,7 +114,7 @@ def gate_command(category: str | None, opcode: str | None, socket_path: str | No
     if not command:
         raise click.UsageError("give a command: gridgate gate -- COMMAND ARGS...")
     section = _section(config_path)
-    chosen = category or infer_category(command[0], section)
+    chosen = category or infer_category(command[0], section, command[1:])
     status = run_gated(list(command), chosen, opcode or "", section, socket_path)
     raise SystemExit(exit_like(status))
 

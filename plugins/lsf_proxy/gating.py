@@ -36,14 +36,20 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Other batch systems' commands, beside LSF's (config.DEFAULT_CATEGORY_MAP).
 GATE_CATEGORIES: dict[str, tuple[str, ...]] = {
     "submission": ("sbatch", "srun", "salloc", "condor_submit", "qsub"),
-    "query": ("squeue", "sinfo", "sacct", "sstat", "condor_q", "condor_status", "condor_history",
-              "qstat"),
+    "query": ("squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "condor_q",
+              "condor_status", "condor_history", "qstat"),
+    "other": ("scancel", "scontrol"),
+}
+#: Commands whose category depends on their first word that is not an option:
+#: ``scontrol show job 12`` only reads, ``scontrol update ...`` changes the cluster.
+ARGUMENT_CATEGORIES: dict[str, dict[str, str]] = {
+    "scontrol": {"show": "query"},
 }
 #: Commands ``--install-shims`` writes a wrapper for when they are on PATH.
 SHIM_COMMANDS: tuple[str, ...] = (
     "bjobs", "bhosts", "bqueues", "bhist", "busers", "bsub", "bmod", "bswitch", "brestart",
-    "squeue", "sinfo", "sacct", "sbatch", "condor_q", "condor_status", "condor_submit",
-    "qstat", "qsub",
+    "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "sbatch", "srun", "salloc",
+    "scancel", "scontrol", "condor_q", "condor_status", "condor_submit", "qstat", "qsub",
 )
 
 def gate_category_map(section: Mapping[str, Any] | None = None) -> dict[str, str]:
@@ -55,9 +61,18 @@ def gate_category_map(section: Mapping[str, Any] | None = None) -> dict[str, str
     return mapping
 
 
-def infer_category(command: str, section: Mapping[str, Any] | None = None) -> str:
-    """The category of ``command`` (a name or a path): submission, query or other."""
-    return gate_category_map(section).get(os.path.basename(command), "other")
+def infer_category(command: str, section: Mapping[str, Any] | None = None,
+                   args: Sequence[str] = ()) -> str:
+    """The category of ``command`` (a name or a path) run with ``args``: submission, query or
+    other. The config's ``categories`` win over everything, the arguments over the name."""
+    name = os.path.basename(command)
+    own = {n for names in ((section or {}).get("categories") or {}).values() for n in names}
+    by_word = ARGUMENT_CATEGORIES.get(name)
+    if by_word and name not in own:
+        word = next((a for a in args if not a.startswith("-")), "")
+        if word in by_word:
+            return by_word[word]
+    return gate_category_map(section).get(name, "other")
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -209,6 +224,6 @@ def shim_main(name: str, real: str | None, shim_dir: str, config: str | None = N
         print(f"gridgate gate: {name}: command not found (outside {shim_dir})", file=sys.stderr)
         return EXIT_NOT_FOUND
     section = _section(config)
-    status = run_gated([real, *sys.argv[1:]], infer_category(name, section), name, section,
-                       socket)
+    status = run_gated([real, *sys.argv[1:]], infer_category(name, section, sys.argv[1:]), name,
+                       section, socket)
     return exit_like(status)

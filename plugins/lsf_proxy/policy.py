@@ -32,6 +32,8 @@ METRIC_NAMES: tuple[str, ...] = (
     *(f"rejected.{c}" for c in CATEGORIES),
     "blocked",
     "error",
+    # denied for being over a user's rate (ratelimit.py); shown only where a rate is set
+    *(f"ratelimited.{c}" for c in CATEGORIES),
 )
 
 

@@ -22,7 +22,7 @@ DEFAULT_MAX_LINE = 16384
 #: Operations anyone may call; every other operation is an admin command.
 PUBLIC_OPS = frozenset({"hello", "acquire", "release"})
 ADMIN_OPS = frozenset({"status", "enable", "disable", "block", "unblock", "blocklist",
-                       "diagnose", "reconfig"})
+                       "diagnose", "reconfig", "heartbeat"})
 
 
 class ProtocolError(Exception):

@@ -37,19 +37,24 @@ def _failure(reply: HostReply) -> str:
 
 
 def status_text(replies: Sequence[HostReply]) -> list[str]:
+    """The seed's status for each daemon in turn: its service state, then its host status
+    (each daemon has its own service state; a daemon that rejoins takes it from a peer)."""
     lines: list[str] = []
-    good = [r for r in replies if r.reply is not None and r.reply.get("ok")]
-    if good:
-        cats = good[0].reply["status"]["categories"]  # type: ignore[index]
-        lines += ["", *service_status({c: v["enabled"] for c, v in cats.items()}, spaced=True)]
     for reply in replies:
-        lines += ["", "lsfproxyd host status:"]
-        if reply not in good:
-            lines += [f"  HOSTNAME: {reply.daemon.name}", f"  STATUS: {_failure(reply)}"]
+        if reply.reply is None or not reply.reply.get("ok"):
+            lines += ["", "lsfproxyd host status:", f"  HOSTNAME: {reply.daemon.name}",
+                      f"  STATUS: {_failure(reply)}"]
             continue
-        status = reply.reply["status"]  # type: ignore[index]
-        lines += [f"  HOSTNAME: {status['name']}", "  STATUS: CONNECTED", f"  PID: {status['pid']}",
-                  f"  {'':<11}{'TOKEN_LIMIT':<13}{'TOKENS_IN_USE_TOTAL':<21}TOKENS_IN_USE_PRIVILEGED"]
+        status = reply.reply["status"]
+        service = {c: v["enabled"] for c, v in status["categories"].items()}
+        lines += ["", *service_status(service, spaced=True), "", "lsfproxyd host status:",
+                  f"  HOSTNAME: {status['name']}", "  STATUS: CONNECTED", f"  PID: {status['pid']}"]
+        peers = status.get("peers")
+        if peers:
+            lines.append(f"  LIVE DAEMONS: {' '.join(peers['live'])} "
+                         f"(heartbeat every {peers['interval']:g} s)")
+        lines.append(f"  {'':<11}{'TOKEN_LIMIT':<13}{'TOKENS_IN_USE_TOTAL':<21}"
+                     "TOKENS_IN_USE_PRIVILEGED")
         for cat in CATEGORIES:
             row = status["categories"][cat]
             lines.append(f"  {LSF_NAMES[cat]:<11}{row['token_limit']:<13}{row['in_use']:<21}"
@@ -82,6 +87,11 @@ def metrics_text(status: Mapping[str, Any]) -> list[str]:
         row("Blocked", "blocked"),
         row("Error", "error"),
     ]
+    limited = [c for c in CATEGORIES if c in (status.get("rate_limits") or {})]
+    if limited:
+        # not in the seed: only where proxyd.rate_limit sets a rate
+        lines += ["Rate limited", *(row(f"     {_METRIC_LABELS[c]}", f"ratelimited.{c}")
+                                    for c in limited)]
     return lines
 
 
@@ -121,14 +131,17 @@ def blocklist_text(replies: Sequence[HostReply]) -> list[str]:
 
 
 def enable_text(replies: Sequence[HostReply]) -> list[str]:
+    """The seed's ``lsfproxyd service status:`` block; with several daemons one block per
+    daemon, each naming the host that confirmed it."""
     lines: list[str] = []
-    shown = False
     for reply in replies:
         if reply.reply is None or not reply.reply.get("ok"):
             lines.append(_failure(reply))
-        elif not shown:
-            lines += service_status(reply.reply["service"], spaced=False)
-            shown = True
+            continue
+        block = service_status(reply.reply["service"], spaced=False)
+        if len(replies) > 1:
+            block[0] = f"lsfproxyd service status on lsfproxyd host <{reply.daemon.name}>:"
+        lines += block
     return lines
 
 

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -22,10 +22,12 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.model import (
     BackendInfo,
+    CancelResult,
     CommandResult,
     Endpoint,
     Failure,
     ListMatchResult,
+    StatusResult,
     SubmitRequest,
     SubmitResult,
 )
@@ -41,6 +43,7 @@ from gridgate.plugins.wms_glite.jdl import (
     quote,
 )
 from gridgate.plugins.wms_glite.parse import is_no_match, parse_ce_ids, parse_job_ids
+from gridgate.plugins.wms_glite.status import cancel_pilots, query_pilots, sibling_commands
 
 __all__ = ["GliteBackend", "build_jdl", "endpoint_for", "DEFAULT_PORT", "DEFAULT_PATH"]
 
@@ -126,6 +129,13 @@ class GliteBackend(Plugin):
                     "list_match": {"type": "string", "minLength": 1,
                                    "default": "glite-wms-job-list-match",
                                    "description": "The list-match command."},
+                    "status": {"type": ["string", "null"], "minLength": 1, "default": None,
+                               "description": "The status command (pilot tracking); null: "
+                                              "glite-wms-job-status beside the submit "
+                                              "command when that is a path, else on PATH."},
+                    "cancel": {"type": ["string", "null"], "minLength": 1, "default": None,
+                               "description": "The cancel command; null: "
+                                              "glite-wms-job-cancel, found like status."},
                 },
                 "default": {},
                 "additionalProperties": False,
@@ -265,8 +275,11 @@ class GliteBackend(Plugin):
         return {**os.environ, **extra} if extra else None
 
     def _commands(self) -> Mapping[str, str]:
-        return {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
-                **(self.config.get("commands") or {})}
+        configured = {k: v for k, v in (self.config.get("commands") or {}).items() if v}
+        commands = {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
+                    **configured}
+        commands.update(sibling_commands(commands["submit"], configured))
+        return commands
 
     def argv(self, operation: str, endpoint: Endpoint, jdl_path: str) -> list[str]:
         """The argv of one call (no shell ever sees it)."""
@@ -404,6 +417,16 @@ class GliteBackend(Plugin):
                                 message="exit 0 but no job id in the output")
         return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
                             message=outcome.describe())
+
+    @hookimpl
+    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
+                            timeout: float) -> StatusResult | None:
+        return query_pilots(self, endpoint, job_ids, timeout) if self._mine(endpoint.backend) else None
+
+    @hookimpl
+    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
+                        timeout: float) -> CancelResult | None:
+        return cancel_pilots(self, endpoint, job_ids, timeout) if self._mine(endpoint.backend) else None
 
     @hookimpl
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:

@@ -28,6 +28,12 @@ from gridgate.core import hookimpl
 from gridgate.core.config import load_config
 from gridgate.core.director import ACCOUNTING, Director
 from gridgate.core.model import IterationSummary, Notification
+from gridgate.plugins.wms_glite.demo_pilots import (
+    pilots_spec,
+    render_pilots,
+    scenario_of,
+    stand_in_states,
+)
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
 
 #: Token limits of the demo: the director runs 16 threads, so submissions wait their turn.
@@ -39,7 +45,7 @@ FLEET: dict[str, tuple[dict[str, Any], str]] = {
     "wms01.example.org": ({"behaviour": "healthy", "latency": 0.2}, "healthy"),
     "wms02.example.org": ({"behaviour": "healthy", "latency": 0.3}, "healthy"),
     "wms03.example.org": ({"behaviour": "healthy", "latency": 0.4}, "healthy"),
-    "wms04.example.org": ({"behaviour": "healthy", "latency": 0.25}, "healthy"),
+    "wms04.example.org": ({"behaviour": "healthy", "latency": 0.25}, "pilots abort"),
     "wms05.example.org": ({"behaviour": "healthy", "latency": 1.5}, "slow"),
     "wms06.example.org": ({"behaviour": "overloaded", "latency": 0.2}, "overloaded"),
     "wms07.example.org": ({"behaviour": "drained", "latency": 0.1}, "drained"),
@@ -93,7 +99,7 @@ def build_site(folder: Path, duration: float, admission: str = "none",
         "state_dir": str(folder / "sim-state"),
         "calls_log": str(folder / "calls.jsonl"),
         "default": {"behaviour": "healthy", "hang": 600},
-        "hosts": {host: spec for host, (spec, _) in FLEET.items()},
+        "hosts": {host: {**spec, "pilots": pilots_spec(host)} for host, (spec, _) in FLEET.items()},
     })
     (folder / "sim-state").mkdir(exist_ok=True)
     config = {
@@ -189,6 +195,7 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
                                      daemon)
         director.close()
     result = summarise(rows, watch.notes, elapsed, folder)
+    result["pilot_states"] = stand_in_states(scenario_of(folder))
     result["admission"] = figures
     result["refused"] = sum(1 for r in rows if r["outcome"] == "refused")
     return result
@@ -253,6 +260,7 @@ def render(result: dict[str, Any]) -> str:
         _admission_line(admission, result.get("refused", 0)),
         f"error and alarm texts: {result['notifications']}",
         f"site config used:      {result['config']}",
+        *render_pilots(result.get("pilot_states") or {}, list(FLEET)),
         "",
     ]
     return "\n".join(lines)

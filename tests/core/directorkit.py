@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gridgate.core import hookimpl
 from gridgate.core.config import validate_document
 from gridgate.core.model import (
     BackendInfo,
+    CancelResult,
     CommandResult,
     Endpoint,
+    JobStatus,
     ListMatchResult,
     Notification,
+    StatusResult,
     SubmitRequest,
     SubmitResult,
 )
@@ -143,3 +146,93 @@ class Recorder:
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         raise AttributeError(name)
+
+
+class TrackingBackend(ScriptedBackend):
+    """A scripted backend whose jobs have states the test moves (``move``), answering bulk
+    status queries and cancels from them; ``status_mode[name]`` is ``fail`` for a status
+    command that fails (exit 1), ``command`` to run a real status command
+    (``status_command``: an argv prefix, the ids appended) through the runner."""
+
+    NATIVE = {"waiting": "PENDING", "running": "RUNNING", "done": "COMPLETED", "failed": "FAILED",
+              "cancelled": "CANCELLED", "unknown": "UNKNOWN"}
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.jobs: dict[str, dict[str, tuple[str, str]]] = {e.name: {} for e in self.endpoints}
+        self.status_mode: dict[str, str] = {}
+        self.status_command: list[str] = []
+        self.status_calls: list[tuple[str, tuple[str, ...]]] = []
+        self.cancel_calls: list[tuple[str, tuple[str, ...]]] = []
+
+    @hookimpl
+    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
+        if endpoint.backend != BACKEND:
+            return None
+        if self.behaviour.get(endpoint.name, "fake-ok") != "fake-ok":
+            return super().gridgate_submit(endpoint, request, timeout)
+        with self.lock:
+            self.calls.append(endpoint.name)
+            ids = []
+            for _ in range(request.count):
+                self.counter += 1
+                ids.append(f"{endpoint.name}.{self.counter}")
+                self.jobs[endpoint.name][ids[-1]] = ("waiting", "")
+        return SubmitResult(endpoint, ok=True, job_ids=tuple(ids))
+
+    def move(self, endpoint: str, state: str, n: int | None = None, *, reason: str = "",
+             only: str | None = None) -> list[str]:
+        """Put ``n`` (default: all) jobs of ``endpoint`` (those in state ``only``, if given)
+        in ``state``; ``state=None``-like ``"forget"`` drops them as a purged job would be."""
+        with self.lock:
+            jobs = self.jobs[endpoint]
+            chosen = [j for j, (s, _r) in jobs.items() if only is None or s == only][:n]
+            for job in chosen:
+                if state == "forget":
+                    del jobs[job]
+                else:
+                    jobs[job] = (state, reason)
+        return chosen
+
+    def count(self, endpoint: str, state: str) -> int:
+        with self.lock:
+            return sum(1 for s, _r in self.jobs[endpoint].values() if s == state)
+
+    @hookimpl
+    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> StatusResult | None:
+        if endpoint.backend != BACKEND:
+            return None
+        with self.lock:
+            self.status_calls.append((endpoint.name, tuple(job_ids)))
+        mode = self.status_mode.get(endpoint.name, "ok")
+        if mode == "fail":
+            command = CommandResult(argv=("status", endpoint.name), returncode=1,
+                                    stderr="Error - Unable to connect to the server\n")
+            return StatusResult(endpoint, ok=False, command=command)
+        if mode == "command":
+            result = run([*self.status_command, *job_ids], timeout=timeout, kill_grace=0.5)
+            if not result.ok:
+                return StatusResult(endpoint, ok=False, command=result)
+            statuses = {}
+            for line in result.stdout.splitlines():
+                job, _, state = line.partition(" ")
+                if job in job_ids:
+                    statuses[job] = JobStatus(job, state, native=state.upper())
+            return StatusResult(endpoint, ok=True, statuses=statuses, command=result)
+        with self.lock:
+            known = self.jobs[endpoint.name]
+            statuses = {j: JobStatus(j, known[j][0], native=self.NATIVE[known[j][0]], reason=known[j][1])
+                        for j in job_ids if j in known}
+        return StatusResult(endpoint, ok=True, statuses=statuses)
+
+    @hookimpl
+    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> CancelResult | None:
+        if endpoint.backend != BACKEND:
+            return None
+        with self.lock:
+            self.cancel_calls.append((endpoint.name, tuple(job_ids)))
+            known = self.jobs[endpoint.name]
+            done = [j for j in job_ids if j in known]
+            for job in done:
+                known[job] = ("cancelled", "cancelled by user")
+        return CancelResult(endpoint, ok=True, cancelled=tuple(done))

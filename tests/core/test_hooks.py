@@ -11,7 +11,14 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from directorkit import BACKEND, Collector, MatchingBackend, ScriptedBackend, config
+from directorkit import (
+    BACKEND,
+    Collector,
+    MatchingBackend,
+    ScriptedBackend,
+    TrackingBackend,
+    config,
+)
 
 from gridgate.core import hookimpl, hookspecs
 from gridgate.core.clock import FakeClock
@@ -124,7 +131,8 @@ def test_hooks_fire_in_the_documented_order_over_one_iteration() -> None:
                                                           "requirements": "", "attributes": {}}]
     director.run_iteration()
     assert order.events == [
-        "iteration_started", "demand", "backend_info", "select_endpoint", "admit", "list_match",
+        # backend_info twice: the pilot tracker asks first (to poll and trim), then the plan
+        "iteration_started", "demand", "backend_info", "backend_info", "select_endpoint", "admit", "list_match",
         "submit", "release", "classify_failure", "escalate", "notify", "submission_finished",
         "iteration_finished",
     ]
@@ -382,4 +390,50 @@ def test_gridgate_select_endpoint_round_robin_takes_servers_in_turn() -> None:
     director = Director(validate_document(doc), extra_plugins=[backend], state=MemoryState())
     director.run_iteration()
     assert backend.calls == ["s0", "s1", "s2"] * 3
+    director.close()
+
+
+class StatusOrder(Order):
+    @hookimpl(tryfirst=True)
+    def gridgate_job_status(self, endpoint, job_ids, timeout):
+        self.log("job_status")
+
+    @hookimpl(tryfirst=True)
+    def gridgate_cancel(self, endpoint, job_ids, timeout):
+        self.log("cancel")
+
+
+def test_gridgate_job_status_one_bulk_call_per_endpoint_under_a_query_grant_before_submitting() -> None:
+    order = StatusOrder()
+    backend = TrackingBackend(2)
+    director = director_with(backend, order, servers=2, pilots=7)
+    director.run_iteration()
+    order.events.clear()
+    director.run_iteration()
+    first = order.events.index("job_status")
+    # admitted (query), run, released, all before the first submission of the iteration
+    assert order.events[first - 1] == "admit" and order.events[first + 1] == "release"
+    assert order.events.count("job_status") == 2
+    assert max(i for i, e in enumerate(order.events) if e == "job_status") < order.events.index("submit")
+    calls = dict(backend.status_calls)
+    assert sorted(calls) == ["s0", "s1"] and sum(len(ids) for ids in calls.values()) == 7
+    assert director.state.pilot_registry().counts()  # the answers were recorded
+    director.close()
+
+
+def test_gridgate_cancel_for_pilots_past_max_wait_time_after_their_poll() -> None:
+    order = StatusOrder()
+    backend = TrackingBackend(1)
+    director = director_with(backend, order, servers=1, pilots=2)
+    director.config.data["director"]["pilots"]["max_wait_time"] = 60
+    director.run_iteration()
+    director.config.data["demand"]["static"][BACKEND] = 0
+    director.clock.advance(61)
+    order.events.clear()
+    director.run_iteration()
+    assert order.events[order.events.index("job_status"):] == [
+        "job_status", "release", "admit", "cancel", "release", "iteration_finished"]
+    ((endpoint, ids),) = backend.cancel_calls
+    assert endpoint == "s0" and len(ids) == 2
+    assert {p.state for p in director.state.pilot_registry().query()} == {"cancelled"}
     director.close()

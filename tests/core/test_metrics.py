@@ -48,3 +48,29 @@ def test_director_metrics_move_when_work_happens() -> None:
         assert value(again, r"gridgate_iteration_duration_seconds_count") == 2
     finally:
         director.close()
+
+
+def test_pilot_gauges_by_backend_endpoint_state_and_trimmed_demand() -> None:
+    from directorkit import BACKEND, TrackingBackend
+
+    clock = FakeClock()
+    backend = TrackingBackend(2)
+    cfg = config(servers=2, pilots=10, max_threads=1, metrics_port=0)
+    cfg.data["director"]["pilots"]["max_waiting"] = 3
+    director = Director(cfg, clock=clock, extra_plugins=[backend, Collector()], state=MemoryState(clock=clock))
+    try:
+        director.run_iteration()
+        first = scrape(director.metrics_port)
+        assert value(first, rf'gridgate_pilots\{{backend="{BACKEND}",endpoint="s0",state="waiting"\}}') == 3
+        assert value(first, r'gridgate_demand_trimmed_total\{.*limit="max_waiting"\}') == 4
+        backend.move("s0", "running", 2)
+        backend.move("s1", "done", 3)
+        director.run_iteration()
+        second = scrape(director.metrics_port)
+        assert value(second, r'gridgate_pilots\{.*endpoint="s0",state="running"\}') == 2
+        assert value(second, r'gridgate_pilots\{.*endpoint="s0",state="waiting"\}') == 3
+        assert value(second, r'gridgate_pilots\{.*endpoint="s1",state="done"\}') == 3
+        assert value(second, r'gridgate_pilots\{.*state="waiting"\}') == 6
+        assert value(second, r'gridgate_status_polls_total\{.*outcome="ok"\}') == 2
+    finally:
+        director.close()

@@ -75,3 +75,38 @@ def test_report_command_reads_the_state_database(tmp_path) -> None:
                                       "--png", str(tmp_path / "r.png")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "r.png").stat().st_size > 10_000
+
+
+def test_report_shows_pilots_by_state_and_trimmed_demand(tmp_path) -> None:
+    from gridgate.core.pilots import Pilot
+
+    db = tmp_path / "state.db"
+    store = SqliteState({"path": str(db)})
+    rows = generated_rows(hours=3)
+    rows.append({"time": T0 + 100, "backend": "wms_glite", "endpoint": "", "outcome": "skipped",
+                 "pilots": 17, "failure_kind": "max_waiting"})
+    for row in rows:
+        store.append_record(ACCOUNTING, row)
+    ended = [Pilot(f"j{i}", "wms_glite", "wms01.example.org", submitted=T0, changed=T0 + 3600 + i,
+                   state="failed" if i % 4 == 0 else "done", native="Aborted" if i % 4 == 0 else "Done")
+             for i in range(40)]
+    waiting = [Pilot(f"w{i}", "wms_glite", "wms02.example.org", submitted=T0, changed=T0) for i in range(5)]
+    store.pilot_registry().put(ended + waiting)
+    store.close()
+    config = tmp_path / "site.yaml"
+    config.write_text(f"state: {{driver: sqlite, path: {db}}}\n", encoding="utf-8")
+    doc = CliRunner().invoke(cli, ["report", "-c", str(config), "--since", "100000d", "--json"])
+    assert doc.exit_code == 0, doc.output
+    table = __import__("json").loads(doc.output)
+    assert sum(table["trimmed"].values()) == 17
+    (slot,) = table["finished"]
+    assert table["finished"][slot] == {"done": 30, "failed": 10}
+    assert table["pilots_now"]["wms_glite/wms02.example.org"]["waiting"] == 5
+    text = CliRunner().invoke(cli, ["report", "-c", str(config), "--since", "100000d",
+                                    "--png", str(tmp_path / "r.png")])
+    assert "demand trimmed by max_waiting / max_total" in text.output
+    finished = text.output.split("pilots finished per slot, by state:")[1].splitlines()
+    assert finished[1].split() == ["from", "(UTC)", "done", "failed"]
+    assert finished[2].split()[-2:] == ["30", "10"]
+    assert "wms_glite/wms02.example.org" in text.output.split("pilots now")[1]
+    assert png_size(tmp_path / "r.png") == (1100, 900)  # the panel of finished pilots is drawn

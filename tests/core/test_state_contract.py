@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from gridgate.core.clock import FakeClock
+from gridgate.core.pilots import Pilot
 from gridgate.core.state import (
     MemoryState,
     SqliteState,
@@ -673,3 +674,117 @@ def test_entry_point_and_schema(name, cls):
     defaults = {k: v["default"] for k, v in props.items() if "default" in v}
     assert list(Draft202012Validator(cls.config_schema).iter_errors(defaults)) == []
     assert list(Draft202012Validator(cls.config_schema).iter_errors({"bogus": 1}))
+
+
+# ------------------------------------------------------------------------- pilot registry
+
+def _pilot(job: str, endpoint: str = "e1", state: str = "waiting", *, backend: str = "b",
+           submitted: float = 100.0, changed: float | None = None, **kw) -> Pilot:
+    return Pilot(job_id=job, backend=backend, endpoint=endpoint, submitted=submitted, state=state,
+                 changed=submitted if changed is None else changed, **kw)
+
+
+@drivers(DRIVERS)
+def test_pilots_put_active_counts(store):
+    reg = store.pilot_registry()
+    reg.put([_pilot("j1", submitted=3), _pilot("j2", submitted=1), _pilot("j3", "e2"),
+             _pilot("j4", state="done", changed=200), _pilot("j1", backend="other")])
+    assert [p.job_id for p in reg.active("b", "e1")] == ["j2", "j1"]  # oldest submission first
+    assert [p.job_id for p in reg.active("b", "e2")] == ["j3"]
+    assert reg.active("b", "nowhere") == []
+    assert reg.counts() == {("b", "e1", "waiting"): 2, ("b", "e1", "done"): 1,
+                            ("b", "e2", "waiting"): 1, ("other", "e1", "waiting"): 1}
+
+
+@drivers(DRIVERS)
+def test_pilots_update_moves_between_states_and_keeps_every_field(store):
+    reg = store.pilot_registry()
+    reg.put([_pilot("j1", group="g", submitted=10), _pilot("j2", submitted=11)])
+    reg.put([_pilot("j1", group="g", submitted=10, state="running", changed=20, native="R"),
+             _pilot("j2", submitted=11, state="failed", changed=30, native="Aborted",
+                    reason="BrokerHelper: no compatible resources")])
+    (j1,) = reg.active("b", "e1")
+    assert j1 == Pilot("j1", "b", "e1", "g", 10, "running", 20, "R", "")
+    assert reg.counts() == {("b", "e1", "running"): 1, ("b", "e1", "failed"): 1}
+    assert reg.get("b", "e1", "j2").reason == "BrokerHelper: no compatible resources"
+    assert reg.get("b", "e1", "nope") is None
+    # a terminal pilot put back as waiting (a restart that re-submitted it) is active again
+    reg.put([_pilot("j2", submitted=11)])
+    assert {p.job_id for p in reg.active("b", "e1")} == {"j1", "j2"}
+
+
+@drivers(DRIVERS)
+def test_pilots_last_finished_newest_first_after_a_time(store):
+    reg = store.pilot_registry()
+    reg.put([_pilot(f"j{i}", state="failed" if i % 2 else "done", changed=1000 + i) for i in range(10)]
+            + [_pilot("live", state="running", changed=5000), _pilot("elsewhere", "e2", "failed", changed=9e3)])
+    got = reg.last_finished("b", "e1", 3)
+    assert [p.job_id for p in got] == ["j9", "j8", "j7"]
+    assert [p.job_id for p in reg.last_finished("b", "e1", 100, after=1006)] == ["j9", "j8", "j7"]
+    assert len(reg.last_finished("b", "e1", 100)) == 10
+
+
+@drivers(DRIVERS)
+def test_pilots_query_filters_and_prune_forgets_only_old_terminal(store):
+    reg = store.pilot_registry()
+    reg.put([_pilot("old-done", state="done", changed=100), _pilot("old-lost", "e2", "lost", changed=150),
+             _pilot("new-done", state="done", changed=900), _pilot("old-waiting", changed=50)])
+    # by backend, endpoint, submission time
+    assert [p.job_id for p in reg.query(states=["done", "lost"])] == ["new-done", "old-done", "old-lost"]
+    assert [p.job_id for p in reg.query(endpoint="e2")] == ["old-lost"]
+    assert [p.job_id for p in reg.query("b", "e1", ["waiting"])] == ["old-waiting"]
+    assert len(reg.query(limit=2)) == 2
+    assert reg.prune(before=500) == 2
+    assert sorted(p.job_id for p in reg.query()) == ["new-done", "old-waiting"]
+    assert reg.counts() == {("b", "e1", "done"): 1, ("b", "e1", "waiting"): 1}
+    assert reg.last_finished("b", "e2", 10) == []
+
+
+@drivers(SHARED)
+def test_pilots_survive_a_restart_and_are_shared(factory, clock):
+    first = factory(clock)
+    first.pilot_registry().put([_pilot("j1", group="g"), _pilot("j2", state="running")])
+    other = factory(clock)  # another process (gridgate pilots) sees them at once
+    assert {p.job_id for p in other.pilot_registry().active("b", "e1")} == {"j1", "j2"}
+    first.close()
+    second = factory(clock)
+    assert second.pilot_registry().counts() == {("b", "e1", "waiting"): 1, ("b", "e1", "running"): 1}
+    assert second.pilot_registry().get("b", "e1", "j1").group == "g"
+
+
+@drivers(DRIVERS)
+def test_pilots_bulk_of_ten_thousand(store):
+    reg = store.pilot_registry()
+    reg.put(_pilot(f"j{i:05d}", f"e{i % 4}") for i in range(10_000))
+    assert len(reg.active("b", "e3")) == 2500
+    reg.put(_pilot(f"j{i:05d}", f"e{i % 4}", "done", changed=200) for i in range(0, 10_000, 2))
+    assert sum(n for (_b, _e, s), n in reg.counts().items() if s == "done") == 5000
+    assert len(reg.active("b", "e0")) == 0 and len(reg.active("b", "e1")) == 2500
+    assert reg.prune(before=1000) == 5000
+
+
+def test_pilot_refuses_unknown_states_and_empty_ids():
+    with pytest.raises(ValueError):
+        _pilot("j", state="zombie")
+    with pytest.raises(ValueError):
+        _pilot("")
+
+
+def test_sqlite_registry_write_error_is_a_state_error_and_loses_nothing(tmp_path, clock):
+    store = SqliteState({"path": str(tmp_path / "s.db")}, clock=clock)
+    reg = store.pilot_registry()
+    reg.put([_pilot("j1")])
+    other = sqlite3.connect(tmp_path / "s.db", timeout=0)
+    other.execute("BEGIN EXCLUSIVE")
+    store.busy_timeout = 0.01
+    store._conn.execute("PRAGMA busy_timeout = 10")
+    try:
+        with pytest.raises(StateError, match="write pilots"):
+            reg.put([_pilot("j1", state="running", changed=5), _pilot("j2")])
+    finally:
+        other.rollback()
+        other.close()
+    assert [(p.job_id, p.state) for p in reg.query()] == [("j1", "waiting")]  # all or nothing
+    reg.put([_pilot("j2")])
+    assert len(reg.query()) == 2
+    store.close()

@@ -62,13 +62,17 @@ def test_unix_peer_cannot_claim_another_user_or_root(start_daemon, py_as, sockdi
 def test_admin_commands_refused_to_ordinary_users(start_daemon, py_as):
     d = start_daemon({"policies": "QUERY[max=3]"})
     args = {"enable": {"category": "all"}, "disable": {"category": "all"},
-            "block": {"all": True}, "unblock": {"all": True}, "diagnose": {"on": True}}
+            "block": {"all": True}, "unblock": {"all": True}, "diagnose": {"on": True},
+            "heartbeat": {"from": "pa", "service": {"enabled": {"query": False,
+                                                                 "submission": False,
+                                                                 "other": False},
+                                                     "stamp": 4e9, "origin": "pa"}}}
     lines = [{"v": 1, "id": i, "op": op, **args.get(op, {}), **CLAIMS}
              for i, op in enumerate(sorted(ADMIN_OPS), 1)]
     out = py_as(hello_as_nobody_code(d.socket, lines, len(lines)))
     assert out.returncode == 0, out.stderr
     replies = json.loads(out.stdout)
-    assert len(replies) == len(ADMIN_OPS) == 8
+    assert len(replies) == len(ADMIN_OPS) == 9
     assert {r["error"]["code"] for r in replies} == {"forbidden"}
     # nothing changed: service enabled, nothing blocked, diagnose still off
     after = status(d.socket)

@@ -95,8 +95,8 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
                                           if c.grandchild], 30, "a grandchild to be started")
         stand_ins = set(processes_with(marker))
         assert {c.pid for c in hanging} <= stand_ins
-        groups = {proc_table()[pid][1] for pid in stand_ins | set(grandchildren)
-                  if pid in proc_table()}
+        table = proc_table()  # one snapshot: a pid may exit between two reads of /proc
+        groups = {table[pid][1] for pid in stand_ins | set(grandchildren) if pid in table}
         assert all(alive(pid) for pid in grandchildren)
         in_flight_groups = len(groups)
         killed_at = time.monotonic()

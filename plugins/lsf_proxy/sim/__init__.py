@@ -1,4 +1,4 @@
-"""Stand-in LSF commands (``bsub``, ``bjobs``) and a stand-in master daemon, for tests and demos.
+"""Stand-in LSF commands (``bsub``, ``bjobs``, ``bkill``) and a stand-in master daemon, for tests and demos.
 
 :func:`install_commands` writes the commands into a directory of the caller's choosing; nothing
 is put on PATH implicitly. Their behaviour comes from the scenario file named by
@@ -26,7 +26,7 @@ from gridgate.plugins.lsf_proxy.sim.cli import (
     write_scenario,
 )
 
-COMMANDS = ("bsub", "bjobs")
+COMMANDS = ("bsub", "bjobs", "bkill")
 
 _WRAPPER = """#!{python}
 # Stand-in written by gridgate.plugins.lsf_proxy.sim.install_commands: for tests and demos only.

@@ -1,4 +1,4 @@
-"""The stand-in ``bsub`` and ``bjobs``: real processes that print what LSF prints (formats.md)
+"""The stand-in ``bsub``, ``bjobs`` and ``bkill``: real processes that print what LSF prints (formats.md)
 and behave as the scenario file says; the program's identity is the basename of argv[0].
 
 The scenario (JSON or YAML) is named by ``GRIDGATE_LSF_SCENARIO``::
@@ -18,7 +18,10 @@ bsub behaviours: ``ok``, ``no_such_queue``, ``too_many_processors``, ``rusage_er
 ``bad_resreq``, ``non_lsf_host``, ``lim_down``, ``master_lim_down``, ``daemon_not_responding``
 (prints the "still trying" line forever), ``hang``. ``preamble: N`` prints N lines of
 ``Cannot connect to LSF. Please wait ...`` first. bjobs knows ``ok``, ``lim_down``,
-``daemon_not_responding`` and ``hang``. Only the standard library is imported: a swarm of these
+``daemon_not_responding`` and ``hang``. Queues with a ``pilots`` spec give their jobs a
+lifecycle (PEND, RUN, DONE or EXIT, forgotten after ``clean_period``; see ``lifecycle.py``
+beside this file); ``calls_log`` names a file that gets one JSON line per bjobs/bkill call.
+Only the standard library is imported: a swarm of these
 is started in tests, and they may run under an interpreter without gridgate (any Python >= 3.10).
 """
 
@@ -85,7 +88,88 @@ def load_scenario(path: str | None) -> dict[str, Any]:
     bjobs = (data.get("bjobs") or {}).get("behaviour", "ok")
     if bjobs not in BJOBS_BEHAVIOURS:
         raise ScenarioError(f"scenario bjobs: unknown behaviour {bjobs!r}")
+    for where, spec in [("default", data.get("default") or {}),
+                        *((f"queues.{q}", s) for q, s in (data.get("queues") or {}).items())]:
+        problem = _lifecycle().check(spec.get("pilots"), where)
+        if problem:
+            raise ScenarioError(problem)
     return data
+
+
+_LIFECYCLE: Any = None
+
+
+def _lifecycle() -> Any:
+    """The lifecycle module beside this file, loaded by path like this one."""
+    global _LIFECYCLE
+    if _LIFECYCLE is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "gridgate_lsf_lifecycle", Path(__file__).with_name("lifecycle.py"))
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        _LIFECYCLE = module
+    return _LIFECYCLE
+
+
+def _living(jobs: dict[str, dict[str, Any]], scenario: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The jobs bjobs still knows, each in its state of now (queues with ``pilots``)."""
+    lifecycle = _lifecycle()
+    at = lifecycle.now(scenario)
+    out = {}
+    for job_id, job in jobs.items():
+        current = lifecycle.state(job, scenario, at)
+        if current is not None:
+            out[job_id] = current
+    return out
+
+
+def _log_call(scenario: dict[str, Any], command: str, ids: list[str],
+              jobs: dict[str, dict[str, Any]]) -> None:
+    """One line per command in the scenario's ``calls_log``: which queues its ids are in."""
+    path = scenario.get("calls_log")
+    if not path:
+        return
+    queues = sorted({str(jobs[j]["queue"]) for j in ids if j in jobs})
+    line = json.dumps({"time": time.time(), "pid": os.getpid(), "command": command,
+                       "queue": ",".join(queues), "ids": len(ids)}) + "\n"
+    fd = os.open(str(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def bkill(args: list[str], scenario: dict[str, Any]) -> int:
+    """``bkill <id>...``: terminate pending or running jobs (formats.md's lines, exit 255
+    when any id could not be killed)."""
+    ids = [a for a in args if not a.startswith("-")]
+    if not ids:
+        _out(sys.stderr, "bkill: no job id specified")
+        return EXIT_FAIL
+    if not _contact_master(scenario, "bkill"):
+        _out(sys.stderr, "LSF daemon (LIM) not responding ... still trying")
+        _out(sys.stderr, "Failed in an LSF library call: LIM is down; try later.")
+        return EXIT_FAIL
+    state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
+    recorded = {str(job["id"]): job for job in _read_jobs(state_dir)}
+    living = _living(recorded, scenario)
+    _log_call(scenario, "bkill", ids, recorded)
+    status = 0
+    at = _lifecycle().now(scenario)
+    for job_id in ids:
+        job = living.get(job_id)
+        if job is None:
+            _out(sys.stderr, f"Job <{job_id}>: No matching job found")
+            status = EXIT_FAIL
+        elif job["stat"] in ("DONE", "EXIT"):
+            _out(sys.stderr, f"Job <{job_id}>: Job has already finished")
+            status = EXIT_FAIL
+        else:
+            _record_job(state_dir, {**recorded[job_id], "killed": at, "stat": "EXIT"})
+            _out(sys.stdout, f"Job <{job_id}> is being terminated")
+    return status
 
 
 def write_scenario(path: Path, scenario: dict[str, Any]) -> Path:
@@ -260,7 +344,7 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
     _record_job(state_dir, {
         "id": job_id, "user": _user(), "queue": queue, "name": options.get("-J") or (
             command[0] if command else "NONAME"),
-        "stat": scenario.get("job_stat", "PEND"), "submitted": time.time(),
+        "stat": scenario.get("job_stat", "PEND"), "submitted": _lifecycle().now(scenario),
         "host": os.uname().nodename.split(".")[0], "command": command,
     })
     where = "queue" if "-q" in options else "default queue"
@@ -299,13 +383,15 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
             elif arg == "-q":
                 queue = value
             i += 1
-        elif arg == "-a":
+        elif arg in ("-a", "-aw", "-wa"):
             show_all = True
         elif not arg.startswith("-"):
             ids.append(arg)
         i += 1
     state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
-    jobs = {str(job["id"]): job for job in _read_jobs(state_dir)}
+    recorded = {str(job["id"]): job for job in _read_jobs(state_dir)}
+    _log_call(scenario, "bjobs", ids, recorded)
+    jobs = _living(recorded, scenario)
     status = 0
     if ids:
         selected = []
@@ -350,7 +436,10 @@ def _field(job: dict[str, Any], name: str) -> str:
     if name == "jobid":
         return str(job["id"])
     if name == "exec_host":
-        return job["host"] if job["stat"] not in ("PEND", "PSUSP", "WAIT") else "-"
+        ran = job.get("ran", job["stat"] not in ("PEND", "PSUSP", "WAIT"))
+        return job["host"] if ran else "-"
+    if name in ("exit_code", "exit_reason"):
+        return str(job.get(name, "-"))
     if name in ("stat", "queue", "user", "name"):
         return str(job[name])
     if name == "job_name":
@@ -369,5 +458,7 @@ def main() -> int:
         return bsub(sys.argv[1:], scenario)
     if program == "bjobs":
         return bjobs(sys.argv[1:], scenario)
-    _out(sys.stderr, f"stand-in: unknown program {program!r} (bsub, bjobs)")
+    if program == "bkill":
+        return bkill(sys.argv[1:], scenario)
+    _out(sys.stderr, f"stand-in: unknown program {program!r} (bsub, bjobs, bkill)")
     return 2

@@ -1,7 +1,7 @@
 """Stand-in gLite WMS commands for tests and the demo, installed only where asked.
 
-:func:`install_commands` writes ``glite-wms-job-submit`` and ``glite-wms-job-list-match``
-into a directory of the caller's choosing; nothing is ever put on PATH implicitly. Prepend
+:func:`install_commands` writes ``glite-wms-job-submit``, ``glite-wms-job-list-match``,
+``glite-wms-job-status`` and ``glite-wms-job-cancel`` into a directory of the caller's choosing; nothing is ever put on PATH implicitly. Prepend
 that directory to PATH of the commands you run (e.g. the backend's ``env`` config).
 """
 
@@ -22,7 +22,8 @@ from gridgate.plugins.wms_glite.sim.scenario import (
     write_scenario,
 )
 
-COMMANDS = ("glite-wms-job-submit", "glite-wms-job-list-match")
+COMMANDS = ("glite-wms-job-submit", "glite-wms-job-list-match", "glite-wms-job-status",
+            "glite-wms-job-cancel")
 
 _WRAPPER = """#!{python}
 # Stand-in written by gridgate.plugins.wms_glite.sim.install_commands: for tests and demos only.
@@ -40,7 +41,7 @@ __all__ = [
 
 
 def install_commands(bin_dir: Path) -> Path:
-    """Write both stand-in executables into ``bin_dir`` (created if needed) and return it.
+    """Write the stand-in executables into ``bin_dir`` (created if needed) and return it.
 
     The scripts run under this interpreter (``sys.executable``), so they find gridgate even
     when the caller's PATH has another Python first.

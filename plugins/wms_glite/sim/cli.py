@@ -22,6 +22,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gridgate.plugins.wms_glite.parse import banner
+from gridgate.plugins.wms_glite.sim import tracking
+from gridgate.plugins.wms_glite.sim.jobs import JobTable
+from gridgate.plugins.wms_glite.sim.jobs import now as jobs_now
 from gridgate.plugins.wms_glite.sim.scenario import (
     CALLS_LOG_ENV,
     SCENARIO_ENV,
@@ -225,6 +228,8 @@ def _failure_of(spec: Mapping[str, Any], default: str = "unreachable") -> tuple[
 
 
 _CALLS_LOG = ""
+#: The job table submissions are recorded in, and the scenario (for its clock).
+_JOBS: tuple[JobTable | None, Mapping[str, Any]] = (None, {})
 
 
 def _calls_log_path() -> str:
@@ -354,6 +359,9 @@ def submit_answer(out: Out, opts: Options, jdl: str) -> int:
     pilots = jdl_parameters(jdl)
     parent = new_job_id()
     children = {f"Node_{i}": new_job_id() for i in range(pilots)} if pilots > 1 else {}
+    table, scenario = _JOBS
+    if table is not None:  # the status and cancel stand-ins give it a lifecycle
+        table.add(opts.endpoint, parent, list(children.values()), jobs_now(scenario))
     if opts.output:
         try:
             Path(opts.output).write_text(f"###Submitted Job Ids###\n{parent}\n", encoding="utf-8")
@@ -382,9 +390,11 @@ def submit_answer(out: Out, opts: Options, jdl: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of both stand-ins; the basename of argv[0] says which one this is."""
+    """Entry point of the stand-ins; the basename of argv[0] says which one this is."""
     argv = list(sys.argv if argv is None else argv)
     program = os.path.basename(argv[0]) if argv else SUBMIT
+    if program in (tracking.STATUS, tracking.CANCEL):
+        return _tracking_main(program, argv[1:])
     if program not in (SUBMIT, LIST_MATCH):
         program = LIST_MATCH if "list-match" in program else SUBMIT
     try:
@@ -408,8 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = host_spec(scenario, host)
     state_dir = str(scenario.get("state_dir") or os.environ.get(STATE_ENV, ""))
     calls_log = str(scenario.get("calls_log") or os.environ.get(CALLS_LOG_ENV, ""))
-    global _CALLS_LOG
+    global _CALLS_LOG, _JOBS
     _CALLS_LOG = calls_log
+    _JOBS = (JobTable.of(scenario, state_dir), scenario)
     call = next_call_number(state_dir, host) if state_dir else 1
     start = time.time()
     behaviour, latency = effective_behaviour(spec, call, start)
@@ -433,6 +444,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "pid": os.getpid(), "host": host, "returncode": code,
                           "grandchild": grandchild})
     return code
+
+
+def _tracking_main(program: str, args: list[str]) -> int:
+    try:
+        scenario = load_scenario(os.environ.get(SCENARIO_ENV))
+    except ScenarioError as exc:
+        sys.stderr.write(f"\nError - Stand-in Scenario Error\n{exc}\n\n")
+        return 1
+    state_dir = str(scenario.get("state_dir") or os.environ.get(STATE_ENV, ""))
+    calls_log = str(scenario.get("calls_log") or os.environ.get(CALLS_LOG_ENV, ""))
+    return tracking.main(program, args, scenario, state_dir, lambda e: log_event(calls_log, e))
 
 
 if __name__ == "__main__":  # pragma: no cover - the installed wrappers call main()

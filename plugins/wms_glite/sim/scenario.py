@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from gridgate.plugins.wms_glite.sim.jobs import LifecycleError, check_pilots
+
 SCENARIO_ENV = "GRIDGATE_SIM_SCENARIO"
 STATE_ENV = "GRIDGATE_SIM_STATE"
 CALLS_LOG_ENV = "GRIDGATE_SIM_CALLS_LOG"
@@ -70,6 +72,10 @@ def check_spec(spec: Any, where: str) -> None:
     fail_as = spec.get("fail_as")
     if fail_as is not None and fail_as not in (*SIMPLE_BEHAVIOURS, "slow"):
         raise ScenarioError(f"scenario {where}: fail_as {fail_as!r} is not a simple behaviour")
+    try:
+        check_pilots(spec.get("pilots"), where)
+    except LifecycleError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def host_spec(scenario: Mapping[str, Any], host: str) -> dict[str, Any]:
@@ -102,6 +108,7 @@ class Call:
     grandchild: int | None = None
     jdl: str = ""
     argv: tuple[str, ...] = ()
+    ids: int = 0
 
 
 def read_calls(path: str | os.PathLike[str]) -> list[Call]:
@@ -135,6 +142,7 @@ def read_calls(path: str | os.PathLike[str]) -> list[Call]:
             grandchild=(finished[0].get("grandchild") if finished else None)
             or grandchildren.get(pid),
             jdl=entry.get("jdl", ""), argv=tuple(entry.get("argv", ())),
+            ids=int(entry.get("ids", 0)),
         ))
     return calls
 

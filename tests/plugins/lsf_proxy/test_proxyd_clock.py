@@ -10,12 +10,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 from loguru import logger
 from polling import until
 
 from gridgate.core.clock import FakeClock
+from gridgate.plugins.lsf_proxy import render
 from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import section_defaults
 from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon
@@ -140,3 +142,73 @@ def test_waiter_granted_round_robin_when_tokens_come_back(fake_daemon):
         waiter.stdout.close()
         waiter.stdin.close()
         root.close()
+
+
+RATED = """
+import json, sys
+from gridgate.plugins.lsf_proxy.client import Daemon, NoToken, ProxyClient
+c = ProxyClient([Daemon("d", sys.argv[1])], notoken_ntries=1, when_unavailable="fail")
+for _ in range(int(sys.argv[2])):
+    try:
+        t = c.acquire("query", "bjobs")
+    except NoToken as exc:
+        print(json.dumps({"denied": exc.reason}), flush=True)
+        continue
+    print(json.dumps({"granted": bool(t.id), "waited": t.waited}), flush=True)
+    t.release()
+"""
+
+
+def test_rate_limit_per_user_waits_then_denies(fake_daemon):
+    """Two real ordinary uids against rate_limit query {bucket 2, 1 per 10 s}: each gets its
+    own burst, an over-rate request waits for the refill, one past the wait limit is denied."""
+    daemon, clock = fake_daemon(token_wait_time=15, metrics_port=0, rate_limit={
+        "query": {"bucket_size": 2, "refill_rate": 1, "refill_period": 10}})
+    path = daemon.socket_path
+
+    def rate_waiting():
+        return admin_status(path)["categories"]["query"]["rate_waiting"]
+
+    def as_user(user, count):
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}",
+               "--clear-groups", sys.executable, "-c", RATED, path, str(count)]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd="/")
+
+    procs = []
+    try:
+        procs.append(nobody := as_user("nobody", 3))
+        assert [json.loads(nobody.stdout.readline())["granted"] for _ in range(2)] == [True] * 2
+        assert until(lambda: rate_waiting() == 1)
+        # another user is not slowed by nobody's empty bucket
+        procs.append(other := as_user("daemon", 2))
+        assert other.communicate(timeout=60)[0].count('"granted": true') == 2
+        clock.advance(10)
+        daemon.wake()
+        third = json.loads(nobody.stdout.readline())
+        assert third["granted"] and third["waited"] == pytest.approx(10, abs=0.01)
+        assert nobody.wait(20) == 0
+        procs.append(late := as_user("nobody", 1))
+        assert until(lambda: rate_waiting() == 1)
+        clock.advance(15)
+        daemon.wake()
+        assert json.loads(late.stdout.readline()) == {"denied": "rate_limited"}
+        assert late.wait(20) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+            proc.stdout.close()
+    status = admin_status(path)
+    assert status["metrics"]["ratelimited.query"]["current"] == 1
+    assert status["metrics"]["rejected.query"]["current"] == 0
+    assert status["metrics"]["requests.query"]["current"] == 5
+    with ProxyClient([Daemon("d", path)]) as client:
+        lines = render.status_text(client.admin("status"))
+    # its own row after the seed's, for the rate-limited category only (no sample period has
+    # ended on this clock yet: Last, Max and Avg are 0; the count is in "current" above)
+    assert lines[-3].startswith("Error ")
+    assert lines[-2:] == ["Rate limited", f"{'     Query':<42}{0:>12}{0:>12}{0:>12}"]
+    scrape = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics",
+                                    timeout=10).read().decode()
+    assert 'gridgate_proxyd_rate_limited_total{category="query"} 1.0' in scrape

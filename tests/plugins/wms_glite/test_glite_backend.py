@@ -329,7 +329,8 @@ def test_config_defaults_and_schema() -> None:
     section: dict[str, Any] = {}
     apply_defaults(section, GliteBackend.config_schema)
     assert section["commands"] == {"submit": "glite-wms-job-submit",
-                                   "list_match": "glite-wms-job-list-match"}
+                                   "list_match": "glite-wms-job-list-match",
+                                   "status": None, "cancel": None}
     assert section["list_match_cache"] == 900 and section["delegation"] == "auto"
     for key, sub in GliteBackend.config_schema["properties"].items():
         assert sub.get("description"), key

@@ -1,0 +1,169 @@
+"""The pilot registry in Redis, shared by every director and ``gridgate pilots`` on that server.
+
+Under the store's prefix: a hash of rows (field ``backend\\x1fendpoint\\x1fjob_id``, value the
+pilot's JSON) and one of their states, a set of non-terminal pilots per endpoint, a sorted set
+of finished pilots per endpoint and one for all (scored by the time they finished), and a hash
+of counters per (backend, endpoint, state). Each bulk write is one Lua script, atomic on the
+server; a long list is split into scripts of :data:`CHUNK` pilots so that no one script holds
+the server for long. The scripts name their keys from the prefix (one Redis server, not a
+cluster), as the store's other keys do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from gridgate.core.pilots import Counts, Pilot, PilotRegistry, decode, encode
+
+if TYPE_CHECKING:
+    from gridgate.core.state_redis import RedisState
+
+T = TypeVar("T")
+SEP = "\x1f"
+#: Pilots per Lua script.
+CHUNK = 2000
+
+_PUT = """
+local P = KEYS[1]
+local rows, states, counts, finall = P..'pilots:row', P..'pilots:state', P..'pilots:count', P..'pilots:finall'
+for i = 1, #ARGV, 6 do
+  local f, ep, state, terminal, changed, data = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4], ARGV[i+5]
+  local old = redis.call('HGET', states, f)
+  if old then
+    redis.call('HINCRBY', counts, ep .. '\\31' .. old, -1)
+    redis.call('SREM', P..'pilots:active:'..ep, f)
+    redis.call('ZREM', P..'pilots:fin:'..ep, f)
+    redis.call('ZREM', finall, f)
+  end
+  redis.call('HSET', rows, f, data)
+  redis.call('HSET', states, f, state)
+  redis.call('HINCRBY', counts, ep .. '\\31' .. state, 1)
+  if terminal == '1' then
+    redis.call('ZADD', P..'pilots:fin:'..ep, changed, f)
+    redis.call('ZADD', finall, changed, f)
+  else
+    redis.call('SADD', P..'pilots:active:'..ep, f)
+  end
+end
+return 1
+"""
+
+# ARGV: before, limit. Forgets up to limit terminal pilots that finished before ``before``.
+_PRUNE = """
+local P = KEYS[1]
+local rows, states, counts, finall = P..'pilots:row', P..'pilots:state', P..'pilots:count', P..'pilots:finall'
+local gone = redis.call('ZRANGEBYSCORE', finall, '-inf', '(' .. ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, f in ipairs(gone) do
+  local a = string.find(f, '\\31', 1, true)
+  local b = string.find(f, '\\31', a + 1, true)
+  local ep = string.sub(f, 1, b - 1)
+  local state = redis.call('HGET', states, f)
+  if state then
+    redis.call('HINCRBY', counts, ep .. '\\31' .. state, -1)
+  end
+  redis.call('HDEL', rows, f)
+  redis.call('HDEL', states, f)
+  redis.call('ZREM', P..'pilots:fin:'..ep, f)
+  redis.call('ZREM', finall, f)
+end
+return #gone
+"""
+
+
+def _ep(backend: str, endpoint: str) -> str:
+    return f"{backend}{SEP}{endpoint}"
+
+
+def _field(pilot: Pilot) -> str:
+    return f"{pilot.backend}{SEP}{pilot.endpoint}{SEP}{pilot.job_id}"
+
+
+class RedisPilots(PilotRegistry):
+    """The registry of one :class:`~gridgate.core.state_redis.RedisState`, on its client."""
+
+    def __init__(self, store: RedisState) -> None:
+        self.store = store
+        self._client = store._client
+        self._p = store.prefix
+        self._put = self._client.register_script(_PUT)
+        self._prune = self._client.register_script(_PRUNE)
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        return self.store._call(what, fn)
+
+    def _rows(self, fields: Sequence[str]) -> list[Pilot]:
+        if not fields:
+            return []
+        values = self._call("read pilots", lambda: self._client.hmget(f"{self._p}pilots:row", list(fields)))
+        return [decode(v) for v in values if v is not None]
+
+    def put(self, pilots: Iterable[Pilot]) -> None:
+        args: list[str] = []
+        for pilot in pilots:
+            args += [_field(pilot), _ep(pilot.backend, pilot.endpoint), pilot.state,
+                     "1" if pilot.terminal else "0", repr(float(pilot.changed)), encode(pilot)]
+        step = 6 * CHUNK
+        for start in range(0, len(args), step):
+            chunk = args[start:start + step]
+            self._call("write pilots", lambda c=chunk: self._put(keys=[self._p], args=c))
+
+    def active(self, backend: str, endpoint: str) -> list[Pilot]:
+        key = f"{self._p}pilots:active:{_ep(backend, endpoint)}"
+        fields = self._call("read pilots", lambda: self._client.smembers(key))
+        return sorted(self._rows(sorted(fields)), key=lambda p: (p.submitted, p.job_id))
+
+    def counts(self) -> Counts:
+        raw = self._call("count pilots", lambda: self._client.hgetall(f"{self._p}pilots:count"))
+        out: Counts = {}
+        for name, value in raw.items():
+            number = int(value)
+            if number > 0:
+                backend, endpoint, state = name.split(SEP)
+                out[(backend, endpoint, state)] = number
+        return out
+
+    def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
+        key = f"{self._p}pilots:fin:{_ep(backend, endpoint)}"
+        fields = self._call("read pilots", lambda: self._client.zrevrangebyscore(
+            key, "+inf", f"({float(after)!r}", start=0, num=int(n)))
+        return self._rows(fields)
+
+    def query(self, backend: str | None = None, endpoint: str | None = None,
+              states: Sequence[str] | None = None, limit: int | None = None) -> list[Pilot]:
+        if backend is not None and endpoint is not None:
+            ep = _ep(backend, endpoint)
+
+            def fields() -> list[str]:
+                active = self._client.smembers(f"{self._p}pilots:active:{ep}")
+                done = self._client.zrange(f"{self._p}pilots:fin:{ep}", 0, -1)
+                return sorted(set(active) | set(done))
+
+            pilots = self._rows(self._call("read pilots", fields))
+        else:
+            pilots = []
+            for _name, value in self._call("read pilots", lambda: list(
+                    self._client.hscan_iter(f"{self._p}pilots:row", count=5000))):
+                pilots.append(decode(value))
+        wanted = set(states) if states else None
+        rows = [p for p in pilots
+                if (backend is None or p.backend == backend)
+                and (endpoint is None or p.endpoint == endpoint)
+                and (wanted is None or p.state in wanted)]
+        rows.sort(key=lambda p: (p.backend, p.endpoint, p.submitted, p.job_id))
+        return rows if limit is None else rows[:limit]
+
+    def get(self, backend: str, endpoint: str, job_id: str) -> Pilot | None:
+        field = f"{backend}{SEP}{endpoint}{SEP}{job_id}"
+        found = self._rows([field])
+        return found[0] if found else None
+
+    def prune(self, before: float) -> int:
+        total = 0
+        while True:
+            gone = int(self._call("prune pilots", lambda: self._prune(
+                keys=[self._p], args=[repr(float(before)), str(CHUNK)])))
+            total += gone
+            if gone < CHUNK:
+                return total
+

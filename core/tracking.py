@@ -1,0 +1,563 @@
+"""Closes the director's loop: it polls the pilots it submitted, bounds what waits, cancels what
+waited too long, and takes out of rotation an endpoint whose pilots abort.
+
+At the start of each iteration, after the demand hooks and before anything is submitted, the
+:class:`PilotTracker` polls each endpoint that is due (``status_interval``) with one
+``gridgate_job_status`` call carrying every non-terminal pilot of that endpoint, under an
+admission grant of category ``query`` and the command deadline. A failed query is a failure of
+that server, classified and escalated like a failed submission; its pilots keep their last
+state. Then the demand is trimmed to ``max_waiting`` (per endpoint) and ``max_total`` (per
+backend), and each submission reserves room on the endpoint it goes to.
+"""
+
+from __future__ import annotations
+
+import getpass
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from gridgate.core.model import (
+    PILOT_STATES,
+    AccountingRecord,
+    AdmissionRequest,
+    BackendInfo,
+    DemandRegistry,
+    Endpoint,
+    Failure,
+    Refusal,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.pilots import Counts, Pilot, PilotRegistry
+from gridgate.core.state import StateError
+
+if TYPE_CHECKING:
+    from gridgate.core.director import Director
+
+#: Where the time of an endpoint's last ``aborted`` verdict is kept: the next verdict counts
+#: only pilots that finished after it.
+VERDICT = "aborted-verdict/"
+#: States whose share decides whether an endpoint's pilots abort (``cancelled`` was our own
+#: doing, ``lost`` says nothing of how the pilot ended).
+DECIDING = ("done", "failed")
+
+_LIMITS: dict[str, Any] = {
+    "status_interval": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                        "description": "Seconds between two status polls of an endpoint "
+                                       "(null: poll at every iteration)."},
+    "max_waiting": {"type": ["integer", "null"], "minimum": 0,
+                    "description": "At most this many pilots waiting on each endpoint: demand "
+                                   "beyond it is trimmed (null: no limit)."},
+    "max_total": {"type": ["integer", "null"], "minimum": 0,
+                  "description": "At most this many non-terminal pilots per backend (null: no limit)."},
+    "max_wait_time": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                      "description": "Pilots waiting longer than this many seconds are cancelled "
+                                     "(null: never)."},
+}
+
+PILOTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "default": {},
+    "description": "Tracking submitted pilots: status polling, limits on what waits, aborted "
+                   "pilots (docs/pilots.md).",
+    "properties": {
+        "track": {"type": "boolean", "default": True,
+                  "description": "Record every submitted pilot and poll its state."},
+        **{k: {**v, "default": None} for k, v in _LIMITS.items()},
+        "lost_after": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
+                       "description": "A pilot the backend has not known (state unknown) for this "
+                                      "many seconds becomes lost (terminal)."},
+        "keep_finished": {"type": "number", "exclusiveMinimum": 0, "default": 7 * 86400,
+                          "description": "Terminal pilots are kept this many seconds for the "
+                                         "accounting, then pruned."},
+        "abort_window": {"type": "integer", "minimum": 1, "default": 20,
+                         "description": "The verdict on an endpoint's pilots looks at its last "
+                                        "this many finished (done or failed) pilots."},
+        "abort_min_finished": {"type": "integer", "minimum": 1, "default": 10,
+                               "description": "No verdict on fewer finished pilots than this."},
+        "abort_threshold": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "default": 0.5,
+                            "description": "An endpoint whose failed share of those pilots is "
+                                           "above this fails with kind aborted."},
+        "abort_sample": {"type": "integer", "minimum": 0, "default": 5,
+                         "description": "How many native reasons the notification quotes."},
+        "backends": {
+            "type": "object",
+            "default": {},
+            "description": "Per backend (by entry-point name): overrides of the settings above.",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    **_LIMITS,
+                    "endpoints": {
+                        "type": "object",
+                        "description": "Per endpoint name: max_waiting and max_wait_time overrides.",
+                        "additionalProperties": {
+                            "type": "object",
+                            "properties": {k: _LIMITS[k] for k in ("max_waiting", "max_wait_time")},
+                            "additionalProperties": False,
+                        },
+                    },
+                },
+                "additionalProperties": False,
+            },
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class PilotSettings:
+    """The ``director.pilots`` section, resolved per backend and endpoint."""
+
+    section: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.section.get(key, PILOTS_SCHEMA["properties"][key].get("default"))
+
+    def _backend(self, backend: str) -> Mapping[str, Any]:
+        return (self.section.get("backends") or {}).get(backend) or {}
+
+    def for_backend(self, backend: str, key: str) -> Any:
+        value = self._backend(backend).get(key)
+        return self[key] if value is None else value
+
+    def for_endpoint(self, endpoint: Endpoint, key: str) -> Any:
+        own = (self._backend(endpoint.backend).get("endpoints") or {}).get(endpoint.name) or {}
+        value = own.get(key)
+        return self.for_backend(endpoint.backend, key) if value is None else value
+
+
+def _user(configured: str) -> str:
+    try:
+        return configured or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+class Limits:
+    """Room left this iteration under ``max_waiting`` (per endpoint) and ``max_total`` (per
+    backend), shared by the submission threads: each submission reserves what it takes."""
+
+    def __init__(self, settings: PilotSettings, counts: Counts, infos: Mapping[str, BackendInfo],
+                 blind: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self.endpoint_room: dict[str, int | None] = {}
+        self.backend_room: dict[str, int | None] = {}
+        self.trimmed: dict[str, dict[str, int]] = {}
+        waiting: dict[str, int] = {}
+        active: dict[str, int] = {}
+        for (backend, endpoint, state), n in counts.items():
+            if state == "waiting":
+                key = f"{backend}/{endpoint}"
+                waiting[key] = waiting.get(key, 0) + n
+            if state not in ("done", "failed", "cancelled", "lost"):
+                active[backend] = active.get(backend, 0) + n
+        for backend, info in infos.items():
+            if backend in blind:  # it cannot say when pilots start: a limit would only block
+                self.backend_room[backend] = None
+                self.endpoint_room.update((e.key, None) for e in info.endpoints)
+                continue
+            total = settings.for_backend(backend, "max_total")
+            self.backend_room[backend] = None if total is None else max(0, total - active.get(backend, 0))
+            for endpoint in info.endpoints:
+                limit = settings.for_endpoint(endpoint, "max_waiting")
+                self.endpoint_room[endpoint.key] = (
+                    None if limit is None else max(0, limit - waiting.get(endpoint.key, 0)))
+
+    def _count(self, backend: str, limit: str, n: int) -> None:
+        if n > 0:
+            mine = self.trimmed.setdefault(backend, {})
+            mine[limit] = mine.get(limit, 0) + n
+
+    def trim(self, requests: Sequence[SubmitRequest], usable: Mapping[str, Sequence[Endpoint]]
+             ) -> tuple[list[SubmitRequest], list[tuple[SubmitRequest, str, int]]]:
+        """Cut ``requests`` (in order) to what fits; returns the kept requests and, per cut,
+        (request, limit, pilots cut)."""
+        left: dict[str, tuple[float, float]] = {}
+        kept: list[SubmitRequest] = []
+        cuts: list[tuple[SubmitRequest, str, int]] = []
+        for request in requests:
+            backend = request.backend
+            if backend not in self.backend_room:  # not configured: the director says so later
+                kept.append(request)
+                continue
+            if backend not in left:
+                rooms = [self.endpoint_room.get(e.key) for e in usable.get(backend, ())]
+                # no server in rotation: not a limit's doing (the director reports no_endpoint)
+                unlimited = not rooms or any(r is None for r in rooms)
+                per_endpoint = math.inf if unlimited else float(sum(rooms))  # type: ignore[arg-type]
+                total = self.backend_room[backend]
+                left[backend] = (per_endpoint, math.inf if total is None else float(total))
+            per_endpoint, total = left[backend]
+            take = int(min(request.count, per_endpoint, total))
+            if take < request.count:
+                limit = "max_total" if total < per_endpoint else "max_waiting"
+                cuts.append((request, limit, request.count - take))
+                self._count(backend, limit, request.count - take)
+            if take > 0:
+                kept.append(replace(request, count=take))
+            left[backend] = (per_endpoint - take, total - take)
+        return kept, cuts
+
+    def with_room(self, candidates: Iterable[Endpoint]) -> list[Endpoint]:
+        """The candidates that can still take a pilot."""
+        with self._lock:
+            return [e for e in candidates
+                    if self.backend_room.get(e.backend) != 0 and self.endpoint_room.get(e.key) != 0]
+
+    def reserve(self, endpoint: Endpoint, request: SubmitRequest) -> SubmitRequest | None:
+        """Take room on ``endpoint`` for ``request``: the request as it fits (maybe smaller),
+        or None when another thread took the last of it."""
+        with self._lock:
+            rooms = [r for r in (self.endpoint_room.get(endpoint.key),
+                                 self.backend_room.get(endpoint.backend)) if r is not None]
+            take = min([request.count, *rooms])
+            if take <= 0:
+                self._count(endpoint.backend, "max_waiting", request.count)
+                return None
+            if self.endpoint_room.get(endpoint.key) is not None:
+                self.endpoint_room[endpoint.key] -= take  # type: ignore[operator]
+            if self.backend_room.get(endpoint.backend) is not None:
+                self.backend_room[endpoint.backend] -= take  # type: ignore[operator]
+            if take < request.count:
+                self._count(endpoint.backend, "max_waiting", request.count - take)
+                return replace(request, count=take)
+            return request
+
+
+@dataclass
+class _Poll:
+    """What polling one endpoint did, for the iteration's ``pilots`` report."""
+
+    endpoint: Endpoint
+    pilots: int
+    outcome: str  # ok, failed, refused, unsupported, skipped
+    commands: int = 0
+    changed: int = 0
+    active: list[Pilot] = field(default_factory=list)
+
+
+class PilotTracker:
+    """The director's pilot bookkeeping; one per director, called from its iteration."""
+
+    def __init__(self, director: Director) -> None:
+        self.director = director
+        self._last_poll: dict[str, float] = {}
+        self._last_prune: float | None = None
+        self._lock = threading.Lock()
+        #: this iteration's pilots by endpoint and state, kept current as submissions succeed
+        self._states: dict[str, dict[str, int]] = {}
+        #: backends that answered no status query (no gridgate_job_status): no limits for them
+        self._blind: set[str] = set()
+
+    # --- settings and the registry ----------------------------------------------------------
+
+    @property
+    def settings(self) -> PilotSettings:
+        return PilotSettings(self.director.config.director.get("pilots") or {})
+
+    def _registry(self, quiet: bool = False) -> PilotRegistry | None:
+        """The store's registry; None while the store is down (the director runs on its local
+        view then, and every call to the store would wait for it to time out)."""
+        if getattr(self.director.state, "degraded", False):
+            if not quiet:
+                logger.error("state store unavailable: pilots are not polled, limited or tracked "
+                             "this iteration")
+            return None
+        try:
+            return self.director.state.pilot_registry()
+        except StateError as exc:
+            if not quiet:
+                logger.error("pilot registry unavailable, pilots are not tracked this iteration: {}", exc)
+            return None
+
+    # --- submissions --------------------------------------------------------------------------
+
+    def submitted(self, record: AccountingRecord) -> None:
+        """Track the pilots of a successful submission (one per job id)."""
+        if not record.job_ids or not self.settings["track"]:
+            return
+        registry = self._registry(quiet=True)
+        if registry is None:
+            return
+        pilots = [Pilot(job_id=job, backend=record.backend, endpoint=record.endpoint,
+                        group=record.group, submitted=record.time, state="waiting",
+                        changed=record.time) for job in record.job_ids]
+        try:
+            registry.put(pilots)
+        except StateError as exc:
+            logger.error("{} submitted pilot(s) on {} not tracked, state store failed: {}",
+                         len(pilots), record.endpoint, exc)
+            return
+        with self._lock:
+            row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
+                                          dict.fromkeys(PILOT_STATES, 0))
+            row["waiting"] += len(pilots)
+
+    # --- the start of an iteration -------------------------------------------------------------
+
+    def prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
+        """Poll what is due, cancel what waited too long, and return the demand trimmed to the
+        limits; ``it.limits`` and ``it.pilots`` are set for the submissions and the summary.
+        A bug here (or in a plugin it calls) costs the tracking of one iteration, never the
+        iteration: the demand then goes out untrimmed."""
+        try:
+            return self._prepare(demand, it)
+        except Exception as exc:
+            logger.opt(exception=exc).error("pilot tracking failed; this iteration's demand is not trimmed")
+            it.limits = None
+            return demand
+
+    def _prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
+        settings = self.settings
+        self._states = {}
+        if not settings["track"]:
+            return demand
+        registry = self._registry()
+        if registry is None:
+            return demand
+        director = self.director
+        hook = director.pm.hook
+        try:
+            counts = registry.counts()
+        except StateError as exc:
+            logger.error("pilot registry unreadable, demand is not trimmed this iteration: {}", exc)
+            return demand
+        # configured backends, those with demand, and those (extra plugins) with tracked pilots
+        backends = list(dict.fromkeys([*(director.config.get("backends") or {}),
+                                       *(r.backend for r in demand.requests),
+                                       *(b for b, _e, _s in counts)]))
+        infos: dict[str, BackendInfo] = {}
+        for backend in backends:
+            info = hook.gridgate_backend_info(backend=backend)
+            if info is not None:
+                infos[backend] = info
+        now = director.clock.time()
+        report: dict[str, Any] = {"polls": [], "changed": 0, "cancelled": {}, "aborted": [],
+                                  "trimmed": {}, "states": {}}
+        try:
+            polls = self._poll(registry, infos, it, settings, now)
+            for poll in polls:
+                report["polls"].append({"backend": poll.endpoint.backend, "endpoint": poll.endpoint.name,
+                                        "pilots": poll.pilots, "outcome": poll.outcome,
+                                        "commands": poll.commands, "changed": poll.changed})
+                report["changed"] += poll.changed
+                if poll.outcome == "ok":
+                    cancelled = self._cancel_old(registry, poll, infos[poll.endpoint.backend], settings, now)
+                    if cancelled:
+                        report["cancelled"][poll.endpoint.key] = cancelled
+                    if poll.changed and self._aborting(registry, poll.endpoint, it, settings, now):
+                        report["aborted"].append(poll.endpoint.key)
+            moved = report["changed"] or report["cancelled"]
+            if self._prune(registry, settings, now) or moved:
+                counts = registry.counts()
+        except StateError as exc:
+            logger.error("pilot registry failed, demand is not trimmed this iteration: {}", exc)
+            it.pilots = report
+            return demand
+        limits = Limits(settings, counts, infos, self._blind)
+        usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
+        kept, cuts = limits.trim(demand.requests, usable)
+        for request, limit, pilots in cuts:
+            director._account(it, request, None, "skipped", pilots, failure_kind=limit)
+        it.limits = limits
+        report["states"] = self._states = state_counts(counts)
+        report["trimmed"] = limits.trimmed
+        it.pilots = report
+        trimmed = DemandRegistry()
+        for request in kept:
+            trimmed.add(request)
+        return trimmed
+
+    # --- polling ---------------------------------------------------------------------------------
+
+    def _poll(self, registry: PilotRegistry, infos: Mapping[str, BackendInfo], it: Any,
+              settings: PilotSettings, now: float) -> list[_Poll]:
+        due: list[tuple[Endpoint, float]] = []
+        for backend, info in infos.items():
+            interval = settings.for_backend(backend, "status_interval")
+            timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
+            for endpoint in it.usable(info.endpoints):  # a server out of rotation is not asked
+                last = self._last_poll.get(endpoint.key)
+                if interval is not None and last is not None and now - last < float(interval):
+                    continue
+                due.append((endpoint, timeout))
+        if not due:
+            return []
+        threads = min(int(self.director.config.director["max_threads"]), len(due))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
+            futures = [pool.submit(self._poll_one, registry, endpoint, timeout, it, settings, now)
+                       for endpoint, timeout in due]
+            return [p for p in (f.result() for f in futures) if p is not None]
+
+    def _poll_one(self, registry: PilotRegistry, endpoint: Endpoint, timeout: float, it: Any,
+                  settings: PilotSettings, now: float) -> _Poll | None:
+        active = registry.active(endpoint.backend, endpoint.name)
+        if not active:
+            return None
+        hook = self.director.pm.hook
+        ids = [p.job_id for p in active]
+        answer = hook.gridgate_admit(request=AdmissionRequest(
+            category="query", opcode="JOB_STATUS", size=len(ids), endpoint=endpoint,
+            user=_user(str(self.director.config.director.get("user") or ""))))
+        if isinstance(answer, Refusal):
+            logger.info("status poll of {} refused by admission control: {}", endpoint.key, answer.reason)
+            return _Poll(endpoint, len(ids), "refused", active=active)
+        try:
+            result = hook.gridgate_job_status(endpoint=endpoint, job_ids=ids, timeout=timeout)
+        except Exception as exc:  # a plugin bug must not stop the iteration
+            logger.opt(exception=exc).error("status poll of {} crashed in a plugin", endpoint.key)
+            return _Poll(endpoint, len(ids), "plugin_error", active=active)
+        finally:
+            if answer is not None:
+                hook.gridgate_release(grant=answer)
+        with self._lock:
+            self._last_poll[endpoint.key] = now
+        if result is None:
+            with self._lock:
+                first = endpoint.backend not in self._blind
+                self._blind.add(endpoint.backend)
+            if first:
+                logger.warning("backend {} reports no pilot states: its pilots stay as submitted, "
+                               "and max_waiting / max_total are not applied to it", endpoint.backend)
+            return _Poll(endpoint, len(ids), "unsupported", active=active)
+        if not result.ok:
+            failed = SubmitResult(endpoint=endpoint, ok=False, command=result.command,
+                                  operation=result.operation or "Job Status", message=result.message)
+            self.director._server_failed(endpoint, failed, it)
+            return _Poll(endpoint, len(ids), "failed", result.commands, active=active)
+        lost_after = float(settings["lost_after"])
+        changes: list[Pilot] = []
+        for pilot in active:
+            status = result.statuses.get(pilot.job_id)
+            if status is None:
+                new = pilot.moved("unknown", now, pilot.native, "no longer known to the backend")
+            else:
+                new = pilot.moved(status.state, now, status.native, status.reason)
+            if new.state == "unknown" and pilot.state == "unknown" and now - pilot.changed >= lost_after:
+                new = pilot.moved("lost", now, new.native,
+                                  f"unknown to the backend for {now - pilot.changed:.0f} s")
+            if new != pilot:
+                changes.append(new)
+        registry.put(changes)
+        changed = {p.job_id: p for p in changes}
+        still = [changed.get(p.job_id, p) for p in active]
+        return _Poll(endpoint, len(ids), "ok", result.commands, len(changes),
+                     active=[p for p in still if not p.terminal])
+
+    # --- waiting too long --------------------------------------------------------------------------
+
+    def _cancel_old(self, registry: PilotRegistry, poll: _Poll, info: BackendInfo,
+                    settings: PilotSettings, now: float) -> int:
+        limit = settings.for_endpoint(poll.endpoint, "max_wait_time")
+        if limit is None:
+            return 0
+        old = [p for p in poll.active if p.state == "waiting" and now - p.submitted > float(limit)]
+        if not old:
+            return 0
+        timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
+        reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
+        done, problem = cancel_pilots(self.director, registry, poll.endpoint, old, timeout, reason)
+        if problem:
+            logger.error("cancelling {} pilot(s) on {}: {}", len(old), poll.endpoint.key, problem)
+        return len(done)
+
+    # --- aborted pilots ------------------------------------------------------------------------------
+
+    def _aborting(self, registry: PilotRegistry, endpoint: Endpoint, it: Any,
+                  settings: PilotSettings, now: float) -> bool:
+        """Whether the endpoint's last finished pilots failed too often; if so it fails with kind
+        ``aborted`` through the director's failure path (failing cache, error, alarm)."""
+        state = self.director.state
+        try:
+            after = float(state.get(VERDICT + endpoint.key) or 0.0)
+        except (StateError, ValueError):
+            after = 0.0
+        window = int(settings["abort_window"])
+        finished = [p for p in registry.last_finished(endpoint.backend, endpoint.name, 3 * window, after)
+                    if p.state in DECIDING][:window]
+        failed = [p for p in finished if p.state == "failed"]
+        if len(finished) < int(settings["abort_min_finished"]):
+            return False
+        if len(failed) / len(finished) <= float(settings["abort_threshold"]):
+            return False
+        try:
+            state.set(VERDICT + endpoint.key, repr(now), ttl=float(settings["keep_finished"]))
+        except StateError as exc:
+            logger.error("aborted verdict on {} not kept: {}", endpoint.key, exc)
+        sample: list[str] = []
+        for pilot in failed:
+            text = " - ".join(t for t in (pilot.native, pilot.reason) if t) or "(no reason given)"
+            if text not in sample:
+                sample.append(text)
+        sample = sample[:int(settings["abort_sample"])]
+        reason = f"{len(failed)} of its last {len(finished)} finished pilots failed"
+        lines = [f"Pilots: {len(failed)} failed, {len(finished) - len(failed)} done, of the last "
+                 f"{len(finished)} that finished on {endpoint.name} "
+                 f"(threshold: more than {float(settings['abort_threshold']):.0%} failed)"]
+        if sample:
+            lines += ["Reasons given by the backend (a sample):", *(f"  {s}" for s in sample)]
+        result = SubmitResult(endpoint=endpoint, ok=False, operation="Pilot Jobs", message="\n".join(lines))
+        self.director._server_failed(endpoint, result, it, Failure(kind="aborted", reason=reason))
+        logger.warning("{}: {}; out of rotation", endpoint.key, reason)
+        return True
+
+    def _prune(self, registry: PilotRegistry, settings: PilotSettings, now: float) -> int:
+        keep = float(settings["keep_finished"])
+        every = min(3600.0, keep / 10)
+        if self._last_prune is not None and now - self._last_prune < every:
+            return 0
+        self._last_prune = now
+        gone = registry.prune(before=now - keep)
+        if gone:
+            logger.info("forgot {} pilot(s) finished over {:.0f} s ago", gone, keep)
+        return gone
+
+
+def cancel_pilots(director: Director, registry: PilotRegistry, endpoint: Endpoint,
+                  pilots: Sequence[Pilot], timeout: float, reason: str) -> tuple[list[str], str]:
+    """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
+    grant of category ``other``, and record those cancelled (with ``reason``).
+
+    :return: the ids cancelled, and what went wrong ('' when nothing did).
+    """
+    hook = director.pm.hook
+    answer = hook.gridgate_admit(request=AdmissionRequest(
+        category="other", opcode="JOB_CANCEL", size=len(pilots), endpoint=endpoint,
+        user=_user(str(director.config.director.get("user") or ""))))
+    if isinstance(answer, Refusal):
+        return [], f"refused by admission control: {answer.reason}"
+    try:
+        result = hook.gridgate_cancel(endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout)
+    except Exception as exc:  # a plugin bug must not stop the iteration
+        logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
+        return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"
+    finally:
+        if answer is not None:
+            hook.gridgate_release(grant=answer)
+    if result is None:
+        return [], f"backend {endpoint.backend} cannot cancel"
+    wanted = {p.job_id for p in pilots}
+    done = sorted(wanted & set(result.cancelled))
+    now = director.clock.time()
+    registry.put(p.moved("cancelled", now, p.native, reason) for p in pilots if p.job_id in set(done))
+    problem = ""
+    if not result.ok or len(done) < len(pilots):
+        why = result.message or (result.command.describe() if result.command else "")
+        problem = f"{len(pilots) - len(done)} not cancelled" + (f": {why}" if why else "")
+    return done, problem
+
+
+def state_counts(counts: Counts) -> dict[str, dict[str, int]]:
+    """``{"backend/endpoint": {state: n}}`` with every state present (0 when none)."""
+    out: dict[str, dict[str, int]] = {}
+    for (backend, endpoint, state), n in counts.items():
+        out.setdefault(f"{backend}/{endpoint}", dict.fromkeys(PILOT_STATES, 0))[state] = n
+    return dict(sorted(out.items()))

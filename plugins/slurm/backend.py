@@ -1,0 +1,357 @@
+"""The Slurm backend: submits pilots with ``sbatch --parsable``, tracks them with one bulk
+``squeue`` per partition and cancels them with ``scancel``.
+
+Each configured partition is an endpoint (``partition`` on the cluster of ``SLURM_CONF``, or
+``partition@cluster`` for another cluster of a multi-cluster site, passed as ``--clusters``).
+It is written only against gridgate's public plugin API (docs/plugins.md), as a site's own
+backend would be. Failures are read from Slurm's own messages (:mod:`.classify`). A controller
+that cannot be contacted takes every partition of its cluster out of rotation: once one
+partition found it unreachable, the others of the same cluster fail at once in that iteration
+with the same evidence, instead of each waiting ~9 s for Slurm to give up again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from gridgate.core import hookimpl
+from gridgate.core.model import (
+    BackendInfo,
+    CancelResult,
+    CommandResult,
+    Endpoint,
+    Failure,
+    IterationInfo,
+    JobStatus,
+    StatusResult,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.runner import argv_chunks, run
+from gridgate.plugins.slurm.classify import classify, clip, cluster_wide
+
+OPERATION_SUBMIT = "Job Submit"
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+#: ``sbatch --parsable``: ``JOBID`` or ``JOBID;CLUSTER`` (the latter with ``--clusters``).
+PARSABLE_RE = re.compile(r"^([0-9]+)(?:;([A-Za-z0-9_.-]+))?$")
+#: Job ids as squeue and scancel take them: plain, array task ``<base>_<idx>``.
+JOB_ID_RE = re.compile(r"^[0-9]+(?:_[0-9]+)?$")
+SQUEUE_FORMAT = "%i %T %r"
+#: Options the backend writes itself; ``sbatch_options`` may not carry them.
+OWNED_OPTIONS: dict[str, str] = {
+    "--parsable": "the backend reads the job id from --parsable",
+    "-p": "the partition comes from partitions", "--partition": "the partition comes from partitions",
+    "-M": "the cluster comes from partition@cluster", "--clusters": "the cluster comes from partition@cluster",
+    "--cluster": "the cluster comes from partition@cluster",
+    "-a": "pilots_per_submission makes the job array", "--array": "pilots_per_submission makes the job array",
+    "-J": "job_name names the job", "--job-name": "job_name names the job",
+    "--wrap": "the pilot is the script key",
+}
+
+#: Slurm's long job states (squeue %T) in core's pilot states; formats.md's Slurm section.
+STATE_MAP: dict[str, str] = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                     "RESV_DEL_HOLD"), "waiting"),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED",
+                     "STOPPED"), "running"),
+    "COMPLETED": "done",
+    **dict.fromkeys(("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+                     "PREEMPTED", "SPECIAL_EXIT"), "failed"),
+}
+
+
+def pilot_state(native: str) -> str:
+    """Core's state for a Slurm state text (``CANCELLED by 0`` and ``CANCELLED+`` included)."""
+    text = native.strip().upper()
+    if text.startswith("CANCELLED"):
+        return "cancelled"
+    return STATE_MAP.get(text.split()[0] if text else "", "unknown")
+
+
+def split_partition(name: str) -> tuple[str, str]:
+    """``batch@c2`` -> (``batch``, ``c2``); ``batch`` -> (``batch``, ``""``: SLURM_CONF's)."""
+    partition, _, cluster = name.partition("@")
+    return partition, cluster
+
+
+def parse_parsable(stdout: str) -> tuple[str, str] | None:
+    """(job id, cluster) from ``sbatch --parsable`` output; None when there is no such line."""
+    for line in stdout.splitlines():
+        found = PARSABLE_RE.match(line.strip())
+        if found:
+            return found.group(1), found.group(2) or ""
+    return None
+
+
+def parse_squeue(stdout: str) -> dict[str, JobStatus]:
+    """Read ``squeue -h -r -o '%i %T %r'`` lines (others, like ``CLUSTER: c2``, are skipped)."""
+    statuses: dict[str, JobStatus] = {}
+    for line in stdout.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not JOB_ID_RE.match(parts[0]):
+            continue
+        reason = parts[2].strip() if len(parts) > 2 else ""
+        statuses[parts[0]] = JobStatus(job_id=parts[0], state=pilot_state(parts[1]),  # type: ignore[arg-type]
+                                       native=parts[1], reason="" if reason == "None" else reason)
+    return statuses
+
+
+def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
+    """The ids as text, and a complaint naming those that are no Slurm job id ("" if none)."""
+    ids = [str(j) for j in job_ids]
+    bad = [j for j in ids if not JOB_ID_RE.match(j)]
+    return ids, f"not Slurm job ids: {bad[:5]}" if bad else ""
+
+
+def owned_option(word: str) -> str | None:
+    """The option of ``sbatch_options`` word ``word`` that the backend writes itself, if any."""
+    name = word.split("=", 1)[0]
+    if name in OWNED_OPTIONS:
+        return name
+    # short options glued to their value: -pbatch, -a0-3
+    for short in ("-p", "-M", "-a", "-J"):
+        if word.startswith(short) and not word.startswith("--") and len(word) > 2:
+            return short
+    return None
+
+
+class SlurmBackend(Plugin):
+    """Submits pilots to Slurm partitions; polls and cancels them."""
+
+    name = "slurm"
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "Slurm backend: partitions (one endpoint each), the pilot script, sbatch "
+                       "options.",
+        "properties": {
+            "partitions": {
+                "type": "array", "default": [],
+                "items": {"type": "string", "minLength": 1},
+                "description": "Partitions to submit to; each is an endpoint. "
+                               "`partition@cluster` submits with --clusters=cluster (a "
+                               "multi-cluster site with slurmdbd)."},
+            "script": {"type": "string", "default": "",
+                       "description": "The pilot batch script sbatch submits (a path readable "
+                                      "on this machine; #SBATCH lines in it apply)."},
+            "job_name": {"type": "string", "minLength": 1, "default": "gridgate-pilot",
+                         "description": "sbatch --job-name."},
+            "sbatch_options": {
+                "type": "array", "items": {"type": "string"}, "default": [],
+                "description": "More sbatch arguments, each one argv item (e.g. "
+                               "[\"--time=2:00:00\", \"--output=/dev/null\"]). Options the "
+                               "backend writes itself (--parsable, --partition, --clusters, "
+                               "--array, --job-name, --wrap) are refused."},
+            "pilots_per_submission": {
+                "type": "integer", "minimum": 1, "maximum": 10000, "default": 1,
+                "description": "Pilots per sbatch; > 1 submits a job array (--array=0-N-1), "
+                               "one job id per pilot (`<id>_<index>`)."},
+            "commands": {
+                "type": "object", "default": {}, "additionalProperties": False,
+                "description": "Names (looked up on PATH) or paths of the Slurm commands.",
+                "properties": {
+                    name: {"type": "string", "minLength": 1, "default": name,
+                           "description": f"The {what} command."}
+                    for name, what in (("sbatch", "submit"), ("squeue", "status"),
+                                       ("scancel", "cancel"))
+                },
+            },
+            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                                "default": None,
+                                "description": "Seconds; replaces the director's limit for "
+                                               "these commands when set. Slurm's clients "
+                                               "give up on a stopped controller after ~9 s."},
+            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
+                    "description": "Extra environment variables for the commands (e.g. "
+                                   "SLURM_CONF for a cluster other than the machine's)."},
+        },
+        "additionalProperties": False,
+    }
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        seen: set[str] = set()
+        partitions = section.get("partitions") or []
+        for index, entry in enumerate(partitions):
+            partition, cluster = split_partition(entry)
+            if not NAME_RE.match(partition) or (("@" in entry) and not NAME_RE.match(cluster)):
+                problems.append((("partitions", index),
+                                 f"{entry!r} is not a Slurm partition (name or name@cluster)"))
+            elif entry in seen:
+                problems.append((("partitions", index), f"partition {entry!r} is listed twice"))
+            seen.add(entry)
+        if partitions and not section.get("script"):
+            problems.append((("script",), "a pilot script is needed to submit to the partitions"))
+        for index, word in enumerate(section.get("sbatch_options") or []):
+            owned = owned_option(str(word))
+            if owned is not None:
+                problems.append((("sbatch_options", index),
+                                 f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})"))
+        return problems
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self._lock = threading.Lock()
+        self._iteration: int | None = None
+        #: cluster ("" = SLURM_CONF's) -> (partition that found it, its failed sbatch)
+        self._unreachable: dict[str, tuple[str, CommandResult]] = {}
+        self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
+        extra = config.get("env") or {}
+        self._environ: dict[str, str] | None = {**os.environ, **extra} if extra else None
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return tuple(Endpoint(self.name, p) for p in self.config.get("partitions") or [])
+
+    def _command(self, which: str) -> str:
+        return self._programs.get(which) or which
+
+    def _deadline(self, timeout: float) -> float:
+        """When this call's commands must be done: ``command_timeout`` wins when set."""
+        return time.monotonic() + max(float(self.config.get("command_timeout") or timeout), 0.001)
+
+    def _run(self, argv: Sequence[str], deadline: float) -> CommandResult:
+        return run(list(argv), max(deadline - time.monotonic(), 0.001), env=self._environ)
+
+    def sbatch_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
+        """The argv of one submission (no shell ever sees it)."""
+        partition, cluster = split_partition(endpoint.name)
+        argv = [self._command("sbatch"), "--parsable", f"--partition={partition}",
+                f"--job-name={self.config.get('job_name', 'gridgate-pilot')}"]
+        if cluster:
+            argv.append(f"--clusters={cluster}")
+        if request.count > 1:
+            argv.append(f"--array=0-{request.count - 1}")
+        argv += [str(o) for o in self.config.get("sbatch_options") or []]
+        argv.append(str(self.config.get("script") or ""))
+        return argv
+
+    def _cluster_args(self, endpoint: Endpoint) -> list[str]:
+        _partition, cluster = split_partition(endpoint.name)
+        return [f"--clusters={cluster}"] if cluster else []
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    @hookimpl
+    def gridgate_iteration_started(self, iteration: IterationInfo) -> None:
+        # A controller found unreachable is tried again (by one partition) next iteration.
+        with self._lock:
+            self._iteration = iteration.number
+            self._unreachable.clear()
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+        if backend != self.name:
+            return None
+        return BackendInfo(backend=self.name, endpoints=self.endpoints(),
+                           pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
+                           command_timeout=self.config.get("command_timeout"), list_match=False)
+
+    @hookimpl
+    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest,
+                        timeout: float) -> SubmitResult | None:
+        if endpoint.backend != self.name:
+            return None
+        _partition, cluster = split_partition(endpoint.name)
+        with self._lock:
+            known = self._unreachable.get(cluster)
+        if known is not None:
+            found_by, command = known
+            return SubmitResult(endpoint, ok=False, command=command, operation=OPERATION_SUBMIT,
+                                message=f"not tried: partition {found_by} of the same cluster "
+                                        f"could not contact the controller this iteration")
+        outcome = self._run(self.sbatch_argv(endpoint, request), self._deadline(timeout))
+        parsed = parse_parsable(outcome.stdout) if outcome.ok else None
+        if parsed is not None:
+            job_id = parsed[0]
+            ids = (tuple(f"{job_id}_{i}" for i in range(request.count)) if request.count > 1
+                   else (job_id,))
+            return SubmitResult(endpoint, ok=True, job_ids=ids, command=outcome,
+                                operation=OPERATION_SUBMIT)
+        if cluster_wide(outcome):
+            with self._lock:
+                self._unreachable.setdefault(cluster, (endpoint.name, outcome))
+        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
+                            message=outcome.describe())
+
+    @hookimpl
+    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+        if endpoint.backend != self.name:
+            return None
+        failure = classify(result.command, result.message if result.command is None else "")
+        if result.message.startswith("not tried:"):
+            failure = Failure(failure.kind, exclude=True, notify=failure.notify,
+                              transient=failure.transient,
+                              reason=clip(f"{failure.reason} ({result.message})"))
+        return failure
+
+    @hookimpl
+    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
+                            timeout: float) -> StatusResult | None:
+        if endpoint.backend != self.name:
+            return None
+        ids, bad = _checked_ids(job_ids)
+        if bad:
+            return StatusResult(endpoint, ok=False, commands=0, message=bad)
+        if not ids:
+            return StatusResult(endpoint, ok=True, commands=0)
+        # -r: one line per array task (a pending array is otherwise shown as 12_[0-3]);
+        # -t all: finished jobs still in memory too (the default filter hides them even with -j).
+        # Arrays are asked for by their base id: once the still-pending tasks of an array are
+        # cancelled, Slurm keeps them as one record printed as the bare base id (``12``), and
+        # ``--jobs=12_3`` then matches nothing.
+        prefix = [self._command("squeue"), "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT,
+                  *self._cluster_args(endpoint), "--jobs="]
+        asked = list(dict.fromkeys(j.split("_")[0] for j in ids))
+        seen: dict[str, JobStatus] = {}
+        chunks = argv_chunks(prefix, asked, joiner=",")
+        last: CommandResult | None = None
+        deadline = self._deadline(timeout)
+        for argv in chunks:
+            outcome = self._run(argv, deadline)
+            last = outcome
+            # One id that has left the controller's memory: exit 1 with this text, an answer.
+            gone = (outcome.returncode == 1 and "Invalid job id specified" in outcome.stderr
+                    and not outcome.timed_out)
+            if not outcome.ok and not gone:
+                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
+                                    message=outcome.describe())
+            seen.update(parse_squeue(outcome.stdout))
+        statuses: dict[str, JobStatus] = {}
+        for job_id in ids:
+            found = seen.get(job_id) or ("_" in job_id and seen.get(job_id.split("_")[0]))
+            if found:
+                statuses[job_id] = replace(found, job_id=job_id)
+        return StatusResult(endpoint, ok=True, statuses=statuses, command=last,
+                            commands=len(chunks))
+
+    @hookimpl
+    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
+                        timeout: float) -> CancelResult | None:
+        if endpoint.backend != self.name:
+            return None
+        ids, bad = _checked_ids(job_ids)
+        if bad:
+            return CancelResult(endpoint, ok=False, message=bad)
+        cancelled: list[str] = []
+        last: CommandResult | None = None
+        prefix = [self._command("scancel"), *self._cluster_args(endpoint)]
+        deadline = self._deadline(timeout)
+        # Plain scancel (no signal, no filter) exits 0 for ids already finished or unknown.
+        for argv in argv_chunks(prefix, ids):
+            outcome = self._run(argv, deadline)
+            last = outcome
+            if not outcome.ok:
+                return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled),
+                                    command=outcome, message=outcome.describe())
+            cancelled += argv[len(prefix):]
+        return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)

@@ -1,0 +1,502 @@
+"""A private one-node Slurm cluster (munged, slurmctld, slurmd) in a folder of its own.
+
+The tests, the benches and people trying the backend start it the same way::
+
+    with SlurmCluster() as cluster:
+        run(["sbatch", "--parsable", "-p", "debug", "pilot.sh"], 30, env=cluster.env)
+
+Nothing is shared with the machine's own Slurm or with another private cluster running at the
+same time: a fresh munge key and a munged on a private socket, free loopback ports, a unique
+cluster and node name, and every state, spool, pid and log file inside the folder. ``stop()``
+cancels the jobs, stops the daemons by process group and waits until none of them (nor a job
+step they started) is left.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gridgate.core.model import CommandResult
+from gridgate.core.runner import run
+
+#: Debian packages that provide what the cluster runs (dev.sh installs them when missing).
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+DAEMONS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client"}
+DEFAULT_PARTITIONS = ("debug", "batch")
+#: Finished jobs stay visible to squeue this long (slurm.conf MinJobAge; Slurm's default is
+#: 300 s). There is no slurmdbd, so squeue is the only witness of a finished pilot.
+MIN_JOB_AGE = 3600
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started (the message says what to fix)."""
+
+
+def missing_programs() -> list[str]:
+    """The Debian packages whose programs are not installed (empty when all are)."""
+    return sorted({pkg for prog, pkg in DAEMONS.items()
+                   if shutil.which(prog) is None and not Path(f"/usr/sbin/{prog}").exists()})
+
+
+def _program(name: str) -> str:
+    found = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+    if found is None:
+        raise ClusterError(
+            f"{name} is not installed: the private Slurm cluster needs the Debian packages "
+            f"{' '.join(PACKAGES)} (apt-get install -y {' '.join(PACKAGES)}; dev.sh does this)")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _not_traversable(folder: Path) -> Path | None:
+    """The first folder at or above ``folder`` that other users cannot pass through."""
+    for part in (folder, *folder.parents):
+        if not os.stat(part).st_mode & stat.S_IXOTH:
+            return part
+    return None
+
+
+def _node_resources() -> tuple[int, int]:
+    """This machine's CPUs and memory (MiB), as slurmd itself would report them."""
+    cpus = os.cpu_count() or 1
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        memory = max(int(pages // (1024 * 1024)) - 256, 512)
+    except (ValueError, OSError):
+        memory = 1024
+    return cpus, memory
+
+
+def sweep(folder: str | os.PathLike[str]) -> None:
+    """Kill what a cluster's daemons left: job steps (slurmstepd runs in the folder) and jobs
+    (their scripts live in its spool). Each leftover's process group goes at once."""
+    mark = str(Path(folder).resolve())
+    for _round in range(50):
+        found = False
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                cwd = os.readlink(entry / "cwd")
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if cwd == mark or cwd.startswith(mark + "/") or mark + "/" in cmdline:
+                found = True
+                pid = int(entry.name)
+                try:
+                    pgid = os.getpgid(pid)
+                    if pgid != os.getpgrp():
+                        os.killpg(pgid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if not found:
+            return
+        time.sleep(0.05)
+
+
+class SlurmCluster:
+    """One slurmctld, one slurmd and their munged, all private to ``folder``.
+
+    ``folder`` (default: a fresh folder in the system's temporary directory, removed by
+    ``stop``) must be reachable by other users: munged refuses a socket below a folder that is
+    not world-executable, and jobs of ordinary users run from it. ``partitions`` are created on
+    the one node; the first is the default. ``extra_conf`` lines are appended to slurm.conf.
+    ``message_timeout`` is slurm.conf's MessageTimeout (Slurm's default 10): a client gives up
+    on a stopped controller after about ``message_timeout - 1`` seconds and on one that does
+    not answer after ``message_timeout``; tests use less to keep the suite short.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str] | None = None, *,
+                 partitions: Sequence[str] = DEFAULT_PARTITIONS,
+                 extra_conf: Sequence[str] = (), start_timeout: float = 60.0,
+                 message_timeout: int = 10) -> None:
+        self._own_folder = folder is None
+        self.folder = Path(folder) if folder is not None else None
+        self.partitions = tuple(partitions)
+        if not self.partitions:
+            raise ValueError("a cluster needs at least one partition")
+        self.extra_conf = tuple(extra_conf)
+        self.message_timeout = int(message_timeout)
+        self.start_timeout = start_timeout
+        tag = secrets.token_hex(4)
+        self.cluster_name = f"gg{tag}"
+        self.node_name = f"ggnode{tag}"
+        self.ctld_port = 0
+        self.slurmd_port = 0
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # --- paths and environment ------------------------------------------------------------
+
+    def _path(self, *parts: str) -> Path:
+        assert self.folder is not None, "the cluster is not started"
+        return self.folder.joinpath(*parts)
+
+    @property
+    def conf(self) -> Path:
+        """The generated slurm.conf."""
+        return self._path("etc", "slurm.conf")
+
+    @property
+    def munge_socket(self) -> Path:
+        return self._path("munge", "munge.socket")
+
+    @property
+    def jobs_dir(self) -> Path:
+        """A folder every user may write job output to (mode 1777, like /tmp)."""
+        return self._path("jobs")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a Slurm client needs to talk to this cluster (``SLURM_CONF``)."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    def client_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) plus :attr:`env`."""
+        return {**(os.environ if base is None else base), **self.env}
+
+    def log(self, daemon: str = "slurmctld") -> str:
+        """The daemon's log so far (for error messages)."""
+        path = self._path("log", f"{daemon}.log")
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # --- commands ---------------------------------------------------------------------------
+
+    def command(self, argv: Sequence[str], timeout: float = 30.0) -> CommandResult:
+        """Run a Slurm client command (argv) against this cluster."""
+        return run(list(argv), timeout, env=self.client_env(), cwd=str(self.folder))
+
+    def scontrol(self, *args: str, timeout: float = 30.0) -> CommandResult:
+        """``scontrol ARGS...`` against this cluster; raises ClusterError when it fails."""
+        result = self.command(["scontrol", *args], timeout)
+        if not result.ok:
+            raise ClusterError(f"scontrol {' '.join(args)}: {result.describe()}: "
+                               f"{result.stderr.strip()}")
+        return result
+
+    def set_partition_state(self, partition: str, state: str) -> None:
+        """``scontrol update PartitionName=P State=UP|DOWN|DRAIN|INACTIVE``."""
+        self.scontrol("update", f"PartitionName={partition}", f"State={state}")
+
+    def job_ids(self) -> list[str]:
+        """Every job id the controller holds (array tasks as ``<base>_<idx>``)."""
+        result = self.command(["squeue", "-h", "-t", "all", "-o", "%i"])
+        return result.stdout.split() if result.ok else []
+
+    def cancel_all(self) -> None:
+        """Cancel every job of every user (root's scancel)."""
+        ids = [i.split("_")[0] for i in self.job_ids()]
+        if ids:
+            self.command(["scancel", *sorted(set(ids))])
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> SlurmCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> SlurmCluster:
+        """Start munged, slurmctld and slurmd; return when the node is idle."""
+        for name in ("munged", "slurmctld", "slurmd", "sinfo"):
+            _program(name)
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="gridgate-slurm-"))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = self.folder.resolve()
+        os.chmod(self.folder, 0o755)
+        blocked = _not_traversable(self.folder)
+        if blocked is not None:
+            raise ClusterError(
+                f"{blocked} is not world-executable (mode {stat.S_IMODE(os.stat(blocked).st_mode):o}):"
+                f" munged refuses a socket below it and other users cannot reach the cluster; "
+                f"use a folder whose every parent has o+x")
+        for sub in ("etc", "munge", "state", "spool", "log", "run"):
+            self._path(sub).mkdir(mode=0o755, exist_ok=True)
+        self.jobs_dir.mkdir(exist_ok=True)
+        os.chmod(self.jobs_dir, 0o1777)
+        try:
+            self._start_munged()
+            last = ""
+            # Another process may take a probed port before slurmctld binds it: try again.
+            for _attempt in range(4):
+                self.ctld_port, self.slurmd_port = _free_port(), _free_port()
+                self._write_conf()
+                self.start_controller(wait=False)
+                self._start("slurmd", [_program("slurmd"), "-D", "-N", self.node_name,
+                                       "-f", str(self.conf)])
+                if self.wait_idle(raise_on_timeout=False):
+                    return self
+                last = self.log("slurmctld")[-3000:] + self.log("slurmd")[-2000:]
+                self._stop_slurm_daemons()
+            raise ClusterError(f"the private Slurm cluster in {self.folder} did not come up; "
+                               f"last logs:\n{last}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, name: str, argv: list[str]) -> None:
+        out = open(self._path("log", f"{name}.out"), "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self._procs[name] = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=str(self.folder), start_new_session=True, close_fds=True)
+        finally:
+            out.close()
+
+    def _start_munged(self) -> None:
+        key = self._path("munge", "munge.key")
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(1024))
+        finally:
+            os.close(fd)
+        munge_dir = self._path("munge")
+        self._start("munged", [
+            _program("munged"), "-F", f"--socket={self.munge_socket}", f"--key-file={key}",
+            f"--log-file={munge_dir / 'munged.log'}", f"--pid-file={munge_dir / 'munged.pid'}",
+            f"--seed-file={munge_dir / 'munged.seed'}"])
+        end = time.monotonic() + self.start_timeout
+        while time.monotonic() < end:
+            if self.munge_socket.exists():
+                return
+            if self._procs["munged"].poll() is not None:
+                break
+            time.sleep(0.02)
+        out = self._path("log", "munged.out").read_text(errors="replace")
+        raise ClusterError(f"munged did not start on {self.munge_socket}:\n{out}")
+
+    def _write_conf(self) -> None:
+        cpus, memory = _node_resources()
+        p = self._path
+        lines = [
+            f"ClusterName={self.cluster_name}",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            f"SlurmctldPort={self.ctld_port}",
+            f"SlurmdPort={self.slurmd_port}",
+            f"StateSaveLocation={p('state')}",
+            f"SlurmdSpoolDir={p('spool')}/%n",
+            f"SlurmctldPidFile={p('run', 'slurmctld.pid')}",
+            f"SlurmdPidFile={p('run', 'slurmd-%n.pid')}",
+            f"SlurmctldLogFile={p('log', 'slurmctld.log')}",
+            f"SlurmdLogFile={p('log', 'slurmd.log')}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            # Without it one job takes the node's whole memory and the rest wait.
+            "DefMemPerCPU=1024",
+            "MailProg=/bin/true",
+            "MpiDefault=none",
+            "ReturnToService=2",
+            # Reject at submission what a partition's limits forbid, as sites usually do.
+            "EnforcePartLimits=ALL",
+            f"MinJobAge={MIN_JOB_AGE}",
+            f"MessageTimeout={self.message_timeout}",
+            "SchedulerType=sched/backfill",
+            f"NodeName={self.node_name} NodeHostname=localhost NodeAddr=127.0.0.1 "
+            f"CPUs={cpus} RealMemory={memory} State=UNKNOWN",
+        ]
+        for index, name in enumerate(self.partitions):
+            default = " Default=YES" if index == 0 else ""
+            lines.append(f"PartitionName={name} Nodes={self.node_name}{default} "
+                         f"MaxTime=INFINITE State=UP")
+        lines += list(self.extra_conf)
+        (p("spool", self.node_name)).mkdir(exist_ok=True)
+        self.conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        os.chmod(self.conf, 0o644)
+
+    def wait_idle(self, timeout: float | None = None, *, raise_on_timeout: bool = True) -> bool:
+        """Wait until ``sinfo`` shows the node idle (or mixed/allocated: it answers jobs)."""
+        end = time.monotonic() + (timeout or self.start_timeout)
+        while time.monotonic() < end:
+            for name in ("slurmctld", "slurmd"):
+                proc = self._procs.get(name)
+                if proc is None or proc.poll() is not None:
+                    if raise_on_timeout:
+                        raise ClusterError(f"{name} exited:\n{self.log(name)[-3000:]}")
+                    return False
+            result = self.command(["sinfo", "-h", "-n", self.node_name, "-o", "%T"],
+                                  timeout=15.0)
+            states = result.stdout.split()
+            if result.ok and states and all(
+                    s.rstrip("*~#$@+") in ("idle", "mixed", "allocated") for s in states):
+                return True
+            time.sleep(0.05)
+        if raise_on_timeout:
+            raise ClusterError(f"node {self.node_name} not idle after the wait; slurmctld log:\n"
+                               f"{self.log('slurmctld')[-3000:]}")
+        return False
+
+    def start_controller(self, *, wait: bool = True) -> None:
+        """(Re)start slurmctld; it recovers its jobs from the state folder."""
+        proc = self._procs.get("slurmctld")
+        if proc is not None and proc.poll() is None:
+            return
+        self._start("slurmctld", [_program("slurmctld"), "-D", "-f", str(self.conf)])
+        if wait:
+            self.wait_idle()
+
+    def stop_controller(self) -> None:
+        """Stop slurmctld (the clients then cannot contact the controller)."""
+        self._stop_process("slurmctld")
+
+    def pause_controller(self) -> None:
+        """SIGSTOP slurmctld: it still accepts connections but answers nothing."""
+        proc = self._procs.get("slurmctld")
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGSTOP)
+
+    def resume_controller(self) -> None:
+        proc = self._procs.get("slurmctld")
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGCONT)
+
+    @property
+    def controller_pid(self) -> int | None:
+        proc = self._procs.get("slurmctld")
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _stop_process(self, name: str, grace: float = 10.0) -> None:
+        proc = self._procs.pop(name, None)
+        if proc is None:
+            return
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def _stop_slurm_daemons(self) -> None:
+        self._stop_process("slurmd")
+        self._stop_process("slurmctld")
+        self._sweep()
+
+    def _sweep(self) -> None:
+        if self.folder is not None:
+            sweep(self.folder)
+
+    def stop(self) -> None:
+        """Cancel the jobs, stop every daemon, remove the folder when it was made here."""
+        if self._procs.get("slurmctld") is not None and self._procs["slurmctld"].poll() is None:
+            self.resume_controller()
+            try:
+                self.cancel_all()
+            except OSError:
+                pass
+        self._stop_slurm_daemons()
+        self._stop_process("munged")
+        self._sweep()
+        if self._own_folder and self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# --- by hand: ``python -m gridgate.plugins.slurm.cluster up|down`` (``bash dev.sh slurm``) ----
+
+DEFAULT_HAND_FOLDER = "/tmp/gridgate-slurm"
+
+
+def _pids(folder: Path) -> list[int]:
+    pids = []
+    for pidfile in [*folder.glob("run/*.pid"), folder / "munge" / "munged.pid"]:
+        try:
+            pids.append(int(pidfile.read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def down(folder: str | os.PathLike[str]) -> int:
+    """Stop the daemons of the cluster in ``folder`` (started by ``up``); 0 when none is left."""
+    root = Path(folder).resolve()
+    for pid in _pids(root):
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(Path(f"/proc/{p}").exists() for p in _pids(root)):
+        time.sleep(0.05)
+    sweep(root)
+    for pidfile in [*root.glob("run/*.pid"), root / "munge" / "munged.pid"]:
+        pidfile.unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gridgate.plugins.slurm.cluster",
+        description="Bring a private one-node Slurm cluster up in a folder, or down again.")
+    parser.add_argument("action", choices=("up", "down", "env"))
+    parser.add_argument("--folder", default=os.environ.get("GRIDGATE_SLURM_DIR",
+                                                          DEFAULT_HAND_FOLDER),
+                        help="where its conf, state and logs live (default: %(default)s)")
+    parser.add_argument("--partition", action="append", default=None,
+                        help="a partition to create (repeat; default: debug and batch)")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    conf = folder / "etc" / "slurm.conf"
+    if args.action == "down":
+        down(folder)
+        print(f"slurm: the cluster in {folder} is down")
+        return 0
+    if args.action == "env":
+        if not conf.exists():
+            print(f"slurm: no cluster in {folder}", file=sys.stderr)
+            return 1
+        print(f"export SLURM_CONF={conf}")
+        return 0
+    if any(Path(f"/proc/{p}").exists() for p in _pids(folder.resolve()) if folder.exists()):
+        print(f"slurm: a cluster is already up in {folder}; export SLURM_CONF={conf}")
+        return 0
+    cluster = SlurmCluster(folder, partitions=tuple(args.partition or DEFAULT_PARTITIONS))
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        print(f"slurm: {exc}", file=sys.stderr)
+        return 1
+    # The daemons run in sessions of their own and outlive this command; ``down`` stops them.
+    print(f"slurm: cluster {cluster.cluster_name} up in {folder} (node {cluster.node_name}, "
+          f"partitions {', '.join(cluster.partitions)}, controller port {cluster.ctld_port})")
+    print(f"export SLURM_CONF={conf}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

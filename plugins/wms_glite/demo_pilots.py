@@ -1,0 +1,77 @@
+"""What became of the demo's pilots: the lifecycles its simulated servers give them, and the
+per-server table of waiting / running / done / failed it ends with.
+
+The stand-ins keep every job they accepted on disk and answer ``glite-wms-job-status`` from
+it, time-compressed: a pilot on a healthy server waits about 2.5 s and runs about 3 s; one
+in ten exits non-zero. ``wms04`` accepts every submission, and every pilot it takes aborts
+(``Cannot plan: BrokerHelper: no compatible resources``), the failure no submission error
+reveals: only tracking the pilots shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gridgate.plugins.wms_glite.sim.jobs import JobTable, now, snapshot
+from gridgate.plugins.wms_glite.sim.tracking import pilot_specs, state_text
+from gridgate.plugins.wms_glite.status import normalise
+
+#: The aborting server of the demo.
+ABORTING = "wms04.example.org"
+#: Seconds in each state on the demo's servers (the real grid: minutes to hours).
+STAGES = {"submitted": 0.5, "waiting": 1.0, "ready": 0.5, "scheduled": 0.5, "running": 3.0}
+HEALTHY: Mapping[str, Any] = {**STAGES, "outcome": {"done": 9, "exit": 1}, "exit_code": 1}
+ABORTS: Mapping[str, Any] = {**STAGES, "outcome": "aborted",
+                             "reason": "Cannot plan: BrokerHelper: no compatible resources"}
+COLUMNS = ("waiting", "running", "done", "failed")
+
+
+def pilots_spec(host: str) -> dict[str, Any]:
+    """The ``pilots`` scenario entry of one demo server."""
+    return dict(ABORTS if host == ABORTING else HEALTHY)
+
+
+def stand_in_states(scenario: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """Per server, how many of the pilots it accepted are waiting, running, done or failed
+    now, as its bookkeeping server (the stand-in's job table) says."""
+    table = JobTable.of(scenario)
+    if table is None:
+        return {}
+    jobs = table.load()
+    specs = pilot_specs(scenario, jobs)
+    at = now(scenario)
+    counts: dict[str, dict[str, int]] = {}
+    for job in jobs.values():
+        if job.nodes:
+            continue  # a parametric parent is not a pilot; its nodes are
+        snap = snapshot(job, specs.get(job.host, {}), at)
+        state = normalise(state_text(snap, "glite"), snap.exit_code)
+        row = counts.setdefault(job.host, dict.fromkeys(COLUMNS, 0))
+        if state in row:
+            row[state] += 1
+        elif state == "cancelled":
+            row["failed"] += 1
+    return counts
+
+
+def render_pilots(states: Mapping[str, Mapping[str, int]], hosts: list[str],
+                  out_of_rotation: Mapping[str, str] | None = None) -> list[str]:
+    """The table lines: one row per server that accepted pilots."""
+    out_of_rotation = out_of_rotation or {}
+    lines = ["", f"{'pilots by state':<20}{'waiting':>9}{'running':>9}{'done':>9}{'failed':>9}  note",
+             "-" * 72]
+    for host in hosts:
+        row = states.get(host)
+        if not row:
+            continue
+        note = out_of_rotation.get(host, "")
+        lines.append(f"{host:<20}" + "".join(f"{row[c]:>9}" for c in COLUMNS) + (f"  {note}" if note else ""))
+    return lines
+
+
+def scenario_of(folder: Path) -> dict[str, Any]:
+    from gridgate.plugins.wms_glite.sim import load_scenario
+
+    return load_scenario(folder / "scenario.json")

@@ -1,0 +1,454 @@
+"""The director's closed loop: pilots are tracked, polled in bulk, bounded by max_waiting /
+max_total, cancelled past max_wait_time, and an endpoint whose pilots abort leaves rotation."""
+
+from __future__ import annotations
+
+import json
+
+from directorkit import BACKEND, Collector, TrackingBackend, config
+
+from gridgate.core import hookimpl
+from gridgate.core.clock import FakeClock
+from gridgate.core.director import Director, summary_json
+from gridgate.core.escalation import FAILING
+from gridgate.core.model import Grant, Refusal
+from gridgate.core.state import MemoryState, SqliteState
+from gridgate.core.testing import stand_in_command
+
+
+def make(backend: TrackingBackend, *extra, pilots: int = 6, state=None, clock=None,
+         command_timeout: float = 5, failing_expiry: float = 3600, ticket_expiry: float = 3600,
+         **settings):
+    """A director on the tracking test backend; ``settings`` go to director.pilots."""
+    clock = clock or FakeClock()
+    cfg = config(servers=len(backend.endpoints), pilots=pilots, command_timeout=command_timeout,
+                 failing_expiry=failing_expiry, ticket_expiry=ticket_expiry)
+    cfg.data["director"]["pilots"].update(settings)
+    collector = Collector()
+    director = Director(cfg, clock=clock, extra_plugins=[backend, collector, *extra],
+                        state=state if state is not None else MemoryState(clock=clock))
+    director.collector = collector  # type: ignore[attr-defined]
+    return director
+
+
+def registry(director):
+    return director.state.pilot_registry()
+
+
+def states(director, endpoint=None):
+    out = {}
+    for (_b, e, s), n in registry(director).counts().items():
+        if endpoint is None or e == endpoint:
+            out[s] = out.get(s, 0) + n
+    return out
+
+
+def test_submitted_pilots_are_tracked_then_polled_in_one_call_per_endpoint():
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=10)
+    director.run_iteration()
+    assert states(director) == {"waiting": 10}
+    assert backend.status_calls == []  # nothing was tracked when the iteration began
+    backend.move("s0", "running")
+    backend.config = None
+    summary = director.run_iteration()
+    per_endpoint = sorted(name for name, _ids in backend.status_calls)
+    assert per_endpoint == ["s0", "s1"]  # one call per endpoint, with all its pilots
+    s0_ids = dict(backend.status_calls)["s0"]
+    assert len(s0_ids) == sum(1 for n in backend.calls[:10] if n == "s0")
+    assert states(director, "s0").get("running") == len(s0_ids)
+    doc = json.loads(summary_json(summary))
+    assert {p["endpoint"]: p["pilots"] for p in doc["pilots"]["polls"]} == {
+        "s0": len(s0_ids), "s1": 10 - len(s0_ids)}
+    assert doc["pilots"]["states"][f"{BACKEND}/s0"]["running"] == len(s0_ids)
+    director.close()
+
+
+def test_status_interval_spaces_polls_and_a_backend_can_override_it():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=2, clock=clock, status_interval=300)
+    director.run_iteration()
+    director.run_iteration()  # polls (first poll of the endpoint)
+    director.run_iteration()  # not due
+    assert len(backend.status_calls) == 1
+    clock.advance(301)
+    director.run_iteration()
+    assert len(backend.status_calls) == 2
+    director.config.data["director"]["pilots"]["backends"] = {BACKEND: {"status_interval": 10}}
+    clock.advance(11)
+    director.run_iteration()
+    assert len(backend.status_calls) == 3
+    director.close()
+
+
+def test_forgotten_pilot_goes_unknown_then_lost_after_the_configured_time():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=3, clock=clock, lost_after=600)
+    director.run_iteration()
+    director.config.data["demand"]["static"][BACKEND] = 0
+    (gone,) = backend.move("s0", "forget", 1)
+    director.run_iteration()
+    pilot = registry(director).get(BACKEND, "s0", gone)
+    assert pilot.state == "unknown" and pilot.reason == "no longer known to the backend"
+    clock.advance(599)
+    director.run_iteration()
+    assert registry(director).get(BACKEND, "s0", gone).state == "unknown"
+    clock.advance(2)
+    director.run_iteration()
+    lost = registry(director).get(BACKEND, "s0", gone)
+    assert lost.state == "lost" and "601 s" in lost.reason
+    assert states(director) == {"waiting": 2, "lost": 1}
+    director.close()
+
+
+def test_failed_status_query_is_a_server_failure_and_pilots_keep_their_state():
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=6)
+    director.run_iteration()
+    backend.move("s0", "running")
+    backend.move("s1", "running")
+    backend.status_mode["s0"] = "fail"
+    summary = director.run_iteration()
+    assert states(director, "s0") == {"waiting": backend.count("s0", "running")}
+    assert states(director, "s1")["running"] == backend.count("s1", "running")
+    assert f"{BACKEND}/s0" in summary.excluded
+    assert director.state.get(FAILING + f"{BACKEND}/s0") is not None
+    (failure,) = [f for f in summary.failures if f["endpoint"] == "s0"]
+    assert failure["operation"] == "Job Status" and failure["kind"] != ""
+    (note,) = director.collector.notes
+    assert note.level == "error" and note.subject == "s0: error executing Job Status [error]"
+    assert "Unable to connect" in note.body
+    # this iteration's submissions all went to the server still in rotation
+    assert {r.endpoint for r in summary.records if r.outcome == "submitted"} == {"s1"}
+    director.close()
+
+
+def test_status_query_goes_through_admission_as_a_query_and_a_refusal_skips_it():
+    class Gate:
+        def __init__(self):
+            self.asked, self.released, self.refuse = [], [], False
+
+        @hookimpl(tryfirst=True)
+        def gridgate_admit(self, request):
+            self.asked.append((request.category, request.opcode, request.size))
+            if self.refuse and request.category == "query":
+                return Refusal(issuer="gate", reason="too many queries")
+            return Grant(issuer="gate", token=f"t{len(self.asked)}")
+
+        @hookimpl
+        def gridgate_release(self, grant):
+            self.released.append(grant.token)
+
+    gate = Gate()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, gate, pilots=2)
+    director.run_iteration()
+    director.run_iteration()
+    assert ("query", "JOB_STATUS", 2) in gate.asked
+    assert len(gate.released) == len(gate.asked)
+    gate.refuse = True
+    calls = len(backend.status_calls)
+    director.run_iteration()
+    assert len(backend.status_calls) == calls  # refused: not run, not a failure
+    assert director.collector.notes == []
+    director.close()
+
+
+def test_real_status_command_killed_at_the_deadline_is_a_timeout_failure(tmp_path):
+    hang = stand_in_command(tmp_path / "bin", "job-status", stdout="s0.1 running\n", sleep=60)
+    backend = TrackingBackend(servers=1)
+    backend.status_mode["s0"] = "command"
+    backend.status_command = [str(hang)]
+    director = make(backend, pilots=2, command_timeout=1)
+    director.run_iteration()
+    summary = director.run_iteration()
+    (failure,) = summary.failures
+    assert failure["timed_out"] is True and failure["operation"] == "Job Status"
+    assert failure["command"][0] == str(hang) and len(failure["command"]) == 3  # both ids, one command
+    assert len(hang.calls()) == 1
+    assert states(director) == {"waiting": 2}
+    assert "timeout executing Job Status" in director.collector.notes[0].subject
+    director.close()
+
+
+def test_max_waiting_trims_demand_and_a_queue_full_of_idle_pilots_gets_none():
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=10, max_waiting=3)
+    first = director.run_iteration()
+    assert states(director) == {"waiting": 6}
+    assert backend.count("s0", "waiting") == 3 and backend.count("s1", "waiting") == 3
+    doc = json.loads(summary_json(first))
+    assert doc["pilots"]["trimmed"] == {BACKEND: {"max_waiting": 4}}
+    trimmed = [r for r in first.records if r.failure_kind == "max_waiting"]
+    assert sum(r.pilots for r in trimmed) == 4
+    second = director.run_iteration()
+    assert not [r for r in second.records if r.outcome == "submitted"]
+    assert json.loads(summary_json(second))["pilots"]["trimmed"] == {BACKEND: {"max_waiting": 10}}
+    backend.move("s0", "running", 2)
+    third = director.run_iteration()
+    assert [(r.endpoint, r.pilots) for r in third.records if r.outcome == "submitted"] == [("s0", 1)] * 2
+    assert backend.count("s0", "waiting") == 3
+    director.close()
+
+
+def test_per_endpoint_override_and_max_total_per_backend():
+    backend = TrackingBackend(servers=3)
+    director = make(backend, pilots=30, max_waiting=5,
+                    backends={BACKEND: {"max_total": 12, "endpoints": {"s2": {"max_waiting": 1}}}})
+    summary = director.run_iteration()
+    assert backend.count("s2", "waiting") <= 1
+    assert sum(backend.count(f"s{i}", "waiting") for i in range(3)) == 11  # 5 + 5 + 1 < 12
+    director.config.data["director"]["pilots"]["backends"][BACKEND]["max_total"] = 8
+    backend.move("s0", "running")  # room under max_waiting, but the backend holds 11 already
+    summary = director.run_iteration()
+    assert not [r for r in summary.records if r.outcome == "submitted"]
+    assert json.loads(summary_json(summary))["pilots"]["trimmed"] == {BACKEND: {"max_total": 30}}
+    director.close()
+
+
+def test_bulk_submissions_reserve_room_per_endpoint():
+    backend = TrackingBackend(servers=2, pilots_per_submission=4)
+    director = make(backend, pilots=20, max_waiting=6)
+    director.run_iteration()
+    assert backend.count("s0", "waiting") <= 6 and backend.count("s1", "waiting") <= 6
+    assert states(director) == {"waiting": backend.count("s0", "waiting") + backend.count("s1", "waiting")}
+    director.close()
+
+
+def test_max_wait_time_cancels_pilots_waiting_too_long():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=3, clock=clock, max_wait_time=3600)
+    director.run_iteration()
+    director.config.data["demand"]["static"][BACKEND] = 0
+    backend.move("s0", "running", 1)
+    clock.advance(3601)
+    summary = director.run_iteration()
+    assert len(backend.cancel_calls) == 1 and len(backend.cancel_calls[0][1]) == 2
+    assert states(director) == {"running": 1, "cancelled": 2}
+    cancelled = registry(director).query(states=["cancelled"])
+    assert all("max_wait_time" in p.reason for p in cancelled)
+    assert json.loads(summary_json(summary))["pilots"]["cancelled"] == {f"{BACKEND}/s0": 2}
+    director.close()
+
+
+def test_cancel_goes_through_admission_as_other():
+    class Gate:
+        categories: list[str] = []
+
+        @hookimpl(tryfirst=True)
+        def gridgate_admit(self, request):
+            self.categories.append(request.category)
+            return Grant(issuer="gate")
+
+    clock = FakeClock()
+    gate = Gate()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, gate, pilots=1, clock=clock, max_wait_time=10)
+    director.run_iteration()
+    clock.advance(11)
+    director.config.data["demand"]["static"][BACKEND] = 0
+    director.run_iteration()
+    assert gate.categories == ["submission", "query", "other"]
+    director.close()
+
+
+def _abort(backend, director, endpoint, n, state="failed", reason="BrokerHelper: no compatible resources"):
+    backend.move(endpoint, "running", n, only="waiting")
+    return backend.move(endpoint, state, n, reason=reason, only="running")
+
+
+def test_endpoint_whose_pilots_abort_leaves_rotation_with_one_error_then_an_alarm():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=24, clock=clock, failing_expiry=3600, ticket_expiry=3600)
+    director.run_iteration()
+    on_s0 = backend.count("s0", "waiting")
+    assert on_s0 >= 10
+    _abort(backend, director, "s0", on_s0)
+    _abort(backend, director, "s1", 10, state="done", reason="")
+    summary = director.run_iteration()  # the first poll that sees the failures
+    assert f"{BACKEND}/s0" in summary.excluded
+    assert json.loads(summary_json(summary))["pilots"]["aborted"] == [f"{BACKEND}/s0"]
+    assert {r.endpoint for r in summary.records if r.outcome == "submitted"} <= {"s1"}
+    (note,) = director.collector.notes
+    assert note.level == "error" and note.failure.kind == "aborted"
+    assert "s0" in note.subject
+    assert f"Pilots: {on_s0} failed, 0 done" in note.body
+    assert "BrokerHelper: no compatible resources" in note.body
+    for _ in range(3):  # it stays out: no new verdict, no new mail
+        assert f"{BACKEND}/s0" not in {r.endpoint for r in director.run_iteration().records}
+    assert director.collector.levels() == ["error"]
+    clock.advance(3601)  # back in rotation; every new pilot there aborts too
+    director.config.data["director"]["pilots"]["max_waiting"] = 12
+    director.run_iteration()
+    _abort(backend, director, "s0", backend.count("s0", "waiting"))
+    director.run_iteration()
+    assert director.collector.levels() == ["error", "alarm"]
+    assert "failing at least for" in director.collector.notes[-1].body
+    director.close()
+
+
+def test_healthy_endpoint_with_some_failures_stays_in_rotation():
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=20)
+    director.run_iteration()
+    _abort(backend, director, "s0", 10)  # 10 of 20 failed: not above the default 50 %
+    backend.move("s0", "done", 10, only="waiting")
+    summary = director.run_iteration()
+    assert summary.excluded == () and director.collector.notes == []
+    director.close()
+
+
+def test_director_restarted_mid_run_keeps_tracking_with_sqlite(tmp_path):
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    path = str(tmp_path / "state.db")
+    first = make(backend, pilots=8, clock=clock, state=SqliteState({"path": path}, clock=clock),
+                 max_waiting=4)
+    first.run_iteration()
+    first.close()
+    first.state.close()
+    backend.move("s0", "running")
+    second = make(backend, pilots=8, clock=clock, state=SqliteState({"path": path}, clock=clock),
+                  max_waiting=4)
+    summary = second.run_iteration()
+    assert sorted(len(ids) for _e, ids in backend.status_calls) == [4, 4]  # the first one's pilots
+    assert states(second) == {"running": 4, "waiting": 8}
+    assert [r.endpoint for r in summary.records if r.outcome == "submitted"] == ["s0"] * 4
+    second.close()
+    second.state.close()
+
+
+def test_terminal_pilots_are_pruned_after_keep_finished():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=2, clock=clock, keep_finished=1000)
+    director.run_iteration()
+    director.config.data["demand"]["static"][BACKEND] = 0
+    backend.move("s0", "done")
+    director.run_iteration()
+    assert states(director) == {"done": 2}
+    clock.advance(1001)
+    director.run_iteration()
+    assert states(director) == {}
+    director.close()
+
+
+def test_tracking_off_submits_untracked():
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=2, track=False, max_waiting=0)
+    director.run_iteration()
+    director.run_iteration()
+    assert backend.status_calls == [] and states(director) == {}
+    assert backend.count("s0", "waiting") == 4
+    director.close()
+
+
+def test_a_registry_that_fails_leaves_submission_untrimmed_and_running():
+    from gridgate.core.state import StateError
+
+    class Broken(MemoryState):
+        def pilot_registry(self):
+            raise StateError("redis state at redis://x: cannot read pilots: Connection refused")
+
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=4, clock=clock, state=Broken(clock=clock), max_waiting=1)
+    for _ in range(2):
+        summary = director.run_iteration()
+        assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
+    assert backend.status_calls == []
+    director.close()
+
+
+def test_settings_resolve_endpoint_then_backend_then_director():
+    from gridgate.core.model import Endpoint
+    from gridgate.core.tracking import PilotSettings
+
+    settings = PilotSettings({"max_waiting": 50, "status_interval": 300, "backends": {
+        "slurm": {"max_waiting": 10, "endpoints": {"debug": {"max_waiting": 2}}}}})
+    assert settings.for_endpoint(Endpoint("slurm", "debug"), "max_waiting") == 2
+    assert settings.for_endpoint(Endpoint("slurm", "batch"), "max_waiting") == 10
+    assert settings.for_endpoint(Endpoint("lsf", "short"), "max_waiting") == 50
+    assert settings.for_backend("slurm", "status_interval") == 300
+    assert settings.for_backend("slurm", "max_total") is None
+    assert settings["abort_window"] == 20 and settings["lost_after"] == 3600
+
+
+def test_a_store_that_is_down_is_not_asked_for_pilots_at_all():
+    from gridgate.core.state import StateError
+
+    asked = []
+
+    class Down(MemoryState):
+        def _fail(self, *args, **kw):
+            asked.append("kv")
+            raise StateError("redis state: cannot read: Connection refused")
+
+        add_if_absent = set = get = delete = items = ttl = append_record = records = _fail
+
+        def pilot_registry(self):
+            asked.append("pilots")
+            raise StateError("redis state: cannot read pilots: Connection refused")
+
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=3, clock=clock, state=Down(clock=clock))
+    summary = director.run_iteration()
+    assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 3
+    assert director.state.degraded and "pilots" not in asked
+    director.close()
+
+
+def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
+    from directorkit import ScriptedBackend
+
+    backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})  # no gridgate_job_status
+    director = make(backend, pilots=4, max_waiting=1)
+    first = director.run_iteration()
+    assert sum(r.pilots for r in first.records if r.outcome == "submitted") == 2  # limit, blind yet
+    for _ in range(2):
+        summary = director.run_iteration()
+        assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
+        assert [p["outcome"] for p in summary.pilots["polls"]] == ["unsupported"] * 2
+    assert states(director) == {"waiting": 10}
+    director.close()
+
+
+def test_demand_with_every_server_out_of_rotation_is_not_counted_as_trimmed():
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=3, max_waiting=5)
+    director.state.set(FAILING + f"{BACKEND}/s0", "{}", ttl=600)
+    summary = director.run_iteration()
+    assert json.loads(summary_json(summary))["pilots"]["trimmed"] == {}
+    assert {r.failure_kind for r in summary.records} == {"no_endpoint"}
+    director.close()
+
+
+def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
+    from gridgate.core import hookimpl as impl
+
+    class Crashes:
+        @impl(tryfirst=True)
+        def gridgate_job_status(self, endpoint, job_ids, timeout):
+            raise RuntimeError("bug in a plugin")
+
+
+    crashes = Crashes()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, crashes, pilots=2, max_waiting=5)
+    director.run_iteration()
+    summary = director.run_iteration()
+    assert [p["outcome"] for p in summary.pilots["polls"]] == ["plugin_error"]
+    assert states(director) == {"waiting": 4}
+    def bug(*args):
+        raise KeyError("a bug in the tracker itself")
+
+    director.tracker._poll = bug  # the iteration still submits, untrimmed
+    after = director.run_iteration()
+    assert sum(r.pilots for r in after.records if r.outcome == "submitted") == 2
+    assert after.pilots == {}
+    director.close()

@@ -1,0 +1,86 @@
+"""The gate in front of real Slurm commands: categories, and shims that gate real squeue and
+sbatch for an ordinary user against the private cluster and a real token daemon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from gridgate.plugins.lsf_proxy.gate import SHIM_COMMANDS, find_real, infer_category
+
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+SLURM = ("sbatch", "srun", "salloc", "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare",
+         "sdiag", "scancel", "scontrol")
+
+
+@pytest.mark.parametrize(("argv", "category"), [
+    (["sbatch", "job.sh"], "submission"), (["srun", "hostname"], "submission"),
+    (["salloc", "-N1"], "submission"), (["squeue"], "query"), (["sinfo"], "query"),
+    (["sacct", "-j", "1"], "query"), (["sstat", "-j", "1"], "query"), (["sprio"], "query"),
+    (["sshare"], "query"), (["sdiag"], "query"), (["scancel", "12"], "other"),
+    (["scontrol", "show", "job", "12"], "query"), (["/usr/bin/scontrol", "-o", "show", "nodes"], "query"),
+    (["scontrol", "update", "PartitionName=b", "State=DOWN"], "other"),
+    (["scontrol", "hold", "12"], "other"), (["scontrol"], "other"),
+])
+def test_slurm_commands_have_the_seed_categories(argv, category) -> None:
+    assert infer_category(argv[0], None, argv[1:]) == category
+
+
+def test_the_config_wins_over_the_arguments() -> None:
+    section = {"categories": {"other": ["scontrol"]}}
+    assert infer_category("scontrol", section, ["show", "job"]) == "other"
+
+
+def test_every_slurm_command_gets_a_shim_when_on_path() -> None:
+    assert set(SLURM) <= set(SHIM_COMMANDS)
+
+
+def test_shims_gate_real_squeue_and_sbatch_for_nobody(slurm, start_daemon, sockdir, cli,
+                                                      gridgate_exe) -> None:
+    log = sockdir / "diag.log"
+    daemon = start_daemon({"diagnose": True, "diagnose_file": str(log)})
+    shims = sockdir / "shims"
+    # Only the shims and the system folders: the real Slurm commands are in /usr/bin.
+    path = f"{shims}{os.pathsep}/usr/bin:/bin"
+    env = {"PATH": path, **slurm.env}
+    assert find_real("squeue", shims, path) == "/usr/bin/squeue"
+    out = subprocess.run([gridgate_exe, "gate", "--install-shims", str(shims), "--socket",
+                          daemon.socket], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": path})
+    assert out.returncode == 0, out.stderr
+    for name in ("squeue", "sbatch", "sinfo", "scontrol", "scancel"):
+        assert f"{name} -> /usr/bin/{name}" in out.stdout, out.stdout
+
+    def as_nobody(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*AS_NOBODY, *argv], capture_output=True, text=True, timeout=120,
+                              env=env, cwd="/")
+
+    submitted = as_nobody("sbatch", "--parsable", "-p", "batch", f"--output={slurm.jobs_dir}/%j",
+                          "--wrap", "sleep 300")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    assert job_id.isdigit()
+    seen = as_nobody("squeue", "-h", "-o", "%i %u", f"--jobs={job_id}")
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.split() == [job_id, "nobody"]
+    shown = as_nobody("scontrol", "show", "job", job_id)
+    assert shown.returncode == 0 and f"JobId={job_id}" in shown.stdout
+    # each went through the daemon under its own category, as nobody
+    lines = log.read_text().splitlines()
+
+    def taken(name: str) -> list[str]:
+        return [ln for ln in lines if f",{name},nobody," in ln]
+
+    assert taken("sbatch") and taken("squeue") and taken("scontrol"), lines
+    assert " SUBMISSION_REQ," in taken("sbatch")[0]
+    assert " QUERY_REQ," in taken("squeue")[0] and " QUERY_REQ," in taken("scontrol")[0]
+    # nobody blocked: the real sbatch and squeue do not run at all
+    assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
+    before = slurm.job_ids()
+    refused = as_nobody("sbatch", "--parsable", "-p", "batch", "--wrap", "sleep 300")
+    assert refused.returncode == 75, refused.stderr
+    assert "no submission token, not run" in refused.stderr
+    assert slurm.job_ids() == before
+    assert as_nobody("squeue").returncode == 75

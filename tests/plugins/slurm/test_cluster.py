@@ -1,0 +1,89 @@
+"""The private Slurm cluster the Slurm tests run against: real daemons, real clients."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
+
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def _processes_in(folder: Path) -> list[str]:
+    """Command lines of live processes that belong to the cluster in ``folder``."""
+    mark = str(folder)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cwd = os.readlink(entry / "cwd")
+            state = (entry / "stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (mark in cmdline or cwd.startswith(mark)):
+            found.append(cmdline)
+    return found
+
+
+def test_the_node_is_idle_in_every_partition(slurm) -> None:
+    out = slurm.command(["sinfo", "-h", "-o", "%P %a %T %N"])
+    assert out.ok, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert [r[0].rstrip("*") for r in rows] == list(slurm.partitions)
+    assert all(r[1] == "up" and r[2] == "idle" and r[3] == slurm.node_name for r in rows)
+
+
+def test_an_ordinary_user_submits_and_sees_the_job(slurm) -> None:
+    env = {"PATH": "/usr/bin:/bin", **slurm.env}
+    sub = subprocess.run([*AS_NOBODY, "sbatch", "--parsable", "-p", slurm.partitions[1],
+                          "-o", "/dev/null", "--wrap", "sleep 300"],
+                         capture_output=True, text=True, env=env, cwd="/", timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip()
+    assert job_id.isdigit()
+    q = subprocess.run([*AS_NOBODY, "squeue", "-h", "-o", "%i %u %P", f"--jobs={job_id}"],
+                       capture_output=True, text=True, env=env, cwd="/", timeout=60)
+    assert q.returncode == 0, q.stderr
+    assert q.stdout.split() == [job_id, "nobody", slurm.partitions[1]]
+
+
+def test_a_second_cluster_runs_beside_and_stop_leaves_no_daemon(slurm, tmp_path_factory) -> None:
+    second = SlurmCluster(partitions=("only",))
+    with second:
+        assert second.cluster_name != slurm.cluster_name
+        assert second.ctld_port not in (slurm.ctld_port, slurm.slurmd_port)
+        job = second.command(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 300"])
+        assert job.ok, job.stderr
+        # the job's own processes must go with the cluster, not only the daemons
+        folder = second.folder
+        assert folder is not None and _processes_in(folder)
+        assert "only" in second.command(["sinfo", "-h", "-o", "%P"]).stdout
+        assert "only" not in slurm.command(["sinfo", "-h", "-o", "%P"]).stdout
+    assert _processes_in(folder) == []
+    assert not folder.exists()
+    # the first cluster did not notice
+    rows = slurm.command(["sinfo", "-h", "-o", "%P %T"]).stdout.splitlines()
+    assert [r.split()[1] for r in rows] == ["idle"] * len(slurm.partitions)
+
+
+def test_a_folder_other_users_cannot_reach_is_refused(tmp_path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    with pytest.raises(ClusterError, match="not world-executable"):
+        SlurmCluster(private / "cluster").start()
+
+
+def test_the_controller_stops_and_comes_back_with_its_jobs(slurm) -> None:
+    job = slurm.command(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 300"])
+    assert job.ok, job.stderr
+    slurm.stop_controller()
+    assert slurm.controller_pid is None
+    slurm.start_controller()
+    assert job.stdout.strip() in slurm.job_ids()

@@ -1,0 +1,259 @@
+"""The slurm backend against the private cluster: real sbatch, squeue, scancel, real errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gridgate.core.model import Endpoint, SubmitRequest
+from gridgate.core.testing import build_plugin, plugin_manager_with
+from gridgate.plugins.slurm.backend import (
+    SlurmBackend,
+    parse_parsable,
+    parse_squeue,
+    pilot_state,
+)
+
+BIN = Path(sys.executable).parent
+
+
+def _squeue(cluster, *job_ids: str) -> dict[str, tuple[str, str, str]]:
+    """id -> (partition, name, state) as the real squeue prints them."""
+    out = cluster.command(["squeue", "-h", "-r", "-t", "all", "-o", "%i %P %j %T",
+                           f"--jobs={','.join(job_ids)}"])
+    assert out.ok, out.stderr
+    return {p[0]: (p[1], p[2], p[3]) for p in (ln.split() for ln in out.stdout.splitlines())}
+
+
+def _notes(site) -> list[str]:
+    folder = site.folder / "notes"
+    return sorted(p.read_text() for p in folder.iterdir()) if folder.exists() else []
+
+
+def _backend(site, **extra):
+    section = site.doc(**extra)["backends"]["slurm"]
+    return build_plugin(SlurmBackend, section)
+
+
+# --- the director submits, real squeue sees -------------------------------------------------
+
+def test_gridgate_run_submits_n_pilots_that_squeue_shows(slurm_site) -> None:
+    summary = slurm_site.run_once(slurm_site.doc(pilots=3))
+    assert summary["pilots_submitted"] == 3 and summary["failures"] == []
+    ids = [i for s in summary["submitted"] for i in s["job_ids"]]
+    assert len(ids) == 3
+    seen = _squeue(slurm_site.cluster, *ids)
+    assert sorted(seen) == sorted(ids)
+    for record in summary["submitted"]:
+        for job_id in record["job_ids"]:
+            partition, name, state = seen[job_id]
+            assert partition == record["endpoint"] and name == "gridgate-pilot"
+            assert state in ("PENDING", "RUNNING")
+
+
+def test_pilots_per_submission_submits_an_array_with_one_id_per_pilot(slurm_site) -> None:
+    summary = slurm_site.run_once(slurm_site.doc(partitions=["batch"], pilots=4,
+                                                 pilots_per_submission=4))
+    [record] = summary["submitted"]
+    base = record["job_ids"][0].split("_")[0]
+    assert record["job_ids"] == [f"{base}_{i}" for i in range(4)]
+    assert sorted(_squeue(slurm_site.cluster, *record["job_ids"])) == sorted(record["job_ids"])
+
+
+def test_a_bad_partition_is_a_usage_failure_with_one_error(slurm_site) -> None:
+    summary = slurm_site.run_once(slurm_site.doc(partitions=["nosuch"], pilots=3))
+    assert summary["pilots_submitted"] == 0
+    [failure] = summary["failures"]
+    assert (failure["endpoint"], failure["kind"], failure["returncode"]) == ("nosuch", "usage", 1)
+    assert summary["excluded"] == ["nosuch"]
+    assert [(n["level"], n["endpoint"]) for n in summary["notifications"]] == [("error", "nosuch")]
+    [note] = _notes(slurm_site)
+    assert "Invalid partition name specified" in note
+
+
+def test_an_inactive_partition_is_drained_and_the_other_one_gets_the_pilots(slurm_site) -> None:
+    slurm_site.cluster.set_partition_state("batch", "INACTIVE")
+    summary = slurm_site.run_once(slurm_site.doc(pilots=4))
+    kinds = {(f["endpoint"], f["kind"]) for f in summary["failures"]}
+    assert kinds <= {("batch", "drained")}
+    assert {s["endpoint"] for s in summary["submitted"]} == {"debug"}
+    assert summary["notifications"] == []  # drained: set aside, nobody paged
+
+
+def test_a_request_over_the_partition_limit_is_refused_at_submission(slurm_site) -> None:
+    cluster = slurm_site.cluster
+    cluster.scontrol("update", "PartitionName=batch", "MaxTime=10")
+    try:
+        doc = slurm_site.doc(partitions=["batch"], pilots=1)
+        doc["backends"]["slurm"]["sbatch_options"].append("--time=20")
+        summary = slurm_site.run_once(doc)
+    finally:
+        cluster.scontrol("update", "PartitionName=batch", "MaxTime=INFINITE")
+    [failure] = summary["failures"]
+    assert failure["kind"] == "usage"
+    assert "Requested time limit is invalid" in _notes(slurm_site)[0]
+
+
+def test_a_stopped_controller_takes_every_partition_out_and_escalates(slurm_site) -> None:
+    slurm_site.cluster.stop_controller()
+    summary = slurm_site.run_once(slurm_site.doc(pilots=4))
+    assert summary["pilots_submitted"] == 0
+    assert sorted(summary["excluded"]) == sorted(slurm_site.cluster.partitions)
+    assert {f["kind"] for f in summary["failures"]} == {"unreachable"}
+    assert sorted(n["endpoint"] for n in summary["notifications"]) == sorted(
+        slurm_site.cluster.partitions)
+    notes = _notes(slurm_site)
+    assert all("Unable to contact slurm controller" in n for n in notes)
+    # the second partition of the cluster was not made to wait for Slurm to give up again
+    assert sum("not tried: partition" in n for n in notes) == 1
+    # the hook's own view of the same outage: a failed query, not "no such jobs"
+    backend = _backend(slurm_site)
+    status = backend.gridgate_job_status(endpoint=Endpoint("slurm", "debug"), job_ids=["1", "2"],
+                                         timeout=30)
+    assert status is not None and not status.ok
+    assert "Unable to contact slurm controller" in status.command.stderr
+
+
+def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
+    backend = _backend(slurm_site)
+    slurm_site.cluster.pause_controller()
+    try:
+        with plugin_manager_with(backend) as pm:
+            result = pm.hook.gridgate_submit(endpoint=Endpoint("slurm", "debug"),
+                                             request=SubmitRequest(backend="slurm"), timeout=60)
+            failure = pm.hook.gridgate_classify_failure(endpoint=Endpoint("slurm", "debug"),
+                                                        result=result)
+    finally:
+        slurm_site.cluster.resume_controller()
+    assert not result.ok
+    assert "Socket timed out on send/recv operation" in result.command.stderr
+    assert (failure.kind, failure.exclude, failure.transient) == ("timeout", True, True)
+    assert "may have been queued anyway" in failure.reason
+
+
+def test_an_unreadable_script_is_a_fault_of_this_machine(slurm_site) -> None:
+    backend = _backend(slurm_site, script="/nonexistent/pilot.sh")
+    with plugin_manager_with(backend) as pm:
+        result = pm.hook.gridgate_submit(endpoint=Endpoint("slurm", "debug"),
+                                         request=SubmitRequest(backend="slurm"), timeout=60)
+        failure = pm.hook.gridgate_classify_failure(endpoint=Endpoint("slurm", "debug"),
+                                                    result=result)
+    assert (failure.kind, failure.local) == ("script", True)
+    assert "Unable to open file /nonexistent/pilot.sh" in failure.reason
+
+
+# --- tracking --------------------------------------------------------------------------------
+
+def test_gridgate_job_status_and_gridgate_cancel_on_real_jobs(slurm_site) -> None:
+    backend = _backend(slurm_site, pilots_per_submission=3)
+    debug = Endpoint("slurm", "debug")
+    with plugin_manager_with(backend) as pm:
+        array = pm.hook.gridgate_submit(endpoint=debug, request=SubmitRequest(backend="slurm",
+                                                                              count=3), timeout=60)
+        single = pm.hook.gridgate_submit(endpoint=debug, request=SubmitRequest(backend="slurm"),
+                                         timeout=60)
+        assert array.ok and single.ok, (array, single)
+        ids = [*array.job_ids, *single.job_ids]
+        cancel = pm.hook.gridgate_cancel(endpoint=debug, job_ids=[single.job_ids[0]], timeout=60)
+        assert cancel.ok and cancel.cancelled == single.job_ids
+        status = pm.hook.gridgate_job_status(endpoint=debug, job_ids=[*ids, "999999"], timeout=60)
+    assert status.ok and status.commands == 1
+    assert set(status.statuses) == set(ids)  # 999999 is unknown to Slurm: omitted
+    assert status.statuses[single.job_ids[0]].state == "cancelled"
+    assert {status.statuses[i].state for i in array.job_ids} <= {"waiting", "running"}
+    native = _squeue(slurm_site.cluster, *ids)
+    assert all(status.statuses[i].native == native[i][2] for i in ids)
+
+
+def test_one_id_gone_from_the_controller_is_an_answer_not_a_failure(slurm_site) -> None:
+    status = _backend(slurm_site).gridgate_job_status(endpoint=Endpoint("slurm", "debug"),
+                                                      job_ids=["999999"], timeout=60)
+    assert status.ok and dict(status.statuses) == {}
+    assert "Invalid job id specified" in status.command.stderr
+
+
+def test_a_long_id_list_is_split_into_several_squeue_calls(slurm_site) -> None:
+    ids = [str(100000 + i) for i in range(30000)]
+    status = _backend(slurm_site).gridgate_job_status(endpoint=Endpoint("slurm", "debug"),
+                                                      job_ids=ids, timeout=120)
+    assert status.ok and status.commands > 1 and dict(status.statuses) == {}
+
+
+# --- parsing and config ------------------------------------------------------------------------
+
+def test_parse_parsable_with_and_without_cluster() -> None:
+    assert parse_parsable("42\n") == ("42", "")
+    assert parse_parsable("42;west\n") == ("42", "west")
+    assert parse_parsable("Submitted batch job 42\n") is None
+
+
+@pytest.mark.parametrize("native, state", [
+    ("PENDING", "waiting"), ("REQUEUE_HOLD", "waiting"), ("RUNNING", "running"),
+    ("COMPLETING", "running"), ("SUSPENDED", "running"), ("COMPLETED", "done"),
+    ("FAILED", "failed"), ("TIMEOUT", "failed"), ("OUT_OF_MEMORY", "failed"),
+    ("CANCELLED", "cancelled"), ("CANCELLED by 0", "cancelled"), ("CANCELLED+", "cancelled"),
+    ("BOGUS", "unknown"),
+])
+def test_pilot_state_follows_formats_md(native, state) -> None:
+    assert pilot_state(native) == state
+
+
+def test_parse_squeue_skips_cluster_headers_and_keeps_reasons() -> None:
+    statuses = parse_squeue("CLUSTER: west\n12_3 PENDING Priority\n13 RUNNING None\n")
+    assert statuses["12_3"].state == "waiting" and statuses["12_3"].reason == "Priority"
+    assert statuses["13"].reason == ""
+    assert set(statuses) == {"12_3", "13"}
+
+
+def test_sbatch_argv_with_cluster_and_array(slurm_site) -> None:
+    backend = _backend(slurm_site, partitions=["batch@west"])
+    argv = backend.sbatch_argv(Endpoint("slurm", "batch@west"), SubmitRequest("slurm", count=5))
+    assert argv[:6] == ["sbatch", "--parsable", "--partition=batch",
+                        "--job-name=gridgate-pilot", "--clusters=west", "--array=0-4"]
+    assert argv[-1] == str(slurm_site.script)
+
+
+@pytest.mark.parametrize("option", ["--partition=x", "-p", "-pbatch", "--parsable", "--array=1-3",
+                                    "-M", "--clusters=a", "--job-name=x", "--wrap"])
+def test_options_the_backend_writes_itself_are_refused(option, tmp_path) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text("backends:\n  slurm:\n    partitions: [debug]\n    script: /p.sh\n"
+                    f"    sbatch_options: ['--time=10', '{option}']\n"
+                    "demand:\n  static:\n    slurm: 1\n")
+    out = subprocess.run([str(BIN / "gridgate"), "config", "validate", str(site)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert f"{site}:5: backends.slurm.sbatch_options[1]:" in out.stderr
+    assert "is written by the backend" in out.stderr
+
+
+def test_config_errors_name_partition_and_script() -> None:
+    problems = SlurmBackend.config_errors({"partitions": ["ok", "bad name", "ok"]})
+    assert (("partitions", 1), "'bad name' is not a Slurm partition (name or name@cluster)") in problems
+    assert (("partitions", 2), "partition 'ok' is listed twice") in problems
+    assert (("script",), "a pilot script is needed to submit to the partitions") in problems
+
+
+def test_gridgate_cancel_cancels_real_jobs_and_accepts_unknown_ones(slurm_site) -> None:
+    backend = _backend(slurm_site, pilots_per_submission=2)
+    batch = Endpoint("slurm", "batch")
+    with plugin_manager_with(backend) as pm:
+        array = pm.hook.gridgate_submit(endpoint=batch, request=SubmitRequest(backend="slurm",
+                                                                              count=2), timeout=60)
+        assert array.ok, array
+        cancel = pm.hook.gridgate_cancel(endpoint=batch, job_ids=[*array.job_ids, "999999"],
+                                         timeout=60)
+        refused = pm.hook.gridgate_cancel(endpoint=batch, job_ids=["1; rm -rf /"], timeout=60)
+    assert cancel.ok and cancel.cancelled == (*array.job_ids, "999999")
+    assert cancel.command.argv == ("scancel", *array.job_ids, "999999")
+    assert not refused.ok and refused.command is None
+    # a pending array cancelled whole is kept by Slurm as one record under its base id
+    base = array.job_ids[0].split("_")[0]
+    assert _squeue(slurm_site.cluster, base)[base][2] == "CANCELLED"
+    with plugin_manager_with(backend) as pm:
+        status = pm.hook.gridgate_job_status(endpoint=batch, job_ids=array.job_ids, timeout=60)
+    assert {s.state for s in status.statuses.values()} == {"cancelled"}
+    assert set(status.statuses) == set(array.job_ids)
