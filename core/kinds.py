@@ -8,9 +8,8 @@ word, and its flags decide what happens:
 - ``notify``: people are told (an error on the first failure of an episode; an alarm when it
   fails again within the tickets window);
 - ``transient``: the submission is worth sending to another server in the same iteration;
-- ``local``: the fault is on the director's machine or in the site's own configuration: no
-  server is blamed, the backend is paused for the iteration, and one error per
-  ``failing_expiry`` says what to fix.
+- ``local``: the fault is on the director's machine: no server is blamed, the backend is
+  paused for the iteration, and one error per ``failing_expiry`` says what to fix.
 
 The catalogue gives each known kind its meaning and these flags, so that backends and
 classifiers agree on them (build a failure with :func:`failure`). A plugin may still answer
@@ -28,7 +27,7 @@ from typing import Any
 
 from gridgate.core.model import Failure
 
-__all__ = ["KINDS", "OUTCOME_KINDS", "Kind", "failure", "kind_table"]
+__all__ = ["KINDS", "OUTCOME_KINDS", "Kind", "counts_toward_alarms", "failure", "kind_table"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,9 @@ class Kind:
     notify: bool = True
     transient: bool = True
     local: bool = False
+    #: whether repeated failures may become an alarm (a ticket to the server's operators);
+    #: False for what the site must fix itself
+    alarms: bool = True
 
     def failure(self, reason: str = "", **flags: Any) -> Failure:
         """A :class:`Failure` of this kind with the catalogue's flags (``flags`` override)."""
@@ -55,7 +57,7 @@ class Kind:
     @property
     def counts_toward_alarms(self) -> bool:
         """Whether repeated failures may become an alarm (a ticket to the server's operators)."""
-        return self.escalated and self.notify
+        return self.escalated and self.notify and self.alarms
 
 
 _CATALOGUE: tuple[Kind, ...] = (
@@ -74,9 +76,9 @@ _CATALOGUE: tuple[Kind, ...] = (
          exclude=False, notify=False),
     Kind("launch", "the command could not be started on this machine (missing or unusable "
          "program)", exclude=False, transient=False, local=True),
-    Kind("config", "the site's configuration is wrong: a queue, partition or account that does "
-         "not exist, a value the backend cannot turn into a command", exclude=False,
-         transient=False, local=True),
+    Kind("config", "the site's configuration is wrong for this server: a queue, partition, "
+         "account or script that does not exist, a value the backend cannot turn into a command",
+         transient=False, alarms=False),
 )
 
 #: Every catalogued kind by name.
@@ -105,6 +107,12 @@ def failure(kind: str, reason: str = "", **flags: Any) -> Failure:
         kind of your own).
     """
     return KINDS[kind].failure(reason, **flags)
+
+
+def counts_toward_alarms(kind: str) -> bool:
+    """Whether failures of ``kind`` may become an alarm; a kind not in the catalogue may."""
+    entry = KINDS.get(kind)
+    return entry is None or entry.alarms
 
 
 def _yes(flag: bool) -> str:

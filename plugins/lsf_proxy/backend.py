@@ -106,7 +106,7 @@ def parse_bjobs(stdout: str, stderr: str = "") -> tuple[dict[str, tuple[str, str
 def classify(command: CommandResult | None, message: str = "") -> Failure:
     """What a failed ``bsub``/``bjobs`` means (``notify`` of transient kinds is decided later)."""
     if command is None:
-        return KINDS["config"].failure(message or "nothing was run")
+        return KINDS["config"].failure(message or "nothing was run", exclude=False)  # nothing ran
     if command.launch_error is not None:
         return KINDS["launch"].failure(f"could not start {command.argv[0]}: {command.launch_error}")
     combined = f"{command.stderr}\n{command.stdout}"

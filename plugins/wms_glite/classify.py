@@ -134,10 +134,11 @@ def classify(
     ``timeout``, ``overload``, ``drained``, ``auth``, ``unreachable``, ``usage`` (exit 255),
     ``bad_output`` (exit 0 without the expected answer, named by ``expected``), ``error``
     (anything else), ``config`` (nothing was run: the request or the site's config could not
-    be turned into a JDL).
+    be turned into a JDL; the server stays in rotation).
     """
     if command is None:
-        return KINDS["config"].failure(_clip(message or "the request could not be prepared"))
+        # nothing ran, so no server is to blame: it stays in rotation
+        return KINDS["config"].failure(_clip(message or "the request could not be prepared"), exclude=False)
     for rule in rules:
         if rule.returncode is not None and command.returncode != rule.returncode:
             continue

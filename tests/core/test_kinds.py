@@ -26,8 +26,8 @@ EP = Endpoint("testbed", "s0")
 def test_a_catalogued_failure_carries_the_catalogues_flags_and_overrides() -> None:
     assert failure("timeout", "slow") == Failure("timeout", exclude=True, notify=True, transient=True,
                                                  reason="slow")
-    assert failure("config", "no such queue") == Failure("config", exclude=False, notify=True,
-                                                         transient=False, reason="no such queue", local=True)
+    assert failure("config", "no such queue") == Failure("config", exclude=True, notify=True,
+                                                         transient=False, reason="no such queue")
     assert failure("unreachable", notify=False).notify is False
     with pytest.raises(KeyError):
         failure("no_such_kind")
@@ -52,7 +52,7 @@ def test_plugins_kinds_lists_the_catalogue() -> None:
     lines = shown.stdout.splitlines()
     assert lines[0].split()[:2] == ["kind", "excluded"]
     config_line = next(line for line in lines if line.startswith("config "))
-    assert config_line.split()[1:6] == ["no", "yes", "no", "no", "yes"]
+    assert config_line.split()[1:6] == ["yes", "yes", "no", "no", "no"]  # never an alarm
     doc = json.loads(subprocess.run([GRIDGATE, "plugins", "--kinds", "--json"], capture_output=True,
                                     text=True, timeout=60, check=True).stdout)
     assert [row["kind"] for row in doc["kinds"]] == list(KINDS)
@@ -95,16 +95,34 @@ class Misconfigured:
         return failure("config", "sbatch: error: invalid partition specified: debgu")
 
 
-def test_the_sites_config_blames_no_server_and_says_what_to_fix() -> None:
+def test_the_sites_config_is_told_as_errors_and_never_becomes_an_alarm() -> None:
     clock = FakeClock()
     notes = Collect()
-    backend = ScriptedBackend(3, {f"s{i}": "fake-fail" for i in range(3)})
-    director = Director(config(servers=3, pilots=4, max_threads=1), clock=clock, state=MemoryState(clock=clock),
-                        extra_plugins=[backend, Misconfigured(), notes])
-    summary = director.run_iteration()
-    assert summary.excluded == () and len(backend.calls) == 1  # the backend is paused
-    assert [r.failure_kind for r in summary.records] == ["config", "local_fault", "local_fault", "local_fault"]
-    [note] = notes.notes
-    assert note.subject.startswith("gridgate: backend testbed misconfigured on ") and note.subject.endswith("[config]")
-    assert "configuration of backend testbed" in note.body and "invalid partition" in note.body
+    backend = ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"})
+    director = Director(config(servers=2, pilots=3, max_threads=1, failing_expiry=60, ticket_expiry=3600),
+                        clock=clock, state=MemoryState(clock=clock), extra_plugins=[backend, Misconfigured(), notes])
+    first = director.run_iteration()
+    # the misconfigured partition is set aside (not retried: the same config goes everywhere
+    # it is wrong), the others get the pilots
+    assert first.excluded == ("testbed/s0",) and first.retries == ()
+    assert sum(r.pilots for r in first.records if r.outcome == "submitted") == 2
+    for _ in range(3):  # it keeps failing after each failing-cache period
+        clock.advance(61)
+        director.run_iteration()
+    assert [n.level for n in notes.notes] == ["error"] * 4  # the caches would page an alarm here
+    assert all(n.subject == "s0: error executing Job Submit [config]" for n in notes.notes)
+    assert "invalid partition" in notes.notes[0].body
+    director.close()
+
+
+def test_a_kind_of_ones_own_may_become_an_alarm() -> None:
+    clock = FakeClock()
+    notes = Collect()
+    backend = ScriptedBackend(1, {"s0": "fake-fail"})
+    director = Director(config(servers=1, pilots=1, failing_expiry=60, ticket_expiry=3600), clock=clock,
+                        state=MemoryState(clock=clock), extra_plugins=[backend, Quota(), notes])
+    director.run_iteration()
+    clock.advance(61)
+    director.run_iteration()
+    assert [n.level for n in notes.notes] == ["error", "alarm"]
     director.close()

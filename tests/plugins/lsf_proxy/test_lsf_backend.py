@@ -98,9 +98,9 @@ def test_gridgate_classify_failure_no_such_queue_is_the_sites_config(lsf_site) -
     backend = make()
     result = backend.gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"), timeout=20)
     failure = backend.gridgate_classify_failure(endpoint=NORMAL, result=result)
-    # the queue in the site's config does not exist: no queue is blamed, people are told
+    # the queue in the site's config does not exist: set aside and told, never retried elsewhere
     assert (failure.kind, failure.local, failure.exclude, failure.notify, failure.transient) == (
-        "config", True, False, True, False)
+        "config", False, True, True, False)
     assert "the queue does not exist" in failure.reason
 
 

@@ -103,7 +103,7 @@ def test_site_rules_come_first(run_sim: Callable[..., CommandResult]) -> None:
 
 def test_no_command_is_the_sites_config_and_keeps_the_server() -> None:
     failure = classify(None, message="cannot build the JDL: arguments: control character")
-    assert failure.kind == "config" and not failure.exclude and failure.local
+    assert failure.kind == "config" and not failure.exclude
     assert "control character" in failure.reason
 
 
