@@ -122,20 +122,12 @@ def compose_failure(
 def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResult, now: float,
                         repeat_every: float, host: str | None = None) -> Notification:
     """The error for a command that could not start on this machine (``host``, default this
-    one's name), or for a site configuration the backend refuses (kind ``config``): it names
-    the command and the host to fix, and says that no server was blamed."""
+    one's name): it names the command and the host to fix, and says that no server was blamed."""
     command = result.command
     program = command.argv[0] if command is not None and command.argv else "?"
     host = host or socket.gethostname()
-    started = command is not None and command.launch_error is None
-    if started or command is None:  # it ran (or nothing could be run): the config is at fault
-        headline = f"gridgate's configuration of backend {endpoint.backend} on {host} is wrong, so it submits nothing."
-        subject = f"gridgate: backend {endpoint.backend} misconfigured on {host} [{failure.kind}]"
-    else:
-        headline = f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing."
-        subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend}) [{failure.kind}]"
     lines = [
-        headline,
+        f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing.",
         "",
         f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""),
     ]
@@ -145,8 +137,8 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
             lines.append(f"returns: could not start ({command.launch_error})")
     lines += [
         "",
-        "This is a fault of this machine or of its configuration (a missing or unusable program, "
-        "a wrong path, queue or option in the config), not of any server:",
+        "This is a fault of this machine (a missing or unusable program, a wrong path in the "
+        "config), not of any server:",
         "- no server is put in the failing cache, and no GGUS ticket is asked for;",
         f"- backend {endpoint.backend} is paused for the rest of each iteration in which this "
         "happens and tried again at the next, so submission resumes by itself once it is fixed;",
@@ -154,7 +146,7 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     ]
     return Notification(
         level="error",
-        subject=subject,
+        subject=f"gridgate: cannot run {program} on {host} (backend {endpoint.backend}) [{failure.kind}]",
         body="\n".join(lines) + "\n",
         created=now,
         failure=failure,
