@@ -9,6 +9,7 @@ limits only), and with a poll of every endpoint at every iteration. The backend 
 process (no command), so the figures are the director's own cost plus building the answers.
 
     .venv/bin/python bench/bench_pilots.py [--sizes 1000 100000] [--active 0.1] [--json]
+    .venv/bin/python bench/bench_pilots.py --driver redis   # starts its own redis-server
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,7 @@ from gridgate.core.config import validate_document
 from gridgate.core.director import Director
 from gridgate.core.model import BackendInfo, Endpoint, JobStatus, StatusResult, SubmitResult
 from gridgate.core.pilots import Pilot
-from gridgate.core.state import SqliteState
+from gridgate.core.state import SqliteState, StateStore
 
 BACKEND = "bench"
 ENDPOINTS = tuple(Endpoint(BACKEND, f"ce{i:02d}.example.org") for i in range(11))
@@ -66,11 +70,19 @@ def rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
-def child(size: int, active: float, iterations: int) -> dict[str, Any]:
+def open_store(folder: Path, clock: FakeClock, redis_url: str) -> StateStore:
+    if not redis_url:
+        return SqliteState({"path": str(folder / "state.db")}, clock=clock)
+    from gridgate.core.state_redis import RedisState
+
+    return RedisState({"url": redis_url, "prefix": f"bench-{uuid.uuid4().hex}:"}, clock=clock)
+
+
+def child(size: int, active: float, iterations: int, redis_url: str = "") -> dict[str, Any]:
     logger.remove()
     folder = Path(tempfile.mkdtemp(prefix="bench-pilots-"))
     clock = FakeClock()
-    store = SqliteState({"path": str(folder / "state.db")}, clock=clock)
+    store = open_store(folder, clock, redis_url)
     registry = store.pilot_registry()
     live = int(size * active)
     started = time.perf_counter()
@@ -116,7 +128,36 @@ def child(size: int, active: float, iterations: int) -> dict[str, Any]:
             "iteration_tracked_no_poll_ms": round(no_poll * 1000, 2),
             "iteration_tracked_polling_ms": round(polling * 1000, 2),
             "rss_after_fill_mb": round(rss_filled, 1), "peak_rss_mb": round(peak, 1),
-            "db_mb": round((folder / "state.db").stat().st_size / 2**20, 1)}
+            "db_mb": round((folder / "state.db").stat().st_size / 2**20, 1) if not redis_url else None}
+
+
+class RedisServer:
+    """A throw-away redis-server on a free loopback port, without persistence."""
+
+    def __enter__(self) -> str:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("--driver redis needs redis-server on PATH (apt-get install redis-server)")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        import redis
+
+        client = redis.Redis(port=port)
+        for _ in range(500):
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.02)  # waiting for a real server to listen
+        client.close()
+        return f"redis://127.0.0.1:{port}/0"
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
 
 
 def main() -> None:
@@ -124,22 +165,31 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 100_000])
     parser.add_argument("--active", type=float, default=0.1, help="Share of pilots not yet finished.")
     parser.add_argument("--iterations", type=int, default=7)
+    parser.add_argument("--driver", choices=["sqlite", "redis"], default="sqlite")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--redis-url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child, args.active, args.iterations)))
+        print(json.dumps(child(args.child, args.active, args.iterations, args.redis_url)))
         return
     results = []
-    for size in args.sizes:
-        out = subprocess.run([sys.executable, __file__, "--child", str(size), "--active", str(args.active),
-                              "--iterations", str(args.iterations)], capture_output=True, text=True, check=True)
-        results.append(json.loads(out.stdout))
+    server = RedisServer() if args.driver == "redis" else None
+    url = server.__enter__() if server is not None else ""
+    try:
+        for size in args.sizes:
+            out = subprocess.run([sys.executable, __file__, "--child", str(size), "--active", str(args.active),
+                                  "--iterations", str(args.iterations), "--redis-url", url],
+                                 capture_output=True, text=True, check=True)
+            results.append(json.loads(out.stdout))
+    finally:
+        if server is not None:
+            server.__exit__()
     small, large = results[0], results[-1]
     ratios = {key: round(large[key] / small[key], 2) for key in
               ("iteration_untracked_ms", "iteration_tracked_no_poll_ms", "iteration_tracked_polling_ms",
                "peak_rss_mb")}
-    report = {"results": results, "ratios_largest_to_smallest": ratios}
+    report = {"driver": args.driver, "results": results, "ratios_largest_to_smallest": ratios}
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -147,7 +197,8 @@ def main() -> None:
         print(f"{r['size']:>7} pilots ({r['active']} live): iteration untracked "
               f"{r['iteration_untracked_ms']} ms, tracked {r['iteration_tracked_no_poll_ms']} ms, "
               f"tracked+polling {r['iteration_tracked_polling_ms']} ms; RSS {r['rss_after_fill_mb']} MB "
-              f"(peak {r['peak_rss_mb']} MB); db {r['db_mb']} MB; fill {r['fill_s']} s")
+              f"(peak {r['peak_rss_mb']} MB); fill {r['fill_s']} s"
+              + (f"; sqlite file {r['db_mb']} MB" if r["db_mb"] is not None else ""))
     print("ratios largest/smallest:", ratios)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import pluggy
+TYPE_CHECKING = False  # typing is not imported at run time: see __getattr__
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 
@@ -12,9 +14,17 @@ API_VERSION = "1.0"
 
 PROJECT = "gridgate"
 
-#: Decorate a plugin method with this to implement a hook (``@hookimpl``).
-hookimpl = pluggy.HookimplMarker(PROJECT)
-#: Used only by :mod:`gridgate.core.hookspecs`.
-hookspec = pluggy.HookspecMarker(PROJECT)
-
 __all__ = ["API_VERSION", "PROJECT", "__version__", "hookimpl", "hookspec"]
+
+
+def __getattr__(name: str) -> Any:
+    """``hookimpl`` (decorate a plugin method with it to implement a hook) and ``hookspec``
+    (used only by :mod:`gridgate.core.hookspecs`), made on first use: a program that imports
+    a light module of gridgate (the gate's run-time path) does not pay for pluggy."""
+    if name not in ("hookimpl", "hookspec"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import pluggy
+
+    marker = pluggy.HookimplMarker if name == "hookimpl" else pluggy.HookspecMarker
+    value = globals()[name] = marker(PROJECT)
+    return value

@@ -28,7 +28,7 @@ from gridgate.core.plugins import (
     PluginLoadError,
     load_class,
 )
-from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret, secret_problems
 from gridgate.core.tracking import PILOTS_SCHEMA
 
 PathT = tuple[str | int, ...]
@@ -389,6 +389,7 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
 
     found: list[tuple[PathT, str]] = list(load_problems) + schema_problems(schema, doc)
     if not found:
+        found.extend(secret_problems(doc, schema))
         for (key, name), cls in classes.items():
             checker = getattr(cls, "config_errors", None)
             if checker is None:

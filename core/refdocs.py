@@ -275,7 +275,7 @@ def _render_object(module_name: str, name: str, obj: Any) -> list[str]:
         else:
             shown = f"an instance of `{type(obj).__name__}`"
         lines += [f"`from {module_name} import {name}` — {shown}", ""]
-        described = _constant_doc(module_name, name)
+        described = _constant_doc(module_name, name) or _NOTES.get(f"{module_name}.{name}", "")
         if described:
             lines.append(described)
     return lines
@@ -317,6 +317,10 @@ def _members(cls: type) -> list[str]:
 def _has_self(fn: Any) -> bool:
     params = list(inspect.signature(fn).parameters)
     return bool(params) and params[0] in ("self", "cls")
+
+
+#: What a name made on first use (a module ``__getattr__``) is for, having no ``#:`` comment.
+_NOTES = {"gridgate.core.hookimpl": "Decorate a plugin method with this to implement a hook (`@hookimpl`)."}
 
 
 def _constant_doc(module_name: str, name: str) -> str:

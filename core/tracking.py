@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 #: Where the time of an endpoint's last ``aborted`` verdict is kept: the next verdict counts
 #: only pilots that finished after it.
 VERDICT = "aborted-verdict/"
+#: An endpoint's last poll (its time, with status_interval as TTL) in the shared state store:
+#: of several directors on one store, one polls an endpoint per interval.
+POLLED = "pilots-polled/"
 #: States whose share decides whether an endpoint's pilots abort (``cancelled`` was our own
 #: doing, ``lost`` says nothing of how the pilot ended).
 DECIDING = ("done", "failed")
@@ -249,6 +252,7 @@ class PilotTracker:
 
     def __init__(self, director: Director) -> None:
         self.director = director
+        #: last poll per endpoint, used only while the state store cannot say (see _claim)
         self._last_poll: dict[str, float] = {}
         self._last_prune: float | None = None
         self._lock = threading.Lock()
@@ -380,27 +384,58 @@ class PilotTracker:
 
     def _poll(self, registry: PilotRegistry, infos: Mapping[str, BackendInfo], it: Any,
               settings: PilotSettings, now: float) -> list[_Poll]:
-        due: list[tuple[Endpoint, float]] = []
+        due: list[tuple[Endpoint, float, float | None]] = []
         for backend, info in infos.items():
             interval = settings.for_backend(backend, "status_interval")
             timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
             for endpoint in it.usable(info.endpoints):  # a server out of rotation is not asked
-                last = self._last_poll.get(endpoint.key)
-                if interval is not None and last is not None and now - last < float(interval):
-                    continue
-                due.append((endpoint, timeout))
+                due.append((endpoint, timeout, None if interval is None else float(interval)))
         if not due:
             return []
         threads = min(int(self.director.config.director["max_threads"]), len(due))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
-            futures = [pool.submit(self._poll_one, registry, endpoint, timeout, it, settings, now)
-                       for endpoint, timeout in due]
+            futures = [pool.submit(self._poll_one, registry, endpoint, timeout, interval, it, settings, now)
+                       for endpoint, timeout, interval in due]
             return [p for p in (f.result() for f in futures) if p is not None]
 
-    def _poll_one(self, registry: PilotRegistry, endpoint: Endpoint, timeout: float, it: Any,
-                  settings: PilotSettings, now: float) -> _Poll | None:
+    def _claim(self, endpoint: Endpoint, interval: float, now: float) -> bool:
+        """Whether this director polls ``endpoint`` now: its last poll (by any director on this
+        store) is ``interval`` seconds old or more. The add is atomic, so of several directors
+        one wins; a shortened interval takes effect at once."""
+        key = POLLED + endpoint.key
+        state = self.director.state
+        try:
+            if state.add_if_absent(key, repr(now), ttl=interval):
+                return True
+            held = state.get(key)
+            if held is not None and now - float(held) < interval:
+                return False
+            state.delete(key)
+            return state.add_if_absent(key, repr(now), ttl=interval)
+        except (StateError, ValueError):  # no shared view: this process's own memory decides
+            with self._lock:
+                last = self._last_poll.get(endpoint.key)
+                if last is not None and now - last < interval:
+                    return False
+                self._last_poll[endpoint.key] = now
+                return True
+
+    def _unclaim(self, endpoint: Endpoint, interval: float | None) -> None:
+        if interval is None:
+            return
+        try:
+            self.director.state.delete(POLLED + endpoint.key)
+        except StateError:
+            pass
+        with self._lock:
+            self._last_poll.pop(endpoint.key, None)
+
+    def _poll_one(self, registry: PilotRegistry, endpoint: Endpoint, timeout: float,
+                  interval: float | None, it: Any, settings: PilotSettings, now: float) -> _Poll | None:
         active = registry.active(endpoint.backend, endpoint.name)
         if not active:
+            return None
+        if interval is not None and not self._claim(endpoint, interval, now):
             return None
         hook = self.director.pm.hook
         ids = [p.job_id for p in active]
@@ -409,6 +444,7 @@ class PilotTracker:
             user=_user(str(self.director.config.director.get("user") or ""))))
         if isinstance(answer, Refusal):
             logger.info("status poll of {} refused by admission control: {}", endpoint.key, answer.reason)
+            self._unclaim(endpoint, interval)  # not polled: due again at the next iteration
             return _Poll(endpoint, len(ids), "refused", active=active)
         try:
             result = hook.gridgate_job_status(endpoint=endpoint, job_ids=ids, timeout=timeout)
@@ -418,8 +454,6 @@ class PilotTracker:
         finally:
             if answer is not None:
                 hook.gridgate_release(grant=answer)
-        with self._lock:
-            self._last_poll[endpoint.key] = now
         if result is None:
             with self._lock:
                 first = endpoint.backend not in self._blind

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -45,38 +44,15 @@ def _private_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", os.environ.get("HOME", str(tmp_path)))
 
 
-# --- real uids -------------------------------------------------------------------------------
-
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-
-
-def _checkout_problem() -> str | None:
-    """Why ``nobody`` cannot run this checkout's gridgate (None when it can).
-
-    The real-uid tests run clients as nobody with this checkout's .venv; in a clone inside a
-    0700 folder (``mktemp -d``) they all fail with ``Permission denied`` and nothing says why.
-    """
-    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
-        return None
-    exe = BIN / "gridgate"
-    probe = subprocess.run([*AS_NOBODY, str(BIN / "python"), "-c", "import gridgate.core.cli"],
-                           capture_output=True, text=True, timeout=120, cwd="/")
-    if probe.returncode == 0 and os.access(exe, os.X_OK):
-        return None
-    blocked = [str(p) for p in (ROOT, *ROOT.parents) if not os.stat(p).st_mode & 0o001]
-    hint = (f"these folders are not world-executable: {', '.join(blocked)} "
-            f"(chmod o+x them, or clone somewhere readable such as /srv or /tmp)"
-            if blocked else "make the checkout and its .venv readable by other users (chmod -R o+rX)")
-    return (f"the user 'nobody' cannot run {BIN / 'python'} of this checkout, so every test that "
-            f"runs a client as a real ordinary uid would fail with 'Permission denied': {hint}. "
-            f"What nobody saw: {probe.stderr.strip()[-300:]}")
-
+# --- real uids ---------------------------------------------------------------------------------
 
 def pytest_configure(config: pytest.Config) -> None:
     # Once per run, in the controlling process only (not in each xdist worker).
     if hasattr(config, "workerinput"):
         return
-    problem = _checkout_problem()
+    from checkout import checkout_problem
+
+    problem = checkout_problem(ROOT, BIN)
     if problem is not None:
         pytest.exit(f"unusable checkout: {problem}", returncode=4)
 
@@ -92,8 +68,9 @@ def slurm_cluster():
     """
     from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
 
-    # MessageTimeout 4 s instead of 10: a stopped controller costs 3 s per command, not 9.
-    cluster = SlurmCluster(message_timeout=4)
+    # Slurm's default MessageTimeout (10 s): shorter ones made a loaded machine's slow answers
+    # look like a hung controller.
+    cluster = SlurmCluster()
     try:
         cluster.start()
     except ClusterError as exc:
@@ -106,10 +83,9 @@ def slurm_cluster():
 
 @pytest.fixture
 def slurm(slurm_cluster):
-    """The session's cluster, healthy: controller running, partitions UP, no job left."""
+    """The session's cluster, healthy: daemons running, partitions UP, no job left."""
     slurm_cluster.resume_controller()
-    if slurm_cluster.controller_pid is None:
-        slurm_cluster.start_controller()
+    slurm_cluster.ensure_running()
     for partition in slurm_cluster.partitions:
         slurm_cluster.set_partition_state(partition, "UP")
     slurm_cluster.cancel_all()

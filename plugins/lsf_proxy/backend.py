@@ -36,6 +36,7 @@ from gridgate.core.model import (
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.plugins.lsf_proxy.client import NoToken, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.opcodes import request_size
 from gridgate.plugins.lsf_proxy.tracking import cancel_pilots, query_pilots
 
 OPERATION_SUBMIT = "Job Submit"
@@ -269,7 +270,7 @@ class LsfBackend(Plugin):
         token = None
         if client is not None:
             try:
-                token = client.acquire(category, os.path.basename(argv[0]))
+                token = client.acquire(category, os.path.basename(argv[0]), request_size(argv))
             except NoToken as exc:
                 return f"no {category} token: {exc}"
             except ProxyError as exc:

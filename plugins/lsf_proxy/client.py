@@ -53,6 +53,10 @@ class _Broken(Exception):
     """The connection failed (refused, reset, closed, timed out)."""
 
 
+#: Errors with which a daemon that is alive turns a connection away (then closes it).
+BUSY_CODES = frozenset({"busy", "auth_timeout"})
+
+
 class _Busy(_Broken):
     """The daemon is there but did not take or answer the request in time (listen backlog
     full, reply overdue). Not a reason to run without a token: that is for daemons that are
@@ -102,23 +106,50 @@ class Connection:
             raise kind_of(f"{daemon.name}: cannot connect to {daemon.address}: {exc}") from None
         self._buffer = bytearray()
         self._ids = itertools.count(1)
+        self._challenge: str | None = None
+        self._daemon_name: str | None = None
+        if self.tcp:
+            self._handshake(timeout)
+
+    def _handshake(self, timeout: float) -> None:
+        """Over TCP, learn the connection's challenge (and the daemon's name), which every
+        signature then covers so that it is good on this connection only (protocol.md)."""
+        try:
+            reply = self.call("hello", timeout)
+        except RequestFailed as exc:
+            self.close()
+            raise _Broken(f"{self.daemon.name}: hello refused: {exc}") from None
+        if not reply.get("ok"):
+            self.close()
+            raise _Broken(f"{self.daemon.name}: hello refused: {reply.get('error')}")
+        self._challenge = reply.get("challenge")
+        self._daemon_name = reply.get("name") if self._challenge is not None else None
 
     def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply (events in between are skipped)."""
         msg_id = next(self._ids)
         message: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": msg_id, "op": op, **fields}
-        if self.tcp:
+        if self.tcp and (self._challenge is not None or op != "hello"):
             assert self._key is not None
-            sign(message, self._key, self._user, self._host, self._clock)
+            sign(message, self._key, self._user, self._host, self._clock,
+                 challenge=self._challenge, daemon=self._daemon_name)
         try:
             self._sock.settimeout(timeout)
-            self._sock.sendall(encode(message))
+            try:
+                self._sock.sendall(encode(message))
+            except OSError:
+                self._turned_away()
+                raise
             while True:
                 reply = self._read_line()
                 if reply.get("id") == msg_id:
                     return reply
                 if reply.get("id") is None and reply.get("ok") is False:
                     error = reply.get("error") or {}
+                    if error.get("code") in BUSY_CODES:
+                        # the daemon is there and closes this connection for lack of room
+                        self.close()
+                        raise _Busy(f"{self.daemon.name}: busy: {error.get('message', '')}")
                     raise RequestFailed(error.get("code", "error"), error.get("message", ""))
         except TimeoutError as exc:
             self.close()
@@ -126,6 +157,19 @@ class Connection:
         except (OSError, ValueError) as exc:
             self.close()
             raise _Broken(f"{self.daemon.name}: {type(exc).__name__}: {exc}") from None
+
+    def _turned_away(self) -> None:
+        """After a failed send: a daemon that turned this connection away at once wrote why
+        before closing it; raise that as busy rather than as a broken connection."""
+        try:
+            self._sock.settimeout(0.5)
+            reply = self._read_line()
+        except (OSError, ValueError):
+            return
+        error = reply.get("error") or {}
+        if reply.get("id") is None and error.get("code") in BUSY_CODES:
+            self.close()
+            raise _Busy(f"{self.daemon.name}: busy: {error.get('message', '')}")
 
     def _read_line(self) -> dict[str, Any]:
         import json

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -156,9 +157,10 @@ def _block_command(op: str) -> Callable[..., None]:
         _run(op, config_path, socket_path, as_json, functools.partial(render.block_text, op),
              all=bool(everything), users=_names(users), hosts=_names(hosts))
 
-    command.__doc__ = (f"{op.capitalize()} all, users, hosts, or users at hosts "
-                       + ("(one rule per command)." if op == "block"
-                          else "(removes only the identical rule)."))
+    command.__doc__ = (f"{op.capitalize()} all, users, hosts, or users at hosts; each named "
+                       "element is a rule of its kind" + (" (a user, a host, a user@host)."
+                                                          if op == "block" else
+                                                          ": unblocking user1 leaves user1@host1."))
     return command
 
 
@@ -176,16 +178,32 @@ def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -
 @lsfproxyd.command("diagnose")
 @_common
 @click.argument("state", type=click.Choice(["on", "off"]))
-def diagnose(state: str, as_json: bool, socket_path: str | None, config_path: str | None) -> None:
+@click.option("-t", "minutes", type=click.FloatRange(min=0, min_open=True), metavar="MINUTES",
+              help="With on: turn diagnosis off by itself after this many minutes (as "
+                   "badmin diagnose -t).")
+@click.option("-f", "log_file", metavar="FILE",
+              help="With on: log to FILE, a bare name (next to the default log) or an "
+                   "absolute path, until diagnosis ends (as badmin diagnose -f).")
+def diagnose(state: str, minutes: float | None, log_file: str | None, as_json: bool,
+             socket_path: str | None, config_path: str | None) -> None:
     """Switch the diagnostic log of every request on or off."""
+    if state == "off" and (minutes is not None or log_file):
+        raise click.UsageError("-t and -f go with 'diagnose on'")
 
     def describe(reply: HostReply) -> str:
         r = reply.reply or {}
+        until = (f" until {time.strftime('%a %b %d %H:%M:%S', time.localtime(r['until']))}"
+                 if r.get("until") else "")
         return (f"lsfproxyd diagnostic log {'ON' if r.get('diagnose') else 'OFF'} "
-                f"({r.get('file')}) on lsfproxyd host <{reply.daemon.name}>")
+                f"({r.get('file')}){until} on lsfproxyd host <{reply.daemon.name}>")
 
+    fields: dict[str, Any] = {"on": state == "on"}
+    if minutes is not None:
+        fields["minutes"] = minutes
+    if log_file:
+        fields["file"] = log_file
     _run("diagnose", config_path, socket_path, as_json,
-         lambda replies: render.simple_text(replies, describe), on=state == "on")
+         lambda replies: render.simple_text(replies, describe), **fields)
 
 
 @lsfproxyd.command("reconfig")
@@ -198,6 +216,48 @@ def reconfig(as_json: bool, socket_path: str | None, config_path: str | None) ->
 
     _run("reconfig", config_path, socket_path, as_json,
          lambda replies: render.simple_text(replies, describe))
+
+
+@lsfproxyd.command("import-lsf")
+@click.option("--lsf-conf", "lsf_conf", type=click.Path(dir_okay=False, exists=True),
+              help="The site's lsf.conf (LSF_PROXYD_*, LSF_ADDON_HOSTS).")
+@click.option("--lsb-params", "lsb_params", type=click.Path(dir_okay=False, exists=True),
+              help="The site's lsb.params (PROXYD_POLICIES, MAX_CONCURRENT_QUERY, "
+                   "ENABLE_DIAGNOSE).")
+@click.option("--key-file", default="/etc/gridgate/proxyd.key", show_default=True,
+              help="Where the shared TCP key is to live (named in the output).")
+def import_lsf(lsf_conf: str | None, lsb_params: str | None, key_file: str) -> None:
+    """Print a commented proxyd: section made from LSF's own files (checked before printing);
+    what cannot be carried over is named with the reason."""
+    from gridgate.core.config import ConfigError, load_config
+    from gridgate.plugins.lsf_proxy import lsfimport
+
+    if not lsf_conf and not lsb_params:
+        raise click.UsageError("give --lsf-conf FILE and/or --lsb-params FILE")
+    try:
+        conf = lsfimport.parse(_read(lsf_conf), lsf_conf) if lsf_conf else {}
+        params = lsfimport.parse(_read(lsb_params), lsb_params, sectioned=True) if lsb_params else {}
+        text = lsfimport.section_text(conf, params, key_file)
+    except lsfimport.LsfConfError as exc:
+        click.echo(f"gridgate lsfproxyd import-lsf: {exc}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    try:
+        load_config("import-lsf output", text)
+    except ConfigError as exc:  # e.g. a PROXYD_POLICIES that LSF would refuse as well
+        click.echo(text, nl=False, err=True)
+        for problem in exc.problems:
+            click.echo(f"gridgate lsfproxyd import-lsf: {problem}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    click.echo(text, nl=False)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError as exc:
+        click.echo(f"gridgate lsfproxyd import-lsf: cannot read {path}: {exc.strerror}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 class Commands:

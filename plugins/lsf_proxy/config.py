@@ -97,6 +97,11 @@ SECTION_SCHEMA: dict[str, Any] = {
                  "additionalProperties": False},
             ],
         },
+        "max_concurrent_query": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                                 "description": "mbatchd's MAX_CONCURRENT_QUERY (lsb.params), "
+                                                "when the site states it: the QUERY max may "
+                                                "not exceed it, and defaults to it when it is "
+                                                "below 100."},
         "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "default": 15,
                             "description": "Seconds a request may wait before it is denied."},
         "queue_limit_per_user": {"type": "integer", "minimum": 1, "default": 1000,
@@ -105,6 +110,17 @@ SECTION_SCHEMA: dict[str, Any] = {
         "lease_time": {"type": "number", "exclusiveMinimum": 0, "default": 300,
                        "description": "Seconds a token may be held; an expired lease is "
                                       "taken back and counted as an error."},
+        "hold_limits": {"type": "object", "default": {},
+                        "additionalProperties": {"type": "number", "exclusiveMinimum": 0},
+                        "description": "Per command (opcode): seconds its token may be held, "
+                                       "instead of lease_time; e.g. {squeue: 30}."},
+        "start_only": {"type": "object", "default": {},
+                       "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                       "description": "Gate: commands that take a token to start, not to run, "
+                                      "with the arguments that make them so ([]: always); "
+                                      "added to the built-in srun, salloc, squeue -i, ..."},
+        "start_hold": {"type": "number", "exclusiveMinimum": 0, "default": 2,
+                       "description": "Gate: seconds a start_only command keeps its token."},
         "sample_period": {"type": "number", "exclusiveMinimum": 0, "default": 60,
                           "description": "Seconds per metrics sample period."},
         "admins": {"type": "array", "items": {"type": "string", "minLength": 1},
@@ -167,8 +183,26 @@ SECTION_SCHEMA: dict[str, Any] = {
         "line_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
                          "description": "Seconds a started line may take to complete; then "
                                         "the connection is closed."},
-        "max_connections": {"type": "integer", "minimum": 1, "default": 20000,
-                            "description": "Connections beyond this are closed at once."},
+        "max_connections": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                            "description": "Unix-socket and authenticated TCP connections; "
+                                           "beyond, new ones are closed at once (root and "
+                                           "admins may use admin_reserve more). null: what "
+                                           "RLIMIT_NOFILE leaves after the daemon's own files "
+                                           "and the other pools."},
+        "admin_reserve": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                          "description": "Connections kept for root, the admins and the "
+                                         "daemon's owner beyond max_connections; null: "
+                                         "RLIMIT_NOFILE/16, at most 64."},
+        "tcp_max_unauthenticated": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                                    "description": "TCP connections that have not yet sent "
+                                                   "a validly signed request; they never "
+                                                   "count toward max_connections. null: "
+                                                   "RLIMIT_NOFILE/8, at most 256."},
+        "tcp_max_per_peer": {"type": "integer", "minimum": 1, "default": 32,
+                             "description": "Unauthenticated TCP connections from one address."},
+        "tcp_auth_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+                             "description": "Seconds a TCP connection has to send a validly "
+                                            "signed request; then it is closed."},
         "max_connections_per_user": {"type": "integer", "minimum": 1, "default": 1024,
                                      "description": "Unix-socket connections one ordinary "
                                                     "user may hold (root and admins: no limit)."},
@@ -275,9 +309,13 @@ def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()
     return Limits(max=mx, nominal=nominal, throttle=throttle / 1000.0)
 
 
-def resolve_policies(policies: str | Mapping[str, Any] | None) -> dict[str, Limits]:
+def resolve_policies(policies: str | Mapping[str, Any] | None,
+                     max_concurrent_query: int | None = None) -> dict[str, Limits]:
     """The limits of every category from the config's ``policies`` value.
 
+    :param max_concurrent_query: mbatchd's ``MAX_CONCURRENT_QUERY`` when the site states it:
+        the QUERY max may not exceed it (the seed), and an unset QUERY max defaults to it
+        when it is below 100.
     :raises PolicyError: with the path of the faulty field inside ``policies``.
     """
     if not policies:
@@ -286,7 +324,17 @@ def resolve_policies(policies: str | Mapping[str, Any] | None) -> dict[str, Limi
         given = parse_policies(policies)
     else:
         given = policies
-    return {c: resolve_category(given.get(c) or {}, (c,)) for c in CATEGORIES}
+    limits = {c: resolve_category(given.get(c) or {}, (c,)) for c in CATEGORIES}
+    if max_concurrent_query is not None:
+        query = dict(given.get("query") or {})
+        if query.get("max") is None and limits["query"].max > max_concurrent_query:
+            query["max"] = max_concurrent_query
+            limits["query"] = resolve_category(query, ("query",))
+        if limits["query"].max > max_concurrent_query:
+            raise PolicyError(("query", "max"), f"QUERY max ({limits['query'].max}) must not "
+                                                f"exceed max_concurrent_query "
+                                                f"({max_concurrent_query}, MAX_CONCURRENT_QUERY)")
+    return limits
 
 
 def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[str, Limits]:
@@ -308,10 +356,14 @@ def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[s
 
 def category_map(extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
     """Command or opcode name -> category, the defaults plus ``extra`` (which wins)."""
+    from gridgate.plugins.lsf_proxy.opcodes import COMMAND_OPCODES
+
     mapping: dict[str, str] = {}
     for category, names in DEFAULT_CATEGORY_MAP.items():
         for name in names:
             mapping[name] = category
+            # the opcode the gate sends for a command falls in the command's category
+            mapping.setdefault(COMMAND_OPCODES.get(name, name), category)
     for category, names in (extra or {}).items():
         for name in names:
             mapping[name] = category
@@ -334,22 +386,30 @@ def default_socket_path() -> str:
 
 
 def resolve_socket(option: str | None, section: Mapping[str, Any] | None = None) -> str:
-    """The socket to use: ``--socket``, then ``$GRIDGATE_PROXYD_SOCKET``, then the config."""
+    """The socket to use: ``--socket``, then ``$GRIDGATE_PROXYD_SOCKET``, then the config.
+
+    A relative path (``--socket proxyd.sock``) is made absolute against the current directory.
+    """
     if option:
-        return option
+        return _absolute(option)
     env = os.environ.get("GRIDGATE_PROXYD_SOCKET")
     if env:
-        return env
+        return _absolute(env)
     if section and section.get("socket"):
         return str(section["socket"])
     return default_socket_path()
+
+
+def _absolute(path: str) -> str:
+    # an address is told from host:port by its leading "/" (parse_address)
+    return path if path.startswith("/") or parse_tcp(path) else os.path.abspath(path)
 
 
 def daemon_socket(option: str | None, section: Mapping[str, Any], name: str) -> str:
     """Where daemon ``name`` listens: ``--socket``, ``proxyd.socket``, its own Unix address
     in ``proxyd.hosts``, then as the clients look (environment, runtime directory)."""
     if option:
-        return option
+        return _absolute(option)
     if section.get("socket"):
         return str(section["socket"])
     for host in section.get("hosts") or []:

@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import resource
+import secrets
 import signal
 import socket
 import stat
@@ -25,8 +26,9 @@ from typing import Any
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.config import ConfigError, load_config, read_secret
+from gridgate.core.config import ConfigError, read_secret
 from gridgate.core.files import atomic_write
+from gridgate.plugins.lsf_proxy import holding
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     LSF_NAMES,
@@ -38,6 +40,18 @@ from gridgate.plugins.lsf_proxy.config import (
     resolve_policies,
     section_defaults,
 )
+from gridgate.plugins.lsf_proxy.diagnose import diagnose_args, earliest
+from gridgate.plugins.lsf_proxy.guard import (
+    ORDINARY,
+    PRIVILEGED,
+    UNAUTH,
+    ConnectionGuard,
+    Listener,
+    PeriodicLog,
+    capacity,
+    listening_socket,
+)
+from gridgate.plugins.lsf_proxy.opcodes import opcode_of
 from gridgate.plugins.lsf_proxy.peers import Heartbeat
 from gridgate.plugins.lsf_proxy.policy import (
     DENIED,
@@ -59,6 +73,7 @@ from gridgate.plugins.lsf_proxy.protocol import (
     encode,
 )
 from gridgate.plugins.lsf_proxy.ratelimit import RatedSettings, RateLimitedPolicy, rate_limits_from
+from gridgate.plugins.lsf_proxy.reload_guard import ReloadLog, checked_section
 
 #: A client that does not read its replies is dropped once this much is waiting for it.
 MAX_WRITE_BUFFER = 1 << 20
@@ -84,7 +99,9 @@ def diagnose_line(decision: Decision) -> str:
     accept = 1 if decision.outcome == GRANTED else 0
     received = time.strftime("%H%M%S", time.localtime(decision.received))
     processed = time.strftime("%H%M%S", done)
-    fields = [f"{LSF_NAMES[req.category]}_REQ", _field(req.opcode) or "-", _field(req.user),
+    # clients name the command (hold limits are by command): the log has its batch opcode
+    opcode = opcode_of(req.opcode, req.category == "query")
+    fields = [f"{LSF_NAMES[req.category]}_REQ", _field(opcode) or "-", _field(req.user),
               _field(req.host), str(req.size), str(accept), received, processed]
     return f"{stamp} {','.join(fields)}"
 
@@ -235,9 +252,11 @@ class ProxyDaemon:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._servers: list[asyncio.base_events.Server] = []
+        self._servers: list[Listener] = []
         self._diag: Any = None
         self._diag_path: Path | None = None
+        self._diag_file: Path | None = None  # from `diagnose on -f`
+        self._diag_until: float | None = None  # monotonic; from `diagnose on -t`
         #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
         try:
             self.peers = Heartbeat(self.name, self.section, clock, self._peers_changed,
@@ -252,8 +271,12 @@ class ProxyDaemon:
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
         self.metrics_port: int | None = None
+        self.reloads = ReloadLog()
+        self._challenges: dict[_Conn, str] = {}
+        self._shortage, self._refusals = PeriodicLog(), PeriodicLog()
         if self.section.get("metrics_port") is not None:
             self.metrics = DaemonMetrics(self.policy)
+            self.reloads.attach(self.metrics.registry)
         self.verifier: Verifier | None = None
         #: Called once the sockets listen (the ``serve`` command announces readiness).
         self.on_ready: Any = None
@@ -261,7 +284,7 @@ class ProxyDaemon:
     # -- configuration
 
     def _settings(self, section: Mapping[str, Any]) -> PolicySettings:
-        limits = resolve_policies(section.get("policies"))
+        limits = resolve_policies(section.get("policies"), section.get("max_concurrent_query"))
         hosts = section.get("hosts") or []
         live = 1
         if hosts:
@@ -287,7 +310,8 @@ class ProxyDaemon:
     def _apply_runtime(self, section: Mapping[str, Any]) -> None:
         self.categories = category_map(section.get("categories"))
         self.max_line = int(section.get("max_line_bytes", 16384))
-        self.max_connections = int(section.get("max_connections", 20000))
+        self.guard = getattr(self, "guard", None) or ConnectionGuard(capacity(section))
+        self.guard.cap = capacity(section, self.guard.cap.nofile)
         self.line_timeout = float(section.get("line_timeout", 30))
         self.max_user_connections = int(section.get("max_connections_per_user", 1024))
         self._set_diagnose(bool(section.get("diagnose")))
@@ -300,7 +324,9 @@ class ProxyDaemon:
 
     @property
     def diagnose_path(self) -> Path:
-        return self._side_file("diagnose_file", f"info.lsfproxydlog.{self.local_host}")
+        # a file named by `diagnose on -f FILE` holds until that diagnosis ends
+        return self._diag_file or self._side_file(
+            "diagnose_file", f"info.lsfproxydlog.{self.local_host}")
 
     @property
     def blocklist_path(self) -> Path:
@@ -350,10 +376,13 @@ class ProxyDaemon:
         """
         if self.config_path is None:
             return {"reloaded": False, "message": "started without -c: nothing to re-read"}
-        config = load_config(self.config_path)
-        section = dict(config.get("proxyd") or section_defaults())
-        settings = self._settings(section)
-        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address"):
+        try:
+            section = checked_section(self.config_path, self.section)
+            settings = self._settings(section)
+        except (ConfigError, StartupError, ValueError) as exc:
+            self.reloads.refuse(exc)
+            raise
+        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address", "heartbeat_via"):
             if section.get(key) != self.section.get(key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
         self.section = section
@@ -361,6 +390,7 @@ class ProxyDaemon:
         self.policy.reconfigure(settings)
         self._apply_runtime(section)
         self._poke()
+        self.reloads.ok()
         logger.info("lsfproxyd {} reconfigured from {}", self.name, self.config_path)
         return {"reloaded": True, "message": f"reconfigured from {self.config_path}"}
 
@@ -372,6 +402,7 @@ class ProxyDaemon:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         _raise_nofile()
+        self.guard.cap = capacity(self.section)  # the limit as raised, from now on
         try:
             await self._listen()
             if self.metrics is not None:
@@ -431,8 +462,7 @@ class ProxyDaemon:
             if _socket_answers(str(path)):
                 raise StartupError(f"a daemon already listens on {path}")
             path.unlink()
-        server = await asyncio.start_unix_server(self._on_unix, path=str(path),
-                                                 limit=self.max_line + 1, backlog=1024)
+        server = self._listener(socket.AF_UNIX, str(path), self._on_unix, f"unix {path}")
         os.chmod(path, int(self.section.get("socket_mode", "0666"), 8))
         self._servers.append(server)
         tcp = self.section.get("tcp")
@@ -440,10 +470,11 @@ class ProxyDaemon:
             key = read_secret(self.section.get("key"))
             if not key:
                 raise StartupError("proxyd.tcp needs proxyd.key")
-            self.verifier = Verifier(key, float(self.section.get("max_clock_skew", 30)))
+            self.verifier = Verifier(key, float(self.section.get("max_clock_skew", 30)),
+                                     daemon=self.name)
             _, (host, port) = parse_address(tcp)
-            server = await asyncio.start_server(self._on_tcp, host=host, port=port,
-                                                reuse_address=True, backlog=1024)
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            server = self._listener(info[0][0], info[0][4], self._on_tcp, f"tcp {tcp}")
             self._servers.append(server)
             logger.info("lsfproxyd {} also on tcp {}", self.name, tcp)
 
@@ -465,8 +496,8 @@ class ProxyDaemon:
         self.reopen_logs()
         try:
             self.reload()
-        except (ConfigError, StartupError, ValueError) as exc:
-            logger.error("SIGHUP: config refused, the old one stays: {}", exc)
+        except (ConfigError, StartupError, ValueError):
+            pass  # reload() logged and counted it
 
     async def _shutdown(self) -> None:
         for server in self._servers:
@@ -489,21 +520,24 @@ class ProxyDaemon:
     async def _ticker(self) -> None:
         assert self._wake is not None and self._stop is not None and self._loop is not None
         while not self._stop.is_set():
+            self._diagnose_expiry()
             result = self.policy.tick()
             if self.metrics is not None and result.expired:
                 # the policy counted them in its Error row
                 self.metrics.errors.labels("lease_expired").inc(len(result.expired))
             for token in result.expired:
                 owner = self._owners.pop(token.id, None)
-                logger.warning("lease of token {} ({}) held by {}@{} expired after {:.0f} s: "
-                               "taken back", token.id, token.category, token.user, token.host,
-                               self.policy.settings.lease_time)
+                logger.warning("lease of token {} ({} {}) held by {}@{} expired after {:.0f} s "
+                               "(its hold limit): taken back", token.id, token.category,
+                               token.opcode or "-", token.user, token.host,
+                               token.expires_at - token.granted)
+                self._diag_write(holding.hold_limit_line(token, self.clock.time()))
                 if owner is not None:
                     owner.tokens.discard(token.id)
                     self._send(owner, {"v": PROTOCOL_VERSION, "event": "expired", "token": token.id})
             for decision in result.decisions:
                 self._deliver(decision)
-            wake = self.policy.next_wakeup()
+            wake = earliest(self.policy.next_wakeup(), self._diag_until)
             timeout = None if wake is None else max(0.0, wake - self.clock.monotonic())
             self._wake.clear()
             if timeout == 0.0:
@@ -515,6 +549,14 @@ class ProxyDaemon:
             if timer is not None:
                 timer.cancel()
         logger.debug("ticker stopped")
+
+    def _diagnose_expiry(self) -> None:
+        """`diagnose on -t MINUTES` turns itself off when its time is up."""
+        if self._diag_until is not None and self.clock.monotonic() >= self._diag_until:
+            logger.info("diagnose off: its time is up ({})", self.diagnose_path)
+            self._diag_until = None
+            self._diag_file = None
+            self._set_diagnose(False)
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -537,16 +579,70 @@ class ProxyDaemon:
         peer = writer.get_extra_info("peername")
         await self._serve_conn(reader, _Conn(writer, "", "", True, f"tcp {peer}"))
 
+    # -- capacity and TCP authentication (guard.py)
+
+    def _listener(self, family: int, address: Any, handler: Any, what: str) -> Listener:
+        assert self._loop is not None
+        return Listener(self._loop, listening_socket(family, address), handler, what,
+                        self._shortage, self.max_line + 1,
+                        lambda listener: self.guard.room(
+                            listener, sum(server.live for server in self._servers)))
+
+    def _admit(self, conn: _Conn) -> str | None:
+        """None when ``conn`` may have a slot in its pool, else why not."""
+        if conn.tcp:
+            peer = (conn.writer.get_extra_info("peername") or ("?",))[0]
+            why = self.guard.admit(conn, UNAUTH, str(peer))
+            if why is None and self._loop is not None:
+                self.guard.watch(conn, self._loop.call_later(
+                    self.guard.cap.tcp_auth_timeout, self._auth_expired, conn))
+        else:
+            privileged = self.policy.is_root_or_admin(conn.user) or conn.user == self.owner
+            why = self.guard.admit(conn, PRIVILEGED if privileged else ORDINARY)
+        if why is not None:
+            self._refusals("lsfproxyd: connection from {} closed: {}", conn.peer, why)
+        return why
+
+    def _auth_expired(self, conn: _Conn) -> None:
+        if self.guard.pool_of(conn) == UNAUTH and not conn.closed:
+            self.guard.refused["auth_timeout"] += 1
+            timeout = self.guard.cap.tcp_auth_timeout
+            self._refusals("lsfproxyd: TCP connection {} closed: no signed request within {:g} s",
+                           conn.peer, timeout)
+            self._error(conn, None, ProtocolError(
+                "auth_timeout", f"no validly signed request within {timeout:g} s"))
+            self._close(conn)
+
+    def _hello_extra(self, conn: _Conn) -> dict[str, Any]:
+        """Over TCP ``hello`` hands out the connection's challenge, which every signature on
+        it must cover: a request captured here is good for nothing elsewhere (protocol.md)."""
+        if not conn.tcp:
+            return {}
+        return {"challenge": self._challenges.setdefault(conn, secrets.token_hex(16))}
+
+    def _verify(self, conn: _Conn, message: Mapping[str, Any]) -> tuple[str, str]:
+        """(user, host) of a signed TCP request; the first one authenticates the connection."""
+        assert self.verifier is not None
+        if message.get("op") == "hello" and "auth" not in message:
+            return "", ""  # how a TCP client learns its challenge
+        user, host = self.verifier.verify(message, challenge=self._challenges.get(conn))
+        busy = self.guard.authenticated(conn, self.policy.is_root_or_admin(user))
+        if busy is not None:
+            asyncio.get_running_loop().call_soon(self._close, conn)
+            raise ProtocolError("busy", busy)
+        return user, host
+
     async def _serve_conn(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
-        if len(self._conns) >= self.max_connections:
-            self._error(conn, None, ProtocolError("busy", "too many connections"))
-            conn.writer.close()
-            return
         ordinary = not conn.tcp and not self.policy.is_root_or_admin(conn.user)
         if ordinary and self._per_user.get(conn.user, 0) >= self.max_user_connections:
             # one user's thousands of idle sockets must not lock everybody else out
             self._error(conn, None, ProtocolError(
                 "busy", f"{conn.user} already has {self.max_user_connections} connections"))
+            conn.writer.close()
+            return
+        busy = self._admit(conn)
+        if busy is not None:
+            self._error(conn, None, ProtocolError("busy", busy))
             conn.writer.close()
             return
         if ordinary:
@@ -615,6 +711,8 @@ class ProxyDaemon:
                 else:
                     self._per_user.pop(conn.user, None)
         conn.closed = True
+        self.guard.release(conn)
+        self._challenges.pop(conn, None)
         for request_id in list(conn.waiting):
             self.policy.cancel(request_id)
             self._waiters.pop(request_id, None)
@@ -654,8 +752,7 @@ class ProxyDaemon:
             msg_id = message.get("id")
             user, host = conn.user, conn.host
             if conn.tcp:
-                assert self.verifier is not None
-                user, host = self.verifier.verify(message)
+                user, host = self._verify(conn, message)
             self._dispatch(conn, message, msg_id, user, host)
         except ProtocolError as exc:
             if exc.code not in ("forbidden",):
@@ -672,10 +769,14 @@ class ProxyDaemon:
         may_admin = self.policy.is_root_or_admin(user) or (user == self.owner and not conn.tcp)
         if op == "hello":
             self._reply(conn, msg_id, server="gridgate-lsfproxyd", name=self.name, pid=self.pid,
-                        protocol=PROTOCOL_VERSION, user=user, host=host, admin=may_admin)
+                        protocol=PROTOCOL_VERSION, user=user, host=host, admin=may_admin,
+                        **self._hello_extra(conn))
             return
         if op == "acquire":
             self._acquire(conn, message, msg_id, user, host)
+            return
+        if op == "check":
+            self._reply(conn, msg_id, **holding.check(self.policy, message, user, host, conn.tcp))
             return
         if op == "release":
             token_id = message.get("token")
@@ -718,20 +819,27 @@ class ProxyDaemon:
         self._waiters[req.id] = conn
         decision = self.policy.request(req)
         if decision.outcome == QUEUED:
+            # the client may tell its user why it waits, and behind how many
+            self._send(conn, {"v": PROTOCOL_VERSION, "event": "queued", "request": msg_id,
+                              "ahead": self.policy.ahead(req.id)})
             self._poke()
             return
         self._deliver(decision)
+
+    def _diag_write(self, line: str) -> None:
+        if self._diag is not None:
+            try:
+                self._diag.write(line + "\n")
+            except OSError as exc:
+                logger.error("diagnostic log {}: {}", self.diagnose_path, exc)
 
     def _deliver(self, decision: Decision) -> None:
         req = decision.request
         conn = self._waiters.pop(req.id, None)
         if self.metrics is not None:
             self.metrics.decided(decision)
-        if self._diag is not None and decision.outcome in ("granted", "denied"):
-            try:
-                self._diag.write(diagnose_line(decision) + "\n")
-            except OSError as exc:
-                logger.error("diagnostic log {}: {}", self.diagnose_path, exc)
+        if decision.outcome in ("granted", "denied"):
+            self._diag_write(diagnose_line(decision))
         if conn is None:
             return
         msg_id = conn.waiting.pop(req.id, None)
@@ -761,7 +869,10 @@ class ProxyDaemon:
             status = self.policy.status()
             status.update(name=self.name, pid=self.pid, host=self.local_host,
                           diagnose=self._diag is not None,
-                          connections=len(self._conns), metrics_port=self.metrics_port)
+                          diagnose_file=str(self.diagnose_path),
+                          connections=len(self._conns), metrics_port=self.metrics_port,
+                          longest_held=holding.longest_held(self.policy),
+                          reloads=self.reloads.as_json(), capacity=self.guard.as_json())
             if peers is not None:
                 status["peers"] = peers
             self._reply(conn, msg_id, status=status)
@@ -790,21 +901,32 @@ class ProxyDaemon:
                 self._save_blocklist()
             logger.info("{} {} by {}@{} ({})", op, rule.describe(), user, host,
                         "done" if changed else "no change")
-            self._reply(conn, msg_id, rule=rule.to_json(), text=rule.describe(), changed=changed)
+            done, kept = rule.partition(changed)
+            self._reply(conn, msg_id, rule=rule.to_json(), text=rule.describe(),
+                        changed=bool(changed), done=done.describe() if done else "",
+                        kept=kept.describe() if kept else "")
             return
         if op == "blocklist":
             self._reply(conn, msg_id, blocklist=self.policy.blocklist.summary(),
                         rules=[r.to_json() for r in self.policy.blocklist.rules])
             return
         if op == "diagnose":
-            on = message.get("on")
-            if not isinstance(on, bool):
-                raise ProtocolError("bad_request", "diagnose needs \"on\": true or false")
+            on, minutes, path = diagnose_args(message, self._side_file(
+                "diagnose_file", f"info.lsfproxydlog.{self.local_host}").parent)
+            previous = self._diag_file
+            self._diag_file = path if on else None
             try:
                 self._set_diagnose(on)
             except OSError as exc:
-                raise ProtocolError("io_error", f"cannot open {self.diagnose_path}: {exc}") from None
-            self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path))
+                self._diag_file = previous
+                raise ProtocolError("io_error", f"cannot open {path or self.diagnose_path}: "
+                                                f"{exc}") from None
+            self._diag_until = self.clock.monotonic() + minutes * 60 if minutes else None
+            self._poke()
+            until = self.clock.time() + minutes * 60 if minutes else None
+            logger.info("diagnose {} by {}@{} ({}{})", "on" if on else "off", user, host,
+                        self.diagnose_path, f", for {minutes:g} min" if minutes else "")
+            self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path), until=until)
             return
         if op == "heartbeat":
             try:
@@ -838,11 +960,19 @@ def _rule_from(message: Mapping[str, Any]) -> BlockRule:
         raise ProtocolError("bad_request", str(exc)) from None
 
 
+_NAMES: dict[int, str] = {0: "root"}
+
+
 def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    """Names found are kept: looking one up opens /etc/passwd, which fails when descriptors
+    run out, and a user (root above all) must not turn into a number then."""
+    name = _NAMES.get(uid)
+    if name is None:
+        try:
+            name = _NAMES[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+    return name
 
 
 def _check_socket_dir(folder: Path) -> None:

@@ -7,15 +7,19 @@ What runs at each gated call (token, child, signals, exit status) is in
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
+import gridgate.core
+import gridgate.plugins
 from gridgate.core import hookimpl
 from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.config import CATEGORIES
+from gridgate.plugins.lsf_proxy.gateclient import absolute_socket
 from gridgate.plugins.lsf_proxy.gating import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NO_TOKEN,
@@ -23,32 +27,52 @@ from gridgate.plugins.lsf_proxy.gating import (
     EXIT_UNAVAILABLE,
     GATE_CATEGORIES,
     SHIM_COMMANDS,
+    START_ONLY,
     TOKEN_ENV,
     _say,
-    _section,
     exit_like,
     find_real,
+    gate_call,
     gate_category_map,
     infer_category,
     run_gated,
     shim_main,
+    snapshot,
 )
 
 __all__ = [
     "EXIT_CANNOT_EXECUTE", "EXIT_NOT_FOUND", "EXIT_NO_TOKEN", "EXIT_UNAVAILABLE", "GATE_CATEGORIES",
-    "SHIM_COMMANDS", "TOKEN_ENV", "Commands", "exit_like", "find_real", "gate_category_map",
-    "gate_command", "infer_category", "install_shims", "run_gated", "shim_main",
+    "SHIM_COMMANDS", "START_ONLY", "TOKEN_ENV", "Commands", "exit_like", "find_real",
+    "gate_category_map", "gate_command", "infer_category", "install_shims", "run_gated",
+    "shim_main",
 ]
 
-_SHIM = """#!{python}
+#: -I -S: no site-packages, no PYTHON* variables; the shim finds gridgate's run-time modules
+#: itself (they import only the standard library), so a gated call starts like a bare
+#: interpreter.
+_SHIM = """#!{python} -IS
 # gridgate gate shim for {name}: runs the real {name} through the token gate.
 # Written by `gridgate gate --install-shims`; rewrite it with the same command.
 import sys
 
+gridgate = sys.modules["gridgate"] = type(sys)("gridgate")
+gridgate.__path__ = {roots!r}
 from gridgate.plugins.lsf_proxy.gating import shim_main
 
-sys.exit(shim_main({name!r}, {real!r}, {shim_dir!r}, config={config!r}, socket={socket!r}))
+sys.exit(shim_main({name!r}, {real!r}, {shim_dir!r}, config={config!r}, socket={socket!r},
+                   snap={snap!r}))
 """
+
+
+def _package_roots() -> list[str]:
+    """The directories holding gridgate's ``core`` and ``plugins`` packages (one in a normal
+    install, the source tree in an editable one)."""
+    roots = []
+    for package in (gridgate.core, gridgate.plugins):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__ or "")))
+        if root not in roots:
+            roots.append(root)
+    return roots
 
 
 def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | None = None,
@@ -57,19 +81,22 @@ def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | No
 
     Without ``commands``, every known batch command found on PATH (outside ``shim_dir``) gets
     one. A named command not found now is resolved on PATH, outside ``shim_dir``, when it runs.
+    The config's settings are resolved now and kept in the shim with the file's identity; a
+    shim finds the file changed at run time and reads it again.
     """
     shim_dir = Path(shim_dir)
     shim_dir.mkdir(parents=True, exist_ok=True)
     names = list(commands) or [c for c in SHIM_COMMANDS if find_real(c, shim_dir)]
+    config = str(Path(config).resolve()) if config else None
     written = []
     for name in names:
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"not a command name: {name!r}")
         real = find_real(name, shim_dir)
-        text = _SHIM.format(python=sys.executable, name=name, real=real,
-                            shim_dir=str(shim_dir.resolve()),
-                            config=str(Path(config).resolve()) if config else None,
-                            socket=socket_path)
+        text = _SHIM.format(python=sys.executable, roots=_package_roots(), name=name, real=real,
+                            shim_dir=str(shim_dir.resolve()), config=config,
+                            socket=absolute_socket(socket_path) if socket_path else None,
+                            snap=snapshot(name, config))
         atomic_write(shim_dir / name, text.encode("utf-8"), mode=0o755, durable=False)
         written.append((name, real))
     return written
@@ -84,6 +111,8 @@ def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | No
                    "runtime directory).")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
               help="Site config with a proxyd: section (hosts, key, notoken_ntries...).")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Say nothing while waiting for a token (also: $GRIDGATE_GATE_QUIET=1).")
 @click.option("--install-shims", "shim_dir", type=click.Path(file_okay=False),
               help="Write wrappers for batch commands into this directory and exit.")
 @click.option("--shim", "shim_commands", multiple=True, metavar="NAME",
@@ -91,8 +120,8 @@ def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | No
                    "batch command found on PATH).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def gate_command(category: str | None, opcode: str | None, socket_path: str | None,
-                 config_path: str | None, shim_dir: str | None, shim_commands: tuple[str, ...],
-                 command: tuple[str, ...]) -> None:
+                 config_path: str | None, quiet: bool, shim_dir: str | None,
+                 shim_commands: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run COMMAND under a token from lsfproxyd: gridgate gate -- bjobs -u all
 
     Exit status: the command's own; 75 when no token was granted (the command did not run),
@@ -113,10 +142,7 @@ def gate_command(category: str | None, opcode: str | None, socket_path: str | No
         return
     if not command:
         raise click.UsageError("give a command: gridgate gate -- COMMAND ARGS...")
-    section = _section(config_path)
-    chosen = category or infer_category(command[0], section, command[1:])
-    status = run_gated(list(command), chosen, opcode or "", section, socket_path)
-    raise SystemExit(exit_like(status))
+    raise SystemExit(gate_call(command, category, opcode, socket_path, config_path, quiet))
 
 
 class Commands:

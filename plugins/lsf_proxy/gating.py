@@ -1,37 +1,52 @@
 """What a gated command runs: take a token, run the command, give the token back.
 
 The run-time half of ``gridgate gate`` (:mod:`gridgate.plugins.lsf_proxy.gate` holds the
-command line and ``--install-shims``). The shims import only this module, and this module
-imports no click, no schema validation and no plugin loading, because it runs in front of
-every gated ``bjobs`` a user types: start-up time is the gate's cost.
+click command and ``--install-shims``). It runs in front of every gated ``bjobs`` a user
+types, so start-up time is the gate's cost: this module and :mod:`.gateclient` import only
+the standard library. Shims run it under ``python -I -S`` with the package located by the
+shim itself; ``gridgate gate -- CMD`` reaches it through :func:`console_main` (the ``gridgate``
+launcher's fast path) without click, loguru or plugin loading. The config file is still
+honoured: the resolved ``proxyd:`` settings are kept (in the shim, or in a per-user cache)
+together with the file's identity, and read again with the full config loader whenever the
+file changed.
 
-The command runs as an argv (never through a shell) with stdin, stdout and stderr inherited;
-its exit status is the gate's. SIGINT, SIGTERM and SIGHUP are forwarded to it, and the token
-goes back whatever happens: when the command ends, when it is killed, and (the daemon sees the
-connection close) when the gate itself is killed. A command run through the gate gets
-``GRIDGATE_GATE_TOKEN`` in its environment, so a gated script calling a shimmed ``bjobs`` does
-not wait for a second token while holding the first.
+The gate becomes its command (``execve``, never through a shell): same pid, stdin, stdout and
+stderr, so the exit status and every signal sent to the gate are the command's own, and a gate
+killed even with SIGKILL is a command killed. The token's connection is left to a small holder
+process that gives the token back when the command ends (the daemon also takes it back if the
+holder dies). A command run through the gate gets ``GRIDGATE_GATE_TOKEN``; a gate started
+inside it shows that token to the daemon, which says whether it is live and this user's, and
+runs at once only if so. Submission commands never get the token: they would export it into
+the jobs they create.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
 
-from gridgate.plugins.lsf_proxy.config import category_map, section_defaults
+try:  # the C module: the signal wrapper imports enum, which costs more than this module
+    import _signal as signal
+except ImportError:  # pragma: no cover
+    import signal  # type: ignore[no-redef]
+
+TYPE_CHECKING = False  # typing costs more to import than this whole module
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
 #: Exit codes of the gate itself (the command's own code is passed through otherwise).
 EXIT_NO_TOKEN = 75  # EX_TEMPFAIL: refused a token; the command did not run
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: no daemon answered and when_unavailable is fail
+EXIT_CONFIG = 2  # as gridgate.core.cli.EXIT_CONFIG: the config (or a secret it names) is unusable
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 TOKEN_ENV = "GRIDGATE_GATE_TOKEN"
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Set (non-empty) to silence the "waiting for a token" line, as ``gridgate gate -q`` does.
+QUIET_ENV = "GRIDGATE_GATE_QUIET"
+CATEGORIES = ("query", "submission", "other")
+#: Seconds a waiting call stays silent before saying what it waits for.
+NOTICE_AFTER = 1.0
 
 #: Other batch systems' commands, beside LSF's (config.DEFAULT_CATEGORY_MAP).
 GATE_CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -51,28 +66,41 @@ SHIM_COMMANDS: tuple[str, ...] = (
     "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "sbatch", "srun", "salloc",
     "scancel", "scontrol", "condor_q", "condor_status", "condor_submit", "qstat", "qsub",
 )
+#: Commands never held whole: they take a token to start, not to run (interactive sessions,
+#: commands that repeat or follow by themselves). Name -> the arguments that make it so
+#: (empty: always). ``proxyd.start_only`` adds to or replaces entries.
+START_ONLY: dict[str, tuple[str, ...]] = {
+    "srun": (), "salloc": (), "sattach": (),
+    "squeue": ("-i", "--iterate"), "sinfo": ("-i", "--iterate"), "sprio": ("-i",),
+    "bsub": ("-I", "-Ip", "-Is", "-IS", "-ISp", "-ISs", "-IX", "-K"),
+    "bpeek": ("-f",),
+}
+#: What the run-time path reads of a ``proxyd:`` section, with the schema's defaults (a test
+#: pins them to config.SECTION_SCHEMA).
+CLIENT_DEFAULTS: dict[str, Any] = {
+    "socket": "", "hosts": [], "key": None, "notoken_ntries": None,
+    "when_unavailable": "proceed", "client_timeout": 5, "token_wait_time": 15,
+    "categories": {}, "start_hold": 2, "start_only": {},
+}
 
-def gate_category_map(section: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Command -> category: LSF's defaults, the other batch systems, then the config's own."""
-    mapping = category_map(GATE_CATEGORIES)
-    for category, names in ((section or {}).get("categories") or {}).items():
-        for name in names:
-            mapping[name] = category
-    return mapping
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"gridgate gate: {message}\n")
+    sys.stderr.flush()
 
 
-def infer_category(command: str, section: Mapping[str, Any] | None = None,
-                   args: Sequence[str] = ()) -> str:
-    """The category of ``command`` (a name or a path) run with ``args``: submission, query or
-    other. The config's ``categories`` win over everything, the arguments over the name."""
-    name = os.path.basename(command)
-    own = {n for names in ((section or {}).get("categories") or {}).values() for n in names}
-    by_word = ARGUMENT_CATEGORIES.get(name)
-    if by_word and name not in own:
-        word = next((a for a in args if not a.startswith("-")), "")
-        if word in by_word:
-            return by_word[word]
-    return gate_category_map(section).get(name, "other")
+# --- commands and categories -----------------------------------------------------------------
+
+def which(name: str, path: str | None = None) -> str | None:
+    """``name`` on ``path`` (default $PATH): an executable file, as ``shutil.which`` finds it."""
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    for folder in search.split(os.pathsep):
+        if not folder:
+            continue
+        candidate = os.path.join(folder, name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -89,38 +117,198 @@ def find_real(name: str, exclude: str | os.PathLike[str] | None = None,
     dirs = [d for d in search.split(os.pathsep) if d]
     if exclude is not None:
         dirs = [d for d in dirs if not _same_dir(d, str(exclude))]
-    return shutil.which(name, path=os.pathsep.join(dirs)) if dirs else None
+    return which(name, os.pathsep.join(dirs)) if dirs else None
 
 
-def _section(config_path: str | None) -> dict[str, Any]:
-    if not config_path:
-        return section_defaults()
+def gate_category_map(section: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Command -> category: LSF's defaults, the other batch systems, then the config's own."""
+    from gridgate.plugins.lsf_proxy.config import category_map
+
+    mapping = category_map(GATE_CATEGORIES)
+    for category, names in ((section or {}).get("categories") or {}).items():
+        for name in names:
+            mapping[name] = category
+    return mapping
+
+
+def infer_category(command: str, section: Mapping[str, Any] | None = None,
+                   args: Sequence[str] = ()) -> str:
+    """The category of ``command`` (a name or a path) run with ``args``: submission, query or
+    other. The config's ``categories`` win over everything, the arguments over the name."""
+    return category_of(os.path.basename(command), args, gate_category_map(section), section)
+
+
+def category_of(name: str, args: Sequence[str], mapping: Mapping[str, str],
+                section: Mapping[str, Any] | None = None) -> str:
+    """:func:`infer_category` with the map already made (``mapping``)."""
+    own = {n for names in ((section or {}).get("categories") or {}).values() for n in names}
+    by_word = ARGUMENT_CATEGORIES.get(name)
+    if by_word and name not in own:
+        word = next((a for a in args if not a.startswith("-")), "")
+        if word in by_word:
+            return by_word[word]
+    return mapping.get(name, "other")
+
+
+def _flag_given(args: Sequence[str], flags: Sequence[str]) -> bool:
+    for arg in args:
+        for flag in flags:
+            if arg == flag or (flag.startswith("--") and arg.startswith(flag + "=")) or (
+                    len(flag) == 2 and arg.startswith(flag) and arg[2:].isdigit()):
+                return True
+    return False
+
+
+def start_only(name: str, args: Sequence[str], section: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``name args`` takes a token only to start (:data:`START_ONLY`)."""
+    table = {**START_ONLY, **{k: tuple(v) for k, v in
+                              ((section or {}).get("start_only") or {}).items()}}
+    flags = table.get(name)
+    if flags is None:
+        return False
+    return not flags or _flag_given(args, flags)
+
+
+# --- the resolved settings: snapshot, per-user cache, or the full config loader --------------
+
+def _file_sig(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _code_sig() -> list[Any]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [_file_sig(os.path.join(here, f)) for f in ("gating.py", "config.py")]
+
+
+def _cache_path() -> str | None:
+    base = os.environ.get("XDG_CACHE_HOME") or (
+        os.path.join(os.environ["HOME"], ".cache") if os.environ.get("HOME") else "")
+    return os.path.join(base, "gridgate", "gate.json") if base.startswith("/") else None
+
+
+def _trusted(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _cache_read(path: str) -> dict[str, Any]:
+    try:
+        if not _trusted(os.stat(os.path.dirname(path))):
+            return {}
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    try:
+        if not _trusted(os.fstat(fd)):
+            return {}
+        from gridgate.plugins.lsf_proxy.gateclient import loads
+
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        data = loads(b"".join(chunks))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+    finally:
+        os.close(fd)
+
+
+def _cache_write(path: str, data: dict[str, Any]) -> None:
+    """Best effort: a user without a writable home simply reads the config every time."""
+    import json
+
+    folder = os.path.dirname(path)
+    temp = f"{path}.{os.getpid()}"
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not _trusted(os.stat(folder)):
+            return
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+        os.replace(temp, path)
+    except OSError:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+
+
+def _full_loader() -> Any:
+    """The config loader (pyyaml, jsonschema...): site-packages first when started with -S."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
     from gridgate.core.cli import load_config_or_exit
 
-    config = load_config_or_exit(config_path)
-    return dict(config.get("proxyd") or section_defaults())
+    return load_config_or_exit
 
 
-def _say(message: str) -> None:
-    print(f"gridgate gate: {message}", file=sys.stderr, flush=True)
+def _load(config_path: str | None) -> dict[str, Any]:
+    """Settings and category map read the slow way; exits 2 on a bad config."""
+    if config_path:
+        config = _full_loader()(config_path)
+        section = dict(config.get("proxyd") or {})
+    else:
+        section = {}
+    client = {key: section.get(key, default) for key, default in CLIENT_DEFAULTS.items()}
+    return {"section": client, "map": gate_category_map(section)}
 
+
+def resolve(config_path: str | None) -> dict[str, Any]:
+    """``{"section": ..., "map": ...}`` for ``config_path`` (None: the defaults), from the
+    per-user cache when the file and this code are unchanged, else loaded and cached."""
+    path = os.path.abspath(config_path) if config_path else ""
+    sig = _file_sig(path) if path else None
+    cache = _cache_path()
+    data = _cache_read(cache) if cache else {}
+    code = _code_sig()
+    entries = data.get("entries") if data.get("code") == code else None
+    entry = (entries or {}).get(path)
+    if isinstance(entry, dict) and (sig is not None or not path) and entry.get("sig") == sig:
+        return entry
+    loaded = _load(config_path)
+    if cache:
+        kept = {k: v for k, v in (entries or {}).items() if k != path}
+        kept = dict(list(kept.items())[-7:])
+        kept[path] = {"sig": sig, **loaded}
+        _cache_write(cache, {"code": code, "entries": kept})
+    return loaded
+
+
+def snapshot(name: str, config_path: str | None) -> dict[str, Any]:
+    """What a shim for ``name`` keeps of its config: the settings, its category, the file's
+    identity (a changed file is read again at run time)."""
+    path = os.path.abspath(config_path) if config_path else ""
+    loaded = _load(path or None)
+    return {"sig": _file_sig(path) if path else None, "section": loaded["section"],
+            "category": loaded["map"].get(name, "other")}
+
+
+# --- running the command ---------------------------------------------------------------------
 
 def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[str, Any],
-              socket_path: str | None = None) -> int:
+              socket_path: str | None = None, quiet: bool = False) -> int:
     """Take a token, run ``argv``, give the token back; return the exit status to use.
 
     A command killed by a signal makes this return ``-signal`` (the caller re-raises it).
     """
-    from gridgate.plugins.lsf_proxy.client import (
+    from gridgate.plugins.lsf_proxy.gateclient import (
+        Failed,
+        GateClient,
         NoToken,
-        ProxyClient,
-        ProxyError,
-        ProxyUnavailable,
+        Unavailable,
     )
+    from gridgate.plugins.lsf_proxy.opcodes import request_size
 
     program = argv[0]
     if os.sep not in program:
-        found = shutil.which(program)
+        found = which(program)
         if found is None:
             _say(f"{program}: command not found")
             return EXIT_NOT_FOUND
@@ -132,69 +320,131 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
         _say(f"{argv[0]}: is a directory")
         return EXIT_CANNOT_EXECUTE
     name = os.path.basename(argv[0])
-    if os.environ.get(TOKEN_ENV):
-        # already inside a gated command: its token covers this one
-        return _run_child([program, *argv[1:]], None, name)
-    client = ProxyClient.from_section(section, socket_path)
+    quiet = quiet or bool(os.environ.get(QUIET_ENV))
+    command = [program, *argv[1:]]
     try:
+        client = GateClient.from_section(section, socket_path,
+                                         warn=lambda m: _say(f"warning: {m}"))
+    except Exception as exc:  # SecretError: the key named in the config cannot be read
+        _say(str(exc))
+        return EXIT_CONFIG
+
+    def waiting(ahead: int | None) -> None:
+        _say(f"{name}: waiting for a {category} token"
+             + (f", {ahead} ahead" if ahead is not None else ""))
+
+    held = os.environ.get(TOKEN_ENV)
+    try:
+        if held and client.check(held):
+            # inside a gated command whose token is live and ours: it covers this one
+            return _exec(command, held, name, category)
+        grant = client.acquire(category, opcode or name, None if quiet else NOTICE_AFTER,
+                               waiting, size=request_size(argv))
+    except KeyboardInterrupt:
+        _say(f"{name}: interrupted while waiting for a {category} token")
+        return 128 + signal.SIGINT
+    except NoToken as exc:
+        _say(f"{name}: no {category} token, not run: {exc}")
+        return EXIT_NO_TOKEN
+    except Unavailable as exc:
+        _say(f"{name}: not run: {exc} (when_unavailable: fail)")
+        return EXIT_UNAVAILABLE
+    except Failed as exc:
+        _say(f"{name}: not run: {exc}")
+        return EXIT_NO_TOKEN
+    if grant.link is not None:
+        hold = None
+        if start_only(name, argv[1:], section):
+            hold = float(section.get("start_hold", CLIENT_DEFAULTS["start_hold"]))
+        _hand_over(grant, hold)
+    return _exec(command, grant.token or None, name, category)
+
+
+def _hand_over(grant: Any, hold: float | None) -> None:
+    """Leave the token (its connection) to a holder process that gives it back when this
+    process (about to become the command) ends, or after ``hold`` seconds.
+
+    The holder is a grandchild in a session of its own: never the command's child (no stray
+    SIGCHLD, no zombie), out of reach of the terminal's ^C and hang-up. It waits on a pidfd
+    of this process, opened before the fork, so a recycled pid cannot fool it.
+    """
+    try:
+        watch = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):  # Linux before 5.3: poll the pid instead
+        watch = -1
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the holder, which only exits
         try:
-            token = client.acquire(category, opcode or name)
-        except KeyboardInterrupt:
-            _say(f"{name}: interrupted while waiting for a {category} token")
-            return 128 + signal.SIGINT
-        except NoToken as exc:
-            _say(f"{name}: no {category} token, not run: {exc}")
-            return EXIT_NO_TOKEN
-        except ProxyUnavailable as exc:
-            _say(f"{name}: not run: {exc} (when_unavailable: fail)")
-            return EXIT_UNAVAILABLE
-        except ProxyError as exc:
-            _say(f"{name}: not run: {exc}")
-            return EXIT_NO_TOKEN
-        try:
-            return _run_child([program, *argv[1:]], token.id or "proceed", name)
+            os.setsid()
+            if os.fork() == 0:
+                # the command's stdout may be a pipe someone reads to its end
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                _hold(grant, watch, me, hold)
         finally:
-            token.release()
-    finally:
-        client.close()
+            os._exit(0)
+    os.waitpid(pid, 0)
+    if watch >= 0:
+        os.close(watch)
+    grant.link.close()  # the holder's copy keeps the connection, and the token, alive
 
 
-def _run_child(argv: list[str], token: str | None, name: str) -> int:
-    env = dict(os.environ)
-    if token is not None:
-        env[TOKEN_ENV] = token
-    child: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
+def _hold(grant: Any, watch: int, pid: int, hold: float | None) -> None:
+    import select
 
-    def forward(signum: int, _frame: Any) -> None:
-        if child is None:
-            pending.append(signum)
-            return
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    try:
-        try:
-            child = subprocess.Popen(argv, env=env)
-        except FileNotFoundError:
-            _say(f"{name}: command not found")
-            return EXIT_NOT_FOUND
-        except OSError as exc:
-            _say(f"{name}: cannot execute: {exc.strerror or exc}")
-            return EXIT_CANNOT_EXECUTE
-        for signum in pending:
-            child.send_signal(signum)
-        while True:
+    deadline = None if hold is None else _monotonic() + hold
+    while True:
+        left = None if deadline is None else max(0.0, deadline - _monotonic())
+        if watch >= 0:
+            poller = select.poll()
+            poller.register(watch, select.POLLIN)
+            if poller.poll(None if left is None else int(left * 1000) + 1):
+                break  # the command ended
+        else:
             try:
-                return child.wait()
-            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-                continue
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            select.select([], [], [], 0.2 if left is None else min(0.2, left))
+        if deadline is not None and _monotonic() >= deadline:
+            break  # a start-only command: its start is over
+    grant.release()
+
+
+def _monotonic() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _exec(argv: list[str], token: str | None, name: str, category: str) -> int:
+    """Become the command: same pid, so its exit status and the signals sent to the gate are
+    its own, and killing the gate (even with SIGKILL) kills the command. Returns only when
+    the command cannot be executed."""
+    env = dict(os.environ)
+    env.pop(TOKEN_ENV, None)
+    if token and category != "submission":
+        # a submission command would export it into the jobs it creates (sbatch, bsub and
+        # qsub copy the environment): those jobs' gated calls take tokens of their own
+        env[TOKEN_ENV] = token
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; commands must not
+        signal.signal(sig, signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(argv[0], argv, env)
+    except FileNotFoundError:
+        _say(f"{name}: command not found")
+        return EXIT_NOT_FOUND
+    except OSError as exc:
+        _say(f"{name}: cannot execute: {exc.strerror or exc}")
+        return EXIT_CANNOT_EXECUTE
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_IGN)
+    return EXIT_CANNOT_EXECUTE  # pragma: no cover - execve returns only by raising
 
 
 def exit_like(status: int) -> int:
@@ -212,18 +462,73 @@ def exit_like(status: int) -> int:
     return 128 + signum
 
 
-def shim_main(name: str, real: str | None, shim_dir: str, config: str | None = None,
-              socket: str | None = None) -> int:
-    """What a shim runs: the real ``name`` (never a shim) through the gate, argv from sys.argv."""
-    from gridgate.core.logs import configure_logging
+# --- entry points ----------------------------------------------------------------------------
 
-    configure_logging(0, False)
+def shim_main(name: str, real: str | None, shim_dir: str, config: str | None = None,
+              socket: str | None = None, snap: Mapping[str, Any] | None = None) -> int:
+    """What a shim runs: the real ``name`` (never a shim) through the gate, argv from sys.argv.
+
+    ``snap`` is what :func:`snapshot` gave at install time; without one (or when the config
+    file changed since) the settings are resolved as ``gridgate gate -c`` resolves them.
+    """
     if not real or not os.access(real, os.X_OK) or _same_dir(os.path.dirname(real), shim_dir):
         real = find_real(name, shim_dir)
     if real is None:
-        print(f"gridgate gate: {name}: command not found (outside {shim_dir})", file=sys.stderr)
+        _say(f"{name}: command not found (outside {shim_dir})")
         return EXIT_NOT_FOUND
-    section = _section(config)
-    status = run_gated([real, *sys.argv[1:]], infer_category(name, section, sys.argv[1:]), name,
-                       section, socket)
+    if snap is not None and snap.get("sig") == (_file_sig(config) if config else None):
+        section, mapping = snap["section"], {name: snap["category"]}
+    else:
+        resolved = resolve(config)
+        section, mapping = resolved["section"], resolved["map"]
+    args = sys.argv[1:]
+    status = run_gated([real, *args], category_of(name, args, mapping, section), name, section,
+                       socket)
     return exit_like(status)
+
+
+def gate_call(command: Sequence[str], category: str | None = None, opcode: str | None = None,
+              socket_path: str | None = None, config_path: str | None = None,
+              quiet: bool = False) -> int:
+    """``gridgate gate [options] -- COMMAND...``: the exit status to leave with."""
+    resolved = resolve(config_path)
+    chosen = category or category_of(os.path.basename(command[0]), command[1:], resolved["map"],
+                                     resolved["section"])
+    return exit_like(run_gated(list(command), chosen, opcode or "", resolved["section"],
+                               socket_path, quiet))
+
+
+_VALUED = {"--category": "category", "--opcode": "opcode", "--socket": "socket_path",
+           "-c": "config_path", "--config": "config_path"}
+
+
+def console_main(args: Sequence[str]) -> int | None:
+    """The ``gridgate`` launcher's fast path for ``gridgate gate ...`` (``args`` after
+    ``gate``); None when the call is not a plain gated command (``--install-shims``,
+    ``--help``, a usage error...): the full command line then handles it."""
+    options: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        key, eq, value = arg.partition("=")
+        if key in _VALUED and (eq or i + 1 < len(args)):
+            if not eq:
+                i += 1
+                value = args[i]
+            if not value:
+                return None
+            options[_VALUED[key]] = value
+        elif arg in ("-q", "--quiet"):
+            options["quiet"] = True
+        else:
+            return None
+        i += 1
+    command = list(args[i:])
+    if not command or options.get("category", "query") not in CATEGORIES:
+        return None
+    return gate_call(command, **options)

@@ -29,6 +29,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.secrets import read_secret
+from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits, split_limits
 
 #: A peer not heard for this many heartbeat intervals is taken for dead.
@@ -199,6 +200,10 @@ class Heartbeat:
         self.section: Mapping[str, Any] = {}
         self._warned: set[str] = set()
         self.configure(section)
+        # the transport is chosen once: a reload that changes heartbeat_via is logged and
+        # takes effect at the next start
+        if section.get("heartbeat_via") == "state" and self.addresses:
+            self.store = self._open_store()
 
     def configure(self, section: Mapping[str, Any]) -> None:
         """Take ``proxyd.hosts`` and ``heartbeat_interval`` (start and reload)."""
@@ -207,8 +212,6 @@ class Heartbeat:
         hosts = section.get("hosts") or []
         self.addresses = {h["name"]: h["address"] for h in hosts if h["name"] != self.name}
         self.view.set_names(h["name"] for h in hosts)
-        if section.get("heartbeat_via") == "state" and self.addresses and self.store is None:
-            self.store = self._open_store()
         #: the live daemons the daemon's share was last computed from
         self.last_live = self.view.live()
 
@@ -270,8 +273,6 @@ class Heartbeat:
 
     def _beat(self, name: str, payload: Mapping[str, Any]) -> BeatResult:
         """One heartbeat to ``name`` through the client (runs in a worker thread)."""
-        from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
-
         address = self.addresses.get(name)
         if address is None:
             return BeatResult(name, error="no longer configured")

@@ -59,6 +59,8 @@ class Token:
     host: str
     privileged: bool
     expires_at: float
+    opcode: str = ""
+    granted: float = 0.0  # monotonic, like expires_at
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,17 @@ class TickResult:
 
 @dataclass(frozen=True)
 class BlockRule:
-    """One ``block`` command. ``kind`` is ``all``, ``users``, ``hosts`` or ``pairs``; ``items``
-    holds names (``user@host`` for pairs). Two rules are the same only when both are equal."""
+    """What one ``block``/``unblock`` command names. ``kind`` is ``all``, ``users``, ``hosts``
+    or ``pairs``; ``items`` holds the names in the order given (``user@host`` for pairs).
+
+    Each named element is a rule of its own (:meth:`elements`): ``block -u "user1 user2"``
+    blocks the user user1 and the user user2, and ``unblock -u user1`` then removes the first
+    and leaves the second, as the seed's examples do. A user rule and a user@host rule are of
+    different kinds: unblocking user1 leaves user1@host1 blocked.
+    """
 
     kind: str
-    items: frozenset[str] = frozenset()
+    items: tuple[str, ...] = ()
 
     @classmethod
     def make(cls, all_: bool = False, users: Iterable[str] = (), hosts: Iterable[str] = ()) -> BlockRule:
@@ -105,7 +113,7 @@ class BlockRule:
 
         :raises ValueError: ``all`` with users or hosts, or nothing at all.
         """
-        users, hosts = [u for u in users if u], [h for h in hosts if h]
+        users, hosts = _unique(u for u in users if u), _unique(h for h in hosts if h)
         # "a b" would print as two names in "Users <a b>" and "u@h" would read as a pair:
         # refuse names an administrator could not tell apart in the blocklist
         odd = [n for n in (*users, *hosts) if any(c.isspace() for c in n) or "@" in n]
@@ -116,12 +124,27 @@ class BlockRule:
                 raise ValueError("'all' cannot be combined with -u or -m")
             return cls("all")
         if users and hosts:
-            return cls("pairs", frozenset(f"{u}@{h}" for u in users for h in hosts))
+            return cls("pairs", tuple(f"{u}@{h}" for u in users for h in hosts))
         if users:
-            return cls("users", frozenset(users))
+            return cls("users", users)
         if hosts:
-            return cls("hosts", frozenset(hosts))
+            return cls("hosts", hosts)
         raise ValueError("say what to block: all, -u \"user ...\" and/or -m \"host ...\"")
+
+    def elements(self) -> tuple[BlockRule, ...]:
+        """One rule per named element (``all`` is one element)."""
+        if self.kind == "all":
+            return (self,)
+        return tuple(BlockRule(self.kind, (item,)) for item in self.items)
+
+    def partition(self, done: Iterable[BlockRule]) -> tuple[BlockRule | None, BlockRule | None]:
+        """This rule split into the elements in ``done`` and the others, each as one rule
+        (None when empty), to say what a command changed and what it did not."""
+        done = set(done)
+        parts = ([e for e in self.elements() if e in done], [e for e in self.elements() if e not in done])
+        return tuple(  # type: ignore[return-value]
+            (BlockRule(self.kind, tuple(i for e in part for i in e.items)) if part else None)
+            for part in parts)
 
     def matches(self, user: str, host: str) -> bool:
         if self.kind == "all":
@@ -134,7 +157,7 @@ class BlockRule:
 
     def describe(self) -> str:
         """The seed's wording: ``<all>``, ``Users <u1 u2>``, ``Hosts <h1>``, ``<u1@h1 ...>``."""
-        names = " ".join(sorted(self.items))
+        names = " ".join(self.items)
         if self.kind == "all":
             return "<all>"
         if self.kind == "users":
@@ -144,21 +167,25 @@ class BlockRule:
         return f"<{names}>"
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "items": sorted(self.items)}
+        return {"kind": self.kind, "items": list(self.items)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BlockRule:
         kind = data.get("kind")
         if kind not in ("all", "users", "hosts", "pairs"):
             raise ValueError(f"unknown rule kind {kind!r}")
-        return cls(kind, frozenset(str(i) for i in data.get("items", ())))
+        return cls(kind, _unique(str(i) for i in data.get("items", ())))
+
+
+def _unique(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
 
 
 class Blocklist:
-    """The block rules in force; ``unblock`` removes only a rule identical to the one given."""
+    """The block rules in force, one per blocked element, in the order they were blocked."""
 
     def __init__(self, rules: Iterable[BlockRule] = ()) -> None:
-        self._rules: list[BlockRule] = []
+        self._rules: dict[BlockRule, None] = {}  # insertion-ordered set of elements
         for rule in rules:
             self.add(rule)
 
@@ -166,33 +193,35 @@ class Blocklist:
     def rules(self) -> tuple[BlockRule, ...]:
         return tuple(self._rules)
 
-    def add(self, rule: BlockRule) -> bool:
-        """Add ``rule``; False when the identical rule was already there (nothing changes)."""
-        if rule in self._rules:
-            return False
-        self._rules.append(rule)
-        return True
+    def add(self, rule: BlockRule) -> tuple[BlockRule, ...]:
+        """Block each element of ``rule``; returns those that were not blocked yet."""
+        added = tuple(e for e in rule.elements() if e not in self._rules)
+        for element in added:
+            self._rules[element] = None
+        return added
 
-    def remove(self, rule: BlockRule) -> bool:
-        """Remove the rule identical to ``rule``; False when there is none."""
-        if rule not in self._rules:
-            return False
-        self._rules.remove(rule)
-        return True
+    def remove(self, rule: BlockRule) -> tuple[BlockRule, ...]:
+        """Unblock each element of ``rule``; returns those that were blocked."""
+        removed = tuple(e for e in rule.elements() if e in self._rules)
+        for element in removed:
+            del self._rules[element]
+        return removed
 
     def blocks(self, user: str, host: str) -> bool:
-        return any(rule.matches(user, host) for rule in self._rules)
+        rules = self._rules
+        return (BlockRule("all") in rules or BlockRule("users", (user,)) in rules
+                or BlockRule("hosts", (host,)) in rules
+                or BlockRule("pairs", (f"{user}@{host}",)) in rules)
 
     def summary(self) -> dict[str, Any]:
-        """What ``blocklist`` shows: all, users, hosts, user@host pairs (sorted, deduplicated)."""
-        out: dict[str, Any] = {"all": False, "users": set(), "hosts": set(), "pairs": set()}
+        """What ``blocklist`` shows: all, users, hosts, user@host pairs, in blocking order."""
+        out: dict[str, Any] = {"all": False, "users": [], "hosts": [], "pairs": []}
         for rule in self._rules:
             if rule.kind == "all":
                 out["all"] = True
             else:
-                out[rule.kind] |= rule.items
-        return {"all": out["all"], "users": sorted(out["users"]), "hosts": sorted(out["hosts"]),
-                "pairs": sorted(out["pairs"])}
+                out[rule.kind].extend(rule.items)
+        return out
 
 
 # --- metrics --------------------------------------------------------------------------------
@@ -348,6 +377,8 @@ class PolicySettings:
     lease_time: float = 300.0
     admins: frozenset[str] = frozenset({"root"})
     addon_hosts: frozenset[str] = frozenset()
+    #: per command (opcode): seconds its token may be held, instead of ``lease_time``
+    hold_limits: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], limits: Mapping[str, Limits]) -> PolicySettings:
@@ -358,6 +389,7 @@ class PolicySettings:
             lease_time=float(section.get("lease_time", 300)),
             admins=frozenset(section.get("admins", ["root"])),
             addon_hosts=frozenset(section.get("addon_hosts", [])),
+            hold_limits={k: float(v) for k, v in (section.get("hold_limits") or {}).items()},
         )
 
 
@@ -401,7 +433,8 @@ class TokenPolicy:
                received: float, received_wall: float) -> Decision:
         token = Token(
             id=f"{self._prefix}-{next(self._ids)}", category=req.category, user=req.user,
-            host=req.host, privileged=privileged, expires_at=now + self.settings.lease_time,
+            host=req.host, privileged=privileged, opcode=req.opcode, granted=now,
+            expires_at=now + self.settings.hold_limits.get(req.opcode, self.settings.lease_time),
         )
         cat.in_use += 1
         cat.held[req.user] = cat.held.get(req.user, 0) + 1
@@ -568,8 +601,9 @@ class TokenPolicy:
                     out.append(self._take(cat, item, now, PROCEED, "disabled"))
         return out
 
-    def block(self, rule: BlockRule, now: float | None = None) -> tuple[bool, list[Decision]]:
-        """Add a block rule; waiting requests it now blocks are denied at once."""
+    def block(self, rule: BlockRule, now: float | None = None) -> tuple[tuple[BlockRule, ...], list[Decision]]:
+        """Block each element of ``rule`` (returned: those newly blocked); waiting requests
+        it now blocks are denied at once."""
         now = self._now(now)
         added = self.blocklist.add(rule)
         out: list[Decision] = []
@@ -579,7 +613,8 @@ class TokenPolicy:
                     out.append(self._take(cat, item, now, DENIED, "blocked"))
         return added, out
 
-    def unblock(self, rule: BlockRule) -> bool:
+    def unblock(self, rule: BlockRule) -> tuple[BlockRule, ...]:
+        """Unblock each element of ``rule``; returns those that were blocked."""
         return self.blocklist.remove(rule)
 
     def count_error(self, now: float | None = None) -> None:

@@ -20,7 +20,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_LINE = 16384
 
 #: Operations anyone may call; every other operation is an admin command.
-PUBLIC_OPS = frozenset({"hello", "acquire", "release"})
+PUBLIC_OPS = frozenset({"hello", "acquire", "release", "check"})
 ADMIN_OPS = frozenset({"status", "enable", "disable", "block", "unblock", "blocklist",
                        "diagnose", "reconfig", "heartbeat"})
 
@@ -68,35 +68,49 @@ def canonical(message: Mapping[str, Any]) -> bytes:
 
 
 def sign(message: dict[str, Any], key: str, user: str, host: str,
-         clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
-    """Add ``auth`` (user, host, timestamp, nonce, HMAC-SHA256) to ``message`` and return it."""
+         clock: Clock = SYSTEM_CLOCK, challenge: str | None = None,
+         daemon: str | None = None) -> dict[str, Any]:
+    """Add ``auth`` (user, host, timestamp, nonce, HMAC-SHA256) to ``message`` and return it.
+
+    ``challenge`` and ``daemon`` are the ``challenge`` and ``name`` of the connection's
+    ``hello`` reply: a daemon refuses a signature that does not cover them.
+    """
     message["auth"] = {"user": user, "host": host, "ts": clock.time(),
                        "nonce": secrets.token_hex(16)}
+    if challenge is not None:
+        message["auth"]["challenge"] = challenge
+    if daemon is not None:
+        message["auth"]["daemon"] = daemon
     mac = hmac.new(key.encode("utf-8"), canonical(message), hashlib.sha256).hexdigest()
     message["auth"]["mac"] = mac
     return message
 
 
 class Verifier:
-    """Checks signed requests: a valid MAC, a fresh timestamp, a nonce never seen before.
+    """Checks signed requests: a valid MAC, a fresh timestamp, a nonce never seen before, and,
+    for a daemon (``daemon`` set), its own name and the connection's challenge under the MAC.
 
-    Nonces are remembered for twice the allowed skew (a replay older than that fails the
+    The challenge is what stops a captured request from being replayed to another daemon that
+    shares the key, or to this one after a restart, inside the clock window. Nonces are remembered for twice the allowed skew (a replay older than that fails the
     timestamp check anyway); at most ``capacity`` are kept, the oldest forgotten first.
     """
 
     def __init__(self, key: str, max_skew: float = 30.0, clock: Clock = SYSTEM_CLOCK,
-                 capacity: int = 200_000) -> None:
+                 capacity: int = 200_000, daemon: str | None = None) -> None:
         self._key = key.encode("utf-8")
+        self.daemon = daemon
         self.max_skew = max_skew
         self.clock = clock
         self.capacity = capacity
         self._seen: dict[str, float] = {}
         self._order: deque[tuple[float, str]] = deque()
 
-    def verify(self, message: Mapping[str, Any]) -> tuple[str, str]:
+    def verify(self, message: Mapping[str, Any], challenge: str | None = None) -> tuple[str, str]:
         """:return: (user, host) the signed request states.
 
-        :raises ProtocolError: ``unsigned``, ``bad_signature``, ``stale`` or ``replayed``.
+        :param challenge: the challenge this connection's ``hello`` handed out (None: none yet).
+        :raises ProtocolError: ``unsigned``, ``bad_signature``, ``bad_challenge``, ``stale``
+            or ``replayed``.
         """
         auth = message.get("auth")
         if not isinstance(auth, Mapping) or not isinstance(auth.get("mac"), str):
@@ -108,6 +122,13 @@ class Verifier:
         expected = hmac.new(self._key, canonical(message), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, auth["mac"]):
             raise ProtocolError("bad_signature", "signature does not match")
+        if self.daemon is not None:
+            if challenge is None:
+                raise ProtocolError("bad_challenge", "send hello first: over TCP a signature "
+                                                     "covers the challenge of the connection's hello")
+            if auth.get("challenge") != challenge or auth.get("daemon") != self.daemon:
+                raise ProtocolError("bad_challenge", f"signed for another connection or daemon, "
+                                                     f"not this one ({self.daemon}): replay refused")
         now = self.clock.time()
         if abs(now - ts) > self.max_skew:
             raise ProtocolError("stale", f"timestamp is {now - ts:.0f} s off (allowed "

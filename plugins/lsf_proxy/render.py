@@ -31,6 +31,9 @@ def _unreachable(reply: HostReply) -> str:
 
 def _failure(reply: HostReply) -> str:
     if reply.reply is None:
+        if reply.busy:
+            # it is there (it answered busy, or took the connection and not the command)
+            return f"lsfproxyd host <{reply.daemon.name}> is busy: {reply.error}"
         return _unreachable(reply)
     error = reply.reply.get("error") or {}
     return f"lsfproxyd host <{reply.daemon.name}>: {error.get('message', 'error')}"
@@ -60,6 +63,21 @@ def status_text(replies: Sequence[HostReply]) -> list[str]:
             lines.append(f"  {LSF_NAMES[cat]:<11}{row['token_limit']:<13}{row['in_use']:<21}"
                          f"{row['in_use_privileged']}")
         lines += metrics_text(status)
+        lines += held_text(status.get("longest_held") or [])
+    return lines
+
+
+def held_text(held: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The longest-held tokens (``status`` lists a few), with the time left to their limit."""
+    if not held:
+        return []
+    lines = ["", f"  {'LONGEST_HELD':<13} {'USER@HOST':<23} {'COMMAND':<19} {'CATEGORY':<11} "
+                 "RETURNED_IN"]
+    for t in held:
+        who = f"{t['user']}@{t['host']}"
+        lines.append(f"  {t['held']:<13.1f} {who:<23} {t['opcode'] or '-':<19} "
+                     f"{LSF_NAMES.get(t['category'], t['category']):<11} "
+                     f"{max(0.0, t['left']):.0f} s")
     return lines
 
 
@@ -102,12 +120,17 @@ def block_text(op: str, replies: Sequence[HostReply]) -> list[str]:
         if reply.reply is None or not reply.reply.get("ok"):
             lines.append(_failure(reply))
             continue
-        text, changed, name = reply.reply["text"], reply.reply["changed"], reply.daemon.name
-        if op == "block":
-            verb = "added to" if changed else "is already in"
-        else:
-            verb = "removed from" if changed else "is not a rule of"
-        lines.append(f"{text} {verb} the blocklist on lsfproxyd host <{name}>")
+        r, name = reply.reply, reply.daemon.name
+        # each element is a rule: say which were changed and which were not (an older daemon
+        # answers only text and changed)
+        done, kept = (r["done"], r["kept"]) if "done" in r else (
+            (r["text"], "") if r["changed"] else ("", r["text"]))
+        if done:
+            verb = "added to" if op == "block" else "removed from"
+            lines.append(f"{done} {verb} the blocklist on lsfproxyd host <{name}>")
+        if kept:
+            verb = "is already in" if op == "block" else "is not a rule of"
+            lines.append(f"{kept} {verb} the blocklist on lsfproxyd host <{name}>")
     return lines
 
 

@@ -30,7 +30,7 @@ class ProxydSection(Plugin):
         """Cross-field checks: the policy rules, host names, the TCP key."""
         problems: list[tuple[tuple[str | int, ...], str]] = []
         try:
-            resolve_policies(section.get("policies"))
+            resolve_policies(section.get("policies"), section.get("max_concurrent_query"))
         except PolicyError as exc:
             problems.append((("policies", *exc.path), str(exc)))
         hosts = section.get("hosts") or []

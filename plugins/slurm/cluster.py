@@ -83,6 +83,22 @@ def _node_resources() -> tuple[int, int]:
     return cpus, memory
 
 
+def _exited(pid: int) -> bool:
+    """True when ``pid`` (our unreaped child) has exited: a zombie, or gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _signal_unreaped(pid: int, sig: int) -> None:
+    """Signal the process group of our child ``pid``, which the caller has not reaped yet."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def sweep(folder: str | os.PathLike[str]) -> None:
     """Kill what a cluster's daemons left: job steps (slurmstepd runs in the folder) and jobs
     (their scripts live in its spool). Each leftover's process group goes at once."""
@@ -126,7 +142,7 @@ class SlurmCluster:
 
     def __init__(self, folder: str | os.PathLike[str] | None = None, *,
                  partitions: Sequence[str] = DEFAULT_PARTITIONS,
-                 extra_conf: Sequence[str] = (), start_timeout: float = 60.0,
+                 extra_conf: Sequence[str] = (), start_timeout: float = 120.0,
                  message_timeout: int = 10) -> None:
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else None
@@ -235,8 +251,8 @@ class SlurmCluster:
         os.chmod(self.jobs_dir, 0o1777)
         try:
             self._start_munged()
-            last = ""
-            # Another process may take a probed port before slurmctld binds it: try again.
+            # Another process may take a probed port before slurmctld binds it: try again then,
+            # and only then (on a loaded machine a slow start is not cured by restarting).
             for _attempt in range(4):
                 self.ctld_port, self.slurmd_port = _free_port(), _free_port()
                 self._write_conf()
@@ -245,10 +261,13 @@ class SlurmCluster:
                                        "-f", str(self.conf)])
                 if self.wait_idle(raise_on_timeout=False):
                     return self
-                last = self.log("slurmctld")[-3000:] + self.log("slurmd")[-2000:]
+                logs = self.log("slurmctld") + self.log("slurmd")
+                if "Address already in use" not in logs:
+                    break
                 self._stop_slurm_daemons()
-            raise ClusterError(f"the private Slurm cluster in {self.folder} did not come up; "
-                               f"last logs:\n{last}")
+            raise ClusterError(f"the private Slurm cluster in {self.folder} did not come up "
+                               f"within {self.start_timeout:.0f} s; last logs:\n"
+                               f"{self.log('slurmctld')[-3000:]}{self.log('slurmd')[-2000:]}")
         except BaseException:
             self.stop()
             raise
@@ -262,18 +281,22 @@ class SlurmCluster:
         finally:
             out.close()
 
-    def _start_munged(self) -> None:
+    def _start_munged(self, new_key: bool = True) -> None:
         key = self._path("munge", "munge.key")
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, secrets.token_bytes(1024))
-        finally:
-            os.close(fd)
+        if new_key:
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, secrets.token_bytes(1024))
+            finally:
+                os.close(fd)
         munge_dir = self._path("munge")
         self._start("munged", [
             _program("munged"), "-F", f"--socket={self.munge_socket}", f"--key-file={key}",
             f"--log-file={munge_dir / 'munged.log'}", f"--pid-file={munge_dir / 'munged.pid'}",
-            f"--seed-file={munge_dir / 'munged.seed'}"])
+            f"--seed-file={munge_dir / 'munged.seed'}",
+            # Slurm's own advice when munged cannot keep up ("restart with --num-threads=10"):
+            # with the default 2 a loaded machine sees "Connection refused" on its socket.
+            "--num-threads=10"])
         end = time.monotonic() + self.start_timeout
         while time.monotonic() < end:
             if self.munge_socket.exists():
@@ -341,7 +364,7 @@ class SlurmCluster:
                         raise ClusterError(f"{name} exited:\n{self.log(name)[-3000:]}")
                     return False
             result = self.command(["sinfo", "-h", "-n", self.node_name, "-o", "%T"],
-                                  timeout=15.0)
+                                  timeout=max(end - time.monotonic(), 1.0))
             states = result.stdout.split()
             if result.ok and states and all(
                     s.rstrip("*~#$@+") in ("idle", "mixed", "allocated") for s in states):
@@ -382,23 +405,44 @@ class SlurmCluster:
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def _stop_process(self, name: str, grace: float = 10.0) -> None:
+        """TERM, then KILL, the daemon's process group, and reap it.
+
+        The group is signalled only while its leader is not reaped (alive or a zombie): this
+        machine's pids wrap within minutes, and a pid that was reaped may already lead someone
+        else's process group.
+        """
         proc = self._procs.pop(name, None)
-        if proc is None:
+        if proc is None or proc.returncode is not None:
             return
         for sig in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            _signal_unreaped(proc.pid, sig)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and not _exited(proc.pid):
+            time.sleep(0.02)
+        _signal_unreaped(proc.pid, signal.SIGKILL)
         proc.wait()
+
+    def ensure_running(self) -> None:
+        """Start again whichever daemon is gone (killed from outside), then wait for the node."""
+        restarted = False
+        munged = self._procs.get("munged")
+        if munged is None or munged.poll() is not None:
+            self._procs.pop("munged", None)
+            self.munge_socket.unlink(missing_ok=True)
+            self._start_munged(new_key=False)
+            restarted = True
+        for name in ("slurmctld", "slurmd"):
+            proc = self._procs.get(name)
+            if proc is None or proc.poll() is not None:
+                self._procs.pop(name, None)
+                if name == "slurmctld":
+                    self.start_controller(wait=False)
+                else:
+                    self._start("slurmd", [_program("slurmd"), "-D", "-N", self.node_name,
+                                           "-f", str(self.conf)])
+                restarted = True
+        if restarted:
+            self.wait_idle()
 
     def _stop_slurm_daemons(self) -> None:
         self._stop_process("slurmd")
@@ -430,12 +474,17 @@ DEFAULT_HAND_FOLDER = "/tmp/gridgate-slurm"
 
 
 def _pids(folder: Path) -> list[int]:
+    """The live daemons named by the folder's pid files (a stale pid, reused by some other
+    process since, does not name this folder on its command line and is left alone)."""
     pids = []
     for pidfile in [*folder.glob("run/*.pid"), folder / "munge" / "munged.pid"]:
         try:
-            pids.append(int(pidfile.read_text().split()[0]))
+            pid = int(pidfile.read_text().split()[0])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except (OSError, ValueError, IndexError):
             continue
+        if str(folder) + "/" in cmdline:
+            pids.append(pid)
     return pids
 
 

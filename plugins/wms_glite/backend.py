@@ -432,5 +432,6 @@ class GliteBackend(Plugin):
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         if not self._mine(endpoint.backend):
             return None
-        expected = "CE list" if result.operation == OPERATION_LIST_MATCH else "job id"
+        expected = {OPERATION_LIST_MATCH: "CE list", "Job Status": "job status"}.get(
+            result.operation, "job id")
         return classify(result.command, self.rules, result.message, expected=expected)

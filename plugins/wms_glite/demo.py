@@ -29,10 +29,14 @@ from gridgate.core.config import load_config
 from gridgate.core.director import ACCOUNTING, Director
 from gridgate.core.model import IterationSummary, Notification
 from gridgate.plugins.wms_glite.demo_pilots import (
+    DIRECTOR_PILOTS,
+    aborted_lines,
+    left_rotation,
     pilots_spec,
     render_pilots,
     scenario_of,
     stand_in_states,
+    tracked_states,
 )
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
 
@@ -106,12 +110,15 @@ def build_site(folder: Path, duration: float, admission: str = "none",
         "director": {
             "cycle_seconds": 4, "max_threads": 16, "command_timeout": 3,
             "failing_expiry": 12, "ticket_expiry": 12, "state_dir": str(folder / "state"),
+            "pilots": DIRECTOR_PILOTS,
         },
         "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
         "backends": {"wms_glite": {
             "servers": list(FLEET),
             "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
-                         "list_match": str(bin_dir / "glite-wms-job-list-match")},
+                         "list_match": str(bin_dir / "glite-wms-job-list-match"),
+                         "status": str(bin_dir / "glite-wms-job-status"),
+                         "cancel": str(bin_dir / "glite-wms-job-cancel")},
             "list_match": False,
             "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
             "vo": "demo",
@@ -179,6 +186,8 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
         echo(f"  iteration {summary.number:>2}  {summary.duration:5.1f} s  submitted {pilots:>3}  "
              f"failed {counts['failed']:>2}  skipped {counts['skipped']:>2}  excluded now: {excluded}",
              err=True)
+        for line in aborted_lines(summary):
+            echo(line, err=True)
         if time.monotonic() >= deadline:
             director.stop()
 
@@ -191,11 +200,14 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
     finally:
         elapsed = time.monotonic() - started
         rows = director.state.records(ACCOUNTING)
+        tracked = tracked_states(director)
         figures = _admission_figures(admission, director.pm.get_plugin("admission:lsf_proxy"),
                                      daemon)
         director.close()
     result = summarise(rows, watch.notes, elapsed, folder)
-    result["pilot_states"] = stand_in_states(scenario_of(folder))
+    result["pilot_states"] = tracked
+    result["stand_in_states"] = stand_in_states(scenario_of(folder))
+    result["left_rotation"] = left_rotation(watch.notes)
     result["admission"] = figures
     result["refused"] = sum(1 for r in rows if r["outcome"] == "refused")
     return result
@@ -260,7 +272,7 @@ def render(result: dict[str, Any]) -> str:
         _admission_line(admission, result.get("refused", 0)),
         f"error and alarm texts: {result['notifications']}",
         f"site config used:      {result['config']}",
-        *render_pilots(result.get("pilot_states") or {}, list(FLEET)),
+        *render_pilots(result.get("pilot_states") or {}, list(FLEET), result.get("left_rotation")),
         "",
     ]
     return "\n".join(lines)

@@ -206,7 +206,9 @@ def test_config_source_survives_a_deleted_file(write) -> None:
 def test_secret_from_env_and_file(write, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GG_TEST_SECRET", "s3cret")
     assert read_secret({"env": "GG_TEST_SECRET"}) == "s3cret"
-    assert read_secret({"file": str(write("pw", "hunter2\n"))}) == "hunter2"
+    secret = write("pw", "hunter2\n")
+    secret.chmod(0o600)
+    assert read_secret({"file": str(secret)}) == "hunter2"
     assert read_secret(None) is None
 
 

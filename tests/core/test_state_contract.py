@@ -620,6 +620,7 @@ def test_redis_password_from_a_secret(tmp_path, monkeypatch, clock):
         assert store.get("k") == "v"
         store.close()
         (tmp_path / "pw").write_text("s3cret-pw\n")
+        (tmp_path / "pw").chmod(0o600)  # a secret others may read is refused
         store = RedisState({"url": server.url, "password": {"file": str(tmp_path / "pw")}},
                            clock=clock)
         assert store.get("k") == "v"

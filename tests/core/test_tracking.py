@@ -452,3 +452,22 @@ def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
     assert sum(r.pilots for r in after.records if r.outcome == "submitted") == 2
     assert after.pilots == {}
     director.close()
+
+
+def test_two_directors_on_one_store_poll_an_endpoint_once_per_interval(tmp_path):
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    path = str(tmp_path / "state.db")
+    one, two = (make(backend, pilots=4, clock=clock, state=SqliteState({"path": path}, clock=clock),
+                     status_interval=300) for _ in range(2))
+    one.run_iteration()  # submits; nothing tracked yet to poll
+    one.run_iteration()
+    two.run_iteration()
+    assert sorted(e for e, _ids in backend.status_calls) == ["s0", "s1"]  # two found them polled
+    clock.advance(301)
+    two.run_iteration()
+    one.run_iteration()
+    assert len(backend.status_calls) == 4
+    for d in (one, two):
+        d.close()
+        d.state.close()

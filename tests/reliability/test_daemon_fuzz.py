@@ -61,32 +61,46 @@ requests = st.fixed_dictionaries(
 MANGLES = ("none", "truncate", "oversize", "bad_utf8", "not_object", "garbage", "blank", "crlf")
 # TCP only: how it is signed
 auths = st.sampled_from(["valid"] * 4 + ["none", "wrong_key", "bad_mac", "stale", "future",
-                                          "tampered", "replay", "auth_junk", "short_nonce"])
+                                          "tampered", "replay", "auth_junk", "short_nonce",
+                                          "unbound", "other_challenge", "other_daemon",
+                                          "replay_elsewhere"])
+#: a validly signed line of an earlier connection: replayed on another one, it must fail
+EARLIER: list[bytes] = []
 draws = st.tuples(requests, auths, st.integers(0, 10**6), st.binary(max_size=120), json_values)
 batches = st.tuples(st.lists(draws, min_size=DRAWS // 2, max_size=2 * DRAWS),
                     st.binary(max_size=60))  # an unterminated tail sent before closing
 
 
 def _wire(request: dict[str, Any], auth: str, pick: int, junk: bytes, other: Any,
-          tcp: bool, last_signed: list[bytes]) -> list[bytes]:
-    """The lines (without newlines) the fuzzer sends for one drawn request."""
+          tcp: bool, last_signed: list[bytes], bound: tuple[str, str] | None = None) -> list[bytes]:
+    """The lines (without newlines) the fuzzer sends for one drawn request; ``bound``: the
+    connection's challenge and the daemon's name (TCP)."""
     # signed once: the plain and the CRLF copies of a valid request are a request and its replay
-    raw = _signed(request, auth, other, tcp, last_signed)
+    raw = _signed(request, auth, other, tcp, last_signed, bound)
     return [_mangle(raw, mangle, pick, junk, request, other) for mangle in MANGLES]
 
 
 def _signed(request: dict[str, Any], auth: str, other: Any, tcp: bool,
-            last_signed: list[bytes]) -> bytes:
+            last_signed: list[bytes], bound: tuple[str, str] | None = None) -> bytes:
     if tcp:
         if auth == "replay" and last_signed:
             return last_signed[-1]
+        if auth == "replay_elsewhere" and EARLIER:
+            return EARLIER[-1]
         if auth == "auth_junk":
             request = {**request, "auth": other}
         elif auth != "none":
             clock = {"stale": FakeClock(1e9), "future": FakeClock(4e9)}.get(auth)
             key = "guess" if auth == "wrong_key" else KEY
-            request = sign(dict(request), key, "fuzzer", "fuzzhost",
-                           **({"clock": clock} if clock else {}))
+            challenge, name = bound or (None, None)
+            if auth == "unbound":
+                challenge = name = None
+            elif auth == "other_challenge":
+                challenge = "0" * 32
+            elif auth == "other_daemon":
+                name = "another-daemon"
+            request = sign(dict(request), key, "fuzzer", "fuzzhost", challenge=challenge,
+                           daemon=name, **({"clock": clock} if clock else {}))
             if auth == "bad_mac":
                 request["auth"]["mac"] = request["auth"]["mac"][::-1]
             elif auth == "tampered":
@@ -149,16 +163,27 @@ def _fuzz_run(connect, tcp: bool, tally: Tally, examples: int) -> None:
     def run(batch: tuple[list[tuple], bytes]) -> None:
         items, tail = batch
         signed: list[bytes] = []
-        wire = [line for item in items for line in _wire(*item, tcp=tcp, last_signed=signed)]
-        expected = sum(_expected_reply(line) for line in wire)
         with connect() as sock:
+            bound = None
+            if tcp:  # the challenge every signature on this connection must cover
+                sock.sendall(b'{"v":1,"id":"hi","op":"hello"}\n')
+                (hi,) = read_replies(sock, 1)
+                bound = (hi["challenge"], hi["name"])
+            wire = [line for item in items
+                    for line in _wire(*item, tcp=tcp, last_signed=signed, bound=bound)]
+            expected = sum(_expected_reply(line) for line in wire)
             sock.sendall(b"".join(line + b"\n" for line in wire))
             replies = read_replies(sock, expected)
             # every non-blank line answered once: nothing missing, and the next reply is the
             # marker's (nothing extra)
             assert len(replies) == expected, (len(replies), expected, wire[:3])
             marker: dict[str, Any] = {"v": 1, "id": "end-of-batch", "op": "hello"}
-            sock.sendall(encode(sign(marker, KEY, "fuzzer", "fuzzhost") if tcp else marker))
+            if tcp:
+                assert bound is not None
+                marker = sign(marker, KEY, "fuzzer", "fuzzhost", challenge=bound[0],
+                              daemon=bound[1])
+                EARLIER[:] = [encode(marker)[:-1]]
+            sock.sendall(encode(marker))
             (last,) = read_replies(sock, 1)
             assert last.get("id") == "end-of-batch" and last.get("ok") is True, last
             sock.sendall(tail.replace(b"\n", b""))
@@ -233,7 +258,8 @@ def test_fuzz_tcp_signed(start_daemon, sockdir, figures):
 
     _fuzz(connect, True, tally)
     # the signature checks were exercised, and none let a bad request through
-    for code in ("unsigned", "bad_signature", "stale", "replayed", "bad_json", "line_too_long"):
+    for code in ("unsigned", "bad_signature", "bad_challenge", "stale", "replayed", "bad_json",
+                 "line_too_long"):
         assert tally.codes[code] > 0, (code, tally.codes)
     _check_consistent(d.socket, tally, d.pid)
     assert d.proc.poll() is None and "Traceback" not in d.log()

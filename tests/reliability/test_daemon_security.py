@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from daemonkit import free_port, hello_as_nobody_code, in_use, lsf_fixtures, read_replies, status
+from daemonkit import (
+    free_port,
+    hello_as_nobody_code,
+    in_use,
+    lsf_fixtures,
+    read_replies,
+    status,
+    talk,
+)
 
 from gridgate.core.clock import FakeClock
 from gridgate.plugins.lsf_proxy.protocol import ADMIN_OPS, encode, sign
@@ -83,6 +91,31 @@ def test_admin_commands_refused_to_ordinary_users(start_daemon, py_as):
     assert status(d.socket)["metrics"]["blocked"]["current"] == 0
 
 
+class Session:
+    """One TCP connection that has said ``hello``: its challenge and the daemon's name."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.sock.sendall(b'{"v":1,"id":0,"op":"hello"}\n')
+        (hello,) = read_replies(self.sock, 1)
+        self.challenge, self.name = hello["challenge"], hello["name"]
+
+    def sign(self, message: dict, key: str = "k3y-for-tcp", user: str = "alice",
+             **kw) -> dict:
+        return sign(dict(message), key, user, "h", challenge=self.challenge, daemon=self.name,
+                    **kw)
+
+    def send(self, *lines: bytes) -> list[dict]:
+        self.sock.sendall(b"".join(lines))
+        return read_replies(self.sock, len(lines))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
 def test_tcp_refuses_unsigned_forged_stale_and_replayed(start_daemon, sockdir):
     key = sockdir / "key"
     key.write_text("k3y-for-tcp\n")
@@ -91,50 +124,102 @@ def test_tcp_refuses_unsigned_forged_stale_and_replayed(start_daemon, sockdir):
     d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
                       "policies": "QUERY[max=5]", "max_clock_skew": 30})
 
-    def tcp(*messages: bytes) -> list[dict]:
-        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-            sock.sendall(b"".join(messages))
-            return read_replies(sock, len(messages))
+    def tcp(*messages) -> list[dict]:
+        with Session(port) as session:
+            return session.send(*(m(session) if callable(m) else m for m in messages))
 
     acquire = {"v": 1, "op": "acquire", "category": "query", "size": 1}
     cases = {
         "unsigned": encode({**acquire, "id": 1}),
         "unsigned-claims": encode({**acquire, "id": 2, "auth": {"user": "root", "host": "h"}}),
-        "bad_signature": encode(sign({**acquire, "id": 3}, "not-the-key", "root", "h")),
-        "stale": encode(sign({**acquire, "id": 4}, "k3y-for-tcp", "alice", "h",
-                             clock=FakeClock(time.time() - 31 * 60))),
-        "future": encode(sign({**acquire, "id": 5}, "k3y-for-tcp", "alice", "h",
-                              clock=FakeClock(time.time() + 31 * 60))),
+        "bad_signature": lambda s: encode(s.sign({**acquire, "id": 3}, "not-the-key", "root")),
+        "stale": lambda s: encode(s.sign({**acquire, "id": 4},
+                                         clock=FakeClock(time.time() - 31 * 60))),
+        "future": lambda s: encode(s.sign({**acquire, "id": 5},
+                                          clock=FakeClock(time.time() + 31 * 60))),
+        "unbound": encode(sign({**acquire, "id": 8}, "k3y-for-tcp", "alice", "h")),
     }
-    tampered = sign({**acquire, "id": 6}, "k3y-for-tcp", "alice", "h")
-    tampered["auth"]["user"] = "root"
-    cases["tampered"] = encode(tampered)
-    extended = sign({**acquire, "id": 7}, "k3y-for-tcp", "alice", "h")
-    extended["size"] = 10**6  # a field changed after signing
-    cases["extended"] = encode(extended)
+
+    def tampered(s: Session) -> bytes:
+        message = s.sign({**acquire, "id": 6})
+        message["auth"]["user"] = "root"
+        return encode(message)
+
+    def extended(s: Session) -> bytes:
+        message = s.sign({**acquire, "id": 7})
+        message["size"] = 10**6  # a field changed after signing
+        return encode(message)
+
+    cases["tampered"], cases["extended"] = tampered, extended
     expected = {"unsigned": "unsigned", "unsigned-claims": "unsigned",
                 "bad_signature": "bad_signature", "stale": "stale", "future": "stale",
-                "tampered": "bad_signature", "extended": "bad_signature"}
+                "unbound": "bad_challenge", "tampered": "bad_signature",
+                "extended": "bad_signature"}
     replies = tcp(*cases.values())
     assert [r["error"]["code"] for r in replies] == [expected[name] for name in cases]
     assert in_use(d.socket)["query"] == 0
 
     # a valid signed acquire is served once; the same bytes again, on this connection or on
     # another one, are refused and grant nothing
-    good = encode(sign({**acquire, "id": 8}, "k3y-for-tcp", "alice", "h"))
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as holder:
-        holder.sendall(good + good)
-        first, again = read_replies(holder, 2)
+    with Session(port) as holder:
+        good = encode(holder.sign({**acquire, "id": 8}))
+        first, again = holder.send(good, good)
         assert first["result"] == "granted" and again["error"]["code"] == "replayed"
-        assert tcp(good)[0]["error"]["code"] == "replayed"
+        assert tcp(good)[0]["error"]["code"] == "bad_challenge"
         assert in_use(d.socket)["query"] == 1
     assert until_zero(d.socket)
 
     # a signed ordinary user may not administer; a signed admin may (it holds the key)
-    user_status = encode(sign({"v": 1, "id": 9, "op": "block", "all": True}, "k3y-for-tcp",
-                              "alice", "h"))
-    assert tcp(user_status)[0]["error"]["code"] == "forbidden"
+    user_block = lambda s: encode(s.sign({"v": 1, "id": 9, "op": "block", "all": True}))  # noqa: E731
+    assert tcp(user_block)[0]["error"]["code"] == "forbidden"
     assert status(d.socket)["metrics"]["blocked"]["current"] == 0
+
+
+def test_captured_admin_requests_cannot_be_replayed_elsewhere_or_after_a_restart(
+        start_daemon, sockdir, figures):
+    """Root's signed ``disable all`` and ``block all``, captured off the wire of daemon A, sent
+    again inside the clock window to daemon B (same key) and to A restarted."""
+    key = sockdir / "key"
+    key.write_text("k3y-for-tcp\n")
+    key.chmod(0o600)
+    ports = {"pa": free_port(), "pb": free_port()}
+    hosts = [{"name": n, "address": f"127.0.0.1:{p}"} for n, p in ports.items()]
+
+    def section(name: str) -> dict:
+        return {"tcp": f"127.0.0.1:{ports[name]}", "key": {"file": str(key)}, "hosts": hosts,
+                "name": name, "socket": str(sockdir / f"{name}.sock")}
+
+    a, b = start_daemon(section("pa"), name="pa"), start_daemon(section("pb"), name="pb")
+    with Session(ports["pa"]) as wire:
+        captured = [encode(wire.sign({"v": 1, "id": 1, "op": "block", "all": True}, user="root")),
+                    encode(wire.sign({"v": 1, "id": 2, "op": "disable", "category": "all"},
+                                     user="root"))]
+        # the captured requests are good where they were signed...
+        assert [r["ok"] for r in wire.send(*captured)] == [True, True]
+    assert status(a.socket)["categories"]["query"]["enabled"] is False
+    talk(a.socket, b'{"v":1,"id":1,"op":"enable","category":"all"}\n',
+              b'{"v":1,"id":2,"op":"unblock","all":true}\n')
+
+    def replay(port: int) -> list[str]:
+        with Session(port) as other:
+            return [r.get("error", {}).get("code", "accepted") for r in other.send(*captured)]
+
+    # ... and nowhere else: on daemon B, which shares the key
+    on_b = replay(ports["pb"])
+    assert on_b == ["bad_challenge", "bad_challenge"], on_b
+    # ... nor on A again, on a new connection, nor after A restarts (within the 30 s window)
+    on_a = replay(ports["pa"])
+    assert a.stop() == 0
+    a2 = start_daemon(section("pa"), name="pa", config_name="pa-again.yaml")
+    on_restarted = replay(ports["pa"])
+    assert on_a == on_restarted == ["bad_challenge", "bad_challenge"], (on_a, on_restarted)
+    for d in (b, a2):
+        after = status(d.socket)
+        assert all(cat["enabled"] for cat in after["categories"].values()), d.socket
+        (listed,) = talk(d.socket, b'{"v":1,"id":1,"op":"blocklist"}\n')
+        assert listed["blocklist"]["all"] is False
+    figures(replayed_to_second_daemon=on_b, replayed_same_daemon=on_a,
+            replayed_after_restart=on_restarted)
 
 
 def until_zero(path: str) -> bool:
@@ -195,8 +280,6 @@ def test_diagnostic_log_and_blocklist_are_private(start_daemon, sockdir, py_as):
     d2 = start_daemon({"diagnose": True, "diagnose_file": str(fresh)}, name="second")
     assert py_as(hello_as_nobody_code(d.socket, [{"v": 1, "id": 1, "op": "acquire",
                                                   "category": "query"}], 1)).returncode == 0
-    from daemonkit import talk
-
     (blocked,) = talk(d.socket, b'{"v":1,"id":1,"op":"block","users":["mallory"]}\n')
     assert blocked["ok"], blocked
     for path in (log, fresh, blocklist):

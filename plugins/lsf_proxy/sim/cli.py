@@ -346,6 +346,8 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
             command[0] if command else "NONAME"),
         "stat": scenario.get("job_stat", "PEND"), "submitted": _lifecycle().now(scenario),
         "host": os.uname().nodename.split(".")[0], "command": command,
+        # bsub copies the submission environment into the job, as sbatch does
+        "env": dict(os.environ),
     })
     where = "queue" if "-q" in options else "default queue"
     _out(sys.stdout, f"Job <{job_id}> is submitted to {where} <{queue}>.")

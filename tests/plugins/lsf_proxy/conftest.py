@@ -55,14 +55,16 @@ def start_daemon(gridgate_exe, sockdir):
     """Start ``gridgate lsfproxyd serve -c FILE`` and wait until it listens."""
     started: list[Daemon] = []
 
-    def start(section: dict, name: str = "", config_name: str = "") -> Daemon:
+    def start(section: dict, name: str = "", config_name: str = "",
+              argv_prefix: tuple[str, ...] = ()) -> Daemon:
+        """``argv_prefix``: run the daemon under it (e.g. ``prlimit --nofile=256``)."""
         section = dict(section)
         section.setdefault("socket", str(sockdir / f"{name or 'proxyd'}.sock"))
         config = sockdir / (config_name or f"{name or 'proxyd'}.yaml")
         config.write_text(yaml.safe_dump({"proxyd": section}), encoding="utf-8")
         config.chmod(0o644)
         stderr = sockdir / f"{name or 'proxyd'}.stderr"
-        args = [gridgate_exe, "-v", "lsfproxyd", "serve", "-c", str(config), "--json"]
+        args = [*argv_prefix, gridgate_exe, "-v", "lsfproxyd", "serve", "-c", str(config), "--json"]
         if name:
             args += ["--name", name]
         with open(stderr, "wb") as err:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import until
 
 from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.gate import find_real, infer_category, install_shims
@@ -93,7 +94,8 @@ def test_the_command_sees_its_token_and_returns_it(start_daemon, gridgate_exe, c
     proc = gate(gridgate_exe, daemon.socket, "printenv", "GRIDGATE_GATE_TOKEN", user="nobody")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
-    assert in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0}
+    # the token holder gives it back as the command ends (just after, seen from here)
+    assert until(lambda: in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0})
 
 
 def test_missing_command_takes_no_token(start_daemon, gridgate_exe) -> None:
@@ -145,7 +147,7 @@ def test_signals_are_forwarded_to_the_command(start_daemon, gridgate_exe, cli, s
     os.kill(proc.pid, sig)  # only the gate is signalled: the child hears it from the gate
     assert proc.wait(120) == 7
     assert got.read_text().split() == [sig.name]
-    assert in_use(cli, daemon.socket)["query"] == 0
+    assert until(lambda: in_use(cli, daemon.socket)["query"] == 0)
 
 
 def test_token_returned_when_the_command_is_killed(start_daemon, gridgate_exe, cli, sockdir) -> None:
@@ -153,7 +155,7 @@ def test_token_returned_when_the_command_is_killed(start_daemon, gridgate_exe, c
     proc, _ = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=False)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(120) == -signal.SIGTERM  # the gate dies the way its command did
-    assert in_use(cli, daemon.socket)["query"] == 0
+    assert until(lambda: in_use(cli, daemon.socket)["query"] == 0)
 
 
 def test_token_returned_when_the_gate_itself_is_killed(start_daemon, gridgate_exe, cli,

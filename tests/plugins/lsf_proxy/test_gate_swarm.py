@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from polling import until
 
 from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.sim import install_commands, start_master, write_scenario
@@ -96,7 +97,7 @@ def test_200_concurrent_gated_queries_never_exceed_max(start_daemon, cli, gridga
     assert stats["max_in_flight"] <= 8
     assert stats["max_in_flight"] >= 2  # the calls did overlap: the bound above was the gate's
     assert stats["completed"] == codes.count(0)
-    assert in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0}
+    assert until(lambda: in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0})
 
 
 def free_port() -> int:
@@ -166,4 +167,4 @@ def test_directors_and_gated_queries_stay_within_the_limits(start_daemon, cli, g
     assert by_command["bsub"] >= 2  # the directors did overlap
     assert stats["max_in_flight"] <= 8
     assert stats["by_command"]["bsub"] == 24
-    assert in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0}
+    assert until(lambda: in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0})

@@ -144,6 +144,29 @@ def test_waiter_granted_round_robin_when_tokens_come_back(fake_daemon):
         root.close()
 
 
+def test_diagnose_for_a_duration_turns_itself_off(fake_daemon, sockdir):
+    daemon, clock = fake_daemon()
+    with ProxyClient([Daemon("d", daemon.socket_path)]) as client:
+        (on,) = client.admin("diagnose", on=True, minutes=1, file="timed.log")
+        assert on.reply["ok"], on.reply
+        assert on.reply["file"] == str(sockdir / "timed.log")
+        assert abs(on.reply["until"] - (clock.time() + 60)) < 1
+        client.acquire("query", "bjobs", 13).release()
+        clock.advance(59)
+        daemon.wake()
+        assert admin_status(daemon.socket_path)["diagnose"] is True
+        client.acquire("query", "bhosts", 7).release()
+        clock.advance(1)
+        daemon.wake()
+        assert until(lambda: admin_status(daemon.socket_path)["diagnose"] is False)
+        client.acquire("query", "bjobs", 13).release()  # not logged: diagnosis is over
+        # the named file held for that diagnosis only
+        assert admin_status(daemon.socket_path)["diagnose_file"].endswith("info.lsfproxydlog."
+                                                                         + daemon.local_host)
+    lines = (sockdir / "timed.log").read_text().splitlines()
+    assert [line.split(" ", 4)[4].split(",")[:5] for line in lines] == [
+        ["QUERY_REQ", "BATCH_JOB_QUERY", "root", daemon.local_host, "13"],
+        ["QUERY_REQ", "BATCH_HOST_INFO", "root", daemon.local_host, "7"]]
 RATED = """
 import json, sys
 from gridgate.plugins.lsf_proxy.client import Daemon, NoToken, ProxyClient

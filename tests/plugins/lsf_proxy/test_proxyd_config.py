@@ -103,3 +103,22 @@ def test_gridgate_register_commands_adds_the_lsfproxyd_group():
     for command in proxyd.commands.values():
         options = {opt for param in command.params for opt in getattr(param, "opts", [])}
         assert {"--json", "--socket", "-c", "--config"} <= options, command.name
+
+
+def test_query_max_is_bounded_by_max_concurrent_query(write):
+    """The seed: QUERY max is any positive integer <= MAX_CONCURRENT_QUERY."""
+    found = problems(write, "proxyd:\n  max_concurrent_query: 50\n"
+                            "  policies: 'QUERY[max=60] SUBMISSION[max=200]'\n")
+    assert any(":3: proxyd.policies.query.max: QUERY max (60) must not exceed "
+               "max_concurrent_query (50, MAX_CONCURRENT_QUERY)" in p for p in found), found
+    # at the bound, and for the other categories (no bound), fine
+    config = load(write, "proxyd:\n  max_concurrent_query: 50\n"
+                         "  policies: 'QUERY[max=50] SUBMISSION[max=200]'\n")
+    assert resolve_policies(config["proxyd"]["policies"], 50)["query"].max == 50
+    # unset QUERY max: the seed's default 100 is cut to the bound, nominal follows (< 50 rule)
+    assert resolve_policies("SUBMISSION[max=3]", 30)["query"] == Limits(30, 30, 0.001)
+    assert resolve_policies("", 500)["query"] == Limits(100, 50, 0.001)
+    found = problems(write, "proxyd:\n  max_concurrent_query: 20\n"
+                            "  policies: {query: {nominal: 40}}\n")
+    assert any("proxyd.policies.query.nominal: nominal (40) must not exceed max (20)" in p
+               for p in found), found

@@ -151,6 +151,41 @@ def test_seed_block_unblock_sequence(start_daemon, cli, py_as):
     assert as_json["hosts"][0]["reply"]["blocklist"]["users"] == ["nobody"]
 
 
+def test_seed_block_examples_each_element_a_rule(start_daemon, cli):
+    """The seed's block/unblock examples, as printed there; each named element is a rule."""
+    d = start_daemon({})
+    name = d.info["name"]
+
+    def run(*args):
+        out = cli(*args, "--socket", d.socket)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().replace(f"<{name}>", "<lsfproxydhost1>")
+
+    assert run("block", "all") == "<all> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("unblock", "all") == "<all> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("block", "-u", "user1 user2") == \
+        "Users <user1 user2> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("unblock", "-u", "user1") == \
+        "Users <user1> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("block", "-m", "hostA hostB") == \
+        "Hosts <hostA hostB> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert run("block", "-u", "user1 user2", "-m", "hostA hostB") == (
+        "<user1@hostA user1@hostB user2@hostA user2@hostB> added to the blocklist on "
+        "lsfproxyd host <lsfproxydhost1>")
+    assert run("unblock", "-u", "user1", "-m", "hostA hostB") == \
+        "<user1@hostA user1@hostB> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    # partly known: one line for what changed, one for what did not
+    assert run("block", "-u", "user3 user2").splitlines() == [
+        "Users <user3> added to the blocklist on lsfproxyd host <lsfproxydhost1>",
+        "Users <user2> is already in the blocklist on lsfproxyd host <lsfproxydhost1>"]
+    assert run("blocklist").splitlines()[1:] == [
+        "  Blocked all:           No",
+        "  Blocked users:         user2 user3",  # in blocking order
+        "  Blocked hosts:         hostA hostB",
+        "  Blocked users@hosts:   user2@hostA user2@hostB",
+    ]
+
+
 def test_disable_means_proceed_without_token(start_daemon, cli, py_as):
     d = start_daemon({})
     out = cli("disable", "query", "--socket", d.socket)
@@ -187,7 +222,14 @@ def test_status_text_matches_the_seed(start_daemon, cli):
     assert lines[17] == "Sample period:                  60 Seconds"
     assert lines[19] == "Metrics                                           Last         Max         Avg"
     assert lines[22] == "     Query                                           0           0           0"
-    assert lines[-1] == "Error                                                0           0           0"
+    # the seed's table ends with the Error row; the longest-held tokens follow it
+    error = lines.index("Error                                                0           0           0")
+    assert lines[error + 1:error + 3] == [
+        "", "  LONGEST_HELD  USER@HOST               COMMAND             CATEGORY    RETURNED_IN"]
+    assert len(lines) == error + 6
+    for line in lines[error + 3:]:
+        assert line.split()[1].startswith("root@") and line.split()[2:4] == [
+            "BATCH_JOB_QUERY", "QUERY"]
 
 
 def test_killed_client_does_not_leak_its_token(start_daemon):
@@ -379,6 +421,7 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
 
     key = sockdir / "key"
     key.write_text("s3cret\n")
+    key.chmod(0o600)
     port = _free_port()
     d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
                       "addon_hosts": ["addonhost"], "policies": "QUERY[max=1]"})
@@ -390,27 +433,48 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
     assert status(d.socket)["categories"]["query"]["in_use_privileged"] == 2
     trusted.close()
 
-    def tcp(*messages: bytes) -> list[dict]:
+    def tcp(*messages) -> list[dict]:
+        """One connection: ``hello`` for its challenge, then each message (a function of the
+        challenge and the daemon's name, or bytes) and its reply."""
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"".join(messages))
-            return _read(sock, len(messages))
+            sock.sendall(b'{"v":1,"id":0,"op":"hello"}\n')
+            (hi,) = _read(sock, 1)
+            assert hi["ok"] and len(hi["challenge"]) == 32 and hi["user"] == "", hi
+            lines = [m if isinstance(m, bytes) else m(hi["challenge"], hi["name"]) for m in messages]
+            sock.sendall(b"".join(lines))
+            return _read(sock, len(lines))
 
-    unsigned = tcp(b'{"v":1,"id":1,"op":"hello"}\n')[0]
+    def signed(message: dict, key: str = "s3cret", user: str = "bob", **kw):
+        return lambda challenge, name: encode(sign(dict(message), key, user, "far",
+                                                   challenge=challenge, daemon=name, **kw))
+
+    unsigned = tcp(b'{"v":1,"id":1,"op":"acquire","category":"query"}\n')[0]
     assert unsigned["error"]["code"] == "unsigned"
-    signed = encode(sign({"v": 1, "id": 2, "op": "hello"}, "s3cret", "bob", "far"))
-    ok, replay = tcp(signed, signed)
+    without_challenge = encode(sign({"v": 1, "id": 1, "op": "hello"}, "s3cret", "bob", "far"))
+    assert tcp(without_challenge)[0]["error"]["code"] == "bad_challenge"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b'{"v":1,"id":0,"op":"hello"}\n')
+        (hi,) = _read(sock, 1)
+        once = signed({"v": 1, "id": 2, "op": "hello"})(hi["challenge"], hi["name"])
+        sock.sendall(once + once)
+        ok, replay = _read(sock, 2)
     assert (ok["user"], ok["host"], ok["admin"]) == ("bob", "far", False)
     assert replay["error"]["code"] == "replayed"
-    forged = encode(sign({"v": 1, "id": 3, "op": "status"}, "wrong", "root", "far"))
+    assert tcp(once)[0]["error"]["code"] == "bad_challenge"  # another connection: refused
+    forged = signed({"v": 1, "id": 3, "op": "status"}, key="wrong", user="root")
     assert tcp(forged)[0]["error"]["code"] == "bad_signature"
-    message = sign({"v": 1, "id": 4, "op": "hello"}, "s3cret", "bob", "far")
-    message["auth"]["user"] = "root"  # tampering breaks the signature
-    assert tcp(encode(message))[0]["error"]["code"] == "bad_signature"
+
+    def tampered(challenge, name):
+        message = sign({"v": 1, "id": 4, "op": "hello"}, "s3cret", "bob", "far",
+                       challenge=challenge, daemon=name)
+        message["auth"]["user"] = "root"  # tampering breaks the signature
+        return encode(message)
+
+    assert tcp(tampered)[0]["error"]["code"] == "bad_signature"
     from gridgate.core.clock import FakeClock
 
-    stale = sign({"v": 1, "id": 5, "op": "hello"}, "s3cret", "bob", "far",
-                 clock=FakeClock(time.time() - 3600))
-    assert tcp(encode(stale))[0]["error"]["code"] == "stale"
+    stale = signed({"v": 1, "id": 5, "op": "hello"}, clock=FakeClock(time.time() - 3600))
+    assert tcp(stale)[0]["error"]["code"] == "stale"
 
 
 def test_notoken_retries_then_gives_up(start_daemon, py_as):
@@ -481,6 +545,7 @@ def test_second_daemon_on_the_same_socket_is_refused(start_daemon, cli, sockdir)
         port = busy.getsockname()[1]
         key = sockdir / "k"
         key.write_text("k")
+        key.chmod(0o600)
         config = sockdir / "tcp.yaml"
         config.write_text(yaml.safe_dump({"proxyd": {
             "socket": str(sockdir / "tcp.sock"), "tcp": f"127.0.0.1:{port}",
@@ -563,3 +628,38 @@ def test_client_tries_a_dead_daemon_last(start_daemon, sockdir):
     finally:
         logger.remove(sink)
     assert len(misses) == 1  # the dead daemon was tried once, then last (never reached again)
+
+
+def test_diagnose_options_and_gated_commands_logged_with_opcode_and_size(
+        start_daemon, cli, sockdir, gridgate_exe):
+    """`diagnose on -t MINUTES -f FILE` as badmin's; a gated bhosts and bjobs are logged as the
+    seed's log has them: BATCH_HOST_INFO, BATCH_JOB_QUERY, with their request size."""
+    d = start_daemon({})
+    name = d.info["name"]
+    tools = sockdir / "bin"
+    tools.mkdir(mode=0o755)
+    for tool in ("bhosts", "bjobs"):
+        (tools / tool).write_text("#!/bin/sh\necho ok\n")
+        (tools / tool).chmod(0o755)
+    out = cli("diagnose", "on", "-t", "30", "-f", "badmin.log", "--socket", d.socket)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(rf"lsfproxyd diagnostic log ON \({sockdir}/badmin.log\) until "
+                        rf"\w{{3}} \w{{3}} \d\d \d\d:\d\d:\d\d on lsfproxyd host <{name}>",
+                        out.stdout.strip()), out.stdout
+    runs = [[str(tools / "bhosts")], [str(tools / "bjobs"), "-u", "all", "-w"]]
+    for argv in runs:
+        gated = subprocess.run([*AS_NOBODY, gridgate_exe, "gate", "--socket", d.socket, "--",
+                                *argv], capture_output=True, text=True, timeout=60, cwd="/")
+        assert gated.returncode == 0 and gated.stdout == "ok\n", gated.stderr
+    host = hello(d.socket)["host"]
+    logged = [line.split(" ", 4)[4] for line in (sockdir / "badmin.log").read_text().splitlines()]
+    sizes = [sum(len(a) + 1 for a in argv) for argv in runs]
+    assert logged[0].startswith(f"QUERY_REQ,BATCH_HOST_INFO,nobody,{host},{sizes[0]},1,"), logged
+    assert logged[1].startswith(f"QUERY_REQ,BATCH_JOB_QUERY,nobody,{host},{sizes[1]},1,"), logged
+    assert status(d.socket)["diagnose_file"] == str(sockdir / "badmin.log")
+    off = cli("diagnose", "off", "--socket", d.socket)
+    assert "diagnostic log OFF" in off.stdout
+    assert status(d.socket)["diagnose_file"].endswith(f"info.lsfproxydlog.{host}")
+    bad = cli("diagnose", "on", "-f", "../escape.log", "--socket", d.socket)
+    assert bad.returncode == 1 and "give a bare name" in bad.stdout, bad.stdout + bad.stderr
+    assert cli("diagnose", "off", "-t", "5", "--socket", d.socket).returncode == 2

@@ -408,14 +408,17 @@ def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):
         config.write_text(yaml.safe_dump({
             "state": {"driver": "redis", "url": server.url, "prefix": "gg-peers:"},
             "proxyd": {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]",
-                       "heartbeat_interval": 0.2, "heartbeat_via": "state"}}))
+                       # 1 s: keys live 3 s, long enough on a loaded machine
+                       "heartbeat_interval": 1.0, "heartbeat_via": "state"}}))
         try:
             a, b = start("pa"), start("pb")
             limit = lambda path: status(path)["categories"]["query"]["token_limit"]  # noqa: E731
-            # pa started alone and took 8 once its grace ran out; pb's key brings it to 4
+            heard = lambda path, other: status(path)["peers"]["peers"][other]["heard_ago"]  # noqa: E731
+            assert until(lambda: heard(a, "pb") is not None and heard(b, "pa") is not None, 20)
+            assert sorted(k.decode() for k in server.client().keys("gg-peers:kv:proxyd.*")) == [
+                "gg-peers:kv:proxyd.heartbeat.pa", "gg-peers:kv:proxyd.heartbeat.pb"]
+            # (pa may have taken 8 while it was alone, before pb's key came)
             assert until(lambda: (limit(a), limit(b)) == (4, 4), 20)
-            keys = sorted(k.decode() for k in server.client().keys("gg-peers:kv:proxyd.heartbeat.*"))
-            assert keys == ["gg-peers:kv:proxyd.heartbeat.pa", "gg-peers:kv:proxyd.heartbeat.pb"]
             procs["pa"].send_signal(signal.SIGKILL)
             procs["pa"].wait(20)
             assert until(lambda: limit(b) == 8, 20)  # its key ran out (3 intervals)

@@ -238,7 +238,39 @@ def test_seed_block_sequence():
     assert policy.request(req("user1", "host9")).outcome == GRANTED
     assert policy.request(req("user1", "host1")).reason == "blocked"  # rule 1 stays
     assert policy.request(req("user2", "host1")).reason == "blocked"
-    assert not policy.unblock(BlockRule.make(users=["user1"], hosts=["host1"]))  # not identical
+    # each element of rule 1 is a rule of its own: user1@host1 can be unblocked alone
+    assert policy.unblock(BlockRule.make(users=["user1"], hosts=["host1"])) == (
+        BlockRule("pairs", ("user1@host1",)),)
+    assert policy.request(req("user1", "host1")).outcome == GRANTED
+    assert policy.request(req("user2", "host1")).reason == "blocked"
+
+
+def test_unblock_one_user_of_a_block_of_two():
+    """The seed: ``block -u "user1 user2"`` then ``unblock -u user1`` removes user1."""
+    policy, _ = make()
+    both = BlockRule.make(users=["user1", "user2"])
+    added, _ = policy.block(both)
+    assert both.partition(added) == (both, None)
+    removed = policy.unblock(BlockRule.make(users=["user1"]))
+    assert [r.describe() for r in removed] == ["Users <user1>"]
+    assert policy.request(req("user1")).outcome == GRANTED
+    assert policy.request(req("user2")).reason == "blocked"
+    # unblocking one blocked and one unknown name: says which was which
+    mixed = BlockRule.make(users=["user2", "user9"])
+    done, kept = mixed.partition(policy.unblock(mixed))
+    assert (done.describe(), kept.describe()) == ("Users <user2>", "Users <user9>")
+    assert policy.blocklist.rules == ()
+
+
+def test_blocklist_lists_names_in_blocking_order():
+    blocklist = Blocklist()
+    blocklist.add(BlockRule.make(users=["zed", "amy"]))
+    blocklist.add(BlockRule.make(users=["bob"], hosts=["h2", "h1"]))
+    blocklist.add(BlockRule.make(hosts=["hz", "ha"]))
+    blocklist.add(BlockRule.make(users=["amy"]))  # already blocked: keeps its place
+    assert blocklist.summary() == {"all": False, "users": ["zed", "amy"], "hosts": ["hz", "ha"],
+                                   "pairs": ["bob@h2", "bob@h1"]}
+    assert BlockRule.make(users=["user2", "user1"]).describe() == "Users <user2 user1>"
 
 
 def test_unblock_all_removes_only_block_all():
@@ -429,32 +461,44 @@ def _rule(spec):
     return BlockRule.make(users=sorted(spec[1]), hosts=sorted(spec[2]))
 
 
-def _model_blocks(rules, user, host):
-    for spec in rules:
-        if spec[0] == "all" or (spec[0] == "u" and user in spec[1]) or \
-                (spec[0] == "m" and host in spec[1]) or \
-                (spec[0] == "um" and user in spec[1] and host in spec[2]):
-            return True
-    return False
+def _elements(spec):
+    """The model: the element rules a spec names."""
+    if spec[0] == "all":
+        return {("all",)}
+    if spec[0] == "u":
+        return {("u", u) for u in spec[1]}
+    if spec[0] == "m":
+        return {("m", h) for h in spec[1]}
+    return {("um", f"{u}@{h}") for u in spec[1] for h in spec[2]}
+
+
+def _model_blocks(model, user, host):
+    return bool({("all",), ("u", user), ("m", host), ("um", f"{user}@{host}")} & model)
 
 
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.tuples(st.booleans(), rule_st), max_size=30))
 def test_property_block_algebra(ops):
-    """Blocked iff some rule in force matches; unblock removes exactly the identical rule."""
+    """Blocked iff some element rule in force matches; block adds and unblock removes each
+    named element, and says exactly which changed."""
     blocklist, model = Blocklist(), set()
     for is_block, spec in ops:
-        rule = _rule(spec)
-        key = (spec[0], *spec[1:])
+        rule, elements = _rule(spec), _elements(spec)
         if is_block:
-            assert blocklist.add(rule) == (key not in model)
-            model.add(key)
+            assert {_key(r) for r in blocklist.add(rule)} == elements - model
+            model |= elements
         else:
-            assert blocklist.remove(rule) == (key in model)
-            model.discard(key)
+            assert {_key(r) for r in blocklist.remove(rule)} == elements & model
+            model -= elements
+        assert {_key(r) for r in blocklist.rules} == model
         for user in "abcd":
             for host in "xyz":
                 assert blocklist.blocks(user, host) == _model_blocks(model, user, host)
+
+
+def _key(rule):
+    kind = {"all": "all", "users": "u", "hosts": "m", "pairs": "um"}[rule.kind]
+    return (kind,) if kind == "all" else (kind, *rule.items)
 
 
 @given(max_=st.integers(1, 10_000), nominal_cut=st.integers(1, 10_000), n=st.integers(1, 64))

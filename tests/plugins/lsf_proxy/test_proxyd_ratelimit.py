@@ -150,6 +150,25 @@ def test_disable_block_cancel_shutdown_answer_rate_waiters():
     assert not policy.has_waiters()
 
 
+def test_a_shrunk_bucket_holds_no_more_than_its_new_size():
+    policy, clock = make(bucket=10, rate=1, period=60)
+    assert policy.request(req()).outcome == GRANTED  # alice's bucket exists, 9 left
+    policy.reconfigure(RatedSettings.extend(policy.settings, {"query": RateLimit(2, 1, 60)}))
+    assert outcomes(policy.request(req()) for _ in range(3)) == [GRANTED, GRANTED, QUEUED]
+
+
+def test_ahead_counts_the_requests_queued_before():
+    policy, _clock = make(bucket=1, rate=1, period=60, max_=1)
+    policy.request(req("holder"))  # the only token; holder's bucket is its own
+    first = policy.request(req())  # through the rate, waits for a token
+    rated = [policy.request(req()) for _ in range(3)]  # wait for alice's rate
+    assert policy.ahead(first.request.id) == 0
+    assert [policy.ahead(d.request.id) for d in rated] == [0, 1, 2]
+    other = policy.request(req("bob"))  # bob's bucket is full: on to the token queue
+    assert policy.ahead(other.request.id) == 1
+    assert policy.ahead("unknown") == 0
+
+
 def test_queue_bound_applies_to_the_rate_stage():
     policy, _clock = make(bucket=1, rate=1, period=60, bound=2)
     policy.request(req())
@@ -173,6 +192,7 @@ def test_rate_limits_from_the_config_split_over_live_daemons(tmp_path):
     section = load_config(path)["proxyd"]
     assert rate_limits_from(section) == {"query": RateLimit(10, 4, 1)}
     assert rate_limits_from(section, 2) == {"query": RateLimit(5, 2, 1)}
+    assert rate_limits_from(section, 20) == {"query": RateLimit(1, 0.2, 1)}  # one at least
     bad = tmp_path / "bad.yaml"
     bad.write_text("proxyd:\n  rate_limit:\n    query: {bucket_size: 0}\n")
     with pytest.raises(Exception, match=r"bad.yaml:3: proxyd.rate_limit.query.bucket_size"):

@@ -142,6 +142,7 @@ def test_starttls_with_auth_password_from_env(tmp_path, clock, cert, monkeypatch
 def test_wrong_password_keeps_mail_queued_and_never_shows_the_secret(tmp_path, clock, cert, logs):
     secret = tmp_path / "pw"
     secret.write_text("wrong-Pa55\n")
+    secret.chmod(0o600)
     server = SmtpServer(tls_context=_server_tls(cert), require_starttls=True,
                         authenticator=Authenticator("gridgate", "right"),
                         auth_require_tls=True).start()

@@ -216,3 +216,17 @@ def test_tracking_commands_are_found_beside_a_submit_path_unless_configured(make
     _, named = make_backend(hosts={H1: {}}, commands={"status": "/usr/local/bin/my-status"})
     assert named._commands()["status"] == "/usr/local/bin/my-status"
     assert named._commands()["cancel"] == "glite-wms-job-cancel"  # submit is a name: PATH
+
+
+def test_a_failed_status_query_is_classified_as_that_servers_failure(tracked: Any) -> None:
+    from gridgate.core.model import SubmitResult
+
+    pm, _ = tracked({H1: {"pilots": {"status": "lb_down"}}})
+    job = submit(pm, H1)[0]
+    result = status(pm, H1, [job])
+    failure = pm.hook.gridgate_classify_failure(endpoint=ep(H1), result=SubmitResult(
+        ep(H1), ok=False, command=result.command, operation=result.operation, message=result.message))
+    assert failure.kind == "unreachable" and "Connection refused" in failure.reason
+    junk = SubmitResult(ep(H1), ok=False, operation="Job Status", command=result.command.__class__(
+        ("glite-wms-job-status",), 0, "junk\n", ""))
+    assert "no job status" in pm.hook.gridgate_classify_failure(endpoint=ep(H1), result=junk).reason

@@ -1,0 +1,373 @@
+"""How a gated command holds its token: the run-time path imports only the standard library,
+a nested call shows its token to the daemon (forged, stale or another user's: refused), a
+submission never carries it into its jobs, a SIGKILLed gate takes its command along, commands
+that only start under a token give it back, a waiting call says why, relative socket paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from polling import until
+
+from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.gate import install_shims
+from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
+
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+PYTHON = sys.executable
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or PYTHON
+
+
+def status(socket: str) -> dict:
+    with ProxyClient([Daemon("proxyd", socket)]) as client:
+        [reply] = client.admin("status")
+    return reply.reply["status"]
+
+
+def in_use(socket: str) -> dict[str, int]:
+    return {name: c["in_use"] for name, c in status(socket)["categories"].items()}
+
+
+def run(argv: list[str], user: str = "root", env: dict | None = None, cwd: str = "/",
+        **kwargs) -> subprocess.CompletedProcess:
+    if user == "nobody":
+        argv = AS_NOBODY + argv
+    full = {k: v for k, v in os.environ.items() if k != "GRIDGATE_GATE_TOKEN"}
+    full.update(env or {})
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd, env=full,
+                          **kwargs)
+
+
+def imported(stderr: str) -> set[str]:
+    """Top-level names of the modules ``-X importtime`` reports."""
+    names = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "imported package":
+                names.add(name.split(".")[0])
+    return names
+
+
+def test_the_run_time_path_imports_only_the_standard_library(start_daemon, gridgate_exe,
+                                                            sockdir) -> None:
+    daemon = start_daemon({})
+    shims = sockdir / "shims"
+    install_shims(shims, ["true"], socket_path=daemon.socket)
+    shim = run([PYTHON, "-IS", "-X", "importtime", str(shims / "true")])
+    assert shim.returncode == 0, shim.stderr
+    outside = imported(shim.stderr) - set(sys.stdlib_module_names) - {"gridgate"}
+    assert outside == set() and "gridgate" in imported(shim.stderr)
+    # the console script: beyond what the interpreter's own start-up imports (site, the
+    # editable install's finder), only the standard library and gridgate's light modules
+    base = imported(run([PYTHON, "-X", "importtime", "-c", "pass"]).stderr)
+    # the first call resolves the settings the slow way and caches them for the next ones
+    cache = {"XDG_CACHE_HOME": str(sockdir / "cache")}
+    argv = [gridgate_exe, "gate", "--socket", daemon.socket, "--", "true"]
+    assert run(argv, env=cache).returncode == 0
+    gate = run([PYTHON, "-X", "importtime", *argv], env=cache)
+    assert gate.returncode == 0, gate.stderr
+    names = imported(gate.stderr)
+    assert names - base - set(sys.stdlib_module_names) == {"gridgate"}
+    assert not {"click", "loguru", "pluggy", "stevedore", "yaml", "jsonschema"} & names
+    heavy = [line for line in gate.stderr.splitlines()
+             if line.rstrip().endswith(("gridgate.core.cli", "gridgate.plugins.lsf_proxy.client"))]
+    assert heavy == []
+
+
+def test_a_forged_stale_or_foreign_token_is_refused(start_daemon, gridgate_exe, cli,
+                                                     sockdir) -> None:
+    daemon = start_daemon({})
+    gate = [gridgate_exe, "gate", "--socket", daemon.socket, "--"]
+    got = run(gate + ["printenv", "GRIDGATE_GATE_TOKEN"], user="nobody")
+    assert got.returncode == 0, got.stderr
+    stale = got.stdout.strip()
+    assert stale
+    # root holds a live token in a long command
+    ready = sockdir / "ready"
+    holder = subprocess.Popen(gate + [PYTHON, "-c", "import os, time; "
+                                      f"open({str(ready)!r}, 'w').write(os.environ['GRIDGATE_GATE_TOKEN']); "
+                                      "time.sleep(60)"], cwd="/")
+    try:
+        until(lambda: ready.exists() and ready.read_text())
+        foreign = ready.read_text()
+        assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
+        marker = sockdir / "ran"
+        for token in ("forged", stale, foreign):
+            proc = run(gate + ["/usr/bin/touch", str(marker)], user="nobody",
+                       env={"GRIDGATE_GATE_TOKEN": token})
+            # not taken as leave to skip the gate: the gate asked for a token and was refused
+            assert proc.returncode == 75, (token, proc.stderr)
+            assert "blocked" in proc.stderr
+            assert not marker.exists()
+        # root's own live token does cover a nested call of root's
+        nested = run(gate + ["printenv", "GRIDGATE_GATE_TOKEN"],
+                     env={"GRIDGATE_GATE_TOKEN": foreign})
+        assert nested.returncode == 0 and nested.stdout.strip() == foreign
+        assert in_use(daemon.socket)["other"] == 1
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+def test_a_gated_submission_does_not_carry_the_token_into_its_job(start_daemon, gridgate_exe,
+                                                                  sockdir) -> None:
+    """bsub copies the submission environment into the job (the stand-in records it): a
+    gated script (holding a token) calls the shimmed bsub; the job must not see the token."""
+    daemon = start_daemon({})
+    bin_dir = install_commands(sockdir / "lsfbin", python=SYSTEM_PYTHON)
+    state = sockdir / "lsf"
+    state.mkdir()
+    state.chmod(0o777)
+    scenario = write_scenario(sockdir / "scenario.json", {"state_dir": str(state)})
+    shims = sockdir / "shims"
+    env = {"PATH": f"{shims}{os.pathsep}{bin_dir}{os.pathsep}/usr/bin:/bin",
+           "GRIDGATE_LSF_SCENARIO": str(scenario)}
+    install_shims(shims, ["bsub"], socket_path=daemon.socket)
+    for line in [["bsub", "pilot.sh"], ["sh", "-c", 'echo "outer=$GRIDGATE_GATE_TOKEN"; bsub job.sh']]:
+        proc = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", *line], user="nobody",
+                   env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "is submitted to" in proc.stdout
+    outer = [ln for ln in proc.stdout.splitlines() if ln.startswith("outer=")]
+    assert outer and outer[0] != "outer="  # the script itself did hold a token
+    jobs = [json.loads(ln) for ln in (state / "jobs.jsonl").read_text().splitlines()]
+    assert [j["command"] for j in jobs] == [["pilot.sh"], ["job.sh"]]
+    for job in jobs:
+        assert job["env"].get("GRIDGATE_LSF_SCENARIO") == str(scenario)  # the env was copied
+        assert "GRIDGATE_GATE_TOKEN" not in job["env"]
+
+
+def test_a_sigkilled_gate_leaves_no_command_running(start_daemon, gridgate_exe, sockdir) -> None:
+    daemon = start_daemon({})
+    pidfile = sockdir / "child.pid"
+    code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(77)"
+    gate = subprocess.Popen([gridgate_exe, "gate", "--socket", daemon.socket, "--", PYTHON, "-c",
+                             code], cwd="/")
+    try:
+        until(lambda: pidfile.exists() and pidfile.read_text())
+        child = int(pidfile.read_text())
+        assert Path(f"/proc/{child}").exists()
+        os.kill(gate.pid, signal.SIGKILL)  # the gate only, not its process group
+        # (the gate execs its command, so the pid is the same; the token holder is not it)
+        assert gate.wait(30) == -signal.SIGKILL
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] in "ZX"
+            except OSError:
+                return True
+
+        assert until(gone, timeout=30)
+        assert until(lambda: in_use(daemon.socket)["other"] == 0)
+    finally:
+        if gate.poll() is None:
+            gate.kill()
+
+
+def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, gridgate_exe,
+                                                                 sockdir) -> None:
+    daemon = start_daemon({})
+    config = sockdir / "gate.yaml"
+    config.write_text(yaml.safe_dump({"proxyd": {"socket": daemon.socket, "start_hold": 0.5}}))
+    config.chmod(0o644)
+    real = sockdir / "bin"
+    real.mkdir()
+    squeue = real / "squeue"
+    marker = sockdir / "iterating"
+    squeue.write_text(f"#!{SYSTEM_PYTHON}\nimport sys, time\nopen({str(marker)!r}, 'w').close()\n"
+                      "time.sleep(float(sys.argv[-1]))\n")
+    squeue.chmod(0o755)
+    env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
+    # squeue -i: repeats by itself, so it holds its query token only to start
+    proc = subprocess.Popen([gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "-i",
+                             "30"], cwd="/", env={**os.environ, **env})
+    try:
+        until(marker.exists)
+        assert until(lambda: in_use(daemon.socket)["query"] == 0, timeout=30)
+        assert proc.poll() is None  # still running, without the token
+    finally:
+        proc.kill()
+        proc.wait(30)
+    # the same command without -i holds its token to the end
+    marker.unlink()
+    proc = subprocess.Popen([gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "3"],
+                            cwd="/", env={**os.environ, **env})
+    try:
+        until(marker.exists)
+        time.sleep(1.0)  # twice start_hold: a start-only command would have given it back
+        assert in_use(daemon.socket)["query"] == 1
+        assert proc.wait(60) == 0
+        assert until(lambda: in_use(daemon.socket)["query"] == 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_waiting_call_says_why_after_a_second_unless_quiet(start_daemon, gridgate_exe,
+                                                              sockdir) -> None:
+    daemon = start_daemon({"policies": "QUERY[max=1 nominal=1]", "token_wait_time": 60})
+    shared = sockdir / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # the holder runs as nobody
+    ready = shared / "ready"
+    hold = [gridgate_exe, "gate", "--socket", daemon.socket, "--category", "query", "--",
+            PYTHON, "-c", f"import time; open({str(ready)!r}, 'w').close(); time.sleep(3)"]
+    for quiet in (False, True):
+        if ready.exists():
+            ready.unlink()
+        holder = subprocess.Popen(AS_NOBODY + hold, cwd="/")
+        try:
+            until(ready.exists)
+            waiter = run([gridgate_exe, "gate", "--socket", daemon.socket, "--category", "query",
+                          *(["-q"] if quiet else []), "--", "true"], user="nobody")
+            assert waiter.returncode == 0, waiter.stderr
+            lines = waiter.stderr.splitlines()
+            if quiet:
+                assert lines == []
+            else:
+                assert lines == ["gridgate gate: true: waiting for a query token, 0 ahead"]
+        finally:
+            holder.wait(60)
+
+
+def test_a_relative_socket_path_works(start_daemon, gridgate_exe, sockdir) -> None:
+    daemon = start_daemon({})
+    relative = os.path.relpath(daemon.socket, sockdir)
+    proc = run([gridgate_exe, "gate", "--socket", relative, "--", "printenv",
+                "GRIDGATE_GATE_TOKEN"], cwd=str(sockdir))
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
+    proc = run([gridgate_exe, "lsfproxyd", "status", "--json", "--socket", relative],
+               cwd=str(sockdir))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["hosts"][0]["address"] == daemon.socket
+
+
+def test_a_changed_config_takes_effect_at_the_next_call(gridgate_exe, sockdir) -> None:
+    config = sockdir / "site.yaml"
+    env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
+    nowhere = str(sockdir / "nobody-listens.sock")
+    argv = [gridgate_exe, "gate", "-c", str(config), "--", "true"]
+    for when, code in (("fail", 69), ("fail", 69), ("proceed", 0), ("fail", 69)):
+        config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere,
+                                                     "when_unavailable": when}}))
+        assert run(argv, env=env).returncode == code
+    assert (sockdir / "cache" / "gridgate" / "gate.json").exists()
+    config.write_text("proxyd:\n  when_unavailable: sometimes\n")
+    bad = run(argv, env=env)
+    assert bad.returncode == 2 and "when_unavailable" in bad.stderr
+    # a shim keeps the settings it was installed with, and re-reads a changed file
+    config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere, "when_unavailable": "fail"}}))
+    install_shims(sockdir / "shims", ["true"], config=str(config))
+    assert run([str(sockdir / "shims" / "true")], env=env).returncode == 69
+    config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere,
+                                                 "when_unavailable": "proceed"}}))
+    assert run([str(sockdir / "shims" / "true")], env=env).returncode == 0
+
+
+def test_the_fast_path_hands_other_calls_to_the_full_command_line(gridgate_exe) -> None:
+    helped = run([gridgate_exe, "gate", "--help"])
+    assert helped.returncode == 0 and "--install-shims" in helped.stdout
+    bare = run([gridgate_exe, "gate"])
+    assert bare.returncode == 2 and "give a command" in bare.stderr
+    wrong = run([gridgate_exe, "gate", "--category", "queries", "--", "true"])
+    assert wrong.returncode == 2 and "queries" in wrong.stderr
+
+
+def test_client_defaults_are_the_schema_defaults() -> None:
+    from gridgate.plugins.lsf_proxy.config import section_defaults
+    from gridgate.plugins.lsf_proxy.gating import CATEGORIES, CLIENT_DEFAULTS
+
+    defaults = section_defaults()
+    assert CLIENT_DEFAULTS == {k: defaults.get(k) for k in CLIENT_DEFAULTS}
+    from gridgate.plugins.lsf_proxy.config import CATEGORIES as SCHEMA_CATEGORIES
+
+    assert CATEGORIES == SCHEMA_CATEGORIES
+
+
+@pytest.mark.parametrize(("name", "args", "expected"), [
+    ("squeue", ["-u", "alice"], False), ("squeue", ["-i", "5"], True), ("squeue", ["-i5"], True),
+    ("squeue", ["--iterate=5"], True), ("srun", ["--pty", "bash"], True), ("salloc", [], True),
+    ("bsub", ["-q", "normal", "job.sh"], False), ("bsub", ["-Is", "bash"], True),
+    ("bsub", ["-K", "job.sh"], True), ("bpeek", ["-f", "12"], True), ("bjobs", ["-u", "all"], False),
+])
+def test_start_only_commands(name, args, expected) -> None:
+    from gridgate.plugins.lsf_proxy.gating import start_only
+
+    assert start_only(name, args) is expected
+    assert start_only("mywatch", ["-w"], {"start_only": {"mywatch": ["-w"]}}) is True
+    assert start_only("squeue", ["-i", "5"], {"start_only": {"squeue": ["--never"]}}) is False
+
+
+def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(slurm, start_daemon, sockdir,
+                                                             gridgate_exe) -> None:
+    """On the private Slurm cluster: sbatch exports the whole environment into the job. Jobs
+    submitted by a gated sbatch, and by a shimmed sbatch inside a gated script (which holds a
+    live token), print their environment; neither has the token."""
+    daemon = start_daemon({})
+    shims = sockdir / "shims"
+    path = f"{shims}{os.pathsep}/usr/bin:/bin"
+    install_shims(shims, ["sbatch"], socket_path=daemon.socket)
+    env = {"PATH": path, **slurm.env, "GRIDGATE_TEST_MARK": "copied"}
+    out = Path(slurm.jobs_dir)
+    submit = "sbatch --parsable -p batch --output={}/%j.env --wrap 'env'"
+    direct = run([gridgate_exe, "gate", "--socket", daemon.socket, "--",
+                  "sh", "-c", submit.format(out)], user="nobody", env=env)
+    nested = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "sh", "-c",
+                  'echo "outer=$GRIDGATE_GATE_TOKEN"; ' + submit.format(out)],
+                 user="nobody", env=env)
+    plain = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "sbatch", "--parsable",
+                 "-p", "batch", f"--output={out}/%j.env", "--wrap", "env"], user="nobody",
+                env=env)
+    for proc in (direct, nested, plain):
+        assert proc.returncode == 0, proc.stderr
+    assert nested.stdout.splitlines()[0] != "outer="  # the script did hold a token
+    jobs = [p.stdout.strip().splitlines()[-1] for p in (direct, nested, plain)]
+    assert all(j.isdigit() for j in jobs), jobs
+    for job in jobs:
+        dump = out / f"{job}.env"
+        until(lambda d=dump: d.exists() and "GRIDGATE_TEST_MARK=copied" in d.read_text(),
+              timeout=120)
+        assert "GRIDGATE_GATE_TOKEN" not in dump.read_text()
+
+
+def test_the_gate_signs_its_requests_over_tcp(start_daemon, gridgate_exe, sockdir) -> None:
+    """A config naming the daemon by host:port: the gate's own client signs acquire and check
+    with the shared key (protocol.sign), and the daemon's verifier accepts them."""
+    import socket as _socket
+
+    with _socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    key = sockdir / "proxyd.key"
+    key.write_text("a-shared-key\n")
+    key.chmod(0o600)
+    log = sockdir / "diag.log"
+    daemon = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
+                           "diagnose": True, "diagnose_file": str(log)})
+    config = sockdir / "client.yaml"
+    config.write_text(yaml.safe_dump({"proxyd": {
+        "hosts": [{"name": "tcp1", "address": f"127.0.0.1:{port}"}], "key": {"file": str(key)},
+        "when_unavailable": "fail"}}))
+    env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
+    argv = [gridgate_exe, "gate", "-c", str(config), "--"]
+    outer = run(argv + ["sh", "-c", f"printenv GRIDGATE_GATE_TOKEN; {' '.join(argv)} "
+                                    "printenv GRIDGATE_GATE_TOKEN"], env=env)
+    assert outer.returncode == 0, outer.stderr
+    first, second = outer.stdout.split()
+    assert first == second  # the nested call's signed check found the token live
+    assert len([ln for ln in log.read_text().splitlines() if ",sh," in ln]) == 1
+    assert ",printenv," not in log.read_text()
+    key.write_text("another-key\n")
+    refused = run(argv + ["true"], env=env)
+    assert refused.returncode == 75 and "signature" in refused.stderr
+    assert daemon.proc.poll() is None

@@ -1,0 +1,110 @@
+"""A re-read proxyd.yaml that is empty or cut short never replaces the policy in force."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import urllib.request
+
+import pytest
+from polling import until
+
+pytestmark = pytest.mark.timeout(300)
+
+RECONFIG = b'{"v":1,"id":1,"op":"reconfig"}\n'
+STATUS = b'{"v":1,"id":1,"op":"status"}\n'
+
+
+def talk(path: str, line: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        sock.sendall(line)
+        with sock.makefile("rb") as replies:
+            return json.loads(replies.readline())
+
+
+def status(path: str) -> dict:
+    reply = talk(path, STATUS)
+    assert reply["ok"], reply
+    return reply["status"]
+
+
+def site_text(socket_path: str) -> str:
+    # the policy last, quoted: a cut inside it is a YAML error, a cut before it drops it
+    return ("# the token daemon of this site\n"
+            "proxyd:\n"
+            f"  socket: {socket_path}\n"
+            "  admins: [root, alice]\n"
+            "  token_wait_time: 4\n"
+            "  metrics_port: 0\n"
+            "  policies: 'QUERY[max=2 nominal=1] SUBMISSION[max=3] OTHER[max=5]'\n")
+
+
+def limits(path: str) -> dict[str, int]:
+    return {name: cat["token_limit"] for name, cat in status(path)["categories"].items()}
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+            if line.startswith("gridgate_proxyd_reloads_total")}
+
+
+def test_empty_file_on_sighup_is_refused_logged_and_counted(start_daemon):
+    d = start_daemon({"policies": "QUERY[max=2]", "metrics_port": 0})
+    good = d.config.read_text()
+    assert limits(d.socket)["query"] == 2
+    d.config.write_text("")
+    os.kill(d.pid, signal.SIGHUP)
+    # a reconfig after the SIGHUP: its answer comes once the SIGHUP was handled
+    refused = talk(d.socket, RECONFIG)
+    assert limits(d.socket)["query"] == 2  # not the default 100
+    assert refused["error"]["code"] == "bad_config" and "empty file" in refused["error"]["message"]
+    assert status(d.socket)["reloads"]["refused"] == 2
+    assert "empty file" in status(d.socket)["reloads"]["last_refusal"]
+    log = d.log()
+    assert log.count("config refused (1 so far)") == 1 and "empty file" in log, log
+    assert log.count("config refused (2 so far)") == 1, log
+    assert "Traceback" not in log
+    # a file without its proxyd: section is refused too
+    d.config.write_text("# nothing here yet\n")
+    os.kill(d.pid, signal.SIGHUP)
+    assert until(lambda: status(d.socket)["reloads"]["refused"] == 3)
+    assert "no proxyd: section" in status(d.socket)["reloads"]["last_refusal"]
+    assert limits(d.socket)["query"] == 2
+    metrics = scrape(d.info["metrics_port"])
+    assert metrics['gridgate_proxyd_reloads_total{result="refused"}'] == 3
+    assert metrics['gridgate_proxyd_reloads_total{result="accepted"}'] == 0
+    # the good file again: accepted and counted
+    d.config.write_text(good.replace("max=2", "max=4"))
+    os.kill(d.pid, signal.SIGHUP)
+    assert until(lambda: limits(d.socket)["query"] == 4)
+    assert status(d.socket)["reloads"]["accepted"] == 1
+    assert scrape(d.info["metrics_port"])['gridgate_proxyd_reloads_total{result="accepted"}'] == 1
+
+
+def test_a_file_cut_at_any_byte_never_resets_the_policy(start_daemon, sockdir):
+    d = start_daemon({"policies": "QUERY[max=2]"})
+    text = site_text(d.socket)
+    d.config.write_text(text)
+    assert talk(d.socket, RECONFIG)["ok"]
+    before = status(d.socket)
+    assert limits(d.socket) == {"query": 2, "submission": 3, "other": 5}
+    accepted = []
+    for cut in range(len(text)):
+        d.config.write_text(text[:cut])
+        reply = talk(d.socket, RECONFIG)
+        if reply["ok"]:
+            accepted.append(cut)
+        else:
+            assert reply["error"]["code"] == "bad_config", reply
+        assert limits(d.socket) == {"query": 2, "submission": 3, "other": 5}, (cut, text[:cut])
+    after = status(d.socket)
+    # only the file without its final newline is the same config; every other cut is refused
+    assert accepted == [len(text) - 1], [repr(text[:c]) for c in accepted]
+    assert after["reloads"]["refused"] == len(text) - 1
+    assert after["reloads"]["accepted"] == before["reloads"]["accepted"] + 1
+    print(json.dumps({"cut_points": len(text), "refused": len(text) - 1, "accepted": 1}))
