@@ -92,7 +92,9 @@ _BACKEND = '''\
 
 Replace the command with your batch system's submit tool (`sbatch`, `qsub`, `condor_submit`)
 in the config, and `job_id_pattern` with what it prints; classify its own error messages in
-`gridgate_classify_failure`.
+`gridgate_classify_failure` with catalogued kinds (`gridgate plugins --kinds`). To let the
+director track and cancel your pilots, add `gridgate_job_status` and `gridgate_cancel`
+(docs/hooks.md); the contract tests check them for other backends' endpoints too.
 """
 
 from __future__ import annotations
