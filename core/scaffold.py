@@ -542,7 +542,7 @@ def test_gridgate_classify_failure_names_what_it_knows_and_passes_on_the_rest(gr
             endpoint=endpoint, result=SubmitResult(endpoint, ok=False, command=run([str(quota)], 30)))
         unknown = pm.hook.gridgate_classify_failure(
             endpoint=endpoint, result=SubmitResult(endpoint, ok=False, command=run([str(other)], 30)))
-    assert (found.kind, found.local) == ("config", True) and "Disk quota" in found.reason
+    assert (found.kind, found.transient) == ("config", False) and "Disk quota" in found.reason
     assert unknown is None
 
 
