@@ -16,7 +16,7 @@ from gridgate.core.testing import make_config
 
 
 def test_list_match_true_for_a_backend_without_list_match_is_a_config_error() -> None:
-    doc = {"state": {"driver": "memory"}, "backends": {"lsf": {}},
+    doc = {"state": {"driver": "memory"}, "backends": {"lsf": {"queues": ["normal"]}},
            "demand": {"static": {"lsf": [{"group": "g", "pilots": 1, "list_match": True},
                                          {"group": "h", "pilots": 1, "list_match": False}]}}}
     with pytest.raises(ConfigError) as caught:
@@ -31,7 +31,7 @@ def test_list_match_true_for_a_backend_without_list_match_is_a_config_error() ->
 def test_list_match_asked_at_run_time_of_a_backend_without_it_skips_as_config(tmp_path) -> None:
     demand = tmp_path / "demand.yaml"
     demand.write_text("lsf:\n  - {group: g, pilots: 2, list_match: true}\n", encoding="utf-8")
-    doc = {"state": {"driver": "memory"}, "backends": {"lsf": {}},
+    doc = {"state": {"driver": "memory"}, "backends": {"lsf": {"queues": ["normal"]}},
            "demand": {"file": {"path": str(demand)}}, "director": {"state_dir": str(tmp_path)}}
     director = Director(make_config(doc), clock=FakeClock())
     summary = director.run_iteration()
