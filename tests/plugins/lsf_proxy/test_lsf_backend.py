@@ -13,7 +13,12 @@ from gridgate.core.model import CommandResult, Endpoint, SubmitRequest, SubmitRe
 from gridgate.core.plugins import PluginContext
 from gridgate.core.state import MemoryState
 from gridgate.core.testing import Collector, director_for, section_for
-from gridgate.plugins.lsf_proxy.backend import LsfBackend, classify, parse_bjobs, parse_job_id
+from gridgate.plugins.lsf_proxy.director.backend import (
+    LsfBackend,
+    classify,
+    parse_bjobs,
+    parse_job_id,
+)
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
 
 NORMAL = Endpoint("lsf", "normal")
@@ -187,7 +192,7 @@ def test_a_refused_token_is_not_a_queue_failure(lsf_site, start_daemon, cli, py_
 import json
 from gridgate.core.model import Endpoint, SubmitRequest
 from gridgate.core.plugins import PluginContext
-from gridgate.plugins.lsf_proxy.backend import LsfBackend
+from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
 backend = LsfBackend(json.loads({json.dumps(dict(section))!r}), PluginContext())
 endpoint = Endpoint("lsf", "normal")
 result = backend.gridgate_submit(endpoint=endpoint, request=SubmitRequest("lsf"), timeout=20)

@@ -34,10 +34,10 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.plugins.lsf_proxy.client import NoToken, ProxyClient, ProxyError
+from gridgate.plugins.lsf_proxy.client.client import NoToken, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
 from gridgate.plugins.lsf_proxy.opcodes import request_size
-from gridgate.plugins.lsf_proxy.tracking import cancel_pilots, query_pilots
 
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_QUERY = "Job Query"
