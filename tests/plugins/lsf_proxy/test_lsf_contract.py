@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gridgate.core.testing import BackendContract
-from gridgate.plugins.lsf_proxy.backend import LsfBackend
+from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
 
 
 class TestLsfBackendContract(BackendContract):
