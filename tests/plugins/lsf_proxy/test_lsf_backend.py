@@ -78,7 +78,6 @@ def test_gridgate_submit_parses_the_job_id(lsf_site) -> None:
 
 
 @pytest.mark.parametrize(("behaviour", "kind", "transient"), [
-    ("no_such_queue", "no_queue", False),
     ("too_many_processors", "usage", False),
     ("rusage_error", "usage", False),
     ("bad_resreq", "usage", False),
@@ -98,6 +97,18 @@ def test_gridgate_classify_failure_permanent_and_transient(lsf_site, behaviour, 
     assert failure.notify is (not transient)
 
 
+def test_gridgate_classify_failure_no_such_queue_is_the_sites_config(lsf_site) -> None:
+    make, scenario = lsf_site
+    scenario(queues={"normal": {"behaviour": "no_such_queue"}})
+    backend = make()
+    result = backend.gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"), timeout=20)
+    failure = backend.gridgate_classify_failure(endpoint=NORMAL, result=result)
+    # the queue in the site's config does not exist: set aside and told, never retried elsewhere
+    assert (failure.kind, failure.local, failure.exclude, failure.notify, failure.transient) == (
+        "config", False, True, True, False)
+    assert "the queue does not exist" in failure.reason
+
+
 def test_a_hung_bsub_still_trying_is_daemon_trouble(lsf_site) -> None:
     make, scenario = lsf_site
     scenario(queues={"normal": {"behaviour": "daemon_not_responding"}})
@@ -113,7 +124,7 @@ def test_classify_other_outcomes() -> None:
     assert classify(launch).kind == "launch"
     assert classify(CommandResult(("bsub",), 0, stdout="hello")).kind == "bad_output"
     assert classify(CommandResult(("bsub",), 3, stderr="odd\n")).kind == "error"
-    assert classify(None, "why").kind == "bad_request"
+    assert classify(None, "why").kind == "config"
 
 
 def test_transient_failures_are_told_only_when_they_persist(lsf_site, tmp_path) -> None:

@@ -101,8 +101,8 @@ def test_gridgate_register_commands_adds_the_lsfproxyd_group():
     assert set(proxyd.commands) == {"serve", "status", "enable", "disable", "block", "unblock",
                                     "blocklist", "diagnose", "reconfig", "import-lsf"}
     for command in proxyd.commands.values():
-        if command.name == "import-lsf":  # reads LSF's files, talks to no daemon
-            continue
+        if command.name == "import-lsf":
+            continue  # converts files offline: no daemon to reach, no config to read
         options = {opt for param in command.params for opt in getattr(param, "opts", [])}
         assert {"--json", "--socket", "-c", "--config"} <= options, command.name
 
