@@ -163,8 +163,8 @@ def test_every_command_takes_a_token_of_its_category(lsf_site, start_daemon, soc
     assert backend.query(result.job_ids).ok
     backend.close()
     text = log.read_text()
-    assert ",bsub," in text and "SUBMISSION" in text.upper()
-    assert ",bjobs," in text and "QUERY" in text.upper()
+    assert ",BATCH_JOB_SUB," in text and "SUBMISSION" in text.upper()  # as the seed's log
+    assert ",BATCH_JOB_QUERY," in text and "QUERY" in text.upper()
 
 
 def test_a_refused_token_is_not_a_queue_failure(lsf_site, start_daemon, cli, py_as, tmp_path) -> None:

@@ -225,8 +225,8 @@ def test_status_and_cancel_take_tokens_of_their_categories(site, start_daemon, s
     assert backend.gridgate_cancel(endpoint=NORMAL, job_ids=[job], timeout=20).ok
     backend.close()
     lines = log.read_text().splitlines()
-    assert any(",bjobs," in ln and "QUERY" in ln.upper() for ln in lines)
-    assert any(",bkill," in ln and "OTHER" in ln.upper() for ln in lines)
+    assert any(",BATCH_JOB_QUERY," in ln and "QUERY" in ln.upper() for ln in lines)
+    assert any(",BATCH_JOB_SIG," in ln and "OTHER" in ln.upper() for ln in lines)
 
 
 def test_bad_ids_and_other_backends(site) -> None:

@@ -273,6 +273,7 @@ def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
             ports.append(probe.getsockname()[1])
     key = sockdir / "key"
     key.write_text("s3cret\n")
+    key.chmod(0o600)
     hosts = [{"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
              {"name": "pb", "address": f"127.0.0.1:{ports[1]}"}]
     common = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.2,
