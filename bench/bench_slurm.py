@@ -180,7 +180,7 @@ def _os_threads(pid: int) -> int:
     return 0
 
 
-def _fill(cluster: Any, total: int, workers: int = 4) -> None:
+def _fill(cluster: Any, total: int, workers: int = 16) -> None:
     """Bring the queue to ``total`` pending (held) jobs, each its own job record."""
     have = len(cluster.job_ids())
     missing = total - have
@@ -263,6 +263,7 @@ def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
     folder.chmod(0o755)
     rows: list[dict[str, Any]] = []
     started = time.time()
+    load_before = os.getloadavg()[0]
     try:
         # MaxJobCount above the largest queue (cancelled fillers stay MinJobAge seconds)
         with SlurmCluster(folder / "cluster",
@@ -286,7 +287,8 @@ def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
         shutil.rmtree(folder, ignore_errors=True)
     return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
             "loops": loops, "jobs": jobs, "seconds_per_phase": seconds, "query_max": query_max,
-            "cpus": os.cpu_count(), "load_before": os.getloadavg()[0], "rows": rows,
+            "cpus": os.cpu_count(), "load_before": load_before,
+            "load_after": os.getloadavg()[0], "rows": rows,
             "goals": _goals(rows)}
 
 

@@ -68,16 +68,23 @@ def config_group() -> None:
 @config_group.command("validate")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def config_validate(files: tuple[str, ...]) -> None:
-    """Check config FILES; exit 0 when all are valid, 2 otherwise."""
+    """Check config FILES; exit 0 when all are valid, 2 otherwise.
+
+    A file with a director, backends or demand section must also leave something to submit
+    (or say director.paused: true). Warnings (legal, probably not meant) do not fail."""
+    from gridgate.core.config_checks import checked_config, config_warnings
+
     bad = False
     for path in files:
         try:
-            load_config(path)
+            config = checked_config(path)
         except ConfigError as exc:
             bad = True
             for problem in exc.problems:
                 click.echo(str(problem), err=True)
         else:
+            for warning in config_warnings(config):
+                click.echo(str(warning), err=True)
             click.echo(f"{path}: valid")
     if bad:
         raise SystemExit(EXIT_CONFIG)
@@ -130,9 +137,15 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
     import signal
 
     from gridgate.core.config import ConfigSource
+    from gridgate.core.config_checks import submission_problems
     from gridgate.core.director import Director, summary_json
 
     config = load_config_or_exit(path)
+    idle = submission_problems(config)
+    for problem in idle:
+        click.echo(str(problem), err=True)
+    if idle:
+        raise SystemExit(EXIT_CONFIG)
     director = Director(ConfigSource(path, initial=config))
 
     def stop(signum: int, _frame: Any) -> None:

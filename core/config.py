@@ -11,7 +11,7 @@ import copy
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,14 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
                            "description": "Seconds a failing server stays in the failing cache."},
         "ticket_expiry": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
                           "description": "The tickets cache lives failing_expiry + ticket_expiry."},
+        "paused": {"type": "boolean", "default": False,
+                   "description": "Submit nothing, on purpose: the director runs, re-reads its "
+                                  "config and asks no demand. Without it a config that would "
+                                  "submit nothing (no demand, no backend) is refused."},
+        "stall_iterations": {"type": "integer", "minimum": 1, "default": 3,
+                             "description": "Demand asked for pilots and none was submitted "
+                                            "this many iterations in a row: an error saying why "
+                                            "(an alarm once it lasts ticket_expiry)."},
         "notify_kinds": {
             "type": "object",
             "description": "Per failure kind, whether people are told (overrides the classifier).",
@@ -186,6 +194,15 @@ class Config:
     path: Path | None = None
     digest: str = ""
     plugin_classes: Mapping[tuple[str, str], type] = field(default_factory=dict)
+    #: the line of each path written in the file (what problems found later point at)
+    lines: Mapping[PathT, int] = field(default_factory=dict, compare=False)
+
+    def line_of(self, path: PathT) -> int:
+        """The line of ``path`` or of its nearest written parent (1 when none is)."""
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in self.lines:
+                return self.lines[path[:cut]]
+        return 1
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
@@ -223,9 +240,19 @@ def _parse_yaml(text: str, filename: str) -> tuple[Any, dict[PathT, int]]:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0
         message = f"YAML syntax error: {exc.problem or exc}"
-        if exc.context:
+        problems = []
+        if exc.context and exc.context_mark is not None and exc.context_mark.line + 1 != line:
+            # The parser gives up where it noticed (often the end of the file); the construct
+            # it was reading (an unclosed '[', a quote) started here, which is what to fix.
+            start = exc.context_mark.line + 1
+            message += f" ({exc.context} that started at line {start})"
+            problems.append(ConfigProblem(filename, start, (), f"YAML syntax error: {exc.context} "
+                                          f"started here and is not closed; the parser gave up "
+                                          f"at line {line}: {exc.problem or exc}"))
+        elif exc.context:
             message += f" ({exc.context})"
-        raise ConfigError([ConfigProblem(filename, line, (), message)], kind="yaml") from None
+        problems.append(ConfigProblem(filename, line, (), message))
+        raise ConfigError(problems, kind="yaml") from None
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem(filename, 0, (), f"YAML error: {exc}")], kind="yaml") from None
     duplicates = _duplicate_keys(node)
@@ -370,6 +397,10 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
             apply_defaults(filled, schema_at(schema, base))
             for sub, message in checker(filled):
                 found.append(((*base, *sub), message))
+    if not found:
+        from gridgate.core.config_checks import reference_problems
+
+        found += reference_problems(doc, classes)
     if found:
         problems = sorted(
             {ConfigProblem(filename, line_of(p), p, m) for p, m in found},
@@ -377,7 +408,7 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
         )
         raise ConfigError(problems)
     apply_defaults(doc, schema)
-    return Config(data=doc, plugin_classes=classes)
+    return Config(data=doc, plugin_classes=classes, lines=dict(lines))
 
 
 def _get(doc: Mapping[str, Any], path: PathT) -> Any:
@@ -410,17 +441,25 @@ def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError([ConfigProblem(filename, 0, (), f"cannot read: {exc}")], kind="io") from None
     data, lines = _parse_yaml(text, filename)
+    if data is None:
+        # An empty file is far more often a truncated or half-written one than a wish for
+        # every default (no backend, no demand, no mail): it is refused, never applied.
+        raise ConfigError([ConfigProblem(filename, 1, (), "empty config: the file holds no YAML "
+                                         "document (only blanks or comments)")])
     config = validate_document(data, filename, lines)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return Config(data=config.data, path=path, digest=digest, plugin_classes=config.plugin_classes)
+    return Config(data=config.data, path=path, digest=digest, plugin_classes=config.plugin_classes,
+                  lines=config.lines)
 
 
 @dataclass(frozen=True)
 class ReloadOutcome:
-    """What :meth:`ConfigSource.reload` found: a new config, no change, or a refusal."""
+    """What :meth:`ConfigSource.reload` found: a new config (``previous`` is the one it
+    replaced), no change, or a refusal."""
 
     changed: bool
     error: ConfigError | None = None
+    previous: Config | None = None
 
 
 class ConfigSource:
@@ -441,23 +480,32 @@ class ConfigSource:
     def current(self) -> Config:
         return self._current
 
-    def reload(self) -> ReloadOutcome:
+    def reload(self, vet: Callable[[Config], list[ConfigProblem]] | None = None) -> ReloadOutcome:
+        """Re-read the file. ``vet`` may refuse a new config that validates (its problems
+        become the refusal). An unreadable file, like bad content, is reported once until it
+        changes, not at every reload."""
         with self._lock:
             try:
                 text = self.path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 err = ConfigError([ConfigProblem(str(self.path), 0, (), f"cannot read: {exc}")], kind="io")
-                return ReloadOutcome(changed=False, error=err)
+                return self._refused(f"io:{exc}", err)
             digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
             if digest == self._current.digest:
                 self._refused_digest = None
                 return ReloadOutcome(changed=False)
             try:
                 new = load_config(self.path, text=text)
+                problems = vet(new) if vet is not None else []
+                if problems:
+                    raise ConfigError(problems)
             except ConfigError as exc:
-                first_time = digest != self._refused_digest
-                self._refused_digest = digest
-                return ReloadOutcome(changed=False, error=exc if first_time else None)
-            self._current = new
+                return self._refused(digest, exc)
+            previous, self._current = self._current, new
             self._refused_digest = None
-            return ReloadOutcome(changed=True)
+            return ReloadOutcome(changed=True, previous=previous)
+
+    def _refused(self, fingerprint: str, error: ConfigError) -> ReloadOutcome:
+        first_time = fingerprint != self._refused_digest
+        self._refused_digest = fingerprint
+        return ReloadOutcome(changed=False, error=error if first_time else None)

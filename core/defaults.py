@@ -123,9 +123,17 @@ def match_rules(
     return None
 
 
+def local_io_failure(reason: str) -> Failure:
+    """A command that could not be prepared on this machine (``SubmitResult.local_fault``)."""
+    return Failure(kind="local_io", exclude=False, notify=True, transient=False, local=True,
+                   reason=reason)
+
+
 def generic_failure(result: SubmitResult) -> Failure:
     """What any failed command is when nothing more specific is known."""
     command = result.command
+    if result.local_fault:
+        return local_io_failure(result.local_fault)
     if command is None:
         return Failure(kind="error", reason=result.message or "backend gave no command evidence")
     if command.launch_error is not None:

@@ -22,7 +22,8 @@ import pluggy
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.config import Config, ConfigError, ConfigSource
+from gridgate.core.config import Config, ConfigError, ConfigProblem, ConfigSource
+from gridgate.core.config_checks import change_notification, submission_problems
 from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
 from gridgate.core.model import (
     AccountingRecord,
@@ -44,6 +45,7 @@ from gridgate.core.model import (
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.resilient import DeferredState, ResilientState
 from gridgate.core.runner import orphan_guard
+from gridgate.core.stall import StallWatch
 from gridgate.core.state import StateError, StateStore
 from gridgate.core.tracking import PilotTracker
 
@@ -79,7 +81,7 @@ def compose_failure(
     lines: list[str] = []
     level = escalation.level or "error"
     if level == "alarm":
-        lines += [ALARM_HEADER, f"It has been failing at least for {escalation.hours_failing(now)} hours", ""]
+        lines += [ALARM_HEADER, f"It has been failing at least for {escalation.failing_for(now)}", ""]
     lines.append(f"Server: {endpoint.name} ({endpoint.backend})" + (f" {endpoint.url}" if endpoint.url else ""))
     if command is not None:
         lines.append(f"Command: {command.command_line}")
@@ -124,8 +126,15 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     command = result.command
     program = command.argv[0] if command is not None and command.argv else "?"
     host = host or socket.gethostname()
+    if command is None:  # nothing was started: the command's own files could not be written
+        subject = f"gridgate: backend {endpoint.backend} cannot write its files on {host}"
+        first = (f"gridgate could not prepare a {result.operation} command of backend "
+                 f"{endpoint.backend} on {host}, so it submits nothing.")
+    else:
+        subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend})"
+        first = f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing."
     lines = [
-        f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing.",
+        first,
         "",
         f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""),
     ]
@@ -135,8 +144,8 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
             lines.append(f"returns: could not start ({command.launch_error})")
     lines += [
         "",
-        "This is a fault of this machine (a missing or unusable program, a wrong path in the "
-        "config), not of any server:",
+        "This is a fault of this machine (a missing or unusable program, a work folder that is "
+        "missing, read-only or full, a wrong path in the config), not of any server:",
         "- no server is put in the failing cache, and no GGUS ticket is asked for;",
         f"- backend {endpoint.backend} is paused for the rest of each iteration in which this "
         "happens and tried again at the next, so submission resumes by itself once it is fixed;",
@@ -144,7 +153,7 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     ]
     return Notification(
         level="error",
-        subject=f"gridgate: cannot run {program} on {host} (backend {endpoint.backend})",
+        subject=subject,
         body="\n".join(lines) + "\n",
         created=now,
         failure=failure,
@@ -203,6 +212,7 @@ class Director:
         self._own_state = state is None
         self.config = source.current if isinstance(source, ConfigSource) else source
         self._early_notes: list[Notification] = []
+        self._reload_notes: list[Notification] = []  # accepted config changes, said at info
         self.state = ResilientState(
             # Deferred: a store that cannot be opened at start (read-only file, Redis down)
             # is one notification and a local view, not a crash.
@@ -224,6 +234,7 @@ class Director:
         self.stop_event = threading.Event()
         #: Names this director in shared state (demand locks): host, pid and a random part.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{self.config.path or '-'}")
 
     # --- plugins and config --------------------------------------------------------------
 
@@ -286,16 +297,29 @@ class Director:
         """Re-read the config; rebuild plugins if it changed. Returns a refusal, if any."""
         if not isinstance(self.source, ConfigSource):
             return None
-        outcome = self.source.reload()
+        outcome = self.source.reload(vet=lambda new: submission_problems(new, self._answers))
         if outcome.changed:
-            logger.info("config {} changed; new settings take effect now", self.source.path)
             self.config = self.source.current
             self._build()
+            assert outcome.previous is not None
+            self._reload_notes.append(change_notification(outcome.previous, self.config, self.clock.time()))
         if self.metrics is not None and (outcome.changed or outcome.error is not None):
             self.metrics.config_reloaded(refused=outcome.error is not None)
         if outcome.error is not None:
             return _refusal_text(outcome.error)
         return None
+
+    def _answers(self, backend: str) -> bool:
+        """Whether a plugin given in-process (not through the config) submits to ``backend``."""
+        for plugin in self.extra_plugins:
+            info = getattr(plugin, "gridgate_backend_info", None)
+            if callable(info) and info(backend=backend) is not None:
+                return True
+        return False
+
+    def nothing_to_submit(self) -> list[ConfigProblem]:
+        """Why the current config would submit nothing (empty when it would, or is paused)."""
+        return submission_problems(self.config, self._answers)
 
     def close(self) -> None:
         for plugin in self._plugins:
@@ -362,7 +386,8 @@ class Director:
             hook.gridgate_notify(notification=config_note)
         hook.gridgate_iteration_started(iteration=info)
         demand = DemandRegistry()
-        hook.gridgate_demand(iteration=info, demand=demand)
+        if not self.config.director["paused"]:  # paused on purpose: no demand, no stall
+            hook.gridgate_demand(iteration=info, demand=demand)
         try:
             failing = {key[len(FAILING):] for key, _ in self.state.items(FAILING)}
         except StateError as exc:
@@ -371,6 +396,9 @@ class Director:
         it = _Iteration(info=info, failing=failing)
         if config_note is not None:
             it.notifications.append(config_note)
+        while self._reload_notes:
+            it.notifications.append(self._reload_notes.pop(0))
+            hook.gridgate_notify(notification=it.notifications[-1])
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
         jobs = self._plan(demand, it)
         threads = int(self.config.director["max_threads"])
@@ -378,6 +406,9 @@ class Director:
             with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="submit") as pool:
                 for future in [pool.submit(self._submit_one, backend, request, it) for backend, request in jobs]:
                     future.result()
+        for note in self.stall.observe(info, it.records, self.config.director):
+            it.notifications.append(note)
+            hook.gridgate_notify(notification=note)
         summary = IterationSummary(
             number=info.number,
             started=info.started,
@@ -505,7 +536,8 @@ class Director:
         if request.list_match:
             match = hook.gridgate_list_match(endpoint=endpoint, request=request, timeout=timeout)
             if match is not None and not match.ok:
-                return SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match")
+                return SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match",
+                                    local_fault=match.local_fault)
             if match is not None and not match.resources:
                 return None
         result = hook.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)

@@ -132,6 +132,7 @@ class ListMatchResult:
 
     ``ok`` is False when the command failed (a server fault, classified like a submit failure);
     ``ok`` True with no ``resources`` means "nothing matches here", which is not a fault.
+    ``local_fault`` as in :class:`SubmitResult`.
     """
 
     endpoint: Endpoint
@@ -139,6 +140,7 @@ class ListMatchResult:
     resources: tuple[str, ...] = ()
     command: CommandResult | None = None
     cached: bool = False
+    local_fault: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,9 @@ class SubmitResult:
     ``ok`` with ``job_ids`` on success; on failure ``command`` carries the evidence that the
     classifier reads. ``operation`` names what was run (``Job Submit``, ``List Match``) for
     messages. ``no_match`` marks "no resources for this request here", which is not a fault.
+    ``local_fault``, when set, says why nothing could be run because of this machine (a work
+    folder missing, not writable or full: the folder and the OS error); it is classified as a
+    local fault (kind ``local_io``), so no server is blamed.
     """
 
     endpoint: Endpoint
@@ -157,6 +162,7 @@ class SubmitResult:
     operation: str = "Job Submit"
     no_match: bool = False
     message: str = ""
+    local_fault: str = ""
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,7 @@ class Failure:
     is worthwhile. ``reason`` is one human line.
 
     ``local`` says the fault is on the director's own machine (the command could not be
-    started at all), not the server's: no server is blamed (no failing cache, no ticket
+    started at all, or its input file could not be written), not the server's: no server is blamed (no failing cache, no ticket
     escalation), the backend is paused for the rest of the iteration, and one error per
     episode says what to fix here.
     """
@@ -249,7 +255,7 @@ class Escalation:
 
     ``level`` is ``error`` or ``alarm``, or None to record the failure and tell nobody.
     ``episode_start`` is the wall time of the first failure of this episode (the seed's
-    "failing at least for N hours" comes from it); ``failures`` counts failures in the episode.
+    "failing at least for N hours" comes from it, see :meth:`failing_for`); ``failures`` counts failures in the episode.
     """
 
     level: Level | None
@@ -257,9 +263,28 @@ class Escalation:
     failures: int = 1
     reason: str = ""
 
-    def hours_failing(self, now: float) -> int:
-        """Whole hours since the episode started, at least 1 (the seed's wording)."""
-        return max(1, int((now - self.episode_start) // 3600))
+    def hours_failing(self, now: float) -> float:
+        """Hours since the episode started, as they are (never rounded up, never clamped)."""
+        return max(0.0, now - self.episode_start) / 3600
+
+    def failing_for(self, now: float) -> str:
+        """The time since the episode's first failure as the alarm says it (:func:`elapsed_text`)."""
+        return elapsed_text(now - self.episode_start)
+
+
+def elapsed_text(seconds: float) -> str:
+    """A duration as an alarm's "failing at least for ..." says it, rounded down so that
+    "at least" stays true: ``42 seconds`` below a minute, ``17 minutes`` below an hour,
+    ``1.5 hours`` (one decimal) from an hour on."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        whole, unit = int(seconds), "second"
+    elif seconds < 3600:
+        whole, unit = int(seconds // 60), "minute"
+    else:
+        tenths = int(seconds // 360)
+        return f"{tenths // 10}.{tenths % 10} hours"
+    return f"{whole} {unit}{'' if whole == 1 else 's'}"
 
 
 @dataclass(frozen=True)

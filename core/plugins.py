@@ -86,6 +86,9 @@ class Plugin:
 
     config_schema: ClassVar[dict[str, Any]] = {"type": "object", "additionalProperties": False}
     name: str = ""
+    #: A backend: the key of its section that lists its endpoints (``servers``); a configured
+    #: backend whose list is empty is a config error, since it could submit nowhere.
+    endpoints_key: ClassVar[str | None] = None
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         self.config = config
@@ -94,6 +97,12 @@ class Plugin:
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
         """Cross-field problems as (path inside the section, message); empty when fine."""
+        return []
+
+    @classmethod
+    def config_warnings(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        """Legal settings that are probably not meant, as (path, message); `gridgate config
+        validate` prints them and still says valid."""
         return []
 
     def close(self) -> None:

@@ -260,6 +260,7 @@ class PilotTracker:
         self._states: dict[str, dict[str, int]] = {}
         #: backends that answered no status query (no gridgate_job_status): no limits for them
         self._blind: set[str] = set()
+        self._blind_pm: object = None
 
     # --- settings and the registry ----------------------------------------------------------
 
@@ -432,6 +433,11 @@ class PilotTracker:
 
     def _poll_one(self, registry: PilotRegistry, endpoint: Endpoint, timeout: float,
                   interval: float | None, it: Any, settings: PilotSettings, now: float) -> _Poll | None:
+        with self._lock:
+            if self._blind_pm is not self.director.pm:  # plugins rebuilt: ask every backend again
+                self._blind_pm, self._blind = self.director.pm, set()
+            if endpoint.backend in self._blind:  # it said it cannot: no need to read its pilots
+                return None
         active = registry.active(endpoint.backend, endpoint.name)
         if not active:
             return None

@@ -133,6 +133,8 @@ class LsfBackend(Plugin):
     """Submits pilots to LSF queues with ``bsub``; queries them with ``bjobs``."""
 
     name = "lsf"
+    #: the config key that lists the endpoints: a section without any is a config error
+    endpoints_key = "queues"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",

@@ -821,7 +821,7 @@ class ProxyDaemon:
         if decision.outcome == QUEUED:
             # the client may tell its user why it waits, and behind how many
             self._send(conn, {"v": PROTOCOL_VERSION, "event": "queued", "request": msg_id,
-                              "ahead": self.policy.categories[category].queue.size - 1})
+                              "ahead": self.policy.ahead(req.id)})
             self._poke()
             return
         self._deliver(decision)

@@ -134,6 +134,8 @@ class Link:
         self._signer = signer
         self._ids = 0
         self._buffer = b""
+        #: called once when this connection is closed (the gate's early token holder)
+        self.on_close: Callable[[], None] | None = None
         tcp = not address.startswith(("/", "."))
         if tcp:
             if signer is None:
@@ -242,6 +244,9 @@ class Link:
         return self.wait(self.send(op, **fields), timeout)
 
     def close(self) -> None:
+        hook, self.on_close = self.on_close, None
+        if hook is not None:
+            hook()
         try:
             self.sock.close()
         except OSError:
@@ -337,8 +342,11 @@ class GateClient:
         return sorted(order, key=lambda d: d[1] in self._down)
 
     def acquire(self, category: str, opcode: str, notice: float | None = None,
-                on_notice: Callable[[int | None], None] | None = None, size: int = 0) -> Grant:
-        """Wait for a token of ``category``.
+                on_notice: Callable[[int | None], None] | None = None,
+                on_sent: Callable[[Link], None] | None = None, size: int = 0) -> Grant:
+        """Wait for a token of ``category``; ``on_sent(link)`` after each request is sent
+        (work to overlap with the daemon's answer); ``size`` is the request's size in bytes
+        for the diagnostic log.
 
         :raises NoToken: blocked, or denied ``notoken_ntries`` times.
         :raises Unavailable: no daemon answered and ``when_unavailable`` is ``fail``.
@@ -346,7 +354,8 @@ class GateClient:
         """
         tries = 0
         while True:
-            reply, link, name = self._acquire_once(category, opcode, notice, on_notice, size)
+            reply, link, name = self._acquire_once(category, opcode, notice, on_notice, on_sent,
+                                                   size)
             if reply is None:
                 message = f"no lsfproxyd answered ({', '.join(n for n, _ in self.daemons)})"
                 if self.when_unavailable == "fail":
@@ -372,16 +381,18 @@ class GateClient:
             notice = None  # said once is enough
 
     def _acquire_once(self, category: str, opcode: str, notice: float | None,
-                      on_notice: Callable[[int | None], None] | None, size: int = 0,
+                      on_notice: Callable[[int | None], None] | None,
+                      on_sent: Callable[[Link], None] | None = None, size: int = 0,
                       ) -> tuple[dict[str, Any] | None, Link | None, str]:
         busy = ""
         for daemon in self._order():
             try:
                 link = self._link(daemon)
                 try:
-                    reply = link.wait(link.send("acquire", category=category, opcode=opcode,
-                                                size=size),
-                                      self.reply_timeout, notice, on_notice)
+                    msg_id = link.send("acquire", category=category, opcode=opcode, size=size)
+                    if on_sent is not None:
+                        on_sent(link)
+                    reply = link.wait(msg_id, self.reply_timeout, notice, on_notice)
                 except Failed:
                     link.close()
                     raise

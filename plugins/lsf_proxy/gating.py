@@ -333,13 +333,17 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
         _say(f"{name}: waiting for a {category} token"
              + (f", {ahead} ahead" if ahead is not None else ""))
 
+    hold = None
+    if start_only(name, argv[1:], section):
+        hold = float(section.get("start_hold", CLIENT_DEFAULTS["start_hold"]))
+    holder = _Holder(hold)
     held = os.environ.get(TOKEN_ENV)
     try:
         if held and client.check(held):
             # inside a gated command whose token is live and ours: it covers this one
             return _exec(command, held, name, category)
         grant = client.acquire(category, opcode or name, None if quiet else NOTICE_AFTER,
-                               waiting, size=request_size(argv))
+                               waiting, holder.start, size=request_size(argv))
     except KeyboardInterrupt:
         _say(f"{name}: interrupted while waiting for a {category} token")
         return 128 + signal.SIGINT
@@ -353,21 +357,57 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
         _say(f"{name}: not run: {exc}")
         return EXIT_NO_TOKEN
     if grant.link is not None:
-        hold = None
-        if start_only(name, argv[1:], section):
-            hold = float(section.get("start_hold", CLIENT_DEFAULTS["start_hold"]))
-        _hand_over(grant, hold)
+        holder.take(grant)
     return _exec(command, grant.token or None, name, category)
 
 
-def _hand_over(grant: Any, hold: float | None) -> None:
-    """Leave the token (its connection) to a holder process that gives it back when this
+class _Holder:
+    """Leaves the token (its connection) to a holder process that gives it back when this
     process (about to become the command) ends, or after ``hold`` seconds.
 
-    The holder is a grandchild in a session of its own: never the command's child (no stray
-    SIGCHLD, no zombie), out of reach of the terminal's ^C and hang-up. It waits on a pidfd
-    of this process, opened before the fork, so a recycled pid cannot fool it.
+    The holder is forked while the daemon decides (:meth:`start`, right after the request is
+    sent), so that a granted token is not kept waiting for process creation: on a grant the
+    gate writes the token id into a pipe and execs. It is a grandchild in a session of its
+    own: never the command's child (no stray SIGCHLD, no zombie), out of reach of the
+    terminal's ^C and hang-up. It waits on a pidfd of the gate's process, opened before the
+    fork, so a recycled pid cannot fool it. The pipe closed empty (refused, retried on another
+    connection, the gate exited) tells it to close its copy of the connection and exit.
     """
+
+    def __init__(self, hold: float | None) -> None:
+        self.hold = hold
+        self.link: Any = None
+        self._pipe = -1
+
+    def start(self, link: Any) -> None:
+        if self.link is not None:
+            return  # one per gate: a later attempt's grant is handed over by take()
+        read_end, self._pipe = os.pipe()
+        self.link = link
+        link.on_close = self.abandon
+        _fork_holder(link, read_end, self._pipe, self.hold)
+        os.close(read_end)
+
+    def abandon(self) -> None:
+        if self._pipe >= 0:
+            os.close(self._pipe)
+            self._pipe = -1
+
+    def take(self, grant: Any) -> None:
+        """The token is granted: hand it to the holder (forked now if its link is another)."""
+        if grant.link is not self.link:
+            self.abandon()
+            self.link = None
+            read_end, self._pipe = os.pipe()
+            _fork_holder(grant.link, read_end, self._pipe, self.hold)
+            os.close(read_end)
+        os.write(self._pipe, grant.token.encode())
+        grant.link.on_close = None
+        grant.link.close()  # the holder's copy keeps the connection, and the token, alive
+        # the pipe closes at exec: the holder reads the token, then end of file
+
+
+def _fork_holder(link: Any, read_end: int, write_end: int, hold: float | None) -> None:
     try:
         watch = os.pidfd_open(os.getpid())
     except (AttributeError, OSError):  # Linux before 5.3: poll the pid instead
@@ -378,17 +418,24 @@ def _hand_over(grant: Any, hold: float | None) -> None:
         try:
             os.setsid()
             if os.fork() == 0:
+                os.close(write_end)  # else the pipe would never end
+                link.on_close = None  # the gate's hook, not the holder's
                 # the command's stdout may be a pipe someone reads to its end
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
-                _hold(grant, watch, me, hold)
+                word = b""
+                while chunk := os.read(read_end, 4096):
+                    word += chunk
+                if word:
+                    from gridgate.plugins.lsf_proxy.gateclient import Grant
+
+                    _hold(Grant(word.decode(), link), watch, me, hold)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
     if watch >= 0:
         os.close(watch)
-    grant.link.close()  # the holder's copy keeps the connection, and the token, alive
 
 
 def _hold(grant: Any, watch: int, pid: int, hold: float | None) -> None:

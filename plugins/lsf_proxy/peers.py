@@ -29,6 +29,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.secrets import read_secret
+from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits, split_limits
 
 #: A peer not heard for this many heartbeat intervals is taken for dead.
@@ -272,8 +273,6 @@ class Heartbeat:
 
     def _beat(self, name: str, payload: Mapping[str, Any]) -> BeatResult:
         """One heartbeat to ``name`` through the client (runs in a worker thread)."""
-        from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
-
         address = self.addresses.get(name)
         if address is None:
             return BeatResult(name, error="no longer configured")

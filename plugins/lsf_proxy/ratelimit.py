@@ -125,12 +125,17 @@ class RateLimitedPolicy(TokenPolicy):
 
     def __init__(self, settings: PolicySettings, *args: Any, **kwargs: Any) -> None:
         super().__init__(settings, *args, **kwargs)
+        self._rates: dict[str, RateLimit] = dict(getattr(settings, "rate_limits", {}))
         self._buckets: dict[str, dict[str, Bucket]] = {c: {} for c in CATEGORIES}
         self._rate_queues: dict[str, dict[str, deque[_Waiting]]] = {c: {} for c in CATEGORIES}
         self._rate_pending: dict[str, tuple[str, _Waiting]] = {}
 
     def rate_limit(self, category: str) -> RateLimit | None:
-        return getattr(self.settings, "rate_limits", {}).get(category)
+        return self._rates.get(category)
+
+    def reconfigure(self, settings: PolicySettings) -> None:
+        super().reconfigure(settings)
+        self._rates = dict(getattr(settings, "rate_limits", {}))
 
     def _bucket(self, category: str, user: str, limit: RateLimit, now: float) -> Bucket:
         buckets = self._buckets[category]
@@ -152,10 +157,12 @@ class RateLimitedPolicy(TokenPolicy):
     # -- requests
 
     def request(self, req: Request, now: float | None = None) -> Decision:
+        limit = self._rates.get(req.category)
+        if limit is None:  # the plain policy's path, at its cost
+            return super().request(req, now)
         now = self._now(now)
-        limit = self.rate_limit(req.category)
         cat = self.categories.get(req.category)
-        if (limit is None or cat is None or not cat.enabled
+        if (cat is None or not cat.enabled
                 or self.is_blocked(req.user, req.host) or self.is_privileged(req.user, req.host)):
             return super().request(req, now)
         if req.id in self._rate_pending:
@@ -195,6 +202,8 @@ class RateLimitedPolicy(TokenPolicy):
         return self._deny(req, reason, now, item.received, item.received_wall)
 
     def tick(self, now: float | None = None) -> TickResult:
+        if not self._rate_pending:
+            return super().tick(now)
         now = self._now(now)
         wait = self.settings.token_wait_time
         decisions: list[Decision] = []
@@ -225,6 +234,8 @@ class RateLimitedPolicy(TokenPolicy):
         return TickResult((*decisions, *result.decisions), result.expired)
 
     def next_wakeup(self, now: float | None = None) -> float | None:
+        if not self._rate_pending:
+            return super().next_wakeup(now)
         now = self._now(now)
         times: list[float] = []
         base = super().next_wakeup(now)
@@ -287,6 +298,18 @@ class RateLimitedPolicy(TokenPolicy):
         now = self._now(now)
         out = self._drain(CATEGORIES, now, lambda _i: False, "denied", "shutdown")
         return out + super().shutdown(now)
+
+    def ahead(self, request_id: str) -> int:
+        """How many requests wait before one just queued: its user's earlier ones when it
+        waits for the rate, else everyone queued for a token (it is the last of them)."""
+        entry = self._rate_pending.get(request_id)
+        if entry is not None:
+            category, item = entry
+            return self._rate_queues[category][item.request.user].index(item)
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return 0
+        return max(0, self.categories[pending[0]].queue.size - 1)
 
     def has_waiters(self) -> bool:
         return bool(self._rate_pending) or super().has_waiters()

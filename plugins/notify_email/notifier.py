@@ -160,6 +160,14 @@ class EmailNotifier(Plugin):
     def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
         return smtp_errors(section)
 
+    @classmethod
+    def config_warnings(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        # "" disables one level (the seed's way); every level disabled is a notifier that
+        # sends nothing at all, which is rarely what was meant
+        if not addresses(section.get("error_address", "")) and not addresses(section.get("alarm_address", "")):
+            return [((), "error_address and alarm_address are both empty: this notifier sends nothing")]
+        return []
+
     def recipients(self, level: str) -> list[str]:
         if level == "alarm":
             return addresses(self.config["alarm_address"])

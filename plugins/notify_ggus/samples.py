@@ -51,7 +51,7 @@ def sample_notifications() -> tuple[Notification, Notification]:
     alarm = Notification(
         "alarm", f"{ENDPOINT.name}: error executing Job Submit",
         _body(command, "Submit GGUS Ticket for this error if not already opened\n"
-                       "It has been failing at least for 3 hours\n\n"),
+                       "It has been failing at least for 3.1 hours\n\n"),
         later, endpoint=ENDPOINT, failure=failure, command=command, episode_start=START,
         failures_in_episode=4, key=f"{ENDPOINT.key}:Job Submit")
     return error, alarm

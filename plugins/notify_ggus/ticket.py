@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from gridgate.core.model import Endpoint, Notification
+from gridgate.core.model import Endpoint, Notification, elapsed_text
 
 SUBJECT_MAX = 250
 DESCRIPTION_MAX = 4000
@@ -162,10 +162,9 @@ def _header(notification: Notification) -> str:
     where = f"{n.endpoint.name} ({n.endpoint.backend})" if n.endpoint else "gridgate"
     lines = []
     start = n.episode_start if n.episode_start is not None else n.created
-    hours = max(1, int((n.created - start) // 3600)) if n.created > start else 0
     since = f"{where} has been failing since {utc(start)}"
-    if hours:
-        since += f" (at least {hours} hour{'s' if hours != 1 else ''})"
+    if n.created > start:
+        since += f" (at least {elapsed_text(n.created - start)})"
     failures = max(1, n.failures_in_episode)
     lines.append(f"{since}; {failures} failure{'s' if failures != 1 else ''} since then.")
     if n.endpoint is not None and n.endpoint.url:

@@ -6,8 +6,9 @@ Each configured partition is an endpoint (``partition`` on the cluster of ``SLUR
 It is written only against gridgate's public plugin API (docs/plugins.md), as a site's own
 backend would be. Failures are read from Slurm's own messages (:mod:`.classify`). A controller
 that cannot be contacted takes every partition of its cluster out of rotation: once one
-partition found it unreachable, the others of the same cluster fail at once in that iteration
-with the same evidence, instead of each waiting ~9 s for Slurm to give up again.
+partition found it unreachable (submitting, polling or cancelling), the others of the same
+cluster fail at once in that iteration with the same evidence, instead of each waiting ~9 s for
+Slurm to give up again.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ class SlurmBackend(Plugin):
     """Submits pilots to Slurm partitions; polls and cancels them."""
 
     name = "slurm"
+    #: the config key that lists the endpoints: a section without any is a config error
+    endpoints_key = "partitions"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -200,7 +203,6 @@ class SlurmBackend(Plugin):
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
         self._lock = threading.Lock()
-        self._iteration: int | None = None
         #: cluster ("" = SLURM_CONF's) -> (partition that found it, its failed sbatch)
         self._unreachable: dict[str, tuple[str, CommandResult]] = {}
         self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
@@ -235,6 +237,24 @@ class SlurmBackend(Plugin):
         argv.append(str(self.config.get("script") or ""))
         return argv
 
+    def _known_unreachable(self, endpoint: Endpoint) -> tuple[CommandResult, str] | None:
+        """The evidence and a 'not tried' message when a sibling partition of ``endpoint``
+        found its controller unreachable in this iteration."""
+        _partition, cluster = split_partition(endpoint.name)
+        with self._lock:
+            known = self._unreachable.get(cluster)
+        if known is None:
+            return None
+        found_by, command = known
+        return command, (f"not tried: partition {found_by} of the same cluster could not "
+                         f"contact the controller this iteration")
+
+    def _note_unreachable(self, endpoint: Endpoint, outcome: CommandResult) -> None:
+        if cluster_wide(outcome):
+            _partition, cluster = split_partition(endpoint.name)
+            with self._lock:
+                self._unreachable.setdefault(cluster, (endpoint.name, outcome))
+
     def _cluster_args(self, endpoint: Endpoint) -> list[str]:
         _partition, cluster = split_partition(endpoint.name)
         return [f"--clusters={cluster}"] if cluster else []
@@ -245,7 +265,6 @@ class SlurmBackend(Plugin):
     def gridgate_iteration_started(self, iteration: IterationInfo) -> None:
         # A controller found unreachable is tried again (by one partition) next iteration.
         with self._lock:
-            self._iteration = iteration.number
             self._unreachable.clear()
 
     @hookimpl
@@ -261,14 +280,10 @@ class SlurmBackend(Plugin):
                         timeout: float) -> SubmitResult | None:
         if endpoint.backend != self.name:
             return None
-        _partition, cluster = split_partition(endpoint.name)
-        with self._lock:
-            known = self._unreachable.get(cluster)
+        known = self._known_unreachable(endpoint)
         if known is not None:
-            found_by, command = known
-            return SubmitResult(endpoint, ok=False, command=command, operation=OPERATION_SUBMIT,
-                                message=f"not tried: partition {found_by} of the same cluster "
-                                        f"could not contact the controller this iteration")
+            return SubmitResult(endpoint, ok=False, command=known[0], operation=OPERATION_SUBMIT,
+                                message=known[1])
         outcome = self._run(self.sbatch_argv(endpoint, request), self._deadline(timeout))
         parsed = parse_parsable(outcome.stdout) if outcome.ok else None
         if parsed is not None:
@@ -277,9 +292,7 @@ class SlurmBackend(Plugin):
                    else (job_id,))
             return SubmitResult(endpoint, ok=True, job_ids=ids, command=outcome,
                                 operation=OPERATION_SUBMIT)
-        if cluster_wide(outcome):
-            with self._lock:
-                self._unreachable.setdefault(cluster, (endpoint.name, outcome))
+        self._note_unreachable(endpoint, outcome)
         return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
                             message=outcome.describe())
 
@@ -304,6 +317,10 @@ class SlurmBackend(Plugin):
             return StatusResult(endpoint, ok=False, commands=0, message=bad)
         if not ids:
             return StatusResult(endpoint, ok=True, commands=0)
+        known = self._known_unreachable(endpoint)
+        if known is not None:
+            return StatusResult(endpoint, ok=False, command=known[0], commands=0,
+                                message=known[1])
         # -r: one line per array task (a pending array is otherwise shown as 12_[0-3]);
         # -t all: finished jobs still in memory too (the default filter hides them even with -j).
         # Arrays are asked for by their base id: once the still-pending tasks of an array are
@@ -323,6 +340,7 @@ class SlurmBackend(Plugin):
             gone = (outcome.returncode == 1 and "Invalid job id specified" in outcome.stderr
                     and not outcome.timed_out)
             if not outcome.ok and not gone:
+                self._note_unreachable(endpoint, outcome)
                 return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
                                     message=outcome.describe())
             seen.update(parse_squeue(outcome.stdout))
@@ -342,6 +360,9 @@ class SlurmBackend(Plugin):
         ids, bad = _checked_ids(job_ids)
         if bad:
             return CancelResult(endpoint, ok=False, message=bad)
+        known = self._known_unreachable(endpoint)
+        if known is not None:
+            return CancelResult(endpoint, ok=False, command=known[0], message=known[1])
         cancelled: list[str] = []
         last: CommandResult | None = None
         prefix = [self._command("scancel"), *self._cluster_args(endpoint)]
@@ -351,6 +372,7 @@ class SlurmBackend(Plugin):
             outcome = self._run(argv, deadline)
             last = outcome
             if not outcome.ok:
+                self._note_unreachable(endpoint, outcome)
                 return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled),
                                     command=outcome, message=outcome.describe())
             cancelled += argv[len(prefix):]

@@ -52,7 +52,8 @@ PATTERNS: tuple[Pattern, ...] = (
     # sbatch: error: Batch job submission failed: Required partition not available (inactive or drain)
     Pattern("drained", re.compile(r"Required partition not available"),
             "the partition is INACTIVE or DRAIN", notify=False),
-    # [src] Slurm job queue full, sleeping and retrying / Slurm temporarily unable to accept job
+    # sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying  (MaxJobCount
+    # reached; sbatch retries until killed). [src] Slurm job queue full, sleeping and retrying
     Pattern("overload", re.compile(r"Slurm job queue full|temporarily unable to accept job|"
                                    r"Job creation temporarily disabled"),
             "the Slurm controller does not take jobs now", notify=False),
@@ -79,7 +80,8 @@ PATTERNS: tuple[Pattern, ...] = (
                                r"Protocol authentication error"),
             "Slurm refused this user or could not authenticate it (munge)", transient=False),
     # sbatch: error: Unable to open file /path/pilot.sh
-    Pattern("script", re.compile(r"Unable to open file"),
+    # sbatch: error: This does not look like a batch script.  The first
+    Pattern("script", re.compile(r"Unable to open file|This does not look like a batch script"),
             "the pilot script cannot be read on this machine", transient=False, local=True),
     # sbatch: unrecognized option '--bogus'   (exit 255)
     Pattern("usage", re.compile(r"unrecognized option|invalid option|"

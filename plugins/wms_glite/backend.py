@@ -2,17 +2,21 @@
 
 Every call names its server explicitly (``--endpoint``), runs under a hard deadline through
 the core runner, and turns whatever came back into a result value; nothing here raises on a
-server's misbehaviour. The JDL goes into a private temporary file and never near a shell.
+server's misbehaviour. The JDL goes into a private file under the state folder (or the
+configured ``work_dir``) and never near a shell; a folder that cannot take it (missing,
+read-only, full) is a fault of this machine, reported as such, not a bad request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -20,6 +24,8 @@ from urllib.parse import urlsplit
 from loguru import logger
 
 from gridgate.core import hookimpl
+from gridgate.core.defaults import local_io_failure
+from gridgate.core.files import ensure_private_dir
 from gridgate.core.model import (
     BackendInfo,
     CancelResult,
@@ -52,6 +58,10 @@ DEFAULT_PATH = "/glite_wms_wmproxy_server"
 HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
 DELEGATION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
+#: JDL files are named ``gridgate-<pid>-<random>.jdl``: the pid says whose they are, so the
+#: files of a director that was killed can be told from those of one that is running.
+JDL_PREFIX = "gridgate-"
+JDL_NAME_RE = re.compile(r"^gridgate-(\d+)-[^/]*\.jdl$")
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_LIST_MATCH = "List Match"
 
@@ -112,6 +122,8 @@ class GliteBackend(Plugin):
     """Submits to gLite WMS servers with ``glite-wms-job-submit``/``-list-match``."""
 
     name = "wms_glite"
+    #: the config key that lists the endpoints: a section without any is a config error
+    endpoints_key = "servers"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -156,8 +168,10 @@ class GliteBackend(Plugin):
                                 "description": "Seconds; replaces the director's limit for "
                                                "this backend's commands when set."},
             "work_dir": {"type": ["string", "null"], "default": None,
-                         "description": "Where the private JDL files are written (default: "
-                                        "the system temporary directory)."},
+                         "description": "Where the private JDL files are written; it must "
+                                        "exist (default: wms_glite-jdl under director."
+                                        "state_dir, created 0700). Files a killed director "
+                                        "left there are removed at start."},
             "pilots_per_jdl": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1,
                                "description": "Pilots per submission; > 1 makes a parametric "
                                               "JDL."},
@@ -256,6 +270,12 @@ class GliteBackend(Plugin):
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
         self.rules = tuple(Rule.from_config(rule) for rule in config.get("rules") or [])
+        self.removed_leftovers = remove_leftover_jdls(self.jdl_dir())
+
+    def jdl_dir(self) -> Path:
+        """The folder JDL files are written to."""
+        configured = self.config.get("work_dir")
+        return Path(configured) if configured else Path(self.context.state_dir) / f"{self.name}-jdl"
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -306,36 +326,40 @@ class GliteBackend(Plugin):
 
     def _run_with_jdl(
         self, operation: str, endpoint: Endpoint, request: SubmitRequest, timeout: float
-    ) -> CommandResult | str:
-        """Write the JDL privately, run the command, remove the file; a str is the reason
-        nothing could be run (a value that cannot go into a JDL, an unwritable work dir)."""
+    ) -> CommandResult | _NotRun:
+        """Write the JDL privately, run the command, remove the file; a :class:`_NotRun`
+        says why nothing could be run (a value that cannot go into a JDL, or, a fault of this
+        machine, a JDL folder that is missing, not writable or full)."""
         from gridgate.core.runner import run
 
         try:
             text = build_jdl(self.config, request)
         except JdlError as exc:
-            return f"cannot build the JDL: {exc}"
-        work_dir = self.config.get("work_dir") or None
+            return _NotRun(f"cannot build the JDL: {exc}")
+        folder = self.jdl_dir()
         try:
+            if not self.config.get("work_dir"):
+                ensure_private_dir(folder)
             # mkstemp creates the file 0600 and exclusively: no other user can read the JDL or
             # swap it between writing and the command reading it.
-            fd, path = tempfile.mkstemp(prefix="gridgate-", suffix=".jdl", dir=work_dir)
+            fd, path = tempfile.mkstemp(prefix=f"{JDL_PREFIX}{os.getpid()}-", suffix=".jdl",
+                                        dir=folder)
         except OSError as exc:
-            return f"cannot create the JDL file in {work_dir or tempfile.gettempdir()}: {exc}"
+            return _NotRun(f"cannot create a JDL file in {folder}: {_os_error(exc)}", local=True)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+            except OSError as exc:
+                return _NotRun(f"cannot write the JDL file {path} in {folder}: {_os_error(exc)}",
+                               local=True)
             argv = self.argv(operation, endpoint, path)
             logger.debug("{} on {}: {}", operation, endpoint.name, argv)
             return run(argv, self._timeout(timeout), env=self._env(),
                        max_output=self._max_output())
-        except OSError as exc:
-            return f"cannot write the JDL file {path}: {exc}"
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 Path(path).unlink()
-            except OSError:
-                pass
 
     def _cache_key(self, endpoint: Endpoint, request: SubmitRequest) -> str:
         requirements = request.requirements or self.config.get("requirements") or ""
@@ -392,9 +416,10 @@ class GliteBackend(Plugin):
         if cached is not None:
             return ListMatchResult(endpoint, ok=True, resources=cached, cached=True)
         outcome = self._run_with_jdl(OPERATION_LIST_MATCH, endpoint, request, timeout)
-        if isinstance(outcome, str):
-            logger.error("list-match on {} not run: {}", endpoint.name, outcome)
-            return ListMatchResult(endpoint, ok=False)
+        if isinstance(outcome, _NotRun):
+            logger.error("list-match on {} not run: {}", endpoint.name, outcome.reason)
+            return ListMatchResult(endpoint, ok=False,
+                                   local_fault=outcome.reason if outcome.local else "")
         if not outcome.ok:
             return ListMatchResult(endpoint, ok=False, command=outcome)
         resources = parse_ce_ids(outcome.stdout)
@@ -411,8 +436,10 @@ class GliteBackend(Plugin):
         if not self._mine(endpoint.backend):
             return None
         outcome = self._run_with_jdl(OPERATION_SUBMIT, endpoint, request, timeout)
-        if isinstance(outcome, str):
-            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, message=outcome)
+        if isinstance(outcome, _NotRun):
+            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT,
+                                message=outcome.reason,
+                                local_fault=outcome.reason if outcome.local else "")
         if outcome.ok:
             job_ids = parse_job_ids(outcome.stdout)
             if job_ids:
@@ -437,6 +464,51 @@ class GliteBackend(Plugin):
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         if not self._mine(endpoint.backend):
             return None
+        if result.local_fault:
+            return local_io_failure(result.local_fault)
         expected = {OPERATION_LIST_MATCH: "CE list", "Job Status": "job status"}.get(
             result.operation, "job id")
         return classify(result.command, self.rules, result.message, expected=expected)
+
+
+@dataclass(frozen=True)
+class _NotRun:
+    """Why a command was not run; ``local`` when this machine is at fault, not the request."""
+
+    reason: str
+    local: bool = False
+
+
+def _os_error(exc: OSError) -> str:
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_leftover_jdls(folder: Path) -> list[Path]:
+    """Remove the JDL files of directors that are no longer running (killed with commands in
+    flight); files of a live process, this one included, are left to it. Returns what went."""
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed  # no folder yet, or unreadable: the first write will say so
+    for entry in entries:
+        found = JDL_NAME_RE.match(entry.name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            removed.append(entry)
+    if removed:
+        logger.info("removed {} JDL file(s) left in {} by a director that was killed",
+                    len(removed), folder)
+    return removed

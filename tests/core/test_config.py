@@ -94,10 +94,22 @@ def test_defaults_are_filled_and_plugin_sections_may_be_empty(write) -> None:
     assert config["notifiers"]["log"] == {"body": False}
 
 
-def test_empty_file_is_a_valid_config_of_defaults(write) -> None:
-    config = load_config(write("empty.yaml", ""))
-    assert config.director["failing_expiry"] == 3600
-    assert config["state"]["driver"] == "sqlite"
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n"])
+def test_an_empty_file_is_refused_not_a_config_of_defaults(write, text: str) -> None:
+    path = write("empty.yaml", text)
+    with pytest.raises(ConfigError, match="empty config"):
+        load_config(path)
+    result = CliRunner().invoke(cli, ["config", "validate", str(path)])
+    assert result.exit_code == 2 and f"{path}:1: $: empty config" in result.output
+
+
+def test_an_emptied_file_is_refused_on_reload_and_the_last_good_config_stays(write) -> None:
+    path = write("site.yaml", "director: {cycle_seconds: 5}\n")
+    source = ConfigSource(path)
+    path.write_text("", encoding="utf-8")
+    outcome = source.reload()
+    assert not outcome.changed and "empty config" in str(outcome.error)
+    assert source.current.director["cycle_seconds"] == 5
 
 
 def test_example_config_validates() -> None:

@@ -97,7 +97,8 @@ def test_fifty_threads_failing_at_once_send_one_notification() -> None:
 def test_escalation_timeline_on_an_injected_clock() -> None:
     clock = FakeClock(1_000_000.0)
     backend = ScriptedBackend(1, {"s0": "fake-fail"})
-    director, notes = make(backend, clock, pilots=1, failing_expiry=3600, ticket_expiry=3600)
+    director, notes = make(backend, clock, pilots=1, failing_expiry=3600, ticket_expiry=3600,
+                          stall_iterations=100)  # one server failing: the stall alarm is test_stall.py's
     start = clock.time()
 
     def step(advance: float) -> list[str]:
@@ -111,12 +112,13 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
     assert step(1800) == []
     assert step(3600) == ["alarm"]                  # failing expired, fails again: alarm
     alarm = notes.notes[-1]
-    assert alarm.body.startswith(ALARM_HEADER + "\nIt has been failing at least for 1 hours")
+    # 60 + 1800 + 3600 s since the first failure: the real time, not a clamped whole hour
+    assert alarm.body.startswith(ALARM_HEADER + "\nIt has been failing at least for 1.5 hours\n")
     assert alarm.episode_start == start
     assert step(3601) == ["alarm"]                  # still broken: alarm again, not an error
-    assert "failing at least for 2 hours" in notes.notes[-1].body
+    assert "failing at least for 2.5 hours\n" in notes.notes[-1].body
     assert step(3601) == ["alarm"]
-    assert "failing at least for 3 hours" in notes.notes[-1].body
+    assert "failing at least for 3.5 hours\n" in notes.notes[-1].body
     backend.behaviour["s0"] = "fake-ok"             # recovery
     for _ in range(4):
         assert step(3601) == []
@@ -126,10 +128,27 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
     director.close()
 
 
+def test_an_alarm_seconds_after_the_first_failure_says_seconds_not_one_hour() -> None:
+    clock = FakeClock(1_000_000.0)
+    backend = ScriptedBackend(1, {"s0": "fake-fail"})
+    director, notes = make(backend, clock, pilots=1, failing_expiry=2, ticket_expiry=3600,
+                          stall_iterations=100)
+    director.run_iteration()
+    clock.advance(4)
+    director.run_iteration()
+    assert notes.levels() == ["error", "alarm"]
+    assert "It has been failing at least for 4 seconds\n" in notes.notes[-1].body
+    clock.advance(20 * 60)
+    director.run_iteration()
+    assert "It has been failing at least for 20 minutes\n" in notes.notes[-1].body
+    director.close()
+
+
 def test_a_command_that_cannot_start_here_blames_no_server_and_pauses_the_backend() -> None:
     clock = FakeClock()
     backend = ScriptedBackend(3, {f"s{i}": "missing" for i in range(3)})
-    director, notes = make(backend, clock, pilots=12, max_threads=2, failing_expiry=600)
+    director, notes = make(backend, clock, pilots=12, max_threads=2, failing_expiry=600,
+                          stall_iterations=100)
     first = director.run_iteration()
     failed = [r for r in first.records if r.outcome == "failed"]
     skipped = [r for r in first.records if r.outcome == "skipped"]

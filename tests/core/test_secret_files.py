@@ -73,7 +73,8 @@ def test_as_an_ordinary_user_its_own_file_is_read_and_roots_loose_file_refused()
 
 def _site(tmp_path: Path, where: str, secret: Path) -> Path:
     spec = {"file": str(secret)}
-    doc: dict = {"backends": {}, "notifiers": {"log": {}}}
+    # paused: a director config that submits nothing must say so (config_checks)
+    doc: dict = {"director": {"paused": True}, "backends": {}, "notifiers": {"log": {}}}
     if where == "proxyd.key":
         doc["proxyd"] = {"tcp": "127.0.0.1:7000", "key": spec}
     elif where == "notifiers.email.password":

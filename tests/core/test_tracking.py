@@ -410,10 +410,14 @@ def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
     director = make(backend, pilots=4, max_waiting=1)
     first = director.run_iteration()
     assert sum(r.pilots for r in first.records if r.outcome == "submitted") == 2  # limit, blind yet
+    polls = []
     for _ in range(2):
         summary = director.run_iteration()
         assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
-        assert [p["outcome"] for p in summary.pilots["polls"]] == ["unsupported"] * 2
+        polls.append([p["outcome"] for p in summary.pilots["polls"]])
+    # asked once per endpoint; after that its pilots are not even read (until plugins change)
+    # (the endpoints are polled in parallel: the second may already know the backend's answer)
+    assert set(polls[0]) == {"unsupported"} and polls[1] == []
     assert states(director) == {"waiting": 10}
     director.close()
 

@@ -24,15 +24,20 @@ AS_NOBODY = lsf_fixtures.AS_NOBODY
 PYTHON = lsf_fixtures.PYTHON
 
 
+def _reply_lines(data: bytes) -> list[dict[str, Any]]:
+    # events (``queued``, ``expired``) come between replies: they answer no request
+    return [m for m in map(json.loads, data.splitlines()) if "event" not in m]
+
+
 def read_replies(sock: socket.socket, count: int) -> list[dict[str, Any]]:
-    """Read ``count`` reply lines (fewer if the daemon closes the connection)."""
+    """Read ``count`` replies (fewer if the daemon closes the connection); events skipped."""
     data = b""
-    while data.count(b"\n") < count:
+    while len(_reply_lines(data[:data.rfind(b"\n") + 1])) < count:
         chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
-    return [json.loads(line) for line in data.splitlines()[:count]]
+    return _reply_lines(data[:data.rfind(b"\n") + 1])[:count]
 
 
 def talk(path: str, *lines: bytes, timeout: float = 20) -> list[dict[str, Any]]:
@@ -78,9 +83,12 @@ def hello_as_nobody_code(path: str, messages: list[dict[str, Any]], count: int) 
         "s = socket.socket(socket.AF_UNIX); s.settimeout(30)\n"
         f"s.connect({path!r})\n"
         f"s.sendall(b''.join(json.dumps(m).encode() + b'\\n' for m in {messages!r}))\n"
-        f"while data.count(b'\\n') < {count}:\n"
+        "def replies():  # events (queued, expired) answer no request: skipped\n"
+        "    done = data[:data.rfind(b'\\n') + 1]\n"
+        "    return [m for m in map(json.loads, done.splitlines()) if 'event' not in m]\n"
+        f"while len(replies()) < {count}:\n"
         "    chunk = s.recv(65536)\n"
         "    if not chunk: break\n"
         "    data += chunk\n"
-        f"print(json.dumps([json.loads(x) for x in data.splitlines()[:{count}]]))\n"
+        f"print(json.dumps(replies()[:{count}]))\n"
     )

@@ -371,3 +371,30 @@ def test_the_gate_signs_its_requests_over_tcp(start_daemon, gridgate_exe, sockdi
     refused = run(argv + ["true"], env=env)
     assert refused.returncode == 75 and "signature" in refused.stderr
     assert daemon.proc.poll() is None
+
+
+def test_a_grant_after_a_denial_is_handed_over_too(start_daemon, gridgate_exe, sockdir) -> None:
+    """The holder forked while the first request waits gives up when that request is denied;
+    the token granted to a later attempt goes to a holder of its own, and comes back."""
+    daemon = start_daemon({"policies": "QUERY[max=1 nominal=1]", "token_wait_time": 0.5})
+    config = sockdir / "client.yaml"
+    config.write_text(yaml.safe_dump({"proxyd": {"socket": daemon.socket,
+                                                 "token_wait_time": 0.5}}))
+    config.chmod(0o644)
+    shared = sockdir / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    ready = shared / "ready"
+    gate = [gridgate_exe, "gate", "-c", str(config), "--category", "query", "-q", "--"]
+    holder = subprocess.Popen(AS_NOBODY + gate + [PYTHON, "-c", "import time; "
+                              f"open({str(ready)!r}, 'w').close(); time.sleep(2)"], cwd="/")
+    try:
+        until(ready.exists)
+        waiter = run(gate + ["printenv", "GRIDGATE_GATE_TOKEN"], user="nobody")
+        assert waiter.returncode == 0, waiter.stderr
+        assert waiter.stdout.strip()
+        assert status(daemon.socket)["metrics"]["rejected.query"]["current"] >= 1
+        assert until(lambda: in_use(daemon.socket)["query"] == 0)
+        assert until(lambda: status(daemon.socket)["connections"] <= 1)  # holders all gone
+    finally:
+        holder.wait(60)

@@ -15,6 +15,7 @@ from gridgate.core.model import Endpoint, SubmitRequest
 from gridgate.core.plugins import PluginContext
 from gridgate.core.testing import section_for
 from gridgate.plugins.lsf_proxy.backend import LsfBackend
+from gridgate.plugins.lsf_proxy.opcodes import opcode_of
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
 from gridgate.plugins.lsf_proxy.tracking import normalise, parse_bkill, parse_status_rows
 
@@ -224,9 +225,10 @@ def test_status_and_cancel_take_tokens_of_their_categories(site, start_daemon, s
     assert backend.gridgate_job_status(endpoint=NORMAL, job_ids=[job], timeout=20).ok
     assert backend.gridgate_cancel(endpoint=NORMAL, job_ids=[job], timeout=20).ok
     backend.close()
+    # the diagnostic log names each request by category and batch opcode
     lines = log.read_text().splitlines()
-    assert any(",BATCH_JOB_QUERY," in ln and "QUERY" in ln.upper() for ln in lines)
-    assert any(",BATCH_JOB_SIG," in ln and "OTHER" in ln.upper() for ln in lines)
+    assert any(f"QUERY_REQ,{opcode_of('bjobs')}," in ln for ln in lines), lines
+    assert any(f"OTHER_REQ,{opcode_of('bkill')}," in ln for ln in lines), lines
 
 
 def test_bad_ids_and_other_backends(site) -> None:

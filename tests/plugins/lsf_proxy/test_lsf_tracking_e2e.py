@@ -75,3 +75,27 @@ def test_a_queue_whose_every_pilot_exits_leaves_rotation_with_one_error(world) -
     # 10 of the first iteration and 20 of the second run; the third's 20 wait
     assert counts.get(("lsf", "normal", "running")) == 30
     assert counts.get(("lsf", "normal", "waiting")) == 20
+
+
+@pytest.mark.parametrize("tracked", [1, 5000])
+def test_one_bjobs_per_queue_and_poll_whatever_the_number_of_pilots(world, tmp_path, tracked) -> None:
+    from gridgate.core.pilots import Pilot
+
+    director, _, advance, bjobs_per_queue = world
+    # ``tracked`` pilots on `normal`, as if submitted earlier: in the director's registry and in
+    # the stand-in's job table (thousands of bsubs would only slow the test)
+    ids = [str(500000 + n) for n in range(tracked)]
+    (tmp_path / "lsf").mkdir(exist_ok=True)
+    with open(tmp_path / "lsf" / "jobs.jsonl", "a", encoding="utf-8") as handle:
+        handle.writelines(json.dumps({"id": int(j), "user": "pilot", "queue": "normal", "name": "p",
+                                      "stat": "PEND", "submitted": T0, "host": "h",
+                                      "command": ["pilot.sh"]}) + "\n" for j in ids)
+    director.state.pilot_registry().put(
+        Pilot(job_id=j, backend="lsf", endpoint="normal", submitted=T0, state="waiting", changed=T0)
+        for j in ids)
+    advance(5)  # PEND 2 s, then RUN
+    summary = director.run_iteration()
+    assert bjobs_per_queue() == {"normal": 1}
+    [poll] = [p for p in summary.pilots["polls"] if p["endpoint"] == "normal"]
+    assert poll["pilots"] == tracked and poll["commands"] == 1 and poll["changed"] == tracked
+    assert director.state.pilot_registry().counts().get(("lsf", "normal", "running")) == tracked

@@ -157,6 +157,18 @@ def test_a_shrunk_bucket_holds_no_more_than_its_new_size():
     assert outcomes(policy.request(req()) for _ in range(3)) == [GRANTED, GRANTED, QUEUED]
 
 
+def test_ahead_counts_the_requests_queued_before():
+    policy, _clock = make(bucket=1, rate=1, period=60, max_=1)
+    policy.request(req("holder"))  # the only token; holder's bucket is its own
+    first = policy.request(req())  # through the rate, waits for a token
+    rated = [policy.request(req()) for _ in range(3)]  # wait for alice's rate
+    assert policy.ahead(first.request.id) == 0
+    assert [policy.ahead(d.request.id) for d in rated] == [0, 1, 2]
+    other = policy.request(req("bob"))  # bob's bucket is full: on to the token queue
+    assert policy.ahead(other.request.id) == 1
+    assert policy.ahead("unknown") == 0
+
+
 def test_queue_bound_applies_to_the_rate_stage():
     policy, _clock = make(bucket=1, rate=1, period=60, bound=2)
     policy.request(req())

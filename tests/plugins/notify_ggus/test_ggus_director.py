@@ -32,7 +32,7 @@ class AlwaysFailing:
 def test_director_drives_email_and_ggus_from_config(tmp_path, smtp_server):
     doc = {
         "director": {"state_dir": str(tmp_path / "state"), "failing_expiry": 3600,
-                     "ticket_expiry": 7200},
+                     "ticket_expiry": 7200, "stall_iterations": 1000},  # one server failing: not a stall test
         "demand": {"static": {"testbed": 1}},
         "notifiers": {
             "email": {"host": "127.0.0.1", "port": smtp_server.port, "from": "gridgate@example.org",

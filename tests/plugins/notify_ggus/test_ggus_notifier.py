@@ -69,7 +69,7 @@ def test_gridgate_notify_spools_a_ticket_with_the_helpdesk_fields(tmp_path, cloc
                  "Type of issue: Computing Services", "Command: glite-wms-job-submit -a pilot.jdl",
                  "Error - Operation failed"):
         assert line in text
-    assert "failing since 2026-09-21 11:13:20 UTC (at least 3 hours); 3 failures since then" in text
+    assert "failing since 2026-09-21 11:13:20 UTC (at least 3.0 hours); 3 failures since then" in text
     assert oct(txt.stat().st_mode & 0o777) == "0o600"
 
 
@@ -327,3 +327,10 @@ def test_spool_failure_is_logged_and_the_episode_is_not_marked(tmp_path, clock, 
     n.gridgate_notify(notification=alarm(clock))  # same episode: tried again, now it works
     assert len(tickets(n)) == 1
     n.close()
+
+
+def test_a_ticket_seconds_into_an_episode_says_seconds_not_one_hour(tmp_path, clock):
+    n = make(tmp_path, clock)
+    n.gridgate_notify(notification=alarm(clock, start=clock.time() - 4))
+    (txt,) = n.spool_dir.glob("*.txt")
+    assert "(at least 4 seconds); 3 failures since then" in txt.read_text()

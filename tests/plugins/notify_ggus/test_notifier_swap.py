@@ -24,7 +24,8 @@ def notifiers(kind: str, port: int) -> dict:
 
 @pytest.mark.parametrize("kind", ["log", "email", "email+ggus", "ggus"])
 def test_same_scenario_each_notifier_set_gets_exactly_its_share(kind, tmp_path, smtp_server) -> None:
-    doc = {"director": {"state_dir": str(tmp_path / "state"), "failing_expiry": 3600, "ticket_expiry": 3600},
+    doc = {"director": {"state_dir": str(tmp_path / "state"), "failing_expiry": 3600, "ticket_expiry": 3600,
+                        "stall_iterations": 1000},  # one server, always failing: not a stall test
            "demand": {"static": {"testbed": 1}}, "notifiers": notifiers(kind, smtp_server.port)}
     logged: list[str] = []
     sink = logger.add(lambda m: logged.append(m.record["message"]), level="ERROR")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -87,3 +88,31 @@ def test_the_controller_stops_and_comes_back_with_its_jobs(slurm) -> None:
     assert slurm.controller_pid is None
     slurm.start_controller()
     assert job.stdout.strip() in slurm.job_ids()
+
+
+def test_up_and_down_by_hand_leave_nothing_running() -> None:
+    import sys
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="gg-hand-", dir="/tmp")) / "cluster"
+    folder.parent.chmod(0o755)
+    module = [sys.executable, "-m", "gridgate.plugins.slurm.cluster"]
+    try:
+        up = subprocess.run([*module, "up", "--folder", str(folder)], capture_output=True,
+                            text=True, timeout=300, cwd="/")
+        assert up.returncode == 0, up.stderr
+        assert f"export SLURM_CONF={folder}/etc/slurm.conf" in up.stdout
+        env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": str(folder / "etc" / "slurm.conf")}
+        sinfo = subprocess.run(["sinfo", "-h", "-o", "%P %T"], capture_output=True, text=True,
+                               env=env, timeout=120)
+        assert sinfo.stdout.split() == ["debug*", "idle", "batch", "idle"], sinfo.stderr
+        again = subprocess.run([*module, "up", "--folder", str(folder)], capture_output=True,
+                               text=True, timeout=120, cwd="/")
+        assert "already up" in again.stdout
+        assert _processes_in(folder)
+    finally:
+        down = subprocess.run([*module, "down", "--folder", str(folder)], capture_output=True,
+                              text=True, timeout=120, cwd="/")
+        shutil.rmtree(folder.parent, ignore_errors=True)
+    assert down.returncode == 0, down.stderr
+    assert _processes_in(folder) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gridgate.core.model import Endpoint, SubmitRequest
+from gridgate.core.model import Endpoint, IterationInfo, SubmitRequest
 from gridgate.core.testing import build_plugin, plugin_manager_with
 from gridgate.plugins.slurm.backend import (
     SlurmBackend,
@@ -113,8 +113,20 @@ def test_a_stopped_controller_takes_every_partition_out_and_escalates(slurm_site
     backend = _backend(slurm_site)
     status = backend.gridgate_job_status(endpoint=Endpoint("slurm", "debug"), job_ids=["1", "2"],
                                          timeout=30)
-    assert status is not None and not status.ok
+    assert status is not None and not status.ok and status.commands == 1
     assert "Unable to contact slurm controller" in status.command.stderr
+    # the sibling partition is not polled again in the same iteration, nor cancelled in
+    sibling = backend.gridgate_job_status(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
+                                          timeout=30)
+    assert not sibling.ok and sibling.commands == 0 and sibling.command == status.command
+    assert sibling.message.startswith("not tried: partition debug")
+    cancel = backend.gridgate_cancel(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
+                                     timeout=30)
+    assert not cancel.ok and cancel.message.startswith("not tried: partition debug")
+    # a new iteration tries again
+    backend.gridgate_iteration_started(iteration=IterationInfo(number=2, started=0.0))
+    assert backend.gridgate_job_status(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
+                                       timeout=30).commands == 1
 
 
 def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
@@ -134,15 +146,19 @@ def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
     assert "may have been queued anyway" in failure.reason
 
 
-def test_an_unreadable_script_is_a_fault_of_this_machine(slurm_site) -> None:
-    backend = _backend(slurm_site, script="/nonexistent/pilot.sh")
+@pytest.mark.parametrize(("script", "said"), [
+    ("/nonexistent/pilot.sh", "Unable to open file /nonexistent/pilot.sh"),
+    ("/bin/true", "This does not look like a batch script"),
+])
+def test_a_bad_script_is_a_fault_of_this_machine(slurm_site, script, said) -> None:
+    backend = _backend(slurm_site, script=script)
     with plugin_manager_with(backend) as pm:
         result = pm.hook.gridgate_submit(endpoint=Endpoint("slurm", "debug"),
                                          request=SubmitRequest(backend="slurm"), timeout=60)
         failure = pm.hook.gridgate_classify_failure(endpoint=Endpoint("slurm", "debug"),
                                                     result=result)
     assert (failure.kind, failure.local) == ("script", True)
-    assert "Unable to open file /nonexistent/pilot.sh" in failure.reason
+    assert said in failure.reason
 
 
 # --- tracking --------------------------------------------------------------------------------
@@ -257,3 +273,24 @@ def test_gridgate_cancel_cancels_real_jobs_and_accepts_unknown_ones(slurm_site) 
         status = pm.hook.gridgate_job_status(endpoint=batch, job_ids=array.job_ids, timeout=60)
     assert {s.state for s in status.statuses.values()} == {"cancelled"}
     assert set(status.statuses) == set(array.job_ids)
+
+
+def test_a_full_queue_is_overload_and_the_retrying_sbatch_is_killed_at_its_deadline(
+        slurm_site) -> None:
+    from gridgate.plugins.slurm.cluster import SlurmCluster
+
+    # A controller at MaxJobCount (22.05 takes MaxJobCount - 1 jobs here): sbatch prints its
+    # complaint and keeps retrying.
+    with SlurmCluster(partitions=("only",), extra_conf=["MaxJobCount=2"]) as full:
+        assert full.command(["sbatch", "--hold", "-o", "/dev/null", "--wrap", "true"]).ok
+        backend = build_plugin(SlurmBackend, {
+            "partitions": ["only"], "script": str(slurm_site.script), "command_timeout": 4,
+            "sbatch_options": ["--hold", "--output=/dev/null"], "env": dict(full.env)})
+        endpoint = Endpoint("slurm", "only")
+        with plugin_manager_with(backend) as pm:
+            result = pm.hook.gridgate_submit(endpoint=endpoint,
+                                             request=SubmitRequest(backend="slurm"), timeout=60)
+            failure = pm.hook.gridgate_classify_failure(endpoint=endpoint, result=result)
+    assert result.command.timed_out
+    assert "Slurm temporarily unable to accept job, sleeping and retrying" in result.command.stderr
+    assert (failure.kind, failure.exclude, failure.notify) == ("overload", True, False)
