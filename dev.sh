@@ -17,8 +17,16 @@ setup() {
     if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
     fi
+    # Installed already from this very pyproject.toml: nothing to do (and nothing printed).
+    local stamp="$VENV/.gridgate-installed"
+    local want
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [ -x "$VENV/bin/gridgate" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+        return 0
+    fi
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
     "$VENV/bin/python" -m pip install -q -e ".[test]"
+    echo "$want" > "$stamp"
 }
 
 need_tools() {

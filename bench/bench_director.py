@@ -121,15 +121,20 @@ def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) ->
         HOSTS[3]: {"behaviour": "error"}, HOSTS[4]: {"behaviour": "unreachable"},
     }}
     healthy_rates, faulty_rates, steady_rates, max_durations, calls, left = [], [], [], [], 0, 0
+    first_healthy, first_faulty, first_retried = [], [], []
     for _ in range(rounds):
         with tempfile.TemporaryDirectory() as tmp:
             doc, _ = site(Path(tmp), healthy, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
-            healthy_rates.append(director_rate(doc, iterations)[0])
+            rate, summaries = director_rate(doc, iterations)
+            healthy_rates.append(rate)
+            first_healthy.append(_submitted(summaries[0]))
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             doc, _ = site(folder, faulty, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
             rate, summaries = director_rate(doc, iterations)
             faulty_rates.append(rate)
+            first_faulty.append(_submitted(summaries[0]))
+            first_retried.append(len(getattr(summaries[0], "retries", ())))
             steady = summaries[1:]
             steady_time = sum(s.duration for s in steady)
             steady_pilots = sum(r.pilots for s in steady for r in s.records if r.outcome == "submitted")
@@ -147,10 +152,20 @@ def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) ->
         "faulty_after_first_iteration_per_s": [round(r, 1) for r in steady_rates],
         "ratio_whole_window": round(median(faulty_rates) / median(healthy_rates), 3),
         "ratio_after_first_iteration": round(median(steady_rates) / median(healthy_rates), 3),
+        # pilots submitted in the first iteration (the bad servers not yet in the failing
+        # cache) by the faulty fleet, as a share of what the healthy fleet submitted
+        "first_iteration_pilots_healthy": first_healthy,
+        "first_iteration_pilots_faulty": first_faulty,
+        "first_iteration_retries": first_retried,
+        "first_iteration_share": round(sum(first_faulty) / sum(first_healthy), 3) if sum(first_healthy) else 0.0,
         "max_submission_s": round(max(max_durations), 2),
         "stand_in_calls": calls,
         "stand_ins_left_running": left,
     }
+
+
+def _submitted(summary: Any) -> int:
+    return sum(r.pilots for r in summary.records if r.outcome == "submitted")
 
 
 def _stand_ins_running(marker: str) -> int:
@@ -223,7 +238,12 @@ def main() -> None:
     parser.add_argument("--pilots", type=int, default=400)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", choices=["faults"],
+                        help="run only the fault bench")
     args = parser.parse_args()
+    if args.only == "faults":
+        print(json.dumps({"faults": bench_faults(pilots=110, threads=args.threads, iterations=6)}, indent=2))
+        return
     results = {
         "throughput": bench_throughput(args.pilots, args.threads),
         "faults": bench_faults(pilots=110, threads=args.threads, iterations=6),

@@ -141,7 +141,7 @@ client = None
 if socket:
     from loguru import logger
     logger.remove()
-    from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+    from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
     client = ProxyClient([Daemon("proxy", socket)], backoff=(0.01, 0.2))
 done, latencies, errors = [0] * loops, [[] for _ in range(loops)], [0] * loops
 stop = time.monotonic() + seconds
@@ -256,7 +256,7 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
         daemon = _Daemon(folder, {})
         true = shutil.which("true") or "/bin/true"
         try:
-            from gridgate.plugins.lsf_proxy.gate import install_shims
+            from gridgate.plugins.lsf_proxy.gate.gate import install_shims
 
             install_shims(folder / "shims", ["true"], socket_path=daemon.socket)
             sides = {

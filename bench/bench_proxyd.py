@@ -251,7 +251,7 @@ def bench_idle(workdir: Path, count: int = 10_000) -> dict:
         connect_s = time.perf_counter() - t0
         rss = daemon.rss_mb
         # still serving while they all stay connected
-        from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+        from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 
         with ProxyClient([Daemon("d", path)]) as client:
             t1 = time.perf_counter()

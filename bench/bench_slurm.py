@@ -59,7 +59,7 @@ client = None
 if mode == "client":
     from loguru import logger
     logger.remove()
-    from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+    from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
     client = ProxyClient([Daemon("proxy", socket)], backoff=(0.01, 0.2))
 calls, latencies, errors = [0] * threads, [[] for _ in range(threads)], [0] * threads
 stop = time.monotonic() + seconds
@@ -256,7 +256,7 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
 
 def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
           query_max: int) -> dict[str, Any]:
-    from gridgate.plugins.lsf_proxy.gate import install_shims
+    from gridgate.plugins.lsf_proxy.gate.gate import install_shims
     from gridgate.plugins.slurm.cluster import SlurmCluster
 
     folder = Path(tempfile.mkdtemp(prefix="gg-bench-slurm-", dir="/tmp"))

@@ -68,9 +68,9 @@ def glite(folder: Path, size: int, rounds: int) -> dict[str, Any]:
 
 
 def lsf(folder: Path, size: int, rounds: int) -> dict[str, Any]:
-    from gridgate.plugins.lsf_proxy.backend import LsfBackend
+    from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
+    from gridgate.plugins.lsf_proxy.director.tracking import parse_status_rows
     from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
-    from gridgate.plugins.lsf_proxy.tracking import parse_status_rows
 
     bin_dir = install_commands(folder / "bin")
     (folder / "clock").write_text(repr(T0 + 100))

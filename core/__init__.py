@@ -8,9 +8,13 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+#: The plugin API's version, ``MAJOR.MINOR``: MINOR grows when hooks, fields or names are
+#: added, MAJOR when one a plugin may use changes or goes away (docs/api.md says what is kept).
+API_VERSION = "1.0"
+
 PROJECT = "gridgate"
 
-__all__ = ["PROJECT", "__version__", "hookimpl", "hookspec"]
+__all__ = ["API_VERSION", "PROJECT", "__version__", "hookimpl", "hookspec"]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,8 @@ def cli(verbose: int, log_json: bool) -> None:
 
 
 def load_config_or_exit(path: str) -> Any:
-    """Load a config for a command; on failure print every problem and exit 2."""
+    """Load the config file at ``path`` for a command; on failure print every problem
+    (``FILE:LINE: key: message``) on stderr and exit 2."""
     try:
         return load_config(path)
     except ConfigError as exc:
@@ -39,8 +40,14 @@ def load_config_or_exit(path: str) -> Any:
 
 @cli.command("plugins")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
-def plugins_command(as_json: bool) -> None:
+@click.option("--kinds", is_flag=True, help="The catalogue of failure kinds instead of the plugins.")
+def plugins_command(as_json: bool, kinds: bool) -> None:
     """List every installed plugin per entry-point group."""
+    if kinds:
+        from gridgate.core.kinds import print_kinds
+
+        print_kinds(click.echo, as_json)
+        return
     rows = installed_plugins()
     if as_json:
         groups: dict[str, list[dict[str, Any]]] = {}
@@ -58,6 +65,31 @@ def plugins_command(as_json: bool) -> None:
             click.echo(f"{row.group}:")
         mark = " (default)" if row.default else ""
         click.echo(f"  {row.name:<14} {row.distribution} {row.version}  {row.target}{mark}")
+
+
+@cli.group("plugin")
+def plugin_group() -> None:
+    """Start a plugin package of your own."""
+
+
+@plugin_group.command("new")
+@click.option("--kind", type=click.Choice(["backend", "notifier", "classifier"]), required=True)
+@click.argument("name")
+@click.argument("folder", required=False, type=click.Path(file_okay=False))
+def plugin_new(kind: str, name: str, folder: str | None) -> None:
+    """Write a package for plugin NAME in FOLDER (default ./gridgate-NAME): entry point,
+    schema'd config, tests with the testing kit; `pip install -e` it and its tests pass."""
+    from pathlib import Path
+
+    from gridgate.core.scaffold import ScaffoldError, new_plugin, next_steps
+
+    try:
+        written = new_plugin(kind, name, Path(folder) if folder else None)
+    except ScaffoldError as exc:
+        click.echo(f"gridgate plugin new: {exc}", err=True)
+        raise SystemExit(EXIT_CONFIG) from None
+    root = written[0].parent
+    click.echo(f"wrote {len(written)} files in {root}; next:\n{next_steps(kind, root)}", nl=False)
 
 
 @cli.group("config")

@@ -20,6 +20,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from gridgate.core.contract import list_match_problems
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
@@ -66,6 +67,14 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
             "additionalProperties": {"type": "boolean"},
             "default": {},
         },
+        "retries_per_pilot": {"type": "integer", "minimum": 0, "maximum": 10, "default": 2,
+                              "description": "A failed submission whose failure is worth retrying "
+                                             "elsewhere is sent to another usable server at most "
+                                             "this many times in the same iteration (0: never)."},
+        "retry_within_seconds": {"type": "number", "minimum": 0, "default": 300,
+                                 "description": "The iteration's deadline for retries: a retry starts "
+                                                "only if its command's deadline falls within this "
+                                                "many seconds of the iteration's start."},
         "max_output_bytes": {"type": "integer", "minimum": 1024, "default": 4 * 1024 * 1024,
                              "description": "Per stream; output past it is dropped and flagged."},
         "state_dir": {"type": "string", "default": "./gridgate-state",
@@ -320,6 +329,29 @@ def _section_schema(cls: type) -> dict[str, Any]:
     return section
 
 
+def schema_problems(schema: Mapping[str, Any], instance: Any) -> list[tuple[PathT, str]]:
+    """Every way ``instance`` breaks ``schema``, as (path, message) pairs in gridgate's words:
+    the one formatter behind ``gridgate config validate`` and ``testing.section_for``."""
+    return [found for error in Draft202012Validator(schema).iter_errors(instance) for found in _describe(error)]
+
+
+def _branch(error: ValidationError, chosen: ValidationError) -> str:
+    """Which alternative of a oneOf/anyOf ``chosen`` came from, for people."""
+    branches = error.schema.get(error.validator, []) if isinstance(error.schema, Mapping) else []
+    index = chosen.relative_schema_path[0] if chosen.relative_schema_path else None
+    if not isinstance(index, int) or index >= len(branches):
+        return ""
+    branch = branches[index]
+    label = branch.get("title") or branch.get("description") or ""
+    if not label:
+        kinds = branch.get("type")
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+        names = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+                 "number": "a number", "boolean": "true or false", "null": "null"}
+        label = " or ".join(names.get(k, k) for k in kinds)
+    return f"alternative {index + 1} of {len(branches)}" + (f", {label}" if label else "")
+
+
 def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
     """Turn one jsonschema error into (path, message) pairs that point at the culprit."""
     path: PathT = tuple(error.absolute_path)
@@ -337,9 +369,13 @@ def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
     if error.validator in ("anyOf", "oneOf") and error.context:
         # A branch rejected for its very type says little: the branch whose type fits the
         # value ("a list of groups, but one lacks pilots") is the one the author meant.
-        fitting = [e for e in error.context if not (e.validator == "type" and not e.relative_path)]
+        unfit = {e.relative_schema_path[0] for e in error.context
+                 if e.validator == "type" and not e.relative_path and e.relative_schema_path}
+        fitting = [e for e in error.context if not e.relative_schema_path or e.relative_schema_path[0] not in unfit]
         best = best_match(fitting or error.context)
-        return [(tuple(best.absolute_path), best.message)]
+        which = _branch(error, best)
+        # described like any error (an unknown key names the allowed ones), then the branch
+        return [(p, f"{m} (as {which})" if which else m) for p, m in _describe(best)]
     if error.validator == "required":
         return [(path, error.message)]
     return [(path, error.message)]
@@ -378,9 +414,7 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
                 return lines[path[:cut]]
         return 1
 
-    found: list[tuple[PathT, str]] = list(load_problems)
-    for error in Draft202012Validator(schema).iter_errors(doc):
-        found.extend(_describe(error))
+    found: list[tuple[PathT, str]] = list(load_problems) + schema_problems(schema, doc)
     if not found:
         found.extend(secret_problems(doc, schema))
         for (key, name), cls in classes.items():
@@ -397,6 +431,7 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
             apply_defaults(filled, schema_at(schema, base))
             for sub, message in checker(filled):
                 found.append(((*base, *sub), message))
+        found += list_match_problems(doc, classes)  # checks across sections (gridgate.core.contract)
     if not found:
         from gridgate.core.config_checks import reference_problems
 

@@ -17,6 +17,7 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.files import atomic_write
+from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     AdmissionRequest,
     Endpoint,
@@ -135,15 +136,15 @@ def generic_failure(result: SubmitResult) -> Failure:
     if result.local_fault:
         return local_io_failure(result.local_fault)
     if command is None:
-        return Failure(kind="error", reason=result.message or "backend gave no command evidence")
+        return KINDS["error"].failure(result.message or "backend gave no command evidence")
     if command.launch_error is not None:
-        return Failure(kind="launch", transient=False, local=True, reason=command.launch_error)
+        return KINDS["launch"].failure(command.launch_error)
     if command.timed_out:
-        return Failure(kind="timeout", reason=command.describe())
+        return KINDS["timeout"].failure(command.describe())
     if command.returncode == 0:
-        return Failure(kind="bad_output", reason=result.message or "exit code 0 but no usable answer")
+        return KINDS["bad_output"].failure(result.message or "exit code 0 but no usable answer")
     last = next((line.strip() for line in reversed((command.stderr or command.stdout).splitlines()) if line.strip()), "")
-    return Failure(kind="error", reason=f"{command.describe()}: {last}"[:300])
+    return KINDS["error"].failure(f"{command.describe()}: {last}"[:300])
 
 
 class RuleClassifier(Plugin):

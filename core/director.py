@@ -24,6 +24,7 @@ from loguru import logger
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import Config, ConfigError, ConfigProblem, ConfigSource
 from gridgate.core.config_checks import change_notification, submission_problems
+from gridgate.core.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
 from gridgate.core.model import (
     AccountingRecord,
@@ -44,6 +45,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.resilient import DeferredState, ResilientState
+from gridgate.core.retry import RetryPolicy, retry_entry
 from gridgate.core.runner import orphan_guard
 from gridgate.core.stall import StallWatch
 from gridgate.core.state import StateError, StateStore
@@ -77,7 +79,7 @@ def compose_failure(
     command = result.command
     timed_out = bool(command and command.timed_out)
     what = "timeout" if timed_out else "error"
-    subject = f"{endpoint.name}: {what} executing {result.operation}"
+    subject = f"{endpoint.name}: {what} executing {result.operation} [{failure.kind}]"
     lines: list[str] = []
     level = escalation.level or "error"
     if level == "alarm":
@@ -127,11 +129,11 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     program = command.argv[0] if command is not None and command.argv else "?"
     host = host or socket.gethostname()
     if command is None:  # nothing was started: the command's own files could not be written
-        subject = f"gridgate: backend {endpoint.backend} cannot write its files on {host}"
+        subject = f"gridgate: backend {endpoint.backend} cannot write its files on {host} [{failure.kind}]"
         first = (f"gridgate could not prepare a {result.operation} command of backend "
                  f"{endpoint.backend} on {host}, so it submits nothing.")
     else:
-        subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend})"
+        subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend}) [{failure.kind}]"
         first = f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing."
     lines = [
         first,
@@ -175,6 +177,8 @@ class _Iteration:
     failures: list[dict[str, Any]] = field(default_factory=list)
     #: backends whose commands cannot run on this machine: paused for the rest of the iteration
     local_faults: set[str] = field(default_factory=set)
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(0, 0.0))
+    retries: list[dict[str, Any]] = field(default_factory=list)
     #: room under max_waiting / max_total (gridgate.core.tracking.Limits), None when not tracking
     limits: Any = None
     #: what the pilot tracker did this iteration, for the summary
@@ -234,7 +238,8 @@ class Director:
         self.stop_event = threading.Event()
         #: Names this director in shared state (demand locks): host, pid and a random part.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{self.config.path or '-'}")
+        where = self.config.path.resolve() if self.config.path else "-"  # the same file however named
+        self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{where}")
 
     # --- plugins and config --------------------------------------------------------------
 
@@ -393,7 +398,8 @@ class Director:
         except StateError as exc:
             logger.error("state store unreadable, failing cache ignored this iteration: {}", exc)
             failing = set()
-        it = _Iteration(info=info, failing=failing)
+        it = _Iteration(info=info, failing=failing,
+                        retry=RetryPolicy.for_iteration(self.config.director, info.started))
         if config_note is not None:
             it.notifications.append(config_note)
         while self._reload_notes:
@@ -418,6 +424,7 @@ class Director:
             notifications=tuple(it.notifications),
             failures=tuple(it.failures),
             config_error=refusal,
+            retries=tuple(it.retries),
             pilots=it.pilots,
         )
         hook.gridgate_iteration_finished(summary=summary)
@@ -443,6 +450,11 @@ class Director:
                 continue
             size = max(1, info.pilots_per_submission)
             list_match = info.list_match if request.list_match is None else request.list_match
+            backend_plugin = self.pm.get_plugin(f"backends:{request.backend}")
+            if list_match and backend_plugin is not None and not list_matches(backend_plugin):
+                logger.error("demand group {}/{}: {}", request.backend, request.group, no_list_match(request.backend))
+                self._account(it, request, None, "skipped", request.count, failure_kind="config")
+                continue
             for index in range(math.ceil(request.count / size)):
                 count = min(size, request.count - index * size)
                 jobs.append((info, replace(request, count=count, list_match=list_match, user=request.user or user)))
@@ -474,36 +486,62 @@ class Director:
     # --- one submission ---------------------------------------------------------------------
 
     def _submit_one(self, info: BackendInfo, request: SubmitRequest, it: _Iteration) -> None:
-        started = time.monotonic()
-        try:
-            self._attempt(info, request, it, started)
-        except Exception as exc:  # a plugin bug must not stop the iteration
-            logger.opt(exception=exc).error("submission to {} crashed in a plugin", info.backend)
-            self._account(it, request, None, "failed", request.count, failure_kind="plugin_error",
-                          duration=time.monotonic() - started)
+        tried: list[Endpoint] = []  # a failed submission is sent elsewhere (gridgate.core.retry)
+        for attempt in range(1, 2 + max(0, it.retry.retries)):
+            started = time.monotonic()
+            try:
+                failure = self._attempt(info, request, it, started, tried, attempt)
+            except Exception as exc:  # a plugin bug must not stop the iteration
+                logger.opt(exception=exc).error("submission to {} crashed in a plugin", info.backend)
+                self._account(it, request, None, "failed", request.count, failure_kind="plugin_error",
+                              duration=time.monotonic() - started, attempt=attempt)
+                return
+            if failure is None or not self._retry(info, request, it, tried, attempt, failure):
+                return
 
-    def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float) -> None:
+    def _retry(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, tried: list[Endpoint],
+               attempt: int, failure: Failure) -> bool:
+        others = [e for e in it.usable(info.endpoints) if e not in tried]
+        outcome = it.retry.decide(failure, attempt, self.clock.time(), self._timeout(info), len(others))
+        if outcome is None:
+            return False
+        with it.lock:
+            it.retries.append(retry_entry(request.backend, request.group, request.count,
+                                          tried[-1].name, failure.kind, attempt, outcome))
+        return outcome == "retried"
+
+    def _timeout(self, info: BackendInfo) -> float:
+        return float(info.command_timeout or self.config.director["command_timeout"])
+
+    def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float,
+                 tried: list[Endpoint], attempt: int = 1) -> Failure | None:
+        """One attempt; the failure when it failed (the caller may send it elsewhere)."""
         hook = self.pm.hook
         with it.lock:
             paused = info.backend in it.local_faults
         if paused:  # its command cannot start here: trying every server would only repeat that
-            self._account(it, request, None, "skipped", request.count, failure_kind="local_fault")
-            return
-        candidates = it.usable(info.endpoints)
+            self._account(it, request, None, "skipped", request.count, failure_kind="local_fault",
+                          attempt=attempt)
+            return None
+        candidates = [e for e in it.usable(info.endpoints) if e not in tried]
         if candidates and it.limits is not None:
             candidates = it.limits.with_room(candidates)
             if not candidates:
-                self._account(it, request, None, "skipped", request.count, failure_kind="max_waiting")
-                return
+                self._account(it, request, None, "skipped", request.count, failure_kind="max_waiting",
+                              attempt=attempt)
+                return None
         if not candidates:
-            self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint")
-            return
+            self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint",
+                          attempt=attempt)
+            return None
         endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
+        tried.append(endpoint)
         if it.limits is not None:
             fitting = it.limits.reserve(endpoint, request)
             if fitting is None:
-                self._account(it, request, endpoint, "skipped", request.count, failure_kind="max_waiting")
-                return
+                self._account(it, request, endpoint, "skipped", request.count, failure_kind="max_waiting",
+                              attempt=attempt)
+                return None
             request = fitting
         answer = hook.gridgate_admit(request=AdmissionRequest(
             category="submission", opcode="JOB_SUBMIT", user=request.user, size=request.count,
@@ -511,10 +549,10 @@ class Director:
         ))
         if isinstance(answer, Refusal):
             self._account(it, request, endpoint, "refused", request.count, failure_kind="admission",
-                          duration=time.monotonic() - started)
-            return
+                          duration=time.monotonic() - started, attempt=attempt)
+            return None
         grant: Grant | None = answer
-        timeout = float(info.command_timeout or self.config.director["command_timeout"])
+        timeout = self._timeout(info)
         try:
             result = self._commands(endpoint, request, timeout)
         finally:
@@ -523,12 +561,14 @@ class Director:
                 hook.gridgate_release(grant=grant)
         duration = time.monotonic() - started
         if result is None:
-            self._account(it, request, endpoint, "no_match", request.count, duration=duration)
+            self._account(it, request, endpoint, "no_match", request.count, duration=duration,
+                          attempt=attempt)
         elif result.ok:
             self._account(it, request, endpoint, "submitted", request.count, job_ids=result.job_ids,
-                          duration=duration)
+                          duration=duration, attempt=attempt)
         else:
-            self._failed(endpoint, request, result, it, duration)
+            return self._failed(endpoint, request, result, it, duration, attempt)
+        return None
 
     def _commands(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
         """List-match (when asked) and submit; None when nothing matches on this server."""
@@ -544,12 +584,14 @@ class Director:
         if result is None:
             return SubmitResult(endpoint=endpoint, ok=False,
                                 message=f"no plugin submits to backend {endpoint.backend!r}")
-        return result
+        return checked_submit(result)
 
-    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration, duration: float) -> None:
+    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration,
+                duration: float, attempt: int = 1) -> Failure:
         failure = self._server_failed(endpoint, result, it)
         self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
-                      duration=duration)
+                      duration=duration, attempt=attempt)
+        return failure
 
     def _server_failed(self, endpoint: Endpoint, result: SubmitResult, it: _Iteration,
                        failure: Failure | None = None) -> Failure:
@@ -614,12 +656,13 @@ class Director:
         failure_kind: str = "",
         job_ids: tuple[str, ...] = (),
         duration: float = 0.0,
+        attempt: int = 1,
     ) -> None:
         record = AccountingRecord(
             time=self.clock.time(), backend=request.backend,
             endpoint=endpoint.name if endpoint else "", outcome=outcome, group=request.group,
             pilots=pilots, failure_kind=failure_kind, job_ids=job_ids, duration=round(duration, 4),
-            iteration=it.info.number,
+            iteration=it.info.number, attempt=attempt,
         )
         with it.lock:
             it.records.append(record)
@@ -657,6 +700,7 @@ def summary_json(summary: IterationSummary) -> str:
             for n in summary.notifications
         ],
         "config_error": summary.config_error,
+        "retries": list(summary.retries),
         "pilots": dict(summary.pilots),
     }
     return json.dumps(doc, sort_keys=False)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
+from gridgate.core.kinds import counts_toward_alarms
 from gridgate.core.model import Endpoint, Escalation, Failure, SubmitResult
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.state import StateStore
@@ -84,6 +85,9 @@ class TwoCacheEscalation(Plugin):
         window = self.failing_expiry + self.ticket_expiry
         if state.get(tickets) is not None:
             state.set(tickets, entry, ttl=window)
+            if not counts_toward_alarms(failure.kind):  # the site's to fix: no ticket to the server
+                return Escalation(level="error", episode_start=start, failures=count,
+                                  reason=f"{failure.kind}: failed again; never an alarm")
             return Escalation(level="alarm", episode_start=start, failures=count,
                               reason="failed again within the tickets window")
         state.set(tickets, entry, ttl=window)

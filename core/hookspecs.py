@@ -166,6 +166,8 @@ def gridgate_list_match(
 
     Called before a submission whose ``request.list_match`` is true, unless a cached answer
     for (endpoint, requirements) is still fresh. The command must be killed at ``timeout``.
+    Only a backend that implements this hook may be asked: ``list_match: true`` for one that
+    does not is a config error (or, asked at run time, those pilots are skipped as ``config``).
 
     :param endpoint: the chosen server.
     :param request: the submission to match.
@@ -182,7 +184,14 @@ def gridgate_submit(
     """Submit ``request`` to ``endpoint``.
 
     Called once per submission, after admission and list-match. The command must be killed
-    at ``timeout`` and whatever it printed kept in the result.
+    at ``timeout`` and whatever it printed kept in the result. Pass
+    ``max_output=self.context.max_output_bytes`` to ``runner.run``: the site's
+    ``director.max_output_bytes`` is not applied to a plugin's own commands otherwise.
+
+    An ``ok`` result carries at least one job id: one per pilot (``request.count`` of them)
+    or one standing for the whole bulk (an array or collection id); the director counts
+    ``request.count`` pilots submitted either way. ``ok`` without any job id is turned into
+    a failure (classified like exit 0 without an answer, ``bad_output``).
 
     :param endpoint: the chosen server.
     :param request: the pilots to submit.
@@ -196,10 +205,14 @@ def gridgate_submit(
 def gridgate_classify_failure(endpoint: Endpoint, result: SubmitResult) -> Failure | None:
     """Say what kind of failure ``result`` is.
 
-    Called for every submission or list-match whose result is not ``ok``.
+    Called for every submission or list-match whose result is not ``ok``. For a failed
+    list-match, ``result`` is a ``SubmitResult`` with ``operation == "List Match"``, no job
+    ids, and the list-match's command as ``command``. Answer with a kind from the catalogue
+    (``gridgate.core.kinds``) when one fits.
 
     :param endpoint: the server that failed.
-    :param result: the failed result with the command's evidence.
+    :param result: the failed result with the command's evidence (``result.operation`` says
+        which step: ``"Job Submit"``, ``"List Match"`` or the backend's own name for it).
     :return: a :class:`Failure`; None to let the next classifier decide (the default
         ``rules`` classifier always answers). Stops at first non-None result.
     """

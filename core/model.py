@@ -20,6 +20,15 @@ PILOT_STATES: tuple[str, ...] = ("waiting", "running", "done", "failed", "cancel
 #: States a pilot never leaves.
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "lost"})
 
+__all__ = [
+    "PILOT_STATES", "TERMINAL_STATES", "AccountingRecord", "AdmissionRequest", "BackendInfo",
+    "CancelResult", "CommandResult", "DemandRegistry", "Endpoint", "Escalation", "Failure", "Grant",
+    "IterationInfo", "IterationSummary", "JobStatus", "Level", "ListMatchResult", "Notification",
+    "Outcome", "PilotState", "Refusal", "StatusResult", "SubmitRequest", "SubmitResult",
+    "elapsed_text",
+]
+
+
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
 
@@ -275,7 +284,10 @@ class Escalation:
 def elapsed_text(seconds: float) -> str:
     """A duration as an alarm's "failing at least for ..." says it, rounded down so that
     "at least" stays true: ``42 seconds`` below a minute, ``17 minutes`` below an hour,
-    ``1.5 hours`` (one decimal) from an hour on."""
+    ``1.5 hours`` (one decimal) from an hour on.
+
+    :param seconds: how long, for instance ``now - notification.episode_start``.
+    """
     seconds = max(0.0, seconds)
     if seconds < 60:
         whole, unit = int(seconds), "second"
@@ -368,6 +380,8 @@ class AccountingRecord:
     job_ids: tuple[str, ...] = ()
     duration: float = 0.0
     iteration: int = 0
+    #: 1 for a submission's first try, 2... for its retries elsewhere in the same iteration
+    attempt: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -381,6 +395,7 @@ class AccountingRecord:
             "job_ids": list(self.job_ids),
             "duration": self.duration,
             "iteration": self.iteration,
+            "attempt": self.attempt,
         }
 
     @classmethod
@@ -400,6 +415,8 @@ class IterationSummary:
     notifications: tuple[Notification, ...] = ()
     failures: tuple[Mapping[str, Any], ...] = ()
     config_error: str | None = None
+    #: failed submissions that were (or, with why not, were not) sent to another server
+    retries: tuple[Mapping[str, Any], ...] = ()
     #: what the pilot tracker did: polls, state changes, cancels, aborted endpoints, demand
     #: trimmed per backend and limit, and pilots by endpoint and state after the iteration's
     #: submissions (gridgate.core.tracking)

@@ -19,6 +19,7 @@ from loguru import logger
 
 from gridgate.core import PROJECT, hookspecs
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.runner import DEFAULT_MAX_OUTPUT
 
 if TYPE_CHECKING:
     from gridgate.core.state import StateStore
@@ -74,6 +75,14 @@ class PluginContext:
     state_dir: Path = field(default_factory=lambda: Path("gridgate-state"))
     config: Mapping[str, Any] = field(default_factory=dict)
     config_path: Path | None = None
+
+    @property
+    def max_output_bytes(self) -> int:
+        """The site's ``director.max_output_bytes``: pass it to every ``runner.run`` call as
+        ``max_output=``. The runner does not read the config itself, so a call without it keeps
+        the runner's default (4 MiB per stream)."""
+        director = self.config.get("director") or {}
+        return int(director.get("max_output_bytes") or DEFAULT_MAX_OUTPUT)
 
 
 class Plugin:

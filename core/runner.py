@@ -391,7 +391,23 @@ def run(
     ``*_truncated`` is set). At the deadline the child's process group gets SIGTERM, then
     SIGKILL ``kill_grace`` seconds later. When the child exits while something it started
     still holds the pipes, reading goes on for :data:`DRAIN_AFTER_EXIT` seconds at most, then
-    the group's leftovers are killed. Raises TypeError/ValueError only for a malformed call.
+    the group's leftovers are killed.
+
+    :param argv: the program and its arguments, each one list item; no shell is involved, so
+        a value with spaces or quotes stays one argument.
+    :param timeout: the hard deadline in seconds (pass the hook's ``timeout``).
+    :param env: the whole environment of the command (default: the director's own); to add
+        variables, pass ``{**os.environ, "NAME": "value"}``.
+    :param cwd: the working folder of the command (default: the director's).
+    :param input: bytes written to the command's stdin, which is then closed (default: stdin
+        is ``/dev/null``).
+    :param max_output: bytes kept per stream. The site's ``director.max_output_bytes`` is not
+        applied for you: pass ``max_output=context.max_output_bytes``.
+    :param kill_grace: seconds between SIGTERM and SIGKILL at the deadline.
+    :return: a :class:`CommandResult` in every case (``.ok`` is exit code 0, not killed,
+        started).
+    :raises TypeError: (or ``ValueError``) only for a malformed call: an empty argv, a
+        non-string item, a timeout that is not a positive number.
     """
     args = _check_argv(argv)
     if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):

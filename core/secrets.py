@@ -32,6 +32,9 @@ def read_secret(spec: Mapping[str, str] | None) -> str | None:
 
     Trailing newlines of a file are stripped. A file that group or others may access, or
     that belongs to another user than the reader or root, is refused (:func:`file_problem`).
+
+    :param spec: the value of a key whose schema is ``SECRET_SCHEMA``.
+    :raises SecretError: when the variable is unset, or the file cannot be read or is refused.
     """
     if not spec:
         return None

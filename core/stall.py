@@ -127,7 +127,8 @@ class StallWatch:
                 counts[0] += 1
                 counts[1] += record.pilots
         episode["iterations"] += 1
-        episode["pilots"] += sum(r.pilots for r in asked)
+        # a retry elsewhere (attempt 2, 3...) asks again for the same pilots
+        episode["pilots"] += sum(r.pilots for r in asked if r.attempt == 1)
         episode["last"] = {"number": iteration.number, "reasons": last}
         notes: list[Notification] = []
         limit = int(director.get("stall_iterations", 3))

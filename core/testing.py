@@ -1,4 +1,4 @@
-"""Test helpers for plugin authors (the issue's ``gridgate_testing``): a fake clock, a plugin
+"""Test helpers for plugin authors: a fake clock, a plugin
 manager holding just your plugins, validated configs, a director on in-memory state, real
 executable stand-ins for the commands a backend runs, and a notifier that keeps what it gets.
 
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pluggy
-from jsonschema import Draft202012Validator
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import Clock, FakeClock
@@ -32,6 +31,7 @@ from gridgate.core.config import (
     ConfigError,
     ConfigProblem,
     apply_defaults,
+    schema_problems,
     validate_document,
 )
 from gridgate.core.director import Director
@@ -39,6 +39,7 @@ from gridgate.core.model import Notification
 from gridgate.core.plugins import PluginContext, new_plugin_manager
 
 __all__ = [
+    "BackendContract",  # noqa: F822 - loaded on first use (module __getattr__)
     "Collector",
     "FakeClock",
     "StandIn",
@@ -81,7 +82,7 @@ def plugin_manager_with(
 
 
 def make_config(doc: Mapping[str, Any]) -> Config:
-    """Validate a config document given as a dict, exactly as a YAML file would be.
+    """Validate a config document ``doc`` given as a dict, exactly as a YAML file would be.
 
     Plugin sections are checked against the installed plugins' schemas and their
     ``config_errors``; defaults are filled.
@@ -97,15 +98,15 @@ def section_for(plugin_class: type, section: Mapping[str, Any] | None = None) ->
 
     Works for a plugin that is not installed (no entry point needed).
 
+    :param plugin_class: the class whose ``config_schema`` and ``config_errors`` apply.
+    :param section: the section as a site would write it (None: empty).
     :raises ConfigError: naming each problem's path inside the section.
     """
     schema = getattr(plugin_class, "config_schema", {"type": "object"})
     doc = copy.deepcopy(dict(section or {}))
     name = getattr(plugin_class, "__name__", "plugin")
-    problems = [
-        ConfigProblem(f"<{name} section>", 0, tuple(error.absolute_path), error.message)
-        for error in Draft202012Validator(schema).iter_errors(doc)
-    ]
+    problems = [ConfigProblem(f"<{name} section>", 0, path, message)
+                for path, message in schema_problems(schema, doc)]
     if not problems:
         filled = copy.deepcopy(doc)
         apply_defaults(filled, schema)
@@ -126,17 +127,24 @@ def build_plugin(
     state: Any = None,
     state_dir: str | os.PathLike[str] | None = None,
     name: str = "",
+    config: Mapping[str, Any] | None = None,
 ) -> Any:
     """Validate ``section`` (:func:`section_for`) and instantiate ``plugin_class`` with it.
 
+    :param plugin_class: your plugin's class.
+    :param section: its config section as a site would write it (defaults are filled).
+    :param clock: the context's clock (default: a fresh :class:`FakeClock`).
     :param state: a :class:`~gridgate.core.state.StateStore` for plugins that keep state.
     :param state_dir: where the plugin may write files (give your ``tmp_path``).
     :param name: the entry-point name, set on the instance when its class leaves it empty.
+    :param config: the whole config the plugin sees as ``context.config`` (for instance
+        ``{"director": {"max_output_bytes": 1024}}``).
     """
     context = PluginContext(
         clock=clock or FakeClock(),
         state=state,
         state_dir=Path(state_dir) if state_dir is not None else Path("gridgate-state"),
+        config=dict(config or {}),
     )
     plugin = plugin_class(section_for(plugin_class, section), context)
     if name and hasattr(plugin, "name") and not getattr(plugin, "name", ""):
@@ -152,6 +160,10 @@ def director_for(config_doc: Mapping[str, Any], *plugins: object, clock: Clock |
     without an entry point. ``state.driver`` defaults to ``memory``; the clock defaults to a
     fresh :class:`FakeClock` (reachable as ``director.clock``). Call ``director.close()``
     when done (or use ``contextlib.closing``).
+
+    :param config_doc: the config as a dict, as the YAML would be.
+    :param plugins: plugin instances registered to answer first.
+    :param clock: the director's clock.
     """
     doc = copy.deepcopy(dict(config_doc))
     doc.setdefault("state", {"driver": "memory"})
@@ -218,7 +230,8 @@ def stand_in_command(
     exit_code: int = 0,
     sleep: float = 0.0,
 ) -> StandIn:
-    """Write a real executable program ``tmp_dir/name`` that behaves as told.
+    """Write a real executable program ``name`` (a plain file name) in the folder
+    ``tmp_dir`` (created if needed) that behaves as told.
 
     It prints ``stdout`` (flushed), then sleeps ``sleep`` seconds (a hanging command, for
     deadline tests: the runner kills it), then prints ``stderr`` and exits with
@@ -269,6 +282,15 @@ class Collector:
     def clear(self) -> None:
         with self._lock:
             self.notes.clear()
+
+
+def __getattr__(name: str) -> Any:
+    # the backend contract suite imports this module, so it is loaded on first use
+    if name == "BackendContract":
+        from gridgate.core.backend_contract import BackendContract
+
+        return BackendContract
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- pytest fixtures (only with pytest_plugins = ["gridgate.core.testing"]) --------------------

@@ -399,6 +399,17 @@ class PilotTracker:
                        for endpoint, timeout, interval in due]
             return [p for p in (f.result() for f in futures) if p is not None]
 
+    def _due(self, endpoint: Endpoint, interval: float, now: float) -> bool:
+        """Whether ``endpoint``'s last poll is ``interval`` seconds old or more (a read only;
+        :meth:`_claim` decides among directors)."""
+        try:
+            held = self.director.state.get(POLLED + endpoint.key)
+            return held is None or now - float(held) >= interval
+        except (StateError, ValueError):
+            with self._lock:
+                last = self._last_poll.get(endpoint.key)
+            return last is None or now - last >= interval
+
     def _claim(self, endpoint: Endpoint, interval: float, now: float) -> bool:
         """Whether this director polls ``endpoint`` now: its last poll (by any director on this
         store) is ``interval`` seconds old or more. The add is atomic, so of several directors
@@ -438,6 +449,8 @@ class PilotTracker:
                 self._blind_pm, self._blind = self.director.pm, set()
             if endpoint.backend in self._blind:  # it said it cannot: no need to read its pilots
                 return None
+        if interval is not None and not self._due(endpoint, interval, now):
+            return None  # polled recently (by any director): its pilots are not even read
         active = registry.active(endpoint.backend, endpoint.name)
         if not active:
             return None

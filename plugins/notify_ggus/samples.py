@@ -43,13 +43,13 @@ def _body(command: CommandResult, heading: str = "") -> str:
 def sample_notifications() -> tuple[Notification, Notification]:
     command = CommandResult(ARGV, 1, "", STDERR, duration=3.2)
     failure = Failure("error", reason="Unable to submit the job to the service")
-    error = Notification("error", f"{ENDPOINT.name}: error executing Job Submit", _body(command),
+    error = Notification("error", f"{ENDPOINT.name}: error executing Job Submit [error]", _body(command),
                          START, endpoint=ENDPOINT, failure=failure, command=command,
                          episode_start=START, failures_in_episode=1,
                          key=f"{ENDPOINT.key}:Job Submit")
     later = START + 3 * 3600 + 600
     alarm = Notification(
-        "alarm", f"{ENDPOINT.name}: error executing Job Submit",
+        "alarm", f"{ENDPOINT.name}: error executing Job Submit [error]",
         _body(command, "Submit GGUS Ticket for this error if not already opened\n"
                        "It has been failing at least for 3.1 hours\n\n"),
         later, endpoint=ENDPOINT, failure=failure, command=command, episode_start=START,

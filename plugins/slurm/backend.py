@@ -222,7 +222,8 @@ class SlurmBackend(Plugin):
         return time.monotonic() + max(float(self.config.get("command_timeout") or timeout), 0.001)
 
     def _run(self, argv: Sequence[str], deadline: float) -> CommandResult:
-        return run(list(argv), max(deadline - time.monotonic(), 0.001), env=self._environ)
+        return run(list(argv), max(deadline - time.monotonic(), 0.001), env=self._environ,
+                   max_output=self.context.max_output_bytes)
 
     def sbatch_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The argv of one submission (no shell ever sees it)."""

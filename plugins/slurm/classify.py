@@ -3,8 +3,9 @@
 The lines quoted in the comments were printed by the real commands on the private cluster the
 tests start (docs/slurm.md lists them with their timings); the few marked [src] come from
 Slurm's own error strings (formats.md) and were not produced here. The kinds carry the
-meanings the gLite backend gives them: ``usage`` the site's configuration asks for something
-the cluster will never accept; ``drained`` the partition does not take jobs now;
+meanings of the catalogue (gridgate.core.kinds): ``config`` the site's configuration names a
+partition, account or script that does not exist; ``usage`` the job asks for something the
+cluster will never accept; ``drained`` the partition does not take jobs now;
 ``unreachable`` the controller cannot be contacted; ``overload`` the controller is busy or the
 user is at a limit; ``timeout`` no answer in time; ``auth`` not allowed.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
 
 _MAX_QUOTE = 200
@@ -63,7 +65,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "this user is at a submission limit", notify=False),
     # sbatch: error: invalid partition specified: nope
     # sbatch: error: Batch job submission failed: Invalid partition name specified
-    Pattern("usage", re.compile(r"Invalid partition name specified|invalid partition specified"),
+    Pattern("config", re.compile(r"Invalid partition name specified|invalid partition specified"),
             "the partition does not exist", transient=False),
     # Requested time limit is invalid (missing or exceeds some limit) / Node count specification
     # invalid / More processors requested than permitted / Requested node configuration is not
@@ -71,18 +73,19 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("usage", re.compile(
         r"Requested time limit is invalid|Node count specification invalid|"
         r"More processors requested than permitted|Requested node configuration is not available|"
-        r"Memory specification can not be satisfied|"
-        # [src]
-        r"Invalid account|Invalid qos specification"),
+        r"Memory specification can not be satisfied"),
             "the job asks for more than the partition allows", transient=False),
+    # [src]
+    Pattern("config", re.compile(r"Invalid account|Invalid qos specification"),
+            "the configured account or QOS does not exist", transient=False),
     # [src]
     Pattern("auth", re.compile(r"Access/permission denied|Invalid user id|"
                                r"Protocol authentication error"),
             "Slurm refused this user or could not authenticate it (munge)", transient=False),
     # sbatch: error: Unable to open file /path/pilot.sh
     # sbatch: error: This does not look like a batch script.  The first
-    Pattern("script", re.compile(r"Unable to open file|This does not look like a batch script"),
-            "the pilot script cannot be read on this machine", transient=False, local=True),
+    Pattern("config", re.compile(r"Unable to open file|This does not look like a batch script"),
+            "the pilot script cannot be read on this machine", transient=False, local=True),  # this machine's file
     # sbatch: unrecognized option '--bogus'   (exit 255)
     Pattern("usage", re.compile(r"unrecognized option|invalid option|"
                                 r"Try \"\w+ --help\" for more information"),
@@ -108,27 +111,23 @@ def match(command: CommandResult) -> tuple[Pattern, str] | None:
 def classify(command: CommandResult | None, message: str = "") -> Failure:
     """What a failed Slurm command means (``command`` None: nothing was run)."""
     if command is None:
-        return Failure("bad_request", exclude=False, notify=True, transient=False,
-                       reason=clip(message or "nothing was run"))
+        # nothing ran, so no partition is to blame: it stays in rotation
+        return KINDS["config"].failure(clip(message or "nothing was run"), exclude=False)
     if command.launch_error is not None:
-        return Failure("launch", exclude=True, notify=True, transient=False, local=True,
-                       reason=clip(f"could not start {command.argv[0]}: {command.launch_error}"))
+        return KINDS["launch"].failure(clip(f"could not start {command.argv[0]}: {command.launch_error}"))
     found = match(command)
     if found is not None:
         pattern, line = found
-        return Failure(pattern.kind, exclude=pattern.exclude, notify=pattern.notify,
-                       transient=pattern.transient, local=pattern.local,
-                       reason=clip(f"{pattern.label}: {line!r}"))
+        return KINDS[pattern.kind].failure(clip(f"{pattern.label}: {line!r}"), exclude=pattern.exclude,
+                                           notify=pattern.notify, transient=pattern.transient,
+                                           local=pattern.local)
     if command.timed_out:
-        return Failure("timeout", exclude=True, notify=True, transient=True,
-                       reason=f"timed out after {command.duration:.1f} s and was killed")
+        return KINDS["timeout"].failure(f"timed out after {command.duration:.1f} s and was killed")
     if command.returncode == 0:
-        return Failure("bad_output", exclude=True, notify=True, transient=True,
-                       reason="exit 0 but no job id in the output")
+        return KINDS["bad_output"].failure("exit 0 but no job id in the output")
     said = next((ln.strip() for ln in f"{command.stderr}\n{command.stdout}".splitlines()
                  if ln.strip()), "no output")
-    return Failure("error", exclude=True, notify=True, transient=True,
-                   reason=clip(f"exit code {command.returncode}: {said!r}"))
+    return KINDS["error"].failure(clip(f"exit code {command.returncode}: {said!r}"))
 
 
 def cluster_wide(command: CommandResult | None) -> bool:

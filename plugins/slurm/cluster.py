@@ -137,13 +137,14 @@ class SlurmCluster:
     the one node; the first is the default. ``extra_conf`` lines are appended to slurm.conf.
     ``message_timeout`` is slurm.conf's MessageTimeout (Slurm's default 10): a client gives up
     on a stopped controller after about ``message_timeout - 1`` seconds and on one that does
-    not answer after ``message_timeout``; tests use less to keep the suite short.
+    not answer after ``message_timeout``. With ``watchdog`` (the default) the daemons are
+    brought down even when this process dies without calling ``stop``.
     """
 
     def __init__(self, folder: str | os.PathLike[str] | None = None, *,
                  partitions: Sequence[str] = DEFAULT_PARTITIONS,
                  extra_conf: Sequence[str] = (), start_timeout: float = 120.0,
-                 message_timeout: int = 10) -> None:
+                 message_timeout: int = 10, watchdog: bool = True) -> None:
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else None
         self.partitions = tuple(partitions)
@@ -158,6 +159,8 @@ class SlurmCluster:
         self.ctld_port = 0
         self.slurmd_port = 0
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.watchdog = watchdog
+        self._watchdog: subprocess.Popen[bytes] | None = None
 
     # --- paths and environment ------------------------------------------------------------
 
@@ -249,6 +252,8 @@ class SlurmCluster:
             self._path(sub).mkdir(mode=0o755, exist_ok=True)
         self.jobs_dir.mkdir(exist_ok=True)
         os.chmod(self.jobs_dir, 0o1777)
+        if self.watchdog:
+            self._start_watchdog()
         try:
             self._start_munged()
             # Another process may take a probed port before slurmctld binds it: try again then,
@@ -271,6 +276,30 @@ class SlurmCluster:
         except BaseException:
             self.stop()
             raise
+
+    def _start_watchdog(self) -> None:
+        """A small process that brings the cluster down if this one dies without ``stop``
+        (SIGKILL, ``os._exit`` of a test timeout): it waits for the end of a pipe only this
+        process holds."""
+        argv = [sys.executable, "-m", "gridgate.plugins.slurm.cluster", "watch",
+                "--folder", str(self.folder)]
+        if self._own_folder:
+            argv.append("--remove")
+        self._watchdog = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, cwd="/",
+                                          start_new_session=True, close_fds=True)
+
+    def _stop_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is None:
+            return
+        assert watchdog.stdin is not None
+        watchdog.stdin.close()  # EOF: it finds the cluster already down and exits
+        try:
+            watchdog.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
 
     def _start(self, name: str, argv: list[str]) -> None:
         out = open(self._path("log", f"{name}.out"), "ab")  # noqa: SIM115 - handed to the child
@@ -466,6 +495,7 @@ class SlurmCluster:
         self._sweep()
         if self._own_folder and self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+        self._stop_watchdog()
 
 
 # --- by hand: ``python -m gridgate.plugins.slurm.cluster up|down`` (``bash dev.sh slurm``) ----
@@ -512,15 +542,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gridgate.plugins.slurm.cluster",
         description="Bring a private one-node Slurm cluster up in a folder, or down again.")
-    parser.add_argument("action", choices=("up", "down", "env"))
+    parser.add_argument("action", choices=("up", "down", "env", "watch"))
     parser.add_argument("--folder", default=os.environ.get("GRIDGATE_SLURM_DIR",
                                                           DEFAULT_HAND_FOLDER),
                         help="where its conf, state and logs live (default: %(default)s)")
+    parser.add_argument("--remove", action="store_true",
+                        help="watch: remove the folder too once the cluster is down")
     parser.add_argument("--partition", action="append", default=None,
                         help="a partition to create (repeat; default: debug and batch)")
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     conf = folder / "etc" / "slurm.conf"
+    if args.action == "watch":
+        # Blocks until whoever started the cluster closes our stdin, or dies.
+        try:
+            sys.stdin.buffer.read()
+        finally:
+            if folder.exists():
+                down(folder)
+                if args.remove:
+                    shutil.rmtree(folder, ignore_errors=True)
+        return 0
     if args.action == "down":
         down(folder)
         print(f"slurm: the cluster in {folder} is down")
@@ -534,7 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(Path(f"/proc/{p}").exists() for p in _pids(folder.resolve()) if folder.exists()):
         print(f"slurm: a cluster is already up in {folder}; export SLURM_CONF={conf}")
         return 0
-    cluster = SlurmCluster(folder, partitions=tuple(args.partition or DEFAULT_PARTITIONS))
+    cluster = SlurmCluster(folder, partitions=tuple(args.partition or DEFAULT_PARTITIONS),
+                           watchdog=False)
     try:
         cluster.start()
     except ClusterError as exc:

@@ -57,7 +57,6 @@ DEFAULT_PORT = 7443
 DEFAULT_PATH = "/glite_wms_wmproxy_server"
 HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
 DELEGATION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 #: JDL files are named ``gridgate-<pid>-<random>.jdl``: the pid says whose they are, so the
 #: files of a director that was killed can be told from those of one that is running.
 JDL_PREFIX = "gridgate-"
@@ -295,10 +294,6 @@ class GliteBackend(Plugin):
         extra = self.config.get("env") or {}
         return {**os.environ, **extra} if extra else None
 
-    def _max_output(self) -> int:
-        director = self.context.config.get("director") or {}
-        return int(director.get("max_output_bytes") or DEFAULT_MAX_OUTPUT)
-
     def _commands(self) -> Mapping[str, str]:
         configured = {k: v for k, v in (self.config.get("commands") or {}).items() if v}
         commands = {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
@@ -356,7 +351,7 @@ class GliteBackend(Plugin):
             argv = self.argv(operation, endpoint, path)
             logger.debug("{} on {}: {}", operation, endpoint.name, argv)
             return run(argv, self._timeout(timeout), env=self._env(),
-                       max_output=self._max_output())
+                       max_output=self.context.max_output_bytes)
         finally:
             with contextlib.suppress(OSError):
                 Path(path).unlink()

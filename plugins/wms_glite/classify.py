@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
 from gridgate.plugins.wms_glite.parse import client_messages, first_line_matching, last_line
 
@@ -45,33 +46,31 @@ class Rule:
 
 @dataclass(frozen=True)
 class _Pattern:
+    """A line gLite prints and its catalogued kind (whose flags it takes)."""
+
     kind: str
     regex: re.Pattern[str]
     label: str
-    exclude: bool
-    notify: bool
-    transient: bool
 
 
 # Order matters: a server that is overloaded or drained may also say it could not submit,
 # and an auth failure is often followed by a generic "Unable to ..." line.
 BUILTIN_PATTERNS: tuple[_Pattern, ...] = (
-    _Pattern("overload", re.compile(r"System load is too high", re.I), "server overloaded",
-             exclude=True, notify=False, transient=True),
+    _Pattern("overload", re.compile(r"System load is too high", re.I), "server overloaded"),
     _Pattern("drained", re.compile(r"temporarily drained|Unavailable service", re.I),
-             "server drained", exclude=True, notify=False, transient=True),
+             "server drained"),
     _Pattern("auth", re.compile(
         r"Proxy File Not Found|No path to valid proxy|Unable to delegate the credential|"
         r"proxy (?:has )?expired|Proxy certificate|delegation.*(?:failed|not found|expired)|"
         r"credential.*(?:expired|not valid|invalid)|Authentication failed|"
         r"not authori[sz]ed|Authori[sz]ation (?:error|failed)", re.I),
-             "credential problem", exclude=True, notify=True, transient=False),
+             "credential problem"),
     _Pattern("unreachable", re.compile(
         r"Unable to contact any specified en[d]?point|WMProxy unreachable|"
         r"may be down \(or wrong server name\)|Connection refused|Couldn't resolve host|"
         r"Could not resolve host|No route to host|Connection timed out|Network is unreachable|"
         r"couldn't connect|SSL connect error", re.I),
-             "server unreachable", exclude=True, notify=True, transient=True),
+             "server unreachable"),
 )
 
 
@@ -131,14 +130,15 @@ def classify(
 ) -> Failure:
     """Classify a failed gLite command (or a failure that never ran one: ``command`` None).
 
-    Kinds: site rule kinds, ``launch``, ``timeout``, ``overload``, ``drained``, ``auth``,
-    ``unreachable``, ``usage`` (exit 255), ``bad_output`` (exit 0 without the expected
-    answer, named by ``expected``), ``error`` (anything else), ``bad_request`` (nothing was run: the request or
-    config could not be turned into a JDL).
+    Kinds (from :mod:`gridgate.core.kinds`, with their flags): site rule kinds, ``launch``,
+    ``timeout``, ``overload``, ``drained``, ``auth``, ``unreachable``, ``usage`` (exit 255),
+    ``bad_output`` (exit 0 without the expected answer, named by ``expected``), ``error``
+    (anything else), ``config`` (nothing was run: the request or the site's config could not
+    be turned into a JDL; the server stays in rotation).
     """
     if command is None:
-        return Failure("bad_request", exclude=False, notify=True, transient=False,
-                       reason=_clip(message or "the request could not be prepared"))
+        # nothing ran, so no server is to blame: it stays in rotation
+        return KINDS["config"].failure(_clip(message or "the request could not be prepared"), exclude=False)
     for rule in rules:
         if rule.returncode is not None and command.returncode != rule.returncode:
             continue
@@ -147,31 +147,25 @@ def classify(
             return Failure(rule.kind, exclude=rule.exclude, notify=rule.notify,
                            transient=rule.transient, reason=f"site rule: {_quote(line)}")
     if command.launch_error is not None:
-        return Failure("launch", exclude=True, notify=True, transient=False, local=True,
-                       reason=_clip(f"could not start {command.argv[0] if command.argv else 'command'}: "
-                                    f"{command.launch_error}"))
+        return KINDS["launch"].failure(_clip(f"could not start {command.argv[0] if command.argv else 'command'}: "
+                                             f"{command.launch_error}"))
     if command.timed_out:
         said = last_line(command.stdout) or last_line(command.stderr)
         tail = f"; last output: {_quote(said)}" if said else "; no output"
-        return Failure("timeout", exclude=True, notify=True, transient=True,
-                       reason=_clip(f"timed out after {command.duration:.1f} s and was killed{tail}"))
+        return KINDS["timeout"].failure(_clip(f"timed out after {command.duration:.1f} s and was killed{tail}"))
     combined = f"{command.stderr}\n{command.stdout}"
     for pattern in BUILTIN_PATTERNS:
         line = _telling_line(combined, pattern.regex)
         if line is not None:
-            return Failure(pattern.kind, exclude=pattern.exclude, notify=pattern.notify,
-                           transient=pattern.transient, reason=f"{pattern.label}: {_quote(line)}")
+            return KINDS[pattern.kind].failure(f"{pattern.label}: {_quote(line)}")
     if command.returncode == 255:
         said = _first_error_line(command, fallback_first=True)
-        return Failure("usage", exclude=True, notify=True, transient=False,
-                       reason=f"usage error (exit 255): {_quote(said)}" if said else
-                       "usage error (exit 255)")
+        return KINDS["usage"].failure(f"usage error (exit 255): {_quote(said)}" if said else
+                                      "usage error (exit 255)")
     if command.returncode == 0:
         said = last_line(command.stdout)
         detail = f"; last line: {_quote(said)}" if said else "; no output"
-        return Failure("bad_output", exclude=True, notify=True, transient=True,
-                       reason=f"exit 0 but no {expected} in the output{detail}")
+        return KINDS["bad_output"].failure(f"exit 0 but no {expected} in the output{detail}")
     said = _first_error_line(command)
     head = f"exit code {command.returncode}"
-    return Failure("error", exclude=True, notify=True, transient=True,
-                   reason=f"{head}: {_quote(said)}" if said else head)
+    return KINDS["error"].failure(f"{head}: {_quote(said)}" if said else head)

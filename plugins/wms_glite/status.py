@@ -369,7 +369,7 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
     if not ids:
         return StatusResult(endpoint, ok=True, commands=0, operation=OPERATION_STATUS)
     outcome = run_with_ids(_base_argv(backend, "status"), ids, backend._timeout(timeout),
-                           env=backend._env(), max_output=backend._max_output(),
+                           env=backend._env(), max_output=backend.context.max_output_bytes,
                            work_dir=backend.config.get("work_dir") or None)
     if isinstance(outcome, str):
         return StatusResult(endpoint, ok=False, commands=0, operation=OPERATION_STATUS,
@@ -384,7 +384,7 @@ def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
     if not ids:
         return CancelResult(endpoint, ok=True, operation=OPERATION_CANCEL)
     outcome = run_with_ids(_base_argv(backend, "cancel"), ids, backend._timeout(timeout),
-                           env=backend._env(), max_output=backend._max_output(),
+                           env=backend._env(), max_output=backend.context.max_output_bytes,
                            work_dir=backend.config.get("work_dir") or None)
     if isinstance(outcome, str):
         return CancelResult(endpoint, ok=False, operation=OPERATION_CANCEL, message=outcome)

@@ -51,10 +51,12 @@ def test_failing_server_is_excluded_for_the_rest_of_the_iteration() -> None:
     assert summary.excluded == ("testbed/s0",)
     submitted = [r for r in summary.records if r.outcome == "submitted"]
     failed = [r for r in summary.records if r.outcome == "failed"]
-    assert len(submitted) + len(failed) == 30
+    # every failed submission was sent to a healthy server in the same iteration
+    assert sum(r.pilots for r in submitted) == 30 and all(r.endpoint != "s0" for r in submitted)
+    assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s0", "retried")] * len(failed)
     assert notes.levels() == ["error"]
     note = notes.notes[0]
-    assert note.subject == "s0: error executing Job Submit"
+    assert note.subject == "s0: error executing Job Submit [error]"
     assert "returns: 1" in note.body and "Error - Operation failed" in note.body and "Connecting" in note.body
     director.close()
 
@@ -65,7 +67,7 @@ def test_hanging_server_is_killed_at_the_deadline_and_reported_as_timeout() -> N
     director, notes = make(backend, pilots=4, command_timeout=3, max_threads=4)
     summary = director.run_iteration()
     assert "testbed/s0" in summary.excluded
-    timeouts = [n for n in notes.notes if n.subject == "s0: timeout executing Job Submit"]
+    timeouts = [n for n in notes.notes if n.subject == "s0: timeout executing Job Submit [timeout]"]
     assert len(timeouts) == 1
     assert "started" in timeouts[0].body  # what it printed before it was killed is kept
     assert all(r.duration < 3 + 0.5 + 10 for r in summary.records)  # deadline + grace + slack
@@ -77,9 +79,11 @@ def test_every_server_excluded_skips_the_rest_instead_of_hammering() -> None:
     director, notes = make(backend, pilots=40, max_threads=1)
     summary = director.run_iteration()
     outcomes = [r.outcome for r in summary.records]
+    # the first pilot fails on s0, is retried on s1 and fails there too: 39 pilots left to skip
     assert outcomes.count("failed") == 2
-    assert outcomes.count("skipped") == 38
+    assert outcomes.count("skipped") == 39
     assert len(backend.calls) == 2
+    assert [e["outcome"] for e in summary.retries] == ["retried", "not retried: no other usable server"]
     director.close()
 
 

@@ -188,7 +188,7 @@ def test_collector_receives_the_failure_notification(tmp_path: Path) -> None:
         summary = director.run_iteration()
     assert [r.outcome for r in summary.records] == ["failed"]
     assert collector.levels() == ["error"]
-    assert collector.subjects() == ["s1: error executing Job Submit"]
+    assert collector.subjects() == ["s1: error executing Job Submit [error]"]
     collector.clear()
     assert collector.notes == []
 

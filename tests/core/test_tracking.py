@@ -118,7 +118,7 @@ def test_failed_status_query_is_a_server_failure_and_pilots_keep_their_state():
     (failure,) = [f for f in summary.failures if f["endpoint"] == "s0"]
     assert failure["operation"] == "Job Status" and failure["kind"] != ""
     (note,) = director.collector.notes
-    assert note.level == "error" and note.subject == "s0: error executing Job Status"
+    assert note.level == "error" and note.subject == "s0: error executing Job Status [error]"
     assert "Unable to connect" in note.body
     # this iteration's submissions all went to the server still in rotation
     assert {r.endpoint for r in summary.records if r.outcome == "submitted"} == {"s1"}

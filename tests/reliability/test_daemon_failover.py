@@ -26,7 +26,7 @@ HOLDERS = 2
 CLIENT = r"""
 import json, os, sys, time
 from loguru import logger
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 hosts, stop, hold = json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 logger.remove()
 failovers = []
@@ -53,7 +53,7 @@ print(json.dumps(rows), flush=True)
 
 HOLDER = r"""
 import json, sys, time
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 name, address = sys.argv[1], sys.argv[2]
 token = ProxyClient([Daemon(name, address)], when_unavailable="fail").acquire("query", "bjobs", 1)
 print(json.dumps({"token": token.id, "daemon": token.daemon}), flush=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from daemonkit import AS_NOBODY, PYTHON, free_port, lsf_fixtures, status
 
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 
 sockdir = lsf_fixtures.sockdir
 start_daemon = lsf_fixtures.start_daemon
@@ -56,7 +56,7 @@ def _root_acquires(path: str, count: int, pause: float = 0.02) -> list[float]:
 
 def _nobody_acquires(path: str, count: int) -> str:
     return ("import json, time\n"
-            "from gridgate.plugins.lsf_proxy.client import ProxyClient, Daemon\n"
+            "from gridgate.plugins.lsf_proxy.client.client import ProxyClient, Daemon\n"
             "took = []\n"
             f"for _ in range({count}):\n"
             "    start = time.monotonic()\n"

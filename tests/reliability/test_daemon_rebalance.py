@@ -32,7 +32,7 @@ INTERVAL = float(os.environ.get("GRIDGATE_RELIABILITY_HEARTBEAT", "0.5"))
 CLIENT = r"""
 import json, os, sys, time
 from loguru import logger
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 hosts, stop, hold, down_for = json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 logger.remove()
 client = ProxyClient([Daemon(n, a) for n, a in hosts], when_unavailable="fail",

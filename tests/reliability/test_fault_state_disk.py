@@ -34,9 +34,16 @@ def _iterations(path: Path) -> list[dict]:
         return []
 
 
-def _pilots(doc: dict) -> int:
+def _attempts(doc: dict) -> int:
+    """Every attempt of the iteration (one accounting row each)."""
     return (len(doc["submitted"]) + len(doc["failures"]) + doc["skipped"] + doc["no_match"]
             + doc["refused"])
+
+
+def _pilots(doc: dict) -> int:
+    """The pilots the iteration asked for: a failed submission retried elsewhere is one more
+    attempt for the same pilot."""
+    return _attempts(doc) - sum(1 for r in doc["retries"] if r["outcome"] == "retried")
 
 
 @pytest.mark.timeout(120)
@@ -90,7 +97,8 @@ def test_disk_full_then_space_returns(tmp_path: Path, gridgate_exe: str, directo
     demanded = sum(_pilots(d) for d in iterations)
     recorded = sum(r["pilots"] for r in rows)
     assert demanded == 8 * len(iterations)
-    assert recorded == demanded, "accounting rows lost or doubled across the outage"
+    assert recorded == sum(_attempts(d) for d in iterations), (
+        "accounting rows lost or doubled across the outage")
     figures(limit_bytes=limit, iterations=len(iterations),
             degraded_iterations=back_from - full_from, pilots=demanded, recorded=recorded,
             unavailable_notes=subjects.count(UNAVAILABLE), back_notes=subjects.count(BACK))

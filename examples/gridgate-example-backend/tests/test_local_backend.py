@@ -145,8 +145,10 @@ def test_director_iteration_skips_a_busy_slot_quietly_and_fills_the_others(tmp_p
            "demand": {"static": {"local": 6}}}
     with contextlib.closing(director_for(doc, backend, FirstCandidate(), collector)) as director:
         summary = director.run_iteration()
+    # the pilot that met the busy slot is sent to the next one in the same iteration
     assert [(r.outcome, r.endpoint, r.failure_kind) for r in summary.records] == (
-        [("failed", "s1", "busy")] + [("submitted", "s2", "")] * 5)
+        [("failed", "s1", "busy")] + [("submitted", "s2", "")] * 6)
+    assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s1", "retried")]
     assert {i for r in summary.records for i in r.job_ids} == {"s2-ok"}
     assert summary.excluded == ("local/s1",)
     assert collector.notes == []  # busy is not news

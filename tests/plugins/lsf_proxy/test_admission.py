@@ -15,7 +15,7 @@ from gridgate.core.director import Director
 from gridgate.core.model import AdmissionRequest, Endpoint, Grant, Refusal
 from gridgate.core.plugins import PluginContext
 from gridgate.core.testing import Collector, make_config, section_for
-from gridgate.plugins.lsf_proxy.admission import ProxyAdmission
+from gridgate.plugins.lsf_proxy.director.admission import ProxyAdmission
 from gridgate.plugins.wms_glite.sim import (
     install_commands,
     max_concurrency,
@@ -234,7 +234,7 @@ def test_gridgate_admit_remote_refusal_for_a_blocked_ordinary_user(start_daemon,
 from gridgate.core.model import AdmissionRequest, Refusal
 from gridgate.core.plugins import PluginContext
 from gridgate.core.testing import section_for
-from gridgate.plugins.lsf_proxy.admission import ProxyAdmission
+from gridgate.plugins.lsf_proxy.director.admission import ProxyAdmission
 plugin = ProxyAdmission(section_for(ProxyAdmission, {{"mode": "remote", "socket": {daemon.socket!r}}}),
                         PluginContext())
 answer = plugin.gridgate_admit(request=AdmissionRequest(category="submission", opcode="JOB_SUBMIT",

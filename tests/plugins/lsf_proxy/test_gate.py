@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from polling import until
 
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
-from gridgate.plugins.lsf_proxy.gate import find_real, infer_category, install_shims
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.gate.gate import find_real, infer_category, install_shims
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
@@ -38,7 +38,7 @@ def test_category_inferred_from_the_command_name(command, category) -> None:
 
 def test_a_shim_loads_no_cli_schema_or_plugin_machinery() -> None:
     # A shim runs in front of every gated bjobs: what it imports is its start-up cost.
-    probe = ("import sys, gridgate.plugins.lsf_proxy.gating, gridgate.plugins.lsf_proxy.client\n"
+    probe = ("import sys, gridgate.plugins.lsf_proxy.gate.gating, gridgate.plugins.lsf_proxy.client.client\n"
              "heavy = ('click', 'jsonschema', 'yaml', 'stevedore', 'gridgate.core.config',"
              " 'gridgate.core.plugins', 'gridgate.core.cli')\n"
              "print(sorted(m for m in heavy if m in sys.modules))")

@@ -8,10 +8,10 @@ from polling import until
 from test_proxyd_clock import admin_status, fake_daemon  # noqa: F401  (a fixture)
 
 from gridgate.core.clock import FakeClock
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import Limits
-from gridgate.plugins.lsf_proxy.holding import longest_held
-from gridgate.plugins.lsf_proxy.policy import (
+from gridgate.plugins.lsf_proxy.daemon.holding import longest_held
+from gridgate.plugins.lsf_proxy.daemon.policy import (
     GRANTED,
     QUEUED,
     PolicySettings,

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from gridgate.plugins.lsf_proxy.gate import SHIM_COMMANDS, find_real, infer_category
+from gridgate.plugins.lsf_proxy.gate.gate import SHIM_COMMANDS, find_real, infer_category
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 SLURM = ("sbatch", "srun", "salloc", "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare",

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from polling import until
 
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
-from gridgate.plugins.lsf_proxy.gate import install_shims
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.gate.gate import install_shims
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -80,7 +80,7 @@ def test_the_run_time_path_imports_only_the_standard_library(start_daemon, gridg
     assert names - base - set(sys.stdlib_module_names) == {"gridgate"}
     assert not {"click", "loguru", "pluggy", "stevedore", "yaml", "jsonschema"} & names
     heavy = [line for line in gate.stderr.splitlines()
-             if line.rstrip().endswith(("gridgate.core.cli", "gridgate.plugins.lsf_proxy.client"))]
+             if line.rstrip().endswith(("gridgate.core.cli", "gridgate.plugins.lsf_proxy.client.client"))]
     assert heavy == []
 
 
@@ -285,7 +285,7 @@ def test_the_fast_path_hands_other_calls_to_the_full_command_line(gridgate_exe) 
 
 def test_client_defaults_are_the_schema_defaults() -> None:
     from gridgate.plugins.lsf_proxy.config import section_defaults
-    from gridgate.plugins.lsf_proxy.gating import CATEGORIES, CLIENT_DEFAULTS
+    from gridgate.plugins.lsf_proxy.gate.gating import CATEGORIES, CLIENT_DEFAULTS
 
     defaults = section_defaults()
     assert CLIENT_DEFAULTS == {k: defaults.get(k) for k in CLIENT_DEFAULTS}
@@ -301,7 +301,7 @@ def test_client_defaults_are_the_schema_defaults() -> None:
     ("bsub", ["-K", "job.sh"], True), ("bpeek", ["-f", "12"], True), ("bjobs", ["-u", "all"], False),
 ])
 def test_start_only_commands(name, args, expected) -> None:
-    from gridgate.plugins.lsf_proxy.gating import start_only
+    from gridgate.plugins.lsf_proxy.gate.gating import start_only
 
     assert start_only(name, args) is expected
     assert start_only("mywatch", ["-w"], {"start_only": {"mywatch": ["-w"]}}) is True

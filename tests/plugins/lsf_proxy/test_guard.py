@@ -5,7 +5,7 @@ from __future__ import annotations
 from loguru import logger
 
 from gridgate.core.clock import FakeClock
-from gridgate.plugins.lsf_proxy.guard import (
+from gridgate.plugins.lsf_proxy.daemon.guard import (
     ORDINARY,
     OWN_FDS,
     PRIVILEGED,

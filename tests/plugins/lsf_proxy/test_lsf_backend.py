@@ -13,7 +13,12 @@ from gridgate.core.model import CommandResult, Endpoint, SubmitRequest, SubmitRe
 from gridgate.core.plugins import PluginContext
 from gridgate.core.state import MemoryState
 from gridgate.core.testing import Collector, director_for, section_for
-from gridgate.plugins.lsf_proxy.backend import LsfBackend, classify, parse_bjobs, parse_job_id
+from gridgate.plugins.lsf_proxy.director.backend import (
+    LsfBackend,
+    classify,
+    parse_bjobs,
+    parse_job_id,
+)
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
 
 NORMAL = Endpoint("lsf", "normal")
@@ -73,7 +78,6 @@ def test_gridgate_submit_parses_the_job_id(lsf_site) -> None:
 
 
 @pytest.mark.parametrize(("behaviour", "kind", "transient"), [
-    ("no_such_queue", "no_queue", False),
     ("too_many_processors", "usage", False),
     ("rusage_error", "usage", False),
     ("bad_resreq", "usage", False),
@@ -93,6 +97,18 @@ def test_gridgate_classify_failure_permanent_and_transient(lsf_site, behaviour, 
     assert failure.notify is (not transient)
 
 
+def test_gridgate_classify_failure_no_such_queue_is_the_sites_config(lsf_site) -> None:
+    make, scenario = lsf_site
+    scenario(queues={"normal": {"behaviour": "no_such_queue"}})
+    backend = make()
+    result = backend.gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"), timeout=20)
+    failure = backend.gridgate_classify_failure(endpoint=NORMAL, result=result)
+    # the queue in the site's config does not exist: set aside and told, never retried elsewhere
+    assert (failure.kind, failure.local, failure.exclude, failure.notify, failure.transient) == (
+        "config", False, True, True, False)
+    assert "the queue does not exist" in failure.reason
+
+
 def test_a_hung_bsub_still_trying_is_daemon_trouble(lsf_site) -> None:
     make, scenario = lsf_site
     scenario(queues={"normal": {"behaviour": "daemon_not_responding"}})
@@ -108,7 +124,7 @@ def test_classify_other_outcomes() -> None:
     assert classify(launch).kind == "launch"
     assert classify(CommandResult(("bsub",), 0, stdout="hello")).kind == "bad_output"
     assert classify(CommandResult(("bsub",), 3, stderr="odd\n")).kind == "error"
-    assert classify(None, "why").kind == "bad_request"
+    assert classify(None, "why").kind == "config"
 
 
 def test_transient_failures_are_told_only_when_they_persist(lsf_site, tmp_path) -> None:
@@ -163,8 +179,8 @@ def test_every_command_takes_a_token_of_its_category(lsf_site, start_daemon, soc
     assert backend.query(result.job_ids).ok
     backend.close()
     text = log.read_text()
-    assert ",BATCH_JOB_SUB," in text and "SUBMISSION" in text.upper()  # as the seed's log
-    assert ",BATCH_JOB_QUERY," in text and "QUERY" in text.upper()
+    assert " SUBMISSION_REQ,BATCH_JOB_SUB," in text
+    assert " QUERY_REQ,BATCH_JOB_QUERY," in text
 
 
 def test_a_refused_token_is_not_a_queue_failure(lsf_site, start_daemon, cli, py_as, tmp_path) -> None:
@@ -176,7 +192,7 @@ def test_a_refused_token_is_not_a_queue_failure(lsf_site, start_daemon, cli, py_
 import json
 from gridgate.core.model import Endpoint, SubmitRequest
 from gridgate.core.plugins import PluginContext
-from gridgate.plugins.lsf_proxy.backend import LsfBackend
+from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
 backend = LsfBackend(json.loads({json.dumps(dict(section))!r}), PluginContext())
 endpoint = Endpoint("lsf", "normal")
 result = backend.gridgate_submit(endpoint=endpoint, request=SubmitRequest("lsf"), timeout=20)

@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from gridgate.core.config import load_config
-from gridgate.plugins.lsf_proxy.commands import lsfproxyd
+from gridgate.plugins.lsf_proxy.cli.commands import lsfproxyd
 from gridgate.plugins.lsf_proxy.config import Limits, resolve_policies
 
 EXE = str(Path(sys.executable).parent / "gridgate")

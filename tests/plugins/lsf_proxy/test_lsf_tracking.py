@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from gridgate.core.model import Endpoint, SubmitRequest
 from gridgate.core.plugins import PluginContext
 from gridgate.core.testing import section_for
-from gridgate.plugins.lsf_proxy.backend import LsfBackend
+from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
+from gridgate.plugins.lsf_proxy.director.tracking import normalise, parse_bkill, parse_status_rows
 from gridgate.plugins.lsf_proxy.opcodes import opcode_of
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
-from gridgate.plugins.lsf_proxy.tracking import normalise, parse_bkill, parse_status_rows
 
 NORMAL, BROKEN = Endpoint("lsf", "normal"), Endpoint("lsf", "broken")
 T0 = 1_800_000_000.0
@@ -243,7 +243,7 @@ def test_bad_ids_and_other_backends(site) -> None:
 
 
 def test_bkill_is_found_beside_bjobs_unless_configured() -> None:
-    from gridgate.plugins.lsf_proxy.tracking import bkill_command
+    from gridgate.plugins.lsf_proxy.director.tracking import bkill_command
 
     def backend(commands: dict) -> LsfBackend:
         return LsfBackend(section_for(LsfBackend, {"queues": ["q"], "commands": commands}), PluginContext())

@@ -17,10 +17,10 @@ from loguru import logger
 from polling import until
 
 from gridgate.core.clock import FakeClock
-from gridgate.plugins.lsf_proxy import render
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.cli import render
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import section_defaults
-from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon
+from gridgate.plugins.lsf_proxy.daemon.daemon import ProxyDaemon
 
 pytestmark = pytest.mark.timeout(300)
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -86,7 +86,7 @@ def test_ordinary_user_waits_then_is_denied_at_the_wait_limit(fake_daemon):
     root = ProxyClient([Daemon("d", daemon.socket_path)])
     held = root.acquire("query")  # root counts: max reached
     code = (
-        "import json; from gridgate.plugins.lsf_proxy.client import *\n"
+        "import json; from gridgate.plugins.lsf_proxy.client.client import *\n"
         f"c = ProxyClient([Daemon('d', {daemon.socket_path!r})], notoken_ntries=1)\n"
         "try:\n    t = c.acquire('query', 'BATCH_JOB_QUERY')\n    print(json.dumps({'token': t.id}))\n"
         "except NoToken as e:\n    print(json.dumps({'denied': e.reason}))\n"
@@ -117,7 +117,7 @@ def test_waiter_granted_round_robin_when_tokens_come_back(fake_daemon):
     root = ProxyClient([Daemon("d", daemon.socket_path)])
     held = root.acquire("query")
     code = (
-        "import json, sys; from gridgate.plugins.lsf_proxy.client import *\n"
+        "import json, sys; from gridgate.plugins.lsf_proxy.client.client import *\n"
         f"c = ProxyClient([Daemon('d', {daemon.socket_path!r})])\n"
         "t = c.acquire('query'); print(json.dumps({'token': t.id, 'waited': t.waited}), flush=True)\n"
         "sys.stdin.readline(); t.release()\n"
@@ -169,7 +169,7 @@ def test_diagnose_for_a_duration_turns_itself_off(fake_daemon, sockdir):
         ["QUERY_REQ", "BATCH_HOST_INFO", "root", daemon.local_host, "7"]]
 RATED = """
 import json, sys
-from gridgate.plugins.lsf_proxy.client import Daemon, NoToken, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, NoToken, ProxyClient
 c = ProxyClient([Daemon("d", sys.argv[1])], notoken_ntries=1, when_unavailable="fail")
 for _ in range(int(sys.argv[2])):
     try:

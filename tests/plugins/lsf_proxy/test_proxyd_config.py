@@ -102,7 +102,7 @@ def test_gridgate_register_commands_adds_the_lsfproxyd_group():
                                     "blocklist", "diagnose", "reconfig", "import-lsf"}
     for command in proxyd.commands.values():
         if command.name == "import-lsf":
-            continue  # reads LSF's files, talks to no daemon
+            continue  # converts files offline: no daemon to reach, no config to read
         options = {opt for param in command.params for opt in getattr(param, "opts", [])}
         assert {"--json", "--socket", "-c", "--config"} <= options, command.name
 

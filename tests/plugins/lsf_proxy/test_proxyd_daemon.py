@@ -16,7 +16,7 @@ import pytest
 import yaml
 from polling import until
 
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient, ProxyUnavailable
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient, ProxyUnavailable
 
 PYTHON = sys.executable
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -55,7 +55,7 @@ def status(path: str) -> dict:
 
 CLIENT = """
 import json, sys
-from gridgate.plugins.lsf_proxy.client import ProxyClient, Daemon, NoToken
+from gridgate.plugins.lsf_proxy.client.client import ProxyClient, Daemon, NoToken
 c = ProxyClient([Daemon("d", {sock!r})], notoken_ntries={ntries}, when_unavailable="fail")
 try:
     t = c.acquire({category!r}, {opcode!r}, 12)
@@ -593,7 +593,7 @@ def test_a_swamped_daemon_is_a_refusal_not_a_pass_without_token(start_daemon, py
     d = start_daemon({"policies": "QUERY[max=1]", "token_wait_time": 30})
     code = (
         "import json\n"
-        "from gridgate.plugins.lsf_proxy.client import ProxyClient, Daemon, NoToken\n"
+        "from gridgate.plugins.lsf_proxy.client.client import ProxyClient, Daemon, NoToken\n"
         f"c = ProxyClient([Daemon('d', {d.socket!r})], notoken_ntries=2, when_unavailable='proceed',\n"
         "                reply_timeout=0.5, backoff=(0.05, 0.1))\n"
         "try:\n"

@@ -16,9 +16,9 @@ from polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigError, load_config
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import section_defaults
-from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError
+from gridgate.plugins.lsf_proxy.daemon.daemon import ProxyDaemon, StartupError
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 
 ACQUIRE = """
 import json, sys
-from gridgate.plugins.lsf_proxy.client import ProxyClient, Daemon, NoToken
+from gridgate.plugins.lsf_proxy.client.client import ProxyClient, Daemon, NoToken
 c = ProxyClient([Daemon("d", {sock!r})], notoken_ntries=1, when_unavailable="fail")
 try:
     t = c.acquire({category!r}, {opcode!r}, 12)

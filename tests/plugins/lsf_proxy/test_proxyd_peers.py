@@ -16,10 +16,22 @@ from hypothesis import strategies as st
 from polling import until
 
 from gridgate.core.clock import FakeClock
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits
-from gridgate.plugins.lsf_proxy.peers import MISSES, BeatResult, Heartbeat, PeerView, ServiceState
-from gridgate.plugins.lsf_proxy.policy import GRANTED, QUEUED, PolicySettings, Request, TokenPolicy
+from gridgate.plugins.lsf_proxy.daemon.peers import (
+    MISSES,
+    BeatResult,
+    Heartbeat,
+    PeerView,
+    ServiceState,
+)
+from gridgate.plugins.lsf_proxy.daemon.policy import (
+    GRANTED,
+    QUEUED,
+    PolicySettings,
+    Request,
+    TokenPolicy,
+)
 
 LIMITS = {c: Limits(8, 8, 0.0) for c in CATEGORIES}
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -203,7 +215,7 @@ def status(path: str) -> dict:
 
 HOLD = """
 import json, sys
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 client = ProxyClient([Daemon("pb", sys.argv[1])], notoken_ntries=1, when_unavailable="fail")
 tokens = [client.acquire("query", "bjobs") for _ in range(int(sys.argv[2]))]
 print(json.dumps([t.privileged for t in tokens]), flush=True)
@@ -273,7 +285,7 @@ def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
             ports.append(probe.getsockname()[1])
     key = sockdir / "key"
     key.write_text("s3cret\n")
-    key.chmod(0o600)
+    key.chmod(0o600)  # a key others can read is refused
     hosts = [{"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
              {"name": "pb", "address": f"127.0.0.1:{ports[1]}"}]
     common = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.2,

@@ -19,7 +19,7 @@ from gridgate.plugins.lsf_proxy.config import (
     resolve_policies,
     split_limits,
 )
-from gridgate.plugins.lsf_proxy.policy import (
+from gridgate.plugins.lsf_proxy.daemon.policy import (
     DENIED,
     GRANTED,
     PROCEED,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import load_config
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits
-from gridgate.plugins.lsf_proxy.policy import (
+from gridgate.plugins.lsf_proxy.daemon.policy import (
     DENIED,
     GRANTED,
     PROCEED,
@@ -21,7 +21,7 @@ from gridgate.plugins.lsf_proxy.policy import (
     PolicySettings,
     Request,
 )
-from gridgate.plugins.lsf_proxy.ratelimit import (
+from gridgate.plugins.lsf_proxy.daemon.ratelimit import (
     RatedSettings,
     RateLimit,
     RateLimitedPolicy,

@@ -69,15 +69,19 @@ def test_empty_file_on_sighup_is_refused_logged_and_counted(start_daemon):
     assert log.count("config refused (1 so far)") == 1 and "empty file" in log, log
     assert log.count("config refused (2 so far)") == 1, log
     assert "Traceback" not in log
-    # a file without its proxyd: section is refused too (one of comments only is an empty
-    # config to the loader already)
-    d.config.write_text("# the director's part only\ndirector:\n  paused: true\n")
+    # comments only is an empty document too
+    d.config.write_text("# nothing here yet\n")
     os.kill(d.pid, signal.SIGHUP)
     assert until(lambda: status(d.socket)["reloads"]["refused"] == 3)
+    assert "empty config" in status(d.socket)["reloads"]["last_refusal"]
+    # a file without its proxyd: section is refused too
+    d.config.write_text("notifiers:\n  log: {}\n")
+    os.kill(d.pid, signal.SIGHUP)
+    assert until(lambda: status(d.socket)["reloads"]["refused"] == 4)
     assert "no proxyd: section" in status(d.socket)["reloads"]["last_refusal"]
     assert limits(d.socket)["query"] == 2
     metrics = scrape(d.info["metrics_port"])
-    assert metrics['gridgate_proxyd_reloads_total{result="refused"}'] == 3
+    assert metrics['gridgate_proxyd_reloads_total{result="refused"}'] == 4
     assert metrics['gridgate_proxyd_reloads_total{result="accepted"}'] == 0
     # the good file again: accepted and counted
     d.config.write_text(good.replace("max=2", "max=4"))

@@ -156,3 +156,24 @@ def test_a_partition_whose_every_pilot_fails_leaves_rotation_then_alarms(slurm_s
         cluster.cancel_all()
     figures(polls_until_out=polls_until_out, notifications=[n.level for n in collector.notes],
             sample=note.body.split("(a sample):\n")[1].split("\nEpisode:")[0].strip())
+
+
+def test_a_restarted_director_process_keeps_tracking_its_pilots(slurm_site) -> None:
+    """Two `gridgate run --once` processes on one sqlite state: the second polls what the first
+    submitted and fills only the room max_waiting leaves."""
+    cluster = slurm_site.cluster
+    doc = slurm_site.doc(partitions=["batch"], pilots=3)
+    doc["director"]["pilots"] = {"max_waiting": 3}
+    try:
+        first = slurm_site.run_once(doc)
+        ids = [i for s in first["submitted"] for i in s["job_ids"]]
+        assert len(ids) == 3 and first["pilots"]["polls"] == []
+        assert until(lambda: len(squeue(cluster, "RUNNING")) == 2, timeout=60), squeue(cluster)
+        second = slurm_site.run_once(doc)  # a new process: it knows the pilots from the state file
+        (poll,) = second["pilots"]["polls"]
+        assert (poll["endpoint"], poll["pilots"], poll["outcome"]) == ("batch", 3, "ok")
+        assert second["pilots_submitted"] == 2  # 1 of the first's 3 still waits: room for 2
+        assert second["pilots"]["trimmed"] == {"slurm": {"max_waiting": 1}}
+        assert pending(cluster)["batch"] <= 3
+    finally:
+        cluster.cancel_all()

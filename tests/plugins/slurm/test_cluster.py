@@ -116,3 +116,35 @@ def test_up_and_down_by_hand_leave_nothing_running() -> None:
         shutil.rmtree(folder.parent, ignore_errors=True)
     assert down.returncode == 0, down.stderr
     assert _processes_in(folder) == []
+
+
+def test_a_killed_owner_leaves_no_daemon_behind() -> None:
+    import signal
+    import sys
+    import time
+
+    # What a pytest-timeout (os._exit) or a SIGKILL does to a test process holding a cluster.
+    code = ("import sys, time\n"
+            "from gridgate.plugins.slurm.cluster import SlurmCluster\n"
+            "c = SlurmCluster().start()\n"
+            "print(c.folder, flush=True)\n"
+            "time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             cwd="/")
+    try:
+        line = owner.stdout.readline().strip()
+        assert line, "the owner did not start its cluster"
+        folder = Path(line)
+        assert _processes_in(folder)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+        end = time.monotonic() + 120
+        while time.monotonic() < end and (_processes_in(folder) or folder.exists()):
+            time.sleep(0.2)
+        assert _processes_in(folder) == []
+        assert not folder.exists()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(30)
+        owner.stdout.close()

@@ -63,11 +63,11 @@ def test_pilots_per_submission_submits_an_array_with_one_id_per_pilot(slurm_site
     assert sorted(_squeue(slurm_site.cluster, *record["job_ids"])) == sorted(record["job_ids"])
 
 
-def test_a_bad_partition_is_a_usage_failure_with_one_error(slurm_site) -> None:
+def test_a_bad_partition_is_the_sites_config_with_one_error(slurm_site) -> None:
     summary = slurm_site.run_once(slurm_site.doc(partitions=["nosuch"], pilots=3))
     assert summary["pilots_submitted"] == 0
     [failure] = summary["failures"]
-    assert (failure["endpoint"], failure["kind"], failure["returncode"]) == ("nosuch", "usage", 1)
+    assert (failure["endpoint"], failure["kind"], failure["returncode"]) == ("nosuch", "config", 1)
     assert summary["excluded"] == ["nosuch"]
     assert [(n["level"], n["endpoint"]) for n in summary["notifications"]] == [("error", "nosuch")]
     [note] = _notes(slurm_site)
@@ -157,7 +157,8 @@ def test_a_bad_script_is_a_fault_of_this_machine(slurm_site, script, said) -> No
                                          request=SubmitRequest(backend="slurm"), timeout=60)
         failure = pm.hook.gridgate_classify_failure(endpoint=Endpoint("slurm", "debug"),
                                                     result=result)
-    assert (failure.kind, failure.local) == ("script", True)
+    # the site's config names a script this machine cannot use: no partition is blamed
+    assert (failure.kind, failure.local) == ("config", True)
     assert said in failure.reason
 
 

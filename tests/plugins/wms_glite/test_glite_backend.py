@@ -245,7 +245,7 @@ def test_bad_request_requirements_run_nothing(make_backend: Any, calls_log: Path
     assert "request.requirements" in result.message
     assert read_calls(calls_log) == []
     failure = classify(pm, result)
-    assert failure.kind == "bad_request" and not failure.exclude
+    assert failure.kind == "config" and not failure.exclude
 
 
 def test_backend_command_timeout_replaces_the_passed_one(make_backend: Any) -> None:

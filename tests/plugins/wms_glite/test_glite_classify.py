@@ -101,9 +101,9 @@ def test_site_rules_come_first(run_sim: Callable[..., CommandResult]) -> None:
     assert classify(result, [Rule("x", re.compile("Load Average"), returncode=2)]).kind == "overload"
 
 
-def test_no_command_is_bad_request_and_keeps_the_server() -> None:
+def test_no_command_is_the_sites_config_and_keeps_the_server() -> None:
     failure = classify(None, message="cannot build the JDL: arguments: control character")
-    assert failure.kind == "bad_request" and not failure.exclude
+    assert failure.kind == "config" and not failure.exclude
     assert "control character" in failure.reason
 
 

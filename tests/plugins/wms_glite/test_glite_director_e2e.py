@@ -62,10 +62,13 @@ def test_run_once_json_against_mixed_stand_ins(tmp_path, sim_bin, scenario, grid
     assert all(j.startswith("https://lb01.example.org:9000/") for s in doc["submitted"] for j in s["job_ids"])
     # overload is the server protecting itself: no mail; the hang is a timeout mail
     subjects = [n["subject"] for n in doc["notifications"]]
-    assert subjects == [f"{HOSTS[1]}: timeout executing List Match"]
+    assert subjects == [f"{HOSTS[1]}: timeout executing List Match [timeout]"]
     assert doc["no_match"] >= 0
-    pilots = len(doc["submitted"]) + len(doc["failures"]) + doc["skipped"] + doc["no_match"] + doc["refused"]
-    assert pilots == 8
+    attempts = len(doc["submitted"]) + len(doc["failures"]) + doc["skipped"] + doc["no_match"] + doc["refused"]
+    # a failed submission retried elsewhere is one more attempt for the same pilot
+    retried = sum(1 for r in doc["retries"] if r["outcome"] == "retried")
+    assert {r["failed_on"] for r in doc["retries"]} <= {HOSTS[0], HOSTS[1]}
+    assert attempts - retried == 8
     assert not (tmp_path / "pwned").exists()  # config text never reached a shell
 
 

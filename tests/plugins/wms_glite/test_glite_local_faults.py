@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -155,3 +156,19 @@ def test_jdl_files_of_a_killed_director_are_removed_at_the_next_start(
     assert doc["pilots_submitted"] == 6
     assert sorted(folder.iterdir()) == [mine]
     assert "removed 2 JDL file(s)" in stderr
+
+
+def test_the_stall_count_survives_a_restart_of_the_director_process(tmp_path, sim_bin, scenario,
+                                                                    gridgate_exe) -> None:
+    folder = tmp_path / "jdl-later"
+    config = site(tmp_path, sim_bin, scenario(), work_dir=folder, list_match=False)
+    docs, _ = run(gridgate_exe, config, "--iterations", "2")
+    assert [[n["level"] for n in d["notifications"]] for d in docs] == [["error"], []]  # local fault
+    [third], _ = run(gridgate_exe, config, "--once")  # a new process: the 3rd stalled iteration
+    assert [n["subject"] for n in third["notifications"]] == [
+        f"gridgate: {socket.gethostname()}:{config.resolve()} has submitted no pilot for 3 iterations"]
+    folder.mkdir()
+    [fixed], _ = run(gridgate_exe, config, "--once")  # and another one sees it end
+    assert fixed["pilots_submitted"] == 6
+    assert [(n["level"], n["subject"]) for n in fixed["notifications"]] == [
+        ("info", f"gridgate: {socket.gethostname()}:{config.resolve()} is submitting again")]

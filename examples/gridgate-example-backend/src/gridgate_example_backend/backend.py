@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core import hookimpl
+from gridgate.core.kinds import failure
 from gridgate.core.model import BackendInfo, Endpoint, Failure, SubmitRequest, SubmitResult
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.runner import run
@@ -146,8 +147,9 @@ class LocalBackend(Plugin):
         limit = float(self.config.get("command_timeout") or timeout)
         argv = self.argv(endpoint, request)
         logger.debug("local: starting {} pilot(s) on {}: {}", request.count, endpoint.name, argv)
+        # the site's director.max_output_bytes caps what is kept of each stream
         result = run(argv, limit, env=self._env(endpoint, request),
-                     cwd=self.config.get("work_dir") or None)
+                     cwd=self.config.get("work_dir") or None, max_output=self.context.max_output_bytes)
         if not result.ok:
             # failures are results: the classifier reads the evidence kept in `command`
             return SubmitResult(endpoint, ok=False, command=result, operation=OPERATION)
@@ -166,6 +168,5 @@ class LocalBackend(Plugin):
             return None
         command = result.command
         if command is not None and command.returncode in (self.config.get("busy_exit_codes") or ()):
-            return Failure(kind="busy", exclude=True, notify=False, transient=True,
-                           reason=f"slot {endpoint.name} busy ({command.describe()})")
+            return failure("busy", f"slot {endpoint.name} busy ({command.describe()})")
         return None  # everything else: the site's rules and the generic kinds decide

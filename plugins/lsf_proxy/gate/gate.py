@@ -2,7 +2,7 @@
 ``--install-shims DIR``: wrapper executables that put ``bjobs``, ``squeue``... behind the gate.
 
 What runs at each gated call (token, child, signals, exit status) is in
-:mod:`gridgate.plugins.lsf_proxy.gating`, which the shims import without this module's click.
+:mod:`gridgate.plugins.lsf_proxy.gate.gating`, which the shims import without this module's click.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import gridgate.core
 import gridgate.plugins
 from gridgate.core import hookimpl
 from gridgate.core.files import atomic_write
+from gridgate.plugins.lsf_proxy.client.gateclient import absolute_socket
 from gridgate.plugins.lsf_proxy.config import CATEGORIES
-from gridgate.plugins.lsf_proxy.gateclient import absolute_socket
-from gridgate.plugins.lsf_proxy.gating import (
+from gridgate.plugins.lsf_proxy.gate.gating import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NO_TOKEN,
     EXIT_NOT_FOUND,
@@ -57,7 +57,7 @@ import sys
 
 gridgate = sys.modules["gridgate"] = type(sys)("gridgate")
 gridgate.__path__ = {roots!r}
-from gridgate.plugins.lsf_proxy.gating import shim_main
+from gridgate.plugins.lsf_proxy.gate.gating import shim_main
 
 sys.exit(shim_main({name!r}, {real!r}, {shim_dir!r}, config={config!r}, socket={socket!r},
                    snap={snap!r}))

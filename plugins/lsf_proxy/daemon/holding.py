@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gridgate.plugins.lsf_proxy.config import LSF_NAMES
-from gridgate.plugins.lsf_proxy.policy import Token, TokenPolicy
+from gridgate.plugins.lsf_proxy.daemon.policy import Token, TokenPolicy
 from gridgate.plugins.lsf_proxy.protocol import ProtocolError
 
 #: How many tokens ``status`` lists, longest held first.
@@ -59,7 +59,7 @@ def hold_limit_line(token: Token, wall: float) -> str:
     held = max(0.0, token.expires_at - token.granted)
     stamp = f"{time.strftime('%b', done)} {done.tm_mday} {time.strftime('%H:%M:%S %Y', done)}"
     granted = time.strftime("%H%M%S", time.localtime(wall - held))
-    from gridgate.plugins.lsf_proxy.daemon import _field  # the request lines' own escaping
+    from gridgate.plugins.lsf_proxy.daemon.daemon import _field  # the request lines' own escaping
 
     fields = [f"{LSF_NAMES[token.category]}_HOLD_LIMIT", _field(token.opcode) or "-",
               _field(token.user), _field(token.host), f"{held:.0f}", granted,

@@ -15,8 +15,8 @@ import click
 from gridgate.core import hookimpl
 from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
 from gridgate.core.config import SecretError
-from gridgate.plugins.lsf_proxy import render
-from gridgate.plugins.lsf_proxy.client import HostReply, ProxyClient, ProxyError
+from gridgate.plugins.lsf_proxy.cli import render
+from gridgate.plugins.lsf_proxy.client.client import HostReply, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
 
 #: Exit code when a daemon could not be reached or refused the command.
@@ -98,7 +98,7 @@ def serve(as_json: bool, socket_path: str | None, config_path: str | None, name:
     metrics_port).
     """
     # imported here: the other commands should not pay for asyncio and the daemon
-    from gridgate.plugins.lsf_proxy.daemon import ProxyDaemon, StartupError
+    from gridgate.plugins.lsf_proxy.daemon.daemon import ProxyDaemon, StartupError
 
     section = _section(config_path)
 
@@ -230,7 +230,7 @@ def import_lsf(lsf_conf: str | None, lsb_params: str | None, key_file: str) -> N
     """Print a commented proxyd: section made from LSF's own files (checked before printing);
     what cannot be carried over is named with the reason."""
     from gridgate.core.config import ConfigError, load_config
-    from gridgate.plugins.lsf_proxy import lsfimport
+    from gridgate.plugins.lsf_proxy.cli import lsfimport
 
     if not lsf_conf and not lsb_params:
         raise click.UsageError("give --lsf-conf FILE and/or --lsb-params FILE")

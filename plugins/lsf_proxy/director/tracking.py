@@ -140,7 +140,7 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
     """``gridgate_job_status`` of the LSF backend: ``bjobs`` for every id, under ``query``
     tokens, all commands within ``timeout``."""
     from gridgate.core.runner import argv_chunks
-    from gridgate.plugins.lsf_proxy import backend as module
+    from gridgate.plugins.lsf_proxy.director import backend as module
 
     ids = list(dict.fromkeys(str(j) for j in job_ids))
     if not ids:
@@ -193,7 +193,7 @@ def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
     terminated or already finished count as cancelled; exit 255 is an answer as long as
     every id got its line."""
     from gridgate.core.runner import argv_chunks
-    from gridgate.plugins.lsf_proxy import backend as module
+    from gridgate.plugins.lsf_proxy.director import backend as module
 
     ids = list(dict.fromkeys(str(j) for j in job_ids))
     if not ids:

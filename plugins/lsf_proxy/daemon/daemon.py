@@ -28,7 +28,6 @@ from loguru import logger
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import ConfigError, read_secret
 from gridgate.core.files import atomic_write
-from gridgate.plugins.lsf_proxy import holding
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     LSF_NAMES,
@@ -40,8 +39,9 @@ from gridgate.plugins.lsf_proxy.config import (
     resolve_policies,
     section_defaults,
 )
-from gridgate.plugins.lsf_proxy.diagnose import diagnose_args, earliest
-from gridgate.plugins.lsf_proxy.guard import (
+from gridgate.plugins.lsf_proxy.daemon import holding
+from gridgate.plugins.lsf_proxy.daemon.diagnose import diagnose_args, earliest
+from gridgate.plugins.lsf_proxy.daemon.guard import (
     ORDINARY,
     PRIVILEGED,
     UNAUTH,
@@ -51,9 +51,8 @@ from gridgate.plugins.lsf_proxy.guard import (
     capacity,
     listening_socket,
 )
-from gridgate.plugins.lsf_proxy.opcodes import opcode_of
-from gridgate.plugins.lsf_proxy.peers import Heartbeat
-from gridgate.plugins.lsf_proxy.policy import (
+from gridgate.plugins.lsf_proxy.daemon.peers import Heartbeat
+from gridgate.plugins.lsf_proxy.daemon.policy import (
     DENIED,
     GRANTED,
     QUEUED,
@@ -64,6 +63,13 @@ from gridgate.plugins.lsf_proxy.policy import (
     Request,
     TokenPolicy,
 )
+from gridgate.plugins.lsf_proxy.daemon.ratelimit import (
+    RatedSettings,
+    RateLimitedPolicy,
+    rate_limits_from,
+)
+from gridgate.plugins.lsf_proxy.daemon.reload_guard import ReloadLog, checked_section
+from gridgate.plugins.lsf_proxy.opcodes import opcode_of
 from gridgate.plugins.lsf_proxy.protocol import (
     ADMIN_OPS,
     PROTOCOL_VERSION,
@@ -72,8 +78,6 @@ from gridgate.plugins.lsf_proxy.protocol import (
     decode,
     encode,
 )
-from gridgate.plugins.lsf_proxy.ratelimit import RatedSettings, RateLimitedPolicy, rate_limits_from
-from gridgate.plugins.lsf_proxy.reload_guard import ReloadLog, checked_section
 
 #: A client that does not read its replies is dropped once this much is waiting for it.
 MAX_WRITE_BUFFER = 1 << 20

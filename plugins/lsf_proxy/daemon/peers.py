@@ -29,7 +29,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.secrets import read_secret
-from gridgate.plugins.lsf_proxy.client import Daemon, ProxyClient
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits, split_limits
 
 #: A peer not heard for this many heartbeat intervals is taken for dead.

@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gridgate.plugins.lsf_proxy.client import HostReply
+from gridgate.plugins.lsf_proxy.client.client import HostReply
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, LSF_NAMES
 
 _METRIC_LABELS = {"query": "Query", "submission": "Submission", "other": "Other"}

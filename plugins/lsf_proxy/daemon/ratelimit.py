@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gridgate.plugins.lsf_proxy.config import CATEGORIES
-from gridgate.plugins.lsf_proxy.policy import (
+from gridgate.plugins.lsf_proxy.daemon.policy import (
     PROCEED,
     QUEUED,
     Decision,

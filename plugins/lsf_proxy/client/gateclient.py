@@ -1,7 +1,7 @@
 """The gate's own client of the token daemon: one token, held by one process, standard library only.
 
 ``gridgate gate`` and the shims run in front of every gated ``bjobs``; what they import is what
-each call costs. :class:`~gridgate.plugins.lsf_proxy.client.ProxyClient` is the client for
+each call costs. :class:`~gridgate.plugins.lsf_proxy.client.client.ProxyClient` is the client for
 long-lived programs (thread-safe, pooled connections, loguru); this one speaks the same wire
 protocol (docs/protocol.md) for a process that takes one token, keeps it while its command
 runs and gives it back. Over the Unix socket it imports only ``os``, ``socket``, ``json`` and

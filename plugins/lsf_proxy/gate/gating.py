@@ -1,8 +1,8 @@
 """What a gated command runs: take a token, run the command, give the token back.
 
-The run-time half of ``gridgate gate`` (:mod:`gridgate.plugins.lsf_proxy.gate` holds the
+The run-time half of ``gridgate gate`` (:mod:`gridgate.plugins.lsf_proxy.gate.gate` holds the
 click command and ``--install-shims``). It runs in front of every gated ``bjobs`` a user
-types, so start-up time is the gate's cost: this module and :mod:`.gateclient` import only
+types, so start-up time is the gate's cost: this module and :mod:`..client.gateclient` import only
 the standard library. Shims run it under ``python -I -S`` with the package located by the
 shim itself; ``gridgate gate -- CMD`` reaches it through :func:`console_main` (the ``gridgate``
 launcher's fast path) without click, loguru or plugin loading. The config file is still
@@ -181,7 +181,7 @@ def _file_sig(path: str) -> list[int] | None:
 
 def _code_sig() -> list[Any]:
     here = os.path.dirname(os.path.abspath(__file__))
-    return [_file_sig(os.path.join(here, f)) for f in ("gating.py", "config.py")]
+    return [_file_sig(os.path.join(here, f)) for f in ("gating.py", os.path.join("..", "config.py"))]
 
 
 def _cache_path() -> str | None:
@@ -204,7 +204,7 @@ def _cache_read(path: str) -> dict[str, Any]:
     try:
         if not _trusted(os.fstat(fd)):
             return {}
-        from gridgate.plugins.lsf_proxy.gateclient import loads
+        from gridgate.plugins.lsf_proxy.client.gateclient import loads
 
         chunks = []
         while chunk := os.read(fd, 1 << 16):
@@ -298,7 +298,7 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
 
     A command killed by a signal makes this return ``-signal`` (the caller re-raises it).
     """
-    from gridgate.plugins.lsf_proxy.gateclient import (
+    from gridgate.plugins.lsf_proxy.client.gateclient import (
         Failed,
         GateClient,
         NoToken,
@@ -428,7 +428,7 @@ def _fork_holder(link: Any, read_end: int, write_end: int, hold: float | None) -
                 while chunk := os.read(read_end, 4096):
                     word += chunk
                 if word:
-                    from gridgate.plugins.lsf_proxy.gateclient import Grant
+                    from gridgate.plugins.lsf_proxy.client.gateclient import Grant
 
                     _hold(Grant(word.decode(), link), watch, me, hold)
         finally:

@@ -22,13 +22,13 @@ from gridgate.core import hookimpl
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import AdmissionRequest, Grant, Refusal
 from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.plugins.lsf_proxy.client import (
+from gridgate.plugins.lsf_proxy.client.client import (
     NoToken,
     ProxyClient,
     ProxyUnavailable,
     RequestFailed,
 )
-from gridgate.plugins.lsf_proxy.client import Token as ClientToken
+from gridgate.plugins.lsf_proxy.client.client import Token as ClientToken
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     Limits,
@@ -36,7 +36,7 @@ from gridgate.plugins.lsf_proxy.config import (
     resolve_category,
     section_defaults,
 )
-from gridgate.plugins.lsf_proxy.policy import (
+from gridgate.plugins.lsf_proxy.daemon.policy import (
     DENIED,
     GRANTED,
     LocalTokens,

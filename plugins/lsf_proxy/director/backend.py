@@ -15,13 +15,14 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.escalation import EPISODE
+from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     BackendInfo,
     CancelResult,
@@ -33,10 +34,10 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.plugins.lsf_proxy.client import NoToken, ProxyClient, ProxyError
+from gridgate.plugins.lsf_proxy.client.client import NoToken, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
 from gridgate.plugins.lsf_proxy.opcodes import request_size
-from gridgate.plugins.lsf_proxy.tracking import cancel_pilots, query_pilots
 
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_QUERY = "Job Query"
@@ -46,7 +47,6 @@ QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,58}$")
 BJOBS_FORMAT = "jobid stat exec_host delimiter='^'"
 NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
 STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
-DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Pattern:
 
 #: Order matters: the first pattern found in the output decides.
 PATTERNS: tuple[Pattern, ...] = (
-    Pattern("no_queue", re.compile(r"No such queue"), False, "the queue does not exist"),
+    Pattern("config", re.compile(r"No such queue"), False, "the queue does not exist"),
     Pattern("usage", re.compile(r"Too many processors requested"), False,
             "more processors than the queue allows"),
     Pattern("usage", re.compile(r"Error in rusage section|[Rr]esource requirement syntax|"
@@ -107,26 +107,22 @@ def parse_bjobs(stdout: str, stderr: str = "") -> tuple[dict[str, tuple[str, str
 def classify(command: CommandResult | None, message: str = "") -> Failure:
     """What a failed ``bsub``/``bjobs`` means (``notify`` of transient kinds is decided later)."""
     if command is None:
-        return Failure("bad_request", exclude=False, notify=True, transient=False,
-                       reason=message or "nothing was run")
+        return KINDS["config"].failure(message or "nothing was run", exclude=False)  # nothing ran
     if command.launch_error is not None:
-        return Failure("launch", exclude=True, notify=True, transient=False, local=True,
-                       reason=f"could not start {command.argv[0]}: {command.launch_error}")
+        return KINDS["launch"].failure(f"could not start {command.argv[0]}: {command.launch_error}")
     combined = f"{command.stderr}\n{command.stdout}"
     for pattern in PATTERNS:
         line = next((ln.strip() for ln in combined.splitlines() if pattern.regex.search(ln)), None)
         if line is not None:
-            return Failure(pattern.kind, exclude=True, notify=not pattern.transient,
-                           transient=pattern.transient, reason=f"{pattern.label}: {line!r}")
+            # transient kinds are told only when they persist (gridgate_classify_failure)
+            return KINDS[pattern.kind].failure(f"{pattern.label}: {line!r}",
+                                               notify=KINDS[pattern.kind].notify and not pattern.transient)
     if command.timed_out:
-        return Failure("timeout", exclude=True, notify=True, transient=True,
-                       reason=f"timed out after {command.duration:.1f} s and was killed")
+        return KINDS["timeout"].failure(f"timed out after {command.duration:.1f} s and was killed")
     if command.returncode == 0:
-        return Failure("bad_output", exclude=True, notify=True, transient=True,
-                       reason="exit 0 but no 'Job <N> is submitted' line")
+        return KINDS["bad_output"].failure("exit 0 but no 'Job <N> is submitted' line")
     said = next((ln.strip() for ln in combined.splitlines() if ln.strip()), "no output")
-    return Failure("error", exclude=True, notify=True, transient=True,
-                   reason=f"exit code {command.returncode}: {said!r}")
+    return KINDS["error"].failure(f"exit code {command.returncode}: {said!r}")
 
 
 class LsfBackend(Plugin):
@@ -237,10 +233,6 @@ class LsfBackend(Plugin):
         own = self.config.get("command_timeout")
         return max(float(own) if own else float(passed), 0.001)
 
-    def _max_output(self) -> int:
-        director = self.context.config.get("director") or {}
-        return int(director.get("max_output_bytes") or DEFAULT_MAX_OUTPUT)
-
     def client(self) -> ProxyClient | None:
         """The token client (None when ``tokens`` is off), built on first use."""
         if not self.config.get("tokens", True):
@@ -286,7 +278,7 @@ class LsfBackend(Plugin):
             except ProxyError as exc:
                 return f"lsfproxyd: {exc}"
         try:
-            return run(argv, self._timeout(timeout), env=self._env(), max_output=self._max_output())
+            return run(argv, self._timeout(timeout), env=self._env(), max_output=self.context.max_output_bytes)
         finally:
             if token is not None:
                 token.release()
@@ -361,16 +353,14 @@ class LsfBackend(Plugin):
         if result.command is None and result.message.startswith(("no submission token",
                                                                   "lsfproxyd")):
             # the token daemon said no: the queue is fine, try again later
-            return Failure("refused", exclude=False, notify=False, transient=True,
-                           reason=result.message)
+            return KINDS["refused"].failure(result.message)
         failure = classify(result.command, result.message)
         if failure.transient and failure.kind in ("daemon", "unreachable"):
             # this failure will be number (recorded + 1) of the episode
             persists = self._episode_failures(endpoint) + 1 >= int(
                 self.config.get("transient_notify_after", 2))
             if persists:
-                failure = Failure(failure.kind, exclude=True, notify=True, transient=True,
-                                  reason=f"{failure.reason} (persists)")
+                failure = replace(failure, notify=True, reason=f"{failure.reason} (persists)")
         return failure
 
     def close(self) -> None:

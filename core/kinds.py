@@ -1,0 +1,154 @@
+"""The catalogue of failure kinds: what each kind means and what the director does with it.
+
+A classifier answers with a :class:`~gridgate.core.model.Failure`; its ``kind`` is a short
+word, and its flags decide what happens:
+
+- ``exclude``: the server is taken out of rotation for the rest of the iteration, and the
+  escalation plugin is asked (the default puts it in the failing cache and notifies);
+- ``notify``: people are told (an error on the first failure of an episode; an alarm when it
+  fails again within the tickets window);
+- ``transient``: the submission is worth sending to another server in the same iteration;
+- ``local``: the fault is on the director's machine: no server is blamed, the backend is
+  paused for the iteration, and one error per ``failing_expiry`` says what to fix.
+
+The catalogue gives each known kind its meaning and these flags, so that backends and
+classifiers agree on them (build a failure with :func:`failure`). A plugin may still answer
+with a kind of its own that is not listed here: the director uses that failure's flags as
+given (its ``exclude``, ``notify``, ``transient`` and ``local``), ``gridgate plugins --kinds``
+does not list it, and it is counted and reported under its own name like any other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gridgate.core.model import Failure
+
+__all__ = ["KINDS", "OUTCOME_KINDS", "Kind", "counts_toward_alarms", "failure", "kind_table"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One catalogued failure kind: its name, one line of meaning, and its default flags."""
+
+    name: str
+    meaning: str
+    exclude: bool = True
+    notify: bool = True
+    transient: bool = True
+    local: bool = False
+    #: whether repeated failures may become an alarm (a ticket to the server's operators);
+    #: False for what the site must fix itself
+    alarms: bool = True
+
+    def failure(self, reason: str = "", **flags: Any) -> Failure:
+        """A :class:`Failure` of this kind with the catalogue's flags (``flags`` override)."""
+        return replace(Failure(kind=self.name, exclude=self.exclude, notify=self.notify,
+                               transient=self.transient, local=self.local), reason=reason, **flags)
+
+    @property
+    def escalated(self) -> bool:
+        """Whether a failure of this kind reaches the escalation plugin (and the caches)."""
+        return self.exclude and not self.local
+
+    @property
+    def counts_toward_alarms(self) -> bool:
+        """Whether repeated failures may become an alarm (a ticket to the server's operators)."""
+        return self.escalated and self.notify and self.alarms
+
+
+_CATALOGUE: tuple[Kind, ...] = (
+    Kind("timeout", "the command did not finish before its deadline and was killed"),
+    Kind("unreachable", "the server could not be contacted (refused, unresolvable, no route)"),
+    Kind("daemon", "the batch system's own daemons are not answering"),
+    Kind("error", "the command failed and nothing more specific is known"),
+    Kind("bad_output", "the command exited 0 but its output held no usable answer (no job id)"),
+    Kind("overload", "the server says it is overloaded: it is protecting itself", notify=False),
+    Kind("drained", "the server is drained or temporarily unavailable", notify=False),
+    Kind("busy", "the server says it is busy; try another", notify=False),
+    Kind("auth", "the credential was refused or has expired", transient=False),
+    Kind("usage", "the server refused the command line or a resource request as malformed",
+         transient=False),
+    Kind("refused", "admission control gave no token: the server is fine, try later",
+         exclude=False, notify=False),
+    Kind("launch", "the command could not be started on this machine (missing or unusable "
+         "program)", exclude=False, transient=False, local=True),
+    Kind("config", "the site's configuration is wrong for this server: a queue, partition, "
+         "account or script that does not exist, a value the backend cannot turn into a command",
+         transient=False, alarms=False),
+)
+
+#: Every catalogued kind by name.
+KINDS: dict[str, Kind] = {kind.name: kind for kind in _CATALOGUE}
+
+#: Words the director writes in the accounting table's ``failure_kind`` for attempts that
+#: never reached a server (they are not failures a classifier gives).
+OUTCOME_KINDS: dict[str, str] = {
+    "no_backend": "the demand names a backend that is not configured",
+    "claimed_elsewhere": "another director holds this demand group's lock",
+    "local_fault": "skipped: the backend is paused after a launch or config fault this iteration",
+    "no_endpoint": "skipped: every server is excluded or in the failing cache",
+    "admission": "refused by admission control before any command ran",
+    "plugin_error": "a plugin raised instead of returning a result",
+}
+
+
+def failure(kind: str, reason: str = "", **flags: Any) -> Failure:
+    """A failure of the catalogued ``kind`` with its flags.
+
+    :param kind: a name in :data:`KINDS`.
+    :param reason: one human line: what the command said, quoted.
+    :param flags: ``exclude``, ``notify``, ``transient`` or ``local`` to differ from the
+        catalogue (a transient kind told only when it persists, say).
+    :raises KeyError: for a kind not in the catalogue (build ``Failure(...)`` yourself for a
+        kind of your own).
+    """
+    return KINDS[kind].failure(reason, **flags)
+
+
+def counts_toward_alarms(kind: str) -> bool:
+    """Whether failures of ``kind`` may become an alarm; a kind not in the catalogue may."""
+    entry = KINDS.get(kind)
+    return entry is None or entry.alarms
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def kind_table() -> list[dict[str, str]]:
+    """The catalogue as rows for people (``gridgate plugins --kinds``, docs)."""
+    return [{"kind": k.name, "excluded": _yes(k.escalated), "notified": _yes(k.notify),
+             "alarms": _yes(k.counts_toward_alarms), "retried elsewhere": _yes(k.transient and not k.local),
+             "local": _yes(k.local), "meaning": k.meaning} for k in _CATALOGUE]
+
+
+_COLUMNS = ("kind", "excluded", "notified", "alarms", "retried elsewhere", "local", "meaning")
+
+
+def markdown_table() -> list[str]:
+    """The catalogue as a Markdown table (docs/kinds.md)."""
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    for row in kind_table():
+        lines.append("| " + " | ".join(f"`{row[c]}`" if c == "kind" else row[c] for c in _COLUMNS) + " |")
+    return lines
+
+
+def print_kinds(echo: Callable[[str], Any], as_json: bool = False) -> None:
+    """``gridgate plugins --kinds``: the catalogue, then the accounting-only words."""
+    if as_json:
+        echo(json.dumps({"kinds": kind_table(), "accounting_only": OUTCOME_KINDS}, indent=2))
+        return
+    echo(f"{'kind':<13} {'excluded':<9}{'notified':<9}{'alarms':<7}{'retried':<8}{'local':<6} meaning")
+    for row in kind_table():
+        echo(f"{row['kind']:<13} {row['excluded']:<9}{row['notified']:<9}{row['alarms']:<7}"
+             f"{row['retried elsewhere']:<8}{row['local']:<6} {row['meaning']}")
+    echo("")
+    echo("Written in the accounting table for attempts that reached no server:")
+    for word, meaning in OUTCOME_KINDS.items():
+        echo(f"  {word:<18} {meaning}")
+    echo("")
+    echo("A plugin may answer with a kind of its own: its Failure's flags are used as given.")

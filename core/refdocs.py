@@ -1,0 +1,480 @@
+"""Writes the plugin authors' references from the code itself, so they cannot drift from it:
+docs/kinds.md (the failure-kind catalogue), docs/hooks.md (the hook specifications) and
+docs/api.md (what a plugin may import).
+
+Regenerate with ``python -m gridgate.core.refdocs``; check with
+``python -m gridgate.core.refdocs --check`` (exit 1 when a file is stale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REGENERATE = "python -m gridgate.core.refdocs"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def render_kinds() -> str:
+    from gridgate.core import kinds
+
+    lines = [
+        "# Failure kinds",
+        "",
+        "<!-- generated from gridgate.core.kinds by `python -m gridgate.core.refdocs`; do not edit -->",
+        "",
+        "Every failed submission or list-match is given a **kind** by the classifiers (a",
+        "backend's own first, the site's `rules` and the generic kinds last). The kind's flags",
+        "decide what the director does:",
+        "",
+        "- **excluded**: the server is taken out of rotation for the rest of the iteration and the",
+        "  escalation plugin is asked (the default `caches` puts it in the failing cache for",
+        "  `failing_expiry` seconds);",
+        "- **notified**: people are told: an error for the first failure of an episode;",
+        "- **alarms**: a server that fails again within the tickets window raises an alarm",
+        "  (\"Submit GGUS Ticket\"); only kinds that are excluded and notified can, and `config`",
+        "  never does (the site must fix it: repeated failures are errors again);",
+        "- **retried elsewhere**: the submission is sent to another usable server in the same",
+        "  iteration (`director.retries_per_pilot`, within `director.retry_within_seconds`);",
+        "- **local**: the fault is on the director's machine: no server is blamed, the backend is",
+        "  paused for the rest of the iteration, and one error per `failing_expiry` names what to",
+        "  fix.",
+        "",
+        "The site can change whether a kind is notified with `director.notify_kinds`.",
+        "",
+        *kinds.markdown_table(),
+        "",
+        "Backends and classifiers build these with `gridgate.core.kinds.failure(kind, reason)`",
+        "(or `KINDS[kind].failure(reason, notify=...)` to vary a flag), so their answers agree",
+        "with this table. `gridgate plugins --kinds` prints it.",
+        "",
+        "## Kinds of your own",
+        "",
+        "A classifier may answer with a kind that is not in the catalogue (`quota`, `license`):",
+        "it works. The director acts on that `Failure`'s own `exclude`, `notify`, `transient`",
+        "and `local`, and the kind appears under its own name in accounting, metrics, `--json`",
+        "and the notification subject. It is not listed by `gridgate plugins --kinds`. Prefer a",
+        "catalogued kind when one fits, so that site rules (`notify_kinds`) and reports read",
+        "the same across backends; the backend contract tests",
+        "(`gridgate.core.testing.BackendContract`) ask for catalogued kinds unless the backend",
+        "declares its own in `extra_kinds`.",
+        "",
+        "## Words in the accounting table that are not failures",
+        "",
+        "`failure_kind` of an attempt that reached no server is one of:",
+        "",
+        "| word | meaning |",
+        "|---|---|",
+        *(f"| `{word}` | {meaning} |" for word, meaning in kinds.OUTCOME_KINDS.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- docstrings ---------------------------------------------------------------------------
+
+_ROLE = re.compile(r":(?:class|func|meth|data|mod|attr|exc):`~?([^`]+)`")
+_FIELD = re.compile(r"^:(param|raises|return|returns)\s*([^:]*):\s*(.*)$")
+
+
+def _md(text: str) -> str:
+    """reStructuredText inline markup as Markdown: ``x`` and :class:`x` become `x`."""
+    text = _ROLE.sub(lambda m: f"``{m.group(1).rsplit('.', 1)[-1] if '~' in m.group(0) else m.group(1)}``", text)
+    return text.replace("``", "`")
+
+
+@dataclasses.dataclass
+class Doc:
+    """A docstring split into its prose and its ``:param:``/``:return:``/``:raises:`` fields."""
+
+    prose: list[str]
+    params: dict[str, str]
+    returns: str
+    raises: list[tuple[str, str]]
+
+
+def parse_doc(obj: Any) -> Doc:
+    doc = Doc([], {}, "", [])
+    current: list[str] | None = None
+    target: tuple[str, str] | None = None
+
+    def close() -> None:
+        nonlocal current, target
+        if current is not None and target is not None:
+            text = _md(" ".join(current))
+            kind, name = target
+            if kind == "param":
+                doc.params[name] = text
+            elif kind in ("return", "returns"):
+                doc.returns = text
+            else:
+                doc.raises.append((name, text))
+        current, target = None, None
+
+    for line in (inspect.getdoc(obj) or "").splitlines():
+        match = _FIELD.match(line.strip())
+        if match:
+            close()
+            target = (match.group(1), match.group(2).strip())
+            current = [match.group(3)]
+        elif current is not None and line.strip():
+            current.append(line.strip())
+        else:
+            close()
+            doc.prose.append(_md(line))
+    close()
+    while doc.prose and not doc.prose[-1].strip():
+        doc.prose.pop()
+    return doc
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _annotation(value: Any) -> str:
+    if value is inspect.Parameter.empty:
+        return ""
+    return value if isinstance(value, str) else getattr(value, "__name__", str(value))
+
+
+# --- docs/hooks.md --------------------------------------------------------------------------
+
+
+def hookspecs() -> list[Any]:
+    """The hook specifications in the order they are declared."""
+    from gridgate.core import hookspecs as module
+
+    specs = [obj for name, obj in vars(module).items()
+             if name.startswith("gridgate_") and hasattr(obj, "gridgate_spec")]
+    return sorted(specs, key=lambda fn: fn.__code__.co_firstlineno)
+
+
+def render_hooks() -> str:
+    from gridgate.core import API_VERSION
+
+    lines = [
+        "# Hook reference",
+        "",
+        "<!-- generated from gridgate.core.hookspecs by `python -m gridgate.core.refdocs`; do not edit -->",
+        "",
+        f"Plugin API version **{API_VERSION}** (`gridgate.core.API_VERSION`; what it promises is in",
+        "[api.md](api.md#versions-and-deprecation)). Implement a hook as a method of the same",
+        "name decorated with `@hookimpl` (`from gridgate.core import hookimpl`); name only the",
+        "parameters you use, pluggy passes those. The engine always calls hooks with keyword",
+        "arguments. The types are in [api.md](api.md).",
+        "",
+        "- **firstresult**: a decision. Plugins are asked in config order (the built-in defaults",
+        "  last) and the first answer that is not None wins, so return None for what is not yours.",
+        "- **broadcast**: an event. Every plugin that implements it is called; the return value is",
+        "  ignored.",
+        "",
+        "| hook | kind | returns |",
+        "|---|---|---|",
+    ]
+    specs = hookspecs()
+    for fn in specs:
+        kind = "firstresult" if fn.gridgate_spec.get("firstresult") else "broadcast"
+        returns = _annotation(inspect.signature(fn).return_annotation)
+        lines.append(f"| [`{fn.__name__}`](#{fn.__name__}) | {kind} | `{_cell(returns)}` |")
+    for fn in specs:
+        signature = inspect.signature(fn)
+        doc = parse_doc(fn)
+        kind = "firstresult" if fn.gridgate_spec.get("firstresult") else "broadcast"
+        params = ", ".join(f"{name}: {_annotation(p.annotation)}" for name, p in signature.parameters.items())
+        lines += ["", f"## {fn.__name__}", "", "```python",
+                  f"@hookimpl\ndef {fn.__name__}(self, {params}) -> {_annotation(signature.return_annotation)}: ...",
+                  "```", "", f"**{kind}**. " + (doc.prose[0] if doc.prose else ""), *doc.prose[1:], ""]
+        lines += ["| parameter | type | meaning |", "|---|---|---|"]
+        for name, parameter in signature.parameters.items():
+            lines.append(f"| `{name}` | `{_cell(_annotation(parameter.annotation))}` | {_cell(doc.params.get(name, ''))} |")
+        lines += ["", f"**Returns** `{_annotation(signature.return_annotation)}`: {doc.returns}"]
+    lines.append("")
+    return "\n".join(lines)
+
+
+# --- docs/api.md ----------------------------------------------------------------------------
+
+#: What a plugin may import, by module, in the order api.md shows it. A name not listed here
+#: is internal: it may change in any release.
+API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("gridgate.core", "The hook marker and the plugin API's version.", ("API_VERSION", "hookimpl")),
+    ("gridgate.core.plugins", "The base class of a plugin and the services it is given.",
+     ("Plugin", "PluginContext")),
+    ("gridgate.core.model", "The values that cross hooks: all frozen dataclasses except "
+     "`DemandRegistry` (derive a changed copy with `dataclasses.replace`).", ()),
+    ("gridgate.core.runner", "Running external commands: an argv list, a hard deadline, output "
+     "capped, a result in every case.", ("run", "argv_chunks", "DEFAULT_MAX_OUTPUT", "ARGV_BYTES")),
+    ("gridgate.core.kinds", "The catalogue of failure kinds (see [kinds.md](kinds.md)).", ()),
+    ("gridgate.core.files", "Files someone else picks up.", ("atomic_write",)),
+    ("gridgate.core.clock", "Time, injected: use `context.clock`, never `time.time()`.",
+     ("Clock", "FakeClock", "SYSTEM_CLOCK")),
+    ("gridgate.core.config", "Secrets in a plugin's schema, and the config errors.",
+     ("SECRET_SCHEMA", "read_secret", "SecretError", "ConfigError", "ConfigProblem")),
+    ("gridgate.core.state", "The shared state store (`context.state`), and the base of a state driver.",
+     ("StateStore", "StateError")),
+    ("gridgate.core.cli", "For plugins that add sub-commands.", ("load_config_or_exit", "EXIT_CONFIG")),
+    ("gridgate.core.testing", "The testing kit (needs pytest only for its fixtures and the "
+     "contract suite).", ()),
+)
+
+
+def api_names() -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
+    """(module, what it is for, ...) with the names: those listed, or the module's ``__all__``."""
+    for module_name, purpose, names in API:
+        module = importlib.import_module(module_name)
+        yield module_name, purpose, "", tuple(names or module.__all__)
+
+
+def _public_members(cls: type) -> Iterator[tuple[str, Any]]:
+    for name, member in vars(cls).items():
+        if name.startswith("_") or name in {"config_schema", "name"}:
+            continue
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if callable(member) or isinstance(member, property):
+            yield name, member
+
+
+def _render_object(module_name: str, name: str, obj: Any) -> list[str]:
+    lines = ["", f"### `{name}`", ""]
+    if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
+        lines += [f"`from {module_name} import {name}` — dataclass" +
+                  (" (frozen)" if obj.__dataclass_params__.frozen else ""), ""]  # type: ignore[attr-defined]
+        doc = parse_doc(obj)
+        lines += [*doc.prose, "", "| field | type | default |", "|---|---|---|"]
+        for f in dataclasses.fields(obj):
+            if f.default is not dataclasses.MISSING:
+                default = f"`{f.default!r}`"
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                default = "empty"
+            else:
+                default = "*required*"
+            lines.append(f"| `{f.name}` | `{_cell(_annotation(f.type))}` | {_cell(default)} |")
+        lines += _members(obj)
+    elif inspect.isclass(obj):
+        lines += [f"`from {module_name} import {name}` — class", "", *parse_doc(obj).prose]
+        if not issubclass(obj, BaseException) and "__init__" in vars(obj):
+            lines += ["", f"`{name}{_signature(obj.__init__, drop_self=True)}`"]
+        lines += _members(obj)
+    elif callable(obj) and not isinstance(obj, type(importlib)) and inspect.isfunction(obj):
+        lines += _function(module_name, name, obj)
+    else:
+        if isinstance(obj, (str, int, float, tuple, frozenset)) or getattr(obj, "__module__", "") == "typing":
+            value = f"frozenset({sorted(obj)!r})" if isinstance(obj, frozenset) else repr(obj)
+            shown = "`" + _cell(value if len(value) <= 100 else value[:97] + "...") + "`"
+        elif isinstance(obj, dict):
+            shown = f"a `dict` of {len(obj)} entries"
+        else:
+            shown = f"an instance of `{type(obj).__name__}`"
+        lines += [f"`from {module_name} import {name}` — {shown}", ""]
+        described = _constant_doc(module_name, name) or _NOTES.get(f"{module_name}.{name}", "")
+        if described:
+            lines.append(described)
+    return lines
+
+
+def _signature(fn: Any, drop_self: bool = False) -> str:
+    signature = inspect.signature(fn)
+    if drop_self:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return str(signature).replace("'", "")
+
+
+def _function(module_name: str, name: str, fn: Any) -> list[str]:
+    doc = parse_doc(fn)
+    lines = [f"`from {module_name} import {name}`", "", "```python", f"{name}{_signature(fn)}", "```", "",
+             *doc.prose]
+    if doc.params:
+        lines += ["", "| parameter | meaning |", "|---|---|"]
+        lines += [f"| `{p}` | {_cell(text)} |" for p, text in doc.params.items()]
+    if doc.returns:
+        lines += ["", f"**Returns**: {doc.returns}"]
+    for exc, text in doc.raises:
+        lines += ["", f"**Raises** `{exc}`: {text}"]
+    return lines
+
+
+def _members(cls: type) -> list[str]:
+    rows = []
+    for member_name, member in _public_members(cls):
+        if isinstance(member, property):
+            first = (parse_doc(member.fget).prose or [""])[0]
+            rows.append(f"| `.{member_name}` (property) | {_cell(first)} |")
+        else:
+            first = (parse_doc(member).prose or [""])[0]
+            rows.append(f"| `.{member_name}{_cell(_signature(member, drop_self=True) if _has_self(member) else _signature(member))}` | {_cell(first)} |")
+    return ["", "| member | what it does |", "|---|---|", *rows] if rows else []
+
+
+def _has_self(fn: Any) -> bool:
+    params = list(inspect.signature(fn).parameters)
+    return bool(params) and params[0] in ("self", "cls")
+
+
+#: What a name made on first use (a module ``__getattr__``) is for, having no ``#:`` comment.
+_NOTES = {"gridgate.core.hookimpl": "Decorate a plugin method with this to implement a hook (`@hookimpl`)."}
+
+
+def _constant_doc(module_name: str, name: str) -> str:
+    """The ``#:`` comment above a module constant, if any."""
+    source = inspect.getsource(importlib.import_module(module_name))
+    match = re.search(rf"((?:^#:.*\n)+)^{re.escape(name)}\b", source, re.M)
+    if not match:
+        return ""
+    return _md(" ".join(line[2:].strip() for line in match.group(1).splitlines()))
+
+
+def render_api() -> str:
+    from gridgate.core import API_VERSION
+
+    lines = [
+        "# Plugin API reference",
+        "",
+        "<!-- generated by `python -m gridgate.core.refdocs`; do not edit -->",
+        "",
+        f"Plugin API version **{API_VERSION}**. This page lists everything a plugin may import",
+        "from gridgate; anything else is internal and may change in any release. The hooks",
+        "themselves are in [hooks.md](hooks.md), the failure kinds in [kinds.md](kinds.md), and",
+        "how to write each kind of plugin in [plugins.md](plugins.md).",
+        "",
+        "## Versions and deprecation",
+        "",
+        "`gridgate.core.API_VERSION` is `MAJOR.MINOR`; a plugin may check it at import. Between",
+        "releases gridgate promises:",
+        "",
+        "- **MINOR** goes up when something is **added**: a new hook, a new optional field at the end",
+        "  of a value (with a default), a new keyword argument with a default, a new name on this",
+        "  page, a new failure kind. A plugin written for `1.x` works unchanged on any later `1.y`.",
+        "- **MAJOR** goes up when something a plugin uses **changes or goes away**: a hook's",
+        "  parameters or meaning, a field's type, a name removed from this page.",
+        "- Nothing is removed without a deprecation first: the name or parameter keeps working for",
+        "  at least one MINOR release while it logs a `DeprecationWarning` naming its replacement,",
+        "  and this page marks it deprecated. It goes away only with the next MAJOR.",
+        "- The hook specifications and the values that cross them are fingerprinted in gridgate's",
+        "  own tests (`core/api_fingerprint.txt`): changing them without changing the version fails",
+        "  the build.",
+        "",
+        "## Contents",
+        "",
+    ]
+    body: list[str] = []
+    for module_name, purpose, _, names in api_names():
+        anchor = module_name.replace(".", "")
+        lines.append(f"- [`{module_name}`](#{anchor}): " + ", ".join(f"`{n}`" for n in names))
+        module = importlib.import_module(module_name)
+        body += ["", f"## `{module_name}`", "", purpose]
+        for name in names:
+            body += _render_object(module_name, name, getattr(module, name))
+    lines += body
+    lines.append("")
+    # a default that is an object prints with its address; show its class instead
+    return re.sub(r"<(?:[\w]+\.)*(\w+) object at 0x[0-9a-f]+>", r"\1()", "\n".join(lines))
+
+
+# --- the API's fingerprint -------------------------------------------------------------------
+
+FINGERPRINT_FILE = Path(__file__).resolve().parent / "api_fingerprint.txt"
+
+
+def api_fingerprint() -> str:
+    """A hash of what a plugin is promised: every hook's name, kind and signature, and every
+    field of every value in :mod:`gridgate.core.model` (name, type, default)."""
+    import hashlib
+
+    from gridgate.core import model
+
+    parts = []
+    for fn in hookspecs():
+        parts.append(f"hook {fn.__name__} firstresult={bool(fn.gridgate_spec.get('firstresult'))} "
+                     f"{inspect.signature(fn)}")
+    for name in sorted(model.__all__):
+        obj = getattr(model, name)
+        if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
+            fields = ", ".join(f"{f.name}: {f.type} = {_default(f)}" for f in dataclasses.fields(obj))
+            parts.append(f"value {name}({fields})")
+        else:
+            parts.append(f"name {name}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _default(f: dataclasses.Field[Any]) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default)
+    return "<factory>" if f.default_factory is not dataclasses.MISSING else "<required>"
+
+
+def recorded_fingerprints(path: Path = FINGERPRINT_FILE) -> dict[str, str]:
+    """``API_VERSION -> fingerprint`` as recorded, one ``VERSION HASH`` line each."""
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        if line.strip() and not line.startswith("#"):
+            version, digest = line.split()
+            out[version] = digest
+    return out
+
+
+def record_fingerprint(path: Path = FINGERPRINT_FILE) -> str:
+    """Record the current fingerprint for the current ``API_VERSION``; refuses to change the
+    fingerprint of a version already recorded (bump the version instead)."""
+    from gridgate.core import API_VERSION
+
+    current = api_fingerprint()
+    known = recorded_fingerprints(path)
+    if known.get(API_VERSION) not in (None, current):
+        raise SystemExit(f"API {API_VERSION} was recorded with another fingerprint: the hooks or "
+                         "values changed, so raise gridgate.core.API_VERSION (docs/api.md says how) "
+                         "and record again")
+    if API_VERSION not in known:
+        header = "" if path.exists() else "# gridgate plugin API: VERSION FINGERPRINT (python -m gridgate.core.refdocs --fingerprint)\n"
+        with path.open("a", encoding="utf-8") as out:
+            out.write(f"{header}{API_VERSION} {current}\n")
+    return current
+
+
+#: file name -> renderer
+RENDERERS: dict[str, Callable[[], str]] = {
+    "api.md": render_api,
+    "hooks.md": render_hooks,
+    "kinds.md": render_kinds,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gridgate.core.refdocs [--check] [--docs DIR]``."""
+    parser = argparse.ArgumentParser(prog="python -m gridgate.core.refdocs", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a file is stale")
+    parser.add_argument("--docs", type=Path, default=DOCS, help="the docs folder")
+    parser.add_argument("--fingerprint", action="store_true",
+                        help=f"record the API fingerprint for the current API_VERSION in {FINGERPRINT_FILE.name}")
+    args = parser.parse_args(argv)
+    if args.fingerprint:
+        print(record_fingerprint())
+        return 0
+    stale = []
+    for name, render in RENDERERS.items():
+        path = args.docs / name
+        text = render()
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current == text:
+            continue
+        if args.check:
+            stale.append(name)
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path}")
+    if stale:
+        print(f"stale: {', '.join(stale)}; regenerate with: {REGENERATE}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

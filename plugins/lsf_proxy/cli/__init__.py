@@ -1,0 +1,1 @@
+"""``gridgate lsfproxyd``: the admin commands, their text output and ``import-lsf``."""
