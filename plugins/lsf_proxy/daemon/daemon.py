@@ -314,8 +314,11 @@ class ProxyDaemon:
     def _apply_runtime(self, section: Mapping[str, Any]) -> None:
         self.categories = category_map(section.get("categories"))
         self.max_line = int(section.get("max_line_bytes", 16384))
-        self.guard = getattr(self, "guard", None) or ConnectionGuard(capacity(section))
-        self.guard.cap = capacity(section, self.guard.cap.nofile)
+        if getattr(self, "guard", None) is None:
+            # sized again once serve() has raised RLIMIT_NOFILE: no warning before that
+            self.guard = ConnectionGuard(capacity(section, warn=False))
+        else:
+            self.guard.cap = capacity(section, self.guard.cap.nofile)
         self.line_timeout = float(section.get("line_timeout", 30))
         self.max_user_connections = int(section.get("max_connections_per_user", 1024))
         self._set_diagnose(bool(section.get("diagnose")))

@@ -66,8 +66,9 @@ def nofile_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def capacity(section: Mapping[str, Any], nofile: int | None = None) -> Capacity:
-    """The pools for a ``proxyd:`` section under a descriptor limit (default: the real one)."""
+def capacity(section: Mapping[str, Any], nofile: int | None = None, warn: bool = True) -> Capacity:
+    """The pools for a ``proxyd:`` section under a descriptor limit (default: the real one);
+    ``warn``: say when a configured ``max_connections`` is more than the limit allows."""
     nofile = nofile_limit() if nofile is None else nofile
     budget = max(8, nofile - OWN_FDS)
     unauth = section.get("tcp_max_unauthenticated")
@@ -80,11 +81,11 @@ def capacity(section: Mapping[str, Any], nofile: int | None = None) -> Capacity:
         max_conns = derived
     else:
         max_conns = int(configured)
-        if max_conns > derived:
+        if max_conns > derived and warn:
             logger.warning("proxyd.max_connections {} is more than RLIMIT_NOFILE {} allows "
                            "after the daemon's own files and the TCP and admin pools; {} "
                            "used", max_conns, nofile, derived)
-            max_conns = derived
+        max_conns = min(max_conns, derived)
     return Capacity(nofile=nofile, max_connections=max_conns, admin_reserve=reserve,
                     tcp_max_unauthenticated=unauth,
                     tcp_max_per_peer=int(section.get("tcp_max_per_peer", 32)),

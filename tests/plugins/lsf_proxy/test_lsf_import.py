@@ -73,6 +73,7 @@ def test_real_syntax_becomes_a_validating_commented_section(tmp_path):
     assert (section["token_wait_time"], section["notoken_ntries"]) == (10, 3)
     assert section["addon_hosts"] == ["hosta", "hostb"]
     assert section["diagnose"] is True and section["max_concurrent_query"] == 80
+    assert section["heartbeat_interval"] == 25  # between the daemons here (LSF: to mbatchd)
     limits = resolve_policies(section["policies"], section["max_concurrent_query"])
     assert limits["query"] == Limits(80, 40, 0.002)  # the section's, not the line before Begin
     assert limits["other"] == Limits(120, 120, 0.001)
