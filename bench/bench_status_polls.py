@@ -51,20 +51,11 @@ def glite(folder: Path, size: int, rounds: int) -> dict[str, Any]:
     backend = GliteBackend(section_for(GliteBackend, {
         "servers": [HOST], "commands": {"submit": str(bin_dir / "glite-wms-job-submit")},
         "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)}, "work_dir": str(folder)}), PluginContext())
-    times, parse, result = [], [], None
-    for _ in range(rounds):
-        start = time.perf_counter()
-        result = backend.gridgate_job_status(endpoint=endpoint, job_ids=ids, timeout=120)
-        times.append(time.perf_counter() - start)
-        assert result is not None and result.ok and len(result.statuses) == size, result
-        start = time.perf_counter()
-        status_result(endpoint, ids, result.command)  # type: ignore[arg-type]
-        parse.append(time.perf_counter() - start)
+    row = _polls(backend, endpoint, ids, rounds,
+                 lambda result: status_result(endpoint, ids, result.command))
     commands = [c for c in read_calls(calls) if c.command == "glite-wms-job-status"]
     return {"backend": "wms_glite", "pilots": size, "commands_per_poll": len(commands) / rounds,
-            "ids_per_command": sorted({c.ids for c in commands}),
-            "stdout_bytes": len(result.command.stdout.encode()),  # type: ignore[union-attr]
-            "poll_s": statistics.median(times), "parse_s": statistics.median(parse)}
+            "ids_per_command": sorted({c.ids for c in commands}), **row}
 
 
 def lsf(folder: Path, size: int, rounds: int) -> dict[str, Any]:
@@ -89,19 +80,26 @@ def lsf(folder: Path, size: int, rounds: int) -> dict[str, Any]:
         "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
         "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)}}), PluginContext())
     endpoint = Endpoint("lsf", "normal")
+    row = _polls(backend, endpoint, ids, rounds,
+                 lambda result: parse_status_rows(result.command.stdout))
+    commands = [e for e in map(json.loads, calls.read_text().splitlines()) if e["command"] == "bjobs"]
+    return {"backend": "lsf", "pilots": size, "commands_per_poll": len(commands) / rounds,
+            "ids_per_command": sorted({c["ids"] for c in commands}), **row}
+
+
+def _polls(backend: Any, endpoint: Any, ids: list[str], rounds: int,
+           parse_again: Any) -> dict[str, Any]:
+    """Time ``rounds`` bulk polls of ``ids`` and, apart, the parse of each answer."""
     times, parse, result = [], [], None
     for _ in range(rounds):
         start = time.perf_counter()
         result = backend.gridgate_job_status(endpoint=endpoint, job_ids=ids, timeout=120)
         times.append(time.perf_counter() - start)
-        assert result is not None and result.ok and len(result.statuses) == size, result
+        assert result is not None and result.ok and len(result.statuses) == len(ids), result
         start = time.perf_counter()
-        parse_status_rows(result.command.stdout)  # type: ignore[union-attr]
+        parse_again(result)
         parse.append(time.perf_counter() - start)
-    commands = [e for e in map(json.loads, calls.read_text().splitlines()) if e["command"] == "bjobs"]
-    return {"backend": "lsf", "pilots": size, "commands_per_poll": len(commands) / rounds,
-            "ids_per_command": sorted({c["ids"] for c in commands}),
-            "stdout_bytes": len(result.command.stdout.encode()),  # type: ignore[union-attr]
+    return {"stdout_bytes": len(result.command.stdout.encode()),  # type: ignore[union-attr]
             "poll_s": statistics.median(times), "parse_s": statistics.median(parse)}
 
 

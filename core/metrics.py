@@ -17,6 +17,24 @@ from gridgate.core.model import AccountingRecord, IterationSummary, Notification
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 
+def serve_registry(registry: CollectorRegistry, port: int,
+                   address: str = "127.0.0.1") -> tuple[Any, int]:
+    """Expose ``registry`` over HTTP on ``address:port`` in a thread of its own.
+
+    Returns the server (for :func:`stop_server`) and the port it bound (useful with port 0).
+    Raises OSError when the address cannot be bound.
+    """
+    server, _thread = start_http_server(port, addr=address, registry=registry)
+    return server, int(server.server_address[1])
+
+
+def stop_server(server: Any) -> None:
+    """Stop a server made by :func:`serve_registry`; None is a no-op."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
 class DirectorMetrics:
     """Counters and gauges of the director; ``serve(port)`` exposes them over HTTP.
 
@@ -53,15 +71,12 @@ class DirectorMetrics:
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Start the HTTP exposition; returns the port (useful with port 0)."""
-        server, _thread = start_http_server(port, addr=address, registry=self.registry)
-        self._server = server
-        return int(server.server_address[1])
+        self._server, bound = serve_registry(self.registry, port, address)
+        return bound
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        stop_server(self._server)
+        self._server = None
 
     def config_reloaded(self, refused: bool) -> None:
         self.reloads.labels(result="refused" if refused else "applied").inc()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +94,18 @@ def slurm(slurm_cluster):
         slurm_cluster.set_partition_state(partition, "UP")
     slurm_cluster.cancel_all()
     return slurm_cluster
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """Record measured figures for docs/reliability.md: one JSON line per call, appended to
+    the file named by GRIDGATE_RELIABILITY_FIGURES (nothing is written when it is unset)."""
+
+    def note(**values: Any) -> None:
+        path = os.environ.get("GRIDGATE_RELIABILITY_FIGURES")
+        if path:
+            with open(path, "a", encoding="utf-8") as sink:
+                sink.write(json.dumps({"test": request.node.name, "when": time.strftime(
+                    "%Y-%m-%d %H:%M UTC", time.gmtime()), **values}) + "\n")
+
+    return note

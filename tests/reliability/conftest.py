@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from proctable import live_descendants
@@ -28,19 +26,6 @@ def _no_child_left() -> Iterator[None]:
     assert not left, f"test left child processes running: {sorted(left)}"
 
 
-@pytest.fixture
-def figures(request: pytest.FixtureRequest) -> Callable[..., None]:
-    """Record measured figures for docs/reliability.md: one JSON line per call, appended to
-    the file named by GRIDGATE_RELIABILITY_FIGURES (nothing is written when it is unset)."""
-
-    def note(**values: Any) -> None:
-        path = os.environ.get("GRIDGATE_RELIABILITY_FIGURES")
-        if path:
-            with open(path, "a", encoding="utf-8") as sink:
-                sink.write(json.dumps({"test": request.node.name, "when": time.strftime(
-                    "%Y-%m-%d %H:%M UTC", time.gmtime()), **values}) + "\n")
-
-    return note
 
 
 @pytest.fixture

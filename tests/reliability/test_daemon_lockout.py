@@ -182,7 +182,7 @@ def test_descriptor_exhaustion_pauses_accepts_and_logs_once(start_daemon, sockdi
            "    s.setblocking(False)\n"
            "    try:\n"
            "        if b'busy' in s.recv(4096): refused += 1\n"
-           "    except BlockingIOError: pass\n"
+           "    except BlockingIOError: pass  # nothing sent yet: accepted, not refused\n"
            "print(json.dumps({'refused': refused}), flush=True)\n"
            "sys.stdin.readline()\n")
     holder = subprocess.Popen([*AS_NOBODY, PYTHON, "-c", hog], stdin=subprocess.PIPE,

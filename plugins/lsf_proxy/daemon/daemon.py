@@ -202,19 +202,19 @@ class DaemonMetrics:
 
     def serve(self, port: int, address: str) -> int:
         """Start the HTTP exposition; returns the port (useful with port 0)."""
+        from gridgate.core.metrics import serve_registry
+
         try:
-            server, _thread = self._prom.start_http_server(port, addr=address,
-                                                           registry=self.registry)
+            self._server, bound = serve_registry(self.registry, port, address)
         except OSError as exc:
             raise StartupError(f"cannot serve metrics on {address}:{port}: {exc}") from None
-        self._server = server
-        return int(server.server_address[1])
+        return bound
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        from gridgate.core.metrics import stop_server
+
+        stop_server(self._server)
+        self._server = None
 
 
 class _Conn:

@@ -12,30 +12,13 @@ what it could (never for an expiry: those follow the FakeClock).
 from __future__ import annotations
 
 import json
-import os
-import time
 
-import pytest
 from polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document
 from gridgate.core.director import Director, summary_json
 from gridgate.core.testing import Collector
-
-
-@pytest.fixture
-def figures(request):
-    """Append measured figures to GRIDGATE_RELIABILITY_FIGURES (docs/reliability.md), if set."""
-
-    def note(**values) -> None:
-        path = os.environ.get("GRIDGATE_RELIABILITY_FIGURES")
-        if path:
-            with open(path, "a", encoding="utf-8") as sink:
-                sink.write(json.dumps({"test": request.node.name, "when": time.strftime(
-                    "%Y-%m-%d %H:%M UTC", time.gmtime()), **values}) + "\n")
-
-    return note
 
 
 def squeue(cluster, states: str = "all") -> list[tuple[str, str, str]]:
