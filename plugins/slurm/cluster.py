@@ -219,11 +219,23 @@ class SlurmCluster:
         result = self.command(["squeue", "-h", "-t", "all", "-o", "%i"])
         return result.stdout.split() if result.ok else []
 
-    def cancel_all(self) -> None:
-        """Cancel every job of every user (root's scancel)."""
+    def cancel_all(self, wait: float = 30.0) -> bool:
+        """Cancel every job of every user (root's scancel), then wait up to ``wait`` seconds
+        until no job is live and the node is idle again (a cancelled job's node stays
+        ``completing`` or ``mixed`` for a moment). Returns whether it got there."""
         ids = [i.split("_")[0] for i in self.job_ids()]
-        if ids:
-            self.command(["scancel", *sorted(set(ids))])
+        if not ids:
+            return True
+        self.command(["scancel", *sorted(set(ids))])
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            live = self.command(["squeue", "-h", "-o", "%i"])  # default filter: live jobs only
+            node = self.command(["sinfo", "-h", "-n", self.node_name, "-o", "%T"])
+            if live.ok and not live.stdout.split() and node.ok and \
+                    {t.rstrip("*~#$@+") for t in node.stdout.split()} == {"idle"}:
+                return True
+            time.sleep(0.05)
+        return False
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -487,9 +499,9 @@ class SlurmCluster:
         if self._procs.get("slurmctld") is not None and self._procs["slurmctld"].poll() is None:
             self.resume_controller()
             try:
-                self.cancel_all()
+                self.cancel_all(wait=0)  # the daemons stop next: no need to see the node idle
             except OSError:
-                pass
+                pass  # a controller that cannot be reached is stopped below all the same
         self._stop_slurm_daemons()
         self._stop_process("munged")
         self._sweep()
