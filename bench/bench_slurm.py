@@ -2,7 +2,8 @@
 and gated, while a light user asks squeue once a second. Every figure comes from one run.
 
     .venv/bin/python bench/bench_slurm.py [--loops 32] [--jobs 200,5000] [--seconds 20]
-                                           [--modes ungated,shims,client] [--query-max 4]
+        [--modes ungated,shims,shims:ungated,shims:client,client] [--query-max 4]
+        [--user-max N] [--busy-after 4|off] [--busy-nice 10]
 
 For each queue size (pending, held jobs in the queue) and each mode, N loops (threads of one
 process running as ``nobody``, each ``while true; do squeue; done`` as an argv loop) run for
@@ -13,6 +14,9 @@ process running as ``nobody``, each ``while true; do squeue; done`` as an argv l
   taking a query token from a real ``gridgate lsfproxyd serve``), for loops and light user;
 - ``client``: one long-lived in-process token client per process (``ProxyClient``): each
   call takes a query token, runs the real squeue, gives the token back.
+- ``LOOPS:LIGHT``: the loops one way, the light user another. ``shims:ungated`` and
+  ``shims:client`` split the light user's gated median into what the gated flood costs any
+  squeue on the host, what waiting for a token adds, and what the shim's own start adds.
 
 Measured per phase: the light user's squeue latency (median, max), the loops' squeue calls/s,
 slurmctld's RPCs/s and mean REQUEST_JOB_INFO time (``sdiag``, reset at phase start), its CPU
@@ -203,7 +207,10 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
     pid = cluster.controller_pid
     assert pid is not None
     env = {"PATH": "/usr/bin:/bin", "LANG": "C", **cluster.env}
-    argv = [str(shims / "squeue")] if mode == "shims" else [SQUEUE]
+    loops_mode, _, light_mode = mode.partition(":")
+    loops_argv = [str(shims / "squeue")] if loops_mode == "shims" else [SQUEUE]
+    light_mode = light_mode or ("ungated" if loops_mode == "idle" else loops_mode)
+    light_argv = [str(shims / "squeue")] if light_mode == "shims" else [SQUEUE]
     cluster.command(["sdiag", "-r"], timeout=120)
     cpu0, wall0 = _cpu_seconds(pid), time.monotonic()
     samples: list[tuple[int | None, int]] = []
@@ -215,11 +222,10 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    light_mode = "ungated" if mode == "idle" else mode
-    light = _worker(AS_LIGHT, 1, seconds, 1.0, light_mode, socket, argv, env)
-    group = _CpuGroup(mode) if mode != "idle" else None
-    heavy = (_worker(AS_NOBODY, loops, seconds, 0.0, mode, socket, argv, env, group)
-             if mode != "idle" else None)
+    light = _worker(AS_LIGHT, 1, seconds, 1.0, light_mode, socket, light_argv, env)
+    group = _CpuGroup(mode.replace(":", "-")) if loops_mode != "idle" else None
+    heavy = (_worker(AS_NOBODY, loops, seconds, 0.0, loops_mode, socket, loops_argv, env, group)
+             if loops_mode != "idle" else None)
     lat = _collect(light, seconds + 600)
     load = _collect(heavy, seconds + 600) if heavy is not None else {"calls": 0, "errors": 0}
     wall, cpu = time.monotonic() - wall0, _cpu_seconds(pid) - cpu0
@@ -238,7 +244,7 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
     server = [s for s, _ in samples if s is not None]
     latencies = sorted(lat["latencies"])
     return {
-        "mode": mode, "loops": 0 if mode == "idle" else loops, "seconds": round(wall, 1),
+        "mode": mode, "loops": 0 if loops_mode == "idle" else loops, "seconds": round(wall, 1),
         "light_calls": len(latencies), "light_errors": lat["errors"],
         "light_median_ms": round(statistics.median(latencies) * 1000) if latencies else None,
         "light_max_ms": round(latencies[-1] * 1000) if latencies else None,
@@ -255,7 +261,8 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
 
 
 def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
-          query_max: int) -> dict[str, Any]:
+          query_max: int, user_max: int | None = None, busy_after: int | None = 4,
+          busy_nice: int = 10) -> dict[str, Any]:
     from gridgate.plugins.lsf_proxy.gate.gate import install_shims
     from gridgate.plugins.slurm.cluster import SlurmCluster
 
@@ -268,8 +275,10 @@ def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
         # MaxJobCount above the largest queue (cancelled fillers stay MinJobAge seconds)
         with SlurmCluster(folder / "cluster",
                           extra_conf=[f"MaxJobCount={max(jobs) * 2 + 10000}"]) as cluster:
-            daemon = _Daemon(folder, {"policies": f"QUERY[max={query_max} nominal={query_max}]",
-                                      "token_wait_time": 600})
+            cap = f" user_max={user_max}" if user_max else ""
+            policy = f"QUERY[max={query_max} nominal={query_max}{cap}]"
+            daemon = _Daemon(folder, {"policies": policy, "token_wait_time": 600,
+                                      "busy_after": busy_after, "busy_nice": busy_nice})
             try:
                 shims = folder / "shims"
                 install_shims(shims, ["squeue"], socket_path=daemon.socket)
@@ -287,6 +296,7 @@ def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
         shutil.rmtree(folder, ignore_errors=True)
     return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
             "loops": loops, "jobs": jobs, "seconds_per_phase": seconds, "query_max": query_max,
+            "user_max": user_max, "busy_after": busy_after, "busy_nice": busy_nice,
             "cpus": os.cpu_count(), "load_before": load_before,
             "load_after": os.getloadavg()[0], "rows": rows,
             "goals": _goals(rows)}
@@ -308,6 +318,12 @@ def _goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "gated_vs_flood": round(gated / flood, 3), "gated_vs_flood_goal": 0.25,
             "loop_cpu_ms_per_call": {m: by_mode[m].get("loop_cpu_ms_per_call")
                                      for m in ("ungated", "shims", "client") if m in by_mode},
+            # the light user's median with the loops gated (shims), split: an ungated squeue
+            # (the flood's CPU and controller load), through the in-process client (+ the wait
+            # for a token), through a shim (+ the shim's own start)
+            "light_median_ms": {"idle": idle, **{m: by_mode[m]["light_median_ms"]
+                                                 for m in ("shims:ungated", "shims:client",
+                                                           "shims") if m in by_mode}},
         }
     return out
 
@@ -319,10 +335,18 @@ def main() -> None:
     parser.add_argument("--jobs", default="200,5000",
                         help="pending jobs in the queue, comma-separated (default 200,5000)")
     parser.add_argument("--seconds", type=float, default=20.0, help="per phase (default 20)")
-    parser.add_argument("--modes", default="ungated,shims,client",
-                        help="comma-separated: ungated, shims, client")
+    parser.add_argument("--modes", default="ungated,shims,shims:ungated,shims:client,client",
+                        help="comma-separated: ungated, shims, client; LOOPS:LIGHT runs the "
+                             "loops one way and the light user another (shims:ungated: the "
+                             "gated flood's cost to an ungated squeue)")
     parser.add_argument("--query-max", type=int, default=4,
                         help="the daemon's QUERY max and nominal tokens (default 4)")
+    parser.add_argument("--user-max", type=int, default=None,
+                        help="the QUERY user_max: most tokens one user may hold (default: none)")
+    parser.add_argument("--busy-after", type=lambda v: None if v == "off" else int(v), default=4,
+                        help="the daemon's busy_after ('off': never; default 4, the daemon's)")
+    parser.add_argument("--busy-nice", type=int, default=10,
+                        help="the daemon's busy_nice (default 10, the daemon's)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: it starts slurmctld and runs clients as other uids")
@@ -331,11 +355,11 @@ def main() -> None:
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     modes = [m for m in args.modes.split(",") if m]
-    unknown = set(modes) - {"ungated", "shims", "client"}
+    unknown = {part for m in modes for part in m.split(":", 1)} - {"ungated", "shims", "client"}
     if unknown:
         parser.error(f"unknown modes: {sorted(unknown)}")
     result = bench(args.loops, [int(j) for j in args.jobs.split(",") if j], args.seconds, modes,
-                   args.query_max)
+                   args.query_max, args.user_max, args.busy_after, args.busy_nice)
     print(json.dumps(result, indent=1))
 
 

@@ -49,6 +49,9 @@ _LIMIT_PROPS: dict[str, Any] = {
                 "description": "Below this many tokens in use, grant at once (default 50)."},
     "throttle": {"type": "integer",
                  "description": "Milliseconds between grants from nominal up (default 1)."},
+    "user_max": {"type": "integer",
+                 "description": "Most tokens one ordinary user may hold at once (default: max, "
+                                "no cap). Not in LSF: a gridgate extension."},
 }
 _CATEGORY_LIMITS: dict[str, Any] = {
     "type": "object",
@@ -114,6 +117,14 @@ SECTION_SCHEMA: dict[str, Any] = {
                         "additionalProperties": {"type": "number", "exclusiveMinimum": 0},
                         "description": "Per command (opcode): seconds its token may be held, "
                                        "instead of lease_time; e.g. {squeue: 30}."},
+        "busy_after": {"type": ["integer", "null"], "minimum": 2, "default": 4,
+                       "description": "A user with this many requests of a category in flight "
+                                      "(held and waiting, this one included) is busy: the "
+                                      "gate runs that user's granted commands at busy_nice. "
+                                      "null: never."},
+        "busy_nice": {"type": "integer", "minimum": 1, "maximum": 19, "default": 10,
+                      "description": "Gate: the niceness a busy user's gated command runs at "
+                                     "(never lowered; root, admins and add-on hosts: never)."},
         "start_only": {"type": "object", "default": {},
                        "additionalProperties": {"type": "array", "items": {"type": "string"}},
                        "description": "Gate: commands that take a token to start, not to run, "
@@ -237,6 +248,12 @@ class Limits:
     max: int = DEFAULT_MAX
     nominal: int = DEFAULT_NOMINAL
     throttle: float = DEFAULT_THROTTLE_MS / 1000.0
+    #: most tokens one ordinary user may hold at once; None: ``max`` (no cap of its own)
+    user_max: int | None = None
+
+    @property
+    def per_user(self) -> int:
+        return self.max if self.user_max is None else self.user_max
 
 
 class PolicyError(ValueError):
@@ -284,7 +301,7 @@ def parse_policies(text: str) -> dict[str, dict[str, int]]:
             key, value = kv.group(1).lower(), kv.group(2)
             if key not in _LIMIT_PROPS:
                 raise PolicyError((category,), f"{name}: unknown attribute {key!r} "
-                                               "(max, nominal, throttle)")
+                                               "(max, nominal, throttle, user_max)")
             if not re.fullmatch(r"[+-]?\d+", value):
                 raise PolicyError((category, key), f"{name}: {key}={value} is not an integer")
             attrs[key] = int(value)
@@ -294,7 +311,7 @@ def parse_policies(text: str) -> dict[str, dict[str, int]]:
 
 def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()) -> Limits:
     """Apply the seed's defaults and checks to one category's given attributes."""
-    for key in ("max", "nominal", "throttle"):
+    for key in ("max", "nominal", "throttle", "user_max"):
         value = given.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise PolicyError((*where, key), f"{key} must be a positive integer, not {value!r}")
@@ -306,7 +323,10 @@ def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()
     if nominal > mx:
         raise PolicyError((*where, "nominal"), f"nominal ({nominal}) must not exceed max ({mx})")
     throttle = given.get("throttle") or DEFAULT_THROTTLE_MS
-    return Limits(max=mx, nominal=nominal, throttle=throttle / 1000.0)
+    user_max = given.get("user_max")
+    if user_max is not None and user_max > mx:
+        raise PolicyError((*where, "user_max"), f"user_max ({user_max}) must not exceed max ({mx})")
+    return Limits(max=mx, nominal=nominal, throttle=throttle / 1000.0, user_max=user_max)
 
 
 def resolve_policies(policies: str | Mapping[str, Any] | None,
@@ -342,7 +362,8 @@ def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[s
 
     Each takes ``max // count`` and ``nominal // count``; the first ``max % count`` daemons
     take one more (likewise nominal), so the shares sum exactly to the configured limits and
-    every share keeps ``nominal <= max``.
+    every share keeps ``nominal <= max``. A ``user_max`` is split the same way, but never
+    below one token (a daemon with a share of max serves every user) nor above the share of max.
     """
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"daemon index {index} out of range for {count} daemons")
@@ -350,7 +371,13 @@ def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[s
     def share(total: int) -> int:
         return total // count + (1 if index < total % count else 0)
 
-    return {c: Limits(max=share(v.max), nominal=share(v.nominal), throttle=v.throttle)
+    def user_share(v: Limits) -> int | None:
+        if v.user_max is None:
+            return None
+        return min(share(v.max), max(1, share(v.user_max)))
+
+    return {c: Limits(max=share(v.max), nominal=share(v.nominal), throttle=v.throttle,
+                      user_max=user_share(v))
             for c, v in limits.items()}
 
 

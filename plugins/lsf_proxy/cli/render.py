@@ -62,6 +62,10 @@ def status_text(replies: Sequence[HostReply]) -> list[str]:
             row = status["categories"][cat]
             lines.append(f"  {LSF_NAMES[cat]:<11}{row['token_limit']:<13}{row['in_use']:<21}"
                          f"{row['in_use_privileged']}")
+        capped = [f"{LSF_NAMES[c]}={status['categories'][c]['user_max']}" for c in CATEGORIES
+                  if status["categories"][c].get("user_max") is not None]
+        if capped:  # not in the seed's table: a line of its own, only when a cap is set
+            lines.append(f"  TOKEN_LIMIT_PER_USER: {' '.join(capped)}")
         lines += metrics_text(status)
         lines += held_text(status.get("longest_held") or [])
     return lines

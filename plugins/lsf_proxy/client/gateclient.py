@@ -257,8 +257,10 @@ class Grant:
     """A granted token (``token``), or leave to run without one (``token`` empty)."""
 
     def __init__(self, token: str = "", link: Link | None = None, reason: str = "",
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, nice: int = 0) -> None:
         self.token, self.link, self.reason, self._timeout = token, link, reason, timeout
+        #: the niceness the daemon asks the command to run at (a busy user's), 0: as it is
+        self.nice = nice
 
     def release(self) -> None:
         """Give the token back (closing the connection would too; this says so at once)."""
@@ -364,7 +366,10 @@ class GateClient:
                 return Grant(reason="unavailable")
             result = reply.get("result")
             if result == "granted" and link is not None:
-                return Grant(str(reply.get("token", "")), link, timeout=self.connect_timeout)
+                nice = reply.get("nice")
+                nice = nice if isinstance(nice, int) and 0 < nice < 20 else 0
+                return Grant(str(reply.get("token", "")), link, timeout=self.connect_timeout,
+                             nice=nice)
             if link is not None:
                 link.close()
             if result == "proceed":

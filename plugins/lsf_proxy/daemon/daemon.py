@@ -861,6 +861,9 @@ class ProxyDaemon:
             self._owners[decision.token.id] = conn
             fields.update(token=decision.token.id, lease=self.policy.settings.lease_time,
                           privileged=decision.token.privileged)
+            nice = self.policy.nice_for(decision.token)
+            if nice:
+                fields["nice"] = nice
         if decision.reason:
             fields["reason"] = decision.reason
         self._reply(conn, msg_id, **fields)

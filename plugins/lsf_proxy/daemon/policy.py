@@ -291,11 +291,19 @@ class _Pending:
 class _Queue:
     """Waiting requests of one category: FIFO per user, round-robin across users."""
 
+    #: users whose last grant is remembered for the rotation; the oldest are forgotten first
+    #: (a forgotten user counts as never served, which is where it stood anyway)
+    SERVED_MEMORY = 4096
+
     def __init__(self) -> None:
         self.users: OrderedDict[str, deque[_Pending]] = OrderedDict()
         self.arrivals: deque[_Pending] = deque()
         self.counts: dict[str, int] = {}
         self.size = 0
+        #: user -> sequence number of its last grant, oldest first (kept after its queue
+        #: empties: a user who comes back is not new)
+        self.served: dict[str, int] = {}
+        self._serial = itertools.count(1)
 
     def push(self, item: _Pending) -> None:
         queue = self.users.get(item.user)
@@ -321,14 +329,18 @@ class _Queue:
         if queue is not None and not queue:
             del self.users[item.user]
 
-    def next(self, held: Mapping[str, int]) -> _Pending | None:
-        """The head of the next user in turn among those holding the fewest tokens; that
-        user then goes to the back of the rotation.
+    def next(self, held: Mapping[str, int], cap: int | None = None) -> _Pending | None:
+        """The head of the waiting user holding the fewest tokens; among equals, the one
+        served least recently (a user never served first). None when nobody waits, or when
+        every waiting user holds ``cap`` tokens already.
 
         Plain rotation would let a user who is busy holding a token lose turns to one with
         64 requests queued; preferring the least-served waiter keeps shares even (max-min).
+        The tie-break is by last grant, not by place in a list: a user who arrives while
+        another's 32 requests wait gets the next free token, not the one after.
         """
-        best_user, best_held, empty = None, 0, []
+        best: tuple[int, int] | None = None
+        best_user, empty = None, []
         for user, queue in self.users.items():
             while queue and not queue[0].live:
                 queue.popleft()
@@ -336,16 +348,30 @@ class _Queue:
                 empty.append(user)
                 continue
             count = held.get(user, 0)
-            if best_user is None or count < best_held:
-                best_user, best_held = user, count
-                if count == 0:
-                    break
+            if cap is not None and count >= cap:
+                continue
+            rank = (count, self.served.get(user, 0))
+            if best is None or rank < best:
+                best, best_user = rank, user
         for user in empty:
             del self.users[user]
         if best_user is None:
             return None
-        self.users.move_to_end(best_user)
         return self.users[best_user][0]
+
+    def granted(self, user: str) -> None:
+        """``user`` was just given a token: it goes to the back of the rotation."""
+        self.served.pop(user, None)
+        self.served[user] = next(self._serial)
+        if len(self.served) > self.SERVED_MEMORY:
+            for name in list(itertools.islice(self.served, self.SERVED_MEMORY // 2)):
+                del self.served[name]
+
+    def grantable(self, held: Mapping[str, int], cap: int | None) -> bool:
+        """Whether some waiting user is below ``cap`` (a free token could go to someone)."""
+        if cap is None:
+            return self.size > 0
+        return any(held.get(user, 0) < cap for user, n in self.counts.items() if n)
 
     def oldest(self) -> _Pending | None:
         while self.arrivals and not self.arrivals[0].live:
@@ -379,6 +405,10 @@ class PolicySettings:
     addon_hosts: frozenset[str] = frozenset()
     #: per command (opcode): seconds its token may be held, instead of ``lease_time``
     hold_limits: Mapping[str, float] = field(default_factory=dict)
+    #: requests of a user in flight in a category (held + waiting) from which it is busy;
+    #: None: never
+    busy_after: int | None = 4
+    busy_nice: int = 10
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], limits: Mapping[str, Limits]) -> PolicySettings:
@@ -390,6 +420,8 @@ class PolicySettings:
             admins=frozenset(section.get("admins", ["root"])),
             addon_hosts=frozenset(section.get("addon_hosts", [])),
             hold_limits={k: float(v) for k, v in (section.get("hold_limits") or {}).items()},
+            busy_after=section.get("busy_after", 4),
+            busy_nice=int(section.get("busy_nice", 10)),
         )
 
 
@@ -442,6 +474,7 @@ class TokenPolicy:
             cat.in_use_privileged += 1
         else:
             cat.last_grant = now
+            cat.queue.granted(req.user)
         self._tokens[token.id] = token
         heappush(self._leases, (token.expires_at, token.id))
         self.metrics.count(f"requests.{req.category}", now)
@@ -487,7 +520,10 @@ class TokenPolicy:
             return self._deny(req, "blocked", now, now, wall)
         if self.is_privileged(req.user, req.host):
             return self._grant(cat, req, True, now, now, wall)
-        if not cat.queue.size and self._can_grant(cat, now):
+        cap = cat.limits.user_max
+        if (self._can_grant(cat, now) and cat.held.get(req.user, 0) < cat.limits.per_user
+                and not cat.queue.grantable(cat.held, cap)):
+            # nobody waiting could take this token first: the waiters are at their user_max
             return self._grant(cat, req, False, now, now, wall)
         if cat.queue.counts.get(req.user, 0) >= self.settings.queue_limit_per_user:
             return self._deny(req, "queue_full", now, now, wall)
@@ -503,6 +539,18 @@ class TokenPolicy:
             return False
         self.categories[entry[0]].queue.drop(entry[1])
         return True
+
+    def nice_for(self, token: Token) -> int:
+        """The niceness the gate should run ``token``'s command at: ``busy_nice`` when its
+        ordinary user has ``busy_after`` or more requests of the category in flight (held,
+        this one included, and waiting), else 0. Tokens bound the controller's work; this
+        keeps a user's flood of gated clients from taking the CPU of the host they share."""
+        after = self.settings.busy_after
+        if after is None or token.privileged:
+            return 0
+        cat = self.categories[token.category]
+        flight = cat.held.get(token.user, 0) + cat.queue.counts.get(token.user, 0)
+        return self.settings.busy_nice if flight >= after else 0
 
     def release(self, token_id: str) -> Token | None:
         """Return a token; the freed slot goes to the next waiter at the next tick.
@@ -546,7 +594,7 @@ class TokenPolicy:
             while (item := queue.oldest()) is not None and now - item.received >= wait:
                 decisions.append(self._take(cat, item, now, DENIED, "timeout"))
             while queue.size and self._can_grant(cat, now):
-                item = queue.next(cat.held)
+                item = queue.next(cat.held, cat.limits.user_max)
                 if item is None:
                     break
                 decisions.append(self._take(cat, item, now, GRANTED))
@@ -574,6 +622,8 @@ class TokenPolicy:
             if oldest is None:
                 continue
             times.append(oldest.received + self.settings.token_wait_time)
+            if not cat.queue.grantable(cat.held, cat.limits.user_max):
+                continue  # every waiter is at its user_max: a release pokes the ticker
             if cat.in_use < cat.limits.nominal:
                 times.append(now)
             elif cat.in_use < cat.limits.max:
@@ -655,6 +705,7 @@ class TokenPolicy:
             "period_end": self._wall(end) if end is not None else None,
             "categories": {
                 name: {"enabled": cat.enabled, "token_limit": cat.limits.max,
+                       "user_max": cat.limits.user_max,
                        "nominal": cat.limits.nominal, "throttle_ms": round(cat.limits.throttle * 1000),
                        "in_use": cat.in_use, "in_use_privileged": cat.in_use_privileged,
                        "queued": cat.queue.size}

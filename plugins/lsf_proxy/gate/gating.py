@@ -357,8 +357,20 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
         _say(f"{name}: not run: {exc}")
         return EXIT_NO_TOKEN
     if grant.link is not None:
-        holder.take(grant)
+        holder.take(grant)  # forked before the grant: the holder keeps its priority
+    if grant.nice:
+        _lower_priority(grant.nice)
     return _exec(command, grant.token or None, name, category)
+
+
+def _lower_priority(nice: int) -> None:
+    """Run at niceness ``nice`` or lower priority: a busy user's command (the daemon said so)
+    yields the CPU of this host to others' but still takes what is idle. Never raises it."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) < nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        pass
 
 
 class _Holder:

@@ -398,3 +398,40 @@ def test_a_grant_after_a_denial_is_handed_over_too(start_daemon, gridgate_exe, s
         assert until(lambda: status(daemon.socket)["connections"] <= 1)  # holders all gone
     finally:
         holder.wait(60)
+
+
+def niceness(stat: str) -> int:
+    """Field 19 of /proc/PID/stat (the fields after the command's name start at field 3)."""
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_a_busy_users_gated_command_runs_niced(start_daemon, gridgate_exe, sockdir) -> None:
+    # two query calls in flight make a user busy here: the second runs at busy_nice
+    daemon = start_daemon({"policies": "QUERY[max=4 nominal=4]", "busy_after": 2,
+                           "busy_nice": 7})
+    gate = [gridgate_exe, "gate", "-q", "--socket", daemon.socket, "--category", "query", "--"]
+    stat = [*gate, "/bin/cat", "/proc/self/stat"]
+    alone = run(stat, user="nobody")
+    assert alone.returncode == 0, alone.stderr
+    assert niceness(alone.stdout) == 0
+    holders = []
+    try:
+        for user in ("nobody", "root"):
+            argv = [*gate, "/bin/sleep", "60"]
+            holders.append(subprocess.Popen(AS_NOBODY + argv if user == "nobody" else argv,
+                                            cwd="/"))
+        assert until(lambda: in_use(daemon.socket)["query"] == 2)
+        busy = run(stat, user="nobody")
+        assert busy.returncode == 0, busy.stderr
+        assert niceness(busy.stdout) == 7
+        # a user who already runs nicer stays there; root and the admins are never niced
+        nicer = run(["nice", "-n", "15", *AS_NOBODY, *stat])
+        assert niceness(nicer.stdout) == 15
+        assert niceness(run(stat).stdout) == 0
+        # the first sleep was alone when granted: it runs as it was started
+        assert niceness(Path(f"/proc/{holders[0].pid}/stat").read_text()) == 0
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait(30)
+    assert until(lambda: in_use(daemon.socket)["query"] == 0)

@@ -232,6 +232,14 @@ def test_status_text_matches_the_seed(start_daemon, cli):
             "BATCH_JOB_QUERY", "QUERY"]
 
 
+def test_status_names_a_per_user_cap_below_the_seeds_table(start_daemon, cli):
+    d = start_daemon({"policies": "QUERY[max=4 nominal=4 user_max=3] OTHER[max=100]"})
+    lines = cli("status", "--socket", d.socket).stdout.splitlines()
+    table = lines.index("  OTHER      100          0                    0")
+    assert lines[table + 1] == "  TOKEN_LIMIT_PER_USER: QUERY=3"
+    assert status(d.socket)["categories"]["query"]["user_max"] == 3
+
+
 def test_killed_client_does_not_leak_its_token(start_daemon):
     d = start_daemon({})
     holder = subprocess.Popen(

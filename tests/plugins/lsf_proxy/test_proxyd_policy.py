@@ -535,3 +535,102 @@ def test_released_tokens_do_not_pile_up_lease_entries():
     held = [policy.request(req()).token for _ in range(5)]
     assert len(policy._leases) <= 2 * len(held) + 1025
     assert policy.status()["categories"]["query"]["in_use"] == 5
+
+
+# --- fairness beyond the seed: the rotation's tie-break, user_max, busy users -----------------
+
+
+def handover(policy, token):
+    """Give ``token`` back; the one decision the next tick makes."""
+    policy.release(token.id)
+    (decision,) = policy.tick().decisions
+    return decision
+
+
+def test_a_user_who_arrives_behind_a_flood_gets_the_next_token():
+    # one token, a user with 31 requests queued holds it; a light user asks: when the token
+    # comes back, both hold none, and the light user, served less recently, goes first
+    # (the rotation used to put a newcomer behind the user it had just served)
+    policy, _ = make(max_=1, nominal=1, throttle=0)
+    token = policy.request(req("heavy")).token
+    for _ in range(31):
+        policy.request(req("heavy"))
+    light = policy.request(req("light"))
+    decision = handover(policy, token)
+    assert decision.request.id == light.request.id
+    assert handover(policy, decision.token).request.user == "heavy"
+
+
+def test_a_user_served_a_moment_ago_comes_back_behind_one_who_waits():
+    policy, _ = make(max_=1, nominal=1, throttle=0)
+    first = policy.request(req("alice")).token  # alice served, then her queue is empty
+    bob = policy.request(req("bob"))
+    again = policy.request(req("alice"))
+    decision = handover(policy, first)
+    assert decision.request.id == bob.request.id
+    assert handover(policy, decision.token).request.id == again.request.id
+
+
+def capped(max_=3, user_max=2, **kwargs):
+    policy, clock = make(max_=max_, nominal=max_, throttle=0, **kwargs)
+    policy.reconfigure(PolicySettings(
+        {c: Limits(max_, max_, 0.0, user_max=user_max) for c in CATEGORIES},
+        15.0, 1000, 300.0, frozenset({"root", "boss"}), frozenset({"addon1"})))
+    return policy, clock
+
+
+def test_user_max_keeps_a_token_for_another_user():
+    policy, clock = capped(max_=3, user_max=2)
+    heavy = [policy.request(req("heavy")) for _ in range(5)]
+    assert [d.outcome for d in heavy] == [GRANTED, GRANTED, QUEUED, QUEUED, QUEUED]
+    # a token is free but heavy is at its user_max: nothing to do, and no busy wakeup
+    assert policy.tick().decisions == ()
+    assert policy.next_wakeup() == pytest.approx(clock.monotonic() + 15.0)
+    assert policy.status()["categories"]["query"]["user_max"] == 2
+    # another user is granted at once although heavy's requests queued first
+    light = policy.request(req("light"))
+    assert light.outcome == GRANTED
+    # heavy gives one back: its own next request takes it, still at most 2 held
+    policy.release(heavy[0].token.id)
+    (decision,) = policy.tick().decisions
+    assert decision.request.id == heavy[2].request.id
+    assert policy.categories["query"].held["heavy"] == 2
+    # light gives its token back: heavy stays capped, the token stays free
+    policy.release(light.token.id)
+    assert policy.tick().decisions == ()
+    assert policy.categories["query"].in_use == 2
+    # root and the admins are never capped
+    assert [policy.request(req("root")).outcome for _ in range(3)] == [GRANTED] * 3
+
+
+def test_user_max_in_the_policy_string_and_its_errors():
+    limits = resolve_policies("QUERY[max=4 nominal=4 user_max=3]")
+    assert limits["query"].user_max == 3 and limits["query"].per_user == 3
+    assert limits["submission"].user_max is None and limits["submission"].per_user == 100
+    with pytest.raises(PolicyError) as err:
+        resolve_policies({"query": {"max": 4, "user_max": 5}})
+    assert err.value.path == ("query", "user_max") and "must not exceed max (4)" in str(err.value)
+    with pytest.raises(PolicyError) as err:
+        resolve_policies("QUERY[max=4 user_max=0]")
+    assert err.value.path == ("query", "user_max")
+    # split over daemons like max, never below one token nor above the daemon's max
+    shares = [split_limits(resolve_policies("QUERY[max=5 user_max=3]"), i, 3)["query"]
+              for i in range(3)]
+    assert [(s.max, s.user_max) for s in shares] == [(2, 1), (2, 1), (1, 1)]
+
+
+def test_a_busy_user_is_told_to_run_niced():
+    policy, _ = make(max_=2, nominal=2, throttle=0)
+    policy.reconfigure(PolicySettings(policy.settings.limits, 15.0, 1000, 300.0,
+                                      frozenset({"root"}), frozenset(), busy_after=3,
+                                      busy_nice=12))
+    first = policy.request(req("heavy"))
+    assert policy.nice_for(first.token) == 0  # one in flight
+    second = policy.request(req("heavy"))
+    assert policy.nice_for(second.token) == 0  # two
+    policy.request(req("heavy"))  # a third waits: heavy is busy
+    assert policy.nice_for(second.token) == 12
+    root = policy.request(req("root"))
+    assert policy.nice_for(root.token) == 0
+    policy.reconfigure(PolicySettings(policy.settings.limits, busy_after=None))
+    assert policy.nice_for(second.token) == 0
