@@ -256,6 +256,10 @@ class Listener:
                     reader, writer = await asyncio.open_unix_connection(sock=conn,
                                                                         limit=self.limit)
                 else:
+                    # asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
+                    # accepted socket inherits the listener's 0: without it a grant that
+                    # follows its "queued" event waits for the client's delayed ACK (40 ms)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     reader, writer = await asyncio.open_connection(sock=conn, limit=self.limit)
             except OSError:
                 conn.close()

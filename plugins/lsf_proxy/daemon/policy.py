@@ -353,6 +353,8 @@ class _Queue:
             rank = (count, self.served.get(user, 0))
             if best is None or rank < best:
                 best, best_user = rank, user
+                if rank == (0, 0):
+                    break  # holds nothing and was never served: nobody ranks before it
         for user in empty:
             del self.users[user]
         if best_user is None:

@@ -1,6 +1,10 @@
-"""Connection pools of the token daemon (guard.py), as pure objects: no sockets."""
+"""Connection pools of the token daemon (guard.py), as pure objects; then its accept loop on
+a real TCP socket."""
 
 from __future__ import annotations
+
+import asyncio
+import socket
 
 from loguru import logger
 
@@ -12,8 +16,10 @@ from gridgate.plugins.lsf_proxy.daemon.guard import (
     TCP_BURST,
     UNAUTH,
     ConnectionGuard,
+    Listener,
     PeriodicLog,
     capacity,
+    listening_socket,
 )
 
 
@@ -92,3 +98,30 @@ def test_a_recurring_problem_is_logged_once_per_period_with_a_count():
     assert seen[1].startswith("another kind 1 (1 time(s)")
     assert seen[2].startswith("cannot accept on unix /x (501 time(s)")  # 499 + 1 + 1 since
     assert log.total == 503
+
+
+def test_accepted_tcp_connections_send_without_delay():
+    # the listener's socket says proto 0, so asyncio would leave Nagle on for the connections
+    # it accepts: a second small write (a grant after its "queued" event) then waited for the
+    # client's delayed ACK, 40 ms per queued request on loopback
+    seen: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP,
+                                                                socket.TCP_NODELAY))
+        writer.write(b"ok\n")
+        await writer.drain()
+
+    async def main() -> None:
+        sock = listening_socket(socket.AF_INET, ("127.0.0.1", 0))
+        listener = Listener(asyncio.get_running_loop(), sock, handler, "tcp test",
+                            PeriodicLog(60.0), 1 << 16, lambda _listener: 8)
+        try:
+            reader, writer = await asyncio.open_connection(*sock.getsockname())
+            assert await reader.readline() == b"ok\n"
+            writer.close()
+        finally:
+            listener.close()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0
