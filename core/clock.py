@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Protocol
 
 
@@ -54,3 +56,30 @@ class FakeClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+# --- a clock file: time for other processes (stand-ins on PATH) that a test moves -----------
+
+
+def file_time(path: str | os.PathLike[str] | None) -> float:
+    """The time written in the clock file ``path``; the wall clock when there is no path, or
+    no file yet. Written by :func:`write_file_time` (atomically), so a file that does not hold
+    a number is broken, and an error: falling back to the wall clock would mix two times."""
+    if not path:
+        return time.time()
+    try:
+        text = Path(path).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return time.time()
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"clock file {path}: {text[:40]!r} is not a time") from None
+
+
+def write_file_time(path: str | os.PathLike[str], value: float) -> None:
+    """Set the clock file ``path`` to ``value`` atomically (a reader never sees it half written)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    temporary.write_text(repr(float(value)), encoding="ascii")
+    temporary.replace(path)

@@ -438,7 +438,7 @@ class PilotTracker:
         try:
             self.director.state.delete(POLLED + endpoint.key)
         except StateError:
-            pass
+            pass  # the claim was written with ttl=interval: it lapses by itself
         with self._lock:
             self._last_poll.pop(endpoint.key, None)
 

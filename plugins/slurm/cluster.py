@@ -96,7 +96,7 @@ def _signal_unreaped(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        pass  # the group is gone (or was never ours): nothing left to signal
 
 
 def sweep(folder: str | os.PathLike[str]) -> None:
@@ -122,7 +122,7 @@ def sweep(folder: str | os.PathLike[str]) -> None:
                         os.killpg(pgid, signal.SIGKILL)
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
-                    pass
+                    pass  # it exited meanwhile: the next scan of /proc confirms it
         if not found:
             return
         time.sleep(0.05)
@@ -305,10 +305,9 @@ class SlurmCluster:
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is None:
             return
-        assert watchdog.stdin is not None
-        watchdog.stdin.close()  # EOF: it finds the cluster already down and exits
         try:
-            watchdog.wait(timeout=60)
+            # closes its stdin, the EOF it waits for: it finds the cluster already down and exits
+            watchdog.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             watchdog.kill()
             watchdog.wait()
@@ -538,7 +537,7 @@ def down(folder: str | os.PathLike[str]) -> int:
             try:
                 os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):
-                pass
+                pass  # already gone: the wait below finds it so
     end = time.monotonic() + 10
     while time.monotonic() < end and any(Path(f"/proc/{p}").exists() for p in _pids(root)):
         time.sleep(0.05)

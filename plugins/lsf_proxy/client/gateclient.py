@@ -250,7 +250,7 @@ class Link:
         try:
             self.sock.close()
         except OSError:
-            pass
+            pass  # the descriptor is gone either way; there is nothing left to release
 
 
 class Grant:
@@ -270,7 +270,7 @@ class Grant:
         try:
             link.call("release", self._timeout, token=self.token)
         except (_Broken, GateError):
-            pass
+            pass  # unanswered: the daemon takes the token back when the connection closes
         link.close()
 
 

@@ -256,10 +256,6 @@ class Listener:
                     reader, writer = await asyncio.open_unix_connection(sock=conn,
                                                                         limit=self.limit)
                 else:
-                    # asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
-                    # accepted socket inherits the listener's 0: without it a grant that
-                    # follows its "queued" event waits for the client's delayed ACK (40 ms)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     reader, writer = await asyncio.open_connection(sock=conn, limit=self.limit)
             except OSError:
                 conn.close()
@@ -331,8 +327,13 @@ class Listener:
 
 
 def listening_socket(family: int, address: Any, backlog: int = 1024) -> socket.socket:
-    """A bound, listening stream socket (SO_REUSEADDR for TCP, as asyncio's servers set)."""
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    """A bound, listening stream socket (SO_REUSEADDR for TCP, as asyncio's servers set).
+
+    A TCP socket says IPPROTO_TCP, as getaddrinfo's would: accepted sockets inherit it, and
+    asyncio sets TCP_NODELAY only on sockets that say TCP. Left at 0, a grant following its
+    "queued" event waited for the client's delayed ACK, 40 ms per queued request."""
+    proto = 0 if family == socket.AF_UNIX else socket.IPPROTO_TCP
+    sock = socket.socket(family, socket.SOCK_STREAM, proto)
     try:
         if family != socket.AF_UNIX:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

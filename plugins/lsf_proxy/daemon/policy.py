@@ -373,7 +373,7 @@ class _Queue:
         """Whether some waiting user is below ``cap`` (a free token could go to someone)."""
         if cap is None:
             return self.size > 0
-        return any(held.get(user, 0) < cap for user, n in self.counts.items() if n)
+        return any(held.get(user, 0) < cap for user in self.counts)
 
     def oldest(self) -> _Pending | None:
         while self.arrivals and not self.arrivals[0].live:

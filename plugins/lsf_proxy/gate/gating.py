@@ -235,7 +235,7 @@ def _cache_write(path: str, data: dict[str, Any]) -> None:
         try:
             os.unlink(temp)
         except OSError:
-            pass
+            pass  # not created, or not ours to remove: the cache is best effort
 
 
 def _full_loader() -> Any:
@@ -369,7 +369,7 @@ def _lower_priority(nice: int) -> None:
     try:
         if os.getpriority(os.PRIO_PROCESS, 0) < nice:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except OSError:
+    except OSError:  # a command that cannot be niced still runs: the token is what bounds it
         pass
 
 
@@ -516,7 +516,7 @@ def exit_like(status: int) -> int:
     try:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # a signal that cannot be re-raised: exit as a shell would
         pass
     return 128 + signum
 

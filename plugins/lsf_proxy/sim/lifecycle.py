@@ -33,13 +33,20 @@ OWNER_REASON = "TERM_OWNER: job killed by owner"
 
 
 def now(scenario: dict[str, Any]) -> float:
+    """:func:`gridgate.core.clock.file_time` of the scenario's ``clock_file``, written out: the
+    stand-in loads this file by path, with the standard library only (it runs as other users,
+    who cannot import gridgate from its venv)."""
     path = scenario.get("clock_file")
-    if path:
-        try:
-            return float(Path(path).read_text(encoding="ascii").strip())
-        except (OSError, ValueError):
-            pass
-    return time.time()
+    if not path:
+        return time.time()
+    try:
+        text = Path(path).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return time.time()
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"clock file {path}: {text[:40]!r} is not a time") from None
 
 
 def check(spec: Any, where: str) -> str | None:

@@ -34,12 +34,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from gridgate.core.clock import file_time, write_file_time
 
 CLOCK_ENV = "GRIDGATE_SIM_CLOCK"
 #: Seconds in each state before the next, when the scenario does not say.
@@ -81,20 +82,11 @@ def check_pilots(spec: Any, where: str) -> None:
 
 def now(scenario: Mapping[str, Any]) -> float:
     """The stand-ins' time: the clock file when there is one, else the wall clock."""
-    path = scenario.get("clock_file") or os.environ.get(CLOCK_ENV)
-    if path:
-        try:
-            return float(Path(path).read_text(encoding="ascii").strip())
-        except (OSError, ValueError):
-            pass
-    return time.time()
+    return file_time(scenario.get("clock_file") or os.environ.get(CLOCK_ENV))
 
 
-def set_clock(path: Path, value: float) -> None:
-    """Write the stand-ins' clock file atomically (tests move time with it)."""
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    temporary.write_text(repr(float(value)), encoding="ascii")
-    temporary.replace(path)
+#: tests move the stand-ins' time with it
+set_clock = write_file_time
 
 
 @dataclass

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gridgate.core.clock import write_file_time
 from gridgate.core.model import Endpoint, SubmitRequest
 from gridgate.core.plugins import PluginContext
 from gridgate.core.testing import section_for
@@ -85,7 +86,7 @@ def site(tmp_path: Path):
     calls = tmp_path / "calls.jsonl"
 
     def set_time(value: float) -> None:
-        clock.write_text(repr(value))
+        write_file_time(clock, value)
 
     def scenario(**data) -> None:
         write_scenario(path, {"state_dir": str(tmp_path / "lsf"), "clock_file": str(clock),

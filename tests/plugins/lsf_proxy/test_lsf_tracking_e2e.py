@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gridgate.core.clock import FakeClock
+from gridgate.core.clock import FakeClock, write_file_time
 from gridgate.core.director import Director
 from gridgate.core.testing import Collector, make_config
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
@@ -23,7 +23,7 @@ T0 = 1_800_000_000.0
 def world(tmp_path: Path):
     bin_dir = install_commands(tmp_path / "bin")
     clock_file, calls = tmp_path / "clock", tmp_path / "calls.jsonl"
-    clock_file.write_text(repr(T0))
+    write_file_time(clock_file, T0)
     scenario = write_scenario(tmp_path / "scenario.json", {
         "state_dir": str(tmp_path / "lsf"), "clock_file": str(clock_file), "calls_log": str(calls),
         "queues": {"normal": {"pilots": {"pend": 2, "run": 30, "outcome": "done"}},
@@ -44,7 +44,7 @@ def world(tmp_path: Path):
 
     def advance(seconds: float) -> None:
         clock.advance(seconds)
-        clock_file.write_text(repr(clock.time()))
+        write_file_time(clock_file, clock.time())
 
     def bjobs_per_queue() -> Counter[str]:
         lines = calls.read_text().splitlines() if calls.exists() else []

@@ -223,13 +223,19 @@ sys.stdin.readline()
 """
 
 
-def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockdir, cli):
+def two_daemons(start_daemon, sockdir, interval: float):
+    """Daemons pa and pb sharing QUERY[max=8] from one site config, heartbeat every
+    ``interval`` seconds; and that config's section, to start one of them again."""
     hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
              {"name": "pb", "address": str(sockdir / "pb.sock")}]
-    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.2,
-               "socket": ""}
-    a = start_daemon(section, name="pa", config_name="site.yaml")
-    b = start_daemon(section, name="pb", config_name="site.yaml")
+    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]",
+               "heartbeat_interval": interval, "socket": ""}
+    return (start_daemon(section, name="pa", config_name="site.yaml"),
+            start_daemon(section, name="pb", config_name="site.yaml"), section)
+
+
+def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockdir, cli):
+    a, b, section = two_daemons(start_daemon, sockdir, 0.2)
     limit = lambda d: status(d.socket)["categories"]["query"]["token_limit"]  # noqa: E731
     assert until(lambda: status(a.socket)["peers"]["live"] == ["pa", "pb"]
                  and status(b.socket)["peers"]["live"] == ["pa", "pb"], 20)
@@ -310,12 +316,7 @@ def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_
     """The bound of docs/proxyd.md reached, not passed: the survivor holds 8 when the other
     daemon rejoins and takes 4, so 12 = max + max/2 are out; neither grants beyond that, and
     the survivor grants again only once its use is under its new share."""
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
-    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.2,
-               "socket": ""}
-    a = start_daemon(section, name="pa", config_name="site.yaml")
-    b = start_daemon(section, name="pb", config_name="site.yaml")
+    a, b, section = two_daemons(start_daemon, sockdir, 0.2)
     query = lambda d: status(d.socket)["categories"]["query"]  # noqa: E731
     a.stop(signal.SIGKILL)
     assert until(lambda: query(b)["token_limit"] == 8, 20)
@@ -354,12 +355,7 @@ def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_
 def test_a_daemon_that_stops_cleanly_frees_its_share_at_once(start_daemon, sockdir):
     """SIGTERM: the last heartbeat says it leaves, so the survivor does not wait for its own
     next heartbeat (30 s here) to take the whole limit."""
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
-    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 30,
-               "socket": ""}
-    a = start_daemon(section, name="pa", config_name="site.yaml")
-    b = start_daemon(section, name="pb", config_name="site.yaml")
+    a, b, section = two_daemons(start_daemon, sockdir, 30)
     assert until(lambda: status(b.socket)["peers"]["peers"]["pa"]["heard_ago"] is not None, 20)
     assert status(b.socket)["categories"]["query"]["token_limit"] == 4
     assert a.stop(signal.SIGTERM) == 0
@@ -373,12 +369,7 @@ def test_a_hung_daemon_is_left_out_after_three_intervals_and_back_when_it_answer
     """SIGSTOP: connections still open (the kernel queues them) but nothing answers, so the
     heartbeats time out; pb drops pa only when it has missed 3 intervals, and takes it back at
     its first answer after SIGCONT."""
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
-    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.3,
-               "socket": ""}
-    a = start_daemon(section, name="pa", config_name="site.yaml")
-    b = start_daemon(section, name="pb", config_name="site.yaml")
+    a, b, section = two_daemons(start_daemon, sockdir, 0.3)
     peer = lambda: status(b.socket)["peers"]["peers"]["pa"]  # noqa: E731
     assert until(lambda: peer()["heard_ago"] is not None, 20)
     a.proc.send_signal(signal.SIGSTOP)

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from polling import until
 
 from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
 
@@ -121,7 +122,6 @@ def test_up_and_down_by_hand_leave_nothing_running() -> None:
 def test_a_killed_owner_leaves_no_daemon_behind() -> None:
     import signal
     import sys
-    import time
 
     # What a pytest-timeout (os._exit) or a SIGKILL does to a test process holding a cluster.
     code = ("import sys, time\n"
@@ -138,9 +138,7 @@ def test_a_killed_owner_leaves_no_daemon_behind() -> None:
         assert _processes_in(folder)
         owner.send_signal(signal.SIGKILL)
         owner.wait(30)
-        end = time.monotonic() + 120
-        while time.monotonic() < end and (_processes_in(folder) or folder.exists()):
-            time.sleep(0.2)
+        until(lambda: not (_processes_in(folder) or folder.exists()), timeout=120, pause=0.2)
         assert _processes_in(folder) == []
         assert not folder.exists()
     finally:

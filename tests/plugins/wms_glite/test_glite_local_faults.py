@@ -10,12 +10,12 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from polling import until
 
 HOSTS = ["wms01.example.org", "wms02.example.org", "wms03.example.org"]
 
@@ -76,7 +76,7 @@ def full(tmp_path: Path) -> Iterator[Path]:
                 handle.write(b"\0" * 65536)
                 handle.flush()
             except OSError:
-                pass
+                pass  # ENOSPC: the 4 KiB tmpfs is full, which is what the test wants
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=True)
@@ -135,12 +135,8 @@ def test_jdl_files_of_a_killed_director_are_removed_at_the_next_start(
     director = subprocess.Popen([gridgate_exe, "run", "-c", str(config)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if calls_log.exists() and calls_log.read_text().count('"event": "start"') >= 2:
-                break
-            time.sleep(0.05)
-        else:
+        if not until(lambda: calls_log.exists()
+                     and calls_log.read_text().count('"event": "start"') >= 2, timeout=60):
             pytest.fail("the stand-ins were never called")
     finally:
         os.kill(director.pid, signal.SIGKILL)
