@@ -341,7 +341,10 @@ def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_
         assert query(a)["in_use"] + query(b)["in_use"] == 12
         procs[0].stdin.close()  # the 8 on pb come back; its waiter is served under 4
         assert waiting_b.stdout.readline().strip() == json.dumps([False])
-        assert query(b)["in_use"] == 1
+        # the 8 come back one connection at a time: the waiter may be served once 5 are back,
+        # beside 3 not yet returned, but never above pb's share of 4
+        assert query(b)["in_use"] <= 4
+        assert until(lambda: query(b)["in_use"] == 1, 20)
     finally:
         for proc in procs:
             if proc.poll() is None:
