@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from gridgate.core.files import atomic_write
 from gridgate.plugins.wms_glite.sim.jobs import LifecycleError, check_pilots
 
 SCENARIO_ENV = "GRIDGATE_SIM_SCENARIO"
@@ -87,8 +88,12 @@ def host_spec(scenario: Mapping[str, Any], host: str) -> dict[str, Any]:
 
 
 def write_scenario(path: Path, scenario: Mapping[str, Any]) -> Path:
-    """Write ``scenario`` as JSON (a YAML subset) and return its path; for tests and demo."""
-    path.write_text(json.dumps(scenario, indent=2), encoding="utf-8")
+    """Write ``scenario`` as JSON (a YAML subset) and return its path; for tests and demo.
+
+    The file is replaced whole: a stand-in starting while it is rewritten reads the old
+    scenario or the new one, never an empty file (which would mean every host is healthy and
+    nothing is logged)."""
+    atomic_write(path, json.dumps(scenario, indent=2).encode("utf-8"), mode=0o644, durable=False)
     return path
 
 
