@@ -23,8 +23,11 @@ the clock and its host's ``pilots`` spec::
           status: healthy              # the LB for this host's jobs: healthy | lb_down | hang
           status_latency: 0
 
-Which outcome a job gets among weighted ones is decided by a hash of its id, so every
-invocation agrees. The clock is the file named by the scenario's ``clock_file`` (or
+Which outcome a job gets among weighted ones is decided by its place among its host's jobs in
+the table (a golden-ratio sequence over the weights), so every invocation agrees and the
+outcomes are spread evenly: with ``{done: 9, exit: 1}`` about one job in ten exits, and never
+two of any five in a row (random draws would now and then give a healthy server a run of
+failures, and the director's verdict on its pilots would rightly take it out of rotation). The clock is the file named by the scenario's ``clock_file`` (or
 ``GRIDGATE_SIM_CLOCK``) holding epoch seconds, when it exists: tests move time by rewriting it
 and never sleep; without it the stand-ins use the wall clock (the demo).
 """
@@ -101,6 +104,8 @@ class Job:
     parent: str | None = None
     nodes: list[str] = field(default_factory=list)
     cancelled: float | None = None
+    #: The job's place (0, 1, 2...) among its host's jobs in the table, in submission order.
+    ordinal: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,13 +130,18 @@ def _fraction(job_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def outcome_of(job_id: str, spec: Mapping[str, Any]) -> str:
-    """The outcome ``job_id`` gets under ``spec`` (weights pick by a hash of the id)."""
+#: The golden ratio's fractional part: the points ``k * SPREAD mod 1`` fill [0, 1) as evenly
+#: as any sequence can, so each weight's share of consecutive jobs is close to its weight.
+SPREAD = (5 ** 0.5 - 1) / 2
+
+
+def outcome_of(ordinal: int, spec: Mapping[str, Any]) -> str:
+    """The outcome the job at place ``ordinal`` of its host gets under ``spec``."""
     outcome = spec.get("outcome", "done")
     if not isinstance(outcome, Mapping):
         return str(outcome)
     total = sum(float(w) for w in outcome.values())
-    point, seen = _fraction(job_id) * total, 0.0
+    point, seen = ((ordinal + 1) * SPREAD) % 1.0 * total, 0.0
     for name, weight in outcome.items():
         seen += float(weight)
         if point < seen:
@@ -142,7 +152,7 @@ def outcome_of(job_id: str, spec: Mapping[str, Any]) -> str:
 def snapshot(job: Job, spec: Mapping[str, Any], at: float) -> Snapshot:
     """The state of ``job`` at time ``at`` under its host's ``pilots`` spec."""
     durations = {stage: float(spec.get(stage.lower(), DEFAULT_DURATIONS[stage])) for stage in STAGES}
-    outcome = outcome_of(job.job_id, spec)
+    outcome = outcome_of(job.ordinal, spec)
     ces = spec.get("ces") or DEFAULT_CES
     destination = ces[int(_fraction(job.job_id + "ce") * len(ces)) % len(ces)]
     reason = str(spec.get("reason") or DEFAULT_REASONS.get(outcome, ""))
@@ -237,6 +247,12 @@ class JobTable:
     def load(self) -> dict[str, Job]:
         """Every job by id, parametric nodes included."""
         jobs: dict[str, Job] = {}
+        places: dict[str, int] = {}  # per host, the next ordinal
+
+        def place(host: str) -> int:
+            places[host] = places.get(host, -1) + 1
+            return places[host]
+
         try:
             text = self.path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
@@ -249,10 +265,12 @@ class JobTable:
             if entry.get("event") == "submit":
                 parent = Job(entry["id"], entry["host"], entry["endpoint"], float(entry["time"]),
                              nodes=list(entry.get("nodes") or []))
+                if not parent.nodes:  # a parametric parent's state is its nodes'
+                    parent.ordinal = place(parent.host)
                 jobs[parent.job_id] = parent
                 for node in parent.nodes:
                     jobs[node] = Job(node, parent.host, parent.endpoint, parent.submitted,
-                                     parent=parent.job_id)
+                                     parent=parent.job_id, ordinal=place(parent.host))
             elif entry.get("event") == "cancel" and entry.get("id") in jobs:
                 job = jobs[entry["id"]]
                 if job.cancelled is None:

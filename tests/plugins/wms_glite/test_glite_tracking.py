@@ -4,6 +4,7 @@ success / failure / abort on chosen servers, unknown and purged ids, cancel."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,27 @@ def test_one_status_command_per_endpoint_for_1_or_5000_pilots(tracked: Any, tmp_
     calls = status_calls(calls_log)
     assert [c.ids for c in calls] == [1, 5001]
     assert [c.host for c in calls] == [H1, H1]
+
+
+def test_weighted_outcomes_are_spread_evenly_over_a_hosts_jobs(tracked: Any, tmp_path: Path,
+                                                              clock_file: Path) -> None:
+    """{done: 9, exit: 1}: one in ten of 200 jobs exits, never two of any five in a row (the
+    demo's healthy servers must not look like aborting ones by chance), and another host's
+    jobs do not move this host's sequence."""
+    pm, _ = tracked({H1: {"pilots": {"outcome": {"done": 9, "exit": 1}}}})
+    table = JobTable(tmp_path / "simstate")
+    ids = []
+    for n in range(200):
+        ids.append(f"https://lb01.example.org:9000/Spread{n:018d}")
+        table.add(ep(H1).url, ids[-1], [], T0 + n)
+        table.add(ep(H2).url, f"https://lb01.example.org:9000/Other{n:018d}", [], T0 + n)
+    set_clock(clock_file, T0 + 1000)
+    result = status(pm, H1, ids)
+    assert result.ok and len(result.statuses) == 200
+    failed = [n for n, job in enumerate(ids) if result.statuses[job].state == "failed"]
+    assert {result.statuses[job].state for job in ids} == {"done", "failed"}
+    assert len(failed) == 20
+    assert min(b - a for a, b in itertools.pairwise(failed)) >= 5
 
 
 def test_unknown_and_purged_ids_are_left_out_with_exit_255(tracked: Any, clock_file: Path) -> None:
