@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from daemonkit import AS_NOBODY, PYTHON, free_port, lsf_fixtures, status
+from polling import until
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 
@@ -105,7 +106,10 @@ def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
     sources = ["127.0.0.2"] if spread == "one-address" else [f"127.0.0.{i}" for i in range(2, 52)]
     flood = _flood(port, 1000, 12, sources)
     try:
-        time.sleep(2)  # the flood is in place (and has met its first deadlines by 2 s)
+        # the flood is in place (a loaded host may take seconds to start its process), and
+        # has met its first deadlines 2 s later
+        assert until(lambda: status(d.socket)["capacity"]["open"]["unauthenticated"] > 0, 30)
+        time.sleep(2)
         early = status(d.socket)["capacity"]
         nobody = py_as(_nobody_acquires(d.socket, 50), timeout=120)
         during = _root_acquires(d.socket, 150)

@@ -15,7 +15,9 @@ HOSTS = ["wms01.example.org", "wms02.example.org", "wms03.example.org", "wms04.e
 
 def site(tmp_path: Path, sim_bin: Path, scenario_path: Path, **director) -> Path:
     doc = {
-        "director": {"cycle_seconds": 0.1, "max_threads": 4, "command_timeout": 2,
+        # the stand-ins answer in well under a second, but a loaded CI host can take seconds to
+        # start a Python process: a healthy server must not time out beside the hanging one
+        "director": {"cycle_seconds": 0.1, "max_threads": 4, "command_timeout": 6,
                      "state_dir": str(tmp_path / "state"), **director},
         "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
         "backends": {"wms_glite": {
@@ -74,7 +76,7 @@ def test_run_once_json_against_mixed_stand_ins(tmp_path, sim_bin, scenario, grid
 
 def test_failing_cache_survives_a_restart(tmp_path, sim_bin, scenario, gridgate_exe) -> None:
     path = scenario(hosts={HOSTS[0]: {"behaviour": "error"}}, default={"behaviour": "healthy"})
-    config = site(tmp_path, sim_bin, path)
+    config = site(tmp_path, sim_bin, path, command_timeout=30)  # nothing here hangs
     first = run_once(gridgate_exe, config, "--once")[0]
     assert [n["level"] for n in first["notifications"]] == ["error"]
     second = run_once(gridgate_exe, config, "--once")[0]  # a new process, same sqlite state
