@@ -183,14 +183,17 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, g
     real = sockdir / "bin"
     real.mkdir()
     squeue = real / "squeue"
-    marker = sockdir / "iterating"
-    squeue.write_text(f"#!{SYSTEM_PYTHON}\nimport sys, time\nopen({str(marker)!r}, 'w').close()\n"
-                      "time.sleep(float(sys.argv[-1]))\n")
+    marker, finish = sockdir / "iterating", sockdir / "finish"
+    # runs until the test says finish, or for its last argument's seconds
+    squeue.write_text(f"#!{SYSTEM_PYTHON}\nimport os, sys, time\nopen({str(marker)!r}, 'w').close()\n"
+                      "end = time.monotonic() + float(sys.argv[-1])\n"
+                      f"while time.monotonic() < end and not os.path.exists({str(finish)!r}):\n"
+                      "    time.sleep(0.05)\n")
     squeue.chmod(0o755)
     env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
     # squeue -i: repeats by itself, so it holds its query token only to start
     proc = subprocess.Popen([gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "-i",
-                             "30"], cwd="/", env={**os.environ, **env})
+                             "120"], cwd="/", env={**os.environ, **env})
     try:
         until(marker.exists)
         assert until(lambda: in_use(daemon.socket)["query"] == 0, timeout=30)
@@ -200,12 +203,13 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, g
         proc.wait(30)
     # the same command without -i holds its token to the end
     marker.unlink()
-    proc = subprocess.Popen([gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "3"],
+    proc = subprocess.Popen([gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "120"],
                             cwd="/", env={**os.environ, **env})
     try:
         until(marker.exists)
         time.sleep(1.0)  # twice start_hold: a start-only command would have given it back
         assert in_use(daemon.socket)["query"] == 1
+        finish.touch()
         assert proc.wait(60) == 0
         assert until(lambda: in_use(daemon.socket)["query"] == 0)
     finally:

@@ -75,7 +75,8 @@ def test_exit_codes_match_the_real_client(run_sim: Callable[..., CommandResult])
 
 
 def test_hang_is_a_timeout_with_partial_output(run_sim: Callable[..., CommandResult]) -> None:
-    result = run_sim({"behaviour": "print_then_hang"}, timeout=1.0)
+    # 4 s: long enough for the Python stand-in to start and print on a loaded 2-core machine
+    result = run_sim({"behaviour": "print_then_hang"}, timeout=4.0)
     assert result.timed_out and f"Connecting to the service {EP}" in result.stdout
     failure = classify(result)
     assert failure.kind == "timeout" and failure.notify and failure.exclude
