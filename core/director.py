@@ -524,25 +524,32 @@ class Director:
                           attempt=attempt)
             return None
         candidates = [e for e in it.usable(info.endpoints) if e not in tried]
-        if candidates and it.limits is not None:
-            candidates = it.limits.with_room(candidates)
-            if not candidates:
-                self._account(it, request, None, "skipped", request.count, failure_kind="max_waiting",
-                              attempt=attempt)
-                return None
         if not candidates:
             self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint",
                           attempt=attempt)
             return None
-        endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
+        endpoint: Endpoint | None = None
+        while candidates:
+            if it.limits is not None:
+                candidates = it.limits.with_room(candidates)
+                if not candidates:
+                    break
+            endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
+            fitting = it.limits.reserve(endpoint, request) if it.limits is not None else request
+            if fitting is not None:
+                request = fitting
+                break
+            # another thread took the last room there between the check and the reservation:
+            # the pilot goes to another server that has some
+            candidates = [e for e in candidates if e != endpoint]
+            endpoint = None
+        if endpoint is None:
+            if it.limits is not None:
+                it.limits.skipped(info.backend, request.count)
+            self._account(it, request, None, "skipped", request.count, failure_kind="max_waiting",
+                          attempt=attempt)
+            return None
         tried.append(endpoint)
-        if it.limits is not None:
-            fitting = it.limits.reserve(endpoint, request)
-            if fitting is None:
-                self._account(it, request, endpoint, "skipped", request.count, failure_kind="max_waiting",
-                              attempt=attempt)
-                return None
-            request = fitting
         answer = hook.gridgate_admit(request=AdmissionRequest(
             category="submission", opcode="JOB_SUBMIT", user=request.user, size=request.count,
             endpoint=endpoint,

@@ -209,6 +209,11 @@ class Limits:
             left[backend] = (per_endpoint - take, total - take)
         return kept, cuts
 
+    def skipped(self, backend: str, n: int) -> None:
+        """``n`` pilots found no server with room when they were to be sent."""
+        with self._lock:
+            self._count(backend, "max_waiting", n)
+
     def with_room(self, candidates: Iterable[Endpoint]) -> list[Endpoint]:
         """The candidates that can still take a pilot."""
         with self._lock:
@@ -217,13 +222,13 @@ class Limits:
 
     def reserve(self, endpoint: Endpoint, request: SubmitRequest) -> SubmitRequest | None:
         """Take room on ``endpoint`` for ``request``: the request as it fits (maybe smaller),
-        or None when another thread took the last of it."""
+        or None when another thread took the last of it (the caller may try another server,
+        and says :meth:`skipped` if none has room)."""
         with self._lock:
             rooms = [r for r in (self.endpoint_room.get(endpoint.key),
                                  self.backend_room.get(endpoint.backend)) if r is not None]
             take = min([request.count, *rooms])
             if take <= 0:
-                self._count(endpoint.backend, "max_waiting", request.count)
                 return None
             if self.endpoint_room.get(endpoint.key) is not None:
                 self.endpoint_room[endpoint.key] -= take  # type: ignore[operator]

@@ -4,6 +4,7 @@ max_total, cancelled past max_wait_time, and an endpoint whose pilots abort leav
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from directorkit import BACKEND, Collector, TrackingBackend, config
 
@@ -14,6 +15,7 @@ from gridgate.core.escalation import FAILING
 from gridgate.core.model import Grant, Refusal
 from gridgate.core.state import MemoryState, SqliteState
 from gridgate.core.testing import stand_in_command
+from gridgate.core.tracking import Limits
 
 
 def make(backend: TrackingBackend, *extra, pilots: int = 6, state=None, clock=None,
@@ -191,6 +193,42 @@ def test_max_waiting_trims_demand_and_a_queue_full_of_idle_pilots_gets_none():
     assert [(r.endpoint, r.pilots) for r in third.records if r.outcome == "submitted"] == [("s0", 1)] * 2
     assert backend.count("s0", "waiting") == 3
     director.close()
+
+
+def test_a_server_whose_last_room_went_to_another_thread_sends_the_pilot_elsewhere(monkeypatch):
+    """Between the director's check for room and its reservation another submission thread
+    may take the last of a server's room: the pilot then goes to a server that still has some,
+    it is not dropped. The interleaving is made certain here: the selector (a real hook
+    implementation) takes all of s0's room just before it picks s0."""
+    made: list[Limits] = []
+    original = Limits.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Limits, "__init__", recording)
+
+    class Racing:
+        raced = False
+
+        @hookimpl(tryfirst=True)
+        def gridgate_select_endpoint(self, candidates, request):
+            first = candidates[0]
+            if not self.raced and first.name == "s0":
+                self.raced = True
+                taken = made[-1].reserve(first, replace(request, count=10))
+                assert taken is not None and taken.count == 3  # all of s0's room
+                return first
+            return None
+
+    backend = TrackingBackend(servers=2)
+    director = make(backend, Racing(), pilots=2, max_waiting=3)
+    summary = director.run_iteration()
+    director.close()
+    assert [r.outcome for r in summary.records] == ["submitted"] * len(summary.records)
+    assert sum(r.pilots for r in summary.records) == 2
+    assert backend.count("s0", "waiting") == 0 and backend.count("s1", "waiting") == 2
 
 
 def test_per_endpoint_override_and_max_total_per_backend():
