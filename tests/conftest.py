@@ -11,8 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# No per-example deadline anywhere: on a loaded 2-core machine one example may stall for more
+# than hypothesis's default 200 ms, which it reports as a failure (DeadlineExceeded or Flaky)
+# though nothing is wrong. Tests that want fewer examples still say so themselves.
+settings.register_profile("gridgate", deadline=None)
+settings.load_profile("gridgate")
 BIN = Path(sys.executable).parent
 
 # Helper modules shared by every test folder (proctable.py, redis_server.py) live in tests/.

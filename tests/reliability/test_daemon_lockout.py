@@ -176,25 +176,33 @@ def test_descriptor_exhaustion_pauses_accepts_and_logs_once(start_daemon, sockdi
     assert cap["nofile"] == 256
     assert cap["max_connections"] + cap["admin_reserve"] + cap["tcp_max_unauthenticated"] <= 256 - 32
     # 1. nobody opens 400 Unix connections and floods TCP: refused beyond the pools, never EMFILE
+    # the hog reads until the refusals it expects have come (30 s at most), then once more
+    # after half a second for any beyond them; a socket with nothing to read was accepted
+    expected = 400 - cap["max_connections"]
     hog = ("import socket, sys, time, json\n"
-           "socks, refused = [], 0\n"
+           "socks = []\n"
            "for _ in range(400):\n"
            "    s = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
-           f"    s.connect({d.socket!r}); socks.append(s)\n"
-           "time.sleep(1)\n"
-           "for s in socks:\n"
-           "    s.setblocking(False)\n"
-           "    try:\n"
-           "        if b'busy' in s.recv(4096): refused += 1\n"
-           "    except BlockingIOError: pass  # nothing sent yet: accepted, not refused\n"
-           "print(json.dumps({'refused': refused}), flush=True)\n"
+           f"    s.connect({d.socket!r}); s.setblocking(False); socks.append(s)\n"
+           "refused = set()\n"
+           "def read():\n"
+           "    for i, s in enumerate(socks):\n"
+           "        if i in refused: continue\n"
+           "        try:\n"
+           "            if b'busy' in s.recv(4096): refused.add(i)\n"
+           "        except BlockingIOError: pass  # nothing sent yet: accepted, not refused\n"
+           "end = time.monotonic() + 30\n"
+           f"while len(refused) < {expected} and time.monotonic() < end:\n"
+           "    read(); time.sleep(0.05)\n"
+           "time.sleep(0.5); read()\n"
+           "print(json.dumps({'refused': len(refused)}), flush=True)\n"
            "sys.stdin.readline()\n")
     holder = subprocess.Popen([*AS_NOBODY, PYTHON, "-c", hog], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, cwd="/")
     flood = _flood(port, 1000, 8, ["127.0.0.2"])
     try:
         refused = json.loads(holder.stdout.readline())["refused"]
-        assert refused == 400 - cap["max_connections"], refused
+        assert refused == expected, refused
         during = _root_acquires(d.socket, 50)  # root: from the admin reserve
         flood_seen = json.loads(flood.communicate(timeout=60)[0])
         assert "cannot accept" not in d.log()

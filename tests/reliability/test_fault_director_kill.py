@@ -51,10 +51,11 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
                                             director_procs: list, figures) -> None:
     site = Site(tmp_path / "site")
     smtp_port = free_port()  # SMTP is down for the whole run: mail waits in the outbox
-    # 12 threads: the chance that every thread ends up stuck on the same hanging server (and
-    # the other is never in flight) is 2 * 2**-12.
     doc = site.doc(command_timeout=60, max_threads=12)
     doc["demand"] = {"static": {"wms_glite": 24}}
+    # in turn, not at random: every server is picked in each iteration (BROKEN in the first,
+    # both hanging servers in the killed one), which random picks would miss now and then
+    doc["selectors"] = {"round_robin": {}}
     doc["notifiers"]["email"] = {"host": "127.0.0.1", "port": smtp_port,
                                  "from": "gridgate@example.org",
                                  "error_address": "ops@example.org",

@@ -169,7 +169,9 @@ def test_director_local_mode_keeps_each_server_under_max(tmp_path) -> None:
     assert sum(s.granted for s in stats.values()) == 12
     assert sum(s.waited for s in stats.values()) > 0
     # the same burst without admission goes past 2 on a server: the limit above is the gate's
-    config, calls = glite_site(tmp_path / "open", hosts, None, demand=12)
+    # (3 s calls, so that they overlap however slowly a loaded machine starts them)
+    slow = {host: {**spec, "latency": 3} for host, spec in hosts.items()}
+    config, calls = glite_site(tmp_path / "open", slow, None, demand=12, timeout=30)
     director = Director(load_config(config))
     try:
         director.run_iteration()

@@ -47,6 +47,24 @@ def run(argv: list[str], user: str = "root", env: dict | None = None, cwd: str =
                           **kwargs)
 
 
+def start(argv: list[str], user: str = "root") -> subprocess.Popen:
+    """:func:`run`, without waiting: its stdout and stderr are pipes."""
+    if user == "nobody":
+        argv = AS_NOBODY + argv
+    env = {k: v for k, v in os.environ.items() if k != "GRIDGATE_GATE_TOKEN"}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd="/", env=env)
+
+
+def holding(ready: Path, go: Path) -> list[str]:
+    """A command that says it is ``ready`` and runs until the test creates ``go`` (60 s at most):
+    it holds its token as long as the test needs, however slow the machine."""
+    return [PYTHON, "-c", f"import os, time\nopen({str(ready)!r}, 'w').close()\n"
+            "end = time.monotonic() + 60\n"
+            f"while time.monotonic() < end and not os.path.exists({str(go)!r}):\n"
+            "    time.sleep(0.02)\n"]
+
+
 def imported(stderr: str) -> set[str]:
     """Top-level names of the modules ``-X importtime`` reports."""
     names = set()
@@ -223,24 +241,33 @@ def test_a_waiting_call_says_why_after_a_second_unless_quiet(start_daemon, gridg
     shared = sockdir / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # the holder runs as nobody
-    ready = shared / "ready"
+    ready, go = shared / "ready", shared / "go"
     hold = [gridgate_exe, "gate", "--socket", daemon.socket, "--category", "query", "--",
-            PYTHON, "-c", f"import time; open({str(ready)!r}, 'w').close(); time.sleep(3)"]
+            *holding(ready, go)]
     for quiet in (False, True):
-        if ready.exists():
-            ready.unlink()
+        for mark in (ready, go):
+            mark.unlink(missing_ok=True)
         holder = subprocess.Popen(AS_NOBODY + hold, cwd="/")
+        waiter = None
         try:
-            until(ready.exists)
-            waiter = run([gridgate_exe, "gate", "--socket", daemon.socket, "--category", "query",
-                          *(["-q"] if quiet else []), "--", "true"], user="nobody")
-            assert waiter.returncode == 0, waiter.stderr
-            lines = waiter.stderr.splitlines()
+            assert until(ready.exists, 60)
+            waiter = start([gridgate_exe, "gate", "--socket", daemon.socket, "--category",
+                            "query", *(["-q"] if quiet else []), "--", "true"], user="nobody")
+            assert until(lambda: status(daemon.socket)["categories"]["query"]["queued"] == 1, 60)
             if quiet:
-                assert lines == []
+                time.sleep(1.5)  # past the second after which a call that is not quiet says why
             else:
-                assert lines == ["gridgate gate: true: waiting for a query token, 0 ahead"]
+                assert waiter.stderr.readline() == \
+                    "gridgate gate: true: waiting for a query token, 0 ahead\n"
+            go.touch()
+            _out, err = waiter.communicate(timeout=60)
+            assert waiter.returncode == 0, err
+            assert err == ""  # one line, once (or none when quiet)
         finally:
+            go.touch()
+            if waiter is not None and waiter.poll() is None:
+                waiter.kill()
+                waiter.communicate(timeout=30)
             holder.wait(60)
 
 
@@ -388,19 +415,27 @@ def test_a_grant_after_a_denial_is_handed_over_too(start_daemon, gridgate_exe, s
     shared = sockdir / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    ready = shared / "ready"
+    ready, go = shared / "ready", shared / "go"
     gate = [gridgate_exe, "gate", "-c", str(config), "--category", "query", "-q", "--"]
-    holder = subprocess.Popen(AS_NOBODY + gate + [PYTHON, "-c", "import time; "
-                              f"open({str(ready)!r}, 'w').close(); time.sleep(2)"], cwd="/")
+    holder = subprocess.Popen(AS_NOBODY + gate + holding(ready, go), cwd="/")
+    waiter = None
     try:
-        until(ready.exists)
-        waiter = run(gate + ["printenv", "GRIDGATE_GATE_TOKEN"], user="nobody")
-        assert waiter.returncode == 0, waiter.stderr
-        assert waiter.stdout.strip()
-        assert status(daemon.socket)["metrics"]["rejected.query"]["current"] >= 1
+        assert until(ready.exists, 60)
+        waiter = start(gate + ["printenv", "GRIDGATE_GATE_TOKEN"], user="nobody")
+        # denied at the 0.5 s wait limit while the holder keeps the only token; it tries again
+        assert until(lambda: status(daemon.socket)["metrics"]["rejected.query"]["current"] >= 1,
+                     60)
+        go.touch()
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0, err
+        assert out.strip()
         assert until(lambda: in_use(daemon.socket)["query"] == 0)
         assert until(lambda: status(daemon.socket)["connections"] <= 1)  # holders all gone
     finally:
+        go.touch()
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate(timeout=30)
         holder.wait(60)
 
 

@@ -112,7 +112,8 @@ def test_gridgate_classify_failure_no_such_queue_is_the_sites_config(lsf_site) -
 def test_a_hung_bsub_still_trying_is_daemon_trouble(lsf_site) -> None:
     make, scenario = lsf_site
     scenario(queues={"normal": {"behaviour": "daemon_not_responding"}})
-    result = make().gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"), timeout=1.5)
+    # 5 s: the stand-in must have started and printed before it is killed, loaded or not
+    result = make().gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"), timeout=5.0)
     assert result.command.timed_out
     assert "still trying" in result.command.stderr
     failure = classify(result.command)

@@ -235,14 +235,14 @@ def two_daemons(start_daemon, sockdir, interval: float):
 
 
 def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockdir, cli):
-    a, b, section = two_daemons(start_daemon, sockdir, 0.2)
+    a, b, section = two_daemons(start_daemon, sockdir, 1.0)
     limit = lambda d: status(d.socket)["categories"]["query"]["token_limit"]  # noqa: E731
     assert until(lambda: status(a.socket)["peers"]["live"] == ["pa", "pb"]
                  and status(b.socket)["peers"]["live"] == ["pa", "pb"], 20)
-    assert (limit(a), limit(b)) == (4, 4)
+    assert until(lambda: (limit(a), limit(b)) == (4, 4), 20)
     text = cli("status", "-c", str(a.config)).stdout
     assert text.count("lsfproxyd service status:") == 2
-    assert text.count("  LIVE DAEMONS: pa pb (heartbeat every 0.2 s)") == 2
+    assert text.count("  LIVE DAEMONS: pa pb (heartbeat every 1 s)") == 2
 
     a.stop(signal.SIGKILL)
     assert until(lambda: limit(b) == 8, 20), status(b.socket)
@@ -294,7 +294,7 @@ def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
     key.chmod(0o600)  # a key others can read is refused
     hosts = [{"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
              {"name": "pb", "address": f"127.0.0.1:{ports[1]}"}]
-    common = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.2,
+    common = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 1.0,
               "key": {"file": str(key)}}
 
     def start(name, port):
@@ -304,7 +304,7 @@ def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
     limit = lambda d: status(d.socket)["categories"]["query"]["token_limit"]  # noqa: E731
     assert until(lambda: all(status(d.socket)["peers"]["peers"][o]["heard_ago"] is not None
                              for d, o in ((a, "pb"), (b, "pa"))), 20)
-    assert (limit(a), limit(b)) == (4, 4)
+    assert until(lambda: (limit(a), limit(b)) == (4, 4), 20)
     a.stop(signal.SIGKILL)
     assert until(lambda: limit(b) == 8, 20), status(b.socket)
     a = start("pa", ports[0])
@@ -316,7 +316,7 @@ def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_
     """The bound of docs/proxyd.md reached, not passed: the survivor holds 8 when the other
     daemon rejoins and takes 4, so 12 = max + max/2 are out; neither grants beyond that, and
     the survivor grants again only once its use is under its new share."""
-    a, b, section = two_daemons(start_daemon, sockdir, 0.2)
+    a, b, section = two_daemons(start_daemon, sockdir, 1.0)
     query = lambda d: status(d.socket)["categories"]["query"]  # noqa: E731
     a.stop(signal.SIGKILL)
     assert until(lambda: query(b)["token_limit"] == 8, 20)
@@ -372,20 +372,21 @@ def test_a_hung_daemon_is_left_out_after_three_intervals_and_back_when_it_answer
     """SIGSTOP: connections still open (the kernel queues them) but nothing answers, so the
     heartbeats time out; pb drops pa only when it has missed 3 intervals, and takes it back at
     its first answer after SIGCONT."""
-    a, b, section = two_daemons(start_daemon, sockdir, 0.3)
+    a, b, section = two_daemons(start_daemon, sockdir, 1.0)
     peer = lambda: status(b.socket)["peers"]["peers"]["pa"]  # noqa: E731
     assert until(lambda: peer()["heard_ago"] is not None, 20)
     a.proc.send_signal(signal.SIGSTOP)
     try:
         assert until(lambda: not peer()["live"], 30)
         # dropped for silence, not for a refusal: it was last heard 3 intervals ago or more
-        assert peer()["heard_ago"] >= 3 * 0.3
+        assert peer()["heard_ago"] >= 3 * 1.0
         assert status(b.socket)["categories"]["query"]["token_limit"] == 8
     finally:
         a.proc.send_signal(signal.SIGCONT)
     assert until(lambda: peer()["live"], 30)
-    assert status(b.socket)["categories"]["query"]["token_limit"] == 4
-    assert status(a.socket)["categories"]["query"]["token_limit"] == 4
+    # pb may hear pa before pa, just resumed, has heard pb again
+    assert until(lambda: (status(b.socket)["categories"]["query"]["token_limit"],
+                          status(a.socket)["categories"]["query"]["token_limit"]) == (4, 4), 20)
 
 
 def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):

@@ -32,7 +32,8 @@ def site(tmp_path: Path, sim_bin: Path, scenario_path: Path, *, work_dir: Path |
     if work_dir is not None:
         backend["work_dir"] = str(work_dir)
     doc = {
-        "director": {"cycle_seconds": 0.1, "max_threads": 2, "command_timeout": 5,
+        # nothing here hangs: a healthy stand-in must not time out on a loaded machine
+        "director": {"cycle_seconds": 0.1, "max_threads": 2, "command_timeout": 30,
                      "state_dir": str(tmp_path / "state"), **director},
         "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
         "backends": {"wms_glite": backend},

@@ -18,7 +18,8 @@ FAILING_EXPIRY = 3.0
 
 def director_config(tmp_path: Path, name: str, sim_bin: Path, scenario_path: Path, url: str) -> Path:
     doc = {
-        "director": {"cycle_seconds": 0.3, "max_threads": 3, "command_timeout": 5,
+        # nothing here hangs: a healthy stand-in must not time out on a loaded machine
+        "director": {"cycle_seconds": 0.3, "max_threads": 3, "command_timeout": 30,
                      "failing_expiry": FAILING_EXPIRY, "ticket_expiry": 60,
                      "state_dir": str(tmp_path / name)},
         "state": {"driver": "redis", "url": url, "prefix": "shared-test:"},

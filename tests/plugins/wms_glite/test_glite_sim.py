@@ -170,8 +170,10 @@ def test_slow_then_recover_by_wall_time(sim: Callable[..., CommandResult]) -> No
 
 
 def test_slow_then_recover_slow_phase_is_a_timeout(sim: Callable[..., CommandResult]) -> None:
-    hosts = {HOST: {"behaviour": "slow_then_recover", "calls": 1, "slow_latency": 60}}
-    slow = sim(hosts=hosts, timeout=1.0)
+    hosts = {HOST: {"behaviour": "slow_then_recover", "calls": 1, "slow_latency": 600}}
+    # 4 s: the stand-in must have counted its call before it is killed, or the next call
+    # would be the slow first one again
+    slow = sim(hosts=hosts, timeout=4.0)
     assert slow.timed_out
     assert sim(hosts=hosts).returncode == 0
 
