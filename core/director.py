@@ -486,11 +486,19 @@ class Director:
     # --- one submission ---------------------------------------------------------------------
 
     def _submit_one(self, info: BackendInfo, request: SubmitRequest, it: _Iteration) -> None:
+        # a bulk submission shortened to the room of the server it went to leaves the rest,
+        # which is submitted in turn (to a server with room, or skipped as trimmed)
+        rest = [request]
+        while rest:
+            self._submit_whole(info, rest.pop(), it, rest)
+
+    def _submit_whole(self, info: BackendInfo, request: SubmitRequest, it: _Iteration,
+                      rest: list[SubmitRequest]) -> None:
         tried: list[Endpoint] = []  # a failed submission is sent elsewhere (gridgate.core.retry)
         for attempt in range(1, 2 + max(0, it.retry.retries)):
             started = time.monotonic()
             try:
-                failure = self._attempt(info, request, it, started, tried, attempt)
+                failure = self._attempt(info, request, it, started, tried, attempt, rest)
             except Exception as exc:  # a plugin bug must not stop the iteration
                 logger.opt(exception=exc).error("submission to {} crashed in a plugin", info.backend)
                 self._account(it, request, None, "failed", request.count, failure_kind="plugin_error",
@@ -514,8 +522,11 @@ class Director:
         return float(info.command_timeout or self.config.director["command_timeout"])
 
     def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float,
-                 tried: list[Endpoint], attempt: int = 1) -> Failure | None:
-        """One attempt; the failure when it failed (the caller may send it elsewhere)."""
+                 tried: list[Endpoint], attempt: int = 1,
+                 rest: list[SubmitRequest] | None = None) -> Failure | None:
+        """One attempt; the failure when it failed (the caller may send it elsewhere). When the
+        server has room for only part of a bulk request, this attempt sends that part and the
+        remainder goes to ``rest``."""
         hook = self.pm.hook
         with it.lock:
             paused = info.backend in it.local_faults
@@ -537,6 +548,11 @@ class Director:
             endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
             fitting = it.limits.reserve(endpoint, request) if it.limits is not None else request
             if fitting is not None:
+                if fitting.count < request.count:
+                    if rest is not None:
+                        rest.append(replace(request, count=request.count - fitting.count))
+                    elif it.limits is not None:
+                        it.limits.skipped(info.backend, request.count - fitting.count)
                 request = fitting
                 break
             # another thread took the last room there between the check and the reservation:

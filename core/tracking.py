@@ -221,9 +221,10 @@ class Limits:
                     if self.backend_room.get(e.backend) != 0 and self.endpoint_room.get(e.key) != 0]
 
     def reserve(self, endpoint: Endpoint, request: SubmitRequest) -> SubmitRequest | None:
-        """Take room on ``endpoint`` for ``request``: the request as it fits (maybe smaller),
-        or None when another thread took the last of it (the caller may try another server,
-        and says :meth:`skipped` if none has room)."""
+        """Take room on ``endpoint`` for ``request``: the request as it fits (maybe smaller:
+        the caller sends the rest elsewhere), or None when another thread took the last of it
+        (the caller may try another server). The caller says :meth:`skipped` for what no
+        server had room for."""
         with self._lock:
             rooms = [r for r in (self.endpoint_room.get(endpoint.key),
                                  self.backend_room.get(endpoint.backend)) if r is not None]
@@ -235,7 +236,6 @@ class Limits:
             if self.backend_room.get(endpoint.backend) is not None:
                 self.backend_room[endpoint.backend] -= take  # type: ignore[operator]
             if take < request.count:
-                self._count(endpoint.backend, "max_waiting", request.count - take)
                 return replace(request, count=take)
             return request
 

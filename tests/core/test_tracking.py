@@ -249,9 +249,13 @@ def test_per_endpoint_override_and_max_total_per_backend():
 def test_bulk_submissions_reserve_room_per_endpoint():
     backend = TrackingBackend(servers=2, pilots_per_submission=4)
     director = make(backend, pilots=20, max_waiting=6)
-    director.run_iteration()
-    assert backend.count("s0", "waiting") <= 6 and backend.count("s1", "waiting") <= 6
-    assert states(director) == {"waiting": backend.count("s0", "waiting") + backend.count("s1", "waiting")}
+    summary = director.run_iteration()
+    # bulks of 4 into rooms of 6: a bulk shortened to a server's last 2 sends its other 2 to
+    # the other server, so both fill and nothing that fits is dropped
+    assert backend.count("s0", "waiting") == 6 and backend.count("s1", "waiting") == 6
+    assert states(director) == {"waiting": 12}
+    assert json.loads(summary_json(summary))["pilots"]["trimmed"] == {BACKEND: {"max_waiting": 8}}
+    assert sum(r.pilots for r in summary.records) == 20  # every pilot accounted once
     director.close()
 
 
