@@ -179,13 +179,14 @@ def test_ignores_sigterm_dies_by_sigkill():
         "while True:\n"
         "    time.sleep(0.05)\n"
     )
-    # 4 s: the child must have set its handler before the TERM comes, loaded machine or not
-    r = run([PY, "-c", script], 4, kill_grace=0.5)
+    # 4 s: the child must have set its handler before the TERM comes, and 2 s of grace to say
+    # so before the KILL, loaded machine or not
+    r = run([PY, "-c", script], 4, kill_grace=2)
     assert r.timed_out and r.returncode is None
     # SIGTERM was delivered (and shrugged off) during the grace; SIGKILL ended it.
     assert r.stdout == "ready\ngot TERM, ignoring\n"
-    assert r.duration >= 4 + 0.5
-    assert r.duration <= 4 + 0.5 + SLACK
+    assert r.duration >= 4 + 2
+    assert r.duration <= 4 + 2 + SLACK
 
 
 def test_sigterm_grace_ends_early_when_child_obeys():
@@ -270,7 +271,10 @@ def test_two_hundred_at_once_from_a_thread_pool(tmp_path):
             assert r.returncode == 0 and r.stdout == f"ok{i}\n"
         else:
             assert r.timed_out and r.returncode is None
-            assert r.duration <= 1 + 0.5 + SLACK * 3
+            # killed, not the 1000 s it would sleep: 200 starts at once on a loaded 2-core
+            # machine can take half a minute, so no tighter bound (the single-command tests
+            # above hold the deadline itself)
+            assert r.duration < 120
             if i % 3 == 0:
                 printed = (tmp_path / f"printed{i}").exists()
                 assert r.stdout == (f"hang{i}\n" if printed else ""), (i, printed, r.stdout)
