@@ -57,7 +57,10 @@ class RedisServer:
         for _attempt in range(5):
             self.port = _free_port()
             log = self.workdir / f"redis-{self.port}.log"
+            # the server dies with the test process that started it, even one killed outright
+            # (a crashed xdist worker, a pytest-timeout): SIGKILL when its parent thread ends
             argv = [
+                "setpriv", "--pdeathsig", "KILL", "--",
                 binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
                 "--daemonize", "no", "--logfile", str(log),
