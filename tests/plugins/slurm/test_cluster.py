@@ -55,8 +55,14 @@ def test_an_ordinary_user_submits_and_sees_the_job(slurm) -> None:
     assert q.stdout.split() == [job_id, "nobody", slurm.partitions[1]]
 
 
+# Two stressed runs (-n 4 beside two CPU hogs) out of nine hit the 300 s default here, at the
+# end of the suite; none has been seen in a CI run. The waits of a cluster's start and stop are
+# bounded (start_timeout, 30 s commands, 10 s grace per daemon) but add up past 300 s when the
+# machine is starved: this test has room for them, so a slow start ends in a ClusterError that
+# shows the daemons' logs instead of a killed worker that shows nothing.
+@pytest.mark.timeout(600)
 def test_a_second_cluster_runs_beside_and_stop_leaves_no_daemon(slurm, tmp_path_factory) -> None:
-    second = SlurmCluster(partitions=("only",))
+    second = SlurmCluster(partitions=("only",), start_timeout=90)
     with second:
         assert second.cluster_name != slurm.cluster_name
         assert second.ctld_port not in (slurm.ctld_port, slurm.slurmd_port)
