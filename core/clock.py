@@ -59,6 +59,9 @@ SYSTEM_CLOCK = SystemClock()
 
 
 # --- a clock file: time for other processes (stand-ins on PATH) that a test moves -----------
+#
+# This module imports the standard library only: the LSF stand-in, which runs as other users
+# who cannot import gridgate from its venv, loads it by path for ``file_time``.
 
 
 def file_time(path: str | os.PathLike[str] | None) -> float:
@@ -78,8 +81,9 @@ def file_time(path: str | os.PathLike[str] | None) -> float:
 
 
 def write_file_time(path: str | os.PathLike[str], value: float) -> None:
-    """Set the clock file ``path`` to ``value`` atomically (a reader never sees it half written)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    temporary.write_text(repr(float(value)), encoding="ascii")
-    temporary.replace(path)
+    """Set the clock file ``path`` to ``value`` atomically (a reader never sees it half written),
+    readable by the stand-ins' other users."""
+    # imported here, not above: a stand-in that loads this module by path only reads the file
+    from gridgate.core.files import atomic_write
+
+    atomic_write(Path(path), repr(float(value)).encode("ascii"), mode=0o644, durable=False)

@@ -522,8 +522,7 @@ class Director:
         return float(info.command_timeout or self.config.director["command_timeout"])
 
     def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float,
-                 tried: list[Endpoint], attempt: int = 1,
-                 rest: list[SubmitRequest] | None = None) -> Failure | None:
+                 tried: list[Endpoint], attempt: int, rest: list[SubmitRequest]) -> Failure | None:
         """One attempt; the failure when it failed (the caller may send it elsewhere). When the
         server has room for only part of a bulk request, this attempt sends that part and the
         remainder goes to ``rest``."""
@@ -549,10 +548,7 @@ class Director:
             fitting = it.limits.reserve(endpoint, request) if it.limits is not None else request
             if fitting is not None:
                 if fitting.count < request.count:
-                    if rest is not None:
-                        rest.append(replace(request, count=request.count - fitting.count))
-                    elif it.limits is not None:
-                        it.limits.skipped(info.backend, request.count - fitting.count)
+                    rest.append(replace(request, count=request.count - fitting.count))
                 request = fitting
                 break
             # another thread took the last room there between the check and the reservation:

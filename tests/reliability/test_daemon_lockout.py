@@ -107,9 +107,9 @@ def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
     flood = _flood(port, 1000, 12, sources)
     try:
         # the flood is in place (a loaded host may take seconds to start its process), and
-        # has met its first deadlines 2 s later
+        # has met its first deadlines (tcp_auth_timeout 2 s)
         assert until(lambda: status(d.socket)["capacity"]["open"]["unauthenticated"] > 0, 30)
-        time.sleep(2)
+        assert until(lambda: status(d.socket)["capacity"]["refused"]["auth_timeout"] > 0, 30)
         # a sample while it holds connections: it reconnects in waves as its sockets time out,
         # and between two waves a loaded machine may show none open
 

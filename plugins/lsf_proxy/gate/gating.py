@@ -369,8 +369,8 @@ def _lower_priority(nice: int) -> None:
     try:
         if os.getpriority(os.PRIO_PROCESS, 0) < nice:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except OSError:  # a command that cannot be niced still runs: the token is what bounds it
-        pass
+    except OSError:
+        pass  # a command that cannot be niced still runs: the token is what bounds it
 
 
 class _Holder:
@@ -516,8 +516,8 @@ def exit_like(status: int) -> int:
     try:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
-    except (OSError, ValueError):  # a signal that cannot be re-raised: exit as a shell would
-        pass
+    except (OSError, ValueError):
+        pass  # a signal that cannot be re-raised: exit as a shell would
     return 128 + signum
 
 

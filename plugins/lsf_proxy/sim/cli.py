@@ -96,27 +96,38 @@ def load_scenario(path: str | None) -> dict[str, Any]:
     return data
 
 
-_LIFECYCLE: Any = None
+_BY_PATH: dict[str, Any] = {}
+
+
+def _by_path(name: str, path: Path) -> Any:
+    """A standard-library-only module of gridgate, loaded by path like this one (the stand-in
+    runs as users who cannot import gridgate from its venv); once per process."""
+    if name not in _BY_PATH:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        _BY_PATH[name] = module
+    return _BY_PATH[name]
 
 
 def _lifecycle() -> Any:
-    """The lifecycle module beside this file, loaded by path like this one."""
-    global _LIFECYCLE
-    if _LIFECYCLE is None:
-        import importlib.util
+    """The lifecycle module beside this file."""
+    return _by_path("gridgate_lsf_lifecycle", Path(__file__).with_name("lifecycle.py"))
 
-        spec = importlib.util.spec_from_file_location(
-            "gridgate_lsf_lifecycle", Path(__file__).with_name("lifecycle.py"))
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        _LIFECYCLE = module
-    return _LIFECYCLE
+
+def _now(scenario: dict[str, Any]) -> float:
+    """The stand-ins' time: :func:`gridgate.core.clock.file_time` of the scenario's
+    ``clock_file`` (``core/clock.py`` is three folders up, in the source tree and installed)."""
+    clock = _by_path("gridgate_core_clock", Path(__file__).parents[3] / "core" / "clock.py")
+    return clock.file_time(scenario.get("clock_file"))
 
 
 def _living(jobs: dict[str, dict[str, Any]], scenario: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The jobs bjobs still knows, each in its state of now (queues with ``pilots``)."""
     lifecycle = _lifecycle()
-    at = lifecycle.now(scenario)
+    at = _now(scenario)
     out = {}
     for job_id, job in jobs.items():
         current = lifecycle.state(job, scenario, at)
@@ -157,7 +168,7 @@ def bkill(args: list[str], scenario: dict[str, Any]) -> int:
     living = _living(recorded, scenario)
     _log_call(scenario, "bkill", ids, recorded)
     status = 0
-    at = _lifecycle().now(scenario)
+    at = _now(scenario)
     for job_id in ids:
         job = living.get(job_id)
         if job is None:
@@ -344,7 +355,7 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
     _record_job(state_dir, {
         "id": job_id, "user": _user(), "queue": queue, "name": options.get("-J") or (
             command[0] if command else "NONAME"),
-        "stat": scenario.get("job_stat", "PEND"), "submitted": _lifecycle().now(scenario),
+        "stat": scenario.get("job_stat", "PEND"), "submitted": _now(scenario),
         "host": os.uname().nodename.split(".")[0], "command": command,
         # bsub copies the submission environment into the job, as sbatch does
         "env": dict(os.environ),

@@ -16,37 +16,18 @@ without it a job keeps the scenario's fixed ``job_stat``::
 
 The outcome among weighted ones is chosen by a hash of the job id, so every invocation
 agrees. ``bkill`` records the kill time: a pending or running job is EXIT from then on
-(``TERM_OWNER``). Time is the file named by the scenario's ``clock_file`` when it exists,
-else the wall clock.
+(``TERM_OWNER``). The caller gives the time: the stand-in reads the scenario's ``clock_file``
+with :func:`gridgate.core.clock.file_time`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
-from pathlib import Path
 from typing import Any
 
 OUTCOMES = ("done", "exit", "killed")
 KILLED_REASON = "TERM_RUNLIMIT: job killed after reaching LSF run time limit"
 OWNER_REASON = "TERM_OWNER: job killed by owner"
-
-
-def now(scenario: dict[str, Any]) -> float:
-    """:func:`gridgate.core.clock.file_time` of the scenario's ``clock_file``, written out: the
-    stand-in loads this file by path, with the standard library only (it runs as other users,
-    who cannot import gridgate from its venv)."""
-    path = scenario.get("clock_file")
-    if not path:
-        return time.time()
-    try:
-        text = Path(path).read_text(encoding="ascii")
-    except FileNotFoundError:
-        return time.time()
-    try:
-        return float(text.strip())
-    except ValueError:
-        raise ValueError(f"clock file {path}: {text[:40]!r} is not a time") from None
 
 
 def check(spec: Any, where: str) -> str | None:

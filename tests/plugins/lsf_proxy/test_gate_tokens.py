@@ -37,32 +37,40 @@ def in_use(socket: str) -> dict[str, int]:
     return {name: c["in_use"] for name, c in status(socket)["categories"].items()}
 
 
-def run(argv: list[str], user: str = "root", env: dict | None = None, cwd: str = "/",
-        **kwargs) -> subprocess.CompletedProcess:
-    if user == "nobody":
-        argv = AS_NOBODY + argv
+def _as(argv: list[str], user: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """``argv`` as ``user``, and the test's environment without a token of its own."""
     full = {k: v for k, v in os.environ.items() if k != "GRIDGATE_GATE_TOKEN"}
     full.update(env or {})
+    return (AS_NOBODY + argv if user == "nobody" else argv), full
+
+
+def run(argv: list[str], user: str = "root", env: dict | None = None, cwd: str = "/",
+        **kwargs) -> subprocess.CompletedProcess:
+    argv, full = _as(argv, user, env)
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd, env=full,
                           **kwargs)
 
 
 def start(argv: list[str], user: str = "root") -> subprocess.Popen:
     """:func:`run`, without waiting: its stdout and stderr are pipes."""
-    if user == "nobody":
-        argv = AS_NOBODY + argv
-    env = {k: v for k, v in os.environ.items() if k != "GRIDGATE_GATE_TOKEN"}
+    argv, full = _as(argv, user)
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd="/", env=env)
+                            cwd="/", env=full)
+
+
+def hold_code(ready: Path, go: Path, seconds: str = "60") -> str:
+    """Python that says it is ``ready`` and runs until the test creates ``go`` (``seconds``, a
+    Python expression, at most): it holds its token as long as the test needs, however slow
+    the machine. It polls a file of the test's: a real process cannot take the test's clock."""
+    return (f"import os, sys, time\nopen({str(ready)!r}, 'w').close()\n"
+            f"end = time.monotonic() + {seconds}\n"
+            f"while time.monotonic() < end and not os.path.exists({str(go)!r}):\n"
+            "    time.sleep(0.02)\n")
 
 
 def holding(ready: Path, go: Path) -> list[str]:
-    """A command that says it is ``ready`` and runs until the test creates ``go`` (60 s at most):
-    it holds its token as long as the test needs, however slow the machine."""
-    return [PYTHON, "-c", f"import os, time\nopen({str(ready)!r}, 'w').close()\n"
-            "end = time.monotonic() + 60\n"
-            f"while time.monotonic() < end and not os.path.exists({str(go)!r}):\n"
-            "    time.sleep(0.02)\n"]
+    """:func:`hold_code` as a command."""
+    return [PYTHON, "-c", hold_code(ready, go)]
 
 
 def imported(stderr: str) -> set[str]:
@@ -203,10 +211,7 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, g
     squeue = real / "squeue"
     marker, finish = sockdir / "iterating", sockdir / "finish"
     # runs until the test says finish, or for its last argument's seconds
-    squeue.write_text(f"#!{SYSTEM_PYTHON}\nimport os, sys, time\nopen({str(marker)!r}, 'w').close()\n"
-                      "end = time.monotonic() + float(sys.argv[-1])\n"
-                      f"while time.monotonic() < end and not os.path.exists({str(finish)!r}):\n"
-                      "    time.sleep(0.05)\n")
+    squeue.write_text(f"#!{SYSTEM_PYTHON}\n" + hold_code(marker, finish, "float(sys.argv[-1])"))
     squeue.chmod(0o755)
     env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
     # squeue -i: repeats by itself, so it holds its query token only to start
