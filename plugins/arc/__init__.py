@@ -1,0 +1,1 @@
+"""The ARC CE backend (arcsub / arcstat / arckill / arcclean / arcget), and a private ARC CE for tests, benches and people."""
