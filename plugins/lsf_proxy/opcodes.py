@@ -41,6 +41,10 @@ COMMAND_OPCODES: dict[str, str] = {
     "sbatch": "REQUEST_SUBMIT_BATCH_JOB", "salloc": "REQUEST_RESOURCE_ALLOCATION",
     "srun": "REQUEST_RESOURCE_ALLOCATION", "scancel": "REQUEST_KILL_JOB",
     "scontrol": "REQUEST_UPDATE_JOB",
+    # ARC: the A-REX REST request each client command makes (arc.md section 3)
+    "arcsub": "ARC_JOB_NEW", "arcresub": "ARC_JOB_NEW", "arcstat": "ARC_JOB_INFO",
+    "arcinfo": "ARC_INFO", "arckill": "ARC_JOB_KILL", "arcclean": "ARC_JOB_CLEAN",
+    "arcget": "ARC_JOB_GET", "arcsync": "ARC_JOB_LIST", "arcrenew": "ARC_DELEGATION_RENEW",
 }
 
 def opcode_of(name: str, query: bool = False) -> str:

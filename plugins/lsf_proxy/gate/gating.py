@@ -50,10 +50,11 @@ NOTICE_AFTER = 1.0
 
 #: Other batch systems' commands, beside LSF's (config.DEFAULT_CATEGORY_MAP).
 GATE_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "submission": ("sbatch", "srun", "salloc", "condor_submit", "qsub"),
+    "submission": ("sbatch", "srun", "salloc", "condor_submit", "qsub", "arcsub", "arcresub"),
     "query": ("squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "condor_q",
-              "condor_status", "condor_history", "qstat"),
-    "other": ("scancel", "scontrol"),
+              "condor_status", "condor_history", "qstat", "arcstat", "arcinfo"),
+    # ARC's client: each command is a round trip to the CE's A-REX (arc.md section 7)
+    "other": ("scancel", "scontrol", "arckill", "arcclean", "arcget", "arcsync", "arcrenew"),
 }
 #: Commands whose category depends on their first word that is not an option:
 #: ``scontrol show job 12`` only reads, ``scontrol update ...`` changes the cluster.
@@ -65,6 +66,8 @@ SHIM_COMMANDS: tuple[str, ...] = (
     "bjobs", "bhosts", "bqueues", "bhist", "busers", "bsub", "bmod", "bswitch", "brestart",
     "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "sbatch", "srun", "salloc",
     "scancel", "scontrol", "condor_q", "condor_status", "condor_submit", "qstat", "qsub",
+    "arcsub", "arcresub", "arcstat", "arcinfo", "arckill", "arcclean", "arcget", "arcsync",
+    "arcrenew",
 )
 #: Commands never held whole: they take a token to start, not to run (interactive sessions,
 #: commands that repeat or follow by themselves). Name -> the arguments that make it so
