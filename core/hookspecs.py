@@ -8,7 +8,7 @@ arguments only. The built-in defaults (``gridgate.core.defaults``) are plugins r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gridgate.core import hookspec
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         AdmissionRequest,
         BackendInfo,
         CancelResult,
+        CredentialRegistry,
         DemandRegistry,
         Endpoint,
         Escalation,
@@ -106,6 +107,53 @@ def gridgate_backend_info(backend: str) -> BackendInfo | None:
 
     :param backend: the backend's entry-point name (``wms_glite``).
     :return: a :class:`BackendInfo`; None when ``backend`` is not this plugin's.
+        Stops at first non-None result.
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# credentials: checked (and renewed) before anything uses them, handed to backends' commands
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def gridgate_check_credentials(
+    iteration: IterationInfo, timeout: float, credentials: CredentialRegistry
+) -> None:
+    """Check each configured credential, renew it when it runs short, and report its state.
+
+    Called once per iteration on every plugin of the ``gridgate.credentials`` group, after
+    :func:`gridgate_demand` and before any pilot is polled or submitted, in the director's
+    thread. A renewal command must be an argv run with ``runner.run`` and killed at its
+    deadline. The director acts on the reports: a backend whose
+    :attr:`BackendInfo.credentials` names the kind of an unusable credential submits nothing
+    and is not polled this iteration (a local fault of kind ``credential``: no server is
+    blamed), and the director tells people once per episode.
+
+    :param iteration: the iteration number and its start time.
+    :param timeout: the director's ``command_timeout``: the renewal's deadline in seconds
+        unless the plugin's section sets its own.
+    :param credentials: registry; call ``credentials.add(CredentialStatus(...))`` once per
+        credential the plugin manages.
+    :return: nothing (broadcast); report through ``credentials``.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_credential_env(kind: str) -> Mapping[str, str] | None:
+    """The environment variables that hand a credential to a backend's commands.
+
+    Called by ``PluginContext.credential_env(kind)``, which a backend calls when it builds a
+    command (``{**os.environ, **self.context.credential_env("x509")}``), in any process that
+    built the plugins from the config: the director, and commands such as
+    ``gridgate pilots cancel`` that run no iteration. Answer from the configured section (the
+    path is there), not from the last check.
+
+    :param kind: a credential kind a backend names in :attr:`BackendInfo.credentials`
+        (``x509``, ``token``).
+    :return: the variables (``{"X509_USER_PROXY": "/var/lib/gridgate/proxy.pem"}``); None
+        when this plugin's credential is not of ``kind`` (with no answer the backend gets
+        ``{}`` and runs unmanaged, with the director's own environment).
         Stops at first non-None result.
     """
 

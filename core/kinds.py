@@ -79,6 +79,12 @@ _CATALOGUE: tuple[Kind, ...] = (
     Kind("config", "the site's configuration is wrong for this server: a queue, partition, "
          "account or script that does not exist, a value the backend cannot turn into a command",
          transient=False, alarms=False),
+    Kind("credential", "a credential the backend's commands need (an X.509 proxy, a token) is "
+         "missing, unreadable or expired: nothing is submitted with it. When it is managed "
+         "(credentials:), checked before the iteration: the backend is not polled either, one "
+         "error per episode, an alarm to the site when it lasts ticket_expiry, a notice when it "
+         "works again",
+         exclude=False, transient=False, local=True, alarms=False),
 )
 
 #: Every catalogued kind by name.

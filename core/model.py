@@ -22,7 +22,8 @@ TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "los
 
 __all__ = [
     "PILOT_STATES", "TERMINAL_STATES", "AccountingRecord", "AdmissionRequest", "BackendInfo",
-    "CancelResult", "CommandResult", "DemandRegistry", "Endpoint", "Escalation", "Failure", "Grant",
+    "CancelResult", "CommandResult", "CredentialRegistry", "CredentialStatus", "DemandRegistry",
+    "Endpoint", "Escalation", "Failure", "Grant",
     "IterationInfo", "IterationSummary", "JobStatus", "Level", "ListMatchResult", "Notification",
     "Outcome", "PilotState", "Refusal", "StatusResult", "SubmitRequest", "SubmitResult",
     "elapsed_text",
@@ -61,7 +62,11 @@ class BackendInfo:
 
     ``endpoints`` are its configured servers in config order; ``pilots_per_submission`` how
     many pilots one command carries (bulk/parametric jobs when > 1); ``command_timeout``
-    overrides the director's limit for this backend's commands when set.
+    overrides the director's limit for this backend's commands when set. ``credentials`` are
+    the credential kinds its commands need (``("x509",)``): while the configured credential
+    of one of them is unusable the backend submits nothing and its pilots are not polled (a
+    local fault of kind ``credential``); get their environment with
+    ``context.credential_env(kind)``.
     """
 
     backend: str
@@ -69,6 +74,7 @@ class BackendInfo:
     pilots_per_submission: int = 1
     command_timeout: float | None = None
     list_match: bool = False
+    credentials: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -322,6 +328,63 @@ class Notification:
 
 
 @dataclass(frozen=True)
+class CredentialStatus:
+    """What a credential plugin found when it checked (and, if needed, renewed) its credential.
+
+    ``name`` is the plugin's entry-point name (``x509_proxy``), ``kind`` the credential kind
+    backends name in :attr:`BackendInfo.credentials` (``x509``, ``token``), ``path`` the file.
+    ``usable`` False means nothing may be submitted with it (missing, unreadable, not a
+    credential, not yet or no longer valid): ``message`` says why in one line. ``expires`` is
+    its end time (epoch seconds; None when it could not be read). ``command`` is the renewal
+    command's result when one ran this iteration, ``renewed`` True when it left a credential
+    that needs no renewal. ``at_risk``: still usable, but a renewal was needed and did not
+    help, and the credential ends before the next iteration's renewal could finish (less
+    than ``director.cycle_seconds`` plus the renewal's deadline left).
+    """
+
+    name: str
+    kind: str
+    usable: bool
+    path: str = ""
+    expires: float | None = None
+    message: str = ""
+    command: CommandResult | None = None
+    renewed: bool = False
+    at_risk: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The status for ``gridgate run --json`` (the command as its argv and exit code)."""
+        command = self.command
+        return {"name": self.name, "kind": self.kind, "usable": self.usable, "path": self.path,
+                "expires": self.expires, "message": self.message, "renewed": self.renewed,
+                "at_risk": self.at_risk,
+                "command": None if command is None else {
+                    "argv": list(command.argv), "returncode": command.returncode,
+                    "timed_out": command.timed_out, "launch_error": command.launch_error}}
+
+
+class CredentialRegistry:
+    """Collects what the credential plugins report in one iteration.
+
+    Plugins call :meth:`add` from ``gridgate_check_credentials``; the director reads
+    :attr:`statuses`. The hook runs in the director's thread, one plugin after another.
+    """
+
+    def __init__(self) -> None:
+        self._statuses: list[CredentialStatus] = []
+
+    def add(self, status: CredentialStatus) -> None:
+        """Report the state of one credential."""
+        if not isinstance(status, CredentialStatus):
+            raise TypeError(f"add() takes a CredentialStatus, got {type(status).__name__}")
+        self._statuses.append(status)
+
+    @property
+    def statuses(self) -> tuple[CredentialStatus, ...]:
+        return tuple(self._statuses)
+
+
+@dataclass(frozen=True)
 class AdmissionRequest:
     """Who wants to run what, asked of admission control before a command runs.
 
@@ -421,6 +484,8 @@ class IterationSummary:
     #: trimmed per backend and limit, and pilots by endpoint and state after the iteration's
     #: submissions (gridgate.core.tracking)
     pilots: Mapping[str, Any] = field(default_factory=dict)
+    #: what each credential plugin found before anything was polled or submitted
+    credentials: tuple[CredentialStatus, ...] = ()
 
 
 class DemandRegistry:

@@ -34,6 +34,7 @@ CONFIG_GROUPS: dict[str, str] = {
     "classifiers": "gridgate.classifiers",
     "escalation": "gridgate.escalation",
     "notifiers": "gridgate.notifiers",
+    "credentials": "gridgate.credentials",
 }
 #: Other groups: state drivers (chosen by ``state.driver``), extra top-level config sections
 #: (``proxyd``...), and command-line providers (loaded whenever ``gridgate`` starts).
@@ -75,6 +76,27 @@ class PluginContext:
     state_dir: Path = field(default_factory=lambda: Path("gridgate-state"))
     config: Mapping[str, Any] = field(default_factory=dict)
     config_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        # set by build_plugin_manager: the manager of the plugins built with this context
+        self._plugin_manager: pluggy.PluginManager | None = None
+
+    def credential_env(self, kind: str) -> dict[str, str]:
+        """The environment variables that hand the credential of ``kind`` (``x509``) to a
+        command: ``{"X509_USER_PROXY": "/var/lib/gridgate/proxy.pem"}``. Merge them into the
+        command's environment (``env={**os.environ, **context.credential_env("x509")}``).
+
+        Answered by the configured credential plugin of that kind from its section, so it works
+        in any process that built the plugins from the config, iteration or not. ``{}`` when no
+        credential plugin of that kind is configured: the command then runs with whatever its
+        environment has, unmanaged.
+
+        :param kind: a kind the backend lists in ``BackendInfo.credentials``.
+        """
+        if self._plugin_manager is None:
+            return {}
+        answer = self._plugin_manager.hook.gridgate_credential_env(kind=kind)
+        return {str(k): str(v) for k, v in (answer or {}).items()}
 
     @property
     def max_output_bytes(self) -> int:
@@ -234,6 +256,7 @@ def build_plugin_manager(
     :return: the manager and the plugin instances (to ``close()`` later).
     """
     pm = new_plugin_manager()
+    context._plugin_manager = pm  # context.credential_env asks this manager's plugins
     instances: list[tuple[str, object]] = []
     for key, name in configured_plugins(config):
         cls = load_class(CONFIG_GROUPS[key], name)

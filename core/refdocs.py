@@ -213,6 +213,8 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gridgate.core.runner", "Running external commands: an argv list, a hard deadline, output "
      "capped, a result in every case.", ("run", "argv_chunks", "DEFAULT_MAX_OUTPUT", "ARGV_BYTES")),
     ("gridgate.core.kinds", "The catalogue of failure kinds (see [kinds.md](kinds.md)).", ()),
+    ("gridgate.core.credentials", "Credential plugins: the base class a plugin for a credential "
+     "in a file subclasses (a token file, see [plugins.md](plugins.md)), and `x509_proxy`.", ()),
     ("gridgate.core.files", "Files someone else picks up.", ("atomic_write",)),
     ("gridgate.core.clock", "Time, injected: use `context.clock`, never `time.time()`.",
      ("Clock", "FakeClock", "SYSTEM_CLOCK")),

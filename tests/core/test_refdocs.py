@@ -113,8 +113,10 @@ def test_the_hookspecs_and_values_match_the_fingerprint_recorded_for_this_api_ve
 
 def test_a_changed_hookspec_changes_the_fingerprint_and_cannot_be_recorded_under_the_old_version(
         tmp_path: Path, monkeypatch) -> None:
-    from gridgate.core import hookspecs
+    from gridgate.core import API_VERSION, hookspecs
 
+    major, minor = API_VERSION.split(".")
+    following = f"{major}.{int(minor) + 1}"
     before = refdocs.api_fingerprint()
     path = tmp_path / "fingerprint.txt"
     assert refdocs.record_fingerprint(path) == before
@@ -129,6 +131,6 @@ def test_a_changed_hookspec_changes_the_fingerprint_and_cannot_be_recorded_under
     assert refdocs.api_fingerprint() != before
     with pytest.raises(SystemExit, match="raise gridgate.core.API_VERSION"):
         refdocs.record_fingerprint(path)
-    monkeypatch.setattr("gridgate.core.API_VERSION", "1.1")
+    monkeypatch.setattr("gridgate.core.API_VERSION", following)
     assert refdocs.record_fingerprint(path) == refdocs.api_fingerprint()
-    assert set(refdocs.recorded_fingerprints(path)) == {"1.0", "1.1"}
+    assert set(refdocs.recorded_fingerprints(path)) == {API_VERSION, following}

@@ -1,0 +1,342 @@
+"""Credentials the director checks, renews and hands to backends: the base of a credential plugin
+(a file with a lifetime, renewed by a command) and the built-in ``x509_proxy``.
+
+Before each iteration every credential plugin reads its file's lifetime itself, runs its
+``renew`` command (an argv, under a deadline) when less than ``min_lifetime`` is left, and
+reports a :class:`~gridgate.core.model.CredentialStatus`; the director pauses the backends
+that need an unusable credential (a local fault of kind ``credential``) and tells people once
+per episode. Backends get the credential's environment from ``context.credential_env(kind)``,
+which is answered from the configured section, so it works where no check ran.
+
+A credential of another kind (a WLCG bearer token in a file that a command refreshes) is a
+subclass that names its ``kind`` and environment variable and reads its file's validity
+(:meth:`CredentialPlugin.validity`); docs/plugins.md shows a ``token_file`` plugin.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from loguru import logger
+
+from gridgate.core import hookimpl
+from gridgate.core.model import (
+    CommandResult,
+    CredentialRegistry,
+    CredentialStatus,
+    IterationInfo,
+    elapsed_text,
+)
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.runner import run
+
+__all__ = ["CredentialError", "CredentialPlugin", "Validity", "X509Proxy", "credential_schema"]
+
+#: A credential file larger than this is not read (a proxy or a token is a few KiB).
+MAX_FILE_BYTES = 1024 * 1024
+
+
+class CredentialError(Exception):
+    """The file is not a usable credential; the text says why in a few words
+    (``holds no PEM certificate``), to follow the file's name."""
+
+
+@dataclass(frozen=True)
+class Validity:
+    """When a credential is valid: ``not_before`` and ``not_after`` in epoch seconds;
+    ``detail`` a few words for people when the end is not the obvious one (an issuer that
+    ends before the proxy)."""
+
+    not_before: float
+    not_after: float
+    detail: str = ""
+
+
+def credential_schema(description: str, *, min_lifetime: float = 3600) -> dict[str, Any]:
+    """The config schema of a credential plugin's section: ``path``, ``min_lifetime``,
+    ``renew`` and ``timeout``. A subclass may add keys to ``properties``.
+
+    :param description: what the credential is, for the configuration reference.
+    :param min_lifetime: the default of ``min_lifetime`` in seconds.
+    """
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["path"],
+        "properties": {
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The credential file. A relative path is relative to the "
+                "config file's folder; backends are given it absolute.",
+            },
+            "min_lifetime": {
+                "type": "number",
+                "minimum": 0,
+                "default": min_lifetime,
+                "description": "Renew when less than this many seconds of validity are left.",
+            },
+            "renew": {
+                "type": "array",
+                "items": {"type": "string"},
+                "default": [],
+                "description": "The command that renews the credential, one argv item each "
+                "(never a shell line), run in the config file's folder; it must write the new "
+                "credential to path. Empty: only check (something else renews it).",
+            },
+            "timeout": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "default": None,
+                "description": "Hard limit in seconds for the renewal command (default: "
+                "director.command_timeout); killed past it, output kept.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _left(seconds: float) -> str:
+    return elapsed_text(seconds) if seconds >= 0 else f"{elapsed_text(-seconds)} ago"
+
+
+class CredentialPlugin(Plugin):
+    """A credential kept in a file: checked before each iteration, renewed by ``renew`` when
+    less than ``min_lifetime`` is left, handed to backends as ``{env_var: path}``.
+
+    A subclass sets ``kind`` (what backends list in ``BackendInfo.credentials``), ``env_var``,
+    ``what`` (how messages name it) and ``config_schema``, and implements :meth:`validity`.
+    """
+
+    kind: ClassVar[str] = ""
+    env_var: ClassVar[str] = ""
+    what: ClassVar[str] = "credential"
+    config_schema: ClassVar[dict[str, Any]] = credential_schema("A credential in a file.")
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        #: where relative paths of the section are taken from: the config file's folder
+        self.folder = Path(context.config_path).parent if context.config_path else Path()
+        # absolute: a backend's command may run in another folder than the director
+        self.path = Path(os.path.abspath(self.folder / str(config["path"])))
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        """An empty renewal program."""
+        renew = section.get("renew") or []
+        if renew and not str(renew[0]).strip():
+            return [(("renew", 0), "the renewal program is empty")]
+        return []
+
+    @classmethod
+    def config_warnings(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        """A renewal written as one shell line in a single argv item."""
+        renew = section.get("renew") or []
+        if len(renew) == 1 and len(str(renew[0]).split()) > 1:
+            return [
+                (
+                    ("renew", 0),
+                    "one argv item with spaces: no shell splits it, so the whole "
+                    "text is taken as the program's name; write one item per word",
+                )
+            ]
+        return []
+
+    # --- what a subclass provides -----------------------------------------------------------
+
+    def validity(self, data: bytes) -> Validity:
+        """When the credential held in ``data`` (the file's bytes) is valid.
+
+        :param data: the whole file, at most ``MAX_FILE_BYTES``.
+        :raises CredentialError: the bytes are not a credential of this kind.
+        """
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        """The variables that hand the credential to a command: ``{env_var: path}``."""
+        return {self.env_var: str(self.path)}
+
+    # --- the hooks ------------------------------------------------------------------------------
+
+    @hookimpl
+    def gridgate_check_credentials(
+        self, iteration: IterationInfo, timeout: float, credentials: CredentialRegistry
+    ) -> None:
+        """Report :meth:`check`'s status; a crash is reported as an unusable credential."""
+        try:
+            status = self.check(timeout)
+        except Exception as exc:  # a bug here must not let anything be submitted unchecked
+            logger.opt(exception=exc).error("checking {} {} crashed", self.what, self.path)
+            status = CredentialStatus(
+                name=self.name,
+                kind=self.kind,
+                usable=False,
+                path=str(self.path),
+                message=f"the check of {self.what} {self.path} crashed: "
+                f"{type(exc).__name__}: {exc}",
+            )
+        credentials.add(status)
+
+    @hookimpl
+    def gridgate_credential_env(self, kind: str) -> dict[str, str] | None:
+        """:meth:`env` for this plugin's ``kind``, from the config (no check needed)."""
+        return self.env() if kind == self.kind else None
+
+    # --- checking and renewing ----------------------------------------------------------------
+
+    def read(self) -> Validity:
+        """The validity of the file as it is now.
+
+        :raises CredentialError: missing, unreadable, too large, empty or not a credential.
+        """
+        try:
+            with self.path.open("rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+        except FileNotFoundError:
+            raise CredentialError("does not exist") from None
+        except OSError as exc:
+            raise CredentialError(f"cannot be read: {exc.strerror or exc}") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise CredentialError(f"is larger than {MAX_FILE_BYTES} bytes: not a {self.what}")
+        if not data.strip():
+            raise CredentialError("is empty")
+        return self.validity(data)
+
+    def _inspect(self, now: float) -> tuple[Validity | None, str]:
+        """(validity, problem): problem is '' when the credential is valid at ``now``."""
+        try:
+            valid = self.read()
+        except CredentialError as exc:
+            return None, str(exc)
+        if now >= valid.not_after:
+            detail = f"; {valid.detail}" if valid.detail else ""
+            return (
+                valid,
+                f"expired at {_iso(valid.not_after)} ({_left(valid.not_after - now)}){detail}",
+            )
+        if now < valid.not_before:
+            return (
+                valid,
+                f"is not valid before {_iso(valid.not_before)} (is this machine's clock right?)",
+            )
+        return valid, ""
+
+    def check(self, timeout: float) -> CredentialStatus:
+        """Read the credential; renew it when it is short, missing or unusable; say how it is.
+
+        :param timeout: the renewal's deadline when the section sets no ``timeout``.
+        """
+        clock = self.context.clock
+        deadline = float(self.config.get("timeout") or timeout)
+        min_lifetime = float(self.config.get("min_lifetime", 0))
+        renew = [str(word) for word in self.config.get("renew") or []]
+        now = clock.time()
+        valid, problem = self._inspect(now)
+        needed = bool(problem) or valid is None or valid.not_after - now < min_lifetime
+        command: CommandResult | None = None
+        if needed and renew:
+            # in the config's folder: `-C usercert.pem` means the file beside the config
+            command = run(
+                renew, deadline, cwd=self.folder, max_output=self.context.max_output_bytes
+            )
+            now = clock.time()
+            valid, problem = self._inspect(now)
+        renewed = (
+            command is not None
+            and command.ok
+            and not problem
+            and valid is not None
+            and valid.not_after - now >= min_lifetime
+        )
+        expires = valid.not_after if valid is not None else None
+        where = f"{self.what} {self.path}"
+        if command is not None and not command.ok:
+            renewal = f"the renewal failed ({command.describe()})"
+        elif command is not None and not renewed:
+            renewal = "the renewal exited 0 but left no longer-lived file"
+        else:
+            renewal = "no renew command is configured" if needed and not renew else ""
+        at_risk = False
+        if problem:
+            message = f"{where} {problem}" + (f"; {renewal}" if renewal else "")
+        elif renewed:
+            assert expires is not None
+            message = f"{where} renewed: valid until {_iso(expires)} ({_left(expires - now)} left)"
+            logger.info("{}", message)
+        else:
+            assert expires is not None
+            left = expires - now
+            message = f"{where} valid until {_iso(expires)} ({_left(left)} left)"
+            if valid is not None and valid.detail:
+                message += f"; {valid.detail}"
+            if needed:
+                cycle = float((self.context.config.get("director") or {}).get("cycle_seconds", 60))
+                at_risk = left < cycle + deadline
+                message += f", less than min_lifetime {min_lifetime:.0f} s; {renewal}" + (
+                    "; it will expire before the next iteration's renewal could finish"
+                    if at_risk
+                    else "; tried again at the next iteration"
+                )
+                logger.warning("{}", message)
+        return CredentialStatus(
+            name=self.name,
+            kind=self.kind,
+            usable=not problem,
+            path=str(self.path),
+            expires=expires,
+            message=message,
+            command=command,
+            renewed=renewed,
+            at_risk=at_risk,
+        )
+
+
+class X509Proxy(CredentialPlugin):
+    """An X.509 proxy (RFC 3820) in a PEM file: its lifetime is read with ``cryptography``
+    (the first certificate is the proxy; no certificate in the file may have ended), renewed by
+    a command such as ``arcproxy`` or ``voms-proxy-init``, handed out as ``X509_USER_PROXY``."""
+
+    name = "x509_proxy"
+    kind = "x509"
+    env_var = "X509_USER_PROXY"
+    what = "X.509 proxy"
+    config_schema: ClassVar[dict[str, Any]] = credential_schema(
+        "An X.509 proxy the director checks before each iteration (its lifetime read from the "
+        "file), renews with renew when it runs short, and hands to the backends that need kind "
+        "x509 as X509_USER_PROXY. While it is missing or expired those backends submit nothing."
+    )
+
+    def validity(self, data: bytes) -> Validity:
+        from cryptography import x509  # imported here: only a director with a proxy pays for it
+
+        if b"-----BEGIN CERTIFICATE-----" not in data:
+            raise CredentialError("holds no PEM certificate")
+        try:
+            certificates = x509.load_pem_x509_certificates(data)
+        except ValueError as exc:
+            reason = str(exc).rsplit("details. ", 1)[-1]
+            raise CredentialError(
+                f"holds a PEM certificate that cannot be read ({reason})"
+            ) from None
+        proxy = certificates[0]
+        proxy_end = proxy.not_valid_after_utc.timestamp()
+        # a proxy cannot outlive the certificates that signed it, when the file carries them
+        ends = min(certificates, key=lambda c: c.not_valid_after_utc)
+        not_after = ends.not_valid_after_utc.timestamp()
+        detail = ""
+        if not_after < proxy_end:
+            detail = (
+                f"the proxy itself ends {_iso(proxy_end)}, but its issuer "
+                f"{ends.subject.rfc4514_string()} ends first"
+            )
+        not_before = max(c.not_valid_before_utc for c in certificates).timestamp()
+        return Validity(not_before=not_before, not_after=not_after, detail=detail)
