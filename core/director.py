@@ -26,10 +26,14 @@ from gridgate.core.config import Config, ConfigError, ConfigProblem, ConfigSourc
 from gridgate.core.config_checks import change_notification, submission_problems
 from gridgate.core.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
+from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     AccountingRecord,
     AdmissionRequest,
     BackendInfo,
+    CommandResult,
+    CredentialRegistry,
+    CredentialStatus,
     DemandRegistry,
     Endpoint,
     Escalation,
@@ -42,6 +46,7 @@ from gridgate.core.model import (
     Refusal,
     SubmitRequest,
     SubmitResult,
+    elapsed_text,
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.resilient import DeferredState, ResilientState
@@ -54,6 +59,13 @@ from gridgate.core.tracking import PilotTracker
 ACCOUNTING = "accounting"
 
 ALARM_HEADER = "Submit GGUS Ticket for this error if not already opened"
+
+#: The director's credential episodes in the state store, shared by the directors on one store:
+#: ``credential/episode/<scope>`` (its start), ``credential/bad/<scope>/<host>`` (a host that
+#: found it unusable, expiring after failing_expiry), ``credential/note/...`` (a message claimed
+#: by one director) and ``credential/warning/...`` (an at-risk warning, once per end time);
+#: ``<scope>`` is ``<plugin name>:<file>``.
+CREDENTIAL = "credential/"
 
 
 def open_state(config: Config | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> StateStore:
@@ -164,6 +176,79 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     )
 
 
+def _command_lines(command: CommandResult | None, what: str) -> list[str]:
+    """A command's argv, how it ended and what it printed, for a message body."""
+    if command is None:
+        return []
+    lines = [f"{what}: {command.command_line}", f"returns: {command.describe()}",
+             "", "stdout:", command.stdout.rstrip("\n")]
+    if command.stdout_truncated:
+        lines.append("[stdout truncated at the output cap]")
+    lines += ["", "stderr:", command.stderr.rstrip("\n")]
+    if command.stderr_truncated:
+        lines.append("[stderr truncated at the output cap]")
+    return lines
+
+
+def compose_credential(status: CredentialStatus, level: str, since: float, now: float,
+                       backends: Iterable[str], ticket_expiry: float, repeat_every: float,
+                       host: str | None = None) -> Notification:
+    """The message for a credential episode (``host``, default this one's name): ``error`` when
+    it becomes unusable, ``alarm`` when that has lasted ``ticket_expiry`` (again every
+    ``repeat_every``), ``warning`` (sent as an error) when a failed renewal leaves a credential
+    that ends before the next could succeed, ``info`` when it is usable again. Each names the
+    file, its end time and the renewal's output; the error and the alarm say that no server
+    was blamed."""
+    host = host or socket.gethostname()
+    names = ", ".join(sorted(backends)) or "none of those configured now"
+    ends = _iso(status.expires) if status.expires is not None else "unknown (no credential could be read)"
+    subject_what = f"{status.name} credential {status.path} on {host}"
+    failure = KINDS["credential"].failure(status.message)
+    lines: list[str] = []
+    if level == "info":
+        subject = f"gridgate: {subject_what} works again"
+        lines += [f"The {status.kind} credential of {status.name} on {host} is usable again, after "
+                  f"{elapsed_text(now - since)} (unusable since {_iso(since)}); the backends that need "
+                  f"it ({names}) submit again.", "", f"File: {status.path}", f"Ends: {ends}",
+                  f"State: {status.message}"]
+    elif level == "warning":
+        subject = f"gridgate: {subject_what} expires soon and its renewal failed [credential]"
+        lines += [f"The {status.kind} credential of {status.name} on {host} could not be renewed and "
+                  f"ends at {ends}, before the next iteration's renewal could finish. Backends that "
+                  f"need it ({names}) still submit until then; fix the renewal now.", "",
+                  f"File: {status.path}", f"Ends: {ends}", f"State: {status.message}"]
+    else:
+        subject = f"gridgate: {subject_what} unusable: {names} submit nothing [credential]"
+        if level == "alarm":
+            lines += [f"The credential has been unusable at least for {elapsed_text(now - since)}.", ""]
+        lines += [f"gridgate on {host} cannot use the {status.kind} credential of {status.name}, so the "
+                  f"backends that need it submit nothing and their pilots are not polled: {names}.", "",
+                  f"File: {status.path}", f"Ends: {ends}", f"Problem: {status.message}",
+                  f"Episode: unusable since {_iso(since)}"]
+    lines += ["", *_command_lines(status.command, "Renewal")] if status.command is not None else []
+    if level in ("error", "alarm"):
+        lines += [
+            "",
+            "This is a fault of this machine (its credential), not of any server:",
+            "- no server is put in the failing cache, and no ticket is asked of a server's operators;",
+            "- every iteration checks and renews it again, so submission resumes by itself once it "
+            "is fixed, and a notice says so;",
+            f"- this is the one error of this episode; an alarm follows when it lasts "
+            f"{elapsed_text(ticket_expiry)}." if level == "error" else
+            f"- this alarm is repeated every {elapsed_text(repeat_every)} while it lasts.",
+        ]
+    return Notification(
+        level="error" if level == "warning" else level,  # type: ignore[arg-type]
+        subject=subject,
+        body="\n".join(lines) + "\n",
+        created=now,
+        failure=failure,
+        command=status.command,
+        episode_start=None if level == "warning" else since,
+        key=f"{CREDENTIAL}{level}/{status.name}:{status.path}/{since:.0f}/{now:.0f}",
+    )
+
+
 @dataclass
 class _Iteration:
     """Mutable bookkeeping shared by the submission threads of one iteration."""
@@ -183,6 +268,29 @@ class _Iteration:
     limits: Any = None
     #: what the pilot tracker did this iteration, for the summary
     pilots: dict[str, Any] = field(default_factory=dict)
+    #: what each credential plugin reported before anything was polled or submitted
+    credentials: tuple[CredentialStatus, ...] = ()
+    #: credential kinds whose configured credential is unusable this iteration
+    unusable: dict[str, CredentialStatus] = field(default_factory=dict)
+    #: why the credential check itself failed (a plugin raised): nothing needing one submits
+    credential_crash: str = ""
+
+    def credential_block(self, info: BackendInfo) -> str:
+        """Why ``info``'s backend may not use its credentials this iteration: ``credential``
+        (one it needs is unusable), ``plugin_error`` (the check crashed), '' when it may."""
+        if not info.credentials:
+            return ""
+        if self.credential_crash:
+            return "plugin_error"
+        return "credential" if any(kind in self.unusable for kind in info.credentials) else ""
+
+    def paused(self, info: BackendInfo) -> bool:
+        """Whether ``info``'s backend is paused this iteration (a local fault, or a credential
+        it needs is unusable): it submits nothing and its pilots are not polled."""
+        with self.lock:
+            if info.backend in self.local_faults:
+                return True
+        return bool(self.credential_block(info))
 
     def exclude(self, endpoint: Endpoint) -> None:
         with self.lock:
@@ -293,6 +401,9 @@ class Director:
         pm, plugins = build_plugin_manager(self.config.data, context, self.extra_plugins)
         old = self._plugins
         self.pm, self._plugins = pm, plugins
+        #: the context the configured plugins were built with (rebuilt with them at a config
+        #: change); an in-process plugin given as ``extra_plugins`` may use it too
+        self.context = context
         for plugin in old:
             _close(plugin)
         while self._early_notes:
@@ -405,6 +516,7 @@ class Director:
         while self._reload_notes:
             it.notifications.append(self._reload_notes.pop(0))
             hook.gridgate_notify(notification=it.notifications[-1])
+        self._check_credentials(it, demand)  # before any command could use one
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
         jobs = self._plan(demand, it)
         threads = int(self.config.director["max_threads"])
@@ -412,7 +524,9 @@ class Director:
             with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="submit") as pool:
                 for future in [pool.submit(self._submit_one, backend, request, it) for backend, request in jobs]:
                     future.result()
-        for note in self.stall.observe(info, it.records, self.config.director):
+        # a credential episode says everything itself (error, alarm, works again): not twice
+        watched = [r for r in it.records if r.failure_kind != "credential"]
+        for note in self.stall.observe(info, watched, self.config.director):
             it.notifications.append(note)
             hook.gridgate_notify(notification=note)
         summary = IterationSummary(
@@ -426,6 +540,7 @@ class Director:
             config_error=refusal,
             retries=tuple(it.retries),
             pilots=it.pilots,
+            credentials=it.credentials,
         )
         hook.gridgate_iteration_finished(summary=summary)
         return summary
@@ -444,6 +559,10 @@ class Director:
             info = infos[request.backend]
             if info is None:
                 self._account(it, request, None, "skipped", request.count, failure_kind="no_backend")
+                continue
+            blocked = it.credential_block(info)
+            if blocked:  # before the demand lock: a director with a usable credential takes it over
+                self._account(it, request, None, "skipped", request.count, failure_kind=blocked)
                 continue
             if self.config.director["demand_lock"] and not self._claim(request, claims):
                 self._account(it, request, None, "skipped", request.count, failure_kind="claimed_elsewhere")
@@ -482,6 +601,98 @@ class Director:
                 mine = True
             claims[group] = mine
         return claims[group]
+
+    # --- credentials -------------------------------------------------------------------------
+
+    def _check_credentials(self, it: _Iteration, demand: DemandRegistry) -> None:
+        """Ask every credential plugin to check (and renew) its credential, pause the backends
+        that need one that is unusable, and tell people about the episodes."""
+        registry = CredentialRegistry()
+        try:
+            self.pm.hook.gridgate_check_credentials(
+                iteration=it.info, timeout=float(self.config.director["command_timeout"]),
+                credentials=registry)
+        except Exception as exc:  # a plugin bug: no credential is vouched for
+            logger.opt(exception=exc).error("the credential check crashed in a plugin: backends that "
+                                            "need a credential submit nothing this iteration")
+            it.credential_crash = f"{type(exc).__name__}: {exc}"
+        it.credentials = registry.statuses
+        first: dict[str, CredentialStatus] = {}
+        for status in it.credentials:  # the first of a kind (config order) is what credential_env hands out
+            first.setdefault(status.kind, status)
+        it.unusable = {kind: status for kind, status in first.items() if not status.usable}
+        infos: dict[str, BackendInfo] = {}
+        if it.unusable or it.credential_crash or any(s.at_risk for s in it.credentials):
+            infos = self._known_backends(demand)
+        for info in infos.values():
+            if it.credential_block(info):
+                with it.lock:
+                    it.local_faults.add(info.backend)  # nothing submitted, its pilots not polled
+        for kind, status in it.unusable.items():
+            logger.error("{}: backends that need it submit nothing this iteration ({})", status.message,
+                         ", ".join(_needing(infos, kind)) or "none configured needs it")
+        for status in first.values():
+            try:
+                self._credential_episode(status, it, _needing(infos, status.kind))
+            except StateError as exc:
+                logger.error("credential episode of {} not recorded, state store failed: {}", status.name, exc)
+
+    def _known_backends(self, demand: DemandRegistry) -> dict[str, BackendInfo]:
+        """The configured backends and those the demand asks for, with what they say of themselves."""
+        names = dict.fromkeys([*(self.config.get("backends") or {}), *(r.backend for r in demand.requests)])
+        infos = {name: self.pm.hook.gridgate_backend_info(backend=name) for name in names}
+        return {name: info for name, info in infos.items() if info is not None}
+
+    def _credential_episode(self, status: CredentialStatus, it: _Iteration, backends: list[str]) -> None:
+        """One error when a credential becomes unusable (of all the directors on this store), an
+        alarm once the episode lasts ``ticket_expiry`` (again every ``failing_expiry``), one
+        notice when it works again; an at-risk warning once per credential end time."""
+        state, now = self.state, self.clock.time()
+        failing_expiry = float(self.config.director["failing_expiry"])
+        ticket_expiry = float(self.config.director["ticket_expiry"])
+        window = failing_expiry + ticket_expiry
+        scope = f"{status.name}:{status.path}"
+        episode_key = f"{CREDENTIAL}episode/{scope}"
+        host = socket.gethostname()
+        notes: list[Notification] = []
+        if not status.usable:
+            episode = json.dumps({"since": now, "backends": backends})
+            opened = state.add_if_absent(episode_key, episode, ttl=window)
+            since = now
+            if not opened:
+                episode = state.get(episode_key) or episode
+                since = float(_json_field(episode, "since", now))
+                state.set(episode_key, episode, ttl=window)
+            # while any host finds it unusable the episode stays open (expires if that host stops)
+            state.set(f"{CREDENTIAL}bad/{scope}/{host}", f"{now:.3f}", ttl=failing_expiry)
+            if opened:
+                notes.append(compose_credential(status, "error", since, now, backends, ticket_expiry,
+                                                failing_expiry, host))
+            lasted = now - since
+            if lasted >= ticket_expiry:
+                repeat = int((lasted - ticket_expiry) // failing_expiry)
+                if state.add_if_absent(f"{CREDENTIAL}note/{scope}/{since:.3f}/alarm/{repeat}", "1", ttl=window):
+                    notes.append(compose_credential(status, "alarm", since, now, backends, ticket_expiry,
+                                                    failing_expiry, host))
+        else:
+            state.delete(f"{CREDENTIAL}bad/{scope}/{host}")
+            raw = state.get(episode_key)
+            if raw is not None and not state.items(f"{CREDENTIAL}bad/{scope}/"):
+                since = float(_json_field(raw, "since", now))
+                if state.add_if_absent(f"{CREDENTIAL}note/{scope}/{since:.3f}/resolved", "1", ttl=window):
+                    state.delete(episode_key)
+                    paused = [str(b) for b in _json_field(raw, "backends", []) or []]
+                    notes.append(compose_credential(status, "info", since, now, backends or paused,
+                                                    ticket_expiry, failing_expiry, host))
+            if status.at_risk and status.expires is not None:
+                key = f"{CREDENTIAL}warning/{scope}/{status.expires:.0f}"
+                if state.add_if_absent(key, f"{now:.3f}", ttl=max(0.0, status.expires - now) + window):
+                    notes.append(compose_credential(status, "warning", now, now, backends, ticket_expiry,
+                                                    failing_expiry, host))
+        for note in notes:
+            with it.lock:
+                it.notifications.append(note)
+            self.pm.hook.gridgate_notify(notification=note)
 
     # --- one submission ---------------------------------------------------------------------
 
@@ -721,8 +932,21 @@ def summary_json(summary: IterationSummary) -> str:
         "config_error": summary.config_error,
         "retries": list(summary.retries),
         "pilots": dict(summary.pilots),
+        "credentials": [status.as_dict() for status in summary.credentials],
     }
     return json.dumps(doc, sort_keys=False)
+
+
+def _needing(infos: Mapping[str, BackendInfo], kind: str) -> list[str]:
+    return sorted(name for name, info in infos.items() if kind in info.credentials)
+
+
+def _json_field(raw: str | None, name: str, default: Any) -> Any:
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return default
+    return value.get(name, default) if isinstance(value, dict) else default
 
 
 def _refusal_text(error: ConfigError) -> str:

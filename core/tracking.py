@@ -392,6 +392,8 @@ class PilotTracker:
               settings: PilotSettings, now: float) -> list[_Poll]:
         due: list[tuple[Endpoint, float, float | None]] = []
         for backend, info in infos.items():
+            if it.paused(info):  # its credential is unusable (see _Iteration.paused): not asked
+                continue
             interval = settings.for_backend(backend, "status_interval")
             timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
             for endpoint in it.usable(info.endpoints):  # a server out of rotation is not asked
