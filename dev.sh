@@ -29,6 +29,31 @@ setup() {
     echo "$want" > "$stamp"
 }
 
+ARC_PACKAGES=(nordugrid-arc-arex nordugrid-arc-client nordugrid-arc-arcctl
+              nordugrid-arc-plugins-arcrest nordugrid-arc-plugins-needed)
+
+install_arc() {
+    # nordugrid-arc-arex's postinst starts a system A-REX (port 443, /etc/arc.conf) through
+    # invoke-rc.d and deb-systemd-invoke; both obey policy-rc.d. A machine without one gets a
+    # temporary one that denies every start, removed again however the install ends.
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    echo "dev.sh: installing ${ARC_PACKAGES[*]} (Debian packages) for the ARC tests" >&2
+    (
+        policy=/usr/sbin/policy-rc.d
+        if [ ! -e "$policy" ]; then
+            trap '$sudo rm -f "$policy"' EXIT
+            printf '#!/bin/sh\n# dev.sh: no service may start while it installs ARC\nexit 101\n' \
+                | $sudo tee "$policy" >/dev/null
+            $sudo chmod 755 "$policy"
+        fi
+        $sudo apt-get update -qq \
+            && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+                   --no-install-recommends "${ARC_PACKAGES[@]}"
+    ) >/dev/null 2>&1 \
+        || echo "dev.sh: could not install ${ARC_PACKAGES[*]}; the ARC tests will fail" >&2
+}
+
 need_tools() {
     # Real parts the tests start or call, from Debian's packages: redis-server (the redis
     # driver), openssl (test certificates), setpriv (clients as another uid), chattr (a
@@ -42,6 +67,11 @@ need_tools() {
         PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
             || missing+=("${pair##*:}")
     done
+    # The private ARC CE of the ARC tests (plugins/arc/ce.py): A-REX, the client, arcctl.
+    if ! PATH="$PATH:/usr/sbin:/sbin" command -v arcsub >/dev/null 2>&1 \
+            || ! PATH="$PATH:/usr/sbin:/sbin" command -v arched >/dev/null 2>&1; then
+        install_arc
+    fi
     [ ${#missing[@]} -eq 0 ] && return 0
     echo "dev.sh: installing ${missing[*]} (Debian packages) for the tests" >&2
     local sudo=""
@@ -71,8 +101,16 @@ case "${1:-}" in
         need_tools
         exec "$VENV/bin/python" -m gridgate.plugins.slurm.cluster "${@:-up}"
         ;;
+    arc)
+        # A private ARC CE (A-REX, fork or Slurm LRMS) for people, the demo and the benches:
+        # `bash dev.sh arc up [DIR]` prints the variables to export; `bash dev.sh arc down [DIR]`.
+        shift
+        setup
+        need_tools
+        exec "$VENV/bin/python" -m gridgate.plugins.arc.ce "${@:-up}"
+        ;;
     *)
-        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh slurm up|down|env" >&2
+        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh slurm up|down|env | bash dev.sh arc up|down|env|status|user [DIR]" >&2
         exit 64
         ;;
 esac

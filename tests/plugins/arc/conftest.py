@@ -1,0 +1,179 @@
+"""Private ARC CEs for the ARC tests (gridgate.plugins.arc.ce), and a small ARC client.
+
+``arc_ce`` (fork LRMS) and ``arc_ce_slurm`` (over the suite's ``slurm_cluster``) are started on
+first use, one of each per test process (xdist worker), and stopped at the end of the session.
+A CE that cannot start fails the tests that need it, never skips them. Tests that stop the
+fork CE (``stop_service``) ask for ``arc``, which starts it again first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from polling import until
+
+from gridgate.core.model import CommandResult
+from gridgate.core.runner import run
+
+#: The PATH of every client call the tests make: never the machine's own.
+CLIENT_PATH = "/usr/bin:/bin"
+FINAL_STATES = frozenset({"Finished", "Failed", "Killed", "Deleted"})
+_SUBMITTED = re.compile(r"Job submitted with jobid: (\S+)")
+
+
+def _start(ce):
+    from gridgate.plugins.arc.ce import CEError
+
+    try:
+        ce.start()
+    except CEError as exc:
+        ce.stop()
+        pytest.fail(str(exc), pytrace=False)
+    return ce
+
+
+@pytest.fixture(scope="session")
+def arc_ce():
+    """One fork-LRMS ARC CE per test process, started on first use."""
+    from gridgate.plugins.arc.ce import ArcCE
+
+    ce = _start(ArcCE())
+    try:
+        yield ce
+    finally:
+        ce.stop()
+
+
+@pytest.fixture(scope="session")
+def arc_ce_slurm(slurm_cluster):
+    """One ARC CE per test process whose LRMS is the session's private Slurm cluster."""
+    from gridgate.plugins.arc.ce import ArcCE
+
+    ce = _start(ArcCE(lrms="slurm", slurm_conf=slurm_cluster.conf))
+    try:
+        yield ce
+    finally:
+        ce.stop()
+
+
+@pytest.fixture
+def arc(arc_ce):
+    """The session's fork CE, running (started again if a test stopped it)."""
+    return _start(arc_ce)
+
+
+class ArcClient:
+    """One ARC client identity against one CE: its own job list and client.conf (``-z``),
+    an environment the test builds (PATH, HOME and the credentials' X509_* only), and
+    optionally another unix user (``as_user``: a setpriv prefix)."""
+
+    def __init__(self, ce, home: Path, *, creds: Mapping[str, str] | None = None,
+                 as_user: Sequence[str] = ()) -> None:
+        self.ce = ce
+        self.vars = dict(creds if creds is not None else ce.env)
+        self.home = home
+        self.as_user = list(as_user)
+        self.joblist = self.vars["ARC_CE_JOBLIST"]
+        self.client_conf = self.vars["ARC_CE_CLIENT_CONF"]
+
+    @property
+    def env(self) -> dict[str, str]:
+        keep = ("X509_USER_PROXY", "X509_USER_CERT", "X509_USER_KEY", "X509_CERT_DIR")
+        return {"PATH": CLIENT_PATH, "HOME": str(self.home), "LC_ALL": "C",
+                **{k: self.vars[k] for k in keep}}
+
+    def run(self, command: str, *args: str, timeout: float = 90.0) -> CommandResult:
+        """``command -z CLIENT_CONF [-j JOBLIST] ARGS...`` (arcinfo and arcproxy take no -j)."""
+        argv = [command, "-z", self.client_conf]
+        if command not in ("arcinfo", "arcproxy"):
+            argv += ["-j", self.joblist]
+        return run([*self.as_user, *argv, *args], timeout, env=self.env, cwd="/")
+
+    def submit(self, *descriptions: str) -> list[str]:
+        """Submit each xRSL string over REST (one arcsub each); return the job ids."""
+        ids = []
+        for text in descriptions:
+            result = self.run("arcsub", "-C", self.ce.url, "-T", "arcrest", "-e", text)
+            found = _SUBMITTED.findall(result.stdout)
+            assert result.ok and len(found) == 1, (result.describe(), result.stdout,
+                                                    result.stderr)
+            ids += found
+        return ids
+
+    def status(self, ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        """arcstat of ``ids``: id -> {"State": ..., "Exit Code": ..., ...} (jobs it reported)."""
+        result = self.run("arcstat", *ids)
+        jobs: dict[str, dict[str, str]] = {}
+        current: dict[str, str] | None = None
+        for line in result.stdout.splitlines():
+            if line.startswith("Job: "):
+                current = jobs.setdefault(line[5:].strip(), {})
+            elif current is not None and line.startswith(" ") and ":" in line:
+                key, value = line.strip().split(":", 1)
+                current[key.strip()] = value.strip()
+        return jobs
+
+    def wait_final(self, ids: Sequence[str], timeout: float = 180.0) -> dict[str, dict[str, str]]:
+        """Poll arcstat (every 2 s) until every job is in a final state, or ``timeout``."""
+        last: dict[str, dict[str, str]] = {}
+
+        def final() -> bool:
+            last.update(self.status(ids))
+            return all(last.get(i, {}).get("State") in FINAL_STATES for i in ids)
+
+        until(final, timeout=timeout, pause=2.0)
+        return last
+
+    def wait_state(self, ids: Sequence[str], state: str,
+                   timeout: float = 120.0) -> dict[str, dict[str, str]]:
+        last: dict[str, dict[str, str]] = {}
+
+        def reached() -> bool:
+            last.update(self.status(ids))
+            return all(last.get(i, {}).get("State") == state for i in ids)
+
+        until(reached, timeout=timeout, pause=1.0)
+        return last
+
+
+def job_processes(folder: Path) -> list[str]:
+    """Live processes of the CE in ``folder``: cwd inside it (payloads, helpers), or a command
+    line naming something in it (arched, its scripts), as "pid cmdline" lines."""
+    found = []
+    mark = str(folder)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cwd = str(Path(f"/proc/{entry.name}/cwd").readlink())
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (cwd == mark or cwd.startswith(mark + "/")
+                             or mark + "/" in cmdline):
+            found.append(f"{entry.name} {cmdline}")
+    return found
+
+
+@pytest.fixture
+def arc_client(tmp_path):
+    """``arc_client(ce, creds=None, as_user=())``: an :class:`ArcClient` of ``ce`` whose HOME
+    is the test's own (an empty folder that no ARC call may write to)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+
+    def make(ce, *, creds: Mapping[str, str] | None = None, as_user: Sequence[str] = (),
+             home: Path = home) -> ArcClient:
+        return ArcClient(ce, home, creds=creds, as_user=as_user)
+
+    return make
+
+
+@pytest.fixture
+def ce_processes():
+    """``ce_processes(folder)``: the live processes of the CE in ``folder``."""
+    return job_processes

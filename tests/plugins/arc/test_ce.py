@@ -1,0 +1,143 @@
+"""The private ARC CE itself (gridgate.plugins.arc.ce), driven by the real ARC client.
+
+A job takes ~20-30 s from submission to a final state on this CE, so each test submits all
+it needs first and waits once.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from polling import until
+
+from gridgate.core.runner import run
+from gridgate.plugins.arc.ce import PACKAGES, ArcCE, missing_packages
+
+AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+ENV_NAMES = ["X509_USER_PROXY", "X509_USER_CERT", "X509_USER_KEY", "X509_CERT_DIR",
+             "ARC_CE_URL", "ARC_CE_JOBLIST", "ARC_CE_CLIENT_CONF"]
+
+
+def _session_id(job_id: str) -> str:
+    return job_id.rsplit("/", 1)[-1]
+
+
+def test_the_ce_answers_arcinfo_with_its_own_credentials(arc, arc_client, tmp_path) -> None:
+    assert missing_packages() == [], PACKAGES
+    assert list(arc.env) == ENV_NAMES
+    assert arc.env["ARC_CE_URL"] == arc.url and arc.url.startswith("https://localhost:")
+    assert arc.port != 443
+    for name in ENV_NAMES:
+        if name != "ARC_CE_URL" and name != "ARC_CE_JOBLIST":
+            assert Path(arc.env[name]).exists(), name
+    assert Path(arc.env["X509_CERT_DIR"]) == arc.certificates
+    assert (arc.usercert, arc.userkey, arc.proxy) == tuple(
+        Path(arc.env[n]) for n in ("X509_USER_CERT", "X509_USER_KEY", "X509_USER_PROXY"))
+    client = arc_client(arc)
+    info = client.run("arcinfo", "-c", arc.url)
+    assert info.ok and "Computing service:" in info.stdout, (info.stdout, info.stderr)
+    assert arc.proxy_seconds_left() > 20 * 3600
+    assert not (client.home / ".arc").exists()  # -z keeps the client out of HOME
+    assert "Starting jobs' monitoring" in arc.log("arex.log")
+    assert f"Listening on TCP port {arc.port}" in arc.log("arex-ws.stdout")
+    assert arc.log("infoprovider.log")
+    # an expired extra proxy, as a test of expiry needs one
+    now = datetime.now(UTC)
+    old = arc.make_proxy(tmp_path / "old.pem", start=now - timedelta(hours=3),
+                         end=now - timedelta(hours=1))
+    assert arc.proxy_seconds_left(old) == 0
+    expired = arc_client(arc, creds={**arc.env, "X509_USER_PROXY": str(old)})
+    refused = expired.run("arcsub", "-C", arc.url, "-T", "arcrest", "-e",
+                          '&(executable="/bin/true")')
+    assert refused.returncode == 1 and "Proxy expired" in refused.stdout + refused.stderr
+
+
+def test_jobs_reach_their_final_state_for_the_pilot_and_for_another_user(arc, arc_client) -> None:
+    pilot = arc_client(arc)
+    ok, failing = pilot.submit(
+        '&(executable="/bin/sh")(arguments="-c" "echo hello as $(id -un) in $PWD")'
+        '(jobname="gg-ok")(stdout="out.txt")',
+        '&(executable="/bin/sh")(arguments="-c" "exit 1")(jobname="gg-fail")')
+    # nobody, with credentials of its own (its DN let in without a restart) and an
+    # environment built here; its HOME does not exist: -z and -j keep the client out of it
+    creds = arc.add_user("nobody")
+    assert Path(creds["X509_USER_PROXY"]).stat().st_uid == 65534
+    other = arc_client(arc, creds=creds, as_user=AS_NOBODY, home=Path("/nonexistent"))
+    [theirs] = other.submit('&(executable="/bin/sh")(arguments="-c" "id -un")'
+                            '(jobname="gg-nobody")(stdout="out.txt")')
+    mine = pilot.wait_final([ok, failing])
+    assert mine[ok].get("State") == "Finished" and mine[ok].get("Exit Code") == "0", mine
+    assert mine[failing].get("State") == "Failed" and mine[failing].get("Exit Code") == "1", mine
+    done = other.wait_final([theirs])
+    assert done[theirs].get("State") == "Finished", done
+    out = Path(arc.folder, "session", _session_id(ok), "out.txt").read_text()
+    assert out.startswith("hello as nobody in ") and _session_id(ok) in out
+    # each DN sees its own jobs only
+    assert theirs not in pilot.status([theirs])
+    assert not (pilot.home / ".arc").exists()
+
+
+def test_a_slurm_ce_runs_its_job_through_slurm(arc_ce_slurm, slurm_cluster, arc_client) -> None:
+    client = arc_client(arc_ce_slurm)
+    [job] = client.submit('&(executable="/bin/sh")(arguments="-c" "echo slurm job $SLURM_JOB_ID")'
+                          '(jobname="gg-slurm")(stdout="out.txt")')
+    done = client.wait_final([job])
+    assert done[job].get("State") == "Finished" and done[job].get("Exit Code") == "0", done
+    local = Path(arc_ce_slurm.folder, "control", f"job.{_session_id(job)}.local").read_text()
+    localid = next(line[8:] for line in local.splitlines() if line.startswith("localid="))
+    shown = slurm_cluster.scontrol("show", "job", localid).stdout
+    assert "JobState=COMPLETED" in shown and "UserId=nobody(" in shown, shown
+    # a job without (queue=...) goes to the cluster's default partition, the first queue
+    assert f"Partition={slurm_cluster.partitions[0]} " in shown, shown
+    out = Path(arc_ce_slurm.folder, "session", _session_id(job), "out.txt").read_text()
+    assert out.strip() == f"slurm job {localid}"
+
+
+def test_a_stopped_ce_is_unreachable_and_starts_again_with_its_jobs(arc, arc_client) -> None:
+    client = arc_client(arc)
+    [job] = client.submit('&(executable="/bin/sleep")(arguments="1")(jobname="gg-kept")')
+    url = arc.url
+    arc.stop_service()
+    assert not arc.running()
+    down = client.run("arcinfo", "-c", url)
+    assert down.returncode == 1 and "Failed to connect" in down.stdout + down.stderr, down
+    began = time.monotonic()
+    arc.start()
+    restart = time.monotonic() - began
+    assert arc.running() and arc.url == url
+    info = client.run("arcinfo", "-c", url)
+    assert info.ok and "Computing service:" in info.stdout, info
+    # the job list names the same URL and the CE still has the job
+    assert job in client.status([job]), client.run("arcstat", job)
+    assert restart < 60, restart
+
+
+def test_stop_leaves_no_arched_and_no_payload(arc_client, ce_processes) -> None:
+    ce = ArcCE(start_timeout=120).start()
+    folder = ce.folder
+    watchdog = ce._watchdog
+    try:
+        client = arc_client(ce)
+        [job] = client.submit('&(executable="/bin/sleep")(arguments="600")(jobname="gg-long")')
+        session = folder / "session" / _session_id(job)
+        assert until(lambda: any("sleep 600" in p for p in ce_processes(folder)), 120), \
+            client.status([job])
+        killed = client.run("arckill", job)
+        assert killed.ok and "successfully killed: 1" in killed.stdout, killed
+        # Stop while the grid manager cancels it (cancel-fork-job: TERM, sleep 5, KILL). Its
+        # payload outlives even a finished cancel (arc.md section 10): only stop() ends it.
+        assert until(lambda: any("cancel-fork-job" in p for p in ce_processes(folder)), 90)
+        assert any("sleep 600" in p for p in ce_processes(folder))
+    finally:
+        ce.stop()
+    assert ce_processes(folder) == []
+    assert not [p for p in _all_cmdlines() if "arched" in p and str(folder) in p]
+    assert not folder.exists() and not session.exists()
+    assert watchdog is not None and watchdog.poll() == 0
+
+
+def _all_cmdlines() -> list[str]:
+    result = run(["ps", "-eo", "args="], 30, env={"PATH": "/usr/bin:/bin"})
+    return result.stdout.splitlines()
