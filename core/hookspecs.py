@@ -128,7 +128,10 @@ def gridgate_check_credentials(
     deadline. The director acts on the reports: a backend whose
     :attr:`BackendInfo.credentials` names the kind of an unusable credential submits nothing
     and is not polled this iteration (a local fault of kind ``credential``: no server is
-    blamed), and the director tells people once per episode.
+    blamed), and the director tells people once per episode. A credential kept in a file and
+    refreshed by a command (a WLCG bearer token) needs only a subclass of
+    ``gridgate.core.credentials.CredentialPlugin``: see
+    [plugins.md](plugins.md#credential-plugins-and-a-token_file).
 
     :param iteration: the iteration number and its start time.
     :param timeout: the director's ``command_timeout``: the renewal's deadline in seconds

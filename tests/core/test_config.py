@@ -129,10 +129,12 @@ def test_example_config_commented_sections_validate_when_uncommented() -> None:
     lines = []
     for line in text.splitlines():
         # "  # email:" -> "  email:", "# admission:" -> "admission:"; prose comments stay
-        match = re.match(r"^(\s*)# (\s*[a-z_]+:.*)$", line)
+        # (entry-point names may hold digits: x509_proxy)
+        match = re.match(r"^(\s*)# (\s*[a-z_][a-z0-9_]*:.*)$", line)
         lines.append(match.group(1) + match.group(2) if match else line)
     doc = yaml.safe_load("\n".join(lines))
     assert {"email", "ggus"} <= set(doc["notifiers"]) and "lsf_proxy" in doc["admission"]
+    assert "x509_proxy" in doc["credentials"]
     validate_document(doc)
 
 
