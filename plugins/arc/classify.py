@@ -85,8 +85,10 @@ PATTERNS: tuple[Pattern, ...] = (
             "the CE does not offer this queue to this user", transient=False),
 )
 
-#: arcsub's one ERROR line for many causes: quoted only when nothing more specific was found.
-VAGUE = "Job submission aborted because no resource returned any information"
+#: arcsub's ERROR lines for many causes (an untrusted CA, a DN the CE refuses, a queue it does
+#: not offer, a wrong path): nothing was submitted, and only ``-d VERBOSE`` says why.
+VAGUE = ("Job submission aborted because no resource returned any information",
+         "One or multiple job descriptions was not submitted")
 
 
 def clip(line: str) -> str:
@@ -129,3 +131,12 @@ def classify(command: CommandResult | None, message: str = "") -> Failure:
     if command.returncode == 0:
         return KINDS["bad_output"].failure(clip(message or "exit 0 but no job id in the output"))
     return KINDS["error"].failure(clip(f"exit code {command.returncode}: {_said(command)!r}"))
+
+
+def vague(command: CommandResult) -> bool:
+    """Whether a failed arcsub said only one of its :data:`VAGUE` lines: no pattern matched
+    and nothing was killed, so a ``-d VERBOSE`` run would tell more."""
+    if command.ok or command.timed_out or command.launch_error is not None:
+        return False
+    text = f"{command.stderr}\n{command.stdout}"
+    return any(line in text for line in VAGUE) and match(command) is None

@@ -1,0 +1,588 @@
+"""The ARC CE backend: submits pilots with ``arcsub -T arcrest``, tracks them with one bulk
+``arcstat`` per CE, cancels them with ``arckill`` and cleans finished ones off the CE with
+``arcclean``.
+
+Each configured CE (URL, optionally with a queue) is an endpoint. The client keeps its memory
+in a job list; gridgate gives every endpoint its own job list and client config under the state
+folder (``-j``, ``-z``: never ``~/.arc``), since arcstat groups a list's jobs by host and two CEs
+on one host would lose jobs in a shared list. It is written only against gridgate's public
+plugin API (docs/plugins.md), as the Slurm backend is. The client's exit codes say little
+(arcstat exits 0 when no job returned information; arcsub exits 0 for a job it could not
+record), so every answer is read from the text (:mod:`.parse`); failures are read from the
+client's messages (:mod:`.classify`).
+
+The proxy comes from the director's managed credential (``credentials.x509_proxy``) when one
+is configured: the backend says it needs an ``x509`` credential, so the director submits
+nothing here while that proxy is expired or missing, and no CE is blamed for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from loguru import logger
+
+from gridgate.core import hookimpl
+from gridgate.core.files import atomic_write, ensure_private_dir
+from gridgate.core.model import (
+    TERMINAL_STATES,
+    BackendInfo,
+    CancelResult,
+    CommandResult,
+    Endpoint,
+    Failure,
+    IterationSummary,
+    JobStatus,
+    StatusResult,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.runner import argv_chunks, run
+from gridgate.plugins.arc.classify import classify, clip, vague
+from gridgate.plugins.arc.parse import (
+    ATTRIBUTE_RE,
+    JOB_ID_RE,
+    cleaned_counts,
+    killed_counts,
+    not_in_list,
+    parse_arcstat,
+    submitted_ids,
+    xrsl,
+)
+
+OPERATION_SUBMIT = "Job Submit"
+URL_RE = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/-]*)?")
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
+QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+#: xRSL attributes the backend writes itself (xRSL names are case-insensitive).
+OWNED_ATTRIBUTES: dict[str, str] = {
+    "executable": "the pilot is the script key",
+    "inputfiles": "the backend uploads the pilot script",
+    "jobname": "job_name names the job",
+    "stdout": "the backend names the pilot's output files",
+    "stderr": "the backend names the pilot's output files",
+    "gmlog": "the backend names the pilot's output files",
+    "queue": "the queue comes from the endpoint's queue",
+}
+STDOUT, STDERR, GMLOG = "pilot.out", "pilot.err", "gmlog"
+COMMANDS = (("arcsub", "submit"), ("arcstat", "status"), ("arckill", "cancel"),
+            ("arcclean", "clean"), ("arcget", "output retrieval"))
+
+
+@dataclass(frozen=True)
+class CE:
+    """One configured endpoint: the CE's URL, the queue (empty: the CE's default) and where
+    its client files live."""
+
+    endpoint: Endpoint
+    queue: str
+    folder: Path
+
+    @property
+    def client_conf(self) -> Path:
+        return self.folder / "client.conf"
+
+    @property
+    def job_list(self) -> Path:
+        return self.folder / "jobs.dat"
+
+    @property
+    def pending_clean(self) -> Path:
+        return self.folder / "clean-pending.json"
+
+
+def endpoint_entry(entry: str | Mapping[str, Any]) -> tuple[str, str, str]:
+    """(url, queue, name) of one ``endpoints`` item: a URL, or ``{url, queue, name}``. The
+    default name is the CE's host, with its port when that is not 443, and ``-queue``."""
+    if isinstance(entry, str):
+        url, queue, name = entry, "", ""
+    else:
+        url, queue, name = str(entry.get("url", "")), str(entry.get("queue") or ""), str(entry.get("name") or "")
+    if not name:
+        parts = urlsplit(url)
+        host = parts.hostname or url
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        name = host if port in (None, 443) else f"{host}:{port}"
+        if queue:
+            name = f"{name}-{queue}"
+    return url, queue, name
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def owned_attribute(name: str) -> str | None:
+    lowered = name.lower()
+    return lowered if lowered in OWNED_ATTRIBUTES else None
+
+
+class ArcBackend(Plugin):
+    """Submits pilots to ARC CEs over ARC REST; polls, cancels and cleans them."""
+
+    name = "arc"
+    endpoints_key = "endpoints"
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "ARC CE backend: CEs (one endpoint each, optionally a queue), the pilot "
+                       "script, extra xRSL.",
+        "properties": {
+            "endpoints": {
+                "type": "array", "default": [],
+                "description": "CEs to submit to; each is an endpoint. A URL "
+                               "(`https://ce.example.org:443/arex`), or {url, queue, name}: "
+                               "`queue` submits to that queue (xRSL `queue`), `name` is how "
+                               "gridgate shows it (default: the host, `:port` when not 443, "
+                               "`-queue`).",
+                "items": {"oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "object", "required": ["url"], "additionalProperties": False,
+                     "properties": {"url": {"type": "string", "minLength": 1},
+                                    "queue": {"type": "string", "minLength": 1},
+                                    "name": {"type": "string", "minLength": 1}}},
+                ]}},
+            "script": {"type": "string", "default": "",
+                       "description": "The pilot, sent as the job's executable (uploaded "
+                                      "with it; a path on this machine, relative to the "
+                                      "config file's folder)."},
+            "job_name": {"type": "string", "minLength": 1, "default": "gridgate-pilot",
+                         "description": "xRSL jobname."},
+            "xrsl": {
+                "type": "object", "default": {},
+                "additionalProperties": {"oneOf": [
+                    {"type": ["string", "number"]},
+                    {"type": "array", "items": {"type": ["string", "number"]}, "minItems": 1}]},
+                "description": "More xRSL attributes, name: value (a list for multi-valued "
+                               "ones), e.g. {walltime: \"2 hours\", runtimeenvironment: "
+                               "[ENV/PROXY]}. Attributes the backend writes itself "
+                               "(executable, inputfiles, jobname, stdout, stderr, gmlog, "
+                               "queue) are refused."},
+            "pilots_per_submission": {
+                "type": "integer", "minimum": 1, "maximum": 100, "default": 1,
+                "description": "Job descriptions per arcsub call (> 1: one call with that many "
+                               "files; ARC still delegates once per job, so this saves only "
+                               "process starts)."},
+            "keep_on_ce": {"type": "boolean", "default": False,
+                           "description": "Leave finished pilots on the CE. By default a pilot "
+                                          "recorded done, failed or cancelled is removed with "
+                                          "arcclean at the end of the iteration (CEs' session "
+                                          "folders fill up with jobs nobody cleans)."},
+            "stderr_samples": {"type": "integer", "minimum": 0, "maximum": 50, "default": 3,
+                               "description": "Failed pilots per poll whose stderr is fetched "
+                                              "with arcget (it feeds the reasons the `aborted` "
+                                              "notification quotes); 0 fetches none."},
+            "stderr_bytes": {"type": "integer", "minimum": 0, "maximum": 65536, "default": 1000,
+                             "description": "Bytes of a failed pilot's stderr kept (its end)."},
+            "commands": {
+                "type": "object", "default": {}, "additionalProperties": False,
+                "description": "Names (looked up on PATH) or paths of the ARC client commands.",
+                "properties": {
+                    name: {"type": "string", "minLength": 1, "default": name,
+                           "description": f"The {what} command."}
+                    for name, what in COMMANDS
+                },
+            },
+            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                                "default": None,
+                                "description": "Seconds; replaces the director's limit for "
+                                               "these commands when set (one arcsub takes "
+                                               "0.5-5 s on a healthy CE)."},
+            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
+                    "description": "Extra environment variables for the commands (e.g. "
+                                   "X509_CERT_DIR). X509_USER_PROXY comes from "
+                                   "credentials.x509_proxy when that is configured."},
+        },
+        "additionalProperties": False,
+    }
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        names: set[str] = set()
+        lists: set[tuple[str, str]] = set()
+        for index, entry in enumerate(section.get("endpoints") or []):
+            url, queue, name = endpoint_entry(entry)
+            where: tuple[str | int, ...] = ("endpoints", index) if isinstance(entry, str) else ("endpoints", index, "url")
+            if not URL_RE.fullmatch(url):
+                problems.append((where, f"{url!r} is not an ARC CE URL (https://host[:port]/path)"))
+                continue
+            if queue and not QUEUE_RE.fullmatch(queue):
+                problems.append((("endpoints", index, "queue"), f"{queue!r} is not a queue name"))
+            if not NAME_RE.fullmatch(name):
+                problems.append((("endpoints", index, "name"), f"{name!r} is not an endpoint name"))
+            elif name in names:
+                problems.append((("endpoints", index), f"endpoint name {name!r} is used twice "
+                                 "(give one of them a name)"))
+            elif (url, queue) in lists:
+                problems.append((("endpoints", index), f"{url} {queue or '(default queue)'} is listed twice"))
+            names.add(name)
+            lists.add((url, queue))
+        if section.get("endpoints") and not section.get("script"):
+            problems.append((("script",), "a pilot script is needed to submit to the CEs"))
+        for name in section.get("xrsl") or {}:
+            if not ATTRIBUTE_RE.fullmatch(name):
+                problems.append((("xrsl", name), f"{name!r} is not an xRSL attribute name"))
+            elif owned_attribute(name):
+                why = OWNED_ATTRIBUTES[name.lower()]
+                problems.append((("xrsl", name), f"{name} is written by the backend ({why})"))
+        return problems
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
+        self._extra_env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
+        root = Path(context.state_dir) / "arc"
+        self._ces: dict[str, CE] = {}
+        for entry in config.get("endpoints") or []:
+            url, queue, name = endpoint_entry(entry)
+            self._ces[name] = CE(Endpoint(self.name, name, url), queue, root / _safe(name))
+        self._locks = {name: threading.Lock() for name in self._ces}
+        self._prepared: set[str] = set()
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return tuple(ce.endpoint for ce in self._ces.values())
+
+    def _ce(self, endpoint: Endpoint) -> CE | None:
+        ce = self._ces.get(endpoint.name)
+        return ce if ce is not None and endpoint.backend == self.name else None
+
+    def _command(self, which: str) -> str:
+        return self._programs.get(which) or which
+
+    def _script(self) -> Path:
+        script = Path(str(self.config.get("script") or ""))
+        if not script.is_absolute() and self.context.config_path is not None:
+            script = Path(self.context.config_path).parent / script
+        # absolute: arcsub runs in the endpoint's folder, where a relative path means nothing
+        return Path(os.path.abspath(script))
+
+    def _environ(self) -> dict[str, str]:
+        # read per command: the managed proxy's path is the director's, not fixed at start
+        return {**os.environ, **self._extra_env, **self.context.credential_env("x509")}
+
+    def _deadline(self, timeout: float) -> float:
+        """When this call's commands must be done: ``command_timeout`` wins when set."""
+        return time.monotonic() + max(float(self.config.get("command_timeout") or timeout), 0.001)
+
+    def _run(self, argv: Sequence[str], deadline: float, cwd: Path | None = None) -> CommandResult:
+        return run(list(argv), max(deadline - time.monotonic(), 0.001), env=self._environ(),
+                   cwd=cwd, max_output=self.context.max_output_bytes)
+
+    def _prepare(self, ce: CE) -> str:
+        """Make the CE's private folder and empty client config; the OS error when it cannot."""
+        if ce.endpoint.name in self._prepared and ce.client_conf.exists():
+            return ""
+        try:
+            ensure_private_dir(ce.folder)
+            if not ce.client_conf.exists():
+                # an empty client config: -z keeps the client from creating ~/.arc/client.conf
+                atomic_write(ce.client_conf, b"", durable=False)
+        except OSError as exc:
+            return f"cannot prepare {ce.folder}: {exc}"
+        self._prepared.add(ce.endpoint.name)
+        return ""
+
+    def _client(self, which: str, ce: CE) -> list[str]:
+        return [self._command(which), "-z", str(ce.client_conf), "-j", str(ce.job_list)]
+
+    def description(self, ce: CE, request: SubmitRequest) -> str:
+        """The xRSL of one pilot."""
+        script = self._script()
+        attributes: list[tuple[str, Any]] = [
+            ("executable", script.name),
+            ("inputfiles", [[script.name, str(script)]]),
+            ("jobname", str(self.config.get("job_name") or "gridgate-pilot")),
+            ("stdout", STDOUT), ("stderr", STDERR), ("gmlog", GMLOG),
+        ]
+        if ce.queue:
+            attributes.append(("queue", ce.queue))
+        attributes += [(str(k), v) for k, v in (self.config.get("xrsl") or {}).items()]
+        return xrsl(attributes)
+
+    def arcsub_argv(self, ce: CE, files: Sequence[Path], *, verbose: bool = False) -> list[str]:
+        return [*self._client("arcsub", ce), "-C", ce.endpoint.url, "-T", "arcrest",
+                *(["-d", "VERBOSE"] if verbose else []), *(str(f) for f in files)]
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+        if backend != self.name:
+            return None
+        return BackendInfo(backend=self.name, endpoints=self.endpoints(),
+                           pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
+                           command_timeout=self.config.get("command_timeout"), list_match=False,
+                           credentials=("x509",))
+
+    @hookimpl
+    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest,
+                        timeout: float) -> SubmitResult | None:
+        ce = self._ce(endpoint)
+        if ce is None:
+            return None
+        problem = self._prepare(ce)
+        files: list[Path] = []
+        if not problem:
+            try:
+                for _pilot in range(request.count):
+                    path = ce.folder / f"pilot-{uuid.uuid4().hex}.xrsl"
+                    atomic_write(path, self.description(ce, request).encode(), durable=False)
+                    files.append(path)
+            except OSError as exc:
+                problem = f"cannot write a job description in {ce.folder}: {exc}"
+        if problem:
+            self._remove(files)
+            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, local_fault=problem,
+                                message=problem)
+        deadline = self._deadline(timeout)
+        try:
+            outcome = self._run(self.arcsub_argv(ce, files), deadline, cwd=ce.folder)
+            if vague(outcome) and deadline > time.monotonic():
+                # arcsub prints the same one ERROR line for an untrusted CA, an unknown DN, a
+                # queue not offered and a wrong path (nothing was submitted); its VERBOSE lines
+                # tell them apart, so the call is made once more with them (classify.py)
+                outcome = self._run(self.arcsub_argv(ce, files, verbose=True), deadline, cwd=ce.folder)
+        finally:
+            self._remove(files)
+        ids = [i for i in submitted_ids(outcome.stdout) if JOB_ID_RE.match(i)]
+        if ids:
+            if len(ids) < request.count:
+                logger.warning("{}: arcsub submitted {} of {} pilots: {}", endpoint.key, len(ids),
+                               request.count, clip(outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else ""))
+            if "Job list file cannot be created" in outcome.stderr or "Unable to open job list file" in outcome.stderr:
+                logger.error("{}: arcsub could not record its jobs in {}; they are tracked by id only",
+                             endpoint.key, ce.job_list)
+            return SubmitResult(endpoint, ok=True, job_ids=tuple(ids), command=outcome,
+                                operation=OPERATION_SUBMIT)
+        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
+                            message=outcome.describe() if not outcome.ok else
+                            "arcsub exited 0 but printed no 'Job submitted with jobid:' line")
+
+    @staticmethod
+    def _remove(files: Sequence[Path]) -> None:
+        for path in files:
+            with contextlib.suppress(FileNotFoundError):  # already gone is what we want
+                path.unlink()
+
+    @hookimpl
+    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+        if self._ce(endpoint) is None:
+            return None
+        if result.local_fault:
+            return None  # core's default says local_io for a file this machine could not write
+        return classify(result.command, result.message)
+
+    @hookimpl
+    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
+                            timeout: float) -> StatusResult | None:
+        ce = self._ce(endpoint)
+        if ce is None:
+            return None
+        ids = [str(j) for j in job_ids]
+        bad = [j for j in ids if not JOB_ID_RE.match(j)]
+        if bad:
+            return StatusResult(endpoint, ok=False, commands=0, message=f"not ARC job ids: {bad[:5]}")
+        if not ids:
+            return StatusResult(endpoint, ok=True, commands=0)
+        if not ce.job_list.exists():
+            # the client's only memory of these jobs is gone: it would ask the CE about none
+            logger.error("{}: job list {} is missing; its {} pilot(s) are unknown to the client",
+                         endpoint.key, ce.job_list, len(ids))
+            return StatusResult(endpoint, ok=True, commands=0,
+                                message=f"job list {ce.job_list} is missing")
+        deadline = self._deadline(timeout)
+        prefix = self._client("arcstat", ce)
+        chunks = argv_chunks(prefix, ids)
+        statuses: dict[str, JobStatus] = {}
+        failed: dict[str, str] = {}
+        last: CommandResult | None = None
+        for argv in chunks:
+            outcome = self._run(argv, deadline)
+            last = outcome
+            report = parse_arcstat(outcome.stdout, outcome.stderr)
+            asked = argv[len(prefix):]
+            answered = bool(report.statuses) or bool(report.gone)
+            # arcstat exits 0 when no job returned information (CE down, proxy refused): with
+            # pilots asked and none answered nor known gone, the poll failed
+            if outcome.timed_out or outcome.launch_error or not answered:
+                none_in_list = outcome.returncode == 1 and "No jobs found" in outcome.stdout + outcome.stderr
+                if none_in_list and set(not_in_list(outcome.stdout + outcome.stderr)) >= set(asked):
+                    continue  # none of them is in the job list: all unknown, an answer
+                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
+                                    message=self._status_problem(outcome, report.failed))
+            statuses.update(report.statuses)
+            failed.update(report.failed)
+        for job_id, why in failed.items():  # the CE answered for others but not for these
+            statuses.setdefault(job_id, JobStatus(job_id=job_id, state="unknown", reason=clip(why)))
+        statuses = {k: v for k, v in statuses.items() if k in set(ids)}
+        self._sample_stderr(ce, statuses, deadline)
+        self._note_terminal(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
+        return StatusResult(endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks))
+
+    @staticmethod
+    def _status_problem(outcome: CommandResult, failed: Mapping[str, str]) -> str:
+        if not outcome.ok and (outcome.timed_out or outcome.launch_error):
+            return outcome.describe()
+        why = next(iter(failed.values()), "")
+        return clip(f"arcstat: no job returned information{f' ({why})' if why else ''}")
+
+    def _sample_stderr(self, ce: CE, statuses: dict[str, JobStatus], deadline: float) -> None:
+        """Add the end of a few failed pilots' stderr (arcget -k: kept on the CE) to their reason."""
+        samples = int(self.config.get("stderr_samples", 3))
+        keep = int(self.config.get("stderr_bytes", 1000))
+        failed = [s for s in statuses.values() if s.state == "failed"][:samples]
+        if not failed or keep <= 0:
+            return
+        try:
+            download = Path(tempfile.mkdtemp(prefix="arcget-", dir=ce.folder))
+        except OSError as exc:
+            logger.warning("{}: no folder for arcget: {}", ce.endpoint.key, exc)
+            return
+        try:
+            argv = [*self._client("arcget", ce), "-k", "-D", str(download), *(s.job_id for s in failed)]
+            outcome = self._run(argv, deadline)
+            if not outcome.ok:
+                logger.info("{}: arcget of failed pilots' stderr: {}", ce.endpoint.key, outcome.describe())
+            for status in failed:
+                tail = _tail(download / status.job_id.rsplit("/", 1)[-1] / STDERR, keep)
+                if tail:
+                    reason = "; ".join(t for t in (status.reason, f"stderr: {tail}") if t)
+                    statuses[status.job_id] = JobStatus(
+                        job_id=status.job_id, state=status.state, native=status.native,
+                        reason=reason, exit_code=status.exit_code)
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+
+    # --- cleaning ---------------------------------------------------------------------------
+
+    def _note_terminal(self, ce: CE, job_ids: Sequence[str]) -> None:
+        """Remember pilots seen in a final state; they are cleaned once recorded (at the end of
+        the iteration), so a crash before the registry wrote them loses no state."""
+        if not job_ids or self.config.get("keep_on_ce"):
+            return
+        with self._locks[ce.endpoint.name]:
+            pending = self._pending(ce)
+            try:
+                atomic_write(ce.pending_clean, json.dumps(sorted({*pending, *job_ids})).encode(),
+                             durable=False)
+            except OSError as exc:
+                logger.error("{}: cannot record pilots to clean in {}: {}", ce.endpoint.key,
+                             ce.pending_clean, exc)
+
+    @staticmethod
+    def _pending(ce: CE) -> list[str]:
+        try:
+            data = json.loads(ce.pending_clean.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            logger.error("unreadable {}: {}", ce.pending_clean, exc)
+            return []
+        return [str(i) for i in data if isinstance(i, str) and JOB_ID_RE.match(i)]
+
+    def clean(self, ce: CE, timeout: float) -> list[str]:
+        """arcclean the pilots recorded final; returns those removed (or already gone)."""
+        with self._locks[ce.endpoint.name]:
+            pending = self._pending(ce)
+            if not pending:
+                return []
+            deadline = self._deadline(timeout)
+            prefix = self._client("arcclean", ce)
+            done: list[str] = []
+            for argv in argv_chunks(prefix, pending):
+                outcome = self._run(argv, deadline)
+                asked = argv[len(prefix):]
+                gone = not_in_list(outcome.stdout + outcome.stderr)
+                counts = cleaned_counts(outcome.stdout)
+                if outcome.ok and counts is not None:
+                    done += asked
+                elif gone:
+                    done += [i for i in asked if i in set(gone)]
+                if not outcome.ok and not gone:
+                    logger.info("{}: arcclean failed ({}); {} pilot(s) stay to clean",
+                                ce.endpoint.key, outcome.describe(), len(asked))
+                    break
+            left = [i for i in pending if i not in set(done)]
+            try:
+                if left:
+                    atomic_write(ce.pending_clean, json.dumps(left).encode(), durable=False)
+                else:
+                    ce.pending_clean.unlink(missing_ok=True)
+            except OSError as exc:
+                logger.error("{}: cannot update {}: {}", ce.endpoint.key, ce.pending_clean, exc)
+            return done
+
+    @hookimpl
+    def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
+        if self.config.get("keep_on_ce"):
+            return
+        timeout = float(self.config.get("command_timeout") or
+                        (self.context.config.get("director") or {}).get("command_timeout") or 120)
+        for ce in self._ces.values():
+            if ce.pending_clean.exists():
+                cleaned = self.clean(ce, timeout)
+                if cleaned:
+                    logger.debug("{}: cleaned {} finished pilot(s) off the CE", ce.endpoint.key, len(cleaned))
+
+    # --- cancel -----------------------------------------------------------------------------
+
+    @hookimpl
+    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
+                        timeout: float) -> CancelResult | None:
+        ce = self._ce(endpoint)
+        if ce is None:
+            return None
+        ids = [str(j) for j in job_ids]
+        bad = [j for j in ids if not JOB_ID_RE.match(j)]
+        if bad:
+            return CancelResult(endpoint, ok=False, message=f"not ARC job ids: {bad[:5]}")
+        cancelled: list[str] = []
+        last: CommandResult | None = None
+        prefix = self._client("arckill", ce)
+        deadline = self._deadline(timeout)
+        for argv in argv_chunks(prefix, ids):
+            outcome = self._run(argv, deadline)
+            last = outcome
+            asked = argv[len(prefix):]
+            gone = set(not_in_list(outcome.stdout + outcome.stderr))
+            counts = killed_counts(outcome.stdout)
+            if counts is None and len(gone) < len(asked):
+                # "No jobs" with a connection error, a 404 or no answer: the CE did not take it
+                return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled), command=outcome,
+                                    message=outcome.describe() if not outcome.ok else "arckill printed no summary")
+            # processed jobs were killed, or had already finished (arckill skips those)
+            cancelled += [i for i in asked if i not in gone]
+        return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)
+
+
+def _tail(path: Path, size: int) -> str:
+    """The last ``size`` bytes of a text file, on one line; "" when it is missing or empty."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            length = handle.tell()
+            handle.seek(max(0, length - size))
+            data = handle.read(size)
+    except OSError:
+        return ""
+    return " ".join(data.decode("utf-8", "replace").split())
