@@ -2,9 +2,10 @@
 
 The tests, the benches and people trying the ARC backend start it the same way::
 
-    with ArcCE() as ce:
-        run(["arcsub", "-z", ce.env["ARC_CE_CLIENT_CONF"], "-j", ce.env["ARC_CE_JOBLIST"],
-             "-C", ce.url, "-T", "arcrest", "job.xrsl"], 60, env={**base, **ce.env})
+    with ArcCE() as ce:                  # or ArcCE(lrms="slurm", slurm_conf=cluster.conf)
+        env = {"PATH": "/usr/bin:/bin", "HOME": home, **ce.env}
+        run(["arcsub", "-z", env["ARC_CE_CLIENT_CONF"], "-j", env["ARC_CE_JOBLIST"],
+             "-C", ce.url, "-T", "arcrest", "job.xrsl"], 60, env=env)
 
 Everything lives under the folder: a test CA (``arcctl test-ca``), a host certificate for
 localhost, a user certificate and proxy, arc.conf and its runtime config, the two arched XML
@@ -78,8 +79,8 @@ CA_ID = "gridgate"
 PILOT_NAME = "gridgate pilot"
 #: A proxy with less than this left is renewed by start() (seconds).
 PROXY_MIN_LEFT = 2 * 3600
-#: Seconds the grid manager gets to stop by itself (it finishes its job-processing round:
-#: up to ~8 s seen) before SIGKILL.
+#: Seconds the grid manager gets to leave its job loop after SIGTERM before SIGKILL (it takes
+#: under a second; then it idles ~8 s before exiting, which is cut short: see _stop_arched).
 AREX_GRACE = 20.0
 #: What the grid manager logs once it has left its job loop after SIGTERM.
 GM_LEFT_LOOP = "Exiting jobs processing thread"
@@ -89,9 +90,9 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DAEMONS = ("arex-ws", "arex")  # the order they are stopped in
 _LOGLEVELS = {"0": "FATAL", "1": "ERROR", "2": "WARNING", "3": "INFO", "4": "VERBOSE",
               "5": "DEBUG"}
-#: What arched-arex-ws logs when its port is taken (then it listens on nothing and exits).
-_BIND_FAILED = ("Failed to bind socket", "Address already in use", "Failed to listen",
-                "No listening ports")
+#: What arched-arex-ws logs when its port is taken; it then exits ("Failed to load service
+#: side MCCs").
+_BIND_FAILED = ("Failed to bind socket", "Failed to start listening")
 
 
 class CEError(RuntimeError):
@@ -680,11 +681,14 @@ class ArcCE:
                 self._lock = _reserve_port(skip=tried)
                 self._port = self._lock.port
                 self._write_arc_conf()
-                self._write_client_conf(self._path("user"))
         except BaseException:
+            # Down again, but its Slurm jobs (if any) are left alone: a CE that failed to
+            # restart keeps its jobs for the next try.
             self.stop_service()
+            self._release_port()
             if self._own_folder:
-                self.stop()
+                shutil.rmtree(self._path(), ignore_errors=True)
+            self._stop_watchdog()
             raise
         self.last_start_seconds = time.monotonic() - begun
         return self
@@ -692,7 +696,8 @@ class ArcCE:
     def stop_service(self, grace: float = AREX_GRACE) -> None:
         """Stop the CE's daemons and kill its leftover processes, keeping the folder, the
         port reservation and the jobs: a CE that is down (``start()`` brings it back).
-        The grid manager gets ``grace`` seconds to stop by itself (it takes ~8 s)."""
+        The grid manager gets up to ``grace`` seconds to leave its job loop (it takes less
+        than one), then SIGKILL."""
         self._stop_daemons(grace)
         if self._folder is not None:
             sweep(self._folder)

@@ -92,11 +92,13 @@ class ArcClient:
             argv += ["-j", self.joblist]
         return run([*self.as_user, *argv, *args], timeout, env=self.env, cwd="/")
 
-    def submit(self, *descriptions: str) -> list[str]:
-        """Submit each xRSL string over REST (one arcsub each); return the job ids."""
+    def submit(self, *descriptions: str, options: Sequence[str] = ()) -> list[str]:
+        """Submit each xRSL string over REST (one arcsub each); return the job ids.
+        ``options`` go to arcsub (``-Q NONE``: no info query, no brokering)."""
         ids = []
         for text in descriptions:
-            result = self.run("arcsub", "-C", self.ce.url, "-T", "arcrest", "-e", text)
+            result = self.run("arcsub", "-C", self.ce.url, "-T", "arcrest", *options,
+                              "-e", text)
             found = _SUBMITTED.findall(result.stdout)
             assert result.ok and len(found) == 1, (result.describe(), result.stdout,
                                                     result.stderr)
