@@ -10,10 +10,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from polling import until
 
 from gridgate.core.runner import run
 from gridgate.plugins.arc.ce import PACKAGES, ArcCE, missing_packages
+
+# one xdist worker runs every ARC test, so the suite starts one CE of each kind, not two
+pytestmark = pytest.mark.xdist_group("arc")
 
 AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 ENV_NAMES = ["X509_USER_PROXY", "X509_USER_CERT", "X509_USER_KEY", "X509_CERT_DIR",
