@@ -339,19 +339,14 @@ def _session_members(pid: int) -> set[tuple[int, str]]:
     return members
 
 
-def _stop_arched(folder: Path, graces: Mapping[str, float],
-                 children: Mapping[str, subprocess.Popen[bytes]] | None = None) -> None:
+def _stop_arched(folder: Path, graces: Mapping[str, float]) -> None:
     """SIGTERM the arched of each daemon (by its recorded pid), arex-ws first; SIGKILL each
     still there after its grace; then the helpers of their sessions that outlived them.
     Both are signalled before either is waited for: arched-arex-ws takes ~2 s to go and the
     grid manager ~8 s, and nothing is gained by waiting for one before the other."""
-    children = dict(children or {})
     targets: dict[str, int] = {}
     for name in DAEMONS:
         pid = _arched_pid(folder, name)
-        child = children.get(name)
-        if pid is None and child is not None and child.poll() is None:
-            pid = child.pid  # started, but its pid file is not written yet
         if pid is not None:
             targets[name] = pid
     helpers: set[tuple[int, str]] = set()
@@ -388,10 +383,6 @@ def _stop_arched(folder: Path, graces: Mapping[str, float],
                     time.sleep(0.02)
                 del pending[name]
         time.sleep(0.05)
-    for child in children.values():
-        if child.poll() is None and child.pid not in targets.values():
-            child.kill()
-        child.wait()
     _kill_all(helpers, LEFTOVER_GRACE)
     for name in DAEMONS:
         Path(folder, "run", f"{name}.pid").unlink(missing_ok=True)
@@ -517,7 +508,7 @@ class ArcCE:
         self.watchdog = watchdog
         self._lock: _PortLock | None = None
         self._settings_loaded = False
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._pids: dict[str, int] = {}  # the arched started by the last start()
         self._watchdog: subprocess.Popen[bytes] | None = None
         #: Seconds the last start() took (None before the first).
         self.last_start_seconds: float | None = None
@@ -618,9 +609,6 @@ class ArcCE:
         if self._folder is None:
             return {}
         found = {name: _arched_pid(self._folder, name) for name in DAEMONS}
-        for name, proc in self._procs.items():
-            if found.get(name) is None and proc.poll() is None:
-                found[name] = proc.pid
         return {name: pid for name, pid in found.items() if pid is not None}
 
     def running(self) -> bool:
@@ -1086,18 +1074,25 @@ class ArcCE:
             with contextlib.suppress(OSError):
                 if stdout.stat().st_size > 0:  # keep the previous run's for a look
                     os.replace(stdout, stdout.with_suffix(".stdout.old"))
-            with open(stdout, "ab") as out:
-                self._procs[name] = subprocess.Popen(
-                    [str(ARCHED), "-f", "-c", str(self._path("etc", f"{name}.xml"))],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    cwd=str(self._path("log", "arccore")), start_new_session=True,
-                    close_fds=True)
+            pidfile = self._path("run", f"{name}.pid")
+            pidfile.unlink(missing_ok=True)
+            # arched is started by a launcher that exits at once, so it is no descendant of
+            # this process: its helpers (scan-*-job, CEinfo.pl) come and go all the time, and
+            # a test that checks it left no child running would count them. arched -f writes
+            # no PidFile of its own: the launcher records the pid for stop() and down().
+            launched = run([sys.executable, "-c", _LAUNCHER, str(stdout), str(pidfile),
+                            str(self._path("log", "arccore")), str(ARCHED), "-f", "-c",
+                            str(self._path("etc", f"{name}.xml"))], 60, env=env, cwd="/")
+            try:
+                pid = int(pidfile.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                raise CEError(f"could not start arched for {name}: {launched.describe()}: "
+                              f"{launched.stderr.strip()}") from None
+            self._pids[name] = pid
             # As the start scripts' `ulimit -S -n $(ulimit -H -n)`.
             with contextlib.suppress(OSError, ValueError):
                 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-                resource.prlimit(self._procs[name].pid, resource.RLIMIT_NOFILE, (hard, hard))
-            # arched -f writes no PidFile of its own: record it for down() and the watchdog.
-            self._path("run", f"{name}.pid").write_text(f"{self._procs[name].pid}\n")
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
         return self._wait_ready()
 
     def _wait_ready(self) -> str | None:
@@ -1105,8 +1100,8 @@ class ArcCE:
         listening = f"Listening on TCP port {self.port}"
         argv = [_program("arcinfo"), "-z", str(self.client_conf), "-t", "10", "-c", self.url]
         while time.monotonic() < end:
-            for name, proc in self._procs.items():
-                if proc.poll() is not None:
+            for name, pid in self._pids.items():
+                if _gone(pid):
                     if name == "arex-ws" and any(m in self.log("arex-ws.stdout")
                                                  for m in _BIND_FAILED):
                         return "port"
@@ -1144,8 +1139,8 @@ class ArcCE:
         graces = {"arex-ws": 10.0, "arex": AREX_GRACE}
         if grace is not None:
             graces = {name: min(grace, value) for name, value in graces.items()}
-        children, self._procs = self._procs, {}
-        _stop_arched(self._folder, graces, children)
+        self._pids = {}
+        _stop_arched(self._folder, graces)
 
     # --- watchdog ---------------------------------------------------------------------------
 
@@ -1170,6 +1165,20 @@ class ArcCE:
         except subprocess.TimeoutExpired:
             watchdog.kill()
             watchdog.wait()
+
+
+# Started as ``python -c _LAUNCHER STDOUT PIDFILE CWD ARGV...``: starts ARGV in a session of
+# its own, records its pid and exits, leaving it to init.
+_LAUNCHER = r"""
+import os, subprocess, sys
+stdout, pidfile, cwd, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+with open(stdout, "ab") as out:
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            cwd=cwd, start_new_session=True, close_fds=True)
+with open(pidfile + ".new", "w") as f:
+    f.write(f"{proc.pid}\n")
+os.replace(pidfile + ".new", pidfile)
+"""
 
 
 # --- the two arched XML configs, as ARC 6.17's start scripts write them -------------------------
