@@ -495,7 +495,8 @@ class ArcCE:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
         if lrms == "slurm" and slurm_conf is None:
-            raise ValueError("lrms='slurm' needs slurm_conf (the private cluster's slurm.conf)")
+            raise ValueError("lrms='slurm' needs slurm_conf, the private cluster's slurm.conf "
+                             "(SLURM_CONF; bash dev.sh slurm up prints it)")
         self._own_folder = folder is None
         self._folder = Path(folder).resolve() if folder is not None else None
         self.lrms = lrms
@@ -1420,7 +1421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         begun = time.monotonic()
         ce.start()
-    except CEError as exc:
+    except (CEError, ValueError) as exc:  # ValueError: knobs that make no CE (slurm, no conf)
         print(f"arc-ce: {exc}", file=sys.stderr)
         return 1
     # The daemons run in sessions of their own and outlive this command; ``down`` stops them.
