@@ -398,10 +398,9 @@ class ArcBackend(Plugin):
         ce = self._ce(endpoint)
         if ce is None:
             return None
-        ids = [str(j) for j in job_ids]
-        bad = [j for j in ids if not JOB_ID_RE.match(j)]
+        ids, bad = _checked_ids(job_ids)
         if bad:
-            return StatusResult(endpoint, ok=False, commands=0, message=f"not ARC job ids: {bad[:5]}")
+            return StatusResult(endpoint, ok=False, commands=0, message=bad)
         if not ids:
             return StatusResult(endpoint, ok=True, commands=0)
         if not ce.job_list.exists():
@@ -552,10 +551,9 @@ class ArcBackend(Plugin):
         ce = self._ce(endpoint)
         if ce is None:
             return None
-        ids = [str(j) for j in job_ids]
-        bad = [j for j in ids if not JOB_ID_RE.match(j)]
+        ids, bad = _checked_ids(job_ids)
         if bad:
-            return CancelResult(endpoint, ok=False, message=f"not ARC job ids: {bad[:5]}")
+            return CancelResult(endpoint, ok=False, message=bad)
         cancelled: list[str] = []
         last: CommandResult | None = None
         prefix = self._client("arckill", ce)
@@ -573,6 +571,14 @@ class ArcBackend(Plugin):
             # processed jobs were killed, or had already finished (arckill skips those)
             cancelled += [i for i in asked if i not in gone]
         return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)
+
+
+def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
+    """The ids as text, and a complaint naming those that are no ARC job id ("" if none): an id
+    reaches an argv, so only the form arcsub printed is passed on."""
+    ids = [str(j) for j in job_ids]
+    bad = [j for j in ids if not JOB_ID_RE.match(j)]
+    return ids, f"not ARC job ids: {bad[:5]}" if bad else ""
 
 
 def _tail(path: Path, size: int) -> str:

@@ -26,3 +26,22 @@ class TestArcBackendContract(BackendContract):
         script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
         return {"endpoints": ["https://ce.example.org:443/arex"], "script": str(script),
                 "commands": {name: program for name in ("arcsub", "arcstat", "arckill", "arcclean", "arcget")}}
+
+
+def test_ids_that_are_no_arc_job_id_never_reach_a_command(tmp_path) -> None:
+    from gridgate.core.testing import build_plugin, stand_in_command
+
+    program = stand_in_command(tmp_path / "bin", "arc-command", stdout="")
+    script = tmp_path / "pilot.sh"
+    script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    backend = build_plugin(ArcBackend, {"endpoints": ["https://ce.example.org/arex"], "script": str(script),
+                                        "commands": {"arcstat": str(program), "arckill": str(program)}},
+                           state_dir=tmp_path / "state", name="arc")
+    (endpoint,) = backend.gridgate_backend_info(backend="arc").endpoints
+    bad = ["https://ce.example.org/arex/rest/1.0/jobs/ok1", "x; rm -rf /"]
+    status = backend.gridgate_job_status(endpoint=endpoint, job_ids=bad, timeout=5)
+    cancel = backend.gridgate_cancel(endpoint=endpoint, job_ids=bad, timeout=5)
+    assert not status.ok and "rm -rf" in status.message and not cancel.ok
+    assert program.calls() == []
+    empty = backend.gridgate_job_status(endpoint=endpoint, job_ids=[], timeout=5)
+    assert empty.ok and empty.commands == 0 and program.calls() == []
