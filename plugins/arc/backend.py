@@ -427,8 +427,11 @@ class ArcBackend(Plugin):
                 none_in_list = outcome.returncode == 1 and "No jobs found" in outcome.stdout + outcome.stderr
                 if none_in_list and set(not_in_list(outcome.stdout + outcome.stderr)) >= set(asked):
                     continue  # none of them is in the job list: all unknown, an answer
+                # arcstat says nothing of an expired proxy ("wrong response: <garbage>"): so
+                # that no CE is blamed for our proxy, the file is read here (classify.py)
+                problem = proxy_problem(self._environ(), self.context.clock.time())
                 return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
-                                    message=self._status_problem(outcome, report.failed))
+                                    message=problem or self._status_problem(outcome, report.failed))
             statuses.update(report.statuses)
             failed.update(report.failed)
         for job_id, why in failed.items():  # the CE answered for others but not for these
@@ -571,6 +574,28 @@ class ArcBackend(Plugin):
             # processed jobs were killed, or had already finished (arckill skips those)
             cancelled += [i for i in asked if i not in gone]
         return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)
+
+
+def proxy_problem(environ: Mapping[str, str], now: float) -> str:
+    """Why the proxy the client would use is unusable, in the client's own words (``Proxy
+    expired``, ``Cannot find any proxy``) so that it classifies as ``credential``; "" when it
+    is valid or cannot be judged (no X509_USER_PROXY: the client looks elsewhere too)."""
+    path = environ.get("X509_USER_PROXY") or f"/tmp/x509up_u{os.getuid()}"
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return f"Cannot find any proxy: {path} does not exist" if environ.get("X509_USER_PROXY") else ""
+    except OSError as exc:
+        return f"Cannot find any proxy: {path}: {exc.strerror}"
+    try:
+        from cryptography import x509
+
+        ends = min(c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(data))
+    except ValueError:
+        return f"Cannot find any proxy: {path} holds no readable certificate"
+    if ends <= now:
+        return f"Proxy expired: {path} ended {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ends))}"
+    return ""
 
 
 def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:

@@ -98,10 +98,12 @@ def clip(line: str) -> str:
 
 def match(command: CommandResult) -> tuple[Pattern, str] | None:
     """The first known pattern in what ``command`` printed, with the line that matched."""
-    text = f"{command.stderr}\n{command.stdout}"
-    lines = text.splitlines()
+    return _match_text(f"{command.stderr}\n{command.stdout}")
+
+
+def _match_text(text: str) -> tuple[Pattern, str] | None:
     for pattern in PATTERNS:
-        for line in lines:
+        for line in text.splitlines():
             if pattern.regex.search(line):
                 return pattern, line.strip()
     return None
@@ -120,7 +122,8 @@ def classify(command: CommandResult | None, message: str = "") -> Failure:
         return KINDS["config"].failure(clip(message or "nothing was run"), exclude=False)
     if command.launch_error is not None:
         return KINDS["launch"].failure(clip(f"could not start {command.argv[0]}: {command.launch_error}"))
-    found = match(command)
+    # a message of the backend's own (a poll that found the proxy expired) speaks first
+    found = _match_text(message) or match(command)
     if found is not None:
         pattern, line = found
         return KINDS[pattern.kind].failure(clip(f"{pattern.label}: {line!r}"), exclude=pattern.exclude,

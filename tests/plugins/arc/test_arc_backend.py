@@ -312,3 +312,23 @@ def test_arc_commands_take_tokens_of_their_category_and_get_shims(arc, tmp_path)
             daemon.wait(30)
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def test_a_poll_with_an_expired_unmanaged_proxy_blames_no_ce(arc, tmp_path) -> None:
+    """Without credentials.x509_proxy the proxy comes from the backend's env; arcstat then says
+    only 'wrong response: <garbage>' and exits 0: the backend reads the file, so the failed
+    poll is the site's credential, not the CE's fault."""
+    site = ArcSite(arc, tmp_path / "unmanaged", "sleep 120")
+    doc = site.doc(pilots=1)
+    del doc["credentials"]
+    doc["backends"]["arc"]["env"]["X509_USER_PROXY"] = str(site.proxy)
+    assert site.run_once(doc)["pilots_submitted"] == 1
+    now = datetime.now(UTC)
+    arc.make_proxy(site.proxy, start=now - timedelta(hours=3), end=now - timedelta(hours=1))
+    polled = site.run_once({**doc, "director": {**doc["director"], "paused": True}})
+    assert [p["outcome"] for p in polled["pilots"]["polls"]] == ["failed"], polled["pilots"]
+    assert [f["kind"] for f in polled["failures"]] == ["credential"], polled["failures"]
+    assert polled["excluded"] == [], polled
+    assert all(n["level"] != "alarm" for n in polled["notifications"])
+    shutil.copyfile(arc.proxy, site.proxy)  # a good proxy again: the pilot is cancelled on the CE
+    assert site.gridgate("pilots", "cancel", "-c", str(site.folder / "site.yaml"), "--all").returncode == 0
