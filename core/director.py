@@ -325,6 +325,9 @@ class Director:
         self.config = source.current if isinstance(source, ConfigSource) else source
         self._early_notes: list[Notification] = []
         self._reload_notes: list[Notification] = []  # accepted config changes, said at info
+        #: notifications each notifier (by plugin name) failed to take since the start
+        self.notify_failures: dict[str, int] = {}
+        self._notify_lock = threading.Lock()
         self.state = ResilientState(
             # Deferred: a store that cannot be opened at start (read-only file, Redis down)
             # is one notification and a local view, not a crash.
@@ -362,7 +365,28 @@ class Director:
         if not hasattr(self, "pm"):  # the store failed while the notifiers were being built
             self._early_notes.append(note)
             return
-        self.pm.hook.gridgate_notify(notification=note)
+        self.notify(note)
+
+    def notify(self, note: Notification) -> None:
+        """Give ``note`` to every notifier, each on its own.
+
+        pluggy calls a broadcast hook's implementations in one loop and stops at the first
+        exception, so one broken notifier (a folder gone, a full disk) would silence the rest
+        and end the iteration. Here a failing one is logged and counted, the others are still
+        told, and the director goes on.
+        """
+        impls = [i for i in self.pm.hook.gridgate_notify.get_hookimpls() if not (i.hookwrapper or i.wrapper)]
+        for impl in reversed(impls):  # pluggy's own order: last registered and tryfirst first
+            try:
+                impl.function(notification=note)
+            except Exception as exc:
+                with self._notify_lock:
+                    count = self.notify_failures[impl.plugin_name] = self.notify_failures.get(impl.plugin_name, 0) + 1
+                # the traceback once (a plugin bug needs it), then one line per notification
+                (logger.opt(exception=exc) if count == 1 else logger).error(
+                    "notifier {} failed ({} time{} so far), the others were still told: {}: {}: {}",
+                    impl.plugin_name.split(":", 1)[-1], count, "" if count == 1 else "s",
+                    note.subject, type(exc).__name__, exc)
 
     def _start_metrics(self, port: int) -> None:
         try:
@@ -407,7 +431,7 @@ class Director:
         for plugin in old:
             _close(plugin)
         while self._early_notes:
-            self.pm.hook.gridgate_notify(notification=self._early_notes.pop(0))
+            self.notify(self._early_notes.pop(0))
 
     def _reload(self) -> str | None:
         """Re-read the config; rebuild plugins if it changed. Returns a refusal, if any."""
@@ -499,7 +523,7 @@ class Director:
                 key=f"config/{info.started:.0f}",
             )
             logger.error("config refused, the last good config stays in force:\n{}", refusal)
-            hook.gridgate_notify(notification=config_note)
+            self.notify(config_note)
         hook.gridgate_iteration_started(iteration=info)
         demand = DemandRegistry()
         if not self.config.director["paused"]:  # paused on purpose: no demand, no stall
@@ -515,7 +539,7 @@ class Director:
             it.notifications.append(config_note)
         while self._reload_notes:
             it.notifications.append(self._reload_notes.pop(0))
-            hook.gridgate_notify(notification=it.notifications[-1])
+            self.notify(it.notifications[-1])
         self._check_credentials(it, demand)  # before any command could use one
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
         jobs = self._plan(demand, it)
@@ -528,7 +552,7 @@ class Director:
         watched = [r for r in it.records if r.failure_kind != "credential"]
         for note in self.stall.observe(info, watched, self.config.director):
             it.notifications.append(note)
-            hook.gridgate_notify(notification=note)
+            self.notify(note)
         summary = IterationSummary(
             number=info.number,
             started=info.started,
@@ -692,7 +716,7 @@ class Director:
         for note in notes:
             with it.lock:
                 it.notifications.append(note)
-            self.pm.hook.gridgate_notify(notification=note)
+            self.notify(note)
 
     # --- one submission ---------------------------------------------------------------------
 
@@ -851,7 +875,7 @@ class Director:
                 note = compose_failure(endpoint, failure, escalation, result, self.clock.time())
                 with it.lock:
                     it.notifications.append(note)
-                hook.gridgate_notify(notification=note)
+                self.notify(note)
         return failure
 
     def _local_fault(self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: _Iteration) -> None:
@@ -873,7 +897,7 @@ class Director:
         note = compose_local_fault(endpoint, failure, result, now, repeat_every)
         with it.lock:
             it.notifications.append(note)
-        self.pm.hook.gridgate_notify(notification=note)
+        self.notify(note)
 
     def _account(
         self,
