@@ -487,6 +487,22 @@ def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config
                   lines=config.lines)
 
 
+def cut_problem(text: str, filename: str) -> ConfigProblem | None:
+    """Why ``text`` may be a file cut short, or None.
+
+    A file being written, or copied by a tool that stopped, can end inside a value where
+    YAML cannot tell: ``max: 100`` cut to ``max: 1`` is still a valid document. Every editor
+    and every whole copy ends the last line with a newline, so a non-empty file without one
+    is taken for cut and refused on reload; the running director keeps its last good config.
+    """
+    if not text.strip() or text.endswith("\n"):
+        return None
+    last = text.count("\n") + 1
+    return ConfigProblem(filename, last, (), "the file does not end with a newline: its last line "
+                         "may be cut short (a file still being written, or a truncated copy); "
+                         "refused until the file is whole")
+
+
 @dataclass(frozen=True)
 class ReloadOutcome:
     """What :meth:`ConfigSource.reload` found: a new config (``previous`` is the one it
@@ -529,6 +545,9 @@ class ConfigSource:
             if digest == self._current.digest:
                 self._refused_digest = None
                 return ReloadOutcome(changed=False)
+            cut = cut_problem(text, str(self.path))
+            if cut is not None:
+                return self._refused(digest, ConfigError([cut]))
             try:
                 new = load_config(self.path, text=text)
                 problems = vet(new) if vet is not None else []

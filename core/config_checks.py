@@ -177,12 +177,33 @@ def change_summary(found: list[tuple[PathT, str]], limit: int = 6) -> str:
     return ", ".join(parts) or "no setting changed (comments or layout only)"
 
 
+def _is_limit(path: PathT) -> bool:
+    # the settings that cap what is submitted or held: a cut or mistyped one starves a site
+    key = str(path[-1]) if path else ""
+    return key.startswith("max") or "limit" in key or "keep" in key
+
+
+def lowered_limits(old: Config, new: Config) -> list[tuple[PathT, str]]:
+    """The limits (``max*``, ``*limit*``, ``keep*``) whose number went down."""
+    before, after = dict(_leaves(old.data)), dict(_leaves(new.data))
+    found: list[tuple[PathT, str]] = []
+    for path in sorted(set(before) & set(after), key=format_path):
+        a, b = before[path], after[path]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+        if numbers and _is_limit(path) and b < a:
+            found.append((path, f"{_shown(a)} -> {_shown(b)}"))
+    return found
+
+
 def change_notification(old: Config, new: Config, now: float) -> Notification:
-    """The ``info`` notice of an accepted config change (also logged), so that an edit
-    nobody expected is seen; it names the settings that need a restart to take effect."""
+    """The notice of an accepted config change (also logged), so that an edit nobody expected
+    is seen; it names the settings that need a restart to take effect. It is ``info``, or an
+    ``error`` naming them when a limit went down: a file cut inside a value (``max: 100`` read
+    as ``max: 1``) or a slip of the keyboard must reach a person, not only the log."""
     found = changes(old, new)
     summary = change_summary(found)
     restart = needs_restart(found)
+    lowered = lowered_limits(old, new)
     where = new.path or "<config>"
     if restart:
         effect = (f"new settings take effect now, except {', '.join(restart)}, read only at start: "
@@ -191,7 +212,16 @@ def change_notification(old: Config, new: Config, now: float) -> Notification:
         effect = "new settings take effect now"
     logger.info("config {} changed: {}; {}", where, summary, effect)
     lines = [f"The config file {where} changed and was accepted; {effect}.", "", "Changed:"]
-    lines += [f"- {format_path(path)}: {what}" for path, what in found] or ["- (comments or layout only)"]
-    return Notification(level="info", subject=f"gridgate: config changed: {summary}",
+    shrunk = {path for path, _ in lowered}
+    lines += [f"- {format_path(path)}: {what}{' (lowered)' if path in shrunk else ''}" for path, what in found] \
+        or ["- (comments or layout only)"]
+    subject = f"gridgate: config changed: {summary}"
+    if lowered:
+        named = change_summary(lowered)
+        logger.warning("config {}: limits lowered: {}", where, named)
+        subject = f"gridgate: config changed, limits lowered: {named}"
+        lines += ["", "Limits were lowered. If nobody meant to, check that the file is whole and "
+                  "as intended: a value cut short still reads as a number."]
+    return Notification(level="error" if lowered else "info", subject=subject,
                         body="\n".join(lines) + "\n", created=now,
                         key=f"config-change/{new.digest[:16]}/{now:.0f}")

@@ -229,3 +229,45 @@ def test_the_example_config_cut_at_every_byte_is_refused_or_still_submits(tmp_pa
     print(f"{len(text)} bytes: {refused} cuts refused, {len(text) + 1 - refused} validate "
           f"({len(valid)} distinct documents), every one of them submits; "
           f"{len(verdicts)} distinct documents checked")
+
+
+# --- a file cut inside a mapping, and limits lowered on reload (issue 21, item 10) ----------
+
+CUT_BASE = ("state: {driver: memory}\ndirector:\n  max_threads: 2\n  cycle_seconds: 60\n"
+            "  pilots:\n    max_waiting: 100\ndemand: {static: {testbed: 2}}\n")
+
+
+def test_a_reload_cut_inside_a_value_is_refused(write) -> None:
+    director, notes, _, path = running(write, CUT_BASE)
+    director.run_iteration()
+    # the last line cut short: "max_waiting: 100" became "max_waiting: 1", and YAML cannot tell
+    cut = ("state: {driver: memory}\ndemand: {static: {testbed: 2}}\ndirector:\n  max_threads: 2\n"
+           "  cycle_seconds: 60\n  pilots:\n    max_waiting: 1")
+    path.write_text(cut)
+    summary = director.run_iteration()
+    assert summary.config_error is not None and "does not end with a newline" in summary.config_error
+    assert director.config.director["pilots"]["max_waiting"] == 100  # the last good config
+    assert [n.level for n in notes.notes] == ["error"]
+    path.write_text(cut + "00\n")  # the writer finished: the same file, whole, is taken
+    summary = director.run_iteration()
+    assert summary.config_error is None
+    assert director.config.director["pilots"]["max_waiting"] == 100
+    director.close()
+
+
+def test_a_limit_lowered_on_reload_is_named_in_a_warning(write) -> None:
+    director, notes, _, path = running(write, CUT_BASE)
+    director.run_iteration()
+    path.write_text(CUT_BASE.replace("max_waiting: 100", "max_waiting: 1")
+                    .replace("max_threads: 2", "max_threads: 1"))
+    summary = director.run_iteration()
+    assert summary.config_error is None and director.config.director["pilots"]["max_waiting"] == 1
+    (note,) = notes.notes
+    assert note.level == "error"  # reaches the error address, not only the log
+    assert note.subject == ("gridgate: config changed, limits lowered: director.max_threads 2 -> 1, "
+                            "director.pilots.max_waiting 100 -> 1")
+    assert "- director.pilots.max_waiting: 100 -> 1 (lowered)\n" in note.body
+    path.write_text(CUT_BASE.replace("cycle_seconds: 60", "cycle_seconds: 30"))
+    director.run_iteration()
+    assert notes.notes[-1].level == "info"  # raising limits back, or a shorter cycle, is no warning
+    director.close()
