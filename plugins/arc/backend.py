@@ -79,6 +79,9 @@ OWNED_ATTRIBUTES: dict[str, str] = {
     "queue": "the queue comes from the endpoint's queue",
 }
 STDOUT, STDERR, GMLOG = "pilot.out", "pilot.err", "gmlog"
+#: Seconds a final pilot that arcclean would not delete is tried again (a cancelled job is
+#: deleted once the CE has killed it, ~30 s on fork).
+CLEAN_GIVE_UP = 86400.0
 COMMANDS = (("arcsub", "submit"), ("arcstat", "status"), ("arckill", "cancel"),
             ("arcclean", "clean"), ("arcget", "output retrieval"))
 
@@ -482,28 +485,47 @@ class ArcBackend(Plugin):
         the iteration), so a crash before the registry wrote them loses no state."""
         if not job_ids or self.config.get("keep_on_ce"):
             return
+        now = self.context.clock.time()
         with self._locks[ce.endpoint.name]:
             pending = self._pending(ce)
-            try:
-                atomic_write(ce.pending_clean, json.dumps(sorted({*pending, *job_ids})).encode(),
-                             durable=False)
-            except OSError as exc:
-                logger.error("{}: cannot record pilots to clean in {}: {}", ce.endpoint.key,
-                             ce.pending_clean, exc)
+            for job_id in job_ids:
+                pending.setdefault(job_id, now)
+            self._write_pending(ce, pending)
 
     @staticmethod
-    def _pending(ce: CE) -> list[str]:
+    def _pending(ce: CE) -> dict[str, float]:
+        """Pilot id -> when it was first noted for cleaning."""
         try:
             data = json.loads(ce.pending_clean.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return []
+            return {}
         except (OSError, ValueError) as exc:
             logger.error("unreadable {}: {}", ce.pending_clean, exc)
-            return []
-        return [str(i) for i in data if isinstance(i, str) and JOB_ID_RE.match(i)]
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): float(v) for k, v in data.items()
+                if isinstance(k, str) and JOB_ID_RE.match(k) and isinstance(v, (int, float))}
+
+    @staticmethod
+    def _write_pending(ce: CE, pending: Mapping[str, float]) -> None:
+        try:
+            if pending:
+                ensure_private_dir(ce.folder)
+                atomic_write(ce.pending_clean, json.dumps(dict(sorted(pending.items()))).encode(),
+                             durable=False)
+            else:
+                ce.pending_clean.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.error("{}: cannot record pilots to clean in {}: {}", ce.endpoint.key,
+                         ce.pending_clean, exc)
 
     def clean(self, ce: CE, timeout: float) -> list[str]:
-        """arcclean the pilots recorded final; returns those removed (or already gone)."""
+        """arcclean the pilots recorded final; returns those removed (or already gone).
+
+        arcclean deletes only jobs the CE has finished: a pilot cancelled a moment ago is still
+        being killed there (``Jobs processed: 1, deleted: 0``), so it stays to be cleaned at a
+        later iteration, for at most ``CLEAN_GIVE_UP`` seconds."""
         with self._locks[ce.endpoint.name]:
             pending = self._pending(ce)
             if not pending:
@@ -511,27 +533,28 @@ class ArcBackend(Plugin):
             deadline = self._deadline(timeout)
             prefix = self._client("arcclean", ce)
             done: list[str] = []
-            for argv in argv_chunks(prefix, pending):
+            for argv in argv_chunks(prefix, list(pending)):
                 outcome = self._run(argv, deadline)
                 asked = argv[len(prefix):]
-                gone = not_in_list(outcome.stdout + outcome.stderr)
+                gone = set(not_in_list(outcome.stdout + outcome.stderr))
                 counts = cleaned_counts(outcome.stdout)
-                if outcome.ok and counts is not None:
-                    done += asked
-                elif gone:
-                    done += [i for i in asked if i in set(gone)]
+                done += [i for i in asked if i in gone]  # cleaned earlier, or by someone else
+                if outcome.ok and counts is not None and counts[1] >= len(asked) - len(gone):
+                    done += [i for i in asked if i not in gone]
+                    continue
+                # some were not deleted (not finished there yet) or the call failed: those
+                # deleted now are "not in the job list" at the next call, the rest are tried again
                 if not outcome.ok and not gone:
                     logger.info("{}: arcclean failed ({}); {} pilot(s) stay to clean",
                                 ce.endpoint.key, outcome.describe(), len(asked))
                     break
-            left = [i for i in pending if i not in set(done)]
-            try:
-                if left:
-                    atomic_write(ce.pending_clean, json.dumps(left).encode(), durable=False)
-                else:
-                    ce.pending_clean.unlink(missing_ok=True)
-            except OSError as exc:
-                logger.error("{}: cannot update {}: {}", ce.endpoint.key, ce.pending_clean, exc)
+            now = self.context.clock.time()
+            left = {i: t for i, t in pending.items() if i not in set(done)}
+            stale = [i for i, t in left.items() if now - t > CLEAN_GIVE_UP]
+            if stale:
+                logger.warning("{}: {} pilot(s) could not be cleaned off the CE for {:.0f} h; given up: {}",
+                               ce.endpoint.key, len(stale), CLEAN_GIVE_UP / 3600, " ".join(stale[:5]))
+            self._write_pending(ce, {i: t for i, t in left.items() if i not in set(stale)})
             return done
 
     @hookimpl
@@ -573,6 +596,9 @@ class ArcBackend(Plugin):
                                     message=outcome.describe() if not outcome.ok else "arckill printed no summary")
             # processed jobs were killed, or had already finished (arckill skips those)
             cancelled += [i for i in asked if i not in gone]
+        # a cancelled pilot is final and never polled again: it is cleaned like one seen final
+        # (arcclean takes it once the CE has killed it)
+        self._note_terminal(ce, cancelled)
         return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)
 
 

@@ -208,6 +208,12 @@ def test_pilots_cancel_kills_the_pilot_on_the_ce(scenario) -> None:
             break
         assert time.monotonic() < deadline, status.stdout + status.stderr
         time.sleep(3)
+    # a cancelled pilot is never polled again, yet it is cleaned off the CE: by the end of the
+    # first iteration after the CE finished killing it (arcclean deletes only finished jobs)
+    site.run_once(site.doc(paused=True))
+    status = site.arcstat([job])
+    assert "Job not found in job list" in status.stdout + status.stderr, status.stdout + status.stderr
+    assert not (site.ce.folder / "session" / job.rsplit("/", 1)[-1]).exists()
 
 
 def test_pilots_through_a_ce_whose_lrms_is_slurm(scenario, arc_ce_slurm) -> None:

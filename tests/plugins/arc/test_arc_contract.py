@@ -45,3 +45,29 @@ def test_ids_that_are_no_arc_job_id_never_reach_a_command(tmp_path) -> None:
     assert program.calls() == []
     empty = backend.gridgate_job_status(endpoint=endpoint, job_ids=[], timeout=5)
     assert empty.ok and empty.commands == 0 and program.calls() == []
+
+
+def test_a_final_pilot_arcclean_would_not_delete_yet_stays_to_clean_until_it_gives_up(tmp_path) -> None:
+    """arcclean deletes only jobs the CE has finished (a cancelled job still being killed prints
+    `Jobs processed: 1, deleted: 0`): such a pilot is tried again, for CLEAN_GIVE_UP seconds."""
+    from gridgate.core.clock import FakeClock
+    from gridgate.core.testing import build_plugin, stand_in_command
+    from gridgate.plugins.arc.backend import CLEAN_GIVE_UP
+
+    job = "https://ce.example.org/arex/rest/1.0/jobs/gg1"
+    script = tmp_path / "pilot.sh"
+    script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    not_yet = stand_in_command(tmp_path / "bin", "arcclean", stdout="Jobs processed: 1, deleted: 0\n")
+    killed = stand_in_command(tmp_path / "bin", "arckill",
+                              stdout="Jobs processed: 1, successfully killed: 1, successfully cleaned: 0\n")
+    clock = FakeClock()
+    backend = build_plugin(ArcBackend, {"endpoints": ["https://ce.example.org/arex"], "script": str(script),
+                                        "commands": {"arcclean": str(not_yet), "arckill": str(killed)}},
+                           clock=clock, state_dir=tmp_path / "state", name="arc")
+    (endpoint,) = backend.gridgate_backend_info(backend="arc").endpoints
+    assert backend.gridgate_cancel(endpoint=endpoint, job_ids=[job], timeout=5).cancelled == (job,)
+    (ce,) = backend._ces.values()
+    assert backend.clean(ce, 5) == [] and job in ce.pending_clean.read_text()
+    clock.advance(CLEAN_GIVE_UP + 1)
+    assert backend.clean(ce, 5) == [] and not ce.pending_clean.exists()
+    assert len(not_yet.calls()) == 2
