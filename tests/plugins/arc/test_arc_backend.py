@@ -144,7 +144,10 @@ def scenario(arc_ce, arc_ce_slurm, tmp_path_factory):
         "slurm": ArcSite(arc_ce_slurm, root / "slurm", "echo pilot via slurm; exit 0"),
     }
     counts = {"ok": 3, "fail": 3, "long": 1, "slurm": 1}
-    first = {name: site.run_once(site.doc(pilots=counts[name])) for name, site in sites.items()}
+    # the healthy pilots go in one arcsub call of three descriptions (pilots_per_submission)
+    bulk = {"ok": {"pilots_per_submission": 3}}
+    first = {name: site.run_once(site.doc(pilots=counts[name], **bulk.get(name, {})))
+             for name, site in sites.items()}
     return sites, first
 
 
@@ -153,6 +156,7 @@ def test_submits_the_pilots_that_the_real_arcstat_knows(scenario) -> None:
     ok = first["ok"]
     ids = submitted_ids(ok)
     assert ok["pilots_submitted"] == 3 and len(ids) == 3, ok
+    assert [len(row["job_ids"]) for row in ok["submitted"]] == [3], "one arcsub for the bulk"
     assert all("/rest/1.0/jobs/" in i for i in ids), "submitted over ARC REST (-T arcrest)"
     status = sites["ok"].arcstat(ids)
     assert status.ok, status.stderr
