@@ -220,6 +220,9 @@ class StatusResult:
     commands: int = 1
     operation: str = "Job Status"
     message: str = ""
+    #: why nothing (or not everything) could be asked because of this machine (an id file that
+    #: cannot be written, gridgate's own output cap): a local fault, no server blamed
+    local_fault: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statuses", _frozen_mapping(self.statuses))
@@ -239,6 +242,8 @@ class CancelResult:
     command: CommandResult | None = None
     operation: str = "Job Cancel"
     message: str = ""
+    #: as in :class:`StatusResult`: a fault of this machine, not of the server
+    local_fault: str = ""
 
 
 @dataclass(frozen=True)

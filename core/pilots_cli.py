@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from gridgate.core import hookimpl
-from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
+from gridgate.core.model import PILOT_STATES, TERMINAL_STATES, Endpoint
 from gridgate.core.pilots import Pilot
 from gridgate.core.report import render_states
 from gridgate.core.tracking import cancel_pilots, state_counts
@@ -148,10 +148,12 @@ def cancel(director: Any, registry: Any, pilots: Sequence[Pilot]) -> dict[str, d
     for (backend, name), group in sorted(by_endpoint.items()):
         key = f"{backend}/{name}"
         info = hook.gridgate_backend_info(backend=backend)
-        endpoint = next((e for e in (info.endpoints if info else ()) if e.name == name), None)
-        if endpoint is None:
-            out["failed"][key] = "the endpoint is no longer configured"
+        if info is None:
+            out["failed"][key] = f"backend {backend} is no longer configured"
             continue
+        # an endpoint no longer in the config (a retired server or partition) is still the
+        # backend's: its pilots are cancelled by job id like any other
+        endpoint = next((e for e in info.endpoints if e.name == name), None) or Endpoint(backend, name)
         timeout = float(info.command_timeout or default_timeout)  # type: ignore[union-attr]
         done, problem = cancel_pilots(director, registry, endpoint, group, timeout,
                                       "cancelled with gridgate pilots cancel")

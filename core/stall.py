@@ -11,7 +11,10 @@ submission was not made (the accounting records' outcome and failure kind) and s
 - one ``info`` "submitting again" when an iteration submits again, if the error was sent.
 
 An iteration with no demand (or whose every demand group is filled by another director, or
-trimmed because enough pilots already wait) neither counts nor ends a stall. The episode lives in the state store under
+trimmed because enough pilots already wait) neither counts nor ends a stall, except a demand
+trimmed to zero by limits that are stuck: the pilot tracker says (:meth:`StallWatch.limits_stuck`)
+which backends' pilots changed no state for ``stall_iterations`` polls (their polls fail, the
+backend is paused, the state store is down), and their trims count. The episode lives in the state store under
 ``stall/<host>:<config file>``, so a restarted director carries on counting (no second error
 for the same stall, the "submitting again" notice after a restart), and each message is sent
 once even when two directors with the same host and config share the store. The episode
@@ -48,6 +51,10 @@ HINTS: Mapping[str, str] = {
     "refused/admission": "admission control refused the submission token",
     "no_match": "no resource matched the requirements on the server asked",
     "failed/plugin_error": "a plugin raised an exception (see the log)",
+    "skipped/max_waiting": "max_waiting is full and no pilot changed state for many polls "
+                           "(status polls failing? gridgate pilots summary; earlier errors say why)",
+    "skipped/max_total": "max_total is full and no pilot changed state for many polls "
+                         "(status polls failing? gridgate pilots summary; earlier errors say why)",
 }
 
 
@@ -66,12 +73,21 @@ class StallWatch:
         self.state, self.clock = state, clock
         self.scope = scope or socket.gethostname()
         self.key = STALL + self.scope
+        #: backend -> why its limits are stuck (set by the pilot tracker each iteration)
+        self._stuck: dict[str, str] = {}
+
+    def limits_stuck(self, backends: Mapping[str, str]) -> None:
+        """The backends whose demand this iteration was trimmed to zero by limits that do not
+        move (``backend -> why``): their trims count as stalled submissions."""
+        self._stuck = dict(backends)
 
     def observe(self, iteration: IterationInfo, records: Iterable[AccountingRecord],
                 director: Mapping[str, Any]) -> list[Notification]:
         """Account one finished iteration; returns the notifications to send (already
         claimed in the store, so the caller just sends them)."""
-        asked = [r for r in records if r.failure_kind not in NOT_ASKED]
+        stuck, self._stuck = self._stuck, {}
+        asked = [r for r in records if r.failure_kind not in NOT_ASKED
+                 or (r.failure_kind in ("max_waiting", "max_total") and r.backend in stuck)]
         if not asked:
             return []
         try:

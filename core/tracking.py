@@ -46,6 +46,10 @@ VERDICT = "aborted-verdict/"
 #: An endpoint's last poll (its time, with status_interval as TTL) in the shared state store:
 #: of several directors on one store, one polls an endpoint per interval.
 POLLED = "pilots-polled/"
+#: When this director first saw pilots of an endpoint that is no longer configured (a retired
+#: server or partition): they leave the limits at once, with a notice, and go ``lost`` when the
+#: backend cannot say what became of them ``lost_after`` seconds after that.
+RETIRED = "pilots-retired/"
 #: States whose share decides whether an endpoint's pilots abort (``cancelled`` was our own
 #: doing, ``lost`` says nothing of how the pilot ended).
 DECIDING = ("done", "failed")
@@ -149,14 +153,17 @@ class Limits:
     backend), shared by the submission threads: each submission reserves what it takes."""
 
     def __init__(self, settings: PilotSettings, counts: Counts, infos: Mapping[str, BackendInfo],
-                 blind: Iterable[str] = ()) -> None:
+                 blind: Iterable[str] = (), retired: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self.endpoint_room: dict[str, int | None] = {}
         self.backend_room: dict[str, int | None] = {}
         self.trimmed: dict[str, dict[str, int]] = {}
         waiting: dict[str, int] = {}
         active: dict[str, int] = {}
+        gone = set(retired)  # keys of endpoints no longer configured: they hold no room
         for (backend, endpoint, state), n in counts.items():
+            if f"{backend}/{endpoint}" in gone:
+                continue
             if state == "waiting":
                 key = f"{backend}/{endpoint}"
                 waiting[key] = waiting.get(key, 0) + n
@@ -266,6 +273,14 @@ class PilotTracker:
         #: backends that answered no status query (no gridgate_job_status): no limits for them
         self._blind: set[str] = set()
         self._blind_pm: object = None
+        #: the registry's counts at the last iteration that could read them, and the pilots
+        #: submitted since that the store could not take: while the store is down the limits
+        #: apply to these (fail closed), and the pilots are written back when it returns
+        self._known: Counts = {}
+        self._unrecorded: list[Pilot] = []
+        #: per backend: (iterations, clock time) of the last change of state of its pilots
+        self._last_change: dict[str, tuple[int, float]] = {}
+        self._iterations = 0
 
     # --- settings and the registry ----------------------------------------------------------
 
@@ -294,17 +309,23 @@ class PilotTracker:
         """Track the pilots of a successful submission (one per job id)."""
         if not record.job_ids or not self.settings["track"]:
             return
-        registry = self._registry(quiet=True)
-        if registry is None:
-            return
         pilots = [Pilot(job_id=job, backend=record.backend, endpoint=record.endpoint,
                         group=record.group, submitted=record.time, state="waiting",
                         changed=record.time) for job in record.job_ids]
+        registry = self._registry(quiet=True)
         try:
+            if registry is None:
+                raise StateError("the state store is unavailable")
             registry.put(pilots)
         except StateError as exc:
-            logger.error("{} submitted pilot(s) on {} not tracked, state store failed: {}",
+            logger.error("{} submitted pilot(s) on {} kept in memory until the state store "
+                         "answers (they count against the limits meanwhile): {}",
                          len(pilots), record.endpoint, exc)
+            with self._lock:
+                self._unrecorded.extend(pilots)
+                row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
+                                              dict.fromkeys(PILOT_STATES, 0))
+                row["waiting"] += len(pilots)
             return
         with self._lock:
             row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
@@ -330,16 +351,19 @@ class PilotTracker:
         self._states = {}
         if not settings["track"]:
             return demand
-        registry = self._registry()
-        if registry is None:
-            return demand
+        self._iterations += 1
         director = self.director
         hook = director.pm.hook
-        try:
-            counts = registry.counts()
-        except StateError as exc:
-            logger.error("pilot registry unreadable, demand is not trimmed this iteration: {}", exc)
-            return demand
+        registry = self._registry()
+        counts: Counts | None = None
+        if registry is not None:
+            try:
+                self._write_back(registry)
+                counts = registry.counts()
+            except StateError as exc:
+                logger.error("pilot registry unreadable: {}", exc)
+        if registry is None or counts is None:
+            return self._prepare_blind(demand, it, settings)
         # configured backends, those with demand, and those (extra plugins) with tracked pilots
         backends = list(dict.fromkeys([*(director.config.get("backends") or {}),
                                        *(r.backend for r in demand.requests),
@@ -352,9 +376,20 @@ class PilotTracker:
         now = director.clock.time()
         report: dict[str, Any] = {"polls": [], "changed": 0, "cancelled": {}, "aborted": [],
                                   "trimmed": {}, "states": {}}
+        retired = self._retired(counts, infos, it, now)
+        moved_in: dict[str, int] = {}
         try:
-            polls = self._poll(registry, infos, it, settings, now)
+            polls = self._poll(registry, infos, it, settings, now, retired)
+            polled_ok = {p.endpoint.key for p in polls if p.outcome == "ok"}
+            for endpoints in retired.values():
+                for endpoint in endpoints:
+                    if endpoint.key not in polled_ok:
+                        gone = self._retired_lost(registry, endpoint, settings, now)
+                        if gone:
+                            report["changed"] += gone
+                            moved_in[endpoint.backend] = moved_in.get(endpoint.backend, 0) + gone
             for poll in polls:
+                moved_in[poll.endpoint.backend] = moved_in.get(poll.endpoint.backend, 0) + poll.changed
                 report["polls"].append({"backend": poll.endpoint.backend, "endpoint": poll.endpoint.name,
                                         "pilots": poll.pilots, "outcome": poll.outcome,
                                         "commands": poll.commands, "changed": poll.changed})
@@ -363,20 +398,37 @@ class PilotTracker:
                     cancelled = self._cancel_old(registry, poll, infos[poll.endpoint.backend], settings, now)
                     if cancelled:
                         report["cancelled"][poll.endpoint.key] = cancelled
+                        moved_in[poll.endpoint.backend] = moved_in.get(poll.endpoint.backend, 0) + cancelled
+                    if poll.endpoint.backend in retired and any(
+                            poll.endpoint == e for e in retired[poll.endpoint.backend]):
+                        continue  # no verdict on a server that is no longer in the config
                     if poll.changed and self._aborting(registry, poll.endpoint, it, settings, now):
                         report["aborted"].append(poll.endpoint.key)
             moved = report["changed"] or report["cancelled"]
             if self._prune(registry, settings, now) or moved:
                 counts = registry.counts()
         except StateError as exc:
-            logger.error("pilot registry failed, demand is not trimmed this iteration: {}", exc)
+            logger.error("pilot registry failed, the limits apply to the last known counts: {}", exc)
             it.pilots = report
-            return demand
-        limits = Limits(settings, counts, infos, self._blind)
+            return self._prepare_blind(demand, it, settings)
+        for backend in infos:
+            if moved_in.get(backend) or backend not in self._last_change:
+                self._last_change[backend] = (self._iterations, now)
+        with self._lock:
+            self._known = dict(counts)
+        retired_keys = {e.key for endpoints in retired.values() for e in endpoints}
+        return self._trim(demand, it, settings, counts, infos, report, retired_keys)
+
+    def _trim(self, demand: DemandRegistry, it: Any, settings: PilotSettings, counts: Counts,
+              infos: Mapping[str, BackendInfo], report: dict[str, Any],
+              retired: Iterable[str] = ()) -> DemandRegistry:
+        director = self.director
+        limits = Limits(settings, counts, infos, self._blind, retired)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         kept, cuts = limits.trim(demand.requests, usable)
         for request, limit, pilots in cuts:
             director._account(it, request, None, "skipped", pilots, failure_kind=limit)
+        self._stuck(settings, infos, kept, cuts)
         it.limits = limits
         report["states"] = self._states = state_counts(counts)
         report["trimmed"] = limits.trimmed
@@ -386,23 +438,162 @@ class PilotTracker:
             trimmed.add(request)
         return trimmed
 
+    # --- the store down: fail closed ----------------------------------------------------------------
+
+    def _local_counts(self) -> Counts:
+        """The last counts read from the registry plus this process's pilots it could not
+        take (as ``waiting``)."""
+        with self._lock:
+            counts = dict(self._known)
+            for pilot in self._unrecorded:
+                where = (pilot.backend, pilot.endpoint, pilot.state)
+                counts[where] = counts.get(where, 0) + 1
+        return counts
+
+    def _prepare_blind(self, demand: DemandRegistry, it: Any, settings: PilotSettings) -> DemandRegistry:
+        """No registry this iteration: nothing is polled, and the demand is trimmed to the
+        limits on the last known counts and this process's own submissions since."""
+        hook = self.director.pm.hook
+        counts = self._local_counts()
+        backends = list(dict.fromkeys([*(self.director.config.get("backends") or {}),
+                                       *(r.backend for r in demand.requests)]))
+        infos = {b: i for b in backends if (i := hook.gridgate_backend_info(backend=b)) is not None}
+        report: dict[str, Any] = {"polls": [], "changed": 0, "cancelled": {}, "aborted": [],
+                                  "trimmed": {}, "states": {}, "store": "unavailable"}
+        logger.error("pilot registry unavailable: the limits apply to the last known counts "
+                     "plus {} pilot(s) submitted since; nothing is polled", len(self._unrecorded))
+        return self._trim(demand, it, settings, counts, infos, report)
+
+    def _write_back(self, registry: PilotRegistry) -> None:
+        """Write into the registry the pilots submitted while it could not take them."""
+        with self._lock:
+            pending, self._unrecorded = self._unrecorded, []
+        if not pending:
+            return
+        try:
+            registry.put(pending)
+        except StateError:
+            with self._lock:
+                self._unrecorded[:0] = pending
+            raise
+        logger.warning("{} pilot(s) submitted while the state store was down written back to it",
+                       len(pending))
+
+    # --- limits that do not move ------------------------------------------------------------------
+
+    def _stuck(self, settings: PilotSettings, infos: Mapping[str, BackendInfo],
+               kept: Sequence[SubmitRequest], cuts: Sequence[tuple[SubmitRequest, str, int]]) -> None:
+        """Tell the stall watch which backends had their demand trimmed to zero by limits whose
+        pilots changed no state for ``stall_iterations`` polls (the polls fail, the backend is
+        paused, the store is down, or nothing starts): a trim that never ends is a stall."""
+        limit = int(self.director.config.director.get("stall_iterations", 3))
+        now = self.director.clock.time()
+        served = {r.backend for r in kept}
+        stuck: dict[str, str] = {}
+        for request, _limit, _n in cuts:
+            backend = request.backend
+            if backend in served or backend in stuck or backend not in infos:
+                continue
+            since_it, since = self._last_change.get(backend, (self._iterations, now))
+            interval = settings.for_backend(backend, "status_interval")
+            polls = self._iterations - since_it
+            if polls >= limit and (interval is None or now - since >= limit * float(interval)):
+                stuck[backend] = (f"demand trimmed to zero by the pilot limits, and no pilot of "
+                                  f"{backend} changed state for {polls} iteration(s)")
+        watch = getattr(self.director, "stall", None)
+        if watch is not None and hasattr(watch, "limits_stuck"):
+            watch.limits_stuck(stuck)
+
+    # --- endpoints no longer configured -------------------------------------------------------------
+
+    def _retired(self, counts: Counts, infos: Mapping[str, BackendInfo], it: Any,
+                 now: float) -> dict[str, list[Endpoint]]:
+        """Endpoints of configured backends that still hold non-terminal pilots but are no
+        longer in the config. The first time one is seen, a notice names it: its pilots leave
+        the limits (they still count in ``gridgate pilots``), are still polled, and go
+        ``lost`` when the backend cannot say what became of them."""
+        out: dict[str, list[Endpoint]] = {}
+        held: dict[str, int] = {}
+        for (backend, name, state), n in counts.items():
+            info = infos.get(backend)
+            if info is None or state in ("done", "failed", "cancelled", "lost") or n <= 0:
+                continue
+            if any(e.name == name for e in info.endpoints):
+                continue
+            key = f"{backend}/{name}"
+            if key not in held:
+                out.setdefault(backend, []).append(Endpoint(backend, name))
+            held[key] = held.get(key, 0) + n
+        ttl = float(self.settings["keep_finished"])
+        for endpoints in out.values():
+            for endpoint in endpoints:
+                try:
+                    first = self.director.state.add_if_absent(RETIRED + endpoint.key, repr(now), ttl=ttl)
+                except StateError:
+                    first = False
+                if first:
+                    self._retired_notice(endpoint, held[endpoint.key], it, now)
+        return out
+
+    def _retired_notice(self, endpoint: Endpoint, n: int, it: Any, now: float) -> None:
+        from gridgate.core.model import Notification
+
+        lost_after = float(self.settings["lost_after"])
+        body = (f"{n} non-terminal pilot(s) of {endpoint.key} are tracked, but {endpoint.name} is "
+                f"no longer in the config of backend {endpoint.backend}.\n"
+                f"They no longer count against max_waiting / max_total. They are still polled "
+                f"while the backend can say what became of them; if it cannot, they become lost "
+                f"{lost_after:.0f} s (lost_after) from now.\n"
+                f"To cancel them: gridgate pilots cancel --all --endpoint {endpoint.name}\n")
+        note = Notification(level="info", subject=f"gridgate: {n} pilot(s) of {endpoint.key}, "
+                            "no longer configured, leave the limits", body=body, created=now,
+                            endpoint=endpoint, key=f"{RETIRED}{endpoint.key}/{now:.0f}")
+        logger.warning("{}", note.subject)
+        with it.lock:
+            it.notifications.append(note)
+        self.director.pm.hook.gridgate_notify(notification=note)
+
+    def _retired_lost(self, registry: PilotRegistry, endpoint: Endpoint, settings: PilotSettings,
+                      now: float) -> int:
+        """Pilots of a retired endpoint that the backend has not answered for: ``lost`` once
+        ``lost_after`` has passed since the endpoint was first seen retired."""
+        try:
+            since = float(self.director.state.get(RETIRED + endpoint.key) or now)
+        except (StateError, ValueError):
+            return 0
+        lost_after = float(settings["lost_after"])
+        if now - since < lost_after:
+            return 0
+        active = registry.active(endpoint.backend, endpoint.name)
+        reason = (f"endpoint no longer configured, and the backend did not say what became of "
+                  f"the pilot for {now - since:.0f} s")
+        registry.put(p.moved("lost", now, p.native, reason) for p in active)
+        if active:
+            logger.warning("{} pilot(s) of {} (no longer configured) are lost: {}", len(active),
+                           endpoint.key, reason)
+        return len(active)
+
     # --- polling ---------------------------------------------------------------------------------
 
     def _poll(self, registry: PilotRegistry, infos: Mapping[str, BackendInfo], it: Any,
-              settings: PilotSettings, now: float) -> list[_Poll]:
+              settings: PilotSettings, now: float,
+              retired: Mapping[str, Sequence[Endpoint]] | None = None) -> list[_Poll]:
         due: list[tuple[Endpoint, float, float | None]] = []
+        gone = {e.key for endpoints in (retired or {}).values() for e in endpoints}
         for backend, info in infos.items():
             if it.paused(info):  # its credential is unusable (see _Iteration.paused): not asked
                 continue
             interval = settings.for_backend(backend, "status_interval")
             timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
-            for endpoint in it.usable(info.endpoints):  # a server out of rotation is not asked
+            # a server out of rotation is not asked; one no longer configured still is
+            for endpoint in [*it.usable(info.endpoints), *(retired or {}).get(backend, ())]:
                 due.append((endpoint, timeout, None if interval is None else float(interval)))
         if not due:
             return []
         threads = min(int(self.director.config.director["max_threads"]), len(due))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
-            futures = [pool.submit(self._poll_one, registry, endpoint, timeout, interval, it, settings, now)
+            futures = [pool.submit(self._poll_one, registry, endpoint, timeout, interval, it, settings,
+                                   now, endpoint.key in gone)
                        for endpoint, timeout, interval in due]
             return [p for p in (f.result() for f in futures) if p is not None]
 
@@ -450,7 +641,8 @@ class PilotTracker:
             self._last_poll.pop(endpoint.key, None)
 
     def _poll_one(self, registry: PilotRegistry, endpoint: Endpoint, timeout: float,
-                  interval: float | None, it: Any, settings: PilotSettings, now: float) -> _Poll | None:
+                  interval: float | None, it: Any, settings: PilotSettings, now: float,
+                  retired: bool = False) -> _Poll | None:
         with self._lock:
             if self._blind_pm is not self.director.pm:  # plugins rebuilt: ask every backend again
                 self._blind_pm, self._blind = self.director.pm, set()
@@ -488,11 +680,21 @@ class PilotTracker:
                 logger.warning("backend {} reports no pilot states: its pilots stay as submitted, "
                                "and max_waiting / max_total are not applied to it", endpoint.backend)
             return _Poll(endpoint, len(ids), "unsupported", active=active)
-        if not result.ok:
-            failed = SubmitResult(endpoint=endpoint, ok=False, command=result.command,
-                                  operation=result.operation or "Job Status", message=result.message)
-            self.director._server_failed(endpoint, failed, it)
+        if not result.ok and retired:  # no server to blame: it left the config
+            logger.warning("status poll of {} (no longer configured) failed: {}", endpoint.key,
+                           result.local_fault or result.message or "no message")
             return _Poll(endpoint, len(ids), "failed", result.commands, active=active)
+        if not result.ok:
+            # a fault of this machine (an id file it cannot write, gridgate's own output cap)
+            # goes through the same path with local_fault set: kind local_io, the backend
+            # paused, one error per failing_expiry, no server blamed
+            local = getattr(result, "local_fault", "") or ""
+            failed = SubmitResult(endpoint=endpoint, ok=False, command=result.command,
+                                  operation=result.operation or "Job Status", message=result.message,
+                                  local_fault=local)
+            self.director._server_failed(endpoint, failed, it)
+            return _Poll(endpoint, len(ids), "local_fault" if local else "failed", result.commands,
+                         active=active)
         lost_after = float(settings["lost_after"])
         changes: list[Pilot] = []
         for pilot in active:

@@ -1,8 +1,11 @@
 """Pilot tracking on gLite WMS: ``glite-wms-job-status`` in bulk and ``glite-wms-job-cancel``.
 
-One status command per endpoint and poll, whatever the number of pilots: the ids go into a
-private file passed as ``--noint -i FILE`` (one id per line, as the client reads it), at
-verbosity 1, the level that prints the status reason and the exit code. The parsers take any
+One status command per endpoint and poll up to ``max_output_bytes // STATUS_BYTES_PER_JOB`` ids
+(8,192 at the default 4 MiB), more commands past that so that each output fits gridgate's cap:
+the ids go into a private file under the backend's own folder (never the system's temporary
+folder) passed as ``--noint -i FILE`` (one id per line, as the client reads it), at verbosity 1,
+the level that prints the status reason and the exit code. A file that cannot be written, and
+an output cut by the cap, are faults of this machine (``local_fault``), not of the server. The parsers take any
 text and never raise; they accept both spellings of the client (gLite 3.x ``Done (Success)``
 with trailing spaces after other states, EMI ``Done(Success)``), parametric parents with their
 indented children, and the ids the bookkeeping server no longer knows
@@ -20,7 +23,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -212,9 +215,11 @@ def status_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResu
     if command.launch_error is not None or command.timed_out:
         return failed(command.describe())
     if command.stdout_truncated:
-        # The ids past the cut would look unknown (and become lost): no answer is safer.
-        return failed("the status output passed director.max_output_bytes and was cut; "
-                      "raise it for this many pilots")
+        # The ids past the cut would look unknown (and become lost): no answer is safer, and
+        # the cut is gridgate's, not the server's (query_pilots splits so that it seldom is).
+        message = cap_message(len(command.stdout.encode()), len(asked))
+        return StatusResult(endpoint, ok=False, command=command, operation=OPERATION_STATUS,
+                            message=message, local_fault=message)
     parsed = parse_status(command.stdout, command.stderr)
     statuses = {}
     for job_id, block in parsed.blocks.items():
@@ -302,18 +307,45 @@ def cancel_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResu
 
 # --- running the commands ------------------------------------------------------------------------
 
+#: A generous size of one id's block at verbosity 1 (about 350 bytes as printed): a poll asks at
+#: most ``max_output_bytes // STATUS_BYTES_PER_JOB`` ids per command, so that its output fits.
+STATUS_BYTES_PER_JOB = 512
+#: How often a cut output may halve its id list before the poll gives up (2**12 = 4096 times
+#: smaller: only a parametric job with thousands of nodes per id gets that far).
+MAX_HALVINGS = 12
+
+
+def cap_message(max_output: int, ids: int) -> str:
+    """What a cut output is: gridgate's own cap, not anything the server did."""
+    return (f"the status output for {ids} id(s) passed gridgate's own output cap "
+            f"(director.max_output_bytes = {max_output}) and was cut by gridgate, not by the "
+            "server; raise director.max_output_bytes")
+
+
+def ids_folder(backend: Any) -> tuple[Path, bool]:
+    """Where id files go: the backend's private folder under the state folder (the JDL folder,
+    ``<state_dir>/<name>-jdl``), or its configured ``work_dir``; and whether gridgate owns it
+    (then it is created 0700)."""
+    configured = backend.config.get("work_dir")
+    return backend.jdl_dir(), not configured
+
 
 def run_with_ids(argv: Sequence[str], job_ids: Sequence[str], timeout: float, *,
                  env: Mapping[str, str] | None, max_output: int,
-                 work_dir: str | None) -> CommandResult | str:
-    """Run ``argv + ["-i", FILE]`` with the ids in a private file; a str says why nothing
-    was run (the work folder is not writable)."""
+                 work_dir: str | os.PathLike[str], private: bool = False) -> CommandResult | str:
+    """Run ``argv + ["-i", FILE]`` with the ids in a private file in ``work_dir`` (created
+    0700 when ``private``); a str says why nothing was run: this machine could not write the
+    file (the folder and the OS error), a local fault."""
+    from gridgate.core.files import ensure_private_dir
     from gridgate.core.runner import run
 
     try:
+        if private:
+            ensure_private_dir(Path(work_dir))
         path = write_id_file(job_ids, work_dir)
     except OSError as exc:
-        return f"cannot write the job id file in {work_dir or tempfile.gettempdir()}: {exc}"
+        why = f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+        return f"cannot write the job id file in {work_dir}: {why}"
     try:
         return run([*argv, "-i", path], timeout, env=env, max_output=max_output)
     finally:
@@ -323,12 +355,13 @@ def run_with_ids(argv: Sequence[str], job_ids: Sequence[str], timeout: float, *,
 # --- the id file ----------------------------------------------------------------------------------
 
 
-def write_id_file(job_ids: Iterable[str], work_dir: str | None) -> str:
-    """Write the ids one per line into a new private (0600) file; the caller removes it.
+def write_id_file(job_ids: Iterable[str], work_dir: str | os.PathLike[str]) -> str:
+    """Write the ids one per line into a new private (0600) file in ``work_dir`` (never the
+    system's temporary folder); the caller removes it.
 
     :raises OSError: the file cannot be created or written.
     """
-    fd, path = tempfile.mkstemp(prefix="gridgate-ids-", suffix=".txt", dir=work_dir)
+    fd, path = tempfile.mkstemp(prefix="gridgate-ids-", suffix=".txt", dir=os.fspath(work_dir))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write("".join(f"{job_id}\n" for job_id in job_ids))
@@ -364,17 +397,47 @@ def _base_argv(backend: Any, which: str) -> list[str]:
 
 def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
                  timeout: float) -> StatusResult:
-    """``gridgate_job_status`` of the gLite backend: one command for every id."""
+    """``gridgate_job_status`` of the gLite backend: the ids split so that each command's
+    output fits ``max_output_bytes`` (one command up to ``max_output_bytes //
+    STATUS_BYTES_PER_JOB`` ids); an output cut all the same is asked again in halves. A cut
+    that no split can avoid is gridgate's cap (a local fault), never the server's failure."""
+    import time
+
     ids = list(dict.fromkeys(str(j) for j in job_ids))
     if not ids:
         return StatusResult(endpoint, ok=True, commands=0, operation=OPERATION_STATUS)
-    outcome = run_with_ids(_base_argv(backend, "status"), ids, backend._timeout(timeout),
-                           env=backend._env(), max_output=backend.context.max_output_bytes,
-                           work_dir=backend.config.get("work_dir") or None)
-    if isinstance(outcome, str):
-        return StatusResult(endpoint, ok=False, commands=0, operation=OPERATION_STATUS,
-                            message=outcome)
-    return status_result(endpoint, ids, outcome)
+    max_output = int(backend.context.max_output_bytes)
+    per_command = max(1, max_output // STATUS_BYTES_PER_JOB)
+    pending = [(ids[i:i + per_command], 0) for i in range(0, len(ids), per_command)]
+    folder, private = ids_folder(backend)
+    deadline = time.monotonic() + backend._timeout(timeout)
+    statuses: dict[str, JobStatus] = {}
+    commands = 0
+    last: CommandResult | None = None
+    while pending:
+        chunk, halvings = pending.pop(0)
+        outcome = run_with_ids(_base_argv(backend, "status"), chunk,
+                               max(deadline - time.monotonic(), 0.001), env=backend._env(),
+                               max_output=max_output, work_dir=folder, private=private)
+        if isinstance(outcome, str):
+            return StatusResult(endpoint, ok=False, commands=commands, command=last,
+                                operation=OPERATION_STATUS, message=outcome, local_fault=outcome)
+        commands += 1
+        last = outcome
+        if outcome.stdout_truncated and not outcome.timed_out and outcome.launch_error is None:
+            if len(chunk) > 1 and halvings < MAX_HALVINGS:
+                half = (len(chunk) + 1) // 2
+                pending[:0] = [(chunk[:half], halvings + 1), (chunk[half:], halvings + 1)]
+                continue
+            message = cap_message(max_output, len(chunk))
+            return StatusResult(endpoint, ok=False, commands=commands, command=outcome,
+                                operation=OPERATION_STATUS, message=message, local_fault=message)
+        part = status_result(endpoint, chunk, outcome)
+        if not part.ok:
+            return replace(part, commands=commands)
+        statuses.update(part.statuses)
+    return StatusResult(endpoint, ok=True, statuses=statuses, command=last, commands=commands,
+                        operation=OPERATION_STATUS)
 
 
 def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
@@ -383,9 +446,11 @@ def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
     ids = list(dict.fromkeys(str(j) for j in job_ids))
     if not ids:
         return CancelResult(endpoint, ok=True, operation=OPERATION_CANCEL)
+    folder, private = ids_folder(backend)
     outcome = run_with_ids(_base_argv(backend, "cancel"), ids, backend._timeout(timeout),
                            env=backend._env(), max_output=backend.context.max_output_bytes,
-                           work_dir=backend.config.get("work_dir") or None)
+                           work_dir=folder, private=private)
     if isinstance(outcome, str):
-        return CancelResult(endpoint, ok=False, operation=OPERATION_CANCEL, message=outcome)
+        return CancelResult(endpoint, ok=False, operation=OPERATION_CANCEL, message=outcome,
+                            local_fault=outcome)
     return cancel_result(endpoint, ids, outcome)

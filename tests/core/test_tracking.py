@@ -389,20 +389,35 @@ def test_tracking_off_submits_untracked():
     director.close()
 
 
-def test_a_registry_that_fails_leaves_submission_untrimmed_and_running():
+def test_a_registry_that_fails_keeps_the_limits_on_own_submissions_and_writes_them_back():
+    """Item 8 of issue 21: while the registry fails the limits apply to the last known counts
+    plus this process's own submissions (fail closed), which are written back when it returns.
+    Before: every iteration submitted its whole demand untrimmed, and nothing was recorded."""
     from gridgate.core.state import StateError
 
-    class Broken(MemoryState):
+    class Flaky(MemoryState):
+        down = True
+
         def pilot_registry(self):
-            raise StateError("redis state at redis://x: cannot read pilots: Connection refused")
+            if self.down:
+                raise StateError("redis state at redis://x: cannot read pilots: Connection refused")
+            return super().pilot_registry()
 
     clock = FakeClock()
     backend = TrackingBackend(servers=1)
-    director = make(backend, pilots=4, clock=clock, state=Broken(clock=clock), max_waiting=1)
-    for _ in range(2):
+    store = Flaky(clock=clock)
+    director = make(backend, pilots=4, clock=clock, state=store, max_waiting=3)
+    submitted = []
+    for _ in range(3):
         summary = director.run_iteration()
-        assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
+        submitted.append(sum(r.pilots for r in summary.records if r.outcome == "submitted"))
+    assert submitted == [3, 0, 0]
     assert backend.status_calls == []
+    store.down = False
+    summary = director.run_iteration()
+    assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 0
+    assert states(director) == {"waiting": 3}  # written back, then polled
+    assert len(backend.status_calls) == 1
     director.close()
 
 
@@ -517,3 +532,92 @@ def test_two_directors_on_one_store_poll_an_endpoint_once_per_interval(tmp_path)
     for d in (one, two):
         d.close()
         d.state.close()
+
+
+def test_a_demand_trimmed_to_zero_by_limits_that_never_move_counts_toward_the_stall_alarm():
+    """Item 2 of issue 21: max_waiting full and the pilots' states frozen (here the status
+    polls of s0 fail, so s0 is out of rotation, and s1's pilots never start): after
+    stall_iterations polls with no state change, the trimmed demand is a stall. Before: a trim
+    never counted, and the director stopped submitting for good without a word."""
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=4, clock=clock, max_waiting=2, failing_expiry=60)
+    director.run_iteration()  # 2 on each server
+    backend.status_mode["s0"] = "fail"
+    notes = []
+    for _ in range(8):
+        clock.advance(10)
+        summary = director.run_iteration()
+        assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 0
+        notes += [n for n in summary.notifications if "has submitted no pilot" in n.subject]
+    assert [n.level for n in notes] == ["error"]
+    assert "skipped/max_waiting" in notes[0].body
+    assert "no pilot changed state" in notes[0].body
+    # pilots that move are not a stall: one starts, the trim counts no more
+    backend.move("s1", "running", 1)  # one starts: room again, a submission ends the stall
+    clock.advance(10)
+    summary = director.run_iteration()
+    assert [n.level for n in summary.notifications if "submitting again" in n.subject] == ["info"]
+    director.close()
+
+
+def test_a_full_queue_whose_pilots_move_is_not_a_stall():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=4, clock=clock, max_waiting=2)
+    director.run_iteration()
+    for i in range(8):
+        clock.advance(10)
+        # one pilot starts and one finishes each poll: the limit is full but not stuck
+        backend.move("s0", "done", 1, only="running")
+        backend.move("s0", "running", 1, only="waiting")
+        summary = director.run_iteration()
+        assert not [n for n in summary.notifications if "has submitted no pilot" in n.subject], i
+    director.close()
+
+
+def test_pilots_of_an_endpoint_removed_from_the_config_leave_the_limits_with_a_notice():
+    """Item 3 of issue 21: s1 held max_total waiting pilots and is removed from the config: its
+    pilots leave the limits (one notice names it), are still polled, and the backend submits to
+    s0. Before: they counted against max_total for ever, were never polled, and nothing was said."""
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=4, clock=clock, max_total=4)
+    director.run_iteration()
+    on_s1 = set(backend.jobs["s1"])
+    backend.endpoints = backend.endpoints[:1]  # s1 retired
+    summary = director.run_iteration()
+    notes = [n for n in summary.notifications if "no longer configured" in n.subject]
+    assert len(notes) == 1 and f"{BACKEND}/s1" in notes[0].subject
+    assert "--endpoint s1" in notes[0].body
+    assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == len(on_s1)
+    polled = [set(ids) for name, ids in backend.status_calls if name == "s1"]
+    assert polled and polled[-1] == on_s1
+    backend.move("s1", "running")
+    summary = director.run_iteration()
+    assert states(director, "s1") == {"running": len(on_s1)}
+    assert not [n for n in summary.notifications if "no longer configured" in n.subject]  # once
+    assert f"{BACKEND}/s1" not in summary.excluded
+    director.close()
+
+
+def test_pilots_of_a_removed_endpoint_the_backend_cannot_answer_for_go_lost_after_lost_after():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=4, clock=clock, lost_after=600)
+    director.run_iteration()
+    backend.endpoints = backend.endpoints[:1]
+    backend.status_mode["s1"] = "fail"
+    director.config.data["demand"]["static"][BACKEND] = 0
+    summary = director.run_iteration()
+    assert summary.excluded == () or f"{BACKEND}/s1" not in summary.excluded  # no server blamed
+    assert not [n for n in summary.notifications if n.level != "info"]
+    clock.advance(599)
+    director.run_iteration()
+    assert set(states(director, "s1")) == {"waiting"}
+    clock.advance(2)
+    director.run_iteration()
+    assert set(states(director, "s1")) == {"lost"}
+    (pilot, *_) = registry(director).query(BACKEND, "s1")
+    assert "no longer configured" in pilot.reason
+    director.close()
