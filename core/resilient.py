@@ -197,8 +197,9 @@ class ResilientState(StateStore):
 
     def pilot_registry(self) -> PilotRegistry:
         """The primary's registry: pilots are not mirrored into the local view, so while the
-        store fails this raises :class:`StateError` and the director tracks nothing (it says
-        so) until the store is back."""
+        store fails this raises :class:`StateError`. The pilot tracker then applies the limits
+        to the last counts it read plus the pilots it submitted since (kept in its memory), and
+        writes those pilots back when the store answers again (core/tracking.py)."""
         return self.primary.pilot_registry()
 
     def close(self) -> None:

@@ -331,20 +331,28 @@ class PilotTracker:
             row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
                                           dict.fromkeys(PILOT_STATES, 0))
             row["waiting"] += len(pilots)
+            where = (record.backend, record.endpoint, "waiting")  # the last known counts too
+            self._known[where] = self._known.get(where, 0) + len(pilots)
 
     # --- the start of an iteration -------------------------------------------------------------
 
     def prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
         """Poll what is due, cancel what waited too long, and return the demand trimmed to the
         limits; ``it.limits`` and ``it.pilots`` are set for the submissions and the summary.
-        A bug here (or in a plugin it calls) costs the tracking of one iteration, never the
-        iteration: the demand then goes out untrimmed."""
+        A bug here (or in a plugin it calls) costs the polling of one iteration, never the
+        iteration, and never the limits: the demand is then trimmed to the last known counts."""
         try:
             return self._prepare(demand, it)
         except Exception as exc:
-            logger.opt(exception=exc).error("pilot tracking failed; this iteration's demand is not trimmed")
-            it.limits = None
-            return demand
+            logger.opt(exception=exc).error("pilot tracking failed; the limits apply to the last "
+                                            "known counts this iteration")
+            try:
+                return self._prepare_blind(demand, it, self.settings, "pilot tracking failed")
+            except Exception as again:  # the limits themselves failed: nothing left to apply
+                logger.opt(exception=again).error("pilot limits failed; this iteration's demand "
+                                                  "is not trimmed")
+                it.limits = None
+                return demand
 
     def _prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
         settings = self.settings
@@ -395,7 +403,8 @@ class PilotTracker:
                                         "commands": poll.commands, "changed": poll.changed})
                 report["changed"] += poll.changed
                 if poll.outcome == "ok":
-                    cancelled = self._cancel_old(registry, poll, infos[poll.endpoint.backend], settings, now)
+                    cancelled = self._cancel_old(registry, poll, infos[poll.endpoint.backend], settings,
+                                                 now, it)
                     if cancelled:
                         report["cancelled"][poll.endpoint.key] = cancelled
                         moved_in[poll.endpoint.backend] = moved_in.get(poll.endpoint.backend, 0) + cancelled
@@ -450,7 +459,8 @@ class PilotTracker:
                 counts[where] = counts.get(where, 0) + 1
         return counts
 
-    def _prepare_blind(self, demand: DemandRegistry, it: Any, settings: PilotSettings) -> DemandRegistry:
+    def _prepare_blind(self, demand: DemandRegistry, it: Any, settings: PilotSettings,
+                       why: str = "pilot registry unavailable") -> DemandRegistry:
         """No registry this iteration: nothing is polled, and the demand is trimmed to the
         limits on the last known counts and this process's own submissions since."""
         hook = self.director.pm.hook
@@ -459,9 +469,9 @@ class PilotTracker:
                                        *(r.backend for r in demand.requests)]))
         infos = {b: i for b in backends if (i := hook.gridgate_backend_info(backend=b)) is not None}
         report: dict[str, Any] = {"polls": [], "changed": 0, "cancelled": {}, "aborted": [],
-                                  "trimmed": {}, "states": {}, "store": "unavailable"}
-        logger.error("pilot registry unavailable: the limits apply to the last known counts "
-                     "plus {} pilot(s) submitted since; nothing is polled", len(self._unrecorded))
+                                  "trimmed": {}, "states": {}, "blind": why}
+        logger.error("{}: the limits apply to the last known counts plus {} pilot(s) submitted "
+                     "since; nothing is polled", why, len(self._unrecorded))
         return self._trim(demand, it, settings, counts, infos, report)
 
     def _write_back(self, registry: PilotRegistry) -> None:
@@ -717,7 +727,7 @@ class PilotTracker:
     # --- waiting too long --------------------------------------------------------------------------
 
     def _cancel_old(self, registry: PilotRegistry, poll: _Poll, info: BackendInfo,
-                    settings: PilotSettings, now: float) -> int:
+                    settings: PilotSettings, now: float, it: Any = None) -> int:
         limit = settings.for_endpoint(poll.endpoint, "max_wait_time")
         if limit is None:
             return 0
@@ -726,7 +736,8 @@ class PilotTracker:
             return 0
         timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
         reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
-        done, problem = cancel_pilots(self.director, registry, poll.endpoint, old, timeout, reason)
+        done, problem = cancel_pilots(self.director, registry, poll.endpoint, old, timeout, reason,
+                                      it=it)
         if problem:
             logger.error("cancelling {} pilot(s) on {}: {}", len(old), poll.endpoint.key, problem)
         return len(done)
@@ -784,9 +795,13 @@ class PilotTracker:
 
 
 def cancel_pilots(director: Director, registry: PilotRegistry, endpoint: Endpoint,
-                  pilots: Sequence[Pilot], timeout: float, reason: str) -> tuple[list[str], str]:
+                  pilots: Sequence[Pilot], timeout: float, reason: str,
+                  it: Any = None) -> tuple[list[str], str]:
     """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
-    grant of category ``other``, and record those cancelled (with ``reason``).
+    grant of category ``other``, and record those cancelled (with ``reason``). A cancel that
+    this machine could not even run (``local_fault``: a file it cannot write) is, within an
+    iteration ``it``, a local fault through the director's failure path (told once per
+    ``failing_expiry``).
 
     :return: the ids cancelled, and what went wrong ('' when nothing did).
     """
@@ -806,6 +821,11 @@ def cancel_pilots(director: Director, registry: PilotRegistry, endpoint: Endpoin
             hook.gridgate_release(grant=answer)
     if result is None:
         return [], f"backend {endpoint.backend} cannot cancel"
+    local = getattr(result, "local_fault", "") or ""
+    if local and it is not None:
+        director._server_failed(endpoint, SubmitResult(
+            endpoint=endpoint, ok=False, command=result.command,
+            operation=result.operation or "Job Cancel", message=result.message, local_fault=local), it)
     wanted = {p.job_id for p in pilots}
     done = sorted(wanted & set(result.cancelled))
     now = director.clock.time()

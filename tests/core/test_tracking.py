@@ -508,10 +508,10 @@ def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
     def bug(*args):
         raise KeyError("a bug in the tracker itself")
 
-    director.tracker._poll = bug  # the iteration still submits, untrimmed
+    director.tracker._poll = bug  # the iteration still submits, within the last known counts
     after = director.run_iteration()
-    assert sum(r.pilots for r in after.records if r.outcome == "submitted") == 2
-    assert after.pilots == {}
+    assert sum(r.pilots for r in after.records if r.outcome == "submitted") == 1
+    assert after.pilots["polls"] == []
     director.close()
 
 
@@ -620,4 +620,63 @@ def test_pilots_of_a_removed_endpoint_the_backend_cannot_answer_for_go_lost_afte
     assert set(states(director, "s1")) == {"lost"}
     (pilot, *_) = registry(director).query(BACKEND, "s1")
     assert "no longer configured" in pilot.reason
+    director.close()
+
+
+def test_a_bug_in_the_tracking_keeps_the_limits_on_the_last_known_counts():
+    """Item 8's class: the other way the limits failed open. Before: any exception while
+    polling sent the whole demand out untrimmed."""
+    from gridgate.core.pilots import MemoryPilots
+
+    class Buggy(MemoryPilots):
+        broken = False
+
+        def active(self, backend, endpoint):
+            if self.broken:
+                raise RuntimeError("a bug in the registry")
+            return super().active(backend, endpoint)
+
+    class Store(MemoryState):
+        def pilot_registry(self):
+            if not hasattr(self, "_buggy"):
+                self._buggy = Buggy()
+            return self._buggy
+
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    store = Store(clock=clock)
+    director = make(backend, pilots=4, clock=clock, state=store, max_waiting=5)
+    director.run_iteration()
+    store.pilot_registry().broken = True
+    submitted = [sum(r.pilots for r in director.run_iteration().records if r.outcome == "submitted")
+                 for _ in range(2)]
+    assert submitted == [1, 0]
+    director.close()
+
+
+def test_a_cancel_this_machine_cannot_run_is_one_local_fault_told_once():
+    """Item 2's class: a cancel (max_wait_time) whose id file cannot be written. Before: logged
+    only, nobody told, tried again at every poll."""
+    from gridgate.core.model import CancelResult
+
+    class NoSpace(TrackingBackend):
+        @hookimpl
+        def gridgate_cancel(self, endpoint, job_ids, timeout):
+            if endpoint.backend != BACKEND:
+                return None
+            why = "cannot write the job id file in /state/x-jdl: [Errno 28] No space left on device"
+            return CancelResult(endpoint, ok=False, message=why, local_fault=why)
+
+    clock = FakeClock()
+    backend = NoSpace(servers=1)
+    director = make(backend, pilots=2, clock=clock, max_wait_time=100, max_waiting=2)
+    director.run_iteration()
+    notes = []
+    for _ in range(3):
+        clock.advance(101)
+        summary = director.run_iteration()
+        assert {f["kind"] for f in summary.failures} == {"local_io"}
+        assert summary.excluded == ()
+        notes += [n for n in summary.notifications if n.level == "error"]
+    assert len(notes) == 1 and "No space left on device" in notes[0].body
     director.close()
