@@ -690,6 +690,23 @@ class PilotTracker:
                 logger.warning("backend {} reports no pilot states: its pilots stay as submitted, "
                                "and max_waiting / max_total are not applied to it", endpoint.backend)
             return _Poll(endpoint, len(ids), "unsupported", active=active)
+        command = result.command
+        if command is not None and command.stdout_truncated and not command.timed_out:
+            # gridgate's own cap cut the answer (of any backend): the ids past the cut would
+            # look unknown, then lost, and the server did nothing wrong. A fault of this
+            # machine's settings: no server blamed, one error per failing_expiry.
+            why = (f"the output of {command.argv[0] if command.argv else 'the status command'} "
+                   f"passed gridgate's own output cap (director.max_output_bytes = "
+                   f"{self.director.config.director.get('max_output_bytes')}) and was cut by "
+                   "gridgate, not by the server; raise director.max_output_bytes")
+            if not retired:
+                failed = SubmitResult(endpoint=endpoint, ok=False, command=command,
+                                      operation=result.operation or "Job Status", message=why,
+                                      local_fault=why)
+                self.director._server_failed(endpoint, failed, it, Failure(
+                    kind="output_cap", exclude=False, notify=True, transient=False, local=True,
+                    reason=why))
+            return _Poll(endpoint, len(ids), "output_cap", result.commands, active=active)
         if not result.ok and retired:  # no server to blame: it left the config
             logger.warning("status poll of {} (no longer configured) failed: {}", endpoint.key,
                            result.local_fault or result.message or "no message")

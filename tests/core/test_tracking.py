@@ -680,3 +680,31 @@ def test_a_cancel_this_machine_cannot_run_is_one_local_fault_told_once():
         notes += [n for n in summary.notifications if n.level == "error"]
     assert len(notes) == 1 and "No space left on device" in notes[0].body
     director.close()
+
+
+def test_a_status_output_cut_by_gridgates_cap_blames_no_server_and_loses_no_pilot(tmp_path):
+    """Item 11's class, for every backend: a status command whose output passes
+    max_output_bytes (here a real command printing 5 MB, past the runner's 4 MiB cap). Before:
+    the cut answer was read as it was, and the pilots past the cut went unknown, then lost (the
+    LSF backend instead failed the server: excluded, an error with a false reason)."""
+    import sys
+
+    script = tmp_path / "status.py"
+    script.write_text("import sys\nfor job in sys.argv[1:]:\n    print(job, 'running')\n"
+                      "print('x' * 5_000_000)\n", encoding="utf-8")
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=3)
+    director.run_iteration()
+    backend.status_mode["s0"] = "command"
+    backend.status_command = [sys.executable, str(script)]
+    director.config.data["demand"]["static"][BACKEND] = 0
+    notes = []
+    for _ in range(2):
+        summary = director.run_iteration()
+        assert [p["outcome"] for p in summary.pilots["polls"]] == ["output_cap"]
+        assert summary.excluded == ()
+        assert {f["kind"] for f in summary.failures} == {"output_cap"}
+        notes += [n for n in summary.notifications if n.level == "error"]
+    assert states(director) == {"waiting": 3}  # kept, not read from a cut answer
+    assert len(notes) == 1 and "gridgate's own output cap" in notes[0].body
+    director.close()
