@@ -220,3 +220,26 @@ def test_a_server_removed_from_the_config_frees_max_total_with_a_notice_and_is_c
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     out = json.loads(cancel.stdout)
     assert out["failed"] == {} and len(out["cancelled"][f"wms_glite/{H2}"]) == 6
+
+
+def test_limits_stuck_behind_failing_polls_raise_the_stall_error(
+        tmp_path, sim_bin, scenario, calls_log, gridgate_exe) -> None:
+    """Item 2's last part: wms02's bookkeeping server is down (every poll of it fails, so it is
+    out of rotation), wms01 is full (max_waiting) and its pilots never start (the stand-ins'
+    clock stands still). Before: every iteration was trimmed to zero and no message ever said
+    that the director had stopped submitting."""
+    from gridgate.plugins.wms_glite.sim.jobs import set_clock
+
+    clock = tmp_path / "simclock"
+    set_clock(clock, 1_800_000_000.0)
+    path = scenario(hosts={H1: {}, H2: {"pilots": {"status": "lb_down"}}}, clock_file=str(clock))
+    config = site(tmp_path, sim_bin, path, servers=[H1, H2], demand=4,
+                  pilots={"max_waiting": 2}, stall_iterations=2)
+    docs = run(gridgate_exe, config, "--iterations", "8")
+    assert docs[0]["pilots_submitted"] == 4
+    assert all(d["pilots_submitted"] == 0 for d in docs[1:])
+    stalls = [n for d in docs for n in d["notifications"] if "has submitted no pilot" in n["subject"]]
+    assert [n["level"] for n in stalls] == ["error"]
+    (text,) = [p.read_text() for p in (tmp_path / "notes").iterdir()
+               if "has submitted no pilot" in p.read_text()]
+    assert "skipped/max_waiting" in text and "no pilot changed state" in text
