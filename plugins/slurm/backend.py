@@ -39,11 +39,12 @@ from gridgate.core.runner import argv_chunks, run
 from gridgate.plugins.slurm.classify import classify, clip, cluster_wide
 
 OPERATION_SUBMIT = "Job Submit"
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+#: Every pattern here is used with fullmatch: ``$`` would also take a trailing newline.
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 #: ``sbatch --parsable``: ``JOBID`` or ``JOBID;CLUSTER`` (the latter with ``--clusters``).
-PARSABLE_RE = re.compile(r"^([0-9]+)(?:;([A-Za-z0-9_.-]+))?$")
+PARSABLE_RE = re.compile(r"([0-9]+)(?:;([A-Za-z0-9_.-]+))?")
 #: Job ids as squeue and scancel take them: plain, array task ``<base>_<idx>``.
-JOB_ID_RE = re.compile(r"^[0-9]+(?:_[0-9]+)?$")
+JOB_ID_RE = re.compile(r"[0-9]+(?:_[0-9]+)?")
 SQUEUE_FORMAT = "%i %T %r"
 #: Options the backend writes itself; ``sbatch_options`` may not carry them.
 OWNED_OPTIONS: dict[str, str] = {
@@ -54,6 +55,7 @@ OWNED_OPTIONS: dict[str, str] = {
     "-a": "pilots_per_submission makes the job array", "--array": "pilots_per_submission makes the job array",
     "-J": "job_name names the job", "--job-name": "job_name names the job",
     "--wrap": "the pilot is the script key",
+    "--": "the word after it would be taken for the script",
 }
 
 #: Slurm's long job states (squeue %T) in core's pilot states; formats.md's Slurm section.
@@ -85,7 +87,7 @@ def split_partition(name: str) -> tuple[str, str]:
 def parse_parsable(stdout: str) -> tuple[str, str] | None:
     """(job id, cluster) from ``sbatch --parsable`` output; None when there is no such line."""
     for line in stdout.splitlines():
-        found = PARSABLE_RE.match(line.strip())
+        found = PARSABLE_RE.fullmatch(line.strip())
         if found:
             return found.group(1), found.group(2) or ""
     return None
@@ -96,7 +98,7 @@ def parse_squeue(stdout: str) -> dict[str, JobStatus]:
     statuses: dict[str, JobStatus] = {}
     for line in stdout.splitlines():
         parts = line.split(None, 2)
-        if len(parts) < 2 or not JOB_ID_RE.match(parts[0]):
+        if len(parts) < 2 or not JOB_ID_RE.fullmatch(parts[0]):
             continue
         reason = parts[2].strip() if len(parts) > 2 else ""
         statuses[parts[0]] = JobStatus(job_id=parts[0], state=pilot_state(parts[1]),  # type: ignore[arg-type]
@@ -107,19 +109,43 @@ def parse_squeue(stdout: str) -> dict[str, JobStatus]:
 def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
     """The ids as text, and a complaint naming those that are no Slurm job id ("" if none)."""
     ids = [str(j) for j in job_ids]
-    bad = [j for j in ids if not JOB_ID_RE.match(j)]
+    bad = [j for j in ids if not JOB_ID_RE.fullmatch(j)]
     return ids, f"not Slurm job ids: {bad[:5]}" if bad else ""
 
 
+#: sbatch's short options that take a value (the rest of a bundle is that value: ``-t10``);
+#: the other letters are flags that may be bundled (``-Hv``). ``-k`` takes an optional one.
+SHORT_WITH_VALUE = frozenset("AaBbCcDdeFGiJkLMmNnopqSTtwx")
+#: The environment variables sbatch reads for the options the backend owns: sbatch_options
+#: cannot carry them, nor can ``env`` (and the director's own environment is cleaned of them).
+OWNED_ENVIRONMENT: dict[str, str] = {
+    "SBATCH_ARRAY_INX": "--array", "SBATCH_PARTITION": "--partition", "SBATCH_CLUSTERS": "--clusters",
+    "SBATCH_JOB_NAME": "--job-name", "SBATCH_WRAP": "--wrap", "SLURM_CLUSTERS": "--clusters",
+}
+
+
 def owned_option(word: str) -> str | None:
-    """The option of ``sbatch_options`` word ``word`` that the backend writes itself, if any."""
-    name = word.split("=", 1)[0]
-    if name in OWNED_OPTIONS:
-        return name
-    # short options glued to their value: -pbatch, -a0-3
-    for short in ("-p", "-M", "-a", "-J"):
-        if word.startswith(short) and not word.startswith("--") and len(word) > 2:
-            return short
+    """The option of ``sbatch_options`` word ``word`` that the backend writes itself, if any.
+
+    sbatch (getopt_long) takes any unambiguous prefix of a long option (``--arr=0-4`` is
+    ``--array``) and bundles of short ones (``-Hpbatch`` is ``-H -p batch``), so both are
+    read as sbatch reads them. ``--`` alone is refused too: it would make the next word the
+    script and the backend's script one of its arguments.
+    """
+    if word == "--":
+        return "--"
+    if word.startswith("--"):
+        name = word.split("=", 1)[0]
+        owned = [o for o in OWNED_OPTIONS if o.startswith("--") and o.startswith(name)]
+        if name in OWNED_OPTIONS:
+            return name
+        return min(owned, key=len) if len(name) > 2 and owned else None
+    if word.startswith("-") and len(word) > 1:
+        for letter in word[1:]:
+            if f"-{letter}" in OWNED_OPTIONS:
+                return f"-{letter}"
+            if letter in SHORT_WITH_VALUE:  # the rest of the word is its value
+                return None
     return None
 
 
@@ -185,7 +211,7 @@ class SlurmBackend(Plugin):
         partitions = section.get("partitions") or []
         for index, entry in enumerate(partitions):
             partition, cluster = split_partition(entry)
-            if not NAME_RE.match(partition) or (("@" in entry) and not NAME_RE.match(cluster)):
+            if not NAME_RE.fullmatch(partition) or (("@" in entry) and not NAME_RE.fullmatch(cluster)):
                 problems.append((("partitions", index),
                                  f"{entry!r} is not a Slurm partition (name or name@cluster)"))
             elif entry in seen:
@@ -196,8 +222,14 @@ class SlurmBackend(Plugin):
         for index, word in enumerate(section.get("sbatch_options") or []):
             owned = owned_option(str(word))
             if owned is not None:
+                read = "" if str(word).split("=", 1)[0] == owned else f" (sbatch reads {word!r} as {owned})"
                 problems.append((("sbatch_options", index),
-                                 f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})"))
+                                 f"{owned} is written by the backend ({OWNED_OPTIONS[owned]}){read}"))
+        for name in section.get("env") or {}:
+            if name in OWNED_ENVIRONMENT:
+                owned = OWNED_ENVIRONMENT[name]
+                problems.append((("env", name), f"{name} sets sbatch {owned}, which is written by the "
+                                 f"backend ({OWNED_OPTIONS[owned]})"))
         return problems
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
@@ -207,7 +239,10 @@ class SlurmBackend(Plugin):
         self._unreachable: dict[str, tuple[str, CommandResult]] = {}
         self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
         extra = config.get("env") or {}
-        self._environ: dict[str, str] | None = {**os.environ, **extra} if extra else None
+        inherited = {k: v for k, v in os.environ.items() if k not in OWNED_ENVIRONMENT}
+        # an SBATCH_ARRAY_INX left in the director's environment would make every pilot an array
+        self._environ: dict[str, str] | None = (
+            {**inherited, **extra} if extra or len(inherited) != len(os.environ) else None)
 
     # --- helpers ----------------------------------------------------------------------------
 
