@@ -43,7 +43,28 @@ OPERATION_SUBMIT = "Job Submit"
 OPERATION_QUERY = "Job Query"
 #: The production regex (formats.md): searched, not anchored, since banners may come first.
 JOB_ID_RE = re.compile(r"Job <([0-9]+)> is submitted to .*queue")
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,58}$")
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,58}")  # fullmatch: "$" takes a "\n"
+#: bsub options the backend writes itself (``-q`` from queues, ``-J`` with the job array) or
+#: that would replace the submission altogether; extra_options may not carry them, neither
+#: alone nor with the value glued on (``-qother``). ``-Jd`` (a description) is another option.
+OWNED_OPTIONS: dict[str, str] = {
+    "-q": "the queue comes from queues",
+    "-J": "job_name names the job and pilots_per_job makes its array",
+    "-pack": "the backend submits one job description, not a pack file",
+}
+OTHER_OPTIONS = frozenset({"-Jd"})
+
+
+def owned_option(word: str) -> str | None:
+    """The option of ``extra_options`` word ``word`` that the backend writes itself, if any."""
+    if word in OWNED_OPTIONS:
+        return word
+    if word in OTHER_OPTIONS:
+        return None
+    for short in ("-q", "-J"):
+        if word.startswith(short) and len(word) > 2:
+            return short
+    return None
 BJOBS_FORMAT = "jobid stat exec_host delimiter='^'"
 NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
 STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
@@ -205,11 +226,16 @@ class LsfBackend(Plugin):
         problems: list[tuple[tuple[str | int, ...], str]] = []
         seen: set[str] = set()
         for index, queue in enumerate(section.get("queues") or []):
-            if not QUEUE_NAME_RE.match(queue):
+            if not QUEUE_NAME_RE.fullmatch(queue):
                 problems.append((("queues", index), f"{queue!r} is not an LSF queue name"))
             elif queue in seen:
                 problems.append((("queues", index), f"queue {queue!r} is listed twice"))
             seen.add(queue)
+        for index, word in enumerate(section.get("extra_options") or []):
+            owned = owned_option(str(word))
+            if owned is not None:
+                problems.append((("extra_options", index),
+                                 f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})"))
         return problems
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:

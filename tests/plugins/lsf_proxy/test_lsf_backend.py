@@ -226,3 +226,23 @@ def test_state_is_optional_for_classification(lsf_site) -> None:
     assert backend.gridgate_classify_failure(endpoint=NORMAL, result=result).notify is False
     assert os.environ.get("GRIDGATE_LSF_SCENARIO") is None  # nothing leaked into this process
     assert Path(backend.config["commands"]["bsub"]).exists()
+
+
+# --- extra_options cannot carry what the backend writes (issue 21, items 12 and 16) ---------
+
+@pytest.mark.parametrize("options", [["-q", "other"], ["-qother"], ["-J", "x[1-5]"], ["-Jx[1-5]"],
+                                     ["-pack", "/tmp/jobs"]])
+def test_extra_options_the_backend_writes_itself_are_refused(options) -> None:
+    problems = LsfBackend.config_errors({"queues": ["normal"], "extra_options": options})
+    assert [where for where, _ in problems] == [("extra_options", 0)]
+    assert "is written by the backend" in problems[0][1]
+
+
+def test_extra_options_of_the_site_are_accepted() -> None:
+    section = {"queues": ["normal"], "extra_options": ["-P", "atlas", "-Jd", "pilot", "-W", "60", "-Q", "all"]}
+    assert LsfBackend.config_errors(section) == []
+
+
+def test_a_queue_name_with_a_trailing_newline_is_refused() -> None:
+    problems = LsfBackend.config_errors({"queues": ["normal\n"]})
+    assert problems == [(("queues", 0), "'normal\\n' is not an LSF queue name")]
