@@ -43,11 +43,19 @@ DEFAULT_CATEGORY_MAP: dict[str, tuple[str, ...]] = {
     ),
 }
 
+#: The longest waits and holds a config may give, in seconds: far beyond any use, far below
+#: what a socket timeout, ``poll`` or a timer can take (about 9.2e9 s; a bigger value, or
+#: ``.inf``, used to validate and then end every waiting gate in ``OverflowError``).
+MAX_WAIT = 86400
+MAX_HOLD = 7 * 86400
+MAX_THROTTLE_MS = 3_600_000
+MAX_PERIOD = 10_000_000  # a metrics period: only arithmetic, but not without end
+
 _LIMIT_PROPS: dict[str, Any] = {
     "max": {"type": "integer", "description": "Most tokens in use for ordinary users (default 100)."},
     "nominal": {"type": "integer",
                 "description": "Below this many tokens in use, grant at once (default 50)."},
-    "throttle": {"type": "integer",
+    "throttle": {"type": "integer", "maximum": MAX_THROTTLE_MS,
                  "description": "Milliseconds between grants from nominal up (default 1)."},
     "user_max": {"type": "integer",
                  "description": "Most tokens one ordinary user may hold at once (default: max, "
@@ -66,11 +74,11 @@ _RATE_LIMIT: dict[str, Any] = {
     "properties": {
         "enable": {"type": "boolean", "default": True,
                    "description": "rl_enable: false keeps the entry but switches it off."},
-        "bucket_size": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+        "bucket_size": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9, "default": 30,
                         "description": "rl_bucket_size: requests a user may make in a burst."},
-        "refill_rate": {"type": "number", "exclusiveMinimum": 0, "default": 2,
+        "refill_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9, "default": 2,
                         "description": "rl_refill_rate: requests added to the bucket each period."},
-        "refill_period": {"type": "number", "exclusiveMinimum": 0, "default": 1,
+        "refill_period": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT, "default": 1,
                           "description": "rl_refill_period: seconds between refills."},
     },
     "additionalProperties": False,
@@ -105,18 +113,25 @@ SECTION_SCHEMA: dict[str, Any] = {
                                                 "when the site states it: the QUERY max may "
                                                 "not exceed it, and defaults to it when it is "
                                                 "below 100."},
-        "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "default": 15,
+        "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                            "default": 15,
                             "description": "Seconds a request may wait before it is denied."},
         "queue_limit_per_user": {"type": "integer", "minimum": 1, "default": 1000,
                                  "description": "Waiting requests per user and category; "
                                                 "more are refused at once."},
-        "lease_time": {"type": "number", "exclusiveMinimum": 0, "default": 300,
+        "lease_time": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_HOLD,
+                       "default": 300,
                        "description": "Seconds a token may be held; an expired lease is "
                                       "taken back and counted as an error."},
         "hold_limits": {"type": "object", "default": {},
-                        "additionalProperties": {"type": "number", "exclusiveMinimum": 0},
-                        "description": "Per command (opcode): seconds its token may be held, "
-                                       "instead of lease_time; e.g. {squeue: 30}."},
+                        "additionalProperties": {"type": "number", "exclusiveMinimum": 0,
+                                                 "maximum": MAX_HOLD},
+                        "description": "Seconds a token may be held, below lease_time: per "
+                                       "category (query, submission, other: every token of "
+                                       "it, whatever command it was taken for) or per "
+                                       "command (opcode); the lowest that applies wins. "
+                                       "The command is the client's word: set the category "
+                                       "for a limit nobody dodges. E.g. {query: 120, squeue: 30}."},
         "busy_after": {"type": ["integer", "null"], "minimum": 2, "default": 4,
                        "description": "A user with this many requests of a category in flight "
                                       "(held and waiting, this one included) is busy: the "
@@ -130,13 +145,24 @@ SECTION_SCHEMA: dict[str, Any] = {
                        "description": "Gate: commands that take a token to start, not to run, "
                                       "with the arguments that make them so ([]: always); "
                                       "added to the built-in srun, salloc, squeue -i, ..."},
-        "start_hold": {"type": "number", "exclusiveMinimum": 0, "default": 2,
+        "start_hold": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                       "default": 2,
                        "description": "Gate: seconds a start_only command keeps its token."},
-        "sample_period": {"type": "number", "exclusiveMinimum": 0, "default": 60,
+        "sample_period": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_PERIOD,
+                          "default": 60,
                           "description": "Seconds per metrics sample period."},
         "admins": {"type": "array", "items": {"type": "string", "minLength": 1},
                    "default": ["root"],
-                   "description": "Users always served and allowed admin commands."},
+                   "description": "Users allowed admin commands (status, block, heartbeats "
+                                  "between daemons...); also privileged for tokens unless "
+                                  "privileged is given."},
+        "privileged": {"type": ["array", "null"], "items": {"type": "string", "minLength": 1},
+                       "default": None,
+                       "description": "Users always served (never paced, but counted), apart "
+                                      "from admin rights: root always; null: root and the "
+                                      "admins (the seed's rule). [root] keeps a service "
+                                      "account that is an admin (for heartbeats) paced, so "
+                                      "that a director in mode: remote is limited."},
         "addon_hosts": {"type": "array", "items": {"type": "string", "minLength": 1},
                         "default": [],
                         "description": "Requests from these hosts are privileged (but blockable)."},
@@ -154,7 +180,8 @@ SECTION_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
             },
         },
-        "heartbeat_interval": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+        "heartbeat_interval": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                               "default": 30,
                                "description": "Seconds between heartbeats to the other daemons "
                                               "of hosts (LSF_PROXYD_HEARTBEAT_INTERVAL); a "
                                               "daemon not heard for 3 intervals, or refusing "
@@ -177,7 +204,8 @@ SECTION_SCHEMA: dict[str, Any] = {
         "tcp": {"type": ["string", "null"], "default": None,
                 "description": "Also listen on host:port; every request must be signed with key."},
         "key": {**SECRET_SCHEMA, "description": "Shared HMAC key for TCP: {env: ..} or {file: ..}."},
-        "max_clock_skew": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+        "max_clock_skew": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                           "default": 30,
                            "description": "Seconds a signed request's timestamp may be off."},
         "diagnose": {"type": "boolean", "default": False,
                      "description": "Log every request to the diagnostic log."},
@@ -191,7 +219,8 @@ SECTION_SCHEMA: dict[str, Any] = {
                                           "the socket."},
         "max_line_bytes": {"type": "integer", "minimum": 256, "maximum": 1048576,
                            "default": 16384, "description": "Longest protocol line accepted."},
-        "line_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+        "line_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                         "default": 30,
                          "description": "Seconds a started line may take to complete; then "
                                         "the connection is closed."},
         "max_connections": {"type": ["integer", "null"], "minimum": 1, "default": None,
@@ -211,7 +240,8 @@ SECTION_SCHEMA: dict[str, Any] = {
                                                    "RLIMIT_NOFILE/8, at most 256."},
         "tcp_max_per_peer": {"type": "integer", "minimum": 1, "default": 32,
                              "description": "Unauthenticated TCP connections from one address."},
-        "tcp_auth_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+        "tcp_auth_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                             "default": 5,
                              "description": "Seconds a TCP connection has to send a validly "
                                             "signed request; then it is closed."},
         "max_connections_per_user": {"type": "integer", "minimum": 1, "default": 1024,
@@ -234,7 +264,8 @@ SECTION_SCHEMA: dict[str, Any] = {
                            "description": "Client retries when refused; null: unlimited."},
         "when_unavailable": {"enum": ["proceed", "fail"], "default": "proceed",
                              "description": "Client behaviour when no daemon answers."},
-        "client_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+        "client_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                           "default": 5,
                            "description": "Seconds a client waits to connect to a daemon."},
     },
     "additionalProperties": False,
@@ -323,6 +354,9 @@ def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()
     if nominal > mx:
         raise PolicyError((*where, "nominal"), f"nominal ({nominal}) must not exceed max ({mx})")
     throttle = given.get("throttle") or DEFAULT_THROTTLE_MS
+    if throttle > MAX_THROTTLE_MS:
+        raise PolicyError((*where, "throttle"),
+                          f"throttle ({throttle} ms) must not exceed {MAX_THROTTLE_MS} ms")
     user_max = given.get("user_max")
     if user_max is not None and user_max > mx:
         raise PolicyError((*where, "user_max"), f"user_max ({user_max}) must not exceed max ({mx})")

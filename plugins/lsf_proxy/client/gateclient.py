@@ -420,6 +420,42 @@ class GateClient:
             return {"ok": True, "result": "denied", "reason": "busy"}, None, busy
         return None, None, ""
 
+    def ride(self, token: str, category: str, opcode: str,
+             wait: float = 15.0) -> tuple[Grant | None, str]:
+        """Ride on ``token`` (the gated script's, from ``GRIDGATE_GATE_TOKEN``): a token of
+        this call's own on the parent's slot, held on its own connection (hand it to a
+        holder, as a grant). While another nested call rides on it, wait for that one to end,
+        up to ``wait`` seconds. Returns the grant, or None and why not (``not_live``,
+        ``category``, ``blocked``, ``disabled``, ``busy`` after ``wait``, ``unanswered``):
+        the caller then asks for a token of its own, as any call does."""
+        import time
+
+        deadline = time.monotonic() + wait
+        pause = 0.02
+        while True:
+            reason = "unanswered"
+            for daemon in self._order():
+                try:
+                    link = self._link(daemon)
+                except _Broken:
+                    continue
+                try:
+                    reply = link.call("check", self.connect_timeout, token=token,
+                                      category=category, opcode=opcode)
+                except (_Broken, Failed):
+                    link.close()
+                    continue
+                if reply.get("ok") and reply.get("live") is True and reply.get("token"):
+                    return Grant(str(reply["token"]), link, timeout=self.connect_timeout), ""
+                link.close()
+                reason = str(reply.get("reason") or "not_live")
+                if reason != "not_live":
+                    break  # the daemon that holds the parent token said no
+            if reason != "busy" or time.monotonic() + pause > deadline:
+                return None, reason
+            time.sleep(pause)  # the other nested call runs: one at a time on one token
+            pause = min(pause * 2, 0.5)
+
     def check(self, token: str) -> bool | None:
         """Whether ``token`` is live and held by this user, as some daemon says (``check``);
         None when no daemon answered."""

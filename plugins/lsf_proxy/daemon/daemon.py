@@ -783,7 +783,11 @@ class ProxyDaemon:
             self._acquire(conn, message, msg_id, user, host)
             return
         if op == "check":
-            self._reply(conn, msg_id, **holding.check(self.policy, message, user, host, conn.tcp))
+            reply = holding.check(self.policy, message, user, host, conn.tcp)
+            if "token" in reply:  # a ride (holding.py): this connection holds it, as a grant
+                conn.tokens.add(reply["token"])
+                self._owners[reply["token"]] = conn
+            self._reply(conn, msg_id, **reply)
             return
         if op == "release":
             token_id = message.get("token")

@@ -3,10 +3,15 @@ longest-held tokens in ``status``. Pure functions of a :class:`~.policy.TokenPol
 
 - ``check``: a gated command's child shows the token it inherited (``GRIDGATE_GATE_TOKEN``);
   it is good only while live and held by the same user (and host, over TCP). A guessed,
-  forged, released or expired token is not.
-- Hold limit: every token goes back at ``lease_time`` seconds at the latest, or at
-  ``hold_limits[command]`` for the command (opcode) it was taken for. The diagnostic log says
-  so (:func:`hold_limit_line`), as the daemon's own log does.
+  forged, released or expired token is not. Asked with a ``category`` (and ``opcode``), the
+  check is a *ride* (:meth:`~.policy.TokenPolicy.ride`): the nested call gets a token of its
+  own on the parent's slot, held by its connection like a grant, one at a time, of the
+  parent's category only, never for a blocked user. Without one it only answers: it covers
+  nothing (a gate of an older release that ran on it would fan out).
+- Hold limit: every token goes back at ``lease_time`` seconds at the latest, or earlier at
+  ``hold_limits`` of its category or of the command (opcode) it was taken for, whichever is
+  lowest (:meth:`~.policy.TokenPolicy.hold_limit`). The diagnostic log says so
+  (:func:`hold_limit_line`), as the daemon's own log does.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gridgate.plugins.lsf_proxy.config import LSF_NAMES
-from gridgate.plugins.lsf_proxy.daemon.policy import Token, TokenPolicy
+from gridgate.plugins.lsf_proxy.config import CATEGORIES, LSF_NAMES
+from gridgate.plugins.lsf_proxy.daemon.policy import Request, Token, TokenPolicy
 from gridgate.plugins.lsf_proxy.protocol import ProtocolError
 
 #: How many tokens ``status`` lists, longest held first.
@@ -26,14 +31,28 @@ LONGEST_SHOWN = 5
 def check(policy: TokenPolicy, message: Mapping[str, Any], user: str, host: str,
           tcp: bool) -> dict[str, Any]:
     """The ``check`` reply: ``live`` true when ``token`` is held now by ``user`` (at ``host``
-    over TCP, where the host is stated); its category when so."""
+    over TCP, where the host is stated); its category when so. With ``category`` in
+    ``message``, a ride: ``token`` in the reply is the ride's own (the daemon holds it for
+    this connection), else ``live`` false and a ``reason``."""
     token_id = message.get("token")
     if not isinstance(token_id, str) or not token_id or len(token_id) > 128:
         raise ProtocolError("bad_request", "token must be a non-empty string")
     token = policy.tokens.get(token_id)
     if token is None or token.user != user or (tcp and token.host != host):
-        return {"live": False}
-    return {"live": True, "category": token.category}
+        return {"live": False, "reason": "not_live"}
+    word = message.get("category")
+    if word is None:
+        return {"live": True, "category": token.category}
+    category = {"sub": "submission"}.get(word, word) if isinstance(word, str) else None
+    opcode = message.get("opcode") or ""
+    if category not in CATEGORIES:
+        raise ProtocolError("bad_request", f"category must be one of {', '.join(CATEGORIES)}")
+    if not isinstance(opcode, str) or len(opcode) > 128:
+        raise ProtocolError("bad_request", "opcode must be a string of at most 128 characters")
+    ride = policy.ride(token_id, Request("ride", category, opcode, user, token.host))
+    if isinstance(ride, str):
+        return {"live": False, "reason": ride, "category": token.category}
+    return {"live": True, "category": ride.category, "token": ride.id, "rides": token_id}
 
 
 def longest_held(policy: TokenPolicy, now: float | None = None,

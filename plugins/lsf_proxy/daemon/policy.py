@@ -10,6 +10,7 @@ queued requests into grants or denials and takes back expired leases, and
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 import threading
 from collections import OrderedDict, deque
@@ -61,6 +62,8 @@ class Token:
     expires_at: float
     opcode: str = ""
     granted: float = 0.0  # monotonic, like expires_at
+    #: a ride (:meth:`TokenPolicy.ride`): the token whose slot this one shares, else ""
+    rides: str = ""
 
 
 @dataclass(frozen=True)
@@ -405,6 +408,8 @@ class PolicySettings:
     lease_time: float = 300.0
     admins: frozenset[str] = frozenset({"root"})
     addon_hosts: frozenset[str] = frozenset()
+    #: users never paced (root always); None: root and the admins, the seed's rule
+    privileged: frozenset[str] | None = None
     #: per command (opcode): seconds its token may be held, instead of ``lease_time``
     hold_limits: Mapping[str, float] = field(default_factory=dict)
     #: requests of a user in flight in a category (held + waiting) from which it is busy;
@@ -421,6 +426,8 @@ class PolicySettings:
             lease_time=float(section.get("lease_time", 300)),
             admins=frozenset(section.get("admins", ["root"])),
             addon_hosts=frozenset(section.get("addon_hosts", [])),
+            privileged=(None if section.get("privileged") is None
+                        else frozenset(section["privileged"])),
             hold_limits={k: float(v) for k, v in (section.get("hold_limits") or {}).items()},
             busy_after=section.get("busy_after", 4),
             busy_nice=int(section.get("busy_nice", 10)),
@@ -444,6 +451,7 @@ class TokenPolicy:
         self._pending: dict[str, tuple[str, _Pending]] = {}
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
+        self._riders: dict[str, str] = {}  # token id -> the id of the one ride on it
 
     # -- helpers
 
@@ -457,7 +465,13 @@ class TokenPolicy:
         return user == "root" or user in self.settings.admins
 
     def is_privileged(self, user: str, host: str) -> bool:
-        return self.is_root_or_admin(user) or host in self.settings.addon_hosts
+        """Never paced (but counted): root, ``privileged`` (default: the admins), add-on
+        hosts. Admin rights are apart: a service account that must be an admin for the
+        daemons' heartbeats is still paced when ``privileged`` leaves it out."""
+        chosen = self.settings.privileged
+        if chosen is None:
+            return self.is_root_or_admin(user) or host in self.settings.addon_hosts
+        return user == "root" or user in chosen or host in self.settings.addon_hosts
 
     def is_blocked(self, user: str, host: str) -> bool:
         """Blocks apply to ordinary users and add-on hosts, never to root or admins."""
@@ -468,7 +482,7 @@ class TokenPolicy:
         token = Token(
             id=f"{self._prefix}-{next(self._ids)}", category=req.category, user=req.user,
             host=req.host, privileged=privileged, opcode=req.opcode, granted=now,
-            expires_at=now + self.settings.hold_limits.get(req.opcode, self.settings.lease_time),
+            expires_at=now + self.hold_limit(req.category, req.opcode),
         )
         cat.in_use += 1
         cat.held[req.user] = cat.held.get(req.user, 0) + 1
@@ -534,6 +548,50 @@ class TokenPolicy:
         self._pending[req.id] = (req.category, item)
         return Decision(req, QUEUED, received=wall, decided=wall)
 
+    def ride(self, parent_id: str, req: Request, now: float | None = None) -> Token | str:
+        """A nested gated call rides on its parent's token (``parent_id``, the one its gated
+        script holds): a token of its own that shares the parent's slot, so the category's
+        counts do not change. Only on a live token of the same user, host and category, not
+        itself a ride, one ride at a time, and never for a user blocked now.
+
+        :return: the ride's token, or why not: ``not_live``, ``category`` (another
+            category: take a token of its own), ``busy`` (ridden now: wait for it),
+            ``blocked``, ``disabled``.
+        """
+        now = self._now(now)
+        parent = self._tokens.get(parent_id)
+        if parent is None or parent.rides or parent.user != req.user or parent.host != req.host:
+            return "not_live"
+        if parent.category != req.category:
+            return "category"
+        cat = self.categories[req.category]
+        if not cat.enabled:
+            return "disabled"
+        if self.is_blocked(req.user, req.host):
+            self.metrics.count("blocked", now)
+            return "blocked"
+        if parent_id in self._riders:
+            return "busy"
+        token = Token(
+            id=f"{self._prefix}-{next(self._ids)}", category=req.category, user=req.user,
+            host=req.host, privileged=parent.privileged, opcode=req.opcode, granted=now,
+            expires_at=min(parent.expires_at, now + self.hold_limit(req.category, req.opcode)),
+            rides=parent_id)
+        self._tokens[token.id] = token
+        self._riders[parent_id] = token.id
+        heappush(self._leases, (token.expires_at, token.id))
+        self.metrics.count(f"requests.{req.category}", now)
+        return token
+
+    def hold_limit(self, category: str, opcode: str) -> float:
+        """Seconds a token of ``category`` taken for ``opcode`` may be held: ``lease_time``,
+        lowered by ``hold_limits`` for the category and for the command. The command's name
+        is the client's word, so a limit set for the category is never dodged by another
+        name (``--opcode X``, a renamed copy of squeue): the lowest of the three wins."""
+        limits = self.settings.hold_limits
+        return min(self.settings.lease_time, limits.get(category, math.inf),
+                   limits.get(opcode, math.inf) if opcode not in CATEGORIES else math.inf)
+
     def cancel(self, request_id: str) -> bool:
         """Forget a queued request (its client went away); False when it is not queued."""
         entry = self._pending.pop(request_id, None)
@@ -562,6 +620,12 @@ class TokenPolicy:
         token = self._tokens.pop(token_id, None)
         if token is None:
             return None
+        if token.rides:  # its parent's slot: no count of its own
+            self._riders.pop(token.rides, None)
+            return token
+        rider = self._riders.pop(token_id, None)
+        if rider is not None:  # the nested call's cover ends with its parent's
+            self._tokens.pop(rider, None)
         if len(self._leases) > 2 * len(self._tokens) + 1024:
             # released tokens leave their lease entries behind; drop them now and then so the
             # heap stays proportional to the tokens actually held

@@ -31,6 +31,9 @@ from gridgate.plugins.lsf_proxy.client.client import (
 from gridgate.plugins.lsf_proxy.client.client import Token as ClientToken
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
+    MAX_HOLD,
+    MAX_THROTTLE_MS,
+    MAX_WAIT,
     Limits,
     PolicyError,
     resolve_category,
@@ -79,15 +82,17 @@ class ProxyAdmission(Plugin):
                         "description": "local: below this many in flight, grant at once; above, "
                                        "one grant per throttle (null: the seed's rule, = max "
                                        "when max < 50, else 50)."},
-            "throttle": {"type": "integer", "minimum": 1, "default": 1,
+            "throttle": {"type": "integer", "minimum": 1, "maximum": MAX_THROTTLE_MS, "default": 1,
                          "description": "local: milliseconds between grants above nominal."},
-            "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "default": 15,
+            "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                                "default": 15,
                                 "description": "local: seconds a submission may wait for a token "
                                                "before it is refused."},
             "queue_limit": {"type": "integer", "minimum": 1, "default": 1000,
                             "description": "local: waiting submissions per server; more are "
                                            "refused at once."},
-            "lease_time": {"type": ["number", "null"], "exclusiveMinimum": 0, "default": None,
+            "lease_time": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_HOLD,
+                           "default": None,
                            "description": "local: seconds after which a token never given back "
                                           "is taken back (null: 3 x director.command_timeout "
                                           "+ 60, at least 600)."},
@@ -133,7 +138,7 @@ class ProxyAdmission(Plugin):
         if config.get("lease_time"):
             return float(config["lease_time"])
         timeout = float((context.config.get("director") or {}).get("command_timeout") or 120)
-        return max(600.0, 3 * timeout + 60)
+        return min(float(MAX_HOLD), max(600.0, 3 * timeout + 60))
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext, *,
                  clock: Clock | None = None) -> None:
@@ -147,6 +152,7 @@ class ProxyAdmission(Plugin):
         self._held: dict[str, tuple[str, Any]] = {}
         self._stats: dict[str, EndpointStats] = {}
         self._client: ProxyClient | None = None
+        self._warned_privileged = False
         if self.mode == "local":
             limits = self._limits(config)
             self._settings = PolicySettings(
@@ -259,6 +265,14 @@ class ProxyAdmission(Plugin):
                     wait_seconds=token.waited)
         if token.proceed:
             return Grant(issuer=self.name, category=request.category, note=token.reason)
+        if token.privileged and not self._warned_privileged:
+            # the seed makes admins privileged, and heartbeats make the service account one:
+            # then nothing the director submits is ever paced (issue 21)
+            self._warned_privileged = True
+            logger.warning("lsf_proxy: lsfproxyd {} serves this director as privileged: its "
+                           "submissions are never paced. Leave its account out of "
+                           "proxyd.privileged (e.g. privileged: [root]; admin rights stay in "
+                           "proxyd.admins)", token.daemon or "")
         with self._lock:
             self._held[token.id] = ("remote", token)
         return Grant(issuer=self.name, token=token.id, category=request.category,

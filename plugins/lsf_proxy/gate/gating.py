@@ -56,6 +56,9 @@ GATE_CATEGORIES: dict[str, tuple[str, ...]] = {
     # ARC's client: each command is a round trip to the CE's A-REX (arc.md section 7)
     "other": ("scancel", "scontrol", "arckill", "arcclean", "arcget", "arcsync", "arcrenew"),
 }
+#: Commands that copy the environment into the jobs they create: never given the token,
+#: whatever category they are gated in (a test pins LSF's to config.DEFAULT_CATEGORY_MAP).
+SUBMITTING = frozenset(GATE_CATEGORIES["submission"]) | {"bsub", "brestart", "bmod", "bswitch"}
 #: Commands whose category depends on their first word that is not an option:
 #: ``scontrol show job 12`` only reads, ``scontrol update ...`` changes the cluster.
 ARGUMENT_CATEGORIES: dict[str, dict[str, str]] = {
@@ -153,6 +156,20 @@ def category_of(name: str, args: Sequence[str], mapping: Mapping[str, str],
     return mapping.get(name, "other")
 
 
+def submits(name: str) -> bool:
+    """Whether ``name`` (a name or a path) is a built-in submission command: one that copies
+    the environment into the jobs it creates. Decided by the command, never by a category
+    chosen (``--category``, ``proxyd.categories``)."""
+    return os.path.basename(name) in SUBMITTING
+
+
+def carries_token(command: str, category: str) -> bool:
+    """Whether ``command`` may be given ``GRIDGATE_GATE_TOKEN``: never a submission command
+    (by its name, whatever category it was gated in) nor anything gated as one. Its jobs
+    would inherit the token, and their gated calls must take tokens of their own."""
+    return category != "submission" and not submits(command)
+
+
 def _flag_given(args: Sequence[str], flags: Sequence[str]) -> bool:
     for arg in args:
         for flag in flags:
@@ -188,22 +205,73 @@ def _code_sig() -> list[Any]:
 
 
 def _cache_path() -> str | None:
+    """``$XDG_CACHE_HOME/gridgate/gate.json`` (or ``~/.cache/...``); None for root when that
+    is outside root's own home: root's gate run with another user's ``HOME`` (``sudo``
+    without ``-H``) would otherwise write where that user points it."""
     base = os.environ.get("XDG_CACHE_HOME") or (
         os.path.join(os.environ["HOME"], ".cache") if os.environ.get("HOME") else "")
-    return os.path.join(base, "gridgate", "gate.json") if base.startswith("/") else None
+    if not base.startswith("/"):
+        return None
+    if os.geteuid() == 0:
+        import pwd
+
+        try:
+            home = os.path.normpath(pwd.getpwuid(0).pw_dir)
+        except KeyError:
+            return None
+        norm = os.path.normpath(base)
+        if home == "/" or not (norm == home or norm.startswith(home + "/")):
+            return None
+    return os.path.join(base, "gridgate", "gate.json")
 
 
 def _trusted(st: os.stat_result) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
+def _open_folder(folder: str, create: bool) -> int:
+    """A descriptor of ``folder``, reached from ``/`` one name at a time without following
+    a link: every folder on the way belongs to root or to this user and only its owner may
+    write it (or it is sticky, as /tmp), and ``folder`` itself is this user's alone. Missing
+    ones are made 0700 when ``create``. Raises OSError otherwise: a link anywhere on the way,
+    or a folder another user may change, would let that user choose where the cache goes."""
+    names = [n for n in os.path.normpath(folder).split("/") if n]
+    me = os.geteuid()
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open("/", flags)
+    try:
+        for name in names:
+            st = os.fstat(fd)
+            if st.st_uid not in (0, me) or (st.st_mode & 0o022 and not st.st_mode & 0o1000):
+                raise PermissionError(f"{folder}: a folder on the way is not safe")
+            try:
+                nxt = os.open(name, flags, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(name, 0o700, dir_fd=fd)
+                nxt = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        if not _trusted(os.fstat(fd)):
+            raise PermissionError(f"{folder}: not this user's alone")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _cache_read(path: str) -> dict[str, Any]:
     try:
-        if not _trusted(os.stat(os.path.dirname(path))):
-            return {}
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        folder = _open_folder(os.path.dirname(path), create=False)
     except OSError:
         return {}
+    try:
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
+    except OSError:
+        return {}
+    finally:
+        os.close(folder)
     try:
         if not _trusted(os.fstat(fd)):
             return {}
@@ -224,21 +292,25 @@ def _cache_write(path: str, data: dict[str, Any]) -> None:
     """Best effort: a user without a writable home simply reads the config every time."""
     import json
 
-    folder = os.path.dirname(path)
-    temp = f"{path}.{os.getpid()}"
+    name = os.path.basename(path)
+    temp = f"{name}.{os.getpid()}"
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        if not _trusted(os.stat(folder)):
-            return
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        folder = _open_folder(os.path.dirname(path), create=True)
+    except OSError:
+        return
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     dir_fd=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(data, handle)
-        os.replace(temp, path)
+        os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
     except OSError:
         try:
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=folder)
         except OSError:
             pass  # not created, or not ours to remove: the cache is best effort
+    finally:
+        os.close(folder)
 
 
 def _full_loader() -> Any:
@@ -342,9 +414,18 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
     holder = _Holder(hold)
     held = os.environ.get(TOKEN_ENV)
     try:
-        if held and client.check(held):
-            # inside a gated command whose token is live and ours: it covers this one
-            return _exec(command, held, name, category)
+        if held and not submits(program):
+            # inside a gated command: ride on its token (same category, one nested call at
+            # a time, not for a blocked user), else take one of our own like any call; a
+            # submission command never rides, whatever category it was given
+            ride, why = client.ride(held, category, opcode or name,
+                                    float(section.get("token_wait_time", 15)))
+            if ride is not None:
+                holder.take(ride)
+                return _exec(command, None, name, category)
+            if why == "blocked":
+                _say(f"{name}: no {category} token, not run: blocked")
+                return EXIT_NO_TOKEN
         grant = client.acquire(category, opcode or name, None if quiet else NOTICE_AFTER,
                                waiting, holder.start, size=request_size(argv))
     except KeyboardInterrupt:
@@ -487,9 +568,7 @@ def _exec(argv: list[str], token: str | None, name: str, category: str) -> int:
     the command cannot be executed."""
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
-    if token and category != "submission":
-        # a submission command would export it into the jobs it creates (sbatch, bsub and
-        # qsub copy the environment): those jobs' gated calls take tokens of their own
+    if token and carries_token(argv[0], category):
         env[TOKEN_ENV] = token
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; commands must not
         signal.signal(sig, signal.SIG_DFL)

@@ -1,5 +1,5 @@
 """How a gated command holds its token: the run-time path imports only the standard library,
-a nested call shows its token to the daemon (forged, stale or another user's: refused), a
+a nested call rides on its token at the daemon (forged, stale or another user's: refused), a
 submission never carries it into its jobs, a SIGKILLed gate takes its command along, commands
 that only start under a token give it back, a waiting call says why, relative socket paths."""
 
@@ -73,6 +73,20 @@ def holding(ready: Path, go: Path) -> list[str]:
     return [PYTHON, "-c", hold_code(ready, go)]
 
 
+@pytest.fixture
+def root_cache():
+    """A cache folder for root's gate inside root's home: root's gate keeps no cache outside
+    it (test_gate_nested.py)."""
+    import pwd
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=".gg-cache-", dir=pwd.getpwuid(0).pw_dir))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def imported(stderr: str) -> set[str]:
     """Top-level names of the modules ``-X importtime`` reports."""
     names = set()
@@ -85,7 +99,7 @@ def imported(stderr: str) -> set[str]:
 
 
 def test_the_run_time_path_imports_only_the_standard_library(start_daemon, gridgate_exe,
-                                                            sockdir) -> None:
+                                                            sockdir, root_cache) -> None:
     daemon = start_daemon({})
     shims = sockdir / "shims"
     install_shims(shims, ["true"], socket_path=daemon.socket)
@@ -97,7 +111,7 @@ def test_the_run_time_path_imports_only_the_standard_library(start_daemon, gridg
     # editable install's finder), only the standard library and gridgate's light modules
     base = imported(run([PYTHON, "-X", "importtime", "-c", "pass"]).stderr)
     # the first call resolves the settings the slow way and caches them for the next ones
-    cache = {"XDG_CACHE_HOME": str(sockdir / "cache")}
+    cache = {"XDG_CACHE_HOME": str(root_cache)}
     argv = [gridgate_exe, "gate", "--socket", daemon.socket, "--", "true"]
     assert run(argv, env=cache).returncode == 0
     gate = run([PYTHON, "-X", "importtime", *argv], env=cache)
@@ -135,10 +149,11 @@ def test_a_forged_stale_or_foreign_token_is_refused(start_daemon, gridgate_exe, 
             assert proc.returncode == 75, (token, proc.stderr)
             assert "blocked" in proc.stderr
             assert not marker.exists()
-        # root's own live token does cover a nested call of root's
-        nested = run(gate + ["printenv", "GRIDGATE_GATE_TOKEN"],
+        # root's own live token does cover a nested call of root's: it rides on it (a
+        # token of its own on the parent's slot, not passed further down)
+        nested = run(gate + ["sh", "-c", 'echo "ran:$GRIDGATE_GATE_TOKEN"'],
                      env={"GRIDGATE_GATE_TOKEN": foreign})
-        assert nested.returncode == 0 and nested.stdout.strip() == foreign
+        assert nested.returncode == 0 and nested.stdout.strip() == "ran:"
         assert in_use(daemon.socket)["other"] == 1
     finally:
         holder.kill()
@@ -288,16 +303,17 @@ def test_a_relative_socket_path_works(start_daemon, gridgate_exe, sockdir) -> No
     assert json.loads(proc.stdout)["hosts"][0]["address"] == daemon.socket
 
 
-def test_a_changed_config_takes_effect_at_the_next_call(gridgate_exe, sockdir) -> None:
+def test_a_changed_config_takes_effect_at_the_next_call(gridgate_exe, sockdir,
+                                                         root_cache) -> None:
     config = sockdir / "site.yaml"
-    env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
+    env = {"XDG_CACHE_HOME": str(root_cache)}
     nowhere = str(sockdir / "nobody-listens.sock")
     argv = [gridgate_exe, "gate", "-c", str(config), "--", "true"]
     for when, code in (("fail", 69), ("fail", 69), ("proceed", 0), ("fail", 69)):
         config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere,
                                                      "when_unavailable": when}}))
         assert run(argv, env=env).returncode == code
-    assert (sockdir / "cache" / "gridgate" / "gate.json").exists()
+    assert (root_cache / "gridgate" / "gate.json").exists()
     config.write_text("proxyd:\n  when_unavailable: sometimes\n")
     bad = run(argv, env=env)
     assert bad.returncode == 2 and "when_unavailable" in bad.stderr
@@ -397,12 +413,13 @@ def test_the_gate_signs_its_requests_over_tcp(start_daemon, gridgate_exe, sockdi
     env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
     argv = [gridgate_exe, "gate", "-c", str(config), "--"]
     outer = run(argv + ["sh", "-c", f"printenv GRIDGATE_GATE_TOKEN; {' '.join(argv)} "
-                                    "printenv GRIDGATE_GATE_TOKEN"], env=env)
+                                    "echo nested-ran"], env=env)
     assert outer.returncode == 0, outer.stderr
     first, second = outer.stdout.split()
-    assert first == second  # the nested call's signed check found the token live
+    assert first and second == "nested-ran"
+    # the nested call's signed check rode on the live token: no request line of its own
     assert len([ln for ln in log.read_text().splitlines() if ",sh," in ln]) == 1
-    assert ",printenv," not in log.read_text()
+    assert ",echo," not in log.read_text()
     key.write_text("another-key\n")
     refused = run(argv + ["true"], env=env)
     assert refused.returncode == 75 and "signature" in refused.stderr
