@@ -322,12 +322,43 @@ def cap_message(max_output: int, ids: int) -> str:
             "server; raise director.max_output_bytes")
 
 
+#: Id files are named ``gridgate-ids-<pid>-<random>.txt``: the pid says whose they are, so the
+#: files of a director killed with a poll in flight can be told from those of a running one.
+IDS_NAME_RE = re.compile(r"^gridgate-ids-(\d+)-[^/]*\.txt$")
+
+
 def ids_folder(backend: Any) -> tuple[Path, bool]:
     """Where id files go: the backend's private folder under the state folder (the JDL folder,
     ``<state_dir>/<name>-jdl``), or its configured ``work_dir``; and whether gridgate owns it
-    (then it is created 0700)."""
+    (then it is created 0700). The first time, the id files of killed directors go."""
     configured = backend.config.get("work_dir")
-    return backend.jdl_dir(), not configured
+    folder = backend.jdl_dir()
+    if getattr(backend, "_ids_swept", None) != folder:
+        remove_leftover_id_files(folder)
+        backend._ids_swept = folder
+    return folder, not configured
+
+
+def remove_leftover_id_files(folder: Path) -> list[Path]:
+    """Remove the id files of directors that are no longer running; those of a live process
+    (this one included) are left to it. Returns what went."""
+    from gridgate.plugins.wms_glite.backend import _alive
+
+    removed: list[Path] = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed  # no folder yet, or unreadable: the write will say so
+    for entry in entries:
+        found = IDS_NAME_RE.match(entry.name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        try:
+            entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed
 
 
 def run_with_ids(argv: Sequence[str], job_ids: Sequence[str], timeout: float, *,
@@ -361,7 +392,8 @@ def write_id_file(job_ids: Iterable[str], work_dir: str | os.PathLike[str]) -> s
 
     :raises OSError: the file cannot be created or written.
     """
-    fd, path = tempfile.mkstemp(prefix="gridgate-ids-", suffix=".txt", dir=os.fspath(work_dir))
+    fd, path = tempfile.mkstemp(prefix=f"gridgate-ids-{os.getpid()}-", suffix=".txt",
+                                dir=os.fspath(work_dir))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write("".join(f"{job_id}\n" for job_id in job_ids))

@@ -243,3 +243,27 @@ def test_limits_stuck_behind_failing_polls_raise_the_stall_error(
     (text,) = [p.read_text() for p in (tmp_path / "notes").iterdir()
                if "has submitted no pilot" in p.read_text()]
     assert "skipped/max_waiting" in text and "no pilot changed state" in text
+
+
+def test_id_files_of_a_killed_director_are_removed_and_a_live_ones_kept(
+        make_backend, tmp_path, calls_log) -> None:
+    """A director killed with a poll in flight leaves its id file: the next one removes it
+    (before: `gridgate-ids-*.txt` files stayed for ever, in the system's temporary folder)."""
+    import os
+
+    pm, backend = make_backend(hosts={H1: {}})
+    folder = backend.jdl_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = folder / f"gridgate-ids-{dead.pid}-abc.txt"
+    mine = folder / f"gridgate-ids-{os.getpid()}-inflight.txt"
+    left.write_text("x\n")
+    mine.write_text("x\n")
+    endpoint = backend.endpoints()[0]
+    job = "https://lb01.example.org:9000/Left000000000000000001"
+    JobTable(tmp_path / "simstate").add(endpoint.url, job, [], 1_800_000_000.0)
+    assert pm.hook.gridgate_job_status(endpoint=endpoint, job_ids=[job], timeout=60).ok
+    assert not left.exists() and mine.exists()
+    (call,) = status_calls(calls_log)
+    assert Path(call.argv[call.argv.index("-i") + 1]).name.startswith(f"gridgate-ids-{os.getpid()}-")
