@@ -86,6 +86,12 @@ def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | No
     """
     shim_dir = Path(shim_dir)
     shim_dir.mkdir(parents=True, exist_ok=True)
+    st = shim_dir.stat()
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        # whoever may write there could replace the shims every user runs, or plant a link
+        # where a shim is about to be written
+        raise ValueError(f"{shim_dir}: group or others may write it, or it belongs to another "
+                         "user: shims go in a folder only its owner (or root) may change")
     names = list(commands) or [c for c in SHIM_COMMANDS if find_real(c, shim_dir)]
     config = str(Path(config).resolve()) if config else None
     written = []

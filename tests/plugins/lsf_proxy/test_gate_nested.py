@@ -331,3 +331,19 @@ def test_a_director_served_as_privileged_says_so_once(start_daemon) -> None:
         logger.remove(sink)
         plugin.close()
     assert len([ln for ln in lines if "privileged" in ln]) == 1, lines
+
+
+def test_shims_are_not_written_into_a_folder_others_may_change(gridgate_exe, shared) -> None:
+    """Further member of item 15: a shim folder others may write lets them replace the shims
+    every user runs, or plant a link where root is about to write one."""
+    for mode in (0o777, 0o775, 0o1777):
+        folder = shared / f"shims-{mode:o}"
+        folder.mkdir()
+        folder.chmod(mode)
+        proc = run([gridgate_exe, "gate", "--install-shims", str(folder), "--shim", "squeue"])
+        assert proc.returncode == 1 and "may write" in proc.stderr, (mode, proc.stderr)
+        assert list(folder.iterdir()) == []
+    mine = shared / "shims-ok"
+    proc = run([gridgate_exe, "gate", "--install-shims", str(mine), "--shim", "squeue"])
+    assert proc.returncode == 0, proc.stderr
+    assert (mine / "squeue").is_file()
