@@ -1,6 +1,7 @@
 """The token policy's rules for what a client may choose (issue 21): a nested call rides on its
 parent's token (same category, one at a time, never for a blocked user), hold limits per
-category that no command name dodges, token privilege apart from admin rights. FakeClock."""
+category that no command name dodges, token privilege apart from admin rights (FakeClock; the
+ride's wire fields against a real daemon at the end)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,49 @@ def test_admin_rights_and_token_privilege_are_apart():
     policy.request(req("alice"))
     assert policy.request(req("batchbot")).token.privileged
     assert not policy.is_root_or_admin("batchbot")
+
+
+def test_a_ride_request_with_bad_fields_is_a_bad_request_and_a_connection_holds_its_ride(
+        start_daemon) -> None:
+    """The ride's own fields (category, opcode) over a real socket: every odd value a
+    ``bad_request``, never ``internal``; a granted ride is held by its connection and goes back
+    when that connection closes, and the parent's slot is all the category counts."""
+    import json
+    import socket
+
+    from polling import until
+
+    from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+
+    daemon = start_daemon({"policies": "QUERY[max=1 nominal=1]"})
+
+    def talk(sock, message):
+        sock.sendall(json.dumps(message).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            data += sock.recv(65536)
+        return json.loads(data)
+
+    def in_use_and_tokens():
+        with ProxyClient([Daemon("proxyd", daemon.socket)]) as admin:
+            [reply] = admin.admin("status")
+        status = reply.reply["status"]
+        return status["categories"]["query"]["in_use"], len(status["longest_held"])
+
+    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client, \
+            client.acquire("query", "squeue", 0) as parent:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(daemon.socket)
+            base = {"v": 1, "id": 1, "op": "check", "token": parent.id}
+            for bad in ({"category": ["query"]}, {"category": {"q": 1}}, {"category": "\ud800"},
+                        {"category": "queries"}, {"category": "query", "opcode": ["x"]},
+                        {"category": "query", "opcode": "x" * 129}, {"category": 7}):
+                reply = talk(sock, {**base, **bad})
+                assert not reply["ok"] and reply["error"]["code"] == "bad_request", (bad, reply)
+            ride = talk(sock, {**base, "category": "query", "opcode": "squeue"})
+            assert ride["ok"] and ride["live"] and ride["rides"] == parent.id
+            assert talk(sock, {**base, "category": "query"})["reason"] == "busy"
+            assert in_use_and_tokens() == (1, 2)
+        # the ride's connection closed: its token is back, the parent's still held
+        assert until(lambda: in_use_and_tokens() == (1, 1))
+    assert until(lambda: in_use_and_tokens() == (0, 0))
