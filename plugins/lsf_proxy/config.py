@@ -74,9 +74,9 @@ _RATE_LIMIT: dict[str, Any] = {
     "properties": {
         "enable": {"type": "boolean", "default": True,
                    "description": "rl_enable: false keeps the entry but switches it off."},
-        "bucket_size": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9, "default": 30,
+        "bucket_size": {"type": "number", "exclusiveMinimum": 0, "maximum": 1_000_000_000, "default": 30,
                         "description": "rl_bucket_size: requests a user may make in a burst."},
-        "refill_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9, "default": 2,
+        "refill_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1_000_000_000, "default": 2,
                         "description": "rl_refill_rate: requests added to the bucket each period."},
         "refill_period": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT, "default": 1,
                           "description": "rl_refill_period: seconds between refills."},
