@@ -8,8 +8,10 @@ valid, so filling them can never make an invalid document valid.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -329,10 +331,53 @@ def _section_schema(cls: type) -> dict[str, Any]:
     return section
 
 
+@functools.lru_cache(maxsize=512)
+def strict_pattern(pattern: str) -> re.Pattern[str]:
+    """``pattern`` as JSON Schema means it, for Python's ``re``: each ``$`` (outside a character
+    class, not escaped) becomes ``\\Z``. JSON Schema patterns are ECMA-262, where ``$`` is the
+    end of the text; Python's ``$`` also matches before a final newline, so ``^[a-z]+$`` took
+    ``"evil\\n"`` (a partition, an e-mail address, a JDL attribute name)."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            out.append(char)
+            i += 1
+            for literal in ("^", "]"):  # "[^]...]" and "[]...]": that "]" is a member
+                if pattern[i:i + 1] == literal:
+                    out.append(literal)
+                    i += 1
+            continue
+        elif char == "$":
+            out.append(r"\Z")
+            i += 1
+            continue
+        out.append(char)
+        i += 1
+    return re.compile("".join(out))
+
+
+def _strict_pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not strict_pattern(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+#: The validator of every config document: Draft 2020-12 with ``pattern`` read as ECMA-262 does.
+StrictValidator = validators.extend(Draft202012Validator, {"pattern": _strict_pattern_keyword})
+
+
 def schema_problems(schema: Mapping[str, Any], instance: Any) -> list[tuple[PathT, str]]:
     """Every way ``instance`` breaks ``schema``, as (path, message) pairs in gridgate's words:
     the one formatter behind ``gridgate config validate`` and ``testing.section_for``."""
-    return [found for error in Draft202012Validator(schema).iter_errors(instance) for found in _describe(error)]
+    return [found for error in StrictValidator(schema).iter_errors(instance) for found in _describe(error)]
 
 
 def _branch(error: ValidationError, chosen: ValidationError) -> str:

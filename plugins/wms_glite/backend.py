@@ -55,12 +55,13 @@ __all__ = ["GliteBackend", "build_jdl", "endpoint_for", "DEFAULT_PORT", "DEFAULT
 
 DEFAULT_PORT = 7443
 DEFAULT_PATH = "/glite_wms_wmproxy_server"
-HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
-DELEGATION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: the patterns below are used with fullmatch: ``$`` would also take a trailing newline
+HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*")
+DELEGATION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: JDL files are named ``gridgate-<pid>-<random>.jdl``: the pid says whose they are, so the
 #: files of a director that was killed can be told from those of one that is running.
 JDL_PREFIX = "gridgate-"
-JDL_NAME_RE = re.compile(r"^gridgate-(\d+)-[^/]*\.jdl$")
+JDL_NAME_RE = re.compile(r"gridgate-(\d+)-[^/]*\.jdl")
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_LIST_MATCH = "List Match"
 
@@ -100,7 +101,11 @@ def endpoint_for(backend: str, server: str) -> Endpoint:
 
 
 def _server_problem(server: str) -> str | None:
-    text = server.strip()
+    text = server.strip()  # blanks around the name are forgiven: the endpoint is stripped too
+    if any(ord(char) < 32 or ord(char) == 127 for char in text):
+        # urlsplit drops tabs and newlines before it parses, so "https://host\n:7443/..." looked
+        # valid while the raw text, newline and all, became the endpoint's URL
+        return f"{server!r} holds a control character"
     if "://" in text:
         try:
             parts = urlsplit(text)
@@ -109,10 +114,10 @@ def _server_problem(server: str) -> str | None:
             return f"{server!r} is not a valid URL: {exc}"
         if parts.scheme != "https":
             return f"{server!r}: the WMProxy endpoint must be an https:// URL"
-        if not parts.hostname or not HOST_RE.match(parts.hostname):
+        if not parts.hostname or not HOST_RE.fullmatch(parts.hostname):
             return f"{server!r}: no valid host name in the URL"
         return None
-    if not HOST_RE.match(text):
+    if not HOST_RE.fullmatch(text):
         return f"{server!r} is neither a host name nor an https:// URL"
     return None
 
@@ -200,7 +205,7 @@ class GliteBackend(Plugin):
             "extra_attributes": {
                 "type": "object",
                 "description": "More JDL attributes: name -> string, number, bool or list.",
-                "propertyNames": {"pattern": ATTRIBUTE_NAME_RE.pattern},
+                "propertyNames": {"pattern": f"^{ATTRIBUTE_NAME_RE.pattern}$"},
                 "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
                 "default": {},
             },
@@ -229,7 +234,7 @@ class GliteBackend(Plugin):
                                  f"duplicate server {host!r} (also servers[{seen[host]}])"))
             seen.setdefault(host, index)
         delegation = section.get("delegation", "auto")
-        if delegation != "auto" and not DELEGATION_ID_RE.match(delegation):
+        if delegation != "auto" and not DELEGATION_ID_RE.fullmatch(delegation):
             problems.append((("delegation",), f"delegation id {delegation!r} may only hold "
                                                "letters, digits, '.', '_' and '-'"))
         for key in ("requirements", "rank"):
@@ -497,7 +502,7 @@ def remove_leftover_jdls(folder: Path) -> list[Path]:
     except OSError:
         return removed  # no folder yet, or unreadable: the first write will say so
     for entry in entries:
-        found = JDL_NAME_RE.match(entry.name)
+        found = JDL_NAME_RE.fullmatch(entry.name)
         if found is None or _alive(int(found.group(1))):
             continue
         with contextlib.suppress(OSError):

@@ -15,7 +15,8 @@ from typing import Any
 
 from gridgate.core.model import SubmitRequest
 
-ATTRIBUTE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: used with fullmatch (``$`` would take ``"Executable\n"``, which the JDL parser reads as Executable)
+ATTRIBUTE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 #: Attributes the builder writes itself; extra_attributes may not silently replace them.
 RESERVED = frozenset(
@@ -158,7 +159,7 @@ def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
         ]
     extras = {**dict(config.get("extra_attributes") or {}), **dict(request.attributes)}
     for name, value in extras.items():
-        if not isinstance(name, str) or not ATTRIBUTE_NAME_RE.match(name):
+        if not isinstance(name, str) or not ATTRIBUTE_NAME_RE.fullmatch(name):
             raise JdlError(f"extra_attributes: {name!r} is not a valid attribute name")
         if name.lower() in RESERVED:
             raise JdlError(f"extra_attributes: {name} is set by gridgate itself")
