@@ -504,7 +504,9 @@ class PilotTracker:
             backend = request.backend
             if backend in served or backend in stuck or backend not in infos:
                 continue
-            since_it, since = self._last_change.get(backend, (self._iterations, now))
+            # a director that never read the registry (the store down since it started)
+            # counts from its first iteration
+            since_it, since = self._last_change.setdefault(backend, (self._iterations, now))
             interval = settings.for_backend(backend, "status_interval")
             polls = self._iterations - since_it
             if polls >= limit and (interval is None or now - since >= limit * float(interval)):
