@@ -77,6 +77,7 @@ OWNED_ATTRIBUTES: dict[str, str] = {
     "stderr": "the backend names the pilot's output files",
     "gmlog": "the backend names the pilot's output files",
     "queue": "the queue comes from the endpoint's queue",
+    "join": "the backend names the pilot's output files (join would fold stderr into stdout)",
 }
 STDOUT, STDERR, GMLOG = "pilot.out", "pilot.err", "gmlog"
 #: Seconds a final pilot that arcclean would not delete is tried again (a cancelled job is
@@ -133,7 +134,10 @@ def _safe(name: str) -> str:
 
 
 def owned_attribute(name: str) -> str | None:
-    lowered = name.lower()
+    """The owned attribute ``name`` is a spelling of, if any: xRSL names are compared without
+    case, and RSL parsers drop underscores from them (``job_name`` is ``jobname``); refusing
+    such a spelling costs nothing where a parser keeps it, as it is then no attribute at all."""
+    lowered = name.lower().replace("_", "")
     return lowered if lowered in OWNED_ATTRIBUTES else None
 
 
@@ -244,7 +248,7 @@ class ArcBackend(Plugin):
             if not ATTRIBUTE_RE.fullmatch(name):
                 problems.append((("xrsl", name), f"{name!r} is not an xRSL attribute name"))
             elif owned_attribute(name):
-                why = OWNED_ATTRIBUTES[name.lower()]
+                why = OWNED_ATTRIBUTES[owned_attribute(name) or ""]
                 problems.append((("xrsl", name), f"{name} is written by the backend ({why})"))
         return problems
 
