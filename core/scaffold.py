@@ -20,7 +20,7 @@ from gridgate.core import API_VERSION, __version__
 KINDS = ("backend", "notifier", "classifier")
 GROUPS = {"backend": "gridgate.backends", "notifier": "gridgate.notifiers",
           "classifier": "gridgate.classifiers"}
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")  # fullmatch: "$" would take "evil\n"
 
 
 class ScaffoldError(Exception):
@@ -577,7 +577,7 @@ def new_plugin(kind: str, name: str, folder: Path | None = None) -> list[Path]:
     """
     if kind not in _TEMPLATES:
         raise ScaffoldError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise ScaffoldError(f"plugin name {name!r}: use lower-case letters, digits and _ "
                             "(it is the key a site writes in its YAML)")
     dist = "gridgate-" + name.replace("_", "-")
