@@ -13,11 +13,13 @@ backend), and each submission reserves room on the endpoint it goes to.
 from __future__ import annotations
 
 import getpass
+import json
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -50,6 +52,10 @@ POLLED = "pilots-polled/"
 #: server or partition): they leave the limits at once, with a notice, and go ``lost`` when the
 #: backend cannot say what became of them ``lost_after`` seconds after that.
 RETIRED = "pilots-retired/"
+#: Under ``director.state_dir``: the last counts read from the registry and the pilots the store
+#: could not take, so that a director restarted while the store is still down keeps the limits
+#: closed, and writes those pilots back when the store returns.
+PENDING_FILE = "pilots-pending.json"
 #: States whose share decides whether an endpoint's pilots abort (``cancelled`` was our own
 #: doing, ``lost`` says nothing of how the pilot ended).
 DECIDING = ("done", "failed")
@@ -281,6 +287,10 @@ class PilotTracker:
         #: per backend: (iterations, clock time) of the last change of state of its pilots
         self._last_change: dict[str, tuple[int, float]] = {}
         self._iterations = 0
+        self._pending_loaded = False
+        self._pending_saved: str | None = None
+        self._pending_failed = False
+        self._save_lock = threading.Lock()
 
     # --- settings and the registry ----------------------------------------------------------
 
@@ -326,6 +336,7 @@ class PilotTracker:
                 row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
                                               dict.fromkeys(PILOT_STATES, 0))
                 row["waiting"] += len(pilots)
+            self._save_pending()
             return
         with self._lock:
             row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
@@ -333,6 +344,7 @@ class PilotTracker:
             row["waiting"] += len(pilots)
             where = (record.backend, record.endpoint, "waiting")  # the last known counts too
             self._known[where] = self._known.get(where, 0) + len(pilots)
+        self._save_pending()
 
     # --- the start of an iteration -------------------------------------------------------------
 
@@ -360,6 +372,7 @@ class PilotTracker:
         if not settings["track"]:
             return demand
         self._iterations += 1
+        self._load_pending()
         director = self.director
         hook = director.pm.hook
         registry = self._registry()
@@ -438,6 +451,7 @@ class PilotTracker:
         for request, limit, pilots in cuts:
             director._account(it, request, None, "skipped", pilots, failure_kind=limit)
         self._stuck(settings, infos, kept, cuts)
+        self._save_pending()
         it.limits = limits
         report["states"] = self._states = state_counts(counts)
         report["trimmed"] = limits.trimmed
@@ -473,6 +487,63 @@ class PilotTracker:
         logger.error("{}: the limits apply to the last known counts plus {} pilot(s) submitted "
                      "since; nothing is polled", why, len(self._unrecorded))
         return self._trim(demand, it, settings, counts, infos, report)
+
+    def _pending_path(self) -> Path | None:
+        folder = self.director.config.director.get("state_dir")
+        return Path(folder) / PENDING_FILE if folder else None
+
+    def _load_pending(self) -> None:
+        """Once per process: what a previous director on this state folder left in
+        :data:`PENDING_FILE` (its last counts, the pilots its store did not take)."""
+        if self._pending_loaded:
+            return
+        self._pending_loaded = True
+        path = self._pending_path()
+        if path is None:
+            return
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            known = {(str(b), str(e), str(st)): int(n) for b, e, st, n in data.get("known", [])}
+            pilots = [Pilot.from_dict(p) for p in data.get("unrecorded", [])]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError) as exc:
+            logger.error("{} unreadable, the pilots it kept are not known: {}", path, exc)
+            return
+        with self._lock:
+            if not self._known:
+                self._known = known
+            self._unrecorded[:0] = pilots
+        if pilots:
+            logger.warning("{} pilot(s) submitted while the state store was down found in {}; "
+                           "they are written back when it answers", len(pilots), path)
+
+    def _save_pending(self) -> None:
+        """Keep the last known counts and the unrecorded pilots in :data:`PENDING_FILE`
+        (written only when they changed; a write that fails is said once)."""
+        path = self._pending_path()
+        if path is None:
+            return
+        with self._save_lock:
+            with self._lock:
+                text = json.dumps({"known": sorted([*k, n] for k, n in self._known.items()),
+                                   "unrecorded": [p.as_dict() for p in self._unrecorded]},
+                                  sort_keys=True)
+                durable = bool(self._unrecorded)
+            if text == self._pending_saved:
+                return
+            try:
+                from gridgate.core.files import atomic_write
+
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                atomic_write(path, text.encode("utf-8"), durable=durable)
+            except OSError as exc:
+                if not self._pending_failed:
+                    logger.error("cannot keep the pilot counts in {}: {} (a director restarted "
+                                 "while the state store is down would not know them)", path, exc)
+                self._pending_failed = True
+                return
+            self._pending_saved, self._pending_failed = text, False
 
     def _write_back(self, registry: PilotRegistry) -> None:
         """Write into the registry the pilots submitted while it could not take them."""

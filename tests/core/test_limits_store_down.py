@@ -100,3 +100,40 @@ def test_sqlite_disk_full_the_limits_hold_and_the_pilots_are_written_back(tmp_pa
     finally:
         director.close()
         subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_director_restarted_while_the_store_is_down_keeps_the_limits_and_the_pilots(tmp_path) -> None:
+    """The pilots a director submitted during an outage are not lost when it exits: the next
+    director on the same state folder counts them (and the last known counts), and writes them
+    back when the store answers. Before: a restarted director knew nothing, submitted its whole
+    demand, and the first one's outage pilots were never recorded."""
+    from gridgate.core.state import MemoryState, StateError
+
+    class Flaky(MemoryState):
+        down = False
+
+        def pilot_registry(self):
+            if self.down:
+                raise StateError("redis state at redis://x: Connection refused")
+            return super().pilot_registry()
+
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    store = Flaky(clock=clock)
+
+    def director() -> Director:
+        cfg = config(servers=1, pilots=3, state_dir=str(tmp_path / "state"))
+        cfg.data["director"]["pilots"].update({"max_waiting": 5})
+        return Director(cfg, clock=clock, extra_plugins=[backend, Collector()], state=store)
+
+    first = director()
+    assert submitted(first.run_iteration()) == 3
+    store.down = True
+    assert submitted(first.run_iteration()) == 2
+    second = director()  # the first one exited (its memory gone), the store is still down
+    assert [submitted(second.run_iteration()) for _ in range(2)] == [0, 0]
+    store.down = False
+    assert submitted(second.run_iteration()) == 0
+    assert waiting(store.pilot_registry()) == 5
+    assert {p.job_id for p in store.pilot_registry().query(BACKEND)} == set(backend.jobs["s0"])
+    second.close()
