@@ -59,6 +59,11 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
                    "description": "Submit nothing, on purpose: the director runs, re-reads its "
                                   "config and asks no demand. Without it a config that would "
                                   "submit nothing (no demand, no backend) is refused."},
+        "keep_accounting": {"type": "number", "exclusiveMinimum": 0, "maximum": 10 * 365 * 86400,
+                            "default": 90 * 86400,
+                            "description": "Seconds an accounting row (one per submission, what "
+                                           "`gridgate report` reads) is kept; older rows are "
+                                           "pruned, so a Redis store does not grow for ever."},
         "stall_iterations": {"type": "integer", "minimum": 1, "default": 3,
                              "description": "Demand asked for pilots and none was submitted "
                                             "this many iterations in a row: an error saying why "

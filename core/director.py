@@ -328,6 +328,7 @@ class Director:
         #: notifications each notifier (by plugin name) failed to take since the start
         self.notify_failures: dict[str, int] = {}
         self._notify_lock = threading.Lock()
+        self._accounting_pruned = -math.inf  # when accounting rows were last pruned
         self.state = ResilientState(
             # Deferred: a store that cannot be opened at start (read-only file, Redis down)
             # is one notification and a local view, not a crash.
@@ -566,8 +567,25 @@ class Director:
             pilots=it.pilots,
             credentials=it.credentials,
         )
+        self._prune_accounting()
         hook.gridgate_iteration_finished(summary=summary)
         return summary
+
+    def _prune_accounting(self) -> None:
+        """Drop accounting rows older than ``keep_accounting``, at most once an hour (or a
+        tenth of the retention, when that is shorter): Redis holds them in memory."""
+        keep = float(self.config.director["keep_accounting"])
+        now = self.clock.time()
+        if now - self._accounting_pruned < min(3600.0, keep / 10):
+            return
+        self._accounting_pruned = now
+        try:
+            dropped = self.state.prune_records(ACCOUNTING, before=now - keep)
+        except StateError as exc:
+            logger.warning("accounting rows not pruned this time: {}", exc)
+            return
+        if dropped:
+            logger.info("pruned {} accounting rows older than {:.0f} s", dropped, keep)
 
     def _plan(self, demand: DemandRegistry, it: _Iteration) -> list[tuple[BackendInfo, SubmitRequest]]:
         """Split demand into submissions of the backend's bulk size."""

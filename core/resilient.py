@@ -186,6 +186,18 @@ class ResilientState(StateStore):
                 return
             self._kept.append((stream, dict(record)))
 
+    def prune_records(self, stream: str, before: float) -> int:
+        with self._lock:  # rows kept while the primary failed age the same way
+            kept = [(s, r) for s, r in self._kept if s != stream or float(r.get("time", 0)) >= before]
+            dropped = len(self._kept) - len(kept)
+            self._kept[:] = kept
+        if self._maybe_recover():
+            try:
+                return dropped + self.primary.prune_records(stream, before)
+            except StateError as exc:
+                self._degrade(exc)
+        return dropped
+
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         if self._maybe_recover():
             try:
@@ -251,6 +263,9 @@ class DeferredState(StateStore):
 
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
         self._open().append_record(stream, record)
+
+    def prune_records(self, stream: str, before: float) -> int:
+        return self._open().prune_records(stream, before)
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         return self._open().records(stream, since)

@@ -79,6 +79,13 @@ class StateStore(ABC):
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         """Records of ``stream`` whose ``time`` >= ``since``, oldest first."""
 
+    def prune_records(self, stream: str, before: float) -> int:
+        """Delete the records of ``stream`` whose ``time`` < ``before``; return how many.
+
+        A driver that keeps records overrides this (every built-in one does): without it
+        accounting grows for ever. The default keeps everything and says so by returning 0."""
+        return 0
+
     def pilot_registry(self) -> PilotRegistry:
         """The pilot registry kept in this store (see :mod:`gridgate.core.pilots`).
 
@@ -248,6 +255,13 @@ class MemoryState(StateStore):
         when, text = encode_record(record)
         with self._lock:
             self._records.setdefault(stream, []).append((when, text))
+
+    def prune_records(self, stream: str, before: float) -> int:
+        with self._lock:
+            rows = self._records.get(stream, [])
+            kept = [r for r in rows if r[0] >= before]
+            self._records[stream] = kept
+            return len(rows) - len(kept)
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         with self._lock:
@@ -506,6 +520,12 @@ class SqliteState(StateStore):
                 "write", "INSERT INTO records (stream, time, data) VALUES (?, ?, ?)",
                 (stream, when, text),
             )
+
+    def prune_records(self, stream: str, before: float) -> int:
+        with self._lock:
+            cursor = self._execute("write", "DELETE FROM records WHERE stream = ? AND time < ?",
+                                   (stream, float(before)))
+            return int(cursor.rowcount or 0)
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         with self._lock:

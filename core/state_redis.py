@@ -328,6 +328,11 @@ class RedisState(StateStore):
         keys = [f"{self.prefix}rec:{stream}", f"{self.prefix}recseq"]
         self._call("append", lambda: self._append(keys=keys, args=[repr(when), text]))
 
+    def prune_records(self, stream: str, before: float) -> int:
+        key = f"{self.prefix}rec:{stream}"
+        return int(self._call("prune records",
+                              lambda: self._client.zremrangebyscore(key, "-inf", f"({float(before)!r}")))
+
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         members = self._call(
             "read records",
