@@ -755,6 +755,10 @@ class PilotTracker:
         finally:
             if answer is not None:
                 hook.gridgate_release(grant=answer)
+        if result is None and retired:
+            # the backend no longer knows this endpoint (an ARC CE leaves with its config):
+            # that says nothing of its other endpoints, so the backend is not made blind
+            return _Poll(endpoint, len(ids), "unsupported", active=active)
         if result is None:
             with self._lock:
                 first = endpoint.backend not in self._blind

@@ -708,3 +708,30 @@ def test_a_status_output_cut_by_gridgates_cap_blames_no_server_and_loses_no_pilo
     assert states(director) == {"waiting": 3}  # kept, not read from a cut answer
     assert len(notes) == 1 and "gridgate's own output cap" in notes[0].body
     director.close()
+
+
+def test_a_backend_that_does_not_answer_for_a_removed_endpoint_keeps_its_limits():
+    """A backend whose status hook answers None for an endpoint it no longer has (the ARC
+    backend forgets a CE with its config) must not be taken for one that cannot report states:
+    that would lift max_waiting / max_total on all its endpoints."""
+
+    class Forgets(TrackingBackend):
+        @hookimpl(tryfirst=True)
+        def gridgate_job_status(self, endpoint, job_ids, timeout):
+            if endpoint.backend == BACKEND and endpoint.name not in {e.name for e in self.endpoints}:
+                return None
+            return TrackingBackend.gridgate_job_status(self, endpoint, job_ids, timeout)
+
+    clock = FakeClock()
+    backend = Forgets(servers=2)
+    director = make(backend, pilots=4, clock=clock, max_waiting=2, lost_after=600)
+    director.run_iteration()
+    backend.endpoints = backend.endpoints[:1]
+    summary = director.run_iteration()
+    assert {p["endpoint"]: p["outcome"] for p in summary.pilots["polls"]} == {
+        "s0": "ok", "s1": "unsupported"}
+    assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 0  # s0 full
+    clock.advance(601)
+    director.run_iteration()
+    assert set(states(director, "s1")) == {"lost"}
+    director.close()
