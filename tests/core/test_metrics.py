@@ -6,6 +6,7 @@ import re
 import urllib.request
 
 from directorkit import Collector, ScriptedBackend, config
+from polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director
@@ -74,3 +75,54 @@ def test_pilot_gauges_by_backend_endpoint_state_and_trimmed_demand() -> None:
         assert value(second, r'gridgate_status_polls_total\{.*outcome="ok"\}') == 2
     finally:
         director.close()
+
+
+def test_idle_connections_to_the_metrics_port_hold_no_thread_and_few_descriptors() -> None:
+    """Before (issue 21, item 5): prometheus_client's server took a thread and a descriptor per
+    connection, with no timeout: 300 idle connections were 300 threads of the director."""
+    import socket
+    import threading
+
+    from gridgate.core.metrics import MAX_CONNECTIONS, DirectorMetrics
+
+    metrics = DirectorMetrics()
+    port = metrics.serve(0)
+    threads = threading.active_count()
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            idle.append(sock)
+        # accepted at ACCEPT_RATE: poll until the server has taken what it will
+        assert until(lambda: metrics._server.counts["accepted"] >= 20, 20)
+        assert threading.active_count() <= threads
+        assert metrics._server.open_connections <= MAX_CONNECTIONS
+        # a scraper sends its request at once: it gets in past the idle ones
+        series = scrape(port)
+        assert "gridgate_endpoints_excluded" in series
+        assert metrics._server.counts["evicted"] > 0
+    finally:
+        for sock in idle:
+            sock.close()
+        metrics.close()
+
+
+def test_a_silent_scrape_connection_is_closed_at_the_timeout() -> None:
+    import socket
+
+    from prometheus_client import CollectorRegistry
+
+    from gridgate.core.metrics import MetricsServer
+
+    server = MetricsServer(CollectorRegistry(), 0, timeout=0.2)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10) as s:
+            s.sendall(b"GET /metr")  # and then nothing
+            assert s.recv(100) == b""  # closed by the server, not by this test's timeout
+        assert until(lambda: server.counts["timed_out"] == 1, 10)
+        assert server.open_connections == 0
+    finally:
+        server.shutdown()
+        server.server_close()
