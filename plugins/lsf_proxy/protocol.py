@@ -35,7 +35,12 @@ class ProtocolError(Exception):
 
 def encode(message: Mapping[str, Any]) -> bytes:
     """One message as one line (compact JSON, ``\\n``-terminated)."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        # a lone surrogate: escaped, the line is still valid JSON (and never an exception)
+        return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 def decode(line: bytes) -> dict[str, Any]:
@@ -47,8 +52,15 @@ def decode(line: bytes) -> dict[str, Any]:
         message = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError("bad_json", f"not a JSON line: {exc}") from None
+    except RecursionError:
+        # "[[[[..." nested past the interpreter's limit: was an internal error and a traceback
+        raise ProtocolError("bad_json", "not a JSON line: nested too deep") from None
     if not isinstance(message, dict):
         raise ProtocolError("bad_request", "a message must be a JSON object")
+    if (b"\\ud" in line or b"\\uD" in line) and _has_surrogate(message):
+        # valid JSON, but no UTF-8 can carry it: it could be neither echoed nor logged
+        raise ProtocolError("bad_request", "a string holds a lone UTF-16 surrogate (\\ud800-"
+                                           "\\udfff): not valid Unicode")
     version = message.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError("bad_version", f"protocol version {version!r} is not supported "
@@ -56,6 +68,22 @@ def decode(line: bytes) -> dict[str, Any]:
     if not isinstance(message.get("op"), str):
         raise ProtocolError("bad_request", "missing \"op\" (a string)")
     return message
+
+
+def _has_surrogate(message: Any) -> bool:
+    # iterative: a line may nest as deep as json.loads allows
+    stack = [message]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in value):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def canonical(message: Mapping[str, Any]) -> bytes:

@@ -96,7 +96,7 @@ def _raise_nofile(need: int) -> None:
 
 def test_pairs_from_64_clients_with_idle_connections(start_daemon, sockdir, figures):
     _raise_nofile(IDLE + 1024)
-    d = start_daemon({"policies": "QUERY[max=64 nominal=64]", "sample_period": 10**6,
+    d = start_daemon({"policies": "QUERY[max=64 nominal=64]", "sample_period": 86400,
                       "max_connections": IDLE + 1000})
     rss_start = rss_mib(d.pid)
     idle: list[socket.socket] = []

@@ -88,6 +88,10 @@ def _tcp_acquires(port: int, count: int, source_ok: bool = True) -> tuple[int, i
     return granted, busy, took
 
 
+def _turned_away(refused: dict) -> int:
+    return refused["auth_timeout"] + refused.get("displaced", 0)
+
+
 def _pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -109,7 +113,9 @@ def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
         # the flood is in place (a loaded host may take seconds to start its process), and
         # has met its first deadlines (tcp_auth_timeout 2 s)
         assert until(lambda: status(d.socket)["capacity"]["open"]["unauthenticated"] > 0, 30)
-        assert until(lambda: status(d.socket)["capacity"]["refused"]["auth_timeout"] > 0, 30)
+        # (one address: its connections time out; fifty fill the pool, and each new one
+        # displaces the oldest that said nothing)
+        assert until(lambda: _turned_away(status(d.socket)["capacity"]["refused"]) > 0, 30)
         # a sample while it holds connections: it reconnects in waves as its sockets time out,
         # and between two waves a loaded machine may show none open
 
@@ -138,8 +144,11 @@ def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
     held = early["open"]["unauthenticated"]
     assert 0 < held <= (cap["tcp_max_per_peer"] if spread == "one-address"
                         else cap["tcp_max_unauthenticated"]), early
-    assert seen["refused"]["unauthenticated"] > 0
-    assert seen["refused"]["auth_timeout"] > 0
+    if spread == "one-address":
+        assert seen["refused"]["unauthenticated"] > 0
+        assert seen["refused"]["auth_timeout"] > 0
+    else:
+        assert seen["refused"]["displaced"] > 0
     assert hostile["opened"] > 1000 and hostile["closed_by_daemon"] > 0
     granted, busy, tcp_took = tcp
     if spread == "one-address":

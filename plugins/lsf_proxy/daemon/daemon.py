@@ -40,7 +40,12 @@ from gridgate.plugins.lsf_proxy.config import (
     section_defaults,
 )
 from gridgate.plugins.lsf_proxy.daemon import holding
-from gridgate.plugins.lsf_proxy.daemon.diagnose import diagnose_args, earliest
+from gridgate.plugins.lsf_proxy.daemon.diagnose import (
+    diagnose_args,
+    earliest,
+    open_log,
+    private_folder,
+)
 from gridgate.plugins.lsf_proxy.daemon.guard import (
     ORDINARY,
     PRIVILEGED,
@@ -110,9 +115,15 @@ def diagnose_line(decision: Decision) -> str:
     return f"{stamp} {','.join(fields)}"
 
 
+#: What a log field may hold as it is; anything else a client chose becomes ``_``.
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+@:")
+
+
 def _field(text: str) -> str:
-    # a comma or newline inside a name would break the log's columns
-    return "".join(ch if ch.isprintable() and ch not in ", " else "_" for ch in text)
+    """``text`` (a name a client chose) fit for a log line: a comma or newline would break the
+    columns, and ``;``, ``$(...)``, quotes or escapes must reach no reader of the log (nor a
+    script that pastes it into a shell); at most 128 characters."""
+    return "".join(ch if ch in _SAFE else "_" for ch in str(text)[:128])
 
 
 class DaemonMetrics:
@@ -277,7 +288,7 @@ class ProxyDaemon:
         self.metrics_port: int | None = None
         self.reloads = ReloadLog()
         self._challenges: dict[_Conn, str] = {}
-        self._shortage, self._refusals = PeriodicLog(), PeriodicLog()
+        self._shortage, self._refusals, self._failures = PeriodicLog(), PeriodicLog(), PeriodicLog()
         if self.section.get("metrics_port") is not None:
             self.metrics = DaemonMetrics(self.policy)
             self.reloads.attach(self.metrics.registry)
@@ -321,7 +332,11 @@ class ProxyDaemon:
             self.guard.cap = capacity(section, self.guard.cap.nofile)
         self.line_timeout = float(section.get("line_timeout", 30))
         self.max_user_connections = int(section.get("max_connections_per_user", 1024))
-        self._set_diagnose(bool(section.get("diagnose")))
+        try:
+            self._set_diagnose(bool(section.get("diagnose")))
+        except OSError as exc:
+            # the service runs on without its diagnostic log rather than not at all
+            logger.error("diagnostic log {} not opened: {}", self.diagnose_path, exc)
 
     def _side_file(self, key: str, default_name: str) -> Path:
         configured = self.section.get(key)
@@ -343,17 +358,9 @@ class ProxyDaemon:
         if on and self._diag is not None and self._diag_path != self.diagnose_path:
             self._set_diagnose(False)  # diagnose_file changed on reload: move to the new file
         if on and self._diag is None:
-            self.diagnose_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            # it names every user and host that asked: readable by the daemon's owner only
-            fd = os.open(self.diagnose_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                if os.fstat(fd).st_mode & 0o077:
-                    os.fchmod(fd, 0o600)
-                self._diag = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
-                self._diag_path = self.diagnose_path
-            except BaseException:
-                os.close(fd)
-                raise
+            # no link followed, in a folder only its owner (this user or root) can write
+            self._diag = open_log(self.diagnose_path)
+            self._diag_path = self.diagnose_path
         elif not on and self._diag is not None:
             self._diag.close()
             self._diag = None
@@ -363,6 +370,7 @@ class ProxyDaemon:
             return Blocklist()
         path = self.blocklist_path
         try:
+            os.close(private_folder(path.parent))
             data = json.loads(path.read_text(encoding="utf-8"))
             return Blocklist(BlockRule.from_json(r) for r in data.get("rules", []))
         except FileNotFoundError:
@@ -374,7 +382,13 @@ class ProxyDaemon:
         if not self.section.get("persist_blocklist"):
             return
         rules = [r.to_json() for r in self.policy.blocklist.rules]
-        atomic_write(self.blocklist_path, json.dumps({"rules": rules}).encode("utf-8"))
+        try:
+            # the write goes through a predictable temporary name: only in a private folder
+            os.close(private_folder(self.blocklist_path.parent))
+            atomic_write(self.blocklist_path, json.dumps({"rules": rules}).encode("utf-8"))
+        except OSError as exc:
+            # the rules hold in memory; what is lost is their surviving a restart
+            self._failures("lsfproxyd: blocklist not saved to {}: {}", self.blocklist_path, exc)
 
     def reload(self) -> dict[str, Any]:
         """Re-read the config file: new limits, lists, diagnose flag; tokens and blocks stay.
@@ -497,7 +511,10 @@ class ProxyDaemon:
         writes to a fresh file at the configured path (SIGHUP does this, then reloads)."""
         if self._diag is not None:
             self._set_diagnose(False)
-            self._set_diagnose(True)
+            try:
+                self._set_diagnose(True)
+            except OSError as exc:
+                logger.error("diagnostic log {} not reopened: {}", self.diagnose_path, exc)
 
     def _sighup(self) -> None:
         self.reopen_logs()
@@ -598,8 +615,16 @@ class ProxyDaemon:
     def _admit(self, conn: _Conn) -> str | None:
         """None when ``conn`` may have a slot in its pool, else why not."""
         if conn.tcp:
-            peer = (conn.writer.get_extra_info("peername") or ("?",))[0]
-            why = self.guard.admit(conn, UNAUTH, str(peer))
+            peer = str((conn.writer.get_extra_info("peername") or ("?",))[0])
+            victim = self.guard.displaceable(peer)
+            if victim is not None:
+                # the pool is full: an address holding many makes room for one holding few
+                self.guard.refused["displaced"] += 1
+                self._error(victim, None, ProtocolError(
+                    "busy", "too many unauthenticated TCP connections: the oldest of the "
+                            "address holding the most is closed"))
+                self._close(victim)
+            why = self.guard.admit(conn, UNAUTH, peer)
             if why is None and self._loop is not None:
                 self.guard.watch(conn, self._loop.call_later(
                     self.guard.cap.tcp_auth_timeout, self._auth_expired, conn))
@@ -633,6 +658,10 @@ class ProxyDaemon:
         if message.get("op") == "hello" and "auth" not in message:
             return "", ""  # how a TCP client learns its challenge
         user, host = self.verifier.verify(message, challenge=self._challenges.get(conn))
+        if _field(user) != user or _field(host) != host:
+            # a key holder's names reach every log line of its requests: names only
+            raise ProtocolError("bad_request", "auth.user and auth.host must be names of "
+                                               "letters, digits and '._-+@:' (at most 128)")
         busy = self.guard.authenticated(conn, self.policy.is_root_or_admin(user))
         if busy is not None:
             asyncio.get_running_loop().call_soon(self._close, conn)
@@ -742,7 +771,8 @@ class ProxyDaemon:
             return
         conn.writer.write(encode(message))
         if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
-            logger.warning("dropping {} ({}): it does not read its replies", conn.user, conn.peer)
+            self._refusals("lsfproxyd: dropping {} ({}): it does not read its replies",
+                           _field(conn.user), conn.peer)
             self._close(conn)
 
     def _error(self, conn: _Conn, msg_id: Any, exc: ProtocolError) -> None:
@@ -754,6 +784,8 @@ class ProxyDaemon:
 
     def _handle_line(self, conn: _Conn, line: bytes) -> None:
         msg_id = None
+        if conn.tcp:
+            self.guard.spoke(conn)
         try:
             message = decode(line)
             msg_id = message.get("id")
@@ -766,7 +798,10 @@ class ProxyDaemon:
                 self._count_error()
             self._error(conn, msg_id, exc)
         except Exception as exc:  # one bad request must not take the connection down
-            logger.exception("request from {}@{} failed", conn.user, conn.host)
+            # a bug, but one any client can repeat: a line per minute, not a traceback each
+            self._failures("lsfproxyd: a request from {}@{} ({}) failed: {}: {}",
+                           _field(conn.user), _field(conn.host), conn.peer, type(exc).__name__,
+                           _field(str(exc)), exception=exc)
             self._count_error()
             self._error(conn, msg_id, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
 
@@ -841,8 +876,8 @@ class ProxyDaemon:
         if self._diag is not None:
             try:
                 self._diag.write(line + "\n")
-            except OSError as exc:
-                logger.error("diagnostic log {}: {}", self.diagnose_path, exc)
+            except OSError as exc:  # a full disk: once a minute, not once per request
+                self._failures("lsfproxyd: diagnostic log {}: {}", self.diagnose_path, exc)
 
     def _deliver(self, decision: Decision) -> None:
         req = decision.request
@@ -968,6 +1003,11 @@ def _rule_from(message: Mapping[str, Any]) -> BlockRule:
     if not (isinstance(users, list) and all(isinstance(u, str) for u in users)
             and isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)):
         raise ProtocolError("bad_request", "users and hosts must be lists of names")
+    odd = [n for n in (*users, *hosts) if n and (len(n) > 128 or _field(n) != n or "@" in n)]
+    if odd:
+        # they reach the daemon's log, the blocklist file and every admin's terminal
+        raise ProtocolError("bad_request", f"{len(odd)} name(s) outside letters, digits and "
+                                           "'._-+:' (at most 128): not a user or host name")
     try:
         return BlockRule.make(bool(message.get("all")), users, hosts)
     except ValueError as exc:

@@ -104,12 +104,17 @@ class ConnectionGuard:
         self._pool: dict[Any, str] = {}
         self._peer: dict[Any, str] = {}
         self._per_peer: dict[str, int] = {}
+        #: unauthenticated connections per address, oldest first
+        self._by_peer: dict[str, dict[Any, None]] = {}
+        #: unauthenticated connections that have not sent a line yet, oldest first
+        self._silent: dict[Any, None] = {}
         self._timers: dict[Any, asyncio.TimerHandle] = {}
         self._from_tcp: set[Any] = set()
         #: TCP connections that authenticated (ordinary or privileged pool)
         self.tcp_authenticated = 0
         self.counts = {UNAUTH: 0, ORDINARY: 0, PRIVILEGED: 0}
-        self.refused = {UNAUTH: 0, ORDINARY: 0, PRIVILEGED: 0, "auth_timeout": 0}
+        #: ``displaced``: unauthenticated connections closed to make room (:meth:`displaceable`)
+        self.refused = {UNAUTH: 0, ORDINARY: 0, PRIVILEGED: 0, "auth_timeout": 0, "displaced": 0}
 
     def _fits(self, pool: str, peer: str | None) -> str | None:
         cap, n = self.cap, self.counts
@@ -135,7 +140,33 @@ class ConnectionGuard:
         if pool == UNAUTH and peer is not None:
             self._peer[conn] = peer
             self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+            self._by_peer.setdefault(peer, {})[conn] = None
+            self._silent[conn] = None
         return None
+
+    def spoke(self, conn: Any) -> None:
+        """``conn`` sent a line (a client's ``hello`` comes at once; an idle flood never)."""
+        self._silent.pop(conn, None)
+
+    def displaceable(self, peer: str) -> Any | None:
+        """With the unauthenticated pool full: the connection that should make room for a new
+        one from ``peer``: the oldest that has said nothing yet, else the oldest of the address
+        holding the most; None when ``peer`` holds its ``tcp_max_per_peer`` or as many as any
+        (it is refused, as before).
+
+        A client that connects to authenticate (a director, a gate, another daemon's
+        heartbeat) sends its ``hello`` at once, an idle flood never: so the flood only ever
+        pushes out itself, and a flood that talks is held per address."""
+        if self.counts[UNAUTH] < self.cap.tcp_max_unauthenticated or not self._by_peer:
+            return None
+        if self._per_peer.get(peer, 0) >= self.cap.tcp_max_per_peer:
+            return None
+        if self._silent:
+            return next(iter(self._silent))
+        most = max(self._by_peer, key=lambda p: self._per_peer[p])
+        if self._per_peer[most] <= self._per_peer.get(peer, 0) + 1:
+            return None
+        return next(iter(self._by_peer[most]))
 
     def watch(self, conn: Any, timer: asyncio.TimerHandle) -> None:
         """``timer`` (the authentication deadline) is cancelled when ``conn`` authenticates or
@@ -160,6 +191,7 @@ class ConnectionGuard:
         timer = self._timers.pop(conn, None)
         if timer is not None:
             timer.cancel()
+        self._silent.pop(conn, None)
         pool = self._pool.pop(conn, None)
         if pool is None:
             return
@@ -170,10 +202,13 @@ class ConnectionGuard:
         peer = self._peer.pop(conn, None)
         if peer is not None:
             left = self._per_peer[peer] - 1
+            held = self._by_peer.get(peer, {})
+            held.pop(conn, None)
             if left:
                 self._per_peer[peer] = left
             else:
                 del self._per_peer[peer]
+                self._by_peer.pop(peer, None)
 
     def room(self, listener: Listener, live: int) -> int:
         """How many more sockets ``listener`` may accept now, while ``live`` accepted sockets
@@ -202,12 +237,14 @@ class PeriodicLog:
         self._since: dict[str, int] = {}
         self.total = 0
 
-    def __call__(self, text: str, *args: Any) -> None:
+    def __call__(self, text: str, *args: Any, exception: BaseException | None = None) -> None:
+        """``exception``: its traceback goes with the line that is written, none with the
+        occurrences that are only counted."""
         self.total += 1
         since = self._since[text] = self._since.get(text, 0) + 1
         now = self.clock.monotonic()
         if now - self._last.get(text, float("-inf")) >= self.period:
-            logger.warning(text + " ({} time(s) since the last such line; next one in {:g} s "
+            logger.opt(exception=exception).warning(text + " ({} time(s) since the last such line; next one in {:g} s "
                                   "at the earliest)", *args, since, self.period)
             self._last[text], self._since[text] = now, 0
 
@@ -262,6 +299,10 @@ class Listener:
                 return
             try:
                 await self.handler(reader, writer)
+            except Exception as exc:  # noqa: BLE001
+                # a bug any client may repeat: not an unretrieved task's traceback each time
+                self.shortage("lsfproxyd: a connection on {} ended in {}: {}", self.what,
+                              type(exc).__name__, exc, exception=exc)
             finally:
                 writer.close()
                 with contextlib.suppress(Exception):

@@ -176,6 +176,8 @@ class BeatResult:
     reply: Mapping[str, Any] | None = None
     busy: bool = False
     error: str = ""
+    #: the peer itself answered that it had no room: alive
+    answered: bool = False
 
 
 class Heartbeat:
@@ -288,7 +290,11 @@ class Heartbeat:
         finally:
             client.close()
         if host.reply is None:
-            return BeatResult(name, busy=host.busy, error=host.error)
+            # "busy" written by the peer itself (its connection pools are full: a flood of
+            # its TCP port) is an answer: it runs and grants its share. Taking it for dead
+            # would make the survivors serve its share too (issue 21: max=8 gave out 16).
+            answered = bool(host.busy and host.error and f"{name}: busy: " in host.error)
+            return BeatResult(name, busy=host.busy, error=host.error, answered=answered)
         return BeatResult(name, reply=host.reply)
 
     def _store_round(self, payload: Mapping[str, Any], leaving: bool = False) -> list[BeatResult]:
@@ -337,6 +343,10 @@ class Heartbeat:
         """Fold the outcomes of one round of heartbeats into the view (on the event loop)."""
         newest: ServiceState | None = None
         for result in results:
+            if result.reply is None and result.answered:
+                self.view.heard(result.name)
+                logger.debug("heartbeat to {}: {} (alive)", result.name, result.error)
+                continue
             if result.reply is None:
                 self.view.failed(result.name, refused=not result.busy)
                 logger.debug("heartbeat to {}: {}", result.name, result.error)

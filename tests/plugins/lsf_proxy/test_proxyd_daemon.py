@@ -118,7 +118,7 @@ def test_configured_admin_accepted(start_daemon, cli):
 
 def test_seed_block_unblock_sequence(start_daemon, cli, py_as):
     # no sample period ends during the test: "current" counts all of it
-    d = start_daemon({"sample_period": 10**6})
+    d = start_daemon({"sample_period": 86400})
     name = d.info["name"]
 
     def run(*args):
@@ -488,7 +488,7 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
 
 def test_notoken_retries_then_gives_up(start_daemon, py_as):
     d = start_daemon({"policies": "QUERY[max=1]", "token_wait_time": 0.2, "queue_limit_per_user": 1,
-                      "sample_period": 10**6})  # "current" counts the whole test
+                      "sample_period": 86400})  # "current" counts the whole test
     with ProxyClient([Daemon("d", d.socket)]) as root:
         token = root.acquire("query")  # root's token fills max=1
         out = py_as(client_code(d.socket, ntries=3))
