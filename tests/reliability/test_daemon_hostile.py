@@ -207,3 +207,24 @@ def test_the_blocklist_is_written_only_in_a_private_folder(start_daemon, sockdir
     with pytest.raises(AssertionError, match="writable by others"):
         start_daemon({"persist_blocklist": True, "blocklist_file": str(loose / "bl.json")})
     assert os.listdir(loose) == []
+
+
+def test_a_failing_diagnostic_log_is_told_once_not_per_request(start_daemon, sockdir):
+    """Every error path any client can repeat is rate-limited: the diagnostic log on a full
+    disk (here: a file over the daemon's RLIMIT_FSIZE; Python ignores SIGXFSZ) failed each
+    request's line and logged an error per request."""
+    log = sockdir / "diag.log"
+    log.write_bytes(b"x" * 65536)
+    log.chmod(0o600)
+    d = start_daemon({"diagnose": True, "diagnose_file": str(log),
+                      "policies": "QUERY[max=4 nominal=4]"},
+                     argv_prefix=("prlimit", "--fsize=32768"))
+    before = d.log().count("diagnostic log")
+    pairs = 100
+    lines = [b'{"v":1,"id":%d,"op":"acquire","category":"query"}\n' % i for i in range(pairs)]
+    replies = talk(d.socket, *lines)
+    assert [r["result"] for r in replies] == ["granted"] * pairs
+    assert status(d.socket)["diagnose"]
+    told = d.log().count("diagnostic log") - before
+    assert told == 1, d.log()[-2000:]
+    assert "Traceback" not in d.log()
