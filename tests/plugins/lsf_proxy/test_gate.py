@@ -206,7 +206,12 @@ def test_shims_run_the_real_command_through_the_gate(start_daemon, real_bin, soc
     log = sockdir / "diag.log"
     daemon = start_daemon({"diagnose": True, "diagnose_file": str(log)})
     shims = sockdir / "shims"
-    path = f"{shims}{os.pathsep}{real_bin}{os.pathsep}/usr/bin:/bin"
+    # PATH holds the shims, the stand-ins and setpriv, nothing the machine may have besides
+    # (Debian's gridengine-client puts a real qstat in /usr/bin)
+    system = sockdir / "system"
+    system.mkdir(mode=0o755)
+    (system / "setpriv").symlink_to(shutil.which("setpriv", path="/usr/bin:/bin") or "/usr/bin/setpriv")
+    path = f"{shims}{os.pathsep}{real_bin}{os.pathsep}{system}"
     out = subprocess.run([gridgate_exe, "gate", "--install-shims", str(shims), "--socket",
                           daemon.socket, "--shim", "bjobs", "--shim", "squeue", "--shim", "qstat"],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": path})
