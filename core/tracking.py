@@ -52,6 +52,8 @@ POLLED = "pilots-polled/"
 #: server or partition): they leave the limits at once, with a notice, and go ``lost`` when the
 #: backend cannot say what became of them ``lost_after`` seconds after that.
 RETIRED = "pilots-retired/"
+#: When the backend last answered for a retired endpoint's pilots: ``lost_after`` counts from it.
+RETIRED_OK = "pilots-retired-ok/"
 #: Under ``director.state_dir``: the last counts read from the registry and the pilots the store
 #: could not take, so that a director restarted while the store is still down keeps the limits
 #: closed, and writes those pilots back when the store returns.
@@ -402,9 +404,15 @@ class PilotTracker:
         try:
             polls = self._poll(registry, infos, it, settings, now, retired)
             polled_ok = {p.endpoint.key for p in polls if p.outcome == "ok"}
+            ttl = float(settings["keep_finished"])
             for endpoints in retired.values():
                 for endpoint in endpoints:
-                    if endpoint.key not in polled_ok:
+                    if endpoint.key in polled_ok:
+                        try:
+                            director.state.set(RETIRED_OK + endpoint.key, repr(now), ttl=ttl)
+                        except StateError:
+                            pass  # lost_after then counts from the notice: sooner, not never
+                    else:
                         gone = self._retired_lost(registry, endpoint, settings, now)
                         if gone:
                             report["changed"] += gone
@@ -639,16 +647,18 @@ class PilotTracker:
     def _retired_lost(self, registry: PilotRegistry, endpoint: Endpoint, settings: PilotSettings,
                       now: float) -> int:
         """Pilots of a retired endpoint that the backend has not answered for: ``lost`` once
-        ``lost_after`` has passed since the endpoint was first seen retired."""
+        ``lost_after`` has passed since the endpoint was first seen retired and since the
+        backend last answered for it (a poll not due yet is no silence)."""
         try:
-            since = float(self.director.state.get(RETIRED + endpoint.key) or now)
+            since = max(float(self.director.state.get(key) or 0.0)
+                        for key in (RETIRED + endpoint.key, RETIRED_OK + endpoint.key)) or now
         except (StateError, ValueError):
             return 0
         lost_after = float(settings["lost_after"])
         if now - since < lost_after:
             return 0
         active = registry.active(endpoint.backend, endpoint.name)
-        reason = (f"endpoint no longer configured, and the backend did not say what became of "
+        reason = (f"endpoint no longer configured, and the backend has not said what became of "
                   f"the pilot for {now - since:.0f} s")
         registry.put(p.moved("lost", now, p.native, reason) for p in active)
         if active:

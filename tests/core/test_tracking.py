@@ -735,3 +735,20 @@ def test_a_backend_that_does_not_answer_for_a_removed_endpoint_keeps_its_limits(
     director.run_iteration()
     assert set(states(director, "s1")) == {"lost"}
     director.close()
+
+
+def test_pilots_of_a_removed_endpoint_still_answered_for_are_not_lost_between_polls():
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    director = make(backend, pilots=4, clock=clock, status_interval=400, lost_after=600)
+    director.run_iteration()
+    backend.endpoints = backend.endpoints[:1]
+    director.config.data["demand"]["static"][BACKEND] = 0
+    clock.advance(400)
+    director.run_iteration()  # retired; its pilots polled (ok)
+    clock.advance(401)
+    director.run_iteration()  # polled again (ok)
+    clock.advance(200)  # 1001 s after the retirement notice, 200 s after the last answer
+    director.run_iteration()  # not due: no poll, and the backend did answer 200 s ago
+    assert set(states(director, "s1")) == {"waiting"}
+    director.close()
