@@ -105,6 +105,12 @@ class FileDemand(Plugin):
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
             self._problem(f"cannot read: {exc}")
             return
+        if path.suffix != ".json" and text.strip() and not text.endswith("\n"):
+            # as for the config (core/config.py cut_problem): "pilots: 100" cut after "1" is
+            # still valid YAML, so a file without its final newline is taken for cut
+            self._problem("the file does not end with a newline: its last line may be cut short "
+                          "(a file still being written); asked for nothing until it is whole")
+            return
         spec = spec or {}
         error = next(iter(self._validator.iter_errors(spec)), None)
         if error is not None:
