@@ -262,6 +262,9 @@ class ArcBackend(Plugin):
             url, queue, name = endpoint_entry(entry)
             self._ces[name] = CE(Endpoint(self.name, name, url), queue, root / _safe(name))
         self._locks = {name: threading.Lock() for name in self._ces}
+        #: endpoints no longer configured whose pilots are still here (see _ce)
+        self._retired: dict[str, CE] = {}
+        self._retired_lock = threading.Lock()
         self._prepared: set[str] = set()
 
     # --- helpers ----------------------------------------------------------------------------
@@ -270,8 +273,21 @@ class ArcBackend(Plugin):
         return tuple(ce.endpoint for ce in self._ces.values())
 
     def _ce(self, endpoint: Endpoint) -> CE | None:
+        """The endpoint's CE; for an endpoint removed from the config whose job list is still
+        here, a CE without URL: its pilots can still be polled, cancelled and cleaned (their
+        ids are URLs, so the client needs no -C)."""
+        if endpoint.backend != self.name:
+            return None
         ce = self._ces.get(endpoint.name)
-        return ce if ce is not None and endpoint.backend == self.name else None
+        if ce is None:
+            folder = Path(self.context.state_dir) / "arc" / _safe(endpoint.name)
+            if (folder / "jobs.dat").exists():
+                ce = CE(endpoint, "", folder)
+                with self._retired_lock:
+                    self._retired.setdefault(endpoint.name, ce)
+                    self._locks.setdefault(endpoint.name, threading.Lock())
+                    ce = self._retired[endpoint.name]
+        return ce
 
     def _command(self, which: str) -> str:
         return self._programs.get(which) or which
@@ -425,6 +441,11 @@ class ArcBackend(Plugin):
         for argv in chunks:
             outcome = self._run(argv, deadline)
             last = outcome
+            if outcome.stdout_truncated or outcome.stderr_truncated:
+                # gridgate's own cap cut the answer: core names it (kind output_cap) and keeps
+                # every pilot's state, rather than this chunk's ids going unknown, then lost
+                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
+                                    message="arcstat's output passed director.max_output_bytes")
             report = parse_arcstat(outcome.stdout, outcome.stderr)
             asked = argv[len(prefix):]
             answered = bool(report.statuses) or bool(report.gone)
@@ -567,7 +588,7 @@ class ArcBackend(Plugin):
             return
         timeout = float(self.config.get("command_timeout") or
                         (self.context.config.get("director") or {}).get("command_timeout") or 120)
-        for ce in self._ces.values():
+        for ce in [*self._ces.values(), *self._retired.values()]:
             if ce.pending_clean.exists():
                 cleaned = self.clean(ce, timeout)
                 if cleaned:

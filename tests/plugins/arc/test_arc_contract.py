@@ -71,3 +71,51 @@ def test_a_final_pilot_arcclean_would_not_delete_yet_stays_to_clean_until_it_giv
     clock.advance(CLEAN_GIVE_UP + 1)
     assert backend.clean(ce, 5) == [] and not ce.pending_clean.exists()
     assert len(not_yet.calls()) == 2
+
+
+def _backend_with(tmp_path, max_output_bytes=None, **commands):
+    from gridgate.core.testing import build_plugin
+
+    script = tmp_path / "pilot.sh"
+    script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    config = {"director": {"max_output_bytes": max_output_bytes}} if max_output_bytes else {}
+    return build_plugin(ArcBackend, {"endpoints": ["https://ce.example.org/arex"], "script": str(script),
+                                     "commands": {k: str(v) for k, v in commands.items()}},
+                        state_dir=tmp_path / "state", name="arc", config=config)
+
+
+def test_a_status_output_cut_by_gridgates_cap_is_a_failed_poll_carrying_the_cut_command(tmp_path) -> None:
+    """Core names a cut output as gridgate's cap (kind output_cap) only when it sees the cut
+    command: a cut arcstat is never read as 'these ids are gone'."""
+    from gridgate.core.testing import stand_in_command
+
+    job = "https://ce.example.org/arex/rest/1.0/jobs/gg1"
+    big = stand_in_command(tmp_path / "bin", "arcstat", stdout=f"Job: {job}\n State: Running\n" + "x" * 200_000)
+    backend = _backend_with(tmp_path, max_output_bytes=1024, arcstat=big)
+    (endpoint,) = backend.gridgate_backend_info(backend="arc").endpoints
+    (backend._ces[endpoint.name].job_list).parent.mkdir(parents=True)
+    backend._ces[endpoint.name].job_list.write_bytes(b"")
+    result = backend.gridgate_job_status(endpoint=endpoint, job_ids=[job], timeout=10)
+    assert not result.ok and result.command is not None and result.command.stdout_truncated
+
+
+def test_pilots_of_a_ce_removed_from_the_config_are_still_polled_and_cancelled(tmp_path) -> None:
+    from gridgate.core.model import Endpoint
+    from gridgate.core.testing import stand_in_command
+
+    job = "https://old-ce.example.org/arex/rest/1.0/jobs/gg1"
+    stat = stand_in_command(tmp_path / "bin", "arcstat", stdout=f"Job: {job}\n State: Running\n\n"
+                            "Status of 1 jobs was queried, 1 jobs returned information\n")
+    kill = stand_in_command(tmp_path / "bin", "arckill",
+                            stdout="Jobs processed: 1, successfully killed: 1, successfully cleaned: 0\n")
+    backend = _backend_with(tmp_path, arcstat=stat, arckill=kill)
+    retired = Endpoint("arc", "old-ce.example.org")
+    assert backend.gridgate_job_status(endpoint=retired, job_ids=[job], timeout=10) is None, (
+        "no job list of that endpoint here: not this backend's to answer")
+    folder = tmp_path / "state" / "arc" / "old-ce.example.org"
+    folder.mkdir(parents=True)
+    (folder / "jobs.dat").write_bytes(b"")
+    status = backend.gridgate_job_status(endpoint=retired, job_ids=[job], timeout=10)
+    assert status.ok and status.statuses[job].state == "running"
+    assert str(folder / "jobs.dat") in stat.calls()[0]["argv"]
+    assert backend.gridgate_cancel(endpoint=retired, job_ids=[job], timeout=10).cancelled == (job,)
