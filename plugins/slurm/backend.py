@@ -375,6 +375,11 @@ class SlurmBackend(Plugin):
             # One id that has left the controller's memory: exit 1 with this text, an answer.
             gone = (outcome.returncode == 1 and "Invalid job id specified" in outcome.stderr
                     and not outcome.timed_out)
+            if outcome.stdout_truncated and not outcome.timed_out:
+                # gridgate's own cap cut the answer: core names it (kind output_cap) and keeps
+                # every pilot's state, rather than this chunk's ids going unknown, then lost
+                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
+                                    message="squeue's output passed director.max_output_bytes")
             if not outcome.ok and not gone:
                 self._note_unreachable(endpoint, outcome)
                 return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
