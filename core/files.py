@@ -34,7 +34,15 @@ def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: 
     """
     folder = tmp_dir or path.parent
     tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # The name is predictable, so it is created, never opened: a link or file planted under it
+    # (in a folder others can write) is not followed, written or chmodded, only removed (unlink
+    # removes the link itself) once, as a dead process's leftover would be.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:
+        tmp.unlink()
+        fd = os.open(tmp, flags, mode)
     try:
         try:
             view = memoryview(data)
@@ -45,9 +53,9 @@ def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: 
                 view = view[written:]
             if durable:
                 os.fsync(fd)
+            os.fchmod(fd, mode)  # the umask may have taken bits that ``mode`` asks for
         finally:
             os.close(fd)
-        os.chmod(tmp, mode)  # the umask may have taken bits that ``mode`` asks for
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

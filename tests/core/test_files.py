@@ -93,3 +93,22 @@ def test_atomic_write_refused_part_way_keeps_the_old_file(tmp_path) -> None:
     assert done.stdout.startswith("refused 27")  # EFBIG
     assert target.read_text() == '{"rules": []}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocklist.json"]
+
+
+def test_atomic_write_follows_no_link_planted_under_its_temporary_name(tmp_path) -> None:
+    """The temporary name is predictable (.NAME.PID.THREAD.tmp): a link planted there by
+    someone who can write the folder must not be followed, written or chmodded (issue 21,
+    a member of item 1's class: before, the victim got the data and mode 0600)."""
+    import threading
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n", encoding="utf-8")
+    victim.chmod(0o644)
+    target = tmp_path / "out.json"
+    planted = tmp_path / f".out.json.{os.getpid()}.{threading.get_ident()}.tmp"
+    planted.symlink_to(victim)
+    atomic_write(target, b"new\n", durable=False)
+    assert victim.read_text(encoding="utf-8") == "keep me\n"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644
+    assert target.read_bytes() == b"new\n" and not target.is_symlink()
+    assert not planted.exists() and not planted.is_symlink()
