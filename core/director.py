@@ -369,25 +369,38 @@ class Director:
         self.notify(note)
 
     def notify(self, note: Notification) -> None:
-        """Give ``note`` to every notifier, each on its own.
+        """Give ``note`` to every notifier, each on its own (see :meth:`broadcast`)."""
+        self.broadcast("gridgate_notify", "notifier", note.subject, notification=note)
+
+    def broadcast(self, hook_name: str, role: str, what: str = "", **kwargs: Any) -> None:
+        """Call every implementation of the broadcast hook ``hook_name``, each on its own.
 
         pluggy calls a broadcast hook's implementations in one loop and stops at the first
-        exception, so one broken notifier (a folder gone, a full disk) would silence the rest
-        and end the iteration. Here a failing one is logged and counted, the others are still
-        told, and the director goes on.
+        exception, so one broken plugin (a notifier whose folder is gone, a lifecycle or demand
+        plugin with a bug) would silence the rest and end the iteration, or ``gridgate run``.
+        Here a failing one is logged (its traceback once) and counted in ``notify_failures``
+        (by plugin name), the others are still called, and the director goes on.
         """
-        impls = [i for i in self.pm.hook.gridgate_notify.get_hookimpls() if not (i.hookwrapper or i.wrapper)]
+        hook = getattr(self.pm.hook, hook_name)
+        impls = hook.get_hookimpls()
+        if any(i.hookwrapper or i.wrapper for i in impls):
+            # a wrapper must wrap the whole call: pluggy's own loop, guarded as a whole
+            try:
+                hook(**kwargs)
+            except Exception as exc:
+                logger.opt(exception=exc).error("{} hook {} failed: {}", role, hook_name, exc)
+            return
         for impl in reversed(impls):  # pluggy's own order: last registered and tryfirst first
             try:
-                impl.function(notification=note)
+                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
             except Exception as exc:
                 with self._notify_lock:
                     count = self.notify_failures[impl.plugin_name] = self.notify_failures.get(impl.plugin_name, 0) + 1
-                # the traceback once (a plugin bug needs it), then one line per notification
+                # the traceback once (a plugin bug needs it), then one line per call
                 (logger.opt(exception=exc) if count == 1 else logger).error(
-                    "notifier {} failed ({} time{} so far), the others were still told: {}: {}: {}",
-                    impl.plugin_name.split(":", 1)[-1], count, "" if count == 1 else "s",
-                    note.subject, type(exc).__name__, exc)
+                    "{} {} failed ({} time{} so far), the others were still told: {}{}: {}",
+                    role, impl.plugin_name.split(":", 1)[-1], count, "" if count == 1 else "s",
+                    f"{what}: " if what else "", type(exc).__name__, exc)
 
     def _start_metrics(self, port: int) -> None:
         try:
@@ -513,7 +526,6 @@ class Director:
         self.iteration += 1
         info = IterationInfo(number=self.iteration, started=self.clock.time())
         started = time.monotonic()
-        hook = self.pm.hook
         config_note: Notification | None = None
         if refusal is not None:
             config_note = Notification(
@@ -525,10 +537,10 @@ class Director:
             )
             logger.error("config refused, the last good config stays in force:\n{}", refusal)
             self.notify(config_note)
-        hook.gridgate_iteration_started(iteration=info)
+        self.broadcast("gridgate_iteration_started", "plugin", "iteration started", iteration=info)
         demand = DemandRegistry()
         if not self.config.director["paused"]:  # paused on purpose: no demand, no stall
-            hook.gridgate_demand(iteration=info, demand=demand)
+            self.broadcast("gridgate_demand", "demand plugin", "demand", iteration=info, demand=demand)
         try:
             failing = {key[len(FAILING):] for key, _ in self.state.items(FAILING)}
         except StateError as exc:
@@ -568,7 +580,7 @@ class Director:
             credentials=it.credentials,
         )
         self._prune_accounting()
-        hook.gridgate_iteration_finished(summary=summary)
+        self.broadcast("gridgate_iteration_finished", "plugin", "iteration finished", summary=summary)
         return summary
 
     def _prune_accounting(self) -> None:
@@ -944,7 +956,7 @@ class Director:
             logger.error("accounting row lost, state store failed: {}", exc)
         if outcome == "submitted":
             self.tracker.submitted(record)
-        self.pm.hook.gridgate_submission_finished(record=record)
+        self.broadcast("gridgate_submission_finished", "plugin", "submission finished", record=record)
 
 
 def summary_json(summary: IterationSummary) -> str:
