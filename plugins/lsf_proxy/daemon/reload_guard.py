@@ -3,8 +3,9 @@ accepted and refused reloads.
 
 logrotate's reload sends SIGHUP at any time, also while an editor or a deployment tool is
 halfway through writing the file. An empty file, one without its ``proxyd:`` section, or one
-cut short so that settings in force silently fall back to their defaults is refused: the last
-good policy stays. A setting is taken back to its default only by writing the default, or at
+cut short so that settings in force silently fall back to their defaults, or one whose last
+line has no newline (cut inside a value: ``token_wait_time: 40`` read as ``4``) is refused: the
+last good policy stays. A setting is taken back to its default only by writing the default, or at
 a restart.
 """
 
@@ -39,6 +40,12 @@ def checked_section(path: Path, current: Mapping[str, Any]) -> dict[str, Any]:
     if not text.strip():
         raise _refused(path, f"empty file ({os.path.getsize(path)} bytes): refused, a config "
                              "being written or truncated")
+    if not text.endswith("\n"):
+        # a file cut inside a value can still be valid YAML ("max: 100" cut to "max: 1"), and
+        # every editor and deploy tool ends its last line: the cut cannot be told otherwise
+        raise _refused(path, "the last line has no newline: refused, the file may be cut short "
+                             "inside a value (end the file with a newline)",
+                       line=text.count("\n") + 1)
     config = load_config(path, text)
     import yaml  # parsed again for the keys the file states itself (load_config fills defaults)
 
