@@ -296,7 +296,7 @@ class PolicyError(ValueError):
 
 
 _BLOCK = re.compile(r"\s*([A-Za-z_]+)\s*\[([^\[\]]*)\]\s*")
-_ATTR = re.compile(r"^([A-Za-z_]+)=(\S+)$")
+_ATTR = re.compile(r"([A-Za-z_]+)=(\S+)")
 
 
 def parse_policies(text: str) -> dict[str, dict[str, int]]:
@@ -326,7 +326,7 @@ def parse_policies(text: str) -> dict[str, dict[str, int]]:
             raise PolicyError((category,), f"{name} is given twice")
         attrs: dict[str, int] = {}
         for word in body.split():
-            kv = _ATTR.match(word)
+            kv = _ATTR.fullmatch(word)
             if not kv:
                 raise PolicyError((category,), f"{name}: cannot parse {word!r}: expected key=value")
             key, value = kv.group(1).lower(), kv.group(2)

@@ -324,7 +324,7 @@ def cap_message(max_output: int, ids: int) -> str:
 
 #: Id files are named ``gridgate-ids-<pid>-<random>.txt``: the pid says whose they are, so the
 #: files of a director killed with a poll in flight can be told from those of a running one.
-IDS_NAME_RE = re.compile(r"^gridgate-ids-(\d+)-[^/]*\.txt$")
+IDS_NAME_RE = re.compile(r"gridgate-ids-(\d+)-[^/]*\.txt")
 
 
 def ids_folder(backend: Any) -> tuple[Path, bool]:
@@ -350,7 +350,7 @@ def remove_leftover_id_files(folder: Path) -> list[Path]:
     except OSError:
         return removed  # no folder yet, or unreadable: the write will say so
     for entry in entries:
-        found = IDS_NAME_RE.match(entry.name)
+        found = IDS_NAME_RE.fullmatch(entry.name)
         if found is None or _alive(int(found.group(1))):
             continue
         try:

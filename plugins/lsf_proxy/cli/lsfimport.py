@@ -37,7 +37,7 @@ class LsfConfError(ValueError):
     """A file that cannot be read as LSF configuration (names file and line)."""
 
 
-_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)$")
+_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)")
 
 #: What cannot be carried over, and why.
 NOT_CARRIED = {
@@ -109,7 +109,7 @@ def parse(text: str, file: str, sectioned: bool = False) -> dict[str, Param]:
                 continue
             if not inside:
                 continue
-        match = _NAME.match(stripped)
+        match = _NAME.fullmatch(stripped)
         if not match:
             raise LsfConfError(f"{file}:{number}: expected NAME=value, not {stripped[:40]!r}")
         name = match.group(1).upper()
