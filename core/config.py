@@ -45,15 +45,15 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
     "default": {},
     "description": "The submission director's loop.",
     "properties": {
-        "cycle_seconds": {"type": "number", "exclusiveMinimum": 0, "default": 60,
+        "cycle_seconds": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 60,
                           "description": "Pause between iterations, in seconds."},
         "max_threads": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 8,
                         "description": "Submissions run in parallel on this many threads."},
-        "command_timeout": {"type": "number", "exclusiveMinimum": 0, "default": 120,
+        "command_timeout": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 120,
                             "description": "Hard limit in seconds for every backend command."},
-        "failing_expiry": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
+        "failing_expiry": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 3600,
                            "description": "Seconds a failing server stays in the failing cache."},
-        "ticket_expiry": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
+        "ticket_expiry": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 3600,
                           "description": "The tickets cache lives failing_expiry + ticket_expiry."},
         "paused": {"type": "boolean", "default": False,
                    "description": "Submit nothing, on purpose: the director runs, re-reads its "
@@ -78,7 +78,7 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
                               "description": "A failed submission whose failure is worth retrying "
                                              "elsewhere is sent to another usable server at most "
                                              "this many times in the same iteration (0: never)."},
-        "retry_within_seconds": {"type": "number", "minimum": 0, "default": 300,
+        "retry_within_seconds": {"maximum": 86400, "type": "number", "minimum": 0, "default": 300,
                                  "description": "The iteration's deadline for retries: a retry starts "
                                                 "only if its command's deadline falls within this "
                                                 "many seconds of the iteration's start."},
@@ -89,7 +89,7 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
         "demand_lock": {"type": "boolean", "default": False,
                         "description": "Several directors on one shared state store (Redis): each "
                                        "demand group is filled by one of them, the holder of its lock."},
-        "state_retry_seconds": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+        "state_retry_seconds": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 30,
                                 "description": "While the state store fails, try it again this often."},
         "user": {"type": "string", "default": "",
                  "description": "Name the director gives admission control (default: its uid's)."},

@@ -76,6 +76,7 @@ def credential_schema(description: str, *, min_lifetime: float = 3600) -> dict[s
                 "config file's folder; backends are given it absolute.",
             },
             "min_lifetime": {
+                "maximum": 365 * 86400,
                 "type": "number",
                 "minimum": 0,
                 "default": min_lifetime,
@@ -90,6 +91,7 @@ def credential_schema(description: str, *, min_lifetime: float = 3600) -> dict[s
                 "credential to path. Empty: only check (something else renews it).",
             },
             "timeout": {
+                "maximum": 86400,
                 "type": ["number", "null"],
                 "exclusiveMinimum": 0,
                 "default": None,

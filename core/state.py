@@ -319,12 +319,14 @@ class SqliteState(StateStore):
                                "directory). Created 0600 in a 0700 directory.",
             },
             "busy_timeout": {
+                "maximum": 86400,
                 "type": "number",
                 "exclusiveMinimum": 0,
                 "default": 30,
                 "description": "Seconds to wait for another process holding the write lock.",
             },
             "prune_interval": {
+                "maximum": 86400,
                 "type": "number",
                 "exclusiveMinimum": 0,
                 "default": 300,

@@ -148,6 +148,7 @@ class RedisState(StateStore):
                 "description": "Seconds to wait for a connection.",
             },
             "prune_interval": {
+                "maximum": 86400,
                 "type": "number",
                 "exclusiveMinimum": 0,
                 "default": 300,

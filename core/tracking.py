@@ -63,7 +63,7 @@ PENDING_FILE = "pilots-pending.json"
 DECIDING = ("done", "failed")
 
 _LIMITS: dict[str, Any] = {
-    "status_interval": {"type": ["number", "null"], "exclusiveMinimum": 0,
+    "status_interval": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
                         "description": "Seconds between two status polls of an endpoint "
                                        "(null: poll at every iteration)."},
     "max_waiting": {"type": ["integer", "null"], "minimum": 0,
@@ -71,7 +71,7 @@ _LIMITS: dict[str, Any] = {
                                    "beyond it is trimmed (null: no limit)."},
     "max_total": {"type": ["integer", "null"], "minimum": 0,
                   "description": "At most this many non-terminal pilots per backend (null: no limit)."},
-    "max_wait_time": {"type": ["number", "null"], "exclusiveMinimum": 0,
+    "max_wait_time": {"maximum": 365 * 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
                       "description": "Pilots waiting longer than this many seconds are cancelled "
                                      "(null: never)."},
 }
@@ -85,10 +85,10 @@ PILOTS_SCHEMA: dict[str, Any] = {
         "track": {"type": "boolean", "default": True,
                   "description": "Record every submitted pilot and poll its state."},
         **{k: {**v, "default": None} for k, v in _LIMITS.items()},
-        "lost_after": {"type": "number", "exclusiveMinimum": 0, "default": 3600,
+        "lost_after": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 3600,
                        "description": "A pilot the backend has not known (state unknown) for this "
                                       "many seconds becomes lost (terminal)."},
-        "keep_finished": {"type": "number", "exclusiveMinimum": 0, "default": 7 * 86400,
+        "keep_finished": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 7 * 86400,
                           "description": "Terminal pilots are kept this many seconds for the "
                                          "accounting, then pruned."},
         "abort_window": {"type": "integer", "minimum": 1, "default": 20,

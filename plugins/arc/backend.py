@@ -207,7 +207,7 @@ class ArcBackend(Plugin):
                     for name, what in COMMANDS
                 },
             },
-            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
                                 "default": None,
                                 "description": "Seconds; replaces the director's limit for "
                                                "these commands when set (one arcsub takes "

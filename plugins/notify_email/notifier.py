@@ -47,7 +47,7 @@ SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
                  "description": "Log in as this user (AUTH); \"\" for no login."},
     "password": {**SECRET_SCHEMA,
                  "description": "Password for username: {env: NAME} or {file: PATH}, never inline."},
-    "timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+    "timeout": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 30,
                 "description": "Seconds to wait for the server on each step."},
     "ca_file": {"type": "string", "default": "",
                 "description": "PEM file of CAs to trust for starttls/ssl (\"\": the system's)."},
@@ -64,7 +64,7 @@ OUTBOX_SCHEMA_PROPERTIES: dict[str, Any] = {
     "max_age": {"type": "number", "exclusiveMinimum": 0, "default": 259200,
                 "description": "A message still failing this many seconds after it was queued "
                                "goes to dead-letter (default 3 days)."},
-    "poll_interval": {"type": "number", "exclusiveMinimum": 0, "default": 5,
+    "poll_interval": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 5,
                       "description": "Seconds between the sender thread's passes when idle."},
     "send_thread": {"type": "boolean", "default": True,
                     "description": "Deliver from a background thread; false: only when the "

@@ -90,7 +90,7 @@ class GgusNotifier(Plugin):
                          "description": "Ticket category."},
             "issue_type": {"type": "string", "minLength": 1, "default": "Computing Services",
                            "description": "Type of issue."},
-            "episode_ttl": {"type": "number", "exclusiveMinimum": 0, "default": 604800,
+            "episode_ttl": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 604800,
                             "description": "Seconds the one-ticket-per-episode record is kept "
                                            "(default 7 days)."},
             "deliver": {"type": "array", "items": {"enum": ["spool", "rest", "mail"]},
@@ -107,7 +107,7 @@ class GgusNotifier(Plugin):
                             "description": "POST tickets here, e.g. https://helpdesk.example/api/v1/tickets."},
                     "token": {**SECRET_SCHEMA,
                               "description": "Sent as 'Authorization: Token ...': {env: NAME} or {file: PATH}."},
-                    "timeout": {"type": "number", "exclusiveMinimum": 0, "default": 30,
+                    "timeout": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 30,
                                 "description": "Seconds to wait for the helpdesk."},
                     "ca_file": {"type": "string", "default": "",
                                 "description": "PEM file of CAs to trust (\"\": the system's)."},

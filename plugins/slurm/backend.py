@@ -192,7 +192,7 @@ class SlurmBackend(Plugin):
                                        ("scancel", "cancel"))
                 },
             },
-            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
                                 "default": None,
                                 "description": "Seconds; replaces the director's limit for "
                                                "these commands when set. Slurm's clients "

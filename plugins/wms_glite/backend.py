@@ -167,7 +167,7 @@ class GliteBackend(Plugin):
                                              "--nomsg (id only) or --json."},
             "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
                     "description": "Extra environment variables for the commands."},
-            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
                                 "default": None,
                                 "description": "Seconds; replaces the director's limit for "
                                                "this backend's commands when set."},

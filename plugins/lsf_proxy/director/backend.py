@@ -198,7 +198,7 @@ class LsfBackend(Plugin):
                                "description": "Pilots per bsub; > 1 submits a job array."},
             "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
                     "description": "Extra environment variables for the commands."},
-            "command_timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
                                 "default": None,
                                 "description": "Seconds; replaces the director's limit for "
                                                "these commands when set."},
