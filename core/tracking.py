@@ -288,6 +288,8 @@ class PilotTracker:
         self._unrecorded: list[Pilot] = []
         #: per backend: (iterations, clock time) of the last change of state of its pilots
         self._last_change: dict[str, tuple[int, float]] = {}
+        #: backend -> the iteration of its last status poll that answered
+        self._last_ok_poll: dict[str, int] = {}
         self._iterations = 0
         self._pending_loaded = False
         self._pending_saved: str | None = None
@@ -424,6 +426,7 @@ class PilotTracker:
                                         "commands": poll.commands, "changed": poll.changed})
                 report["changed"] += poll.changed
                 if poll.outcome == "ok":
+                    self._last_ok_poll[poll.endpoint.backend] = self._iterations
                     cancelled = self._cancel_old(registry, poll, infos[poll.endpoint.backend], settings,
                                                  now, it)
                     if cancelled:
@@ -458,7 +461,7 @@ class PilotTracker:
         kept, cuts = limits.trim(demand.requests, usable)
         for request, limit, pilots in cuts:
             director._account(it, request, None, "skipped", pilots, failure_kind=limit)
-        self._stuck(settings, infos, kept, cuts)
+        self._stuck(settings, infos, kept, cuts, counts)
         self._save_pending()
         it.limits = limits
         report["states"] = self._states = state_counts(counts)
@@ -571,10 +574,15 @@ class PilotTracker:
     # --- limits that do not move ------------------------------------------------------------------
 
     def _stuck(self, settings: PilotSettings, infos: Mapping[str, BackendInfo],
-               kept: Sequence[SubmitRequest], cuts: Sequence[tuple[SubmitRequest, str, int]]) -> None:
+               kept: Sequence[SubmitRequest], cuts: Sequence[tuple[SubmitRequest, str, int]],
+               counts: Counts) -> None:
         """Tell the stall watch which backends had their demand trimmed to zero by limits whose
         pilots changed no state for ``stall_iterations`` polls (the polls fail, the backend is
-        paused, the store is down, or nothing starts): a trim that never ends is a stall."""
+        paused, the store is down, or nothing starts): a trim that never ends is a stall.
+
+        A full site is not one: when the backend's polls answer and some of its pilots run,
+        the waiting ones wait for the slots those hold (long pilots change no state for hours),
+        and the limit is doing its job."""
         limit = int(self.director.config.director.get("stall_iterations", 3))
         now = self.director.clock.time()
         served = {r.backend for r in kept}
@@ -582,6 +590,10 @@ class PilotTracker:
         for request, _limit, _n in cuts:
             backend = request.backend
             if backend in served or backend in stuck or backend not in infos:
+                continue
+            running = sum(n for (b, _e, state), n in counts.items() if b == backend and state == "running")
+            last_ok = self._last_ok_poll.get(backend)
+            if running and last_ok is not None and self._iterations - last_ok < limit:
                 continue
             # a director that never read the registry (the store down since it started)
             # counts from its first iteration

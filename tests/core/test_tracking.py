@@ -576,6 +576,22 @@ def test_a_full_queue_whose_pilots_move_is_not_a_stall():
     director.close()
 
 
+def test_a_full_site_whose_long_pilots_run_is_not_a_stall():
+    """Two pilots run for hours, max_waiting more wait for their slots, the polls answer:
+    nothing changes state for many iterations, and that is the limit doing its job, not a
+    stall (the real Slurm closed-loop test met the first version of the stuck rule here)."""
+    clock = FakeClock()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=4, clock=clock, max_waiting=2)
+    director.run_iteration()
+    backend.move("s0", "running", 2, only="waiting")
+    for i in range(10):
+        clock.advance(60)
+        summary = director.run_iteration()
+        assert not [n for n in summary.notifications if "has submitted no pilot" in n.subject], i
+    director.close()
+
+
 def test_pilots_of_an_endpoint_removed_from_the_config_leave_the_limits_with_a_notice():
     """Item 3 of issue 21: s1 held max_total waiting pilots and is removed from the config: its
     pilots leave the limits (one notice names it), are still polled, and the backend submits to
