@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
+from polling import until
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
@@ -117,15 +117,18 @@ class ArcSite:
 
     def wait_for_states(self, want: set[str], timeout: float = 240.0) -> list[dict[str, Any]]:
         """Poll (paused director: no new pilots) until every pilot is in one of ``want``."""
-        deadline = time.monotonic() + timeout
         doc = self.doc(paused=True)
-        while True:
+        seen: list[list[dict[str, Any]]] = []
+
+        def settled() -> list[dict[str, Any]] | None:
             self.last = self.run_once(doc)
-            pilots = self.pilots()
-            if pilots and all(p["state"] in want for p in pilots):
-                return pilots
-            assert time.monotonic() < deadline, f"pilots still {[p['state'] for p in pilots]}"
-            time.sleep(3)
+            seen.append(self.pilots())
+            done = seen[-1] and all(p["state"] in want for p in seen[-1])
+            return seen[-1] if done else None
+
+        pilots = until(settled, timeout=timeout, pause=3)
+        assert pilots, f"pilots still {[p['state'] for p in seen[-1]]}"
+        return pilots
 
 
 def submitted_ids(summary: dict[str, Any]) -> list[str]:
@@ -205,13 +208,9 @@ def test_pilots_cancel_kills_the_pilot_on_the_ce(scenario) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     outcome = json.loads(proc.stdout)
     assert [job] in list(outcome["cancelled"].values()), outcome
-    deadline = time.monotonic() + 180
-    while True:  # the CE reports Killed ~30 s after arckill on fork (arc.md section 4)
-        status = site.arcstat([job])
-        if "State: Killed" in status.stdout:
-            break
-        assert time.monotonic() < deadline, status.stdout + status.stderr
-        time.sleep(3)
+    # the CE reports Killed ~30 s after arckill on fork (arc.md section 4)
+    killed = until(lambda: "State: Killed" in site.arcstat([job]).stdout, timeout=180, pause=3)
+    assert killed, site.arcstat([job]).stdout
     # a cancelled pilot is never polled again, yet it is cleaned off the CE: by the end of the
     # first iteration after the CE finished killing it (arcclean deletes only finished jobs)
     site.run_once(site.doc(paused=True))
