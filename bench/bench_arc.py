@@ -52,7 +52,9 @@ with open({log!r}, "a") as log:
     log.write(f"{{started}} {{time.time() - started:.3f}} {{len(sys.argv) - 1}}\\n")
 sys.exit(proc.returncode)
 """
-FINISHED_RE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] \[Arc\] \[INFO\] \[[^]]*\] (\S+): State: FINISHED from")
+FINISHED_RE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] \[Arc\] \[INFO\] \[[^]]*\] (\S+): State: FINISHED from"
+)
 
 
 def _doc(ce: ArcCE, folder: Path, pilots: int, threads: int, **backend: Any) -> dict[str, Any]:
@@ -61,17 +63,42 @@ def _doc(ce: ArcCE, folder: Path, pilots: int, threads: int, **backend: Any) -> 
         proxy.write_bytes(Path(ce.proxy).read_bytes())
         proxy.chmod(0o600)
     return {
-        "director": {"state_dir": str(folder / "state"), "command_timeout": 120,
-                     "max_threads": threads, "cycle_seconds": 2,
-                     "pilots": {"status_interval": None}},
+        "director": {
+            "state_dir": str(folder / "state"),
+            "command_timeout": 120,
+            "max_threads": threads,
+            "cycle_seconds": 2,
+            "pilots": {"status_interval": None},
+        },
         "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
-        "credentials": {"x509_proxy": {"path": str(proxy), "min_lifetime": 600,
-                                       "renew": ["/usr/bin/arcproxy", "-z", str(ce.client_conf),
-                                                 "-C", str(ce.usercert), "-K", str(ce.userkey),
-                                                 "-T", str(ce.certificates), "-P", str(proxy)]}},
-        "backends": {"arc": {"endpoints": [ce.url], "script": str(folder.parent / "pilot.sh"),
-                             "env": {"X509_CERT_DIR": str(ce.certificates)}, "keep_on_ce": True,
-                             **backend}},
+        "credentials": {
+            "x509_proxy": {
+                "path": str(proxy),
+                "min_lifetime": 600,
+                "renew": [
+                    "/usr/bin/arcproxy",
+                    "-z",
+                    str(ce.client_conf),
+                    "-C",
+                    str(ce.usercert),
+                    "-K",
+                    str(ce.userkey),
+                    "-T",
+                    str(ce.certificates),
+                    "-P",
+                    str(proxy),
+                ],
+            }
+        },
+        "backends": {
+            "arc": {
+                "endpoints": [ce.url],
+                "script": str(folder.parent / "pilot.sh"),
+                "env": {"X509_CERT_DIR": str(ce.certificates)},
+                "keep_on_ce": True,
+                **backend,
+            }
+        },
         "demand": {"static": {"arc": pilots}},
         "notifiers": {"log": {}},
     }
@@ -113,8 +140,23 @@ def plain_loop(ce: ArcCE, folder: Path, pilots: int, threads: int) -> tuple[floa
     def one(index: int) -> None:
         lane = folder / f"lane{index % threads}"
         lane.mkdir(exist_ok=True)
-        out = run([ARCSUB, "-z", str(ce.client_conf), "-j", str(lane / "jobs.dat"), "-C", ce.url,
-                   "-T", "arcrest", str(description)], 120, env=env, cwd=folder)
+        out = run(
+            [
+                ARCSUB,
+                "-z",
+                str(ce.client_conf),
+                "-j",
+                str(lane / "jobs.dat"),
+                "-C",
+                ce.url,
+                "-T",
+                "arcrest",
+                str(description),
+            ],
+            120,
+            env=env,
+            cwd=folder,
+        )
         found = re.findall(r"Job submitted with jobid: (\S+)", out.stdout)
         with lock:
             ids.extend(found)
@@ -125,7 +167,9 @@ def plain_loop(ce: ArcCE, folder: Path, pilots: int, threads: int) -> tuple[floa
     return time.monotonic() - started, ids
 
 
-def director_once(ce: ArcCE, folder: Path, pilots: int, threads: int, **backend: Any) -> tuple[float, Director, Any]:
+def director_once(
+    ce: ArcCE, folder: Path, pilots: int, threads: int, **backend: Any
+) -> tuple[float, Director, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     director = Director(validate_document(_doc(ce, folder, pilots, threads, **backend)))
     started = time.monotonic()
@@ -134,7 +178,9 @@ def director_once(ce: ArcCE, folder: Path, pilots: int, threads: int, **backend:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pilots", type=int, default=24)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=4)
@@ -147,8 +193,11 @@ def main() -> None:
     work.chmod(0o755)
     (work / "pilot.sh").write_text(PILOT, encoding="utf-8")
     (work / "pilot.sh").chmod(0o755)
-    result: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "load_before": os.getloadavg()[0], "rounds": []}
+    result: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_before": os.getloadavg()[0],
+        "rounds": [],
+    }
     with ArcCE(work / "ce") as ce:
         directors: list[tuple[Director, Any]] = []
         for r in range(args.rounds):
@@ -157,14 +206,27 @@ def main() -> None:
             for phase in order:
                 if phase == "loop":
                     seconds, ids = plain_loop(ce, work / f"loop{r}", args.pilots, args.threads)
-                    row["loop"] = {"seconds": round(seconds, 2), "submitted": len(ids),
-                                   "rate": round(len(ids) / seconds, 3)}
+                    row["loop"] = {
+                        "seconds": round(seconds, 2),
+                        "submitted": len(ids),
+                        "rate": round(len(ids) / seconds, 3),
+                    }
                 else:
-                    seconds, director, summary = director_once(ce, work / f"director{r}", args.pilots, args.threads)
-                    ids = [j for rec in summary.records if rec.outcome == "submitted" for j in rec.job_ids]
+                    seconds, director, summary = director_once(
+                        ce, work / f"director{r}", args.pilots, args.threads
+                    )
+                    ids = [
+                        j
+                        for rec in summary.records
+                        if rec.outcome == "submitted"
+                        for j in rec.job_ids
+                    ]
                     directors.append((director, summary))
-                    row["director"] = {"seconds": round(seconds, 2), "submitted": len(ids),
-                                       "rate": round(len(ids) / seconds, 3)}
+                    row["director"] = {
+                        "seconds": round(seconds, 2),
+                        "submitted": len(ids),
+                        "rate": round(len(ids) / seconds, 3),
+                    }
                 _wait_finished(ce, ids)
             row["ratio"] = round(row["director"]["rate"] / row["loop"]["rate"], 3)
             row["load"] = round(os.getloadavg()[0], 1)
@@ -177,7 +239,12 @@ def main() -> None:
 
         # lag: a director that submits --lag pilots, then iterates every 2 s until all are done
         _seconds, director, summary = director_once(ce, work / "lag", args.lag, args.threads)
-        submitted = {j: rec.time for rec in summary.records if rec.outcome == "submitted" for j in rec.job_ids}
+        submitted = {
+            j: rec.time
+            for rec in summary.records
+            if rec.outcome == "submitted"
+            for j in rec.job_ids
+        }
         deadline = time.monotonic() + 300
         registry = director.tracker._registry()
         while time.monotonic() < deadline:
@@ -192,11 +259,18 @@ def main() -> None:
             if pilot.job_id in submitted and pilot.state == "done":
                 lag_registry.append(pilot.changed - submitted[pilot.job_id])
                 lag_ce.append(finished[pilot.job_id.rsplit("/", 1)[-1]] - submitted[pilot.job_id])
-        result["lag"] = {"pilots": len(lag_registry), "poll_every_s": 2,
-                         "registry_done_s": {"median": round(statistics.median(lag_registry), 1),
-                                             "max": round(max(lag_registry), 1)},
-                         "ce_finished_s": {"median": round(statistics.median(lag_ce), 1),
-                                           "max": round(max(lag_ce), 1)}}
+        result["lag"] = {
+            "pilots": len(lag_registry),
+            "poll_every_s": 2,
+            "registry_done_s": {
+                "median": round(statistics.median(lag_registry), 1),
+                "max": round(max(lag_registry), 1),
+            },
+            "ce_finished_s": {
+                "median": round(statistics.median(lag_ce), 1),
+                "max": round(max(lag_ce), 1),
+            },
+        }
         director.close()
 
         # polls: 1 and --poll tracked pilots, one arcstat per poll counted by a wrapper
@@ -206,21 +280,31 @@ def main() -> None:
             folder.mkdir()
             log = folder / "arcstat.log"
             wrapper = folder / "arcstat"
-            wrapper.write_text(WRAPPER.format(python=sys.executable, real=ARCSTAT, log=str(log)), encoding="utf-8")
+            wrapper.write_text(
+                WRAPPER.format(python=sys.executable, real=ARCSTAT, log=str(log)), encoding="utf-8"
+            )
             wrapper.chmod(0o755)
             bulk = min(10, count)
-            _s, director, summary = director_once(ce, folder, count, args.threads, pilots_per_submission=bulk,
-                                                  commands={"arcstat": str(wrapper)})
+            _s, director, summary = director_once(
+                ce,
+                folder,
+                count,
+                args.threads,
+                pilots_per_submission=bulk,
+                commands={"arcstat": str(wrapper)},
+            )
             tracked = sum(rec.pilots for rec in summary.records if rec.outcome == "submitted")
             polled = director.run_iteration()
             director.close()
             calls = log.read_text().splitlines() if log.exists() else []
             polls = list(polled.pilots["polls"])
             result["polls"][str(count)] = {
-                "tracked": tracked, "arcstat_calls": len(calls),
+                "tracked": tracked,
+                "arcstat_calls": len(calls),
                 "ids_per_call": [int(c.split()[2]) - 4 for c in calls],
                 "poll_seconds": [float(c.split()[1]) for c in calls],
-                "commands_reported": [p["commands"] for p in polls]}
+                "commands_reported": [p["commands"] for p in polls],
+            }
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
 

@@ -32,30 +32,54 @@ from gridgate.plugins.wms_glite.sim import install_commands, read_calls, write_s
 HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
 
 
-def site(folder: Path, scenario: dict[str, Any], *, pilots: int, threads: int, timeout: float,
-         servers: list[str], cycle: float = 0.0, failing_expiry: float = 3600) -> tuple[dict[str, Any], Path]:
+def site(
+    folder: Path,
+    scenario: dict[str, Any],
+    *,
+    pilots: int,
+    threads: int,
+    timeout: float,
+    servers: list[str],
+    cycle: float = 0.0,
+    failing_expiry: float = 3600,
+) -> tuple[dict[str, Any], Path]:
     bin_dir = install_commands(folder / "bin")
     (folder / "sim").mkdir(exist_ok=True)
-    scenario = {"state_dir": str(folder / "sim"), "calls_log": str(folder / "calls.jsonl"), **scenario}
+    scenario = {
+        "state_dir": str(folder / "sim"),
+        "calls_log": str(folder / "calls.jsonl"),
+        **scenario,
+    }
     path = write_scenario(folder / "scenario.json", scenario)
     doc = {
-        "director": {"cycle_seconds": cycle or 0.001, "max_threads": threads, "command_timeout": timeout,
-                     "failing_expiry": failing_expiry, "state_dir": str(folder / "state")},
+        "director": {
+            "cycle_seconds": cycle or 0.001,
+            "max_threads": threads,
+            "command_timeout": timeout,
+            "failing_expiry": failing_expiry,
+            "state_dir": str(folder / "state"),
+        },
         "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
-        "backends": {"wms_glite": {
-            "servers": servers,
-            "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
-                         "list_match": str(bin_dir / "glite-wms-job-list-match")},
-            "list_match": False,
-            "env": {"GRIDGATE_SIM_SCENARIO": str(path)},
-        }},
+        "backends": {
+            "wms_glite": {
+                "servers": servers,
+                "commands": {
+                    "submit": str(bin_dir / "glite-wms-job-submit"),
+                    "list_match": str(bin_dir / "glite-wms-job-list-match"),
+                },
+                "list_match": False,
+                "env": {"GRIDGATE_SIM_SCENARIO": str(path)},
+            }
+        },
         "demand": {"static": {"wms_glite": pilots}},
         "notifiers": {"files": {"folder": str(folder / "notes")}},
     }
     return doc, bin_dir
 
 
-def baseline_rate(folder: Path, bin_dir: Path, n: int, threads: int, use_runner: bool = False) -> float:
+def baseline_rate(
+    folder: Path, bin_dir: Path, n: int, threads: int, use_runner: bool = False
+) -> float:
     """A plain thread pool running the same stand-in command n times, with subprocess.run or
     (``use_runner``) with gridgate's runner, so the director's own overhead shows apart."""
     jdl = folder / "baseline.jdl"
@@ -66,8 +90,14 @@ def baseline_rate(folder: Path, bin_dir: Path, n: int, threads: int, use_runner:
         # spread over the same 11 hosts as the director: the stand-in keeps a per-host call
         # counter under a file lock, and one host would serialise the baseline on it
         host = HOSTS[index % len(HOSTS)]
-        argv = [str(bin_dir / "glite-wms-job-submit"), "--noint", "--endpoint",
-                f"https://{host}:7443/glite_wms_wmproxy_server", "-a", str(jdl)]
+        argv = [
+            str(bin_dir / "glite-wms-job-submit"),
+            "--noint",
+            "--endpoint",
+            f"https://{host}:7443/glite_wms_wmproxy_server",
+            "-a",
+            str(jdl),
+        ]
         if use_runner:
             return run(argv, 60, env=env).returncode or 0
         return subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode
@@ -97,34 +127,51 @@ def bench_throughput(pilots: int, threads: int, rounds: int = 3) -> dict[str, An
     bases, runner_bases, rates = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        doc, bin_dir = site(folder, {"default": {"behaviour": "healthy", "latency": 0.05}}, pilots=pilots,
-                            threads=threads, timeout=30, servers=HOSTS)
+        doc, bin_dir = site(
+            folder,
+            {"default": {"behaviour": "healthy", "latency": 0.05}},
+            pilots=pilots,
+            threads=threads,
+            timeout=30,
+            servers=HOSTS,
+        )
         for _ in range(rounds):
             bases.append(baseline_rate(folder, bin_dir, pilots, threads))
             runner_bases.append(baseline_rate(folder, bin_dir, pilots, threads, use_runner=True))
             rates.append(director_rate(doc)[0])
     median = statistics.median
-    return {"pilots": pilots, "threads": threads, "rounds": rounds,
-            "subprocess_pool_per_s": [round(b, 1) for b in bases],
-            "runner_pool_per_s": [round(b, 1) for b in runner_bases],
-            "director_per_s": [round(r, 1) for r in rates],
-            "ratio_vs_subprocess_pool": round(median(rates) / median(bases), 3),
-            "ratio_vs_runner_pool": round(median(rates) / median(runner_bases), 3)}
+    return {
+        "pilots": pilots,
+        "threads": threads,
+        "rounds": rounds,
+        "subprocess_pool_per_s": [round(b, 1) for b in bases],
+        "runner_pool_per_s": [round(b, 1) for b in runner_bases],
+        "director_per_s": [round(r, 1) for r in rates],
+        "ratio_vs_subprocess_pool": round(median(rates) / median(bases), 3),
+        "ratio_vs_runner_pool": round(median(rates) / median(runner_bases), 3),
+    }
 
 
 def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) -> dict[str, Any]:
     """All-healthy and faulty fleets alternate, ``rounds`` times; ratios of the medians."""
     healthy = {"default": {"behaviour": "healthy", "latency": 0.05}}
-    faulty = {"default": {"behaviour": "healthy", "latency": 0.05, "hang": 600}, "hosts": {
-        HOSTS[0]: {"behaviour": "hang_before_print"}, HOSTS[1]: {"behaviour": "print_then_hang"},
-        HOSTS[2]: {"behaviour": "grandchild", "parent_hangs": True},
-        HOSTS[3]: {"behaviour": "error"}, HOSTS[4]: {"behaviour": "unreachable"},
-    }}
+    faulty = {
+        "default": {"behaviour": "healthy", "latency": 0.05, "hang": 600},
+        "hosts": {
+            HOSTS[0]: {"behaviour": "hang_before_print"},
+            HOSTS[1]: {"behaviour": "print_then_hang"},
+            HOSTS[2]: {"behaviour": "grandchild", "parent_hangs": True},
+            HOSTS[3]: {"behaviour": "error"},
+            HOSTS[4]: {"behaviour": "unreachable"},
+        },
+    }
     healthy_rates, faulty_rates, steady_rates, max_durations, calls, left = [], [], [], [], 0, 0
     first_healthy, first_faulty, first_retried = [], [], []
     for _ in range(rounds):
         with tempfile.TemporaryDirectory() as tmp:
-            doc, _ = site(Path(tmp), healthy, pilots=pilots, threads=threads, timeout=2, servers=HOSTS)
+            doc, _ = site(
+                Path(tmp), healthy, pilots=pilots, threads=threads, timeout=2, servers=HOSTS
+            )
             rate, summaries = director_rate(doc, iterations)
             healthy_rates.append(rate)
             first_healthy.append(_submitted(summaries[0]))
@@ -137,7 +184,9 @@ def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) ->
             first_retried.append(len(getattr(summaries[0], "retries", ())))
             steady = summaries[1:]
             steady_time = sum(s.duration for s in steady)
-            steady_pilots = sum(r.pilots for s in steady for r in s.records if r.outcome == "submitted")
+            steady_pilots = sum(
+                r.pilots for s in steady for r in s.records if r.outcome == "submitted"
+            )
             steady_rates.append(steady_pilots / steady_time if steady_time else 0.0)
             max_durations.append(max(r.duration for s in summaries for r in s.records))
             calls += len(read_calls(folder / "calls.jsonl"))
@@ -145,7 +194,10 @@ def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) ->
             left += _stand_ins_running(str(folder))
     median = statistics.median
     return {
-        "pilots_per_iteration": pilots, "threads": threads, "iterations": iterations, "rounds": rounds,
+        "pilots_per_iteration": pilots,
+        "threads": threads,
+        "iterations": iterations,
+        "rounds": rounds,
         "command_timeout_s": 2,
         "healthy_per_s": [round(r, 1) for r in healthy_rates],
         "faulty_per_s": [round(r, 1) for r in faulty_rates],
@@ -157,7 +209,9 @@ def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) ->
         "first_iteration_pilots_healthy": first_healthy,
         "first_iteration_pilots_faulty": first_faulty,
         "first_iteration_retries": first_retried,
-        "first_iteration_share": round(sum(first_faulty) / sum(first_healthy), 3) if sum(first_healthy) else 0.0,
+        "first_iteration_share": round(sum(first_faulty) / sum(first_healthy), 3)
+        if sum(first_healthy)
+        else 0.0,
         "max_submission_s": round(max(max_durations), 2),
         "stand_in_calls": calls,
         "stand_ins_left_running": left,
@@ -198,7 +252,9 @@ class _Instant:
         self.n += 1
         if self.n % 5 == 0:
             return SubmitResult(endpoint, ok=False, message="synthetic failure")
-        return SubmitResult(endpoint, ok=True, job_ids=(f"https://lb01.example.org:9000/{self.n:022d}",))
+        return SubmitResult(
+            endpoint, ok=True, job_ids=(f"https://lb01.example.org:9000/{self.n:022d}",)
+        )
 
 
 def rss_mb() -> float:
@@ -211,8 +267,13 @@ def rss_mb() -> float:
 def bench_memory(total: int = 20_000, per_iteration: int = 500) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         doc = {
-            "director": {"cycle_seconds": 0.001, "max_threads": 8, "failing_expiry": 0.001, "ticket_expiry": 0.001,
-                         "state_dir": tmp},
+            "director": {
+                "cycle_seconds": 0.001,
+                "max_threads": 8,
+                "failing_expiry": 0.001,
+                "ticket_expiry": 0.001,
+                "state_dir": tmp,
+            },
             "state": {"driver": "sqlite", "path": f"{tmp}/state.db"},
             "demand": {"static": {"instant": per_iteration}},
             "notifiers": {"files": {"folder": f"{tmp}/notes"}},
@@ -227,8 +288,12 @@ def bench_memory(total: int = 20_000, per_iteration: int = 500) -> dict[str, Any
                 marks[2_000] = rss_mb()
         marks[total] = rss_mb()
         director.close()
-    return {"submissions": total, "rss_mb_at_2000": round(marks[2_000], 1),
-            f"rss_mb_at_{total}": round(marks[total], 1), "ratio": round(marks[total] / marks[2_000], 3)}
+    return {
+        "submissions": total,
+        "rss_mb_at_2000": round(marks[2_000], 1),
+        f"rss_mb_at_{total}": round(marks[total], 1),
+        "ratio": round(marks[total] / marks[2_000], 3),
+    }
 
 
 def main() -> None:
@@ -238,11 +303,14 @@ def main() -> None:
     parser.add_argument("--pilots", type=int, default=400)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", choices=["faults"],
-                        help="run only the fault bench")
+    parser.add_argument("--only", choices=["faults"], help="run only the fault bench")
     args = parser.parse_args()
     if args.only == "faults":
-        print(json.dumps({"faults": bench_faults(pilots=110, threads=args.threads, iterations=6)}, indent=2))
+        print(
+            json.dumps(
+                {"faults": bench_faults(pilots=110, threads=args.threads, iterations=6)}, indent=2
+            )
+        )
         return
     results = {
         "throughput": bench_throughput(args.pilots, args.threads),

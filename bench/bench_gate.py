@@ -36,24 +36,41 @@ HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
 
 # --- the director with and without admission ---------------------------------------------------
 
-def _director_doc(folder: Path, admission: dict[str, Any] | None, pilots: int,
-                  threads: int) -> dict[str, Any]:
+
+def _director_doc(
+    folder: Path, admission: dict[str, Any] | None, pilots: int, threads: int
+) -> dict[str, Any]:
     from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
 
     bin_dir = install_commands(folder / "bin")
     (folder / "sim").mkdir(exist_ok=True)
-    scenario = write_scenario(folder / "scenario.json", {
-        "state_dir": str(folder / "sim"), "calls_log": str(folder / "calls.jsonl"),
-        "default": {"behaviour": "healthy", "latency": 0.05}})
+    scenario = write_scenario(
+        folder / "scenario.json",
+        {
+            "state_dir": str(folder / "sim"),
+            "calls_log": str(folder / "calls.jsonl"),
+            "default": {"behaviour": "healthy", "latency": 0.05},
+        },
+    )
     doc: dict[str, Any] = {
-        "director": {"cycle_seconds": 0.001, "max_threads": threads, "command_timeout": 30,
-                     "state_dir": str(folder / "state")},
+        "director": {
+            "cycle_seconds": 0.001,
+            "max_threads": threads,
+            "command_timeout": 30,
+            "state_dir": str(folder / "state"),
+        },
         "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
-        "backends": {"wms_glite": {
-            "servers": HOSTS,
-            "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
-                         "list_match": str(bin_dir / "glite-wms-job-list-match")},
-            "list_match": False, "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)}}},
+        "backends": {
+            "wms_glite": {
+                "servers": HOSTS,
+                "commands": {
+                    "submit": str(bin_dir / "glite-wms-job-submit"),
+                    "list_match": str(bin_dir / "glite-wms-job-list-match"),
+                },
+                "list_match": False,
+                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
+            }
+        },
         "demand": {"static": {"wms_glite": pilots}},
         "notifiers": {"files": {"folder": str(folder / "notes")}},
     }
@@ -81,9 +98,13 @@ def _director_once(admission: dict[str, Any] | None, pilots: int, threads: int) 
         calls = read_calls(folder / "calls.jsonl")
     submitted = sum(r.pilots for r in summary.records if r.outcome == "submitted")
     peak = max(max_concurrency([c for c in calls if c.host == h]) for h in HOSTS)
-    return {"rate": submitted / elapsed, "submitted": submitted,
-            "refused": sum(1 for r in summary.records if r.outcome == "refused"),
-            "waited": sum(s.waited for s in stats.values()), "peak_per_server": peak}
+    return {
+        "rate": submitted / elapsed,
+        "submitted": submitted,
+        "refused": sum(1 for r in summary.records if r.outcome == "refused"),
+        "waited": sum(s.waited for s in stats.values()),
+        "peak_per_server": peak,
+    }
 
 
 def bench_director(pilots: int = 400, threads: int = 16, rounds: int = 2) -> dict[str, Any]:
@@ -98,7 +119,10 @@ def bench_director(pilots: int = 400, threads: int = 16, rounds: int = 2) -> dic
         return sum(r[key] for r in runs[name]) / len(runs[name])
 
     return {
-        "pilots": pilots, "threads": threads, "servers": len(HOSTS), "rounds": rounds,
+        "pilots": pilots,
+        "threads": threads,
+        "servers": len(HOSTS),
+        "rounds": rounds,
         "admission": local,
         "none_per_s": round(mean("none", "rate"), 1),
         "local_per_s": round(mean("local", "rate"), 1),
@@ -112,15 +136,19 @@ def bench_director(pilots: int = 400, threads: int = 16, rounds: int = 2) -> dic
 
 # --- the swarm against the master -------------------------------------------------------------
 
+
 class _Daemon:
     def __init__(self, folder: Path, section: dict[str, Any]) -> None:
         config = folder / "proxyd.yaml"
         section = {"socket": str(folder / "proxyd.sock"), **section}
         config.write_text(yaml.safe_dump({"proxyd": section}), encoding="utf-8")
         config.chmod(0o644)
-        self.proc = subprocess.Popen([str(BIN / "gridgate"), "lsfproxyd", "serve", "-c",
-                                      str(config), "--json"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [str(BIN / "gridgate"), "lsfproxyd", "serve", "-c", str(config), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line:
             raise RuntimeError("the token daemon did not start")
@@ -170,28 +198,48 @@ print(json.dumps({{"completed": sum(done), "errors": sum(errors), "client_p99": 
 """
 
 
-def _swarm_once(folder: Path, master: Any, daemon: _Daemon | None, loops: int,
-                seconds: float) -> dict[str, Any]:
+def _swarm_once(
+    folder: Path, master: Any, daemon: _Daemon | None, loops: int, seconds: float
+) -> dict[str, Any]:
     master.reset()
-    code = _WORKER.format(root=str(ROOT), loops=loops, seconds=seconds, master=master.socket,
-                          socket=daemon.socket if daemon else "")
-    proc = subprocess.run(AS_NOBODY + [sys.executable, "-c", code], capture_output=True,
-                          text=True, timeout=seconds + 120, cwd="/")
+    code = _WORKER.format(
+        root=str(ROOT),
+        loops=loops,
+        seconds=seconds,
+        master=master.socket,
+        socket=daemon.socket if daemon else "",
+    )
+    proc = subprocess.run(
+        AS_NOBODY + [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+        cwd="/",
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"swarm worker failed: {proc.stderr[-2000:]}")
     client = json.loads(proc.stdout)
     stats = master.stats()
-    return {"loops": loops, "completed": client["completed"],
-            "per_s": round(client["completed"] / seconds, 1),
-            "master_p50_ms": round(stats["p50"] * 1000, 1),
-            "master_p99_ms": round(stats["p99"] * 1000, 1),
-            "master_max_in_flight": stats["max_in_flight"],
-            "client_p99_ms": round(client["client_p99"] * 1000, 1),
-            "slowest_loop_completed": client["min_per_loop"], "errors": client["errors"]}
+    return {
+        "loops": loops,
+        "completed": client["completed"],
+        "per_s": round(client["completed"] / seconds, 1),
+        "master_p50_ms": round(stats["p50"] * 1000, 1),
+        "master_p99_ms": round(stats["p99"] * 1000, 1),
+        "master_max_in_flight": stats["max_in_flight"],
+        "client_p99_ms": round(client["client_p99"] * 1000, 1),
+        "slowest_loop_completed": client["min_per_loop"],
+        "errors": client["errors"],
+    }
 
 
-def bench_swarm(loops: tuple[int, ...] = (8, 25, 50, 100), seconds: float = 8.0,
-                base: float = 0.02, knee: float = 8.0, max_tokens: int = 8) -> dict[str, Any]:
+def bench_swarm(
+    loops: tuple[int, ...] = (8, 25, 50, 100),
+    seconds: float = 8.0,
+    base: float = 0.02,
+    knee: float = 8.0,
+    max_tokens: int = 8,
+) -> dict[str, Any]:
     from gridgate.plugins.lsf_proxy.sim import start_master
 
     folder = Path(tempfile.mkdtemp(prefix="gg-bench-gate-", dir="/tmp"))
@@ -199,8 +247,10 @@ def bench_swarm(loops: tuple[int, ...] = (8, 25, 50, 100), seconds: float = 8.0,
     rows = []
     try:
         master = start_master(folder / "master.sock", base=base, knee=knee)
-        daemon = _Daemon(folder, {"policies": f"QUERY[max={max_tokens} nominal={max_tokens}]",
-                                  "token_wait_time": 60})
+        daemon = _Daemon(
+            folder,
+            {"policies": f"QUERY[max={max_tokens} nominal={max_tokens}]", "token_wait_time": 60},
+        )
         try:
             for n in loops:
                 rows.append({"gate": False, **_swarm_once(folder, master, None, n, seconds)})
@@ -210,8 +260,13 @@ def bench_swarm(loops: tuple[int, ...] = (8, 25, 50, 100), seconds: float = 8.0,
             master.stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"seconds_per_run": seconds, "master_base_ms": base * 1000, "master_knee": knee,
-            "query_max": max_tokens, "rows": rows}
+    return {
+        "seconds_per_run": seconds,
+        "master_base_ms": base * 1000,
+        "master_knee": knee,
+        "query_max": max_tokens,
+        "rows": rows,
+    }
 
 
 # --- what a gated process costs --------------------------------------------------------------
@@ -281,29 +336,34 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
                     if name in ("gate", "shim"):
                         _reap_one()
                     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    cpu[name] += (after.ru_utime - before.ru_utime
-                                  + after.ru_stime - before.ru_stime)
+                    cpu[name] += after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
         finally:
             daemon.stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     median = {k: statistics.median(v) for k, v in wall.items()}
-    ratios = {"shim_vs_bare_python": median["shim"] / median["bare_python"],
-              "gate_vs_venv_python": median["gate"] / median["venv_python"],
-              "shim_vs_true": median["shim"] / median["true"],
-              "gate_vs_true": median["gate"] / median["true"]}
-    return {"calls_each": calls,
-            "median_ms": {k: round(v * 1000, 2) for k, v in median.items()},
-            "cpu_ms_per_call": {k: round(v / calls * 1000, 2) for k, v in cpu.items()},
-            "ratios": {k: round(v, 2) for k, v in ratios.items()},
-            "goals": {k: {"max": g, "met": ratios[k] <= g} for k, g in GOALS.items()}}
+    ratios = {
+        "shim_vs_bare_python": median["shim"] / median["bare_python"],
+        "gate_vs_venv_python": median["gate"] / median["venv_python"],
+        "shim_vs_true": median["shim"] / median["true"],
+        "gate_vs_true": median["gate"] / median["true"],
+    }
+    return {
+        "calls_each": calls,
+        "median_ms": {k: round(v * 1000, 2) for k, v in median.items()},
+        "cpu_ms_per_call": {k: round(v / calls * 1000, 2) for k, v in cpu.items()},
+        "ratios": {k: round(v, 2) for k, v in ratios.items()},
+        "goals": {k: {"max": g, "met": ratios[k] <= g} for k, g in GOALS.items()},
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", nargs="?", default="all",
-                        choices=["all", "director", "swarm", "overhead"])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "which", nargs="?", default="all", choices=["all", "director", "swarm", "overhead"]
+    )
     parser.add_argument("--json", action="store_true", help="(the output is always JSON)")
     args = parser.parse_args()
     from loguru import logger
@@ -317,8 +377,13 @@ def main() -> None:
         results["swarm"] = bench_swarm()
     if args.which in ("all", "overhead"):
         results["overhead"] = bench_overhead()
-    results.update({"python": sys.version.split()[0], "cpus": os.cpu_count(),
-                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    results.update(
+        {
+            "python": sys.version.split()[0],
+            "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+    )
     print(json.dumps(results, indent=2))
 
 

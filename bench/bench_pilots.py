@@ -54,14 +54,19 @@ class Backend:
         return BackendInfo(BACKEND, ENDPOINTS) if backend == BACKEND else None
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: Any, timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: Any, timeout: float
+    ) -> SubmitResult | None:
         self.n += 1
         return SubmitResult(endpoint, ok=True, job_ids=(f"new-{self.n}",))
 
     @hookimpl
-    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> StatusResult | None:
-        return StatusResult(endpoint, ok=True,
-                            statuses={j: JobStatus(j, "running", native="R") for j in job_ids})
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
+        return StatusResult(
+            endpoint, ok=True, statuses={j: JobStatus(j, "running", native="R") for j in job_ids}
+        )
 
 
 def rss_mb() -> float:
@@ -90,8 +95,17 @@ def child(size: int, active: float, iterations: int, redis_url: str = "") -> dic
     for i in range(size):
         endpoint = ENDPOINTS[i % len(ENDPOINTS)].name
         state = ("waiting" if i % 2 else "running") if i < live else ("done" if i % 5 else "failed")
-        batch.append(Pilot(f"job-{i:07d}", BACKEND, endpoint, "default", clock.time() - 3600, state,
-                           clock.time() - 1800))
+        batch.append(
+            Pilot(
+                f"job-{i:07d}",
+                BACKEND,
+                endpoint,
+                "default",
+                clock.time() - 3600,
+                state,
+                clock.time() - 1800,
+            )
+        )
         if len(batch) == 10_000:
             registry.put(batch)
             batch = []
@@ -101,13 +115,19 @@ def child(size: int, active: float, iterations: int, redis_url: str = "") -> dic
 
     def timed(track: bool, interval: float | None) -> float:
         doc = {
-            "director": {"cycle_seconds": 1, "max_threads": 4, "command_timeout": 30,
-                         "state_dir": str(folder / "state"),
-                         "pilots": {"track": track, "status_interval": interval}},
+            "director": {
+                "cycle_seconds": 1,
+                "max_threads": 4,
+                "command_timeout": 30,
+                "state_dir": str(folder / "state"),
+                "pilots": {"track": track, "status_interval": interval},
+            },
             "state": {"driver": "memory"},
             "demand": {"static": {BACKEND: 11}},
         }
-        director = Director(validate_document(doc), clock=clock, extra_plugins=[Backend()], state=store)
+        director = Director(
+            validate_document(doc), clock=clock, extra_plugins=[Backend()], state=store
+        )
         director.run_iteration()  # warm: the first poll (when polling) of every endpoint
         times = []
         for _ in range(iterations):
@@ -123,12 +143,17 @@ def child(size: int, active: float, iterations: int, redis_url: str = "") -> dic
     polling = timed(True, None)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     store.close()
-    return {"size": size, "active": live, "fill_s": round(fill_s, 2),
-            "iteration_untracked_ms": round(untracked * 1000, 2),
-            "iteration_tracked_no_poll_ms": round(no_poll * 1000, 2),
-            "iteration_tracked_polling_ms": round(polling * 1000, 2),
-            "rss_after_fill_mb": round(rss_filled, 1), "peak_rss_mb": round(peak, 1),
-            "db_mb": round((folder / "state.db").stat().st_size / 2**20, 1) if not redis_url else None}
+    return {
+        "size": size,
+        "active": live,
+        "fill_s": round(fill_s, 2),
+        "iteration_untracked_ms": round(untracked * 1000, 2),
+        "iteration_tracked_no_poll_ms": round(no_poll * 1000, 2),
+        "iteration_tracked_polling_ms": round(polling * 1000, 2),
+        "rss_after_fill_mb": round(rss_filled, 1),
+        "peak_rss_mb": round(peak, 1),
+        "db_mb": round((folder / "state.db").stat().st_size / 2**20, 1) if not redis_url else None,
+    }
 
 
 class RedisServer:
@@ -137,12 +162,26 @@ class RedisServer:
     def __enter__(self) -> str:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise SystemExit("--driver redis needs redis-server on PATH (apt-get install redis-server)")
+            raise SystemExit(
+                "--driver redis needs redis-server on PATH (apt-get install redis-server)"
+            )
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        self.proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         import redis
 
         client = redis.Redis(port=port)
@@ -163,7 +202,9 @@ class RedisServer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 100_000])
-    parser.add_argument("--active", type=float, default=0.1, help="Share of pilots not yet finished.")
+    parser.add_argument(
+        "--active", type=float, default=0.1, help="Share of pilots not yet finished."
+    )
     parser.add_argument("--iterations", type=int, default=7)
     parser.add_argument("--driver", choices=["sqlite", "redis"], default="sqlite")
     parser.add_argument("--json", action="store_true")
@@ -178,27 +219,49 @@ def main() -> None:
     url = server.__enter__() if server is not None else ""
     try:
         for size in args.sizes:
-            out = subprocess.run([sys.executable, __file__, "--child", str(size), "--active", str(args.active),
-                                  "--iterations", str(args.iterations), "--redis-url", url],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    str(size),
+                    "--active",
+                    str(args.active),
+                    "--iterations",
+                    str(args.iterations),
+                    "--redis-url",
+                    url,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results.append(json.loads(out.stdout))
     finally:
         if server is not None:
             server.__exit__()
     small, large = results[0], results[-1]
-    ratios = {key: round(large[key] / small[key], 2) for key in
-              ("iteration_untracked_ms", "iteration_tracked_no_poll_ms", "iteration_tracked_polling_ms",
-               "peak_rss_mb")}
+    ratios = {
+        key: round(large[key] / small[key], 2)
+        for key in (
+            "iteration_untracked_ms",
+            "iteration_tracked_no_poll_ms",
+            "iteration_tracked_polling_ms",
+            "peak_rss_mb",
+        )
+    }
     report = {"driver": args.driver, "results": results, "ratios_largest_to_smallest": ratios}
     if args.json:
         print(json.dumps(report, indent=2))
         return
     for r in results:
-        print(f"{r['size']:>7} pilots ({r['active']} live): iteration untracked "
-              f"{r['iteration_untracked_ms']} ms, tracked {r['iteration_tracked_no_poll_ms']} ms, "
-              f"tracked+polling {r['iteration_tracked_polling_ms']} ms; RSS {r['rss_after_fill_mb']} MB "
-              f"(peak {r['peak_rss_mb']} MB); fill {r['fill_s']} s"
-              + (f"; sqlite file {r['db_mb']} MB" if r["db_mb"] is not None else ""))
+        print(
+            f"{r['size']:>7} pilots ({r['active']} live): iteration untracked "
+            f"{r['iteration_untracked_ms']} ms, tracked {r['iteration_tracked_no_poll_ms']} ms, "
+            f"tracked+polling {r['iteration_tracked_polling_ms']} ms; RSS {r['rss_after_fill_mb']} MB "
+            f"(peak {r['peak_rss_mb']} MB); fill {r['fill_s']} s"
+            + (f"; sqlite file {r['db_mb']} MB" if r["db_mb"] is not None else "")
+        )
     print("ratios largest/smallest:", ratios)
 
 

@@ -86,8 +86,8 @@ async def _echo_server(path: str) -> None:
         while chunk := await reader.read(65536):
             buffer += chunk
             while (end := buffer.find(b"\n")) >= 0:
-                writer.write(bytes(buffer[:end + 1]))
-                del buffer[:end + 1]
+                writer.write(bytes(buffer[: end + 1]))
+                del buffer[: end + 1]
         writer.close()
 
     server = await asyncio.start_unix_server(handle, path=path)
@@ -112,8 +112,14 @@ async def _pairs(path: str, conns: int, seconds: float, echo: bool) -> tuple[int
         n = 0
         while time.perf_counter() < stop_at:
             n += 2
-            acquire = {"v": 1, "id": n, "op": "acquire", "category": "query",
-                       "opcode": "BATCH_JOB_QUERY", "size": 184}
+            acquire = {
+                "v": 1,
+                "id": n,
+                "op": "acquire",
+                "category": "query",
+                "opcode": "BATCH_JOB_QUERY",
+                "size": 184,
+            }
             t0 = time.perf_counter()
             writer.write(json.dumps(acquire, separators=(",", ":")).encode() + b"\n")
             reply = json.loads(await reader.readline())
@@ -129,15 +135,22 @@ async def _pairs(path: str, conns: int, seconds: float, echo: bool) -> tuple[int
     return pairs, latencies
 
 
-def _client_process(path: str, conns: int, seconds: float, echo: bool, out: multiprocessing.Queue) -> None:
+def _client_process(
+    path: str, conns: int, seconds: float, echo: bool, out: multiprocessing.Queue
+) -> None:
     out.put(asyncio.run(_pairs(path, conns, seconds, echo)))
 
 
-def run_pairs(path: str, clients: int, procs: int, seconds: float, echo: bool) -> tuple[float, list[float]]:
+def run_pairs(
+    path: str, clients: int, procs: int, seconds: float, echo: bool
+) -> tuple[float, list[float]]:
     out: multiprocessing.Queue = multiprocessing.Queue()
-    workers = [multiprocessing.Process(target=_client_process,
-                                       args=(path, clients // procs, seconds, echo, out))
-               for _ in range(procs)]
+    workers = [
+        multiprocessing.Process(
+            target=_client_process, args=(path, clients // procs, seconds, echo, out)
+        )
+        for _ in range(procs)
+    ]
     for w in workers:
         w.start()
     results = [out.get(timeout=seconds + 60) for _ in workers]
@@ -164,14 +177,21 @@ def bench_throughput(workdir: Path, seconds: float, clients: int = 64, procs: in
         echo.stop()
     q = statistics.quantiles(latencies, n=100)
     eq = statistics.quantiles(echo_lat, n=100)
-    return {"clients": clients, "client_processes": procs, "seconds": seconds,
-            "proxy_pairs_per_s": round(proxy_rate), "echo_pairs_per_s": round(echo_rate),
-            "ratio": round(proxy_rate / echo_rate, 3),
-            "proxy_server_cpu_us_per_pair": round(proxy_cpu * 1e6, 1),
-            "echo_server_cpu_us_per_pair": round(echo_cpu * 1e6, 1),
-            "cpu_ratio_echo_over_proxy": round(echo_cpu / proxy_cpu, 3),
-            "grant_p50_ms": round(q[49] * 1000, 3), "grant_p99_ms": round(q[98] * 1000, 3),
-            "echo_p50_ms": round(eq[49] * 1000, 3), "echo_p99_ms": round(eq[98] * 1000, 3)}
+    return {
+        "clients": clients,
+        "client_processes": procs,
+        "seconds": seconds,
+        "proxy_pairs_per_s": round(proxy_rate),
+        "echo_pairs_per_s": round(echo_rate),
+        "ratio": round(proxy_rate / echo_rate, 3),
+        "proxy_server_cpu_us_per_pair": round(proxy_cpu * 1e6, 1),
+        "echo_server_cpu_us_per_pair": round(echo_cpu * 1e6, 1),
+        "cpu_ratio_echo_over_proxy": round(echo_cpu / proxy_cpu, 3),
+        "grant_p50_ms": round(q[49] * 1000, 3),
+        "grant_p99_ms": round(q[98] * 1000, 3),
+        "echo_p50_ms": round(eq[49] * 1000, 3),
+        "echo_p99_ms": round(eq[98] * 1000, 3),
+    }
 
 
 # --- fairness ---------------------------------------------------------------------------------
@@ -192,8 +212,17 @@ async def _fair(port: int, key: str, seconds: float, hold: float) -> Counter:
         n = 0
         while time.perf_counter() < stop_at:
             n += 2
-            writer.write(encode(sign({"v": 1, "id": n, "op": "acquire", "category": "query"},
-                                     key, user, "benchhost", **bound)))
+            writer.write(
+                encode(
+                    sign(
+                        {"v": 1, "id": n, "op": "acquire", "category": "query"},
+                        key,
+                        user,
+                        "benchhost",
+                        **bound,
+                    )
+                )
+            )
             reply = json.loads(await reader.readline())
             while "event" in reply:  # "queued" (and how many ahead) comes before the answer
                 reply = json.loads(await reader.readline())
@@ -202,14 +231,23 @@ async def _fair(port: int, key: str, seconds: float, hold: float) -> Counter:
             if time.perf_counter() < stop_at:
                 grants[user] += 1
             await asyncio.sleep(hold)
-            writer.write(encode(sign({"v": 1, "id": n + 1, "op": "release",
-                                      "token": reply["token"]}, key, user, "benchhost",
-                                     **bound)))
+            writer.write(
+                encode(
+                    sign(
+                        {"v": 1, "id": n + 1, "op": "release", "token": reply["token"]},
+                        key,
+                        user,
+                        "benchhost",
+                        **bound,
+                    )
+                )
+            )
             await reader.readline()
         writer.close()
 
-    await asyncio.gather(*([loop("heavy") for _ in range(64)] +
-                           [loop(f"light{i}") for i in range(4)]))
+    await asyncio.gather(
+        *([loop("heavy") for _ in range(64)] + [loop(f"light{i}") for i in range(4)])
+    )
     return grants
 
 
@@ -219,20 +257,32 @@ def bench_fairness(workdir: Path, seconds: float, hold: float = 0.005) -> dict:
         port = s.getsockname()[1]
     os.environ["GG_BENCH_KEY"] = "bench-key"
     # 68 connections from one address, unauthenticated until their first signed request
-    daemon = start_daemon(workdir, {"policies": "QUERY[max=4 nominal=2 throttle=1]",
-                                    "tcp": f"127.0.0.1:{port}", "key": {"env": "GG_BENCH_KEY"},
-                                    "tcp_max_per_peer": 128})
+    daemon = start_daemon(
+        workdir,
+        {
+            "policies": "QUERY[max=4 nominal=2 throttle=1]",
+            "tcp": f"127.0.0.1:{port}",
+            "key": {"env": "GG_BENCH_KEY"},
+            "tcp_max_per_peer": 128,
+        },
+    )
     try:
         grants = asyncio.run(_fair(port, "bench-key", seconds, hold))
     finally:
         daemon.stop()
     total = sum(grants.values())
     fair = total / 5
-    return {"seconds": seconds, "max_tokens": 4, "hold_ms": hold * 1000, "total_grants": total,
-            "grants": dict(sorted(grants.items())),
-            "light_share_of_fair": {u: round(grants[u] / fair, 3) for u in sorted(grants)
-                                    if u.startswith("light")},
-            "heavy_share_of_fair": round(grants["heavy"] / fair, 3)}
+    return {
+        "seconds": seconds,
+        "max_tokens": 4,
+        "hold_ms": hold * 1000,
+        "total_grants": total,
+        "grants": dict(sorted(grants.items())),
+        "light_share_of_fair": {
+            u: round(grants[u] / fair, 3) for u in sorted(grants) if u.startswith("light")
+        },
+        "heavy_share_of_fair": round(grants["heavy"] / fair, 3),
+    }
 
 
 # --- idle connections -------------------------------------------------------------------------
@@ -274,25 +324,36 @@ def bench_idle(workdir: Path, count: int = 10_000) -> dict:
             s.close()
         daemon.stop()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    return {"connections": count, "answered_hello": answered, "daemon_saw": connections,
-            "connect_all_s": round(connect_s, 2), "rss_mb_idle_daemon": round(rss_before, 1),
-            "rss_mb_with_connections": round(rss, 1), "grant_ms_meanwhile": round(grant_ms, 2)}
+    return {
+        "connections": count,
+        "answered_hello": answered,
+        "daemon_saw": connections,
+        "connect_all_s": round(connect_s, 2),
+        "rss_mb_idle_daemon": round(rss_before, 1),
+        "rss_mb_with_connections": round(rss, 1),
+        "grant_ms_meanwhile": round(grant_ms, 2),
+    }
 
 
 # --- report -----------------------------------------------------------------------------------
 
 
 def markdown(results: dict) -> str:
-    lines = ["## Token daemon", "",
-             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with "
-             "`.venv/bin/python bench/bench_proxyd.py all` on this machine "
-             f"({os.cpu_count()} cores, Python {sys.version.split()[0]}, shared with other "
-             "work, so figures vary by some 10 %). The daemon is a real `gridgate lsfproxyd "
-             "serve` process; figures are client-side.", ""]
+    lines = [
+        "## Token daemon",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with "
+        "`.venv/bin/python bench/bench_proxyd.py all` on this machine "
+        f"({os.cpu_count()} cores, Python {sys.version.split()[0]}, shared with other "
+        "work, so figures vary by some 10 %). The daemon is a real `gridgate lsfproxyd "
+        "serve` process; figures are client-side.",
+        "",
+    ]
     t = results.get("throughput")
     if t:
         lines += [
-            "| figure | result | target |", "|---|---|---|",
+            "| figure | result | target |",
+            "|---|---|---|",
             f"| acquire+release pairs/s, {t['clients']} clients over the Unix socket "
             f"({t['client_processes']} client processes, {t['seconds']:g} s) | "
             f"{t['proxy_pairs_per_s']} | |",
@@ -307,16 +368,20 @@ def markdown(results: dict) -> str:
     f = results.get("fairness")
     if f:
         light = ", ".join(f"{u} {v}" for u, v in f["light_share_of_fair"].items())
-        lines.append(f"| fairness at saturation (max={f['max_tokens']}, tokens held "
-                     f"{f['hold_ms']:g} ms, 1 user x 64 loops vs 4 users x 1 loop, "
-                     f"{f['seconds']:g} s, {f['total_grants']} grants): light users' share "
-                     f"of fair | **{light}** (heavy {f['heavy_share_of_fair']}) | >= 0.9 each |")
+        lines.append(
+            f"| fairness at saturation (max={f['max_tokens']}, tokens held "
+            f"{f['hold_ms']:g} ms, 1 user x 64 loops vs 4 users x 1 loop, "
+            f"{f['seconds']:g} s, {f['total_grants']} grants): light users' share "
+            f"of fair | **{light}** (heavy {f['heavy_share_of_fair']}) | >= 0.9 each |"
+        )
     i = results.get("idle")
     if i:
-        lines.append(f"| daemon RSS with {i['connections']} idle connections (each said hello; "
-                     f"{i['daemon_saw']} seen by the daemon) | **{i['rss_mb_with_connections']} MB** "
-                     f"(idle daemon {i['rss_mb_idle_daemon']} MB; a grant meanwhile took "
-                     f"{i['grant_ms_meanwhile']} ms) | <= 200 MB |")
+        lines.append(
+            f"| daemon RSS with {i['connections']} idle connections (each said hello; "
+            f"{i['daemon_saw']} seen by the daemon) | **{i['rss_mb_with_connections']} MB** "
+            f"(idle daemon {i['rss_mb_idle_daemon']} MB; a grant meanwhile took "
+            f"{i['grant_ms_meanwhile']} ms) | <= 200 MB |"
+        )
     lines += [
         "",
         "How to read them: the echo server is an asyncio Unix-socket server with the daemon's "
@@ -328,7 +393,14 @@ def markdown(results: dict) -> str:
         "the acquire round trip seen by the client (no throttling: nominal 1000). Fairness: "
         "fair share = total grants / 5 users; a light user's loop cannot ask again while it "
         "holds its token, which is why the heavy user ends above 1.",
-        "", "Raw results:", "", "```json", json.dumps(results, indent=2), "```", ""]
+        "",
+        "Raw results:",
+        "",
+        "```json",
+        json.dumps(results, indent=2),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -340,10 +412,15 @@ def write_section(path: Path, section: str) -> None:
     if start is None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-        text = "".join(lines[:start]) + section + ("\n" if end < len(lines) else "") + \
-            "".join(lines[end:])
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        text = (
+            "".join(lines[:start])
+            + section
+            + ("\n" if end < len(lines) else "")
+            + "".join(lines[end:])
+        )
     path.write_text(text, encoding="utf-8")
 
 

@@ -134,14 +134,35 @@ class _CpuGroup:
                 time.sleep(0.1)
 
 
-def _worker(as_user: list[str], threads: int, seconds: float, interval: float, mode: str,
-            socket: str, argv: list[str], env: dict[str, str],
-            group: _CpuGroup | None = None) -> subprocess.Popen[str]:
-    code = _WORKER.format(root=str(ROOT), threads=threads, seconds=seconds, interval=interval,
-                          mode=mode, socket=socket, argv=argv)
-    return subprocess.Popen([*as_user, sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd="/",
-                            preexec_fn=group.enter if group is not None else None)
+def _worker(
+    as_user: list[str],
+    threads: int,
+    seconds: float,
+    interval: float,
+    mode: str,
+    socket: str,
+    argv: list[str],
+    env: dict[str, str],
+    group: _CpuGroup | None = None,
+) -> subprocess.Popen[str]:
+    code = _WORKER.format(
+        root=str(ROOT),
+        threads=threads,
+        seconds=seconds,
+        interval=interval,
+        mode=mode,
+        socket=socket,
+        argv=argv,
+    )
+    return subprocess.Popen(
+        [*as_user, sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd="/",
+        preexec_fn=group.enter if group is not None else None,
+    )
 
 
 def _collect(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -161,8 +182,9 @@ def _sdiag_rpcs(text: str) -> dict[str, tuple[int, float]]:
     section = text.split("Remote Procedure Call statistics by message type", 1)[-1]
     section = section.split("Remote Procedure Call statistics by user", 1)[0]
     rpcs = {}
-    for found in re.finditer(r"^\s*(\w+)\s*\(\s*\d+\)\s*count:(\d+)\s+ave_time:(\d+)", section,
-                             re.M):
+    for found in re.finditer(
+        r"^\s*(\w+)\s*\(\s*\d+\)\s*count:(\d+)\s+ave_time:(\d+)", section, re.M
+    ):
         rpcs[found.group(1)] = (int(found.group(2)), float(found.group(3)))
     return rpcs
 
@@ -190,8 +212,18 @@ def _fill(cluster: Any, total: int, workers: int = 16) -> None:
     missing = total - have
     if missing <= 0:
         return
-    argv = ["sbatch", "--hold", "--parsable", "-p", cluster.partitions[-1], "-J", "filler",
-            f"--output={cluster.jobs_dir}/filler.out", "--wrap", "true"]
+    argv = [
+        "sbatch",
+        "--hold",
+        "--parsable",
+        "-p",
+        cluster.partitions[-1],
+        "-J",
+        "filler",
+        f"--output={cluster.jobs_dir}/filler.out",
+        "--wrap",
+        "true",
+    ]
 
     def submit(_i: int) -> bool:
         return cluster.command(argv, timeout=120).ok
@@ -202,8 +234,9 @@ def _fill(cluster: Any, total: int, workers: int = 16) -> None:
         raise RuntimeError(f"only {done} of {missing} filler jobs were accepted")
 
 
-def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
-           shims: Path) -> dict[str, Any]:
+def _phase(
+    cluster: Any, mode: str, loops: int, seconds: float, socket: str, shims: Path
+) -> dict[str, Any]:
     pid = cluster.controller_pid
     assert pid is not None
     env = {"PATH": "/usr/bin:/bin", "LANG": "C", **cluster.env}
@@ -224,8 +257,11 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
     sampler.start()
     light = _worker(AS_LIGHT, 1, seconds, 1.0, light_mode, socket, light_argv, env)
     group = _CpuGroup(mode.replace(":", "-")) if loops_mode != "idle" else None
-    heavy = (_worker(AS_NOBODY, loops, seconds, 0.0, loops_mode, socket, loops_argv, env, group)
-             if loops_mode != "idle" else None)
+    heavy = (
+        _worker(AS_NOBODY, loops, seconds, 0.0, loops_mode, socket, loops_argv, env, group)
+        if loops_mode != "idle"
+        else None
+    )
     lat = _collect(light, seconds + 600)
     load = _collect(heavy, seconds + 600) if heavy is not None else {"calls": 0, "errors": 0}
     wall, cpu = time.monotonic() - wall0, _cpu_seconds(pid) - cpu0
@@ -244,15 +280,20 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
     server = [s for s, _ in samples if s is not None]
     latencies = sorted(lat["latencies"])
     return {
-        "mode": mode, "loops": 0 if loops_mode == "idle" else loops, "seconds": round(wall, 1),
-        "light_calls": len(latencies), "light_errors": lat["errors"],
+        "mode": mode,
+        "loops": 0 if loops_mode == "idle" else loops,
+        "seconds": round(wall, 1),
+        "light_calls": len(latencies),
+        "light_errors": lat["errors"],
         "light_median_ms": round(statistics.median(latencies) * 1000) if latencies else None,
         "light_max_ms": round(latencies[-1] * 1000) if latencies else None,
-        "loop_calls_per_s": round(load["calls"] / seconds, 1), "loop_errors": load["errors"],
+        "loop_calls_per_s": round(load["calls"] / seconds, 1),
+        "loop_errors": load["errors"],
         # every process of the loops (driver, squeue, shims, token holders) per call
         "loop_cpu_ms_per_call": loop_cpu,
         "rpcs_per_s": round(total_rpcs / wall, 1),
-        "job_info_calls": job_info[0], "job_info_mean_ms": round(job_info[1] / 1000, 1),
+        "job_info_calls": job_info[0],
+        "job_info_mean_ms": round(job_info[1] / 1000, 1),
         "ctld_cpu": round(cpu / wall, 2),
         "server_threads_mean": round(statistics.mean(server), 1) if server else None,
         "server_threads_max": max(server) if server else None,
@@ -260,9 +301,16 @@ def _phase(cluster: Any, mode: str, loops: int, seconds: float, socket: str,
     }
 
 
-def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
-          query_max: int = 3, user_max: int | None = 2, busy_after: int | None = 4,
-          busy_nice: int = 10) -> dict[str, Any]:
+def bench(
+    loops: int,
+    jobs: list[int],
+    seconds: float,
+    modes: list[str],
+    query_max: int = 3,
+    user_max: int | None = 2,
+    busy_after: int | None = 4,
+    busy_nice: int = 10,
+) -> dict[str, Any]:
     from gridgate.plugins.lsf_proxy.gate.gate import install_shims
     from gridgate.plugins.slurm.cluster import SlurmCluster
 
@@ -273,12 +321,20 @@ def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
     load_before = os.getloadavg()[0]
     try:
         # MaxJobCount above the largest queue (cancelled fillers stay MinJobAge seconds)
-        with SlurmCluster(folder / "cluster",
-                          extra_conf=[f"MaxJobCount={max(jobs) * 2 + 10000}"]) as cluster:
+        with SlurmCluster(
+            folder / "cluster", extra_conf=[f"MaxJobCount={max(jobs) * 2 + 10000}"]
+        ) as cluster:
             cap = f" user_max={user_max}" if user_max else ""
             policy = f"QUERY[max={query_max} nominal={query_max}{cap}]"
-            daemon = _Daemon(folder, {"policies": policy, "token_wait_time": 600,
-                                      "busy_after": busy_after, "busy_nice": busy_nice})
+            daemon = _Daemon(
+                folder,
+                {
+                    "policies": policy,
+                    "token_wait_time": 600,
+                    "busy_after": busy_after,
+                    "busy_nice": busy_nice,
+                },
+            )
             try:
                 shims = folder / "shims"
                 install_shims(shims, ["squeue"], socket_path=daemon.socket)
@@ -294,12 +350,21 @@ def bench(loops: int, jobs: list[int], seconds: float, modes: list[str],
                 daemon.stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-            "loops": loops, "jobs": jobs, "seconds_per_phase": seconds, "query_max": query_max,
-            "user_max": user_max, "busy_after": busy_after, "busy_nice": busy_nice,
-            "cpus": os.cpu_count(), "load_before": load_before,
-            "load_after": os.getloadavg()[0], "rows": rows,
-            "goals": _goals(rows)}
+    return {
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "loops": loops,
+        "jobs": jobs,
+        "seconds_per_phase": seconds,
+        "query_max": query_max,
+        "user_max": user_max,
+        "busy_after": busy_after,
+        "busy_nice": busy_nice,
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "rows": rows,
+        "goals": _goals(rows),
+    }
 
 
 def _goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -314,42 +379,74 @@ def _goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if not (idle and flood and gated):
             continue
         out[str(total)] = {
-            "gated_vs_idle": round(gated / idle, 2), "gated_vs_idle_goal": 2.0,
-            "gated_vs_flood": round(gated / flood, 3), "gated_vs_flood_goal": 0.25,
-            "loop_cpu_ms_per_call": {m: by_mode[m].get("loop_cpu_ms_per_call")
-                                     for m in ("ungated", "shims", "client") if m in by_mode},
+            "gated_vs_idle": round(gated / idle, 2),
+            "gated_vs_idle_goal": 2.0,
+            "gated_vs_flood": round(gated / flood, 3),
+            "gated_vs_flood_goal": 0.25,
+            "loop_cpu_ms_per_call": {
+                m: by_mode[m].get("loop_cpu_ms_per_call")
+                for m in ("ungated", "shims", "client")
+                if m in by_mode
+            },
             # the light user's median with the loops gated (shims), split: an ungated squeue
             # (the flood's CPU and controller load), through the in-process client (+ the wait
             # for a token), through a shim (+ the shim's own start)
-            "light_median_ms": {"idle": idle, **{m: by_mode[m]["light_median_ms"]
-                                                 for m in ("shims:ungated", "shims:client",
-                                                           "shims") if m in by_mode}},
+            "light_median_ms": {
+                "idle": idle,
+                **{
+                    m: by_mode[m]["light_median_ms"]
+                    for m in ("shims:ungated", "shims:client", "shims")
+                    if m in by_mode
+                },
+            },
         }
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--loops", type=int, default=32, help="squeue loops (default 32)")
-    parser.add_argument("--jobs", default="200,5000",
-                        help="pending jobs in the queue, comma-separated (default 200,5000)")
+    parser.add_argument(
+        "--jobs",
+        default="200,5000",
+        help="pending jobs in the queue, comma-separated (default 200,5000)",
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="per phase (default 20)")
-    parser.add_argument("--modes", default="ungated,shims,shims:ungated,shims:client,client",
-                        help="comma-separated: ungated, shims, client; LOOPS:LIGHT runs the "
-                             "loops one way and the light user another (shims:ungated: the "
-                             "gated flood's cost to an ungated squeue)")
+    parser.add_argument(
+        "--modes",
+        default="ungated,shims,shims:ungated,shims:client,client",
+        help="comma-separated: ungated, shims, client; LOOPS:LIGHT runs the "
+        "loops one way and the light user another (shims:ungated: the "
+        "gated flood's cost to an ungated squeue)",
+    )
     # the policy docs/performance.md recommends for this host: one user's loops get as many
     # squeues at once as the host has cores (2), and a third token stays for everyone else
-    parser.add_argument("--query-max", type=int, default=3,
-                        help="the daemon's QUERY max and nominal tokens (default 3)")
-    parser.add_argument("--user-max", type=lambda v: None if v == "none" else int(v), default=2,
-                        help="the QUERY user_max: most tokens one user may hold ('none': no "
-                             "cap; default 2)")
-    parser.add_argument("--busy-after", type=lambda v: None if v == "off" else int(v), default=4,
-                        help="the daemon's busy_after ('off': never; default 4, the daemon's)")
-    parser.add_argument("--busy-nice", type=int, default=10,
-                        help="the daemon's busy_nice (default 10, the daemon's)")
+    parser.add_argument(
+        "--query-max",
+        type=int,
+        default=3,
+        help="the daemon's QUERY max and nominal tokens (default 3)",
+    )
+    parser.add_argument(
+        "--user-max",
+        type=lambda v: None if v == "none" else int(v),
+        default=2,
+        help="the QUERY user_max: most tokens one user may hold ('none': no cap; default 2)",
+    )
+    parser.add_argument(
+        "--busy-after",
+        type=lambda v: None if v == "off" else int(v),
+        default=4,
+        help="the daemon's busy_after ('off': never; default 4, the daemon's)",
+    )
+    parser.add_argument(
+        "--busy-nice",
+        type=int,
+        default=10,
+        help="the daemon's busy_nice (default 10, the daemon's)",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: it starts slurmctld and runs clients as other uids")
@@ -361,8 +458,16 @@ def main() -> None:
     unknown = {part for m in modes for part in m.split(":", 1)} - {"ungated", "shims", "client"}
     if unknown:
         parser.error(f"unknown modes: {sorted(unknown)}")
-    result = bench(args.loops, [int(j) for j in args.jobs.split(",") if j], args.seconds, modes,
-                   args.query_max, args.user_max, args.busy_after, args.busy_nice)
+    result = bench(
+        args.loops,
+        [int(j) for j in args.jobs.split(",") if j],
+        args.seconds,
+        modes,
+        args.query_max,
+        args.user_max,
+        args.busy_after,
+        args.busy_nice,
+    )
     print(json.dumps(result, indent=1))
 
 

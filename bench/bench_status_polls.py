@@ -40,22 +40,43 @@ def glite(folder: Path, size: int, rounds: int) -> dict[str, Any]:
     clock = folder / "clock"
     set_clock(clock, T0 + 100)
     calls = folder / "calls.jsonl"
-    scenario = write_scenario(folder / "scenario.json", {
-        "state_dir": str(folder / "state"), "calls_log": str(calls), "clock_file": str(clock),
-        "hosts": {HOST: {"pilots": {"outcome": "done"}}}})
+    scenario = write_scenario(
+        folder / "scenario.json",
+        {
+            "state_dir": str(folder / "state"),
+            "calls_log": str(calls),
+            "clock_file": str(clock),
+            "hosts": {HOST: {"pilots": {"outcome": "done"}}},
+        },
+    )
     endpoint = Endpoint("wms_glite", HOST, f"https://{HOST}:7443/glite_wms_wmproxy_server")
     table = JobTable(folder / "state")
     ids = [f"https://lb01.example.org:9000/Bench{n:017d}" for n in range(size)]
     for job_id in ids:
         table.add(endpoint.url, job_id, [], T0)
-    backend = GliteBackend(section_for(GliteBackend, {
-        "servers": [HOST], "commands": {"submit": str(bin_dir / "glite-wms-job-submit")},
-        "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)}, "work_dir": str(folder)}), PluginContext())
-    row = _polls(backend, endpoint, ids, rounds,
-                 lambda result: status_result(endpoint, ids, result.command))
+    backend = GliteBackend(
+        section_for(
+            GliteBackend,
+            {
+                "servers": [HOST],
+                "commands": {"submit": str(bin_dir / "glite-wms-job-submit")},
+                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
+                "work_dir": str(folder),
+            },
+        ),
+        PluginContext(),
+    )
+    row = _polls(
+        backend, endpoint, ids, rounds, lambda result: status_result(endpoint, ids, result.command)
+    )
     commands = [c for c in read_calls(calls) if c.command == "glite-wms-job-status"]
-    return {"backend": "wms_glite", "pilots": size, "commands_per_poll": len(commands) / rounds,
-            "ids_per_command": sorted({c.ids for c in commands}), **row}
+    return {
+        "backend": "wms_glite",
+        "pilots": size,
+        "commands_per_poll": len(commands) / rounds,
+        "ids_per_command": sorted({c.ids for c in commands}),
+        **row,
+    }
 
 
 def lsf(folder: Path, size: int, rounds: int) -> dict[str, Any]:
@@ -66,29 +87,65 @@ def lsf(folder: Path, size: int, rounds: int) -> dict[str, Any]:
     bin_dir = install_commands(folder / "bin")
     (folder / "clock").write_text(repr(T0 + 100))
     calls = folder / "calls.jsonl"
-    scenario = write_scenario(folder / "scenario.json", {
-        "state_dir": str(folder / "lsf"), "calls_log": str(calls), "clock_file": str(folder / "clock"),
-        "queues": {"normal": {"pilots": {"pend": 2, "run": 10, "outcome": "done"}}}})
+    scenario = write_scenario(
+        folder / "scenario.json",
+        {
+            "state_dir": str(folder / "lsf"),
+            "calls_log": str(calls),
+            "clock_file": str(folder / "clock"),
+            "queues": {"normal": {"pilots": {"pend": 2, "run": 10, "outcome": "done"}}},
+        },
+    )
     (folder / "lsf").mkdir()
     with open(folder / "lsf" / "jobs.jsonl", "w", encoding="utf-8") as handle:
         for n in range(size):
-            handle.write(json.dumps({"id": 100000 + n, "user": "pilot", "queue": "normal", "name": "p",
-                                     "stat": "PEND", "submitted": T0, "host": "h", "command": ["p"]}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "id": 100000 + n,
+                        "user": "pilot",
+                        "queue": "normal",
+                        "name": "p",
+                        "stat": "PEND",
+                        "submitted": T0,
+                        "host": "h",
+                        "command": ["p"],
+                    }
+                )
+                + "\n"
+            )
     ids = [str(100000 + n) for n in range(size)]
-    backend = LsfBackend(section_for(LsfBackend, {
-        "queues": ["normal"], "tokens": False,
-        "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
-        "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)}}), PluginContext())
+    backend = LsfBackend(
+        section_for(
+            LsfBackend,
+            {
+                "queues": ["normal"],
+                "tokens": False,
+                "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
+                "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)},
+            },
+        ),
+        PluginContext(),
+    )
     endpoint = Endpoint("lsf", "normal")
-    row = _polls(backend, endpoint, ids, rounds,
-                 lambda result: parse_status_rows(result.command.stdout))
-    commands = [e for e in map(json.loads, calls.read_text().splitlines()) if e["command"] == "bjobs"]
-    return {"backend": "lsf", "pilots": size, "commands_per_poll": len(commands) / rounds,
-            "ids_per_command": sorted({c["ids"] for c in commands}), **row}
+    row = _polls(
+        backend, endpoint, ids, rounds, lambda result: parse_status_rows(result.command.stdout)
+    )
+    commands = [
+        e for e in map(json.loads, calls.read_text().splitlines()) if e["command"] == "bjobs"
+    ]
+    return {
+        "backend": "lsf",
+        "pilots": size,
+        "commands_per_poll": len(commands) / rounds,
+        "ids_per_command": sorted({c["ids"] for c in commands}),
+        **row,
+    }
 
 
-def _polls(backend: Any, endpoint: Any, ids: list[str], rounds: int,
-           parse_again: Any) -> dict[str, Any]:
+def _polls(
+    backend: Any, endpoint: Any, ids: list[str], rounds: int, parse_again: Any
+) -> dict[str, Any]:
     """Time ``rounds`` bulk polls of ``ids`` and, apart, the parse of each answer."""
     times, parse, result = [], [], None
     for _ in range(rounds):
@@ -99,8 +156,11 @@ def _polls(backend: Any, endpoint: Any, ids: list[str], rounds: int,
         start = time.perf_counter()
         parse_again(result)
         parse.append(time.perf_counter() - start)
-    return {"stdout_bytes": len(result.command.stdout.encode()),  # type: ignore[union-attr]
-            "poll_s": statistics.median(times), "parse_s": statistics.median(parse)}
+    return {
+        "stdout_bytes": len(result.command.stdout.encode()),  # type: ignore[union-attr]
+        "poll_s": statistics.median(times),
+        "parse_s": statistics.median(parse),
+    }
 
 
 def main() -> None:
@@ -122,10 +182,14 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     for r in rows:
-        ratio = f"  ratio {r['ratio_poll_vs_smallest']:.1f}" if "ratio_poll_vs_smallest" in r else ""
-        print(f"{r['backend']:<10}{r['pilots']:>6} pilots: {r['commands_per_poll']:.0f} command(s)/poll, "
-              f"{r['stdout_bytes']:>9} B out, poll {r['poll_s'] * 1000:8.1f} ms "
-              f"(parse {r['parse_s'] * 1000:6.1f} ms){ratio}")
+        ratio = (
+            f"  ratio {r['ratio_poll_vs_smallest']:.1f}" if "ratio_poll_vs_smallest" in r else ""
+        )
+        print(
+            f"{r['backend']:<10}{r['pilots']:>6} pilots: {r['commands_per_poll']:.0f} command(s)/poll, "
+            f"{r['stdout_bytes']:>9} B out, poll {r['poll_s'] * 1000:8.1f} ms "
+            f"(parse {r['parse_s'] * 1000:6.1f} ms){ratio}"
+        )
 
 
 if __name__ == "__main__":

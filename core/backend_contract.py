@@ -78,13 +78,21 @@ class BackendContract:
         """Your backend's config section with ``program`` as the command it runs."""
         raise NotImplementedError("give the section that makes your backend run `program`")
 
-    def make_backend(self, program: str, tmp_path: Path, max_output_bytes: int | None = None) -> Any:
+    def make_backend(
+        self, program: str, tmp_path: Path, max_output_bytes: int | None = None
+    ) -> Any:
         """Your backend built with :meth:`section` (override for more set-up)."""
         director = {"max_output_bytes": max_output_bytes} if max_output_bytes else {}
         clock = FakeClock()
-        return build_plugin(self.backend_class, self.section(program, tmp_path), clock=clock,
-                            state=MemoryState(clock=clock), state_dir=tmp_path / "state",
-                            name=self.name, config={"director": director})
+        return build_plugin(
+            self.backend_class,
+            self.section(program, tmp_path),
+            clock=clock,
+            state=MemoryState(clock=clock),
+            state_dir=tmp_path / "state",
+            name=self.name,
+            config={"director": director},
+        )
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -97,7 +105,9 @@ class BackendContract:
         endpoint = self._info(backend).endpoints[0]
         request = SubmitRequest(backend=self.name, group="contract", count=self.pilots)
         result = backend.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)
-        assert isinstance(result, SubmitResult), f"gridgate_submit gave {result!r}, not a SubmitResult"
+        assert isinstance(result, SubmitResult), (
+            f"gridgate_submit gave {result!r}, not a SubmitResult"
+        )
         return result
 
     def _classify(self, backend: Any, result: SubmitResult, tmp_path: Path) -> Failure:
@@ -114,8 +124,12 @@ class BackendContract:
 
     def test_contract_backend_info_names_its_own_endpoints(self, tmp_path: Path) -> None:
         info = self._info(self.make_backend(str(self._stand_in(tmp_path)), tmp_path))
-        assert info.backend == self.name and info.endpoints, "a backend describes at least one endpoint"
-        assert all(e.backend == self.name for e in info.endpoints), "every Endpoint.backend is the entry-point name"
+        assert info.backend == self.name and info.endpoints, (
+            "a backend describes at least one endpoint"
+        )
+        assert all(e.backend == self.name for e in info.endpoints), (
+            "every Endpoint.backend is the entry-point name"
+        )
         assert info.pilots_per_submission >= 1
 
     def test_contract_returns_none_for_what_is_not_its_own(self, tmp_path: Path) -> None:
@@ -124,14 +138,20 @@ class BackendContract:
         request = SubmitRequest(backend=other.backend)
         assert backend.gridgate_backend_info(backend=other.backend) is None
         assert backend.gridgate_submit(endpoint=other, request=request, timeout=5) is None
-        for hook, kwargs in (("gridgate_list_match", {"endpoint": other, "request": request, "timeout": 5}),
-                             ("gridgate_classify_failure", {"endpoint": other,
-                                                            "result": SubmitResult(other, ok=False)}),
-                             ("gridgate_job_status", {"endpoint": other, "job_ids": ("1",), "timeout": 5}),
-                             ("gridgate_cancel", {"endpoint": other, "job_ids": ("1",), "timeout": 5})):
+        for hook, kwargs in (
+            ("gridgate_list_match", {"endpoint": other, "request": request, "timeout": 5}),
+            (
+                "gridgate_classify_failure",
+                {"endpoint": other, "result": SubmitResult(other, ok=False)},
+            ),
+            ("gridgate_job_status", {"endpoint": other, "job_ids": ("1",), "timeout": 5}),
+            ("gridgate_cancel", {"endpoint": other, "job_ids": ("1",), "timeout": 5}),
+        ):
             implementation = getattr(backend, hook, None)
             if callable(implementation):
-                assert implementation(**kwargs) is None, f"{hook} answered for another backend's endpoint"
+                assert implementation(**kwargs) is None, (
+                    f"{hook} answered for another backend's endpoint"
+                )
         assert self.stand_in_calls(tmp_path) == 0, "nothing may run for another backend's endpoint"
 
     def test_contract_job_ids_are_parsed_from_the_output(self, tmp_path: Path) -> None:
@@ -148,7 +168,8 @@ class BackendContract:
         backend = self.make_backend(MISSING_PROGRAM, tmp_path)
         result = self._submit(backend)
         assert not result.ok and result.command is not None and result.command.launch_error, (
-            "a program that cannot start is a failed result carrying the runner's launch_error")
+            "a program that cannot start is a failed result carrying the runner's launch_error"
+        )
         failure = self._classify(backend, result, tmp_path)
         assert failure.local and failure.kind == "launch"
 
@@ -161,11 +182,15 @@ class BackendContract:
             assert _gone(call["pid"]), f"the command (pid {call['pid']}) outlived its deadline"
         assert self._classify(backend, result, tmp_path).kind in set(KINDS) | self.extra_kinds
 
-    def test_contract_every_failure_is_classified_to_a_catalogued_kind(self, tmp_path: Path) -> None:
-        outcomes = {"refused": {"stderr": self.refused_output, "exit_code": 1},
-                    "no answer": {"stdout": "nothing useful\n"},
-                    "usage": {"stderr": "unknown option\n", "exit_code": 255},
-                    "crashed": {"exit_code": 137}}
+    def test_contract_every_failure_is_classified_to_a_catalogued_kind(
+        self, tmp_path: Path
+    ) -> None:
+        outcomes = {
+            "refused": {"stderr": self.refused_output, "exit_code": 1},
+            "no answer": {"stdout": "nothing useful\n"},
+            "usage": {"stderr": "unknown option\n", "exit_code": 255},
+            "crashed": {"exit_code": 137},
+        }
         for what, behaviour in outcomes.items():
             folder = tmp_path / what.replace(" ", "_")
             program = stand_in_command(folder / "bin", "contract-command", **behaviour)
@@ -175,27 +200,32 @@ class BackendContract:
             assert result.command is not None, f"{what}: a failed command is kept as evidence"
             kind = self._classify(backend, result, folder).kind
             assert kind in set(KINDS) | self.extra_kinds, (
-                f"{what}: kind {kind!r} is not catalogued (gridgate.core.kinds) nor in extra_kinds")
+                f"{what}: kind {kind!r} is not catalogued (gridgate.core.kinds) nor in extra_kinds"
+            )
 
     def test_contract_output_is_capped_at_the_sites_max_output_bytes(self, tmp_path: Path) -> None:
         program = self._stand_in(tmp_path, stdout="x" * 200_000 + "\n", exit_code=1)
         backend = self.make_backend(str(program), tmp_path, max_output_bytes=1024)
         result = self._submit(backend)
         assert result.command is not None and result.command.stdout_truncated, (
-            "pass max_output=self.context.max_output_bytes to runner.run")
+            "pass max_output=self.context.max_output_bytes to runner.run"
+        )
         assert len(result.command.stdout.encode()) <= 1024
 
     def test_contract_config_errors_carry_paths(self, tmp_path: Path) -> None:
         good = self.section(str(self._stand_in(tmp_path)), tmp_path)
         section_for(self.backend_class, good)  # the section the other checks use is valid
-        cases = [({**good, "no_such_key": 1}, ("no_such_key",)), *(
-            ({**good, **changes}, tuple(path)) for changes, path in self.bad_sections)]
+        cases = [
+            ({**good, "no_such_key": 1}, ("no_such_key",)),
+            *(({**good, **changes}, tuple(path)) for changes, path in self.bad_sections),
+        ]
         for section, path in cases:
             try:
                 section_for(self.backend_class, section)
             except ConfigError as exc:
                 assert path in [p.path for p in exc.problems], (
-                    f"expected a problem at {path}, got {[str(p) for p in exc.problems]}")
+                    f"expected a problem at {path}, got {[str(p) for p in exc.problems]}"
+                )
             else:
                 raise AssertionError(f"{section!r} was accepted; expected a problem at {path}")
 

@@ -40,7 +40,9 @@ def load_config_or_exit(path: str) -> Any:
 
 @cli.command("plugins")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
-@click.option("--kinds", is_flag=True, help="The catalogue of failure kinds instead of the plugins.")
+@click.option(
+    "--kinds", is_flag=True, help="The catalogue of failure kinds instead of the plugins."
+)
 def plugins_command(as_json: bool, kinds: bool) -> None:
     """List every installed plugin per entry-point group."""
     if kinds:
@@ -53,8 +55,13 @@ def plugins_command(as_json: bool, kinds: bool) -> None:
         groups: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             groups.setdefault(row.group, []).append(
-                {"name": row.name, "target": row.target, "distribution": row.distribution,
-                 "version": row.version, "default": row.default}
+                {
+                    "name": row.name,
+                    "target": row.target,
+                    "distribution": row.distribution,
+                    "version": row.version,
+                    "default": row.default,
+                }
             )
         click.echo(json.dumps(groups, indent=2))
         return
@@ -123,8 +130,13 @@ def config_validate(files: tuple[str, ...]) -> None:
 
 
 @config_group.command("schema")
-@click.option("-c", "--config", "path", type=click.Path(dir_okay=False),
-              help="Include the sections of the plugins this config names.")
+@click.option(
+    "-c",
+    "--config",
+    "path",
+    type=click.Path(dir_okay=False),
+    help="Include the sections of the plugins this config names.",
+)
 def config_schema(path: str | None) -> None:
     """Print the composed JSON Schema (2020-12); editors can use it."""
     doc: Any = {}
@@ -146,11 +158,15 @@ def config_example() -> None:
     """Print a complete, commented site config that validates."""
     from importlib.resources import files
 
-    click.echo(files("gridgate.core").joinpath("example.yaml").read_text(encoding="utf-8"), nl=False)
+    click.echo(
+        files("gridgate.core").joinpath("example.yaml").read_text(encoding="utf-8"), nl=False
+    )
 
 
 @config_group.command("docs")
-@click.option("--all", "everything", is_flag=True, help="Include plugins of other distributions too.")
+@click.option(
+    "--all", "everything", is_flag=True, help="Include plugins of other distributions too."
+)
 def config_docs(everything: bool) -> None:
     """Print the configuration reference (Markdown) generated from the composed schema."""
     from gridgate.core.docgen import render
@@ -159,8 +175,14 @@ def config_docs(everything: bool) -> None:
 
 
 @cli.command("run")
-@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False),
-              help="Site config (re-read at every iteration).")
+@click.option(
+    "-c",
+    "--config",
+    "path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Site config (re-read at every iteration).",
+)
 @click.option("--once", is_flag=True, help="One iteration, then exit.")
 @click.option("--iterations", type=click.IntRange(min=1), help="This many iterations, then exit.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per iteration on stdout.")
@@ -194,9 +216,11 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
             counts: dict[str, int] = {}
             for record in summary.records:
                 counts[record.outcome] = counts.get(record.outcome, 0) + record.pilots
-            click.echo(f"iteration {summary.number}: {summary.duration:.1f} s, "
-                       + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-                       + (f", excluded {', '.join(summary.excluded)}" if summary.excluded else ""))
+            click.echo(
+                f"iteration {summary.number}: {summary.duration:.1f} s, "
+                + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                + (f", excluded {', '.join(summary.excluded)}" if summary.excluded else "")
+            )
 
     try:
         director.run(iterations=1 if once else iterations, on_iteration=emit)
@@ -209,7 +233,9 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
 @click.option("--since", default="24h", show_default=True, help="How far back: 90m, 24h, 7d.")
 @click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
 @click.option("--bucket", default="1h", show_default=True, help="Width of a row/bar: 1h, 10m, 30s.")
-@click.option("--png", "png", type=click.Path(dir_okay=False), help="Also draw the plot to this PNG.")
+@click.option(
+    "--png", "png", type=click.Path(dir_okay=False), help="Also draw the plot to this PNG."
+)
 def report_command(path: str, since: str, bucket: str, as_json: bool, png: str | None) -> None:
     """Pilots per hour per endpoint, from the accounting table."""
     from gridgate.core.director import ACCOUNTING, open_state
@@ -252,8 +278,11 @@ def _open_state_or_exit(path: str) -> Any:
 
     config = load_config_or_exit(path)
     if (config.get("state") or {}).get("driver") == "memory":
-        click.echo(f"{path}: state.driver is memory: the caches live inside the running director "
-                   "only, nothing to show or change from here", err=True)
+        click.echo(
+            f"{path}: state.driver is memory: the caches live inside the running director "
+            "only, nothing to show or change from here",
+            err=True,
+        )
         raise SystemExit(1)
     return open_state(config)
 
@@ -280,11 +309,15 @@ def servers_list(path: str, as_json: bool) -> None:
     if not rows:
         click.echo("every server is in rotation; no failure episode is open")
         return
-    click.echo(f"{'SERVER':<44}{'STATUS':<13}{'KIND':<13}{'EPISODE SINCE (UTC)':<21}{'FAILURES':>9}  "
-               f"{'OUT UNTIL (UTC)':<21}{'ALARM IF IT FAILS BEFORE (UTC)'}")
+    click.echo(
+        f"{'SERVER':<44}{'STATUS':<13}{'KIND':<13}{'EPISODE SINCE (UTC)':<21}{'FAILURES':>9}  "
+        f"{'OUT UNTIL (UTC)':<21}{'ALARM IF IT FAILS BEFORE (UTC)'}"
+    )
     for r in rows:
-        click.echo(f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
-                   f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until'])}")
+        click.echo(
+            f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
+            f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until'])}"
+        )
 
 
 @servers_group.command("clear")
@@ -306,7 +339,9 @@ def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json
         cleared = clear_servers(state, list(servers), everything=everything)
     finally:
         state.close()
-    missing = sorted(n for n in servers if not any(c == n or c.split("/", 1)[-1] == n for c in cleared))
+    missing = sorted(
+        n for n in servers if not any(c == n or c.split("/", 1)[-1] == n for c in cleared)
+    )
     if as_json:
         click.echo(json.dumps({"cleared": cleared, "not_found": missing}))
     else:
@@ -323,7 +358,9 @@ def notify_group() -> None:
 
 @notify_group.command("test")
 @click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
-@click.option("--level", type=click.Choice(["error", "alarm", "info"]), default="error", show_default=True)
+@click.option(
+    "--level", type=click.Choice(["error", "alarm", "info"]), default="error", show_default=True
+)
 @click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for delivery.")
 def notify_test(path: str, level: str, wait: float) -> None:
     """Send a test notification through every configured notifier and say what happened."""
@@ -332,9 +369,13 @@ def notify_test(path: str, level: str, wait: float) -> None:
 
     config = load_config_or_exit(path)
     director = Director(config, serve_metrics=False)  # the running director holds metrics_port
-    note = Notification(level=level, subject=f"gridgate test {level} notification",  # type: ignore[arg-type]
-                        body=f"This is a test sent by `gridgate notify test` at {time.ctime()}.\n", created=time.time(),
-                        key=f"test/{time.time():.0f}")
+    note = Notification(
+        level=level,
+        subject=f"gridgate test {level} notification",  # type: ignore[arg-type]
+        body=f"This is a test sent by `gridgate notify test` at {time.ctime()}.\n",
+        created=time.time(),
+        key=f"test/{time.time():.0f}",
+    )
     failed = False
     try:
         for name, plugin in director.pm.list_name_plugin():

@@ -45,56 +45,125 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
     "default": {},
     "description": "The submission director's loop.",
     "properties": {
-        "cycle_seconds": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 60,
-                          "description": "Pause between iterations, in seconds."},
-        "max_threads": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 8,
-                        "description": "Submissions run in parallel on this many threads."},
-        "command_timeout": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 120,
-                            "description": "Hard limit in seconds for every backend command."},
-        "failing_expiry": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 3600,
-                           "description": "Seconds a failing server stays in the failing cache."},
-        "ticket_expiry": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 3600,
-                          "description": "The tickets cache lives failing_expiry + ticket_expiry."},
-        "paused": {"type": "boolean", "default": False,
-                   "description": "Submit nothing, on purpose: the director runs, re-reads its "
-                                  "config and asks no demand. Without it a config that would "
-                                  "submit nothing (no demand, no backend) is refused."},
-        "keep_accounting": {"type": "number", "exclusiveMinimum": 0, "maximum": 10 * 365 * 86400,
-                            "default": 90 * 86400,
-                            "description": "Seconds an accounting row (one per submission, what "
-                                           "`gridgate report` reads) is kept; older rows are "
-                                           "pruned, so a Redis store does not grow for ever."},
-        "stall_iterations": {"type": "integer", "minimum": 1, "default": 3,
-                             "description": "Demand asked for pilots and none was submitted "
-                                            "this many iterations in a row: an error saying why "
-                                            "(an alarm once it lasts ticket_expiry)."},
+        "cycle_seconds": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 60,
+            "description": "Pause between iterations, in seconds.",
+        },
+        "max_threads": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1024,
+            "default": 8,
+            "description": "Submissions run in parallel on this many threads.",
+        },
+        "command_timeout": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 120,
+            "description": "Hard limit in seconds for every backend command.",
+        },
+        "failing_expiry": {
+            "maximum": 365 * 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 3600,
+            "description": "Seconds a failing server stays in the failing cache.",
+        },
+        "ticket_expiry": {
+            "maximum": 365 * 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 3600,
+            "description": "The tickets cache lives failing_expiry + ticket_expiry.",
+        },
+        "paused": {
+            "type": "boolean",
+            "default": False,
+            "description": "Submit nothing, on purpose: the director runs, re-reads its "
+            "config and asks no demand. Without it a config that would "
+            "submit nothing (no demand, no backend) is refused.",
+        },
+        "keep_accounting": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 10 * 365 * 86400,
+            "default": 90 * 86400,
+            "description": "Seconds an accounting row (one per submission, what "
+            "`gridgate report` reads) is kept; older rows are "
+            "pruned, so a Redis store does not grow for ever.",
+        },
+        "stall_iterations": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 3,
+            "description": "Demand asked for pilots and none was submitted "
+            "this many iterations in a row: an error saying why "
+            "(an alarm once it lasts ticket_expiry).",
+        },
         "notify_kinds": {
             "type": "object",
             "description": "Per failure kind, whether people are told (overrides the classifier).",
             "additionalProperties": {"type": "boolean"},
             "default": {},
         },
-        "retries_per_pilot": {"type": "integer", "minimum": 0, "maximum": 10, "default": 2,
-                              "description": "A failed submission whose failure is worth retrying "
-                                             "elsewhere is sent to another usable server at most "
-                                             "this many times in the same iteration (0: never)."},
-        "retry_within_seconds": {"maximum": 86400, "type": "number", "minimum": 0, "default": 300,
-                                 "description": "The iteration's deadline for retries: a retry starts "
-                                                "only if its command's deadline falls within this "
-                                                "many seconds of the iteration's start."},
-        "max_output_bytes": {"type": "integer", "minimum": 1024, "default": 4 * 1024 * 1024,
-                             "description": "Per stream; output past it is dropped and flagged."},
-        "state_dir": {"type": "string", "default": "./gridgate-state",
-                      "description": "Where plugins keep files (outbox, spool, work files)."},
-        "demand_lock": {"type": "boolean", "default": False,
-                        "description": "Several directors on one shared state store (Redis): each "
-                                       "demand group is filled by one of them, the holder of its lock."},
-        "state_retry_seconds": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 30,
-                                "description": "While the state store fails, try it again this often."},
-        "user": {"type": "string", "default": "",
-                 "description": "Name the director gives admission control (default: its uid's)."},
-        "metrics_port": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535,
-                         "default": None, "description": "Serve Prometheus metrics here."},
+        "retries_per_pilot": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 10,
+            "default": 2,
+            "description": "A failed submission whose failure is worth retrying "
+            "elsewhere is sent to another usable server at most "
+            "this many times in the same iteration (0: never).",
+        },
+        "retry_within_seconds": {
+            "maximum": 86400,
+            "type": "number",
+            "minimum": 0,
+            "default": 300,
+            "description": "The iteration's deadline for retries: a retry starts "
+            "only if its command's deadline falls within this "
+            "many seconds of the iteration's start.",
+        },
+        "max_output_bytes": {
+            "type": "integer",
+            "minimum": 1024,
+            "default": 4 * 1024 * 1024,
+            "description": "Per stream; output past it is dropped and flagged.",
+        },
+        "state_dir": {
+            "type": "string",
+            "default": "./gridgate-state",
+            "description": "Where plugins keep files (outbox, spool, work files).",
+        },
+        "demand_lock": {
+            "type": "boolean",
+            "default": False,
+            "description": "Several directors on one shared state store (Redis): each "
+            "demand group is filled by one of them, the holder of its lock.",
+        },
+        "state_retry_seconds": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 30,
+            "description": "While the state store fails, try it again this often.",
+        },
+        "user": {
+            "type": "string",
+            "default": "",
+            "description": "Name the director gives admission control (default: its uid's).",
+        },
+        "metrics_port": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "maximum": 65535,
+            "default": None,
+            "description": "Serve Prometheus metrics here.",
+        },
         "pilots": PILOTS_SCHEMA,
     },
     "additionalProperties": False,
@@ -135,12 +204,16 @@ def core_schema() -> dict[str, Any]:
 # --- defaults -------------------------------------------------------------------------------
 
 
-def _set_defaults(validator: Any, properties: Mapping[str, Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
+def _set_defaults(
+    validator: Any, properties: Mapping[str, Any], instance: Any, schema: Any
+) -> Iterator[ValidationError]:
     if isinstance(instance, dict):
         for name, sub in properties.items():
             if isinstance(sub, dict) and "default" in sub and name not in instance:
                 instance[name] = copy.deepcopy(sub["default"])
-    yield from Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, schema)
+    yield from Draft202012Validator.VALIDATORS["properties"](
+        validator, properties, instance, schema
+    )
 
 
 _DefaultFiller = validators.extend(Draft202012Validator, {"properties": _set_defaults})
@@ -155,7 +228,9 @@ def apply_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
 # --- YAML with line numbers ------------------------------------------------------------------
 
 
-def _line_map(node: yaml.Node | None, path: PathT = (), out: dict[PathT, int] | None = None) -> dict[PathT, int]:
+def _line_map(
+    node: yaml.Node | None, path: PathT = (), out: dict[PathT, int] | None = None
+) -> dict[PathT, int]:
     out = {} if out is None else out
     if node is None:
         return out
@@ -262,25 +337,39 @@ def _parse_yaml(text: str, filename: str) -> tuple[Any, dict[PathT, int]]:
             # it was reading (an unclosed '[', a quote) started here, which is what to fix.
             start = exc.context_mark.line + 1
             message += f" ({exc.context} that started at line {start})"
-            problems.append(ConfigProblem(filename, start, (), f"YAML syntax error: {exc.context} "
-                                          f"started here and is not closed; the parser gave up "
-                                          f"at line {line}: {exc.problem or exc}"))
+            problems.append(
+                ConfigProblem(
+                    filename,
+                    start,
+                    (),
+                    f"YAML syntax error: {exc.context} "
+                    f"started here and is not closed; the parser gave up "
+                    f"at line {line}: {exc.problem or exc}",
+                )
+            )
         elif exc.context:
             message += f" ({exc.context})"
         problems.append(ConfigProblem(filename, line, (), message))
         raise ConfigError(problems, kind="yaml") from None
     except yaml.YAMLError as exc:
-        raise ConfigError([ConfigProblem(filename, 0, (), f"YAML error: {exc}")], kind="yaml") from None
+        raise ConfigError(
+            [ConfigProblem(filename, 0, (), f"YAML error: {exc}")], kind="yaml"
+        ) from None
     duplicates = _duplicate_keys(node)
     if duplicates:
         raise ConfigError(
-            [ConfigProblem(filename, line, p, "duplicate key (YAML would keep only the last)") for p, line in duplicates],
+            [
+                ConfigProblem(filename, line, p, "duplicate key (YAML would keep only the last)")
+                for p, line in duplicates
+            ],
             kind="yaml",
         )
     return data, _line_map(node)
 
 
-def compose_schema(doc: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[tuple[str, str], type], list[tuple[PathT, str]]]:
+def compose_schema(
+    doc: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[tuple[str, str], type], list[tuple[PathT, str]]]:
     """Core's schema plus the section schema of every plugin ``doc`` names.
 
     :return: the schema, the plugin classes by (config key, name), and load problems as
@@ -347,7 +436,7 @@ def strict_pattern(pattern: str) -> re.Pattern[str]:
     while i < len(pattern):
         char = pattern[i]
         if char == "\\":
-            out.append(pattern[i:i + 2])
+            out.append(pattern[i : i + 2])
             i += 2
             continue
         if in_class:
@@ -357,7 +446,7 @@ def strict_pattern(pattern: str) -> re.Pattern[str]:
             out.append(char)
             i += 1
             for literal in ("^", "]"):  # "[^]...]" and "[]...]": that "]" is a member
-                if pattern[i:i + 1] == literal:
+                if pattern[i : i + 1] == literal:
                     out.append(literal)
                     i += 1
             continue
@@ -370,7 +459,9 @@ def strict_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-def _strict_pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+def _strict_pattern_keyword(
+    validator: Any, pattern: str, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
     if validator.is_type(instance, "string") and not strict_pattern(pattern).search(instance):
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
@@ -382,7 +473,11 @@ StrictValidator = validators.extend(Draft202012Validator, {"pattern": _strict_pa
 def schema_problems(schema: Mapping[str, Any], instance: Any) -> list[tuple[PathT, str]]:
     """Every way ``instance`` breaks ``schema``, as (path, message) pairs in gridgate's words:
     the one formatter behind ``gridgate config validate`` and ``testing.section_for``."""
-    return [found for error in StrictValidator(schema).iter_errors(instance) for found in _describe(error)]
+    return [
+        found
+        for error in StrictValidator(schema).iter_errors(instance)
+        for found in _describe(error)
+    ]
 
 
 def _branch(error: ValidationError, chosen: ValidationError) -> str:
@@ -396,8 +491,15 @@ def _branch(error: ValidationError, chosen: ValidationError) -> str:
     if not label:
         kinds = branch.get("type")
         kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
-        names = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
-                 "number": "a number", "boolean": "true or false", "null": "null"}
+        names = {
+            "object": "a mapping",
+            "array": "a list",
+            "string": "a string",
+            "integer": "an integer",
+            "number": "a number",
+            "boolean": "true or false",
+            "null": "null",
+        }
         label = " or ".join(names.get(k, k) for k in kinds)
     return f"alternative {index + 1} of {len(branches)}" + (f", {label}" if label else "")
 
@@ -413,15 +515,26 @@ def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
         patterns = error.schema.get("patternProperties", {})
         import re
 
-        extras = [k for k in error.instance if k not in allowed and not any(re.search(p, str(k)) for p in patterns)]
+        extras = [
+            k
+            for k in error.instance
+            if k not in allowed and not any(re.search(p, str(k)) for p in patterns)
+        ]
         hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
         return [((*path, k), f"unknown key{hint}") for k in extras] or [(path, error.message)]
     if error.validator in ("anyOf", "oneOf") and error.context:
         # A branch rejected for its very type says little: the branch whose type fits the
         # value ("a list of groups, but one lacks pilots") is the one the author meant.
-        unfit = {e.relative_schema_path[0] for e in error.context
-                 if e.validator == "type" and not e.relative_path and e.relative_schema_path}
-        fitting = [e for e in error.context if not e.relative_schema_path or e.relative_schema_path[0] not in unfit]
+        unfit = {
+            e.relative_schema_path[0]
+            for e in error.context
+            if e.validator == "type" and not e.relative_path and e.relative_schema_path
+        }
+        fitting = [
+            e
+            for e in error.context
+            if not e.relative_schema_path or e.relative_schema_path[0] not in unfit
+        ]
         best = best_match(fitting or error.context)
         which = _branch(error, best)
         # described like any error (an unknown key names the allowed ones), then the branch
@@ -444,7 +557,9 @@ def _normalise_sections(doc: dict[str, Any]) -> None:
             doc[key] = {}
 
 
-def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT, int] | None = None) -> Config:
+def validate_document(
+    doc: Any, filename: str = "<config>", lines: Mapping[PathT, int] | None = None
+) -> Config:
     """Validate an already parsed document; return it with defaults filled.
 
     :raises ConfigError: with every problem found.
@@ -453,7 +568,13 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
-        raise ConfigError([ConfigProblem(filename, lines.get((), 1), (), "the config must be a mapping of sections")])
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    filename, lines.get((), 1), (), "the config must be a mapping of sections"
+                )
+            ]
+        )
     doc = copy.deepcopy(doc)
     _normalise_sections(doc)
     schema, classes, load_problems = compose_schema(doc)
@@ -481,7 +602,9 @@ def validate_document(doc: Any, filename: str = "<config>", lines: Mapping[PathT
             apply_defaults(filled, schema_at(schema, base))
             for sub, message in checker(filled):
                 found.append(((*base, *sub), message))
-        found += list_match_problems(doc, classes)  # checks across sections (gridgate.core.contract)
+        found += list_match_problems(
+            doc, classes
+        )  # checks across sections (gridgate.core.contract)
     if not found:
         from gridgate.core.config_checks import reference_problems
 
@@ -524,17 +647,32 @@ def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError([ConfigProblem(filename, 0, (), f"cannot read: {exc}")], kind="io") from None
+            raise ConfigError(
+                [ConfigProblem(filename, 0, (), f"cannot read: {exc}")], kind="io"
+            ) from None
     data, lines = _parse_yaml(text, filename)
     if data is None:
         # An empty file is far more often a truncated or half-written one than a wish for
         # every default (no backend, no demand, no mail): it is refused, never applied.
-        raise ConfigError([ConfigProblem(filename, 1, (), "empty config: the file holds no YAML "
-                                         "document (only blanks or comments)")])
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    filename,
+                    1,
+                    (),
+                    "empty config: the file holds no YAML document (only blanks or comments)",
+                )
+            ]
+        )
     config = validate_document(data, filename, lines)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return Config(data=config.data, path=path, digest=digest, plugin_classes=config.plugin_classes,
-                  lines=config.lines)
+    return Config(
+        data=config.data,
+        path=path,
+        digest=digest,
+        plugin_classes=config.plugin_classes,
+        lines=config.lines,
+    )
 
 
 def cut_problem(text: str, filename: str) -> ConfigProblem | None:
@@ -548,9 +686,14 @@ def cut_problem(text: str, filename: str) -> ConfigProblem | None:
     if not text.strip() or text.endswith("\n"):
         return None
     last = text.count("\n") + 1
-    return ConfigProblem(filename, last, (), "the file does not end with a newline: its last line "
-                         "may be cut short (a file still being written, or a truncated copy); "
-                         "refused until the file is whole")
+    return ConfigProblem(
+        filename,
+        last,
+        (),
+        "the file does not end with a newline: its last line "
+        "may be cut short (a file still being written, or a truncated copy); "
+        "refused until the file is whole",
+    )
 
 
 @dataclass(frozen=True)
@@ -589,7 +732,9 @@ class ConfigSource:
             try:
                 text = self.path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                err = ConfigError([ConfigProblem(str(self.path), 0, (), f"cannot read: {exc}")], kind="io")
+                err = ConfigError(
+                    [ConfigProblem(str(self.path), 0, (), f"cannot read: {exc}")], kind="io"
+                )
                 return self._refused(f"io:{exc}", err)
             digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
             if digest == self._current.digest:

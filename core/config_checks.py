@@ -26,7 +26,9 @@ from gridgate.core.plugins import CONFIG_GROUPS
 
 #: Settings read once, when the director starts: a reload that changes them says so.
 RESTART_ONLY: tuple[PathT, ...] = (
-    ("state",), ("director", "metrics_port"), ("director", "state_retry_seconds"),
+    ("state",),
+    ("director", "metrics_port"),
+    ("director", "state_retry_seconds"),
 )
 DIRECTOR_SECTIONS = ("director", "backends", "demand")
 
@@ -41,7 +43,9 @@ def _pilots(value: Any) -> int:
     return 0
 
 
-def reference_problems(doc: Mapping[str, Any], classes: Mapping[tuple[str, str], type]) -> list[tuple[PathT, str]]:
+def reference_problems(
+    doc: Mapping[str, Any], classes: Mapping[tuple[str, str], type]
+) -> list[tuple[PathT, str]]:
     """Cross-section errors of a schema-valid document (before defaults), as (path, message)."""
     problems: list[tuple[PathT, str]] = []
     backends = doc.get("backends")
@@ -53,17 +57,25 @@ def reference_problems(doc: Mapping[str, Any], classes: Mapping[tuple[str, str],
             # backend may be registered in-process, as tests and embedding programs do).
             if name not in configured:
                 known = ", ".join(sorted(configured)) or "none"
-                problems.append((("demand", "static", name),
-                                 f"names backend {name!r}, which is not configured under backends "
-                                 f"(configured: {known})"))
+                problems.append(
+                    (
+                        ("demand", "static", name),
+                        f"names backend {name!r}, which is not configured under backends "
+                        f"(configured: {known})",
+                    )
+                )
     for (key, name), cls in classes.items():
         endpoints_key = getattr(cls, "endpoints_key", None)
         if key != "backends" or not endpoints_key:
             continue
         section = backends.get(name) if isinstance(backends, Mapping) else None
         if not (section or {}).get(endpoints_key):
-            problems.append((("backends", name, endpoints_key),
-                             f"backend {name!r} has no {endpoints_key}: it could submit nowhere"))
+            problems.append(
+                (
+                    ("backends", name, endpoints_key),
+                    f"backend {name!r} has no {endpoints_key}: it could submit nowhere",
+                )
+            )
     return problems
 
 
@@ -72,7 +84,9 @@ def is_director_config(config: Config) -> bool:
     return any((name,) in config.lines for name in DIRECTOR_SECTIONS)
 
 
-def submission_problems(config: Config, answers: Callable[[str], bool] = lambda name: False) -> list[ConfigProblem]:
+def submission_problems(
+    config: Config, answers: Callable[[str], bool] = lambda name: False
+) -> list[ConfigProblem]:
     """Why ``config`` would submit nothing (empty when it would, or when it is paused).
 
     ``answers(name)`` says whether a backend of that name exists outside the config's
@@ -97,8 +111,10 @@ def submission_problems(config: Config, answers: Callable[[str], bool] = lambda 
         return problem(("demand", "static"), "the static demand asks for no pilot")
     backends = config.get("backends") or {}
     if not any(name in backends or answers(name) for name in wanted):
-        return problem(("demand", "static", wanted[0]),
-                       f"no backend the demand names ({', '.join(wanted)}) is configured")
+        return problem(
+            ("demand", "static", wanted[0]),
+            f"no backend the demand names ({', '.join(wanted)}) is configured",
+        )
     return []
 
 
@@ -126,7 +142,9 @@ def config_warnings(config: Config) -> list[ConfigProblem]:
             continue
         for sub, message in checker((config.get(key) or {}).get(name) or {}):
             path = (key, name, *sub)
-            warnings.append(ConfigProblem(filename, config.line_of(path), path, f"warning: {message}"))
+            warnings.append(
+                ConfigProblem(filename, config.line_of(path), path, f"warning: {message}")
+            )
     return warnings
 
 
@@ -144,7 +162,13 @@ def _leaves(node: Any, path: PathT = ()) -> Iterator[tuple[PathT, Any]]:
 def _shown(value: Any) -> str:
     # numbers, booleans and null are shown; text and lists may be long or private: not shown
     if value is None or isinstance(value, (bool, int, float)):
-        return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        return (
+            "null"
+            if value is None
+            else str(value).lower()
+            if isinstance(value, bool)
+            else str(value)
+        )
     return ""
 
 
@@ -165,8 +189,9 @@ def changes(old: Config, new: Config) -> list[tuple[PathT, str]]:
 
 def needs_restart(found: list[tuple[PathT, str]]) -> list[str]:
     """The changed settings that take effect only when the director starts again."""
-    return sorted({format_path(path) for path, _ in found
-                   if any(path[:len(p)] == p for p in RESTART_ONLY)})
+    return sorted(
+        {format_path(path) for path, _ in found if any(path[: len(p)] == p for p in RESTART_ONLY)}
+    )
 
 
 def change_summary(found: list[tuple[PathT, str]], limit: int = 6) -> str:
@@ -206,22 +231,33 @@ def change_notification(old: Config, new: Config, now: float) -> Notification:
     lowered = lowered_limits(old, new)
     where = new.path or "<config>"
     if restart:
-        effect = (f"new settings take effect now, except {', '.join(restart)}, read only at start: "
-                  "restart the director for them")
+        effect = (
+            f"new settings take effect now, except {', '.join(restart)}, read only at start: "
+            "restart the director for them"
+        )
     else:
         effect = "new settings take effect now"
     logger.info("config {} changed: {}; {}", where, summary, effect)
     lines = [f"The config file {where} changed and was accepted; {effect}.", "", "Changed:"]
     shrunk = {path for path, _ in lowered}
-    lines += [f"- {format_path(path)}: {what}{' (lowered)' if path in shrunk else ''}" for path, what in found] \
-        or ["- (comments or layout only)"]
+    lines += [
+        f"- {format_path(path)}: {what}{' (lowered)' if path in shrunk else ''}"
+        for path, what in found
+    ] or ["- (comments or layout only)"]
     subject = f"gridgate: config changed: {summary}"
     if lowered:
         named = change_summary(lowered)
         logger.warning("config {}: limits lowered: {}", where, named)
         subject = f"gridgate: config changed, limits lowered: {named}"
-        lines += ["", "Limits were lowered. If nobody meant to, check that the file is whole and "
-                  "as intended: a value cut short still reads as a number."]
-    return Notification(level="error" if lowered else "info", subject=subject,
-                        body="\n".join(lines) + "\n", created=now,
-                        key=f"config-change/{new.digest[:16]}/{now:.0f}")
+        lines += [
+            "",
+            "Limits were lowered. If nobody meant to, check that the file is whole and "
+            "as intended: a value cut short still reads as a number.",
+        ]
+    return Notification(
+        level="error" if lowered else "info",
+        subject=subject,
+        body="\n".join(lines) + "\n",
+        created=now,
+        key=f"config-change/{new.digest[:16]}/{now:.0f}",
+    )

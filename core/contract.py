@@ -26,11 +26,15 @@ def list_matches(plugin: object) -> bool:
 
 
 def no_list_match(backend: str) -> str:
-    return (f"backend {backend!r} has no list-match (it does not implement gridgate_list_match): "
-            "remove list_match or set it to false")
+    return (
+        f"backend {backend!r} has no list-match (it does not implement gridgate_list_match): "
+        "remove list_match or set it to false"
+    )
 
 
-def list_match_problems(doc: Mapping[str, Any], classes: Mapping[tuple[str, str], type]) -> list[tuple[PathT, str]]:
+def list_match_problems(
+    doc: Mapping[str, Any], classes: Mapping[tuple[str, str], type]
+) -> list[tuple[PathT, str]]:
     """``list_match: true`` in the ``static`` demand for a configured backend without list-match."""
     static = ((doc.get("demand") or {}).get("static")) or {}
     problems: list[tuple[PathT, str]] = []
@@ -40,7 +44,12 @@ def list_match_problems(doc: Mapping[str, Any], classes: Mapping[tuple[str, str]
             continue
         for index, group in enumerate(groups):
             if isinstance(group, Mapping) and group.get("list_match") is True:
-                problems.append((("demand", "static", backend, index, "list_match"), no_list_match(str(backend))))
+                problems.append(
+                    (
+                        ("demand", "static", backend, index, "list_match"),
+                        no_list_match(str(backend)),
+                    )
+                )
     return problems
 
 

@@ -36,8 +36,11 @@ class RandomSelector(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {
-            "seed": {"type": ["integer", "null"], "default": None,
-                     "description": "Fix the random sequence (tests, reproducible demos)."},
+            "seed": {
+                "type": ["integer", "null"],
+                "default": None,
+                "description": "Fix the random sequence (tests, reproducible demos).",
+            },
         },
         "additionalProperties": False,
     }
@@ -48,7 +51,9 @@ class RandomSelector(Plugin):
         self._random = random.Random(seed) if seed is not None else random.SystemRandom()
 
     @hookimpl(trylast=True)
-    def gridgate_select_endpoint(self, candidates: Sequence[Endpoint], request: SubmitRequest) -> Endpoint | None:
+    def gridgate_select_endpoint(
+        self, candidates: Sequence[Endpoint], request: SubmitRequest
+    ) -> Endpoint | None:
         return self._random.choice(list(candidates)) if candidates else None
 
 
@@ -56,7 +61,11 @@ class RoundRobinSelector(Plugin):
     """Take the usable endpoints in turn: every server gets its share in the same order each
     time, for sites that prefer an even spread to a random one (and for reproducible runs)."""
 
-    config_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+    }
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
@@ -64,7 +73,9 @@ class RoundRobinSelector(Plugin):
         self._lock = threading.Lock()
 
     @hookimpl
-    def gridgate_select_endpoint(self, candidates: Sequence[Endpoint], request: SubmitRequest) -> Endpoint | None:
+    def gridgate_select_endpoint(
+        self, candidates: Sequence[Endpoint], request: SubmitRequest
+    ) -> Endpoint | None:
         if not candidates:
             return None
         with self._lock:
@@ -90,8 +101,12 @@ RULE_SCHEMA: dict[str, Any] = {
 }
 
 
-def compile_rules(rules: Sequence[Mapping[str, Any]]) -> list[tuple[re.Pattern[str] | None, Mapping[str, Any]]]:
-    return [(re.compile(r["pattern"], re.MULTILINE) if r.get("pattern") else None, r) for r in rules]
+def compile_rules(
+    rules: Sequence[Mapping[str, Any]],
+) -> list[tuple[re.Pattern[str] | None, Mapping[str, Any]]]:
+    return [
+        (re.compile(r["pattern"], re.MULTILINE) if r.get("pattern") else None, r) for r in rules
+    ]
 
 
 def match_rules(
@@ -118,16 +133,21 @@ def match_rules(
             reason = found.group(0).strip()[:200]
         else:
             reason = f"matched site rule {rule['kind']!r}"
-        return Failure(kind=rule["kind"], exclude=rule.get("exclude", True),
-                       notify=rule.get("notify", True), transient=rule.get("transient", True),
-                       reason=reason)
+        return Failure(
+            kind=rule["kind"],
+            exclude=rule.get("exclude", True),
+            notify=rule.get("notify", True),
+            transient=rule.get("transient", True),
+            reason=reason,
+        )
     return None
 
 
 def local_io_failure(reason: str) -> Failure:
     """A command that could not be prepared on this machine (``SubmitResult.local_fault``)."""
-    return Failure(kind="local_io", exclude=False, notify=True, transient=False, local=True,
-                   reason=reason)
+    return Failure(
+        kind="local_io", exclude=False, notify=True, transient=False, local=True, reason=reason
+    )
 
 
 def generic_failure(result: SubmitResult) -> Failure:
@@ -143,7 +163,14 @@ def generic_failure(result: SubmitResult) -> Failure:
         return KINDS["timeout"].failure(command.describe())
     if command.returncode == 0:
         return KINDS["bad_output"].failure(result.message or "exit code 0 but no usable answer")
-    last = next((line.strip() for line in reversed((command.stderr or command.stdout).splitlines()) if line.strip()), "")
+    last = next(
+        (
+            line.strip()
+            for line in reversed((command.stderr or command.stdout).splitlines())
+            if line.strip()
+        ),
+        "",
+    )
     return KINDS["error"].failure(f"{command.describe()}: {last}"[:300])
 
 
@@ -157,8 +184,12 @@ class RuleClassifier(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {
-            "rules": {"type": "array", "items": RULE_SCHEMA, "default": [],
-                      "description": "Checked in order; the first match gives the kind."},
+            "rules": {
+                "type": "array",
+                "items": RULE_SCHEMA,
+                "default": [],
+                "description": "Checked in order; the first match gives the kind.",
+            },
         },
         "additionalProperties": False,
     }
@@ -188,8 +219,11 @@ class LogNotifier(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {
-            "body": {"type": "boolean", "default": False,
-                     "description": "Log the whole body, not just the subject."},
+            "body": {
+                "type": "boolean",
+                "default": False,
+                "description": "Log the whole body, not just the subject.",
+            },
         },
         "additionalProperties": False,
     }
@@ -200,7 +234,9 @@ class LogNotifier(Plugin):
     def gridgate_notify(self, notification: Notification) -> None:
         level = self._LEVELS.get(notification.level, "WARNING")
         if self.config.get("body"):
-            logger.log(level, "[{}] {}\n{}", notification.level, notification.subject, notification.body)
+            logger.log(
+                level, "[{}] {}\n{}", notification.level, notification.subject, notification.body
+            )
         else:
             logger.log(level, "[{}] {}", notification.level, notification.subject)
 
@@ -208,7 +244,11 @@ class LogNotifier(Plugin):
 class AdmitAll(Plugin):
     """Admission control that admits everything: the default when none is configured."""
 
-    config_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}, "additionalProperties": False}
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+    }
 
     @hookimpl(trylast=True)
     def gridgate_admit(self, request: AdmissionRequest) -> Grant:
@@ -226,10 +266,18 @@ class FileNotifier(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {
-            "folder": {"type": "string", "minLength": 1, "default": "./gridgate-state/notifications",
-                       "description": "Where the texts are written (created, mode 0700)."},
-            "levels": {"type": "array", "items": {"enum": ["info", "error", "alarm"]},
-                       "default": ["error", "alarm"], "description": "Levels written."},
+            "folder": {
+                "type": "string",
+                "minLength": 1,
+                "default": "./gridgate-state/notifications",
+                "description": "Where the texts are written (created, mode 0700).",
+            },
+            "levels": {
+                "type": "array",
+                "items": {"enum": ["info", "error", "alarm"]},
+                "default": ["error", "alarm"],
+                "description": "Levels written.",
+            },
         },
         "additionalProperties": False,
     }
@@ -249,9 +297,15 @@ class FileNotifier(Plugin):
             sequence = self._sequence
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(notification.created))
-        who = re.sub(r"[^A-Za-z0-9_.-]", "_", notification.endpoint.name if notification.endpoint else "gridgate")
+        who = re.sub(
+            r"[^A-Za-z0-9_.-]",
+            "_",
+            notification.endpoint.name if notification.endpoint else "gridgate",
+        )
         path = self.folder / f"{stamp}-{os.getpid()}-{sequence:05d}-{notification.level}-{who}.txt"
-        text = f"Subject: {notification.subject}\nLevel: {notification.level}\n\n{notification.body}"
+        text = (
+            f"Subject: {notification.subject}\nLevel: {notification.level}\n\n{notification.body}"
+        )
         # Whole or not at all: whatever picks the texts up never sees half a message, and a
         # write the disk refuses leaves nothing behind.
         atomic_write(path, text.encode("utf-8"))

@@ -19,11 +19,18 @@ from gridgate.core.plugins import Plugin
 GROUP_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "group": {"type": "string", "minLength": 1, "description": "Name of the queue or requirements set."},
+        "group": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Name of the queue or requirements set.",
+        },
         "pilots": {"type": "integer", "minimum": 0},
         "requirements": {"type": "string", "default": ""},
-        "list_match": {"type": ["boolean", "null"], "default": None,
-                       "description": "List-match first (null: the backend's default)."},
+        "list_match": {
+            "type": ["boolean", "null"],
+            "default": None,
+            "description": "List-match first (null: the backend's default).",
+        },
         "attributes": {"type": "object", "default": {}},
     },
     "required": ["group", "pilots"],
@@ -51,11 +58,17 @@ def register_demand(spec: Mapping[str, Any], demand: DemandRegistry, user: str =
             pilots = int(group["pilots"])
             if pilots <= 0:
                 continue
-            demand.add(SubmitRequest(
-                backend=str(backend), group=group["group"], count=pilots,
-                requirements=group.get("requirements", ""), list_match=group.get("list_match"),
-                attributes=group.get("attributes", {}), user=user,
-            ))
+            demand.add(
+                SubmitRequest(
+                    backend=str(backend),
+                    group=group["group"],
+                    count=pilots,
+                    requirements=group.get("requirements", ""),
+                    list_match=group.get("list_match"),
+                    attributes=group.get("attributes", {}),
+                    user=user,
+                )
+            )
             total += pilots
     return total
 
@@ -79,8 +92,13 @@ class FileDemand(Plugin):
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
-        "properties": {"path": {"type": "string", "minLength": 1,
-                                "description": "File with {backend: pilots | [groups]}."}},
+        "properties": {
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "description": "File with {backend: pilots | [groups]}.",
+            }
+        },
         "required": ["path"],
         "additionalProperties": False,
     }
@@ -93,7 +111,9 @@ class FileDemand(Plugin):
 
     def _problem(self, message: str) -> None:
         if message != self._last_problem:
-            logger.error("demand file {}: {}; no pilots this iteration", self.config["path"], message)
+            logger.error(
+                "demand file {}: {}; no pilots this iteration", self.config["path"], message
+            )
         self._last_problem = message
 
     @hookimpl
@@ -108,8 +128,10 @@ class FileDemand(Plugin):
         if path.suffix != ".json" and text.strip() and not text.endswith("\n"):
             # as for the config (core/config.py cut_problem): "pilots: 100" cut after "1" is
             # still valid YAML, so a file without its final newline is taken for cut
-            self._problem("the file does not end with a newline: its last line may be cut short "
-                          "(a file still being written); asked for nothing until it is whole")
+            self._problem(
+                "the file does not end with a newline: its last line may be cut short "
+                "(a file still being written); asked for nothing until it is whole"
+            )
             return
         spec = spec or {}
         error = next(iter(self._validator.iter_errors(spec)), None)

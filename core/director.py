@@ -95,8 +95,15 @@ def compose_failure(
     lines: list[str] = []
     level = escalation.level or "error"
     if level == "alarm":
-        lines += [ALARM_HEADER, f"It has been failing at least for {escalation.failing_for(now)}", ""]
-    lines.append(f"Server: {endpoint.name} ({endpoint.backend})" + (f" {endpoint.url}" if endpoint.url else ""))
+        lines += [
+            ALARM_HEADER,
+            f"It has been failing at least for {escalation.failing_for(now)}",
+            "",
+        ]
+    lines.append(
+        f"Server: {endpoint.name} ({endpoint.backend})"
+        + (f" {endpoint.url}" if endpoint.url else "")
+    )
     if command is not None:
         lines.append(f"Command: {command.command_line}")
         if command.launch_error is not None:
@@ -133,8 +140,14 @@ def compose_failure(
     )
 
 
-def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResult, now: float,
-                        repeat_every: float, host: str | None = None) -> Notification:
+def compose_local_fault(
+    endpoint: Endpoint,
+    failure: Failure,
+    result: SubmitResult,
+    now: float,
+    repeat_every: float,
+    host: str | None = None,
+) -> Notification:
     """The error for a command that could not start on this machine (``host``, default this
     one's name): it names the command and the host to fix, and says that no server was blamed."""
     command = result.command
@@ -142,8 +155,10 @@ def compose_local_fault(endpoint: Endpoint, failure: Failure, result: SubmitResu
     host = host or socket.gethostname()
     if command is None:  # nothing was started: the command's own files could not be written
         subject = f"gridgate: backend {endpoint.backend} cannot write its files on {host} [{failure.kind}]"
-        first = (f"gridgate could not prepare a {result.operation} command of backend "
-                 f"{endpoint.backend} on {host}, so it submits nothing.")
+        first = (
+            f"gridgate could not prepare a {result.operation} command of backend "
+            f"{endpoint.backend} on {host}, so it submits nothing."
+        )
     else:
         subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend}) [{failure.kind}]"
         first = f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing."
@@ -180,8 +195,13 @@ def _command_lines(command: CommandResult | None, what: str) -> list[str]:
     """A command's argv, how it ended and what it printed, for a message body."""
     if command is None:
         return []
-    lines = [f"{what}: {command.command_line}", f"returns: {command.describe()}",
-             "", "stdout:", command.stdout.rstrip("\n")]
+    lines = [
+        f"{what}: {command.command_line}",
+        f"returns: {command.describe()}",
+        "",
+        "stdout:",
+        command.stdout.rstrip("\n"),
+    ]
     if command.stdout_truncated:
         lines.append("[stdout truncated at the output cap]")
     lines += ["", "stderr:", command.stderr.rstrip("\n")]
@@ -190,9 +210,16 @@ def _command_lines(command: CommandResult | None, what: str) -> list[str]:
     return lines
 
 
-def compose_credential(status: CredentialStatus, level: str, since: float, now: float,
-                       backends: Iterable[str], ticket_expiry: float, repeat_every: float,
-                       host: str | None = None) -> Notification:
+def compose_credential(
+    status: CredentialStatus,
+    level: str,
+    since: float,
+    now: float,
+    backends: Iterable[str],
+    ticket_expiry: float,
+    repeat_every: float,
+    host: str | None = None,
+) -> Notification:
     """The message for a credential episode (``host``, default this one's name): ``error`` when
     it becomes unusable, ``alarm`` when that has lasted ``ticket_expiry`` (again every
     ``repeat_every``), ``warning`` (sent as an error) when a failed renewal leaves a credential
@@ -201,30 +228,52 @@ def compose_credential(status: CredentialStatus, level: str, since: float, now: 
     was blamed."""
     host = host or socket.gethostname()
     names = ", ".join(sorted(backends)) or "none of those configured now"
-    ends = _iso(status.expires) if status.expires is not None else "unknown (no credential could be read)"
+    ends = (
+        _iso(status.expires)
+        if status.expires is not None
+        else "unknown (no credential could be read)"
+    )
     subject_what = f"{status.name} credential {status.path} on {host}"
     failure = KINDS["credential"].failure(status.message)
     lines: list[str] = []
     if level == "info":
         subject = f"gridgate: {subject_what} works again"
-        lines += [f"The {status.kind} credential of {status.name} on {host} is usable again, after "
-                  f"{elapsed_text(now - since)} (unusable since {_iso(since)}); the backends that need "
-                  f"it ({names}) submit again.", "", f"File: {status.path}", f"Ends: {ends}",
-                  f"State: {status.message}"]
+        lines += [
+            f"The {status.kind} credential of {status.name} on {host} is usable again, after "
+            f"{elapsed_text(now - since)} (unusable since {_iso(since)}); the backends that need "
+            f"it ({names}) submit again.",
+            "",
+            f"File: {status.path}",
+            f"Ends: {ends}",
+            f"State: {status.message}",
+        ]
     elif level == "warning":
         subject = f"gridgate: {subject_what} expires soon and its renewal failed [credential]"
-        lines += [f"The {status.kind} credential of {status.name} on {host} could not be renewed and "
-                  f"ends at {ends}, before the next iteration's renewal could finish. Backends that "
-                  f"need it ({names}) still submit until then; fix the renewal now.", "",
-                  f"File: {status.path}", f"Ends: {ends}", f"State: {status.message}"]
+        lines += [
+            f"The {status.kind} credential of {status.name} on {host} could not be renewed and "
+            f"ends at {ends}, before the next iteration's renewal could finish. Backends that "
+            f"need it ({names}) still submit until then; fix the renewal now.",
+            "",
+            f"File: {status.path}",
+            f"Ends: {ends}",
+            f"State: {status.message}",
+        ]
     else:
         subject = f"gridgate: {subject_what} unusable: {names} submit nothing [credential]"
         if level == "alarm":
-            lines += [f"The credential has been unusable at least for {elapsed_text(now - since)}.", ""]
-        lines += [f"gridgate on {host} cannot use the {status.kind} credential of {status.name}, so the "
-                  f"backends that need it submit nothing and their pilots are not polled: {names}.", "",
-                  f"File: {status.path}", f"Ends: {ends}", f"Problem: {status.message}",
-                  f"Episode: unusable since {_iso(since)}"]
+            lines += [
+                f"The credential has been unusable at least for {elapsed_text(now - since)}.",
+                "",
+            ]
+        lines += [
+            f"gridgate on {host} cannot use the {status.kind} credential of {status.name}, so the "
+            f"backends that need it submit nothing and their pilots are not polled: {names}.",
+            "",
+            f"File: {status.path}",
+            f"Ends: {ends}",
+            f"Problem: {status.message}",
+            f"Episode: unusable since {_iso(since)}",
+        ]
     lines += ["", *_command_lines(status.command, "Renewal")] if status.command is not None else []
     if level in ("error", "alarm"):
         lines += [
@@ -234,8 +283,9 @@ def compose_credential(status: CredentialStatus, level: str, since: float, now: 
             "- every iteration checks and renews it again, so submission resumes by itself once it "
             "is fixed, and a notice says so;",
             f"- this is the one error of this episode; an alarm follows when it lasts "
-            f"{elapsed_text(ticket_expiry)}." if level == "error" else
-            f"- this alarm is repeated every {elapsed_text(repeat_every)} while it lasts.",
+            f"{elapsed_text(ticket_expiry)}."
+            if level == "error"
+            else f"- this alarm is repeated every {elapsed_text(repeat_every)} while it lasts.",
         ]
     return Notification(
         level="error" if level == "warning" else level,  # type: ignore[arg-type]
@@ -350,19 +400,35 @@ class Director:
         self.stop_event = threading.Event()
         #: Names this director in shared state (demand locks): host, pid and a random part.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        where = self.config.path.resolve() if self.config.path else "-"  # the same file however named
+        where = (
+            self.config.path.resolve() if self.config.path else "-"
+        )  # the same file however named
         self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{where}")
 
     # --- plugins and config --------------------------------------------------------------
 
     def _state_changed(self, degraded: bool, reason: str) -> None:
         """Tell people once when the state store fails, and once when it is back."""
-        subject = ("gridgate: state store unavailable, running on a local view" if degraded
-                   else "gridgate: state store available again")
-        body = (reason + "\n\nUntil it returns, failing-cache and escalation state is kept in this "
-                "process only and accounting rows are held in memory.\n") if degraded else reason + "\n"
-        note = Notification(level="error" if degraded else "info", subject=subject, body=body,
-                            created=self.clock.time(), key=f"state/{degraded}/{self.clock.time():.0f}")
+        subject = (
+            "gridgate: state store unavailable, running on a local view"
+            if degraded
+            else "gridgate: state store available again"
+        )
+        body = (
+            (
+                reason + "\n\nUntil it returns, failing-cache and escalation state is kept in this "
+                "process only and accounting rows are held in memory.\n"
+            )
+            if degraded
+            else reason + "\n"
+        )
+        note = Notification(
+            level="error" if degraded else "info",
+            subject=subject,
+            body=body,
+            created=self.clock.time(),
+            key=f"state/{degraded}/{self.clock.time():.0f}",
+        )
         if not hasattr(self, "pm"):  # the store failed while the notifiers were being built
             self._early_notes.append(note)
             return
@@ -395,19 +461,28 @@ class Director:
                 impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
             except Exception as exc:
                 with self._notify_lock:
-                    count = self.notify_failures[impl.plugin_name] = self.notify_failures.get(impl.plugin_name, 0) + 1
+                    count = self.notify_failures[impl.plugin_name] = (
+                        self.notify_failures.get(impl.plugin_name, 0) + 1
+                    )
                 # the traceback once (a plugin bug needs it), then one line per call
                 (logger.opt(exception=exc) if count == 1 else logger).error(
                     "{} {} failed ({} time{} so far), the others were still told: {}{}: {}",
-                    role, impl.plugin_name.split(":", 1)[-1], count, "" if count == 1 else "s",
-                    f"{what}: " if what else "", type(exc).__name__, exc)
+                    role,
+                    impl.plugin_name.split(":", 1)[-1],
+                    count,
+                    "" if count == 1 else "s",
+                    f"{what}: " if what else "",
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _start_metrics(self, port: int) -> None:
         try:
             from gridgate.core.metrics import DirectorMetrics
         except ImportError as exc:
-            raise RuntimeError("director.metrics_port needs prometheus_client: "
-                               "pip install 'gridgate[metrics]'") from exc
+            raise RuntimeError(
+                "director.metrics_port needs prometheus_client: pip install 'gridgate[metrics]'"
+            ) from exc
         self.metrics = DirectorMetrics(self._gauges)
         self.metrics_port = self.metrics.serve(port)
         self.extra_plugins.append(self.metrics)
@@ -456,7 +531,9 @@ class Director:
             self.config = self.source.current
             self._build()
             assert outcome.previous is not None
-            self._reload_notes.append(change_notification(outcome.previous, self.config, self.clock.time()))
+            self._reload_notes.append(
+                change_notification(outcome.previous, self.config, self.clock.time())
+            )
         if self.metrics is not None and (outcome.changed or outcome.error is not None):
             self.metrics.config_reloaded(refused=outcome.error is not None)
         if outcome.error is not None:
@@ -540,14 +617,19 @@ class Director:
         self.broadcast("gridgate_iteration_started", "plugin", "iteration started", iteration=info)
         demand = DemandRegistry()
         if not self.config.director["paused"]:  # paused on purpose: no demand, no stall
-            self.broadcast("gridgate_demand", "demand plugin", "demand", iteration=info, demand=demand)
+            self.broadcast(
+                "gridgate_demand", "demand plugin", "demand", iteration=info, demand=demand
+            )
         try:
-            failing = {key[len(FAILING):] for key, _ in self.state.items(FAILING)}
+            failing = {key[len(FAILING) :] for key, _ in self.state.items(FAILING)}
         except StateError as exc:
             logger.error("state store unreadable, failing cache ignored this iteration: {}", exc)
             failing = set()
-        it = _Iteration(info=info, failing=failing,
-                        retry=RetryPolicy.for_iteration(self.config.director, info.started))
+        it = _Iteration(
+            info=info,
+            failing=failing,
+            retry=RetryPolicy.for_iteration(self.config.director, info.started),
+        )
         if config_note is not None:
             it.notifications.append(config_note)
         while self._reload_notes:
@@ -558,8 +640,12 @@ class Director:
         jobs = self._plan(demand, it)
         threads = int(self.config.director["max_threads"])
         if jobs:
-            with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="submit") as pool:
-                for future in [pool.submit(self._submit_one, backend, request, it) for backend, request in jobs]:
+            with ThreadPoolExecutor(
+                max_workers=min(threads, len(jobs)), thread_name_prefix="submit"
+            ) as pool:
+                for future in [
+                    pool.submit(self._submit_one, backend, request, it) for backend, request in jobs
+                ]:
                     future.result()
         # a credential episode says everything itself (error, alarm, works again): not twice
         watched = [r for r in it.records if r.failure_kind != "credential"]
@@ -580,7 +666,9 @@ class Director:
             credentials=it.credentials,
         )
         self._prune_accounting()
-        self.broadcast("gridgate_iteration_finished", "plugin", "iteration finished", summary=summary)
+        self.broadcast(
+            "gridgate_iteration_finished", "plugin", "iteration finished", summary=summary
+        )
         return summary
 
     def _prune_accounting(self) -> None:
@@ -599,7 +687,9 @@ class Director:
         if dropped:
             logger.info("pruned {} accounting rows older than {:.0f} s", dropped, keep)
 
-    def _plan(self, demand: DemandRegistry, it: _Iteration) -> list[tuple[BackendInfo, SubmitRequest]]:
+    def _plan(
+        self, demand: DemandRegistry, it: _Iteration
+    ) -> list[tuple[BackendInfo, SubmitRequest]]:
         """Split demand into submissions of the backend's bulk size."""
         jobs: list[tuple[BackendInfo, SubmitRequest]] = []
         infos: dict[str, BackendInfo | None] = {}
@@ -609,28 +699,46 @@ class Director:
             if request.backend not in infos:
                 infos[request.backend] = self.pm.hook.gridgate_backend_info(backend=request.backend)
                 if infos[request.backend] is None:
-                    logger.error("demand names backend {!r}, which is not configured", request.backend)
+                    logger.error(
+                        "demand names backend {!r}, which is not configured", request.backend
+                    )
             info = infos[request.backend]
             if info is None:
-                self._account(it, request, None, "skipped", request.count, failure_kind="no_backend")
+                self._account(
+                    it, request, None, "skipped", request.count, failure_kind="no_backend"
+                )
                 continue
             blocked = it.credential_block(info)
             if blocked:  # before the demand lock: a director with a usable credential takes it over
                 self._account(it, request, None, "skipped", request.count, failure_kind=blocked)
                 continue
             if self.config.director["demand_lock"] and not self._claim(request, claims):
-                self._account(it, request, None, "skipped", request.count, failure_kind="claimed_elsewhere")
+                self._account(
+                    it, request, None, "skipped", request.count, failure_kind="claimed_elsewhere"
+                )
                 continue
             size = max(1, info.pilots_per_submission)
             list_match = info.list_match if request.list_match is None else request.list_match
             backend_plugin = self.pm.get_plugin(f"backends:{request.backend}")
             if list_match and backend_plugin is not None and not list_matches(backend_plugin):
-                logger.error("demand group {}/{}: {}", request.backend, request.group, no_list_match(request.backend))
+                logger.error(
+                    "demand group {}/{}: {}",
+                    request.backend,
+                    request.group,
+                    no_list_match(request.backend),
+                )
                 self._account(it, request, None, "skipped", request.count, failure_kind="config")
                 continue
             for index in range(math.ceil(request.count / size)):
                 count = min(size, request.count - index * size)
-                jobs.append((info, replace(request, count=count, list_match=list_match, user=request.user or user)))
+                jobs.append(
+                    (
+                        info,
+                        replace(
+                            request, count=count, list_match=list_match, user=request.user or user
+                        ),
+                    )
+                )
         return jobs
 
     def _claim(self, request: SubmitRequest, claims: dict[tuple[str, str], bool]) -> bool:
@@ -664,15 +772,21 @@ class Director:
         registry = CredentialRegistry()
         try:
             self.pm.hook.gridgate_check_credentials(
-                iteration=it.info, timeout=float(self.config.director["command_timeout"]),
-                credentials=registry)
+                iteration=it.info,
+                timeout=float(self.config.director["command_timeout"]),
+                credentials=registry,
+            )
         except Exception as exc:  # a plugin bug: no credential is vouched for
-            logger.opt(exception=exc).error("the credential check crashed in a plugin: backends that "
-                                            "need a credential submit nothing this iteration")
+            logger.opt(exception=exc).error(
+                "the credential check crashed in a plugin: backends that "
+                "need a credential submit nothing this iteration"
+            )
             it.credential_crash = f"{type(exc).__name__}: {exc}"
         it.credentials = registry.statuses
         first: dict[str, CredentialStatus] = {}
-        for status in it.credentials:  # the first of a kind (config order) is what credential_env hands out
+        for (
+            status
+        ) in it.credentials:  # the first of a kind (config order) is what credential_env hands out
             first.setdefault(status.kind, status)
         it.unusable = {kind: status for kind, status in first.items() if not status.usable}
         infos: dict[str, BackendInfo] = {}
@@ -683,21 +797,32 @@ class Director:
                 with it.lock:
                     it.local_faults.add(info.backend)  # nothing submitted, its pilots not polled
         for kind, status in it.unusable.items():
-            logger.error("{}: backends that need it submit nothing this iteration ({})", status.message,
-                         ", ".join(_needing(infos, kind)) or "none configured needs it")
+            logger.error(
+                "{}: backends that need it submit nothing this iteration ({})",
+                status.message,
+                ", ".join(_needing(infos, kind)) or "none configured needs it",
+            )
         for status in first.values():
             try:
                 self._credential_episode(status, it, _needing(infos, status.kind))
             except StateError as exc:
-                logger.error("credential episode of {} not recorded, state store failed: {}", status.name, exc)
+                logger.error(
+                    "credential episode of {} not recorded, state store failed: {}",
+                    status.name,
+                    exc,
+                )
 
     def _known_backends(self, demand: DemandRegistry) -> dict[str, BackendInfo]:
         """The configured backends and those the demand asks for, with what they say of themselves."""
-        names = dict.fromkeys([*(self.config.get("backends") or {}), *(r.backend for r in demand.requests)])
+        names = dict.fromkeys(
+            [*(self.config.get("backends") or {}), *(r.backend for r in demand.requests)]
+        )
         infos = {name: self.pm.hook.gridgate_backend_info(backend=name) for name in names}
         return {name: info for name, info in infos.items() if info is not None}
 
-    def _credential_episode(self, status: CredentialStatus, it: _Iteration, backends: list[str]) -> None:
+    def _credential_episode(
+        self, status: CredentialStatus, it: _Iteration, backends: list[str]
+    ) -> None:
         """One error when a credential becomes unusable (of all the directors on this store), an
         alarm once the episode lasts ``ticket_expiry`` (again every ``failing_expiry``), one
         notice when it works again; an at-risk warning once per credential end time."""
@@ -720,29 +845,68 @@ class Director:
             # while any host finds it unusable the episode stays open (expires if that host stops)
             state.set(f"{CREDENTIAL}bad/{scope}/{host}", f"{now:.3f}", ttl=failing_expiry)
             if opened:
-                notes.append(compose_credential(status, "error", since, now, backends, ticket_expiry,
-                                                failing_expiry, host))
+                notes.append(
+                    compose_credential(
+                        status, "error", since, now, backends, ticket_expiry, failing_expiry, host
+                    )
+                )
             lasted = now - since
             if lasted >= ticket_expiry:
                 repeat = int((lasted - ticket_expiry) // failing_expiry)
-                if state.add_if_absent(f"{CREDENTIAL}note/{scope}/{since:.3f}/alarm/{repeat}", "1", ttl=window):
-                    notes.append(compose_credential(status, "alarm", since, now, backends, ticket_expiry,
-                                                    failing_expiry, host))
+                if state.add_if_absent(
+                    f"{CREDENTIAL}note/{scope}/{since:.3f}/alarm/{repeat}", "1", ttl=window
+                ):
+                    notes.append(
+                        compose_credential(
+                            status,
+                            "alarm",
+                            since,
+                            now,
+                            backends,
+                            ticket_expiry,
+                            failing_expiry,
+                            host,
+                        )
+                    )
         else:
             state.delete(f"{CREDENTIAL}bad/{scope}/{host}")
             raw = state.get(episode_key)
             if raw is not None and not state.items(f"{CREDENTIAL}bad/{scope}/"):
                 since = float(_json_field(raw, "since", now))
-                if state.add_if_absent(f"{CREDENTIAL}note/{scope}/{since:.3f}/resolved", "1", ttl=window):
+                if state.add_if_absent(
+                    f"{CREDENTIAL}note/{scope}/{since:.3f}/resolved", "1", ttl=window
+                ):
                     state.delete(episode_key)
                     paused = [str(b) for b in _json_field(raw, "backends", []) or []]
-                    notes.append(compose_credential(status, "info", since, now, backends or paused,
-                                                    ticket_expiry, failing_expiry, host))
+                    notes.append(
+                        compose_credential(
+                            status,
+                            "info",
+                            since,
+                            now,
+                            backends or paused,
+                            ticket_expiry,
+                            failing_expiry,
+                            host,
+                        )
+                    )
             if status.at_risk and status.expires is not None:
                 key = f"{CREDENTIAL}warning/{scope}/{status.expires:.0f}"
-                if state.add_if_absent(key, f"{now:.3f}", ttl=max(0.0, status.expires - now) + window):
-                    notes.append(compose_credential(status, "warning", now, now, backends, ticket_expiry,
-                                                    failing_expiry, host))
+                if state.add_if_absent(
+                    key, f"{now:.3f}", ttl=max(0.0, status.expires - now) + window
+                ):
+                    notes.append(
+                        compose_credential(
+                            status,
+                            "warning",
+                            now,
+                            now,
+                            backends,
+                            ticket_expiry,
+                            failing_expiry,
+                            host,
+                        )
+                    )
         for note in notes:
             with it.lock:
                 it.notifications.append(note)
@@ -757,37 +921,74 @@ class Director:
         while rest:
             self._submit_whole(info, rest.pop(), it, rest)
 
-    def _submit_whole(self, info: BackendInfo, request: SubmitRequest, it: _Iteration,
-                      rest: list[SubmitRequest]) -> None:
+    def _submit_whole(
+        self, info: BackendInfo, request: SubmitRequest, it: _Iteration, rest: list[SubmitRequest]
+    ) -> None:
         tried: list[Endpoint] = []  # a failed submission is sent elsewhere (gridgate.core.retry)
         for attempt in range(1, 2 + max(0, it.retry.retries)):
             started = time.monotonic()
             try:
                 failure = self._attempt(info, request, it, started, tried, attempt, rest)
             except Exception as exc:  # a plugin bug must not stop the iteration
-                logger.opt(exception=exc).error("submission to {} crashed in a plugin", info.backend)
-                self._account(it, request, None, "failed", request.count, failure_kind="plugin_error",
-                              duration=time.monotonic() - started, attempt=attempt)
+                logger.opt(exception=exc).error(
+                    "submission to {} crashed in a plugin", info.backend
+                )
+                self._account(
+                    it,
+                    request,
+                    None,
+                    "failed",
+                    request.count,
+                    failure_kind="plugin_error",
+                    duration=time.monotonic() - started,
+                    attempt=attempt,
+                )
                 return
             if failure is None or not self._retry(info, request, it, tried, attempt, failure):
                 return
 
-    def _retry(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, tried: list[Endpoint],
-               attempt: int, failure: Failure) -> bool:
+    def _retry(
+        self,
+        info: BackendInfo,
+        request: SubmitRequest,
+        it: _Iteration,
+        tried: list[Endpoint],
+        attempt: int,
+        failure: Failure,
+    ) -> bool:
         others = [e for e in it.usable(info.endpoints) if e not in tried]
-        outcome = it.retry.decide(failure, attempt, self.clock.time(), self._timeout(info), len(others))
+        outcome = it.retry.decide(
+            failure, attempt, self.clock.time(), self._timeout(info), len(others)
+        )
         if outcome is None:
             return False
         with it.lock:
-            it.retries.append(retry_entry(request.backend, request.group, request.count,
-                                          tried[-1].name, failure.kind, attempt, outcome))
+            it.retries.append(
+                retry_entry(
+                    request.backend,
+                    request.group,
+                    request.count,
+                    tried[-1].name,
+                    failure.kind,
+                    attempt,
+                    outcome,
+                )
+            )
         return outcome == "retried"
 
     def _timeout(self, info: BackendInfo) -> float:
         return float(info.command_timeout or self.config.director["command_timeout"])
 
-    def _attempt(self, info: BackendInfo, request: SubmitRequest, it: _Iteration, started: float,
-                 tried: list[Endpoint], attempt: int, rest: list[SubmitRequest]) -> Failure | None:
+    def _attempt(
+        self,
+        info: BackendInfo,
+        request: SubmitRequest,
+        it: _Iteration,
+        started: float,
+        tried: list[Endpoint],
+        attempt: int,
+        rest: list[SubmitRequest],
+    ) -> Failure | None:
         """One attempt; the failure when it failed (the caller may send it elsewhere). When the
         server has room for only part of a bulk request, this attempt sends that part and the
         remainder goes to ``rest``."""
@@ -795,13 +996,27 @@ class Director:
         with it.lock:
             paused = info.backend in it.local_faults
         if paused:  # its command cannot start here: trying every server would only repeat that
-            self._account(it, request, None, "skipped", request.count, failure_kind="local_fault",
-                          attempt=attempt)
+            self._account(
+                it,
+                request,
+                None,
+                "skipped",
+                request.count,
+                failure_kind="local_fault",
+                attempt=attempt,
+            )
             return None
         candidates = [e for e in it.usable(info.endpoints) if e not in tried]
         if not candidates:
-            self._account(it, request, None, "skipped", request.count, failure_kind="no_endpoint",
-                          attempt=attempt)
+            self._account(
+                it,
+                request,
+                None,
+                "skipped",
+                request.count,
+                failure_kind="no_endpoint",
+                attempt=attempt,
+            )
             return None
         endpoint: Endpoint | None = None
         while candidates:
@@ -809,7 +1024,10 @@ class Director:
                 candidates = it.limits.with_room(candidates)
                 if not candidates:
                     break
-            endpoint = hook.gridgate_select_endpoint(candidates=candidates, request=request) or candidates[0]
+            endpoint = (
+                hook.gridgate_select_endpoint(candidates=candidates, request=request)
+                or candidates[0]
+            )
             fitting = it.limits.reserve(endpoint, request) if it.limits is not None else request
             if fitting is not None:
                 if fitting.count < request.count:
@@ -823,17 +1041,37 @@ class Director:
         if endpoint is None:
             if it.limits is not None:
                 it.limits.skipped(info.backend, request.count)
-            self._account(it, request, None, "skipped", request.count, failure_kind="max_waiting",
-                          attempt=attempt)
+            self._account(
+                it,
+                request,
+                None,
+                "skipped",
+                request.count,
+                failure_kind="max_waiting",
+                attempt=attempt,
+            )
             return None
         tried.append(endpoint)
-        answer = hook.gridgate_admit(request=AdmissionRequest(
-            category="submission", opcode="JOB_SUBMIT", user=request.user, size=request.count,
-            endpoint=endpoint,
-        ))
+        answer = hook.gridgate_admit(
+            request=AdmissionRequest(
+                category="submission",
+                opcode="JOB_SUBMIT",
+                user=request.user,
+                size=request.count,
+                endpoint=endpoint,
+            )
+        )
         if isinstance(answer, Refusal):
-            self._account(it, request, endpoint, "refused", request.count, failure_kind="admission",
-                          duration=time.monotonic() - started, attempt=attempt)
+            self._account(
+                it,
+                request,
+                endpoint,
+                "refused",
+                request.count,
+                failure_kind="admission",
+                duration=time.monotonic() - started,
+                attempt=attempt,
+            )
             return None
         grant: Grant | None = answer
         timeout = self._timeout(info)
@@ -845,57 +1083,102 @@ class Director:
                 hook.gridgate_release(grant=grant)
         duration = time.monotonic() - started
         if result is None:
-            self._account(it, request, endpoint, "no_match", request.count, duration=duration,
-                          attempt=attempt)
+            self._account(
+                it, request, endpoint, "no_match", request.count, duration=duration, attempt=attempt
+            )
         elif result.ok:
-            self._account(it, request, endpoint, "submitted", request.count, job_ids=result.job_ids,
-                          duration=duration, attempt=attempt)
+            self._account(
+                it,
+                request,
+                endpoint,
+                "submitted",
+                request.count,
+                job_ids=result.job_ids,
+                duration=duration,
+                attempt=attempt,
+            )
         else:
             return self._failed(endpoint, request, result, it, duration, attempt)
         return None
 
-    def _commands(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
+    def _commands(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         """List-match (when asked) and submit; None when nothing matches on this server."""
         hook = self.pm.hook
         if request.list_match:
             match = hook.gridgate_list_match(endpoint=endpoint, request=request, timeout=timeout)
             if match is not None and not match.ok:
-                return SubmitResult(endpoint=endpoint, ok=False, command=match.command, operation="List Match",
-                                    local_fault=match.local_fault)
+                return SubmitResult(
+                    endpoint=endpoint,
+                    ok=False,
+                    command=match.command,
+                    operation="List Match",
+                    local_fault=match.local_fault,
+                )
             if match is not None and not match.resources:
                 return None
         result = hook.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)
         if result is None:
-            return SubmitResult(endpoint=endpoint, ok=False,
-                                message=f"no plugin submits to backend {endpoint.backend!r}")
+            return SubmitResult(
+                endpoint=endpoint,
+                ok=False,
+                message=f"no plugin submits to backend {endpoint.backend!r}",
+            )
         return checked_submit(result)
 
-    def _failed(self, endpoint: Endpoint, request: SubmitRequest, result: SubmitResult, it: _Iteration,
-                duration: float, attempt: int = 1) -> Failure:
+    def _failed(
+        self,
+        endpoint: Endpoint,
+        request: SubmitRequest,
+        result: SubmitResult,
+        it: _Iteration,
+        duration: float,
+        attempt: int = 1,
+    ) -> Failure:
         failure = self._server_failed(endpoint, result, it)
-        self._account(it, request, endpoint, "failed", request.count, failure_kind=failure.kind,
-                      duration=duration, attempt=attempt)
+        self._account(
+            it,
+            request,
+            endpoint,
+            "failed",
+            request.count,
+            failure_kind=failure.kind,
+            duration=duration,
+            attempt=attempt,
+        )
         return failure
 
-    def _server_failed(self, endpoint: Endpoint, result: SubmitResult, it: _Iteration,
-                       failure: Failure | None = None) -> Failure:
+    def _server_failed(
+        self,
+        endpoint: Endpoint,
+        result: SubmitResult,
+        it: _Iteration,
+        failure: Failure | None = None,
+    ) -> Failure:
         """A failure of ``endpoint`` (a submission, a status query, aborting pilots):
         classified unless ``failure`` is given, then excluded, escalated and told."""
         hook = self.pm.hook
         if failure is None:
-            failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(kind="error")
+            failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(
+                kind="error"
+            )
         override = self.config.director.get("notify_kinds", {}).get(failure.kind)
         if override is not None:
             failure = replace(failure, notify=override)
         command = result.command
         with it.lock:
-            it.failures.append({
-                "backend": endpoint.backend, "endpoint": endpoint.name, "kind": failure.kind,
-                "returncode": command.returncode if command else None,
-                "timed_out": bool(command and command.timed_out),
-                "command": list(command.argv) if command else [],
-                "operation": result.operation,
-            })
+            it.failures.append(
+                {
+                    "backend": endpoint.backend,
+                    "endpoint": endpoint.name,
+                    "kind": failure.kind,
+                    "returncode": command.returncode if command else None,
+                    "timed_out": bool(command and command.timed_out),
+                    "command": list(command.argv) if command else [],
+                    "operation": result.operation,
+                }
+            )
         if failure.local:
             self._local_fault(endpoint, failure, result, it)
         elif failure.exclude:
@@ -908,7 +1191,9 @@ class Director:
                 self.notify(note)
         return failure
 
-    def _local_fault(self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: _Iteration) -> None:
+    def _local_fault(
+        self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: _Iteration
+    ) -> None:
         """A command that cannot start on this machine: pause the backend, blame no server,
         and say so once per failing-cache period (the same rhythm as a failing server)."""
         with it.lock:
@@ -943,10 +1228,17 @@ class Director:
         attempt: int = 1,
     ) -> None:
         record = AccountingRecord(
-            time=self.clock.time(), backend=request.backend,
-            endpoint=endpoint.name if endpoint else "", outcome=outcome, group=request.group,
-            pilots=pilots, failure_kind=failure_kind, job_ids=job_ids, duration=round(duration, 4),
-            iteration=it.info.number, attempt=attempt,
+            time=self.clock.time(),
+            backend=request.backend,
+            endpoint=endpoint.name if endpoint else "",
+            outcome=outcome,
+            group=request.group,
+            pilots=pilots,
+            failure_kind=failure_kind,
+            job_ids=job_ids,
+            duration=round(duration, 4),
+            iteration=it.info.number,
+            attempt=attempt,
         )
         with it.lock:
             it.records.append(record)
@@ -956,14 +1248,23 @@ class Director:
             logger.error("accounting row lost, state store failed: {}", exc)
         if outcome == "submitted":
             self.tracker.submitted(record)
-        self.broadcast("gridgate_submission_finished", "plugin", "submission finished", record=record)
+        self.broadcast(
+            "gridgate_submission_finished", "plugin", "submission finished", record=record
+        )
 
 
 def summary_json(summary: IterationSummary) -> str:
     """The one-line JSON document ``gridgate run --json`` prints per iteration."""
     submitted = [
-        {"backend": r.backend, "endpoint": r.endpoint, "job_ids": list(r.job_ids), "group": r.group, "pilots": r.pilots}
-        for r in summary.records if r.outcome == "submitted"
+        {
+            "backend": r.backend,
+            "endpoint": r.endpoint,
+            "job_ids": list(r.job_ids),
+            "group": r.group,
+            "pilots": r.pilots,
+        }
+        for r in summary.records
+        if r.outcome == "submitted"
     ]
     counts: dict[str, int] = {}
     for record in summary.records:
@@ -980,7 +1281,11 @@ def summary_json(summary: IterationSummary) -> str:
         "no_match": counts.get("no_match", 0),
         "pilots_submitted": sum(r.pilots for r in summary.records if r.outcome == "submitted"),
         "notifications": [
-            {"level": n.level, "endpoint": n.endpoint.name if n.endpoint else None, "subject": n.subject}
+            {
+                "level": n.level,
+                "endpoint": n.endpoint.name if n.endpoint else None,
+                "subject": n.subject,
+            }
             for n in summary.notifications
         ],
         "config_error": summary.config_error,
@@ -1004,7 +1309,11 @@ def _json_field(raw: str | None, name: str, default: Any) -> Any:
 
 
 def _refusal_text(error: ConfigError) -> str:
-    return "The config file no longer validates; the last good config stays in force.\n\n" + str(error) + "\n"
+    return (
+        "The config file no longer validates; the last good config stays in force.\n\n"
+        + str(error)
+        + "\n"
+    )
 
 
 def _close(plugin: object) -> None:

@@ -112,8 +112,12 @@ def _allowed(node: Mapping[str, Any]) -> str:
     items = node.get("items")
     if isinstance(items, Mapping) and "enum" in items:
         parts.append("each of " + ", ".join(_code(v) for v in items["enum"]))
-    bounds = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"),
-              ("exclusiveMaximum", "<"))
+    bounds = (
+        ("minimum", "≥"),
+        ("exclusiveMinimum", ">"),
+        ("maximum", "≤"),
+        ("exclusiveMaximum", "<"),
+    )
     for key, sign in bounds:
         if key in node and not isinstance(node[key], bool):
             parts.append(f"{sign} {node[key]}")
@@ -169,8 +173,13 @@ def _row(key: str, node: Mapping[str, Any], required: bool) -> Row:
         default = _code(node["default"])
     else:
         default = ""
-    return Row(key=key, type=_type_of(node), default=default, allowed=_allowed(node),
-               description=_text(str(node.get("description", ""))))
+    return Row(
+        key=key,
+        type=_type_of(node),
+        default=default,
+        allowed=_allowed(node),
+        description=_text(str(node.get("description", ""))),
+    )
 
 
 def rows(node: Mapping[str, Any], prefix: str = "") -> Iterator[Row]:
@@ -206,16 +215,18 @@ def _children(node: Mapping[str, Any], key: str) -> Iterator[Row]:
             yield from _children(branch, key)
 
 
-def table(node: Mapping[str, Any], empty: str = "No keys: write `{}` (or nothing after the name).") -> list[str]:
+def table(
+    node: Mapping[str, Any], empty: str = "No keys: write `{}` (or nothing after the name)."
+) -> list[str]:
     """A Markdown table of every key under ``node`` (``empty`` when it has none)."""
     found = list(rows(node))
     if not found:
         return [empty]
-    lines = ["| Key | Type | Default | Allowed | Description |",
-             "|---|---|---|---|---|"]
+    lines = ["| Key | Type | Default | Allowed | Description |", "|---|---|---|---|---|"]
     for row in found:
-        lines.append(f"| `{row.key}` | {row.type} | {row.default} | {row.allowed} | "
-                     f"{row.description} |")
+        lines.append(
+            f"| `{row.key}` | {row.type} | {row.default} | {row.allowed} | {row.description} |"
+        )
     return lines
 
 
@@ -223,8 +234,9 @@ def table(node: Mapping[str, Any], empty: str = "No keys: write `{}` (or nothing
 
 
 def _chosen(all_distributions: bool) -> list[InstalledPlugin]:
-    return [p for p in installed_plugins()
-            if all_distributions or p.distribution == OWN_DISTRIBUTION]
+    return [
+        p for p in installed_plugins() if all_distributions or p.distribution == OWN_DISTRIBUTION
+    ]
 
 
 def render(all_distributions: bool = False) -> str:
@@ -284,36 +296,63 @@ def render(all_distributions: bool = False) -> str:
         out.append(f"- [`{section.name}`](#{section.name})")
     out += ["", "## director", "", _text(props["director"].get("description", "")), ""]
     out += table(props["director"])
-    out += ["", "## state", "", _text(props["state"].get("description", "")), "",
-            "| Key | Type | Default | Allowed | Description |", "|---|---|---|---|---|",
-            "| `driver` | string | " + _code(STATE_SCHEMA["properties"]["driver"]["default"])
-            + " | " + ", ".join(_code(d.name) for d in drivers)
-            + " | The state driver; the other keys of this section are the driver's own. |"]
+    out += [
+        "",
+        "## state",
+        "",
+        _text(props["state"].get("description", "")),
+        "",
+        "| Key | Type | Default | Allowed | Description |",
+        "|---|---|---|---|---|",
+        "| `driver` | string | "
+        + _code(STATE_SCHEMA["properties"]["driver"]["default"])
+        + " | "
+        + ", ".join(_code(d.name) for d in drivers)
+        + " | The state driver; the other keys of this section are the driver's own. |",
+    ]
     for driver in drivers:
         out += ["", f"### state driver `{driver.name}`", "", f"`{driver.target}`", ""]
         if driver.name in state_schemas:
             own = dict(state_schemas[driver.name])
-            own["properties"] = {k: v for k, v in own.get("properties", {}).items() if k != "driver"}
+            own["properties"] = {
+                k: v for k, v in own.get("properties", {}).items() if k != "driver"
+            }
             out += table(own, empty="No keys besides `driver`.")
         else:
             out.append("Could not be loaded when this page was generated (see the end).")
     for key, group in CONFIG_GROUPS.items():
-        out += ["", f"## {key}", "", f"Entry-point group `{group}`: each key is a plugin's "
-                "entry-point name; for decisions, the plugin listed first answers first.", ""]
+        out += [
+            "",
+            f"## {key}",
+            "",
+            f"Entry-point group `{group}`: each key is a plugin's "
+            "entry-point name; for decisions, the plugin listed first answers first.",
+            "",
+        ]
         for plugin in by_group.get(group, []):
-            out += _plugin_section(f"{key}.{plugin.name}", plugin,
-                                   props[key]["properties"].get(plugin.name) or {})
+            out += _plugin_section(
+                f"{key}.{plugin.name}", plugin, props[key]["properties"].get(plugin.name) or {}
+            )
     for section in sections:
-        out += ["", f"## {section.name}", "", f"Top-level section from entry-point group "
-                f"`{SECTIONS_GROUP}`: `{section.target}`.", ""]
+        out += [
+            "",
+            f"## {section.name}",
+            "",
+            f"Top-level section from entry-point group `{SECTIONS_GROUP}`: `{section.target}`.",
+            "",
+        ]
         node = props.get(section.name) or {}
         if node.get("description"):
             out += [_text(node["description"]), ""]
         out += table(node) if node else ["Could not be loaded when this page was generated."]
     if problems:
-        out += ["", "## Not documented", "",
-                "These plugins are installed but could not be loaded when this page was generated:",
-                ""]
+        out += [
+            "",
+            "## Not documented",
+            "",
+            "These plugins are installed but could not be loaded when this page was generated:",
+            "",
+        ]
         for path, message in sorted(problems, key=lambda p: format_path(p[0])):
             out.append(f"- `{format_path(path)}`: {_text(message)}")
     text = "\n".join(out)
@@ -339,12 +378,18 @@ def _plugin_section(title: str, plugin: InstalledPlugin, node: Mapping[str, Any]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gridgate.core.docgen [--all] [--check FILE]``."""
-    parser = argparse.ArgumentParser(prog="python -m gridgate.core.docgen",
-                                     description="Print the configuration reference (Markdown).")
-    parser.add_argument("--all", action="store_true",
-                        help="also document plugins from other installed distributions")
-    parser.add_argument("--check", metavar="FILE",
-                        help="exit 1 if FILE differs from what would be generated")
+    parser = argparse.ArgumentParser(
+        prog="python -m gridgate.core.docgen",
+        description="Print the configuration reference (Markdown).",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also document plugins from other installed distributions",
+    )
+    parser.add_argument(
+        "--check", metavar="FILE", help="exit 1 if FILE differs from what would be generated"
+    )
     args = parser.parse_args(argv)
     text = render(all_distributions=args.all)
     if args.check:

@@ -69,30 +69,49 @@ class TwoCacheEscalation(Plugin):
         return float(episode["start"]), episode["failures"]
 
     @hookimpl(trylast=True)
-    def gridgate_escalate(self, endpoint: Endpoint, failure: Failure, result: SubmitResult) -> Escalation:
+    def gridgate_escalate(
+        self, endpoint: Endpoint, failure: Failure, result: SubmitResult
+    ) -> Escalation:
         state = self._state
         now = self.context.clock.time()
         start, count = self._bump_episode(endpoint, now)
         entry = json.dumps({"since": now, "kind": failure.kind})
         won = state.add_if_absent(failing_key(endpoint), entry, ttl=self.failing_expiry)
         if not won:
-            return Escalation(level=None, episode_start=start, failures=count,
-                              reason="already in the failing cache")
+            return Escalation(
+                level=None,
+                episode_start=start,
+                failures=count,
+                reason="already in the failing cache",
+            )
         if not failure.notify:
-            return Escalation(level=None, episode_start=start, failures=count,
-                              reason=f"{failure.kind}: the server is protecting itself; not notified")
+            return Escalation(
+                level=None,
+                episode_start=start,
+                failures=count,
+                reason=f"{failure.kind}: the server is protecting itself; not notified",
+            )
         tickets = TICKETS + endpoint.key
         window = self.failing_expiry + self.ticket_expiry
         if state.get(tickets) is not None:
             state.set(tickets, entry, ttl=window)
             if not counts_toward_alarms(failure.kind):  # the site's to fix: no ticket to the server
-                return Escalation(level="error", episode_start=start, failures=count,
-                                  reason=f"{failure.kind}: failed again; never an alarm")
-            return Escalation(level="alarm", episode_start=start, failures=count,
-                              reason="failed again within the tickets window")
+                return Escalation(
+                    level="error",
+                    episode_start=start,
+                    failures=count,
+                    reason=f"{failure.kind}: failed again; never an alarm",
+                )
+            return Escalation(
+                level="alarm",
+                episode_start=start,
+                failures=count,
+                reason="failed again within the tickets window",
+            )
         state.set(tickets, entry, ttl=window)
-        return Escalation(level="error", episode_start=start, failures=count,
-                          reason="first failure of an episode")
+        return Escalation(
+            level="error", episode_start=start, failures=count, reason="first failure of an episode"
+        )
 
 
 #: The director's own note that a backend's command cannot start on its machine (a local fault).
@@ -119,13 +138,22 @@ def cache_view(state: StateStore, now: float) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
 
     def row(key: str) -> dict[str, Any]:
-        return rows.setdefault(key, {"server": key, "status": "watched", "kind": "",
-                                     "episode_start": None, "failures": 0,
-                                     "failing_until": None, "tickets_until": None})
+        return rows.setdefault(
+            key,
+            {
+                "server": key,
+                "status": "watched",
+                "kind": "",
+                "episode_start": None,
+                "failures": 0,
+                "failing_until": None,
+                "tickets_until": None,
+            },
+        )
 
     for prefix, field in ((FAILING, "failing_until"), (TICKETS, "tickets_until")):
         for key, raw in state.items(prefix):
-            server = key[len(prefix):]
+            server = key[len(prefix) :]
             entry, ttl = _json(raw), state.ttl(key)
             current = row(server)
             current[field] = now + ttl if ttl is not None else None
@@ -133,21 +161,24 @@ def cache_view(state: StateStore, now: float) -> list[dict[str, Any]]:
             if prefix == FAILING:
                 current["status"] = "failing"
     for key, raw in state.items(EPISODE):
-        server = key[len(EPISODE):]
+        server = key[len(EPISODE) :]
         if server in rows:
             entry = _json(raw)
             rows[server]["episode_start"] = entry.get("start")
             rows[server]["failures"] = int(entry.get("failures", 0))
     for key, raw in state.items(LOCAL_FAULT):
-        backend, _, kind = key[len(LOCAL_FAULT):].partition("/")
+        backend, _, kind = key[len(LOCAL_FAULT) :].partition("/")
         ttl = state.ttl(key)
         try:
             since = float(raw)
         except ValueError:
             since = None
         row(f"{backend} (this machine)").update(
-            status="local_fault", kind=kind, episode_start=since,
-            failing_until=now + ttl if ttl is not None else None)
+            status="local_fault",
+            kind=kind,
+            episode_start=since,
+            failing_until=now + ttl if ttl is not None else None,
+        )
     order = {"local_fault": 0, "failing": 1, "watched": 2}
     return sorted(rows.values(), key=lambda r: (order[r["status"]], r["server"]))
 
@@ -158,8 +189,11 @@ def clear_servers(state: StateStore, names: list[str], everything: bool = False)
     next failure starts a new episode with an error, not an alarm. ``everything`` clears every
     server and the local-fault entries too. Returns what was cleared (``backend/name``, and
     ``local-fault/...`` keys); a name that matches nothing is simply not returned."""
-    known = {key[len(prefix):] for prefix in (FAILING, TICKETS, EPISODE)
-             for key, _ in state.items(prefix)}
+    known = {
+        key[len(prefix) :]
+        for prefix in (FAILING, TICKETS, EPISODE)
+        for key, _ in state.items(prefix)
+    }
     wanted = set(names)
     cleared = sorted(k for k in known if everything or k in wanted or k.split("/", 1)[-1] in wanted)
     for server in cleared:

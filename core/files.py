@@ -23,8 +23,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600,
-                 durable: bool = True) -> None:
+def atomic_write(
+    path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600, durable: bool = True
+) -> None:
     """Write ``data`` to ``path`` so that a reader or a crash sees the old file or the whole new one.
 
     The bytes go to a hidden file (in ``tmp_dir``, default ``path``'s folder, which must be on

@@ -46,8 +46,17 @@ class Kind:
 
     def failure(self, reason: str = "", **flags: Any) -> Failure:
         """A :class:`Failure` of this kind with the catalogue's flags (``flags`` override)."""
-        return replace(Failure(kind=self.name, exclude=self.exclude, notify=self.notify,
-                               transient=self.transient, local=self.local), reason=reason, **flags)
+        return replace(
+            Failure(
+                kind=self.name,
+                exclude=self.exclude,
+                notify=self.notify,
+                transient=self.transient,
+                local=self.local,
+            ),
+            reason=reason,
+            **flags,
+        )
 
     @property
     def escalated(self) -> bool:
@@ -70,21 +79,43 @@ _CATALOGUE: tuple[Kind, ...] = (
     Kind("drained", "the server is drained or temporarily unavailable", notify=False),
     Kind("busy", "the server says it is busy; try another", notify=False),
     Kind("auth", "the credential was refused or has expired", transient=False),
-    Kind("usage", "the server refused the command line or a resource request as malformed",
-         transient=False),
-    Kind("refused", "admission control gave no token: the server is fine, try later",
-         exclude=False, notify=False),
-    Kind("launch", "the command could not be started on this machine (missing or unusable "
-         "program)", exclude=False, transient=False, local=True),
-    Kind("config", "the site's configuration is wrong for this server: a queue, partition, "
-         "account or script that does not exist, a value the backend cannot turn into a command",
-         transient=False, alarms=False),
-    Kind("credential", "a credential the backend's commands need (an X.509 proxy, a token) is "
-         "missing, unreadable or expired: nothing is submitted with it. When it is managed "
-         "(credentials:), checked before the iteration: the backend is not polled either, one "
-         "error per episode, an alarm to the site when it lasts ticket_expiry, a notice when it "
-         "works again",
-         exclude=False, transient=False, local=True, alarms=False),
+    Kind(
+        "usage",
+        "the server refused the command line or a resource request as malformed",
+        transient=False,
+    ),
+    Kind(
+        "refused",
+        "admission control gave no token: the server is fine, try later",
+        exclude=False,
+        notify=False,
+    ),
+    Kind(
+        "launch",
+        "the command could not be started on this machine (missing or unusable program)",
+        exclude=False,
+        transient=False,
+        local=True,
+    ),
+    Kind(
+        "config",
+        "the site's configuration is wrong for this server: a queue, partition, "
+        "account or script that does not exist, a value the backend cannot turn into a command",
+        transient=False,
+        alarms=False,
+    ),
+    Kind(
+        "credential",
+        "a credential the backend's commands need (an X.509 proxy, a token) is "
+        "missing, unreadable or expired: nothing is submitted with it. When it is managed "
+        "(credentials:), checked before the iteration: the backend is not polled either, one "
+        "error per episode, an alarm to the site when it lasts ticket_expiry, a notice when it "
+        "works again",
+        exclude=False,
+        transient=False,
+        local=True,
+        alarms=False,
+    ),
 )
 
 #: Every catalogued kind by name.
@@ -127,9 +158,18 @@ def _yes(flag: bool) -> str:
 
 def kind_table() -> list[dict[str, str]]:
     """The catalogue as rows for people (``gridgate plugins --kinds``, docs)."""
-    return [{"kind": k.name, "excluded": _yes(k.escalated), "notified": _yes(k.notify),
-             "alarms": _yes(k.counts_toward_alarms), "retried elsewhere": _yes(k.transient and not k.local),
-             "local": _yes(k.local), "meaning": k.meaning} for k in _CATALOGUE]
+    return [
+        {
+            "kind": k.name,
+            "excluded": _yes(k.escalated),
+            "notified": _yes(k.notify),
+            "alarms": _yes(k.counts_toward_alarms),
+            "retried elsewhere": _yes(k.transient and not k.local),
+            "local": _yes(k.local),
+            "meaning": k.meaning,
+        }
+        for k in _CATALOGUE
+    ]
 
 
 _COLUMNS = ("kind", "excluded", "notified", "alarms", "retried elsewhere", "local", "meaning")
@@ -139,7 +179,9 @@ def markdown_table() -> list[str]:
     """The catalogue as a Markdown table (docs/kinds.md)."""
     lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     for row in kind_table():
-        lines.append("| " + " | ".join(f"`{row[c]}`" if c == "kind" else row[c] for c in _COLUMNS) + " |")
+        lines.append(
+            "| " + " | ".join(f"`{row[c]}`" if c == "kind" else row[c] for c in _COLUMNS) + " |"
+        )
     return lines
 
 
@@ -148,10 +190,14 @@ def print_kinds(echo: Callable[[str], Any], as_json: bool = False) -> None:
     if as_json:
         echo(json.dumps({"kinds": kind_table(), "accounting_only": OUTCOME_KINDS}, indent=2))
         return
-    echo(f"{'kind':<13} {'excluded':<9}{'notified':<9}{'alarms':<7}{'retried':<8}{'local':<6} meaning")
+    echo(
+        f"{'kind':<13} {'excluded':<9}{'notified':<9}{'alarms':<7}{'retried':<8}{'local':<6} meaning"
+    )
     for row in kind_table():
-        echo(f"{row['kind']:<13} {row['excluded']:<9}{row['notified']:<9}{row['alarms']:<7}"
-             f"{row['retried elsewhere']:<8}{row['local']:<6} {row['meaning']}")
+        echo(
+            f"{row['kind']:<13} {row['excluded']:<9}{row['notified']:<9}{row['alarms']:<7}"
+            f"{row['retried elsewhere']:<8}{row['local']:<6} {row['meaning']}"
+        )
     echo("")
     echo("Written in the accounting table for attempts that reached no server:")
     for word, meaning in OUTCOME_KINDS.items():

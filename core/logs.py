@@ -17,4 +17,6 @@ def configure_logging(verbose: int, log_json: bool) -> None:
     if log_json:
         logger.add(sys.stderr, level=level, serialize=True)
     else:
-        logger.add(sys.stderr, level=level, format="{time:YYYY-MM-DD HH:mm:ss} {level: <7} {message}")
+        logger.add(
+            sys.stderr, level=level, format="{time:YYYY-MM-DD HH:mm:ss} {level: <7} {message}"
+        )

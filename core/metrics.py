@@ -63,13 +63,20 @@ class MetricsServer:
     Has the parts of ``http.server`` that :func:`stop_server` uses.
     """
 
-    def __init__(self, registry: CollectorRegistry, port: int, address: str = "127.0.0.1",
-                 max_connections: int = MAX_CONNECTIONS, timeout: float = SCRAPE_TIMEOUT,
-                 accept_rate: float = ACCEPT_RATE) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        port: int,
+        address: str = "127.0.0.1",
+        max_connections: int = MAX_CONNECTIONS,
+        timeout: float = SCRAPE_TIMEOUT,
+        accept_rate: float = ACCEPT_RATE,
+    ) -> None:
         self.registry = registry
         self.max_connections, self.timeout, self.accept_rate = max_connections, timeout, accept_rate
-        family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
-                                                       flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         self._listen = socket.socket(family, socket.SOCK_STREAM)
         try:
             self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -123,8 +130,9 @@ class MetricsServer:
                 self._drop(scrape)
 
     def _refill(self, now: float) -> None:
-        self._tokens = min(self.accept_rate, self._tokens
-                           + (now - self._refilled) * self.accept_rate)
+        self._tokens = min(
+            self.accept_rate, self._tokens + (now - self._refilled) * self.accept_rate
+        )
         self._refilled = now
 
     def _set_listening(self, on: bool) -> None:
@@ -197,16 +205,33 @@ class MetricsServer:
             self._reply(scrape, 404, b"not found: /metrics\n")
         else:
             body = generate_latest(self.registry)
-            self._reply(scrape, 200, body if method == b"GET" else b"", CONTENT_TYPE_LATEST,
-                        length=len(body))
+            self._reply(
+                scrape,
+                200,
+                body if method == b"GET" else b"",
+                CONTENT_TYPE_LATEST,
+                length=len(body),
+            )
 
-    def _reply(self, scrape: _Scrape, code: int, body: bytes,
-               content_type: str = "text/plain; charset=utf-8", length: int | None = None) -> None:
-        reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed",
-                  431: "Request Header Fields Too Large"}[code]
-        head = (f"HTTP/1.0 {code} {reason}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body) if length is None else length}\r\n"
-                "Connection: close\r\n\r\n").encode("ascii")
+    def _reply(
+        self,
+        scrape: _Scrape,
+        code: int,
+        body: bytes,
+        content_type: str = "text/plain; charset=utf-8",
+        length: int | None = None,
+    ) -> None:
+        reason = {
+            200: "OK",
+            404: "Not Found",
+            405: "Method Not Allowed",
+            431: "Request Header Fields Too Large",
+        }[code]
+        head = (
+            f"HTTP/1.0 {code} {reason}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode("ascii")
         scrape.outbuf, scrape.replying = head + body, True
         self._sel.modify(scrape.sock, selectors.EVENT_WRITE)
 
@@ -234,8 +259,9 @@ class MetricsServer:
         return len(self._scrapes)
 
 
-def serve_registry(registry: CollectorRegistry, port: int,
-                   address: str = "127.0.0.1") -> tuple[Any, int]:
+def serve_registry(
+    registry: CollectorRegistry, port: int, address: str = "127.0.0.1"
+) -> tuple[Any, int]:
     """Expose ``registry`` over HTTP on ``address:port`` (a :class:`MetricsServer`).
 
     Returns the server (for :func:`stop_server`) and the port it bound (useful with port 0).
@@ -262,26 +288,67 @@ class DirectorMetrics:
     def __init__(self, gauges_source: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.submissions = Counter("gridgate_submissions", "Submission attempts by outcome",
-                                   ["backend", "endpoint", "outcome"], registry=r)
-        self.pilots = Counter("gridgate_pilots_submitted", "Pilots submitted", ["backend", "endpoint"], registry=r)
-        self.failures = Counter("gridgate_failures", "Failures by kind", ["backend", "endpoint", "kind"], registry=r)
-        self.duration = Histogram("gridgate_command_duration_seconds", "Duration of a submission attempt",
-                                  ["backend"], buckets=DURATION_BUCKETS, registry=r)
-        self.iteration = Histogram("gridgate_iteration_duration_seconds", "Duration of an iteration",
-                                   buckets=DURATION_BUCKETS, registry=r)
-        self.excluded = Gauge("gridgate_endpoints_excluded", "Endpoints excluded in the last iteration", registry=r)
-        self.notifications = Counter("gridgate_notifications", "Notifications by level", ["level"], registry=r)
-        self.reloads = Counter("gridgate_config_reloads", "Config re-reads that changed something",
-                               ["result"], registry=r)
-        self.cache = Gauge("gridgate_cache_entries", "Live entries per cache", ["cache"], registry=r)
-        self.outbox = Gauge("gridgate_outbox_depth", "Messages waiting per notifier", ["notifier"], registry=r)
-        self.pilot_states = Gauge("gridgate_pilots", "Tracked pilots by state",
-                                  ["backend", "endpoint", "state"], registry=r)
-        self.trimmed = Counter("gridgate_demand_trimmed", "Pilots of demand not submitted because "
-                               "of a limit (max_waiting, max_total)", ["backend", "limit"], registry=r)
-        self.status_polls = Counter("gridgate_status_polls", "Bulk status queries by outcome",
-                                    ["backend", "endpoint", "outcome"], registry=r)
+        self.submissions = Counter(
+            "gridgate_submissions",
+            "Submission attempts by outcome",
+            ["backend", "endpoint", "outcome"],
+            registry=r,
+        )
+        self.pilots = Counter(
+            "gridgate_pilots_submitted", "Pilots submitted", ["backend", "endpoint"], registry=r
+        )
+        self.failures = Counter(
+            "gridgate_failures", "Failures by kind", ["backend", "endpoint", "kind"], registry=r
+        )
+        self.duration = Histogram(
+            "gridgate_command_duration_seconds",
+            "Duration of a submission attempt",
+            ["backend"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.iteration = Histogram(
+            "gridgate_iteration_duration_seconds",
+            "Duration of an iteration",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.excluded = Gauge(
+            "gridgate_endpoints_excluded", "Endpoints excluded in the last iteration", registry=r
+        )
+        self.notifications = Counter(
+            "gridgate_notifications", "Notifications by level", ["level"], registry=r
+        )
+        self.reloads = Counter(
+            "gridgate_config_reloads",
+            "Config re-reads that changed something",
+            ["result"],
+            registry=r,
+        )
+        self.cache = Gauge(
+            "gridgate_cache_entries", "Live entries per cache", ["cache"], registry=r
+        )
+        self.outbox = Gauge(
+            "gridgate_outbox_depth", "Messages waiting per notifier", ["notifier"], registry=r
+        )
+        self.pilot_states = Gauge(
+            "gridgate_pilots",
+            "Tracked pilots by state",
+            ["backend", "endpoint", "state"],
+            registry=r,
+        )
+        self.trimmed = Counter(
+            "gridgate_demand_trimmed",
+            "Pilots of demand not submitted because of a limit (max_waiting, max_total)",
+            ["backend", "limit"],
+            registry=r,
+        )
+        self.status_polls = Counter(
+            "gridgate_status_polls",
+            "Bulk status queries by outcome",
+            ["backend", "endpoint", "outcome"],
+            registry=r,
+        )
         self._pilot_labels: set[tuple[str, str, str]] = set()
         self.gauges_source = gauges_source
         self._server: Any = None

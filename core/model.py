@@ -16,16 +16,45 @@ Level = Literal["info", "error", "alarm"]
 #: ``unknown`` is "the backend could not say" (gLite ``Unknown``, LSF ``UNKWN``); ``lost`` is
 #: set only by core, for a pilot the backend has not known for ``lost_after`` seconds.
 PilotState = Literal["waiting", "running", "done", "failed", "cancelled", "unknown", "lost"]
-PILOT_STATES: tuple[str, ...] = ("waiting", "running", "done", "failed", "cancelled", "unknown", "lost")
+PILOT_STATES: tuple[str, ...] = (
+    "waiting",
+    "running",
+    "done",
+    "failed",
+    "cancelled",
+    "unknown",
+    "lost",
+)
 #: States a pilot never leaves.
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "lost"})
 
 __all__ = [
-    "PILOT_STATES", "TERMINAL_STATES", "AccountingRecord", "AdmissionRequest", "BackendInfo",
-    "CancelResult", "CommandResult", "CredentialRegistry", "CredentialStatus", "DemandRegistry",
-    "Endpoint", "Escalation", "Failure", "Grant",
-    "IterationInfo", "IterationSummary", "JobStatus", "Level", "ListMatchResult", "Notification",
-    "Outcome", "PilotState", "Refusal", "StatusResult", "SubmitRequest", "SubmitResult",
+    "PILOT_STATES",
+    "TERMINAL_STATES",
+    "AccountingRecord",
+    "AdmissionRequest",
+    "BackendInfo",
+    "CancelResult",
+    "CommandResult",
+    "CredentialRegistry",
+    "CredentialStatus",
+    "DemandRegistry",
+    "Endpoint",
+    "Escalation",
+    "Failure",
+    "Grant",
+    "IterationInfo",
+    "IterationSummary",
+    "JobStatus",
+    "Level",
+    "ListMatchResult",
+    "Notification",
+    "Outcome",
+    "PilotState",
+    "Refusal",
+    "StatusResult",
+    "SubmitRequest",
+    "SubmitResult",
     "elapsed_text",
 ]
 
@@ -198,7 +227,9 @@ class JobStatus:
 
     def __post_init__(self) -> None:
         if self.state not in PILOT_STATES or self.state == "lost":
-            raise ValueError(f"JobStatus.state must be one of {PILOT_STATES[:-1]}, got {self.state!r}")
+            raise ValueError(
+                f"JobStatus.state must be one of {PILOT_STATES[:-1]}, got {self.state!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -360,12 +391,24 @@ class CredentialStatus:
     def as_dict(self) -> dict[str, Any]:
         """The status for ``gridgate run --json`` (the command as its argv and exit code)."""
         command = self.command
-        return {"name": self.name, "kind": self.kind, "usable": self.usable, "path": self.path,
-                "expires": self.expires, "message": self.message, "renewed": self.renewed,
-                "at_risk": self.at_risk,
-                "command": None if command is None else {
-                    "argv": list(command.argv), "returncode": command.returncode,
-                    "timed_out": command.timed_out, "launch_error": command.launch_error}}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "usable": self.usable,
+            "path": self.path,
+            "expires": self.expires,
+            "message": self.message,
+            "renewed": self.renewed,
+            "at_risk": self.at_risk,
+            "command": None
+            if command is None
+            else {
+                "argv": list(command.argv),
+                "returncode": command.returncode,
+                "timed_out": command.timed_out,
+                "launch_error": command.launch_error,
+            },
+        }
 
 
 class CredentialRegistry:

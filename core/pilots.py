@@ -78,7 +78,17 @@ class Pilot:
         return replace(self, state=state, changed=changed, native=native, reason=reason)
 
 
-_FIELDS = ("job_id", "backend", "endpoint", "group", "submitted", "state", "changed", "native", "reason")
+_FIELDS = (
+    "job_id",
+    "backend",
+    "endpoint",
+    "group",
+    "submitted",
+    "state",
+    "changed",
+    "native",
+    "reason",
+)
 
 
 class PilotRegistry(ABC):
@@ -103,8 +113,13 @@ class PilotRegistry(ABC):
         the most recently finished first."""
 
     @abstractmethod
-    def query(self, backend: str | None = None, endpoint: str | None = None,
-              states: Sequence[str] | None = None, limit: int | None = None) -> list[Pilot]:
+    def query(
+        self,
+        backend: str | None = None,
+        endpoint: str | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Pilot]:
         """Pilots matching every filter given, by backend, endpoint and submission time."""
 
     @abstractmethod
@@ -157,7 +172,9 @@ class MemoryPilots(PilotRegistry):
                 where = (pilot.backend, pilot.endpoint, pilot.state)
                 self._counts[where] = self._counts.get(where, 0) + 1
                 if not pilot.terminal:
-                    self._active.setdefault((pilot.backend, pilot.endpoint), {})[pilot.job_id] = None
+                    self._active.setdefault((pilot.backend, pilot.endpoint), {})[pilot.job_id] = (
+                        None
+                    )
 
     def active(self, backend: str, endpoint: str) -> list[Pilot]:
         with self._lock:
@@ -171,19 +188,30 @@ class MemoryPilots(PilotRegistry):
 
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
         with self._lock:
-            done = [p for (b, e, _j), p in self._rows.items()
-                    if b == backend and e == endpoint and p.terminal and p.changed > after]
+            done = [
+                p
+                for (b, e, _j), p in self._rows.items()
+                if b == backend and e == endpoint and p.terminal and p.changed > after
+            ]
         done.sort(key=lambda p: (p.changed, p.job_id), reverse=True)
         return done[:n]
 
-    def query(self, backend: str | None = None, endpoint: str | None = None,
-              states: Sequence[str] | None = None, limit: int | None = None) -> list[Pilot]:
+    def query(
+        self,
+        backend: str | None = None,
+        endpoint: str | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Pilot]:
         wanted = set(states) if states else None
         with self._lock:
-            rows = [p for p in self._rows.values()
-                    if (backend is None or p.backend == backend)
-                    and (endpoint is None or p.endpoint == endpoint)
-                    and (wanted is None or p.state in wanted)]
+            rows = [
+                p
+                for p in self._rows.values()
+                if (backend is None or p.backend == backend)
+                and (endpoint is None or p.endpoint == endpoint)
+                and (wanted is None or p.state in wanted)
+            ]
         rows.sort(key=_order)
         return rows if limit is None else rows[:limit]
 
@@ -251,8 +279,18 @@ ON CONFLICT (backend, endpoint, job_id) DO UPDATE SET
 
 
 def _row(pilot: Pilot) -> tuple[Any, ...]:
-    return (pilot.job_id, pilot.backend, pilot.endpoint, pilot.group, pilot.submitted, pilot.state,
-            pilot.changed, pilot.native, pilot.reason, 1 if pilot.terminal else 0)
+    return (
+        pilot.job_id,
+        pilot.backend,
+        pilot.endpoint,
+        pilot.group,
+        pilot.submitted,
+        pilot.state,
+        pilot.changed,
+        pilot.native,
+        pilot.reason,
+        1 if pilot.terminal else 0,
+    )
 
 
 def _pilot(row: Sequence[Any]) -> Pilot:
@@ -283,8 +321,10 @@ class SqlitePilots(PilotRegistry):
             conn.executemany(_UPSERT, rows)
 
     def active(self, backend: str, endpoint: str) -> list[Pilot]:
-        rows = self._read(f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? "
-                          "AND terminal = 0", (backend, endpoint))
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? AND terminal = 0",
+            (backend, endpoint),
+        )
         return sorted((_pilot(r) for r in rows), key=_order)
 
     def counts(self) -> Counts:
@@ -292,13 +332,21 @@ class SqlitePilots(PilotRegistry):
         return {(b, e, s): n for b, e, s, n in rows}
 
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
-        rows = self._read(f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? "
-                          "AND terminal = 1 AND changed > ? ORDER BY changed DESC, job_id DESC "
-                          "LIMIT ?", (backend, endpoint, after, int(n)))
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? "
+            "AND terminal = 1 AND changed > ? ORDER BY changed DESC, job_id DESC "
+            "LIMIT ?",
+            (backend, endpoint, after, int(n)),
+        )
         return [_pilot(r) for r in rows]
 
-    def query(self, backend: str | None = None, endpoint: str | None = None,
-              states: Sequence[str] | None = None, limit: int | None = None) -> list[Pilot]:
+    def query(
+        self,
+        backend: str | None = None,
+        endpoint: str | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Pilot]:
         where, params = ["1"], []
         if backend is not None:
             where.append("backend = ?")
@@ -309,21 +357,26 @@ class SqlitePilots(PilotRegistry):
         if states:
             where.append(f"state IN ({', '.join('?' * len(states))})")
             params.extend(states)
-        sql = (f"SELECT {_COLUMNS} FROM pilots WHERE {' AND '.join(where)} "
-               "ORDER BY backend, endpoint, submitted, job_id")
+        sql = (
+            f"SELECT {_COLUMNS} FROM pilots WHERE {' AND '.join(where)} "
+            "ORDER BY backend, endpoint, submitted, job_id"
+        )
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [_pilot(r) for r in self._read(sql, params)]
 
     def get(self, backend: str, endpoint: str, job_id: str) -> Pilot | None:
-        rows = self._read(f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? "
-                          "AND job_id = ?", (backend, endpoint, job_id))
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? AND job_id = ?",
+            (backend, endpoint, job_id),
+        )
         return _pilot(rows[0]) if rows else None
 
     def prune(self, before: float) -> int:
         with self.store.transaction("prune pilots") as conn:
-            return conn.execute("DELETE FROM pilots WHERE terminal = 1 AND changed < ?",
-                                (before,)).rowcount
+            return conn.execute(
+                "DELETE FROM pilots WHERE terminal = 1 AND changed < ?", (before,)
+            ).rowcount
 
 
 def _statements(script: str) -> list[str]:
@@ -346,5 +399,3 @@ def encode(pilot: Pilot) -> str:
 
 def decode(text: str) -> Pilot:
     return Pilot.from_dict(json.loads(text))
-
-

@@ -45,8 +45,13 @@ _filters = [
     click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False)),
     click.option("--backend", help="Only this backend (entry-point name)."),
     click.option("--endpoint", help="Only this endpoint (server, queue or partition name)."),
-    click.option("--state", "states", multiple=True, type=click.Choice(PILOT_STATES),
-                 help="Only pilots in this state (repeatable)."),
+    click.option(
+        "--state",
+        "states",
+        multiple=True,
+        type=click.Choice(PILOT_STATES),
+        help="Only pilots in this state (repeatable).",
+    ),
 ]
 
 
@@ -60,8 +65,14 @@ def with_filters(fn: Any) -> Any:
 @with_filters
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many rows.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
-def pilots_list(path: str, backend: str | None, endpoint: str | None, states: Sequence[str],
-                limit: int | None, as_json: bool) -> None:
+def pilots_list(
+    path: str,
+    backend: str | None,
+    endpoint: str | None,
+    states: Sequence[str],
+    limit: int | None,
+    as_json: bool,
+) -> None:
     """One row per pilot: job id, endpoint, state, since when, and the backend's own words."""
     state, registry = _registry(path)
     try:
@@ -74,12 +85,16 @@ def pilots_list(path: str, backend: str | None, endpoint: str | None, states: Se
     if not pilots:
         click.echo("no pilot matches")
         return
-    click.echo(f"{'JOB ID':<40} {'ENDPOINT':<30} {'STATE':<10} {'SUBMITTED (UTC)':<20} "
-               f"{'SINCE (UTC)':<20} NATIVE / REASON")
+    click.echo(
+        f"{'JOB ID':<40} {'ENDPOINT':<30} {'STATE':<10} {'SUBMITTED (UTC)':<20} "
+        f"{'SINCE (UTC)':<20} NATIVE / REASON"
+    )
     for p in pilots:
         words = " - ".join(t for t in (p.native, p.reason) if t)
-        click.echo(f"{p.job_id:<40} {p.endpoint_key:<30} {p.state:<10} {_utc(p.submitted):<20} "
-                   f"{_utc(p.changed):<20} {words}")
+        click.echo(
+            f"{p.job_id:<40} {p.endpoint_key:<30} {p.state:<10} {_utc(p.submitted):<20} "
+            f"{_utc(p.changed):<20} {words}"
+        )
 
 
 @pilots_group.command("summary")
@@ -101,10 +116,19 @@ def pilots_summary(path: str, as_json: bool) -> None:
 @pilots_group.command("cancel")
 @click.argument("job_ids", nargs=-1)
 @with_filters
-@click.option("--all", "everything", is_flag=True, help="Every non-terminal pilot that the filters match.")
+@click.option(
+    "--all", "everything", is_flag=True, help="Every non-terminal pilot that the filters match."
+)
 @click.option("--json", "as_json", is_flag=True, help="What was cancelled, as JSON.")
-def pilots_cancel(job_ids: Sequence[str], path: str, backend: str | None, endpoint: str | None,
-                  states: Sequence[str], everything: bool, as_json: bool) -> None:
+def pilots_cancel(
+    job_ids: Sequence[str],
+    path: str,
+    backend: str | None,
+    endpoint: str | None,
+    states: Sequence[str],
+    everything: bool,
+    as_json: bool,
+) -> None:
     """Cancel JOB_IDS (or, with --all, every live pilot the filters match) on their backends,
     one command per endpoint, under admission control (category other)."""
     from gridgate.core.cli import load_config_or_exit
@@ -116,8 +140,11 @@ def pilots_cancel(job_ids: Sequence[str], path: str, backend: str | None, endpoi
     state, registry = _registry(path)
     director = Director(config, state=state, serve_metrics=False)
     try:
-        live = [p for p in registry.query(backend, endpoint, list(states) or None)
-                if p.state not in TERMINAL_STATES and (everything or p.job_id in set(job_ids))]
+        live = [
+            p
+            for p in registry.query(backend, endpoint, list(states) or None)
+            if p.state not in TERMINAL_STATES and (everything or p.job_id in set(job_ids))
+        ]
         outcome = cancel(director, registry, live)
     finally:
         director.close()
@@ -153,10 +180,13 @@ def cancel(director: Any, registry: Any, pilots: Sequence[Pilot]) -> dict[str, d
             continue
         # an endpoint no longer in the config (a retired server or partition) is still the
         # backend's: its pilots are cancelled by job id like any other
-        endpoint = next((e for e in info.endpoints if e.name == name), None) or Endpoint(backend, name)
+        endpoint = next((e for e in info.endpoints if e.name == name), None) or Endpoint(
+            backend, name
+        )
         timeout = float(info.command_timeout or default_timeout)  # type: ignore[union-attr]
-        done, problem = cancel_pilots(director, registry, endpoint, group, timeout,
-                                      "cancelled with gridgate pilots cancel")
+        done, problem = cancel_pilots(
+            director, registry, endpoint, group, timeout, "cancelled with gridgate pilots cancel"
+        )
         if done:
             out["cancelled"][key] = done
         if problem:

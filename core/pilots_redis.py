@@ -95,17 +95,25 @@ class RedisPilots(PilotRegistry):
     def _rows(self, fields: Sequence[str]) -> list[Pilot]:
         if not fields:
             return []
-        values = self._call("read pilots", lambda: self._client.hmget(f"{self._p}pilots:row", list(fields)))
+        values = self._call(
+            "read pilots", lambda: self._client.hmget(f"{self._p}pilots:row", list(fields))
+        )
         return [decode(v) for v in values if v is not None]
 
     def put(self, pilots: Iterable[Pilot]) -> None:
         args: list[str] = []
         for pilot in pilots:
-            args += [_field(pilot), _ep(pilot.backend, pilot.endpoint), pilot.state,
-                     "1" if pilot.terminal else "0", repr(float(pilot.changed)), encode(pilot)]
+            args += [
+                _field(pilot),
+                _ep(pilot.backend, pilot.endpoint),
+                pilot.state,
+                "1" if pilot.terminal else "0",
+                repr(float(pilot.changed)),
+                encode(pilot),
+            ]
         step = 6 * CHUNK
         for start in range(0, len(args), step):
-            chunk = args[start:start + step]
+            chunk = args[start : start + step]
             self._call("write pilots", lambda c=chunk: self._put(keys=[self._p], args=c))
 
     def active(self, backend: str, endpoint: str) -> list[Pilot]:
@@ -125,12 +133,21 @@ class RedisPilots(PilotRegistry):
 
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
         key = f"{self._p}pilots:fin:{_ep(backend, endpoint)}"
-        fields = self._call("read pilots", lambda: self._client.zrevrangebyscore(
-            key, "+inf", f"({float(after)!r}", start=0, num=int(n)))
+        fields = self._call(
+            "read pilots",
+            lambda: self._client.zrevrangebyscore(
+                key, "+inf", f"({float(after)!r}", start=0, num=int(n)
+            ),
+        )
         return self._rows(fields)
 
-    def query(self, backend: str | None = None, endpoint: str | None = None,
-              states: Sequence[str] | None = None, limit: int | None = None) -> list[Pilot]:
+    def query(
+        self,
+        backend: str | None = None,
+        endpoint: str | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Pilot]:
         if backend is not None and endpoint is not None:
             ep = _ep(backend, endpoint)
 
@@ -142,14 +159,19 @@ class RedisPilots(PilotRegistry):
             pilots = self._rows(self._call("read pilots", fields))
         else:
             pilots = []
-            for _name, value in self._call("read pilots", lambda: list(
-                    self._client.hscan_iter(f"{self._p}pilots:row", count=5000))):
+            for _name, value in self._call(
+                "read pilots",
+                lambda: list(self._client.hscan_iter(f"{self._p}pilots:row", count=5000)),
+            ):
                 pilots.append(decode(value))
         wanted = set(states) if states else None
-        rows = [p for p in pilots
-                if (backend is None or p.backend == backend)
-                and (endpoint is None or p.endpoint == endpoint)
-                and (wanted is None or p.state in wanted)]
+        rows = [
+            p
+            for p in pilots
+            if (backend is None or p.backend == backend)
+            and (endpoint is None or p.endpoint == endpoint)
+            and (wanted is None or p.state in wanted)
+        ]
         rows.sort(key=lambda p: (p.backend, p.endpoint, p.submitted, p.job_id))
         return rows if limit is None else rows[:limit]
 
@@ -161,9 +183,12 @@ class RedisPilots(PilotRegistry):
     def prune(self, before: float) -> int:
         total = 0
         while True:
-            gone = int(self._call("prune pilots", lambda: self._prune(
-                keys=[self._p], args=[repr(float(before)), str(CHUNK)])))
+            gone = int(
+                self._call(
+                    "prune pilots",
+                    lambda: self._prune(keys=[self._p], args=[repr(float(before)), str(CHUNK)]),
+                )
+            )
             total += gone
             if gone < CHUNK:
                 return total
-

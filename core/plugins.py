@@ -285,7 +285,9 @@ def fill_defaults_for(cls: type) -> dict[str, Any]:
     return section
 
 
-def cli_plugin_manager(on_error: Callable[[PluginLoadError], None] | None = None) -> pluggy.PluginManager:
+def cli_plugin_manager(
+    on_error: Callable[[PluginLoadError], None] | None = None,
+) -> pluggy.PluginManager:
     """A manager holding every ``gridgate.cli`` provider: commands exist before config does.
 
     A provider that fails to import is reported through ``on_error`` and left out, so one

@@ -39,7 +39,7 @@ def render_kinds() -> str:
         "  `failing_expiry` seconds);",
         "- **notified**: people are told: an error for the first failure of an episode;",
         "- **alarms**: a server that fails again within the tickets window raises an alarm",
-        "  (\"Submit GGUS Ticket\"); only kinds that are excluded and notified can, and `config`",
+        '  ("Submit GGUS Ticket"); only kinds that are excluded and notified can, and `config`',
         "  never does (the site must fix it: repeated failures are errors again);",
         "- **retried elsewhere**: the submission is sent to another usable server in the same",
         "  iteration (`director.retries_per_pilot`, within `director.retry_within_seconds`);",
@@ -86,7 +86,9 @@ _FIELD = re.compile(r"^:(param|raises|return|returns)\s*([^:]*):\s*(.*)$")
 
 def _md(text: str) -> str:
     """reStructuredText inline markup as Markdown: ``x`` and :class:`x` become `x`."""
-    text = _ROLE.sub(lambda m: f"``{m.group(1).rsplit('.', 1)[-1] if '~' in m.group(0) else m.group(1)}``", text)
+    text = _ROLE.sub(
+        lambda m: f"``{m.group(1).rsplit('.', 1)[-1] if '~' in m.group(0) else m.group(1)}``", text
+    )
     return text.replace("``", "`")
 
 
@@ -152,8 +154,11 @@ def hookspecs() -> list[Any]:
     """The hook specifications in the order they are declared."""
     from gridgate.core import hookspecs as module
 
-    specs = [obj for name, obj in vars(module).items()
-             if name.startswith("gridgate_") and hasattr(obj, "gridgate_spec")]
+    specs = [
+        obj
+        for name, obj in vars(module).items()
+        if name.startswith("gridgate_") and hasattr(obj, "gridgate_spec")
+    ]
     return sorted(specs, key=lambda fn: fn.__code__.co_firstlineno)
 
 
@@ -188,13 +193,26 @@ def render_hooks() -> str:
         signature = inspect.signature(fn)
         doc = parse_doc(fn)
         kind = "firstresult" if fn.gridgate_spec.get("firstresult") else "broadcast"
-        params = ", ".join(f"{name}: {_annotation(p.annotation)}" for name, p in signature.parameters.items())
-        lines += ["", f"## {fn.__name__}", "", "```python",
-                  f"@hookimpl\ndef {fn.__name__}(self, {params}) -> {_annotation(signature.return_annotation)}: ...",
-                  "```", "", f"**{kind}**. " + (doc.prose[0] if doc.prose else ""), *doc.prose[1:], ""]
+        params = ", ".join(
+            f"{name}: {_annotation(p.annotation)}" for name, p in signature.parameters.items()
+        )
+        lines += [
+            "",
+            f"## {fn.__name__}",
+            "",
+            "```python",
+            f"@hookimpl\ndef {fn.__name__}(self, {params}) -> {_annotation(signature.return_annotation)}: ...",
+            "```",
+            "",
+            f"**{kind}**. " + (doc.prose[0] if doc.prose else ""),
+            *doc.prose[1:],
+            "",
+        ]
         lines += ["| parameter | type | meaning |", "|---|---|---|"]
         for name, parameter in signature.parameters.items():
-            lines.append(f"| `{name}` | `{_cell(_annotation(parameter.annotation))}` | {_cell(doc.params.get(name, ''))} |")
+            lines.append(
+                f"| `{name}` | `{_cell(_annotation(parameter.annotation))}` | {_cell(doc.params.get(name, ''))} |"
+            )
         lines += ["", f"**Returns** `{_annotation(signature.return_annotation)}`: {doc.returns}"]
     lines.append("")
     return "\n".join(lines)
@@ -206,25 +224,56 @@ def render_hooks() -> str:
 #: is internal: it may change in any release.
 API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gridgate.core", "The hook marker and the plugin API's version.", ("API_VERSION", "hookimpl")),
-    ("gridgate.core.plugins", "The base class of a plugin and the services it is given.",
-     ("Plugin", "PluginContext")),
-    ("gridgate.core.model", "The values that cross hooks: all frozen dataclasses except "
-     "`DemandRegistry` (derive a changed copy with `dataclasses.replace`).", ()),
-    ("gridgate.core.runner", "Running external commands: an argv list, a hard deadline, output "
-     "capped, a result in every case.", ("run", "argv_chunks", "DEFAULT_MAX_OUTPUT", "ARGV_BYTES")),
+    (
+        "gridgate.core.plugins",
+        "The base class of a plugin and the services it is given.",
+        ("Plugin", "PluginContext"),
+    ),
+    (
+        "gridgate.core.model",
+        "The values that cross hooks: all frozen dataclasses except "
+        "`DemandRegistry` (derive a changed copy with `dataclasses.replace`).",
+        (),
+    ),
+    (
+        "gridgate.core.runner",
+        "Running external commands: an argv list, a hard deadline, output "
+        "capped, a result in every case.",
+        ("run", "argv_chunks", "DEFAULT_MAX_OUTPUT", "ARGV_BYTES"),
+    ),
     ("gridgate.core.kinds", "The catalogue of failure kinds (see [kinds.md](kinds.md)).", ()),
-    ("gridgate.core.credentials", "Credential plugins: the base class a plugin for a credential "
-     "in a file subclasses (a token file, see [plugins.md](plugins.md)), and `x509_proxy`.", ()),
+    (
+        "gridgate.core.credentials",
+        "Credential plugins: the base class a plugin for a credential "
+        "in a file subclasses (a token file, see [plugins.md](plugins.md)), and `x509_proxy`.",
+        (),
+    ),
     ("gridgate.core.files", "Files someone else picks up.", ("atomic_write",)),
-    ("gridgate.core.clock", "Time, injected: use `context.clock`, never `time.time()`.",
-     ("Clock", "FakeClock", "SYSTEM_CLOCK")),
-    ("gridgate.core.config", "Secrets in a plugin's schema, and the config errors.",
-     ("SECRET_SCHEMA", "read_secret", "SecretError", "ConfigError", "ConfigProblem")),
-    ("gridgate.core.state", "The shared state store (`context.state`), and the base of a state driver.",
-     ("StateStore", "StateError")),
-    ("gridgate.core.cli", "For plugins that add sub-commands.", ("load_config_or_exit", "EXIT_CONFIG")),
-    ("gridgate.core.testing", "The testing kit (needs pytest only for its fixtures and the "
-     "contract suite).", ()),
+    (
+        "gridgate.core.clock",
+        "Time, injected: use `context.clock`, never `time.time()`.",
+        ("Clock", "FakeClock", "SYSTEM_CLOCK"),
+    ),
+    (
+        "gridgate.core.config",
+        "Secrets in a plugin's schema, and the config errors.",
+        ("SECRET_SCHEMA", "read_secret", "SecretError", "ConfigError", "ConfigProblem"),
+    ),
+    (
+        "gridgate.core.state",
+        "The shared state store (`context.state`), and the base of a state driver.",
+        ("StateStore", "StateError"),
+    ),
+    (
+        "gridgate.core.cli",
+        "For plugins that add sub-commands.",
+        ("load_config_or_exit", "EXIT_CONFIG"),
+    ),
+    (
+        "gridgate.core.testing",
+        "The testing kit (needs pytest only for its fixtures and the contract suite).",
+        (),
+    ),
 )
 
 
@@ -248,8 +297,11 @@ def _public_members(cls: type) -> Iterator[tuple[str, Any]]:
 def _render_object(module_name: str, name: str, obj: Any) -> list[str]:
     lines = ["", f"### `{name}`", ""]
     if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
-        lines += [f"`from {module_name} import {name}` — dataclass" +
-                  (" (frozen)" if obj.__dataclass_params__.frozen else ""), ""]  # type: ignore[attr-defined]
+        lines += [
+            f"`from {module_name} import {name}` — dataclass"
+            + (" (frozen)" if obj.__dataclass_params__.frozen else ""),
+            "",
+        ]  # type: ignore[attr-defined]
         doc = parse_doc(obj)
         lines += [*doc.prose, "", "| field | type | default |", "|---|---|---|"]
         for f in dataclasses.fields(obj):
@@ -269,7 +321,10 @@ def _render_object(module_name: str, name: str, obj: Any) -> list[str]:
     elif callable(obj) and not isinstance(obj, type(importlib)) and inspect.isfunction(obj):
         lines += _function(module_name, name, obj)
     else:
-        if isinstance(obj, (str, int, float, tuple, frozenset)) or getattr(obj, "__module__", "") == "typing":
+        if (
+            isinstance(obj, (str, int, float, tuple, frozenset))
+            or getattr(obj, "__module__", "") == "typing"
+        ):
             value = f"frozenset({sorted(obj)!r})" if isinstance(obj, frozenset) else repr(obj)
             shown = "`" + _cell(value if len(value) <= 100 else value[:97] + "...") + "`"
         elif isinstance(obj, dict):
@@ -292,8 +347,15 @@ def _signature(fn: Any, drop_self: bool = False) -> str:
 
 def _function(module_name: str, name: str, fn: Any) -> list[str]:
     doc = parse_doc(fn)
-    lines = [f"`from {module_name} import {name}`", "", "```python", f"{name}{_signature(fn)}", "```", "",
-             *doc.prose]
+    lines = [
+        f"`from {module_name} import {name}`",
+        "",
+        "```python",
+        f"{name}{_signature(fn)}",
+        "```",
+        "",
+        *doc.prose,
+    ]
     if doc.params:
         lines += ["", "| parameter | meaning |", "|---|---|"]
         lines += [f"| `{p}` | {_cell(text)} |" for p, text in doc.params.items()]
@@ -312,7 +374,9 @@ def _members(cls: type) -> list[str]:
             rows.append(f"| `.{member_name}` (property) | {_cell(first)} |")
         else:
             first = (parse_doc(member).prose or [""])[0]
-            rows.append(f"| `.{member_name}{_cell(_signature(member, drop_self=True) if _has_self(member) else _signature(member))}` | {_cell(first)} |")
+            rows.append(
+                f"| `.{member_name}{_cell(_signature(member, drop_self=True) if _has_self(member) else _signature(member))}` | {_cell(first)} |"
+            )
     return ["", "| member | what it does |", "|---|---|", *rows] if rows else []
 
 
@@ -322,7 +386,9 @@ def _has_self(fn: Any) -> bool:
 
 
 #: What a name made on first use (a module ``__getattr__``) is for, having no ``#:`` comment.
-_NOTES = {"gridgate.core.hookimpl": "Decorate a plugin method with this to implement a hook (`@hookimpl`)."}
+_NOTES = {
+    "gridgate.core.hookimpl": "Decorate a plugin method with this to implement a hook (`@hookimpl`)."
+}
 
 
 def _constant_doc(module_name: str, name: str) -> str:
@@ -395,12 +461,16 @@ def api_fingerprint() -> str:
 
     parts = []
     for fn in hookspecs():
-        parts.append(f"hook {fn.__name__} firstresult={bool(fn.gridgate_spec.get('firstresult'))} "
-                     f"{inspect.signature(fn)}")
+        parts.append(
+            f"hook {fn.__name__} firstresult={bool(fn.gridgate_spec.get('firstresult'))} "
+            f"{inspect.signature(fn)}"
+        )
     for name in sorted(model.__all__):
         obj = getattr(model, name)
         if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
-            fields = ", ".join(f"{f.name}: {f.type} = {_default(f)}" for f in dataclasses.fields(obj))
+            fields = ", ".join(
+                f"{f.name}: {f.type} = {_default(f)}" for f in dataclasses.fields(obj)
+            )
             parts.append(f"value {name}({fields})")
         else:
             parts.append(f"name {name}")
@@ -431,11 +501,17 @@ def record_fingerprint(path: Path = FINGERPRINT_FILE) -> str:
     current = api_fingerprint()
     known = recorded_fingerprints(path)
     if known.get(API_VERSION) not in (None, current):
-        raise SystemExit(f"API {API_VERSION} was recorded with another fingerprint: the hooks or "
-                         "values changed, so raise gridgate.core.API_VERSION (docs/api.md says how) "
-                         "and record again")
+        raise SystemExit(
+            f"API {API_VERSION} was recorded with another fingerprint: the hooks or "
+            "values changed, so raise gridgate.core.API_VERSION (docs/api.md says how) "
+            "and record again"
+        )
     if API_VERSION not in known:
-        header = "" if path.exists() else "# gridgate plugin API: VERSION FINGERPRINT (python -m gridgate.core.refdocs --fingerprint)\n"
+        header = (
+            ""
+            if path.exists()
+            else "# gridgate plugin API: VERSION FINGERPRINT (python -m gridgate.core.refdocs --fingerprint)\n"
+        )
         with path.open("a", encoding="utf-8") as out:
             out.write(f"{header}{API_VERSION} {current}\n")
     return current
@@ -454,8 +530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gridgate.core.refdocs", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 when a file is stale")
     parser.add_argument("--docs", type=Path, default=DOCS, help="the docs folder")
-    parser.add_argument("--fingerprint", action="store_true",
-                        help=f"record the API fingerprint for the current API_VERSION in {FINGERPRINT_FILE.name}")
+    parser.add_argument(
+        "--fingerprint",
+        action="store_true",
+        help=f"record the API fingerprint for the current API_VERSION in {FINGERPRINT_FILE.name}",
+    )
     args = parser.parse_args(argv)
     if args.fingerprint:
         print(record_fingerprint())

@@ -23,7 +23,13 @@ def parse_duration(text: str) -> float:
 
 def _slot(ts: float, bucket: float) -> str:
     start = ts - (ts % bucket)
-    fmt = "%Y-%m-%d %H:00" if bucket >= 3600 and bucket % 3600 == 0 else "%Y-%m-%d %H:%M:%S" if bucket < 60 else "%Y-%m-%d %H:%M"
+    fmt = (
+        "%Y-%m-%d %H:00"
+        if bucket >= 3600 and bucket % 3600 == 0
+        else "%Y-%m-%d %H:%M:%S"
+        if bucket < 60
+        else "%Y-%m-%d %H:%M"
+    )
     return datetime.fromtimestamp(start, UTC).strftime(fmt)
 
 
@@ -31,9 +37,12 @@ def _slot(ts: float, bucket: float) -> str:
 TRIM_KINDS = ("max_waiting", "max_total")
 
 
-def hourly_table(rows: Iterable[Mapping[str, Any]], bucket: float = 3600,
-                 finished: Iterable[Any] = (), now: Mapping[str, Mapping[str, int]] | None = None
-                 ) -> dict[str, Any]:
+def hourly_table(
+    rows: Iterable[Mapping[str, Any]],
+    bucket: float = 3600,
+    finished: Iterable[Any] = (),
+    now: Mapping[str, Mapping[str, int]] | None = None,
+) -> dict[str, Any]:
     """Pilots submitted per time slot (an hour unless ``bucket`` says otherwise) per endpoint,
     plus failures and demand trimmed per slot and totals per endpoint.
 
@@ -80,17 +89,24 @@ def render_table(table: Mapping[str, Any]) -> str:
     if not table["hours"]:
         return "no submissions in this period\n"
     width = max([8, *(len(e) for e in endpoints)])
-    head = f"{'from (UTC)':<17}" + "".join(f"{e:>{width + 1}}" for e in endpoints) + f"{'total':>8}{'failures':>10}"
+    head = (
+        f"{'from (UTC)':<17}"
+        + "".join(f"{e:>{width + 1}}" for e in endpoints)
+        + f"{'total':>8}{'failures':>10}"
+    )
     lines = [head, "-" * len(head)]
     for hour in table["hours"]:
         row = table["pilots"].get(hour, {})
         lines.append(
-            f"{hour:<17}" + "".join(f"{row.get(e, 0):>{width + 1}}" for e in endpoints)
+            f"{hour:<17}"
+            + "".join(f"{row.get(e, 0):>{width + 1}}" for e in endpoints)
             + f"{sum(row.values()):>8}{table['failures'].get(hour, 0):>10}"
         )
     lines += ["", "per endpoint over the period:"]
     for endpoint, counts in table["totals"].items():
-        lines.append(f"  {endpoint:<30} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        lines.append(
+            f"  {endpoint:<30} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        )
     trimmed = table.get("trimmed", {})
     if any(trimmed.values()):
         lines += ["", "demand trimmed by max_waiting / max_total (pilots not submitted):"]
@@ -98,10 +114,15 @@ def render_table(table: Mapping[str, Any]) -> str:
     finished = table.get("finished", {})
     if finished:
         ended = [s for s in FINISHED_STATES if any(s in v for v in finished.values())]
-        lines += ["", "pilots finished per slot, by state:",
-                  f"  {'from (UTC)':<17}" + "".join(f"{s:>11}" for s in ended)]
-        lines += [f"  {h:<17}" + "".join(f"{row.get(s, 0):>11}" for s in ended)
-                  for h, row in finished.items()]
+        lines += [
+            "",
+            "pilots finished per slot, by state:",
+            f"  {'from (UTC)':<17}" + "".join(f"{s:>11}" for s in ended),
+        ]
+        lines += [
+            f"  {h:<17}" + "".join(f"{row.get(s, 0):>11}" for s in ended)
+            for h, row in finished.items()
+        ]
     if table.get("pilots_now"):
         lines += ["", "pilots now, by endpoint and state:"]
         lines += ["  " + line for line in render_states(table["pilots_now"]).splitlines()]
@@ -110,7 +131,12 @@ def render_table(table: Mapping[str, Any]) -> str:
 
 #: terminal states in the order the report shows them
 FINISHED_STATES = ("done", "failed", "cancelled", "lost")
-_STATE_COLOURS = {"done": "seagreen", "failed": "firebrick", "cancelled": "darkgrey", "lost": "black"}
+_STATE_COLOURS = {
+    "done": "seagreen",
+    "failed": "firebrick",
+    "cancelled": "darkgrey",
+    "lost": "black",
+}
 
 
 def render_states(table: Mapping[str, Mapping[str, int]]) -> str:
@@ -130,8 +156,9 @@ def render_states(table: Mapping[str, Mapping[str, int]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_png(rows: Iterable[Mapping[str, Any]], path: str, bucket: float = 3600,
-             finished: Iterable[Any] = ()) -> None:
+def plot_png(
+    rows: Iterable[Mapping[str, Any]], path: str, bucket: float = 3600, finished: Iterable[Any] = ()
+) -> None:
     """Stacked bars of pilots per hour per endpoint, with failures per hour beneath,
     like the seed's PilotsperHour.png; with ``finished`` pilots (the registry's terminal ones)
     a middle panel shows what became of them: finished per hour by state. Needs matplotlib
@@ -146,18 +173,22 @@ def plot_png(rows: Iterable[Mapping[str, Any]], path: str, bucket: float = 3600,
     table = hourly_table(rows, bucket, finished)
     hours, endpoints = table["hours"], table["endpoints"]
     if table["finished"]:
-        fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(11, 9), sharex=True,
-                                                  gridspec_kw={"height_ratios": [3, 2, 1]})
+        fig, (top, middle, bottom) = plt.subplots(
+            3, 1, figsize=(11, 9), sharex=True, gridspec_kw={"height_ratios": [3, 2, 1]}
+        )
     else:
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True,
-                                          gridspec_kw={"height_ratios": [3, 1]})
+        fig, (top, bottom) = plt.subplots(
+            2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+        )
         middle = None
     positions = range(len(hours))
     base = [0] * len(hours)
     colours = plt.get_cmap("tab20")
     for index, endpoint in enumerate(endpoints):
         values = [table["pilots"][h].get(endpoint, 0) for h in hours]
-        top.bar(positions, values, bottom=base, label=endpoint, color=colours(index % 20), width=0.9)
+        top.bar(
+            positions, values, bottom=base, label=endpoint, color=colours(index % 20), width=0.9
+        )
         base = [b + v for b, v in zip(base, values, strict=True)]
     unit = "hour" if bucket == 3600 else f"{bucket:g} s"
     top.set_ylabel(f"pilots submitted per {unit}")
@@ -169,15 +200,33 @@ def plot_png(rows: Iterable[Mapping[str, Any]], path: str, bucket: float = 3600,
         for state in FINISHED_STATES:
             values = [table["finished"].get(h, {}).get(state, 0) for h in hours]
             if any(values):
-                middle.bar(positions, values, bottom=base, label=state, color=_STATE_COLOURS[state], width=0.9)
+                middle.bar(
+                    positions,
+                    values,
+                    bottom=base,
+                    label=state,
+                    color=_STATE_COLOURS[state],
+                    width=0.9,
+                )
                 base = [b + v for b, v in zip(base, values, strict=True)]
         middle.set_ylabel(f"pilots finished per {unit}")
         middle.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    bottom.bar(positions, [table["failures"][h] for h in hours], color="firebrick", width=0.9,
-               label="failed submissions")
+    bottom.bar(
+        positions,
+        [table["failures"][h] for h in hours],
+        color="firebrick",
+        width=0.9,
+        label="failed submissions",
+    )
     if any(table["trimmed"].values()):
-        bottom.bar(positions, [table["trimmed"][h] for h in hours], bottom=[table["failures"][h] for h in hours],
-                   color="orange", width=0.9, label="pilots trimmed by limits")
+        bottom.bar(
+            positions,
+            [table["trimmed"][h] for h in hours],
+            bottom=[table["failures"][h] for h in hours],
+            color="orange",
+            width=0.9,
+            label="pilots trimmed by limits",
+        )
         bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     bottom.set_ylabel("failures")
     step = max(1, len(hours) // 12)

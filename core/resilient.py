@@ -88,7 +88,9 @@ class ResilientState(StateStore):
             kept = len(self._kept)
             self._kept.clear()
             self._degraded_since = None
-        message = f"state store answers again after {down_for:.0f} s; {kept} accounting rows written back"
+        message = (
+            f"state store answers again after {down_for:.0f} s; {kept} accounting rows written back"
+        )
         logger.warning(message)
         if self.on_change:
             self.on_change(False, message)
@@ -188,7 +190,9 @@ class ResilientState(StateStore):
 
     def prune_records(self, stream: str, before: float) -> int:
         with self._lock:  # rows kept while the primary failed age the same way
-            kept = [(s, r) for s, r in self._kept if s != stream or float(r.get("time", 0)) >= before]
+            kept = [
+                (s, r) for s, r in self._kept if s != stream or float(r.get("time", 0)) >= before
+            ]
             dropped = len(self._kept) - len(kept)
             self._kept[:] = kept
         if self._maybe_recover():
@@ -205,7 +209,9 @@ class ResilientState(StateStore):
             except StateError as exc:
                 self._degrade(exc)
         with self._lock:
-            return [dict(r) for s, r in self._kept if s == stream and float(r.get("time", 0)) >= since]
+            return [
+                dict(r) for s, r in self._kept if s == stream and float(r.get("time", 0)) >= since
+            ]
 
     def pilot_registry(self) -> PilotRegistry:
         """The primary's registry: pilots are not mirrored into the local view, so while the

@@ -34,10 +34,14 @@ class RetryPolicy:
     @classmethod
     def for_iteration(cls, director: Mapping[str, Any], started: float) -> RetryPolicy:
         """The policy of an iteration that started at ``started`` (clock time)."""
-        return cls(retries=int(director.get("retries_per_pilot", 0)),
-                   deadline=started + float(director.get("retry_within_seconds", 0)))
+        return cls(
+            retries=int(director.get("retries_per_pilot", 0)),
+            deadline=started + float(director.get("retry_within_seconds", 0)),
+        )
 
-    def decide(self, failure: Failure, attempt: int, now: float, timeout: float, others: int) -> str | None:
+    def decide(
+        self, failure: Failure, attempt: int, now: float, timeout: float, others: int
+    ) -> str | None:
         """What to do after attempt number ``attempt`` (1 = the first try) failed with
         ``failure`` and ``others`` usable servers remain untried: ``"retried"``, or
         ``"not retried: <why>"``, or None when the failure is not one to retry at all (a
@@ -45,7 +49,9 @@ class RetryPolicy:
         if failure.local or not failure.transient:
             return None
         if attempt > self.retries:
-            return "not retried: " + (f"{self.retries} retries done" if self.retries else "retries are off")
+            return "not retried: " + (
+                f"{self.retries} retries done" if self.retries else "retries are off"
+            )
         if now + timeout > self.deadline:
             return "not retried: it would run past the iteration's deadline"
         if others == 0:
@@ -53,9 +59,23 @@ class RetryPolicy:
         return "retried"
 
 
-def retry_entry(request_backend: str, group: str, pilots: int, endpoint: str, kind: str,
-                attempt: int, outcome: str) -> dict[str, Any]:
+def retry_entry(
+    request_backend: str,
+    group: str,
+    pilots: int,
+    endpoint: str,
+    kind: str,
+    attempt: int,
+    outcome: str,
+) -> dict[str, Any]:
     """One line of the iteration's retry report (``gridgate run --json``'s ``retries``):
     which submission failed where, and what was done about it (``retried``, or why not)."""
-    return {"backend": request_backend, "group": group, "pilots": pilots, "failed_on": endpoint,
-            "kind": kind, "attempt": attempt, "outcome": outcome}
+    return {
+        "backend": request_backend,
+        "group": group,
+        "pilots": pilots,
+        "failed_on": endpoint,
+        "kind": kind,
+        "attempt": attempt,
+        "outcome": outcome,
+    }

@@ -40,8 +40,13 @@ from loguru import logger
 from gridgate.core.model import CommandResult
 
 __all__ = [
-    "run", "kill_process_group", "orphan_guard", "argv_chunks", "DEFAULT_MAX_OUTPUT",
-    "DRAIN_AFTER_EXIT", "ARGV_BYTES",
+    "run",
+    "kill_process_group",
+    "orphan_guard",
+    "argv_chunks",
+    "DEFAULT_MAX_OUTPUT",
+    "DRAIN_AFTER_EXIT",
+    "ARGV_BYTES",
 ]
 
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
@@ -108,14 +113,20 @@ class _OrphanGuard:
 
                 try:
                     self.proc = subprocess.Popen(
-                        [sys.executable, "-I", "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                        [sys.executable, "-I", "-S", "-c", _WATCHDOG],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        close_fds=True,
                         start_new_session=True,
                     )
                 except OSError as exc:
                     # A guard that cannot start must not stop the caller from working.
-                    logger.warning("runner: orphan guard not started ({}): commands in flight "
-                                   "would outlive a killed director", exc)
+                    logger.warning(
+                        "runner: orphan guard not started ({}): commands in flight "
+                        "would outlive a killed director",
+                        exc,
+                    )
 
     def disarm(self) -> None:
         with self.lock:
@@ -340,7 +351,10 @@ ARGV_BYTES = 100_000
 
 
 def argv_chunks(
-    prefix: Sequence[str], items: Sequence[str], *, limit: int = ARGV_BYTES,
+    prefix: Sequence[str],
+    items: Sequence[str],
+    *,
+    limit: int = ARGV_BYTES,
     joiner: str | None = None,
 ) -> list[list[str]]:
     """Split one bulk command into as few argvs as fit ``limit`` bytes each.
@@ -351,6 +365,7 @@ def argv_chunks(
     at least one id, so an id longer than ``limit`` still gets a command of its own.
     An empty ``items`` gives no command at all.
     """
+
     def size(words: Sequence[str]) -> int:
         return sum(len(w.encode()) + 1 for w in words)
 
@@ -496,8 +511,9 @@ class _Spawner:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.requests: queue.SimpleQueue[_SpawnRequest] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._serve, name="gridgate-runner-spawner",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._serve, name="gridgate-runner-spawner", daemon=True
+        )
         self.thread.start()
 
     def _serve(self) -> None:
@@ -528,7 +544,9 @@ def _get_spawner() -> _Spawner:
         return _spawner
 
 
-def _spawn(started: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+def _spawn(
+    started: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any
+) -> subprocess.Popen[bytes]:
     """Start the child and record it in ``started`` (so an interrupt can still kill it)."""
     if threading.current_thread() is not threading.main_thread():
         # No signal handler ever runs here, so nothing can interrupt Popen halfway.
@@ -645,7 +663,7 @@ def _supervise(
                     except OSError as exc:
                         if exc.errno not in (errno.EPIPE, errno.EINVAL):
                             logger.debug("runner: stdin write failed: {}", exc)
-                        pending_input = pending_input[len(pending_input):]
+                        pending_input = pending_input[len(pending_input) :]
                         written = 0
                     pending_input = pending_input[written:]
                     if not pending_input:

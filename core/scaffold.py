@@ -18,8 +18,11 @@ from string import Template
 from gridgate.core import API_VERSION, __version__
 
 KINDS = ("backend", "notifier", "classifier")
-GROUPS = {"backend": "gridgate.backends", "notifier": "gridgate.notifiers",
-          "classifier": "gridgate.classifiers"}
+GROUPS = {
+    "backend": "gridgate.backends",
+    "notifier": "gridgate.notifiers",
+    "classifier": "gridgate.classifiers",
+}
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")  # fullmatch: "$" would take "evil\n"
 
 
@@ -27,7 +30,7 @@ class ScaffoldError(Exception):
     """The package cannot be written (bad name, folder not empty)."""
 
 
-_PYPROJECT = '''\
+_PYPROJECT = """\
 [build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
@@ -53,9 +56,9 @@ packages = ["$package"]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
-'''
+"""
 
-_README = '''\
+_README = """\
 # $dist
 
 A gridgate $kind plugin, entry point `$name` in `$group` (plugin API $api_version).
@@ -69,7 +72,7 @@ $run_line
 
 Where to go from here: docs/plugins.md (how to write a $kind), docs/hooks.md (every hook),
 docs/api.md (what you may import), docs/kinds.md (failure kinds) in gridgate's sources.
-'''
+"""
 
 _INIT = '''\
 """$dist: a gridgate $kind plugin."""
@@ -214,7 +217,7 @@ for _ in range(count):
     print(f"Submitted job {uuid.uuid4().hex[:12]}")
 '''
 
-_SITE = '''\
+_SITE = """\
 # Try the backend end to end: gridgate run --once --json -c site.yaml
 director:
   state_dir: ./gridgate-state
@@ -227,7 +230,7 @@ backends:
 demand:
   static:
     $name: 3
-'''
+"""
 
 _BACKEND_TESTS = '''\
 """Tests of the `$name` backend with gridgate's testing kit: real stand-in commands, no mocks."""
@@ -578,20 +581,31 @@ def new_plugin(kind: str, name: str, folder: Path | None = None) -> list[Path]:
     if kind not in _TEMPLATES:
         raise ScaffoldError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
     if not NAME_RE.fullmatch(name):
-        raise ScaffoldError(f"plugin name {name!r}: use lower-case letters, digits and _ "
-                            "(it is the key a site writes in its YAML)")
+        raise ScaffoldError(
+            f"plugin name {name!r}: use lower-case letters, digits and _ "
+            "(it is the key a site writes in its YAML)"
+        )
     dist = "gridgate-" + name.replace("_", "-")
     folder = Path(folder) if folder is not None else Path(dist)
     if folder.exists() and any(folder.iterdir()):
         raise ScaffoldError(f"{folder} exists and is not empty: nothing was written")
     module, source, tests, suffix = _TEMPLATES[kind]
     values = {
-        "name": name, "kind": kind, "dist": dist, "package": f"gridgate_{name}", "module": module,
-        "cls": _camel(name) + suffix, "group": GROUPS[kind], "section": _SECTIONS[kind],
-        "gridgate_version": ".".join(__version__.split(".")[:2]), "api_version": API_VERSION,
-        "run_line": ("gridgate run --once --json -c site.yaml   # drives the stand-in command"
-                     if kind == "backend" else
-                     "gridgate config validate site.yaml    # once a site names it"),
+        "name": name,
+        "kind": kind,
+        "dist": dist,
+        "package": f"gridgate_{name}",
+        "module": module,
+        "cls": _camel(name) + suffix,
+        "group": GROUPS[kind],
+        "section": _SECTIONS[kind],
+        "gridgate_version": ".".join(__version__.split(".")[:2]),
+        "api_version": API_VERSION,
+        "run_line": (
+            "gridgate run --once --json -c site.yaml   # drives the stand-in command"
+            if kind == "backend"
+            else "gridgate config validate site.yaml    # once a site names it"
+        ),
     }
     package = Path("src") / values["package"]
     files: dict[Path, str] = {
@@ -621,5 +635,6 @@ def new_plugin(kind: str, name: str, folder: Path | None = None) -> list[Path]:
 def next_steps(kind: str, folder: Path) -> str:
     """What to type next, for the command line."""
     python = Path(sys.executable)
-    return (f"cd {folder}\n{python} -m pip install -e '.[test]'\n{python} -m pytest\n"
-            + ("gridgate run --once --json -c site.yaml\n" if kind == "backend" else ""))
+    return f"cd {folder}\n{python} -m pip install -e '.[test]'\n{python} -m pytest\n" + (
+        "gridgate run --once --json -c site.yaml\n" if kind == "backend" else ""
+    )

@@ -15,7 +15,10 @@ from typing import Any
 SECRET_SCHEMA: dict[str, Any] = {
     "description": "A secret read at run time: {env: VARIABLE} or {file: /path/to/file}.",
     "type": "object",
-    "properties": {"env": {"type": "string", "minLength": 1}, "file": {"type": "string", "minLength": 1}},
+    "properties": {
+        "env": {"type": "string", "minLength": 1},
+        "file": {"type": "string", "minLength": 1},
+    },
     "additionalProperties": False,
     "minProperties": 1,
     "maxProperties": 1,
@@ -73,17 +76,22 @@ def file_problem(path: str, info: os.stat_result) -> str | None:
         return f"secret file {path} is not a regular file"
     mode = stat.S_IMODE(info.st_mode)
     if mode & 0o077:
-        return (f"secret file {path} has mode {mode:04o}: it must not be accessible by group "
-                f"or others (chmod 600 {path})")
+        return (
+            f"secret file {path} has mode {mode:04o}: it must not be accessible by group "
+            f"or others (chmod 600 {path})"
+        )
     euid = os.geteuid()
     if info.st_uid not in (euid, 0):
-        return (f"secret file {path} belongs to uid {info.st_uid}, not to this user (uid "
-                f"{euid}) or root: its owner could change the secret")
+        return (
+            f"secret file {path} belongs to uid {info.st_uid}, not to this user (uid "
+            f"{euid}) or root: its owner could change the secret"
+        )
     return None
 
 
-def secret_problems(instance: Any, schema: Mapping[str, Any],
-                    path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], str]]:
+def secret_problems(
+    instance: Any, schema: Mapping[str, Any], path: tuple[str | int, ...] = ()
+) -> Iterator[tuple[tuple[str | int, ...], str]]:
     """``(path, message)`` for every ``{file: ...}`` secret of a validated document whose
     file exists and is not private (``config validate`` reports them; a missing file is
     reported when the program that needs it reads it)."""

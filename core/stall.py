@@ -44,17 +44,17 @@ STALL_NOTE = "stall-note/"
 #: What an outcome/kind pair usually means, for the operator reading the error.
 HINTS: Mapping[str, str] = {
     "skipped/no_endpoint": "every server of the backend is in the failing cache "
-                           "(gridgate servers list; earlier error mails say why)",
+    "(gridgate servers list; earlier error mails say why)",
     "skipped/local_fault": "the backend was paused after a fault of this machine "
-                           "(see the local-fault error)",
+    "(see the local-fault error)",
     "skipped/no_backend": "the demand names a backend that is not configured",
     "refused/admission": "admission control refused the submission token",
     "no_match": "no resource matched the requirements on the server asked",
     "failed/plugin_error": "a plugin raised an exception (see the log)",
     "skipped/max_waiting": "max_waiting is full and no pilot changed state for many polls "
-                           "(status polls failing? gridgate pilots summary; earlier errors say why)",
+    "(status polls failing? gridgate pilots summary; earlier errors say why)",
     "skipped/max_total": "max_total is full and no pilot changed state for many polls "
-                         "(status polls failing? gridgate pilots summary; earlier errors say why)",
+    "(status polls failing? gridgate pilots summary; earlier errors say why)",
 }
 
 
@@ -81,13 +81,21 @@ class StallWatch:
         move (``backend -> why``): their trims count as stalled submissions."""
         self._stuck = dict(backends)
 
-    def observe(self, iteration: IterationInfo, records: Iterable[AccountingRecord],
-                director: Mapping[str, Any]) -> list[Notification]:
+    def observe(
+        self,
+        iteration: IterationInfo,
+        records: Iterable[AccountingRecord],
+        director: Mapping[str, Any],
+    ) -> list[Notification]:
         """Account one finished iteration; returns the notifications to send (already
         claimed in the store, so the caller just sends them)."""
         stuck, self._stuck = self._stuck, {}
-        asked = [r for r in records if r.failure_kind not in NOT_ASKED
-                 or (r.failure_kind in ("max_waiting", "max_total") and r.backend in stuck)]
+        asked = [
+            r
+            for r in records
+            if r.failure_kind not in NOT_ASKED
+            or (r.failure_kind in ("max_waiting", "max_total") and r.backend in stuck)
+        ]
         if not asked:
             return []
         try:
@@ -110,8 +118,9 @@ class StallWatch:
 
     def _claim(self, episode: Mapping[str, Any], what: str, ttl: float) -> bool:
         """Whether this director sends ``what`` for ``episode`` (atomic: one of several)."""
-        return self.state.add_if_absent(f"{STALL_NOTE}{self.scope}/{episode['since']:.3f}/{what}",
-                                        "1", ttl=ttl)
+        return self.state.add_if_absent(
+            f"{STALL_NOTE}{self.scope}/{episode['since']:.3f}/{what}", "1", ttl=ttl
+        )
 
     def _ended(self) -> list[Notification]:
         episode = self._load()
@@ -122,24 +131,42 @@ class StallWatch:
             return []
         now = self.clock.time()
         lasted = elapsed_text(now - float(episode["since"]))
-        body = (f"gridgate on {self.scope} submits pilots again, after {episode['iterations']} "
-                f"iteration(s) with demand and no submission (since {_iso(episode['since'])}, "
-                f"{lasted}).\n")
-        return [Notification(level="info", subject=f"gridgate: {self.scope} is submitting again",
-                             body=body, created=now, key=f"{self.key}/resumed/{episode['since']:.0f}")]
+        body = (
+            f"gridgate on {self.scope} submits pilots again, after {episode['iterations']} "
+            f"iteration(s) with demand and no submission (since {_iso(episode['since'])}, "
+            f"{lasted}).\n"
+        )
+        return [
+            Notification(
+                level="info",
+                subject=f"gridgate: {self.scope} is submitting again",
+                body=body,
+                created=now,
+                key=f"{self.key}/resumed/{episode['since']:.0f}",
+            )
+        ]
 
-    def _stalled(self, iteration: IterationInfo, asked: list[AccountingRecord],
-                 director: Mapping[str, Any]) -> list[Notification]:
+    def _stalled(
+        self, iteration: IterationInfo, asked: list[AccountingRecord], director: Mapping[str, Any]
+    ) -> list[Notification]:
         now = self.clock.time()
         failing_expiry = float(director["failing_expiry"])
         ticket_expiry = float(director["ticket_expiry"])
         ttl = failing_expiry + ticket_expiry
-        episode = self._load() or {"since": now, "iterations": 0, "pilots": 0, "reasons": {},
-                                   "error_sent": False, "alarm_at": None}
+        episode = self._load() or {
+            "since": now,
+            "iterations": 0,
+            "pilots": 0,
+            "reasons": {},
+            "error_sent": False,
+            "alarm_at": None,
+        }
         last: dict[str, list[int]] = {}
         for record in asked:
-            for counts in (episode["reasons"].setdefault(_reason(record), [0, 0]),
-                           last.setdefault(_reason(record), [0, 0])):
+            for counts in (
+                episode["reasons"].setdefault(_reason(record), [0, 0]),
+                last.setdefault(_reason(record), [0, 0]),
+            ):
                 counts[0] += 1
                 counts[1] += record.pilots
         episode["iterations"] += 1
@@ -167,8 +194,11 @@ class StallWatch:
         since = float(episode["since"])
         lines = []
         if level == "alarm":
-            lines += ["Submit GGUS Ticket for this error if not already opened",
-                      f"It has been failing at least for {elapsed_text(now - since)}", ""]
+            lines += [
+                "Submit GGUS Ticket for this error if not already opened",
+                f"It has been failing at least for {elapsed_text(now - since)}",
+                "",
+            ]
         lines += [
             f"gridgate on {self.scope} has submitted no pilot for {episode['iterations']} "
             f"iteration(s) in a row although the demand asked for pilots "
@@ -182,19 +212,31 @@ class StallWatch:
         if last:
             lines += ["", f"In the last iteration (#{last['number']}):"]
             lines += _reason_lines(last["reasons"])
-        lines += ["", "This message is sent whatever the cause; the messages above it in your "
-                      "mailbox, `gridgate servers list` and the log say more. A "
-                      "\"submitting again\" notice follows when pilots are submitted again."]
-        subject = f"gridgate: {self.scope} has submitted no pilot for {episode['iterations']} iterations"
-        return Notification(level=level, subject=subject,  # type: ignore[arg-type]
-                            body="\n".join(lines) + "\n", created=now, episode_start=since,
-                            key=f"{self.key}/{level}/{since:.0f}/{now:.0f}")
+        lines += [
+            "",
+            "This message is sent whatever the cause; the messages above it in your "
+            "mailbox, `gridgate servers list` and the log say more. A "
+            '"submitting again" notice follows when pilots are submitted again.',
+        ]
+        subject = (
+            f"gridgate: {self.scope} has submitted no pilot for {episode['iterations']} iterations"
+        )
+        return Notification(
+            level=level,
+            subject=subject,  # type: ignore[arg-type]
+            body="\n".join(lines) + "\n",
+            created=now,
+            episode_start=since,
+            key=f"{self.key}/{level}/{since:.0f}/{now:.0f}",
+        )
 
 
 def _reason_lines(reasons: Mapping[str, list[int]]) -> list[str]:
     lines = []
     for reason, (attempts, pilots) in sorted(reasons.items(), key=lambda kv: (-kv[1][0], kv[0])):
         hint = HINTS.get(reason)
-        lines.append(f"- {reason}: {attempts} attempt(s), {pilots} pilot(s)"
-                     + (f" -- {hint}" if hint else ""))
+        lines.append(
+            f"- {reason}: {attempts} attempt(s), {pilots} pilot(s)"
+            + (f" -- {hint}" if hint else "")
+        )
     return lines

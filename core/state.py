@@ -42,7 +42,9 @@ class StateStore(ABC):
 
     config_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
 
-    def __init__(self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.config = dict(config or {})
         self.clock = clock
 
@@ -108,6 +110,7 @@ _REGISTRY_LOCK = threading.Lock()
 # ---------------------------------------------------------------------------------------------
 # Helpers shared by the drivers
 
+
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key:
         raise TypeError(f"state keys are non-empty strings, got {key!r}")
@@ -165,6 +168,7 @@ def prefix_successor(prefix: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # memory: one process, gone at exit
 
+
 class MemoryState(StateStore):
     """A dict behind a lock, for tests and single-shot runs; nothing survives the process."""
 
@@ -178,7 +182,9 @@ class MemoryState(StateStore):
     #: Expired keys are dropped at most this often (clock seconds), not on every call.
     PRUNE_EVERY = 60.0
 
-    def __init__(self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         super().__init__(config, clock)
         self._lock = threading.Lock()
         self._data: dict[str, tuple[str, float | None]] = {}
@@ -316,7 +322,7 @@ class SqliteState(StateStore):
                 "minLength": 1,
                 "default": "./gridgate-state/state.db",
                 "description": "The database file (relative paths are relative to the working "
-                               "directory). Created 0600 in a 0700 directory.",
+                "directory). Created 0600 in a 0700 directory.",
             },
             "busy_timeout": {
                 "maximum": 86400,
@@ -336,7 +342,9 @@ class SqliteState(StateStore):
         "additionalProperties": False,
     }
 
-    def __init__(self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         super().__init__(config, clock)
         self.path = Path(self.config.get("path", "./gridgate-state/state.db"))
         self.busy_timeout = float(self.config.get("busy_timeout", 30))
@@ -408,7 +416,9 @@ class SqliteState(StateStore):
         else:
             hint = "database error"
         code = getattr(exc, "sqlite_errorname", "")
-        return f"state file {self.path}: cannot {what}: {hint} ({text}{', ' + code if code else ''})"
+        return (
+            f"state file {self.path}: cannot {what}: {hint} ({text}{', ' + code if code else ''})"
+        )
 
     def _execute(self, what: str, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """Run one statement under the lock; caller holds ``self._lock``."""
@@ -519,14 +529,18 @@ class SqliteState(StateStore):
         when, text = encode_record(record)
         with self._lock:
             self._execute(
-                "write", "INSERT INTO records (stream, time, data) VALUES (?, ?, ?)",
+                "write",
+                "INSERT INTO records (stream, time, data) VALUES (?, ?, ?)",
                 (stream, when, text),
             )
 
     def prune_records(self, stream: str, before: float) -> int:
         with self._lock:
-            cursor = self._execute("write", "DELETE FROM records WHERE stream = ? AND time < ?",
-                                   (stream, float(before)))
+            cursor = self._execute(
+                "write",
+                "DELETE FROM records WHERE stream = ? AND time < ?",
+                (stream, float(before)),
+            )
             return int(cursor.rowcount or 0)
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:

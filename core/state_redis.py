@@ -122,18 +122,17 @@ class RedisState(StateStore):
                 "type": "string",
                 "default": "redis://localhost:6379/0",
                 "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
-                               "password in the URL only through the environment or a file.",
+                "password in the URL only through the environment or a file.",
             },
             "password": {
                 **SECRET_SCHEMA,
                 "description": "The Redis password (AUTH), from {env: VAR} or {file: PATH}; "
-                               "never inline, and never in the url.",
+                "never inline, and never in the url.",
             },
             "prefix": {
                 "type": "string",
                 "default": "gridgate:",
-                "description": "Prepended to every Redis key, so several sites can share a "
-                               "server.",
+                "description": "Prepended to every Redis key, so several sites can share a server.",
             },
             "socket_timeout": {
                 "type": "number",
@@ -158,7 +157,9 @@ class RedisState(StateStore):
         "additionalProperties": False,
     }
 
-    def __init__(self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         super().__init__(config, clock)
         self.url = str(self.config.get("url", "redis://localhost:6379/0"))
         self.prefix = str(self.config.get("prefix", "gridgate:"))
@@ -196,8 +197,13 @@ class RedisState(StateStore):
         netloc = url.partition("://")[2].split("/", 1)[0]
         creds, at, _host = netloc.rpartition("@")
         if at and ":" in creds:
-            return [(("url",), "do not write the password into the url; give it as "
-                               "password: {env: VARIABLE} or password: {file: PATH}")]
+            return [
+                (
+                    ("url",),
+                    "do not write the password into the url; give it as "
+                    "password: {env: VARIABLE} or password: {file: PATH}",
+                )
+            ]
         return []
 
     def _safe_url(self) -> str:
@@ -305,9 +311,7 @@ class RedisState(StateStore):
             members = [m for m, _score in batch]
             if members:
                 payloads = self._call(
-                    "sweep index", lambda ms=members: self._client.mget(
-                        [self._key(m) for m in ms]
-                    )
+                    "sweep index", lambda ms=members: self._client.mget([self._key(m) for m in ms])
                 )
                 gone = [m for m, p in zip(members, payloads, strict=True) if p is None]
                 if gone:
@@ -331,14 +335,19 @@ class RedisState(StateStore):
 
     def prune_records(self, stream: str, before: float) -> int:
         key = f"{self.prefix}rec:{stream}"
-        return int(self._call("prune records",
-                              lambda: self._client.zremrangebyscore(key, "-inf", f"({float(before)!r}")))
+        return int(
+            self._call(
+                "prune records",
+                lambda: self._client.zremrangebyscore(key, "-inf", f"({float(before)!r}"),
+            )
+        )
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         members = self._call(
             "read records",
-            lambda: self._client.zrangebyscore(f"{self.prefix}rec:{stream}", repr(float(since)),
-                                               "+inf"),
+            lambda: self._client.zrangebyscore(
+                f"{self.prefix}rec:{stream}", repr(float(since)), "+inf"
+            ),
         )
         # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
         return [json.loads(m.partition(" ")[2]) for m in members]

@@ -105,8 +105,10 @@ def section_for(plugin_class: type, section: Mapping[str, Any] | None = None) ->
     schema = getattr(plugin_class, "config_schema", {"type": "object"})
     doc = copy.deepcopy(dict(section or {}))
     name = getattr(plugin_class, "__name__", "plugin")
-    problems = [ConfigProblem(f"<{name} section>", 0, path, message)
-                for path, message in schema_problems(schema, doc)]
+    problems = [
+        ConfigProblem(f"<{name} section>", 0, path, message)
+        for path, message in schema_problems(schema, doc)
+    ]
     if not problems:
         filled = copy.deepcopy(doc)
         apply_defaults(filled, schema)
@@ -152,7 +154,9 @@ def build_plugin(
     return plugin
 
 
-def director_for(config_doc: Mapping[str, Any], *plugins: object, clock: Clock | None = None) -> Director:
+def director_for(
+    config_doc: Mapping[str, Any], *plugins: object, clock: Clock | None = None
+) -> Director:
     """A :class:`~gridgate.core.director.Director` for ``config_doc`` on in-memory state.
 
     ``plugins`` are registered after the configured ones, so they answer first: pass your
@@ -173,7 +177,7 @@ def director_for(config_doc: Mapping[str, Any], *plugins: object, clock: Clock |
 
 # --- stand-in commands -----------------------------------------------------------------------
 
-_STAND_IN = '''#!{python}
+_STAND_IN = """#!{python}
 # gridgate stand-in {name!r}: written by gridgate.core.testing.stand_in_command
 import fcntl, json, os, sys, time
 
@@ -192,7 +196,7 @@ if SPEC["sleep"] > 0:
 sys.stderr.write(fill(SPEC["stderr"]))
 sys.stderr.flush()
 sys.exit(SPEC["exit_code"])
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -247,8 +251,15 @@ def stand_in_command(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     calls = folder / f".{name}.calls"
-    spec = json.dumps({"stdout": stdout, "stderr": stderr, "exit_code": exit_code,
-                       "sleep": float(sleep), "calls": str(calls.resolve())})
+    spec = json.dumps(
+        {
+            "stdout": stdout,
+            "stderr": stderr,
+            "exit_code": exit_code,
+            "sleep": float(sleep),
+            "calls": str(calls.resolve()),
+        }
+    )
     path.write_text(_STAND_IN.format(python=sys.executable, name=name, spec=spec), encoding="utf-8")
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return StandIn(path=path, calls_file=calls)

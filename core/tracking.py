@@ -63,44 +63,87 @@ PENDING_FILE = "pilots-pending.json"
 DECIDING = ("done", "failed")
 
 _LIMITS: dict[str, Any] = {
-    "status_interval": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
-                        "description": "Seconds between two status polls of an endpoint "
-                                       "(null: poll at every iteration)."},
-    "max_waiting": {"type": ["integer", "null"], "minimum": 0,
-                    "description": "At most this many pilots waiting on each endpoint: demand "
-                                   "beyond it is trimmed (null: no limit)."},
-    "max_total": {"type": ["integer", "null"], "minimum": 0,
-                  "description": "At most this many non-terminal pilots per backend (null: no limit)."},
-    "max_wait_time": {"maximum": 365 * 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
-                      "description": "Pilots waiting longer than this many seconds are cancelled "
-                                     "(null: never)."},
+    "status_interval": {
+        "maximum": 86400,
+        "type": ["number", "null"],
+        "exclusiveMinimum": 0,
+        "description": "Seconds between two status polls of an endpoint "
+        "(null: poll at every iteration).",
+    },
+    "max_waiting": {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "description": "At most this many pilots waiting on each endpoint: demand "
+        "beyond it is trimmed (null: no limit).",
+    },
+    "max_total": {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "description": "At most this many non-terminal pilots per backend (null: no limit).",
+    },
+    "max_wait_time": {
+        "maximum": 365 * 86400,
+        "type": ["number", "null"],
+        "exclusiveMinimum": 0,
+        "description": "Pilots waiting longer than this many seconds are cancelled (null: never).",
+    },
 }
 
 PILOTS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "default": {},
     "description": "Tracking submitted pilots: status polling, limits on what waits, aborted "
-                   "pilots (docs/pilots.md).",
+    "pilots (docs/pilots.md).",
     "properties": {
-        "track": {"type": "boolean", "default": True,
-                  "description": "Record every submitted pilot and poll its state."},
+        "track": {
+            "type": "boolean",
+            "default": True,
+            "description": "Record every submitted pilot and poll its state.",
+        },
         **{k: {**v, "default": None} for k, v in _LIMITS.items()},
-        "lost_after": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 3600,
-                       "description": "A pilot the backend has not known (state unknown) for this "
-                                      "many seconds becomes lost (terminal)."},
-        "keep_finished": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 7 * 86400,
-                          "description": "Terminal pilots are kept this many seconds for the "
-                                         "accounting, then pruned."},
-        "abort_window": {"type": "integer", "minimum": 1, "default": 20,
-                         "description": "The verdict on an endpoint's pilots looks at its last "
-                                        "this many finished (done or failed) pilots."},
-        "abort_min_finished": {"type": "integer", "minimum": 1, "default": 10,
-                               "description": "No verdict on fewer finished pilots than this."},
-        "abort_threshold": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "default": 0.5,
-                            "description": "An endpoint whose failed share of those pilots is "
-                                           "above this fails with kind aborted."},
-        "abort_sample": {"type": "integer", "minimum": 0, "default": 5,
-                         "description": "How many native reasons the notification quotes."},
+        "lost_after": {
+            "maximum": 365 * 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 3600,
+            "description": "A pilot the backend has not known (state unknown) for this "
+            "many seconds becomes lost (terminal).",
+        },
+        "keep_finished": {
+            "maximum": 365 * 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 7 * 86400,
+            "description": "Terminal pilots are kept this many seconds for the "
+            "accounting, then pruned.",
+        },
+        "abort_window": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 20,
+            "description": "The verdict on an endpoint's pilots looks at its last "
+            "this many finished (done or failed) pilots.",
+        },
+        "abort_min_finished": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 10,
+            "description": "No verdict on fewer finished pilots than this.",
+        },
+        "abort_threshold": {
+            "type": "number",
+            "minimum": 0,
+            "exclusiveMaximum": 1,
+            "default": 0.5,
+            "description": "An endpoint whose failed share of those pilots is "
+            "above this fails with kind aborted.",
+        },
+        "abort_sample": {
+            "type": "integer",
+            "minimum": 0,
+            "default": 5,
+            "description": "How many native reasons the notification quotes.",
+        },
         "backends": {
             "type": "object",
             "default": {},
@@ -160,8 +203,14 @@ class Limits:
     """Room left this iteration under ``max_waiting`` (per endpoint) and ``max_total`` (per
     backend), shared by the submission threads: each submission reserves what it takes."""
 
-    def __init__(self, settings: PilotSettings, counts: Counts, infos: Mapping[str, BackendInfo],
-                 blind: Iterable[str] = (), retired: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        settings: PilotSettings,
+        counts: Counts,
+        infos: Mapping[str, BackendInfo],
+        blind: Iterable[str] = (),
+        retired: Iterable[str] = (),
+    ) -> None:
         self._lock = threading.Lock()
         self.endpoint_room: dict[str, int | None] = {}
         self.backend_room: dict[str, int | None] = {}
@@ -183,19 +232,23 @@ class Limits:
                 self.endpoint_room.update((e.key, None) for e in info.endpoints)
                 continue
             total = settings.for_backend(backend, "max_total")
-            self.backend_room[backend] = None if total is None else max(0, total - active.get(backend, 0))
+            self.backend_room[backend] = (
+                None if total is None else max(0, total - active.get(backend, 0))
+            )
             for endpoint in info.endpoints:
                 limit = settings.for_endpoint(endpoint, "max_waiting")
                 self.endpoint_room[endpoint.key] = (
-                    None if limit is None else max(0, limit - waiting.get(endpoint.key, 0)))
+                    None if limit is None else max(0, limit - waiting.get(endpoint.key, 0))
+                )
 
     def _count(self, backend: str, limit: str, n: int) -> None:
         if n > 0:
             mine = self.trimmed.setdefault(backend, {})
             mine[limit] = mine.get(limit, 0) + n
 
-    def trim(self, requests: Sequence[SubmitRequest], usable: Mapping[str, Sequence[Endpoint]]
-             ) -> tuple[list[SubmitRequest], list[tuple[SubmitRequest, str, int]]]:
+    def trim(
+        self, requests: Sequence[SubmitRequest], usable: Mapping[str, Sequence[Endpoint]]
+    ) -> tuple[list[SubmitRequest], list[tuple[SubmitRequest, str, int]]]:
         """Cut ``requests`` (in order) to what fits; returns the kept requests and, per cut,
         (request, limit, pilots cut)."""
         left: dict[str, tuple[float, float]] = {}
@@ -232,8 +285,11 @@ class Limits:
     def with_room(self, candidates: Iterable[Endpoint]) -> list[Endpoint]:
         """The candidates that can still take a pilot."""
         with self._lock:
-            return [e for e in candidates
-                    if self.backend_room.get(e.backend) != 0 and self.endpoint_room.get(e.key) != 0]
+            return [
+                e
+                for e in candidates
+                if self.backend_room.get(e.backend) != 0 and self.endpoint_room.get(e.key) != 0
+            ]
 
     def reserve(self, endpoint: Endpoint, request: SubmitRequest) -> SubmitRequest | None:
         """Take room on ``endpoint`` for ``request``: the request as it fits (maybe smaller:
@@ -241,8 +297,14 @@ class Limits:
         (the caller may try another server). The caller says :meth:`skipped` for what no
         server had room for."""
         with self._lock:
-            rooms = [r for r in (self.endpoint_room.get(endpoint.key),
-                                 self.backend_room.get(endpoint.backend)) if r is not None]
+            rooms = [
+                r
+                for r in (
+                    self.endpoint_room.get(endpoint.key),
+                    self.backend_room.get(endpoint.backend),
+                )
+                if r is not None
+            ]
             take = min([request.count, *rooms])
             if take <= 0:
                 return None
@@ -307,14 +369,18 @@ class PilotTracker:
         view then, and every call to the store would wait for it to time out)."""
         if getattr(self.director.state, "degraded", False):
             if not quiet:
-                logger.error("state store unavailable: pilots are not polled, limited or tracked "
-                             "this iteration")
+                logger.error(
+                    "state store unavailable: pilots are not polled, limited or tracked "
+                    "this iteration"
+                )
             return None
         try:
             return self.director.state.pilot_registry()
         except StateError as exc:
             if not quiet:
-                logger.error("pilot registry unavailable, pilots are not tracked this iteration: {}", exc)
+                logger.error(
+                    "pilot registry unavailable, pilots are not tracked this iteration: {}", exc
+                )
             return None
 
     # --- submissions --------------------------------------------------------------------------
@@ -323,28 +389,43 @@ class PilotTracker:
         """Track the pilots of a successful submission (one per job id)."""
         if not record.job_ids or not self.settings["track"]:
             return
-        pilots = [Pilot(job_id=job, backend=record.backend, endpoint=record.endpoint,
-                        group=record.group, submitted=record.time, state="waiting",
-                        changed=record.time) for job in record.job_ids]
+        pilots = [
+            Pilot(
+                job_id=job,
+                backend=record.backend,
+                endpoint=record.endpoint,
+                group=record.group,
+                submitted=record.time,
+                state="waiting",
+                changed=record.time,
+            )
+            for job in record.job_ids
+        ]
         registry = self._registry(quiet=True)
         try:
             if registry is None:
                 raise StateError("the state store is unavailable")
             registry.put(pilots)
         except StateError as exc:
-            logger.error("{} submitted pilot(s) on {} kept in memory until the state store "
-                         "answers (they count against the limits meanwhile): {}",
-                         len(pilots), record.endpoint, exc)
+            logger.error(
+                "{} submitted pilot(s) on {} kept in memory until the state store "
+                "answers (they count against the limits meanwhile): {}",
+                len(pilots),
+                record.endpoint,
+                exc,
+            )
             with self._lock:
                 self._unrecorded.extend(pilots)
-                row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
-                                              dict.fromkeys(PILOT_STATES, 0))
+                row = self._states.setdefault(
+                    f"{record.backend}/{record.endpoint}", dict.fromkeys(PILOT_STATES, 0)
+                )
                 row["waiting"] += len(pilots)
             self._save_pending()
             return
         with self._lock:
-            row = self._states.setdefault(f"{record.backend}/{record.endpoint}",
-                                          dict.fromkeys(PILOT_STATES, 0))
+            row = self._states.setdefault(
+                f"{record.backend}/{record.endpoint}", dict.fromkeys(PILOT_STATES, 0)
+            )
             row["waiting"] += len(pilots)
             where = (record.backend, record.endpoint, "waiting")  # the last known counts too
             self._known[where] = self._known.get(where, 0) + len(pilots)
@@ -360,13 +441,15 @@ class PilotTracker:
         try:
             return self._prepare(demand, it)
         except Exception as exc:
-            logger.opt(exception=exc).error("pilot tracking failed; the limits apply to the last "
-                                            "known counts this iteration")
+            logger.opt(exception=exc).error(
+                "pilot tracking failed; the limits apply to the last known counts this iteration"
+            )
             try:
                 return self._prepare_blind(demand, it, self.settings, "pilot tracking failed")
             except Exception as again:  # the limits themselves failed: nothing left to apply
-                logger.opt(exception=again).error("pilot limits failed; this iteration's demand "
-                                                  "is not trimmed")
+                logger.opt(exception=again).error(
+                    "pilot limits failed; this iteration's demand is not trimmed"
+                )
                 it.limits = None
                 return demand
 
@@ -390,17 +473,29 @@ class PilotTracker:
         if registry is None or counts is None:
             return self._prepare_blind(demand, it, settings)
         # configured backends, those with demand, and those (extra plugins) with tracked pilots
-        backends = list(dict.fromkeys([*(director.config.get("backends") or {}),
-                                       *(r.backend for r in demand.requests),
-                                       *(b for b, _e, _s in counts)]))
+        backends = list(
+            dict.fromkeys(
+                [
+                    *(director.config.get("backends") or {}),
+                    *(r.backend for r in demand.requests),
+                    *(b for b, _e, _s in counts),
+                ]
+            )
+        )
         infos: dict[str, BackendInfo] = {}
         for backend in backends:
             info = hook.gridgate_backend_info(backend=backend)
             if info is not None:
                 infos[backend] = info
         now = director.clock.time()
-        report: dict[str, Any] = {"polls": [], "changed": 0, "cancelled": {}, "aborted": [],
-                                  "trimmed": {}, "states": {}}
+        report: dict[str, Any] = {
+            "polls": [],
+            "changed": 0,
+            "cancelled": {},
+            "aborted": [],
+            "trimmed": {},
+            "states": {},
+        }
         retired = self._retired(counts, infos, it, now)
         moved_in: dict[str, int] = {}
         try:
@@ -420,20 +515,33 @@ class PilotTracker:
                             report["changed"] += gone
                             moved_in[endpoint.backend] = moved_in.get(endpoint.backend, 0) + gone
             for poll in polls:
-                moved_in[poll.endpoint.backend] = moved_in.get(poll.endpoint.backend, 0) + poll.changed
-                report["polls"].append({"backend": poll.endpoint.backend, "endpoint": poll.endpoint.name,
-                                        "pilots": poll.pilots, "outcome": poll.outcome,
-                                        "commands": poll.commands, "changed": poll.changed})
+                moved_in[poll.endpoint.backend] = (
+                    moved_in.get(poll.endpoint.backend, 0) + poll.changed
+                )
+                report["polls"].append(
+                    {
+                        "backend": poll.endpoint.backend,
+                        "endpoint": poll.endpoint.name,
+                        "pilots": poll.pilots,
+                        "outcome": poll.outcome,
+                        "commands": poll.commands,
+                        "changed": poll.changed,
+                    }
+                )
                 report["changed"] += poll.changed
                 if poll.outcome == "ok":
                     self._last_ok_poll[poll.endpoint.backend] = self._iterations
-                    cancelled = self._cancel_old(registry, poll, infos[poll.endpoint.backend], settings,
-                                                 now, it)
+                    cancelled = self._cancel_old(
+                        registry, poll, infos[poll.endpoint.backend], settings, now, it
+                    )
                     if cancelled:
                         report["cancelled"][poll.endpoint.key] = cancelled
-                        moved_in[poll.endpoint.backend] = moved_in.get(poll.endpoint.backend, 0) + cancelled
+                        moved_in[poll.endpoint.backend] = (
+                            moved_in.get(poll.endpoint.backend, 0) + cancelled
+                        )
                     if poll.endpoint.backend in retired and any(
-                            poll.endpoint == e for e in retired[poll.endpoint.backend]):
+                        poll.endpoint == e for e in retired[poll.endpoint.backend]
+                    ):
                         continue  # no verdict on a server that is no longer in the config
                     if poll.changed and self._aborting(registry, poll.endpoint, it, settings, now):
                         report["aborted"].append(poll.endpoint.key)
@@ -441,7 +549,9 @@ class PilotTracker:
             if self._prune(registry, settings, now) or moved:
                 counts = registry.counts()
         except StateError as exc:
-            logger.error("pilot registry failed, the limits apply to the last known counts: {}", exc)
+            logger.error(
+                "pilot registry failed, the limits apply to the last known counts: {}", exc
+            )
             it.pilots = report
             return self._prepare_blind(demand, it, settings)
         for backend in infos:
@@ -452,9 +562,16 @@ class PilotTracker:
         retired_keys = {e.key for endpoints in retired.values() for e in endpoints}
         return self._trim(demand, it, settings, counts, infos, report, retired_keys)
 
-    def _trim(self, demand: DemandRegistry, it: Any, settings: PilotSettings, counts: Counts,
-              infos: Mapping[str, BackendInfo], report: dict[str, Any],
-              retired: Iterable[str] = ()) -> DemandRegistry:
+    def _trim(
+        self,
+        demand: DemandRegistry,
+        it: Any,
+        settings: PilotSettings,
+        counts: Counts,
+        infos: Mapping[str, BackendInfo],
+        report: dict[str, Any],
+        retired: Iterable[str] = (),
+    ) -> DemandRegistry:
         director = self.director
         limits = Limits(settings, counts, infos, self._blind, retired)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
@@ -484,19 +601,41 @@ class PilotTracker:
                 counts[where] = counts.get(where, 0) + 1
         return counts
 
-    def _prepare_blind(self, demand: DemandRegistry, it: Any, settings: PilotSettings,
-                       why: str = "pilot registry unavailable") -> DemandRegistry:
+    def _prepare_blind(
+        self,
+        demand: DemandRegistry,
+        it: Any,
+        settings: PilotSettings,
+        why: str = "pilot registry unavailable",
+    ) -> DemandRegistry:
         """No registry this iteration: nothing is polled, and the demand is trimmed to the
         limits on the last known counts and this process's own submissions since."""
         hook = self.director.pm.hook
         counts = self._local_counts()
-        backends = list(dict.fromkeys([*(self.director.config.get("backends") or {}),
-                                       *(r.backend for r in demand.requests)]))
+        backends = list(
+            dict.fromkeys(
+                [
+                    *(self.director.config.get("backends") or {}),
+                    *(r.backend for r in demand.requests),
+                ]
+            )
+        )
         infos = {b: i for b in backends if (i := hook.gridgate_backend_info(backend=b)) is not None}
-        report: dict[str, Any] = {"polls": [], "changed": 0, "cancelled": {}, "aborted": [],
-                                  "trimmed": {}, "states": {}, "blind": why}
-        logger.error("{}: the limits apply to the last known counts plus {} pilot(s) submitted "
-                     "since; nothing is polled", why, len(self._unrecorded))
+        report: dict[str, Any] = {
+            "polls": [],
+            "changed": 0,
+            "cancelled": {},
+            "aborted": [],
+            "trimmed": {},
+            "states": {},
+            "blind": why,
+        }
+        logger.error(
+            "{}: the limits apply to the last known counts plus {} pilot(s) submitted "
+            "since; nothing is polled",
+            why,
+            len(self._unrecorded),
+        )
         return self._trim(demand, it, settings, counts, infos, report)
 
     def _pending_path(self) -> Path | None:
@@ -526,8 +665,12 @@ class PilotTracker:
                 self._known = known
             self._unrecorded[:0] = pilots
         if pilots:
-            logger.warning("{} pilot(s) submitted while the state store was down found in {}; "
-                           "they are written back when it answers", len(pilots), path)
+            logger.warning(
+                "{} pilot(s) submitted while the state store was down found in {}; "
+                "they are written back when it answers",
+                len(pilots),
+                path,
+            )
 
     def _save_pending(self) -> None:
         """Keep the last known counts and the unrecorded pilots in :data:`PENDING_FILE`
@@ -537,9 +680,13 @@ class PilotTracker:
             return
         with self._save_lock:
             with self._lock:
-                text = json.dumps({"known": sorted([*k, n] for k, n in self._known.items()),
-                                   "unrecorded": [p.as_dict() for p in self._unrecorded]},
-                                  sort_keys=True)
+                text = json.dumps(
+                    {
+                        "known": sorted([*k, n] for k, n in self._known.items()),
+                        "unrecorded": [p.as_dict() for p in self._unrecorded],
+                    },
+                    sort_keys=True,
+                )
                 durable = bool(self._unrecorded)
             if text == self._pending_saved:
                 return
@@ -550,8 +697,12 @@ class PilotTracker:
                 atomic_write(path, text.encode("utf-8"), durable=durable)
             except OSError as exc:
                 if not self._pending_failed:
-                    logger.error("cannot keep the pilot counts in {}: {} (a director restarted "
-                                 "while the state store is down would not know them)", path, exc)
+                    logger.error(
+                        "cannot keep the pilot counts in {}: {} (a director restarted "
+                        "while the state store is down would not know them)",
+                        path,
+                        exc,
+                    )
                 self._pending_failed = True
                 return
             self._pending_saved, self._pending_failed = text, False
@@ -568,14 +719,20 @@ class PilotTracker:
             with self._lock:
                 self._unrecorded[:0] = pending
             raise
-        logger.warning("{} pilot(s) submitted while the state store was down written back to it",
-                       len(pending))
+        logger.warning(
+            "{} pilot(s) submitted while the state store was down written back to it", len(pending)
+        )
 
     # --- limits that do not move ------------------------------------------------------------------
 
-    def _stuck(self, settings: PilotSettings, infos: Mapping[str, BackendInfo],
-               kept: Sequence[SubmitRequest], cuts: Sequence[tuple[SubmitRequest, str, int]],
-               counts: Counts) -> None:
+    def _stuck(
+        self,
+        settings: PilotSettings,
+        infos: Mapping[str, BackendInfo],
+        kept: Sequence[SubmitRequest],
+        cuts: Sequence[tuple[SubmitRequest, str, int]],
+        counts: Counts,
+    ) -> None:
         """Tell the stall watch which backends had their demand trimmed to zero by limits whose
         pilots changed no state for ``stall_iterations`` polls (the polls fail, the backend is
         paused, the store is down, or nothing starts): a trim that never ends is a stall.
@@ -591,7 +748,9 @@ class PilotTracker:
             backend = request.backend
             if backend in served or backend in stuck or backend not in infos:
                 continue
-            running = sum(n for (b, _e, state), n in counts.items() if b == backend and state == "running")
+            running = sum(
+                n for (b, _e, state), n in counts.items() if b == backend and state == "running"
+            )
             last_ok = self._last_ok_poll.get(backend)
             if running and last_ok is not None and self._iterations - last_ok < limit:
                 continue
@@ -601,16 +760,19 @@ class PilotTracker:
             interval = settings.for_backend(backend, "status_interval")
             polls = self._iterations - since_it
             if polls >= limit and (interval is None or now - since >= limit * float(interval)):
-                stuck[backend] = (f"demand trimmed to zero by the pilot limits, and no pilot of "
-                                  f"{backend} changed state for {polls} iteration(s)")
+                stuck[backend] = (
+                    f"demand trimmed to zero by the pilot limits, and no pilot of "
+                    f"{backend} changed state for {polls} iteration(s)"
+                )
         watch = getattr(self.director, "stall", None)
         if watch is not None and hasattr(watch, "limits_stuck"):
             watch.limits_stuck(stuck)
 
     # --- endpoints no longer configured -------------------------------------------------------------
 
-    def _retired(self, counts: Counts, infos: Mapping[str, BackendInfo], it: Any,
-                 now: float) -> dict[str, list[Endpoint]]:
+    def _retired(
+        self, counts: Counts, infos: Mapping[str, BackendInfo], it: Any, now: float
+    ) -> dict[str, list[Endpoint]]:
         """Endpoints of configured backends that still hold non-terminal pilots but are no
         longer in the config. The first time one is seen, a notice names it: its pilots leave
         the limits (they still count in ``gridgate pilots``), are still polled, and go
@@ -631,7 +793,9 @@ class PilotTracker:
         for endpoints in out.values():
             for endpoint in endpoints:
                 try:
-                    first = self.director.state.add_if_absent(RETIRED + endpoint.key, repr(now), ttl=ttl)
+                    first = self.director.state.add_if_absent(
+                        RETIRED + endpoint.key, repr(now), ttl=ttl
+                    )
                 except StateError:
                     first = False
                 if first:
@@ -642,54 +806,82 @@ class PilotTracker:
         from gridgate.core.model import Notification
 
         lost_after = float(self.settings["lost_after"])
-        body = (f"{n} non-terminal pilot(s) of {endpoint.key} are tracked, but {endpoint.name} is "
-                f"no longer in the config of backend {endpoint.backend}.\n"
-                f"They no longer count against max_waiting / max_total. They are still polled "
-                f"while the backend can say what became of them; if it cannot, they become lost "
-                f"{lost_after:.0f} s (lost_after) from now.\n"
-                f"To cancel them: gridgate pilots cancel --all --endpoint {endpoint.name}\n")
-        note = Notification(level="info", subject=f"gridgate: {n} pilot(s) of {endpoint.key}, "
-                            "no longer configured, leave the limits", body=body, created=now,
-                            endpoint=endpoint, key=f"{RETIRED}{endpoint.key}/{now:.0f}")
+        body = (
+            f"{n} non-terminal pilot(s) of {endpoint.key} are tracked, but {endpoint.name} is "
+            f"no longer in the config of backend {endpoint.backend}.\n"
+            f"They no longer count against max_waiting / max_total. They are still polled "
+            f"while the backend can say what became of them; if it cannot, they become lost "
+            f"{lost_after:.0f} s (lost_after) from now.\n"
+            f"To cancel them: gridgate pilots cancel --all --endpoint {endpoint.name}\n"
+        )
+        note = Notification(
+            level="info",
+            subject=f"gridgate: {n} pilot(s) of {endpoint.key}, "
+            "no longer configured, leave the limits",
+            body=body,
+            created=now,
+            endpoint=endpoint,
+            key=f"{RETIRED}{endpoint.key}/{now:.0f}",
+        )
         logger.warning("{}", note.subject)
         with it.lock:
             it.notifications.append(note)
         self.director.pm.hook.gridgate_notify(notification=note)
 
-    def _retired_lost(self, registry: PilotRegistry, endpoint: Endpoint, settings: PilotSettings,
-                      now: float) -> int:
+    def _retired_lost(
+        self, registry: PilotRegistry, endpoint: Endpoint, settings: PilotSettings, now: float
+    ) -> int:
         """Pilots of a retired endpoint that the backend has not answered for: ``lost`` once
         ``lost_after`` has passed since the endpoint was first seen retired and since the
         backend last answered for it (a poll not due yet is no silence)."""
         try:
-            since = max(float(self.director.state.get(key) or 0.0)
-                        for key in (RETIRED + endpoint.key, RETIRED_OK + endpoint.key)) or now
+            since = (
+                max(
+                    float(self.director.state.get(key) or 0.0)
+                    for key in (RETIRED + endpoint.key, RETIRED_OK + endpoint.key)
+                )
+                or now
+            )
         except (StateError, ValueError):
             return 0
         lost_after = float(settings["lost_after"])
         if now - since < lost_after:
             return 0
         active = registry.active(endpoint.backend, endpoint.name)
-        reason = (f"endpoint no longer configured, and the backend has not said what became of "
-                  f"the pilot for {now - since:.0f} s")
+        reason = (
+            f"endpoint no longer configured, and the backend has not said what became of "
+            f"the pilot for {now - since:.0f} s"
+        )
         registry.put(p.moved("lost", now, p.native, reason) for p in active)
         if active:
-            logger.warning("{} pilot(s) of {} (no longer configured) are lost: {}", len(active),
-                           endpoint.key, reason)
+            logger.warning(
+                "{} pilot(s) of {} (no longer configured) are lost: {}",
+                len(active),
+                endpoint.key,
+                reason,
+            )
         return len(active)
 
     # --- polling ---------------------------------------------------------------------------------
 
-    def _poll(self, registry: PilotRegistry, infos: Mapping[str, BackendInfo], it: Any,
-              settings: PilotSettings, now: float,
-              retired: Mapping[str, Sequence[Endpoint]] | None = None) -> list[_Poll]:
+    def _poll(
+        self,
+        registry: PilotRegistry,
+        infos: Mapping[str, BackendInfo],
+        it: Any,
+        settings: PilotSettings,
+        now: float,
+        retired: Mapping[str, Sequence[Endpoint]] | None = None,
+    ) -> list[_Poll]:
         due: list[tuple[Endpoint, float, float | None]] = []
         gone = {e.key for endpoints in (retired or {}).values() for e in endpoints}
         for backend, info in infos.items():
             if it.paused(info):  # its credential is unusable (see _Iteration.paused): not asked
                 continue
             interval = settings.for_backend(backend, "status_interval")
-            timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
+            timeout = float(
+                info.command_timeout or self.director.config.director["command_timeout"]
+            )
             # a server out of rotation is not asked; one no longer configured still is
             for endpoint in [*it.usable(info.endpoints), *(retired or {}).get(backend, ())]:
                 due.append((endpoint, timeout, None if interval is None else float(interval)))
@@ -697,9 +889,20 @@ class PilotTracker:
             return []
         threads = min(int(self.director.config.director["max_threads"]), len(due))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
-            futures = [pool.submit(self._poll_one, registry, endpoint, timeout, interval, it, settings,
-                                   now, endpoint.key in gone)
-                       for endpoint, timeout, interval in due]
+            futures = [
+                pool.submit(
+                    self._poll_one,
+                    registry,
+                    endpoint,
+                    timeout,
+                    interval,
+                    it,
+                    settings,
+                    now,
+                    endpoint.key in gone,
+                )
+                for endpoint, timeout, interval in due
+            ]
             return [p for p in (f.result() for f in futures) if p is not None]
 
     def _due(self, endpoint: Endpoint, interval: float, now: float) -> bool:
@@ -745,9 +948,17 @@ class PilotTracker:
         with self._lock:
             self._last_poll.pop(endpoint.key, None)
 
-    def _poll_one(self, registry: PilotRegistry, endpoint: Endpoint, timeout: float,
-                  interval: float | None, it: Any, settings: PilotSettings, now: float,
-                  retired: bool = False) -> _Poll | None:
+    def _poll_one(
+        self,
+        registry: PilotRegistry,
+        endpoint: Endpoint,
+        timeout: float,
+        interval: float | None,
+        it: Any,
+        settings: PilotSettings,
+        now: float,
+        retired: bool = False,
+    ) -> _Poll | None:
         with self._lock:
             if self._blind_pm is not self.director.pm:  # plugins rebuilt: ask every backend again
                 self._blind_pm, self._blind = self.director.pm, set()
@@ -762,11 +973,19 @@ class PilotTracker:
             return None
         hook = self.director.pm.hook
         ids = [p.job_id for p in active]
-        answer = hook.gridgate_admit(request=AdmissionRequest(
-            category="query", opcode="JOB_STATUS", size=len(ids), endpoint=endpoint,
-            user=_user(str(self.director.config.director.get("user") or ""))))
+        answer = hook.gridgate_admit(
+            request=AdmissionRequest(
+                category="query",
+                opcode="JOB_STATUS",
+                size=len(ids),
+                endpoint=endpoint,
+                user=_user(str(self.director.config.director.get("user") or "")),
+            )
+        )
         if isinstance(answer, Refusal):
-            logger.info("status poll of {} refused by admission control: {}", endpoint.key, answer.reason)
+            logger.info(
+                "status poll of {} refused by admission control: {}", endpoint.key, answer.reason
+            )
             self._unclaim(endpoint, interval)  # not polled: due again at the next iteration
             return _Poll(endpoint, len(ids), "refused", active=active)
         try:
@@ -786,41 +1005,74 @@ class PilotTracker:
                 first = endpoint.backend not in self._blind
                 self._blind.add(endpoint.backend)
             if first:
-                logger.warning("backend {} reports no pilot states: its pilots stay as submitted, "
-                               "and max_waiting / max_total are not applied to it", endpoint.backend)
+                logger.warning(
+                    "backend {} reports no pilot states: its pilots stay as submitted, "
+                    "and max_waiting / max_total are not applied to it",
+                    endpoint.backend,
+                )
             return _Poll(endpoint, len(ids), "unsupported", active=active)
         command = result.command
         if command is not None and command.stdout_truncated and not command.timed_out:
             # gridgate's own cap cut the answer (of any backend): the ids past the cut would
             # look unknown, then lost, and the server did nothing wrong. A fault of this
             # machine's settings: no server blamed, one error per failing_expiry.
-            why = (f"the output of {command.argv[0] if command.argv else 'the status command'} "
-                   f"passed gridgate's own output cap (director.max_output_bytes = "
-                   f"{self.director.config.director.get('max_output_bytes')}) and was cut by "
-                   "gridgate, not by the server; raise director.max_output_bytes")
+            why = (
+                f"the output of {command.argv[0] if command.argv else 'the status command'} "
+                f"passed gridgate's own output cap (director.max_output_bytes = "
+                f"{self.director.config.director.get('max_output_bytes')}) and was cut by "
+                "gridgate, not by the server; raise director.max_output_bytes"
+            )
             if not retired:
-                failed = SubmitResult(endpoint=endpoint, ok=False, command=command,
-                                      operation=result.operation or "Job Status", message=why,
-                                      local_fault=why)
-                self.director._server_failed(endpoint, failed, it, Failure(
-                    kind="output_cap", exclude=False, notify=True, transient=False, local=True,
-                    reason=why))
+                failed = SubmitResult(
+                    endpoint=endpoint,
+                    ok=False,
+                    command=command,
+                    operation=result.operation or "Job Status",
+                    message=why,
+                    local_fault=why,
+                )
+                self.director._server_failed(
+                    endpoint,
+                    failed,
+                    it,
+                    Failure(
+                        kind="output_cap",
+                        exclude=False,
+                        notify=True,
+                        transient=False,
+                        local=True,
+                        reason=why,
+                    ),
+                )
             return _Poll(endpoint, len(ids), "output_cap", result.commands, active=active)
         if not result.ok and retired:  # no server to blame: it left the config
-            logger.warning("status poll of {} (no longer configured) failed: {}", endpoint.key,
-                           result.local_fault or result.message or "no message")
+            logger.warning(
+                "status poll of {} (no longer configured) failed: {}",
+                endpoint.key,
+                result.local_fault or result.message or "no message",
+            )
             return _Poll(endpoint, len(ids), "failed", result.commands, active=active)
         if not result.ok:
             # a fault of this machine (an id file it cannot write, gridgate's own output cap)
             # goes through the same path with local_fault set: kind local_io, the backend
             # paused, one error per failing_expiry, no server blamed
             local = getattr(result, "local_fault", "") or ""
-            failed = SubmitResult(endpoint=endpoint, ok=False, command=result.command,
-                                  operation=result.operation or "Job Status", message=result.message,
-                                  local_fault=local)
+            failed = SubmitResult(
+                endpoint=endpoint,
+                ok=False,
+                command=result.command,
+                operation=result.operation or "Job Status",
+                message=result.message,
+                local_fault=local,
+            )
             self.director._server_failed(endpoint, failed, it)
-            return _Poll(endpoint, len(ids), "local_fault" if local else "failed", result.commands,
-                         active=active)
+            return _Poll(
+                endpoint,
+                len(ids),
+                "local_fault" if local else "failed",
+                result.commands,
+                active=active,
+            )
         lost_after = float(settings["lost_after"])
         changes: list[Pilot] = []
         for pilot in active:
@@ -829,21 +1081,42 @@ class PilotTracker:
                 new = pilot.moved("unknown", now, pilot.native, "no longer known to the backend")
             else:
                 new = pilot.moved(status.state, now, status.native, status.reason)
-            if new.state == "unknown" and pilot.state == "unknown" and now - pilot.changed >= lost_after:
-                new = pilot.moved("lost", now, new.native,
-                                  f"unknown to the backend for {now - pilot.changed:.0f} s")
+            if (
+                new.state == "unknown"
+                and pilot.state == "unknown"
+                and now - pilot.changed >= lost_after
+            ):
+                new = pilot.moved(
+                    "lost",
+                    now,
+                    new.native,
+                    f"unknown to the backend for {now - pilot.changed:.0f} s",
+                )
             if new != pilot:
                 changes.append(new)
         registry.put(changes)
         changed = {p.job_id: p for p in changes}
         still = [changed.get(p.job_id, p) for p in active]
-        return _Poll(endpoint, len(ids), "ok", result.commands, len(changes),
-                     active=[p for p in still if not p.terminal])
+        return _Poll(
+            endpoint,
+            len(ids),
+            "ok",
+            result.commands,
+            len(changes),
+            active=[p for p in still if not p.terminal],
+        )
 
     # --- waiting too long --------------------------------------------------------------------------
 
-    def _cancel_old(self, registry: PilotRegistry, poll: _Poll, info: BackendInfo,
-                    settings: PilotSettings, now: float, it: Any = None) -> int:
+    def _cancel_old(
+        self,
+        registry: PilotRegistry,
+        poll: _Poll,
+        info: BackendInfo,
+        settings: PilotSettings,
+        now: float,
+        it: Any = None,
+    ) -> int:
         limit = settings.for_endpoint(poll.endpoint, "max_wait_time")
         if limit is None:
             return 0
@@ -852,16 +1125,23 @@ class PilotTracker:
             return 0
         timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
         reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
-        done, problem = cancel_pilots(self.director, registry, poll.endpoint, old, timeout, reason,
-                                      it=it)
+        done, problem = cancel_pilots(
+            self.director, registry, poll.endpoint, old, timeout, reason, it=it
+        )
         if problem:
             logger.error("cancelling {} pilot(s) on {}: {}", len(old), poll.endpoint.key, problem)
         return len(done)
 
     # --- aborted pilots ------------------------------------------------------------------------------
 
-    def _aborting(self, registry: PilotRegistry, endpoint: Endpoint, it: Any,
-                  settings: PilotSettings, now: float) -> bool:
+    def _aborting(
+        self,
+        registry: PilotRegistry,
+        endpoint: Endpoint,
+        it: Any,
+        settings: PilotSettings,
+        now: float,
+    ) -> bool:
         """Whether the endpoint's last finished pilots failed too often; if so it fails with kind
         ``aborted`` through the director's failure path (failing cache, error, alarm)."""
         state = self.director.state
@@ -870,8 +1150,11 @@ class PilotTracker:
         except (StateError, ValueError):
             after = 0.0
         window = int(settings["abort_window"])
-        finished = [p for p in registry.last_finished(endpoint.backend, endpoint.name, 3 * window, after)
-                    if p.state in DECIDING][:window]
+        finished = [
+            p
+            for p in registry.last_finished(endpoint.backend, endpoint.name, 3 * window, after)
+            if p.state in DECIDING
+        ][:window]
         failed = [p for p in finished if p.state == "failed"]
         if len(finished) < int(settings["abort_min_finished"]):
             return False
@@ -886,14 +1169,18 @@ class PilotTracker:
             text = " - ".join(t for t in (pilot.native, pilot.reason) if t) or "(no reason given)"
             if text not in sample:
                 sample.append(text)
-        sample = sample[:int(settings["abort_sample"])]
+        sample = sample[: int(settings["abort_sample"])]
         reason = f"{len(failed)} of its last {len(finished)} finished pilots failed"
-        lines = [f"Pilots: {len(failed)} failed, {len(finished) - len(failed)} done, of the last "
-                 f"{len(finished)} that finished on {endpoint.name} "
-                 f"(threshold: more than {float(settings['abort_threshold']):.0%} failed)"]
+        lines = [
+            f"Pilots: {len(failed)} failed, {len(finished) - len(failed)} done, of the last "
+            f"{len(finished)} that finished on {endpoint.name} "
+            f"(threshold: more than {float(settings['abort_threshold']):.0%} failed)"
+        ]
         if sample:
             lines += ["Reasons given by the backend (a sample):", *(f"  {s}" for s in sample)]
-        result = SubmitResult(endpoint=endpoint, ok=False, operation="Pilot Jobs", message="\n".join(lines))
+        result = SubmitResult(
+            endpoint=endpoint, ok=False, operation="Pilot Jobs", message="\n".join(lines)
+        )
         self.director._server_failed(endpoint, result, it, Failure(kind="aborted", reason=reason))
         logger.warning("{}: {}; out of rotation", endpoint.key, reason)
         return True
@@ -910,9 +1197,15 @@ class PilotTracker:
         return gone
 
 
-def cancel_pilots(director: Director, registry: PilotRegistry, endpoint: Endpoint,
-                  pilots: Sequence[Pilot], timeout: float, reason: str,
-                  it: Any = None) -> tuple[list[str], str]:
+def cancel_pilots(
+    director: Director,
+    registry: PilotRegistry,
+    endpoint: Endpoint,
+    pilots: Sequence[Pilot],
+    timeout: float,
+    reason: str,
+    it: Any = None,
+) -> tuple[list[str], str]:
     """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
     grant of category ``other``, and record those cancelled (with ``reason``). A cancel that
     this machine could not even run (``local_fault``: a file it cannot write) is, within an
@@ -922,13 +1215,21 @@ def cancel_pilots(director: Director, registry: PilotRegistry, endpoint: Endpoin
     :return: the ids cancelled, and what went wrong ('' when nothing did).
     """
     hook = director.pm.hook
-    answer = hook.gridgate_admit(request=AdmissionRequest(
-        category="other", opcode="JOB_CANCEL", size=len(pilots), endpoint=endpoint,
-        user=_user(str(director.config.director.get("user") or ""))))
+    answer = hook.gridgate_admit(
+        request=AdmissionRequest(
+            category="other",
+            opcode="JOB_CANCEL",
+            size=len(pilots),
+            endpoint=endpoint,
+            user=_user(str(director.config.director.get("user") or "")),
+        )
+    )
     if isinstance(answer, Refusal):
         return [], f"refused by admission control: {answer.reason}"
     try:
-        result = hook.gridgate_cancel(endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout)
+        result = hook.gridgate_cancel(
+            endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
+        )
     except Exception as exc:  # a plugin bug must not stop the iteration
         logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
         return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"
@@ -939,13 +1240,24 @@ def cancel_pilots(director: Director, registry: PilotRegistry, endpoint: Endpoin
         return [], f"backend {endpoint.backend} cannot cancel"
     local = getattr(result, "local_fault", "") or ""
     if local and it is not None:
-        director._server_failed(endpoint, SubmitResult(
-            endpoint=endpoint, ok=False, command=result.command,
-            operation=result.operation or "Job Cancel", message=result.message, local_fault=local), it)
+        director._server_failed(
+            endpoint,
+            SubmitResult(
+                endpoint=endpoint,
+                ok=False,
+                command=result.command,
+                operation=result.operation or "Job Cancel",
+                message=result.message,
+                local_fault=local,
+            ),
+            it,
+        )
     wanted = {p.job_id for p in pilots}
     done = sorted(wanted & set(result.cancelled))
     now = director.clock.time()
-    registry.put(p.moved("cancelled", now, p.native, reason) for p in pilots if p.job_id in set(done))
+    registry.put(
+        p.moved("cancelled", now, p.native, reason) for p in pilots if p.job_id in set(done)
+    )
     problem = ""
     if not result.ok or len(done) < len(pilots):
         why = result.message or (result.command.describe() if result.command else "")

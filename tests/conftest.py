@@ -57,6 +57,7 @@ def _private_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- real uids ---------------------------------------------------------------------------------
 
+
 def pytest_configure(config: pytest.Config) -> None:
     # Once per run, in the controlling process only (not in each xdist worker).
     if hasattr(config, "workerinput"):
@@ -69,6 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # --- a private Slurm cluster -----------------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
@@ -112,7 +114,15 @@ def figures(request: pytest.FixtureRequest) -> Callable[..., None]:
         path = os.environ.get("GRIDGATE_RELIABILITY_FIGURES")
         if path:
             with open(path, "a", encoding="utf-8") as sink:
-                sink.write(json.dumps({"test": request.node.name, "when": time.strftime(
-                    "%Y-%m-%d %H:%M UTC", time.gmtime()), **values}) + "\n")
+                sink.write(
+                    json.dumps(
+                        {
+                            "test": request.node.name,
+                            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                            **values,
+                        }
+                    )
+                    + "\n"
+                )
 
     return note

@@ -31,8 +31,9 @@ def _free_port() -> int:
 class RedisServer:
     """One redis-server process without persistence, bound to 127.0.0.1."""
 
-    def __init__(self, workdir: Path, start_timeout: float = 15.0,
-                 password: str | None = None) -> None:
+    def __init__(
+        self, workdir: Path, start_timeout: float = 15.0, password: str | None = None
+    ) -> None:
         self.workdir = Path(workdir)
         self.start_timeout = start_timeout
         self.password = password
@@ -44,8 +45,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5,
-                           password=self.password)
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=5, password=self.password
+        )
 
     def start(self) -> RedisServer:
         binary = shutil.which("redis-server")
@@ -60,15 +62,31 @@ class RedisServer:
             # the server dies with the test process that started it, even one killed outright
             # (a crashed xdist worker, a pytest-timeout): SIGKILL when its parent thread ends
             argv = [
-                "setpriv", "--pdeathsig", "KILL", "--",
-                binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-                "--daemonize", "no", "--logfile", str(log),
+                "setpriv",
+                "--pdeathsig",
+                "KILL",
+                "--",
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(log),
             ]
             if self.password is not None:
                 argv += ["--requirepass", self.password]
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             if self._wait_ready():
                 return self
             last_log = log.read_text(errors="replace") if log.exists() else ""

@@ -83,8 +83,13 @@ STDOUT, STDERR, GMLOG = "pilot.out", "pilot.err", "gmlog"
 #: Seconds a final pilot that arcclean would not delete is tried again (a cancelled job is
 #: deleted once the CE has killed it, ~30 s on fork).
 CLEAN_GIVE_UP = 86400.0
-COMMANDS = (("arcsub", "submit"), ("arcstat", "status"), ("arckill", "cancel"),
-            ("arcclean", "clean"), ("arcget", "output retrieval"))
+COMMANDS = (
+    ("arcsub", "submit"),
+    ("arcstat", "status"),
+    ("arckill", "cancel"),
+    ("arcclean", "clean"),
+    ("arcget", "output retrieval"),
+)
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,11 @@ def endpoint_entry(entry: str | Mapping[str, Any]) -> tuple[str, str, str]:
     if isinstance(entry, str):
         url, queue, name = entry, "", ""
     else:
-        url, queue, name = str(entry.get("url", "")), str(entry.get("queue") or ""), str(entry.get("name") or "")
+        url, queue, name = (
+            str(entry.get("url", "")),
+            str(entry.get("queue") or ""),
+            str(entry.get("name") or ""),
+        )
     if not name:
         parts = urlsplit(url)
         host = parts.hostname or url
@@ -150,72 +159,125 @@ class ArcBackend(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "description": "ARC CE backend: CEs (one endpoint each, optionally a queue), the pilot "
-                       "script, extra xRSL.",
+        "script, extra xRSL.",
         "properties": {
             "endpoints": {
-                "type": "array", "default": [],
+                "type": "array",
+                "default": [],
                 "description": "CEs to submit to; each is an endpoint. A URL "
-                               "(`https://ce.example.org:443/arex`), or {url, queue, name}: "
-                               "`queue` submits to that queue (xRSL `queue`), `name` is how "
-                               "gridgate shows it (default: the host, `:port` when not 443, "
-                               "`-queue`).",
-                "items": {"oneOf": [
-                    {"type": "string", "minLength": 1},
-                    {"type": "object", "required": ["url"], "additionalProperties": False,
-                     "properties": {"url": {"type": "string", "minLength": 1},
-                                    "queue": {"type": "string", "minLength": 1},
-                                    "name": {"type": "string", "minLength": 1}}},
-                ]}},
-            "script": {"type": "string", "default": "",
-                       "description": "The pilot, sent as the job's executable (uploaded "
-                                      "with it; a path on this machine, relative to the "
-                                      "config file's folder)."},
-            "job_name": {"type": "string", "minLength": 1, "default": "gridgate-pilot",
-                         "description": "xRSL jobname."},
+                "(`https://ce.example.org:443/arex`), or {url, queue, name}: "
+                "`queue` submits to that queue (xRSL `queue`), `name` is how "
+                "gridgate shows it (default: the host, `:port` when not 443, "
+                "`-queue`).",
+                "items": {
+                    "oneOf": [
+                        {"type": "string", "minLength": 1},
+                        {
+                            "type": "object",
+                            "required": ["url"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "url": {"type": "string", "minLength": 1},
+                                "queue": {"type": "string", "minLength": 1},
+                                "name": {"type": "string", "minLength": 1},
+                            },
+                        },
+                    ]
+                },
+            },
+            "script": {
+                "type": "string",
+                "default": "",
+                "description": "The pilot, sent as the job's executable (uploaded "
+                "with it; a path on this machine, relative to the "
+                "config file's folder).",
+            },
+            "job_name": {
+                "type": "string",
+                "minLength": 1,
+                "default": "gridgate-pilot",
+                "description": "xRSL jobname.",
+            },
             "xrsl": {
-                "type": "object", "default": {},
-                "additionalProperties": {"oneOf": [
-                    {"type": ["string", "number"]},
-                    {"type": "array", "items": {"type": ["string", "number"]}, "minItems": 1}]},
+                "type": "object",
+                "default": {},
+                "additionalProperties": {
+                    "oneOf": [
+                        {"type": ["string", "number"]},
+                        {"type": "array", "items": {"type": ["string", "number"]}, "minItems": 1},
+                    ]
+                },
                 "description": "More xRSL attributes, name: value (a list for multi-valued "
-                               "ones), e.g. {walltime: \"2 hours\", runtimeenvironment: "
-                               "[ENV/PROXY]}. Attributes the backend writes itself "
-                               "(executable, inputfiles, jobname, stdout, stderr, gmlog, "
-                               "queue) are refused."},
+                'ones), e.g. {walltime: "2 hours", runtimeenvironment: '
+                "[ENV/PROXY]}. Attributes the backend writes itself "
+                "(executable, inputfiles, jobname, stdout, stderr, gmlog, "
+                "queue) are refused.",
+            },
             "pilots_per_submission": {
-                "type": "integer", "minimum": 1, "maximum": 100, "default": 1,
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 100,
+                "default": 1,
                 "description": "Job descriptions per arcsub call (> 1: one call with that many "
-                               "files; ARC still delegates once per job, so this saves only "
-                               "process starts)."},
-            "keep_on_ce": {"type": "boolean", "default": False,
-                           "description": "Leave finished pilots on the CE. By default a pilot "
-                                          "recorded done, failed or cancelled is removed with "
-                                          "arcclean at the end of the iteration (CEs' session "
-                                          "folders fill up with jobs nobody cleans)."},
-            "stderr_samples": {"type": "integer", "minimum": 0, "maximum": 50, "default": 3,
-                               "description": "Failed pilots per poll whose stderr is fetched "
-                                              "with arcget (it feeds the reasons the `aborted` "
-                                              "notification quotes); 0 fetches none."},
-            "stderr_bytes": {"type": "integer", "minimum": 0, "maximum": 65536, "default": 1000,
-                             "description": "Bytes of a failed pilot's stderr kept (its end)."},
+                "files; ARC still delegates once per job, so this saves only "
+                "process starts).",
+            },
+            "keep_on_ce": {
+                "type": "boolean",
+                "default": False,
+                "description": "Leave finished pilots on the CE. By default a pilot "
+                "recorded done, failed or cancelled is removed with "
+                "arcclean at the end of the iteration (CEs' session "
+                "folders fill up with jobs nobody cleans).",
+            },
+            "stderr_samples": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 50,
+                "default": 3,
+                "description": "Failed pilots per poll whose stderr is fetched "
+                "with arcget (it feeds the reasons the `aborted` "
+                "notification quotes); 0 fetches none.",
+            },
+            "stderr_bytes": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 65536,
+                "default": 1000,
+                "description": "Bytes of a failed pilot's stderr kept (its end).",
+            },
             "commands": {
-                "type": "object", "default": {}, "additionalProperties": False,
+                "type": "object",
+                "default": {},
+                "additionalProperties": False,
                 "description": "Names (looked up on PATH) or paths of the ARC client commands.",
                 "properties": {
-                    name: {"type": "string", "minLength": 1, "default": name,
-                           "description": f"The {what} command."}
+                    name: {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": name,
+                        "description": f"The {what} command.",
+                    }
                     for name, what in COMMANDS
                 },
             },
-            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
-                                "default": None,
-                                "description": "Seconds; replaces the director's limit for "
-                                               "these commands when set (one arcsub takes "
-                                               "0.5-5 s on a healthy CE)."},
-            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
-                    "description": "Extra environment variables for the commands (e.g. "
-                                   "X509_CERT_DIR). X509_USER_PROXY comes from "
-                                   "credentials.x509_proxy when that is configured."},
+            "command_timeout": {
+                "maximum": 86400,
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "default": None,
+                "description": "Seconds; replaces the director's limit for "
+                "these commands when set (one arcsub takes "
+                "0.5-5 s on a healthy CE).",
+            },
+            "env": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "default": {},
+                "description": "Extra environment variables for the commands (e.g. "
+                "X509_CERT_DIR). X509_USER_PROXY comes from "
+                "credentials.x509_proxy when that is configured.",
+            },
         },
         "additionalProperties": False,
     }
@@ -227,7 +289,9 @@ class ArcBackend(Plugin):
         lists: set[tuple[str, str]] = set()
         for index, entry in enumerate(section.get("endpoints") or []):
             url, queue, name = endpoint_entry(entry)
-            where: tuple[str | int, ...] = ("endpoints", index) if isinstance(entry, str) else ("endpoints", index, "url")
+            where: tuple[str | int, ...] = (
+                ("endpoints", index) if isinstance(entry, str) else ("endpoints", index, "url")
+            )
             if not URL_RE.fullmatch(url):
                 problems.append((where, f"{url!r} is not an ARC CE URL (https://host[:port]/path)"))
                 continue
@@ -236,10 +300,16 @@ class ArcBackend(Plugin):
             if not NAME_RE.fullmatch(name):
                 problems.append((("endpoints", index, "name"), f"{name!r} is not an endpoint name"))
             elif name in names:
-                problems.append((("endpoints", index), f"endpoint name {name!r} is used twice "
-                                 "(give one of them a name)"))
+                problems.append(
+                    (
+                        ("endpoints", index),
+                        f"endpoint name {name!r} is used twice (give one of them a name)",
+                    )
+                )
             elif (url, queue) in lists:
-                problems.append((("endpoints", index), f"{url} {queue or '(default queue)'} is listed twice"))
+                problems.append(
+                    (("endpoints", index), f"{url} {queue or '(default queue)'} is listed twice")
+                )
             names.add(name)
             lists.add((url, queue))
         if section.get("endpoints") and not section.get("script"):
@@ -308,8 +378,13 @@ class ArcBackend(Plugin):
         return time.monotonic() + max(float(self.config.get("command_timeout") or timeout), 0.001)
 
     def _run(self, argv: Sequence[str], deadline: float, cwd: Path | None = None) -> CommandResult:
-        return run(list(argv), max(deadline - time.monotonic(), 0.001), env=self._environ(),
-                   cwd=cwd, max_output=self.context.max_output_bytes)
+        return run(
+            list(argv),
+            max(deadline - time.monotonic(), 0.001),
+            env=self._environ(),
+            cwd=cwd,
+            max_output=self.context.max_output_bytes,
+        )
 
     def _prepare(self, ce: CE) -> str:
         """Make the CE's private folder and empty client config; the OS error when it cannot."""
@@ -335,7 +410,9 @@ class ArcBackend(Plugin):
             ("executable", script.name),
             ("inputfiles", [[script.name, str(script)]]),
             ("jobname", str(self.config.get("job_name") or "gridgate-pilot")),
-            ("stdout", STDOUT), ("stderr", STDERR), ("gmlog", GMLOG),
+            ("stdout", STDOUT),
+            ("stderr", STDERR),
+            ("gmlog", GMLOG),
         ]
         if ce.queue:
             attributes.append(("queue", ce.queue))
@@ -343,8 +420,15 @@ class ArcBackend(Plugin):
         return xrsl(attributes)
 
     def arcsub_argv(self, ce: CE, files: Sequence[Path], *, verbose: bool = False) -> list[str]:
-        return [*self._client("arcsub", ce), "-C", ce.endpoint.url, "-T", "arcrest",
-                *(["-d", "VERBOSE"] if verbose else []), *(str(f) for f in files)]
+        return [
+            *self._client("arcsub", ce),
+            "-C",
+            ce.endpoint.url,
+            "-T",
+            "arcrest",
+            *(["-d", "VERBOSE"] if verbose else []),
+            *(str(f) for f in files),
+        ]
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -352,14 +436,19 @@ class ArcBackend(Plugin):
     def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
         if backend != self.name:
             return None
-        return BackendInfo(backend=self.name, endpoints=self.endpoints(),
-                           pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
-                           command_timeout=self.config.get("command_timeout"), list_match=False,
-                           credentials=("x509",))
+        return BackendInfo(
+            backend=self.name,
+            endpoints=self.endpoints(),
+            pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
+            command_timeout=self.config.get("command_timeout"),
+            list_match=False,
+            credentials=("x509",),
+        )
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest,
-                        timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         ce = self._ce(endpoint)
         if ce is None:
             return None
@@ -375,8 +464,9 @@ class ArcBackend(Plugin):
                 problem = f"cannot write a job description in {ce.folder}: {exc}"
         if problem:
             self._remove(files)
-            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, local_fault=problem,
-                                message=problem)
+            return SubmitResult(
+                endpoint, ok=False, operation=OPERATION_SUBMIT, local_fault=problem, message=problem
+            )
         deadline = self._deadline(timeout)
         try:
             outcome = self._run(self.arcsub_argv(ce, files), deadline, cwd=ce.folder)
@@ -384,22 +474,42 @@ class ArcBackend(Plugin):
                 # arcsub prints the same one ERROR line for an untrusted CA, an unknown DN, a
                 # queue not offered and a wrong path (nothing was submitted); its VERBOSE lines
                 # tell them apart, so the call is made once more with them (classify.py)
-                outcome = self._run(self.arcsub_argv(ce, files, verbose=True), deadline, cwd=ce.folder)
+                outcome = self._run(
+                    self.arcsub_argv(ce, files, verbose=True), deadline, cwd=ce.folder
+                )
         finally:
             self._remove(files)
         ids = [i for i in submitted_ids(outcome.stdout) if JOB_ID_RE.match(i)]
         if ids:
             if len(ids) < request.count:
-                logger.warning("{}: arcsub submitted {} of {} pilots: {}", endpoint.key, len(ids),
-                               request.count, clip(outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else ""))
-            if "Job list file cannot be created" in outcome.stderr or "Unable to open job list file" in outcome.stderr:
-                logger.error("{}: arcsub could not record its jobs in {}; they are tracked by id only",
-                             endpoint.key, ce.job_list)
-            return SubmitResult(endpoint, ok=True, job_ids=tuple(ids), command=outcome,
-                                operation=OPERATION_SUBMIT)
-        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
-                            message=outcome.describe() if not outcome.ok else
-                            "arcsub exited 0 but printed no 'Job submitted with jobid:' line")
+                logger.warning(
+                    "{}: arcsub submitted {} of {} pilots: {}",
+                    endpoint.key,
+                    len(ids),
+                    request.count,
+                    clip(outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else ""),
+                )
+            if (
+                "Job list file cannot be created" in outcome.stderr
+                or "Unable to open job list file" in outcome.stderr
+            ):
+                logger.error(
+                    "{}: arcsub could not record its jobs in {}; they are tracked by id only",
+                    endpoint.key,
+                    ce.job_list,
+                )
+            return SubmitResult(
+                endpoint, ok=True, job_ids=tuple(ids), command=outcome, operation=OPERATION_SUBMIT
+            )
+        return SubmitResult(
+            endpoint,
+            ok=False,
+            command=outcome,
+            operation=OPERATION_SUBMIT,
+            message=outcome.describe()
+            if not outcome.ok
+            else "arcsub exited 0 but printed no 'Job submitted with jobid:' line",
+        )
 
     @staticmethod
     def _remove(files: Sequence[Path]) -> None:
@@ -416,8 +526,9 @@ class ArcBackend(Plugin):
         return classify(result.command, result.message)
 
     @hookimpl
-    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
-                            timeout: float) -> StatusResult | None:
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
         ce = self._ce(endpoint)
         if ce is None:
             return None
@@ -428,10 +539,15 @@ class ArcBackend(Plugin):
             return StatusResult(endpoint, ok=True, commands=0)
         if not ce.job_list.exists():
             # the client's only memory of these jobs is gone: it would ask the CE about none
-            logger.error("{}: job list {} is missing; its {} pilot(s) are unknown to the client",
-                         endpoint.key, ce.job_list, len(ids))
-            return StatusResult(endpoint, ok=True, commands=0,
-                                message=f"job list {ce.job_list} is missing")
+            logger.error(
+                "{}: job list {} is missing; its {} pilot(s) are unknown to the client",
+                endpoint.key,
+                ce.job_list,
+                len(ids),
+            )
+            return StatusResult(
+                endpoint, ok=True, commands=0, message=f"job list {ce.job_list} is missing"
+            )
         deadline = self._deadline(timeout)
         prefix = self._client("arcstat", ce)
         chunks = argv_chunks(prefix, ids)
@@ -444,22 +560,34 @@ class ArcBackend(Plugin):
             if outcome.stdout_truncated or outcome.stderr_truncated:
                 # gridgate's own cap cut the answer: core names it (kind output_cap) and keeps
                 # every pilot's state, rather than this chunk's ids going unknown, then lost
-                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
-                                    message="arcstat's output passed director.max_output_bytes")
+                return StatusResult(
+                    endpoint,
+                    ok=False,
+                    command=outcome,
+                    commands=len(chunks),
+                    message="arcstat's output passed director.max_output_bytes",
+                )
             report = parse_arcstat(outcome.stdout, outcome.stderr)
-            asked = argv[len(prefix):]
+            asked = argv[len(prefix) :]
             answered = bool(report.statuses) or bool(report.gone)
             # arcstat exits 0 when no job returned information (CE down, proxy refused): with
             # pilots asked and none answered nor known gone, the poll failed
             if outcome.timed_out or outcome.launch_error or not answered:
-                none_in_list = outcome.returncode == 1 and "No jobs found" in outcome.stdout + outcome.stderr
+                none_in_list = (
+                    outcome.returncode == 1 and "No jobs found" in outcome.stdout + outcome.stderr
+                )
                 if none_in_list and set(not_in_list(outcome.stdout + outcome.stderr)) >= set(asked):
                     continue  # none of them is in the job list: all unknown, an answer
                 # arcstat says nothing of an expired proxy ("wrong response: <garbage>"): so
                 # that no CE is blamed for our proxy, the file is read here (classify.py)
                 problem = proxy_problem(self._environ(), self.context.clock.time())
-                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
-                                    message=problem or self._status_problem(outcome, report.failed))
+                return StatusResult(
+                    endpoint,
+                    ok=False,
+                    command=outcome,
+                    commands=len(chunks),
+                    message=problem or self._status_problem(outcome, report.failed),
+                )
             statuses.update(report.statuses)
             failed.update(report.failed)
         for job_id, why in failed.items():  # the CE answered for others but not for these
@@ -467,7 +595,9 @@ class ArcBackend(Plugin):
         statuses = {k: v for k, v in statuses.items() if k in set(ids)}
         self._sample_stderr(ce, statuses, deadline)
         self._note_terminal(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
-        return StatusResult(endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks))
+        return StatusResult(
+            endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks)
+        )
 
     @staticmethod
     def _status_problem(outcome: CommandResult, failed: Mapping[str, str]) -> str:
@@ -489,17 +619,29 @@ class ArcBackend(Plugin):
             logger.warning("{}: no folder for arcget: {}", ce.endpoint.key, exc)
             return
         try:
-            argv = [*self._client("arcget", ce), "-k", "-D", str(download), *(s.job_id for s in failed)]
+            argv = [
+                *self._client("arcget", ce),
+                "-k",
+                "-D",
+                str(download),
+                *(s.job_id for s in failed),
+            ]
             outcome = self._run(argv, deadline)
             if not outcome.ok:
-                logger.info("{}: arcget of failed pilots' stderr: {}", ce.endpoint.key, outcome.describe())
+                logger.info(
+                    "{}: arcget of failed pilots' stderr: {}", ce.endpoint.key, outcome.describe()
+                )
             for status in failed:
                 tail = _tail(download / status.job_id.rsplit("/", 1)[-1] / STDERR, keep)
                 if tail:
                     reason = "; ".join(t for t in (status.reason, f"stderr: {tail}") if t)
                     statuses[status.job_id] = JobStatus(
-                        job_id=status.job_id, state=status.state, native=status.native,
-                        reason=reason, exit_code=status.exit_code)
+                        job_id=status.job_id,
+                        state=status.state,
+                        native=status.native,
+                        reason=reason,
+                        exit_code=status.exit_code,
+                    )
         finally:
             shutil.rmtree(download, ignore_errors=True)
 
@@ -529,21 +671,31 @@ class ArcBackend(Plugin):
             return {}
         if not isinstance(data, dict):
             return {}
-        return {str(k): float(v) for k, v in data.items()
-                if isinstance(k, str) and JOB_ID_RE.match(k) and isinstance(v, (int, float))}
+        return {
+            str(k): float(v)
+            for k, v in data.items()
+            if isinstance(k, str) and JOB_ID_RE.match(k) and isinstance(v, (int, float))
+        }
 
     @staticmethod
     def _write_pending(ce: CE, pending: Mapping[str, float]) -> None:
         try:
             if pending:
                 ensure_private_dir(ce.folder)
-                atomic_write(ce.pending_clean, json.dumps(dict(sorted(pending.items()))).encode(),
-                             durable=False)
+                atomic_write(
+                    ce.pending_clean,
+                    json.dumps(dict(sorted(pending.items()))).encode(),
+                    durable=False,
+                )
             else:
                 ce.pending_clean.unlink(missing_ok=True)
         except OSError as exc:
-            logger.error("{}: cannot record pilots to clean in {}: {}", ce.endpoint.key,
-                         ce.pending_clean, exc)
+            logger.error(
+                "{}: cannot record pilots to clean in {}: {}",
+                ce.endpoint.key,
+                ce.pending_clean,
+                exc,
+            )
 
     def clean(self, ce: CE, timeout: float) -> list[str]:
         """arcclean the pilots recorded final; returns those removed (or already gone).
@@ -560,7 +712,7 @@ class ArcBackend(Plugin):
             done: list[str] = []
             for argv in argv_chunks(prefix, list(pending)):
                 outcome = self._run(argv, deadline)
-                asked = argv[len(prefix):]
+                asked = argv[len(prefix) :]
                 gone = set(not_in_list(outcome.stdout + outcome.stderr))
                 counts = cleaned_counts(outcome.stdout)
                 done += [i for i in asked if i in gone]  # cleaned earlier, or by someone else
@@ -570,15 +722,24 @@ class ArcBackend(Plugin):
                 # some were not deleted (not finished there yet) or the call failed: those
                 # deleted now are "not in the job list" at the next call, the rest are tried again
                 if not outcome.ok and not gone:
-                    logger.info("{}: arcclean failed ({}); {} pilot(s) stay to clean",
-                                ce.endpoint.key, outcome.describe(), len(asked))
+                    logger.info(
+                        "{}: arcclean failed ({}); {} pilot(s) stay to clean",
+                        ce.endpoint.key,
+                        outcome.describe(),
+                        len(asked),
+                    )
                     break
             now = self.context.clock.time()
             left = {i: t for i, t in pending.items() if i not in set(done)}
             stale = [i for i, t in left.items() if now - t > CLEAN_GIVE_UP]
             if stale:
-                logger.warning("{}: {} pilot(s) could not be cleaned off the CE for {:.0f} h; given up: {}",
-                               ce.endpoint.key, len(stale), CLEAN_GIVE_UP / 3600, " ".join(stale[:5]))
+                logger.warning(
+                    "{}: {} pilot(s) could not be cleaned off the CE for {:.0f} h; given up: {}",
+                    ce.endpoint.key,
+                    len(stale),
+                    CLEAN_GIVE_UP / 3600,
+                    " ".join(stale[:5]),
+                )
             self._write_pending(ce, {i: t for i, t in left.items() if i not in set(stale)})
             return done
 
@@ -586,19 +747,25 @@ class ArcBackend(Plugin):
     def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
         if self.config.get("keep_on_ce"):
             return
-        timeout = float(self.config.get("command_timeout") or
-                        (self.context.config.get("director") or {}).get("command_timeout") or 120)
+        timeout = float(
+            self.config.get("command_timeout")
+            or (self.context.config.get("director") or {}).get("command_timeout")
+            or 120
+        )
         for ce in [*self._ces.values(), *self._retired.values()]:
             if ce.pending_clean.exists():
                 cleaned = self.clean(ce, timeout)
                 if cleaned:
-                    logger.debug("{}: cleaned {} finished pilot(s) off the CE", ce.endpoint.key, len(cleaned))
+                    logger.debug(
+                        "{}: cleaned {} finished pilot(s) off the CE", ce.endpoint.key, len(cleaned)
+                    )
 
     # --- cancel -----------------------------------------------------------------------------
 
     @hookimpl
-    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
-                        timeout: float) -> CancelResult | None:
+    def gridgate_cancel(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> CancelResult | None:
         ce = self._ce(endpoint)
         if ce is None:
             return None
@@ -612,13 +779,18 @@ class ArcBackend(Plugin):
         for argv in argv_chunks(prefix, ids):
             outcome = self._run(argv, deadline)
             last = outcome
-            asked = argv[len(prefix):]
+            asked = argv[len(prefix) :]
             gone = set(not_in_list(outcome.stdout + outcome.stderr))
             counts = killed_counts(outcome.stdout)
             if counts is None and len(gone) < len(asked):
                 # "No jobs" with a connection error, a 404 or no answer: the CE did not take it
-                return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled), command=outcome,
-                                    message=outcome.describe() if not outcome.ok else "arckill printed no summary")
+                return CancelResult(
+                    endpoint,
+                    ok=False,
+                    cancelled=tuple(cancelled),
+                    command=outcome,
+                    message=outcome.describe() if not outcome.ok else "arckill printed no summary",
+                )
             # processed jobs were killed, or had already finished (arckill skips those)
             cancelled += [i for i in asked if i not in gone]
         # a cancelled pilot is final and never polled again: it is cleaned like one seen final
@@ -635,7 +807,11 @@ def proxy_problem(environ: Mapping[str, str], now: float) -> str:
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        return f"Cannot find any proxy: {path} does not exist" if environ.get("X509_USER_PROXY") else ""
+        return (
+            f"Cannot find any proxy: {path} does not exist"
+            if environ.get("X509_USER_PROXY")
+            else ""
+        )
     except OSError as exc:
         return f"Cannot find any proxy: {path}: {exc.strerror}"
     try:

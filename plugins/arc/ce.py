@@ -55,8 +55,13 @@ from gridgate.core.runner import run
 
 #: Debian packages the CE needs (dev.sh installs them when missing, under a policy-rc.d guard
 #: so that their postinst starts no system A-REX on port 443).
-PACKAGES = ("nordugrid-arc-arex", "nordugrid-arc-client", "nordugrid-arc-arcctl",
-            "nordugrid-arc-plugins-arcrest", "nordugrid-arc-plugins-needed")
+PACKAGES = (
+    "nordugrid-arc-arex",
+    "nordugrid-arc-client",
+    "nordugrid-arc-arcctl",
+    "nordugrid-arc-plugins-arcrest",
+    "nordugrid-arc-plugins-needed",
+)
 #: Where a system without dpkg would show each package (program or plugin file).
 _PACKAGE_FILES = {
     "nordugrid-arc-arex": "/usr/lib/arc/libarex.so",
@@ -88,8 +93,7 @@ GM_LEFT_LOOP = "Exiting jobs processing thread"
 LEFTOVER_GRACE = 2.0
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DAEMONS = ("arex-ws", "arex")  # the order they are stopped in
-_LOGLEVELS = {"0": "FATAL", "1": "ERROR", "2": "WARNING", "3": "INFO", "4": "VERBOSE",
-              "5": "DEBUG"}
+_LOGLEVELS = {"0": "FATAL", "1": "ERROR", "2": "WARNING", "3": "INFO", "4": "VERBOSE", "5": "DEBUG"}
 #: What arched-arex-ws logs when its port is taken; it then exits ("Failed to load service
 #: side MCCs").
 _BIND_FAILED = ("Failed to bind socket", "Failed to start listening")
@@ -105,15 +109,18 @@ def missing_packages() -> list[str]:
     if dpkg is None:
         return [pkg for pkg in PACKAGES if not Path(_PACKAGE_FILES[pkg]).exists()]
     result = run([dpkg, "-W", "-f", "${Package} ${db:Status-Status}\n", *PACKAGES], 60)
-    installed = {line.split()[0] for line in result.stdout.splitlines()
-                 if line.endswith(" installed")}
+    installed = {
+        line.split()[0] for line in result.stdout.splitlines() if line.endswith(" installed")
+    }
     return [pkg for pkg in PACKAGES if pkg not in installed]
 
 
 def _install_hint(missing: Sequence[str]) -> str:
-    return (f"the private ARC CE needs the Debian packages {' '.join(missing)}: "
-            f"apt-get install -y --no-install-recommends {' '.join(PACKAGES)} "
-            f"(bash dev.sh test does this, without letting the postinst start a system A-REX)")
+    return (
+        f"the private ARC CE needs the Debian packages {' '.join(missing)}: "
+        f"apt-get install -y --no-install-recommends {' '.join(PACKAGES)} "
+        f"(bash dev.sh test does this, without letting the postinst start a system A-REX)"
+    )
 
 
 def _program(name: str) -> str:
@@ -139,6 +146,7 @@ def _client_base_env(home: Path) -> dict[str, str]:
 
 
 # --- ports ---------------------------------------------------------------------------------------
+
 
 def _port_free(port: int) -> bool:
     """Whether nothing listens on ``port`` (IPv4 and IPv6 wildcards, as arched binds).
@@ -198,16 +206,20 @@ def _reserve_port(start: int = FIRST_PORT, skip: Sequence[int] = ()) -> _PortLoc
         if _port_free(port):
             return lock
         lock.release()
-    raise CEError(f"no free port in {start}-{start + PORT_RANGE - 1} for the ARC CE; "
-                  f"set ARC_CE_PORT (or port=) to a free one")
+    raise CEError(
+        f"no free port in {start}-{start + PORT_RANGE - 1} for the ARC CE; "
+        f"set ARC_CE_PORT (or port=) to a free one"
+    )
 
 
 # --- processes -----------------------------------------------------------------------------------
 
+
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-            errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
@@ -218,7 +230,7 @@ def _stat_fields(pid: int) -> list[str]:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return []
-    return raw[raw.rindex(")") + 2:].split()
+    return raw[raw.rindex(")") + 2 :].split()
 
 
 def _gone(pid: int) -> bool:
@@ -283,10 +295,13 @@ def _leftovers(folder: Path) -> list[int]:
             cwd = ""
         if not cmdline and not cwd:
             continue
-        if (_inside(cwd, session) or _inside(cwd, core)
-                or (str(ARC_SHARE) + "/" in cmdline and mark + "/" in cmdline)
-                or tmp in cmdline
-                or ("arched" in cmdline and etc + "/" in cmdline)):
+        if (
+            _inside(cwd, session)
+            or _inside(cwd, core)
+            or (str(ARC_SHARE) + "/" in cmdline and mark + "/" in cmdline)
+            or tmp in cmdline
+            or ("arched" in cmdline and etc + "/" in cmdline)
+        ):
             if not _gone(pid):
                 found.append(pid)
     return found
@@ -294,6 +309,7 @@ def _leftovers(folder: Path) -> list[int]:
 
 def _kill_all(identities: set[tuple[int, str]], grace: float) -> None:
     """SIGTERM each process, SIGKILL after ``grace`` those still there (same start time)."""
+
     def live() -> set[tuple[int, str]]:
         return {i for i in identities if _identity(i[0]) == i}
 
@@ -321,8 +337,10 @@ def sweep(folder: str | os.PathLike[str], *, announce: bool = False) -> list[int
         if not pids:
             break
         if announce:
-            print(f"arc-ce: stopping leftover job processes: {' '.join(map(str, pids))}",
-                  file=sys.stderr)
+            print(
+                f"arc-ce: stopping leftover job processes: {' '.join(map(str, pids))}",
+                file=sys.stderr,
+            )
         killed += pids
         _kill_all({i for i in map(_identity, pids) if i is not None}, LEFTOVER_GRACE)
     return killed
@@ -371,8 +389,9 @@ def _stop_arched(folder: Path, graces: Mapping[str, float]) -> None:
             # The grid manager leaves its job loop within a second of SIGTERM; it then
             # idles ~8 s on its data-staging threads before exiting. Its job states are on
             # disk by then: that wait is cut short.
-            done_after_loop = (name == "arex" and left_loop is not None
-                               and time.monotonic() - left_loop > 0.5)
+            done_after_loop = (
+                name == "arex" and left_loop is not None and time.monotonic() - left_loop > 0.5
+            )
             if _gone(pid):
                 del pending[name]
             elif done_after_loop or time.monotonic() - begun > graces.get(name, AREX_GRACE):
@@ -402,7 +421,7 @@ def _slurm_localids(folder: Path) -> list[str]:
     """Slurm job ids of the CE's jobs that are not finished (control/job.ID.local)."""
     ids = []
     for local in Path(folder, "control").glob("job.*.local"):
-        job = local.name[len("job."):-len(".local")]
+        job = local.name[len("job.") : -len(".local")]
         status = ""
         for sub in ("finished", "processing", "accepting", "restarting", ""):
             path = Path(folder, "control", sub, f"job.{job}.status")
@@ -425,8 +444,13 @@ def _settings(folder: Path) -> dict:
         return {}
 
 
-def down(folder: str | os.PathLike[str], *, cancel: bool = True, announce: bool = False,
-         grace: float = AREX_GRACE) -> None:
+def down(
+    folder: str | os.PathLike[str],
+    *,
+    cancel: bool = True,
+    announce: bool = False,
+    grace: float = AREX_GRACE,
+) -> None:
     """Stop the CE in ``folder``, however it was started: arex-ws, then arex, by recorded pid
     (SIGKILL after ``grace``); with the Slurm LRMS (and ``cancel``) its jobs are cancelled;
     then every leftover process. A missing folder or a stopped CE is no error."""
@@ -450,8 +474,12 @@ def cancel_slurm_jobs(folder: str | os.PathLike[str]) -> CommandResult | None:
     if not ids:
         return None
     scancel = shutil.which("scancel", path=SYSTEM_PATH) or "scancel"
-    return run([scancel, *ids], 20, env={"PATH": SYSTEM_PATH,
-                                         "SLURM_CONF": settings["slurm_conf"]}, cwd="/")
+    return run(
+        [scancel, *ids],
+        20,
+        env={"PATH": SYSTEM_PATH, "SLURM_CONF": settings["slurm_conf"]},
+        cwd="/",
+    )
 
 
 def slurm_partitions(slurm_conf: str | os.PathLike[str]) -> list[str]:
@@ -473,6 +501,7 @@ def slurm_partitions(slurm_conf: str | os.PathLike[str]) -> list[str]:
 
 # --- the CE --------------------------------------------------------------------------------------
 
+
 class ArcCE:
     """One A-REX (two arched: the grid manager and the HTTPS listener), private to ``folder``.
 
@@ -488,15 +517,25 @@ class ArcCE:
     process dies without calling ``stop``.
     """
 
-    def __init__(self, folder: str | os.PathLike[str] | None = None, *, lrms: str = "fork",
-                 slurm_conf: str | os.PathLike[str] | None = None, port: int | None = None,
-                 info_period: int = 10, wakeup: int = 10, start_timeout: float = 120.0,
-                 watchdog: bool = True) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str] | None = None,
+        *,
+        lrms: str = "fork",
+        slurm_conf: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        info_period: int = 10,
+        wakeup: int = 10,
+        start_timeout: float = 120.0,
+        watchdog: bool = True,
+    ) -> None:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
         if lrms == "slurm" and slurm_conf is None:
-            raise ValueError("lrms='slurm' needs slurm_conf, the private cluster's slurm.conf "
-                             "(SLURM_CONF; bash dev.sh slurm up prints it)")
+            raise ValueError(
+                "lrms='slurm' needs slurm_conf, the private cluster's slurm.conf "
+                "(SLURM_CONF; bash dev.sh slurm up prints it)"
+            )
         self._own_folder = folder is None
         self._folder = Path(folder).resolve() if folder is not None else None
         self.lrms = lrms
@@ -631,8 +670,11 @@ class ArcCE:
         stopped one (``stop_service``, ``down``) it starts the daemons again with the same
         port, credentials and jobs."""
         begun = time.monotonic()
-        if self._folder is not None and not self._settings_loaded and \
-                self._path("etc", "ce.json").exists():
+        if (
+            self._folder is not None
+            and not self._settings_loaded
+            and self._path("etc", "ce.json").exists()
+        ):
             self._load_settings()
         if self.running():
             self._renew_if_short()
@@ -716,9 +758,19 @@ class ArcCE:
             raise CEError(
                 f"{blocked} is not world-executable (mode "
                 f"{stat.S_IMODE(os.stat(blocked).st_mode):o}): A-REX maps jobs to nobody, who "
-                f"must reach {folder}/session; chmod o+x {blocked} or use another folder")
-        for sub in ("etc", "run", "log", "control", "session", "user", "users", "host",
-                    "log/arccore"):
+                f"must reach {folder}/session; chmod o+x {blocked} or use another folder"
+            )
+        for sub in (
+            "etc",
+            "run",
+            "log",
+            "control",
+            "session",
+            "user",
+            "users",
+            "host",
+            "log/arccore",
+        ):
             self._path(sub).mkdir(mode=0o755, exist_ok=True)
         self._path("tmp").mkdir(exist_ok=True)
         os.chmod(self._path("tmp"), 0o1777)  # arc-config-check insists on the sticky bit
@@ -730,8 +782,10 @@ class ArcCE:
             self._lock = _PortLock.take(self._port)
             if self._lock is None or not _port_free(self._port):
                 self._release_port()
-                raise CEError(f"port {self._port} is busy; choose another (ARC_CE_PORT, port=)"
-                              f" or leave it unset for the first free one from {FIRST_PORT}")
+                raise CEError(
+                    f"port {self._port} is busy; choose another (ARC_CE_PORT, port=)"
+                    f" or leave it unset for the first free one from {FIRST_PORT}"
+                )
         else:
             self._lock = _reserve_port()
             self._port = self._lock.port
@@ -743,9 +797,11 @@ class ArcCE:
         self._lock = _PortLock.take(self._port)
         if self._lock is None or not _port_free(self._port):
             self._release_port()
-            raise CEError(f"port {self._port} of the CE in {self._folder} is busy (another CE "
-                          f"or program holds it); stop that, or rm -r {self._folder} for a new"
-                          f" CE on another port")
+            raise CEError(
+                f"port {self._port} of the CE in {self._folder} is busy (another CE "
+                f"or program holds it); stop that, or rm -r {self._folder} for a new"
+                f" CE on another port"
+            )
 
     def _release_port(self) -> None:
         lock, self._lock = self._lock, None
@@ -756,14 +812,20 @@ class ArcCE:
         """A CE set up before keeps its settings (arc.conf is written once)."""
         settings = _settings(self._path())
         if not settings:
-            raise CEError(f"{self.arc_conf} exists but {self._path('etc', 'ce.json')} does "
-                          f"not: the folder was not set up by this module; rm -r it")
+            raise CEError(
+                f"{self.arc_conf} exists but {self._path('etc', 'ce.json')} does "
+                f"not: the folder was not set up by this module; rm -r it"
+            )
         if self._port_given and settings["port"] != self._port:
-            raise CEError(f"the CE in {self._folder} runs on port {settings['port']}, not "
-                          f"{self._port}; rm -r {self._folder} for a new CE")
+            raise CEError(
+                f"the CE in {self._folder} runs on port {settings['port']}, not "
+                f"{self._port}; rm -r {self._folder} for a new CE"
+            )
         if settings["lrms"] != self.lrms:
-            raise CEError(f"the CE in {self._folder} was set up with lrms={settings['lrms']}, "
-                          f"not {self.lrms}; rm -r {self._folder} for a new CE")
+            raise CEError(
+                f"the CE in {self._folder} was set up with lrms={settings['lrms']}, "
+                f"not {self.lrms}; rm -r {self._folder} for a new CE"
+            )
         self._port = int(settings["port"])
         self._settings_loaded = True
         self.info_period = int(settings["info_period"])
@@ -778,8 +840,10 @@ class ArcCE:
         if self.lrms == "slurm":
             assert self.slurm_conf is not None
             if not self.slurm_conf.exists():
-                raise CEError(f"{self.slurm_conf} does not exist: start the private Slurm "
-                              f"cluster first (SlurmCluster().start(), bash dev.sh slurm up)")
+                raise CEError(
+                    f"{self.slurm_conf} does not exist: start the private Slurm "
+                    f"cluster first (SlurmCluster().start(), bash dev.sh slurm up)"
+                )
             queues = slurm_partitions(self.slurm_conf)
             if not queues:
                 raise CEError(f"{self.slurm_conf} defines no partition")
@@ -787,8 +851,13 @@ class ArcCE:
             if sbatch is None:
                 raise CEError("sbatch is not installed (apt-get install slurm-client)")
             # No slurmdbd behind the private cluster: sacct would only fail.
-            lrms = ["[lrms]", "lrms = slurm", f"slurm_bin_path = {Path(sbatch).parent}",
-                    "slurm_use_sacct = no", "slurm_wakeupperiod = 5"]
+            lrms = [
+                "[lrms]",
+                "lrms = slurm",
+                f"slurm_bin_path = {Path(sbatch).parent}",
+                "slurm_use_sacct = no",
+                "slurm_wakeupperiod = 5",
+            ]
         lines = [
             "# A private ARC CE for gridgate's tests (gridgate.plugins.arc.ce): do not edit;",
             "# rm -r the folder for a new CE.",
@@ -835,22 +904,39 @@ class ArcCE:
         for queue in queues:
             lines += [f"[queue:{queue}]", ""]
         self.arc_conf.write_text("\n".join(lines), encoding="utf-8")
-        settings = {"port": self._port, "lrms": self.lrms, "info_period": self.info_period,
-                    "wakeup": self.wakeup,
-                    "slurm_conf": str(self.slurm_conf) if self.slurm_conf else None,
-                    "queues": queues}
+        settings = {
+            "port": self._port,
+            "lrms": self.lrms,
+            "info_period": self.info_period,
+            "wakeup": self.wakeup,
+            "slurm_conf": str(self.slurm_conf) if self.slurm_conf else None,
+            "queues": queues,
+        }
         self._path("etc", "ce.json").write_text(json.dumps(settings, indent=1) + "\n")
         self._settings_loaded = True
 
     def _arcctl(self, args: Sequence[str], cwd: Path) -> CommandResult:
         # No ARC_CONFIG, no -c: arcctl then reads its cached parse of the system's arc.conf
         # (read only); with either it would save our config over /run/arc/arcctl.runtime.conf.
-        result = run([_program("arcctl"), "test-ca", "--ca-dir", str(self.certificates),
-                      "--ca-id", CA_ID, *args], 120, env={"PATH": SYSTEM_PATH, "LC_ALL": "C"},
-                     cwd=str(cwd))
+        result = run(
+            [
+                _program("arcctl"),
+                "test-ca",
+                "--ca-dir",
+                str(self.certificates),
+                "--ca-id",
+                CA_ID,
+                *args,
+            ],
+            120,
+            env={"PATH": SYSTEM_PATH, "LC_ALL": "C"},
+            cwd=str(cwd),
+        )
         if not result.ok:
-            raise CEError(f"arcctl test-ca {' '.join(args)}: {result.describe()}: "
-                          f"{(result.stdout + result.stderr).strip()[-2000:]}")
+            raise CEError(
+                f"arcctl test-ca {' '.join(args)}: {result.describe()}: "
+                f"{(result.stdout + result.stderr).strip()[-2000:]}"
+            )
         return result
 
     def _issue(self, kind: str, name: str, into: Path, cert: str, key: str) -> None:
@@ -875,8 +961,7 @@ class ArcCE:
             self.certificates.mkdir(mode=0o755, exist_ok=True)
             self._arcctl(["init", "-v", "365"], self._path())
         if not self._path("host", "hostcert.pem").exists():
-            self._issue("hostcert", "localhost", self._path("host"), "hostcert.pem",
-                        "hostkey.pem")
+            self._issue("hostcert", "localhost", self._path("host"), "hostcert.pem", "hostkey.pem")
         user = self._path("user")
         if not self.usercert.exists():
             self._issue("usercert", PILOT_NAME, user, "usercert.pem", "userkey.pem")
@@ -888,20 +973,34 @@ class ArcCE:
         """client.conf naming the credentials and the CA folder (-z FILE). ARC 6.17 knows no
         joblist here ("Unknown attribute"): callers pass -j ARC_CE_JOBLIST."""
         v = self._client_vars(creds)
-        text = ("[common]\n"
-                f"certificatepath={v['X509_USER_CERT']}\n"
-                f"keypath={v['X509_USER_KEY']}\n"
-                f"proxypath={v['X509_USER_PROXY']}\n"
-                f"cacertificatesdirectory={v['X509_CERT_DIR']}\n")
+        text = (
+            "[common]\n"
+            f"certificatepath={v['X509_USER_CERT']}\n"
+            f"keypath={v['X509_USER_KEY']}\n"
+            f"proxypath={v['X509_USER_PROXY']}\n"
+            f"cacertificatesdirectory={v['X509_CERT_DIR']}\n"
+        )
         (creds / "client.conf").write_text(text, encoding="utf-8")
 
     def _allow(self, cert: Path) -> str:
         """Add the certificate's DN to the CE's allowed subjects (once); return the DN."""
-        result = run([_program("openssl"), "x509", "-in", str(cert), "-noout", "-subject",
-                      "-nameopt", "compat"], 30, env={"PATH": SYSTEM_PATH})
+        result = run(
+            [
+                _program("openssl"),
+                "x509",
+                "-in",
+                str(cert),
+                "-noout",
+                "-subject",
+                "-nameopt",
+                "compat",
+            ],
+            30,
+            env={"PATH": SYSTEM_PATH},
+        )
         if not result.ok or not result.stdout.startswith("subject="):
             raise CEError(f"openssl x509 -subject {cert}: {result.describe()}: {result.stderr}")
-        dn = result.stdout.strip()[len("subject="):].strip()
+        dn = result.stdout.strip()[len("subject=") :].strip()
         line = f'"{dn}"'
         known = self.allowed_subjects.read_text().splitlines()
         if line not in known:
@@ -910,24 +1009,46 @@ class ArcCE:
         return dn
 
     def _arcproxy(self, creds: Path, path: Path, constraints: Sequence[str]) -> None:
-        argv = [_program("arcproxy"), "-z", str(creds / "client.conf"),
-                "-C", str(creds / "usercert.pem"), "-K", str(creds / "userkey.pem"),
-                "-T", str(self.certificates), "-P", str(path)]
+        argv = [
+            _program("arcproxy"),
+            "-z",
+            str(creds / "client.conf"),
+            "-C",
+            str(creds / "usercert.pem"),
+            "-K",
+            str(creds / "userkey.pem"),
+            "-T",
+            str(self.certificates),
+            "-P",
+            str(path),
+        ]
         for constraint in constraints:
             argv += ["-c", constraint]
         result = run(argv, 60, env=_client_base_env(creds), cwd=str(creds))
         if not result.ok:
-            raise CEError(f"arcproxy: {result.describe()}: "
-                          f"{(result.stdout + result.stderr).strip()}")
+            raise CEError(
+                f"arcproxy: {result.describe()}: {(result.stdout + result.stderr).strip()}"
+            )
 
     def proxy_seconds_left(self, path: str | os.PathLike[str] | None = None) -> int:
         """Seconds a proxy (default: the pilot's) has left; 0 when expired or missing."""
         proxy = Path(path) if path is not None else self.proxy
         if not proxy.exists():
             return 0
-        result = run([_program("arcproxy"), "-z", str(self.client_conf), "-P", str(proxy),
-                      "-i", "validityLeft"], 60, env=_client_base_env(self._path("user")),
-                     cwd=str(self._path("user")))
+        result = run(
+            [
+                _program("arcproxy"),
+                "-z",
+                str(self.client_conf),
+                "-P",
+                str(proxy),
+                "-i",
+                "validityLeft",
+            ],
+            60,
+            env=_client_base_env(self._path("user")),
+            cwd=str(self._path("user")),
+        )
         try:
             return int(result.stdout.split()[0]) if result.ok else 0
         except (ValueError, IndexError):
@@ -943,9 +1064,14 @@ class ArcCE:
         if self.proxy_seconds_left() < PROXY_MIN_LEFT:
             self.renew_proxy()
 
-    def make_proxy(self, path: str | os.PathLike[str], *,
-                   start: dt.datetime | str | None = None, end: dt.datetime | str | None = None,
-                   validity: str = "24H") -> Path:
+    def make_proxy(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        start: dt.datetime | str | None = None,
+        end: dt.datetime | str | None = None,
+        validity: str = "24H",
+    ) -> Path:
         """An extra proxy of the pilot's certificate at ``path``, e.g. an expired one::
 
             ce.make_proxy(tmp / "old.pem", start=now - timedelta(hours=2),
@@ -953,6 +1079,7 @@ class ArcCE:
 
         ``start``/``end`` are datetimes (naive ones are UTC) or arcproxy's own text
         (``2026-12-01T10:00:00Z``); without ``end`` the proxy lasts ``validity``."""
+
         def text(when: dt.datetime | str) -> str:
             if isinstance(when, str):
                 return when
@@ -963,8 +1090,9 @@ class ArcCE:
         constraints = []
         if start is not None:
             constraints.append(f"validityStart={text(start)}")
-        constraints.append(f"validityEnd={text(end)}" if end is not None
-                           else f"validityPeriod={validity}")
+        constraints.append(
+            f"validityEnd={text(end)}" if end is not None else f"validityPeriod={validity}"
+        )
         target = Path(path).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)
         self._arcproxy(self._path("user"), target, constraints)
@@ -983,8 +1111,7 @@ class ArcCE:
         creds.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self._path("users"), 0o755)
         if not (creds / "usercert.pem").exists():
-            self._issue("usercert", f"gridgate {unix_user}", creds, "usercert.pem",
-                        "userkey.pem")
+            self._issue("usercert", f"gridgate {unix_user}", creds, "usercert.pem", "userkey.pem")
         self._allow(creds / "usercert.pem")
         self._write_client_conf(creds)
         if self.proxy_seconds_left(creds / "proxy.pem") < PROXY_MIN_LEFT:
@@ -1000,40 +1127,71 @@ class ArcCE:
         """The runtime config (arcconfig-parser), the validator, DH params and both XMLs."""
         parser = str(ARC_LIBEXEC / "arcconfig-parser")
         env = {"PATH": SYSTEM_PATH, "LC_ALL": "C"}
-        saved = run([parser, "--config", str(self.arc_conf), "--runconfig",
-                     str(self.runconfig), "--save"], 60, env=env)
+        saved = run(
+            [parser, "--config", str(self.arc_conf), "--runconfig", str(self.runconfig), "--save"],
+            60,
+            env=env,
+        )
         if not saved.ok:
-            raise CEError(f"arcconfig-parser could not process {self.arc_conf}: "
-                          f"{saved.describe()}: {(saved.stdout + saved.stderr).strip()}")
-        loaded = run([parser, "--runconfig", str(self.runconfig), "--load", "--export", "json"],
-                     60, env=env)
+            raise CEError(
+                f"arcconfig-parser could not process {self.arc_conf}: "
+                f"{saved.describe()}: {(saved.stdout + saved.stderr).strip()}"
+            )
+        loaded = run(
+            [parser, "--runconfig", str(self.runconfig), "--load", "--export", "json"], 60, env=env
+        )
         try:
             conf = json.loads(loaded.stdout)
         except ValueError:
-            raise CEError(f"arcconfig-parser --export json: {loaded.describe()}: "
-                          f"{loaded.stderr.strip()}") from None
-        check = run([str(ARC_LIBEXEC / "arc-config-check"), "--config", str(self.arc_conf)],
-                    60, env=env)
+            raise CEError(
+                f"arcconfig-parser --export json: {loaded.describe()}: {loaded.stderr.strip()}"
+            ) from None
+        check = run(
+            [str(ARC_LIBEXEC / "arc-config-check"), "--config", str(self.arc_conf)], 60, env=env
+        )
         self._path("log", "arc-config-check.log").write_text(check.stdout + check.stderr)
         if not check.ok:
-            raise CEError(f"arc-config-check rejects {self.arc_conf} ({check.describe()}):\n"
-                          + "\n".join(ln for ln in (check.stdout + check.stderr).splitlines()
-                                      if "ERROR" in ln or "failure" in ln))
+            raise CEError(
+                f"arc-config-check rejects {self.arc_conf} ({check.describe()}):\n"
+                + "\n".join(
+                    ln
+                    for ln in (check.stdout + check.stderr).splitlines()
+                    if "ERROR" in ln or "failure" in ln
+                )
+            )
         self._dhparam(Path(conf["arex"]["controldir"]) / "dhparam.pem")
-        self._path("etc", "arex.xml").write_text(_arex_xml(conf, self.runconfig,
-                                                           self.info_period))
+        self._path("etc", "arex.xml").write_text(_arex_xml(conf, self.runconfig, self.info_period))
         self._path("etc", "arex-ws.xml").write_text(_arex_ws_xml(conf, self.runconfig))
 
     def _dhparam(self, path: Path) -> None:
         """RFC 7919's ffdhe2048 group: instant, where the start script's ``openssl dhparam
         4096`` takes minutes of CPU in the background."""
         openssl = _program("openssl")
-        if path.exists() and run([openssl, "dhparam", "-in", str(path), "-check", "-noout"],
-                                 30, env={"PATH": SYSTEM_PATH}).ok:
+        if (
+            path.exists()
+            and run(
+                [openssl, "dhparam", "-in", str(path), "-check", "-noout"],
+                30,
+                env={"PATH": SYSTEM_PATH},
+            ).ok
+        ):
             return
         path.unlink(missing_ok=True)
-        made = run([openssl, "genpkey", "-genparam", "-algorithm", "DH", "-pkeyopt",
-                    "group:ffdhe2048", "-out", str(path)], 60, env={"PATH": SYSTEM_PATH})
+        made = run(
+            [
+                openssl,
+                "genpkey",
+                "-genparam",
+                "-algorithm",
+                "DH",
+                "-pkeyopt",
+                "group:ffdhe2048",
+                "-out",
+                str(path),
+            ],
+            60,
+            env={"PATH": SYSTEM_PATH},
+        )
         if not made.ok:
             raise CEError(f"openssl genpkey -genparam: {made.describe()}: {made.stderr}")
         os.chmod(path, 0o600)
@@ -1066,9 +1224,18 @@ class ArcCE:
     def _start_daemons(self) -> str | None:
         """Start both arched and wait for arcinfo; None when the CE answers, else why not:
         ``port`` (arched-arex-ws could not listen), ``exited`` or ``timeout``."""
-        loaded = run([str(ARC_LIBEXEC / "arcconfig-parser"), "--runconfig",
-                      str(self.runconfig), "--load", "--export", "json"], 60,
-                     env={"PATH": SYSTEM_PATH})
+        loaded = run(
+            [
+                str(ARC_LIBEXEC / "arcconfig-parser"),
+                "--runconfig",
+                str(self.runconfig),
+                "--load",
+                "--export",
+                "json",
+            ],
+            60,
+            env={"PATH": SYSTEM_PATH},
+        )
         env = self._daemon_env(json.loads(loaded.stdout))
         for name in ("arex", "arex-ws"):
             stdout = self._path("log", f"{name}.stdout")
@@ -1081,14 +1248,30 @@ class ArcCE:
             # this process: its helpers (scan-*-job, CEinfo.pl) come and go all the time, and
             # a test that checks it left no child running would count them. arched -f writes
             # no PidFile of its own: the launcher records the pid for stop() and down().
-            launched = run([sys.executable, "-c", _LAUNCHER, str(stdout), str(pidfile),
-                            str(self._path("log", "arccore")), str(ARCHED), "-f", "-c",
-                            str(self._path("etc", f"{name}.xml"))], 60, env=env, cwd="/")
+            launched = run(
+                [
+                    sys.executable,
+                    "-c",
+                    _LAUNCHER,
+                    str(stdout),
+                    str(pidfile),
+                    str(self._path("log", "arccore")),
+                    str(ARCHED),
+                    "-f",
+                    "-c",
+                    str(self._path("etc", f"{name}.xml")),
+                ],
+                60,
+                env=env,
+                cwd="/",
+            )
             try:
                 pid = int(pidfile.read_text().split()[0])
             except (OSError, ValueError, IndexError):
-                raise CEError(f"could not start arched for {name}: {launched.describe()}: "
-                              f"{launched.stderr.strip()}") from None
+                raise CEError(
+                    f"could not start arched for {name}: {launched.describe()}: "
+                    f"{launched.stderr.strip()}"
+                ) from None
             self._pids[name] = pid
             # As the start scripts' `ulimit -S -n $(ulimit -H -n)`.
             with contextlib.suppress(OSError, ValueError):
@@ -1103,8 +1286,9 @@ class ArcCE:
         while time.monotonic() < end:
             for name, pid in self._pids.items():
                 if _gone(pid):
-                    if name == "arex-ws" and any(m in self.log("arex-ws.stdout")
-                                                 for m in _BIND_FAILED):
+                    if name == "arex-ws" and any(
+                        m in self.log("arex-ws.stdout") for m in _BIND_FAILED
+                    ):
                         return "port"
                     return "exited"
             said = self.log("arex-ws.stdout")
@@ -1113,9 +1297,12 @@ class ArcCE:
             # Ask only once our arched listens: on a port taken by something else, arcinfo
             # would talk to that (and may hang there for its whole timeout).
             if listening in said:
-                result = run(argv, max(min(end - time.monotonic(), 20.0), 1.0),
-                             env=_client_base_env(self._path("user")),
-                             cwd=str(self._path("user")))
+                result = run(
+                    argv,
+                    max(min(end - time.monotonic(), 20.0), 1.0),
+                    env=_client_base_env(self._path("user")),
+                    cwd=str(self._path("user")),
+                )
                 if "Computing service:" in result.stdout:
                     return None
                 time.sleep(0.3)
@@ -1124,13 +1311,16 @@ class ArcCE:
         return "timeout"
 
     def _start_failure(self, why: str) -> str:
-        said = {"port": f"arched could not listen on port {self.port}",
-                "exited": "an arched exited",
-                "timeout": f"arcinfo -c {self.url} did not answer 'Computing service:' "
-                           f"within {self.start_timeout:.0f} s"}[why]
-        tail = "".join(f"\n--- {name} (last lines) ---\n" + "\n".join(
-            self.log(name).splitlines()[-25:]) for name in
-            ("arex-ws.stdout", "arex.stdout", "arex.log", "infoprovider.log"))
+        said = {
+            "port": f"arched could not listen on port {self.port}",
+            "exited": "an arched exited",
+            "timeout": f"arcinfo -c {self.url} did not answer 'Computing service:' "
+            f"within {self.start_timeout:.0f} s",
+        }[why]
+        tail = "".join(
+            f"\n--- {name} (last lines) ---\n" + "\n".join(self.log(name).splitlines()[-25:])
+            for name in ("arex-ws.stdout", "arex.stdout", "arex.log", "infoprovider.log")
+        )
         return f"the ARC CE in {self._folder} did not come up: {said}{tail}"
 
     def _stop_daemons(self, grace: float | None = None) -> None:
@@ -1152,9 +1342,15 @@ class ArcCE:
         argv = [sys.executable, "-m", "gridgate.plugins.arc.ce", "watch", str(self._folder)]
         if self._own_folder:
             argv.append("--remove")
-        self._watchdog = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, cwd="/",
-                                          start_new_session=True, close_fds=True)
+        self._watchdog = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def _stop_watchdog(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
@@ -1184,6 +1380,7 @@ os.replace(pidfile + ".new", pidfile)
 
 # --- the two arched XML configs, as ARC 6.17's start scripts write them -------------------------
 
+
 def _x(value: object) -> str:
     return escape(str(value))
 
@@ -1209,9 +1406,9 @@ def _arex_xml(conf: dict, runconfig: Path, info_period: int) -> str:
   xmlns="http://www.nordugrid.org/schemas/ArcConfig/2007"
   xmlns:arex="http://www.nordugrid.org/schemas/a-rex/Config">
   <Server>
-    <PidFile>{_x(arex['pidfile'])}</PidFile>
+    <PidFile>{_x(arex["pidfile"])}</PidFile>
     <Logger>
-      <File>{_x(arex['logfile'])}</File>
+      <File>{_x(arex["logfile"])}</File>
       <Level>{level}</Level>
     </Logger>
     <Watchdog>{watchdog}</Watchdog>
@@ -1259,13 +1456,16 @@ def _arex_ws_xml(conf: dict, runconfig: Path) -> str:
         tls += f"\n      <Protocol>{_x(ws['tlsprotocols'])}</Protocol>"
     if ws.get("tlscurve"):
         tls += f"\n      <Curve>{_x(ws['tlscurve'])}</Curve>"
-    tls += f"\n      <DHParamFile>{_x(Path(conf['arex']['controldir']) / 'dhparam.pem')}" \
-           f"</DHParamFile>"
+    tls += (
+        f"\n      <DHParamFile>{_x(Path(conf['arex']['controldir']) / 'dhparam.pem')}</DHParamFile>"
+    )
     tokens_plugin = tokens_handler = ""
     if "authtokens" in conf:
         tokens_plugin = "<Plugins><Name>arcshcotokens</Name></Plugins>"
-        tokens_handler = ('\n<!-- Collect OTokens information -->\n'
-                          '<SecHandler name="otokens.handler" event="incoming"/>')
+        tokens_handler = (
+            "\n<!-- Collect OTokens information -->\n"
+            '<SecHandler name="otokens.handler" event="incoming"/>'
+        )
     return f"""<?xml version="1.0"?>
 <ArcConfig
   xmlns="http://www.nordugrid.org/schemas/ArcConfig/2007"
@@ -1273,9 +1473,9 @@ def _arex_ws_xml(conf: dict, runconfig: Path) -> str:
   xmlns:arex="http://www.nordugrid.org/schemas/a-rex/Config"
   xmlns:candypond="urn:candypond_config">
   <Server>
-    <PidFile>{_x(ws['pidfile'])}</PidFile>
+    <PidFile>{_x(ws["pidfile"])}</PidFile>
     <Logger>
-      <File>{_x(ws['logfile'])}</File>
+      <File>{_x(ws["logfile"])}</File>
       <Level>{level}</Level>
     </Logger>
     <Watchdog>{watchdog}</Watchdog>
@@ -1299,10 +1499,10 @@ def _arex_ws_xml(conf: dict, runconfig: Path) -> str:
     </Component>
     <Component name="tls.service" id="tls">
       <next id="http"/>
-      <KeyPath>{_x(common['x509_host_key'])}</KeyPath>
-      <CertificatePath>{_x(common['x509_host_cert'])}</CertificatePath>
-      <CACertificatesDir PolicyGlobus="true">{_x(common['x509_cert_dir'])}</CACertificatesDir>
-      <VOMSProcessing>{_x(common.get('voms_processing', 'standard'))}</VOMSProcessing>
+      <KeyPath>{_x(common["x509_host_key"])}</KeyPath>
+      <CertificatePath>{_x(common["x509_host_cert"])}</CertificatePath>
+      <CACertificatesDir PolicyGlobus="true">{_x(common["x509_cert_dir"])}</CACertificatesDir>
+      <VOMSProcessing>{_x(common.get("voms_processing", "standard"))}</VOMSProcessing>
       <ClientAuthn>false</ClientAuthn>
       {tls}
     </Component>
@@ -1328,9 +1528,9 @@ def _arex_ws_xml(conf: dict, runconfig: Path) -> str:
       <arex:endpoint>{_x(wsurl)}</arex:endpoint>
       <arex:gmconfig>{_x(runconfig)}</arex:gmconfig>
       <arex:gmrun>none</arex:gmrun>
-      <arex:InfosysInterfaceMaxClients>{_x(ws['max_infosys_requests'])}</arex:InfosysInterfaceMaxClients>
-      <arex:JobControlInterfaceMaxClients>{_x(ws['max_job_control_requests'])}</arex:JobControlInterfaceMaxClients>
-      <arex:DataTransferInterfaceMaxClients>{_x(ws['max_data_transfer_requests'])}</arex:DataTransferInterfaceMaxClients>
+      <arex:InfosysInterfaceMaxClients>{_x(ws["max_infosys_requests"])}</arex:InfosysInterfaceMaxClients>
+      <arex:JobControlInterfaceMaxClients>{_x(ws["max_job_control_requests"])}</arex:JobControlInterfaceMaxClients>
+      <arex:DataTransferInterfaceMaxClients>{_x(ws["max_data_transfer_requests"])}</arex:DataTransferInterfaceMaxClients>
     </Service>
   </Chain>
 </ArcConfig>
@@ -1354,10 +1554,15 @@ def _hand_ce(folder: Path) -> ArcCE:
     lrms = environ.get("ARC_CE_LRMS") or settings.get("lrms") or "fork"
     slurm_conf = environ.get("SLURM_CONF") or settings.get("slurm_conf")
     port = environ.get("ARC_CE_PORT")
-    return ArcCE(folder, lrms=lrms, slurm_conf=slurm_conf if lrms == "slurm" else None,
-                 port=int(port) if port else None,
-                 info_period=int(environ.get("ARC_CE_INFO_PERIOD", "10")),
-                 wakeup=int(environ.get("ARC_CE_WAKEUP", "10")), watchdog=False)
+    return ArcCE(
+        folder,
+        lrms=lrms,
+        slurm_conf=slurm_conf if lrms == "slurm" else None,
+        port=int(port) if port else None,
+        info_period=int(environ.get("ARC_CE_INFO_PERIOD", "10")),
+        wakeup=int(environ.get("ARC_CE_WAKEUP", "10")),
+        watchdog=False,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1366,16 +1571,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gridgate.plugins.arc.ce",
         description="Bring a private ARC CE (A-REX) up in a folder, or down again. Knobs, read "
-                    "when the folder is first set up: ARC_CE_PORT, ARC_CE_LRMS=fork|slurm, "
-                    "SLURM_CONF, ARC_CE_INFO_PERIOD (s), ARC_CE_WAKEUP (s).")
+        "when the folder is first set up: ARC_CE_PORT, ARC_CE_LRMS=fork|slurm, "
+        "SLURM_CONF, ARC_CE_INFO_PERIOD (s), ARC_CE_WAKEUP (s).",
+    )
     parser.add_argument("action", choices=("up", "down", "env", "status", "user", "watch"))
-    parser.add_argument("folder", nargs="?",
-                        default=os.environ.get("ARC_CE_DIR", DEFAULT_HAND_FOLDER),
-                        help="where the CE lives (default: $ARC_CE_DIR or %(default)s)")
-    parser.add_argument("unix_user", nargs="?", default="nobody",
-                        help="user: whose credentials to make (default: %(default)s)")
-    parser.add_argument("--remove", action="store_true",
-                        help="watch: remove the folder too once the CE is down")
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        default=os.environ.get("ARC_CE_DIR", DEFAULT_HAND_FOLDER),
+        help="where the CE lives (default: $ARC_CE_DIR or %(default)s)",
+    )
+    parser.add_argument(
+        "unix_user",
+        nargs="?",
+        default="nobody",
+        help="user: whose credentials to make (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--remove", action="store_true", help="watch: remove the folder too once the CE is down"
+    )
     args = parser.parse_args(argv)
     folder = Path(args.folder).resolve()
     if args.action == "watch":
@@ -1394,8 +1608,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "down":
         begun = time.monotonic()
         down(folder, announce=True)
-        print(f"arc-ce: the CE in {folder} is down ({time.monotonic() - begun:.1f} s)",
-              file=sys.stderr)
+        print(
+            f"arc-ce: the CE in {folder} is down ({time.monotonic() - begun:.1f} s)",
+            file=sys.stderr,
+        )
         return 0
     exists = (folder / "etc" / "ce.json").exists()
     if args.action in ("env", "status", "user") and not exists:
@@ -1411,9 +1627,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ce._load_settings()
             pids = ce.pids()
             up = ce.running()
-            print(f"arc-ce: {'running' if up else 'stopped'}: {ce.url} in {folder} "
-                  f"(lrms {ce.lrms}; " + (", ".join(f"{n} pid {p}" for n, p in pids.items())
-                                          or "no arched") + ")")
+            print(
+                f"arc-ce: {'running' if up else 'stopped'}: {ce.url} in {folder} "
+                f"(lrms {ce.lrms}; "
+                + (", ".join(f"{n} pid {p}" for n, p in pids.items()) or "no arched")
+                + ")"
+            )
             return 0 if up else 1
         if args.action == "user":
             ce._load_settings()
@@ -1425,8 +1644,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"arc-ce: {exc}", file=sys.stderr)
         return 1
     # The daemons run in sessions of their own and outlive this command; ``down`` stops them.
-    print(f"arc-ce: {ce.url} up in {folder} (lrms {ce.lrms}, "
-          f"{time.monotonic() - begun:.1f} s)", file=sys.stderr)
+    print(
+        f"arc-ce: {ce.url} up in {folder} (lrms {ce.lrms}, {time.monotonic() - begun:.1f} s)",
+        file=sys.stderr,
+    )
     print(_exports(ce.env), end="")
     return 0
 

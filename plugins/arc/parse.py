@@ -17,7 +17,9 @@ from gridgate.core.model import JobStatus
 #: ``Job submitted with jobid: https://ce:443/arex/rest/1.0/jobs/ID`` (one line per job, input order)
 SUBMITTED_RE = re.compile(r"^Job submitted with jobid:\s*(\S+)\s*$")
 #: ``Status of 3 jobs was queried, 1 jobs returned information``
-SUMMARY_RE = re.compile(r"Status of (\d+) jobs? (?:was|were) queried, (\d+) jobs? returned information")
+SUMMARY_RE = re.compile(
+    r"Status of (\d+) jobs? (?:was|were) queried, (\d+) jobs? returned information"
+)
 #: ``WARNING: Failed to process job: ID - 404 Job not found`` (or no reason at all)
 FAILED_JOB_RE = re.compile(r"^WARNING: Failed to process job: (\S+)(?: - (.*))?$")
 #: ``Warning: Job not found in job list: ID`` (the client never asks the CE about such an id)
@@ -83,8 +85,13 @@ def _block_status(job_id: str, fields: Mapping[str, str]) -> JobStatus:
     reason = fields.get("Job Error", "")
     if not reason and state == "failed" and exit_code is not None:
         reason = f"exit code {exit_code}"
-    return JobStatus(job_id=job_id, state=state, native=native, reason=reason,  # type: ignore[arg-type]
-                     exit_code=exit_code)
+    return JobStatus(
+        job_id=job_id,
+        state=state,
+        native=native,
+        reason=reason,  # type: ignore[arg-type]
+        exit_code=exit_code,
+    )
 
 
 def parse_arcstat(stdout: str, stderr: str = "") -> StatusReport:
@@ -125,9 +132,13 @@ def parse_arcstat(stdout: str, stderr: str = "") -> StatusReport:
         if found:
             gone.append(found.group(1))
     summary = SUMMARY_RE.search(stdout) or SUMMARY_RE.search(stderr)
-    return StatusReport(statuses=statuses, gone=tuple(dict.fromkeys(gone)), failed=failed,
-                        queried=int(summary.group(1)) if summary else None,
-                        returned=int(summary.group(2)) if summary else None)
+    return StatusReport(
+        statuses=statuses,
+        gone=tuple(dict.fromkeys(gone)),
+        failed=failed,
+        queried=int(summary.group(1)) if summary else None,
+        returned=int(summary.group(2)) if summary else None,
+    )
 
 
 def killed_counts(stdout: str) -> tuple[int, int] | None:

@@ -30,16 +30,49 @@ DEFAULT_THROTTLE_MS = 1
 #: Commands and batch opcodes by category; everything not listed is ``other``.
 DEFAULT_CATEGORY_MAP: dict[str, tuple[str, ...]] = {
     "submission": (
-        "bsub", "brestart", "bmod", "bswitch",
-        "BATCH_JOB_SUB", "BATCH_JOB_RESTART", "BATCH_JOB_MODIFY", "BATCH_JOB_SWITCH",
+        "bsub",
+        "brestart",
+        "bmod",
+        "bswitch",
+        "BATCH_JOB_SUB",
+        "BATCH_JOB_RESTART",
+        "BATCH_JOB_MODIFY",
+        "BATCH_JOB_SWITCH",
     ),
     "query": (
-        "bjobs", "bhosts", "bqueues", "bhist", "busers", "blimits", "bapp", "bparams",
-        "bjgroup", "bsla", "bresources", "bmgroup", "bugroup", "bpeek", "bread", "brsvs",
-        "squeue", "sinfo", "condor_q", "condor_status", "qstat",
-        "BATCH_JOB_QUERY", "BATCH_HOST_INFO", "BATCH_QUE_INFO", "BATCH_USER_INFO",
-        "BATCH_JOB_PEEK", "BATCH_PARAM_INFO", "BATCH_GRP_INFO", "BATCH_RESOURCE_INFO",
-        "BATCH_RSV_INFO", "BATCH_APP_INFO", "BATCH_SLA_INFO", "BATCH_LIMIT_INFO",
+        "bjobs",
+        "bhosts",
+        "bqueues",
+        "bhist",
+        "busers",
+        "blimits",
+        "bapp",
+        "bparams",
+        "bjgroup",
+        "bsla",
+        "bresources",
+        "bmgroup",
+        "bugroup",
+        "bpeek",
+        "bread",
+        "brsvs",
+        "squeue",
+        "sinfo",
+        "condor_q",
+        "condor_status",
+        "qstat",
+        "BATCH_JOB_QUERY",
+        "BATCH_HOST_INFO",
+        "BATCH_QUE_INFO",
+        "BATCH_USER_INFO",
+        "BATCH_JOB_PEEK",
+        "BATCH_PARAM_INFO",
+        "BATCH_GRP_INFO",
+        "BATCH_RESOURCE_INFO",
+        "BATCH_RSV_INFO",
+        "BATCH_APP_INFO",
+        "BATCH_SLA_INFO",
+        "BATCH_LIMIT_INFO",
     ),
 }
 
@@ -52,14 +85,24 @@ MAX_THROTTLE_MS = 3_600_000
 MAX_PERIOD = 10_000_000  # a metrics period: only arithmetic, but not without end
 
 _LIMIT_PROPS: dict[str, Any] = {
-    "max": {"type": "integer", "description": "Most tokens in use for ordinary users (default 100)."},
-    "nominal": {"type": "integer",
-                "description": "Below this many tokens in use, grant at once (default 50)."},
-    "throttle": {"type": "integer", "maximum": MAX_THROTTLE_MS,
-                 "description": "Milliseconds between grants from nominal up (default 1)."},
-    "user_max": {"type": "integer",
-                 "description": "Most tokens one ordinary user may hold at once (default: max, "
-                                "no cap). Not in LSF: a gridgate extension."},
+    "max": {
+        "type": "integer",
+        "description": "Most tokens in use for ordinary users (default 100).",
+    },
+    "nominal": {
+        "type": "integer",
+        "description": "Below this many tokens in use, grant at once (default 50).",
+    },
+    "throttle": {
+        "type": "integer",
+        "maximum": MAX_THROTTLE_MS,
+        "description": "Milliseconds between grants from nominal up (default 1).",
+    },
+    "user_max": {
+        "type": "integer",
+        "description": "Most tokens one ordinary user may hold at once (default: max, "
+        "no cap). Not in LSF: a gridgate extension.",
+    },
 }
 _CATEGORY_LIMITS: dict[str, Any] = {
     "type": "object",
@@ -72,14 +115,32 @@ _RATE_LIMIT: dict[str, Any] = {
     "type": "object",
     "description": "One category's bucket per user; every key has Slurm's default.",
     "properties": {
-        "enable": {"type": "boolean", "default": True,
-                   "description": "rl_enable: false keeps the entry but switches it off."},
-        "bucket_size": {"type": "number", "exclusiveMinimum": 0, "maximum": 1_000_000_000, "default": 30,
-                        "description": "rl_bucket_size: requests a user may make in a burst."},
-        "refill_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1_000_000_000, "default": 2,
-                        "description": "rl_refill_rate: requests added to the bucket each period."},
-        "refill_period": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT, "default": 1,
-                          "description": "rl_refill_period: seconds between refills."},
+        "enable": {
+            "type": "boolean",
+            "default": True,
+            "description": "rl_enable: false keeps the entry but switches it off.",
+        },
+        "bucket_size": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1_000_000_000,
+            "default": 30,
+            "description": "rl_bucket_size: requests a user may make in a burst.",
+        },
+        "refill_rate": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1_000_000_000,
+            "default": 2,
+            "description": "rl_refill_rate: requests added to the bucket each period.",
+        },
+        "refill_period": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 1,
+            "description": "rl_refill_period: seconds between refills.",
+        },
     },
     "additionalProperties": False,
 }
@@ -93,79 +154,134 @@ SECTION_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "The lsfproxyd-style token daemon (gridgate lsfproxyd ...).",
     "properties": {
-        "socket": {"type": "string", "default": "",
-                   "description": "Unix socket path; empty: $XDG_RUNTIME_DIR/gridgate/proxyd.sock "
-                                  "(/run/gridgate/proxyd.sock for root)."},
-        "socket_mode": {"type": "string", "pattern": "^0?[0-7]{3}$", "default": "0666",
-                        "description": "Permissions of the Unix socket (octal)."},
+        "socket": {
+            "type": "string",
+            "default": "",
+            "description": "Unix socket path; empty: $XDG_RUNTIME_DIR/gridgate/proxyd.sock "
+            "(/run/gridgate/proxyd.sock for root).",
+        },
+        "socket_mode": {
+            "type": "string",
+            "pattern": "^0?[0-7]{3}$",
+            "default": "0666",
+            "description": "Permissions of the Unix socket (octal).",
+        },
         "policies": {
             "description": "PROXYD_POLICIES string verbatim, or a mapping per category.",
             "default": "",
             "oneOf": [
                 {"type": "string"},
-                {"type": "object",
-                 "properties": {c: _CATEGORY_LIMITS for c in CATEGORIES},
-                 "additionalProperties": False},
+                {
+                    "type": "object",
+                    "properties": {c: _CATEGORY_LIMITS for c in CATEGORIES},
+                    "additionalProperties": False,
+                },
             ],
         },
-        "max_concurrent_query": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                                 "description": "mbatchd's MAX_CONCURRENT_QUERY (lsb.params), "
-                                                "when the site states it: the QUERY max may "
-                                                "not exceed it, and defaults to it when it is "
-                                                "below 100."},
-        "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                            "default": 15,
-                            "description": "Seconds a request may wait before it is denied."},
-        "queue_limit_per_user": {"type": "integer", "minimum": 1, "default": 1000,
-                                 "description": "Waiting requests per user and category; "
-                                                "more are refused at once."},
-        "lease_time": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_HOLD,
-                       "default": 300,
-                       "description": "Seconds a token may be held; an expired lease is "
-                                      "taken back and counted as an error."},
-        "hold_limits": {"type": "object", "default": {},
-                        "additionalProperties": {"type": "number", "exclusiveMinimum": 0,
-                                                 "maximum": MAX_HOLD},
-                        "description": "Seconds a token may be held, below lease_time: per "
-                                       "category (query, submission, other: every token of "
-                                       "it, whatever command it was taken for) or per "
-                                       "command (opcode); the lowest that applies wins. "
-                                       "The command is the client's word: set the category "
-                                       "for a limit nobody dodges. E.g. {query: 120, squeue: 30}."},
-        "busy_after": {"type": ["integer", "null"], "minimum": 2, "default": 4,
-                       "description": "A user with this many requests of a category in flight "
-                                      "(held and waiting, this one included) is busy: the "
-                                      "gate runs that user's granted commands at busy_nice. "
-                                      "null: never."},
-        "busy_nice": {"type": "integer", "minimum": 1, "maximum": 19, "default": 10,
-                      "description": "Gate: the niceness a busy user's gated command runs at "
-                                     "(never lowered; root, admins and add-on hosts: never)."},
-        "start_only": {"type": "object", "default": {},
-                       "additionalProperties": {"type": "array", "items": {"type": "string"}},
-                       "description": "Gate: commands that take a token to start, not to run, "
-                                      "with the arguments that make them so ([]: always); "
-                                      "added to the built-in srun, salloc, squeue -i, ..."},
-        "start_hold": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                       "default": 2,
-                       "description": "Gate: seconds a start_only command keeps its token."},
-        "sample_period": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_PERIOD,
-                          "default": 60,
-                          "description": "Seconds per metrics sample period."},
-        "admins": {"type": "array", "items": {"type": "string", "minLength": 1},
-                   "default": ["root"],
-                   "description": "Users allowed admin commands (status, block, heartbeats "
-                                  "between daemons...); also privileged for tokens unless "
-                                  "privileged is given."},
-        "privileged": {"type": ["array", "null"], "items": {"type": "string", "minLength": 1},
-                       "default": None,
-                       "description": "Users always served (never paced, but counted), apart "
-                                      "from admin rights: root always; null: root and the "
-                                      "admins (the seed's rule). [root] keeps a service "
-                                      "account that is an admin (for heartbeats) paced, so "
-                                      "that a director in mode: remote is limited."},
-        "addon_hosts": {"type": "array", "items": {"type": "string", "minLength": 1},
-                        "default": [],
-                        "description": "Requests from these hosts are privileged (but blockable)."},
+        "max_concurrent_query": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "mbatchd's MAX_CONCURRENT_QUERY (lsb.params), "
+            "when the site states it: the QUERY max may "
+            "not exceed it, and defaults to it when it is "
+            "below 100.",
+        },
+        "token_wait_time": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 15,
+            "description": "Seconds a request may wait before it is denied.",
+        },
+        "queue_limit_per_user": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 1000,
+            "description": "Waiting requests per user and category; more are refused at once.",
+        },
+        "lease_time": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_HOLD,
+            "default": 300,
+            "description": "Seconds a token may be held; an expired lease is "
+            "taken back and counted as an error.",
+        },
+        "hold_limits": {
+            "type": "object",
+            "default": {},
+            "additionalProperties": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_HOLD},
+            "description": "Seconds a token may be held, below lease_time: per "
+            "category (query, submission, other: every token of "
+            "it, whatever command it was taken for) or per "
+            "command (opcode); the lowest that applies wins. "
+            "The command is the client's word: set the category "
+            "for a limit nobody dodges. E.g. {query: 120, squeue: 30}.",
+        },
+        "busy_after": {
+            "type": ["integer", "null"],
+            "minimum": 2,
+            "default": 4,
+            "description": "A user with this many requests of a category in flight "
+            "(held and waiting, this one included) is busy: the "
+            "gate runs that user's granted commands at busy_nice. "
+            "null: never.",
+        },
+        "busy_nice": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 19,
+            "default": 10,
+            "description": "Gate: the niceness a busy user's gated command runs at "
+            "(never lowered; root, admins and add-on hosts: never).",
+        },
+        "start_only": {
+            "type": "object",
+            "default": {},
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            "description": "Gate: commands that take a token to start, not to run, "
+            "with the arguments that make them so ([]: always); "
+            "added to the built-in srun, salloc, squeue -i, ...",
+        },
+        "start_hold": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 2,
+            "description": "Gate: seconds a start_only command keeps its token.",
+        },
+        "sample_period": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_PERIOD,
+            "default": 60,
+            "description": "Seconds per metrics sample period.",
+        },
+        "admins": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "default": ["root"],
+            "description": "Users allowed admin commands (status, block, heartbeats "
+            "between daemons...); also privileged for tokens unless "
+            "privileged is given.",
+        },
+        "privileged": {
+            "type": ["array", "null"],
+            "items": {"type": "string", "minLength": 1},
+            "default": None,
+            "description": "Users always served (never paced, but counted), apart "
+            "from admin rights: root always; null: root and the "
+            "admins (the seed's rule). [root] keeps a service "
+            "account that is an admin (for heartbeats) paced, so "
+            "that a director in mode: remote is limited.",
+        },
+        "addon_hosts": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "default": [],
+            "description": "Requests from these hosts are privileged (but blockable).",
+        },
         "hosts": {
             "type": "array",
             "default": [],
@@ -180,73 +296,137 @@ SECTION_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
             },
         },
-        "heartbeat_interval": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                               "default": 30,
-                               "description": "Seconds between heartbeats to the other daemons "
-                                              "of hosts (LSF_PROXYD_HEARTBEAT_INTERVAL); a "
-                                              "daemon not heard for 3 intervals, or refusing "
-                                              "connections, is left out of the split."},
-        "heartbeat_via": {"enum": ["daemons", "state"], "default": "daemons",
-                          "description": "daemons: heartbeats over the daemons' own sockets; "
-                                         "state: a key with a TTL in the site's state store "
-                                         "(the state: section, e.g. the directors' Redis)."},
+        "heartbeat_interval": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 30,
+            "description": "Seconds between heartbeats to the other daemons "
+            "of hosts (LSF_PROXYD_HEARTBEAT_INTERVAL); a "
+            "daemon not heard for 3 intervals, or refusing "
+            "connections, is left out of the split.",
+        },
+        "heartbeat_via": {
+            "enum": ["daemons", "state"],
+            "default": "daemons",
+            "description": "daemons: heartbeats over the daemons' own sockets; "
+            "state: a key with a TTL in the site's state store "
+            "(the state: section, e.g. the directors' Redis).",
+        },
         "rate_limit": {
             "type": "object",
             "default": {},
             "description": "Per-user token buckets per category (as Slurm's rl_*): a user's "
-                           "requests beyond the rate wait, within token_wait_time, then are "
-                           "denied. Categories not listed have no rate limit.",
+            "requests beyond the rate wait, within token_wait_time, then are "
+            "denied. Categories not listed have no rate limit.",
             "properties": {c: _RATE_LIMIT for c in CATEGORIES},
             "additionalProperties": False,
         },
-        "name": {"type": "string", "default": "",
-                 "description": "This daemon's name in hosts (default: the host name)."},
-        "tcp": {"type": ["string", "null"], "default": None,
-                "description": "Also listen on host:port; every request must be signed with key."},
-        "key": {**SECRET_SCHEMA, "description": "Shared HMAC key for TCP: {env: ..} or {file: ..}."},
-        "max_clock_skew": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                           "default": 30,
-                           "description": "Seconds a signed request's timestamp may be off."},
-        "diagnose": {"type": "boolean", "default": False,
-                     "description": "Log every request to the diagnostic log."},
-        "diagnose_file": {"type": "string", "default": "",
-                          "description": "Diagnostic log path; empty: info.lsfproxydlog.<host> "
-                                         "next to the socket. Reopened on SIGHUP (log rotation)."},
-        "persist_blocklist": {"type": "boolean", "default": False,
-                              "description": "Keep the blocklist across restarts (LSF does not)."},
-        "blocklist_file": {"type": "string", "default": "",
-                           "description": "Where a persisted blocklist lives; empty: next to "
-                                          "the socket."},
-        "max_line_bytes": {"type": "integer", "minimum": 256, "maximum": 1048576,
-                           "default": 16384, "description": "Longest protocol line accepted."},
-        "line_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                         "default": 30,
-                         "description": "Seconds a started line may take to complete; then "
-                                        "the connection is closed."},
-        "max_connections": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                            "description": "Unix-socket and authenticated TCP connections; "
-                                           "beyond, new ones are closed at once (root and "
-                                           "admins may use admin_reserve more). null: what "
-                                           "RLIMIT_NOFILE leaves after the daemon's own files "
-                                           "and the other pools."},
-        "admin_reserve": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                          "description": "Connections kept for root, the admins and the "
-                                         "daemon's owner beyond max_connections; null: "
-                                         "RLIMIT_NOFILE/16, at most 64."},
-        "tcp_max_unauthenticated": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                                    "description": "TCP connections that have not yet sent "
-                                                   "a validly signed request; they never "
-                                                   "count toward max_connections. null: "
-                                                   "RLIMIT_NOFILE/8, at most 256."},
-        "tcp_max_per_peer": {"type": "integer", "minimum": 1, "default": 32,
-                             "description": "Unauthenticated TCP connections from one address."},
-        "tcp_auth_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                             "default": 5,
-                             "description": "Seconds a TCP connection has to send a validly "
-                                            "signed request; then it is closed."},
-        "max_connections_per_user": {"type": "integer", "minimum": 1, "default": 1024,
-                                     "description": "Unix-socket connections one ordinary "
-                                                    "user may hold (root and admins: no limit)."},
+        "name": {
+            "type": "string",
+            "default": "",
+            "description": "This daemon's name in hosts (default: the host name).",
+        },
+        "tcp": {
+            "type": ["string", "null"],
+            "default": None,
+            "description": "Also listen on host:port; every request must be signed with key.",
+        },
+        "key": {
+            **SECRET_SCHEMA,
+            "description": "Shared HMAC key for TCP: {env: ..} or {file: ..}.",
+        },
+        "max_clock_skew": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 30,
+            "description": "Seconds a signed request's timestamp may be off.",
+        },
+        "diagnose": {
+            "type": "boolean",
+            "default": False,
+            "description": "Log every request to the diagnostic log.",
+        },
+        "diagnose_file": {
+            "type": "string",
+            "default": "",
+            "description": "Diagnostic log path; empty: info.lsfproxydlog.<host> "
+            "next to the socket. Reopened on SIGHUP (log rotation).",
+        },
+        "persist_blocklist": {
+            "type": "boolean",
+            "default": False,
+            "description": "Keep the blocklist across restarts (LSF does not).",
+        },
+        "blocklist_file": {
+            "type": "string",
+            "default": "",
+            "description": "Where a persisted blocklist lives; empty: next to the socket.",
+        },
+        "max_line_bytes": {
+            "type": "integer",
+            "minimum": 256,
+            "maximum": 1048576,
+            "default": 16384,
+            "description": "Longest protocol line accepted.",
+        },
+        "line_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 30,
+            "description": "Seconds a started line may take to complete; then "
+            "the connection is closed.",
+        },
+        "max_connections": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "Unix-socket and authenticated TCP connections; "
+            "beyond, new ones are closed at once (root and "
+            "admins may use admin_reserve more). null: what "
+            "RLIMIT_NOFILE leaves after the daemon's own files "
+            "and the other pools.",
+        },
+        "admin_reserve": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "Connections kept for root, the admins and the "
+            "daemon's owner beyond max_connections; null: "
+            "RLIMIT_NOFILE/16, at most 64.",
+        },
+        "tcp_max_unauthenticated": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "TCP connections that have not yet sent "
+            "a validly signed request; they never "
+            "count toward max_connections. null: "
+            "RLIMIT_NOFILE/8, at most 256.",
+        },
+        "tcp_max_per_peer": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 32,
+            "description": "Unauthenticated TCP connections from one address.",
+        },
+        "tcp_auth_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 5,
+            "description": "Seconds a TCP connection has to send a validly "
+            "signed request; then it is closed.",
+        },
+        "max_connections_per_user": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 1024,
+            "description": "Unix-socket connections one ordinary "
+            "user may hold (root and admins: no limit).",
+        },
         "categories": {
             "type": "object",
             "default": {},
@@ -254,19 +434,38 @@ SECTION_SCHEMA: dict[str, Any] = {
             "properties": {c: {"type": "array", "items": {"type": "string"}} for c in CATEGORIES},
             "additionalProperties": False,
         },
-        "metrics_port": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535,
-                         "default": None,
-                         "description": "Serve Prometheus metrics on this port (0: any free "
-                                        "port; null: off). Needs gridgate[metrics]."},
-        "metrics_address": {"type": "string", "minLength": 1, "default": "127.0.0.1",
-                            "description": "Address the metrics port listens on."},
-        "notoken_ntries": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                           "description": "Client retries when refused; null: unlimited."},
-        "when_unavailable": {"enum": ["proceed", "fail"], "default": "proceed",
-                             "description": "Client behaviour when no daemon answers."},
-        "client_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                           "default": 5,
-                           "description": "Seconds a client waits to connect to a daemon."},
+        "metrics_port": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "maximum": 65535,
+            "default": None,
+            "description": "Serve Prometheus metrics on this port (0: any free "
+            "port; null: off). Needs gridgate[metrics].",
+        },
+        "metrics_address": {
+            "type": "string",
+            "minLength": 1,
+            "default": "127.0.0.1",
+            "description": "Address the metrics port listens on.",
+        },
+        "notoken_ntries": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "Client retries when refused; null: unlimited.",
+        },
+        "when_unavailable": {
+            "enum": ["proceed", "fail"],
+            "default": "proceed",
+            "description": "Client behaviour when no daemon answers.",
+        },
+        "client_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 5,
+            "description": "Seconds a client waits to connect to a daemon.",
+        },
     },
     "additionalProperties": False,
 }
@@ -310,7 +509,7 @@ def parse_policies(text: str) -> dict[str, dict[str, int]]:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
         text = text[1:-1]
     if text.startswith("PROXYD_POLICIES="):
-        return parse_policies(text[len("PROXYD_POLICIES="):])
+        return parse_policies(text[len("PROXYD_POLICIES=") :])
     pos = 0
     while pos < len(text):
         match = _BLOCK.match(text, pos)
@@ -331,8 +530,10 @@ def parse_policies(text: str) -> dict[str, dict[str, int]]:
                 raise PolicyError((category,), f"{name}: cannot parse {word!r}: expected key=value")
             key, value = kv.group(1).lower(), kv.group(2)
             if key not in _LIMIT_PROPS:
-                raise PolicyError((category,), f"{name}: unknown attribute {key!r} "
-                                               "(max, nominal, throttle, user_max)")
+                raise PolicyError(
+                    (category,),
+                    f"{name}: unknown attribute {key!r} (max, nominal, throttle, user_max)",
+                )
             if not re.fullmatch(r"[+-]?\d+", value):
                 raise PolicyError((category, key), f"{name}: {key}={value} is not an integer")
             attrs[key] = int(value)
@@ -344,7 +545,9 @@ def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()
     """Apply the seed's defaults and checks to one category's given attributes."""
     for key in ("max", "nominal", "throttle", "user_max"):
         value = given.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value <= 0
+        ):
             raise PolicyError((*where, key), f"{key} must be a positive integer, not {value!r}")
     mx, nominal = given.get("max"), given.get("nominal")
     if mx is None:
@@ -355,16 +558,18 @@ def resolve_category(given: Mapping[str, Any], where: tuple[str | int, ...] = ()
         raise PolicyError((*where, "nominal"), f"nominal ({nominal}) must not exceed max ({mx})")
     throttle = given.get("throttle") or DEFAULT_THROTTLE_MS
     if throttle > MAX_THROTTLE_MS:
-        raise PolicyError((*where, "throttle"),
-                          f"throttle ({throttle} ms) must not exceed {MAX_THROTTLE_MS} ms")
+        raise PolicyError(
+            (*where, "throttle"), f"throttle ({throttle} ms) must not exceed {MAX_THROTTLE_MS} ms"
+        )
     user_max = given.get("user_max")
     if user_max is not None and user_max > mx:
         raise PolicyError((*where, "user_max"), f"user_max ({user_max}) must not exceed max ({mx})")
     return Limits(max=mx, nominal=nominal, throttle=throttle / 1000.0, user_max=user_max)
 
 
-def resolve_policies(policies: str | Mapping[str, Any] | None,
-                     max_concurrent_query: int | None = None) -> dict[str, Limits]:
+def resolve_policies(
+    policies: str | Mapping[str, Any] | None, max_concurrent_query: int | None = None
+) -> dict[str, Limits]:
     """The limits of every category from the config's ``policies`` value.
 
     :param max_concurrent_query: mbatchd's ``MAX_CONCURRENT_QUERY`` when the site states it:
@@ -385,9 +590,12 @@ def resolve_policies(policies: str | Mapping[str, Any] | None,
             query["max"] = max_concurrent_query
             limits["query"] = resolve_category(query, ("query",))
         if limits["query"].max > max_concurrent_query:
-            raise PolicyError(("query", "max"), f"QUERY max ({limits['query'].max}) must not "
-                                                f"exceed max_concurrent_query "
-                                                f"({max_concurrent_query}, MAX_CONCURRENT_QUERY)")
+            raise PolicyError(
+                ("query", "max"),
+                f"QUERY max ({limits['query'].max}) must not "
+                f"exceed max_concurrent_query "
+                f"({max_concurrent_query}, MAX_CONCURRENT_QUERY)",
+            )
     return limits
 
 
@@ -410,9 +618,12 @@ def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[s
             return None
         return min(share(v.max), max(1, share(v.user_max)))
 
-    return {c: Limits(max=share(v.max), nominal=share(v.nominal), throttle=v.throttle,
-                      user_max=user_share(v))
-            for c, v in limits.items()}
+    return {
+        c: Limits(
+            max=share(v.max), nominal=share(v.nominal), throttle=v.throttle, user_max=user_share(v)
+        )
+        for c, v in limits.items()
+    }
 
 
 def category_map(extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
@@ -490,8 +701,11 @@ def section_defaults() -> dict[str, Any]:
     Read straight from the schema's top-level ``default`` values (an empty section has nothing
     deeper to fill), so that the gate's shims need no JSON Schema machinery; a test checks the
     result equals what the config loader's default filling gives."""
-    return {key: copy.deepcopy(spec["default"])
-            for key, spec in SECTION_SCHEMA["properties"].items() if "default" in spec}
+    return {
+        key: copy.deepcopy(spec["default"])
+        for key, spec in SECTION_SCHEMA["properties"].items()
+        if "default" in spec
+    }
 
 
 def parse_tcp(address: str) -> tuple[str, int] | None:

@@ -21,8 +21,19 @@ DEFAULT_MAX_LINE = 16384
 
 #: Operations anyone may call; every other operation is an admin command.
 PUBLIC_OPS = frozenset({"hello", "acquire", "release", "check"})
-ADMIN_OPS = frozenset({"status", "enable", "disable", "block", "unblock", "blocklist",
-                       "diagnose", "reconfig", "heartbeat"})
+ADMIN_OPS = frozenset(
+    {
+        "status",
+        "enable",
+        "disable",
+        "block",
+        "unblock",
+        "blocklist",
+        "diagnose",
+        "reconfig",
+        "heartbeat",
+    }
+)
 
 
 class ProtocolError(Exception):
@@ -59,14 +70,19 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError("bad_request", "a message must be a JSON object")
     if (b"\\ud" in line or b"\\uD" in line) and _has_surrogate(message):
         # valid JSON, but no UTF-8 can carry it: it could be neither echoed nor logged
-        raise ProtocolError("bad_request", "a string holds a lone UTF-16 surrogate (\\ud800-"
-                                           "\\udfff): not valid Unicode")
+        raise ProtocolError(
+            "bad_request",
+            "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): not valid Unicode",
+        )
     version = message.get("v")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError("bad_version", f"protocol version {version!r} is not supported "
-                                           f"(this daemon speaks v={PROTOCOL_VERSION})")
+        raise ProtocolError(
+            "bad_version",
+            f"protocol version {version!r} is not supported "
+            f"(this daemon speaks v={PROTOCOL_VERSION})",
+        )
     if not isinstance(message.get("op"), str):
-        raise ProtocolError("bad_request", "missing \"op\" (a string)")
+        raise ProtocolError("bad_request", 'missing "op" (a string)')
     return message
 
 
@@ -92,19 +108,31 @@ def canonical(message: Mapping[str, Any]) -> bytes:
     auth = dict(body.get("auth") or {})
     auth.pop("mac", None)
     body["auth"] = auth
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode(
+        "ascii"
+    )
 
 
-def sign(message: dict[str, Any], key: str, user: str, host: str,
-         clock: Clock = SYSTEM_CLOCK, challenge: str | None = None,
-         daemon: str | None = None) -> dict[str, Any]:
+def sign(
+    message: dict[str, Any],
+    key: str,
+    user: str,
+    host: str,
+    clock: Clock = SYSTEM_CLOCK,
+    challenge: str | None = None,
+    daemon: str | None = None,
+) -> dict[str, Any]:
     """Add ``auth`` (user, host, timestamp, nonce, HMAC-SHA256) to ``message`` and return it.
 
     ``challenge`` and ``daemon`` are the ``challenge`` and ``name`` of the connection's
     ``hello`` reply: a daemon refuses a signature that does not cover them.
     """
-    message["auth"] = {"user": user, "host": host, "ts": clock.time(),
-                       "nonce": secrets.token_hex(16)}
+    message["auth"] = {
+        "user": user,
+        "host": host,
+        "ts": clock.time(),
+        "nonce": secrets.token_hex(16),
+    }
     if challenge is not None:
         message["auth"]["challenge"] = challenge
     if daemon is not None:
@@ -123,8 +151,14 @@ class Verifier:
     timestamp check anyway); at most ``capacity`` are kept, the oldest forgotten first.
     """
 
-    def __init__(self, key: str, max_skew: float = 30.0, clock: Clock = SYSTEM_CLOCK,
-                 capacity: int = 200_000, daemon: str | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        max_skew: float = 30.0,
+        clock: Clock = SYSTEM_CLOCK,
+        capacity: int = 200_000,
+        daemon: str | None = None,
+    ) -> None:
         self._key = key.encode("utf-8")
         self.daemon = daemon
         self.max_skew = max_skew
@@ -143,24 +177,43 @@ class Verifier:
         auth = message.get("auth")
         if not isinstance(auth, Mapping) or not isinstance(auth.get("mac"), str):
             raise ProtocolError("unsigned", "requests over TCP must be signed (auth.mac)")
-        user, host, ts, nonce = auth.get("user"), auth.get("host"), auth.get("ts"), auth.get("nonce")
-        if not (isinstance(user, str) and user and isinstance(host, str) and host
-                and isinstance(ts, int | float) and isinstance(nonce, str) and 8 <= len(nonce) <= 128):
+        user, host, ts, nonce = (
+            auth.get("user"),
+            auth.get("host"),
+            auth.get("ts"),
+            auth.get("nonce"),
+        )
+        if not (
+            isinstance(user, str)
+            and user
+            and isinstance(host, str)
+            and host
+            and isinstance(ts, int | float)
+            and isinstance(nonce, str)
+            and 8 <= len(nonce) <= 128
+        ):
             raise ProtocolError("unsigned", "auth needs user, host, ts and nonce")
         expected = hmac.new(self._key, canonical(message), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, auth["mac"]):
             raise ProtocolError("bad_signature", "signature does not match")
         if self.daemon is not None:
             if challenge is None:
-                raise ProtocolError("bad_challenge", "send hello first: over TCP a signature "
-                                                     "covers the challenge of the connection's hello")
+                raise ProtocolError(
+                    "bad_challenge",
+                    "send hello first: over TCP a signature "
+                    "covers the challenge of the connection's hello",
+                )
             if auth.get("challenge") != challenge or auth.get("daemon") != self.daemon:
-                raise ProtocolError("bad_challenge", f"signed for another connection or daemon, "
-                                                     f"not this one ({self.daemon}): replay refused")
+                raise ProtocolError(
+                    "bad_challenge",
+                    f"signed for another connection or daemon, "
+                    f"not this one ({self.daemon}): replay refused",
+                )
         now = self.clock.time()
         if abs(now - ts) > self.max_skew:
-            raise ProtocolError("stale", f"timestamp is {now - ts:.0f} s off (allowed "
-                                         f"{self.max_skew:.0f} s)")
+            raise ProtocolError(
+                "stale", f"timestamp is {now - ts:.0f} s off (allowed {self.max_skew:.0f} s)"
+            )
         self._forget(now)
         if nonce in self._seen:
             raise ProtocolError("replayed", "this request was already received")

@@ -44,14 +44,24 @@ class ProxydSection(Plugin):
             if address.startswith("/"):
                 continue
             if not parse_tcp(address):
-                problems.append((("hosts", index, "address"),
-                                 f"{address!r} is neither an absolute socket path nor host:port"))
+                problems.append(
+                    (
+                        ("hosts", index, "address"),
+                        f"{address!r} is neither an absolute socket path nor host:port",
+                    )
+                )
             elif not has_key:
-                problems.append((("hosts", index, "address"),
-                                 "a TCP address needs the shared key: key: {env: NAME} or {file: PATH}"))
+                problems.append(
+                    (
+                        ("hosts", index, "address"),
+                        "a TCP address needs the shared key: key: {env: NAME} or {file: PATH}",
+                    )
+                )
         if section.get("tcp"):
             if not parse_tcp(section["tcp"]):
                 problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))
             elif not has_key:
-                problems.append((("tcp",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}"))
+                problems.append(
+                    (("tcp",), "TCP needs a shared key: key: {env: NAME} or {file: PATH}")
+                )
         return problems

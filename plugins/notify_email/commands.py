@@ -29,8 +29,9 @@ def outboxes(config: Any, only: tuple[str, ...] = ()) -> list[tuple[str, Outbox]
         cls = config.plugin_classes.get(("notifiers", name))
         if cls is None or not hasattr(cls, "make_outbox") or (only and name not in only):
             continue
-        found.append((name, cls.make_outbox(section, state_dir_of(config), SYSTEM_CLOCK,
-                                            config.data)))
+        found.append(
+            (name, cls.make_outbox(section, state_dir_of(config), SYSTEM_CLOCK, config.data))
+        )
     if not found:
         wanted = f" among {', '.join(only)}" if only else ""
         raise click.ClickException(f"no notifier with an outbox is configured{wanted}")
@@ -41,10 +42,17 @@ def _describe(message: Message, state: str) -> dict[str, Any]:
     payload = message.payload
     target = payload.get("to") or payload.get("url") or ""
     return {
-        "id": message.id, "state": state, "transport": message.transport,
-        "summary": message.summary, "to": target, "enqueued": message.enqueued,
-        "attempts": message.attempts, "next_attempt": message.next_attempt,
-        "last_error": message.last_error, "reply": message.reply, "dead_at": message.dead_at,
+        "id": message.id,
+        "state": state,
+        "transport": message.transport,
+        "summary": message.summary,
+        "to": target,
+        "enqueued": message.enqueued,
+        "attempts": message.attempts,
+        "next_attempt": message.next_attempt,
+        "last_error": message.last_error,
+        "reply": message.reply,
+        "dead_at": message.dead_at,
     }
 
 
@@ -53,10 +61,21 @@ def outbox_group() -> None:
     """Messages waiting in, or refused out of, the notifiers' outboxes."""
 
 
-config_option = click.option("-c", "--config", "path", required=True,
-                             type=click.Path(dir_okay=False), help="The site's config file.")
-notifier_option = click.option("-n", "--notifier", "only", multiple=True,
-                               help="Only this notifier's outbox (email, ggus); repeatable.")
+config_option = click.option(
+    "-c",
+    "--config",
+    "path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The site's config file.",
+)
+notifier_option = click.option(
+    "-n",
+    "--notifier",
+    "only",
+    multiple=True,
+    help="Only this notifier's outbox (email, ggus); repeatable.",
+)
 
 
 @outbox_group.command("list")
@@ -68,8 +87,9 @@ def list_command(path: str, only: tuple[str, ...], as_json: bool) -> None:
     config = load_config_or_exit(path)
     report: dict[str, Any] = {}
     for name, box in outboxes(config, only):
-        rows = ([_describe(m, "waiting") for m in box.pending()]
-                + [_describe(m, "dead") for m in box.dead()])
+        rows = [_describe(m, "waiting") for m in box.pending()] + [
+            _describe(m, "dead") for m in box.dead()
+        ]
         report[name] = {"directory": str(box.directory), "messages": rows}
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -77,16 +97,21 @@ def list_command(path: str, only: tuple[str, ...], as_json: bool) -> None:
     for name, entry in report.items():
         rows = entry["messages"]
         waiting = sum(1 for r in rows if r["state"] == "waiting")
-        click.echo(f"{name} outbox {entry['directory']}: {waiting} waiting, "
-                   f"{len(rows) - waiting} dead")
+        click.echo(
+            f"{name} outbox {entry['directory']}: {waiting} waiting, {len(rows) - waiting} dead"
+        )
         for r in rows:
             to = ", ".join(r["to"]) if isinstance(r["to"], list) else r["to"]
-            click.echo(f"  {r['state']:<7} {r['id']}  {r['transport']:<4} queued "
-                       f"{_utc(r['enqueued'])}  attempts {r['attempts']}  to {to}")
+            click.echo(
+                f"  {r['state']:<7} {r['id']}  {r['transport']:<4} queued "
+                f"{_utc(r['enqueued'])}  attempts {r['attempts']}  to {to}"
+            )
             click.echo(f"          {r['summary']}")
             if r["state"] == "waiting" and r["attempts"]:
-                click.echo(f"          next attempt {_utc(r['next_attempt'])}; "
-                           f"last error: {r['last_error']}")
+                click.echo(
+                    f"          next attempt {_utc(r['next_attempt'])}; "
+                    f"last error: {r['last_error']}"
+                )
             if r["state"] == "dead":
                 click.echo(f"          refused {_utc(r['dead_at'])}: {r['reply']}")
 
@@ -94,8 +119,9 @@ def list_command(path: str, only: tuple[str, ...], as_json: bool) -> None:
 @outbox_group.command("retry")
 @config_option
 @notifier_option
-@click.option("--flush", "flush_now", is_flag=True,
-              help="Also try to deliver now from this process.")
+@click.option(
+    "--flush", "flush_now", is_flag=True, help="Also try to deliver now from this process."
+)
 @click.argument("ids", nargs=-1)
 def retry_command(path: str, only: tuple[str, ...], flush_now: bool, ids: tuple[str, ...]) -> None:
     """Put dead-lettered messages back in the queue and make waiting ones due now
@@ -106,8 +132,10 @@ def retry_command(path: str, only: tuple[str, ...], flush_now: bool, ids: tuple[
         click.echo(f"{name}: {touched} message(s) due now")
         if flush_now and touched:
             result = box.flush(60)
-            click.echo(f"{name}: sent {result.sent}, retry later {result.retried}, "
-                       f"dead {result.dead}, waiting {result.waiting}")
+            click.echo(
+                f"{name}: sent {result.sent}, retry later {result.retried}, "
+                f"dead {result.dead}, waiting {result.waiting}"
+            )
 
 
 @outbox_group.command("purge")
@@ -117,8 +145,9 @@ def retry_command(path: str, only: tuple[str, ...], flush_now: bool, ids: tuple[
 @click.option("--waiting", is_flag=True, help="Delete every waiting message (never sent).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.argument("ids", nargs=-1)
-def purge_command(path: str, only: tuple[str, ...], dead: bool, waiting: bool, yes: bool,
-                  ids: tuple[str, ...]) -> None:
+def purge_command(
+    path: str, only: tuple[str, ...], dead: bool, waiting: bool, yes: bool, ids: tuple[str, ...]
+) -> None:
     """Delete messages: IDS, and/or all --dead, and/or all --waiting ones."""
     if not (ids or dead or waiting):
         raise click.UsageError("say what to delete: message IDS, --dead or --waiting")

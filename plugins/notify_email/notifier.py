@@ -26,7 +26,7 @@ from gridgate.plugins.notify_email.smtp import (
 
 ADDRESS = {"type": "string", "pattern": r"^[^@\s,<>]+@[^@\s,<>]+$"}
 ADDRESSES = {
-    "description": "One address, a list of addresses, or \"\" to disable this level.",
+    "description": 'One address, a list of addresses, or "" to disable this level.',
     "default": "",
     "anyOf": [
         {"type": "string", "const": ""},
@@ -37,38 +37,86 @@ ADDRESSES = {
 
 #: SMTP keys, shared with the ggus notifier's ``mail`` delivery.
 SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
-    "host": {"type": "string", "minLength": 1, "default": "localhost",
-             "description": "SMTP server host."},
-    "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 25,
-             "description": "SMTP server port (25, 587 for starttls, 465 for ssl)."},
-    "security": {"enum": list(SECURITY), "default": "none",
-                 "description": "none, starttls (upgrade after connecting) or ssl (TLS from the start)."},
-    "username": {"type": "string", "default": "",
-                 "description": "Log in as this user (AUTH); \"\" for no login."},
-    "password": {**SECRET_SCHEMA,
-                 "description": "Password for username: {env: NAME} or {file: PATH}, never inline."},
-    "timeout": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 30,
-                "description": "Seconds to wait for the server on each step."},
-    "ca_file": {"type": "string", "default": "",
-                "description": "PEM file of CAs to trust for starttls/ssl (\"\": the system's)."},
-    "verify": {"type": "boolean", "default": True,
-               "description": "Check the server's certificate and host name."},
+    "host": {
+        "type": "string",
+        "minLength": 1,
+        "default": "localhost",
+        "description": "SMTP server host.",
+    },
+    "port": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 65535,
+        "default": 25,
+        "description": "SMTP server port (25, 587 for starttls, 465 for ssl).",
+    },
+    "security": {
+        "enum": list(SECURITY),
+        "default": "none",
+        "description": "none, starttls (upgrade after connecting) or ssl (TLS from the start).",
+    },
+    "username": {
+        "type": "string",
+        "default": "",
+        "description": 'Log in as this user (AUTH); "" for no login.',
+    },
+    "password": {
+        **SECRET_SCHEMA,
+        "description": "Password for username: {env: NAME} or {file: PATH}, never inline.",
+    },
+    "timeout": {
+        "maximum": 86400,
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 30,
+        "description": "Seconds to wait for the server on each step.",
+    },
+    "ca_file": {
+        "type": "string",
+        "default": "",
+        "description": 'PEM file of CAs to trust for starttls/ssl ("": the system\'s).',
+    },
+    "verify": {
+        "type": "boolean",
+        "default": True,
+        "description": "Check the server's certificate and host name.",
+    },
 }
 
 #: Outbox keys, shared with the ggus notifier.
 OUTBOX_SCHEMA_PROPERTIES: dict[str, Any] = {
-    "retry_initial": {"type": "number", "exclusiveMinimum": 0, "default": 30,
-                      "description": "First retry after this many seconds; doubles each time."},
-    "retry_max": {"type": "number", "exclusiveMinimum": 0, "default": 1800,
-                  "description": "Longest pause between two attempts, in seconds."},
-    "max_age": {"type": "number", "exclusiveMinimum": 0, "default": 259200,
-                "description": "A message still failing this many seconds after it was queued "
-                               "goes to dead-letter (default 3 days)."},
-    "poll_interval": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 5,
-                      "description": "Seconds between the sender thread's passes when idle."},
-    "send_thread": {"type": "boolean", "default": True,
-                    "description": "Deliver from a background thread; false: only when the "
-                                   "director (or a test) calls flush()."},
+    "retry_initial": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 30,
+        "description": "First retry after this many seconds; doubles each time.",
+    },
+    "retry_max": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 1800,
+        "description": "Longest pause between two attempts, in seconds.",
+    },
+    "max_age": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 259200,
+        "description": "A message still failing this many seconds after it was queued "
+        "goes to dead-letter (default 3 days).",
+    },
+    "poll_interval": {
+        "maximum": 86400,
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 5,
+        "description": "Seconds between the sender thread's passes when idle.",
+    },
+    "send_thread": {
+        "type": "boolean",
+        "default": True,
+        "description": "Deliver from a background thread; false: only when the "
+        "director (or a test) calls flush().",
+    },
 }
 
 
@@ -108,19 +156,38 @@ class EmailNotifier(Plugin):
         "properties": {
             **SMTP_SCHEMA_PROPERTIES,
             "from": {**ADDRESS, "description": "Sender address (From and envelope)."},
-            "error_address": {**ADDRESSES, "description": "Where error notifications go; "
-                              "an address, a list, or \"\" to disable."},
-            "alarm_address": {**ADDRESSES, "description": "Where alarm notifications go; "
-                              "an address, a list, or \"\" to disable."},
-            "info_to_error": {"type": "boolean", "default": False,
-                              "description": "Also send info notifications to error_address."},
-            "subject_prefix": {"type": "string", "default": "[gridgate] ",
-                               "description": "Put in front of every subject."},
-            "dedup_window": {"type": "number", "minimum": 0, "default": 86400,
-                             "description": "Seconds during which the same subject and body "
-                                            "are not sent again to the same address (0: off)."},
-            "outbox": {"type": "string", "default": "",
-                       "description": "Outbox folder (\"\": <director.state_dir>/outbox)."},
+            "error_address": {
+                **ADDRESSES,
+                "description": "Where error notifications go; "
+                'an address, a list, or "" to disable.',
+            },
+            "alarm_address": {
+                **ADDRESSES,
+                "description": "Where alarm notifications go; "
+                'an address, a list, or "" to disable.',
+            },
+            "info_to_error": {
+                "type": "boolean",
+                "default": False,
+                "description": "Also send info notifications to error_address.",
+            },
+            "subject_prefix": {
+                "type": "string",
+                "default": "[gridgate] ",
+                "description": "Put in front of every subject.",
+            },
+            "dedup_window": {
+                "type": "number",
+                "minimum": 0,
+                "default": 86400,
+                "description": "Seconds during which the same subject and body "
+                "are not sent again to the same address (0: off).",
+            },
+            "outbox": {
+                "type": "string",
+                "default": "",
+                "description": 'Outbox folder ("": <director.state_dir>/outbox).',
+            },
             **OUTBOX_SCHEMA_PROPERTIES,
         },
         "required": ["from"],
@@ -142,16 +209,24 @@ class EmailNotifier(Plugin):
         return resolve_dir(section.get("outbox", ""), state_dir, "outbox")
 
     @classmethod
-    def make_outbox(cls, section: Mapping[str, Any], state_dir: Path, clock: Any,
-                    config: Mapping[str, Any] | None = None) -> Outbox:
+    def make_outbox(
+        cls,
+        section: Mapping[str, Any],
+        state_dir: Path,
+        clock: Any,
+        config: Mapping[str, Any] | None = None,
+    ) -> Outbox:
         """The outbox with its SMTP transport, as configured by ``section``."""
         transport = SmtpTransport(SmtpSettings.from_section(section))
         return Outbox(
             cls.outbox_path(section, state_dir),
             {SMTP_TRANSPORT: transport},
             clock=clock,
-            retry=RetryPolicy(section.get("retry_initial", 30), section.get("retry_max", 1800),
-                              section.get("max_age", 259200)),
+            retry=RetryPolicy(
+                section.get("retry_initial", 30),
+                section.get("retry_max", 1800),
+                section.get("max_age", 259200),
+            ),
             poll_interval=section.get("poll_interval", 5),
             name="email outbox",
         )
@@ -164,8 +239,12 @@ class EmailNotifier(Plugin):
     def config_warnings(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
         # "" disables one level (the seed's way); every level disabled is a notifier that
         # sends nothing at all, which is rarely what was meant
-        if not addresses(section.get("error_address", "")) and not addresses(section.get("alarm_address", "")):
-            return [((), "error_address and alarm_address are both empty: this notifier sends nothing")]
+        if not addresses(section.get("error_address", "")) and not addresses(
+            section.get("alarm_address", "")
+        ):
+            return [
+                ((), "error_address and alarm_address are both empty: this notifier sends nothing")
+            ]
         return []
 
     def recipients(self, level: str) -> list[str]:
@@ -187,7 +266,9 @@ class EmailNotifier(Plugin):
         if window <= 0:
             return True
         try:
-            return bool(self.records.add_if_absent(self.dedup_key(address, notification), "1", window))
+            return bool(
+                self.records.add_if_absent(self.dedup_key(address, notification), "1", window)
+            )
         except Exception as exc:  # a state outage must not silence mail: send, maybe twice
             logger.warning("email: de-duplication unavailable ({}); sending anyway", exc)
             return True
@@ -199,18 +280,28 @@ class EmailNotifier(Plugin):
             return None
         to = [a for a in wanted if self._first_time(a, notification)]
         if not to:
-            logger.info("email: {!r} already sent within {} s; not sent again",
-                        notification.subject, self.config["dedup_window"])
+            logger.info(
+                "email: {!r} already sent within {} s; not sent again",
+                notification.subject,
+                self.config["dedup_window"],
+            )
             return None
         sender = self.config["from"]
-        msg = build_message(notification, sender=sender, to=to,
-                            subject_prefix=self.config["subject_prefix"])
+        msg = build_message(
+            notification, sender=sender, to=to, subject_prefix=self.config["subject_prefix"]
+        )
         try:
-            self.outbox.enqueue(SMTP_TRANSPORT, message_payload(msg, sender, to),
-                                summary=str(msg["Subject"]))
+            self.outbox.enqueue(
+                SMTP_TRANSPORT, message_payload(msg, sender, to), summary=str(msg["Subject"])
+            )
         except OSError as exc:
-            logger.error("email: cannot queue {!r} for {} in {}: {}", notification.subject,
-                         ", ".join(to), self.outbox.directory, exc)
+            logger.error(
+                "email: cannot queue {!r} for {} in {}: {}",
+                notification.subject,
+                ", ".join(to),
+                self.outbox.directory,
+                exc,
+            )
             # Not queued, so not sent: let a repeat of it through.
             for address in to:
                 try:
@@ -228,4 +319,3 @@ class EmailNotifier(Plugin):
 
     def close(self) -> None:
         self.outbox.close(timeout=float(self.config["timeout"]) * 2 + 5)
-

@@ -326,8 +326,15 @@ class Outbox:
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                found.append(Message(id=path.stem, transport="?", payload={}, enqueued=0.0,
-                                     last_error=f"unreadable: {exc}"))
+                found.append(
+                    Message(
+                        id=path.stem,
+                        transport="?",
+                        payload={},
+                        enqueued=0.0,
+                        last_error=f"unreadable: {exc}",
+                    )
+                )
         return found
 
     def pending(self) -> list[Message]:
@@ -375,8 +382,11 @@ class Outbox:
                 if transport is None:
                     if message.transport not in self._warned_unknown:
                         self._warned_unknown.add(message.transport)
-                        logger.warning("{}: no transport {!r} here; its messages wait",
-                                       self.name, message.transport)
+                        logger.warning(
+                            "{}: no transport {!r} here; its messages wait",
+                            self.name,
+                            message.transport,
+                        )
                     blocked.add(message.transport)
                     continue
                 now = self.clock.time()
@@ -389,8 +399,9 @@ class Outbox:
                 try:
                     delivery = transport.deliver(message)
                 except Exception as exc:  # a transport bug must not kill the sender
-                    logger.exception("{}: transport {} failed on {}", self.name,
-                                     message.transport, message.id)
+                    logger.exception(
+                        "{}: transport {} failed on {}", self.name, message.transport, message.id
+                    )
                     delivery = Delivery("retry", f"internal error: {type(exc).__name__}")
                 self._settle(path, message, delivery, now, result)
                 if delivery.status == "retry" and delivery.blocking:
@@ -401,14 +412,27 @@ class Outbox:
                     self.transports[name].finish()
         return result
 
-    def _settle(self, path: Path, message: Message, delivery: Delivery, now: float,
-                result: PassResult) -> None:
+    def _settle(
+        self, path: Path, message: Message, delivery: Delivery, now: float, result: PassResult
+    ) -> None:
         if delivery.dead_payload is not None:
-            part = replace(message, id=f"{message.id}-part{message.attempts + 1}", payload=dict(delivery.dead_payload),
-                           reply=delivery.reply, dead_at=now, attempts=message.attempts + 1)
+            part = replace(
+                message,
+                id=f"{message.id}-part{message.attempts + 1}",
+                payload=dict(delivery.dead_payload),
+                reply=delivery.reply,
+                dead_at=now,
+                attempts=message.attempts + 1,
+            )
             self._write(self.dead_dir, part)
-            logger.error("{}: {} ({}) partly refused for good, kept in {}: {}", self.name,
-                         message.id, message.summary, self.dead_dir, delivery.reply)
+            logger.error(
+                "{}: {} ({}) partly refused for good, kept in {}: {}",
+                self.name,
+                message.id,
+                message.summary,
+                self.dead_dir,
+                delivery.reply,
+            )
         if delivery.status == "sent" and delivery.retry_payload is None:
             path.unlink()
             fsync_dir(self.queue_dir)
@@ -423,34 +447,57 @@ class Outbox:
         if delivery.status == "sent":
             result.sent += 1
         attempts = message.attempts + 1
-        payload = dict(delivery.retry_payload) if delivery.retry_payload is not None else message.payload
-        updated = replace(message, payload=payload, attempts=attempts, last_error=delivery.reply,
-                          blocking=delivery.blocking)
+        payload = (
+            dict(delivery.retry_payload) if delivery.retry_payload is not None else message.payload
+        )
+        updated = replace(
+            message,
+            payload=payload,
+            attempts=attempts,
+            last_error=delivery.reply,
+            blocking=delivery.blocking,
+        )
         if now - message.enqueued >= self.retry_policy.max_age:
-            reply = (f"gave up after {attempts} attempts over "
-                     f"{(now - message.enqueued) / 3600:.1f} h; last reply: {delivery.reply}")
+            reply = (
+                f"gave up after {attempts} attempts over "
+                f"{(now - message.enqueued) / 3600:.1f} h; last reply: {delivery.reply}"
+            )
             self._bury(path, updated, reply, now)
             result.dead += 1
             return
         delay = self.retry_policy.delay(attempts)
         self._write(self.queue_dir, replace(updated, next_attempt=now + delay))
         result.retried += 1
-        logger.warning("{}: {} ({}) not delivered, attempt {}, next in {:.0f} s: {}", self.name,
-                       message.id, message.summary, attempts, delay, delivery.reply)
+        logger.warning(
+            "{}: {} ({}) not delivered, attempt {}, next in {:.0f} s: {}",
+            self.name,
+            message.id,
+            message.summary,
+            attempts,
+            delay,
+            delivery.reply,
+        )
 
     def _bury(self, path: Path, message: Message, reply: str, now: float) -> None:
         self._write(self.dead_dir, replace(message, reply=reply, dead_at=now))
         path.unlink()
         fsync_dir(self.queue_dir)
-        logger.error("{}: {} ({}) refused for good, moved to {}: {}", self.name, message.id,
-                     message.summary, self.dead_dir, reply)
+        logger.error(
+            "{}: {} ({}) refused for good, moved to {}: {}",
+            self.name,
+            message.id,
+            message.summary,
+            self.dead_dir,
+            reply,
+        )
 
     def _bury_unreadable(self, path: Path, exc: Exception) -> None:
         target = self.dead_dir / path.name
         os.replace(path, target)
         fsync_dir(self.queue_dir)
-        logger.error("{}: unreadable message {} moved to {}: {}", self.name, path.name,
-                     self.dead_dir, exc)
+        logger.error(
+            "{}: unreadable message {} moved to {}: {}", self.name, path.name, self.dead_dir, exc
+        )
 
     def flush(self, timeout: float = 30.0) -> FlushResult:
         """Deliver everything that is due now; return when nothing due is left or after
@@ -482,8 +529,9 @@ class Outbox:
             if sender.thread is not None and sender.thread.is_alive():
                 return
             sender.stop.clear()
-            sender.thread = threading.Thread(target=self._run, args=(sender,),
-                                             name=f"gridgate-{self.name}", daemon=True)
+            sender.thread = threading.Thread(
+                target=self._run, args=(sender,), name=f"gridgate-{self.name}", daemon=True
+            )
             sender.thread.start()
 
     def _run(self, sender: _Sender) -> None:
@@ -520,8 +568,10 @@ class Outbox:
         touched = 0
         now = self.clock.time()
         with file_lock(self.directory / ".deliver.lock"):
-            listed = [(folder, sorted(folder.glob("*.json")))
-                      for folder in (self.dead_dir, self.queue_dir)]
+            listed = [
+                (folder, sorted(folder.glob("*.json")))
+                for folder in (self.dead_dir, self.queue_dir)
+            ]
             for folder, paths in listed:
                 for path in paths:
                     if ids and path.stem not in ids:
@@ -530,10 +580,15 @@ class Outbox:
                         message = self._read(path)
                     except (OSError, ValueError, KeyError, TypeError):
                         continue
-                    fresh = replace(message, next_attempt=now, blocking=False, reply="",
-                                    dead_at=None, attempts=0 if folder == self.dead_dir
-                                    else message.attempts,
-                                    enqueued=now if folder == self.dead_dir else message.enqueued)
+                    fresh = replace(
+                        message,
+                        next_attempt=now,
+                        blocking=False,
+                        reply="",
+                        dead_at=None,
+                        attempts=0 if folder == self.dead_dir else message.attempts,
+                        enqueued=now if folder == self.dead_dir else message.enqueued,
+                    )
                     self._write(self.queue_dir, fresh)
                     if folder == self.dead_dir:
                         path.unlink()

@@ -56,8 +56,10 @@ class SmtpSettings:
         )
 
     def __repr__(self) -> str:  # the spec is harmless, but keep reprs short and obvious
-        return (f"SmtpSettings(host={self.host!r}, port={self.port}, "
-                f"security={self.security!r}, username={self.username!r})")
+        return (
+            f"SmtpSettings(host={self.host!r}, port={self.port}, "
+            f"security={self.security!r}, username={self.username!r})"
+        )
 
 
 def one_line(text: str) -> str:
@@ -164,7 +166,9 @@ class SmtpTransport:
             return Delivery("retry", f"SMTP password unavailable: {exc}")
         except smtplib.SMTPAuthenticationError as exc:
             # A login refusal is a config problem, not the message's: keep it queued.
-            return Delivery("retry", f"{where}: login refused: {_reply(exc.smtp_code, exc.smtp_error)}")
+            return Delivery(
+                "retry", f"{where}: login refused: {_reply(exc.smtp_code, exc.smtp_error)}"
+            )
         except smtplib.SMTPResponseException as exc:
             return Delivery("retry", f"{where}: {_reply(exc.smtp_code, exc.smtp_error)}")
         except (OSError, smtplib.SMTPException) as exc:
@@ -190,8 +194,9 @@ class SmtpTransport:
         return Delivery("sent", "250 accepted")
 
     @staticmethod
-    def _split(payload: Mapping[str, Any], refused: Mapping[str, tuple[int, bytes]],
-               accepted: bool) -> Delivery:
+    def _split(
+        payload: Mapping[str, Any], refused: Mapping[str, tuple[int, bytes]], accepted: bool
+    ) -> Delivery:
         dead = [r for r, (code, _t) in refused.items() if 500 <= code < 600]
         again = [r for r in refused if r not in dead]
         reply = "; ".join(f"{r}: {_reply(code, text)}" for r, (code, text) in refused.items())
@@ -199,11 +204,17 @@ class SmtpTransport:
         retry_payload = {**payload, "to": again} if again else None
         if accepted:
             logger.warning("SMTP: some recipients refused: {}", reply)
-            return Delivery("sent", reply, blocking=False, retry_payload=retry_payload,
-                            dead_payload=dead_payload)
+            return Delivery(
+                "sent",
+                reply,
+                blocking=False,
+                retry_payload=retry_payload,
+                dead_payload=dead_payload,
+            )
         if not again:
             return Delivery("dead", reply)
         if not dead:
             return Delivery("retry", reply, blocking=False)
-        return Delivery("retry", reply, blocking=False, retry_payload=retry_payload,
-                        dead_payload=dead_payload)
+        return Delivery(
+            "retry", reply, blocking=False, retry_payload=retry_payload, dead_payload=dead_payload
+        )

@@ -62,57 +62,117 @@ class GgusNotifier(Plugin):
         "description": "GGUS ticket text, spooled, POSTed to the helpdesk and/or mailed.",
         "properties": {
             "vo": {"type": "string", "minLength": 1, "description": "Concerned VO."},
-            "sites": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1},
-                      "default": {},
-                      "description": "Endpoint host -> GGUS site name; a key starting with a "
-                                     "dot matches a domain (.cern.ch)."},
-            "default_site": {"type": "string", "default": "",
-                             "description": "Affected Site when no key of sites matches."},
-            "notified_site": {"type": "string", "default": "",
-                              "description": "Notified Site (\"\": the affected site)."},
-            "levels": {"type": "array", "items": {"enum": list(LEVELS)}, "uniqueItems": True,
-                       "default": ["alarm"],
-                       "description": "Notification levels that open a ticket."},
+            "sites": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "minLength": 1},
+                "default": {},
+                "description": "Endpoint host -> GGUS site name; a key starting with a "
+                "dot matches a domain (.cern.ch).",
+            },
+            "default_site": {
+                "type": "string",
+                "default": "",
+                "description": "Affected Site when no key of sites matches.",
+            },
+            "notified_site": {
+                "type": "string",
+                "default": "",
+                "description": 'Notified Site ("": the affected site).',
+            },
+            "levels": {
+                "type": "array",
+                "items": {"enum": list(LEVELS)},
+                "uniqueItems": True,
+                "default": ["alarm"],
+                "description": "Notification levels that open a ticket.",
+            },
             "priorities": {
                 "type": "object",
                 "description": "Priority per level.",
-                "properties": {lvl: {"enum": list(PRIORITIES), "default": DEFAULT_PRIORITIES[lvl],
-                                     "description": f"Priority of tickets for {lvl} notifications."}
-                               for lvl in LEVELS},
+                "properties": {
+                    lvl: {
+                        "enum": list(PRIORITIES),
+                        "default": DEFAULT_PRIORITIES[lvl],
+                        "description": f"Priority of tickets for {lvl} notifications.",
+                    }
+                    for lvl in LEVELS
+                },
                 "additionalProperties": False,
                 "default": {},
             },
-            "ticket_type": {"enum": list(TICKET_TYPES), "default": "USER",
-                            "description": "USER, TEAM or ALARM (TEAM and ALARM need mou_area)."},
-            "mou_area": {"type": "string", "default": "",
-                         "description": "MoU Area, for TEAM and ALARM tickets."},
-            "category": {"type": "string", "minLength": 1, "default": "Incident",
-                         "description": "Ticket category."},
-            "issue_type": {"type": "string", "minLength": 1, "default": "Computing Services",
-                           "description": "Type of issue."},
-            "episode_ttl": {"maximum": 365 * 86400, "type": "number", "exclusiveMinimum": 0, "default": 604800,
-                            "description": "Seconds the one-ticket-per-episode record is kept "
-                                           "(default 7 days)."},
-            "deliver": {"type": "array", "items": {"enum": ["spool", "rest", "mail"]},
-                        "uniqueItems": True, "default": ["spool"],
-                        "description": "Where tickets go: any of spool, rest, mail."},
-            "spool": {"type": "string", "default": "",
-                      "description": "Folder for <id>.txt and <id>.json (\"\": "
-                                     "<director.state_dir>/tickets)."},
+            "ticket_type": {
+                "enum": list(TICKET_TYPES),
+                "default": "USER",
+                "description": "USER, TEAM or ALARM (TEAM and ALARM need mou_area).",
+            },
+            "mou_area": {
+                "type": "string",
+                "default": "",
+                "description": "MoU Area, for TEAM and ALARM tickets.",
+            },
+            "category": {
+                "type": "string",
+                "minLength": 1,
+                "default": "Incident",
+                "description": "Ticket category.",
+            },
+            "issue_type": {
+                "type": "string",
+                "minLength": 1,
+                "default": "Computing Services",
+                "description": "Type of issue.",
+            },
+            "episode_ttl": {
+                "maximum": 365 * 86400,
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 604800,
+                "description": "Seconds the one-ticket-per-episode record is kept "
+                "(default 7 days).",
+            },
+            "deliver": {
+                "type": "array",
+                "items": {"enum": ["spool", "rest", "mail"]},
+                "uniqueItems": True,
+                "default": ["spool"],
+                "description": "Where tickets go: any of spool, rest, mail.",
+            },
+            "spool": {
+                "type": "string",
+                "default": "",
+                "description": 'Folder for <id>.txt and <id>.json ("": '
+                "<director.state_dir>/tickets).",
+            },
             "rest": {
                 "type": "object",
                 "description": "The helpdesk API (deliver: rest).",
                 "properties": {
-                    "url": {"type": "string", "pattern": "^https?://",
-                            "description": "POST tickets here, e.g. https://helpdesk.example/api/v1/tickets."},
-                    "token": {**SECRET_SCHEMA,
-                              "description": "Sent as 'Authorization: Token ...': {env: NAME} or {file: PATH}."},
-                    "timeout": {"maximum": 86400, "type": "number", "exclusiveMinimum": 0, "default": 30,
-                                "description": "Seconds to wait for the helpdesk."},
-                    "ca_file": {"type": "string", "default": "",
-                                "description": "PEM file of CAs to trust (\"\": the system's)."},
-                    "verify": {"type": "boolean", "default": True,
-                               "description": "Check the helpdesk's certificate."},
+                    "url": {
+                        "type": "string",
+                        "pattern": "^https?://",
+                        "description": "POST tickets here, e.g. https://helpdesk.example/api/v1/tickets.",
+                    },
+                    "token": {
+                        **SECRET_SCHEMA,
+                        "description": "Sent as 'Authorization: Token ...': {env: NAME} or {file: PATH}.",
+                    },
+                    "timeout": {
+                        "maximum": 86400,
+                        "type": "number",
+                        "exclusiveMinimum": 0,
+                        "default": 30,
+                        "description": "Seconds to wait for the helpdesk.",
+                    },
+                    "ca_file": {
+                        "type": "string",
+                        "default": "",
+                        "description": 'PEM file of CAs to trust ("": the system\'s).',
+                    },
+                    "verify": {
+                        "type": "boolean",
+                        "default": True,
+                        "description": "Check the helpdesk's certificate.",
+                    },
                 },
                 "additionalProperties": False,
                 "default": {},
@@ -122,15 +182,21 @@ class GgusNotifier(Plugin):
                 "description": "Mail the ticket text (deliver: mail) through notifiers.email's server.",
                 "properties": {
                     "to": {**ADDRESSES, "description": "Address(es) the ticket text is sent to."},
-                    "subject_prefix": {"type": "string", "default": "[GGUS ticket] ",
-                                       "description": "Put in front of the ticket's subject."},
+                    "subject_prefix": {
+                        "type": "string",
+                        "default": "[GGUS ticket] ",
+                        "description": "Put in front of the ticket's subject.",
+                    },
                 },
                 "additionalProperties": False,
                 "default": {},
             },
-            "outbox": {"type": "string", "default": "",
-                       "description": "Outbox folder for rest and mail deliveries (\"\": "
-                                      "<director.state_dir>/ggus-outbox)."},
+            "outbox": {
+                "type": "string",
+                "default": "",
+                "description": 'Outbox folder for rest and mail deliveries ("": '
+                "<director.state_dir>/ggus-outbox).",
+            },
             **OUTBOX_SCHEMA_PROPERTIES,
         },
         "required": ["vo"],
@@ -148,8 +214,7 @@ class GgusNotifier(Plugin):
         self.deliveries = tuple(section["deliver"])
         self.spool_dir = resolve_dir(section["spool"], context.state_dir, "tickets")
         self.email_section = self._email_section(context) if "mail" in self.deliveries else None
-        self.outbox = self.make_outbox(section, context.state_dir, context.clock,
-                                       context.config)
+        self.outbox = self.make_outbox(section, context.state_dir, context.clock, context.config)
         self.records = context.state if context.state is not None else self.outbox.records
         if section["send_thread"] and self.outbox.pending():
             self.outbox.start()
@@ -158,8 +223,10 @@ class GgusNotifier(Plugin):
     def _email_section(context: PluginContext) -> dict[str, Any]:
         email = (context.config.get("notifiers") or {}).get("email")
         if not email:
-            raise GgusConfigError("ggus: deliver includes mail, which uses the SMTP server of "
-                                  "notifiers.email, but notifiers.email is not configured")
+            raise GgusConfigError(
+                "ggus: deliver includes mail, which uses the SMTP server of "
+                "notifiers.email, but notifiers.email is not configured"
+            )
         section = copy.deepcopy(dict(email))
         apply_defaults(section, EmailNotifier.config_schema)
         return section
@@ -169,17 +236,25 @@ class GgusNotifier(Plugin):
         return resolve_dir(section.get("outbox", ""), state_dir, "ggus-outbox")
 
     @classmethod
-    def make_outbox(cls, section: Mapping[str, Any], state_dir: Path, clock: Any,
-                    config: Mapping[str, Any] | None = None) -> Outbox:
+    def make_outbox(
+        cls,
+        section: Mapping[str, Any],
+        state_dir: Path,
+        clock: Any,
+        config: Mapping[str, Any] | None = None,
+    ) -> Outbox:
         """The ggus outbox with the transports its section configures: ``rest`` when a URL is
         set, ``smtp`` when notifiers.email exists (for ``mail``)."""
         transports: dict[str, Transport] = {}
         rest = section.get("rest") or {}
         if rest.get("url"):
-            transports[REST_TRANSPORT] = RestTransport(rest["url"], rest.get("token"),
-                                                       rest.get("timeout", 30),
-                                                       rest.get("ca_file", ""),
-                                                       rest.get("verify", True))
+            transports[REST_TRANSPORT] = RestTransport(
+                rest["url"],
+                rest.get("token"),
+                rest.get("timeout", 30),
+                rest.get("ca_file", ""),
+                rest.get("verify", True),
+            )
         email = ((config or {}).get("notifiers") or {}).get("email")
         if email:
             transports[SMTP_TRANSPORT] = SmtpTransport(SmtpSettings.from_section(email))
@@ -187,8 +262,11 @@ class GgusNotifier(Plugin):
             cls.outbox_path(section, state_dir),
             transports,
             clock=clock,
-            retry=RetryPolicy(section.get("retry_initial", 30), section.get("retry_max", 1800),
-                              section.get("max_age", 259200)),
+            retry=RetryPolicy(
+                section.get("retry_initial", 30),
+                section.get("retry_max", 1800),
+                section.get("max_age", 259200),
+            ),
             poll_interval=section.get("poll_interval", 5),
             name="ggus outbox",
         )
@@ -206,8 +284,7 @@ class GgusNotifier(Plugin):
             problems.append((("mou_area",), f"{ticket_type} tickets need a MoU Area"))
         for level, priority in (section.get("priorities") or {}).items():
             if priority == "top priority" and ticket_type != "ALARM":
-                problems.append((("priorities", level),
-                                 "'top priority' is for ALARM tickets only"))
+                problems.append((("priorities", level), "'top priority' is for ALARM tickets only"))
         return problems
 
     # --- the hook --------------------------------------------------------------------------
@@ -217,9 +294,14 @@ class GgusNotifier(Plugin):
         notification belongs to no endpoint and no episode (a test, a one-off event)."""
         if notification.endpoint is None and notification.episode_start is None:
             return None
-        who = notification.endpoint.key if notification.endpoint else (
-            notification.key or notification.subject)
-        start = "open" if notification.episode_start is None else f"{notification.episode_start:.0f}"
+        who = (
+            notification.endpoint.key
+            if notification.endpoint
+            else (notification.key or notification.subject)
+        )
+        start = (
+            "open" if notification.episode_start is None else f"{notification.episode_start:.0f}"
+        )
         return f"notify_ggus:ticket:{who}:{start}"
 
     @hookimpl
@@ -234,17 +316,22 @@ class GgusNotifier(Plugin):
         ticket = render_ticket(notification, self.settings)
         key = self.episode_key(notification)
         try:
-            first = key is None or self.records.add_if_absent(key, ticket.ticket_id,
-                                                              self.config["episode_ttl"])
+            first = key is None or self.records.add_if_absent(
+                key, ticket.ticket_id, self.config["episode_ttl"]
+            )
         except Exception as exc:  # better a second ticket than none
             logger.warning("ggus: episode record unavailable ({}); opening a ticket", exc)
             first = True
         if not first and key is not None:
             opened = self._existing(key)
-            logger.info("ggus: ticket {} already opened for {} in this episode (since {}, {} "
-                        "failures); no new ticket", opened, ticket.endpoint or ticket.subject,
-                        utc(notification.episode_start or notification.created),
-                        notification.failures_in_episode)
+            logger.info(
+                "ggus: ticket {} already opened for {} in this episode (since {}, {} "
+                "failures); no new ticket",
+                opened,
+                ticket.endpoint or ticket.subject,
+                utc(notification.episode_start or notification.created),
+                notification.failures_in_episode,
+            )
             return None
         done = self.deliver(ticket)
         if not done and key is not None:
@@ -269,19 +356,30 @@ class GgusNotifier(Plugin):
                 if how == "spool":
                     self.spool(ticket)
                 elif how == "rest":
-                    self.outbox.enqueue(REST_TRANSPORT, {"ticket": ticket.as_json(),
-                                                         "url": self.config["rest"]["url"]},
-                                        summary=f"GGUS {ticket.ticket_id}: {ticket.subject}")
+                    self.outbox.enqueue(
+                        REST_TRANSPORT,
+                        {"ticket": ticket.as_json(), "url": self.config["rest"]["url"]},
+                        summary=f"GGUS {ticket.ticket_id}: {ticket.subject}",
+                    )
                 elif how == "mail":
                     self._mail(ticket)
             except OSError as exc:
-                logger.error("ggus: {} delivery of ticket {} ({}) failed: {}", how,
-                             ticket.ticket_id, ticket.subject, exc)
+                logger.error(
+                    "ggus: {} delivery of ticket {} ({}) failed: {}",
+                    how,
+                    ticket.ticket_id,
+                    ticket.subject,
+                    exc,
+                )
                 continue
             done.append(how)
         if done:
-            logger.info("ggus: ticket {} for {} handed to {}", ticket.ticket_id,
-                        ticket.endpoint or "gridgate", ", ".join(done))
+            logger.info(
+                "ggus: ticket {} for {} handed to {}",
+                ticket.ticket_id,
+                ticket.endpoint or "gridgate",
+                ", ".join(done),
+            )
         if ("rest" in done or "mail" in done) and self.config["send_thread"]:
             self.outbox.start()
         return done
@@ -299,12 +397,18 @@ class GgusNotifier(Plugin):
         assert self.email_section is not None
         to = addresses(self.config["mail"]["to"])
         sender = self.email_section["from"]
-        note = Notification("alarm", f"{self.config['mail']['subject_prefix']}{ticket.subject}",
-                            ticket.as_text(), ticket.created)
-        msg = build_message(note, sender=sender, to=to,
-                            extra_headers={"X-Gridgate-Ticket": ticket.ticket_id})
-        self.outbox.enqueue(SMTP_TRANSPORT, message_payload(msg, sender, to),
-                            summary=str(msg["Subject"]))
+        note = Notification(
+            "alarm",
+            f"{self.config['mail']['subject_prefix']}{ticket.subject}",
+            ticket.as_text(),
+            ticket.created,
+        )
+        msg = build_message(
+            note, sender=sender, to=to, extra_headers={"X-Gridgate-Ticket": ticket.ticket_id}
+        )
+        self.outbox.enqueue(
+            SMTP_TRANSPORT, message_payload(msg, sender, to), summary=str(msg["Subject"])
+        )
 
     def flush(self, timeout: float = 30.0) -> FlushResult:
         """Deliver what is due now (see :meth:`Outbox.flush`)."""

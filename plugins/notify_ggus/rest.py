@@ -27,8 +27,14 @@ def _text(raw: bytes) -> str:
 class RestTransport:
     """POSTs ``message.payload["ticket"]`` as JSON to ``url``."""
 
-    def __init__(self, url: str, token: Mapping[str, str] | None = None, timeout: float = 30.0,
-                 ca_file: str = "", verify: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        ca_file: str = "",
+        verify: bool = True,
+    ) -> None:
         self.url = url
         self.token = token
         self.timeout = timeout
@@ -45,8 +51,11 @@ class RestTransport:
         return ctx
 
     def deliver(self, message: Message) -> Delivery:
-        headers = {"Content-Type": "application/json", "Accept": "application/json",
-                   "User-Agent": "gridgate"}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": "gridgate",
+        }
         try:
             token = read_secret(self.token)
         except SecretError as exc:
@@ -56,8 +65,9 @@ class RestTransport:
         data = json.dumps(message.payload["ticket"], ensure_ascii=False).encode("utf-8")
         request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout,
-                                        context=self._context()) as response:
+            with urllib.request.urlopen(
+                request, timeout=self.timeout, context=self._context()
+            ) as response:
                 return Delivery("sent", f"{response.status} {_text(response.read(4096))}")
         except urllib.error.HTTPError as exc:
             reply = f"{exc.code} {_text(exc.read(4096) if exc.fp else b'')}"

@@ -39,7 +39,7 @@ def cut_middle(text: str, limit: int) -> str:
         cut = len(text) - keep
     head = (keep + 1) // 2
     tail = keep - head
-    return text[:head] + marker + (text[len(text) - tail:] if tail else "")
+    return text[:head] + marker + (text[len(text) - tail :] if tail else "")
 
 
 def cut_end(text: str, limit: int) -> str:
@@ -152,8 +152,11 @@ def _ticket_id(notification: Notification) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(notification.created))
     name = notification.endpoint.name if notification.endpoint else "gridgate"
     safe = re.sub(r"[^A-Za-z0-9.-]+", "_", name)[:60]
-    digest = hashlib.sha256("\0".join((notification.key, notification.subject, notification.body,
-                                       repr(notification.created))).encode("utf-8", "replace"))
+    digest = hashlib.sha256(
+        "\0".join(
+            (notification.key, notification.subject, notification.body, repr(notification.created))
+        ).encode("utf-8", "replace")
+    )
     return f"{stamp}-{safe}-{digest.hexdigest()[:8]}"
 
 
@@ -191,7 +194,10 @@ def build_description(notification: Notification, limit: int = DESCRIPTION_MAX) 
     labels = [f"\n--- {name} ---\n" for name, _ in parts]
     budget = limit - len(head) - sum(len(label) for label in labels)
     if budget < 0:
-        return cut_middle(head + "".join(label + text for label, (_n, text) in zip(labels, parts, strict=True)), limit)
+        return cut_middle(
+            head + "".join(label + text for label, (_n, text) in zip(labels, parts, strict=True)),
+            limit,
+        )
     # Share the room fairly: a short part keeps all of it, the rest goes to the long ones.
     lengths = [len(text) for _name, text in parts]
     shares = [0] * len(parts)
@@ -201,8 +207,10 @@ def build_description(notification: Notification, limit: int = DESCRIPTION_MAX) 
         i = open_parts.pop(0)
         shares[i] = min(lengths[i], fair)
         remaining -= shares[i]
-    body = "".join(label + cut_middle(text, share)
-                   for label, (_n, text), share in zip(labels, parts, shares, strict=True))
+    body = "".join(
+        label + cut_middle(text, share)
+        for label, (_n, text), share in zip(labels, parts, shares, strict=True)
+    )
     return (head + body)[:limit]
 
 

@@ -49,24 +49,43 @@ SQUEUE_FORMAT = "%i %T %r"
 #: Options the backend writes itself; ``sbatch_options`` may not carry them.
 OWNED_OPTIONS: dict[str, str] = {
     "--parsable": "the backend reads the job id from --parsable",
-    "-p": "the partition comes from partitions", "--partition": "the partition comes from partitions",
-    "-M": "the cluster comes from partition@cluster", "--clusters": "the cluster comes from partition@cluster",
+    "-p": "the partition comes from partitions",
+    "--partition": "the partition comes from partitions",
+    "-M": "the cluster comes from partition@cluster",
+    "--clusters": "the cluster comes from partition@cluster",
     "--cluster": "the cluster comes from partition@cluster",
-    "-a": "pilots_per_submission makes the job array", "--array": "pilots_per_submission makes the job array",
-    "-J": "job_name names the job", "--job-name": "job_name names the job",
+    "-a": "pilots_per_submission makes the job array",
+    "--array": "pilots_per_submission makes the job array",
+    "-J": "job_name names the job",
+    "--job-name": "job_name names the job",
     "--wrap": "the pilot is the script key",
     "--": "the word after it would be taken for the script",
 }
 
 #: Slurm's long job states (squeue %T) in core's pilot states; formats.md's Slurm section.
 STATE_MAP: dict[str, str] = {
-    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-                     "RESV_DEL_HOLD"), "waiting"),
-    **dict.fromkeys(("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED",
-                     "STOPPED"), "running"),
+    **dict.fromkeys(
+        ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"),
+        "waiting",
+    ),
+    **dict.fromkeys(
+        ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED", "STOPPED"),
+        "running",
+    ),
     "COMPLETED": "done",
-    **dict.fromkeys(("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-                     "PREEMPTED", "SPECIAL_EXIT"), "failed"),
+    **dict.fromkeys(
+        (
+            "FAILED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "PREEMPTED",
+            "SPECIAL_EXIT",
+        ),
+        "failed",
+    ),
 }
 
 
@@ -101,8 +120,12 @@ def parse_squeue(stdout: str) -> dict[str, JobStatus]:
         if len(parts) < 2 or not JOB_ID_RE.fullmatch(parts[0]):
             continue
         reason = parts[2].strip() if len(parts) > 2 else ""
-        statuses[parts[0]] = JobStatus(job_id=parts[0], state=pilot_state(parts[1]),  # type: ignore[arg-type]
-                                       native=parts[1], reason="" if reason == "None" else reason)
+        statuses[parts[0]] = JobStatus(
+            job_id=parts[0],
+            state=pilot_state(parts[1]),  # type: ignore[arg-type]
+            native=parts[1],
+            reason="" if reason == "None" else reason,
+        )
     return statuses
 
 
@@ -119,8 +142,12 @@ SHORT_WITH_VALUE = frozenset("AaBbCcDdeFGiJkLMmNnopqSTtwx")
 #: The environment variables sbatch reads for the options the backend owns: sbatch_options
 #: cannot carry them, nor can ``env`` (and the director's own environment is cleaned of them).
 OWNED_ENVIRONMENT: dict[str, str] = {
-    "SBATCH_ARRAY_INX": "--array", "SBATCH_PARTITION": "--partition", "SBATCH_CLUSTERS": "--clusters",
-    "SBATCH_JOB_NAME": "--job-name", "SBATCH_WRAP": "--wrap", "SLURM_CLUSTERS": "--clusters",
+    "SBATCH_ARRAY_INX": "--array",
+    "SBATCH_PARTITION": "--partition",
+    "SBATCH_CLUSTERS": "--clusters",
+    "SBATCH_JOB_NAME": "--job-name",
+    "SBATCH_WRAP": "--wrap",
+    "SLURM_CLUSTERS": "--clusters",
 }
 
 
@@ -159,47 +186,80 @@ class SlurmBackend(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "description": "Slurm backend: partitions (one endpoint each), the pilot script, sbatch "
-                       "options.",
+        "options.",
         "properties": {
             "partitions": {
-                "type": "array", "default": [],
+                "type": "array",
+                "default": [],
                 "items": {"type": "string", "minLength": 1},
                 "description": "Partitions to submit to; each is an endpoint. "
-                               "`partition@cluster` submits with --clusters=cluster (a "
-                               "multi-cluster site with slurmdbd)."},
-            "script": {"type": "string", "default": "",
-                       "description": "The pilot batch script sbatch submits (a path readable "
-                                      "on this machine; #SBATCH lines in it apply)."},
-            "job_name": {"type": "string", "minLength": 1, "default": "gridgate-pilot",
-                         "description": "sbatch --job-name."},
+                "`partition@cluster` submits with --clusters=cluster (a "
+                "multi-cluster site with slurmdbd).",
+            },
+            "script": {
+                "type": "string",
+                "default": "",
+                "description": "The pilot batch script sbatch submits (a path readable "
+                "on this machine; #SBATCH lines in it apply).",
+            },
+            "job_name": {
+                "type": "string",
+                "minLength": 1,
+                "default": "gridgate-pilot",
+                "description": "sbatch --job-name.",
+            },
             "sbatch_options": {
-                "type": "array", "items": {"type": "string"}, "default": [],
+                "type": "array",
+                "items": {"type": "string"},
+                "default": [],
                 "description": "More sbatch arguments, each one argv item (e.g. "
-                               "[\"--time=2:00:00\", \"--output=/dev/null\"]). Options the "
-                               "backend writes itself (--parsable, --partition, --clusters, "
-                               "--array, --job-name, --wrap) are refused."},
+                '["--time=2:00:00", "--output=/dev/null"]). Options the '
+                "backend writes itself (--parsable, --partition, --clusters, "
+                "--array, --job-name, --wrap) are refused.",
+            },
             "pilots_per_submission": {
-                "type": "integer", "minimum": 1, "maximum": 10000, "default": 1,
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 10000,
+                "default": 1,
                 "description": "Pilots per sbatch; > 1 submits a job array (--array=0-N-1), "
-                               "one job id per pilot (`<id>_<index>`)."},
+                "one job id per pilot (`<id>_<index>`).",
+            },
             "commands": {
-                "type": "object", "default": {}, "additionalProperties": False,
+                "type": "object",
+                "default": {},
+                "additionalProperties": False,
                 "description": "Names (looked up on PATH) or paths of the Slurm commands.",
                 "properties": {
-                    name: {"type": "string", "minLength": 1, "default": name,
-                           "description": f"The {what} command."}
-                    for name, what in (("sbatch", "submit"), ("squeue", "status"),
-                                       ("scancel", "cancel"))
+                    name: {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": name,
+                        "description": f"The {what} command.",
+                    }
+                    for name, what in (
+                        ("sbatch", "submit"),
+                        ("squeue", "status"),
+                        ("scancel", "cancel"),
+                    )
                 },
             },
-            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
-                                "default": None,
-                                "description": "Seconds; replaces the director's limit for "
-                                               "these commands when set. Slurm's clients "
-                                               "give up on a stopped controller after ~9 s."},
-            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
-                    "description": "Extra environment variables for the commands (e.g. "
-                                   "SLURM_CONF for a cluster other than the machine's)."},
+            "command_timeout": {
+                "maximum": 86400,
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "default": None,
+                "description": "Seconds; replaces the director's limit for "
+                "these commands when set. Slurm's clients "
+                "give up on a stopped controller after ~9 s.",
+            },
+            "env": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "default": {},
+                "description": "Extra environment variables for the commands (e.g. "
+                "SLURM_CONF for a cluster other than the machine's).",
+            },
         },
         "additionalProperties": False,
     }
@@ -211,9 +271,15 @@ class SlurmBackend(Plugin):
         partitions = section.get("partitions") or []
         for index, entry in enumerate(partitions):
             partition, cluster = split_partition(entry)
-            if not NAME_RE.fullmatch(partition) or (("@" in entry) and not NAME_RE.fullmatch(cluster)):
-                problems.append((("partitions", index),
-                                 f"{entry!r} is not a Slurm partition (name or name@cluster)"))
+            if not NAME_RE.fullmatch(partition) or (
+                ("@" in entry) and not NAME_RE.fullmatch(cluster)
+            ):
+                problems.append(
+                    (
+                        ("partitions", index),
+                        f"{entry!r} is not a Slurm partition (name or name@cluster)",
+                    )
+                )
             elif entry in seen:
                 problems.append((("partitions", index), f"partition {entry!r} is listed twice"))
             seen.add(entry)
@@ -222,14 +288,27 @@ class SlurmBackend(Plugin):
         for index, word in enumerate(section.get("sbatch_options") or []):
             owned = owned_option(str(word))
             if owned is not None:
-                read = "" if str(word).split("=", 1)[0] == owned else f" (sbatch reads {word!r} as {owned})"
-                problems.append((("sbatch_options", index),
-                                 f"{owned} is written by the backend ({OWNED_OPTIONS[owned]}){read}"))
+                read = (
+                    ""
+                    if str(word).split("=", 1)[0] == owned
+                    else f" (sbatch reads {word!r} as {owned})"
+                )
+                problems.append(
+                    (
+                        ("sbatch_options", index),
+                        f"{owned} is written by the backend ({OWNED_OPTIONS[owned]}){read}",
+                    )
+                )
         for name in section.get("env") or {}:
             if name in OWNED_ENVIRONMENT:
                 owned = OWNED_ENVIRONMENT[name]
-                problems.append((("env", name), f"{name} sets sbatch {owned}, which is written by the "
-                                 f"backend ({OWNED_OPTIONS[owned]})"))
+                problems.append(
+                    (
+                        ("env", name),
+                        f"{name} sets sbatch {owned}, which is written by the "
+                        f"backend ({OWNED_OPTIONS[owned]})",
+                    )
+                )
         return problems
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
@@ -242,7 +321,8 @@ class SlurmBackend(Plugin):
         inherited = {k: v for k, v in os.environ.items() if k not in OWNED_ENVIRONMENT}
         # an SBATCH_ARRAY_INX left in the director's environment would make every pilot an array
         self._environ: dict[str, str] | None = (
-            {**inherited, **extra} if extra or len(inherited) != len(os.environ) else None)
+            {**inherited, **extra} if extra or len(inherited) != len(os.environ) else None
+        )
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -257,14 +337,22 @@ class SlurmBackend(Plugin):
         return time.monotonic() + max(float(self.config.get("command_timeout") or timeout), 0.001)
 
     def _run(self, argv: Sequence[str], deadline: float) -> CommandResult:
-        return run(list(argv), max(deadline - time.monotonic(), 0.001), env=self._environ,
-                   max_output=self.context.max_output_bytes)
+        return run(
+            list(argv),
+            max(deadline - time.monotonic(), 0.001),
+            env=self._environ,
+            max_output=self.context.max_output_bytes,
+        )
 
     def sbatch_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The argv of one submission (no shell ever sees it)."""
         partition, cluster = split_partition(endpoint.name)
-        argv = [self._command("sbatch"), "--parsable", f"--partition={partition}",
-                f"--job-name={self.config.get('job_name', 'gridgate-pilot')}"]
+        argv = [
+            self._command("sbatch"),
+            "--parsable",
+            f"--partition={partition}",
+            f"--job-name={self.config.get('job_name', 'gridgate-pilot')}",
+        ]
         if cluster:
             argv.append(f"--clusters={cluster}")
         if request.count > 1:
@@ -282,8 +370,10 @@ class SlurmBackend(Plugin):
         if known is None:
             return None
         found_by, command = known
-        return command, (f"not tried: partition {found_by} of the same cluster could not "
-                         f"contact the controller this iteration")
+        return command, (
+            f"not tried: partition {found_by} of the same cluster could not "
+            f"contact the controller this iteration"
+        )
 
     def _note_unreachable(self, endpoint: Endpoint, outcome: CommandResult) -> None:
         if cluster_wide(outcome):
@@ -307,30 +397,45 @@ class SlurmBackend(Plugin):
     def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
         if backend != self.name:
             return None
-        return BackendInfo(backend=self.name, endpoints=self.endpoints(),
-                           pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
-                           command_timeout=self.config.get("command_timeout"), list_match=False)
+        return BackendInfo(
+            backend=self.name,
+            endpoints=self.endpoints(),
+            pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
+            command_timeout=self.config.get("command_timeout"),
+            list_match=False,
+        )
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest,
-                        timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         if endpoint.backend != self.name:
             return None
         known = self._known_unreachable(endpoint)
         if known is not None:
-            return SubmitResult(endpoint, ok=False, command=known[0], operation=OPERATION_SUBMIT,
-                                message=known[1])
+            return SubmitResult(
+                endpoint, ok=False, command=known[0], operation=OPERATION_SUBMIT, message=known[1]
+            )
         outcome = self._run(self.sbatch_argv(endpoint, request), self._deadline(timeout))
         parsed = parse_parsable(outcome.stdout) if outcome.ok else None
         if parsed is not None:
             job_id = parsed[0]
-            ids = (tuple(f"{job_id}_{i}" for i in range(request.count)) if request.count > 1
-                   else (job_id,))
-            return SubmitResult(endpoint, ok=True, job_ids=ids, command=outcome,
-                                operation=OPERATION_SUBMIT)
+            ids = (
+                tuple(f"{job_id}_{i}" for i in range(request.count))
+                if request.count > 1
+                else (job_id,)
+            )
+            return SubmitResult(
+                endpoint, ok=True, job_ids=ids, command=outcome, operation=OPERATION_SUBMIT
+            )
         self._note_unreachable(endpoint, outcome)
-        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
-                            message=outcome.describe())
+        return SubmitResult(
+            endpoint,
+            ok=False,
+            command=outcome,
+            operation=OPERATION_SUBMIT,
+            message=outcome.describe(),
+        )
 
     @hookimpl
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
@@ -338,14 +443,19 @@ class SlurmBackend(Plugin):
             return None
         failure = classify(result.command, result.message if result.command is None else "")
         if result.message.startswith("not tried:"):
-            failure = Failure(failure.kind, exclude=True, notify=failure.notify,
-                              transient=failure.transient,
-                              reason=clip(f"{failure.reason} ({result.message})"))
+            failure = Failure(
+                failure.kind,
+                exclude=True,
+                notify=failure.notify,
+                transient=failure.transient,
+                reason=clip(f"{failure.reason} ({result.message})"),
+            )
         return failure
 
     @hookimpl
-    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
-                            timeout: float) -> StatusResult | None:
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
         if endpoint.backend != self.name:
             return None
         ids, bad = _checked_ids(job_ids)
@@ -355,15 +465,23 @@ class SlurmBackend(Plugin):
             return StatusResult(endpoint, ok=True, commands=0)
         known = self._known_unreachable(endpoint)
         if known is not None:
-            return StatusResult(endpoint, ok=False, command=known[0], commands=0,
-                                message=known[1])
+            return StatusResult(endpoint, ok=False, command=known[0], commands=0, message=known[1])
         # -r: one line per array task (a pending array is otherwise shown as 12_[0-3]);
         # -t all: finished jobs still in memory too (the default filter hides them even with -j).
         # Arrays are asked for by their base id: once the still-pending tasks of an array are
         # cancelled, Slurm keeps them as one record printed as the bare base id (``12``), and
         # ``--jobs=12_3`` then matches nothing.
-        prefix = [self._command("squeue"), "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT,
-                  *self._cluster_args(endpoint), "--jobs="]
+        prefix = [
+            self._command("squeue"),
+            "-h",
+            "-r",
+            "-t",
+            "all",
+            "-o",
+            SQUEUE_FORMAT,
+            *self._cluster_args(endpoint),
+            "--jobs=",
+        ]
         asked = list(dict.fromkeys(j.split("_")[0] for j in ids))
         seen: dict[str, JobStatus] = {}
         chunks = argv_chunks(prefix, asked, joiner=",")
@@ -373,29 +491,44 @@ class SlurmBackend(Plugin):
             outcome = self._run(argv, deadline)
             last = outcome
             # One id that has left the controller's memory: exit 1 with this text, an answer.
-            gone = (outcome.returncode == 1 and "Invalid job id specified" in outcome.stderr
-                    and not outcome.timed_out)
+            gone = (
+                outcome.returncode == 1
+                and "Invalid job id specified" in outcome.stderr
+                and not outcome.timed_out
+            )
             if outcome.stdout_truncated and not outcome.timed_out:
                 # gridgate's own cap cut the answer: core names it (kind output_cap) and keeps
                 # every pilot's state, rather than this chunk's ids going unknown, then lost
-                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
-                                    message="squeue's output passed director.max_output_bytes")
+                return StatusResult(
+                    endpoint,
+                    ok=False,
+                    command=outcome,
+                    commands=len(chunks),
+                    message="squeue's output passed director.max_output_bytes",
+                )
             if not outcome.ok and not gone:
                 self._note_unreachable(endpoint, outcome)
-                return StatusResult(endpoint, ok=False, command=outcome, commands=len(chunks),
-                                    message=outcome.describe())
+                return StatusResult(
+                    endpoint,
+                    ok=False,
+                    command=outcome,
+                    commands=len(chunks),
+                    message=outcome.describe(),
+                )
             seen.update(parse_squeue(outcome.stdout))
         statuses: dict[str, JobStatus] = {}
         for job_id in ids:
             found = seen.get(job_id) or ("_" in job_id and seen.get(job_id.split("_")[0]))
             if found:
                 statuses[job_id] = replace(found, job_id=job_id)
-        return StatusResult(endpoint, ok=True, statuses=statuses, command=last,
-                            commands=len(chunks))
+        return StatusResult(
+            endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks)
+        )
 
     @hookimpl
-    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
-                        timeout: float) -> CancelResult | None:
+    def gridgate_cancel(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> CancelResult | None:
         if endpoint.backend != self.name:
             return None
         ids, bad = _checked_ids(job_ids)
@@ -414,7 +547,12 @@ class SlurmBackend(Plugin):
             last = outcome
             if not outcome.ok:
                 self._note_unreachable(endpoint, outcome)
-                return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled),
-                                    command=outcome, message=outcome.describe())
-            cancelled += argv[len(prefix):]
+                return CancelResult(
+                    endpoint,
+                    ok=False,
+                    cancelled=tuple(cancelled),
+                    command=outcome,
+                    message=outcome.describe(),
+                )
+            cancelled += argv[len(prefix) :]
         return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)

@@ -45,16 +45,24 @@ class ClusterError(RuntimeError):
 
 def missing_programs() -> list[str]:
     """The Debian packages whose programs are not installed (empty when all are)."""
-    return sorted({pkg for prog, pkg in DAEMONS.items()
-                   if shutil.which(prog) is None and not Path(f"/usr/sbin/{prog}").exists()})
+    return sorted(
+        {
+            pkg
+            for prog, pkg in DAEMONS.items()
+            if shutil.which(prog) is None and not Path(f"/usr/sbin/{prog}").exists()
+        }
+    )
 
 
 def _program(name: str) -> str:
-    found = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+    found = shutil.which(name) or (
+        f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None
+    )
     if found is None:
         raise ClusterError(
             f"{name} is not installed: the private Slurm cluster needs the Debian packages "
-            f"{' '.join(PACKAGES)} (apt-get install -y {' '.join(PACKAGES)}; dev.sh does this)")
+            f"{' '.join(PACKAGES)} (apt-get install -y {' '.join(PACKAGES)}; dev.sh does this)"
+        )
     return found
 
 
@@ -141,10 +149,16 @@ class SlurmCluster:
     brought down even when this process dies without calling ``stop``.
     """
 
-    def __init__(self, folder: str | os.PathLike[str] | None = None, *,
-                 partitions: Sequence[str] = DEFAULT_PARTITIONS,
-                 extra_conf: Sequence[str] = (), start_timeout: float = 120.0,
-                 message_timeout: int = 10, watchdog: bool = True) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str] | None = None,
+        *,
+        partitions: Sequence[str] = DEFAULT_PARTITIONS,
+        extra_conf: Sequence[str] = (),
+        start_timeout: float = 120.0,
+        message_timeout: int = 10,
+        watchdog: bool = True,
+    ) -> None:
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else None
         self.partitions = tuple(partitions)
@@ -206,8 +220,9 @@ class SlurmCluster:
         """``scontrol ARGS...`` against this cluster; raises ClusterError when it fails."""
         result = self.command(["scontrol", *args], timeout)
         if not result.ok:
-            raise ClusterError(f"scontrol {' '.join(args)}: {result.describe()}: "
-                               f"{result.stderr.strip()}")
+            raise ClusterError(
+                f"scontrol {' '.join(args)}: {result.describe()}: {result.stderr.strip()}"
+            )
         return result
 
     def set_partition_state(self, partition: str, state: str) -> None:
@@ -231,8 +246,12 @@ class SlurmCluster:
         while time.monotonic() < end:
             live = self.command(["squeue", "-h", "-o", "%i"])  # default filter: live jobs only
             node = self.command(["sinfo", "-h", "-n", self.node_name, "-o", "%T"])
-            if live.ok and not live.stdout.split() and node.ok and \
-                    {t.rstrip("*~#$@+") for t in node.stdout.split()} == {"idle"}:
+            if (
+                live.ok
+                and not live.stdout.split()
+                and node.ok
+                and {t.rstrip("*~#$@+") for t in node.stdout.split()} == {"idle"}
+            ):
                 return True
             time.sleep(0.05)
         return False
@@ -259,7 +278,8 @@ class SlurmCluster:
             raise ClusterError(
                 f"{blocked} is not world-executable (mode {stat.S_IMODE(os.stat(blocked).st_mode):o}):"
                 f" munged refuses a socket below it and other users cannot reach the cluster; "
-                f"use a folder whose every parent has o+x")
+                f"use a folder whose every parent has o+x"
+            )
         for sub in ("etc", "munge", "state", "spool", "log", "run"):
             self._path(sub).mkdir(mode=0o755, exist_ok=True)
         self.jobs_dir.mkdir(exist_ok=True)
@@ -274,17 +294,20 @@ class SlurmCluster:
                 self.ctld_port, self.slurmd_port = _free_port(), _free_port()
                 self._write_conf()
                 self.start_controller(wait=False)
-                self._start("slurmd", [_program("slurmd"), "-D", "-N", self.node_name,
-                                       "-f", str(self.conf)])
+                self._start(
+                    "slurmd", [_program("slurmd"), "-D", "-N", self.node_name, "-f", str(self.conf)]
+                )
                 if self.wait_idle(raise_on_timeout=False):
                     return self
                 logs = self.log("slurmctld") + self.log("slurmd")
                 if "Address already in use" not in logs:
                     break
                 self._stop_slurm_daemons()
-            raise ClusterError(f"the private Slurm cluster in {self.folder} did not come up "
-                               f"within {self.start_timeout:.0f} s; last logs:\n"
-                               f"{self.log('slurmctld')[-3000:]}{self.log('slurmd')[-2000:]}")
+            raise ClusterError(
+                f"the private Slurm cluster in {self.folder} did not come up "
+                f"within {self.start_timeout:.0f} s; last logs:\n"
+                f"{self.log('slurmctld')[-3000:]}{self.log('slurmd')[-2000:]}"
+            )
         except BaseException:
             self.stop()
             raise
@@ -293,13 +316,25 @@ class SlurmCluster:
         """A small process that brings the cluster down if this one dies without ``stop``
         (SIGKILL, ``os._exit`` of a test timeout): it waits for the end of a pipe only this
         process holds."""
-        argv = [sys.executable, "-m", "gridgate.plugins.slurm.cluster", "watch",
-                "--folder", str(self.folder)]
+        argv = [
+            sys.executable,
+            "-m",
+            "gridgate.plugins.slurm.cluster",
+            "watch",
+            "--folder",
+            str(self.folder),
+        ]
         if self._own_folder:
             argv.append("--remove")
-        self._watchdog = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, cwd="/",
-                                          start_new_session=True, close_fds=True)
+        self._watchdog = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def _stop_watchdog(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
@@ -316,8 +351,14 @@ class SlurmCluster:
         out = open(self._path("log", f"{name}.out"), "ab")  # noqa: SIM115 - handed to the child
         try:
             self._procs[name] = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=str(self.folder), start_new_session=True, close_fds=True)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.folder),
+                start_new_session=True,
+                close_fds=True,
+            )
         finally:
             out.close()
 
@@ -330,13 +371,21 @@ class SlurmCluster:
             finally:
                 os.close(fd)
         munge_dir = self._path("munge")
-        self._start("munged", [
-            _program("munged"), "-F", f"--socket={self.munge_socket}", f"--key-file={key}",
-            f"--log-file={munge_dir / 'munged.log'}", f"--pid-file={munge_dir / 'munged.pid'}",
-            f"--seed-file={munge_dir / 'munged.seed'}",
-            # Slurm's own advice when munged cannot keep up ("restart with --num-threads=10"):
-            # with the default 2 a loaded machine sees "Connection refused" on its socket.
-            "--num-threads=10"])
+        self._start(
+            "munged",
+            [
+                _program("munged"),
+                "-F",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--log-file={munge_dir / 'munged.log'}",
+                f"--pid-file={munge_dir / 'munged.pid'}",
+                f"--seed-file={munge_dir / 'munged.seed'}",
+                # Slurm's own advice when munged cannot keep up ("restart with --num-threads=10"):
+                # with the default 2 a loaded machine sees "Connection refused" on its socket.
+                "--num-threads=10",
+            ],
+        )
         end = time.monotonic() + self.start_timeout
         while time.monotonic() < end:
             if self.munge_socket.exists():
@@ -386,8 +435,9 @@ class SlurmCluster:
         ]
         for index, name in enumerate(self.partitions):
             default = " Default=YES" if index == 0 else ""
-            lines.append(f"PartitionName={name} Nodes={self.node_name}{default} "
-                         f"MaxTime=INFINITE State=UP")
+            lines.append(
+                f"PartitionName={name} Nodes={self.node_name}{default} MaxTime=INFINITE State=UP"
+            )
         lines += list(self.extra_conf)
         (p("spool", self.node_name)).mkdir(exist_ok=True)
         self.conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -403,16 +453,23 @@ class SlurmCluster:
                     if raise_on_timeout:
                         raise ClusterError(f"{name} exited:\n{self.log(name)[-3000:]}")
                     return False
-            result = self.command(["sinfo", "-h", "-n", self.node_name, "-o", "%T"],
-                                  timeout=max(end - time.monotonic(), 1.0))
+            result = self.command(
+                ["sinfo", "-h", "-n", self.node_name, "-o", "%T"],
+                timeout=max(end - time.monotonic(), 1.0),
+            )
             states = result.stdout.split()
-            if result.ok and states and all(
-                    s.rstrip("*~#$@+") in ("idle", "mixed", "allocated") for s in states):
+            if (
+                result.ok
+                and states
+                and all(s.rstrip("*~#$@+") in ("idle", "mixed", "allocated") for s in states)
+            ):
                 return True
             time.sleep(0.05)
         if raise_on_timeout:
-            raise ClusterError(f"node {self.node_name} not idle after the wait; slurmctld log:\n"
-                               f"{self.log('slurmctld')[-3000:]}")
+            raise ClusterError(
+                f"node {self.node_name} not idle after the wait; slurmctld log:\n"
+                f"{self.log('slurmctld')[-3000:]}"
+            )
         return False
 
     def start_controller(self, *, wait: bool = True) -> None:
@@ -478,8 +535,10 @@ class SlurmCluster:
                 if name == "slurmctld":
                     self.start_controller(wait=False)
                 else:
-                    self._start("slurmd", [_program("slurmd"), "-D", "-N", self.node_name,
-                                           "-f", str(self.conf)])
+                    self._start(
+                        "slurmd",
+                        [_program("slurmd"), "-D", "-N", self.node_name, "-f", str(self.conf)],
+                    )
                 restarted = True
         if restarted:
             self.wait_idle()
@@ -552,15 +611,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m gridgate.plugins.slurm.cluster",
-        description="Bring a private one-node Slurm cluster up in a folder, or down again.")
+        description="Bring a private one-node Slurm cluster up in a folder, or down again.",
+    )
     parser.add_argument("action", choices=("up", "down", "env", "watch"))
-    parser.add_argument("--folder", default=os.environ.get("GRIDGATE_SLURM_DIR",
-                                                          DEFAULT_HAND_FOLDER),
-                        help="where its conf, state and logs live (default: %(default)s)")
-    parser.add_argument("--remove", action="store_true",
-                        help="watch: remove the folder too once the cluster is down")
-    parser.add_argument("--partition", action="append", default=None,
-                        help="a partition to create (repeat; default: debug and batch)")
+    parser.add_argument(
+        "--folder",
+        default=os.environ.get("GRIDGATE_SLURM_DIR", DEFAULT_HAND_FOLDER),
+        help="where its conf, state and logs live (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--remove",
+        action="store_true",
+        help="watch: remove the folder too once the cluster is down",
+    )
+    parser.add_argument(
+        "--partition",
+        action="append",
+        default=None,
+        help="a partition to create (repeat; default: debug and batch)",
+    )
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     conf = folder / "etc" / "slurm.conf"
@@ -587,16 +656,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(Path(f"/proc/{p}").exists() for p in _pids(folder.resolve()) if folder.exists()):
         print(f"slurm: a cluster is already up in {folder}; export SLURM_CONF={conf}")
         return 0
-    cluster = SlurmCluster(folder, partitions=tuple(args.partition or DEFAULT_PARTITIONS),
-                           watchdog=False)
+    cluster = SlurmCluster(
+        folder, partitions=tuple(args.partition or DEFAULT_PARTITIONS), watchdog=False
+    )
     try:
         cluster.start()
     except ClusterError as exc:
         print(f"slurm: {exc}", file=sys.stderr)
         return 1
     # The daemons run in sessions of their own and outlive this command; ``down`` stops them.
-    print(f"slurm: cluster {cluster.cluster_name} up in {folder} (node {cluster.node_name}, "
-          f"partitions {', '.join(cluster.partitions)}, controller port {cluster.ctld_port})")
+    print(
+        f"slurm: cluster {cluster.cluster_name} up in {folder} (node {cluster.node_name}, "
+        f"partitions {', '.join(cluster.partitions)}, controller port {cluster.ctld_port})"
+    )
     print(f"export SLURM_CONF={conf}")
     return 0
 

@@ -73,18 +73,36 @@ RULE_SCHEMA: dict[str, Any] = {
     "description": "A site rule: a regex on the command's output decides the failure kind.",
     "properties": {
         "kind": {"type": "string", "minLength": 1, "description": "Failure kind to report."},
-        "pattern": {"type": "string", "minLength": 1,
-                    "description": "Python regex searched line by line."},
-        "stream": {"enum": ["stdout", "stderr", "any"], "default": "any",
-                   "description": "Which output the pattern is searched in."},
-        "returncode": {"type": ["integer", "null"], "default": None,
-                       "description": "Match only this exit code (null: any)."},
-        "exclude": {"type": "boolean", "default": True,
-                    "description": "Take the server out of rotation."},
-        "notify": {"type": "boolean", "default": True,
-                   "description": "Tell people (error/alarm mails)."},
-        "transient": {"type": "boolean", "default": True,
-                      "description": "A retry on another server is worthwhile."},
+        "pattern": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Python regex searched line by line.",
+        },
+        "stream": {
+            "enum": ["stdout", "stderr", "any"],
+            "default": "any",
+            "description": "Which output the pattern is searched in.",
+        },
+        "returncode": {
+            "type": ["integer", "null"],
+            "default": None,
+            "description": "Match only this exit code (null: any).",
+        },
+        "exclude": {
+            "type": "boolean",
+            "default": True,
+            "description": "Take the server out of rotation.",
+        },
+        "notify": {
+            "type": "boolean",
+            "default": True,
+            "description": "Tell people (error/alarm mails).",
+        },
+        "transient": {
+            "type": "boolean",
+            "default": True,
+            "description": "A retry on another server is worthwhile.",
+        },
     },
     "required": ["kind", "pattern"],
     "additionalProperties": False,
@@ -133,75 +151,142 @@ class GliteBackend(Plugin):
         "type": "object",
         "description": "gLite WMS backend: servers, commands, JDL, list-match and failure rules.",
         "properties": {
-            "servers": {**_STRING_LIST, "default": [],
-                        "description": "WMS servers: host names (the endpoint becomes "
-                                       "https://HOST:7443/glite_wms_wmproxy_server) or full URLs."},
+            "servers": {
+                **_STRING_LIST,
+                "default": [],
+                "description": "WMS servers: host names (the endpoint becomes "
+                "https://HOST:7443/glite_wms_wmproxy_server) or full URLs.",
+            },
             "commands": {
                 "type": "object",
                 "description": "Names (looked up on PATH) or paths of the gLite commands.",
                 "properties": {
-                    "submit": {"type": "string", "minLength": 1,
-                               "default": "glite-wms-job-submit",
-                               "description": "The submit command."},
-                    "list_match": {"type": "string", "minLength": 1,
-                                   "default": "glite-wms-job-list-match",
-                                   "description": "The list-match command."},
-                    "status": {"type": ["string", "null"], "minLength": 1, "default": None,
-                               "description": "The status command (pilot tracking); null: "
-                                              "glite-wms-job-status beside the submit "
-                                              "command when that is a path, else on PATH."},
-                    "cancel": {"type": ["string", "null"], "minLength": 1, "default": None,
-                               "description": "The cancel command; null: "
-                                              "glite-wms-job-cancel, found like status."},
+                    "submit": {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": "glite-wms-job-submit",
+                        "description": "The submit command.",
+                    },
+                    "list_match": {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": "glite-wms-job-list-match",
+                        "description": "The list-match command.",
+                    },
+                    "status": {
+                        "type": ["string", "null"],
+                        "minLength": 1,
+                        "default": None,
+                        "description": "The status command (pilot tracking); null: "
+                        "glite-wms-job-status beside the submit "
+                        "command when that is a path, else on PATH.",
+                    },
+                    "cancel": {
+                        "type": ["string", "null"],
+                        "minLength": 1,
+                        "default": None,
+                        "description": "The cancel command; null: "
+                        "glite-wms-job-cancel, found like status.",
+                    },
                 },
                 "default": {},
                 "additionalProperties": False,
             },
-            "delegation": {"type": "string", "minLength": 1, "default": "auto",
-                           "description": "'auto' delegates at every call (-a); any other "
-                                          "value is a delegation id passed as -d ID."},
-            "config_file": {"type": ["string", "null"], "default": None,
-                            "description": "Client config file passed as -c FILE."},
-            "output_format": {"enum": ["text", "nomsg", "json"], "default": "text",
-                              "description": "Submit output to ask for: the default text, "
-                                             "--nomsg (id only) or --json."},
-            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
-                    "description": "Extra environment variables for the commands."},
-            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
-                                "default": None,
-                                "description": "Seconds; replaces the director's limit for "
-                                               "this backend's commands when set."},
-            "work_dir": {"type": ["string", "null"], "default": None,
-                         "description": "Where the private JDL files are written; it must "
-                                        "exist (default: wms_glite-jdl under director."
-                                        "state_dir, created 0700). Files a killed director "
-                                        "left there are removed at start."},
-            "pilots_per_jdl": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1,
-                               "description": "Pilots per submission; > 1 makes a parametric "
-                                              "JDL."},
-            "list_match": {"type": "boolean", "default": True,
-                           "description": "Default for demand groups: list-match before "
-                                          "submitting (off for test jobs)."},
-            "list_match_cache": {"type": "number", "minimum": 0, "default": 900,
-                                 "description": "Seconds a list-match answer is reused per "
-                                                "(server, requirements); 0 disables."},
-            "executable": {"type": "string", "minLength": 1, "default": "pilot.sh",
-                           "description": "JDL Executable."},
+            "delegation": {
+                "type": "string",
+                "minLength": 1,
+                "default": "auto",
+                "description": "'auto' delegates at every call (-a); any other "
+                "value is a delegation id passed as -d ID.",
+            },
+            "config_file": {
+                "type": ["string", "null"],
+                "default": None,
+                "description": "Client config file passed as -c FILE.",
+            },
+            "output_format": {
+                "enum": ["text", "nomsg", "json"],
+                "default": "text",
+                "description": "Submit output to ask for: the default text, "
+                "--nomsg (id only) or --json.",
+            },
+            "env": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "default": {},
+                "description": "Extra environment variables for the commands.",
+            },
+            "command_timeout": {
+                "maximum": 86400,
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "default": None,
+                "description": "Seconds; replaces the director's limit for "
+                "this backend's commands when set.",
+            },
+            "work_dir": {
+                "type": ["string", "null"],
+                "default": None,
+                "description": "Where the private JDL files are written; it must "
+                "exist (default: wms_glite-jdl under director."
+                "state_dir, created 0700). Files a killed director "
+                "left there are removed at start.",
+            },
+            "pilots_per_jdl": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1000,
+                "default": 1,
+                "description": "Pilots per submission; > 1 makes a parametric JDL.",
+            },
+            "list_match": {
+                "type": "boolean",
+                "default": True,
+                "description": "Default for demand groups: list-match before "
+                "submitting (off for test jobs).",
+            },
+            "list_match_cache": {
+                "type": "number",
+                "minimum": 0,
+                "default": 900,
+                "description": "Seconds a list-match answer is reused per "
+                "(server, requirements); 0 disables.",
+            },
+            "executable": {
+                "type": "string",
+                "minLength": 1,
+                "default": "pilot.sh",
+                "description": "JDL Executable.",
+            },
             "arguments": {"type": "string", "default": "", "description": "JDL Arguments."},
-            "input_sandbox": {**_STRING_LIST, "default": [],
-                              "description": "JDL InputSandbox files."},
-            "output_sandbox": {**_STRING_LIST, "default": ["std.out", "std.err"],
-                               "description": "JDL OutputSandbox files."},
+            "input_sandbox": {
+                **_STRING_LIST,
+                "default": [],
+                "description": "JDL InputSandbox files.",
+            },
+            "output_sandbox": {
+                **_STRING_LIST,
+                "default": ["std.out", "std.err"],
+                "description": "JDL OutputSandbox files.",
+            },
             "std_output": {"type": "string", "default": "std.out", "description": "JDL StdOutput."},
             "std_error": {"type": "string", "default": "std.err", "description": "JDL StdError."},
-            "requirements": {"type": "string",
-                             "default": 'other.GlueCEStateStatus == "Production"',
-                             "description": "JDL Requirements (a ClassAd expression); a "
-                                            "request's own requirements replace it."},
-            "rank": {"type": "string", "default": "-other.GlueCEStateEstimatedResponseTime",
-                     "description": "JDL Rank (a ClassAd expression); empty for none."},
-            "vo": {"type": "string", "default": "",
-                   "description": "JDL VirtualOrganisation; empty for none."},
+            "requirements": {
+                "type": "string",
+                "default": 'other.GlueCEStateStatus == "Production"',
+                "description": "JDL Requirements (a ClassAd expression); a "
+                "request's own requirements replace it.",
+            },
+            "rank": {
+                "type": "string",
+                "default": "-other.GlueCEStateEstimatedResponseTime",
+                "description": "JDL Rank (a ClassAd expression); empty for none.",
+            },
+            "vo": {
+                "type": "string",
+                "default": "",
+                "description": "JDL VirtualOrganisation; empty for none.",
+            },
             "extra_attributes": {
                 "type": "object",
                 "description": "More JDL attributes: name -> string, number, bool or list.",
@@ -209,12 +294,24 @@ class GliteBackend(Plugin):
                 "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
                 "default": {},
             },
-            "retry_count": {"type": "integer", "minimum": 0, "default": 0,
-                            "description": "JDL RetryCount (0: the director retries, not WMS)."},
-            "shallow_retry_count": {"type": "integer", "minimum": 0, "default": 0,
-                                    "description": "JDL ShallowRetryCount."},
-            "rules": {"type": "array", "items": RULE_SCHEMA, "default": [],
-                      "description": "Site failure rules, tried before the built-in ones."},
+            "retry_count": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 0,
+                "description": "JDL RetryCount (0: the director retries, not WMS).",
+            },
+            "shallow_retry_count": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 0,
+                "description": "JDL ShallowRetryCount.",
+            },
+            "rules": {
+                "type": "array",
+                "items": RULE_SCHEMA,
+                "default": [],
+                "description": "Site failure rules, tried before the built-in ones.",
+            },
         },
         "additionalProperties": False,
     }
@@ -230,13 +327,18 @@ class GliteBackend(Plugin):
                 continue
             host = endpoint_for(cls.name, server).name.lower()
             if host in seen:
-                problems.append((("servers", index),
-                                 f"duplicate server {host!r} (also servers[{seen[host]}])"))
+                problems.append(
+                    (("servers", index), f"duplicate server {host!r} (also servers[{seen[host]}])")
+                )
             seen.setdefault(host, index)
         delegation = section.get("delegation", "auto")
         if delegation != "auto" and not DELEGATION_ID_RE.fullmatch(delegation):
-            problems.append((("delegation",), f"delegation id {delegation!r} may only hold "
-                                               "letters, digits, '.', '_' and '-'"))
+            problems.append(
+                (
+                    ("delegation",),
+                    f"delegation id {delegation!r} may only hold letters, digits, '.', '_' and '-'",
+                )
+            )
         for key in ("requirements", "rank"):
             if (section.get(key) or "").strip():
                 try:
@@ -257,8 +359,12 @@ class GliteBackend(Plugin):
                     problems.append(((key, index), str(exc)))
         for name, value in (section.get("extra_attributes") or {}).items():
             if name.lower() in RESERVED:
-                problems.append((("extra_attributes", name),
-                                 f"{name} is written by gridgate itself; use its own key"))
+                problems.append(
+                    (
+                        ("extra_attributes", name),
+                        f"{name} is written by gridgate itself; use its own key",
+                    )
+                )
                 continue
             try:
                 literal(value, name)
@@ -301,8 +407,11 @@ class GliteBackend(Plugin):
 
     def _commands(self) -> Mapping[str, str]:
         configured = {k: v for k, v in (self.config.get("commands") or {}).items() if v}
-        commands = {"submit": "glite-wms-job-submit", "list_match": "glite-wms-job-list-match",
-                    **configured}
+        commands = {
+            "submit": "glite-wms-job-submit",
+            "list_match": "glite-wms-job-list-match",
+            **configured,
+        }
         commands.update(sibling_commands(commands["submit"], configured))
         return commands
 
@@ -342,8 +451,9 @@ class GliteBackend(Plugin):
                 ensure_private_dir(folder)
             # mkstemp creates the file 0600 and exclusively: no other user can read the JDL or
             # swap it between writing and the command reading it.
-            fd, path = tempfile.mkstemp(prefix=f"{JDL_PREFIX}{os.getpid()}-", suffix=".jdl",
-                                        dir=folder)
+            fd, path = tempfile.mkstemp(
+                prefix=f"{JDL_PREFIX}{os.getpid()}-", suffix=".jdl", dir=folder
+            )
         except OSError as exc:
             return _NotRun(f"cannot create a JDL file in {folder}: {_os_error(exc)}", local=True)
         try:
@@ -351,12 +461,17 @@ class GliteBackend(Plugin):
                 with os.fdopen(fd, "w", encoding="utf-8") as handle:
                     handle.write(text)
             except OSError as exc:
-                return _NotRun(f"cannot write the JDL file {path} in {folder}: {_os_error(exc)}",
-                               local=True)
+                return _NotRun(
+                    f"cannot write the JDL file {path} in {folder}: {_os_error(exc)}", local=True
+                )
             argv = self.argv(operation, endpoint, path)
             logger.debug("{} on {}: {}", operation, endpoint.name, argv)
-            return run(argv, self._timeout(timeout), env=self._env(),
-                       max_output=self.context.max_output_bytes)
+            return run(
+                argv,
+                self._timeout(timeout),
+                env=self._env(),
+                max_output=self.context.max_output_bytes,
+            )
         finally:
             with contextlib.suppress(OSError):
                 Path(path).unlink()
@@ -418,8 +533,9 @@ class GliteBackend(Plugin):
         outcome = self._run_with_jdl(OPERATION_LIST_MATCH, endpoint, request, timeout)
         if isinstance(outcome, _NotRun):
             logger.error("list-match on {} not run: {}", endpoint.name, outcome.reason)
-            return ListMatchResult(endpoint, ok=False,
-                                   local_fault=outcome.reason if outcome.local else "")
+            return ListMatchResult(
+                endpoint, ok=False, local_fault=outcome.reason if outcome.local else ""
+            )
         if not outcome.ok:
             return ListMatchResult(endpoint, ok=False, command=outcome)
         resources = parse_ce_ids(outcome.stdout)
@@ -437,28 +553,51 @@ class GliteBackend(Plugin):
             return None
         outcome = self._run_with_jdl(OPERATION_SUBMIT, endpoint, request, timeout)
         if isinstance(outcome, _NotRun):
-            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT,
-                                message=outcome.reason,
-                                local_fault=outcome.reason if outcome.local else "")
+            return SubmitResult(
+                endpoint,
+                ok=False,
+                operation=OPERATION_SUBMIT,
+                message=outcome.reason,
+                local_fault=outcome.reason if outcome.local else "",
+            )
         if outcome.ok:
             job_ids = parse_job_ids(outcome.stdout)
             if job_ids:
-                return SubmitResult(endpoint, ok=True, job_ids=job_ids, command=outcome,
-                                    operation=OPERATION_SUBMIT)
-            return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
-                                message="exit 0 but no job id in the output")
-        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
-                            message=outcome.describe())
+                return SubmitResult(
+                    endpoint, ok=True, job_ids=job_ids, command=outcome, operation=OPERATION_SUBMIT
+                )
+            return SubmitResult(
+                endpoint,
+                ok=False,
+                command=outcome,
+                operation=OPERATION_SUBMIT,
+                message="exit 0 but no job id in the output",
+            )
+        return SubmitResult(
+            endpoint,
+            ok=False,
+            command=outcome,
+            operation=OPERATION_SUBMIT,
+            message=outcome.describe(),
+        )
 
     @hookimpl
-    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
-                            timeout: float) -> StatusResult | None:
-        return query_pilots(self, endpoint, job_ids, timeout) if self._mine(endpoint.backend) else None
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
+        return (
+            query_pilots(self, endpoint, job_ids, timeout) if self._mine(endpoint.backend) else None
+        )
 
     @hookimpl
-    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
-                        timeout: float) -> CancelResult | None:
-        return cancel_pilots(self, endpoint, job_ids, timeout) if self._mine(endpoint.backend) else None
+    def gridgate_cancel(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> CancelResult | None:
+        return (
+            cancel_pilots(self, endpoint, job_ids, timeout)
+            if self._mine(endpoint.backend)
+            else None
+        )
 
     @hookimpl
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
@@ -467,7 +606,8 @@ class GliteBackend(Plugin):
         if result.local_fault:
             return local_io_failure(result.local_fault)
         expected = {OPERATION_LIST_MATCH: "CE list", "Job Status": "job status"}.get(
-            result.operation, "job id")
+            result.operation, "job id"
+        )
         return classify(result.command, self.rules, result.message, expected=expected)
 
 
@@ -509,6 +649,7 @@ def remove_leftover_jdls(folder: Path) -> list[Path]:
             entry.unlink()
             removed.append(entry)
     if removed:
-        logger.info("removed {} JDL file(s) left in {} by a director that was killed",
-                    len(removed), folder)
+        logger.info(
+            "removed {} JDL file(s) left in {} by a director that was killed", len(removed), folder
+        )
     return removed

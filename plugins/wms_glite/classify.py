@@ -57,20 +57,31 @@ class _Pattern:
 # and an auth failure is often followed by a generic "Unable to ..." line.
 BUILTIN_PATTERNS: tuple[_Pattern, ...] = (
     _Pattern("overload", re.compile(r"System load is too high", re.I), "server overloaded"),
-    _Pattern("drained", re.compile(r"temporarily drained|Unavailable service", re.I),
-             "server drained"),
-    _Pattern("auth", re.compile(
-        r"Proxy File Not Found|No path to valid proxy|Unable to delegate the credential|"
-        r"proxy (?:has )?expired|Proxy certificate|delegation.*(?:failed|not found|expired)|"
-        r"credential.*(?:expired|not valid|invalid)|Authentication failed|"
-        r"not authori[sz]ed|Authori[sz]ation (?:error|failed)", re.I),
-             "credential problem"),
-    _Pattern("unreachable", re.compile(
-        r"Unable to contact any specified en[d]?point|WMProxy unreachable|"
-        r"may be down \(or wrong server name\)|Connection refused|Couldn't resolve host|"
-        r"Could not resolve host|No route to host|Connection timed out|Network is unreachable|"
-        r"couldn't connect|SSL connect error", re.I),
-             "server unreachable"),
+    _Pattern(
+        "drained", re.compile(r"temporarily drained|Unavailable service", re.I), "server drained"
+    ),
+    _Pattern(
+        "auth",
+        re.compile(
+            r"Proxy File Not Found|No path to valid proxy|Unable to delegate the credential|"
+            r"proxy (?:has )?expired|Proxy certificate|delegation.*(?:failed|not found|expired)|"
+            r"credential.*(?:expired|not valid|invalid)|Authentication failed|"
+            r"not authori[sz]ed|Authori[sz]ation (?:error|failed)",
+            re.I,
+        ),
+        "credential problem",
+    ),
+    _Pattern(
+        "unreachable",
+        re.compile(
+            r"Unable to contact any specified en[d]?point|WMProxy unreachable|"
+            r"may be down \(or wrong server name\)|Connection refused|Couldn't resolve host|"
+            r"Could not resolve host|No route to host|Connection timed out|Network is unreachable|"
+            r"couldn't connect|SSL connect error",
+            re.I,
+        ),
+        "server unreachable",
+    ),
 )
 
 
@@ -138,21 +149,34 @@ def classify(
     """
     if command is None:
         # nothing ran, so no server is to blame: it stays in rotation
-        return KINDS["config"].failure(_clip(message or "the request could not be prepared"), exclude=False)
+        return KINDS["config"].failure(
+            _clip(message or "the request could not be prepared"), exclude=False
+        )
     for rule in rules:
         if rule.returncode is not None and command.returncode != rule.returncode:
             continue
         line = first_line_matching(_streams(command, rule.stream), rule.pattern)
         if line is not None:
-            return Failure(rule.kind, exclude=rule.exclude, notify=rule.notify,
-                           transient=rule.transient, reason=f"site rule: {_quote(line)}")
+            return Failure(
+                rule.kind,
+                exclude=rule.exclude,
+                notify=rule.notify,
+                transient=rule.transient,
+                reason=f"site rule: {_quote(line)}",
+            )
     if command.launch_error is not None:
-        return KINDS["launch"].failure(_clip(f"could not start {command.argv[0] if command.argv else 'command'}: "
-                                             f"{command.launch_error}"))
+        return KINDS["launch"].failure(
+            _clip(
+                f"could not start {command.argv[0] if command.argv else 'command'}: "
+                f"{command.launch_error}"
+            )
+        )
     if command.timed_out:
         said = last_line(command.stdout) or last_line(command.stderr)
         tail = f"; last output: {_quote(said)}" if said else "; no output"
-        return KINDS["timeout"].failure(_clip(f"timed out after {command.duration:.1f} s and was killed{tail}"))
+        return KINDS["timeout"].failure(
+            _clip(f"timed out after {command.duration:.1f} s and was killed{tail}")
+        )
     combined = f"{command.stderr}\n{command.stdout}"
     for pattern in BUILTIN_PATTERNS:
         line = _telling_line(combined, pattern.regex)
@@ -160,8 +184,9 @@ def classify(
             return KINDS[pattern.kind].failure(f"{pattern.label}: {_quote(line)}")
     if command.returncode == 255:
         said = _first_error_line(command, fallback_first=True)
-        return KINDS["usage"].failure(f"usage error (exit 255): {_quote(said)}" if said else
-                                      "usage error (exit 255)")
+        return KINDS["usage"].failure(
+            f"usage error (exit 255): {_quote(said)}" if said else "usage error (exit 255)"
+        )
     if command.returncode == 0:
         said = last_line(command.stdout)
         detail = f"; last line: {_quote(said)}" if said else "; no output"

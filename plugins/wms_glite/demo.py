@@ -55,10 +55,19 @@ FLEET: dict[str, tuple[dict[str, Any], str]] = {
     "wms07.example.org": ({"behaviour": "drained", "latency": 0.1}, "drained"),
     "wms08.example.org": ({"behaviour": "hang_before_print"}, "hangs"),
     "wms09.example.org": ({"behaviour": "error", "latency": 0.2}, "failing"),
-    "wms10.example.org": ({"behaviour": "flapping", "every": 4, "fail_as": "unreachable", "latency": 0.2},
-                          "flapping"),
-    "wms11.example.org": ({"behaviour": "slow_then_recover", "calls": 3, "fail_as": "print_then_hang",
-                           "latency": 0.3}, "hangs, then recovers"),
+    "wms10.example.org": (
+        {"behaviour": "flapping", "every": 4, "fail_as": "unreachable", "latency": 0.2},
+        "flapping",
+    ),
+    "wms11.example.org": (
+        {
+            "behaviour": "slow_then_recover",
+            "calls": 3,
+            "fail_as": "print_then_hang",
+            "latency": 0.3,
+        },
+        "hangs, then recovers",
+    ),
 }
 
 
@@ -89,40 +98,63 @@ def start_token_daemon(folder: Path) -> tuple[Any, dict[str, Any]]:
     key.write_text(secrets.token_hex(16) + "\n", encoding="utf-8")
     key.chmod(0o600)
     address = f"127.0.0.1:{_free_port()}"
-    daemon = start_proxyd(folder, {"policies": REMOTE_POLICY, "token_wait_time": 15,
-                                   "tcp": address, "key": {"file": str(key)}})
-    return daemon, {"hosts": [{"name": "demo-proxyd", "address": address}],
-                    "key": {"file": str(key)}}
+    daemon = start_proxyd(
+        folder,
+        {
+            "policies": REMOTE_POLICY,
+            "token_wait_time": 15,
+            "tcp": address,
+            "key": {"file": str(key)},
+        },
+    )
+    return daemon, {
+        "hosts": [{"name": "demo-proxyd", "address": address}],
+        "key": {"file": str(key)},
+    }
 
 
-def build_site(folder: Path, duration: float, admission: str = "none",
-               proxyd: dict[str, Any] | None = None) -> Path:
+def build_site(
+    folder: Path, duration: float, admission: str = "none", proxyd: dict[str, Any] | None = None
+) -> Path:
     """Write the stand-ins, the scenario and the site config into ``folder``."""
     bin_dir = install_commands(folder / "bin")
-    scenario = write_scenario(folder / "scenario.json", {
-        "state_dir": str(folder / "sim-state"),
-        "calls_log": str(folder / "calls.jsonl"),
-        "default": {"behaviour": "healthy", "hang": 600},
-        "hosts": {host: {**spec, "pilots": pilots_spec(host)} for host, (spec, _) in FLEET.items()},
-    })
+    scenario = write_scenario(
+        folder / "scenario.json",
+        {
+            "state_dir": str(folder / "sim-state"),
+            "calls_log": str(folder / "calls.jsonl"),
+            "default": {"behaviour": "healthy", "hang": 600},
+            "hosts": {
+                host: {**spec, "pilots": pilots_spec(host)} for host, (spec, _) in FLEET.items()
+            },
+        },
+    )
     (folder / "sim-state").mkdir(exist_ok=True)
     config = {
         "director": {
-            "cycle_seconds": 4, "max_threads": 16, "command_timeout": 3,
-            "failing_expiry": 12, "ticket_expiry": 12, "state_dir": str(folder / "state"),
+            "cycle_seconds": 4,
+            "max_threads": 16,
+            "command_timeout": 3,
+            "failing_expiry": 12,
+            "ticket_expiry": 12,
+            "state_dir": str(folder / "state"),
             "pilots": DIRECTOR_PILOTS,
         },
         "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
-        "backends": {"wms_glite": {
-            "servers": list(FLEET),
-            "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
-                         "list_match": str(bin_dir / "glite-wms-job-list-match"),
-                         "status": str(bin_dir / "glite-wms-job-status"),
-                         "cancel": str(bin_dir / "glite-wms-job-cancel")},
-            "list_match": False,
-            "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
-            "vo": "demo",
-        }},
+        "backends": {
+            "wms_glite": {
+                "servers": list(FLEET),
+                "commands": {
+                    "submit": str(bin_dir / "glite-wms-job-submit"),
+                    "list_match": str(bin_dir / "glite-wms-job-list-match"),
+                    "status": str(bin_dir / "glite-wms-job-status"),
+                    "cancel": str(bin_dir / "glite-wms-job-cancel"),
+                },
+                "list_match": False,
+                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
+                "vo": "demo",
+            }
+        },
         "demand": {"static": {"wms_glite": 40}},
         # A site keeps the seed's uniform random choice (the default). The demo goes round-robin
         # so that every one of its eleven behaviours is met in the first iteration, whatever the
@@ -132,22 +164,26 @@ def build_site(folder: Path, duration: float, admission: str = "none",
     }
     if admission == "remote":
         config["proxyd"] = dict(proxyd or {})
-        config["admission"] = {"lsf_proxy": {"mode": "remote", "user": "demo-director",
-                                             "notoken_ntries": 1}}
+        config["admission"] = {
+            "lsf_proxy": {"mode": "remote", "user": "demo-director", "notoken_ntries": 1}
+        }
     elif admission == "local":
         config["admission"] = {"lsf_proxy": {"mode": "local", "max": LOCAL_MAX}}
     path = folder / "site.yaml"
-    header = (f"# Written by `gridgate demo`: 11 simulated WMS servers, time compressed\n"
-              f"# (failing cache {config['director']['failing_expiry']} s instead of 1 h). "
-              f"Run for {duration:.0f} s.\n")
+    header = (
+        f"# Written by `gridgate demo`: 11 simulated WMS servers, time compressed\n"
+        f"# (failing cache {config['director']['failing_expiry']} s instead of 1 h). "
+        f"Run for {duration:.0f} s.\n"
+    )
     path.write_text(header + yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
 
-def run_demo(folder: Path, duration: float, echo: Any = click.echo,
-             admission: str = "remote") -> dict[str, Any]:
+def run_demo(
+    folder: Path, duration: float, echo: Any = click.echo, admission: str = "remote"
+) -> dict[str, Any]:
     """Run the director for about ``duration`` seconds; return the figures shown."""
-    daemon, proxyd = (start_token_daemon(folder) if admission == "remote" else (None, None))
+    daemon, proxyd = start_token_daemon(folder) if admission == "remote" else (None, None)
     try:
         return _run(folder, duration, echo, admission, proxyd, daemon)
     finally:
@@ -165,13 +201,22 @@ def _admission_figures(mode: str, plugin: Any, daemon: Any) -> dict[str, Any]:
         return out
     for key, stats in plugin.stats().items():
         out["servers"][key.split("/", 1)[-1]] = {
-            "granted": stats.granted, "waited": stats.waited,
-            "wait_s": round(stats.wait_seconds, 1), "refused": stats.refused}
+            "granted": stats.granted,
+            "waited": stats.waited,
+            "wait_s": round(stats.wait_seconds, 1),
+            "refused": stats.refused,
+        }
     return out
 
 
-def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[str, Any] | None,
-         daemon: Any) -> dict[str, Any]:
+def _run(
+    folder: Path,
+    duration: float,
+    echo: Any,
+    admission: str,
+    proxyd: dict[str, Any] | None,
+    daemon: Any,
+) -> dict[str, Any]:
     config_path = build_site(folder, duration, admission, proxyd)
     config = load_config(config_path)
     watch = _Watch()
@@ -183,26 +228,35 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
         counts = Counter(r.outcome for r in summary.records)
         pilots = sum(r.pilots for r in summary.records if r.outcome == "submitted")
         excluded = ", ".join(k.split("/", 1)[1].split(".")[0] for k in summary.excluded) or "-"
-        echo(f"  iteration {summary.number:>2}  {summary.duration:5.1f} s  submitted {pilots:>3}  "
-             f"failed {counts['failed']:>2}  skipped {counts['skipped']:>2}  excluded now: {excluded}",
-             err=True)
+        echo(
+            f"  iteration {summary.number:>2}  {summary.duration:5.1f} s  submitted {pilots:>3}  "
+            f"failed {counts['failed']:>2}  skipped {counts['skipped']:>2}  excluded now: {excluded}",
+            err=True,
+        )
         for line in aborted_lines(summary):
             echo(line, err=True)
         if time.monotonic() >= deadline:
             director.stop()
 
-    behind = {"remote": f"a token daemon ({REMOTE_POLICY})",
-              "local": f"in-process tokens (max {LOCAL_MAX} per server)", "none": "no admission"}
-    echo(f"gridgate demo: 11 simulated WMS servers, ~{duration:.0f} s, submissions behind "
-         f"{behind[admission]}, work folder {folder}", err=True)
+    behind = {
+        "remote": f"a token daemon ({REMOTE_POLICY})",
+        "local": f"in-process tokens (max {LOCAL_MAX} per server)",
+        "none": "no admission",
+    }
+    echo(
+        f"gridgate demo: 11 simulated WMS servers, ~{duration:.0f} s, submissions behind "
+        f"{behind[admission]}, work folder {folder}",
+        err=True,
+    )
     try:
         director.run(on_iteration=progress)
     finally:
         elapsed = time.monotonic() - started
         rows = director.state.records(ACCOUNTING)
         tracked = tracked_states(director)
-        figures = _admission_figures(admission, director.pm.get_plugin("admission:lsf_proxy"),
-                                     daemon)
+        figures = _admission_figures(
+            admission, director.pm.get_plugin("admission:lsf_proxy"), daemon
+        )
         director.close()
     result = summarise(rows, watch.notes, elapsed, folder)
     result["pilot_states"] = tracked
@@ -213,7 +267,9 @@ def _run(folder: Path, duration: float, echo: Any, admission: str, proxyd: dict[
     return result
 
 
-def summarise(rows: list[dict[str, Any]], notes: list[Notification], elapsed: float, folder: Path) -> dict[str, Any]:
+def summarise(
+    rows: list[dict[str, Any]], notes: list[Notification], elapsed: float, folder: Path
+) -> dict[str, Any]:
     def blank() -> dict[str, Any]:
         return {"submitted": 0, "failures": Counter(), "errors": 0, "alarms": 0}
 
@@ -233,9 +289,16 @@ def summarise(rows: list[dict[str, Any]], notes: list[Notification], elapsed: fl
     pilots = sum(r["pilots"] for r in rows if r["outcome"] == "submitted")
     skipped = sum(1 for r in rows if r["outcome"] == "skipped")
     return {
-        "servers": {host: {"expect": FLEET.get(host, ({}, "?"))[1], "submitted": v["submitted"],
-                           "failures": dict(v["failures"]), "errors": v["errors"], "alarms": v["alarms"]}
-                    for host, v in sorted(per.items())},
+        "servers": {
+            host: {
+                "expect": FLEET.get(host, ({}, "?"))[1],
+                "submitted": v["submitted"],
+                "failures": dict(v["failures"]),
+                "errors": v["errors"],
+                "alarms": v["alarms"],
+            }
+            for host, v in sorted(per.items())
+        },
         "pilots": pilots,
         "skipped": skipped,
         "elapsed_s": round(elapsed, 1),
@@ -256,13 +319,20 @@ def render(result: dict[str, Any]) -> str:
         "-" * width,
     ]
     for host in FLEET:
-        row = result["servers"].get(host, {"expect": FLEET[host][1], "submitted": 0, "failures": {}, "errors": 0, "alarms": 0})
+        row = result["servers"].get(
+            host,
+            {"expect": FLEET[host][1], "submitted": 0, "failures": {}, "errors": 0, "alarms": 0},
+        )
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(row["failures"].items())) or "-"
         line = f"{host:<20}{row['expect']:<22}{row['submitted']:>7}  {kinds:<34}{row['errors']:>7}{row['alarms']:>7}"
         if gated:
-            tokens = admission["servers"].get(host, {"granted": 0, "waited": 0, "wait_s": 0.0, "refused": 0})
-            line += (f"{tokens['granted']:>8}{tokens['waited']:>8}{tokens['wait_s']:>8.1f}"
-                     f"{tokens['refused']:>8}")
+            tokens = admission["servers"].get(
+                host, {"granted": 0, "waited": 0, "wait_s": 0.0, "refused": 0}
+            )
+            line += (
+                f"{tokens['granted']:>8}{tokens['waited']:>8}{tokens['wait_s']:>8.1f}"
+                f"{tokens['refused']:>8}"
+            )
         lines.append(line)
     lines += [
         "-" * width,
@@ -280,22 +350,35 @@ def render(result: dict[str, Any]) -> str:
 
 def _admission_line(admission: dict[str, Any], refused: int) -> str:
     if admission["mode"] == "remote":
-        return (f"admission: every submission took a token from lsfproxyd ({admission['policy']}, "
-                f"{admission['daemon']}); {refused} refused (counted, never escalated)")
+        return (
+            f"admission: every submission took a token from lsfproxyd ({admission['policy']}, "
+            f"{admission['daemon']}); {refused} refused (counted, never escalated)"
+        )
     if admission["mode"] == "local":
-        return (f"admission: in-process tokens, at most {admission['max_per_server']} submissions "
-                f"in flight per server; {refused} refused (counted, never escalated)")
+        return (
+            f"admission: in-process tokens, at most {admission['max_per_server']} submissions "
+            f"in flight per server; {refused} refused (counted, never escalated)"
+        )
     return "admission: none (every submission went ahead)"
 
 
 @click.command("demo")
 @click.option("--duration", default=60.0, show_default=True, help="Seconds to run the director.")
-@click.option("--dir", "folder", type=click.Path(file_okay=False), help="Work folder (default: a new temporary one).")
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False),
+    help="Work folder (default: a new temporary one).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-@click.option("--admission", type=click.Choice(["remote", "local", "none"]), default="remote",
-              show_default=True,
-              help="Submissions take tokens from a token daemon started for the demo (remote), "
-                   "from an in-process per-server policy (local), or none.")
+@click.option(
+    "--admission",
+    type=click.Choice(["remote", "local", "none"]),
+    default="remote",
+    show_default=True,
+    help="Submissions take tokens from a token daemon started for the demo (remote), "
+    "from an in-process per-server policy (local), or none.",
+)
 def demo_command(duration: float, folder: str | None, as_json: bool, admission: str) -> None:
     """Run the director against 11 simulated WMS servers (no config, no network)."""
     work = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="gridgate-demo-"))

@@ -25,8 +25,11 @@ ABORTING = "wms04.example.org"
 #: Seconds in each state on the demo's servers (the real grid: minutes to hours).
 STAGES = {"submitted": 0.5, "waiting": 1.0, "ready": 0.5, "scheduled": 0.5, "running": 3.0}
 HEALTHY: Mapping[str, Any] = {**STAGES, "outcome": {"done": 9, "exit": 1}, "exit_code": 1}
-ABORTS: Mapping[str, Any] = {**STAGES, "outcome": "aborted",
-                             "reason": "Cannot plan: BrokerHelper: no compatible resources"}
+ABORTS: Mapping[str, Any] = {
+    **STAGES,
+    "outcome": "aborted",
+    "reason": "Cannot plan: BrokerHelper: no compatible resources",
+}
 COLUMNS = ("waiting", "running", "done", "failed")
 #: ``director.pilots`` of the demo: a verdict on 5 finished pilots instead of 10, since an
 #: iteration brings each server about 6 (a site keeps the defaults).
@@ -80,7 +83,11 @@ def left_rotation(notes: Any) -> dict[str, str]:
     """Servers the director took out of rotation because their pilots failed."""
     out: dict[str, str] = {}
     for note in notes:
-        if note.endpoint is not None and note.failure is not None and note.failure.kind == "aborted":
+        if (
+            note.endpoint is not None
+            and note.failure is not None
+            and note.failure.kind == "aborted"
+        ):
             out[note.endpoint.name] = "left rotation: its pilots abort"
     return out
 
@@ -88,23 +95,33 @@ def left_rotation(notes: Any) -> dict[str, str]:
 def aborted_lines(summary: Any) -> list[str]:
     """Progress lines for servers an iteration took out of rotation for aborting pilots."""
     pilots = getattr(summary, "pilots", None) or {}
-    return [f"    {key.split('/', 1)[-1]}: its last finished pilots failed; out of rotation"
-            for key in pilots.get("aborted") or ()]
+    return [
+        f"    {key.split('/', 1)[-1]}: its last finished pilots failed; out of rotation"
+        for key in pilots.get("aborted") or ()
+    ]
 
 
-def render_pilots(states: Mapping[str, Mapping[str, int]], hosts: list[str],
-                  out_of_rotation: Mapping[str, str] | None = None) -> list[str]:
+def render_pilots(
+    states: Mapping[str, Mapping[str, int]],
+    hosts: list[str],
+    out_of_rotation: Mapping[str, str] | None = None,
+) -> list[str]:
     """The table lines: one row per server that accepted pilots."""
     out_of_rotation = out_of_rotation or {}
-    lines = ["", "What became of the pilots (the director's registry, as last polled):",
-             f"{'server':<20}{'waiting':>9}{'running':>9}{'done':>9}{'failed':>9}  note",
-             "-" * 72]
+    lines = [
+        "",
+        "What became of the pilots (the director's registry, as last polled):",
+        f"{'server':<20}{'waiting':>9}{'running':>9}{'done':>9}{'failed':>9}  note",
+        "-" * 72,
+    ]
     for host in hosts:
         row = states.get(host)
         if not row:
             continue
         note = out_of_rotation.get(host, "")
-        lines.append(f"{host:<20}" + "".join(f"{row[c]:>9}" for c in COLUMNS) + (f"  {note}" if note else ""))
+        lines.append(
+            f"{host:<20}" + "".join(f"{row[c]:>9}" for c in COLUMNS) + (f"  {note}" if note else "")
+        )
     return lines
 
 

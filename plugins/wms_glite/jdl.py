@@ -22,9 +22,22 @@ _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 RESERVED = frozenset(
     name.lower()
     for name in (
-        "Type", "JobType", "Executable", "Arguments", "StdOutput", "StdError", "InputSandbox",
-        "OutputSandbox", "Requirements", "Rank", "VirtualOrganisation", "RetryCount",
-        "ShallowRetryCount", "Parameters", "ParameterStep", "ParameterStart",
+        "Type",
+        "JobType",
+        "Executable",
+        "Arguments",
+        "StdOutput",
+        "StdError",
+        "InputSandbox",
+        "OutputSandbox",
+        "Requirements",
+        "Rank",
+        "VirtualOrganisation",
+        "RetryCount",
+        "ShallowRetryCount",
+        "Parameters",
+        "ParameterStep",
+        "ParameterStart",
     )
 )
 
@@ -148,7 +161,10 @@ def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
         lines.append(("VirtualOrganisation", quote(config["vo"], "vo")))
     lines.append(("RetryCount", literal(int(config.get("retry_count", 0)), "retry_count")))
     lines.append(
-        ("ShallowRetryCount", literal(int(config.get("shallow_retry_count", 0)), "shallow_retry_count"))
+        (
+            "ShallowRetryCount",
+            literal(int(config.get("shallow_retry_count", 0)), "shallow_retry_count"),
+        )
     )
     if request.count > 1:
         lines += [

@@ -30,8 +30,17 @@ from typing import Any
 from gridgate.core.model import CancelResult, CommandResult, Endpoint, JobStatus, StatusResult
 
 __all__ = [
-    "JobBlock", "StatusOutput", "CancelOutput", "parse_status", "parse_cancel", "normalise",
-    "status_result", "cancel_result", "write_id_file", "OPERATION_STATUS", "OPERATION_CANCEL",
+    "JobBlock",
+    "StatusOutput",
+    "CancelOutput",
+    "parse_status",
+    "parse_cancel",
+    "normalise",
+    "status_result",
+    "cancel_result",
+    "write_id_file",
+    "OPERATION_STATUS",
+    "OPERATION_CANCEL",
 ]
 
 OPERATION_STATUS = "Job Status"
@@ -43,7 +52,8 @@ _ID = r"https://[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?:9000/[A-Za-z0-9_-]+"
 _ID_LINE_RE = re.compile(rf"^(?P<indent>\s*)Status info for the Job\s*:\s*(?P<id>{_ID})\s*$")
 _FIELD_RE = re.compile(
     r"^\s*(?P<label>Current Status|Exit code|Status Reason|Destination|Submitted|Parent Job|"
-    r"Node Name)\s*:\s?(?P<value>.*)$")
+    r"Node Name)\s*:\s?(?P<value>.*)$"
+)
 _LOGGED_RE = re.compile(r"^\s*Logged Reason\(s\)\s*:\s*$")
 _LOGGED_ITEM_RE = re.compile(r"^\s+-\s?(?P<reason>.*)$")
 _NODES_RE = re.compile(r"^\s*-\s*Nodes information")
@@ -51,14 +61,23 @@ _RULE_RE = re.compile(r"^\s*=+(?:\s.*\s=+)?\s*$")
 _DONE_RE = re.compile(r"^Done\s*\((?P<code>.*)\)$")
 _UNRETRIEVABLE_RE = re.compile(rf"Unable to retrieve the status for:\s*(?P<id>{_ID})")
 #: What the bookkeeping server says of an id it never knew (ENOENT) or already purged (EIDRM).
-GONE_RE = re.compile(r"no matching jobs found|matching job already purged|Identifier removed|"
-                     r"No such file or directory", re.I)
+GONE_RE = re.compile(
+    r"no matching jobs found|matching job already purged|Identifier removed|"
+    r"No such file or directory",
+    re.I,
+)
 _LOG_FILE_RE = re.compile(r"\*\*\* Log file created \*\*\*", re.I)
 
 #: Native state (first word) -> core state; ``Done`` is decided with its suffix.
 STATES: Mapping[str, str] = {
-    "submitted": "waiting", "waiting": "waiting", "ready": "waiting", "scheduled": "waiting",
-    "running": "running", "cleared": "done", "aborted": "failed", "cancelled": "cancelled",
+    "submitted": "waiting",
+    "waiting": "waiting",
+    "ready": "waiting",
+    "scheduled": "waiting",
+    "running": "running",
+    "cleared": "done",
+    "aborted": "failed",
+    "cancelled": "cancelled",
     "unknown": "unknown",
 }
 #: States after which the job is gone from the server's point of view.
@@ -157,14 +176,20 @@ def parse_status(stdout: str, stderr: str = "") -> StatusOutput:
         if "Current Status" not in data:
             continue  # an id line cut short: nothing known about it
         out[job_id] = JobBlock(
-            job_id=job_id, native=data["Current Status"], reason=data.get("Status Reason", ""),
-            exit_code=_int(data.get("Exit code", "")), destination=data.get("Destination", ""),
-            submitted=data.get("Submitted", ""), logged_reasons=tuple(data["logged"]),
-            parent=data["parent"])
+            job_id=job_id,
+            native=data["Current Status"],
+            reason=data.get("Status Reason", ""),
+            exit_code=_int(data.get("Exit code", "")),
+            destination=data.get("Destination", ""),
+            submitted=data.get("Submitted", ""),
+            logged_reasons=tuple(data["logged"]),
+            parent=data["parent"],
+        )
         if data["parent"]:
             children.setdefault(data["parent"], []).append(job_id)
-    return StatusOutput(out, {k: tuple(v) for k, v in children.items()},
-                        _unretrievable(f"{stdout}\n{stderr}"))
+    return StatusOutput(
+        out, {k: tuple(v) for k, v in children.items()}, _unretrievable(f"{stdout}\n{stderr}")
+    )
 
 
 def _unretrievable(text: str) -> dict[str, str]:
@@ -175,8 +200,14 @@ def _unretrievable(text: str) -> dict[str, str]:
         match = _UNRETRIEVABLE_RE.search(line)
         if not match:
             continue
-        message = next((ln.strip() for ln in lines[index + 1:index + 3]
-                        if ln.strip() and not _UNRETRIEVABLE_RE.search(ln)), "")
+        message = next(
+            (
+                ln.strip()
+                for ln in lines[index + 1 : index + 3]
+                if ln.strip() and not _UNRETRIEVABLE_RE.search(ln)
+            ),
+            "",
+        )
         found.setdefault(match.group("id"), message)
     return found
 
@@ -202,15 +233,22 @@ def job_status(block: JobBlock) -> JobStatus | None:
     if state is None:
         return None
     reason = block.reason or (block.logged_reasons[-1] if block.logged_reasons else "")
-    return JobStatus(block.job_id, state, native=block.native, reason=reason,  # type: ignore[arg-type]
-                     exit_code=block.exit_code)
+    return JobStatus(
+        block.job_id,
+        state,
+        native=block.native,
+        reason=reason,  # type: ignore[arg-type]
+        exit_code=block.exit_code,
+    )
 
 
 def status_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResult) -> StatusResult:
     """The :class:`StatusResult` of one bulk status command for the ids ``asked``."""
+
     def failed(message: str) -> StatusResult:
-        return StatusResult(endpoint, ok=False, command=command, operation=OPERATION_STATUS,
-                            message=message)
+        return StatusResult(
+            endpoint, ok=False, command=command, operation=OPERATION_STATUS, message=message
+        )
 
     if command.launch_error is not None or command.timed_out:
         return failed(command.describe())
@@ -218,8 +256,14 @@ def status_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResu
         # The ids past the cut would look unknown (and become lost): no answer is safer, and
         # the cut is gridgate's, not the server's (query_pilots splits so that it seldom is).
         message = cap_message(len(command.stdout.encode()), len(asked))
-        return StatusResult(endpoint, ok=False, command=command, operation=OPERATION_STATUS,
-                            message=message, local_fault=message)
+        return StatusResult(
+            endpoint,
+            ok=False,
+            command=command,
+            operation=OPERATION_STATUS,
+            message=message,
+            local_fault=message,
+        )
     parsed = parse_status(command.stdout, command.stderr)
     statuses = {}
     for job_id, block in parsed.blocks.items():
@@ -242,8 +286,9 @@ def status_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResu
             return failed(f"exit code 1: {'; '.join(r for r in reasons if r)[:300]}")
     else:
         return failed(command.describe())
-    return StatusResult(endpoint, ok=True, statuses=statuses, command=command,
-                        operation=OPERATION_STATUS)
+    return StatusResult(
+        endpoint, ok=True, statuses=statuses, command=command, operation=OPERATION_STATUS
+    )
 
 
 def _last_line(command: CommandResult) -> str:
@@ -278,7 +323,7 @@ def parse_cancel(stdout: str, stderr: str = "", asked: Sequence[str] = ()) -> Ca
     stderr = stderr if isinstance(stderr, str) else ""
     cancelled: list[str] = []
     if _CANCEL_BANNER_RE.search(stdout):
-        after = stdout[_CANCEL_BANNER_RE.search(stdout).end():]  # type: ignore[union-attr]
+        after = stdout[_CANCEL_BANNER_RE.search(stdout).end() :]  # type: ignore[union-attr]
         cancelled = [m.group("id") for m in map(_CANCELLED_RE.match, after.splitlines()) if m]
     finished: list[str] = []
     lines = f"{stderr}\n{stdout}".splitlines()
@@ -287,8 +332,9 @@ def parse_cancel(stdout: str, stderr: str = "", asked: Sequence[str] = ()) -> Ca
         if not refused:
             continue
         job_id = refused.group("id") or (asked[0] if len(asked) == 1 else None)
-        state = next((m.group("state") for m in map(_CURRENT_RE.search, lines[index:index + 3])
-                      if m), "")
+        state = next(
+            (m.group("state") for m in map(_CURRENT_RE.search, lines[index : index + 3]) if m), ""
+        )
         if job_id and FINISHED.match(state) and not state.lower().startswith("done(failed"):
             finished.append(job_id)
     return CancelOutput(tuple(dict.fromkeys(cancelled)), tuple(dict.fromkeys(finished)))
@@ -300,9 +346,14 @@ def cancel_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResu
     parsed = parse_cancel(command.stdout, command.stderr, asked)
     done = tuple(j for j in dict.fromkeys((*parsed.cancelled, *parsed.finished)) if j in set(asked))
     ok = command.ok or (command.returncode == 1 and bool(asked) and set(done) == set(asked))
-    return CancelResult(endpoint, ok=ok, cancelled=done, command=command,
-                        operation=OPERATION_CANCEL,
-                        message="" if ok else command.describe() + f": {_last_line(command)}"[:300])
+    return CancelResult(
+        endpoint,
+        ok=ok,
+        cancelled=done,
+        command=command,
+        operation=OPERATION_CANCEL,
+        message="" if ok else command.describe() + f": {_last_line(command)}"[:300],
+    )
 
 
 # --- running the commands ------------------------------------------------------------------------
@@ -317,9 +368,11 @@ MAX_HALVINGS = 12
 
 def cap_message(max_output: int, ids: int) -> str:
     """What a cut output is: gridgate's own cap, not anything the server did."""
-    return (f"the status output for {ids} id(s) passed gridgate's own output cap "
-            f"(director.max_output_bytes = {max_output}) and was cut by gridgate, not by the "
-            "server; raise director.max_output_bytes")
+    return (
+        f"the status output for {ids} id(s) passed gridgate's own output cap "
+        f"(director.max_output_bytes = {max_output}) and was cut by gridgate, not by the "
+        "server; raise director.max_output_bytes"
+    )
 
 
 #: Id files are named ``gridgate-ids-<pid>-<random>.txt``: the pid says whose they are, so the
@@ -361,9 +414,16 @@ def remove_leftover_id_files(folder: Path) -> list[Path]:
     return removed
 
 
-def run_with_ids(argv: Sequence[str], job_ids: Sequence[str], timeout: float, *,
-                 env: Mapping[str, str] | None, max_output: int,
-                 work_dir: str | os.PathLike[str], private: bool = False) -> CommandResult | str:
+def run_with_ids(
+    argv: Sequence[str],
+    job_ids: Sequence[str],
+    timeout: float,
+    *,
+    env: Mapping[str, str] | None,
+    max_output: int,
+    work_dir: str | os.PathLike[str],
+    private: bool = False,
+) -> CommandResult | str:
     """Run ``argv + ["-i", FILE]`` with the ids in a private file in ``work_dir`` (created
     0700 when ``private``); a str says why nothing was run: this machine could not write the
     file (the folder and the OS error), a local fault."""
@@ -392,8 +452,9 @@ def write_id_file(job_ids: Iterable[str], work_dir: str | os.PathLike[str]) -> s
 
     :raises OSError: the file cannot be created or written.
     """
-    fd, path = tempfile.mkstemp(prefix=f"gridgate-ids-{os.getpid()}-", suffix=".txt",
-                                dir=os.fspath(work_dir))
+    fd, path = tempfile.mkstemp(
+        prefix=f"gridgate-ids-{os.getpid()}-", suffix=".txt", dir=os.fspath(work_dir)
+    )
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write("".join(f"{job_id}\n" for job_id in job_ids))
@@ -413,9 +474,10 @@ def sibling_commands(submit: str, configured: Mapping[str, str]) -> dict[str, st
     """The tracking commands not configured: beside ``submit`` when it is a path (a UI in
     ``$GLITE_LOCATION/bin``), else their names, looked up on PATH."""
     folder = os.path.dirname(submit)
-    return {key: configured.get(key) or (os.path.join(folder, name) if folder else name)
-            for key, name in TRACKING_COMMANDS.items()}
-
+    return {
+        key: configured.get(key) or (os.path.join(folder, name) if folder else name)
+        for key, name in TRACKING_COMMANDS.items()
+    }
 
 
 def _base_argv(backend: Any, which: str) -> list[str]:
@@ -427,8 +489,9 @@ def _base_argv(backend: Any, which: str) -> list[str]:
     return argv
 
 
-def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
-                 timeout: float) -> StatusResult:
+def query_pilots(
+    backend: Any, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+) -> StatusResult:
     """``gridgate_job_status`` of the gLite backend: the ids split so that each command's
     output fits ``max_output_bytes`` (one command up to ``max_output_bytes //
     STATUS_BYTES_PER_JOB`` ids); an output cut all the same is asked again in halves. A cut
@@ -440,7 +503,7 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
         return StatusResult(endpoint, ok=True, commands=0, operation=OPERATION_STATUS)
     max_output = int(backend.context.max_output_bytes)
     per_command = max(1, max_output // STATUS_BYTES_PER_JOB)
-    pending = [(ids[i:i + per_command], 0) for i in range(0, len(ids), per_command)]
+    pending = [(ids[i : i + per_command], 0) for i in range(0, len(ids), per_command)]
     folder, private = ids_folder(backend)
     deadline = time.monotonic() + backend._timeout(timeout)
     statuses: dict[str, JobStatus] = {}
@@ -448,12 +511,25 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
     last: CommandResult | None = None
     while pending:
         chunk, halvings = pending.pop(0)
-        outcome = run_with_ids(_base_argv(backend, "status"), chunk,
-                               max(deadline - time.monotonic(), 0.001), env=backend._env(),
-                               max_output=max_output, work_dir=folder, private=private)
+        outcome = run_with_ids(
+            _base_argv(backend, "status"),
+            chunk,
+            max(deadline - time.monotonic(), 0.001),
+            env=backend._env(),
+            max_output=max_output,
+            work_dir=folder,
+            private=private,
+        )
         if isinstance(outcome, str):
-            return StatusResult(endpoint, ok=False, commands=commands, command=last,
-                                operation=OPERATION_STATUS, message=outcome, local_fault=outcome)
+            return StatusResult(
+                endpoint,
+                ok=False,
+                commands=commands,
+                command=last,
+                operation=OPERATION_STATUS,
+                message=outcome,
+                local_fault=outcome,
+            )
         commands += 1
         last = outcome
         if outcome.stdout_truncated and not outcome.timed_out and outcome.launch_error is None:
@@ -462,27 +538,48 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
                 pending[:0] = [(chunk[:half], halvings + 1), (chunk[half:], halvings + 1)]
                 continue
             message = cap_message(max_output, len(chunk))
-            return StatusResult(endpoint, ok=False, commands=commands, command=outcome,
-                                operation=OPERATION_STATUS, message=message, local_fault=message)
+            return StatusResult(
+                endpoint,
+                ok=False,
+                commands=commands,
+                command=outcome,
+                operation=OPERATION_STATUS,
+                message=message,
+                local_fault=message,
+            )
         part = status_result(endpoint, chunk, outcome)
         if not part.ok:
             return replace(part, commands=commands)
         statuses.update(part.statuses)
-    return StatusResult(endpoint, ok=True, statuses=statuses, command=last, commands=commands,
-                        operation=OPERATION_STATUS)
+    return StatusResult(
+        endpoint,
+        ok=True,
+        statuses=statuses,
+        command=last,
+        commands=commands,
+        operation=OPERATION_STATUS,
+    )
 
 
-def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
-                  timeout: float) -> CancelResult:
+def cancel_pilots(
+    backend: Any, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+) -> CancelResult:
     """``gridgate_cancel`` of the gLite backend: ``glite-wms-job-cancel --noint -i FILE``."""
     ids = list(dict.fromkeys(str(j) for j in job_ids))
     if not ids:
         return CancelResult(endpoint, ok=True, operation=OPERATION_CANCEL)
     folder, private = ids_folder(backend)
-    outcome = run_with_ids(_base_argv(backend, "cancel"), ids, backend._timeout(timeout),
-                           env=backend._env(), max_output=backend.context.max_output_bytes,
-                           work_dir=folder, private=private)
+    outcome = run_with_ids(
+        _base_argv(backend, "cancel"),
+        ids,
+        backend._timeout(timeout),
+        env=backend._env(),
+        max_output=backend.context.max_output_bytes,
+        work_dir=folder,
+        private=private,
+    )
     if isinstance(outcome, str):
-        return CancelResult(endpoint, ok=False, operation=OPERATION_CANCEL, message=outcome,
-                            local_fault=outcome)
+        return CancelResult(
+            endpoint, ok=False, operation=OPERATION_CANCEL, message=outcome, local_fault=outcome
+        )
     return cancel_result(endpoint, ids, outcome)

@@ -49,8 +49,13 @@ class ScriptedBackend:
     process, for logic-only tests with many submissions.
     """
 
-    def __init__(self, servers: int = 3, behaviour: Mapping[str, str] | None = None,
-                 pilots_per_submission: int = 1, barrier: threading.Barrier | None = None) -> None:
+    def __init__(
+        self,
+        servers: int = 3,
+        behaviour: Mapping[str, str] | None = None,
+        pilots_per_submission: int = 1,
+        barrier: threading.Barrier | None = None,
+    ) -> None:
         self.endpoints = tuple(Endpoint(BACKEND, f"s{i}") for i in range(servers))
         self.behaviour: dict[str, str] = dict(behaviour or {})
         self.pilots_per_submission = pilots_per_submission
@@ -66,7 +71,9 @@ class ScriptedBackend:
         return BackendInfo(BACKEND, self.endpoints, self.pilots_per_submission)
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         if endpoint.backend != BACKEND:
             return None
         with self.lock:
@@ -79,7 +86,9 @@ class ScriptedBackend:
         if how == "fake-ok":
             return SubmitResult(endpoint, ok=True, job_ids=(f"job-{number}",))
         if how == "fake-fail":
-            command = CommandResult(argv=("submit", endpoint.name), returncode=1, stderr="Operation failed\n")
+            command = CommandResult(
+                argv=("submit", endpoint.name), returncode=1, stderr="Operation failed\n"
+            )
             return SubmitResult(endpoint, ok=False, command=command)
         if how == "missing":
             result = run([MISSING_PROGRAM, endpoint.name], timeout=timeout)
@@ -91,30 +100,42 @@ class ScriptedBackend:
         }[how]
         result = run([sys.executable, "-c", script], timeout=timeout, kill_grace=0.5)
         if result.ok and "JOBID" in result.stdout:
-            return SubmitResult(endpoint, ok=True, job_ids=(result.stdout.split()[-1],), command=result)
+            return SubmitResult(
+                endpoint, ok=True, job_ids=(result.stdout.split()[-1],), command=result
+            )
         return SubmitResult(endpoint, ok=False, command=result)
 
 
 class MatchingBackend(ScriptedBackend):
     """Also list-matches: servers in ``empty`` match nothing, those in ``broken`` fail."""
 
-    def __init__(self, *args: Any, empty: set[str] = frozenset(), broken: set[str] = frozenset(), **kw: Any) -> None:
+    def __init__(
+        self, *args: Any, empty: set[str] = frozenset(), broken: set[str] = frozenset(), **kw: Any
+    ) -> None:
         super().__init__(*args, **kw)
         self.empty, self.broken = set(empty), set(broken)
         self.matches = 0
 
     @hookimpl
-    def gridgate_list_match(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> ListMatchResult | None:
+    def gridgate_list_match(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> ListMatchResult | None:
         if endpoint.backend != BACKEND:
             return None
         with self.lock:
             self.matches += 1
         if endpoint.name in self.broken:
-            command = CommandResult(argv=("list-match", endpoint.name), returncode=1, stderr="Unable to perform the operation\n")
+            command = CommandResult(
+                argv=("list-match", endpoint.name),
+                returncode=1,
+                stderr="Unable to perform the operation\n",
+            )
             return ListMatchResult(endpoint, ok=False, command=command)
         if endpoint.name in self.empty:
             return ListMatchResult(endpoint, ok=True, resources=())
-        return ListMatchResult(endpoint, ok=True, resources=("ce01.example.org:8443/cream-pbs-long",))
+        return ListMatchResult(
+            endpoint, ok=True, resources=("ce01.example.org:8443/cream-pbs-long",)
+        )
 
 
 class Collector:
@@ -154,8 +175,14 @@ class TrackingBackend(ScriptedBackend):
     command that fails (exit 1), ``command`` to run a real status command
     (``status_command``: an argv prefix, the ids appended) through the runner."""
 
-    NATIVE = {"waiting": "PENDING", "running": "RUNNING", "done": "COMPLETED", "failed": "FAILED",
-              "cancelled": "CANCELLED", "unknown": "UNKNOWN"}
+    NATIVE = {
+        "waiting": "PENDING",
+        "running": "RUNNING",
+        "done": "COMPLETED",
+        "failed": "FAILED",
+        "cancelled": "CANCELLED",
+        "unknown": "UNKNOWN",
+    }
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -166,7 +193,9 @@ class TrackingBackend(ScriptedBackend):
         self.cancel_calls: list[tuple[str, tuple[str, ...]]] = []
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         if endpoint.backend != BACKEND:
             return None
         if self.behaviour.get(endpoint.name, "fake-ok") != "fake-ok":
@@ -180,8 +209,15 @@ class TrackingBackend(ScriptedBackend):
                 self.jobs[endpoint.name][ids[-1]] = ("waiting", "")
         return SubmitResult(endpoint, ok=True, job_ids=tuple(ids))
 
-    def move(self, endpoint: str, state: str, n: int | None = None, *, reason: str = "",
-             only: str | None = None) -> list[str]:
+    def move(
+        self,
+        endpoint: str,
+        state: str,
+        n: int | None = None,
+        *,
+        reason: str = "",
+        only: str | None = None,
+    ) -> list[str]:
         """Put ``n`` (default: all) jobs of ``endpoint`` (those in state ``only``, if given)
         in ``state``; ``state=None``-like ``"forget"`` drops them as a purged job would be."""
         with self.lock:
@@ -199,15 +235,20 @@ class TrackingBackend(ScriptedBackend):
             return sum(1 for s, _r in self.jobs[endpoint].values() if s == state)
 
     @hookimpl
-    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> StatusResult | None:
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
         if endpoint.backend != BACKEND:
             return None
         with self.lock:
             self.status_calls.append((endpoint.name, tuple(job_ids)))
         mode = self.status_mode.get(endpoint.name, "ok")
         if mode == "fail":
-            command = CommandResult(argv=("status", endpoint.name), returncode=1,
-                                    stderr="Error - Unable to connect to the server\n")
+            command = CommandResult(
+                argv=("status", endpoint.name),
+                returncode=1,
+                stderr="Error - Unable to connect to the server\n",
+            )
             return StatusResult(endpoint, ok=False, command=command)
         if mode == "command":
             result = run([*self.status_command, *job_ids], timeout=timeout, kill_grace=0.5)
@@ -221,12 +262,17 @@ class TrackingBackend(ScriptedBackend):
             return StatusResult(endpoint, ok=True, statuses=statuses, command=result)
         with self.lock:
             known = self.jobs[endpoint.name]
-            statuses = {j: JobStatus(j, known[j][0], native=self.NATIVE[known[j][0]], reason=known[j][1])
-                        for j in job_ids if j in known}
+            statuses = {
+                j: JobStatus(j, known[j][0], native=self.NATIVE[known[j][0]], reason=known[j][1])
+                for j in job_ids
+                if j in known
+            }
         return StatusResult(endpoint, ok=True, statuses=statuses)
 
     @hookimpl
-    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> CancelResult | None:
+    def gridgate_cancel(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> CancelResult | None:
         if endpoint.backend != BACKEND:
             return None
         with self.lock:

@@ -45,9 +45,12 @@ def test_prune_records_drops_the_rows_older_than_the_cut(kind, tmp_path, request
 def test_the_director_prunes_accounting_rows_past_keep_accounting(kind, tmp_path, request) -> None:
     clock = FakeClock(1_000_000.0)
     store = _store(kind, tmp_path, clock, request)
-    director = Director(config(servers=2, pilots=2, keep_accounting=2 * DAY), clock=clock,
-                        extra_plugins=[ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})],
-                        state=store)
+    director = Director(
+        config(servers=2, pilots=2, keep_accounting=2 * DAY),
+        clock=clock,
+        extra_plugins=[ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})],
+        state=store,
+    )
     director.run_iteration()
     first = len(store.records(ACCOUNTING))
     assert first == 2

@@ -7,7 +7,7 @@ import textwrap
 
 pytest_plugins = ["pytester"]
 
-BACKEND = '''
+BACKEND = """
 import re
 from gridgate.core import hookimpl
 from gridgate.core.model import BackendInfo, Endpoint, Failure, SubmitResult
@@ -44,16 +44,16 @@ class TestContract(BackendContract):
 
     def section(self, program, tmp_path):
         return {"program": program}
-'''
+"""
 
 BROKEN = {
-    "Greedy": '''
+    "Greedy": """
 class Greedy(Good):
     @hookimpl
     def gridgate_submit(self, endpoint, request, timeout):  # answers for every backend
         return SubmitResult(endpoint, ok=False, message="mine")
-''',
-    "Uncapped": '''
+""",
+    "Uncapped": """
 class Uncapped(Good):
     @hookimpl
     def gridgate_submit(self, endpoint, request, timeout):
@@ -61,19 +61,20 @@ class Uncapped(Good):
             return None
         result = run([self.config["program"]], timeout)  # the site's cap not passed
         return SubmitResult(endpoint, ok=False, command=result)
-''',
-    "Inventive": '''
+""",
+    "Inventive": """
 class Inventive(Good):
     @hookimpl
     def gridgate_classify_failure(self, endpoint, result):
         return Failure("mystery") if endpoint.backend == self.name else None
-''',
+""",
 }
 
 
 def outcomes(pytester, cls: str, extra: str = "") -> dict[str, str]:
-    pytester.makepyfile(test_backend=BACKEND.replace("{extra}", textwrap.dedent(extra)).replace(
-        "{cls}", cls))
+    pytester.makepyfile(
+        test_backend=BACKEND.replace("{extra}", textwrap.dedent(extra)).replace("{cls}", cls)
+    )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-q")
     reports = result.reprec.getreports("pytest_runtest_logreport")
     return {r.nodeid.rsplit("::", 1)[-1]: r.outcome for r in reports if r.when == "call"}
@@ -85,9 +86,11 @@ def test_a_backend_that_keeps_the_contract_passes_every_check(pytester) -> None:
 
 
 def test_each_broken_rule_fails_its_check(pytester) -> None:
-    expected = {"Greedy": "test_contract_returns_none_for_what_is_not_its_own",
-                "Uncapped": "test_contract_output_is_capped_at_the_sites_max_output_bytes",
-                "Inventive": "test_contract_every_failure_is_classified_to_a_catalogued_kind"}
+    expected = {
+        "Greedy": "test_contract_returns_none_for_what_is_not_its_own",
+        "Uncapped": "test_contract_output_is_capped_at_the_sites_max_output_bytes",
+        "Inventive": "test_contract_every_failure_is_classified_to_a_catalogued_kind",
+    }
     for cls, check in expected.items():
         found = outcomes(pytester, cls, BROKEN[cls])
         assert found[check] == "failed", (cls, found)

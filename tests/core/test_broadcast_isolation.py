@@ -36,7 +36,9 @@ class Backend:
     def gridgate_backend_info(self, backend):
         from gridgate.core.model import BackendInfo, Endpoint
 
-        return BackendInfo(backend="t", endpoints=(Endpoint("t", "e1"),)) if backend == "t" else None
+        return (
+            BackendInfo(backend="t", endpoints=(Endpoint("t", "e1"),)) if backend == "t" else None
+        )
 
     @hookimpl
     def gridgate_submit(self, endpoint, request, timeout):
@@ -59,10 +61,14 @@ class Backend:
         self.seen.append("finished")
 
 
-def test_a_raising_lifecycle_demand_or_accounting_plugin_stops_neither_the_others_nor_the_iteration(tmp_path) -> None:
+def test_a_raising_lifecycle_demand_or_accounting_plugin_stops_neither_the_others_nor_the_iteration(
+    tmp_path,
+) -> None:
     backend = Backend()
-    doc = {"director": {"state_dir": str(tmp_path / "s"), "pilots": {"track": False}},
-           "state": {"driver": "memory"}}
+    doc = {
+        "director": {"state_dir": str(tmp_path / "s"), "pilots": {"track": False}},
+        "state": {"driver": "memory"},
+    }
     director = Director(validate_document(doc), extra_plugins=[backend, Broken()])
     try:
         summary = director.run_iteration()

@@ -62,7 +62,9 @@ def test_every_problem_is_reported_not_just_the_first(write) -> None:
     assert [p.line for p in info.value.problems] == [2, 3, 4]
 
 
-def test_broken_plugin_message_names_group_name_and_cause(write, broken_plugin_installed: None) -> None:
+def test_broken_plugin_message_names_group_name_and_cause(
+    write, broken_plugin_installed: None
+) -> None:
     path = write("b.yaml", "notifiers:\n  broken_notifier: {}\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
@@ -155,18 +157,37 @@ def test_schema_command_prints_composed_schema() -> None:
 # --- defaults never make an invalid document valid ---------------------------------------
 
 director_values = st.one_of(
-    st.none(), st.integers(-5, 5), st.floats(allow_nan=False, allow_infinity=False, width=16),
-    st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2),
+    st.none(),
+    st.integers(-5, 5),
+    st.floats(allow_nan=False, allow_infinity=False, width=16),
+    st.text(max_size=3),
+    st.booleans(),
+    st.lists(st.integers(), max_size=2),
 )
 director_docs = st.dictionaries(
-    st.sampled_from(["cycle_seconds", "max_threads", "command_timeout", "failing_expiry",
-                     "ticket_expiry", "notify_kinds", "metrics_port", "state_dir", "bogus"]),
-    director_values, max_size=4,
+    st.sampled_from(
+        [
+            "cycle_seconds",
+            "max_threads",
+            "command_timeout",
+            "failing_expiry",
+            "ticket_expiry",
+            "notify_kinds",
+            "metrics_port",
+            "state_dir",
+            "bogus",
+        ]
+    ),
+    director_values,
+    max_size=4,
 )
 documents = st.fixed_dictionaries(
-    {}, optional={"director": director_docs,
-                  "state": st.fixed_dictionaries({"driver": st.sampled_from(["memory", "sqlite"])}),
-                  "notifiers": st.just({"log": {"body": True}})},
+    {},
+    optional={
+        "director": director_docs,
+        "state": st.fixed_dictionaries({"driver": st.sampled_from(["memory", "sqlite"])}),
+        "notifiers": st.just({"log": {"body": True}}),
+    },
 )
 
 
@@ -174,7 +195,9 @@ documents = st.fixed_dictionaries(
 @given(documents)
 def test_filling_defaults_never_makes_an_invalid_document_valid(doc: dict) -> None:
     schema, _classes, problems = compose_schema(doc)
-    invalid_before = bool(problems) or any(True for _ in Draft202012Validator(schema).iter_errors(doc))
+    invalid_before = bool(problems) or any(
+        True for _ in Draft202012Validator(schema).iter_errors(doc)
+    )
     try:
         validate_document(doc)
         accepted = True
@@ -238,13 +261,20 @@ def test_inline_secret_is_refused_without_echoing_it(monkeypatch: pytest.MonkeyP
     from gridgate.core.config import SECRET_SCHEMA, validate_document
 
     class WithSecret:
-        config_schema = {"type": "object", "properties": {"password": SECRET_SCHEMA}, "additionalProperties": False}
+        config_schema = {
+            "type": "object",
+            "properties": {"password": SECRET_SCHEMA},
+            "additionalProperties": False,
+        }
 
     import gridgate.core.config as config_module
 
     original = config_module.load_class
-    monkeypatch.setattr(config_module, "load_class",
-                        lambda group, name: WithSecret if name == "secretive" else original(group, name))
+    monkeypatch.setattr(
+        config_module,
+        "load_class",
+        lambda group, name: WithSecret if name == "secretive" else original(group, name),
+    )
     with pytest.raises(ConfigError) as info:
         validate_document({"notifiers": {"secretive": {"password": "hunter2-inline"}}})
     assert "hunter2-inline" not in str(info.value)

@@ -12,17 +12,27 @@ from gridgate.plugins.notify_email.notifier import EmailNotifier
 from gridgate.plugins.wms_glite.backend import GliteBackend
 
 
-@pytest.mark.parametrize(("pattern", "text", "ok"), [
-    ("^[a-z]+$", "abc", True), ("^[a-z]+$", "abc\n", False), ("^a$|^b$", "b\n", False),
-    ("^[$]x$", "$x", True), (r"^a\$$", "a$", True), ("^https?://", "https://x\n", True),
-])
+@pytest.mark.parametrize(
+    ("pattern", "text", "ok"),
+    [
+        ("^[a-z]+$", "abc", True),
+        ("^[a-z]+$", "abc\n", False),
+        ("^a$|^b$", "b\n", False),
+        ("^[$]x$", "$x", True),
+        (r"^a\$$", "a$", True),
+        ("^https?://", "https://x\n", True),
+    ],
+)
 def test_strict_pattern_anchors_dollar_at_the_very_end(pattern, text, ok) -> None:
     assert bool(strict_pattern(pattern).search(text)) is ok
 
 
 def test_a_schema_pattern_refuses_a_trailing_newline() -> None:
-    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"}},
-              "propertyNames": {"pattern": "^[a-z]+$"}}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"}},
+        "propertyNames": {"pattern": "^[a-z]+$"},
+    }
     assert schema_problems(schema, {"name": "ok"}) == []
     assert schema_problems(schema, {"name": "evil\n"})
     assert schema_problems(schema, {"evil\n": "ok"})
@@ -39,13 +49,18 @@ def test_a_jdl_attribute_name_with_a_trailing_newline_cannot_replace_executable(
     # "Executable\n" is not Executable to the reserved-name check, yet the JDL parser reads it
     # as Executable: the pilot would be replaced
     with pytest.raises(ConfigError):
-        section_for(GliteBackend, {"servers": ["wms01.example.org"],
-                                   "extra_attributes": {"Executable\n": "/bin/evil"}})
+        section_for(
+            GliteBackend,
+            {"servers": ["wms01.example.org"], "extra_attributes": {"Executable\n": "/bin/evil"}},
+        )
 
 
 def test_the_director_kind_pattern_refuses_a_trailing_newline() -> None:
-    doc = {"state": {"driver": "memory"}, "demand": {"static": {"x": 1}},
-           "classifiers": {"rules": {"rules": [{"pattern": "x", "kind": "oops"}]}}}
+    doc = {
+        "state": {"driver": "memory"},
+        "demand": {"static": {"x": 1}},
+        "classifiers": {"rules": {"rules": [{"pattern": "x", "kind": "oops"}]}},
+    }
     validate_document(doc)
     doc["classifiers"]["rules"]["rules"][0]["kind"] = "oops\n"
     with pytest.raises(ConfigError):

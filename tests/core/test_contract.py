@@ -16,9 +16,18 @@ from gridgate.core.testing import make_config
 
 
 def test_list_match_true_for_a_backend_without_list_match_is_a_config_error() -> None:
-    doc = {"state": {"driver": "memory"}, "backends": {"lsf": {"queues": ["normal"]}},
-           "demand": {"static": {"lsf": [{"group": "g", "pilots": 1, "list_match": True},
-                                         {"group": "h", "pilots": 1, "list_match": False}]}}}
+    doc = {
+        "state": {"driver": "memory"},
+        "backends": {"lsf": {"queues": ["normal"]}},
+        "demand": {
+            "static": {
+                "lsf": [
+                    {"group": "g", "pilots": 1, "list_match": True},
+                    {"group": "h", "pilots": 1, "list_match": False},
+                ]
+            }
+        },
+    }
     with pytest.raises(ConfigError) as caught:
         make_config(doc)
     [problem] = caught.value.problems
@@ -31,11 +40,17 @@ def test_list_match_true_for_a_backend_without_list_match_is_a_config_error() ->
 def test_list_match_asked_at_run_time_of_a_backend_without_it_skips_as_config(tmp_path) -> None:
     demand = tmp_path / "demand.yaml"
     demand.write_text("lsf:\n  - {group: g, pilots: 2, list_match: true}\n", encoding="utf-8")
-    doc = {"state": {"driver": "memory"}, "backends": {"lsf": {"queues": ["normal"]}},
-           "demand": {"file": {"path": str(demand)}}, "director": {"state_dir": str(tmp_path)}}
+    doc = {
+        "state": {"driver": "memory"},
+        "backends": {"lsf": {"queues": ["normal"]}},
+        "demand": {"file": {"path": str(demand)}},
+        "director": {"state_dir": str(tmp_path)},
+    }
     director = Director(make_config(doc), clock=FakeClock())
     summary = director.run_iteration()
-    assert [(r.outcome, r.failure_kind, r.pilots) for r in summary.records] == [("skipped", "config", 2)]
+    assert [(r.outcome, r.failure_kind, r.pilots) for r in summary.records] == [
+        ("skipped", "config", 2)
+    ]
     director.close()
 
 
@@ -48,8 +63,12 @@ class NoIds(ScriptedBackend):
 
 def test_ok_without_a_job_id_is_a_failure_not_a_submission() -> None:
     clock = FakeClock()
-    director = Director(config(servers=1, pilots=1), clock=clock, state=MemoryState(clock=clock),
-                        extra_plugins=[NoIds(1)])
+    director = Director(
+        config(servers=1, pilots=1),
+        clock=clock,
+        state=MemoryState(clock=clock),
+        extra_plugins=[NoIds(1)],
+    )
     summary = director.run_iteration()
     assert [r.outcome for r in summary.records] == ["failed"]
     assert summary.failures[0]["kind"] == "error"  # no command evidence at all
@@ -67,9 +86,12 @@ def test_a_classifier_gets_a_list_match_operation_for_a_failed_list_match() -> N
     clock = FakeClock()
     backend = MatchingBackend(1, broken={"s0"})
     cfg = config(servers=1, pilots=1, retries_per_pilot=0)
-    director = Director(cfg, clock=clock, state=MemoryState(clock=clock), extra_plugins=[backend, Watch()])
-    director.config.data["demand"]["static"][BACKEND] = [{"group": "g", "pilots": 1, "list_match": True,
-                                                          "requirements": "", "attributes": {}}]
+    director = Director(
+        cfg, clock=clock, state=MemoryState(clock=clock), extra_plugins=[backend, Watch()]
+    )
+    director.config.data["demand"]["static"][BACKEND] = [
+        {"group": "g", "pilots": 1, "list_match": True, "requirements": "", "attributes": {}}
+    ]
     director.run_iteration()
     [result] = seen
     assert (result.ok, result.operation, result.job_ids) == (False, "List Match", ())

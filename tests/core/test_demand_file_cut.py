@@ -16,10 +16,16 @@ from gridgate.core.director import Director
 def test_a_cut_demand_file_asks_for_nothing_until_it_is_whole(tmp_path: Path) -> None:
     demand = tmp_path / "demand.yaml"
     demand.write_text(f"{BACKEND}: 3\n")
-    doc = {"director": {"cycle_seconds": 0.01, "max_threads": 4, "command_timeout": 5},
-           "state": {"driver": "memory"}, "demand": {"file": {"path": str(demand)}}}
-    director = Director(validate_document(doc), clock=FakeClock(1_000_000.0),
-                        extra_plugins=[ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})])
+    doc = {
+        "director": {"cycle_seconds": 0.01, "max_threads": 4, "command_timeout": 5},
+        "state": {"driver": "memory"},
+        "demand": {"file": {"path": str(demand)}},
+    }
+    director = Director(
+        validate_document(doc),
+        clock=FakeClock(1_000_000.0),
+        extra_plugins=[ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})],
+    )
     assert sum(r.pilots for r in director.run_iteration().records) == 3
     demand.write_text(f"{BACKEND}: 3")  # "30\n" cut after its first digit: YAML cannot tell
     assert director.run_iteration().records == ()

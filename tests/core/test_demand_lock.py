@@ -15,8 +15,12 @@ from gridgate.core.state_redis import RedisState
 def director(redis_server, clock: FakeClock, prefix: str) -> tuple[Director, ScriptedBackend]:
     backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
     state = RedisState({"url": redis_server.url, "prefix": prefix}, clock=clock)
-    d = Director(config(servers=2, pilots=5, cycle_seconds=60, demand_lock=True), clock=clock,
-                 extra_plugins=[backend, Collector()], state=state)
+    d = Director(
+        config(servers=2, pilots=5, cycle_seconds=60, demand_lock=True),
+        clock=clock,
+        extra_plugins=[backend, Collector()],
+        state=state,
+    )
     return d, backend
 
 
@@ -29,7 +33,9 @@ def test_one_director_fills_each_group_and_another_takes_over(redis_server) -> N
         for _ in range(3):  # both iterate every cycle; only the holder submits
             a, b = first.run_iteration(), second.run_iteration()
             assert sum(r.pilots for r in a.records if r.outcome == "submitted") == 5
-            assert {(r.outcome, r.failure_kind) for r in b.records} == {("skipped", "claimed_elsewhere")}
+            assert {(r.outcome, r.failure_kind) for r in b.records} == {
+                ("skipped", "claimed_elsewhere")
+            }
             clock.advance(60)
         assert len(second_backend.calls) == 0 and len(first_backend.calls) == 15
         # the holder stops; 1.5 cycles later its lock has lapsed and the other fills the group

@@ -23,11 +23,17 @@ from gridgate.core.escalation import FAILING, TICKETS
 from gridgate.core.state import MemoryState
 
 
-def make(backend: ScriptedBackend, clock: FakeClock | None = None, **kw) -> tuple[Director, Collector]:
+def make(
+    backend: ScriptedBackend, clock: FakeClock | None = None, **kw
+) -> tuple[Director, Collector]:
     collector = Collector()
     clock = clock or FakeClock()
-    director = Director(config(servers=len(backend.endpoints), **kw), clock=clock,
-                        extra_plugins=[backend, collector], state=MemoryState(clock=clock))
+    director = Director(
+        config(servers=len(backend.endpoints), **kw),
+        clock=clock,
+        extra_plugins=[backend, collector],
+        state=MemoryState(clock=clock),
+    )
     return director, collector
 
 
@@ -53,11 +59,17 @@ def test_failing_server_is_excluded_for_the_rest_of_the_iteration() -> None:
     failed = [r for r in summary.records if r.outcome == "failed"]
     # every failed submission was sent to a healthy server in the same iteration
     assert sum(r.pilots for r in submitted) == 30 and all(r.endpoint != "s0" for r in submitted)
-    assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s0", "retried")] * len(failed)
+    assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s0", "retried")] * len(
+        failed
+    )
     assert notes.levels() == ["error"]
     note = notes.notes[0]
     assert note.subject == "s0: error executing Job Submit [error]"
-    assert "returns: 1" in note.body and "Error - Operation failed" in note.body and "Connecting" in note.body
+    assert (
+        "returns: 1" in note.body
+        and "Error - Operation failed" in note.body
+        and "Connecting" in note.body
+    )
     director.close()
 
 
@@ -83,7 +95,10 @@ def test_every_server_excluded_skips_the_rest_instead_of_hammering() -> None:
     assert outcomes.count("failed") == 2
     assert outcomes.count("skipped") == 39
     assert len(backend.calls) == 2
-    assert [e["outcome"] for e in summary.retries] == ["retried", "not retried: no other usable server"]
+    assert [e["outcome"] for e in summary.retries] == [
+        "retried",
+        "not retried: no other usable server",
+    ]
     director.close()
 
 
@@ -101,8 +116,9 @@ def test_fifty_threads_failing_at_once_send_one_notification() -> None:
 def test_escalation_timeline_on_an_injected_clock() -> None:
     clock = FakeClock(1_000_000.0)
     backend = ScriptedBackend(1, {"s0": "fake-fail"})
-    director, notes = make(backend, clock, pilots=1, failing_expiry=3600, ticket_expiry=3600,
-                          stall_iterations=100)  # one server failing: the stall alarm is test_stall.py's
+    director, notes = make(
+        backend, clock, pilots=1, failing_expiry=3600, ticket_expiry=3600, stall_iterations=100
+    )  # one server failing: the stall alarm is test_stall.py's
     start = clock.time()
 
     def step(advance: float) -> list[str]:
@@ -111,22 +127,22 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
         director.run_iteration()
         return [n.level for n in notes.notes[before:]]
 
-    assert step(0) == ["error"]                     # first failure: error mail
-    assert step(60) == []                           # in the failing cache: left alone
+    assert step(0) == ["error"]  # first failure: error mail
+    assert step(60) == []  # in the failing cache: left alone
     assert step(1800) == []
-    assert step(3600) == ["alarm"]                  # failing expired, fails again: alarm
+    assert step(3600) == ["alarm"]  # failing expired, fails again: alarm
     alarm = notes.notes[-1]
     # 60 + 1800 + 3600 s since the first failure: the real time, not a clamped whole hour
     assert alarm.body.startswith(ALARM_HEADER + "\nIt has been failing at least for 1.5 hours\n")
     assert alarm.episode_start == start
-    assert step(3601) == ["alarm"]                  # still broken: alarm again, not an error
+    assert step(3601) == ["alarm"]  # still broken: alarm again, not an error
     assert "failing at least for 2.5 hours\n" in notes.notes[-1].body
     assert step(3601) == ["alarm"]
     assert "failing at least for 3.5 hours\n" in notes.notes[-1].body
-    backend.behaviour["s0"] = "fake-ok"             # recovery
+    backend.behaviour["s0"] = "fake-ok"  # recovery
     for _ in range(4):
         assert step(3601) == []
-    backend.behaviour["s0"] = "fake-fail"           # long after: a new episode starts
+    backend.behaviour["s0"] = "fake-fail"  # long after: a new episode starts
     assert step(10) == ["error"]
     assert notes.notes[-1].episode_start == clock.time()
     director.close()
@@ -135,8 +151,9 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
 def test_an_alarm_seconds_after_the_first_failure_says_seconds_not_one_hour() -> None:
     clock = FakeClock(1_000_000.0)
     backend = ScriptedBackend(1, {"s0": "fake-fail"})
-    director, notes = make(backend, clock, pilots=1, failing_expiry=2, ticket_expiry=3600,
-                          stall_iterations=100)
+    director, notes = make(
+        backend, clock, pilots=1, failing_expiry=2, ticket_expiry=3600, stall_iterations=100
+    )
     director.run_iteration()
     clock.advance(4)
     director.run_iteration()
@@ -151,8 +168,9 @@ def test_an_alarm_seconds_after_the_first_failure_says_seconds_not_one_hour() ->
 def test_a_command_that_cannot_start_here_blames_no_server_and_pauses_the_backend() -> None:
     clock = FakeClock()
     backend = ScriptedBackend(3, {f"s{i}": "missing" for i in range(3)})
-    director, notes = make(backend, clock, pilots=12, max_threads=2, failing_expiry=600,
-                          stall_iterations=100)
+    director, notes = make(
+        backend, clock, pilots=12, max_threads=2, failing_expiry=600, stall_iterations=100
+    )
     first = director.run_iteration()
     failed = [r for r in first.records if r.outcome == "failed"]
     skipped = [r for r in first.records if r.outcome == "skipped"]
@@ -205,7 +223,15 @@ def test_summary_json_has_the_documented_fields() -> None:
     backend = ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"})
     director, _ = make(backend, pilots=3, max_threads=1)
     doc = json.loads(summary_json(director.run_iteration()))
-    for key in ("iteration", "duration_s", "submitted", "failures", "excluded", "skipped", "notifications"):
+    for key in (
+        "iteration",
+        "duration_s",
+        "submitted",
+        "failures",
+        "excluded",
+        "skipped",
+        "notifications",
+    ):
         assert key in doc
     assert doc["excluded"] == ["s0"]
     assert doc["failures"][0]["kind"] == "error" and doc["failures"][0]["returncode"] == 1
@@ -214,8 +240,11 @@ def test_summary_json_has_the_documented_fields() -> None:
 
 
 def test_invalid_config_mid_run_is_refused_and_the_last_good_one_stays(write) -> None:
-    path = write("site.yaml", "state: {driver: memory}\ndirector: {max_threads: 2, cycle_seconds: 0.01}\n"
-                 "demand: {static: {testbed: 2}}\n")
+    path = write(
+        "site.yaml",
+        "state: {driver: memory}\ndirector: {max_threads: 2, cycle_seconds: 0.01}\n"
+        "demand: {static: {testbed: 2}}\n",
+    )
     backend = ScriptedBackend(2)
     collector = Collector()
     director = Director(ConfigSource(path), extra_plugins=[backend, collector])
@@ -226,8 +255,10 @@ def test_invalid_config_mid_run_is_refused_and_the_last_good_one_stays(write) ->
     assert len(summary.records) == 2  # old config still in force
     assert [n.level for n in collector.notes] == ["error"]
     assert "refused" in collector.notes[0].subject
-    path.write_text("state: {driver: memory}\ndirector: {max_threads: 2}\ndemand: {static: {testbed: 5}}\n",
-                    encoding="utf-8")
+    path.write_text(
+        "state: {driver: memory}\ndirector: {max_threads: 2}\ndemand: {static: {testbed: 5}}\n",
+        encoding="utf-8",
+    )
     summary = director.run_iteration()
     assert summary.config_error is None and len(summary.records) == 5
     director.close()
@@ -243,8 +274,11 @@ def test_notify_test_command_reports_per_notifier(write, tmp_path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        path = write("site.yaml", f"director: {{metrics_port: {port}}}\nstate: {{driver: memory}}\n"
-                                  f"notifiers:\n  files: {{folder: {folder}}}\n")
+        path = write(
+            "site.yaml",
+            f"director: {{metrics_port: {port}}}\nstate: {{driver: memory}}\n"
+            f"notifiers:\n  files: {{folder: {folder}}}\n",
+        )
         result = CliRunner().invoke(cli, ["notify", "test", "-c", str(path), "--level", "alarm"])
     assert result.exit_code == 0, result.output
     assert "notifiers:files: done" in result.output and "notifiers:log: done" in result.output

@@ -41,25 +41,55 @@ def test_rows_flatten_nested_mappings_lists_and_alternatives() -> None:
         "properties": {
             "name": {"type": "string", "minLength": 1, "description": "Who | what."},
             "mode": {"enum": ["a", "b"], "default": "a"},
-            "limits": {"type": "object", "default": {},
-                       "properties": {"max": {"type": "integer", "minimum": 1, "maximum": 9}}},
-            "rules": {"type": "array", "default": [], "items": {
-                "type": "object", "required": ["kind"],
-                "properties": {"kind": {"type": "string", "pattern": "^[a-z]+$"}}}},
-            "policy": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {
-                "query": {"type": "integer", "exclusiveMinimum": 0}}}]},
+            "limits": {
+                "type": "object",
+                "default": {},
+                "properties": {"max": {"type": "integer", "minimum": 1, "maximum": 9}},
+            },
+            "rules": {
+                "type": "array",
+                "default": [],
+                "items": {
+                    "type": "object",
+                    "required": ["kind"],
+                    "properties": {"kind": {"type": "string", "pattern": "^[a-z]+$"}},
+                },
+            },
+            "policy": {
+                "oneOf": [
+                    {"type": "string"},
+                    {
+                        "type": "object",
+                        "properties": {"query": {"type": "integer", "exclusiveMinimum": 0}},
+                    },
+                ]
+            },
             "env": {"type": "object", "additionalProperties": {"type": "string"}},
             "levels": {"type": "array", "items": {"enum": ["error", "alarm"]}, "uniqueItems": True},
             "port": {"type": ["integer", "null"], "default": None},
         },
     }
     rows = {row.key: row for row in docgen.rows(schema)}
-    assert list(rows) == ["name", "mode", "limits", "limits.max", "rules", "rules[].kind", "policy",
-                          "policy.query", "env", "levels", "port"]
+    assert list(rows) == [
+        "name",
+        "mode",
+        "limits",
+        "limits.max",
+        "rules",
+        "rules[].kind",
+        "policy",
+        "policy.query",
+        "env",
+        "levels",
+        "port",
+    ]
     assert (rows["name"].default, rows["name"].allowed) == ("*required*", "non-empty")
     assert rows["name"].description == "Who \\| what."
     assert (rows["mode"].type, rows["mode"].allowed, rows["mode"].default) == (
-        "string", '`"a"`, `"b"`', '`"a"`')
+        "string",
+        '`"a"`, `"b"`',
+        '`"a"`',
+    )
     assert rows["limits.max"].allowed == "≥ 1; ≤ 9"
     assert rows["rules"].type == "list of mapping" and rows["rules[].kind"].default == "*required*"
     assert rows["rules[].kind"].allowed == "matches `^[a-z]+$`"
@@ -72,11 +102,16 @@ def test_rows_flatten_nested_mappings_lists_and_alternatives() -> None:
 def test_check_mode_tells_how_to_regenerate(tmp_path: Path) -> None:
     stale = tmp_path / "configuration.md"
     stale.write_text("# old\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "gridgate.core.docgen", "--check", str(stale)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gridgate.core.docgen", "--check", str(stale)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and docgen.REGENERATE in done.stderr
     fresh = tmp_path / "fresh.md"
-    written = subprocess.run([sys.executable, "-m", "gridgate.core.docgen"], capture_output=True,
-                             text=True, timeout=120)
+    written = subprocess.run(
+        [sys.executable, "-m", "gridgate.core.docgen"], capture_output=True, text=True, timeout=120
+    )
     fresh.write_text(written.stdout, encoding="utf-8")
     assert docgen.main(["--check", str(fresh)]) == 0

@@ -17,8 +17,13 @@ from gridgate.core.testing import build_plugin
 
 
 def note(body: str, level: str = "error") -> Notification:
-    return Notification(level=level, subject="gridgate: wms01 failing", body=body, created=1796068235.0,
-                        endpoint=Endpoint(backend="wms_glite", name="wms01.example.org"))
+    return Notification(
+        level=level,
+        subject="gridgate: wms01 failing",
+        body=body,
+        created=1796068235.0,
+        endpoint=Endpoint(backend="wms_glite", name="wms01.example.org"),
+    )
 
 
 def test_each_notification_is_one_complete_private_file(tmp_path) -> None:
@@ -27,9 +32,13 @@ def test_each_notification_is_one_complete_private_file(tmp_path) -> None:
     notifier.gridgate_notify(notification=note("second", level="alarm"))
     notifier.gridgate_notify(notification=note("not written", level="info"))  # not in levels
     files = sorted((tmp_path / "notes").iterdir())
-    assert [f.name.split("-", 3)[-1] for f in files] == ["error-wms01.example.org.txt",
-                                                         "alarm-wms01.example.org.txt"]
-    assert files[0].read_text().startswith("Subject: gridgate: wms01 failing\nLevel: error\n\nfirst")
+    assert [f.name.split("-", 3)[-1] for f in files] == [
+        "error-wms01.example.org.txt",
+        "alarm-wms01.example.org.txt",
+    ]
+    assert (
+        files[0].read_text().startswith("Subject: gridgate: wms01 failing\nLevel: error\n\nfirst")
+    )
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     assert stat.S_IMODE((tmp_path / "notes").stat().st_mode) == 0o700
 

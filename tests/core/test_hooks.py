@@ -28,13 +28,21 @@ from gridgate.core.plugins import new_plugin_manager
 from gridgate.core.state import MemoryState
 
 TESTS = Path(__file__).resolve().parent.parent
-HOOKS = sorted(name for name, _ in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("gridgate_"))
+HOOKS = sorted(
+    name
+    for name, _ in inspect.getmembers(hookspecs, inspect.isfunction)
+    if name.startswith("gridgate_")
+)
 
 
 def director_with(*plugins: object, servers: int = 3, **kw) -> Director:
     clock = FakeClock()
-    return Director(config(servers=servers, **kw), clock=clock, extra_plugins=list(plugins),
-                    state=MemoryState(clock=clock))
+    return Director(
+        config(servers=servers, **kw),
+        clock=clock,
+        extra_plugins=list(plugins),
+        state=MemoryState(clock=clock),
+    )
 
 
 # --- meta-tests ------------------------------------------------------------------------------
@@ -54,8 +62,9 @@ def test_hook_is_documented(hook: str) -> None:
 @pytest.mark.parametrize("hook", HOOKS)
 def test_hook_has_a_test_named_after_it(hook: str) -> None:
     pattern = re.compile(rf"def test_{hook}(\b|_)")
-    assert any(pattern.search(p.read_text(encoding="utf-8")) for p in TESTS.rglob("test_*.py")), \
+    assert any(pattern.search(p.read_text(encoding="utf-8")) for p in TESTS.rglob("test_*.py")), (
         f"no test named test_{hook}"
+    )
 
 
 # --- the order of one iteration ------------------------------------------------------------
@@ -127,13 +136,25 @@ def test_hooks_fire_in_the_documented_order_over_one_iteration() -> None:
     order = Order()
     backend = MatchingBackend(1, {"s0": "fake-fail"})
     director = director_with(backend, order, servers=1, pilots=1)
-    director.config.data["demand"]["static"][BACKEND] = [{"group": "g", "pilots": 1, "list_match": True,
-                                                          "requirements": "", "attributes": {}}]
+    director.config.data["demand"]["static"][BACKEND] = [
+        {"group": "g", "pilots": 1, "list_match": True, "requirements": "", "attributes": {}}
+    ]
     director.run_iteration()
     assert order.events == [
         # backend_info twice: the pilot tracker asks first (to poll and trim), then the plan
-        "iteration_started", "demand", "backend_info", "backend_info", "select_endpoint", "admit", "list_match",
-        "submit", "release", "classify_failure", "escalate", "notify", "submission_finished",
+        "iteration_started",
+        "demand",
+        "backend_info",
+        "backend_info",
+        "select_endpoint",
+        "admit",
+        "list_match",
+        "submit",
+        "release",
+        "classify_failure",
+        "escalate",
+        "notify",
+        "submission_finished",
         "iteration_finished",
     ]
     director.close()
@@ -184,8 +205,13 @@ def test_gridgate_iteration_finished_summary_counts_every_attempt() -> None:
         def gridgate_iteration_finished(self, summary):
             summaries.append(summary)
 
-    director = director_with(ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"}), Watch(), servers=2,
-                             pilots=7, max_threads=1)
+    director = director_with(
+        ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"}),
+        Watch(),
+        servers=2,
+        pilots=7,
+        max_threads=1,
+    )
     director.run_iteration()
     # 7 submissions, and one retry on s1 of the one that failed on s0
     assert len(summaries[0].records) == 8
@@ -286,7 +312,9 @@ def test_gridgate_release_once_per_grant_even_when_the_backend_crashes() -> None
         def gridgate_submit(self, endpoint, request, timeout):
             raise RuntimeError("plugin bug")
 
-    director = director_with(ScriptedBackend(1), Tokens(), Crashes(), servers=1, pilots=3, max_threads=1)
+    director = director_with(
+        ScriptedBackend(1), Tokens(), Crashes(), servers=1, pilots=3, max_threads=1
+    )
     records = director.run_iteration().records
     assert sorted(released) == ["t1", "t2", "t3"]
     assert {r.failure_kind for r in records} == {"plugin_error"}
@@ -302,8 +330,9 @@ def test_gridgate_list_match_failure_is_a_list_match_error_and_empty_is_no_match
     backend = MatchingBackend(2, broken={"s0"}, empty={"s1"})
     collector = Collector()
     director = director_with(backend, collector, FirstUsable(), servers=2, pilots=4, max_threads=1)
-    director.config.data["demand"]["static"][BACKEND] = [{"group": "g", "pilots": 4, "list_match": True,
-                                                          "requirements": "", "attributes": {}}]
+    director.config.data["demand"]["static"][BACKEND] = [
+        {"group": "g", "pilots": 4, "list_match": True, "requirements": "", "attributes": {}}
+    ]
     outcomes = [r.outcome for r in director.run_iteration().records]
     # the submission whose list-match failed on s0 is retried on s1, where nothing matches
     assert outcomes.count("failed") == 1 and outcomes.count("no_match") == 4
@@ -335,11 +364,19 @@ def test_gridgate_classify_failure_plugin_kind_wins_over_the_default() -> None:
 def test_gridgate_classify_failure_default_rules_from_config() -> None:
     from gridgate.core.config import validate_document
 
-    doc = {"state": {"driver": "memory"}, "demand": {"static": {BACKEND: 1}},
-           "classifiers": {"rules": {"rules": [{"kind": "opfail", "pattern": "Operation failed", "notify": False}]}}}
+    doc = {
+        "state": {"driver": "memory"},
+        "demand": {"static": {BACKEND: 1}},
+        "classifiers": {
+            "rules": {"rules": [{"kind": "opfail", "pattern": "Operation failed", "notify": False}]}
+        },
+    }
     collector = Collector()
-    director = Director(validate_document(doc), extra_plugins=[ScriptedBackend(1, {"s0": "fake-fail"}), collector],
-                        state=MemoryState())
+    director = Director(
+        validate_document(doc),
+        extra_plugins=[ScriptedBackend(1, {"s0": "fake-fail"}), collector],
+        state=MemoryState(),
+    )
     records = director.run_iteration().records
     assert records[0].failure_kind == "opfail" and collector.notes == []
     director.close()
@@ -352,7 +389,9 @@ def test_gridgate_escalate_plugin_decides_the_level() -> None:
             return Escalation(level="alarm", episode_start=0.0, failures=9)
 
     collector = Collector()
-    director = director_with(ScriptedBackend(1, {"s0": "fake-fail"}), AlwaysAlarm(), collector, servers=1, pilots=1)
+    director = director_with(
+        ScriptedBackend(1, {"s0": "fake-fail"}), AlwaysAlarm(), collector, servers=1, pilots=1
+    )
     director.run_iteration()
     assert collector.levels() == ["alarm"] and collector.notes[0].failures_in_episode == 9
     director.close()
@@ -360,7 +399,9 @@ def test_gridgate_escalate_plugin_decides_the_level() -> None:
 
 def test_gridgate_notify_reaches_every_notifier() -> None:
     first, second = Collector(), Collector()
-    director = director_with(ScriptedBackend(1, {"s0": "fake-fail"}), first, second, servers=1, pilots=1)
+    director = director_with(
+        ScriptedBackend(1, {"s0": "fake-fail"}), first, second, servers=1, pilots=1
+    )
     director.run_iteration()
     assert first.levels() == second.levels() == ["error"]
     director.close()
@@ -374,8 +415,13 @@ def test_gridgate_submission_finished_once_per_attempt() -> None:
         def gridgate_submission_finished(self, record):
             rows.append(record.outcome)
 
-    director = director_with(ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"}), Count(), servers=2,
-                             pilots=5, max_threads=1)
+    director = director_with(
+        ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"}),
+        Count(),
+        servers=2,
+        pilots=5,
+        max_threads=1,
+    )
     director.run_iteration()
     assert len(rows) == 6 and rows.count("failed") == 1  # the failed one was retried
     director.close()
@@ -384,8 +430,12 @@ def test_gridgate_submission_finished_once_per_attempt() -> None:
 def test_gridgate_select_endpoint_round_robin_takes_servers_in_turn() -> None:
     from gridgate.core.config import validate_document
 
-    doc = {"state": {"driver": "memory"}, "demand": {"static": {BACKEND: 9}},
-           "director": {"max_threads": 1}, "selectors": {"round_robin": {}}}
+    doc = {
+        "state": {"driver": "memory"},
+        "demand": {"static": {BACKEND: 9}},
+        "director": {"max_threads": 1},
+        "selectors": {"round_robin": {}},
+    }
     backend = ScriptedBackend(3, {f"s{i}": "fake-ok" for i in range(3)})
     director = Director(validate_document(doc), extra_plugins=[backend], state=MemoryState())
     director.run_iteration()
@@ -403,7 +453,9 @@ class StatusOrder(Order):
         self.log("cancel")
 
 
-def test_gridgate_job_status_one_bulk_call_per_endpoint_under_a_query_grant_before_submitting() -> None:
+def test_gridgate_job_status_one_bulk_call_per_endpoint_under_a_query_grant_before_submitting() -> (
+    None
+):
     order = StatusOrder()
     backend = TrackingBackend(2)
     director = director_with(backend, order, servers=2, pilots=7)
@@ -414,7 +466,9 @@ def test_gridgate_job_status_one_bulk_call_per_endpoint_under_a_query_grant_befo
     # admitted (query), run, released, all before the first submission of the iteration
     assert order.events[first - 1] == "admit" and order.events[first + 1] == "release"
     assert order.events.count("job_status") == 2
-    assert max(i for i, e in enumerate(order.events) if e == "job_status") < order.events.index("submit")
+    assert max(i for i, e in enumerate(order.events) if e == "job_status") < order.events.index(
+        "submit"
+    )
     calls = dict(backend.status_calls)
     assert sorted(calls) == ["s0", "s1"] and sum(len(ids) for ids in calls.values()) == 7
     assert director.state.pilot_registry().counts()  # the answers were recorded
@@ -431,8 +485,14 @@ def test_gridgate_cancel_for_pilots_past_max_wait_time_after_their_poll() -> Non
     director.clock.advance(61)
     order.events.clear()
     director.run_iteration()
-    assert order.events[order.events.index("job_status"):] == [
-        "job_status", "release", "admit", "cancel", "release", "iteration_finished"]
+    assert order.events[order.events.index("job_status") :] == [
+        "job_status",
+        "release",
+        "admit",
+        "cancel",
+        "release",
+        "iteration_finished",
+    ]
     ((endpoint, ids),) = backend.cancel_calls
     assert endpoint == "s0" and len(ids) == 2
     assert {p.state for p in director.state.pilot_registry().query()} == {"cancelled"}

@@ -46,8 +46,12 @@ def outage(director: Director, clock: FakeClock) -> list[int]:
 def test_redis_down_the_limits_hold_on_the_last_counts_and_own_submissions(redis_server) -> None:
     clock = FakeClock()
     backend = TrackingBackend(servers=1)
-    state = {"driver": "redis", "url": redis_server.url, "socket_timeout": 0.5,
-             "prefix": f"gg-{uuid.uuid4().hex[:8]}:"}
+    state = {
+        "driver": "redis",
+        "url": redis_server.url,
+        "socket_timeout": 0.5,
+        "prefix": f"gg-{uuid.uuid4().hex[:8]}:",
+    }
     director = director_on(state, clock, backend)
     try:
         assert submitted(director.run_iteration()) == 4
@@ -81,8 +85,9 @@ def _fill(folder: Path) -> Path:
 def test_sqlite_disk_full_the_limits_hold_and_the_pilots_are_written_back(tmp_path) -> None:
     folder = tmp_path / "state"
     folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(folder)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(folder)], check=True
+    )
     clock = FakeClock()
     backend = TrackingBackend(servers=1)
     director = director_on({"driver": "sqlite", "path": str(folder / "state.db")}, clock, backend)
@@ -102,7 +107,9 @@ def test_sqlite_disk_full_the_limits_hold_and_the_pilots_are_written_back(tmp_pa
         subprocess.run(["umount", str(folder)], check=True)
 
 
-def test_a_director_restarted_while_the_store_is_down_keeps_the_limits_and_the_pilots(tmp_path) -> None:
+def test_a_director_restarted_while_the_store_is_down_keeps_the_limits_and_the_pilots(
+    tmp_path,
+) -> None:
     """The pilots a director submitted during an outage are not lost when it exits: the next
     director on the same state folder counts them (and the last known counts), and writes them
     back when the store answers. Before: a restarted director knew nothing, submitted its whole

@@ -30,14 +30,20 @@ def value(series: dict[str, float], pattern: str) -> float:
 def test_director_metrics_move_when_work_happens() -> None:
     clock = FakeClock()
     backend = ScriptedBackend(3, {"s0": "fake-fail", "s1": "fake-ok", "s2": "fake-ok"})
-    director = Director(config(servers=3, pilots=6, max_threads=1, metrics_port=0), clock=clock,
-                        extra_plugins=[backend, Collector()], state=MemoryState(clock=clock))
+    director = Director(
+        config(servers=3, pilots=6, max_threads=1, metrics_port=0),
+        clock=clock,
+        extra_plugins=[backend, Collector()],
+        state=MemoryState(clock=clock),
+    )
     try:
         before = scrape(director.metrics_port)
         assert value(before, r"gridgate_submissions_total\{.*\}") == 0
         director.run_iteration()
         after = scrape(director.metrics_port)
-        assert value(after, r'gridgate_submissions_total\{.*outcome="submitted"\}') == 6  # the failed one retried on s1/s2
+        assert (
+            value(after, r'gridgate_submissions_total\{.*outcome="submitted"\}') == 6
+        )  # the failed one retried on s1/s2
         assert value(after, r'gridgate_failures_total\{.*endpoint="s0",kind="error"\}') == 1
         assert value(after, r'gridgate_notifications_total\{level="error"\}') == 1
         assert value(after, r"gridgate_endpoints_excluded") == 1
@@ -45,7 +51,7 @@ def test_director_metrics_move_when_work_happens() -> None:
         assert value(after, r"gridgate_iteration_duration_seconds_count") == 1
         director.run_iteration()
         again = scrape(director.metrics_port)
-        assert value(again, r'gridgate_pilots_submitted_total\{.*\}') == 12
+        assert value(again, r"gridgate_pilots_submitted_total\{.*\}") == 12
         assert value(again, r"gridgate_iteration_duration_seconds_count") == 2
     finally:
         director.close()
@@ -58,11 +64,16 @@ def test_pilot_gauges_by_backend_endpoint_state_and_trimmed_demand() -> None:
     backend = TrackingBackend(2)
     cfg = config(servers=2, pilots=10, max_threads=1, metrics_port=0)
     cfg.data["director"]["pilots"]["max_waiting"] = 3
-    director = Director(cfg, clock=clock, extra_plugins=[backend, Collector()], state=MemoryState(clock=clock))
+    director = Director(
+        cfg, clock=clock, extra_plugins=[backend, Collector()], state=MemoryState(clock=clock)
+    )
     try:
         director.run_iteration()
         first = scrape(director.metrics_port)
-        assert value(first, rf'gridgate_pilots\{{backend="{BACKEND}",endpoint="s0",state="waiting"\}}') == 3
+        assert (
+            value(first, rf'gridgate_pilots\{{backend="{BACKEND}",endpoint="s0",state="waiting"\}}')
+            == 3
+        )
         assert value(first, r'gridgate_demand_trimmed_total\{.*limit="max_waiting"\}') == 4
         backend.move("s0", "running", 2)
         backend.move("s1", "done", 3)

@@ -20,8 +20,13 @@ from gridgate.core.report import render_states
 
 def site(tmp_path: Path, state: dict) -> Path:
     doc = {
-        "director": {"cycle_seconds": 0.01, "max_threads": 2, "command_timeout": 5,
-                     "state_dir": str(tmp_path / "state"), "pilots": {"max_waiting": 3}},
+        "director": {
+            "cycle_seconds": 0.01,
+            "max_threads": 2,
+            "command_timeout": 5,
+            "state_dir": str(tmp_path / "state"),
+            "pilots": {"max_waiting": 3},
+        },
         "state": state,
         "demand": {"static": {BACKEND: 9}},
         "selectors": {"round_robin": {}},
@@ -40,7 +45,9 @@ def config(request, tmp_path) -> Path:
     if request.param == "sqlite":
         return site(tmp_path, {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")})
     server = request.getfixturevalue("redis_server")
-    return site(tmp_path, {"driver": "redis", "url": server.url, "prefix": f"t-{uuid.uuid4().hex}:"})
+    return site(
+        tmp_path, {"driver": "redis", "url": server.url, "prefix": f"t-{uuid.uuid4().hex}:"}
+    )
 
 
 def test_list_and_summary_from_another_process(config, gridgate_exe) -> None:
@@ -60,7 +67,9 @@ def test_list_and_summary_from_another_process(config, gridgate_exe) -> None:
         text = gridgate(gridgate_exe, "pilots", "summary", "-c", str(config)).stdout
         assert text.splitlines()[-1].split() == ["total", "9", "2", "0", "1", "0", "0", "0"]
 
-        failed = gridgate(gridgate_exe, "pilots", "list", "-c", str(config), "--state", "failed", "--json")
+        failed = gridgate(
+            gridgate_exe, "pilots", "list", "-c", str(config), "--state", "failed", "--json"
+        )
         (row,) = json.loads(failed.stdout)["pilots"]
         assert row["endpoint"] == "s2" and row["native"] == "FAILED"
         assert row["reason"] == "Cannot plan: BrokerHelper: no compatible resources"
@@ -89,13 +98,19 @@ def test_cancel_one_call_per_endpoint_and_recorded(tmp_path) -> None:
         director.close()
 
 
-def test_cancel_command_needs_ids_or_all_and_names_what_it_does_not_track(tmp_path, gridgate_exe) -> None:
+def test_cancel_command_needs_ids_or_all_and_names_what_it_does_not_track(
+    tmp_path, gridgate_exe
+) -> None:
     config = site(tmp_path, {"driver": "sqlite", "path": str(tmp_path / "state.db")})
     usage = gridgate(gridgate_exe, "pilots", "cancel", "-c", str(config))
     assert usage.returncode == 2 and "--all" in usage.stderr
     unknown = gridgate(gridgate_exe, "pilots", "cancel", "-c", str(config), "no-such-job", "--json")
     assert unknown.returncode == 0, unknown.stderr
-    assert json.loads(unknown.stdout) == {"cancelled": {}, "failed": {}, "not_found": ["no-such-job"]}
+    assert json.loads(unknown.stdout) == {
+        "cancelled": {},
+        "failed": {},
+        "not_found": ["no-such-job"],
+    }
 
 
 def test_memory_state_is_refused_with_a_reason(tmp_path, gridgate_exe) -> None:
@@ -107,6 +122,14 @@ def test_memory_state_is_refused_with_a_reason(tmp_path, gridgate_exe) -> None:
 def test_render_summary_has_a_column_per_state() -> None:
     assert render_states({}) == "no pilots tracked\n"
     text = render_states({"b/e": {"waiting": 2, "done": 1}})
-    assert text.splitlines()[0].split() == ["ENDPOINT", "waiting", "running", "done", "failed",
-                                            "cancelled", "unknown", "lost"]
+    assert text.splitlines()[0].split() == [
+        "ENDPOINT",
+        "waiting",
+        "running",
+        "done",
+        "failed",
+        "cancelled",
+        "unknown",
+        "lost",
+    ]
     assert text.splitlines()[1].split() == ["b/e", "2", "0", "1", "0", "0", "0", "0"]

@@ -20,9 +20,13 @@ from gridgate.plugins.lsf_proxy.section import ProxydSection
 def stale_stevedore_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """What stevedore returned here after ProxydSection moved to its own module, for every group."""
     moved = importlib.metadata.EntryPoint(
-        name="proxyd", value="gridgate.plugins.lsf_proxy.config:ProxydSection", group=SECTIONS_GROUP)
-    monkeypatch.setattr(_cache, "get_group_all", lambda group, path=None: [moved] if group == SECTIONS_GROUP else [])
+        name="proxyd", value="gridgate.plugins.lsf_proxy.config:ProxydSection", group=SECTIONS_GROUP
+    )
+    monkeypatch.setattr(
+        _cache, "get_group_all", lambda group, path=None: [moved] if group == SECTIONS_GROUP else []
+    )
     from stevedore import ExtensionManager
+
     monkeypatch.setattr(ExtensionManager, "ENTRY_POINT_CACHE", {})
 
 
@@ -31,8 +35,11 @@ def test_a_stale_stevedore_cache_does_not_hide_a_moved_plugin(stale_stevedore_ca
 
     # stevedore on its own is fooled...
     failures = []
-    NamedExtensionManager(namespace=SECTIONS_GROUP, names=["proxyd"],
-                          on_load_failure_callback=lambda _m, _ep, err: failures.append(err))
+    NamedExtensionManager(
+        namespace=SECTIONS_GROUP,
+        names=["proxyd"],
+        on_load_failure_callback=lambda _m, _ep, err: failures.append(err),
+    )
     assert failures and "ProxydSection" in str(failures[0])
     # ...gridgate's loader is not
     assert load_class(SECTIONS_GROUP, "proxyd") is ProxydSection

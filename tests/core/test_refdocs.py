@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_generated_reference_is_up_to_date(name: str) -> None:
     current = (ROOT / "docs" / name).read_text(encoding="utf-8")
     assert current == refdocs.RENDERERS[name](), (
-        f"docs/{name} is stale; regenerate with: {refdocs.REGENERATE}")
+        f"docs/{name} is stale; regenerate with: {refdocs.REGENERATE}"
+    )
 
 
 def test_check_mode_finds_a_stale_file_and_regenerating_fixes_it(tmp_path: Path, capsys) -> None:
@@ -51,17 +52,25 @@ def test_every_hook_documents_each_parameter_and_its_return(spec) -> None:
 
 
 def _defined_in(module) -> set[str]:
-    return {name for name, obj in vars(module).items()
-            if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
-            and getattr(obj, "__module__", "") == module.__name__}
+    return {
+        name
+        for name, obj in vars(module).items()
+        if not name.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and getattr(obj, "__module__", "") == module.__name__
+    }
 
 
 def test_every_value_in_model_and_every_helper_in_the_testing_kit_is_public() -> None:
     from gridgate.core import model, testing
 
-    assert _defined_in(model) <= set(model.__all__), "add the new value to gridgate.core.model.__all__"
+    assert _defined_in(model) <= set(model.__all__), (
+        "add the new value to gridgate.core.model.__all__"
+    )
     fixtures = {name for name in _defined_in(testing) if name.startswith("gridgate_")}
-    assert _defined_in(testing) - fixtures <= set(testing.__all__), "add it to gridgate.core.testing.__all__"
+    assert _defined_in(testing) - fixtures <= set(testing.__all__), (
+        "add it to gridgate.core.testing.__all__"
+    )
 
 
 def test_every_public_name_has_an_entry_in_api_md() -> None:
@@ -71,7 +80,9 @@ def test_every_public_name_has_an_entry_in_api_md() -> None:
         assert f"## `{module_name}`" in text
         for name in names:
             assert hasattr(module, name), f"{module_name}.{name} is listed but does not exist"
-            assert f"`from {module_name} import {name}`" in text, f"{module_name}.{name} has no entry"
+            assert f"`from {module_name} import {name}`" in text, (
+                f"{module_name}.{name} has no entry"
+            )
 
 
 def test_every_parameter_of_a_public_function_is_explained() -> None:
@@ -85,7 +96,8 @@ def test_every_parameter_of_a_public_function_is_explained() -> None:
             prose = "\n".join(doc.prose)
             for parameter in inspect.signature(obj).parameters:
                 assert parameter in doc.params or f"`{parameter}`" in prose, (
-                    f"{module_name}.{name}: parameter {parameter!r} is not explained in its docstring")
+                    f"{module_name}.{name}: parameter {parameter!r} is not explained in its docstring"
+                )
 
 
 def test_runner_run_documents_its_keyword_arguments() -> None:
@@ -104,15 +116,18 @@ def test_the_hookspecs_and_values_match_the_fingerprint_recorded_for_this_api_ve
 
     recorded = refdocs.recorded_fingerprints()
     assert API_VERSION in recorded, (
-        f"API {API_VERSION} has no recorded fingerprint: run python -m gridgate.core.refdocs --fingerprint")
+        f"API {API_VERSION} has no recorded fingerprint: run python -m gridgate.core.refdocs --fingerprint"
+    )
     assert recorded[API_VERSION] == refdocs.api_fingerprint(), (
         "a hookspec or a value crossing hooks changed while gridgate.core.API_VERSION stayed "
         f"{API_VERSION}: raise it (docs/api.md, 'Versions and deprecation'), then run "
-        "python -m gridgate.core.refdocs --fingerprint")
+        "python -m gridgate.core.refdocs --fingerprint"
+    )
 
 
 def test_a_changed_hookspec_changes_the_fingerprint_and_cannot_be_recorded_under_the_old_version(
-        tmp_path: Path, monkeypatch) -> None:
+    tmp_path: Path, monkeypatch
+) -> None:
     from gridgate.core import API_VERSION, hookspecs
 
     major, minor = API_VERSION.split(".")
@@ -126,7 +141,8 @@ def test_a_changed_hookspec_changes_the_fingerprint_and_cannot_be_recorded_under
 
     gridgate_submit.gridgate_spec = hookspecs.gridgate_submit.gridgate_spec
     gridgate_submit.__code__ = gridgate_submit.__code__.replace(
-        co_firstlineno=hookspecs.gridgate_submit.__code__.co_firstlineno)
+        co_firstlineno=hookspecs.gridgate_submit.__code__.co_firstlineno
+    )
     monkeypatch.setattr(hookspecs, "gridgate_submit", gridgate_submit)
     assert refdocs.api_fingerprint() != before
     with pytest.raises(SystemExit, match="raise gridgate.core.API_VERSION"):

@@ -23,9 +23,16 @@ def generated_rows(hours: int = 24, servers: int = 11, seed: int = 7) -> list[di
         for s in range(servers):
             for _ in range(rng.randrange(0, 20)):
                 outcome = "failed" if rng.random() < 0.1 else "submitted"
-                rows.append({"time": T0 + h * 3600 + rng.random() * 3599, "backend": "wms_glite",
-                             "endpoint": f"wms{s + 1:02d}.example.org", "outcome": outcome,
-                             "pilots": 1, "failure_kind": "error" if outcome == "failed" else ""})
+                rows.append(
+                    {
+                        "time": T0 + h * 3600 + rng.random() * 3599,
+                        "backend": "wms_glite",
+                        "endpoint": f"wms{s + 1:02d}.example.org",
+                        "outcome": outcome,
+                        "pilots": 1,
+                        "failure_kind": "error" if outcome == "failed" else "",
+                    }
+                )
     return rows
 
 
@@ -71,8 +78,19 @@ def test_report_command_reads_the_state_database(tmp_path) -> None:
     store.close()
     config = tmp_path / "site.yaml"
     config.write_text(f"state: {{driver: sqlite, path: {db}}}\n", encoding="utf-8")
-    result = CliRunner().invoke(cli, ["report", "-c", str(config), "--since", "100000d", "--json",
-                                      "--png", str(tmp_path / "r.png")])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "report",
+            "-c",
+            str(config),
+            "--since",
+            "100000d",
+            "--json",
+            "--png",
+            str(tmp_path / "r.png"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "r.png").stat().st_size > 10_000
 
@@ -83,14 +101,33 @@ def test_report_shows_pilots_by_state_and_trimmed_demand(tmp_path) -> None:
     db = tmp_path / "state.db"
     store = SqliteState({"path": str(db)})
     rows = generated_rows(hours=3)
-    rows.append({"time": T0 + 100, "backend": "wms_glite", "endpoint": "", "outcome": "skipped",
-                 "pilots": 17, "failure_kind": "max_waiting"})
+    rows.append(
+        {
+            "time": T0 + 100,
+            "backend": "wms_glite",
+            "endpoint": "",
+            "outcome": "skipped",
+            "pilots": 17,
+            "failure_kind": "max_waiting",
+        }
+    )
     for row in rows:
         store.append_record(ACCOUNTING, row)
-    ended = [Pilot(f"j{i}", "wms_glite", "wms01.example.org", submitted=T0, changed=T0 + 3600 + i,
-                   state="failed" if i % 4 == 0 else "done", native="Aborted" if i % 4 == 0 else "Done")
-             for i in range(40)]
-    waiting = [Pilot(f"w{i}", "wms_glite", "wms02.example.org", submitted=T0, changed=T0) for i in range(5)]
+    ended = [
+        Pilot(
+            f"j{i}",
+            "wms_glite",
+            "wms01.example.org",
+            submitted=T0,
+            changed=T0 + 3600 + i,
+            state="failed" if i % 4 == 0 else "done",
+            native="Aborted" if i % 4 == 0 else "Done",
+        )
+        for i in range(40)
+    ]
+    waiting = [
+        Pilot(f"w{i}", "wms_glite", "wms02.example.org", submitted=T0, changed=T0) for i in range(5)
+    ]
     store.pilot_registry().put(ended + waiting)
     store.close()
     config = tmp_path / "site.yaml"
@@ -102,8 +139,9 @@ def test_report_shows_pilots_by_state_and_trimmed_demand(tmp_path) -> None:
     (slot,) = table["finished"]
     assert table["finished"][slot] == {"done": 30, "failed": 10}
     assert table["pilots_now"]["wms_glite/wms02.example.org"]["waiting"] == 5
-    text = CliRunner().invoke(cli, ["report", "-c", str(config), "--since", "100000d",
-                                    "--png", str(tmp_path / "r.png")])
+    text = CliRunner().invoke(
+        cli, ["report", "-c", str(config), "--since", "100000d", "--png", str(tmp_path / "r.png")]
+    )
     assert "demand trimmed by max_waiting / max_total" in text.output
     finished = text.output.split("pilots finished per slot, by state:")[1].splitlines()
     assert finished[1].split() == ["from", "(UTC)", "done", "failed"]

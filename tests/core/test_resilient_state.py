@@ -48,7 +48,9 @@ def test_fallback_keeps_state_and_resyncs() -> None:
     clock = FakeClock()
     primary = Unplugged(clock=clock)
     changes: list[bool] = []
-    state = ResilientState(primary, clock=clock, retry_every=30, on_change=lambda d, r: changes.append(d))
+    state = ResilientState(
+        primary, clock=clock, retry_every=30, on_change=lambda d, r: changes.append(d)
+    )
     assert state.add_if_absent("failing/a", "1", ttl=100)
     primary.down = True
     # the local view already knows what this process wrote before the failure
@@ -71,8 +73,12 @@ def test_director_notifies_once_per_outage_and_keeps_submitting() -> None:
     primary = Unplugged(clock=clock)
     collector = Collector()
     backend = ScriptedBackend(2, {"s0": "fake-fail", "s1": "fake-ok"})
-    director = Director(config(servers=2, pilots=4, max_threads=1, state_retry_seconds=60), clock=clock,
-                        extra_plugins=[backend, collector], state=primary)
+    director = Director(
+        config(servers=2, pilots=4, max_threads=1, state_retry_seconds=60),
+        clock=clock,
+        extra_plugins=[backend, collector],
+        state=primary,
+    )
     primary.down = True
     for _ in range(3):
         summary = director.run_iteration()

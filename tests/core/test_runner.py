@@ -70,8 +70,12 @@ def test_child_not_reading_stdin_does_not_block():
 
 
 def test_env_and_cwd(tmp_path):
-    r = run(["sh", "-c", 'echo "$GG_VAR"; pwd'], 5, env={"GG_VAR": "v1", "PATH": os.environ["PATH"]},
-            cwd=tmp_path)
+    r = run(
+        ["sh", "-c", 'echo "$GG_VAR"; pwd'],
+        5,
+        env={"GG_VAR": "v1", "PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+    )
     assert r.stdout.splitlines() == ["v1", str(tmp_path.resolve())]
 
 
@@ -218,8 +222,15 @@ def test_missing_cwd_is_a_result(tmp_path):
 
 
 def test_non_utf8_output_is_replaced():
-    r = run([PY, "-c", "import sys; sys.stdout.buffer.write(b'ok \\xff\\xfe end'); "
-                       "sys.stderr.buffer.write(b'\\xc3')"], 5)
+    r = run(
+        [
+            PY,
+            "-c",
+            "import sys; sys.stdout.buffer.write(b'ok \\xff\\xfe end'); "
+            "sys.stderr.buffer.write(b'\\xc3')",
+        ],
+        5,
+    )
     assert r.stdout == "ok \ufffd\ufffd end"
     assert r.stderr == "\ufffd"
 
@@ -255,8 +266,9 @@ def test_two_hundred_at_once_from_a_thread_pool(tmp_path):
             # the mark is made after the echo: on a loaded host a shell may be killed before it
             # printed, but one that made its mark must have its line kept
             mark = tmp_path / f"printed{i}"
-            return i, run(["sh", "-c", f"echo hang{i}; : > {mark}; sleep 1000 & wait"], 1,
-                          kill_grace=0.5)
+            return i, run(
+                ["sh", "-c", f"echo hang{i}; : > {mark}; sleep 1000 & wait"], 1, kill_grace=0.5
+            )
         if i % 3 == 1:
             return i, run(["sleep", "1000"], 1, kill_grace=0.5)
         return i, run(["sh", "-c", f"echo ok{i}"], 30)
@@ -302,8 +314,7 @@ def test_keyboard_interrupt_kills_the_group(tmp_path):
     try:
         t.start()
         with pytest.raises(KeyboardInterrupt):
-            run(["sh", "-c", f"sleep 1000 & echo $! >> {pidfile}; echo $$ >> {pidfile}; wait"],
-                120)
+            run(["sh", "-c", f"sleep 1000 & echo $! >> {pidfile}; echo $$ >> {pidfile}; wait"], 120)
     finally:
         t.join()
         signal.signal(signal.SIGUSR1, old)
@@ -364,9 +375,14 @@ def test_kill_process_group_helper():
     import subprocess
 
     proc = subprocess.Popen(
-        [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                   "print('ready', flush=True); time.sleep(1000)"],
-        start_new_session=True, stdout=subprocess.PIPE,
+        [
+            PY,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(1000)",
+        ],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
     )
     try:
         assert proc.stdout.readline() == b"ready\n"

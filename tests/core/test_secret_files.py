@@ -56,13 +56,20 @@ def test_as_an_ordinary_user_its_own_file_is_read_and_roots_loose_file_refused()
         folder.chmod(0o755)
         own = _secret(folder, 0o600, owner=NOBODY, name="own")
         loose = _secret(folder, 0o644, name="loose")  # root's, world-readable
-        code = ("import sys\n"
-                "from gridgate.core.secrets import read_secret, SecretError\n"
-                f"print(read_secret({{'file': {str(own)!r}}}))\n"
-                f"try:\n    read_secret({{'file': {str(loose)!r}}})\n"
-                "except SecretError as exc:\n    print('refused:', exc)\n")
-        out = subprocess.run(AS_NOBODY + [sys.executable, "-c", code], capture_output=True,
-                             text=True, timeout=60, cwd="/")
+        code = (
+            "import sys\n"
+            "from gridgate.core.secrets import read_secret, SecretError\n"
+            f"print(read_secret({{'file': {str(own)!r}}}))\n"
+            f"try:\n    read_secret({{'file': {str(loose)!r}}})\n"
+            "except SecretError as exc:\n    print('refused:', exc)\n"
+        )
+        out = subprocess.run(
+            AS_NOBODY + [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         assert out.returncode == 0, out.stderr
         first, second = out.stdout.splitlines()
         assert first == "s3cret-value"
@@ -78,12 +85,19 @@ def _site(tmp_path: Path, where: str, secret: Path) -> Path:
     if where == "proxyd.key":
         doc["proxyd"] = {"tcp": "127.0.0.1:7000", "key": spec}
     elif where == "notifiers.email.password":
-        doc["notifiers"]["email"] = {"host": "localhost", "from": "gg@example.org",
-                                     "error_address": "ops@example.org",
-                                     "username": "gridgate", "password": spec}
+        doc["notifiers"]["email"] = {
+            "host": "localhost",
+            "from": "gg@example.org",
+            "error_address": "ops@example.org",
+            "username": "gridgate",
+            "password": spec,
+        }
     elif where == "notifiers.ggus.rest.token":
-        doc["notifiers"]["ggus"] = {"vo": "lhcb", "deliver": ["rest"],
-                                    "rest": {"url": "https://ggus.example.org", "token": spec}}
+        doc["notifiers"]["ggus"] = {
+            "vo": "lhcb",
+            "deliver": ["rest"],
+            "rest": {"url": "https://ggus.example.org", "token": spec},
+        }
     elif where == "state.password":
         doc["state"] = {"driver": "redis", "url": "redis://localhost:6379/0", "password": spec}
     path = tmp_path / "site.yaml"
@@ -112,12 +126,25 @@ def test_serve_refuses_a_world_readable_key(gridgate_exe, tmp_path):
         folder.chmod(0o755)
         key = _secret(folder, 0o644, name="proxyd.key")
         config = folder / "proxyd.yaml"
-        config.write_text(yaml.safe_dump({"proxyd": {
-            "socket": str(folder / "proxyd.sock"), "tcp": "127.0.0.1:0",
-            "key": {"file": str(key)}}}), encoding="utf-8")
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "proxyd": {
+                        "socket": str(folder / "proxyd.sock"),
+                        "tcp": "127.0.0.1:0",
+                        "key": {"file": str(key)},
+                    }
+                }
+            ),
+            encoding="utf-8",
+        )
         # no validation in front of serve here: the daemon itself must refuse to read the key
-        done = subprocess.run([gridgate_exe, "lsfproxyd", "serve", "-c", str(config)],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [gridgate_exe, "lsfproxyd", "serve", "-c", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode != 0
         assert f"{key}" in done.stderr and "0644" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr

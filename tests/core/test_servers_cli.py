@@ -22,9 +22,18 @@ from gridgate.core.state import MemoryState
 
 def site(tmp_path: Path, driver: str = "sqlite") -> Path:
     doc = {
-        "director": {"cycle_seconds": 0.01, "max_threads": 1, "command_timeout": 5,
-                     "failing_expiry": 600, "ticket_expiry": 600, "state_dir": str(tmp_path / "state")},
-        "state": {"driver": driver, **({"path": str(tmp_path / "state" / "state.db")} if driver == "sqlite" else {})},
+        "director": {
+            "cycle_seconds": 0.01,
+            "max_threads": 1,
+            "command_timeout": 5,
+            "failing_expiry": 600,
+            "ticket_expiry": 600,
+            "state_dir": str(tmp_path / "state"),
+        },
+        "state": {
+            "driver": driver,
+            **({"path": str(tmp_path / "state" / "state.db")} if driver == "sqlite" else {}),
+        },
         "demand": {"static": {BACKEND: 3}},
         "selectors": {"round_robin": {}},  # every server is tried each iteration
     }
@@ -50,7 +59,8 @@ def test_list_shows_the_failing_server_and_clear_puts_it_back(tmp_path, gridgate
         assert listed.returncode == 0, listed.stderr
         rows = json.loads(listed.stdout)["servers"]
         assert [(r["server"], r["status"], r["kind"], r["failures"]) for r in rows] == [
-            (f"{BACKEND}/s1", "failing", "error", 1)]
+            (f"{BACKEND}/s1", "failing", "error", 1)
+        ]
         assert before + 590 < rows[0]["failing_until"] < time.time() + 610
         assert before + 1190 < rows[0]["tickets_until"] < time.time() + 1210
         table = gridgate(gridgate_exe, "servers", "list", "-c", str(config))
@@ -60,14 +70,22 @@ def test_list_shows_the_failing_server_and_clear_puts_it_back(tmp_path, gridgate
         backend.behaviour["s1"] = "fake-ok"  # the site fixed it
         cleared = gridgate(gridgate_exe, "servers", "clear", "-c", str(config), "s1", "wms99")
         assert cleared.returncode == 0, cleared.stderr
-        assert cleared.stdout.splitlines() == [f"cleared {BACKEND}/s1",
-                                               "wms99: not in the caches (already in rotation)"]
+        assert cleared.stdout.splitlines() == [
+            f"cleared {BACKEND}/s1",
+            "wms99: not in the caches (already in rotation)",
+        ]
         empty = gridgate(gridgate_exe, "servers", "list", "-c", str(config))
         assert empty.stdout.strip() == "every server is in rotation; no failure episode is open"
 
         back = director.run_iteration()
-        assert sorted(r.endpoint for r in back.records if r.outcome == "submitted") == ["s0", "s1", "s2"]
-        backend.behaviour["s1"] = "fake-fail"  # failing again: a new episode, an error, not an alarm
+        assert sorted(r.endpoint for r in back.records if r.outcome == "submitted") == [
+            "s0",
+            "s1",
+            "s2",
+        ]
+        backend.behaviour["s1"] = (
+            "fake-fail"  # failing again: a new episode, an error, not an alarm
+        )
         director.run_iteration()
         assert notes.levels() == ["error", "error"]
     finally:
@@ -87,19 +105,30 @@ def test_clear_needs_a_name_and_memory_state_has_nothing_to_show(tmp_path, gridg
 def test_cache_view_after_the_failing_entry_expired_and_for_a_local_fault() -> None:
     clock = FakeClock()
     state = MemoryState(clock=clock)
-    escalation = TwoCacheEscalation({}, PluginContext(clock=clock, state=state, config={
-        "director": {"failing_expiry": 100, "ticket_expiry": 100}}))
+    escalation = TwoCacheEscalation(
+        {},
+        PluginContext(
+            clock=clock,
+            state=state,
+            config={"director": {"failing_expiry": 100, "ticket_expiry": 100}},
+        ),
+    )
     endpoint = Endpoint(BACKEND, "s0")
-    escalation.gridgate_escalate(endpoint=endpoint, failure=Failure("timeout"),
-                                 result=SubmitResult(endpoint, ok=False))
+    escalation.gridgate_escalate(
+        endpoint=endpoint, failure=Failure("timeout"), result=SubmitResult(endpoint, ok=False)
+    )
     state.add_if_absent("local-fault/lsf/launch", f"{clock.time():.3f}", ttl=100)
     rows = cache_view(state, clock.time())
     assert [(r["server"], r["status"], r["kind"]) for r in rows] == [
-        ("lsf (this machine)", "local_fault", "launch"), (f"{BACKEND}/s0", "failing", "timeout")]
+        ("lsf (this machine)", "local_fault", "launch"),
+        (f"{BACKEND}/s0", "failing", "timeout"),
+    ]
     assert rows[1]["failing_until"] == clock.time() + 100 and rows[1]["failures"] == 1
     clock.advance(150)  # out of the failing cache, still in the tickets window: watched
     rows = cache_view(state, clock.time())
-    assert [(r["server"], r["status"], r["kind"]) for r in rows] == [(f"{BACKEND}/s0", "watched", "timeout")]
+    assert [(r["server"], r["status"], r["kind"]) for r in rows] == [
+        (f"{BACKEND}/s0", "watched", "timeout")
+    ]
     assert rows[0]["failing_until"] is None and rows[0]["tickets_until"] == clock.time() + 50
     state.add_if_absent("local-fault/lsf/launch", f"{clock.time():.3f}", ttl=100)
     assert clear_servers(state, [], everything=True) == [f"{BACKEND}/s0", "local-fault/lsf/launch"]

@@ -29,8 +29,9 @@ def stall_notes(collector: Collector) -> list:
     return [n for n in collector.notes if n.key.startswith("stall/")]
 
 
-def director_for(cause: str, clock: FakeClock, state: MemoryState, collector: Collector,
-                 **director) -> tuple[Director, ScriptedBackend, RefuseAll]:
+def director_for(
+    cause: str, clock: FakeClock, state: MemoryState, collector: Collector, **director
+) -> tuple[Director, ScriptedBackend, RefuseAll]:
     backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
     admission = RefuseAll()
     admission.refusing = cause == "refused"
@@ -40,8 +41,10 @@ def director_for(cause: str, clock: FakeClock, state: MemoryState, collector: Co
         backend.behaviour = {"s0": "missing", "s1": "missing"}
     cfg = config(servers=2, pilots=4, failing_expiry=600, ticket_expiry=1800, **director)
     if cause == "no_backend":  # a demand group for a backend nothing answers for
-        doc = {**{k: v for k, v in cfg.data.items() if k != "backends"},
-               "demand": {"static": {"wms_glitch": 4}}}
+        doc = {
+            **{k: v for k, v in cfg.data.items() if k != "backends"},
+            "demand": {"static": {"wms_glitch": 4}},
+        }
         cfg = validate_document(doc)
     plugins = [backend, collector] + ([admission] if cause == "refused" else [])
     return Director(cfg, clock=clock, extra_plugins=plugins, state=state), backend, admission
@@ -58,12 +61,15 @@ def fix(cause: str, director: Director, backend: ScriptedBackend, admission: Ref
         director.config.data["demand"]["static"][BACKEND] = 4
 
 
-@pytest.mark.parametrize(("cause", "reasons"), [
-    ("failing", ["failed/error", "skipped/no_endpoint"]),
-    ("missing", ["failed/launch", "skipped/local_fault"]),
-    ("refused", ["refused/admission"]),
-    ("no_backend", ["skipped/no_backend"]),
-])
+@pytest.mark.parametrize(
+    ("cause", "reasons"),
+    [
+        ("failing", ["failed/error", "skipped/no_endpoint"]),
+        ("missing", ["failed/launch", "skipped/local_fault"]),
+        ("refused", ["refused/admission"]),
+        ("no_backend", ["skipped/no_backend"]),
+    ],
+)
 def test_three_iterations_without_a_pilot_raise_one_error_naming_why(cause, reasons) -> None:
     clock = FakeClock(1_000_000.0)
     collector = Collector()
@@ -88,8 +94,10 @@ def test_three_iterations_without_a_pilot_raise_one_error_naming_why(cause, reas
     director.run_iteration()
     assert [n.level for n in stall_notes(collector)] == ["error", "alarm"]
     alarm = stall_notes(collector)[-1]
-    assert alarm.body.startswith("Submit GGUS Ticket for this error if not already opened\n"
-                                 "It has been failing at least for 35 minutes\n")
+    assert alarm.body.startswith(
+        "Submit GGUS Ticket for this error if not already opened\n"
+        "It has been failing at least for 35 minutes\n"
+    )
     clock.advance(60)
     director.run_iteration()  # alarms repeat at the failing-cache rhythm, not every iteration
     assert [n.level for n in stall_notes(collector)] == ["error", "alarm"]
@@ -108,7 +116,9 @@ def test_three_iterations_without_a_pilot_raise_one_error_naming_why(cause, reas
 def test_a_submitting_iteration_resets_the_count() -> None:
     clock = FakeClock(1_000_000.0)
     collector = Collector()
-    director, backend, admission = director_for("refused", clock, MemoryState(clock=clock), collector)
+    director, backend, admission = director_for(
+        "refused", clock, MemoryState(clock=clock), collector
+    )
     for refusing in (True, True, False, True, True, False, True, True):
         admission.refusing = refusing
         director.run_iteration()
@@ -161,10 +171,24 @@ def test_demand_trimmed_because_enough_pilots_wait_is_not_a_stall() -> None:
     clock = FakeClock()
     watch = StallWatch(MemoryState(clock=clock), clock, "host:site.yaml")
     director = {"failing_expiry": 600, "ticket_expiry": 1800, "stall_iterations": 1}
-    full = [AccountingRecord(time=0, backend=BACKEND, endpoint="", outcome="skipped", pilots=4,
-                             failure_kind=kind) for kind in ("max_waiting", "max_total", "claimed_elsewhere")]
+    full = [
+        AccountingRecord(
+            time=0, backend=BACKEND, endpoint="", outcome="skipped", pilots=4, failure_kind=kind
+        )
+        for kind in ("max_waiting", "max_total", "claimed_elsewhere")
+    ]
     for number in range(1, 6):
         assert watch.observe(IterationInfo(number, clock.time()), full, director) == []
-    refused = [AccountingRecord(time=0, backend=BACKEND, endpoint="s0", outcome="refused", pilots=4,
-                                failure_kind="admission")]
-    assert [n.level for n in watch.observe(IterationInfo(6, clock.time()), refused, director)] == ["error"]
+    refused = [
+        AccountingRecord(
+            time=0,
+            backend=BACKEND,
+            endpoint="s0",
+            outcome="refused",
+            pilots=4,
+            failure_kind="admission",
+        )
+    ]
+    assert [n.level for n in watch.observe(IterationInfo(6, clock.time()), refused, director)] == [
+        "error"
+    ]

@@ -51,6 +51,7 @@ def factory(request, tmp_path) -> Factory:
     kind = request.param
     made: list[StateStore] = []
     if kind == "memory":
+
         def make(clock: FakeClock) -> StateStore:
             return MemoryState({}, clock=clock)
     elif kind == "sqlite":
@@ -86,6 +87,7 @@ def store(factory, clock) -> StateStore:
 
 
 # --------------------------------------------------------------------------- add_if_absent
+
 
 @drivers(DRIVERS)
 def test_add_if_absent_only_first_wins(store):
@@ -141,6 +143,7 @@ def test_many_keys_raced_by_threads_one_winner_each(store):
 
 # --------------------------------------------------------------------------------- expiry
 
+
 @drivers(DRIVERS)
 def test_expiry_follows_the_clock(store, clock):
     assert store.add_if_absent("k", "v", ttl=10)
@@ -180,6 +183,7 @@ def test_fractional_ttl(store, clock):
 
 # ------------------------------------------------------------------------ set/get/delete
 
+
 @drivers(DRIVERS)
 def test_set_get_delete(store, clock):
     assert store.get("k") is None
@@ -215,6 +219,7 @@ def test_values_are_kept_verbatim(store):
 
 # ------------------------------------------------------------------------------- items
 
+
 @drivers(DRIVERS)
 def test_items_by_prefix_sorted_without_expired(store, clock):
     store.set("failing:wms2", "b", ttl=100)
@@ -228,7 +233,11 @@ def test_items_by_prefix_sorted_without_expired(store, clock):
     assert store.items("tickets:") == [("tickets:wms1", "t")]
     assert store.items("nothing:") == []
     assert [k for k, _ in store.items()] == [
-        "failinf:zzz", "failing:wms1", "failing:wms2", "failingX", "tickets:wms1"
+        "failinf:zzz",
+        "failing:wms1",
+        "failing:wms2",
+        "failingX",
+        "tickets:wms1",
     ]
 
 
@@ -265,6 +274,7 @@ def test_prefix_successor():
 
 
 # ----------------------------------------------------------------------------- records
+
 
 @drivers(DRIVERS)
 def test_records_since_oldest_first(store):
@@ -313,6 +323,7 @@ def test_bad_input_is_refused_and_nothing_is_lost(store):
 
 # ------------------------------------------------------------------- restart and sharing
 
+
 @drivers(SHARED)
 def test_restart_keeps_values_expiries_and_records(factory, clock):
     first = factory(clock)
@@ -360,8 +371,10 @@ def test_sqlite_four_processes_race(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_sqlite_worker, args=(path, 1_700_000_000.0, keys, barrier,
-                                                      results)) for _ in range(4)]
+    procs = [
+        ctx.Process(target=_sqlite_worker, args=(path, 1_700_000_000.0, keys, barrier, results))
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     try:
@@ -395,8 +408,9 @@ OPS = st.lists(
 
 
 @drivers(DRIVERS)
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=OPS)
 def test_behaves_like_a_dict_with_expiry(factory, ops):
     clock = FakeClock()
@@ -439,6 +453,7 @@ def test_behaves_like_a_dict_with_expiry(factory, ops):
 
 
 # ---------------------------------------------------------------------- driver specifics
+
 
 def test_sqlite_file_and_directory_are_private(tmp_path, clock):
     path = tmp_path / "new-dir" / "state.db"
@@ -600,8 +615,9 @@ def test_redis_unreachable_is_a_state_error(clock):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    store = RedisState({"url": f"redis://user:secret@127.0.0.1:{port}/0",
-                        "socket_connect_timeout": 2}, clock=clock)
+    store = RedisState(
+        {"url": f"redis://user:secret@127.0.0.1:{port}/0", "socket_connect_timeout": 2}, clock=clock
+    )
     try:
         with pytest.raises(StateError) as info:
             store.add_if_absent("k", "v", ttl=5)
@@ -622,8 +638,9 @@ def test_redis_password_from_a_secret(tmp_path, monkeypatch, clock):
         store.close()
         (tmp_path / "pw").write_text("s3cret-pw\n")
         (tmp_path / "pw").chmod(0o600)  # a secret others may read is refused
-        store = RedisState({"url": server.url, "password": {"file": str(tmp_path / "pw")}},
-                           clock=clock)
+        store = RedisState(
+            {"url": server.url, "password": {"file": str(tmp_path / "pw")}}, clock=clock
+        )
         assert store.get("k") == "v"
         store.close()
         anonymous = RedisState({"url": server.url}, clock=clock)
@@ -645,8 +662,9 @@ def test_redis_inline_password_is_a_config_error(tmp_path):
     text = str(info.value)
     assert "state.url" in text and "password" in text and f"{bad}:3" in text
     good = tmp_path / "good.yaml"
-    good.write_text("state:\n  driver: redis\n  url: redis://db.example:6379/0\n"
-                    "  password: {env: REDIS_PW}\n")
+    good.write_text(
+        "state:\n  driver: redis\n  url: redis://db.example:6379/0\n  password: {env: REDIS_PW}\n"
+    )
     config = load_config(good)
     assert config.data["state"]["prefix"] == "gridgate:"
     assert RedisState.config_errors({"url": "redis://user@h/0"}) == []
@@ -665,8 +683,10 @@ def test_redis_prefixes_keep_sites_apart(redis_server, clock):
 
 # ------------------------------------------------------------------ entry points, schemas
 
-@pytest.mark.parametrize("name,cls", [("memory", MemoryState), ("sqlite", SqliteState),
-                                      ("redis", RedisState)])
+
+@pytest.mark.parametrize(
+    "name,cls", [("memory", MemoryState), ("sqlite", SqliteState), ("redis", RedisState)]
+)
 def test_entry_point_and_schema(name, cls):
     (ep,) = [e for e in entry_points(group="gridgate.state") if e.name == name]
     assert ep.load() is cls
@@ -680,31 +700,68 @@ def test_entry_point_and_schema(name, cls):
 
 # ------------------------------------------------------------------------- pilot registry
 
-def _pilot(job: str, endpoint: str = "e1", state: str = "waiting", *, backend: str = "b",
-           submitted: float = 100.0, changed: float | None = None, **kw) -> Pilot:
-    return Pilot(job_id=job, backend=backend, endpoint=endpoint, submitted=submitted, state=state,
-                 changed=submitted if changed is None else changed, **kw)
+
+def _pilot(
+    job: str,
+    endpoint: str = "e1",
+    state: str = "waiting",
+    *,
+    backend: str = "b",
+    submitted: float = 100.0,
+    changed: float | None = None,
+    **kw,
+) -> Pilot:
+    return Pilot(
+        job_id=job,
+        backend=backend,
+        endpoint=endpoint,
+        submitted=submitted,
+        state=state,
+        changed=submitted if changed is None else changed,
+        **kw,
+    )
 
 
 @drivers(DRIVERS)
 def test_pilots_put_active_counts(store):
     reg = store.pilot_registry()
-    reg.put([_pilot("j1", submitted=3), _pilot("j2", submitted=1), _pilot("j3", "e2"),
-             _pilot("j4", state="done", changed=200), _pilot("j1", backend="other")])
+    reg.put(
+        [
+            _pilot("j1", submitted=3),
+            _pilot("j2", submitted=1),
+            _pilot("j3", "e2"),
+            _pilot("j4", state="done", changed=200),
+            _pilot("j1", backend="other"),
+        ]
+    )
     assert [p.job_id for p in reg.active("b", "e1")] == ["j2", "j1"]  # oldest submission first
     assert [p.job_id for p in reg.active("b", "e2")] == ["j3"]
     assert reg.active("b", "nowhere") == []
-    assert reg.counts() == {("b", "e1", "waiting"): 2, ("b", "e1", "done"): 1,
-                            ("b", "e2", "waiting"): 1, ("other", "e1", "waiting"): 1}
+    assert reg.counts() == {
+        ("b", "e1", "waiting"): 2,
+        ("b", "e1", "done"): 1,
+        ("b", "e2", "waiting"): 1,
+        ("other", "e1", "waiting"): 1,
+    }
 
 
 @drivers(DRIVERS)
 def test_pilots_update_moves_between_states_and_keeps_every_field(store):
     reg = store.pilot_registry()
     reg.put([_pilot("j1", group="g", submitted=10), _pilot("j2", submitted=11)])
-    reg.put([_pilot("j1", group="g", submitted=10, state="running", changed=20, native="R"),
-             _pilot("j2", submitted=11, state="failed", changed=30, native="Aborted",
-                    reason="BrokerHelper: no compatible resources")])
+    reg.put(
+        [
+            _pilot("j1", group="g", submitted=10, state="running", changed=20, native="R"),
+            _pilot(
+                "j2",
+                submitted=11,
+                state="failed",
+                changed=30,
+                native="Aborted",
+                reason="BrokerHelper: no compatible resources",
+            ),
+        ]
+    )
     (j1,) = reg.active("b", "e1")
     assert j1 == Pilot("j1", "b", "e1", "g", 10, "running", 20, "R", "")
     assert reg.counts() == {("b", "e1", "running"): 1, ("b", "e1", "failed"): 1}
@@ -718,8 +775,13 @@ def test_pilots_update_moves_between_states_and_keeps_every_field(store):
 @drivers(DRIVERS)
 def test_pilots_last_finished_newest_first_after_a_time(store):
     reg = store.pilot_registry()
-    reg.put([_pilot(f"j{i}", state="failed" if i % 2 else "done", changed=1000 + i) for i in range(10)]
-            + [_pilot("live", state="running", changed=5000), _pilot("elsewhere", "e2", "failed", changed=9e3)])
+    reg.put(
+        [_pilot(f"j{i}", state="failed" if i % 2 else "done", changed=1000 + i) for i in range(10)]
+        + [
+            _pilot("live", state="running", changed=5000),
+            _pilot("elsewhere", "e2", "failed", changed=9e3),
+        ]
+    )
     got = reg.last_finished("b", "e1", 3)
     assert [p.job_id for p in got] == ["j9", "j8", "j7"]
     assert [p.job_id for p in reg.last_finished("b", "e1", 100, after=1006)] == ["j9", "j8", "j7"]
@@ -729,10 +791,20 @@ def test_pilots_last_finished_newest_first_after_a_time(store):
 @drivers(DRIVERS)
 def test_pilots_query_filters_and_prune_forgets_only_old_terminal(store):
     reg = store.pilot_registry()
-    reg.put([_pilot("old-done", state="done", changed=100), _pilot("old-lost", "e2", "lost", changed=150),
-             _pilot("new-done", state="done", changed=900), _pilot("old-waiting", changed=50)])
+    reg.put(
+        [
+            _pilot("old-done", state="done", changed=100),
+            _pilot("old-lost", "e2", "lost", changed=150),
+            _pilot("new-done", state="done", changed=900),
+            _pilot("old-waiting", changed=50),
+        ]
+    )
     # by backend, endpoint, submission time
-    assert [p.job_id for p in reg.query(states=["done", "lost"])] == ["new-done", "old-done", "old-lost"]
+    assert [p.job_id for p in reg.query(states=["done", "lost"])] == [
+        "new-done",
+        "old-done",
+        "old-lost",
+    ]
     assert [p.job_id for p in reg.query(endpoint="e2")] == ["old-lost"]
     assert [p.job_id for p in reg.query("b", "e1", ["waiting"])] == ["old-waiting"]
     assert len(reg.query(limit=2)) == 2
@@ -750,7 +822,10 @@ def test_pilots_survive_a_restart_and_are_shared(factory, clock):
     assert {p.job_id for p in other.pilot_registry().active("b", "e1")} == {"j1", "j2"}
     first.close()
     second = factory(clock)
-    assert second.pilot_registry().counts() == {("b", "e1", "waiting"): 1, ("b", "e1", "running"): 1}
+    assert second.pilot_registry().counts() == {
+        ("b", "e1", "waiting"): 1,
+        ("b", "e1", "running"): 1,
+    }
     assert second.pilot_registry().get("b", "e1", "j1").group == "g"
 
 

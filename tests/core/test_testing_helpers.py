@@ -59,7 +59,9 @@ class Echo(Plugin):
         if endpoint.backend != self.name:
             return None
         result = run([self.config["command"], endpoint.name], timeout=timeout, kill_grace=0.2)
-        ids = tuple(line.split()[1] for line in result.stdout.splitlines() if line.startswith("JOBID "))
+        ids = tuple(
+            line.split()[1] for line in result.stdout.splitlines() if line.startswith("JOBID ")
+        )
         return SubmitResult(endpoint, ok=result.ok and bool(ids), job_ids=ids, command=result)
 
 
@@ -106,7 +108,9 @@ def test_plugin_manager_with_lends_an_existing_manager_back_clean() -> None:
 
 
 def test_make_config_fills_defaults_and_reports_every_problem() -> None:
-    config = make_config({"director": {}, "state": {"driver": "memory"}, "demand": {"static": {"echo": 2}}})
+    config = make_config(
+        {"director": {}, "state": {"driver": "memory"}, "demand": {"static": {"echo": 2}}}
+    )
     assert config.director["command_timeout"] == 120
     with pytest.raises(ConfigError) as caught:
         make_config({"director": {"cycle_seconds": -1, "bogus": 1}})
@@ -115,14 +119,21 @@ def test_make_config_fills_defaults_and_reports_every_problem() -> None:
 
 
 def test_section_for_validates_schema_defaults_and_cross_field_checks() -> None:
-    assert section_for(Echo, {"command": "c"}) == {"command": "c", "slots": ["a", "b"], "low": 1, "high": 5}
+    assert section_for(Echo, {"command": "c"}) == {
+        "command": "c",
+        "slots": ["a", "b"],
+        "low": 1,
+        "high": 5,
+    }
     with pytest.raises(ConfigError) as caught:
         section_for(Echo, {"slots": "a"})
     paths = [p.path for p in caught.value.problems]
     assert ("slots",) in paths and () in paths  # wrong type, and command is required
     with pytest.raises(ConfigError) as crossed:
         section_for(Echo, {"command": "c", "low": 9})
-    assert [(p.path, p.message) for p in crossed.value.problems] == [(("low",), "low must not exceed high")]
+    assert [(p.path, p.message) for p in crossed.value.problems] == [
+        (("low",), "low must not exceed high")
+    ]
 
 
 def test_build_plugin_hands_a_validated_section_and_context(tmp_path: Path) -> None:
@@ -136,8 +147,13 @@ def test_build_plugin_hands_a_validated_section_and_context(tmp_path: Path) -> N
 
 
 def test_stand_in_command_prints_exits_and_records_calls(tmp_path: Path) -> None:
-    cmd = stand_in_command(tmp_path / "bin", "fake-submit", stdout="JOBID j-{call}\n",
-                           stderr="warn {call}\n", exit_code=3)
+    cmd = stand_in_command(
+        tmp_path / "bin",
+        "fake-submit",
+        stdout="JOBID j-{call}\n",
+        stderr="warn {call}\n",
+        exit_code=3,
+    )
     assert os.access(cmd.path, os.X_OK)
     assert cmd.path.read_text().startswith(f"#!{sys.executable}\n")
     first = run([str(cmd), "--queue", "q 1"], timeout=30)
@@ -182,8 +198,9 @@ def test_collector_receives_the_failure_notification(tmp_path: Path) -> None:
     backend = build_plugin(Echo, {"command": str(bad), "slots": ["s1"]})
     collector = Collector()
     clock = FakeClock()
-    with contextlib.closing(director_for({"demand": {"static": {"echo": 1}}}, backend, collector,
-                                         clock=clock)) as director:
+    with contextlib.closing(
+        director_for({"demand": {"static": {"echo": 1}}}, backend, collector, clock=clock)
+    ) as director:
         assert director.clock is clock
         summary = director.run_iteration()
     assert [r.outcome for r in summary.records] == ["failed"]
@@ -204,7 +221,8 @@ def test_director_for_reports_a_bad_document() -> None:
 def test_fixtures_load_with_pytest_plugins_and_work(pytester: pytest.Pytester) -> None:
     # what docs/plugins.md tells authors to write, run as their own pytest would run it
     pytester.makeconftest('pytest_plugins = ["gridgate.core.testing"]\n')
-    pytester.makepyfile(test_author="""
+    pytester.makepyfile(
+        test_author="""
         from gridgate.core.model import Notification
         from gridgate.core.runner import run
 
@@ -223,7 +241,8 @@ def test_fixtures_load_with_pytest_plugins_and_work(pytester: pytest.Pytester) -
         def test_pm_was_emptied(gridgate_pm, gridgate_collector):
             pm = gridgate_pm()
             assert not pm.is_registered(gridgate_collector)
-    """)
+    """
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=2)
 

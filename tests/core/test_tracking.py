@@ -18,17 +18,34 @@ from gridgate.core.testing import stand_in_command
 from gridgate.core.tracking import Limits
 
 
-def make(backend: TrackingBackend, *extra, pilots: int = 6, state=None, clock=None,
-         command_timeout: float = 5, failing_expiry: float = 3600, ticket_expiry: float = 3600,
-         **settings):
+def make(
+    backend: TrackingBackend,
+    *extra,
+    pilots: int = 6,
+    state=None,
+    clock=None,
+    command_timeout: float = 5,
+    failing_expiry: float = 3600,
+    ticket_expiry: float = 3600,
+    **settings,
+):
     """A director on the tracking test backend; ``settings`` go to director.pilots."""
     clock = clock or FakeClock()
-    cfg = config(servers=len(backend.endpoints), pilots=pilots, command_timeout=command_timeout,
-                 failing_expiry=failing_expiry, ticket_expiry=ticket_expiry)
+    cfg = config(
+        servers=len(backend.endpoints),
+        pilots=pilots,
+        command_timeout=command_timeout,
+        failing_expiry=failing_expiry,
+        ticket_expiry=ticket_expiry,
+    )
     cfg.data["director"]["pilots"].update(settings)
     collector = Collector()
-    director = Director(cfg, clock=clock, extra_plugins=[backend, collector, *extra],
-                        state=state if state is not None else MemoryState(clock=clock))
+    director = Director(
+        cfg,
+        clock=clock,
+        extra_plugins=[backend, collector, *extra],
+        state=state if state is not None else MemoryState(clock=clock),
+    )
     director.collector = collector  # type: ignore[attr-defined]
     return director
 
@@ -61,7 +78,9 @@ def test_submitted_pilots_are_tracked_then_polled_in_one_call_per_endpoint():
     assert states(director, "s0").get("running") == len(s0_ids)
     doc = json.loads(summary_json(summary))
     assert {p["endpoint"]: p["pilots"] for p in doc["pilots"]["polls"]} == {
-        "s0": len(s0_ids), "s1": 10 - len(s0_ids)}
+        "s0": len(s0_ids),
+        "s1": 10 - len(s0_ids),
+    }
     assert doc["pilots"]["states"][f"{BACKEND}/s0"]["running"] == len(s0_ids)
     director.close()
 
@@ -168,7 +187,9 @@ def test_real_status_command_killed_at_the_deadline_is_a_timeout_failure(tmp_pat
     summary = director.run_iteration()
     (failure,) = summary.failures
     assert failure["timed_out"] is True and failure["operation"] == "Job Status"
-    assert failure["command"][0] == str(hang) and len(failure["command"]) == 3  # both ids, one command
+    assert (
+        failure["command"][0] == str(hang) and len(failure["command"]) == 3
+    )  # both ids, one command
     assert len(hang.calls()) == 1
     assert states(director) == {"waiting": 2}
     assert "timeout executing Job Status" in director.collector.notes[0].subject
@@ -190,7 +211,9 @@ def test_max_waiting_trims_demand_and_a_queue_full_of_idle_pilots_gets_none():
     assert json.loads(summary_json(second))["pilots"]["trimmed"] == {BACKEND: {"max_waiting": 10}}
     backend.move("s0", "running", 2)
     third = director.run_iteration()
-    assert [(r.endpoint, r.pilots) for r in third.records if r.outcome == "submitted"] == [("s0", 1)] * 2
+    assert [(r.endpoint, r.pilots) for r in third.records if r.outcome == "submitted"] == [
+        ("s0", 1)
+    ] * 2
     assert backend.count("s0", "waiting") == 3
     director.close()
 
@@ -233,8 +256,12 @@ def test_a_server_whose_last_room_went_to_another_thread_sends_the_pilot_elsewhe
 
 def test_per_endpoint_override_and_max_total_per_backend():
     backend = TrackingBackend(servers=3)
-    director = make(backend, pilots=30, max_waiting=5,
-                    backends={BACKEND: {"max_total": 12, "endpoints": {"s2": {"max_waiting": 1}}}})
+    director = make(
+        backend,
+        pilots=30,
+        max_waiting=5,
+        backends={BACKEND: {"max_total": 12, "endpoints": {"s2": {"max_waiting": 1}}}},
+    )
     summary = director.run_iteration()
     assert backend.count("s2", "waiting") <= 1
     assert sum(backend.count(f"s{i}", "waiting") for i in range(3)) == 11  # 5 + 5 + 1 < 12
@@ -297,7 +324,9 @@ def test_cancel_goes_through_admission_as_other():
     director.close()
 
 
-def _abort(backend, director, endpoint, n, state="failed", reason="BrokerHelper: no compatible resources"):
+def _abort(
+    backend, director, endpoint, n, state="failed", reason="BrokerHelper: no compatible resources"
+):
     backend.move(endpoint, "running", n, only="waiting")
     return backend.move(endpoint, state, n, reason=reason, only="running")
 
@@ -348,14 +377,24 @@ def test_director_restarted_mid_run_keeps_tracking_with_sqlite(tmp_path):
     clock = FakeClock()
     backend = TrackingBackend(servers=2)
     path = str(tmp_path / "state.db")
-    first = make(backend, pilots=8, clock=clock, state=SqliteState({"path": path}, clock=clock),
-                 max_waiting=4)
+    first = make(
+        backend,
+        pilots=8,
+        clock=clock,
+        state=SqliteState({"path": path}, clock=clock),
+        max_waiting=4,
+    )
     first.run_iteration()
     first.close()
     first.state.close()
     backend.move("s0", "running")
-    second = make(backend, pilots=8, clock=clock, state=SqliteState({"path": path}, clock=clock),
-                  max_waiting=4)
+    second = make(
+        backend,
+        pilots=8,
+        clock=clock,
+        state=SqliteState({"path": path}, clock=clock),
+        max_waiting=4,
+    )
     summary = second.run_iteration()
     assert sorted(len(ids) for _e, ids in backend.status_calls) == [4, 4]  # the first one's pilots
     assert states(second) == {"running": 4, "waiting": 8}
@@ -425,8 +464,13 @@ def test_settings_resolve_endpoint_then_backend_then_director():
     from gridgate.core.model import Endpoint
     from gridgate.core.tracking import PilotSettings
 
-    settings = PilotSettings({"max_waiting": 50, "status_interval": 300, "backends": {
-        "slurm": {"max_waiting": 10, "endpoints": {"debug": {"max_waiting": 2}}}}})
+    settings = PilotSettings(
+        {
+            "max_waiting": 50,
+            "status_interval": 300,
+            "backends": {"slurm": {"max_waiting": 10, "endpoints": {"debug": {"max_waiting": 2}}}},
+        }
+    )
     assert settings.for_endpoint(Endpoint("slurm", "debug"), "max_waiting") == 2
     assert settings.for_endpoint(Endpoint("slurm", "batch"), "max_waiting") == 10
     assert settings.for_endpoint(Endpoint("lsf", "short"), "max_waiting") == 50
@@ -497,7 +541,6 @@ def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
         def gridgate_job_status(self, endpoint, job_ids, timeout):
             raise RuntimeError("bug in a plugin")
 
-
     crashes = Crashes()
     backend = TrackingBackend(servers=1)
     director = make(backend, crashes, pilots=2, max_waiting=5)
@@ -505,6 +548,7 @@ def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
     summary = director.run_iteration()
     assert [p["outcome"] for p in summary.pilots["polls"]] == ["plugin_error"]
     assert states(director) == {"waiting": 4}
+
     def bug(*args):
         raise KeyError("a bug in the tracker itself")
 
@@ -519,8 +563,16 @@ def test_two_directors_on_one_store_poll_an_endpoint_once_per_interval(tmp_path)
     clock = FakeClock()
     backend = TrackingBackend(servers=2)
     path = str(tmp_path / "state.db")
-    one, two = (make(backend, pilots=4, clock=clock, state=SqliteState({"path": path}, clock=clock),
-                     status_interval=300) for _ in range(2))
+    one, two = (
+        make(
+            backend,
+            pilots=4,
+            clock=clock,
+            state=SqliteState({"path": path}, clock=clock),
+            status_interval=300,
+        )
+        for _ in range(2)
+    )
     one.run_iteration()  # submits; nothing tracked yet to poll
     one.run_iteration()
     two.run_iteration()
@@ -664,8 +716,10 @@ def test_a_bug_in_the_tracking_keeps_the_limits_on_the_last_known_counts():
     director = make(backend, pilots=4, clock=clock, state=store, max_waiting=5)
     director.run_iteration()
     store.pilot_registry().broken = True
-    submitted = [sum(r.pilots for r in director.run_iteration().records if r.outcome == "submitted")
-                 for _ in range(2)]
+    submitted = [
+        sum(r.pilots for r in director.run_iteration().records if r.outcome == "submitted")
+        for _ in range(2)
+    ]
     assert submitted == [1, 0]
     director.close()
 
@@ -706,8 +760,10 @@ def test_a_status_output_cut_by_gridgates_cap_blames_no_server_and_loses_no_pilo
     import sys
 
     script = tmp_path / "status.py"
-    script.write_text("import sys\nfor job in sys.argv[1:]:\n    print(job, 'running')\n"
-                      "print('x' * 5_000_000)\n", encoding="utf-8")
+    script.write_text(
+        "import sys\nfor job in sys.argv[1:]:\n    print(job, 'running')\nprint('x' * 5_000_000)\n",
+        encoding="utf-8",
+    )
     backend = TrackingBackend(servers=1)
     director = make(backend, pilots=3)
     director.run_iteration()
@@ -734,7 +790,9 @@ def test_a_backend_that_does_not_answer_for_a_removed_endpoint_keeps_its_limits(
     class Forgets(TrackingBackend):
         @hookimpl(tryfirst=True)
         def gridgate_job_status(self, endpoint, job_ids, timeout):
-            if endpoint.backend == BACKEND and endpoint.name not in {e.name for e in self.endpoints}:
+            if endpoint.backend == BACKEND and endpoint.name not in {
+                e.name for e in self.endpoints
+            }:
                 return None
             return TrackingBackend.gridgate_job_status(self, endpoint, job_ids, timeout)
 
@@ -745,7 +803,9 @@ def test_a_backend_that_does_not_answer_for_a_removed_endpoint_keeps_its_limits(
     backend.endpoints = backend.endpoints[:1]
     summary = director.run_iteration()
     assert {p["endpoint"]: p["outcome"] for p in summary.pilots["polls"]} == {
-        "s0": "ok", "s1": "unsupported"}
+        "s0": "ok",
+        "s1": "unsupported",
+    }
     assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 0  # s0 full
     clock.advance(601)
     director.run_iteration()

@@ -15,15 +15,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-UNITS = {"gridgate-director.service": ("run", "/etc/gridgate/site.yaml"),
-         "gridgate-proxyd.service": ("lsfproxyd serve", "/etc/gridgate/proxyd.yaml")}
-CONFIGS = {"/etc/gridgate/site.yaml": DEPLOY / "site.yaml",
-           "/etc/gridgate/proxyd.yaml": DEPLOY / "proxyd.yaml"}
+UNITS = {
+    "gridgate-director.service": ("run", "/etc/gridgate/site.yaml"),
+    "gridgate-proxyd.service": ("lsfproxyd serve", "/etc/gridgate/proxyd.yaml"),
+}
+CONFIGS = {
+    "/etc/gridgate/site.yaml": DEPLOY / "site.yaml",
+    "/etc/gridgate/proxyd.yaml": DEPLOY / "proxyd.yaml",
+}
 
 
 def unit(name: str) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=True,
-                                       comment_prefixes=("#", ";"), empty_lines_in_values=False)
+    parser = configparser.ConfigParser(
+        interpolation=None, strict=True, comment_prefixes=("#", ";"), empty_lines_in_values=False
+    )
     parser.optionxform = str  # systemd keys are case-sensitive
     parser.read_string((DEPLOY / "systemd" / name).read_text(encoding="utf-8"), source=name)
     return parser
@@ -51,8 +56,12 @@ def exec_words(parser: configparser.ConfigParser) -> tuple[str, list[str], list[
 
 
 def test_sample_configs_validate(gridgate_exe: str) -> None:
-    done = subprocess.run([gridgate_exe, "config", "validate", *map(str, CONFIGS.values())],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [gridgate_exe, "config", "validate", *map(str, CONFIGS.values())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(": valid") == 2
 
@@ -86,8 +95,9 @@ def test_unit_parses_and_runs_an_existing_sub_command(name: str, gridgate_exe: s
     expected_words, config_path = UNITS[name]
     assert words == expected_words.split()
     assert args == ["-c", config_path]
-    help_text = subprocess.run([gridgate_exe, *words, "--help"], capture_output=True, text=True,
-                               timeout=60)
+    help_text = subprocess.run(
+        [gridgate_exe, *words, "--help"], capture_output=True, text=True, timeout=60
+    )
     assert help_text.returncode == 0, help_text.stderr
     assert "-c, --config" in help_text.stdout
 
@@ -98,8 +108,13 @@ def test_unit_restart_policy_and_hardening(name: str) -> None:
     assert service["Restart"] == "on-failure" and seconds(service["RestartSec"]) > 0
     assert service["RestartPreventExitStatus"] == "2"  # a bad config does not fix itself
     assert service["KillMode"] == "mixed"
-    for key, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
-                       "ProtectHome": "yes", "User": "gridgate"}.items():
+    for key, value in {
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "PrivateTmp": "yes",
+        "ProtectHome": "yes",
+        "User": "gridgate",
+    }.items():
         assert service[key] == value, key
     assert service["User"] != "root"
     assert "/var/lib/gridgate" in service["ReadWritePaths"].split()
@@ -144,8 +159,10 @@ def test_logrotate_snippet_renames_the_diagnostic_log_and_reloads_the_daemon() -
     body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     match = re.search(r"^(\S+)\s*\{(.*?)^\}", body, re.M | re.S)
     assert match, "no 'PATH { ... }' block"
-    path, directives = match.group(1), {d.strip().split()[0] for d in match.group(2).splitlines()
-                                        if d.strip()}
+    path, directives = (
+        match.group(1),
+        {d.strip().split()[0] for d in match.group(2).splitlines() if d.strip()},
+    )
     assert path == load_config(DEPLOY / "proxyd.yaml")["proxyd"]["diagnose_file"]
     # the daemon reopens its log on SIGHUP (test_proxyd_daemon::test_sighup_reopens_...), so
     # the file is renamed and the unit reloaded; copytruncate would lose lines
@@ -163,6 +180,10 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path: Path, gridgate_exe: 
         text = (DEPLOY / "systemd" / name).read_text(encoding="utf-8")
         # verify checks that ExecStart exists: point it at this environment's gridgate
         (tmp_path / name).write_text(text.replace("/opt/gridgate/bin/gridgate", gridgate_exe))
-    done = subprocess.run([analyze, "verify", *(str(tmp_path / n) for n in UNITS)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [analyze, "verify", *(str(tmp_path / n) for n in UNITS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stderr.strip() == "", done.stderr

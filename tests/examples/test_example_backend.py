@@ -22,19 +22,31 @@ DISTRIBUTION = "gridgate-example-backend"
 
 
 def _pip_install(source: Path, target: Path) -> None:
-    base = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-input",
-            "--disable-pip-version-check", "--target", str(target)]
+    base = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+    ]
     # Offline first (this environment's setuptools); when it cannot build a wheel (no
     # `wheel` package next to an old setuptools), let pip fetch the build backend.
-    offline = subprocess.run([*base, "--no-build-isolation", str(source)], capture_output=True,
-                             text=True, timeout=300)
+    offline = subprocess.run(
+        [*base, "--no-build-isolation", str(source)], capture_output=True, text=True, timeout=300
+    )
     if offline.returncode == 0:
         return
     shutil.rmtree(target, ignore_errors=True)
     isolated = subprocess.run([*base, str(source)], capture_output=True, text=True, timeout=300)
     assert isolated.returncode == 0, (
         f"pip install failed\n--- without build isolation:\n{offline.stderr[-3000:]}"
-        f"\n--- with build isolation:\n{isolated.stderr[-3000:]}")
+        f"\n--- with build isolation:\n{isolated.stderr[-3000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +55,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     work = tmp_path_factory.mktemp("example-backend")
     source = work / "src-copy"
     # build from a copy: setuptools writes build/ and *.egg-info next to the sources
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns(
-        "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    shutil.copytree(
+        EXAMPLE,
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"),
+    )
     target = work / "site"
     _pip_install(source, target)
     assert (target / "gridgate_example_backend" / "backend.py").is_file()
@@ -52,14 +67,21 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, source
 
 
-def _gridgate(exe: str, *args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _gridgate(
+    exe: str, *args: str, env: dict[str, str], timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     """Run ``gridgate``; if it hangs, fail with where its threads were (faulthandler on SIGABRT).
 
     Twice, with two full suites on the 2 cores, a call here printed its result and then did not
     exit within 60 s; this is how the next occurrence will say where it stood."""
     argv = [exe, *args]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**env, "PYTHONFAULTHANDLER": "1"})
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -70,8 +92,10 @@ def _gridgate(exe: str, *args: str, env: dict[str, str], timeout: float = 180) -
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-        pytest.fail(f"{argv} still running after {timeout} s (state {state}); "
-                    f"stdout so far: {out[-2000:]!r}\nits threads at SIGABRT:\n{err[-6000:]}")
+        pytest.fail(
+            f"{argv} still running after {timeout} s (state {state}); "
+            f"stdout so far: {out[-2000:]!r}\nits threads at SIGABRT:\n{err[-6000:]}"
+        )
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
@@ -94,8 +118,12 @@ def _site_config(tmp_path: Path, pilots: int = 4) -> Path:
     doc = {
         "director": {"state_dir": str(tmp_path / "state"), "command_timeout": 30, "max_threads": 2},
         "state": {"driver": "memory"},
-        "backends": {"local": {"command": [str(pilot), "--slot", "{slot}", "--n", "{count}"],
-                               "servers": ["slot-a", "slot-b"]}},
+        "backends": {
+            "local": {
+                "command": [str(pilot), "--slot", "{slot}", "--n", "{count}"],
+                "servers": ["slot-a", "slot-b"],
+            }
+        },
         "demand": {"static": {"local": pilots}},
     }
     path = tmp_path / "site.yaml"
@@ -103,7 +131,9 @@ def _site_config(tmp_path: Path, pilots: int = 4) -> Path:
     return path
 
 
-def test_run_once_submits_through_the_installed_local_backend(installed, gridgate_exe, tmp_path) -> None:
+def test_run_once_submits_through_the_installed_local_backend(
+    installed, gridgate_exe, tmp_path
+) -> None:
     target, _ = installed
     site = _site_config(tmp_path, pilots=4)
     done = _gridgate(gridgate_exe, "run", "--once", "--json", "-c", str(site), env=_env(target))
@@ -116,11 +146,14 @@ def test_run_once_submits_through_the_installed_local_backend(installed, gridgat
     assert {s["endpoint"] for s in summary["submitted"]} <= {"slot-a", "slot-b"}
     job_ids = sorted(i for s in summary["submitted"] for i in s["job_ids"])
     assert job_ids == ["local-1", "local-2", "local-3", "local-4"]
-    calls = [json.loads(line)["argv"] for line in
-             (tmp_path / "bin" / ".pilot.calls").read_text().splitlines()]
+    calls = [
+        json.loads(line)["argv"]
+        for line in (tmp_path / "bin" / ".pilot.calls").read_text().splitlines()
+    ]
     assert len(calls) == 4
-    assert all(c[0] == "--slot" and c[1] in ("slot-a", "slot-b") and c[2:] == ["--n", "1"]
-               for c in calls)
+    assert all(
+        c[0] == "--slot" and c[1] in ("slot-a", "slot-b") and c[2:] == ["--n", "1"] for c in calls
+    )
 
 
 def test_plugins_lists_it_with_its_distribution(installed, gridgate_exe) -> None:
@@ -134,8 +167,9 @@ def test_plugins_lists_it_with_its_distribution(installed, gridgate_exe) -> None
     assert backends["local"]["default"] is False
 
 
-def test_config_validate_checks_its_section_through_the_installed_schema(installed, gridgate_exe,
-                                                                         tmp_path) -> None:
+def test_config_validate_checks_its_section_through_the_installed_schema(
+    installed, gridgate_exe, tmp_path
+) -> None:
     target, _ = installed
     site = _site_config(tmp_path)
     doc = yaml.safe_load(site.read_text())
@@ -150,8 +184,9 @@ def test_config_validate_checks_its_section_through_the_installed_schema(install
     assert "backends.local.servers" in refused.stderr
 
 
-def test_without_it_installed_a_config_naming_it_fails_with_exit_2(installed, gridgate_exe,
-                                                                   tmp_path) -> None:
+def test_without_it_installed_a_config_naming_it_fails_with_exit_2(
+    installed, gridgate_exe, tmp_path
+) -> None:
     site = _site_config(tmp_path)
     for argv in (["run", "--once", "--json", "-c", str(site)], ["config", "validate", str(site)]):
         done = _gridgate(gridgate_exe, *argv, env=_env(None), timeout=120)
@@ -164,8 +199,13 @@ def test_without_it_installed_a_config_naming_it_fails_with_exit_2(installed, gr
 
 def test_its_own_tests_pass_against_the_installed_package(installed, tmp_path) -> None:
     target, source = installed
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(source / "tests")],
-                          cwd=source, capture_output=True, text=True, env=_env(target), timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source / "tests")],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        env=_env(target),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout

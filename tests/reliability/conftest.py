@@ -26,8 +26,6 @@ def _no_child_left() -> Iterator[None]:
     assert not left, f"test left child processes running: {sorted(left)}"
 
 
-
-
 @pytest.fixture
 def site(tmp_path: Path) -> Site:
     return Site(tmp_path / "site")

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # The daemon fixtures of the plugin's own tests (a real `gridgate lsfproxyd serve` process, a
 # socket directory `nobody` can reach, commands run as `nobody`) are reused, not copied.
 _spec = importlib.util.spec_from_file_location(
-    "lsf_proxy_fixtures", ROOT / "tests" / "plugins" / "lsf_proxy" / "conftest.py")
+    "lsf_proxy_fixtures", ROOT / "tests" / "plugins" / "lsf_proxy" / "conftest.py"
+)
 assert _spec is not None and _spec.loader is not None
 lsf_fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lsf_fixtures)
@@ -32,12 +33,12 @@ def _reply_lines(data: bytes) -> list[dict[str, Any]]:
 def read_replies(sock: socket.socket, count: int) -> list[dict[str, Any]]:
     """Read ``count`` replies (fewer if the daemon closes the connection); events skipped."""
     data = b""
-    while len(_reply_lines(data[:data.rfind(b"\n") + 1])) < count:
+    while len(_reply_lines(data[: data.rfind(b"\n") + 1])) < count:
         chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
-    return _reply_lines(data[:data.rfind(b"\n") + 1])[:count]
+    return _reply_lines(data[: data.rfind(b"\n") + 1])[:count]
 
 
 def talk(path: str, *lines: bytes, timeout: float = 20) -> list[dict[str, Any]]:

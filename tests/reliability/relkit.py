@@ -64,26 +64,43 @@ class Site:
         self.config_path = root / "site.yaml"
         self.scenario()
 
-    def scenario(self, hosts: dict[str, Any] | None = None,
-                 default: dict[str, Any] | None = None, log_calls: bool = True) -> None:
-        write_scenario(self.scenario_path, {
-            "state_dir": str(self.root / "simstate"),
-            "calls_log": str(self.calls_log) if log_calls else "",
-            "default": dict(default or {"behaviour": "healthy"}), "hosts": dict(hosts or {}),
-        })
+    def scenario(
+        self,
+        hosts: dict[str, Any] | None = None,
+        default: dict[str, Any] | None = None,
+        log_calls: bool = True,
+    ) -> None:
+        write_scenario(
+            self.scenario_path,
+            {
+                "state_dir": str(self.root / "simstate"),
+                "calls_log": str(self.calls_log) if log_calls else "",
+                "default": dict(default or {"behaviour": "healthy"}),
+                "hosts": dict(hosts or {}),
+            },
+        )
 
     def doc(self, **director: Any) -> dict[str, Any]:
         return {
-            "director": {"cycle_seconds": 0.1, "max_threads": 4, "command_timeout": 5,
-                         "state_dir": str(self.state_dir), **director},
+            "director": {
+                "cycle_seconds": 0.1,
+                "max_threads": 4,
+                "command_timeout": 5,
+                "state_dir": str(self.state_dir),
+                **director,
+            },
             "state": {"driver": "sqlite", "path": str(self.state_dir / "state.db")},
-            "backends": {"wms_glite": {
-                "servers": self.hosts,
-                "commands": {"submit": str(self.bin / "glite-wms-job-submit"),
-                             "list_match": str(self.bin / "glite-wms-job-list-match")},
-                "list_match": True,
-                "env": {"GRIDGATE_SIM_SCENARIO": str(self.scenario_path)},
-            }},
+            "backends": {
+                "wms_glite": {
+                    "servers": self.hosts,
+                    "commands": {
+                        "submit": str(self.bin / "glite-wms-job-submit"),
+                        "list_match": str(self.bin / "glite-wms-job-list-match"),
+                    },
+                    "list_match": True,
+                    "env": {"GRIDGATE_SIM_SCENARIO": str(self.scenario_path)},
+                }
+            },
             "demand": {"static": {"wms_glite": 8}},
             "notifiers": {"files": {"folder": str(self.notes)}},
         }
@@ -93,11 +110,17 @@ class Site:
         return self.config_path
 
 
-def gridgate(exe: str, *args: str, env: dict[str, str] | None = None,
-             timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def gridgate(
+    exe: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run the gridgate CLI to completion."""
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [exe, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

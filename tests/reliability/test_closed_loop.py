@@ -56,7 +56,9 @@ class MiniBatch:
         return BackendInfo(BACKEND, tuple(Endpoint(BACKEND, p) for p in PARTITIONS))
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         if endpoint.backend != BACKEND:
             return None
         result = run([str(self.submit), endpoint.name], timeout=timeout)
@@ -65,7 +67,9 @@ class MiniBatch:
         return SubmitResult(endpoint, ok=True, job_ids=(result.stdout.split()[-1],), command=result)
 
     @hookimpl
-    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> StatusResult | None:
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
         if endpoint.backend != BACKEND:
             return None
         statuses: dict[str, JobStatus] = {}
@@ -100,7 +104,7 @@ class Scheduler:
 
     def _learn(self) -> None:
         calls = self.batch.submit.calls()
-        for number, call in enumerate(calls[self.seen_calls:], start=self.seen_calls + 1):
+        for number, call in enumerate(calls[self.seen_calls :], start=self.seen_calls + 1):
             self.jobs[str(number)] = [call["argv"][0], "PENDING"]
         self.seen_calls = len(calls)
 
@@ -113,30 +117,45 @@ class Scheduler:
                 job[1] = "COMPLETED"
         for partition in PARTITIONS:
             queue = [j for j in self.jobs.values() if j[0] == partition and j[1] == "PENDING"]
-            start = queue if partition == "bad" else queue[:self.slots]
+            start = queue if partition == "bad" else queue[: self.slots]
             for job in start:
                 job[1] = "FAILED" if partition == "bad" else "RUNNING"
                 failed += partition == "bad"
         lines = []
         for number, (_partition, state) in self.jobs.items():
-            reason = "NonZeroExitCode" if state == "FAILED" else "Resources" if state == "PENDING" else "None"
+            reason = (
+                "NonZeroExitCode"
+                if state == "FAILED"
+                else "Resources"
+                if state == "PENDING"
+                else "None"
+            )
             lines.append(f"{number} {state} {reason}")
         self.batch.write_status("\n".join(lines) + "\n")
         return failed
 
 
-def director_for(tmp_path: Path, batch: MiniBatch, clock: FakeClock, collector: Collector,
-                 max_waiting: int) -> Director:
+def director_for(
+    tmp_path: Path, batch: MiniBatch, clock: FakeClock, collector: Collector, max_waiting: int
+) -> Director:
     doc = {
-        "director": {"cycle_seconds": 1, "max_threads": 4, "command_timeout": 30,
-                     "failing_expiry": 3600, "ticket_expiry": 3600,
-                     "state_dir": str(tmp_path / "state"), "pilots": {"max_waiting": max_waiting}},
+        "director": {
+            "cycle_seconds": 1,
+            "max_threads": 4,
+            "command_timeout": 30,
+            "failing_expiry": 3600,
+            "ticket_expiry": 3600,
+            "state_dir": str(tmp_path / "state"),
+            "pilots": {"max_waiting": max_waiting},
+        },
         "state": {"driver": "memory"},
         "demand": {"static": {BACKEND: 20}},
         "selectors": {"round_robin": {}},
     }
     state = SqliteState({"path": str(tmp_path / "state" / "state.db")}, clock=clock)
-    return Director(validate_document(doc), clock=clock, extra_plugins=[batch, collector], state=state)
+    return Director(
+        validate_document(doc), clock=clock, extra_plugins=[batch, collector], state=state
+    )
 
 
 def status_calls(batch: MiniBatch) -> list[str]:
@@ -178,13 +197,20 @@ def test_max_waiting_holds_and_an_all_failing_partition_leaves_rotation(tmp_path
             director.run_iteration()
             scheduler.tick()
             clock.advance(60)
-        assert [(n.level, n.endpoint.name) for n in collector.notes] == [("error", "bad"), ("alarm", "bad")]
+        assert [(n.level, n.endpoint.name) for n in collector.notes] == [
+            ("error", "bad"),
+            ("alarm", "bad"),
+        ]
         assert "It has been failing at least for" in collector.notes[-1].body
     finally:
         director.close()
         director.state.close()
-    figures(max_waiting=width, peak_pending=peak, polls_until_out=out_at_poll - visible_at_poll + 1,
-            notifications=[n.level for n in collector.notes])
+    figures(
+        max_waiting=width,
+        peak_pending=peak,
+        polls_until_out=out_at_poll - visible_at_poll + 1,
+        notifications=[n.level for n in collector.notes],
+    )
 
 
 def test_one_status_command_per_endpoint_for_5000_tracked_pilots(tmp_path, figures) -> None:
@@ -193,15 +219,28 @@ def test_one_status_command_per_endpoint_for_5000_tracked_pilots(tmp_path, figur
     try:
         registry = director.state.pilot_registry()
         for count, partition in ((1, "good1"), (5000, "good2")):
-            registry.put(Pilot(f"{partition}-{i}", BACKEND, partition, submitted=clock.time(),
-                               changed=clock.time()) for i in range(count))
-        batch.write_status("".join(f"good2-{i} RUNNING None\n" for i in range(5000)) + "good1-0 PENDING Priority\n")
+            registry.put(
+                Pilot(
+                    f"{partition}-{i}",
+                    BACKEND,
+                    partition,
+                    submitted=clock.time(),
+                    changed=clock.time(),
+                )
+                for i in range(count)
+            )
+        batch.write_status(
+            "".join(f"good2-{i} RUNNING None\n" for i in range(5000)) + "good1-0 PENDING Priority\n"
+        )
         director.run_iteration()
         calls = batch.status.calls()
         per_endpoint = {p: [c for c in calls if c["argv"][0] == p] for p in ("good1", "good2")}
         assert [len(per_endpoint["good1"]), len(per_endpoint["good2"])] == [1, 1]
         assert len(per_endpoint["good2"][0]["argv"]) == 1 + 5000
-        assert registry.counts() == {(BACKEND, "good1", "waiting"): 1, (BACKEND, "good2", "running"): 5000}
+        assert registry.counts() == {
+            (BACKEND, "good1", "waiting"): 1,
+            (BACKEND, "good2", "running"): 5000,
+        }
     finally:
         director.close()
         director.state.close()

@@ -62,8 +62,10 @@ time.sleep(600)  # killed while holding it
 
 
 def test_daemon_killed_under_load_clients_fail_over(start_daemon, sockdir, figures):
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "pb.sock")},
+    ]
     section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "token_wait_time": 15}
     a = start_daemon({**section, "socket": ""}, name="pa", config_name="site.yaml")
     b = start_daemon({**section, "socket": ""}, name="pb", config_name="site.yaml")
@@ -77,11 +79,23 @@ def test_daemon_killed_under_load_clients_fail_over(start_daemon, sockdir, figur
     procs: list[subprocess.Popen[str]] = []
     try:
         for _ in range(LOAD_CLIENTS):
-            procs.append(subprocess.Popen([*AS_NOBODY, PYTHON, str(client_py), pairs, str(stop),
-                                           "0.002"], stdout=subprocess.PIPE, text=True, cwd="/"))
-        holders = [subprocess.Popen([*AS_NOBODY, PYTHON, str(holder_py), "pb", b.socket],
-                                    stdout=subprocess.PIPE, text=True, cwd="/")
-                   for _ in range(HOLDERS)]
+            procs.append(
+                subprocess.Popen(
+                    [*AS_NOBODY, PYTHON, str(client_py), pairs, str(stop), "0.002"],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd="/",
+                )
+            )
+        holders = [
+            subprocess.Popen(
+                [*AS_NOBODY, PYTHON, str(holder_py), "pb", b.socket],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd="/",
+            )
+            for _ in range(HOLDERS)
+        ]
         procs += holders
         for proc in procs[:LOAD_CLIENTS]:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -152,11 +166,19 @@ def test_daemon_killed_under_load_clients_fail_over(start_daemon, sockdir, figur
     assert until(lambda: in_use(b.socket)["query"] == 0, 20), status(b.socket)["categories"]
     final = status(b.socket)["categories"]["query"]
     assert (final["in_use_privileged"], final["queued"]) == (0, 0)
-    figures(clients=LOAD_CLIENTS, holders_killed=HOLDERS, acquires=len(rows),
-            acquires_after_kill=len(after), failed_over=len(failed_over),
-            worst_stall_s=round(worst, 4), slowest_client_first_grant_s=round(
-                max(per_client_first), 4), peak_in_use_survivor=peak[0], limit_survivor=limit_b,
-            in_use_after=final["in_use"], rss_survivor_mib=round(_rss(b.pid), 1))
+    figures(
+        clients=LOAD_CLIENTS,
+        holders_killed=HOLDERS,
+        acquires=len(rows),
+        acquires_after_kill=len(after),
+        failed_over=len(failed_over),
+        worst_stall_s=round(worst, 4),
+        slowest_client_first_grant_s=round(max(per_client_first), 4),
+        peak_in_use_survivor=peak[0],
+        limit_survivor=limit_b,
+        in_use_after=final["in_use"],
+        rss_survivor_mib=round(_rss(b.pid), 1),
+    )
 
 
 def _rss(pid: int) -> float:

@@ -29,21 +29,28 @@ PER_CONNECTION = DRAWS * 8
 MAX_LINE = 2048
 KEY = "fuzz-key-0123456789"
 BIG = 10**6
-SECTION = {"policies": f"QUERY[max={BIG} nominal={BIG}] SUBMISSION[max={BIG} nominal={BIG}] "
-                       f"OTHER[max={BIG} nominal={BIG}]",
-           "max_line_bytes": MAX_LINE, "sample_period": 86400}
+SECTION = {
+    "policies": f"QUERY[max={BIG} nominal={BIG}] SUBMISSION[max={BIG} nominal={BIG}] "
+    f"OTHER[max={BIG} nominal={BIG}]",
+    "max_line_bytes": MAX_LINE,
+    "sample_period": 86400,
+}
 
 # strings JSON can carry but UTF-8 cannot: lone surrogates (issue 21: an id of "\ud800" could
 # not be echoed, and each such request cost a traceback), beside ordinary text
 LONE = ["\ud800", "\udfff", "\udbff\udbff", "\udc00x", "é", "a", ";$(id)", "'\"`"]
 texts = st.text(max_size=12) | st.lists(st.sampled_from(LONE), min_size=1, max_size=4).map("".join)
-scalars = (st.none() | st.booleans() | st.integers() | st.integers(-(2**70), 2**70)
-           | st.floats() | texts)
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(texts, inner, max_size=3),
-                           max_leaves=5)
-ops = st.sampled_from(sorted(PUBLIC_OPS | ADMIN_OPS) + ["", "ACQUIRE", "shutdown", "hello ",
-                                                        "hello\ud800"])
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.integers(-(2**70), 2**70) | st.floats() | texts
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=5,
+)
+ops = st.sampled_from(
+    sorted(PUBLIC_OPS | ADMIN_OPS) + ["", "ACQUIRE", "shutdown", "hello ", "hello\ud800"]
+)
 fields = {
     "category": st.sampled_from(["query", "sub", "submission", "other", "all", "QUERY", ""])
     | json_values,
@@ -52,33 +59,64 @@ fields = {
     "token": texts | json_values,
     "users": st.lists(texts, max_size=3) | json_values,
     "hosts": st.lists(texts, max_size=3) | json_values,
-    "all": json_values, "on": json_values, "file": texts | json_values,
-    "minutes": json_values, "service": json_values, "leaving": json_values,
+    "all": json_values,
+    "on": json_values,
+    "file": texts | json_values,
+    "minutes": json_values,
+    "service": json_values,
+    "leaving": json_values,
 }
 # one_of picks its branches about evenly: mostly the right version and a known op, so most
 # lines get past the framing to the field and signature checks
 requests = st.fixed_dictionaries(
-    {"v": st.one_of(st.just(1), st.just(1), st.just(1),
-                    st.sampled_from([2, 0, "1", None, 1.5]), json_values),
-     "id": st.integers(0, 2**31) | json_values,
-     "op": st.one_of(ops, ops, ops, json_values)},
-    optional=fields)
+    {
+        "v": st.one_of(
+            st.just(1), st.just(1), st.just(1), st.sampled_from([2, 0, "1", None, 1.5]), json_values
+        ),
+        "id": st.integers(0, 2**31) | json_values,
+        "op": st.one_of(ops, ops, ops, json_values),
+    },
+    optional=fields,
+)
 # what happens to a request on its way to the wire: every drawn request is sent each way
 MANGLES = ("none", "truncate", "oversize", "bad_utf8", "not_object", "garbage", "blank", "crlf")
 # TCP only: how it is signed
-auths = st.sampled_from(["valid"] * 4 + ["none", "wrong_key", "bad_mac", "stale", "future",
-                                          "tampered", "replay", "auth_junk", "short_nonce",
-                                          "unbound", "other_challenge", "other_daemon",
-                                          "replay_elsewhere"])
+auths = st.sampled_from(
+    ["valid"] * 4
+    + [
+        "none",
+        "wrong_key",
+        "bad_mac",
+        "stale",
+        "future",
+        "tampered",
+        "replay",
+        "auth_junk",
+        "short_nonce",
+        "unbound",
+        "other_challenge",
+        "other_daemon",
+        "replay_elsewhere",
+    ]
+)
 #: a validly signed line of an earlier connection: replayed on another one, it must fail
 EARLIER: list[bytes] = []
 draws = st.tuples(requests, auths, st.integers(0, 10**6), st.binary(max_size=120), json_values)
-batches = st.tuples(st.lists(draws, min_size=DRAWS // 2, max_size=2 * DRAWS),
-                    st.binary(max_size=60))  # an unterminated tail sent before closing
+batches = st.tuples(
+    st.lists(draws, min_size=DRAWS // 2, max_size=2 * DRAWS), st.binary(max_size=60)
+)  # an unterminated tail sent before closing
 
 
-def _wire(request: dict[str, Any], auth: str, pick: int, junk: bytes, other: Any,
-          tcp: bool, last_signed: list[bytes], bound: tuple[str, str] | None = None) -> list[bytes]:
+def _wire(
+    request: dict[str, Any],
+    auth: str,
+    pick: int,
+    junk: bytes,
+    other: Any,
+    tcp: bool,
+    last_signed: list[bytes],
+    bound: tuple[str, str] | None = None,
+) -> list[bytes]:
     """The lines (without newlines) the fuzzer sends for one drawn request; ``bound``: the
     connection's challenge and the daemon's name (TCP)."""
     # signed once: the plain and the CRLF copies of a valid request are a request and its replay
@@ -86,8 +124,14 @@ def _wire(request: dict[str, Any], auth: str, pick: int, junk: bytes, other: Any
     return [_mangle(raw, mangle, pick, junk, request, other) for mangle in MANGLES]
 
 
-def _signed(request: dict[str, Any], auth: str, other: Any, tcp: bool,
-            last_signed: list[bytes], bound: tuple[str, str] | None = None) -> bytes:
+def _signed(
+    request: dict[str, Any],
+    auth: str,
+    other: Any,
+    tcp: bool,
+    last_signed: list[bytes],
+    bound: tuple[str, str] | None = None,
+) -> bytes:
     if tcp:
         if auth == "replay" and last_signed:
             return last_signed[-1]
@@ -105,8 +149,15 @@ def _signed(request: dict[str, Any], auth: str, other: Any, tcp: bool,
                 challenge = "0" * 32
             elif auth == "other_daemon":
                 name = "another-daemon"
-            request = sign(dict(request), key, "fuzzer", "fuzzhost", challenge=challenge,
-                           daemon=name, **({"clock": clock} if clock else {}))
+            request = sign(
+                dict(request),
+                key,
+                "fuzzer",
+                "fuzzhost",
+                challenge=challenge,
+                daemon=name,
+                **({"clock": clock} if clock else {}),
+            )
             if auth == "bad_mac":
                 request["auth"]["mac"] = request["auth"]["mac"][::-1]
             elif auth == "tampered":
@@ -122,8 +173,9 @@ def _signed(request: dict[str, Any], auth: str, other: Any, tcp: bool,
     return raw
 
 
-def _mangle(raw: bytes, mangle: str, pick: int, junk: bytes, request: dict[str, Any],
-            other: Any) -> bytes:
+def _mangle(
+    raw: bytes, mangle: str, pick: int, junk: bytes, request: dict[str, Any], other: Any
+) -> bytes:
     if mangle == "truncate":
         raw = raw[: pick % max(1, len(raw))]
     elif mangle == "oversize":
@@ -163,8 +215,9 @@ def _fuzz(connect, tcp: bool, tally: Tally) -> None:
 
 
 def _fuzz_run(connect, tcp: bool, tally: Tally, examples: int) -> None:
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(batch=batches)
     def run(batch: tuple[list[tuple], bytes]) -> None:
         items, tail = batch
@@ -175,8 +228,11 @@ def _fuzz_run(connect, tcp: bool, tally: Tally, examples: int) -> None:
                 sock.sendall(b'{"v":1,"id":"hi","op":"hello"}\n')
                 (hi,) = read_replies(sock, 1)
                 bound = (hi["challenge"], hi["name"])
-            wire = [line for item in items
-                    for line in _wire(*item, tcp=tcp, last_signed=signed, bound=bound)]
+            wire = [
+                line
+                for item in items
+                for line in _wire(*item, tcp=tcp, last_signed=signed, bound=bound)
+            ]
             expected = sum(_expected_reply(line) for line in wire)
             sock.sendall(b"".join(line + b"\n" for line in wire))
             replies = read_replies(sock, expected)
@@ -186,8 +242,9 @@ def _fuzz_run(connect, tcp: bool, tally: Tally, examples: int) -> None:
             marker: dict[str, Any] = {"v": 1, "id": "end-of-batch", "op": "hello"}
             if tcp:
                 assert bound is not None
-                marker = sign(marker, KEY, "fuzzer", "fuzzhost", challenge=bound[0],
-                              daemon=bound[1])
+                marker = sign(
+                    marker, KEY, "fuzzer", "fuzzhost", challenge=bound[0], daemon=bound[1]
+                )
                 EARLIER[:] = [encode(marker)[:-1]]
             sock.sendall(encode(marker))
             (last,) = read_replies(sock, 1)
@@ -224,12 +281,15 @@ def _check_consistent(path: str, tally: Tally, pid: int) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(20)
         sock.connect(path)
-        sock.sendall(b'{"v":1,"id":1,"op":"enable","category":"all"}\n'
-                     b'{"v":1,"id":1,"op":"acquire","category":"query"}\n')
+        sock.sendall(
+            b'{"v":1,"id":1,"op":"enable","category":"all"}\n'
+            b'{"v":1,"id":1,"op":"acquire","category":"query"}\n'
+        )
         _, got = read_replies(sock, 2)
         assert got["result"] == "granted"
-        sock.sendall(b'{"v":1,"id":2,"op":"release","token":%s}\n' % json.dumps(
-            got["token"]).encode())
+        sock.sendall(
+            b'{"v":1,"id":2,"op":"release","token":%s}\n' % json.dumps(got["token"]).encode()
+        )
         assert read_replies(sock, 1)[0]["released"] is True
     return after
 
@@ -247,8 +307,12 @@ def test_fuzz_unix_socket(start_daemon, sockdir, figures):
     _fuzz(connect, False, tally)
     _check_consistent(d.socket, tally, d.pid)
     assert d.proc.poll() is None and "Traceback" not in d.log()
-    figures(lines=tally.lines, connections=tally.connections, errors=dict(tally.codes),
-            results=dict(tally.results))
+    figures(
+        lines=tally.lines,
+        connections=tally.connections,
+        errors=dict(tally.codes),
+        results=dict(tally.results),
+    )
 
 
 def test_fuzz_tcp_signed(start_daemon, sockdir, figures):
@@ -264,10 +328,21 @@ def test_fuzz_tcp_signed(start_daemon, sockdir, figures):
 
     _fuzz(connect, True, tally)
     # the signature checks were exercised, and none let a bad request through
-    for code in ("unsigned", "bad_signature", "bad_challenge", "stale", "replayed", "bad_json",
-                 "line_too_long"):
+    for code in (
+        "unsigned",
+        "bad_signature",
+        "bad_challenge",
+        "stale",
+        "replayed",
+        "bad_json",
+        "line_too_long",
+    ):
         assert tally.codes[code] > 0, (code, tally.codes)
     _check_consistent(d.socket, tally, d.pid)
     assert d.proc.poll() is None and "Traceback" not in d.log()
-    figures(lines=tally.lines, connections=tally.connections, errors=dict(tally.codes),
-            results=dict(tally.results))
+    figures(
+        lines=tally.lines,
+        connections=tally.connections,
+        errors=dict(tally.codes),
+        results=dict(tally.results),
+    )

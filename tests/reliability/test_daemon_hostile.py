@@ -58,15 +58,24 @@ def test_unencodable_strings_get_bad_request_and_cost_no_traceback(start_daemon,
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.sendall(b'{"v":1,"id":"hi","op":"hello"}\n')
         (hi,) = read_replies(sock, 1)
-        signed = sign({"v": 1, "id": 7, "op": "hello"}, "k3y", "\ud800", "h\udfff",
-                      challenge=hi["challenge"], daemon=hi["name"])
+        signed = sign(
+            {"v": 1, "id": 7, "op": "hello"},
+            "k3y",
+            "\ud800",
+            "h\udfff",
+            challenge=hi["challenge"],
+            daemon=hi["name"],
+        )
         sock.sendall(json.dumps(signed).encode() + b"\n")
         (reply,) = read_replies(sock, 1)
         assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
     # nested past the interpreter's limit: was a RecursionError, an "internal" reply and a
     # traceback each
-    deep = talk(d.socket, *[b"[" * 5000 + b"\n", b'{"v":1,"op":"hello","x":' + b"[" * 3000
-                            + b"]" * 3000 + b"}\n"] * rounds)
+    deep = talk(
+        d.socket,
+        *[b"[" * 5000 + b"\n", b'{"v":1,"op":"hello","x":' + b"[" * 3000 + b"]" * 3000 + b"}\n"]
+        * rounds,
+    )
     assert {r["error"]["code"] for r in deep} == {"bad_json"}, deep[:2]
     # still serving, every bad line counted once in the Error row
     after = status(d.socket)
@@ -153,15 +162,18 @@ def test_log_fields_keep_to_a_safe_alphabet(start_daemon, sockdir, py_as):
     """Before: the diagnostic log carried another user's request text with `;`, `$(...)` and
     quotes intact."""
     log = sockdir / "diag.log"
-    d = start_daemon({"diagnose": True, "diagnose_file": str(log),
-                      "policies": "QUERY[max=4 nominal=4]"})
+    d = start_daemon(
+        {"diagnose": True, "diagnose_file": str(log), "policies": "QUERY[max=4 nominal=4]"}
+    )
     evil = "b;$(touch /tmp/p)`id`\"'\\|&<>*?"
-    code = ("import json, socket\n"
-            "s = socket.socket(socket.AF_UNIX); s.settimeout(20)\n"
-            f"s.connect({d.socket!r})\n"
-            f"s.sendall(json.dumps({{'v': 1, 'id': 1, 'op': 'acquire', 'category': 'query', "
-            f"'opcode': {evil!r}}}).encode() + b'\\n')\n"
-            "print(s.recv(65536).decode())\n")
+    code = (
+        "import json, socket\n"
+        "s = socket.socket(socket.AF_UNIX); s.settimeout(20)\n"
+        f"s.connect({d.socket!r})\n"
+        f"s.sendall(json.dumps({{'v': 1, 'id': 1, 'op': 'acquire', 'category': 'query', "
+        f"'opcode': {evil!r}}}).encode() + b'\\n')\n"
+        "print(s.recv(65536).decode())\n"
+    )
     out = py_as(code)
     assert out.returncode == 0 and '"granted"' in out.stdout, out.stdout + out.stderr
     text = log.read_text()
@@ -182,15 +194,22 @@ def test_names_from_requests_reach_no_log_as_they_are(start_daemon, sockdir):
     port = free_port()
     d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)}})
     for name in ("$(id)", "a;b", "q'\"", "\x1b[2J", "x" * 129):
-        (reply,) = talk(d.socket, json.dumps({"v": 1, "id": 1, "op": "block",
-                                              "users": [name]}).encode() + b"\n")
+        (reply,) = talk(
+            d.socket, json.dumps({"v": 1, "id": 1, "op": "block", "users": [name]}).encode() + b"\n"
+        )
         assert reply["ok"] is False and reply["error"]["code"] == "bad_request", (name, reply)
     assert status(d.socket)["metrics"]["blocked"]["current"] == 0
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
         sock.sendall(b'{"v":1,"id":"hi","op":"hello"}\n')
         (hi,) = read_replies(sock, 1)
-        signed = sign({"v": 1, "id": 7, "op": "acquire", "category": "query"}, "k3y",
-                      "alice;$(id)", "ui01", challenge=hi["challenge"], daemon=hi["name"])
+        signed = sign(
+            {"v": 1, "id": 7, "op": "acquire", "category": "query"},
+            "k3y",
+            "alice;$(id)",
+            "ui01",
+            challenge=hi["challenge"],
+            daemon=hi["name"],
+        )
         sock.sendall(json.dumps(signed).encode() + b"\n")
         (reply,) = read_replies(sock, 1)
         assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
@@ -216,9 +235,10 @@ def test_a_failing_diagnostic_log_is_told_once_not_per_request(start_daemon, soc
     log = sockdir / "diag.log"
     log.write_bytes(b"x" * 65536)
     log.chmod(0o600)
-    d = start_daemon({"diagnose": True, "diagnose_file": str(log),
-                      "policies": "QUERY[max=4 nominal=4]"},
-                     argv_prefix=("prlimit", "--fsize=32768"))
+    d = start_daemon(
+        {"diagnose": True, "diagnose_file": str(log), "policies": "QUERY[max=4 nominal=4]"},
+        argv_prefix=("prlimit", "--fsize=32768"),
+    )
     before = d.log().count("diagnostic log")
     pairs = 100
     lines = [b'{"v":1,"id":%d,"op":"acquire","category":"query"}\n' % i for i in range(pairs)]

@@ -96,8 +96,13 @@ def _raise_nofile(need: int) -> None:
 
 def test_pairs_from_64_clients_with_idle_connections(start_daemon, sockdir, figures):
     _raise_nofile(IDLE + 1024)
-    d = start_daemon({"policies": "QUERY[max=64 nominal=64]", "sample_period": 86400,
-                      "max_connections": IDLE + 1000})
+    d = start_daemon(
+        {
+            "policies": "QUERY[max=64 nominal=64]",
+            "sample_period": 86400,
+            "max_connections": IDLE + 1000,
+        }
+    )
     rss_start = rss_mib(d.pid)
     idle: list[socket.socket] = []
     worker_py = sockdir / "worker.py"
@@ -114,9 +119,23 @@ def test_pairs_from_64_clients_with_idle_connections(start_daemon, sockdir, figu
         per = CLIENTS // WORKERS
         warm = 20
         for _ in range(WORKERS):
-            workers.append(subprocess.Popen(
-                [*AS_NOBODY, PYTHON, str(worker_py), d.socket, str(per), str(PAIRS // WORKERS),
-                 str(warm), str(go)], stdout=subprocess.PIPE, text=True, cwd="/"))
+            workers.append(
+                subprocess.Popen(
+                    [
+                        *AS_NOBODY,
+                        PYTHON,
+                        str(worker_py),
+                        d.socket,
+                        str(per),
+                        str(PAIRS // WORKERS),
+                        str(warm),
+                        str(go),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd="/",
+                )
+            )
         for proc in workers:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         before = status(d.socket)
@@ -159,7 +178,15 @@ def test_pairs_from_64_clients_with_idle_connections(start_daemon, sockdir, figu
     # nonce or id log...) beyond allocator slack
     assert rss_end <= rss_loaded * 1.25 + 8, (rss_start, rss_loaded, rss_end)
     assert rss_end <= 200
-    figures(pairs=served, clients=CLIENTS, idle=IDLE, seconds=round(elapsed, 1),
-            pairs_per_s=round(served / elapsed), rss_start_mib=round(rss_start, 1),
-            rss_loaded_mib=round(rss_loaded, 1), rss_end_mib=round(rss_end, 1),
-            requests_counted=metrics["requests.query"]["current"], in_use_after=query["in_use"])
+    figures(
+        pairs=served,
+        clients=CLIENTS,
+        idle=IDLE,
+        seconds=round(elapsed, 1),
+        pairs_per_s=round(served / elapsed),
+        rss_start_mib=round(rss_start, 1),
+        rss_loaded_mib=round(rss_loaded, 1),
+        rss_end_mib=round(rss_end, 1),
+        requests_counted=metrics["requests.query"]["current"],
+        in_use_after=query["in_use"],
+    )

@@ -36,9 +36,22 @@ def _key(folder: Path) -> Path:
 
 
 def _flood(port: int, count: int, seconds: float, sources: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([*AS_NOBODY, PYTHON, str(FLOOD), "127.0.0.1", str(port), str(count),
-                             str(seconds), ",".join(sources)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    return subprocess.Popen(
+        [
+            *AS_NOBODY,
+            PYTHON,
+            str(FLOOD),
+            "127.0.0.1",
+            str(port),
+            str(count),
+            str(seconds),
+            ",".join(sources),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
 
 
 def _root_acquires(path: str, count: int, pause: float = 0.02) -> list[float]:
@@ -56,17 +69,19 @@ def _root_acquires(path: str, count: int, pause: float = 0.02) -> list[float]:
 
 
 def _nobody_acquires(path: str, count: int) -> str:
-    return ("import json, time\n"
-            "from gridgate.plugins.lsf_proxy.client.client import ProxyClient, Daemon\n"
-            "took = []\n"
-            f"for _ in range({count}):\n"
-            "    start = time.monotonic()\n"
-            f"    with ProxyClient([Daemon('d', {path!r})], when_unavailable='fail',"
-            " notoken_ntries=1) as c:\n"
-            "        c.acquire('query', 'bjobs').release()\n"
-            "    took.append(time.monotonic() - start)\n"
-            "    time.sleep(0.02)\n"
-            "print(json.dumps(took))\n")
+    return (
+        "import json, time\n"
+        "from gridgate.plugins.lsf_proxy.client.client import ProxyClient, Daemon\n"
+        "took = []\n"
+        f"for _ in range({count}):\n"
+        "    start = time.monotonic()\n"
+        f"    with ProxyClient([Daemon('d', {path!r})], when_unavailable='fail',"
+        " notoken_ntries=1) as c:\n"
+        "        c.acquire('query', 'bjobs').release()\n"
+        "    took.append(time.monotonic() - start)\n"
+        "    time.sleep(0.02)\n"
+        "print(json.dumps(took))\n"
+    )
 
 
 def _tcp_acquires(port: int, count: int, source_ok: bool = True) -> tuple[int, int, list[float]]:
@@ -74,9 +89,15 @@ def _tcp_acquires(port: int, count: int, source_ok: bool = True) -> tuple[int, i
     granted, busy, took = 0, 0, []
     for _ in range(count):
         start = time.monotonic()
-        with ProxyClient([Daemon("t", f"127.0.0.1:{port}")], key=KEY, user="alice",
-                         host="ui01", when_unavailable="fail", notoken_ntries=1,
-                         backoff=(0.01, 0.01)) as c:
+        with ProxyClient(
+            [Daemon("t", f"127.0.0.1:{port}")],
+            key=KEY,
+            user="alice",
+            host="ui01",
+            when_unavailable="fail",
+            notoken_ntries=1,
+            backoff=(0.01, 0.01),
+        ) as c:
             try:
                 c.acquire("query", "bjobs").release()
             except Exception as exc:  # NoToken(busy) when the unauthenticated pool is full
@@ -99,13 +120,20 @@ def _pct(values: list[float], q: float) -> float:
 
 @pytest.mark.parametrize("spread", ["one-address", "fifty-addresses"])
 def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
-        start_daemon, sockdir, py_as, cli, figures, spread):
+    start_daemon, sockdir, py_as, cli, figures, spread
+):
     port = free_port()
     key = _key(sockdir)
     # max_connections 500, as on the machine where 500 idle sockets locked root out
-    d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
-                      "policies": "QUERY[max=64 nominal=64]", "max_connections": 500,
-                      "tcp_auth_timeout": 2})
+    d = start_daemon(
+        {
+            "tcp": f"127.0.0.1:{port}",
+            "key": {"file": str(key)},
+            "policies": "QUERY[max=64 nominal=64]",
+            "max_connections": 500,
+            "tcp_auth_timeout": 2,
+        }
+    )
     quiet = _root_acquires(d.socket, 30)
     sources = ["127.0.0.2"] if spread == "one-address" else [f"127.0.0.{i}" for i in range(2, 52)]
     flood = _flood(port, 1000, 12, sources)
@@ -137,13 +165,18 @@ def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
     assert nobody.returncode == 0, nobody.stderr
     nobody_took = json.loads(nobody.stdout)
     assert len(nobody_took) == 50
-    assert shown.returncode == 0 and "STATUS: CONNECTED" in shown.stdout, shown.stdout + shown.stderr
+    assert shown.returncode == 0 and "STATUS: CONNECTED" in shown.stdout, (
+        shown.stdout + shown.stderr
+    )
     assert "Unable to contact" not in shown.stdout
     cap = seen["capacity"]
     # the flood held its pool (one address: its per-address share) and no more
     held = early["open"]["unauthenticated"]
-    assert 0 < held <= (cap["tcp_max_per_peer"] if spread == "one-address"
-                        else cap["tcp_max_unauthenticated"]), early
+    assert (
+        0
+        < held
+        <= (cap["tcp_max_per_peer"] if spread == "one-address" else cap["tcp_max_unauthenticated"])
+    ), early
     if spread == "one-address":
         assert seen["refused"]["unauthenticated"] > 0
         assert seen["refused"]["auth_timeout"] > 0
@@ -158,12 +191,22 @@ def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
     assert log < STDERR_BOUND, d.log()[-4000:]
     assert "Traceback" not in d.log()
     assert d.proc.poll() is None
-    figures(spread=spread, flood=hostile, root_quiet_median=statistics.median(quiet),
-            root_flood_median=statistics.median(during), root_flood_p99=_pct(during, 0.99),
-            root_flood_max=max(during), nobody_flood_median=statistics.median(nobody_took),
-            nobody_flood_max=max(nobody_took), tcp_granted=granted, tcp_busy=busy,
-            tcp_median=statistics.median(tcp_took) if tcp_took else None,
-            capacity=seen, flood_held=held, stderr_bytes=log)
+    figures(
+        spread=spread,
+        flood=hostile,
+        root_quiet_median=statistics.median(quiet),
+        root_flood_median=statistics.median(during),
+        root_flood_p99=_pct(during, 0.99),
+        root_flood_max=max(during),
+        nobody_flood_median=statistics.median(nobody_took),
+        nobody_flood_max=max(nobody_took),
+        tcp_granted=granted,
+        tcp_busy=busy,
+        tcp_median=statistics.median(tcp_took) if tcp_took else None,
+        capacity=seen,
+        flood_held=held,
+        stderr_bytes=log,
+    )
 
 
 def _fds(pid: int) -> int:
@@ -181,41 +224,55 @@ def _lowest_free_fd(pid: int) -> int:
         time.sleep(0.5)
 
 
-def test_descriptor_exhaustion_pauses_accepts_and_logs_once(start_daemon, sockdir, py_as,
-                                                            figures):
+def test_descriptor_exhaustion_pauses_accepts_and_logs_once(start_daemon, sockdir, py_as, figures):
     port = free_port()
     key = _key(sockdir)
-    d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
-                      "policies": "QUERY[max=64 nominal=64]", "tcp_auth_timeout": 2},
-                     argv_prefix=("prlimit", "--nofile=256:256", "--"))
+    d = start_daemon(
+        {
+            "tcp": f"127.0.0.1:{port}",
+            "key": {"file": str(key)},
+            "policies": "QUERY[max=64 nominal=64]",
+            "tcp_auth_timeout": 2,
+        },
+        argv_prefix=("prlimit", "--nofile=256:256", "--"),
+    )
     cap = status(d.socket)["capacity"]["capacity"]
     # max_connections follows the real limit: the pools together fit in 256 descriptors
     assert cap["nofile"] == 256
-    assert cap["max_connections"] + cap["admin_reserve"] + cap["tcp_max_unauthenticated"] <= 256 - 32
+    assert (
+        cap["max_connections"] + cap["admin_reserve"] + cap["tcp_max_unauthenticated"] <= 256 - 32
+    )
     # 1. nobody opens 400 Unix connections and floods TCP: refused beyond the pools, never EMFILE
     # the hog reads until the refusals it expects have come (30 s at most), then once more
     # after half a second for any beyond them; a socket with nothing to read was accepted
     expected = 400 - cap["max_connections"]
-    hog = ("import socket, sys, time, json\n"
-           "socks = []\n"
-           "for _ in range(400):\n"
-           "    s = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
-           f"    s.connect({d.socket!r}); s.setblocking(False); socks.append(s)\n"
-           "refused = set()\n"
-           "def read():\n"
-           "    for i, s in enumerate(socks):\n"
-           "        if i in refused: continue\n"
-           "        try:\n"
-           "            if b'busy' in s.recv(4096): refused.add(i)\n"
-           "        except BlockingIOError: pass  # nothing sent yet: accepted, not refused\n"
-           "end = time.monotonic() + 30\n"
-           f"while len(refused) < {expected} and time.monotonic() < end:\n"
-           "    read(); time.sleep(0.05)\n"
-           "time.sleep(0.5); read()\n"
-           "print(json.dumps({'refused': len(refused)}), flush=True)\n"
-           "sys.stdin.readline()\n")
-    holder = subprocess.Popen([*AS_NOBODY, PYTHON, "-c", hog], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd="/")
+    hog = (
+        "import socket, sys, time, json\n"
+        "socks = []\n"
+        "for _ in range(400):\n"
+        "    s = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
+        f"    s.connect({d.socket!r}); s.setblocking(False); socks.append(s)\n"
+        "refused = set()\n"
+        "def read():\n"
+        "    for i, s in enumerate(socks):\n"
+        "        if i in refused: continue\n"
+        "        try:\n"
+        "            if b'busy' in s.recv(4096): refused.add(i)\n"
+        "        except BlockingIOError: pass  # nothing sent yet: accepted, not refused\n"
+        "end = time.monotonic() + 30\n"
+        f"while len(refused) < {expected} and time.monotonic() < end:\n"
+        "    read(); time.sleep(0.05)\n"
+        "time.sleep(0.5); read()\n"
+        "print(json.dumps({'refused': len(refused)}), flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    holder = subprocess.Popen(
+        [*AS_NOBODY, PYTHON, "-c", hog],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     flood = _flood(port, 1000, 8, ["127.0.0.2"])
     try:
         refused = json.loads(holder.stdout.readline())["refused"]
@@ -230,13 +287,14 @@ def test_descriptor_exhaustion_pauses_accepts_and_logs_once(start_daemon, sockdi
             # a new descriptor takes the lowest free number: a limit at that number makes
             # every accept fail (for as long as nothing below it is closed)
             open_now = _lowest_free_fd(d.pid)
-            subprocess.run(["prlimit", f"--pid={d.pid}", f"--nofile={open_now}:256"],
-                           check=True)
-            probe = ("import socket\n"
-                     "s = socket.socket(socket.AF_UNIX); s.settimeout(1)\n"
-                     f"s.connect({d.socket!r}); s.sendall(b'{{\"v\":1,\"id\":1,\"op\":\"hello\"}}\\n')\n"
-                     "try:\n    print('answered' if s.recv(4096) else 'closed')\n"
-                     "except TimeoutError:\n    print('waiting')\n")
+            subprocess.run(["prlimit", f"--pid={d.pid}", f"--nofile={open_now}:256"], check=True)
+            probe = (
+                "import socket\n"
+                "s = socket.socket(socket.AF_UNIX); s.settimeout(1)\n"
+                f's.connect({d.socket!r}); s.sendall(b\'{{"v":1,"id":1,"op":"hello"}}\\n\')\n'
+                "try:\n    print('answered' if s.recv(4096) else 'closed')\n"
+                "except TimeoutError:\n    print('waiting')\n"
+            )
             # new clients wait in the backlog (unanswered, not refused); the daemon neither
             # spins nor logs per attempt
             probes = [py_as(probe, timeout=60) for _ in range(5)]
@@ -266,11 +324,19 @@ def test_descriptor_exhaustion_pauses_accepts_and_logs_once(start_daemon, sockdi
     assert "Traceback" not in d.log()
     assert d.stderr.stat().st_size < STDERR_BOUND
     assert d.proc.poll() is None
-    figures(capacity=cap, nobody_unix_refused=refused, root_median=statistics.median(during),
-            root_max=max(during), squeezed_to=open_now, squeeze_seconds=time.monotonic() - squeezed,
-            squeezed_probes=attempts, cannot_accept_lines=len(lines),
-            resumed_seconds=resumed, stderr_bytes=d.stderr.stat().st_size,
-            flood=flood_seen)
+    figures(
+        capacity=cap,
+        nobody_unix_refused=refused,
+        root_median=statistics.median(during),
+        root_max=max(during),
+        squeezed_to=open_now,
+        squeeze_seconds=time.monotonic() - squeezed,
+        squeezed_probes=attempts,
+        cannot_accept_lines=len(lines),
+        resumed_seconds=resumed,
+        stderr_bytes=d.stderr.stat().st_size,
+        flood=flood_seen,
+    )
 
 
 def test_admin_cli_says_busy_not_unable_to_contact(start_daemon, cli):

@@ -33,9 +33,22 @@ KEY = "k3y-of-the-two-daemons"
 
 
 def _flood(port: int, count: int, seconds: float, sources: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([*AS_NOBODY, PYTHON, str(FLOOD), "127.0.0.1", str(port), str(count),
-                             str(seconds), ",".join(sources)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    return subprocess.Popen(
+        [
+            *AS_NOBODY,
+            PYTHON,
+            str(FLOOD),
+            "127.0.0.1",
+            str(port),
+            str(count),
+            str(seconds),
+            ",".join(sources),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
 
 
 def _fds(pid: int) -> int:
@@ -69,13 +82,19 @@ def test_idle_metrics_connections_lock_nobody_out(start_daemon, cli, figures):
     with no timeout; under `prlimit --nofile=512` 1,000 of them left root's `status` and every
     gated command hanging."""
     port = free_port()
-    d = start_daemon({"metrics_port": port, "policies": "QUERY[max=16 nominal=16]"},
-                     argv_prefix=("prlimit", "--nofile=512"))
+    d = start_daemon(
+        {"metrics_port": port, "policies": "QUERY[max=16 nominal=16]"},
+        argv_prefix=("prlimit", "--nofile=512"),
+    )
     threads_before, fds_before = _threads(d.pid), _fds(d.pid)
     flood = _flood(port, 1000, METRICS_SECONDS + 2, [f"127.0.0.{i}" for i in range(2, 12)])
-    nobody = subprocess.Popen([*AS_NOBODY, PYTHON, "-c", NOBODY_LOOP, d.socket,
-                               str(METRICS_SECONDS)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd="/")
+    nobody = subprocess.Popen(
+        [*AS_NOBODY, PYTHON, "-c", NOBODY_LOOP, d.socket, str(METRICS_SECONDS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     took, most_fds, most_threads, scraped, scrapes = [], 0, 0, 0, 0
     try:
         end = time.monotonic() + METRICS_SECONDS
@@ -84,7 +103,8 @@ def test_idle_metrics_connections_lock_nobody_out(start_daemon, cli, figures):
             shown = cli("status", "--socket", d.socket)
             took.append(time.monotonic() - start)
             assert shown.returncode == 0 and "STATUS: CONNECTED" in shown.stdout, (
-                shown.stdout + shown.stderr)
+                shown.stdout + shown.stderr
+            )
             most_fds, most_threads = max(most_fds, _fds(d.pid)), max(most_threads, _threads(d.pid))
             scrapes += 1
             try:  # a scraper still gets in now and then: it sends its request at once
@@ -108,11 +128,22 @@ def test_idle_metrics_connections_lock_nobody_out(start_daemon, cli, figures):
     assert len(nobody_took) > 0
     assert max(took) < 10 and max(nobody_took) < 10, (max(took), max(nobody_took))
     assert d.proc.poll() is None and "Traceback" not in d.log()
-    figures(seconds=METRICS_SECONDS, flood=hostile, status_runs=len(took),
-            status_median=statistics.median(took), status_max=max(took),
-            nobody_acquires=len(nobody_took), nobody_median=statistics.median(nobody_took),
-            nobody_max=max(nobody_took), scrapes=scrapes, scrapes_ok=scraped, fds_before=fds_before,
-            fds_most=most_fds, threads_before=threads_before, threads_most=most_threads)
+    figures(
+        seconds=METRICS_SECONDS,
+        flood=hostile,
+        status_runs=len(took),
+        status_median=statistics.median(took),
+        status_max=max(took),
+        nobody_acquires=len(nobody_took),
+        nobody_median=statistics.median(nobody_took),
+        nobody_max=max(nobody_took),
+        scrapes=scrapes,
+        scrapes_ok=scraped,
+        fds_before=fds_before,
+        fds_most=most_fds,
+        threads_before=threads_before,
+        threads_most=most_threads,
+    )
 
 
 HOLDERS = """
@@ -137,8 +168,9 @@ print(json.dumps({'grants': len(grants), 'errors': errors[:5]}))
 """
 
 
-def test_a_tcp_flood_without_the_key_does_not_split_the_service(start_daemon, sockdir, cli,
-                                                                 figures):
+def test_a_tcp_flood_without_the_key_does_not_split_the_service(
+    start_daemon, sockdir, cli, figures
+):
     """Before: heartbeats between the daemons needed a slot of the unauthenticated TCP pool
     that the flood held, so each daemon took the other for dead and served the whole limit:
     QUERY[max=8] handed out 16 tokens."""
@@ -146,10 +178,18 @@ def test_a_tcp_flood_without_the_key_does_not_split_the_service(start_daemon, so
     key = sockdir / "key"
     key.write_text(KEY + "\n")
     key.chmod(0o600)
-    hosts = [{"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
-             {"name": "pb", "address": f"127.0.0.1:{ports[1]}"}]
-    common = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 0.5,
-              "key": {"file": str(key)}, "tcp_max_unauthenticated": 16, "tcp_auth_timeout": 2}
+    hosts = [
+        {"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
+        {"name": "pb", "address": f"127.0.0.1:{ports[1]}"},
+    ]
+    common = {
+        "hosts": hosts,
+        "policies": "QUERY[max=8 nominal=8]",
+        "heartbeat_interval": 0.5,
+        "key": {"file": str(key)},
+        "tcp_max_unauthenticated": 16,
+        "tcp_auth_timeout": 2,
+    }
     a = start_daemon({**common, "tcp": f"127.0.0.1:{ports[0]}"}, name="pa")
     b = start_daemon({**common, "tcp": f"127.0.0.1:{ports[1]}"}, name="pb")
 
@@ -159,17 +199,27 @@ def test_a_tcp_flood_without_the_key_does_not_split_the_service(start_daemon, so
     assert until(lambda: (query(a)["token_limit"], query(b)["token_limit"]) == (4, 4), 30)
     sources = [f"127.0.0.{i}" for i in range(2, 52)]
     floods = [_flood(port, 400, TCP_SECONDS + 2, sources) for port in ports]
-    holders = subprocess.Popen([*AS_NOBODY, PYTHON, "-c", HOLDERS, f"{a.socket},{b.socket}",
-                                str(TCP_SECONDS)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd="/")
+    holders = subprocess.Popen(
+        [*AS_NOBODY, PYTHON, "-c", HOLDERS, f"{a.socket},{b.socket}", str(TCP_SECONDS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     limits, held, took, tcp = [], [], [], {"granted": 0, "busy": 0}
     stop = threading.Event()
 
     def key_holder() -> None:  # a director over TCP, with the key
         while not stop.is_set():
-            with ProxyClient([Daemon("pa", f"127.0.0.1:{ports[0]}")], key=KEY, user="alice",
-                             host="ui01", when_unavailable="fail", notoken_ntries=1,
-                             backoff=(0.01, 0.01)) as c:
+            with ProxyClient(
+                [Daemon("pa", f"127.0.0.1:{ports[0]}")],
+                key=KEY,
+                user="alice",
+                host="ui01",
+                when_unavailable="fail",
+                notoken_ntries=1,
+                backoff=(0.01, 0.01),
+            ) as c:
                 try:
                     c.acquire("query", "bjobs").release()
                     tcp["granted"] += 1
@@ -210,7 +260,16 @@ def test_a_tcp_flood_without_the_key_does_not_split_the_service(start_daemon, so
     assert tcp["granted"] > 0 and tcp["busy"] <= tcp["granted"], tcp
     for d in (a, b):
         assert d.proc.poll() is None and "Traceback" not in d.log()
-    figures(seconds=TCP_SECONDS, flood=hostile, samples=len(limits), limit_sum_max=max(limits),
-            held_max=max(held), holder_grants=done["grants"], holder_errors=done["errors"],
-            tcp_key_holder=tcp, status_median=statistics.median(took), status_max=max(took))
+    figures(
+        seconds=TCP_SECONDS,
+        flood=hostile,
+        samples=len(limits),
+        limit_sum_max=max(limits),
+        held_max=max(held),
+        holder_grants=done["grants"],
+        holder_errors=done["errors"],
+        tcp_key_holder=tcp,
+        status_median=statistics.median(took),
+        status_max=max(took),
+    )
     a.stop(signal.SIGTERM)

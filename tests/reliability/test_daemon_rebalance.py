@@ -77,10 +77,17 @@ def _most_at_once(intervals: list[tuple[float, float]]) -> int:
 
 
 def test_limits_follow_the_live_daemons(start_daemon, sockdir, figures):
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
-    section = {"hosts": hosts, "policies": f"QUERY[max={MAX} nominal={MAX}]",
-               "heartbeat_interval": INTERVAL, "token_wait_time": 15, "socket": ""}
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "pb.sock")},
+    ]
+    section = {
+        "hosts": hosts,
+        "policies": f"QUERY[max={MAX} nominal={MAX}]",
+        "heartbeat_interval": INTERVAL,
+        "token_wait_time": 15,
+        "socket": "",
+    }
     a = start_daemon(section, name="pa", config_name="site.yaml")
     start_daemon(section, name="pb", config_name="site.yaml")
     client_py, stop = sockdir / "client.py", sockdir / "stop"
@@ -91,8 +98,9 @@ def test_limits_follow_the_live_daemons(start_daemon, sockdir, figures):
 
     def sample() -> None:
         while not sampling.is_set():
-            samples.append((time.monotonic(), _sample(hosts[0]["address"]),
-                            _sample(hosts[1]["address"])))
+            samples.append(
+                (time.monotonic(), _sample(hosts[0]["address"]), _sample(hosts[1]["address"]))
+            )
             time.sleep(0.01)
 
     def first(since: float, test, limit: float = 30) -> float | None:
@@ -111,14 +119,28 @@ def test_limits_follow_the_live_daemons(start_daemon, sockdir, figures):
     sampler = threading.Thread(target=sample)
     try:
         for _ in range(CLIENTS):
-            procs.append(subprocess.Popen(
-                [*AS_NOBODY, PYTHON, str(client_py), pairs, str(stop), str(HOLD), str(INTERVAL)],
-                stdout=subprocess.PIPE, text=True, cwd="/"))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *AS_NOBODY,
+                        PYTHON,
+                        str(client_py),
+                        pairs,
+                        str(stop),
+                        str(HOLD),
+                        str(INTERVAL),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd="/",
+                )
+            )
         for proc in procs:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         sampler.start()
-        assert until(lambda: all((s := _sample(h["address"])) and s[0] == SHARE
-                                 for h in hosts), 20), "both daemons never granted their share"
+        assert until(
+            lambda: all((s := _sample(h["address"])) and s[0] == SHARE for h in hosts), 20
+        ), "both daemons never granted their share"
         time.sleep(1.0)  # steady load on both
 
         killed = time.monotonic()
@@ -133,8 +155,9 @@ def test_limits_follow_the_live_daemons(start_daemon, sockdir, figures):
         ready = time.monotonic()
         to_half = first(launched, lambda sa, sb: sa == (SHARE, SHARE) and sb == (SHARE, SHARE))
         assert to_half is not None, "the two daemons never went back to half each"
-        to_limits = first(launched, lambda sa, sb: sa is not None and sb is not None
-                          and sa[1] == sb[1] == SHARE)
+        to_limits = first(
+            launched, lambda sa, sb: sa is not None and sb is not None and sa[1] == sb[1] == SHARE
+        )
         time.sleep(1.0)
         stop.touch()
         results = []
@@ -167,11 +190,18 @@ def test_limits_follow_the_live_daemons(start_daemon, sockdir, figures):
     assert after_kill == {"pb"}
     assert {d for t0, _, d in held if t0 >= launched + to_half} == {"pa", "pb"}
     assert until(lambda: all(_sample(h["address"]) == (0, SHARE) for h in hosts), 20)
-    figures(interval_s=INTERVAL, clients=CLIENTS, hold_s=HOLD, grants=len(held),
-            kill_to_survivor_limit_max_s=round(to_limit or -1, 3),
-            kill_to_survivor_grants_max_s=round(to_whole, 3),
-            restart_ready_to_limits_half_s=round((to_limits or -1) - (ready - launched), 3),
-            restart_launch_to_both_half_s=round(to_half, 3),
-            restart_ready_to_both_half_s=round(to_half - (ready - launched), 3),
-            peak_in_use_both_daemons=daemons_peak, peak_commands_running=commands_peak,
-            bound=bound, samples=len(window))
+    figures(
+        interval_s=INTERVAL,
+        clients=CLIENTS,
+        hold_s=HOLD,
+        grants=len(held),
+        kill_to_survivor_limit_max_s=round(to_limit or -1, 3),
+        kill_to_survivor_grants_max_s=round(to_whole, 3),
+        restart_ready_to_limits_half_s=round((to_limits or -1) - (ready - launched), 3),
+        restart_launch_to_both_half_s=round(to_half, 3),
+        restart_ready_to_both_half_s=round(to_half - (ready - launched), 3),
+        peak_in_use_both_daemons=daemons_peak,
+        peak_commands_running=commands_peak,
+        bound=bound,
+        samples=len(window),
+    )

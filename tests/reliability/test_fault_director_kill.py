@@ -47,8 +47,9 @@ def _kill_leftovers(marker: str, groups: set[int]) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
-                                            director_procs: list, figures) -> None:
+def test_sigkill_mid_iteration_then_restart(
+    tmp_path: Path, gridgate_exe: str, director_procs: list, figures
+) -> None:
     site = Site(tmp_path / "site")
     smtp_port = free_port()  # SMTP is down for the whole run: mail waits in the outbox
     doc = site.doc(command_timeout=60, max_threads=12)
@@ -56,11 +57,16 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
     # in turn, not at random: every server is picked in each iteration (BROKEN in the first,
     # both hanging servers in the killed one), which random picks would miss now and then
     doc["selectors"] = {"round_robin": {}}
-    doc["notifiers"]["email"] = {"host": "127.0.0.1", "port": smtp_port,
-                                 "from": "gridgate@example.org",
-                                 "error_address": "ops@example.org",
-                                 "alarm_address": "alarms@example.org",
-                                 "poll_interval": 0.05, "timeout": 2, "retry_initial": 0.1}
+    doc["notifiers"]["email"] = {
+        "host": "127.0.0.1",
+        "port": smtp_port,
+        "from": "gridgate@example.org",
+        "error_address": "ops@example.org",
+        "alarm_address": "alarms@example.org",
+        "poll_interval": 0.05,
+        "timeout": 2,
+        "retry_initial": 0.1,
+    }
     config = site.write(doc)
     marker = str(site.bin)
 
@@ -76,24 +82,41 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
     assert queued, "the error mail should be waiting in the outbox"
 
     # 2. HANG and GRANDCHILD now hang: start a long run and kill it while they are in flight.
-    site.scenario(hosts={BROKEN: {"behaviour": "error"},
-                         HANG: {"behaviour": "print_then_hang", "hang": 600},
-                         GRANDCHILD: {"behaviour": "grandchild", "parent_hangs": True,
-                                      "hang": 600}})
+    site.scenario(
+        hosts={
+            BROKEN: {"behaviour": "error"},
+            HANG: {"behaviour": "print_then_hang", "hang": 600},
+            GRANDCHILD: {"behaviour": "grandchild", "parent_hangs": True, "hang": 600},
+        }
+    )
     before = len(read_calls(site.calls_log))
     log = (tmp_path / "run.out").open("w")
-    proc = subprocess.Popen([gridgate_exe, "run", "-c", str(config), "--iterations", "100",
-                             "--json"], stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [gridgate_exe, "run", "-c", str(config), "--iterations", "100", "--json"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     director_procs.append(proc)
     try:
-        def in_flight() -> list:
-            return [c for c in read_calls(site.calls_log)[before:]
-                    if c.end is None and c.host in (HANG, GRANDCHILD)]
 
-        hanging = wait_for(lambda: len({c.host for c in in_flight()}) == 2 and in_flight(), 60,
-                           "both hanging servers to have a command in flight")
-        grandchildren = wait_for(lambda: [c.grandchild for c in read_calls(site.calls_log)[before:]
-                                          if c.grandchild], 30, "a grandchild to be started")
+        def in_flight() -> list:
+            return [
+                c
+                for c in read_calls(site.calls_log)[before:]
+                if c.end is None and c.host in (HANG, GRANDCHILD)
+            ]
+
+        hanging = wait_for(
+            lambda: len({c.host for c in in_flight()}) == 2 and in_flight(),
+            60,
+            "both hanging servers to have a command in flight",
+        )
+        grandchildren = wait_for(
+            lambda: [c.grandchild for c in read_calls(site.calls_log)[before:] if c.grandchild],
+            30,
+            "a grandchild to be started",
+        )
         stand_ins = set(processes_with(marker))
         assert {c.pid for c in hanging} <= stand_ins
         table = proc_table()  # one snapshot: a pid may exit between two reads of /proc
@@ -106,8 +129,9 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
 
         # 3. Nothing the dead director started may live on: not the commands, not a grandchild.
         def survivors() -> list[int]:
-            return [pid for pid, (_pp, pgid, st) in proc_table().items()
-                    if pgid in groups and st != "Z"]
+            return [
+                pid for pid, (_pp, pgid, st) in proc_table().items() if pgid in groups and st != "Z"
+            ]
 
         wait_for(lambda: not survivors(), 10, "the commands to die with their director")
         gone_after = time.monotonic() - killed_at
@@ -155,6 +179,11 @@ def test_sigkill_mid_iteration_then_restart(tmp_path: Path, gridgate_exe: str,
     finally:
         smtp.stop()
     assert len(subjects) == 1 and BROKEN in subjects[0], subjects
-    figures(groups_in_flight=in_flight_groups, processes=len(stand_ins | set(grandchildren)),
-            gone_after_s=round(gone_after, 2), accounting_rows=len(rows),
-            restart_notifications=len(it3["notifications"]), mails_delivered=len(subjects))
+    figures(
+        groups_in_flight=in_flight_groups,
+        processes=len(stand_ins | set(grandchildren)),
+        gone_after_s=round(gone_after, 2),
+        accounting_rows=len(rows),
+        restart_notifications=len(it3["notifications"]),
+        mails_delivered=len(subjects),
+    )

@@ -30,29 +30,48 @@ DEMAND = 4
 
 @pytest.mark.timeout(150)
 def test_limits_hold_while_redis_is_stopped_under_a_running_director(
-        tmp_path: Path, gridgate_exe: str, director_procs: list, figures) -> None:
+    tmp_path: Path, gridgate_exe: str, director_procs: list, figures
+) -> None:
     site = Site(tmp_path / "site", hosts=HOSTS[:1])
     clock = tmp_path / "simclock"
     set_clock(clock, 1_800_000_000.0)
-    write_scenario(site.scenario_path, {
-        "state_dir": str(site.root / "simstate"), "calls_log": "", "clock_file": str(clock),
-        "default": {"behaviour": "healthy"}, "hosts": {}})
+    write_scenario(
+        site.scenario_path,
+        {
+            "state_dir": str(site.root / "simstate"),
+            "calls_log": "",
+            "clock_file": str(clock),
+            "default": {"behaviour": "healthy"},
+            "hosts": {},
+        },
+    )
     server = RedisServer(tmp_path / "redis").start()
     try:
-        doc = site.doc(cycle_seconds=0.2, state_retry_seconds=0.3,
-                       pilots={"max_waiting": MAX_WAITING})
+        doc = site.doc(
+            cycle_seconds=0.2, state_retry_seconds=0.3, pilots={"max_waiting": MAX_WAITING}
+        )
         backend = doc["backends"]["wms_glite"]
         backend["list_match"] = False
-        backend["commands"].update({"status": str(site.bin / "glite-wms-job-status"),
-                                    "cancel": str(site.bin / "glite-wms-job-cancel")})
-        doc["state"] = {"driver": "redis", "url": server.url, "prefix": "lim:",
-                        "socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+        backend["commands"].update(
+            {
+                "status": str(site.bin / "glite-wms-job-status"),
+                "cancel": str(site.bin / "glite-wms-job-cancel"),
+            }
+        )
+        doc["state"] = {
+            "driver": "redis",
+            "url": server.url,
+            "prefix": "lim:",
+            "socket_timeout": 0.5,
+            "socket_connect_timeout": 0.5,
+        }
         doc["demand"] = {"static": {"wms_glite": DEMAND}}
         config = site.write(doc)
         out = tmp_path / "run.jsonl"
         with out.open("w") as sink, (tmp_path / "run.err").open("w") as err:
-            proc = subprocess.Popen([gridgate_exe, "run", "-c", str(config), "--json"],
-                                    stdout=sink, stderr=err)
+            proc = subprocess.Popen(
+                [gridgate_exe, "run", "-c", str(config), "--json"], stdout=sink, stderr=err
+            )
         director_procs.append(proc)
 
         def lines() -> list[dict]:
@@ -75,9 +94,13 @@ def test_limits_hold_while_redis_is_stopped_under_a_running_director(
         summary = gridgate(gridgate_exe, "pilots", "list", "-c", str(config), "--json")
         assert summary.returncode == 0, summary.stderr
         registry = {p["job_id"]: p["state"] for p in json.loads(summary.stdout)["pilots"]}
-        figures(iterations=len(docs), outage_iterations=len(outage),
-                submitted=len(submitted), during_outage=sum(d["pilots_submitted"] for d in outage),
-                in_registry=len(registry))
+        figures(
+            iterations=len(docs),
+            outage_iterations=len(outage),
+            submitted=len(submitted),
+            during_outage=sum(d["pilots_submitted"] for d in outage),
+            in_registry=len(registry),
+        )
         assert len(outage) >= 8
         assert len(submitted) == MAX_WAITING  # never more, outage included
         assert set(registry) == set(submitted)  # the outage's pilots were written back

@@ -22,22 +22,30 @@ def _notes(folder: Path) -> list[str]:
     """Subject lines of the files notifier's notes, oldest first."""
     if not folder.exists():
         return []
-    return [p.read_text().splitlines()[0].removeprefix("Subject: ")
-            for p in sorted(folder.glob("*.txt"))]
+    return [
+        p.read_text().splitlines()[0].removeprefix("Subject: ")
+        for p in sorted(folder.glob("*.txt"))
+    ]
 
 
 def _iterations(path: Path) -> list[dict]:
     try:
-        return json_lines("".join(line for line in path.read_text().splitlines(True)
-                                  if line.endswith("}\n")))
+        return json_lines(
+            "".join(line for line in path.read_text().splitlines(True) if line.endswith("}\n"))
+        )
     except FileNotFoundError:
         return []
 
 
 def _attempts(doc: dict) -> int:
     """Every attempt of the iteration (one accounting row each)."""
-    return (len(doc["submitted"]) + len(doc["failures"]) + doc["skipped"] + doc["no_match"]
-            + doc["refused"])
+    return (
+        len(doc["submitted"])
+        + len(doc["failures"])
+        + doc["skipped"]
+        + doc["no_match"]
+        + doc["refused"]
+    )
 
 
 def _pilots(doc: dict) -> int:
@@ -47,8 +55,9 @@ def _pilots(doc: dict) -> int:
 
 
 @pytest.mark.timeout(120)
-def test_disk_full_then_space_returns(tmp_path: Path, gridgate_exe: str, director_procs: list,
-                                      figures) -> None:
+def test_disk_full_then_space_returns(
+    tmp_path: Path, gridgate_exe: str, director_procs: list, figures
+) -> None:
     site = Site(tmp_path / "site")
     site.scenario(hosts={HOSTS[0]: {"behaviour": "error"}}, log_calls=False)
     doc = site.doc(state_retry_seconds=0.3, failing_expiry=0.5, ticket_expiry=600)
@@ -56,12 +65,18 @@ def test_disk_full_then_space_returns(tmp_path: Path, gridgate_exe: str, directo
     config = site.write(doc)
     out = tmp_path / "run.jsonl"
     with out.open("w") as sink:
-        proc = subprocess.Popen([gridgate_exe, "run", "-c", str(config), "--json"], stdout=sink,
-                                stderr=(tmp_path / "run.err").open("w"))
+        proc = subprocess.Popen(
+            [gridgate_exe, "run", "-c", str(config), "--json"],
+            stdout=sink,
+            stderr=(tmp_path / "run.err").open("w"),
+        )
     director_procs.append(proc)
     wal = site.state_dir / "state.db-wal"
-    wait_for(lambda: len(_iterations(out)) >= 3 and wal.exists() and wal.stat().st_size > 32768,
-             60, "a few iterations and a WAL worth limiting")
+    wait_for(
+        lambda: len(_iterations(out)) >= 3 and wal.exists() and wal.stat().st_size > 32768,
+        60,
+        "a few iterations and a WAL worth limiting",
+    )
 
     # "Disk full": no file of the director may grow past the WAL's present size.
     limit = wal.stat().st_size
@@ -69,12 +84,13 @@ def test_disk_full_then_space_returns(tmp_path: Path, gridgate_exe: str, directo
     full_from = len(_iterations(out))
     wait_for(lambda: UNAVAILABLE in _notes(site.notes), 30, "the state-unavailable notification")
     wait_for(lambda: len(_iterations(out)) >= full_from + 8, 60, "iterations on the local view")
-    degraded = _iterations(out)[full_from + 2:]
+    degraded = _iterations(out)[full_from + 2 :]
     assert all(len(d["submitted"]) > 0 for d in degraded), "submission stopped on a full disk"
 
     # Space returns: the store is used again, the rows kept in memory are written.
-    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE,
-                     (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    resource.prlimit(
+        proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    )
     wait_for(lambda: BACK in _notes(site.notes), 30, "the state-available notification")
     back_from = len(_iterations(out))
     wait_for(lambda: len(_iterations(out)) >= back_from + 2, 30, "iterations after recovery")
@@ -83,8 +99,9 @@ def test_disk_full_then_space_returns(tmp_path: Path, gridgate_exe: str, directo
     iterations = _iterations(out)
     subjects = _notes(site.notes)
     assert subjects.count(UNAVAILABLE) == 1 and subjects.count(BACK) == 1
-    body = next(p.read_text() for p in sorted(site.notes.glob("*.txt"))
-                if UNAVAILABLE in p.read_text())
+    body = next(
+        p.read_text() for p in sorted(site.notes.glob("*.txt")) if UNAVAILABLE in p.read_text()
+    )
     assert "disk could not be written (full, over a file size limit" in body, body
 
     with sqlite3.connect(site.state_dir / "state.db") as db:
@@ -98,10 +115,17 @@ def test_disk_full_then_space_returns(tmp_path: Path, gridgate_exe: str, directo
     recorded = sum(r["pilots"] for r in rows)
     assert demanded == 8 * len(iterations)
     assert recorded == sum(_attempts(d) for d in iterations), (
-        "accounting rows lost or doubled across the outage")
-    figures(limit_bytes=limit, iterations=len(iterations),
-            degraded_iterations=back_from - full_from, pilots=demanded, recorded=recorded,
-            unavailable_notes=subjects.count(UNAVAILABLE), back_notes=subjects.count(BACK))
+        "accounting rows lost or doubled across the outage"
+    )
+    figures(
+        limit_bytes=limit,
+        iterations=len(iterations),
+        degraded_iterations=back_from - full_from,
+        pilots=demanded,
+        recorded=recorded,
+        unavailable_notes=subjects.count(UNAVAILABLE),
+        back_notes=subjects.count(BACK),
+    )
 
 
 def _chattr(flag: str, path: Path) -> None:
@@ -120,8 +144,12 @@ def test_read_only_state_file(tmp_path: Path, gridgate_exe: str, figures) -> Non
     config = site.write(doc)
 
     def director(iterations: int) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([gridgate_exe, "run", "-c", str(config), "--json", "--iterations",
-                               str(iterations)], capture_output=True, text=True, timeout=90)
+        return subprocess.run(
+            [gridgate_exe, "run", "-c", str(config), "--json", "--iterations", str(iterations)],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
 
     first = director(1)
     assert first.returncode == 0, first.stderr
@@ -143,8 +171,9 @@ def test_read_only_state_file(tmp_path: Path, gridgate_exe: str, figures) -> Non
     assert all(len(d["submitted"]) > 0 for d in iterations), "submission stopped"
     subjects = _notes(site.notes)
     assert subjects.count(UNAVAILABLE) == 1, subjects
-    note = next(p.read_text() for p in sorted(site.notes.glob("*.txt"))
-                if UNAVAILABLE in p.read_text())
+    note = next(
+        p.read_text() for p in sorted(site.notes.glob("*.txt")) if UNAVAILABLE in p.read_text()
+    )
     assert str(db) in note and "Operation not permitted" in note, note
     # The failing server was mailed about once, in the first run; the degraded run started
     # without the store's failing cache, so it may mail once more, but only once.
@@ -156,5 +185,6 @@ def test_read_only_state_file(tmp_path: Path, gridgate_exe: str, figures) -> Non
         assert before == conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         rows_after = conn.execute("SELECT count(*) FROM records").fetchone()[0]
     assert rows_after > rows_before
-    figures(degraded_iterations=len(iterations),
-            submitted=sum(len(d["submitted"]) for d in iterations))
+    figures(
+        degraded_iterations=len(iterations), submitted=sum(len(d["submitted"]) for d in iterations)
+    )

@@ -42,9 +42,16 @@ class RandomlyFailing:
             self.calls += 1
             n, draw = self.calls, self.random.random()
         if draw < 0.20:
-            text = "transient glitch, try again" if draw < 0.19 else "SOAP-ENV:Server: internal error"
-            return SubmitResult(endpoint, ok=False, command=CommandResult(
-                argv=("instant-submit", endpoint.name), returncode=1, stderr=text + "\n"))
+            text = (
+                "transient glitch, try again" if draw < 0.19 else "SOAP-ENV:Server: internal error"
+            )
+            return SubmitResult(
+                endpoint,
+                ok=False,
+                command=CommandResult(
+                    argv=("instant-submit", endpoint.name), returncode=1, stderr=text + "\n"
+                ),
+            )
         return SubmitResult(endpoint, ok=True, job_ids=(f"https://lb01.example.org:9000/{n:022d}",))
 
 
@@ -60,13 +67,27 @@ def test_hundred_thousand_submissions_all_accounted(tmp_path: Path, figures) -> 
     per_iteration, iterations = 500, 200
     state = tmp_path / "state"
     doc = {
-        "director": {"cycle_seconds": 0.001, "max_threads": 8, "failing_expiry": 10,
-                     "ticket_expiry": 10, "state_dir": str(state)},
+        "director": {
+            "cycle_seconds": 0.001,
+            "max_threads": 8,
+            "failing_expiry": 10,
+            "ticket_expiry": 10,
+            "state_dir": str(state),
+        },
         "state": {"driver": "sqlite", "path": str(state / "state.db")},
         "demand": {"static": {"instant": per_iteration}},
-        "classifiers": {"rules": {"rules": [
-            {"kind": "transient", "pattern": "transient glitch", "exclude": False,
-             "notify": False}]}},
+        "classifiers": {
+            "rules": {
+                "rules": [
+                    {
+                        "kind": "transient",
+                        "pattern": "transient glitch",
+                        "exclude": False,
+                        "notify": False,
+                    }
+                ]
+            }
+        },
         "notifiers": {"files": {"folder": str(tmp_path / "notes")}},
     }
     clock = FakeClock(1_790_000_000.0)
@@ -105,9 +126,17 @@ def test_hundred_thousand_submissions_all_accounted(tmp_path: Path, figures) -> 
     assert "error" in levels and "alarm" in levels
     # RSS after 100k vs after 10k submissions: the accounting lives in sqlite, not in memory.
     assert rss[iterations] <= rss[20] * 1.25 + 8 * 1024, rss
-    figures(demanded=demanded, **totals, attempted=attempted, accounting_rows=rows,
-            notifications=len(levels), errors=levels.count("error"), alarms=levels.count("alarm"),
-            rss_mib_at_10k=round(rss[20] / 1024, 1), rss_mib_at_100k=round(rss[iterations] / 1024, 1))
+    figures(
+        demanded=demanded,
+        **totals,
+        attempted=attempted,
+        accounting_rows=rows,
+        notifications=len(levels),
+        errors=levels.count("error"),
+        alarms=levels.count("alarm"),
+        rss_mib_at_10k=round(rss[20] / 1024, 1),
+        rss_mib_at_100k=round(rss[iterations] / 1024, 1),
+    )
 
 
 # Each stand-in is a Python process (~0.1 s of CPU): 2,000 of them take about two minutes on
@@ -117,36 +146,57 @@ REAL_PILOTS = int(os.environ.get("GRIDGATE_RELIABILITY_REAL_PILOTS", "600"))
 
 
 @pytest.mark.timeout(600)
-def test_real_stand_in_submissions_all_accounted(tmp_path: Path, gridgate_exe: str,
-                                                figures) -> None:
+def test_real_stand_in_submissions_all_accounted(
+    tmp_path: Path, gridgate_exe: str, figures
+) -> None:
     site = Site(tmp_path / "site", hosts=HOSTS)
     # Two servers misbehave the way the demo's do: one flaps, one is overloaded.
-    site.scenario(hosts={HOSTS[3]: {"behaviour": "flapping", "every": 5, "fail_as": "error"},
-                         HOSTS[7]: {"behaviour": "overloaded"}}, log_calls=False)
+    site.scenario(
+        hosts={
+            HOSTS[3]: {"behaviour": "flapping", "every": 5, "fail_as": "error"},
+            HOSTS[7]: {"behaviour": "overloaded"},
+        },
+        log_calls=False,
+    )
     doc = site.doc(max_threads=8, command_timeout=30, failing_expiry=0.5, ticket_expiry=600)
     doc["backends"]["wms_glite"]["list_match"] = False
     doc["demand"] = {"static": {"wms_glite": 200}}
     config = site.write(doc)
     iterations = REAL_PILOTS // 200
     demanded = iterations * 200
-    proc = gridgate(gridgate_exe, "run", "-c", str(config), "--json", "--iterations",
-                    str(iterations), timeout=600)
+    proc = gridgate(
+        gridgate_exe,
+        "run",
+        "-c",
+        str(config),
+        "--json",
+        "--iterations",
+        str(iterations),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     docs = json_lines(proc.stdout)
     assert len(docs) == iterations
     totals = {"submitted": 0, "failed": 0, "skipped": 0, "no_match": 0, "refused": 0}
     retried = 0  # a failed submission sent to another server is one attempt more
     for d in docs:
-        pilots = {"submitted": len(d["submitted"]), "failed": len(d["failures"]),
-                  "skipped": d["skipped"], "no_match": d["no_match"], "refused": d["refused"]}
+        pilots = {
+            "submitted": len(d["submitted"]),
+            "failed": len(d["failures"]),
+            "skipped": d["skipped"],
+            "no_match": d["no_match"],
+            "refused": d["refused"],
+        }
         again = sum(1 for r in d["retries"] if r["outcome"] == "retried")
         retried += again
         assert sum(pilots.values()) - again == 200, d
         for key, value in pilots.items():
             totals[key] += value
     with sqlite3.connect(site.state_dir / "state.db") as db:
-        rows = db.execute("SELECT count(*), sum(json_extract(data, '$.pilots')) FROM records "
-                          "WHERE stream = 'accounting'").fetchone()
+        rows = db.execute(
+            "SELECT count(*), sum(json_extract(data, '$.pilots')) FROM records "
+            "WHERE stream = 'accounting'"
+        ).fetchone()
     assert rows[1] == demanded + retried
     job_ids = [j for d in docs for s in d["submitted"] for j in s["job_ids"]]
     assert len(job_ids) == len(set(job_ids)) == totals["submitted"]

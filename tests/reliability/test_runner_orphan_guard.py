@@ -47,10 +47,14 @@ def _caller_killed(tmp_path: Path, guarded: bool) -> list[int]:
     """Start a caller with 3 commands (6 processes) in flight, SIGKILL it; return survivors
     after the guard had its chance (killing them afterwards so nothing outlives the test)."""
     marker = str(tmp_path / "orphan-marker")
-    caller = subprocess.Popen([sys.executable, "-c", CALLER, marker, "1" if guarded else "0"],
-                              stdout=subprocess.PIPE, text=True)
+    caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER, marker, "1" if guarded else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert caller.stdout is not None and caller.stdout.readline() == "started\n"
+
         def commands() -> list[int]:
             return [pid for pid in _marked(marker) if pid != caller.pid]
 
@@ -88,8 +92,9 @@ def test_unguarded_caller_killed_leaves_orphans(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_guard_nests_and_leaves_no_watchdog() -> None:
     def watchdogs() -> set[int]:
-        return {pid for pid, (ppid, _g, st) in proc_table().items()
-                if ppid == os.getpid() and st != "Z"}
+        return {
+            pid for pid, (ppid, _g, st) in proc_table().items() if ppid == os.getpid() and st != "Z"
+        }
 
     before = watchdogs()
     with orphan_guard():

@@ -40,32 +40,52 @@ def run_with_secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     token_file = tmp / "ggus.token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    smtp = SmtpServer(authenticator=Authenticator("gridgate", PASSWORD),
-                      auth_require_tls=False).start()
+    smtp = SmtpServer(
+        authenticator=Authenticator("gridgate", PASSWORD), auth_require_tls=False
+    ).start()
     helpdesk = HttpServer().start()
     doc = site.doc(failing_expiry=1, ticket_expiry=600, cycle_seconds=0.2, metrics_port=0)
     doc["notifiers"] = {
         "files": {"folder": str(site.notes)},
-        "email": {"host": "127.0.0.1", "port": smtp.port, "from": "gridgate@example.org",
-                  "error_address": "ops@example.org", "alarm_address": "alarms@example.org",
-                  "username": "gridgate", "password": {"env": "GG_REL_SMTP_PASSWORD"},
-                  "dedup_window": 0, "poll_interval": 0.05, "retry_initial": 0.1},
-        "ggus": {"vo": "lhcb", "deliver": ["spool", "rest"], "spool": str(tmp / "spool"),
-                 "levels": ["error", "alarm"],
-                 "rest": {"url": helpdesk.url, "token": {"file": str(token_file)}}},
+        "email": {
+            "host": "127.0.0.1",
+            "port": smtp.port,
+            "from": "gridgate@example.org",
+            "error_address": "ops@example.org",
+            "alarm_address": "alarms@example.org",
+            "username": "gridgate",
+            "password": {"env": "GG_REL_SMTP_PASSWORD"},
+            "dedup_window": 0,
+            "poll_interval": 0.05,
+            "retry_initial": 0.1,
+        },
+        "ggus": {
+            "vo": "lhcb",
+            "deliver": ["spool", "rest"],
+            "spool": str(tmp / "spool"),
+            "levels": ["error", "alarm"],
+            "rest": {"url": helpdesk.url, "token": {"file": str(token_file)}},
+        },
     }
     config = site.write(doc)
     out, err = tmp / "run.out", tmp / "run.err"
     env = {**os.environ, "GG_REL_SMTP_PASSWORD": PASSWORD}
     try:
         with out.open("w") as o, err.open("w") as e:
-            proc = subprocess.Popen([exe, "-vv", "run", "-c", str(config), "--json"], stdout=o,
-                                    stderr=e, env=env)
+            proc = subprocess.Popen(
+                [exe, "-vv", "run", "-c", str(config), "--json"], stdout=o, stderr=e, env=env
+            )
         try:
-            url = wait_for(lambda: re.search(r"metrics on (http://\S+)", err.read_text()), 60,
-                           "the metrics endpoint").group(1)
-            wait_for(lambda: len(smtp.handler.messages) >= 2 and helpdesk.requests, 60,
-                     "an error mail, an alarm mail and a ticket")
+            url = wait_for(
+                lambda: re.search(r"metrics on (http://\S+)", err.read_text()),
+                60,
+                "the metrics endpoint",
+            ).group(1)
+            wait_for(
+                lambda: len(smtp.handler.messages) >= 2 and helpdesk.requests,
+                60,
+                "an error mail, an alarm mail and a ticket",
+            )
             with urllib.request.urlopen(url, timeout=10) as answer:
                 metrics = answer.read().decode()
         finally:
@@ -76,15 +96,25 @@ def run_with_secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     finally:
         smtp.stop()
         helpdesk.stop()
-    return {"code": code, "tmp": tmp, "token_file": token_file, "stdout": out.read_text(),
-            "stderr": err.read_text(), "metrics": metrics, "report": report.stdout + report.stderr,
-            "outbox": outbox.stdout + outbox.stderr, "smtp": smtp, "helpdesk": helpdesk,
-            "site": site}
+    return {
+        "code": code,
+        "tmp": tmp,
+        "token_file": token_file,
+        "stdout": out.read_text(),
+        "stderr": err.read_text(),
+        "metrics": metrics,
+        "report": report.stdout + report.stderr,
+        "outbox": outbox.stdout + outbox.stderr,
+        "smtp": smtp,
+        "helpdesk": helpdesk,
+        "site": site,
+    }
 
 
 @pytest.mark.timeout(150)
-def test_secrets_never_appear_in_anything_produced(run_with_secrets: dict[str, Any],
-                                                   figures) -> None:
+def test_secrets_never_appear_in_anything_produced(
+    run_with_secrets: dict[str, Any], figures
+) -> None:
     run = run_with_secrets
     assert run["code"] == 0, run["stderr"][-2000:]
     # The secrets were really used: AUTH succeeded, the token was sent as the header.
@@ -92,8 +122,10 @@ def test_secrets_never_appear_in_anything_produced(run_with_secrets: dict[str, A
     assert {r.headers.get("Authorization") for r in run["helpdesk"].requests} == {f"Token {TOKEN}"}
 
     produced: dict[str, bytes] = {
-        "stdout": run["stdout"].encode(), "stderr": run["stderr"].encode(),
-        "metrics scrape": run["metrics"].encode(), "report": run["report"].encode(),
+        "stdout": run["stdout"].encode(),
+        "stderr": run["stderr"].encode(),
+        "metrics scrape": run["metrics"].encode(),
+        "report": run["report"].encode(),
         "outbox list": run["outbox"].encode(),
     }
     for index, message in enumerate(run["smtp"].handler.messages):
@@ -111,8 +143,13 @@ def test_secrets_never_appear_in_anything_produced(run_with_secrets: dict[str, A
         for variant in (secret, secret[:12]):
             leaks = [name for name, data in produced.items() if variant.encode() in data]
             assert not leaks, f"{variant!r} found in {leaks}"
-    figures(artefacts=len(produced), files=len(files), mails=len(run["smtp"].handler.messages),
-            tickets=len(run["helpdesk"].requests), stderr_bytes=len(run["stderr"]))
+    figures(
+        artefacts=len(produced),
+        files=len(files),
+        mails=len(run["smtp"].handler.messages),
+        tickets=len(run["helpdesk"].requests),
+        stderr_bytes=len(run["stderr"]),
+    )
 
 
 @pytest.mark.timeout(150)
@@ -137,16 +174,28 @@ def test_files_a_run_creates_are_private(run_with_secrets: dict[str, Any], figur
 def test_endpoint_name_cannot_inject_mail_headers(tmp_path: Path) -> None:
     smtp = SmtpServer().start()
     try:
-        cfg = {"host": "127.0.0.1", "port": smtp.port, "from": "gridgate@example.org",
-               "error_address": "ops@example.org", "alarm_address": "", "send_thread": False,
-               "timeout": 5}
+        cfg = {
+            "host": "127.0.0.1",
+            "port": smtp.port,
+            "from": "gridgate@example.org",
+            "error_address": "ops@example.org",
+            "alarm_address": "",
+            "send_thread": False,
+            "timeout": 5,
+        }
         clock = FakeClock(1_790_000_000.0)
         notifier = EmailNotifier(cfg, PluginContext(clock=clock, state_dir=tmp_path))
         evil = "wms01.example.org\r\nBcc: x@y.example\r\nX-Evil: 1"
         endpoint = Endpoint("wms_glite", evil)
-        notifier.gridgate_notify(notification=Notification(
-            "error", f"{evil}: error executing Job Submit", "body\r\nBcc: z@y.example\n",
-            clock.time(), endpoint=endpoint))
+        notifier.gridgate_notify(
+            notification=Notification(
+                "error",
+                f"{evil}: error executing Job Submit",
+                "body\r\nBcc: z@y.example\n",
+                clock.time(),
+                endpoint=endpoint,
+            )
+        )
         result = notifier.flush(30)
         notifier.close()
         received = list(smtp.handler.messages)
@@ -164,16 +213,27 @@ def test_endpoint_name_cannot_inject_mail_headers(tmp_path: Path) -> None:
 def test_metacharacters_stay_literal_in_argv_and_jdl(tmp_path: Path, gridgate_exe: str) -> None:
     site = Site(tmp_path / "site", hosts=HOSTS[:2])
     pwned = tmp_path / "pwned"
-    payloads = [f"$(touch {pwned})", f"`touch {pwned}`", f"'; touch {pwned}; echo '",
-                '"; Executable = "/bin/evil"; X = "', "line1\nline2", "a & b | c > d"]
+    payloads = [
+        f"$(touch {pwned})",
+        f"`touch {pwned}`",
+        f"'; touch {pwned}; echo '",
+        '"; Executable = "/bin/evil"; X = "',
+        "line1\nline2",
+        "a & b | c > d",
+    ]
     doc = site.doc(max_threads=2)
     glite = doc["backends"]["wms_glite"]
-    glite.update({
-        "executable": f"pilot$(touch {pwned}).sh", "arguments": " ".join(payloads),
-        "vo": f"lhcb`touch {pwned}`", "std_output": "out; rm -rf /",
-        "input_sandbox": payloads[:4], "extra_attributes": {"SiteTag": payloads[3]},
-        "requirements": f'other.GlueCEUniqueID != "{payloads[0]}"',
-    })
+    glite.update(
+        {
+            "executable": f"pilot$(touch {pwned}).sh",
+            "arguments": " ".join(payloads),
+            "vo": f"lhcb`touch {pwned}`",
+            "std_output": "out; rm -rf /",
+            "input_sandbox": payloads[:4],
+            "extra_attributes": {"SiteTag": payloads[3]},
+            "requirements": f'other.GlueCEUniqueID != "{payloads[0]}"',
+        }
+    )
     doc["demand"] = {"static": {"wms_glite": 4}}
     config = site.write(doc)
     proc = gridgate(gridgate_exe, "run", "-c", str(config), "--once", "--json")
@@ -186,8 +246,12 @@ def test_metacharacters_stay_literal_in_argv_and_jdl(tmp_path: Path, gridgate_ex
     for call in calls:
         # The argv is the fixed shape; no payload ever lands in it.
         assert call.argv[0].startswith(str(site.bin))
-        assert list(call.argv[1:5]) == ["--noint", "--endpoint",
-                                        f"https://{call.host}:7443/glite_wms_wmproxy_server", "-a"]
+        assert list(call.argv[1:5]) == [
+            "--noint",
+            "--endpoint",
+            f"https://{call.host}:7443/glite_wms_wmproxy_server",
+            "-a",
+        ]
         assert len(call.argv) == 6 and call.argv[5].endswith(".jdl"), call.argv
         jdl = call.jdl
         # One Executable attribute: the quote in the payload did not end the string.
@@ -211,20 +275,30 @@ def test_metacharacters_stay_literal_in_bsub_argv(tmp_path: Path) -> None:
     scenario = write_lsf_scenario(tmp_path / "lsf.json", {"state_dir": str(tmp_path / "lsf")})
     name = f"pilot$(touch {pwned})"
     command = ["pilot.sh", f"; touch {pwned}", f"`touch {pwned}`", "a\nb", "'\""]
-    backend = build_plugin(LsfBackend, {
-        "queues": ["short"],
-        "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
-        "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)},
-        "job_name": name, "command": command,
-        "resources": f'select[type=="X86_64"] order[$(touch {pwned})]',
-    }, state=MemoryState(), state_dir=tmp_path / "state", name="lsf")
+    backend = build_plugin(
+        LsfBackend,
+        {
+            "queues": ["short"],
+            "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
+            "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)},
+            "job_name": name,
+            "command": command,
+            "resources": f'select[type=="X86_64"] order[$(touch {pwned})]',
+        },
+        state=MemoryState(),
+        state_dir=tmp_path / "state",
+        name="lsf",
+    )
     try:
         endpoint = backend.endpoints()[0]
-        result = backend.gridgate_submit(endpoint=endpoint, request=SubmitRequest(backend="lsf"),
-                                         timeout=30)
+        result = backend.gridgate_submit(
+            endpoint=endpoint, request=SubmitRequest(backend="lsf"), timeout=30
+        )
     finally:
         backend.close()
     assert result is not None and result.ok, result
     assert not pwned.exists(), "a config value reached a shell"
-    [job] = [json.loads(line) for line in (tmp_path / "lsf" / "jobs.jsonl").read_text().splitlines()]
+    [job] = [
+        json.loads(line) for line in (tmp_path / "lsf" / "jobs.jsonl").read_text().splitlines()
+    ]
     assert job["name"] == name and job["command"] == command  # each argument arrived whole

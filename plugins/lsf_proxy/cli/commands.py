@@ -32,11 +32,20 @@ def _section(config_path: str | None) -> dict[str, Any]:
 
 def _common(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-    @click.option("--socket", "socket_path", metavar="PATH",
-                  help="The daemon's Unix socket (default: $GRIDGATE_PROXYD_SOCKET, the config, "
-                       "the runtime directory).")
-    @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
-                  help="Site config with a proxyd: section.")
+    @click.option(
+        "--socket",
+        "socket_path",
+        metavar="PATH",
+        help="The daemon's Unix socket (default: $GRIDGATE_PROXYD_SOCKET, the config, "
+        "the runtime directory).",
+    )
+    @click.option(
+        "-c",
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        help="Site config with a proxyd: section.",
+    )
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
@@ -53,8 +62,14 @@ def _client(config_path: str | None, socket_path: str | None) -> ProxyClient:
         raise SystemExit(EXIT_CONFIG) from None
 
 
-def _run(op: str, config_path: str | None, socket_path: str | None, as_json: bool,
-         text: Callable[[Sequence[HostReply]], list[str]], **fields: Any) -> None:
+def _run(
+    op: str,
+    config_path: str | None,
+    socket_path: str | None,
+    as_json: bool,
+    text: Callable[[Sequence[HostReply]], list[str]],
+    **fields: Any,
+) -> None:
     client = _client(config_path, socket_path)
     try:
         replies = client.admin(op, **fields)
@@ -63,18 +78,32 @@ def _run(op: str, config_path: str | None, socket_path: str | None, as_json: boo
         raise SystemExit(EXIT_FAILED) from None
     failed = [r for r in replies if r.reply is None or not r.reply.get("ok")]
     if as_json:
-        click.echo(json.dumps({"op": op, "hosts": [
-            {"name": r.daemon.name, "address": r.daemon.address,
-             "ok": bool(r.reply and r.reply.get("ok")),
-             **({"reply": r.reply} if r.reply is not None else {"error": r.error})}
-            for r in replies]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "op": op,
+                    "hosts": [
+                        {
+                            "name": r.daemon.name,
+                            "address": r.daemon.address,
+                            "ok": bool(r.reply and r.reply.get("ok")),
+                            **({"reply": r.reply} if r.reply is not None else {"error": r.error}),
+                        }
+                        for r in replies
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         for line in text(replies):
             click.echo(line)
     for reply in failed:
         if reply.reply is not None and (reply.reply.get("error") or {}).get("code") == "forbidden":
-            click.echo(f"gridgate lsfproxyd: {reply.daemon.name}: "
-                       f"{reply.reply['error']['message']}", err=True)
+            click.echo(
+                f"gridgate lsfproxyd: {reply.daemon.name}: {reply.reply['error']['message']}",
+                err=True,
+            )
     if failed:
         raise SystemExit(EXIT_FAILED)
 
@@ -91,7 +120,9 @@ def lsfproxyd() -> None:
 @lsfproxyd.command("serve")
 @_common
 @click.option("--name", help="This daemon's name in proxyd.hosts (default: proxyd.name, the host).")
-def serve(as_json: bool, socket_path: str | None, config_path: str | None, name: str | None) -> None:
+def serve(
+    as_json: bool, socket_path: str | None, config_path: str | None, name: str | None
+) -> None:
     """Run the daemon until SIGTERM; SIGHUP re-reads the config.
 
     Prints one line when it listens (a JSON object with --json: name, socket, pid, tcp_port,
@@ -103,11 +134,19 @@ def serve(as_json: bool, socket_path: str | None, config_path: str | None, name:
     section = _section(config_path)
 
     def ready(daemon: ProxyDaemon) -> None:
-        info = {"ready": True, "name": daemon.name, "socket": daemon.socket_path,
-                "pid": daemon.pid, "tcp_port": daemon.tcp_port,
-                "metrics_port": daemon.metrics_port}
-        click.echo(json.dumps(info) if as_json else
-                   f"lsfproxyd {daemon.name} listening on {daemon.socket_path} (pid {daemon.pid})")
+        info = {
+            "ready": True,
+            "name": daemon.name,
+            "socket": daemon.socket_path,
+            "pid": daemon.pid,
+            "tcp_port": daemon.tcp_port,
+            "metrics_port": daemon.metrics_port,
+        }
+        click.echo(
+            json.dumps(info)
+            if as_json
+            else f"lsfproxyd {daemon.name} listening on {daemon.socket_path} (pid {daemon.pid})"
+        )
         sys.stdout.flush()
 
     try:
@@ -129,13 +168,15 @@ def status(as_json: bool, socket_path: str | None, config_path: str | None) -> N
 def _enable_command(op: str) -> Callable[..., None]:
     @_common
     @click.argument("category", type=click.Choice(["all", "query", "sub", "other"]))
-    def command(category: str, as_json: bool, socket_path: str | None,
-                config_path: str | None) -> None:
+    def command(
+        category: str, as_json: bool, socket_path: str | None, config_path: str | None
+    ) -> None:
         _run(op, config_path, socket_path, as_json, render.enable_text, category=category)
 
-    command.__doc__ = (f"{op.capitalize()} token distribution for all, query, sub or other "
-                       "requests" + (" (disabled: clients proceed without a token)."
-                                     if op == "disable" else "."))
+    command.__doc__ = (
+        f"{op.capitalize()} token distribution for all, query, sub or other "
+        "requests" + (" (disabled: clients proceed without a token)." if op == "disable" else ".")
+    )
     return command
 
 
@@ -148,19 +189,38 @@ def _block_command(op: str) -> Callable[..., None]:
     @click.argument("everything", required=False, type=click.Choice(["all"]))
     @click.option("-u", "users", metavar='"USER ..."', help="Users (space separated).")
     @click.option("-m", "hosts", metavar='"HOST ..."', help="Hosts (space separated).")
-    def command(everything: str | None, users: str | None, hosts: str | None, as_json: bool,
-                socket_path: str | None, config_path: str | None) -> None:
+    def command(
+        everything: str | None,
+        users: str | None,
+        hosts: str | None,
+        as_json: bool,
+        socket_path: str | None,
+        config_path: str | None,
+    ) -> None:
         if everything and (users or hosts):
             raise click.UsageError("'all' cannot be combined with -u or -m")
         if not everything and not _names(users) and not _names(hosts):
-            raise click.UsageError("give all, -u \"user ...\" and/or -m \"host ...\"")
-        _run(op, config_path, socket_path, as_json, functools.partial(render.block_text, op),
-             all=bool(everything), users=_names(users), hosts=_names(hosts))
+            raise click.UsageError('give all, -u "user ..." and/or -m "host ..."')
+        _run(
+            op,
+            config_path,
+            socket_path,
+            as_json,
+            functools.partial(render.block_text, op),
+            all=bool(everything),
+            users=_names(users),
+            hosts=_names(hosts),
+        )
 
-    command.__doc__ = (f"{op.capitalize()} all, users, hosts, or users at hosts; each named "
-                       "element is a rule of its kind" + (" (a user, a host, a user@host)."
-                                                          if op == "block" else
-                                                          ": unblocking user1 leaves user1@host1."))
+    command.__doc__ = (
+        f"{op.capitalize()} all, users, hosts, or users at hosts; each named "
+        "element is a rule of its kind"
+        + (
+            " (a user, a host, a user@host)."
+            if op == "block"
+            else ": unblocking user1 leaves user1@host1."
+        )
+    )
     return command
 
 
@@ -178,33 +238,58 @@ def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -
 @lsfproxyd.command("diagnose")
 @_common
 @click.argument("state", type=click.Choice(["on", "off"]))
-@click.option("-t", "minutes", type=click.FloatRange(min=0, min_open=True), metavar="MINUTES",
-              help="With on: turn diagnosis off by itself after this many minutes (as "
-                   "badmin diagnose -t).")
-@click.option("-f", "log_file", metavar="FILE",
-              help="With on: log to FILE, a bare name (letters, digits, '.', '_', '-') of a "
-                   "file next to the default log, until diagnosis ends (as badmin diagnose "
-                   "-f); a path is refused.")
-def diagnose(state: str, minutes: float | None, log_file: str | None, as_json: bool,
-             socket_path: str | None, config_path: str | None) -> None:
+@click.option(
+    "-t",
+    "minutes",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="MINUTES",
+    help="With on: turn diagnosis off by itself after this many minutes (as badmin diagnose -t).",
+)
+@click.option(
+    "-f",
+    "log_file",
+    metavar="FILE",
+    help="With on: log to FILE, a bare name (letters, digits, '.', '_', '-') of a "
+    "file next to the default log, until diagnosis ends (as badmin diagnose "
+    "-f); a path is refused.",
+)
+def diagnose(
+    state: str,
+    minutes: float | None,
+    log_file: str | None,
+    as_json: bool,
+    socket_path: str | None,
+    config_path: str | None,
+) -> None:
     """Switch the diagnostic log of every request on or off."""
     if state == "off" and (minutes is not None or log_file):
         raise click.UsageError("-t and -f go with 'diagnose on'")
 
     def describe(reply: HostReply) -> str:
         r = reply.reply or {}
-        until = (f" until {time.strftime('%a %b %d %H:%M:%S', time.localtime(r['until']))}"
-                 if r.get("until") else "")
-        return (f"lsfproxyd diagnostic log {'ON' if r.get('diagnose') else 'OFF'} "
-                f"({r.get('file')}){until} on lsfproxyd host <{reply.daemon.name}>")
+        until = (
+            f" until {time.strftime('%a %b %d %H:%M:%S', time.localtime(r['until']))}"
+            if r.get("until")
+            else ""
+        )
+        return (
+            f"lsfproxyd diagnostic log {'ON' if r.get('diagnose') else 'OFF'} "
+            f"({r.get('file')}){until} on lsfproxyd host <{reply.daemon.name}>"
+        )
 
     fields: dict[str, Any] = {"on": state == "on"}
     if minutes is not None:
         fields["minutes"] = minutes
     if log_file:
         fields["file"] = log_file
-    _run("diagnose", config_path, socket_path, as_json,
-         lambda replies: render.simple_text(replies, describe), **fields)
+    _run(
+        "diagnose",
+        config_path,
+        socket_path,
+        as_json,
+        lambda replies: render.simple_text(replies, describe),
+        **fields,
+    )
 
 
 @lsfproxyd.command("reconfig")
@@ -215,18 +300,34 @@ def reconfig(as_json: bool, socket_path: str | None, config_path: str | None) ->
     def describe(reply: HostReply) -> str:
         return f"lsfproxyd host <{reply.daemon.name}>: {(reply.reply or {}).get('message')}"
 
-    _run("reconfig", config_path, socket_path, as_json,
-         lambda replies: render.simple_text(replies, describe))
+    _run(
+        "reconfig",
+        config_path,
+        socket_path,
+        as_json,
+        lambda replies: render.simple_text(replies, describe),
+    )
 
 
 @lsfproxyd.command("import-lsf")
-@click.option("--lsf-conf", "lsf_conf", type=click.Path(dir_okay=False, exists=True),
-              help="The site's lsf.conf (LSF_PROXYD_*, LSF_ADDON_HOSTS).")
-@click.option("--lsb-params", "lsb_params", type=click.Path(dir_okay=False, exists=True),
-              help="The site's lsb.params (PROXYD_POLICIES, MAX_CONCURRENT_QUERY, "
-                   "ENABLE_DIAGNOSE).")
-@click.option("--key-file", default="/etc/gridgate/proxyd.key", show_default=True,
-              help="Where the shared TCP key is to live (named in the output).")
+@click.option(
+    "--lsf-conf",
+    "lsf_conf",
+    type=click.Path(dir_okay=False, exists=True),
+    help="The site's lsf.conf (LSF_PROXYD_*, LSF_ADDON_HOSTS).",
+)
+@click.option(
+    "--lsb-params",
+    "lsb_params",
+    type=click.Path(dir_okay=False, exists=True),
+    help="The site's lsb.params (PROXYD_POLICIES, MAX_CONCURRENT_QUERY, ENABLE_DIAGNOSE).",
+)
+@click.option(
+    "--key-file",
+    default="/etc/gridgate/proxyd.key",
+    show_default=True,
+    help="Where the shared TCP key is to live (named in the output).",
+)
 def import_lsf(lsf_conf: str | None, lsb_params: str | None, key_file: str) -> None:
     """Print a commented proxyd: section made from LSF's own files (checked before printing);
     what cannot be carried over is named with the reason."""
@@ -237,7 +338,9 @@ def import_lsf(lsf_conf: str | None, lsb_params: str | None, key_file: str) -> N
         raise click.UsageError("give --lsf-conf FILE and/or --lsb-params FILE")
     try:
         conf = lsfimport.parse(_read(lsf_conf), lsf_conf) if lsf_conf else {}
-        params = lsfimport.parse(_read(lsb_params), lsb_params, sectioned=True) if lsb_params else {}
+        params = (
+            lsfimport.parse(_read(lsb_params), lsb_params, sectioned=True) if lsb_params else {}
+        )
         text = lsfimport.section_text(conf, params, key_file)
     except lsfimport.LsfConfError as exc:
         click.echo(f"gridgate lsfproxyd import-lsf: {exc}", err=True)

@@ -42,11 +42,11 @@ _NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)")
 #: What cannot be carried over, and why.
 NOT_CARRIED = {
     "LSF_PROXYD_BYPASS": "mbatchd's answer to query requests without a token: there is no "
-                         "mbatchd here; gridgate's enforcement is cooperative (the gate, the "
-                         "LSF backend and the director take tokens), so nothing is refused "
-                         "for lacking one",
+    "mbatchd here; gridgate's enforcement is cooperative (the gate, the "
+    "LSF backend and the director take tokens), so nothing is refused "
+    "for lacking one",
     "LSF_DEBUG_PROXYD": "an LSF log class of lsfproxyd: use `gridgate -v` (or -vv) on "
-                        "`lsfproxyd serve`, and `diagnose on` for every request",
+    "`lsfproxyd serve`, and `diagnose on` for every request",
     "LSB_DEBUG_MBD": "a log class of mbatchd, which gridgate does not run",
 }
 
@@ -77,12 +77,12 @@ def _value(text: str, file: str, line: int) -> str:
         end = text.find(quote, 1)
         if end < 0:
             raise LsfConfError(f"{file}:{line}: unclosed {quote} quote")
-        rest = text[end + 1:].strip()
+        rest = text[end + 1 :].strip()
         if rest and not rest.startswith("#"):
             raise LsfConfError(f"{file}:{line}: unexpected {rest[:20]!r} after the quoted value")
         return text[1:end]
     comment = re.search(r"\s#", text)
-    return (text[:comment.start()] if comment else text).strip()
+    return (text[: comment.start()] if comment else text).strip()
 
 
 def parse(text: str, file: str, sectioned: bool = False) -> dict[str, Param]:
@@ -102,9 +102,11 @@ def parse(text: str, file: str, sectioned: bool = False) -> dict[str, Param]:
                 opening = words[0].lower() == "begin"
                 if words[1].lower() == "parameters":
                     if opening == inside:
-                        raise LsfConfError(f"{file}:{number}: {stripped!r} "
-                                           + ("inside" if inside else "without") +
-                                           " a Begin Parameters section")
+                        raise LsfConfError(
+                            f"{file}:{number}: {stripped!r} "
+                            + ("inside" if inside else "without")
+                            + " a Begin Parameters section"
+                        )
                     inside = opening
                 continue
             if not inside:
@@ -121,8 +123,9 @@ def parse(text: str, file: str, sectioned: bool = False) -> dict[str, Param]:
 
 def _positive(param: Param) -> int:
     if not re.fullmatch(r"\+?\d+", param.value) or int(param.value) < 1:
-        raise LsfConfError(f"{param.file}:{param.line}: {param.name}={param.value!r} is not a "
-                           "positive integer")
+        raise LsfConfError(
+            f"{param.file}:{param.line}: {param.name}={param.value!r} is not a positive integer"
+        )
     return int(param.value)
 
 
@@ -130,13 +133,18 @@ def _yaml(value: object) -> str:
     return json.dumps(value)  # JSON scalars and lists are YAML, quoted where needed
 
 
-def section_text(conf: Mapping[str, Param], params: Mapping[str, Param],
-                 key_file: str = "/etc/gridgate/proxyd.key") -> str:
+def section_text(
+    conf: Mapping[str, Param],
+    params: Mapping[str, Param],
+    key_file: str = "/etc/gridgate/proxyd.key",
+) -> str:
     """The commented ``proxyd:`` section (a YAML document) for these parameters."""
     every = {**conf, **params}
-    lines = ["# proxyd: section imported by `gridgate lsfproxyd import-lsf` from "
-             + ", ".join(sorted({p.file for p in every.values()}) or ["(no parameters)"]),
-             "proxyd:"]
+    lines = [
+        "# proxyd: section imported by `gridgate lsfproxyd import-lsf` from "
+        + ", ".join(sorted({p.file for p in every.values()}) or ["(no parameters)"]),
+        "proxyd:",
+    ]
     notes: list[str] = []
 
     def put(key: str, value: object, *sources: Param, note: str = "") -> None:
@@ -149,22 +157,33 @@ def section_text(conf: Mapping[str, Param], params: Mapping[str, Param],
         names = hosts.value.split()
         if port:
             number = _positive(port)
-            put("hosts", [{"name": n, "address": f"{n}:{number}"} for n in names], hosts, port,
-                note="every daemon sharing the limits, over signed TCP")
+            put(
+                "hosts",
+                [{"name": n, "address": f"{n}:{number}"} for n in names],
+                hosts,
+                port,
+                note="every daemon sharing the limits, over signed TCP",
+            )
             put("tcp", f"0.0.0.0:{number}", port, note="each daemon listens on the port")
-            lines.append("  # the shared key every daemon and TCP client signs with: create "
-                         "the file (mode 0600), e.g. `head -c 32 /dev/urandom | base64`")
+            lines.append(
+                "  # the shared key every daemon and TCP client signs with: create "
+                "the file (mode 0600), e.g. `head -c 32 /dev/urandom | base64`"
+            )
             lines.append(f"  key: {_yaml({'file': key_file})}")
         else:
-            notes.append(f"LSF_PROXYD_HOSTS={hosts.value!r} ({hosts.where}): without "
-                         "LSF_PROXYD_PORT there is no address for the daemons; add "
-                         "proxyd.hosts by hand")
+            notes.append(
+                f"LSF_PROXYD_HOSTS={hosts.value!r} ({hosts.where}): without "
+                "LSF_PROXYD_PORT there is no address for the daemons; add "
+                "proxyd.hosts by hand"
+            )
     elif port:
         put("tcp", f"0.0.0.0:{_positive(port)}", port)
         lines.append(f"  key: {_yaml({'file': key_file})}  # create it, mode 0600")
-    simple = [("LSF_PROXYD_TOKEN_WAIT_TIME", "token_wait_time", conf),
-              ("LSF_PROXYD_NOTOKEN_NTRIES", "notoken_ntries", conf),
-              ("MAX_CONCURRENT_QUERY", "max_concurrent_query", params)]
+    simple = [
+        ("LSF_PROXYD_TOKEN_WAIT_TIME", "token_wait_time", conf),
+        ("LSF_PROXYD_NOTOKEN_NTRIES", "notoken_ntries", conf),
+        ("MAX_CONCURRENT_QUERY", "max_concurrent_query", params),
+    ]
     for name, key, source in simple:
         if name in source:
             put(key, _positive(source[name]), source[name])
@@ -173,9 +192,11 @@ def section_text(conf: Mapping[str, Param], params: Mapping[str, Param],
         if "heartbeat_interval" in SECTION_SCHEMA["properties"]:
             put("heartbeat_interval", _positive(beat), beat)
         else:
-            notes.append(f"LSF_PROXYD_HEARTBEAT_INTERVAL={beat.value!r} ({beat.where}): this "
-                         "gridgate has no heartbeat setting (LSF's heartbeat goes to mbatchd, "
-                         "which is not run here)")
+            notes.append(
+                f"LSF_PROXYD_HEARTBEAT_INTERVAL={beat.value!r} ({beat.where}): this "
+                "gridgate has no heartbeat setting (LSF's heartbeat goes to mbatchd, "
+                "which is not run here)"
+            )
     addon = conf.get("LSF_ADDON_HOSTS")
     if addon:
         put("addon_hosts", addon.value.split(), addon)
@@ -184,8 +205,10 @@ def section_text(conf: Mapping[str, Param], params: Mapping[str, Param],
         if "lsfproxyd" in diagnose.value.lower().split():
             put("diagnose", True, diagnose, note="every request to info.lsfproxydlog.<host>")
         else:
-            notes.append(f"ENABLE_DIAGNOSE={diagnose.value!r} ({diagnose.where}): names no "
-                         "lsfproxyd diagnosis (mbatchd's own diagnosis is not run here)")
+            notes.append(
+                f"ENABLE_DIAGNOSE={diagnose.value!r} ({diagnose.where}): names no "
+                "lsfproxyd diagnosis (mbatchd's own diagnosis is not run here)"
+            )
     policies = params.get("PROXYD_POLICIES")
     if policies:
         put("policies", " ".join(policies.value.split()), policies)

@@ -45,25 +45,44 @@ def status_text(replies: Sequence[HostReply]) -> list[str]:
     lines: list[str] = []
     for reply in replies:
         if reply.reply is None or not reply.reply.get("ok"):
-            lines += ["", "lsfproxyd host status:", f"  HOSTNAME: {reply.daemon.name}",
-                      f"  STATUS: {_failure(reply)}"]
+            lines += [
+                "",
+                "lsfproxyd host status:",
+                f"  HOSTNAME: {reply.daemon.name}",
+                f"  STATUS: {_failure(reply)}",
+            ]
             continue
         status = reply.reply["status"]
         service = {c: v["enabled"] for c, v in status["categories"].items()}
-        lines += ["", *service_status(service, spaced=True), "", "lsfproxyd host status:",
-                  f"  HOSTNAME: {status['name']}", "  STATUS: CONNECTED", f"  PID: {status['pid']}"]
+        lines += [
+            "",
+            *service_status(service, spaced=True),
+            "",
+            "lsfproxyd host status:",
+            f"  HOSTNAME: {status['name']}",
+            "  STATUS: CONNECTED",
+            f"  PID: {status['pid']}",
+        ]
         peers = status.get("peers")
         if peers:
-            lines.append(f"  LIVE DAEMONS: {' '.join(peers['live'])} "
-                         f"(heartbeat every {peers['interval']:g} s)")
-        lines.append(f"  {'':<11}{'TOKEN_LIMIT':<13}{'TOKENS_IN_USE_TOTAL':<21}"
-                     "TOKENS_IN_USE_PRIVILEGED")
+            lines.append(
+                f"  LIVE DAEMONS: {' '.join(peers['live'])} "
+                f"(heartbeat every {peers['interval']:g} s)"
+            )
+        lines.append(
+            f"  {'':<11}{'TOKEN_LIMIT':<13}{'TOKENS_IN_USE_TOTAL':<21}TOKENS_IN_USE_PRIVILEGED"
+        )
         for cat in CATEGORIES:
             row = status["categories"][cat]
-            lines.append(f"  {LSF_NAMES[cat]:<11}{row['token_limit']:<13}{row['in_use']:<21}"
-                         f"{row['in_use_privileged']}")
-        capped = [f"{LSF_NAMES[c]}={status['categories'][c]['user_max']}" for c in CATEGORIES
-                  if status["categories"][c].get("user_max") is not None]
+            lines.append(
+                f"  {LSF_NAMES[cat]:<11}{row['token_limit']:<13}{row['in_use']:<21}"
+                f"{row['in_use_privileged']}"
+            )
+        capped = [
+            f"{LSF_NAMES[c]}={status['categories'][c]['user_max']}"
+            for c in CATEGORIES
+            if status["categories"][c].get("user_max") is not None
+        ]
         if capped:  # not in the seed's table: a line of its own, only when a cap is set
             lines.append(f"  TOKEN_LIMIT_PER_USER: {' '.join(capped)}")
         lines += metrics_text(status)
@@ -75,13 +94,17 @@ def held_text(held: Sequence[Mapping[str, Any]]) -> list[str]:
     """The longest-held tokens (``status`` lists a few), with the time left to their limit."""
     if not held:
         return []
-    lines = ["", f"  {'LONGEST_HELD':<13} {'USER@HOST':<23} {'COMMAND':<19} {'CATEGORY':<11} "
-                 "RETURNED_IN"]
+    lines = [
+        "",
+        f"  {'LONGEST_HELD':<13} {'USER@HOST':<23} {'COMMAND':<19} {'CATEGORY':<11} RETURNED_IN",
+    ]
     for t in held:
         who = f"{t['user']}@{t['host']}"
-        lines.append(f"  {t['held']:<13.1f} {who:<23} {t['opcode'] or '-':<19} "
-                     f"{LSF_NAMES.get(t['category'], t['category']):<11} "
-                     f"{max(0.0, t['left']):.0f} s")
+        lines.append(
+            f"  {t['held']:<13.1f} {who:<23} {t['opcode'] or '-':<19} "
+            f"{LSF_NAMES.get(t['category'], t['category']):<11} "
+            f"{max(0.0, t['left']):.0f} s"
+        )
     return lines
 
 
@@ -112,8 +135,10 @@ def metrics_text(status: Mapping[str, Any]) -> list[str]:
     limited = [c for c in CATEGORIES if c in (status.get("rate_limits") or {})]
     if limited:
         # not in the seed: only where proxyd.rate_limit sets a rate
-        lines += ["Rate limited", *(row(f"     {_METRIC_LABELS[c]}", f"ratelimited.{c}")
-                                    for c in limited)]
+        lines += [
+            "Rate limited",
+            *(row(f"     {_METRIC_LABELS[c]}", f"ratelimited.{c}") for c in limited),
+        ]
     return lines
 
 
@@ -127,8 +152,11 @@ def block_text(op: str, replies: Sequence[HostReply]) -> list[str]:
         r, name = reply.reply, reply.daemon.name
         # each element is a rule: say which were changed and which were not (an older daemon
         # answers only text and changed)
-        done, kept = (r["done"], r["kept"]) if "done" in r else (
-            (r["text"], "") if r["changed"] else ("", r["text"]))
+        done, kept = (
+            (r["done"], r["kept"])
+            if "done" in r
+            else ((r["text"], "") if r["changed"] else ("", r["text"]))
+        )
         if done:
             verb = "added to" if op == "block" else "removed from"
             lines.append(f"{done} {verb} the blocklist on lsfproxyd host <{name}>")
@@ -173,5 +201,6 @@ def enable_text(replies: Sequence[HostReply]) -> list[str]:
 
 
 def simple_text(replies: Sequence[HostReply], describe: Any) -> list[str]:
-    return [describe(r) if r.reply is not None and r.reply.get("ok") else _failure(r)
-            for r in replies]
+    return [
+        describe(r) if r.reply is not None and r.reply.get("ok") else _failure(r) for r in replies
+    ]

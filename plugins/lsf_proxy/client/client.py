@@ -81,8 +81,15 @@ def _local_user() -> str:
 class Connection:
     """One blocking connection speaking the line protocol; not shared between threads."""
 
-    def __init__(self, daemon: Daemon, timeout: float, key: str | None, user: str, host: str,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        daemon: Daemon,
+        timeout: float,
+        key: str | None,
+        user: str,
+        host: str,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.daemon = daemon
         self._key, self._user, self._host, self._clock = key, user, host, clock
         kind, target = parse_address(daemon.address)
@@ -102,7 +109,9 @@ class Connection:
             self._sock.connect(target)
         except OSError as exc:
             self._sock.close()
-            kind_of = _Busy if isinstance(exc, TimeoutError) or exc.errno == errno.EAGAIN else _Broken
+            kind_of = (
+                _Busy if isinstance(exc, TimeoutError) or exc.errno == errno.EAGAIN else _Broken
+            )
             raise kind_of(f"{daemon.name}: cannot connect to {daemon.address}: {exc}") from None
         self._buffer = bytearray()
         self._ids = itertools.count(1)
@@ -131,8 +140,15 @@ class Connection:
         message: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": msg_id, "op": op, **fields}
         if self.tcp and (self._challenge is not None or op != "hello"):
             assert self._key is not None
-            sign(message, self._key, self._user, self._host, self._clock,
-                 challenge=self._challenge, daemon=self._daemon_name)
+            sign(
+                message,
+                self._key,
+                self._user,
+                self._host,
+                self._clock,
+                challenge=self._challenge,
+                daemon=self._daemon_name,
+            )
         try:
             self._sock.settimeout(timeout)
             try:
@@ -178,7 +194,7 @@ class Connection:
             end = self._buffer.find(b"\n")
             if end >= 0:
                 line = bytes(self._buffer[:end])
-                del self._buffer[:end + 1]
+                del self._buffer[: end + 1]
                 return json.loads(line)
             chunk = self._sock.recv(65536)
             if not chunk:
@@ -242,12 +258,21 @@ class ProxyClient:
     :param when_unavailable: ``proceed`` (a warning, a token-less pass) or ``fail``.
     """
 
-    def __init__(self, daemons: Sequence[Daemon] | None = None, *, key: str | None = None,
-                 user: str | None = None, host: str | None = None,
-                 notoken_ntries: int | None = None, when_unavailable: str = "proceed",
-                 connect_timeout: float = 5.0, reply_timeout: float = 60.0,
-                 backoff: tuple[float, float] = (0.1, 5.0), clock: Clock = SYSTEM_CLOCK,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        daemons: Sequence[Daemon] | None = None,
+        *,
+        key: str | None = None,
+        user: str | None = None,
+        host: str | None = None,
+        notoken_ntries: int | None = None,
+        when_unavailable: str = "proceed",
+        connect_timeout: float = 5.0,
+        reply_timeout: float = 60.0,
+        backoff: tuple[float, float] = (0.1, 5.0),
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+    ) -> None:
         if when_unavailable not in ("proceed", "fail"):
             raise ValueError("when_unavailable must be proceed or fail")
         if notoken_ntries is not None and notoken_ntries < 1:
@@ -272,8 +297,9 @@ class ProxyClient:
         self.down_for = 30.0
 
     @classmethod
-    def from_section(cls, section: Mapping[str, Any], socket_path: str | None = None,
-                     **overrides: Any) -> ProxyClient:
+    def from_section(
+        cls, section: Mapping[str, Any], socket_path: str | None = None, **overrides: Any
+    ) -> ProxyClient:
         """A client configured by a ``proxyd:`` section (``--socket`` wins over its hosts)."""
         if socket_path or os.environ.get("GRIDGATE_PROXYD_SOCKET") or not section.get("hosts"):
             daemons = [Daemon(host_name(), resolve_socket(socket_path, section))]
@@ -297,14 +323,17 @@ class ProxyClient:
             pool = self._idle.get(daemon.address)
             if pool:
                 return pool.pop(), True
-        return Connection(daemon, self.connect_timeout, self.key, self.user, self.host,
-                          self.clock), False
+        return Connection(
+            daemon, self.connect_timeout, self.key, self.user, self.host, self.clock
+        ), False
 
     def _park(self, conn: Connection) -> None:
         with self._lock:
             self._idle.setdefault(conn.daemon.address, []).append(conn)
 
-    def _call(self, daemon: Daemon, op: str, timeout: float, **fields: Any) -> tuple[Connection, dict[str, Any]]:
+    def _call(
+        self, daemon: Daemon, op: str, timeout: float, **fields: Any
+    ) -> tuple[Connection, dict[str, Any]]:
         """One request to ``daemon``; a pooled connection that went stale is replaced once."""
         conn, pooled = self._connect(daemon)
         try:
@@ -353,30 +382,50 @@ class ProxyClient:
             assert daemon is not None
             result = reply.get("result")
             if result == "granted":
-                return Token(reply["token"], reply.get("category", ""), daemon.name,
-                             waited=float(reply.get("waited", 0)),
-                             privileged=bool(reply.get("privileged")), _client=self, _conn=conn)
+                return Token(
+                    reply["token"],
+                    reply.get("category", ""),
+                    daemon.name,
+                    waited=float(reply.get("waited", 0)),
+                    privileged=bool(reply.get("privileged")),
+                    _client=self,
+                    _conn=conn,
+                )
             if conn is not None:
                 self._park(conn)
             if result == "proceed":
-                return Token("", reply.get("category", ""), daemon.name, proceed=True,
-                             reason=reply.get("reason", ""))
+                return Token(
+                    "",
+                    reply.get("category", ""),
+                    daemon.name,
+                    proceed=True,
+                    reason=reply.get("reason", ""),
+                )
             reason = reply.get("reason", "denied")
             tries += 1
             if reason == "blocked":
-                raise NoToken(f"{daemon.name}: request blocked by the lsfproxyd administrator",
-                              reason)
+                raise NoToken(
+                    f"{daemon.name}: request blocked by the lsfproxyd administrator", reason
+                )
             if self.notoken_ntries is not None and tries >= self.notoken_ntries:
-                raise NoToken(f"no token after {tries} attempt(s), last: {reason} from "
-                              f"{daemon.name}", reason)
+                raise NoToken(
+                    f"no token after {tries} attempt(s), last: {reason} from {daemon.name}", reason
+                )
             delay = min(self.backoff[1], self.backoff[0] * 2 ** min(tries - 1, 16))
             delay *= 0.5 + self.rng.random() / 2
-            logger.info("no token from {} ({}), attempt {}{}: retrying in {:.2f} s", daemon.name,
-                        reason, tries,
-                        f"/{self.notoken_ntries}" if self.notoken_ntries else "", delay)
+            logger.info(
+                "no token from {} ({}), attempt {}{}: retrying in {:.2f} s",
+                daemon.name,
+                reason,
+                tries,
+                f"/{self.notoken_ntries}" if self.notoken_ntries else "",
+                delay,
+            )
             self.clock.sleep(delay)
 
-    def _acquire_once(self, fields: Mapping[str, Any]) -> tuple[dict[str, Any] | None, Connection | None, Daemon | None]:
+    def _acquire_once(
+        self, fields: Mapping[str, Any]
+    ) -> tuple[dict[str, Any] | None, Connection | None, Daemon | None]:
         busy: Daemon | None = None
         for daemon in self._order():
             try:
@@ -393,8 +442,9 @@ class ProxyClient:
             if not reply.get("ok"):
                 self._park(conn)
                 error = reply.get("error") or {}
-                raise RequestFailed(error.get("code", "error"),
-                                    f"{daemon.name}: {error.get('message', '')}")
+                raise RequestFailed(
+                    error.get("code", "error"), f"{daemon.name}: {error.get('message', '')}"
+                )
             return reply, conn, daemon
         if busy is not None:
             # alive but swamped: a refusal to retry, never a licence to run without a token
@@ -424,16 +474,18 @@ class ProxyClient:
         out = []
         for daemon in self.daemons:
             try:
-                conn = Connection(daemon, self.connect_timeout, self.key, self.user, self.host,
-                                  self.clock)
+                conn = Connection(
+                    daemon, self.connect_timeout, self.key, self.user, self.host, self.clock
+                )
             except _Broken as exc:
                 out.append(HostReply(daemon, error=str(exc), busy=isinstance(exc, _Busy)))
                 continue
             try:
                 out.append(HostReply(daemon, reply=conn.call(op, self.reply_timeout, **fields)))
             except (_Broken, RequestFailed) as exc:
-                out.append(HostReply(daemon, error=str(exc),
-                                     busy=isinstance(exc, _Busy | RequestFailed)))
+                out.append(
+                    HostReply(daemon, error=str(exc), busy=isinstance(exc, _Busy | RequestFailed))
+                )
             finally:
                 conn.close()
         return out

@@ -84,8 +84,9 @@ except (ImportError, AttributeError):  # pragma: no cover
 
 def dumps(message: Mapping[str, Any]) -> bytes:
     """``message`` as one compact JSON line (what ``json.dumps`` gives, separators "," ":")."""
-    if _quote is None or not all(v is None or isinstance(v, str | int | float)
-                                 for v in message.values()):
+    if _quote is None or not all(
+        v is None or isinstance(v, str | int | float) for v in message.values()
+    ):
         import json
 
         return json.dumps(message, separators=(",", ":")).encode() + b"\n"
@@ -116,20 +117,21 @@ def loads(line: bytes) -> Any:
     except StopIteration:
         raise ValueError(f"not JSON: {text[:60]!r}") from None
     if end != len(text):
-        raise ValueError(f"extra data after the JSON value: {text[end:end + 60]!r}")
+        raise ValueError(f"extra data after the JSON value: {text[end : end + 60]!r}")
     return value
 
 
 def _rand() -> float:
     """A number in [0, 1) from the kernel (the ``random`` module costs more to import)."""
-    return int.from_bytes(os.urandom(4), "big") / 2 ** 32
+    return int.from_bytes(os.urandom(4), "big") / 2**32
 
 
 class Link:
     """One blocking connection to one daemon."""
 
-    def __init__(self, name: str, address: str, timeout: float,
-                 signer: Callable[..., None] | None) -> None:
+    def __init__(
+        self, name: str, address: str, timeout: float, signer: Callable[..., None] | None
+    ) -> None:
         self.name, self.address = name, address
         self._signer = signer
         self._ids = 0
@@ -156,7 +158,9 @@ class Link:
         except OSError as exc:
             self.sock.close()
             busy = isinstance(exc, TimeoutError) or exc.errno == 11  # EAGAIN: backlog full
-            raise (_Busy if busy else _Broken)(f"{name}: cannot connect to {address}: {exc}") from None
+            raise (_Busy if busy else _Broken)(
+                f"{name}: cannot connect to {address}: {exc}"
+            ) from None
         self._bound: dict[str, Any] = {}
         if self._signer is not None:
             self._handshake(timeout)
@@ -187,8 +191,13 @@ class Link:
             raise _Broken(f"{self.name}: {exc}") from None
         return self._ids
 
-    def wait(self, msg_id: int, timeout: float, notice: float | None = None,
-             on_notice: Callable[[int | None], None] | None = None) -> dict[str, Any]:
+    def wait(
+        self,
+        msg_id: int,
+        timeout: float,
+        notice: float | None = None,
+        on_notice: Callable[[int | None], None] | None = None,
+    ) -> dict[str, Any]:
         """The reply to ``msg_id``; ``on_notice(ahead)`` once if it takes ``notice`` seconds
         (``ahead``: the requests queued before ours, from the daemon's ``queued`` event)."""
         deadline = time.monotonic() + timeout
@@ -222,7 +231,7 @@ class Link:
                     raise _Broken(f"{self.name}: the daemon closed the connection")
                 self._buffer += chunk
                 continue
-            line, self._buffer = self._buffer[:end], self._buffer[end + 1:]
+            line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
             try:
                 reply = loads(line)
             except ValueError as exc:
@@ -256,8 +265,14 @@ class Link:
 class Grant:
     """A granted token (``token``), or leave to run without one (``token`` empty)."""
 
-    def __init__(self, token: str = "", link: Link | None = None, reason: str = "",
-                 timeout: float = 5.0, nice: int = 0) -> None:
+    def __init__(
+        self,
+        token: str = "",
+        link: Link | None = None,
+        reason: str = "",
+        timeout: float = 5.0,
+        nice: int = 0,
+    ) -> None:
         self.token, self.link, self.reason, self._timeout = token, link, reason, timeout
         #: the niceness the daemon asks the command to run at (a busy user's), 0: as it is
         self.nice = nice
@@ -279,11 +294,18 @@ class GateClient:
     a random rotation, daemons that did not answer tried last, ``notoken_ntries`` attempts
     with jittered exponential back-off, ``when_unavailable`` when nobody answers."""
 
-    def __init__(self, daemons: Sequence[tuple[str, str]], *, key: str | None = None,
-                 notoken_ntries: int | None = None, when_unavailable: str = "proceed",
-                 connect_timeout: float = 5.0, reply_timeout: float = 30.0,
-                 backoff: tuple[float, float] = (0.1, 5.0),
-                 warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        daemons: Sequence[tuple[str, str]],
+        *,
+        key: str | None = None,
+        notoken_ntries: int | None = None,
+        when_unavailable: str = "proceed",
+        connect_timeout: float = 5.0,
+        reply_timeout: float = 30.0,
+        backoff: tuple[float, float] = (0.1, 5.0),
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         self.daemons = list(daemons)
         self.key = key
         self.notoken_ntries = notoken_ntries
@@ -296,14 +318,20 @@ class GateClient:
         self._signer: Callable[..., None] | None = None
 
     @classmethod
-    def from_section(cls, section: Mapping[str, Any], socket_path: str | None = None,
-                     **overrides: Any) -> GateClient:
+    def from_section(
+        cls, section: Mapping[str, Any], socket_path: str | None = None, **overrides: Any
+    ) -> GateClient:
         """Configured like ``ProxyClient.from_section`` (``--socket`` wins over the hosts)."""
         env = os.environ.get("GRIDGATE_PROXYD_SOCKET")
         if socket_path or env or not section.get("hosts"):
-            daemons = [(socket.gethostname().split(".")[0],
-                        absolute_socket(socket_path or env or section.get("socket")
-                                        or default_socket_path()))]
+            daemons = [
+                (
+                    socket.gethostname().split(".")[0],
+                    absolute_socket(
+                        socket_path or env or section.get("socket") or default_socket_path()
+                    ),
+                )
+            ]
         else:
             daemons = [(h["name"], h["address"]) for h in section["hosts"]]
         key = None
@@ -312,7 +340,8 @@ class GateClient:
 
             key = read_secret(section.get("key"))
         options: dict[str, Any] = {
-            "key": key, "notoken_ntries": section.get("notoken_ntries"),
+            "key": key,
+            "notoken_ntries": section.get("notoken_ntries"),
             "when_unavailable": section.get("when_unavailable", "proceed"),
             "connect_timeout": float(section.get("client_timeout", 5)),
             "reply_timeout": float(section.get("token_wait_time", 15)) + 15.0,
@@ -343,9 +372,15 @@ class GateClient:
         order = self.daemons[start:] + self.daemons[:start]
         return sorted(order, key=lambda d: d[1] in self._down)
 
-    def acquire(self, category: str, opcode: str, notice: float | None = None,
-                on_notice: Callable[[int | None], None] | None = None,
-                on_sent: Callable[[Link], None] | None = None, size: int = 0) -> Grant:
+    def acquire(
+        self,
+        category: str,
+        opcode: str,
+        notice: float | None = None,
+        on_notice: Callable[[int | None], None] | None = None,
+        on_sent: Callable[[Link], None] | None = None,
+        size: int = 0,
+    ) -> Grant:
         """Wait for a token of ``category``; ``on_sent(link)`` after each request is sent
         (work to overlap with the daemon's answer); ``size`` is the request's size in bytes
         for the diagnostic log.
@@ -356,8 +391,9 @@ class GateClient:
         """
         tries = 0
         while True:
-            reply, link, name = self._acquire_once(category, opcode, notice, on_notice, on_sent,
-                                                   size)
+            reply, link, name = self._acquire_once(
+                category, opcode, notice, on_notice, on_sent, size
+            )
             if reply is None:
                 message = f"no lsfproxyd answered ({', '.join(n for n, _ in self.daemons)})"
                 if self.when_unavailable == "fail":
@@ -368,8 +404,9 @@ class GateClient:
             if result == "granted" and link is not None:
                 nice = reply.get("nice")
                 nice = nice if isinstance(nice, int) and 0 < nice < 20 else 0
-                return Grant(str(reply.get("token", "")), link, timeout=self.connect_timeout,
-                             nice=nice)
+                return Grant(
+                    str(reply.get("token", "")), link, timeout=self.connect_timeout, nice=nice
+                )
             if link is not None:
                 link.close()
             if result == "proceed":
@@ -379,16 +416,22 @@ class GateClient:
             if reason == "blocked":
                 raise NoToken(f"{name}: request blocked by the lsfproxyd administrator", reason)
             if self.notoken_ntries is not None and tries >= self.notoken_ntries:
-                raise NoToken(f"no token after {tries} attempt(s), last: {reason} from {name}",
-                              reason)
+                raise NoToken(
+                    f"no token after {tries} attempt(s), last: {reason} from {name}", reason
+                )
             delay = min(self.backoff[1], self.backoff[0] * 2 ** min(tries - 1, 16))
             time.sleep(delay * (0.5 + _rand() / 2))
             notice = None  # said once is enough
 
-    def _acquire_once(self, category: str, opcode: str, notice: float | None,
-                      on_notice: Callable[[int | None], None] | None,
-                      on_sent: Callable[[Link], None] | None = None, size: int = 0,
-                      ) -> tuple[dict[str, Any] | None, Link | None, str]:
+    def _acquire_once(
+        self,
+        category: str,
+        opcode: str,
+        notice: float | None,
+        on_notice: Callable[[int | None], None] | None,
+        on_sent: Callable[[Link], None] | None = None,
+        size: int = 0,
+    ) -> tuple[dict[str, Any] | None, Link | None, str]:
         busy = ""
         for daemon in self._order():
             try:
@@ -420,8 +463,9 @@ class GateClient:
             return {"ok": True, "result": "denied", "reason": "busy"}, None, busy
         return None, None, ""
 
-    def ride(self, token: str, category: str, opcode: str,
-             wait: float = 15.0) -> tuple[Grant | None, str]:
+    def ride(
+        self, token: str, category: str, opcode: str, wait: float = 15.0
+    ) -> tuple[Grant | None, str]:
         """Ride on ``token`` (the gated script's, from ``GRIDGATE_GATE_TOKEN``): a token of
         this call's own on the parent's slot, held on its own connection (hand it to a
         holder, as a grant). While another nested call rides on it, wait for that one to end,
@@ -440,8 +484,9 @@ class GateClient:
                 except _Broken:
                     continue
                 try:
-                    reply = link.call("check", self.connect_timeout, token=token,
-                                      category=category, opcode=opcode)
+                    reply = link.call(
+                        "check", self.connect_timeout, token=token, category=category, opcode=opcode
+                    )
                 except (_Broken, Failed):
                     link.close()
                     continue

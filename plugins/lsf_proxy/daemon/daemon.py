@@ -89,8 +89,13 @@ MAX_WRITE_BUFFER = 1 << 20
 #: Wait-time histogram buckets (seconds): token_wait_time defaults to 15 s.
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300)
 #: ``enable``/``disable`` spell categories as badmin does.
-CATEGORY_WORDS = {"all": "all", "query": "query", "sub": "submission", "submission": "submission",
-                  "other": "other"}
+CATEGORY_WORDS = {
+    "all": "all",
+    "query": "query",
+    "sub": "submission",
+    "submission": "submission",
+    "other": "other",
+}
 
 
 class StartupError(Exception):
@@ -100,7 +105,7 @@ class StartupError(Exception):
 def diagnose_line(decision: Decision) -> str:
     """One diagnostic-log line in the seed's format::
 
-        Feb 8 07:57:12 2023 QUERY_REQ,BATCH_JOB_QUERY,user1,host1,184,1,075423,075426
+    Feb 8 07:57:12 2023 QUERY_REQ,BATCH_JOB_QUERY,user1,host1,184,1,075423,075426
     """
     req = decision.request
     done = time.localtime(decision.decided)
@@ -110,8 +115,16 @@ def diagnose_line(decision: Decision) -> str:
     processed = time.strftime("%H%M%S", done)
     # clients name the command (hold limits are by command): the log has its batch opcode
     opcode = opcode_of(req.opcode, req.category == "query")
-    fields = [f"{LSF_NAMES[req.category]}_REQ", _field(opcode) or "-", _field(req.user),
-              _field(req.host), str(req.size), str(accept), received, processed]
+    fields = [
+        f"{LSF_NAMES[req.category]}_REQ",
+        _field(opcode) or "-",
+        _field(req.user),
+        _field(req.host),
+        str(req.size),
+        str(accept),
+        received,
+        processed,
+    ]
     return f"{stamp} {','.join(fields)}"
 
 
@@ -139,29 +152,45 @@ class DaemonMetrics:
             import prometheus_client as prom
             from prometheus_client.core import GaugeMetricFamily
         except ImportError:
-            raise StartupError("proxyd.metrics_port is set but prometheus_client is not "
-                               "installed: pip install 'gridgate[metrics]'") from None
+            raise StartupError(
+                "proxyd.metrics_port is set but prometheus_client is not "
+                "installed: pip install 'gridgate[metrics]'"
+            ) from None
         self._prom = prom
         self.policy = policy
         self.registry = r = prom.CollectorRegistry()
-        self.grants = prom.Counter("gridgate_proxyd_grants", "Tokens granted",
-                                   ["category"], registry=r)
-        self.rejections = prom.Counter("gridgate_proxyd_rejections",
-                                       "Requests denied for lack of a token (queue full or "
-                                       "waited token_wait_time)", ["category", "reason"],
-                                       registry=r)
-        self.blocked = prom.Counter("gridgate_proxyd_blocked", "Requests denied by the blocklist",
-                                    ["category"], registry=r)
-        self.rate_limited = prom.Counter("gridgate_proxyd_rate_limited",
-                                         "Requests denied for being over the user's rate "
-                                         "(proxyd.rate_limit)", ["category"], registry=r)
-        self.errors = prom.Counter("gridgate_proxyd_errors",
-                                   "The status table's Error row: bad or cut-off requests "
-                                   "(protocol) and leases taken back (lease_expired)",
-                                   ["kind"], registry=r)
-        self.wait = prom.Histogram("gridgate_proxyd_wait_seconds",
-                                   "Seconds from request to grant or denial",
-                                   ["category", "outcome"], buckets=WAIT_BUCKETS, registry=r)
+        self.grants = prom.Counter(
+            "gridgate_proxyd_grants", "Tokens granted", ["category"], registry=r
+        )
+        self.rejections = prom.Counter(
+            "gridgate_proxyd_rejections",
+            "Requests denied for lack of a token (queue full or waited token_wait_time)",
+            ["category", "reason"],
+            registry=r,
+        )
+        self.blocked = prom.Counter(
+            "gridgate_proxyd_blocked", "Requests denied by the blocklist", ["category"], registry=r
+        )
+        self.rate_limited = prom.Counter(
+            "gridgate_proxyd_rate_limited",
+            "Requests denied for being over the user's rate (proxyd.rate_limit)",
+            ["category"],
+            registry=r,
+        )
+        self.errors = prom.Counter(
+            "gridgate_proxyd_errors",
+            "The status table's Error row: bad or cut-off requests "
+            "(protocol) and leases taken back (lease_expired)",
+            ["kind"],
+            registry=r,
+        )
+        self.wait = prom.Histogram(
+            "gridgate_proxyd_wait_seconds",
+            "Seconds from request to grant or denial",
+            ["category", "outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         for category in CATEGORIES:
             # series exist from the start, so a rate over the first grant is right
             self.grants.labels(category)
@@ -178,15 +207,20 @@ class DaemonMetrics:
     def collect(self) -> list[Any]:
         """The gauges, read now (called by the registry at each scrape)."""
         gauges = {
-            "in_use": self._gauge("gridgate_proxyd_tokens_in_use", "Tokens held now",
-                                  labels=["category"]),
-            "privileged": self._gauge("gridgate_proxyd_tokens_in_use_privileged",
-                                      "Tokens held now by root, admins and add-on hosts",
-                                      labels=["category"]),
-            "queue": self._gauge("gridgate_proxyd_queue_length", "Requests waiting now",
-                                 labels=["category"]),
-            "limit": self._gauge("gridgate_proxyd_token_limit", "The category's max",
-                                 labels=["category"]),
+            "in_use": self._gauge(
+                "gridgate_proxyd_tokens_in_use", "Tokens held now", labels=["category"]
+            ),
+            "privileged": self._gauge(
+                "gridgate_proxyd_tokens_in_use_privileged",
+                "Tokens held now by root, admins and add-on hosts",
+                labels=["category"],
+            ),
+            "queue": self._gauge(
+                "gridgate_proxyd_queue_length", "Requests waiting now", labels=["category"]
+            ),
+            "limit": self._gauge(
+                "gridgate_proxyd_token_limit", "The category's max", labels=["category"]
+            ),
         }
         for name, cat in list(self.policy.categories.items()):
             gauges["in_use"].add_metric([name], cat.in_use)
@@ -231,7 +265,9 @@ class DaemonMetrics:
 class _Conn:
     __slots__ = ("writer", "user", "host", "tcp", "tokens", "waiting", "peer", "closed", "counted")
 
-    def __init__(self, writer: asyncio.StreamWriter, user: str, host: str, tcp: bool, peer: str) -> None:
+    def __init__(
+        self, writer: asyncio.StreamWriter, user: str, host: str, tcp: bool, peer: str
+    ) -> None:
         self.writer = writer
         self.user = user
         self.host = host
@@ -246,9 +282,15 @@ class _Conn:
 class ProxyDaemon:
     """One lsfproxyd-style daemon. ``section`` is a filled ``proxyd:`` section."""
 
-    def __init__(self, section: Mapping[str, Any] | None = None, *, socket_path: str | None = None,
-                 name: str | None = None, config_path: str | os.PathLike[str] | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        section: Mapping[str, Any] | None = None,
+        *,
+        socket_path: str | None = None,
+        name: str | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.section = dict(section or section_defaults())
         self.config_path = Path(config_path) if config_path else None
         self.clock = clock
@@ -274,14 +316,18 @@ class ProxyDaemon:
         self._diag_until: float | None = None  # monotonic; from `diagnose on -t`
         #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
         try:
-            self.peers = Heartbeat(self.name, self.section, clock, self._peers_changed,
-                                   self.config_path)
+            self.peers = Heartbeat(
+                self.name, self.section, clock, self._peers_changed, self.config_path
+            )
         except ValueError as exc:
             raise StartupError(str(exc)) from None
         settings = self._settings(self.section)
-        self.policy = RateLimitedPolicy(settings, clock=clock,
-                                        sample_period=float(self.section.get("sample_period", 60)),
-                                        blocklist=self._load_blocklist())
+        self.policy = RateLimitedPolicy(
+            settings,
+            clock=clock,
+            sample_period=float(self.section.get("sample_period", 60)),
+            blocklist=self._load_blocklist(),
+        )
         self._apply_runtime(self.section)
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
@@ -305,12 +351,15 @@ class ProxyDaemon:
         if hosts:
             names = [h["name"] for h in hosts]
             if self.name not in names:
-                raise StartupError(f"this daemon's name {self.name!r} is not in proxyd.hosts "
-                                   f"({', '.join(names)}); give --name or proxyd.name")
+                raise StartupError(
+                    f"this daemon's name {self.name!r} is not in proxyd.hosts "
+                    f"({', '.join(names)}); give --name or proxyd.name"
+                )
             limits = self.peers.view.share(limits, names)
             live = len(self.peers.view.live(names))
-        return RatedSettings.extend(PolicySettings.from_section(section, limits),
-                                    rate_limits_from(section, live))
+        return RatedSettings.extend(
+            PolicySettings.from_section(section, limits), rate_limits_from(section, live)
+        )
 
     def _peers_changed(self, service: Mapping[str, bool] | None) -> None:
         """A heartbeat changed who is alive (a new share: held tokens stay, a smaller share
@@ -348,7 +397,8 @@ class ProxyDaemon:
     def diagnose_path(self) -> Path:
         # a file named by `diagnose on -f FILE` holds until that diagnosis ends
         return self._diag_file or self._side_file(
-            "diagnose_file", f"info.lsfproxydlog.{self.local_host}")
+            "diagnose_file", f"info.lsfproxydlog.{self.local_host}"
+        )
 
     @property
     def blocklist_path(self) -> Path:
@@ -429,9 +479,14 @@ class ProxyDaemon:
             if self.metrics is not None:
                 self.metrics_port = self.metrics.serve(
                     int(self.section["metrics_port"]),
-                    str(self.section.get("metrics_address") or "127.0.0.1"))
-                logger.info("lsfproxyd {} metrics on http://{}:{}/metrics", self.name,
-                            self.section.get("metrics_address"), self.metrics_port)
+                    str(self.section.get("metrics_address") or "127.0.0.1"),
+                )
+                logger.info(
+                    "lsfproxyd {} metrics on http://{}:{}/metrics",
+                    self.name,
+                    self.section.get("metrics_address"),
+                    self.metrics_port,
+                )
         except BaseException:
             for server in self._servers:
                 server.close()
@@ -491,8 +546,9 @@ class ProxyDaemon:
             key = read_secret(self.section.get("key"))
             if not key:
                 raise StartupError("proxyd.tcp needs proxyd.key")
-            self.verifier = Verifier(key, float(self.section.get("max_clock_skew", 30)),
-                                     daemon=self.name)
+            self.verifier = Verifier(
+                key, float(self.section.get("max_clock_skew", 30)), daemon=self.name
+            )
             _, (host, port) = parse_address(tcp)
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             server = self._listener(info[0][0], info[0][4], self._on_tcp, f"tcp {tcp}")
@@ -551,14 +607,22 @@ class ProxyDaemon:
                 self.metrics.errors.labels("lease_expired").inc(len(result.expired))
             for token in result.expired:
                 owner = self._owners.pop(token.id, None)
-                logger.warning("lease of token {} ({} {}) held by {}@{} expired after {:.0f} s "
-                               "(its hold limit): taken back", token.id, token.category,
-                               token.opcode or "-", token.user, token.host,
-                               token.expires_at - token.granted)
+                logger.warning(
+                    "lease of token {} ({} {}) held by {}@{} expired after {:.0f} s "
+                    "(its hold limit): taken back",
+                    token.id,
+                    token.category,
+                    token.opcode or "-",
+                    token.user,
+                    token.host,
+                    token.expires_at - token.granted,
+                )
                 self._diag_write(holding.hold_limit_line(token, self.clock.time()))
                 if owner is not None:
                     owner.tokens.discard(token.id)
-                    self._send(owner, {"v": PROTOCOL_VERSION, "event": "expired", "token": token.id})
+                    self._send(
+                        owner, {"v": PROTOCOL_VERSION, "event": "expired", "token": token.id}
+                    )
             for decision in result.decisions:
                 self._deliver(decision)
             wake = earliest(self.policy.next_wakeup(), self._diag_until)
@@ -607,10 +671,17 @@ class ProxyDaemon:
 
     def _listener(self, family: int, address: Any, handler: Any, what: str) -> Listener:
         assert self._loop is not None
-        return Listener(self._loop, listening_socket(family, address), handler, what,
-                        self._shortage, self.max_line + 1,
-                        lambda listener: self.guard.room(
-                            listener, sum(server.live for server in self._servers)))
+        return Listener(
+            self._loop,
+            listening_socket(family, address),
+            handler,
+            what,
+            self._shortage,
+            self.max_line + 1,
+            lambda listener: self.guard.room(
+                listener, sum(server.live for server in self._servers)
+            ),
+        )
 
     def _admit(self, conn: _Conn) -> str | None:
         """None when ``conn`` may have a slot in its pool, else why not."""
@@ -620,14 +691,24 @@ class ProxyDaemon:
             if victim is not None:
                 # the pool is full: an address holding many makes room for one holding few
                 self.guard.refused["displaced"] += 1
-                self._error(victim, None, ProtocolError(
-                    "busy", "too many unauthenticated TCP connections: the oldest of the "
-                            "address holding the most is closed"))
+                self._error(
+                    victim,
+                    None,
+                    ProtocolError(
+                        "busy",
+                        "too many unauthenticated TCP connections: the oldest of the "
+                        "address holding the most is closed",
+                    ),
+                )
                 self._close(victim)
             why = self.guard.admit(conn, UNAUTH, peer)
             if why is None and self._loop is not None:
-                self.guard.watch(conn, self._loop.call_later(
-                    self.guard.cap.tcp_auth_timeout, self._auth_expired, conn))
+                self.guard.watch(
+                    conn,
+                    self._loop.call_later(
+                        self.guard.cap.tcp_auth_timeout, self._auth_expired, conn
+                    ),
+                )
         else:
             privileged = self.policy.is_root_or_admin(conn.user) or conn.user == self.owner
             why = self.guard.admit(conn, PRIVILEGED if privileged else ORDINARY)
@@ -639,10 +720,16 @@ class ProxyDaemon:
         if self.guard.pool_of(conn) == UNAUTH and not conn.closed:
             self.guard.refused["auth_timeout"] += 1
             timeout = self.guard.cap.tcp_auth_timeout
-            self._refusals("lsfproxyd: TCP connection {} closed: no signed request within {:g} s",
-                           conn.peer, timeout)
-            self._error(conn, None, ProtocolError(
-                "auth_timeout", f"no validly signed request within {timeout:g} s"))
+            self._refusals(
+                "lsfproxyd: TCP connection {} closed: no signed request within {:g} s",
+                conn.peer,
+                timeout,
+            )
+            self._error(
+                conn,
+                None,
+                ProtocolError("auth_timeout", f"no validly signed request within {timeout:g} s"),
+            )
             self._close(conn)
 
     def _hello_extra(self, conn: _Conn) -> dict[str, Any]:
@@ -660,8 +747,11 @@ class ProxyDaemon:
         user, host = self.verifier.verify(message, challenge=self._challenges.get(conn))
         if _field(user) != user or _field(host) != host:
             # a key holder's names reach every log line of its requests: names only
-            raise ProtocolError("bad_request", "auth.user and auth.host must be names of "
-                                               "letters, digits and '._-+@:' (at most 128)")
+            raise ProtocolError(
+                "bad_request",
+                "auth.user and auth.host must be names of "
+                "letters, digits and '._-+@:' (at most 128)",
+            )
         busy = self.guard.authenticated(conn, self.policy.is_root_or_admin(user))
         if busy is not None:
             asyncio.get_running_loop().call_soon(self._close, conn)
@@ -672,8 +762,13 @@ class ProxyDaemon:
         ordinary = not conn.tcp and not self.policy.is_root_or_admin(conn.user)
         if ordinary and self._per_user.get(conn.user, 0) >= self.max_user_connections:
             # one user's thousands of idle sockets must not lock everybody else out
-            self._error(conn, None, ProtocolError(
-                "busy", f"{conn.user} already has {self.max_user_connections} connections"))
+            self._error(
+                conn,
+                None,
+                ProtocolError(
+                    "busy", f"{conn.user} already has {self.max_user_connections} connections"
+                ),
+            )
             conn.writer.close()
             return
         busy = self._admit(conn)
@@ -695,8 +790,13 @@ class ProxyDaemon:
                         chunk = await asyncio.wait_for(reader.read(65536), self.line_timeout)
                     except TimeoutError:
                         self._count_error()
-                        self._error(conn, None, ProtocolError(
-                            "line_timeout", f"incomplete line for {self.line_timeout:g} s"))
+                        self._error(
+                            conn,
+                            None,
+                            ProtocolError(
+                                "line_timeout", f"incomplete line for {self.line_timeout:g} s"
+                            ),
+                        )
                         break
                 else:
                     chunk = await reader.read(65536)
@@ -713,7 +813,7 @@ class ProxyDaemon:
                             buffer.clear()
                         break
                     line = bytes(buffer[:end])
-                    del buffer[:end + 1]
+                    del buffer[: end + 1]
                     if discarding:
                         discarding = False
                         continue
@@ -734,8 +834,11 @@ class ProxyDaemon:
 
     def _too_long(self, conn: _Conn) -> None:
         self._count_error()
-        self._error(conn, None, ProtocolError("line_too_long",
-                                              f"lines are limited to {self.max_line} bytes"))
+        self._error(
+            conn,
+            None,
+            ProtocolError("line_too_long", f"lines are limited to {self.max_line} bytes"),
+        )
 
     def _close(self, conn: _Conn) -> None:
         if conn in self._conns:
@@ -755,8 +858,9 @@ class ProxyDaemon:
         conn.waiting.clear()
         for token_id in list(conn.tokens):
             if self.policy.release(token_id) is not None:
-                logger.info("token {} of {}@{} returned: connection closed", token_id,
-                            conn.user, conn.host)
+                logger.info(
+                    "token {} of {}@{} returned: connection closed", token_id, conn.user, conn.host
+                )
             self._owners.pop(token_id, None)
         conn.tokens.clear()
         with contextlib.suppress(Exception):
@@ -771,13 +875,23 @@ class ProxyDaemon:
             return
         conn.writer.write(encode(message))
         if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
-            self._refusals("lsfproxyd: dropping {} ({}): it does not read its replies",
-                           _field(conn.user), conn.peer)
+            self._refusals(
+                "lsfproxyd: dropping {} ({}): it does not read its replies",
+                _field(conn.user),
+                conn.peer,
+            )
             self._close(conn)
 
     def _error(self, conn: _Conn, msg_id: Any, exc: ProtocolError) -> None:
-        self._send(conn, {"v": PROTOCOL_VERSION, "id": msg_id, "ok": False,
-                          "error": {"code": exc.code, "message": str(exc)}})
+        self._send(
+            conn,
+            {
+                "v": PROTOCOL_VERSION,
+                "id": msg_id,
+                "ok": False,
+                "error": {"code": exc.code, "message": str(exc)},
+            },
+        )
 
     def _reply(self, conn: _Conn, msg_id: Any, **fields: Any) -> None:
         self._send(conn, {"v": PROTOCOL_VERSION, "id": msg_id, "ok": True, **fields})
@@ -799,20 +913,36 @@ class ProxyDaemon:
             self._error(conn, msg_id, exc)
         except Exception as exc:  # one bad request must not take the connection down
             # a bug, but one any client can repeat: a line per minute, not a traceback each
-            self._failures("lsfproxyd: a request from {}@{} ({}) failed: {}: {}",
-                           _field(conn.user), _field(conn.host), conn.peer, type(exc).__name__,
-                           _field(str(exc)), exception=exc)
+            self._failures(
+                "lsfproxyd: a request from {}@{} ({}) failed: {}: {}",
+                _field(conn.user),
+                _field(conn.host),
+                conn.peer,
+                type(exc).__name__,
+                _field(str(exc)),
+                exception=exc,
+            )
             self._count_error()
             self._error(conn, msg_id, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
 
-    def _dispatch(self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str,
-                  host: str) -> None:
+    def _dispatch(
+        self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str, host: str
+    ) -> None:
         op = message["op"]
         may_admin = self.policy.is_root_or_admin(user) or (user == self.owner and not conn.tcp)
         if op == "hello":
-            self._reply(conn, msg_id, server="gridgate-lsfproxyd", name=self.name, pid=self.pid,
-                        protocol=PROTOCOL_VERSION, user=user, host=host, admin=may_admin,
-                        **self._hello_extra(conn))
+            self._reply(
+                conn,
+                msg_id,
+                server="gridgate-lsfproxyd",
+                name=self.name,
+                pid=self.pid,
+                protocol=PROTOCOL_VERSION,
+                user=user,
+                host=host,
+                admin=may_admin,
+                **self._hello_extra(conn),
+            )
             return
         if op == "acquire":
             self._acquire(conn, message, msg_id, user, host)
@@ -841,12 +971,15 @@ class ProxyDaemon:
         if op not in ADMIN_OPS:
             raise ProtocolError("unknown_op", f"unknown op {op!r}")
         if not may_admin:
-            raise ProtocolError("forbidden", f"permission denied: {op} is for root and the "
-                                             f"lsfproxyd admins; {user} is neither")
+            raise ProtocolError(
+                "forbidden",
+                f"permission denied: {op} is for root and the lsfproxyd admins; {user} is neither",
+            )
         self._admin(conn, op, message, msg_id, user, host)
 
-    def _acquire(self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str,
-                 host: str) -> None:
+    def _acquire(
+        self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str, host: str
+    ) -> None:
         opcode = message.get("opcode") or ""
         category = message.get("category") or None
         size = message.get("size") or 0
@@ -866,8 +999,15 @@ class ProxyDaemon:
         decision = self.policy.request(req)
         if decision.outcome == QUEUED:
             # the client may tell its user why it waits, and behind how many
-            self._send(conn, {"v": PROTOCOL_VERSION, "event": "queued", "request": msg_id,
-                              "ahead": self.policy.ahead(req.id)})
+            self._send(
+                conn,
+                {
+                    "v": PROTOCOL_VERSION,
+                    "event": "queued",
+                    "request": msg_id,
+                    "ahead": self.policy.ahead(req.id),
+                },
+            )
             self._poke()
             return
         self._deliver(decision)
@@ -893,13 +1033,19 @@ class ProxyDaemon:
             if decision.token is not None:
                 self.policy.release(decision.token.id)
             return
-        fields: dict[str, Any] = {"result": decision.outcome, "category": req.category,
-                                  "waited": round(decision.waited, 6)}
+        fields: dict[str, Any] = {
+            "result": decision.outcome,
+            "category": req.category,
+            "waited": round(decision.waited, 6),
+        }
         if decision.token is not None:
             conn.tokens.add(decision.token.id)
             self._owners[decision.token.id] = conn
-            fields.update(token=decision.token.id, lease=self.policy.settings.lease_time,
-                          privileged=decision.token.privileged)
+            fields.update(
+                token=decision.token.id,
+                lease=self.policy.settings.lease_time,
+                privileged=decision.token.privileged,
+            )
             nice = self.policy.nice_for(decision.token)
             if nice:
                 fields["nice"] = nice
@@ -909,19 +1055,26 @@ class ProxyDaemon:
 
     # -- admin
 
-    def _admin(self, conn: _Conn, op: str, message: Mapping[str, Any], msg_id: Any, user: str,
-               host: str) -> None:
+    def _admin(
+        self, conn: _Conn, op: str, message: Mapping[str, Any], msg_id: Any, user: str, host: str
+    ) -> None:
         if op == "status":
             # peers first: a peer that fell silent since the last heartbeat is dropped now,
             # so the shares shown are the ones in force
             peers = self.peers.status() if self.peers.active else None
             status = self.policy.status()
-            status.update(name=self.name, pid=self.pid, host=self.local_host,
-                          diagnose=self._diag is not None,
-                          diagnose_file=str(self.diagnose_path),
-                          connections=len(self._conns), metrics_port=self.metrics_port,
-                          longest_held=holding.longest_held(self.policy),
-                          reloads=self.reloads.as_json(), capacity=self.guard.as_json())
+            status.update(
+                name=self.name,
+                pid=self.pid,
+                host=self.local_host,
+                diagnose=self._diag is not None,
+                diagnose_file=str(self.diagnose_path),
+                connections=len(self._conns),
+                metrics_port=self.metrics_port,
+                longest_held=holding.longest_held(self.policy),
+                reloads=self.reloads.as_json(),
+                capacity=self.guard.as_json(),
+            )
             if peers is not None:
                 status["peers"] = peers
             self._reply(conn, msg_id, status=status)
@@ -948,33 +1101,58 @@ class ProxyDaemon:
                 changed = self.policy.unblock(rule)
             if changed:
                 self._save_blocklist()
-            logger.info("{} {} by {}@{} ({})", op, rule.describe(), user, host,
-                        "done" if changed else "no change")
+            logger.info(
+                "{} {} by {}@{} ({})",
+                op,
+                rule.describe(),
+                user,
+                host,
+                "done" if changed else "no change",
+            )
             done, kept = rule.partition(changed)
-            self._reply(conn, msg_id, rule=rule.to_json(), text=rule.describe(),
-                        changed=bool(changed), done=done.describe() if done else "",
-                        kept=kept.describe() if kept else "")
+            self._reply(
+                conn,
+                msg_id,
+                rule=rule.to_json(),
+                text=rule.describe(),
+                changed=bool(changed),
+                done=done.describe() if done else "",
+                kept=kept.describe() if kept else "",
+            )
             return
         if op == "blocklist":
-            self._reply(conn, msg_id, blocklist=self.policy.blocklist.summary(),
-                        rules=[r.to_json() for r in self.policy.blocklist.rules])
+            self._reply(
+                conn,
+                msg_id,
+                blocklist=self.policy.blocklist.summary(),
+                rules=[r.to_json() for r in self.policy.blocklist.rules],
+            )
             return
         if op == "diagnose":
-            on, minutes, path = diagnose_args(message, self._side_file(
-                "diagnose_file", f"info.lsfproxydlog.{self.local_host}").parent)
+            on, minutes, path = diagnose_args(
+                message,
+                self._side_file("diagnose_file", f"info.lsfproxydlog.{self.local_host}").parent,
+            )
             previous = self._diag_file
             self._diag_file = path if on else None
             try:
                 self._set_diagnose(on)
             except OSError as exc:
                 self._diag_file = previous
-                raise ProtocolError("io_error", f"cannot open {path or self.diagnose_path}: "
-                                                f"{exc}") from None
+                raise ProtocolError(
+                    "io_error", f"cannot open {path or self.diagnose_path}: {exc}"
+                ) from None
             self._diag_until = self.clock.monotonic() + minutes * 60 if minutes else None
             self._poke()
             until = self.clock.time() + minutes * 60 if minutes else None
-            logger.info("diagnose {} by {}@{} ({}{})", "on" if on else "off", user, host,
-                        self.diagnose_path, f", for {minutes:g} min" if minutes else "")
+            logger.info(
+                "diagnose {} by {}@{} ({}{})",
+                "on" if on else "off",
+                user,
+                host,
+                self.diagnose_path,
+                f", for {minutes:g} min" if minutes else "",
+            )
             self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path), until=until)
             return
         if op == "heartbeat":
@@ -987,7 +1165,9 @@ class ProxyDaemon:
             try:
                 result = self.reload()
             except ConfigError as exc:
-                raise ProtocolError("bad_config", f"config refused, the old one stays:\n{exc}") from None
+                raise ProtocolError(
+                    "bad_config", f"config refused, the old one stays:\n{exc}"
+                ) from None
             except (StartupError, ValueError) as exc:
                 raise ProtocolError("bad_config", str(exc)) from None
             self._reply(conn, msg_id, **result)
@@ -1000,14 +1180,21 @@ class ProxyDaemon:
 
 def _rule_from(message: Mapping[str, Any]) -> BlockRule:
     users, hosts = message.get("users") or [], message.get("hosts") or []
-    if not (isinstance(users, list) and all(isinstance(u, str) for u in users)
-            and isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)):
+    if not (
+        isinstance(users, list)
+        and all(isinstance(u, str) for u in users)
+        and isinstance(hosts, list)
+        and all(isinstance(h, str) for h in hosts)
+    ):
         raise ProtocolError("bad_request", "users and hosts must be lists of names")
     odd = [n for n in (*users, *hosts) if n and (len(n) > 128 or _field(n) != n or "@" in n)]
     if odd:
         # they reach the daemon's log, the blocklist file and every admin's terminal
-        raise ProtocolError("bad_request", f"{len(odd)} name(s) outside letters, digits and "
-                                           "'._-+:' (at most 128): not a user or host name")
+        raise ProtocolError(
+            "bad_request",
+            f"{len(odd)} name(s) outside letters, digits and "
+            "'._-+:' (at most 128): not a user or host name",
+        )
     try:
         return BlockRule.make(bool(message.get("all")), users, hosts)
     except ValueError as exc:
@@ -1035,16 +1222,22 @@ def _check_socket_dir(folder: Path) -> None:
     euid = os.geteuid()
     link = os.lstat(folder)
     if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, euid):
-        raise StartupError(f"the socket directory {folder} is a symbolic link owned by uid "
-                           f"{link.st_uid}: use a directory owned by this user or root")
+        raise StartupError(
+            f"the socket directory {folder} is a symbolic link owned by uid "
+            f"{link.st_uid}: use a directory owned by this user or root"
+        )
     info = os.stat(folder)
     if info.st_uid not in (0, euid):
-        raise StartupError(f"the socket directory {folder} belongs to uid {info.st_uid}, "
-                           "not to this user or root: another user could replace the socket")
+        raise StartupError(
+            f"the socket directory {folder} belongs to uid {info.st_uid}, "
+            "not to this user or root: another user could replace the socket"
+        )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StartupError(f"the socket directory {folder} is writable by others (mode "
-                           f"{stat.S_IMODE(info.st_mode):04o}): another user could replace the "
-                           "socket; use a directory only its owner can write (e.g. 0755)")
+        raise StartupError(
+            f"the socket directory {folder} is writable by others (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}): another user could replace the "
+            "socket; use a directory only its owner can write (e.g. 0755)"
+        )
 
 
 def _socket_answers(path: str) -> bool:
@@ -1062,8 +1255,9 @@ def _raise_nofile() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or soft < hard:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
-                                                        else 1 << 20, hard))
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
+            )
 
 
 def run(section: Mapping[str, Any] | None = None, **kwargs: Any) -> None:

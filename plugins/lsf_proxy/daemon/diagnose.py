@@ -21,7 +21,9 @@ def _shown(name: Any) -> str:
     return repr("".join(ch if ch.isprintable() else "?" for ch in text[:80]))
 
 
-def diagnose_args(message: Mapping[str, Any], folder: Path) -> tuple[bool, float | None, Path | None]:
+def diagnose_args(
+    message: Mapping[str, Any], folder: Path
+) -> tuple[bool, float | None, Path | None]:
     """``(on, minutes, file)`` of a ``diagnose`` request.
 
     ``minutes`` (> 0) ends the diagnosis by itself; ``file`` is a bare name, put in ``folder``
@@ -31,22 +33,29 @@ def diagnose_args(message: Mapping[str, Any], folder: Path) -> tuple[bool, float
     """
     on = message.get("on")
     if not isinstance(on, bool):
-        raise ProtocolError("bad_request", "diagnose needs \"on\": true or false")
+        raise ProtocolError("bad_request", 'diagnose needs "on": true or false')
     minutes = message.get("minutes")
-    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, int | float)
-                                or not 0 < minutes <= 525600):
-        raise ProtocolError("bad_request", "minutes must be a number of minutes above 0 "
-                                           "(at most a year)")
+    if minutes is not None and (
+        isinstance(minutes, bool)
+        or not isinstance(minutes, int | float)
+        or not 0 < minutes <= 525600
+    ):
+        raise ProtocolError(
+            "bad_request", "minutes must be a number of minutes above 0 (at most a year)"
+        )
     name = message.get("file")
     path = None
     if name is not None:
         # a bare name in the log folder, never a path: a root daemon must not open, append to
         # or create whatever file an admin (or a key holder over TCP) names
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ProtocolError("bad_request", f"file {_shown(name)}: give a bare name of "
-                                               "letters, digits, '.', '_' and '-' (not "
-                                               "starting with '.'), written next to the "
-                                               f"default log, in {folder}")
+            raise ProtocolError(
+                "bad_request",
+                f"file {_shown(name)}: give a bare name of "
+                "letters, digits, '.', '_' and '-' (not "
+                "starting with '.'), written next to the "
+                f"default log, in {folder}",
+            )
         path = folder / name
     if not on and (minutes is not None or path is not None):
         raise ProtocolError("bad_request", "minutes and file go with diagnose on")
@@ -76,11 +85,13 @@ def private_folder(folder: Path) -> int:
     try:
         info = os.fstat(dir_fd)
         if info.st_uid not in (0, euid):
-            raise OSError(f"its folder {folder} belongs to uid {info.st_uid}, not to this "
-                          "user or root")
+            raise OSError(
+                f"its folder {folder} belongs to uid {info.st_uid}, not to this user or root"
+            )
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise OSError(f"its folder {folder} is writable by others (mode "
-                          f"{stat.S_IMODE(info.st_mode):04o})")
+            raise OSError(
+                f"its folder {folder} is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+            )
     except BaseException:
         os.close(dir_fd)
         raise
@@ -123,8 +134,10 @@ def open_log(path: Path) -> TextIO:
         if info.st_mode & (stat.S_IROTH | stat.S_IWOTH):
             # it would name every user and host that asks to anyone; its mode is its owner's
             # to change (it is never chmodded here), so it is not used
-            raise OSError(f"{path} is readable or writable by others (mode "
-                          f"{stat.S_IMODE(info.st_mode):04o}): chmod o-rw it, or remove it")
+            raise OSError(
+                f"{path} is readable or writable by others (mode "
+                f"{stat.S_IMODE(info.st_mode):04o}): chmod o-rw it, or remove it"
+            )
         return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
     except BaseException:
         os.close(fd)

@@ -82,14 +82,23 @@ def capacity(section: Mapping[str, Any], nofile: int | None = None, warn: bool =
     else:
         max_conns = int(configured)
         if max_conns > derived and warn:
-            logger.warning("proxyd.max_connections {} is more than RLIMIT_NOFILE {} allows "
-                           "after the daemon's own files and the TCP and admin pools; {} "
-                           "used", max_conns, nofile, derived)
+            logger.warning(
+                "proxyd.max_connections {} is more than RLIMIT_NOFILE {} allows "
+                "after the daemon's own files and the TCP and admin pools; {} "
+                "used",
+                max_conns,
+                nofile,
+                derived,
+            )
         max_conns = min(max_conns, derived)
-    return Capacity(nofile=nofile, max_connections=max_conns, admin_reserve=reserve,
-                    tcp_max_unauthenticated=unauth,
-                    tcp_max_per_peer=int(section.get("tcp_max_per_peer", 32)),
-                    tcp_auth_timeout=float(section.get("tcp_auth_timeout", 5)))
+    return Capacity(
+        nofile=nofile,
+        max_connections=max_conns,
+        admin_reserve=reserve,
+        tcp_max_unauthenticated=unauth,
+        tcp_max_per_peer=int(section.get("tcp_max_per_peer", 32)),
+        tcp_auth_timeout=float(section.get("tcp_auth_timeout", 5)),
+    )
 
 
 class ConnectionGuard:
@@ -120,8 +129,7 @@ class ConnectionGuard:
         cap, n = self.cap, self.counts
         if pool == UNAUTH:
             if n[UNAUTH] >= cap.tcp_max_unauthenticated:
-                return (f"too many unauthenticated TCP connections "
-                        f"({cap.tcp_max_unauthenticated})")
+                return f"too many unauthenticated TCP connections ({cap.tcp_max_unauthenticated})"
             if peer is not None and self._per_peer.get(peer, 0) >= cap.tcp_max_per_peer:
                 return f"too many unauthenticated TCP connections from {peer}"
             return None
@@ -217,13 +225,18 @@ class ConnectionGuard:
         room = self.cap.nofile - OWN_FDS - live
         if listener.tcp:
             unauthenticated = listener.live - self.tcp_authenticated
-            room = min(room - self.cap.admin_reserve,
-                       self.cap.tcp_max_unauthenticated + TCP_BURST - unauthenticated)
+            room = min(
+                room - self.cap.admin_reserve,
+                self.cap.tcp_max_unauthenticated + TCP_BURST - unauthenticated,
+            )
         return room
 
     def as_json(self) -> dict[str, Any]:
-        return {"capacity": self.cap.as_json(), "open": dict(self.counts),
-                "refused": dict(self.refused)}
+        return {
+            "capacity": self.cap.as_json(),
+            "open": dict(self.counts),
+            "refused": dict(self.refused),
+        }
 
 
 class PeriodicLog:
@@ -244,8 +257,12 @@ class PeriodicLog:
         since = self._since[text] = self._since.get(text, 0) + 1
         now = self.clock.monotonic()
         if now - self._last.get(text, float("-inf")) >= self.period:
-            logger.opt(exception=exception).warning(text + " ({} time(s) since the last such line; next one in {:g} s "
-                                  "at the earliest)", *args, since, self.period)
+            logger.opt(exception=exception).warning(
+                text + " ({} time(s) since the last such line; next one in {:g} s at the earliest)",
+                *args,
+                since,
+                self.period,
+            )
             self._last[text], self._since[text] = now, 0
 
 
@@ -261,10 +278,16 @@ class Listener:
 
     RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-                 what: str, shortage: PeriodicLog, limit: int,
-                 room: Callable[[Listener], int]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+        what: str,
+        shortage: PeriodicLog,
+        limit: int,
+        room: Callable[[Listener], int],
+    ) -> None:
         self.loop, self.sock, self.handler, self.what = loop, sock, handler, what
         self.shortage, self.limit, self.room = shortage, limit, room
         self.tcp = sock.family != socket.AF_UNIX
@@ -290,8 +313,7 @@ class Listener:
         try:
             try:
                 if conn.family == socket.AF_UNIX:
-                    reader, writer = await asyncio.open_unix_connection(sock=conn,
-                                                                        limit=self.limit)
+                    reader, writer = await asyncio.open_unix_connection(sock=conn, limit=self.limit)
                 else:
                     reader, writer = await asyncio.open_connection(sock=conn, limit=self.limit)
             except OSError:
@@ -301,8 +323,13 @@ class Listener:
                 await self.handler(reader, writer)
             except Exception as exc:  # noqa: BLE001
                 # a bug any client may repeat: not an unretrieved task's traceback each time
-                self.shortage("lsfproxyd: a connection on {} ended in {}: {}", self.what,
-                              type(exc).__name__, exc, exception=exc)
+                self.shortage(
+                    "lsfproxyd: a connection on {} ended in {}: {}",
+                    self.what,
+                    type(exc).__name__,
+                    exc,
+                    exception=exc,
+                )
             finally:
                 writer.close()
                 with contextlib.suppress(Exception):
@@ -321,9 +348,12 @@ class Listener:
                 # backlog rather than the daemon running out (and refusing root)
                 self._pause(full=True)
                 if not self.tcp:
-                    self.shortage("lsfproxyd: not accepting on {} for now: every connection "
-                                  "the descriptor limit allows is open (RLIMIT_NOFILE {})",
-                                  self.what, nofile_limit())
+                    self.shortage(
+                        "lsfproxyd: not accepting on {} for now: every connection "
+                        "the descriptor limit allows is open (RLIMIT_NOFILE {})",
+                        self.what,
+                        nofile_limit(),
+                    )
                 return
             try:
                 conn, _addr = self.sock.accept()
@@ -334,9 +364,14 @@ class Listener:
                     logger.error("accept on {}: {}", self.what, exc)
                     return
                 self.paused += 1
-                self.shortage("lsfproxyd: cannot accept on {}: {} (open connections are "
-                              "served; new ones wait and are accepted when descriptors free "
-                              "up; RLIMIT_NOFILE {})", self.what, exc.strerror, nofile_limit())
+                self.shortage(
+                    "lsfproxyd: cannot accept on {}: {} (open connections are "
+                    "served; new ones wait and are accepted when descriptors free "
+                    "up; RLIMIT_NOFILE {})",
+                    self.what,
+                    exc.strerror,
+                    nofile_limit(),
+                )
                 self._pause(full=False)
                 return
             conn.setblocking(False)

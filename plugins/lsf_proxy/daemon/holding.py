@@ -28,8 +28,9 @@ from gridgate.plugins.lsf_proxy.protocol import ProtocolError
 LONGEST_SHOWN = 5
 
 
-def check(policy: TokenPolicy, message: Mapping[str, Any], user: str, host: str,
-          tcp: bool) -> dict[str, Any]:
+def check(
+    policy: TokenPolicy, message: Mapping[str, Any], user: str, host: str, tcp: bool
+) -> dict[str, Any]:
     """The ``check`` reply: ``live`` true when ``token`` is held now by ``user`` (at ``host``
     over TCP, where the host is stated); its category when so. With ``category`` in
     ``message``, a ride: ``token`` in the reply is the ride's own (the daemon holds it for
@@ -55,15 +56,24 @@ def check(policy: TokenPolicy, message: Mapping[str, Any], user: str, host: str,
     return {"live": True, "category": ride.category, "token": ride.id, "rides": token_id}
 
 
-def longest_held(policy: TokenPolicy, now: float | None = None,
-                 count: int = LONGEST_SHOWN) -> list[dict[str, Any]]:
+def longest_held(
+    policy: TokenPolicy, now: float | None = None, count: int = LONGEST_SHOWN
+) -> list[dict[str, Any]]:
     """The ``count`` tokens held longest: user, host, command, category, seconds held and
     seconds left before the hold limit takes them back."""
     now = policy.clock.monotonic() if now is None else now
     tokens = sorted(policy.tokens.values(), key=lambda t: t.granted)[:count]
-    return [{"user": t.user, "host": t.host, "opcode": t.opcode, "category": t.category,
-             "held": round(now - t.granted, 3), "left": round(t.expires_at - now, 3)}
-            for t in tokens]
+    return [
+        {
+            "user": t.user,
+            "host": t.host,
+            "opcode": t.opcode,
+            "category": t.category,
+            "held": round(now - t.granted, 3),
+            "left": round(t.expires_at - now, 3),
+        }
+        for t in tokens
+    ]
 
 
 def hold_limit_line(token: Token, wall: float) -> str:
@@ -80,7 +90,13 @@ def hold_limit_line(token: Token, wall: float) -> str:
     granted = time.strftime("%H%M%S", time.localtime(wall - held))
     from gridgate.plugins.lsf_proxy.daemon.daemon import _field  # the request lines' own escaping
 
-    fields = [f"{LSF_NAMES[token.category]}_HOLD_LIMIT", _field(token.opcode) or "-",
-              _field(token.user), _field(token.host), f"{held:.0f}", granted,
-              time.strftime("%H%M%S", done)]
+    fields = [
+        f"{LSF_NAMES[token.category]}_HOLD_LIMIT",
+        _field(token.opcode) or "-",
+        _field(token.user),
+        _field(token.host),
+        f"{held:.0f}",
+        granted,
+        time.strftime("%H%M%S", done),
+    ]
     return f"{stamp} {','.join(fields)}"

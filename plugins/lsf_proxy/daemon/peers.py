@@ -56,8 +56,11 @@ class ServiceState:
         return (self.stamp, self.origin) > (other.stamp, other.origin)
 
     def to_json(self) -> dict[str, Any]:
-        return {"enabled": {c: bool(self.enabled.get(c, True)) for c in CATEGORIES},
-                "stamp": self.stamp, "origin": self.origin}
+        return {
+            "enabled": {c: bool(self.enabled.get(c, True)) for c in CATEGORIES},
+            "stamp": self.stamp,
+            "origin": self.origin,
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> ServiceState:
@@ -65,10 +68,16 @@ class ServiceState:
         if not isinstance(data, Mapping):
             raise ValueError("service must be an object")
         enabled, stamp, origin = data.get("enabled"), data.get("stamp", 0), data.get("origin", "")
-        if not (isinstance(enabled, Mapping) and all(isinstance(enabled.get(c), bool)
-                                                     for c in CATEGORIES)):
+        if not (
+            isinstance(enabled, Mapping)
+            and all(isinstance(enabled.get(c), bool) for c in CATEGORIES)
+        ):
             raise ValueError("service.enabled must give true or false for every category")
-        if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not isinstance(origin, str):
+        if (
+            isinstance(stamp, bool)
+            or not isinstance(stamp, int | float)
+            or not isinstance(origin, str)
+        ):
             raise ValueError("service.stamp must be a number and service.origin a string")
         return cls({c: enabled[c] for c in CATEGORIES}, float(stamp), origin)
 
@@ -83,8 +92,9 @@ class PeerView:
     smaller share until it knows better, never the larger.
     """
 
-    def __init__(self, name: str, names: Iterable[str], interval: float,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, name: str, names: Iterable[str], interval: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.name = name
         self.clock = clock
         self.interval = float(interval)
@@ -137,16 +147,21 @@ class PeerView:
         chosen = self.names if names is None else sorted(set(names) | {self.name})
         return [n for n in chosen if self.is_live(n, now)]
 
-    def share(self, limits: Mapping[str, Limits], names: Iterable[str] | None = None,
-              now: float | None = None) -> dict[str, Limits]:
+    def share(
+        self,
+        limits: Mapping[str, Limits],
+        names: Iterable[str] | None = None,
+        now: float | None = None,
+    ) -> dict[str, Limits]:
         """This daemon's share of ``limits`` split over the live daemons."""
         live = self.live(names, now)
         return split_limits(limits, live.index(self.name), len(live))
 
     def local_change(self, enabled: Mapping[str, bool], wall: float | None = None) -> None:
         """An administrator enabled or disabled categories here."""
-        self.service = ServiceState(dict(enabled), self.clock.time() if wall is None else wall,
-                                    self.name)
+        self.service = ServiceState(
+            dict(enabled), self.clock.time() if wall is None else wall, self.name
+        )
 
     def offer(self, state: ServiceState) -> bool:
         """A peer's service state; taken (True) when it is newer than ours."""
@@ -160,10 +175,14 @@ class PeerView:
         return {
             "interval": self.interval,
             "live": self.live(now=now),
-            "peers": {n: {"live": self.is_live(n, now),
-                          "heard_ago": (round(now - self._heard[n], 3) if n in self._heard
-                                        else None)}
-                      for n in self.names if n != self.name},
+            "peers": {
+                n: {
+                    "live": self.is_live(n, now),
+                    "heard_ago": (round(now - self._heard[n], 3) if n in self._heard else None),
+                }
+                for n in self.names
+                if n != self.name
+            },
             "service": self.service.to_json(),
         }
 
@@ -187,9 +206,14 @@ class Heartbeat:
     a newer service state arrived (``service`` is then its categories, else None).
     """
 
-    def __init__(self, name: str, section: Mapping[str, Any], clock: Clock,
-                 on_change: Callable[[Mapping[str, bool] | None], None],
-                 config_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        section: Mapping[str, Any],
+        clock: Clock,
+        on_change: Callable[[Mapping[str, bool] | None], None],
+        config_path: str | os.PathLike[str] | None = None,
+    ) -> None:
         """:raises ValueError: ``heartbeat_via: state`` without a usable state store."""
         self.name = name
         self.config_path = config_path
@@ -222,12 +246,16 @@ class Heartbeat:
         from gridgate.core.director import open_state
 
         if self.config_path is None:
-            raise ValueError("proxyd.heartbeat_via: state needs the site config (-c FILE) "
-                             "with its state: section")
+            raise ValueError(
+                "proxyd.heartbeat_via: state needs the site config (-c FILE) "
+                "with its state: section"
+            )
         state = load_config(self.config_path).get("state") or {"driver": "sqlite"}
         if state.get("driver", "sqlite") == "memory":
-            raise ValueError("proxyd.heartbeat_via: state needs a store the daemons share "
-                             "(state.driver redis, or sqlite on one host), not memory")
+            raise ValueError(
+                "proxyd.heartbeat_via: state needs a store the daemons share "
+                "(state.driver redis, or sqlite on one host), not memory"
+            )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="proxyd-heartbeat")
         return open_state({"state": state}, clock=self.clock)
 
@@ -250,8 +278,9 @@ class Heartbeat:
         """
         sender = message.get("from")
         if not isinstance(sender, str) or sender not in self.addresses:
-            raise ValueError(f"heartbeat from {sender!r}, which is not another daemon of "
-                             "proxyd.hosts")
+            raise ValueError(
+                f"heartbeat from {sender!r}, which is not another daemon of proxyd.hosts"
+            )
         state = ServiceState.from_json(message.get("service"))
         self.view.heard(sender)
         if message.get("leaving") is True:
@@ -283,8 +312,12 @@ class Heartbeat:
         except Exception as exc:  # a key that went missing must not stop the heartbeat
             return BeatResult(name, busy=True, error=str(exc))
         timeout = max(0.5, min(self.view.interval, float(self.section.get("client_timeout", 5))))
-        client = ProxyClient([Daemon(name, address)], key=key, connect_timeout=timeout,
-                             reply_timeout=max(timeout, self.view.interval))
+        client = ProxyClient(
+            [Daemon(name, address)],
+            key=key,
+            connect_timeout=timeout,
+            reply_timeout=max(timeout, self.view.interval),
+        )
         try:
             (host,) = client.admin("heartbeat", **payload)
         finally:
@@ -308,8 +341,10 @@ class Heartbeat:
             found = dict(self.store.items(STORE_KEY))
         except Exception as exc:  # StateError, RedisError: the store, not the daemons, failed
             # no news is not news of death: count the others as alive (the smaller share)
-            return [BeatResult(n, reply={"ok": False, "error": {"message": f"state store: {exc}"}})
-                    for n in sorted(self.addresses)]
+            return [
+                BeatResult(n, reply={"ok": False, "error": {"message": f"state store: {exc}"}})
+                for n in sorted(self.addresses)
+            ]
         out = []
         for name in sorted(self.addresses):
             value = found.get(STORE_KEY + name)
@@ -331,11 +366,19 @@ class Heartbeat:
         before, after = self.last_live, self.view.live(now=now)
         self.last_live = after
         if after != before:
-            logger.info("lsfproxyd {}: live daemons now {} (were {})", self.name,
-                        " ".join(after), " ".join(before))
+            logger.info(
+                "lsfproxyd {}: live daemons now {} (were {})",
+                self.name,
+                " ".join(after),
+                " ".join(before),
+            )
         if adopted:
-            logger.info("lsfproxyd {}: service state taken from {}: {}", self.name,
-                        self.view.service.origin, self.view.service.enabled)
+            logger.info(
+                "lsfproxyd {}: service state taken from {}: {}",
+                self.name,
+                self.view.service.origin,
+                self.view.service.enabled,
+            )
         if adopted or after != before:
             self.on_change(dict(self.view.service.enabled) if adopted else None)
 
@@ -356,8 +399,11 @@ class Heartbeat:
             if not result.reply.get("ok"):
                 if result.name not in self._warned:
                     self._warned.add(result.name)
-                    logger.warning("heartbeat to {} not accepted: {}", result.name,
-                                   (result.reply.get("error") or {}).get("message"))
+                    logger.warning(
+                        "heartbeat to {} not accepted: {}",
+                        result.name,
+                        (result.reply.get("error") or {}).get("message"),
+                    )
                 continue
             try:
                 state = ServiceState.from_json(result.reply.get("service"))
@@ -390,10 +436,14 @@ class Heartbeat:
                     if name not in beats and due.get(name, now) <= now:
                         beats[name] = loop.run_in_executor(None, self._beat, name, payload)
                         due[name] = now + self.view.interval
-                wake = min([due[n] for n in self.addresses if n not in beats]
-                           + [now + self.view.interval])
-                await asyncio.wait([stopping, *beats.values()], timeout=max(0.0, wake - now),
-                                   return_when=asyncio.FIRST_COMPLETED)
+                wake = min(
+                    [due[n] for n in self.addresses if n not in beats] + [now + self.view.interval]
+                )
+                await asyncio.wait(
+                    [stopping, *beats.values()],
+                    timeout=max(0.0, wake - now),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 results = []
                 for name, beat in list(beats.items()):
                     if beat.done():
@@ -401,8 +451,9 @@ class Heartbeat:
                         try:
                             results.append(beat.result())
                         except Exception as exc:
-                            logger.error("heartbeat to {} failed: {}: {}", name,
-                                         type(exc).__name__, exc)
+                            logger.error(
+                                "heartbeat to {} failed: {}: {}", name, type(exc).__name__, exc
+                            )
                 self.take(results)
         finally:
             stopping.cancel()
@@ -415,13 +466,13 @@ class Heartbeat:
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                self.take(await loop.run_in_executor(self._pool, self._store_round,
-                                                     self.payload()))
+                self.take(await loop.run_in_executor(self._pool, self._store_round, self.payload()))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.view.interval)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(loop.run_in_executor(
-                    self._pool, self._store_round, self.payload(), True), 3)
+                await asyncio.wait_for(
+                    loop.run_in_executor(self._pool, self._store_round, self.payload(), True), 3
+                )
         finally:
             assert self._pool is not None
             self._pool.shutdown(wait=False)
@@ -431,8 +482,9 @@ class Heartbeat:
     async def _round(self, payload: Mapping[str, Any]) -> list[BeatResult]:
         """One heartbeat to every other daemon at once (each in a worker thread)."""
         loop = asyncio.get_running_loop()
-        beats = [loop.run_in_executor(None, self._beat, name, payload)
-                 for name in sorted(self.addresses)]
+        beats = [
+            loop.run_in_executor(None, self._beat, name, payload) for name in sorted(self.addresses)
+        ]
         results = await asyncio.gather(*beats, return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):

@@ -111,7 +111,9 @@ class BlockRule:
     items: tuple[str, ...] = ()
 
     @classmethod
-    def make(cls, all_: bool = False, users: Iterable[str] = (), hosts: Iterable[str] = ()) -> BlockRule:
+    def make(
+        cls, all_: bool = False, users: Iterable[str] = (), hosts: Iterable[str] = ()
+    ) -> BlockRule:
         """The rule ``block [all] [-u users] [-m hosts]`` means.
 
         :raises ValueError: ``all`` with users or hosts, or nothing at all.
@@ -132,7 +134,7 @@ class BlockRule:
             return cls("users", users)
         if hosts:
             return cls("hosts", hosts)
-        raise ValueError("say what to block: all, -u \"user ...\" and/or -m \"host ...\"")
+        raise ValueError('say what to block: all, -u "user ..." and/or -m "host ..."')
 
     def elements(self) -> tuple[BlockRule, ...]:
         """One rule per named element (``all`` is one element)."""
@@ -144,10 +146,14 @@ class BlockRule:
         """This rule split into the elements in ``done`` and the others, each as one rule
         (None when empty), to say what a command changed and what it did not."""
         done = set(done)
-        parts = ([e for e in self.elements() if e in done], [e for e in self.elements() if e not in done])
+        parts = (
+            [e for e in self.elements() if e in done],
+            [e for e in self.elements() if e not in done],
+        )
         return tuple(  # type: ignore[return-value]
             (BlockRule(self.kind, tuple(i for e in part for i in e.items)) if part else None)
-            for part in parts)
+            for part in parts
+        )
 
     def matches(self, user: str, host: str) -> bool:
         if self.kind == "all":
@@ -212,9 +218,12 @@ class Blocklist:
 
     def blocks(self, user: str, host: str) -> bool:
         rules = self._rules
-        return (BlockRule("all") in rules or BlockRule("users", (user,)) in rules
-                or BlockRule("hosts", (host,)) in rules
-                or BlockRule("pairs", (f"{user}@{host}",)) in rules)
+        return (
+            BlockRule("all") in rules
+            or BlockRule("users", (user,)) in rules
+            or BlockRule("hosts", (host,)) in rules
+            or BlockRule("pairs", (f"{user}@{host}",)) in rules
+        )
 
     def summary(self) -> dict[str, Any]:
         """What ``blocklist`` shows: all, users, hosts, user@host pairs, in blocking order."""
@@ -268,13 +277,19 @@ class Metrics:
         self.roll(now)
         done = self._done
         rows = {
-            name: {"last": self._last[name], "max": self._max[name],
-                   "avg": round(self._total[name] / done) if done else 0,
-                   "current": self._current[name]}
+            name: {
+                "last": self._last[name],
+                "max": self._max[name],
+                "avg": round(self._total[name] / done) if done else 0,
+                "current": self._current[name],
+            }
             for name in METRIC_NAMES
         }
-        return {"rows": rows, "periods": done,
-                "period_end": self.start + self._index * self.period if done else None}
+        return {
+            "rows": rows,
+            "periods": done,
+            "period_end": self.start + self._index * self.period if done else None,
+        }
 
 
 # --- the policy -----------------------------------------------------------------------------
@@ -418,7 +433,9 @@ class PolicySettings:
     busy_nice: int = 10
 
     @classmethod
-    def from_section(cls, section: Mapping[str, Any], limits: Mapping[str, Limits]) -> PolicySettings:
+    def from_section(
+        cls, section: Mapping[str, Any], limits: Mapping[str, Limits]
+    ) -> PolicySettings:
         return cls(
             limits=dict(limits),
             token_wait_time=float(section.get("token_wait_time", 15)),
@@ -426,8 +443,9 @@ class PolicySettings:
             lease_time=float(section.get("lease_time", 300)),
             admins=frozenset(section.get("admins", ["root"])),
             addon_hosts=frozenset(section.get("addon_hosts", [])),
-            privileged=(None if section.get("privileged") is None
-                        else frozenset(section["privileged"])),
+            privileged=(
+                None if section.get("privileged") is None else frozenset(section["privileged"])
+            ),
             hold_limits={k: float(v) for k, v in (section.get("hold_limits") or {}).items()},
             busy_after=section.get("busy_after", 4),
             busy_nice=int(section.get("busy_nice", 10)),
@@ -437,8 +455,13 @@ class PolicySettings:
 class TokenPolicy:
     """Tokens per category with max / nominal / throttle, round-robin among waiting users."""
 
-    def __init__(self, settings: PolicySettings, clock: Clock = SYSTEM_CLOCK,
-                 sample_period: float = 60.0, blocklist: Blocklist | None = None) -> None:
+    def __init__(
+        self,
+        settings: PolicySettings,
+        clock: Clock = SYSTEM_CLOCK,
+        sample_period: float = 60.0,
+        blocklist: Blocklist | None = None,
+    ) -> None:
         self.clock = clock
         self.settings = settings
         self.categories = {c: _Category(settings.limits[c]) for c in CATEGORIES}
@@ -477,11 +500,23 @@ class TokenPolicy:
         """Blocks apply to ordinary users and add-on hosts, never to root or admins."""
         return not self.is_root_or_admin(user) and self.blocklist.blocks(user, host)
 
-    def _grant(self, cat: _Category, req: Request, privileged: bool, now: float,
-               received: float, received_wall: float) -> Decision:
+    def _grant(
+        self,
+        cat: _Category,
+        req: Request,
+        privileged: bool,
+        now: float,
+        received: float,
+        received_wall: float,
+    ) -> Decision:
         token = Token(
-            id=f"{self._prefix}-{next(self._ids)}", category=req.category, user=req.user,
-            host=req.host, privileged=privileged, opcode=req.opcode, granted=now,
+            id=f"{self._prefix}-{next(self._ids)}",
+            category=req.category,
+            user=req.user,
+            host=req.host,
+            privileged=privileged,
+            opcode=req.opcode,
+            granted=now,
             expires_at=now + self.hold_limit(req.category, req.opcode),
         )
         cat.in_use += 1
@@ -494,17 +529,30 @@ class TokenPolicy:
         self._tokens[token.id] = token
         heappush(self._leases, (token.expires_at, token.id))
         self.metrics.count(f"requests.{req.category}", now)
-        return Decision(req, GRANTED, token=token, received=received_wall,
-                        decided=self._wall(now), waited=now - received)
+        return Decision(
+            req,
+            GRANTED,
+            token=token,
+            received=received_wall,
+            decided=self._wall(now),
+            waited=now - received,
+        )
 
-    def _deny(self, req: Request, reason: str, now: float, received: float,
-              received_wall: float) -> Decision:
+    def _deny(
+        self, req: Request, reason: str, now: float, received: float, received_wall: float
+    ) -> Decision:
         if reason == "blocked":
             self.metrics.count("blocked", now)
         elif reason in ("timeout", "queue_full"):
             self.metrics.count(f"rejected.{req.category}", now)
-        return Decision(req, DENIED, reason=reason, received=received_wall,
-                        decided=self._wall(now), waited=now - received)
+        return Decision(
+            req,
+            DENIED,
+            reason=reason,
+            received=received_wall,
+            decided=self._wall(now),
+            waited=now - received,
+        )
 
     @staticmethod
     def _can_grant(cat: _Category, now: float) -> bool:
@@ -537,8 +585,11 @@ class TokenPolicy:
         if self.is_privileged(req.user, req.host):
             return self._grant(cat, req, True, now, now, wall)
         cap = cat.limits.user_max
-        if (self._can_grant(cat, now) and cat.held.get(req.user, 0) < cat.limits.per_user
-                and not cat.queue.grantable(cat.held, cap)):
+        if (
+            self._can_grant(cat, now)
+            and cat.held.get(req.user, 0) < cat.limits.per_user
+            and not cat.queue.grantable(cat.held, cap)
+        ):
             # nobody waiting could take this token first: the waiters are at their user_max
             return self._grant(cat, req, False, now, now, wall)
         if cat.queue.counts.get(req.user, 0) >= self.settings.queue_limit_per_user:
@@ -573,10 +624,16 @@ class TokenPolicy:
         if parent_id in self._riders:
             return "busy"
         token = Token(
-            id=f"{self._prefix}-{next(self._ids)}", category=req.category, user=req.user,
-            host=req.host, privileged=parent.privileged, opcode=req.opcode, granted=now,
+            id=f"{self._prefix}-{next(self._ids)}",
+            category=req.category,
+            user=req.user,
+            host=req.host,
+            privileged=parent.privileged,
+            opcode=req.opcode,
+            granted=now,
             expires_at=min(parent.expires_at, now + self.hold_limit(req.category, req.opcode)),
-            rides=parent_id)
+            rides=parent_id,
+        )
         self._tokens[token.id] = token
         self._riders[parent_id] = token.id
         heappush(self._leases, (token.expires_at, token.id))
@@ -589,8 +646,11 @@ class TokenPolicy:
         is the client's word, so a limit set for the category is never dodged by another
         name (``--opcode X``, a renamed copy of squeue): the lowest of the three wins."""
         limits = self.settings.hold_limits
-        return min(self.settings.lease_time, limits.get(category, math.inf),
-                   limits.get(opcode, math.inf) if opcode not in CATEGORIES else math.inf)
+        return min(
+            self.settings.lease_time,
+            limits.get(category, math.inf),
+            limits.get(opcode, math.inf) if opcode not in CATEGORIES else math.inf,
+        )
 
     def cancel(self, request_id: str) -> bool:
         """Forget a queued request (its client went away); False when it is not queued."""
@@ -666,15 +726,22 @@ class TokenPolicy:
                 decisions.append(self._take(cat, item, now, GRANTED))
         return TickResult(tuple(decisions), tuple(expired))
 
-    def _take(self, cat: _Category, item: _Pending, now: float, outcome: str,
-              reason: str = "") -> Decision:
+    def _take(
+        self, cat: _Category, item: _Pending, now: float, outcome: str, reason: str = ""
+    ) -> Decision:
         cat.queue.drop(item)
         self._pending.pop(item.request.id, None)
         if outcome == GRANTED:
             return self._grant(cat, item.request, False, now, item.received, item.received_wall)
         if outcome == PROCEED:
-            return Decision(item.request, PROCEED, reason=reason, received=item.received_wall,
-                            decided=self._wall(now), waited=now - item.received)
+            return Decision(
+                item.request,
+                PROCEED,
+                reason=reason,
+                received=item.received_wall,
+                decided=self._wall(now),
+                waited=now - item.received,
+            )
         return self._deny(item.request, reason, now, item.received, item.received_wall)
 
     def next_wakeup(self, now: float | None = None) -> float | None:
@@ -717,7 +784,9 @@ class TokenPolicy:
                     out.append(self._take(cat, item, now, PROCEED, "disabled"))
         return out
 
-    def block(self, rule: BlockRule, now: float | None = None) -> tuple[tuple[BlockRule, ...], list[Decision]]:
+    def block(
+        self, rule: BlockRule, now: float | None = None
+    ) -> tuple[tuple[BlockRule, ...], list[Decision]]:
         """Block each element of ``rule`` (returned: those newly blocked); waiting requests
         it now blocks are denied at once."""
         now = self._now(now)
@@ -770,11 +839,16 @@ class TokenPolicy:
             "sample_period": self.metrics.period,
             "period_end": self._wall(end) if end is not None else None,
             "categories": {
-                name: {"enabled": cat.enabled, "token_limit": cat.limits.max,
-                       "user_max": cat.limits.user_max,
-                       "nominal": cat.limits.nominal, "throttle_ms": round(cat.limits.throttle * 1000),
-                       "in_use": cat.in_use, "in_use_privileged": cat.in_use_privileged,
-                       "queued": cat.queue.size}
+                name: {
+                    "enabled": cat.enabled,
+                    "token_limit": cat.limits.max,
+                    "user_max": cat.limits.user_max,
+                    "nominal": cat.limits.nominal,
+                    "throttle_ms": round(cat.limits.throttle * 1000),
+                    "in_use": cat.in_use,
+                    "in_use_privileged": cat.in_use_privileged,
+                    "queued": cat.queue.size,
+                }
                 for name, cat in self.categories.items()
             },
             "metrics": snap["rows"],
@@ -794,8 +868,9 @@ class LocalTokens:
         self._answers: dict[str, Decision] = {}
         self._ids = itertools.count(1)
 
-    def acquire(self, category: str, opcode: str = "", user: str = "", host: str = "",
-                size: int = 0) -> Decision:
+    def acquire(
+        self, category: str, opcode: str = "", user: str = "", host: str = "", size: int = 0
+    ) -> Decision:
         """Block until granted, denied or told to proceed; never longer than the wait limit
         plus one throttle step (on the policy's clock)."""
         with self._cond:

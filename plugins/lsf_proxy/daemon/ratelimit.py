@@ -52,9 +52,11 @@ def rate_limits_from(section: Mapping[str, Any], daemons: int = 1) -> dict[str, 
     for category, spec in (section.get("rate_limit") or {}).items():
         if not spec.get("enable", True):
             continue
-        out[category] = RateLimit(max(1.0, float(spec.get("bucket_size", 30)) / daemons),
-                                  float(spec.get("refill_rate", 2)) / daemons,
-                                  float(spec.get("refill_period", 1)))
+        out[category] = RateLimit(
+            max(1.0, float(spec.get("bucket_size", 30)) / daemons),
+            float(spec.get("refill_rate", 2)) / daemons,
+            float(spec.get("refill_period", 1)),
+        )
     return out
 
 
@@ -162,8 +164,12 @@ class RateLimitedPolicy(TokenPolicy):
             return super().request(req, now)
         now = self._now(now)
         cat = self.categories.get(req.category)
-        if (cat is None or not cat.enabled
-                or self.is_blocked(req.user, req.host) or self.is_privileged(req.user, req.host)):
+        if (
+            cat is None
+            or not cat.enabled
+            or self.is_blocked(req.user, req.host)
+            or self.is_privileged(req.user, req.host)
+        ):
             return super().request(req, now)
         if req.id in self._rate_pending:
             raise ValueError(f"request id {req.id!r} is already waiting")
@@ -188,15 +194,22 @@ class RateLimitedPolicy(TokenPolicy):
                 entry[1].received = item.received
                 entry[1].received_wall = item.received_wall
             return None
-        return dataclasses.replace(decision, received=item.received_wall,
-                                   waited=now - item.received)
+        return dataclasses.replace(
+            decision, received=item.received_wall, waited=now - item.received
+        )
 
     def _end(self, item: _Waiting, now: float, outcome: str, reason: str) -> Decision:
         req = item.request
         self._rate_pending.pop(req.id, None)
         if outcome == PROCEED:
-            return Decision(req, PROCEED, reason=reason, received=item.received_wall,
-                            decided=self._wall(now), waited=now - item.received)
+            return Decision(
+                req,
+                PROCEED,
+                reason=reason,
+                received=item.received_wall,
+                decided=self._wall(now),
+                waited=now - item.received,
+            )
         if reason == "rate_limited":
             self.metrics.count(f"ratelimited.{req.category}", now)
         return self._deny(req, reason, now, item.received, item.received_wall)
@@ -263,8 +276,9 @@ class RateLimitedPolicy(TokenPolicy):
                 del queues[item.request.user]
         return True
 
-    def _drain(self, categories: tuple[str, ...], now: float, keep: Any,
-               outcome: str, reason: str) -> list[Decision]:
+    def _drain(
+        self, categories: tuple[str, ...], now: float, keep: Any, outcome: str, reason: str
+    ) -> list[Decision]:
         out: list[Decision] = []
         for category in categories:
             queues = self._rate_queues[category]
@@ -290,8 +304,13 @@ class RateLimitedPolicy(TokenPolicy):
     def block(self, rule: Any, now: float | None = None) -> tuple[bool, list[Decision]]:
         now = self._now(now)
         added, out = super().block(rule, now)
-        out += self._drain(CATEGORIES, now, lambda i: not self.is_blocked(
-            i.request.user, i.request.host), "denied", "blocked")
+        out += self._drain(
+            CATEGORIES,
+            now,
+            lambda i: not self.is_blocked(i.request.user, i.request.host),
+            "denied",
+            "blocked",
+        )
         return added, out
 
     def shutdown(self, now: float | None = None) -> list[Decision]:
@@ -321,6 +340,7 @@ class RateLimitedPolicy(TokenPolicy):
             row["rate_waiting"] = sum(len(q) for q in self._rate_queues[category].values())
         status["rate_limits"] = {
             c: {**dataclasses.asdict(limit), "users": len(self._buckets[c])}
-            for c in CATEGORIES if (limit := self.rate_limit(c)) is not None
+            for c in CATEGORIES
+            if (limit := self.rate_limit(c)) is not None
         }
         return status

@@ -22,7 +22,9 @@ from gridgate.core.config import ConfigError, ConfigProblem, load_config
 from gridgate.plugins.lsf_proxy.config import section_defaults
 
 
-def _refused(path: Path, message: str, line: int = 0, where: tuple[str | int, ...] = ()) -> ConfigError:
+def _refused(
+    path: Path, message: str, line: int = 0, where: tuple[str | int, ...] = ()
+) -> ConfigError:
     return ConfigError([ConfigProblem(str(path), line, where, message)])
 
 
@@ -35,17 +37,24 @@ def checked_section(path: Path, current: Mapping[str, Any]) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([ConfigProblem(str(path), 0, (), f"cannot read: {exc}")],
-                          kind="io") from None
+        raise ConfigError(
+            [ConfigProblem(str(path), 0, (), f"cannot read: {exc}")], kind="io"
+        ) from None
     if not text.strip():
-        raise _refused(path, f"empty file ({os.path.getsize(path)} bytes): refused, a config "
-                             "being written or truncated")
+        raise _refused(
+            path,
+            f"empty file ({os.path.getsize(path)} bytes): refused, a config "
+            "being written or truncated",
+        )
     if not text.endswith("\n"):
         # a file cut inside a value can still be valid YAML ("max: 100" cut to "max: 1"), and
         # every editor and deploy tool ends its last line: the cut cannot be told otherwise
-        raise _refused(path, "the last line has no newline: refused, the file may be cut short "
-                             "inside a value (end the file with a newline)",
-                       line=text.count("\n") + 1)
+        raise _refused(
+            path,
+            "the last line has no newline: refused, the file may be cut short "
+            "inside a value (end the file with a newline)",
+            line=text.count("\n") + 1,
+        )
     config = load_config(path, text)
     import yaml  # parsed again for the keys the file states itself (load_config fills defaults)
 
@@ -55,14 +64,21 @@ def checked_section(path: Path, current: Mapping[str, Any]) -> dict[str, Any]:
     in_force = {k for k, v in current.items() if k in defaults and v != defaults[k]}
     if not isinstance(given, Mapping):
         if in_force:
-            raise _refused(path, "no proxyd: section (the file is cut short or is not this "
-                                 f"daemon's): refused; in force: {', '.join(sorted(in_force))}")
+            raise _refused(
+                path,
+                "no proxyd: section (the file is cut short or is not this "
+                f"daemon's): refused; in force: {', '.join(sorted(in_force))}",
+            )
         given = {}
     dropped = sorted(k for k in in_force if k not in given)
     if dropped:
-        raise _refused(path, f"{', '.join(dropped)} no longer given (the file may be cut "
-                             "short): refused rather than falling back to the default; write "
-                             "the default value to mean it", where=("proxyd",))
+        raise _refused(
+            path,
+            f"{', '.join(dropped)} no longer given (the file may be cut "
+            "short): refused rather than falling back to the default; write "
+            "the default value to mean it",
+            where=("proxyd",),
+        )
     return dict(config.get("proxyd") or defaults)
 
 
@@ -79,9 +95,12 @@ class ReloadLog:
     def attach(self, registry: Any) -> None:
         import prometheus_client as prom
 
-        self._counter = prom.Counter("gridgate_proxyd_reloads",
-                                     "Config re-reads (SIGHUP, reconfig) by result",
-                                     ["result"], registry=registry)
+        self._counter = prom.Counter(
+            "gridgate_proxyd_reloads",
+            "Config re-reads (SIGHUP, reconfig) by result",
+            ["result"],
+            registry=registry,
+        )
         for result in ("accepted", "refused"):
             self._counter.labels(result)
 
@@ -95,9 +114,13 @@ class ReloadLog:
         self.last_refusal = str(exc)
         if self._counter is not None:
             self._counter.labels("refused").inc()
-        logger.error("config refused ({} so far), the last good policy stays: {}",
-                     self.refused, exc)
+        logger.error(
+            "config refused ({} so far), the last good policy stays: {}", self.refused, exc
+        )
 
     def as_json(self) -> dict[str, Any]:
-        return {"accepted": self.accepted, "refused": self.refused,
-                "last_refusal": self.last_refusal}
+        return {
+            "accepted": self.accepted,
+            "refused": self.refused,
+            "last_refusal": self.last_refusal,
+        }

@@ -71,48 +71,91 @@ class ProxyAdmission(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "description": "Admission by tokens: per-server limits in-process, or the lsfproxyd "
-                       "daemon(s) of the proxyd: section.",
+        "daemon(s) of the proxyd: section.",
         "properties": {
-            "mode": {"enum": ["local", "remote"], "default": "local",
-                     "description": "local: one token policy per server in this process; "
-                                    "remote: take tokens from the lsfproxyd daemon(s)."},
-            "max": {"type": "integer", "minimum": 1, "default": 8,
-                    "description": "local: most commands in flight per server."},
-            "nominal": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                        "description": "local: below this many in flight, grant at once; above, "
-                                       "one grant per throttle (null: the seed's rule, = max "
-                                       "when max < 50, else 50)."},
-            "throttle": {"type": "integer", "minimum": 1, "maximum": MAX_THROTTLE_MS, "default": 1,
-                         "description": "local: milliseconds between grants above nominal."},
-            "token_wait_time": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
-                                "default": 15,
-                                "description": "local: seconds a submission may wait for a token "
-                                               "before it is refused."},
-            "queue_limit": {"type": "integer", "minimum": 1, "default": 1000,
-                            "description": "local: waiting submissions per server; more are "
-                                           "refused at once."},
-            "lease_time": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_HOLD,
-                           "default": None,
-                           "description": "local: seconds after which a token never given back "
-                                          "is taken back (null: 3 x director.command_timeout "
-                                          "+ 60, at least 600)."},
-            "categories": {"type": "array", "items": {"enum": list(CATEGORIES)},
-                           "default": ["submission"],
-                           "description": "Categories this plugin governs; others are left to "
-                                          "the next admission plugin (the default admits)."},
-            "socket": {"type": "string", "default": "",
-                       "description": "remote: the daemon's socket (default: "
-                                      "$GRIDGATE_PROXYD_SOCKET, proxyd.socket or proxyd.hosts)."},
-            "notoken_ntries": {"type": "integer", "minimum": 1, "default": 1,
-                               "description": "remote: attempts when the daemon denies a token; "
-                                              "the director retries the pilot next iteration."},
-            "user": {"type": "string", "default": "",
-                     "description": "remote: user named in signed TCP requests (the director's "
-                                    "service account); empty: the process's user. Over a Unix "
-                                    "socket the kernel says who is asking."},
-            "when_unavailable": {"enum": ["proceed", "refuse"], "default": "proceed",
-                                 "description": "remote: no daemon answers -> proceed without a "
-                                                "token (with a warning, as LSF does) or refuse."},
+            "mode": {
+                "enum": ["local", "remote"],
+                "default": "local",
+                "description": "local: one token policy per server in this process; "
+                "remote: take tokens from the lsfproxyd daemon(s).",
+            },
+            "max": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 8,
+                "description": "local: most commands in flight per server.",
+            },
+            "nominal": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "default": None,
+                "description": "local: below this many in flight, grant at once; above, "
+                "one grant per throttle (null: the seed's rule, = max "
+                "when max < 50, else 50).",
+            },
+            "throttle": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_THROTTLE_MS,
+                "default": 1,
+                "description": "local: milliseconds between grants above nominal.",
+            },
+            "token_wait_time": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": MAX_WAIT,
+                "default": 15,
+                "description": "local: seconds a submission may wait for a token "
+                "before it is refused.",
+            },
+            "queue_limit": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 1000,
+                "description": "local: waiting submissions per server; more are refused at once.",
+            },
+            "lease_time": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "maximum": MAX_HOLD,
+                "default": None,
+                "description": "local: seconds after which a token never given back "
+                "is taken back (null: 3 x director.command_timeout "
+                "+ 60, at least 600).",
+            },
+            "categories": {
+                "type": "array",
+                "items": {"enum": list(CATEGORIES)},
+                "default": ["submission"],
+                "description": "Categories this plugin governs; others are left to "
+                "the next admission plugin (the default admits).",
+            },
+            "socket": {
+                "type": "string",
+                "default": "",
+                "description": "remote: the daemon's socket (default: "
+                "$GRIDGATE_PROXYD_SOCKET, proxyd.socket or proxyd.hosts).",
+            },
+            "notoken_ntries": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 1,
+                "description": "remote: attempts when the daemon denies a token; "
+                "the director retries the pilot next iteration.",
+            },
+            "user": {
+                "type": "string",
+                "default": "",
+                "description": "remote: user named in signed TCP requests (the director's "
+                "service account); empty: the process's user. Over a Unix "
+                "socket the kernel says who is asking.",
+            },
+            "when_unavailable": {
+                "enum": ["proceed", "refuse"],
+                "default": "proceed",
+                "description": "remote: no daemon answers -> proceed without a "
+                "token (with a warning, as LSF does) or refuse.",
+            },
         },
         "additionalProperties": False,
     }
@@ -127,7 +170,9 @@ class ProxyAdmission(Plugin):
 
     @staticmethod
     def _limits(section: Mapping[str, Any]) -> Limits:
-        given = {k: section[k] for k in ("max", "nominal", "throttle") if section.get(k) is not None}
+        given = {
+            k: section[k] for k in ("max", "nominal", "throttle") if section.get(k) is not None
+        }
         return resolve_category(given)
 
     @staticmethod
@@ -140,8 +185,9 @@ class ProxyAdmission(Plugin):
         timeout = float((context.config.get("director") or {}).get("command_timeout") or 120)
         return min(float(MAX_HOLD), max(600.0, 3 * timeout + 60))
 
-    def __init__(self, config: Mapping[str, Any], context: PluginContext, *,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], context: PluginContext, *, clock: Clock | None = None
+    ) -> None:
         super().__init__(config, context)
         self.mode = config.get("mode", "local")
         self.categories = frozenset(config.get("categories") or ["submission"])
@@ -166,9 +212,12 @@ class ProxyAdmission(Plugin):
             section = dict(context.config.get("proxyd") or section_defaults())
             extra = {"user": config["user"]} if config.get("user") else {}
             self._client = ProxyClient.from_section(
-                section, config.get("socket") or None,
+                section,
+                config.get("socket") or None,
                 notoken_ntries=int(config.get("notoken_ntries", 1)),
-                when_unavailable="fail" if config.get("when_unavailable") == "refuse" else "proceed",
+                when_unavailable="fail"
+                if config.get("when_unavailable") == "refuse"
+                else "proceed",
                 **extra,
             )
 
@@ -222,26 +271,37 @@ class ProxyAdmission(Plugin):
         tokens = self._policy_for(key)
         # everyone is an ordinary user here, root included (see the module docstring)
         user = f"user:{request.user or 'director'}"
-        decision = tokens.acquire(request.category, request.opcode, user, request.host,
-                                  request.size)
+        decision = tokens.acquire(
+            request.category, request.opcode, user, request.host, request.size
+        )
         where = request.endpoint.name if request.endpoint is not None else "this host"
         if decision.outcome == GRANTED and decision.token is not None:
             with tokens._cond:
                 in_use = tokens.policy.categories[request.category].in_use
             with self._lock:
                 self._held[decision.token.id] = ("local", (tokens, key))
-            self._count(key, granted=1, waited=1 if decision.waited > 0 else 0,
-                        wait_seconds=decision.waited, max_in_use=in_use)
-            return Grant(issuer=self.name, token=decision.token.id, category=request.category,
-                         waited=decision.waited)
+            self._count(
+                key,
+                granted=1,
+                waited=1 if decision.waited > 0 else 0,
+                wait_seconds=decision.waited,
+                max_in_use=in_use,
+            )
+            return Grant(
+                issuer=self.name,
+                token=decision.token.id,
+                category=request.category,
+                waited=decision.waited,
+            )
         if decision.outcome == DENIED:
             self._count(key, refused=1)
             limits = tokens.policy.settings.limits[request.category]
-            reason = {"timeout": f"no {request.category} token for {where} within "
-                                 f"{tokens.policy.settings.token_wait_time:g} s "
-                                 f"({limits.max} in flight)",
-                      "queue_full": f"too many submissions waiting for {where}"}.get(
-                decision.reason, f"{decision.reason} for {where}")
+            reason = {
+                "timeout": f"no {request.category} token for {where} within "
+                f"{tokens.policy.settings.token_wait_time:g} s "
+                f"({limits.max} in flight)",
+                "queue_full": f"too many submissions waiting for {where}",
+            }.get(decision.reason, f"{decision.reason} for {where}")
             logger.info("admission refused: {}", reason)
             return Refusal(issuer=self.name, reason=reason)
         # proceed: the category is disabled, nothing to give back
@@ -261,22 +321,25 @@ class ProxyAdmission(Plugin):
         except RequestFailed as exc:
             self._count(key, refused=1)
             return Refusal(issuer=self.name, reason=f"lsfproxyd refused the request: {exc}")
-        self._count(key, granted=1, waited=1 if token.waited > 0 else 0,
-                    wait_seconds=token.waited)
+        self._count(key, granted=1, waited=1 if token.waited > 0 else 0, wait_seconds=token.waited)
         if token.proceed:
             return Grant(issuer=self.name, category=request.category, note=token.reason)
         if token.privileged and not self._warned_privileged:
             # the seed makes admins privileged, and heartbeats make the service account one:
             # then nothing the director submits is ever paced (issue 21)
             self._warned_privileged = True
-            logger.warning("lsf_proxy: lsfproxyd {} serves this director as privileged: its "
-                           "submissions are never paced. Leave its account out of "
-                           "proxyd.privileged (e.g. privileged: [root]; admin rights stay in "
-                           "proxyd.admins)", token.daemon or "")
+            logger.warning(
+                "lsf_proxy: lsfproxyd {} serves this director as privileged: its "
+                "submissions are never paced. Leave its account out of "
+                "proxyd.privileged (e.g. privileged: [root]; admin rights stay in "
+                "proxyd.admins)",
+                token.daemon or "",
+            )
         with self._lock:
             self._held[token.id] = ("remote", token)
-        return Grant(issuer=self.name, token=token.id, category=request.category,
-                     waited=token.waited)
+        return Grant(
+            issuer=self.name, token=token.id, category=request.category, waited=token.waited
+        )
 
     @hookimpl
     def gridgate_release(self, grant: Grant) -> None:

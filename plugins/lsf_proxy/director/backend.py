@@ -65,6 +65,8 @@ def owned_option(word: str) -> str | None:
         if word.startswith(short) and len(word) > 2:
             return short
     return None
+
+
 BJOBS_FORMAT = "jobid stat exec_host delimiter='^'"
 NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
 STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
@@ -83,16 +85,36 @@ class Pattern:
 #: Order matters: the first pattern found in the output decides.
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("config", re.compile(r"No such queue"), False, "the queue does not exist"),
-    Pattern("usage", re.compile(r"Too many processors requested"), False,
-            "more processors than the queue allows"),
-    Pattern("usage", re.compile(r"Error in rusage section|[Rr]esource requirement syntax|"
-                                r"Bad resource requirement"), False,
-            "the resource requirement string is wrong"),
-    Pattern("unreachable", re.compile(r"Request from non-LSF host rejected"), True,
-            "this host is not an LSF client of the cluster"),
-    Pattern("daemon", re.compile(r"LIM is down|LIM\) not responding|Master LIM is down|"
-                                 r"batch system daemon not responding"), True,
-            "LSF daemons are not answering"),
+    Pattern(
+        "usage",
+        re.compile(r"Too many processors requested"),
+        False,
+        "more processors than the queue allows",
+    ),
+    Pattern(
+        "usage",
+        re.compile(
+            r"Error in rusage section|[Rr]esource requirement syntax|"
+            r"Bad resource requirement"
+        ),
+        False,
+        "the resource requirement string is wrong",
+    ),
+    Pattern(
+        "unreachable",
+        re.compile(r"Request from non-LSF host rejected"),
+        True,
+        "this host is not an LSF client of the cluster",
+    ),
+    Pattern(
+        "daemon",
+        re.compile(
+            r"LIM is down|LIM\) not responding|Master LIM is down|"
+            r"batch system daemon not responding"
+        ),
+        True,
+        "LSF daemons are not answering",
+    ),
 )
 
 
@@ -114,7 +136,9 @@ def parse_job_id(text: str) -> str | None:
     return match.group(1) if match else None
 
 
-def parse_bjobs(stdout: str, stderr: str = "") -> tuple[dict[str, tuple[str, str]], tuple[str, ...]]:
+def parse_bjobs(
+    stdout: str, stderr: str = ""
+) -> tuple[dict[str, tuple[str, str]], tuple[str, ...]]:
     """Read ``bjobs -noheader -o "jobid stat exec_host delimiter='^'"`` output."""
     states: dict[str, tuple[str, str]] = {}
     for line in stdout.splitlines():
@@ -136,8 +160,10 @@ def classify(command: CommandResult | None, message: str = "") -> Failure:
         line = next((ln.strip() for ln in combined.splitlines() if pattern.regex.search(ln)), None)
         if line is not None:
             # transient kinds are told only when they persist (gridgate_classify_failure)
-            return KINDS[pattern.kind].failure(f"{pattern.label}: {line!r}",
-                                               notify=KINDS[pattern.kind].notify and not pattern.transient)
+            return KINDS[pattern.kind].failure(
+                f"{pattern.label}: {line!r}",
+                notify=KINDS[pattern.kind].notify and not pattern.transient,
+            )
     if command.timed_out:
         return KINDS["timeout"].failure(f"timed out after {command.duration:.1f} s and was killed")
     if command.returncode == 0:
@@ -157,66 +183,141 @@ class LsfBackend(Plugin):
         "type": "object",
         "description": "LSF backend: queues (one endpoint each), bsub options, tokens.",
         "properties": {
-            "queues": {"type": "array", "items": {"type": "string"}, "default": [],
-                       "description": "Queues to submit to; each is an endpoint (bsub -q)."},
+            "queues": {
+                "type": "array",
+                "items": {"type": "string"},
+                "default": [],
+                "description": "Queues to submit to; each is an endpoint (bsub -q).",
+            },
             "commands": {
-                "type": "object", "default": {}, "additionalProperties": False,
+                "type": "object",
+                "default": {},
+                "additionalProperties": False,
                 "description": "Names (looked up on PATH) or paths of the LSF commands.",
                 "properties": {
-                    "bsub": {"type": "string", "minLength": 1, "default": "bsub",
-                             "description": "The submit command."},
-                    "bjobs": {"type": "string", "minLength": 1, "default": "bjobs",
-                              "description": "The query command."},
-                    "bkill": {"type": ["string", "null"], "minLength": 1, "default": None,
-                              "description": "The cancel command; null: bkill beside bjobs "
-                                             "when that is a path, else on PATH."},
+                    "bsub": {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": "bsub",
+                        "description": "The submit command.",
+                    },
+                    "bjobs": {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": "bjobs",
+                        "description": "The query command.",
+                    },
+                    "bkill": {
+                        "type": ["string", "null"],
+                        "minLength": 1,
+                        "default": None,
+                        "description": "The cancel command; null: bkill beside bjobs "
+                        "when that is a path, else on PATH.",
+                    },
                 },
             },
-            "status_format": {"enum": ["custom", "table"], "default": "custom",
-                              "description": "How pilots are tracked: bjobs -noheader -o "
-                                             "(LSF 9.1 and later) or the classic bjobs -aw "
-                                             "table (older clusters)."},
-            "job_name": {"type": "string", "minLength": 1, "default": "gridgate-pilot",
-                         "description": "bsub -J (an array NAME[1-N] when a job carries N "
-                                        "pilots)."},
-            "output": {"type": "string", "default": "",
-                       "description": "bsub -o path (%J is the job id); empty: LSF's default."},
-            "error": {"type": "string", "default": "",
-                      "description": "bsub -e path; empty: LSF's default."},
-            "resources": {"type": "string", "default": "",
-                          "description": "bsub -R resource requirement; a request's own "
-                                         "requirements replace it."},
-            "processors": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                           "description": "bsub -n; null: not given."},
-            "extra_options": {"type": "array", "items": {"type": "string"}, "default": [],
-                              "description": "More bsub arguments, each one argv item "
-                                             "(e.g. [\"-P\", \"myproject\"])."},
-            "command": {"type": "array", "items": {"type": "string"}, "minItems": 1,
-                        "default": ["pilot.sh"],
-                        "description": "The pilot command and its arguments (argv)."},
-            "pilots_per_job": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1,
-                               "description": "Pilots per bsub; > 1 submits a job array."},
-            "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
-                    "description": "Extra environment variables for the commands."},
-            "command_timeout": {"maximum": 86400, "type": ["number", "null"], "exclusiveMinimum": 0,
-                                "default": None,
-                                "description": "Seconds; replaces the director's limit for "
-                                               "these commands when set."},
-            "tokens": {"type": "boolean", "default": True,
-                       "description": "Take a token from lsfproxyd (the proxyd: section) before "
-                                      "each bsub (submission) and bjobs (query)."},
-            "socket": {"type": "string", "default": "",
-                       "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
-                                      "proxyd.socket or proxyd.hosts)."},
-            "token_user": {"type": "string", "default": "",
-                           "description": "User named in signed TCP requests (a director's "
-                                          "service account); empty: the process's user. Over "
-                                          "a Unix socket the kernel says who is asking."},
-            "notoken_ntries": {"type": "integer", "minimum": 1, "default": 3,
-                               "description": "Attempts when the daemon denies a token."},
-            "transient_notify_after": {"type": "integer", "minimum": 1, "default": 2,
-                                       "description": "Tell people about daemon trouble only "
-                                                      "from this failure of an episode on."},
+            "status_format": {
+                "enum": ["custom", "table"],
+                "default": "custom",
+                "description": "How pilots are tracked: bjobs -noheader -o "
+                "(LSF 9.1 and later) or the classic bjobs -aw "
+                "table (older clusters).",
+            },
+            "job_name": {
+                "type": "string",
+                "minLength": 1,
+                "default": "gridgate-pilot",
+                "description": "bsub -J (an array NAME[1-N] when a job carries N pilots).",
+            },
+            "output": {
+                "type": "string",
+                "default": "",
+                "description": "bsub -o path (%J is the job id); empty: LSF's default.",
+            },
+            "error": {
+                "type": "string",
+                "default": "",
+                "description": "bsub -e path; empty: LSF's default.",
+            },
+            "resources": {
+                "type": "string",
+                "default": "",
+                "description": "bsub -R resource requirement; a request's own "
+                "requirements replace it.",
+            },
+            "processors": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "default": None,
+                "description": "bsub -n; null: not given.",
+            },
+            "extra_options": {
+                "type": "array",
+                "items": {"type": "string"},
+                "default": [],
+                "description": "More bsub arguments, each one argv item "
+                '(e.g. ["-P", "myproject"]).',
+            },
+            "command": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "default": ["pilot.sh"],
+                "description": "The pilot command and its arguments (argv).",
+            },
+            "pilots_per_job": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 10000,
+                "default": 1,
+                "description": "Pilots per bsub; > 1 submits a job array.",
+            },
+            "env": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "default": {},
+                "description": "Extra environment variables for the commands.",
+            },
+            "command_timeout": {
+                "maximum": 86400,
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "default": None,
+                "description": "Seconds; replaces the director's limit for "
+                "these commands when set.",
+            },
+            "tokens": {
+                "type": "boolean",
+                "default": True,
+                "description": "Take a token from lsfproxyd (the proxyd: section) before "
+                "each bsub (submission) and bjobs (query).",
+            },
+            "socket": {
+                "type": "string",
+                "default": "",
+                "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
+                "proxyd.socket or proxyd.hosts).",
+            },
+            "token_user": {
+                "type": "string",
+                "default": "",
+                "description": "User named in signed TCP requests (a director's "
+                "service account); empty: the process's user. Over "
+                "a Unix socket the kernel says who is asking.",
+            },
+            "notoken_ntries": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 3,
+                "description": "Attempts when the daemon denies a token.",
+            },
+            "transient_notify_after": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 2,
+                "description": "Tell people about daemon trouble only "
+                "from this failure of an episode on.",
+            },
         },
         "additionalProperties": False,
     }
@@ -234,8 +335,12 @@ class LsfBackend(Plugin):
         for index, word in enumerate(section.get("extra_options") or []):
             owned = owned_option(str(word))
             if owned is not None:
-                problems.append((("extra_options", index),
-                                 f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})"))
+                problems.append(
+                    (
+                        ("extra_options", index),
+                        f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})",
+                    )
+                )
         return problems
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
@@ -268,8 +373,11 @@ class LsfBackend(Plugin):
                 section = dict(self.context.config.get("proxyd") or section_defaults())
                 extra = {"user": self.config["token_user"]} if self.config.get("token_user") else {}
                 self._client = ProxyClient.from_section(
-                    section, self.config.get("socket") or None,
-                    notoken_ntries=int(self.config.get("notoken_ntries", 3)), **extra)
+                    section,
+                    self.config.get("socket") or None,
+                    notoken_ntries=int(self.config.get("notoken_ntries", 3)),
+                    **extra,
+                )
             return self._client
 
     def bsub_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
@@ -304,7 +412,12 @@ class LsfBackend(Plugin):
             except ProxyError as exc:
                 return f"lsfproxyd: {exc}"
         try:
-            return run(argv, self._timeout(timeout), env=self._env(), max_output=self.context.max_output_bytes)
+            return run(
+                argv,
+                self._timeout(timeout),
+                env=self._env(),
+                max_output=self.context.max_output_bytes,
+            )
         finally:
             if token is not None:
                 token.release()
@@ -321,10 +434,16 @@ class LsfBackend(Plugin):
             return JobStates(ok=False, message=outcome)
         states, missing = parse_bjobs(outcome.stdout, outcome.stderr)
         # exit 255 with only "is not found" lines is an answer, not a failure
-        answered = outcome.ok or (outcome.returncode == 255 and bool(missing)
-                                  and classify(outcome).kind == "error")
-        return JobStates(ok=answered and not outcome.timed_out, states=states, missing=missing,
-                         command=outcome, message="" if answered else outcome.describe())
+        answered = outcome.ok or (
+            outcome.returncode == 255 and bool(missing) and classify(outcome).kind == "error"
+        )
+        return JobStates(
+            ok=answered and not outcome.timed_out,
+            states=states,
+            missing=missing,
+            command=outcome,
+            message="" if answered else outcome.describe(),
+        )
 
     def _episode_failures(self, endpoint: Endpoint) -> int:
         state = self.context.state
@@ -343,13 +462,18 @@ class LsfBackend(Plugin):
     def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
         if backend != self.name:
             return None
-        return BackendInfo(backend=self.name, endpoints=self.endpoints(),
-                           pilots_per_submission=int(self.config.get("pilots_per_job", 1)),
-                           command_timeout=self.config.get("command_timeout"), list_match=False)
+        return BackendInfo(
+            backend=self.name,
+            endpoints=self.endpoints(),
+            pilots_per_submission=int(self.config.get("pilots_per_job", 1)),
+            command_timeout=self.config.get("command_timeout"),
+            list_match=False,
+        )
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest,
-                        timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         if endpoint.backend != self.name:
             return None
         outcome = self._run(self.bsub_argv(endpoint, request), "submission", timeout)
@@ -357,34 +481,52 @@ class LsfBackend(Plugin):
             return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, message=outcome)
         job_id = parse_job_id(outcome.stdout) or parse_job_id(outcome.stderr)
         if outcome.ok and job_id:
-            return SubmitResult(endpoint, ok=True, job_ids=(job_id,), command=outcome,
-                                operation=OPERATION_SUBMIT)
-        return SubmitResult(endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT,
-                            message=outcome.describe())
+            return SubmitResult(
+                endpoint, ok=True, job_ids=(job_id,), command=outcome, operation=OPERATION_SUBMIT
+            )
+        return SubmitResult(
+            endpoint,
+            ok=False,
+            command=outcome,
+            operation=OPERATION_SUBMIT,
+            message=outcome.describe(),
+        )
 
     @hookimpl
-    def gridgate_job_status(self, endpoint: Endpoint, job_ids: Sequence[str],
-                            timeout: float) -> StatusResult | None:
-        return query_pilots(self, endpoint, job_ids, timeout) if endpoint.backend == self.name else None
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
+        return (
+            query_pilots(self, endpoint, job_ids, timeout)
+            if endpoint.backend == self.name
+            else None
+        )
 
     @hookimpl
-    def gridgate_cancel(self, endpoint: Endpoint, job_ids: Sequence[str],
-                        timeout: float) -> CancelResult | None:
-        return cancel_pilots(self, endpoint, job_ids, timeout) if endpoint.backend == self.name else None
+    def gridgate_cancel(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> CancelResult | None:
+        return (
+            cancel_pilots(self, endpoint, job_ids, timeout)
+            if endpoint.backend == self.name
+            else None
+        )
 
     @hookimpl
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         if endpoint.backend != self.name:
             return None
-        if result.command is None and result.message.startswith(("no submission token",
-                                                                  "lsfproxyd")):
+        if result.command is None and result.message.startswith(
+            ("no submission token", "lsfproxyd")
+        ):
             # the token daemon said no: the queue is fine, try again later
             return KINDS["refused"].failure(result.message)
         failure = classify(result.command, result.message)
         if failure.transient and failure.kind in ("daemon", "unreachable"):
             # this failure will be number (recorded + 1) of the episode
             persists = self._episode_failures(endpoint) + 1 >= int(
-                self.config.get("transient_notify_after", 2))
+                self.config.get("transient_notify_after", 2)
+            )
             if persists:
                 failure = replace(failure, notify=True, reason=f"{failure.reason} (persists)")
         return failure

@@ -22,8 +22,13 @@ from typing import Any
 from gridgate.core.model import CancelResult, CommandResult, Endpoint, JobStatus, StatusResult
 
 __all__ = [
-    "BJOBS_STATUS_FORMAT", "STATES", "normalise", "parse_status_rows", "parse_bkill",
-    "query_pilots", "cancel_pilots",
+    "BJOBS_STATUS_FORMAT",
+    "STATES",
+    "normalise",
+    "parse_status_rows",
+    "parse_bkill",
+    "query_pilots",
+    "cancel_pilots",
 ]
 
 OPERATION_STATUS = "Job Status"
@@ -31,9 +36,17 @@ OPERATION_CANCEL = "Job Cancel"
 BJOBS_STATUS_FORMAT = "jobid stat exec_host exit_code exit_reason delimiter='^'"
 #: LSF STAT -> core state (formats.md, "What the states mean to a pilot factory").
 STATES: Mapping[str, str] = {
-    "PEND": "waiting", "PROV": "waiting", "PSUSP": "waiting", "WAIT": "waiting",
-    "RUN": "running", "USUSP": "running", "SSUSP": "running",
-    "DONE": "done", "EXIT": "failed", "UNKWN": "unknown", "ZOMBI": "unknown",
+    "PEND": "waiting",
+    "PROV": "waiting",
+    "PSUSP": "waiting",
+    "WAIT": "waiting",
+    "RUN": "running",
+    "USUSP": "running",
+    "SSUSP": "running",
+    "DONE": "done",
+    "EXIT": "failed",
+    "UNKWN": "unknown",
+    "ZOMBI": "unknown",
 }
 #: A live state wins over a finished one when an array shows several rows under one id.
 _RANK = {"running": 0, "waiting": 1, "unknown": 2, "done": 3, "failed": 4}
@@ -41,8 +54,10 @@ NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
 JOB_ID_RE = re.compile(r"[0-9]+(?:\[[0-9]+\])?")
 _TERMINATED_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is being terminated")
 _FINISHED_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)>: Job has already finished")
-_NO_MATCH_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)>: No matching job found|"
-                          r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
+_NO_MATCH_RE = re.compile(
+    r"Job <([0-9]+(?:\[[0-9]+\])?)>: No matching job found|"
+    r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found"
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +82,13 @@ def _row_custom(line: str) -> Row | None:
         return None
     parts += [""] * (5 - len(parts))
     code = _value(parts[3])
-    return Row(parts[0], parts[1], _value(parts[2]),
-               int(code) if re.fullmatch(r"[0-9]{1,5}", code) else None, _value(parts[4]))
+    return Row(
+        parts[0],
+        parts[1],
+        _value(parts[2]),
+        int(code) if re.fullmatch(r"[0-9]{1,5}", code) else None,
+        _value(parts[4]),
+    )
 
 
 def _row_table(line: str) -> Row | None:
@@ -77,7 +97,9 @@ def _row_table(line: str) -> Row | None:
     words = line.split()
     if len(words) < 3 or not JOB_ID_RE.fullmatch(words[0]) or words[2] not in STATES:
         return None
-    exec_host = _value(words[5]) if len(words) >= 9 and words[2] not in ("PEND", "PSUSP", "WAIT") else ""
+    exec_host = (
+        _value(words[5]) if len(words) >= 9 and words[2] not in ("PEND", "PSUSP", "WAIT") else ""
+    )
     return Row(words[0], words[2], exec_host)
 
 
@@ -102,8 +124,13 @@ def normalise(stat: str) -> str:
 
 def _status(row: Row) -> JobStatus:
     code = 0 if row.stat == "DONE" and row.exit_code is None else row.exit_code
-    return JobStatus(row.job_id, normalise(row.stat), native=row.stat,  # type: ignore[arg-type]
-                     reason=row.reason, exit_code=code)
+    return JobStatus(
+        row.job_id,
+        normalise(row.stat),
+        native=row.stat,  # type: ignore[arg-type]
+        reason=row.reason,
+        exit_code=code,
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +144,9 @@ class KillOutput:
 
 
 def parse_bkill(stdout: str, stderr: str = "") -> KillOutput:
-    text = f"{stdout if isinstance(stdout, str) else ''}\n{stderr if isinstance(stderr, str) else ''}"
+    text = (
+        f"{stdout if isinstance(stdout, str) else ''}\n{stderr if isinstance(stderr, str) else ''}"
+    )
     terminated = tuple(dict.fromkeys(_TERMINATED_RE.findall(text)))
     finished = tuple(dict.fromkeys(_FINISHED_RE.findall(text)))
     unknown = tuple(dict.fromkeys(a or b for a, b in _NO_MATCH_RE.findall(text)))
@@ -135,8 +164,9 @@ def _daemon_trouble(backend_module: Any, command: CommandResult) -> bool:
     return backend_module.classify(command).kind != "error"
 
 
-def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
-                 timeout: float) -> StatusResult:
+def query_pilots(
+    backend: Any, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+) -> StatusResult:
     """``gridgate_job_status`` of the LSF backend: ``bjobs`` for every id, under ``query``
     tokens, all commands within ``timeout``."""
     from gridgate.core.runner import argv_chunks
@@ -147,11 +177,19 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
         return StatusResult(endpoint, ok=True, commands=0, operation=OPERATION_STATUS)
     bad = _bad_ids(ids)
     if bad:
-        return StatusResult(endpoint, ok=False, commands=0, operation=OPERATION_STATUS,
-                            message=f"not LSF job ids: {bad[:5]}")
+        return StatusResult(
+            endpoint,
+            ok=False,
+            commands=0,
+            operation=OPERATION_STATUS,
+            message=f"not LSF job ids: {bad[:5]}",
+        )
     table = backend.config.get("status_format", "custom") == "table"
-    prefix = [backend._command("bjobs"), "-aw"] if table else [
-        backend._command("bjobs"), "-a", "-noheader", "-o", BJOBS_STATUS_FORMAT]
+    prefix = (
+        [backend._command("bjobs"), "-aw"]
+        if table
+        else [backend._command("bjobs"), "-a", "-noheader", "-o", BJOBS_STATUS_FORMAT]
+    )
     deadline = time.monotonic() + backend._timeout(timeout)
     statuses: dict[str, JobStatus] = {}
     commands = 0
@@ -161,23 +199,49 @@ def query_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
         outcome = backend._run(argv, "query", max(left, 0.001))
         commands += 1
         if isinstance(outcome, str):
-            return StatusResult(endpoint, ok=False, commands=commands, command=last,
-                                operation=OPERATION_STATUS, message=outcome)
+            return StatusResult(
+                endpoint,
+                ok=False,
+                commands=commands,
+                command=last,
+                operation=OPERATION_STATUS,
+                message=outcome,
+            )
         last = outcome
         if outcome.stdout_truncated:  # ids past the cut would look unknown, then lost
-            return StatusResult(endpoint, ok=False, commands=commands, command=outcome,
-                                operation=OPERATION_STATUS,
-                                message="bjobs output passed director.max_output_bytes and was cut")
+            return StatusResult(
+                endpoint,
+                ok=False,
+                commands=commands,
+                command=outcome,
+                operation=OPERATION_STATUS,
+                message="bjobs output passed director.max_output_bytes and was cut",
+            )
         missing = NOT_FOUND_RE.findall(outcome.stderr)
-        answered = outcome.ok or (outcome.returncode == 255 and bool(missing)
-                                  and not _daemon_trouble(module, outcome))
+        answered = outcome.ok or (
+            outcome.returncode == 255 and bool(missing) and not _daemon_trouble(module, outcome)
+        )
         if not answered:
-            return StatusResult(endpoint, ok=False, commands=commands, command=outcome,
-                                operation=OPERATION_STATUS, message=outcome.describe())
-        statuses.update((job_id, _status(row))
-                        for job_id, row in parse_status_rows(outcome.stdout, table).items())
-    return StatusResult(endpoint, ok=True, statuses=statuses, command=last, commands=commands,
-                        operation=OPERATION_STATUS)
+            return StatusResult(
+                endpoint,
+                ok=False,
+                commands=commands,
+                command=outcome,
+                operation=OPERATION_STATUS,
+                message=outcome.describe(),
+            )
+        statuses.update(
+            (job_id, _status(row))
+            for job_id, row in parse_status_rows(outcome.stdout, table).items()
+        )
+    return StatusResult(
+        endpoint,
+        ok=True,
+        statuses=statuses,
+        command=last,
+        commands=commands,
+        operation=OPERATION_STATUS,
+    )
 
 
 def bkill_command(backend: Any) -> str:
@@ -187,8 +251,9 @@ def bkill_command(backend: Any) -> str:
     return str(configured or (os.path.join(folder, "bkill") if folder else "bkill"))
 
 
-def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
-                  timeout: float) -> CancelResult:
+def cancel_pilots(
+    backend: Any, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+) -> CancelResult:
     """``gridgate_cancel`` of the LSF backend: ``bkill`` under ``other`` tokens. Ids being
     terminated or already finished count as cancelled; exit 255 is an answer as long as
     every id got its line."""
@@ -200,23 +265,40 @@ def cancel_pilots(backend: Any, endpoint: Endpoint, job_ids: Sequence[str],
         return CancelResult(endpoint, ok=True, operation=OPERATION_CANCEL)
     bad = _bad_ids(ids)
     if bad:
-        return CancelResult(endpoint, ok=False, operation=OPERATION_CANCEL,
-                            message=f"not LSF job ids: {bad[:5]}")
+        return CancelResult(
+            endpoint, ok=False, operation=OPERATION_CANCEL, message=f"not LSF job ids: {bad[:5]}"
+        )
     deadline = time.monotonic() + backend._timeout(timeout)
     cancelled: list[str] = []
     last: CommandResult | None = None
     for argv in argv_chunks([bkill_command(backend)], ids):
         outcome = backend._run(argv, "other", max(deadline - time.monotonic(), 0.001))
         if isinstance(outcome, str):
-            return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled), command=last,
-                                operation=OPERATION_CANCEL, message=outcome)
+            return CancelResult(
+                endpoint,
+                ok=False,
+                cancelled=tuple(cancelled),
+                command=last,
+                operation=OPERATION_CANCEL,
+                message=outcome,
+            )
         last = outcome
         parsed = parse_bkill(outcome.stdout, outcome.stderr)
         cancelled += [j for j in argv[1:] if j in parsed.terminated or j in parsed.finished]
-        answered = outcome.ok or (outcome.returncode == 255 and parsed.seen >= set(argv[1:])
-                                  and not _daemon_trouble(module, outcome))
+        answered = outcome.ok or (
+            outcome.returncode == 255
+            and parsed.seen >= set(argv[1:])
+            and not _daemon_trouble(module, outcome)
+        )
         if not answered:
-            return CancelResult(endpoint, ok=False, cancelled=tuple(cancelled), command=outcome,
-                                operation=OPERATION_CANCEL, message=outcome.describe())
-    return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last,
-                        operation=OPERATION_CANCEL)
+            return CancelResult(
+                endpoint,
+                ok=False,
+                cancelled=tuple(cancelled),
+                command=outcome,
+                operation=OPERATION_CANCEL,
+                message=outcome.describe(),
+            )
+    return CancelResult(
+        endpoint, ok=True, cancelled=tuple(cancelled), command=last, operation=OPERATION_CANCEL
+    )

@@ -41,9 +41,22 @@ from gridgate.plugins.lsf_proxy.gate.gating import (
 )
 
 __all__ = [
-    "EXIT_CANNOT_EXECUTE", "EXIT_NOT_FOUND", "EXIT_NO_TOKEN", "EXIT_UNAVAILABLE", "GATE_CATEGORIES",
-    "SHIM_COMMANDS", "START_ONLY", "TOKEN_ENV", "Commands", "exit_like", "find_real",
-    "gate_category_map", "gate_command", "infer_category", "install_shims", "run_gated",
+    "EXIT_CANNOT_EXECUTE",
+    "EXIT_NOT_FOUND",
+    "EXIT_NO_TOKEN",
+    "EXIT_UNAVAILABLE",
+    "GATE_CATEGORIES",
+    "SHIM_COMMANDS",
+    "START_ONLY",
+    "TOKEN_ENV",
+    "Commands",
+    "exit_like",
+    "find_real",
+    "gate_category_map",
+    "gate_command",
+    "infer_category",
+    "install_shims",
+    "run_gated",
     "shim_main",
 ]
 
@@ -75,8 +88,12 @@ def _package_roots() -> list[str]:
     return roots
 
 
-def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | None = None,
-                  socket_path: str | None = None) -> list[tuple[str, str | None]]:
+def install_shims(
+    shim_dir: Path,
+    commands: Sequence[str] = (),
+    config: str | None = None,
+    socket_path: str | None = None,
+) -> list[tuple[str, str | None]]:
     """Write a wrapper per command into ``shim_dir``; return (name, real path or None).
 
     Without ``commands``, every known batch command found on PATH (outside ``shim_dir``) gets
@@ -90,8 +107,10 @@ def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | No
     if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
         # whoever may write there could replace the shims every user runs, or plant a link
         # where a shim is about to be written
-        raise ValueError(f"{shim_dir}: group or others may write it, or it belongs to another "
-                         "user: shims go in a folder only its owner (or root) may change")
+        raise ValueError(
+            f"{shim_dir}: group or others may write it, or it belongs to another "
+            "user: shims go in a folder only its owner (or root) may change"
+        )
     names = list(commands) or [c for c in SHIM_COMMANDS if find_real(c, shim_dir)]
     config = str(Path(config).resolve()) if config else None
     written = []
@@ -99,35 +118,73 @@ def install_shims(shim_dir: Path, commands: Sequence[str] = (), config: str | No
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"not a command name: {name!r}")
         real = find_real(name, shim_dir)
-        text = _SHIM.format(python=sys.executable, roots=_package_roots(), name=name, real=real,
-                            shim_dir=str(shim_dir.resolve()), config=config,
-                            socket=absolute_socket(socket_path) if socket_path else None,
-                            snap=snapshot(name, config))
+        text = _SHIM.format(
+            python=sys.executable,
+            roots=_package_roots(),
+            name=name,
+            real=real,
+            shim_dir=str(shim_dir.resolve()),
+            config=config,
+            socket=absolute_socket(socket_path) if socket_path else None,
+            snap=snapshot(name, config),
+        )
         atomic_write(shim_dir / name, text.encode("utf-8"), mode=0o755, durable=False)
         written.append((name, real))
     return written
 
 
 @click.command("gate", context_settings={"allow_interspersed_args": False})
-@click.option("--category", type=click.Choice(CATEGORIES),
-              help="Token category (default: inferred from the command name).")
+@click.option(
+    "--category",
+    type=click.Choice(CATEGORIES),
+    help="Token category (default: inferred from the command name).",
+)
 @click.option("--opcode", help="Opcode reported to the daemon (default: the command name).")
-@click.option("--socket", "socket_path", metavar="PATH",
-              help="The daemon's Unix socket (default: $GRIDGATE_PROXYD_SOCKET, the config, the "
-                   "runtime directory).")
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
-              help="Site config with a proxyd: section (hosts, key, notoken_ntries...).")
-@click.option("-q", "--quiet", is_flag=True,
-              help="Say nothing while waiting for a token (also: $GRIDGATE_GATE_QUIET=1).")
-@click.option("--install-shims", "shim_dir", type=click.Path(file_okay=False),
-              help="Write wrappers for batch commands into this directory and exit.")
-@click.option("--shim", "shim_commands", multiple=True, metavar="NAME",
-              help="With --install-shims: wrap this command (repeatable; default: every known "
-                   "batch command found on PATH).")
+@click.option(
+    "--socket",
+    "socket_path",
+    metavar="PATH",
+    help="The daemon's Unix socket (default: $GRIDGATE_PROXYD_SOCKET, the config, the "
+    "runtime directory).",
+)
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Site config with a proxyd: section (hosts, key, notoken_ntries...).",
+)
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="Say nothing while waiting for a token (also: $GRIDGATE_GATE_QUIET=1).",
+)
+@click.option(
+    "--install-shims",
+    "shim_dir",
+    type=click.Path(file_okay=False),
+    help="Write wrappers for batch commands into this directory and exit.",
+)
+@click.option(
+    "--shim",
+    "shim_commands",
+    multiple=True,
+    metavar="NAME",
+    help="With --install-shims: wrap this command (repeatable; default: every known "
+    "batch command found on PATH).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def gate_command(category: str | None, opcode: str | None, socket_path: str | None,
-                 config_path: str | None, quiet: bool, shim_dir: str | None,
-                 shim_commands: tuple[str, ...], command: tuple[str, ...]) -> None:
+def gate_command(
+    category: str | None,
+    opcode: str | None,
+    socket_path: str | None,
+    config_path: str | None,
+    quiet: bool,
+    shim_dir: str | None,
+    shim_commands: tuple[str, ...],
+    command: tuple[str, ...],
+) -> None:
     """Run COMMAND under a token from lsfproxyd: gridgate gate -- bjobs -u all
 
     Exit status: the command's own; 75 when no token was granted (the command did not run),

@@ -51,8 +51,21 @@ NOTICE_AFTER = 1.0
 #: Other batch systems' commands, beside LSF's (config.DEFAULT_CATEGORY_MAP).
 GATE_CATEGORIES: dict[str, tuple[str, ...]] = {
     "submission": ("sbatch", "srun", "salloc", "condor_submit", "qsub", "arcsub", "arcresub"),
-    "query": ("squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "condor_q",
-              "condor_status", "condor_history", "qstat", "arcstat", "arcinfo"),
+    "query": (
+        "squeue",
+        "sinfo",
+        "sacct",
+        "sstat",
+        "sprio",
+        "sshare",
+        "sdiag",
+        "condor_q",
+        "condor_status",
+        "condor_history",
+        "qstat",
+        "arcstat",
+        "arcinfo",
+    ),
     # ARC's client: each command is a round trip to the CE's A-REX (arc.md section 7)
     "other": ("scancel", "scontrol", "arckill", "arcclean", "arcget", "arcsync", "arcrenew"),
 }
@@ -66,27 +79,68 @@ ARGUMENT_CATEGORIES: dict[str, dict[str, str]] = {
 }
 #: Commands ``--install-shims`` writes a wrapper for when they are on PATH.
 SHIM_COMMANDS: tuple[str, ...] = (
-    "bjobs", "bhosts", "bqueues", "bhist", "busers", "bsub", "bmod", "bswitch", "brestart",
-    "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare", "sdiag", "sbatch", "srun", "salloc",
-    "scancel", "scontrol", "condor_q", "condor_status", "condor_submit", "qstat", "qsub",
-    "arcsub", "arcresub", "arcstat", "arcinfo", "arckill", "arcclean", "arcget", "arcsync",
+    "bjobs",
+    "bhosts",
+    "bqueues",
+    "bhist",
+    "busers",
+    "bsub",
+    "bmod",
+    "bswitch",
+    "brestart",
+    "squeue",
+    "sinfo",
+    "sacct",
+    "sstat",
+    "sprio",
+    "sshare",
+    "sdiag",
+    "sbatch",
+    "srun",
+    "salloc",
+    "scancel",
+    "scontrol",
+    "condor_q",
+    "condor_status",
+    "condor_submit",
+    "qstat",
+    "qsub",
+    "arcsub",
+    "arcresub",
+    "arcstat",
+    "arcinfo",
+    "arckill",
+    "arcclean",
+    "arcget",
+    "arcsync",
     "arcrenew",
 )
 #: Commands never held whole: they take a token to start, not to run (interactive sessions,
 #: commands that repeat or follow by themselves). Name -> the arguments that make it so
 #: (empty: always). ``proxyd.start_only`` adds to or replaces entries.
 START_ONLY: dict[str, tuple[str, ...]] = {
-    "srun": (), "salloc": (), "sattach": (),
-    "squeue": ("-i", "--iterate"), "sinfo": ("-i", "--iterate"), "sprio": ("-i",),
+    "srun": (),
+    "salloc": (),
+    "sattach": (),
+    "squeue": ("-i", "--iterate"),
+    "sinfo": ("-i", "--iterate"),
+    "sprio": ("-i",),
     "bsub": ("-I", "-Ip", "-Is", "-IS", "-ISp", "-ISs", "-IX", "-K"),
     "bpeek": ("-f",),
 }
 #: What the run-time path reads of a ``proxyd:`` section, with the schema's defaults (a test
 #: pins them to config.SECTION_SCHEMA).
 CLIENT_DEFAULTS: dict[str, Any] = {
-    "socket": "", "hosts": [], "key": None, "notoken_ntries": None,
-    "when_unavailable": "proceed", "client_timeout": 5, "token_wait_time": 15,
-    "categories": {}, "start_hold": 2, "start_only": {},
+    "socket": "",
+    "hosts": [],
+    "key": None,
+    "notoken_ntries": None,
+    "when_unavailable": "proceed",
+    "client_timeout": 5,
+    "token_wait_time": 15,
+    "categories": {},
+    "start_hold": 2,
+    "start_only": {},
 }
 
 
@@ -96,6 +150,7 @@ def _say(message: str) -> None:
 
 
 # --- commands and categories -----------------------------------------------------------------
+
 
 def which(name: str, path: str | None = None) -> str | None:
     """``name`` on ``path`` (default $PATH): an executable file, as ``shutil.which`` finds it."""
@@ -116,8 +171,9 @@ def _same_dir(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def find_real(name: str, exclude: str | os.PathLike[str] | None = None,
-              path: str | None = None) -> str | None:
+def find_real(
+    name: str, exclude: str | os.PathLike[str] | None = None, path: str | None = None
+) -> str | None:
     """``name`` on PATH, skipping the directory ``exclude`` (the shims' own)."""
     search = os.environ.get("PATH", os.defpath) if path is None else path
     dirs = [d for d in search.split(os.pathsep) if d]
@@ -137,15 +193,20 @@ def gate_category_map(section: Mapping[str, Any] | None = None) -> dict[str, str
     return mapping
 
 
-def infer_category(command: str, section: Mapping[str, Any] | None = None,
-                   args: Sequence[str] = ()) -> str:
+def infer_category(
+    command: str, section: Mapping[str, Any] | None = None, args: Sequence[str] = ()
+) -> str:
     """The category of ``command`` (a name or a path) run with ``args``: submission, query or
     other. The config's ``categories`` win over everything, the arguments over the name."""
     return category_of(os.path.basename(command), args, gate_category_map(section), section)
 
 
-def category_of(name: str, args: Sequence[str], mapping: Mapping[str, str],
-                section: Mapping[str, Any] | None = None) -> str:
+def category_of(
+    name: str,
+    args: Sequence[str],
+    mapping: Mapping[str, str],
+    section: Mapping[str, Any] | None = None,
+) -> str:
     """:func:`infer_category` with the map already made (``mapping``)."""
     own = {n for names in ((section or {}).get("categories") or {}).values() for n in names}
     by_word = ARGUMENT_CATEGORIES.get(name)
@@ -173,16 +234,21 @@ def carries_token(command: str, category: str) -> bool:
 def _flag_given(args: Sequence[str], flags: Sequence[str]) -> bool:
     for arg in args:
         for flag in flags:
-            if arg == flag or (flag.startswith("--") and arg.startswith(flag + "=")) or (
-                    len(flag) == 2 and arg.startswith(flag) and arg[2:].isdigit()):
+            if (
+                arg == flag
+                or (flag.startswith("--") and arg.startswith(flag + "="))
+                or (len(flag) == 2 and arg.startswith(flag) and arg[2:].isdigit())
+            ):
                 return True
     return False
 
 
 def start_only(name: str, args: Sequence[str], section: Mapping[str, Any] | None = None) -> bool:
     """Whether ``name args`` takes a token only to start (:data:`START_ONLY`)."""
-    table = {**START_ONLY, **{k: tuple(v) for k, v in
-                              ((section or {}).get("start_only") or {}).items()}}
+    table = {
+        **START_ONLY,
+        **{k: tuple(v) for k, v in ((section or {}).get("start_only") or {}).items()},
+    }
     flags = table.get(name)
     if flags is None:
         return False
@@ -190,6 +256,7 @@ def start_only(name: str, args: Sequence[str], section: Mapping[str, Any] | None
 
 
 # --- the resolved settings: snapshot, per-user cache, or the full config loader --------------
+
 
 def _file_sig(path: str) -> list[int] | None:
     try:
@@ -201,7 +268,9 @@ def _file_sig(path: str) -> list[int] | None:
 
 def _code_sig() -> list[Any]:
     here = os.path.dirname(os.path.abspath(__file__))
-    return [_file_sig(os.path.join(here, f)) for f in ("gating.py", os.path.join("..", "config.py"))]
+    return [
+        _file_sig(os.path.join(here, f)) for f in ("gating.py", os.path.join("..", "config.py"))
+    ]
 
 
 def _cache_path() -> str | None:
@@ -209,7 +278,8 @@ def _cache_path() -> str | None:
     is outside root's own home: root's gate run with another user's ``HOME`` (``sudo``
     without ``-H``) would otherwise write where that user points it."""
     base = os.environ.get("XDG_CACHE_HOME") or (
-        os.path.join(os.environ["HOME"], ".cache") if os.environ.get("HOME") else "")
+        os.path.join(os.environ["HOME"], ".cache") if os.environ.get("HOME") else ""
+    )
     if not base.startswith("/"):
         return None
     if os.geteuid() == 0:
@@ -299,8 +369,9 @@ def _cache_write(path: str, data: dict[str, Any]) -> None:
     except OSError:
         return
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                     dir_fd=folder)
+        fd = os.open(
+            temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder
+        )
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(data, handle)
         os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -361,14 +432,24 @@ def snapshot(name: str, config_path: str | None) -> dict[str, Any]:
     identity (a changed file is read again at run time)."""
     path = os.path.abspath(config_path) if config_path else ""
     loaded = _load(path or None)
-    return {"sig": _file_sig(path) if path else None, "section": loaded["section"],
-            "category": loaded["map"].get(name, "other")}
+    return {
+        "sig": _file_sig(path) if path else None,
+        "section": loaded["section"],
+        "category": loaded["map"].get(name, "other"),
+    }
 
 
 # --- running the command ---------------------------------------------------------------------
 
-def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[str, Any],
-              socket_path: str | None = None, quiet: bool = False) -> int:
+
+def run_gated(
+    argv: Sequence[str],
+    category: str,
+    opcode: str,
+    section: Mapping[str, Any],
+    socket_path: str | None = None,
+    quiet: bool = False,
+) -> int:
     """Take a token, run ``argv``, give the token back; return the exit status to use.
 
     A command killed by a signal makes this return ``-signal`` (the caller re-raises it).
@@ -398,15 +479,16 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
     quiet = quiet or bool(os.environ.get(QUIET_ENV))
     command = [program, *argv[1:]]
     try:
-        client = GateClient.from_section(section, socket_path,
-                                         warn=lambda m: _say(f"warning: {m}"))
+        client = GateClient.from_section(section, socket_path, warn=lambda m: _say(f"warning: {m}"))
     except Exception as exc:  # SecretError: the key named in the config cannot be read
         _say(str(exc))
         return EXIT_CONFIG
 
     def waiting(ahead: int | None) -> None:
-        _say(f"{name}: waiting for a {category} token"
-             + (f", {ahead} ahead" if ahead is not None else ""))
+        _say(
+            f"{name}: waiting for a {category} token"
+            + (f", {ahead} ahead" if ahead is not None else "")
+        )
 
     hold = None
     if start_only(name, argv[1:], section):
@@ -418,16 +500,23 @@ def run_gated(argv: Sequence[str], category: str, opcode: str, section: Mapping[
             # inside a gated command: ride on its token (same category, one nested call at
             # a time, not for a blocked user), else take one of our own like any call; a
             # submission command never rides, whatever category it was given
-            ride, why = client.ride(held, category, opcode or name,
-                                    float(section.get("token_wait_time", 15)))
+            ride, why = client.ride(
+                held, category, opcode or name, float(section.get("token_wait_time", 15))
+            )
             if ride is not None:
                 holder.take(ride)
                 return _exec(command, None, name, category)
             if why == "blocked":
                 _say(f"{name}: no {category} token, not run: blocked")
                 return EXIT_NO_TOKEN
-        grant = client.acquire(category, opcode or name, None if quiet else NOTICE_AFTER,
-                               waiting, holder.start, size=request_size(argv))
+        grant = client.acquire(
+            category,
+            opcode or name,
+            None if quiet else NOTICE_AFTER,
+            waiting,
+            holder.start,
+            size=request_size(argv),
+        )
     except KeyboardInterrupt:
         _say(f"{name}: interrupted while waiting for a {category} token")
         return 128 + signal.SIGINT
@@ -605,8 +694,15 @@ def exit_like(status: int) -> int:
 
 # --- entry points ----------------------------------------------------------------------------
 
-def shim_main(name: str, real: str | None, shim_dir: str, config: str | None = None,
-              socket: str | None = None, snap: Mapping[str, Any] | None = None) -> int:
+
+def shim_main(
+    name: str,
+    real: str | None,
+    shim_dir: str,
+    config: str | None = None,
+    socket: str | None = None,
+    snap: Mapping[str, Any] | None = None,
+) -> int:
     """What a shim runs: the real ``name`` (never a shim) through the gate, argv from sys.argv.
 
     ``snap`` is what :func:`snapshot` gave at install time; without one (or when the config
@@ -623,24 +719,37 @@ def shim_main(name: str, real: str | None, shim_dir: str, config: str | None = N
         resolved = resolve(config)
         section, mapping = resolved["section"], resolved["map"]
     args = sys.argv[1:]
-    status = run_gated([real, *args], category_of(name, args, mapping, section), name, section,
-                       socket)
+    status = run_gated(
+        [real, *args], category_of(name, args, mapping, section), name, section, socket
+    )
     return exit_like(status)
 
 
-def gate_call(command: Sequence[str], category: str | None = None, opcode: str | None = None,
-              socket_path: str | None = None, config_path: str | None = None,
-              quiet: bool = False) -> int:
+def gate_call(
+    command: Sequence[str],
+    category: str | None = None,
+    opcode: str | None = None,
+    socket_path: str | None = None,
+    config_path: str | None = None,
+    quiet: bool = False,
+) -> int:
     """``gridgate gate [options] -- COMMAND...``: the exit status to leave with."""
     resolved = resolve(config_path)
-    chosen = category or category_of(os.path.basename(command[0]), command[1:], resolved["map"],
-                                     resolved["section"])
-    return exit_like(run_gated(list(command), chosen, opcode or "", resolved["section"],
-                               socket_path, quiet))
+    chosen = category or category_of(
+        os.path.basename(command[0]), command[1:], resolved["map"], resolved["section"]
+    )
+    return exit_like(
+        run_gated(list(command), chosen, opcode or "", resolved["section"], socket_path, quiet)
+    )
 
 
-_VALUED = {"--category": "category", "--opcode": "opcode", "--socket": "socket_path",
-           "-c": "config_path", "--config": "config_path"}
+_VALUED = {
+    "--category": "category",
+    "--opcode": "opcode",
+    "--socket": "socket_path",
+    "-c": "config_path",
+    "--config": "config_path",
+}
 
 
 def console_main(args: Sequence[str]) -> int | None:

@@ -40,8 +40,18 @@ spec.loader.exec_module(module)
 sys.exit(module.main())
 """
 
-__all__ = ["COMMANDS", "MASTER_ENV", "SCENARIO_ENV", "Master", "Proxyd", "install_commands",
-           "load_scenario", "start_master", "start_proxyd", "write_scenario"]
+__all__ = [
+    "COMMANDS",
+    "MASTER_ENV",
+    "SCENARIO_ENV",
+    "Master",
+    "Proxyd",
+    "install_commands",
+    "load_scenario",
+    "start_master",
+    "start_proxyd",
+    "write_scenario",
+]
 
 
 def install_commands(bin_dir: Path, mode: int = 0o755, python: str | None = None) -> Path:
@@ -52,7 +62,9 @@ def install_commands(bin_dir: Path, mode: int = 0o755, python: str | None = None
     """
     from gridgate.plugins.lsf_proxy.sim import cli
 
-    wrapper = _WRAPPER.format(python=python or sys.executable, cli=str(Path(cli.__file__).resolve()))
+    wrapper = _WRAPPER.format(
+        python=python or sys.executable, cli=str(Path(cli.__file__).resolve())
+    )
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in COMMANDS:
@@ -92,8 +104,10 @@ class _Child:
 def _ready_line(proc: subprocess.Popen[bytes], timeout: float, failure: str) -> dict[str, Any]:
     """The JSON line a child prints once it listens; kill it and raise if none comes."""
     line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
+        daemon=True,
+    )
     reader.start()
     reader.join(timeout)
     if not line or not line[0]:
@@ -114,16 +128,31 @@ class Master(_Child):
         call(self.socket, {"op": "reset"})
 
 
-def start_master(socket_path: str | os.PathLike[str], base: float = 0.01, knee: float = 8.0,
-                 ready_timeout: float = 30.0) -> Master:
+def start_master(
+    socket_path: str | os.PathLike[str],
+    base: float = 0.01,
+    knee: float = 8.0,
+    ready_timeout: float = 30.0,
+) -> Master:
     """Start the master daemon as a child process and wait until it listens.
 
     :raises RuntimeError: it did not report ready within ``ready_timeout`` seconds.
     """
-    argv = [sys.executable, "-m", "gridgate.plugins.lsf_proxy.sim.master", "--socket",
-            str(socket_path), "--base", str(base), "--knee", str(knee), "--exit-with-parent"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "gridgate.plugins.lsf_proxy.sim.master",
+        "--socket",
+        str(socket_path),
+        "--base",
+        str(base),
+        "--knee",
+        str(knee),
+        "--exit-with-parent",
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     info = _ready_line(proc, ready_timeout, "the stand-in master daemon did not start")
     return Master(proc, info["socket"])
 
@@ -148,10 +177,23 @@ def start_proxyd(folder: Path, section: dict[str, Any], ready_timeout: float = 3
     config.write_text(yaml.safe_dump({"proxyd": section}), encoding="utf-8")
     config.chmod(0o644)
     exe = Path(sys.executable).parent / "gridgate"
-    argv = [str(exe), "lsfproxyd", "serve", "-c", str(config), "--json"] if exe.exists() else [
-        sys.executable, "-m", "gridgate.core.cli", "lsfproxyd", "serve", "-c", str(config), "--json"]
+    argv = (
+        [str(exe), "lsfproxyd", "serve", "-c", str(config), "--json"]
+        if exe.exists()
+        else [
+            sys.executable,
+            "-m",
+            "gridgate.core.cli",
+            "lsfproxyd",
+            "serve",
+            "-c",
+            str(config),
+            "--json",
+        ]
+    )
     with open(folder / "proxyd.stderr", "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
-    info = _ready_line(proc, ready_timeout,
-                       f"the token daemon did not start; see {folder / 'proxyd.stderr'}")
+    info = _ready_line(
+        proc, ready_timeout, f"the token daemon did not start; see {folder / 'proxyd.stderr'}"
+    )
     return Proxyd(proc, info["socket"], info)

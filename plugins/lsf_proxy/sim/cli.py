@@ -41,8 +41,18 @@ EXIT_FAIL = 255
 LONG_HANG = 3600.0
 PREAMBLE = "Cannot connect to LSF. Please wait ..."
 NOT_RESPONDING = "batch system daemon not responding ... still trying"
-BSUB_BEHAVIOURS = ("ok", "no_such_queue", "too_many_processors", "rusage_error", "bad_resreq",
-                   "non_lsf_host", "lim_down", "master_lim_down", "daemon_not_responding", "hang")
+BSUB_BEHAVIOURS = (
+    "ok",
+    "no_such_queue",
+    "too_many_processors",
+    "rusage_error",
+    "bad_resreq",
+    "non_lsf_host",
+    "lim_down",
+    "master_lim_down",
+    "daemon_not_responding",
+    "hang",
+)
 BJOBS_BEHAVIOURS = ("ok", "lim_down", "daemon_not_responding", "hang")
 #: Failure lines of bsub, as formats.md quotes them.
 BSUB_FAILURES = {
@@ -81,15 +91,19 @@ def load_scenario(path: str | None) -> dict[str, Any]:
             raise ScenarioError(f"cannot parse scenario {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"scenario {path}: top level must be a mapping")
-    for where, spec in [("default", data.get("default") or {}),
-                        *((f"queues.{q}", s) for q, s in (data.get("queues") or {}).items())]:
+    for where, spec in [
+        ("default", data.get("default") or {}),
+        *((f"queues.{q}", s) for q, s in (data.get("queues") or {}).items()),
+    ]:
         if spec.get("behaviour", "ok") not in BSUB_BEHAVIOURS:
             raise ScenarioError(f"scenario {where}: unknown bsub behaviour {spec['behaviour']!r}")
     bjobs = (data.get("bjobs") or {}).get("behaviour", "ok")
     if bjobs not in BJOBS_BEHAVIOURS:
         raise ScenarioError(f"scenario bjobs: unknown behaviour {bjobs!r}")
-    for where, spec in [("default", data.get("default") or {}),
-                        *((f"queues.{q}", s) for q, s in (data.get("queues") or {}).items())]:
+    for where, spec in [
+        ("default", data.get("default") or {}),
+        *((f"queues.{q}", s) for q, s in (data.get("queues") or {}).items()),
+    ]:
         problem = _lifecycle().check(spec.get("pilots"), where)
         if problem:
             raise ScenarioError(problem)
@@ -136,15 +150,26 @@ def _living(jobs: dict[str, dict[str, Any]], scenario: dict[str, Any]) -> dict[s
     return out
 
 
-def _log_call(scenario: dict[str, Any], command: str, ids: list[str],
-              jobs: dict[str, dict[str, Any]]) -> None:
+def _log_call(
+    scenario: dict[str, Any], command: str, ids: list[str], jobs: dict[str, dict[str, Any]]
+) -> None:
     """One line per command in the scenario's ``calls_log``: which queues its ids are in."""
     path = scenario.get("calls_log")
     if not path:
         return
     queues = sorted({str(jobs[j]["queue"]) for j in ids if j in jobs})
-    line = json.dumps({"time": time.time(), "pid": os.getpid(), "command": command,
-                       "queue": ",".join(queues), "ids": len(ids)}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "time": time.time(),
+                "pid": os.getpid(),
+                "command": command,
+                "queue": ",".join(queues),
+                "ids": len(ids),
+            }
+        )
+        + "\n"
+    )
     fd = os.open(str(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -313,8 +338,11 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
             command = args[i:]
             break
     queue = options.get("-q") or scenario.get("default_queue", "normal")
-    spec = {"behaviour": "ok", **(scenario.get("default") or {}),
-            **((scenario.get("queues") or {}).get(queue) or {})}
+    spec = {
+        "behaviour": "ok",
+        **(scenario.get("default") or {}),
+        **((scenario.get("queues") or {}).get(queue) or {}),
+    }
     for _ in range(int(spec.get("preamble", 0))):
         _out(sys.stdout, PREAMBLE)
         time.sleep(float(spec.get("preamble_delay", 0.0)))
@@ -352,14 +380,21 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
         return EXIT_FAIL
     state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
     job_id = _next_job_id(state_dir)
-    _record_job(state_dir, {
-        "id": job_id, "user": _user(), "queue": queue, "name": options.get("-J") or (
-            command[0] if command else "NONAME"),
-        "stat": scenario.get("job_stat", "PEND"), "submitted": _now(scenario),
-        "host": os.uname().nodename.split(".")[0], "command": command,
-        # bsub copies the submission environment into the job, as sbatch does
-        "env": dict(os.environ),
-    })
+    _record_job(
+        state_dir,
+        {
+            "id": job_id,
+            "user": _user(),
+            "queue": queue,
+            "name": options.get("-J") or (command[0] if command else "NONAME"),
+            "stat": scenario.get("job_stat", "PEND"),
+            "submitted": _now(scenario),
+            "host": os.uname().nodename.split(".")[0],
+            "command": command,
+            # bsub copies the submission environment into the job, as sbatch does
+            "env": dict(os.environ),
+        },
+    )
     where = "queue" if "-q" in options else "default queue"
     _out(sys.stdout, f"Job <{job_id}> is submitted to {where} <{queue}>.")
     return 0
@@ -415,8 +450,12 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
                 _out(sys.stderr, f"Job <{job_id}> is not found")
                 status = EXIT_FAIL
     else:
-        selected = [j for j in jobs.values()
-                    if (show_all or j["stat"] not in ("DONE", "EXIT")) and (not queue or j["queue"] == queue)]
+        selected = [
+            j
+            for j in jobs.values()
+            if (show_all or j["stat"] not in ("DONE", "EXIT"))
+            and (not queue or j["queue"] == queue)
+        ]
         if not selected:
             _out(sys.stderr, "No unfinished job found")
             return 0
@@ -429,8 +468,21 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
         _out(sys.stdout, _row(HEADER))
     for job in selected:
         when = time.strftime("%b %d %H:%M", time.localtime(job["submitted"]))
-        _out(sys.stdout, _row((str(job["id"]), job["user"], job["stat"], job["queue"], job["host"],
-                               _field(job, "exec_host"), job["name"], when)))
+        _out(
+            sys.stdout,
+            _row(
+                (
+                    str(job["id"]),
+                    job["user"],
+                    job["stat"],
+                    job["queue"],
+                    job["host"],
+                    _field(job, "exec_host"),
+                    job["name"],
+                    when,
+                )
+            ),
+        )
     return status
 
 
@@ -439,7 +491,7 @@ def _parse_format(fmt: str) -> tuple[list[str], str]:
     fields = []
     for word in fmt.split():
         if word.startswith("delimiter="):
-            delimiter = word[len("delimiter="):].strip("'\"")
+            delimiter = word[len("delimiter=") :].strip("'\"")
         else:
             fields.append(word.split(":")[0])
     return fields, delimiter

@@ -37,9 +37,11 @@ def check(spec: Any, where: str) -> str | None:
     if not isinstance(spec, dict):
         return f"scenario {where}.pilots: expected a mapping"
     outcome = spec.get("outcome", "done")
-    for name in (outcome if isinstance(outcome, dict) else [outcome]):
+    for name in outcome if isinstance(outcome, dict) else [outcome]:
         if name not in OUTCOMES:
-            return f"scenario {where}.pilots: unknown outcome {name!r} (known: {', '.join(OUTCOMES)})"
+            return (
+                f"scenario {where}.pilots: unknown outcome {name!r} (known: {', '.join(OUTCOMES)})"
+            )
     return None
 
 

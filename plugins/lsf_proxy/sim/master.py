@@ -68,8 +68,7 @@ class MasterState:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.by_command[command] = self.by_command.get(command, 0) + 1
             self.running[command] = self.running.get(command, 0) + 1
-            self.max_running[command] = max(self.max_running.get(command, 0),
-                                            self.running[command])
+            self.max_running[command] = max(self.max_running.get(command, 0), self.running[command])
             return service_time(self.in_flight, self.base, self.knee)
 
     def leave(self, command: str, latency: float) -> int:
@@ -84,12 +83,16 @@ class MasterState:
         with self.lock:
             values = list(self.latencies)
             return {
-                "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
-                "completed": self.completed, "by_command": dict(self.by_command),
+                "in_flight": self.in_flight,
+                "max_in_flight": self.max_in_flight,
+                "completed": self.completed,
+                "by_command": dict(self.by_command),
                 "max_in_flight_by_command": dict(self.max_running),
-                "p50": percentile(values, 0.50), "p99": percentile(values, 0.99),
+                "p50": percentile(values, 0.50),
+                "p99": percentile(values, 0.99),
                 "max_latency": max(values) if values else 0.0,
-                "base": self.base, "knee": self.knee,
+                "base": self.base,
+                "knee": self.knee,
             }
 
 
@@ -154,13 +157,21 @@ def serve(path: str, base: float, knee: float, mode: int = 0o666) -> _Server:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Stand-in LSF master daemon (tests, benches).")
     parser.add_argument("--socket", required=True, help="Unix socket path to listen on.")
-    parser.add_argument("--base", type=float, default=0.01,
-                        help="Service time of a lone request, seconds.")
-    parser.add_argument("--knee", type=float, default=8.0,
-                        help="Concurrency past which service time grows quadratically.")
-    parser.add_argument("--exit-with-parent", action="store_true",
-                        help="Stop when the process that started it is gone (tests: a killed "
-                             "test run leaves no master behind).")
+    parser.add_argument(
+        "--base", type=float, default=0.01, help="Service time of a lone request, seconds."
+    )
+    parser.add_argument(
+        "--knee",
+        type=float,
+        default=8.0,
+        help="Concurrency past which service time grows quadratically.",
+    )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="Stop when the process that started it is gone (tests: a killed "
+        "test run leaves no master behind).",
+    )
     args = parser.parse_args(argv)
     if args.base < 0 or args.knee <= 0:
         parser.error("--base must be >= 0 and --knee > 0")

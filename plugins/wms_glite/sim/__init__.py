@@ -22,8 +22,12 @@ from gridgate.plugins.wms_glite.sim.scenario import (
     write_scenario,
 )
 
-COMMANDS = ("glite-wms-job-submit", "glite-wms-job-list-match", "glite-wms-job-status",
-            "glite-wms-job-cancel")
+COMMANDS = (
+    "glite-wms-job-submit",
+    "glite-wms-job-list-match",
+    "glite-wms-job-status",
+    "glite-wms-job-cancel",
+)
 
 _WRAPPER = """#!{python}
 # Stand-in written by gridgate.plugins.wms_glite.sim.install_commands: for tests and demos only.
@@ -35,8 +39,16 @@ sys.exit(main())
 """
 
 __all__ = [
-    "CALLS_LOG_ENV", "COMMANDS", "SCENARIO_ENV", "STATE_ENV", "Call", "install_commands",
-    "load_scenario", "max_concurrency", "read_calls", "write_scenario",
+    "CALLS_LOG_ENV",
+    "COMMANDS",
+    "SCENARIO_ENV",
+    "STATE_ENV",
+    "Call",
+    "install_commands",
+    "load_scenario",
+    "max_concurrency",
+    "read_calls",
+    "write_scenario",
 ]
 
 

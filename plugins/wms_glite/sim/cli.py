@@ -37,7 +37,10 @@ from gridgate.plugins.wms_glite.sim.scenario import (
 SUBMIT = "glite-wms-job-submit"
 LIST_MATCH = "glite-wms-job-list-match"
 LB_HOST = "lb01.example.org"
-DEFAULT_CES = ("ce01.example.org:8443/cream-pbs-long", "ce02.example.org:2119/jobmanager-lcgpbs-grid")
+DEFAULT_CES = (
+    "ce01.example.org:8443/cream-pbs-long",
+    "ce02.example.org:2119/jobmanager-lcgpbs-grid",
+)
 RULE = "=" * 74
 EXIT_USAGE = 255
 LONG_HANG = 3600.0
@@ -71,11 +74,24 @@ class Options:
 def parse_args(program: str, args: Sequence[str]) -> Options:
     """The real client's options (formats.md); anything else is a usage error."""
     opts = Options(program=program, argv=list(args))
-    with_value = {"-e": "endpoint", "--endpoint": "endpoint", "-d": "delegation_id",
-                  "--delegationid": "delegation_id", "-c": "config", "--config": "config",
-                  "-o": "output", "--output": "output", "-r": "resource", "--resource": "resource"}
-    flags = {"-a": "auto_delegation", "--autm-delegation": "auto_delegation",
-             "--noint": "noint", "--json": "json"}
+    with_value = {
+        "-e": "endpoint",
+        "--endpoint": "endpoint",
+        "-d": "delegation_id",
+        "--delegationid": "delegation_id",
+        "-c": "config",
+        "--config": "config",
+        "-o": "output",
+        "--output": "output",
+        "-r": "resource",
+        "--resource": "resource",
+    }
+    flags = {
+        "-a": "auto_delegation",
+        "--autm-delegation": "auto_delegation",
+        "--noint": "noint",
+        "--json": "json",
+    }
     if program == SUBMIT:
         flags["--nomsg"] = "nomsg"
     else:
@@ -282,33 +298,47 @@ def act(behaviour: str, opts: Options, spec: Mapping[str, Any], jdl: str) -> tup
         # the pipes waits for it, exactly like a client that left a helper process behind.
         child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({hang!r})"])
         if spec.get("parent_hangs"):
-            log_event(_calls_log_path(), {"event": "grandchild", "time": time.time(),
-                                          "pid": os.getpid(), "grandchild": child.pid})
+            log_event(
+                _calls_log_path(),
+                {
+                    "event": "grandchild",
+                    "time": time.time(),
+                    "pid": os.getpid(),
+                    "grandchild": child.pid,
+                },
+            )
             time.sleep(hang)
         return int(spec.get("exit_code", 0)), child.pid
     if behaviour == "overloaded":
         connecting(out, endpoint)
-        detail = "System load is too high:\nThreshold for Load Average(15 min): 10 => " \
-                 f"Detected value for Load Average(15 min): {spec.get('load', 23.51)}"
+        detail = (
+            "System load is too high:\nThreshold for Load Average(15 min): 10 => "
+            f"Detected value for Load Average(15 min): {spec.get('load', 23.51)}"
+        )
         out.error("Operation failed", fail_reason(opts, endpoint, detail))
         return 1, None
     if behaviour == "drained":
         connecting(out, endpoint)
-        out.error("Operation failed", fail_reason(
-            opts, endpoint, "Unavailable service (the server is temporarily drained)"))
+        out.error(
+            "Operation failed",
+            fail_reason(opts, endpoint, "Unavailable service (the server is temporarily drained)"),
+        )
         return 1, None
     if behaviour == "unreachable":
         connecting(out, endpoint)
-        out.warning(f"WMProxy unreachable: {endpoint}\n"
-                    "WMProxy Server may be down (or wrong server name)")
+        out.warning(
+            f"WMProxy unreachable: {endpoint}\nWMProxy Server may be down (or wrong server name)"
+        )
         out.error("Operation failed", "Unable to contact any specified enpoint")
         return 1, None
     if behaviour == "auth":
         if spec.get("auth") == "delegation":
             connecting(out, endpoint)
-            out.error("Operation failed",
-                      f"Unable to delegate the credential to the endpoint: {endpoint}\n"
-                      "Proxy is expired or not valid")
+            out.error(
+                "Operation failed",
+                f"Unable to delegate the credential to the endpoint: {endpoint}\n"
+                "Proxy is expired or not valid",
+            )
         else:
             out.error("Proxy File Not Found", "No path to valid proxy file has been found")
         return 1, None
@@ -318,8 +348,12 @@ def act(behaviour: str, opts: Options, spec: Mapping[str, Any], jdl: str) -> tup
         return EXIT_USAGE, None
     if behaviour == "error":
         connecting(out, endpoint)
-        out.error("Operation failed", fail_reason(
-            opts, endpoint, spec.get("message", "SOAP-ENV:Server: internal server error")))
+        out.error(
+            "Operation failed",
+            fail_reason(
+                opts, endpoint, spec.get("message", "SOAP-ENV:Server: internal server error")
+            ),
+        )
         return 1, None
     if behaviour == "garbage":
         # Exit 0 without a job id: junk, invalid UTF-8, and the :7443 endpoint (which a sloppy
@@ -343,15 +377,20 @@ def act(behaviour: str, opts: Options, spec: Mapping[str, Any], jdl: str) -> tup
 def list_match_answer(out: Out, endpoint: str, spec: Mapping[str, Any], no_match: bool) -> int:
     connecting(out, endpoint)
     if no_match:
-        out.raw(banner(LIST_MATCH, "failure") + "\n\n"
-                "No Computing Element matching your job requirements has been found!\n\n"
-                + RULE + "\n\n\n")
+        out.raw(
+            banner(LIST_MATCH, "failure") + "\n\n"
+            "No Computing Element matching your job requirements has been found!\n\n"
+            + RULE
+            + "\n\n\n"
+        )
         return 0
     ces = spec.get("ces") or list(DEFAULT_CES)
     listing = "".join(f" - {ce}\n" for ce in ces)
-    out.raw(RULE + "\n\n\t\t     COMPUTING ELEMENT IDs LIST \n"
-            " The following CE(s) matching your job requirements have been found:\n\n"
-            "\t*CEId*\n" + listing + "\n" + RULE + "\n\n\n")
+    out.raw(
+        RULE + "\n\n\t\t     COMPUTING ELEMENT IDs LIST \n"
+        " The following CE(s) matching your job requirements have been found:\n\n"
+        "\t*CEId*\n" + listing + "\n" + RULE + "\n\n\n"
+    )
     return 0
 
 
@@ -429,9 +468,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         Out(opts).error("Invalid JDL File", f"Unable to read the JDL file {opts.jdl}: {exc}")
         return 1
-    record = {"event": "start", "time": start, "pid": os.getpid(), "command": program,
-              "host": host, "behaviour": spec.get("behaviour", "healthy"),
-              "effective": behaviour, "call": call, "argv": argv, "jdl": jdl}
+    record = {
+        "event": "start",
+        "time": start,
+        "pid": os.getpid(),
+        "command": program,
+        "host": host,
+        "behaviour": spec.get("behaviour", "healthy"),
+        "effective": behaviour,
+        "call": call,
+        "argv": argv,
+        "jdl": jdl,
+    }
     log_event(calls_log, record)
     if not opts.endpoint:
         Out(opts).error("Operation failed", "Unable to contact any specified enpoint")
@@ -440,9 +488,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if latency > 0:
             time.sleep(latency)
         code, grandchild = act(behaviour, opts, spec, jdl)
-    log_event(calls_log, {"event": "end", "time": time.time(), "start": start,
-                          "pid": os.getpid(), "host": host, "returncode": code,
-                          "grandchild": grandchild})
+    log_event(
+        calls_log,
+        {
+            "event": "end",
+            "time": time.time(),
+            "start": start,
+            "pid": os.getpid(),
+            "host": host,
+            "returncode": code,
+            "grandchild": grandchild,
+        },
+    )
     return code
 
 

@@ -48,7 +48,12 @@ from gridgate.core.clock import file_time, write_file_time
 CLOCK_ENV = "GRIDGATE_SIM_CLOCK"
 #: Seconds in each state before the next, when the scenario does not say.
 DEFAULT_DURATIONS: Mapping[str, float] = {
-    "Submitted": 1.0, "Waiting": 2.0, "Ready": 1.0, "Scheduled": 2.0, "Running": 10.0}
+    "Submitted": 1.0,
+    "Waiting": 2.0,
+    "Ready": 1.0,
+    "Scheduled": 2.0,
+    "Running": 10.0,
+}
 STAGES = tuple(DEFAULT_DURATIONS)
 OUTCOMES = ("done", "exit", "failed", "aborted", "cancelled")
 DEFAULT_REASONS: Mapping[str, str] = {
@@ -57,7 +62,10 @@ DEFAULT_REASONS: Mapping[str, str] = {
     "cancelled": "Aborted by user",
 }
 STATUS_BEHAVIOURS = ("healthy", "lb_down", "hang")
-DEFAULT_CES = ("ce01.example.org:8443/cream-pbs-long", "ce02.example.org:2119/jobmanager-lcgpbs-grid")
+DEFAULT_CES = (
+    "ce01.example.org:8443/cream-pbs-long",
+    "ce02.example.org:2119/jobmanager-lcgpbs-grid",
+)
 
 
 class LifecycleError(ValueError):
@@ -74,11 +82,14 @@ def check_pilots(spec: Any, where: str) -> None:
     names = list(outcome) if isinstance(outcome, Mapping) else [outcome]
     for name in names:
         if name not in OUTCOMES:
-            raise LifecycleError(f"scenario {where}.pilots: unknown outcome {name!r} "
-                                 f"(known: {', '.join(OUTCOMES)})")
+            raise LifecycleError(
+                f"scenario {where}.pilots: unknown outcome {name!r} (known: {', '.join(OUTCOMES)})"
+            )
     if spec.get("status", "healthy") not in STATUS_BEHAVIOURS:
-        raise LifecycleError(f"scenario {where}.pilots: unknown status behaviour "
-                             f"{spec.get('status')!r} (known: {', '.join(STATUS_BEHAVIOURS)})")
+        raise LifecycleError(
+            f"scenario {where}.pilots: unknown status behaviour "
+            f"{spec.get('status')!r} (known: {', '.join(STATUS_BEHAVIOURS)})"
+        )
     if spec.get("abort_after", "Waiting").capitalize() not in STAGES:
         raise LifecycleError(f"scenario {where}.pilots: abort_after must be one of {STAGES}")
 
@@ -132,7 +143,7 @@ def _fraction(job_id: str) -> float:
 
 #: The golden ratio's fractional part: the points ``k * SPREAD mod 1`` fill [0, 1) as evenly
 #: as any sequence can, so each weight's share of consecutive jobs is close to its weight.
-SPREAD = (5 ** 0.5 - 1) / 2
+SPREAD = (5**0.5 - 1) / 2
 
 
 def outcome_of(ordinal: int, spec: Mapping[str, Any]) -> str:
@@ -151,18 +162,24 @@ def outcome_of(ordinal: int, spec: Mapping[str, Any]) -> str:
 
 def snapshot(job: Job, spec: Mapping[str, Any], at: float) -> Snapshot:
     """The state of ``job`` at time ``at`` under its host's ``pilots`` spec."""
-    durations = {stage: float(spec.get(stage.lower(), DEFAULT_DURATIONS[stage])) for stage in STAGES}
+    durations = {
+        stage: float(spec.get(stage.lower(), DEFAULT_DURATIONS[stage])) for stage in STAGES
+    }
     outcome = outcome_of(job.ordinal, spec)
     ces = spec.get("ces") or DEFAULT_CES
     destination = ces[int(_fraction(job.job_id + "ce") * len(ces)) % len(ces)]
     reason = str(spec.get("reason") or DEFAULT_REASONS.get(outcome, ""))
-    last = STAGES.index(spec.get("abort_after", "Waiting").capitalize()) if outcome == "aborted" else len(STAGES) - 1
+    last = (
+        STAGES.index(spec.get("abort_after", "Waiting").capitalize())
+        if outcome == "aborted"
+        else len(STAGES) - 1
+    )
     if outcome == "cancelled":
         last = STAGES.index("Waiting")
     # The timeline: each stage up to the last, then the end state.
     t = job.submitted
     timeline: list[tuple[float, str]] = []
-    for stage in STAGES[:last + 1]:
+    for stage in STAGES[: last + 1]:
         timeline.append((t, stage))
         t += durations[stage]
     end = t
@@ -178,23 +195,45 @@ def snapshot(job: Job, spec: Mapping[str, Any], at: float) -> Snapshot:
         if stage == "Waiting" and outcome == "aborted" and "BrokerHelper" in reason:
             why = "BrokerHelper: no compatible resources"
         elif stage in ("Scheduled", "Running"):
-            why = "unavailable" if ":8443/" in destination else "Job successfully submitted to Globus"
+            why = (
+                "unavailable" if ":8443/" in destination else "Job successfully submitted to Globus"
+            )
         else:
             why = ""
-        return Snapshot(stage, reason=why, destination=destination if matched else "", entered=start)
+        return Snapshot(
+            stage, reason=why, destination=destination if matched else "", entered=start
+        )
     ran = any(stage == "Scheduled" for _, stage in timeline)
     where = destination if ran else ""
     if outcome == "done":
         clear_after = spec.get("clear_after")
         if clear_after is not None and at >= end + float(clear_after):
-            return Snapshot("Cleared", reason="user retrieved output sandbox", destination=where,
-                            entered=end + float(clear_after))
-        return Snapshot("Done", 0, 0, "Job Terminated Successfully", where,
-                        ("job completed", "Job Terminated Successfully"), end)
+            return Snapshot(
+                "Cleared",
+                reason="user retrieved output sandbox",
+                destination=where,
+                entered=end + float(clear_after),
+            )
+        return Snapshot(
+            "Done",
+            0,
+            0,
+            "Job Terminated Successfully",
+            where,
+            ("job completed", "Job Terminated Successfully"),
+            end,
+        )
     if outcome == "exit":
         code = int(spec.get("exit_code", 1)) or 1
-        return Snapshot("Done", 0, code, "Job Terminated Successfully", where,
-                        ("job completed", "Job Terminated Successfully"), end)
+        return Snapshot(
+            "Done",
+            0,
+            code,
+            "Job Terminated Successfully",
+            where,
+            ("job completed", "Job Terminated Successfully"),
+            end,
+        )
     if outcome == "failed":
         return Snapshot("Done", 1, None, reason, where, (reason,), end)
     if outcome == "cancelled":
@@ -210,8 +249,10 @@ def parent_snapshot(children: Sequence[Snapshot], submitted: float) -> Snapshot:
         return Snapshot("Running", entered=submitted)
     if live:
         return Snapshot("Waiting", entered=submitted)
-    ok = all(c.state in ("Done", "Cleared") and c.done_code in (0, None) and not c.exit_code
-             for c in children)
+    ok = all(
+        c.state in ("Done", "Cleared") and c.done_code in (0, None) and not c.exit_code
+        for c in children
+    )
     return Snapshot("Done", 0, 0 if ok else 1, "", "", (), submitted)
 
 
@@ -238,8 +279,18 @@ class JobTable:
     def add(self, endpoint: str, parent: str, nodes: Sequence[str], at: float) -> None:
         """Record a submission to ``endpoint``: a plain job, or a parent and its nodes."""
         host = urlsplit(endpoint).hostname or endpoint
-        self._append([{"event": "submit", "id": parent, "host": host, "endpoint": endpoint,
-                       "time": at, "nodes": list(nodes)}])
+        self._append(
+            [
+                {
+                    "event": "submit",
+                    "id": parent,
+                    "host": host,
+                    "endpoint": endpoint,
+                    "time": at,
+                    "nodes": list(nodes),
+                }
+            ]
+        )
 
     def cancel(self, job_ids: Sequence[str], at: float) -> None:
         self._append([{"event": "cancel", "id": j, "time": at} for j in job_ids])
@@ -263,14 +314,25 @@ class JobTable:
             except ValueError:
                 continue
             if entry.get("event") == "submit":
-                parent = Job(entry["id"], entry["host"], entry["endpoint"], float(entry["time"]),
-                             nodes=list(entry.get("nodes") or []))
+                parent = Job(
+                    entry["id"],
+                    entry["host"],
+                    entry["endpoint"],
+                    float(entry["time"]),
+                    nodes=list(entry.get("nodes") or []),
+                )
                 if not parent.nodes:  # a parametric parent's state is its nodes'
                     parent.ordinal = place(parent.host)
                 jobs[parent.job_id] = parent
                 for node in parent.nodes:
-                    jobs[node] = Job(node, parent.host, parent.endpoint, parent.submitted,
-                                     parent=parent.job_id, ordinal=place(parent.host))
+                    jobs[node] = Job(
+                        node,
+                        parent.host,
+                        parent.endpoint,
+                        parent.submitted,
+                        parent=parent.job_id,
+                        ordinal=place(parent.host),
+                    )
             elif entry.get("event") == "cancel" and entry.get("id") in jobs:
                 job = jobs[entry["id"]]
                 if job.cancelled is None:

@@ -33,8 +33,19 @@ CALLS_LOG_ENV = "GRIDGATE_SIM_CALLS_LOG"
 
 #: Every behaviour the stand-ins know.
 BEHAVIOURS = (
-    "healthy", "overloaded", "drained", "unreachable", "auth", "usage", "print_then_hang",
-    "hang_before_print", "grandchild", "garbage", "no_match", "error", "flapping",
+    "healthy",
+    "overloaded",
+    "drained",
+    "unreachable",
+    "auth",
+    "usage",
+    "print_then_hang",
+    "hang_before_print",
+    "grandchild",
+    "garbage",
+    "no_match",
+    "error",
+    "flapping",
     "slow_then_recover",
 )
 #: Behaviours a flapping or recovering host can fail with (they must be self-contained).
@@ -68,8 +79,9 @@ def check_spec(spec: Any, where: str) -> None:
         raise ScenarioError(f"scenario {where}: expected a mapping")
     behaviour = spec.get("behaviour", "healthy")
     if behaviour not in BEHAVIOURS:
-        raise ScenarioError(f"scenario {where}: unknown behaviour {behaviour!r} "
-                            f"(known: {', '.join(BEHAVIOURS)})")
+        raise ScenarioError(
+            f"scenario {where}: unknown behaviour {behaviour!r} (known: {', '.join(BEHAVIOURS)})"
+        )
     fail_as = spec.get("fail_as")
     if fail_as is not None and fail_as not in (*SIMPLE_BEHAVIOURS, "slow"):
         raise ScenarioError(f"scenario {where}: fail_as {fail_as!r} is not a simple behaviour")
@@ -139,16 +151,23 @@ def read_calls(path: str | os.PathLike[str]) -> list[Call]:
     calls = []
     for (pid, start), entry in sorted(starts.items(), key=lambda kv: kv[0][1]):
         finished = [e for e in ends.get(pid, []) if e.get("start") == start]
-        calls.append(Call(
-            pid=pid, command=entry.get("command", ""), host=entry.get("host", ""),
-            behaviour=entry.get("behaviour", ""), effective=entry.get("effective", ""),
-            call=int(entry.get("call", 0)), start=start,
-            end=finished[0]["time"] if finished else None,
-            grandchild=(finished[0].get("grandchild") if finished else None)
-            or grandchildren.get(pid),
-            jdl=entry.get("jdl", ""), argv=tuple(entry.get("argv", ())),
-            ids=int(entry.get("ids", 0)),
-        ))
+        calls.append(
+            Call(
+                pid=pid,
+                command=entry.get("command", ""),
+                host=entry.get("host", ""),
+                behaviour=entry.get("behaviour", ""),
+                effective=entry.get("effective", ""),
+                call=int(entry.get("call", 0)),
+                start=start,
+                end=finished[0]["time"] if finished else None,
+                grandchild=(finished[0].get("grandchild") if finished else None)
+                or grandchildren.get(pid),
+                jdl=entry.get("jdl", ""),
+                argv=tuple(entry.get("argv", ())),
+                ids=int(entry.get("ids", 0)),
+            )
+        )
     return calls
 
 

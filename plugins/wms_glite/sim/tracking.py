@@ -36,12 +36,18 @@ LABEL = 20
 LONG_HANG = 3600.0
 #: What the LB answers for an id, per client version: (gLite 3.x line, EMI line).
 LB_MESSAGES = {
-    "unknown": ("edg_wll_JobStatus: No such file or directory: no matching jobs found",
-                "No such file or directory - no matching jobs found"),
-    "purged": ("edg_wll_JobStatus: Identifier removed: matching job already purged",
-               "Identifier removed - matching job already purged"),
-    "lb_down": ("edg_wll_JobStatus: Connection refused: edg_wll_ssl_connect()",
-                "Connection refused - edg_wll_ssl_connect()"),
+    "unknown": (
+        "edg_wll_JobStatus: No such file or directory: no matching jobs found",
+        "No such file or directory - no matching jobs found",
+    ),
+    "purged": (
+        "edg_wll_JobStatus: Identifier removed: matching job already purged",
+        "Identifier removed - matching job already purged",
+    ),
+    "lb_down": (
+        "edg_wll_JobStatus: Connection refused: edg_wll_ssl_connect()",
+        "Connection refused - edg_wll_ssl_connect()",
+    ),
 }
 #: States the client lets a cancel through in (Done only as Done (Failed)).
 CANCELLABLE = ("Submitted", "Waiting", "Ready", "Scheduled", "Running", "Unknown")
@@ -53,11 +59,27 @@ class BadOption(Exception):
 
 def parse(program: str, args: Sequence[str]) -> dict[str, Any]:
     """The options of the EMI status script / the C++ cancel client that matter here."""
-    opts: dict[str, Any] = {"noint": False, "input": "", "verbosity": 1, "ids": [],
-                            "logfile": "", "nonodes": False, "config": "", "output": ""}
-    with_value = {"-i": "input", "--input": "input", "-v": "verbosity", "--verbosity": "verbosity",
-                  "-c": "config", "--config": "config", "--logfile": "logfile",
-                  "-o": "output", "--output": "output"}
+    opts: dict[str, Any] = {
+        "noint": False,
+        "input": "",
+        "verbosity": 1,
+        "ids": [],
+        "logfile": "",
+        "nonodes": False,
+        "config": "",
+        "output": "",
+    }
+    with_value = {
+        "-i": "input",
+        "--input": "input",
+        "-v": "verbosity",
+        "--verbosity": "verbosity",
+        "-c": "config",
+        "--config": "config",
+        "--logfile": "logfile",
+        "-o": "output",
+        "--output": "output",
+    }
     if program == CANCEL:
         with_value.pop("-v")
         with_value.pop("--verbosity")
@@ -128,18 +150,24 @@ def pilot_specs(scenario: Mapping[str, Any], jobs: Mapping[str, Job]) -> dict[st
 def state_text(snap: Snapshot, ui: str) -> str:
     """``Current Status`` as the client prints it."""
     if snap.state == "Done":
-        code = {0: "Success" if not snap.exit_code else "Exit Code !=0", 1: "Failed",
-                2: "Cancelled"}.get(snap.done_code or 0, f"Unexpected done code: {snap.done_code} ")
+        code = {
+            0: "Success" if not snap.exit_code else "Exit Code !=0",
+            1: "Failed",
+            2: "Cancelled",
+        }.get(snap.done_code or 0, f"Unexpected done code: {snap.done_code} ")
         return f"Done({code})" if ui == "emi" else f"Done ({code})"
     return snap.state if ui == "emi" else f"{snap.state} "
 
 
-def block(job_id: str, snap: Snapshot, ui: str, verbosity: int, indent: str = "",
-          submitted: float = 0.0) -> str:
+def block(
+    job_id: str, snap: Snapshot, ui: str, verbosity: int, indent: str = "", submitted: float = 0.0
+) -> str:
     def line(label: str, value: str) -> str:
         return f"{indent}{(label + ':').ljust(LABEL)}{value}\n"
 
-    out = f"{indent}Status info for the Job : {job_id}\n" + line("Current Status", state_text(snap, ui))
+    out = f"{indent}Status info for the Job : {job_id}\n" + line(
+        "Current Status", state_text(snap, ui)
+    )
     if verbosity == 0:
         return out
     if snap.logged:
@@ -155,14 +183,21 @@ def block(job_id: str, snap: Snapshot, ui: str, verbosity: int, indent: str = ""
     return out
 
 
-def status_main(opts: dict[str, Any], scenario: Mapping[str, Any], ids: list[str],
-                jobs: Mapping[str, Job]) -> int:
+def status_main(
+    opts: dict[str, Any], scenario: Mapping[str, Any], ids: list[str], jobs: Mapping[str, Job]
+) -> int:
     ui = str(scenario.get("ui", "glite"))
     at = now(scenario)
     verbosity = int(opts["verbosity"])
     specs = pilot_specs(scenario, jobs)
-    slowest = max((float(specs.get(jobs[j].host, {}).get("status_latency", 0) or 0)
-                   for j in ids if j in jobs), default=0.0)
+    slowest = max(
+        (
+            float(specs.get(jobs[j].host, {}).get("status_latency", 0) or 0)
+            for j in ids
+            if j in jobs
+        ),
+        default=0.0,
+    )
     if any(specs.get(jobs[j].host, {}).get("status") == "hang" for j in ids if j in jobs):
         time.sleep(LONG_HANG)
     if slowest > 0:
@@ -185,53 +220,85 @@ def status_main(opts: dict[str, Any], scenario: Mapping[str, Any], ids: list[str
         text = block(job_id, snap, ui, verbosity, submitted=job.submitted)
         if job.nodes and not opts["nonodes"]:
             nodes = "".join(
-                block(node, _snapshot(jobs[node], jobs, specs, at), ui, verbosity, "    ",
-                      job.submitted) + RULE + "\n\n" for node in job.nodes)
+                block(
+                    node,
+                    _snapshot(jobs[node], jobs, specs, at),
+                    ui,
+                    verbosity,
+                    "    ",
+                    job.submitted,
+                )
+                + RULE
+                + "\n\n"
+                for node in job.nodes
+            )
             text += RULE + "\n\n- Nodes information for: \n" + nodes
-            chunks.append(("\n" + HEADER + "\nBOOKKEEPING INFORMATION:\n\n" if verbosity else "") + text)
+            chunks.append(
+                ("\n" + HEADER + "\nBOOKKEEPING INFORMATION:\n\n" if verbosity else "") + text
+            )
             continue
-        chunks.append(("\n" + HEADER + "\nBOOKKEEPING INFORMATION:\n\n" + text + RULE + "\n\n")
-                      if verbosity else text)
+        chunks.append(
+            ("\n" + HEADER + "\nBOOKKEEPING INFORMATION:\n\n" + text + RULE + "\n\n")
+            if verbosity
+            else text
+        )
     if verbosity == 0 and chunks:
-        _write(sys.stdout, "\n" + HEADER + "\nBOOKKEEPING INFORMATION:\n\n" + "".join(chunks)
-               + RULE + "\n\n")
+        _write(
+            sys.stdout,
+            "\n" + HEADER + "\nBOOKKEEPING INFORMATION:\n\n" + "".join(chunks) + RULE + "\n\n",
+        )
     elif chunks:
         _write(sys.stdout, "".join(chunks))
     report_failures(failures, len(ids), ui, opts)
     if opts["logfile"]:
-        _write(sys.stdout, "\n                           *** Log file created ***\n"
-               "Possible Errors and Debug messages have been printed in the following file:\n"
-               f"{opts['logfile']}\n\n")
+        _write(
+            sys.stdout,
+            "\n                           *** Log file created ***\n"
+            "Possible Errors and Debug messages have been printed in the following file:\n"
+            f"{opts['logfile']}\n\n",
+        )
     if not failures:
         return 0
     return 255 if len(failures) < len(ids) else 1
 
 
-def _snapshot(job: Job, jobs: Mapping[str, Job], specs: Mapping[str, Mapping[str, Any]],
-              at: float) -> Snapshot:
+def _snapshot(
+    job: Job, jobs: Mapping[str, Job], specs: Mapping[str, Mapping[str, Any]], at: float
+) -> Snapshot:
     spec = specs.get(job.host, {})
     if not job.nodes:
         return snapshot(job, spec, at)
     return parent_snapshot([snapshot(jobs[n], spec, at) for n in job.nodes], job.submitted)
 
 
-def report_failures(failures: list[tuple[str, str]], asked: int, ui: str,
-                    opts: dict[str, Any]) -> None:
+def report_failures(
+    failures: list[tuple[str, str]], asked: int, ui: str, opts: dict[str, Any]
+) -> None:
     """The per-id errors: gLite 3.x on stderr (with --noint, --logfile or --debug), EMI on
     stdout."""
     if not failures:
         return
     if ui == "emi":
-        _write(sys.stdout, "".join(f"*** Warning: Unable to retrieve the status for: {job_id}\n"
-                                   f"{LB_MESSAGES[kind][1]}\n" for job_id, kind in failures))
+        _write(
+            sys.stdout,
+            "".join(
+                f"*** Warning: Unable to retrieve the status for: {job_id}\n"
+                f"{LB_MESSAGES[kind][1]}\n"
+                for job_id, kind in failures
+            ),
+        )
         return
     level = "Warning" if asked > 1 else "Error"
-    text = "".join(f"\n**** {level}: API_NATIVE_ERROR ****  \n"
-                   'Error while calling the "Job:getStatus" native api \n'
-                   f"Unable to retrieve the status for: {job_id}\n{LB_MESSAGES[kind][0]}\n"
-                   for job_id, kind in failures)
+    text = "".join(
+        f"\n**** {level}: API_NATIVE_ERROR ****  \n"
+        'Error while calling the "Job:getStatus" native api \n'
+        f"Unable to retrieve the status for: {job_id}\n{LB_MESSAGES[kind][0]}\n"
+        for job_id, kind in failures
+    )
     if asked > 1 and len(failures) == asked:
-        text += "\n**** Error: LB_API_OPEN_ALL ****  \nUnable to open connection with any LB supplied\n"
+        text += (
+            "\n**** Error: LB_API_OPEN_ALL ****  \nUnable to open connection with any LB supplied\n"
+        )
     if opts["logfile"] and opts["logfile"] not in ("/dev/stderr", "/dev/stdout"):
         with open(opts["logfile"], "a", encoding="utf-8") as handle:
             handle.write(text)
@@ -242,8 +309,13 @@ def report_failures(failures: list[tuple[str, str]], asked: int, ui: str,
 # --- cancel ---------------------------------------------------------------------------------------
 
 
-def cancel_main(opts: dict[str, Any], scenario: Mapping[str, Any], ids: list[str],
-                jobs: Mapping[str, Job], table: JobTable | None) -> int:
+def cancel_main(
+    opts: dict[str, Any],
+    scenario: Mapping[str, Any],
+    ids: list[str],
+    jobs: Mapping[str, Job],
+    table: JobTable | None,
+) -> int:
     at = now(scenario)
     if not opts["noint"]:
         _write(sys.stdout, "Are you sure you want to remove specified job(s) [y/n]y : ")
@@ -283,15 +355,24 @@ def cancel_main(opts: dict[str, Any], scenario: Mapping[str, Any], ids: list[str
     if table is not None:
         table.cancel(allowed, at)
     endpoints = list(dict.fromkeys(jobs[j].endpoint for j in allowed))
-    _write(sys.stdout, "".join(f"\nConnecting to the service {ep}\n" for ep in endpoints) + "\n\n"
-           + CANCEL_HEADER + "\n\n"
-           "The cancellation request has been successfully submitted for the following job(s):\n\n"
-           + "".join(f"- {j}\n" for j in allowed) + "\n" + CANCEL_RULE + "\n\n\n")
+    _write(
+        sys.stdout,
+        "".join(f"\nConnecting to the service {ep}\n" for ep in endpoints)
+        + "\n\n"
+        + CANCEL_HEADER
+        + "\n\n"
+        "The cancellation request has been successfully submitted for the following job(s):\n\n"
+        + "".join(f"- {j}\n" for j in allowed)
+        + "\n"
+        + CANCEL_RULE
+        + "\n\n\n",
+    )
     return 0
 
 
-def main(program: str, args: Sequence[str], scenario: Mapping[str, Any], state_dir: str,
-         log: Any) -> int:
+def main(
+    program: str, args: Sequence[str], scenario: Mapping[str, Any], state_dir: str, log: Any
+) -> int:
     """Entry of both commands; ``log(entry)`` writes the calls log."""
     try:
         opts = parse(program, args)
@@ -305,13 +386,33 @@ def main(program: str, args: Sequence[str], scenario: Mapping[str, Any], state_d
     jobs = table.load() if table is not None else {}
     hosts = sorted({jobs[j].host for j in ids if j in jobs})
     start = time.time()
-    log({"event": "start", "time": start, "pid": os.getpid(), "command": program,
-         "host": ",".join(hosts), "hosts": hosts, "ids": len(ids), "behaviour": "",
-         "effective": "", "call": 0, "argv": [program, *args]})
+    log(
+        {
+            "event": "start",
+            "time": start,
+            "pid": os.getpid(),
+            "command": program,
+            "host": ",".join(hosts),
+            "hosts": hosts,
+            "ids": len(ids),
+            "behaviour": "",
+            "effective": "",
+            "call": 0,
+            "argv": [program, *args],
+        }
+    )
     if program == STATUS:
         code = status_main(opts, scenario, ids, jobs)
     else:
         code = cancel_main(opts, scenario, ids, jobs, table)
-    log({"event": "end", "time": time.time(), "start": start, "pid": os.getpid(),
-         "host": ",".join(hosts), "returncode": code})
+    log(
+        {
+            "event": "end",
+            "time": time.time(),
+            "start": start,
+            "pid": os.getpid(),
+            "host": ",".join(hosts),
+            "returncode": code,
+        }
+    )
     return code

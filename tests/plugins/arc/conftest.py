@@ -70,8 +70,9 @@ class ArcClient:
     an environment the test builds (PATH, HOME and the credentials' X509_* only), and
     optionally another unix user (``as_user``: a setpriv prefix)."""
 
-    def __init__(self, ce, home: Path, *, creds: Mapping[str, str] | None = None,
-                 as_user: Sequence[str] = ()) -> None:
+    def __init__(
+        self, ce, home: Path, *, creds: Mapping[str, str] | None = None, as_user: Sequence[str] = ()
+    ) -> None:
         self.ce = ce
         self.vars = dict(creds if creds is not None else ce.env)
         self.home = home
@@ -82,8 +83,12 @@ class ArcClient:
     @property
     def env(self) -> dict[str, str]:
         keep = ("X509_USER_PROXY", "X509_USER_CERT", "X509_USER_KEY", "X509_CERT_DIR")
-        return {"PATH": CLIENT_PATH, "HOME": str(self.home), "LC_ALL": "C",
-                **{k: self.vars[k] for k in keep}}
+        return {
+            "PATH": CLIENT_PATH,
+            "HOME": str(self.home),
+            "LC_ALL": "C",
+            **{k: self.vars[k] for k in keep},
+        }
 
     def run(self, command: str, *args: str, timeout: float = 90.0) -> CommandResult:
         """``command -z CLIENT_CONF [-j JOBLIST] ARGS...`` (arcinfo and arcproxy take no -j)."""
@@ -97,11 +102,9 @@ class ArcClient:
         ``options`` go to arcsub (``-Q NONE``: no info query, no brokering)."""
         ids = []
         for text in descriptions:
-            result = self.run("arcsub", "-C", self.ce.url, "-T", "arcrest", *options,
-                              "-e", text)
+            result = self.run("arcsub", "-C", self.ce.url, "-T", "arcrest", *options, "-e", text)
             found = _SUBMITTED.findall(result.stdout)
-            assert result.ok and len(found) == 1, (result.describe(), result.stdout,
-                                                    result.stderr)
+            assert result.ok and len(found) == 1, (result.describe(), result.stdout, result.stderr)
             ids += found
         return ids
 
@@ -129,8 +132,9 @@ class ArcClient:
         until(final, timeout=timeout, pause=2.0)
         return last
 
-    def wait_state(self, ids: Sequence[str], state: str,
-                   timeout: float = 120.0) -> dict[str, dict[str, str]]:
+    def wait_state(
+        self, ids: Sequence[str], state: str, timeout: float = 120.0
+    ) -> dict[str, dict[str, str]]:
         last: dict[str, dict[str, str]] = {}
 
         def reached() -> bool:
@@ -155,8 +159,7 @@ def job_processes(folder: Path) -> list[str]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and (cwd == mark or cwd.startswith(mark + "/")
-                             or mark + "/" in cmdline):
+        if state != "Z" and (cwd == mark or cwd.startswith(mark + "/") or mark + "/" in cmdline):
             found.append(f"{entry.name} {cmdline}")
     return found
 
@@ -168,8 +171,13 @@ def arc_client(tmp_path):
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
 
-    def make(ce, *, creds: Mapping[str, str] | None = None, as_user: Sequence[str] = (),
-             home: Path = home) -> ArcClient:
+    def make(
+        ce,
+        *,
+        creds: Mapping[str, str] | None = None,
+        as_user: Sequence[str] = (),
+        home: Path = home,
+    ) -> ArcClient:
         return ArcClient(ce, home, creds=creds, as_user=as_user)
 
     return make

@@ -42,7 +42,9 @@ def proxy_end(path: Path) -> datetime:
 class ArcSite:
     """A gridgate config for the ``arc`` backend on one CE, and gridgate's commands on it."""
 
-    def __init__(self, ce: Any, folder: Path, pilot: str, *, endpoints: list[Any] | None = None) -> None:
+    def __init__(
+        self, ce: Any, folder: Path, pilot: str, *, endpoints: list[Any] | None = None
+    ) -> None:
         self.ce = ce
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
@@ -59,22 +61,55 @@ class ArcSite:
         self.endpoints = endpoints or [ce.url]
 
     def renew_argv(self, usercert: str | None = None) -> list[str]:
-        return ["/usr/bin/arcproxy", "-z", str(self.ce.env["ARC_CE_CLIENT_CONF"]),
-                "-C", usercert or str(self.ce.usercert), "-K", str(self.ce.userkey),
-                "-T", str(self.ce.certificates), "-P", str(self.proxy), "-c", "validityPeriod=12H"]
+        return [
+            "/usr/bin/arcproxy",
+            "-z",
+            str(self.ce.env["ARC_CE_CLIENT_CONF"]),
+            "-C",
+            usercert or str(self.ce.usercert),
+            "-K",
+            str(self.ce.userkey),
+            "-T",
+            str(self.ce.certificates),
+            "-P",
+            str(self.proxy),
+            "-c",
+            "validityPeriod=12H",
+        ]
 
-    def doc(self, pilots: int = 2, *, paused: bool = False, renew: list[str] | None = None,
-            **backend: Any) -> dict[str, Any]:
+    def doc(
+        self,
+        pilots: int = 2,
+        *,
+        paused: bool = False,
+        renew: list[str] | None = None,
+        **backend: Any,
+    ) -> dict[str, Any]:
         return {
-            "director": {"state_dir": str(self.state_dir), "command_timeout": 60, "max_threads": 4,
-                         "paused": paused,
-                         "pilots": {"abort_min_finished": 2, "abort_window": 5}},
+            "director": {
+                "state_dir": str(self.state_dir),
+                "command_timeout": 60,
+                "max_threads": 4,
+                "paused": paused,
+                "pilots": {"abort_min_finished": 2, "abort_window": 5},
+            },
             "state": {"driver": "sqlite", "path": str(self.state_dir / "state.db")},
-            "credentials": {"x509_proxy": {"path": str(self.proxy), "min_lifetime": 3600,
-                                           "renew": renew or self.renew_argv()}},
-            "backends": {"arc": {"endpoints": self.endpoints, "script": str(self.script),
-                                 "env": {"X509_CERT_DIR": str(self.ce.certificates)},
-                                 "command_timeout": 60, **backend}},
+            "credentials": {
+                "x509_proxy": {
+                    "path": str(self.proxy),
+                    "min_lifetime": 3600,
+                    "renew": renew or self.renew_argv(),
+                }
+            },
+            "backends": {
+                "arc": {
+                    "endpoints": self.endpoints,
+                    "script": str(self.script),
+                    "env": {"X509_CERT_DIR": str(self.ce.certificates)},
+                    "command_timeout": 60,
+                    **backend,
+                }
+            },
             "demand": {"static": {"arc": pilots}},
             "notifiers": {"files": {"folder": str(self.notes)}},
         }
@@ -88,8 +123,13 @@ class ArcSite:
         return {"PATH": SYSTEM_PATH, "HOME": str(self.home), "LANG": "C.UTF-8"}
 
     def gridgate(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN / "gridgate"), *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env())
+        return subprocess.run(
+            [str(BIN / "gridgate"), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env(),
+        )
 
     def run_once(self, doc: dict[str, Any]) -> dict[str, Any]:
         proc = self.gridgate("run", "-c", str(self.write(doc)), "--once", "--json")
@@ -111,9 +151,15 @@ class ArcSite:
 
     def arcstat(self, ids: list[str]) -> CommandResult:
         conf, jobs = self.client_files()
-        return run(["/usr/bin/arcstat", "-z", str(conf), "-j", str(jobs), *ids], 60,
-                   env={**self.env(), "X509_USER_PROXY": str(self.proxy),
-                        "X509_CERT_DIR": str(self.ce.certificates)})
+        return run(
+            ["/usr/bin/arcstat", "-z", str(conf), "-j", str(jobs), *ids],
+            60,
+            env={
+                **self.env(),
+                "X509_USER_PROXY": str(self.proxy),
+                "X509_CERT_DIR": str(self.ce.certificates),
+            },
+        )
 
     def wait_for_states(self, want: set[str], timeout: float = 240.0) -> list[dict[str, Any]]:
         """Poll (paused director: no new pilots) until every pilot is in one of ``want``."""
@@ -149,8 +195,10 @@ def scenario(arc_ce, arc_ce_slurm, tmp_path_factory):
     counts = {"ok": 3, "fail": 3, "long": 1, "slurm": 1}
     # the healthy pilots go in one arcsub call of three descriptions (pilots_per_submission)
     bulk = {"ok": {"pilots_per_submission": 3}}
-    first = {name: site.run_once(site.doc(pilots=counts[name], **bulk.get(name, {})))
-             for name, site in sites.items()}
+    first = {
+        name: site.run_once(site.doc(pilots=counts[name], **bulk.get(name, {})))
+        for name, site in sites.items()
+    }
     return sites, first
 
 
@@ -163,8 +211,12 @@ def test_submits_the_pilots_that_the_real_arcstat_knows(scenario) -> None:
     assert all("/rest/1.0/jobs/" in i for i in ids), "submitted over ARC REST (-T arcrest)"
     status = sites["ok"].arcstat(ids)
     assert status.ok, status.stderr
-    assert "Status of 3 jobs was queried, 3 jobs returned information" in status.stdout, status.stdout
-    assert not (sites["ok"].home / ".arc").exists(), "the client wrote ~/.arc: -z/-j missing somewhere"
+    assert "Status of 3 jobs was queried, 3 jobs returned information" in status.stdout, (
+        status.stdout
+    )
+    assert not (sites["ok"].home / ".arc").exists(), (
+        "the client wrote ~/.arc: -z/-j missing somewhere"
+    )
 
 
 def test_pilots_reach_done_and_are_cleaned_off_the_ce(scenario) -> None:
@@ -176,7 +228,9 @@ def test_pilots_reach_done_and_are_cleaned_off_the_ce(scenario) -> None:
     # the run that recorded them done cleaned them at its end: neither the CE nor the job
     # list knows them any more, and their session folders are gone
     status = site.arcstat(ids)
-    assert "Job not found in job list" in status.stdout + status.stderr, status.stdout + status.stderr
+    assert "Job not found in job list" in status.stdout + status.stderr, (
+        status.stdout + status.stderr
+    )
     for job in ids:
         assert not (site.ce.folder / "session" / job.rsplit("/", 1)[-1]).exists()
     assert not (site.home / ".arc").exists()
@@ -187,8 +241,10 @@ def test_a_ce_whose_pilots_all_fail_leaves_rotation_as_aborted(scenario) -> None
     site = sites["fail"]
     pilots = site.wait_for_states({"failed"})
     assert len(pilots) == 3
-    assert any("exit code" in (p.get("reason") or "") or "LRMS error" in (p.get("reason") or "")
-               for p in pilots), pilots
+    assert any(
+        "exit code" in (p.get("reason") or "") or "LRMS error" in (p.get("reason") or "")
+        for p in pilots
+    ), pilots
     # the verdict fired in the iteration that saw them fail, or fires in the next one
     seen = [site.last] + [site.run_once(site.doc(paused=True)) for _ in range(1)]
     aborted = [s for s in seen if s["pilots"].get("aborted")]
@@ -197,14 +253,18 @@ def test_a_ce_whose_pilots_all_fail_leaves_rotation_as_aborted(scenario) -> None
     assert any(f["kind"] == "aborted" for f in summary["failures"]), summary["failures"]
     assert summary["excluded"], summary
     mails = "\n".join(p.read_text(encoding="utf-8") for p in site.notes.rglob("*") if p.is_file())
-    assert "pilot cannot start its payload" in mails, "arcget's stderr sample reaches the notification"
+    assert "pilot cannot start its payload" in mails, (
+        "arcget's stderr sample reaches the notification"
+    )
 
 
 def test_pilots_cancel_kills_the_pilot_on_the_ce(scenario) -> None:
     sites, first = scenario
     site = sites["long"]
     (job,) = submitted_ids(first["long"])
-    proc = site.gridgate("pilots", "cancel", "-c", str(site.folder / "site.yaml"), "--all", "--json")
+    proc = site.gridgate(
+        "pilots", "cancel", "-c", str(site.folder / "site.yaml"), "--all", "--json"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     outcome = json.loads(proc.stdout)
     assert [job] in list(outcome["cancelled"].values()), outcome
@@ -215,7 +275,9 @@ def test_pilots_cancel_kills_the_pilot_on_the_ce(scenario) -> None:
     # first iteration after the CE finished killing it (arcclean deletes only finished jobs)
     site.run_once(site.doc(paused=True))
     status = site.arcstat([job])
-    assert "Job not found in job list" in status.stdout + status.stderr, status.stdout + status.stderr
+    assert "Job not found in job list" in status.stdout + status.stderr, (
+        status.stdout + status.stderr
+    )
     assert not (site.ce.folder / "session" / job.rsplit("/", 1)[-1]).exists()
 
 
@@ -233,7 +295,9 @@ def test_pilots_through_a_ce_whose_lrms_is_slurm(scenario, arc_ce_slurm) -> None
 # --- credentials on the real CE ------------------------------------------------------------------
 
 
-def test_an_expired_proxy_with_a_failing_renewal_submits_nothing_and_blames_no_ce(arc, tmp_path) -> None:
+def test_an_expired_proxy_with_a_failing_renewal_submits_nothing_and_blames_no_ce(
+    arc, tmp_path
+) -> None:
     site = ArcSite(arc, tmp_path / "expired", "exit 0")
     now = datetime.now(UTC)
     arc.make_proxy(site.proxy, start=now - timedelta(hours=3), end=now - timedelta(hours=1))
@@ -244,9 +308,13 @@ def test_an_expired_proxy_with_a_failing_renewal_submits_nothing_and_blames_no_c
         assert not any(f.get("endpoint") for f in summary["failures"] if f["kind"] != "credential")
     errors = [n for s in runs for n in s["notifications"] if n["level"] == "error"]
     assert len(errors) == 1, errors
-    assert str(site.proxy) in "".join(p.read_text(encoding="utf-8") for p in site.notes.rglob("*") if p.is_file())
+    assert str(site.proxy) in "".join(
+        p.read_text(encoding="utf-8") for p in site.notes.rglob("*") if p.is_file()
+    )
     listed = site.gridgate("servers", "list", "-c", str(site.folder / "site.yaml"))
-    assert arc.url.split("//", 1)[1].split("/", 1)[0].split(":", 1)[0] not in listed.stdout, listed.stdout
+    assert arc.url.split("//", 1)[1].split("/", 1)[0].split(":", 1)[0] not in listed.stdout, (
+        listed.stdout
+    )
 
 
 def test_a_proxy_near_its_end_is_renewed_before_any_submission(arc, tmp_path) -> None:
@@ -289,31 +357,68 @@ def test_arc_commands_take_tokens_of_their_category_and_get_shims(arc, tmp_path)
         proxyd = {"socket": str(socket), "diagnose": True, "diagnose_file": str(diag)}
         conf = socket_dir / "proxyd.yaml"
         conf.write_text(yaml.safe_dump({"proxyd": proxyd}), encoding="utf-8")
-        daemon = subprocess.Popen([str(BIN / "gridgate"), "lsfproxyd", "serve", "-c", str(conf), "--json"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        daemon = subprocess.Popen(
+            [str(BIN / "gridgate"), "lsfproxyd", "serve", "-c", str(conf), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
-            assert daemon.stdout is not None and daemon.stdout.readline(), "the daemon did not start"
+            assert daemon.stdout is not None and daemon.stdout.readline(), (
+                "the daemon did not start"
+            )
             site = ArcSite(arc, tmp_path / "gated", "sleep 120")
-            doc = {**site.doc(pilots=1),
-                   "admission": {"lsf_proxy": {"mode": "remote", "categories": ["submission", "query", "other"]}},
-                   "proxyd": {"socket": str(socket)}}
+            doc = {
+                **site.doc(pilots=1),
+                "admission": {
+                    "lsf_proxy": {"mode": "remote", "categories": ["submission", "query", "other"]}
+                },
+                "proxyd": {"socket": str(socket)},
+            }
             assert site.run_once(doc)["pilots_submitted"] == 1
             polled = site.run_once({**doc, "director": {**doc["director"], "paused": True}})
             assert [p["outcome"] for p in polled["pilots"]["polls"]] == ["ok"], polled["pilots"]
-            assert site.gridgate("pilots", "cancel", "-c", str(site.folder / "site.yaml"), "--all").returncode == 0
+            assert (
+                site.gridgate(
+                    "pilots", "cancel", "-c", str(site.folder / "site.yaml"), "--all"
+                ).returncode
+                == 0
+            )
             log = diag.read_text(encoding="utf-8")
             assert " SUBMISSION_REQ,JOB_SUBMIT," in log, log
             assert " QUERY_REQ,JOB_STATUS," in log, log
             assert " OTHER_REQ,JOB_CANCEL," in log, log
             shims = socket_dir / "shims"
-            out = subprocess.run([str(BIN / "gridgate"), "gate", "--install-shims", str(shims), "--socket",
-                                  str(socket)], capture_output=True, text=True, timeout=60,
-                                 env={**site.env(), "PATH": f"{shims}:{SYSTEM_PATH}"})
+            out = subprocess.run(
+                [
+                    str(BIN / "gridgate"),
+                    "gate",
+                    "--install-shims",
+                    str(shims),
+                    "--socket",
+                    str(socket),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**site.env(), "PATH": f"{shims}:{SYSTEM_PATH}"},
+            )
             assert out.returncode == 0, out.stderr
-            for name in ("arcsub", "arcstat", "arcinfo", "arckill", "arcclean", "arcget", "arcsync"):
+            for name in (
+                "arcsub",
+                "arcstat",
+                "arcinfo",
+                "arckill",
+                "arcclean",
+                "arcget",
+                "arcsync",
+            ):
                 assert f"{name} -> /usr/bin/{name}" in out.stdout, out.stdout
-            info = run([str(shims / "arcinfo"), "-z", str(arc.env["ARC_CE_CLIENT_CONF"]), "-c", arc.url], 60,
-                       env={**site.env(), **arc.env, "PATH": f"{shims}:{SYSTEM_PATH}"})
+            info = run(
+                [str(shims / "arcinfo"), "-z", str(arc.env["ARC_CE_CLIENT_CONF"]), "-c", arc.url],
+                60,
+                env={**site.env(), **arc.env, "PATH": f"{shims}:{SYSTEM_PATH}"},
+            )
             assert "Computing service:" in info.stdout, info.stdout + info.stderr
             assert " QUERY_REQ,ARC_INFO," in diag.read_text(encoding="utf-8")
         finally:
@@ -340,4 +445,7 @@ def test_a_poll_with_an_expired_unmanaged_proxy_blames_no_ce(arc, tmp_path) -> N
     assert polled["excluded"] == [], polled
     assert all(n["level"] != "alarm" for n in polled["notifications"])
     shutil.copyfile(arc.proxy, site.proxy)  # a good proxy again: the pilot is cancelled on the CE
-    assert site.gridgate("pilots", "cancel", "-c", str(site.folder / "site.yaml"), "--all").returncode == 0
+    assert (
+        site.gridgate("pilots", "cancel", "-c", str(site.folder / "site.yaml"), "--all").returncode
+        == 0
+    )

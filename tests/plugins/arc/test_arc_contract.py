@@ -10,12 +10,19 @@ from gridgate.plugins.arc.backend import ArcBackend
 class TestArcBackendContract(BackendContract):
     backend_class = ArcBackend
     name = "arc"
-    submitted_output = "Job submitted with jobid: https://ce.example.org:443/arex/rest/1.0/jobs/gg{call}\n"
-    refused_output = ("ERROR: Failed to establish connection: TCP: GENERIC_ERROR (Failed to connect "
-                      "to ce.example.org(IPv4):443)\nERROR: Job submission aborted because no "
-                      "resource returned any information\n")
+    submitted_output = (
+        "Job submitted with jobid: https://ce.example.org:443/arex/rest/1.0/jobs/gg{call}\n"
+    )
+    refused_output = (
+        "ERROR: Failed to establish connection: TCP: GENERIC_ERROR (Failed to connect "
+        "to ce.example.org(IPv4):443)\nERROR: Job submission aborted because no "
+        "resource returned any information\n"
+    )
     bad_sections = (
-        ({"endpoints": ["https://ce.example.org/arex", "https://ce.example.org/arex"]}, ("endpoints", 1)),
+        (
+            {"endpoints": ["https://ce.example.org/arex", "https://ce.example.org/arex"]},
+            ("endpoints", 1),
+        ),
         ({"endpoints": ["http://ce.example.org/arex"]}, ("endpoints", 0)),
         ({"xrsl": {"executable": "/bin/sh"}}, ("xrsl", "executable")),
         ({"xrsl": {"Queue": "long"}}, ("xrsl", "Queue")),
@@ -24,8 +31,13 @@ class TestArcBackendContract(BackendContract):
     def section(self, program, tmp_path):
         script = tmp_path / "pilot.sh"
         script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
-        return {"endpoints": ["https://ce.example.org:443/arex"], "script": str(script),
-                "commands": {name: program for name in ("arcsub", "arcstat", "arckill", "arcclean", "arcget")}}
+        return {
+            "endpoints": ["https://ce.example.org:443/arex"],
+            "script": str(script),
+            "commands": {
+                name: program for name in ("arcsub", "arcstat", "arckill", "arcclean", "arcget")
+            },
+        }
 
 
 def test_ids_that_are_no_arc_job_id_never_reach_a_command(tmp_path) -> None:
@@ -34,9 +46,16 @@ def test_ids_that_are_no_arc_job_id_never_reach_a_command(tmp_path) -> None:
     program = stand_in_command(tmp_path / "bin", "arc-command", stdout="")
     script = tmp_path / "pilot.sh"
     script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
-    backend = build_plugin(ArcBackend, {"endpoints": ["https://ce.example.org/arex"], "script": str(script),
-                                        "commands": {"arcstat": str(program), "arckill": str(program)}},
-                           state_dir=tmp_path / "state", name="arc")
+    backend = build_plugin(
+        ArcBackend,
+        {
+            "endpoints": ["https://ce.example.org/arex"],
+            "script": str(script),
+            "commands": {"arcstat": str(program), "arckill": str(program)},
+        },
+        state_dir=tmp_path / "state",
+        name="arc",
+    )
     (endpoint,) = backend.gridgate_backend_info(backend="arc").endpoints
     bad = ["https://ce.example.org/arex/rest/1.0/jobs/ok1", "x; rm -rf /"]
     status = backend.gridgate_job_status(endpoint=endpoint, job_ids=bad, timeout=5)
@@ -47,7 +66,9 @@ def test_ids_that_are_no_arc_job_id_never_reach_a_command(tmp_path) -> None:
     assert empty.ok and empty.commands == 0 and program.calls() == []
 
 
-def test_a_final_pilot_arcclean_would_not_delete_yet_stays_to_clean_until_it_gives_up(tmp_path) -> None:
+def test_a_final_pilot_arcclean_would_not_delete_yet_stays_to_clean_until_it_gives_up(
+    tmp_path,
+) -> None:
     """arcclean deletes only jobs the CE has finished (a cancelled job still being killed prints
     `Jobs processed: 1, deleted: 0`): such a pilot is tried again, for CLEAN_GIVE_UP seconds."""
     from gridgate.core.clock import FakeClock
@@ -57,13 +78,26 @@ def test_a_final_pilot_arcclean_would_not_delete_yet_stays_to_clean_until_it_giv
     job = "https://ce.example.org/arex/rest/1.0/jobs/gg1"
     script = tmp_path / "pilot.sh"
     script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
-    not_yet = stand_in_command(tmp_path / "bin", "arcclean", stdout="Jobs processed: 1, deleted: 0\n")
-    killed = stand_in_command(tmp_path / "bin", "arckill",
-                              stdout="Jobs processed: 1, successfully killed: 1, successfully cleaned: 0\n")
+    not_yet = stand_in_command(
+        tmp_path / "bin", "arcclean", stdout="Jobs processed: 1, deleted: 0\n"
+    )
+    killed = stand_in_command(
+        tmp_path / "bin",
+        "arckill",
+        stdout="Jobs processed: 1, successfully killed: 1, successfully cleaned: 0\n",
+    )
     clock = FakeClock()
-    backend = build_plugin(ArcBackend, {"endpoints": ["https://ce.example.org/arex"], "script": str(script),
-                                        "commands": {"arcclean": str(not_yet), "arckill": str(killed)}},
-                           clock=clock, state_dir=tmp_path / "state", name="arc")
+    backend = build_plugin(
+        ArcBackend,
+        {
+            "endpoints": ["https://ce.example.org/arex"],
+            "script": str(script),
+            "commands": {"arcclean": str(not_yet), "arckill": str(killed)},
+        },
+        clock=clock,
+        state_dir=tmp_path / "state",
+        name="arc",
+    )
     (endpoint,) = backend.gridgate_backend_info(backend="arc").endpoints
     assert backend.gridgate_cancel(endpoint=endpoint, job_ids=[job], timeout=5).cancelled == (job,)
     (ce,) = backend._ces.values()
@@ -79,18 +113,30 @@ def _backend_with(tmp_path, max_output_bytes=None, **commands):
     script = tmp_path / "pilot.sh"
     script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
     config = {"director": {"max_output_bytes": max_output_bytes}} if max_output_bytes else {}
-    return build_plugin(ArcBackend, {"endpoints": ["https://ce.example.org/arex"], "script": str(script),
-                                     "commands": {k: str(v) for k, v in commands.items()}},
-                        state_dir=tmp_path / "state", name="arc", config=config)
+    return build_plugin(
+        ArcBackend,
+        {
+            "endpoints": ["https://ce.example.org/arex"],
+            "script": str(script),
+            "commands": {k: str(v) for k, v in commands.items()},
+        },
+        state_dir=tmp_path / "state",
+        name="arc",
+        config=config,
+    )
 
 
-def test_a_status_output_cut_by_gridgates_cap_is_a_failed_poll_carrying_the_cut_command(tmp_path) -> None:
+def test_a_status_output_cut_by_gridgates_cap_is_a_failed_poll_carrying_the_cut_command(
+    tmp_path,
+) -> None:
     """Core names a cut output as gridgate's cap (kind output_cap) only when it sees the cut
     command: a cut arcstat is never read as 'these ids are gone'."""
     from gridgate.core.testing import stand_in_command
 
     job = "https://ce.example.org/arex/rest/1.0/jobs/gg1"
-    big = stand_in_command(tmp_path / "bin", "arcstat", stdout=f"Job: {job}\n State: Running\n" + "x" * 200_000)
+    big = stand_in_command(
+        tmp_path / "bin", "arcstat", stdout=f"Job: {job}\n State: Running\n" + "x" * 200_000
+    )
     backend = _backend_with(tmp_path, max_output_bytes=1024, arcstat=big)
     (endpoint,) = backend.gridgate_backend_info(backend="arc").endpoints
     (backend._ces[endpoint.name].job_list).parent.mkdir(parents=True)
@@ -104,14 +150,22 @@ def test_pilots_of_a_ce_removed_from_the_config_are_still_polled_and_cancelled(t
     from gridgate.core.testing import stand_in_command
 
     job = "https://old-ce.example.org/arex/rest/1.0/jobs/gg1"
-    stat = stand_in_command(tmp_path / "bin", "arcstat", stdout=f"Job: {job}\n State: Running\n\n"
-                            "Status of 1 jobs was queried, 1 jobs returned information\n")
-    kill = stand_in_command(tmp_path / "bin", "arckill",
-                            stdout="Jobs processed: 1, successfully killed: 1, successfully cleaned: 0\n")
+    stat = stand_in_command(
+        tmp_path / "bin",
+        "arcstat",
+        stdout=f"Job: {job}\n State: Running\n\n"
+        "Status of 1 jobs was queried, 1 jobs returned information\n",
+    )
+    kill = stand_in_command(
+        tmp_path / "bin",
+        "arckill",
+        stdout="Jobs processed: 1, successfully killed: 1, successfully cleaned: 0\n",
+    )
     backend = _backend_with(tmp_path, arcstat=stat, arckill=kill)
     retired = Endpoint("arc", "old-ce.example.org")
     assert backend.gridgate_job_status(endpoint=retired, job_ids=[job], timeout=10) is None, (
-        "no job list of that endpoint here: not this backend's to answer")
+        "no job list of that endpoint here: not this backend's to answer"
+    )
     folder = tmp_path / "state" / "arc" / "old-ce.example.org"
     folder.mkdir(parents=True)
     (folder / "jobs.dat").write_bytes(b"")

@@ -12,8 +12,10 @@ from gridgate.plugins.arc.backend import ArcBackend
 BASE = {"endpoints": ["https://ce.example.org/arex"], "script": "/p.sh"}
 
 
-@pytest.mark.parametrize("name", ["JobName", "job_name", "Std_Out", "std_err", "in_put_files", "Ex_ecutable",
-                                  "join", "Join"])
+@pytest.mark.parametrize(
+    "name",
+    ["JobName", "job_name", "Std_Out", "std_err", "in_put_files", "Ex_ecutable", "join", "Join"],
+)
 def test_owned_attributes_are_refused_however_spelt(name: str) -> None:
     problems = ArcBackend.config_errors({**BASE, "xrsl": {name: "x"}})
     assert [where for where, _ in problems] == [("xrsl", name)]

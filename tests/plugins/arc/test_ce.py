@@ -20,8 +20,15 @@ from gridgate.plugins.arc.ce import PACKAGES, ArcCE, missing_packages
 pytestmark = pytest.mark.xdist_group("arc")
 
 AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
-ENV_NAMES = ["X509_USER_PROXY", "X509_USER_CERT", "X509_USER_KEY", "X509_CERT_DIR",
-             "ARC_CE_URL", "ARC_CE_JOBLIST", "ARC_CE_CLIENT_CONF"]
+ENV_NAMES = [
+    "X509_USER_PROXY",
+    "X509_USER_CERT",
+    "X509_USER_KEY",
+    "X509_CERT_DIR",
+    "ARC_CE_URL",
+    "ARC_CE_JOBLIST",
+    "ARC_CE_CLIENT_CONF",
+]
 
 
 def _session_id(job_id: str) -> str:
@@ -38,7 +45,8 @@ def test_the_ce_answers_arcinfo_with_its_own_credentials(arc, arc_client, tmp_pa
             assert Path(arc.env[name]).exists(), name
     assert Path(arc.env["X509_CERT_DIR"]) == arc.certificates
     assert (arc.usercert, arc.userkey, arc.proxy) == tuple(
-        Path(arc.env[n]) for n in ("X509_USER_CERT", "X509_USER_KEY", "X509_USER_PROXY"))
+        Path(arc.env[n]) for n in ("X509_USER_CERT", "X509_USER_KEY", "X509_USER_PROXY")
+    )
     client = arc_client(arc)
     info = client.run("arcinfo", "-c", arc.url)
     assert info.ok and "Computing service:" in info.stdout, (info.stdout, info.stderr)
@@ -49,12 +57,14 @@ def test_the_ce_answers_arcinfo_with_its_own_credentials(arc, arc_client, tmp_pa
     assert arc.log("infoprovider.log")
     # an expired extra proxy, as a test of expiry needs one
     now = datetime.now(UTC)
-    old = arc.make_proxy(tmp_path / "old.pem", start=now - timedelta(hours=3),
-                         end=now - timedelta(hours=1))
+    old = arc.make_proxy(
+        tmp_path / "old.pem", start=now - timedelta(hours=3), end=now - timedelta(hours=1)
+    )
     assert arc.proxy_seconds_left(old) == 0
     expired = arc_client(arc, creds={**arc.env, "X509_USER_PROXY": str(old)})
-    refused = expired.run("arcsub", "-C", arc.url, "-T", "arcrest", "-e",
-                          '&(executable="/bin/true")')
+    refused = expired.run(
+        "arcsub", "-C", arc.url, "-T", "arcrest", "-e", '&(executable="/bin/true")'
+    )
     assert refused.returncode == 1 and "Proxy expired" in refused.stdout + refused.stderr
 
 
@@ -63,14 +73,16 @@ def test_jobs_reach_their_final_state_for_the_pilot_and_for_another_user(arc, ar
     ok, failing = pilot.submit(
         '&(executable="/bin/sh")(arguments="-c" "echo hello as $(id -un) in $PWD")'
         '(jobname="gg-ok")(stdout="out.txt")',
-        '&(executable="/bin/sh")(arguments="-c" "exit 1")(jobname="gg-fail")')
+        '&(executable="/bin/sh")(arguments="-c" "exit 1")(jobname="gg-fail")',
+    )
     # nobody, with credentials of its own (its DN let in without a restart) and an
     # environment built here; its HOME does not exist: -z and -j keep the client out of it
     creds = arc.add_user("nobody")
     assert Path(creds["X509_USER_PROXY"]).stat().st_uid == 65534
     other = arc_client(arc, creds=creds, as_user=AS_NOBODY, home=Path("/nonexistent"))
-    [theirs] = other.submit('&(executable="/bin/sh")(arguments="-c" "id -un")'
-                            '(jobname="gg-nobody")(stdout="out.txt")')
+    [theirs] = other.submit(
+        '&(executable="/bin/sh")(arguments="-c" "id -un")(jobname="gg-nobody")(stdout="out.txt")'
+    )
     mine = pilot.wait_final([ok, failing])
     assert mine[ok].get("State") == "Finished" and mine[ok].get("Exit Code") == "0", mine
     assert mine[failing].get("State") == "Failed" and mine[failing].get("Exit Code") == "1", mine
@@ -87,8 +99,11 @@ def test_a_slurm_ce_runs_its_job_through_slurm(arc_ce_slurm, slurm_cluster, arc_
     client = arc_client(arc_ce_slurm)
     # -Q NONE: no brokering, so no queue chosen by the client (its Random broker would pick
     # any partition); the CE then uses its first queue, which must be Slurm's default.
-    [job] = client.submit('&(executable="/bin/sh")(arguments="-c" "echo slurm job $SLURM_JOB_ID")'
-                          '(jobname="gg-slurm")(stdout="out.txt")', options=["-Q", "NONE"])
+    [job] = client.submit(
+        '&(executable="/bin/sh")(arguments="-c" "echo slurm job $SLURM_JOB_ID")'
+        '(jobname="gg-slurm")(stdout="out.txt")',
+        options=["-Q", "NONE"],
+    )
     done = client.wait_final([job])
     assert done[job].get("State") == "Finished" and done[job].get("Exit Code") == "0", done
     local = Path(arc_ce_slurm.folder, "control", f"job.{_session_id(job)}.local").read_text()
@@ -101,7 +116,8 @@ def test_a_slurm_ce_runs_its_job_through_slurm(arc_ce_slurm, slurm_cluster, arc_
 
 
 def test_a_stopped_ce_starts_again_with_its_jobs_and_stop_leaves_nothing(
-        arc_client, ce_processes) -> None:
+    arc_client, ce_processes
+) -> None:
     # A CE of its own: stopping the shared one would kill other tests' jobs.
     ce = ArcCE().start()
     folder, watchdog, url = ce.folder, ce._watchdog, ce.url
@@ -122,8 +138,9 @@ def test_a_stopped_ce_starts_again_with_its_jobs_and_stop_leaves_nothing(
         assert kept in client.status([kept])  # the same URL, and the CE still has the job
 
         [job] = client.submit('&(executable="/bin/sleep")(arguments="600")(jobname="gg-long")')
-        assert until(lambda: [p for p in ce_processes(folder) if p.endswith(" /bin/sleep 600 ")],
-                     120)
+        assert until(
+            lambda: [p for p in ce_processes(folder) if p.endswith(" /bin/sleep 600 ")], 120
+        )
         killed = client.run("arckill", job)
         assert killed.ok and "successfully killed: 1" in killed.stdout, killed
         # Stop while the grid manager cancels it (cancel-fork-job: TERM, sleep 5, KILL). Its

@@ -55,8 +55,9 @@ def start_daemon(gridgate_exe, sockdir):
     """Start ``gridgate lsfproxyd serve -c FILE`` and wait until it listens."""
     started: list[Daemon] = []
 
-    def start(section: dict, name: str = "", config_name: str = "",
-              argv_prefix: tuple[str, ...] = ()) -> Daemon:
+    def start(
+        section: dict, name: str = "", config_name: str = "", argv_prefix: tuple[str, ...] = ()
+    ) -> Daemon:
         """``argv_prefix``: run the daemon under it (e.g. ``prlimit --nofile=256``)."""
         section = dict(section)
         section.setdefault("socket", str(sockdir / f"{name or 'proxyd'}.sock"))
@@ -68,8 +69,9 @@ def start_daemon(gridgate_exe, sockdir):
         if name:
             args += ["--name", name]
         with open(stderr, "wb") as err:
-            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=err, start_new_session=True
+            )
         line: list[bytes] = []
         reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
         reader.start()
@@ -99,8 +101,9 @@ def cli(gridgate_exe):
             cmd = AS_NOBODY + cmd
         full_env = {**os.environ, **(env or {})}
         # nobody cannot enter root's 0700 tmp_path, the test's working directory
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=full_env,
-                              cwd="/")
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=60, env=full_env, cwd="/"
+        )
 
     return run
 

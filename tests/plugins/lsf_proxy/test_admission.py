@@ -32,10 +32,17 @@ def admission(clock=None, config=None, **section) -> ProxyAdmission:
     return ProxyAdmission(section_for(ProxyAdmission, section), context, clock=clock)
 
 
-def ask(plugin: ProxyAdmission, endpoint: Endpoint | None = WMS1, user: str = "root",
-        category: str = "submission"):
-    return plugin.gridgate_admit(request=AdmissionRequest(
-        category=category, opcode="JOB_SUBMIT", user=user, size=1, endpoint=endpoint))
+def ask(
+    plugin: ProxyAdmission,
+    endpoint: Endpoint | None = WMS1,
+    user: str = "root",
+    category: str = "submission",
+):
+    return plugin.gridgate_admit(
+        request=AdmissionRequest(
+            category=category, opcode="JOB_SUBMIT", user=user, size=1, endpoint=endpoint
+        )
+    )
 
 
 def in_thread(fn):
@@ -113,7 +120,8 @@ def test_other_categories_are_left_to_the_next_plugin() -> None:
 
 def test_config_errors_name_the_field() -> None:
     assert ProxyAdmission.config_errors({"max": 4, "nominal": 6}) == [
-        (("nominal",), "nominal (6) must not exceed max (4)")]
+        (("nominal",), "nominal (6) must not exceed max (4)")
+    ]
     assert ProxyAdmission.config_errors({"max": 4, "nominal": 2}) == []
     with pytest.raises(Exception, match="mode"):
         make_config({"admission": {"lsf_proxy": {"mode": "sideways"}}})
@@ -121,23 +129,46 @@ def test_config_errors_name_the_field() -> None:
 
 # --- the director behind admission ------------------------------------------------------------
 
-def glite_site(tmp_path: Path, hosts: dict, admission_section: dict | None, demand: int,
-               threads: int = 16, timeout: float = 10) -> tuple[Path, Path]:
+
+def glite_site(
+    tmp_path: Path,
+    hosts: dict,
+    admission_section: dict | None,
+    demand: int,
+    threads: int = 16,
+    timeout: float = 10,
+) -> tuple[Path, Path]:
     bin_dir = install_commands(tmp_path / "bin")
     calls = tmp_path / "calls.jsonl"
-    scenario = write_scenario(tmp_path / "scenario.json", {
-        "state_dir": str(tmp_path / "simstate"), "calls_log": str(calls),
-        "default": {"behaviour": "healthy"}, "hosts": hosts})
+    scenario = write_scenario(
+        tmp_path / "scenario.json",
+        {
+            "state_dir": str(tmp_path / "simstate"),
+            "calls_log": str(calls),
+            "default": {"behaviour": "healthy"},
+            "hosts": hosts,
+        },
+    )
     (tmp_path / "simstate").mkdir(exist_ok=True)
     doc = {
-        "director": {"cycle_seconds": 0.1, "max_threads": threads, "command_timeout": timeout,
-                     "state_dir": str(tmp_path / "state")},
+        "director": {
+            "cycle_seconds": 0.1,
+            "max_threads": threads,
+            "command_timeout": timeout,
+            "state_dir": str(tmp_path / "state"),
+        },
         "state": {"driver": "memory"},
-        "backends": {"wms_glite": {
-            "servers": list(hosts),
-            "commands": {"submit": str(bin_dir / "glite-wms-job-submit"),
-                         "list_match": str(bin_dir / "glite-wms-job-list-match")},
-            "list_match": False, "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)}}},
+        "backends": {
+            "wms_glite": {
+                "servers": list(hosts),
+                "commands": {
+                    "submit": str(bin_dir / "glite-wms-job-submit"),
+                    "list_match": str(bin_dir / "glite-wms-job-list-match"),
+                },
+                "list_match": False,
+                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
+            }
+        },
         "demand": {"static": {"wms_glite": demand}},
     }
     if admission_section is not None:
@@ -149,13 +180,17 @@ def glite_site(tmp_path: Path, hosts: dict, admission_section: dict | None, dema
 
 def per_host_peak(calls_path: Path) -> dict[str, int]:
     calls = read_calls(calls_path)
-    return {host: max_concurrency([c for c in calls if c.host == host])
-            for host in {c.host for c in calls}}
+    return {
+        host: max_concurrency([c for c in calls if c.host == host])
+        for host in {c.host for c in calls}
+    }
 
 
 def test_director_local_mode_keeps_each_server_under_max(tmp_path) -> None:
-    hosts = {"wms01.example.org": {"behaviour": "healthy", "latency": 0.4},
-             "wms02.example.org": {"behaviour": "healthy", "latency": 0.4}}
+    hosts = {
+        "wms01.example.org": {"behaviour": "healthy", "latency": 0.4},
+        "wms02.example.org": {"behaviour": "healthy", "latency": 0.4},
+    }
     config, calls = glite_site(tmp_path / "gated", hosts, {"mode": "local", "max": 2}, demand=12)
     director = Director(load_config(config))
     try:
@@ -182,8 +217,9 @@ def test_director_local_mode_keeps_each_server_under_max(tmp_path) -> None:
 
 def test_director_counts_refusals_and_escalates_nothing(tmp_path) -> None:
     hosts = {"wms01.example.org": {"behaviour": "healthy", "latency": 1.5}}
-    config, calls = glite_site(tmp_path, hosts,
-                               {"mode": "local", "max": 1, "token_wait_time": 0.3}, demand=4)
+    config, calls = glite_site(
+        tmp_path, hosts, {"mode": "local", "max": 1, "token_wait_time": 0.3}, demand=4
+    )
     collector = Collector()
     director = Director(load_config(config), extra_plugins=[collector])
     try:
@@ -199,6 +235,7 @@ def test_director_counts_refusals_and_escalates_nothing(tmp_path) -> None:
 
 
 # --- remote mode against a real daemon ---------------------------------------------------------
+
 
 def test_gridgate_admit_remote_takes_and_returns_a_daemon_token(start_daemon, cli) -> None:
     daemon = start_daemon({"policies": "SUBMISSION[max=4]"})
@@ -229,7 +266,9 @@ def test_gridgate_admit_remote_when_the_daemon_is_down(sockdir) -> None:
     assert isinstance(refusal, Refusal) and "unavailable" in refusal.reason
 
 
-def test_gridgate_admit_remote_refusal_for_a_blocked_ordinary_user(start_daemon, cli, py_as) -> None:
+def test_gridgate_admit_remote_refusal_for_a_blocked_ordinary_user(
+    start_daemon, cli, py_as
+) -> None:
     daemon = start_daemon({"policies": "SUBMISSION[max=4]"})
     assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
     code = f"""

@@ -11,8 +11,13 @@ import pytest
 
 
 def demo(exe: str, folder, *extra: str) -> tuple[dict, str]:
-    proc = subprocess.run([exe, "demo", "--duration", "5", "--dir", str(folder), *extra],
-                          capture_output=True, text=True, timeout=240, env={**os.environ})
+    proc = subprocess.run(
+        [exe, "demo", "--duration", "5", "--dir", str(folder), *extra],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ},
+    )
     assert proc.returncode == 0, proc.stderr
     return (json.loads(proc.stdout) if "--json" in extra else {}), proc.stdout
 
@@ -24,7 +29,9 @@ def test_demo_submissions_take_tokens_from_a_daemon(tmp_path, gridgate_exe) -> N
     assert admission["mode"] == "remote" and admission["policy"].startswith("SUBMISSION[max=8")
     servers = admission["servers"]
     granted = sum(s["granted"] for s in servers.values())
-    attempts = result["pilots"] + sum(sum(s["failures"].values()) for s in result["servers"].values())
+    attempts = result["pilots"] + sum(
+        sum(s["failures"].values()) for s in result["servers"].values()
+    )
     # every submission that reached a server held a token, and none was refused at 16 threads
     assert granted == attempts and result["refused"] == 0
     assert sum(s["waited"] for s in servers.values()) > 0  # 16 threads, 8 tokens: some waited

@@ -25,23 +25,41 @@ PYTHON = sys.executable
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or PYTHON
 
 
-@pytest.mark.parametrize(("command", "category"), [
-    ("bsub", "submission"), ("/opt/lsf/bin/bmod", "submission"), ("brestart", "submission"),
-    ("bswitch", "submission"), ("bjobs", "query"), ("bhosts", "query"), ("bqueues", "query"),
-    ("bhist", "query"), ("sbatch", "submission"), ("squeue", "query"), ("sinfo", "query"),
-    ("condor_submit", "submission"), ("condor_q", "query"), ("condor_status", "query"),
-    ("qsub", "submission"), ("qstat", "query"), ("bkill", "other"), ("ls", "other"),
-])
+@pytest.mark.parametrize(
+    ("command", "category"),
+    [
+        ("bsub", "submission"),
+        ("/opt/lsf/bin/bmod", "submission"),
+        ("brestart", "submission"),
+        ("bswitch", "submission"),
+        ("bjobs", "query"),
+        ("bhosts", "query"),
+        ("bqueues", "query"),
+        ("bhist", "query"),
+        ("sbatch", "submission"),
+        ("squeue", "query"),
+        ("sinfo", "query"),
+        ("condor_submit", "submission"),
+        ("condor_q", "query"),
+        ("condor_status", "query"),
+        ("qsub", "submission"),
+        ("qstat", "query"),
+        ("bkill", "other"),
+        ("ls", "other"),
+    ],
+)
 def test_category_inferred_from_the_command_name(command, category) -> None:
     assert infer_category(command) == category
 
 
 def test_a_shim_loads_no_cli_schema_or_plugin_machinery() -> None:
     # A shim runs in front of every gated bjobs: what it imports is its start-up cost.
-    probe = ("import sys, gridgate.plugins.lsf_proxy.gate.gating, gridgate.plugins.lsf_proxy.client.client\n"
-             "heavy = ('click', 'jsonschema', 'yaml', 'stevedore', 'gridgate.core.config',"
-             " 'gridgate.core.plugins', 'gridgate.core.cli')\n"
-             "print(sorted(m for m in heavy if m in sys.modules))")
+    probe = (
+        "import sys, gridgate.plugins.lsf_proxy.gate.gating, gridgate.plugins.lsf_proxy.client.client\n"
+        "heavy = ('click', 'jsonschema', 'yaml', 'stevedore', 'gridgate.core.config',"
+        " 'gridgate.core.plugins', 'gridgate.core.cli')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
     done = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -79,10 +97,21 @@ def gate(exe: str, socket: str, *command: str, user: str = "root", **kwargs):
 
 def test_streams_argv_and_exit_code_pass_through(start_daemon, gridgate_exe) -> None:
     daemon = start_daemon({})
-    code = ("import sys; data = sys.stdin.read(); print(sys.argv[1:], data.upper()); "
-            "print('to stderr', file=sys.stderr); sys.exit(3)")
-    proc = gate(gridgate_exe, daemon.socket, PYTHON, "-c", code, "a b", "$(touch /x)", "'*'",
-                input=b"hello\n")
+    code = (
+        "import sys; data = sys.stdin.read(); print(sys.argv[1:], data.upper()); "
+        "print('to stderr', file=sys.stderr); sys.exit(3)"
+    )
+    proc = gate(
+        gridgate_exe,
+        daemon.socket,
+        PYTHON,
+        "-c",
+        code,
+        "a b",
+        "$(touch /x)",
+        "'*'",
+        input=b"hello\n",
+    )
     assert proc.returncode == 3
     assert proc.stdout.decode() == "['a b', '$(touch /x)', \"'*'\"] HELLO\n\n"
     assert proc.stderr.decode().endswith("to stderr\n")
@@ -105,8 +134,9 @@ def test_missing_command_takes_no_token(start_daemon, gridgate_exe) -> None:
     assert b"no-such-command-here: command not found" in proc.stderr
 
 
-def test_a_blocked_user_is_refused_with_a_clear_message(start_daemon, gridgate_exe, cli,
-                                                      sockdir) -> None:
+def test_a_blocked_user_is_refused_with_a_clear_message(
+    start_daemon, gridgate_exe, cli, sockdir
+) -> None:
     daemon = start_daemon({})
     assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
     marker = sockdir / "ran"
@@ -125,13 +155,19 @@ def _start_waiting_child(exe: str, socket: str, sockdir: Path, trap: bool):
         "def on(sig, frame):\n"
         "    open(got, 'a').write(signal.Signals(sig).name + '\\n')\n"
         "    sys.exit(7)\n"
-        + ("for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(s, on)\n"
-           if trap else "")
+        + (
+            "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(s, on)\n"
+            if trap
+            else ""
+        )
         + f"open({str(ready)!r}, 'w').close()\n"
         "time.sleep(60)\n"
     )
-    proc = subprocess.Popen([exe, "gate", "--socket", socket, "--category", "query", "--",
-                             PYTHON, "-c", code], cwd="/", start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, "gate", "--socket", socket, "--category", "query", "--", PYTHON, "-c", code],
+        cwd="/",
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "child never started"
@@ -140,7 +176,9 @@ def _start_waiting_child(exe: str, socket: str, sockdir: Path, trap: bool):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_signals_are_forwarded_to_the_command(start_daemon, gridgate_exe, cli, sockdir, sig) -> None:
+def test_signals_are_forwarded_to_the_command(
+    start_daemon, gridgate_exe, cli, sockdir, sig
+) -> None:
     daemon = start_daemon({})
     proc, got = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=True)
     assert in_use(cli, daemon.socket)["query"] == 1
@@ -150,7 +188,9 @@ def test_signals_are_forwarded_to_the_command(start_daemon, gridgate_exe, cli, s
     assert until(lambda: in_use(cli, daemon.socket)["query"] == 0)
 
 
-def test_token_returned_when_the_command_is_killed(start_daemon, gridgate_exe, cli, sockdir) -> None:
+def test_token_returned_when_the_command_is_killed(
+    start_daemon, gridgate_exe, cli, sockdir
+) -> None:
     daemon = start_daemon({})
     proc, _ = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=False)
     os.kill(proc.pid, signal.SIGTERM)
@@ -158,8 +198,9 @@ def test_token_returned_when_the_command_is_killed(start_daemon, gridgate_exe, c
     assert until(lambda: in_use(cli, daemon.socket)["query"] == 0)
 
 
-def test_token_returned_when_the_gate_itself_is_killed(start_daemon, gridgate_exe, cli,
-                                                       sockdir) -> None:
+def test_token_returned_when_the_gate_itself_is_killed(
+    start_daemon, gridgate_exe, cli, sockdir
+) -> None:
     daemon = start_daemon({})
     proc, _ = _start_waiting_child(gridgate_exe, daemon.socket, sockdir, trap=False)
     assert in_use(cli, daemon.socket)["query"] == 1
@@ -173,6 +214,7 @@ def test_token_returned_when_the_gate_itself_is_killed(start_daemon, gridgate_ex
 
 # --- shims -----------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def real_bin(sockdir) -> Path:
     """A directory of 'real' batch commands that print their argv and gate token."""
@@ -181,9 +223,11 @@ def real_bin(sockdir) -> Path:
     folder.chmod(0o755)
     for name in ("bjobs", "bsub", "squeue"):
         path = folder / name
-        path.write_text(f"#!{SYSTEM_PYTHON}\nimport json, os, sys\n"
-                        f"print(json.dumps({{'real': {name!r}, 'argv': sys.argv[1:], "
-                        "'token': os.environ.get('GRIDGATE_GATE_TOKEN')}))\n")
+        path.write_text(
+            f"#!{SYSTEM_PYTHON}\nimport json, os, sys\n"
+            f"print(json.dumps({{'real': {name!r}, 'argv': sys.argv[1:], "
+            "'token': os.environ.get('GRIDGATE_GATE_TOKEN')}))\n"
+        )
         path.chmod(0o755)
     return folder
 
@@ -194,15 +238,19 @@ def test_install_shims_wraps_what_is_on_path(real_bin, sockdir, monkeypatch) -> 
     # squeue, sbatch, sinfo...) in /usr/bin, which would be shimmed too.
     monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{real_bin}")
     written = dict(install_shims(shims))
-    assert written == {"bjobs": str(real_bin / "bjobs"), "bsub": str(real_bin / "bsub"),
-                       "squeue": str(real_bin / "squeue")}
+    assert written == {
+        "bjobs": str(real_bin / "bjobs"),
+        "bsub": str(real_bin / "bsub"),
+        "squeue": str(real_bin / "squeue"),
+    }
     # the shims' own directory is never where the real command is looked for
     assert find_real("bjobs") == str(shims / "bjobs")
     assert find_real("bjobs", shims) == str(real_bin / "bjobs")
 
 
-def test_shims_run_the_real_command_through_the_gate(start_daemon, real_bin, sockdir,
-                                                     gridgate_exe) -> None:
+def test_shims_run_the_real_command_through_the_gate(
+    start_daemon, real_bin, sockdir, gridgate_exe
+) -> None:
     log = sockdir / "diag.log"
     daemon = start_daemon({"diagnose": True, "diagnose_file": str(log)})
     shims = sockdir / "shims"
@@ -210,17 +258,42 @@ def test_shims_run_the_real_command_through_the_gate(start_daemon, real_bin, soc
     # (Debian's gridengine-client puts a real qstat in /usr/bin)
     system = sockdir / "system"
     system.mkdir(mode=0o755)
-    (system / "setpriv").symlink_to(shutil.which("setpriv", path="/usr/bin:/bin") or "/usr/bin/setpriv")
+    (system / "setpriv").symlink_to(
+        shutil.which("setpriv", path="/usr/bin:/bin") or "/usr/bin/setpriv"
+    )
     path = f"{shims}{os.pathsep}{real_bin}{os.pathsep}{system}"
-    out = subprocess.run([gridgate_exe, "gate", "--install-shims", str(shims), "--socket",
-                          daemon.socket, "--shim", "bjobs", "--shim", "squeue", "--shim", "qstat"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": path})
+    out = subprocess.run(
+        [
+            gridgate_exe,
+            "gate",
+            "--install-shims",
+            str(shims),
+            "--socket",
+            daemon.socket,
+            "--shim",
+            "bjobs",
+            "--shim",
+            "squeue",
+            "--shim",
+            "qstat",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": path},
+    )
     assert out.returncode == 0, out.stderr
     assert "qstat -> (looked up on PATH when run)" in out.stdout
     env = {**os.environ, "PATH": path}
     env.pop("GRIDGATE_GATE_TOKEN", None)
-    run = subprocess.run(AS_NOBODY + ["bjobs", "-u", "all", "a b"], capture_output=True, text=True,
-                         timeout=60, env=env, cwd="/")
+    run = subprocess.run(
+        AS_NOBODY + ["bjobs", "-u", "all", "a b"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd="/",
+    )
     assert run.returncode == 0, run.stderr
     answer = json.loads(run.stdout)
     assert answer["real"] == "bjobs" and answer["argv"] == ["-u", "all", "a b"] and answer["token"]
@@ -228,8 +301,13 @@ def test_shims_run_the_real_command_through_the_gate(start_daemon, real_bin, soc
     missing = subprocess.run(["qstat"], capture_output=True, text=True, timeout=60, env=env)
     assert missing.returncode == 127 and "qstat: command not found" in missing.stderr
     # a shim found again inside a gated command runs the real one at once, with no new token
-    nested = subprocess.run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "squeue"],
-                            capture_output=True, text=True, timeout=60, env=env)
+    nested = subprocess.run(
+        [gridgate_exe, "gate", "--socket", daemon.socket, "--", "squeue"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert nested.returncode == 0, nested.stderr
     assert json.loads(nested.stdout)["real"] == "squeue"
     assert log.read_text().count(",REQUEST_JOB_INFO,") == 1

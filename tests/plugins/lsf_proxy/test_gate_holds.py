@@ -23,8 +23,10 @@ from gridgate.plugins.lsf_proxy.daemon.policy import (
 def test_a_long_held_token_is_returned_at_the_hold_limit_while_another_user_is_served() -> None:
     clock = FakeClock()
     limits = {"query": Limits(max=1, nominal=1), "submission": Limits(), "other": Limits()}
-    policy = TokenPolicy(PolicySettings(limits, token_wait_time=120, lease_time=300,
-                                        hold_limits={"squeue": 30}), clock=clock)
+    policy = TokenPolicy(
+        PolicySettings(limits, token_wait_time=120, lease_time=300, hold_limits={"squeue": 30}),
+        clock=clock,
+    )
     alice = policy.request(Request("a", "query", "squeue", "alice", "ui1"))
     assert alice.outcome == GRANTED
     bob = policy.request(Request("b", "query", "bjobs", "bob", "ui2"))
@@ -43,18 +45,21 @@ def test_a_long_held_token_is_returned_at_the_hold_limit_while_another_user_is_s
     assert [h["user"] for h in longest_held(policy)] == ["bob"]
 
 
-def test_the_daemon_takes_a_token_back_at_its_hold_limit_and_logs_it(fake_daemon,  # noqa: F811
-                                                                     sockdir) -> None:
+def test_the_daemon_takes_a_token_back_at_its_hold_limit_and_logs_it(
+    fake_daemon,  # noqa: F811
+    sockdir,
+) -> None:
     log = sockdir / "diag.log"
-    daemon, clock = fake_daemon(hold_limits={"squeue": 30}, diagnose=True,
-                                diagnose_file=str(log))
+    daemon, clock = fake_daemon(hold_limits={"squeue": 30}, diagnose=True, diagnose_file=str(log))
     with ProxyClient([Daemon("d", daemon.socket_path)]) as client:
         long = client.acquire("query", "squeue")
         short = client.acquire("query", "bjobs")
         clock.advance(10)
         held = admin_status(daemon.socket_path)["longest_held"]
         assert [(h["opcode"], h["held"], h["left"]) for h in held] == [
-            ("squeue", 10, 20), ("bjobs", 10, 290)]
+            ("squeue", 10, 20),
+            ("bjobs", 10, 290),
+        ]
         clock.advance(20)
         daemon.wake()
         assert until(lambda: admin_status(daemon.socket_path)["categories"]["query"]["in_use"] == 1)

@@ -13,19 +13,43 @@ import pytest
 from gridgate.plugins.lsf_proxy.gate.gate import SHIM_COMMANDS, find_real, infer_category
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-SLURM = ("sbatch", "srun", "salloc", "squeue", "sinfo", "sacct", "sstat", "sprio", "sshare",
-         "sdiag", "scancel", "scontrol")
+SLURM = (
+    "sbatch",
+    "srun",
+    "salloc",
+    "squeue",
+    "sinfo",
+    "sacct",
+    "sstat",
+    "sprio",
+    "sshare",
+    "sdiag",
+    "scancel",
+    "scontrol",
+)
 
 
-@pytest.mark.parametrize(("argv", "category"), [
-    (["sbatch", "job.sh"], "submission"), (["srun", "hostname"], "submission"),
-    (["salloc", "-N1"], "submission"), (["squeue"], "query"), (["sinfo"], "query"),
-    (["sacct", "-j", "1"], "query"), (["sstat", "-j", "1"], "query"), (["sprio"], "query"),
-    (["sshare"], "query"), (["sdiag"], "query"), (["scancel", "12"], "other"),
-    (["scontrol", "show", "job", "12"], "query"), (["/usr/bin/scontrol", "-o", "show", "nodes"], "query"),
-    (["scontrol", "update", "PartitionName=b", "State=DOWN"], "other"),
-    (["scontrol", "hold", "12"], "other"), (["scontrol"], "other"),
-])
+@pytest.mark.parametrize(
+    ("argv", "category"),
+    [
+        (["sbatch", "job.sh"], "submission"),
+        (["srun", "hostname"], "submission"),
+        (["salloc", "-N1"], "submission"),
+        (["squeue"], "query"),
+        (["sinfo"], "query"),
+        (["sacct", "-j", "1"], "query"),
+        (["sstat", "-j", "1"], "query"),
+        (["sprio"], "query"),
+        (["sshare"], "query"),
+        (["sdiag"], "query"),
+        (["scancel", "12"], "other"),
+        (["scontrol", "show", "job", "12"], "query"),
+        (["/usr/bin/scontrol", "-o", "show", "nodes"], "query"),
+        (["scontrol", "update", "PartitionName=b", "State=DOWN"], "other"),
+        (["scontrol", "hold", "12"], "other"),
+        (["scontrol"], "other"),
+    ],
+)
 def test_slurm_commands_have_the_seed_categories(argv, category) -> None:
     assert infer_category(argv[0], None, argv[1:]) == category
 
@@ -50,31 +74,48 @@ def system_bin(folder: Path, *tools: str) -> Path:
     return folder
 
 
-def test_shims_gate_real_squeue_and_sbatch_for_nobody(slurm, start_daemon, sockdir, cli,
-                                                      gridgate_exe) -> None:
+def test_shims_gate_real_squeue_and_sbatch_for_nobody(
+    slurm, start_daemon, sockdir, cli, gridgate_exe
+) -> None:
     log = sockdir / "diag.log"
     daemon = start_daemon({"diagnose": True, "diagnose_file": str(log)})
     shims = sockdir / "shims"
     # Only the shims and links to the real Slurm commands (and setpriv): whatever else the
     # machine has in /usr/bin gets no shim and is not found
-    real = system_bin(sockdir / "system", "setpriv", *(c for c in SLURM if shutil.which(c, path="/usr/bin:/bin")))
+    real = system_bin(
+        sockdir / "system", "setpriv", *(c for c in SLURM if shutil.which(c, path="/usr/bin:/bin"))
+    )
     path = f"{shims}{os.pathsep}{real}"
     env = {"PATH": path, **slurm.env}
     assert find_real("squeue", shims, path) == f"{real}/squeue"
-    out = subprocess.run([gridgate_exe, "gate", "--install-shims", str(shims), "--socket",
-                          daemon.socket], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PATH": path})
+    out = subprocess.run(
+        [gridgate_exe, "gate", "--install-shims", str(shims), "--socket", daemon.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": path},
+    )
     assert out.returncode == 0, out.stderr
     for name in ("squeue", "sbatch", "sinfo", "scontrol", "scancel"):
         assert f"{name} -> {real}/{name}" in out.stdout, out.stdout
-    assert {line.split(" -> ")[0].rsplit("/", 1)[-1] for line in out.stdout.splitlines()} <= set(SLURM)
+    assert {line.split(" -> ")[0].rsplit("/", 1)[-1] for line in out.stdout.splitlines()} <= set(
+        SLURM
+    )
 
     def as_nobody(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*AS_NOBODY, *argv], capture_output=True, text=True, timeout=120,
-                              env=env, cwd="/")
+        return subprocess.run(
+            [*AS_NOBODY, *argv], capture_output=True, text=True, timeout=120, env=env, cwd="/"
+        )
 
-    submitted = as_nobody("sbatch", "--parsable", "-p", "batch", f"--output={slurm.jobs_dir}/%j",
-                          "--wrap", "sleep 300")
+    submitted = as_nobody(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "batch",
+        f"--output={slurm.jobs_dir}/%j",
+        "--wrap",
+        "sleep 300",
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     assert job_id.isdigit()

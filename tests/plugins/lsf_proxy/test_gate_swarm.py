@@ -33,8 +33,9 @@ def lsf_world(sockdir):
     lsf_state.mkdir()
     lsf_state.chmod(0o777)  # nobody's bsub writes the job table
     master = start_master(sockdir / "master.sock", base=0.5, knee=1000)
-    scenario = write_scenario(sockdir / "scenario.json",
-                              {"master": master.socket, "state_dir": str(lsf_state)})
+    scenario = write_scenario(
+        sockdir / "scenario.json", {"master": master.socket, "state_dir": str(lsf_state)}
+    )
     try:
         yield bin_dir, master, scenario
     finally:
@@ -64,11 +65,11 @@ def wait_all(procs, deadline: float) -> list[int]:
 
 
 @pytest.mark.timeout(600)
-def test_200_concurrent_gated_queries_never_exceed_max(start_daemon, cli, gridgate_exe,
-                                                       lsf_world, tmp_path) -> None:
+def test_200_concurrent_gated_queries_never_exceed_max(
+    start_daemon, cli, gridgate_exe, lsf_world, tmp_path
+) -> None:
     bin_dir, master, scenario = lsf_world
-    daemon = start_daemon({"policies": "QUERY[max=8 nominal=4 throttle=1]",
-                           "token_wait_time": 120})
+    daemon = start_daemon({"policies": "QUERY[max=8 nominal=4 throttle=1]", "token_wait_time": 120})
     env = {**os.environ, "GRIDGATE_LSF_SCENARIO": str(scenario)}
     env.pop("GRIDGATE_GATE_TOKEN", None)
     # control: without the gate the same command piles up on a master (a slow one, so that
@@ -76,15 +77,23 @@ def test_200_concurrent_gated_queries_never_exceed_max(start_daemon, cli, gridga
     slow = start_master(bin_dir.parent / "slow.sock", base=5.0, knee=1000)  # nobody can reach it
     try:
         slow_env = {**env, "GRIDGATE_LSF_MASTER": slow.socket}
-        control = [launch(AS_NOBODY + [str(bin_dir / "bjobs")], slow_env, tmp_path, -i - 1)
-                   for i in range(30)]
+        control = [
+            launch(AS_NOBODY + [str(bin_dir / "bjobs")], slow_env, tmp_path, -i - 1)
+            for i in range(30)
+        ]
         assert wait_all(control, time.monotonic() + 300) == [0] * 30
         assert slow.stats()["max_in_flight"] > 8
     finally:
         slow.stop()
 
-    argv = AS_NOBODY + [gridgate_exe, "gate", "-c", str(daemon.config), "--",
-                        str(bin_dir / "bjobs")]
+    argv = AS_NOBODY + [
+        gridgate_exe,
+        "gate",
+        "-c",
+        str(daemon.config),
+        "--",
+        str(bin_dir / "bjobs"),
+    ]
     # -c: the gates read the daemon's own config, so they wait for an answer as long as the
     # daemon may keep them waiting (a client that gives up first proceeds without a token)
     procs = [launch(argv, env, tmp_path, i) for i in range(200)]
@@ -106,20 +115,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def director_site(folder: Path, bin_dir: Path, scenario: Path, daemon_address: str, key: Path,
-                  demand: int) -> Path:
+def director_site(
+    folder: Path, bin_dir: Path, scenario: Path, daemon_address: str, key: Path, demand: int
+) -> Path:
     folder.mkdir()
     doc = {
-        "director": {"cycle_seconds": 1, "max_threads": 8, "command_timeout": 60,
-                     "state_dir": str(folder / "state")},
+        "director": {
+            "cycle_seconds": 1,
+            "max_threads": 8,
+            "command_timeout": 60,
+            "state_dir": str(folder / "state"),
+        },
         "state": {"driver": "sqlite", "path": str(folder / "state.db")},
         # the client waits for an answer as long as the daemon may keep a request waiting
-        "proxyd": {"hosts": [{"name": "proxy1", "address": daemon_address}],
-                   "key": {"file": str(key)}, "token_wait_time": 120},
-        "backends": {"lsf": {
-            "queues": ["normal"], "tokens": True, "token_user": "pilots", "notoken_ntries": 5,
-            "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
-            "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)}}},
+        "proxyd": {
+            "hosts": [{"name": "proxy1", "address": daemon_address}],
+            "key": {"file": str(key)},
+            "token_wait_time": 120,
+        },
+        "backends": {
+            "lsf": {
+                "queues": ["normal"],
+                "tokens": True,
+                "token_user": "pilots",
+                "notoken_ntries": 5,
+                "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
+                "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)},
+            }
+        },
         "demand": {"static": {"lsf": demand}},
         "notifiers": {"files": {"folder": str(folder / "notes")}},
     }
@@ -129,8 +152,9 @@ def director_site(folder: Path, bin_dir: Path, scenario: Path, daemon_address: s
 
 
 @pytest.mark.timeout(600)
-def test_directors_and_gated_queries_stay_within_the_limits(start_daemon, cli, gridgate_exe,
-                                                            lsf_world, sockdir, tmp_path) -> None:
+def test_directors_and_gated_queries_stay_within_the_limits(
+    start_daemon, cli, gridgate_exe, lsf_world, sockdir, tmp_path
+) -> None:
     """Two directors (their own processes, on the daemon's signed TCP port as the service
     account ``pilots``, as directors on other hosts would be) and 40 gated bjobs by nobody."""
     bin_dir, master, scenario = lsf_world
@@ -138,21 +162,44 @@ def test_directors_and_gated_queries_stay_within_the_limits(start_daemon, cli, g
     key.write_text("s3cret-shared-key\n", encoding="utf-8")
     key.chmod(0o600)
     address = f"127.0.0.1:{free_port()}"
-    daemon = start_daemon({"policies": "SUBMISSION[max=3] QUERY[max=5]", "token_wait_time": 120,
-                           "tcp": address, "key": {"file": str(key)}})
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GRIDGATE_GATE_TOKEN", "GRIDGATE_PROXYD_SOCKET")}
+    daemon = start_daemon(
+        {
+            "policies": "SUBMISSION[max=3] QUERY[max=5]",
+            "token_wait_time": 120,
+            "tcp": address,
+            "key": {"file": str(key)},
+        }
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GRIDGATE_GATE_TOKEN", "GRIDGATE_PROXYD_SOCKET")
+    }
     directors = []
     for n in range(2):
         config = director_site(tmp_path / f"director{n}", bin_dir, scenario, address, key, 12)
         err = tmp_path / f"director{n}.err"
         with open(err, "wb") as errf:
-            directors.append((subprocess.Popen(
-                [gridgate_exe, "run", "-c", str(config), "--once", "--json"],
-                stdout=subprocess.PIPE, stderr=errf, env=env), err))
+            directors.append(
+                (
+                    subprocess.Popen(
+                        [gridgate_exe, "run", "-c", str(config), "--once", "--json"],
+                        stdout=subprocess.PIPE,
+                        stderr=errf,
+                        env=env,
+                    ),
+                    err,
+                )
+            )
     query_env = {**env, "GRIDGATE_LSF_SCENARIO": str(scenario)}
-    argv = AS_NOBODY + [gridgate_exe, "gate", "-c", str(daemon.config), "--",
-                        str(bin_dir / "bjobs")]
+    argv = AS_NOBODY + [
+        gridgate_exe,
+        "gate",
+        "-c",
+        str(daemon.config),
+        "--",
+        str(bin_dir / "bjobs"),
+    ]
     swarm = [launch(argv, query_env, tmp_path, i) for i in range(40)]
     assert set(wait_all(swarm, time.monotonic() + 400)) <= {0, 75}
     submitted = 0

@@ -44,28 +44,33 @@ def _as(argv: list[str], user: str, env: dict | None = None) -> tuple[list[str],
     return (AS_NOBODY + argv if user == "nobody" else argv), full
 
 
-def run(argv: list[str], user: str = "root", env: dict | None = None, cwd: str = "/",
-        **kwargs) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str], user: str = "root", env: dict | None = None, cwd: str = "/", **kwargs
+) -> subprocess.CompletedProcess:
     argv, full = _as(argv, user, env)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd, env=full,
-                          **kwargs)
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, cwd=cwd, env=full, **kwargs
+    )
 
 
 def start(argv: list[str], user: str = "root") -> subprocess.Popen:
     """:func:`run`, without waiting: its stdout and stderr are pipes."""
     argv, full = _as(argv, user)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd="/", env=full)
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/", env=full
+    )
 
 
 def hold_code(ready: Path, go: Path, seconds: str = "60") -> str:
     """Python that says it is ``ready`` and runs until the test creates ``go`` (``seconds``, a
     Python expression, at most): it holds its token as long as the test needs, however slow
     the machine. It polls a file of the test's: a real process cannot take the test's clock."""
-    return (f"import os, sys, time\nopen({str(ready)!r}, 'w').close()\n"
-            f"end = time.monotonic() + {seconds}\n"
-            f"while time.monotonic() < end and not os.path.exists({str(go)!r}):\n"
-            "    time.sleep(0.02)\n")
+    return (
+        f"import os, sys, time\nopen({str(ready)!r}, 'w').close()\n"
+        f"end = time.monotonic() + {seconds}\n"
+        f"while time.monotonic() < end and not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.02)\n"
+    )
 
 
 def holding(ready: Path, go: Path) -> list[str]:
@@ -98,8 +103,9 @@ def imported(stderr: str) -> set[str]:
     return names
 
 
-def test_the_run_time_path_imports_only_the_standard_library(start_daemon, gridgate_exe,
-                                                            sockdir, root_cache) -> None:
+def test_the_run_time_path_imports_only_the_standard_library(
+    start_daemon, gridgate_exe, sockdir, root_cache
+) -> None:
     daemon = start_daemon({})
     shims = sockdir / "shims"
     install_shims(shims, ["true"], socket_path=daemon.socket)
@@ -119,13 +125,17 @@ def test_the_run_time_path_imports_only_the_standard_library(start_daemon, gridg
     names = imported(gate.stderr)
     assert names - base - set(sys.stdlib_module_names) == {"gridgate"}
     assert not {"click", "loguru", "pluggy", "stevedore", "yaml", "jsonschema"} & names
-    heavy = [line for line in gate.stderr.splitlines()
-             if line.rstrip().endswith(("gridgate.core.cli", "gridgate.plugins.lsf_proxy.client.client"))]
+    heavy = [
+        line
+        for line in gate.stderr.splitlines()
+        if line.rstrip().endswith(("gridgate.core.cli", "gridgate.plugins.lsf_proxy.client.client"))
+    ]
     assert heavy == []
 
 
-def test_a_forged_stale_or_foreign_token_is_refused(start_daemon, gridgate_exe, cli,
-                                                     sockdir) -> None:
+def test_a_forged_stale_or_foreign_token_is_refused(
+    start_daemon, gridgate_exe, cli, sockdir
+) -> None:
     daemon = start_daemon({})
     gate = [gridgate_exe, "gate", "--socket", daemon.socket, "--"]
     got = run(gate + ["printenv", "GRIDGATE_GATE_TOKEN"], user="nobody")
@@ -134,25 +144,38 @@ def test_a_forged_stale_or_foreign_token_is_refused(start_daemon, gridgate_exe, 
     assert stale
     # root holds a live token in a long command
     ready = sockdir / "ready"
-    holder = subprocess.Popen(gate + [PYTHON, "-c", "import os, time; "
-                                      f"open({str(ready)!r}, 'w').write(os.environ['GRIDGATE_GATE_TOKEN']); "
-                                      "time.sleep(60)"], cwd="/")
+    holder = subprocess.Popen(
+        gate
+        + [
+            PYTHON,
+            "-c",
+            "import os, time; "
+            f"open({str(ready)!r}, 'w').write(os.environ['GRIDGATE_GATE_TOKEN']); "
+            "time.sleep(60)",
+        ],
+        cwd="/",
+    )
     try:
         until(lambda: ready.exists() and ready.read_text())
         foreign = ready.read_text()
         assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
         marker = sockdir / "ran"
         for token in ("forged", stale, foreign):
-            proc = run(gate + ["/usr/bin/touch", str(marker)], user="nobody",
-                       env={"GRIDGATE_GATE_TOKEN": token})
+            proc = run(
+                gate + ["/usr/bin/touch", str(marker)],
+                user="nobody",
+                env={"GRIDGATE_GATE_TOKEN": token},
+            )
             # not taken as leave to skip the gate: the gate asked for a token and was refused
             assert proc.returncode == 75, (token, proc.stderr)
             assert "blocked" in proc.stderr
             assert not marker.exists()
         # root's own live token does cover a nested call of root's: it rides on it (a
         # token of its own on the parent's slot, not passed further down)
-        nested = run(gate + ["sh", "-c", 'echo "ran:$GRIDGATE_GATE_TOKEN"'],
-                     env={"GRIDGATE_GATE_TOKEN": foreign})
+        nested = run(
+            gate + ["sh", "-c", 'echo "ran:$GRIDGATE_GATE_TOKEN"'],
+            env={"GRIDGATE_GATE_TOKEN": foreign},
+        )
         assert nested.returncode == 0 and nested.stdout.strip() == "ran:"
         assert in_use(daemon.socket)["other"] == 1
     finally:
@@ -160,8 +183,9 @@ def test_a_forged_stale_or_foreign_token_is_refused(start_daemon, gridgate_exe, 
         holder.wait(30)
 
 
-def test_a_gated_submission_does_not_carry_the_token_into_its_job(start_daemon, gridgate_exe,
-                                                                  sockdir) -> None:
+def test_a_gated_submission_does_not_carry_the_token_into_its_job(
+    start_daemon, gridgate_exe, sockdir
+) -> None:
     """bsub copies the submission environment into the job (the stand-in records it): a
     gated script (holding a token) calls the shimmed bsub; the job must not see the token."""
     daemon = start_daemon({})
@@ -171,12 +195,18 @@ def test_a_gated_submission_does_not_carry_the_token_into_its_job(start_daemon, 
     state.chmod(0o777)
     scenario = write_scenario(sockdir / "scenario.json", {"state_dir": str(state)})
     shims = sockdir / "shims"
-    env = {"PATH": f"{shims}{os.pathsep}{bin_dir}{os.pathsep}/usr/bin:/bin",
-           "GRIDGATE_LSF_SCENARIO": str(scenario)}
+    env = {
+        "PATH": f"{shims}{os.pathsep}{bin_dir}{os.pathsep}/usr/bin:/bin",
+        "GRIDGATE_LSF_SCENARIO": str(scenario),
+    }
     install_shims(shims, ["bsub"], socket_path=daemon.socket)
-    for line in [["bsub", "pilot.sh"], ["sh", "-c", 'echo "outer=$GRIDGATE_GATE_TOKEN"; bsub job.sh']]:
-        proc = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", *line], user="nobody",
-                   env=env)
+    for line in [
+        ["bsub", "pilot.sh"],
+        ["sh", "-c", 'echo "outer=$GRIDGATE_GATE_TOKEN"; bsub job.sh'],
+    ]:
+        proc = run(
+            [gridgate_exe, "gate", "--socket", daemon.socket, "--", *line], user="nobody", env=env
+        )
         assert proc.returncode == 0, proc.stderr
         assert "is submitted to" in proc.stdout
     outer = [ln for ln in proc.stdout.splitlines() if ln.startswith("outer=")]
@@ -192,8 +222,9 @@ def test_a_sigkilled_gate_leaves_no_command_running(start_daemon, gridgate_exe, 
     daemon = start_daemon({})
     pidfile = sockdir / "child.pid"
     code = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(77)"
-    gate = subprocess.Popen([gridgate_exe, "gate", "--socket", daemon.socket, "--", PYTHON, "-c",
-                             code], cwd="/")
+    gate = subprocess.Popen(
+        [gridgate_exe, "gate", "--socket", daemon.socket, "--", PYTHON, "-c", code], cwd="/"
+    )
     try:
         until(lambda: pidfile.exists() and pidfile.read_text())
         child = int(pidfile.read_text())
@@ -215,8 +246,9 @@ def test_a_sigkilled_gate_leaves_no_command_running(start_daemon, gridgate_exe, 
             gate.kill()
 
 
-def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, gridgate_exe,
-                                                                 sockdir) -> None:
+def test_a_start_only_command_gives_its_token_back_while_it_runs(
+    start_daemon, gridgate_exe, sockdir
+) -> None:
     daemon = start_daemon({})
     config = sockdir / "gate.yaml"
     config.write_text(yaml.safe_dump({"proxyd": {"socket": daemon.socket, "start_hold": 0.5}}))
@@ -230,8 +262,11 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, g
     squeue.chmod(0o755)
     env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
     # squeue -i: repeats by itself, so it holds its query token only to start
-    proc = subprocess.Popen([gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "-i",
-                             "120"], cwd="/", env={**os.environ, **env})
+    proc = subprocess.Popen(
+        [gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "-i", "120"],
+        cwd="/",
+        env={**os.environ, **env},
+    )
     try:
         until(marker.exists)
         assert until(lambda: in_use(daemon.socket)["query"] == 0, timeout=30)
@@ -241,8 +276,11 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, g
         proc.wait(30)
     # the same command without -i holds its token to the end
     marker.unlink()
-    proc = subprocess.Popen([gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "120"],
-                            cwd="/", env={**os.environ, **env})
+    proc = subprocess.Popen(
+        [gridgate_exe, "gate", "-c", str(config), "--", str(squeue), "120"],
+        cwd="/",
+        env={**os.environ, **env},
+    )
     try:
         until(marker.exists)
         time.sleep(1.0)  # twice start_hold: a start-only command would have given it back
@@ -255,15 +293,24 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(start_daemon, g
             proc.kill()
 
 
-def test_a_waiting_call_says_why_after_a_second_unless_quiet(start_daemon, gridgate_exe,
-                                                              sockdir) -> None:
+def test_a_waiting_call_says_why_after_a_second_unless_quiet(
+    start_daemon, gridgate_exe, sockdir
+) -> None:
     daemon = start_daemon({"policies": "QUERY[max=1 nominal=1]", "token_wait_time": 60})
     shared = sockdir / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # the holder runs as nobody
     ready, go = shared / "ready", shared / "go"
-    hold = [gridgate_exe, "gate", "--socket", daemon.socket, "--category", "query", "--",
-            *holding(ready, go)]
+    hold = [
+        gridgate_exe,
+        "gate",
+        "--socket",
+        daemon.socket,
+        "--category",
+        "query",
+        "--",
+        *holding(ready, go),
+    ]
     for quiet in (False, True):
         for mark in (ready, go):
             mark.unlink(missing_ok=True)
@@ -271,14 +318,28 @@ def test_a_waiting_call_says_why_after_a_second_unless_quiet(start_daemon, gridg
         waiter = None
         try:
             assert until(ready.exists, 60)
-            waiter = start([gridgate_exe, "gate", "--socket", daemon.socket, "--category",
-                            "query", *(["-q"] if quiet else []), "--", "true"], user="nobody")
+            waiter = start(
+                [
+                    gridgate_exe,
+                    "gate",
+                    "--socket",
+                    daemon.socket,
+                    "--category",
+                    "query",
+                    *(["-q"] if quiet else []),
+                    "--",
+                    "true",
+                ],
+                user="nobody",
+            )
             assert until(lambda: status(daemon.socket)["categories"]["query"]["queued"] == 1, 60)
             if quiet:
                 time.sleep(1.5)  # past the second after which a call that is not quiet says why
             else:
-                assert waiter.stderr.readline() == \
-                    "gridgate gate: true: waiting for a query token, 0 ahead\n"
+                assert (
+                    waiter.stderr.readline()
+                    == "gridgate gate: true: waiting for a query token, 0 ahead\n"
+                )
             go.touch()
             _out, err = waiter.communicate(timeout=60)
             assert waiter.returncode == 0, err
@@ -294,24 +355,25 @@ def test_a_waiting_call_says_why_after_a_second_unless_quiet(start_daemon, gridg
 def test_a_relative_socket_path_works(start_daemon, gridgate_exe, sockdir) -> None:
     daemon = start_daemon({})
     relative = os.path.relpath(daemon.socket, sockdir)
-    proc = run([gridgate_exe, "gate", "--socket", relative, "--", "printenv",
-                "GRIDGATE_GATE_TOKEN"], cwd=str(sockdir))
+    proc = run(
+        [gridgate_exe, "gate", "--socket", relative, "--", "printenv", "GRIDGATE_GATE_TOKEN"],
+        cwd=str(sockdir),
+    )
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
-    proc = run([gridgate_exe, "lsfproxyd", "status", "--json", "--socket", relative],
-               cwd=str(sockdir))
+    proc = run(
+        [gridgate_exe, "lsfproxyd", "status", "--json", "--socket", relative], cwd=str(sockdir)
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["hosts"][0]["address"] == daemon.socket
 
 
-def test_a_changed_config_takes_effect_at_the_next_call(gridgate_exe, sockdir,
-                                                         root_cache) -> None:
+def test_a_changed_config_takes_effect_at_the_next_call(gridgate_exe, sockdir, root_cache) -> None:
     config = sockdir / "site.yaml"
     env = {"XDG_CACHE_HOME": str(root_cache)}
     nowhere = str(sockdir / "nobody-listens.sock")
     argv = [gridgate_exe, "gate", "-c", str(config), "--", "true"]
     for when, code in (("fail", 69), ("fail", 69), ("proceed", 0), ("fail", 69)):
-        config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere,
-                                                     "when_unavailable": when}}))
+        config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere, "when_unavailable": when}}))
         assert run(argv, env=env).returncode == code
     assert (root_cache / "gridgate" / "gate.json").exists()
     config.write_text("proxyd:\n  when_unavailable: sometimes\n")
@@ -321,8 +383,9 @@ def test_a_changed_config_takes_effect_at_the_next_call(gridgate_exe, sockdir,
     config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere, "when_unavailable": "fail"}}))
     install_shims(sockdir / "shims", ["true"], config=str(config))
     assert run([str(sockdir / "shims" / "true")], env=env).returncode == 69
-    config.write_text(yaml.safe_dump({"proxyd": {"socket": nowhere,
-                                                 "when_unavailable": "proceed"}}))
+    config.write_text(
+        yaml.safe_dump({"proxyd": {"socket": nowhere, "when_unavailable": "proceed"}})
+    )
     assert run([str(sockdir / "shims" / "true")], env=env).returncode == 0
 
 
@@ -346,12 +409,22 @@ def test_client_defaults_are_the_schema_defaults() -> None:
     assert CATEGORIES == SCHEMA_CATEGORIES
 
 
-@pytest.mark.parametrize(("name", "args", "expected"), [
-    ("squeue", ["-u", "alice"], False), ("squeue", ["-i", "5"], True), ("squeue", ["-i5"], True),
-    ("squeue", ["--iterate=5"], True), ("srun", ["--pty", "bash"], True), ("salloc", [], True),
-    ("bsub", ["-q", "normal", "job.sh"], False), ("bsub", ["-Is", "bash"], True),
-    ("bsub", ["-K", "job.sh"], True), ("bpeek", ["-f", "12"], True), ("bjobs", ["-u", "all"], False),
-])
+@pytest.mark.parametrize(
+    ("name", "args", "expected"),
+    [
+        ("squeue", ["-u", "alice"], False),
+        ("squeue", ["-i", "5"], True),
+        ("squeue", ["-i5"], True),
+        ("squeue", ["--iterate=5"], True),
+        ("srun", ["--pty", "bash"], True),
+        ("salloc", [], True),
+        ("bsub", ["-q", "normal", "job.sh"], False),
+        ("bsub", ["-Is", "bash"], True),
+        ("bsub", ["-K", "job.sh"], True),
+        ("bpeek", ["-f", "12"], True),
+        ("bjobs", ["-u", "all"], False),
+    ],
+)
 def test_start_only_commands(name, args, expected) -> None:
     from gridgate.plugins.lsf_proxy.gate.gating import start_only
 
@@ -360,8 +433,9 @@ def test_start_only_commands(name, args, expected) -> None:
     assert start_only("squeue", ["-i", "5"], {"start_only": {"squeue": ["--never"]}}) is False
 
 
-def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(slurm, start_daemon, sockdir,
-                                                             gridgate_exe) -> None:
+def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(
+    slurm, start_daemon, sockdir, gridgate_exe
+) -> None:
     """On the private Slurm cluster: sbatch exports the whole environment into the job. Jobs
     submitted by a gated sbatch, and by a shimmed sbatch inside a gated script (which holds a
     live token), print their environment; neither has the token."""
@@ -372,14 +446,43 @@ def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(slurm, start_daemon
     env = {"PATH": path, **slurm.env, "GRIDGATE_TEST_MARK": "copied"}
     out = Path(slurm.jobs_dir)
     submit = "sbatch --parsable -p batch --output={}/%j.env --wrap 'env'"
-    direct = run([gridgate_exe, "gate", "--socket", daemon.socket, "--",
-                  "sh", "-c", submit.format(out)], user="nobody", env=env)
-    nested = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "sh", "-c",
-                  'echo "outer=$GRIDGATE_GATE_TOKEN"; ' + submit.format(out)],
-                 user="nobody", env=env)
-    plain = run([gridgate_exe, "gate", "--socket", daemon.socket, "--", "sbatch", "--parsable",
-                 "-p", "batch", f"--output={out}/%j.env", "--wrap", "env"], user="nobody",
-                env=env)
+    direct = run(
+        [gridgate_exe, "gate", "--socket", daemon.socket, "--", "sh", "-c", submit.format(out)],
+        user="nobody",
+        env=env,
+    )
+    nested = run(
+        [
+            gridgate_exe,
+            "gate",
+            "--socket",
+            daemon.socket,
+            "--",
+            "sh",
+            "-c",
+            'echo "outer=$GRIDGATE_GATE_TOKEN"; ' + submit.format(out),
+        ],
+        user="nobody",
+        env=env,
+    )
+    plain = run(
+        [
+            gridgate_exe,
+            "gate",
+            "--socket",
+            daemon.socket,
+            "--",
+            "sbatch",
+            "--parsable",
+            "-p",
+            "batch",
+            f"--output={out}/%j.env",
+            "--wrap",
+            "env",
+        ],
+        user="nobody",
+        env=env,
+    )
     for proc in (direct, nested, plain):
         assert proc.returncode == 0, proc.stderr
     assert nested.stdout.splitlines()[0] != "outer="  # the script did hold a token
@@ -387,8 +490,9 @@ def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(slurm, start_daemon
     assert all(j.isdigit() for j in jobs), jobs
     for job in jobs:
         dump = out / f"{job}.env"
-        until(lambda d=dump: d.exists() and "GRIDGATE_TEST_MARK=copied" in d.read_text(),
-              timeout=120)
+        until(
+            lambda d=dump: d.exists() and "GRIDGATE_TEST_MARK=copied" in d.read_text(), timeout=120
+        )
         assert "GRIDGATE_GATE_TOKEN" not in dump.read_text()
 
 
@@ -404,16 +508,32 @@ def test_the_gate_signs_its_requests_over_tcp(start_daemon, gridgate_exe, sockdi
     key.write_text("a-shared-key\n")
     key.chmod(0o600)
     log = sockdir / "diag.log"
-    daemon = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
-                           "diagnose": True, "diagnose_file": str(log)})
+    daemon = start_daemon(
+        {
+            "tcp": f"127.0.0.1:{port}",
+            "key": {"file": str(key)},
+            "diagnose": True,
+            "diagnose_file": str(log),
+        }
+    )
     config = sockdir / "client.yaml"
-    config.write_text(yaml.safe_dump({"proxyd": {
-        "hosts": [{"name": "tcp1", "address": f"127.0.0.1:{port}"}], "key": {"file": str(key)},
-        "when_unavailable": "fail"}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "proxyd": {
+                    "hosts": [{"name": "tcp1", "address": f"127.0.0.1:{port}"}],
+                    "key": {"file": str(key)},
+                    "when_unavailable": "fail",
+                }
+            }
+        )
+    )
     env = {"XDG_CACHE_HOME": str(sockdir / "cache")}
     argv = [gridgate_exe, "gate", "-c", str(config), "--"]
-    outer = run(argv + ["sh", "-c", f"printenv GRIDGATE_GATE_TOKEN; {' '.join(argv)} "
-                                    "echo nested-ran"], env=env)
+    outer = run(
+        argv + ["sh", "-c", f"printenv GRIDGATE_GATE_TOKEN; {' '.join(argv)} echo nested-ran"],
+        env=env,
+    )
     assert outer.returncode == 0, outer.stderr
     first, second = outer.stdout.split()
     assert first and second == "nested-ran"
@@ -431,8 +551,7 @@ def test_a_grant_after_a_denial_is_handed_over_too(start_daemon, gridgate_exe, s
     the token granted to a later attempt goes to a holder of its own, and comes back."""
     daemon = start_daemon({"policies": "QUERY[max=1 nominal=1]", "token_wait_time": 0.5})
     config = sockdir / "client.yaml"
-    config.write_text(yaml.safe_dump({"proxyd": {"socket": daemon.socket,
-                                                 "token_wait_time": 0.5}}))
+    config.write_text(yaml.safe_dump({"proxyd": {"socket": daemon.socket, "token_wait_time": 0.5}}))
     config.chmod(0o644)
     shared = sockdir / "shared"
     shared.mkdir()
@@ -445,8 +564,7 @@ def test_a_grant_after_a_denial_is_handed_over_too(start_daemon, gridgate_exe, s
         assert until(ready.exists, 60)
         waiter = start(gate + ["printenv", "GRIDGATE_GATE_TOKEN"], user="nobody")
         # denied at the 0.5 s wait limit while the holder keeps the only token; it tries again
-        assert until(lambda: status(daemon.socket)["metrics"]["rejected.query"]["current"] >= 1,
-                     60)
+        assert until(lambda: status(daemon.socket)["metrics"]["rejected.query"]["current"] >= 1, 60)
         go.touch()
         out, err = waiter.communicate(timeout=60)
         assert waiter.returncode == 0, err
@@ -468,8 +586,7 @@ def niceness(stat: str) -> int:
 
 def test_a_busy_users_gated_command_runs_niced(start_daemon, gridgate_exe, sockdir) -> None:
     # two query calls in flight make a user busy here: the second runs at busy_nice
-    daemon = start_daemon({"policies": "QUERY[max=4 nominal=4]", "busy_after": 2,
-                           "busy_nice": 7})
+    daemon = start_daemon({"policies": "QUERY[max=4 nominal=4]", "busy_after": 2, "busy_nice": 7})
     gate = [gridgate_exe, "gate", "-q", "--socket", daemon.socket, "--category", "query", "--"]
     stat = [*gate, "/bin/cat", "/proc/self/stat"]
     alone = run(stat, user="nobody")
@@ -479,8 +596,9 @@ def test_a_busy_users_gated_command_runs_niced(start_daemon, gridgate_exe, sockd
     try:
         for user in ("nobody", "root"):
             argv = [*gate, "/bin/sleep", "60"]
-            holders.append(subprocess.Popen(AS_NOBODY + argv if user == "nobody" else argv,
-                                            cwd="/"))
+            holders.append(
+                subprocess.Popen(AS_NOBODY + argv if user == "nobody" else argv, cwd="/")
+            )
         assert until(lambda: in_use(daemon.socket)["query"] == 2)
         busy = run(stat, user="nobody")
         assert busy.returncode == 0, busy.stderr

@@ -35,8 +35,10 @@ def _warnings(action) -> list[str]:
 
 def test_max_connections_follows_the_descriptor_limit():
     cap = capacity({}, nofile=256)
-    assert cap.max_connections + cap.admin_reserve + cap.tcp_max_unauthenticated + TCP_BURST \
+    assert (
+        cap.max_connections + cap.admin_reserve + cap.tcp_max_unauthenticated + TCP_BURST
         == 256 - OWN_FDS
+    )
     big = capacity({}, nofile=20000)
     assert (big.tcp_max_unauthenticated, big.admin_reserve) == (256, 64)
     assert big.max_connections == 20000 - OWN_FDS - 256 - TCP_BURST - 64
@@ -52,9 +54,17 @@ def test_a_configured_max_beyond_the_limit_is_lowered_with_a_warning():
 
 
 def test_unauthenticated_tcp_never_takes_from_the_other_pools():
-    guard = ConnectionGuard(capacity({"max_connections": 2, "admin_reserve": 1,
-                                      "tcp_max_unauthenticated": 3, "tcp_max_per_peer": 2},
-                                     nofile=1000))
+    guard = ConnectionGuard(
+        capacity(
+            {
+                "max_connections": 2,
+                "admin_reserve": 1,
+                "tcp_max_unauthenticated": 3,
+                "tcp_max_per_peer": 2,
+            },
+            nofile=1000,
+        )
+    )
     assert guard.admit("t1", UNAUTH, "10.0.0.1") is None
     assert guard.admit("t2", UNAUTH, "10.0.0.1") is None
     assert "from 10.0.0.1" in guard.admit("t3", UNAUTH, "10.0.0.1")  # per address
@@ -107,15 +117,23 @@ def test_accepted_tcp_connections_send_without_delay():
     seen: list[int] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP,
-                                                                socket.TCP_NODELAY))
+        seen.append(
+            writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        )
         writer.write(b"ok\n")
         await writer.drain()
 
     async def main() -> None:
         sock = listening_socket(socket.AF_INET, ("127.0.0.1", 0))
-        listener = Listener(asyncio.get_running_loop(), sock, handler, "tcp test",
-                            PeriodicLog(60.0), 1 << 16, lambda _listener: 8)
+        listener = Listener(
+            asyncio.get_running_loop(),
+            sock,
+            handler,
+            "tcp test",
+            PeriodicLog(60.0),
+            1 << 16,
+            lambda _listener: 8,
+        )
         try:
             reader, writer = await asyncio.open_connection(*sock.getsockname())
             assert await reader.readline() == b"ok\n"

@@ -28,18 +28,22 @@ def _imported(path: Path) -> set[str]:
 
 
 def test_every_sub_package_is_in_the_packages_list() -> None:
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-                 ["packages"])
-    found = {".".join([PACKAGE, *init.parent.relative_to(PLUGIN).parts])
-             for init in PLUGIN.rglob("__init__.py")}
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join([PACKAGE, *init.parent.relative_to(PLUGIN).parts])
+        for init in PLUGIN.rglob("__init__.py")
+    }
     assert found - listed == set()
 
 
 def test_the_top_level_imports_no_sub_package() -> None:
     subs = {init.parent.name for init in PLUGIN.glob("*/__init__.py")}
     for module in PLUGIN.glob("*.py"):
-        inward = {n for n in _imported(module) if n.startswith(PACKAGE + ".")
-                  and n.split(".")[3] in subs}
+        inward = {
+            n for n in _imported(module) if n.startswith(PACKAGE + ".") and n.split(".")[3] in subs
+        }
         assert inward == set(), module.name
 
 

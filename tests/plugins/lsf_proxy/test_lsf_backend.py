@@ -35,9 +35,13 @@ def lsf_site(tmp_path):
         write_scenario(scenario_path, {"state_dir": str(tmp_path / "lsf"), **data})
 
     def backend(context: PluginContext | None = None, **section) -> LsfBackend:
-        section = {"queues": ["normal", "short"], "tokens": False,
-                   "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
-                   "env": {"GRIDGATE_LSF_SCENARIO": str(scenario_path)}, **section}
+        section = {
+            "queues": ["normal", "short"],
+            "tokens": False,
+            "commands": {"bsub": str(bin_dir / "bsub"), "bjobs": str(bin_dir / "bjobs")},
+            "env": {"GRIDGATE_LSF_SCENARIO": str(scenario_path)},
+            **section,
+        }
         return LsfBackend(section_for(LsfBackend, section), context or PluginContext())
 
     return backend, scenario
@@ -49,18 +53,42 @@ def test_parse_job_id_searches_past_banners() -> None:
     assert parse_job_id("Job <12> is submitted to default queue <normal>.") == "12"
     assert parse_job_id("No such queue. Job not submitted.") is None
     assert parse_bjobs("1^RUN^hostA\n2^PEND^-\ngarbage\n", "Job <3> is not found\n") == (
-        {"1": ("RUN", "hostA"), "2": ("PEND", "-")}, ("3",))
+        {"1": ("RUN", "hostA"), "2": ("PEND", "-")},
+        ("3",),
+    )
 
 
 def test_bsub_argv_is_a_list_with_the_configured_options(lsf_site) -> None:
     make, _ = lsf_site
-    backend = make(job_name="pilot", output="/logs/%J.out", error="/logs/%J.err",
-                   resources="select[mem>1000]", processors=2, extra_options=["-P", "vo"],
-                   command=["pilot.sh", "--vo", "x; rm -rf /"])
+    backend = make(
+        job_name="pilot",
+        output="/logs/%J.out",
+        error="/logs/%J.err",
+        resources="select[mem>1000]",
+        processors=2,
+        extra_options=["-P", "vo"],
+        command=["pilot.sh", "--vo", "x; rm -rf /"],
+    )
     argv = backend.bsub_argv(NORMAL, SubmitRequest("lsf", count=3, requirements="rusage[mem=2]"))
-    assert argv[1:] == ["-q", "normal", "-J", "pilot[1-3]", "-o", "/logs/%J.out", "-e",
-                        "/logs/%J.err", "-R", "rusage[mem=2]", "-n", "2", "-P", "vo", "pilot.sh",
-                        "--vo", "x; rm -rf /"]
+    assert argv[1:] == [
+        "-q",
+        "normal",
+        "-J",
+        "pilot[1-3]",
+        "-o",
+        "/logs/%J.out",
+        "-e",
+        "/logs/%J.err",
+        "-R",
+        "rusage[mem=2]",
+        "-n",
+        "2",
+        "-P",
+        "vo",
+        "pilot.sh",
+        "--vo",
+        "x; rm -rf /",
+    ]
     info = backend.gridgate_backend_info(backend="lsf")
     assert [e.name for e in info.endpoints] == ["normal", "short"]
     assert backend.gridgate_backend_info(backend="wms_glite") is None
@@ -73,19 +101,28 @@ def test_gridgate_submit_parses_the_job_id(lsf_site) -> None:
     result = backend.gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"), timeout=20)
     assert result.ok and result.job_ids == ("1001",)
     assert result.command.stdout.startswith("Cannot connect to LSF")
-    assert backend.gridgate_submit(endpoint=Endpoint("wms_glite", "x"),
-                                   request=SubmitRequest("lsf"), timeout=20) is None
+    assert (
+        backend.gridgate_submit(
+            endpoint=Endpoint("wms_glite", "x"), request=SubmitRequest("lsf"), timeout=20
+        )
+        is None
+    )
 
 
-@pytest.mark.parametrize(("behaviour", "kind", "transient"), [
-    ("too_many_processors", "usage", False),
-    ("rusage_error", "usage", False),
-    ("bad_resreq", "usage", False),
-    ("non_lsf_host", "unreachable", True),
-    ("lim_down", "daemon", True),
-    ("master_lim_down", "daemon", True),
-])
-def test_gridgate_classify_failure_permanent_and_transient(lsf_site, behaviour, kind, transient) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "kind", "transient"),
+    [
+        ("too_many_processors", "usage", False),
+        ("rusage_error", "usage", False),
+        ("bad_resreq", "usage", False),
+        ("non_lsf_host", "unreachable", True),
+        ("lim_down", "daemon", True),
+        ("master_lim_down", "daemon", True),
+    ],
+)
+def test_gridgate_classify_failure_permanent_and_transient(
+    lsf_site, behaviour, kind, transient
+) -> None:
     make, scenario = lsf_site
     scenario(queues={"normal": {"behaviour": behaviour}})
     backend = make()
@@ -105,7 +142,12 @@ def test_gridgate_classify_failure_no_such_queue_is_the_sites_config(lsf_site) -
     failure = backend.gridgate_classify_failure(endpoint=NORMAL, result=result)
     # the queue in the site's config does not exist: set aside and told, never retried elsewhere
     assert (failure.kind, failure.local, failure.exclude, failure.notify, failure.transient) == (
-        "config", False, True, True, False)
+        "config",
+        False,
+        True,
+        True,
+        False,
+    )
     assert "the queue does not exist" in failure.reason
 
 
@@ -133,12 +175,19 @@ def test_transient_failures_are_told_only_when_they_persist(lsf_site, tmp_path) 
     scenario(queues={"normal": {"behaviour": "lim_down"}})
     section = make().config
     collector = Collector()
-    director = director_for({
-        "director": {"cycle_seconds": 1, "failing_expiry": 60, "ticket_expiry": 600,
-                     "state_dir": str(tmp_path / "state")},
-        "backends": {"lsf": {**section, "queues": ["normal"]}},
-        "demand": {"static": {"lsf": 1}},
-    }, collector)
+    director = director_for(
+        {
+            "director": {
+                "cycle_seconds": 1,
+                "failing_expiry": 60,
+                "ticket_expiry": 600,
+                "state_dir": str(tmp_path / "state"),
+            },
+            "backends": {"lsf": {**section, "queues": ["normal"]}},
+            "demand": {"static": {"lsf": 1}},
+        },
+        collector,
+    )
     try:
         first = director.run_iteration()
         assert [r.failure_kind for r in first.records] == ["daemon"]
@@ -156,8 +205,12 @@ def test_query_reports_states_and_unknown_jobs(lsf_site) -> None:
     make, scenario = lsf_site
     scenario(job_stat="RUN")
     backend = make()
-    ids = [backend.gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"),
-                                   timeout=20).job_ids[0] for _ in range(2)]
+    ids = [
+        backend.gridgate_submit(endpoint=NORMAL, request=SubmitRequest("lsf"), timeout=20).job_ids[
+            0
+        ]
+        for _ in range(2)
+    ]
     states = backend.query([*ids, "999"])
     assert states.ok
     assert {k: v[0] for k, v in states.states.items()} == dict.fromkeys(ids, "RUN")
@@ -169,6 +222,7 @@ def test_query_reports_states_and_unknown_jobs(lsf_site) -> None:
 
 
 # --- tokens from a real daemon ---------------------------------------------------------------
+
 
 def test_every_command_takes_a_token_of_its_category(lsf_site, start_daemon, sockdir) -> None:
     make, _ = lsf_site
@@ -184,7 +238,9 @@ def test_every_command_takes_a_token_of_its_category(lsf_site, start_daemon, soc
     assert " QUERY_REQ,BATCH_JOB_QUERY," in text
 
 
-def test_a_refused_token_is_not_a_queue_failure(lsf_site, start_daemon, cli, py_as, tmp_path) -> None:
+def test_a_refused_token_is_not_a_queue_failure(
+    lsf_site, start_daemon, cli, py_as, tmp_path
+) -> None:
     make, _ = lsf_site
     daemon = start_daemon({})
     assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
@@ -214,15 +270,19 @@ print(json.dumps({{"ok": result.ok, "ran": result.command is not None, "kind": f
 def test_config_errors_name_the_queue() -> None:
     assert LsfBackend.config_errors({"queues": ["normal", "bad queue", "normal"]}) == [
         (("queues", 1), "'bad queue' is not an LSF queue name"),
-        (("queues", 2), "queue 'normal' is listed twice")]
+        (("queues", 2), "queue 'normal' is listed twice"),
+    ]
 
 
 def test_state_is_optional_for_classification(lsf_site) -> None:
     make, _ = lsf_site
     backend = make()
     backend.context = PluginContext(state=MemoryState({}))
-    result = SubmitResult(NORMAL, ok=False, command=CommandResult(
-        ("bsub",), 255, stderr="Request from non-LSF host rejected\n"))
+    result = SubmitResult(
+        NORMAL,
+        ok=False,
+        command=CommandResult(("bsub",), 255, stderr="Request from non-LSF host rejected\n"),
+    )
     assert backend.gridgate_classify_failure(endpoint=NORMAL, result=result).notify is False
     assert os.environ.get("GRIDGATE_LSF_SCENARIO") is None  # nothing leaked into this process
     assert Path(backend.config["commands"]["bsub"]).exists()
@@ -230,8 +290,11 @@ def test_state_is_optional_for_classification(lsf_site) -> None:
 
 # --- extra_options cannot carry what the backend writes (issue 21, items 12 and 16) ---------
 
-@pytest.mark.parametrize("options", [["-q", "other"], ["-qother"], ["-J", "x[1-5]"], ["-Jx[1-5]"],
-                                     ["-pack", "/tmp/jobs"]])
+
+@pytest.mark.parametrize(
+    "options",
+    [["-q", "other"], ["-qother"], ["-J", "x[1-5]"], ["-Jx[1-5]"], ["-pack", "/tmp/jobs"]],
+)
 def test_extra_options_the_backend_writes_itself_are_refused(options) -> None:
     problems = LsfBackend.config_errors({"queues": ["normal"], "extra_options": options})
     assert [where for where, _ in problems] == [("extra_options", 0)]
@@ -239,7 +302,10 @@ def test_extra_options_the_backend_writes_itself_are_refused(options) -> None:
 
 
 def test_extra_options_of_the_site_are_accepted() -> None:
-    section = {"queues": ["normal"], "extra_options": ["-P", "atlas", "-Jd", "pilot", "-W", "60", "-Q", "all"]}
+    section = {
+        "queues": ["normal"],
+        "extra_options": ["-P", "atlas", "-Jd", "pilot", "-W", "60", "-Q", "all"],
+    }
     assert LsfBackend.config_errors(section) == []
 
 

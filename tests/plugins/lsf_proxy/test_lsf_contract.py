@@ -11,7 +11,14 @@ class TestLsfBackendContract(BackendContract):
     name = "lsf"
     submitted_output = "Job <{call}> is submitted to queue <normal>.\n"
     refused_output = "Request from non-LSF host rejected\n"
-    bad_sections = (({"processors": "two"}, ("processors",)), ({"queues": ["no queue"]}, ("queues", 0)))
+    bad_sections = (
+        ({"processors": "two"}, ("processors",)),
+        ({"queues": ["no queue"]}, ("queues", 0)),
+    )
 
     def section(self, program, tmp_path):
-        return {"queues": ["normal"], "tokens": False, "commands": {"bsub": program, "bjobs": program}}
+        return {
+            "queues": ["normal"],
+            "tokens": False,
+            "commands": {"bsub": program, "bjobs": program},
+        }

@@ -48,8 +48,9 @@ End Parameters
 """
 
 
-def _files(tmp_path: Path, conf: str = LSF_CONF, params: str = LSB_PARAMS,
-           port: int = 6881) -> list[str]:
+def _files(
+    tmp_path: Path, conf: str = LSF_CONF, params: str = LSB_PARAMS, port: int = 6881
+) -> list[str]:
     (tmp_path / "lsf.conf").write_text(conf.replace("{port}", str(port)))
     (tmp_path / "lsb.params").write_text(params)
     return ["--lsf-conf", str(tmp_path / "lsf.conf"), "--lsb-params", str(tmp_path / "lsb.params")]
@@ -67,9 +68,13 @@ def test_real_syntax_becomes_a_validating_commented_section(tmp_path):
     done = subprocess.run([EXE, "config", "validate", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     section = load_config(out)["proxyd"]
-    assert section["hosts"] == [{"name": "proxy1", "address": "proxy1:6881"},
-                                {"name": "proxy2", "address": "proxy2:6881"}]
-    assert section["tcp"] == "0.0.0.0:6881" and section["key"] == {"file": "/etc/gridgate/proxyd.key"}
+    assert section["hosts"] == [
+        {"name": "proxy1", "address": "proxy1:6881"},
+        {"name": "proxy2", "address": "proxy2:6881"},
+    ]
+    assert section["tcp"] == "0.0.0.0:6881" and section["key"] == {
+        "file": "/etc/gridgate/proxyd.key"
+    }
     assert (section["token_wait_time"], section["notoken_ntries"]) == (10, 3)
     assert section["addon_hosts"] == ["hosta", "hostb"]
     assert section["diagnose"] is True and section["max_concurrent_query"] == 80
@@ -82,8 +87,11 @@ def test_real_syntax_becomes_a_validating_commented_section(tmp_path):
     assert "(lsb.params:7)" in result.output  # PROXYD_POLICIES, continued on line 8
     # what cannot be carried over is named, with why
     carried_not = result.output.split("# Not carried over:")[1]
-    for name in ("LSF_PROXYD_BYPASS='Y' (lsf.conf:10)", "LSF_DEBUG_PROXYD='LC_TRACE' (lsf.conf:11)",
-                 "LSB_DEBUG_MBD='LC2_LSF_PROXYD' (lsf.conf:12)"):
+    for name in (
+        "LSF_PROXYD_BYPASS='Y' (lsf.conf:10)",
+        "LSF_DEBUG_PROXYD='LC_TRACE' (lsf.conf:11)",
+        "LSB_DEBUG_MBD='LC2_LSF_PROXYD' (lsf.conf:12)",
+    ):
         assert name in carried_not, carried_not
     assert "mbatchd" in carried_not
     assert "DEFAULT_QUEUE" not in result.output and "LSF_MASTER_LIST" not in result.output
@@ -104,9 +112,23 @@ def test_the_imported_section_serves(tmp_path, sockdir):
     assert result.exit_code == 0, result.output
     config = sockdir / "site.yaml"
     config.write_text(result.output)
-    proc = subprocess.Popen([EXE, "lsfproxyd", "serve", "-c", str(config), "--name", "proxy1",
-                             "--socket", str(sockdir / "p.sock"), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            EXE,
+            "lsfproxyd",
+            "serve",
+            "-c",
+            str(config),
+            "--name",
+            "proxy1",
+            "--socket",
+            str(sockdir / "p.sock"),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
@@ -114,8 +136,12 @@ def test_the_imported_section_serves(tmp_path, sockdir):
         reader.join(30)
         assert line and line[0], proc.stderr.read() if proc.poll() is not None else "no line"
         assert json.loads(line[0])["tcp_port"] == port
-        out = subprocess.run([EXE, "lsfproxyd", "status", "--socket", str(sockdir / "p.sock")],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [EXE, "lsfproxyd", "status", "--socket", str(sockdir / "p.sock")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         # this daemon's share of QUERY[max=80] split over proxy1 and proxy2
         assert "QUERY      40" in out.stdout, out.stdout
@@ -126,17 +152,27 @@ def test_the_imported_section_serves(tmp_path, sockdir):
         proc.stderr.close()
 
 
-@pytest.mark.parametrize("conf, params, expected", [
-    ('LSF_PROXYD_HOSTS="a b\n', "", "lsf.conf:1: unclosed \" quote"),
-    ("LSF_PROXYD_PORT=seven\n", "", "lsf.conf:1: LSF_PROXYD_PORT='seven' is not a positive"),
-    ("just words\n", "", "lsf.conf:1: expected NAME=value"),
-    ("", "Begin Parameters\nMAX_CONCURRENT_QUERY=5\n", "Begin Parameters without End"),
-    ("", "End Parameters\n", "lsb.params:1: 'End Parameters' without a Begin"),
-    ("", "Begin Parameters\nMAX_CONCURRENT_QUERY=50\nPROXYD_POLICIES=\"QUERY[max=60]\"\n"
-         "End Parameters\n", "proxyd.policies.query.max: QUERY max (60) must not exceed"),
-    ("", "Begin Parameters\nPROXYD_POLICIES=\"QUERY[max=10 nominal=20]\"\nEnd Parameters\n",
-     "nominal (20) must not exceed max (10)"),
-])
+@pytest.mark.parametrize(
+    "conf, params, expected",
+    [
+        ('LSF_PROXYD_HOSTS="a b\n', "", 'lsf.conf:1: unclosed " quote'),
+        ("LSF_PROXYD_PORT=seven\n", "", "lsf.conf:1: LSF_PROXYD_PORT='seven' is not a positive"),
+        ("just words\n", "", "lsf.conf:1: expected NAME=value"),
+        ("", "Begin Parameters\nMAX_CONCURRENT_QUERY=5\n", "Begin Parameters without End"),
+        ("", "End Parameters\n", "lsb.params:1: 'End Parameters' without a Begin"),
+        (
+            "",
+            'Begin Parameters\nMAX_CONCURRENT_QUERY=50\nPROXYD_POLICIES="QUERY[max=60]"\n'
+            "End Parameters\n",
+            "proxyd.policies.query.max: QUERY max (60) must not exceed",
+        ),
+        (
+            "",
+            'Begin Parameters\nPROXYD_POLICIES="QUERY[max=10 nominal=20]"\nEnd Parameters\n',
+            "nominal (20) must not exceed max (10)",
+        ),
+    ],
+)
 def test_bad_files_are_errors_naming_file_and_line(tmp_path, conf, params, expected):
     result = _run(*_files(tmp_path, conf, params))
     assert result.exit_code == 2, result.output

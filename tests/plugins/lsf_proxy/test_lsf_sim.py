@@ -27,8 +27,13 @@ def lsf(tmp_path):
         if scenario is not None:
             data = {"state_dir": str(tmp_path / "lsf"), **scenario}
             env["GRIDGATE_LSF_SCENARIO"] = str(write_scenario(tmp_path / "scenario.json", data))
-        return subprocess.run([str(bin_dir / program), *args], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        return subprocess.run(
+            [str(bin_dir / program), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
 
     return run
 
@@ -45,16 +50,20 @@ def test_bsub_preamble_comes_before_the_answer(lsf) -> None:
     out = lsf("bsub", "-q", "normal", "x", scenario={"queues": {"normal": {"preamble": 2}}})
     assert out.returncode == 0
     assert out.stdout.splitlines() == ["Cannot connect to LSF. Please wait ..."] * 2 + [
-        "Job <1001> is submitted to queue <normal>."]
+        "Job <1001> is submitted to queue <normal>."
+    ]
 
 
-@pytest.mark.parametrize(("behaviour", "line"), [
-    ("no_such_queue", "No such queue. Job not submitted."),
-    ("too_many_processors", "Too many processors requested. Job not submitted."),
-    ("rusage_error", "Error in rusage section. Job not submitted."),
-    ("non_lsf_host", "Request from non-LSF host rejected"),
-    ("lim_down", "Failed in an LSF library call: LIM is down; try later. Job not submitted."),
-])
+@pytest.mark.parametrize(
+    ("behaviour", "line"),
+    [
+        ("no_such_queue", "No such queue. Job not submitted."),
+        ("too_many_processors", "Too many processors requested. Job not submitted."),
+        ("rusage_error", "Error in rusage section. Job not submitted."),
+        ("non_lsf_host", "Request from non-LSF host rejected"),
+        ("lim_down", "Failed in an LSF library call: LIM is down; try later. Job not submitted."),
+    ],
+)
 def test_bsub_failures_exit_255(lsf, behaviour, line) -> None:
     out = lsf("bsub", "-q", "q1", "x", scenario={"queues": {"q1": {"behaviour": behaviour}}})
     assert out.returncode == 255
@@ -65,13 +74,21 @@ def test_bsub_failures_exit_255(lsf, behaviour, line) -> None:
 def test_bsub_checks_the_request_like_mbatchd(lsf) -> None:
     scenario = {"known_queues": ["normal"], "max_processors": 4}
     assert "No such queue" in lsf("bsub", "-q", "nope", "x", scenario=scenario).stderr
-    assert "Too many processors" in lsf("bsub", "-q", "normal", "-n", "5", "x",
-                                        scenario=scenario).stderr
+    assert (
+        "Too many processors"
+        in lsf("bsub", "-q", "normal", "-n", "5", "x", scenario=scenario).stderr
+    )
     bad = lsf("bsub", "-q", "normal", "-R", "select[mem>1", "x", scenario=scenario)
     assert (bad.returncode, bad.stderr.strip()) == (
-        255, "Bad resource requirement syntax. Job not submitted.")
-    assert lsf("bsub", "-q", "normal", "-n", "4", "-R", "select[mem>1]", "x",
-               scenario=scenario).returncode == 0
+        255,
+        "Bad resource requirement syntax. Job not submitted.",
+    )
+    assert (
+        lsf(
+            "bsub", "-q", "normal", "-n", "4", "-R", "select[mem>1]", "x", scenario=scenario
+        ).returncode
+        == 0
+    )
 
 
 def test_bjobs_table_format_and_not_found(lsf) -> None:
@@ -81,10 +98,24 @@ def test_bjobs_table_format_and_not_found(lsf) -> None:
     table = lsf("bjobs", scenario=scenario)
     lines = table.stdout.splitlines()
     assert lines[0] == HEADER
-    assert lines[1].split()[:7] == ["1001", lines[1].split()[1], "RUN", "normal",
-                                    lines[1].split()[4], lines[1].split()[4], "pilot"]
-    short = lsf("bjobs", "-noheader", "-o", "jobid stat exec_host delimiter='^'", "1001", "77",
-                scenario=scenario)
+    assert lines[1].split()[:7] == [
+        "1001",
+        lines[1].split()[1],
+        "RUN",
+        "normal",
+        lines[1].split()[4],
+        lines[1].split()[4],
+        "pilot",
+    ]
+    short = lsf(
+        "bjobs",
+        "-noheader",
+        "-o",
+        "jobid stat exec_host delimiter='^'",
+        "1001",
+        "77",
+        scenario=scenario,
+    )
     assert short.stdout.strip().split("^")[:2] == ["1001", "RUN"]
     assert short.stderr.strip() == "Job <77> is not found"
     assert short.returncode == 255
@@ -107,8 +138,10 @@ def test_service_time_grows_with_concurrency() -> None:
 def test_master_counts_concurrent_requests(tmp_path, lsf) -> None:
     sock = str(tmp_path / "master.sock")
     with start_master(sock, base=0.3, knee=100) as master:
-        threads = [threading.Thread(target=call, args=(sock, {"op": "request", "command": "bjobs"}))
-                   for _ in range(6)]
+        threads = [
+            threading.Thread(target=call, args=(sock, {"op": "request", "command": "bjobs"}))
+            for _ in range(6)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -143,9 +176,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_master_stops_when_its_starter_dies(tmp_path) -> None:
-    code = ("import os, sys; from gridgate.plugins.lsf_proxy.sim import start_master; "
-            f"m = start_master({str(tmp_path / 'm.sock')!r}); print(m.proc.pid, flush=True); "
-            "os._exit(0)")
+    code = (
+        "import os, sys; from gridgate.plugins.lsf_proxy.sim import start_master; "
+        f"m = start_master({str(tmp_path / 'm.sock')!r}); print(m.proc.pid, flush=True); "
+        "os._exit(0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     pid = int(out.stdout)
     deadline = time.monotonic() + 30

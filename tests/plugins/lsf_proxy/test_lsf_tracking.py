@@ -35,14 +35,19 @@ TABLE = """JOBID     USER    STAT  QUEUE      FROM_HOST   EXEC_HOST   JOB_NAME  
 def test_classic_table_real_capture() -> None:
     rows = parse_status_rows(TABLE, table=True)
     assert {j: r.stat for j, r in rows.items()} == {
-        "103506916": "PEND", "103606918": "RUN", "103606923": "DONE", "103507052": "PEND"}
+        "103506916": "PEND",
+        "103606918": "RUN",
+        "103606923": "DONE",
+        "103507052": "PEND",
+    }
     assert rows["103606918"].exec_host == "lxbsu0606" and rows["103506916"].exec_host == ""
 
 
 def test_custom_format_rows_with_dashes_and_a_reason_holding_colons() -> None:
     rows = parse_status_rows(
         "764213236^EXIT^b681e480bd^140^TERM_RUNLIMIT: job killed after reaching LSF run time limit\n"
-        "764220165^PEND^-^-^-\n1^RUN^host\nnot a row\n")
+        "764220165^PEND^-^-^-\n1^RUN^host\nnot a row\n"
+    )
     assert rows["764213236"].reason == "TERM_RUNLIMIT: job killed after reaching LSF run time limit"
     assert rows["764213236"].exit_code == 140
     assert (rows["764220165"].exec_host, rows["764220165"].exit_code) == ("", None)
@@ -55,15 +60,28 @@ def test_an_array_under_one_id_keeps_its_liveliest_row() -> None:
 
 
 def test_states_normalise_as_formats_md_says() -> None:
-    expected = {"PEND": "waiting", "PROV": "waiting", "PSUSP": "waiting", "WAIT": "waiting",
-                "RUN": "running", "USUSP": "running", "SSUSP": "running", "DONE": "done",
-                "EXIT": "failed", "UNKWN": "unknown", "ZOMBI": "unknown", "NEW": "unknown"}
+    expected = {
+        "PEND": "waiting",
+        "PROV": "waiting",
+        "PSUSP": "waiting",
+        "WAIT": "waiting",
+        "RUN": "running",
+        "USUSP": "running",
+        "SSUSP": "running",
+        "DONE": "done",
+        "EXIT": "failed",
+        "UNKWN": "unknown",
+        "ZOMBI": "unknown",
+        "NEW": "unknown",
+    }
     assert {s: normalise(s) for s in expected} == expected
 
 
 def test_bkill_real_capture() -> None:
     # grid-control testsuite/backend/test.LSF.cancel
-    out = parse_bkill("Job <827766504>: Job has already finished\nJob <827766508> is being terminated\n")
+    out = parse_bkill(
+        "Job <827766504>: Job has already finished\nJob <827766508> is being terminated\n"
+    )
     assert out.terminated == ("827766508",) and out.finished == ("827766504",)
     assert parse_bkill("", "Job <22>: No matching job found\n").unknown == ("22",)
 
@@ -89,24 +107,40 @@ def site(tmp_path: Path):
         write_file_time(clock, value)
 
     def scenario(**data) -> None:
-        write_scenario(path, {"state_dir": str(tmp_path / "lsf"), "clock_file": str(clock),
-                              "calls_log": str(calls), **data})
+        write_scenario(
+            path,
+            {
+                "state_dir": str(tmp_path / "lsf"),
+                "clock_file": str(clock),
+                "calls_log": str(calls),
+                **data,
+            },
+        )
 
     def backend(context: PluginContext | None = None, **section) -> LsfBackend:
-        section = {"queues": ["normal", "broken"], "tokens": False,
-                   "commands": {n: str(bin_dir / n) for n in ("bsub", "bjobs")},  # bkill: beside
-                   "env": {"GRIDGATE_LSF_SCENARIO": str(path)}, **section}
+        section = {
+            "queues": ["normal", "broken"],
+            "tokens": False,
+            "commands": {n: str(bin_dir / n) for n in ("bsub", "bjobs")},  # bkill: beside
+            "env": {"GRIDGATE_LSF_SCENARIO": str(path)},
+            **section,
+        }
         return LsfBackend(section_for(LsfBackend, section), context or PluginContext())
 
     def bjobs_calls() -> list[dict]:
         if not calls.exists():
             return []
-        return [e for e in map(json.loads, calls.read_text().splitlines()) if e["command"] == "bjobs"]
+        return [
+            e for e in map(json.loads, calls.read_text().splitlines()) if e["command"] == "bjobs"
+        ]
 
     set_time(T0)
-    scenario(queues={"normal": {"pilots": {"outcome": "done", "pend": 2, "run": 10,
-                                           "clean_period": 600}},
-                     "broken": {"pilots": {"outcome": "exit", "exit_code": 2, "pend": 1, "run": 1}}})
+    scenario(
+        queues={
+            "normal": {"pilots": {"outcome": "done", "pend": 2, "run": 10, "clean_period": 600}},
+            "broken": {"pilots": {"outcome": "exit", "exit_code": 2, "pend": 1, "run": 1}},
+        }
+    )
     return backend, scenario, set_time, bjobs_calls, tmp_path
 
 
@@ -171,8 +205,19 @@ def test_one_bjobs_per_queue_for_1_or_5000_pilots(site) -> None:
     assert backend.gridgate_job_status(endpoint=NORMAL, job_ids=[one], timeout=20).ok
     # 5,000 more pilots written into the stand-in's job table (5,000 bsubs would only slow
     # the test); the query goes through the real stand-in bjobs.
-    jobs = [{"id": 20000 + n, "user": "pilot", "queue": "normal", "name": "p", "stat": "PEND",
-             "submitted": T0, "host": "h", "command": ["pilot.sh"]} for n in range(5000)]
+    jobs = [
+        {
+            "id": 20000 + n,
+            "user": "pilot",
+            "queue": "normal",
+            "name": "p",
+            "stat": "PEND",
+            "submitted": T0,
+            "host": "h",
+            "command": ["pilot.sh"],
+        }
+        for n in range(5000)
+    ]
     with open(tmp_path / "lsf" / "jobs.jsonl", "a", encoding="utf-8") as handle:
         handle.writelines(json.dumps(j) + "\n" for j in jobs)
     ids = [one, *(str(j["id"]) for j in jobs)]
@@ -188,8 +233,11 @@ def test_a_long_id_list_is_split_only_as_the_argv_requires(site, monkeypatch) ->
     backend = make()
     ids = [submit(backend, NORMAL) for _ in range(3)]
     original = runner.argv_chunks
-    monkeypatch.setattr(runner, "argv_chunks", lambda prefix, items: original(
-        prefix, items, limit=sum(len(w) + 1 for w in prefix) + 10))
+    monkeypatch.setattr(
+        runner,
+        "argv_chunks",
+        lambda prefix, items: original(prefix, items, limit=sum(len(w) + 1 for w in prefix) + 10),
+    )
     result = backend.gridgate_job_status(endpoint=NORMAL, job_ids=ids, timeout=20)
     assert result.ok and result.commands == 2 and set(result.statuses) == set(ids)
     assert [c["ids"] for c in bjobs_calls()] == [2, 1]
@@ -209,7 +257,9 @@ def test_bkill_terminates_live_jobs_and_finished_ones_count_as_done_with(site) -
     backend = make()
     live, finished = submit(backend, NORMAL), submit(backend, BROKEN)
     set_time(T0 + 5)
-    result = backend.gridgate_cancel(endpoint=NORMAL, job_ids=[live, finished, "424242"], timeout=20)
+    result = backend.gridgate_cancel(
+        endpoint=NORMAL, job_ids=[live, finished, "424242"], timeout=20
+    )
     assert result.ok and result.command.returncode == 255
     assert set(result.cancelled) == {live, finished}
     after = backend.gridgate_job_status(endpoint=NORMAL, job_ids=[live], timeout=20).statuses[live]
@@ -247,7 +297,9 @@ def test_bkill_is_found_beside_bjobs_unless_configured() -> None:
     from gridgate.plugins.lsf_proxy.director.tracking import bkill_command
 
     def backend(commands: dict) -> LsfBackend:
-        return LsfBackend(section_for(LsfBackend, {"queues": ["q"], "commands": commands}), PluginContext())
+        return LsfBackend(
+            section_for(LsfBackend, {"queues": ["q"], "commands": commands}), PluginContext()
+        )
 
     assert bkill_command(backend({"bjobs": "/opt/lsf/bin/bjobs"})) == "/opt/lsf/bin/bkill"
     assert bkill_command(backend({})) == "bkill"

@@ -24,19 +24,38 @@ def world(tmp_path: Path):
     bin_dir = install_commands(tmp_path / "bin")
     clock_file, calls = tmp_path / "clock", tmp_path / "calls.jsonl"
     write_file_time(clock_file, T0)
-    scenario = write_scenario(tmp_path / "scenario.json", {
-        "state_dir": str(tmp_path / "lsf"), "clock_file": str(clock_file), "calls_log": str(calls),
-        "queues": {"normal": {"pilots": {"pend": 2, "run": 30, "outcome": "done"}},
-                   "broken": {"pilots": {"pend": 1, "run": 1, "outcome": "exit", "exit_code": 127}}}})
+    scenario = write_scenario(
+        tmp_path / "scenario.json",
+        {
+            "state_dir": str(tmp_path / "lsf"),
+            "clock_file": str(clock_file),
+            "calls_log": str(calls),
+            "queues": {
+                "normal": {"pilots": {"pend": 2, "run": 30, "outcome": "done"}},
+                "broken": {"pilots": {"pend": 1, "run": 1, "outcome": "exit", "exit_code": 127}},
+            },
+        },
+    )
     clock = FakeClock(T0)
     collector = Collector()
     doc = {
-        "director": {"cycle_seconds": 1, "max_threads": 4, "command_timeout": 20,
-                     "failing_expiry": 3600, "ticket_expiry": 3600, "state_dir": str(tmp_path / "state")},
+        "director": {
+            "cycle_seconds": 1,
+            "max_threads": 4,
+            "command_timeout": 20,
+            "failing_expiry": 3600,
+            "ticket_expiry": 3600,
+            "state_dir": str(tmp_path / "state"),
+        },
         "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
-        "backends": {"lsf": {"queues": ["normal", "broken"], "tokens": False,
-                             "commands": {n: str(bin_dir / n) for n in ("bsub", "bjobs", "bkill")},
-                             "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)}}},
+        "backends": {
+            "lsf": {
+                "queues": ["normal", "broken"],
+                "tokens": False,
+                "commands": {n: str(bin_dir / n) for n in ("bsub", "bjobs", "bkill")},
+                "env": {"GRIDGATE_LSF_SCENARIO": str(scenario)},
+            }
+        },
         "demand": {"static": {"lsf": 20}},
         "selectors": {"round_robin": {}},
     }
@@ -58,7 +77,9 @@ def test_a_queue_whose_every_pilot_exits_leaves_rotation_with_one_error(world) -
     director, collector, advance, bjobs_per_queue = world
     first = director.run_iteration()
     assert Counter(r.endpoint for r in first.records if r.outcome == "submitted") == {
-        "normal": 10, "broken": 10}
+        "normal": 10,
+        "broken": 10,
+    }
     advance(5)
     second = director.run_iteration()
     assert bjobs_per_queue() == {"normal": 1, "broken": 1}
@@ -78,7 +99,9 @@ def test_a_queue_whose_every_pilot_exits_leaves_rotation_with_one_error(world) -
 
 
 @pytest.mark.parametrize("tracked", [1, 5000])
-def test_one_bjobs_per_queue_and_poll_whatever_the_number_of_pilots(world, tmp_path, tracked) -> None:
+def test_one_bjobs_per_queue_and_poll_whatever_the_number_of_pilots(
+    world, tmp_path, tracked
+) -> None:
     from gridgate.core.pilots import Pilot
 
     director, _, advance, bjobs_per_queue = world
@@ -87,12 +110,26 @@ def test_one_bjobs_per_queue_and_poll_whatever_the_number_of_pilots(world, tmp_p
     ids = [str(500000 + n) for n in range(tracked)]
     (tmp_path / "lsf").mkdir(exist_ok=True)
     with open(tmp_path / "lsf" / "jobs.jsonl", "a", encoding="utf-8") as handle:
-        handle.writelines(json.dumps({"id": int(j), "user": "pilot", "queue": "normal", "name": "p",
-                                      "stat": "PEND", "submitted": T0, "host": "h",
-                                      "command": ["pilot.sh"]}) + "\n" for j in ids)
+        handle.writelines(
+            json.dumps(
+                {
+                    "id": int(j),
+                    "user": "pilot",
+                    "queue": "normal",
+                    "name": "p",
+                    "stat": "PEND",
+                    "submitted": T0,
+                    "host": "h",
+                    "command": ["pilot.sh"],
+                }
+            )
+            + "\n"
+            for j in ids
+        )
     director.state.pilot_registry().put(
         Pilot(job_id=j, backend="lsf", endpoint="normal", submitted=T0, state="waiting", changed=T0)
-        for j in ids)
+        for j in ids
+    )
     advance(5)  # PEND 2 s, then RUN
     summary = director.run_iteration()
     assert bjobs_per_queue() == {"normal": 1}

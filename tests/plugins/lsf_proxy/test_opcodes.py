@@ -8,17 +8,24 @@ from gridgate.plugins.lsf_proxy.config import category_of
 from gridgate.plugins.lsf_proxy.opcodes import COMMAND_OPCODES, opcode_of, request_size
 
 
-@pytest.mark.parametrize("command, opcode", [
-    ("bjobs", "BATCH_JOB_QUERY"),          # the seed's log
-    ("/usr/lsf/bin/bhosts", "BATCH_HOST_INFO"),  # the seed's log
-    ("bsub", "BATCH_JOB_SUB"),             # the seed's log
-    ("brsvdel", "BATCH_REMOVE_RSV"),       # the seed's log
-    ("bqueues", "BATCH_QUE_INFO"), ("bkill", "BATCH_JOB_SIG"),
-    ("squeue", "REQUEST_JOB_INFO"), ("sinfo", "REQUEST_NODE_INFO"),
-    ("sbatch", "REQUEST_SUBMIT_BATCH_JOB"), ("scancel", "REQUEST_KILL_JOB"),
-    ("sacct", "DBD_GET_JOBS_COND"), ("scontrol", "REQUEST_UPDATE_JOB"),
-    ("my_tool", "my_tool"),                # not in the table: its own name
-])
+@pytest.mark.parametrize(
+    "command, opcode",
+    [
+        ("bjobs", "BATCH_JOB_QUERY"),  # the seed's log
+        ("/usr/lsf/bin/bhosts", "BATCH_HOST_INFO"),  # the seed's log
+        ("bsub", "BATCH_JOB_SUB"),  # the seed's log
+        ("brsvdel", "BATCH_REMOVE_RSV"),  # the seed's log
+        ("bqueues", "BATCH_QUE_INFO"),
+        ("bkill", "BATCH_JOB_SIG"),
+        ("squeue", "REQUEST_JOB_INFO"),
+        ("sinfo", "REQUEST_NODE_INFO"),
+        ("sbatch", "REQUEST_SUBMIT_BATCH_JOB"),
+        ("scancel", "REQUEST_KILL_JOB"),
+        ("sacct", "DBD_GET_JOBS_COND"),
+        ("scontrol", "REQUEST_UPDATE_JOB"),
+        ("my_tool", "my_tool"),  # not in the table: its own name
+    ],
+)
 def test_opcode_of_commands(command, opcode):
     assert opcode_of(command) == opcode
     assert opcode_of(opcode) == opcode  # an opcode stays itself

@@ -23,9 +23,16 @@ _ids = itertools.count(1)
 
 def make(max_=1, lease=300.0, hold=None, privileged=None, admins=("root", "svc")):
     limits = {c: Limits(max_, max_, 0.0) for c in CATEGORIES}
-    settings = PolicySettings(limits, 15.0, 1000, lease, frozenset(admins), frozenset(),
-                              hold_limits=dict(hold or {}),
-                              privileged=None if privileged is None else frozenset(privileged))
+    settings = PolicySettings(
+        limits,
+        15.0,
+        1000,
+        lease,
+        frozenset(admins),
+        frozenset(),
+        hold_limits=dict(hold or {}),
+        privileged=None if privileged is None else frozenset(privileged),
+    )
     clock = FakeClock()
     return TokenPolicy(settings, clock=clock), clock
 
@@ -94,7 +101,11 @@ def test_a_category_hold_limit_is_not_dodged_by_another_command_name():
     policy, clock = make(max_=4, hold={"query": 60, "squeue": 30})
     named = {op: policy.request(req(opcode=op)).token for op in ("squeue", "X", "myq", "")}
     assert {op: t.expires_at - t.granted for op, t in named.items()} == {
-        "squeue": 30, "X": 60, "myq": 60, "": 60}
+        "squeue": 30,
+        "X": 60,
+        "myq": 60,
+        "": 60,
+    }
     # a command's own limit never raises the category's, nor lease_time
     policy2, _ = make(max_=2, lease=100, hold={"query": 50, "bjobs": 500})
     assert policy2.hold_limit("query", "bjobs") == 50
@@ -123,7 +134,8 @@ def test_admin_rights_and_token_privilege_are_apart():
 
 
 def test_a_ride_request_with_bad_fields_is_a_bad_request_and_a_connection_holds_its_ride(
-        start_daemon) -> None:
+    start_daemon,
+) -> None:
     """The ride's own fields (category, opcode) over a real socket: every odd value a
     ``bad_request``, never ``internal``; a granted ride is held by its connection and goes back
     when that connection closes, and the parent's slot is all the category counts."""
@@ -149,14 +161,22 @@ def test_a_ride_request_with_bad_fields_is_a_bad_request_and_a_connection_holds_
         status = reply.reply["status"]
         return status["categories"]["query"]["in_use"], len(status["longest_held"])
 
-    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client, \
-            client.acquire("query", "squeue", 0) as parent:
+    with (
+        ProxyClient([Daemon("proxyd", daemon.socket)]) as client,
+        client.acquire("query", "squeue", 0) as parent,
+    ):
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(daemon.socket)
             base = {"v": 1, "id": 1, "op": "check", "token": parent.id}
-            for bad in ({"category": ["query"]}, {"category": {"q": 1}}, {"category": "\ud800"},
-                        {"category": "queries"}, {"category": "query", "opcode": ["x"]},
-                        {"category": "query", "opcode": "x" * 129}, {"category": 7}):
+            for bad in (
+                {"category": ["query"]},
+                {"category": {"q": 1}},
+                {"category": "\ud800"},
+                {"category": "queries"},
+                {"category": "query", "opcode": ["x"]},
+                {"category": "query", "opcode": "x" * 129},
+                {"category": 7},
+            ):
                 reply = talk(sock, {**base, **bad})
                 assert not reply["ok"] and reply["error"]["code"] == "bad_request", (bad, reply)
             ride = talk(sock, {**base, "category": "query", "opcode": "squeue"})

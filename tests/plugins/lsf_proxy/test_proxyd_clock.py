@@ -38,8 +38,9 @@ def fake_daemon(sockdir):
         daemon = ProxyDaemon(section, clock=clock)
         ready = threading.Event()
         daemon.on_ready = lambda _d: ready.set()
-        thread = threading.Thread(target=lambda: asyncio.run(daemon.serve(install_signals=False)),
-                                  daemon=True)
+        thread = threading.Thread(
+            target=lambda: asyncio.run(daemon.serve(install_signals=False)), daemon=True
+        )
         thread.start()
         assert ready.wait(20), "daemon did not start"
         started.append((daemon, thread))
@@ -71,10 +72,14 @@ def test_lease_expiry_counts_as_error_and_is_logged(fake_daemon):
         assert admin_status(daemon.socket_path)["categories"]["submission"]["in_use"] == 1
         clock.advance(1)
         daemon.wake()
-        assert until(lambda: admin_status(daemon.socket_path)["categories"]["submission"]["in_use"] == 0)
+        assert until(
+            lambda: admin_status(daemon.socket_path)["categories"]["submission"]["in_use"] == 0
+        )
         status = admin_status(daemon.socket_path)
         assert status["metrics"]["error"]["current"] == 1
-        assert any("lease of token" in line and "root@" in line and "expired" in line for line in seen)
+        assert any(
+            "lease of token" in line and "root@" in line and "expired" in line for line in seen
+        )
         client.release(token)  # late release: harmless
         client.close()
     finally:
@@ -91,8 +96,9 @@ def test_ordinary_user_waits_then_is_denied_at_the_wait_limit(fake_daemon):
         "try:\n    t = c.acquire('query', 'BATCH_JOB_QUERY')\n    print(json.dumps({'token': t.id}))\n"
         "except NoToken as e:\n    print(json.dumps({'denied': e.reason}))\n"
     )
-    waiter = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              text=True, cwd="/")
+    waiter = subprocess.Popen(
+        [*AS_NOBODY, sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd="/"
+    )
     try:
         assert until(lambda: admin_status(daemon.socket_path)["categories"]["query"]["queued"] == 1)
         clock.advance(14.5)
@@ -122,8 +128,13 @@ def test_waiter_granted_round_robin_when_tokens_come_back(fake_daemon):
         "t = c.acquire('query'); print(json.dumps({'token': t.id, 'waited': t.waited}), flush=True)\n"
         "sys.stdin.readline(); t.release()\n"
     )
-    waiter = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              stdin=subprocess.PIPE, text=True, cwd="/")
+    waiter = subprocess.Popen(
+        [*AS_NOBODY, sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     try:
         assert until(lambda: admin_status(daemon.socket_path)["categories"]["query"]["queued"] == 1)
         clock.advance(3)
@@ -161,12 +172,16 @@ def test_diagnose_for_a_duration_turns_itself_off(fake_daemon, sockdir):
         assert until(lambda: admin_status(daemon.socket_path)["diagnose"] is False)
         client.acquire("query", "bjobs", 13).release()  # not logged: diagnosis is over
         # the named file held for that diagnosis only
-        assert admin_status(daemon.socket_path)["diagnose_file"].endswith("info.lsfproxydlog."
-                                                                         + daemon.local_host)
+        assert admin_status(daemon.socket_path)["diagnose_file"].endswith(
+            "info.lsfproxydlog." + daemon.local_host
+        )
     lines = (sockdir / "timed.log").read_text().splitlines()
     assert [line.split(" ", 4)[4].split(",")[:5] for line in lines] == [
         ["QUERY_REQ", "BATCH_JOB_QUERY", "root", daemon.local_host, "13"],
-        ["QUERY_REQ", "BATCH_HOST_INFO", "root", daemon.local_host, "7"]]
+        ["QUERY_REQ", "BATCH_HOST_INFO", "root", daemon.local_host, "7"],
+    ]
+
+
 RATED = """
 import json, sys
 from gridgate.plugins.lsf_proxy.client.client import Daemon, NoToken, ProxyClient
@@ -185,16 +200,28 @@ for _ in range(int(sys.argv[2])):
 def test_rate_limit_per_user_waits_then_denies(fake_daemon):
     """Two real ordinary uids against rate_limit query {bucket 2, 1 per 10 s}: each gets its
     own burst, an over-rate request waits for the refill, one past the wait limit is denied."""
-    daemon, clock = fake_daemon(token_wait_time=15, metrics_port=0, rate_limit={
-        "query": {"bucket_size": 2, "refill_rate": 1, "refill_period": 10}})
+    daemon, clock = fake_daemon(
+        token_wait_time=15,
+        metrics_port=0,
+        rate_limit={"query": {"bucket_size": 2, "refill_rate": 1, "refill_period": 10}},
+    )
     path = daemon.socket_path
 
     def rate_waiting():
         return admin_status(path)["categories"]["query"]["rate_waiting"]
 
     def as_user(user, count):
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}",
-               "--clear-groups", sys.executable, "-c", RATED, path, str(count)]
+        cmd = [
+            "setpriv",
+            f"--reuid={user}",
+            f"--regid={user if user != 'nobody' else 'nogroup'}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            RATED,
+            path,
+            str(count),
+        ]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd="/")
 
     procs = []
@@ -232,6 +259,9 @@ def test_rate_limit_per_user_waits_then_denies(fake_daemon):
     # ended on this clock yet: Last, Max and Avg are 0; the count is in "current" above)
     assert lines[-3].startswith("Error ")
     assert lines[-2:] == ["Rate limited", f"{'     Query':<42}{0:>12}{0:>12}{0:>12}"]
-    scrape = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics",
-                                    timeout=10).read().decode()
+    scrape = (
+        urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10)
+        .read()
+        .decode()
+    )
     assert 'gridgate_proxyd_rate_limited_total{category="query"} 1.0' in scrape

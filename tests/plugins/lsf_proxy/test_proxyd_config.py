@@ -19,8 +19,11 @@ def problems(write, text: str) -> list[str]:
 
 
 def test_lsf_string_pasted_verbatim(write):
-    config = load(write, 'proxyd:\n  policies: "QUERY[max=100 nominal=50 throttle=1] '
-                         'SUBMISSION[max=100] OTHER[max=100]"\n')
+    config = load(
+        write,
+        'proxyd:\n  policies: "QUERY[max=100 nominal=50 throttle=1] '
+        'SUBMISSION[max=100] OTHER[max=100]"\n',
+    )
     section = config["proxyd"]
     assert section["token_wait_time"] == 15 and section["admins"] == ["root"]
     assert section["diagnose"] is False and section["hosts"] == []
@@ -36,29 +39,51 @@ def test_mapping_per_category(write):
 
 
 def test_errors_name_file_line_and_field(write):
-    path = write("site.yaml", "proxyd:\n  admins: [root]\n  policies:\n    query:\n"
-                              "      max: 10\n      nominal: 20\n")
+    path = write(
+        "site.yaml",
+        "proxyd:\n  admins: [root]\n  policies:\n    query:\n      max: 10\n      nominal: 20\n",
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert [str(p) for p in info.value.problems] == [
-        f"{path}:6: proxyd.policies.query.nominal: nominal (20) must not exceed max (10)"]
+        f"{path}:6: proxyd.policies.query.nominal: nominal (20) must not exceed max (10)"
+    ]
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("  policies: 'QUERY[max=10 nominal=20]'\n",
-     "proxyd.policies.query.nominal: nominal (20) must not exceed max (10)"),
-    ("  policies: 'QUERY[max=-1]'\n", "proxyd.policies.query.max: max must be a positive integer"),
-    ("  policies: 'QUEUE[max=1]'\n", "proxyd.policies: unknown category 'QUEUE'"),
-    ("  policies: {query: {max: 0}}\n", "proxyd.policies.query.max: max must be a positive integer"),
-    ("  policies: {query: {speed: 1}}\n", "proxyd.policies"),
-    ("  tcp: '0.0.0.0:7000'\n", "proxyd.tcp: TCP needs a shared key"),
-    ("  hosts: [{name: a, address: /x.sock}, {name: a, address: /y.sock}]\n",
-     "proxyd.hosts[1].name: host name 'a' is listed twice"),
-    ("  hosts: [{name: a, address: nowhere}]\n", "proxyd.hosts[0].address: 'nowhere' is neither"),
-    ("  hosts: [{name: a, address: 'h1:7000'}]\n", "proxyd.hosts[0].address: a TCP address needs"),
-    ("  token_wait_time: 0\n", "proxyd.token_wait_time:"),
-    ("  wait: 3\n", "proxyd.wait: unknown key"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            "  policies: 'QUERY[max=10 nominal=20]'\n",
+            "proxyd.policies.query.nominal: nominal (20) must not exceed max (10)",
+        ),
+        (
+            "  policies: 'QUERY[max=-1]'\n",
+            "proxyd.policies.query.max: max must be a positive integer",
+        ),
+        ("  policies: 'QUEUE[max=1]'\n", "proxyd.policies: unknown category 'QUEUE'"),
+        (
+            "  policies: {query: {max: 0}}\n",
+            "proxyd.policies.query.max: max must be a positive integer",
+        ),
+        ("  policies: {query: {speed: 1}}\n", "proxyd.policies"),
+        ("  tcp: '0.0.0.0:7000'\n", "proxyd.tcp: TCP needs a shared key"),
+        (
+            "  hosts: [{name: a, address: /x.sock}, {name: a, address: /y.sock}]\n",
+            "proxyd.hosts[1].name: host name 'a' is listed twice",
+        ),
+        (
+            "  hosts: [{name: a, address: nowhere}]\n",
+            "proxyd.hosts[0].address: 'nowhere' is neither",
+        ),
+        (
+            "  hosts: [{name: a, address: 'h1:7000'}]\n",
+            "proxyd.hosts[0].address: a TCP address needs",
+        ),
+        ("  token_wait_time: 0\n", "proxyd.token_wait_time:"),
+        ("  wait: 3\n", "proxyd.wait: unknown key"),
+    ],
+)
 def test_bad_sections(write, body, expected):
     found = problems(write, "proxyd:\n" + body)
     assert any(expected in p for p in found), found
@@ -66,9 +91,12 @@ def test_bad_sections(write, body, expected):
 
 
 def test_good_tcp_and_hosts(write):
-    config = load(write, "proxyd:\n  tcp: '127.0.0.1:7000'\n  key: {env: PROXYD_KEY}\n"
-                         "  hosts:\n    - {name: a, address: 'h1:7000'}\n"
-                         "    - {name: b, address: /run/b.sock}\n")
+    config = load(
+        write,
+        "proxyd:\n  tcp: '127.0.0.1:7000'\n  key: {env: PROXYD_KEY}\n"
+        "  hosts:\n    - {name: a, address: 'h1:7000'}\n"
+        "    - {name: b, address: /run/b.sock}\n",
+    )
     assert [h["name"] for h in config["proxyd"]["hosts"]] == ["a", "b"]
 
 
@@ -80,11 +108,15 @@ def test_config_validate_command(write):
     from pathlib import Path
 
     exe = str(Path(sys.executable).parent / "gridgate")
-    assert subprocess.run([exe, "config", "validate", str(good)], capture_output=True).returncode == 0
+    assert (
+        subprocess.run([exe, "config", "validate", str(good)], capture_output=True).returncode == 0
+    )
     out = subprocess.run([exe, "config", "validate", str(bad)], capture_output=True, text=True)
     assert out.returncode == 2
-    assert f"{bad}:2: proxyd.policies.submission.nominal: nominal (31) must not exceed max (30)" \
+    assert (
+        f"{bad}:2: proxyd.policies.submission.nominal: nominal (31) must not exceed max (30)"
         in out.stderr
+    )
 
 
 def test_gridgate_register_commands_adds_the_lsfproxyd_group():
@@ -98,8 +130,18 @@ def test_gridgate_register_commands_adds_the_lsfproxyd_group():
     pm.hook.gridgate_register_commands(cli=group)
     assert not [e for e in errors if e.name == "lsf_proxy"]
     proxyd = group.commands["lsfproxyd"]
-    assert set(proxyd.commands) == {"serve", "status", "enable", "disable", "block", "unblock",
-                                    "blocklist", "diagnose", "reconfig", "import-lsf"}
+    assert set(proxyd.commands) == {
+        "serve",
+        "status",
+        "enable",
+        "disable",
+        "block",
+        "unblock",
+        "blocklist",
+        "diagnose",
+        "reconfig",
+        "import-lsf",
+    }
     for command in proxyd.commands.values():
         if command.name == "import-lsf":
             continue  # converts files offline: no daemon to reach, no config to read
@@ -109,18 +151,27 @@ def test_gridgate_register_commands_adds_the_lsfproxyd_group():
 
 def test_query_max_is_bounded_by_max_concurrent_query(write):
     """The seed: QUERY max is any positive integer <= MAX_CONCURRENT_QUERY."""
-    found = problems(write, "proxyd:\n  max_concurrent_query: 50\n"
-                            "  policies: 'QUERY[max=60] SUBMISSION[max=200]'\n")
-    assert any(":3: proxyd.policies.query.max: QUERY max (60) must not exceed "
-               "max_concurrent_query (50, MAX_CONCURRENT_QUERY)" in p for p in found), found
+    found = problems(
+        write,
+        "proxyd:\n  max_concurrent_query: 50\n  policies: 'QUERY[max=60] SUBMISSION[max=200]'\n",
+    )
+    assert any(
+        ":3: proxyd.policies.query.max: QUERY max (60) must not exceed "
+        "max_concurrent_query (50, MAX_CONCURRENT_QUERY)" in p
+        for p in found
+    ), found
     # at the bound, and for the other categories (no bound), fine
-    config = load(write, "proxyd:\n  max_concurrent_query: 50\n"
-                         "  policies: 'QUERY[max=50] SUBMISSION[max=200]'\n")
+    config = load(
+        write,
+        "proxyd:\n  max_concurrent_query: 50\n  policies: 'QUERY[max=50] SUBMISSION[max=200]'\n",
+    )
     assert resolve_policies(config["proxyd"]["policies"], 50)["query"].max == 50
     # unset QUERY max: the seed's default 100 is cut to the bound, nominal follows (< 50 rule)
     assert resolve_policies("SUBMISSION[max=3]", 30)["query"] == Limits(30, 30, 0.001)
     assert resolve_policies("", 500)["query"] == Limits(100, 50, 0.001)
-    found = problems(write, "proxyd:\n  max_concurrent_query: 20\n"
-                            "  policies: {query: {nominal: 40}}\n")
-    assert any("proxyd.policies.query.nominal: nominal (40) must not exceed max (20)" in p
-               for p in found), found
+    found = problems(
+        write, "proxyd:\n  max_concurrent_query: 20\n  policies: {query: {nominal: 40}}\n"
+    )
+    assert any(
+        "proxyd.policies.query.nominal: nominal (40) must not exceed max (20)" in p for p in found
+    ), found

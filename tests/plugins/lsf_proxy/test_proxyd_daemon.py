@@ -69,17 +69,20 @@ print(json.dumps({{"token": t.id, "proceed": t.proceed, "reason": t.reason,
 
 
 def client_code(sock, category="query", opcode="BATCH_JOB_QUERY", ntries=1, after="t.release()"):
-    return CLIENT.format(sock=str(sock), category=category, opcode=opcode, ntries=ntries,
-                         after=after)
+    return CLIENT.format(
+        sock=str(sock), category=category, opcode=opcode, ntries=ntries, after=after
+    )
 
 
 def test_identity_comes_from_peer_credentials(start_daemon, py_as):
     d = start_daemon({})
     root = hello(d.socket)
     assert (root["user"], root["admin"]) == ("root", True)
-    code = (f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({d.socket!r}); "
-            "s.sendall(b'{\"v\":1,\"id\":1,\"op\":\"hello\",\"user\":\"root\"}\\n'); "
-            "print(s.recv(4096).decode())")
+    code = (
+        f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({d.socket!r}); "
+        's.sendall(b\'{"v":1,"id":1,"op":"hello","user":"root"}\\n\'); '
+        "print(s.recv(4096).decode())"
+    )
     out = py_as(code)
     reply = json.loads(out.stdout)
     assert (reply["user"], reply["admin"]) == ("nobody", False)  # a claimed user is ignored
@@ -87,15 +90,25 @@ def test_identity_comes_from_peer_credentials(start_daemon, py_as):
 
 def test_admin_commands_refused_to_ordinary_users(start_daemon, cli, py_as):
     d = start_daemon({})
-    ops = [{"op": "status"}, {"op": "block", "users": ["x"]}, {"op": "unblock", "all": True},
-           {"op": "disable", "category": "all"}, {"op": "enable", "category": "query"},
-           {"op": "blocklist"}, {"op": "diagnose", "on": True}, {"op": "reconfig"}]
-    lines = b"".join(json.dumps({"v": 1, "id": i, **op}).encode() + b"\n"
-                     for i, op in enumerate(ops))
-    code = (f"import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect({d.socket!r}); "
-            f"s.sendall({lines!r}); data = b''\n"
-            f"while data.count(b'\\n') < {len(ops)}:\n    data += s.recv(65536)\n"
-            "sys.stdout.write(data.decode())")
+    ops = [
+        {"op": "status"},
+        {"op": "block", "users": ["x"]},
+        {"op": "unblock", "all": True},
+        {"op": "disable", "category": "all"},
+        {"op": "enable", "category": "query"},
+        {"op": "blocklist"},
+        {"op": "diagnose", "on": True},
+        {"op": "reconfig"},
+    ]
+    lines = b"".join(
+        json.dumps({"v": 1, "id": i, **op}).encode() + b"\n" for i, op in enumerate(ops)
+    )
+    code = (
+        f"import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect({d.socket!r}); "
+        f"s.sendall({lines!r}); data = b''\n"
+        f"while data.count(b'\\n') < {len(ops)}:\n    data += s.recv(65536)\n"
+        "sys.stdout.write(data.decode())"
+    )
     out = py_as(code)
     replies = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["error"]["code"] for r in replies] == ["forbidden"] * len(ops), out.stderr
@@ -113,7 +126,10 @@ def test_configured_admin_accepted(start_daemon, cli):
     d = start_daemon({"admins": ["root", "nobody"]})
     done = cli("block", "-u", "user9", "--socket", d.socket, user="nobody")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"Users <user9> added to the blocklist on lsfproxyd host <{d.info['name']}>"
+    assert (
+        done.stdout.strip()
+        == f"Users <user9> added to the blocklist on lsfproxyd host <{d.info['name']}>"
+    )
 
 
 def test_seed_block_unblock_sequence(start_daemon, cli, py_as):
@@ -126,14 +142,25 @@ def test_seed_block_unblock_sequence(start_daemon, cli, py_as):
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
-    assert run("block", "-u", "user1 user2", "-m", "host1") == \
-        f"<user1@host1 user2@host1> added to the blocklist on lsfproxyd host <{name}>"
-    assert run("block", "-u", "user1") == f"Users <user1> added to the blocklist on lsfproxyd host <{name}>"
-    assert run("block", "-m", "hostA hostB") == \
-        f"Hosts <hostA hostB> added to the blocklist on lsfproxyd host <{name}>"
-    assert run("unblock", "-u", "user1") == \
-        f"Users <user1> removed from the blocklist on lsfproxyd host <{name}>"
-    assert run("unblock", "all") == f"<all> is not a rule of the blocklist on lsfproxyd host <{name}>"
+    assert (
+        run("block", "-u", "user1 user2", "-m", "host1")
+        == f"<user1@host1 user2@host1> added to the blocklist on lsfproxyd host <{name}>"
+    )
+    assert (
+        run("block", "-u", "user1")
+        == f"Users <user1> added to the blocklist on lsfproxyd host <{name}>"
+    )
+    assert (
+        run("block", "-m", "hostA hostB")
+        == f"Hosts <hostA hostB> added to the blocklist on lsfproxyd host <{name}>"
+    )
+    assert (
+        run("unblock", "-u", "user1")
+        == f"Users <user1> removed from the blocklist on lsfproxyd host <{name}>"
+    )
+    assert (
+        run("unblock", "all") == f"<all> is not a rule of the blocklist on lsfproxyd host <{name}>"
+    )
     assert run("blocklist").splitlines() == [
         f"lsfproxyd host - {name}",
         "  Blocked all:           No",
@@ -163,22 +190,35 @@ def test_seed_block_examples_each_element_a_rule(start_daemon, cli):
         return out.stdout.strip().replace(f"<{name}>", "<lsfproxydhost1>")
 
     assert run("block", "all") == "<all> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
-    assert run("unblock", "all") == "<all> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
-    assert run("block", "-u", "user1 user2") == \
-        "Users <user1 user2> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
-    assert run("unblock", "-u", "user1") == \
-        "Users <user1> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
-    assert run("block", "-m", "hostA hostB") == \
-        "Hosts <hostA hostB> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    assert (
+        run("unblock", "all")
+        == "<all> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    )
+    assert (
+        run("block", "-u", "user1 user2")
+        == "Users <user1 user2> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    )
+    assert (
+        run("unblock", "-u", "user1")
+        == "Users <user1> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    )
+    assert (
+        run("block", "-m", "hostA hostB")
+        == "Hosts <hostA hostB> added to the blocklist on lsfproxyd host <lsfproxydhost1>"
+    )
     assert run("block", "-u", "user1 user2", "-m", "hostA hostB") == (
         "<user1@hostA user1@hostB user2@hostA user2@hostB> added to the blocklist on "
-        "lsfproxyd host <lsfproxydhost1>")
-    assert run("unblock", "-u", "user1", "-m", "hostA hostB") == \
-        "<user1@hostA user1@hostB> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+        "lsfproxyd host <lsfproxydhost1>"
+    )
+    assert (
+        run("unblock", "-u", "user1", "-m", "hostA hostB")
+        == "<user1@hostA user1@hostB> removed from the blocklist on lsfproxyd host <lsfproxydhost1>"
+    )
     # partly known: one line for what changed, one for what did not
     assert run("block", "-u", "user3 user2").splitlines() == [
         "Users <user3> added to the blocklist on lsfproxyd host <lsfproxydhost1>",
-        "Users <user2> is already in the blocklist on lsfproxyd host <lsfproxydhost1>"]
+        "Users <user2> is already in the blocklist on lsfproxyd host <lsfproxydhost1>",
+    ]
     assert run("blocklist").splitlines()[1:] == [
         "  Blocked all:           No",
         "  Blocked users:         user2 user3",  # in blocking order
@@ -190,8 +230,12 @@ def test_seed_block_examples_each_element_a_rule(start_daemon, cli):
 def test_disable_means_proceed_without_token(start_daemon, cli, py_as):
     d = start_daemon({})
     out = cli("disable", "query", "--socket", d.socket)
-    assert out.stdout.splitlines() == ["lsfproxyd service status:", "  QUERY:DISABLED",
-                                       "  SUBMISSION:ENABLED", "  OTHER:ENABLED"]
+    assert out.stdout.splitlines() == [
+        "lsfproxyd service status:",
+        "  QUERY:DISABLED",
+        "  SUBMISSION:ENABLED",
+        "  OTHER:ENABLED",
+    ]
     got = json.loads(py_as(client_code(d.socket)).stdout)
     assert got == {"token": "", "proceed": True, "reason": "disabled", "privileged": False}
     got = json.loads(py_as(client_code(d.socket, "submission", "BATCH_JOB_SUB")).stdout)
@@ -209,11 +253,19 @@ def test_status_text_matches_the_seed(start_daemon, cli):
         lines = cli("status", "--socket", d.socket).stdout.splitlines()
         for token in held:
             token.release()
-    assert lines[:8] == ["", "lsfproxyd service status:", "  QUERY: ENABLED",
-                         "  SUBMISSION: ENABLED", "  OTHER: ENABLED", "",
-                         "lsfproxyd host status:", f"  HOSTNAME: {d.info['name']}"]
+    assert lines[:8] == [
+        "",
+        "lsfproxyd service status:",
+        "  QUERY: ENABLED",
+        "  SUBMISSION: ENABLED",
+        "  OTHER: ENABLED",
+        "",
+        "lsfproxyd host status:",
+        f"  HOSTNAME: {d.info['name']}",
+    ]
     assert lines[8:14] == [
-        "  STATUS: CONNECTED", f"  PID: {d.pid}",
+        "  STATUS: CONNECTED",
+        f"  PID: {d.pid}",
         "             TOKEN_LIMIT  TOKENS_IN_USE_TOTAL  TOKENS_IN_USE_PRIVILEGED",
         "  QUERY      100          3                    3",
         "  SUBMISSION 30           0                    0",
@@ -221,16 +273,28 @@ def test_status_text_matches_the_seed(start_daemon, cli):
     ]
     assert lines[15].startswith("lsfproxyd started:              ")
     assert lines[17] == "Sample period:                  60 Seconds"
-    assert lines[19] == "Metrics                                           Last         Max         Avg"
-    assert lines[22] == "     Query                                           0           0           0"
+    assert (
+        lines[19]
+        == "Metrics                                           Last         Max         Avg"
+    )
+    assert (
+        lines[22]
+        == "     Query                                           0           0           0"
+    )
     # the seed's table ends with the Error row; the longest-held tokens follow it
-    error = lines.index("Error                                                0           0           0")
-    assert lines[error + 1:error + 3] == [
-        "", "  LONGEST_HELD  USER@HOST               COMMAND             CATEGORY    RETURNED_IN"]
+    error = lines.index(
+        "Error                                                0           0           0"
+    )
+    assert lines[error + 1 : error + 3] == [
+        "",
+        "  LONGEST_HELD  USER@HOST               COMMAND             CATEGORY    RETURNED_IN",
+    ]
     assert len(lines) == error + 6
-    for line in lines[error + 3:]:
+    for line in lines[error + 3 :]:
         assert line.split()[1].startswith("root@") and line.split()[2:4] == [
-            "BATCH_JOB_QUERY", "QUERY"]
+            "BATCH_JOB_QUERY",
+            "QUERY",
+        ]
 
 
 def test_status_names_a_per_user_cap_below_the_seeds_table(start_daemon, cli):
@@ -245,7 +309,10 @@ def test_killed_client_does_not_leak_its_token(start_daemon):
     d = start_daemon({})
     holder = subprocess.Popen(
         [*AS_NOBODY, PYTHON, "-c", client_code(d.socket, after="import time; time.sleep(600)")],
-        stdout=subprocess.PIPE, text=True, cwd="/")
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     try:
         got = json.loads(holder.stdout.readline())
         assert got["token"] and not got["privileged"]
@@ -285,8 +352,12 @@ def test_sighup_and_reconfig_reload(start_daemon, cli):
 def test_sigterm_stops_cleanly_and_answers_waiters(start_daemon):
     d = start_daemon({"policies": "QUERY[max=1]", "token_wait_time": 600})
     holder = ProxyClient([Daemon("d", d.socket)])
-    waiter = subprocess.Popen([*AS_NOBODY, PYTHON, "-c", client_code(d.socket)],
-                              stdout=subprocess.PIPE, text=True, cwd="/")
+    waiter = subprocess.Popen(
+        [*AS_NOBODY, PYTHON, "-c", client_code(d.socket)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     try:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(d.socket)
@@ -308,14 +379,30 @@ def test_sigterm_stops_cleanly_and_answers_waiters(start_daemon):
 
 def test_malformed_and_oversized_lines_get_errors(start_daemon):
     d = start_daemon({"max_line_bytes": 1024})
-    replies = talk(d.socket, b"garbage\n", b"[1,2]\n", b'{"v":9,"op":"hello"}\n',
-                   b'{"v":1,"id":4}\n', b'{"v":1,"id":5,"op":"nope"}\n',
-                   b'{"v":1,"id":6,"op":"acquire","category":"bogus"}\n',
-                   b'{"v":1,"id":7,"op":"acquire","category":"query","size":-1}\n',
-                   b"x" * 5000 + b"\n", b'{"v":1,"id":9,"op":"hello"}\n')
+    replies = talk(
+        d.socket,
+        b"garbage\n",
+        b"[1,2]\n",
+        b'{"v":9,"op":"hello"}\n',
+        b'{"v":1,"id":4}\n',
+        b'{"v":1,"id":5,"op":"nope"}\n',
+        b'{"v":1,"id":6,"op":"acquire","category":"bogus"}\n',
+        b'{"v":1,"id":7,"op":"acquire","category":"query","size":-1}\n',
+        b"x" * 5000 + b"\n",
+        b'{"v":1,"id":9,"op":"hello"}\n',
+    )
     codes = [r.get("error", {}).get("code") for r in replies]
-    assert codes == ["bad_json", "bad_request", "bad_version", "bad_request", "unknown_op",
-                     "bad_request", "bad_request", "line_too_long", None]
+    assert codes == [
+        "bad_json",
+        "bad_request",
+        "bad_version",
+        "bad_request",
+        "unknown_op",
+        "bad_request",
+        "bad_request",
+        "line_too_long",
+        None,
+    ]
     assert replies[-1]["ok"] and replies[-1]["id"] == 9
     # a partial line growing without end is cut off too; the daemon keeps serving others
     with socket.socket(socket.AF_UNIX) as sock:
@@ -344,8 +431,10 @@ def test_slow_sender_is_cut_off_idle_client_is_not(start_daemon):
 
 
 def test_two_daemons_split_limits_and_client_fails_over(start_daemon, sockdir, cli):
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "pb.sock")},
+    ]
     section = {"hosts": hosts, "policies": "QUERY[max=5 nominal=3] SUBMISSION[max=9]"}
     # both read the same site file; each listens on its own address from proxyd.hosts
     a = start_daemon({**section, "socket": ""}, name="pa", config_name="site.yaml")
@@ -359,9 +448,9 @@ def test_two_daemons_split_limits_and_client_fails_over(start_daemon, sockdir, c
     out = cli("block", "-u", "user1", "-m", "hostA", "-c", str(a.config))
     assert out.stdout.splitlines() == [
         "<user1@hostA> added to the blocklist on lsfproxyd host <pa>",
-        "<user1@hostA> added to the blocklist on lsfproxyd host <pb>"]
-    client = ProxyClient([Daemon(h["name"], h["address"]) for h in hosts],
-                         when_unavailable="fail")
+        "<user1@hostA> added to the blocklist on lsfproxyd host <pb>",
+    ]
+    client = ProxyClient([Daemon(h["name"], h["address"]) for h in hosts], when_unavailable="fail")
     used = {client.acquire("other").daemon for _ in range(40)}
     assert used == {"pa", "pb"}  # random pick spreads the load
     a.stop(signal.SIGKILL)
@@ -388,8 +477,10 @@ def test_diagnostic_log(start_daemon, cli, py_as, sockdir):
     cli("block", "-u", "nobody", "--socket", d.socket)
     assert py_as(client_code(d.socket)).returncode == 3
     lines = log.read_text().splitlines()
-    pattern = (r"^[A-Z][a-z]{2} \d{1,2} \d\d:\d\d:\d\d \d{4} "
-               r"(QUERY|SUBMISSION|OTHER)_REQ,[A-Z_-]+,\w+,[\w.-]+,\d+,[01],\d{6},\d{6}$")
+    pattern = (
+        r"^[A-Z][a-z]{2} \d{1,2} \d\d:\d\d:\d\d \d{4} "
+        r"(QUERY|SUBMISSION|OTHER)_REQ,[A-Z_-]+,\w+,[\w.-]+,\d+,[01],\d{6},\d{6}$"
+    )
     assert all(re.match(pattern, line) for line in lines), lines
     host = hello(d.socket)["host"]
     assert lines[0].split(" ", 4)[4].startswith(f"SUBMISSION_REQ,BATCH_JOB_SUB,nobody,{host},12,1,")
@@ -432,8 +523,14 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
     key.write_text("s3cret\n")
     key.chmod(0o600)
     port = _free_port()
-    d = start_daemon({"tcp": f"127.0.0.1:{port}", "key": {"file": str(key)},
-                      "addon_hosts": ["addonhost"], "policies": "QUERY[max=1]"})
+    d = start_daemon(
+        {
+            "tcp": f"127.0.0.1:{port}",
+            "key": {"file": str(key)},
+            "addon_hosts": ["addonhost"],
+            "policies": "QUERY[max=1]",
+        }
+    )
     address = f"127.0.0.1:{port}"
     trusted = ProxyClient([Daemon("t", address)], key="s3cret", user="alice", host="addonhost")
     first = trusted.acquire("query")
@@ -449,13 +546,16 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
             sock.sendall(b'{"v":1,"id":0,"op":"hello"}\n')
             (hi,) = _read(sock, 1)
             assert hi["ok"] and len(hi["challenge"]) == 32 and hi["user"] == "", hi
-            lines = [m if isinstance(m, bytes) else m(hi["challenge"], hi["name"]) for m in messages]
+            lines = [
+                m if isinstance(m, bytes) else m(hi["challenge"], hi["name"]) for m in messages
+            ]
             sock.sendall(b"".join(lines))
             return _read(sock, len(lines))
 
     def signed(message: dict, key: str = "s3cret", user: str = "bob", **kw):
-        return lambda challenge, name: encode(sign(dict(message), key, user, "far",
-                                                   challenge=challenge, daemon=name, **kw))
+        return lambda challenge, name: encode(
+            sign(dict(message), key, user, "far", challenge=challenge, daemon=name, **kw)
+        )
 
     unsigned = tcp(b'{"v":1,"id":1,"op":"acquire","category":"query"}\n')[0]
     assert unsigned["error"]["code"] == "unsigned"
@@ -474,8 +574,14 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
     assert tcp(forged)[0]["error"]["code"] == "bad_signature"
 
     def tampered(challenge, name):
-        message = sign({"v": 1, "id": 4, "op": "hello"}, "s3cret", "bob", "far",
-                       challenge=challenge, daemon=name)
+        message = sign(
+            {"v": 1, "id": 4, "op": "hello"},
+            "s3cret",
+            "bob",
+            "far",
+            challenge=challenge,
+            daemon=name,
+        )
         message["auth"]["user"] = "root"  # tampering breaks the signature
         return encode(message)
 
@@ -487,8 +593,14 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
 
 
 def test_notoken_retries_then_gives_up(start_daemon, py_as):
-    d = start_daemon({"policies": "QUERY[max=1]", "token_wait_time": 0.2, "queue_limit_per_user": 1,
-                      "sample_period": 86400})  # "current" counts the whole test
+    d = start_daemon(
+        {
+            "policies": "QUERY[max=1]",
+            "token_wait_time": 0.2,
+            "queue_limit_per_user": 1,
+            "sample_period": 86400,
+        }
+    )  # "current" counts the whole test
     with ProxyClient([Daemon("d", d.socket)]) as root:
         token = root.acquire("query")  # root's token fills max=1
         out = py_as(client_code(d.socket, ntries=3))
@@ -504,7 +616,10 @@ def test_config_errors_stop_serve(cli, sockdir):
     bad.write_text("proxyd:\n  policies: 'QUERY[max=10 nominal=20]'\n")
     out = cli("serve", "-c", str(bad))
     assert out.returncode == 2
-    assert f"{bad}:2: proxyd.policies.query.nominal: nominal (20) must not exceed max (10)" in out.stderr
+    assert (
+        f"{bad}:2: proxyd.policies.query.nominal: nominal (20) must not exceed max (10)"
+        in out.stderr
+    )
 
 
 @pytest.mark.parametrize("persist", [False, True])
@@ -525,8 +640,13 @@ def test_defaults_without_config_for_an_ordinary_user(gridgate_exe, sockdir, cli
     os.chown(runtime, 65534, 65534)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
     env.pop("GRIDGATE_PROXYD_SOCKET", None)
-    proc = subprocess.Popen([*AS_NOBODY, gridgate_exe, "lsfproxyd", "serve", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd="/")
+    proc = subprocess.Popen(
+        [*AS_NOBODY, gridgate_exe, "lsfproxyd", "serve", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd="/",
+    )
     try:
         info = json.loads(proc.stdout.readline())
         assert info["socket"] == str(runtime / "gridgate" / "proxyd.sock")
@@ -557,9 +677,17 @@ def test_second_daemon_on_the_same_socket_is_refused(start_daemon, cli, sockdir)
         key.write_text("k")
         key.chmod(0o600)
         config = sockdir / "tcp.yaml"
-        config.write_text(yaml.safe_dump({"proxyd": {
-            "socket": str(sockdir / "tcp.sock"), "tcp": f"127.0.0.1:{port}",
-            "key": {"file": str(key)}}}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "proxyd": {
+                        "socket": str(sockdir / "tcp.sock"),
+                        "tcp": f"127.0.0.1:{port}",
+                        "key": {"file": str(key)},
+                    }
+                }
+            )
+        )
         out = cli("serve", "-c", str(config))
     assert out.returncode == 1 and "address already in use" in out.stderr.lower()
     assert not (sockdir / "tcp.sock").exists()
@@ -567,10 +695,21 @@ def test_second_daemon_on_the_same_socket_is_refused(start_daemon, cli, sockdir)
 
 def test_category_from_opcode_with_site_additions(start_daemon):
     d = start_daemon({"categories": {"query": ["mytool"], "submission": ["BATCH_MY_SUB"]}})
-    asks = [("bsub", "submission"), ("/usr/bin/bjobs", "query"), ("mytool", "query"),
-            ("BATCH_MY_SUB", "submission"), ("bkill", "other"), ("BATCH_JOB_QUERY", "query")]
-    lines = [json.dumps({"v": 1, "id": i, "op": "acquire", "category": None, "opcode": opcode,
-                         "size": 1}).encode() + b"\n" for i, (opcode, _) in enumerate(asks)]
+    asks = [
+        ("bsub", "submission"),
+        ("/usr/bin/bjobs", "query"),
+        ("mytool", "query"),
+        ("BATCH_MY_SUB", "submission"),
+        ("bkill", "other"),
+        ("BATCH_JOB_QUERY", "query"),
+    ]
+    lines = [
+        json.dumps(
+            {"v": 1, "id": i, "op": "acquire", "category": None, "opcode": opcode, "size": 1}
+        ).encode()
+        + b"\n"
+        for i, (opcode, _) in enumerate(asks)
+    ]
     replies = talk(d.socket, *lines)
     assert [(r["result"], r["category"]) for r in replies] == [("granted", c) for _, c in asks]
 
@@ -584,7 +723,7 @@ def test_one_user_cannot_take_every_connection(start_daemon, py_as):
         "    s = socket.socket(socket.AF_UNIX); s.settimeout(10)\n"
         f"    s.connect({d.socket!r}); socks.append(s)\n"
         "    try:\n"
-        "        s.sendall(b'{\"v\":1,\"id\":1,\"op\":\"hello\"}\\n')\n"
+        '        s.sendall(b\'{"v":1,"id":1,"op":"hello"}\\n\')\n'
         "    except BrokenPipeError:\n"
         "        pass  # a refused connection may be closed before we speak\n"
         "print(json.dumps([json.loads(s.recv(4096).split(b'\\n')[0]).get('ok') for s in socks]))\n"
@@ -623,16 +762,24 @@ def test_a_swamped_daemon_is_a_refusal_not_a_pass_without_token(start_daemon, py
 def test_client_tries_a_dead_daemon_last(start_daemon, sockdir):
     from loguru import logger
 
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "pb.sock")},
+    ]
     section = {"hosts": hosts, "policies": "QUERY[max=50]"}
     a = start_daemon({**section, "socket": ""}, name="pa", config_name="site.yaml")
     start_daemon({**section, "socket": ""}, name="pb", config_name="site.yaml")
     a.stop(signal.SIGKILL)
     misses: list[str] = []
-    sink = logger.add(lambda m: misses.append(m), level="WARNING", filter=lambda r: "did not answer" in r["message"])
+    sink = logger.add(
+        lambda m: misses.append(m),
+        level="WARNING",
+        filter=lambda r: "did not answer" in r["message"],
+    )
     try:
-        with ProxyClient([Daemon("pa", hosts[0]["address"]), Daemon("pb", hosts[1]["address"])]) as client:
+        with ProxyClient(
+            [Daemon("pa", hosts[0]["address"]), Daemon("pb", hosts[1]["address"])]
+        ) as client:
             for _ in range(20):
                 client.acquire("query").release()
     finally:
@@ -641,7 +788,8 @@ def test_client_tries_a_dead_daemon_last(start_daemon, sockdir):
 
 
 def test_diagnose_options_and_gated_commands_logged_with_opcode_and_size(
-        start_daemon, cli, sockdir, gridgate_exe):
+    start_daemon, cli, sockdir, gridgate_exe
+):
     """`diagnose on -t MINUTES -f FILE` as badmin's; a gated bhosts and bjobs are logged as the
     seed's log has them: BATCH_HOST_INFO, BATCH_JOB_QUERY, with their request size."""
     d = start_daemon({})
@@ -653,13 +801,20 @@ def test_diagnose_options_and_gated_commands_logged_with_opcode_and_size(
         (tools / tool).chmod(0o755)
     out = cli("diagnose", "on", "-t", "30", "-f", "badmin.log", "--socket", d.socket)
     assert out.returncode == 0, out.stderr
-    assert re.fullmatch(rf"lsfproxyd diagnostic log ON \({sockdir}/badmin.log\) until "
-                        rf"\w{{3}} \w{{3}} \d\d \d\d:\d\d:\d\d on lsfproxyd host <{name}>",
-                        out.stdout.strip()), out.stdout
+    assert re.fullmatch(
+        rf"lsfproxyd diagnostic log ON \({sockdir}/badmin.log\) until "
+        rf"\w{{3}} \w{{3}} \d\d \d\d:\d\d:\d\d on lsfproxyd host <{name}>",
+        out.stdout.strip(),
+    ), out.stdout
     runs = [[str(tools / "bhosts")], [str(tools / "bjobs"), "-u", "all", "-w"]]
     for argv in runs:
-        gated = subprocess.run([*AS_NOBODY, gridgate_exe, "gate", "--socket", d.socket, "--",
-                                *argv], capture_output=True, text=True, timeout=60, cwd="/")
+        gated = subprocess.run(
+            [*AS_NOBODY, gridgate_exe, "gate", "--socket", d.socket, "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         assert gated.returncode == 0 and gated.stdout == "ok\n", gated.stderr
     host = hello(d.socket)["host"]
     logged = [line.split(" ", 4)[4] for line in (sockdir / "badmin.log").read_text().splitlines()]

@@ -65,8 +65,9 @@ def q(name: str, **labels: str) -> str:
 
 def test_series_move_with_grants_rejections_blocks_and_errors(start_daemon, cli, py_as):
     # the waiter shows in the queue gauge for token_wait_time: 3 s, for scrapes on a slow machine
-    d = start_daemon({"policies": "QUERY[max=1 nominal=1]", "token_wait_time": 3,
-                      "metrics_port": 0})
+    d = start_daemon(
+        {"policies": "QUERY[max=1 nominal=1]", "token_wait_time": 3, "metrics_port": 0}
+    )
     port = d.info["metrics_port"]
     assert isinstance(port, int) and port > 0
     (reply,) = _talk(d.socket, b'{"v":1,"id":1,"op":"status"}\n')
@@ -89,11 +90,16 @@ def test_series_move_with_grants_rejections_blocks_and_errors(start_daemon, cli,
         assert held[q("gridgate_proxyd_tokens_in_use_privileged", category="query")] == 1
 
         # nobody's request waits in the queue, then is denied after token_wait_time
-        waiter = subprocess.Popen(AS_NOBODY + [sys.executable, "-c", acquire_code(d.socket)],
-                                  stdout=subprocess.PIPE, text=True, cwd="/")
+        waiter = subprocess.Popen(
+            AS_NOBODY + [sys.executable, "-c", acquire_code(d.socket)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
         try:
-            queued = until(lambda: scrape(port)[
-                q("gridgate_proxyd_queue_length", category="query")] == 1)
+            queued = until(
+                lambda: scrape(port)[q("gridgate_proxyd_queue_length", category="query")] == 1
+            )
             assert queued, "the waiting request never showed in the queue gauge"
             out, _ = waiter.communicate(timeout=60)
         finally:
@@ -122,10 +128,20 @@ def test_series_move_with_grants_rejections_blocks_and_errors(start_daemon, cli,
 
     after = scrape(port)
     assert delta(before, after, q("gridgate_proxyd_grants_total", category="query")) == 2
-    assert delta(before, after, q("gridgate_proxyd_rejections_total", category="query",
-                                  reason="timeout")) == 1
-    assert delta(before, after, q("gridgate_proxyd_rejections_total", category="query",
-                                  reason="queue_full")) == 0
+    assert (
+        delta(
+            before, after, q("gridgate_proxyd_rejections_total", category="query", reason="timeout")
+        )
+        == 1
+    )
+    assert (
+        delta(
+            before,
+            after,
+            q("gridgate_proxyd_rejections_total", category="query", reason="queue_full"),
+        )
+        == 0
+    )
     assert delta(before, after, q("gridgate_proxyd_blocked_total", category="query")) == 1
     assert delta(before, after, q("gridgate_proxyd_errors_total", kind="protocol")) == 1
     assert delta(before, after, q("gridgate_proxyd_errors_total", kind="lease_expired")) == 0
@@ -160,7 +176,7 @@ def _talk(path: str, *lines: bytes) -> list[dict]:
             if not chunk:
                 break
             data += chunk
-    return [json.loads(x) for x in data.splitlines()[:len(lines)]]
+    return [json.loads(x) for x in data.splitlines()[: len(lines)]]
 
 
 @pytest.mark.parametrize("port", [-1, 65536, "9100"])
@@ -184,11 +200,16 @@ def test_metrics_port_in_use_is_a_startup_error(gridgate_exe, sockdir):
         busy.listen()
         taken = busy.getsockname()[1]
         config = sockdir / "busy.yaml"
-        config.write_text(json.dumps({"proxyd": {"socket": str(sockdir / "busy.sock"),
-                                                 "metrics_port": taken}}), encoding="utf-8")
-        out = subprocess.run([gridgate_exe, "lsfproxyd", "serve",
-                              "-c", str(config), "--json"], capture_output=True, text=True,
-                             timeout=60)
+        config.write_text(
+            json.dumps({"proxyd": {"socket": str(sockdir / "busy.sock"), "metrics_port": taken}}),
+            encoding="utf-8",
+        )
+        out = subprocess.run(
+            [gridgate_exe, "lsfproxyd", "serve", "-c", str(config), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert out.returncode != 0
     assert f"cannot serve metrics on 127.0.0.1:{taken}" in out.stderr
     assert not (sockdir / "busy.sock").exists()
@@ -198,14 +219,20 @@ def test_wait_times_and_expired_leases_on_a_fake_clock(sockdir):
     """In-process daemon on a FakeClock: the histogram holds the exact waits, and a lease
     taken back counts as an error, without anybody sleeping for an expiry."""
     section = section_defaults()
-    section.update(socket=str(sockdir / "fake.sock"), metrics_port=0, token_wait_time=10,
-                   lease_time=30, policies="SUBMISSION[max=1 nominal=1]")
+    section.update(
+        socket=str(sockdir / "fake.sock"),
+        metrics_port=0,
+        token_wait_time=10,
+        lease_time=30,
+        policies="SUBMISSION[max=1 nominal=1]",
+    )
     clock = FakeClock(time.time())
     daemon = ProxyDaemon(section, clock=clock)
     ready = threading.Event()
     daemon.on_ready = lambda _d: ready.set()
-    thread = threading.Thread(target=lambda: asyncio.run(daemon.serve(install_signals=False)),
-                              daemon=True)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(daemon.serve(install_signals=False)), daemon=True
+    )
     thread.start()
     try:
         assert ready.wait(20), "daemon did not start"
@@ -216,11 +243,13 @@ def test_wait_times_and_expired_leases_on_a_fake_clock(sockdir):
         token = holder.acquire("submission", "BATCH_JOB_SUB")
         assert token.privileged
         code = acquire_code(daemon.socket_path, "submission", "BATCH_JOB_SUB")
-        waiter = subprocess.Popen(AS_NOBODY + [sys.executable, "-c", code],
-                                  stdout=subprocess.PIPE, text=True, cwd="/")
+        waiter = subprocess.Popen(
+            AS_NOBODY + [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd="/"
+        )
         try:
-            assert until(lambda: scrape(port)[
-                q("gridgate_proxyd_queue_length", category="submission")] == 1)
+            assert until(
+                lambda: scrape(port)[q("gridgate_proxyd_queue_length", category="submission")] == 1
+            )
             clock.advance(10)
             daemon.wake()
             out, _ = waiter.communicate(timeout=60)
@@ -238,8 +267,9 @@ def test_wait_times_and_expired_leases_on_a_fake_clock(sockdir):
         # the holder never releases: its lease ends 30 s after the grant
         clock.advance(20)
         daemon.wake()
-        assert until(lambda: scrape(port)[
-            q("gridgate_proxyd_errors_total", kind="lease_expired")] == 1)
+        assert until(
+            lambda: scrape(port)[q("gridgate_proxyd_errors_total", kind="lease_expired")] == 1
+        )
         assert scrape(port)[q("gridgate_proxyd_tokens_in_use", category="submission")] == 0
         holder.close()
     finally:

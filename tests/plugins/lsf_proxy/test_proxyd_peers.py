@@ -43,8 +43,10 @@ def test_a_new_daemon_counts_unheard_peers_for_three_intervals():
     view = PeerView("pb", ["pa", "pb", "pc"], interval=10, clock=clock)
     assert view.live() == ["pa", "pb", "pc"]
     # the remainder goes to the first names: pa 3, pb 3, pc 2
-    assert [PeerView(n, ["pa", "pb", "pc"], 10, clock).share(LIMITS)["query"].max
-            for n in ("pa", "pb", "pc")] == [3, 3, 2]
+    assert [
+        PeerView(n, ["pa", "pb", "pc"], 10, clock).share(LIMITS)["query"].max
+        for n in ("pa", "pb", "pc")
+    ] == [3, 3, 2]
     view.failed("pa", refused=True)  # never heard: a refusal does not end the grace
     clock.advance(MISSES * 10 - 0.001)
     assert view.live() == ["pa", "pb", "pc"]
@@ -131,16 +133,23 @@ def test_rejoining_daemon_takes_the_service_state_of_a_live_peer():
 def test_service_state_from_json_refuses_bad_input():
     good = ServiceState(dict.fromkeys(CATEGORIES, True), 3.0, "pa")
     assert ServiceState.from_json(good.to_json()) == good
-    for bad in (None, [], {"enabled": {"query": True}}, {"enabled": dict.fromkeys(CATEGORIES, 1)},
-                {"enabled": dict.fromkeys(CATEGORIES, True), "stamp": "x"}):
+    for bad in (
+        None,
+        [],
+        {"enabled": {"query": True}},
+        {"enabled": dict.fromkeys(CATEGORIES, 1)},
+        {"enabled": dict.fromkeys(CATEGORIES, True), "stamp": "x"},
+    ):
         with pytest.raises(ValueError):
             ServiceState.from_json(bad)
 
 
 def test_heartbeat_answer_and_round_report_changes():
     clock = FakeClock()
-    section = {"hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}],
-               "heartbeat_interval": 1}
+    section = {
+        "hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}],
+        "heartbeat_interval": 1,
+    }
     changes = []
     beat = Heartbeat("pa", section, clock, changes.append)
     assert beat.active and beat.last_live == ["pa", "pb"]
@@ -226,19 +235,33 @@ sys.stdin.readline()
 def two_daemons(start_daemon, sockdir, interval: float):
     """Daemons pa and pb sharing QUERY[max=8] from one site config, heartbeat every
     ``interval`` seconds; and that config's section, to start one of them again."""
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
-    section = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]",
-               "heartbeat_interval": interval, "socket": ""}
-    return (start_daemon(section, name="pa", config_name="site.yaml"),
-            start_daemon(section, name="pb", config_name="site.yaml"), section)
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "pb.sock")},
+    ]
+    section = {
+        "hosts": hosts,
+        "policies": "QUERY[max=8 nominal=8]",
+        "heartbeat_interval": interval,
+        "socket": "",
+    }
+    return (
+        start_daemon(section, name="pa", config_name="site.yaml"),
+        start_daemon(section, name="pb", config_name="site.yaml"),
+        section,
+    )
 
 
 def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockdir, cli):
     a, b, section = two_daemons(start_daemon, sockdir, 1.0)
     limit = lambda d: status(d.socket)["categories"]["query"]["token_limit"]  # noqa: E731
-    assert until(lambda: status(a.socket)["peers"]["live"] == ["pa", "pb"]
-                 and status(b.socket)["peers"]["live"] == ["pa", "pb"], 20)
+    assert until(
+        lambda: (
+            status(a.socket)["peers"]["live"] == ["pa", "pb"]
+            and status(b.socket)["peers"]["live"] == ["pa", "pb"]
+        ),
+        20,
+    )
     assert until(lambda: (limit(a), limit(b)) == (4, 4), 20)
     text = cli("status", "-c", str(a.config)).stdout
     assert text.count("lsfproxyd service status:") == 2
@@ -248,8 +271,13 @@ def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockd
     assert until(lambda: limit(b) == 8, 20), status(b.socket)
     assert status(b.socket)["peers"]["live"] == ["pb"]
     # the survivor now grants the whole limit to an ordinary user
-    holder = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", HOLD, b.socket, "8"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    holder = subprocess.Popen(
+        [*AS_NOBODY, sys.executable, "-c", HOLD, b.socket, "8"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     try:
         assert holder.stdout.readline().strip() == json.dumps([False] * 8)
         assert status(b.socket)["categories"]["query"]["in_use"] == 8
@@ -257,8 +285,12 @@ def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockd
         out = cli("disable", "query", "-c", str(a.config))
         assert out.returncode == 1
         assert out.stdout.splitlines() == [
-            "Unable to contact <pa>", "lsfproxyd service status on lsfproxyd host <pb>:",
-            "  QUERY:DISABLED", "  SUBMISSION:ENABLED", "  OTHER:ENABLED"]
+            "Unable to contact <pa>",
+            "lsfproxyd service status on lsfproxyd host <pb>:",
+            "  QUERY:DISABLED",
+            "  SUBMISSION:ENABLED",
+            "  OTHER:ENABLED",
+        ]
         # pa comes back: it takes the service state from pb and both are at 4 again; pb keeps
         # the 8 tokens it granted (never revoked)
         a = start_daemon(section, name="pa", config_name="site.yaml")
@@ -274,9 +306,14 @@ def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockd
     assert out.returncode == 0
     assert out.stdout.splitlines() == [
         "lsfproxyd service status on lsfproxyd host <pa>:",
-        "  QUERY:ENABLED", "  SUBMISSION:ENABLED", "  OTHER:ENABLED",
+        "  QUERY:ENABLED",
+        "  SUBMISSION:ENABLED",
+        "  OTHER:ENABLED",
         "lsfproxyd service status on lsfproxyd host <pb>:",
-        "  QUERY:ENABLED", "  SUBMISSION:ENABLED", "  OTHER:ENABLED"]
+        "  QUERY:ENABLED",
+        "  SUBMISSION:ENABLED",
+        "  OTHER:ENABLED",
+    ]
     text = cli("status", "-c", str(a.config)).stdout
     assert text.count("  QUERY: ENABLED") == 2
 
@@ -292,18 +329,29 @@ def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
     key = sockdir / "key"
     key.write_text("s3cret\n")
     key.chmod(0o600)  # a key others can read is refused
-    hosts = [{"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
-             {"name": "pb", "address": f"127.0.0.1:{ports[1]}"}]
-    common = {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]", "heartbeat_interval": 1.0,
-              "key": {"file": str(key)}}
+    hosts = [
+        {"name": "pa", "address": f"127.0.0.1:{ports[0]}"},
+        {"name": "pb", "address": f"127.0.0.1:{ports[1]}"},
+    ]
+    common = {
+        "hosts": hosts,
+        "policies": "QUERY[max=8 nominal=8]",
+        "heartbeat_interval": 1.0,
+        "key": {"file": str(key)},
+    }
 
     def start(name, port):
         return start_daemon({**common, "tcp": f"127.0.0.1:{port}"}, name=name)
 
     a, b = start("pa", ports[0]), start("pb", ports[1])
     limit = lambda d: status(d.socket)["categories"]["query"]["token_limit"]  # noqa: E731
-    assert until(lambda: all(status(d.socket)["peers"]["peers"][o]["heard_ago"] is not None
-                             for d, o in ((a, "pb"), (b, "pa"))), 20)
+    assert until(
+        lambda: all(
+            status(d.socket)["peers"]["peers"][o]["heard_ago"] is not None
+            for d, o in ((a, "pb"), (b, "pa"))
+        ),
+        20,
+    )
     assert until(lambda: (limit(a), limit(b)) == (4, 4), 20)
     a.stop(signal.SIGKILL)
     assert until(lambda: limit(b) == 8, 20), status(b.socket)
@@ -322,8 +370,13 @@ def test_rejoin_keeps_granted_tokens_and_the_total_stays_within_the_bound(start_
     assert until(lambda: query(b)["token_limit"] == 8, 20)
 
     def hold(daemon, count):
-        proc = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", HOLD, daemon.socket, str(count)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+        proc = subprocess.Popen(
+            [*AS_NOBODY, sys.executable, "-c", HOLD, daemon.socket, str(count)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
         procs.append(proc)
         return proc
 
@@ -368,7 +421,8 @@ def test_a_daemon_that_stops_cleanly_frees_its_share_at_once(start_daemon, sockd
 
 
 def test_a_hung_daemon_is_left_out_after_three_intervals_and_back_when_it_answers(
-        start_daemon, sockdir):
+    start_daemon, sockdir
+):
     """SIGSTOP: connections still open (the kernel queues them) but nothing answers, so the
     heartbeats time out; pb drops pa only when it has missed 3 intervals, and takes it back at
     its first answer after SIGCONT."""
@@ -385,8 +439,16 @@ def test_a_hung_daemon_is_left_out_after_three_intervals_and_back_when_it_answer
         a.proc.send_signal(signal.SIGCONT)
     assert until(lambda: peer()["live"], 30)
     # pb may hear pa before pa, just resumed, has heard pb again
-    assert until(lambda: (status(b.socket)["categories"]["query"]["token_limit"],
-                          status(a.socket)["categories"]["query"]["token_limit"]) == (4, 4), 20)
+    assert until(
+        lambda: (
+            (
+                status(b.socket)["categories"]["query"]["token_limit"],
+                status(a.socket)["categories"]["query"]["token_limit"],
+            )
+            == (4, 4)
+        ),
+        20,
+    )
 
 
 def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):
@@ -396,15 +458,20 @@ def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):
     import yaml
     from redis_server import RedisServer
 
-    hosts = [{"name": "pa", "address": str(sockdir / "pa.sock")},
-             {"name": "pb", "address": str(sockdir / "pb.sock")}]
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "pb.sock")},
+    ]
     procs: dict[str, subprocess.Popen] = {}
 
     def start(name):
         err = open(sockdir / f"{name}.err", "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen([gridgate_exe, "-v", "lsfproxyd", "serve", "-c", str(config),
-                                 "--name", name, "--json"], stdout=subprocess.PIPE, stderr=err,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [gridgate_exe, "-v", "lsfproxyd", "serve", "-c", str(config), "--name", name, "--json"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+        )
         err.close()
         procs[name] = proc
         line = proc.stdout.readline()
@@ -413,18 +480,29 @@ def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):
 
     with RedisServer(tmp_path / "redis") as server:
         config = sockdir / "site.yaml"
-        config.write_text(yaml.safe_dump({
-            "state": {"driver": "redis", "url": server.url, "prefix": "gg-peers:"},
-            "proxyd": {"hosts": hosts, "policies": "QUERY[max=8 nominal=8]",
-                       # 1 s: keys live 3 s, long enough on a loaded machine
-                       "heartbeat_interval": 1.0, "heartbeat_via": "state"}}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "state": {"driver": "redis", "url": server.url, "prefix": "gg-peers:"},
+                    "proxyd": {
+                        "hosts": hosts,
+                        "policies": "QUERY[max=8 nominal=8]",
+                        # 1 s: keys live 3 s, long enough on a loaded machine
+                        "heartbeat_interval": 1.0,
+                        "heartbeat_via": "state",
+                    },
+                }
+            )
+        )
         try:
             a, b = start("pa"), start("pb")
             limit = lambda path: status(path)["categories"]["query"]["token_limit"]  # noqa: E731
             heard = lambda path, other: status(path)["peers"]["peers"][other]["heard_ago"]  # noqa: E731
             assert until(lambda: heard(a, "pb") is not None and heard(b, "pa") is not None, 20)
             assert sorted(k.decode() for k in server.client().keys("gg-peers:kv:proxyd.*")) == [
-                "gg-peers:kv:proxyd.heartbeat.pa", "gg-peers:kv:proxyd.heartbeat.pb"]
+                "gg-peers:kv:proxyd.heartbeat.pa",
+                "gg-peers:kv:proxyd.heartbeat.pb",
+            ]
             # (pa may have taken 8 while it was alone, before pb's key came)
             assert until(lambda: (limit(a), limit(b)) == (4, 4), 20)
             procs["pa"].send_signal(signal.SIGKILL)
@@ -455,13 +533,26 @@ def test_heartbeat_via_state_needs_a_shared_store(gridgate_exe, sockdir):
     import yaml
 
     config = sockdir / "site.yaml"
-    config.write_text(yaml.safe_dump({
-        "state": {"driver": "memory"},
-        "proxyd": {"hosts": [{"name": "pa", "address": str(sockdir / "pa.sock")},
-                             {"name": "pb", "address": str(sockdir / "pb.sock")}],
-                   "heartbeat_via": "state"}}))
-    out = subprocess.run([gridgate_exe, "lsfproxyd", "serve", "-c", str(config), "--name", "pa"],
-                         capture_output=True, text=True, timeout=60)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "state": {"driver": "memory"},
+                "proxyd": {
+                    "hosts": [
+                        {"name": "pa", "address": str(sockdir / "pa.sock")},
+                        {"name": "pb", "address": str(sockdir / "pb.sock")},
+                    ],
+                    "heartbeat_via": "state",
+                },
+            }
+        )
+    )
+    out = subprocess.run(
+        [gridgate_exe, "lsfproxyd", "serve", "-c", str(config), "--name", "pa"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "needs a store the daemons share" in out.stderr
     assert "Traceback" not in out.stderr
@@ -476,8 +567,10 @@ def test_an_unreachable_state_store_keeps_the_peers_counted():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     clock = FakeClock()
-    section = {"hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}],
-               "heartbeat_interval": 1}
+    section = {
+        "hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}],
+        "heartbeat_interval": 1,
+    }
     beat = Heartbeat("pa", section, clock, lambda _s: None)
     beat.view.heard("pb")
     beat.store = RedisState({"url": f"redis://127.0.0.1:{port}/0", "socket_timeout": 1}, clock)

@@ -35,8 +35,18 @@ from gridgate.plugins.lsf_proxy.daemon.policy import (
 _ids = itertools.count(1)
 
 
-def make(max_=4, nominal=2, throttle=0.01, wait=15.0, bound=1000, lease=300.0,
-         admins=("root", "boss"), addon=("addon1",), clock=None, period=60.0):
+def make(
+    max_=4,
+    nominal=2,
+    throttle=0.01,
+    wait=15.0,
+    bound=1000,
+    lease=300.0,
+    admins=("root", "boss"),
+    addon=("addon1",),
+    clock=None,
+    period=60.0,
+):
     limits = {c: Limits(max_, nominal, throttle) for c in CATEGORIES}
     settings_ = PolicySettings(limits, wait, bound, lease, frozenset(admins), frozenset(addon))
     clock = clock or FakeClock()
@@ -59,15 +69,18 @@ def test_policy_string_verbatim():
     assert parse_policies("QUERY[ max=7 ]") == {"query": {"max": 7}}
 
 
-@pytest.mark.parametrize("text, path, words", [
-    ("QUERY[max=10 nominal=20]", ("query", "nominal"), "must not exceed max"),
-    ("SUBMISSION[max=0]", ("submission", "max"), "positive"),
-    ("OTHER[throttle=-3]", ("other", "throttle"), "positive"),
-    ("QUERY[max=ten]", ("query", "max"), "not an integer"),
-    ("QUERIES[max=1]", (), "unknown category"),
-    ("QUERY[speed=1]", ("query",), "unknown attribute"),
-    ("QUERY[max=1", (), "cannot parse"),
-])
+@pytest.mark.parametrize(
+    "text, path, words",
+    [
+        ("QUERY[max=10 nominal=20]", ("query", "nominal"), "must not exceed max"),
+        ("SUBMISSION[max=0]", ("submission", "max"), "positive"),
+        ("OTHER[throttle=-3]", ("other", "throttle"), "positive"),
+        ("QUERY[max=ten]", ("query", "max"), "not an integer"),
+        ("QUERIES[max=1]", (), "unknown category"),
+        ("QUERY[speed=1]", ("query",), "unknown attribute"),
+        ("QUERY[max=1", (), "cannot parse"),
+    ],
+)
 def test_policy_errors_name_the_field(text, path, words):
     with pytest.raises(PolicyError) as info:
         resolve_policies(text)
@@ -178,7 +191,8 @@ def test_disabled_category_proceeds_without_token_and_frees_waiters():
     waiting = policy.request(req("b"))
     answers = policy.set_enabled("query", False)
     assert [(d.request.id, d.outcome, d.reason) for d in answers] == [
-        (waiting.request.id, PROCEED, "disabled")]
+        (waiting.request.id, PROCEED, "disabled")
+    ]
     assert policy.request(req("c")).outcome == PROCEED
     assert policy.request(req("c", category="submission")).outcome == GRANTED
     policy.set_enabled("all", True)
@@ -240,7 +254,8 @@ def test_seed_block_sequence():
     assert policy.request(req("user2", "host1")).reason == "blocked"
     # each element of rule 1 is a rule of its own: user1@host1 can be unblocked alone
     assert policy.unblock(BlockRule.make(users=["user1"], hosts=["host1"])) == (
-        BlockRule("pairs", ("user1@host1",)),)
+        BlockRule("pairs", ("user1@host1",)),
+    )
     assert policy.request(req("user1", "host1")).outcome == GRANTED
     assert policy.request(req("user2", "host1")).reason == "blocked"
 
@@ -268,8 +283,12 @@ def test_blocklist_lists_names_in_blocking_order():
     blocklist.add(BlockRule.make(users=["bob"], hosts=["h2", "h1"]))
     blocklist.add(BlockRule.make(hosts=["hz", "ha"]))
     blocklist.add(BlockRule.make(users=["amy"]))  # already blocked: keeps its place
-    assert blocklist.summary() == {"all": False, "users": ["zed", "amy"], "hosts": ["hz", "ha"],
-                                   "pairs": ["bob@h2", "bob@h1"]}
+    assert blocklist.summary() == {
+        "all": False,
+        "users": ["zed", "amy"],
+        "hosts": ["hz", "ha"],
+        "pairs": ["bob@h2", "bob@h1"],
+    }
     assert BlockRule.make(users=["user2", "user1"]).describe() == "Users <user2 user1>"
 
 
@@ -300,8 +319,9 @@ def test_block_rule_shapes():
         BlockRule.make()
     with pytest.raises(ValueError):
         BlockRule.make(all_=True, users=["u"])
-    assert BlockRule.make(users=["u1", "u2"], hosts=["a", "b"]).describe() == \
-        "<u1@a u1@b u2@a u2@b>"
+    assert (
+        BlockRule.make(users=["u1", "u2"], hosts=["a", "b"]).describe() == "<u1@a u1@b u2@a u2@b>"
+    )
     assert BlockRule.make(users=["user1", "user2"]).describe() == "Users <user1 user2>"
     assert BlockRule.make(hosts=["hostA", "hostB"]).describe() == "Hosts <hostA hostB>"
     for odd in (["a b"], ["tab\there"], ["user1@hostA"]):
@@ -358,8 +378,13 @@ event_st = st.one_of(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(events=st.lists(event_st, max_size=120), max_=st.integers(1, 6), nominal_cut=st.integers(0, 6),
-       throttle=st.sampled_from([0.0, 0.001, 0.25, 2.0]), wait=st.sampled_from([1.0, 15.0]))
+@given(
+    events=st.lists(event_st, max_size=120),
+    max_=st.integers(1, 6),
+    nominal_cut=st.integers(0, 6),
+    throttle=st.sampled_from([0.0, 0.001, 0.25, 2.0]),
+    wait=st.sampled_from([1.0, 15.0]),
+)
 def test_property_limits_and_answer_time(events, max_, nominal_cut, throttle, wait):
     """Ordinary grants never take in_use above max; every request is answered within the wait
     limit plus one throttle step, when ticks happen at next_wakeup."""
@@ -384,7 +409,9 @@ def test_property_limits_and_answer_time(events, max_, nominal_cut, throttle, wa
         ticks = 0
         while (wake := policy.next_wakeup()) is not None and wake <= target:
             ticks += 1
-            assert ticks < 10_000, f"tick at next_wakeup {wake} makes no progress: a daemon would spin"
+            assert ticks < 10_000, (
+                f"tick at next_wakeup {wake} makes no progress: a daemon would spin"
+            )
             clock.advance(max(0.0, wake - clock.monotonic()))
             for d in policy.tick().decisions:
                 check(d)
@@ -446,8 +473,11 @@ rule_st = st.one_of(
     st.just(("all",)),
     st.tuples(st.just("u"), st.frozensets(st.sampled_from(["a", "b", "c"]), min_size=1)),
     st.tuples(st.just("m"), st.frozensets(st.sampled_from(["x", "y"]), min_size=1)),
-    st.tuples(st.just("um"), st.frozensets(st.sampled_from(["a", "b"]), min_size=1),
-              st.frozensets(st.sampled_from(["x", "y"]), min_size=1)),
+    st.tuples(
+        st.just("um"),
+        st.frozensets(st.sampled_from(["a", "b"]), min_size=1),
+        st.frozensets(st.sampled_from(["x", "y"]), min_size=1),
+    ),
 )
 
 
@@ -573,9 +603,16 @@ def test_a_user_served_a_moment_ago_comes_back_behind_one_who_waits():
 
 def capped(max_=3, user_max=2, **kwargs):
     policy, clock = make(max_=max_, nominal=max_, throttle=0, **kwargs)
-    policy.reconfigure(PolicySettings(
-        {c: Limits(max_, max_, 0.0, user_max=user_max) for c in CATEGORIES},
-        15.0, 1000, 300.0, frozenset({"root", "boss"}), frozenset({"addon1"})))
+    policy.reconfigure(
+        PolicySettings(
+            {c: Limits(max_, max_, 0.0, user_max=user_max) for c in CATEGORIES},
+            15.0,
+            1000,
+            300.0,
+            frozenset({"root", "boss"}),
+            frozenset({"addon1"}),
+        )
+    )
     return policy, clock
 
 
@@ -614,16 +651,26 @@ def test_user_max_in_the_policy_string_and_its_errors():
         resolve_policies("QUERY[max=4 user_max=0]")
     assert err.value.path == ("query", "user_max")
     # split over daemons like max, never below one token nor above the daemon's max
-    shares = [split_limits(resolve_policies("QUERY[max=5 user_max=3]"), i, 3)["query"]
-              for i in range(3)]
+    shares = [
+        split_limits(resolve_policies("QUERY[max=5 user_max=3]"), i, 3)["query"] for i in range(3)
+    ]
     assert [(s.max, s.user_max) for s in shares] == [(2, 1), (2, 1), (1, 1)]
 
 
 def test_a_busy_user_is_told_to_run_niced():
     policy, _ = make(max_=2, nominal=2, throttle=0)
-    policy.reconfigure(PolicySettings(policy.settings.limits, 15.0, 1000, 300.0,
-                                      frozenset({"root"}), frozenset(), busy_after=3,
-                                      busy_nice=12))
+    policy.reconfigure(
+        PolicySettings(
+            policy.settings.limits,
+            15.0,
+            1000,
+            300.0,
+            frozenset({"root"}),
+            frozenset(),
+            busy_after=3,
+            busy_nice=12,
+        )
+    )
     first = policy.request(req("heavy"))
     assert policy.nice_for(first.token) == 0  # one in flight
     second = policy.request(req("heavy"))

@@ -72,8 +72,11 @@ def test_over_rate_waits_then_is_denied_in_its_own_row():
     assert policy.next_wakeup() == pytest.approx(clock.monotonic() + 15)  # before the refill
     clock.advance(15)
     (denied,) = policy.tick().decisions
-    assert (denied.request.id, denied.outcome, denied.reason) == (waiting.request.id, DENIED,
-                                                                  "rate_limited")
+    assert (denied.request.id, denied.outcome, denied.reason) == (
+        waiting.request.id,
+        DENIED,
+        "rate_limited",
+    )
     rows = policy.status()["metrics"]
     assert rows["ratelimited.query"]["current"] == 1
     assert rows["rejected.query"]["current"] == 0
@@ -93,8 +96,10 @@ def test_rate_and_token_wait_share_one_wait_limit():
     assert (status["queued"], status["rate_waiting"]) == (2, 0)
     clock.advance(5)
     denied = policy.tick().decisions
-    assert [(d.request.id, d.reason) for d in denied] == [(first.request.id, "timeout"),
-                                                          (second.request.id, "timeout")]
+    assert [(d.request.id, d.reason) for d in denied] == [
+        (first.request.id, "timeout"),
+        (second.request.id, "timeout"),
+    ]
     assert denied[1].waited == pytest.approx(15)
 
 
@@ -187,8 +192,10 @@ def test_reconfigured_without_a_rate_limit_lets_waiters_through():
 
 def test_rate_limits_from_the_config_split_over_live_daemons(tmp_path):
     path = tmp_path / "site.yaml"
-    path.write_text("proxyd:\n  rate_limit:\n    query: {bucket_size: 10, refill_rate: 4}\n"
-                    "    submission: {enable: false}\n")
+    path.write_text(
+        "proxyd:\n  rate_limit:\n    query: {bucket_size: 10, refill_rate: 4}\n"
+        "    submission: {enable: false}\n"
+    )
     section = load_config(path)["proxyd"]
     assert rate_limits_from(section) == {"query": RateLimit(10, 4, 1)}
     assert rate_limits_from(section, 2) == {"query": RateLimit(5, 2, 1)}
@@ -200,8 +207,12 @@ def test_rate_limits_from_the_config_split_over_live_daemons(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["u1", "u2", "u3"]), st.floats(0, 3)), max_size=80),
-       st.integers(1, 5), st.integers(1, 3), st.sampled_from([0.5, 1.0, 2.5]))
+@given(
+    st.lists(st.tuples(st.sampled_from(["u1", "u2", "u3"]), st.floats(0, 3)), max_size=80),
+    st.integers(1, 5),
+    st.integers(1, 3),
+    st.sampled_from([0.5, 1.0, 2.5]),
+)
 def test_property_grants_never_exceed_the_bucket(arrivals, bucket, rate, period):
     """Over any window from the start, a user's grants <= bucket + rate x whole periods; and
     a request is answered by the wait limit at the latest."""

@@ -34,13 +34,15 @@ def status(path: str) -> dict:
 
 def site_text(socket_path: str) -> str:
     # the policy last, quoted: a cut inside it is a YAML error, a cut before it drops it
-    return ("# the token daemon of this site\n"
-            "proxyd:\n"
-            f"  socket: {socket_path}\n"
-            "  admins: [root, alice]\n"
-            "  token_wait_time: 4\n"
-            "  metrics_port: 0\n"
-            "  policies: 'QUERY[max=2 nominal=1] SUBMISSION[max=3] OTHER[max=5]'\n")
+    return (
+        "# the token daemon of this site\n"
+        "proxyd:\n"
+        f"  socket: {socket_path}\n"
+        "  admins: [root, alice]\n"
+        "  token_wait_time: 4\n"
+        "  metrics_port: 0\n"
+        "  policies: 'QUERY[max=2 nominal=1] SUBMISSION[max=3] OTHER[max=5]'\n"
+    )
 
 
 def limits(path: str) -> dict[str, int]:
@@ -49,8 +51,11 @@ def limits(path: str) -> dict[str, int]:
 
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-            if line.startswith("gridgate_proxyd_reloads_total")}
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("gridgate_proxyd_reloads_total")
+    }
 
 
 def test_empty_file_on_sighup_is_refused_logged_and_counted(start_daemon):
@@ -126,4 +131,6 @@ def test_a_file_cut_inside_a_number_is_refused(start_daemon):
     reply = talk(d.socket, RECONFIG)
     assert not reply["ok"] and reply["error"]["code"] == "bad_config", reply
     assert "no newline" in json.dumps(reply)
-    assert status(d.socket)["reloads"]["refused"] == 1 and status(d.socket)["reloads"]["accepted"] == 0
+    assert (
+        status(d.socket)["reloads"]["refused"] == 1 and status(d.socket)["reloads"]["accepted"] == 0
+    )

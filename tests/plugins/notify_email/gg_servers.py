@@ -27,10 +27,27 @@ def make_cert(directory: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 / localhost, made with the openssl CLI."""
     cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True, timeout=60,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     return cert, key
 
@@ -57,8 +74,9 @@ class RecordingHandler:
     refuse_data: str | None = None
     rcpt_attempts: dict[str, int] = field(default_factory=dict)
 
-    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
-                          rcpt_options: list[str]) -> str:
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: list[str]
+    ) -> str:
         self.rcpt_attempts[address] = self.rcpt_attempts.get(address, 0) + 1
         if address in self.refuse_rcpt:
             return self.refuse_rcpt[address]
@@ -68,11 +86,15 @@ class RecordingHandler:
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         if self.refuse_data:
             return self.refuse_data
-        self.messages.append(Received(
-            envelope.mail_from, tuple(envelope.rcpt_tos), envelope.original_content,
-            authenticated=bool(session.authenticated),
-            tls=server.transport.get_extra_info("ssl_object") is not None,
-        ))
+        self.messages.append(
+            Received(
+                envelope.mail_from,
+                tuple(envelope.rcpt_tos),
+                envelope.original_content,
+                authenticated=bool(session.authenticated),
+                tls=server.transport.get_extra_info("ssl_object") is not None,
+            )
+        )
         return "250 Message accepted for delivery"
 
     def subjects(self) -> list[str]:
@@ -84,11 +106,15 @@ class Authenticator:
         self.user, self.password = user.encode(), password.encode()
         self.attempts = 0
 
-    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str,
-                 auth_data: Any) -> AuthResult:
+    def __call__(
+        self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any
+    ) -> AuthResult:
         self.attempts += 1
-        ok = (isinstance(auth_data, LoginPassword) and auth_data.login == self.user
-              and auth_data.password == self.password)
+        ok = (
+            isinstance(auth_data, LoginPassword)
+            and auth_data.login == self.user
+            and auth_data.password == self.password
+        )
         return AuthResult(success=ok, handled=False)
 
 
@@ -102,8 +128,9 @@ class SmtpServer:
         self.controller: Controller | None = None
 
     def start(self) -> SmtpServer:
-        self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port,
-                                     **self.kwargs)
+        self.controller = Controller(
+            self.handler, hostname="127.0.0.1", port=self.port, **self.kwargs
+        )
         self.controller.start()
         return self
 
@@ -138,10 +165,14 @@ class HttpServer:
                 if outer.hang:
                     outer.release.wait(30)
                     return
-                outer.requests.append(HttpRecord(self.path, dict(self.headers.items()),
-                                                 json.loads(raw or b"null")))
-                body = json.dumps({"id": 100000 + len(outer.requests)} if outer.status < 300
-                                  else {"error": "internal trouble"}).encode()
+                outer.requests.append(
+                    HttpRecord(self.path, dict(self.headers.items()), json.loads(raw or b"null"))
+                )
+                body = json.dumps(
+                    {"id": 100000 + len(outer.requests)}
+                    if outer.status < 300
+                    else {"error": "internal trouble"}
+                ).encode()
                 self.send_response(outer.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

@@ -50,8 +50,9 @@ def _config(tmp_path: Path, port: int) -> Path:
 
 def _fill(path: Path, clock: FakeClock) -> tuple[EmailNotifier, GgusNotifier]:
     config = load_config(path)
-    ctx = PluginContext(clock=clock, state_dir=Path(config["director"]["state_dir"]),
-                        config=config.data)
+    ctx = PluginContext(
+        clock=clock, state_dir=Path(config["director"]["state_dir"]), config=config.data
+    )
     email = EmailNotifier(config["notifiers"]["email"], ctx)
     ggus = GgusNotifier(config["notifiers"]["ggus"], ctx)
     for i in range(3):
@@ -74,7 +75,10 @@ def test_outbox_list_retry_purge(tmp_path):
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
     assert [m["summary"] for m in report["email"]["messages"]] == [
-        "[gridgate] event 0", "[gridgate] event 1", "[gridgate] event 2"]
+        "[gridgate] event 0",
+        "[gridgate] event 1",
+        "[gridgate] event 2",
+    ]
     assert [m["summary"] for m in report["ggus"]["messages"]] == ["[GGUS ticket] event 2"]
 
     server.start()
@@ -111,8 +115,10 @@ def test_outbox_list_retry_purge(tmp_path):
 
 def test_outbox_commands_report_a_bad_config(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("notifiers:\n  email:\n    host: x\n    from: gridgate@example.org\n"
-                   "    password: inline-secret\n")
+    bad.write_text(
+        "notifiers:\n  email:\n    host: x\n    from: gridgate@example.org\n"
+        "    password: inline-secret\n"
+    )
     out = CliRunner().invoke(_group(), ["outbox", "list", "-c", str(bad)])
     assert out.exit_code == 2
     assert "bad.yaml:5: notifiers.email.password" in out.output
@@ -122,7 +128,11 @@ def test_gridgate_console_script_has_the_outbox_command(tmp_path):
     cfg = _config(tmp_path, free_port())
     _fill(cfg, FakeClock())
     gridgate = Path(sys.executable).with_name("gridgate")
-    done = subprocess.run([str(gridgate), "outbox", "list", "-c", str(cfg), "-n", "email"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(gridgate), "outbox", "list", "-c", str(cfg), "-n", "email"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "3 waiting, 0 dead" in done.stdout

@@ -17,21 +17,37 @@ from gridgate.core.model import CommandResult, Endpoint, Failure, Notification
 from gridgate.core.plugins import PluginContext
 from gridgate.plugins.notify_email.notifier import EmailNotifier
 
-EP = Endpoint("wms_glite", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server")
+EP = Endpoint(
+    "wms_glite", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server"
+)
 
 
-def note(clock: FakeClock, level: str = "error", subject: str = "wms01.example.org: error executing Job Submit",
-         body: str = "glite-wms-job-submit -a ...\nreturns: 1\nstderr: Unable to contact\n") -> Notification:
-    return Notification(level, subject, body, clock.time(), endpoint=EP,  # type: ignore[arg-type]
-                        failure=Failure("error", reason="exit code 1"),
-                        command=CommandResult(("glite-wms-job-submit", "-a"), 1, "", "boom"))
+def note(
+    clock: FakeClock,
+    level: str = "error",
+    subject: str = "wms01.example.org: error executing Job Submit",
+    body: str = "glite-wms-job-submit -a ...\nreturns: 1\nstderr: Unable to contact\n",
+) -> Notification:
+    return Notification(
+        level,
+        subject,
+        body,
+        clock.time(),
+        endpoint=EP,  # type: ignore[arg-type]
+        failure=Failure("error", reason="exit code 1"),
+        command=CommandResult(("glite-wms-job-submit", "-a"), 1, "", "boom"),
+    )
 
 
 def make(tmp_path: Path, clock: FakeClock, port: int, **over: Any) -> EmailNotifier:
     section: dict[str, Any] = {
-        "host": "127.0.0.1", "port": port, "from": "gridgate@example.org",
-        "error_address": "ops@example.org", "alarm_address": "alarms@example.org",
-        "send_thread": False, "timeout": 5,
+        "host": "127.0.0.1",
+        "port": port,
+        "from": "gridgate@example.org",
+        "error_address": "ops@example.org",
+        "alarm_address": "alarms@example.org",
+        "send_thread": False,
+        "timeout": 5,
     }
     section.update(over)
     return EmailNotifier(section, PluginContext(clock=clock, state_dir=tmp_path / "state"))
@@ -63,8 +79,13 @@ def test_gridgate_notify_error_and_alarm_reach_their_addresses(tmp_path, clock, 
 
 
 def test_empty_address_disables_a_level_and_info_needs_opt_in(tmp_path, clock, smtp):
-    n = make(tmp_path, clock, smtp.port, alarm_address="",
-             error_address=["a@example.org", "b@example.org"])
+    n = make(
+        tmp_path,
+        clock,
+        smtp.port,
+        alarm_address="",
+        error_address=["a@example.org", "b@example.org"],
+    )
     n.gridgate_notify(notification=note(clock, "alarm"))
     n.gridgate_notify(notification=note(clock, "info", subject="config refused"))
     assert n.outbox.pending() == []
@@ -122,11 +143,22 @@ def _server_tls(cert: tuple[Path, Path]) -> ssl.SSLContext:
 def test_starttls_with_auth_password_from_env(tmp_path, clock, cert, monkeypatch, logs):
     monkeypatch.setenv("GG_TEST_SMTP_PASSWORD", "s3cret-Pa55")
     auth = Authenticator("gridgate", "s3cret-Pa55")
-    server = SmtpServer(tls_context=_server_tls(cert), require_starttls=True,
-                        authenticator=auth, auth_require_tls=True).start()
+    server = SmtpServer(
+        tls_context=_server_tls(cert),
+        require_starttls=True,
+        authenticator=auth,
+        auth_require_tls=True,
+    ).start()
     try:
-        n = make(tmp_path, clock, server.port, security="starttls", ca_file=str(cert[0]),
-                 username="gridgate", password={"env": "GG_TEST_SMTP_PASSWORD"})
+        n = make(
+            tmp_path,
+            clock,
+            server.port,
+            security="starttls",
+            ca_file=str(cert[0]),
+            username="gridgate",
+            password={"env": "GG_TEST_SMTP_PASSWORD"},
+        )
         n.gridgate_notify(notification=note(clock))
         assert n.flush(10).sent == 1
         n.close()
@@ -143,12 +175,22 @@ def test_wrong_password_keeps_mail_queued_and_never_shows_the_secret(tmp_path, c
     secret = tmp_path / "pw"
     secret.write_text("wrong-Pa55\n")
     secret.chmod(0o600)
-    server = SmtpServer(tls_context=_server_tls(cert), require_starttls=True,
-                        authenticator=Authenticator("gridgate", "right"),
-                        auth_require_tls=True).start()
+    server = SmtpServer(
+        tls_context=_server_tls(cert),
+        require_starttls=True,
+        authenticator=Authenticator("gridgate", "right"),
+        auth_require_tls=True,
+    ).start()
     try:
-        n = make(tmp_path, clock, server.port, security="starttls", ca_file=str(cert[0]),
-                 username="gridgate", password={"file": str(secret)})
+        n = make(
+            tmp_path,
+            clock,
+            server.port,
+            security="starttls",
+            ca_file=str(cert[0]),
+            username="gridgate",
+            password={"file": str(secret)},
+        )
         n.gridgate_notify(notification=note(clock))
         result = n.flush(10)
         n.close()
@@ -218,10 +260,16 @@ def test_data_refused_5xx_is_dead_and_4xx_is_retried(tmp_path, clock, smtp):
 
 def test_partial_recipient_refusal(tmp_path, clock, smtp):
     """Accepted recipients get it once; 5xx ones go to dead-letter; 4xx ones are retried."""
-    smtp.handler.refuse_rcpt = {"gone@example.org": "550 5.1.1 no such user",
-                                "busy@example.org": "452 4.2.2 mailbox full"}
-    n = make(tmp_path, clock, smtp.port,
-             error_address=["ops@example.org", "gone@example.org", "busy@example.org"])
+    smtp.handler.refuse_rcpt = {
+        "gone@example.org": "550 5.1.1 no such user",
+        "busy@example.org": "452 4.2.2 mailbox full",
+    }
+    n = make(
+        tmp_path,
+        clock,
+        smtp.port,
+        error_address=["ops@example.org", "gone@example.org", "busy@example.org"],
+    )
     n.gridgate_notify(notification=note(clock))
     n.flush(10)
     assert [m.rcpt_tos for m in smtp.handler.messages] == [("ops@example.org",)]
@@ -233,7 +281,10 @@ def test_partial_recipient_refusal(tmp_path, clock, smtp):
     clock.advance(3600)
     n.flush(10)
     n.close()
-    assert [m.rcpt_tos for m in smtp.handler.messages] == [("ops@example.org",), ("busy@example.org",)]
+    assert [m.rcpt_tos for m in smtp.handler.messages] == [
+        ("ops@example.org",),
+        ("busy@example.org",),
+    ]
     assert smtp.handler.rcpt_attempts["gone@example.org"] == 1
     assert n.outbox.pending() == []
 
@@ -257,9 +308,16 @@ def test_server_down_backoff_doubles_then_gives_up_after_max_age(tmp_path, clock
 
 
 def test_sender_thread_delivers_without_flush_and_close_stops_it(tmp_path, smtp):
-    n = EmailNotifier({"host": "127.0.0.1", "port": smtp.port, "from": "gridgate@example.org",
-                       "error_address": "ops@example.org", "poll_interval": 0.2},
-                      PluginContext(state_dir=tmp_path))
+    n = EmailNotifier(
+        {
+            "host": "127.0.0.1",
+            "port": smtp.port,
+            "from": "gridgate@example.org",
+            "error_address": "ops@example.org",
+            "poll_interval": 0.2,
+        },
+        PluginContext(state_dir=tmp_path),
+    )
     clock = FakeClock()
     n.gridgate_notify(notification=note(clock))
     assert n.outbox.running
@@ -312,10 +370,17 @@ def test_two_directors_sharing_sqlite_state_send_one_mail(tmp_path, clock, smtp)
 
     stores = [SqliteState({"path": str(tmp_path / "state.db")}, clock) for _ in range(2)]
     notifiers = [
-        EmailNotifier({"host": "127.0.0.1", "port": smtp.port, "from": "gridgate@example.org",
-                       "error_address": "ops@example.org", "send_thread": False,
-                       "outbox": str(tmp_path / f"outbox{i}")},
-                      PluginContext(clock=clock, state_dir=tmp_path, state=stores[i]))
+        EmailNotifier(
+            {
+                "host": "127.0.0.1",
+                "port": smtp.port,
+                "from": "gridgate@example.org",
+                "error_address": "ops@example.org",
+                "send_thread": False,
+                "outbox": str(tmp_path / f"outbox{i}"),
+            },
+            PluginContext(clock=clock, state_dir=tmp_path, state=stores[i]),
+        )
         for i in range(2)
     ]
     for n in notifiers:

@@ -52,16 +52,27 @@ n.close()
 
 
 def _spawn(code: str, args: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(args)],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_outage_restart_then_all_50_delivered_once_in_order(tmp_path):
     port = free_port()  # the SMTP server is down: nothing listens here yet
     state = str(tmp_path / "state")
-    cfg = {"host": "127.0.0.1", "port": port, "from": "gridgate@example.org",
-           "error_address": "ops@example.org", "alarm_address": "nobody@example.org",
-           "poll_interval": 0.05, "timeout": 5}
+    cfg = {
+        "host": "127.0.0.1",
+        "port": port,
+        "from": "gridgate@example.org",
+        "error_address": "ops@example.org",
+        "alarm_address": "nobody@example.org",
+        "poll_interval": 0.05,
+        "timeout": 5,
+    }
     t0 = 1_790_000_000.0
 
     # First producer: queues 25 (its sender thread keeps failing), then dies with SIGKILL.
@@ -87,8 +98,9 @@ def test_outage_restart_then_all_50_delivered_once_in_order(tmp_path):
     server.start()
     try:
         clock = FakeClock(t0 + 7200)  # past any backoff the first producer's thread set
-        n = EmailNotifier({**cfg, "send_thread": False},
-                          PluginContext(clock=clock, state_dir=Path(state)))
+        n = EmailNotifier(
+            {**cfg, "send_thread": False}, PluginContext(clock=clock, state_dir=Path(state))
+        )
         result = n.flush(60)
         clock.advance(86400)
         again = n.flush(60)
@@ -110,8 +122,14 @@ def test_two_processes_flushing_one_outbox_send_each_message_once(tmp_path):
     procs: list[subprocess.Popen[str]] = []
     try:
         state = str(tmp_path / "state")
-        cfg = {"host": "127.0.0.1", "port": server.port, "from": "gridgate@example.org",
-               "error_address": "ops@example.org", "send_thread": False, "timeout": 5}
+        cfg = {
+            "host": "127.0.0.1",
+            "port": server.port,
+            "from": "gridgate@example.org",
+            "error_address": "ops@example.org",
+            "send_thread": False,
+            "timeout": 5,
+        }
         clock = FakeClock()
         n = EmailNotifier(cfg, PluginContext(clock=clock, state_dir=Path(state)))
         for i in range(40):

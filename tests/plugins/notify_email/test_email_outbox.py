@@ -37,9 +37,11 @@ class ListTransport:
 
 def test_concurrent_producers_get_unique_increasing_names(tmp_path):
     box = Outbox(tmp_path / "o", {"t": ListTransport()}, clock=FakeClock())
+
     def produce(k: int) -> None:
         for i in range(25):
             box.enqueue("t", {"n": f"{k}-{i}"})
+
     threads = [threading.Thread(target=produce, args=(k,)) for k in range(8)]
     for t in threads:
         t.start()
@@ -123,8 +125,10 @@ def test_message_scoped_retry_does_not_hold_back_the_others(tmp_path):
 def test_email_notifier_registers_with_pluggy_and_answers_gridgate_notify(tmp_path):
     pm: pluggy.PluginManager = new_plugin_manager()
     clock = FakeClock()
-    n = EmailNotifier({"from": "g@example.org", "error_address": "o@example.org",
-                       "send_thread": False}, PluginContext(clock=clock, state_dir=Path(tmp_path)))
+    n = EmailNotifier(
+        {"from": "g@example.org", "error_address": "o@example.org", "send_thread": False},
+        PluginContext(clock=clock, state_dir=Path(tmp_path)),
+    )
     pm.register(n, name="notifiers:email")
     pm.check_pending()
     assert pm.hook.gridgate_notify(notification=Notification("error", "s", "b", clock.time())) == []

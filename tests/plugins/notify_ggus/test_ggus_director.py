@@ -9,7 +9,9 @@ from gridgate.core import hookimpl
 from gridgate.core.model import BackendInfo, CommandResult, Endpoint, SubmitRequest, SubmitResult
 from gridgate.core.testing import director_for
 
-SERVER = Endpoint("testbed", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server")
+SERVER = Endpoint(
+    "testbed", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server"
+)
 
 
 class AlwaysFailing:
@@ -20,27 +22,46 @@ class AlwaysFailing:
         return BackendInfo("testbed", (SERVER,)) if backend == "testbed" else None
 
     @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest,
-                        timeout: float) -> SubmitResult | None:
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
         if endpoint.backend != "testbed":
             return None
-        command = CommandResult(("glite-wms-job-submit", "-a", "pilot.jdl"), 1, "",
-                                "\nError - Operation failed\nUnable to submit the job\n")
+        command = CommandResult(
+            ("glite-wms-job-submit", "-a", "pilot.jdl"),
+            1,
+            "",
+            "\nError - Operation failed\nUnable to submit the job\n",
+        )
         return SubmitResult(endpoint, ok=False, command=command)
 
 
 def test_director_drives_email_and_ggus_from_config(tmp_path, smtp_server):
     doc = {
-        "director": {"state_dir": str(tmp_path / "state"), "failing_expiry": 3600,
-                     "ticket_expiry": 7200, "stall_iterations": 1000},  # one server failing: not a stall test
+        "director": {
+            "state_dir": str(tmp_path / "state"),
+            "failing_expiry": 3600,
+            "ticket_expiry": 7200,
+            "stall_iterations": 1000,
+        },  # one server failing: not a stall test
         "demand": {"static": {"testbed": 1}},
         "notifiers": {
-            "email": {"host": "127.0.0.1", "port": smtp_server.port, "from": "gridgate@example.org",
-                      "error_address": "ops@example.org", "alarm_address": "alarms@example.org",
-                      "send_thread": False, "timeout": 5},
-            "ggus": {"vo": "lhcb", "sites": {"wms01.example.org": "CERN-PROD"},
-                     "deliver": ["spool", "mail"], "mail": {"to": "shifter@example.org"},
-                     "send_thread": False},
+            "email": {
+                "host": "127.0.0.1",
+                "port": smtp_server.port,
+                "from": "gridgate@example.org",
+                "error_address": "ops@example.org",
+                "alarm_address": "alarms@example.org",
+                "send_thread": False,
+                "timeout": 5,
+            },
+            "ggus": {
+                "vo": "lhcb",
+                "sites": {"wms01.example.org": "CERN-PROD"},
+                "deliver": ["spool", "mail"],
+                "mail": {"to": "shifter@example.org"},
+                "send_thread": False,
+            },
         },
     }
     with contextlib.closing(director_for(doc, AlwaysFailing())) as director:

@@ -11,7 +11,8 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "notifications.md"
 
 def test_docs_notifications_is_not_stale():
     assert samples.main(["--check", str(DOC)]) == 0, (
-        "docs/notifications.md is stale: run python -m gridgate.plugins.notify_ggus.samples")
+        "docs/notifications.md is stale: run python -m gridgate.plugins.notify_ggus.samples"
+    )
 
 
 def test_stale_doc_is_detected_and_regenerated(tmp_path):

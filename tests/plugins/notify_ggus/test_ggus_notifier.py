@@ -25,27 +25,48 @@ from gridgate.plugins.notify_ggus.ticket import (
     site_for,
 )
 
-EP = Endpoint("wms_glite", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server")
+EP = Endpoint(
+    "wms_glite", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server"
+)
 
 
-def alarm(clock: FakeClock, *, level: str = "alarm", endpoint: Endpoint = EP, failures: int = 3,
-          start: float | None = None, stdout: str = "", stderr: str = "Error - Operation failed\n",
-          subject: str = "wms01.example.org: error executing Job Submit") -> Notification:
+def alarm(
+    clock: FakeClock,
+    *,
+    level: str = "alarm",
+    endpoint: Endpoint = EP,
+    failures: int = 3,
+    start: float | None = None,
+    stdout: str = "",
+    stderr: str = "Error - Operation failed\n",
+    subject: str = "wms01.example.org: error executing Job Submit",
+) -> Notification:
     return Notification(
-        level, subject, "composed body\n", clock.time(), endpoint=endpoint,  # type: ignore[arg-type]
+        level,
+        subject,
+        "composed body\n",
+        clock.time(),
+        endpoint=endpoint,  # type: ignore[arg-type]
         failure=Failure("error", reason="exit code 1"),
         command=CommandResult(("glite-wms-job-submit", "-a", "pilot.jdl"), 1, stdout, stderr),
         episode_start=clock.time() - 3 * 3600 if start is None else start,
-        failures_in_episode=failures, key=f"{endpoint.key}:submit")
+        failures_in_episode=failures,
+        key=f"{endpoint.key}:submit",
+    )
 
 
-def make(tmp_path: Path, clock: FakeClock, config: dict[str, Any] | None = None,
-         **over: Any) -> GgusNotifier:
-    section: dict[str, Any] = {"vo": "lhcb", "sites": {"wms01.example.org": "CERN-PROD"},
-                               "send_thread": False}
+def make(
+    tmp_path: Path, clock: FakeClock, config: dict[str, Any] | None = None, **over: Any
+) -> GgusNotifier:
+    section: dict[str, Any] = {
+        "vo": "lhcb",
+        "sites": {"wms01.example.org": "CERN-PROD"},
+        "send_thread": False,
+    }
     section.update(over)
-    return GgusNotifier(section, PluginContext(clock=clock, state_dir=tmp_path / "state",
-                                               config=config or {}))
+    return GgusNotifier(
+        section, PluginContext(clock=clock, state_dir=tmp_path / "state", config=config or {})
+    )
 
 
 def tickets(n: GgusNotifier) -> list[dict[str, Any]]:
@@ -64,12 +85,20 @@ def test_gridgate_notify_spools_a_ticket_with_the_helpdesk_fields(tmp_path, cloc
     (txt,) = n.spool_dir.glob("*.txt")
     assert txt.stem == Path(ticket["ticket_id"]).name
     text = txt.read_text()
-    for line in ("Subject: wms01.example.org: error executing Job Submit", "Concerned VO: lhcb",
-                 "Affected Site: CERN-PROD", "Priority: very urgent", "Ticket category: Incident",
-                 "Type of issue: Computing Services", "Command: glite-wms-job-submit -a pilot.jdl",
-                 "Error - Operation failed"):
+    for line in (
+        "Subject: wms01.example.org: error executing Job Submit",
+        "Concerned VO: lhcb",
+        "Affected Site: CERN-PROD",
+        "Priority: very urgent",
+        "Ticket category: Incident",
+        "Type of issue: Computing Services",
+        "Command: glite-wms-job-submit -a pilot.jdl",
+        "Error - Operation failed",
+    ):
         assert line in text
-    assert "failing since 2026-09-21 11:13:20 UTC (at least 3.0 hours); 3 failures since then" in text
+    assert (
+        "failing since 2026-09-21 11:13:20 UTC (at least 3.0 hours); 3 failures since then" in text
+    )
     assert oct(txt.stat().st_mode & 0o777) == "0o600"
 
 
@@ -78,12 +107,24 @@ def test_errors_open_tickets_only_when_configured_with_their_priority(tmp_path, 
     n.gridgate_notify(notification=alarm(clock, level="error"))
     n.gridgate_notify(notification=alarm(clock, level="info"))
     assert tickets(n) == []
-    m = make(tmp_path / "b", clock, levels=["error", "alarm"],
-             priorities={"alarm": "top priority"}, ticket_type="ALARM", mou_area="WMS")
+    m = make(
+        tmp_path / "b",
+        clock,
+        levels=["error", "alarm"],
+        priorities={"alarm": "top priority"},
+        ticket_type="ALARM",
+        mou_area="WMS",
+    )
     m.gridgate_notify(notification=alarm(clock, level="error"))
-    m.gridgate_notify(notification=alarm(clock, level="alarm", endpoint=Endpoint("wms_glite", "wms02.example.org")))
+    m.gridgate_notify(
+        notification=alarm(
+            clock, level="alarm", endpoint=Endpoint("wms_glite", "wms02.example.org")
+        )
+    )
     assert [(t["priority"], t["ticket_type"], t["mou_area"]) for t in tickets(m)] == [
-        ("urgent", "ALARM", "WMS"), ("top priority", "ALARM", "WMS")]
+        ("urgent", "ALARM", "WMS"),
+        ("top priority", "ALARM", "WMS"),
+    ]
     assert "MoU Area: WMS" in next(m.spool_dir.glob("*.txt")).read_text()
 
 
@@ -112,16 +153,20 @@ def test_episode_rule_uses_the_state_store_when_there_is_one(tmp_path, clock):
     from gridgate.core.state import MemoryState
 
     store = MemoryState(clock=clock)
-    n = GgusNotifier({"vo": "lhcb", "send_thread": False, "episode_ttl": 1234},
-                     PluginContext(clock=clock, state_dir=tmp_path, state=store))
+    n = GgusNotifier(
+        {"vo": "lhcb", "send_thread": False, "episode_ttl": 1234},
+        PluginContext(clock=clock, state_dir=tmp_path, state=store),
+    )
     n.gridgate_notify(notification=alarm(clock, start=1000.0))
     ((key, value),) = store.items("notify_ggus:")
     assert key == "notify_ggus:ticket:wms_glite/wms01.example.org:1000"
     assert value == tickets(n)[0]["ticket_id"] and store.ttl(key) == 1234
     assert not (tmp_path / "ggus-outbox" / "records.json").exists()
     # a second notifier sharing the store (another director) opens no second ticket
-    other = GgusNotifier({"vo": "lhcb", "send_thread": False, "spool": str(tmp_path / "t2")},
-                         PluginContext(clock=clock, state_dir=tmp_path, state=store))
+    other = GgusNotifier(
+        {"vo": "lhcb", "send_thread": False, "spool": str(tmp_path / "t2")},
+        PluginContext(clock=clock, state_dir=tmp_path, state=store),
+    )
     other.gridgate_notify(notification=alarm(clock, start=1000.0))
     assert list((tmp_path / "t2").glob("*")) == []
     n.close()
@@ -132,12 +177,17 @@ def test_site_mapping():
     sites = {"wms01.example.org": "CERN-PROD", ".gridpp.ac.uk": "UKI-LT2", ".ac.uk": "UK-OTHER"}
     assert site_for(EP, sites) == "CERN-PROD"
     assert site_for(Endpoint("wms_glite", "WMS01.Example.org"), sites) == "CERN-PROD"
-    assert site_for(Endpoint("wms_glite", "wms", "https://wms01.example.org:7443/x"), sites) == "CERN-PROD"
+    assert (
+        site_for(Endpoint("wms_glite", "wms", "https://wms01.example.org:7443/x"), sites)
+        == "CERN-PROD"
+    )
     assert site_for(Endpoint("wms_glite", "lcgwms.gridpp.ac.uk"), sites) == "UKI-LT2"
     assert site_for(Endpoint("wms_glite", "wms.ox.ac.uk"), sites) == "UK-OTHER"
     assert site_for(Endpoint("wms_glite", "wms.in2p3.fr"), sites, "FALLBACK") == "FALLBACK"
-    ticket = render_ticket(alarm(FakeClock(), endpoint=Endpoint("wms_glite", "wms.in2p3.fr")),
-                           TicketSettings(vo="lhcb", sites=sites))
+    ticket = render_ticket(
+        alarm(FakeClock(), endpoint=Endpoint("wms_glite", "wms.in2p3.fr")),
+        TicketSettings(vo="lhcb", sites=sites),
+    )
     assert ticket.affected_site == "UNKNOWN (no site configured for wms.in2p3.fr)"
 
 
@@ -145,8 +195,10 @@ def test_long_output_is_cut_in_the_middle_with_a_note():
     clock = FakeClock()
     stdout = "HEAD-OUT " + "o" * 20000 + " TAIL-OUT"
     stderr = "HEAD-ERR " + "e" * 9000 + " TAIL-ERR"
-    ticket = render_ticket(alarm(clock, stdout=stdout, stderr=stderr, subject="S" * 400),
-                           TicketSettings(vo="lhcb", sites={}))
+    ticket = render_ticket(
+        alarm(clock, stdout=stdout, stderr=stderr, subject="S" * 400),
+        TicketSettings(vo="lhcb", sites={}),
+    )
     d = ticket.description
     assert len(d) <= DESCRIPTION_MAX and len(d) > DESCRIPTION_MAX - 10
     for mark in ("HEAD-OUT", "TAIL-OUT", "HEAD-ERR", "TAIL-ERR", "Command: glite-wms-job-submit"):
@@ -176,16 +228,22 @@ def test_cut_middle_keeps_head_and_tail_within_the_limit(text, limit):
 @settings(max_examples=100, deadline=None)
 @given(out=st.text(max_size=9000), err=st.text(max_size=9000), subject=st.text(max_size=600))
 def test_ticket_fields_always_within_limits(out, err, subject):
-    ticket = render_ticket(alarm(FakeClock(), stdout=out, stderr=err, subject=subject),
-                           TicketSettings(vo="lhcb", sites={}))
+    ticket = render_ticket(
+        alarm(FakeClock(), stdout=out, stderr=err, subject=subject),
+        TicketSettings(vo="lhcb", sites={}),
+    )
     assert 0 < len(ticket.subject) <= SUBJECT_MAX
     assert len(ticket.description) <= DESCRIPTION_MAX
 
 
 def test_rest_delivery_201_with_token_header(tmp_path, clock, helpdesk, monkeypatch, logs):
     monkeypatch.setenv("GG_TEST_GGUS_TOKEN", "tok-123-secret")
-    n = make(tmp_path, clock, deliver=["rest"],
-             rest={"url": helpdesk.url, "token": {"env": "GG_TEST_GGUS_TOKEN"}, "timeout": 5})
+    n = make(
+        tmp_path,
+        clock,
+        deliver=["rest"],
+        rest={"url": helpdesk.url, "token": {"env": "GG_TEST_GGUS_TOKEN"}, "timeout": 5},
+    )
     n.gridgate_notify(notification=alarm(clock))
     assert helpdesk.requests == []  # queued, not sent from the hook
     assert n.flush(10).sent == 1
@@ -202,8 +260,13 @@ def test_rest_delivery_201_with_token_header(tmp_path, clock, helpdesk, monkeypa
 
 def test_rest_500_is_retried_after_backoff(tmp_path, clock, helpdesk):
     helpdesk.status = 500
-    n = make(tmp_path, clock, deliver=["rest"], rest={"url": helpdesk.url, "timeout": 5},
-             retry_initial=60)
+    n = make(
+        tmp_path,
+        clock,
+        deliver=["rest"],
+        rest={"url": helpdesk.url, "timeout": 5},
+        retry_initial=60,
+    )
     n.gridgate_notify(notification=alarm(clock))
     assert n.flush(10).retried == 1
     (waiting,) = n.outbox.pending()
@@ -239,10 +302,23 @@ def test_rest_hang_times_out_and_is_retried(tmp_path, clock, helpdesk):
 
 
 def test_mail_delivery_through_the_email_transport(tmp_path, clock, smtp_server):
-    config = {"notifiers": {"email": {"host": "127.0.0.1", "port": smtp_server.port,
-                                      "from": "gridgate@example.org", "timeout": 5}}}
-    n = make(tmp_path, clock, config=config, deliver=["spool", "mail"],
-             mail={"to": ["shifter@example.org", "ggus-helper@example.org"]})
+    config = {
+        "notifiers": {
+            "email": {
+                "host": "127.0.0.1",
+                "port": smtp_server.port,
+                "from": "gridgate@example.org",
+                "timeout": 5,
+            }
+        }
+    }
+    n = make(
+        tmp_path,
+        clock,
+        config=config,
+        deliver=["spool", "mail"],
+        mail={"to": ["shifter@example.org", "ggus-helper@example.org"]},
+    )
     n.gridgate_notify(notification=alarm(clock))
     assert n.flush(10).sent == 1
     n.close()
@@ -273,13 +349,17 @@ def test_config_cross_checks(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(cfg)
     text = str(err.value)
-    for expected in ("notifiers.ggus.rest.url: deliver includes rest",
-                     "notifiers.ggus.mail.to: deliver includes mail",
-                     "notifiers.ggus.mou_area: TEAM tickets need a MoU Area",
-                     "notifiers.ggus.priorities.alarm: 'top priority' is for ALARM"):
+    for expected in (
+        "notifiers.ggus.rest.url: deliver includes rest",
+        "notifiers.ggus.mail.to: deliver includes mail",
+        "notifiers.ggus.mou_area: TEAM tickets need a MoU Area",
+        "notifiers.ggus.priorities.alarm: 'top priority' is for ALARM",
+    ):
         assert expected in text
-    cfg.write_text("notifiers:\n  ggus:\n    vo: lhcb\n    sites: {wms01.example.org: CERN-PROD}\n"
-                   "    spool: ./gridgate-state/tickets\n")
+    cfg.write_text(
+        "notifiers:\n  ggus:\n    vo: lhcb\n    sites: {wms01.example.org: CERN-PROD}\n"
+        "    spool: ./gridgate-state/tickets\n"
+    )
     section = load_config(cfg)["notifiers"]["ggus"]
     assert section["deliver"] == ["spool"] and section["priorities"]["error"] == "urgent"
 
@@ -299,8 +379,9 @@ def test_ggus_notifier_registers_with_pluggy_and_answers_gridgate_notify(tmp_pat
 def test_notification_without_endpoint_or_episode_opens_a_ticket_each_time(tmp_path, clock):
     n = make(tmp_path, clock)
     for i in range(2):
-        n.gridgate_notify(notification=Notification("alarm", f"gridgate test {i}", "test\n",
-                                                    clock.time()))
+        n.gridgate_notify(
+            notification=Notification("alarm", f"gridgate test {i}", "test\n", clock.time())
+        )
     assert len(tickets(n)) == 2
     assert tickets(n)[0]["affected_site"].startswith("UNKNOWN")
     n.close()
@@ -309,8 +390,11 @@ def test_notification_without_endpoint_or_episode_opens_a_ticket_each_time(tmp_p
 def test_a_fault_of_the_directors_own_machine_opens_no_ticket(tmp_path, clock):
     n = make(tmp_path, clock, levels=["error", "alarm"])
     local = Failure("launch", transient=False, local=True, reason="could not start bsub")
-    n.gridgate_notify(notification=Notification("error", "gridgate: cannot run bsub", "x\n",
-                                                clock.time(), failure=local))
+    n.gridgate_notify(
+        notification=Notification(
+            "error", "gridgate: cannot run bsub", "x\n", clock.time(), failure=local
+        )
+    )
     assert tickets(n) == []
     n.gridgate_notify(notification=alarm(clock))  # a server's failure still does
     assert len(tickets(n)) == 1

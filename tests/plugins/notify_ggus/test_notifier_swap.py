@@ -13,20 +13,43 @@ from gridgate.core.testing import director_for
 
 
 def notifiers(kind: str, port: int) -> dict:
-    email = {"host": "127.0.0.1", "port": port, "from": "gridgate@example.org",
-             "error_address": "ops@example.org", "alarm_address": "alarms@example.org",
-             "send_thread": False, "timeout": 5}
-    ggus = {"vo": "lhcb", "sites": {"wms01.example.org": "CERN-PROD"}, "deliver": ["spool"],
-            "send_thread": False}
-    return {"log": {"log": {}}, "email": {"email": email}, "email+ggus": {"email": email, "ggus": ggus},
-            "ggus": {"ggus": ggus}}[kind]
+    email = {
+        "host": "127.0.0.1",
+        "port": port,
+        "from": "gridgate@example.org",
+        "error_address": "ops@example.org",
+        "alarm_address": "alarms@example.org",
+        "send_thread": False,
+        "timeout": 5,
+    }
+    ggus = {
+        "vo": "lhcb",
+        "sites": {"wms01.example.org": "CERN-PROD"},
+        "deliver": ["spool"],
+        "send_thread": False,
+    }
+    return {
+        "log": {"log": {}},
+        "email": {"email": email},
+        "email+ggus": {"email": email, "ggus": ggus},
+        "ggus": {"ggus": ggus},
+    }[kind]
 
 
 @pytest.mark.parametrize("kind", ["log", "email", "email+ggus", "ggus"])
-def test_same_scenario_each_notifier_set_gets_exactly_its_share(kind, tmp_path, smtp_server) -> None:
-    doc = {"director": {"state_dir": str(tmp_path / "state"), "failing_expiry": 3600, "ticket_expiry": 3600,
-                        "stall_iterations": 1000},  # one server, always failing: not a stall test
-           "demand": {"static": {"testbed": 1}}, "notifiers": notifiers(kind, smtp_server.port)}
+def test_same_scenario_each_notifier_set_gets_exactly_its_share(
+    kind, tmp_path, smtp_server
+) -> None:
+    doc = {
+        "director": {
+            "state_dir": str(tmp_path / "state"),
+            "failing_expiry": 3600,
+            "ticket_expiry": 3600,
+            "stall_iterations": 1000,
+        },  # one server, always failing: not a stall test
+        "demand": {"static": {"testbed": 1}},
+        "notifiers": notifiers(kind, smtp_server.port),
+    }
     logged: list[str] = []
     sink = logger.add(lambda m: logged.append(m.record["message"]), level="ERROR")
     try:

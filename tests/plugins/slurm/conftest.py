@@ -28,13 +28,15 @@ class SlurmSite:
             self.script.chmod(0o755)
 
     def doc(self, partitions: list[str] | None = None, pilots: int = 2, **backend: Any) -> dict:
-        section = {"partitions": partitions or list(self.cluster.partitions),
-                   "script": str(self.script),
-                   "sbatch_options": [f"--output={self.cluster.jobs_dir}/%j.out"],
-                   "env": dict(self.cluster.env), **backend}
+        section = {
+            "partitions": partitions or list(self.cluster.partitions),
+            "script": str(self.script),
+            "sbatch_options": [f"--output={self.cluster.jobs_dir}/%j.out"],
+            "env": dict(self.cluster.env),
+            **backend,
+        }
         return {
-            "director": {"state_dir": str(self.state_dir), "command_timeout": 60,
-                         "max_threads": 1},
+            "director": {"state_dir": str(self.state_dir), "command_timeout": 60, "max_threads": 1},
             "state": {"driver": "sqlite", "path": str(self.state_dir / "state.db")},
             "backends": {"slurm": section},
             "demand": {"static": {"slurm": pilots}},
@@ -47,8 +49,12 @@ class SlurmSite:
         return path
 
     def run_once(self, doc: dict) -> dict:
-        proc = subprocess.run([str(BIN / "gridgate"), "run", "-c", str(self.write(doc)),
-                               "--once", "--json"], capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(
+            [str(BIN / "gridgate"), "run", "-c", str(self.write(doc)), "--once", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert proc.returncode == 0, proc.stderr
         lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
         assert len(lines) == 1, proc.stdout

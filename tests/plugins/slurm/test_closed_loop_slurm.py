@@ -35,11 +35,14 @@ def pending(cluster) -> dict[str, int]:
     return counts
 
 
-def director(site, script, clock: FakeClock, collector: Collector, pilots: int, **settings) -> Director:
+def director(
+    site, script, clock: FakeClock, collector: Collector, pilots: int, **settings
+) -> Director:
     doc = site.doc(pilots=pilots)
     doc["backends"]["slurm"]["script"] = str(script)
-    doc["director"].update({"max_threads": 4, "failing_expiry": 3600, "ticket_expiry": 3600,
-                            "pilots": settings})
+    doc["director"].update(
+        {"max_threads": 4, "failing_expiry": 3600, "ticket_expiry": 3600, "pilots": settings}
+    )
     doc["selectors"] = {"round_robin": {}}
     doc.pop("notifiers")
     return Director(validate_document(doc), clock=clock, extra_plugins=[collector])
@@ -80,15 +83,26 @@ def test_max_waiting_bounds_pending_jobs_in_real_squeue(slurm_site, figures) -> 
     finally:
         loop.close()
         cluster.cancel_all()
-    figures(max_waiting=width, peak_pending=peak, running=len(running), iterations=10,
-            demand_per_iteration=12, trimmed_pilots=trimmed)
+    figures(
+        max_waiting=width,
+        peak_pending=peak,
+        running=len(running),
+        iterations=10,
+        demand_per_iteration=12,
+        trimmed_pilots=trimmed,
+    )
 
 
-def test_a_partition_whose_every_pilot_fails_leaves_rotation_then_alarms(slurm_site, figures) -> None:
+def test_a_partition_whose_every_pilot_fails_leaves_rotation_then_alarms(
+    slurm_site, figures
+) -> None:
     cluster = slurm_site.cluster
-    script = pilot_script(cluster, "pilot-debug-fails.sh",
-                          'if [ "$SLURM_JOB_PARTITION" = debug ]; then\n'
-                          '  echo "pilot: no usable software area" >&2; exit 1\nfi\nsleep 1\n')
+    script = pilot_script(
+        cluster,
+        "pilot-debug-fails.sh",
+        'if [ "$SLURM_JOB_PARTITION" = debug ]; then\n'
+        '  echo "pilot: no usable software area" >&2; exit 1\nfi\nsleep 1\n',
+    )
     clock, collector = FakeClock(), Collector()
     loop = director(slurm_site, script, clock, collector, pilots=10, max_waiting=5)
 
@@ -107,7 +121,9 @@ def test_a_partition_whose_every_pilot_fails_leaves_rotation_then_alarms(slurm_s
                 out_at = polls_of_debug
                 break
             assert until(settled, timeout=120), squeue(cluster)
-            if visible_at is None and any(s == "FAILED" and p == "debug" for _j, p, s in squeue(cluster)):
+            if visible_at is None and any(
+                s == "FAILED" and p == "debug" for _j, p, s in squeue(cluster)
+            ):
                 visible_at = polls_of_debug + 1  # the next poll is the first that can see them
             clock.advance(60)
         assert visible_at is not None and out_at is not None, (visible_at, out_at)
@@ -131,14 +147,20 @@ def test_a_partition_whose_every_pilot_fails_leaves_rotation_then_alarms(slurm_s
             clock.advance(60)
             if len(collector.notes) > 1:
                 break
-        assert [(n.level, n.endpoint.name) for n in collector.notes] == [("error", "debug"), ("alarm", "debug")]
+        assert [(n.level, n.endpoint.name) for n in collector.notes] == [
+            ("error", "debug"),
+            ("alarm", "debug"),
+        ]
         batch = loop.state.pilot_registry().query("slurm", "batch")
         assert batch and {p.state for p in batch} <= {"done", "waiting", "running"}
     finally:
         loop.close()
         cluster.cancel_all()
-    figures(polls_until_out=polls_until_out, notifications=[n.level for n in collector.notes],
-            sample=note.body.split("(a sample):\n")[1].split("\nEpisode:")[0].strip())
+    figures(
+        polls_until_out=polls_until_out,
+        notifications=[n.level for n in collector.notes],
+        sample=note.body.split("(a sample):\n")[1].split("\nEpisode:")[0].strip(),
+    )
 
 
 def test_a_restarted_director_process_keeps_tracking_its_pilots(slurm_site) -> None:

@@ -43,14 +43,35 @@ def test_the_node_is_idle_in_every_partition(slurm) -> None:
 
 def test_an_ordinary_user_submits_and_sees_the_job(slurm) -> None:
     env = {"PATH": "/usr/bin:/bin", **slurm.env}
-    sub = subprocess.run([*AS_NOBODY, "sbatch", "--parsable", "-p", slurm.partitions[1],
-                          "-o", "/dev/null", "--wrap", "sleep 300"],
-                         capture_output=True, text=True, env=env, cwd="/", timeout=60)
+    sub = subprocess.run(
+        [
+            *AS_NOBODY,
+            "sbatch",
+            "--parsable",
+            "-p",
+            slurm.partitions[1],
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 300",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=60,
+    )
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip()
     assert job_id.isdigit()
-    q = subprocess.run([*AS_NOBODY, "squeue", "-h", "-o", "%i %u %P", f"--jobs={job_id}"],
-                       capture_output=True, text=True, env=env, cwd="/", timeout=60)
+    q = subprocess.run(
+        [*AS_NOBODY, "squeue", "-h", "-o", "%i %u %P", f"--jobs={job_id}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=60,
+    )
     assert q.returncode == 0, q.stderr
     assert q.stdout.split() == [job_id, "nobody", slurm.partitions[1]]
 
@@ -105,21 +126,37 @@ def test_up_and_down_by_hand_leave_nothing_running() -> None:
     folder.parent.chmod(0o755)
     module = [sys.executable, "-m", "gridgate.plugins.slurm.cluster"]
     try:
-        up = subprocess.run([*module, "up", "--folder", str(folder)], capture_output=True,
-                            text=True, timeout=300, cwd="/")
+        up = subprocess.run(
+            [*module, "up", "--folder", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd="/",
+        )
         assert up.returncode == 0, up.stderr
         assert f"export SLURM_CONF={folder}/etc/slurm.conf" in up.stdout
         env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": str(folder / "etc" / "slurm.conf")}
-        sinfo = subprocess.run(["sinfo", "-h", "-o", "%P %T"], capture_output=True, text=True,
-                               env=env, timeout=120)
+        sinfo = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %T"], capture_output=True, text=True, env=env, timeout=120
+        )
         assert sinfo.stdout.split() == ["debug*", "idle", "batch", "idle"], sinfo.stderr
-        again = subprocess.run([*module, "up", "--folder", str(folder)], capture_output=True,
-                               text=True, timeout=120, cwd="/")
+        again = subprocess.run(
+            [*module, "up", "--folder", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
         assert "already up" in again.stdout
         assert _processes_in(folder)
     finally:
-        down = subprocess.run([*module, "down", "--folder", str(folder)], capture_output=True,
-                              text=True, timeout=120, cwd="/")
+        down = subprocess.run(
+            [*module, "down", "--folder", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
         shutil.rmtree(folder.parent, ignore_errors=True)
     assert down.returncode == 0, down.stderr
     assert _processes_in(folder) == []
@@ -130,13 +167,16 @@ def test_a_killed_owner_leaves_no_daemon_behind() -> None:
     import sys
 
     # What a pytest-timeout (os._exit) or a SIGKILL does to a test process holding a cluster.
-    code = ("import sys, time\n"
-            "from gridgate.plugins.slurm.cluster import SlurmCluster\n"
-            "c = SlurmCluster().start()\n"
-            "print(c.folder, flush=True)\n"
-            "time.sleep(600)\n")
-    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                             cwd="/")
+    code = (
+        "import sys, time\n"
+        "from gridgate.plugins.slurm.cluster import SlurmCluster\n"
+        "c = SlurmCluster().start()\n"
+        "print(c.folder, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd="/"
+    )
     try:
         line = owner.stdout.readline().strip()
         assert line, "the owner did not start its cluster"

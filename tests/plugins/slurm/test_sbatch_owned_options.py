@@ -32,18 +32,34 @@ ABBREVIATED = {
 }
 #: refused too, though sbatch itself finds them ambiguous today (--cluster-constraint)
 AMBIGUOUS = ["--clu=c9", "--par=x"]
-ACCEPTED = ["--time=10", "--output=/dev/null", "--hold", "-t10", "-o/tmp/pilot-p.out", "-Hv",
-            "--cpus-per-task=2", "--account=atlas", "-Aproject-a"]
+ACCEPTED = [
+    "--time=10",
+    "--output=/dev/null",
+    "--hold",
+    "-t10",
+    "-o/tmp/pilot-p.out",
+    "-Hv",
+    "--cpus-per-task=2",
+    "--account=atlas",
+    "-Aproject-a",
+]
 
 
-def _validate(tmp_path: Path, options: list[str], env: dict[str, str] | None = None,
-              partition: str = "debug") -> subprocess.CompletedProcess[str]:
+def _validate(
+    tmp_path: Path, options: list[str], env: dict[str, str] | None = None, partition: str = "debug"
+) -> subprocess.CompletedProcess[str]:
     site = tmp_path / "site.yaml"
     env_line = f"    env: {env!r}\n" if env else ""
-    site.write_text("backends:\n  slurm:\n    partitions: [" + json.dumps(partition) + "]\n    script: /p.sh\n"
-                    f"    sbatch_options: {options!r}\n" + env_line + "demand:\n  static:\n    slurm: 1\n")
-    return subprocess.run([str(BIN / "gridgate"), "config", "validate", str(site)],
-                          capture_output=True, text=True, timeout=60)
+    site.write_text(
+        "backends:\n  slurm:\n    partitions: [" + json.dumps(partition) + "]\n    script: /p.sh\n"
+        f"    sbatch_options: {options!r}\n" + env_line + "demand:\n  static:\n    slurm: 1\n"
+    )
+    return subprocess.run(
+        [str(BIN / "gridgate"), "config", "validate", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("word", sorted(ABBREVIATED) + AMBIGUOUS)
@@ -60,20 +76,32 @@ def test_sbatch_itself_reads_the_refused_words_as_the_owned_options(tmp_path: Pa
     sbatch = shutil.which("sbatch")
     assert sbatch, "the Slurm tests need sbatch (slurm-client)"
     conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
-                    "NodeName=n1\nPartitionName=batch Nodes=n1\n")
+    conf.write_text(
+        "ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
+        "NodeName=n1\nPartitionName=batch Nodes=n1\n"
+    )
     script = tmp_path / "pilot.sh"
     script.write_text("#!/bin/sh\ntrue\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for word, parsed in ABBREVIATED.items():
-        out = subprocess.run([sbatch, "-v", word, str(script)], capture_output=True, text=True,
-                             timeout=30, env=env)
-        lines = {re.sub(r"\s+", " ", line.removeprefix("sbatch: ").strip()) for line in out.stderr.splitlines()}
+        out = subprocess.run(
+            [sbatch, "-v", word, str(script)], capture_output=True, text=True, timeout=30, env=env
+        )
+        lines = {
+            re.sub(r"\s+", " ", line.removeprefix("sbatch: ").strip())
+            for line in out.stderr.splitlines()
+        }
         assert parsed in lines, (word, out.stderr[-2000:])
-    out = subprocess.run([sbatch, "-v", str(script)], capture_output=True, text=True, timeout=30,
-                         env={**env, "SBATCH_ARRAY_INX": "0-3"})
-    assert "array : 0-3" in {re.sub(r"\s+", " ", x.removeprefix("sbatch: ").strip())
-                             for x in out.stderr.splitlines()}
+    out = subprocess.run(
+        [sbatch, "-v", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**env, "SBATCH_ARRAY_INX": "0-3"},
+    )
+    assert "array : 0-3" in {
+        re.sub(r"\s+", " ", x.removeprefix("sbatch: ").strip()) for x in out.stderr.splitlines()
+    }
 
 
 def test_options_that_are_not_the_backends_are_accepted(tmp_path: Path) -> None:
@@ -88,12 +116,16 @@ def test_a_double_dash_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["SBATCH_ARRAY_INX", "SBATCH_PARTITION", "SBATCH_JOB_NAME"])
-def test_sbatch_input_variables_of_owned_options_are_refused_in_env(name: str, tmp_path: Path) -> None:
+def test_sbatch_input_variables_of_owned_options_are_refused_in_env(
+    name: str, tmp_path: Path
+) -> None:
     out = _validate(tmp_path, [], env={name: "0-4"})
     assert out.returncode == 2 and f"backends.slurm.env.{name}: {name} sets sbatch" in out.stderr
 
 
-def test_the_directors_own_sbatch_array_variable_does_not_reach_sbatch(tmp_path: Path, monkeypatch) -> None:
+def test_the_directors_own_sbatch_array_variable_does_not_reach_sbatch(
+    tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("SBATCH_ARRAY_INX", "0-4")
     backend = build_plugin(SlurmBackend, {"partitions": ["debug"], "script": "/p.sh"})
     assert backend._environ is not None and "SBATCH_ARRAY_INX" not in backend._environ

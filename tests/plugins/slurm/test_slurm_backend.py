@@ -22,8 +22,9 @@ BIN = Path(sys.executable).parent
 
 def _squeue(cluster, *job_ids: str) -> dict[str, tuple[str, str, str]]:
     """id -> (partition, name, state) as the real squeue prints them."""
-    out = cluster.command(["squeue", "-h", "-r", "-t", "all", "-o", "%i %P %j %T",
-                           f"--jobs={','.join(job_ids)}"])
+    out = cluster.command(
+        ["squeue", "-h", "-r", "-t", "all", "-o", "%i %P %j %T", f"--jobs={','.join(job_ids)}"]
+    )
     assert out.ok, out.stderr
     return {p[0]: (p[1], p[2], p[3]) for p in (ln.split() for ln in out.stdout.splitlines())}
 
@@ -40,6 +41,7 @@ def _backend(site, **extra):
 
 # --- the director submits, real squeue sees -------------------------------------------------
 
+
 def test_gridgate_run_submits_n_pilots_that_squeue_shows(slurm_site) -> None:
     summary = slurm_site.run_once(slurm_site.doc(pilots=3))
     assert summary["pilots_submitted"] == 3 and summary["failures"] == []
@@ -55,8 +57,9 @@ def test_gridgate_run_submits_n_pilots_that_squeue_shows(slurm_site) -> None:
 
 
 def test_pilots_per_submission_submits_an_array_with_one_id_per_pilot(slurm_site) -> None:
-    summary = slurm_site.run_once(slurm_site.doc(partitions=["batch"], pilots=4,
-                                                 pilots_per_submission=4))
+    summary = slurm_site.run_once(
+        slurm_site.doc(partitions=["batch"], pilots=4, pilots_per_submission=4)
+    )
     [record] = summary["submitted"]
     base = record["job_ids"][0].split("_")[0]
     assert record["job_ids"] == [f"{base}_{i}" for i in range(4)]
@@ -104,29 +107,35 @@ def test_a_stopped_controller_takes_every_partition_out_and_escalates(slurm_site
     assert sorted(summary["excluded"]) == sorted(slurm_site.cluster.partitions)
     assert {f["kind"] for f in summary["failures"]} == {"unreachable"}
     assert sorted(n["endpoint"] for n in summary["notifications"]) == sorted(
-        slurm_site.cluster.partitions)
+        slurm_site.cluster.partitions
+    )
     notes = _notes(slurm_site)
     assert all("Unable to contact slurm controller" in n for n in notes)
     # the second partition of the cluster was not made to wait for Slurm to give up again
     assert sum("not tried: partition" in n for n in notes) == 1
     # the hook's own view of the same outage: a failed query, not "no such jobs"
     backend = _backend(slurm_site)
-    status = backend.gridgate_job_status(endpoint=Endpoint("slurm", "debug"), job_ids=["1", "2"],
-                                         timeout=30)
+    status = backend.gridgate_job_status(
+        endpoint=Endpoint("slurm", "debug"), job_ids=["1", "2"], timeout=30
+    )
     assert status is not None and not status.ok and status.commands == 1
     assert "Unable to contact slurm controller" in status.command.stderr
     # the sibling partition is not polled again in the same iteration, nor cancelled in
-    sibling = backend.gridgate_job_status(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
-                                          timeout=30)
+    sibling = backend.gridgate_job_status(
+        endpoint=Endpoint("slurm", "batch"), job_ids=["3"], timeout=30
+    )
     assert not sibling.ok and sibling.commands == 0 and sibling.command == status.command
     assert sibling.message.startswith("not tried: partition debug")
-    cancel = backend.gridgate_cancel(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
-                                     timeout=30)
+    cancel = backend.gridgate_cancel(endpoint=Endpoint("slurm", "batch"), job_ids=["3"], timeout=30)
     assert not cancel.ok and cancel.message.startswith("not tried: partition debug")
     # a new iteration tries again
     backend.gridgate_iteration_started(iteration=IterationInfo(number=2, started=0.0))
-    assert backend.gridgate_job_status(endpoint=Endpoint("slurm", "batch"), job_ids=["3"],
-                                       timeout=30).commands == 1
+    assert (
+        backend.gridgate_job_status(
+            endpoint=Endpoint("slurm", "batch"), job_ids=["3"], timeout=30
+        ).commands
+        == 1
+    )
 
 
 def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
@@ -134,10 +143,14 @@ def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
     slurm_site.cluster.pause_controller()
     try:
         with plugin_manager_with(backend) as pm:
-            result = pm.hook.gridgate_submit(endpoint=Endpoint("slurm", "debug"),
-                                             request=SubmitRequest(backend="slurm"), timeout=60)
-            failure = pm.hook.gridgate_classify_failure(endpoint=Endpoint("slurm", "debug"),
-                                                        result=result)
+            result = pm.hook.gridgate_submit(
+                endpoint=Endpoint("slurm", "debug"),
+                request=SubmitRequest(backend="slurm"),
+                timeout=60,
+            )
+            failure = pm.hook.gridgate_classify_failure(
+                endpoint=Endpoint("slurm", "debug"), result=result
+            )
     finally:
         slurm_site.cluster.resume_controller()
     assert not result.ok
@@ -146,17 +159,22 @@ def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
     assert "may have been queued anyway" in failure.reason
 
 
-@pytest.mark.parametrize(("script", "said"), [
-    ("/nonexistent/pilot.sh", "Unable to open file /nonexistent/pilot.sh"),
-    ("/bin/true", "This does not look like a batch script"),
-])
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        ("/nonexistent/pilot.sh", "Unable to open file /nonexistent/pilot.sh"),
+        ("/bin/true", "This does not look like a batch script"),
+    ],
+)
 def test_a_bad_script_is_a_fault_of_this_machine(slurm_site, script, said) -> None:
     backend = _backend(slurm_site, script=script)
     with plugin_manager_with(backend) as pm:
-        result = pm.hook.gridgate_submit(endpoint=Endpoint("slurm", "debug"),
-                                         request=SubmitRequest(backend="slurm"), timeout=60)
-        failure = pm.hook.gridgate_classify_failure(endpoint=Endpoint("slurm", "debug"),
-                                                    result=result)
+        result = pm.hook.gridgate_submit(
+            endpoint=Endpoint("slurm", "debug"), request=SubmitRequest(backend="slurm"), timeout=60
+        )
+        failure = pm.hook.gridgate_classify_failure(
+            endpoint=Endpoint("slurm", "debug"), result=result
+        )
     # the site's config names a script this machine cannot use: no partition is blamed
     assert (failure.kind, failure.local) == ("config", True)
     assert said in failure.reason
@@ -164,14 +182,17 @@ def test_a_bad_script_is_a_fault_of_this_machine(slurm_site, script, said) -> No
 
 # --- tracking --------------------------------------------------------------------------------
 
+
 def test_gridgate_job_status_and_gridgate_cancel_on_real_jobs(slurm_site) -> None:
     backend = _backend(slurm_site, pilots_per_submission=3)
     debug = Endpoint("slurm", "debug")
     with plugin_manager_with(backend) as pm:
-        array = pm.hook.gridgate_submit(endpoint=debug, request=SubmitRequest(backend="slurm",
-                                                                              count=3), timeout=60)
-        single = pm.hook.gridgate_submit(endpoint=debug, request=SubmitRequest(backend="slurm"),
-                                         timeout=60)
+        array = pm.hook.gridgate_submit(
+            endpoint=debug, request=SubmitRequest(backend="slurm", count=3), timeout=60
+        )
+        single = pm.hook.gridgate_submit(
+            endpoint=debug, request=SubmitRequest(backend="slurm"), timeout=60
+        )
         assert array.ok and single.ok, (array, single)
         ids = [*array.job_ids, *single.job_ids]
         cancel = pm.hook.gridgate_cancel(endpoint=debug, job_ids=[single.job_ids[0]], timeout=60)
@@ -186,20 +207,23 @@ def test_gridgate_job_status_and_gridgate_cancel_on_real_jobs(slurm_site) -> Non
 
 
 def test_one_id_gone_from_the_controller_is_an_answer_not_a_failure(slurm_site) -> None:
-    status = _backend(slurm_site).gridgate_job_status(endpoint=Endpoint("slurm", "debug"),
-                                                      job_ids=["999999"], timeout=60)
+    status = _backend(slurm_site).gridgate_job_status(
+        endpoint=Endpoint("slurm", "debug"), job_ids=["999999"], timeout=60
+    )
     assert status.ok and dict(status.statuses) == {}
     assert "Invalid job id specified" in status.command.stderr
 
 
 def test_a_long_id_list_is_split_into_several_squeue_calls(slurm_site) -> None:
     ids = [str(100000 + i) for i in range(30000)]
-    status = _backend(slurm_site).gridgate_job_status(endpoint=Endpoint("slurm", "debug"),
-                                                      job_ids=ids, timeout=120)
+    status = _backend(slurm_site).gridgate_job_status(
+        endpoint=Endpoint("slurm", "debug"), job_ids=ids, timeout=120
+    )
     assert status.ok and status.commands > 1 and dict(status.statuses) == {}
 
 
 # --- parsing and config ------------------------------------------------------------------------
+
 
 def test_parse_parsable_with_and_without_cluster() -> None:
     assert parse_parsable("42\n") == ("42", "")
@@ -207,13 +231,24 @@ def test_parse_parsable_with_and_without_cluster() -> None:
     assert parse_parsable("Submitted batch job 42\n") is None
 
 
-@pytest.mark.parametrize("native, state", [
-    ("PENDING", "waiting"), ("REQUEUE_HOLD", "waiting"), ("RUNNING", "running"),
-    ("COMPLETING", "running"), ("SUSPENDED", "running"), ("COMPLETED", "done"),
-    ("FAILED", "failed"), ("TIMEOUT", "failed"), ("OUT_OF_MEMORY", "failed"),
-    ("CANCELLED", "cancelled"), ("CANCELLED by 0", "cancelled"), ("CANCELLED+", "cancelled"),
-    ("BOGUS", "unknown"),
-])
+@pytest.mark.parametrize(
+    "native, state",
+    [
+        ("PENDING", "waiting"),
+        ("REQUEUE_HOLD", "waiting"),
+        ("RUNNING", "running"),
+        ("COMPLETING", "running"),
+        ("SUSPENDED", "running"),
+        ("COMPLETED", "done"),
+        ("FAILED", "failed"),
+        ("TIMEOUT", "failed"),
+        ("OUT_OF_MEMORY", "failed"),
+        ("CANCELLED", "cancelled"),
+        ("CANCELLED by 0", "cancelled"),
+        ("CANCELLED+", "cancelled"),
+        ("BOGUS", "unknown"),
+    ],
+)
 def test_pilot_state_follows_formats_md(native, state) -> None:
     assert pilot_state(native) == state
 
@@ -228,20 +263,44 @@ def test_parse_squeue_skips_cluster_headers_and_keeps_reasons() -> None:
 def test_sbatch_argv_with_cluster_and_array(slurm_site) -> None:
     backend = _backend(slurm_site, partitions=["batch@west"])
     argv = backend.sbatch_argv(Endpoint("slurm", "batch@west"), SubmitRequest("slurm", count=5))
-    assert argv[:6] == ["sbatch", "--parsable", "--partition=batch",
-                        "--job-name=gridgate-pilot", "--clusters=west", "--array=0-4"]
+    assert argv[:6] == [
+        "sbatch",
+        "--parsable",
+        "--partition=batch",
+        "--job-name=gridgate-pilot",
+        "--clusters=west",
+        "--array=0-4",
+    ]
     assert argv[-1] == str(slurm_site.script)
 
 
-@pytest.mark.parametrize("option", ["--partition=x", "-p", "-pbatch", "--parsable", "--array=1-3",
-                                    "-M", "--clusters=a", "--job-name=x", "--wrap"])
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--partition=x",
+        "-p",
+        "-pbatch",
+        "--parsable",
+        "--array=1-3",
+        "-M",
+        "--clusters=a",
+        "--job-name=x",
+        "--wrap",
+    ],
+)
 def test_options_the_backend_writes_itself_are_refused(option, tmp_path) -> None:
     site = tmp_path / "site.yaml"
-    site.write_text("backends:\n  slurm:\n    partitions: [debug]\n    script: /p.sh\n"
-                    f"    sbatch_options: ['--time=10', '{option}']\n"
-                    "demand:\n  static:\n    slurm: 1\n")
-    out = subprocess.run([str(BIN / "gridgate"), "config", "validate", str(site)],
-                         capture_output=True, text=True, timeout=60)
+    site.write_text(
+        "backends:\n  slurm:\n    partitions: [debug]\n    script: /p.sh\n"
+        f"    sbatch_options: ['--time=10', '{option}']\n"
+        "demand:\n  static:\n    slurm: 1\n"
+    )
+    out = subprocess.run(
+        [str(BIN / "gridgate"), "config", "validate", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert f"{site}:5: backends.slurm.sbatch_options[1]:" in out.stderr
     assert "is written by the backend" in out.stderr
@@ -249,7 +308,10 @@ def test_options_the_backend_writes_itself_are_refused(option, tmp_path) -> None
 
 def test_config_errors_name_partition_and_script() -> None:
     problems = SlurmBackend.config_errors({"partitions": ["ok", "bad name", "ok"]})
-    assert (("partitions", 1), "'bad name' is not a Slurm partition (name or name@cluster)") in problems
+    assert (
+        ("partitions", 1),
+        "'bad name' is not a Slurm partition (name or name@cluster)",
+    ) in problems
     assert (("partitions", 2), "partition 'ok' is listed twice") in problems
     assert (("script",), "a pilot script is needed to submit to the partitions") in problems
 
@@ -258,11 +320,13 @@ def test_gridgate_cancel_cancels_real_jobs_and_accepts_unknown_ones(slurm_site) 
     backend = _backend(slurm_site, pilots_per_submission=2)
     batch = Endpoint("slurm", "batch")
     with plugin_manager_with(backend) as pm:
-        array = pm.hook.gridgate_submit(endpoint=batch, request=SubmitRequest(backend="slurm",
-                                                                              count=2), timeout=60)
+        array = pm.hook.gridgate_submit(
+            endpoint=batch, request=SubmitRequest(backend="slurm", count=2), timeout=60
+        )
         assert array.ok, array
-        cancel = pm.hook.gridgate_cancel(endpoint=batch, job_ids=[*array.job_ids, "999999"],
-                                         timeout=60)
+        cancel = pm.hook.gridgate_cancel(
+            endpoint=batch, job_ids=[*array.job_ids, "999999"], timeout=60
+        )
         refused = pm.hook.gridgate_cancel(endpoint=batch, job_ids=["1; rm -rf /"], timeout=60)
     assert cancel.ok and cancel.cancelled == (*array.job_ids, "999999")
     assert cancel.command.argv == ("scancel", *array.job_ids, "999999")
@@ -277,20 +341,29 @@ def test_gridgate_cancel_cancels_real_jobs_and_accepts_unknown_ones(slurm_site) 
 
 
 def test_a_full_queue_is_overload_and_the_retrying_sbatch_is_killed_at_its_deadline(
-        slurm_site) -> None:
+    slurm_site,
+) -> None:
     from gridgate.plugins.slurm.cluster import SlurmCluster
 
     # A controller at MaxJobCount (22.05 takes MaxJobCount - 1 jobs here): sbatch prints its
     # complaint and keeps retrying.
     with SlurmCluster(partitions=("only",), extra_conf=["MaxJobCount=2"]) as full:
         assert full.command(["sbatch", "--hold", "-o", "/dev/null", "--wrap", "true"]).ok
-        backend = build_plugin(SlurmBackend, {
-            "partitions": ["only"], "script": str(slurm_site.script), "command_timeout": 4,
-            "sbatch_options": ["--hold", "--output=/dev/null"], "env": dict(full.env)})
+        backend = build_plugin(
+            SlurmBackend,
+            {
+                "partitions": ["only"],
+                "script": str(slurm_site.script),
+                "command_timeout": 4,
+                "sbatch_options": ["--hold", "--output=/dev/null"],
+                "env": dict(full.env),
+            },
+        )
         endpoint = Endpoint("slurm", "only")
         with plugin_manager_with(backend) as pm:
-            result = pm.hook.gridgate_submit(endpoint=endpoint,
-                                             request=SubmitRequest(backend="slurm"), timeout=60)
+            result = pm.hook.gridgate_submit(
+                endpoint=endpoint, request=SubmitRequest(backend="slurm"), timeout=60
+            )
             failure = pm.hook.gridgate_classify_failure(endpoint=endpoint, result=result)
     assert result.command.timed_out
     assert "Slurm temporarily unable to accept job, sleeping and retrying" in result.command.stderr

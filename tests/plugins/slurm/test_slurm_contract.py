@@ -17,23 +17,33 @@ class TestSlurmBackendContract(BackendContract):
     def section(self, program, tmp_path):
         script = tmp_path / "pilot.sh"
         script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
-        return {"partitions": ["debug"], "script": str(script),
-                "commands": {"sbatch": program, "squeue": program, "scancel": program}}
+        return {
+            "partitions": ["debug"],
+            "script": str(script),
+            "commands": {"sbatch": program, "squeue": program, "scancel": program},
+        }
 
 
-def test_a_squeue_output_cut_by_gridgates_cap_is_a_failed_poll_carrying_the_cut_command(tmp_path) -> None:
+def test_a_squeue_output_cut_by_gridgates_cap_is_a_failed_poll_carrying_the_cut_command(
+    tmp_path,
+) -> None:
     """Core names a cut output as gridgate's cap (kind output_cap) only when it sees the cut
     command: a cut squeue is never read as 'the ids past the cut are gone', nor blamed on the
     controller."""
     from gridgate.core.testing import build_plugin, stand_in_command
 
-    squeue = stand_in_command(tmp_path / "bin", "squeue", stdout="12 RUNNING None\n" + "13 PENDING x\n" * 20_000)
+    squeue = stand_in_command(
+        tmp_path / "bin", "squeue", stdout="12 RUNNING None\n" + "13 PENDING x\n" * 20_000
+    )
     script = tmp_path / "pilot.sh"
     script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
-    backend = build_plugin(SlurmBackend, {"partitions": ["debug"], "script": str(script),
-                                          "commands": {"squeue": str(squeue)}},
-                           state_dir=tmp_path / "state", name="slurm",
-                           config={"director": {"max_output_bytes": 1024}})
+    backend = build_plugin(
+        SlurmBackend,
+        {"partitions": ["debug"], "script": str(script), "commands": {"squeue": str(squeue)}},
+        state_dir=tmp_path / "state",
+        name="slurm",
+        config={"director": {"max_output_bytes": 1024}},
+    )
     (endpoint,) = backend.gridgate_backend_info(backend="slurm").endpoints
     result = backend.gridgate_job_status(endpoint=endpoint, job_ids=["12", "13"], timeout=10)
     assert not result.ok and result.command is not None and result.command.stdout_truncated

@@ -31,11 +31,18 @@ def calls_log(tmp_path: Path) -> Path:
 def scenario(tmp_path: Path, calls_log: Path) -> Callable[..., Path]:
     """Write a scenario: ``scenario(hosts={...}, default={...})`` -> its path."""
 
-    def write(hosts: Mapping[str, Any] | None = None, default: Mapping[str, Any] | None = None,
-              **extra: Any) -> Path:
-        data = {"state_dir": str(tmp_path / "simstate"), "calls_log": str(calls_log),
-                "default": dict(default or {"behaviour": "healthy"}), "hosts": dict(hosts or {}),
-                **extra}
+    def write(
+        hosts: Mapping[str, Any] | None = None,
+        default: Mapping[str, Any] | None = None,
+        **extra: Any,
+    ) -> Path:
+        data = {
+            "state_dir": str(tmp_path / "simstate"),
+            "calls_log": str(calls_log),
+            "default": dict(default or {"behaviour": "healthy"}),
+            "hosts": dict(hosts or {}),
+            **extra,
+        }
         return write_scenario(tmp_path / "scenario.json", data)
 
     return write
@@ -46,8 +53,10 @@ def sim_env(sim_bin: Path) -> Callable[[Path], dict[str, str]]:
     """Environment additions that put the stand-ins first on PATH and name the scenario."""
 
     def env(scenario_path: Path) -> dict[str, str]:
-        return {"PATH": f"{sim_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-                "GRIDGATE_SIM_SCENARIO": str(scenario_path)}
+        return {
+            "PATH": f"{sim_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "GRIDGATE_SIM_SCENARIO": str(scenario_path),
+        }
 
     return env
 
@@ -64,8 +73,11 @@ def state(clock: FakeClock) -> MemoryState:
 
 @pytest.fixture
 def make_backend(
-    scenario: Callable[..., Path], sim_env: Callable[[Path], dict[str, str]], clock: FakeClock,
-    state: Any, tmp_path: Path,
+    scenario: Callable[..., Path],
+    sim_env: Callable[[Path], dict[str, str]],
+    clock: FakeClock,
+    state: Any,
+    tmp_path: Path,
 ) -> Iterator[Callable[..., tuple[Any, GliteBackend]]]:
     """Build a configured GliteBackend registered in a pluggy manager.
 
@@ -76,11 +88,18 @@ def make_backend(
 
     made: list[GliteBackend] = []
 
-    def make(hosts: Mapping[str, Any] | None = None, default: Mapping[str, Any] | None = None,
-             **config: Any) -> tuple[Any, GliteBackend]:
+    def make(
+        hosts: Mapping[str, Any] | None = None,
+        default: Mapping[str, Any] | None = None,
+        **config: Any,
+    ) -> tuple[Any, GliteBackend]:
         path = scenario(hosts=hosts, default=default)
-        section: dict[str, Any] = {"servers": list((hosts or {}).keys()) or ["wms01.example.org"],
-                                   "env": sim_env(path), "work_dir": str(tmp_path), **config}
+        section: dict[str, Any] = {
+            "servers": list((hosts or {}).keys()) or ["wms01.example.org"],
+            "env": sim_env(path),
+            "work_dir": str(tmp_path),
+            **config,
+        }
         problems = GliteBackend.config_errors(section)
         assert problems == []
         apply_defaults(section, GliteBackend.config_schema)

@@ -40,8 +40,11 @@ def jdl_files(tmp_path: Path) -> list[Path]:
 
 def test_gridgate_backend_info(make_backend: Any) -> None:
     pm, _ = make_backend(
-        hosts={H1: {}}, pilots_per_jdl=4, command_timeout=7.5,
-        servers=[H1, "https://wms09.example.org:8443/custom_path"])
+        hosts={H1: {}},
+        pilots_per_jdl=4,
+        command_timeout=7.5,
+        servers=[H1, "https://wms09.example.org:8443/custom_path"],
+    )
     info = pm.hook.gridgate_backend_info(backend="wms_glite")
     assert info.pilots_per_submission == 4 and info.command_timeout == 7.5
     assert info.list_match is True
@@ -57,16 +60,19 @@ def test_hooks_ignore_other_backends(make_backend: Any) -> None:
     other = Endpoint("lsf", "queue")
     assert pm.hook.gridgate_submit(endpoint=other, request=request(), timeout=2) is None
     assert pm.hook.gridgate_list_match(endpoint=other, request=request(), timeout=2) is None
-    assert pm.hook.gridgate_classify_failure(
-        endpoint=other, result=SubmitResult(other, ok=False)) is None
+    assert (
+        pm.hook.gridgate_classify_failure(endpoint=other, result=SubmitResult(other, ok=False))
+        is None
+    )
 
 
 # --- gridgate_submit ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("output_format", ["text", "nomsg", "json"])
-def test_gridgate_submit_success(make_backend: Any, calls_log: Path, tmp_path: Path,
-                                 output_format: str) -> None:
+def test_gridgate_submit_success(
+    make_backend: Any, calls_log: Path, tmp_path: Path, output_format: str
+) -> None:
     pm, _ = make_backend(hosts={H1: {}}, output_format=output_format)
     result = pm.hook.gridgate_submit(endpoint=ep(), request=request(), timeout=10)
     assert result.ok and result.operation == "Job Submit", result
@@ -76,7 +82,9 @@ def test_gridgate_submit_success(make_backend: Any, calls_log: Path, tmp_path: P
     (call,) = read_calls(calls_log)
     assert call.host == H1 and call.command == "glite-wms-job-submit"
     assert call.argv[1:5] == ("--noint", "--endpoint", ep().url, "-a")
-    assert {"text": (), "nomsg": ("--nomsg",), "json": ("--json",)}[output_format] == call.argv[5:-1]
+    assert {"text": (), "nomsg": ("--nomsg",), "json": ("--json",)}[output_format] == call.argv[
+        5:-1
+    ]
     assert jdl_files(tmp_path) == []  # the private JDL is removed afterwards
 
 
@@ -141,17 +149,21 @@ def test_jdl_value_with_quotes_and_command_substitution_stays_literal(
     assert 'Arguments = "x\\" ; $(touch' in call.jdl
 
 
-@pytest.mark.parametrize(("behaviour", "kind", "notify"), [
-    ("overloaded", "overload", False),
-    ("drained", "drained", False),
-    ("unreachable", "unreachable", True),
-    ("auth", "auth", True),
-    ("usage", "usage", True),
-    ("garbage", "bad_output", True),
-    ("error", "error", True),
-])
-def test_gridgate_classify_failure(make_backend: Any, behaviour: str, kind: str,
-                                   notify: bool) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "kind", "notify"),
+    [
+        ("overloaded", "overload", False),
+        ("drained", "drained", False),
+        ("unreachable", "unreachable", True),
+        ("auth", "auth", True),
+        ("usage", "usage", True),
+        ("garbage", "bad_output", True),
+        ("error", "error", True),
+    ],
+)
+def test_gridgate_classify_failure(
+    make_backend: Any, behaviour: str, kind: str, notify: bool
+) -> None:
     pm, _ = make_backend(hosts={H1: {"behaviour": behaviour}})
     result = pm.hook.gridgate_submit(endpoint=ep(), request=request(), timeout=10)
     assert not result.ok and result.command is not None and result.job_ids == ()
@@ -231,9 +243,18 @@ def test_missing_command_is_launch(make_backend: Any) -> None:
 
 
 def test_site_rule_from_config(make_backend: Any) -> None:
-    pm, _ = make_backend(hosts={H1: {"behaviour": "error", "message": "SOAP-ENV:Server: quota"}},
-                         rules=[{"kind": "quota", "pattern": r"SOAP-ENV:Server: quota",
-                                 "stream": "stderr", "exclude": False, "notify": False}])
+    pm, _ = make_backend(
+        hosts={H1: {"behaviour": "error", "message": "SOAP-ENV:Server: quota"}},
+        rules=[
+            {
+                "kind": "quota",
+                "pattern": r"SOAP-ENV:Server: quota",
+                "stream": "stderr",
+                "exclude": False,
+                "notify": False,
+            }
+        ],
+    )
     result = pm.hook.gridgate_submit(endpoint=ep(), request=request(), timeout=10)
     failure = classify(pm, result)
     assert (failure.kind, failure.exclude, failure.notify) == ("quota", False, False)
@@ -242,7 +263,8 @@ def test_site_rule_from_config(make_backend: Any) -> None:
 def test_bad_request_requirements_run_nothing(make_backend: Any, calls_log: Path) -> None:
     pm, _ = make_backend(hosts={H1: {}})
     result = pm.hook.gridgate_submit(
-        endpoint=ep(), request=request(requirements='true; Executable = "/bin/evil"'), timeout=10)
+        endpoint=ep(), request=request(requirements='true; Executable = "/bin/evil"'), timeout=10
+    )
     assert not result.ok and result.command is None and "Requirements" not in result.message
     assert "request.requirements" in result.message
     assert read_calls(calls_log) == []
@@ -265,10 +287,12 @@ def test_no_time_left_is_a_timeout_not_an_exception(make_backend: Any) -> None:
 # --- gridgate_list_match -----------------------------------------------------------------------
 
 
-def test_gridgate_list_match_is_cached_then_expires(make_backend: Any, calls_log: Path,
-                                                   clock: FakeClock) -> None:
-    pm, _ = make_backend(hosts={H1: {"ces": ["ce9.example.org:8443/cream-slurm-long"]}, H2: {}},
-                         list_match_cache=900)
+def test_gridgate_list_match_is_cached_then_expires(
+    make_backend: Any, calls_log: Path, clock: FakeClock
+) -> None:
+    pm, _ = make_backend(
+        hosts={H1: {"ces": ["ce9.example.org:8443/cream-slurm-long"]}, H2: {}}, list_match_cache=900
+    )
     first = pm.hook.gridgate_list_match(endpoint=ep(), request=request(), timeout=10)
     assert first.ok and not first.cached
     assert first.resources == ("ce9.example.org:8443/cream-slurm-long",)
@@ -294,8 +318,9 @@ def test_list_match_failures_are_never_cached(make_backend: Any, calls_log: Path
         result = pm.hook.gridgate_list_match(endpoint=ep(), request=request(), timeout=10)
         assert not result.ok and not result.cached
     assert len(read_calls(calls_log)) == 2
-    failure = classify(pm, SubmitResult(ep(), ok=False, command=result.command,
-                                        operation="List Match"))
+    failure = classify(
+        pm, SubmitResult(ep(), ok=False, command=result.command, operation="List Match")
+    )
     assert failure.kind == "unreachable"
 
 
@@ -311,8 +336,9 @@ def test_list_match_garbage_is_bad_output(make_backend: Any) -> None:
     pm, _ = make_backend(hosts={H1: {"behaviour": "garbage"}})
     result = pm.hook.gridgate_list_match(endpoint=ep(), request=request(), timeout=10)
     assert not result.ok and result.command.returncode == 0
-    failure = classify(pm, SubmitResult(ep(), ok=False, command=result.command,
-                                        operation="List Match"))
+    failure = classify(
+        pm, SubmitResult(ep(), ok=False, command=result.command, operation="List Match")
+    )
     assert failure.kind == "bad_output" and "CE list" in failure.reason
 
 
@@ -330,33 +356,51 @@ def test_list_match_default_is_exposed_for_the_director(make_backend: Any) -> No
 def test_config_defaults_and_schema() -> None:
     section: dict[str, Any] = {}
     apply_defaults(section, GliteBackend.config_schema)
-    assert section["commands"] == {"submit": "glite-wms-job-submit",
-                                   "list_match": "glite-wms-job-list-match",
-                                   "status": None, "cancel": None}
+    assert section["commands"] == {
+        "submit": "glite-wms-job-submit",
+        "list_match": "glite-wms-job-list-match",
+        "status": None,
+        "cancel": None,
+    }
     assert section["list_match_cache"] == 900 and section["delegation"] == "auto"
     for key, sub in GliteBackend.config_schema["properties"].items():
         assert sub.get("description"), key
 
 
-@pytest.mark.parametrize(("section", "path", "message"), [
-    ({"servers": ["wms01.example.org", "https://wms01.example.org:7443/x"]}, ("servers", 1),
-     "duplicate server"),
-    ({"servers": ["not a host"]}, ("servers", 0), "neither a host name"),
-    ({"servers": ["http://wms01.example.org/x"]}, ("servers", 0), "https://"),
-    ({"delegation": "bad id;rm"}, ("delegation",), "delegation id"),
-    ({"requirements": 'true; Executable = "x"'}, ("requirements",), "would end the expression"),
-    ({"arguments": "a\x01b"}, ("arguments",), "control character"),
-    ({"extra_attributes": {"Executable": "x"}}, ("extra_attributes", "Executable"), "gridgate"),
-    ({"rules": [{"kind": "x", "pattern": "("}]}, ("rules", 0, "pattern"), "invalid regex"),
-])
+@pytest.mark.parametrize(
+    ("section", "path", "message"),
+    [
+        (
+            {"servers": ["wms01.example.org", "https://wms01.example.org:7443/x"]},
+            ("servers", 1),
+            "duplicate server",
+        ),
+        ({"servers": ["not a host"]}, ("servers", 0), "neither a host name"),
+        ({"servers": ["http://wms01.example.org/x"]}, ("servers", 0), "https://"),
+        ({"delegation": "bad id;rm"}, ("delegation",), "delegation id"),
+        ({"requirements": 'true; Executable = "x"'}, ("requirements",), "would end the expression"),
+        ({"arguments": "a\x01b"}, ("arguments",), "control character"),
+        ({"extra_attributes": {"Executable": "x"}}, ("extra_attributes", "Executable"), "gridgate"),
+        ({"rules": [{"kind": "x", "pattern": "("}]}, ("rules", 0, "pattern"), "invalid regex"),
+    ],
+)
 def test_config_errors(section: dict[str, Any], path: tuple[Any, ...], message: str) -> None:
     problems = GliteBackend.config_errors(section)
     assert any(p == path and message in m for p, m in problems), problems
 
 
 def test_config_errors_accept_a_good_section() -> None:
-    assert GliteBackend.config_errors({
-        "servers": ["wms01.example.org", "https://wms02.example.org:7443/glite_wms_wmproxy_server"],
-        "delegation": "pilot.deleg-1", "requirements": 'other.X == "a;b"',
-        "extra_attributes": {"CPUTime": 1},
-    }) == []
+    assert (
+        GliteBackend.config_errors(
+            {
+                "servers": [
+                    "wms01.example.org",
+                    "https://wms02.example.org:7443/glite_wms_wmproxy_server",
+                ],
+                "delegation": "pilot.deleg-1",
+                "requirements": 'other.X == "a;b"',
+                "extra_attributes": {"CPUTime": 1},
+            }
+        )
+        == []
+    )

@@ -21,12 +21,18 @@ EP = f"https://{HOST}:7443/glite_wms_wmproxy_server"
 
 
 @pytest.fixture
-def run_sim(tmp_path: Path, scenario: Callable[..., Path], sim_bin: Path) -> Callable[..., CommandResult]:
+def run_sim(
+    tmp_path: Path, scenario: Callable[..., Path], sim_bin: Path
+) -> Callable[..., CommandResult]:
     jdl = tmp_path / "job.jdl"
     jdl.write_text('[\n  Executable = "pilot.sh";\n]\n')
 
-    def go(spec: dict[str, Any], command: str = "glite-wms-job-submit",
-           extra: tuple[str, ...] = (), timeout: float = 10.0) -> CommandResult:
+    def go(
+        spec: dict[str, Any],
+        command: str = "glite-wms-job-submit",
+        extra: tuple[str, ...] = (),
+        timeout: float = 10.0,
+    ) -> CommandResult:
         path = scenario(hosts={HOST: spec})
         env = {**os.environ, "GRIDGATE_SIM_SCENARIO": str(path)}
         argv = [str(sim_bin / command), "--noint", "--endpoint", EP, "-a", *extra, str(jdl)]
@@ -35,27 +41,85 @@ def run_sim(tmp_path: Path, scenario: Callable[..., Path], sim_bin: Path) -> Cal
     return go
 
 
-@pytest.mark.parametrize(("spec", "command", "kind", "exclude", "notify", "quoted"), [
-    ({"behaviour": "overloaded"}, "glite-wms-job-submit", "overload", True, False,
-     "Detected value for Load Average(15 min): 23.51"),
-    ({"behaviour": "overloaded"}, "glite-wms-job-list-match", "overload", True, False,
-     "System load is too high:"),
-    ({"behaviour": "drained"}, "glite-wms-job-submit", "drained", True, False,
-     "temporarily drained"),
-    ({"behaviour": "unreachable"}, "glite-wms-job-submit", "unreachable", True, True,
-     "WMProxy unreachable"),
-    ({"behaviour": "auth"}, "glite-wms-job-submit", "auth", True, True,
-     "No path to valid proxy file has been found"),
-    ({"behaviour": "auth", "auth": "delegation"}, "glite-wms-job-list-match", "auth", True, True,
-     "Unable to delegate the credential"),
-    ({"behaviour": "usage"}, "glite-wms-job-submit", "usage", True, True, "unrecognized option"),
-    ({"behaviour": "garbage"}, "glite-wms-job-submit", "bad_output", True, True, "exit 0"),
-    ({"behaviour": "error", "message": "SOAP-ENV:Server: boom"}, "glite-wms-job-submit", "error",
-     True, True, "glite_wms_wmproxy_server / SOAP-ENV:Server: boom"),
-])
-def test_each_behaviour_is_classified(run_sim: Callable[..., CommandResult], spec: dict[str, Any],
-                                      command: str, kind: str, exclude: bool, notify: bool,
-                                      quoted: str) -> None:
+@pytest.mark.parametrize(
+    ("spec", "command", "kind", "exclude", "notify", "quoted"),
+    [
+        (
+            {"behaviour": "overloaded"},
+            "glite-wms-job-submit",
+            "overload",
+            True,
+            False,
+            "Detected value for Load Average(15 min): 23.51",
+        ),
+        (
+            {"behaviour": "overloaded"},
+            "glite-wms-job-list-match",
+            "overload",
+            True,
+            False,
+            "System load is too high:",
+        ),
+        (
+            {"behaviour": "drained"},
+            "glite-wms-job-submit",
+            "drained",
+            True,
+            False,
+            "temporarily drained",
+        ),
+        (
+            {"behaviour": "unreachable"},
+            "glite-wms-job-submit",
+            "unreachable",
+            True,
+            True,
+            "WMProxy unreachable",
+        ),
+        (
+            {"behaviour": "auth"},
+            "glite-wms-job-submit",
+            "auth",
+            True,
+            True,
+            "No path to valid proxy file has been found",
+        ),
+        (
+            {"behaviour": "auth", "auth": "delegation"},
+            "glite-wms-job-list-match",
+            "auth",
+            True,
+            True,
+            "Unable to delegate the credential",
+        ),
+        (
+            {"behaviour": "usage"},
+            "glite-wms-job-submit",
+            "usage",
+            True,
+            True,
+            "unrecognized option",
+        ),
+        ({"behaviour": "garbage"}, "glite-wms-job-submit", "bad_output", True, True, "exit 0"),
+        (
+            {"behaviour": "error", "message": "SOAP-ENV:Server: boom"},
+            "glite-wms-job-submit",
+            "error",
+            True,
+            True,
+            "glite_wms_wmproxy_server / SOAP-ENV:Server: boom",
+        ),
+    ],
+)
+def test_each_behaviour_is_classified(
+    run_sim: Callable[..., CommandResult],
+    spec: dict[str, Any],
+    command: str,
+    kind: str,
+    exclude: bool,
+    notify: bool,
+    quoted: str,
+) -> None:
     result = run_sim(spec, command)
     assert not result.ok or kind == "bad_output"
     failure = classify(result)
@@ -92,14 +156,27 @@ def test_missing_command_is_launch() -> None:
 
 def test_site_rules_come_first(run_sim: Callable[..., CommandResult]) -> None:
     result = run_sim({"behaviour": "overloaded"})
-    rules = [Rule("site_overload", re.compile(r"Load Average"), stream="stderr", returncode=1,
-                  exclude=False, notify=True)]
+    rules = [
+        Rule(
+            "site_overload",
+            re.compile(r"Load Average"),
+            stream="stderr",
+            returncode=1,
+            exclude=False,
+            notify=True,
+        )
+    ]
     failure = classify(result, rules)
     assert (failure.kind, failure.exclude, failure.notify) == ("site_overload", False, True)
     assert failure.reason.startswith("site rule:")
     # Same pattern on the wrong stream or the wrong exit code does not match.
-    assert classify(result, [Rule("x", re.compile("Load Average"), stream="stdout")]).kind == "overload"
-    assert classify(result, [Rule("x", re.compile("Load Average"), returncode=2)]).kind == "overload"
+    assert (
+        classify(result, [Rule("x", re.compile("Load Average"), stream="stdout")]).kind
+        == "overload"
+    )
+    assert (
+        classify(result, [Rule("x", re.compile("Load Average"), returncode=2)]).kind == "overload"
+    )
 
 
 def test_no_command_is_the_sites_config_and_keeps_the_server() -> None:
@@ -114,19 +191,34 @@ def test_long_lines_are_clipped() -> None:
     assert failure.kind == "error" and len(failure.reason) < 300
 
 
-_text = st.one_of(st.text(), st.binary().map(lambda b: b.decode("utf-8", errors="replace")),
-                  st.sampled_from(["\nError - Operation failed\n", "System load is too high:\n",
-                                   "Error - x", ":", ""]))
+_text = st.one_of(
+    st.text(),
+    st.binary().map(lambda b: b.decode("utf-8", errors="replace")),
+    st.sampled_from(
+        ["\nError - Operation failed\n", "System load is too high:\n", "Error - x", ":", ""]
+    ),
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(stdout=_text, stderr=_text, returncode=st.one_of(st.none(), st.integers(-300, 300)),
-       timed_out=st.booleans(), launch=st.one_of(st.none(), st.text(max_size=20)))
+@given(
+    stdout=_text,
+    stderr=_text,
+    returncode=st.one_of(st.none(), st.integers(-300, 300)),
+    timed_out=st.booleans(),
+    launch=st.one_of(st.none(), st.text(max_size=20)),
+)
 def test_classify_never_raises_and_reason_is_one_line(
     stdout: str, stderr: str, returncode: int | None, timed_out: bool, launch: str | None
 ) -> None:
-    result = CommandResult(("glite-wms-job-submit",), returncode, stdout, stderr,
-                           timed_out=timed_out, launch_error=launch)
+    result = CommandResult(
+        ("glite-wms-job-submit",),
+        returncode,
+        stdout,
+        stderr,
+        timed_out=timed_out,
+        launch_error=launch,
+    )
     rules = [Rule("site", re.compile("x{3}"), stream="any")]
     failure = classify(result, rules)
     assert failure.kind and failure.reason

@@ -37,7 +37,10 @@ def test_a_site_config_loads_with_defaults_and_the_entry_point(tmp_path: Path) -
         info = pm.hook.gridgate_backend_info(backend="wms_glite")
         assert [e.name for e in info.endpoints] == ["wms01.example.org", "wms02.example.org"]
         assert info.list_match is False
-        assert backend.argv("Job Submit", info.endpoints[0], "/tmp/j.jdl")[4:6] == ["-d", "pilot-deleg"]
+        assert backend.argv("Job Submit", info.endpoints[0], "/tmp/j.jdl")[4:6] == [
+            "-d",
+            "pilot-deleg",
+        ]
         jdl = build_jdl(section, SubmitRequest("wms_glite"))
         assert 'Arguments = "say \\"hi\\" $(touch x)";' in jdl
     finally:
@@ -45,16 +48,24 @@ def test_a_site_config_loads_with_defaults_and_the_entry_point(tmp_path: Path) -
             instance.close()
 
 
-@pytest.mark.parametrize(("yaml_text", "expected"), [
-    ("backends:\n  wms_glite:\n    servers: [a.example.org, a.example.org]\n",
-     "backends.wms_glite.servers[1]: duplicate server 'a.example.org'"),
-    ("backends:\n  wms_glite:\n    delegation: 'x y'\n",
-     "backends.wms_glite.delegation: delegation id 'x y'"),
-    ("backends:\n  wms_glite:\n    output_format: xml\n", "backends.wms_glite.output_format"),
-    ("backends:\n  wms_glite:\n    servrs: []\n", "backends.wms_glite"),
-])
-def test_bad_sections_are_refused_with_their_path(tmp_path: Path, yaml_text: str,
-                                                  expected: str) -> None:
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        (
+            "backends:\n  wms_glite:\n    servers: [a.example.org, a.example.org]\n",
+            "backends.wms_glite.servers[1]: duplicate server 'a.example.org'",
+        ),
+        (
+            "backends:\n  wms_glite:\n    delegation: 'x y'\n",
+            "backends.wms_glite.delegation: delegation id 'x y'",
+        ),
+        ("backends:\n  wms_glite:\n    output_format: xml\n", "backends.wms_glite.output_format"),
+        ("backends:\n  wms_glite:\n    servrs: []\n", "backends.wms_glite"),
+    ],
+)
+def test_bad_sections_are_refused_with_their_path(
+    tmp_path: Path, yaml_text: str, expected: str
+) -> None:
     path = tmp_path / "site.yaml"
     path.write_text("state: {driver: memory}\n" + yaml_text)
     with pytest.raises(ConfigError) as caught:

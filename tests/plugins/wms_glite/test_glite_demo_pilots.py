@@ -16,9 +16,23 @@ from gridgate.plugins.wms_glite.demo_pilots import ABORTING, COLUMNS
 @pytest.mark.timeout(300)
 def test_demo_table_of_pilot_states(tmp_path, gridgate_exe) -> None:
     folder = tmp_path / "demo"
-    proc = subprocess.run([gridgate_exe, "demo", "--duration", "12", "--dir", str(folder), "--json",
-                           "--admission", "none"],
-                          capture_output=True, text=True, timeout=240, env={**os.environ})
+    proc = subprocess.run(
+        [
+            gridgate_exe,
+            "demo",
+            "--duration",
+            "12",
+            "--dir",
+            str(folder),
+            "--json",
+            "--admission",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ},
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     states = result["pilot_states"]
@@ -43,9 +57,21 @@ def test_demo_table_of_pilot_states(tmp_path, gridgate_exe) -> None:
 def test_demo_table_renders_a_row_per_server_that_took_pilots() -> None:
     from gridgate.plugins.wms_glite.demo_pilots import render_pilots
 
-    lines = render_pilots({"wms01.example.org": {"waiting": 1, "running": 2, "done": 3, "failed": 4}},
-                          ["wms01.example.org", "wms02.example.org"],
-                          {"wms01.example.org": "out of rotation: aborted"})
+    lines = render_pilots(
+        {"wms01.example.org": {"waiting": 1, "running": 2, "done": 3, "failed": 4}},
+        ["wms01.example.org", "wms02.example.org"],
+        {"wms01.example.org": "out of rotation: aborted"},
+    )
     assert lines[2].split() == ["server", "waiting", "running", "done", "failed", "note"]
-    assert lines[4].split() == ["wms01.example.org", "1", "2", "3", "4", "out", "of", "rotation:", "aborted"]
+    assert lines[4].split() == [
+        "wms01.example.org",
+        "1",
+        "2",
+        "3",
+        "4",
+        "out",
+        "of",
+        "rotation:",
+        "aborted",
+    ]
     assert len(lines) == 5  # wms02 took no pilot: no row

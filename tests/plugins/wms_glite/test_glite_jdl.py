@@ -63,8 +63,9 @@ def test_defaults_make_a_pilot_jdl() -> None:
 
 def test_quotes_backslashes_and_command_substitution_stay_literal() -> None:
     nasty = 'a "quoted" \\path\\ $(touch /tmp/x) `id`; Requirements = true;'
-    jdl = build_jdl(config(arguments=nasty, vo="vo\"x", input_sandbox=[nasty]),
-                    SubmitRequest("wms_glite"))
+    jdl = build_jdl(
+        config(arguments=nasty, vo='vo"x', input_sandbox=[nasty]), SubmitRequest("wms_glite")
+    )
     attrs = attributes(jdl)
     assert unquote(attrs["Arguments"]) == nasty
     assert unquote(attrs["VirtualOrganisation"]) == 'vo"x'
@@ -101,16 +102,21 @@ def test_any_string_round_trips_or_is_refused(text: str) -> None:
 
 
 def test_request_requirements_override_config() -> None:
-    jdl = build_jdl(config(), SubmitRequest("wms_glite", requirements='other.GlueCEUniqueID == "ce1"'))
+    jdl = build_jdl(
+        config(), SubmitRequest("wms_glite", requirements='other.GlueCEUniqueID == "ce1"')
+    )
     assert attributes(jdl)["Requirements"] == 'other.GlueCEUniqueID == "ce1"'
 
 
-@pytest.mark.parametrize("expression", [
-    'true; Executable = "evil"',
-    'other.X == "a',
-    "true\nExecutable = 1",
-    "true ] [ Executable = 1",
-])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'true; Executable = "evil"',
+        'other.X == "a',
+        "true\nExecutable = 1",
+        "true ] [ Executable = 1",
+    ],
+)
 def test_expressions_that_would_escape_are_refused(expression: str) -> None:
     with pytest.raises(JdlError, match="request.requirements"):
         build_jdl(config(), SubmitRequest("wms_glite", requirements=expression))
@@ -127,8 +133,14 @@ def test_parametric_jdl_for_bulk_requests() -> None:
 
 
 def test_extra_attributes_and_request_attributes() -> None:
-    section = config(extra_attributes={"MyProxyServer": "myproxy.cern.ch", "CPUTime": 3600,
-                                       "PerusalFileEnable": False, "DataRequirements": ["a", 1]})
+    section = config(
+        extra_attributes={
+            "MyProxyServer": "myproxy.cern.ch",
+            "CPUTime": 3600,
+            "PerusalFileEnable": False,
+            "DataRequirements": ["a", 1],
+        }
+    )
     attrs = attributes(build_jdl(section, SubmitRequest("wms_glite", attributes={"CPUTime": 60})))
     assert attrs["MyProxyServer"] == '"myproxy.cern.ch"'
     assert attrs["CPUTime"] == "60"

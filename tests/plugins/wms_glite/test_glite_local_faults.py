@@ -20,12 +20,21 @@ from polling import until
 HOSTS = ["wms01.example.org", "wms02.example.org", "wms03.example.org"]
 
 
-def site(tmp_path: Path, sim_bin: Path, scenario_path: Path, *, work_dir: Path | None = None,
-         list_match: bool = True, **director: object) -> Path:
+def site(
+    tmp_path: Path,
+    sim_bin: Path,
+    scenario_path: Path,
+    *,
+    work_dir: Path | None = None,
+    list_match: bool = True,
+    **director: object,
+) -> Path:
     backend: dict[str, object] = {
         "servers": HOSTS,
-        "commands": {"submit": str(sim_bin / "glite-wms-job-submit"),
-                     "list_match": str(sim_bin / "glite-wms-job-list-match")},
+        "commands": {
+            "submit": str(sim_bin / "glite-wms-job-submit"),
+            "list_match": str(sim_bin / "glite-wms-job-list-match"),
+        },
         "list_match": list_match,
         "env": {"GRIDGATE_SIM_SCENARIO": str(scenario_path)},
     }
@@ -33,8 +42,13 @@ def site(tmp_path: Path, sim_bin: Path, scenario_path: Path, *, work_dir: Path |
         backend["work_dir"] = str(work_dir)
     doc = {
         # nothing here hangs: a healthy stand-in must not time out on a loaded machine
-        "director": {"cycle_seconds": 0.1, "max_threads": 2, "command_timeout": 30,
-                     "state_dir": str(tmp_path / "state"), **director},
+        "director": {
+            "cycle_seconds": 0.1,
+            "max_threads": 2,
+            "command_timeout": 30,
+            "state_dir": str(tmp_path / "state"),
+            **director,
+        },
         "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
         "backends": {"wms_glite": backend},
         "demand": {"static": {"wms_glite": 6}},
@@ -46,9 +60,12 @@ def site(tmp_path: Path, sim_bin: Path, scenario_path: Path, *, work_dir: Path |
 
 
 def run(exe: str, config: Path, *more: str, verbose: bool = False) -> tuple[list[dict], str]:
-    proc = subprocess.run([exe, *(["-v"] if verbose else []), "run", "-c", str(config), "--json",
-                           *more], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [exe, *(["-v"] if verbose else []), "run", "-c", str(config), "--json", *more],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()], proc.stderr
 
@@ -69,8 +86,9 @@ def full(tmp_path: Path) -> Iterator[Path]:
     """A real file system with no space left: a 4 KiB tmpfs, filled."""
     folder = tmp_path / "jdl-full"
     folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", str(folder)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", str(folder)], check=True
+    )
     try:
         with open(folder / "filler", "wb") as handle:
             try:
@@ -83,15 +101,18 @@ def full(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(folder)], check=True)
 
 
-@pytest.mark.parametrize(("fault", "os_error"), [
-    ("missing", "No such file or directory"),
-    ("immutable", "Operation not permitted"),
-    ("full", "No space left on device"),
-])
+@pytest.mark.parametrize(
+    ("fault", "os_error"),
+    [
+        ("missing", "No such file or directory"),
+        ("immutable", "Operation not permitted"),
+        ("full", "No space left on device"),
+    ],
+)
 @pytest.mark.parametrize("list_match", [True, False])
 def test_an_unwritable_jdl_folder_is_one_local_fault_not_a_silent_bad_request(
-        request, tmp_path, sim_bin, scenario, calls_log, gridgate_exe, fault, os_error,
-        list_match) -> None:
+    request, tmp_path, sim_bin, scenario, calls_log, gridgate_exe, fault, os_error, list_match
+) -> None:
     folder = tmp_path / "no-such-folder" if fault == "missing" else request.getfixturevalue(fault)
     config = site(tmp_path, sim_bin, scenario(), work_dir=folder, list_match=list_match)
     docs, stderr = run(gridgate_exe, config, "--iterations", "2")
@@ -108,15 +129,22 @@ def test_an_unwritable_jdl_folder_is_one_local_fault_not_a_silent_bad_request(
     assert str(folder) in text and os_error in text
     assert "not of any server" in text
     assert "cannot write its files" in stderr  # seen without -v, through the log notifier
-    listing = subprocess.run([gridgate_exe, "servers", "list", "-c", str(config), "--json"],
-                             capture_output=True, text=True, timeout=60, check=True)
+    listing = subprocess.run(
+        [gridgate_exe, "servers", "list", "-c", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     rows = json.loads(listing.stdout)["servers"]
     assert [(r["server"], r["status"], r["kind"]) for r in rows] == [
-        ("wms_glite (this machine)", "local_fault", "local_io")]
+        ("wms_glite (this machine)", "local_fault", "local_io")
+    ]
 
 
-def test_jdl_files_live_under_the_state_folder_by_default(tmp_path, sim_bin, scenario, calls_log,
-                                                          gridgate_exe) -> None:
+def test_jdl_files_live_under_the_state_folder_by_default(
+    tmp_path, sim_bin, scenario, calls_log, gridgate_exe
+) -> None:
     config = site(tmp_path, sim_bin, scenario(), list_match=False)
     [doc], _ = run(gridgate_exe, config, "--once")
     assert doc["pilots_submitted"] == 6
@@ -129,15 +157,27 @@ def test_jdl_files_live_under_the_state_folder_by_default(tmp_path, sim_bin, sce
 
 
 def test_jdl_files_of_a_killed_director_are_removed_at_the_next_start(
-        tmp_path, sim_bin, scenario, calls_log, gridgate_exe) -> None:
-    config = site(tmp_path, sim_bin, scenario(default={"behaviour": "print_then_hang", "hang": 600}),
-                  list_match=False, command_timeout=300)
+    tmp_path, sim_bin, scenario, calls_log, gridgate_exe
+) -> None:
+    config = site(
+        tmp_path,
+        sim_bin,
+        scenario(default={"behaviour": "print_then_hang", "hang": 600}),
+        list_match=False,
+        command_timeout=300,
+    )
     folder = tmp_path / "state" / "wms_glite-jdl"
-    director = subprocess.Popen([gridgate_exe, "run", "-c", str(config)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+    director = subprocess.Popen(
+        [gridgate_exe, "run", "-c", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        if not until(lambda: calls_log.exists()
-                     and calls_log.read_text().count('"event": "start"') >= 2, timeout=60):
+        if not until(
+            lambda: calls_log.exists() and calls_log.read_text().count('"event": "start"') >= 2,
+            timeout=60,
+        ):
             pytest.fail("the stand-ins were never called")
     finally:
         os.kill(director.pid, signal.SIGKILL)
@@ -155,17 +195,23 @@ def test_jdl_files_of_a_killed_director_are_removed_at_the_next_start(
     assert "removed 2 JDL file(s)" in stderr
 
 
-def test_the_stall_count_survives_a_restart_of_the_director_process(tmp_path, sim_bin, scenario,
-                                                                    gridgate_exe) -> None:
+def test_the_stall_count_survives_a_restart_of_the_director_process(
+    tmp_path, sim_bin, scenario, gridgate_exe
+) -> None:
     folder = tmp_path / "jdl-later"
     config = site(tmp_path, sim_bin, scenario(), work_dir=folder, list_match=False)
     docs, _ = run(gridgate_exe, config, "--iterations", "2")
-    assert [[n["level"] for n in d["notifications"]] for d in docs] == [["error"], []]  # local fault
+    assert [[n["level"] for n in d["notifications"]] for d in docs] == [
+        ["error"],
+        [],
+    ]  # local fault
     [third], _ = run(gridgate_exe, config, "--once")  # a new process: the 3rd stalled iteration
     assert [n["subject"] for n in third["notifications"]] == [
-        f"gridgate: {socket.gethostname()}:{config.resolve()} has submitted no pilot for 3 iterations"]
+        f"gridgate: {socket.gethostname()}:{config.resolve()} has submitted no pilot for 3 iterations"
+    ]
     folder.mkdir()
     [fixed], _ = run(gridgate_exe, config, "--once")  # and another one sees it end
     assert fixed["pilots_submitted"] == 6
     assert [(n["level"], n["subject"]) for n in fixed["notifications"]] == [
-        ("info", f"gridgate: {socket.gethostname()}:{config.resolve()} is submitting again")]
+        ("info", f"gridgate: {socket.gethostname()}:{config.resolve()} is submitting again")
+    ]

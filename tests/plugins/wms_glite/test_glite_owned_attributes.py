@@ -25,7 +25,10 @@ def _config(**overrides: Any) -> dict[str, Any]:
 def test_a_demand_attribute_named_with_a_newline_cannot_replace_a_reserved_one(name: str) -> None:
     # request.attributes come from demand plugins, past the config schema
     with pytest.raises(JdlError, match="not a valid attribute name"):
-        build_jdl(_config(executable="pilot.sh"), SubmitRequest("wms_glite", attributes={name: "/bin/evil"}))
+        build_jdl(
+            _config(executable="pilot.sh"),
+            SubmitRequest("wms_glite", attributes={name: "/bin/evil"}),
+        )
 
 
 def test_reserved_names_stay_refused_in_any_case() -> None:
@@ -33,8 +36,14 @@ def test_reserved_names_stay_refused_in_any_case() -> None:
         build_jdl(_config(), SubmitRequest("wms_glite", attributes={"eXecutable": "/bin/evil"}))
 
 
-@pytest.mark.parametrize("server", ["https://wms01.example.org\n:7443/glite_wms_wmproxy_server",
-                                    "https://wms01.example.org:7443/glite_wms\twmproxy_server", "wms\n01.example.org"])
+@pytest.mark.parametrize(
+    "server",
+    [
+        "https://wms01.example.org\n:7443/glite_wms_wmproxy_server",
+        "https://wms01.example.org:7443/glite_wms\twmproxy_server",
+        "wms\n01.example.org",
+    ],
+)
 def test_a_server_with_a_newline_inside_is_refused(server: str) -> None:
     # urlsplit drops the newline before parsing; the raw text was the endpoint's URL
     with pytest.raises(ConfigError):

@@ -16,20 +16,31 @@ HOSTS = ["wms01.example.org", "wms02.example.org", "wms03.example.org"]
 FAILING_EXPIRY = 3.0
 
 
-def director_config(tmp_path: Path, name: str, sim_bin: Path, scenario_path: Path, url: str) -> Path:
+def director_config(
+    tmp_path: Path, name: str, sim_bin: Path, scenario_path: Path, url: str
+) -> Path:
     doc = {
         # nothing here hangs: a healthy stand-in must not time out on a loaded machine
-        "director": {"cycle_seconds": 0.3, "max_threads": 3, "command_timeout": 30,
-                     "failing_expiry": FAILING_EXPIRY, "ticket_expiry": 60,
-                     "state_dir": str(tmp_path / name)},
+        "director": {
+            "cycle_seconds": 0.3,
+            "max_threads": 3,
+            "command_timeout": 30,
+            "failing_expiry": FAILING_EXPIRY,
+            "ticket_expiry": 60,
+            "state_dir": str(tmp_path / name),
+        },
         "state": {"driver": "redis", "url": url, "prefix": "shared-test:"},
-        "backends": {"wms_glite": {
-            "servers": HOSTS,
-            "commands": {"submit": str(sim_bin / "glite-wms-job-submit"),
-                         "list_match": str(sim_bin / "glite-wms-job-list-match")},
-            "list_match": False,
-            "env": {"GRIDGATE_SIM_SCENARIO": str(scenario_path)},
-        }},
+        "backends": {
+            "wms_glite": {
+                "servers": HOSTS,
+                "commands": {
+                    "submit": str(sim_bin / "glite-wms-job-submit"),
+                    "list_match": str(sim_bin / "glite-wms-job-list-match"),
+                },
+                "list_match": False,
+                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario_path)},
+            }
+        },
         "demand": {"static": {"wms_glite": 6}},
         "notifiers": {"files": {"folder": str(tmp_path / "notes")}},  # one folder for both
     }
@@ -42,9 +53,15 @@ def test_two_directors_share_one_view(tmp_path, sim_bin, scenario, gridgate_exe)
     path = scenario(hosts={HOSTS[0]: {"behaviour": "error"}})
     with RedisServer(tmp_path / "redis") as server:
         configs = [director_config(tmp_path, n, sim_bin, path, server.url) for n in ("a", "b")]
-        procs = [subprocess.Popen([gridgate_exe, "run", "-c", str(c), "--iterations", "16"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for c in configs]
+        procs = [
+            subprocess.Popen(
+                [gridgate_exe, "run", "-c", str(c), "--iterations", "16"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in configs
+        ]
         try:
             for proc in procs:
                 _out, err = proc.communicate(timeout=120)
@@ -57,7 +74,9 @@ def test_two_directors_share_one_view(tmp_path, sim_bin, scenario, gridgate_exe)
     errors = [n for n in notes if "-error-" in n.name]
     alarms = [n for n in notes if "-alarm-" in n.name]
     assert all(HOSTS[0] in n.name for n in notes)
-    assert len(errors) == 1, [n.name for n in notes]  # one error for the episode, not one per director
+    assert len(errors) == 1, [
+        n.name for n in notes
+    ]  # one error for the episode, not one per director
     # every alarm step is one failing-cache period: two alarms closer than that would be the
     # second director repeating the first
     stamps = sorted(n.stat().st_mtime for n in alarms)

@@ -34,12 +34,18 @@ def jdl(tmp_path: Path) -> Path:
 def sim(sim_bin: Path, scenario: Callable[..., Path], jdl: Path) -> Callable[..., CommandResult]:
     """Run a stand-in: ``sim(args, hosts=..., command=...)``."""
 
-    def go(args: list[str] | None = None, hosts: dict[str, Any] | None = None,
-           command: str = "glite-wms-job-submit", timeout: float = 10.0) -> CommandResult:
+    def go(
+        args: list[str] | None = None,
+        hosts: dict[str, Any] | None = None,
+        command: str = "glite-wms-job-submit",
+        timeout: float = 10.0,
+    ) -> CommandResult:
         path = scenario(hosts=hosts or {})
         env = {**os.environ, "GRIDGATE_SIM_SCENARIO": str(path)}
-        argv = [str(sim_bin / command),
-                *(args if args is not None else ["--noint", "--endpoint", EP, "-a", str(jdl)])]
+        argv = [
+            str(sim_bin / command),
+            *(args if args is not None else ["--noint", "--endpoint", EP, "-a", str(jdl)]),
+        ]
         return run(argv, timeout, env=env, kill_grace=0.5)
 
     return go
@@ -61,8 +67,11 @@ def test_submit_default_output_is_the_real_layout(sim: Callable[..., CommandResu
     assert result.returncode == 0 and result.stderr == ""
     lines = result.stdout.split("\n")
     assert lines[:5] == ["", f"Connecting to the service {EP}", "", "", SUBMIT_BANNER]
-    assert lines[6:9] == ["The job has been successfully submitted to the WMProxy",
-                          "Your job identifier is:", ""]
+    assert lines[6:9] == [
+        "The job has been successfully submitted to the WMProxy",
+        "Your job identifier is:",
+        "",
+    ]
     assert parse_job_ids(lines[9]) == (lines[9],)
     assert lines[11] == "=" * 74
 
@@ -71,13 +80,16 @@ def test_banner_follows_the_program_name(sim: Callable[..., CommandResult]) -> N
     result = sim(command="glite-wms-job-list-match")
     assert "COMPUTING ELEMENT IDs LIST" in result.stdout
     no_match = sim(command="glite-wms-job-list-match", hosts={HOST: {"behaviour": "no_match"}})
-    assert ("==================== glite-wms-job-list-match failure ===================="
-            in no_match.stdout)
+    assert (
+        "==================== glite-wms-job-list-match failure ===================="
+        in no_match.stdout
+    )
     assert no_match.returncode == 0
 
 
-def test_nomsg_json_and_output_file(sim: Callable[..., CommandResult], jdl: Path,
-                                    tmp_path: Path) -> None:
+def test_nomsg_json_and_output_file(
+    sim: Callable[..., CommandResult], jdl: Path, tmp_path: Path
+) -> None:
     nomsg = sim(["--noint", "--nomsg", "-e", EP, "-a", str(jdl)])
     assert nomsg.returncode == 0 and parse_job_ids(nomsg.stdout) == (nomsg.stdout.strip(),)
     assert nomsg.stdout.count("\n") == 1
@@ -110,15 +122,19 @@ def test_parametric_json_lists_children(sim: Callable[..., CommandResult], tmp_p
     assert len(data["children"]) == 4 and data["parent"] not in data["children"].values()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["-e", EP, "-a", "-d", "x", "JDL"], "cannot be specified together"),
-    (["-e", EP, "JDL"], "A mandatory option is missing"),
-    (["-e", EP, "-a", "--bogus", "JDL"], "unrecognized option '--bogus'"),
-    (["-e", EP, "-a"], "JDL file"),
-    (["-e"], "requires an argument"),
-])
-def test_usage_errors_exit_255(sim: Callable[..., CommandResult], jdl: Path, args: list[str],
-                               message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-e", EP, "-a", "-d", "x", "JDL"], "cannot be specified together"),
+        (["-e", EP, "JDL"], "A mandatory option is missing"),
+        (["-e", EP, "-a", "--bogus", "JDL"], "unrecognized option '--bogus'"),
+        (["-e", EP, "-a"], "JDL file"),
+        (["-e"], "requires an argument"),
+    ],
+)
+def test_usage_errors_exit_255(
+    sim: Callable[..., CommandResult], jdl: Path, args: list[str], message: str
+) -> None:
     result = sim([str(jdl) if a == "JDL" else a for a in args])
     assert result.returncode == 255
     assert message in result.stderr and "Usage: glite-wms-job-submit" in result.stderr
@@ -130,7 +146,7 @@ def test_nomsg_is_a_submit_only_option(sim: Callable[..., CommandResult], jdl: P
 
 
 def test_unknown_behaviour_in_the_scenario_is_a_clear_error(
-    sim: Callable[..., CommandResult]
+    sim: Callable[..., CommandResult],
 ) -> None:
     result = sim(hosts={HOST: {"behaviour": "explode"}})
     assert result.returncode == 1 and "unknown behaviour 'explode'" in result.stderr
@@ -142,8 +158,9 @@ def test_flapping_fails_every_kth_call(sim: Callable[..., CommandResult]) -> Non
     assert codes == [0, 0, 1, 0, 0, 1]
 
 
-def test_call_counter_is_exact_under_concurrency(sim: Callable[..., CommandResult],
-                                                 calls_log: Path) -> None:
+def test_call_counter_is_exact_under_concurrency(
+    sim: Callable[..., CommandResult], calls_log: Path
+) -> None:
     hosts = {HOST: {"behaviour": "healthy", "latency": 0.2}}
     with ThreadPoolExecutor(max_workers=6) as pool:
         results = list(pool.map(lambda _: sim(hosts=hosts), range(6)))
@@ -161,11 +178,17 @@ def test_slow_then_recover_by_calls(sim: Callable[..., CommandResult]) -> None:
 
 
 def test_slow_then_recover_by_wall_time(sim: Callable[..., CommandResult]) -> None:
-    failing = {HOST: {"behaviour": "slow_then_recover", "until": time.time() + 3600,
-                      "fail_as": "unreachable"}}
+    failing = {
+        HOST: {
+            "behaviour": "slow_then_recover",
+            "until": time.time() + 3600,
+            "fail_as": "unreachable",
+        }
+    }
     assert sim(hosts=failing).returncode == 1
-    recovered = {HOST: {"behaviour": "slow_then_recover", "until": time.time() - 1,
-                        "fail_as": "unreachable"}}
+    recovered = {
+        HOST: {"behaviour": "slow_then_recover", "until": time.time() - 1, "fail_as": "unreachable"}
+    }
     assert sim(hosts=recovered).returncode == 0
 
 
@@ -178,8 +201,9 @@ def test_slow_then_recover_slow_phase_is_a_timeout(sim: Callable[..., CommandRes
     assert sim(hosts=hosts).returncode == 0
 
 
-def test_calls_log_records_behaviour_and_jdl(sim: Callable[..., CommandResult],
-                                             calls_log: Path) -> None:
+def test_calls_log_records_behaviour_and_jdl(
+    sim: Callable[..., CommandResult], calls_log: Path
+) -> None:
     sim(hosts={HOST: {"behaviour": "flapping", "every": 1}})
     (call,) = read_calls(calls_log)
     assert (call.host, call.behaviour, call.effective) == (HOST, "flapping", "unreachable")

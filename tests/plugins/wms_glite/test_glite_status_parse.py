@@ -16,7 +16,9 @@ from gridgate.plugins.wms_glite.status import (
     status_result,
 )
 
-EP = Endpoint("wms_glite", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server")
+EP = Endpoint(
+    "wms_glite", "wms01.example.org", "https://wms01.example.org:7443/glite_wms_wmproxy_server"
+)
 HEADER = "======================= glite-wms-job-status Success ====================="
 RULE = "=" * 74
 
@@ -27,7 +29,8 @@ STATUS1 = (
     "Current Status:     Scheduled \n"
     "Status Reason:      Job successfully submitted to Globus\n"
     "Destination:        ce-2-fzk.gridka.de:2119/jobmanager-pbspro-cmsXS\n"
-    "Submitted:          Sun Nov 14 20:33:58 2010 CET\n" + RULE + "\n\n")
+    "Submitted:          Sun Nov 14 20:33:58 2010 CET\n" + RULE + "\n\n"
+)
 # grid-control testsuite/backend/test.GliteWMS.status2 (real output, 2010), with the log notice
 DONE_ID = "https://grid-lb0.desy.de:9000/gI6QdIJdvkCj3V2nqRQInw"
 RUNNING_ID = "https://lb-3-fzk.gridka.de:9000/h261HCD0QRxIn1gr-8Q8VA"
@@ -39,8 +42,11 @@ STATUS2 = (
     "Exit code:          0\n"
     "Status Reason:      Job Terminated Successfully\n"
     "Destination:        cream02.athena.hellasgrid.gr:8443/cream-pbs-cms\n"
-    "Submitted:          Sun Nov 14 22:05:22 2010 CET\n" + RULE + "\n\n\n"
-    + HEADER + "\nBOOKKEEPING INFORMATION:\n\n"
+    "Submitted:          Sun Nov 14 22:05:22 2010 CET\n"
+    + RULE
+    + "\n\n\n"
+    + HEADER
+    + "\nBOOKKEEPING INFORMATION:\n\n"
     f"Status info for the Job : {RUNNING_ID}\n"
     "Current Status:     Running \n"
     "Status Reason:      Job successfully submitted to Globus\n"
@@ -48,7 +54,8 @@ STATUS2 = (
     "Submitted:          Sun Nov 14 22:05:34 2010 CET\n" + RULE + "\n\n\n"
     "                           *** Log file created ***\n"
     "Possible Errors and Debug messages have been printed in the following file:\n"
-    "/tmp/glite-wms-job-status_12043_6301_1289764503.log\n\n")
+    "/tmp/glite-wms-job-status_12043_6301_1289764503.log\n\n"
+)
 # EMI spelling (2014, PL-Grid): no space before the parenthesis, no trailing spaces
 EMI_ID = "https://lb.plgrid.example:9000/AbCdEfGhIjKlMnOpQrStUv"
 EMI_EXIT = (
@@ -58,7 +65,8 @@ EMI_EXIT = (
     "Exit code:          127\n"
     "Status Reason:      Job Terminated Successfully\n"
     "Destination:        ce.plgrid.example:8443/cream-pbs-plgrid\n"
-    "Submitted:          Wed Mar  2 19:07:36 2016 SAST\n" + RULE + "\n\n")
+    "Submitted:          Wed Mar  2 19:07:36 2016 SAST\n" + RULE + "\n\n"
+)
 PARENT = "https://lb01.example.org:9000/PaRenTPaRenTPaRenTPaRe1"
 CHILD0 = "https://lb01.example.org:9000/ChIlD0ChIlD0ChIlD0ChIl0"
 CHILD1 = "https://lb01.example.org:9000/ChIlD1ChIlD1ChIlD1ChIl1"
@@ -76,27 +84,32 @@ PARAMETRIC = (
     f"    Status info for the Job : {CHILD1}\n"
     "    Current Status:     Aborted \n"
     "    Status Reason:      Cannot plan: BrokerHelper: no compatible resources\n"
-    "    Submitted:          Tue Dec  1 09:00:00 2026 UTC\n" + RULE + "\n\n")
+    "    Submitted:          Tue Dec  1 09:00:00 2026 UTC\n" + RULE + "\n\n"
+)
 GONE_ID = "https://lb01.example.org:9000/GoNeGoNeGoNeGoNeGoNeGo"
 GLITE_UNKNOWN_STDERR = (
     "\n**** Warning: API_NATIVE_ERROR ****  \n"
     'Error while calling the "Job:getStatus" native api \n'
     f"Unable to retrieve the status for: {GONE_ID}\n"
-    "edg_wll_JobStatus: No such file or directory: no matching jobs found\n\n")
+    "edg_wll_JobStatus: No such file or directory: no matching jobs found\n\n"
+)
 EMI_UNKNOWN_STDOUT = (
     f"*** Warning: Unable to retrieve the status for: {GONE_ID}\n"
-    "No such file or directory - no matching jobs found\n")
+    "No such file or directory - no matching jobs found\n"
+)
 LB_DOWN_STDERR = (
     "\n**** Error: API_NATIVE_ERROR ****  \n"
     'Error while calling the "Job:getStatus" native api \n'
     f"Unable to retrieve the status for: {GONE_ID}\n"
-    "edg_wll_JobStatus: Connection refused: edg_wll_ssl_connect()\n\n")
+    "edg_wll_JobStatus: Connection refused: edg_wll_ssl_connect()\n\n"
+)
 # grid-control testsuite/backend/test.GliteWMS.cancel1 (real output)
 CANCEL1 = (
     "\nConnecting to the service https://wms-4-fzk.gridka.de:7443/glite_wms_wmproxy_server\n\n\n"
     "============================= glite-wms-job-cancel Success =============================\n\n"
     "The cancellation request has been successfully submitted for the following job(s):\n\n"
-    "- https://lb-3-fzk.gridka.de:9000/GgeNd6MD5REG2KsbN5dmEg\n\n" + "=" * 88 + "\n\n\n")
+    "- https://lb-3-fzk.gridka.de:9000/GgeNd6MD5REG2KsbN5dmEg\n\n" + "=" * 88 + "\n\n\n"
+)
 
 
 def cmd(stdout: str = "", stderr: str = "", code: int | None = 0, **kw: object) -> CommandResult:
@@ -120,7 +133,9 @@ def test_real_capture_done_and_running_stop_at_the_log_file_notice() -> None:
     assert (done.state, done.native, done.exit_code) == ("done", "Done (Success)", 0)
     assert done.reason == "Job Terminated Successfully"
     assert parse_status(STATUS2).blocks[DONE_ID].logged_reasons == (
-        "job completed", "Job Terminated Successfully")
+        "job completed",
+        "Job Terminated Successfully",
+    )
     assert (running.state, running.native) == ("running", "Running")
     assert set(result.statuses) == {DONE_ID, RUNNING_ID}
 
@@ -133,13 +148,26 @@ def test_emi_spelling_exit_code_not_zero_is_failed_even_when_the_reason_says_suc
 
 def test_both_done_spellings_and_every_state_normalise_as_formats_md_says() -> None:
     expected = {
-        "Done (Success)": "done", "Done(Success)": "done", "Done (Success) ": "done",
-        "Done (Exit Code !=0)": "failed", "Done(Exit Code !=0)": "failed",
-        "Done (Failed)": "failed", "Done(Failed)": "failed", "Done (Cancelled)": "failed",
+        "Done (Success)": "done",
+        "Done(Success)": "done",
+        "Done (Success) ": "done",
+        "Done (Exit Code !=0)": "failed",
+        "Done(Exit Code !=0)": "failed",
+        "Done (Failed)": "failed",
+        "Done(Failed)": "failed",
+        "Done (Cancelled)": "failed",
         "Done (Unexpected done code: 7 )": "failed",
-        "Submitted ": "waiting", "Waiting ": "waiting", "Ready ": "waiting", "Scheduled": "waiting",
-        "Running ": "running", "Cleared ": "done", "Aborted ": "failed", "Cancelled": "cancelled",
-        "Unknown ": "unknown", "Purged ": None, "Something new": "unknown",
+        "Submitted ": "waiting",
+        "Waiting ": "waiting",
+        "Ready ": "waiting",
+        "Scheduled": "waiting",
+        "Running ": "running",
+        "Cleared ": "done",
+        "Aborted ": "failed",
+        "Cancelled": "cancelled",
+        "Unknown ": "unknown",
+        "Purged ": None,
+        "Something new": "unknown",
     }
     assert {text: normalise(text) for text in expected} == expected
     assert normalise("Done", 0) == "done" and normalise("Done", 3) == "failed"
@@ -154,7 +182,10 @@ def test_parametric_parent_then_indented_children() -> None:
     result = status_result(EP, [PARENT], cmd(PARAMETRIC))
     assert result.ok
     assert {j: s.state for j, s in result.statuses.items()} == {
-        PARENT: "running", CHILD0: "running", CHILD1: "failed"}
+        PARENT: "running",
+        CHILD0: "running",
+        CHILD1: "failed",
+    }
 
 
 def test_a_top_level_job_after_a_parametric_one_is_nobodys_child() -> None:
@@ -168,7 +199,9 @@ def test_exit_255_some_known_some_gone_is_an_answer_without_the_gone_ones() -> N
         result = status_result(EP, [known, GONE_ID], cmd(stdout, stderr, 255))
         assert result.ok
         assert set(result.statuses) == {known}
-        assert parse_status(stdout, stderr).unretrievable[GONE_ID].endswith("no matching jobs found")
+        assert (
+            parse_status(stdout, stderr).unretrievable[GONE_ID].endswith("no matching jobs found")
+        )
 
 
 def test_exit_1_every_id_gone_is_an_answer_that_knows_none() -> None:
@@ -176,7 +209,8 @@ def test_exit_1_every_id_gone_is_an_answer_that_knows_none() -> None:
     assert result.ok and dict(result.statuses) == {}
     purged = GLITE_UNKNOWN_STDERR.replace(
         "No such file or directory: no matching jobs found",
-        "Identifier removed: matching job already purged")
+        "Identifier removed: matching job already purged",
+    )
     assert status_result(EP, [GONE_ID], cmd("", purged, 1)).ok
 
 
@@ -236,8 +270,10 @@ def test_cancel_of_a_finished_single_job_counts_as_done_with() -> None:
 
 
 def test_cancel_fault_is_not_ok() -> None:
-    stderr = ("\nError - Operation Failed\n"
-              "The Operation is not allowed: Cancel has already been requested\n\nMethod: jobCancel\n")
+    stderr = (
+        "\nError - Operation Failed\n"
+        "The Operation is not allowed: Cancel has already been requested\n\nMethod: jobCancel\n"
+    )
     result = cancel_result(EP, ["https://lb01.example.org:9000/x"], cmd("", stderr, 1))
     assert not result.ok and result.cancelled == ()
     assert result.message.startswith("exit code 1")

@@ -46,8 +46,9 @@ def tracked(make_backend: Any, scenario: Any, clock_file: Path, tmp_path: Path) 
 
 
 def submit(pm: Any, host: str, count: int = 1) -> tuple[str, ...]:
-    result = pm.hook.gridgate_submit(endpoint=ep(host), request=SubmitRequest("wms_glite", count=count),
-                                     timeout=20)
+    result = pm.hook.gridgate_submit(
+        endpoint=ep(host), request=SubmitRequest("wms_glite", count=count), timeout=20
+    )
     assert result.ok, result
     return result.job_ids
 
@@ -60,7 +61,9 @@ def status_calls(calls_log: Path) -> list[Any]:
     return [c for c in read_calls(calls_log) if c.command == "glite-wms-job-status"]
 
 
-def test_lifecycle_success_failure_and_abort_on_chosen_servers(tracked: Any, clock_file: Path) -> None:
+def test_lifecycle_success_failure_and_abort_on_chosen_servers(
+    tracked: Any, clock_file: Path
+) -> None:
     hosts = {
         H1: {"pilots": {"outcome": "done"}},
         H2: {"pilots": {"outcome": "exit", "exit_code": 3}},
@@ -71,7 +74,10 @@ def test_lifecycle_success_failure_and_abort_on_chosen_servers(tracked: Any, clo
     first = {host: status(pm, host, ids[host]) for host in hosts}
     assert all(r.ok for r in first.values())
     assert {h: r.statuses[ids[h][0]].native for h, r in first.items()} == {
-        H1: "Submitted", H2: "Submitted", H3: "Submitted"}
+        H1: "Submitted",
+        H2: "Submitted",
+        H3: "Submitted",
+    }
     set_clock(clock_file, T0 + 4.5)  # Submitted 1 + Waiting 2 + Ready 1: Scheduled
     mid = {h: status(pm, h, ids[h]).statuses[ids[h][0]] for h in hosts}
     assert mid[H1].native == "Scheduled" and mid[H1].state == "waiting"
@@ -82,12 +88,17 @@ def test_lifecycle_success_failure_and_abort_on_chosen_servers(tracked: Any, clo
     set_clock(clock_file, T0 + 60)
     done = {h: status(pm, h, ids[h]).statuses[ids[h][0]] for h in hosts}
     assert (done[H1].state, done[H1].native, done[H1].exit_code) == ("done", "Done (Success)", 0)
-    assert (done[H2].state, done[H2].native, done[H2].exit_code) == ("failed", "Done (Exit Code !=0)", 3)
+    assert (done[H2].state, done[H2].native, done[H2].exit_code) == (
+        "failed",
+        "Done (Exit Code !=0)",
+        3,
+    )
     assert done[H3].state == "failed"
 
 
-def test_the_emi_client_spelling(tracked: Any, clock_file: Path, sim_bin: Path, sim_env: Any,
-                                 scenario: Any) -> None:
+def test_the_emi_client_spelling(
+    tracked: Any, clock_file: Path, sim_bin: Path, sim_env: Any, scenario: Any
+) -> None:
     pm, _ = tracked({H1: {"pilots": {"outcome": "done"}}}, ui="emi")
     job = submit(pm, H1)[0]
     set_clock(clock_file, T0 + 60)
@@ -103,16 +114,25 @@ def test_the_output_is_the_real_layout(tracked: Any, clock_file: Path) -> None:
     job = submit(pm, H1)[0]
     set_clock(clock_file, T0 + 4.5)
     out = status(pm, H1, [job]).command.stdout
-    assert len(HEADER) == 74 and HEADER.startswith("=" * 23 + " ") and HEADER.endswith(" " + "=" * 21)
+    assert (
+        len(HEADER) == 74 and HEADER.startswith("=" * 23 + " ") and HEADER.endswith(" " + "=" * 21)
+    )
     lines = out.split("\n")
-    assert lines[:5] == ["", HEADER, "BOOKKEEPING INFORMATION:", "", f"Status info for the Job : {job}"]
+    assert lines[:5] == [
+        "",
+        HEADER,
+        "BOOKKEEPING INFORMATION:",
+        "",
+        f"Status info for the Job : {job}",
+    ]
     assert lines[5] == "Current Status:     Scheduled "  # value at column 21, trailing space
     assert lines[6].startswith("Status Reason:      ")
     assert out.endswith("=" * 74 + "\n\n")
 
 
-def test_one_status_command_per_endpoint_for_1_or_5000_pilots(tracked: Any, tmp_path: Path,
-                                                              calls_log: Path) -> None:
+def test_one_status_command_per_endpoint_for_1_or_5000_pilots(
+    tracked: Any, tmp_path: Path, calls_log: Path
+) -> None:
     pm, _ = tracked({H1: {"pilots": {"outcome": "done"}}})
     one = submit(pm, H1)
     assert status(pm, H1, one).ok
@@ -132,8 +152,9 @@ def test_one_status_command_per_endpoint_for_1_or_5000_pilots(tracked: Any, tmp_
     assert [c.host for c in calls] == [H1, H1]
 
 
-def test_weighted_outcomes_are_spread_evenly_over_a_hosts_jobs(tracked: Any, tmp_path: Path,
-                                                              clock_file: Path) -> None:
+def test_weighted_outcomes_are_spread_evenly_over_a_hosts_jobs(
+    tracked: Any, tmp_path: Path, clock_file: Path
+) -> None:
     """{done: 9, exit: 1}: one in ten of 200 jobs exits, never two of any five in a row (the
     demo's healthy servers must not look like aborting ones by chance), and another host's
     jobs do not move this host's sequence."""
@@ -218,7 +239,9 @@ def test_stand_in_refuses_bad_options_and_missing_files(sim_bin: Path, scenario:
     assert bad.returncode == 1
     level = run([str(sim_bin / "glite-wms-job-status"), "-v", "4", "x"], 10, env=env)
     assert level.returncode == 1 and "UI_ARG_OUT_OF_LIMIT" in level.stderr
-    missing = run([str(sim_bin / "glite-wms-job-status"), "--noint", "-i", "/nonexistent"], 10, env=env)
+    missing = run(
+        [str(sim_bin / "glite-wms-job-status"), "--noint", "-i", "/nonexistent"], 10, env=env
+    )
     assert missing.returncode == 1 and "UI_FILE_NOT_FOUND" in missing.stderr
 
 
@@ -231,8 +254,12 @@ def test_other_backends_are_not_answered(tracked: Any) -> None:
     assert empty.ok and empty.commands == 0
 
 
-def test_tracking_commands_are_found_beside_a_submit_path_unless_configured(make_backend: Any) -> None:
-    _, backend = make_backend(hosts={H1: {}}, commands={"submit": "/opt/glite/bin/glite-wms-job-submit"})
+def test_tracking_commands_are_found_beside_a_submit_path_unless_configured(
+    make_backend: Any,
+) -> None:
+    _, backend = make_backend(
+        hosts={H1: {}}, commands={"submit": "/opt/glite/bin/glite-wms-job-submit"}
+    )
     assert backend._commands()["status"] == "/opt/glite/bin/glite-wms-job-status"
     assert backend._commands()["cancel"] == "/opt/glite/bin/glite-wms-job-cancel"
     _, named = make_backend(hosts={H1: {}}, commands={"status": "/usr/local/bin/my-status"})
@@ -246,9 +273,21 @@ def test_a_failed_status_query_is_classified_as_that_servers_failure(tracked: An
     pm, _ = tracked({H1: {"pilots": {"status": "lb_down"}}})
     job = submit(pm, H1)[0]
     result = status(pm, H1, [job])
-    failure = pm.hook.gridgate_classify_failure(endpoint=ep(H1), result=SubmitResult(
-        ep(H1), ok=False, command=result.command, operation=result.operation, message=result.message))
+    failure = pm.hook.gridgate_classify_failure(
+        endpoint=ep(H1),
+        result=SubmitResult(
+            ep(H1),
+            ok=False,
+            command=result.command,
+            operation=result.operation,
+            message=result.message,
+        ),
+    )
     assert failure.kind == "unreachable" and "Connection refused" in failure.reason
-    junk = SubmitResult(ep(H1), ok=False, operation="Job Status", command=result.command.__class__(
-        ("glite-wms-job-status",), 0, "junk\n", ""))
+    junk = SubmitResult(
+        ep(H1),
+        ok=False,
+        operation="Job Status",
+        command=result.command.__class__(("glite-wms-job-status",), 0, "junk\n", ""),
+    )
     assert "no job status" in pm.hook.gridgate_classify_failure(endpoint=ep(H1), result=junk).reason

@@ -29,24 +29,39 @@ def world(request: Any, tmp_path: Path, sim_bin: Path, scenario: Any) -> Any:
     failing_expiry = getattr(request, "param", 3600)
     clock_file = tmp_path / "simclock"
     set_clock(clock_file, T0)
-    path = scenario(hosts={GOOD: {"pilots": {"outcome": "done"}},
-                           ABORTS: {"pilots": {"outcome": "aborted"}}},
-                    clock_file=str(clock_file))
+    path = scenario(
+        hosts={GOOD: {"pilots": {"outcome": "done"}}, ABORTS: {"pilots": {"outcome": "aborted"}}},
+        clock_file=str(clock_file),
+    )
     clock = FakeClock(T0)
     collector = Collector()
     doc = {
-        "director": {"cycle_seconds": 1, "max_threads": 4, "command_timeout": 20,
-                     "failing_expiry": failing_expiry, "ticket_expiry": 3600,
-                     "state_dir": str(tmp_path / "state")},
+        "director": {
+            "cycle_seconds": 1,
+            "max_threads": 4,
+            "command_timeout": 20,
+            "failing_expiry": failing_expiry,
+            "ticket_expiry": 3600,
+            "state_dir": str(tmp_path / "state"),
+        },
         "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
-        "backends": {"wms_glite": {
-            "servers": [GOOD, ABORTS],
-            "commands": {name: str(sim_bin / f"glite-wms-job-{cmd}") for name, cmd in (
-                ("submit", "submit"), ("list_match", "list-match"), ("status", "status"),
-                ("cancel", "cancel"))},
-            "list_match": False, "work_dir": str(tmp_path),
-            "env": {"GRIDGATE_SIM_SCENARIO": str(path)},
-        }},
+        "backends": {
+            "wms_glite": {
+                "servers": [GOOD, ABORTS],
+                "commands": {
+                    name: str(sim_bin / f"glite-wms-job-{cmd}")
+                    for name, cmd in (
+                        ("submit", "submit"),
+                        ("list_match", "list-match"),
+                        ("status", "status"),
+                        ("cancel", "cancel"),
+                    )
+                },
+                "list_match": False,
+                "work_dir": str(tmp_path),
+                "env": {"GRIDGATE_SIM_SCENARIO": str(path)},
+            }
+        },
         "demand": {"static": {"wms_glite": 20}},
         "selectors": {"round_robin": {}},
     }
@@ -69,7 +84,9 @@ def test_a_server_whose_every_pilot_aborts_leaves_rotation_with_one_error(world,
     director, collector, advance, _ = world
     first = director.run_iteration()
     assert Counter(r.endpoint for r in first.records if r.outcome == "submitted") == {
-        GOOD: 10, ABORTS: 10}
+        GOOD: 10,
+        ABORTS: 10,
+    }
     assert status_calls(calls_log) == Counter()  # nothing was tracked when it began
     advance(10)  # the aborting server's pilots aborted after 3 s; the good ones still run
     second = director.run_iteration()
@@ -89,11 +106,17 @@ def test_a_server_whose_every_pilot_aborts_leaves_rotation_with_one_error(world,
     assert len(collector.notes) == 1  # one error for the episode
     counts = director.state.pilot_registry().counts()
     assert counts.get(("wms_glite", ABORTS, "failed")) == 10
-    assert counts.get(("wms_glite", GOOD, "running"), 0) + counts.get(("wms_glite", GOOD, "waiting"), 0) > 0
+    assert (
+        counts.get(("wms_glite", GOOD, "running"), 0)
+        + counts.get(("wms_glite", GOOD, "waiting"), 0)
+        > 0
+    )
 
 
 @pytest.mark.parametrize("tracked", [1, 5000])
-def test_one_status_query_per_server_and_poll_whatever_the_number_of_pilots(world, calls_log, tracked) -> None:
+def test_one_status_query_per_server_and_poll_whatever_the_number_of_pilots(
+    world, calls_log, tracked
+) -> None:
     director, _, advance, tmp_path = world
     # ``tracked`` pilots on the good server, as if submitted earlier: in the director's
     # registry and in the stand-in's bookkeeping (thousands of submissions would only slow
@@ -104,8 +127,11 @@ def test_one_status_query_per_server_and_poll_whatever_the_number_of_pilots(worl
     for job_id in ids:
         table.add(url, job_id, [], T0)
     director.state.pilot_registry().put(
-        Pilot(job_id=j, backend="wms_glite", endpoint=GOOD, submitted=T0, state="waiting", changed=T0)
-        for j in ids)
+        Pilot(
+            job_id=j, backend="wms_glite", endpoint=GOOD, submitted=T0, state="waiting", changed=T0
+        )
+        for j in ids
+    )
     advance(20)  # every tracked pilot has finished (done) by now
     summary = director.run_iteration()
     calls = [c for c in read_calls(calls_log) if c.command == "glite-wms-job-status"]
@@ -132,7 +158,9 @@ def test_an_alarm_when_the_aborting_persists_after_the_failing_cache(world, call
     assert collector.notes[-1].endpoint.name == ABORTS
 
 
-def test_separate_processes_restart_summary_and_cancel(tmp_path, sim_bin, scenario, gridgate_exe) -> None:
+def test_separate_processes_restart_summary_and_cancel(
+    tmp_path, sim_bin, scenario, gridgate_exe
+) -> None:
     """`gridgate run --once` twice (a restart between: the second process polls the pilots the
     first submitted), then `gridgate pilots summary` and `gridgate pilots cancel` from others."""
     import json
@@ -142,19 +170,38 @@ def test_separate_processes_restart_summary_and_cancel(tmp_path, sim_bin, scenar
 
     clock_file = tmp_path / "simclock"
     set_clock(clock_file, T0)
-    path = scenario(hosts={GOOD: {"pilots": {"outcome": "done", "running": 1000}},
-                           ABORTS: {"pilots": {"outcome": "aborted"}}}, clock_file=str(clock_file))
+    path = scenario(
+        hosts={
+            GOOD: {"pilots": {"outcome": "done", "running": 1000}},
+            ABORTS: {"pilots": {"outcome": "aborted"}},
+        },
+        clock_file=str(clock_file),
+    )
     site = tmp_path / "site.yaml"
-    site.write_text(yaml.safe_dump({
-        "director": {"cycle_seconds": 0.1, "max_threads": 4, "command_timeout": 20,
-                     "state_dir": str(tmp_path / "state")},
-        "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
-        "backends": {"wms_glite": {"servers": [GOOD, ABORTS], "list_match": False,
-                                   "commands": {"submit": str(sim_bin / "glite-wms-job-submit")},
-                                   "env": {"GRIDGATE_SIM_SCENARIO": str(path)}}},
-        "demand": {"static": {"wms_glite": 4}},
-        "selectors": {"round_robin": {}},
-    }), encoding="utf-8")
+    site.write_text(
+        yaml.safe_dump(
+            {
+                "director": {
+                    "cycle_seconds": 0.1,
+                    "max_threads": 4,
+                    "command_timeout": 20,
+                    "state_dir": str(tmp_path / "state"),
+                },
+                "state": {"driver": "sqlite", "path": str(tmp_path / "state" / "state.db")},
+                "backends": {
+                    "wms_glite": {
+                        "servers": [GOOD, ABORTS],
+                        "list_match": False,
+                        "commands": {"submit": str(sim_bin / "glite-wms-job-submit")},
+                        "env": {"GRIDGATE_SIM_SCENARIO": str(path)},
+                    }
+                },
+                "demand": {"static": {"wms_glite": 4}},
+                "selectors": {"round_robin": {}},
+            }
+        ),
+        encoding="utf-8",
+    )
 
     def gridgate(*args: str) -> Any:
         proc = subprocess.run([gridgate_exe, *args], capture_output=True, text=True, timeout=120)
@@ -164,14 +211,23 @@ def test_separate_processes_restart_summary_and_cancel(tmp_path, sim_bin, scenar
     first = gridgate("run", "-c", str(site), "--once", "--json")
     assert len(first["submitted"]) == 4
     set_clock(clock_file, T0 + 10)  # wms02's pilots have aborted; wms01's run
-    gridgate("run", "-c", str(site), "--once", "--json")  # a new process: polls what the first submitted
+    gridgate(
+        "run", "-c", str(site), "--once", "--json"
+    )  # a new process: polls what the first submitted
     summary = gridgate("pilots", "summary", "-c", str(site), "--json")["endpoints"]
     assert summary[f"wms_glite/{ABORTS}"]["failed"] == 2
-    assert summary[f"wms_glite/{GOOD}"]["running"] == 2 and summary[f"wms_glite/{GOOD}"]["waiting"] == 2
-    running = gridgate("pilots", "list", "-c", str(site), "--endpoint", GOOD, "--state", "running", "--json")
+    assert (
+        summary[f"wms_glite/{GOOD}"]["running"] == 2
+        and summary[f"wms_glite/{GOOD}"]["waiting"] == 2
+    )
+    running = gridgate(
+        "pilots", "list", "-c", str(site), "--endpoint", GOOD, "--state", "running", "--json"
+    )
     ids = [p["job_id"] for p in running["pilots"]]
     assert len(ids) == 2 and {p["native"] for p in running["pilots"]} == {"Running"}
     cancelled = gridgate("pilots", "cancel", *ids, "-c", str(site), "--json")
     assert sorted(cancelled["cancelled"][f"wms_glite/{GOOD}"]) == sorted(ids)
-    cancel_calls = [c for c in read_calls(tmp_path / "calls.jsonl") if c.command == "glite-wms-job-cancel"]
+    cancel_calls = [
+        c for c in read_calls(tmp_path / "calls.jsonl") if c.command == "glite-wms-job-cancel"
+    ]
     assert [(c.host, c.ids) for c in cancel_calls] == [(GOOD, 2)]

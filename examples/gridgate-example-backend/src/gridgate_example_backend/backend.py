@@ -40,43 +40,59 @@ class LocalBackend(Plugin):
         "description": "Example third-party backend: runs the pilot command as a local process.",
         "properties": {
             "command": {
-                "type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "minItems": 1,
                 "description": "The pilot command as an argv list (never a shell string); "
-                               "{slot}, {group} and {count} inside an item are replaced.",
+                "{slot}, {group} and {count} inside an item are replaced.",
             },
             "servers": {
-                "type": "array", "minItems": 1, "uniqueItems": True,
+                "type": "array",
+                "minItems": 1,
+                "uniqueItems": True,
                 "items": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$"},
                 "default": ["slot1"],
                 "description": "Names of the local slots; each is an endpoint the director "
-                               "picks from and excludes when it fails.",
+                "picks from and excludes when it fails.",
             },
             "job_id_pattern": {
-                "type": "string", "minLength": 1, "default": DEFAULT_JOB_ID_PATTERN,
+                "type": "string",
+                "minLength": 1,
+                "default": DEFAULT_JOB_ID_PATTERN,
                 "description": "Regex with one group, searched in every stdout line; each "
-                               "match is a job id.",
+                "match is a job id.",
             },
             "pilots_per_submission": {
-                "type": "integer", "minimum": 1, "maximum": 1000, "default": 1,
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1000,
+                "default": 1,
                 "description": "Pilots one command starts ({count} is at most this).",
             },
             "command_timeout": {
-                "type": ["number", "null"], "exclusiveMinimum": 0, "default": None,
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "default": None,
                 "description": "Seconds; replaces the director's limit for this backend.",
             },
             "env": {
-                "type": "object", "additionalProperties": {"type": "string"}, "default": {},
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "default": {},
                 "description": "Extra environment variables for the command.",
             },
             "work_dir": {
-                "type": ["string", "null"], "default": None,
+                "type": ["string", "null"],
+                "default": None,
                 "description": "Working directory of the command (default: the director's).",
             },
             "busy_exit_codes": {
-                "type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 255},
-                "uniqueItems": True, "default": [EX_TEMPFAIL],
+                "type": "array",
+                "items": {"type": "integer", "minimum": 1, "maximum": 255},
+                "uniqueItems": True,
+                "default": [EX_TEMPFAIL],
                 "description": "Exit codes meaning 'this slot is busy': the slot is left "
-                               "alone for a while and nobody is told.",
+                "alone for a while and nobody is told.",
             },
         },
         "required": ["command"],
@@ -92,18 +108,29 @@ class LocalBackend(Plugin):
             problems.append((("job_id_pattern",), f"invalid regular expression: {exc}"))
         else:
             if pattern.groups != 1:
-                problems.append((("job_id_pattern",),
-                                 f"needs exactly one (group) around the id, has {pattern.groups}"))
+                problems.append(
+                    (
+                        ("job_id_pattern",),
+                        f"needs exactly one (group) around the id, has {pattern.groups}",
+                    )
+                )
         for index, item in enumerate(section.get("command") or []):
             for word in _PLACEHOLDER_RE.findall(item):
                 if word not in PLACEHOLDERS:
-                    problems.append((("command", index), f"unknown placeholder {{{word}}} "
-                                     f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"))
+                    problems.append(
+                        (
+                            ("command", index),
+                            f"unknown placeholder {{{word}}} "
+                            f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})",
+                        )
+                    )
         return problems
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self._job_id = re.compile(config.get("job_id_pattern", DEFAULT_JOB_ID_PATTERN), re.MULTILINE)
+        self._job_id = re.compile(
+            config.get("job_id_pattern", DEFAULT_JOB_ID_PATTERN), re.MULTILINE
+        )
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -113,16 +140,22 @@ class LocalBackend(Plugin):
     def argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The command with its placeholders filled; each value stays one argv item."""
         values = {"slot": endpoint.name, "group": request.group, "count": str(request.count)}
-        return [_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), item)
-                for item in self.config["command"]]
+        return [
+            _PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), item)
+            for item in self.config["command"]
+        ]
 
     def job_ids(self, stdout: str) -> tuple[str, ...]:
         return tuple(match.group(1) for match in self._job_id.finditer(stdout))
 
     def _env(self, endpoint: Endpoint, request: SubmitRequest) -> dict[str, str]:
-        return {**os.environ, **(self.config.get("env") or {}),
-                "GRIDGATE_SLOT": endpoint.name, "GRIDGATE_GROUP": request.group,
-                "GRIDGATE_PILOTS": str(request.count)}
+        return {
+            **os.environ,
+            **(self.config.get("env") or {}),
+            "GRIDGATE_SLOT": endpoint.name,
+            "GRIDGATE_GROUP": request.group,
+            "GRIDGATE_PILOTS": str(request.count),
+        }
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -148,18 +181,32 @@ class LocalBackend(Plugin):
         argv = self.argv(endpoint, request)
         logger.debug("local: starting {} pilot(s) on {}: {}", request.count, endpoint.name, argv)
         # the site's director.max_output_bytes caps what is kept of each stream
-        result = run(argv, limit, env=self._env(endpoint, request),
-                     cwd=self.config.get("work_dir") or None, max_output=self.context.max_output_bytes)
+        result = run(
+            argv,
+            limit,
+            env=self._env(endpoint, request),
+            cwd=self.config.get("work_dir") or None,
+            max_output=self.context.max_output_bytes,
+        )
         if not result.ok:
             # failures are results: the classifier reads the evidence kept in `command`
             return SubmitResult(endpoint, ok=False, command=result, operation=OPERATION)
         ids = self.job_ids(result.stdout)
         if not ids:
-            return SubmitResult(endpoint, ok=False, command=result, operation=OPERATION,
-                                message="exit code 0 but no job id line in the output")
+            return SubmitResult(
+                endpoint,
+                ok=False,
+                command=result,
+                operation=OPERATION,
+                message="exit code 0 but no job id line in the output",
+            )
         if len(ids) != request.count:
-            logger.warning("local: asked {} pilot(s) on {}, the command reported {} job id(s)",
-                           request.count, endpoint.name, len(ids))
+            logger.warning(
+                "local: asked {} pilot(s) on {}, the command reported {} job id(s)",
+                request.count,
+                endpoint.name,
+                len(ids),
+            )
         return SubmitResult(endpoint, ok=True, job_ids=ids, command=result, operation=OPERATION)
 
     @hookimpl
