@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,24 @@ import pluggy
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.compose import (
+    CREDENTIAL,
+    compose_credential,
+    compose_failure,
+    compose_local_fault,
+)
 from gridgate.core.config import Config, ConfigError, ConfigProblem, ConfigSource
 from gridgate.core.config_checks import change_notification, submission_problems
 from gridgate.core.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
-from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     AccountingRecord,
     AdmissionRequest,
     BackendInfo,
-    CommandResult,
     CredentialRegistry,
     CredentialStatus,
     DemandRegistry,
     Endpoint,
-    Escalation,
     Failure,
     Grant,
     IterationInfo,
@@ -46,7 +48,6 @@ from gridgate.core.model import (
     Refusal,
     SubmitRequest,
     SubmitResult,
-    elapsed_text,
 )
 from gridgate.core.plugins import STATE_GROUP, PluginContext, build_plugin_manager, load_class
 from gridgate.core.resilient import DeferredState, ResilientState
@@ -58,15 +59,6 @@ from gridgate.core.tracking import PilotTracker
 
 ACCOUNTING = "accounting"
 
-ALARM_HEADER = "Submit GGUS Ticket for this error if not already opened"
-
-#: The director's credential episodes in the state store, shared by the directors on one store:
-#: ``credential/episode/<scope>`` (its start), ``credential/bad/<scope>/<host>`` (a host that
-#: found it unusable, expiring after failing_expiry), ``credential/note/...`` (a message claimed
-#: by one director) and ``credential/warning/...`` (an at-risk warning, once per end time);
-#: ``<scope>`` is ``<plugin name>:<file>``.
-CREDENTIAL = "credential/"
-
 
 def open_state(config: Config | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> StateStore:
     """Instantiate the state driver the config names (``state.driver``)."""
@@ -74,229 +66,6 @@ def open_state(config: Config | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) 
     driver = section.pop("driver", "sqlite")
     cls = load_class(STATE_GROUP, driver)
     return cls(section, clock=clock)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def compose_failure(
-    endpoint: Endpoint,
-    failure: Failure,
-    escalation: Escalation,
-    result: SubmitResult,
-    now: float,
-) -> Notification:
-    """The seed's error or alarm message for one failure (level from ``escalation``)."""
-    command = result.command
-    timed_out = bool(command and command.timed_out)
-    what = "timeout" if timed_out else "error"
-    subject = f"{endpoint.name}: {what} executing {result.operation} [{failure.kind}]"
-    lines: list[str] = []
-    level = escalation.level or "error"
-    if level == "alarm":
-        lines += [
-            ALARM_HEADER,
-            f"It has been failing at least for {escalation.failing_for(now)}",
-            "",
-        ]
-    lines.append(
-        f"Server: {endpoint.name} ({endpoint.backend})"
-        + (f" {endpoint.url}" if endpoint.url else "")
-    )
-    if command is not None:
-        lines.append(f"Command: {command.command_line}")
-        if command.launch_error is not None:
-            lines.append(f"returns: could not start ({command.launch_error})")
-        elif timed_out:
-            lines.append(f"returns: timeout (killed after {command.duration:.1f} s)")
-        else:
-            lines.append(f"returns: {command.returncode}")
-    lines.append(f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""))
-    if command is None and result.message:  # no command to show: the message is the evidence
-        lines.append(result.message)
-    lines.append(
-        f"Episode: first failure {_iso(escalation.episode_start)}, "
-        f"{escalation.failures} failure(s) since"
-    )
-    if command is not None:
-        lines += ["", "stdout:", command.stdout.rstrip("\n")]
-        if command.stdout_truncated:
-            lines.append("[stdout truncated at the output cap]")
-        lines += ["", "stderr:", command.stderr.rstrip("\n")]
-        if command.stderr_truncated:
-            lines.append("[stderr truncated at the output cap]")
-    return Notification(
-        level=level,
-        subject=subject,
-        body="\n".join(lines) + "\n",
-        created=now,
-        endpoint=endpoint,
-        failure=failure,
-        command=command,
-        episode_start=escalation.episode_start,
-        failures_in_episode=escalation.failures,
-        key=f"{level}/{endpoint.key}/{escalation.episode_start:.0f}/{escalation.failures}",
-    )
-
-
-def compose_local_fault(
-    endpoint: Endpoint,
-    failure: Failure,
-    result: SubmitResult,
-    now: float,
-    repeat_every: float,
-    host: str | None = None,
-) -> Notification:
-    """The error for a command that could not start on this machine (``host``, default this
-    one's name): it names the command and the host to fix, and says that no server was blamed."""
-    command = result.command
-    program = command.argv[0] if command is not None and command.argv else "?"
-    host = host or socket.gethostname()
-    if command is None:  # nothing was started: the command's own files could not be written
-        subject = f"gridgate: backend {endpoint.backend} cannot write its files on {host} [{failure.kind}]"
-        first = (
-            f"gridgate could not prepare a {result.operation} command of backend "
-            f"{endpoint.backend} on {host}, so it submits nothing."
-        )
-    else:
-        subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend}) [{failure.kind}]"
-        first = f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing."
-    lines = [
-        first,
-        "",
-        f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""),
-    ]
-    if command is not None:
-        lines.append(f"Command: {command.command_line}")
-        if command.launch_error is not None:
-            lines.append(f"returns: could not start ({command.launch_error})")
-    lines += [
-        "",
-        "This is a fault of this machine (a missing or unusable program, a work folder that is "
-        "missing, read-only or full, a wrong path in the config), not of any server:",
-        "- no server is put in the failing cache, and no GGUS ticket is asked for;",
-        f"- backend {endpoint.backend} is paused for the rest of each iteration in which this "
-        "happens and tried again at the next, so submission resumes by itself once it is fixed;",
-        f"- this message is repeated every {repeat_every:.0f} s while the fault lasts.",
-    ]
-    return Notification(
-        level="error",
-        subject=subject,
-        body="\n".join(lines) + "\n",
-        created=now,
-        failure=failure,
-        command=command,
-        key=f"local-fault/{endpoint.backend}/{failure.kind}/{now:.0f}",
-    )
-
-
-def _command_lines(command: CommandResult | None, what: str) -> list[str]:
-    """A command's argv, how it ended and what it printed, for a message body."""
-    if command is None:
-        return []
-    lines = [
-        f"{what}: {command.command_line}",
-        f"returns: {command.describe()}",
-        "",
-        "stdout:",
-        command.stdout.rstrip("\n"),
-    ]
-    if command.stdout_truncated:
-        lines.append("[stdout truncated at the output cap]")
-    lines += ["", "stderr:", command.stderr.rstrip("\n")]
-    if command.stderr_truncated:
-        lines.append("[stderr truncated at the output cap]")
-    return lines
-
-
-def compose_credential(
-    status: CredentialStatus,
-    level: str,
-    since: float,
-    now: float,
-    backends: Iterable[str],
-    ticket_expiry: float,
-    repeat_every: float,
-    host: str | None = None,
-) -> Notification:
-    """The message for a credential episode (``host``, default this one's name): ``error`` when
-    it becomes unusable, ``alarm`` when that has lasted ``ticket_expiry`` (again every
-    ``repeat_every``), ``warning`` (sent as an error) when a failed renewal leaves a credential
-    that ends before the next could succeed, ``info`` when it is usable again. Each names the
-    file, its end time and the renewal's output; the error and the alarm say that no server
-    was blamed."""
-    host = host or socket.gethostname()
-    names = ", ".join(sorted(backends)) or "none of those configured now"
-    ends = (
-        _iso(status.expires)
-        if status.expires is not None
-        else "unknown (no credential could be read)"
-    )
-    subject_what = f"{status.name} credential {status.path} on {host}"
-    failure = KINDS["credential"].failure(status.message)
-    lines: list[str] = []
-    if level == "info":
-        subject = f"gridgate: {subject_what} works again"
-        lines += [
-            f"The {status.kind} credential of {status.name} on {host} is usable again, after "
-            f"{elapsed_text(now - since)} (unusable since {_iso(since)}); the backends that need "
-            f"it ({names}) submit again.",
-            "",
-            f"File: {status.path}",
-            f"Ends: {ends}",
-            f"State: {status.message}",
-        ]
-    elif level == "warning":
-        subject = f"gridgate: {subject_what} expires soon and its renewal failed [credential]"
-        lines += [
-            f"The {status.kind} credential of {status.name} on {host} could not be renewed and "
-            f"ends at {ends}, before the next iteration's renewal could finish. Backends that "
-            f"need it ({names}) still submit until then; fix the renewal now.",
-            "",
-            f"File: {status.path}",
-            f"Ends: {ends}",
-            f"State: {status.message}",
-        ]
-    else:
-        subject = f"gridgate: {subject_what} unusable: {names} submit nothing [credential]"
-        if level == "alarm":
-            lines += [
-                f"The credential has been unusable at least for {elapsed_text(now - since)}.",
-                "",
-            ]
-        lines += [
-            f"gridgate on {host} cannot use the {status.kind} credential of {status.name}, so the "
-            f"backends that need it submit nothing and their pilots are not polled: {names}.",
-            "",
-            f"File: {status.path}",
-            f"Ends: {ends}",
-            f"Problem: {status.message}",
-            f"Episode: unusable since {_iso(since)}",
-        ]
-    lines += ["", *_command_lines(status.command, "Renewal")] if status.command is not None else []
-    if level in ("error", "alarm"):
-        lines += [
-            "",
-            "This is a fault of this machine (its credential), not of any server:",
-            "- no server is put in the failing cache, and no ticket is asked of a server's operators;",
-            "- every iteration checks and renews it again, so submission resumes by itself once it "
-            "is fixed, and a notice says so;",
-            f"- this is the one error of this episode; an alarm follows when it lasts "
-            f"{elapsed_text(ticket_expiry)}."
-            if level == "error"
-            else f"- this alarm is repeated every {elapsed_text(repeat_every)} while it lasts.",
-        ]
-    return Notification(
-        level="error" if level == "warning" else level,  # type: ignore[arg-type]
-        subject=subject,
-        body="\n".join(lines) + "\n",
-        created=now,
-        failure=failure,
-        command=status.command,
-        episode_start=None if level == "warning" else since,
-        key=f"{CREDENTIAL}{level}/{status.name}:{status.path}/{since:.0f}/{now:.0f}",
-    )
 
 
 @dataclass
