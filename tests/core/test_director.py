@@ -17,8 +17,9 @@ from directorkit import (
 )
 
 from gridgate.core.clock import FakeClock
+from gridgate.core.compose import ALARM_HEADER
 from gridgate.core.config import ConfigSource
-from gridgate.core.director import ACCOUNTING, ALARM_HEADER, Director, summary_json
+from gridgate.core.director import ACCOUNTING, Director, summary_json
 from gridgate.core.escalation import FAILING, TICKETS
 from gridgate.core.state import MemoryState
 
