@@ -220,7 +220,9 @@ _DefaultFiller = validators.extend(Draft202012Validator, {"properties": _set_def
 
 
 def apply_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
-    """Fill schema defaults into ``instance`` in place. Call only on a valid document."""
+    """Fill the defaults of ``schema`` into ``instance`` in place (nested objects too). Call
+    only on a valid document: a plugin calls it on its own section (``config``) when it is
+    built outside a loaded config, as tests and command-line tools do."""
     for _ in _DefaultFiller(schema).iter_errors(instance):
         pass  # errors were already reported by the plain validator; this pass only fills
 
@@ -638,6 +640,8 @@ def schema_at(schema: Mapping[str, Any], path: PathT) -> Mapping[str, Any]:
 def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config:
     """Read, parse and validate a config file.
 
+    :param path: the YAML file (named in every problem).
+    :param text: its text when already read (None: read ``path``).
     :raises ConfigError: unreadable file, YAML syntax error, or schema problems; every
         problem names the file and line.
     """

@@ -144,7 +144,9 @@ def match_rules(
 
 
 def local_io_failure(reason: str) -> Failure:
-    """A command that could not be prepared on this machine (``SubmitResult.local_fault``)."""
+    """The ``local_io`` failure of a command that could not be prepared on this machine (its
+    files could not be written: ``SubmitResult.local_fault``); ``reason`` says what failed. No
+    server is blamed: the backend is paused for the rest of the iteration."""
     return Failure(
         kind="local_io", exclude=False, notify=True, transient=False, local=True, reason=reason
     )

@@ -67,7 +67,19 @@ def atomic_write(
 
 
 def ensure_private_dir(path: Path) -> None:
-    """Create ``path`` (and parents) if needed and make it owner-only (0700) when it is ours."""
+    """Create ``path`` (and parents) if needed and make it owner-only (0700) when it is ours
+    (a folder of someone else's is left as it is)."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(PermissionError):
         os.chmod(path, 0o700)
+
+
+def resolve_dir(value: str, state_dir: Path, default: str) -> Path:
+    """A folder a plugin's section configures: ``value``, or ``state_dir/default`` when
+    ``value`` is "". A relative ``value`` is relative to the process's working directory.
+
+    :param value: the section's key (for instance ``outbox``).
+    :param state_dir: ``context.state_dir``.
+    :param default: the folder's name under ``state_dir``.
+    """
+    return Path(value) if value else Path(state_dir) / default

@@ -248,16 +248,51 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "in a file subclasses (a token file, see [plugins.md](plugins.md)), and `x509_proxy`.",
         (),
     ),
-    ("gridgate.core.files", "Files someone else picks up.", ("atomic_write",)),
+    (
+        "gridgate.core.files",
+        "Files someone else picks up, and the private folders they live in.",
+        ("atomic_write", "ensure_private_dir", "resolve_dir"),
+    ),
     (
         "gridgate.core.clock",
         "Time, injected: use `context.clock`, never `time.time()`.",
-        ("Clock", "FakeClock", "SYSTEM_CLOCK"),
+        ("Clock", "FakeClock", "SYSTEM_CLOCK", "file_time", "write_file_time"),
     ),
     (
         "gridgate.core.config",
         "Secrets in a plugin's schema, and the config errors.",
-        ("SECRET_SCHEMA", "read_secret", "SecretError", "ConfigError", "ConfigProblem"),
+        (
+            "SECRET_SCHEMA",
+            "read_secret",
+            "SecretError",
+            "ConfigError",
+            "ConfigProblem",
+            "apply_defaults",
+            "load_config",
+        ),
+    ),
+    (
+        "gridgate.core.secrets",
+        "The same secrets without the config machinery, for code on a start-up path "
+        "(a shim that must start fast).",
+        ("SECRET_SCHEMA", "read_secret", "SecretError"),
+    ),
+    (
+        "gridgate.core.outbox",
+        "The durable outbox any notifier can use: a crash-safe directory queue with "
+        "pluggable transports, retry with backoff and dead-letter, shown by `gridgate outbox`.",
+        (),
+    ),
+    (
+        "gridgate.core.mail",
+        "E-mail from notifications: the SMTP keys of a section and the SMTP transport of an "
+        "outbox.",
+        (),
+    ),
+    (
+        "gridgate.core.defaults",
+        "What the built-in defaults give a backend.",
+        ("local_io_failure",),
     ),
     (
         "gridgate.core.state",

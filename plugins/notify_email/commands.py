@@ -11,8 +11,8 @@ import click
 from gridgate.core import hookimpl
 from gridgate.core.cli import load_config_or_exit
 from gridgate.core.clock import SYSTEM_CLOCK
+from gridgate.core.outbox import Message, Outbox
 from gridgate.plugins.notify_email.notifier import state_dir_of
-from gridgate.plugins.notify_email.outbox import Message, Outbox
 
 
 def _utc(epoch: float | None) -> str:

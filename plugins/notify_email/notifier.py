@@ -11,139 +11,33 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.config import SECRET_SCHEMA, apply_defaults
-from gridgate.core.model import Notification
-from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.plugins.notify_email.outbox import FlushResult, Outbox, RetryPolicy
-from gridgate.plugins.notify_email.smtp import (
-    SECURITY,
+from gridgate.core.config import apply_defaults
+from gridgate.core.files import resolve_dir
+from gridgate.core.mail import (
+    ADDRESS,
+    ADDRESSES,
+    SMTP_SCHEMA_PROPERTIES,
     SMTP_TRANSPORT,
     SmtpSettings,
     SmtpTransport,
+    addresses,
     build_message,
     message_payload,
+    smtp_errors,
 )
-
-ADDRESS = {"type": "string", "pattern": r"^[^@\s,<>]+@[^@\s,<>]+$"}
-ADDRESSES = {
-    "description": 'One address, a list of addresses, or "" to disable this level.',
-    "default": "",
-    "anyOf": [
-        {"type": "string", "const": ""},
-        ADDRESS,
-        {"type": "array", "items": ADDRESS},
-    ],
-}
-
-#: SMTP keys, shared with the ggus notifier's ``mail`` delivery.
-SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
-    "host": {
-        "type": "string",
-        "minLength": 1,
-        "default": "localhost",
-        "description": "SMTP server host.",
-    },
-    "port": {
-        "type": "integer",
-        "minimum": 1,
-        "maximum": 65535,
-        "default": 25,
-        "description": "SMTP server port (25, 587 for starttls, 465 for ssl).",
-    },
-    "security": {
-        "enum": list(SECURITY),
-        "default": "none",
-        "description": "none, starttls (upgrade after connecting) or ssl (TLS from the start).",
-    },
-    "username": {
-        "type": "string",
-        "default": "",
-        "description": 'Log in as this user (AUTH); "" for no login.',
-    },
-    "password": {
-        **SECRET_SCHEMA,
-        "description": "Password for username: {env: NAME} or {file: PATH}, never inline.",
-    },
-    "timeout": {
-        "maximum": 86400,
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "default": 30,
-        "description": "Seconds to wait for the server on each step.",
-    },
-    "ca_file": {
-        "type": "string",
-        "default": "",
-        "description": 'PEM file of CAs to trust for starttls/ssl ("": the system\'s).',
-    },
-    "verify": {
-        "type": "boolean",
-        "default": True,
-        "description": "Check the server's certificate and host name.",
-    },
-}
-
-#: Outbox keys, shared with the ggus notifier.
-OUTBOX_SCHEMA_PROPERTIES: dict[str, Any] = {
-    "retry_initial": {
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "default": 30,
-        "description": "First retry after this many seconds; doubles each time.",
-    },
-    "retry_max": {
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "default": 1800,
-        "description": "Longest pause between two attempts, in seconds.",
-    },
-    "max_age": {
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "default": 259200,
-        "description": "A message still failing this many seconds after it was queued "
-        "goes to dead-letter (default 3 days).",
-    },
-    "poll_interval": {
-        "maximum": 86400,
-        "type": "number",
-        "exclusiveMinimum": 0,
-        "default": 5,
-        "description": "Seconds between the sender thread's passes when idle.",
-    },
-    "send_thread": {
-        "type": "boolean",
-        "default": True,
-        "description": "Deliver from a background thread; false: only when the "
-        "director (or a test) calls flush().",
-    },
-}
-
-
-def smtp_errors(section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-    problems: list[tuple[tuple[str | int, ...], str]] = []
-    if section.get("username") and not section.get("password"):
-        problems.append((("password",), "username is set but password is not"))
-    if section.get("password") and not section.get("username"):
-        problems.append((("username",), "password is set but username is not"))
-    return problems
-
-
-def resolve_dir(value: str, state_dir: Path, default: str) -> Path:
-    """A configured folder; "" means ``state_dir/default``. Relative paths are relative to
-    the process's working directory."""
-    return Path(value) if value else Path(state_dir) / default
+from gridgate.core.model import Notification
+from gridgate.core.outbox import (
+    OUTBOX_SCHEMA_PROPERTIES,
+    FlushResult,
+    Outbox,
+    configured_outbox,
+)
+from gridgate.core.plugins import Plugin, PluginContext
 
 
 def state_dir_of(config: Mapping[str, Any]) -> Path:
     director = config.get("director") or {}
     return Path(director.get("state_dir") or "./gridgate-state")
-
-
-def addresses(value: str | list[str]) -> list[str]:
-    if isinstance(value, str):
-        return [value] if value else []
-    return [a for a in value if a]
 
 
 class EmailNotifier(Plugin):
@@ -218,16 +112,11 @@ class EmailNotifier(Plugin):
     ) -> Outbox:
         """The outbox with its SMTP transport, as configured by ``section``."""
         transport = SmtpTransport(SmtpSettings.from_section(section))
-        return Outbox(
+        return configured_outbox(
             cls.outbox_path(section, state_dir),
             {SMTP_TRANSPORT: transport},
-            clock=clock,
-            retry=RetryPolicy(
-                section.get("retry_initial", 30),
-                section.get("retry_max", 1800),
-                section.get("max_age", 259200),
-            ),
-            poll_interval=section.get("poll_interval", 5),
+            section,
+            clock,
             name="email outbox",
         )
 

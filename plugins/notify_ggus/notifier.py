@@ -13,29 +13,27 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.config import SECRET_SCHEMA, apply_defaults
-from gridgate.core.files import atomic_write, ensure_private_dir
-from gridgate.core.model import Notification
-from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.plugins.notify_email.notifier import (
+from gridgate.core.files import atomic_write, ensure_private_dir, resolve_dir
+from gridgate.core.mail import (
+    ADDRESS,
     ADDRESSES,
-    OUTBOX_SCHEMA_PROPERTIES,
-    EmailNotifier,
-    addresses,
-    resolve_dir,
-)
-from gridgate.plugins.notify_email.outbox import (
-    FlushResult,
-    Outbox,
-    RetryPolicy,
-    Transport,
-)
-from gridgate.plugins.notify_email.smtp import (
+    SMTP_SCHEMA_PROPERTIES,
     SMTP_TRANSPORT,
     SmtpSettings,
     SmtpTransport,
+    addresses,
     build_message,
     message_payload,
 )
+from gridgate.core.model import Notification
+from gridgate.core.outbox import (
+    OUTBOX_SCHEMA_PROPERTIES,
+    FlushResult,
+    Outbox,
+    Transport,
+    configured_outbox,
+)
+from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.plugins.notify_ggus.rest import REST_TRANSPORT, RestTransport
 from gridgate.plugins.notify_ggus.ticket import (
     DEFAULT_PRIORITIES,
@@ -48,6 +46,12 @@ from gridgate.plugins.notify_ggus.ticket import (
 )
 
 LEVELS = ("info", "error", "alarm")
+
+#: What this notifier reads of ``notifiers.email`` (deliver: mail): its SMTP server and sender.
+EMAIL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {**SMTP_SCHEMA_PROPERTIES, "from": ADDRESS},
+}
 
 
 class GgusConfigError(ValueError):
@@ -228,7 +232,7 @@ class GgusNotifier(Plugin):
                 "notifiers.email, but notifiers.email is not configured"
             )
         section = copy.deepcopy(dict(email))
-        apply_defaults(section, EmailNotifier.config_schema)
+        apply_defaults(section, EMAIL_SCHEMA)
         return section
 
     @classmethod
@@ -258,17 +262,8 @@ class GgusNotifier(Plugin):
         email = ((config or {}).get("notifiers") or {}).get("email")
         if email:
             transports[SMTP_TRANSPORT] = SmtpTransport(SmtpSettings.from_section(email))
-        return Outbox(
-            cls.outbox_path(section, state_dir),
-            transports,
-            clock=clock,
-            retry=RetryPolicy(
-                section.get("retry_initial", 30),
-                section.get("retry_max", 1800),
-                section.get("max_age", 259200),
-            ),
-            poll_interval=section.get("poll_interval", 5),
-            name="ggus outbox",
+        return configured_outbox(
+            cls.outbox_path(section, state_dir), transports, section, clock, name="ggus outbox"
         )
 
     @classmethod

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Mapping
 
 from gridgate.core.config import SecretError, read_secret
-from gridgate.plugins.notify_email.outbox import Delivery, Message
+from gridgate.core.outbox import Delivery, Message
 
 REST_TRANSPORT = "rest"
 RETRYABLE = {408, 425, 429}

@@ -12,9 +12,9 @@ import pluggy
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.model import Notification
+from gridgate.core.outbox import Delivery, Message, Outbox
 from gridgate.core.plugins import PluginContext, new_plugin_manager
 from gridgate.plugins.notify_email.notifier import EmailNotifier
-from gridgate.plugins.notify_email.outbox import Delivery, Message, Outbox
 
 
 class ListTransport:

@@ -1,4 +1,5 @@
-"""A durable, crash-safe directory queue of outgoing messages with retry, backoff and dead-letter.
+"""A durable, crash-safe directory queue of outgoing messages with retry, backoff and dead-letter:
+the outbox any notifier can use (the ``email`` and ``ggus`` notifiers keep theirs here).
 
 Layout of an outbox directory (0700, files 0600)::
 
@@ -16,6 +17,10 @@ What "delivered" means is up to a :class:`Transport` (SMTP, HTTP...): it answers
 with a :class:`Delivery` saying sent, retry later, or dead. A transient failure of the whole
 transport (server down) holds back every later message of that transport, so order is kept; a
 failure of one message alone (a 4xx for one recipient) holds back only that message.
+
+A notifier puts :data:`OUTBOX_SCHEMA_PROPERTIES` in its ``config_schema`` and builds its outbox
+with :func:`configured_outbox`; the ``gridgate outbox`` commands find it through the notifier's
+``make_outbox`` class method.
 """
 
 from __future__ import annotations
@@ -36,8 +41,57 @@ from loguru import logger
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.files import atomic_write, ensure_private_dir, fsync_dir
 
+__all__ = [
+    "OUTBOX_SCHEMA_PROPERTIES",
+    "Delivery",
+    "FlushResult",
+    "LocalRecord",
+    "Message",
+    "Outbox",
+    "RetryPolicy",
+    "Transport",
+    "configured_outbox",
+]
+
 Status = Literal["sent", "retry", "dead"]
 FORMAT_VERSION = 1
+
+#: The outbox keys of a notifier's section (put them in its ``config_schema``):
+#: ``retry_initial``, ``retry_max``, ``max_age``, ``poll_interval`` and ``send_thread``.
+OUTBOX_SCHEMA_PROPERTIES: dict[str, Any] = {
+    "retry_initial": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 30,
+        "description": "First retry after this many seconds; doubles each time.",
+    },
+    "retry_max": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 1800,
+        "description": "Longest pause between two attempts, in seconds.",
+    },
+    "max_age": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 259200,
+        "description": "A message still failing this many seconds after it was queued "
+        "goes to dead-letter (default 3 days).",
+    },
+    "poll_interval": {
+        "maximum": 86400,
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 5,
+        "description": "Seconds between the sender thread's passes when idle.",
+    },
+    "send_thread": {
+        "type": "boolean",
+        "default": True,
+        "description": "Deliver from a background thread; false: only when the "
+        "director (or a test) calls flush().",
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -75,6 +129,7 @@ class Message:
     dead_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The message as stored in its file."""
         return {
             "version": FORMAT_VERSION,
             "id": self.id,
@@ -92,6 +147,7 @@ class Message:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Message:
+        """The message stored as ``data`` (what :meth:`to_json` wrote)."""
         return cls(
             id=str(data["id"]),
             transport=str(data["transport"]),
@@ -153,6 +209,7 @@ class RetryPolicy:
     max_age: float = 3 * 86400.0
 
     def delay(self, attempts: int) -> float:
+        """Seconds to wait after the ``attempts``-th failed attempt."""
         return min(self.maximum, self.initial * (2 ** max(0, attempts - 1)))
 
 
@@ -203,6 +260,7 @@ class LocalRecord:
         atomic_write(self.path, json.dumps(data, sort_keys=True).encode("utf-8"))
 
     def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
+        """Store ``key`` for ``ttl`` seconds (None: for ever) unless present; True if stored."""
         ensure_private_dir(self.directory)
         with file_lock(self._lock_path):
             now = self.clock.time()
@@ -214,10 +272,12 @@ class LocalRecord:
             return True
 
     def get(self, key: str) -> str | None:
+        """The value of ``key``, or None when absent or expired."""
         entry = self._load(self.clock.time()).get(key)
         return None if entry is None else str(entry[0])
 
     def delete(self, key: str) -> bool:
+        """Remove ``key``; True if it was there."""
         ensure_private_dir(self.directory)
         with file_lock(self._lock_path):
             data = self._load(self.clock.time())
@@ -545,6 +605,7 @@ class Outbox:
 
     @property
     def running(self) -> bool:
+        """True while the sender thread runs."""
         thread = self._sender.thread
         return thread is not None and thread.is_alive()
 
@@ -607,3 +668,31 @@ class Outbox:
                         removed += 1
                 fsync_dir(folder)
         return removed
+
+
+def configured_outbox(
+    directory: str | os.PathLike[str],
+    transports: Mapping[str, Transport],
+    section: Mapping[str, Any],
+    clock: Clock = SYSTEM_CLOCK,
+    name: str = "outbox",
+) -> Outbox:
+    """An :class:`Outbox` whose retry policy and polling come from a notifier's section.
+
+    :param directory: the outbox folder (created 0700 if missing).
+    :param transports: transport name -> the object that delivers its messages.
+    :param section: the notifier's section, with the keys of :data:`OUTBOX_SCHEMA_PROPERTIES`
+        (missing ones take their defaults).
+    :param clock: drives backoff and expiry (``context.clock``).
+    :param name: how the outbox is named in log lines.
+    """
+    defaults = {key: spec["default"] for key, spec in OUTBOX_SCHEMA_PROPERTIES.items()}
+    values = {key: section.get(key, default) for key, default in defaults.items()}
+    return Outbox(
+        directory,
+        transports,
+        clock=clock,
+        retry=RetryPolicy(values["retry_initial"], values["retry_max"], values["max_age"]),
+        poll_interval=values["poll_interval"],
+        name=name,
+    )

@@ -1,4 +1,6 @@
-"""Builds e-mail messages from notifications and delivers queued ones over SMTP (smtplib).
+"""Builds e-mail messages from notifications and delivers queued ones over SMTP (smtplib): the
+mail any notifier can send through an outbox (:mod:`gridgate.core.outbox`); the ``email``
+notifier and the ``ggus`` notifier's ``mail`` delivery use it.
 
 The transport sorts every answer into sent / retry / dead for the outbox: a permanent refusal
 (5xx) of the message is dead, a transient one (4xx), a refused connection or a timeout is
@@ -20,13 +22,109 @@ from typing import Any
 
 from loguru import logger
 
-from gridgate.core.config import SecretError, read_secret
 from gridgate.core.model import Notification
-from gridgate.plugins.notify_email.outbox import Delivery, Message
+from gridgate.core.outbox import Delivery, Message
+from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+
+__all__ = [
+    "ADDRESS",
+    "ADDRESSES",
+    "SECURITY",
+    "SMTP_SCHEMA_PROPERTIES",
+    "SMTP_TRANSPORT",
+    "SmtpSettings",
+    "SmtpTransport",
+    "addresses",
+    "build_message",
+    "message_payload",
+    "one_line",
+    "smtp_errors",
+]
 
 #: Transport name stored in queued messages.
 SMTP_TRANSPORT = "smtp"
+#: The values of the ``security`` key.
 SECURITY = ("none", "starttls", "ssl")
+
+#: The schema of one e-mail address.
+ADDRESS = {"type": "string", "pattern": r"^[^@\s,<>]+@[^@\s,<>]+$"}
+#: The schema of a recipients key: one address, a list of them, or "" (nobody).
+ADDRESSES = {
+    "description": 'One address, a list of addresses, or "" to disable this level.',
+    "default": "",
+    "anyOf": [
+        {"type": "string", "const": ""},
+        ADDRESS,
+        {"type": "array", "items": ADDRESS},
+    ],
+}
+
+#: The SMTP server keys of a section (``host``, ``port``, ``security``, ``username``,
+#: ``password``, ``timeout``, ``ca_file``, ``verify``), read by :meth:`SmtpSettings.from_section`.
+SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
+    "host": {
+        "type": "string",
+        "minLength": 1,
+        "default": "localhost",
+        "description": "SMTP server host.",
+    },
+    "port": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 65535,
+        "default": 25,
+        "description": "SMTP server port (25, 587 for starttls, 465 for ssl).",
+    },
+    "security": {
+        "enum": list(SECURITY),
+        "default": "none",
+        "description": "none, starttls (upgrade after connecting) or ssl (TLS from the start).",
+    },
+    "username": {
+        "type": "string",
+        "default": "",
+        "description": 'Log in as this user (AUTH); "" for no login.',
+    },
+    "password": {
+        **SECRET_SCHEMA,
+        "description": "Password for username: {env: NAME} or {file: PATH}, never inline.",
+    },
+    "timeout": {
+        "maximum": 86400,
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "default": 30,
+        "description": "Seconds to wait for the server on each step.",
+    },
+    "ca_file": {
+        "type": "string",
+        "default": "",
+        "description": 'PEM file of CAs to trust for starttls/ssl ("": the system\'s).',
+    },
+    "verify": {
+        "type": "boolean",
+        "default": True,
+        "description": "Check the server's certificate and host name.",
+    },
+}
+
+
+def smtp_errors(section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """The problems of the SMTP keys of ``section`` that its schema cannot say (a username
+    without a password, or the reverse), as ``(path, message)`` for ``config_errors``."""
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    if section.get("username") and not section.get("password"):
+        problems.append((("password",), "username is set but password is not"))
+    if section.get("password") and not section.get("username"):
+        problems.append((("username",), "password is set but username is not"))
+    return problems
+
+
+def addresses(value: str | list[str]) -> list[str]:
+    """The addresses of a recipients key (:data:`ADDRESSES`): ``value`` as a list, "" dropped."""
+    if isinstance(value, str):
+        return [value] if value else []
+    return [a for a in value if a]
 
 
 @dataclass(frozen=True)
@@ -44,6 +142,7 @@ class SmtpSettings:
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> SmtpSettings:
+        """The settings of a section with :data:`SMTP_SCHEMA_PROPERTIES`' keys."""
         return cls(
             host=section.get("host", "localhost"),
             port=int(section.get("port", 25)),
@@ -63,7 +162,7 @@ class SmtpSettings:
 
 
 def one_line(text: str) -> str:
-    """Header-safe text: any run of whitespace (newlines included) becomes one space."""
+    """Header-safe ``text``: any run of whitespace (newlines included) becomes one space."""
     return " ".join(text.split())
 
 
@@ -75,7 +174,13 @@ def build_message(
     subject_prefix: str = "",
     extra_headers: Mapping[str, str] | None = None,
 ) -> EmailMessage:
-    """A proper UTF-8 e-mail for ``notification``: Date is when the event was created."""
+    """A proper UTF-8 e-mail for ``notification``: Date is when the event was created.
+
+    :param sender: the From address.
+    :param to: the recipients (the To header).
+    :param subject_prefix: put in front of the notification's subject.
+    :param extra_headers: more headers, each value made one line.
+    """
     body = notification.body.encode("utf-8", "replace").decode("utf-8")
     msg = EmailMessage()
     msg["From"] = sender
@@ -96,7 +201,8 @@ def build_message(
 
 
 def message_payload(msg: EmailMessage, sender: str, to: Sequence[str]) -> dict[str, Any]:
-    """What the outbox stores for an SMTP message: envelope and the exact bytes to send."""
+    """What the outbox stores for an SMTP message ``msg`` (made by :func:`build_message`): the
+    envelope (``sender``, the recipients ``to``) and the exact bytes to send."""
     raw = msg.as_bytes(policy=email.policy.SMTP)
     return {"from": sender, "to": list(to), "raw": raw.decode("utf-8", "surrogateescape")}
 
@@ -153,9 +259,11 @@ class SmtpTransport:
                 conn.close()
 
     def finish(self) -> None:
+        """End of a delivery pass: close the connection."""
         self._drop()
 
     def deliver(self, message: Message) -> Delivery:
+        """Send one queued message; sent, retry or dead as the module docstring says."""
         payload = message.payload
         sender, rcpts = payload["from"], list(payload["to"])
         raw = payload["raw"].encode("utf-8", "surrogateescape")
