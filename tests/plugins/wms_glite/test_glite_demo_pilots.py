@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from gridgate.plugins.wms_glite.demo_pilots import ABORTING, COLUMNS
+from gridgate.demo.pilots import ABORTING, COLUMNS
 
 
 @pytest.mark.timeout(300)
@@ -55,7 +55,7 @@ def test_demo_table_of_pilot_states(tmp_path, gridgate_exe) -> None:
 
 
 def test_demo_table_renders_a_row_per_server_that_took_pilots() -> None:
-    from gridgate.plugins.wms_glite.demo_pilots import render_pilots
+    from gridgate.demo.pilots import render_pilots
 
     lines = render_pilots(
         {"wms01.example.org": {"waiting": 1, "running": 2, "done": 3, "failed": 4}},

@@ -1,4 +1,4 @@
-"""Adds `gridgate demo` to the command line."""
+"""Adds `gridgate demo` to the command line (a ``gridgate.cli`` provider)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from gridgate.core import hookimpl
 
 
 class Commands:
-    """gridgate.cli provider of the wms_glite plugin."""
+    """gridgate.cli provider of the demo."""
 
     @hookimpl
     def gridgate_register_commands(self, cli: click.Group) -> None:
-        from gridgate.plugins.wms_glite.demo import demo_command
+        from gridgate.demo.demo import demo_command
 
         cli.add_command(demo_command)

@@ -28,7 +28,7 @@ from gridgate.core import hookimpl
 from gridgate.core.config import load_config
 from gridgate.core.director import ACCOUNTING, Director
 from gridgate.core.model import IterationSummary, Notification
-from gridgate.plugins.wms_glite.demo_pilots import (
+from gridgate.demo.pilots import (
     DIRECTOR_PILOTS,
     aborted_lines,
     left_rotation,
