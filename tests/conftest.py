@@ -21,10 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 settings.register_profile("gridgate", deadline=None)
 settings.load_profile("gridgate")
 BIN = Path(sys.executable).parent
-
-# Helper modules shared by every test folder (proctable.py, redis_server.py) live in tests/.
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Helper modules shared by every test folder live in tests/support/, importable as
+# ``support`` through ``pythonpath = ["tests"]`` in pyproject.toml.
 
 
 @pytest.fixture
@@ -62,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Once per run, in the controlling process only (not in each xdist worker).
     if hasattr(config, "workerinput"):
         return
-    from checkout import checkout_problem
+    from support.checkout import checkout_problem
 
     problem = checkout_problem(ROOT, BIN)
     if problem is not None:

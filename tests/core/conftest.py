@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-# tests/ holds helper modules shared by every test folder (redis_server.py).
-_TESTS = str(Path(__file__).resolve().parents[1])
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
-
-from redis_server import RedisServer  # noqa: E402
+from support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

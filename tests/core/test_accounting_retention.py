@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from directorkit import ScriptedBackend, config
+from support.director import ScriptedBackend, config
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import ACCOUNTING, Director

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from checkout import checkout_problem
+from support.checkout import checkout_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

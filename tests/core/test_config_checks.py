@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from directorkit import Collector, ScriptedBackend
+from support.director import ScriptedBackend
 
 from gridgate.core.cli import cli
 from gridgate.core.config import ConfigError, ConfigSource, load_config
 from gridgate.core.config_checks import checked_config
 from gridgate.core.director import Director
 from gridgate.core.state import MemoryState
+from gridgate.core.testing import Collector
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "core" / "example.yaml"

@@ -4,7 +4,7 @@ list-match, ok without job ids, and what a classifier gets for a failed list-mat
 from __future__ import annotations
 
 import pytest
-from directorkit import BACKEND, MatchingBackend, ScriptedBackend, config
+from support.director import BACKEND, MatchingBackend, ScriptedBackend, config
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock

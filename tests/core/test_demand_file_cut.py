@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from directorkit import BACKEND, ScriptedBackend
+from support.director import BACKEND, ScriptedBackend
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import uuid
 
-from directorkit import Collector, ScriptedBackend, config
+from support.director import ScriptedBackend, config
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director
 from gridgate.core.state_redis import RedisState
+from gridgate.core.testing import Collector
 
 
 def director(redis_server, clock: FakeClock, prefix: str) -> tuple[Director, ScriptedBackend]:

@@ -7,14 +7,7 @@ import json
 import socket
 import threading
 
-from directorkit import (
-    BACKEND,
-    MISSING_PROGRAM,
-    Collector,
-    MatchingBackend,
-    ScriptedBackend,
-    config,
-)
+from support.director import BACKEND, MISSING_PROGRAM, MatchingBackend, ScriptedBackend, config
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.compose import ALARM_HEADER
@@ -22,6 +15,7 @@ from gridgate.core.config import ConfigSource
 from gridgate.core.director import ACCOUNTING, Director, summary_json
 from gridgate.core.escalation import FAILING, TICKETS
 from gridgate.core.state import MemoryState
+from gridgate.core.testing import Collector
 
 
 def make(

@@ -11,14 +11,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from directorkit import (
-    BACKEND,
-    Collector,
-    MatchingBackend,
-    ScriptedBackend,
-    TrackingBackend,
-    config,
-)
+from support.director import BACKEND, MatchingBackend, ScriptedBackend, TrackingBackend, config
 
 from gridgate.core import hookimpl, hookspecs
 from gridgate.core.clock import FakeClock
@@ -26,6 +19,7 @@ from gridgate.core.director import Director
 from gridgate.core.model import Escalation, Failure, Grant, Refusal
 from gridgate.core.plugins import new_plugin_manager
 from gridgate.core.state import MemoryState
+from gridgate.core.testing import Collector
 
 TESTS = Path(__file__).resolve().parent.parent
 HOOKS = sorted(

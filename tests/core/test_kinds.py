@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from directorkit import ScriptedBackend, config
+from support.director import ScriptedBackend, config
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock

@@ -13,11 +13,12 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from directorkit import BACKEND, Collector, TrackingBackend, config
+from support.director import BACKEND, TrackingBackend, config
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director
 from gridgate.core.pilots import PilotRegistry
+from gridgate.core.testing import Collector
 
 
 def director_on(state: dict, clock: FakeClock, backend: TrackingBackend) -> Director:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 import urllib.request
 
-from directorkit import Collector, ScriptedBackend, config
-from polling import until
+from support.director import ScriptedBackend, config
+from support.polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director
 from gridgate.core.state import MemoryState
+from gridgate.core.testing import Collector
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -58,7 +59,7 @@ def test_director_metrics_move_when_work_happens() -> None:
 
 
 def test_pilot_gauges_by_backend_endpoint_state_and_trimmed_demand() -> None:
-    from directorkit import BACKEND, TrackingBackend
+    from support.director import BACKEND, TrackingBackend
 
     clock = FakeClock()
     backend = TrackingBackend(2)

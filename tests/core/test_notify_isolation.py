@@ -8,12 +8,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from directorkit import Collector, ScriptedBackend, config
+from support.director import ScriptedBackend, config
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director
 from gridgate.core.model import Notification
+from gridgate.core.testing import Collector
 
 STALL = "stall/"
 

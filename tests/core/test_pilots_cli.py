@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from directorkit import BACKEND, Collector, TrackingBackend
+from support.director import BACKEND, TrackingBackend
 
 from gridgate.core.config import load_config
 from gridgate.core.director import Director
 from gridgate.core.pilots_cli import cancel
 from gridgate.core.report import render_states
+from gridgate.core.testing import Collector
 
 
 def site(tmp_path: Path, state: dict) -> Path:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from directorkit import Collector, ScriptedBackend, config
+from support.director import ScriptedBackend, config
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import ACCOUNTING, Director
 from gridgate.core.resilient import ResilientState
 from gridgate.core.state import MemoryState, StateError
+from gridgate.core.testing import Collector
 
 
 class Unplugged(MemoryState):

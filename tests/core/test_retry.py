@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from directorkit import BACKEND, Collector, ScriptedBackend, config
+from support.director import BACKEND, ScriptedBackend, config
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
@@ -15,6 +15,7 @@ from gridgate.core.escalation import FAILING
 from gridgate.core.model import Failure
 from gridgate.core.retry import RetryPolicy
 from gridgate.core.state import MemoryState
+from gridgate.core.testing import Collector
 
 
 class Kind:

@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from proctable import alive, live_descendants, live_in_group, processes_with  # noqa: E402
+from support.proctable import alive, live_descendants, live_in_group, processes_with
 
 from gridgate.core.runner import DRAIN_AFTER_EXIT, kill_process_group, run
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from support.uids import AS_NOBODY
 
 from gridgate.core.cli import cli
 from gridgate.core.secrets import SecretError, read_secret
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY = 65534
 
 

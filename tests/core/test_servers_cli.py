@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import yaml
-from directorkit import BACKEND, Collector, ScriptedBackend
+from support.director import BACKEND, ScriptedBackend
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import load_config
@@ -18,6 +18,7 @@ from gridgate.core.escalation import TwoCacheEscalation, cache_view, clear_serve
 from gridgate.core.model import Endpoint, Failure, SubmitResult
 from gridgate.core.plugins import PluginContext
 from gridgate.core.state import MemoryState
+from gridgate.core.testing import Collector
 
 
 def site(tmp_path: Path, driver: str = "sqlite") -> Path:

@@ -4,7 +4,7 @@ the cause: one error saying why, an alarm past ticket_expiry, one "submitting ag
 from __future__ import annotations
 
 import pytest
-from directorkit import BACKEND, Collector, ScriptedBackend, config
+from support.director import BACKEND, ScriptedBackend, config
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
@@ -12,6 +12,7 @@ from gridgate.core.config import validate_document
 from gridgate.core.director import Director
 from gridgate.core.model import AdmissionRequest, Refusal
 from gridgate.core.state import MemoryState
+from gridgate.core.testing import Collector
 
 
 class RefuseAll:

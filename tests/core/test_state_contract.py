@@ -628,7 +628,7 @@ def test_redis_unreachable_is_a_state_error(clock):
 
 
 def test_redis_password_from_a_secret(tmp_path, monkeypatch, clock):
-    from redis_server import RedisServer
+    from support.redis_server import RedisServer
 
     with RedisServer(tmp_path / "auth", password="s3cret-pw") as server:
         monkeypatch.setenv("GG_REDIS_PW", "s3cret-pw")

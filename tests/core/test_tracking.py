@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from directorkit import BACKEND, Collector, TrackingBackend, config
+from support.director import BACKEND, TrackingBackend, config
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
@@ -14,7 +14,7 @@ from gridgate.core.director import Director, summary_json
 from gridgate.core.escalation import FAILING
 from gridgate.core.model import Grant, Refusal
 from gridgate.core.state import MemoryState, SqliteState
-from gridgate.core.testing import stand_in_command
+from gridgate.core.testing import Collector, stand_in_command
 from gridgate.core.tracking import Limits
 
 
@@ -505,7 +505,7 @@ def test_a_store_that_is_down_is_not_asked_for_pilots_at_all():
 
 
 def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
-    from directorkit import ScriptedBackend
+    from support.director import ScriptedBackend
 
     backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})  # no gridgate_job_status
     director = make(backend, pilots=4, max_waiting=1)

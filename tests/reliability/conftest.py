@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proctable import live_descendants
 from relkit import Site
+from support.proctable import live_descendants
 
 
 @pytest.fixture(autouse=True)

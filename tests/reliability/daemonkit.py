@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 from pathlib import Path
 from typing import Any
 
-from polling import until  # noqa: F401  (re-exported for the daemon tests)
+# The daemon fixtures of the plugin's own tests (a real `gridgate lsfproxyd serve` process, a
+# socket directory `nobody` can reach, commands run as `nobody`) are reused, not copied; the
+# names below are re-exported for the daemon tests.
+from support import lsfproxyd as lsf_fixtures
+from support.polling import until
+from support.ports import free_port
+from support.uids import AS_NOBODY
+
+__all__ = [
+    "AS_NOBODY",
+    "PYTHON",
+    "free_port",
+    "hello_as_nobody_code",
+    "in_use",
+    "lsf_fixtures",
+    "read_replies",
+    "rss_mib",
+    "status",
+    "talk",
+    "until",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# The daemon fixtures of the plugin's own tests (a real `gridgate lsfproxyd serve` process, a
-# socket directory `nobody` can reach, commands run as `nobody`) are reused, not copied.
-_spec = importlib.util.spec_from_file_location(
-    "lsf_proxy_fixtures", ROOT / "tests" / "plugins" / "lsf_proxy" / "conftest.py"
-)
-assert _spec is not None and _spec.loader is not None
-lsf_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lsf_fixtures)
-
-AS_NOBODY = lsf_fixtures.AS_NOBODY
 PYTHON = lsf_fixtures.PYTHON
 
 
@@ -59,12 +67,6 @@ def status(path: str) -> dict[str, Any]:
 def in_use(path: str) -> dict[str, int]:
     """category -> in_use on the daemon at ``path``."""
     return {name: cat["in_use"] for name, cat in status(path)["categories"].items()}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,14 +12,25 @@ from typing import Any
 
 import pytest
 import yaml
+from support.proctable import alive, proc_table, processes_with
+
+from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
+
+# alive, proc_table, processes_with: re-exported for the reliability tests
+__all__ = [
+    "HOSTS",
+    "ROOT",
+    "Site",
+    "alive",
+    "calls",
+    "gridgate",
+    "json_lines",
+    "proc_table",
+    "processes_with",
+    "wait_for",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
-# The SMTP and HTTP helpers of the notifier tests are reused, not copied.
-sys.path.insert(0, str(ROOT / "tests" / "plugins" / "notify_email"))
-
-from proctable import alive, proc_table, processes_with  # noqa: E402, F401  (re-exported for the tests)
-
-from gridgate.plugins.wms_glite.sim import install_commands, write_scenario  # noqa: E402
 
 HOSTS = [f"wms{i:02d}.example.org" for i in range(1, 12)]
 

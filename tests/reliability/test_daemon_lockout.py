@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from daemonkit import AS_NOBODY, PYTHON, free_port, lsf_fixtures, status
-from polling import until
+from support.polling import until
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from gg_servers import SmtpServer, free_port
 from relkit import (
     HOSTS,
     Site,
@@ -25,6 +24,7 @@ from relkit import (
     processes_with,
     wait_for,
 )
+from support.servers import SmtpServer, free_port
 
 from gridgate.core.director import ACCOUNTING, open_state
 from gridgate.plugins.wms_glite.sim import read_calls

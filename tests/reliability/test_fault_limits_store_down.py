@@ -12,17 +12,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from relkit import HOSTS, ROOT, Site, gridgate, wait_for
+from relkit import HOSTS, Site, gridgate, wait_for
+from support.redis_server import RedisServer
 
 from gridgate.plugins.wms_glite.sim import write_scenario
 from gridgate.plugins.wms_glite.sim.jobs import set_clock
-
-sys.path.insert(0, str(ROOT / "tests"))
-from redis_server import RedisServer  # noqa: E402
 
 MAX_WAITING = 10
 DEMAND = 4

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from relkit import HOSTS, ROOT, Site, wait_for
-
-sys.path.insert(0, str(ROOT / "tests"))
-import redis_server  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from relkit import HOSTS, Site, wait_for
+from support import redis_server
+from support.redis_server import RedisServer
 
 UNAVAILABLE = "gridgate: state store unavailable, running on a local view"
 BACK = "gridgate: state store available again"
@@ -111,7 +108,7 @@ def test_redis_restart_under_two_directors(
             "eight iterations of each director on its local view",
         )
         outage_iterations = [n - m for n, m in zip(done(), at_outage, strict=True)]
-        monkeypatch.setattr(redis_server, "_free_port", lambda: port)
+        monkeypatch.setattr(redis_server, "free_port", lambda: port)
         server = RedisServer(tmp_path / "redis").start()
         wait_for(
             lambda: _subjects(site.notes).count(BACK) == 2, 60, "both directors to resynchronise"

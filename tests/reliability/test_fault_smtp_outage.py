@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from gg_servers import SmtpServer, free_port
 from relkit import HOSTS, Site, gridgate, wait_for
+from support.servers import SmtpServer, free_port
 
 BROKEN = HOSTS[:3]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gg_servers import Authenticator, HttpServer, SmtpServer
 from relkit import HOSTS, Site, gridgate, json_lines, wait_for
+from support.servers import Authenticator, HttpServer, SmtpServer
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.model import Endpoint, Notification

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from polling import until
+from support.polling import until
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
-from polling import until
+from support.polling import until
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run

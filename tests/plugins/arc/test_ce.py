@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.core.runner import run
 from gridgate.plugins.arc.ce import PACKAGES, ArcCE, missing_packages
@@ -19,7 +20,6 @@ from gridgate.plugins.arc.ce import PACKAGES, ArcCE, missing_packages
 # one xdist worker runs every ARC test, so the suite starts one CE of each kind, not two
 pytestmark = pytest.mark.xdist_group("arc")
 
-AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 ENV_NAMES = [
     "X509_USER_PROXY",
     "X509_USER_CERT",

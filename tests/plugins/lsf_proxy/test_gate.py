@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.gate.gate import find_real, infer_category, install_shims
-
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 PYTHON = sys.executable
 #: An interpreter every user may run (this one may live in root's private home).

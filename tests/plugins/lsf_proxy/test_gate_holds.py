@@ -4,7 +4,7 @@ longest-held tokens."""
 
 from __future__ import annotations
 
-from polling import until
+from support.polling import until
 from test_proxyd_clock import admin_status, fake_daemon  # noqa: F401  (a fixture)
 
 from gridgate.core.clock import FakeClock

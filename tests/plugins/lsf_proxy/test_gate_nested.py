@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.core.config import ConfigError, load_config
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA
 from gridgate.plugins.lsf_proxy.director.admission import ProxyAdmission
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 PYTHON = sys.executable
 NOBODY = pwd.getpwnam("nobody")
 

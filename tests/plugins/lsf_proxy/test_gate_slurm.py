@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.gate.gate import SHIM_COMMANDS, find_real, infer_category
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 SLURM = (
     "sbatch",
     "srun",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from polling import until
+from support.polling import until
+from support.ports import free_port
+from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.sim import install_commands, start_master, write_scenario
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 #: The stand-ins must be runnable by nobody; this interpreter may live in root's home.
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
@@ -107,12 +107,6 @@ def test_200_concurrent_gated_queries_never_exceed_max(
     assert stats["max_in_flight"] >= 2  # the calls did overlap: the bound above was the gate's
     assert stats["completed"] == codes.count(0)
     assert until(lambda: in_use(cli, daemon.socket) == {"query": 0, "submission": 0, "other": 0})
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def director_site(

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.gate.gate import install_shims
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 PYTHON = sys.executable
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or PYTHON
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from support.ports import free_port as _free_port
 
 from gridgate.core.config import load_config
 from gridgate.plugins.lsf_proxy.cli.commands import lsfproxyd
@@ -95,12 +95,6 @@ def test_real_syntax_becomes_a_validating_commented_section(tmp_path):
         assert name in carried_not, carried_not
     assert "mbatchd" in carried_not
     assert "DEFAULT_QUEUE" not in result.output and "LSF_MASTER_LIST" not in result.output
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_the_imported_section_serves(tmp_path, sockdir):

@@ -142,7 +142,7 @@ def test_a_ride_request_with_bad_fields_is_a_bad_request_and_a_connection_holds_
     import json
     import socket
 
-    from polling import until
+    from support.polling import until
 
     from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 

@@ -14,7 +14,8 @@ import urllib.request
 
 import pytest
 from loguru import logger
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.core.clock import FakeClock
 from gridgate.plugins.lsf_proxy.cli import render
@@ -23,7 +24,6 @@ from gridgate.plugins.lsf_proxy.config import section_defaults
 from gridgate.plugins.lsf_proxy.daemon.daemon import ProxyDaemon
 
 pytestmark = pytest.mark.timeout(300)
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
 @pytest.fixture

@@ -14,12 +14,13 @@ import time
 
 import pytest
 import yaml
-from polling import until
+from support.polling import until
+from support.ports import free_port as _free_port
+from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient, ProxyUnavailable
 
 PYTHON = sys.executable
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -508,12 +509,6 @@ def test_sighup_reopens_the_diagnostic_log_after_rotation(start_daemon, py_as, s
     assert until(lambda: len(log.read_text().splitlines()) == 1)
     assert len(rotated.read_text().splitlines()) == 1  # nothing more went to the rotated file
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_tcp_requests_are_signed(start_daemon, sockdir):

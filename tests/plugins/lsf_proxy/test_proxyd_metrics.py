@@ -12,15 +12,14 @@ import time
 import urllib.request
 
 import pytest
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigError, load_config
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import section_defaults
 from gridgate.plugins.lsf_proxy.daemon.daemon import ProxyDaemon, StartupError
-
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 pytestmark = pytest.mark.timeout(300)
 

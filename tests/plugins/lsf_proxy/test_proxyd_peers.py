@@ -13,7 +13,8 @@ import sys
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.core.clock import FakeClock
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
@@ -34,7 +35,6 @@ from gridgate.plugins.lsf_proxy.daemon.policy import (
 )
 
 LIMITS = {c: Limits(8, 8, 0.0) for c in CATEGORIES}
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 _ids = itertools.count(1)
 
 
@@ -456,7 +456,7 @@ def test_heartbeat_through_the_sites_redis(gridgate_exe, sockdir, tmp_path):
     state: section the directors share); a killed daemon's key runs out, a restarted one's
     comes back, and the service state travels in the keys too."""
     import yaml
-    from redis_server import RedisServer
+    from support.redis_server import RedisServer
 
     hosts = [
         {"name": "pa", "address": str(sockdir / "pa.sock")},

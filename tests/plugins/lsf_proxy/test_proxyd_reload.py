@@ -9,7 +9,7 @@ import socket
 import urllib.request
 
 import pytest
-from polling import until
+from support.polling import until
 
 pytestmark = pytest.mark.timeout(300)
 

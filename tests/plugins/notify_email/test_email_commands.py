@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 from click.testing import CliRunner
-from gg_servers import SmtpServer, free_port
+from support.servers import SmtpServer, free_port
 
 from gridgate.core.cli import cli
 from gridgate.core.clock import FakeClock

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gg_servers import Authenticator, SmtpServer, free_port, make_cert
+from support.servers import Authenticator, SmtpServer, free_port, make_cert
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.model import CommandResult, Endpoint, Failure, Notification

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gg_servers import SmtpServer, free_port
+from support.servers import SmtpServer, free_port
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.model import Notification

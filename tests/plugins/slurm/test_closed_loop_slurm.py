@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from polling import until
+from support.polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document

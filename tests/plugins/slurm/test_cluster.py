@@ -8,11 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from polling import until
+from support.polling import until
+from support.uids import AS_NOBODY
 
 from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
-
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
 def _processes_in(folder: Path) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from polling import until
+from support.polling import until
 
 HOSTS = ["wms01.example.org", "wms02.example.org", "wms03.example.org"]
 

@@ -4,13 +4,10 @@ episode and one alarm per alarm step, not one per director."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from redis_server import RedisServer  # noqa: E402
+from support.redis_server import RedisServer
 
 HOSTS = ["wms01.example.org", "wms02.example.org", "wms03.example.org"]
 FAILING_EXPIRY = 3.0

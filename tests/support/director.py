@@ -1,15 +1,19 @@
 """Small in-test backends for director tests: they run real commands through the runner,
-or answer from a script of outcomes when only the director's logic is under test."""
+or answer from a script of outcomes when only the director's logic is under test.
+
+The notifier that keeps what it is given is the public kit's
+(``from gridgate.core.testing import Collector``), as a plugin author's tests use it.
+"""
 
 from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gridgate.core import hookimpl
-from gridgate.core.config import validate_document
+from gridgate.core.config import Config
 from gridgate.core.model import (
     BackendInfo,
     CancelResult,
@@ -17,18 +21,18 @@ from gridgate.core.model import (
     Endpoint,
     JobStatus,
     ListMatchResult,
-    Notification,
     StatusResult,
     SubmitRequest,
     SubmitResult,
 )
 from gridgate.core.runner import run
+from gridgate.core.testing import make_config
 
 BACKEND = "testbed"
 MISSING_PROGRAM = "/nonexistent/gridgate-test/submit-pilot"
 
 
-def config(servers: int = 3, pilots: int = 6, **director: Any) -> Any:
+def config(servers: int = 3, pilots: int = 6, **director: Any) -> Config:
     """A validated config with the in-memory state driver and static demand for the testbed."""
     doc = {
         "director": {"cycle_seconds": 0.01, "max_threads": 4, "command_timeout": 5, **director},
@@ -37,7 +41,7 @@ def config(servers: int = 3, pilots: int = 6, **director: Any) -> Any:
         # a fixed seed: tests that need the failing server to be picked are not left to chance
         "selectors": {"random": {"seed": 7}},
     }
-    return validate_document(doc)
+    return make_config(doc)
 
 
 class ScriptedBackend:
@@ -136,37 +140,6 @@ class MatchingBackend(ScriptedBackend):
         return ListMatchResult(
             endpoint, ok=True, resources=("ce01.example.org:8443/cream-pbs-long",)
         )
-
-
-class Collector:
-    """A notifier that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.notes: list[Notification] = []
-        self.lock = threading.Lock()
-
-    @hookimpl
-    def gridgate_notify(self, notification: Notification) -> None:
-        with self.lock:
-            self.notes.append(notification)
-
-    def levels(self) -> list[str]:
-        return [n.level for n in self.notes]
-
-
-class Recorder:
-    """Records which hooks fire, in order (for the whole-iteration order test)."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-        self.lock = threading.Lock()
-
-    def _log(self, name: str) -> None:
-        with self.lock:
-            self.events.append(name)
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        raise AttributeError(name)
 
 
 class TrackingBackend(ScriptedBackend):

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+from support.uids import AS_NOBODY
 
 
 def checkout_problem(root: Path, bin_dir: Path) -> str | None:

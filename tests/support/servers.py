@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -16,11 +15,9 @@ from typing import Any
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
+from support.ports import free_port
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["Authenticator", "HttpServer", "SmtpServer", "free_port", "make_cert"]
 
 
 def make_cert(directory: Path) -> tuple[Path, Path]:

@@ -8,7 +8,6 @@ test fails with a message saying how to install it; it is never skipped.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,16 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from support.ports import free_port
+
 INSTALL_HINT = (
     "redis-server is not on PATH: the Redis tests need a real server. Install the Debian "
     "package (apt-get install -y redis-server; dev.sh and .ci/run do this)."
 )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
@@ -57,7 +52,7 @@ class RedisServer:
         last_log = ""
         # Another test process may grab the free port between probe and bind: try a few.
         for _attempt in range(5):
-            self.port = _free_port()
+            self.port = free_port()
             log = self.workdir / f"redis-{self.port}.log"
             # the server dies with the test process that started it, even one killed outright
             # (a crashed xdist worker, a pytest-timeout): SIGKILL when its parent thread ends

@@ -1,15 +1,16 @@
 """Fixtures shared by the email and ggus notifier tests: real servers, a fake clock, a log
-capture. Each folder's conftest imports the ones it uses."""
+capture. Each folder's conftest imports the ones it uses
+(``from support.notifiers import smtp_server, ...``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from gg_servers import HttpServer, SmtpServer
 from loguru import logger
 
 from gridgate.core.clock import FakeClock
+from support.servers import HttpServer, SmtpServer
 
 
 def _running(server):

@@ -1,0 +1,128 @@
+"""Fixtures for the token daemon: a world-traversable socket dir, daemons as real processes,
+and commands run as root or as the unprivileged ``nobody``.
+
+Used by tests/plugins/lsf_proxy (its conftest imports them) and by the daemon reliability
+tests (through tests/reliability/daemonkit.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from support.uids import AS_NOBODY
+
+__all__ = ["AS_NOBODY", "PYTHON", "Daemon", "cli", "py_as", "sockdir", "start_daemon"]
+
+PYTHON = sys.executable
+
+
+@pytest.fixture
+def sockdir():
+    """A directory ``nobody`` can reach (pytest's tmp_path is 0700 under /tmp/pytest-of-root)."""
+    path = Path(tempfile.mkdtemp(prefix="ggproxyd-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Daemon:
+    def __init__(self, proc: subprocess.Popen, info: dict, config: Path, stderr: Path) -> None:
+        self.proc, self.info, self.config, self.stderr = proc, info, config, stderr
+        self.socket = info["socket"]
+        self.pid = info["pid"]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.stderr.read_text(encoding="utf-8", errors="replace")
+
+
+@pytest.fixture
+def start_daemon(gridgate_exe, sockdir):
+    """Start ``gridgate lsfproxyd serve -c FILE`` and wait until it listens."""
+    started: list[Daemon] = []
+
+    def start(
+        section: dict, name: str = "", config_name: str = "", argv_prefix: tuple[str, ...] = ()
+    ) -> Daemon:
+        """``argv_prefix``: run the daemon under it (e.g. ``prlimit --nofile=256``)."""
+        section = dict(section)
+        section.setdefault("socket", str(sockdir / f"{name or 'proxyd'}.sock"))
+        config = sockdir / (config_name or f"{name or 'proxyd'}.yaml")
+        config.write_text(yaml.safe_dump({"proxyd": section}), encoding="utf-8")
+        config.chmod(0o644)
+        stderr = sockdir / f"{name or 'proxyd'}.stderr"
+        args = [*argv_prefix, gridgate_exe, "-v", "lsfproxyd", "serve", "-c", str(config), "--json"]
+        if name:
+            args += ["--name", name]
+        with open(stderr, "wb") as err:
+            proc = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=err, start_new_session=True
+            )
+        line: list[bytes] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        if not line or not line[0]:
+            proc.kill()
+            proc.wait(10)
+            raise AssertionError(f"daemon did not start: {stderr.read_text()}")
+        daemon = Daemon(proc, json.loads(line[0]), config, stderr)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+        if daemon.proc.stdout:
+            daemon.proc.stdout.close()
+
+
+@pytest.fixture
+def cli(gridgate_exe):
+    """Run ``gridgate lsfproxyd ARGS`` (as ``nobody`` with user="nobody")."""
+
+    def run(*args: str, user: str = "root", env: dict | None = None) -> subprocess.CompletedProcess:
+        cmd = [gridgate_exe, "lsfproxyd", *args]
+        if user == "nobody":
+            cmd = AS_NOBODY + cmd
+        full_env = {**os.environ, **(env or {})}
+        # nobody cannot enter root's 0700 tmp_path, the test's working directory
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=60, env=full_env, cwd="/"
+        )
+
+    return run
+
+
+@pytest.fixture
+def py_as():
+    """Run a python snippet as root or ``nobody``; returns the completed process."""
+
+    def run(code: str, user: str = "nobody", timeout: float = 60) -> subprocess.CompletedProcess:
+        cmd = [PYTHON, "-c", code]
+        if user == "nobody":
+            cmd = AS_NOBODY + cmd
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/")
+
+    return run
