@@ -296,11 +296,11 @@ def _utc(ts: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
 def servers_list(path: str, as_json: bool) -> None:
     """What the failing and tickets caches hold now, read from the director's state store."""
-    from gridgate.core.escalation import cache_view
+    from gridgate.core.failing import FailingCache
 
     state = _open_state_or_exit(path)
     try:
-        rows = cache_view(state, time.time())
+        rows = FailingCache(state).view(time.time())
     finally:
         state.close()
     if as_json:
@@ -330,13 +330,13 @@ def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json
 
     For a server the site has fixed: the director uses it from its next iteration, and its next
     failure starts a new episode (an error mail, not an alarm)."""
-    from gridgate.core.escalation import clear_servers
+    from gridgate.core.failing import FailingCache
 
     if not servers and not everything:
         raise click.UsageError("name at least one server, or --all")
     state = _open_state_or_exit(path)
     try:
-        cleared = clear_servers(state, list(servers), everything=everything)
+        cleared = FailingCache(state).clear(list(servers), everything=everything)
     finally:
         state.close()
     missing = sorted(

@@ -30,7 +30,7 @@ from gridgate.core.compose import (
 from gridgate.core.config import Config, ConfigError, ConfigProblem, ConfigSource
 from gridgate.core.config_checks import change_notification, submission_problems
 from gridgate.core.contract import checked_submit, list_matches, no_list_match
-from gridgate.core.escalation import EPISODE, FAILING, LOCAL_FAULT, TICKETS
+from gridgate.core.failing import FailingCache
 from gridgate.core.model import (
     AccountingRecord,
     AdmissionRequest,
@@ -156,6 +156,7 @@ class Director:
             retry_every=float(self.config.director["state_retry_seconds"]),
             on_change=self._state_changed,
         )
+        self.failing = FailingCache.from_config(self.state, clock, self.config.director)
         self.pm: pluggy.PluginManager
         self._plugins: list[object] = []
         self.metrics: Any = None
@@ -258,12 +259,7 @@ class Director:
         logger.info("metrics on http://127.0.0.1:{}/metrics", self.metrics_port)
 
     def _gauges(self) -> dict[str, Any]:
-        caches: dict[str, int] = {}
-        for name, prefix in (("failing", FAILING), ("tickets", TICKETS), ("episodes", EPISODE)):
-            try:
-                caches[name] = len(self.state.items(prefix))
-            except StateError:
-                continue
+        caches = self.failing.counts()
         outbox: dict[str, int] = {}
         for name, plugin in self.pm.list_name_plugin():
             pending = getattr(getattr(plugin, "outbox", None), "pending", None)
@@ -273,12 +269,15 @@ class Director:
 
     def _build(self) -> None:
         director = self.config.director
+        #: the failing cache and episodes, with this config's expiries (rebuilt with it)
+        self.failing = FailingCache.from_config(self.state, self.clock, director)
         context = PluginContext(
             clock=self.clock,
             state=self.state,
             state_dir=Path(director["state_dir"]),
             config=self.config.data,
             config_path=self.config.path,
+            failing=self.failing,
         )
         pm, plugins = build_plugin_manager(self.config.data, context, self.extra_plugins)
         old = self._plugins
@@ -390,7 +389,7 @@ class Director:
                 "gridgate_demand", "demand plugin", "demand", iteration=info, demand=demand
             )
         try:
-            failing = {key[len(FAILING) :] for key, _ in self.state.items(FAILING)}
+            failing = self.failing.excluded()
         except StateError as exc:
             logger.error("state store unreadable, failing cache ignored this iteration: {}", exc)
             failing = set()
@@ -952,7 +951,10 @@ class Director:
             self._local_fault(endpoint, failure, result, it)
         elif failure.exclude:
             it.exclude(endpoint)
-            escalation = hook.gridgate_escalate(endpoint=endpoint, failure=failure, result=result)
+            episode = self.failing.enter(endpoint, failure.kind)  # whichever plugin escalates
+            escalation = hook.gridgate_escalate(
+                endpoint=endpoint, failure=failure, result=result, episode=episode
+            )
             if escalation is not None and escalation.level is not None:
                 note = compose_failure(endpoint, failure, escalation, result, self.clock.time())
                 with it.lock:
@@ -971,9 +973,8 @@ class Director:
             return
         now = self.clock.time()
         repeat_every = float(self.config.director["failing_expiry"])
-        key = f"{LOCAL_FAULT}{endpoint.backend}/{failure.kind}"
         try:
-            first = self.state.add_if_absent(key, f"{now:.3f}", ttl=repeat_every)
+            first = self.failing.local_fault(endpoint.backend, failure.kind)
         except StateError:  # no shared view: a repeated mail beats a silent outage
             first = True
         if not first:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         CredentialRegistry,
         DemandRegistry,
         Endpoint,
+        Episode,
         Escalation,
         Failure,
         Grant,
@@ -271,18 +272,23 @@ def gridgate_classify_failure(endpoint: Endpoint, result: SubmitResult) -> Failu
 
 @hookspec(firstresult=True)
 def gridgate_escalate(
-    endpoint: Endpoint, failure: Failure, result: SubmitResult
+    endpoint: Endpoint, failure: Failure, result: SubmitResult, episode: Episode
 ) -> Escalation | None:
     """Decide whether a failure is told to people, and at which level.
 
     Called for every classified failure whose ``failure.exclude`` is true and ``failure.local``
-    false, after the endpoint has been excluded from the iteration (a local fault blames no
-    server: the director reports it itself). Keeps its memory (failing and tickets caches) in
-    the state store.
+    false, after the director has excluded the endpoint from the iteration and put it in the
+    failing cache (``context.failing``, :mod:`gridgate.core.failing`): exclusion does not
+    depend on this hook, only what people are told does. A local fault blames no server: the
+    director reports it itself. Keep any memory of your own in the state store (several
+    directors may share it); ``context.failing.watch`` marks a server whose failure was told.
 
     :param endpoint: the server that failed.
     :param failure: its classification.
     :param result: the failed result.
+    :param episode: the server's failure episode, this failure counted: its start, its
+        failures, and ``entered`` (this failure put it in the failing cache; false when it
+        was there already).
     :return: an :class:`Escalation` whose ``level`` is ``error``, ``alarm`` or None (record,
         send nothing); None to let the next plugin decide (the default is the seed's two
         caches). Stops at first non-None result.

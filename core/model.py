@@ -40,6 +40,7 @@ __all__ = [
     "CredentialStatus",
     "DemandRegistry",
     "Endpoint",
+    "Episode",
     "Escalation",
     "Failure",
     "Grant",
@@ -298,6 +299,22 @@ class Failure:
     transient: bool = True
     reason: str = ""
     local: bool = False
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A server's failure episode: it started at the first failure after the server was last
+    in good standing and lasts while it keeps failing within ``failing_expiry + ticket_expiry``.
+
+    ``start`` is the wall time of its first failure, ``failures`` how many failures it has
+    counted (this one included). ``entered`` is true when this failure put the server in the
+    failing cache, false when it was there already (another thread or director was first, or
+    :meth:`gridgate.core.failing.FailingCache.episode` was asked outside a failure).
+    """
+
+    start: float
+    failures: int
+    entered: bool = False
 
 
 @dataclass(frozen=True)

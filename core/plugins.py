@@ -22,6 +22,7 @@ from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
 
 if TYPE_CHECKING:
+    from gridgate.core.failing import FailingCache
     from gridgate.core.state import StateStore
 
 #: Config section (top-level YAML key) -> entry-point group. Keys inside each section are
@@ -68,7 +69,11 @@ class PluginContext:
     """Services a plugin may use, handed to its constructor.
 
     ``config`` is the whole validated config (read-only by convention); ``state`` the shared
-    state store (None for commands that need none); ``state_dir`` where plugins keep files.
+    state store (None for commands that need none); ``state_dir`` where plugins keep files;
+    ``failing`` the failing cache and the servers' failure episodes
+    (:class:`gridgate.core.failing.FailingCache`, on ``state`` with the expiries of the
+    config's ``director`` section when not given; None without a state store): an escalation
+    plugin reads the episode there, a backend asks whether a server's failure persists.
     """
 
     clock: Clock = SYSTEM_CLOCK
@@ -76,10 +81,16 @@ class PluginContext:
     state_dir: Path = field(default_factory=lambda: Path("gridgate-state"))
     config: Mapping[str, Any] = field(default_factory=dict)
     config_path: Path | None = None
+    failing: FailingCache | None = None
 
     def __post_init__(self) -> None:
         # set by build_plugin_manager: the manager of the plugins built with this context
         self._plugin_manager: pluggy.PluginManager | None = None
+        if self.failing is None and self.state is not None:
+            from gridgate.core.failing import FailingCache
+
+            director = self.config.get("director") or {}
+            self.failing = FailingCache.from_config(self.state, self.clock, director)
 
     def credential_env(self, kind: str) -> dict[str, str]:
         """The environment variables that hand the credential of ``kind`` (``x509``) to a

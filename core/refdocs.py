@@ -300,6 +300,12 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("StateStore", "StateError"),
     ),
     (
+        "gridgate.core.failing",
+        "The failing cache and the servers' failure episodes (`context.failing`): who is out "
+        "of rotation, since when, how many failures; whichever escalation plugin is configured.",
+        ("FailingCache", "Episode"),
+    ),
+    (
         "gridgate.core.cli",
         "For plugins that add sub-commands.",
         ("load_config_or_exit", "EXIT_CONFIG"),

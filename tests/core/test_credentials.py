@@ -690,7 +690,8 @@ def test_an_expired_proxy_whose_renewal_fails_pauses_the_backend_with_one_error_
             ("skipped", "credential")
         }
         assert all(s.excluded == () and s.failures == () for s in summaries)  # no server blamed
-        assert director.state.items("failing/") == [] and director.state.items("tickets/") == []
+        counts = director.failing.counts()
+        assert counts["failing"] == 0 and counts["tickets"] == 0
         assert backend.status_calls == []  # its pilots are not polled while it is paused
         assert grid.events().count("renew") == 6 and len(backend.submitted) == 2
 

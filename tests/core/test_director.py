@@ -13,7 +13,6 @@ from gridgate.core.clock import FakeClock
 from gridgate.core.compose import ALARM_HEADER
 from gridgate.core.config import ConfigSource
 from gridgate.core.director import ACCOUNTING, Director, summary_json
-from gridgate.core.escalation import FAILING, TICKETS
 from gridgate.core.state import MemoryState
 from gridgate.core.testing import Collector
 
@@ -173,7 +172,8 @@ def test_a_command_that_cannot_start_here_blames_no_server_and_pauses_the_backen
     assert {r.failure_kind for r in failed} == {"launch"}
     assert len(failed) + len(skipped) == 12 and {r.failure_kind for r in skipped} == {"local_fault"}
     assert first.excluded == ()  # no server blamed...
-    assert director.state.items(FAILING) == [] and director.state.items(TICKETS) == []
+    counts = director.failing.counts()
+    assert counts["failing"] == 0 and counts["tickets"] == 0
     assert len(notes.notes) == 1  # ...and one message about this machine, not one per server
     note = notes.notes[0]
     assert note.level == "error" and note.endpoint is None and note.failure.local

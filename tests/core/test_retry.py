@@ -11,8 +11,7 @@ from support.director import BACKEND, ScriptedBackend, config
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director, summary_json
-from gridgate.core.escalation import FAILING
-from gridgate.core.model import Failure
+from gridgate.core.model import Endpoint, Failure
 from gridgate.core.retry import RetryPolicy
 from gridgate.core.state import MemoryState
 from gridgate.core.testing import Collector
@@ -79,7 +78,7 @@ def test_a_retry_goes_to_a_healthy_server_and_never_to_one_in_the_failing_cache(
         4, {"s0": "fake-fail", "s1": "fake-ok", "s2": "fake-ok", "s3": "fake-ok"}
     )
     director, state = make(backend, servers=4, pilots=1, max_threads=1)
-    state.set(FAILING + f"{BACKEND}/s1", "{}", ttl=3600)  # failing before the iteration began
+    director.failing.enter(Endpoint(BACKEND, "s1"), "error")  # failing before the iteration
     summary = director.run_iteration()
     assert backend.calls == ["s0", "s2"]
     submitted = [r for r in summary.records if r.outcome == "submitted"]

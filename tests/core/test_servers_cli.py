@@ -14,7 +14,7 @@ from support.director import BACKEND, ScriptedBackend
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import load_config
 from gridgate.core.director import Director
-from gridgate.core.escalation import TwoCacheEscalation, cache_view, clear_servers
+from gridgate.core.escalation import TwoCacheEscalation
 from gridgate.core.model import Endpoint, Failure, SubmitResult
 from gridgate.core.plugins import PluginContext
 from gridgate.core.state import MemoryState
@@ -115,22 +115,27 @@ def test_cache_view_after_the_failing_entry_expired_and_for_a_local_fault() -> N
         ),
     )
     endpoint = Endpoint(BACKEND, "s0")
+    failing = escalation.context.failing
+    assert failing is not None  # built by the context on its state, with the config's expiries
     escalation.gridgate_escalate(
-        endpoint=endpoint, failure=Failure("timeout"), result=SubmitResult(endpoint, ok=False)
+        endpoint=endpoint,
+        failure=Failure("timeout"),
+        result=SubmitResult(endpoint, ok=False),
+        episode=failing.enter(endpoint, "timeout"),
     )
-    state.add_if_absent("local-fault/lsf/launch", f"{clock.time():.3f}", ttl=100)
-    rows = cache_view(state, clock.time())
+    assert failing.local_fault("lsf", "launch") and not failing.local_fault("lsf", "launch")
+    rows = failing.view(clock.time())
     assert [(r["server"], r["status"], r["kind"]) for r in rows] == [
         ("lsf (this machine)", "local_fault", "launch"),
         (f"{BACKEND}/s0", "failing", "timeout"),
     ]
     assert rows[1]["failing_until"] == clock.time() + 100 and rows[1]["failures"] == 1
     clock.advance(150)  # out of the failing cache, still in the tickets window: watched
-    rows = cache_view(state, clock.time())
+    rows = failing.view(clock.time())
     assert [(r["server"], r["status"], r["kind"]) for r in rows] == [
         (f"{BACKEND}/s0", "watched", "timeout")
     ]
     assert rows[0]["failing_until"] is None and rows[0]["tickets_until"] == clock.time() + 50
-    state.add_if_absent("local-fault/lsf/launch", f"{clock.time():.3f}", ttl=100)
-    assert clear_servers(state, [], everything=True) == [f"{BACKEND}/s0", "local-fault/lsf/launch"]
-    assert cache_view(state, clock.time()) == []
+    assert failing.local_fault("lsf", "launch")
+    assert failing.clear([], everything=True) == [f"{BACKEND}/s0", "local-fault/lsf/launch"]
+    assert failing.view(clock.time()) == []

@@ -55,8 +55,7 @@ def fix(cause: str, director: Director, backend: ScriptedBackend, admission: Ref
     backend.behaviour = {"s0": "fake-ok", "s1": "fake-ok"}
     admission.refusing = False
     if cause == "failing":
-        for key, _ in director.state.items("failing/"):
-            director.state.delete(key)
+        director.failing.clear(sorted(director.failing.excluded()))
     if cause == "no_backend":
         director.config.data["demand"]["static"].clear()
         director.config.data["demand"]["static"][BACKEND] = 4

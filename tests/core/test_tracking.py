@@ -11,8 +11,7 @@ from support.director import BACKEND, TrackingBackend, config
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director, summary_json
-from gridgate.core.escalation import FAILING
-from gridgate.core.model import Grant, Refusal
+from gridgate.core.model import Endpoint, Grant, Refusal
 from gridgate.core.state import MemoryState, SqliteState
 from gridgate.core.testing import Collector, stand_in_command
 from gridgate.core.tracking import Limits
@@ -135,7 +134,7 @@ def test_failed_status_query_is_a_server_failure_and_pilots_keep_their_state():
     assert states(director, "s0") == {"waiting": backend.count("s0", "running")}
     assert states(director, "s1")["running"] == backend.count("s1", "running")
     assert f"{BACKEND}/s0" in summary.excluded
-    assert director.state.get(FAILING + f"{BACKEND}/s0") is not None
+    assert director.failing.contains(Endpoint(BACKEND, "s0"))
     (failure,) = [f for f in summary.failures if f["endpoint"] == "s0"]
     assert failure["operation"] == "Job Status" and failure["kind"] != ""
     (note,) = director.collector.notes
@@ -526,7 +525,7 @@ def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
 def test_demand_with_every_server_out_of_rotation_is_not_counted_as_trimmed():
     backend = TrackingBackend(servers=1)
     director = make(backend, pilots=3, max_waiting=5)
-    director.state.set(FAILING + f"{BACKEND}/s0", "{}", ttl=600)
+    director.failing.enter(Endpoint(BACKEND, "s0"), "error")
     summary = director.run_iteration()
     assert json.loads(summary_json(summary))["pilots"]["trimmed"] == {}
     assert {r.failure_kind for r in summary.records} == {"no_endpoint"}

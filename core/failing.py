@@ -1,0 +1,232 @@
+"""The failing cache and the servers' failure episodes: core's memory of which servers are out of
+rotation, shared by every director on one state store and read by anyone through this class.
+
+The director's failure path (:mod:`gridgate.core.iteration`) puts a server that failed in the
+failing cache with :meth:`FailingCache.enter`: out of rotation for ``failing_expiry`` seconds,
+and its *episode* (first failure time, failures so far) counted. The escalation plugin is told
+that episode and decides the level; it may also keep a server *watched* for a while after its
+failing entry expired (the default ``caches`` plugin's tickets window). The director excludes
+:meth:`FailingCache.excluded` at the start of each iteration, the ``servers`` CLI shows
+:meth:`FailingCache.view` and clears with :meth:`FailingCache.clear`, a backend asks
+:meth:`FailingCache.episode`. Which escalation plugin is configured changes none of that.
+
+The keys (``failing/``, ``tickets/``, ``episode/``, ``local-fault/``) are this module's own:
+no other module reads or writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.model import Endpoint, Episode
+from gridgate.core.state import StateError, StateStore
+
+__all__ = ["Episode", "FailingCache"]
+
+FAILING = "failing/"
+TICKETS = "tickets/"
+EPISODE = "episode/"
+#: The director's own note that a backend's command cannot start on its machine (a local fault).
+LOCAL_FAULT = "local-fault/"
+
+
+class FailingCache:
+    """The failing cache and the episodes in a :class:`StateStore`.
+
+    ``failing_expiry`` is how long a failed server stays out of rotation, ``ticket_expiry`` how
+    much longer its episode (and a watched entry) outlives that. Methods that read or write the
+    store raise :class:`StateError` when it fails, except :meth:`counts`.
+    """
+
+    def __init__(
+        self,
+        state: StateStore,
+        clock: Clock = SYSTEM_CLOCK,
+        failing_expiry: float = 3600.0,
+        ticket_expiry: float = 3600.0,
+    ) -> None:
+        self.state = state
+        self.clock = clock
+        self.failing_expiry = float(failing_expiry)
+        self.ticket_expiry = float(ticket_expiry)
+
+    @classmethod
+    def from_config(
+        cls, state: StateStore, clock: Clock, director: Mapping[str, Any]
+    ) -> FailingCache:
+        """One with the expiries of the config's ``director`` section."""
+        return cls(
+            state,
+            clock,
+            float(director.get("failing_expiry", 3600)),
+            float(director.get("ticket_expiry", 3600)),
+        )
+
+    @property
+    def window(self) -> float:
+        """How long an episode, and a watched entry, outlive their last failure."""
+        return self.failing_expiry + self.ticket_expiry
+
+    # --- a failing server ------------------------------------------------------------------
+
+    def enter(self, endpoint: Endpoint, kind: str) -> Episode:
+        """Count a failure of ``endpoint`` of ``kind`` in its episode (one starts when none is
+        open) and put it in the failing cache. The add is atomic: of many threads (or
+        directors sharing the store) failing on one server at once, exactly one is told
+        ``entered``."""
+        now = self.clock.time()
+        start, count = self._bump_episode(endpoint, now)
+        entry = json.dumps({"since": now, "kind": kind})
+        entered = self.state.add_if_absent(FAILING + endpoint.key, entry, ttl=self.failing_expiry)
+        return Episode(start=start, failures=count, entered=entered)
+
+    def _bump_episode(self, endpoint: Endpoint, now: float) -> tuple[float, int]:
+        key = EPISODE + endpoint.key
+        fresh = json.dumps({"start": now, "failures": 1})
+        if self.state.add_if_absent(key, fresh, ttl=self.window):
+            return now, 1
+        episode = _json(self.state.get(key)) or {"start": now, "failures": 0}
+        episode["failures"] = int(episode.get("failures", 0)) + 1
+        self.state.set(key, json.dumps(episode), ttl=self.window)
+        return float(episode["start"]), episode["failures"]
+
+    def contains(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` is in the failing cache (out of rotation) now."""
+        return self.state.get(FAILING + endpoint.key) is not None
+
+    def excluded(self) -> set[str]:
+        """The keys (``backend/name``) of every server in the failing cache now."""
+        return {key[len(FAILING) :] for key, _ in self.state.items(FAILING)}
+
+    def episode(self, endpoint: Endpoint) -> Episode | None:
+        """``endpoint``'s open episode, None when it has none (it has not failed lately)."""
+        entry = _json(self.state.get(EPISODE + endpoint.key))
+        if not entry:
+            return None
+        return Episode(start=float(entry.get("start", 0.0)), failures=int(entry.get("failures", 0)))
+
+    # --- watched after the failing entry expired (the default plugin's tickets window) --------
+
+    def watched(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` is watched (see :meth:`watch`)."""
+        return self.state.get(TICKETS + endpoint.key) is not None
+
+    def watch(self, endpoint: Endpoint, kind: str) -> None:
+        """Keep ``endpoint`` watched for ``failing_expiry + ticket_expiry`` from now: back in
+        rotation once its failing entry expires, but listed by ``gridgate servers list``
+        (``watched``, with when that ends). An escalation plugin uses it to remember that a
+        failure was told (the default raises an alarm when a watched server fails again)."""
+        entry = json.dumps({"since": self.clock.time(), "kind": kind})
+        self.state.set(TICKETS + endpoint.key, entry, ttl=self.window)
+
+    # --- a backend whose commands cannot start on this machine ----------------------------------
+
+    def local_fault(self, backend: str, kind: str) -> bool:
+        """Note that ``backend``'s commands cannot start here (``kind``); true for the first
+        note of a ``failing_expiry`` period (of every director on the store): the one to tell."""
+        now = self.clock.time()
+        key = f"{LOCAL_FAULT}{backend}/{kind}"
+        return self.state.add_if_absent(key, f"{now:.3f}", ttl=self.failing_expiry)
+
+    # --- for people: metrics and the servers CLI ----------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """How many servers are ``failing`` and ``tickets`` (watched) and how many ``episodes``
+        are open; a count the store cannot give is left out."""
+        out: dict[str, int] = {}
+        for name, prefix in (("failing", FAILING), ("tickets", TICKETS), ("episodes", EPISODE)):
+            try:
+                out[name] = len(self.state.items(prefix))
+            except StateError:
+                continue
+        return out
+
+    def view(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Every server the cache knows about, for ``gridgate servers list``.
+
+        One dict per ``backend/name``: ``status`` is ``failing`` (out of rotation until
+        ``failing_until``) or ``watched`` (back in rotation, but a failure before
+        ``tickets_until`` is a repeat); with the episode's start and failure count and the
+        last failure kind. Local faults come as rows whose ``status`` is ``local_fault``.
+        """
+        state = self.state
+        now = self.clock.time() if now is None else now
+        rows: dict[str, dict[str, Any]] = {}
+
+        def row(key: str) -> dict[str, Any]:
+            return rows.setdefault(
+                key,
+                {
+                    "server": key,
+                    "status": "watched",
+                    "kind": "",
+                    "episode_start": None,
+                    "failures": 0,
+                    "failing_until": None,
+                    "tickets_until": None,
+                },
+            )
+
+        for prefix, field in ((FAILING, "failing_until"), (TICKETS, "tickets_until")):
+            for key, raw in state.items(prefix):
+                server = key[len(prefix) :]
+                entry, ttl = _json(raw), state.ttl(key)
+                current = row(server)
+                current[field] = now + ttl if ttl is not None else None
+                current["kind"] = current["kind"] or str(entry.get("kind", ""))  # failing first
+                if prefix == FAILING:
+                    current["status"] = "failing"
+        for key, raw in state.items(EPISODE):
+            server = key[len(EPISODE) :]
+            if server in rows:
+                entry = _json(raw)
+                rows[server]["episode_start"] = entry.get("start")
+                rows[server]["failures"] = int(entry.get("failures", 0))
+        for key, raw in state.items(LOCAL_FAULT):
+            backend, _, kind = key[len(LOCAL_FAULT) :].partition("/")
+            ttl = state.ttl(key)
+            try:
+                since: float | None = float(raw)
+            except ValueError:
+                since = None
+            row(f"{backend} (this machine)").update(
+                status="local_fault",
+                kind=kind,
+                episode_start=since,
+                failing_until=now + ttl if ttl is not None else None,
+            )
+        order = {"local_fault": 0, "failing": 1, "watched": 2}
+        return sorted(rows.values(), key=lambda r: (order[r["status"]], r["server"]))
+
+    def clear(self, names: list[str], everything: bool = False) -> list[str]:
+        """Forget the failing, watched and episode entries of the named servers
+        (``backend/name`` or a bare host name matching any backend), putting them back in
+        rotation as new: the next failure starts a new episode. ``everything`` clears every
+        server and the local-fault entries too. Returns what was cleared (``backend/name``,
+        and ``local-fault/...`` keys); a name that matches nothing is simply not returned."""
+        state = self.state
+        prefixes = (FAILING, TICKETS, EPISODE)
+        known = {key[len(prefix) :] for prefix in prefixes for key, _ in state.items(prefix)}
+        wanted = set(names)
+        cleared = sorted(
+            k for k in known if everything or k in wanted or k.split("/", 1)[-1] in wanted
+        )
+        for server in cleared:
+            for prefix in prefixes:
+                state.delete(prefix + server)
+        if everything:
+            for key, _ in state.items(LOCAL_FAULT):
+                state.delete(key)
+                cleared.append(key)
+        return cleared
+
+
+def _json(raw: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
