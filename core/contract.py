@@ -1,9 +1,10 @@
 """Corners of the backend contract that core enforces, kept apart from the director's loop.
 
 - A demand group may ask ``list_match: true`` only of a backend that list-matches (implements
-  ``gridgate_list_match``): in the config file it is a config error naming the key; asked at
-  run time (a demand file, a plugin's demand) its pilots are skipped with kind ``config`` and
-  the log says why, instead of being submitted unmatched.
+  ``gridgate_list_match``, or overrides ``Backend.list_match``): in the config file it is a
+  config error naming the key; asked at run time (a demand file, a plugin's demand) its
+  pilots are skipped with kind ``config`` and the log says why, instead of being submitted
+  unmatched.
 - A submission reported ``ok`` must carry at least one job id: one per pilot, or one for the
   whole bulk (an array or a collection id). ``ok`` with none is turned into a failure whose
   command evidence the classifiers read (exit 0 without an answer: ``bad_output``).
@@ -21,7 +22,14 @@ PathT = tuple[str | int, ...]
 
 
 def list_matches(plugin: object) -> bool:
-    """Whether a backend (class or instance) implements ``gridgate_list_match``."""
+    """Whether a backend (class or instance) implements ``gridgate_list_match``; a subclass
+    of :class:`~gridgate.core.backend.Backend` does when it overrides ``list_match`` (the
+    base class answers the hook for every subclass)."""
+    from gridgate.core.backend import Backend  # the director imports this module early
+
+    cls = plugin if isinstance(plugin, type) else type(plugin)
+    if issubclass(cls, Backend):
+        return cls.lists_matches()
     return callable(getattr(plugin, "gridgate_list_match", None))
 
 

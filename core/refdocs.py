@@ -230,6 +230,12 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("Plugin", "PluginContext"),
     ),
     (
+        "gridgate.core.backend",
+        "The base class of a backend: answers the hooks for its own endpoints only, builds "
+        "`BackendInfo` from the section, runs commands with the call's deadline and output cap.",
+        ("Backend", "Deadline"),
+    ),
+    (
         "gridgate.core.model",
         "The values that cross hooks: all frozen dataclasses except "
         "`DemandRegistry` (derive a changed copy with `dataclasses.replace`).",

@@ -1,0 +1,243 @@
+"""The base class of a backend: subclass :class:`Backend` and write what your batch system does.
+
+A backend answers the director's hooks for its own endpoints only: every hook call carries an
+endpoint (or a backend name) and a backend that is not its owner answers None. :class:`Backend`
+asks that question once, in its hook implementations, and calls your typed methods only for
+your own endpoints:
+
+=========================================  ==================================================
+the hook the director calls                the method of yours it calls (for your endpoints)
+=========================================  ==================================================
+``gridgate_backend_info(backend)``         :meth:`Backend.backend_info` (built for you)
+``gridgate_submit(endpoint, request, …)``  :meth:`Backend.submit` (the one you must write)
+``gridgate_classify_failure(endpoint, …)`` :meth:`Backend.classify_failure` (None: the rules)
+``gridgate_job_status(endpoint, ids, …)``  :meth:`Backend.job_status` (None: no tracking)
+``gridgate_cancel(endpoint, ids, …)``      :meth:`Backend.cancel` (None: cannot cancel)
+``gridgate_list_match(endpoint, …)``       :meth:`Backend.list_match` (only if you write it)
+=========================================  ==================================================
+
+It also builds :class:`~gridgate.core.model.BackendInfo` from your schema'd section
+(``endpoints_key``, ``pilots_key``, ``command_timeout``, ``list_match``, ``credentials``) and
+runs your commands through :func:`gridgate.core.runner.run` with the deadline of the hook call
+(your section's ``command_timeout`` replaces the director's limit when set) and the site's
+``director.max_output_bytes``: :meth:`Backend.deadline` and :meth:`Backend.run`.
+
+A backend may still implement the raw hooks on a plain :class:`~gridgate.core.plugins.Plugin`
+(or any class) instead: the director only calls hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gridgate.core import hookimpl, runner
+from gridgate.core.model import (
+    BackendInfo,
+    CancelResult,
+    CommandResult,
+    Endpoint,
+    Failure,
+    ListMatchResult,
+    StatusResult,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.plugins import Plugin
+
+__all__ = ["Backend", "Deadline"]
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the commands of one hook call must be done: an instant of ``time.monotonic()``.
+
+    One hook call may run several commands (chunks of a long id list, a retry with more
+    verbose output): they share the call's deadline, each getting what is left of it.
+    """
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        """The deadline ``seconds`` from now, at least a millisecond.
+
+        A caller with no time left still gets a result (its command killed at once), not an
+        error."""
+        return cls(time.monotonic() + max(float(seconds), 0.001))
+
+    def left(self) -> float:
+        """Seconds left, at least 0.001 (the runner kills at once what has none left)."""
+        return max(self.at - time.monotonic(), 0.001)
+
+    def passed(self) -> bool:
+        """Whether no time is left."""
+        return time.monotonic() >= self.at
+
+
+class Backend(Plugin):
+    """Base class of a backend: answers the hooks for its own endpoints, and calls yours.
+
+    Set ``name`` (the entry-point name), ``config_schema`` and ``endpoints_key`` (the key
+    of your section listing the endpoints); write :meth:`submit`, and as your batch system
+    allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel` and
+    :meth:`list_match`. Override :meth:`endpoints` when an entry of your list is more than a
+    name (a URL, a mapping), :meth:`environment` when your commands need more than the
+    section's ``env`` and credentials.
+
+    Do not override the ``gridgate_*`` hook methods of this class to change what they do:
+    a method overriding one without ``@hookimpl`` is no hook implementation, and pluggy
+    would not call it. Hooks this class does not implement (``gridgate_iteration_started``,
+    ``gridgate_iteration_finished``...) are yours to add with ``@hookimpl``.
+    """
+
+    #: The section's key holding the pilots one command submits (``pilots_per_jdl``).
+    pilots_key: ClassVar[str] = "pilots_per_submission"
+    #: The credential kinds the commands need (``("x509",)``); see ``BackendInfo.credentials``.
+    credentials: ClassVar[tuple[str, ...]] = ()
+
+    # --- what the director is told ------------------------------------------------------
+
+    def mine(self, endpoint: Endpoint | str) -> bool:
+        """Whether ``endpoint`` (or a backend name) is this backend's."""
+        backend = endpoint if isinstance(endpoint, str) else endpoint.backend
+        return backend == self.name
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """The configured endpoints in config order: one per name of ``endpoints_key``."""
+        names = self.config.get(self.endpoints_key) if self.endpoints_key else None
+        return tuple(Endpoint(self.name, str(entry)) for entry in names or ())
+
+    @classmethod
+    def lists_matches(cls) -> bool:
+        """Whether this backend list-matches: it overrides :meth:`list_match`."""
+        return cls.list_match is not Backend.list_match
+
+    def backend_info(self) -> BackendInfo:
+        """What ``gridgate_backend_info`` answers, built from the section.
+
+        The endpoints, the ``pilots_key`` value, ``command_timeout``, ``list_match`` (default
+        true, and only for a backend that list-matches) and the ``credentials`` kinds."""
+        return BackendInfo(
+            backend=self.name,
+            endpoints=self.endpoints(),
+            pilots_per_submission=int(self.config.get(self.pilots_key, 1)),
+            command_timeout=self.config.get("command_timeout"),
+            list_match=self.lists_matches() and bool(self.config.get("list_match", True)),
+            credentials=tuple(self.credentials),
+        )
+
+    # --- what you write (called for your own endpoints only) -----------------------------
+
+    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
+        """Submit ``request`` to ``endpoint`` (``gridgate_submit``): a result in every case."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how to submit")
+
+    def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+        """What the failed ``result`` means; None lets the next classifier decide."""
+        return None
+
+    def job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
+        """The pilots' states in one bulk query; None: this backend cannot tell them."""
+        return None
+
+    def cancel(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> CancelResult | None:
+        """Cancel the pilots; None: this backend cannot cancel."""
+        return None
+
+    def list_match(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> ListMatchResult | None:
+        """The resources matching ``request``; write it only if your backend list-matches.
+
+        Only a backend that overrides this method list-matches (``list_match: true`` in a
+        demand group of any other is a config error)."""
+        return None
+
+    # --- running commands -----------------------------------------------------------------
+
+    def deadline(self, timeout: float) -> Deadline:
+        """The deadline of one hook call: ``command_timeout`` when set, else ``timeout``.
+
+        ``timeout`` is the director's limit the hook was called with; the section's
+        ``command_timeout`` replaces it when set."""
+        return Deadline.after(float(self.config.get("command_timeout") or timeout))
+
+    def environment(self) -> dict[str, str] | None:
+        """The commands' environment: the director's, the section's ``env`` and credentials.
+
+        The variables of the ``credentials`` kinds (``context.credential_env``) go on top;
+        None (the director's own, unchanged) when there is nothing to add. Read per command:
+        a managed credential's path is the director's, not fixed at start."""
+        extra = {str(k): str(v) for k, v in (self.config.get("env") or {}).items()}
+        for kind in self.credentials:
+            extra.update(self.context.credential_env(kind))
+        return {**os.environ, **extra} if extra else None
+
+    def run(
+        self,
+        argv: Sequence[str],
+        deadline: Deadline,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> CommandResult:
+        """Run ``argv``, killed at ``deadline``, its output capped at the site's limit.
+
+        Through :func:`gridgate.core.runner.run` with ``max_output`` the site's
+        ``director.max_output_bytes``, in :meth:`environment` unless ``env`` is given."""
+        # through the module: a test may watch runner.run (and see the file a command reads)
+        return runner.run(
+            list(argv),
+            deadline.left(),
+            env=self.environment() if env is None else env,
+            cwd=cwd,
+            max_output=self.context.max_output_bytes,
+        )
+
+    # --- the hooks: "is this mine?" answered once -----------------------------------------
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+        """The hook: :meth:`backend_info` for this backend's name, else None."""
+        return self.backend_info() if self.mine(backend) else None
+
+    @hookimpl
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
+        """The hook: :meth:`submit` for this backend's endpoints, else None."""
+        return self.submit(endpoint, request, timeout) if self.mine(endpoint) else None
+
+    @hookimpl
+    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+        """The hook: :meth:`classify_failure` for this backend's endpoints, else None."""
+        return self.classify_failure(endpoint, result) if self.mine(endpoint) else None
+
+    @hookimpl
+    def gridgate_job_status(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> StatusResult | None:
+        """The hook: :meth:`job_status` for this backend's endpoints, else None."""
+        return self.job_status(endpoint, job_ids, timeout) if self.mine(endpoint) else None
+
+    @hookimpl
+    def gridgate_cancel(
+        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
+    ) -> CancelResult | None:
+        """The hook: :meth:`cancel` for this backend's endpoints, else None."""
+        return self.cancel(endpoint, job_ids, timeout) if self.mine(endpoint) else None
+
+    @hookimpl
+    def gridgate_list_match(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> ListMatchResult | None:
+        """The hook: :meth:`list_match` for this backend's endpoints, else None."""
+        return self.list_match(endpoint, request, timeout) if self.mine(endpoint) else None
