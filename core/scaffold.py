@@ -95,9 +95,11 @@ _BACKEND = '''\
 
 Replace the command with your batch system's submit tool (`sbatch`, `qsub`, `condor_submit`)
 in the config, and `job_id_pattern` with what it prints; classify its own error messages in
-`gridgate_classify_failure` with catalogued kinds (`gridgate plugins --kinds`). To let the
-director track and cancel your pilots, add `gridgate_job_status` and `gridgate_cancel`
-(docs/hooks.md); the contract tests check them for other backends' endpoints too.
+`classify_failure` with catalogued kinds (`gridgate plugins --kinds`). The base class
+`gridgate.core.backend.Backend` answers the director's hooks for this backend's own endpoints
+only and calls these methods; it builds `gridgate_backend_info` from the section. To let the
+director track and cancel your pilots, write `job_status` and `cancel` (docs/plugins.md);
+the contract tests check that nothing answers for other backends' endpoints.
 """
 
 from __future__ import annotations
@@ -106,18 +108,19 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from gridgate.core import hookimpl
+from gridgate.core.backend import Backend
 from gridgate.core.kinds import failure
-from gridgate.core.model import BackendInfo, Endpoint, Failure, SubmitRequest, SubmitResult
-from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.core.runner import run
+from gridgate.core.model import Endpoint, Failure, SubmitRequest, SubmitResult
+from gridgate.core.plugins import PluginContext
 
 OPERATION = "Job Submit"
 PLACEHOLDERS = ("endpoint", "group", "count")
 
 
-class $cls(Plugin):
+class $cls(Backend):
     """Runs `command` (with {endpoint}, {group} and {count} filled in) to submit pilots."""
+
+    endpoints_key = "endpoints"  # one endpoint per name in this list
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -171,19 +174,9 @@ class $cls(Plugin):
         return [re.sub(r"\\{(\\w+)\\}", lambda m: values.get(m.group(1), m.group(0)), item)
                 for item in self.config["command"]]
 
-    @hookimpl
-    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
-        if backend != self.name:
-            return None
-        return BackendInfo(backend=self.name,
-                           endpoints=tuple(Endpoint(self.name, e) for e in self.config["endpoints"]),
-                           pilots_per_submission=self.config["pilots_per_submission"])
-
-    @hookimpl
-    def gridgate_submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult | None:
-        if endpoint.backend != self.name:
-            return None
-        result = run(self.argv(endpoint, request), timeout, max_output=self.context.max_output_bytes)
+    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
+        # killed at the deadline, output capped at the site's director.max_output_bytes
+        result = self.run(self.argv(endpoint, request), self.deadline(timeout))
         if not result.ok:  # failures are results: classifiers read the evidence in `command`
             return SubmitResult(endpoint, ok=False, command=result, operation=OPERATION)
         ids = tuple(self._job_id.findall(result.stdout))
@@ -192,9 +185,8 @@ class $cls(Plugin):
                                 message="exit code 0 but no job id in the output")
         return SubmitResult(endpoint, ok=True, job_ids=ids, command=result, operation=OPERATION)
 
-    @hookimpl
-    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
-        if endpoint.backend != self.name or result.command is None:
+    def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+        if result.command is None:
             return None
         text = result.command.stdout + result.command.stderr
         for pattern in self._busy:

@@ -23,11 +23,10 @@ from urllib.parse import urlsplit
 
 from loguru import logger
 
-from gridgate.core import hookimpl
+from gridgate.core.backend import Backend
 from gridgate.core.defaults import local_io_failure
 from gridgate.core.files import ensure_private_dir
 from gridgate.core.model import (
-    BackendInfo,
     CancelResult,
     CommandResult,
     Endpoint,
@@ -37,7 +36,7 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.plugins import PluginContext
 from gridgate.plugins.wms_glite.classify import Rule, classify
 from gridgate.plugins.wms_glite.jdl import (
     ATTRIBUTE_NAME_RE,
@@ -140,12 +139,13 @@ def _server_problem(server: str) -> str | None:
     return None
 
 
-class GliteBackend(Plugin):
+class GliteBackend(Backend):
     """Submits to gLite WMS servers with ``glite-wms-job-submit``/``-list-match``."""
 
     name = "wms_glite"
     #: the config key that lists the endpoints: a section without any is a config error
     endpoints_key = "servers"
+    pilots_key = "pilots_per_jdl"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -389,21 +389,9 @@ class GliteBackend(Plugin):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _mine(self, backend: str) -> bool:
-        return backend == self.name
-
     def endpoints(self) -> tuple[Endpoint, ...]:
         """The configured servers as endpoints, in config order."""
         return tuple(endpoint_for(self.name, s) for s in self.config.get("servers") or [])
-
-    def _timeout(self, passed: float) -> float:
-        own = self.config.get("command_timeout")
-        # A caller with no time left still gets a result (killed at once), not a ValueError.
-        return max(float(own) if own else float(passed), 0.001)
-
-    def _env(self) -> dict[str, str] | None:
-        extra = self.config.get("env") or {}
-        return {**os.environ, **extra} if extra else None
 
     def _commands(self) -> Mapping[str, str]:
         configured = {k: v for k, v in (self.config.get("commands") or {}).items() if v}
@@ -439,8 +427,6 @@ class GliteBackend(Plugin):
         """Write the JDL privately, run the command, remove the file; a :class:`_NotRun`
         says why nothing could be run (a value that cannot go into a JDL, or, a fault of this
         machine, a JDL folder that is missing, not writable or full)."""
-        from gridgate.core.runner import run
-
         try:
             text = build_jdl(self.config, request)
         except JdlError as exc:
@@ -466,12 +452,7 @@ class GliteBackend(Plugin):
                 )
             argv = self.argv(operation, endpoint, path)
             logger.debug("{} on {}: {}", operation, endpoint.name, argv)
-            return run(
-                argv,
-                self._timeout(timeout),
-                env=self._env(),
-                max_output=self.context.max_output_bytes,
-            )
+            return self.run(argv, self.deadline(timeout))
         finally:
             with contextlib.suppress(OSError):
                 Path(path).unlink()
@@ -508,24 +489,9 @@ class GliteBackend(Plugin):
 
     # --- hooks -----------------------------------------------------------------------------
 
-    @hookimpl
-    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
-        if not self._mine(backend):
-            return None
-        return BackendInfo(
-            backend=self.name,
-            endpoints=self.endpoints(),
-            pilots_per_submission=int(self.config.get("pilots_per_jdl", 1)),
-            command_timeout=self.config.get("command_timeout"),
-            list_match=bool(self.config.get("list_match", True)),
-        )
-
-    @hookimpl
-    def gridgate_list_match(
+    def list_match(
         self, endpoint: Endpoint, request: SubmitRequest, timeout: float
-    ) -> ListMatchResult | None:
-        if not self._mine(endpoint.backend):
-            return None
+    ) -> ListMatchResult:
         key = self._cache_key(endpoint, request)
         cached = self._cache_get(key)
         if cached is not None:
@@ -545,12 +511,7 @@ class GliteBackend(Plugin):
         self._cache_set(key, resources)
         return ListMatchResult(endpoint, ok=True, resources=resources, command=outcome)
 
-    @hookimpl
-    def gridgate_submit(
-        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
-    ) -> SubmitResult | None:
-        if not self._mine(endpoint.backend):
-            return None
+    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
         outcome = self._run_with_jdl(OPERATION_SUBMIT, endpoint, request, timeout)
         if isinstance(outcome, _NotRun):
             return SubmitResult(
@@ -581,28 +542,15 @@ class GliteBackend(Plugin):
             message=outcome.describe(),
         )
 
-    @hookimpl
-    def gridgate_job_status(
+    def job_status(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
-    ) -> StatusResult | None:
-        return (
-            query_pilots(self, endpoint, job_ids, timeout) if self._mine(endpoint.backend) else None
-        )
+    ) -> StatusResult:
+        return query_pilots(self, endpoint, job_ids, timeout)
 
-    @hookimpl
-    def gridgate_cancel(
-        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
-    ) -> CancelResult | None:
-        return (
-            cancel_pilots(self, endpoint, job_ids, timeout)
-            if self._mine(endpoint.backend)
-            else None
-        )
+    def cancel(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> CancelResult:
+        return cancel_pilots(self, endpoint, job_ids, timeout)
 
-    @hookimpl
-    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
-        if not self._mine(endpoint.backend):
-            return None
+    def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure:
         if result.local_fault:
             return local_io_failure(result.local_fault)
         expected = {OPERATION_LIST_MATCH: "CE list", "Job Status": "job status"}.get(

@@ -496,7 +496,6 @@ def query_pilots(
     output fits ``max_output_bytes`` (one command up to ``max_output_bytes //
     STATUS_BYTES_PER_JOB`` ids); an output cut all the same is asked again in halves. A cut
     that no split can avoid is gridgate's cap (a local fault), never the server's failure."""
-    import time
 
     ids = list(dict.fromkeys(str(j) for j in job_ids))
     if not ids:
@@ -505,7 +504,7 @@ def query_pilots(
     per_command = max(1, max_output // STATUS_BYTES_PER_JOB)
     pending = [(ids[i : i + per_command], 0) for i in range(0, len(ids), per_command)]
     folder, private = ids_folder(backend)
-    deadline = time.monotonic() + backend._timeout(timeout)
+    deadline = backend.deadline(timeout)
     statuses: dict[str, JobStatus] = {}
     commands = 0
     last: CommandResult | None = None
@@ -514,8 +513,8 @@ def query_pilots(
         outcome = run_with_ids(
             _base_argv(backend, "status"),
             chunk,
-            max(deadline - time.monotonic(), 0.001),
-            env=backend._env(),
+            deadline.left(),
+            env=backend.environment(),
             max_output=max_output,
             work_dir=folder,
             private=private,
@@ -572,8 +571,8 @@ def cancel_pilots(
     outcome = run_with_ids(
         _base_argv(backend, "cancel"),
         ids,
-        backend._timeout(timeout),
-        env=backend._env(),
+        backend.deadline(timeout).left(),
+        env=backend.environment(),
         max_output=backend.context.max_output_bytes,
         work_dir=folder,
         private=private,

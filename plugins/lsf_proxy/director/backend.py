@@ -20,11 +20,10 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
-from gridgate.core import hookimpl
+from gridgate.core.backend import Backend, Deadline
 from gridgate.core.escalation import EPISODE
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
-    BackendInfo,
     CancelResult,
     CommandResult,
     Endpoint,
@@ -33,7 +32,7 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.plugins import PluginContext
 from gridgate.plugins.lsf_proxy.client.client import NoToken, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
 from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
@@ -172,12 +171,13 @@ def classify(command: CommandResult | None, message: str = "") -> Failure:
     return KINDS["error"].failure(f"exit code {command.returncode}: {said!r}")
 
 
-class LsfBackend(Plugin):
+class LsfBackend(Backend):
     """Submits pilots to LSF queues with ``bsub``; queries them with ``bjobs``."""
 
     name = "lsf"
     #: the config key that lists the endpoints: a section without any is a config error
     endpoints_key = "queues"
+    pilots_key = "pilots_per_job"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -350,19 +350,9 @@ class LsfBackend(Plugin):
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def endpoints(self) -> tuple[Endpoint, ...]:
-        return tuple(Endpoint(self.name, q) for q in self.config.get("queues") or [])
-
-    def _command(self, which: str) -> str:
+    def program(self, which: str) -> str:
+        """The configured path or name of LSF command ``which`` (``bsub``, ``bjobs``)."""
         return str((self.config.get("commands") or {}).get(which) or which)
-
-    def _env(self) -> dict[str, str] | None:
-        extra = self.config.get("env") or {}
-        return {**os.environ, **extra} if extra else None
-
-    def _timeout(self, passed: float) -> float:
-        own = self.config.get("command_timeout")
-        return max(float(own) if own else float(passed), 0.001)
 
     def client(self) -> ProxyClient | None:
         """The token client (None when ``tokens`` is off), built on first use."""
@@ -385,7 +375,7 @@ class LsfBackend(Plugin):
         name = str(self.config.get("job_name", "gridgate-pilot"))
         if request.count > 1:
             name = f"{name}[1-{request.count}]"
-        argv = [self._command("bsub"), "-q", endpoint.name, "-J", name]
+        argv = [self.program("bsub"), "-q", endpoint.name, "-J", name]
         for option, key in (("-o", "output"), ("-e", "error")):
             if self.config.get(key):
                 argv += [option, str(self.config[key])]
@@ -398,10 +388,11 @@ class LsfBackend(Plugin):
         argv += [str(c) for c in self.config.get("command") or ["pilot.sh"]]
         return argv
 
-    def _run(self, argv: Sequence[str], category: str, timeout: float) -> CommandResult | str:
-        """Run under a token of ``category``; a str says why it was not run."""
-        from gridgate.core.runner import run
-
+    def run_with_token(
+        self, argv: Sequence[str], category: str, deadline: Deadline
+    ) -> CommandResult | str:
+        """Run under a token of ``category`` (none when ``tokens`` is off), killed at
+        ``deadline``; a str says why it was not run."""
         client = self.client()
         token = None
         if client is not None:
@@ -412,12 +403,7 @@ class LsfBackend(Plugin):
             except ProxyError as exc:
                 return f"lsfproxyd: {exc}"
         try:
-            return run(
-                argv,
-                self._timeout(timeout),
-                env=self._env(),
-                max_output=self.context.max_output_bytes,
-            )
+            return self.run(argv, deadline)
         finally:
             if token is not None:
                 token.release()
@@ -428,8 +414,8 @@ class LsfBackend(Plugin):
         bad = [j for j in ids if not re.fullmatch(r"[0-9]+(\[[0-9]+\])?", j)]
         if bad:
             return JobStates(ok=False, message=f"not LSF job ids: {bad}")
-        argv = [self._command("bjobs"), "-noheader", "-o", BJOBS_FORMAT, *ids]
-        outcome = self._run(argv, "query", timeout)
+        argv = [self.program("bjobs"), "-noheader", "-o", BJOBS_FORMAT, *ids]
+        outcome = self.run_with_token(argv, "query", self.deadline(timeout))
         if isinstance(outcome, str):
             return JobStates(ok=False, message=outcome)
         states, missing = parse_bjobs(outcome.stdout, outcome.stderr)
@@ -458,25 +444,9 @@ class LsfBackend(Plugin):
 
     # --- hooks ------------------------------------------------------------------------------
 
-    @hookimpl
-    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
-        if backend != self.name:
-            return None
-        return BackendInfo(
-            backend=self.name,
-            endpoints=self.endpoints(),
-            pilots_per_submission=int(self.config.get("pilots_per_job", 1)),
-            command_timeout=self.config.get("command_timeout"),
-            list_match=False,
-        )
-
-    @hookimpl
-    def gridgate_submit(
-        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
-    ) -> SubmitResult | None:
-        if endpoint.backend != self.name:
-            return None
-        outcome = self._run(self.bsub_argv(endpoint, request), "submission", timeout)
+    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
+        argv = self.bsub_argv(endpoint, request)
+        outcome = self.run_with_token(argv, "submission", self.deadline(timeout))
         if isinstance(outcome, str):
             return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, message=outcome)
         job_id = parse_job_id(outcome.stdout) or parse_job_id(outcome.stderr)
@@ -492,30 +462,15 @@ class LsfBackend(Plugin):
             message=outcome.describe(),
         )
 
-    @hookimpl
-    def gridgate_job_status(
+    def job_status(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
-    ) -> StatusResult | None:
-        return (
-            query_pilots(self, endpoint, job_ids, timeout)
-            if endpoint.backend == self.name
-            else None
-        )
+    ) -> StatusResult:
+        return query_pilots(self, endpoint, job_ids, timeout)
 
-    @hookimpl
-    def gridgate_cancel(
-        self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
-    ) -> CancelResult | None:
-        return (
-            cancel_pilots(self, endpoint, job_ids, timeout)
-            if endpoint.backend == self.name
-            else None
-        )
+    def cancel(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> CancelResult:
+        return cancel_pilots(self, endpoint, job_ids, timeout)
 
-    @hookimpl
-    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
-        if endpoint.backend != self.name:
-            return None
+    def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure:
         if result.command is None and result.message.startswith(
             ("no submission token", "lsfproxyd")
         ):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,17 +185,16 @@ def query_pilots(
         )
     table = backend.config.get("status_format", "custom") == "table"
     prefix = (
-        [backend._command("bjobs"), "-aw"]
+        [backend.program("bjobs"), "-aw"]
         if table
-        else [backend._command("bjobs"), "-a", "-noheader", "-o", BJOBS_STATUS_FORMAT]
+        else [backend.program("bjobs"), "-a", "-noheader", "-o", BJOBS_STATUS_FORMAT]
     )
-    deadline = time.monotonic() + backend._timeout(timeout)
+    deadline = backend.deadline(timeout)
     statuses: dict[str, JobStatus] = {}
     commands = 0
     last: CommandResult | None = None
     for argv in argv_chunks(prefix, ids):
-        left = deadline - time.monotonic()
-        outcome = backend._run(argv, "query", max(left, 0.001))
+        outcome = backend.run_with_token(argv, "query", deadline)
         commands += 1
         if isinstance(outcome, str):
             return StatusResult(
@@ -247,7 +245,7 @@ def query_pilots(
 def bkill_command(backend: Any) -> str:
     """``commands.bkill``, else ``bkill`` beside a ``bjobs`` given as a path, else on PATH."""
     configured = (backend.config.get("commands") or {}).get("bkill")
-    folder = os.path.dirname(backend._command("bjobs"))
+    folder = os.path.dirname(backend.program("bjobs"))
     return str(configured or (os.path.join(folder, "bkill") if folder else "bkill"))
 
 
@@ -268,11 +266,11 @@ def cancel_pilots(
         return CancelResult(
             endpoint, ok=False, operation=OPERATION_CANCEL, message=f"not LSF job ids: {bad[:5]}"
         )
-    deadline = time.monotonic() + backend._timeout(timeout)
+    deadline = backend.deadline(timeout)
     cancelled: list[str] = []
     last: CommandResult | None = None
     for argv in argv_chunks([bkill_command(backend)], ids):
-        outcome = backend._run(argv, "other", max(deadline - time.monotonic(), 0.001))
+        outcome = backend.run_with_token(argv, "other", deadline)
         if isinstance(outcome, str):
             return CancelResult(
                 endpoint,

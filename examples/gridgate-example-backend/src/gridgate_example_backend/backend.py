@@ -1,25 +1,25 @@
 """The ``local`` backend: each submission runs the configured pilot command as a local process
 on one of a few named "slots", and reads the job ids the pilot prints (``JOBID <id>``).
 
-It uses only gridgate's public contract: the :class:`~gridgate.core.plugins.Plugin` base class,
-the ``@hookimpl`` marker, the values of :mod:`gridgate.core.model` and the deadline-enforcing
-runner :func:`gridgate.core.runner.run`.
+It uses only gridgate's public contract: the :class:`~gridgate.core.backend.Backend` base
+class (which answers the hooks for this backend's own endpoints only, builds ``BackendInfo``
+from the section and runs commands with the call's deadline and the site's output cap) and the
+values of :mod:`gridgate.core.model`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from loguru import logger
 
-from gridgate.core import hookimpl
+from gridgate.core.backend import Backend
 from gridgate.core.kinds import failure
-from gridgate.core.model import BackendInfo, Endpoint, Failure, SubmitRequest, SubmitResult
-from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.core.runner import run
+from gridgate.core.model import Endpoint, Failure, SubmitRequest, SubmitResult
+from gridgate.core.plugins import PluginContext
 
 #: Words that may appear in braces inside ``command`` items.
 PLACEHOLDERS = ("slot", "group", "count")
@@ -30,10 +30,12 @@ EX_TEMPFAIL = 75
 OPERATION = "Job Submit"
 
 
-class LocalBackend(Plugin):
+class LocalBackend(Backend):
     """Runs the pilot command locally, one process per submission, on a chosen slot."""
 
     name = "local"
+    #: the slots are the endpoints
+    endpoints_key = "servers"
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -134,9 +136,6 @@ class LocalBackend(Plugin):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _mine(self, backend: str) -> bool:
-        return backend == self.name
-
     def argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The command with its placeholders filled; each value stays one argv item."""
         values = {"slot": endpoint.name, "group": request.group, "count": str(request.count)}
@@ -149,6 +148,7 @@ class LocalBackend(Plugin):
         return tuple(match.group(1) for match in self._job_id.finditer(stdout))
 
     def _env(self, endpoint: Endpoint, request: SubmitRequest) -> dict[str, str]:
+        """The command's environment: the slot, group and count on top of the section's."""
         return {
             **os.environ,
             **(self.config.get("env") or {}),
@@ -157,36 +157,18 @@ class LocalBackend(Plugin):
             "GRIDGATE_PILOTS": str(request.count),
         }
 
-    # --- hooks -----------------------------------------------------------------------------
+    # --- what the director asks (the base class calls these for this backend's own slots) ---
 
-    @hookimpl
-    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
-        if not self._mine(backend):
-            return None
-        servers: Sequence[str] = self.config.get("servers") or ["slot1"]
-        return BackendInfo(
-            backend=self.name,
-            endpoints=tuple(Endpoint(self.name, slot) for slot in servers),
-            pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
-            command_timeout=self.config.get("command_timeout"),
-        )
-
-    @hookimpl
-    def gridgate_submit(
-        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
-    ) -> SubmitResult | None:
-        if not self._mine(endpoint.backend):
-            return None
-        limit = float(self.config.get("command_timeout") or timeout)
+    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
         argv = self.argv(endpoint, request)
         logger.debug("local: starting {} pilot(s) on {}: {}", request.count, endpoint.name, argv)
-        # the site's director.max_output_bytes caps what is kept of each stream
-        result = run(
+        # killed at the deadline (command_timeout replaces the director's when set); the
+        # site's director.max_output_bytes caps what is kept of each stream
+        result = self.run(
             argv,
-            limit,
+            self.deadline(timeout),
             env=self._env(endpoint, request),
             cwd=self.config.get("work_dir") or None,
-            max_output=self.context.max_output_bytes,
         )
         if not result.ok:
             # failures are results: the classifier reads the evidence kept in `command`
@@ -209,10 +191,7 @@ class LocalBackend(Plugin):
             )
         return SubmitResult(endpoint, ok=True, job_ids=ids, command=result, operation=OPERATION)
 
-    @hookimpl
-    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
-        if not self._mine(endpoint.backend):
-            return None
+    def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         command = result.command
         if command is not None and command.returncode in (self.config.get("busy_exit_codes") or ()):
             return failure("busy", f"slot {endpoint.name} busy ({command.describe()})")
