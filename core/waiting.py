@@ -1,0 +1,730 @@
+"""Sources of waiting work for demand sized from real queues: how many jobs wait for pilots in
+a Redis list, stream or sorted set, in a JSON object served over HTTP, or printed by a command,
+and how many pilots that asks for.
+
+A demand plugin keeps one :class:`WaitingGauge` per demand group (or one :class:`WaitingGauges`
+for all of them, which reads the Redis keys of one server in a single round trip) and asks it
+once per iteration. A source that fails keeps the group's last good figure for ``keep_last``
+seconds of the injected clock, then answers 0; it logs one error per failure episode and one
+notice when the source answers again, and a failure never makes a figure larger than the last
+good one. :func:`pilots_for` turns a figure into pilots.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import ssl
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from loguru import logger
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.runner import run
+from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+
+__all__ = [
+    "COMMAND_SOURCE_SCHEMA",
+    "DEFAULT_KEEP_LAST",
+    "GROUP_PROPERTIES",
+    "HTTP_SOURCE_SCHEMA",
+    "MAX_WAITING",
+    "REDIS_SOURCE_SCHEMA",
+    "SOURCE_SCHEMA",
+    "CommandSource",
+    "FetchError",
+    "HttpSource",
+    "RedisSource",
+    "SourceError",
+    "WaitingFigure",
+    "WaitingGauge",
+    "WaitingGauges",
+    "WaitingSource",
+    "http_get",
+    "make_source",
+    "parse_count",
+    "pilots_for",
+]
+
+#: The largest count a source may give. Real task queues hold millions of jobs at most; a figure
+#: past a billion is a broken source (or a counter of something else), not demand.
+MAX_WAITING = 1_000_000_000
+
+#: Seconds a failing source's last good figure is still used. Ten default cycles (60 s each):
+#: long enough to ride through a restart of the Redis or web service behind a task queue
+#: (minutes), short enough that a queue that drained while unreadable is not fed for long. Holding
+#: costs little anyway, since the figure is less the pilots already waiting: once those are
+#: submitted, the same figure asks for nothing more.
+DEFAULT_KEEP_LAST = 600.0
+
+_DAY = 86400
+_MIB = 1024 * 1024
+
+
+def _seconds(default: float, description: str) -> dict[str, Any]:
+    return {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "maximum": _DAY,
+        "default": default,
+        "description": description,
+    }
+
+
+def _max_bytes(default: int) -> dict[str, Any]:
+    return {
+        "type": "integer",
+        "minimum": 2,
+        "maximum": 64 * _MIB,
+        "default": default,
+        "description": "The answer may be at most this many bytes; a longer one is an error.",
+    }
+
+
+_FIELD: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "description": "The key of the JSON object whose value is this group's count.",
+}
+
+REDIS_SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Waiting jobs in a Redis key: LLEN of a list, XLEN of a stream, ZCARD of a "
+    "sorted set; a missing key is 0, a key of another type is an error.",
+    "properties": {
+        "url": {
+            "type": "string",
+            "pattern": "^(redis|rediss|unix)://",
+            "description": "redis://HOST:PORT/DB (rediss:// for TLS); no password in it.",
+        },
+        "key": {"type": "string", "minLength": 1, "description": "The key to count."},
+        "password": SECRET_SCHEMA,
+        "timeout": _seconds(5, "Seconds to connect and to wait for each reply."),
+    },
+    "required": ["url", "key"],
+    "additionalProperties": False,
+}
+
+HTTP_SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Waiting jobs from a GET answering a JSON object of counts.",
+    "properties": {
+        "url": {"type": "string", "pattern": "^https?://[^/]", "description": "http(s) URL."},
+        "field": _FIELD,
+        "timeout": _seconds(10, "Seconds for the whole request, connection to last byte."),
+        "max_bytes": _max_bytes(_MIB),
+        "ca_path": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Folder of CA certificates for https (default: the system's).",
+        },
+    },
+    "required": ["url", "field"],
+    "additionalProperties": False,
+}
+
+COMMAND_SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Waiting jobs printed by a command (an argv, no shell) as a JSON object.",
+    "properties": {
+        "argv": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "minLength": 1},
+            "description": "The program and its arguments, one item each.",
+        },
+        "field": _FIELD,
+        "timeout": _seconds(30, "Seconds before the command is killed (with its group)."),
+        "max_bytes": _max_bytes(_MIB),
+    },
+    "required": ["argv", "field"],
+    "additionalProperties": False,
+}
+
+#: ``source:`` of a demand group: exactly one of the three kinds.
+SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Where the group's waiting jobs are counted: redis, http or command.",
+    "properties": {
+        "redis": REDIS_SOURCE_SCHEMA,
+        "http": HTTP_SOURCE_SCHEMA,
+        "command": COMMAND_SOURCE_SCHEMA,
+    },
+    "minProperties": 1,
+    "maxProperties": 1,
+    "additionalProperties": False,
+}
+
+#: Properties a demand group sized from waiting work adds to its schema.
+GROUP_PROPERTIES: dict[str, Any] = {
+    "source": SOURCE_SCHEMA,
+    "jobs_per_pilot": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 1_000_000,
+        "default": 1,
+        "description": "Jobs one pilot runs: W waiting jobs ask for ceil(W / jobs_per_pilot) "
+        "pilots, less the group's pilots already waiting.",
+    },
+    "keep_last": {
+        "type": "number",
+        "minimum": 0,
+        "maximum": _DAY,
+        "default": DEFAULT_KEEP_LAST,
+        "description": "Seconds a failing source's last good figure is still used; then the "
+        "group asks for nothing until the source answers again.",
+    },
+}
+
+
+class SourceError(Exception):
+    """A source could not give a count; the message names the source and what was wrong."""
+
+
+class FetchError(Exception):
+    """An HTTP GET gave no complete answer (status, timeout, size, connection)."""
+
+
+# --- counts -----------------------------------------------------------------------------
+
+
+def _check_count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float):
+            raise ValueError(f"{what} is {value!r}, not a whole number of jobs")
+        raise ValueError(f"{what} is {json.dumps(value)[:60]}, not a count of jobs")
+    if value < 0:
+        raise ValueError(f"{what} is {value}, a negative count")
+    if value > MAX_WAITING:
+        raise ValueError(f"{what} is {value}, above the largest count accepted ({MAX_WAITING})")
+    return value
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
+def parse_count(data: bytes | str, field: str) -> int:
+    """The count under ``field`` in the JSON object ``data``.
+
+    :raises ValueError: for text that is not JSON (NaN and Infinity included), a value that is
+        not an object, an object with a key twice, a missing field, or a value that is not a
+        whole non-negative number of at most :data:`MAX_WAITING` (``true``, ``2.5``, ``-1``,
+        ``"3"`` are all refused). The message says which.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        parsed = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"the answer is not JSON ({exc}): {_excerpt(data)}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"the answer is not a JSON object of counts: {_excerpt(data)}")
+    if field not in parsed:
+        known = ", ".join(sorted(parsed)[:10]) or "none"
+        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
+    return _check_count(parsed[field], f"field {field!r}")
+
+
+def _excerpt(data: bytes | str, size: int = 80) -> str:
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return repr(text[:size]) + ("..." if len(text) > size else "")
+
+
+# --- HTTP -------------------------------------------------------------------------------
+
+
+def http_get(
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    ca_path: str | None = None,
+    accept: str = "application/json",
+) -> bytes:
+    """The body of a GET of ``url`` answered 200, read whole within ``timeout`` seconds.
+
+    The deadline covers everything, connection to last byte: each socket operation may take
+    only what is left of it, so a server that hangs, or trickles a byte at a time, is cut at
+    the deadline. Redirects are not followed (the error names where it pointed).
+
+    :raises FetchError: for any status but 200, a body past ``max_bytes``, the deadline, or a
+        connection or TLS error; the message says which.
+    :raises ValueError: for a URL that is not http(s).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        return remaining
+
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        context = ssl.create_default_context(capath=ca_path) if ca_path else None
+        conn = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout, context=context
+        )
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.connect()
+        sock = conn.sock  # kept: the connection drops it when the answer ends the connection
+        assert sock is not None
+        sock.settimeout(left())
+        conn.request("GET", target, headers={"Accept": accept, "User-Agent": "gridgate"})
+        sock.settimeout(left())
+        response = conn.getresponse()
+        if response.status != 200:
+            where = response.getheader("Location")
+            extra = f" (to {where}; redirects are not followed)" if where else ""
+            raise FetchError(f"HTTP {response.status} {response.reason}{extra}")
+        length = response.getheader("Content-Length")
+        if length and length.isdigit() and int(length) > max_bytes:
+            raise FetchError(f"the answer is {length} bytes, more than max_bytes ({max_bytes})")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            sock.settimeout(left())
+            chunk = response.read1(64 * 1024)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise FetchError(f"the answer is longer than max_bytes ({max_bytes} bytes)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except TimeoutError:
+        raise FetchError(f"no complete answer within {timeout:g} s") from None
+    except ssl.SSLError as exc:
+        raise FetchError(f"TLS: {exc}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise FetchError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        conn.close()
+
+
+# --- the sources ------------------------------------------------------------------------
+
+
+class WaitingSource(Protocol):
+    """Where a group's waiting jobs are counted."""
+
+    @property
+    def name(self) -> str:
+        """How messages name the source: its kind and where it reads."""
+        ...
+
+    def read(self) -> int:
+        """The number of jobs waiting now.
+
+        :raises SourceError: when the source cannot give one; the message names the source.
+        """
+        ...
+
+
+class _RedisServer:
+    """One client of one Redis server, shared by every source on it."""
+
+    def __init__(self, url: str, password: str | None, timeout: float) -> None:
+        import redis  # a dependency of the 'redis' extra only: imported where it is used
+
+        self.url = url
+        self._errors: tuple[type[Exception], ...] = (redis.exceptions.RedisError,)
+        try:
+            self.client = redis.Redis.from_url(
+                url,
+                password=password,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+            )
+        except ValueError as exc:
+            raise ValueError(f"redis source: bad url {url}: {exc}") from None
+
+    def counts(self, keys: Sequence[str]) -> list[int | str]:
+        """For each key its count, or the text of what was wrong; one round trip for all.
+
+        TYPE and the three counting commands are sent together: the one matching the type is
+        used and the others' WRONGTYPE answers dropped, so a read-only user (``+@read``) is
+        enough and no Lua script or MULTI is needed.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.type(key)
+            pipe.llen(key)
+            pipe.xlen(key)
+            pipe.zcard(key)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except self._errors as exc:
+            return [f"{type(exc).__name__}: {exc}"] * len(keys)
+        finally:
+            pipe.reset()
+        out: list[int | str] = []
+        for index, key in enumerate(keys):
+            kind_reply, *lengths = replies[4 * index : 4 * index + 4]
+            if isinstance(kind_reply, Exception):
+                out.append(f"TYPE {key}: {kind_reply}")
+                continue
+            kind = kind_reply.decode() if isinstance(kind_reply, bytes) else str(kind_reply)
+            if kind == "none":
+                out.append(0)
+                continue
+            if kind not in _COUNTED:
+                out.append(f"the key {key!r} holds a {kind}, not a list, stream or sorted set")
+                continue
+            reply = lengths[_COUNTED.index(kind)]
+            if isinstance(reply, Exception):  # the key changed type between the commands
+                out.append(f"counting the {kind} {key!r}: {reply}")
+                continue
+            try:
+                out.append(_check_count(reply, f"the {kind} {key!r}'s length"))
+            except ValueError as exc:
+                out.append(str(exc))
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+_COUNTED = ("list", "stream", "zset")
+
+
+class RedisSource:
+    """Waiting jobs = the length of a Redis list, stream or sorted set (0 when it is absent)."""
+
+    def __init__(self, server: _RedisServer, key: str) -> None:
+        self.server = server
+        self.key = key
+
+    @property
+    def name(self) -> str:
+        return f"redis {self.server.url} key {self.key}"
+
+    def read(self) -> int:
+        (answer,) = self.server.counts([self.key])
+        if isinstance(answer, str):
+            raise SourceError(f"{self.name}: {answer}")
+        return answer
+
+
+class HttpSource:
+    """Waiting jobs = one field of the JSON object a GET answers."""
+
+    def __init__(
+        self,
+        url: str,
+        field: str,
+        *,
+        timeout: float = 10.0,
+        max_bytes: int = _MIB,
+        ca_path: str | None = None,
+    ) -> None:
+        if urlsplit(url).password is not None:
+            raise ValueError(f"http source {field}: do not write a password into the url")
+        self.url, self.field = url, field
+        self.timeout, self.max_bytes, self.ca_path = timeout, max_bytes, ca_path
+
+    @property
+    def name(self) -> str:
+        return f"http {self.url} field {self.field}"
+
+    def read(self) -> int:
+        try:
+            body = http_get(
+                self.url, timeout=self.timeout, max_bytes=self.max_bytes, ca_path=self.ca_path
+            )
+            return parse_count(body, self.field)
+        except (FetchError, ValueError) as exc:
+            raise SourceError(f"{self.name}: {exc}") from None
+
+
+class CommandSource:
+    """Waiting jobs = one field of the JSON object a command prints (argv, no shell)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        field: str,
+        *,
+        timeout: float = 30.0,
+        max_bytes: int = _MIB,
+    ) -> None:
+        if isinstance(argv, str) or not argv:
+            raise ValueError("command source: argv is a non-empty list, never a shell string")
+        self.argv = tuple(argv)
+        self.field, self.timeout, self.max_bytes = field, timeout, max_bytes
+
+    @property
+    def name(self) -> str:
+        return f"command {list(self.argv)} field {self.field}"
+
+    def read(self) -> int:
+        result = run(self.argv, self.timeout, max_output=self.max_bytes)
+        if result.launch_error is not None:
+            raise SourceError(f"{self.name}: cannot start: {result.launch_error}")
+        if result.timed_out:
+            raise SourceError(f"{self.name}: killed after {self.timeout:g} s without an answer")
+        if result.returncode != 0:
+            tail = result.stderr.strip()[-200:]
+            raise SourceError(f"{self.name}: exit code {result.returncode}: {tail!r}")
+        if result.stdout_truncated:
+            raise SourceError(f"{self.name}: printed more than max_bytes ({self.max_bytes})")
+        try:
+            return parse_count(result.stdout, self.field)
+        except ValueError as exc:
+            raise SourceError(f"{self.name}: {exc}") from None
+
+
+def _redis_server(
+    spec: Mapping[str, Any], servers: dict[tuple[str, str | None, float], _RedisServer]
+) -> _RedisServer:
+    url = str(spec["url"])
+    netloc = url.partition("://")[2].split("/", 1)[0]
+    if "@" in netloc and ":" in netloc.rpartition("@")[0]:
+        raise ValueError(
+            f"redis source key {spec['key']}: do not write the password into the url; give "
+            "it as password: {env: VARIABLE} or password: {file: PATH}"
+        )
+    try:
+        password = read_secret(spec.get("password"))
+    except SecretError as exc:
+        raise ValueError(f"redis source {url}: cannot read the password: {exc}") from None
+    timeout = float(spec.get("timeout", 5))
+    ident = (url, password, timeout)
+    if ident not in servers:
+        servers[ident] = _RedisServer(url, password, timeout)
+    return servers[ident]
+
+
+def make_source(
+    spec: Mapping[str, Any],
+    _servers: dict[tuple[str, str | None, float], _RedisServer] | None = None,
+) -> WaitingSource:
+    """The source a validated ``source:`` section (:data:`SOURCE_SCHEMA`) describes.
+
+    :raises ValueError: for a section that names no known kind, a password in a Redis url, or
+        a password file that cannot be read.
+    """
+    if "redis" in spec:
+        section = spec["redis"]
+        servers = {} if _servers is None else _servers
+        return RedisSource(_redis_server(section, servers), str(section["key"]))
+    if "http" in spec:
+        section = spec["http"]
+        return HttpSource(
+            str(section["url"]),
+            str(section["field"]),
+            timeout=float(section.get("timeout", 10)),
+            max_bytes=int(section.get("max_bytes", _MIB)),
+            ca_path=section.get("ca_path"),
+        )
+    if "command" in spec:
+        section = spec["command"]
+        return CommandSource(
+            [str(a) for a in section["argv"]],
+            str(section["field"]),
+            timeout=float(section.get("timeout", 30)),
+            max_bytes=int(section.get("max_bytes", _MIB)),
+        )
+    raise ValueError(f"a source is one of redis, http, command; got {sorted(spec)}")
+
+
+# --- a group's figure over time ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WaitingFigure:
+    """What a group's source gives this iteration.
+
+    ``jobs`` is the figure to size with: the fresh count, the last good one while it is at most
+    ``keep_last`` seconds old, else 0. ``problem`` says why the source failed this iteration
+    (None when it answered); ``started_failing`` and ``recovered`` are true on the one
+    iteration where an episode of failures begins or ends, for a caller that tells people.
+    """
+
+    group: str
+    jobs: int
+    fresh: bool
+    age: float | None = None
+    problem: str | None = None
+    started_failing: bool = False
+    recovered: bool = False
+
+
+class WaitingGauge:
+    """One demand group's waiting jobs, asked once per iteration with :meth:`waiting`."""
+
+    def __init__(
+        self,
+        group: str,
+        source: WaitingSource,
+        *,
+        keep_last: float = DEFAULT_KEEP_LAST,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if not (math.isfinite(keep_last) and 0 <= keep_last <= _DAY):
+            raise ValueError(f"keep_last must be 0 to {_DAY} seconds, got {keep_last!r}")
+        self.group, self.source, self.keep_last, self.clock = group, source, keep_last, clock
+        self._last: int | None = None
+        self._last_at = 0.0
+        self._failing_since: float | None = None
+        self._dropped = False
+
+    def waiting(self) -> WaitingFigure:
+        """Read the source once and give the figure to size with (never raises)."""
+        try:
+            jobs = self.source.read()
+        except SourceError as exc:
+            return self.failed(str(exc))
+        return self.answered(jobs)
+
+    def answered(self, jobs: int) -> WaitingFigure:
+        """Record a good reading of ``jobs`` (for callers that read sources in batches)."""
+        now = self.clock.monotonic()
+        recovered = self._failing_since is not None
+        if recovered:
+            logger.info(
+                "waiting work of group {}: {} answers again ({} jobs) after {:.0f} s",
+                self.group,
+                self.source.name,
+                jobs,
+                now - (self._failing_since or now),
+            )
+        self._last, self._last_at = jobs, now
+        self._failing_since, self._dropped = None, False
+        return WaitingFigure(self.group, jobs, fresh=True, age=0.0, recovered=recovered)
+
+    def failed(self, problem: str) -> WaitingFigure:
+        """Record a failed reading and give what the group may still use."""
+        now = self.clock.monotonic()
+        started = self._failing_since is None
+        age = None if self._last is None else now - self._last_at
+        held = self._last is not None and age is not None and age <= self.keep_last
+        if started:
+            self._failing_since = now
+            if held:
+                effect = (
+                    f"keeping the last figure, {self._last} jobs read {age:.0f} s ago, for up "
+                    f"to {self.keep_last:g} s"
+                )
+            else:
+                effect = "no figure to keep: asking for no pilots until it answers"
+            logger.error(
+                "waiting work of group {}: cannot read {}; {}", self.group, problem, effect
+            )
+        elif not held and not self._dropped and self._last is not None:
+            logger.warning(
+                "waiting work of group {}: {} still fails; its last figure is older than "
+                "keep_last ({:g} s): asking for no pilots until it answers",
+                self.group,
+                self.source.name,
+                self.keep_last,
+            )
+        if not held:
+            self._dropped = True
+        jobs = self._last if held and self._last is not None else 0
+        return WaitingFigure(
+            self.group, jobs, fresh=False, age=age, problem=problem, started_failing=started
+        )
+
+
+class WaitingGauges:
+    """Every group's gauge, built from ``{group: source section}``; :meth:`waiting_all` reads
+    them once per iteration, the Redis keys of one server in one pipelined round trip."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, Mapping[str, Any]],
+        *,
+        keep_last: Mapping[str, float] | float = DEFAULT_KEEP_LAST,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._servers: dict[tuple[str, str | None, float], _RedisServer] = {}
+        self.gauges: dict[str, WaitingGauge] = {}
+        for group, spec in sources.items():
+            keep = keep_last if isinstance(keep_last, (int, float)) else keep_last[group]
+            source = make_source(spec, self._servers)
+            self.gauges[group] = WaitingGauge(group, source, keep_last=float(keep), clock=clock)
+
+    def waiting_all(self) -> dict[str, WaitingFigure]:
+        """Every group's figure this iteration (never raises)."""
+        figures: dict[str, WaitingFigure] = {}
+        by_server: dict[int, list[WaitingGauge]] = {}
+        for group, gauge in self.gauges.items():
+            if isinstance(gauge.source, RedisSource):
+                by_server.setdefault(id(gauge.source.server), []).append(gauge)
+            else:
+                figures[group] = gauge.waiting()
+        for gauges in by_server.values():
+            sources = [g.source for g in gauges if isinstance(g.source, RedisSource)]
+            answers = sources[0].server.counts([s.key for s in sources])
+            for gauge, source, answer in zip(gauges, sources, answers, strict=True):
+                figures[gauge.group] = (
+                    gauge.failed(f"{source.name}: {answer}")
+                    if isinstance(answer, str)
+                    else gauge.answered(answer)
+                )
+        return {group: figures[group] for group in self.gauges}
+
+    def close(self) -> None:
+        """Close the Redis connections."""
+        for server in self._servers.values():
+            server.close()
+
+
+# --- sizing -----------------------------------------------------------------------------
+
+
+def pilots_for(
+    waiting_jobs: int,
+    jobs_per_pilot: int,
+    waiting_pilots: int,
+    max_per_iteration: int | None = None,
+) -> int:
+    """Pilots to submit for a group: ``ceil(waiting_jobs / jobs_per_pilot)`` less the group's
+    pilots already waiting, never below zero, at most ``max_per_iteration``.
+
+    Rounded up: a remainder of jobs smaller than ``jobs_per_pilot`` still gets a pilot, else
+    three jobs in a group of four per pilot would wait for ever. Rounding happens before the
+    waiting pilots are taken off, in whole pilots, so the pilots waiting after a submission are
+    exactly ``ceil(W/k)`` when fewer waited, and never more than were already waiting otherwise
+    (surplus pilots are not cancelled here: they run down by themselves). The director's limits
+    (``max_waiting`` and the others) trim the answer further.
+
+    :raises ValueError: for a negative figure, a ``jobs_per_pilot`` below 1, or a bool.
+    """
+    for name, value in (
+        ("waiting_jobs", waiting_jobs),
+        ("jobs_per_pilot", jobs_per_pilot),
+        ("waiting_pilots", waiting_pilots),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if jobs_per_pilot < 1:
+        raise ValueError(f"jobs_per_pilot must be at least 1, got {jobs_per_pilot}")
+    wanted = -(-waiting_jobs // jobs_per_pilot)  # ceil in integers: exact for any size
+    pilots = max(0, wanted - waiting_pilots)
+    if max_per_iteration is not None:
+        if isinstance(max_per_iteration, bool) or max_per_iteration < 0:
+            raise ValueError(f"max_per_iteration must be >= 0, got {max_per_iteration!r}")
+        pilots = min(pilots, max_per_iteration)
+    return pilots
