@@ -444,7 +444,7 @@ def test_a_command_that_cannot_start_is_an_error_naming_it(tmp_path: Path) -> No
 
 def test_a_command_is_an_argv_never_a_shell_string() -> None:
     with pytest.raises(ValueError, match="never a shell string"):
-        CommandSource("tq-count --json", "mc")  # type: ignore[arg-type]
+        CommandSource("tq-count --json", "mc")
     # a shell would have expanded this; one argv item stays one argument
     source = _command("import sys, json; print(json.dumps({'mc': len(sys.argv[1])}))")
     source.argv = (*source.argv, "$(echo hi) *")
@@ -638,7 +638,9 @@ def test_pilots_for_refuses_what_is_not_a_count(args: tuple[Any, ...], said: str
 
 def _numbers_without_maximum(node: Any, path: str, found: list[str]) -> None:
     if isinstance(node, dict):
-        kinds = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+        kinds: list[Any] = (
+            node["type"] if isinstance(node.get("type"), list) else [node.get("type")]
+        )
         if {"number", "integer"} & set(kinds) and "maximum" not in node:
             found.append(path)
         for key, value in node.items():
