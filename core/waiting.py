@@ -349,6 +349,8 @@ class _RedisServer:
 
         self.url = url
         self._errors: tuple[type[Exception], ...] = (redis.exceptions.RedisError,)
+        #: each key's type when last read: the counting command to send with its TYPE
+        self._kinds: dict[str, str] = {}
         try:
             self.client = redis.Redis.from_url(
                 url,
@@ -362,25 +364,20 @@ class _RedisServer:
     def counts(self, keys: Sequence[str]) -> list[int | str]:
         """For each key its count, or the text of what was wrong; one round trip for all.
 
-        TYPE and the three counting commands are sent together: the one matching the type is
-        used and the others' WRONGTYPE answers dropped, so a read-only user (``+@read``) is
-        enough and no Lua script or MULTI is needed.
+        Each key gets TYPE and the counting command of the type it had last time (LLEN the
+        first time), pipelined; only a key whose type differs from that guess needs a second
+        round trip. Read-only commands only: a user with ``+@read`` is enough, no Lua script
+        and no MULTI.
         """
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.type(key)
-            pipe.llen(key)
-            pipe.xlen(key)
-            pipe.zcard(key)
+        guesses = [self._kinds.get(key, "list") for key in keys]
         try:
-            replies = pipe.execute(raise_on_error=False)
+            replies = self._send([(k, g) for k, g in zip(keys, guesses, strict=True)])
         except self._errors as exc:
             return [f"{type(exc).__name__}: {exc}"] * len(keys)
-        finally:
-            pipe.reset()
         out: list[int | str] = []
+        again: list[tuple[int, str]] = []
         for index, key in enumerate(keys):
-            kind_reply, *lengths = replies[4 * index : 4 * index + 4]
+            kind_reply, reply = replies[2 * index], replies[2 * index + 1]
             if isinstance(kind_reply, Exception):
                 out.append(f"TYPE {key}: {kind_reply}")
                 continue
@@ -391,15 +388,49 @@ class _RedisServer:
             if kind not in _COUNTED:
                 out.append(f"the key {key!r} holds a {kind}, not a list, stream or sorted set")
                 continue
-            reply = lengths[_COUNTED.index(kind)]
-            if isinstance(reply, Exception):  # the key changed type between the commands
-                out.append(f"counting the {kind} {key!r}: {reply}")
+            self._kinds[key] = kind
+            if kind != guesses[index]:
+                again.append((index, kind))
+                out.append(0)  # replaced below
                 continue
+            out.append(self._count(key, kind, reply))
+        if again:
             try:
-                out.append(_check_count(reply, f"the {kind} {key!r}'s length"))
-            except ValueError as exc:
-                out.append(str(exc))
+                second = self._send([(keys[i], kind) for i, kind in again])
+            except self._errors as exc:
+                for i, _kind in again:
+                    out[i] = f"{type(exc).__name__}: {exc}"
+                return out
+            for n, (i, kind) in enumerate(again):
+                if isinstance(second[2 * n], Exception):
+                    out[i] = f"TYPE {keys[i]}: {second[2 * n]}"
+                    continue
+                out[i] = self._count(keys[i], kind, second[2 * n + 1])
         return out
+
+    def _send(self, commands: Sequence[tuple[str, str]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        try:
+            for key, kind in commands:
+                pipe.type(key)
+                if kind == "list":
+                    pipe.llen(key)
+                elif kind == "stream":
+                    pipe.xlen(key)
+                else:
+                    pipe.zcard(key)
+            return list(pipe.execute(raise_on_error=False))
+        finally:
+            pipe.reset()
+
+    @staticmethod
+    def _count(key: str, kind: str, reply: object) -> int | str:
+        if isinstance(reply, Exception):  # the key changed type between the two commands
+            return f"counting the {kind} {key!r}: {reply}"
+        try:
+            return _check_count(reply, f"the {kind} {key!r}'s length")
+        except ValueError as exc:
+            return str(exc)
 
     def close(self) -> None:
         self.client.close()

@@ -208,6 +208,24 @@ def test_redis_counts_a_list_a_stream_and_a_sorted_set_and_a_missing_key_is_zero
     assert _redis(redis_server.url, missing).read() == 0
 
 
+def test_a_redis_key_that_changes_type_is_counted_as_what_it_is_now(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client()
+    key = _key()
+    source = _redis(redis_server.url, key)
+    client.zadd(key, {"a": 1, "b": 2, "c": 3})
+    assert source.read() == 3  # guessed a list: counted in a second round trip
+    assert source.read() == 3  # guessed a sorted set now: one round trip
+    client.delete(key)
+    client.rpush(key, "x")
+    assert source.read() == 1
+    client.delete(key)
+    client.xadd(key, {"job": 1})
+    client.xadd(key, {"job": 2})
+    assert source.read() == 2
+
+
 @pytest.mark.parametrize("kind", ["string", "hash", "set"])
 def test_a_redis_key_of_another_type_is_an_error_naming_the_key_and_its_type(
     redis_server: RedisServer, kind: str
