@@ -53,7 +53,9 @@ def register_demand(spec: Mapping[str, Any], demand: DemandRegistry, user: str =
     """Turn ``{backend: N | [groups]}`` into requests; return the pilots asked for."""
     total = 0
     for backend, value in spec.items():
-        groups = [{"group": "default", "pilots": value}] if isinstance(value, int) else value
+        groups: list[Mapping[str, Any]] = (
+            [{"group": "default", "pilots": value}] if isinstance(value, int) else value
+        )
         for group in groups:
             pilots = int(group["pilots"])
             if pilots <= 0:

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from loguru import logger
 from prometheus_client import (
@@ -118,7 +118,8 @@ class MetricsServer:
                     elif key.fileobj is self._wake_r:
                         return
                     else:
-                        self._serve(self._scrapes.get(key.fileobj), mask)  # type: ignore[arg-type]
+                        # every other registered file is a scrape's socket
+                        self._serve(self._scrapes.get(cast(socket.socket, key.fileobj)), mask)
                 now = time.monotonic()
                 for scrape in [s for s in self._scrapes.values() if s.deadline <= now]:
                     self.counts["timed_out"] += 1

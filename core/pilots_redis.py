@@ -11,15 +11,14 @@ cluster), as the store's other keys do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
 from gridgate.core.pilots import Counts, Pilot, PilotRegistry, decode, encode
 
 if TYPE_CHECKING:
     from gridgate.core.state_redis import RedisState
 
-T = TypeVar("T")
 SEP = "\x1f"
 #: Pilots per Lua script.
 CHUNK = 2000
@@ -84,21 +83,19 @@ class RedisPilots(PilotRegistry):
 
     def __init__(self, store: RedisState) -> None:
         self.store = store
-        self._client = store._client
+        # answers come decoded to str (the store's client); redis-py's types say bytes | str
+        self._client = store.client
         self._p = store.prefix
         self._put = self._client.register_script(_PUT)
         self._prune = self._client.register_script(_PRUNE)
 
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        return self.store._call(what, fn)
-
     def _rows(self, fields: Sequence[str]) -> list[Pilot]:
         if not fields:
             return []
-        values = self._call(
-            "read pilots", lambda: self._client.hmget(f"{self._p}pilots:row", list(fields))
+        values = self.store.call(
+            "read pilots", self._client.hmget, f"{self._p}pilots:row", list(fields)
         )
-        return [decode(v) for v in values if v is not None]
+        return [decode(cast(str, v)) for v in values if v is not None]
 
     def put(self, pilots: Iterable[Pilot]) -> None:
         args: list[str] = []
@@ -114,15 +111,18 @@ class RedisPilots(PilotRegistry):
         step = 6 * CHUNK
         for start in range(0, len(args), step):
             chunk = args[start : start + step]
-            self._call("write pilots", lambda c=chunk: self._put(keys=[self._p], args=c))
+            self.store.call("write pilots", self._put, keys=[self._p], args=chunk)
 
     def active(self, backend: str, endpoint: str) -> list[Pilot]:
         key = f"{self._p}pilots:active:{_ep(backend, endpoint)}"
-        fields = self._call("read pilots", lambda: self._client.smembers(key))
+        fields = cast("set[str]", self.store.call("read pilots", self._client.smembers, key))
         return sorted(self._rows(sorted(fields)), key=lambda p: (p.submitted, p.job_id))
 
     def counts(self) -> Counts:
-        raw = self._call("count pilots", lambda: self._client.hgetall(f"{self._p}pilots:count"))
+        raw = cast(
+            "dict[str, str]",
+            self.store.call("count pilots", self._client.hgetall, f"{self._p}pilots:count"),
+        )
         out: Counts = {}
         for name, value in raw.items():
             number = int(value)
@@ -133,13 +133,13 @@ class RedisPilots(PilotRegistry):
 
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
         key = f"{self._p}pilots:fin:{_ep(backend, endpoint)}"
-        fields = self._call(
+        fields = self.store.call(
             "read pilots",
             lambda: self._client.zrevrangebyscore(
                 key, "+inf", f"({float(after)!r}", start=0, num=int(n)
             ),
         )
-        return self._rows(fields)
+        return self._rows(cast("list[str]", fields))
 
     def query(
         self,
@@ -152,14 +152,14 @@ class RedisPilots(PilotRegistry):
             ep = _ep(backend, endpoint)
 
             def fields() -> list[str]:
-                active = self._client.smembers(f"{self._p}pilots:active:{ep}")
-                done = self._client.zrange(f"{self._p}pilots:fin:{ep}", 0, -1)
-                return sorted(set(active) | set(done))
+                active = cast("set[str]", self._client.smembers(f"{self._p}pilots:active:{ep}"))
+                done = cast("list[str]", self._client.zrange(f"{self._p}pilots:fin:{ep}", 0, -1))
+                return sorted(active | set(done))
 
-            pilots = self._rows(self._call("read pilots", fields))
+            pilots = self._rows(self.store.call("read pilots", fields))
         else:
             pilots = []
-            for _name, value in self._call(
+            for _name, value in self.store.call(
                 "read pilots",
                 lambda: list(self._client.hscan_iter(f"{self._p}pilots:row", count=5000)),
             ):
@@ -184,7 +184,7 @@ class RedisPilots(PilotRegistry):
         total = 0
         while True:
             gone = int(
-                self._call(
+                self.store.call(
                     "prune pilots",
                     lambda: self._prune(keys=[self._p], args=[repr(float(before)), str(CHUNK)]),
                 )

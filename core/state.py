@@ -41,6 +41,8 @@ class StateStore(ABC):
     """
 
     config_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+    # made on first use by pilot_registry(), one per store
+    _pilot_registry: PilotRegistry | None = None
 
     def __init__(
         self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
@@ -93,7 +95,7 @@ class StateStore(ABC):
 
         A driver that does not override this keeps pilots in this process only."""
         with _REGISTRY_LOCK:
-            registry = getattr(self, "_pilot_registry", None)
+            registry = self._pilot_registry
             if registry is None:
                 from gridgate.core.pilots import MemoryPilots
 
@@ -111,13 +113,15 @@ _REGISTRY_LOCK = threading.Lock()
 # Helpers shared by the drivers
 
 
-def _check_key(key: str) -> str:
+def check_key(key: str) -> str:
+    """``key`` if it is a non-empty string (every driver checks its keys with this)."""
     if not isinstance(key, str) or not key:
         raise TypeError(f"state keys are non-empty strings, got {key!r}")
     return key
 
 
-def _check_value(value: str) -> str:
+def check_value(value: str) -> str:
+    """``value`` if it is a string: drivers store text, callers encode JSON."""
     if not isinstance(value, str):
         raise TypeError(f"state values are strings (encode JSON first), got {type(value).__name__}")
     return value
@@ -132,7 +136,11 @@ def _check_ttl(ttl: float | None) -> float | None:
     return float(ttl)
 
 
-def _expires(clock: Clock, ttl: float | None) -> float | None:
+def expires_at(clock: Clock, ttl: float | None) -> float | None:
+    """The clock time at which a value written now with ``ttl`` expires (None: never).
+
+    :raises ValueError: for a ttl that is not a positive finite number.
+    """
     ttl = _check_ttl(ttl)
     return None if ttl is None else clock.time() + ttl
 
@@ -209,9 +217,9 @@ class MemoryState(StateStore):
             del self._data[k]
 
     def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
-        _check_key(key)
-        _check_value(value)
-        expires = _expires(self.clock, ttl)
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
         with self._lock:
             now = self.clock.time()
             self._maybe_prune(now)
@@ -221,9 +229,9 @@ class MemoryState(StateStore):
             return True
 
     def set(self, key: str, value: str, ttl: float | None = None) -> None:
-        _check_key(key)
-        _check_value(value)
-        expires = _expires(self.clock, ttl)
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
         with self._lock:
             self._maybe_prune(self.clock.time())
             self._data[key] = (value, expires)
@@ -257,7 +265,7 @@ class MemoryState(StateStore):
             return entry[1] - now
 
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
-        _check_key(stream)
+        check_key(stream)
         when, text = encode_record(record)
         with self._lock:
             self._records.setdefault(stream, []).append((when, text))
@@ -455,7 +463,7 @@ class SqliteState(StateStore):
     def pilot_registry(self) -> PilotRegistry:
         """The ``pilots`` table of this file."""
         with self._lock:
-            registry = getattr(self, "_pilot_registry", None)
+            registry = self._pilot_registry
             if registry is None:
                 from gridgate.core.pilots import SqlitePilots
 
@@ -469,9 +477,9 @@ class SqliteState(StateStore):
         self._execute("prune", "DELETE FROM kv WHERE expires IS NOT NULL AND expires <= ?", (now,))
 
     def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
-        _check_key(key)
-        _check_value(value)
-        expires = _expires(self.clock, ttl)
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
         with self._lock:
             now = self.clock.time()
             self._maybe_prune(now)
@@ -479,9 +487,9 @@ class SqliteState(StateStore):
             return cur.rowcount == 1
 
     def set(self, key: str, value: str, ttl: float | None = None) -> None:
-        _check_key(key)
-        _check_value(value)
-        expires = _expires(self.clock, ttl)
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
         with self._lock:
             self._maybe_prune(self.clock.time())
             self._execute("write", _SQL_SET, (key, value, expires))
@@ -525,7 +533,7 @@ class SqliteState(StateStore):
         return row[0] - now
 
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
-        _check_key(stream)
+        check_key(stream)
         when, text = encode_record(record)
         with self._lock:
             self._execute(

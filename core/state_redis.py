@@ -13,17 +13,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar, cast
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.state import (
     StateError,
     StateStore,
-    _check_key,
-    _check_value,
-    _expires,
+    check_key,
+    check_value,
     encode_record,
+    expires_at,
 )
 
 try:
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from gridgate.core.pilots import PilotRegistry
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # KEYS: data key, index. ARGV: payload, px ('' for none), now, member.
 # A present key whose clock expiry has passed counts as absent; otherwise SET NX PX decides.
@@ -214,9 +215,17 @@ class RedisState(StateStore):
         scheme, _, _creds = head.partition("://")
         return f"{scheme}://***@{tail}"
 
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client of this store. It decodes every answer to ``str``
+        (``decode_responses``), which redis-py's types cannot know: callers cast."""
+        return self._client
+
+    def call(self, what: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)``, a Redis error raised as :class:`StateError` saying that
+        this store cannot ``what`` (and never the password)."""
         try:
-            return fn()
+            return fn(*args, **kwargs)
         except RedisError as exc:
             raise StateError(f"redis state at {self._safe_url()}: cannot {what}: {exc}") from exc
 
@@ -230,21 +239,21 @@ class RedisState(StateStore):
         return str(max(1, math.ceil((expires - self.clock.time()) * 1000)))
 
     def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
-        _check_key(key)
-        _check_value(value)
-        expires = _expires(self.clock, ttl)
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
         self._maybe_prune()
         args = [_payload(value, expires), self._px(expires), repr(self.clock.time()), key]
-        won = self._call("add", lambda: self._add(keys=[self._key(key), self._index], args=args))
+        won = self.call("add", lambda: self._add(keys=[self._key(key), self._index], args=args))
         return bool(won)
 
     def set(self, key: str, value: str, ttl: float | None = None) -> None:
-        _check_key(key)
-        _check_value(value)
-        expires = _expires(self.clock, ttl)
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
         self._maybe_prune()
         args = [_payload(value, expires), self._px(expires), key]
-        self._call("write", lambda: self._set(keys=[self._key(key), self._index], args=args))
+        self.call("write", lambda: self._set(keys=[self._key(key), self._index], args=args))
 
     def _live(self, payload: str | None, now: float) -> tuple[float | None, str] | None:
         if payload is None:
@@ -255,17 +264,19 @@ class RedisState(StateStore):
         return expires, value
 
     def get(self, key: str) -> str | None:
-        payload = self._call("read", lambda: self._client.get(self._key(key)))
+        payload = cast("str | None", self.call("read", self._client.get, self._key(key)))
         live = self._live(payload, self.clock.time())
         return None if live is None else live[1]
 
     def delete(self, key: str) -> bool:
-        payload = self._call(
+        payload = self.call(
             "delete", lambda: self._delete(keys=[self._key(key), self._index], args=[key])
         )
         return self._live(payload or None, self.clock.time()) is not None
 
     def items(self, prefix: str = "") -> list[tuple[str, str]]:
+        low: str
+        high: str | bytes
         if prefix:
             # Keys are UTF-8, which never contains byte 0xFF: "[prefix\xff" bounds the range.
             low, high = f"[{prefix}", b"[" + prefix.encode() + b"\xff"
@@ -273,11 +284,11 @@ class RedisState(StateStore):
             low, high = "-", "+"
 
         def fetch() -> tuple[list[str], list[str | None]]:
-            members = self._client.zrangebylex(self._index, low, high)
+            members = cast("list[str]", self._client.zrangebylex(self._index, low, high))
             payloads = self._client.mget([self._key(m) for m in members]) if members else []
-            return members, payloads
+            return members, cast("list[str | None]", payloads)
 
-        members, payloads = self._call("list", fetch)
+        members, payloads = self.call("list", fetch)
         now = self.clock.time()
         out: list[tuple[str, str]] = []
         gone: list[str] = []
@@ -295,7 +306,7 @@ class RedisState(StateStore):
 
     def _forget_members(self, members: list[str]) -> None:
         keys = [self._index, *(self._key(m) for m in members)]
-        self._call("clean index", lambda: self._forget(keys=keys, args=members))
+        self.call("clean index", lambda: self._forget(keys=keys, args=members))
 
     def _maybe_prune(self) -> None:
         """Drop index entries whose key Redis has expired, now and then."""
@@ -305,13 +316,13 @@ class RedisState(StateStore):
         self._last_prune = now
         cursor = 0
         while True:
-            cursor, batch = self._call(
-                "sweep index", lambda c=cursor: self._client.zscan(self._index, c, count=500)
+            cursor, batch = self.call(
+                "sweep index", self._client.zscan, self._index, cursor, count=500
             )
-            members = [m for m, _score in batch]
+            members = [cast(str, m) for m, _score in batch]
             if members:
-                payloads = self._call(
-                    "sweep index", lambda ms=members: self._client.mget([self._key(m) for m in ms])
+                payloads = self.call(
+                    "sweep index", self._client.mget, [self._key(m) for m in members]
                 )
                 gone = [m for m, p in zip(members, payloads, strict=True) if p is None]
                 if gone:
@@ -320,7 +331,7 @@ class RedisState(StateStore):
                 break
 
     def ttl(self, key: str) -> float | None:
-        payload = self._call("read", lambda: self._client.get(self._key(key)))
+        payload = cast("str | None", self.call("read", self._client.get, self._key(key)))
         now = self.clock.time()
         live = self._live(payload, now)
         if live is None or live[0] is None:
@@ -328,33 +339,33 @@ class RedisState(StateStore):
         return live[0] - now
 
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
-        _check_key(stream)
+        check_key(stream)
         when, text = encode_record(record)
         keys = [f"{self.prefix}rec:{stream}", f"{self.prefix}recseq"]
-        self._call("append", lambda: self._append(keys=keys, args=[repr(when), text]))
+        self.call("append", lambda: self._append(keys=keys, args=[repr(when), text]))
 
     def prune_records(self, stream: str, before: float) -> int:
         key = f"{self.prefix}rec:{stream}"
         return int(
-            self._call(
+            self.call(
                 "prune records",
                 lambda: self._client.zremrangebyscore(key, "-inf", f"({float(before)!r}"),
             )
         )
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
-        members = self._call(
+        members = self.call(
             "read records",
             lambda: self._client.zrangebyscore(
                 f"{self.prefix}rec:{stream}", repr(float(since)), "+inf"
             ),
         )
         # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
-        return [json.loads(m.partition(" ")[2]) for m in members]
+        return [json.loads(m.partition(" ")[2]) for m in cast("list[str]", members)]
 
     def pilot_registry(self) -> PilotRegistry:
         """The pilot registry on this server, under this store's prefix."""
-        registry = getattr(self, "_pilot_registry", None)
+        registry = self._pilot_registry
         if registry is None:
             from gridgate.core.pilots_redis import RedisPilots
 
