@@ -657,6 +657,11 @@ class WaitingGauge:
                     f"keeping the last figure, {self._last} jobs read {age:.0f} s ago, for up "
                     f"to {self.keep_last:g} s"
                 )
+            elif self._last is not None:
+                effect = (
+                    f"its last figure is older than keep_last ({self.keep_last:g} s): asking "
+                    "for no pilots until it answers"
+                )
             else:
                 effect = "no figure to keep: asking for no pilots until it answers"
             logger.error(
@@ -692,7 +697,11 @@ class WaitingGauges:
         self._servers: dict[tuple[str, str | None, float], _RedisServer] = {}
         self.gauges: dict[str, WaitingGauge] = {}
         for group, spec in sources.items():
-            keep = keep_last if isinstance(keep_last, (int, float)) else keep_last[group]
+            keep = (
+                keep_last
+                if isinstance(keep_last, (int, float))
+                else keep_last.get(group, DEFAULT_KEEP_LAST)
+            )
             source = make_source(spec, self._servers)
             self.gauges[group] = WaitingGauge(group, source, keep_last=float(keep), clock=clock)
 

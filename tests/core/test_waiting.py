@@ -522,6 +522,30 @@ def test_a_source_failing_from_the_start_asks_for_nothing() -> None:
     assert (figure.jobs, figure.age, figure.started_failing) == (0, None, True)
 
 
+def test_with_keep_last_zero_a_failure_asks_for_nothing_at_once_and_says_so_once(
+    logs: list[tuple[str, str]],
+) -> None:
+    clock = FakeClock()
+    gauge = WaitingGauge("mc", Scripted([40, "down", "down"]), keep_last=0, clock=clock)
+    assert gauge.waiting().jobs == 40
+    clock.advance(1)
+    assert gauge.waiting().jobs == 0
+    assert gauge.waiting().jobs == 0
+    assert [level for level, _m in logs] == ["ERROR"]
+    assert "older than keep_last (0 s)" in logs[0][1]
+
+
+def test_keep_last_may_differ_per_group() -> None:
+    gauges = WaitingGauges(
+        {
+            "a": {"command": {"argv": ["true"], "field": "a"}},
+            "b": {"command": {"argv": ["true"], "field": "b"}},
+        },
+        keep_last={"a": 30},
+    )
+    assert (gauges.gauges["a"].keep_last, gauges.gauges["b"].keep_last) == (30, DEFAULT_KEEP_LAST)
+
+
 def test_a_real_http_source_failing_and_coming_back(
     web: tuple[str, Answers], logs: list[tuple[str, str]]
 ) -> None:
