@@ -275,6 +275,26 @@ def test_a_redis_password_is_read_from_its_secret_and_used(
             _redis(server.url, key, password={"env": "H5_TQ_PASSWORD"})
 
 
+def test_a_redis_user_allowed_only_the_four_counting_commands_is_enough(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with RedisServer(tmp_path / "redis") as server:
+        admin = server.client()
+        admin.execute_command(
+            "ACL", "SETUSER", "tq", "on", ">pw", "~tq:*", "-@all", "+type", "+llen", "+xlen"
+        )
+        admin.execute_command("ACL", "SETUSER", "tq", "+zcard")
+        admin.rpush("tq:mc", 1, 2)
+        admin.xadd("tq:sim", {"job": 1})
+        monkeypatch.setenv("H5_TQ_PASSWORD", "pw")
+        url = f"redis://tq@127.0.0.1:{server.port}/0"
+        secret = {"env": "H5_TQ_PASSWORD"}
+        assert _redis(url, "tq:mc", password=secret).read() == 2
+        assert _redis(url, "tq:sim", password=secret).read() == 1
+        with pytest.raises(SourceError, match="key other:mc: TYPE other:mc: .*no permissions"):
+            _redis(url, "other:mc", password=secret).read()
+
+
 def test_redis_sources_of_one_server_are_read_together_each_with_its_own_answer(
     redis_server: RedisServer, web: tuple[str, Answers]
 ) -> None:
