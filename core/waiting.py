@@ -187,7 +187,8 @@ class SourceError(Exception):
 
 
 class FetchError(Exception):
-    """An HTTP GET gave no complete answer (status, timeout, size, connection)."""
+    """A source's answer could not be had: an HTTP GET without a complete answer (status,
+    timeout, size, connection), a command that did not end well."""
 
 
 # --- counts -----------------------------------------------------------------------------
@@ -478,12 +479,23 @@ class HttpSource:
     def name(self) -> str:
         return f"http {self.url} field {self.field}"
 
+    @property
+    def answer_key(self) -> tuple[object, ...]:
+        """Sources with the same key get the same answer: one GET serves them all."""
+        return ("http", self.url, self.timeout, self.max_bytes, self.ca_path)
+
+    def fetch(self) -> bytes:
+        """The answer, not yet parsed.
+
+        :raises FetchError: when there is none (the message does not name the source).
+        """
+        return http_get(
+            self.url, timeout=self.timeout, max_bytes=self.max_bytes, ca_path=self.ca_path
+        )
+
     def read(self) -> int:
         try:
-            body = http_get(
-                self.url, timeout=self.timeout, max_bytes=self.max_bytes, ca_path=self.ca_path
-            )
-            return parse_count(body, self.field)
+            return parse_count(self.fetch(), self.field)
         except (FetchError, ValueError) as exc:
             raise SourceError(f"{self.name}: {exc}") from None
 
@@ -508,20 +520,32 @@ class CommandSource:
     def name(self) -> str:
         return f"command {list(self.argv)} field {self.field}"
 
-    def read(self) -> int:
+    @property
+    def answer_key(self) -> tuple[object, ...]:
+        """Sources with the same key get the same answer: one run serves them all."""
+        return ("command", self.argv, self.timeout, self.max_bytes)
+
+    def fetch(self) -> str:
+        """What the command printed, not yet parsed.
+
+        :raises FetchError: when it did not end well (the message does not name the source).
+        """
         result = run(self.argv, self.timeout, max_output=self.max_bytes)
         if result.launch_error is not None:
-            raise SourceError(f"{self.name}: cannot start: {result.launch_error}")
+            raise FetchError(f"cannot start: {result.launch_error}")
         if result.timed_out:
-            raise SourceError(f"{self.name}: killed after {self.timeout:g} s without an answer")
+            raise FetchError(f"killed after {self.timeout:g} s without an answer")
         if result.returncode != 0:
             tail = result.stderr.strip()[-200:]
-            raise SourceError(f"{self.name}: exit code {result.returncode}: {tail!r}")
+            raise FetchError(f"exit code {result.returncode}: {tail!r}")
         if result.stdout_truncated:
-            raise SourceError(f"{self.name}: printed more than max_bytes ({self.max_bytes})")
+            raise FetchError(f"printed more than max_bytes ({self.max_bytes})")
+        return result.stdout
+
+    def read(self) -> int:
         try:
-            return parse_count(result.stdout, self.field)
-        except ValueError as exc:
+            return parse_count(self.fetch(), self.field)
+        except (FetchError, ValueError) as exc:
             raise SourceError(f"{self.name}: {exc}") from None
 
 
@@ -706,22 +730,43 @@ class WaitingGauges:
             self.gauges[group] = WaitingGauge(group, source, keep_last=float(keep), clock=clock)
 
     def waiting_all(self) -> dict[str, WaitingFigure]:
-        """Every group's figure this iteration (never raises)."""
+        """Every group's figure this iteration (never raises).
+
+        Sources that share an answer share one read: the Redis keys of one server go in one
+        pipelined round trip, groups reading fields of one URL (or of one command's output)
+        get one GET (one run) between them.
+        """
         figures: dict[str, WaitingFigure] = {}
         by_server: dict[int, list[WaitingGauge]] = {}
+        answers: dict[tuple[object, ...], bytes | str | FetchError] = {}
         for group, gauge in self.gauges.items():
-            if isinstance(gauge.source, RedisSource):
-                by_server.setdefault(id(gauge.source.server), []).append(gauge)
-            else:
+            source = gauge.source
+            if isinstance(source, RedisSource):
+                by_server.setdefault(id(source.server), []).append(gauge)
+                continue
+            if not isinstance(source, (HttpSource, CommandSource)):
                 figures[group] = gauge.waiting()
+                continue
+            if source.answer_key not in answers:
+                try:
+                    answers[source.answer_key] = source.fetch()
+                except FetchError as exc:
+                    answers[source.answer_key] = exc
+            answer = answers[source.answer_key]
+            try:
+                if isinstance(answer, FetchError):
+                    raise answer
+                figures[group] = gauge.answered(parse_count(answer, source.field))
+            except (FetchError, ValueError) as exc:
+                figures[group] = gauge.failed(f"{source.name}: {exc}")
         for gauges in by_server.values():
             sources = [g.source for g in gauges if isinstance(g.source, RedisSource)]
-            answers = sources[0].server.counts([s.key for s in sources])
-            for gauge, source, answer in zip(gauges, sources, answers, strict=True):
+            counts = sources[0].server.counts([s.key for s in sources])
+            for gauge, redis_source, count in zip(gauges, sources, counts, strict=True):
                 figures[gauge.group] = (
-                    gauge.failed(f"{source.name}: {answer}")
-                    if isinstance(answer, str)
-                    else gauge.answered(answer)
+                    gauge.failed(f"{redis_source.name}: {count}")
+                    if isinstance(count, str)
+                    else gauge.answered(count)
                 )
         return {group: figures[group] for group in self.gauges}
 

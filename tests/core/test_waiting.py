@@ -58,6 +58,7 @@ class Answers:
     release: threading.Event = field(default_factory=threading.Event)
     #: handlers inside a hang or trickle right now: proof that the client gave up first
     stuck: int = 0
+    requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -66,6 +67,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         answers = self.server.answers
+        with answers.lock:
+            answers.requests += 1
         if answers.mode == "hang":
             with answers.lock:
                 answers.stuck += 1
@@ -325,6 +328,42 @@ def test_redis_sources_of_one_server_are_read_together_each_with_its_own_answer(
     assert f"key {wrong}" in figures["broken"].problem and "holds a string" in (
         figures["broken"].problem
     )
+
+
+def test_groups_reading_one_url_or_one_command_share_one_read_per_iteration(
+    web: tuple[str, Answers], tmp_path: Path
+) -> None:
+    url, answers = web
+    runs = tmp_path / "runs"
+    code = f"open({str(runs)!r}, 'a').write('x'); print('{{\"mc\": 3, \"sim\": 4}}')"
+    argv = [sys.executable, "-c", code]
+    gauges = WaitingGauges(
+        {
+            "mc": {"http": {"url": url, "field": "mc"}},
+            "analysis": {"http": {"url": url, "field": "analysis"}},
+            "other": {"http": {"url": url, "field": "missing"}},
+            "cmd_mc": {"command": {"argv": argv, "field": "mc"}},
+            "cmd_sim": {"command": {"argv": argv, "field": "sim"}},
+        },
+        clock=FakeClock(),
+    )
+    figures = gauges.waiting_all()
+    assert {g: f.jobs for g, f in figures.items()} == {
+        "mc": 7,
+        "analysis": 12,
+        "other": 0,
+        "cmd_mc": 3,
+        "cmd_sim": 4,
+    }
+    assert figures["other"].problem is not None
+    assert f"http {url} field missing: the answer has no field" in figures["other"].problem
+    assert answers.requests == 1 and runs.read_text() == "x"
+    answers.status = 500
+    figures = gauges.waiting_all()
+    assert answers.requests == 2
+    for group in ("mc", "analysis"):
+        problem = figures[group].problem
+        assert problem is not None and problem.startswith(f"http {url} field ") and "500" in problem
 
 
 def test_every_redis_group_on_a_server_that_is_down_fails_under_its_own_name() -> None:
