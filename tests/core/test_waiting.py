@@ -283,10 +283,13 @@ def test_a_redis_user_allowed_only_the_four_counting_commands_is_enough(
 ) -> None:
     with RedisServer(tmp_path / "redis") as server:
         admin = server.client()
-        admin.execute_command(
-            "ACL", "SETUSER", "tq", "on", ">pw", "~tq:*", "-@all", "+type", "+llen", "+xlen"
+        admin.acl_setuser(
+            "tq",
+            enabled=True,
+            passwords=["+pw"],
+            keys=["tq:*"],
+            commands=["-@all", "+type", "+llen", "+xlen", "+zcard"],
         )
-        admin.execute_command("ACL", "SETUSER", "tq", "+zcard")
         admin.rpush("tq:mc", 1, 2)
         admin.xadd("tq:sim", {"job": 1})
         monkeypatch.setenv("H5_TQ_PASSWORD", "pw")
