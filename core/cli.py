@@ -272,7 +272,7 @@ def servers_group() -> None:
     """Servers out of rotation (failing cache) or watched (tickets window), and putting them back."""
 
 
-def _open_state_or_exit(path: str) -> Any:
+def open_state_or_exit(path: str) -> Any:
     """The state store the config at ``path`` names; exit 1 for one no other process can read."""
     from gridgate.core.director import open_state
 
@@ -298,7 +298,7 @@ def servers_list(path: str, as_json: bool) -> None:
     """What the failing and tickets caches hold now, read from the director's state store."""
     from gridgate.core.failing import FailingCache
 
-    state = _open_state_or_exit(path)
+    state = open_state_or_exit(path)
     try:
         rows = FailingCache(state).view(time.time())
     finally:
@@ -334,7 +334,7 @@ def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json
 
     if not servers and not everything:
         raise click.UsageError("name at least one server, or --all")
-    state = _open_state_or_exit(path)
+    state = open_state_or_exit(path)
     try:
         cleared = FailingCache(state).clear(list(servers), everything=everything)
     finally:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gridgate.core import hookimpl
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES, Endpoint
-from gridgate.core.pilots import Pilot
+from gridgate.core.pilots import Pilot, PilotRegistry
 from gridgate.core.report import render_states
 from gridgate.core.tracking import cancel_pilots, state_counts
+
+if TYPE_CHECKING:
+    from gridgate.core.iteration import Runtime
 
 
 class Commands:
@@ -31,9 +34,9 @@ def pilots_group() -> None:
 
 
 def _registry(path: str) -> tuple[Any, Any]:
-    from gridgate.core.cli import _open_state_or_exit
+    from gridgate.core.cli import open_state_or_exit
 
-    state = _open_state_or_exit(path)
+    state = open_state_or_exit(path)
     return state, state.pilot_registry()
 
 
@@ -145,7 +148,7 @@ def pilots_cancel(
             for p in registry.query(backend, endpoint, list(states) or None)
             if p.state not in TERMINAL_STATES and (everything or p.job_id in set(job_ids))
         ]
-        outcome = cancel(director, registry, live)
+        outcome = cancel(director.runtime, registry, live)
     finally:
         director.close()
         state.close()
@@ -163,15 +166,18 @@ def pilots_cancel(
         raise SystemExit(1)
 
 
-def cancel(director: Any, registry: Any, pilots: Sequence[Pilot]) -> dict[str, dict[str, Any]]:
+def cancel(
+    runtime: Runtime, registry: PilotRegistry, pilots: Sequence[Pilot]
+) -> dict[str, dict[str, Any]]:
     """Cancel ``pilots`` through the backends' ``gridgate_cancel``, one call per endpoint, and
-    record those cancelled; returns ``{"cancelled": {endpoint: ids}, "failed": {endpoint: why}}``."""
-    hook = director.pm.hook
+    record those cancelled; returns ``{"cancelled": {endpoint: ids}, "failed": {endpoint: why}}``.
+    ``runtime`` is a director's (``Director.runtime``): its plugins and config."""
+    hook = runtime.pm.hook
     by_endpoint: dict[tuple[str, str], list[Pilot]] = {}
     for pilot in pilots:
         by_endpoint.setdefault((pilot.backend, pilot.endpoint), []).append(pilot)
     out: dict[str, dict[str, Any]] = {"cancelled": {}, "failed": {}}
-    default_timeout = float(director.config.director["command_timeout"])
+    default_timeout = float(runtime.config.director["command_timeout"])
     for (backend, name), group in sorted(by_endpoint.items()):
         key = f"{backend}/{name}"
         info = hook.gridgate_backend_info(backend=backend)
@@ -185,7 +191,7 @@ def cancel(director: Any, registry: Any, pilots: Sequence[Pilot]) -> dict[str, d
         )
         timeout = float(info.command_timeout or default_timeout)  # type: ignore[union-attr]
         done, problem = cancel_pilots(
-            director, registry, endpoint, group, timeout, "cancelled with gridgate pilots cancel"
+            runtime, registry, endpoint, group, timeout, "cancelled with gridgate pilots cancel"
         )
         if done:
             out["cancelled"][key] = done

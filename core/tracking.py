@@ -16,7 +16,7 @@ import getpass
 import json
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,7 +40,7 @@ from gridgate.core.pilots import Counts, Pilot, PilotRegistry
 from gridgate.core.state import StateError
 
 if TYPE_CHECKING:
-    from gridgate.core.director import Director
+    from gridgate.core.iteration import FailurePath, Iteration, Runtime
 
 #: Where the time of an endpoint's last ``aborted`` verdict is kept: the next verdict counts
 #: only pilots that finished after it.
@@ -332,8 +332,17 @@ class _Poll:
 class PilotTracker:
     """The director's pilot bookkeeping; one per director, called from its iteration."""
 
-    def __init__(self, director: Director) -> None:
-        self.director = director
+    def __init__(
+        self,
+        runtime: Runtime,
+        failures: FailurePath,
+        on_stuck: Callable[[dict[str, str]], None] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        #: where a failed poll, aborting pilots or a cancel this machine cannot run go
+        self.failures = failures
+        #: told which backends' limits have been stuck (the director's stall watch)
+        self.on_stuck = on_stuck
         #: last poll per endpoint, used only while the state store cannot say (see _claim)
         self._last_poll: dict[str, float] = {}
         self._last_prune: float | None = None
@@ -362,12 +371,12 @@ class PilotTracker:
 
     @property
     def settings(self) -> PilotSettings:
-        return PilotSettings(self.director.config.director.get("pilots") or {})
+        return PilotSettings(self.runtime.config.director.get("pilots") or {})
 
     def _registry(self, quiet: bool = False) -> PilotRegistry | None:
         """The store's registry; None while the store is down (the director runs on its local
         view then, and every call to the store would wait for it to time out)."""
-        if getattr(self.director.state, "degraded", False):
+        if getattr(self.runtime.state, "degraded", False):
             if not quiet:
                 logger.error(
                     "state store unavailable: pilots are not polled, limited or tracked "
@@ -375,7 +384,7 @@ class PilotTracker:
                 )
             return None
         try:
-            return self.director.state.pilot_registry()
+            return self.runtime.state.pilot_registry()
         except StateError as exc:
             if not quiet:
                 logger.error(
@@ -433,7 +442,7 @@ class PilotTracker:
 
     # --- the start of an iteration -------------------------------------------------------------
 
-    def prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
+    def prepare(self, demand: DemandRegistry, it: Iteration) -> DemandRegistry:
         """Poll what is due, cancel what waited too long, and return the demand trimmed to the
         limits; ``it.limits`` and ``it.pilots`` are set for the submissions and the summary.
         A bug here (or in a plugin it calls) costs the polling of one iteration, never the
@@ -453,15 +462,15 @@ class PilotTracker:
                 it.limits = None
                 return demand
 
-    def _prepare(self, demand: DemandRegistry, it: Any) -> DemandRegistry:
+    def _prepare(self, demand: DemandRegistry, it: Iteration) -> DemandRegistry:
         settings = self.settings
         self._states = {}
         if not settings["track"]:
             return demand
         self._iterations += 1
         self._load_pending()
-        director = self.director
-        hook = director.pm.hook
+        runtime = self.runtime
+        hook = runtime.pm.hook
         registry = self._registry()
         counts: Counts | None = None
         if registry is not None:
@@ -476,7 +485,7 @@ class PilotTracker:
         backends = list(
             dict.fromkeys(
                 [
-                    *(director.config.get("backends") or {}),
+                    *(runtime.config.get("backends") or {}),
                     *(r.backend for r in demand.requests),
                     *(b for b, _e, _s in counts),
                 ]
@@ -487,7 +496,7 @@ class PilotTracker:
             info = hook.gridgate_backend_info(backend=backend)
             if info is not None:
                 infos[backend] = info
-        now = director.clock.time()
+        now = runtime.clock.time()
         report: dict[str, Any] = {
             "polls": [],
             "changed": 0,
@@ -506,7 +515,7 @@ class PilotTracker:
                 for endpoint in endpoints:
                     if endpoint.key in polled_ok:
                         try:
-                            director.state.set(RETIRED_OK + endpoint.key, repr(now), ttl=ttl)
+                            runtime.state.set(RETIRED_OK + endpoint.key, repr(now), ttl=ttl)
                         except StateError:
                             pass  # lost_after then counts from the notice: sooner, not never
                     else:
@@ -565,19 +574,18 @@ class PilotTracker:
     def _trim(
         self,
         demand: DemandRegistry,
-        it: Any,
+        it: Iteration,
         settings: PilotSettings,
         counts: Counts,
         infos: Mapping[str, BackendInfo],
         report: dict[str, Any],
         retired: Iterable[str] = (),
     ) -> DemandRegistry:
-        director = self.director
         limits = Limits(settings, counts, infos, self._blind, retired)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         kept, cuts = limits.trim(demand.requests, usable)
         for request, limit, pilots in cuts:
-            director._account(it, request, None, "skipped", pilots, failure_kind=limit)
+            self.failures.account(it, request, None, "skipped", pilots, failure_kind=limit)
         self._stuck(settings, infos, kept, cuts, counts)
         self._save_pending()
         it.limits = limits
@@ -604,18 +612,18 @@ class PilotTracker:
     def _prepare_blind(
         self,
         demand: DemandRegistry,
-        it: Any,
+        it: Iteration,
         settings: PilotSettings,
         why: str = "pilot registry unavailable",
     ) -> DemandRegistry:
         """No registry this iteration: nothing is polled, and the demand is trimmed to the
         limits on the last known counts and this process's own submissions since."""
-        hook = self.director.pm.hook
+        hook = self.runtime.pm.hook
         counts = self._local_counts()
         backends = list(
             dict.fromkeys(
                 [
-                    *(self.director.config.get("backends") or {}),
+                    *(self.runtime.config.get("backends") or {}),
                     *(r.backend for r in demand.requests),
                 ]
             )
@@ -639,7 +647,7 @@ class PilotTracker:
         return self._trim(demand, it, settings, counts, infos, report)
 
     def _pending_path(self) -> Path | None:
-        folder = self.director.config.director.get("state_dir")
+        folder = self.runtime.config.director.get("state_dir")
         return Path(folder) / PENDING_FILE if folder else None
 
     def _load_pending(self) -> None:
@@ -740,8 +748,8 @@ class PilotTracker:
         A full site is not one: when the backend's polls answer and some of its pilots run,
         the waiting ones wait for the slots those hold (long pilots change no state for hours),
         and the limit is doing its job."""
-        limit = int(self.director.config.director.get("stall_iterations", 3))
-        now = self.director.clock.time()
+        limit = int(self.runtime.config.director.get("stall_iterations", 3))
+        now = self.runtime.clock.time()
         served = {r.backend for r in kept}
         stuck: dict[str, str] = {}
         for request, _limit, _n in cuts:
@@ -764,14 +772,13 @@ class PilotTracker:
                     f"demand trimmed to zero by the pilot limits, and no pilot of "
                     f"{backend} changed state for {polls} iteration(s)"
                 )
-        watch = getattr(self.director, "stall", None)
-        if watch is not None and hasattr(watch, "limits_stuck"):
-            watch.limits_stuck(stuck)
+        if self.on_stuck is not None:
+            self.on_stuck(stuck)
 
     # --- endpoints no longer configured -------------------------------------------------------------
 
     def _retired(
-        self, counts: Counts, infos: Mapping[str, BackendInfo], it: Any, now: float
+        self, counts: Counts, infos: Mapping[str, BackendInfo], it: Iteration, now: float
     ) -> dict[str, list[Endpoint]]:
         """Endpoints of configured backends that still hold non-terminal pilots but are no
         longer in the config. The first time one is seen, a notice names it: its pilots leave
@@ -793,7 +800,7 @@ class PilotTracker:
         for endpoints in out.values():
             for endpoint in endpoints:
                 try:
-                    first = self.director.state.add_if_absent(
+                    first = self.runtime.state.add_if_absent(
                         RETIRED + endpoint.key, repr(now), ttl=ttl
                     )
                 except StateError:
@@ -802,7 +809,7 @@ class PilotTracker:
                     self._retired_notice(endpoint, held[endpoint.key], it, now)
         return out
 
-    def _retired_notice(self, endpoint: Endpoint, n: int, it: Any, now: float) -> None:
+    def _retired_notice(self, endpoint: Endpoint, n: int, it: Iteration, now: float) -> None:
         from gridgate.core.model import Notification
 
         lost_after = float(self.settings["lost_after"])
@@ -824,9 +831,7 @@ class PilotTracker:
             key=f"{RETIRED}{endpoint.key}/{now:.0f}",
         )
         logger.warning("{}", note.subject)
-        with it.lock:
-            it.notifications.append(note)
-        self.director.pm.hook.gridgate_notify(notification=note)
+        self.failures.tell(it, note)
 
     def _retired_lost(
         self, registry: PilotRegistry, endpoint: Endpoint, settings: PilotSettings, now: float
@@ -837,7 +842,7 @@ class PilotTracker:
         try:
             since = (
                 max(
-                    float(self.director.state.get(key) or 0.0)
+                    float(self.runtime.state.get(key) or 0.0)
                     for key in (RETIRED + endpoint.key, RETIRED_OK + endpoint.key)
                 )
                 or now
@@ -868,7 +873,7 @@ class PilotTracker:
         self,
         registry: PilotRegistry,
         infos: Mapping[str, BackendInfo],
-        it: Any,
+        it: Iteration,
         settings: PilotSettings,
         now: float,
         retired: Mapping[str, Sequence[Endpoint]] | None = None,
@@ -876,18 +881,16 @@ class PilotTracker:
         due: list[tuple[Endpoint, float, float | None]] = []
         gone = {e.key for endpoints in (retired or {}).values() for e in endpoints}
         for backend, info in infos.items():
-            if it.paused(info):  # its credential is unusable (see _Iteration.paused): not asked
+            if it.paused(info):  # its credential is unusable (see Iteration.paused): not asked
                 continue
             interval = settings.for_backend(backend, "status_interval")
-            timeout = float(
-                info.command_timeout or self.director.config.director["command_timeout"]
-            )
+            timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
             # a server out of rotation is not asked; one no longer configured still is
             for endpoint in [*it.usable(info.endpoints), *(retired or {}).get(backend, ())]:
                 due.append((endpoint, timeout, None if interval is None else float(interval)))
         if not due:
             return []
-        threads = min(int(self.director.config.director["max_threads"]), len(due))
+        threads = min(int(self.runtime.config.director["max_threads"]), len(due))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
             futures = [
                 pool.submit(
@@ -909,7 +912,7 @@ class PilotTracker:
         """Whether ``endpoint``'s last poll is ``interval`` seconds old or more (a read only;
         :meth:`_claim` decides among directors)."""
         try:
-            held = self.director.state.get(POLLED + endpoint.key)
+            held = self.runtime.state.get(POLLED + endpoint.key)
             return held is None or now - float(held) >= interval
         except (StateError, ValueError):
             with self._lock:
@@ -921,7 +924,7 @@ class PilotTracker:
         store) is ``interval`` seconds old or more. The add is atomic, so of several directors
         one wins; a shortened interval takes effect at once."""
         key = POLLED + endpoint.key
-        state = self.director.state
+        state = self.runtime.state
         try:
             if state.add_if_absent(key, repr(now), ttl=interval):
                 return True
@@ -942,7 +945,7 @@ class PilotTracker:
         if interval is None:
             return
         try:
-            self.director.state.delete(POLLED + endpoint.key)
+            self.runtime.state.delete(POLLED + endpoint.key)
         except StateError:
             pass  # the claim was written with ttl=interval: it lapses by itself
         with self._lock:
@@ -954,14 +957,14 @@ class PilotTracker:
         endpoint: Endpoint,
         timeout: float,
         interval: float | None,
-        it: Any,
+        it: Iteration,
         settings: PilotSettings,
         now: float,
         retired: bool = False,
     ) -> _Poll | None:
         with self._lock:
-            if self._blind_pm is not self.director.pm:  # plugins rebuilt: ask every backend again
-                self._blind_pm, self._blind = self.director.pm, set()
+            if self._blind_pm is not self.runtime.pm:  # plugins rebuilt: ask every backend again
+                self._blind_pm, self._blind = self.runtime.pm, set()
             if endpoint.backend in self._blind:  # it said it cannot: no need to read its pilots
                 return None
         if interval is not None and not self._due(endpoint, interval, now):
@@ -971,7 +974,7 @@ class PilotTracker:
             return None
         if interval is not None and not self._claim(endpoint, interval, now):
             return None
-        hook = self.director.pm.hook
+        hook = self.runtime.pm.hook
         ids = [p.job_id for p in active]
         answer = hook.gridgate_admit(
             request=AdmissionRequest(
@@ -979,7 +982,7 @@ class PilotTracker:
                 opcode="JOB_STATUS",
                 size=len(ids),
                 endpoint=endpoint,
-                user=_user(str(self.director.config.director.get("user") or "")),
+                user=_user(str(self.runtime.config.director.get("user") or "")),
             )
         )
         if isinstance(answer, Refusal):
@@ -1019,7 +1022,7 @@ class PilotTracker:
             why = (
                 f"the output of {command.argv[0] if command.argv else 'the status command'} "
                 f"passed gridgate's own output cap (director.max_output_bytes = "
-                f"{self.director.config.director.get('max_output_bytes')}) and was cut by "
+                f"{self.runtime.config.director.get('max_output_bytes')}) and was cut by "
                 "gridgate, not by the server; raise director.max_output_bytes"
             )
             if not retired:
@@ -1031,7 +1034,7 @@ class PilotTracker:
                     message=why,
                     local_fault=why,
                 )
-                self.director._server_failed(
+                self.failures.server_failed(
                     endpoint,
                     failed,
                     it,
@@ -1065,7 +1068,7 @@ class PilotTracker:
                 message=result.message,
                 local_fault=local,
             )
-            self.director._server_failed(endpoint, failed, it)
+            self.failures.server_failed(endpoint, failed, it)
             return _Poll(
                 endpoint,
                 len(ids),
@@ -1115,7 +1118,7 @@ class PilotTracker:
         info: BackendInfo,
         settings: PilotSettings,
         now: float,
-        it: Any = None,
+        it: Iteration | None = None,
     ) -> int:
         limit = settings.for_endpoint(poll.endpoint, "max_wait_time")
         if limit is None:
@@ -1123,10 +1126,10 @@ class PilotTracker:
         old = [p for p in poll.active if p.state == "waiting" and now - p.submitted > float(limit)]
         if not old:
             return 0
-        timeout = float(info.command_timeout or self.director.config.director["command_timeout"])
+        timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
         reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
         done, problem = cancel_pilots(
-            self.director, registry, poll.endpoint, old, timeout, reason, it=it
+            self.runtime, registry, poll.endpoint, old, timeout, reason, it, self.failures
         )
         if problem:
             logger.error("cancelling {} pilot(s) on {}: {}", len(old), poll.endpoint.key, problem)
@@ -1138,13 +1141,13 @@ class PilotTracker:
         self,
         registry: PilotRegistry,
         endpoint: Endpoint,
-        it: Any,
+        it: Iteration,
         settings: PilotSettings,
         now: float,
     ) -> bool:
         """Whether the endpoint's last finished pilots failed too often; if so it fails with kind
         ``aborted`` through the director's failure path (failing cache, error, alarm)."""
-        state = self.director.state
+        state = self.runtime.state
         try:
             after = float(state.get(VERDICT + endpoint.key) or 0.0)
         except (StateError, ValueError):
@@ -1181,7 +1184,7 @@ class PilotTracker:
         result = SubmitResult(
             endpoint=endpoint, ok=False, operation="Pilot Jobs", message="\n".join(lines)
         )
-        self.director._server_failed(endpoint, result, it, Failure(kind="aborted", reason=reason))
+        self.failures.server_failed(endpoint, result, it, Failure(kind="aborted", reason=reason))
         logger.warning("{}: {}; out of rotation", endpoint.key, reason)
         return True
 
@@ -1198,30 +1201,31 @@ class PilotTracker:
 
 
 def cancel_pilots(
-    director: Director,
+    runtime: Runtime,
     registry: PilotRegistry,
     endpoint: Endpoint,
     pilots: Sequence[Pilot],
     timeout: float,
     reason: str,
-    it: Any = None,
+    it: Iteration | None = None,
+    failures: FailurePath | None = None,
 ) -> tuple[list[str], str]:
     """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
     grant of category ``other``, and record those cancelled (with ``reason``). A cancel that
     this machine could not even run (``local_fault``: a file it cannot write) is, within an
-    iteration ``it``, a local fault through the director's failure path (told once per
+    iteration ``it``, a local fault through its ``failures`` path (told once per
     ``failing_expiry``).
 
     :return: the ids cancelled, and what went wrong ('' when nothing did).
     """
-    hook = director.pm.hook
+    hook = runtime.pm.hook
     answer = hook.gridgate_admit(
         request=AdmissionRequest(
             category="other",
             opcode="JOB_CANCEL",
             size=len(pilots),
             endpoint=endpoint,
-            user=_user(str(director.config.director.get("user") or "")),
+            user=_user(str(runtime.config.director.get("user") or "")),
         )
     )
     if isinstance(answer, Refusal):
@@ -1239,8 +1243,8 @@ def cancel_pilots(
     if result is None:
         return [], f"backend {endpoint.backend} cannot cancel"
     local = getattr(result, "local_fault", "") or ""
-    if local and it is not None:
-        director._server_failed(
+    if local and it is not None and failures is not None:
+        failures.server_failed(
             endpoint,
             SubmitResult(
                 endpoint=endpoint,
@@ -1254,7 +1258,7 @@ def cancel_pilots(
         )
     wanted = {p.job_id for p in pilots}
     done = sorted(wanted & set(result.cancelled))
-    now = director.clock.time()
+    now = runtime.clock.time()
     registry.put(
         p.moved("cancelled", now, p.native, reason) for p in pilots if p.job_id in set(done)
     )

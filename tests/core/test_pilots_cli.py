@@ -89,7 +89,7 @@ def test_cancel_one_call_per_endpoint_and_recorded(tmp_path) -> None:
         director.run_iteration()
         registry = director.state.pilot_registry()
         live = registry.query(states=["waiting"])
-        outcome = cancel(director, registry, live)
+        outcome = cancel(director.runtime, registry, live)
         assert sorted(outcome["cancelled"]) == [f"{BACKEND}/s0", f"{BACKEND}/s1"]
         assert outcome["failed"] == {}
         assert sorted(e for e, _ids in backend.cancel_calls) == ["s0", "s1"]
