@@ -117,9 +117,9 @@ def diagnose_line(decision: Decision) -> str:
     opcode = opcode_of(req.opcode, req.category == "query")
     fields = [
         f"{LSF_NAMES[req.category]}_REQ",
-        _field(opcode) or "-",
-        _field(req.user),
-        _field(req.host),
+        log_field(opcode) or "-",
+        log_field(req.user),
+        log_field(req.host),
         str(req.size),
         str(accept),
         received,
@@ -132,7 +132,7 @@ def diagnose_line(decision: Decision) -> str:
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+@:")
 
 
-def _field(text: str) -> str:
+def log_field(text: str) -> str:
     """``text`` (a name a client chose) fit for a log line: a comma or newline would break the
     columns, and ``;``, ``$(...)``, quotes or escapes must reach no reader of the log (nor a
     script that pastes it into a shell); at most 128 characters."""
@@ -745,7 +745,7 @@ class ProxyDaemon:
         if message.get("op") == "hello" and "auth" not in message:
             return "", ""  # how a TCP client learns its challenge
         user, host = self.verifier.verify(message, challenge=self._challenges.get(conn))
-        if _field(user) != user or _field(host) != host:
+        if log_field(user) != user or log_field(host) != host:
             # a key holder's names reach every log line of its requests: names only
             raise ProtocolError(
                 "bad_request",
@@ -877,7 +877,7 @@ class ProxyDaemon:
         if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
             self._refusals(
                 "lsfproxyd: dropping {} ({}): it does not read its replies",
-                _field(conn.user),
+                log_field(conn.user),
                 conn.peer,
             )
             self._close(conn)
@@ -915,11 +915,11 @@ class ProxyDaemon:
             # a bug, but one any client can repeat: a line per minute, not a traceback each
             self._failures(
                 "lsfproxyd: a request from {}@{} ({}) failed: {}: {}",
-                _field(conn.user),
-                _field(conn.host),
+                log_field(conn.user),
+                log_field(conn.host),
                 conn.peer,
                 type(exc).__name__,
-                _field(str(exc)),
+                log_field(str(exc)),
                 exception=exc,
             )
             self._count_error()
@@ -1187,7 +1187,7 @@ def _rule_from(message: Mapping[str, Any]) -> BlockRule:
         and all(isinstance(h, str) for h in hosts)
     ):
         raise ProtocolError("bad_request", "users and hosts must be lists of names")
-    odd = [n for n in (*users, *hosts) if n and (len(n) > 128 or _field(n) != n or "@" in n)]
+    odd = [n for n in (*users, *hosts) if n and (len(n) > 128 or log_field(n) != n or "@" in n)]
     if odd:
         # they reach the daemon's log, the blocklist file and every admin's terminal
         raise ProtocolError(

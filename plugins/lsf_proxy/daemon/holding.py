@@ -88,13 +88,15 @@ def hold_limit_line(token: Token, wall: float) -> str:
     held = max(0.0, token.expires_at - token.granted)
     stamp = f"{time.strftime('%b', done)} {done.tm_mday} {time.strftime('%H:%M:%S %Y', done)}"
     granted = time.strftime("%H%M%S", time.localtime(wall - held))
-    from gridgate.plugins.lsf_proxy.daemon.daemon import _field  # the request lines' own escaping
+    from gridgate.plugins.lsf_proxy.daemon.daemon import (
+        log_field,
+    )  # the request lines' own escaping
 
     fields = [
         f"{LSF_NAMES[token.category]}_HOLD_LIMIT",
-        _field(token.opcode) or "-",
-        _field(token.user),
-        _field(token.host),
+        log_field(token.opcode) or "-",
+        log_field(token.user),
+        log_field(token.host),
         f"{held:.0f}",
         granted,
         time.strftime("%H%M%S", done),

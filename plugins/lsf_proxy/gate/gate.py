@@ -29,13 +29,13 @@ from gridgate.plugins.lsf_proxy.gate.gating import (
     SHIM_COMMANDS,
     START_ONLY,
     TOKEN_ENV,
-    _say,
     exit_like,
     find_real,
     gate_call,
     gate_category_map,
     infer_category,
     run_gated,
+    say,
     shim_main,
     snapshot,
 )
@@ -196,12 +196,12 @@ def gate_command(
         try:
             written = install_shims(Path(shim_dir), shim_commands, config_path, socket_path)
         except (OSError, ValueError) as exc:
-            _say(str(exc))
+            say(str(exc))
             raise SystemExit(1) from None
         for name, real in written:
             click.echo(f"{Path(shim_dir) / name} -> {real or '(looked up on PATH when run)'}")
         if not written:
-            _say("no batch command found on PATH; name them with --shim NAME")
+            say("no batch command found on PATH; name them with --shim NAME")
         return
     if not command:
         raise click.UsageError("give a command: gridgate gate -- COMMAND ARGS...")

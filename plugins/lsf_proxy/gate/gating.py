@@ -144,7 +144,7 @@ CLIENT_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     sys.stderr.write(f"gridgate gate: {message}\n")
     sys.stderr.flush()
 
@@ -466,26 +466,26 @@ def run_gated(
     if os.sep not in program:
         found = which(program)
         if found is None:
-            _say(f"{program}: command not found")
+            say(f"{program}: command not found")
             return EXIT_NOT_FOUND
         program = found
     if not os.path.exists(program):
-        _say(f"{argv[0]}: command not found")
+        say(f"{argv[0]}: command not found")
         return EXIT_NOT_FOUND
     if os.path.isdir(program):
-        _say(f"{argv[0]}: is a directory")
+        say(f"{argv[0]}: is a directory")
         return EXIT_CANNOT_EXECUTE
     name = os.path.basename(argv[0])
     quiet = quiet or bool(os.environ.get(QUIET_ENV))
     command = [program, *argv[1:]]
     try:
-        client = GateClient.from_section(section, socket_path, warn=lambda m: _say(f"warning: {m}"))
+        client = GateClient.from_section(section, socket_path, warn=lambda m: say(f"warning: {m}"))
     except Exception as exc:  # SecretError: the key named in the config cannot be read
-        _say(str(exc))
+        say(str(exc))
         return EXIT_CONFIG
 
     def waiting(ahead: int | None) -> None:
-        _say(
+        say(
             f"{name}: waiting for a {category} token"
             + (f", {ahead} ahead" if ahead is not None else "")
         )
@@ -507,7 +507,7 @@ def run_gated(
                 holder.take(ride)
                 return _exec(command, None, name, category)
             if why == "blocked":
-                _say(f"{name}: no {category} token, not run: blocked")
+                say(f"{name}: no {category} token, not run: blocked")
                 return EXIT_NO_TOKEN
         grant = client.acquire(
             category,
@@ -518,16 +518,16 @@ def run_gated(
             size=request_size(argv),
         )
     except KeyboardInterrupt:
-        _say(f"{name}: interrupted while waiting for a {category} token")
+        say(f"{name}: interrupted while waiting for a {category} token")
         return 128 + signal.SIGINT
     except NoToken as exc:
-        _say(f"{name}: no {category} token, not run: {exc}")
+        say(f"{name}: no {category} token, not run: {exc}")
         return EXIT_NO_TOKEN
     except Unavailable as exc:
-        _say(f"{name}: not run: {exc} (when_unavailable: fail)")
+        say(f"{name}: not run: {exc} (when_unavailable: fail)")
         return EXIT_UNAVAILABLE
     except Failed as exc:
-        _say(f"{name}: not run: {exc}")
+        say(f"{name}: not run: {exc}")
         return EXIT_NO_TOKEN
     if grant.link is not None:
         holder.take(grant)  # forked before the grant: the holder keeps its priority
@@ -666,10 +666,10 @@ def _exec(argv: list[str], token: str | None, name: str, category: str) -> int:
     try:
         os.execve(argv[0], argv, env)
     except FileNotFoundError:
-        _say(f"{name}: command not found")
+        say(f"{name}: command not found")
         return EXIT_NOT_FOUND
     except OSError as exc:
-        _say(f"{name}: cannot execute: {exc.strerror or exc}")
+        say(f"{name}: cannot execute: {exc.strerror or exc}")
         return EXIT_CANNOT_EXECUTE
     finally:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
@@ -711,7 +711,7 @@ def shim_main(
     if not real or not os.access(real, os.X_OK) or _same_dir(os.path.dirname(real), shim_dir):
         real = find_real(name, shim_dir)
     if real is None:
-        _say(f"{name}: command not found (outside {shim_dir})")
+        say(f"{name}: command not found (outside {shim_dir})")
         return EXIT_NOT_FOUND
     if snap is not None and snap.get("sig") == (_file_sig(config) if config else None):
         section, mapping = snap["section"], {name: snap["category"]}
