@@ -30,7 +30,7 @@ from xml.parsers import expat
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.waiting import FetchError, http_get
+from gridgate.core.waiting import FetchError, split_http_url, http_get
 
 __all__ = [
     "AVAILABLE",
@@ -461,6 +461,8 @@ class GocdbFeed:
         scheme = urlsplit(url).scheme
         if scheme not in ("http", "https", "file"):
             raise ValueError(f"GOCDB feed: {url!r} is not an http(s):// or file:// URL")
+        if scheme != "file":
+            split_http_url(url)
         for name, value, low in (("refresh", refresh, 1), ("keep_last", keep_last, 0)):
             if not (math.isfinite(value) and low <= value <= _DAY):
                 raise ValueError(f"GOCDB feed: {name} must be {low} to {_DAY} s, got {value!r}")

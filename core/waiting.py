@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from loguru import logger
 
@@ -47,6 +47,7 @@ __all__ = [
     "WaitingSource",
     "http_get",
     "make_source",
+    "split_http_url",
     "parse_count",
     "pilots_for",
 ]
@@ -266,9 +267,8 @@ def http_get(
         connection or TLS error; the message says which.
     :raises ValueError: for a URL that is not http(s).
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+    parts = split_http_url(url)
+    host = parts.hostname or ""  # never empty: split_http_url checked it
     deadline = time.monotonic() + timeout
 
     def left() -> float:
@@ -280,12 +280,11 @@ def http_get(
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
         context = ssl.create_default_context(capath=ca_path) if ca_path else None
-        conn = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=timeout, context=context
-        )
+        conn = http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
     else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        conn = http.client.HTTPConnection(host, parts.port, timeout=timeout)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    response: http.client.HTTPResponse | None = None
     try:
         conn.connect()
         sock = conn.sock  # kept: the connection drops it when the answer ends the connection
@@ -317,10 +316,28 @@ def http_get(
         raise FetchError(f"no complete answer within {timeout:g} s") from None
     except ssl.SSLError as exc:
         raise FetchError(f"TLS: {exc}") from None
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        # ValueError: http.client's InvalidURL and header checks
         raise FetchError(f"{type(exc).__name__}: {exc}") from None
     finally:
+        if response is not None:
+            response.close()
         conn.close()
+
+
+def split_http_url(url: str) -> SplitResult:
+    """``url`` split, once it is known to be an http(s) URL with a host and a valid port.
+
+    :raises ValueError: otherwise.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    try:
+        parts.port  # noqa: B018 - the property checks the port
+    except ValueError as exc:
+        raise ValueError(f"{url!r}: {exc}") from None
+    return parts
 
 
 # --- the sources ------------------------------------------------------------------------
@@ -470,7 +487,7 @@ class HttpSource:
         max_bytes: int = _MIB,
         ca_path: str | None = None,
     ) -> None:
-        if urlsplit(url).password is not None:
+        if split_http_url(url).password is not None:
             raise ValueError(f"http source {field}: do not write a password into the url")
         self.url, self.field = url, field
         self.timeout, self.max_bytes, self.ca_path = timeout, max_bytes, ca_path

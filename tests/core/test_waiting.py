@@ -470,6 +470,18 @@ def test_an_http_server_that_is_down_is_an_error_naming_the_source() -> None:
         _http(url, timeout=2).read()
 
 
+def test_a_malformed_http_url_is_refused_when_the_source_is_made() -> None:
+    for url in ("http://127.0.0.1:99999/x", "http:///x", "ftp://h/x"):
+        with pytest.raises(ValueError, match="(?i)port|not an http"):
+            HttpSource(url, "mc")
+
+
+def test_a_url_that_http_cannot_send_is_a_fetch_error(web: tuple[str, Answers]) -> None:
+    url, _answers = web
+    with pytest.raises(FetchError, match="InvalidURL"):
+        http_get(url + "/a b", timeout=5, max_bytes=1000)
+
+
 def test_a_password_in_the_http_url_is_refused() -> None:
     with pytest.raises(ValueError, match="password"):
         HttpSource("http://u:p@127.0.0.1/x", "mc")
