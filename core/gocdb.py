@@ -30,7 +30,7 @@ from xml.parsers import expat
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.waiting import FetchError, split_http_url, http_get
+from gridgate.core.waiting import FetchError, http_get, split_http_url
 
 __all__ = [
     "AVAILABLE",
