@@ -105,7 +105,7 @@ def _doc(ce: ArcCE, folder: Path, pilots: int, threads: int, **backend: Any) -> 
 
 
 def _finished_times(ce: ArcCE) -> dict[str, float]:
-    times = {}
+    times: dict[str, float] = {}
     for line in ce.log("arex.log").splitlines():
         found = FINISHED_RE.match(line)
         if found:
@@ -246,7 +246,7 @@ def main() -> None:
             for j in rec.job_ids
         }
         deadline = time.monotonic() + 300
-        registry = director.tracker._registry()
+        registry = director.state.pilot_registry()
         while time.monotonic() < deadline:
             time.sleep(2)
             director.run_iteration()

@@ -111,7 +111,7 @@ def baseline_rate(
 
 def director_rate(doc: dict[str, Any], iterations: int = 1) -> tuple[float, list[Any]]:
     director = Director(validate_document(doc))
-    summaries = []
+    summaries: list[Any] = []
     started = time.monotonic()
     try:
         director.run(iterations=iterations, on_iteration=summaries.append)

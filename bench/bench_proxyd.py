@@ -39,6 +39,7 @@ class Proc:
     def __init__(self, args: list[str], workdir: Path) -> None:
         self.err = open(workdir / f"stderr.{len(list(workdir.iterdir()))}", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.err)
+        assert self.proc.stdout is not None  # stdout=PIPE
         line = self.proc.stdout.readline()
         if not line:
             raise SystemExit(f"{args[:3]} did not start")
@@ -64,7 +65,8 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.proc.stdout.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.err.close()
 
 
@@ -318,6 +320,7 @@ def bench_idle(workdir: Path, count: int = 10_000) -> dict:
             grant_ms = (time.perf_counter() - t1) * 1000
             token.release()
             (status,) = client.admin("status")
+        assert status.reply is not None, status
         connections = status.reply["status"]["connections"]
     finally:
         for s in socks:
