@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import calendar
 import http.server
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from loguru import logger
+from support.servers import make_cert
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.gocdb import (
@@ -23,6 +28,7 @@ from gridgate.core.gocdb import (
     GOCDB_SCHEMA,
     Availability,
     ChangeTracker,
+    Downtime,
     DowntimeIndex,
     Feed,
     FeedError,
@@ -231,6 +237,41 @@ def test_an_outage_wins_over_a_warning_and_the_latest_end_gives_until() -> None:
     assert (later.state, later.until) == ("degraded", 900.0)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a.example", "b.example"]),
+            st.sampled_from(["OUTAGE", "WARNING"]),
+            st.integers(0, 100),
+            st.integers(0, 100),
+        ),
+        max_size=12,
+    ),
+    st.integers(-10, 210),
+)
+def test_a_hosts_state_is_its_worst_ongoing_downtime_until_the_latest_end_of_that_kind(
+    rows: list[tuple[str, str, int, int]], now: int
+) -> None:
+    downtimes = tuple(
+        Downtime(f"{n}G0", host, severity, float(start), float(start + length))
+        for n, (host, severity, start, length) in enumerate(rows)
+    )
+    index = DowntimeIndex(Feed(downtimes))
+    for host in ("a.example", "b.example"):
+        state = index.state(f"https://{host}:443/x", now)
+        on = [d for d in downtimes if d.host == host and d.start <= now < d.end]
+        outages = [d.end for d in on if d.severity == "OUTAGE"]
+        warnings = [d.end for d in on if d.severity == "WARNING"]
+        if outages:
+            assert (state.state, state.until) == ("banned", max(outages))
+        elif warnings:
+            assert (state.state, state.until) == ("degraded", max(warnings))
+        else:
+            assert state == AVAILABLE
+        assert state.until is None or state.until > now
+
+
 def test_an_availability_has_one_of_the_four_states() -> None:
     for state in ("available", "degraded", "drained", "banned"):
         assert Availability(state).state == state
@@ -416,6 +457,41 @@ def test_an_http_feed_that_fails_in_any_way_keeps_the_last_good_one(
     clock.advance(60)
     again = feed.current()
     assert again is not None and again is not good and feed.problem is None
+
+
+def test_an_https_feed_is_trusted_through_ca_path_and_refused_without_it(
+    tmp_path: Path,
+) -> None:
+    cert, key = make_cert(tmp_path)
+    cas = tmp_path / "certificates"  # laid out as /etc/grid-security/certificates is
+    cas.mkdir()
+    digest = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(cert)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    (cas / f"{digest}.0").write_bytes(cert.read_bytes())
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.served = Served()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}/gocdbpi/public/?method=get_downtime"
+        trusted = GocdbFeed(url, ca_path=str(cas), timeout=10, clock=FakeClock())
+        feed = trusted.current()
+        assert feed is not None and len(feed.downtimes) == 4
+        untrusted = GocdbFeed(url, timeout=10, clock=FakeClock())
+        assert untrusted.current() is None
+        assert untrusted.problem is not None and "CERTIFICATE_VERIFY_FAILED" in untrusted.problem
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 def test_gocdb_availability_over_the_fixtures_downtimes(tmp_path: Path) -> None:
