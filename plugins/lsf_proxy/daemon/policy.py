@@ -886,6 +886,14 @@ class LocalTokens:
                 self._cond.wait(timeout=min(delay, 0.5) or 0.0005)
             return decision
 
+    def in_use(self, category: str | None = None) -> int:
+        """Tokens held now: of ``category``, or of every category (None), read under the lock
+        the deciding threads hold."""
+        with self._cond:
+            categories = self.policy.categories
+            chosen = categories.values() if category is None else [categories[category]]
+            return sum(c.in_use for c in chosen)
+
     def release(self, token_id: str) -> bool:
         with self._cond:
             found = self.policy.release(token_id) is not None
