@@ -36,10 +36,10 @@ from urllib.parse import urlsplit
 from loguru import logger
 
 from gridgate.core import hookimpl
+from gridgate.core.backend import Backend, Deadline
 from gridgate.core.files import atomic_write, ensure_private_dir
 from gridgate.core.model import (
     TERMINAL_STATES,
-    BackendInfo,
     CancelResult,
     CommandResult,
     Endpoint,
@@ -50,8 +50,8 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.core.runner import argv_chunks, run
+from gridgate.core.plugins import PluginContext
+from gridgate.core.runner import argv_chunks
 from gridgate.plugins.arc.classify import classify, clip, vague
 from gridgate.plugins.arc.parse import (
     ATTRIBUTE_RE,
@@ -150,11 +150,12 @@ def owned_attribute(name: str) -> str | None:
     return lowered if lowered in OWNED_ATTRIBUTES else None
 
 
-class ArcBackend(Plugin):
+class ArcBackend(Backend):
     """Submits pilots to ARC CEs over ARC REST; polls, cancels and cleans them."""
 
     name = "arc"
     endpoints_key = "endpoints"
+    credentials = ("x509",)
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -325,7 +326,6 @@ class ArcBackend(Plugin):
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
         self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
-        self._extra_env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
         root = Path(context.state_dir) / "arc"
         self._ces: dict[str, CE] = {}
         for entry in config.get("endpoints") or []:
@@ -369,22 +369,10 @@ class ArcBackend(Plugin):
         # absolute: arcsub runs in the endpoint's folder, where a relative path means nothing
         return Path(os.path.abspath(script))
 
-    def _environ(self) -> dict[str, str]:
-        # read per command: the managed proxy's path is the director's, not fixed at start
-        return {**os.environ, **self._extra_env, **self.context.credential_env("x509")}
-
-    def _deadline(self, timeout: float) -> float:
-        """When this call's commands must be done: ``command_timeout`` wins when set."""
-        return time.monotonic() + max(float(self.config.get("command_timeout") or timeout), 0.001)
-
-    def _run(self, argv: Sequence[str], deadline: float, cwd: Path | None = None) -> CommandResult:
-        return run(
-            list(argv),
-            max(deadline - time.monotonic(), 0.001),
-            env=self._environ(),
-            cwd=cwd,
-            max_output=self.context.max_output_bytes,
-        )
+    def environment(self) -> dict[str, str]:
+        """The director's environment with the section's ``env`` and the managed proxy's
+        variables, always a mapping (:func:`proxy_problem` reads it)."""
+        return super().environment() or dict(os.environ)
 
     def _prepare(self, ce: CE) -> str:
         """Make the CE's private folder and empty client config; the OS error when it cannot."""
@@ -432,21 +420,7 @@ class ArcBackend(Plugin):
 
     # --- hooks ------------------------------------------------------------------------------
 
-    @hookimpl
-    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
-        if backend != self.name:
-            return None
-        return BackendInfo(
-            backend=self.name,
-            endpoints=self.endpoints(),
-            pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
-            command_timeout=self.config.get("command_timeout"),
-            list_match=False,
-            credentials=("x509",),
-        )
-
-    @hookimpl
-    def gridgate_submit(
+    def submit(
         self, endpoint: Endpoint, request: SubmitRequest, timeout: float
     ) -> SubmitResult | None:
         ce = self._ce(endpoint)
@@ -467,14 +441,14 @@ class ArcBackend(Plugin):
             return SubmitResult(
                 endpoint, ok=False, operation=OPERATION_SUBMIT, local_fault=problem, message=problem
             )
-        deadline = self._deadline(timeout)
+        deadline = self.deadline(timeout)
         try:
-            outcome = self._run(self.arcsub_argv(ce, files), deadline, cwd=ce.folder)
-            if vague(outcome) and deadline > time.monotonic():
+            outcome = self.run(self.arcsub_argv(ce, files), deadline, cwd=ce.folder)
+            if vague(outcome) and not deadline.passed():
                 # arcsub prints the same one ERROR line for an untrusted CA, an unknown DN, a
                 # queue not offered and a wrong path (nothing was submitted); its VERBOSE lines
                 # tell them apart, so the call is made once more with them (classify.py)
-                outcome = self._run(
+                outcome = self.run(
                     self.arcsub_argv(ce, files, verbose=True), deadline, cwd=ce.folder
                 )
         finally:
@@ -517,16 +491,14 @@ class ArcBackend(Plugin):
             with contextlib.suppress(FileNotFoundError):  # already gone is what we want
                 path.unlink()
 
-    @hookimpl
-    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
+    def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         if self._ce(endpoint) is None:
             return None
         if result.local_fault:
             return None  # core's default says local_io for a file this machine could not write
         return classify(result.command, result.message)
 
-    @hookimpl
-    def gridgate_job_status(
+    def job_status(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> StatusResult | None:
         ce = self._ce(endpoint)
@@ -548,14 +520,14 @@ class ArcBackend(Plugin):
             return StatusResult(
                 endpoint, ok=True, commands=0, message=f"job list {ce.job_list} is missing"
             )
-        deadline = self._deadline(timeout)
+        deadline = self.deadline(timeout)
         prefix = self._client("arcstat", ce)
         chunks = argv_chunks(prefix, ids)
         statuses: dict[str, JobStatus] = {}
         failed: dict[str, str] = {}
         last: CommandResult | None = None
         for argv in chunks:
-            outcome = self._run(argv, deadline)
+            outcome = self.run(argv, deadline)
             last = outcome
             if outcome.stdout_truncated or outcome.stderr_truncated:
                 # gridgate's own cap cut the answer: core names it (kind output_cap) and keeps
@@ -580,7 +552,7 @@ class ArcBackend(Plugin):
                     continue  # none of them is in the job list: all unknown, an answer
                 # arcstat says nothing of an expired proxy ("wrong response: <garbage>"): so
                 # that no CE is blamed for our proxy, the file is read here (classify.py)
-                problem = proxy_problem(self._environ(), self.context.clock.time())
+                problem = proxy_problem(self.environment(), self.context.clock.time())
                 return StatusResult(
                     endpoint,
                     ok=False,
@@ -606,7 +578,7 @@ class ArcBackend(Plugin):
         why = next(iter(failed.values()), "")
         return clip(f"arcstat: no job returned information{f' ({why})' if why else ''}")
 
-    def _sample_stderr(self, ce: CE, statuses: dict[str, JobStatus], deadline: float) -> None:
+    def _sample_stderr(self, ce: CE, statuses: dict[str, JobStatus], deadline: Deadline) -> None:
         """Add the end of a few failed pilots' stderr (arcget -k: kept on the CE) to their reason."""
         samples = int(self.config.get("stderr_samples", 3))
         keep = int(self.config.get("stderr_bytes", 1000))
@@ -626,7 +598,7 @@ class ArcBackend(Plugin):
                 str(download),
                 *(s.job_id for s in failed),
             ]
-            outcome = self._run(argv, deadline)
+            outcome = self.run(argv, deadline)
             if not outcome.ok:
                 logger.info(
                     "{}: arcget of failed pilots' stderr: {}", ce.endpoint.key, outcome.describe()
@@ -707,11 +679,11 @@ class ArcBackend(Plugin):
             pending = self._pending(ce)
             if not pending:
                 return []
-            deadline = self._deadline(timeout)
+            deadline = self.deadline(timeout)
             prefix = self._client("arcclean", ce)
             done: list[str] = []
             for argv in argv_chunks(prefix, list(pending)):
-                outcome = self._run(argv, deadline)
+                outcome = self.run(argv, deadline)
                 asked = argv[len(prefix) :]
                 gone = set(not_in_list(outcome.stdout + outcome.stderr))
                 counts = cleaned_counts(outcome.stdout)
@@ -762,8 +734,7 @@ class ArcBackend(Plugin):
 
     # --- cancel -----------------------------------------------------------------------------
 
-    @hookimpl
-    def gridgate_cancel(
+    def cancel(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> CancelResult | None:
         ce = self._ce(endpoint)
@@ -775,9 +746,9 @@ class ArcBackend(Plugin):
         cancelled: list[str] = []
         last: CommandResult | None = None
         prefix = self._client("arckill", ce)
-        deadline = self._deadline(timeout)
+        deadline = self.deadline(timeout)
         for argv in argv_chunks(prefix, ids):
-            outcome = self._run(argv, deadline)
+            outcome = self.run(argv, deadline)
             last = outcome
             asked = argv[len(prefix) :]
             gone = set(not_in_list(outcome.stdout + outcome.stderr))

@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
+from gridgate.core.backend import Backend
 from gridgate.core.model import (
-    BackendInfo,
     CancelResult,
     CommandResult,
     Endpoint,
@@ -34,8 +33,8 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.core.runner import argv_chunks, run
+from gridgate.core.plugins import PluginContext
+from gridgate.core.runner import argv_chunks
 from gridgate.plugins.slurm.classify import classify, clip, cluster_wide
 
 OPERATION_SUBMIT = "Job Submit"
@@ -176,7 +175,7 @@ def owned_option(word: str) -> str | None:
     return None
 
 
-class SlurmBackend(Plugin):
+class SlurmBackend(Backend):
     """Submits pilots to Slurm partitions; polls and cancels them."""
 
     name = "slurm"
@@ -326,23 +325,13 @@ class SlurmBackend(Plugin):
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def endpoints(self) -> tuple[Endpoint, ...]:
-        return tuple(Endpoint(self.name, p) for p in self.config.get("partitions") or [])
-
     def _command(self, which: str) -> str:
         return self._programs.get(which) or which
 
-    def _deadline(self, timeout: float) -> float:
-        """When this call's commands must be done: ``command_timeout`` wins when set."""
-        return time.monotonic() + max(float(self.config.get("command_timeout") or timeout), 0.001)
-
-    def _run(self, argv: Sequence[str], deadline: float) -> CommandResult:
-        return run(
-            list(argv),
-            max(deadline - time.monotonic(), 0.001),
-            env=self._environ,
-            max_output=self.context.max_output_bytes,
-        )
+    def environment(self) -> dict[str, str] | None:
+        """The director's environment without the variables of the options the backend
+        writes (``OWNED_ENVIRONMENT``), with the section's ``env``; None when unchanged."""
+        return self._environ
 
     def sbatch_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The argv of one submission (no shell ever sees it)."""
@@ -393,30 +382,13 @@ class SlurmBackend(Plugin):
         with self._lock:
             self._unreachable.clear()
 
-    @hookimpl
-    def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
-        if backend != self.name:
-            return None
-        return BackendInfo(
-            backend=self.name,
-            endpoints=self.endpoints(),
-            pilots_per_submission=int(self.config.get("pilots_per_submission", 1)),
-            command_timeout=self.config.get("command_timeout"),
-            list_match=False,
-        )
-
-    @hookimpl
-    def gridgate_submit(
-        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
-    ) -> SubmitResult | None:
-        if endpoint.backend != self.name:
-            return None
+    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
         known = self._known_unreachable(endpoint)
         if known is not None:
             return SubmitResult(
                 endpoint, ok=False, command=known[0], operation=OPERATION_SUBMIT, message=known[1]
             )
-        outcome = self._run(self.sbatch_argv(endpoint, request), self._deadline(timeout))
+        outcome = self.run(self.sbatch_argv(endpoint, request), self.deadline(timeout))
         parsed = parse_parsable(outcome.stdout) if outcome.ok else None
         if parsed is not None:
             job_id = parsed[0]
@@ -437,10 +409,7 @@ class SlurmBackend(Plugin):
             message=outcome.describe(),
         )
 
-    @hookimpl
-    def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
-        if endpoint.backend != self.name:
-            return None
+    def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         failure = classify(result.command, result.message if result.command is None else "")
         if result.message.startswith("not tried:"):
             failure = Failure(
@@ -452,12 +421,9 @@ class SlurmBackend(Plugin):
             )
         return failure
 
-    @hookimpl
-    def gridgate_job_status(
+    def job_status(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> StatusResult | None:
-        if endpoint.backend != self.name:
-            return None
         ids, bad = _checked_ids(job_ids)
         if bad:
             return StatusResult(endpoint, ok=False, commands=0, message=bad)
@@ -486,9 +452,9 @@ class SlurmBackend(Plugin):
         seen: dict[str, JobStatus] = {}
         chunks = argv_chunks(prefix, asked, joiner=",")
         last: CommandResult | None = None
-        deadline = self._deadline(timeout)
+        deadline = self.deadline(timeout)
         for argv in chunks:
-            outcome = self._run(argv, deadline)
+            outcome = self.run(argv, deadline)
             last = outcome
             # One id that has left the controller's memory: exit 1 with this text, an answer.
             gone = (
@@ -525,12 +491,9 @@ class SlurmBackend(Plugin):
             endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks)
         )
 
-    @hookimpl
-    def gridgate_cancel(
+    def cancel(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> CancelResult | None:
-        if endpoint.backend != self.name:
-            return None
         ids, bad = _checked_ids(job_ids)
         if bad:
             return CancelResult(endpoint, ok=False, message=bad)
@@ -540,10 +503,10 @@ class SlurmBackend(Plugin):
         cancelled: list[str] = []
         last: CommandResult | None = None
         prefix = [self._command("scancel"), *self._cluster_args(endpoint)]
-        deadline = self._deadline(timeout)
+        deadline = self.deadline(timeout)
         # Plain scancel (no signal, no filter) exits 0 for ids already finished or unknown.
         for argv in argv_chunks(prefix, ids):
-            outcome = self._run(argv, deadline)
+            outcome = self.run(argv, deadline)
             last = outcome
             if not outcome.ok:
                 self._note_unreachable(endpoint, outcome)
