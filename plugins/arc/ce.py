@@ -42,7 +42,6 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from xml.sax.saxutils import escape
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
+from gridgate.core.watchdog import Watchdog
 
 #: Debian packages the CE needs (dev.sh installs them when missing, under a policy-rc.d guard
 #: so that their postinst starts no system A-REX on port 443).
@@ -549,7 +549,7 @@ class ArcCE:
         self._lock: _PortLock | None = None
         self._settings_loaded = False
         self._pids: dict[str, int] = {}  # the arched started by the last start()
-        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._watchdog: Watchdog | None = None
         #: Seconds the last start() took (None before the first).
         self.last_start_seconds: float | None = None
 
@@ -1336,32 +1336,18 @@ class ArcCE:
     # --- watchdog ---------------------------------------------------------------------------
 
     def _start_watchdog(self) -> None:
-        """A small process that brings the CE down if this one dies without ``stop``
-        (SIGKILL, ``os._exit`` of a test timeout): it waits for the end of a pipe only this
-        process holds."""
-        argv = [sys.executable, "-m", "gridgate.plugins.arc.ce", "watch", str(self._folder)]
-        if self._own_folder:
-            argv.append("--remove")
-        self._watchdog = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-        )
+        """Core's watchdog brings the CE down (``down``, and removes a folder made here) if
+        this process dies without ``stop`` (SIGKILL, ``os._exit`` of a test timeout)."""
+        folder = self._path()
+        teardown = [sys.executable, "-m", "gridgate.plugins.arc.ce", "down", str(folder)]
+        teardown += ["--remove"] if self._own_folder else []
+        self._watchdog = Watchdog(teardown, only_if=folder, stop_timeout=90).start()
 
     def _stop_watchdog(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
-        if watchdog is None:
-            return
-        try:
-            # closes its stdin, the EOF it waits for: it finds the CE already down and exits
-            watchdog.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            watchdog.kill()
-            watchdog.wait()
+        if watchdog is not None:
+            # it finds the CE already down (its folder gone, when made here) and exits
+            watchdog.stop()
 
 
 # Started as ``python -c _LAUNCHER STDOUT PIDFILE CWD ARGV...``: starts ARGV in a session of
@@ -1574,7 +1560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "when the folder is first set up: ARC_CE_PORT, ARC_CE_LRMS=fork|slurm, "
         "SLURM_CONF, ARC_CE_INFO_PERIOD (s), ARC_CE_WAKEUP (s).",
     )
-    parser.add_argument("action", choices=("up", "down", "env", "status", "user", "watch"))
+    parser.add_argument("action", choices=("up", "down", "env", "status", "user"))
     parser.add_argument(
         "folder",
         nargs="?",
@@ -1588,26 +1574,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="user: whose credentials to make (default: %(default)s)",
     )
     parser.add_argument(
-        "--remove", action="store_true", help="watch: remove the folder too once the CE is down"
+        "--remove",
+        action="store_true",
+        help="down: remove the folder too once the CE is down (A-REX is not waited for)",
     )
     args = parser.parse_args(argv)
     folder = Path(args.folder).resolve()
-    if args.action == "watch":
-        # Blocks until whoever started the CE closes our stdin, or dies.
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        try:
-            sys.stdin.buffer.read()
-        finally:
-            if folder.exists():
-                # A folder about to be removed keeps nothing: no need to let A-REX save it.
-                down(folder, grace=LEFTOVER_GRACE if args.remove else AREX_GRACE)
-                if args.remove:
-                    shutil.rmtree(folder, ignore_errors=True)
-        return 0
     if args.action == "down":
         begun = time.monotonic()
-        down(folder, announce=True)
+        # A folder about to be removed keeps nothing: no need to let A-REX save it.
+        down(folder, announce=True, grace=LEFTOVER_GRACE if args.remove else AREX_GRACE)
+        if args.remove:
+            shutil.rmtree(folder, ignore_errors=True)
         print(
             f"arc-ce: the CE in {folder} is down ({time.monotonic() - begun:.1f} s)",
             file=sys.stderr,

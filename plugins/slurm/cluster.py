@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
+from gridgate.core.watchdog import Watchdog
 
 #: Debian packages that provide what the cluster runs (dev.sh installs them when missing).
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -174,7 +175,7 @@ class SlurmCluster:
         self.slurmd_port = 0
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self.watchdog = watchdog
-        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._watchdog: Watchdog | None = None
 
     # --- paths and environment ------------------------------------------------------------
 
@@ -313,39 +314,18 @@ class SlurmCluster:
             raise
 
     def _start_watchdog(self) -> None:
-        """A small process that brings the cluster down if this one dies without ``stop``
-        (SIGKILL, ``os._exit`` of a test timeout): it waits for the end of a pipe only this
-        process holds."""
-        argv = [
-            sys.executable,
-            "-m",
-            "gridgate.plugins.slurm.cluster",
-            "watch",
-            "--folder",
-            str(self.folder),
-        ]
-        if self._own_folder:
-            argv.append("--remove")
-        self._watchdog = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-        )
+        """Core's watchdog brings the cluster down (``down``, and removes a folder made here)
+        if this process dies without ``stop`` (SIGKILL, ``os._exit`` of a test timeout)."""
+        assert self.folder is not None
+        teardown = [sys.executable, "-m", "gridgate.plugins.slurm.cluster", "down"]
+        teardown += ["--folder", str(self.folder), *(["--remove"] if self._own_folder else [])]
+        self._watchdog = Watchdog(teardown, only_if=self.folder, stop_timeout=60).start()
 
     def _stop_watchdog(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
-        if watchdog is None:
-            return
-        try:
-            # closes its stdin, the EOF it waits for: it finds the cluster already down and exits
-            watchdog.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            watchdog.kill()
-            watchdog.wait()
+        if watchdog is not None:
+            # it finds the cluster already down (its folder gone, when made here) and exits
+            watchdog.stop()
 
     def _start(self, name: str, argv: list[str]) -> None:
         out = open(self._path("log", f"{name}.out"), "ab")  # noqa: SIM115 - handed to the child
@@ -613,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m gridgate.plugins.slurm.cluster",
         description="Bring a private one-node Slurm cluster up in a folder, or down again.",
     )
-    parser.add_argument("action", choices=("up", "down", "env", "watch"))
+    parser.add_argument("action", choices=("up", "down", "env"))
     parser.add_argument(
         "--folder",
         default=os.environ.get("GRIDGATE_SLURM_DIR", DEFAULT_HAND_FOLDER),
@@ -622,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--remove",
         action="store_true",
-        help="watch: remove the folder too once the cluster is down",
+        help="down: remove the folder too once the cluster is down",
     )
     parser.add_argument(
         "--partition",
@@ -633,19 +613,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     conf = folder / "etc" / "slurm.conf"
-    if args.action == "watch":
-        # Blocks until whoever started the cluster closes our stdin, or dies.
-        try:
-            sys.stdin.buffer.read()
-        finally:
-            if folder.exists():
-                down(folder)
-                if args.remove:
-                    shutil.rmtree(folder, ignore_errors=True)
-        return 0
     if args.action == "down":
         down(folder)
-        print(f"slurm: the cluster in {folder} is down")
+        if args.remove:
+            shutil.rmtree(folder, ignore_errors=True)
+        print(f"slurm: the cluster in {folder} is down{' and removed' if args.remove else ''}")
         return 0
     if args.action == "env":
         if not conf.exists():
