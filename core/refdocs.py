@@ -249,6 +249,18 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("gridgate.core.kinds", "The catalogue of failure kinds (see [kinds.md](kinds.md)).", ()),
     (
+        "gridgate.core.patterns",
+        "A pattern table: the lines a backend's commands print, and the catalogued failure "
+        "each one means.",
+        (),
+    ),
+    (
+        "gridgate.core.watchdog",
+        "A private service (a test cluster, a CE) brought down when the process that "
+        "started it dies.",
+        (),
+    ),
+    (
         "gridgate.core.credentials",
         "Credential plugins: the base class a plugin for a credential "
         "in a file subclasses (a token file, see [plugins.md](plugins.md)), and `x509_proxy`.",

@@ -16,26 +16,11 @@ our DN, our CA) is that CE's ``config`` or ``auth``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
+from gridgate.core.patterns import Pattern, PatternTable, clip
 
-_MAX_QUOTE = 200
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """A line the ARC client prints and what it means."""
-
-    kind: str
-    regex: re.Pattern[str]
-    label: str
-    exclude: bool = True
-    notify: bool = True
-    transient: bool = True
-    local: bool = False
-
+__all__ = ["PATTERNS", "TABLE", "VAGUE", "classify", "clip", "match", "vague"]
 
 #: Order matters: the first pattern found in the output decides (specific before general).
 PATTERNS: tuple[Pattern, ...] = (
@@ -138,22 +123,12 @@ VAGUE = (
 )
 
 
-def clip(line: str) -> str:
-    line = " ".join(line.split())
-    return line if len(line) <= _MAX_QUOTE else line[: _MAX_QUOTE - 3] + "..."
+TABLE = PatternTable(PATTERNS)
 
 
 def match(command: CommandResult) -> tuple[Pattern, str] | None:
     """The first known pattern in what ``command`` printed, with the line that matched."""
-    return _match_text(f"{command.stderr}\n{command.stdout}")
-
-
-def _match_text(text: str) -> tuple[Pattern, str] | None:
-    for pattern in PATTERNS:
-        for line in text.splitlines():
-            if pattern.regex.search(line):
-                return pattern, line.strip()
-    return None
+    return TABLE.match_output(command)
 
 
 def _said(command: CommandResult) -> str:
@@ -164,29 +139,15 @@ def _said(command: CommandResult) -> str:
 
 
 def classify(command: CommandResult | None, message: str = "") -> Failure:
-    """What a failed ARC command means (``command`` None: nothing was run)."""
-    if command is None:  # nothing ran: no CE is to blame, the reason is ours
-        return KINDS["config"].failure(clip(message or "nothing was run"), exclude=False)
-    if command.launch_error is not None:
-        return KINDS["launch"].failure(
-            clip(f"could not start {command.argv[0]}: {command.launch_error}")
-        )
-    # a message of the backend's own (a poll that found the proxy expired) speaks first
-    found = _match_text(message) or match(command)
-    if found is not None:
-        pattern, line = found
-        return KINDS[pattern.kind].failure(
-            clip(f"{pattern.label}: {line!r}"),
-            exclude=pattern.exclude,
-            notify=pattern.notify,
-            transient=pattern.transient,
-            local=pattern.local,
-        )
-    if command.timed_out:
-        return KINDS["timeout"].failure(f"timed out after {command.duration:.1f} s and was killed")
-    if command.returncode == 0:
-        return KINDS["bad_output"].failure(clip(message or "exit 0 but no job id in the output"))
-    return KINDS["error"].failure(clip(f"exit code {command.returncode}: {_said(command)!r}"))
+    """What a failed ARC command means (``command`` None: nothing was run). A message of
+    the backend's own (a poll that found the proxy expired) speaks before the output."""
+    return TABLE.classify(
+        command,
+        message,
+        search_message=True,
+        bad_output=message or "exit 0 but no job id in the output",
+        said=_said,
+    )
 
 
 def vague(command: CommandResult) -> bool:

@@ -13,28 +13,15 @@ user is at a limit; ``timeout`` no answer in time; ``auth`` not allowed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
+from gridgate.core.patterns import Pattern, PatternTable, clip
 
-_MAX_QUOTE = 200
+__all__ = ["CLUSTER", "PATTERNS", "TABLE", "classify", "clip", "cluster_wide", "match"]
 
-
-@dataclass(frozen=True)
-class Pattern:
-    """A line Slurm prints and what it means."""
-
-    kind: str
-    regex: re.Pattern[str]
-    label: str
-    exclude: bool = True
-    notify: bool = True
-    transient: bool = True
-    #: the whole cluster (every partition of it) is affected, not only this partition
-    cluster_wide: bool = False
-    local: bool = False
-
+#: The tag of a pattern that affects the whole cluster (every partition of it), not only
+#: the partition that met it.
+CLUSTER = frozenset({"cluster"})
 
 #: Order matters: the first pattern found in the output decides.
 PATTERNS: tuple[Pattern, ...] = (
@@ -44,7 +31,7 @@ PATTERNS: tuple[Pattern, ...] = (
         "unreachable",
         re.compile(r"Unable to contact slurm controller"),
         "the Slurm controller cannot be contacted",
-        cluster_wide=True,
+        tags=CLUSTER,
     ),
     # sbatch: error: 'c1' can't be reached now, or it is an invalid entry for --cluster. ...
     Pattern(
@@ -54,7 +41,7 @@ PATTERNS: tuple[Pattern, ...] = (
             r"--cluster|Problem talking to (?:the )?database"
         ),
         "the cluster named with --clusters cannot be reached (slurmdbd)",
-        cluster_wide=True,
+        tags=CLUSTER,
     ),
     # sbatch: error: Batch job submission failed: Socket timed out on send/recv operation  (~10 s)
     # The controller took the connection but did not answer within MessageTimeout; the job
@@ -152,49 +139,17 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 
-def clip(line: str) -> str:
-    line = " ".join(line.split())
-    return line if len(line) <= _MAX_QUOTE else line[: _MAX_QUOTE - 3] + "..."
+TABLE = PatternTable(PATTERNS)
 
 
 def match(command: CommandResult) -> tuple[Pattern, str] | None:
     """The first known pattern in what ``command`` printed, with the line that matched."""
-    text = f"{command.stderr}\n{command.stdout}"
-    for pattern in PATTERNS:
-        for line in text.splitlines():
-            if pattern.regex.search(line):
-                return pattern, line.strip()
-    return None
+    return TABLE.match_output(command)
 
 
 def classify(command: CommandResult | None, message: str = "") -> Failure:
     """What a failed Slurm command means (``command`` None: nothing was run)."""
-    if command is None:
-        # nothing ran, so no partition is to blame: it stays in rotation
-        return KINDS["config"].failure(clip(message or "nothing was run"), exclude=False)
-    if command.launch_error is not None:
-        return KINDS["launch"].failure(
-            clip(f"could not start {command.argv[0]}: {command.launch_error}")
-        )
-    found = match(command)
-    if found is not None:
-        pattern, line = found
-        return KINDS[pattern.kind].failure(
-            clip(f"{pattern.label}: {line!r}"),
-            exclude=pattern.exclude,
-            notify=pattern.notify,
-            transient=pattern.transient,
-            local=pattern.local,
-        )
-    if command.timed_out:
-        return KINDS["timeout"].failure(f"timed out after {command.duration:.1f} s and was killed")
-    if command.returncode == 0:
-        return KINDS["bad_output"].failure("exit 0 but no job id in the output")
-    said = next(
-        (ln.strip() for ln in f"{command.stderr}\n{command.stdout}".splitlines() if ln.strip()),
-        "no output",
-    )
-    return KINDS["error"].failure(clip(f"exit code {command.returncode}: {said!r}"))
+    return TABLE.classify(command, message)
 
 
 def cluster_wide(command: CommandResult | None) -> bool:
@@ -202,4 +157,4 @@ def cluster_wide(command: CommandResult | None) -> bool:
     if command is None or command.launch_error is not None:
         return False
     found = match(command)
-    return found is not None and found[0].cluster_wide
+    return found is not None and found[0].tags >= CLUSTER

@@ -14,9 +14,8 @@ from typing import Any
 
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
+from gridgate.core.patterns import clip
 from gridgate.plugins.wms_glite.parse import client_messages, first_line_matching, last_line
-
-_MAX_QUOTE = 200
 
 
 @dataclass(frozen=True)
@@ -85,13 +84,8 @@ BUILTIN_PATTERNS: tuple[_Pattern, ...] = (
 )
 
 
-def _clip(line: str) -> str:
-    line = " ".join(line.split())
-    return line if len(line) <= _MAX_QUOTE else line[: _MAX_QUOTE - 3] + "..."
-
-
 def _quote(line: str) -> str:
-    return f'"{_clip(line)}"'
+    return f'"{clip(line)}"'
 
 
 def _telling_line(text: str, regex: re.Pattern[str]) -> str | None:
@@ -150,7 +144,7 @@ def classify(
     if command is None:
         # nothing ran, so no server is to blame: it stays in rotation
         return KINDS["config"].failure(
-            _clip(message or "the request could not be prepared"), exclude=False
+            clip(message or "the request could not be prepared"), exclude=False
         )
     for rule in rules:
         if rule.returncode is not None and command.returncode != rule.returncode:
@@ -166,7 +160,7 @@ def classify(
             )
     if command.launch_error is not None:
         return KINDS["launch"].failure(
-            _clip(
+            clip(
                 f"could not start {command.argv[0] if command.argv else 'command'}: "
                 f"{command.launch_error}"
             )
@@ -175,7 +169,7 @@ def classify(
         said = last_line(command.stdout) or last_line(command.stderr)
         tail = f"; last output: {_quote(said)}" if said else "; no output"
         return KINDS["timeout"].failure(
-            _clip(f"timed out after {command.duration:.1f} s and was killed{tail}")
+            clip(f"timed out after {command.duration:.1f} s and was killed{tail}")
         )
     combined = f"{command.stderr}\n{command.stdout}"
     for pattern in BUILTIN_PATTERNS:
