@@ -154,6 +154,15 @@ class BackendContract:
                 )
         assert self.stand_in_calls(tmp_path) == 0, "nothing may run for another backend's endpoint"
 
+    def test_contract_every_hook_method_is_a_hook_implementation(self, tmp_path: Path) -> None:
+        backend = self.make_backend(str(self._stand_in(tmp_path)), tmp_path)
+        for name in dir(type(backend)):
+            method = getattr(backend, name, None)
+            if name.startswith("gridgate_") and callable(method):
+                # pluggy registers only marked methods: an override of a Backend hook method
+                # without @hookimpl silently takes the hook away
+                assert hasattr(method, "gridgate_impl"), f"{name} lacks @hookimpl: never called"
+
     def test_contract_job_ids_are_parsed_from_the_output(self, tmp_path: Path) -> None:
         program = self._stand_in(tmp_path, stdout=self.submitted_output)
         backend = self.make_backend(str(program), tmp_path)

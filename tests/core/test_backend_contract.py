@@ -62,6 +62,11 @@ class Uncapped(Good):
         result = run([self.config["program"]], timeout)  # the site's cap not passed
         return SubmitResult(endpoint, ok=False, command=result)
 """,
+    "Unmarked": """
+class Unmarked(Good):
+    def gridgate_submit(self, endpoint, request, timeout):  # no @hookimpl: pluggy ignores it
+        return Good.gridgate_submit(self, endpoint, request, timeout)
+""",
     "Inventive": """
 class Inventive(Good):
     @hookimpl
@@ -80,9 +85,36 @@ def outcomes(pytester, cls: str, extra: str = "") -> dict[str, str]:
     return {r.nodeid.rsplit("::", 1)[-1]: r.outcome for r in reports if r.when == "call"}
 
 
+CHECKS = 9
+
+#: The same backend on core's base class: it writes only submit.
+ON_THE_BASE_CLASS = """
+from gridgate.core.backend import Backend
+
+
+class OnBase(Backend):
+    config_schema = Good.config_schema
+    name = "good"
+
+    def endpoints(self):
+        return (Endpoint(self.name, "e1"),)
+
+    def submit(self, endpoint, request, timeout):
+        result = self.run([self.config["program"]], self.deadline(timeout))
+        ids = tuple(re.findall(r"ID (\\S+)", result.stdout))
+        ok = result.ok and bool(ids)
+        return SubmitResult(endpoint, ok=ok, job_ids=ids if ok else (), command=result)
+"""
+
+
 def test_a_backend_that_keeps_the_contract_passes_every_check(pytester) -> None:
     found = outcomes(pytester, "Good")
-    assert len(found) == 8 and set(found.values()) == {"passed"}, found
+    assert len(found) == CHECKS and set(found.values()) == {"passed"}, found
+
+
+def test_a_backend_on_the_base_class_passes_every_check(pytester) -> None:
+    found = outcomes(pytester, "OnBase", ON_THE_BASE_CLASS)
+    assert len(found) == CHECKS and set(found.values()) == {"passed"}, found
 
 
 def test_each_broken_rule_fails_its_check(pytester) -> None:
@@ -90,6 +122,7 @@ def test_each_broken_rule_fails_its_check(pytester) -> None:
         "Greedy": "test_contract_returns_none_for_what_is_not_its_own",
         "Uncapped": "test_contract_output_is_capped_at_the_sites_max_output_bytes",
         "Inventive": "test_contract_every_failure_is_classified_to_a_catalogued_kind",
+        "Unmarked": "test_contract_every_hook_method_is_a_hook_implementation",
     }
     for cls, check in expected.items():
         found = outcomes(pytester, cls, BROKEN[cls])
