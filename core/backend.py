@@ -132,8 +132,11 @@ class Backend(Plugin):
 
     # --- what you write (called for your own endpoints only) -----------------------------
 
-    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
-        """Submit ``request`` to ``endpoint`` (``gridgate_submit``): a result in every case."""
+    def submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
+        """Submit ``request`` to ``endpoint`` (``gridgate_submit``): a result in every case
+        (None only for an endpoint that is not yours after all: one no longer configured)."""
         raise NotImplementedError(f"{type(self).__name__} does not say how to submit")
 
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:

@@ -194,7 +194,7 @@ class BackendContract:
     def test_contract_every_failure_is_classified_to_a_catalogued_kind(
         self, tmp_path: Path
     ) -> None:
-        outcomes = {
+        outcomes: dict[str, dict[str, Any]] = {
             "refused": {"stderr": self.refused_output, "exit_code": 1},
             "no answer": {"stdout": "nothing useful\n"},
             "usage": {"stderr": "unknown option\n", "exit_code": 255},

@@ -345,9 +345,8 @@ class ArcBackend(Backend):
     def _ce(self, endpoint: Endpoint) -> CE | None:
         """The endpoint's CE; for an endpoint removed from the config whose job list is still
         here, a CE without URL: its pilots can still be polled, cancelled and cleaned (their
-        ids are URLs, so the client needs no -C)."""
-        if endpoint.backend != self.name:
-            return None
+        ids are URLs, so the client needs no -C). None for an endpoint of neither kind (the
+        base class calls this backend for its own endpoints only)."""
         ce = self._ces.get(endpoint.name)
         if ce is None:
             folder = Path(self.context.state_dir) / "arc" / _safe(endpoint.name)

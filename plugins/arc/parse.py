@@ -87,9 +87,9 @@ def _block_status(job_id: str, fields: Mapping[str, str]) -> JobStatus:
         reason = f"exit code {exit_code}"
     return JobStatus(
         job_id=job_id,
-        state=state,
+        state=state,  # type: ignore[arg-type]
         native=native,
-        reason=reason,  # type: ignore[arg-type]
+        reason=reason,
         exit_code=exit_code,
     )
 
@@ -181,7 +181,7 @@ def xrsl(attributes: Sequence[tuple[str, str | int | float | Sequence[str | int 
         if not ATTRIBUTE_RE.fullmatch(name):
             raise ValueError(f"{name!r} is not an xRSL attribute name")
         if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
-            inner = " ".join(f"({xrsl_value(item)})" for item in value)  # type: ignore[arg-type]
+            inner = " ".join(f"({xrsl_value(item)})" for item in value)
             parts.append(f"({name}={inner})")
         else:
             parts.append(f"({name}={xrsl_value(value)})")

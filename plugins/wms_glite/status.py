@@ -235,9 +235,9 @@ def job_status(block: JobBlock) -> JobStatus | None:
     reason = block.reason or (block.logged_reasons[-1] if block.logged_reasons else "")
     return JobStatus(
         block.job_id,
-        state,
+        state,  # type: ignore[arg-type]
         native=block.native,
-        reason=reason,  # type: ignore[arg-type]
+        reason=reason,
         exit_code=block.exit_code,
     )
 

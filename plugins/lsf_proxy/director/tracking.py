@@ -125,8 +125,8 @@ def _status(row: Row) -> JobStatus:
     code = 0 if row.stat == "DONE" and row.exit_code is None else row.exit_code
     return JobStatus(
         row.job_id,
-        normalise(row.stat),
-        native=row.stat,  # type: ignore[arg-type]
+        normalise(row.stat),  # type: ignore[arg-type]
+        native=row.stat,
         reason=row.reason,
         exit_code=code,
     )
