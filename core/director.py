@@ -395,7 +395,7 @@ def summary_json(summary: IterationSummary) -> str:
         "started": summary.started,
         "duration_s": round(summary.duration, 3),
         "submitted": submitted,
-        "failures": list(summary.failures),
+        "failures": [failure.as_dict() for failure in summary.failures],
         "excluded": [key.split("/", 1)[1] for key in summary.excluded],
         "skipped": counts.get("skipped", 0),
         "refused": counts.get("refused", 0),
@@ -410,8 +410,8 @@ def summary_json(summary: IterationSummary) -> str:
             for n in summary.notifications
         ],
         "config_error": summary.config_error,
-        "retries": list(summary.retries),
-        "pilots": dict(summary.pilots),
+        "retries": [retry.as_dict() for retry in summary.retries],
+        "pilots": summary.pilots.as_dict() if summary.pilots is not None else {},
         "credentials": [status.as_dict() for status in summary.credentials],
     }
     return json.dumps(doc, sort_keys=False)

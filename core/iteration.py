@@ -42,12 +42,14 @@ from gridgate.core.model import (
     DemandRegistry,
     Endpoint,
     Failure,
+    FailureReport,
     Grant,
     IterationInfo,
     IterationSummary,
     Notification,
     Outcome,
     Refusal,
+    RetryReport,
     SubmitRequest,
     SubmitResult,
 )
@@ -57,7 +59,7 @@ from gridgate.core.state import StateError, StateStore
 if TYPE_CHECKING:
     from gridgate.core.credential_episodes import CredentialEpisodes
     from gridgate.core.stall import StallWatch
-    from gridgate.core.tracking import Limits, PilotTracker
+    from gridgate.core.tracking import Limits, PilotReportDraft, PilotTracker
 
 __all__ = ["ACCOUNTING", "FailurePath", "Iteration", "IterationRunner", "Runtime"]
 
@@ -106,15 +108,15 @@ class Iteration:
     excluded: list[str] = field(default_factory=list)
     records: list[AccountingRecord] = field(default_factory=list)
     notifications: list[Notification] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureReport] = field(default_factory=list)
     #: backends whose commands cannot run on this machine: paused for the rest of the iteration
     local_faults: set[str] = field(default_factory=set)
     retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(0, 0.0))
-    retries: list[dict[str, Any]] = field(default_factory=list)
+    retries: list[RetryReport] = field(default_factory=list)
     #: room under max_waiting / max_total, None when not tracking
     limits: Limits | None = None
-    #: what the pilot tracker did this iteration, for the summary
-    pilots: dict[str, Any] = field(default_factory=dict)
+    #: what the pilot tracker did this iteration, for the summary (None: not tracking)
+    pilots: PilotReportDraft | None = None
     #: what each credential plugin reported before anything was polled or submitted
     credentials: tuple[CredentialStatus, ...] = ()
     #: credential kinds whose configured credential is unusable this iteration
@@ -185,15 +187,15 @@ class FailurePath:
         command = result.command
         with it.lock:
             it.failures.append(
-                {
-                    "backend": endpoint.backend,
-                    "endpoint": endpoint.name,
-                    "kind": failure.kind,
-                    "returncode": command.returncode if command else None,
-                    "timed_out": bool(command and command.timed_out),
-                    "command": list(command.argv) if command else [],
-                    "operation": result.operation,
-                }
+                FailureReport(
+                    backend=endpoint.backend,
+                    endpoint=endpoint.name,
+                    kind=failure.kind,
+                    returncode=command.returncode if command else None,
+                    timed_out=bool(command and command.timed_out),
+                    command=tuple(command.argv) if command else (),
+                    operation=result.operation,
+                )
             )
         if failure.local:
             self.local_fault(endpoint, failure, result, it)
@@ -352,7 +354,7 @@ class IterationRunner:
             failures=tuple(it.failures),
             config_error=config_error,
             retries=tuple(it.retries),
-            pilots=it.pilots,
+            pilots=it.pilots.freeze() if it.pilots is not None else None,
             credentials=it.credentials,
         )
 

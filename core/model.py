@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -43,6 +44,7 @@ __all__ = [
     "Episode",
     "Escalation",
     "Failure",
+    "FailureReport",
     "Grant",
     "IterationInfo",
     "IterationSummary",
@@ -51,8 +53,11 @@ __all__ = [
     "ListMatchResult",
     "Notification",
     "Outcome",
+    "PilotReport",
     "PilotState",
+    "PollReport",
     "Refusal",
+    "RetryReport",
     "StatusResult",
     "SubmitRequest",
     "SubmitResult",
@@ -531,6 +536,163 @@ class AccountingRecord:
         return cls(**{**data, "job_ids": tuple(data.get("job_ids", ()))})
 
 
+class _DeprecatedItems:
+    """Answers ``x["key"]`` and ``x.get("key")`` as the dict it replaced did (API 1.2), with a
+    :class:`DeprecationWarning` naming the attribute to use instead; kept for one minor
+    release (docs/api.md, "Versions and deprecation")."""
+
+    __slots__ = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _legacy(self, key: str) -> Any:
+        old = self.as_dict()
+        if key not in old:
+            raise KeyError(key)
+        warnings.warn(
+            f"{type(self).__name__}[{key!r}] is deprecated since API 1.3: use the attribute .{key}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return old[key]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._legacy(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Deprecated: the attribute ``key``, as the dict it replaced answered it."""
+        return self._legacy(key) if key in self.as_dict() else default
+
+    def keys(self) -> list[str]:
+        """Deprecated: the keys of the dict this value replaced."""
+        warnings.warn(
+            f"{type(self).__name__}.keys() is deprecated since API 1.3: use its attributes",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return list(self.as_dict())
+
+
+@dataclass(frozen=True)
+class FailureReport(_DeprecatedItems):
+    """One failure of a server in an iteration (a submission, a status poll, aborting pilots, a
+    cancel this machine could not run), as ``gridgate run --json``'s ``failures`` lists it."""
+
+    backend: str
+    endpoint: str
+    kind: str
+    #: the failed command's exit status; None when no command ran or it was killed
+    returncode: int | None = None
+    timed_out: bool = False
+    #: the failed command's argv, () when no command ran
+    command: tuple[str, ...] = ()
+    operation: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "endpoint": self.endpoint,
+            "kind": self.kind,
+            "returncode": self.returncode,
+            "timed_out": self.timed_out,
+            "command": list(self.command),
+            "operation": self.operation,
+        }
+
+
+@dataclass(frozen=True)
+class RetryReport(_DeprecatedItems):
+    """A failed submission and what was done about it: ``outcome`` is ``retried`` (sent to
+    another server) or why not (``not retried: ...``)."""
+
+    backend: str
+    group: str
+    pilots: int
+    #: the server it failed on
+    failed_on: str
+    kind: str
+    attempt: int
+    outcome: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "group": self.group,
+            "pilots": self.pilots,
+            "failed_on": self.failed_on,
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "outcome": self.outcome,
+        }
+
+
+@dataclass(frozen=True)
+class PollReport(_DeprecatedItems):
+    """One endpoint's status poll: how many pilots were asked about, the ``outcome`` (``ok``,
+    ``failed``, ``refused``, ``unsupported``, ``plugin_error``, ``local_fault``,
+    ``output_cap``), the commands it took and how many pilots changed state."""
+
+    backend: str
+    endpoint: str
+    pilots: int
+    outcome: str
+    commands: int = 0
+    changed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "endpoint": self.endpoint,
+            "pilots": self.pilots,
+            "outcome": self.outcome,
+            "commands": self.commands,
+            "changed": self.changed,
+        }
+
+
+@dataclass(frozen=True)
+class PilotReport(_DeprecatedItems):
+    """What the pilot tracker did in an iteration: its polls, the pilots that changed state,
+    those cancelled (per ``backend/endpoint``), the endpoints out of rotation for aborting
+    pilots, the demand trimmed (per backend and limit), and the pilots by ``backend/endpoint``
+    and state afterwards. ``blind`` says why nothing was polled ('' when it was)."""
+
+    polls: tuple[PollReport, ...] = ()
+    changed: int = 0
+    cancelled: Mapping[str, int] = field(default_factory=dict)
+    aborted: tuple[str, ...] = ()
+    trimmed: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    states: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    blind: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cancelled", _frozen_mapping(self.cancelled))
+        object.__setattr__(
+            self,
+            "trimmed",
+            MappingProxyType({k: _frozen_mapping(v) for k, v in self.trimmed.items()}),
+        )
+        object.__setattr__(
+            self,
+            "states",
+            MappingProxyType({k: _frozen_mapping(v) for k, v in self.states.items()}),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "polls": [poll.as_dict() for poll in self.polls],
+            "changed": self.changed,
+            "cancelled": dict(self.cancelled),
+            "aborted": list(self.aborted),
+            "trimmed": {backend: dict(limits) for backend, limits in self.trimmed.items()},
+            "states": {key: dict(states) for key, states in self.states.items()},
+        }
+        if self.blind:
+            out["blind"] = self.blind
+        return out
+
+
 @dataclass(frozen=True)
 class IterationSummary:
     """What one director iteration did; the ``--json`` line is built from it."""
@@ -541,14 +703,14 @@ class IterationSummary:
     records: tuple[AccountingRecord, ...] = ()
     excluded: tuple[str, ...] = ()
     notifications: tuple[Notification, ...] = ()
-    failures: tuple[Mapping[str, Any], ...] = ()
+    failures: tuple[FailureReport, ...] = ()
     config_error: str | None = None
     #: failed submissions that were (or, with why not, were not) sent to another server
-    retries: tuple[Mapping[str, Any], ...] = ()
+    retries: tuple[RetryReport, ...] = ()
     #: what the pilot tracker did: polls, state changes, cancels, aborted endpoints, demand
     #: trimmed per backend and limit, and pilots by endpoint and state after the iteration's
-    #: submissions (gridgate.core.tracking)
-    pilots: Mapping[str, Any] = field(default_factory=dict)
+    #: submissions (gridgate.core.tracking); None when pilots are not tracked
+    pilots: PilotReport | None = None
     #: what each credential plugin found before anything was polled or submitted
     credentials: tuple[CredentialStatus, ...] = ()
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gridgate.core.model import Failure
+from gridgate.core.model import Failure, RetryReport
 
 
 @dataclass(frozen=True)
@@ -67,15 +67,15 @@ def retry_entry(
     kind: str,
     attempt: int,
     outcome: str,
-) -> dict[str, Any]:
+) -> RetryReport:
     """One line of the iteration's retry report (``gridgate run --json``'s ``retries``):
     which submission failed where, and what was done about it (``retried``, or why not)."""
-    return {
-        "backend": request_backend,
-        "group": group,
-        "pilots": pilots,
-        "failed_on": endpoint,
-        "kind": kind,
-        "attempt": attempt,
-        "outcome": outcome,
-    }
+    return RetryReport(
+        backend=request_backend,
+        group=group,
+        pilots=pilots,
+        failed_on=endpoint,
+        kind=kind,
+        attempt=attempt,
+        outcome=outcome,
+    )

@@ -32,6 +32,8 @@ from gridgate.core.model import (
     DemandRegistry,
     Endpoint,
     Failure,
+    PilotReport,
+    PollReport,
     Refusal,
     SubmitRequest,
     SubmitResult,
@@ -318,6 +320,32 @@ class Limits:
 
 
 @dataclass
+class PilotReportDraft:
+    """The iteration's pilot report while it is being made: the tracker fills it before the
+    submissions, and they update ``trimmed`` (room they found taken) and ``states`` (pilots
+    they submitted); the summary is :meth:`freeze`'s."""
+
+    polls: list[PollReport] = field(default_factory=list)
+    changed: int = 0
+    cancelled: dict[str, int] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    trimmed: dict[str, dict[str, int]] = field(default_factory=dict)
+    states: dict[str, dict[str, int]] = field(default_factory=dict)
+    blind: str = ""
+
+    def freeze(self) -> PilotReport:
+        return PilotReport(
+            polls=tuple(self.polls),
+            changed=self.changed,
+            cancelled=dict(self.cancelled),
+            aborted=tuple(self.aborted),
+            trimmed=self.trimmed,
+            states=self.states,
+            blind=self.blind,
+        )
+
+
+@dataclass
 class _Poll:
     """What polling one endpoint did, for the iteration's ``pilots`` report."""
 
@@ -497,14 +525,7 @@ class PilotTracker:
             if info is not None:
                 infos[backend] = info
         now = runtime.clock.time()
-        report: dict[str, Any] = {
-            "polls": [],
-            "changed": 0,
-            "cancelled": {},
-            "aborted": [],
-            "trimmed": {},
-            "states": {},
-        }
+        report = PilotReportDraft()
         retired = self._retired(counts, infos, it, now)
         moved_in: dict[str, int] = {}
         try:
@@ -521,30 +542,30 @@ class PilotTracker:
                     else:
                         gone = self._retired_lost(registry, endpoint, settings, now)
                         if gone:
-                            report["changed"] += gone
+                            report.changed += gone
                             moved_in[endpoint.backend] = moved_in.get(endpoint.backend, 0) + gone
             for poll in polls:
                 moved_in[poll.endpoint.backend] = (
                     moved_in.get(poll.endpoint.backend, 0) + poll.changed
                 )
-                report["polls"].append(
-                    {
-                        "backend": poll.endpoint.backend,
-                        "endpoint": poll.endpoint.name,
-                        "pilots": poll.pilots,
-                        "outcome": poll.outcome,
-                        "commands": poll.commands,
-                        "changed": poll.changed,
-                    }
+                report.polls.append(
+                    PollReport(
+                        backend=poll.endpoint.backend,
+                        endpoint=poll.endpoint.name,
+                        pilots=poll.pilots,
+                        outcome=poll.outcome,
+                        commands=poll.commands,
+                        changed=poll.changed,
+                    )
                 )
-                report["changed"] += poll.changed
+                report.changed += poll.changed
                 if poll.outcome == "ok":
                     self._last_ok_poll[poll.endpoint.backend] = self._iterations
                     cancelled = self._cancel_old(
                         registry, poll, infos[poll.endpoint.backend], settings, now, it
                     )
                     if cancelled:
-                        report["cancelled"][poll.endpoint.key] = cancelled
+                        report.cancelled[poll.endpoint.key] = cancelled
                         moved_in[poll.endpoint.backend] = (
                             moved_in.get(poll.endpoint.backend, 0) + cancelled
                         )
@@ -553,8 +574,8 @@ class PilotTracker:
                     ):
                         continue  # no verdict on a server that is no longer in the config
                     if poll.changed and self._aborting(registry, poll.endpoint, it, settings, now):
-                        report["aborted"].append(poll.endpoint.key)
-            moved = report["changed"] or report["cancelled"]
+                        report.aborted.append(poll.endpoint.key)
+            moved = report.changed or report.cancelled
             if self._prune(registry, settings, now) or moved:
                 counts = registry.counts()
         except StateError as exc:
@@ -578,7 +599,7 @@ class PilotTracker:
         settings: PilotSettings,
         counts: Counts,
         infos: Mapping[str, BackendInfo],
-        report: dict[str, Any],
+        report: PilotReportDraft,
         retired: Iterable[str] = (),
     ) -> DemandRegistry:
         limits = Limits(settings, counts, infos, self._blind, retired)
@@ -589,8 +610,10 @@ class PilotTracker:
         self._stuck(settings, infos, kept, cuts, counts)
         self._save_pending()
         it.limits = limits
-        report["states"] = self._states = state_counts(counts)
-        report["trimmed"] = limits.trimmed
+        # the same dicts the submissions update (room taken, pilots waiting): the summary says
+        # what they are after the iteration's submissions
+        report.states = self._states = state_counts(counts)
+        report.trimmed = limits.trimmed
         it.pilots = report
         trimmed = DemandRegistry()
         for request in kept:
@@ -629,15 +652,7 @@ class PilotTracker:
             )
         )
         infos = {b: i for b in backends if (i := hook.gridgate_backend_info(backend=b)) is not None}
-        report: dict[str, Any] = {
-            "polls": [],
-            "changed": 0,
-            "cancelled": {},
-            "aborted": [],
-            "trimmed": {},
-            "states": {},
-            "blind": why,
-        }
+        report = PilotReportDraft(blind=why)
         logger.error(
             "{}: the limits apply to the last known counts plus {} pilot(s) submitted "
             "since; nothing is polled",

@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import warnings
+from dataclasses import FrozenInstanceError
 
+import pytest
 from support.director import BACKEND, MISSING_PROGRAM, MatchingBackend, ScriptedBackend, config
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.compose import ALARM_HEADER
 from gridgate.core.config import ConfigSource
 from gridgate.core.director import ACCOUNTING, Director, summary_json
+from gridgate.core.model import FailureReport, PilotReport, PollReport, RetryReport
 from gridgate.core.state import MemoryState
 from gridgate.core.testing import Collector
 
@@ -53,9 +57,7 @@ def test_failing_server_is_excluded_for_the_rest_of_the_iteration() -> None:
     failed = [r for r in summary.records if r.outcome == "failed"]
     # every failed submission was sent to a healthy server in the same iteration
     assert sum(r.pilots for r in submitted) == 30 and all(r.endpoint != "s0" for r in submitted)
-    assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s0", "retried")] * len(
-        failed
-    )
+    assert [(e.failed_on, e.outcome) for e in summary.retries] == [("s0", "retried")] * len(failed)
     assert notes.levels() == ["error"]
     note = notes.notes[0]
     assert note.subject == "s0: error executing Job Submit [error]"
@@ -89,7 +91,7 @@ def test_every_server_excluded_skips_the_rest_instead_of_hammering() -> None:
     assert outcomes.count("failed") == 2
     assert outcomes.count("skipped") == 39
     assert len(backend.calls) == 2
-    assert [e["outcome"] for e in summary.retries] == [
+    assert [e.outcome for e in summary.retries] == [
         "retried",
         "not retried: no other usable server",
     ]
@@ -279,3 +281,46 @@ def test_notify_test_command_reports_per_notifier(write, tmp_path) -> None:
     assert "notifiers:files: done" in result.output and "notifiers:log: done" in result.output
     [text] = [p.read_text() for p in folder.glob("*-alarm-gridgate.txt")]
     assert "Subject: gridgate test alarm notification" in text
+
+
+def test_the_summary_reports_are_typed_and_the_old_dict_reads_warn_naming_the_attribute() -> None:
+    failure = FailureReport("b", "s0", "error", returncode=1, command=("bsub", "-q", "short"))
+    retry = RetryReport("b", "default", 1, "s0", "busy", 1, "retried")
+    report = PilotReport(
+        polls=(PollReport("b", "s0", pilots=3, outcome="ok", commands=1, changed=2),),
+        changed=2,
+        states={"b/s0": {"waiting": 1, "running": 2}},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the attributes are the API now: no warning
+        assert (failure.kind, failure.command, retry.failed_on) == (
+            "error",
+            ("bsub", "-q", "short"),
+            "s0",
+        )
+        assert report.polls[0].outcome == "ok" and report.states["b/s0"]["running"] == 2
+    # API 1.2's readers keep working for one minor release, told what to use instead
+    with pytest.warns(DeprecationWarning, match=r"FailureReport\['kind'\] is deprecated.*\.kind"):
+        assert failure["kind"] == "error"
+    with pytest.warns(DeprecationWarning, match=r"\.command"):
+        assert failure.get("command") == ["bsub", "-q", "short"]  # as the dict had it: a list
+    with pytest.warns(DeprecationWarning, match=r"RetryReport\['outcome'\].*\.outcome"):
+        assert retry["outcome"] == "retried"
+    with pytest.warns(DeprecationWarning, match=r"PilotReport\['polls'\].*\.polls"):
+        assert report["polls"] == [
+            {
+                "backend": "b",
+                "endpoint": "s0",
+                "pilots": 3,
+                "outcome": "ok",
+                "commands": 1,
+                "changed": 2,
+            }
+        ]
+    with pytest.warns(DeprecationWarning, match=r"\.aborted"):
+        assert report.get("aborted", None) == []
+    assert report.get("blind", "polled") == "polled"  # absent from the old dict: the default
+    with pytest.raises(KeyError):
+        failure["nope"]
+    with pytest.raises(FrozenInstanceError):
+        failure.kind = "timeout"  # type: ignore[misc]

@@ -65,7 +65,7 @@ def test_a_failed_pilot_is_retried_at_most_k_times_never_twice_on_one_server() -
     summary = director.run_iteration()
     assert backend.calls == ["s0", "s1", "s2"]  # 1 try + 2 retries, each on a new server
     assert [r.attempt for r in summary.records] == [1, 2, 3]
-    assert [(e["failed_on"], e["attempt"], e["outcome"]) for e in summary.retries] == [
+    assert [(e.failed_on, e.attempt, e.outcome) for e in summary.retries] == [
         ("s0", 1, "retried"),
         ("s1", 2, "retried"),
         ("s2", 3, "not retried: 2 retries done"),
@@ -104,7 +104,7 @@ def test_no_retry_starts_past_the_iterations_deadline() -> None:
     summary = director.run_iteration()
     # t=1200: 1250 <= 1300, retried; t=1400: 1450 > 1300, not retried
     assert backend.calls == ["s0", "s1"]
-    assert [e["outcome"] for e in summary.retries] == [
+    assert [e.outcome for e in summary.retries] == [
         "retried",
         "not retried: it would run past the iteration's deadline",
     ]

@@ -135,8 +135,8 @@ def test_failed_status_query_is_a_server_failure_and_pilots_keep_their_state():
     assert states(director, "s1")["running"] == backend.count("s1", "running")
     assert f"{BACKEND}/s0" in summary.excluded
     assert director.failing.contains(Endpoint(BACKEND, "s0"))
-    (failure,) = [f for f in summary.failures if f["endpoint"] == "s0"]
-    assert failure["operation"] == "Job Status" and failure["kind"] != ""
+    (failure,) = [f for f in summary.failures if f.endpoint == "s0"]
+    assert failure.operation == "Job Status" and failure.kind != ""
     (note,) = director.collector.notes
     assert note.level == "error" and note.subject == "s0: error executing Job Status [error]"
     assert "Unable to connect" in note.body
@@ -185,10 +185,8 @@ def test_real_status_command_killed_at_the_deadline_is_a_timeout_failure(tmp_pat
     director.run_iteration()
     summary = director.run_iteration()
     (failure,) = summary.failures
-    assert failure["timed_out"] is True and failure["operation"] == "Job Status"
-    assert (
-        failure["command"][0] == str(hang) and len(failure["command"]) == 3
-    )  # both ids, one command
+    assert failure.timed_out is True and failure.operation == "Job Status"
+    assert failure.command[0] == str(hang) and len(failure.command) == 3  # both ids, one command
     assert len(hang.calls()) == 1
     assert states(director) == {"waiting": 2}
     assert "timeout executing Job Status" in director.collector.notes[0].subject
@@ -514,7 +512,8 @@ def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
     for _ in range(2):
         summary = director.run_iteration()
         assert sum(r.pilots for r in summary.records if r.outcome == "submitted") == 4
-        polls.append([p["outcome"] for p in summary.pilots["polls"]])
+        assert summary.pilots is not None
+        polls.append([p.outcome for p in summary.pilots.polls])
     # asked once per endpoint; after that its pilots are not even read (until plugins change)
     # (the endpoints are polled in parallel: the second may already know the backend's answer)
     assert set(polls[0]) == {"unsupported"} and polls[1] == []
@@ -545,7 +544,8 @@ def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
     director = make(backend, crashes, pilots=2, max_waiting=5)
     director.run_iteration()
     summary = director.run_iteration()
-    assert [p["outcome"] for p in summary.pilots["polls"]] == ["plugin_error"]
+    assert summary.pilots is not None
+    assert [p.outcome for p in summary.pilots.polls] == ["plugin_error"]
     assert states(director) == {"waiting": 4}
 
     def bug(*args):
@@ -554,7 +554,7 @@ def test_a_status_plugin_that_crashes_costs_tracking_not_the_iteration():
     director.tracker._poll = bug  # the iteration still submits, within the last known counts
     after = director.run_iteration()
     assert sum(r.pilots for r in after.records if r.outcome == "submitted") == 1
-    assert after.pilots["polls"] == []
+    assert after.pilots is not None and after.pilots.polls == ()
     director.close()
 
 
@@ -744,7 +744,7 @@ def test_a_cancel_this_machine_cannot_run_is_one_local_fault_told_once():
     for _ in range(3):
         clock.advance(101)
         summary = director.run_iteration()
-        assert {f["kind"] for f in summary.failures} == {"local_io"}
+        assert {f.kind for f in summary.failures} == {"local_io"}
         assert summary.excluded == ()
         notes += [n for n in summary.notifications if n.level == "error"]
     assert len(notes) == 1 and "No space left on device" in notes[0].body
@@ -772,9 +772,10 @@ def test_a_status_output_cut_by_gridgates_cap_blames_no_server_and_loses_no_pilo
     notes = []
     for _ in range(2):
         summary = director.run_iteration()
-        assert [p["outcome"] for p in summary.pilots["polls"]] == ["output_cap"]
+        assert summary.pilots is not None
+        assert [p.outcome for p in summary.pilots.polls] == ["output_cap"]
         assert summary.excluded == ()
-        assert {f["kind"] for f in summary.failures} == {"output_cap"}
+        assert {f.kind for f in summary.failures} == {"output_cap"}
         notes += [n for n in summary.notifications if n.level == "error"]
     assert states(director) == {"waiting": 3}  # kept, not read from a cut answer
     assert len(notes) == 1 and "gridgate's own output cap" in notes[0].body
@@ -801,7 +802,8 @@ def test_a_backend_that_does_not_answer_for_a_removed_endpoint_keeps_its_limits(
     director.run_iteration()
     backend.endpoints = backend.endpoints[:1]
     summary = director.run_iteration()
-    assert {p["endpoint"]: p["outcome"] for p in summary.pilots["polls"]} == {
+    assert summary.pilots is not None
+    assert {p.endpoint: p.outcome for p in summary.pilots.polls} == {
         "s0": "ok",
         "s1": "unsupported",
     }
