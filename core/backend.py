@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gridgate.core import hookimpl, runner
 from gridgate.core.model import (
@@ -48,7 +48,37 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import Plugin
 
-__all__ = ["Backend", "Deadline"]
+__all__ = ["Backend", "Deadline", "command_timeout_schema", "env_schema"]
+
+#: What ``command_timeout`` means, for a section that says no more about it.
+COMMAND_TIMEOUT_TEXT = "Seconds; replaces the director's limit for these commands when set."
+
+
+def command_timeout_schema(description: str = COMMAND_TIMEOUT_TEXT) -> dict[str, Any]:
+    """The schema of a section's ``command_timeout``, as :class:`Backend` reads it.
+
+    Seconds (up to a day) that replace the director's limit for the backend's commands
+    (:meth:`Backend.deadline`, ``BackendInfo.command_timeout``); null, the default, keeps it.
+    """
+    return {
+        "maximum": 86400,
+        "type": ["number", "null"],
+        "exclusiveMinimum": 0,
+        "default": None,
+        "description": description,
+    }
+
+
+def env_schema(
+    description: str = "Extra environment variables for the commands.",
+) -> dict[str, Any]:
+    """The schema of a section's ``env``: variables :meth:`Backend.environment` adds."""
+    return {
+        "type": "object",
+        "additionalProperties": {"type": "string"},
+        "default": {},
+        "description": description,
+    }
 
 
 @dataclass(frozen=True)

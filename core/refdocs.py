@@ -233,7 +233,7 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "gridgate.core.backend",
         "The base class of a backend: answers the hooks for its own endpoints only, builds "
         "`BackendInfo` from the section, runs commands with the call's deadline and output cap.",
-        ("Backend", "Deadline"),
+        ("Backend", "Deadline", "command_timeout_schema", "env_schema"),
     ),
     (
         "gridgate.core.model",
@@ -358,15 +358,15 @@ def _render_object(module_name: str, name: str, obj: Any) -> list[str]:
     if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
         lines += [
             f"`from {module_name} import {name}` — dataclass"
-            + (" (frozen)" if obj.__dataclass_params__.frozen else ""),
+            + (" (frozen)" if obj.__dataclass_params__.frozen else ""),  # type: ignore[attr-defined]
             "",
-        ]  # type: ignore[attr-defined]
+        ]
         doc = parse_doc(obj)
         lines += [*doc.prose, "", "| field | type | default |", "|---|---|---|"]
         for f in dataclasses.fields(obj):
             if f.default is not dataclasses.MISSING:
                 default = f"`{f.default!r}`"
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            elif f.default_factory is not dataclasses.MISSING:
                 default = "empty"
             else:
                 default = "*required*"

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.backend import Backend, Deadline
+from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
 from gridgate.core.files import atomic_write, ensure_private_dir
 from gridgate.core.model import (
     TERMINAL_STATES,
@@ -262,23 +262,16 @@ class ArcBackend(Backend):
                     for name, what in COMMANDS
                 },
             },
-            "command_timeout": {
-                "maximum": 86400,
-                "type": ["number", "null"],
-                "exclusiveMinimum": 0,
-                "default": None,
-                "description": "Seconds; replaces the director's limit for "
+            "command_timeout": command_timeout_schema(
+                "Seconds; replaces the director's limit for "
                 "these commands when set (one arcsub takes "
-                "0.5-5 s on a healthy CE).",
-            },
-            "env": {
-                "type": "object",
-                "additionalProperties": {"type": "string"},
-                "default": {},
-                "description": "Extra environment variables for the commands (e.g. "
+                "0.5-5 s on a healthy CE)."
+            ),
+            "env": env_schema(
+                "Extra environment variables for the commands (e.g. "
                 "X509_CERT_DIR). X509_USER_PROXY comes from "
-                "credentials.x509_proxy when that is configured.",
-            },
+                "credentials.x509_proxy when that is configured."
+            ),
         },
         "additionalProperties": False,
     }

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
-from gridgate.core.backend import Backend
+from gridgate.core.backend import Backend, command_timeout_schema, env_schema
 from gridgate.core.model import (
     CancelResult,
     CommandResult,
@@ -243,22 +243,15 @@ class SlurmBackend(Backend):
                     )
                 },
             },
-            "command_timeout": {
-                "maximum": 86400,
-                "type": ["number", "null"],
-                "exclusiveMinimum": 0,
-                "default": None,
-                "description": "Seconds; replaces the director's limit for "
+            "command_timeout": command_timeout_schema(
+                "Seconds; replaces the director's limit for "
                 "these commands when set. Slurm's clients "
-                "give up on a stopped controller after ~9 s.",
-            },
-            "env": {
-                "type": "object",
-                "additionalProperties": {"type": "string"},
-                "default": {},
-                "description": "Extra environment variables for the commands (e.g. "
-                "SLURM_CONF for a cluster other than the machine's).",
-            },
+                "give up on a stopped controller after ~9 s."
+            ),
+            "env": env_schema(
+                "Extra environment variables for the commands (e.g. "
+                "SLURM_CONF for a cluster other than the machine's)."
+            ),
         },
         "additionalProperties": False,
     }

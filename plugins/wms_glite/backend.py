@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from loguru import logger
 
-from gridgate.core.backend import Backend
+from gridgate.core.backend import Backend, command_timeout_schema, env_schema
 from gridgate.core.defaults import local_io_failure
 from gridgate.core.files import ensure_private_dir
 from gridgate.core.model import (
@@ -210,20 +210,10 @@ class GliteBackend(Backend):
                 "description": "Submit output to ask for: the default text, "
                 "--nomsg (id only) or --json.",
             },
-            "env": {
-                "type": "object",
-                "additionalProperties": {"type": "string"},
-                "default": {},
-                "description": "Extra environment variables for the commands.",
-            },
-            "command_timeout": {
-                "maximum": 86400,
-                "type": ["number", "null"],
-                "exclusiveMinimum": 0,
-                "default": None,
-                "description": "Seconds; replaces the director's limit for "
-                "this backend's commands when set.",
-            },
+            "env": env_schema(),
+            "command_timeout": command_timeout_schema(
+                "Seconds; replaces the director's limit for this backend's commands when set."
+            ),
             "work_dir": {
                 "type": ["string", "null"],
                 "default": None,

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 import pytest
 
 from gridgate.core import hookimpl
-from gridgate.core.backend import Backend, Deadline
+from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
+from gridgate.core.config import ConfigError
 from gridgate.core.contract import list_match_problems, list_matches
 from gridgate.core.model import (
     BackendInfo,
@@ -34,6 +35,7 @@ from gridgate.core.testing import (
     build_plugin,
     director_for,
     plugin_manager_with,
+    section_for,
     stand_in_command,
 )
 
@@ -231,6 +233,26 @@ def test_every_command_is_capped_at_the_sites_max_output_bytes(tmp_path: Any) ->
     argv = [sys.executable, "-c", "print('x' * 100_000)"]
     outcome = backend.run(argv, backend.deadline(30))
     assert outcome.stdout_truncated and len(outcome.stdout.encode()) <= 1024
+
+
+def test_the_schema_fragments_are_what_the_base_class_reads(tmp_path: Any) -> None:
+    class Plain(Toy):
+        config_schema: ClassVar[dict[str, Any]] = {
+            **SCHEMA,
+            "properties": {
+                **SCHEMA["properties"],
+                "command_timeout": command_timeout_schema(),
+                "env": env_schema(),
+            },
+        }
+
+    backend = toy(tmp_path, Plain)
+    assert backend.config["command_timeout"] is None and backend.config["env"] == {}
+    with pytest.raises(ConfigError) as caught:
+        section_for(Plain, {"command": ["x"], "command_timeout": 0})
+    assert [p.path for p in caught.value.problems] == [("command_timeout",)]
+    with pytest.raises(ConfigError):
+        section_for(Plain, {"command": ["x"], "env": {"A": 1}})
 
 
 def test_the_sections_env_reaches_the_command(tmp_path: Any) -> None:

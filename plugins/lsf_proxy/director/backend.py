@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
-from gridgate.core.backend import Backend, Deadline
+from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
 from gridgate.core.escalation import EPISODE
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
@@ -272,20 +272,8 @@ class LsfBackend(Backend):
                 "default": 1,
                 "description": "Pilots per bsub; > 1 submits a job array.",
             },
-            "env": {
-                "type": "object",
-                "additionalProperties": {"type": "string"},
-                "default": {},
-                "description": "Extra environment variables for the commands.",
-            },
-            "command_timeout": {
-                "maximum": 86400,
-                "type": ["number", "null"],
-                "exclusiveMinimum": 0,
-                "default": None,
-                "description": "Seconds; replaces the director's limit for "
-                "these commands when set.",
-            },
+            "env": env_schema(),
+            "command_timeout": command_timeout_schema(),
             "tokens": {
                 "type": "boolean",
                 "default": True,
