@@ -370,8 +370,8 @@ def notify_test(path: str, level: str, wait: float) -> None:
     config = load_config_or_exit(path)
     director = Director(config, serve_metrics=False)  # the running director holds metrics_port
     note = Notification(
-        level=level,
-        subject=f"gridgate test {level} notification",  # type: ignore[arg-type]
+        level=level,  # type: ignore[arg-type]
+        subject=f"gridgate test {level} notification",
         body=f"This is a test sent by `gridgate notify test` at {time.ctime()}.\n",
         created=time.time(),
         key=f"test/{time.time():.0f}",

@@ -341,7 +341,7 @@ class Director:
         if refusal is not None:
             config_note = Notification(
                 level="error",
-                subject=f"gridgate: config {self.source.path} refused, previous settings kept",  # type: ignore[union-attr]
+                subject=f"gridgate: config {self.source.path} refused, previous settings kept",
                 body=refusal,
                 created=info.started,
                 key=f"config/{info.started:.0f}",

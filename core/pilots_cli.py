@@ -189,7 +189,7 @@ def cancel(
         endpoint = next((e for e in info.endpoints if e.name == name), None) or Endpoint(
             backend, name
         )
-        timeout = float(info.command_timeout or default_timeout)  # type: ignore[union-attr]
+        timeout = float(info.command_timeout or default_timeout)
         done, problem = cancel_pilots(
             runtime, registry, endpoint, group, timeout, "cancelled with gridgate pilots cancel"
         )

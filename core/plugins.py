@@ -168,7 +168,7 @@ def _fresh(manager_class: Any) -> Any:
     Loading, ordering and failure callbacks stay stevedore's.
     """
 
-    class Fresh(manager_class):  # type: ignore[misc, valid-type]
+    class Fresh(manager_class):
         def list_entry_points(self) -> list[importlib.metadata.EntryPoint]:
             return list(importlib.metadata.entry_points(group=self.namespace))
 

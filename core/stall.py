@@ -222,8 +222,8 @@ class StallWatch:
             f"gridgate: {self.scope} has submitted no pilot for {episode['iterations']} iterations"
         )
         return Notification(
-            level=level,
-            subject=subject,  # type: ignore[arg-type]
+            level=level,  # type: ignore[arg-type]
+            subject=subject,
             body="\n".join(lines) + "\n",
             created=now,
             episode_start=since,

@@ -237,10 +237,10 @@ class Limits:
             self.backend_room[backend] = (
                 None if total is None else max(0, total - active.get(backend, 0))
             )
-            for endpoint in info.endpoints:
-                limit = settings.for_endpoint(endpoint, "max_waiting")
-                self.endpoint_room[endpoint.key] = (
-                    None if limit is None else max(0, limit - waiting.get(endpoint.key, 0))
+            for server in info.endpoints:
+                limit = settings.for_endpoint(server, "max_waiting")
+                self.endpoint_room[server.key] = (
+                    None if limit is None else max(0, limit - waiting.get(server.key, 0))
                 )
 
     def _count(self, backend: str, limit: str, n: int) -> None:
@@ -266,8 +266,8 @@ class Limits:
                 # no server in rotation: not a limit's doing (the director reports no_endpoint)
                 unlimited = not rooms or any(r is None for r in rooms)
                 per_endpoint = math.inf if unlimited else float(sum(rooms))  # type: ignore[arg-type]
-                total = self.backend_room[backend]
-                left[backend] = (per_endpoint, math.inf if total is None else float(total))
+                room = self.backend_room[backend]
+                left[backend] = (per_endpoint, math.inf if room is None else float(room))
             per_endpoint, total = left[backend]
             take = int(min(request.count, per_endpoint, total))
             if take < request.count:
