@@ -16,7 +16,7 @@ from support.director import BACKEND, MatchingBackend, ScriptedBackend, Tracking
 from gridgate.core import hookimpl, hookspecs
 from gridgate.core.clock import FakeClock
 from gridgate.core.director import Director
-from gridgate.core.model import Escalation, Failure, Grant, Refusal
+from gridgate.core.model import Endpoint, Episode, Escalation, Failure, Grant, Refusal
 from gridgate.core.plugins import new_plugin_manager
 from gridgate.core.state import MemoryState
 from gridgate.core.testing import Collector
@@ -388,6 +388,29 @@ def test_gridgate_escalate_plugin_decides_the_level() -> None:
     )
     director.run_iteration()
     assert collector.levels() == ["alarm"] and collector.notes[0].failures_in_episode == 9
+    director.close()
+
+
+def test_gridgate_escalate_is_told_the_episode_the_director_counted() -> None:
+    episodes = []
+
+    class Records:
+        @hookimpl
+        def gridgate_escalate(self, endpoint, failure, result, episode):
+            episodes.append(episode)
+
+    director = director_with(
+        ScriptedBackend(1, {"s0": "fake-fail"}), Records(), servers=1, pilots=1
+    )
+    clock = director.clock
+    assert isinstance(clock, FakeClock)
+    start = clock.time()
+    director.run_iteration()
+    assert episodes == [Episode(start=start, failures=1, entered=True)]
+    assert director.failing.contains(Endpoint(BACKEND, "s0"))  # before the plugin was asked
+    clock.advance(3601)  # out of the failing cache (failing_expiry), in the same episode
+    director.run_iteration()
+    assert episodes[-1] == Episode(start=start, failures=2, entered=True)
     director.close()
 
 
