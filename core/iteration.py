@@ -142,11 +142,14 @@ class Iteration:
         return bool(self.credential_block(info))
 
     def exclude(self, endpoint: Endpoint) -> None:
+        """Take ``endpoint`` out of rotation for the rest of the iteration."""
         with self.lock:
             if endpoint.key not in self.excluded:
                 self.excluded.append(endpoint.key)
 
     def usable(self, endpoints: Iterable[Endpoint]) -> list[Endpoint]:
+        """``endpoints`` in rotation: neither excluded this iteration nor in the failing cache
+        when it began."""
         with self.lock:
             gone = set(self.excluded) | self.failing
         return [e for e in endpoints if e.key not in gone]
@@ -247,6 +250,9 @@ class FailurePath:
         duration: float = 0.0,
         attempt: int = 1,
     ) -> None:
+        """Account one attempt of ``request`` (``pilots`` of them) on ``endpoint`` (None when
+        none was chosen): a row in the iteration and in the store's accounting table, the
+        tracker told of a submission, ``gridgate_submission_finished`` broadcast."""
         record = AccountingRecord(
             time=self.runtime.clock.time(),
             backend=request.backend,
