@@ -309,7 +309,7 @@ class IterationRunner:
         config_error: str | None = None,
     ) -> IterationSummary:
         """One iteration numbered and timed by ``info``. ``sent`` (a refused config, already
-        told) and ``unsent`` (accepted config changes, told once the demand is in, as before)
+        told) and ``unsent`` (accepted config changes, told here, once the demand is in)
         go into its summary, as ``config_error`` does."""
         runtime = self.runtime
         started = time.monotonic()
