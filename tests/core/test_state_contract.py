@@ -610,11 +610,9 @@ def test_redis_forgets_keys_redis_expired_itself(redis_server, clock):
 
 
 def test_redis_unreachable_is_a_state_error(clock):
-    import socket
+    from support.ports import free_port
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     store = RedisState(
         {"url": f"redis://user:secret@127.0.0.1:{port}/0", "socket_connect_timeout": 2}, clock=clock
     )

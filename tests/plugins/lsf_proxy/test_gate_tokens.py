@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.polling import until
+from support.ports import free_port
 from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
@@ -499,11 +500,7 @@ def test_the_token_is_not_in_a_gated_sbatch_jobs_environment(
 def test_the_gate_signs_its_requests_over_tcp(start_daemon, gridgate_exe, sockdir) -> None:
     """A config naming the daemon by host:port: the gate's own client signs acquire and check
     with the shared key (protocol.sign), and the daemon's verifier accepts them."""
-    import socket as _socket
-
-    with _socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     key = sockdir / "proxyd.key"
     key.write_text("a-shared-key\n")
     key.chmod(0o600)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from support.ports import free_port as _free_port
+from support.ports import free_port
 
 from gridgate.core.config import load_config
 from gridgate.plugins.lsf_proxy.cli.commands import lsfproxyd
@@ -98,7 +98,7 @@ def test_real_syntax_becomes_a_validating_commented_section(tmp_path):
 
 
 def test_the_imported_section_serves(tmp_path, sockdir):
-    port = _free_port()
+    port = free_port()
     key = sockdir / "proxyd.key"
     key.write_text("imported-key\n")
     key.chmod(0o600)

@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 from support.polling import until
-from support.ports import free_port as _free_port
+from support.ports import free_port
 from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient, ProxyUnavailable
@@ -517,7 +517,7 @@ def test_tcp_requests_are_signed(start_daemon, sockdir):
     key = sockdir / "key"
     key.write_text("s3cret\n")
     key.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     d = start_daemon(
         {
             "tcp": f"127.0.0.1:{port}",

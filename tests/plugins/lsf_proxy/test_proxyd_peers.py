@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import signal
-import socket
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support.polling import until
+from support.ports import free_port
 from support.uids import AS_NOBODY
 
 from gridgate.core.clock import FakeClock
@@ -321,11 +321,7 @@ def test_live_daemons_share_the_limits_and_the_service_state(start_daemon, sockd
 def test_heartbeat_over_signed_tcp(start_daemon, sockdir):
     """Daemons on two hosts talk TCP: the heartbeat is signed with the shared key like any
     admin command, and the split follows it."""
-    ports = []
-    for _ in range(2):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(probe.getsockname()[1])
+    ports = [free_port() for _ in range(2)]
     key = sockdir / "key"
     key.write_text("s3cret\n")
     key.chmod(0o600)  # a key others can read is refused
@@ -563,9 +559,7 @@ def test_an_unreachable_state_store_keeps_the_peers_counted():
     where taking their silence for death would let every daemon grant the whole limit."""
     from gridgate.core.state_redis import RedisState
 
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     clock = FakeClock()
     section = {
         "hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}],
