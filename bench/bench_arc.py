@@ -297,13 +297,13 @@ def main() -> None:
             polled = director.run_iteration()
             director.close()
             calls = log.read_text().splitlines() if log.exists() else []
-            polls = list(polled.pilots["polls"])
+            polls = polled.pilots.polls if polled.pilots is not None else ()
             result["polls"][str(count)] = {
                 "tracked": tracked,
                 "arcstat_calls": len(calls),
                 "ids_per_call": [int(c.split()[2]) - 4 for c in calls],
                 "poll_seconds": [float(c.split()[1]) for c in calls],
-                "commands_reported": [p["commands"] for p in polls],
+                "commands_reported": [p.commands for p in polls],
             }
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))

@@ -11,7 +11,7 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, cast
 
 from loguru import logger
@@ -25,7 +25,7 @@ from prometheus_client import (
 )
 
 from gridgate.core import hookimpl
-from gridgate.core.model import AccountingRecord, IterationSummary, Notification
+from gridgate.core.model import AccountingRecord, IterationSummary, Notification, PilotReport
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
@@ -394,13 +394,13 @@ class DirectorMetrics:
         for notifier, depth in gauges.get("outbox", {}).items():
             self.outbox.labels(notifier).set(depth)
 
-    def _pilots(self, report: Mapping[str, Any]) -> None:
+    def _pilots(self, report: PilotReport | None) -> None:
         """Pilots by state (a series that disappeared from the registry drops to 0), demand
-        trimmed, and status polls, from the iteration's pilot report."""
-        if not report:
+        trimmed, and status polls, from the iteration's pilot report (None: no tracking)."""
+        if report is None:
             return
         seen: set[tuple[str, str, str]] = set()
-        for key, states in report.get("states", {}).items():
+        for key, states in report.states.items():
             backend, _, endpoint = key.partition("/")
             for state, n in states.items():
                 self.pilot_states.labels(backend, endpoint, state).set(n)
@@ -408,8 +408,8 @@ class DirectorMetrics:
         for labels in self._pilot_labels - seen:
             self.pilot_states.labels(*labels).set(0)
         self._pilot_labels = seen
-        for backend, limits in report.get("trimmed", {}).items():
+        for backend, limits in report.trimmed.items():
             for limit, n in limits.items():
                 self.trimmed.labels(backend, limit).inc(n)
-        for poll in report.get("polls", []):
-            self.status_polls.labels(poll["backend"], poll["endpoint"], poll["outcome"]).inc()
+        for poll in report.polls:
+            self.status_polls.labels(poll.backend, poll.endpoint, poll.outcome).inc()
