@@ -484,7 +484,9 @@ def schema_problems(schema: Mapping[str, Any], instance: Any) -> list[tuple[Path
 
 def _branch(error: ValidationError, chosen: ValidationError) -> str:
     """Which alternative of a oneOf/anyOf ``chosen`` came from, for people."""
-    branches = error.schema.get(error.validator, []) if isinstance(error.schema, Mapping) else []
+    branches = (
+        error.schema.get(str(error.validator), []) if isinstance(error.schema, Mapping) else []
+    )
     index = chosen.relative_schema_path[0] if chosen.relative_schema_path else None
     if not isinstance(index, int) or index >= len(branches):
         return ""
@@ -513,8 +515,9 @@ def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
         # never echo what was written where a secret belongs: it may be the secret itself
         return [(path, "a secret is given as {env: VARIABLE} or {file: PATH}, never inline")]
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = set(error.schema.get("properties", {}))
-        patterns = error.schema.get("patternProperties", {})
+        schema = error.schema if isinstance(error.schema, Mapping) else {}
+        allowed = set(schema.get("properties", {}))
+        patterns = schema.get("patternProperties", {})
         import re
 
         extras = [

@@ -122,7 +122,7 @@ def _raw_mail(outbox_message: Mapping[str, Any]) -> str:
     # The Message-ID is random by design; a fixed one keeps the doc stable.
     raw = re.sub(r"(?m)^Message-ID: .*$", "Message-ID: <sample@example.org>", raw)
     headers = raw.split("\n\n", 1)[0]
-    body = message_from_string(raw, policy=policy.default).get_content()  # type: ignore[attr-defined]
+    body = message_from_string(raw, policy=policy.default).get_content()
     return f"{headers}\n\n{body}"
 
 
@@ -240,9 +240,10 @@ def render(doc: str, sections: Mapping[str, str]) -> str:
     for name, content in sections.items():
         begin, end = BEGIN.format(name=name), END.format(name=name)
         pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-        if not pattern.search(doc):
+        found = pattern.search(doc)
+        if found is None:
             raise ValueError(f"section markers for {name!r} missing from the doc")
-        doc = pattern.sub(lambda _m, c=content, b=begin, e=end: f"{b}\n{c}\n{e}", doc)
+        doc = f"{doc[: found.start()]}{begin}\n{content}\n{end}{doc[found.end() :]}"
     return doc
 
 

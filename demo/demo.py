@@ -130,7 +130,7 @@ def build_site(
         },
     )
     (folder / "sim-state").mkdir(exist_ok=True)
-    config = {
+    config: dict[str, Any] = {
         "director": {
             "cycle_seconds": 4,
             "max_threads": 16,

@@ -636,8 +636,8 @@ def category_map(extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, 
             mapping[name] = category
             # the opcode the gate sends for a command falls in the command's category
             mapping.setdefault(COMMAND_OPCODES.get(name, name), category)
-    for category, names in (extra or {}).items():
-        for name in names:
+    for category, extra_names in (extra or {}).items():
+        for name in extra_names:
             mapping[name] = category
     return mapping
 

@@ -93,6 +93,7 @@ class Connection:
         self.daemon = daemon
         self._key, self._user, self._host, self._clock = key, user, host, clock
         kind, target = parse_address(daemon.address)
+        where: Any = target  # a path, (host, port), then what getaddrinfo answers
         self.tcp = kind == "tcp"
         if self.tcp and not key:
             raise ProxyError(f"{daemon.name}: TCP needs the shared key (proxyd.key)")
@@ -102,11 +103,11 @@ class Connection:
                 infos = socket.getaddrinfo(target[0], target[1], type=socket.SOCK_STREAM)
             except OSError as exc:
                 raise _Broken(f"{daemon.name}: cannot resolve {daemon.address}: {exc}") from None
-            family, target = infos[0][0], infos[0][4]
+            family, where = infos[0][0], infos[0][4]
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
-            self._sock.connect(target)
+            self._sock.connect(where)
         except OSError as exc:
             self._sock.close()
             kind_of = (

@@ -73,10 +73,12 @@ class _Context:
     parse_constant = float  # NaN, Infinity
 
 
+_scan: Any
+_quote: Any
 try:
     import _json
 
-    _scan = _json.make_scanner(_Context)
+    _scan = _json.make_scanner(_Context)  # type: ignore[arg-type]  # a decoder's attributes
     _quote = _json.encode_basestring_ascii
 except (ImportError, AttributeError):  # pragma: no cover
     _scan = _quote = None
@@ -139,6 +141,7 @@ class Link:
         #: called once when this connection is closed (the gate's early token holder)
         self.on_close: Callable[[], None] | None = None
         tcp = not address.startswith(("/", "."))
+        target: Any  # a socket path, or what getaddrinfo answers
         if tcp:
             if signer is None:
                 raise GateError(f"{name}: TCP needs the shared key (proxyd.key)")

@@ -21,7 +21,7 @@ import struct
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from loguru import logger
 
@@ -549,7 +549,7 @@ class ProxyDaemon:
             self.verifier = Verifier(
                 key, float(self.section.get("max_clock_skew", 30)), daemon=self.name
             )
-            _, (host, port) = parse_address(tcp)
+            host, port = cast(tuple[str, int], parse_address(tcp)[1])  # host:port, so tcp
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             server = self._listener(info[0][0], info[0][4], self._on_tcp, f"tcp {tcp}")
             self._servers.append(server)

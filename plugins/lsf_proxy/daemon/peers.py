@@ -425,7 +425,7 @@ class Heartbeat:
             await self._run_store(stop)
             return
         loop = asyncio.get_running_loop()
-        stopping = asyncio.ensure_future(stop.wait())
+        stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
         beats: dict[str, asyncio.Future[BeatResult]] = {}
         due: dict[str, float] = {}
         try:

@@ -24,6 +24,7 @@ from gridgate.plugins.lsf_proxy.config import CATEGORIES
 from gridgate.plugins.lsf_proxy.daemon.policy import (
     PROCEED,
     QUEUED,
+    BlockRule,
     Decision,
     PolicySettings,
     Request,
@@ -301,7 +302,9 @@ class RateLimitedPolicy(TokenPolicy):
             out += self._drain(names, now, lambda _i: False, PROCEED, "disabled")
         return out
 
-    def block(self, rule: Any, now: float | None = None) -> tuple[bool, list[Decision]]:
+    def block(
+        self, rule: BlockRule, now: float | None = None
+    ) -> tuple[tuple[BlockRule, ...], list[Decision]]:
         now = self._now(now)
         added, out = super().block(rule, now)
         out += self._drain(

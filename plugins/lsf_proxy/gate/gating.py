@@ -25,12 +25,14 @@ from __future__ import annotations
 import os
 import sys
 
-try:  # the C module: the signal wrapper imports enum, which costs more than this module
-    import _signal as signal
-except ImportError:  # pragma: no cover
-    import signal  # type: ignore[no-redef]
-
 TYPE_CHECKING = False  # typing costs more to import than this whole module
+if TYPE_CHECKING:  # the same functions, as the type checker knows them
+    import signal
+else:
+    try:  # the C module: the signal wrapper imports enum, which costs more than this module
+        import _signal as signal
+    except ImportError:  # pragma: no cover
+        import signal
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
