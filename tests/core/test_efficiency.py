@@ -21,8 +21,8 @@ from gridgate.core.efficiency import (
 )
 from gridgate.core.gocdb import AVAILABLE
 from gridgate.core.model import Endpoint
-from gridgate.core.pilots import Pilot
-from gridgate.core.state import SqliteState
+from gridgate.core.pilots import MemoryPilots, Pilot
+from gridgate.core.state import SqliteState, StateError
 
 NOW = 1_700_000_000.0
 DEFAULT = EfficiencySettings()
@@ -199,3 +199,53 @@ def test_source_over_a_sqlite_registry_says_changes_once(tmp_path: Path) -> None
         assert [(c.endpoint, c.kind) for c in changes] == [("slurm/ce01", "ended")]
     finally:
         store.close()
+
+
+def test_only_changed_or_stale_endpoints_are_read_again() -> None:
+    clock = FakeClock(NOW)
+    registry = MemoryPilots()
+    ce01 = Endpoint("slurm", "ce01")
+    source = PilotEfficiency(EfficiencySettings(refresh=600), clock=clock)
+    registry.put(pilots(80, 20))
+    assert source.evaluate(registry, [ce01])[0][ce01.key].state == "degraded"
+    # 200 done pilots later ce01 is fine, but nothing said its pilots changed: not read
+    registry.put(
+        [Pilot(f"n{i}", "slurm", "ce01", state="done", changed=NOW + 1) for i in range(200)]
+    )
+    clock.advance(2)
+    assert source.evaluate(registry, [ce01], changed=set())[0][ce01.key].state == "degraded"
+    states, changes = source.evaluate(registry, [ce01], changed={ce01.key})
+    assert states[ce01.key] == AVAILABLE and [c.kind for c in changes] == ["ended"]
+    # unchanged, but judged refresh seconds ago: read again (the window slides)
+    registry.put(
+        [Pilot(f"f{i}", "slurm", "ce01", state="failed", changed=NOW + 2) for i in range(100)]
+    )  # finished now: read, they would count
+    assert source.evaluate(registry, [ce01], changed=set())[0][ce01.key] == AVAILABLE
+    clock.advance(600)
+    assert source.evaluate(registry, [ce01], changed=set())[0][ce01.key].state == "degraded"
+
+
+class _Flaky(MemoryPilots):
+    """A real in-memory registry whose reads fail while ``down`` is set."""
+
+    down = False
+
+    def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
+        if self.down:
+            raise StateError("redis://127.0.0.1:1/0: connection refused")
+        return super().last_finished(backend, endpoint, n, after)
+
+
+def test_registry_down_keeps_the_last_verdict() -> None:
+    clock = FakeClock(NOW)
+    registry = _Flaky()
+    ce01 = Endpoint("slurm", "ce01")
+    source = PilotEfficiency(EfficiencySettings(refresh=0), clock=clock)
+    registry.put(pilots(50, 50))
+    assert source.evaluate(registry, [ce01])[0][ce01.key].state == "degraded"
+    registry.down = True
+    states, changes = source.evaluate(registry, [ce01])
+    assert states[ce01.key].state == "degraded" and changes == []
+    registry.down = False
+    clock.advance(86400)
+    assert source.evaluate(registry, [ce01])[0][ce01.key] == AVAILABLE
