@@ -101,7 +101,10 @@ def example_files() -> list[Path]:
 
 
 def other_plugin(plugin: str, imp: Import) -> bool:
-    """True when ``imp``, in a file of ``plugin``, imports another plugin."""
+    """True when ``imp``, in a file of ``plugin``, imports another plugin (or the demo, an
+    application of the plugins)."""
+    if imp.module.split(".")[:2] == ["gridgate", "demo"]:
+        return True
     target = plugin_of(imp.module)
     if target is None and imp.module == "gridgate.plugins" and imp.name:
         target = imp.name  # from gridgate.plugins import X
@@ -135,6 +138,7 @@ def test_the_plugin_rule_sees_an_import_of_another_plugin() -> None:
         "    from gridgate.plugins.notify_email.notifier import EmailNotifier\n"
         "    from gridgate.plugins import slurm\n"
         "    from ..notify_email import outbox\n"
+        "    import gridgate.demo.pilots\n"
     )
     found = [imp.where() for imp in imports_in(path, source) if other_plugin("notify_ggus", imp)]
     assert found == [
@@ -142,6 +146,7 @@ def test_the_plugin_rule_sees_an_import_of_another_plugin() -> None:
         "EmailNotifier",
         "plugins/notify_ggus/notifier.py:6: from gridgate.plugins import slurm",
         "plugins/notify_ggus/notifier.py:7: from gridgate.plugins.notify_email import outbox",
+        "plugins/notify_ggus/notifier.py:8: import gridgate.demo.pilots",
     ]
 
 
