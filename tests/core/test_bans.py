@@ -277,3 +277,27 @@ def test_store_down_keeps_the_last_entries_until_their_end(clock: FakeClock) -> 
     assert states[EP] == AVAILABLE and [c.kind for c in changes] == ["ended"]
     store.down = False
     assert source.evaluate([EP])[0][EP] == AVAILABLE
+
+
+printable = st.text(
+    st.characters(blacklist_categories=("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")),
+    min_size=1,
+    max_size=MAX_REASON,
+).filter(lambda t: t.strip() == t and t != "")
+
+
+@given(
+    printable,
+    st.text("abcdefghijklmnopqrstuvwxyz0123456789._-", min_size=1, max_size=32),
+    st.floats(1, MAX_DURATION),
+    st.sampled_from(["banned", "drained"]),
+)
+def test_any_accepted_text_comes_back_as_written(
+    why: str, who: str, duration: float, state: str
+) -> None:
+    clock = FakeClock()
+    bans = OperatorBans(MemoryState({}, clock=clock))
+    entry = bans.put(EP, state, who=who, why=why, duration=duration)
+    assert entry.why == why
+    assert OperatorEntry.decode(PREFIX + EP, entry.encode()) == entry
+    assert bans.entries() == [entry]
