@@ -25,7 +25,7 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.config import validate_document
 from gridgate.core.director import Director
-from gridgate.core.model import BackendInfo, Endpoint, SubmitResult
+from gridgate.core.model import BackendInfo, Endpoint, IterationSummary, SubmitResult
 from gridgate.core.runner import run
 from gridgate.plugins.wms_glite.sim import install_commands, read_calls, write_scenario
 
@@ -109,9 +109,9 @@ def baseline_rate(
     return n / (time.monotonic() - started)
 
 
-def director_rate(doc: dict[str, Any], iterations: int = 1) -> tuple[float, list[Any]]:
+def director_rate(doc: dict[str, Any], iterations: int = 1) -> tuple[float, list[IterationSummary]]:
     director = Director(validate_document(doc))
-    summaries: list[Any] = []
+    summaries: list[IterationSummary] = []
     started = time.monotonic()
     try:
         director.run(iterations=iterations, on_iteration=summaries.append)
@@ -181,7 +181,7 @@ def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) ->
             rate, summaries = director_rate(doc, iterations)
             faulty_rates.append(rate)
             first_faulty.append(_submitted(summaries[0]))
-            first_retried.append(len(getattr(summaries[0], "retries", ())))
+            first_retried.append(len(summaries[0].retries))
             steady = summaries[1:]
             steady_time = sum(s.duration for s in steady)
             steady_pilots = sum(
@@ -218,7 +218,7 @@ def bench_faults(pilots: int, threads: int, iterations: int, rounds: int = 3) ->
     }
 
 
-def _submitted(summary: Any) -> int:
+def _submitted(summary: IterationSummary) -> int:
     return sum(r.pilots for r in summary.records if r.outcome == "submitted")
 
 
