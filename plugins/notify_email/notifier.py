@@ -35,11 +35,6 @@ from gridgate.core.outbox import (
 from gridgate.core.plugins import Plugin, PluginContext
 
 
-def state_dir_of(config: Mapping[str, Any]) -> Path:
-    director = config.get("director") or {}
-    return Path(director.get("state_dir") or "./gridgate-state")
-
-
 class EmailNotifier(Plugin):
     """Sends ``error`` notifications to ``error_address`` and ``alarm`` ones to
     ``alarm_address``; ``info`` ones go to ``error_address`` only with ``info_to_error``."""

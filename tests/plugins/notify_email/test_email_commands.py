@@ -15,8 +15,8 @@ from gridgate.core.cli import cli
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import load_config
 from gridgate.core.model import Notification
+from gridgate.core.outbox_cli import Commands
 from gridgate.core.plugins import PluginContext
-from gridgate.plugins.notify_email.commands import Commands
 from gridgate.plugins.notify_email.notifier import EmailNotifier
 from gridgate.plugins.notify_ggus.notifier import GgusNotifier
 

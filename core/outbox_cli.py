@@ -1,9 +1,14 @@
-"""``gridgate outbox list|retry|purge``: inspect and manage what the notifiers' outboxes hold."""
+"""``gridgate outbox list|retry|purge``: inspect and manage what the notifiers' outboxes hold.
+
+Core's, as the outbox is (:mod:`gridgate.core.outbox`): it serves every configured notifier
+whose class has a ``make_outbox(section, state_dir, clock, config)`` class method (the ``email``
+and ``ggus`` notifiers, or a third party's), without importing any of them."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -12,7 +17,12 @@ from gridgate.core import hookimpl
 from gridgate.core.cli import load_config_or_exit
 from gridgate.core.clock import SYSTEM_CLOCK
 from gridgate.core.outbox import Message, Outbox
-from gridgate.plugins.notify_email.notifier import state_dir_of
+
+
+def state_dir_of(config: Any) -> Path:
+    """The config's ``director.state_dir`` (the notifiers keep their outboxes under it)."""
+    director = config.get("director") or {}
+    return Path(director.get("state_dir") or "./gridgate-state")
 
 
 def _utc(epoch: float | None) -> str:
