@@ -48,7 +48,12 @@ from gridgate.plugins.wms_glite.jdl import (
     quote,
 )
 from gridgate.plugins.wms_glite.parse import is_no_match, parse_ce_ids, parse_job_ids
-from gridgate.plugins.wms_glite.status import cancel_pilots, query_pilots, sibling_commands
+from gridgate.plugins.wms_glite.status import (
+    cancel_pilots,
+    process_alive,
+    query_pilots,
+    sibling_commands,
+)
 
 __all__ = ["GliteBackend", "build_jdl", "endpoint_for", "DEFAULT_PORT", "DEFAULT_PATH"]
 
@@ -383,7 +388,9 @@ class GliteBackend(Backend):
         """The configured servers as endpoints, in config order."""
         return tuple(endpoint_for(self.name, s) for s in self.config.get("servers") or [])
 
-    def _commands(self) -> Mapping[str, str]:
+    def commands(self) -> Mapping[str, str]:
+        """The commands by role (submit, list_match, status, cancel): the configured ones,
+        status and cancel found beside a submit command given as a path."""
         configured = {k: v for k, v in (self.config.get("commands") or {}).items() if v}
         commands = {
             "submit": "glite-wms-job-submit",
@@ -395,7 +402,7 @@ class GliteBackend(Backend):
 
     def argv(self, operation: str, endpoint: Endpoint, jdl_path: str) -> list[str]:
         """The argv of one call (no shell ever sees it)."""
-        command = self._commands()["submit" if operation == OPERATION_SUBMIT else "list_match"]
+        command = self.commands()["submit" if operation == OPERATION_SUBMIT else "list_match"]
         url = endpoint.url or endpoint_for(self.name, endpoint.name).url
         argv = [command, "--noint", "--endpoint", url]
         delegation = self.config.get("delegation", "auto")
@@ -561,16 +568,6 @@ def _os_error(exc: OSError) -> str:
     return f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
 def remove_leftover_jdls(folder: Path) -> list[Path]:
     """Remove the JDL files of directors that are no longer running (killed with commands in
     flight); files of a live process, this one included, are left to it. Returns what went."""
@@ -581,7 +578,7 @@ def remove_leftover_jdls(folder: Path) -> list[Path]:
         return removed  # no folder yet, or unreadable: the first write will say so
     for entry in entries:
         found = JDL_NAME_RE.fullmatch(entry.name)
-        if found is None or _alive(int(found.group(1))):
+        if found is None or process_alive(int(found.group(1))):
             continue
         with contextlib.suppress(OSError):
             entry.unlink()

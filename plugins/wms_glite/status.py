@@ -395,8 +395,6 @@ def ids_folder(backend: Any) -> tuple[Path, bool]:
 def remove_leftover_id_files(folder: Path) -> list[Path]:
     """Remove the id files of directors that are no longer running; those of a live process
     (this one included) are left to it. Returns what went."""
-    from gridgate.plugins.wms_glite.backend import _alive
-
     removed: list[Path] = []
     try:
         entries = list(Path(folder).iterdir())
@@ -404,7 +402,7 @@ def remove_leftover_id_files(folder: Path) -> list[Path]:
         return removed  # no folder yet, or unreadable: the write will say so
     for entry in entries:
         found = IDS_NAME_RE.fullmatch(entry.name)
-        if found is None or _alive(int(found.group(1))):
+        if found is None or process_alive(int(found.group(1))):
             continue
         try:
             entry.unlink()
@@ -470,6 +468,18 @@ def write_id_file(job_ids: Iterable[str], work_dir: str | os.PathLike[str]) -> s
 TRACKING_COMMANDS = {"status": "glite-wms-job-status", "cancel": "glite-wms-job-cancel"}
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` is alive (another user's counts as alive): files named after a
+    director's pid are its own until it is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def sibling_commands(submit: str, configured: Mapping[str, str]) -> dict[str, str]:
     """The tracking commands not configured: beside ``submit`` when it is a path (a UI in
     ``$GLITE_LOCATION/bin``), else their names, looked up on PATH."""
@@ -481,7 +491,7 @@ def sibling_commands(submit: str, configured: Mapping[str, str]) -> dict[str, st
 
 
 def _base_argv(backend: Any, which: str) -> list[str]:
-    argv = [backend._commands()[which], "--noint"]
+    argv = [backend.commands()[which], "--noint"]
     if which == "status":
         argv += ["-v", VERBOSITY]
     if backend.config.get("config_file"):

@@ -243,11 +243,7 @@ class ProxyAdmission(Plugin):
         """local: tokens held now per endpoint key (for tests and status)."""
         with self._lock:
             policies = dict(self._local)
-        out = {}
-        for key, tokens in policies.items():
-            with tokens._cond:
-                out[key] = sum(c.in_use for c in tokens.policy.categories.values())
-        return out
+        return {key: tokens.in_use() for key, tokens in policies.items()}
 
     def _policy_for(self, key: str) -> LocalTokens:
         with self._lock:
@@ -276,8 +272,7 @@ class ProxyAdmission(Plugin):
         )
         where = request.endpoint.name if request.endpoint is not None else "this host"
         if decision.outcome == GRANTED and decision.token is not None:
-            with tokens._cond:
-                in_use = tokens.policy.categories[request.category].in_use
+            in_use = tokens.in_use(request.category)
             with self._lock:
                 self._held[decision.token.id] = ("local", (tokens, key))
             self._count(

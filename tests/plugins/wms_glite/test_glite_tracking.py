@@ -260,11 +260,11 @@ def test_tracking_commands_are_found_beside_a_submit_path_unless_configured(
     _, backend = make_backend(
         hosts={H1: {}}, commands={"submit": "/opt/glite/bin/glite-wms-job-submit"}
     )
-    assert backend._commands()["status"] == "/opt/glite/bin/glite-wms-job-status"
-    assert backend._commands()["cancel"] == "/opt/glite/bin/glite-wms-job-cancel"
+    assert backend.commands()["status"] == "/opt/glite/bin/glite-wms-job-status"
+    assert backend.commands()["cancel"] == "/opt/glite/bin/glite-wms-job-cancel"
     _, named = make_backend(hosts={H1: {}}, commands={"status": "/usr/local/bin/my-status"})
-    assert named._commands()["status"] == "/usr/local/bin/my-status"
-    assert named._commands()["cancel"] == "glite-wms-job-cancel"  # submit is a name: PATH
+    assert named.commands()["status"] == "/usr/local/bin/my-status"
+    assert named.commands()["cancel"] == "glite-wms-job-cancel"  # submit is a name: PATH
 
 
 def test_a_failed_status_query_is_classified_as_that_servers_failure(tracked: Any) -> None:
