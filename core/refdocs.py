@@ -502,8 +502,10 @@ def render_api() -> str:
             body += _render_object(module_name, name, getattr(module, name))
     lines += body
     lines.append("")
-    # a default that is an object prints with its address; show its class instead
-    return re.sub(r"<(?:[\w]+\.)*(\w+) object at 0x[0-9a-f]+>", r"\1()", "\n".join(lines))
+    # a default that is an object or a function prints with its address, which changes from
+    # run to run: show its class, or the function's name, instead
+    text = re.sub(r"<(?:[\w]+\.)*(\w+) object at 0x[0-9a-f]+>", r"\1()", "\n".join(lines))
+    return re.sub(r"<function ([\w.]+) at 0x[0-9a-f]+>", r"\1", text)
 
 
 # --- the API's fingerprint -------------------------------------------------------------------
