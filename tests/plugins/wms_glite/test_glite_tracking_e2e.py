@@ -93,7 +93,7 @@ def test_a_server_whose_every_pilot_aborts_leaves_rotation_with_one_error(world,
     # the first poll that could see the aborts took the server out of rotation
     assert status_calls(calls_log) == {GOOD: 1, ABORTS: 1}
     assert f"wms_glite/{ABORTS}" in second.excluded
-    assert second.pilots["aborted"] == [f"wms_glite/{ABORTS}"]
+    assert second.pilots is not None and second.pilots.aborted == (f"wms_glite/{ABORTS}",)
     assert {r.endpoint for r in second.records if r.outcome == "submitted"} == {GOOD}
     [note] = collector.notes
     assert note.level == "error" and note.endpoint.name == ABORTS
@@ -136,8 +136,9 @@ def test_one_status_query_per_server_and_poll_whatever_the_number_of_pilots(
     summary = director.run_iteration()
     calls = [c for c in read_calls(calls_log) if c.command == "glite-wms-job-status"]
     assert [(c.host, c.ids) for c in calls] == [(GOOD, tracked)]
-    [poll] = [p for p in summary.pilots["polls"] if p["endpoint"] == GOOD]
-    assert poll["pilots"] == tracked and poll["commands"] == 1 and poll["changed"] == tracked
+    assert summary.pilots is not None
+    [poll] = [p for p in summary.pilots.polls if p.endpoint == GOOD]
+    assert poll.pilots == tracked and poll.commands == 1 and poll.changed == tracked
     assert director.state.pilot_registry().counts().get(("wms_glite", GOOD, "done")) == tracked
 
 
