@@ -5,16 +5,16 @@ endpoint (or a backend name) and a backend that is not its owner answers None. :
 asks that question once, in its hook implementations, and calls your typed methods only for
 your own endpoints:
 
-=========================================  ==================================================
-the hook the director calls                the method of yours it calls (for your endpoints)
-=========================================  ==================================================
-``gridgate_backend_info(backend)``         :meth:`Backend.backend_info` (built for you)
-``gridgate_submit(endpoint, request, …)``  :meth:`Backend.submit` (the one you must write)
-``gridgate_classify_failure(endpoint, …)`` :meth:`Backend.classify_failure` (None: the rules)
-``gridgate_job_status(endpoint, ids, …)``  :meth:`Backend.job_status` (None: no tracking)
-``gridgate_cancel(endpoint, ids, …)``      :meth:`Backend.cancel` (None: cannot cancel)
-``gridgate_list_match(endpoint, …)``       :meth:`Backend.list_match` (only if you write it)
-=========================================  ==================================================
+============================================  =================================================
+the hook the director calls                   the method of yours it calls (for your endpoints)
+============================================  =================================================
+``gridgate_backend_info(backend)``            :meth:`Backend.backend_info` (built for you)
+``gridgate_submit(endpoint, ...)``            :meth:`Backend.submit` (the one you must write)
+``gridgate_classify_failure(endpoint, ...)``  :meth:`Backend.classify_failure` (None: rules)
+``gridgate_job_status(endpoint, ...)``        :meth:`Backend.job_status` (None: no tracking)
+``gridgate_cancel(endpoint, ...)``            :meth:`Backend.cancel` (None: cannot cancel)
+``gridgate_list_match(endpoint, ...)``        :meth:`Backend.list_match` (only if you write it)
+============================================  =================================================
 
 It also builds :class:`~gridgate.core.model.BackendInfo` from your schema'd section
 (``endpoints_key``, ``pilots_key``, ``command_timeout``, ``list_match``, ``credentials``) and
