@@ -263,17 +263,24 @@ class MetricsServer:
 def serve_registry(
     registry: CollectorRegistry, port: int, address: str = "127.0.0.1"
 ) -> tuple[Any, int]:
-    """Expose ``registry`` over HTTP on ``address:port`` (a :class:`MetricsServer`).
+    """Expose ``registry`` over HTTP on ``address:port``, from a thread of its own (a token
+    daemon serves its own metrics this way, as the director does).
 
-    Returns the server (for :func:`stop_server`) and the port it bound (useful with port 0).
-    Raises OSError when the address cannot be bound.
+    :param registry: the prometheus_client registry to expose.
+    :param port: the TCP port (0: any free one).
+    :param address: the address to bind.
+    :returns: the server (for :func:`stop_server`) and the port it bound (useful with port 0).
+    :raises OSError: when the address cannot be bound.
     """
     server = MetricsServer(registry, port, address)
     return server, int(server.server_address[1])
 
 
 def stop_server(server: Any) -> None:
-    """Stop a server made by :func:`serve_registry`; None is a no-op."""
+    """Stop ``server`` (made by :func:`serve_registry`) and close its socket.
+
+    :param server: what :func:`serve_registry` returned first; None is a no-op.
+    """
     if server is not None:
         server.shutdown()
         server.server_close()

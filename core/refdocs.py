@@ -314,8 +314,9 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         "gridgate.core.state",
-        "The shared state store (`context.state`), and the base of a state driver.",
-        ("StateStore", "StateError"),
+        "The shared state store (`context.state`), the base of a state driver, and opening "
+        "the store a config names.",
+        ("StateStore", "StateError", "open_state"),
     ),
     (
         "gridgate.core.failing",
@@ -327,6 +328,11 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "gridgate.core.cli",
         "For plugins that add sub-commands.",
         ("load_config_or_exit", "EXIT_CONFIG"),
+    ),
+    (
+        "gridgate.core.metrics",
+        "Serving a plugin's own Prometheus registry over HTTP.",
+        ("serve_registry", "stop_server"),
     ),
     (
         "gridgate.core.testing",

@@ -24,7 +24,25 @@ from loguru import logger
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
+    from gridgate.core.config import Config
     from gridgate.core.pilots import PilotRegistry
+
+
+def open_state(config: Config | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> StateStore:
+    """Open the state store a config names: the driver ``state.driver`` (found through the
+    ``gridgate.state`` entry points) made with the rest of that section.
+
+    :param config: a config (or a mapping) with a ``state:`` section; none means
+        ``{driver: sqlite}``.
+    :param clock: the store's clock, on which expiries are measured.
+    :raises PluginLoadError: when no installed driver has that name.
+    """
+    from gridgate.core.plugins import STATE_GROUP, load_class  # the loader imports this module
+
+    section = dict(config.get("state") or {"driver": "sqlite"})
+    driver = section.pop("driver", "sqlite")
+    cls = load_class(STATE_GROUP, driver)
+    return cls(section, clock=clock)
 
 
 class StateError(Exception):
