@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +26,18 @@ from gridgate.core.failing import FailingCache
 from gridgate.core.iteration import ACCOUNTING, FailurePath, IterationRunner, Runtime
 from gridgate.core.model import IterationInfo, IterationSummary, Notification
 from gridgate.core.plugins import (
-    STATE_GROUP,
     PluginContext,
     build_plugin_manager,
-    load_class,
     new_plugin_manager,
 )
 from gridgate.core.resilient import DeferredState, ResilientState
 from gridgate.core.runner import orphan_guard
 from gridgate.core.stall import StallWatch
-from gridgate.core.state import StateError, StateStore
+from gridgate.core.state import StateError, StateStore, open_state
 from gridgate.core.tracking import PilotTracker
 
+#: open_state is gridgate.core.state's, kept importable from here for the commands that use it
 __all__ = ["ACCOUNTING", "Director", "open_state", "summary_json"]
-
-
-def open_state(config: Config | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> StateStore:
-    """Instantiate the state driver the config names (``state.driver``)."""
-    section = dict(config.get("state") or {"driver": "sqlite"})
-    driver = section.pop("driver", "sqlite")
-    cls = load_class(STATE_GROUP, driver)
-    return cls(section, clock=clock)
 
 
 class Director:
