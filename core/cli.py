@@ -274,7 +274,7 @@ def servers_group() -> None:
 
 def open_state_or_exit(path: str) -> Any:
     """The state store the config at ``path`` names; exit 1 for one no other process can read."""
-    from gridgate.core.director import open_state
+    from gridgate.core.state import open_state
 
     config = load_config_or_exit(path)
     if (config.get("state") or {}).get("driver") == "memory":
