@@ -71,7 +71,7 @@ def test_ok_without_a_job_id_is_a_failure_not_a_submission() -> None:
     )
     summary = director.run_iteration()
     assert [r.outcome for r in summary.records] == ["failed"]
-    assert summary.failures[0]["kind"] == "error"  # no command evidence at all
+    assert summary.failures[0].kind == "error"  # no command evidence at all
     director.close()
 
 

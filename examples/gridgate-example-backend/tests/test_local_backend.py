@@ -174,7 +174,7 @@ def test_director_iteration_skips_a_busy_slot_quietly_and_fills_the_others(tmp_p
     assert [(r.outcome, r.endpoint, r.failure_kind) for r in summary.records] == (
         [("failed", "s1", "busy")] + [("submitted", "s2", "")] * 6
     )
-    assert [(e["failed_on"], e["outcome"]) for e in summary.retries] == [("s1", "retried")]
+    assert [(e.failed_on, e.outcome) for e in summary.retries] == [("s1", "retried")]
     assert {i for r in summary.records for i in r.job_ids} == {"s2-ok"}
     assert summary.excluded == ("local/s1",)
     assert collector.notes == []  # busy is not news
