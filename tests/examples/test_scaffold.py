@@ -120,6 +120,12 @@ def test_the_new_backend_runs_its_stand_in_through_its_entry_point(
 ) -> None:
     package = tmp_path / "gridgate-mybatch"
     assert _new("backend", "mybatch", package).returncode == 0
+    # the generated backend is written on core's base class: its typed methods, no raw hooks
+    [source] = [
+        p for p in package.rglob("*.py") if "class " in p.read_text() and "tests" not in p.parts
+    ]
+    text = source.read_text()
+    assert "(Backend):" in text and "def submit(" in text and "@hookimpl" not in text
     _install(venv, package)
     done = subprocess.run(
         [str(venv), "-c", CLI, "run", "--once", "--json", "-c", "site.yaml"],
