@@ -3,8 +3,8 @@
 A classifier answers with a :class:`~gridgate.core.model.Failure`; its ``kind`` is a short
 word, and its flags decide what happens:
 
-- ``exclude``: the server is taken out of rotation for the rest of the iteration, and the
-  escalation plugin is asked (the default puts it in the failing cache and notifies);
+- ``exclude``: the server is taken out of rotation for the rest of the iteration and put in
+  the failing cache (core's, ``core/failing.py``); then the escalation plugin decides who is told;
 - ``notify``: people are told (an error on the first failure of an episode; an alarm when it
   fails again within the tickets window);
 - ``transient``: the submission is worth sending to another server in the same iteration;

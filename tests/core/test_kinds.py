@@ -104,7 +104,7 @@ def test_an_unknown_kind_from_a_plugin_works_with_its_own_flags_and_names_the_su
         extra_plugins=[backend, Quota(), notes],
     )
     summary = director.run_iteration()
-    assert [f["kind"] for f in summary.failures] == ["quota"]  # not transient: not retried
+    assert [f.kind for f in summary.failures] == ["quota"]  # not transient: not retried
     assert len(summary.excluded) == 1 and summary.retries == ()
     assert [n.subject.endswith("executing Job Submit [quota]") for n in notes.notes] == [True]
     director.close()

@@ -48,4 +48,4 @@ def test_a_stale_stevedore_cache_does_not_hide_a_moved_plugin(stale_stevedore_ca
 def test_a_stale_stevedore_cache_does_not_hide_commands(stale_stevedore_cache) -> None:
     pm = cli_plugin_manager(on_error=lambda error: pytest.fail(str(error)))
     names = {name for name, _plugin in pm.list_name_plugin()}
-    assert {"cli:lsf_proxy", "cli:lsf_gate", "cli:notify_email", "cli:wms_glite"} <= names
+    assert {"cli:lsf_proxy", "cli:lsf_gate", "cli:outbox", "cli:demo"} <= names

@@ -173,7 +173,11 @@ def test_max_waiting_holds_and_an_all_failing_partition_leaves_rotation(tmp_path
         for iteration in range(1, 11):
             summary = director.run_iteration()
             bad_polls = status_calls(batch).count("bad")
-            if out_at_poll is None and f"{BACKEND}/bad" in summary.pilots.get("aborted", []):
+            if (
+                out_at_poll is None
+                and summary.pilots is not None
+                and f"{BACKEND}/bad" in summary.pilots.aborted
+            ):
                 out_at_poll = bad_polls
             for partition, n in scheduler.pending().items():
                 peak[partition] = max(peak[partition], n)

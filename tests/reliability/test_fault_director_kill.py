@@ -27,6 +27,8 @@ from relkit import (
 from support.servers import SmtpServer, free_port
 
 from gridgate.core.director import ACCOUNTING, open_state
+from gridgate.core.failing import FailingCache
+from gridgate.core.model import Endpoint
 from gridgate.plugins.wms_glite.sim import read_calls
 
 HANG, GRANDCHILD, BROKEN, HEALTHY = HOSTS[:4]
@@ -151,8 +153,9 @@ def test_sigkill_mid_iteration_then_restart(
 
     state = open_state(doc)
     try:
-        assert state.get(f"failing/wms_glite/{BROKEN}") is not None
-        assert state.get(f"tickets/wms_glite/{BROKEN}") is not None
+        failing = FailingCache(state)
+        assert failing.contains(Endpoint("wms_glite", BROKEN))
+        assert failing.watched(Endpoint("wms_glite", BROKEN))
         rows = state.records(ACCOUNTING)
     finally:
         state.close()

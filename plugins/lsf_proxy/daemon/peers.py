@@ -243,7 +243,7 @@ class Heartbeat:
 
     def _open_store(self) -> Any:
         from gridgate.core.config import load_config
-        from gridgate.core.director import open_state
+        from gridgate.core.state import open_state
 
         if self.config_path is None:
             raise ValueError(

@@ -83,7 +83,11 @@ def test_a_queue_whose_every_pilot_exits_leaves_rotation_with_one_error(world) -
     advance(5)
     second = director.run_iteration()
     assert bjobs_per_queue() == {"normal": 1, "broken": 1}
-    assert "lsf/broken" in second.excluded and second.pilots["aborted"] == ["lsf/broken"]
+    assert (
+        "lsf/broken" in second.excluded
+        and second.pilots is not None
+        and second.pilots.aborted == ("lsf/broken",)
+    )
     assert {r.endpoint for r in second.records if r.outcome == "submitted"} == {"normal"}
     [note] = collector.notes
     assert note.level == "error" and note.endpoint.name == "broken" and "EXIT" in note.body
@@ -133,6 +137,6 @@ def test_one_bjobs_per_queue_and_poll_whatever_the_number_of_pilots(
     advance(5)  # PEND 2 s, then RUN
     summary = director.run_iteration()
     assert bjobs_per_queue() == {"normal": 1}
-    [poll] = [p for p in summary.pilots["polls"] if p["endpoint"] == "normal"]
-    assert poll["pilots"] == tracked and poll["commands"] == 1 and poll["changed"] == tracked
+    [poll] = [p for p in summary.pilots.polls if p.endpoint == "normal"]
+    assert poll.pilots == tracked and poll.commands == 1 and poll.changed == tracked
     assert director.state.pilot_registry().counts().get(("lsf", "normal", "running")) == tracked
