@@ -59,6 +59,9 @@ def command_timeout_schema(description: str = COMMAND_TIMEOUT_TEXT) -> dict[str,
 
     Seconds (up to a day) that replace the director's limit for the backend's commands
     (:meth:`Backend.deadline`, ``BackendInfo.command_timeout``); null, the default, keeps it.
+
+    :param description: what the key means for your commands (the configuration reference
+        shows it).
     """
     return {
         "maximum": 86400,
@@ -72,7 +75,10 @@ def command_timeout_schema(description: str = COMMAND_TIMEOUT_TEXT) -> dict[str,
 def env_schema(
     description: str = "Extra environment variables for the commands.",
 ) -> dict[str, Any]:
-    """The schema of a section's ``env``: variables :meth:`Backend.environment` adds."""
+    """The schema of a section's ``env``: variables :meth:`Backend.environment` adds.
+
+    :param description: what the variables are for (the configuration reference shows it).
+    """
     return {
         "type": "object",
         "additionalProperties": {"type": "string"},

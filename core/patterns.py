@@ -37,13 +37,20 @@ MAX_QUOTE = 200
 
 
 def clip(line: str, limit: int = MAX_QUOTE) -> str:
-    """``line`` on one line (runs of blanks made one space), cut to ``limit`` with ``...``."""
+    """``line`` on one line (runs of blanks made one space), cut to ``limit`` with ``...``.
+
+    :param line: a line (or lines) a command printed.
+    :param limit: the most characters kept, ``...`` included.
+    """
     line = " ".join(line.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def first_line(command: CommandResult) -> str:
-    """The first non-blank line the command printed (stderr first); ``no output`` if none."""
+    """The first non-blank line the command printed (stderr first); ``no output`` if none.
+
+    :param command: the command's result.
+    """
     text = f"{command.stderr}\n{command.stdout}"
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), "no output")
 
