@@ -113,6 +113,32 @@ class BackendInfo:
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What one pilot asks of its slot, from a demand group's ``resources``.
+
+    ``cores`` is the number of CPUs of one pilot; ``memory_mb`` the memory of the whole pilot
+    (a backend whose batch system counts memory per core, such as ARC, divides it); ``walltime``
+    the pilot's time limit in seconds; ``tags`` free-form words a backend may map (a GPU type, a
+    node feature). None means not asked: the batch system's default. A backend that cannot
+    express a value says so at config time (a config error naming it), never silently.
+    """
+
+    cores: int = 1
+    memory_mb: int | None = None
+    walltime: int | None = None
+    tags: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError(f"Resources.cores must be >= 1, got {self.cores}")
+        for name in ("memory_mb", "walltime"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"Resources.{name} must be >= 1 or None, got {value}")
+        object.__setattr__(self, "tags", _frozen_mapping(self.tags))
+
+
+@dataclass(frozen=True)
 class SubmitRequest:
     """Pilots to submit in one command to one backend.
 
@@ -120,7 +146,8 @@ class SubmitRequest:
     ``count`` pilots go in this one command (a parametric/bulk job when > 1);
     ``requirements`` is the backend's requirement expression (JDL ``Requirements``, LSF ``-R``);
     ``list_match`` asks the director to list-match before submitting (None: the backend's default); ``attributes`` carries
-    backend-specific extras from the demand config; ``user`` is who asks (for admission).
+    backend-specific extras from the demand config; ``user`` is who asks (for admission);
+    ``resources`` what each pilot asks of its slot (:class:`Resources`).
     """
 
     backend: str
@@ -130,6 +157,8 @@ class SubmitRequest:
     list_match: bool | None = None
     attributes: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     user: str = ""
+    #: what each pilot of the request asks of its slot (None: the batch system's defaults)
+    resources: Resources | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:
