@@ -32,6 +32,7 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
+from gridgate.core.patterns import Pattern, PatternTable
 from gridgate.core.plugins import PluginContext
 from gridgate.plugins.lsf_proxy.client.client import NoToken, ProxyClient, ProxyError
 from gridgate.plugins.lsf_proxy.config import section_defaults
@@ -71,26 +72,31 @@ NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
 STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
 
 
-@dataclass(frozen=True)
-class Pattern:
-    """A line LSF prints and what it means."""
-
-    kind: str
-    regex: re.Pattern[str]
-    transient: bool
-    label: str
+def _pattern(kind: str, regex: re.Pattern[str], transient: bool, label: str) -> Pattern:
+    """A line LSF prints and what it means, with its kind's flags; a ``transient`` one is not
+    told at once: only when it persists (``classify_failure``)."""
+    known = KINDS[kind]
+    return Pattern(
+        kind,
+        regex,
+        label,
+        exclude=known.exclude,
+        notify=known.notify and not transient,
+        transient=known.transient,
+        local=known.local,
+    )
 
 
 #: Order matters: the first pattern found in the output decides.
 PATTERNS: tuple[Pattern, ...] = (
-    Pattern("config", re.compile(r"No such queue"), False, "the queue does not exist"),
-    Pattern(
+    _pattern("config", re.compile(r"No such queue"), False, "the queue does not exist"),
+    _pattern(
         "usage",
         re.compile(r"Too many processors requested"),
         False,
         "more processors than the queue allows",
     ),
-    Pattern(
+    _pattern(
         "usage",
         re.compile(
             r"Error in rusage section|[Rr]esource requirement syntax|"
@@ -99,13 +105,13 @@ PATTERNS: tuple[Pattern, ...] = (
         False,
         "the resource requirement string is wrong",
     ),
-    Pattern(
+    _pattern(
         "unreachable",
         re.compile(r"Request from non-LSF host rejected"),
         True,
         "this host is not an LSF client of the cluster",
     ),
-    Pattern(
+    _pattern(
         "daemon",
         re.compile(
             r"LIM is down|LIM\) not responding|Master LIM is down|"
@@ -148,27 +154,12 @@ def parse_bjobs(
     return states, missing
 
 
+TABLE = PatternTable(PATTERNS)
+
+
 def classify(command: CommandResult | None, message: str = "") -> Failure:
     """What a failed ``bsub``/``bjobs`` means (``notify`` of transient kinds is decided later)."""
-    if command is None:
-        return KINDS["config"].failure(message or "nothing was run", exclude=False)  # nothing ran
-    if command.launch_error is not None:
-        return KINDS["launch"].failure(f"could not start {command.argv[0]}: {command.launch_error}")
-    combined = f"{command.stderr}\n{command.stdout}"
-    for pattern in PATTERNS:
-        line = next((ln.strip() for ln in combined.splitlines() if pattern.regex.search(ln)), None)
-        if line is not None:
-            # transient kinds are told only when they persist (gridgate_classify_failure)
-            return KINDS[pattern.kind].failure(
-                f"{pattern.label}: {line!r}",
-                notify=KINDS[pattern.kind].notify and not pattern.transient,
-            )
-    if command.timed_out:
-        return KINDS["timeout"].failure(f"timed out after {command.duration:.1f} s and was killed")
-    if command.returncode == 0:
-        return KINDS["bad_output"].failure("exit 0 but no 'Job <N> is submitted' line")
-    said = next((ln.strip() for ln in combined.splitlines() if ln.strip()), "no output")
-    return KINDS["error"].failure(f"exit code {command.returncode}: {said!r}")
+    return TABLE.classify(command, message, bad_output="exit 0 but no 'Job <N> is submitted' line")
 
 
 class LsfBackend(Backend):
