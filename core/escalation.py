@@ -18,13 +18,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
-from gridgate.core.failing import EPISODE, FAILING, LOCAL_FAULT, TICKETS, FailingCache
+from gridgate.core.failing import FailingCache
 from gridgate.core.kinds import counts_toward_alarms
 from gridgate.core.model import Endpoint, Episode, Escalation, Failure, SubmitResult
 from gridgate.core.plugins import Plugin
-
-#: Kept importable for one minor release (the keys are :mod:`gridgate.core.failing`'s own).
-__all__ = ["EPISODE", "FAILING", "LOCAL_FAULT", "TICKETS", "TwoCacheEscalation"]
 
 
 class TwoCacheEscalation(Plugin):

@@ -10,7 +10,6 @@ and people hear about it only when it fails again after its failing-cache period
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -21,7 +20,6 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
-from gridgate.core.escalation import EPISODE
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     CancelResult,
@@ -411,15 +409,17 @@ class LsfBackend(Backend):
         )
 
     def _episode_failures(self, endpoint: Endpoint) -> int:
-        state = self.context.state
-        if state is None:
+        """Failures counted so far in the server's open episode (core's failing cache, whichever
+        escalation plugin the site runs); 0 without a state store or when it cannot be read."""
+        failing = self.context.failing
+        if failing is None:
             return 0
         try:
-            raw = state.get(EPISODE + endpoint.key)
-            return int(json.loads(raw).get("failures", 0)) if raw else 0
+            episode = failing.episode(endpoint)
         except Exception as exc:  # a broken state store must not stop classification
             logger.warning("lsf: episode of {} unreadable: {}", endpoint.name, exc)
             return 0
+        return episode.failures if episode is not None else 0
 
     # --- hooks ------------------------------------------------------------------------------
 
