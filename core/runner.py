@@ -332,10 +332,10 @@ class _Exit:
         if not self.exited:
             try:
                 info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                self.exited = info is not None
             except ChildProcessError:
                 # Reaped by someone else (a global os.wait elsewhere): it has exited.
-                info = True
-            self.exited = info is not None
+                self.exited = True
         return self.exited
 
     def close(self) -> None:
@@ -652,7 +652,7 @@ def _supervise(
                     if not what.open:
                         sel.unregister(what.fd)
                 elif what is exit_watch:
-                    sel.unregister(exit_watch.pidfd)  # type: ignore[arg-type]
+                    sel.unregister(exit_watch.pidfd)
                     exit_watch.exited = True
                 elif what == "stdin":
                     assert pending_input is not None and proc.stdin is not None
