@@ -34,7 +34,9 @@ class Pilot:
 
     ``endpoint`` is the endpoint's name (``Endpoint.name``), ``group`` the demand group it was
     submitted for; ``submitted`` and ``changed`` are clock times (``changed``: when ``state``
-    last changed); ``native`` and ``reason`` are the backend's own words, for people.
+    last changed); ``native`` and ``reason`` are the backend's own words, for people;
+    ``cores`` the CPUs it asked for (its demand group's ``resources.cores``), which
+    ``max_waiting_cores`` counts.
     """
 
     job_id: str
@@ -46,8 +48,11 @@ class Pilot:
     changed: float = 0.0
     native: str = ""
     reason: str = ""
+    cores: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
+            raise ValueError(f"a pilot's cores is an integer >= 1, got {self.cores!r}")
         if self.state not in PILOT_STATES:
             raise ValueError(f"pilot state must be one of {PILOT_STATES}, got {self.state!r}")
         if not self.job_id or not self.backend or not self.endpoint:
@@ -88,7 +93,11 @@ _FIELDS = (
     "changed",
     "native",
     "reason",
+    "cores",
 )
+
+#: (backend, endpoint, group) -> (pilots waiting, their cores)
+Waiting = dict[tuple[str, str, str], tuple[int, int]]
 
 
 class PilotRegistry(ABC):
@@ -106,6 +115,12 @@ class PilotRegistry(ABC):
     @abstractmethod
     def counts(self) -> Counts:
         """How many pilots each (backend, endpoint, state) holds; absent means 0."""
+
+    @abstractmethod
+    def waiting(self) -> Waiting:
+        """The ``waiting`` pilots by (backend, endpoint, group): how many, and their cores
+        summed; absent means none. What the queue demand subtracts per group and
+        ``max_waiting_cores`` counts per endpoint; it never scans terminal rows."""
 
     @abstractmethod
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
@@ -186,6 +201,18 @@ class MemoryPilots(PilotRegistry):
         with self._lock:
             return dict(self._counts)
 
+    def waiting(self) -> Waiting:
+        out: Waiting = {}
+        with self._lock:
+            for (backend, endpoint), ids in self._active.items():
+                for job in ids:
+                    pilot = self._rows[(backend, endpoint, job)]
+                    if pilot.state == "waiting":
+                        key = (backend, endpoint, pilot.group)
+                        n, cores = out.get(key, (0, 0))
+                        out[key] = (n + 1, cores + pilot.cores)
+        return out
+
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
         with self._lock:
             done = [
@@ -238,6 +265,7 @@ CREATE TABLE IF NOT EXISTS pilots (
     native TEXT NOT NULL,
     reason TEXT NOT NULL,
     terminal INTEGER NOT NULL,
+    cores INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (backend, endpoint, job_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS pilots_by_state ON pilots (backend, endpoint, state);
@@ -266,15 +294,20 @@ CREATE TRIGGER IF NOT EXISTS pilots_counted_moved AFTER UPDATE OF state ON pilot
         ON CONFLICT (backend, endpoint, state) DO UPDATE SET n = n + 1;
 END
 """
-_COLUMNS = "job_id, backend, endpoint, grp, submitted, state, changed, native, reason"
+#: Made after the migration (a file from before has no ``cores`` to index): the waiting pilots
+#: by group with their cores, read without touching the table (a covering index).
+_WAITING_INDEX = (
+    "CREATE INDEX IF NOT EXISTS pilots_waiting ON pilots (state, backend, endpoint, grp, cores)"
+)
+_COLUMNS = "job_id, backend, endpoint, grp, submitted, state, changed, native, reason, cores"
 # An upsert, not INSERT OR REPLACE: a replace deletes without firing the delete trigger, so the
 # counts kept by the triggers would drift.
 _UPSERT = f"""
-INSERT INTO pilots ({_COLUMNS}, terminal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO pilots ({_COLUMNS}, terminal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (backend, endpoint, job_id) DO UPDATE SET
     grp = excluded.grp, submitted = excluded.submitted, state = excluded.state,
     changed = excluded.changed, native = excluded.native, reason = excluded.reason,
-    terminal = excluded.terminal
+    cores = excluded.cores, terminal = excluded.terminal
 """
 
 
@@ -289,6 +322,7 @@ def _row(pilot: Pilot) -> tuple[Any, ...]:
         pilot.changed,
         pilot.native,
         pilot.reason,
+        pilot.cores,
         1 if pilot.terminal else 0,
     )
 
@@ -301,13 +335,20 @@ class SqlitePilots(PilotRegistry):
     """The ``pilots`` table of a :class:`~gridgate.core.state.SqliteState` file, on its
     connection and lock (so its errors are the store's :class:`StateError`). Triggers keep
     ``pilot_counts`` (pilots per backend, endpoint and state) in step with every write, so the
-    counts the director reads at each iteration cost one small table, not a scan."""
+    counts the director reads at each iteration cost one small table, not a scan.
+
+    A file written before pilots had ``cores`` (API 1.2) is migrated when it is opened: the
+    column is added, every pilot already there counted as one core (all pilots were)."""
 
     def __init__(self, store: SqliteState) -> None:
         self.store = store
         with store.transaction("create the pilots table") as conn:
             for statement in _statements(_SCHEMA):
                 conn.execute(statement)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(pilots)")}
+            if "cores" not in columns:
+                conn.execute("ALTER TABLE pilots ADD COLUMN cores INTEGER NOT NULL DEFAULT 1")
+            conn.execute(_WAITING_INDEX)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self.store.transaction("read pilots", write=False) as conn:
@@ -330,6 +371,13 @@ class SqlitePilots(PilotRegistry):
     def counts(self) -> Counts:
         rows = self._read("SELECT backend, endpoint, state, n FROM pilot_counts WHERE n > 0")
         return {(b, e, s): n for b, e, s, n in rows}
+
+    def waiting(self) -> Waiting:
+        rows = self._read(
+            "SELECT backend, endpoint, grp, COUNT(*), SUM(cores) FROM pilots "
+            "WHERE state = 'waiting' GROUP BY backend, endpoint, grp"
+        )
+        return {(b, e, g): (int(n), int(c)) for b, e, g, n, c in rows}
 
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
         rows = self._read(

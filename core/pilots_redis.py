@@ -3,7 +3,9 @@
 Under the store's prefix: a hash of rows (field ``backend\\x1fendpoint\\x1fjob_id``, value the
 pilot's JSON) and one of their states, a set of non-terminal pilots per endpoint, a sorted set
 of finished pilots per endpoint and one for all (scored by the time they finished), and a hash
-of counters per (backend, endpoint, state). Each bulk write is one Lua script, atomic on the
+of counters per (backend, endpoint, state), and two of the ``waiting`` pilots and their cores
+per (backend, endpoint, group) (built from the rows the first time they are read, for a store
+written before they existed). Each bulk write is one Lua script, atomic on the
 server; a long list is split into scripts of :data:`CHUNK` pilots so that no one script holds
 the server for long. The scripts name their keys from the prefix (one Redis server, not a
 cluster), as the store's other keys do.
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from gridgate.core.pilots import Counts, Pilot, PilotRegistry, decode, encode
+from gridgate.core.pilots import Counts, Pilot, PilotRegistry, Waiting, decode, encode
 
 if TYPE_CHECKING:
     from gridgate.core.state_redis import RedisState
@@ -26,9 +28,21 @@ CHUNK = 2000
 _PUT = """
 local P = KEYS[1]
 local rows, states, counts, finall = P..'pilots:row', P..'pilots:state', P..'pilots:count', P..'pilots:finall'
-for i = 1, #ARGV, 6 do
+local wn, wc = P..'pilots:waiting', P..'pilots:waiting-cores'
+for i = 1, #ARGV, 8 do
   local f, ep, state, terminal, changed, data = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4], ARGV[i+5]
+  local grp, cores = ARGV[i+6], tonumber(ARGV[i+7])
   local old = redis.call('HGET', states, f)
+  if old == 'waiting' then
+    local was = cjson.decode(redis.call('HGET', rows, f))
+    local g = ep .. '\\31' .. (was['group'] or 'default')
+    redis.call('HINCRBY', wn, g, -1)
+    redis.call('HINCRBY', wc, g, -(tonumber(was['cores']) or 1))
+  end
+  if state == 'waiting' then
+    redis.call('HINCRBY', wn, ep .. '\\31' .. grp, 1)
+    redis.call('HINCRBY', wc, ep .. '\\31' .. grp, cores)
+  end
   if old then
     redis.call('HINCRBY', counts, ep .. '\\31' .. old, -1)
     redis.call('SREM', P..'pilots:active:'..ep, f)
@@ -46,6 +60,31 @@ for i = 1, #ARGV, 6 do
   end
 end
 return 1
+"""
+
+# The waiting pilots by (backend, endpoint, group) and their cores. The first read on a store
+# written before these counters existed builds them from the rows (one scan, once: the marker
+# says they are kept since); until then a write may have moved them, so they are rebuilt whole.
+_WAITING = """
+local P = KEYS[1]
+local wn, wc, mark = P..'pilots:waiting', P..'pilots:waiting-cores', P..'pilots:waiting-kept'
+if redis.call('EXISTS', mark) == 0 then
+  redis.call('DEL', wn, wc)
+  local all = redis.call('HGETALL', P..'pilots:state')
+  for i = 1, #all, 2 do
+    if all[i+1] == 'waiting' then
+      local f = all[i]
+      local row = cjson.decode(redis.call('HGET', P..'pilots:row', f))
+      local a = string.find(f, '\\31', 1, true)
+      local b = string.find(f, '\\31', a + 1, true)
+      local g = string.sub(f, 1, b - 1) .. '\\31' .. (row['group'] or 'default')
+      redis.call('HINCRBY', wn, g, 1)
+      redis.call('HINCRBY', wc, g, tonumber(row['cores']) or 1)
+    end
+  end
+  redis.call('SET', mark, '1')
+end
+return {redis.call('HGETALL', wn), redis.call('HGETALL', wc)}
 """
 
 # ARGV: before, limit. Forgets up to limit terminal pilots that finished before ``before``.
@@ -88,6 +127,7 @@ class RedisPilots(PilotRegistry):
         self._p = store.prefix
         self._put = self._client.register_script(_PUT)
         self._prune = self._client.register_script(_PRUNE)
+        self._waiting = self._client.register_script(_WAITING)
 
     def _rows(self, fields: Sequence[str]) -> list[Pilot]:
         if not fields:
@@ -107,8 +147,10 @@ class RedisPilots(PilotRegistry):
                 "1" if pilot.terminal else "0",
                 repr(float(pilot.changed)),
                 encode(pilot),
+                pilot.group,
+                str(pilot.cores),
             ]
-        step = 6 * CHUNK
+        step = 8 * CHUNK
         for start in range(0, len(args), step):
             chunk = args[start : start + step]
             self.store.call("write pilots", self._put, keys=[self._p], args=chunk)
@@ -129,6 +171,19 @@ class RedisPilots(PilotRegistry):
             if number > 0:
                 backend, endpoint, state = name.split(SEP)
                 out[(backend, endpoint, state)] = number
+        return out
+
+    def waiting(self) -> Waiting:
+        numbers, cores = cast(
+            "list[list[str]]",
+            self.store.call("count waiting pilots", lambda: self._waiting(keys=[self._p])),
+        )
+        by_cores = dict(zip(cores[::2], cores[1::2], strict=True))
+        out: Waiting = {}
+        for name, value in zip(numbers[::2], numbers[1::2], strict=True):
+            if int(value) > 0:
+                backend, endpoint, group = name.split(SEP)
+                out[(backend, endpoint, group)] = (int(value), int(by_cores.get(name, value)))
         return out
 
     def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
