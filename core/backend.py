@@ -17,10 +17,16 @@ the hook the director calls                   the method of yours it calls (for 
 ============================================  =================================================
 
 It also builds :class:`~gridgate.core.model.BackendInfo` from your schema'd section
-(``endpoints_key``, ``pilots_key``, ``command_timeout``, ``list_match``, ``credentials``) and
+(``endpoints_key``, ``pilots_key``, ``command_timeout``, ``list_match``, ``credentials``, and
+the pilot resources you map: ``expresses`` and ``expresses_tags``) and
 runs your commands through :func:`gridgate.core.runner.run` with the deadline of the hook call
 (your section's ``command_timeout`` replaces the director's limit when set) and the site's
 ``director.max_output_bytes``: :meth:`Backend.deadline` and :meth:`Backend.run`.
+
+A request asking resources your backend does not declare in ``expresses`` (cores, memory,
+walltime) or ``expresses_tags`` is a config error before it gets here
+(:func:`resource_gaps`); should one reach :meth:`Backend.submit` anyway it is refused there,
+never submitted without them.
 
 A backend may still implement the raw hooks on a plain :class:`~gridgate.core.plugins.Plugin`
 (or any class) instead: the director only calls hooks.
@@ -42,13 +48,51 @@ from gridgate.core.model import (
     Endpoint,
     Failure,
     ListMatchResult,
+    Resources,
     StatusResult,
     SubmitRequest,
     SubmitResult,
 )
 from gridgate.core.plugins import Plugin
 
-__all__ = ["Backend", "Deadline", "command_timeout_schema", "env_schema"]
+__all__ = [
+    "RESOURCE_VALUES",
+    "Backend",
+    "Deadline",
+    "command_timeout_schema",
+    "env_schema",
+    "resource_gaps",
+]
+
+#: The :class:`~gridgate.core.model.Resources` values a backend may declare it maps.
+RESOURCE_VALUES: tuple[str, ...] = ("cores", "memory_mb", "walltime")
+
+
+def resource_gaps(
+    resources: Resources | None, expresses: Sequence[str], tags: Sequence[str] = ()
+) -> list[str]:
+    """What ``resources`` asks that a backend mapping ``expresses`` and ``tags`` cannot say.
+
+    One ``name=value`` per value asked but not mapped (``memory_mb=16000``, ``tags.gpu=a100``);
+    the defaults (one core, no memory, no walltime, no tag) need no mapping. Empty: all of it
+    can be expressed.
+
+    :param resources: what a request asks (None: nothing).
+    :param expresses: the values the backend maps (``BackendInfo.resources``).
+    :param tags: the tag names the backend maps (``BackendInfo.resource_tags``).
+    """
+    if resources is None:
+        return []
+    gaps: list[str] = []
+    asked = {
+        "cores": resources.cores if resources.cores != 1 else None,
+        "memory_mb": resources.memory_mb,
+        "walltime": resources.walltime,
+    }
+    gaps += [f"{k}={v}" for k, v in asked.items() if v is not None and k not in expresses]
+    gaps += [f"tags.{k}={v}" for k, v in resources.tags.items() if k not in tags]
+    return gaps
+
 
 #: What ``command_timeout`` means, for a section that says no more about it.
 COMMAND_TIMEOUT_TEXT = "Seconds; replaces the director's limit for these commands when set."
@@ -134,6 +178,10 @@ class Backend(Plugin):
     pilots_key: ClassVar[str] = "pilots_per_submission"
     #: The credential kinds the commands need (``("x509",)``); see ``BackendInfo.credentials``.
     credentials: ClassVar[tuple[str, ...]] = ()
+    #: The :data:`RESOURCE_VALUES` your :meth:`submit` maps to its batch system's words.
+    expresses: ClassVar[tuple[str, ...]] = ()
+    #: The ``Resources.tags`` names your :meth:`submit` maps (``("constraint",)``).
+    expresses_tags: ClassVar[tuple[str, ...]] = ()
 
     # --- what the director is told ------------------------------------------------------
 
@@ -156,7 +204,8 @@ class Backend(Plugin):
         """What ``gridgate_backend_info`` answers, built from the section.
 
         The endpoints, the ``pilots_key`` value, ``command_timeout``, ``list_match`` (default
-        true, and only for a backend that list-matches) and the ``credentials`` kinds."""
+        true, and only for a backend that list-matches), the ``credentials`` kinds and the
+        resources mapped (``expresses``, ``expresses_tags``)."""
         return BackendInfo(
             backend=self.name,
             endpoints=self.endpoints(),
@@ -164,6 +213,8 @@ class Backend(Plugin):
             command_timeout=self.config.get("command_timeout"),
             list_match=self.lists_matches() and bool(self.config.get("list_match", True)),
             credentials=tuple(self.credentials),
+            resources=tuple(self.expresses),
+            resource_tags=tuple(self.expresses_tags),
         )
 
     # --- what you write (called for your own endpoints only) -----------------------------
@@ -252,8 +303,20 @@ class Backend(Plugin):
     def gridgate_submit(
         self, endpoint: Endpoint, request: SubmitRequest, timeout: float
     ) -> SubmitResult | None:
-        """The hook: :meth:`submit` for this backend's endpoints, else None."""
-        return self.submit(endpoint, request, timeout) if self.mine(endpoint) else None
+        """The hook: :meth:`submit` for this backend's endpoints, else None.
+
+        A request asking resources the backend does not map is refused here (a local fault
+        naming them), not submitted without them: config checks refuse such a group first."""
+        if not self.mine(endpoint):
+            return None
+        gaps = resource_gaps(request.resources, self.expresses, self.expresses_tags)
+        if gaps:
+            problem = (
+                f"group {request.group!r} asks {', '.join(gaps)}, which backend "
+                f"{self.name!r} cannot express: nothing submitted"
+            )
+            return SubmitResult(endpoint, ok=False, local_fault=problem, message=problem)
+        return self.submit(endpoint, request, timeout)
 
     @hookimpl
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:

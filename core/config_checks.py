@@ -3,6 +3,8 @@
 - **References** (errors, in every load): a static demand naming a backend that is not
   configured, and a configured backend with no servers (a backend class names the key that
   lists its endpoints in ``endpoints_key``).
+- **Resources** (errors, in every load): a demand group whose ``resources`` ask a value or a
+  tag its backend does not map (the backend class's ``expresses``, ``expresses_tags``).
 - **Something to submit** (errors for a director): a director config whose demand, backends
   and servers leave nothing to submit is refused unless ``director.paused`` says so on purpose.
   ``gridgate config validate`` applies it to files with a ``director``, ``backends`` or
@@ -74,6 +76,102 @@ def reference_problems(
                 (
                     ("backends", name, endpoints_key),
                     f"backend {name!r} has no {endpoints_key}: it could submit nowhere",
+                )
+            )
+    return problems + resource_problems(doc, classes)
+
+
+def availability_problems(
+    doc: Mapping[str, Any], classes: Mapping[tuple[str, str], type]
+) -> list[tuple[PathT, str]]:
+    """A backend's ``weights`` naming an endpoint it does not have (or one twice, by name and
+    by key, with two weights), and pilot efficiency's ``degrade_threshold`` not below
+    ``director.pilots.abort_threshold`` (or ``min_finished`` above ``last``)."""
+    from gridgate.core.efficiency import EfficiencySettings, abort_threshold_of
+    from gridgate.core.model import Endpoint
+    from gridgate.core.weights import weight_errors
+
+    problems: list[tuple[PathT, str]] = []
+    backends = doc.get("backends")
+    for (key, name), cls in classes.items():
+        endpoints_key = getattr(cls, "endpoints_key", None)
+        section = backends.get(name) if isinstance(backends, Mapping) else None
+        if key != "backends" or not endpoints_key or not isinstance(section, Mapping):
+            continue
+        weights = section.get("weights")
+        names = section.get(endpoints_key)
+        if not isinstance(weights, Mapping) or not weights or not isinstance(names, list):
+            continue
+        endpoints = [Endpoint(str(name), str(e)) for e in names if isinstance(e, (str, int))]
+        for message in weight_errors(weights, endpoints):
+            problems.append((("backends", name, "weights"), f"backend {name!r}: {message}"))
+    availability = doc.get("availability")
+    efficiency = availability.get("efficiency") if isinstance(availability, Mapping) else None
+    if isinstance(efficiency, Mapping):
+        try:
+            EfficiencySettings.from_config(efficiency, abort_threshold_of(doc))
+        except (TypeError, ValueError) as exc:
+            problems.append((("availability", "efficiency", "degrade_threshold"), str(exc)))
+    return problems
+
+
+def _resource_groups(demand: Any) -> Iterator[tuple[PathT, str, str, Mapping[str, Any]]]:
+    """(path of ``resources``, group, backend, resources) of every demand group asking some:
+    ``queue``'s ``groups: {name: {backend, resources}}`` and the ``static`` list form."""
+    if not isinstance(demand, Mapping):
+        return
+    queue = demand.get("queue")
+    groups = queue.get("groups") if isinstance(queue, Mapping) else None
+    for name, group in (groups or {}).items() if isinstance(groups, Mapping) else ():
+        if isinstance(group, Mapping) and isinstance(group.get("resources"), Mapping):
+            path = ("demand", "queue", "groups", name, "resources")
+            yield path, str(name), str(group.get("backend") or ""), group["resources"]
+    static = demand.get("static")
+    for backend, value in static.items() if isinstance(static, Mapping) else ():
+        for index, group in enumerate(value if isinstance(value, list) else []):
+            if isinstance(group, Mapping) and isinstance(group.get("resources"), Mapping):
+                path = ("demand", "static", backend, index, "resources")
+                yield path, str(group.get("group", "")), str(backend), group["resources"]
+
+
+def resource_problems(
+    doc: Mapping[str, Any], classes: Mapping[tuple[str, str], type]
+) -> list[tuple[PathT, str]]:
+    """One error per demand group whose ``resources`` ask what its backend cannot express.
+
+    A backend class declares what it maps in ``expresses`` (of ``cores``, ``memory_mb``,
+    ``walltime``) and ``expresses_tags`` (tag names); a class without them maps nothing but
+    the defaults. The error names the group, the values and the backend, at the values' line.
+    A backend not built from the config (registered in-process) is not checked here: its
+    :class:`~gridgate.core.backend.Backend` base class refuses such a request at submission.
+    """
+    from gridgate.core.backend import resource_gaps
+    from gridgate.core.model import Resources
+
+    problems: list[tuple[PathT, str]] = []
+    for path, group, backend, asked in _resource_groups(doc.get("demand")):
+        cls = classes.get(("backends", backend))
+        if cls is None:
+            continue
+        try:
+            resources = Resources(
+                cores=int(asked.get("cores") or 1),
+                memory_mb=asked.get("memory_mb"),
+                walltime=asked.get("walltime"),
+                tags={str(k): str(v) for k, v in (asked.get("tags") or {}).items()},
+            )
+        except (TypeError, ValueError, AttributeError):
+            continue  # the demand plugin's schema names a malformed value
+        expresses = tuple(getattr(cls, "expresses", ()))
+        gaps = resource_gaps(resources, expresses, tuple(getattr(cls, "expresses_tags", ())))
+        if gaps:
+            first = gaps[0].split("=", 1)[0].split(".")
+            maps = ", ".join(expresses) or "nothing but one core"
+            problems.append(
+                (
+                    (*path, *first),
+                    f"group {group!r} asks {', '.join(gaps)}, which backend {backend!r} "
+                    f"cannot express (it maps {maps})",
                 )
             )
     return problems
