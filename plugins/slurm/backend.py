@@ -13,6 +13,7 @@ Slurm to give up again.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -59,6 +60,16 @@ OWNED_OPTIONS: dict[str, str] = {
     "--job-name": "job_name names the job",
     "--wrap": "the pilot is the script key",
     "--": "the word after it would be taken for the script",
+    "-c": "resources.cores is written as --cpus-per-task",
+    "--cpus-per-task": "resources.cores is written as --cpus-per-task",
+    "--mem": "resources.memory_mb is written as --mem",
+    "--mem-per-cpu": "resources.memory_mb is written as --mem (sbatch takes one of them)",
+    "--mem-per-gpu": "resources.memory_mb is written as --mem (sbatch takes one of them)",
+    "-t": "resources.walltime is written as --time",
+    "--time": "resources.walltime is written as --time",
+    "-C": "resources.tags.constraint is written as --constraint",
+    "--constraint": "resources.tags.constraint is written as --constraint",
+    "--gres": "resources.tags.gres is written as --gres",
 }
 
 #: Slurm's long job states (squeue %T) in core's pilot states; formats.md's Slurm section.
@@ -147,7 +158,46 @@ OWNED_ENVIRONMENT: dict[str, str] = {
     "SBATCH_JOB_NAME": "--job-name",
     "SBATCH_WRAP": "--wrap",
     "SLURM_CLUSTERS": "--clusters",
+    "SBATCH_MEM_PER_CPU": "--mem-per-cpu",
+    "SBATCH_MEM_PER_GPU": "--mem-per-gpu",
+    "SBATCH_MEM_PER_NODE": "--mem",
+    "SBATCH_TIMELIMIT": "--time",
+    "SBATCH_CONSTRAINT": "--constraint",
+    "SBATCH_GRES": "--gres",
 }
+
+
+def slurm_time(seconds: int) -> str:
+    """``--time`` for a walltime in seconds: whole minutes, rounded up, as Slurm writes them
+    (``MM``, ``HH:MM:00`` from an hour on, ``D-HH:MM:00`` from a day on)."""
+    minutes = max(math.ceil(seconds / 60), 1)
+    days, rest = divmod(minutes, 1440)
+    hours, mins = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{mins:02d}:00"
+    if hours:
+        return f"{hours}:{mins:02d}:00"
+    return str(mins)
+
+
+def resource_options(request: SubmitRequest) -> list[str]:
+    """The sbatch options of ``request.resources``: ``--cpus-per-task``, ``--mem`` (MB of the
+    whole job: one node, as a pilot runs), ``--time`` (:func:`slurm_time`), and the tags
+    ``constraint`` (``--constraint``) and ``gres`` (``--gres``); none for what is not asked."""
+    resources = request.resources
+    if resources is None:
+        return []
+    options = []
+    if resources.cores != 1:
+        options.append(f"--cpus-per-task={resources.cores}")
+    if resources.memory_mb is not None:
+        options.append(f"--mem={resources.memory_mb}M")
+    if resources.walltime is not None:
+        options.append(f"--time={slurm_time(resources.walltime)}")
+    for tag in ("constraint", "gres"):
+        if tag in resources.tags:
+            options.append(f"--{tag}={resources.tags[tag]}")
+    return options
 
 
 def owned_option(word: str) -> str | None:
@@ -179,6 +229,8 @@ class SlurmBackend(Backend):
     """Submits pilots to Slurm partitions; polls and cancels them."""
 
     name = "slurm"
+    expresses = ("cores", "memory_mb", "walltime")
+    expresses_tags = ("constraint", "gres")
     #: the config key that lists the endpoints: a section without any is a config error
     endpoints_key = "partitions"
 
@@ -212,9 +264,10 @@ class SlurmBackend(Backend):
                 "items": {"type": "string"},
                 "default": [],
                 "description": "More sbatch arguments, each one argv item (e.g. "
-                '["--time=2:00:00", "--output=/dev/null"]). Options the '
+                '["--output=/dev/null", "--account=atlas"]). Options the '
                 "backend writes itself (--parsable, --partition, --clusters, "
-                "--array, --job-name, --wrap) are refused.",
+                "--array, --job-name, --wrap; and those of a demand group's resources: "
+                "--cpus-per-task, --mem, --time, --constraint, --gres) are refused.",
             },
             "pilots_per_submission": {
                 "type": "integer",
@@ -339,6 +392,7 @@ class SlurmBackend(Backend):
             argv.append(f"--clusters={cluster}")
         if request.count > 1:
             argv.append(f"--array=0-{request.count - 1}")
+        argv += resource_options(request)
         argv += [str(o) for o in self.config.get("sbatch_options") or []]
         argv.append(str(self.config.get("script") or ""))
         return argv

@@ -378,6 +378,10 @@ class SlurmCluster:
 
     def _write_conf(self) -> None:
         cpus, memory = _node_resources()
+        # the node offers at least 2 CPUs, so that a 2-core pilot runs on a 1-CPU machine too
+        # (slurmd takes the configured count over the hardware's with config_overrides)
+        overrides = ["SlurmdParameters=config_overrides"] if cpus < 2 else []
+        cpus = max(cpus, 2)
         p = self._path
         lines = [
             f"ClusterName={self.cluster_name}",
@@ -410,6 +414,7 @@ class SlurmCluster:
             f"MinJobAge={MIN_JOB_AGE}",
             f"MessageTimeout={self.message_timeout}",
             "SchedulerType=sched/backfill",
+            *overrides,
             f"NodeName={self.node_name} NodeHostname=localhost NodeAddr=127.0.0.1 "
             f"CPUs={cpus} RealMemory={memory} State=UNKNOWN",
         ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gridgate.core.model import Endpoint, IterationInfo, SubmitRequest
+from gridgate.core.model import Endpoint, IterationInfo, Resources, SubmitRequest
 from gridgate.core.testing import build_plugin, plugin_manager_with
 from gridgate.plugins.slurm.backend import (
     SlurmBackend,
@@ -87,17 +87,35 @@ def test_an_inactive_partition_is_drained_and_the_other_one_gets_the_pilots(slur
 
 
 def test_a_request_over_the_partition_limit_is_refused_at_submission(slurm_site) -> None:
+    # --time is the backend's (a demand group's resources.walltime) since issue 23: the
+    # director's path is shown with a node-count limit, the time limit on the backend below
+    cluster = slurm_site.cluster
+    cluster.scontrol("update", "PartitionName=batch", "MaxNodes=1")
+    try:
+        doc = slurm_site.doc(partitions=["batch"], pilots=1)
+        doc["backends"]["slurm"]["sbatch_options"].append("--nodes=2")
+        summary = slurm_site.run_once(doc)
+    finally:
+        cluster.scontrol("update", "PartitionName=batch", "MaxNodes=UNLIMITED")
+    [failure] = summary["failures"]
+    assert failure["kind"] == "usage"
+    assert "Node count specification invalid" in _notes(slurm_site)[0]
+
+
+def test_a_walltime_over_the_partition_limit_is_usage(slurm_site) -> None:
     cluster = slurm_site.cluster
     cluster.scontrol("update", "PartitionName=batch", "MaxTime=10")
     try:
-        doc = slurm_site.doc(partitions=["batch"], pilots=1)
-        doc["backends"]["slurm"]["sbatch_options"].append("--time=20")
-        summary = slurm_site.run_once(doc)
+        backend = _backend(slurm_site, partitions=["batch"])
+        endpoint = Endpoint("slurm", "batch")
+        request = SubmitRequest("slurm", resources=Resources(walltime=1200))
+        result = backend.gridgate_submit(endpoint=endpoint, request=request, timeout=60)
     finally:
         cluster.scontrol("update", "PartitionName=batch", "MaxTime=INFINITE")
-    [failure] = summary["failures"]
-    assert failure["kind"] == "usage"
-    assert "Requested time limit is invalid" in _notes(slurm_site)[0]
+    assert result is not None and not result.ok
+    assert "--time=20" in result.command.argv
+    assert "Requested time limit is invalid" in result.command.stderr
+    assert backend.classify_failure(endpoint, result).kind == "usage"
 
 
 def test_a_stopped_controller_takes_every_partition_out_and_escalates(slurm_site) -> None:
@@ -292,7 +310,7 @@ def test_options_the_backend_writes_itself_are_refused(option, tmp_path) -> None
     site = tmp_path / "site.yaml"
     site.write_text(
         "backends:\n  slurm:\n    partitions: [debug]\n    script: /p.sh\n"
-        f"    sbatch_options: ['--time=10', '{option}']\n"
+        f"    sbatch_options: ['--hold', '{option}']\n"
         "demand:\n  static:\n    slurm: 1\n"
     )
     out = subprocess.run(
