@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -78,6 +79,10 @@ OWNED_ATTRIBUTES: dict[str, str] = {
     "gmlog": "the backend names the pilot's output files",
     "queue": "the queue comes from the endpoint's queue",
     "join": "the backend names the pilot's output files (join would fold stderr into stdout)",
+    "count": "resources.cores is written as count",
+    "countpernode": "resources.cores is written as count and countpernode (one node)",
+    "memory": "resources.memory_mb is written as memory (per core)",
+    "walltime": "resources.walltime is written as walltime",
 }
 STDOUT, STDERR, GMLOG = "pilot.out", "pilot.err", "gmlog"
 #: Seconds a final pilot that arcclean would not delete is tried again (a cancelled job is
@@ -138,6 +143,24 @@ def endpoint_entry(entry: str | Mapping[str, Any]) -> tuple[str, str, str]:
     return url, queue, name
 
 
+def resource_attributes(request: SubmitRequest) -> list[tuple[str, Any]]:
+    """The xRSL of ``request.resources``: ``count`` and ``countpernode`` (all cores on one
+    node, as a pilot runs), ``memory`` in MB **per core** (xRSL's meaning: the whole pilot's
+    memory divided by its cores, rounded up) and ``walltime`` in seconds with xRSL's unit
+    (``3601 seconds``, exact: no rounding); none for what is not asked."""
+    resources = request.resources
+    if resources is None:
+        return []
+    attributes: list[tuple[str, Any]] = []
+    if resources.cores != 1:
+        attributes += [("count", str(resources.cores)), ("countpernode", str(resources.cores))]
+    if resources.memory_mb is not None:
+        attributes.append(("memory", str(math.ceil(resources.memory_mb / resources.cores))))
+    if resources.walltime is not None:
+        attributes.append(("walltime", f"{resources.walltime} seconds"))
+    return attributes
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
@@ -156,6 +179,7 @@ class ArcBackend(Backend):
     name = "arc"
     endpoints_key = "endpoints"
     credentials = ("x509",)
+    expresses = ("cores", "memory_mb", "walltime")
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -209,10 +233,11 @@ class ArcBackend(Backend):
                     ]
                 },
                 "description": "More xRSL attributes, name: value (a list for multi-valued "
-                'ones), e.g. {walltime: "2 hours", runtimeenvironment: '
+                'ones), e.g. {cputime: "2 hours", runtimeenvironment: '
                 "[ENV/PROXY]}. Attributes the backend writes itself "
                 "(executable, inputfiles, jobname, stdout, stderr, gmlog, "
-                "queue) are refused.",
+                "queue; count, countpernode, memory and walltime from a demand "
+                "group's resources) are refused.",
             },
             "pilots_per_submission": {
                 "type": "integer",
@@ -396,6 +421,7 @@ class ArcBackend(Backend):
         ]
         if ce.queue:
             attributes.append(("queue", ce.queue))
+        attributes += resource_attributes(request)
         attributes += [(str(k), v) for k, v in (self.config.get("xrsl") or {}).items()]
         return xrsl(attributes)
 

@@ -22,6 +22,6 @@ def test_owned_attributes_are_refused_however_spelt(name: str) -> None:
     assert "is written by the backend" in problems[0][1]
 
 
-@pytest.mark.parametrize("name", ["walltime", "wall_time", "runTimeEnvironment", "count", "memory"])
+@pytest.mark.parametrize("name", ["cputime", "cpu_time", "runTimeEnvironment", "disk", "rerun"])
 def test_the_sites_attributes_are_accepted(name: str) -> None:
     assert ArcBackend.config_errors({**BASE, "xrsl": {name: "1"}}) == []
