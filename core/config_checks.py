@@ -1,8 +1,9 @@
 """Checks of a config across its sections, beyond what one schema fragment can say.
 
-- **References** (errors, in every load): a static demand naming a backend that is not
-  configured, and a configured backend with no servers (a backend class names the key that
-  lists its endpoints in ``endpoints_key``).
+- **References** (errors, in every load): a static demand or a queue demand group naming a
+  backend that is not configured, a queue demand with pilot tracking off (it subtracts the
+  pilots already waiting, which only the registry knows), and a configured backend with no
+  servers (a backend class names the key that lists its endpoints in ``endpoints_key``).
 - **Resources** (errors, in every load): a demand group whose ``resources`` ask a value or a
   tag its backend does not map (the backend class's ``expresses``, ``expresses_tags``).
 - **Something to submit** (errors for a director): a director config whose demand, backends
@@ -78,7 +79,43 @@ def reference_problems(
                     f"backend {name!r} has no {endpoints_key}: it could submit nowhere",
                 )
             )
+    queue = (doc.get("demand") or {}).get("queue")
+    if isinstance(queue, Mapping):
+        problems += _queue_problems(doc, queue, configured if backends is not None else None)
     return problems + resource_problems(doc, classes)
+
+
+def _queue_problems(
+    doc: Mapping[str, Any], queue: Mapping[str, Any], configured: set[str] | None
+) -> list[tuple[PathT, str]]:
+    """The queue demand needs pilot tracking, and its groups configured backends."""
+    problems: list[tuple[PathT, str]] = []
+    director = doc.get("director") or {}
+    pilots = director.get("pilots") if isinstance(director, Mapping) else None
+    if isinstance(pilots, Mapping) and pilots.get("track") is False:
+        problems.append(
+            (
+                ("demand", "queue"),
+                "the queue demand needs pilot tracking: it subtracts each group's pilots "
+                "already waiting, which only the pilot registry knows; set "
+                "director.pilots.track: true (or use the static or file demand)",
+            )
+        )
+    groups = queue.get("groups")
+    if configured is not None and isinstance(groups, Mapping):
+        # without a backends section the names are left to the running director, as static's
+        for group, spec in groups.items():
+            backend = spec.get("backend") if isinstance(spec, Mapping) else None
+            if isinstance(backend, str) and backend not in configured:
+                known = ", ".join(sorted(configured)) or "none"
+                problems.append(
+                    (
+                        ("demand", "queue", "groups", group, "backend"),
+                        f"names backend {backend!r}, which is not configured under backends "
+                        f"(configured: {known})",
+                    )
+                )
+    return problems
 
 
 def availability_problems(

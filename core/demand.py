@@ -1,10 +1,12 @@
-"""Built-in demand plugins: a fixed number of pilots per iteration (``static``), or numbers
-read each iteration from a file an external system rewrites (``file``)."""
+"""Built-in demand plugins: a fixed number of pilots per iteration (``static``), numbers read
+each iteration from a file an external system rewrites (``file``), or pilots for the jobs
+waiting in a task queue (``queue``), less the pilots already waiting for them."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,8 +15,10 @@ from jsonschema import Draft202012Validator
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.model import DemandRegistry, IterationInfo, SubmitRequest
-from gridgate.core.plugins import Plugin
+from gridgate.core.model import DemandRegistry, IterationInfo, Resources, SubmitRequest
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.state import StateError
+from gridgate.core.waiting import DEFAULT_KEEP_LAST, GROUP_PROPERTIES, WaitingGauges, pilots_for
 
 GROUP_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -143,3 +147,212 @@ class FileDemand(Plugin):
             return
         self._last_problem = None
         register_demand(spec, demand)
+
+
+# --- demand from waiting work ---------------------------------------------------------------
+
+#: The most cores one pilot may ask for: the largest nodes sold today have a few hundred.
+MAX_CORES = 1024
+#: The most memory one pilot may ask for, in MB: 16 TB, beyond any node.
+MAX_MEMORY_MB = 16 * 1024 * 1024
+#: The longest walltime a pilot may ask for: 30 days (a batch system's longest queues allow a
+#: week or two; a longer figure is a typo in seconds).
+MAX_WALLTIME = 30 * 86400
+
+#: ``resources:`` of a demand group: what each of its pilots asks of its slot
+#: (:class:`gridgate.core.model.Resources`).
+RESOURCES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "default": {},
+    "description": "What each pilot of the group asks of its slot; a backend that cannot "
+    "express a value refuses it.",
+    "properties": {
+        "cores": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_CORES,
+            "default": 1,
+            "description": "CPUs of one pilot.",
+        },
+        "memory_mb": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_MEMORY_MB,
+            "description": "Memory of the whole pilot in MB (not per core); unset: the batch "
+            "system's default.",
+        },
+        "walltime": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_WALLTIME,
+            "description": "The pilot's time limit in seconds (at most 30 days); unset: the "
+            "batch system's default.",
+        },
+        "tags": {
+            "type": "object",
+            "maxProperties": 32,
+            "propertyNames": {"minLength": 1, "maxLength": 64},
+            "additionalProperties": {"type": "string", "maxLength": 256},
+            "description": "Free-form words a backend may map (a node feature, a GPU type).",
+        },
+    },
+    "additionalProperties": False,
+}
+
+QUEUE_GROUP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "backend": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The backend (entry-point name) the group's pilots go to.",
+        },
+        **GROUP_PROPERTIES,
+        "resources": RESOURCES_SCHEMA,
+        "max_per_iteration": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1_000_000,
+            "description": "At most this many pilots of the group per iteration (unset: as "
+            "many as the waiting work asks, within the limits).",
+        },
+        "requirements": {"type": "string", "default": ""},
+        "list_match": {
+            "type": ["boolean", "null"],
+            "default": None,
+            "description": "List-match first (null: the backend's default).",
+        },
+        "attributes": {"type": "object", "default": {}},
+    },
+    "required": ["backend", "source"],
+    "additionalProperties": False,
+}
+
+QUEUE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "groups": {
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {"minLength": 1, "maxLength": 200},
+            "additionalProperties": QUEUE_GROUP_SCHEMA,
+            "description": "Demand groups by name: each sized from its source of waiting work.",
+        }
+    },
+    "required": ["groups"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class GroupDemand:
+    """What the queue demand decided for one group in one iteration: ``jobs`` the figure it
+    sized with (see :class:`gridgate.core.waiting.WaitingFigure`), ``waiting_pilots`` the
+    group's pilots already waiting, ``pilots`` what it asked for (before the limits)."""
+
+    group: str
+    backend: str
+    jobs: int
+    fresh: bool
+    waiting_pilots: int
+    pilots: int
+
+
+class QueueDemand(Plugin):
+    """Pilots for the jobs waiting in a task queue, per demand group: each iteration,
+    ``ceil(waiting jobs / jobs_per_pilot)`` less the group's pilots already ``waiting`` in the
+    pilot registry, at most ``max_per_iteration``, then trimmed by the limits as any demand.
+
+    A source that fails keeps its group's last good figure for ``keep_last`` seconds, then
+    asks for nothing (gridgate.core.waiting). A registry that cannot be read asks for nothing
+    for any group, with one error per episode: without the waiting pilots the figure would
+    only grow. Needs the pilots tracked (``director.pilots.track``), a config error otherwise.
+    """
+
+    config_schema: ClassVar[dict[str, Any]] = QUEUE_SCHEMA
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        groups: Mapping[str, Mapping[str, Any]] = config["groups"]
+        self._groups = groups
+        self._gauges = WaitingGauges(
+            {name: spec["source"] for name, spec in groups.items()},
+            keep_last={
+                name: float(spec.get("keep_last", DEFAULT_KEEP_LAST))
+                for name, spec in groups.items()
+            },
+            clock=context.clock,
+        )
+        self._resources = {
+            name: Resources(**(spec.get("resources") or {})) for name, spec in groups.items()
+        }
+        self._registry_failing = False
+        #: the last iteration's decision per group (for the summary's readers and the tests)
+        self.last: dict[str, GroupDemand] = {}
+
+    def _waiting_pilots(self) -> dict[tuple[str, str], int] | None:
+        state = self.context.state
+        try:
+            if state is None:
+                raise StateError("no state store")
+            if getattr(state, "degraded", False):
+                raise StateError("the state store is unavailable")
+            by_group: dict[tuple[str, str], int] = {}
+            for (backend, _endpoint, group), (n, _cores) in (
+                state.pilot_registry().waiting().items()
+            ):
+                by_group[(backend, group)] = by_group.get((backend, group), 0) + n
+        except StateError as exc:
+            if not self._registry_failing:
+                logger.error(
+                    "queue demand: cannot count the pilots already waiting ({}); asking for no "
+                    "pilots until the pilot registry answers",
+                    exc,
+                )
+            self._registry_failing = True
+            return None
+        if self._registry_failing:
+            logger.info("queue demand: the pilot registry answers again")
+        self._registry_failing = False
+        return by_group
+
+    @hookimpl
+    def gridgate_demand(self, iteration: IterationInfo, demand: DemandRegistry) -> None:
+        figures = self._gauges.waiting_all()  # every source read, so each keeps its figure
+        waiting = self._waiting_pilots()
+        if waiting is None:
+            self.last = {}
+            return
+        decided: dict[str, GroupDemand] = {}
+        for name, spec in self._groups.items():
+            figure = figures[name]
+            backend = str(spec["backend"])
+            already = waiting.get((backend, name), 0)
+            pilots = pilots_for(
+                figure.jobs, int(spec["jobs_per_pilot"]), already, spec.get("max_per_iteration")
+            )
+            decided[name] = GroupDemand(name, backend, figure.jobs, figure.fresh, already, pilots)
+            if pilots > 0:
+                demand.add(
+                    SubmitRequest(
+                        backend=backend,
+                        group=name,
+                        count=pilots,
+                        requirements=spec.get("requirements", ""),
+                        list_match=spec.get("list_match"),
+                        attributes=spec.get("attributes", {}),
+                        resources=self._resources[name],
+                    )
+                )
+        self.last = decided
+        logger.debug(
+            "queue demand: {}",
+            ", ".join(
+                f"{d.group} {d.jobs} jobs{'' if d.fresh else ' (held)'} - {d.waiting_pilots} "
+                f"waiting -> {d.pilots}"
+                for d in decided.values()
+            ),
+        )
+
+    def close(self) -> None:
+        self._gauges.close()

@@ -6,8 +6,8 @@ At the start of each iteration, after the demand hooks and before anything is su
 ``gridgate_job_status`` call carrying every non-terminal pilot of that endpoint, under an
 admission grant of category ``query`` and the command deadline. A failed query is a failure of
 that server, classified and escalated like a failed submission; its pilots keep their last
-state. Then the demand is trimmed to ``max_waiting`` (per endpoint) and ``max_total`` (per
-backend), and each submission reserves room on the endpoint it goes to.
+state. Then the demand is trimmed to ``max_waiting`` and ``max_waiting_cores`` (per endpoint)
+and ``max_total`` (per backend), and each submission reserves room on the endpoint it goes to.
 """
 
 from __future__ import annotations
@@ -64,6 +64,15 @@ PENDING_FILE = "pilots-pending.json"
 #: doing, ``lost`` says nothing of how the pilot ended).
 DECIDING = ("done", "failed")
 
+#: The defaults of the limits that bound what waits (docs/pilots.md says why these): DIRAC's
+#: SiteDirector keeps at most 10 pilots waiting per CE queue unless told otherwise, and an
+#: endpoint here is a CE, a WMS or a partition serving a few such queues; Harvester gives up
+#: on a worker queued for two days (workerQueueTimeLimit). ``null`` in the config: no limit.
+DEFAULT_MAX_WAITING = 20
+DEFAULT_MAX_WAIT_TIME = 2 * 86400
+#: The largest a count of cores may be in a limit: far beyond any site (a million cores).
+MAX_CORES_LIMIT = 10_000_000
+
 _LIMITS: dict[str, Any] = {
     "status_interval": {
         "maximum": 86400,
@@ -78,6 +87,13 @@ _LIMITS: dict[str, Any] = {
         "description": "At most this many pilots waiting on each endpoint: demand "
         "beyond it is trimmed (null: no limit).",
     },
+    "max_waiting_cores": {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "maximum": MAX_CORES_LIMIT,
+        "description": "At most this many cores of pilots waiting on each endpoint (a pilot "
+        "counts its resources.cores): demand beyond it is trimmed (null: no limit).",
+    },
     "max_total": {
         "type": ["integer", "null"],
         "minimum": 0,
@@ -91,6 +107,13 @@ _LIMITS: dict[str, Any] = {
     },
 }
 
+_DEFAULTS: dict[str, Any] = {
+    "max_waiting": DEFAULT_MAX_WAITING,
+    "max_wait_time": DEFAULT_MAX_WAIT_TIME,
+}
+#: The limits an endpoint of a backend may set for itself.
+_PER_ENDPOINT = ("max_waiting", "max_waiting_cores", "max_wait_time")
+
 PILOTS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "default": {},
@@ -102,7 +125,7 @@ PILOTS_SCHEMA: dict[str, Any] = {
             "default": True,
             "description": "Record every submitted pilot and poll its state.",
         },
-        **{k: {**v, "default": None} for k, v in _LIMITS.items()},
+        **{k: {**v, "default": _DEFAULTS.get(k)} for k, v in _LIMITS.items()},
         "lost_after": {
             "maximum": 365 * 86400,
             "type": "number",
@@ -156,10 +179,11 @@ PILOTS_SCHEMA: dict[str, Any] = {
                     **_LIMITS,
                     "endpoints": {
                         "type": "object",
-                        "description": "Per endpoint name: max_waiting and max_wait_time overrides.",
+                        "description": "Per endpoint name: max_waiting, max_waiting_cores and "
+                        "max_wait_time overrides.",
                         "additionalProperties": {
                             "type": "object",
-                            "properties": {k: _LIMITS[k] for k in ("max_waiting", "max_wait_time")},
+                            "properties": {k: _LIMITS[k] for k in _PER_ENDPOINT},
                             "additionalProperties": False,
                         },
                     },
@@ -174,7 +198,9 @@ PILOTS_SCHEMA: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class PilotSettings:
-    """The ``director.pilots`` section, resolved per backend and endpoint."""
+    """The ``director.pilots`` section, resolved per backend and endpoint: a limit a backend
+    (or an endpoint of it) sets, ``null`` included (no limit), wins over the one above it; a
+    limit it does not name is the one above it."""
 
     section: Mapping[str, Any]
 
@@ -185,13 +211,12 @@ class PilotSettings:
         return (self.section.get("backends") or {}).get(backend) or {}
 
     def for_backend(self, backend: str, key: str) -> Any:
-        value = self._backend(backend).get(key)
-        return self[key] if value is None else value
+        own = self._backend(backend)
+        return own[key] if key in own else self[key]
 
     def for_endpoint(self, endpoint: Endpoint, key: str) -> Any:
         own = (self._backend(endpoint.backend).get("endpoints") or {}).get(endpoint.name) or {}
-        value = own.get(key)
-        return self.for_backend(endpoint.backend, key) if value is None else value
+        return own[key] if key in own else self.for_backend(endpoint.backend, key)
 
 
 def _user(configured: str) -> str:
@@ -202,8 +227,13 @@ def _user(configured: str) -> str:
 
 
 class Limits:
-    """Room left this iteration under ``max_waiting`` (per endpoint) and ``max_total`` (per
-    backend), shared by the submission threads: each submission reserves what it takes."""
+    """Room left this iteration under ``max_waiting`` and ``max_waiting_cores`` (per endpoint)
+    and ``max_total`` (per backend), shared by the submission threads: each submission
+    reserves what it takes (its pilots, and their cores: ``count x resources.cores``).
+
+    ``waiting_cores`` is the cores of the pilots waiting on each endpoint (by endpoint key);
+    an endpoint not in it counts one core per waiting pilot (what every pilot was before
+    pilots had cores)."""
 
     def __init__(
         self,
@@ -212,9 +242,12 @@ class Limits:
         infos: Mapping[str, BackendInfo],
         blind: Iterable[str] = (),
         retired: Iterable[str] = (),
+        waiting_cores: Mapping[str, int] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self.endpoint_room: dict[str, int | None] = {}
+        #: cores left under max_waiting_cores per endpoint key (None: no limit)
+        self.cores_room: dict[str, int | None] = {}
         self.backend_room: dict[str, int | None] = {}
         self.trimmed: dict[str, dict[str, int]] = {}
         waiting: dict[str, int] = {}
@@ -232,6 +265,7 @@ class Limits:
             if backend in blind:  # it cannot say when pilots start: a limit would only block
                 self.backend_room[backend] = None
                 self.endpoint_room.update((e.key, None) for e in info.endpoints)
+                self.cores_room.update((e.key, None) for e in info.endpoints)
                 continue
             total = settings.for_backend(backend, "max_total")
             self.backend_room[backend] = (
@@ -242,6 +276,9 @@ class Limits:
                 self.endpoint_room[server.key] = (
                     None if limit is None else max(0, limit - waiting.get(server.key, 0))
                 )
+                cores = settings.for_endpoint(server, "max_waiting_cores")
+                used = (waiting_cores or {}).get(server.key, waiting.get(server.key, 0))
+                self.cores_room[server.key] = None if cores is None else max(0, cores - used)
 
     def _count(self, backend: str, limit: str, n: int) -> None:
         if n > 0:
@@ -253,7 +290,7 @@ class Limits:
     ) -> tuple[list[SubmitRequest], list[tuple[SubmitRequest, str, int]]]:
         """Cut ``requests`` (in order) to what fits; returns the kept requests and, per cut,
         (request, limit, pilots cut)."""
-        left: dict[str, tuple[float, float]] = {}
+        left: dict[str, tuple[float, float, float]] = {}
         kept: list[SubmitRequest] = []
         cuts: list[tuple[SubmitRequest, str, int]] = []
         for request in requests:
@@ -262,21 +299,30 @@ class Limits:
                 kept.append(request)
                 continue
             if backend not in left:
-                rooms = [self.endpoint_room.get(e.key) for e in usable.get(backend, ())]
+                servers = usable.get(backend, ())
                 # no server in rotation: not a limit's doing (the director reports no_endpoint)
-                unlimited = not rooms or any(r is None for r in rooms)
-                per_endpoint = math.inf if unlimited else float(sum(rooms))  # type: ignore[arg-type]
                 room = self.backend_room[backend]
-                left[backend] = (per_endpoint, math.inf if room is None else float(room))
-            per_endpoint, total = left[backend]
-            take = int(min(request.count, per_endpoint, total))
+                left[backend] = (
+                    _summed([self.endpoint_room.get(e.key) for e in servers]),
+                    math.inf if room is None else float(room),
+                    _summed([self.cores_room.get(e.key) for e in servers]),
+                )
+            per_endpoint, total, cores = left[backend]
+            size = _cores_of(request)
+            by_cores = cores if math.isinf(cores) else float(int(cores // size))
+            take = int(min(request.count, per_endpoint, total, by_cores))
             if take < request.count:
-                limit = "max_total" if total < per_endpoint else "max_waiting"
+                # the tightest limit names the cut; on a tie, max_waiting first, then cores
+                limit = min(
+                    (per_endpoint, 0, "max_waiting"),
+                    (by_cores, 1, "max_waiting_cores"),
+                    (total, 2, "max_total"),
+                )[2]
                 cuts.append((request, limit, request.count - take))
                 self._count(backend, limit, request.count - take)
             if take > 0:
                 kept.append(replace(request, count=take))
-            left[backend] = (per_endpoint - take, total - take)
+            left[backend] = (per_endpoint - take, total - take, cores - take * size)
         return kept, cuts
 
     def skipped(self, backend: str, n: int) -> None:
@@ -284,13 +330,15 @@ class Limits:
         with self._lock:
             self._count(backend, "max_waiting", n)
 
-    def with_room(self, candidates: Iterable[Endpoint]) -> list[Endpoint]:
-        """The candidates that can still take a pilot."""
+    def with_room(self, candidates: Iterable[Endpoint], cores: int = 1) -> list[Endpoint]:
+        """The candidates that can still take a pilot (of ``cores`` cores)."""
         with self._lock:
             return [
                 e
                 for e in candidates
-                if self.backend_room.get(e.backend) != 0 and self.endpoint_room.get(e.key) != 0
+                if self.backend_room.get(e.backend) != 0
+                and self.endpoint_room.get(e.key) != 0
+                and (self.cores_room.get(e.key) is None or self.cores_room[e.key] >= cores)  # type: ignore[operator]
             ]
 
     def reserve(self, endpoint: Endpoint, request: SubmitRequest) -> SubmitRequest | None:
@@ -298,12 +346,15 @@ class Limits:
         the caller sends the rest elsewhere), or None when another thread took the last of it
         (the caller may try another server). The caller says :meth:`skipped` for what no
         server had room for."""
+        size = _cores_of(request)
         with self._lock:
+            cores = self.cores_room.get(endpoint.key)
             rooms = [
                 r
                 for r in (
                     self.endpoint_room.get(endpoint.key),
                     self.backend_room.get(endpoint.backend),
+                    None if cores is None else cores // size,
                 )
                 if r is not None
             ]
@@ -314,9 +365,24 @@ class Limits:
                 self.endpoint_room[endpoint.key] -= take  # type: ignore[operator]
             if self.backend_room.get(endpoint.backend) is not None:
                 self.backend_room[endpoint.backend] -= take  # type: ignore[operator]
+            if cores is not None:
+                self.cores_room[endpoint.key] = cores - take * size
             if take < request.count:
                 return replace(request, count=take)
             return request
+
+
+def _cores_of(request: SubmitRequest) -> int:
+    """The cores of one pilot of ``request`` (1 when it asks no resources)."""
+    return request.resources.cores if request.resources is not None else 1
+
+
+def _summed(rooms: Sequence[int | None]) -> float:
+    """The room of several endpoints together: infinite when there are none or one has no
+    limit."""
+    if not rooms or any(r is None for r in rooms):
+        return math.inf
+    return float(sum(r for r in rooms if r is not None))
 
 
 @dataclass
@@ -384,7 +450,12 @@ class PilotTracker:
         #: submitted since that the store could not take: while the store is down the limits
         #: apply to these (fail closed), and the pilots are written back when it returns
         self._known: Counts = {}
+        #: the cores of the waiting pilots per endpoint key, read and kept as _known is
+        self._known_cores: dict[str, int] = {}
         self._unrecorded: list[Pilot] = []
+        #: (backend, group) -> cores of one pilot, from this iteration's demand: what a
+        #: submission's pilots are recorded with
+        self._group_cores: dict[tuple[str, str], int] = {}
         #: per backend: (iterations, clock time) of the last change of state of its pilots
         self._last_change: dict[str, tuple[int, float]] = {}
         #: backend -> the iteration of its last status poll that answered
@@ -435,6 +506,7 @@ class PilotTracker:
                 submitted=record.time,
                 state="waiting",
                 changed=record.time,
+                cores=self._group_cores.get((record.backend, record.group), 1),
             )
             for job in record.job_ids
         ]
@@ -466,6 +538,8 @@ class PilotTracker:
             row["waiting"] += len(pilots)
             where = (record.backend, record.endpoint, "waiting")  # the last known counts too
             self._known[where] = self._known.get(where, 0) + len(pilots)
+            key = f"{record.backend}/{record.endpoint}"
+            self._known_cores[key] = self._known_cores.get(key, 0) + sum(p.cores for p in pilots)
         self._save_pending()
 
     # --- the start of an iteration -------------------------------------------------------------
@@ -495,6 +569,7 @@ class PilotTracker:
         self._states = {}
         if not settings["track"]:
             return demand
+        self._group_cores = {(r.backend, r.group): _cores_of(r) for r in demand.requests}
         self._iterations += 1
         self._load_pending()
         runtime = self.runtime
@@ -587,10 +662,53 @@ class PilotTracker:
         for backend in infos:
             if moved_in.get(backend) or backend not in self._last_change:
                 self._last_change[backend] = (self._iterations, now)
+        cores = self._waiting_cores(registry, settings, counts)
         with self._lock:
             self._known = dict(counts)
+            if cores is not None:
+                self._known_cores = dict(cores)
         retired_keys = {e.key for endpoints in retired.values() for e in endpoints}
-        return self._trim(demand, it, settings, counts, infos, report, retired_keys)
+        return self._trim(demand, it, settings, counts, infos, report, retired_keys, cores)
+
+    def _waiting_cores(
+        self, registry: PilotRegistry, settings: PilotSettings, counts: Counts
+    ) -> dict[str, int] | None:
+        """The cores of the pilots waiting on each endpoint, when a limit counts them (None
+        otherwise: nothing to read); an unreadable registry counts the last known cores."""
+        if not self._counts_cores(settings):
+            return None
+        try:
+            cores: dict[str, int] = {}
+            for (backend, endpoint, _group), (_n, c) in registry.waiting().items():
+                key = f"{backend}/{endpoint}"
+                cores[key] = cores.get(key, 0) + c
+            return cores
+        except StateError as exc:
+            logger.error(
+                "pilot registry: cannot read the waiting cores, using the last known: {}", exc
+            )
+            return self._local_cores()
+
+    @staticmethod
+    def _counts_cores(settings: PilotSettings) -> bool:
+        if settings["max_waiting_cores"] is not None:
+            return True
+        for section in (settings.section.get("backends") or {}).values():
+            if (section or {}).get("max_waiting_cores") is not None:
+                return True
+            for own in ((section or {}).get("endpoints") or {}).values():
+                if (own or {}).get("max_waiting_cores") is not None:
+                    return True
+        return False
+
+    def _local_cores(self) -> dict[str, int]:
+        """The last known waiting cores plus those of this process's unrecorded pilots."""
+        with self._lock:
+            cores = dict(self._known_cores)
+            for pilot in self._unrecorded:
+                if pilot.state == "waiting":
+                    cores[pilot.endpoint_key] = cores.get(pilot.endpoint_key, 0) + pilot.cores
+        return cores
 
     def _trim(
         self,
@@ -601,8 +719,9 @@ class PilotTracker:
         infos: Mapping[str, BackendInfo],
         report: PilotReportDraft,
         retired: Iterable[str] = (),
+        waiting_cores: Mapping[str, int] | None = None,
     ) -> DemandRegistry:
-        limits = Limits(settings, counts, infos, self._blind, retired)
+        limits = Limits(settings, counts, infos, self._blind, retired, waiting_cores)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         kept, cuts = limits.trim(demand.requests, usable)
         for request, limit, pilots in cuts:
@@ -659,7 +778,8 @@ class PilotTracker:
             why,
             len(self._unrecorded),
         )
-        return self._trim(demand, it, settings, counts, infos, report)
+        cores = self._local_cores() if self._counts_cores(settings) else None
+        return self._trim(demand, it, settings, counts, infos, report, (), cores)
 
     def _pending_path(self) -> Path | None:
         folder = self.runtime.config.director.get("state_dir")
@@ -677,6 +797,7 @@ class PilotTracker:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             known = {(str(b), str(e), str(st)): int(n) for b, e, st, n in data.get("known", [])}
+            known_cores = {str(k): int(n) for k, n in (data.get("known_cores") or {}).items()}
             pilots = [Pilot.from_dict(p) for p in data.get("unrecorded", [])]
         except FileNotFoundError:
             return
@@ -686,6 +807,7 @@ class PilotTracker:
         with self._lock:
             if not self._known:
                 self._known = known
+                self._known_cores = known_cores
             self._unrecorded[:0] = pilots
         if pilots:
             logger.warning(
@@ -706,6 +828,7 @@ class PilotTracker:
                 text = json.dumps(
                     {
                         "known": sorted([*k, n] for k, n in self._known.items()),
+                        "known_cores": self._known_cores,
                         "unrecorded": [p.as_dict() for p in self._unrecorded],
                     },
                     sort_keys=True,
@@ -900,8 +1023,9 @@ class PilotTracker:
                 continue
             interval = settings.for_backend(backend, "status_interval")
             timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
-            # a server out of rotation is not asked; one no longer configured still is
-            for endpoint in [*it.usable(info.endpoints), *(retired or {}).get(backend, ())]:
+            # a server out of rotation is not asked (nor a banned one its backend cannot ask);
+            # one no longer configured still is
+            for endpoint in [*it.pollable(info), *(retired or {}).get(backend, ())]:
                 due.append((endpoint, timeout, None if interval is None else float(interval)))
         if not due:
             return []

@@ -21,7 +21,7 @@ ALL = {
     "notifiers": {"email": {}, "ggus": {}, "files": {}, "log": {}},
     "credentials": {"x509_proxy": {"path": "p"}},
     "admission": {"lsf_proxy": {}},
-    "demand": {"static": {}, "file": {}},
+    "demand": {"static": {}, "file": {}, "queue": {}},
 }
 
 
