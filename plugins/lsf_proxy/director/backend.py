@@ -10,6 +10,7 @@ and people hear about it only when it fails again after its failing-cache period
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -49,8 +50,41 @@ OWNED_OPTIONS: dict[str, str] = {
     "-q": "the queue comes from queues",
     "-J": "job_name names the job and pilots_per_job makes its array",
     "-pack": "the backend submits one job description, not a pack file",
+    "-n": "processors and a demand group's resources.cores are written as -n",
+    "-W": "a demand group's resources.walltime is written as -W",
 }
-OTHER_OPTIONS = frozenset({"-Jd"})
+OTHER_OPTIONS = frozenset({"-Jd", "-network", "-notify", "-We", "-Wa", "-Wt"})
+#: ``-n4``, ``-n2,4``, ``-W90``, ``-W1:30``: the owned options with their value glued on
+GLUED_RE = re.compile(r"-n[0-9,]+|-W[0-9:]+(?:/\S*)?")
+
+
+def lsf_run_limit(seconds: int) -> str:
+    """``-W`` for a walltime in seconds: LSF's ``[hour:]minute``, minutes rounded up."""
+    minutes = max(math.ceil(seconds / 60), 1)
+    hours, rest = divmod(minutes, 60)
+    return f"{hours}:{rest:02d}" if hours else str(rest)
+
+
+def resource_options(request: SubmitRequest, processors: int | None) -> list[str]:
+    """The bsub options of ``request.resources`` (and of the section's ``processors``):
+    ``-n`` (the cores, else ``processors``), with ``-R span[hosts=1]`` for more than one
+    core (a pilot runs on one host), ``-R rusage[mem=MB]`` (the whole pilot's memory: LSF
+    reserves it per host by default, and the pilot has one host) and ``-W`` (minutes rounded
+    up, :func:`lsf_run_limit`); each option and each value its own argv item."""
+    resources = request.resources
+    cores = resources.cores if resources is not None and resources.cores != 1 else processors
+    options: list[str] = []
+    if cores:
+        options += ["-n", str(cores)]
+    if resources is None:
+        return options
+    if resources.cores > 1:
+        options += ["-R", "span[hosts=1]"]
+    if resources.memory_mb is not None:
+        options += ["-R", f"rusage[mem={resources.memory_mb}]"]
+    if resources.walltime is not None:
+        options += ["-W", lsf_run_limit(resources.walltime)]
+    return options
 
 
 def owned_option(word: str) -> str | None:
@@ -59,6 +93,8 @@ def owned_option(word: str) -> str | None:
         return word
     if word in OTHER_OPTIONS:
         return None
+    if GLUED_RE.fullmatch(word):
+        return word[:2]
     for short in ("-q", "-J"):
         if word.startswith(short) and len(word) > 2:
             return short
@@ -167,6 +203,7 @@ class LsfBackend(Backend):
     #: the config key that lists the endpoints: a section without any is a config error
     endpoints_key = "queues"
     pilots_key = "pilots_per_job"
+    expresses = ("cores", "memory_mb", "walltime")
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -238,14 +275,17 @@ class LsfBackend(Backend):
                 "type": ["integer", "null"],
                 "minimum": 1,
                 "default": None,
-                "description": "bsub -n; null: not given.",
+                "description": "bsub -n; null: not given. A demand group's "
+                "resources.cores replace it for that group's pilots.",
             },
             "extra_options": {
                 "type": "array",
                 "items": {"type": "string"},
                 "default": [],
                 "description": "More bsub arguments, each one argv item "
-                '(e.g. ["-P", "myproject"]).',
+                '(e.g. ["-P", "myproject"]). Options the backend writes itself (-q, -J, '
+                "-pack; -n from processors and resources.cores, -W from "
+                "resources.walltime) are refused.",
             },
             "command": {
                 "type": "array",
@@ -359,8 +399,7 @@ class LsfBackend(Backend):
         resources = request.requirements or self.config.get("resources") or ""
         if resources:
             argv += ["-R", resources]
-        if self.config.get("processors"):
-            argv += ["-n", str(self.config["processors"])]
+        argv += resource_options(request, self.config.get("processors"))
         argv += [str(o) for o in self.config.get("extra_options") or []]
         argv += [str(c) for c in self.config.get("command") or ["pilot.sh"]]
         return argv

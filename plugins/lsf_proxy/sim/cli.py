@@ -30,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,9 @@ BSUB_BEHAVIOURS = (
 )
 BJOBS_BEHAVIOURS = ("ok", "lim_down", "daemon_not_responding", "hang")
 #: Failure lines of bsub, as formats.md quotes them.
+#: bsub -W: ``[hour:]minute`` with an optional ``/host`` (the stand-in refuses anything else;
+#: its refusal's wording is its own, not checked against a real bsub)
+RUN_LIMIT_RE = re.compile(r"(?:[0-9]+:)?[0-9]+(?:/\S+)?")
 BSUB_FAILURES = {
     "no_such_queue": "No such queue. Job not submitted.",
     "too_many_processors": "Too many processors requested. Job not submitted.",
@@ -321,6 +325,8 @@ def _balanced(text: str) -> bool:
 
 def bsub(args: list[str], scenario: dict[str, Any]) -> int:
     options: dict[str, str] = {}
+    #: every -R given: bsub takes several and merges them (a select, a span, a rusage)
+    resreqs: list[str] = []
     command: list[str] = []
     takes_value = {"-q", "-J", "-o", "-e", "-R", "-n", "-W", "-M", "-P", "-G", "-u", "-app", "-m"}
     i = 0
@@ -331,6 +337,8 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
                 _out(sys.stderr, f"bsub: option requires an argument -- {arg[1:]}")
                 return EXIT_FAIL
             options[arg] = args[i + 1]
+            if arg == "-R":
+                resreqs.append(args[i + 1])
             i += 2
         elif arg.startswith("-") and not command:
             i += 1  # flags such as -K, -I, -B are accepted and ignored
@@ -371,13 +379,16 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
         if int(options["-n"]) > int(scenario.get("max_processors", 64)):
             _out(sys.stderr, BSUB_FAILURES["too_many_processors"])
             return EXIT_FAIL
-    resreq = options.get("-R", "")
-    if resreq and not _balanced(resreq):
-        _out(sys.stderr, BSUB_FAILURES["bad_resreq"])
+    if "-W" in options and not RUN_LIMIT_RE.fullmatch(options["-W"]):
+        _out(sys.stderr, f"{options['-W']}: Bad RUNLIMIT specification. Job not submitted.")
         return EXIT_FAIL
-    if "rusage[" in resreq and "rusage[]" in resreq.replace(" ", ""):
-        _out(sys.stderr, BSUB_FAILURES["rusage_error"])
-        return EXIT_FAIL
+    for resreq in resreqs:
+        if resreq and not _balanced(resreq):
+            _out(sys.stderr, BSUB_FAILURES["bad_resreq"])
+            return EXIT_FAIL
+        if "rusage[" in resreq and "rusage[]" in resreq.replace(" ", ""):
+            _out(sys.stderr, BSUB_FAILURES["rusage_error"])
+            return EXIT_FAIL
     state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
     job_id = _next_job_id(state_dir)
     _record_job(
@@ -391,6 +402,10 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
             "submitted": _now(scenario),
             "host": os.uname().nodename.split(".")[0],
             "command": command,
+            # what the job asked of its slots, as bjobs -l would show it
+            "processors": int(options.get("-n", "1")),
+            "resreq": resreqs,
+            "run_limit": options.get("-W", ""),
             # bsub copies the submission environment into the job, as sbatch does
             "env": dict(os.environ),
         },

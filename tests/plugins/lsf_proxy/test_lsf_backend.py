@@ -304,7 +304,7 @@ def test_extra_options_the_backend_writes_itself_are_refused(options) -> None:
 def test_extra_options_of_the_site_are_accepted() -> None:
     section = {
         "queues": ["normal"],
-        "extra_options": ["-P", "atlas", "-Jd", "pilot", "-W", "60", "-Q", "all"],
+        "extra_options": ["-P", "atlas", "-Jd", "pilot", "-We", "60", "-Q", "all"],
     }
     assert LsfBackend.config_errors(section) == []
 
