@@ -151,6 +151,7 @@ class GliteBackend(Backend):
     #: the config key that lists the endpoints: a section without any is a config error
     endpoints_key = "servers"
     pilots_key = "pilots_per_jdl"
+    expresses = ("cores", "memory_mb", "walltime")
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -284,7 +285,10 @@ class GliteBackend(Backend):
             },
             "extra_attributes": {
                 "type": "object",
-                "description": "More JDL attributes: name -> string, number, bool or list.",
+                "description": "More JDL attributes: name -> string, number, bool or list. "
+                "Those gridgate writes are refused (the pilot's own keys; CpuNumber, "
+                "SMPGranularity, HostNumber and WholeNodes come from a demand group's "
+                "resources).",
                 "propertyNames": {"pattern": f"^{ATTRIBUTE_NAME_RE.pattern}$"},
                 "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
                 "default": {},

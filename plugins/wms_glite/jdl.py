@@ -38,6 +38,11 @@ RESERVED = frozenset(
         "Parameters",
         "ParameterStep",
         "ParameterStart",
+        # a demand group's resources (resource_jdl)
+        "CpuNumber",
+        "SMPGranularity",
+        "HostNumber",
+        "WholeNodes",
     )
 )
 
@@ -127,12 +132,37 @@ def _string_list(values: Any, attribute: str) -> str:
     return literal(list(values), attribute)
 
 
+def resource_jdl(request: SubmitRequest) -> tuple[list[tuple[str, str]], list[str]]:
+    """The JDL of ``request.resources``, as gLite's JDL guide writes them: the attributes
+    ``CpuNumber`` and ``SMPGranularity`` (all the cores on one node) for more than one core,
+    and the Requirements terms ``other.GlueHostMainMemoryRAMSize >= MB`` (the node's memory,
+    for the whole pilot) and ``other.GlueCEPolicyMaxWallClockTime >= MINUTES`` (the walltime in
+    minutes, rounded up). Empty lists when nothing is asked."""
+    resources = request.resources
+    if resources is None:
+        return [], []
+    attributes: list[tuple[str, str]] = []
+    terms: list[str] = []
+    if resources.cores != 1:
+        attributes += [
+            ("CpuNumber", str(resources.cores)),
+            ("SMPGranularity", str(resources.cores)),
+        ]
+    if resources.memory_mb is not None:
+        terms.append(f"other.GlueHostMainMemoryRAMSize >= {int(resources.memory_mb)}")
+    if resources.walltime is not None:
+        minutes = math.ceil(resources.walltime / 60)
+        terms.append(f"other.GlueCEPolicyMaxWallClockTime >= {minutes}")
+    return attributes, terms
+
+
 def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
     """The JDL text for ``request`` under the backend section ``config``.
 
     ``request.requirements``, when non-empty, replaces the configured Requirements;
     ``request.attributes`` add to and override ``extra_attributes``; ``request.count`` > 1
-    makes a parametric JDL of that many pilots.
+    makes a parametric JDL of that many pilots; ``request.resources`` add the attributes and
+    Requirements terms of :func:`resource_jdl` (the terms joined to the Requirements by ``&&``).
 
     :raises JdlError: a value that cannot be written safely (names the attribute).
     """
@@ -152,9 +182,14 @@ def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
     if config.get("output_sandbox"):
         lines.append(("OutputSandbox", _string_list(config["output_sandbox"], "output_sandbox")))
     requirements = request.requirements or config.get("requirements") or ""
+    attributes, terms = resource_jdl(request)
     if requirements.strip():
         source = "request.requirements" if request.requirements else "requirements"
-        lines.append(("Requirements", check_expression(requirements, source)))
+        requirements = check_expression(requirements, source)
+        terms = [f"({requirements})", *terms] if terms else [requirements]
+    if terms:
+        lines.append(("Requirements", " && ".join(terms)))
+    lines += attributes
     if config.get("rank"):
         lines.append(("Rank", check_expression(config["rank"], "rank")))
     if config.get("vo"):
