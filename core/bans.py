@@ -23,13 +23,15 @@ import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loguru import logger
 
+from gridgate.core import hookimpl
 from gridgate.core.clock import Clock
-from gridgate.core.gocdb import AVAILABLE, Availability, AvailabilityChange, ChangeTracker
-from gridgate.core.model import Endpoint
+from gridgate.core.gocdb import AvailabilityChange, ChangeTracker
+from gridgate.core.model import AVAILABLE, Availability, Endpoint
+from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.state import StateError, StateStore
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "OperatorAvailability",
     "OperatorBans",
     "OperatorEntry",
+    "OperatorSource",
     "check_text",
     "parse_duration",
     "resolve_endpoint",
@@ -374,3 +377,32 @@ class OperatorAvailability:
                 k: (by_key[k].availability() if k in by_key else AVAILABLE) for k in endpoints
             }
             return states, self.tracker.update(states)
+
+
+class OperatorSource(Plugin):
+    """The ``operator`` availability source (always on): the bans and drains operators set
+    with ``gridgate servers ban/drain``, read from the state store once per iteration, so that
+    every director on a shared store honours them. Without a state store it says nothing."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "Operator bans and drains (gridgate servers ban/drain/unban), kept in "
+        "the state store; always on.",
+        "properties": {},
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self.source = (
+            None if context.state is None else OperatorAvailability(context.state, context.clock)
+        )
+
+    @hookimpl
+    def gridgate_endpoint_availability(
+        self, endpoints: Sequence[Endpoint]
+    ) -> Mapping[str, Availability] | None:
+        if self.source is None:
+            return None
+        states, _changes = self.source.evaluate(e.key for e in endpoints)
+        return {k: a for k, a in states.items() if a.state != "available"}

@@ -396,7 +396,10 @@ def compose_schema(
         for name in section:
             cls = load(group, str(name), (key, name))
             # a plugin that did not load is reported once, not again as an unknown key
-            schema["properties"][key]["properties"][name] = _section_schema(cls) if cls else {}
+            section_schema = _section_schema(cls) if cls else {}
+            if cls is not None and key == "backends":
+                _add_weights(section_schema)
+            schema["properties"][key]["properties"][name] = section_schema
             if cls is not None:
                 classes[(key, str(name))] = cls
     state = doc.get("state")
@@ -419,6 +422,16 @@ def compose_schema(
             classes[("sections", key)] = cls
             schema["properties"][key] = _section_schema(cls)
     return schema, classes, problems
+
+
+def _add_weights(section: dict[str, Any]) -> None:
+    """Every backend's section takes ``weights: {ENDPOINT: N}`` (core's, whatever the backend
+    declares: the selectors read it), unless the backend defines ``weights`` itself."""
+    from gridgate.core.weights import WEIGHTS_SCHEMA
+
+    properties = section.setdefault("properties", {})
+    if isinstance(properties, dict) and "weights" not in properties:
+        properties["weights"] = copy.deepcopy(WEIGHTS_SCHEMA)
 
 
 def _section_schema(cls: type) -> dict[str, Any]:
@@ -611,9 +624,10 @@ def validate_document(
             doc, classes
         )  # checks across sections (gridgate.core.contract)
     if not found:
-        from gridgate.core.config_checks import reference_problems
+        from gridgate.core.config_checks import availability_problems, reference_problems
 
         found += reference_problems(doc, classes)
+        found += availability_problems(doc, classes)
     if found:
         problems = sorted(
             {ConfigProblem(filename, line_of(p), p, m) for p, m in found},

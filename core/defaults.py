@@ -4,6 +4,7 @@ last (``trylast``), so a configured plugin always speaks first."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -20,6 +21,7 @@ from gridgate.core.files import atomic_write
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     AdmissionRequest,
+    Availability,
     Endpoint,
     Failure,
     Grant,
@@ -28,10 +30,29 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.state import StateError
+from gridgate.core.weights import (
+    DEFAULT_THROUGHPUT_FLOOR,
+    DEFAULT_THROUGHPUT_WINDOW,
+    THROUGHPUT_SCHEMA,
+    SmoothWeightedRoundRobin,
+    effective_weights,
+    read_throughput,
+    throughput_weights,
+    weighted_choice,
+)
+
+
+def _uniform(weights: Sequence[int]) -> bool:
+    """Whether every candidate weighs the same (the selectors then choose as they always did,
+    so a seeded run's sequence is the one it was before weights existed)."""
+    return len(set(weights)) <= 1
 
 
 class RandomSelector(Plugin):
-    """Pick the endpoint uniformly at random, as the seed's director did."""
+    """Pick the endpoint at random, as the seed's director did: uniformly, or in proportion to
+    the backend's ``weights`` times the availability factor (a degraded endpoint counts half),
+    given by the hook's ``weights`` and ``availability`` arguments."""
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -52,14 +73,25 @@ class RandomSelector(Plugin):
 
     @hookimpl(trylast=True)
     def gridgate_select_endpoint(
-        self, candidates: Sequence[Endpoint], request: SubmitRequest
+        self,
+        candidates: Sequence[Endpoint],
+        request: SubmitRequest,
+        weights: Mapping[str, int],
+        availability: Mapping[str, Availability],
     ) -> Endpoint | None:
-        return self._random.choice(list(candidates)) if candidates else None
+        if not candidates:
+            return None
+        shares = effective_weights(candidates, weights, availability)
+        if _uniform(shares):
+            return self._random.choice(list(candidates))
+        return weighted_choice(list(candidates), shares, self._random)
 
 
 class RoundRobinSelector(Plugin):
     """Take the usable endpoints in turn: every server gets its share in the same order each
-    time, for sites that prefer an even spread to a random one (and for reproducible runs)."""
+    time, for sites that prefer an even spread to a random one (and for reproducible runs).
+    With ``weights`` (or a degraded endpoint, which counts half) the turns follow nginx's smooth
+    weighted round robin: weights 3, 1 give a a b a, spread out."""
 
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -71,17 +103,101 @@ class RoundRobinSelector(Plugin):
         super().__init__(config, context)
         self._next = 0
         self._lock = threading.Lock()
+        self._weighted = SmoothWeightedRoundRobin()
 
     @hookimpl
     def gridgate_select_endpoint(
-        self, candidates: Sequence[Endpoint], request: SubmitRequest
+        self,
+        candidates: Sequence[Endpoint],
+        request: SubmitRequest,
+        weights: Mapping[str, int],
+        availability: Mapping[str, Availability],
     ) -> Endpoint | None:
         if not candidates:
             return None
+        shares = effective_weights(candidates, weights, availability)
+        if not _uniform(shares):
+            return self._weighted.choose(list(candidates), shares)
         with self._lock:
             turn = self._next
             self._next += 1
         return list(candidates)[turn % len(candidates)]
+
+
+class ThroughputSelector(Plugin):
+    """Pick the endpoint at random in proportion to its recent throughput (done pilots per
+    hour over ``window``, at least ``floor``) times its configured weight and availability:
+    servers that finish pilots get more of them. The rates are read from the pilot registry at
+    most once a minute (one read per endpoint); while it cannot be read every endpoint counts
+    as ``floor``, so the choice falls back to the weights alone."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        **THROUGHPUT_SCHEMA,
+        "properties": {
+            **THROUGHPUT_SCHEMA["properties"],
+            "seed": {
+                "type": ["integer", "null"],
+                "default": None,
+                "description": "Fix the random sequence (tests, reproducible demos).",
+            },
+        },
+    }
+    #: seconds the rates read from the registry are used before they are read again
+    REFRESH: ClassVar[float] = 60.0
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        seed = config.get("seed")
+        self._random = random.Random(seed) if seed is not None else random.SystemRandom()
+        self.window = float(config.get("window", DEFAULT_THROUGHPUT_WINDOW))
+        self.floor = float(config.get("floor", DEFAULT_THROUGHPUT_FLOOR))
+        self.max_pilots = int(config.get("max_pilots", 100000))
+        self._rates: dict[Endpoint, float] = {}
+        self._read_at: dict[Endpoint, float] = {}
+        self._lock = threading.Lock()
+        self._failing = False
+
+    def rates(self, candidates: Sequence[Endpoint]) -> dict[Endpoint, float]:
+        """Each candidate's done pilots per hour (at least ``floor``), read again when older
+        than :attr:`REFRESH` seconds."""
+        now = self.context.clock.time()
+        with self._lock:
+            stale = [e for e in candidates if now - self._read_at.get(e, -math.inf) >= self.REFRESH]
+            if stale and self.context.state is not None:
+                try:
+                    registry = self.context.state.pilot_registry()
+                    read = read_throughput(registry, stale, now, self.window, self.max_pilots)
+                except StateError as exc:
+                    if not self._failing:
+                        logger.error(
+                            "throughput selector: cannot read the pilot registry ({}); "
+                            "choosing by the weights alone",
+                            exc,
+                        )
+                    self._failing = True
+                else:
+                    self._failing = False
+                    self._rates.update(read)
+                    self._read_at.update(dict.fromkeys(read, now))
+            known = {e: self._rates.get(e, 0.0) for e in candidates}
+        return throughput_weights(known, self.floor)
+
+    @hookimpl
+    def gridgate_select_endpoint(
+        self,
+        candidates: Sequence[Endpoint],
+        request: SubmitRequest,
+        weights: Mapping[str, int],
+        availability: Mapping[str, Availability],
+    ) -> Endpoint | None:
+        if not candidates:
+            return None
+        items = list(candidates)
+        shares = effective_weights(items, weights, availability)
+        rates = self.rates(items)
+        return weighted_choice(
+            items, [w * rates[e] for e, w in zip(items, shares, strict=True)], self._random
+        )
 
 
 RULE_SCHEMA: dict[str, Any] = {

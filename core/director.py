@@ -165,8 +165,11 @@ class Director:
         """Give ``note`` to every notifier, each on its own (see :meth:`broadcast`)."""
         self.broadcast("gridgate_notify", "notifier", note.subject, notification=note)
 
-    def broadcast(self, hook_name: str, role: str, what: str = "", **kwargs: Any) -> None:
-        """Call every implementation of the broadcast hook ``hook_name``, each on its own.
+    def broadcast(
+        self, hook_name: str, role: str, what: str = "", **kwargs: Any
+    ) -> list[tuple[str, Any]]:
+        """Call every implementation of the broadcast hook ``hook_name``, each on its own, and
+        give back each one's answer that is not None as (plugin name, answer), in call order.
 
         pluggy calls a broadcast hook's implementations in one loop and stops at the first
         exception, so one broken plugin (a notifier whose folder is gone, a lifecycle or demand
@@ -176,16 +179,20 @@ class Director:
         """
         hook = getattr(self.pm.hook, hook_name)
         impls = hook.get_hookimpls()
+        answers: list[tuple[str, Any]] = []
         if any(i.hookwrapper or i.wrapper for i in impls):
             # a wrapper must wrap the whole call: pluggy's own loop, guarded as a whole
             try:
-                hook(**kwargs)
+                result = hook(**kwargs)
             except Exception as exc:
                 logger.opt(exception=exc).error("{} hook {} failed: {}", role, hook_name, exc)
-            return
+                return answers
+            return [("", r) for r in result or () if r is not None]
         for impl in reversed(impls):  # pluggy's own order: last registered and tryfirst first
             try:
-                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+                answer = impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+                if answer is not None:
+                    answers.append((impl.plugin_name, answer))
             except Exception as exc:
                 with self._notify_lock:
                     count = self.notify_failures[impl.plugin_name] = (
@@ -202,6 +209,7 @@ class Director:
                     type(exc).__name__,
                     exc,
                 )
+        return answers
 
     def _start_metrics(self, port: int) -> None:
         try:
@@ -404,6 +412,7 @@ def summary_json(summary: IterationSummary) -> str:
         "retries": [retry.as_dict() for retry in summary.retries],
         "pilots": summary.pilots.as_dict() if summary.pilots is not None else {},
         "credentials": [status.as_dict() for status in summary.credentials],
+        "unavailable": {key: state.as_dict() for key, state in summary.unavailable.items()},
     }
     return json.dumps(doc, sort_keys=False)
 

@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loguru import logger
 
+from gridgate.core import hookimpl
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.gocdb import AVAILABLE, Availability, AvailabilityChange
-from gridgate.core.model import Endpoint
+from gridgate.core.gocdb import AvailabilityChange
+from gridgate.core.model import AVAILABLE, Availability, Endpoint
 from gridgate.core.pilots import Pilot, PilotRegistry
+from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.state import StateError
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "EFFICIENCY_SCHEMA",
     "Efficiency",
     "EfficiencySettings",
+    "EfficiencySource",
     "PilotEfficiency",
     "MAX_LAST",
     "judge",
@@ -335,3 +338,49 @@ class PilotEfficiency:
             ]
             self._last = states
             return states, changes
+
+
+def abort_threshold_of(config: Mapping[str, Any]) -> float:
+    """``director.pilots.abort_threshold`` of a whole config (0.5 when not given)."""
+    pilots = (config.get("director") or {}).get("pilots") or {}
+    return float(pilots.get("abort_threshold", 0.5))
+
+
+class EfficiencySource(Plugin):
+    """The ``efficiency`` availability source: ``availability: {efficiency: {}}``. An endpoint
+    whose recent finished pilots failed at least ``degrade_threshold`` of the time is degraded
+    (a notice, never a mail), read from the pilot registry (only the endpoints whose pilots
+    changed at the last polls, and each again after ``refresh`` seconds). While the registry
+    cannot be read every endpoint keeps its last verdict."""
+
+    config_schema: ClassVar[dict[str, Any]] = EFFICIENCY_SCHEMA
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        settings = EfficiencySettings.from_config(config, abort_threshold_of(context.config))
+        self.source = PilotEfficiency(settings, context.clock)
+        self._last: dict[str, Availability] = {}
+        self._down = False
+
+    @hookimpl
+    def gridgate_endpoint_availability(
+        self, endpoints: Sequence[Endpoint], changed: frozenset[str] | None
+    ) -> Mapping[str, Availability] | None:
+        if self.context.state is None:
+            return None
+        try:
+            registry = self.context.state.pilot_registry()
+        except StateError as exc:
+            if not self._down:  # once per episode; PilotEfficiency says when it reads again
+                self._down = True
+                logger.error(
+                    "pilot efficiency: cannot open the pilot registry ({}); {} endpoint(s) "
+                    "keep their last verdict",
+                    exc,
+                    len(self._last),
+                )
+            return dict(self._last)
+        self._down = False
+        states, _changes = self.source.evaluate(registry, endpoints, changed)
+        self._last = {k: a for k, a in states.items() if a.state != "available"}
+        return dict(self._last)

@@ -21,15 +21,18 @@ import calendar
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 from xml.parsers import expat
 
 from loguru import logger
 
+from gridgate.core import hookimpl
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.model import AVAILABILITY_STATES, AVAILABLE, Availability, Endpoint
+from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.waiting import FetchError, http_get, split_http_url
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "FeedError",
     "GocdbAvailability",
     "GocdbFeed",
+    "GocdbSource",
     "endpoint_host",
     "parse_downtimes",
 ]
@@ -110,28 +114,9 @@ GOCDB_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-#: An endpoint's states, from fully usable to not used at all.
-STATES = ("available", "degraded", "drained", "banned")
-
-
-@dataclass(frozen=True)
-class Availability:
-    """Whether an endpoint gets new pilots: ``available``; ``degraded`` (fewer: its weight
-    halved); ``drained`` (none, its pilots still tracked); ``banned`` (none, and not polled when
-    its backend says it cannot be). ``reason`` says why, ``until`` when it ends (clock time,
-    None: not known), ``source`` who said so (``gocdb``, an operator, pilot efficiency)."""
-
-    state: str
-    reason: str = ""
-    until: float | None = None
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.state not in STATES:
-            raise ValueError(f"availability state {self.state!r} is not one of {STATES}")
-
-
-AVAILABLE = Availability("available")
+#: An endpoint's states, from fully usable to not used at all (``Availability`` and these
+#: live in core/model.py, since they cross the ``gridgate_endpoint_availability`` hook).
+STATES = AVAILABILITY_STATES
 
 
 class FeedError(Exception):
@@ -592,3 +577,28 @@ class GocdbAvailability:
             else f"GOCDB feed unreadable for over {self.feed.keep_last:g} s: downtimes unknown"
         )
         return states, self.tracker.update(states, note)
+
+
+class GocdbSource(Plugin):
+    """The ``gocdb`` availability source: ``availability: {gocdb: {url: ..., refresh: 600}}``.
+    An ongoing OUTAGE on an endpoint's host (of its ``url``, else its name) bans it until the
+    downtime ends, a WARNING degrades it; the director mails no failure of an endpoint in a
+    downtime. The feed is read at most every ``refresh`` seconds (:class:`GocdbFeed`)."""
+
+    config_schema: ClassVar[dict[str, Any]] = GOCDB_SCHEMA
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self.source = GocdbAvailability(config, context.clock)
+
+    @hookimpl
+    def gridgate_endpoint_availability(
+        self, endpoints: Sequence[Endpoint]
+    ) -> Mapping[str, Availability] | None:
+        where = {e.key: (e.url or e.name) for e in endpoints}
+        states, _changes = self.source.evaluate(dict.fromkeys(where.values()))
+        return {
+            key: states[address]
+            for key, address in where.items()
+            if states[address].state != "available"
+        }

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gridgate.core.model import (
         AccountingRecord,
         AdmissionRequest,
+        Availability,
         BackendInfo,
         CancelResult,
         CredentialRegistry,
@@ -83,6 +84,33 @@ def gridgate_demand(iteration: IterationInfo, demand: DemandRegistry) -> None:
     :param iteration: the iteration number and its start time.
     :param demand: registry; call ``demand.add(SubmitRequest(...), times=N)``.
     :return: nothing (broadcast); contribute through ``demand``.
+    """
+
+
+@hookspec
+def gridgate_endpoint_availability(
+    iteration: IterationInfo, endpoints: Sequence[Endpoint], changed: frozenset[str] | None
+) -> Mapping[str, Availability] | None:
+    """Say which endpoints are not fully available: downtimes, bans, drains, bad efficiency.
+
+    Called once per iteration, after the demand and before any pilot is polled or submitted,
+    on every availability plugin (each on its own: one that raises is logged and left out, as
+    a broadcast). The answers are merged per endpoint, the worst state winning (banned >
+    drained > degraded > available) with its reason and end; the merged answer's ``source``
+    names every source that said the endpoint was not available. The director honours it:
+    drained and banned endpoints get no new pilots (drained ones are still polled, banned
+    ones unless :attr:`BackendInfo.poll_banned` is False), degraded ones count half in the
+    selectors' weights, and a failure on an endpoint GOCDB says is in a downtime is not
+    mailed. One notice (level info) is sent when an endpoint's merged state starts, changes
+    or ends, never a mail.
+
+    :param iteration: the iteration number and its start time.
+    :param endpoints: every configured endpoint of every configured backend, in config order.
+    :param changed: keys of the endpoints whose pilots changed state at the last iteration's
+        polls (a source reading the pilot registry may read only those again); None when not
+        known (no tracking, the first iteration).
+    :return: ``{Endpoint.key: Availability}`` for the endpoints this source has something to
+        say about (an endpoint left out is available as far as it goes); None for nothing.
     """
 
 
@@ -169,15 +197,26 @@ def gridgate_credential_env(kind: str) -> Mapping[str, str] | None:
 
 @hookspec(firstresult=True)
 def gridgate_select_endpoint(
-    candidates: Sequence[Endpoint], request: SubmitRequest
+    candidates: Sequence[Endpoint],
+    request: SubmitRequest,
+    weights: Mapping[str, int],
+    availability: Mapping[str, Availability],
 ) -> Endpoint | None:
     """Choose the server for one submission.
 
-    Called for every submission with the backend's servers minus those in the failing cache
-    and those excluded earlier in this iteration; never called with an empty list.
+    Called for every submission with the backend's servers minus those in the failing cache,
+    those excluded earlier in this iteration, and those drained or banned this iteration
+    (:func:`gridgate_endpoint_availability`); never called with an empty list. A selector
+    that takes neither ``weights`` nor ``availability`` keeps working (pluggy passes an
+    implementation only the arguments it names); one that honours them can hand both to
+    ``gridgate.core.weights.effective_weights``.
 
     :param candidates: usable endpoints of ``request.backend``, in config order.
     :param request: what is to be submitted.
+    :param weights: the backend section's ``weights`` (``{ENDPOINT: N}``, by name or by key;
+        an endpoint not named weighs 1, 0 means never).
+    :param availability: this iteration's merged availability of the candidates that are
+        not fully available (by ``Endpoint.key``; a degraded one counts half).
     :return: one of ``candidates``; None to let the next plugin decide (the default picks
         uniformly at random). Stops at first non-None result.
     """

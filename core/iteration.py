@@ -35,8 +35,10 @@ from gridgate.core.config import Config
 from gridgate.core.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.failing import FailingCache
 from gridgate.core.model import (
+    AVAILABILITY_STATES,
     AccountingRecord,
     AdmissionRequest,
+    Availability,
     BackendInfo,
     CredentialStatus,
     DemandRegistry,
@@ -55,22 +57,33 @@ from gridgate.core.model import (
 )
 from gridgate.core.retry import RetryPolicy, retry_entry
 from gridgate.core.state import StateError, StateStore
+from gridgate.core.weights import configured_weight
 
 if TYPE_CHECKING:
     from gridgate.core.credential_episodes import CredentialEpisodes
     from gridgate.core.stall import StallWatch
     from gridgate.core.tracking import Limits, PilotReportDraft, PilotTracker
 
-__all__ = ["ACCOUNTING", "FailurePath", "Iteration", "IterationRunner", "Runtime"]
+__all__ = [
+    "ACCOUNTING",
+    "FailurePath",
+    "Iteration",
+    "IterationRunner",
+    "Runtime",
+    "merge_availability",
+]
 
 #: The state store's accounting table: one row per submission attempt.
 ACCOUNTING = "accounting"
 
 
 class Broadcast(Protocol):
-    """Calls every implementation of a broadcast hook, each on its own (``Director.broadcast``)."""
+    """Calls every implementation of a broadcast hook, each on its own (``Director.broadcast``),
+    and gives back each one's answer that was not None, as (plugin name, answer)."""
 
-    def __call__(self, hook_name: str, role: str, what: str = "", **kwargs: Any) -> None: ...
+    def __call__(
+        self, hook_name: str, role: str, what: str = "", **kwargs: Any
+    ) -> list[tuple[str, Any]]: ...
 
 
 @dataclass
@@ -123,6 +136,12 @@ class Iteration:
     unusable: dict[str, CredentialStatus] = field(default_factory=dict)
     #: why the credential check itself failed (a plugin raised): nothing needing one submits
     credential_crash: str = ""
+    #: the endpoints not fully available this iteration, by key (merged answers of
+    #: gridgate_endpoint_availability); an endpoint not in it is available
+    availability: dict[str, Availability] = field(default_factory=dict)
+    #: what each backend with endpoints said of itself when availability was asked (the plan
+    #: reuses it, so a backend is asked once for the plan and once by the tracker)
+    infos: dict[str, BackendInfo | None] = field(default_factory=dict)
 
     def credential_block(self, info: BackendInfo) -> str:
         """Why ``info``'s backend may not use its credentials this iteration: ``credential``
@@ -153,6 +172,36 @@ class Iteration:
         with self.lock:
             gone = set(self.excluded) | self.failing
         return [e for e in endpoints if e.key not in gone]
+
+    def submittable(self, endpoints: Iterable[Endpoint]) -> list[Endpoint]:
+        """``endpoints`` that may get new pilots: usable, and neither drained nor banned."""
+        return [e for e in self.usable(endpoints) if not self.withdrawn(e)]
+
+    def withdrawn(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` is drained or banned this iteration (no new pilots)."""
+        state = self.availability.get(endpoint.key)
+        return state is not None and state.state in ("drained", "banned")
+
+    def pollable(self, info: BackendInfo) -> list[Endpoint]:
+        """``info``'s endpoints whose pilots are polled: usable, and not banned when the
+        backend says a banned server cannot be asked (``BackendInfo.poll_banned`` False)."""
+        endpoints = self.usable(info.endpoints)
+        if info.poll_banned:
+            return endpoints
+        return [e for e in endpoints if self.state_of(e) != "banned"]
+
+    def state_of(self, endpoint: Endpoint) -> str:
+        """``endpoint``'s availability state this iteration."""
+        state = self.availability.get(endpoint.key)
+        return "available" if state is None else state.state
+
+    def in_downtime(self, endpoint: Endpoint) -> Availability | None:
+        """What GOCDB says of ``endpoint`` when it is in a downtime (banned or degraded with
+        ``gocdb`` among the merged answer's sources); None otherwise."""
+        state = self.availability.get(endpoint.key)
+        if state is None or "gocdb" not in state.source.split(","):
+            return None
+        return state
 
 
 class FailurePath:
@@ -211,10 +260,20 @@ class FailurePath:
                 endpoint=endpoint, failure=failure, result=result, episode=episode
             )
             if escalation is not None and escalation.level is not None:
-                note = compose_failure(
-                    endpoint, failure, escalation, result, self.runtime.clock.time()
-                )
-                self.tell(it, note)
+                downtime = it.in_downtime(endpoint)
+                if downtime is not None:  # the site said so already: counted, excluded, not told
+                    logger.info(
+                        "failure of {} ({}) not mailed: it is in a GOCDB downtime ({}); it "
+                        "still counts and excludes",
+                        endpoint.key,
+                        failure.kind,
+                        downtime.reason,
+                    )
+                else:
+                    note = compose_failure(
+                        endpoint, failure, escalation, result, self.runtime.clock.time()
+                    )
+                    self.tell(it, note)
         return failure
 
     def local_fault(
@@ -300,6 +359,12 @@ class IterationRunner:
         self.tracker = tracker
         self.stall = stall
         self.instance = instance
+        #: the merged availability told last (by endpoint key): a notice when it changes
+        self._told: dict[str, Availability] = {}
+        #: endpoints whose pilots changed at the last polls (for sources reading the registry)
+        self._changed: frozenset[str] | None = None
+        #: every backend demand has named (in order): asked for its endpoints' availability
+        self._backends: dict[str, None] = {}
 
     def run(
         self,
@@ -335,7 +400,9 @@ class IterationRunner:
         for note in unsent:
             self.failures.tell(it, note)
         self.credentials.check(it, demand)  # before any command could use one
+        self._availability(it, demand)  # before any server is polled or chosen
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
+        self._changed = _changed_endpoints(it)
         jobs = self._plan(demand, it)
         threads = int(runtime.settings["max_threads"])
         if jobs:
@@ -347,7 +414,8 @@ class IterationRunner:
                 ]:
                     future.result()
         # a credential episode says everything itself (error, alarm, works again): not twice
-        watched = [r for r in it.records if r.failure_kind != "credential"]
+        # nor is an endpoint withdrawn on purpose (a ban, a drain, a downtime) a stall
+        watched = [r for r in it.records if r.failure_kind not in ("credential", "unavailable")]
         for note in self.stall.observe(info, watched, runtime.settings):
             self.failures.tell(it, note)
         return IterationSummary(
@@ -362,14 +430,80 @@ class IterationRunner:
             retries=tuple(it.retries),
             pilots=it.pilots.freeze() if it.pilots is not None else None,
             credentials=it.credentials,
+            unavailable=dict(it.availability),
         )
+
+    # --- availability ---------------------------------------------------------------------
+
+    def _availability(self, it: Iteration, demand: DemandRegistry) -> None:
+        """Ask every availability source once (each on its own), merge the answers per
+        endpoint (the worst state wins), keep them in ``it`` and tell what changed."""
+        runtime = self.runtime
+        # configured backends, and those demand named (now or before: one registered in the
+        # director's process has pilots to poll after its demand stopped)
+        self._backends.update(dict.fromkeys(r.backend for r in demand.requests))
+        backends = dict.fromkeys([*(runtime.config.get("backends") or {}), *self._backends])
+        endpoints: list[Endpoint] = []
+        for backend in backends:
+            info = it.infos[backend] = runtime.pm.hook.gridgate_backend_info(backend=backend)
+            if info is not None:
+                endpoints.extend(info.endpoints)
+        answers = runtime.broadcast(
+            "gridgate_endpoint_availability",
+            "availability source",
+            "endpoint availability",
+            iteration=it.info,
+            endpoints=tuple(endpoints),
+            changed=self._changed,
+        )
+        it.availability = merge_availability(answers or [], {e.key for e in endpoints})
+        self._tell_changes(it)
+
+    def _tell_changes(self, it: Iteration) -> None:
+        """One notice (level info) per endpoint whose merged state starts, changes or ends."""
+        now = self.runtime.clock.time()
+        before, after = self._told, it.availability
+        for key in [*after, *(k for k in before if k not in after)]:
+            old, new = before.get(key), after.get(key)
+            if old is not None and new is not None and _same(old, new):
+                continue
+            if new is None:
+                assert old is not None
+                subject = f"gridgate: {key} available again (was {old.state}: {old.source})"
+                body = (
+                    f"{key} was {old.state} ({old.source}): {old.reason}\nIt is available again.\n"
+                )
+                state = "available"
+            else:
+                until = (
+                    "no known end"
+                    if new.until is None
+                    else time.strftime("until %Y-%m-%d %H:%M UTC", time.gmtime(new.until))
+                )
+                subject = f"gridgate: {key} {new.state} ({new.source}), {until}"
+                body = (
+                    f"{key} is {new.state}, {until}, says {new.source}:\n{new.reason}\n\n"
+                    + _EFFECT[new.state]
+                )
+                state = new.state
+            self.failures.tell(
+                it,
+                Notification(
+                    level="info",
+                    subject=subject,
+                    body=body,
+                    created=now,
+                    key=f"availability/{key}/{state}/{now:.0f}",
+                ),
+            )
+        self._told = dict(after)
 
     def _plan(
         self, demand: DemandRegistry, it: Iteration
     ) -> list[tuple[BackendInfo, SubmitRequest]]:
         """Split demand into submissions of the backend's bulk size."""
         jobs: list[tuple[BackendInfo, SubmitRequest]] = []
-        infos: dict[str, BackendInfo | None] = {}
+        infos = it.infos  # asked when availability was (the demand's backends among them)
         claims: dict[tuple[str, str], bool] = {}
         user = self.runtime.config.director.get("user") or _current_user()
         for request in demand.requests:
@@ -489,7 +623,7 @@ class IterationRunner:
         attempt: int,
         failure: Failure,
     ) -> bool:
-        others = [e for e in it.usable(info.endpoints) if e not in tried]
+        others = [e for e in self._eligible(info, it) if e not in tried]
         outcome = it.retry.decide(
             failure, attempt, self.runtime.clock.time(), self.runtime.timeout(info), len(others)
         )
@@ -536,18 +670,21 @@ class IterationRunner:
                 attempt=attempt,
             )
             return None
-        candidates = [e for e in it.usable(info.endpoints) if e not in tried]
+        candidates = [e for e in self._eligible(info, it) if e not in tried]
         if not candidates:
+            # every server left is withdrawn (drained, banned, weight 0): said as such, no stall
+            withdrawn = [e for e in it.usable(info.endpoints) if e not in tried]
             self.failures.account(
                 it,
                 request,
                 None,
                 "skipped",
                 request.count,
-                failure_kind="no_endpoint",
+                failure_kind="unavailable" if withdrawn else "no_endpoint",
                 attempt=attempt,
             )
             return None
+        weights = self._weights(info.backend)
         endpoint: Endpoint | None = None
         while candidates:
             if it.limits is not None:
@@ -555,7 +692,12 @@ class IterationRunner:
                 if not candidates:
                     break
             endpoint = (
-                hook.gridgate_select_endpoint(candidates=candidates, request=request)
+                hook.gridgate_select_endpoint(
+                    candidates=candidates,
+                    request=request,
+                    weights=weights,
+                    availability=it.availability,
+                )
                 or candidates[0]
             )
             fitting = it.limits.reserve(endpoint, request) if it.limits is not None else request
@@ -631,6 +773,18 @@ class IterationRunner:
             return self._failed(endpoint, request, result, it, duration, attempt)
         return None
 
+    def _weights(self, backend: str) -> Mapping[str, int]:
+        """The ``weights`` of ``backend``'s config section (empty when none)."""
+        section = (self.runtime.config.get("backends") or {}).get(backend) or {}
+        weights = section.get("weights") if isinstance(section, Mapping) else None
+        return weights if isinstance(weights, Mapping) else {}
+
+    def _eligible(self, info: BackendInfo, it: Iteration) -> list[Endpoint]:
+        """``info``'s endpoints that may get a new pilot now: usable, neither drained nor
+        banned, and not weighted 0 (0 means never, whatever the selector)."""
+        weights = self._weights(info.backend)
+        return [e for e in it.submittable(info.endpoints) if configured_weight(e, weights) > 0]
+
     def _commands(
         self, endpoint: Endpoint, request: SubmitRequest, timeout: float
     ) -> SubmitResult | None:
@@ -685,3 +839,59 @@ def _current_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return "unknown"
+
+
+#: What each state does, for the notice's body.
+_EFFECT = {
+    "degraded": "It gets fewer new pilots (its weight is halved); its pilots are tracked.\n",
+    "drained": "It gets no new pilots; its pilots are still tracked.\n",
+    "banned": "It gets no new pilots; its pilots are polled unless its backend cannot ask it.\n",
+}
+
+
+def _same(a: Availability, b: Availability) -> bool:
+    # the reason's counts move at every look (pilot efficiency): a notice per start and end
+    return (a.state, a.source, a.until) == (b.state, b.source, b.until)
+
+
+def merge_availability(
+    answers: Iterable[tuple[str, Any]], endpoints: Iterable[str]
+) -> dict[str, Availability]:
+    """The answers of ``gridgate_endpoint_availability`` merged per endpoint key: the worst
+    state wins (banned > drained > degraded > available) with its reason and end (of equal
+    states, the first answer's); ``source`` names every source that said the endpoint was not
+    available, worst first. Only keys in ``endpoints`` are kept, available ones are left out;
+    an answer that is not a mapping of keys to :class:`Availability` is logged and skipped."""
+    known = set(endpoints)
+    said: dict[str, list[Availability]] = {}
+    for plugin, answer in answers:
+        if not isinstance(answer, Mapping):
+            logger.error(
+                "availability source {} answered {}, not a mapping: ignored",
+                plugin,
+                type(answer).__name__,
+            )
+            continue
+        for key, state in answer.items():
+            if not isinstance(state, Availability):
+                logger.error(
+                    "availability source {}: {!r} is not an Availability: ignored", plugin, key
+                )
+                continue
+            if key in known and state.state != "available":
+                source = state.source or plugin.split(":", 1)[-1]
+                said.setdefault(key, []).append(replace(state, source=source))
+    merged: dict[str, Availability] = {}
+    for key, states in said.items():
+        ordered = sorted(states, key=lambda a: -AVAILABILITY_STATES.index(a.state))
+        sources = ",".join(dict.fromkeys(a.source for a in ordered))
+        merged[key] = replace(ordered[0], source=sources)
+    return merged
+
+
+def _changed_endpoints(it: Iteration) -> frozenset[str] | None:
+    """Keys of the endpoints whose pilots changed state at this iteration's polls."""
+    if it.pilots is None:
+        return None
+    changed = {f"{p.backend}/{p.endpoint}" for p in it.pilots.polls if p.changed}
+    return frozenset(changed | set(it.pilots.aborted))

@@ -30,10 +30,13 @@ PILOT_STATES: tuple[str, ...] = (
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "lost"})
 
 __all__ = [
+    "AVAILABILITY_STATES",
+    "AVAILABLE",
     "PILOT_STATES",
     "TERMINAL_STATES",
     "AccountingRecord",
     "AdmissionRequest",
+    "Availability",
     "BackendInfo",
     "CancelResult",
     "CommandResult",
@@ -57,6 +60,7 @@ __all__ = [
     "PilotState",
     "PollReport",
     "Refusal",
+    "Resources",
     "RetryReport",
     "StatusResult",
     "SubmitRequest",
@@ -67,6 +71,48 @@ __all__ = [
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
+
+
+#: An endpoint's availability states, from fully usable to not used at all (worst last).
+AVAILABILITY_STATES: tuple[str, ...] = ("available", "degraded", "drained", "banned")
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether an endpoint gets new pilots, as a ``gridgate_endpoint_availability`` source
+    says: ``available``; ``degraded`` (fewer: its weight halved); ``drained`` (none, its pilots
+    still tracked); ``banned`` (none, and not polled when its backend says it cannot be,
+    :attr:`BackendInfo.poll_banned`). ``reason`` says why, ``until`` when it ends (clock time,
+    None: not known), ``source`` who said so (``gocdb``, ``operator``, ``pilot efficiency``;
+    several, comma-separated and worst first, in the director's merged answer)."""
+
+    state: str
+    reason: str = ""
+    until: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.state not in AVAILABILITY_STATES:
+            raise ValueError(
+                f"availability state {self.state!r} is not one of {AVAILABILITY_STATES}"
+            )
+
+    @property
+    def rank(self) -> int:
+        """0 (available) to 3 (banned): the larger, the less the endpoint is used."""
+        return AVAILABILITY_STATES.index(self.state)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "until": self.until,
+            "source": self.source,
+        }
+
+
+#: What an endpoint no source says anything about is.
+AVAILABLE = Availability("available")
 
 
 @dataclass(frozen=True)
@@ -118,6 +164,10 @@ class BackendInfo:
     #: the ``Resources.tags`` names the backend maps (Slurm's ``constraint``); any other tag
     #: is a config error, as an unmapped value is
     resource_tags: tuple[str, ...] = ()
+    #: whether a ``banned`` endpoint's pilots are still polled (True, the default: a ban stops
+    #: new pilots only); False for a backend whose servers cannot be asked while banned (the
+    #: server itself is down), so that a banned one costs no command and blames no server
+    poll_banned: bool = True
 
 
 @dataclass(frozen=True)
@@ -750,6 +800,9 @@ class IterationSummary:
     pilots: PilotReport | None = None
     #: what each credential plugin found before anything was polled or submitted
     credentials: tuple[CredentialStatus, ...] = ()
+    #: the endpoints not fully available this iteration (``gridgate_endpoint_availability``,
+    #: merged: the worst state wins), by ``Endpoint.key``; available ones are left out
+    unavailable: Mapping[str, Availability] = field(default_factory=dict)
 
 
 class DemandRegistry:

@@ -36,6 +36,7 @@ CONFIG_GROUPS: dict[str, str] = {
     "escalation": "gridgate.escalation",
     "notifiers": "gridgate.notifiers",
     "credentials": "gridgate.credentials",
+    "availability": "gridgate.availability",
 }
 #: Other groups: state drivers (chosen by ``state.driver``), extra top-level config sections
 #: (``proxyd``...), and command-line providers (loaded whenever ``gridgate`` starts).
@@ -51,6 +52,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("escalation", "caches"),
     ("notifiers", "log"),
     ("admission", "all"),
+    ("availability", "operator"),
 )
 
 

@@ -320,6 +320,12 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("StateStore", "StateError", "open_state"),
     ),
     (
+        "gridgate.core.weights",
+        "Weighted endpoint choice for a selector: the backend's `weights` times the "
+        "availability factor, a weighted random choice, smooth weighted round robin.",
+        ("effective_weights", "weighted_choice", "SmoothWeightedRoundRobin"),
+    ),
+    (
         "gridgate.core.failing",
         "The failing cache and the servers' failure episodes (`context.failing`): who is out "
         "of rotation, since when, how many failures; whichever escalation plugin is configured.",

@@ -19,8 +19,7 @@ import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from gridgate.core.gocdb import Availability
-from gridgate.core.model import Endpoint
+from gridgate.core.model import Availability, Endpoint
 from gridgate.core.pilots import PilotRegistry
 
 __all__ = [
@@ -143,7 +142,12 @@ def effective_weights(
 ) -> list[int]:
     """Each candidate's weight in half units (:data:`UNIT`): its configured weight times the
     factor of its state in ``availability`` (by ``Endpoint.key``; absent means available).
-    Zero means the endpoint is not to be chosen."""
+    Zero means the endpoint is not to be chosen.
+
+    :param candidates: the endpoints to weigh (a selector's ``candidates``).
+    :param weights: the backend's ``weights`` (by name or key; 1 when not given).
+    :param availability: this iteration's states by key (a selector's ``availability``).
+    """
     states = availability or {}
     out = []
     for endpoint in candidates:
@@ -195,7 +199,12 @@ def weighted_order(
 
 
 def weighted_choice(items: Sequence[T], weights: Sequence[float], rng: random.Random) -> T | None:
-    """One of ``items`` with probability proportional to its weight; None when none has one."""
+    """One of ``items`` with probability proportional to its weight; None when none has one.
+
+    :param items: what to choose from.
+    :param weights: one number >= 0 per item (0: never chosen).
+    :param rng: the random source (a seeded ``random.Random`` for reproducible runs).
+    """
     order = weighted_order(items, weights, rng, k=1)
     return order[0] if order else None
 
@@ -223,6 +232,9 @@ class SmoothWeightedRoundRobin:
 
     def choose(self, items: Sequence[K], weights: Sequence[int]) -> K | None:
         """The next of ``items`` (weights are integers >= 0); None when every weight is 0.
+
+        :param items: the eligible items (hashable: their current weights are kept by item).
+        :param weights: one integer >= 0 per item.
 
         :raises ValueError: for a weight that is not an integer >= 0, or a count mismatch.
         """
