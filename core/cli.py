@@ -296,16 +296,29 @@ def _utc(ts: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
 def servers_list(path: str, as_json: bool) -> None:
     """What the failing and tickets caches hold now, read from the director's state store."""
+    from gridgate.core.bans import OperatorBans
     from gridgate.core.failing import FailingCache
+    from gridgate.core.state import StateError
 
     state = open_state_or_exit(path)
     try:
         rows = FailingCache(state).view(time.time())
+        try:
+            bans = [entry.as_dict() for entry in OperatorBans(state).entries()]
+        except StateError as exc:
+            click.echo(f"{path}: cannot read the operator bans: {exc}", err=True)
+            raise SystemExit(1) from None
     finally:
         state.close()
     if as_json:
-        click.echo(json.dumps({"servers": rows}, indent=2))
+        doc: dict[str, Any] = {"servers": rows}
+        if bans:
+            doc["bans"] = bans
+        click.echo(json.dumps(doc, indent=2))
         return
+    if bans:  # before the caches, which print as they always did
+        _echo_bans(bans)
+        click.echo("")
     if not rows:
         click.echo("every server is in rotation; no failure episode is open")
         return
@@ -318,6 +331,141 @@ def servers_list(path: str, as_json: bool) -> None:
             f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
             f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until'])}"
         )
+
+
+def _echo_bans(bans: list[dict[str, Any]]) -> None:
+    click.echo(f"{'BANNED OR DRAINED':<44}{'STATE':<9}{'BY':<13}{'UNTIL (UTC)':<21}WHY")
+    for entry in sorted(bans, key=lambda e: str(e["endpoint"])):
+        click.echo(
+            f"{entry['endpoint']:<44}{entry['state']:<9}{entry['who']:<13}"
+            f"{_utc(entry['until']):<21}{entry['why']}"
+        )
+
+
+def _operator() -> str:
+    """Who runs the command: ``SUDO_USER`` when run through sudo, else the login of the
+    calling user (its uid's name)."""
+    import os
+    import pwd
+
+    sudo = os.environ.get("SUDO_USER")
+    if sudo:
+        return sudo
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid{os.getuid()}"
+
+
+def _known_endpoints(config: Any, state: Any) -> list[Any]:
+    """The endpoints an operator may name: every configured backend's (its section's
+    endpoint list), and those the pilot registry holds pilots of (a backend registered in the
+    director's process)."""
+    from gridgate.core.model import Endpoint
+    from gridgate.core.plugins import CONFIG_GROUPS, load_class
+    from gridgate.core.state import StateError
+
+    found: dict[str, Endpoint] = {}
+    for backend, section in (config.get("backends") or {}).items():
+        try:
+            key = getattr(load_class(CONFIG_GROUPS["backends"], backend), "endpoints_key", None)
+        except PluginLoadError:
+            continue  # the config loaded, so it did import: nothing to name here
+        for name in (section or {}).get(key or "", None) or ():
+            endpoint = Endpoint(str(backend), str(name))
+            found.setdefault(endpoint.key, endpoint)
+    try:
+        counts = state.pilot_registry().counts()
+    except StateError:
+        counts = {}
+    for backend, name, _state in counts:
+        endpoint = Endpoint(str(backend), str(name))
+        found.setdefault(endpoint.key, endpoint)
+    return list(found.values())
+
+
+def _withdraw(path: str, endpoint: str, state_name: str, duration: str, reason: str) -> None:
+    from gridgate.core.bans import BanError, OperatorBans, parse_duration, resolve_endpoint
+    from gridgate.core.state import StateError
+
+    config = load_config_or_exit(path)
+    store = open_state_or_exit(path)
+    try:
+        try:
+            seconds = parse_duration(duration)
+            key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
+            entry = OperatorBans(store).put(
+                key, state_name, who=_operator(), why=reason, duration=seconds
+            )
+        except BanError as exc:
+            click.echo(f"gridgate servers {_VERB[state_name]}: {exc}", err=True)
+            raise SystemExit(EXIT_CONFIG) from None
+        except StateError as exc:
+            click.echo(f"{path}: cannot write to the state store: {exc}", err=True)
+            raise SystemExit(1) from None
+    finally:
+        store.close()
+    click.echo(
+        f"{entry.endpoint}: {entry.state} until {_utc(entry.until)} UTC by {entry.who}: {entry.why}"
+    )
+
+
+_VERB = {"banned": "ban", "drained": "drain"}
+_FOR_HELP = "How long: 30m, 2h, 1d12h (at most 365d); it ends by itself then."
+_REASON_HELP = "Why, for the other operators (gridgate servers list shows it)."
+
+
+@servers_group.command("ban")
+@click.argument("endpoint")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--for", "duration", required=True, help=_FOR_HELP)
+@click.option("--reason", required=True, help=_REASON_HELP)
+def servers_ban(endpoint: str, path: str, duration: str, reason: str) -> None:
+    """Ban ENDPOINT (backend/name, or a name only one backend has): no new pilots, and its
+    pilots not polled when its backend cannot ask it. Kept in the state store, so every
+    director on it honours it from its next iteration. Recorded as SUDO_USER when run through
+    sudo, else as your login."""
+    _withdraw(path, endpoint, "banned", duration, reason)
+
+
+@servers_group.command("drain")
+@click.argument("endpoint")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--for", "duration", required=True, help=_FOR_HELP)
+@click.option("--reason", required=True, help=_REASON_HELP)
+def servers_drain(endpoint: str, path: str, duration: str, reason: str) -> None:
+    """Drain ENDPOINT: no new pilots; the ones there are still tracked to their end. Kept in
+    the state store like a ban (and replaces one)."""
+    _withdraw(path, endpoint, "drained", duration, reason)
+
+
+@servers_group.command("unban")
+@click.argument("endpoint")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+def servers_unban(endpoint: str, path: str) -> None:
+    """Lift the ban or drain of ENDPOINT now (directors use it again from their next
+    iteration)."""
+    from gridgate.core.bans import BanError, OperatorBans, resolve_endpoint
+    from gridgate.core.state import StateError
+
+    config = load_config_or_exit(path)
+    store = open_state_or_exit(path)
+    try:
+        try:
+            key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
+            lifted = OperatorBans(store).unban(key)
+        except BanError as exc:
+            click.echo(f"gridgate servers unban: {exc}", err=True)
+            raise SystemExit(EXIT_CONFIG) from None
+        except StateError as exc:
+            click.echo(f"{path}: cannot write to the state store: {exc}", err=True)
+            raise SystemExit(1) from None
+    finally:
+        store.close()
+    if lifted is None:
+        click.echo(f"{key}: not banned or drained")
+    else:
+        click.echo(f"{key}: {lifted.state} by {lifted.who} lifted ({lifted.why})")
 
 
 @servers_group.command("clear")
