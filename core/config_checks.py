@@ -203,7 +203,9 @@ def resource_problems(
         gaps = resource_gaps(resources, expresses, tuple(getattr(cls, "expresses_tags", ())))
         if gaps:
             first = gaps[0].split("=", 1)[0].split(".")
+            tags = tuple(getattr(cls, "expresses_tags", ()))
             maps = ", ".join(expresses) or "nothing but one core"
+            maps += f"; tags {', '.join(tags)}" if tags else "; no tag"
             problems.append(
                 (
                     (*path, *first),

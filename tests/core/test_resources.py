@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import pytest
 
 from gridgate.core.backend import Backend, resource_gaps
+from gridgate.core.config import ConfigError, load_config
 from gridgate.core.config_checks import reference_problems, resource_problems
 from gridgate.core.model import Endpoint, Resources, SubmitRequest, SubmitResult
 from gridgate.core.testing import build_plugin
@@ -76,7 +77,7 @@ def test_a_group_asking_what_its_backend_cannot_say_is_one_error_naming_all() ->
     assert path == ("demand", "queue", "groups", "mc", "resources", "cores")
     assert message == (
         "group 'mc' asks cores=4, memory_mb=8000, which backend 'plain' cannot express "
-        "(it maps nothing but one core)"
+        "(it maps nothing but one core; no tag)"
     )
     # and it is among the errors of every load
     assert (path, message) in reference_problems(doc, CLASSES)
@@ -87,7 +88,7 @@ def test_a_tag_the_backend_does_not_map_is_an_error_at_the_tag() -> None:
     [(path, message)] = resource_problems(doc, CLASSES)
     assert path == ("demand", "queue", "groups", "mc", "resources", "tags", "gpu")
     assert "asks tags.gpu=a100, which backend 'slurm' cannot express" in message
-    assert "(it maps cores, memory_mb, walltime)" in message
+    assert "(it maps cores, memory_mb, walltime; tags constraint, gres)" in message
 
 
 def test_what_a_backend_maps_passes() -> None:
@@ -143,3 +144,60 @@ def test_a_request_the_backend_cannot_express_is_refused_not_submitted_without(
         assert result.local_fault == result.message
         assert result.message.startswith("group 'mc' asks ")
         assert "which backend 'cores' cannot express: nothing submitted" in result.message
+
+
+SITE = """\
+backends:
+  {backend}:
+    {servers}
+demand:
+  queue:
+    groups:
+      mc:
+        backend: {backend}
+        source: {{redis: {{url: "redis://127.0.0.1:6379/0", key: "tq:mc"}}}}
+        resources: {resources}
+"""
+
+
+@pytest.mark.parametrize(
+    ("backend", "servers", "resources", "line", "message"),
+    [
+        (
+            "slurm",
+            "partitions: [debug]\n    script: /p.sh",
+            "{cores: 8, memory_mb: 16000, walltime: 172800, tags: {gpu: a100}}",
+            11,
+            "demand.queue.groups.mc.resources.tags.gpu: group 'mc' asks tags.gpu=a100, which "
+            "backend 'slurm' cannot express (it maps cores, memory_mb, walltime; tags "
+            "constraint, gres)",
+        ),
+        (
+            "lsf",
+            "queues: [normal]",
+            "{cores: 2, tags: {constraint: ib}}",
+            10,
+            "demand.queue.groups.mc.resources.tags.constraint: group 'mc' asks "
+            "tags.constraint=ib, which backend 'lsf' cannot express (it maps cores, "
+            "memory_mb, walltime; no tag)",
+        ),
+    ],
+)
+def test_loading_a_site_config_names_the_group_value_and_backend_at_its_line(
+    tmp_path, backend: str, servers: str, resources: str, line: int, message: str
+) -> None:
+    path = tmp_path / "site.yaml"
+    text = SITE.format(backend=backend, servers=servers, resources=resources)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, text=text)
+    assert [str(p) for p in caught.value.problems] == [f"{path}:{line}: {message}"]
+
+
+def test_a_site_config_asking_what_its_backend_maps_loads(tmp_path) -> None:
+    text = SITE.format(
+        backend="slurm",
+        servers="partitions: [debug]\n    script: /p.sh",
+        resources="{cores: 8, memory_mb: 16000, walltime: 172800, tags: {constraint: ib}}",
+    )
+    config = load_config(tmp_path / "site.yaml", text=text)
+    assert config.get("demand")["queue"]["groups"]["mc"]["resources"]["cores"] == 8
