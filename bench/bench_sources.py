@@ -9,11 +9,17 @@
   read once per iteration all together (:meth:`WaitingGauges.waiting_all`, one pipelined round
   trip) and one by one (:meth:`WaitingGauge.waiting` per group, a round trip each). The baseline
   is one PING, the least a networked source costs.
+- ``hook``: the director's whole availability step (``gridgate_endpoint_availability`` asked of
+  every source, each isolated, the answers merged, the notices decided) for one backend of
+  1,000 endpoints on a sqlite store holding 20 finished pilots per endpoint: the three built-in
+  sources (operator with 50 bans, gocdb with the feed above, efficiency with 20 endpoints
+  whose pilots changed, as the tracker reports them) against the same step with one source
+  that says nothing (the hook's own floor: pluggy, the merge, the backend's endpoint list).
 
 Every figure is a ratio of medians of rounds run alternately in this process, so that load from
 elsewhere hits both sides alike; absolute times are given as well.
 
-    .venv/bin/python bench/bench_sources.py [gocdb|redis|all] [--rounds 7] [--json]
+    .venv/bin/python bench/bench_sources.py [gocdb|redis|hook|all] [--rounds 7] [--json]
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.gocdb import AVAILABLE, GocdbAvailability, parse_downtimes
+from gridgate.core.model import BackendInfo
 from gridgate.core.waiting import WaitingGauge, WaitingGauges
 
 T0 = 1_700_000_000
@@ -215,9 +223,113 @@ def bench_redis(rounds: int, folder: Path) -> dict[str, Any]:
     }
 
 
+class _Backend:
+    """A backend of ENDPOINTS endpoints that only describes itself (the hook needs no more)."""
+
+    def __init__(self, endpoints: tuple[Any, ...]) -> None:
+        self.endpoints = endpoints
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> Any:
+        return BackendInfo("bench", self.endpoints) if backend == "bench" else None
+
+
+class _Silent:
+    """An availability source that says nothing: the floor of the hook."""
+
+    @hookimpl
+    def gridgate_endpoint_availability(self, endpoints: Any) -> None:
+        return None
+
+
+def bench_hook(rounds: int, folder: Path) -> dict[str, Any]:
+    from gridgate.core.bans import OperatorBans
+    from gridgate.core.director import Director
+    from gridgate.core.iteration import Iteration
+    from gridgate.core.model import DemandRegistry, Endpoint, IterationInfo
+    from gridgate.core.pilots import Pilot
+    from gridgate.core.state import SqliteState
+    from gridgate.core.testing import make_config
+
+    clock = FakeClock(T0)
+    hosts = [f"ce{n:03d}.site{n % 37}.example.org" for n in range(ENDPOINTS)]
+    endpoints = tuple(Endpoint("bench", h, f"https://{h}:443/arex") for h in hosts)
+    path = folder / "downtimes.xml"
+    path.write_bytes(feed_document())
+    store = SqliteState({"path": str(folder / "hook.db")}, clock=clock)
+    registry = store.pilot_registry()
+    registry.put(
+        Pilot(
+            f"{e.name}.{i}",
+            "bench",
+            e.name,
+            submitted=T0 - 7200,
+            state="failed" if i % (2 if e.name[2:5] < "005" else 21) == 0 else "done",
+            changed=T0 - 600,
+        )
+        for e in endpoints
+        for i in range(20)
+    )
+    for endpoint in endpoints[:50]:
+        OperatorBans(store).ban(endpoint.key, who="bench", why="bench", duration=86400)
+
+    def director(availability: dict[str, Any], *extra: object) -> Director:
+        doc = {
+            "director": {"pilots": {"track": False}},
+            "state": {"driver": "sqlite", "path": str(folder / "hook.db")},
+            "demand": {"static": {}},
+            "availability": availability,
+        }
+        made = Director(
+            make_config(doc), clock=clock, extra_plugins=[_Backend(endpoints), *extra], state=store
+        )
+        made.runner._backends["bench"] = None  # noqa: SLF001 - as if demand had named it
+        return made
+
+    full = director({"gocdb": {"url": path.as_uri(), "refresh": 86400}, "efficiency": {}})
+    floor = director({})
+    floor.pm.unregister(name="availability:operator")
+    floor.pm.register(_Silent(), name="availability:silent")
+    changed = frozenset(e.key for e in endpoints[:20])
+    demand = DemandRegistry()
+
+    def step(d: Director) -> Callable[[], object]:
+        def run() -> object:
+            it = Iteration(info=IterationInfo(1, clock.time()), failing=set())
+            d.runner._changed = changed  # noqa: SLF001 - what the tracker's polls would set
+            d.runner._availability(it, demand)  # noqa: SLF001 - the step alone, as run() calls it
+            return it.availability
+
+        return run
+
+    started = time.perf_counter()
+    unavailable = step(full)()  # the first look reads every endpoint and tells every change
+    first_look = time.perf_counter() - started
+    silent = step(floor)()
+    assert not silent and len(unavailable) >= 50
+    base, cost = [], []
+    for _ in range(rounds):
+        base.append(_median_seconds(step(floor), 20))
+        cost.append(_median_seconds(step(full), 5))
+    full.close()
+    floor.close()
+    store.close()
+    return {
+        "endpoints": ENDPOINTS,
+        "unavailable": len(unavailable),
+        "rounds": rounds,
+        "floor_ms": [round(s * 1000, 2) for s in base],
+        "built_in_ms": [round(s * 1000, 2) for s in cost],
+        "built_in_over_floor": round(statistics.median(cost) / statistics.median(base), 1),
+        "floor_ms_median": round(statistics.median(base) * 1000, 2),
+        "built_in_ms_median": round(statistics.median(cost) * 1000, 2),
+        "first_look_ms": round(first_look * 1000, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="?", default="all", choices=["gocdb", "redis", "all"])
+    parser.add_argument("what", nargs="?", default="all", choices=["gocdb", "redis", "hook", "all"])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     args = parser.parse_args()
@@ -228,6 +340,8 @@ def main() -> None:
             results["gocdb"] = bench_gocdb(args.rounds, folder)
         if args.what in ("redis", "all"):
             results["redis"] = bench_redis(args.rounds, folder)
+        if args.what in ("hook", "all"):
+            results["hook"] = bench_hook(args.rounds, folder)
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -244,6 +358,15 @@ def main() -> None:
             f"redis: {r['groups']} groups: {r['pipelined_ms_median']} ms pipelined "
             f"({r['pipelined_over_ping']}x one PING), {r['one_by_one_ms_median']} ms one by one "
             f"({r['one_by_one_over_pipelined']}x pipelined)"
+        )
+
+    if "hook" in results:
+        h = results["hook"]
+        print(
+            f"hook: {h['endpoints']} endpoints, {h['unavailable']} unavailable: the built-in "
+            f"sources {h['built_in_ms_median']} ms per iteration, {h['built_in_over_floor']}x "
+            f"a source that says nothing ({h['floor_ms_median']} ms); the first look, every "
+            f"endpoint's pilots read, {h['first_look_ms']} ms"
         )
 
 
