@@ -517,3 +517,69 @@ def test_a_ban_from_the_command_line_reaches_a_running_director(
         assert set(per_server(d.run_iteration())) == {"s1"}
     finally:
         d.close()
+
+
+# --- the throughput selector and the config checks -------------------------------------------
+
+
+def _throughput(store: StateStore, clock: FakeClock, pilots: int) -> Counter[str]:
+    backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
+    d = Director(
+        make_config(
+            {
+                **doc(pilots=pilots),
+                "selectors": {"throughput": {"seed": 5}},
+                "director": {"max_threads": 1, "pilots": {"track": False}},
+            }
+        ),
+        clock=clock,
+        extra_plugins=[backend],
+        state=store,
+    )
+    counts = per_server(d.run_iteration())
+    d.close()
+    return counts
+
+
+def test_the_throughput_selector_follows_done_pilots_and_falls_back_to_weights(
+    tmp_path: Path,
+) -> None:
+    from gridgate.core.pilots import Pilot
+
+    clock = FakeClock()
+    now = clock.time()
+    store = SqliteState({"path": str(tmp_path / "state.db")}, clock=clock)
+    store.pilot_registry().put(
+        Pilot(f"j{i}", BACKEND, "s0", submitted=now - 7200, state="done", changed=now - 600)
+        for i in range(90)
+    )  # s0: 90 done in 6 h = 15 an hour; s1: none, counted as the floor of 1
+    counts = _throughput(store, clock, 400)
+    assert 350 <= counts["s0"] <= 395, counts  # 15/16 of 400 = 375 expected; sd ~4.8
+    store.close()
+    server = RedisServer(tmp_path / "own-redis").start()
+    down = RedisState({"url": server.url, "prefix": "tp:", "socket_timeout": 1}, clock=clock)
+    server.stop()  # the registry cannot be read: the weights alone (equal) decide
+    counts = _throughput(down, clock, 200)
+    assert 70 <= counts["s0"] <= 130, counts
+    down.close()
+
+
+def test_weights_for_an_unknown_endpoint_and_a_degrade_threshold_above_abort_are_config_errors(
+    tmp_path: Path,
+) -> None:
+    from gridgate.core.config import ConfigError
+
+    path = site(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["backends"]["slurm"]["weights"] = {"debug": 3, "nowhere": 1}
+    data["availability"] = {"efficiency": {"degrade_threshold": 0.6}}
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    text = str(raised.value)
+    assert "weights.nowhere: no such endpoint" in text and "debug, long" in text
+    assert "degrade_threshold (0.6) must be below pilots.abort_threshold (0.5)" in text
+    data["backends"]["slurm"]["weights"] = {"debug": 3}
+    del data["availability"]
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert load_config(path).data["backends"]["slurm"]["weights"] == {"debug": 3}
