@@ -102,6 +102,7 @@ def test_fifty_threads_failing_at_once_send_one_notification() -> None:
     barrier = threading.Barrier(50)
     backend = ScriptedBackend(1, {"s0": "fake-fail"}, barrier=barrier)
     director, notes = make(backend, pilots=50, max_threads=50)
+    director.config.data["director"]["pilots"]["max_waiting"] = None  # all 50 on one server
     summary = director.run_iteration()
     assert [r.outcome for r in summary.records].count("failed") == 50
     assert notes.levels() == ["error"]

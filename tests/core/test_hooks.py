@@ -262,6 +262,7 @@ def test_gridgate_select_endpoint_custom_choice_and_only_usable_candidates() -> 
 def test_gridgate_select_endpoint_default_is_uniform_random() -> None:
     backend = ScriptedBackend(4, {f"s{i}": "fake-ok" for i in range(4)})
     director = director_with(backend, servers=4, pilots=400)
+    director.config.data["director"]["pilots"]["max_waiting"] = None  # the choice, not the limit
     director.run_iteration()
     counts = [backend.calls.count(f"s{i}") for i in range(4)]
     assert all(60 <= c <= 140 for c in counts), counts  # 100 expected each; 6 sigma is ~52
