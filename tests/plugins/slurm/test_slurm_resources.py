@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from support.redis_server import RedisServer
 
 from gridgate.core.model import Endpoint, Resources, SubmitRequest
 from gridgate.core.testing import build_plugin
@@ -143,3 +144,29 @@ def test_a_two_core_pilot_is_a_two_cpu_job_on_the_real_cluster(slurm_site) -> No
         assert job["TimeLimit"] == "01:01:00"  # 3601 s: 61 minutes, rounded up
     finally:
         backend.gridgate_cancel(endpoint=endpoint, job_ids=[job_id], timeout=60)
+
+
+def test_a_queue_demand_group_with_two_cores_gives_two_cpu_jobs(slurm_site, tmp_path) -> None:
+    """The whole path: `gridgate run` with a queue demand group (its waiting work a real Redis
+    list) asking ``cores: 2``: every job it submits is a 2-CPU job in scontrol."""
+    with RedisServer(tmp_path / "redis") as redis:
+        redis.client().rpush("tq:mc", "job-1", "job-2")
+        doc = slurm_site.doc(partitions=[slurm_site.cluster.partitions[0]])
+        doc["demand"] = {
+            "queue": {
+                "groups": {
+                    "mc": {
+                        "backend": "slurm",
+                        "source": {"redis": {"url": redis.url, "key": "tq:mc"}},
+                        "jobs_per_pilot": 1,
+                        "resources": {"cores": 2, "walltime": 600},
+                    }
+                }
+            }
+        }
+        summary = slurm_site.run_once(doc)
+    ids = [i for row in summary["submitted"] for i in row["job_ids"]]
+    assert summary["failures"] == [] and len(ids) == 2, summary
+    for job_id in ids:
+        job = _scontrol_job(slurm_site.cluster, job_id)
+        assert (job["NumCPUs"], job["CPUs/Task"], job["TimeLimit"]) == ("2", "2", "00:10:00")
