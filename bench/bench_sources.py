@@ -293,12 +293,12 @@ def bench_hook(rounds: int, folder: Path) -> dict[str, Any]:
     changed = frozenset(e.key for e in endpoints[:20])
     demand = DemandRegistry()
 
-    def step(d: Director) -> Callable[[], object]:
-        def run() -> object:
+    def step(d: Director) -> Callable[[], dict[str, Any]]:
+        def run() -> dict[str, Any]:
             it = Iteration(info=IterationInfo(1, clock.time()), failing=set())
             d.runner._changed = changed  # noqa: SLF001 - what the tracker's polls would set
             d.runner._availability(it, demand)  # noqa: SLF001 - the step alone, as run() calls it
-            return it.availability
+            return dict(it.availability)
 
         return run
 
