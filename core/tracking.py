@@ -721,7 +721,12 @@ class PilotTracker:
         retired: Iterable[str] = (),
         waiting_cores: Mapping[str, int] | None = None,
     ) -> DemandRegistry:
-        limits = Limits(settings, counts, infos, self._blind, retired, waiting_cores)
+        blind = set(self._blind)
+        if not self.runtime.pm.hook.gridgate_job_status.get_hookimpls():
+            # no plugin at all can report a pilot's state: the limits would only block (what a
+            # first poll would find out, one iteration late, with the finite defaults applied)
+            blind.update(infos)
+        limits = Limits(settings, counts, infos, blind, retired, waiting_cores)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         kept, cuts = limits.trim(demand.requests, usable)
         for request, limit, pilots in cuts:

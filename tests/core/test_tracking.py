@@ -507,7 +507,8 @@ def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
     backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})  # no gridgate_job_status
     director = make(backend, pilots=4, max_waiting=1)
     first = director.run_iteration()
-    assert sum(r.pilots for r in first.records if r.outcome == "submitted") == 2  # limit, blind yet
+    # no plugin implements gridgate_job_status at all: not limited from the first iteration
+    assert sum(r.pilots for r in first.records if r.outcome == "submitted") == 4
     polls = []
     for _ in range(2):
         summary = director.run_iteration()
@@ -517,7 +518,25 @@ def test_a_backend_that_reports_no_states_is_not_blocked_by_max_waiting():
     # asked once per endpoint; after that its pilots are not even read (until plugins change)
     # (the endpoints are polled in parallel: the second may already know the backend's answer)
     assert set(polls[0]) == {"unsupported"} and polls[1] == []
-    assert states(director) == {"waiting": 10}
+    assert states(director) == {"waiting": 12}
+    director.close()
+
+
+def test_a_backend_that_reports_no_states_beside_one_that_does_is_limited_until_it_says_so():
+    from support.director import ScriptedBackend
+
+    class OtherBackend:  # implements gridgate_job_status, for its own backend only
+        @hookimpl
+        def gridgate_job_status(self, endpoint, job_ids, timeout):
+            return None  # not one of mine
+
+    quiet = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})  # no gridgate_job_status
+    director = make(quiet, OtherBackend(), pilots=4, max_waiting=1)
+    first = director.run_iteration()
+    # some plugin could report states: the limit holds until the first poll says it cannot
+    assert sum(r.pilots for r in first.records if r.outcome == "submitted") == 2
+    second = director.run_iteration()
+    assert sum(r.pilots for r in second.records if r.outcome == "submitted") == 4
     director.close()
 
 
