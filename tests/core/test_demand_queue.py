@@ -20,10 +20,12 @@ from support.ports import free_port
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigError
+from gridgate.core.demand import QueueDemand
 from gridgate.core.director import Director
-from gridgate.core.model import IterationSummary, Resources
+from gridgate.core.model import DemandRegistry, IterationInfo, IterationSummary, Resources
 from gridgate.core.state import MemoryState
-from gridgate.core.testing import make_config
+from gridgate.core.state_redis import RedisState
+from gridgate.core.testing import build_plugin, make_config
 
 
 def _doc(groups: dict[str, Any], **pilots: Any) -> dict[str, Any]:
@@ -286,3 +288,24 @@ def test_resources_out_of_bounds_are_config_errors_naming_them(
         make_config(doc)
     assert "demand.queue.groups.mc.resources" in str(caught.value), str(caught.value)
     assert key in str(caught.value)
+
+
+def test_a_pilot_registry_that_cannot_be_read_asks_for_nothing_with_one_error(web, logs) -> None:
+    url, server = web
+    server.body = json.dumps({"mc": 5}).encode()
+    down = RedisState(
+        {"url": f"redis://127.0.0.1:{free_port()}/0", "socket_connect_timeout": 1},
+        clock=FakeClock(),
+    )
+    group = {"backend": BACKEND, "source": {"http": {"url": url, "field": "mc"}}}
+    plugin = build_plugin(QueueDemand, {"groups": {"mc": group}}, state=down)
+    try:
+        for number in range(3):
+            demand = DemandRegistry()
+            plugin.gridgate_demand(iteration=IterationInfo(number, 0.0), demand=demand)
+            assert demand.requests == ()  # without the waiting pilots the figure only grows
+    finally:
+        plugin.close()
+        down.close()
+    errors = [m for level, m in logs if level == "ERROR" and "queue demand" in m]
+    assert len(errors) == 1 and "already waiting" in errors[0], errors
