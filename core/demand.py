@@ -20,6 +20,54 @@ from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.state import StateError
 from gridgate.core.waiting import DEFAULT_KEEP_LAST, GROUP_PROPERTIES, WaitingGauges, pilots_for
 
+#: The most cores one pilot may ask for: the largest nodes sold today have a few hundred.
+MAX_CORES = 1024
+#: The most memory one pilot may ask for, in MB: 16 TB, beyond any node.
+MAX_MEMORY_MB = 16 * 1024 * 1024
+#: The longest walltime a pilot may ask for: 30 days (a batch system's longest queues allow a
+#: week or two; a longer figure is a typo in seconds).
+MAX_WALLTIME = 30 * 86400
+
+#: ``resources:`` of a demand group: what each of its pilots asks of its slot
+#: (:class:`gridgate.core.model.Resources`).
+RESOURCES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "default": {},
+    "description": "What each pilot of the group asks of its slot; a backend that cannot "
+    "express a value refuses it.",
+    "properties": {
+        "cores": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_CORES,
+            "default": 1,
+            "description": "CPUs of one pilot.",
+        },
+        "memory_mb": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_MEMORY_MB,
+            "description": "Memory of the whole pilot in MB (not per core); unset: the batch "
+            "system's default.",
+        },
+        "walltime": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_WALLTIME,
+            "description": "The pilot's time limit in seconds (at most 30 days); unset: the "
+            "batch system's default.",
+        },
+        "tags": {
+            "type": "object",
+            "maxProperties": 32,
+            "propertyNames": {"minLength": 1, "maxLength": 64},
+            "additionalProperties": {"type": "string", "maxLength": 256},
+            "description": "Free-form words a backend may map (a node feature, a GPU type).",
+        },
+    },
+    "additionalProperties": False,
+}
+
 GROUP_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -36,6 +84,7 @@ GROUP_SCHEMA: dict[str, Any] = {
             "description": "List-match first (null: the backend's default).",
         },
         "attributes": {"type": "object", "default": {}},
+        "resources": RESOURCES_SCHEMA,
     },
     "required": ["group", "pilots"],
     "additionalProperties": False,
@@ -73,6 +122,7 @@ def register_demand(spec: Mapping[str, Any], demand: DemandRegistry, user: str =
                     list_match=group.get("list_match"),
                     attributes=group.get("attributes", {}),
                     user=user,
+                    resources=Resources(**group["resources"]) if group.get("resources") else None,
                 )
             )
             total += pilots
@@ -150,54 +200,6 @@ class FileDemand(Plugin):
 
 
 # --- demand from waiting work ---------------------------------------------------------------
-
-#: The most cores one pilot may ask for: the largest nodes sold today have a few hundred.
-MAX_CORES = 1024
-#: The most memory one pilot may ask for, in MB: 16 TB, beyond any node.
-MAX_MEMORY_MB = 16 * 1024 * 1024
-#: The longest walltime a pilot may ask for: 30 days (a batch system's longest queues allow a
-#: week or two; a longer figure is a typo in seconds).
-MAX_WALLTIME = 30 * 86400
-
-#: ``resources:`` of a demand group: what each of its pilots asks of its slot
-#: (:class:`gridgate.core.model.Resources`).
-RESOURCES_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "default": {},
-    "description": "What each pilot of the group asks of its slot; a backend that cannot "
-    "express a value refuses it.",
-    "properties": {
-        "cores": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": MAX_CORES,
-            "default": 1,
-            "description": "CPUs of one pilot.",
-        },
-        "memory_mb": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": MAX_MEMORY_MB,
-            "description": "Memory of the whole pilot in MB (not per core); unset: the batch "
-            "system's default.",
-        },
-        "walltime": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": MAX_WALLTIME,
-            "description": "The pilot's time limit in seconds (at most 30 days); unset: the "
-            "batch system's default.",
-        },
-        "tags": {
-            "type": "object",
-            "maxProperties": 32,
-            "propertyNames": {"minLength": 1, "maxLength": 64},
-            "additionalProperties": {"type": "string", "maxLength": 256},
-            "description": "Free-form words a backend may map (a node feature, a GPU type).",
-        },
-    },
-    "additionalProperties": False,
-}
 
 QUEUE_GROUP_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -201,3 +201,23 @@ def test_a_site_config_asking_what_its_backend_maps_loads(tmp_path) -> None:
     )
     config = load_config(tmp_path / "site.yaml", text=text)
     assert config.get("demand")["queue"]["groups"]["mc"]["resources"]["cores"] == 8
+
+
+def test_a_static_group_hands_its_resources_to_the_backend(tmp_path) -> None:
+    """A site that had --time in sbatch_options (refused since the backend writes it) moves it
+    to its static group's resources: the config loads and the request carries them."""
+    from gridgate.core.demand import register_demand
+    from gridgate.core.model import DemandRegistry
+
+    text = (
+        "backends:\n  slurm:\n    partitions: [debug]\n    script: /p.sh\n"
+        "demand:\n  static:\n    slurm:\n"
+        "      - {group: long, pilots: 2, resources: {cores: 4, walltime: 7200}}\n"
+        "      - {group: plain, pilots: 1}\n"
+    )
+    config = load_config(tmp_path / "site.yaml", text=text)
+    demand = DemandRegistry()
+    assert register_demand(config.get("demand")["static"], demand) == 3
+    by_group = {r.group: r.resources for r in demand.requests}
+    assert by_group["long"] == Resources(cores=4, walltime=7200)
+    assert by_group["plain"] in (None, Resources())  # the defaults: nothing to map
