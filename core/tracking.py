@@ -145,6 +145,7 @@ PILOTS_SCHEMA: dict[str, Any] = {
         "abort_window": {
             "type": "integer",
             "minimum": 1,
+            "maximum": 10000,
             "default": 20,
             "description": "The verdict on an endpoint's pilots looks at its last "
             "this many finished (done or failed) pilots.",

@@ -68,6 +68,7 @@ class EmailNotifier(Plugin):
             "dedup_window": {
                 "type": "number",
                 "minimum": 0,
+                "maximum": 365 * 86400,
                 "default": 86400,
                 "description": "Seconds during which the same subject and body "
                 "are not sent again to the same address (0: off).",

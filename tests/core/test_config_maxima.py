@@ -14,7 +14,8 @@ from gridgate.core.config import compose_schema
 
 #: keys that hold seconds (counts such as max_waiting or transient_notify_after do not)
 SECONDS = re.compile(
-    r"(seconds|timeout|expiry|interval|_time$|lost_after|^keep_|lifetime|lease|period|ttl)"
+    r"(seconds|timeout|expiry|interval|_time$|lost_after|^keep_|lifetime|lease|period|ttl"
+    r"|refresh|window|walltime)"
 )
 ALL = {
     "backends": {"arc": {}, "slurm": {}, "wms_glite": {}, "lsf": {}},
@@ -22,6 +23,8 @@ ALL = {
     "credentials": {"x509_proxy": {"path": "p"}},
     "admission": {"lsf_proxy": {}},
     "demand": {"static": {}, "file": {}, "queue": {}},
+    "availability": {"gocdb": {"url": "file:///x"}, "efficiency": {}, "operator": {}},
+    "selectors": {"random": {}, "round_robin": {}, "throughput": {}},
 }
 
 
