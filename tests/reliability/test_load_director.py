@@ -158,7 +158,14 @@ def test_real_stand_in_submissions_all_accounted(
         },
         log_calls=False,
     )
-    doc = site.doc(max_threads=8, command_timeout=30, failing_expiry=0.5, ticket_expiry=600)
+    doc = site.doc(
+        max_threads=8,
+        command_timeout=30,
+        failing_expiry=0.5,
+        ticket_expiry=600,
+        # every submission accounted under load: not a test of the waiting-pilot limit
+        pilots={"max_waiting": None},
+    )
     doc["backends"]["wms_glite"]["list_match"] = False
     doc["demand"] = {"static": {"wms_glite": 200}}
     config = site.write(doc)
