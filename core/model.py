@@ -782,7 +782,12 @@ class PilotReport(_DeprecatedItems):
 
 @dataclass(frozen=True)
 class IterationSummary:
-    """What one director iteration did; the ``--json`` line is built from it."""
+    """What one director iteration did; the ``--json`` line is built from it.
+
+    **Deprecated since API 1.3**: reading the entries of ``failures``, ``retries`` and ``pilots``
+    as dicts (``f["kind"]``, ``p.get("aborted")``), as 1.2 typed them, still works but logs a
+    ``DeprecationWarning`` naming the attribute to use (``f.kind``, ``p.aborted``); it goes away
+    with API 2.0."""
 
     number: int
     started: float
