@@ -24,6 +24,7 @@ import pytest
 import yaml
 from cryptography import x509
 from support.polling import until
+from support.redis_server import RedisServer
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
@@ -327,6 +328,52 @@ def test_a_proxy_near_its_end_is_renewed_before_any_submission(arc, tmp_path) ->
     assert after - before > timedelta(hours=10), (before, after)
     assert summary["pilots_submitted"] == 1, summary
     assert os.stat(site.proxy).st_mtime <= summary["started"] + summary["duration_s"]
+
+
+def test_a_queue_demand_of_two_core_pilots_then_an_operator_ban(arc, tmp_path) -> None:
+    """Issue 23's tests on the real CE, as on the real Slurm cluster: a queue demand group whose
+    waiting work is a real Redis list submits ceil(W/k) pilots, each one asking 2 cores (the
+    A-REX's own record of the job says 2 slots on one host); once an operator bans the CE with
+    `gridgate servers ban`, the next iteration submits nothing to it and says why."""
+    site = ArcSite(arc, tmp_path / "site", "echo two-core pilot; exit 0")
+    with RedisServer(tmp_path / "redis") as redis:
+        redis.client().rpush("tq:mc", "j1", "j2", "j3")
+        doc = site.doc()
+        doc["demand"] = {
+            "queue": {
+                "groups": {
+                    "mc": {
+                        "backend": "arc",
+                        "source": {"redis": {"url": redis.url, "key": "tq:mc"}},
+                        "jobs_per_pilot": 2,
+                        "resources": {"cores": 2, "walltime": 600},
+                    }
+                }
+            }
+        }
+        first = site.run_once(doc)
+        ids = submitted_ids(first)
+        assert first["failures"] == [] and len(ids) == 2, first  # ceil(3 / 2)
+        for job in ids:
+            adl = (arc.folder / "control" / f"job.{job.rsplit('/', 1)[-1]}.description").read_text(
+                encoding="utf-8", errors="replace"
+            )
+            assert "<adl:NumberOfSlots>2</adl:NumberOfSlots>" in adl
+            assert "<adl:SlotsPerHost>2</adl:SlotsPerHost>" in adl
+        [endpoint] = {row["endpoint"] for row in first["submitted"]}
+        config = str(site.folder / "site.yaml")
+        ban = site.gridgate(
+            "servers", "ban", "-c", config, endpoint, "--for", "1h", "--reason", "CE upgrade"
+        )
+        assert ban.returncode == 0, ban.stderr
+        redis.client().rpush("tq:mc", *[f"more{i}" for i in range(6)])
+        second = site.run_once(doc)
+    assert submitted_ids(second) == [], second
+    assert second["unavailable"] and all(
+        state["state"] == "banned" for state in second["unavailable"].values()
+    ), second
+    listed = site.gridgate("servers", "list", "-c", config)
+    assert "CE upgrade" in listed.stdout, listed.stdout
 
 
 def test_a_stopped_ce_is_unreachable(tmp_path) -> None:
