@@ -2,7 +2,8 @@
 
 - no test module edits ``sys.path``: tests/support/ is on pytest's ``pythonpath``;
 - the real-uid prefix and the free-port probe are defined once, in tests/support/;
-- no test folder keeps its own copy of the public kit's notifier (``gridgate.core.testing``).
+- no test folder keeps its own copy of the public kit's notifier (``gridgate.core.testing``);
+- the loopback HTTP servers are defined in tests/support/ (``support.web`` for GETs).
 
 Each failure lists the offending ``file:line``.
 """
@@ -53,6 +54,17 @@ def _definitions(tree: ast.Module, names: set[str]) -> Iterator[tuple[str, ast.A
                     yield target.id, node
 
 
+def _http_classes(tree: ast.Module) -> Iterator[ast.ClassDef]:
+    """Classes deriving from http.server's handler or server (by the base's last name)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            bases = {
+                b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases
+            }
+            if bases & {"BaseHTTPRequestHandler", "HTTPServer", "ThreadingHTTPServer"}:
+                yield node
+
+
 def test_no_test_module_edits_sys_path() -> None:
     found = [_where(p, call) for p, tree in _modules() for call in _sys_path_edits(tree)]
     assert not found, (
@@ -87,6 +99,20 @@ def test_no_private_copy_of_the_kits_collector() -> None:
     )
 
 
+def test_the_http_test_servers_live_in_support() -> None:
+    copies = [
+        _where(path, node)
+        for path, tree in _modules()
+        if SUPPORT not in path.parents
+        for node in _http_classes(tree)
+    ]
+    assert not copies, (
+        "an HTTP server defined in a test module: use support.web.WebServer (its Answers "
+        "set status, body, headers, hang or trickle; extend it if a test needs more): "
+        + ", ".join(copies)
+    )
+
+
 def test_the_checks_see_what_they_look_for() -> None:
     """The rules above find nothing today; this proves they would find the real thing."""
     sample = ast.parse(
@@ -95,7 +121,10 @@ def test_the_checks_see_what_they_look_for() -> None:
         "AS_NOBODY = ['setpriv']\n"
         "def _free_port():\n    pass\n"
         "class Collector:\n    pass\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n    pass\n"
+        "class S(ThreadingHTTPServer):\n    pass\n"
     )
     assert len(list(_sys_path_edits(sample))) == 1
     found = {name for name, _ in _definitions(sample, {"AS_NOBODY", "_free_port", "Collector"})}
     assert found == {"AS_NOBODY", "_free_port", "Collector"}
+    assert [c.name for c in _http_classes(sample)] == ["H", "S"]

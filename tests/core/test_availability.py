@@ -5,9 +5,7 @@ weights in both selectors, and each source's failure."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ import yaml
 from click.testing import CliRunner
 from support.director import BACKEND, ScriptedBackend, TrackingBackend
 from support.redis_server import RedisServer
+from support.web import Answers, WebServer
 
 from gridgate.core import hookimpl
 from gridgate.core.bans import OperatorBans
@@ -255,27 +254,11 @@ def _feed(*downtimes: tuple[str, str, float, float]) -> bytes:
 
 
 @pytest.fixture
-def http_feed() -> Iterator[dict[str, Any]]:
-    served: dict[str, Any] = {"body": b"<results/>", "status": 200}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            self.send_response(served["status"])
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(served["body"])))
-            self.end_headers()
-            self.wfile.write(served["body"])
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    served["url"] = f"http://127.0.0.1:{server.server_address[1]}/gocdbpi/public/?method=get"
-    yield served
-    server.shutdown()
-    server.server_close()
+def http_feed() -> Iterator[tuple[str, Answers]]:
+    """A real HTTP server answering GOCDB's get_downtime with an empty feed until told more."""
+    answers = Answers(body=b"<results/>", headers={"Content-Type": "application/xml"})
+    with WebServer(answers) as server:
+        yield server.url("/gocdbpi/public/?method=get"), answers
 
 
 @pytest.mark.parametrize("where", ["file", "http"])
@@ -290,9 +273,8 @@ def test_a_gocdb_outage_bans_its_host_and_a_failure_in_a_downtime_is_not_mailed(
         path.write_bytes(body)
         url = path.as_uri()
     else:
-        served = request.getfixturevalue("http_feed")
-        served["body"] = body
-        url = served["url"]
+        url, served = request.getfixturevalue("http_feed")
+        served.body = body
     backend = TrackingBackend(3, {"s1": "fake-fail"})
     notes = Collector()
     d = director(
@@ -321,12 +303,13 @@ def test_a_gocdb_outage_bans_its_host_and_a_failure_in_a_downtime_is_not_mailed(
 
 
 def test_a_gocdb_feed_that_cannot_be_read_bans_nothing_and_a_good_one_is_kept(
-    tmp_path: Path, http_feed: dict[str, Any]
+    tmp_path: Path, http_feed: tuple[str, Answers]
 ) -> None:
     clock = FakeClock()
     now = clock.time()
-    http_feed["body"] = _feed(("s0", "OUTAGE", now - 60, now + 86400))
-    gocdb = {"url": http_feed["url"], "refresh": 1, "keep_last": 300}
+    url, served = http_feed
+    served.body = _feed(("s0", "OUTAGE", now - 60, now + 86400))
+    gocdb = {"url": url, "refresh": 1, "keep_last": 300}
     d = director(
         MemoryState(clock=clock),
         TrackingBackend(2),
@@ -335,7 +318,7 @@ def test_a_gocdb_feed_that_cannot_be_read_bans_nothing_and_a_good_one_is_kept(
         availability={"gocdb": gocdb},
     )
     assert d.run_iteration().unavailable[S0].state == "banned"
-    http_feed["status"] = 500
+    served.status = 500
     clock.advance(2)
     assert d.run_iteration().unavailable[S0].state == "banned"  # the last good feed, kept
     clock.advance(300)

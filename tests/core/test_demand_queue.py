@@ -4,10 +4,8 @@ pilots already waiting, then the limits (max_waiting_cores among them)."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +14,7 @@ import pytest
 from loguru import logger
 from support.director import BACKEND, TrackingBackend
 from support.ports import free_port
+from support.web import Answers, WebServer
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
@@ -84,37 +83,10 @@ def logs() -> Iterator[list[tuple[str, str]]]:
         logger.remove(sink)
 
 
-class _Web(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    status = 200
-    body = b"{}"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Web
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = self.server.body
-        self.send_response(self.server.status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def web() -> Iterator[tuple[str, _Web]]:
-    server = _Web(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/waiting", server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+def web() -> Iterator[tuple[str, Answers]]:
+    with WebServer() as server:
+        yield server.url("/waiting"), server.answers
 
 
 @pytest.mark.parametrize(("jobs", "per_pilot"), [(10, 3), (7, 1), (12, 4)])

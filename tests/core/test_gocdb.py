@@ -5,13 +5,10 @@ looks, and the feed read from a file:// URL and from a real HTTP server with a f
 from __future__ import annotations
 
 import calendar
-import http.server
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from loguru import logger
 from support.servers import make_cert
+from support.web import Answers, WebServer
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.gocdb import (
@@ -381,59 +379,16 @@ def test_bad_settings_are_refused() -> None:
         GocdbFeed("file:///x", keep_last=-1)
 
 
-@dataclass
-class Served:
-    status: int = 200
-    body: bytes = field(default_factory=FIXTURE.read_bytes)
-    hang: bool = False
-    release: threading.Event = field(default_factory=threading.Event)
-    stuck: int = 0
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        served = self.server.served
-        if served.hang:
-            served.stuck += 1
-            served.release.wait(60)
-            served.stuck -= 1
-            return
-        self.send_response(served.status)
-        self.send_header("Content-Type", "text/xml")
-        self.send_header("Content-Length", str(len(served.body)))
-        self.end_headers()
-        self.wfile.write(served.body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    served: Served
-
-
 @pytest.fixture
-def gocdb() -> Iterator[tuple[str, Served]]:
+def gocdb() -> Iterator[tuple[str, Answers]]:
     """A real HTTP server on 127.0.0.1 serving a get_downtime answer."""
-    server = _Server(("127.0.0.1", 0), _Handler)
-    server.served = Served()
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        port = server.server_address[1]
-        yield f"http://127.0.0.1:{port}/gocdbpi/public/?method=get_downtime", server.served
-    finally:
-        server.served.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    answers = Answers(body=FIXTURE.read_bytes(), headers={"Content-Type": "text/xml"})
+    with WebServer(answers) as server:
+        yield server.url("/gocdbpi/public/?method=get_downtime"), answers
 
 
 def test_an_http_feed_that_fails_in_any_way_keeps_the_last_good_one(
-    gocdb: tuple[str, Served],
+    gocdb: tuple[str, Answers],
 ) -> None:
     url, served = gocdb
     clock = FakeClock()
@@ -444,7 +399,7 @@ def test_an_http_feed_that_fails_in_any_way_keeps_the_last_good_one(
         ({"status": 500}, "HTTP 500"),
         ({"body": b"<html>GOCDB maintenance</html>"}, "root element is <html>"),
         ({"body": b"x" * 200_000}, "more than max_bytes (100000)"),
-        ({"hang": True}, "no complete answer within 0.5 s"),
+        ({"mode": "hang"}, "no complete answer within 0.5 s"),
     ]
     for change, said in failures:
         for name, value in change.items():
@@ -452,7 +407,7 @@ def test_an_http_feed_that_fails_in_any_way_keeps_the_last_good_one(
         clock.advance(60)
         assert feed.current() is good, said
         assert feed.problem is not None and said in feed.problem
-        served.status, served.body, served.hang = 200, FIXTURE.read_bytes(), False
+        served.status, served.body, served.mode = 200, FIXTURE.read_bytes(), "ok"
     assert served.stuck == 1  # the hanging request was cut by the client, not ended by the server
     clock.advance(60)
     again = feed.current()
@@ -473,25 +428,17 @@ def test_an_https_feed_is_trusted_through_ca_path_and_refused_without_it(
         timeout=60,
     ).stdout.strip()
     (cas / f"{digest}.0").write_bytes(cert.read_bytes())
-    server = _Server(("127.0.0.1", 0), _Handler)
-    server.served = Served()
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        url = f"https://127.0.0.1:{server.server_address[1]}/gocdbpi/public/?method=get_downtime"
+    answers = Answers(body=FIXTURE.read_bytes(), headers={"Content-Type": "text/xml"})
+    with WebServer(answers, tls=context) as server:
+        url = server.url("/gocdbpi/public/?method=get_downtime")
         trusted = GocdbFeed(url, ca_path=str(cas), timeout=10, clock=FakeClock())
         feed = trusted.current()
         assert feed is not None and len(feed.downtimes) == 4
         untrusted = GocdbFeed(url, timeout=10, clock=FakeClock())
         assert untrusted.current() is None
         assert untrusted.problem is not None and "CERTIFICATE_VERIFY_FAILED" in untrusted.problem
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def test_gocdb_availability_over_the_fixtures_downtimes(tmp_path: Path) -> None:

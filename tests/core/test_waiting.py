@@ -4,13 +4,10 @@ time, and the sizing of pilots from a figure."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from jsonschema import Draft202012Validator
 from loguru import logger
 from support.ports import free_port
 from support.redis_server import RedisServer
+from support.web import Answers, WebServer
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.waiting import (
@@ -46,83 +44,11 @@ from gridgate.core.waiting import (
 # --- a real HTTP server ---------------------------------------------------------------------
 
 
-@dataclass
-class Answers:
-    """What the test server answers next; ``mode`` is ok, hang or trickle."""
-
-    status: int = 200
-    body: bytes = b'{"mc": 7, "analysis": 12}'
-    mode: str = "ok"
-    headers: dict[str, str] = field(default_factory=dict)
-    length: bool = True
-    release: threading.Event = field(default_factory=threading.Event)
-    #: handlers inside a hang or trickle right now: proof that the client gave up first
-    stuck: int = 0
-    requests: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        answers = self.server.answers
-        with answers.lock:
-            answers.requests += 1
-        if answers.mode == "hang":
-            with answers.lock:
-                answers.stuck += 1
-            answers.release.wait(60)
-            with answers.lock:
-                answers.stuck -= 1
-            return
-        self.send_response(answers.status)
-        for name, value in answers.headers.items():
-            self.send_header(name, value)
-        if answers.mode == "trickle":
-            self.send_header("Content-Length", "1000000")
-            self.end_headers()
-            with answers.lock:
-                answers.stuck += 1
-            try:
-                # a byte every 50 ms: each read is quick, only a whole-request deadline ends it
-                while not answers.release.wait(0.05):
-                    self.wfile.write(b" ")
-                    self.wfile.flush()
-            except OSError:
-                pass
-            finally:
-                with answers.lock:
-                    answers.stuck -= 1
-            return
-        if answers.length:
-            self.send_header("Content-Length", str(len(answers.body)))
-        self.end_headers()
-        self.wfile.write(answers.body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    answers: Answers
-
-
 @pytest.fixture
 def web() -> Iterator[tuple[str, Answers]]:
     """A real HTTP server on 127.0.0.1 (port 0) and the answers it gives."""
-    server = _Server(("127.0.0.1", 0), _Handler)
-    server.answers = Answers()
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/waiting", server.answers
-    finally:
-        server.answers.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with WebServer(Answers(body=b'{"mc": 7, "analysis": 12}')) as server:
+        yield server.url("/waiting"), server.answers
 
 
 @pytest.fixture
