@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -384,27 +386,38 @@ def _known_endpoints(config: Any, state: Any) -> list[Any]:
     return list(found.values())
 
 
-def _withdraw(path: str, endpoint: str, state_name: str, duration: str, reason: str) -> None:
-    from gridgate.core.bans import BanError, OperatorBans, parse_duration, resolve_endpoint
+@contextmanager
+def _bans_command(path: str, verb: str) -> Iterator[tuple[Any, Any]]:
+    """The config and the open state store for one ``gridgate servers VERB``: a BanError in
+    the block is a usage error naming the command (exit 2), a store that cannot be written
+    exit 1; the store is closed after."""
+    from gridgate.core.bans import BanError
     from gridgate.core.state import StateError
 
     config = load_config_or_exit(path)
     store = open_state_or_exit(path)
     try:
         try:
-            seconds = parse_duration(duration)
-            key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
-            entry = OperatorBans(store).put(
-                key, state_name, who=_operator(), why=reason, duration=seconds
-            )
+            yield config, store
         except BanError as exc:
-            click.echo(f"gridgate servers {_VERB[state_name]}: {exc}", err=True)
+            click.echo(f"gridgate servers {verb}: {exc}", err=True)
             raise SystemExit(EXIT_CONFIG) from None
         except StateError as exc:
             click.echo(f"{path}: cannot write to the state store: {exc}", err=True)
             raise SystemExit(1) from None
     finally:
         store.close()
+
+
+def _withdraw(path: str, endpoint: str, state_name: str, duration: str, reason: str) -> None:
+    from gridgate.core.bans import OperatorBans, parse_duration, resolve_endpoint
+
+    with _bans_command(path, _VERB[state_name]) as (config, store):
+        seconds = parse_duration(duration)
+        key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
+        entry = OperatorBans(store).put(
+            key, state_name, who=_operator(), why=reason, duration=seconds
+        )
     click.echo(
         f"{entry.endpoint}: {entry.state} until {_utc(entry.until)} UTC by {entry.who}: {entry.why}"
     )
@@ -445,23 +458,11 @@ def servers_drain(endpoint: str, path: str, duration: str, reason: str) -> None:
 def servers_unban(endpoint: str, path: str) -> None:
     """Lift the ban or drain of ENDPOINT now (directors use it again from their next
     iteration)."""
-    from gridgate.core.bans import BanError, OperatorBans, resolve_endpoint
-    from gridgate.core.state import StateError
+    from gridgate.core.bans import OperatorBans, resolve_endpoint
 
-    config = load_config_or_exit(path)
-    store = open_state_or_exit(path)
-    try:
-        try:
-            key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
-            lifted = OperatorBans(store).unban(key)
-        except BanError as exc:
-            click.echo(f"gridgate servers unban: {exc}", err=True)
-            raise SystemExit(EXIT_CONFIG) from None
-        except StateError as exc:
-            click.echo(f"{path}: cannot write to the state store: {exc}", err=True)
-            raise SystemExit(1) from None
-    finally:
-        store.close()
+    with _bans_command(path, "unban") as (config, store):
+        key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
+        lifted = OperatorBans(store).unban(key)
     if lifted is None:
         click.echo(f"{key}: not banned or drained")
     else:
