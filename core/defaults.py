@@ -49,6 +49,20 @@ def _uniform(weights: Sequence[int]) -> bool:
     return len(set(weights)) <= 1
 
 
+#: the random selectors' ``seed`` option
+_SEED: dict[str, Any] = {
+    "type": ["integer", "null"],
+    "default": None,
+    "description": "Fix the random sequence (tests, reproducible demos).",
+}
+
+
+def _rng(config: Mapping[str, Any]) -> random.Random:
+    """The sequence ``seed`` fixes, else the system's."""
+    seed = config.get("seed")
+    return random.Random(seed) if seed is not None else random.SystemRandom()
+
+
 class RandomSelector(Plugin):
     """Pick the endpoint at random, as the seed's director did: uniformly, or in proportion to
     the backend's ``weights`` times the availability factor (a degraded endpoint counts half),
@@ -57,19 +71,14 @@ class RandomSelector(Plugin):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {
-            "seed": {
-                "type": ["integer", "null"],
-                "default": None,
-                "description": "Fix the random sequence (tests, reproducible demos).",
-            },
+            "seed": _SEED,
         },
         "additionalProperties": False,
     }
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        seed = config.get("seed")
-        self._random = random.Random(seed) if seed is not None else random.SystemRandom()
+        self._random = _rng(config)
 
     @hookimpl(trylast=True)
     def gridgate_select_endpoint(
@@ -135,11 +144,7 @@ class ThroughputSelector(Plugin):
         **THROUGHPUT_SCHEMA,
         "properties": {
             **THROUGHPUT_SCHEMA["properties"],
-            "seed": {
-                "type": ["integer", "null"],
-                "default": None,
-                "description": "Fix the random sequence (tests, reproducible demos).",
-            },
+            "seed": _SEED,
         },
     }
     #: seconds the rates read from the registry are used before they are read again
@@ -147,8 +152,7 @@ class ThroughputSelector(Plugin):
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        seed = config.get("seed")
-        self._random = random.Random(seed) if seed is not None else random.SystemRandom()
+        self._random = _rng(config)
         self.window = float(config.get("window", DEFAULT_THROUGHPUT_WINDOW))
         self.floor = float(config.get("floor", DEFAULT_THROUGHPUT_FLOOR))
         self.max_pilots = int(config.get("max_pilots", 100000))
