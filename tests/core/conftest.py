@@ -1,10 +1,12 @@
-"""Fixtures for the core tests: a real redis-server shared by one test process."""
+"""Fixtures for the core tests: a real redis-server shared by one test process, and what core
+logs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from loguru import logger
 from support.redis_server import RedisServer
 
 
@@ -14,3 +16,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     using their own key prefix."""
     with RedisServer(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@pytest.fixture
+def logs() -> Iterator[list[tuple[str, str]]]:
+    """(level, message) of what core logs at INFO and above during the test."""
+    lines: list[tuple[str, str]] = []
+    sink = logger.add(
+        lambda m: lines.append((m.record["level"].name, m.record["message"])), level="INFO"
+    )
+    try:
+        yield lines
+    finally:
+        logger.remove(sink)

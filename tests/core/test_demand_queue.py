@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from loguru import logger
 from support.director import BACKEND, TrackingBackend
 from support.ports import free_port
 from support.web import Answers, WebServer
@@ -69,18 +68,6 @@ def queue(redis_server) -> Iterator[tuple[Any, str]]:
     key = f"tq:{uuid.uuid4().hex}"
     yield client, key
     client.delete(key)
-
-
-@pytest.fixture
-def logs() -> Iterator[list[tuple[str, str]]]:
-    lines: list[tuple[str, str]] = []
-    sink = logger.add(
-        lambda m: lines.append((m.record["level"].name, m.record["message"])), level="INFO"
-    )
-    try:
-        yield lines
-    finally:
-        logger.remove(sink)
 
 
 @pytest.fixture

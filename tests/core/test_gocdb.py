@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
-from loguru import logger
 from support.servers import make_cert
 from support.web import Answers, WebServer
 
@@ -61,18 +60,6 @@ def _doc(*downtimes: str) -> bytes:
     return ('<?xml version="1.0" encoding="UTF-8"?>\n<results>' + "".join(downtimes)).encode() + (
         b"</results>\n"
     )
-
-
-@pytest.fixture
-def logs() -> Iterator[list[tuple[str, str]]]:
-    lines: list[tuple[str, str]] = []
-    sink = logger.add(
-        lambda m: lines.append((m.record["level"].name, m.record["message"])), level="INFO"
-    )
-    try:
-        yield lines
-    finally:
-        logger.remove(sink)
 
 
 # --- parsing -------------------------------------------------------------------------------

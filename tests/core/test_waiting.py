@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
-from loguru import logger
 from support.ports import free_port
 from support.redis_server import RedisServer
 from support.web import Answers, WebServer
@@ -49,19 +48,6 @@ def web() -> Iterator[tuple[str, Answers]]:
     """A real HTTP server on 127.0.0.1 (port 0) and the answers it gives."""
     with WebServer(Answers(body=b'{"mc": 7, "analysis": 12}')) as server:
         yield server.url("/waiting"), server.answers
-
-
-@pytest.fixture
-def logs() -> Iterator[list[tuple[str, str]]]:
-    """(level, message) of what core logs at INFO and above during the test."""
-    lines: list[tuple[str, str]] = []
-    sink = logger.add(
-        lambda m: lines.append((m.record["level"].name, m.record["message"])), level="INFO"
-    )
-    try:
-        yield lines
-    finally:
-        logger.remove(sink)
 
 
 def _key() -> str:
