@@ -428,11 +428,20 @@ _FOR_HELP = "How long: 30m, 2h, 1d12h (at most 365d); it ends by itself then."
 _REASON_HELP = "Why, for the other operators (gridgate servers list shows it)."
 
 
+def _withdraw_options(command: Any) -> Any:
+    """ENDPOINT, -c/--config, --for and --reason: what ban and drain both take."""
+    for option in (
+        click.option("--reason", required=True, help=_REASON_HELP),
+        click.option("--for", "duration", required=True, help=_FOR_HELP),
+        click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False)),
+        click.argument("endpoint"),
+    ):
+        command = option(command)
+    return command
+
+
 @servers_group.command("ban")
-@click.argument("endpoint")
-@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
-@click.option("--for", "duration", required=True, help=_FOR_HELP)
-@click.option("--reason", required=True, help=_REASON_HELP)
+@_withdraw_options
 def servers_ban(endpoint: str, path: str, duration: str, reason: str) -> None:
     """Ban ENDPOINT (backend/name, or a name only one backend has): no new pilots, and its
     pilots not polled when its backend cannot ask it. Kept in the state store, so every
@@ -442,10 +451,7 @@ def servers_ban(endpoint: str, path: str, duration: str, reason: str) -> None:
 
 
 @servers_group.command("drain")
-@click.argument("endpoint")
-@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
-@click.option("--for", "duration", required=True, help=_FOR_HELP)
-@click.option("--reason", required=True, help=_REASON_HELP)
+@_withdraw_options
 def servers_drain(endpoint: str, path: str, duration: str, reason: str) -> None:
     """Drain ENDPOINT: no new pilots; the ones there are still tracked to their end. Kept in
     the state store like a ban (and replaces one)."""
