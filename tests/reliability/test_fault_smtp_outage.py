@@ -33,7 +33,15 @@ def test_smtp_down_across_a_restart_every_mail_once(
     site = Site(tmp_path / "site")
     port = free_port()
     # failing_expiry 1 s: each broken server raises an error, then an alarm about every second.
-    doc = site.doc(failing_expiry=1, ticket_expiry=600, cycle_seconds=0.2, command_timeout=10)
+    doc = site.doc(
+        failing_expiry=1,
+        ticket_expiry=600,
+        cycle_seconds=0.2,
+        command_timeout=10,
+        # the stand-in's pilots wait for ever: with the finite default (20 per server) the
+        # limits would stop submission, and the stall watch would mail about that, not SMTP
+        pilots={"max_waiting": None},
+    )
     doc["notifiers"] = {
         "email": {
             "host": "127.0.0.1",

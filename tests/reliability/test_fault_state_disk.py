@@ -60,7 +60,14 @@ def test_disk_full_then_space_returns(
 ) -> None:
     site = Site(tmp_path / "site")
     site.scenario(hosts={HOSTS[0]: {"behaviour": "error"}}, log_calls=False)
-    doc = site.doc(state_retry_seconds=0.3, failing_expiry=0.5, ticket_expiry=600)
+    doc = site.doc(
+        state_retry_seconds=0.3,
+        failing_expiry=0.5,
+        ticket_expiry=600,
+        # the stand-in's pilots wait for ever: the finite default (20 per server) would stop
+        # submission by itself, which is not what this test is about
+        pilots={"max_waiting": None},
+    )
     doc["notifiers"]["files"]["levels"] = ["error", "alarm", "info"]
     config = site.write(doc)
     out = tmp_path / "run.jsonl"

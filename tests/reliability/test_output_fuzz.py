@@ -182,7 +182,7 @@ def test_glite_submit_and_list_match_outputs_are_always_classified(
 def test_lsf_bsub_and_bjobs_outputs_are_always_classified(
     lsf: LsfBackend, outcome: CommandResult
 ) -> None:
-    lsf._run = lambda argv, category, timeout: outcome  # type: ignore[method-assign]
+    lsf.run_with_token = lambda argv, category, deadline: outcome  # type: ignore[method-assign]
     endpoint = Endpoint("lsf", "short")
     result = lsf.gridgate_submit(
         endpoint=endpoint, request=SubmitRequest(backend="lsf"), timeout=10
