@@ -58,6 +58,10 @@ def site(
             "command_timeout": timeout,
             "failing_expiry": failing_expiry,
             "state_dir": str(folder / "state"),
+            # the stand-in's pilots wait for ever: the finite default (20 per server, issue 23)
+            # would make these figures the limit's; they measure the director without one, as
+            # they did when that was the default
+            "pilots": {"max_waiting": None},
         },
         "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
         "backends": {
