@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from support.polling import until
 
 from gridgate.core.watchdog import Watchdog
 
@@ -21,12 +21,7 @@ def _mark(path: Path) -> list[str]:
 
 
 def _wait_for(path: Path, seconds: float = 30.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if path.exists():
-            return True
-        time.sleep(0.05)
-    return path.exists()
+    return bool(until(path.exists, timeout=seconds))
 
 
 def test_the_teardown_runs_when_the_owner_is_killed(tmp_path: Path) -> None:
@@ -50,9 +45,7 @@ def test_the_teardown_runs_when_the_owner_is_killed(tmp_path: Path) -> None:
     finally:
         owner.kill()
         owner.wait()
-    end = time.monotonic() + 30
-    while time.monotonic() < end and Path(f"/proc/{watchdog_pid}").exists():
-        time.sleep(0.05)
+    until(lambda: not Path(f"/proc/{watchdog_pid}").exists(), timeout=30)
     assert not Path(f"/proc/{watchdog_pid}").exists() or _zombie(watchdog_pid)
 
 
@@ -87,9 +80,7 @@ def test_a_signal_to_the_owners_group_does_not_end_the_watchdog(tmp_path: Path) 
     dog = Watchdog(_mark(mark)).start()
     assert dog.pid is not None
     # wait until it ignores signals (the interpreter has started and set its handlers)
-    end = time.monotonic() + 30
-    while time.monotonic() < end and not _ignores(dog.pid, signal.SIGTERM):
-        time.sleep(0.05)
+    until(lambda: _ignores(dog.pid, signal.SIGTERM), timeout=30)
     os.kill(dog.pid, signal.SIGTERM)
     os.kill(dog.pid, signal.SIGINT)
     assert dog.poll() is None
