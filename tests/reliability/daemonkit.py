@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from support.uids import AS_NOBODY
 __all__ = [
     "AS_NOBODY",
     "PYTHON",
+    "start_flood",
     "free_port",
     "hello_as_nobody_code",
     "in_use",
@@ -31,6 +33,28 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = lsf_fixtures.PYTHON
+#: the flood client (a real process): ``count`` idle TCP connections for ``seconds``
+FLOOD = Path(__file__).with_name("flood_tcp.py")
+
+
+def start_flood(port: int, count: int, seconds: float, sources: list[str]) -> subprocess.Popen[str]:
+    """Start the TCP flood against ``port`` as ``nobody``, from the loopback ``sources``."""
+    return subprocess.Popen(
+        [
+            *AS_NOBODY,
+            PYTHON,
+            str(FLOOD),
+            "127.0.0.1",
+            str(port),
+            str(count),
+            str(seconds),
+            ",".join(sources),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
 
 
 def _reply_lines(data: bytes) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from daemonkit import AS_NOBODY, PYTHON, free_port, lsf_fixtures, status
+from daemonkit import AS_NOBODY, PYTHON, free_port, lsf_fixtures, start_flood, status
 from support.polling import until
 
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
@@ -23,7 +23,6 @@ cli = lsf_fixtures.cli
 
 pytestmark = pytest.mark.timeout(300)
 
-FLOOD = Path(__file__).with_name("flood_tcp.py")
 KEY = "k3y-shared-by-the-daemons"
 STDERR_BOUND = 64 * 1024
 
@@ -33,25 +32,6 @@ def _key(folder: Path) -> Path:
     key.write_text(KEY + "\n")
     key.chmod(0o600)
     return key
-
-
-def _flood(port: int, count: int, seconds: float, sources: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            *AS_NOBODY,
-            PYTHON,
-            str(FLOOD),
-            "127.0.0.1",
-            str(port),
-            str(count),
-            str(seconds),
-            ",".join(sources),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
 
 
 def _root_acquires(path: str, count: int, pause: float = 0.02) -> list[float]:
@@ -136,7 +116,7 @@ def test_a_thousand_unauthenticated_tcp_connections_lock_nobody_out(
     )
     quiet = _root_acquires(d.socket, 30)
     sources = ["127.0.0.2"] if spread == "one-address" else [f"127.0.0.{i}" for i in range(2, 52)]
-    flood = _flood(port, 1000, 12, sources)
+    flood = start_flood(port, 1000, 12, sources)
     try:
         # the flood is in place (a loaded host may take seconds to start its process), and
         # has met its first deadlines (tcp_auth_timeout 2 s)
@@ -273,7 +253,7 @@ def test_descriptor_exhaustion_pauses_accepts_and_logs_once(start_daemon, sockdi
         text=True,
         cwd="/",
     )
-    flood = _flood(port, 1000, 8, ["127.0.0.2"])
+    flood = start_flood(port, 1000, 8, ["127.0.0.2"])
     try:
         refused = json.loads(holder.stdout.readline())["refused"]
         assert refused == expected, refused

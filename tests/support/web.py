@@ -60,7 +60,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     self.wfile.write(b" ")
                     self.wfile.flush()
             except OSError:
-                pass
+                pass  # the client gave up mid-trickle (its deadline): what the test wants
             finally:
                 with answers.lock:
                     answers.stuck -= 1
