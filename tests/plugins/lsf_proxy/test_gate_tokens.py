@@ -269,7 +269,8 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(
         env={**os.environ, **env},
     )
     try:
-        until(marker.exists)
+        # a loaded CI host took over 20 s to start it once: wait longer, and say so if not
+        assert until(marker.exists, timeout=90), "the gated squeue -i never started"
         assert until(lambda: in_use(daemon.socket)["query"] == 0, timeout=30)
         assert proc.poll() is None  # still running, without the token
     finally:
@@ -283,7 +284,7 @@ def test_a_start_only_command_gives_its_token_back_while_it_runs(
         env={**os.environ, **env},
     )
     try:
-        until(marker.exists)
+        assert until(marker.exists, timeout=90), "the gated squeue never started"
         time.sleep(1.0)  # twice start_hold: a start-only command would have given it back
         assert in_use(daemon.socket)["query"] == 1
         finish.touch()
