@@ -32,52 +32,53 @@ setup() {
 ARC_PACKAGES=(nordugrid-arc-arex nordugrid-arc-client nordugrid-arc-arcctl
               nordugrid-arc-plugins-arcrest nordugrid-arc-plugins-needed)
 
-install_arc() {
-    # nordugrid-arc-arex's postinst starts a system A-REX (port 443, /etc/arc.conf) through
-    # invoke-rc.d and deb-systemd-invoke; both obey policy-rc.d. A machine without one gets a
-    # temporary one that denies every start, removed again however the install ends.
+apt_install() {
+    # apt_install WHAT PACKAGE...: Debian packages, quietly. Some postinsts start a system service
+    # through invoke-rc.d (nordugrid-arc-arex an A-REX on port 443, gridengine-master and -exec a
+    # cell under /var/lib/gridengine); the tests start private ones, so a machine without a
+    # policy-rc.d gets a temporary one that denies every start, removed however the install ends.
+    local what=$1
+    shift
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo=sudo
-    echo "dev.sh: installing ${ARC_PACKAGES[*]} (Debian packages) for the ARC tests" >&2
+    echo "dev.sh: installing $* (Debian packages) for $what" >&2
     (
         policy=/usr/sbin/policy-rc.d
         if [ ! -e "$policy" ]; then
             trap '$sudo rm -f "$policy"' EXIT
-            printf '#!/bin/sh\n# dev.sh: no service may start while it installs ARC\nexit 101\n' \
+            printf '#!/bin/sh\n# dev.sh: no service may start while it installs packages\nexit 101\n' \
                 | $sudo tee "$policy" >/dev/null
             $sudo chmod 755 "$policy"
         fi
         $sudo apt-get update -qq \
             && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-                   --no-install-recommends "${ARC_PACKAGES[@]}"
+                   --no-install-recommends "$@"
     ) >/dev/null 2>&1 \
-        || echo "dev.sh: could not install ${ARC_PACKAGES[*]}; the ARC tests will fail" >&2
+        || echo "dev.sh: could not install $*; the tests that need them will fail" >&2
 }
 
 need_tools() {
     # Real parts the tests start or call, from Debian's packages: redis-server (the redis
     # driver), openssl (test certificates), setpriv (clients as another uid), chattr (a
     # read-only state file as root), systemd-analyze (the unit files), and a real Slurm for the
-    # private cluster the Slurm tests start (munged, slurmctld, slurmd, the client commands).
+    # private cluster the Slurm tests start (munged, slurmctld, slurmd, the client commands),
+    # and a real Grid Engine for the private cell the sge tests start (plugins/sge/cell.py).
     local missing=()
     local pair
     for pair in redis-server:redis-server openssl:openssl setpriv:util-linux \
                 chattr:e2fsprogs systemd-analyze:systemd munged:munge slurmctld:slurmctld \
-                slurmd:slurmd sbatch:slurm-client; do
+                slurmd:slurmd sbatch:slurm-client sge_qmaster:gridengine-master \
+                sge_execd:gridengine-exec qsub:gridengine-client; do
         PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
             || missing+=("${pair##*:}")
     done
     # The private ARC CE of the ARC tests (plugins/arc/ce.py): A-REX, the client, arcctl.
     if ! PATH="$PATH:/usr/sbin:/sbin" command -v arcsub >/dev/null 2>&1 \
             || ! PATH="$PATH:/usr/sbin:/sbin" command -v arched >/dev/null 2>&1; then
-        install_arc
+        apt_install "the ARC tests" "${ARC_PACKAGES[@]}"
     fi
     [ ${#missing[@]} -eq 0 ] && return 0
-    echo "dev.sh: installing ${missing[*]} (Debian packages) for the tests" >&2
-    local sudo=""
-    [ "$(id -u)" = 0 ] || sudo=sudo
-    ($sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
-        || echo "dev.sh: could not install ${missing[*]}; the tests that need them will fail" >&2
+    apt_install "the tests" "${missing[@]}"
 }
 
 typecheck() {
@@ -154,8 +155,16 @@ case "${1:-}" in
         need_tools
         exec "$VENV/bin/python" -m gridgate.plugins.arc.ce "${@:-up}"
         ;;
+    sge)
+        # A private Grid Engine cell (sge_qmaster, sge_execd) for people, the demo and the benches:
+        # `bash dev.sh sge up [DIR]` prints the variables to export; `bash dev.sh sge down [DIR]`.
+        shift
+        setup
+        need_tools
+        exec "$VENV/bin/python" -m gridgate.plugins.sge.cell "${@:-up}"
+        ;;
     *)
-        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|env | bash dev.sh arc up|down|env|status|user [DIR]" >&2
+        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|env | bash dev.sh arc up|down|env|status|user [DIR] | bash dev.sh sge up|down|env [DIR]" >&2
         exit 64
         ;;
 esac
