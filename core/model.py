@@ -356,8 +356,17 @@ class StatusResult:
 class CancelResult:
     """The answer of a backend to cancelling jobs on one endpoint.
 
-    ``cancelled`` are the ids the backend accepted to cancel (or already finished);
-    ``ok`` False when the command failed as a whole.
+    ``cancelled`` are the ids the batch system accepted to cancel, and only those: core
+    records each as ``cancelled`` (terminal: never polled again, and left out of the aborted
+    verdict, since it was gridgate's decision). A job that had **already finished**, or that
+    the batch system does not know, is left out of ``cancelled``, never reported as
+    cancelled: its pilot keeps its state and the next ``gridgate_job_status`` poll records how
+    it really ended (``done``, ``failed``; or ``unknown``, then ``lost`` after
+    ``director.pilots.lost_after``). Say why in ``message`` (``not cancelled: 1 had already
+    finished``); core reports the ids left out as not cancelled. When the cancel command
+    cannot tell which of its ids it skipped (it only counts), leave them all out.
+    ``ok`` False when the command failed as a whole (timed out, could not start, refused):
+    ``cancelled`` then holds only what earlier commands of the same call confirmed.
     """
 
     endpoint: Endpoint

@@ -39,6 +39,7 @@ from gridgate.core.model import Notification
 from gridgate.core.plugins import PluginContext, new_plugin_manager
 
 __all__ = [
+    "Answer",  # noqa: F822 - loaded on first use (module __getattr__)
     "BackendContract",  # noqa: F822 - loaded on first use (module __getattr__)
     "Collector",
     "FakeClock",
@@ -297,10 +298,10 @@ class Collector:
 
 def __getattr__(name: str) -> Any:
     # the backend contract suite imports this module, so it is loaded on first use
-    if name == "BackendContract":
-        from gridgate.core.backend_contract import BackendContract
+    if name in ("Answer", "BackendContract"):
+        from gridgate.core import backend_contract
 
-        return BackendContract
+        return getattr(backend_contract, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -212,6 +212,7 @@ class ArcBackend(Backend):
             },
             "script": {
                 "type": "string",
+                "x-gridgate-path": True,
                 "default": "",
                 "description": "The pilot, sent as the job's executable (uploaded "
                 "with it; a path on this machine, relative to the "
@@ -281,6 +282,7 @@ class ArcBackend(Backend):
                     name: {
                         "type": "string",
                         "minLength": 1,
+                        "x-gridgate-path": "command",
                         "default": name,
                         "description": f"The {what} command.",
                     }
@@ -762,6 +764,7 @@ class ArcBackend(Backend):
         if bad:
             return CancelResult(endpoint, ok=False, message=bad)
         cancelled: list[str] = []
+        left: list[str] = []
         last: CommandResult | None = None
         prefix = self._client("arckill", ce)
         deadline = self.deadline(timeout)
@@ -780,12 +783,28 @@ class ArcBackend(Backend):
                     command=outcome,
                     message=outcome.describe() if not outcome.ok else "arckill printed no summary",
                 )
-            # processed jobs were killed, or had already finished (arckill skips those)
-            cancelled += [i for i in asked if i not in gone]
+            # arckill skips a job that has already finished and counts only those it killed
+            # (``Jobs processed: 0`` for a finished one), naming none: when it killed fewer than
+            # it was given, which ones it skipped is unknown, so none of this command's ids is
+            # reported cancelled; their next poll says how each ended (Killed is cancelled)
+            candidates = [i for i in asked if i not in gone]
+            if counts is not None and counts[1] >= len(candidates):
+                cancelled += candidates
+            else:
+                left += candidates
         # a cancelled pilot is final and never polled again: it is cleaned like one seen final
         # (arcclean takes it once the CE has killed it)
         self._note_terminal(ce, cancelled)
-        return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)
+        return CancelResult(
+            endpoint,
+            ok=True,
+            cancelled=tuple(cancelled),
+            command=last,
+            message=f"arckill skipped some of {len(left)} job(s) as already finished; their "
+            "next poll says how each ended"
+            if left
+            else "",
+        )
 
 
 def proxy_problem(environ: Mapping[str, str], now: float) -> str:

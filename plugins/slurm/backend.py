@@ -45,6 +45,9 @@ NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 PARSABLE_RE = re.compile(r"([0-9]+)(?:;([A-Za-z0-9_.-]+))?")
 #: Job ids as squeue and scancel take them: plain, array task ``<base>_<idx>``.
 JOB_ID_RE = re.compile(r"[0-9]+(?:_[0-9]+)?")
+#: What ``scancel --verbose`` prints for an id it did not cancel (exit 0 all the same): plain
+#: scancel says nothing for a job already finished or unknown, verbose names each one.
+KILL_ERROR_RE = re.compile(r"Kill job error on job id ([0-9]+(?:_[0-9]+)?): (.*)$", re.M)
 SQUEUE_FORMAT = "%i %T %r"
 #: Options the backend writes itself; ``sbatch_options`` may not carry them.
 OWNED_OPTIONS: dict[str, str] = {
@@ -249,6 +252,7 @@ class SlurmBackend(Backend):
             },
             "script": {
                 "type": "string",
+                "x-gridgate-path": True,
                 "default": "",
                 "description": "The pilot batch script sbatch submits (a path readable "
                 "on this machine; #SBATCH lines in it apply).",
@@ -286,6 +290,7 @@ class SlurmBackend(Backend):
                     name: {
                         "type": "string",
                         "minLength": 1,
+                        "x-gridgate-path": "command",
                         "default": name,
                         "description": f"The {what} command.",
                     }
@@ -548,10 +553,13 @@ class SlurmBackend(Backend):
         if known is not None:
             return CancelResult(endpoint, ok=False, command=known[0], message=known[1])
         cancelled: list[str] = []
+        left: dict[str, str] = {}
         last: CommandResult | None = None
-        prefix = [self._command("scancel"), *self._cluster_args(endpoint)]
+        prefix = [self._command("scancel"), "--verbose", *self._cluster_args(endpoint)]
         deadline = self.deadline(timeout)
-        # Plain scancel (no signal, no filter) exits 0 for ids already finished or unknown.
+        # scancel (no signal, no filter) exits 0 for ids already finished or unknown; with
+        # --verbose it names each ("Job/step already completing or completed", "Invalid job id
+        # specified"): those are not cancelled, and their next poll says how they ended.
         for argv in argv_chunks(prefix, ids):
             outcome = self.run(argv, deadline)
             last = outcome
@@ -564,5 +572,15 @@ class SlurmBackend(Backend):
                     command=outcome,
                     message=outcome.describe(),
                 )
-            cancelled += argv[len(prefix) :]
-        return CancelResult(endpoint, ok=True, cancelled=tuple(cancelled), command=last)
+            refused = dict(KILL_ERROR_RE.findall(outcome.stderr))
+            left.update((j, refused[j].strip()) for j in argv[len(prefix) :] if j in refused)
+            cancelled += [j for j in argv[len(prefix) :] if j not in refused]
+        return CancelResult(
+            endpoint,
+            ok=True,
+            cancelled=tuple(cancelled),
+            command=last,
+            message=clip("not cancelled: " + "; ".join(f"{j}: {w}" for j, w in left.items()))
+            if left
+            else "",
+        )

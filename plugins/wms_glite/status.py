@@ -342,17 +342,23 @@ def parse_cancel(stdout: str, stderr: str = "", asked: Sequence[str] = ()) -> Ca
 
 def cancel_result(endpoint: Endpoint, asked: Sequence[str], command: CommandResult) -> CancelResult:
     """The :class:`CancelResult` of one cancel command: ok when it exited 0, or when every id
-    it did not cancel had already finished."""
+    it did not cancel had already finished. Only the ids it cancelled are ``cancelled``: one
+    refused because it had finished is left out (its next poll records how it ended)."""
     parsed = parse_cancel(command.stdout, command.stderr, asked)
-    done = tuple(j for j in dict.fromkeys((*parsed.cancelled, *parsed.finished)) if j in set(asked))
-    ok = command.ok or (command.returncode == 1 and bool(asked) and set(done) == set(asked))
+    cancelled = tuple(j for j in parsed.cancelled if j in set(asked))
+    finished = [j for j in parsed.finished if j in set(asked) and j not in set(cancelled)]
+    answered = set(cancelled) | set(finished)
+    ok = command.ok or (command.returncode == 1 and bool(asked) and answered == set(asked))
+    message = "" if ok else command.describe() + f": {_last_line(command)}"[:300]
+    if ok and finished:
+        message = f"not cancelled: {len(finished)} had already finished"
     return CancelResult(
         endpoint,
         ok=ok,
-        cancelled=done,
+        cancelled=cancelled,
         command=command,
         operation=OPERATION_CANCEL,
-        message="" if ok else command.describe() + f": {_last_line(command)}"[:300],
+        message=message,
     )
 
 

@@ -252,9 +252,10 @@ def bkill_command(backend: Any) -> str:
 def cancel_pilots(
     backend: Any, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
 ) -> CancelResult:
-    """``gridgate_cancel`` of the LSF backend: ``bkill`` under ``other`` tokens. Ids being
-    terminated or already finished count as cancelled; exit 255 is an answer as long as
-    every id got its line."""
+    """``gridgate_cancel`` of the LSF backend: ``bkill`` under ``other`` tokens. Only ids being
+    terminated are cancelled: one that had already finished, or that LSF does not know, is
+    left out (the next poll records how it really ended: ``bjobs -a`` still shows it); exit
+    255 is an answer as long as every id got its line."""
     from gridgate.core.runner import argv_chunks
     from gridgate.plugins.lsf_proxy.director import backend as module
 
@@ -268,6 +269,8 @@ def cancel_pilots(
         )
     deadline = backend.deadline(timeout)
     cancelled: list[str] = []
+    finished: list[str] = []
+    unknown: list[str] = []
     last: CommandResult | None = None
     for argv in argv_chunks([bkill_command(backend)], ids):
         outcome = backend.run_with_token(argv, "other", deadline)
@@ -282,7 +285,9 @@ def cancel_pilots(
             )
         last = outcome
         parsed = parse_bkill(outcome.stdout, outcome.stderr)
-        cancelled += [j for j in argv[1:] if j in parsed.terminated or j in parsed.finished]
+        cancelled += [j for j in argv[1:] if j in parsed.terminated]
+        finished += [j for j in argv[1:] if j in parsed.finished and j not in parsed.terminated]
+        unknown += [j for j in argv[1:] if j in parsed.unknown]
         answered = outcome.ok or (
             outcome.returncode == 255
             and parsed.seen >= set(argv[1:])
@@ -297,6 +302,13 @@ def cancel_pilots(
                 operation=OPERATION_CANCEL,
                 message=outcome.describe(),
             )
+    left = [f"{len(finished)} had already finished"] if finished else []
+    left += [f"{len(unknown)} unknown to LSF"] if unknown else []
     return CancelResult(
-        endpoint, ok=True, cancelled=tuple(cancelled), command=last, operation=OPERATION_CANCEL
+        endpoint,
+        ok=True,
+        cancelled=tuple(cancelled),
+        command=last,
+        operation=OPERATION_CANCEL,
+        message=f"not cancelled: {', '.join(left)}" if left else "",
     )

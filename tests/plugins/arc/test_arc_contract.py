@@ -3,8 +3,11 @@ ARC client; the real CE is exercised in test_arc_backend.py)."""
 
 from __future__ import annotations
 
-from gridgate.core.testing import BackendContract
+from gridgate.core.testing import Answer, BackendContract
 from gridgate.plugins.arc.backend import ArcBackend
+
+#: arcstat's State: for the live states the contract asks about
+ARC_STATES = {"waiting": "Queuing", "running": "Running"}
 
 
 class TestArcBackendContract(BackendContract):
@@ -38,6 +41,32 @@ class TestArcBackendContract(BackendContract):
                 name: program for name in ("arcsub", "arcstat", "arckill", "arcclean", "arcget")
             },
         }
+
+    def make_backend(self, program, tmp_path, max_output_bytes=None):
+        # arcsub writes the job list the client reads its jobs from; the stand-in does not
+        backend = super().make_backend(program, tmp_path, max_output_bytes)
+        for ce in backend._ces.values():
+            ce.job_list.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ce.job_list.touch()
+        return backend
+
+    def status_answer(self, known, unknown):
+        blocks = "".join(f"Job: {i}\n State: {ARC_STATES[s]}\n\n" for i, s in known.items())
+        return Answer(
+            stdout=blocks + f"Status of {len(known) + len(unknown)} jobs was queried, "
+            f"{len(known)} jobs returned information\n",
+            stderr="".join(
+                f"WARNING: Failed to process job: {i} - 404 Job not found\n" for i in unknown
+            ),
+        )
+
+    def cancel_answer(self, cancelled, finished, unknown):
+        # arckill skips a finished job without a word and counts only the jobs it killed
+        return Answer(
+            stdout="".join(f"Warning: Job not found in job list: {i}\n" for i in unknown)
+            + f"Jobs processed: {len(cancelled)}, successfully killed: {len(cancelled)}, "
+            "successfully cleaned: 0\n"
+        )
 
 
 def test_ids_that_are_no_arc_job_id_never_reach_a_command(tmp_path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from gridgate.core.testing import BackendContract
+from gridgate.core.testing import Answer, BackendContract
 from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
+
+#: bjobs' STAT for the live states the contract asks about
+STAT = {"waiting": "PEND", "running": "RUN"}
 
 
 class TestLsfBackendContract(BackendContract):
@@ -20,5 +23,21 @@ class TestLsfBackendContract(BackendContract):
         return {
             "queues": ["normal"],
             "tokens": False,
-            "commands": {"bsub": program, "bjobs": program},
+            "commands": {"bsub": program, "bjobs": program, "bkill": program},
         }
+
+    def status_answer(self, known, unknown):
+        # bjobs -a -noheader -o "jobid stat exec_host exit_code exit_reason delimiter='^'"
+        return Answer(
+            stdout="".join(f"{i}^{STAT[s]}^-^-^-\n" for i, s in known.items()),
+            stderr="".join(f"Job <{i}> is not found\n" for i in unknown),
+            exit_code=255 if unknown else 0,
+        )
+
+    def cancel_answer(self, cancelled, finished, unknown):
+        return Answer(
+            stdout="".join(f"Job <{i}> is being terminated\n" for i in cancelled),
+            stderr="".join(f"Job <{i}>: Job has already finished\n" for i in finished)
+            + "".join(f"Job <{i}>: No matching job found\n" for i in unknown),
+            exit_code=255 if finished or unknown else 0,
+        )

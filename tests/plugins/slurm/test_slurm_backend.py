@@ -334,7 +334,9 @@ def test_config_errors_name_partition_and_script() -> None:
     assert (("script",), "a pilot script is needed to submit to the partitions") in problems
 
 
-def test_gridgate_cancel_cancels_real_jobs_and_accepts_unknown_ones(slurm_site) -> None:
+def test_gridgate_cancel_cancels_real_jobs_and_names_unknown_ones_not_cancelled(
+    slurm_site,
+) -> None:
     backend = _backend(slurm_site, pilots_per_submission=2)
     batch = Endpoint("slurm", "batch")
     with plugin_manager_with(backend) as pm:
@@ -346,8 +348,9 @@ def test_gridgate_cancel_cancels_real_jobs_and_accepts_unknown_ones(slurm_site) 
             endpoint=batch, job_ids=[*array.job_ids, "999999"], timeout=60
         )
         refused = pm.hook.gridgate_cancel(endpoint=batch, job_ids=["1; rm -rf /"], timeout=60)
-    assert cancel.ok and cancel.cancelled == (*array.job_ids, "999999")
-    assert cancel.command.argv == ("scancel", *array.job_ids, "999999")
+    assert cancel.ok and cancel.cancelled == array.job_ids  # 999999: scancel --verbose names it
+    assert "999999: Invalid job id specified" in cancel.message
+    assert cancel.command.argv == ("scancel", "--verbose", *array.job_ids, "999999")
     assert not refused.ok and refused.command is None
     # a pending array cancelled whole is kept by Slurm as one record under its base id
     base = array.job_ids[0].split("_")[0]
@@ -356,6 +359,31 @@ def test_gridgate_cancel_cancels_real_jobs_and_accepts_unknown_ones(slurm_site) 
         status = pm.hook.gridgate_job_status(endpoint=batch, job_ids=array.job_ids, timeout=60)
     assert {s.state for s in status.statuses.values()} == {"cancelled"}
     assert set(status.statuses) == set(array.job_ids)
+
+
+def test_gridgate_cancel_of_a_job_that_has_finished_does_not_report_it_cancelled(
+    slurm_site,
+) -> None:
+    """A pilot that ended before its cancel is not recorded cancelled (that would hide how it
+    ended): the real scancel --verbose names it, and the next poll says it is done."""
+    from support.polling import until
+
+    cluster = slurm_site.cluster
+    partition = next(iter(cluster.partitions))
+    out = cluster.command(
+        ["sbatch", "--parsable", "-p", partition, "-o", "/dev/null", "--wrap", "true"]
+    )
+    assert out.ok, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    assert until(lambda: _squeue(cluster, job).get(job, ("", "", ""))[2] == "COMPLETED", 60)
+    backend = _backend(slurm_site)
+    endpoint = Endpoint("slurm", partition)
+    with plugin_manager_with(backend) as pm:
+        cancel = pm.hook.gridgate_cancel(endpoint=endpoint, job_ids=[job], timeout=60)
+        status = pm.hook.gridgate_job_status(endpoint=endpoint, job_ids=[job], timeout=60)
+    assert cancel.ok and cancel.cancelled == ()
+    assert f"{job}: Job/step already completing or completed" in cancel.message
+    assert status.ok and status.statuses[job].state == "done"
 
 
 def test_a_full_queue_is_overload_and_the_retrying_sbatch_is_killed_at_its_deadline(

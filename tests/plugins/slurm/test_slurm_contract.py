@@ -3,8 +3,11 @@ sbatch; the real cluster is exercised in test_slurm_backend.py)."""
 
 from __future__ import annotations
 
-from gridgate.core.testing import BackendContract
+from gridgate.core.testing import Answer, BackendContract
 from gridgate.plugins.slurm.backend import SlurmBackend
+
+#: squeue's %T for the live states the contract asks about
+SQUEUE_STATES = {"waiting": "PENDING Priority", "running": "RUNNING None"}
 
 
 class TestSlurmBackendContract(BackendContract):
@@ -22,6 +25,24 @@ class TestSlurmBackendContract(BackendContract):
             "script": str(script),
             "commands": {"sbatch": program, "squeue": program, "scancel": program},
         }
+
+    def status_answer(self, known, unknown):
+        if not known:  # squeue: none of the ids is in the controller's memory
+            return Answer(stderr="slurm_load_jobs error: Invalid job id specified\n", exit_code=1)
+        return Answer(stdout="".join(f"{i} {SQUEUE_STATES[s]}\n" for i, s in known.items()))
+
+    def cancel_answer(self, cancelled, finished, unknown):
+        # scancel --verbose: one line per id, an error line for those it did not cancel, exit 0
+        why = {
+            **dict.fromkeys(finished, "Job/step already completing or completed"),
+            **dict.fromkeys(unknown, "Invalid job id specified"),
+        }
+        return Answer(
+            stderr="".join(f"scancel: Terminating job {i}\n" for i in (*cancelled, *why))
+            + "".join(
+                f"scancel: error: Kill job error on job id {i}: {w}\n" for i, w in why.items()
+            )
+        )
 
 
 def test_a_squeue_output_cut_by_gridgates_cap_is_a_failed_poll_carrying_the_cut_command(

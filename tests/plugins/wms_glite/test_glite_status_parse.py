@@ -260,11 +260,11 @@ def test_cancel_real_capture() -> None:
     assert result.ok and result.cancelled == (job,)
 
 
-def test_cancel_of_a_finished_single_job_counts_as_done_with() -> None:
+def test_cancel_of_a_finished_single_job_is_an_answer_but_no_cancel() -> None:
     job = "https://lb-3-fzk.gridka.de:9000/GgeNd6MD5REG2KsbN5dmEg"
     stderr = "\nError - Cancel not allowed\nCurrent Job Status is Done\n\n"
     result = cancel_result(EP, [job], cmd("", stderr, 1))
-    assert result.ok and result.cancelled == (job,)
+    assert result.ok and result.cancelled == () and "already finished" in result.message
     failed_done = "\nError - Cancel not allowed\nCurrent Job Status is Done(Failed)\n\n"
     assert parse_cancel("", failed_done, [job]).finished == ()
 

@@ -227,10 +227,11 @@ def test_cancel_then_status_shows_cancelled(tracked: Any, clock_file: Path) -> N
     states = status(pm, H1, [first, second]).statuses
     assert (states[first].state, states[first].native) == ("cancelled", "Cancelled")
     assert states[second].state == "waiting"
-    set_clock(clock_file, T0 + 60)  # second has finished: cancelling it is refused, and done with
+    set_clock(clock_file, T0 + 60)  # second has finished: cancelling it is refused, an answer
     again = pm.hook.gridgate_cancel(endpoint=ep(H1), job_ids=[second], timeout=20)
-    assert again.ok and again.cancelled == (second,)
+    assert again.ok and again.cancelled == ()  # finished, not cancelled: its poll says how
     assert again.command.returncode == 1 and "Cancel not allowed" in again.command.stderr
+    assert status(pm, H1, [second]).statuses[second].state == "done"
 
 
 def test_stand_in_refuses_bad_options_and_missing_files(sim_bin: Path, scenario: Any) -> None:
