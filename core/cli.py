@@ -83,22 +83,32 @@ def plugin_group() -> None:
 
 @plugin_group.command("new")
 @click.option("--kind", type=click.Choice(["backend", "notifier", "classifier"]), required=True)
+@click.option(
+    "--shape",
+    type=click.Choice(["command", "batch"]),
+    default="command",
+    show_default=True,
+    help="A backend's shape: one submit command, or submit, status and cancel commands "
+    "with a stand-in batch system whose jobs have lifecycles.",
+)
 @click.argument("name")
 @click.argument("folder", required=False, type=click.Path(file_okay=False))
-def plugin_new(kind: str, name: str, folder: str | None) -> None:
+def plugin_new(kind: str, shape: str, name: str, folder: str | None) -> None:
     """Write a package for plugin NAME in FOLDER (default ./gridgate-NAME): entry point,
-    schema'd config, tests with the testing kit; `pip install -e` it and its tests pass."""
+    schema'd config, tests with the testing kit; `pip install -e` it into a venv of its own
+    and its tests pass."""
     from pathlib import Path
 
     from gridgate.core.scaffold import ScaffoldError, new_plugin, next_steps
 
     try:
-        written = new_plugin(kind, name, Path(folder) if folder else None)
+        written = new_plugin(kind, name, Path(folder) if folder else None, shape=shape)
     except ScaffoldError as exc:
         click.echo(f"gridgate plugin new: {exc}", err=True)
         raise SystemExit(EXIT_CONFIG) from None
     root = written[0].parent
-    click.echo(f"wrote {len(written)} files in {root}; next:\n{next_steps(kind, root)}", nl=False)
+    steps = next_steps(kind, root, shape)
+    click.echo(f"wrote {len(written)} files in {root}; next:\n{steps}", nl=False)
 
 
 @cli.group("config")
@@ -239,9 +249,9 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
     "--png", "png", type=click.Path(dir_okay=False), help="Also draw the plot to this PNG."
 )
 def report_command(path: str, since: str, bucket: str, as_json: bool, png: str | None) -> None:
-    """Pilots per hour per endpoint, from the accounting table."""
-    from gridgate.core.director import ACCOUNTING, open_state
-    from gridgate.core.report import hourly_table, parse_duration, pilots_for_report, render_table
+    """Pilots per hour per endpoint, from the accounting and failures tables and the pilots."""
+    from gridgate.core.director import open_state
+    from gridgate.core.report import parse_duration, plot_unavailable, read_report, render_table
 
     config = load_config_or_exit(path)
     try:
@@ -251,21 +261,22 @@ def report_command(path: str, since: str, bucket: str, as_json: bool, png: str |
         raise click.BadParameter(str(exc)) from None
     if width <= 0:
         raise click.BadParameter("--bucket must be positive")
+    if png and (problem := plot_unavailable()):  # said before anything is read or printed
+        raise click.ClickException(problem)
     state = open_state(config)
     try:
-        rows = state.records(ACCOUNTING, since=time.time() - seconds)
-        finished, now = pilots_for_report(state, time.time() - seconds)
+        data = read_report(state, time.time() - seconds)
     finally:
         state.close()
-    table = hourly_table(rows, width, finished, now)
+    table = data.table(width)
     if as_json:
         click.echo(json.dumps(table, indent=2))
     else:
         click.echo(render_table(table), nl=False)
     if png:
-        from gridgate.core.report import plot_png
+        from gridgate.core.report import draw, save_png
 
-        plot_png(rows, png, width, finished)
+        save_png(draw(table), png)
         click.echo(f"plot written to {png}", err=True)
 
 

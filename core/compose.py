@@ -44,7 +44,8 @@ def compose_failure(
     """The seed's error or alarm message for one failure (level from ``escalation``)."""
     command = result.command
     timed_out = bool(command and command.timed_out)
-    what = "timeout" if timed_out else "error"
+    # a kind that says timeout is one, killed by us or not (a "Connection timed out" rule)
+    what = "timeout" if timed_out or failure.kind == "timeout" else "error"
     subject = f"{endpoint.name}: {what} executing {result.operation} [{failure.kind}]"
     lines: list[str] = []
     level = escalation.level or "error"
@@ -94,6 +95,10 @@ def compose_failure(
     )
 
 
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
 def compose_local_fault(
     endpoint: Endpoint,
     failure: Failure,
@@ -102,35 +107,66 @@ def compose_local_fault(
     repeat_every: float,
     host: str | None = None,
 ) -> Notification:
-    """The error for a command that could not start on this machine (``host``, default this
-    one's name): it names the command and the host to fix, and says that no server was blamed."""
+    """The error for a fault of this machine (``host``, default this one's name): no server
+    was blamed, and the subject says what the body shows.
+
+    Four cases, each with its own subject and first line: a program that could not start
+    (``cannot run qsub``); an input file of the pilot that is missing or unreadable
+    (kind ``missing_input``: the subject names the file); a command that could not be
+    prepared, nothing started (``cannot write its files``); a command that ran and failed for
+    a fault of this machine (``qsub failed ... for a fault of this machine``), whose output is
+    shown. A subject never names a server as failing: that is :func:`compose_failure`'s."""
     command = result.command
     program = command.argv[0] if command is not None and command.argv else "?"
     host = host or socket.gethostname()
-    if command is None:  # nothing was started: the command's own files could not be written
-        subject = f"gridgate: backend {endpoint.backend} cannot write its files on {host} [{failure.kind}]"
+    backend = endpoint.backend
+    launch_failed = command is not None and command.launch_error is not None
+    if launch_failed:
+        subject = f"gridgate: cannot run {program} on {host} (backend {backend}) [{failure.kind}]"
+        first = (
+            f"gridgate could not start {program} on {host}, so backend {backend} submits nothing."
+        )
+    elif failure.kind == "missing_input":
+        what = _clip(failure.reason.split(";", 1)[0], 160) or "an input file is missing"
+        subject = f"gridgate: backend {backend} on {host}: {what} [{failure.kind}]"
+        first = (
+            f"gridgate on {host} lacks an input file of backend {backend}'s pilots (missing or "
+            f"unreadable), so backend {backend} submits nothing."
+        )
+    elif command is None:  # nothing was started: the command's own files could not be written
+        subject = f"gridgate: backend {backend} cannot write its files on {host} [{failure.kind}]"
         first = (
             f"gridgate could not prepare a {result.operation} command of backend "
-            f"{endpoint.backend} on {host}, so it submits nothing."
+            f"{backend} on {host}, so it submits nothing."
         )
     else:
-        subject = f"gridgate: cannot run {program} on {host} (backend {endpoint.backend}) [{failure.kind}]"
-        first = f"gridgate could not start {program} on {host}, so backend {endpoint.backend} submits nothing."
+        subject = (
+            f"gridgate: {program} failed on {host} for a fault of this machine "
+            f"(backend {backend}) [{failure.kind}]"
+        )
+        first = (
+            f"{program} ran on {host} but failed for a fault of this machine, so backend "
+            f"{backend} submits nothing."
+        )
     lines = [
         first,
         "",
         f"Failure: {failure.kind}" + (f" - {failure.reason}" if failure.reason else ""),
     ]
-    if command is not None:
-        lines.append(f"Command: {command.command_line}")
-        if command.launch_error is not None:
-            lines.append(f"returns: could not start ({command.launch_error})")
+    if launch_failed and command is not None:
+        lines += [
+            f"Command: {command.command_line}",
+            f"returns: could not start ({command.launch_error})",
+        ]
+    else:
+        lines += _command_lines(command, "Command")  # what it ran and printed, if it ran
     lines += [
         "",
-        "This is a fault of this machine (a missing or unusable program, a work folder that is "
-        "missing, read-only or full, a wrong path in the config), not of any server:",
+        "This is a fault of this machine (a missing or unusable program, a missing or "
+        "unreadable input file, a work folder that is missing, read-only or full, a wrong path "
+        "in the config), not of any server:",
         "- no server is put in the failing cache, and no GGUS ticket is asked for;",
-        f"- backend {endpoint.backend} is paused for the rest of each iteration in which this "
+        f"- backend {backend} is paused for the rest of each iteration in which this "
         "happens and tried again at the next, so submission resumes by itself once it is fixed;",
         f"- this message is repeated every {repeat_every:.0f} s while the fault lasts.",
     ]
@@ -141,7 +177,7 @@ def compose_local_fault(
         created=now,
         failure=failure,
         command=command,
-        key=f"local-fault/{endpoint.backend}/{failure.kind}/{now:.0f}",
+        key=f"local-fault/{backend}/{failure.kind}/{now:.0f}",
     )
 
 

@@ -11,17 +11,17 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.files import atomic_write
-from gridgate.core.kinds import KINDS
+from gridgate.core.files import atomic_write, resolve_dir
+from gridgate.core.kinds import KINDS, missing_input
 from gridgate.core.model import (
     AdmissionRequest,
     Availability,
+    CommandResult,
     Endpoint,
     Failure,
     Grant,
@@ -267,9 +267,29 @@ def local_io_failure(reason: str) -> Failure:
     """The ``local_io`` failure of a command that could not be prepared on this machine (its
     files could not be written: ``SubmitResult.local_fault``); ``reason`` says what failed. No
     server is blamed: the backend is paused for the rest of the iteration."""
-    return Failure(
-        kind="local_io", exclude=False, notify=True, transient=False, local=True, reason=reason
-    )
+    return KINDS["local_io"].failure(reason)
+
+
+def missing_input_in(command: CommandResult) -> str:
+    """Why a failed ``command`` failed for want of an input file of this machine, or ``""``.
+
+    The evidence: an absolute path in its argv (whole, or after ``--option=``) that its output
+    names, and that is not a file this process can read (``kinds.missing_input``). So
+    ``qsub /srv/pilot.sh`` printing ``error opening /srv/pilot.sh: No such file or directory``
+    is the pilot's missing script, not a failing server, whichever batch system printed it; a
+    path merely in the argv (an output file yet to be written) is not."""
+    if command.launch_error is not None or command.timed_out or command.returncode == 0:
+        return ""
+    output = f"{command.stdout}\n{command.stderr}"
+    for item in command.argv[1:]:
+        path = item.split("=", 1)[1] if item.startswith("-") and "=" in item else item
+        if not path.startswith("/") or path not in output:
+            continue
+        why = missing_input({"the input file": path})
+        if why:
+            said = next(line.strip() for line in output.splitlines() if path in line)
+            return f"{why}; {command.argv[0]} said: {said[:200]}"
+    return ""
 
 
 def generic_failure(result: SubmitResult) -> Failure:
@@ -283,6 +303,9 @@ def generic_failure(result: SubmitResult) -> Failure:
         return KINDS["launch"].failure(command.launch_error)
     if command.timed_out:
         return KINDS["timeout"].failure(command.describe())
+    missing = missing_input_in(command)
+    if missing:
+        return KINDS["missing_input"].failure(missing)
     if command.returncode == 0:
         return KINDS["bad_output"].failure(result.message or "exit code 0 but no usable answer")
     last = next(
@@ -390,9 +413,10 @@ class FileNotifier(Plugin):
         "properties": {
             "folder": {
                 "type": "string",
-                "minLength": 1,
-                "default": "./gridgate-state/notifications",
-                "description": "Where the texts are written (created, mode 0700).",
+                "x-gridgate-path": True,
+                "default": "",
+                "description": "Where the texts are written (created, mode 0700; "
+                '"": <director.state_dir>/notifications).',
             },
             "levels": {
                 "type": "array",
@@ -406,7 +430,10 @@ class FileNotifier(Plugin):
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self.folder = Path(config.get("folder", "./gridgate-state/notifications"))
+        # under the state folder by default, beside the outboxes, wherever that was put
+        self.folder = resolve_dir(
+            str(config.get("folder") or ""), context.state_dir, "notifications"
+        )
         self._lock = threading.Lock()
         self._sequence = 0
 

@@ -21,13 +21,23 @@ does not list it, and it is counted and reported under its own name like any oth
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gridgate.core.model import Failure
 
-__all__ = ["KINDS", "OUTCOME_KINDS", "Kind", "counts_toward_alarms", "failure", "kind_table"]
+__all__ = [
+    "KINDS",
+    "OUTCOME_KINDS",
+    "Kind",
+    "counts_toward_alarms",
+    "failure",
+    "kind_table",
+    "missing_input",
+]
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,25 @@ _CATALOGUE: tuple[Kind, ...] = (
         local=True,
     ),
     Kind(
+        "local_io",
+        "a file the command needs could not be written or prepared on this machine (a work "
+        "folder missing, read-only or full): nothing submitted, no server blamed",
+        exclude=False,
+        transient=False,
+        local=True,
+        alarms=False,
+    ),
+    Kind(
+        "missing_input",
+        "an input file of the pilot (its script, an input sandbox file the config names) does "
+        "not exist or cannot be read on this machine: nothing submitted, no server blamed; "
+        "the reason names the file",
+        exclude=False,
+        transient=False,
+        local=True,
+        alarms=False,
+    ),
+    Kind(
         "config",
         "the site's configuration is wrong for this server: a queue, partition, "
         "account or script that does not exist, a value the backend cannot turn into a command",
@@ -126,7 +155,8 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in _CATALOGUE}
 OUTCOME_KINDS: dict[str, str] = {
     "no_backend": "the demand names a backend that is not configured",
     "claimed_elsewhere": "another director holds this demand group's lock",
-    "local_fault": "skipped: the backend is paused after a launch or config fault this iteration",
+    "local_fault": "skipped: the backend is paused after a fault of this machine this iteration "
+    "(launch, local_io, missing_input, credential, or a local config fault)",
     "no_endpoint": "skipped: every server is excluded or in the failing cache",
     "admission": "refused by admission control before any command ran",
     "plugin_error": "a plugin raised instead of returning a result",
@@ -144,6 +174,45 @@ def failure(kind: str, reason: str = "", **flags: Any) -> Failure:
         kind of your own).
     """
     return KINDS[kind].failure(reason, **flags)
+
+
+def missing_input(files: Mapping[str, str | os.PathLike[str] | None]) -> str:
+    """Why a pilot cannot be submitted for want of one of its input ``files`` here, or ``""``
+    when each is a file this process can read.
+
+    Call it in ``submit`` before running anything, with the files your section names (the
+    pilot script, an input sandbox): when it answers, submit nothing and return
+    ``SubmitResult(endpoint, ok=False, local_fault=why, message=why)``, and classify that
+    result ``failure("missing_input", result.local_fault)``: a fault of this machine, told once
+    per ``failing_expiry``, no server blamed (without your classification core's default says
+    ``local_io``). Mark the keys naming the files ``"x-gridgate-path": True`` in your schema,
+    so that a relative path in a config file is its folder's; a path still relative here is
+    named as the absolute path tried (from the working directory).
+
+    :param files: what each file is, for people (``"the pilot script (backends.mybatch.script)"``)
+        -> its path; an empty or None path (a key left unset) is skipped.
+    :return: one line naming the file and why it cannot be used: ``"the pilot script
+        (backends.mybatch.script) /srv/pilot.sh does not exist"``.
+    """
+    for what, path in files.items():
+        if not path:
+            continue
+        where = os.path.abspath(os.fspath(path))
+        try:
+            # non-blocking: a FIFO named by mistake must not hang the submission thread
+            fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return f"{what} {where} does not exist"
+        except PermissionError:
+            return f"{what} {where} cannot be read by this user (permission denied)"
+        except OSError as exc:
+            return f"{what} {where} cannot be read: {exc.strerror or exc}"
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                return f"{what} {where} is a folder, not a file"
+        finally:
+            os.close(fd)
+    return ""
 
 
 def counts_toward_alarms(kind: str) -> bool:

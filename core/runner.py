@@ -13,6 +13,15 @@ can never land between the fork and the moment the child's pid is known.
 The main child is not reaped until its group has been killed: the zombie pins the process-group
 id, so the final ``killpg`` can never hit an unrelated group that reused the number.
 
+Deadlines are real time: :func:`run` measures a command's deadline on the monotonic wall clock
+(``time.monotonic()``), never on the injectable :class:`~gridgate.core.clock.Clock` of
+``PluginContext.clock``, and so do :class:`gridgate.core.backend.Deadline` and
+``Backend.deadline``. A child process runs in real time whatever a test's clock says: a
+``FakeClock`` that never moves must neither hang a call (its deadline would never come) nor
+skip one, and one that jumps must not kill a command early. Use the injected clock for what
+gridgate decides by time (expiries, throttles, wait limits, job ages), and give a command the
+``timeout`` of the hook call, in seconds.
+
 Because each command leads its own session, a caller killed with SIGKILL would leave its
 commands running. A long-lived caller (the director) arms :func:`orphan_guard`: a small watchdog
 process that learns the group of every command in flight over a pipe and kills those groups
@@ -410,7 +419,8 @@ def run(
 
     :param argv: the program and its arguments, each one list item; no shell is involved, so
         a value with spaces or quotes stays one argument.
-    :param timeout: the hard deadline in seconds (pass the hook's ``timeout``).
+    :param timeout: the hard deadline in seconds of real time, on the monotonic clock (pass
+        the hook's ``timeout``; never a time read from ``context.clock``, which a test fakes).
     :param env: the whole environment of the command (default: the director's own); to add
         variables, pass ``{**os.environ, "NAME": "value"}``.
     :param cwd: the working folder of the command (default: the director's).

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
 
 import pytest
 from support.proctable import alive, live_descendants, live_in_group, processes_with
 
+from gridgate.core.backend import Backend, command_timeout_schema
+from gridgate.core.clock import FakeClock
+from gridgate.core.model import Endpoint, SubmitRequest, SubmitResult
 from gridgate.core.runner import DRAIN_AFTER_EXIT, kill_process_group, run
+from gridgate.core.testing import build_plugin, director_for, stand_in_command
 
 PY = sys.executable
 # Generous slack for a loaded 2-core machine: this bounds behaviour (no waiting for a
@@ -428,3 +435,79 @@ def test_argv_chunks_splits_only_when_the_argv_would_grow_too_long() -> None:
     assert joined == [["squeue", "--jobs=1000,1001,1002"]]
     assert argv_chunks(["squeue"], []) == []
     assert argv_chunks(["x"], ["y" * 50], limit=10) == [["x", "y" * 50]]
+
+
+# --- which clock a deadline is measured on (issue 24) -----------------------------------------
+
+
+class _HangingBackend(Backend):
+    """A backend whose submit command hangs: the deadline alone ends it."""
+
+    name = "hang"
+    endpoints_key = "servers"
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "servers": {"type": "array", "items": {"type": "string"}, "default": ["s1"]},
+            "program": {"type": "string"},
+            "command_timeout": command_timeout_schema(),
+        },
+        "required": ["program"],
+        "additionalProperties": False,
+    }
+
+    def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
+        result = self.run([self.config["program"]], self.deadline(timeout))
+        return SubmitResult(endpoint, ok=result.ok, command=result, job_ids=("1",) * result.ok)
+
+
+def _in_thread(work: Callable[[], Any], bound: float = 120.0) -> Any:
+    """``work()`` on a thread, failing the test (not hanging it) if it has not returned within
+    ``bound`` seconds: a bound on a hang, not a measurement."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(work()), daemon=True)
+    thread.start()
+    thread.join(bound)
+    assert not thread.is_alive(), f"still running after {bound} s: a deadline was never reached"
+    return box[0]
+
+
+def test_a_fake_clock_that_never_moves_still_kills_a_hanging_command_at_its_deadline(
+    tmp_path,
+) -> None:
+    clock = FakeClock()  # never advanced: if deadlines read it, the command would run forever
+    program = stand_in_command(tmp_path / "bin", "hang", stdout="started\n", sleep=600)
+    backend = build_plugin(
+        _HangingBackend, {"program": str(program), "command_timeout": 1}, clock=clock, name="hang"
+    )
+    doc = {"director": {"state_dir": str(tmp_path / "state")}, "demand": {"static": {"hang": 1}}}
+    with contextlib.closing(director_for(doc, backend, clock=clock)) as director:
+        summary = _in_thread(director.run_iteration)
+    assert [f.kind for f in summary.failures] == ["timeout"]
+    [call] = program.calls()
+    assert not alive(call["pid"]), "the hanging command outlived its deadline"
+    assert clock.time() == FakeClock().time()  # nothing moved the fake clock
+
+
+def test_a_fake_clock_that_jumps_does_not_cut_a_command_short(tmp_path) -> None:
+    clock = FakeClock()
+    program = stand_in_command(tmp_path / "bin", "slow", stdout="Submitted\n", sleep=1)
+    backend = build_plugin(_HangingBackend, {"program": str(program)}, clock=clock, name="hang")
+    stop = threading.Event()
+
+    def jump() -> None:  # a day of fake time per step while the command runs
+        while not stop.is_set():
+            clock.advance(86400)
+            stop.wait(0.01)
+
+    jumper = threading.Thread(target=jump, daemon=True)
+    jumper.start()
+    try:
+        result = backend.gridgate_submit(
+            endpoint=Endpoint("hang", "s1"), request=SubmitRequest("hang"), timeout=60
+        )
+    finally:
+        stop.set()
+        jumper.join()
+    assert clock.time() > FakeClock().time() + 86400  # the clock did jump meanwhile
+    assert result.ok and result.command.stdout == "Submitted\n" and not result.command.timed_out
