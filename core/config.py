@@ -136,8 +136,10 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
         },
         "state_dir": {
             "type": "string",
+            "x-gridgate-path": True,
             "default": "./gridgate-state",
-            "description": "Where plugins keep files (outbox, spool, work files).",
+            "description": "Where plugins keep files (outbox, spool, work files). Not "
+            "written and state.path written: state.path's folder.",
         },
         "demand_lock": {
             "type": "boolean",
@@ -225,6 +227,110 @@ def apply_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
     built outside a loaded config, as tests and command-line tools do."""
     for _ in _DefaultFiller(schema).iter_errors(instance):
         pass  # errors were already reported by the plain validator; this pass only fills
+
+
+# --- paths relative to the config file --------------------------------------------------------
+
+#: The schema keyword of a path-valued key. ``true``: a file or folder on this machine;
+#: ``"command"``: a program, a path only when it holds a ``/`` (a bare name is looked up on
+#: PATH); ``"argv"``: an argv list whose first item is such a program. A relative value in a
+#: config file is taken from the file's folder (:func:`resolve_paths`), whatever the working
+#: directory of the process that reads it.
+PATH_KEYWORD = "x-gridgate-path"
+
+
+def config_folder(path: str | os.PathLike[str]) -> Path | None:
+    """The folder the relative paths of the config file ``path`` are taken from: its folder as
+    named (links not followed, so a linked file's neighbours are those its name shows), made
+    absolute. None when ``path`` is not a regular file (a config read from stdin or a pipe,
+    or text that has no file) or is named by the system (``/dev/stdin``, ``/proc/self/fd/0``
+    even when they lead to a file): its relative paths stay relative to the working
+    directory."""
+    named = os.path.abspath(path)
+    if named.startswith(("/dev/", "/proc/")) or not os.path.isfile(named):
+        return None
+    return Path(os.path.dirname(named))
+
+
+def resolve_path(value: str, folder: Path, how: Any = True) -> str:
+    """``value`` of a key marked ``how`` (:data:`PATH_KEYWORD`), relative to ``folder``.
+
+    ``~`` and ``~user`` are expanded; an absolute value, and ``""`` (which means "the
+    default" for the keys that have one), are kept as written; a command without ``/`` is a
+    name for PATH and kept too."""
+    if not value:
+        return value
+    expanded = os.path.expanduser(value)
+    if how == "command" and "/" not in expanded:
+        return value
+    if os.path.isabs(expanded):
+        return expanded
+    return os.path.normpath(os.path.join(folder, expanded))
+
+
+def resolve_paths(instance: Any, schema: Mapping[str, Any], folder: Path) -> Any:
+    """Make the path-valued values of ``instance`` (those whose schema carries
+    :data:`PATH_KEYWORD`) relative to ``folder``; ``instance`` is changed in place and
+    returned. Idempotent, so defaults filled later can be resolved by a second call.
+
+    Call it on a document that validates: of a ``oneOf``/``anyOf`` only the branches the
+    value matches are followed."""
+    if not isinstance(schema, Mapping):
+        return instance
+    how = schema.get(PATH_KEYWORD)
+    if how:
+        if isinstance(instance, str):
+            return resolve_path(instance, folder, how)
+        if how == "argv" and isinstance(instance, list) and instance:
+            if isinstance(instance[0], str):
+                instance[0] = resolve_path(instance[0], folder, "command")
+            return instance
+    for branch in schema.get("allOf", ()):
+        instance = resolve_paths(instance, branch, folder)
+    for keyword in ("anyOf", "oneOf"):
+        for branch in schema.get(keyword, ()):
+            if isinstance(branch, Mapping) and StrictValidator(branch).is_valid(instance):
+                instance = resolve_paths(instance, branch, folder)
+                break
+    if isinstance(instance, dict):
+        props = schema.get("properties") or {}
+        patterns = schema.get("patternProperties") or {}
+        extra = schema.get("additionalProperties")
+        for key, value in list(instance.items()):
+            sub: Any = props.get(key)
+            if sub is None:
+                sub = next(
+                    (s for p, s in patterns.items() if strict_pattern(p).search(str(key))), None
+                )
+            if sub is None and isinstance(extra, Mapping):
+                sub = extra
+            if isinstance(sub, Mapping):
+                instance[key] = resolve_paths(value, sub, folder)
+    elif isinstance(instance, list):
+        prefix = schema.get("prefixItems") or []
+        items = schema.get("items")
+        for index, value in enumerate(instance):
+            sub = prefix[index] if index < len(prefix) else items
+            if isinstance(sub, Mapping):
+                instance[index] = resolve_paths(value, sub, folder)
+    return instance
+
+
+def _state_dir_follows_state_path(doc: dict[str, Any], schema: Mapping[str, Any]) -> None:
+    """``director.state_dir`` not written, a state file written (``state.path`` of sqlite):
+    the state folder is that file's folder, so what plugins keep under ``state_dir`` (JDL
+    files, outboxes, the pending pilots) lies beside the database, not in a second folder
+    under the working directory that an operator never asked for."""
+    director, state = doc.get("director"), doc.get("state")
+    if isinstance(director, Mapping) and "state_dir" in director:
+        return
+    if not isinstance(state, Mapping) or not isinstance(state.get("path"), str):
+        return
+    marked = schema_at(schema, ("state", "path")).get(PATH_KEYWORD)
+    if marked is True and state["path"]:
+        doc.setdefault("director", {})
+        if isinstance(doc["director"], dict):
+            doc["director"]["state_dir"] = os.path.dirname(state["path"]) or "."
 
 
 # --- YAML with line numbers ------------------------------------------------------------------
@@ -576,10 +682,15 @@ def _normalise_sections(doc: dict[str, Any]) -> None:
 
 
 def validate_document(
-    doc: Any, filename: str = "<config>", lines: Mapping[PathT, int] | None = None
+    doc: Any,
+    filename: str = "<config>",
+    lines: Mapping[PathT, int] | None = None,
+    folder: Path | None = None,
 ) -> Config:
     """Validate an already parsed document; return it with defaults filled.
 
+    :param folder: where its relative paths are taken from (:func:`resolve_paths`; the config
+        file's folder); None leaves them as written, relative to the working directory.
     :raises ConfigError: with every problem found.
     """
     lines = lines or {}
@@ -605,6 +716,10 @@ def validate_document(
 
     found: list[tuple[PathT, str]] = list(load_problems) + schema_problems(schema, doc)
     if not found:
+        # before the checks below, so that they look at the files the config means
+        if folder is not None:
+            resolve_paths(doc, schema, folder)
+        _state_dir_follows_state_path(doc, schema)
         found.extend(secret_problems(doc, schema))
         for (key, name), cls in classes.items():
             checker = getattr(cls, "config_errors", None)
@@ -635,6 +750,8 @@ def validate_document(
         )
         raise ConfigError(problems)
     apply_defaults(doc, schema)
+    if folder is not None:
+        resolve_paths(doc, schema, folder)  # the defaults just filled in (./gridgate-state)
     return Config(data=doc, plugin_classes=classes, lines=dict(lines))
 
 
@@ -656,6 +773,9 @@ def schema_at(schema: Mapping[str, Any], path: PathT) -> Mapping[str, Any]:
 
 def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config:
     """Read, parse and validate a config file.
+
+    Relative paths in it (keys marked :data:`PATH_KEYWORD`) are made absolute from the file's
+    folder, so the director finds the same files from any working directory.
 
     :param path: the YAML file (named in every problem).
     :param text: its text when already read (None: read ``path``).
@@ -685,7 +805,7 @@ def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config
                 )
             ]
         )
-    config = validate_document(data, filename, lines)
+    config = validate_document(data, filename, lines, folder=config_folder(path))
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return Config(
         data=config.data,

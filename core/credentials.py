@@ -72,6 +72,7 @@ def credential_schema(description: str, *, min_lifetime: float = 3600) -> dict[s
             "path": {
                 "type": "string",
                 "minLength": 1,
+                "x-gridgate-path": True,
                 "description": "The credential file. A relative path is relative to the "
                 "config file's folder; backends are given it absolute.",
             },
@@ -84,6 +85,7 @@ def credential_schema(description: str, *, min_lifetime: float = 3600) -> dict[s
             },
             "renew": {
                 "type": "array",
+                "x-gridgate-path": "argv",
                 "items": {"type": "string"},
                 "default": [],
                 "description": "The command that renews the credential, one argv item each "

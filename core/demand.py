@@ -152,6 +152,7 @@ class FileDemand(Plugin):
             "path": {
                 "type": "string",
                 "minLength": 1,
+                "x-gridgate-path": True,
                 "description": "File with {backend: pilots | [groups]}.",
             }
         },

@@ -23,7 +23,7 @@ from gridgate.core.config import Config, ConfigError, ConfigProblem, ConfigSourc
 from gridgate.core.config_checks import change_notification, submission_problems
 from gridgate.core.credential_episodes import CredentialEpisodes
 from gridgate.core.failing import FailingCache
-from gridgate.core.iteration import ACCOUNTING, FailurePath, IterationRunner, Runtime
+from gridgate.core.iteration import ACCOUNTING, FAILURES, FailurePath, IterationRunner, Runtime
 from gridgate.core.model import IterationInfo, IterationSummary, Notification
 from gridgate.core.plugins import (
     PluginContext,
@@ -37,7 +37,10 @@ from gridgate.core.state import StateError, StateStore, open_state
 from gridgate.core.tracking import PilotTracker
 
 #: open_state is gridgate.core.state's, kept importable from here for the commands that use it
-__all__ = ["ACCOUNTING", "Director", "open_state", "summary_json"]
+__all__ = ["ACCOUNTING", "FAILURES", "ITERATIONS", "Director", "open_state", "summary_json"]
+
+#: The state store's count of iterations run on it (by every director that shares it).
+ITERATIONS = "director/iterations"
 
 
 class Director:
@@ -334,7 +337,7 @@ class Director:
     def run_iteration(self) -> IterationSummary:
         """Re-read the config, then run one iteration (:class:`IterationRunner`)."""
         refusal = self._reload()
-        self.iteration += 1
+        self.iteration = self._next_number()
         info = IterationInfo(number=self.iteration, started=self.clock.time())
         sent: list[Notification] = []
         if refusal is not None:
@@ -356,9 +359,20 @@ class Director:
         )
         return summary
 
+    def _next_number(self) -> int:
+        """The next iteration's number, counted in the state store (:data:`ITERATIONS`): a
+        ``gridgate run --once`` from cron counts on from the last run, and directors sharing
+        a store each get their own numbers. A store that cannot count (a value that is not
+        a count under the key) leaves the number counted in this process, said in the log."""
+        try:
+            return self.state.increment(ITERATIONS)
+        except (StateError, ValueError) as exc:
+            logger.error("iteration numbered in this process only: {}", exc)
+            return self.iteration + 1
+
     def _prune_accounting(self) -> None:
-        """Drop accounting rows older than ``keep_accounting``, at most once an hour (or a
-        tenth of the retention, when that is shorter): Redis holds them in memory."""
+        """Drop accounting and failure rows older than ``keep_accounting``, at most once an hour
+        (or a tenth of the retention, when that is shorter): Redis holds them in memory."""
         keep = float(self.config.director["keep_accounting"])
         now = self.clock.time()
         if now - self._accounting_pruned < min(3600.0, keep / 10):
@@ -366,6 +380,7 @@ class Director:
         self._accounting_pruned = now
         try:
             dropped = self.state.prune_records(ACCOUNTING, before=now - keep)
+            dropped += self.state.prune_records(FAILURES, before=now - keep)
         except StateError as exc:
             logger.warning("accounting rows not pruned this time: {}", exc)
             return

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridgate.core.config import STATE_SCHEMA, compose_schema, format_path
+from gridgate.core.config import PATH_KEYWORD, STATE_SCHEMA, compose_schema, format_path
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
@@ -103,8 +103,27 @@ def _raw(text: str) -> str:
     return "`" + text.replace("|", "\\|") + "`"
 
 
+#: What the Allowed column says of a key marked :data:`~gridgate.core.config.PATH_KEYWORD`.
+PATH_NOTES = {
+    True: "path, from the config file's folder",
+    "command": "a name on PATH, or a path from the config file's folder",
+    "argv": "a program path (with `/`) from the config file's folder",
+}
+
+
+def _path_note(node: Mapping[str, Any]) -> str:
+    how = node.get(PATH_KEYWORD)
+    items = node.get("items")
+    if not how and isinstance(items, Mapping) and items.get(PATH_KEYWORD) is True:
+        return "each a path, from the config file's folder"
+    return PATH_NOTES.get(how, "") if how else ""
+
+
 def _allowed(node: Mapping[str, Any]) -> str:
     parts: list[str] = []
+    note = _path_note(node)
+    if note:
+        parts.append(note)
     if "const" in node:
         parts.append(_code(node["const"]))
     if "enum" in node:
@@ -283,6 +302,15 @@ def render(all_distributions: bool = False) -> str:
         "*Default* (filled in when the key is absent; *required* keys have none), *Allowed*",
         "(constraints beyond the type). `a.b` is key `b` inside mapping `a`; `a[].b` is key `b`",
         "of each item of list `a`; `<name>` is a key you choose.",
+        "",
+        'Paths: a key whose *Allowed* says "path, from the config file\'s folder" takes a',
+        "relative value from the folder of the config file, not from the working directory",
+        "(`script: pilot.sh` in `/etc/gridgate/site.yaml` is `/etc/gridgate/pilot.sh`, whoever",
+        "starts the director from wherever); absolute values and `~/...` are kept, and its",
+        "default is taken from there too. `director.state_dir`, when not written, is the folder",
+        "of `state.path` when that is written. A command (`commands.*`) is a path only when it",
+        "holds a `/`; a bare name is looked up on PATH. A config that is not a file (read from",
+        "a pipe) keeps relative paths relative to the working directory.",
         "",
         "## Contents",
         "",

@@ -76,7 +76,9 @@ def ensure_private_dir(path: Path) -> None:
 
 def resolve_dir(value: str, state_dir: Path, default: str) -> Path:
     """A folder a plugin's section configures: ``value``, or ``state_dir/default`` when
-    ``value`` is "". A relative ``value`` is relative to the process's working directory.
+    ``value`` is "". Mark the key ``"x-gridgate-path": True`` in the schema: a relative
+    ``value`` in a config file is then made absolute from the file's folder before the plugin
+    sees it (a ``value`` from elsewhere is taken as it is, from the working directory).
 
     :param value: the section's key (for instance ``outbox``).
     :param state_dir: ``context.state_dir``.

@@ -105,6 +105,7 @@ GOCDB_SCHEMA: dict[str, Any] = {
         },
         "ca_path": {
             "type": "string",
+            "x-gridgate-path": True,
             "minLength": 1,
             "description": "Folder of CA certificates for https, e.g. "
             "/etc/grid-security/certificates (GOCDB's host certificate is an IGTF one).",

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACCOUNTING",
+    "FAILURES",
     "FailurePath",
     "Iteration",
     "IterationRunner",
@@ -75,6 +76,10 @@ __all__ = [
 
 #: The state store's accounting table: one row per submission attempt.
 ACCOUNTING = "accounting"
+#: The state store's failures of servers that were no submission (a status poll, aborting
+#: pilots, a cancel): one row each, counted by `gridgate report` beside the failed submissions
+#: of ``ACCOUNTING``, which has one row per submission attempt and so cannot hold them.
+FAILURES = "failures"
 
 
 class Broadcast(Protocol):
@@ -225,9 +230,12 @@ class FailurePath:
         result: SubmitResult,
         it: Iteration,
         failure: Failure | None = None,
+        *,
+        submission: bool = False,
     ) -> Failure:
         """A failure of ``endpoint`` (a submission, a status query, aborting pilots):
-        classified unless ``failure`` is given, then excluded, escalated and told."""
+        classified unless ``failure`` is given, then excluded, escalated and told. One that is
+        no ``submission`` (whose caller writes its accounting row) is kept in ``FAILURES``."""
         hook = self.runtime.pm.hook
         if failure is None:
             failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(
@@ -249,6 +257,8 @@ class FailurePath:
                     operation=result.operation,
                 )
             )
+        if not submission:
+            self._record_failure(endpoint, failure, result, it)
         if failure.local:
             self.local_fault(endpoint, failure, result, it)
         elif failure.exclude:
@@ -275,6 +285,24 @@ class FailurePath:
                     )
                     self.tell(it, note)
         return failure
+
+    def _record_failure(
+        self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: Iteration
+    ) -> None:
+        try:
+            self.runtime.state.append_record(
+                FAILURES,
+                {
+                    "time": self.runtime.clock.time(),
+                    "backend": endpoint.backend,
+                    "endpoint": endpoint.name,
+                    "kind": failure.kind,
+                    "operation": result.operation,
+                    "iteration": it.info.number,
+                },
+            )
+        except StateError as exc:
+            logger.error("failure row lost, state store failed: {}", exc)
 
     def local_fault(
         self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: Iteration
@@ -820,7 +848,7 @@ class IterationRunner:
         duration: float,
         attempt: int = 1,
     ) -> Failure:
-        failure = self.failures.server_failed(endpoint, result, it)
+        failure = self.failures.server_failed(endpoint, result, it, submission=True)
         self.failures.account(
             it,
             request,

@@ -98,6 +98,7 @@ SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
     },
     "ca_file": {
         "type": "string",
+        "x-gridgate-path": True,
         "default": "",
         "description": 'PEM file of CAs to trust for starttls/ssl ("": the system\'s).',
     },

@@ -175,6 +175,21 @@ class ResilientState(StateStore):
     def ttl(self, key: str) -> float | None:
         return self._read("ttl", key)
 
+    def increment(self, key: str, by: int = 1) -> int:
+        """The primary's count, mirrored locally; while the primary fails the local view counts
+        on from the last number it saw (so numbers go on rising in this process, though another
+        director may use the same ones meanwhile), and a primary that lost the key (a Redis
+        restarted empty) takes the local count back when it answers again."""
+        if self._maybe_recover():
+            try:
+                total = self.primary.increment(key, by)
+            except StateError as exc:
+                self._degrade(exc)
+            else:
+                self.local.set(key, str(total))
+                return total
+        return self.local.increment(key, by)
+
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
         if self._maybe_recover():
             try:
@@ -266,6 +281,9 @@ class DeferredState(StateStore):
 
     def ttl(self, key: str) -> float | None:
         return self._open().ttl(key)
+
+    def increment(self, key: str, by: int = 1) -> int:
+        return self._open().increment(key, by)
 
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
         self._open().append_record(stream, record)

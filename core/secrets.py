@@ -17,7 +17,7 @@ SECRET_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "env": {"type": "string", "minLength": 1},
-        "file": {"type": "string", "minLength": 1},
+        "file": {"type": "string", "minLength": 1, "x-gridgate-path": True},
     },
     "additionalProperties": False,
     "minProperties": 1,

@@ -101,6 +101,25 @@ class StateStore(ABC):
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         """Records of ``stream`` whose ``time`` >= ``since``, oldest first."""
 
+    def increment(self, key: str, by: int = 1) -> int:
+        """Add ``by`` to the whole number under ``key`` (absent or expired: 0), keep the sum
+        without expiry and return it: the director numbers its iterations with it, so that
+        separate runs (``gridgate run --once`` from cron) and directors sharing a store count
+        on instead of each starting at 1. Atomic: of concurrent callers, each gets its own
+        number.
+
+        This default serialises the callers of this process only (a lock around :meth:`get`
+        and :meth:`set`); a driver whose store several processes share overrides it, as every
+        built-in one does.
+
+        :raises ValueError: when the live value under ``key`` is not a whole number.
+        """
+        check_key(key)
+        with _INCREMENT_LOCK:
+            total = parse_count(key, self.get(key)) + int(by)
+            self.set(key, str(total))
+            return total
+
     def prune_records(self, stream: str, before: float) -> int:
         """Delete the records of ``stream`` whose ``time`` < ``before``; return how many.
 
@@ -125,6 +144,7 @@ class StateStore(ABC):
 
 
 _REGISTRY_LOCK = threading.Lock()
+_INCREMENT_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +163,19 @@ def check_value(value: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"state values are strings (encode JSON first), got {type(value).__name__}")
     return value
+
+
+def parse_count(key: str, value: str | None) -> int:
+    """The whole number a counter ``key`` holds (None: 0), for :meth:`StateStore.increment`.
+
+    :raises ValueError: when ``value`` is not one.
+    """
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"state key {key!r} holds {value[:40]!r}, not a count") from None
 
 
 def _check_ttl(ttl: float | None) -> float | None:
@@ -282,6 +315,14 @@ class MemoryState(StateStore):
                 return None
             return entry[1] - now
 
+    def increment(self, key: str, by: int = 1) -> int:
+        check_key(key)
+        with self._lock:
+            entry = self._live(key, self.clock.time())
+            total = parse_count(key, None if entry is None else entry[0]) + int(by)
+            self._data[key] = (str(total), None)
+            return total
+
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
         check_key(stream)
         when, text = encode_record(record)
@@ -347,8 +388,9 @@ class SqliteState(StateStore):
                 "type": "string",
                 "minLength": 1,
                 "default": "./gridgate-state/state.db",
-                "description": "The database file (relative paths are relative to the working "
-                "directory). Created 0600 in a 0700 directory.",
+                "x-gridgate-path": True,
+                "description": "The database file. Created 0600 in a 0700 directory; its "
+                "folder is director.state_dir's default.",
             },
             "busy_timeout": {
                 "maximum": 86400,
@@ -518,6 +560,18 @@ class SqliteState(StateStore):
                 "read", f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, self.clock.time())
             ).fetchone()
         return None if row is None else row[0]
+
+    def increment(self, key: str, by: int = 1) -> int:
+        check_key(key)
+        # read and write in one BEGIN IMMEDIATE transaction: the write lock is taken first,
+        # so two processes on one file never read the same count
+        with self.transaction("count") as conn:
+            row = conn.execute(
+                f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, self.clock.time())
+            ).fetchone()
+            total = parse_count(key, None if row is None else row[0]) + int(by)
+            conn.execute(_SQL_SET, (key, str(total), None))
+        return total
 
     def delete(self, key: str) -> bool:
         with self._lock:

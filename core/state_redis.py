@@ -95,6 +95,28 @@ end
 return n
 """
 
+# KEYS: data key, index. ARGV: by, now, member. Adds ``by`` to the count held (absent or past
+# its clock expiry: 0) and keeps the sum with no expiry; false when the value is not a count.
+_INCREMENT = """
+local cur = redis.call('GET', KEYS[1])
+local count = 0
+if cur then
+  local sp = string.find(cur, ' ', 1, true)
+  local e = sp and string.sub(cur, 1, sp - 1) or '-'
+  if e == '-' or tonumber(e) > tonumber(ARGV[2]) then
+    local v = sp and string.sub(cur, sp + 1) or ''
+    if not string.match(v, '^%-?%d+$') then
+      return false
+    end
+    count = tonumber(v)
+  end
+end
+count = count + tonumber(ARGV[1])
+redis.call('SET', KEYS[1], '- ' .. string.format('%d', count))
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
+return count
+"""
+
 # KEYS: stream set, sequence counter. ARGV: time, record JSON.
 _APPEND = """
 local seq = redis.call('INCR', KEYS[2])
@@ -190,6 +212,7 @@ class RedisState(StateStore):
         self._delete = self._client.register_script(_DELETE)
         self._forget = self._client.register_script(_FORGET)
         self._append = self._client.register_script(_APPEND)
+        self._increment = self._client.register_script(_INCREMENT)
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
@@ -254,6 +277,15 @@ class RedisState(StateStore):
         self._maybe_prune()
         args = [_payload(value, expires), self._px(expires), key]
         self.call("write", lambda: self._set(keys=[self._key(key), self._index], args=args))
+
+    def increment(self, key: str, by: int = 1) -> int:
+        check_key(key)
+        keys = [self._key(key), self._index]
+        args = [str(int(by)), repr(self.clock.time()), key]
+        total = self.call("count", lambda: self._increment(keys=keys, args=args))
+        if total is None:
+            raise ValueError(f"state key {key!r} holds {self.get(key)!r:.40}, not a count")
+        return int(total)
 
     def _live(self, payload: str | None, now: float) -> tuple[float | None, str] | None:
         if payload is None:

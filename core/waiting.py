@@ -121,6 +121,7 @@ HTTP_SOURCE_SCHEMA: dict[str, Any] = {
         "max_bytes": _max_bytes(_MIB),
         "ca_path": {
             "type": "string",
+            "x-gridgate-path": True,
             "minLength": 1,
             "description": "Folder of CA certificates for https (default: the system's).",
         },
@@ -136,6 +137,7 @@ COMMAND_SOURCE_SCHEMA: dict[str, Any] = {
         "argv": {
             "type": "array",
             "minItems": 1,
+            "x-gridgate-path": "argv",
             "items": {"type": "string", "minLength": 1},
             "description": "The program and its arguments, one item each.",
         },

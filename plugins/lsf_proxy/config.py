@@ -156,6 +156,7 @@ SECTION_SCHEMA: dict[str, Any] = {
     "properties": {
         "socket": {
             "type": "string",
+            "x-gridgate-path": True,
             "default": "",
             "description": "Unix socket path; empty: $XDG_RUNTIME_DIR/gridgate/proxyd.sock "
             "(/run/gridgate/proxyd.sock for root).",
@@ -350,6 +351,7 @@ SECTION_SCHEMA: dict[str, Any] = {
         },
         "diagnose_file": {
             "type": "string",
+            "x-gridgate-path": True,
             "default": "",
             "description": "Diagnostic log path; empty: info.lsfproxydlog.<host> "
             "next to the socket. Reopened on SIGHUP (log rotation).",
@@ -361,6 +363,7 @@ SECTION_SCHEMA: dict[str, Any] = {
         },
         "blocklist_file": {
             "type": "string",
+            "x-gridgate-path": True,
             "default": "",
             "description": "Where a persisted blocklist lives; empty: next to the socket.",
         },

@@ -75,6 +75,7 @@ class EmailNotifier(Plugin):
             },
             "outbox": {
                 "type": "string",
+                "x-gridgate-path": True,
                 "default": "",
                 "description": 'Outbox folder ("": <director.state_dir>/outbox).',
             },

@@ -143,6 +143,7 @@ class GgusNotifier(Plugin):
             },
             "spool": {
                 "type": "string",
+                "x-gridgate-path": True,
                 "default": "",
                 "description": 'Folder for <id>.txt and <id>.json ("": '
                 "<director.state_dir>/tickets).",
@@ -169,6 +170,7 @@ class GgusNotifier(Plugin):
                     },
                     "ca_file": {
                         "type": "string",
+                        "x-gridgate-path": True,
                         "default": "",
                         "description": 'PEM file of CAs to trust ("": the system\'s).',
                     },
@@ -197,6 +199,7 @@ class GgusNotifier(Plugin):
             },
             "outbox": {
                 "type": "string",
+                "x-gridgate-path": True,
                 "default": "",
                 "description": 'Outbox folder for rest and mail deliveries ("": '
                 "<director.state_dir>/ggus-outbox).",

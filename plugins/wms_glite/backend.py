@@ -169,18 +169,21 @@ class GliteBackend(Backend):
                 "properties": {
                     "submit": {
                         "type": "string",
+                        "x-gridgate-path": "command",
                         "minLength": 1,
                         "default": "glite-wms-job-submit",
                         "description": "The submit command.",
                     },
                     "list_match": {
                         "type": "string",
+                        "x-gridgate-path": "command",
                         "minLength": 1,
                         "default": "glite-wms-job-list-match",
                         "description": "The list-match command.",
                     },
                     "status": {
                         "type": ["string", "null"],
+                        "x-gridgate-path": "command",
                         "minLength": 1,
                         "default": None,
                         "description": "The status command (pilot tracking); null: "
@@ -189,6 +192,7 @@ class GliteBackend(Backend):
                     },
                     "cancel": {
                         "type": ["string", "null"],
+                        "x-gridgate-path": "command",
                         "minLength": 1,
                         "default": None,
                         "description": "The cancel command; null: "
@@ -207,6 +211,7 @@ class GliteBackend(Backend):
             },
             "config_file": {
                 "type": ["string", "null"],
+                "x-gridgate-path": True,
                 "default": None,
                 "description": "Client config file passed as -c FILE.",
             },
@@ -222,6 +227,7 @@ class GliteBackend(Backend):
             ),
             "work_dir": {
                 "type": ["string", "null"],
+                "x-gridgate-path": True,
                 "default": None,
                 "description": "Where the private JDL files are written; it must "
                 "exist (default: wms_glite-jdl under director."

@@ -175,16 +175,17 @@ def test_every_accepted_change_is_notified_with_what_changed_and_what_needs_a_re
     assert "new settings take effect now.\n" in note.body
     path.write_text(
         BASE.replace("cycle_seconds: 60", "cycle_seconds: 30").replace(
-            "{driver: memory}", "{driver: sqlite, path: /nonexistent/x.db}"
+            "{driver: memory}", f"{{driver: sqlite, path: {path.parent / 'state' / 'x.db'}}}"
         )
         + "demand: {static: {testbed: 2}}\n"
     )
     director.run_iteration()
     note = notes.notes[-1]
-    # the sqlite driver's own defaults come along with it
+    # the sqlite driver's own defaults come along with it, and the state folder follows the
+    # file (director.state_dir is not written)
     assert note.subject == (
-        "gridgate: config changed: state.busy_timeout added, state.driver "
-        "changed, state.path added, state.prune_interval added"
+        "gridgate: config changed: director.state_dir changed, state.busy_timeout added, "
+        "state.driver changed, state.path added, state.prune_interval added"
     )
     assert (
         "new settings take effect now, except state.busy_timeout, state.driver, state.path, "

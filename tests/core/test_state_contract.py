@@ -353,6 +353,101 @@ def test_two_instances_see_each_other(factory, clock):
     assert a.get("k") is None
 
 
+# ------------------------------------------------------------------------------- increment
+
+
+@drivers(DRIVERS)
+def test_increment_counts_from_one_without_expiry(store, clock):
+    assert [store.increment("n") for _ in range(3)] == [1, 2, 3]
+    assert store.increment("n", by=4) == 7
+    assert store.get("n") == "7" and store.ttl("n") is None
+    clock.advance(10 * 365 * 86400)
+    assert store.increment("n") == 8
+    assert store.items("n") == [("n", "8")]
+
+
+@drivers(DRIVERS)
+def test_increment_drops_an_expiry_and_restarts_an_expired_count(store, clock):
+    store.set("live", "41", ttl=10)
+    store.set("dead", "41", ttl=10)
+    assert store.increment("live") == 42
+    clock.advance(11)
+    assert store.get("live") == "42" and store.ttl("live") is None  # the count is kept
+    assert store.increment("dead") == 1  # an expired value counts as absent
+
+
+@drivers(DRIVERS)
+def test_increment_refuses_a_value_that_is_no_count_and_keeps_it(store):
+    store.set("text", "not a number")
+    with pytest.raises(ValueError, match="not a count"):
+        store.increment("text")
+    assert store.get("text") == "not a number"
+    with pytest.raises(TypeError):
+        store.increment("")
+
+
+@drivers(DRIVERS)
+def test_increment_raced_by_threads_gives_every_number_once(factory, clock):
+    stores = [factory(clock) for _ in range(8)] if factory.kind != "memory" else None
+    shared = factory(clock) if stores is None else None
+    barrier = threading.Barrier(8)
+
+    def count(i: int) -> list[int]:
+        s = stores[i] if stores is not None else shared
+        barrier.wait()
+        return [s.increment("race") for _ in range(25)]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = [n for numbers in pool.map(count, range(8)) for n in numbers]
+    assert sorted(got) == list(range(1, 201))
+
+
+@drivers(SHARED)
+def test_increment_is_shared_and_survives_a_restart(factory, clock):
+    a, b = factory(clock), factory(clock)
+    assert (a.increment("n"), b.increment("n"), a.increment("n")) == (1, 2, 3)
+    a.close()
+    assert factory(clock).increment("n") == 4
+
+
+def _count_worker(kind: str, config: dict, barrier, results) -> None:
+    store: StateStore = (SqliteState if kind == "sqlite" else RedisState)(config)
+    try:
+        barrier.wait(timeout=60)
+        results.put([store.increment("race") for _ in range(50)])
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", SHARED)
+def test_increment_raced_by_four_processes_gives_every_number_once(kind, tmp_path, request):
+    if kind == "sqlite":
+        config: dict = {"path": str(tmp_path / "shared.db")}
+        SqliteState(config).close()  # the schema exists before the race starts
+    else:
+        server = request.getfixturevalue("redis_server")
+        config = {"url": server.url, "prefix": f"test-{uuid.uuid4().hex}:"}
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_count_worker, args=(kind, config, barrier, results)) for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = [n for _ in procs for n in results.get(timeout=120)]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert all(p.exitcode == 0 for p in procs)
+    assert sorted(got) == list(range(1, 201))
+
+
 def _sqlite_worker(path: str, start: float, keys: list[str], barrier, results) -> None:
     store = SqliteState({"path": path}, clock=FakeClock(start))
     try:

@@ -132,6 +132,7 @@ class ProxyAdmission(Plugin):
             },
             "socket": {
                 "type": "string",
+                "x-gridgate-path": True,
                 "default": "",
                 "description": "remote: the daemon's socket (default: "
                 "$GRIDGATE_PROXYD_SOCKET, proxyd.socket or proxyd.hosts).",

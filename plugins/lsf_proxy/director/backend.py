@@ -223,18 +223,21 @@ class LsfBackend(Backend):
                 "properties": {
                     "bsub": {
                         "type": "string",
+                        "x-gridgate-path": "command",
                         "minLength": 1,
                         "default": "bsub",
                         "description": "The submit command.",
                     },
                     "bjobs": {
                         "type": "string",
+                        "x-gridgate-path": "command",
                         "minLength": 1,
                         "default": "bjobs",
                         "description": "The query command.",
                     },
                     "bkill": {
                         "type": ["string", "null"],
+                        "x-gridgate-path": "command",
                         "minLength": 1,
                         "default": None,
                         "description": "The cancel command; null: bkill beside bjobs "
@@ -311,6 +314,7 @@ class LsfBackend(Backend):
             },
             "socket": {
                 "type": "string",
+                "x-gridgate-path": True,
                 "default": "",
                 "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
                 "proxyd.socket or proxyd.hosts).",
