@@ -24,8 +24,16 @@ setup() {
     if [ -x "$VENV/bin/gridgate" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
         return 0
     fi
-    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install -q -e ".[test]"
+    # pip's own output (its config warnings, setuptools' editable-install notice) goes to a log,
+    # read when the install fails: a person needs one line saying what takes this long
+    local log="$VENV/pip-install.log"
+    echo "dev.sh: installing gridgate and its test tools into $VENV (pip's output: $log)" >&2
+    if ! { "$VENV/bin/python" -m pip install --upgrade pip \
+            && "$VENV/bin/python" -m pip install -e ".[test]"; } >"$log" 2>&1; then
+        echo "dev.sh: pip install failed; the end of $log:" >&2
+        tail -n 20 "$log" >&2
+        exit 1
+    fi
     echo "$want" > "$stamp"
 }
 

@@ -6,7 +6,11 @@ Admission (``--admission``): ``remote`` (the default) starts a token daemon (``g
 serve``) on a private socket and a loopback TCP port, and every submission takes a token from
 it first, signed as the service account ``demo-director`` (the demo runs as whoever starts it,
 often root, whom the daemon never limits); ``local`` runs the same policy in-process, per server;
-``none`` submits without admission."""
+``none`` submits without admission.
+
+``--png FILE`` ends with the report of the run (``gridgate report --bucket 5s``) drawn to FILE,
+and what it was drawn from beside it (FILE with ``.json``): docs/demo-pilots-per-slot.png is
+made so, and a test draws it again from its JSON (tests/demo/test_demo_picture.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +31,9 @@ import yaml
 
 from gridgate.core import hookimpl
 from gridgate.core.config import load_config
-from gridgate.core.director import ACCOUNTING, Director
+from gridgate.core.director import ACCOUNTING, FAILURES, Director
 from gridgate.core.model import IterationSummary, Notification
+from gridgate.core.report import ReportData, draw, plot_unavailable, read_report, save_png
 from gridgate.demo.pilots import (
     DIRECTOR_PILOTS,
     aborted_lines,
@@ -40,9 +46,20 @@ from gridgate.demo.pilots import (
 )
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
 
-#: Token limits of the demo: the director runs 16 threads, so submissions wait their turn.
-REMOTE_POLICY = "SUBMISSION[max=8 nominal=4 throttle=20]"
+#: The director's threads and the token daemon's limits on submissions: fewer tokens than
+#: threads, so submissions wait their turn.
+MAX_THREADS = 16
+SUBMISSION_MAX, SUBMISSION_NOMINAL, THROTTLE_MS = 8, 4, 20
+REMOTE_POLICY = (
+    f"SUBMISSION[max={SUBMISSION_MAX} nominal={SUBMISSION_NOMINAL} throttle={THROTTLE_MS}]"
+)
+#: Seconds a submission waits for a token before it is refused.
+TOKEN_WAIT = 15
+#: Seconds a failed server stays out of rotation (a site: an hour): time compressed.
+FAILING_EXPIRY = 12
 LOCAL_MAX = 2
+#: The slot of the demo's plot: the run lasts about a minute.
+PLOT_BUCKET = 5.0
 
 #: host -> (behaviour spec, what a person should expect of it)
 FLEET: dict[str, tuple[dict[str, Any], str]] = {
@@ -102,7 +119,7 @@ def start_token_daemon(folder: Path) -> tuple[Any, dict[str, Any]]:
         folder,
         {
             "policies": REMOTE_POLICY,
-            "token_wait_time": 15,
+            "token_wait_time": TOKEN_WAIT,
             "tcp": address,
             "key": {"file": str(key)},
         },
@@ -133,10 +150,10 @@ def build_site(
     config: dict[str, Any] = {
         "director": {
             "cycle_seconds": 4,
-            "max_threads": 16,
+            "max_threads": MAX_THREADS,
             "command_timeout": 3,
-            "failing_expiry": 12,
-            "ticket_expiry": 12,
+            "failing_expiry": FAILING_EXPIRY,
+            "ticket_expiry": FAILING_EXPIRY,
             "state_dir": str(folder / "state"),
             "pilots": DIRECTOR_PILOTS,
         },
@@ -180,12 +197,17 @@ def build_site(
 
 
 def run_demo(
-    folder: Path, duration: float, echo: Any = click.echo, admission: str = "remote"
+    folder: Path,
+    duration: float,
+    echo: Any = click.echo,
+    admission: str = "remote",
+    png: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the director for about ``duration`` seconds; return the figures shown."""
+    """Run the director for about ``duration`` seconds; return the figures shown. With ``png``,
+    draw the run's report there and write its data beside it (:func:`write_picture`)."""
     daemon, proxyd = start_token_daemon(folder) if admission == "remote" else (None, None)
     try:
-        return _run(folder, duration, echo, admission, proxyd, daemon)
+        return _run(folder, duration, echo, admission, proxyd, daemon, png)
     finally:
         if daemon is not None:
             daemon.stop()
@@ -216,6 +238,7 @@ def _run(
     admission: str,
     proxyd: dict[str, Any] | None,
     daemon: Any,
+    png: Path | None = None,
 ) -> dict[str, Any]:
     config_path = build_site(folder, duration, admission, proxyd)
     config = load_config(config_path)
@@ -253,12 +276,16 @@ def _run(
     finally:
         elapsed = time.monotonic() - started
         rows = director.state.records(ACCOUNTING)
+        failed = director.state.records(FAILURES)
         tracked = tracked_states(director)
+        report = read_report(director.state, 0.0) if png is not None else None
         figures = _admission_figures(
             admission, director.pm.get_plugin("admission:lsf_proxy"), daemon
         )
         director.close()
-    result = summarise(rows, watch.notes, elapsed, folder)
+    result = summarise(rows, watch.notes, elapsed, folder, failed)
+    if report is not None and png is not None:
+        result["picture"] = str(write_picture(report, png))
     result["pilot_states"] = tracked
     result["stand_in_states"] = stand_in_states(scenario_of(folder))
     result["left_rotation"] = left_rotation(watch.notes)
@@ -267,11 +294,36 @@ def _run(
     return result
 
 
+def write_picture(data: ReportData, png: Path) -> Path:
+    """Draw the report of ``data`` (slots of :data:`PLOT_BUCKET`) to ``png``, and write its
+    table beside it (``png`` with ``.json``, what ``gridgate report --json`` prints), from which
+    the picture can be drawn again."""
+    png.parent.mkdir(parents=True, exist_ok=True)
+    table = data.table(PLOT_BUCKET)
+    save_png(draw(table), png)
+    png.with_suffix(".json").write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+    return png
+
+
 def summarise(
-    rows: list[dict[str, Any]], notes: list[Notification], elapsed: float, folder: Path
+    rows: list[dict[str, Any]],
+    notes: list[Notification],
+    elapsed: float,
+    folder: Path,
+    failed: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
+    """The figures of a run: per server its pilots, its failures by kind (of submissions, from
+    ``rows``, the accounting table; of status polls and ``aborted``, from ``failed``, the
+    failures table), its failed submissions, errors and alarms."""
+
     def blank() -> dict[str, Any]:
-        return {"submitted": 0, "failures": Counter(), "errors": 0, "alarms": 0}
+        return {
+            "submitted": 0,
+            "failures": Counter(),
+            "failed_submissions": 0,
+            "errors": 0,
+            "alarms": 0,
+        }
 
     # a server the run never reached still gets its row, with zeros
     per: dict[str, dict[str, Any]] = defaultdict(blank, {host: blank() for host in FLEET})
@@ -283,6 +335,10 @@ def summarise(
             per[host]["submitted"] += row["pilots"]
         elif row["outcome"] == "failed":
             per[host]["failures"][row["failure_kind"]] += 1
+            per[host]["failed_submissions"] += 1
+    for failure in failed:
+        if failure.get("endpoint"):
+            per[failure["endpoint"]]["failures"][failure["kind"]] += 1
     for note in notes:
         if note.endpoint is not None:
             per[note.endpoint.name]["errors" if note.level == "error" else "alarms"] += 1
@@ -294,6 +350,7 @@ def summarise(
                 "expect": FLEET.get(host, ({}, "?"))[1],
                 "submitted": v["submitted"],
                 "failures": dict(v["failures"]),
+                "failed_submissions": v["failed_submissions"],
                 "errors": v["errors"],
                 "alarms": v["alarms"],
             }
@@ -336,16 +393,50 @@ def render(result: dict[str, Any]) -> str:
         lines.append(line)
     lines += [
         "-" * width,
+        *legend(admission),
+        "",
         f"{result['pilots']} pilots in {result['elapsed_s']} s = {result['pilots_per_hour']} pilots/hour "
         f"(the seed's bar: > 1000/hour from 11 servers); {result['skipped']} submissions skipped "
         "because every server was excluded at that moment",
         _admission_line(admission, result.get("refused", 0)),
         f"error and alarm texts: {result['notifications']}",
         f"site config used:      {result['config']}",
+        *(
+            [f"report plot:           {result['picture']} (drawn from the .json beside it)"]
+            if result.get("picture")
+            else []
+        ),
         *render_pilots(result.get("pilot_states") or {}, list(FLEET), result.get("left_rotation")),
         "",
     ]
     return "\n".join(lines)
+
+
+def legend(admission: Mapping[str, Any]) -> list[str]:
+    """What the table's columns and the progress lines mean, for someone seeing them first."""
+    lines = [
+        "failures by kind: its failed submissions, status polls and aborted (it took pilots that",
+        "  then failed: out of rotation); errors, alarms: the mails and GGUS alarms written on it",
+    ]
+    if admission["mode"] != "none":
+        source = "the token daemon" if admission["mode"] == "remote" else "in-process admission"
+        lines += [
+            f"tokens: submissions that held a token from {source}; waited: how many waited for",
+            "  one; wait s: seconds waited in all; refused: none came in time (counted, never "
+            "escalated)",
+        ]
+    if admission["mode"] == "remote":
+        lines += [
+            f"{admission['policy']}: at most {SUBMISSION_MAX} submissions at once; past "
+            f"{SUBMISSION_NOMINAL} at once,",
+            f"  one more per {THROTTLE_MS} ms ({MAX_THREADS} director threads: submissions "
+            "wait their turn)",
+        ]
+    lines += [
+        "excluded now (progress lines): servers that failed in that iteration, out of rotation",
+        f"  for {FAILING_EXPIRY} s (failing_expiry, an hour on a site), then tried again",
+    ]
+    return lines
 
 
 def _admission_line(admission: dict[str, Any], refused: int) -> str:
@@ -372,6 +463,13 @@ def _admission_line(admission: dict[str, Any], refused: int) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option(
+    "--png",
+    "png",
+    type=click.Path(dir_okay=False),
+    help="Also draw the run's report (5 s slots) to this PNG, and its data to the same name "
+    "with .json.",
+)
+@click.option(
     "--admission",
     type=click.Choice(["remote", "local", "none"]),
     default="remote",
@@ -379,11 +477,17 @@ def _admission_line(admission: dict[str, Any], refused: int) -> str:
     help="Submissions take tokens from a token daemon started for the demo (remote), "
     "from an in-process per-server policy (local), or none.",
 )
-def demo_command(duration: float, folder: str | None, as_json: bool, admission: str) -> None:
+def demo_command(
+    duration: float, folder: str | None, as_json: bool, png: str | None, admission: str
+) -> None:
     """Run the director against 11 simulated WMS servers (no config, no network)."""
+    if png and (problem := plot_unavailable()):  # said before a minute is spent running
+        raise click.ClickException(problem)
     work = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="gridgate-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    result = run_demo(work.resolve(), duration, admission=admission)
+    result = run_demo(
+        work.resolve(), duration, admission=admission, png=Path(png).resolve() if png else None
+    )
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -29,9 +29,7 @@ def test_demo_submissions_take_tokens_from_a_daemon(tmp_path, gridgate_exe) -> N
     assert admission["mode"] == "remote" and admission["policy"].startswith("SUBMISSION[max=8")
     servers = admission["servers"]
     granted = sum(s["granted"] for s in servers.values())
-    attempts = result["pilots"] + sum(
-        sum(s["failures"].values()) for s in result["servers"].values()
-    )
+    attempts = result["pilots"] + sum(s["failed_submissions"] for s in result["servers"].values())
     # every submission that reached a server held a token, and none was refused at 16 threads
     assert granted == attempts and result["refused"] == 0
     assert sum(s["waited"] for s in servers.values()) > 0  # 16 threads, 8 tokens: some waited

@@ -46,6 +46,10 @@ def test_demo_table_of_pilot_states(tmp_path, gridgate_exe) -> None:
     assert states[ABORTING]["done"] == 0 and states[ABORTING]["running"] == 0
     assert result["left_rotation"] == {ABORTING: "left rotation: its pilots abort"}
     assert result["servers"][ABORTING]["errors"] == 1
+    # its failures are the verdicts, by kind, though no submission of it failed
+    assert set(result["servers"][ABORTING]["failures"]) == {"aborted"}
+    assert result["servers"][ABORTING]["failures"]["aborted"] >= 1
+    assert result["servers"][ABORTING]["failed_submissions"] == 0
     # the director's view lags the stand-in's bookkeeping by at most one poll, never leads it
     truth = result["stand_in_states"]
     assert truth[ABORTING]["failed"] >= states[ABORTING]["failed"]
