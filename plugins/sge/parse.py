@@ -1,0 +1,224 @@
+"""Reading what Grid Engine's commands print: ``qsub -terse``, ``qstat -g d``, ``qstat -j``,
+``qacct -j`` and ``qdel``, into job ids and core's pilot states.
+
+Every format here is the one SGE 8.1.9 (Debian's gridengine packages) prints; docs/sge.md
+quotes the real outputs, and tests/plugins/sge/test_sge_parse.py holds them as captured on the
+private cell. A pilot's id is the job number (``41``) or, for a task of an array job, the job
+number and the task (``41.2``), the form ``qstat -g d``, ``qacct`` and ``qdel`` all take.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gridgate.core.model import JobStatus
+
+__all__ = [
+    "JOB_ID_RE",
+    "QdelAnswer",
+    "job_number",
+    "parse_qacct",
+    "parse_qdel",
+    "parse_qstat",
+    "parse_qstat_errors",
+    "parse_terse",
+    "state_of",
+]
+
+#: A pilot's id: a job number, or ``number.task`` for a task of an array job.
+JOB_ID_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
+#: ``qsub -terse``: ``41`` for a job, ``41.1-3:1`` for an array job (first-last:step).
+TERSE_RE = re.compile(r"([0-9]+)(?:\.([0-9]+)-([0-9]+):([0-9]+))?")
+#: A job line of ``qstat`` (reduced format): the job number, the priority, then words.
+QSTAT_LINE_RE = re.compile(r"\s*([0-9]+)\s+[0-9.]+\s+(.*)")
+#: A submit/start date and time as qstat prints them (``12/02/2024 04:50:12``).
+DATE_TIME_RE = re.compile(r"[0-9]{2}/[0-9]{2}/[0-9]{4}\s+[0-9]{2}:[0-9]{2}:[0-9]{2}")
+
+
+def job_number(job_id: str) -> str:
+    """``41`` for ``41.2`` (an array task) and for ``41``."""
+    return job_id.split(".", 1)[0]
+
+
+def parse_terse(stdout: str) -> tuple[str, list[int]] | None:
+    """(job number, task ids) from ``qsub -terse``; task ids empty for a job that is no array.
+
+    None when no line is a job id (``qsub`` printed something else)."""
+    for line in stdout.splitlines():
+        found = TERSE_RE.fullmatch(line.strip())
+        if found is None:
+            continue
+        number, first, last, step = found.groups()
+        if first is None:
+            return number, []
+        return number, list(range(int(first), int(last) + 1, max(int(step), 1)))
+    return None
+
+
+def state_of(native: str) -> str:
+    """Core's pilot state for a qstat state code (sge_status(5)).
+
+    ``E`` anywhere (``Eqw``, ``Ehqw``) is failed: the job cannot start until an administrator
+    clears it. ``d`` (being deleted) is cancelled. Suspended ones (``s``, ``S``, ``T``) still
+    hold their slot: running, as are ``r``, ``t`` and restarted ``R``. Pending ones (``qw``,
+    held ``hqw``, re-queued ``Rq``) are waiting; ``z`` (finished, only with ``-s z``) done.
+    """
+    code = native.strip()
+    if not code:
+        return "unknown"
+    if "E" in code:
+        return "failed"
+    if "d" in code:
+        return "cancelled"
+    if "z" in code:
+        return "done"
+    if any(c in code for c in "rtsST"):
+        return "running"
+    if "q" in code or "w" in code or "h" in code:
+        return "waiting"
+    return "unknown"
+
+
+def parse_qstat(stdout: str) -> dict[str, JobStatus]:
+    """Every job or array task ``qstat -g d`` lists, by pilot id (``41``, ``41.2``).
+
+    A job line is ``job-ID prior name user state date time [queue] slots [ja-task-ID]``: the
+    queue is there only for a running job and the task only for an array task, so the words
+    after the date are read from the end: the task is the last word when two follow the
+    queue, or when a word follows the slots of a pending job. The header and the dashes are
+    skipped, as are lines of any other shape.
+    """
+    statuses: dict[str, JobStatus] = {}
+    for line in stdout.splitlines():
+        found = QSTAT_LINE_RE.fullmatch(line.rstrip())
+        if found is None:
+            continue
+        number, rest = found.groups()
+        when = DATE_TIME_RE.search(rest)
+        if when is None:
+            continue
+        before = rest[: when.start()].split()
+        after = rest[when.end() :].split()
+        if len(before) < 3 or not after:
+            continue
+        native = before[-1]  # name and user come first; a name has no blanks
+        queue = after[0] if "@" in after[0] else ""
+        tail = after[1:] if queue else after
+        task = tail[1] if len(tail) > 1 else ""
+        pilot = f"{number}.{task}" if task.isdigit() else number
+        statuses[pilot] = JobStatus(
+            job_id=pilot,
+            state=state_of(native),  # type: ignore[arg-type]
+            native=native,
+            reason=f"in {queue}" if queue else "",
+        )
+    return statuses
+
+
+def parse_qstat_errors(stdout: str) -> dict[str, str]:
+    """Pilot id -> why it is in E state, from ``qstat -j 41,42``.
+
+    One block per job, starting ``job_number:  41``; a job in E state has one ``error reason
+    N:  <date> <time> [uid:pid]: <why>`` line per task (N the task; for a job that is no
+    array, 1). The reason is ``<why>``: ``error: can't chdir to /x: No such file or directory``.
+    """
+    reasons: dict[str, str] = {}
+    current = ""
+    array = False
+    for line in stdout.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "job_number":
+            current, array = value.strip(), False
+        elif key == "job-array tasks":
+            array = True
+        elif current and (found := ERROR_REASON_RE.fullmatch(line.strip())):
+            task, why = found.groups()
+            reasons[f"{current}.{task}" if array else current] = " ".join(why.split())
+    return reasons
+
+
+#: ``error reason    1:      12/02/2026 04:42:44 [1000:20436]: error: can't chdir to /x: ...``
+ERROR_REASON_RE = re.compile(
+    r"error reason\s+([0-9]+):\s+(?:[0-9/]+\s+[0-9:]+\s+)?(?:\[[0-9:]+\]:\s*)?(.*)"
+)
+
+
+def parse_qacct(stdout: str) -> dict[str, JobStatus]:
+    """The finished jobs and tasks ``qacct -j`` reports, by pilot id, each done or failed.
+
+    One record per job or task that ran, after a line of ``=``; each line is a key and a
+    value. ``taskid`` is ``undefined`` for a job that is no array. A record whose ``failed``
+    is not 0 is failed (the code and its text: ``100 : assumedly after job``, a job killed,
+    by qdel too: ``exit_status 137 (Killed)``), as is one whose ``exit_status`` is not 0.
+    SGE 8.1.9 records no ``deleted_by``, and a job deleted while pending has no record at all.
+    When a job ran more than once (re-queued), the last record wins.
+    """
+    statuses: dict[str, JobStatus] = {}
+    for record in _records(stdout):
+        number = record.get("jobnumber", "")
+        if not number.isdigit():
+            continue
+        task = record.get("taskid", "undefined")
+        pilot = f"{number}.{task}" if task.isdigit() else number
+        statuses[pilot] = _finished(pilot, record)
+    return statuses
+
+
+def _records(stdout: str) -> Iterable[Mapping[str, str]]:
+    record: dict[str, str] = {}
+    for line in stdout.splitlines():
+        if line.startswith("====="):
+            if record:
+                yield record
+            record = {}
+            continue
+        key, _, value = line.partition(" ")
+        if key:
+            record[key] = value.strip()
+    if record:
+        yield record
+
+
+def _finished(pilot: str, record: Mapping[str, str]) -> JobStatus:
+    failed = record.get("failed", "0").strip()
+    code_text = failed.split(":", 1)[0].strip()
+    code = int(code_text) if code_text.isdigit() else -1
+    exit_text = record.get("exit_status", "").split()[:1]
+    exit_code = int(exit_text[0]) if exit_text and exit_text[0].isdigit() else None
+    native = " ".join(f"failed {failed}, exit_status {record.get('exit_status', '?')}".split())
+    if code != 0:
+        return JobStatus(pilot, "failed", native, f"failed {failed}", exit_code)
+    if exit_code != 0:
+        return JobStatus(pilot, "failed", native, f"exit status {exit_code}", exit_code)
+    return JobStatus(pilot, "done", native, "", exit_code)
+
+
+@dataclass(frozen=True)
+class QdelAnswer:
+    """What ``qdel`` said of each id: deleted (or being deleted), or not there (finished)."""
+
+    deleted: tuple[str, ...]
+    absent: tuple[str, ...]
+
+
+#: ``root has registered the job 41 for deletion`` (running), ``root has deleted job 41``
+#: (pending); for array tasks ``... job-array task 41.2 ...``.
+QDEL_DONE_RE = re.compile(
+    r"has (?:registered the job(?:-array task)?|deleted job(?:-array task)?) "
+    r"([0-9]+(?:\.[0-9]+)?)\b"
+)
+#: ``denied: job "99" does not exist``; for a task: ``job "2" task "2" does not exist``
+QDEL_ABSENT_RE = re.compile(r'job "([0-9]+)"(?: task "([0-9]+)")? does not exist')
+
+
+def parse_qdel(text: str) -> QdelAnswer:
+    """Which ids ``qdel`` deleted and which it found absent, from what it printed."""
+    deleted = [m.group(1) for m in QDEL_DONE_RE.finditer(text)]
+    absent = [
+        f"{m.group(1)}.{m.group(2)}" if m.group(2) else m.group(1)
+        for m in QDEL_ABSENT_RE.finditer(text)
+    ]
+    return QdelAnswer(tuple(dict.fromkeys(deleted)), tuple(dict.fromkeys(absent)))

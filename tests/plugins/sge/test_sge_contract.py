@@ -1,0 +1,118 @@
+"""The sge backend keeps the backend contract every backend inherits, submission, tracking and
+cancel alike, with one stand-in program playing qsub, qstat, qacct and qdel in the real
+commands' formats (tests/plugins/sge/outputs/; the real cell is exercised in
+test_sge_backend.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gridgate.core.backend_contract import Answer
+from gridgate.core.testing import BackendContract, build_plugin, stand_in_command
+from gridgate.plugins.sge.backend import SgeBackend
+
+HEADER = (
+    "job-ID  prior   name       user         state submit/start at     queue"
+    "                          slots ja-task-ID \n" + "-" * 113 + "\n"
+)
+
+
+def qstat_line(job_id: str, state: str) -> str:
+    """A ``qstat -g d`` line as SGE 8.1.9 prints it (outputs/qstat-g-d.txt)."""
+    number, _, task = job_id.partition(".")
+    if state == "running":
+        return (
+            f"{number:>7} 0.50000 gridgate-p nobody       r     12/02/2026 04:43:12 "
+            f"pilots.q@vm                        1 {task}\n"
+        )
+    return (
+        f"{number:>7} 0.50000 gridgate-p nobody       qw    12/02/2026 04:43:12 "
+        f"                                   1 {task}\n"
+    )
+
+
+class TestSgeBackendContract(BackendContract):
+    backend_class = SgeBackend
+    name = "sge"
+    submitted_output = "{call}\n"  # qsub -terse
+    refused_output = (
+        'Unable to run job: Job was rejected because job requests unknown queue "pilots.q"\n'
+        "Exiting.\n"
+    )
+    bad_sections = (
+        ({"queues": ["pilots.q", "pilots.q"]}, ("queues", 1)),
+        ({"qsub_options": ["-q", "other.q"]}, ("qsub_options", 0)),
+        ({"job_name": "bad/name"}, ("job_name",)),
+    )
+
+    def section(self, program, tmp_path):
+        script = tmp_path / "pilot.sh"
+        script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+        return {
+            "queues": ["pilots.q"],
+            "script": str(script),
+            "commands": {name: program for name in ("qsub", "qstat", "qacct", "qdel")},
+        }
+
+    def status_answer(self, known: Mapping[str, str], unknown: Sequence[str]) -> Sequence[Answer]:
+        listing = HEADER + "".join(qstat_line(j, s) for j, s in known.items()) if known else ""
+        return (
+            Answer(stdout=listing, when=("-g", "d")),
+            # qacct -j N for a job it has no record of (exit 1), as for 999 on the cell
+            Answer(stderr="error: job id {call} not found\n", exit_code=1, when=("-j",)),
+        )
+
+    def cancel_answer(
+        self, cancelled: Sequence[str], finished: Sequence[str], unknown: Sequence[str]
+    ) -> Answer:
+        # qdel answers every id on stdout; a job that has ended is one it does not know
+        lines = [f"nobody has registered the job {j} for deletion\n" for j in cancelled]
+        lines += [f'denied: job "{j}" does not exist\n' for j in (*finished, *unknown)]
+        return Answer(stdout="".join(lines), exit_code=1 if finished or unknown else 0)
+
+
+def test_a_qstat_output_cut_by_gridgates_cap_is_a_failed_poll_carrying_the_cut_command(
+    tmp_path,
+) -> None:
+    """Core names a cut output as gridgate's cap (kind output_cap) only when it sees the cut
+    command: a cut qstat is never read as 'the jobs past the cut have left', nor blamed on the
+    qmaster, and no qacct runs for them."""
+    qstat = stand_in_command(
+        tmp_path / "bin", "qstat", stdout=HEADER + qstat_line("12", "running") * 20_000
+    )
+    backend = build_plugin(
+        SgeBackend,
+        {"queues": ["pilots.q"], "script": "/p.sh", "commands": {"qstat": str(qstat)}},
+        state_dir=tmp_path / "state",
+        name="sge",
+        config={"director": {"max_output_bytes": 1024}},
+    )
+    (endpoint,) = backend.gridgate_backend_info(backend="sge").endpoints
+    result = backend.gridgate_job_status(endpoint=endpoint, job_ids=["12", "13"], timeout=10)
+    assert not result.ok and result.command is not None and result.command.stdout_truncated
+    assert result.commands == 1 and len(qstat.calls()) == 1
+    assert backend._known_unreachable() is None, "the qmaster is not blamed for our cap"
+
+
+def test_jobs_in_error_state_that_left_before_qstat_j_keep_their_state(tmp_path) -> None:
+    """qstat -j of jobs that all left since the listing exits 1 (``Following jobs do not
+    exist:``): an answer, not a failed poll."""
+    listing = HEADER + qstat_line("5", "waiting").replace(" qw   ", " Eqw  ")
+    program = tmp_path / "bin" / "sge"
+    program.parent.mkdir()
+    program.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -j ]; then printf "Following jobs do not exist: \\n5\\n" >&2; exit 1; fi\n'
+        f"cat <<'EOF'\n{listing}EOF\n",
+        encoding="utf-8",
+    )
+    program.chmod(0o755)
+    backend = build_plugin(
+        SgeBackend,
+        {"queues": ["pilots.q"], "script": "/p.sh", "commands": {"qstat": str(program)}},
+        name="sge",
+    )
+    (endpoint,) = backend.gridgate_backend_info(backend="sge").endpoints
+    result = backend.gridgate_job_status(endpoint=endpoint, job_ids=["5"], timeout=10)
+    assert result.ok and result.commands == 2, result
+    assert (result.statuses["5"].state, result.statuses["5"].native) == ("failed", "Eqw")
