@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ class SlurmSite:
         self.cluster = cluster
         self.folder = folder
         self.state_dir = folder / "state"
+        #: what the site's Slurm clients need (``impatient`` points them at a conf of their own)
+        self.env = dict(cluster.env)
         self.script = cluster.jobs_dir / f"pilot-{os.getpid()}.sh"
         if not self.script.exists():
             self.script.write_text("#!/bin/sh\nsleep 600\n", encoding="utf-8")
@@ -32,7 +36,7 @@ class SlurmSite:
             "partitions": partitions or list(self.cluster.partitions),
             "script": str(self.script),
             "sbatch_options": [f"--output={self.cluster.jobs_dir}/%j.out"],
-            "env": dict(self.cluster.env),
+            "env": dict(self.env),
             **backend,
         }
         return {
@@ -42,6 +46,22 @@ class SlurmSite:
             "demand": {"static": {"slurm": pilots}},
             "notifiers": {"files": {"folder": str(self.folder / "notes")}},
         }
+
+    def impatient(self, message_timeout: int = 2) -> None:
+        """Point this site's Slurm clients (never the daemons) at a copy of the cluster's
+        slurm.conf whose MessageTimeout is ``message_timeout``: they give up on a stopped
+        controller after about ``message_timeout - 1`` s a try, and on one that does not answer
+        after ``message_timeout`` s, instead of the cluster's 10 (Slurm's default). For the tests
+        that stop or pause the controller: they wait for nothing but that."""
+        text, swapped = re.subn(
+            r"(?m)^MessageTimeout=\d+$",
+            f"MessageTimeout={message_timeout}",
+            self.cluster.conf.read_text(encoding="utf-8"),
+        )
+        assert swapped == 1, f"no MessageTimeout line in {self.cluster.conf}"
+        conf = self.folder / "slurm-client.conf"
+        conf.write_text(text, encoding="utf-8")
+        self.env = {**self.cluster.env, "SLURM_CONF": str(conf)}
 
     def write(self, doc: dict) -> Path:
         path = self.folder / "site.yaml"
@@ -64,3 +84,26 @@ class SlurmSite:
 @pytest.fixture
 def slurm_site(slurm, tmp_path) -> SlurmSite:
     return SlurmSite(slurm, tmp_path)
+
+
+#: Slurm starts pending batch jobs at most every batch_sched_delay seconds (default 3): a test
+#: that waits for a queue of short pilots to drain, iteration after iteration, sets it to 0 on a
+#: cluster of its own (the scheduler then runs about once a second, on its own timer).
+PROMPT_SCHEDULER = "SchedulerParameters=batch_sched_delay=0"
+
+
+@pytest.fixture
+def prompt_slurm_site(tmp_path) -> Iterator[SlurmSite]:
+    """A site on a private cluster of its own (about 1.5 s to start and stop) whose scheduler
+    starts pending jobs as soon as it runs, not every 3 s: same daemons, partitions and node."""
+    from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
+
+    cluster = SlurmCluster(extra_conf=[PROMPT_SCHEDULER])
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield SlurmSite(cluster, tmp_path)
+    finally:
+        cluster.stop()

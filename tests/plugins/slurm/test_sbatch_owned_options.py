@@ -69,12 +69,15 @@ def test_abbreviated_and_bundled_owned_options_are_refused(word: str, tmp_path: 
 
 def test_sbatch_itself_reads_the_refused_words_as_the_owned_options(tmp_path: Path) -> None:
     """The real sbatch, asked to print what it parsed (-v), before it fails to reach a
-    controller that is not there: each refused word is what the refusal says it is."""
+    controller that is not there: each refused word is what the refusal says it is.
+
+    MessageTimeout=1 has sbatch give up on the port nobody listens on at once, not after
+    Slurm's default 9 s of retries per word (what it printed before that is the same)."""
     sbatch = shutil.which("sbatch")
     assert sbatch, "the Slurm tests need sbatch (slurm-client)"
     conf = tmp_path / "slurm.conf"
     conf.write_text(
-        "ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
+        "ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=1\nMessageTimeout=1\n"
         "NodeName=n1\nPartitionName=batch Nodes=n1\n"
     )
     script = tmp_path / "pilot.sh"

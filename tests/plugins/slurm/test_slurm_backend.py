@@ -119,6 +119,7 @@ def test_a_walltime_over_the_partition_limit_is_usage(slurm_site) -> None:
 
 
 def test_a_stopped_controller_takes_every_partition_out_and_escalates(slurm_site) -> None:
+    slurm_site.impatient()  # each client call gives up after 1-2 s, not Slurm's 9-18
     slurm_site.cluster.stop_controller()
     summary = slurm_site.run_once(slurm_site.doc(pilots=4))
     assert summary["pilots_submitted"] == 0
@@ -157,6 +158,7 @@ def test_a_stopped_controller_takes_every_partition_out_and_escalates(slurm_site
 
 
 def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
+    slurm_site.impatient()  # sbatch waits 2 s for an answer, not Slurm's default 10
     backend = _backend(slurm_site)
     slurm_site.cluster.pause_controller()
     try:
