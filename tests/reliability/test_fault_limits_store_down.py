@@ -44,8 +44,10 @@ def test_limits_hold_while_redis_is_stopped_under_a_running_director(
     )
     server = RedisServer(tmp_path / "redis").start()
     try:
+        # a retry interval shorter than the socket timeout: during the outage every store call
+        # goes to the stopped Redis and times out, none is answered from the local view unasked
         doc = site.doc(
-            cycle_seconds=0.2, state_retry_seconds=0.3, pilots={"max_waiting": MAX_WAITING}
+            cycle_seconds=0.2, state_retry_seconds=0.1, pilots={"max_waiting": MAX_WAITING}
         )
         backend = doc["backends"]["wms_glite"]
         backend["list_match"] = False
@@ -59,8 +61,9 @@ def test_limits_hold_while_redis_is_stopped_under_a_running_director(
             "driver": "redis",
             "url": server.url,
             "prefix": "lim:",
-            "socket_timeout": 0.5,
-            "socket_connect_timeout": 0.5,
+            # each call to the stopped Redis waits this long (0.5 s made the outage 25 s)
+            "socket_timeout": 0.2,
+            "socket_connect_timeout": 0.2,
         }
         doc["demand"] = {"static": {"wms_glite": DEMAND}}
         config = site.write(doc)

@@ -1,12 +1,15 @@
-"""Load rows: the director over 100,000 submissions to 11 servers with 20% random failures
+"""Load rows: the director over 50,000 submissions to 11 servers with 20% random failures
 (in-process backend), and 2,000 submissions to the real stand-in commands (real processes)."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import sqlite3
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,10 +65,32 @@ def _rss_kib() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
+@pytest.fixture
+def memory_folder(tmp_path: Path) -> Iterator[Path]:
+    """A folder on tmpfs (``/dev/shm``) when the machine has one, else ``tmp_path``.
+
+    The director writes its sqlite state and pilot-count file once per submission; on this
+    row's scale, creating and renaming those files on a disk's file system was a third of the
+    test's time, and what is under test is the accounting and the memory, not the disk."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="gridgate-load-", dir=shm))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.timeout(170)
-def test_hundred_thousand_submissions_all_accounted(tmp_path: Path, figures) -> None:
-    per_iteration, iterations = 500, 200
-    state = tmp_path / "state"
+def test_fifty_thousand_submissions_all_accounted(
+    tmp_path: Path, memory_folder: Path, figures
+) -> None:
+    # 100 iterations of 500: RSS is compared after 5,000 and after 50,000 submissions (x10)
+    per_iteration, iterations = 500, 100
+    early = iterations // 10
+    state = memory_folder / "state"
     doc = {
         "director": {
             "cycle_seconds": 0.001,
@@ -108,7 +133,7 @@ def test_hundred_thousand_submissions_all_accounted(tmp_path: Path, figures) -> 
             assert sum(counts.values()) - again == per_iteration, (number, counts)
             for key, value in counts.items():
                 totals[key] += value
-            if number in (20, iterations):
+            if number in (early, iterations):
                 rss[number] = _rss_kib()
             clock.advance(11)  # past failing_expiry: servers come back, tickets remain
     finally:
@@ -124,8 +149,8 @@ def test_hundred_thousand_submissions_all_accounted(tmp_path: Path, figures) -> 
     assert rows == demanded + retried  # one row per attempt
     levels = collector.levels()
     assert "error" in levels and "alarm" in levels
-    # RSS after 100k vs after 10k submissions: the accounting lives in sqlite, not in memory.
-    assert rss[iterations] <= rss[20] * 1.25 + 8 * 1024, rss
+    # RSS after 50k vs after 5k submissions: the accounting lives in sqlite, not in memory.
+    assert rss[iterations] <= rss[early] * 1.25 + 8 * 1024, rss
     figures(
         demanded=demanded,
         **totals,
@@ -134,15 +159,15 @@ def test_hundred_thousand_submissions_all_accounted(tmp_path: Path, figures) -> 
         notifications=len(levels),
         errors=levels.count("error"),
         alarms=levels.count("alarm"),
-        rss_mib_at_10k=round(rss[20] / 1024, 1),
-        rss_mib_at_100k=round(rss[iterations] / 1024, 1),
+        rss_mib_at_5k=round(rss[early] / 1024, 1),
+        rss_mib_at_50k=round(rss[iterations] / 1024, 1),
     )
 
 
 # Each stand-in is a Python process (~0.1 s of CPU): 2,000 of them take about two minutes on
-# two shared cores, so the suite runs 600 by default and docs/reliability.md records a 2,000
-# run (GRIDGATE_RELIABILITY_REAL_PILOTS=2000).
-REAL_PILOTS = int(os.environ.get("GRIDGATE_RELIABILITY_REAL_PILOTS", "600"))
+# two shared cores, so the suite runs 400 (two iterations) by default and docs/reliability.md
+# records a 2,000 run (GRIDGATE_RELIABILITY_REAL_PILOTS=2000).
+REAL_PILOTS = int(os.environ.get("GRIDGATE_RELIABILITY_REAL_PILOTS", "400"))
 
 
 @pytest.mark.timeout(600)

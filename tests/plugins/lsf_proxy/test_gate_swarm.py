@@ -1,4 +1,4 @@
-"""Many gated clients at once against the stand-in master daemon: 200 concurrent `gridgate gate`
+"""Many gated clients at once against the stand-in master daemon: 100 concurrent `gridgate gate`
 calls of bjobs by an ordinary user never run more than max at a time, and directors submitting
 with the lsf backend plus a swarm of gated queries never push the master past the limits."""
 
@@ -65,7 +65,7 @@ def wait_all(procs, deadline: float) -> list[int]:
 
 
 @pytest.mark.timeout(600)
-def test_200_concurrent_gated_queries_never_exceed_max(
+def test_100_concurrent_gated_queries_never_exceed_max(
     start_daemon, cli, gridgate_exe, lsf_world, tmp_path
 ) -> None:
     bin_dir, master, scenario = lsf_world
@@ -96,7 +96,9 @@ def test_200_concurrent_gated_queries_never_exceed_max(
     ]
     # -c: the gates read the daemon's own config, so they wait for an answer as long as the
     # daemon may keep them waiting (a client that gives up first proceeds without a token)
-    procs = [launch(argv, env, tmp_path, i) for i in range(200)]
+    # 100 (twelve times the limit): each gated call is three processes (setpriv, the gate,
+    # bjobs) started on a machine that may have two cores, so a swarm of 200 took a minute
+    procs = [launch(argv, env, tmp_path, i) for i in range(100)]
     codes = wait_all(procs, time.monotonic() + 500)
     refused = [err.read_text() for (_, err), code in zip(procs, codes, strict=True) if code == 75]
     assert set(codes) <= {0, 75}, [c for c in codes if c not in (0, 75)]

@@ -313,45 +313,49 @@ def test_a_waiting_call_says_why_after_a_second_unless_quiet(
         "--",
         *holding(ready, go),
     ]
-    for quiet in (False, True):
-        for mark in (ready, go):
-            mark.unlink(missing_ok=True)
-        holder = subprocess.Popen(AS_NOBODY + hold, cwd="/")
-        waiter = None
-        try:
-            assert until(ready.exists, 60)
-            waiter = start(
-                [
-                    gridgate_exe,
-                    "gate",
-                    "--socket",
-                    daemon.socket,
-                    "--category",
-                    "query",
-                    *(["-q"] if quiet else []),
-                    "--",
-                    "true",
-                ],
-                user="nobody",
-            )
-            assert until(lambda: status(daemon.socket)["categories"]["query"]["queued"] == 1, 60)
-            if quiet:
-                time.sleep(1.5)  # past the second after which a call that is not quiet says why
-            else:
-                assert (
-                    waiter.stderr.readline()
-                    == "gridgate gate: true: waiting for a query token, 0 ahead\n"
+    # One holder, two waiters queued behind it: the quiet one first, so that by the time the
+    # other says why (a second after it queued) the quiet one has waited longer than that.
+    holder = subprocess.Popen(AS_NOBODY + hold, cwd="/")
+    waiters: list[subprocess.Popen] = []
+    try:
+        assert until(ready.exists, 60)
+        for queued, quiet in ((1, True), (2, False)):
+            waiters.append(
+                start(
+                    [
+                        gridgate_exe,
+                        "gate",
+                        "--socket",
+                        daemon.socket,
+                        "--category",
+                        "query",
+                        *(["-q"] if quiet else []),
+                        "--",
+                        "true",
+                    ],
+                    user="nobody",
                 )
-            go.touch()
+            )
+            assert until(
+                lambda n=queued: status(daemon.socket)["categories"]["query"]["queued"] == n, 60
+            )
+        quiet_waiter, loud_waiter = waiters
+        assert (
+            loud_waiter.stderr.readline()
+            == "gridgate gate: true: waiting for a query token, 1 ahead\n"
+        )
+        go.touch()
+        for waiter in waiters:
             _out, err = waiter.communicate(timeout=60)
             assert waiter.returncode == 0, err
             assert err == ""  # one line, once (or none when quiet)
-        finally:
-            go.touch()
-            if waiter is not None and waiter.poll() is None:
+    finally:
+        go.touch()
+        for waiter in waiters:
+            if waiter.poll() is None:
                 waiter.kill()
                 waiter.communicate(timeout=30)
-            holder.wait(60)
+        holder.wait(60)
 
 
 def test_a_relative_socket_path_works(start_daemon, gridgate_exe, sockdir) -> None:
