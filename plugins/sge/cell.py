@@ -66,8 +66,9 @@ SUBMIT_USER = "nobody"
 SUBMIT_GROUP = "nogroup"
 #: Seconds sge_qmaster gets to shut down after SIGTERM (it takes about 7 s when idle).
 QMASTER_GRACE = 30.0
-#: ... and when the cell's folder is about to be removed: nothing it saves is kept.
-LEFTOVER_GRACE = 3.0
+#: ... and when the cell's folder is about to be removed: nothing it saves is kept (it is
+#: killed after this; sweep() then removes whatever it left).
+LEFTOVER_GRACE = 1.0
 #: Seconds one readiness probe (qconf, qping) may take.
 PROBE_TIMEOUT = 5.0
 #: Seconds ``cancel_all`` waits for the execd to confirm a deletion before it forces it.
@@ -179,6 +180,35 @@ def _host_names() -> tuple[str, list[str]]:
             names.add("localhost")
     shorts = {name.split(".")[0] for name in names if name}
     return host, sorted((names | shorts) - {host, ""})
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a socket listening on TCP ``port`` (not another
+    process that took the port: a client would wait on that one for an answer)."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # local address is HEX_IP:HEX_PORT; state 0A is LISTEN; field 9 is the inode
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1][-4:], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
 
 
 def _exited(pid: int) -> bool:
@@ -585,7 +615,8 @@ class SgeCell:
                 if not self._start_qmaster(raise_on_failure=False):
                     if not self._bind_failed("qmaster"):
                         self._raise_not_up("sge_qmaster")
-                    self._stop_process("qmaster", LEFTOVER_GRACE)
+                    # it never served (and retries its bind for half a minute): no grace
+                    self._stop_process("qmaster", 0)
                     continue
                 if not configured:
                     self._configure()
@@ -595,7 +626,7 @@ class SgeCell:
                     return self
                 if not self._bind_failed("execd"):
                     self._raise_not_up("sge_execd")
-                self._stop_process("execd", LEFTOVER_GRACE)
+                self._stop_process("execd", 0)
                 self._stop_process("qmaster", LEFTOVER_GRACE)
             raise CellError(
                 f"the private Grid Engine cell in {self.folder} found no free ports in 4 tries;"
@@ -928,6 +959,12 @@ class SgeCell:
         while time.monotonic() < end:
             if not self._alive("qmaster") or self._bind_failed("qmaster"):
                 break
+            # a client probes only the qmaster's own listener: on a port someone else took
+            # meanwhile it would wait for an answer that never comes (the bind failure shows
+            # in the console output at once instead)
+            if not _listens(self._procs["qmaster"].pid, self.qmaster_port):
+                time.sleep(0.05)
+                continue
             # a short deadline per probe: a client that reached someone else's listener on a
             # port taken meanwhile waits for an answer that never comes
             probe = min(max(end - time.monotonic(), 1.0), PROBE_TIMEOUT)
@@ -940,10 +977,22 @@ class SgeCell:
         return False
 
     def start_qmaster(self) -> None:
-        """(Re)start sge_qmaster; it recovers its jobs from the spool."""
+        """(Re)start sge_qmaster; it recovers its jobs from the spool. A running execd is
+        restarted (:meth:`_reregister_execd`); it takes its running jobs over."""
         self._start_qmaster()
         if self._alive("execd"):
+            self._reregister_execd()
             self.wait_for_exec_host(disabled_ok=True)
+
+    def _reregister_execd(self) -> None:
+        """Restart the running execd so that it registers with a qmaster started again now.
+
+        An execd that lost its qmaster tries to register again only every 30 s
+        (EXECD_MAX_RECONNECT_TIMEOUT, compiled in): until then the queues stay ``u`` and no
+        job starts. A restarted execd registers at once and takes its jobs over (their
+        shepherds go on)."""
+        self._stop_process("execd")
+        self._start("execd", [str(LIBEXEC / "sge_execd")])
 
     def stop_qmaster(self) -> None:
         """Stop sge_qmaster (the clients then cannot contact it; the execd and its jobs go on)."""
@@ -1030,11 +1079,14 @@ class SgeCell:
     def ensure_running(self) -> None:
         """Start again whichever daemon is gone (stopped, or killed from outside), then wait
         for the queues."""
-        if not self._alive("qmaster"):
+        qmaster_started = not self._alive("qmaster")
+        if qmaster_started:
             self._start_qmaster()
         if not self._alive("execd"):
             self._procs.pop("execd", None)
             self._start("execd", [str(LIBEXEC / "sge_execd")])
+        elif qmaster_started:
+            self._reregister_execd()
         self.wait_for_exec_host(disabled_ok=True)
 
     def reset(self) -> None:

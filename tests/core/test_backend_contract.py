@@ -4,6 +4,7 @@ break one rule each, the matching check fails (and only checks, not the suite, d
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 
 pytest_plugins = ["pytester"]
 
@@ -216,13 +217,36 @@ class RunsForNoIds(Good):
 }
 
 
+def _module(cls: str, extra: str) -> str:
+    return BACKEND.replace("{extra}", textwrap.dedent(extra)).replace("{cls}", cls)
+
+
 def outcomes(pytester, cls: str, extra: str = "") -> dict[str, str]:
-    pytester.makepyfile(
-        test_backend=BACKEND.replace("{extra}", textwrap.dedent(extra)).replace("{cls}", cls)
-    )
+    pytester.makepyfile(test_backend=_module(cls, extra))
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-q")
     reports = result.reprec.getreports("pytest_runtest_logreport")
     return {r.nodeid.rsplit("::", 1)[-1]: r.outcome for r in reports if r.when == "call"}
+
+
+def outcomes_of(pytester, classes: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each broken backend's check outcomes, from one contract run with a module per backend.
+
+    Most of a run is spent waiting for deadlines (three hanging commands per backend, and
+    the grace a backend that does not kill one is given): the modules run side by side, in
+    a worker each (xdist), instead of one after the other."""
+    pytester.makepyfile(**{f"test_{cls}": _module(cls, BROKEN[cls]) for cls in classes})
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "-n", str(len(classes)), "-q"
+    )
+    reports = result.reprec.getreports("pytest_runtest_logreport")
+    found: dict[str, dict[str, str]] = {cls: {} for cls in classes}
+    for report in reports:
+        if report.when == "call":
+            module = report.nodeid.split("::", 1)[0].removesuffix(".py").removeprefix("test_")
+            found[module][report.nodeid.rsplit("::", 1)[-1]] = report.outcome
+    for cls, checks in found.items():
+        assert len(checks) == CHECKS, (cls, checks, result.outlines[-20:])
+    return found
 
 
 CHECKS = 17
@@ -298,8 +322,9 @@ def test_each_broken_rule_fails_its_check(pytester) -> None:
         "Inventive": {"test_contract_every_failure_is_classified_to_a_catalogued_kind"},
         "Unmarked": {"test_contract_every_hook_method_is_a_hook_implementation"},
     }
+    every = outcomes_of(pytester, list(expected))
     for cls, checks in expected.items():
-        found = outcomes(pytester, cls, BROKEN[cls])
+        found = every[cls]
         assert {c for c, o in found.items() if o == "failed"} >= checks, (cls, found)
 
 
@@ -313,8 +338,9 @@ def test_tracking_without_a_deadline_or_a_cap_fails_the_suite(pytester) -> None:
         "CancelWithoutDeadline": "test_contract_the_deadline_kills_a_hanging_cancel_command",
         "CancelWithoutCap": "test_contract_cancel_output_is_capped_at_the_sites_max_output_bytes",
     }
+    every = outcomes_of(pytester, list(expected))
     for cls, check in expected.items():
-        found = outcomes(pytester, cls, BROKEN[cls])
+        found = every[cls]
         failed = {c for c, o in found.items() if o == "failed"}
         assert failed == {check}, (cls, found)
 
@@ -331,7 +357,8 @@ def test_tracking_answers_read_wrongly_fail_their_checks(pytester) -> None:
         "CancelClaimsAll": {"test_contract_cancel_reports_only_the_jobs_it_cancelled"},
         "RunsForNoIds": {"test_contract_no_ids_run_no_command"},
     }
+    every = outcomes_of(pytester, list(expected))
     for cls, checks in expected.items():
-        found = outcomes(pytester, cls, BROKEN[cls])
+        found = every[cls]
         failed = {c for c, o in found.items() if o == "failed"}
         assert failed == checks, (cls, found)
