@@ -34,7 +34,9 @@ A backend may still implement the raw hooks on a plain :class:`~gridgate.core.pl
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,13 +55,17 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
+from gridgate.core.patterns import clip
 from gridgate.core.plugins import Plugin
 
 __all__ = [
     "RESOURCE_VALUES",
     "Backend",
+    "NOT_TRIED",
     "Deadline",
+    "Outages",
     "command_timeout_schema",
+    "not_tried",
     "env_schema",
     "resource_gaps",
 ]
@@ -129,6 +135,51 @@ def env_schema(
         "default": {},
         "description": description,
     }
+
+
+#: How the message of a result that was not tried because of an :class:`Outages` entry starts.
+NOT_TRIED = "not tried: "
+
+
+class Outages:
+    """Services several endpoints share (a Slurm controller, a Grid Engine qmaster) that one of
+    them found out of reach in this iteration.
+
+    A backend whose endpoints stand behind one service keeps one of these: the first endpoint
+    whose command shows the service down (or hung to its deadline) records it with :meth:`note`, the
+    others ask :meth:`found` before running anything and fail at once with the same evidence,
+    so an iteration does not wait once per endpoint for the same dead service. Clear it in
+    ``gridgate_iteration_started``: the service is tried again, by one endpoint, next
+    iteration. Keys name the service (a cluster name; ``""`` when there is only one). Thread
+    safe: endpoints are submitted to and polled in parallel.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._found: dict[str, tuple[str, CommandResult]] = {}
+
+    def note(self, endpoint: Endpoint, command: CommandResult, key: str = "") -> None:
+        """``endpoint``'s ``command`` found service ``key`` out of reach (the first finder is
+        kept)."""
+        with self._lock:
+            self._found.setdefault(key, (endpoint.name, command))
+
+    def found(self, key: str = "") -> tuple[str, CommandResult] | None:
+        """The endpoint that found ``key`` out of reach in this iteration, and its command."""
+        with self._lock:
+            return self._found.get(key)
+
+    def clear(self) -> None:
+        """Forget every service found out of reach (a new iteration tries them again)."""
+        with self._lock:
+            self._found.clear()
+
+
+def not_tried(failure: Failure, message: str) -> Failure:
+    """The classified ``failure`` of a result that was not tried (its ``message`` starts with
+    :data:`NOT_TRIED`): excluded like the endpoint that found the outage, whatever its kind
+    would do on its own, and its reason says why it was not tried."""
+    return dataclasses.replace(failure, exclude=True, reason=clip(f"{failure.reason} ({message})"))
 
 
 @dataclass(frozen=True)

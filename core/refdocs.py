@@ -233,8 +233,18 @@ API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "gridgate.core.backend",
         "The base class of a backend: answers the hooks for its own endpoints only, builds "
         "`BackendInfo` from the section (with the pilot resources it maps), runs commands "
-        "with the call's deadline and output cap.",
-        ("Backend", "Deadline", "command_timeout_schema", "env_schema", "resource_gaps"),
+        "with the call's deadline and output cap; `Outages` for endpoints sharing one "
+        "controller.",
+        (
+            "Backend",
+            "Deadline",
+            "NOT_TRIED",
+            "Outages",
+            "command_timeout_schema",
+            "env_schema",
+            "not_tried",
+            "resource_gaps",
+        ),
     ),
     (
         "gridgate.core.model",

@@ -18,7 +18,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
-from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
+from gridgate.core.backend import (
+    NOT_TRIED,
+    Backend,
+    Deadline,
+    Outages,
+    command_timeout_schema,
+    env_schema,
+    not_tried,
+)
 from gridgate.core.model import (
     CancelResult,
     CommandResult,
@@ -305,8 +313,8 @@ class SgeBackend(Backend):
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
         self._lock = threading.Lock()
-        #: queue that found the cell out of reach this iteration, and its failed command
-        self._unreachable: tuple[str, CommandResult] | None = None
+        #: the cell, when a queue found it out of reach this iteration
+        self._outages = Outages()
         #: this iteration's qstat listing, shared by the polls of every queue (qstat lists the
         #: user's jobs of all of them); only between iteration_started and _finished
         self._listing_lock = threading.Lock()
@@ -347,13 +355,12 @@ class SgeBackend(Backend):
         return [self._command("qstat"), "-u", "$user", "-g", "d"]
 
     def _known_unreachable(self) -> tuple[CommandResult, str] | None:
-        with self._lock:
-            known = self._unreachable
+        known = self._outages.found()
         if known is None:
             return None
         found_by, command = known
         return command, (
-            f"not tried: queue {found_by} of the same cell found it out of reach this iteration"
+            f"{NOT_TRIED}queue {found_by} of the same cell found it out of reach this iteration"
         )
 
     def _note_unreachable(self, endpoint: Endpoint, outcome: CommandResult) -> None:
@@ -362,9 +369,7 @@ class SgeBackend(Backend):
         waits on the qmaster (a stopped one takes connections and answers nothing: qstat
         waited over 120 s), so the other queues would each wait as long."""
         if cell_wide(outcome) or outcome.timed_out:
-            with self._lock:
-                if self._unreachable is None:
-                    self._unreachable = (endpoint.name, outcome)
+            self._outages.note(endpoint, outcome)
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -372,8 +377,8 @@ class SgeBackend(Backend):
     def gridgate_iteration_started(self, iteration: IterationInfo) -> None:
         # A cell found out of reach is tried again (by one queue) next iteration; the polls of
         # this iteration share one qstat.
+        self._outages.clear()
         with self._lock:
-            self._unreachable = None
             self._listing, self._sharing = None, True
 
     @hookimpl
@@ -430,16 +435,9 @@ class SgeBackend(Backend):
 
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         failure = classify(result.command, result.message if result.command is None else "")
-        if result.message.startswith("not tried:"):
-            failure = Failure(
-                failure.kind,
-                exclude=True,
-                notify=failure.notify,
-                transient=failure.transient,
-                reason=clip(f"{failure.reason} ({result.message})"),
-                local=failure.local,
-            )
-        return failure
+        return (
+            not_tried(failure, result.message) if result.message.startswith(NOT_TRIED) else failure
+        )
 
     def job_status(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float

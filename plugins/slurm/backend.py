@@ -16,13 +16,19 @@ from __future__ import annotations
 import math
 import os
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
-from gridgate.core.backend import Backend, command_timeout_schema, env_schema
+from gridgate.core.backend import (
+    NOT_TRIED,
+    Backend,
+    Outages,
+    command_timeout_schema,
+    env_schema,
+    not_tried,
+)
 from gridgate.core.model import (
     CancelResult,
     CommandResult,
@@ -363,9 +369,8 @@ class SlurmBackend(Backend):
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self._lock = threading.Lock()
-        #: cluster ("" = SLURM_CONF's) -> (partition that found it, its failed sbatch)
-        self._unreachable: dict[str, tuple[str, CommandResult]] = {}
+        #: clusters ("" = SLURM_CONF's) whose controller a partition found unreachable
+        self._outages = Outages()
         self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
         extra = config.get("env") or {}
         inherited = {k: v for k, v in os.environ.items() if k not in OWNED_ENVIRONMENT}
@@ -406,21 +411,19 @@ class SlurmBackend(Backend):
         """The evidence and a 'not tried' message when a sibling partition of ``endpoint``
         found its controller unreachable in this iteration."""
         _partition, cluster = split_partition(endpoint.name)
-        with self._lock:
-            known = self._unreachable.get(cluster)
+        known = self._outages.found(cluster)
         if known is None:
             return None
         found_by, command = known
         return command, (
-            f"not tried: partition {found_by} of the same cluster could not "
+            f"{NOT_TRIED}partition {found_by} of the same cluster could not "
             f"contact the controller this iteration"
         )
 
     def _note_unreachable(self, endpoint: Endpoint, outcome: CommandResult) -> None:
         if cluster_wide(outcome):
             _partition, cluster = split_partition(endpoint.name)
-            with self._lock:
-                self._unreachable.setdefault(cluster, (endpoint.name, outcome))
+            self._outages.note(endpoint, outcome, cluster)
 
     def _cluster_args(self, endpoint: Endpoint) -> list[str]:
         _partition, cluster = split_partition(endpoint.name)
@@ -431,8 +434,7 @@ class SlurmBackend(Backend):
     @hookimpl
     def gridgate_iteration_started(self, iteration: IterationInfo) -> None:
         # A controller found unreachable is tried again (by one partition) next iteration.
-        with self._lock:
-            self._unreachable.clear()
+        self._outages.clear()
 
     def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
         known = self._known_unreachable(endpoint)
@@ -463,15 +465,9 @@ class SlurmBackend(Backend):
 
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         failure = classify(result.command, result.message if result.command is None else "")
-        if result.message.startswith("not tried:"):
-            failure = Failure(
-                failure.kind,
-                exclude=True,
-                notify=failure.notify,
-                transient=failure.transient,
-                reason=clip(f"{failure.reason} ({result.message})"),
-            )
-        return failure
+        return (
+            not_tried(failure, result.message) if result.message.startswith(NOT_TRIED) else failure
+        )
 
     def job_status(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float

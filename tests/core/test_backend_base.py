@@ -289,3 +289,27 @@ def test_the_director_runs_a_raw_hook_backend_beside_a_base_class_one(tmp_path: 
     assert len(raw_submit.calls()) == 2 and len(toy_submit.calls()) == 3
     assert base.called.count("submit") == 3
     assert collector.notes == []
+
+
+def test_an_outage_found_by_one_endpoint_stops_the_others_until_cleared() -> None:
+    from gridgate.core.backend import NOT_TRIED, Outages, not_tried
+    from gridgate.core.model import CommandResult, Endpoint, Failure
+
+    outages = Outages()
+    debug, batch = Endpoint("slurm", "debug"), Endpoint("slurm", "batch")
+    first = CommandResult(("sbatch",), 1, stderr="Unable to contact slurm controller")
+    later = CommandResult(("sbatch",), 1, stderr="another")
+    assert outages.found() is None
+    outages.note(debug, first)
+    outages.note(batch, later)  # the first finder and its evidence are kept
+    assert outages.found() == ("debug", first)
+    assert outages.found("other-cluster") is None
+    outages.clear()
+    assert outages.found() is None
+
+    # a result not tried is excluded whatever its kind does alone, and keeps its other flags
+    alone = Failure("timeout", exclude=False, notify=True, transient=True, reason="timed out")
+    message = f"{NOT_TRIED}partition debug of the same cluster could not contact the controller"
+    excluded = not_tried(alone, message)
+    assert excluded.exclude and excluded.kind == "timeout" and excluded.transient
+    assert excluded.reason == f"timed out ({message})"
