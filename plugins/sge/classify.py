@@ -133,7 +133,7 @@ PATTERNS: tuple[Pattern, ...] = (
     # Unable to read script file because of error: error opening /x.sh: No such file or
     # directory   (exit 14)
     Pattern(
-        "config",
+        "missing_input",
         re.compile(r"Unable to read script file"),
         "the pilot script cannot be read on this machine",
         transient=False,

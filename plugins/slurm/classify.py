@@ -118,11 +118,18 @@ PATTERNS: tuple[Pattern, ...] = (
         transient=False,
     ),
     # sbatch: error: Unable to open file /path/pilot.sh
+    Pattern(
+        "missing_input",
+        re.compile(r"Unable to open file"),
+        "the pilot script cannot be read on this machine",
+        transient=False,
+        local=True,
+    ),  # this machine's file
     # sbatch: error: This does not look like a batch script.  The first
     Pattern(
         "config",
-        re.compile(r"Unable to open file|This does not look like a batch script"),
-        "the pilot script cannot be read on this machine",
+        re.compile(r"This does not look like a batch script"),
+        "the pilot script is no batch script (its first line is no #! line)",
         transient=False,
         local=True,
     ),  # this machine's file

@@ -160,7 +160,7 @@ REAL_FAILURES = [
         "Unable to read script file because of error: error opening /tmp/h24b/nonexistent.sh: "
         "No such file or directory\n",
         14,
-        "config",
+        "missing_input",
         True,
         False,
     ),

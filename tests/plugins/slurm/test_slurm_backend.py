@@ -180,13 +180,13 @@ def test_a_controller_that_does_not_answer_is_a_timeout(slurm_site) -> None:
 
 
 @pytest.mark.parametrize(
-    ("script", "said"),
+    ("script", "said", "kind"),
     [
-        ("/nonexistent/pilot.sh", "Unable to open file /nonexistent/pilot.sh"),
-        ("/bin/true", "This does not look like a batch script"),
+        ("/nonexistent/pilot.sh", "Unable to open file /nonexistent/pilot.sh", "missing_input"),
+        ("/bin/true", "This does not look like a batch script", "config"),
     ],
 )
-def test_a_bad_script_is_a_fault_of_this_machine(slurm_site, script, said) -> None:
+def test_a_bad_script_is_a_fault_of_this_machine(slurm_site, script, said, kind) -> None:
     backend = _backend(slurm_site, script=script)
     with plugin_manager_with(backend) as pm:
         result = pm.hook.gridgate_submit(
@@ -196,7 +196,7 @@ def test_a_bad_script_is_a_fault_of_this_machine(slurm_site, script, said) -> No
             endpoint=Endpoint("slurm", "debug"), result=result
         )
     # the site's config names a script this machine cannot use: no partition is blamed
-    assert (failure.kind, failure.local) == ("config", True)
+    assert (failure.kind, failure.local) == (kind, True)
     assert said in failure.reason
 
 
