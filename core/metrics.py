@@ -145,7 +145,10 @@ class MetricsServer:
             self._listening = on
 
     def _accept(self) -> None:
-        while self._tokens >= 1:
+        # One connection per turn of the loop: the sockets accepted before it are read in
+        # between, so a scraper whose request arrives a moment after its accept is seen
+        # sending before a burst from the backlog could evict it as idle.
+        if self._tokens >= 1:
             try:
                 conn, _ = self._listen.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
@@ -157,10 +160,14 @@ class MetricsServer:
             self._tokens -= 1
             self.counts["accepted"] += 1
             if len(self._scrapes) >= self.max_connections:
+                # a request that came in since the last turn makes its scrape no eviction
+                # candidate: read what the waiting ones have sent first
+                for scrape in [s for s in self._scrapes.values() if not s.replying]:
+                    self._serve(scrape, selectors.EVENT_READ)
                 waiting = [s for s in self._scrapes.values() if not s.replying]
                 if not waiting:
                     conn.close()
-                    continue
+                    return
                 self.counts["evicted"] += 1
                 self._drop(waiting[0])
             conn.setblocking(False)
