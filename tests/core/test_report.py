@@ -277,7 +277,7 @@ def test_report_of_a_director_whose_servers_abort_and_fail_polls(tmp_path) -> No
     from gridgate.core.clock import FakeClock
     from gridgate.core.director import Director
     from gridgate.core.testing import make_config
-    from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
+    from gridgate.plugins.wms_glite.sim import commands_section, install_commands, write_scenario
     from gridgate.plugins.wms_glite.sim.jobs import set_clock
 
     clock_file = tmp_path / "simclock"
@@ -310,15 +310,7 @@ def test_report_of_a_director_whose_servers_abort_and_fail_polls(tmp_path) -> No
         "backends": {
             "wms_glite": {
                 "servers": [GOOD, ABORTS, LB_DOWN],
-                "commands": {
-                    name: str(bin_dir / f"glite-wms-job-{cmd}")
-                    for name, cmd in (
-                        ("submit", "submit"),
-                        ("list_match", "list-match"),
-                        ("status", "status"),
-                        ("cancel", "cancel"),
-                    )
-                },
+                "commands": commands_section(bin_dir),
                 "list_match": False,
                 "work_dir": str(tmp_path),
                 "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},

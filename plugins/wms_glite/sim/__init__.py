@@ -44,6 +44,7 @@ __all__ = [
     "SCENARIO_ENV",
     "STATE_ENV",
     "Call",
+    "commands_section",
     "install_commands",
     "load_scenario",
     "max_concurrency",
@@ -68,3 +69,16 @@ def install_commands(bin_dir: Path) -> Path:
         # rename is atomic: a concurrent caller never runs a half-written script.
         temporary.replace(target)
     return bin_dir
+
+
+def commands_section(bin_dir: Path) -> dict[str, str]:
+    """The ``backends.wms_glite.commands`` of a site that runs the stand-ins in ``bin_dir``."""
+    return {
+        key: str(Path(bin_dir) / f"glite-wms-job-{command}")
+        for key, command in (
+            ("submit", "submit"),
+            ("list_match", "list-match"),
+            ("status", "status"),
+            ("cancel", "cancel"),
+        )
+    }

@@ -18,16 +18,10 @@ import yaml
 
 from gridgate.core.model import SubmitResult
 from gridgate.plugins.wms_glite import status as glite_status
-from gridgate.plugins.wms_glite.sim import read_calls
+from gridgate.plugins.wms_glite.sim import commands_section, read_calls
 from gridgate.plugins.wms_glite.sim.jobs import JobTable
 
 H1, H2 = "wms01.example.org", "wms02.example.org"
-COMMANDS = (
-    ("submit", "submit"),
-    ("list_match", "list-match"),
-    ("status", "status"),
-    ("cancel", "cancel"),
-)
 
 
 def site(
@@ -43,7 +37,7 @@ def site(
 ) -> Path:
     backend: dict[str, Any] = {
         "servers": servers,
-        "commands": {name: str(sim_bin / f"glite-wms-job-{cmd}") for name, cmd in COMMANDS},
+        "commands": commands_section(sim_bin),
         "list_match": False,
         "env": {"GRIDGATE_SIM_SCENARIO": str(scenario_path)},
     }

@@ -17,7 +17,7 @@ from gridgate.core.director import Director
 from gridgate.core.model import Endpoint
 from gridgate.core.pilots import Pilot
 from gridgate.core.testing import Collector, make_config
-from gridgate.plugins.wms_glite.sim import read_calls
+from gridgate.plugins.wms_glite.sim import commands_section, read_calls
 from gridgate.plugins.wms_glite.sim.jobs import JobTable, set_clock
 
 GOOD, ABORTS = "wms01.example.org", "wms02.example.org"
@@ -48,15 +48,7 @@ def world(request: Any, tmp_path: Path, sim_bin: Path, scenario: Any) -> Any:
         "backends": {
             "wms_glite": {
                 "servers": [GOOD, ABORTS],
-                "commands": {
-                    name: str(sim_bin / f"glite-wms-job-{cmd}")
-                    for name, cmd in (
-                        ("submit", "submit"),
-                        ("list_match", "list-match"),
-                        ("status", "status"),
-                        ("cancel", "cancel"),
-                    )
-                },
+                "commands": commands_section(sim_bin),
                 "list_match": False,
                 "work_dir": str(tmp_path),
                 "env": {"GRIDGATE_SIM_SCENARIO": str(path)},
