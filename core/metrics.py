@@ -37,6 +37,10 @@ SCRAPE_TIMEOUT = 5.0
 #: Connections accepted per second at most: a client that reconnects as fast as it is closed
 #: costs the process this many accepts a second, not a core.
 ACCEPT_RATE = 200.0
+#: Seconds a connection is kept before a newer one may evict it for sending nothing: a scraper
+#: that is slow to send its request after connecting (a loaded machine) is not taken for idle.
+#: At MAX_CONNECTIONS per this time an idle flood is cleared as fast as ACCEPT_RATE allows.
+EVICT_AFTER = 0.02
 #: A request (line and headers) longer than this is refused.
 MAX_REQUEST = 8192
 
@@ -92,6 +96,8 @@ class MetricsServer:
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._scrapes: dict[socket.socket, _Scrape] = {}  # in accept order
         self._listening = False
+        #: no accept before this instant: every open connection is too young to evict
+        self._held_until = 0.0
         self._tokens = accept_rate
         self._refilled = time.monotonic()
         self._stopped = threading.Event()
@@ -107,10 +113,10 @@ class MetricsServer:
             while not self._stopped.is_set():
                 now = time.monotonic()
                 self._refill(now)
-                self._set_listening(self._tokens >= 1)
+                self._set_listening(self._tokens >= 1 and now >= self._held_until)
                 waits = [s.deadline - now for s in self._scrapes.values()]
                 if not self._listening:
-                    waits.append(1.0 / self.accept_rate)
+                    waits.append(max(1.0 / self.accept_rate, self._held_until - now))
                 timeout = max(0.0, min(waits)) if waits else None
                 for key, mask in self._sel.select(timeout):
                     if key.fileobj is self._listen:
@@ -149,6 +155,17 @@ class MetricsServer:
         # between, so a scraper whose request arrives a moment after its accept is seen
         # sending before a burst from the backlog could evict it as idle.
         if self._tokens >= 1:
+            if len(self._scrapes) >= self.max_connections:
+                # a request that came in since the last turn makes its scrape no eviction
+                # candidate: read what the waiting ones have sent first
+                for scrape in [s for s in self._scrapes.values() if not s.replying]:
+                    self._serve(scrape, selectors.EVENT_READ)
+                waiting = [s for s in self._scrapes.values() if not s.replying]
+                if waiting:
+                    evictable = waiting[0].deadline - self.timeout + EVICT_AFTER
+                    if time.monotonic() < evictable:
+                        self._held_until = evictable  # the newcomer waits in the backlog
+                        return
             try:
                 conn, _ = self._listen.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
@@ -160,10 +177,6 @@ class MetricsServer:
             self._tokens -= 1
             self.counts["accepted"] += 1
             if len(self._scrapes) >= self.max_connections:
-                # a request that came in since the last turn makes its scrape no eviction
-                # candidate: read what the waiting ones have sent first
-                for scrape in [s for s in self._scrapes.values() if not s.replying]:
-                    self._serve(scrape, selectors.EVENT_READ)
                 waiting = [s for s in self._scrapes.values() if not s.replying]
                 if not waiting:
                     conn.close()
