@@ -90,38 +90,9 @@ need_tools() {
 }
 
 typecheck() {
-    # mypy over the whole package, then bench/, under the package's real names. The package-dir
-    # mapping (core/ is gridgate.core) and the editable install's import hook hide it from mypy,
-    # so each folder pyproject.toml maps is linked as build/typecheck/gridgate/<name> ([tool.mypy]
-    # mypy_path); the report names the real files (core/x.py). Silent when clean.
-    "$VENV/bin/python" - "$@" <<'PY'
-import os, subprocess, sys, tomllib
-from pathlib import Path
-
-mapping = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-farm = Path("build/typecheck")
-for package, folder in mapping.items():
-    link = farm.joinpath(*package.split("."))
-    link.parent.mkdir(parents=True, exist_ok=True)
-    target = os.path.relpath(folder, link.parent)
-    if not link.is_symlink() or os.readlink(link) != target:
-        if link.is_symlink():
-            link.unlink()
-        link.symlink_to(target, target_is_directory=True)
-# the package ([tool.mypy] packages), then the benchmarks that drive it; or what was asked
-# (the package's own errors are reported once: silent when bench/ imports it)
-runs = [sys.argv[1:]] if sys.argv[1:] else [[], ["--follow-imports=silent", "bench"]]
-failed = 0
-for args in runs:
-    done = subprocess.run([sys.executable, "-m", "mypy", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        out = done.stdout + done.stderr
-        for package, folder in mapping.items():
-            out = out.replace(f"{farm}/{package.replace('.', '/')}/", f"{folder}/")
-        sys.stdout.write(out)
-        failed = failed or done.returncode
-sys.exit(failed)
-PY
+    # mypy over the whole package, then bench/, under the package's real names
+    # (core/devkit/typecheck.py says how); silent when clean
+    "$VENV/bin/python" -m gridgate.core.devkit.typecheck "$@"
 }
 
 case "${1:-}" in

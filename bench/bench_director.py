@@ -24,7 +24,7 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.config import validate_document
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
 from gridgate.core.model import BackendInfo, Endpoint, IterationSummary, SubmitResult
 from gridgate.core.runner import run
 from gridgate.plugins.wms_glite.sim import install_commands, read_calls, write_scenario

@@ -81,7 +81,7 @@ def _director_doc(
 
 def _director_once(admission: dict[str, Any] | None, pilots: int, threads: int) -> dict[str, Any]:
     from gridgate.core.config import validate_document
-    from gridgate.core.director import Director
+    from gridgate.core.engine.director import Director
     from gridgate.plugins.wms_glite.sim import max_concurrency, read_calls
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,10 +34,10 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
 from gridgate.core.model import BackendInfo, Endpoint, JobStatus, StatusResult, SubmitResult
-from gridgate.core.pilots import Pilot
-from gridgate.core.state import SqliteState, StateStore
+from gridgate.core.state import Pilot, StateStore
+from gridgate.core.stores.sqlite import SqliteState
 
 BACKEND = "bench"
 ENDPOINTS = tuple(Endpoint(BACKEND, f"ce{i:02d}.example.org") for i in range(11))
@@ -78,7 +78,7 @@ def rss_mb() -> float:
 def open_store(folder: Path, clock: FakeClock, redis_url: str) -> StateStore:
     if not redis_url:
         return SqliteState({"path": str(folder / "state.db")}, clock=clock)
-    from gridgate.core.state_redis import RedisState
+    from gridgate.core.stores.redis import RedisState
 
     return RedisState({"url": redis_url, "prefix": f"bench-{uuid.uuid4().hex}:"}, clock=clock)
 

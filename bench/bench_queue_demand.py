@@ -39,10 +39,11 @@ from support.director import (  # type: ignore[import-not-found]  # noqa: E402 -
 )
 
 from gridgate.core.clock import FakeClock  # noqa: E402
-from gridgate.core.director import Director  # noqa: E402
-from gridgate.core.pilots import Pilot  # noqa: E402
-from gridgate.core.state import MemoryState, SqliteState  # noqa: E402
-from gridgate.core.state_redis import RedisState  # noqa: E402
+from gridgate.core.engine.director import Director
+from gridgate.core.state import Pilot
+from gridgate.core.stores.memory import MemoryState
+from gridgate.core.stores.redis import RedisState
+from gridgate.core.stores.sqlite import SqliteState
 from gridgate.core.testing import make_config  # noqa: E402
 
 #: (name, W, k, director.pilots, resources)

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from gridgate.core import hookimpl
+from gridgate.core.builtin.gocdb import GocdbAvailability, parse_downtimes
+from gridgate.core.builtin.waiting import WaitingGauge, WaitingGauges
 from gridgate.core.clock import FakeClock
-from gridgate.core.gocdb import AVAILABLE, GocdbAvailability, parse_downtimes
-from gridgate.core.model import BackendInfo
-from gridgate.core.waiting import WaitingGauge, WaitingGauges
+from gridgate.core.model import AVAILABLE, BackendInfo
 
 T0 = 1_700_000_000
 ENDPOINTS = 1000
@@ -243,12 +243,12 @@ class _Silent:
 
 
 def bench_hook(rounds: int, folder: Path) -> dict[str, Any]:
-    from gridgate.core.bans import OperatorBans
-    from gridgate.core.director import Director
-    from gridgate.core.iteration import Iteration
+    from gridgate.core.builtin.bans import OperatorBans
+    from gridgate.core.engine.director import Director
+    from gridgate.core.engine.runtime import Iteration
     from gridgate.core.model import DemandRegistry, Endpoint, IterationInfo
-    from gridgate.core.pilots import Pilot
-    from gridgate.core.state import SqliteState
+    from gridgate.core.state import Pilot
+    from gridgate.core.stores.sqlite import SqliteState
     from gridgate.core.testing import make_config
 
     clock = FakeClock(T0)

@@ -59,14 +59,13 @@ from gridgate.core.patterns import clip
 from gridgate.core.plugins import Plugin
 
 __all__ = [
-    "RESOURCE_VALUES",
     "Backend",
-    "NOT_TRIED",
     "Deadline",
+    "NOT_TRIED",
     "Outages",
     "command_timeout_schema",
-    "not_tried",
     "env_schema",
+    "not_tried",
     "resource_gaps",
 ]
 

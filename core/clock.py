@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+__all__ = ["Clock", "FakeClock", "SYSTEM_CLOCK", "file_time", "write_file_time"]
+
 
 class Clock(Protocol):
     """Wall time (epoch seconds, for expiries that survive restarts) and a monotonic clock."""

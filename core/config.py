@@ -12,8 +12,7 @@ import functools
 import hashlib
 import os
 import re
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,154 +21,33 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from gridgate.core.contract import list_match_problems
+from gridgate.core import moved_names
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
-    STATE_GROUP,
+    ConfigPath,
     PluginLoadError,
     load_class,
 )
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret, secret_problems
-from gridgate.core.tracking import PILOTS_SCHEMA
+from gridgate.core.state import STATE_GROUP
+from gridgate.core.weights import WEIGHTS_SCHEMA
 
-PathT = tuple[str | int, ...]
+PathT = ConfigPath
 
 # SECRET_SCHEMA, SecretError and read_secret live in gridgate.core.secrets (light to import, for
 # the gate's start-up); they stay importable from here.
-__all__ = ["SECRET_SCHEMA", "SecretError", "read_secret"]
+__all__ = [
+    "SECRET_SCHEMA",
+    "read_secret",
+    "SecretError",
+    "Config",
+    "ConfigError",
+    "ConfigProblem",
+    "apply_defaults",
+    "load_config",
+]
 
-
-DIRECTOR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "default": {},
-    "description": "The submission director's loop.",
-    "properties": {
-        "cycle_seconds": {
-            "maximum": 86400,
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "default": 60,
-            "description": "Pause between iterations, in seconds.",
-        },
-        "max_threads": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 1024,
-            "default": 8,
-            "description": "Submissions run in parallel on this many threads.",
-        },
-        "command_timeout": {
-            "maximum": 86400,
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "default": 120,
-            "description": "Hard limit in seconds for every backend command.",
-        },
-        "failing_expiry": {
-            "maximum": 365 * 86400,
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "default": 3600,
-            "description": "Seconds a failing server stays in the failing cache.",
-        },
-        "ticket_expiry": {
-            "maximum": 365 * 86400,
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "default": 3600,
-            "description": "The tickets cache lives failing_expiry + ticket_expiry.",
-        },
-        "paused": {
-            "type": "boolean",
-            "default": False,
-            "description": "Submit nothing, on purpose: the director runs, re-reads its "
-            "config and asks no demand. Without it a config that would "
-            "submit nothing (no demand, no backend) is refused.",
-        },
-        "keep_accounting": {
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "maximum": 10 * 365 * 86400,
-            "default": 90 * 86400,
-            "description": "Seconds an accounting row (one per submission, what "
-            "`gridgate report` reads) is kept; older rows are "
-            "pruned, so a Redis store does not grow for ever.",
-        },
-        "stall_iterations": {
-            "type": "integer",
-            "minimum": 1,
-            "default": 3,
-            "description": "Demand asked for pilots and none was submitted "
-            "this many iterations in a row: an error saying why "
-            "(an alarm once it lasts ticket_expiry).",
-        },
-        "notify_kinds": {
-            "type": "object",
-            "description": "Per failure kind, whether people are told (overrides the classifier).",
-            "additionalProperties": {"type": "boolean"},
-            "default": {},
-        },
-        "retries_per_pilot": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": 10,
-            "default": 2,
-            "description": "A failed submission whose failure is worth retrying "
-            "elsewhere is sent to another usable server at most "
-            "this many times in the same iteration (0: never).",
-        },
-        "retry_within_seconds": {
-            "maximum": 86400,
-            "type": "number",
-            "minimum": 0,
-            "default": 300,
-            "description": "The iteration's deadline for retries: a retry starts "
-            "only if its command's deadline falls within this "
-            "many seconds of the iteration's start.",
-        },
-        "max_output_bytes": {
-            "type": "integer",
-            "minimum": 1024,
-            "default": 4 * 1024 * 1024,
-            "description": "Per stream; output past it is dropped and flagged.",
-        },
-        "state_dir": {
-            "type": "string",
-            "x-gridgate-path": True,
-            "default": "./gridgate-state",
-            "description": "Where plugins keep files (outbox, spool, work files). Not "
-            "written and state.path written: state.path's folder.",
-        },
-        "demand_lock": {
-            "type": "boolean",
-            "default": False,
-            "description": "Several directors on one shared state store (Redis): each "
-            "demand group is filled by one of them, the holder of its lock.",
-        },
-        "state_retry_seconds": {
-            "maximum": 86400,
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "default": 30,
-            "description": "While the state store fails, try it again this often.",
-        },
-        "user": {
-            "type": "string",
-            "default": "",
-            "description": "Name the director gives admission control (default: its uid's).",
-        },
-        "metrics_port": {
-            "type": ["integer", "null"],
-            "minimum": 0,
-            "maximum": 65535,
-            "default": None,
-            "description": "Serve Prometheus metrics here.",
-        },
-        "pilots": PILOTS_SCHEMA,
-    },
-    "additionalProperties": False,
-}
 
 STATE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -189,9 +67,16 @@ def _plugin_group_schema(key: str) -> dict[str, Any]:
     }
 
 
+#: Sections every file has, whether it names them or not: their schemas come from the
+#: ``gridgate.sections`` entry points of the same names (the director's loop owns ``director``:
+#: :mod:`gridgate.core.engine.section`), so that this module knows no engine.
+CORE_SECTIONS = ("director",)
+
+
 def core_schema() -> dict[str, Any]:
-    """The schema of what core itself owns, before plugins add their sections."""
-    props: dict[str, Any] = {"director": DIRECTOR_SCHEMA, "state": STATE_SCHEMA}
+    """The schema of what this module itself owns (``state``, the plugin groups), before the
+    core sections and the plugins add theirs."""
+    props: dict[str, Any] = {"state": STATE_SCHEMA}
     for key in CONFIG_GROUPS:
         props[key] = _plugin_group_schema(key)
     return {
@@ -386,8 +271,9 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
-class Config:
-    """A validated config with defaults filled. ``data`` must not be modified."""
+class Config(Mapping[str, Any]):
+    """A validated config with defaults filled, read as the mapping of its sections (``data``,
+    which must not be modified); it remembers its file, its digest and the line of each key."""
 
     data: Mapping[str, Any]
     path: Path | None = None
@@ -405,6 +291,12 @@ class Config:
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
@@ -495,6 +387,12 @@ def compose_schema(
             problems.append((path, str(exc)))
             return None
 
+    for key in CORE_SECTIONS:
+        cls = load(SECTIONS_GROUP, key, (key,))
+        schema["properties"][key] = _section_schema(cls) if cls else {}
+        if cls is not None:
+            classes[("sections", key)] = cls
+
     for key, group in CONFIG_GROUPS.items():
         section = doc.get(key)
         if not isinstance(section, Mapping):
@@ -533,8 +431,6 @@ def compose_schema(
 def _add_weights(section: dict[str, Any]) -> None:
     """Every backend's section takes ``weights: {ENDPOINT: N}`` (core's, whatever the backend
     declares: the selectors read it), unless the backend defines ``weights`` itself."""
-    from gridgate.core.weights import WEIGHTS_SCHEMA
-
     properties = section.setdefault("properties", {})
     if isinstance(properties, dict) and "weights" not in properties:
         properties["weights"] = copy.deepcopy(WEIGHTS_SCHEMA)
@@ -735,14 +631,13 @@ def validate_document(
             apply_defaults(filled, schema_at(schema, base))
             for sub, message in checker(filled):
                 found.append(((*base, *sub), message))
-        found += list_match_problems(
-            doc, classes
-        )  # checks across sections (gridgate.core.contract)
     if not found:
-        from gridgate.core.config_checks import availability_problems, reference_problems
-
-        found += reference_problems(doc, classes)
-        found += availability_problems(doc, classes)
+        # checks across sections, once each section is right on its own (the director's
+        # section checks that the demand names configured backends, and so on)
+        for cls in classes.values():
+            across = getattr(cls, "document_errors", None)
+            if across is not None:
+                found.extend(across(doc, classes))
     if found:
         problems = sorted(
             {ConfigProblem(filename, line_of(p), p, m) for p, m in found},
@@ -816,86 +711,5 @@ def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config
     )
 
 
-def cut_problem(text: str, filename: str) -> ConfigProblem | None:
-    """Why ``text`` may be a file cut short, or None.
-
-    A file being written, or copied by a tool that stopped, can end inside a value where
-    YAML cannot tell: ``max: 100`` cut to ``max: 1`` is still a valid document. Every editor
-    and every whole copy ends the last line with a newline, so a non-empty file without one
-    is taken for cut and refused on reload; the running director keeps its last good config.
-    """
-    if not text.strip() or text.endswith("\n"):
-        return None
-    last = text.count("\n") + 1
-    return ConfigProblem(
-        filename,
-        last,
-        (),
-        "the file does not end with a newline: its last line "
-        "may be cut short (a file still being written, or a truncated copy); "
-        "refused until the file is whole",
-    )
-
-
-@dataclass(frozen=True)
-class ReloadOutcome:
-    """What :meth:`ConfigSource.reload` found: a new config (``previous`` is the one it
-    replaced), no change, or a refusal."""
-
-    changed: bool
-    error: ConfigError | None = None
-    previous: Config | None = None
-
-
-class ConfigSource:
-    """A config file re-read on demand; the last good config stays in force.
-
-    A file that changed and validates replaces the current config; one that does not is
-    refused with the reasons, and :attr:`current` keeps the last good one. The same bad
-    content is reported once, not at every reload.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], initial: Config | None = None) -> None:
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        self._current = initial or load_config(self.path)
-        self._refused_digest: str | None = None
-
-    @property
-    def current(self) -> Config:
-        return self._current
-
-    def reload(self, vet: Callable[[Config], list[ConfigProblem]] | None = None) -> ReloadOutcome:
-        """Re-read the file. ``vet`` may refuse a new config that validates (its problems
-        become the refusal). An unreadable file, like bad content, is reported once until it
-        changes, not at every reload."""
-        with self._lock:
-            try:
-                text = self.path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                err = ConfigError(
-                    [ConfigProblem(str(self.path), 0, (), f"cannot read: {exc}")], kind="io"
-                )
-                return self._refused(f"io:{exc}", err)
-            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-            if digest == self._current.digest:
-                self._refused_digest = None
-                return ReloadOutcome(changed=False)
-            cut = cut_problem(text, str(self.path))
-            if cut is not None:
-                return self._refused(digest, ConfigError([cut]))
-            try:
-                new = load_config(self.path, text=text)
-                problems = vet(new) if vet is not None else []
-                if problems:
-                    raise ConfigError(problems)
-            except ConfigError as exc:
-                return self._refused(digest, exc)
-            previous, self._current = self._current, new
-            self._refused_digest = None
-            return ReloadOutcome(changed=True, previous=previous)
-
-    def _refused(self, fingerprint: str, error: ConfigError) -> ReloadOutcome:
-        first_time = fingerprint != self._refused_digest
-        self._refused_digest = fingerprint
-        return ReloadOutcome(changed=False, error=error if first_time else None)
+#: names of API 1.4 that moved into the sub-packages (a DeprecationWarning says where)
+__getattr__ = moved_names(__name__)

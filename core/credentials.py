@@ -1,5 +1,5 @@
 """Credentials the director checks, renews and hands to backends: the base of a credential plugin
-(a file with a lifetime, renewed by a command) and the built-in ``x509_proxy``.
+(a file with a lifetime, renewed by a command).
 
 Before each iteration every credential plugin reads its file's lifetime itself, runs its
 ``renew`` command (an argv, under a deadline) when less than ``min_lifetime`` is left, and
@@ -10,7 +10,8 @@ which is answered from the configured section, so it works where no check ran.
 
 A credential of another kind (a WLCG bearer token in a file that a command refreshes) is a
 subclass that names its ``kind`` and environment variable and reads its file's validity
-(:meth:`CredentialPlugin.validity`); docs/plugins.md shows a ``token_file`` plugin.
+(:meth:`CredentialPlugin.validity`). The built-in ``x509_proxy`` and ``bearer_token``
+(:mod:`gridgate.core.builtin`) are two such subclasses.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
-from gridgate.core import hookimpl
+from gridgate.core import hookimpl, moved_names
 from gridgate.core.model import (
     CommandResult,
     CredentialRegistry,
@@ -32,10 +33,16 @@ from gridgate.core.model import (
     IterationInfo,
     elapsed_text,
 )
-from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
 from gridgate.core.runner import run
 
-__all__ = ["CredentialError", "CredentialPlugin", "Validity", "X509Proxy", "credential_schema"]
+__all__ = [
+    "CredentialError",
+    "CredentialPlugin",
+    "Validity",
+    "X509Proxy",  # noqa: F822 - deprecated: moved to gridgate.core.builtin (module __getattr__)
+    "credential_schema",
+]
 
 #: A credential file larger than this is not read (a proxy or a token is a few KiB).
 MAX_FILE_BYTES = 1024 * 1024
@@ -134,7 +141,7 @@ class CredentialPlugin(Plugin):
         self.path = Path(os.path.abspath(self.folder / str(config["path"])))
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """An empty renewal program."""
         renew = section.get("renew") or []
         if renew and not str(renew[0]).strip():
@@ -142,7 +149,7 @@ class CredentialPlugin(Plugin):
         return []
 
     @classmethod
-    def config_warnings(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_warnings(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """A renewal written as one shell line in a single argv item."""
         renew = section.get("renew") or []
         if len(renew) == 1 and len(str(renew[0]).split()) > 1:
@@ -304,43 +311,5 @@ class CredentialPlugin(Plugin):
         )
 
 
-class X509Proxy(CredentialPlugin):
-    """An X.509 proxy (RFC 3820) in a PEM file: its lifetime is read with ``cryptography``
-    (the first certificate is the proxy; no certificate in the file may have ended), renewed by
-    a command such as ``arcproxy`` or ``voms-proxy-init``, handed out as ``X509_USER_PROXY``."""
-
-    name = "x509_proxy"
-    kind = "x509"
-    env_var = "X509_USER_PROXY"
-    what = "X.509 proxy"
-    config_schema: ClassVar[dict[str, Any]] = credential_schema(
-        "An X.509 proxy the director checks before each iteration (its lifetime read from the "
-        "file), renews with renew when it runs short, and hands to the backends that need kind "
-        "x509 as X509_USER_PROXY. While it is missing or expired those backends submit nothing."
-    )
-
-    def validity(self, data: bytes) -> Validity:
-        from cryptography import x509  # imported here: only a director with a proxy pays for it
-
-        if b"-----BEGIN CERTIFICATE-----" not in data:
-            raise CredentialError("holds no PEM certificate")
-        try:
-            certificates = x509.load_pem_x509_certificates(data)
-        except ValueError as exc:
-            reason = str(exc).rsplit("details. ", 1)[-1]
-            raise CredentialError(
-                f"holds a PEM certificate that cannot be read ({reason})"
-            ) from None
-        proxy = certificates[0]
-        proxy_end = proxy.not_valid_after_utc.timestamp()
-        # a proxy cannot outlive the certificates that signed it, when the file carries them
-        ends = min(certificates, key=lambda c: c.not_valid_after_utc)
-        not_after = ends.not_valid_after_utc.timestamp()
-        detail = ""
-        if not_after < proxy_end:
-            detail = (
-                f"the proxy itself ends {_iso(proxy_end)}, but its issuer "
-                f"{ends.subject.rfc4514_string()} ends first"
-            )
-        not_before = max(c.not_valid_before_utc for c in certificates).timestamp()
-        return Validity(not_before=not_before, not_after=not_after, detail=detail)
+#: X509Proxy (API 1.4) is the built-in x509_proxy plugin, gridgate.core.builtin.x509_proxy
+__getattr__ = moved_names(__name__)

@@ -1,7 +1,7 @@
 """The failing cache and the servers' failure episodes: core's memory of which servers are out of
 rotation, shared by every director on one state store and read by anyone through this class.
 
-The director's failure path (:mod:`gridgate.core.iteration`) puts a server that failed in the
+The director's failure path (:mod:`gridgate.core.engine.iteration`) puts a server that failed in the
 failing cache with :meth:`FailingCache.enter`: out of rotation for ``failing_expiry`` seconds,
 and its *episode* (first failure time, failures so far) counted. The escalation plugin is told
 that episode and decides the level; it may also keep a server *watched* for a while after its

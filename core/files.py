@@ -13,6 +13,8 @@ import os
 import threading
 from pathlib import Path
 
+__all__ = ["atomic_write", "ensure_private_dir", "resolve_dir"]
+
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or unlink in ``path`` durable."""

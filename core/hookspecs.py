@@ -39,6 +39,29 @@ if TYPE_CHECKING:
         SubmitResult,
     )
 
+#: The hook specifications, one per hook (docs/hooks.md documents each).
+__all__ = [
+    "gridgate_register_commands",
+    "gridgate_iteration_started",
+    "gridgate_demand",
+    "gridgate_endpoint_availability",
+    "gridgate_iteration_finished",
+    "gridgate_backend_info",
+    "gridgate_check_credentials",
+    "gridgate_credential_env",
+    "gridgate_select_endpoint",
+    "gridgate_admit",
+    "gridgate_release",
+    "gridgate_list_match",
+    "gridgate_submit",
+    "gridgate_classify_failure",
+    "gridgate_escalate",
+    "gridgate_notify",
+    "gridgate_submission_finished",
+    "gridgate_job_status",
+    "gridgate_cancel",
+]
+
 
 # -------------------------------------------------------------------------------------------
 # command line

@@ -24,6 +24,7 @@ from loguru import logger
 
 from gridgate.core.model import Notification
 from gridgate.core.outbox import Delivery, Message
+from gridgate.core.plugins import ConfigProblems
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 
 __all__ = [
@@ -110,10 +111,10 @@ SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
 }
 
 
-def smtp_errors(section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+def smtp_errors(section: Mapping[str, Any]) -> ConfigProblems:
     """The problems of the SMTP keys of ``section`` that its schema cannot say (a username
     without a password, or the reverse), as ``(path, message)`` for ``config_errors``."""
-    problems: list[tuple[tuple[str | int, ...], str]] = []
+    problems: ConfigProblems = []
     if section.get("username") and not section.get("password"):
         problems.append((("password",), "username is set but password is not"))
     if section.get("password") and not section.get("username"):

@@ -810,7 +810,7 @@ class IterationSummary:
     retries: tuple[RetryReport, ...] = ()
     #: what the pilot tracker did: polls, state changes, cancels, aborted endpoints, demand
     #: trimmed per backend and limit, and pilots by endpoint and state after the iteration's
-    #: submissions (gridgate.core.tracking); None when pilots are not tracked
+    #: submissions (gridgate.core.engine.tracking); None when pilots are not tracked
     pilots: PilotReport | None = None
     #: what each credential plugin found before anything was polled or submitted
     credentials: tuple[CredentialStatus, ...] = ()

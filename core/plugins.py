@@ -1,29 +1,35 @@
-"""Finds plugins through entry points (stevedore) and registers them with pluggy.
+"""What a plugin is (:class:`Plugin`), the services it is given (:class:`PluginContext`), and
+where plugins are found: the entry-point groups, and one class loaded by name (stevedore).
 
-Only the plugins a config names are loaded; the built-in defaults are loaded the same way and
-answer last (their hook implementations are ``trylast``). A configured name that is not
-installed or fails to import is a :class:`PluginLoadError` naming the group, the name and the
-cause; never a silent skip.
+A configured name that is not installed or fails to import is a :class:`PluginLoadError`
+naming the group, the name and the cause; never a silent skip. Building the plugin manager a
+config asks for (the defaults registered last, answering last) is the engine's
+(:mod:`gridgate.core.engine.loader`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import pluggy
-from loguru import logger
 
-from gridgate.core import PROJECT, hookspecs
+from gridgate.core import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.failing import FailingCache
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
+from gridgate.core.state import STATE_GROUP, StateStore
 
-if TYPE_CHECKING:
-    from gridgate.core.failing import FailingCache
-    from gridgate.core.state import StateStore
+__all__ = ["ConfigPath", "ConfigProblems", "Plugin", "PluginContext"]
+
+#: Where in a config a problem is: the keys (and list indexes) down from a section, or from the
+#: file's root in :meth:`Plugin.document_errors`: ``("servers", 2)``.
+ConfigPath = tuple[str | int, ...]
+#: What a plugin's config checks return: (where, message) pairs; empty when all is well.
+ConfigProblems = list[tuple[ConfigPath, str]]
 
 #: Config section (top-level YAML key) -> entry-point group. Keys inside each section are
 #: entry-point names.
@@ -40,20 +46,9 @@ CONFIG_GROUPS: dict[str, str] = {
 }
 #: Other groups: state drivers (chosen by ``state.driver``), extra top-level config sections
 #: (``proxyd``...), and command-line providers (loaded whenever ``gridgate`` starts).
-STATE_GROUP = "gridgate.state"
 SECTIONS_GROUP = "gridgate.sections"
 CLI_GROUP = "gridgate.cli"
 ALL_GROUPS = (*CONFIG_GROUPS.values(), STATE_GROUP, SECTIONS_GROUP, CLI_GROUP)
-
-#: Built-in defaults, always registered; a config section of the same name configures them.
-DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
-    ("selectors", "random"),
-    ("classifiers", "rules"),
-    ("escalation", "caches"),
-    ("notifiers", "log"),
-    ("admission", "all"),
-    ("availability", "operator"),
-)
 
 
 class PluginLoadError(Exception):
@@ -85,12 +80,12 @@ class PluginContext:
     config_path: Path | None = None
     failing: FailingCache | None = None
 
-    def __post_init__(self) -> None:
-        # set by build_plugin_manager: the manager of the plugins built with this context
-        self._plugin_manager: pluggy.PluginManager | None = None
-        if self.failing is None and self.state is not None:
-            from gridgate.core.failing import FailingCache
+    #: the manager holding the plugins built with this context (set by the loader that built
+    #: them): :meth:`credential_env` asks its credential plugins
+    plugin_manager: pluggy.PluginManager | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if self.failing is None and self.state is not None:
             director = self.config.get("director") or {}
             self.failing = FailingCache.from_config(self.state, self.clock, director)
 
@@ -106,9 +101,9 @@ class PluginContext:
 
         :param kind: a kind the backend lists in ``BackendInfo.credentials``.
         """
-        if self._plugin_manager is None:
+        if self.plugin_manager is None:
             return {}
-        answer = self._plugin_manager.hook.gridgate_credential_env(kind=kind)
+        answer = self.plugin_manager.hook.gridgate_credential_env(kind=kind)
         return {str(k): str(v) for k, v in (answer or {}).items()}
 
     @property
@@ -139,21 +134,32 @@ class Plugin:
         self.context = context
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """Cross-field problems as (path inside the section, message); empty when fine."""
         return []
 
     @classmethod
-    def config_warnings(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_warnings(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """Legal settings that are probably not meant, as (path, message); `gridgate config
         validate` prints them and still says valid."""
+        return []
+
+    @classmethod
+    def document_errors(
+        cls, document: Mapping[str, Any], classes: Mapping[tuple[str, str], type]
+    ) -> ConfigProblems:
+        """Problems that need more of the file than the plugin's own section (a threshold that
+        must stay below another section's), as (path from the file's root, message); empty
+        when fine. Called once per load, after every section passed its own checks, with the
+        whole document as written (relative paths resolved, defaults not filled) and the
+        plugin classes it names by (config key, name)."""
         return []
 
     def close(self) -> None:
         """Release threads, sockets, files. Called when the config is replaced or at exit."""
 
 
-def _entry_point_names(group: str) -> list[str]:
+def entry_point_names(group: str) -> list[str]:
     return sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
 
 
@@ -202,124 +208,9 @@ def load_class(group: str, name: str) -> type:
     if failures:
         raise PluginLoadError(group, name, failures[0])
     if missing or not manager.extensions:
-        raise PluginLoadError(group, name, "not installed", _entry_point_names(group))
+        raise PluginLoadError(group, name, "not installed", entry_point_names(group))
     return manager.extensions[0].plugin
 
 
-@dataclass(frozen=True)
-class InstalledPlugin:
-    group: str
-    name: str
-    target: str
-    distribution: str
-    version: str
-    default: bool
-
-
-def installed_plugins() -> list[InstalledPlugin]:
-    """Every plugin installed in every gridgate group, without importing any of them."""
-    defaults = {(CONFIG_GROUPS[key], name) for key, name in DEFAULT_PLUGINS}
-    rows = []
-    for group in ALL_GROUPS:
-        for ep in importlib.metadata.entry_points(group=group):
-            dist = getattr(ep, "dist", None)
-            rows.append(
-                InstalledPlugin(
-                    group=group,
-                    name=ep.name,
-                    target=ep.value,
-                    distribution=dist.name if dist else "?",
-                    version=dist.version if dist else "?",
-                    default=(group, ep.name) in defaults,
-                )
-            )
-    return sorted(rows, key=lambda r: (ALL_GROUPS.index(r.group), r.name))
-
-
-def configured_plugins(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(config key, name) of every plugin a config asks for, defaults included, in config
-    order; a default the config does not mention comes after the configured ones."""
-    chosen: list[tuple[str, str]] = []
-    for key in CONFIG_GROUPS:
-        for name in config.get(key) or {}:
-            chosen.append((key, name))
-    for default in DEFAULT_PLUGINS:
-        if default not in chosen:
-            chosen.append(default)
-    return chosen
-
-
-def new_plugin_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(hookspecs)
-    return pm
-
-
-def build_plugin_manager(
-    config: Mapping[str, Any],
-    context: PluginContext,
-    extra_plugins: Iterable[object] = (),
-) -> tuple[pluggy.PluginManager, list[object]]:
-    """Instantiate and register every plugin ``config`` names, plus the defaults.
-
-    Plugins are registered in reverse so that, pluggy calling the last registered first, the
-    plugin listed first in the config answers first. ``extra_plugins`` (tests, embedding
-    programs) are registered last and so answer before everything else.
-
-    :return: the manager and the plugin instances (to ``close()`` later).
-    """
-    pm = new_plugin_manager()
-    context._plugin_manager = pm  # context.credential_env asks this manager's plugins
-    instances: list[tuple[str, object]] = []
-    for key, name in configured_plugins(config):
-        cls = load_class(CONFIG_GROUPS[key], name)
-        section = (config.get(key) or {}).get(name)
-        if section is None:
-            section = fill_defaults_for(cls)
-        instance = cls(section, context)
-        if hasattr(instance, "name") and not getattr(instance, "name", ""):
-            instance.name = name
-        instances.append((f"{key}:{name}", instance))
-    for plugin_name, instance in reversed(instances):
-        pm.register(instance, name=plugin_name)
-    for index, plugin in enumerate(extra_plugins):
-        pm.register(plugin, name=f"extra:{index}:{type(plugin).__name__}")
-    pm.check_pending()
-    logger.debug("plugins registered: {}", [n for n, _ in instances])
-    return pm, [i for _, i in instances]
-
-
-def fill_defaults_for(cls: type) -> dict[str, Any]:
-    """The section a plugin gets when the config does not mention it: its schema defaults."""
-    from gridgate.core.config import apply_defaults
-
-    section: dict[str, Any] = {}
-    apply_defaults(section, getattr(cls, "config_schema", {}))
-    return section
-
-
-def cli_plugin_manager(
-    on_error: Callable[[PluginLoadError], None] | None = None,
-) -> pluggy.PluginManager:
-    """A manager holding every ``gridgate.cli`` provider: commands exist before config does.
-
-    A provider that fails to import is reported through ``on_error`` and left out, so one
-    broken plugin does not take the whole command line down with it.
-    """
-    from stevedore import ExtensionManager
-
-    pm = new_plugin_manager()
-
-    def failed(_manager: Any, ep: Any, err: BaseException) -> None:
-        error = PluginLoadError(CLI_GROUP, ep.name, f"import failed: {type(err).__name__}: {err}")
-        if on_error:
-            on_error(error)
-
-    manager = _fresh(ExtensionManager)(
-        namespace=CLI_GROUP, invoke_on_load=False, on_load_failure_callback=failed
-    )
-    for ext in sorted(manager.extensions, key=lambda e: e.name):
-        target = ext.plugin
-        pm.register(target() if isinstance(target, type) else target, name=f"cli:{ext.name}")
-    pm.check_pending()
-    return pm
+#: the plugin loader of API 1.4 is the engine's now, gridgate.core.engine.loader
+__getattr__ = moved_names(__name__)

@@ -48,15 +48,7 @@ from loguru import logger
 
 from gridgate.core.model import CommandResult
 
-__all__ = [
-    "run",
-    "kill_process_group",
-    "orphan_guard",
-    "argv_chunks",
-    "DEFAULT_MAX_OUTPUT",
-    "DRAIN_AFTER_EXIT",
-    "ARGV_BYTES",
-]
+__all__ = ["run", "argv_chunks", "DEFAULT_MAX_OUTPUT", "ARGV_BYTES"]
 
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 #: Seconds the readers may go on after the main child exited while something else in its

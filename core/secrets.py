@@ -11,6 +11,8 @@ import stat
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+__all__ = ["SECRET_SCHEMA", "read_secret", "SecretError"]
+
 #: How a secret is given: the name of an environment variable or a file, never the value.
 SECRET_SCHEMA: dict[str, Any] = {
     "description": "A secret read at run time: {env: VARIABLE} or {file: /path/to/file}.",

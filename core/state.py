@@ -1,48 +1,67 @@
-"""Expiring keys with atomic add-if-absent, and an append-only accounting log.
+"""The shared state store: expiring keys with atomic add-if-absent, an append-only accounting
+log, and the pilot registry kept beside them.
 
 The failing and tickets caches, the list-match cache, escalation history, notification
-de-duplication and the per-submission accounting rows all live here. Drivers are found
-through the ``gridgate.state`` entry-point group; every driver passes the same contract
-tests (tests/core/test_state_contract.py).
+de-duplication, the per-submission accounting rows and every submitted pilot live here. This
+module holds what a plugin sees of it (:class:`StateStore`, ``context.state``; :class:`Pilot` and
+:class:`PilotRegistry`, ``context.state.pilot_registry()``) and what a driver needs; the drivers
+themselves (memory, sqlite, redis) are in :mod:`gridgate.core.stores`, found through the
+``gridgate.state`` entry-point group, and every one passes the same contract tests
+(tests/core/stores/test_state_contract.py).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
-import os
-import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, ClassVar
 
-from loguru import logger
-
+from gridgate.core import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
 
-if TYPE_CHECKING:
-    from gridgate.core.config import Config
-    from gridgate.core.pilots import PilotRegistry
+__all__ = ["Counts", "Pilot", "PilotRegistry", "StateError", "StateStore", "Waiting", "open_state"]
 
 
-def open_state(config: Config | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> StateStore:
+#: The entry-point group of the state drivers (``state.driver`` names one).
+STATE_GROUP = "gridgate.state"
+
+
+def open_state(config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> StateStore:
     """Open the state store a config names: the driver ``state.driver`` (found through the
     ``gridgate.state`` entry points) made with the rest of that section.
 
-    :param config: a config (or a mapping) with a ``state:`` section; none means
+    :param config: a config (a loaded one, or a mapping) with a ``state:`` section; none means
         ``{driver: sqlite}``.
     :param clock: the store's clock, on which expiries are measured.
-    :raises PluginLoadError: when no installed driver has that name.
+    :raises StateError: when no installed driver has that name, or it does not import (a
+        loaded config has been checked for both).
     """
-    from gridgate.core.plugins import STATE_GROUP, load_class  # the loader imports this module
-
     section = dict(config.get("state") or {"driver": "sqlite"})
     driver = section.pop("driver", "sqlite")
-    cls = load_class(STATE_GROUP, driver)
-    return cls(section, clock=clock)
+    return _driver_class(str(driver))(section, clock=clock)
+
+
+def _driver_class(driver: str) -> type[StateStore]:
+    # read from the installed metadata, as the plugin loader does (gridgate.core.plugins, which
+    # imports this module for its types, so it is not asked here)
+    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=STATE_GROUP)}
+    if driver not in found:
+        raise StateError(
+            f"state driver {driver!r} is not installed (installed: {', '.join(sorted(found))})"
+        )
+    try:
+        cls: type[StateStore] = found[driver].load()
+    except Exception as exc:  # a broken driver is named, whatever it raised
+        raise StateError(
+            f"state driver {driver!r}: import failed: {type(exc).__name__}: {exc}"
+        ) from None
+    return cls
 
 
 class StateError(Exception):
@@ -128,14 +147,12 @@ class StateStore(ABC):
         return 0
 
     def pilot_registry(self) -> PilotRegistry:
-        """The pilot registry kept in this store (see :mod:`gridgate.core.pilots`).
+        """The pilot registry kept in this store (:class:`PilotRegistry`).
 
         A driver that does not override this keeps pilots in this process only."""
         with _REGISTRY_LOCK:
             registry = self._pilot_registry
             if registry is None:
-                from gridgate.core.pilots import MemoryPilots
-
                 registry = self._pilot_registry = MemoryPilots()
             return registry
 
@@ -225,426 +242,249 @@ def prefix_successor(prefix: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# memory: one process, gone at exit
+# The pilot registry: every pilot the director submitted, with its last known state.
+#
+# Each driver keeps one (``StateStore.pilot_registry()``: in memory, in the SQLite file beside
+# the caches, or in Redis), so a restarted director keeps tracking what it submitted and
+# ``gridgate pilots`` reads it from another process. Rows are keyed by (backend, endpoint, job
+# id) and indexed by endpoint and state: the director's questions (the non-terminal pilots of
+# one endpoint, counts by state, the last finished pilots of an endpoint) never scan the
+# terminal rows kept for accounting. Writes come in bulk, one transaction per call.
+
+#: (backend, endpoint, state) -> number of pilots
+Counts = dict[tuple[str, str, str], int]
 
 
-class MemoryState(StateStore):
-    """A dict behind a lock, for tests and single-shot runs; nothing survives the process."""
+@dataclass(frozen=True)
+class Pilot:
+    """One tracked pilot job.
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "In-process state: nothing is kept across restarts or shared.",
-        "properties": {},
-        "additionalProperties": False,
-    }
+    ``endpoint`` is the endpoint's name (``Endpoint.name``), ``group`` the demand group it was
+    submitted for; ``submitted`` and ``changed`` are clock times (``changed``: when ``state``
+    last changed); ``native`` and ``reason`` are the backend's own words, for people;
+    ``cores`` the CPUs it asked for (its demand group's ``resources.cores``), which
+    ``max_waiting_cores`` counts.
+    """
 
-    #: Expired keys are dropped at most this often (clock seconds), not on every call.
-    PRUNE_EVERY = 60.0
+    job_id: str
+    backend: str
+    endpoint: str
+    group: str = "default"
+    submitted: float = 0.0
+    state: str = "waiting"
+    changed: float = 0.0
+    native: str = ""
+    reason: str = ""
+    cores: int = 1
 
-    def __init__(
-        self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
-    ) -> None:
-        super().__init__(config, clock)
-        self._lock = threading.Lock()
-        self._data: dict[str, tuple[str, float | None]] = {}
-        self._records: dict[str, list[tuple[float, str]]] = {}
-        self._last_prune = clock.time()
+    def __post_init__(self) -> None:
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
+            raise ValueError(f"a pilot's cores is an integer >= 1, got {self.cores!r}")
+        if self.state not in PILOT_STATES:
+            raise ValueError(f"pilot state must be one of {PILOT_STATES}, got {self.state!r}")
+        if not self.job_id or not self.backend or not self.endpoint:
+            raise ValueError("a pilot needs a job id, a backend and an endpoint")
 
-    def _live(self, key: str, now: float) -> tuple[str, float | None] | None:
-        entry = self._data.get(key)
-        if entry is None:
-            return None
-        if entry[1] is not None and entry[1] <= now:
-            del self._data[key]
-            return None
-        return entry
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
 
-    def _maybe_prune(self, now: float) -> None:
-        if now - self._last_prune < self.PRUNE_EVERY:
-            return
-        self._last_prune = now
-        dead = [k for k, (_v, exp) in self._data.items() if exp is not None and exp <= now]
-        for k in dead:
-            del self._data[k]
+    @property
+    def endpoint_key(self) -> str:
+        """``backend/endpoint``, as ``Endpoint.key``."""
+        return f"{self.backend}/{self.endpoint}"
 
-    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
-        check_key(key)
-        check_value(value)
-        expires = expires_at(self.clock, ttl)
-        with self._lock:
-            now = self.clock.time()
-            self._maybe_prune(now)
-            if self._live(key, now) is not None:
-                return False
-            self._data[key] = (value, expires)
-            return True
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
-    def set(self, key: str, value: str, ttl: float | None = None) -> None:
-        check_key(key)
-        check_value(value)
-        expires = expires_at(self.clock, ttl)
-        with self._lock:
-            self._maybe_prune(self.clock.time())
-            self._data[key] = (value, expires)
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Pilot:
+        return cls(**{k: data[k] for k in _FIELDS if k in data})
 
-    def get(self, key: str) -> str | None:
-        with self._lock:
-            entry = self._live(key, self.clock.time())
-            return None if entry is None else entry[0]
+    def moved(self, state: str, now: float, native: str = "", reason: str = "") -> Pilot:
+        """This pilot in ``state``; ``changed`` moves only when the state does (and the same
+        pilot comes back when nothing changed: most pilots, most polls)."""
+        if state == self.state and native == self.native and reason == self.reason:
+            return self
+        changed = self.changed if state == self.state else now
+        return replace(self, state=state, changed=changed, native=native, reason=reason)
 
-    def delete(self, key: str) -> bool:
-        with self._lock:
-            live = self._live(key, self.clock.time()) is not None
-            self._data.pop(key, None)
-            return live
 
-    def items(self, prefix: str = "") -> list[tuple[str, str]]:
-        with self._lock:
-            now = self.clock.time()
-            return sorted(
-                (k, v)
-                for k, (v, exp) in self._data.items()
-                if k.startswith(prefix) and (exp is None or exp > now)
-            )
+_FIELDS = (
+    "job_id",
+    "backend",
+    "endpoint",
+    "group",
+    "submitted",
+    "state",
+    "changed",
+    "native",
+    "reason",
+    "cores",
+)
 
-    def ttl(self, key: str) -> float | None:
-        with self._lock:
-            now = self.clock.time()
-            entry = self._live(key, now)
-            if entry is None or entry[1] is None:
-                return None
-            return entry[1] - now
+#: (backend, endpoint, group) -> (pilots waiting, their cores)
+Waiting = dict[tuple[str, str, str], tuple[int, int]]
 
-    def increment(self, key: str, by: int = 1) -> int:
-        check_key(key)
-        with self._lock:
-            entry = self._live(key, self.clock.time())
-            total = parse_count(key, None if entry is None else entry[0]) + int(by)
-            self._data[key] = (str(total), None)
-            return total
 
-    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
-        check_key(stream)
-        when, text = encode_record(record)
-        with self._lock:
-            self._records.setdefault(stream, []).append((when, text))
+class PilotRegistry(ABC):
+    """What every driver's registry answers. Safe for many threads; the sqlite and redis
+    registries are shared by every process using the same store."""
 
-    def prune_records(self, stream: str, before: float) -> int:
-        with self._lock:
-            rows = self._records.get(stream, [])
-            kept = [r for r in rows if r[0] >= before]
-            self._records[stream] = kept
-            return len(rows) - len(kept)
+    @abstractmethod
+    def put(self, pilots: Iterable[Pilot]) -> None:
+        """Insert or replace these pilots, all in one transaction."""
 
-    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = [r for r in self._records.get(stream, []) if r[0] >= since]
-        rows.sort(key=lambda r: r[0])  # stable: equal times stay in append order
-        return [json.loads(text) for _when, text in rows]
+    @abstractmethod
+    def active(self, backend: str, endpoint: str) -> list[Pilot]:
+        """The non-terminal pilots of one endpoint, oldest submission first."""
+
+    @abstractmethod
+    def counts(self) -> Counts:
+        """How many pilots each (backend, endpoint, state) holds; absent means 0."""
+
+    @abstractmethod
+    def waiting(self) -> Waiting:
+        """The ``waiting`` pilots by (backend, endpoint, group): how many, and their cores
+        summed; absent means none. What the queue demand subtracts per group and
+        ``max_waiting_cores`` counts per endpoint; it never scans terminal rows."""
+
+    @abstractmethod
+    def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
+        """Up to ``n`` terminal pilots of one endpoint whose state changed after ``after``,
+        the most recently finished first."""
+
+    @abstractmethod
+    def query(
+        self,
+        backend: str | None = None,
+        endpoint: str | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Pilot]:
+        """Pilots matching every filter given, by backend, endpoint and submission time."""
+
+    @abstractmethod
+    def prune(self, before: float) -> int:
+        """Forget terminal pilots whose state changed before ``before``; how many went."""
+
+    def get(self, backend: str, endpoint: str, job_id: str) -> Pilot | None:
+        """One pilot, or None."""
+        for pilot in self.query(backend, endpoint):
+            if pilot.job_id == job_id:
+                return pilot
+        return None
+
+
+def pilot_order(pilot: Pilot) -> tuple[str, str, float, str]:
+    return (pilot.backend, pilot.endpoint, pilot.submitted, pilot.job_id)
 
 
 # ---------------------------------------------------------------------------------------------
-# sqlite: the embedded default, one file shared by threads and processes
-
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS kv (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL,
-    expires REAL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS kv_expires ON kv (expires) WHERE expires IS NOT NULL;
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    stream TEXT NOT NULL,
-    time REAL NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS records_stream_time ON records (stream, time, id);
-"""
-
-# One statement, so one implicit transaction: the row is written when absent or expired, and
-# the change count says whether this caller won.
-_SQL_ADD = """
-INSERT INTO kv (key, value, expires) VALUES (?, ?, ?)
-ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires
-WHERE kv.expires IS NOT NULL AND kv.expires <= ?
-"""
-_SQL_SET = """
-INSERT INTO kv (key, value, expires) VALUES (?, ?, ?)
-ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires
-"""
-_LIVE = "(expires IS NULL OR expires > ?)"
+# memory: the registry of a driver that keeps none of its own (this process only)
 
 
-class SqliteState(StateStore):
-    """State in one SQLite file (WAL mode): safe for many threads and several processes on one
-    host, and expiries are absolute clock times, so a restart keeps them."""
+class MemoryPilots(PilotRegistry):
+    """Dicts behind a lock, indexed by endpoint and by terminal-ness."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Embedded state in one SQLite file on this host.",
-        "properties": {
-            "path": {
-                "type": "string",
-                "minLength": 1,
-                "default": "./gridgate-state/state.db",
-                "x-gridgate-path": True,
-                "description": "The database file. Created 0600 in a 0700 directory; its "
-                "folder is director.state_dir's default.",
-            },
-            "busy_timeout": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 30,
-                "description": "Seconds to wait for another process holding the write lock.",
-            },
-            "prune_interval": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 300,
-                "description": "Seconds (clock time) between sweeps of expired keys.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[tuple[str, str, str], Pilot] = {}
+        #: (backend, endpoint) -> job ids of its non-terminal pilots
+        self._active: dict[tuple[str, str], dict[str, None]] = {}
+        self._counts: Counts = {}
 
-    def __init__(
-        self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
-    ) -> None:
-        super().__init__(config, clock)
-        self.path = Path(self.config.get("path", "./gridgate-state/state.db"))
-        self.busy_timeout = float(self.config.get("busy_timeout", 30))
-        self.prune_interval = float(self.config.get("prune_interval", 300))
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = os.getpid()
-        self._last_prune = clock.time()
-        self._closed = False
-        self._prepare_file()
-        with self._lock:
-            self._connect()
-
-    def _prepare_file(self) -> None:
-        try:
-            if not self.path.parent.exists():
-                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # Created here (not by sqlite, which follows the umask) so it is private from the
-            # first byte; sqlite gives its -wal and -shm files the same mode.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise StateError(f"cannot create state file {self.path}: {reason}") from exc
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,  # autocommit: each statement is its own transaction
-                check_same_thread=False,  # guarded by self._lock
-            )
-        except sqlite3.Error as exc:
-            raise StateError(f"cannot open state file {self.path}: {exc}") from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StateError(f"state file {self.path}: cannot use WAL mode (got {mode})")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.executescript(_SQLITE_SCHEMA)
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StateError(self._explain(exc, "open")) from exc
-        except StateError:
-            conn.close()
-            raise
-        self._conn = conn
-        self._pid = os.getpid()
-        return conn
-
-    def _explain(self, exc: sqlite3.Error, what: str) -> str:
-        text = str(exc)
-        low = text.lower()
-        if "readonly" in low or "read-only" in low:
-            hint = "the file or its directory is read-only"
-        elif "full" in low:
-            hint = "the disk is full"
-        elif "disk i/o" in low:
-            # EFBIG (a file size limit) and EIO reach sqlite as SQLITE_IOERR, not SQLITE_FULL.
-            hint = "the disk could not be written (full, over a file size limit, or failing)"
-        elif "not a database" in low or "malformed" in low:
-            hint = "the file is not a gridgate state database or is damaged"
-        elif "locked" in low or "busy" in low:
-            hint = f"another process held the lock longer than busy_timeout={self.busy_timeout}s"
-        elif "unable to open" in low:
-            hint = "the path cannot be opened as a file"
-        else:
-            hint = "database error"
-        code = getattr(exc, "sqlite_errorname", "")
-        return (
-            f"state file {self.path}: cannot {what}: {hint} ({text}{', ' + code if code else ''})"
-        )
-
-    def _execute(self, what: str, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        """Run one statement under the lock; caller holds ``self._lock``."""
-        if self._closed:
-            raise StateError(f"state file {self.path}: the store is closed")
-        conn = self._conn
-        if conn is None or self._pid != os.getpid():
-            # A forked child must not share the parent's connection.
-            conn = self._connect()
-        try:
-            return conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise StateError(self._explain(exc, what)) from exc
-
-    @contextmanager
-    def transaction(self, what: str, write: bool = True) -> Iterator[sqlite3.Connection]:
-        """The connection, under the lock, inside one transaction (``BEGIN IMMEDIATE`` when
-        ``write``) that commits when the block ends and rolls back when it raises; sqlite
-        errors become :class:`StateError` naming ``what``."""
-        with self._lock:
-            self._execute(what, "BEGIN IMMEDIATE" if write else "BEGIN")
-            conn = self._conn
-            assert conn is not None
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                _rollback(conn)
-                raise StateError(self._explain(exc, what)) from exc
-            except BaseException:
-                _rollback(conn)
-                raise
-
-    def pilot_registry(self) -> PilotRegistry:
-        """The ``pilots`` table of this file."""
-        with self._lock:
-            registry = self._pilot_registry
-            if registry is None:
-                from gridgate.core.pilots import SqlitePilots
-
-                registry = self._pilot_registry = SqlitePilots(self)
-            return registry
-
-    def _maybe_prune(self, now: float) -> None:
-        if now - self._last_prune < self.prune_interval:
+    def _drop(self, key: tuple[str, str, str]) -> None:
+        old = self._rows.pop(key, None)
+        if old is None:
             return
-        self._last_prune = now
-        self._execute("prune", "DELETE FROM kv WHERE expires IS NOT NULL AND expires <= ?", (now,))
+        where = (old.backend, old.endpoint, old.state)
+        self._counts[where] -= 1
+        if not self._counts[where]:
+            del self._counts[where]
+        if not old.terminal:
+            self._active[(old.backend, old.endpoint)].pop(old.job_id, None)
 
-    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
-        check_key(key)
-        check_value(value)
-        expires = expires_at(self.clock, ttl)
+    def put(self, pilots: Iterable[Pilot]) -> None:
         with self._lock:
-            now = self.clock.time()
-            self._maybe_prune(now)
-            cur = self._execute("write", _SQL_ADD, (key, value, expires, now))
-            return cur.rowcount == 1
+            for pilot in pilots:
+                key = (pilot.backend, pilot.endpoint, pilot.job_id)
+                self._drop(key)
+                self._rows[key] = pilot
+                where = (pilot.backend, pilot.endpoint, pilot.state)
+                self._counts[where] = self._counts.get(where, 0) + 1
+                if not pilot.terminal:
+                    self._active.setdefault((pilot.backend, pilot.endpoint), {})[pilot.job_id] = (
+                        None
+                    )
 
-    def set(self, key: str, value: str, ttl: float | None = None) -> None:
-        check_key(key)
-        check_value(value)
-        expires = expires_at(self.clock, ttl)
+    def active(self, backend: str, endpoint: str) -> list[Pilot]:
         with self._lock:
-            self._maybe_prune(self.clock.time())
-            self._execute("write", _SQL_SET, (key, value, expires))
+            ids = list(self._active.get((backend, endpoint), {}))
+            pilots = [self._rows[(backend, endpoint, job)] for job in ids]
+        return sorted(pilots, key=pilot_order)
 
-    def get(self, key: str) -> str | None:
+    def counts(self) -> Counts:
         with self._lock:
-            row = self._execute(
-                "read", f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, self.clock.time())
-            ).fetchone()
-        return None if row is None else row[0]
+            return dict(self._counts)
 
-    def increment(self, key: str, by: int = 1) -> int:
-        check_key(key)
-        # read and write in one BEGIN IMMEDIATE transaction: the write lock is taken first,
-        # so two processes on one file never read the same count
-        with self.transaction("count") as conn:
-            row = conn.execute(
-                f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, self.clock.time())
-            ).fetchone()
-            total = parse_count(key, None if row is None else row[0]) + int(by)
-            conn.execute(_SQL_SET, (key, str(total), None))
-        return total
-
-    def delete(self, key: str) -> bool:
+    def waiting(self) -> Waiting:
+        out: Waiting = {}
         with self._lock:
-            rows = self._execute(
-                "write", "DELETE FROM kv WHERE key = ? RETURNING expires", (key,)
-            ).fetchall()
-            now = self.clock.time()
-        return any(exp is None or exp > now for (exp,) in rows)
+            for (backend, endpoint), ids in self._active.items():
+                for job in ids:
+                    pilot = self._rows[(backend, endpoint, job)]
+                    if pilot.state == "waiting":
+                        key = (backend, endpoint, pilot.group)
+                        n, cores = out.get(key, (0, 0))
+                        out[key] = (n + 1, cores + pilot.cores)
+        return out
 
-    def items(self, prefix: str = "") -> list[tuple[str, str]]:
-        upper = prefix_successor(prefix)
-        sql = f"SELECT key, value FROM kv WHERE key >= ? AND {_LIVE}"
-        params: list[Any] = [prefix, 0.0]
-        if upper is not None:
-            sql += " AND key < ?"
-            params.append(upper)
-        sql += " ORDER BY key"
+    def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
         with self._lock:
-            params[1] = self.clock.time()
-            rows = self._execute("read", sql, params).fetchall()
-        return [(k, v) for k, v in rows]
+            done = [
+                p
+                for (b, e, _j), p in self._rows.items()
+                if b == backend and e == endpoint and p.terminal and p.changed > after
+            ]
+        done.sort(key=lambda p: (p.changed, p.job_id), reverse=True)
+        return done[:n]
 
-    def ttl(self, key: str) -> float | None:
+    def query(
+        self,
+        backend: str | None = None,
+        endpoint: str | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Pilot]:
+        wanted = set(states) if states else None
         with self._lock:
-            now = self.clock.time()
-            row = self._execute(
-                "read", f"SELECT expires FROM kv WHERE key = ? AND {_LIVE}", (key, now)
-            ).fetchone()
-        if row is None or row[0] is None:
-            return None
-        return row[0] - now
+            rows = [
+                p
+                for p in self._rows.values()
+                if (backend is None or p.backend == backend)
+                and (endpoint is None or p.endpoint == endpoint)
+                and (wanted is None or p.state in wanted)
+            ]
+        rows.sort(key=pilot_order)
+        return rows if limit is None else rows[:limit]
 
-    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
-        check_key(stream)
-        when, text = encode_record(record)
+    def prune(self, before: float) -> int:
         with self._lock:
-            self._execute(
-                "write",
-                "INSERT INTO records (stream, time, data) VALUES (?, ?, ?)",
-                (stream, when, text),
-            )
-
-    def prune_records(self, stream: str, before: float) -> int:
-        with self._lock:
-            cursor = self._execute(
-                "write",
-                "DELETE FROM records WHERE stream = ? AND time < ?",
-                (stream, float(before)),
-            )
-            return int(cursor.rowcount or 0)
-
-    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._execute(
-                "read",
-                "SELECT data FROM records WHERE stream = ? AND time >= ? ORDER BY time, id",
-                (stream, since),
-            ).fetchall()
-        return [json.loads(text) for (text,) in rows]
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._conn is not None and self._pid == os.getpid():
-                try:
-                    self._conn.close()
-                except sqlite3.Error as exc:
-                    logger.warning("state file {}: error on close: {}", self.path, exc)
-            self._conn = None
+            old = [k for k, p in self._rows.items() if p.terminal and p.changed < before]
+            for key in old:
+                self._drop(key)
+        return len(old)
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
-    try:
-        conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass  # the failed statement already ended the transaction
+def encode(pilot: Pilot) -> str:
+    """The JSON text of a pilot (the Redis registry's value)."""
+    return json.dumps(pilot.as_dict(), sort_keys=True)
+
+
+def decode(text: str) -> Pilot:
+    return Pilot.from_dict(json.loads(text))
+
+
+#: names of API 1.4 that moved into the sub-packages (a DeprecationWarning says where)
+__getattr__ = moved_names(__name__)

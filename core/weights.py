@@ -19,27 +19,10 @@ import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from gridgate.core import moved_names
 from gridgate.core.model import Availability, Endpoint
-from gridgate.core.pilots import PilotRegistry
 
-__all__ = [
-    "DEFAULT_THROUGHPUT_FLOOR",
-    "DEFAULT_THROUGHPUT_WINDOW",
-    "FACTOR",
-    "MAX_WEIGHT",
-    "THROUGHPUT_SCHEMA",
-    "UNIT",
-    "WEIGHTS_SCHEMA",
-    "SmoothWeightedRoundRobin",
-    "configured_weight",
-    "effective_weights",
-    "read_throughput",
-    "throughput",
-    "throughput_weights",
-    "weight_errors",
-    "weighted_choice",
-    "weighted_order",
-]
+__all__ = ["SmoothWeightedRoundRobin", "effective_weights", "weighted_choice"]
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -60,48 +43,6 @@ WEIGHTS_SCHEMA: dict[str, Any] = {
     "propertyNames": {"minLength": 1, "maxLength": 512},
     "additionalProperties": {"type": "integer", "minimum": 0, "maximum": MAX_WEIGHT},
 }
-
-#: Seconds of finished pilots a throughput weight counts (see THROUGHPUT_SCHEMA).
-DEFAULT_THROUGHPUT_WINDOW = 6 * 3600.0
-#: Pilots per hour an endpoint counts as at least, so that a new or idle one is still tried.
-DEFAULT_THROUGHPUT_FLOOR = 1.0
-
-THROUGHPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "default": {},
-    "description": "Choice weighted by each endpoint's recent throughput (done pilots per "
-    "hour), times its configured weight and availability.",
-    "properties": {
-        "window": {
-            "type": "number",
-            "minimum": 600,
-            "maximum": 7 * 86400,
-            "default": DEFAULT_THROUGHPUT_WINDOW,
-            "description": "Seconds of finished pilots counted: long enough to span a wave of "
-            "pilots that end together, short enough to follow a site that slows down.",
-        },
-        "floor": {
-            "type": "number",
-            "exclusiveMinimum": 0,
-            "maximum": 1000000,
-            "default": DEFAULT_THROUGHPUT_FLOOR,
-            "description": "Pilots per hour every endpoint counts as at least, so that a new or "
-            "idle endpoint still gets a share and can show what it does.",
-        },
-        "max_pilots": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 1000000,
-            "default": 100000,
-            "description": "At most this many finished pilots are read per endpoint (the rate "
-            "is then a lower bound).",
-        },
-    },
-    "additionalProperties": False,
-}
-
-
-# --- weights -------------------------------------------------------------------------------
 
 
 def configured_weight(endpoint: Endpoint, weights: Mapping[str, int]) -> int:
@@ -287,41 +228,5 @@ class SmoothWeightedRoundRobin:
 # --- throughput ------------------------------------------------------------------------------
 
 
-def throughput(pilots: Iterable[Any], now: float, window: float) -> float:
-    """Done pilots per hour among ``pilots`` (objects with ``state`` and ``changed``, as
-    :class:`~gridgate.core.pilots.Pilot`) that finished within the last ``window`` seconds."""
-    if not (math.isfinite(window) and window > 0):
-        raise ValueError(f"window must be a positive number of seconds, got {window!r}")
-    low = now - window
-    done = sum(1 for p in pilots if p.state == "done" and low < p.changed <= now)
-    return done * 3600.0 / window
-
-
-def throughput_weights(
-    rates: Mapping[K, float], floor: float = DEFAULT_THROUGHPUT_FLOOR
-) -> dict[K, float]:
-    """Each endpoint's rate, at least ``floor`` pilots per hour (a new endpoint has done
-    nothing yet and must still be tried to show what it does)."""
-    if not (math.isfinite(floor) and floor > 0):
-        raise ValueError(f"floor must be a positive number of pilots per hour, got {floor!r}")
-    return {key: max(float(rate), floor) for key, rate in rates.items()}
-
-
-def read_throughput(
-    registry: PilotRegistry,
-    endpoints: Iterable[Endpoint],
-    now: float,
-    window: float = DEFAULT_THROUGHPUT_WINDOW,
-    max_pilots: int = 100000,
-) -> dict[Endpoint, float]:
-    """Done pilots per hour of each endpoint over the last ``window`` seconds, read from the
-    pilot registry (at most ``max_pilots`` finished pilots each: past that, a lower bound).
-
-    :raises StateError: when the registry cannot be read.
-    """
-    return {
-        e: throughput(
-            registry.last_finished(e.backend, e.name, max_pilots, now - window), now, window
-        )
-        for e in endpoints
-    }
+#: names of API 1.4 that moved to gridgate.core.builtin.selectors (a DeprecationWarning says where)
+__getattr__ = moved_names(__name__)

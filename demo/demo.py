@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import sys
 import tempfile
 import threading
@@ -30,10 +29,12 @@ import click
 import yaml
 
 from gridgate.core import hookimpl
+from gridgate.core.commands.report import ReportData, draw, plot_unavailable, read_report, save_png
 from gridgate.core.config import load_config
-from gridgate.core.director import ACCOUNTING, FAILURES, Director
+from gridgate.core.engine.director import Director
+from gridgate.core.engine.runtime import ACCOUNTING, FAILURES
 from gridgate.core.model import IterationSummary, Notification
-from gridgate.core.report import ReportData, draw, plot_unavailable, read_report, save_png
+from gridgate.core.testing import free_port
 from gridgate.demo.pilots import (
     DIRECTOR_PILOTS,
     aborted_lines,
@@ -101,12 +102,6 @@ class _Watch:
             self.notes.append(notification)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_token_daemon(folder: Path) -> tuple[Any, dict[str, Any]]:
     """Start a token daemon for the demo; return it and the ``proxyd:`` section clients use."""
     from gridgate.plugins.lsf_proxy.sim import start_proxyd
@@ -114,7 +109,7 @@ def start_token_daemon(folder: Path) -> tuple[Any, dict[str, Any]]:
     key = folder / "proxyd.key"
     key.write_text(secrets.token_hex(16) + "\n", encoding="utf-8")
     key.chmod(0o600)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     daemon = start_proxyd(
         folder,
         {

@@ -1,10 +1,16 @@
 """The layering rules (CONTRIBUTING.md, "Layering rules, and why"), read from the source:
 
 - no plugin imports another plugin: what two plugins share belongs to core;
-- a plugin imports from gridgate.core only what docs/api.md lists as public (core/refdocs.py's
+- a plugin imports from gridgate.core only what docs/api.md lists as public (core/devkit/refdocs.py's
   ``API``): anything else may change in any release;
 - core imports no plugin (it loads them by entry point, which is not an import);
 - no module uses another gridgate file's underscore names;
+- core's own layout (CONTRIBUTING.md, "Where things go"): the modules directly in core/ are the
+  plugin API, each exactly its ``__all__``; the built-in plugins import only public names; the
+  layers import only downwards (the top level no sub-package, stores the top level, the engine
+  the top level and the stores, the built-ins the top level, nothing that runs a director the
+  devkit); no two modules import each other, however (function-level, TYPE_CHECKING); no
+  module is over 1,000 lines;
 - and the lsf_proxy plugin's own layout (docs/proxyd.md, "Code layout").
 
 Every rule reads the files with ``ast`` (imports inside functions count); a failure lists each
@@ -14,8 +20,9 @@ offending ``file:line``.
 from __future__ import annotations
 
 import ast
+import importlib
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -154,9 +161,9 @@ def test_the_plugin_rule_sees_an_import_of_another_plugin() -> None:
 def public_api() -> dict[str, frozenset[str]]:
     """Public module -> its public names, as docs/api.md lists them (refdocs.api_names: the
     names given, or the module's ``__all__`` when the entry lists none)."""
-    from gridgate.core import refdocs
+    from gridgate.core.devkit import refdocs
 
-    return {module: frozenset(names) for module, _, _, names in refdocs.api_names()}
+    return {module: frozenset(names) for module, _, names in refdocs.api_names()}
 
 
 def non_public(imp: Import) -> bool:
@@ -181,16 +188,19 @@ def test_plugins_import_only_public_core_names(plugin: str) -> None:
     found = [imp.where() for path in files for imp in imports(path) if non_public(imp)]
     assert found == [], (
         "a plugin imports a core name docs/api.md does not list (use a public one, or make "
-        "it public: an entry in core/refdocs.py's API with a docstring):\n" + "\n".join(found)
+        "it public: an entry in core/devkit/refdocs.py's API with a docstring):\n"
+        + "\n".join(found)
     )
 
 
 def test_the_public_api_rule_sees_a_private_import() -> None:
     """The rule above is not vacuous: it knows internal names from public ones."""
-    path = ROOT / "core" / "director.py"
-    assert non_public(Import(path, 1, "gridgate.core.director", "Director"))
+    path = ROOT / "plugins" / "probe.py"
+    assert non_public(Import(path, 1, "gridgate.core.engine.director", "Director"))
+    assert non_public(Import(path, 1, "gridgate.core.builtin.bans", "OperatorBans"))
+    assert non_public(Import(path, 1, "gridgate.core.state", "check_key"))  # not in __all__
     assert non_public(Import(path, 1, "gridgate.core.plugins", "load_class"))
-    assert non_public(Import(path, 1, "gridgate.core.iteration", None))
+    assert non_public(Import(path, 1, "gridgate.core.engine.iteration", None))
     assert not non_public(Import(path, 1, "gridgate.core.model", "Notification"))
     assert not non_public(Import(path, 1, "gridgate.core", "hookimpl"))
     assert not non_public(Import(path, 1, "gridgate.core.outbox", "Outbox"))
@@ -326,7 +336,7 @@ def test_the_underscore_rule_sees_a_use_across_files() -> None:
     self, and the standard library's are not."""
     probe = ROOT / "core" / "probe.py"  # parsed from the text below, never written
     source = (
-        "from gridgate.core.director import _Iteration\n"
+        "from gridgate.core.engine.director import _Iteration\n"
         "def f(director, thing):\n"
         "    thing._mine = 2\n"
         "    return director._account, self._account, thing._mine, thing._replace()\n"
@@ -338,7 +348,7 @@ def test_the_underscore_rule_sees_a_use_across_files() -> None:
     }
     found = underscore_uses(probe, ast.parse(source), elsewhere)
     assert found == [
-        "core/probe.py:1: from gridgate.core.director import _Iteration",
+        "core/probe.py:1: from gridgate.core.engine.director import _Iteration",
         "core/probe.py:4: director._account",
     ]
 
@@ -382,8 +392,289 @@ def test_the_gate_run_time_path_passes_through_package_files_that_import_nothing
     assert _imported(LSF_PROXY / package / "__init__.py") == set()
 
 
-def test_the_gate_code_signature_finds_both_files_it_watches() -> None:
+def test_the_gate_code_signature_finds_the_files_it_watches() -> None:
     from gridgate.plugins.lsf_proxy.gate import gating
 
     sig = gating._code_sig()
-    assert len(sig) == 2 and None not in sig
+    assert len(sig) == 3 and None not in sig
+
+
+# --- core's layout -------------------------------------------------------------------------------
+
+CORE = ROOT / "core"
+#: What each layer of core may import, besides itself (a sub-package imports its own modules).
+#: The top level is the plugin API and stands on nothing below it; ``testing`` alone reaches
+#: the devkit (it is the testing kit's public face). The built-ins are held to the plugin rule
+#: besides (public names only: test_builtins_import_only_public_core_names).
+LAYERS: dict[str, frozenset[str]] = {
+    "top": frozenset(),
+    "stores": frozenset({"top"}),
+    "engine": frozenset({"top", "stores"}),
+    "builtin": frozenset({"top"}),
+    "commands": frozenset({"top", "stores", "engine", "builtin"}),
+    "devkit": frozenset({"top", "stores", "engine", "builtin", "commands"}),
+}
+#: (importer, layer it may import although LAYERS says no): the public testing kit is a face
+#: of the devkit's.
+LAYER_EXCEPTIONS = {("gridgate.core.testing", "devkit")}
+MAX_LINES = 1000
+
+
+def core_module_names() -> dict[str, Path]:
+    return {module_of(path): path for path in sources("core")}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return "top" if len(parts) <= 3 else parts[2]
+
+
+def core_target(imp: Import, known: Mapping[str, Path]) -> str | None:
+    """The core module ``imp`` brings in: ``from gridgate.core.devkit import refdocs`` is the
+    module refdocs, ``from gridgate.core.state import Pilot`` the module state; None for what
+    is not core (the package itself, ``gridgate.core``, included: it holds only the API's
+    marker and version)."""
+    if imp.name is not None and f"{imp.module}.{imp.name}" in known:
+        return f"{imp.module}.{imp.name}"
+    if imp.module in known and imp.module != "gridgate.core":
+        return imp.module
+    return None
+
+
+def core_graph(
+    known: Mapping[str, Path] | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, set[tuple[str, Import]]]:
+    """Core module -> the core modules it imports, each with the import (every import: at the
+    top, in functions, under TYPE_CHECKING). ``extra``: module -> source standing in for (or
+    added as) that module's file, for the rules' own tests."""
+    known = dict(known or core_module_names())
+    sources_of = {module: tree(path) for module, path in known.items()}
+    for module, text in (extra or {}).items():
+        known.setdefault(module, CORE / "probe.py")
+        sources_of[module] = ast.parse(text)
+    graph: dict[str, set[tuple[str, Import]]] = {}
+    for module, syntax in sources_of.items():
+        path = known[module]
+        edges = graph.setdefault(module, set())
+        for imp in imports(path, syntax):
+            if (
+                imp.module == "gridgate.core"
+                and imp.name
+                and f"gridgate.core.{imp.name}" not in known
+            ):
+                continue
+            target = core_target(imp, known)
+            if target is not None and target != module:
+                edges.add((target, imp))
+    return graph
+
+
+def layer_violations(graph: Mapping[str, set[tuple[str, Import]]]) -> list[str]:
+    found = []
+    for module, edges in sorted(graph.items()):
+        mine = layer_of(module)
+        for target, imp in sorted(edges, key=lambda e: (e[1].line, e[0])):
+            theirs = layer_of(target)
+            if theirs == mine or theirs in LAYERS[mine] or (module, theirs) in LAYER_EXCEPTIONS:
+                continue
+            found.append(f"{imp.where()} ({mine} -> {theirs})")
+    return found
+
+
+def two_way_pairs(graph: Mapping[str, set[tuple[str, Import]]]) -> list[str]:
+    found = []
+    for module, edges in sorted(graph.items()):
+        for target, imp in sorted(edges, key=lambda e: e[1].line):
+            back = [i for t, i in graph.get(target, ()) if t == module]
+            if back and module < target:
+                found.append(f"{imp.where()}  <->  {back[0].where()}")
+    return found
+
+
+def cycles(graph: Mapping[str, set[tuple[str, Import]]]) -> list[list[str]]:
+    """The import cycles (strongly connected sets of two or more modules), Tarjan's way."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target, _imp in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def top_level_modules() -> set[str]:
+    return {module_of(p) for p in CORE.glob("*.py")}
+
+
+def test_the_top_level_of_core_is_the_plugin_api() -> None:
+    """Every module directly in core/ is on docs/api.md (refdocs.API) and nothing else is, and
+    each one's ``__all__`` is its part of the page: names that exist, none twice."""
+    from gridgate.core.devkit import refdocs
+
+    listed = {module for module, _purpose in refdocs.API}
+    assert top_level_modules() == listed, (
+        "a module directly in core/ is public: list it in core/devkit/refdocs.py's API, or "
+        "move it into the sub-package of its role (engine, builtin, stores, commands, devkit)"
+    )
+    for module_name in sorted(listed):
+        module = importlib.import_module(module_name)
+        names = getattr(module, "__all__", None)
+        assert names, f"{module_name} has no __all__: its part of the API is what it lists"
+        assert len(set(names)) == len(names), f"{module_name}.__all__ lists a name twice"
+        for name in names:
+            assert hasattr(module, name), f"{module_name}.__all__ names {name!r}, which is missing"
+
+
+def test_the_top_level_rule_sees_a_module_docs_api_md_does_not_list() -> None:
+    from gridgate.core.devkit import refdocs
+
+    listed = {module for module, _purpose in refdocs.API}
+    assert top_level_modules() | {"gridgate.core.tracking"} != listed
+    assert "gridgate.core.engine.director" not in listed  # a sub-package's module is not API
+
+
+def builtin_imports_not_public(path: Path, syntax: ast.Module | None = None) -> list[str]:
+    """The imports of a built-in plugin's file that are neither a public core name nor the
+    built-ins' own (core/builtin is one plugin package, as plugins/lsf_proxy is)."""
+    return [
+        imp.where()
+        for imp in imports(path, syntax)
+        if not imp.module.startswith("gridgate.core.builtin") and non_public(imp)
+    ]
+
+
+@pytest.mark.parametrize("path", sources("core/builtin"), ids=lambda p: p.name)
+def test_builtins_import_only_public_core_names(path: Path) -> None:
+    found = builtin_imports_not_public(path)
+    assert found == [], (
+        "a built-in plugin imports a core name docs/api.md does not list (the built-ins are "
+        "held to the plugin rule: make it public, or keep it in the built-ins):\n"
+        + "\n".join(found)
+    )
+
+
+def test_the_builtin_rule_sees_an_engine_import() -> None:
+    source = (
+        "from gridgate.core.model import Endpoint\n"
+        "from gridgate.core.builtin.waiting import WaitingGauges\n"
+        "def f():\n"
+        "    from gridgate.core.engine.runtime import Runtime\n"
+        "    from gridgate.core.state import check_key\n"
+    )
+    found = builtin_imports_not_public(CORE / "builtin" / "probe.py", ast.parse(source))
+    assert [line.split(":")[1] for line in found] == ["4", "5"]
+
+
+def test_core_layers_import_only_downwards() -> None:
+    found = layer_violations(core_graph())
+    assert found == [], (
+        "an import against the layers of core (LAYERS; CONTRIBUTING.md, 'Layering rules'):\n"
+        + "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    "module, source, expected",
+    [
+        (
+            "gridgate.core.config",
+            "from gridgate.core.engine.limits import PILOTS_SCHEMA\n",
+            "top -> engine",
+        ),
+        (
+            "gridgate.core.stores.redis",
+            "def f():\n    from gridgate.core.engine import runtime\n",
+            "stores -> engine",
+        ),
+        (
+            "gridgate.core.engine.director",
+            "from gridgate.core.builtin.bans import OperatorBans\n",
+            "engine -> builtin",
+        ),
+        (
+            "gridgate.core.builtin.gocdb",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gridgate.core.stores.sqlite import SqliteState\n",
+            "builtin -> stores",
+        ),
+        (
+            "gridgate.core.commands.app",
+            "def docs():\n    from gridgate.core.devkit import refdocs\n",
+            "commands -> devkit",
+        ),
+        (
+            "gridgate.core.engine.director",
+            "from gridgate.core.devkit.testkit import Collector\n",
+            "engine -> devkit",
+        ),
+    ],
+)
+def test_the_layer_rule_sees_a_planted_violation(module: str, source: str, expected: str) -> None:
+    found = layer_violations(core_graph(extra={module: source}))
+    assert len(found) == 1 and found[0].endswith(f"({expected})"), found
+
+
+def test_the_layer_rule_lets_testing_reach_the_devkit_and_nothing_else() -> None:
+    source = "from gridgate.core.devkit.testkit import Collector\n"
+    assert layer_violations(core_graph(extra={"gridgate.core.testing": source})) == []
+    assert layer_violations(core_graph(extra={"gridgate.core.cli": source})) != []
+
+
+def test_no_two_core_modules_import_each_other_nor_any_cycle() -> None:
+    graph = core_graph()
+    pairs = two_way_pairs(graph)
+    assert pairs == [], "two modules import each other:\n" + "\n".join(pairs)
+    assert cycles(graph) == [], "core modules import each other in a cycle"
+
+
+def test_the_pair_and_cycle_rules_see_a_function_level_or_type_checking_import() -> None:
+    # engine.limits imports nothing of the tracker; planted: a function-level import of it, and
+    # a TYPE_CHECKING import of the failure path from the runtime
+    graph = core_graph(
+        extra={
+            "gridgate.core.engine.limits": (CORE / "engine" / "limits.py").read_text(
+                encoding="utf-8"
+            )
+            + "\ndef f():\n    from gridgate.core.engine.tracking import PilotTracker\n",
+        }
+    )
+    assert any("import PilotTracker" in pair for pair in two_way_pairs(graph))
+    typed = core_graph(
+        extra={
+            "gridgate.core.engine.runtime": (CORE / "engine" / "runtime.py").read_text(
+                encoding="utf-8"
+            )
+            + "\nif TYPE_CHECKING:\n    from gridgate.core.engine.iteration import IterationRunner\n",
+        }
+    )
+    assert any("gridgate.core.engine.runtime" in c for c in cycles(typed))
+
+
+def test_no_module_in_core_is_over_1000_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in sources("core")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these by role (each at most {MAX_LINES} lines): {long}"

@@ -32,7 +32,7 @@ from gridgate.core.outbox import (
     Outbox,
     configured_outbox,
 )
-from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
 
 
 class EmailNotifier(Plugin):
@@ -118,11 +118,11 @@ class EmailNotifier(Plugin):
         )
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         return smtp_errors(section)
 
     @classmethod
-    def config_warnings(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_warnings(cls, section: Mapping[str, Any]) -> ConfigProblems:
         # "" disables one level (the seed's way); every level disabled is a notifier that
         # sends nothing at all, which is rarely what was meant
         if not addresses(section.get("error_address", "")) and not addresses(

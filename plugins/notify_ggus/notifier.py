@@ -33,7 +33,7 @@ from gridgate.core.outbox import (
     Transport,
     configured_outbox,
 )
-from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
 from gridgate.plugins.notify_ggus.rest import REST_TRANSPORT, RestTransport
 from gridgate.plugins.notify_ggus.ticket import (
     DEFAULT_PRIORITIES,
@@ -270,8 +270,8 @@ class GgusNotifier(Plugin):
         )
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-        problems: list[tuple[tuple[str | int, ...], str]] = []
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
+        problems: ConfigProblems = []
         deliver = section.get("deliver", ["spool"])
         if "rest" in deliver and not (section.get("rest") or {}).get("url"):
             problems.append((("rest", "url"), "deliver includes rest but rest.url is not set"))

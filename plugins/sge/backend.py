@@ -39,7 +39,7 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import PluginContext
+from gridgate.core.plugins import ConfigProblems, PluginContext
 from gridgate.core.runner import argv_chunks
 from gridgate.plugins.sge.classify import cell_wide, classify, clip
 from gridgate.plugins.sge.parse import (
@@ -273,8 +273,8 @@ class SgeBackend(Backend):
     }
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-        problems: list[tuple[tuple[str | int, ...], str]] = []
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
+        problems: ConfigProblems = []
         seen: set[str] = set()
         queues = section.get("queues") or []
         for index, entry in enumerate(queues):

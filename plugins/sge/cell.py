@@ -28,12 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
+from gridgate.core.testing import exited, free_port, not_traversable, signal_group, sweep_processes
 from gridgate.core.watchdog import Watchdog
 
 #: Debian packages that provide what the cell runs (dev.sh installs them when missing).
@@ -131,20 +132,6 @@ def home_problem(user: str = SUBMIT_USER, home: str | os.PathLike[str] | None = 
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _not_traversable(folder: Path) -> Path | None:
-    """The first folder at or above ``folder`` that other users cannot pass through."""
-    for part in (folder, *folder.parents):
-        if not os.stat(part).st_mode & stat.S_IXOTH:
-            return part
-    return None
-
-
 def _arch() -> str:
     """Grid Engine's name for this platform (``lx-amd64``): the binaries live below it."""
     try:
@@ -211,66 +198,27 @@ def _listens(pid: int, port: int) -> bool:
     return False
 
 
-def _exited(pid: int) -> bool:
-    """True when ``pid`` (our unreaped child) has exited: a zombie, or gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+def _job_of(root_var: bytes) -> Callable[[int, str], bool]:
+    """Whether a process is a job of the cell whose SGE_ROOT is ``root_var`` (``SGE_ROOT=...``,
+    as bytes): the daemons, shepherds and job scripts run in or name the folder, which the sweep
+    finds itself; a job that left it still carries the cell's SGE_ROOT and a JOB_ID."""
 
+    def job(pid: int, _mark: str) -> bool:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        # A person's shell that exported the cell's variables is not a job: jobs have JOB_ID too.
+        return root_var in environ and any(v.startswith(b"JOB_ID=") for v in environ)
 
-def _signal_unreaped(pid: int, sig: int) -> None:
-    """Signal the process group of our child ``pid``, which the caller has not reaped yet."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is gone (or was never ours): nothing left to signal
-
-
-def _belongs_to(pid: int, mark: str, root_var: bytes) -> bool:
-    """Whether process ``pid`` is part of the cell in folder ``mark``: a daemon or a shepherd
-    (working folder in the cell's spool), a job (its script or working folder in the folder,
-    or a job's environment naming the cell's SGE_ROOT)."""
-    entry = Path(f"/proc/{pid}")
-    try:
-        cwd = os.readlink(entry / "cwd")
-        cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    if cwd == mark or cwd.startswith(mark + "/") or mark + "/" in cmdline:
-        return True
-    try:
-        environ = (entry / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    # A person's shell that exported the cell's variables is not a job: jobs have JOB_ID too.
-    return root_var in environ and any(v.startswith(b"JOB_ID=") for v in environ)
+    return job
 
 
 def sweep(folder: str | os.PathLike[str]) -> None:
     """Kill what a cell's daemons left: shepherds and jobs. Each leftover's process group goes
     at once (a job's children with it)."""
     mark = str(Path(folder).resolve())
-    root_var = f"SGE_ROOT={mark}/root".encode()
-    for _round in range(100):
-        found = False
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            pid = int(entry.name)
-            if not _belongs_to(pid, mark, root_var):
-                continue
-            found = True
-            try:
-                pgid = os.getpgid(pid)
-                if pgid != os.getpgrp():
-                    os.killpg(pgid, signal.SIGKILL)
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # it exited meanwhile: the next scan of /proc confirms it
-        if not found:
-            return
-        time.sleep(0.05)
+    sweep_processes(mark, _job_of(f"SGE_ROOT={mark}/root".encode()), rounds=100)
 
 
 class SgeCell:
@@ -593,7 +541,7 @@ class SgeCell:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder = self.folder.resolve()
         os.chmod(self.folder, 0o755)
-        blocked = _not_traversable(self.folder)
+        blocked = not_traversable(self.folder)
         if blocked is not None:
             if self._own_folder:
                 shutil.rmtree(self.folder, ignore_errors=True)
@@ -610,7 +558,7 @@ class SgeCell:
             # and only then (on a loaded machine a slow start is not cured by restarting).
             configured = False
             for _attempt in range(4):
-                self.qmaster_port, self.execd_port = _free_port(), _free_port()
+                self.qmaster_port, self.execd_port = free_port(), free_port()
                 self._save_state()
                 if not self._start_qmaster(raise_on_failure=False):
                     if not self._bind_failed("qmaster"):
@@ -1069,11 +1017,11 @@ class SgeCell:
         if proc is None or proc.returncode is not None:
             return
         for sig in (signal.SIGCONT, signal.SIGTERM):
-            _signal_unreaped(proc.pid, sig)
+            signal_group(proc.pid, sig)
         end = time.monotonic() + grace
-        while time.monotonic() < end and not _exited(proc.pid):
+        while time.monotonic() < end and not exited(proc.pid):
             time.sleep(0.02)
-        _signal_unreaped(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
 
     def ensure_running(self) -> None:

@@ -40,7 +40,7 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import PluginContext
+from gridgate.core.plugins import ConfigProblems, PluginContext
 from gridgate.core.runner import argv_chunks
 from gridgate.plugins.slurm.classify import classify, clip, cluster_wide
 
@@ -321,8 +321,8 @@ class SlurmBackend(Backend):
     }
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-        problems: list[tuple[tuple[str | int, ...], str]] = []
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
+        problems: ConfigProblems = []
         seen: set[str] = set()
         partitions = section.get("partitions") or []
         for index, entry in enumerate(partitions):

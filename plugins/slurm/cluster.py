@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
+from gridgate.core.testing import exited, free_port, not_traversable, signal_group, sweep_processes
 from gridgate.core.watchdog import Watchdog
 
 #: Debian packages that provide what the cluster runs (dev.sh installs them when missing).
@@ -67,20 +67,6 @@ def _program(name: str) -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _not_traversable(folder: Path) -> Path | None:
-    """The first folder at or above ``folder`` that other users cannot pass through."""
-    for part in (folder, *folder.parents):
-        if not os.stat(part).st_mode & stat.S_IXOTH:
-            return part
-    return None
-
-
 def _node_resources() -> tuple[int, int]:
     """This machine's CPUs and memory (MiB), as slurmd itself would report them."""
     cpus = os.cpu_count() or 1
@@ -92,49 +78,10 @@ def _node_resources() -> tuple[int, int]:
     return cpus, memory
 
 
-def _exited(pid: int) -> bool:
-    """True when ``pid`` (our unreaped child) has exited: a zombie, or gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _signal_unreaped(pid: int, sig: int) -> None:
-    """Signal the process group of our child ``pid``, which the caller has not reaped yet."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is gone (or was never ours): nothing left to signal
-
-
 def sweep(folder: str | os.PathLike[str]) -> None:
     """Kill what a cluster's daemons left: job steps (slurmstepd runs in the folder) and jobs
     (their scripts live in its spool). Each leftover's process group goes at once."""
-    mark = str(Path(folder).resolve())
-    for _round in range(50):
-        found = False
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                cwd = os.readlink(entry / "cwd")
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if cwd == mark or cwd.startswith(mark + "/") or mark + "/" in cmdline:
-                found = True
-                pid = int(entry.name)
-                try:
-                    pgid = os.getpgid(pid)
-                    if pgid != os.getpgrp():
-                        os.killpg(pgid, signal.SIGKILL)
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass  # it exited meanwhile: the next scan of /proc confirms it
-        if not found:
-            return
-        time.sleep(0.05)
+    sweep_processes(folder)
 
 
 class SlurmCluster:
@@ -274,7 +221,7 @@ class SlurmCluster:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder = self.folder.resolve()
         os.chmod(self.folder, 0o755)
-        blocked = _not_traversable(self.folder)
+        blocked = not_traversable(self.folder)
         if blocked is not None:
             raise ClusterError(
                 f"{blocked} is not world-executable (mode {stat.S_IMODE(os.stat(blocked).st_mode):o}):"
@@ -292,7 +239,7 @@ class SlurmCluster:
             # Another process may take a probed port before slurmctld binds it: try again then,
             # and only then (on a loaded machine a slow start is not cured by restarting).
             for _attempt in range(4):
-                self.ctld_port, self.slurmd_port = _free_port(), _free_port()
+                self.ctld_port, self.slurmd_port = free_port(), free_port()
                 self._write_conf()
                 self.start_controller(wait=False)
                 self._start(
@@ -497,11 +444,11 @@ class SlurmCluster:
         if proc is None or proc.returncode is not None:
             return
         for sig in (signal.SIGCONT, signal.SIGTERM):
-            _signal_unreaped(proc.pid, sig)
+            signal_group(proc.pid, sig)
         end = time.monotonic() + grace
-        while time.monotonic() < end and not _exited(proc.pid):
+        while time.monotonic() < end and not exited(proc.pid):
             time.sleep(0.02)
-        _signal_unreaped(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
 
     def ensure_running(self) -> None:

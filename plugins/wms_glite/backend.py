@@ -36,7 +36,7 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import PluginContext
+from gridgate.core.plugins import ConfigProblems, PluginContext
 from gridgate.plugins.wms_glite.classify import Rule, classify
 from gridgate.plugins.wms_glite.jdl import (
     ATTRIBUTE_NAME_RE,
@@ -322,8 +322,8 @@ class GliteBackend(Backend):
     }
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-        problems: list[tuple[tuple[str | int, ...], str]] = []
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
+        problems: ConfigProblems = []
         seen: dict[str, int] = {}
         for index, server in enumerate(section.get("servers") or []):
             problem = _server_problem(server)

@@ -18,7 +18,7 @@ import pytest
 from gridgate.core import hookimpl
 from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
 from gridgate.core.config import ConfigError
-from gridgate.core.contract import list_match_problems, list_matches
+from gridgate.core.engine.contract import list_match_problems, list_matches
 from gridgate.core.model import (
     BackendInfo,
     CancelResult,

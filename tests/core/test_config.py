@@ -11,16 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from gridgate.core.cli import cli
+from gridgate.core.commands.app import cli
 from gridgate.core.config import (
     ConfigError,
-    ConfigSource,
     SecretError,
     compose_schema,
     load_config,
     read_secret,
     validate_document,
 )
+from gridgate.core.engine.reload import ConfigSource
 
 HERE = Path(__file__).parent
 BAD = sorted((HERE / "bad_configs").glob("*.yaml"))

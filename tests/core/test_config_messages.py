@@ -84,7 +84,7 @@ def test_the_command_line_says_the_same_for_a_plugin_section(tmp_path: Path) -> 
         [GRIDGATE, "config", "validate", str(path)], capture_output=True, text=True, timeout=60
     )
     assert shown.returncode == 2
-    from gridgate.core.defaults import RuleClassifier
+    from gridgate.core.builtin.classifier import RuleClassifier
 
     with pytest.raises(ConfigError) as caught:
         section_for(RuleClassifier, {"rules": [{"kind": "quota", "patern": "x"}]})

@@ -28,7 +28,7 @@ from gridgate.core.config import (
     resolve_paths,
     validate_document,
 )
-from gridgate.core.docgen import render
+from gridgate.core.devkit.docgen import render
 from gridgate.plugins.wms_glite.sim import install_commands, read_calls, write_scenario
 
 COMMANDS = (("submit", "submit"), ("list_match", "list-match"), ("status", "status"))

@@ -23,17 +23,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gridgate.core import hookimpl
+from gridgate.core.builtin.x509_proxy import X509Proxy
 from gridgate.core.clock import FakeClock, write_file_time
 from gridgate.core.config import ConfigError
-from gridgate.core.config_checks import config_warnings
-from gridgate.core.credentials import (
-    CredentialError,
-    CredentialPlugin,
-    Validity,
-    X509Proxy,
-    credential_schema,
-)
-from gridgate.core.director import Director, summary_json
+from gridgate.core.credentials import CredentialError, CredentialPlugin, Validity, credential_schema
+from gridgate.core.engine.config_checks import config_warnings
+from gridgate.core.engine.director import Director, summary_json
+from gridgate.core.engine.loader import build_plugin_manager
 from gridgate.core.kinds import KINDS, kind_table
 from gridgate.core.model import (
     BackendInfo,
@@ -46,9 +42,9 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.plugins import PluginContext, build_plugin_manager
+from gridgate.core.plugins import PluginContext
 from gridgate.core.runner import run
-from gridgate.core.state import MemoryState
+from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import Collector, build_plugin, make_config, plugin_manager_with
 
 START = 1_700_000_000.0  # FakeClock's default start
@@ -538,7 +534,7 @@ def test_an_unknown_credential_plugin_is_a_load_error_naming_it() -> None:
     with pytest.raises(
         ConfigError,
         match=r"credentials\.token_files: plugin 'token_files' of group "
-        r"gridgate\.credentials: not installed \(installed: x509_proxy\)",
+        r"gridgate\.credentials: not installed \(installed: bearer_token, x509_proxy\)",
     ):
         make_config({"state": {"driver": "memory"}, "credentials": {"token_files": {"path": "/t"}}})
 
@@ -817,7 +813,7 @@ def test_a_failed_renewal_of_a_proxy_that_ends_before_the_next_could_succeed_war
 
 
 def test_two_directors_on_one_redis_send_one_error_and_one_notice(grid: Grid, redis_server) -> None:
-    from gridgate.core.state_redis import RedisState
+    from gridgate.core.stores.redis import RedisState
 
     prefix = f"cred-{uuid.uuid4().hex[:8]}:"
     collector = Collector()  # one mailbox for both

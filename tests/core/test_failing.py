@@ -8,7 +8,7 @@ from gridgate.core.clock import FakeClock
 from gridgate.core.failing import FailingCache
 from gridgate.core.model import Endpoint, Episode
 from gridgate.core.plugins import PluginContext
-from gridgate.core.state import MemoryState
+from gridgate.core.stores.memory import MemoryState
 
 S0, S1 = Endpoint("lsf", "s0"), Endpoint("lsf", "s1")
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from gridgate.core.defaults import FileNotifier
+from gridgate.core.builtin.notifiers import FileNotifier
 from gridgate.core.files import atomic_write
 from gridgate.core.model import Endpoint, Notification
 from gridgate.core.testing import build_plugin

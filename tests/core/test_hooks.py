@@ -15,10 +15,10 @@ from support.director import BACKEND, MatchingBackend, ScriptedBackend, Tracking
 
 from gridgate.core import hookimpl, hookspecs
 from gridgate.core.clock import FakeClock
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
+from gridgate.core.engine.loader import new_plugin_manager
 from gridgate.core.model import Endpoint, Episode, Escalation, Failure, Grant, Refusal
-from gridgate.core.plugins import new_plugin_manager
-from gridgate.core.state import MemoryState
+from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import Collector
 
 TESTS = Path(__file__).resolve().parent.parent

@@ -16,10 +16,11 @@ from support.director import ScriptedBackend, config
 
 from gridgate.core import hookimpl
 from gridgate.core.backend import Backend
+from gridgate.core.builtin.classifier import generic_failure
 from gridgate.core.clock import FakeClock
-from gridgate.core.compose import compose_failure, compose_local_fault
-from gridgate.core.defaults import generic_failure, local_io_failure
-from gridgate.core.director import Director
+from gridgate.core.defaults import local_io_failure
+from gridgate.core.engine.compose import compose_failure, compose_local_fault
+from gridgate.core.engine.director import Director
 from gridgate.core.kinds import KINDS, failure, kind_table, missing_input
 from gridgate.core.model import (
     CommandResult,
@@ -31,7 +32,7 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.runner import run
-from gridgate.core.state import MemoryState
+from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import Collector, StandIn, build_plugin, director_for, stand_in_command
 
 GRIDGATE = str(Path(sys.executable).with_name("gridgate"))

@@ -13,7 +13,7 @@ import pytest
 
 from gridgate.core.backend import Backend, resource_gaps
 from gridgate.core.config import ConfigError, load_config
-from gridgate.core.config_checks import reference_problems, resource_problems
+from gridgate.core.engine.config_checks import reference_problems, resource_problems
 from gridgate.core.model import Endpoint, Resources, SubmitRequest, SubmitResult
 from gridgate.core.testing import build_plugin
 from gridgate.plugins.arc.backend import ArcBackend
@@ -206,7 +206,7 @@ def test_a_site_config_asking_what_its_backend_maps_loads(tmp_path) -> None:
 def test_a_static_group_hands_its_resources_to_the_backend(tmp_path) -> None:
     """A site that had --time in sbatch_options (refused since the backend writes it) moves it
     to its static group's resources: the config loads and the request carries them."""
-    from gridgate.core.demand import register_demand
+    from gridgate.core.builtin.demand import register_demand
     from gridgate.core.model import DemandRegistry
 
     text = (

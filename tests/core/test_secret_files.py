@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 from support.uids import AS_NOBODY
 
-from gridgate.core.cli import cli
+from gridgate.core.commands.app import cli
 from gridgate.core.secrets import SecretError, read_secret
 
 NOBODY = 65534

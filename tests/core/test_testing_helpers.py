@@ -94,7 +94,7 @@ def test_plugin_manager_with_rejects_a_misspelt_hook() -> None:
 
 
 def test_plugin_manager_with_lends_an_existing_manager_back_clean() -> None:
-    from gridgate.core.plugins import new_plugin_manager
+    from gridgate.core.engine.loader import new_plugin_manager
 
     pm = new_plugin_manager()
     first, second = Collector(), Collector()

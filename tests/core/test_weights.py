@@ -19,21 +19,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from gridgate.core.clock import FakeClock
-from gridgate.core.gocdb import Availability
-from gridgate.core.model import Endpoint
-from gridgate.core.pilots import Pilot
-from gridgate.core.state import SqliteState
-from gridgate.core.weights import (
+from gridgate.core.builtin.selectors import (
     THROUGHPUT_SCHEMA,
+    read_throughput,
+    throughput,
+    throughput_weights,
+)
+from gridgate.core.clock import FakeClock
+from gridgate.core.model import Availability, Endpoint
+from gridgate.core.state import Pilot
+from gridgate.core.stores.sqlite import SqliteState
+from gridgate.core.weights import (
     UNIT,
     WEIGHTS_SCHEMA,
     SmoothWeightedRoundRobin,
     configured_weight,
     effective_weights,
-    read_throughput,
-    throughput,
-    throughput_weights,
     weight_errors,
     weighted_choice,
     weighted_order,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gridgate.core.report import draw, plotted, read_plotted
+from gridgate.core.commands.report import draw, plotted, read_plotted
 from gridgate.demo.demo import REMOTE_POLICY, legend
 from gridgate.demo.pilots import ABORTING
 

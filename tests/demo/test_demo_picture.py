@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from gridgate.core.report import draw, hourly_table, plotted, read_plotted
+from gridgate.core.commands.report import draw, hourly_table, plotted, read_plotted
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PNG = DOCS / "demo-pilots-per-slot.png"

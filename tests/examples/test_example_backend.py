@@ -197,10 +197,24 @@ def test_without_it_installed_a_config_naming_it_fails_with_exit_2(
     assert not (tmp_path / "bin" / ".pilot.calls").exists()  # nothing ran
 
 
+#: The example's own test outcomes as measured on API 1.4, before the layout step of 1.5 moved
+#: core's internals: a plugin written for an earlier 1.x must give the same results.
+OUTCOMES = Path(__file__).with_name("example_backend_outcomes.txt")
+
+
 def test_its_own_tests_pass_against_the_installed_package(installed, tmp_path) -> None:
     target, source = installed
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source / "tests")],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            str(source / "tests"),
+        ],
         cwd=source,
         capture_output=True,
         text=True,
@@ -209,3 +223,14 @@ def test_its_own_tests_pass_against_the_installed_package(installed, tmp_path) -
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
+    outcomes = sorted(
+        line.replace(str(source / "tests"), "tests").strip()
+        for line in done.stdout.splitlines()
+        if line.startswith(("PASSED ", "FAILED ", "ERROR ", "SKIPPED "))
+    )
+    recorded = sorted(
+        line
+        for line in OUTCOMES.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    )
+    assert outcomes == recorded

@@ -19,7 +19,7 @@ from pathlib import Path
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
 from gridgate.core.model import (
     BackendInfo,
     Endpoint,
@@ -28,9 +28,9 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.pilots import Pilot
 from gridgate.core.runner import argv_chunks, run
-from gridgate.core.state import SqliteState
+from gridgate.core.state import Pilot
+from gridgate.core.stores.sqlite import SqliteState
 from gridgate.core.testing import Collector, StandIn, stand_in_command
 
 BACKEND = "minibatch"

@@ -26,9 +26,10 @@ from relkit import (
 )
 from support.servers import SmtpServer, free_port
 
-from gridgate.core.director import ACCOUNTING, open_state
+from gridgate.core.engine.runtime import ACCOUNTING
 from gridgate.core.failing import FailingCache
 from gridgate.core.model import Endpoint
+from gridgate.core.state import open_state
 from gridgate.plugins.wms_glite.sim import read_calls
 
 HANG, GRANDCHILD, BROKEN, HEALTHY = HOSTS[:4]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from relkit import HOSTS, Site, json_lines, wait_for
 
-from gridgate.core.director import ACCOUNTING, open_state
+from gridgate.core.engine.runtime import ACCOUNTING
+from gridgate.core.state import open_state
 
 UNAVAILABLE = "gridgate: state store unavailable, running on a local view"
 BACK = "gridgate: state store available again"

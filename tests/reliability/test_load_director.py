@@ -18,7 +18,7 @@ from relkit import HOSTS, Site, gridgate, json_lines
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
 from gridgate.core.model import BackendInfo, CommandResult, Endpoint, SubmitResult
 from gridgate.core.testing import Collector
 

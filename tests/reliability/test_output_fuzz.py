@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Endpoint, Failure, SubmitRequest, SubmitResult
-from gridgate.core.state import MemoryState
+from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import build_plugin
 from gridgate.plugins.lsf_proxy.director.backend import LsfBackend, parse_bjobs
 from gridgate.plugins.wms_glite.backend import OPERATION_LIST_MATCH, GliteBackend

@@ -264,7 +264,7 @@ def test_metacharacters_stay_literal_in_argv_and_jdl(tmp_path: Path, gridgate_ex
 @pytest.mark.timeout(60)
 def test_metacharacters_stay_literal_in_bsub_argv(tmp_path: Path) -> None:
     from gridgate.core.model import SubmitRequest
-    from gridgate.core.state import MemoryState
+    from gridgate.core.stores.memory import MemoryState
     from gridgate.core.testing import build_plugin
     from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
     from gridgate.plugins.lsf_proxy.sim import install_commands as install_lsf

@@ -11,11 +11,11 @@ import click
 from click.testing import CliRunner
 from support.servers import SmtpServer, free_port
 
-from gridgate.core.cli import cli
 from gridgate.core.clock import FakeClock
+from gridgate.core.commands.app import cli
+from gridgate.core.commands.outbox import Commands
 from gridgate.core.config import load_config
 from gridgate.core.model import Notification
-from gridgate.core.outbox_cli import Commands
 from gridgate.core.plugins import PluginContext
 from gridgate.plugins.notify_email.notifier import EmailNotifier
 from gridgate.plugins.notify_ggus.notifier import GgusNotifier

@@ -366,7 +366,7 @@ def test_server_that_never_answers_times_out_and_is_retried(tmp_path, clock):
 def test_two_directors_sharing_sqlite_state_send_one_mail(tmp_path, clock, smtp):
     """De-duplication goes through the state store: two notifiers (two directors with their
     own outboxes) sharing one SQLite state queue the same event once."""
-    from gridgate.core.state import SqliteState
+    from gridgate.core.stores.sqlite import SqliteState
 
     stores = [SqliteState({"path": str(tmp_path / "state.db")}, clock) for _ in range(2)]
     notifiers = [

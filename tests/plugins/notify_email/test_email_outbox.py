@@ -11,9 +11,10 @@ from pathlib import Path
 import pluggy
 
 from gridgate.core.clock import FakeClock
+from gridgate.core.engine.loader import new_plugin_manager
 from gridgate.core.model import Notification
 from gridgate.core.outbox import Delivery, Message, Outbox
-from gridgate.core.plugins import PluginContext, new_plugin_manager
+from gridgate.core.plugins import PluginContext
 from gridgate.plugins.notify_email.notifier import EmailNotifier
 
 

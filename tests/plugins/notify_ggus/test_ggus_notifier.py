@@ -150,7 +150,7 @@ def test_one_ticket_per_endpoint_per_episode(tmp_path, clock, logs):
 
 
 def test_episode_rule_uses_the_state_store_when_there_is_one(tmp_path, clock):
-    from gridgate.core.state import MemoryState
+    from gridgate.core.stores.memory import MemoryState
 
     store = MemoryState(clock=clock)
     n = GgusNotifier(
@@ -365,7 +365,7 @@ def test_config_cross_checks(tmp_path):
 
 
 def test_ggus_notifier_registers_with_pluggy_and_answers_gridgate_notify(tmp_path, clock):
-    from gridgate.core.plugins import new_plugin_manager
+    from gridgate.core.engine.loader import new_plugin_manager
 
     pm = new_plugin_manager()
     n = make(tmp_path, clock)

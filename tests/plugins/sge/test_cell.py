@@ -226,9 +226,9 @@ def test_a_port_taken_before_the_daemon_binds_it_is_tried_again(monkeypatch) -> 
         taken.listen()
         port = taken.getsockname()[1]
         # the qmaster's port is taken on the first try, the execd's on the second
-        picks = iter([port, module._free_port(), module._free_port(), port])
-        real = module._free_port
-        monkeypatch.setattr(module, "_free_port", lambda: next(picks, None) or real())
+        picks = iter([port, module.free_port(), module.free_port(), port])
+        real = module.free_port
+        monkeypatch.setattr(module, "free_port", lambda: next(picks, None) or real())
         with SgeCell(queues=("only.q",), start_timeout=90) as cell:
             assert port not in (cell.qmaster_port, cell.execd_port)
             assert b"can't bind socket" in (cell.folder / "log" / "qmaster.out").read_bytes()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gridgate.core.backend_contract import Answer
+from gridgate.core.devkit.backend_contract import Answer
 from gridgate.core.testing import BackendContract, build_plugin, stand_in_command
 from gridgate.plugins.sge.backend import SgeBackend
 

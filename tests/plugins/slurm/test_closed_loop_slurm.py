@@ -17,7 +17,7 @@ from support.polling import until
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document
-from gridgate.core.director import Director, summary_json
+from gridgate.core.engine.director import Director, summary_json
 from gridgate.core.testing import Collector
 
 

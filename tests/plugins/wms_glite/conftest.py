@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from gridgate.core.clock import FakeClock
-from gridgate.core.plugins import PluginContext, new_plugin_manager
-from gridgate.core.state import MemoryState
+from gridgate.core.engine.loader import new_plugin_manager
+from gridgate.core.plugins import PluginContext
+from gridgate.core.stores.memory import MemoryState
 from gridgate.plugins.wms_glite.backend import GliteBackend
 from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from gridgate.core.config import ConfigError, load_config
+from gridgate.core.engine.loader import build_plugin_manager
 from gridgate.core.model import SubmitRequest
-from gridgate.core.plugins import PluginContext, build_plugin_manager
+from gridgate.core.plugins import PluginContext
 from gridgate.plugins.wms_glite.backend import GliteBackend, build_jdl
 
 GOOD = """\

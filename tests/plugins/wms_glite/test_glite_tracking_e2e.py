@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from gridgate.core.clock import FakeClock
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
 from gridgate.core.model import Endpoint
-from gridgate.core.pilots import Pilot
+from gridgate.core.state import Pilot
 from gridgate.core.testing import Collector, make_config
 from gridgate.plugins.wms_glite.sim import commands_section, read_calls
 from gridgate.plugins.wms_glite.sim.jobs import JobTable, set_clock

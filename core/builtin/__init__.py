@@ -1,0 +1,1 @@
+"""The built-in default plugins: each an entry point, held to the plugin rule (public names only)."""

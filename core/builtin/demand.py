@@ -1,0 +1,366 @@
+"""Built-in demand plugins: a fixed number of pilots per iteration (``static``), numbers read
+each iteration from a file an external system rewrites (``file``), or pilots for the jobs
+waiting in a task queue (``queue``), less the pilots already waiting for them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from jsonschema import Draft202012Validator
+from loguru import logger
+
+from gridgate.core import hookimpl
+from gridgate.core.builtin.waiting import (
+    DEFAULT_KEEP_LAST,
+    GROUP_PROPERTIES,
+    WaitingGauges,
+    pilots_for,
+)
+from gridgate.core.model import DemandRegistry, IterationInfo, Resources, SubmitRequest
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.state import StateError
+
+#: The most cores one pilot may ask for: the largest nodes sold today have a few hundred.
+MAX_CORES = 1024
+#: The most memory one pilot may ask for, in MB: 16 TB, beyond any node.
+MAX_MEMORY_MB = 16 * 1024 * 1024
+#: The longest walltime a pilot may ask for: 30 days (a batch system's longest queues allow a
+#: week or two; a longer figure is a typo in seconds).
+MAX_WALLTIME = 30 * 86400
+
+#: ``resources:`` of a demand group: what each of its pilots asks of its slot
+#: (:class:`gridgate.core.model.Resources`).
+RESOURCES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "default": {},
+    "description": "What each pilot of the group asks of its slot; a backend that cannot "
+    "express a value refuses it.",
+    "properties": {
+        "cores": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_CORES,
+            "default": 1,
+            "description": "CPUs of one pilot.",
+        },
+        "memory_mb": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_MEMORY_MB,
+            "description": "Memory of the whole pilot in MB (not per core); unset: the batch "
+            "system's default.",
+        },
+        "walltime": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_WALLTIME,
+            "description": "The pilot's time limit in seconds (at most 30 days); unset: the "
+            "batch system's default.",
+        },
+        "tags": {
+            "type": "object",
+            "maxProperties": 32,
+            "propertyNames": {"minLength": 1, "maxLength": 64},
+            "additionalProperties": {"type": "string", "maxLength": 256},
+            "description": "Free-form words a backend may map (a node feature, a GPU type).",
+        },
+    },
+    "additionalProperties": False,
+}
+
+GROUP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "group": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Name of the queue or requirements set.",
+        },
+        "pilots": {"type": "integer", "minimum": 0},
+        "requirements": {"type": "string", "default": ""},
+        "list_match": {
+            "type": ["boolean", "null"],
+            "default": None,
+            "description": "List-match first (null: the backend's default).",
+        },
+        "attributes": {"type": "object", "default": {}},
+        "resources": RESOURCES_SCHEMA,
+    },
+    "required": ["group", "pilots"],
+    "additionalProperties": False,
+}
+
+#: backend name -> pilots per iteration, or a list of demand groups.
+DEMAND_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {
+        "oneOf": [
+            {"type": "integer", "minimum": 0},
+            {"type": "array", "items": GROUP_SCHEMA},
+        ]
+    },
+}
+
+
+def register_demand(spec: Mapping[str, Any], demand: DemandRegistry, user: str = "") -> int:
+    """Turn ``{backend: N | [groups]}`` into requests; return the pilots asked for."""
+    total = 0
+    for backend, value in spec.items():
+        groups: list[Mapping[str, Any]] = (
+            [{"group": "default", "pilots": value}] if isinstance(value, int) else value
+        )
+        for group in groups:
+            pilots = int(group["pilots"])
+            if pilots <= 0:
+                continue
+            demand.add(
+                SubmitRequest(
+                    backend=str(backend),
+                    group=group["group"],
+                    count=pilots,
+                    requirements=group.get("requirements", ""),
+                    list_match=group.get("list_match"),
+                    attributes=group.get("attributes", {}),
+                    user=user,
+                    resources=Resources(**group["resources"]) if group.get("resources") else None,
+                )
+            )
+            total += pilots
+    return total
+
+
+class StaticDemand(Plugin):
+    """The same pilots every iteration, per backend (and per group): ``{wms_glite: 10}``."""
+
+    config_schema: ClassVar[dict[str, Any]] = DEMAND_SCHEMA
+
+    @hookimpl
+    def gridgate_demand(self, iteration: IterationInfo, demand: DemandRegistry) -> None:
+        register_demand(self.config, demand)
+
+
+class FileDemand(Plugin):
+    """Pilots read every iteration from a YAML or JSON file with the ``static`` shape.
+
+    A missing or invalid file asks for nothing this iteration and says why in the log, once
+    per distinct problem: an external system mid-rewrite must not stop the director.
+    """
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "x-gridgate-path": True,
+                "description": "File with {backend: pilots | [groups]}.",
+            }
+        },
+        "required": ["path"],
+        "additionalProperties": False,
+    }
+
+    _validator = Draft202012Validator(DEMAND_SCHEMA)
+
+    def __init__(self, config: Mapping[str, Any], context: Any) -> None:
+        super().__init__(config, context)
+        self._last_problem: str | None = None
+
+    def _problem(self, message: str) -> None:
+        if message != self._last_problem:
+            logger.error(
+                "demand file {}: {}; no pilots this iteration", self.config["path"], message
+            )
+        self._last_problem = message
+
+    @hookimpl
+    def gridgate_demand(self, iteration: IterationInfo, demand: DemandRegistry) -> None:
+        path = Path(self.config["path"])
+        try:
+            text = path.read_text(encoding="utf-8")
+            spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+            self._problem(f"cannot read: {exc}")
+            return
+        if path.suffix != ".json" and text.strip() and not text.endswith("\n"):
+            # as for the config (core/config.py cut_problem): "pilots: 100" cut after "1" is
+            # still valid YAML, so a file without its final newline is taken for cut
+            self._problem(
+                "the file does not end with a newline: its last line may be cut short "
+                "(a file still being written); asked for nothing until it is whole"
+            )
+            return
+        spec = spec or {}
+        error = next(iter(self._validator.iter_errors(spec)), None)
+        if error is not None:
+            where = ".".join(map(str, error.absolute_path)) or "$"
+            self._problem(f"{where}: {error.message}")
+            return
+        self._last_problem = None
+        register_demand(spec, demand)
+
+
+# --- demand from waiting work ---------------------------------------------------------------
+
+QUEUE_GROUP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "backend": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The backend (entry-point name) the group's pilots go to.",
+        },
+        **GROUP_PROPERTIES,
+        "resources": RESOURCES_SCHEMA,
+        "max_per_iteration": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1_000_000,
+            "description": "At most this many pilots of the group per iteration (unset: as "
+            "many as the waiting work asks, within the limits).",
+        },
+        "requirements": {"type": "string", "default": ""},
+        "list_match": {
+            "type": ["boolean", "null"],
+            "default": None,
+            "description": "List-match first (null: the backend's default).",
+        },
+        "attributes": {"type": "object", "default": {}},
+    },
+    "required": ["backend", "source"],
+    "additionalProperties": False,
+}
+
+QUEUE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "groups": {
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {"minLength": 1, "maxLength": 200},
+            "additionalProperties": QUEUE_GROUP_SCHEMA,
+            "description": "Demand groups by name: each sized from its source of waiting work.",
+        }
+    },
+    "required": ["groups"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class GroupDemand:
+    """What the queue demand decided for one group in one iteration: ``jobs`` the figure it
+    sized with (see :class:`gridgate.core.builtin.waiting.WaitingFigure`), ``waiting_pilots`` the
+    group's pilots already waiting, ``pilots`` what it asked for (before the limits)."""
+
+    group: str
+    backend: str
+    jobs: int
+    fresh: bool
+    waiting_pilots: int
+    pilots: int
+
+
+class QueueDemand(Plugin):
+    """Pilots for the jobs waiting in a task queue, per demand group: each iteration,
+    ``ceil(waiting jobs / jobs_per_pilot)`` less the group's pilots already ``waiting`` in the
+    pilot registry, at most ``max_per_iteration``, then trimmed by the limits as any demand.
+
+    A source that fails keeps its group's last good figure for ``keep_last`` seconds, then
+    asks for nothing (gridgate.core.builtin.waiting). A registry that cannot be read asks for nothing
+    for any group, with one error per episode: without the waiting pilots the figure would
+    only grow. Needs the pilots tracked (``director.pilots.track``), a config error otherwise.
+    """
+
+    config_schema: ClassVar[dict[str, Any]] = QUEUE_SCHEMA
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        groups: Mapping[str, Mapping[str, Any]] = config["groups"]
+        self._groups = groups
+        self._gauges = WaitingGauges(
+            {name: spec["source"] for name, spec in groups.items()},
+            keep_last={
+                name: float(spec.get("keep_last", DEFAULT_KEEP_LAST))
+                for name, spec in groups.items()
+            },
+            clock=context.clock,
+        )
+        self._resources = {
+            name: Resources(**(spec.get("resources") or {})) for name, spec in groups.items()
+        }
+        self._registry_failing = False
+        #: the last iteration's decision per group (for the summary's readers and the tests)
+        self.last: dict[str, GroupDemand] = {}
+
+    def _waiting_pilots(self) -> dict[tuple[str, str], int] | None:
+        state = self.context.state
+        try:
+            if state is None:
+                raise StateError("no state store")
+            if getattr(state, "degraded", False):
+                raise StateError("the state store is unavailable")
+            by_group: dict[tuple[str, str], int] = {}
+            for (backend, _endpoint, group), (n, _cores) in (
+                state.pilot_registry().waiting().items()
+            ):
+                by_group[(backend, group)] = by_group.get((backend, group), 0) + n
+        except StateError as exc:
+            if not self._registry_failing:
+                logger.error(
+                    "queue demand: cannot count the pilots already waiting ({}); asking for no "
+                    "pilots until the pilot registry answers",
+                    exc,
+                )
+            self._registry_failing = True
+            return None
+        if self._registry_failing:
+            logger.info("queue demand: the pilot registry answers again")
+        self._registry_failing = False
+        return by_group
+
+    @hookimpl
+    def gridgate_demand(self, iteration: IterationInfo, demand: DemandRegistry) -> None:
+        figures = self._gauges.waiting_all()  # every source read, so each keeps its figure
+        waiting = self._waiting_pilots()
+        if waiting is None:
+            self.last = {}
+            return
+        decided: dict[str, GroupDemand] = {}
+        for name, spec in self._groups.items():
+            figure = figures[name]
+            backend = str(spec["backend"])
+            already = waiting.get((backend, name), 0)
+            pilots = pilots_for(
+                figure.jobs, int(spec["jobs_per_pilot"]), already, spec.get("max_per_iteration")
+            )
+            decided[name] = GroupDemand(name, backend, figure.jobs, figure.fresh, already, pilots)
+            if pilots > 0:
+                demand.add(
+                    SubmitRequest(
+                        backend=backend,
+                        group=name,
+                        count=pilots,
+                        requirements=spec.get("requirements", ""),
+                        list_match=spec.get("list_match"),
+                        attributes=spec.get("attributes", {}),
+                        resources=self._resources[name],
+                    )
+                )
+        self.last = decided
+        logger.debug(
+            "queue demand: {}",
+            ", ".join(
+                f"{d.group} {d.jobs} jobs{'' if d.fresh else ' (held)'} - {d.waiting_pilots} "
+                f"waiting -> {d.pilots}"
+                for d in decided.values()
+            ),
+        )
+
+    def close(self) -> None:
+        self._gauges.close()

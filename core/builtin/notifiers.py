@@ -1,0 +1,104 @@
+"""The built-in notifiers: ``log`` (every notification to the log, the default) and ``files``
+(each notification as a text file in a folder something else picks up)."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from loguru import logger
+
+from gridgate.core import hookimpl
+from gridgate.core.files import atomic_write, resolve_dir
+from gridgate.core.model import (
+    Notification,
+)
+from gridgate.core.plugins import Plugin, PluginContext
+
+
+class LogNotifier(Plugin):
+    """Write every notification to the log: the notifier that needs no server."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "body": {
+                "type": "boolean",
+                "default": False,
+                "description": "Log the whole body, not just the subject.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+    _LEVELS: ClassVar[dict[str, str]] = {"info": "INFO", "error": "ERROR", "alarm": "CRITICAL"}
+
+    @hookimpl(trylast=True)
+    def gridgate_notify(self, notification: Notification) -> None:
+        level = self._LEVELS.get(notification.level, "WARNING")
+        if self.config.get("body"):
+            logger.log(
+                level, "[{}] {}\n{}", notification.level, notification.subject, notification.body
+            )
+        else:
+            logger.log(level, "[{}] {}", notification.level, notification.subject)
+
+
+class FileNotifier(Plugin):
+    """Write each notification as a text file in a folder: for sites whose mail goes through
+    another system that picks files up, and for the demo, which has no mail server."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "folder": {
+                "type": "string",
+                "x-gridgate-path": True,
+                "default": "",
+                "description": "Where the texts are written (created, mode 0700; "
+                '"": <director.state_dir>/notifications).',
+            },
+            "levels": {
+                "type": "array",
+                "items": {"enum": ["info", "error", "alarm"]},
+                "default": ["error", "alarm"],
+                "description": "Levels written.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        # under the state folder by default, beside the outboxes, wherever that was put
+        self.folder = resolve_dir(
+            str(config.get("folder") or ""), context.state_dir, "notifications"
+        )
+        self._lock = threading.Lock()
+        self._sequence = 0
+
+    @hookimpl
+    def gridgate_notify(self, notification: Notification) -> None:
+        if notification.level not in self.config.get("levels", ["error", "alarm"]):
+            return
+        with self._lock:
+            self._sequence += 1
+            sequence = self._sequence
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(notification.created))
+        who = re.sub(
+            r"[^A-Za-z0-9_.-]",
+            "_",
+            notification.endpoint.name if notification.endpoint else "gridgate",
+        )
+        path = self.folder / f"{stamp}-{os.getpid()}-{sequence:05d}-{notification.level}-{who}.txt"
+        text = (
+            f"Subject: {notification.subject}\nLevel: {notification.level}\n\n{notification.body}"
+        )
+        # Whole or not at all: whatever picks the texts up never sees half a message, and a
+        # write the disk refuses leaves nothing behind.
+        atomic_write(path, text.encode("utf-8"))

@@ -1,0 +1,1 @@
+"""The ``gridgate`` command line."""

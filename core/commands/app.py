@@ -1,0 +1,292 @@
+"""The ``gridgate`` command line: its group, the commands of the director (run, config, report,
+notify, plugins) and :func:`main`; the only place where log sinks are configured. Plugins add
+theirs through ``gridgate_register_commands`` (``servers`` is :mod:`.servers`; the author's
+commands, ``docs`` and ``plugin new``, come from the devkit's provider)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+from loguru import logger
+
+from gridgate.core import __version__
+from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
+from gridgate.core.commands import servers
+from gridgate.core.commands.logs import configure_logging
+from gridgate.core.config import ConfigError, compose_schema
+from gridgate.core.engine.loader import cli_plugin_manager, installed_plugins
+from gridgate.core.plugins import PluginLoadError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gridgate")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+@click.option("--log-json", is_flag=True, help="Structured JSON logs on stderr.")
+def cli(verbose: int, log_json: bool) -> None:
+    """gridgate keeps grid and batch submission flowing when the services behind it misbehave."""
+    configure_logging(verbose, log_json)
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
+@click.option(
+    "--kinds", is_flag=True, help="The catalogue of failure kinds instead of the plugins."
+)
+def plugins_command(as_json: bool, kinds: bool) -> None:
+    """List every installed plugin per entry-point group."""
+    if kinds:
+        from gridgate.core.kinds import print_kinds
+
+        print_kinds(click.echo, as_json)
+        return
+    rows = installed_plugins()
+    if as_json:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            groups.setdefault(row.group, []).append(
+                {
+                    "name": row.name,
+                    "target": row.target,
+                    "distribution": row.distribution,
+                    "version": row.version,
+                    "default": row.default,
+                }
+            )
+        click.echo(json.dumps(groups, indent=2))
+        return
+    current = None
+    for row in rows:
+        if row.group != current:
+            current = row.group
+            click.echo(f"{row.group}:")
+        mark = " (default)" if row.default else ""
+        click.echo(f"  {row.name:<14} {row.distribution} {row.version}  {row.target}{mark}")
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Validate a config, print its schema or an example."""
+
+
+@config_group.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def config_validate(files: tuple[str, ...]) -> None:
+    """Check config FILES; exit 0 when all are valid, 2 otherwise.
+
+    A file with a director, backends or demand section must also leave something to submit
+    (or say director.paused: true). Warnings (legal, probably not meant) do not fail."""
+    from gridgate.core.engine.config_checks import checked_config, config_warnings
+
+    bad = False
+    for path in files:
+        try:
+            config = checked_config(path)
+        except ConfigError as exc:
+            bad = True
+            for problem in exc.problems:
+                click.echo(str(problem), err=True)
+        else:
+            for warning in config_warnings(config):
+                click.echo(str(warning), err=True)
+            click.echo(f"{path}: valid")
+    if bad:
+        raise SystemExit(EXIT_CONFIG)
+
+
+@config_group.command("schema")
+@click.option(
+    "-c",
+    "--config",
+    "path",
+    type=click.Path(dir_okay=False),
+    help="Include the sections of the plugins this config names.",
+)
+def config_schema(path: str | None) -> None:
+    """Print the composed JSON Schema (2020-12); editors can use it."""
+    doc: Any = {}
+    if path:
+        import yaml
+
+        with open(path, encoding="utf-8") as handle:
+            doc = yaml.safe_load(handle) or {}
+    schema, _classes, problems = compose_schema(doc)
+    for where, message in problems:
+        click.echo(f"{path}: {'.'.join(map(str, where))}: {message}", err=True)
+    click.echo(json.dumps(schema, indent=2))
+    if problems:
+        raise SystemExit(EXIT_CONFIG)
+
+
+@config_group.command("example")
+def config_example() -> None:
+    """Print a complete, commented site config that validates."""
+    from importlib.resources import files
+
+    click.echo(
+        files("gridgate.core.commands").joinpath("example.yaml").read_text(encoding="utf-8"),
+        nl=False,
+    )
+
+
+@cli.command("run")
+@click.option(
+    "-c",
+    "--config",
+    "path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Site config (re-read at every iteration).",
+)
+@click.option("--once", is_flag=True, help="One iteration, then exit.")
+@click.option("--iterations", type=click.IntRange(min=1), help="This many iterations, then exit.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per iteration on stdout.")
+def run_command(path: str, once: bool, iterations: int | None, as_json: bool) -> None:
+    """Run the submission director."""
+    import signal
+
+    from gridgate.core.engine.config_checks import submission_problems
+    from gridgate.core.engine.director import Director, summary_json
+    from gridgate.core.engine.reload import ConfigSource
+
+    config = load_config_or_exit(path)
+    idle = submission_problems(config)
+    for problem in idle:
+        click.echo(str(problem), err=True)
+    if idle:
+        raise SystemExit(EXIT_CONFIG)
+    director = Director(ConfigSource(path, initial=config))
+
+    def stop(signum: int, _frame: Any) -> None:
+        logger.warning("signal {} received: finishing the commands in flight", signum)
+        director.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    def emit(summary: Any) -> None:
+        if as_json:
+            click.echo(summary_json(summary))
+        else:
+            counts: dict[str, int] = {}
+            for record in summary.records:
+                counts[record.outcome] = counts.get(record.outcome, 0) + record.pilots
+            click.echo(
+                f"iteration {summary.number}: {summary.duration:.1f} s, "
+                + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                + (f", excluded {', '.join(summary.excluded)}" if summary.excluded else "")
+            )
+
+    try:
+        director.run(iterations=1 if once else iterations, on_iteration=emit)
+    finally:
+        director.close()
+
+
+@cli.command("report")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--since", default="24h", show_default=True, help="How far back: 90m, 24h, 7d.")
+@click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
+@click.option("--bucket", default="1h", show_default=True, help="Width of a row/bar: 1h, 10m, 30s.")
+@click.option(
+    "--png", "png", type=click.Path(dir_okay=False), help="Also draw the plot to this PNG."
+)
+def report_command(path: str, since: str, bucket: str, as_json: bool, png: str | None) -> None:
+    """Pilots per hour per endpoint, from the accounting and failures tables and the pilots."""
+    from gridgate.core.commands.report import (
+        parse_duration,
+        plot_unavailable,
+        read_report,
+        render_table,
+    )
+    from gridgate.core.state import open_state
+
+    config = load_config_or_exit(path)
+    try:
+        seconds = parse_duration(since)
+        width = parse_duration(bucket)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if width <= 0:
+        raise click.BadParameter("--bucket must be positive")
+    if png and (problem := plot_unavailable()):  # said before anything is read or printed
+        raise click.ClickException(problem)
+    state = open_state(config)
+    try:
+        data = read_report(state, time.time() - seconds)
+    finally:
+        state.close()
+    table = data.table(width)
+    if as_json:
+        click.echo(json.dumps(table, indent=2))
+    else:
+        click.echo(render_table(table), nl=False)
+    if png:
+        from gridgate.core.commands.report import draw, save_png
+
+        save_png(draw(table), png)
+        click.echo(f"plot written to {png}", err=True)
+
+
+@cli.group("notify")
+def notify_group() -> None:
+    """Notification tools."""
+
+
+@notify_group.command("test")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--level", type=click.Choice(["error", "alarm", "info"]), default="error", show_default=True
+)
+@click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for delivery.")
+def notify_test(path: str, level: str, wait: float) -> None:
+    """Send a test notification through every configured notifier and say what happened."""
+    from gridgate.core.engine.director import Director
+    from gridgate.core.model import Notification
+
+    config = load_config_or_exit(path)
+    director = Director(config, serve_metrics=False)  # the running director holds metrics_port
+    note = Notification(
+        level=level,  # type: ignore[arg-type]
+        subject=f"gridgate test {level} notification",
+        body=f"This is a test sent by `gridgate notify test` at {time.ctime()}.\n",
+        created=time.time(),
+        key=f"test/{time.time():.0f}",
+    )
+    failed = False
+    try:
+        for name, plugin in director.pm.list_name_plugin():
+            if not hasattr(plugin, "gridgate_notify"):
+                continue
+            try:
+                plugin.gridgate_notify(notification=note)
+                flush = getattr(plugin, "flush", None)
+                outcome = flush(timeout=wait) if callable(flush) else "done"
+                click.echo(f"{name}: {outcome if outcome is not None else 'done'}")
+            except Exception as exc:
+                failed = True
+                click.echo(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+    finally:
+        director.close()
+    if failed:
+        raise SystemExit(1)
+
+
+def _report_cli_plugin_error(error: PluginLoadError) -> None:
+    click.echo(f"gridgate: warning: {error}", err=True)
+
+
+cli.add_command(servers.servers_group)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``gridgate`` console script."""
+    pm = cli_plugin_manager(on_error=_report_cli_plugin_error)
+    pm.hook.gridgate_register_commands(cli=cli)
+    cli.main(args=argv, prog_name="gridgate")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,442 @@
+"""Turns accounting rows, failure rows and the pilot registry into the seed's "pilots per hour
+per server" table and plot: pilots submitted, what became of them (finished per hour by state,
+and by endpoint and state now), failures (of submissions, of status polls, and ``aborted``
+verdicts on servers whose pilots abort) and demand trimmed by the limits on what waits."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from gridgate.core.state import Pilot
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``90m``, ``24h``, ``7d``, ``3600`` (seconds) -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90m, 24h, 7d)")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def _slot(ts: float, bucket: float) -> str:
+    start = ts - (ts % bucket)
+    fmt = (
+        "%Y-%m-%d %H:00"
+        if bucket >= 3600 and bucket % 3600 == 0
+        else "%Y-%m-%d %H:%M:%S"
+        if bucket < 60
+        else "%Y-%m-%d %H:%M"
+    )
+    return datetime.fromtimestamp(start, UTC).strftime(fmt)
+
+
+#: accounting ``failure_kind`` of demand that a limit kept from being submitted
+TRIM_KINDS = ("max_waiting", "max_total")
+#: What failed, in the order the report stacks them: a submission (the accounting table), a
+#: status poll or a cancel, and an ``aborted`` verdict (a server whose pilots abort, out of
+#: rotation) (both from the failures table, ``gridgate.core.engine.runtime.FAILURES``).
+FAILURE_SORTS = ("submission", "poll", "aborted")
+_SORT_LABELS = {
+    "submission": "failed submissions",
+    "poll": "failed status polls or cancels",
+    "aborted": "aborted: a server's pilots abort",
+}
+_SORT_COLOURS = {"submission": "firebrick", "poll": "mediumpurple", "aborted": "darkorange"}
+#: The PNG text chunk that carries what the plot shows (:func:`plotted`), so that a picture can
+#: be checked against what today's code draws without comparing pixels (fonts differ).
+PLOTTED_KEY = "gridgate-plotted"
+
+
+def failure_sort(row: Mapping[str, Any]) -> str:
+    """Which of :data:`FAILURE_SORTS` a row of the failures table is."""
+    return "aborted" if row.get("kind") == "aborted" else "poll"
+
+
+def hourly_table(
+    rows: Iterable[Mapping[str, Any]],
+    bucket: float = 3600,
+    finished: Iterable[Any] = (),
+    now: Mapping[str, Mapping[str, int]] | None = None,
+    failures: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """Pilots submitted per time slot (an hour unless ``bucket`` says otherwise) per endpoint,
+    plus failures and demand trimmed per slot and totals per endpoint.
+
+    ``rows`` are the accounting table's (one per submission attempt); ``failures`` the
+    failures table's (a failed status poll or cancel, an ``aborted`` verdict), counted with the
+    failed submissions: per slot, per slot and :data:`FAILURE_SORTS`, and per endpoint and
+    kind. ``finished`` are terminal pilots of the registry
+    (:class:`~gridgate.core.state.Pilot`), counted per slot (when they finished) and state;
+    ``now`` is the registry's pilots by endpoint and state at the time of the report.
+    """
+    pilots: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    failed: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    trimmed: dict[str, int] = defaultdict(int)
+    ended: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for row in rows:
+        hour = _slot(float(row["time"]), bucket)
+        endpoint = row.get("endpoint") or "-"
+        outcome = row["outcome"]
+        totals[endpoint][outcome] += int(row.get("pilots", 0)) if outcome == "submitted" else 1
+        if outcome == "submitted":
+            pilots[hour][endpoint] += int(row.get("pilots", 0))
+        elif outcome == "failed":
+            failed[hour]["submission"] += 1
+            kinds[endpoint][row.get("failure_kind") or "error"] += 1
+        elif row.get("failure_kind") in TRIM_KINDS:
+            trimmed[hour] += int(row.get("pilots", 0))
+    for row in failures:
+        failed[_slot(float(row["time"]), bucket)][failure_sort(row)] += 1
+        kinds[row.get("endpoint") or "-"][row.get("kind") or "error"] += 1
+    for pilot in finished:
+        ended[_slot(float(pilot.changed), bucket)][pilot.state] += 1
+    hours = sorted(set(pilots) | set(failed) | set(trimmed) | set(ended))
+    endpoints = sorted({e for h in pilots.values() for e in h})
+    return {
+        "bucket_s": bucket,
+        "hours": hours,
+        "endpoints": endpoints,
+        "pilots": {h: dict(pilots[h]) for h in hours},
+        "failures": {h: sum(failed[h].values()) if h in failed else 0 for h in hours},
+        "failures_by_sort": {
+            h: {s: failed[h].get(s, 0) for s in FAILURE_SORTS} if h in failed else {} for h in hours
+        },
+        "failure_kinds": {e: dict(sorted(v.items())) for e, v in sorted(kinds.items())},
+        "trimmed": {h: trimmed.get(h, 0) for h in hours},
+        "finished": {h: dict(ended[h]) for h in hours if h in ended},
+        "totals": {e: dict(v) for e, v in sorted(totals.items())},
+        "pilots_now": {k: dict(v) for k, v in sorted((now or {}).items())},
+    }
+
+
+def render_table(table: Mapping[str, Any]) -> str:
+    """Plain text: one row per hour, one column per endpoint, then a totals block."""
+    endpoints = table["endpoints"]
+    if not table["hours"]:
+        return "no submissions in this period\n"
+    width = max([8, *(len(e) for e in endpoints)])
+    head = (
+        f"{'from (UTC)':<17}"
+        + "".join(f"{e:>{width + 1}}" for e in endpoints)
+        + f"{'total':>8}{'failures':>10}"
+    )
+    lines = [head, "-" * len(head)]
+    for hour in table["hours"]:
+        row = table["pilots"].get(hour, {})
+        lines.append(
+            f"{hour:<17}"
+            + "".join(f"{row.get(e, 0):>{width + 1}}" for e in endpoints)
+            + f"{sum(row.values()):>8}{table['failures'].get(hour, 0):>10}"
+        )
+    lines += [
+        "failures: failed submissions, failed status polls or cancels, and aborted verdicts",
+        "  (a server taken out of rotation because its pilots abort)",
+    ]
+    lines += ["", "per endpoint over the period:"]
+    kinds = table.get("failure_kinds", {})
+    for endpoint in sorted(set(table["totals"]) | set(kinds)):
+        counts = table["totals"].get(endpoint, {})
+        text = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing submitted"
+        if kinds.get(endpoint):
+            text += "; failures by kind: " + ", ".join(
+                f"{k} {v}" for k, v in kinds[endpoint].items()
+            )
+        lines.append(f"  {endpoint:<30} {text}")
+    trimmed = table.get("trimmed", {})
+    if any(trimmed.values()):
+        lines += ["", "demand trimmed by max_waiting / max_total (pilots not submitted):"]
+        lines += [f"  {h:<17}{n:>8}" for h, n in trimmed.items() if n]
+    finished = table.get("finished", {})
+    if finished:
+        ended = [s for s in FINISHED_STATES if any(s in v for v in finished.values())]
+        lines += [
+            "",
+            "pilots finished per slot, by state:",
+            f"  {'from (UTC)':<17}" + "".join(f"{s:>11}" for s in ended),
+        ]
+        lines += [
+            f"  {h:<17}" + "".join(f"{row.get(s, 0):>11}" for s in ended)
+            for h, row in finished.items()
+        ]
+    if table.get("pilots_now"):
+        lines += ["", "pilots now, by endpoint and state:"]
+        lines += ["  " + line for line in render_states(table["pilots_now"]).splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+#: terminal states in the order the report shows them (the model's order)
+FINISHED_STATES = tuple(s for s in PILOT_STATES if s in TERMINAL_STATES)
+_STATE_COLOURS = {
+    "done": "seagreen",
+    "failed": "firebrick",
+    "cancelled": "darkgrey",
+    "lost": "black",
+}
+
+
+def render_states(table: Mapping[str, Mapping[str, int]]) -> str:
+    """Plain text: one row per endpoint, one column per pilot state, and a total row."""
+    from gridgate.core.model import PILOT_STATES
+
+    if not table:
+        return "no pilots tracked\n"
+    width = max(30, *(len(k) for k in table))
+    lines = [f"{'ENDPOINT':<{width}}" + "".join(f"{s:>10}" for s in PILOT_STATES)]
+    totals = dict.fromkeys(PILOT_STATES, 0)
+    for key, row in table.items():
+        lines.append(f"{key:<{width}}" + "".join(f"{row.get(s, 0):>10}" for s in PILOT_STATES))
+        for s in PILOT_STATES:
+            totals[s] += row.get(s, 0)
+    lines.append(f"{'total':<{width}}" + "".join(f"{totals[s]:>10}" for s in PILOT_STATES))
+    return "\n".join(lines) + "\n"
+
+
+# --- what the report reads ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """What `gridgate report` reads from a state store for one period: the accounting rows, the
+    failure rows, the registry's pilots that finished, and its pilots by endpoint and state
+    now."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    finished: list[Pilot] = field(default_factory=list)
+    now: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def table(self, bucket: float = 3600) -> dict[str, Any]:
+        """The report's table of this data (:func:`hourly_table`)."""
+        return hourly_table(self.rows, bucket, self.finished, self.now, self.failures)
+
+
+def read_report(state: Any, since: float) -> ReportData:
+    """What the report shows of ``state`` (a :class:`~gridgate.core.state.StateStore`) from
+    ``since`` on. Raises :class:`~gridgate.core.state.StateError` when the store cannot be read;
+    a registry it cannot read only costs the pilots (see :func:`pilots_for_report`)."""
+    from gridgate.core.engine.runtime import ACCOUNTING, FAILURES
+
+    finished, now = pilots_for_report(state, since)
+    return ReportData(
+        rows=state.records(ACCOUNTING, since=since),
+        failures=state.records(FAILURES, since=since),
+        finished=finished,
+        now=now,
+    )
+
+
+def pilots_for_report(state: Any, since: float) -> tuple[list[Any], dict[str, dict[str, int]]]:
+    """The registry's pilots that finished since ``since`` and its pilots by endpoint and state
+    now; nothing (and a log line) when the store holds no registry it can read."""
+    from loguru import logger
+
+    from gridgate.core.engine.tracking import state_counts
+    from gridgate.core.state import StateError
+
+    try:
+        registry = state.pilot_registry()
+        finished = [p for p in registry.query(states=FINISHED_STATES) if p.changed >= since]
+        return finished, state_counts(registry.counts())
+    except StateError as exc:
+        logger.error("pilot registry unreadable, the report shows submissions only: {}", exc)
+        return [], {}
+
+
+# --- the plot ------------------------------------------------------------------------------------
+
+#: what to install for the plot (pyproject's ``plot`` extra)
+PLOT_EXTRA = "pip install 'gridgate[plot]'"
+
+
+def plot_unavailable() -> str | None:
+    """Why the plot cannot be drawn here (matplotlib missing or broken), None when it can: a
+    command asks before it reads anything, so a person learns what to install, not a
+    traceback."""
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"the plot needs matplotlib, which this Python cannot import ({exc}); install "
+            f"gridgate's plot extra: {PLOT_EXTRA}"
+        )
+    return None
+
+
+def draw(table: Mapping[str, Any]) -> Figure:
+    """The figure of a report's ``table`` (:func:`hourly_table`): stacked bars of pilots per
+    slot per endpoint; with finished pilots, what became of them per slot by state; beneath,
+    failures per slot by sort (and demand trimmed by the limits). Needs matplotlib (the
+    ``plot`` extra): see :func:`plot_unavailable`."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    hours, endpoints = table["hours"], table["endpoints"]
+    bucket = float(table["bucket_s"])
+    if table["finished"]:
+        fig = Figure(figsize=(11, 9))
+        top, middle, bottom = fig.subplots(
+            3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2, 1]}
+        )
+    else:
+        fig = Figure(figsize=(11, 7))
+        top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+        middle = None
+    positions = list(range(len(hours)))
+    colours = matplotlib.colormaps["tab20"]
+
+    def stack(axes: Any, series: Iterable[tuple[str, list[int], Any]]) -> None:
+        base = [0] * len(hours)
+        for label, values, colour in series:
+            axes.bar(positions, values, bottom=base, label=label, color=colour, width=0.9)
+            base = [b + v for b, v in zip(base, values, strict=True)]
+
+    stack(
+        top,
+        (
+            (e, [table["pilots"][h].get(e, 0) for h in hours], colours(i % 20))
+            for i, e in enumerate(endpoints)
+        ),
+    )
+    unit = "hour" if bucket == 3600 else f"{bucket:g} s"
+    top.set_ylabel(f"pilots submitted per {unit}")
+    top.set_title(f"Submitted pilots per {unit} per server")
+    if endpoints:
+        top.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if middle is not None:
+        ended = [
+            (s, [table["finished"].get(h, {}).get(s, 0) for h in hours], _STATE_COLOURS[s])
+            for s in FINISHED_STATES
+        ]
+        stack(middle, (e for e in ended if any(e[1])))
+        middle.set_ylabel(f"pilots finished per {unit}")
+        middle.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    by_sort = table.get("failures_by_sort") or {
+        h: {"submission": n} for h, n in table["failures"].items()
+    }
+    failed = [
+        (_SORT_LABELS[s], [by_sort.get(h, {}).get(s, 0) for h in hours], _SORT_COLOURS[s])
+        for s in FAILURE_SORTS
+    ]
+    # failed submissions always drawn, the other sorts and the trimmed demand when there are any
+    shown = [f for f in failed if f is failed[0] or any(f[1])]
+    if any(table["trimmed"].values()):
+        shown.append(("pilots trimmed by limits", [table["trimmed"][h] for h in hours], "orange"))
+    stack(bottom, shown)
+    if len(shown) > 1:
+        bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    bottom.set_ylabel("failures")
+    for axes in (top, middle, bottom):
+        if axes is not None:  # counts: no tick at 0.5 failures
+            axes.yaxis.set_major_locator(
+                MaxNLocator(nbins=4 if axes is bottom else "auto", integer=True)
+            )
+    step = max(1, len(hours) // 12)
+    bottom.set_xticks(positions[::step])
+    bottom.set_xticklabels(hours[::step], rotation=30, ha="right", fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plotted(fig: Figure) -> dict[str, Any]:
+    """What ``fig`` shows, as data: per panel its title, y label, legend, x tick labels and
+    each bar series (label and heights). Two figures that draw the same report give the same
+    answer whatever fonts or matplotlib version render them."""
+    panels = []
+    for axes in fig.axes:
+        legend = axes.get_legend()
+        panels.append(
+            {
+                "title": axes.get_title(),
+                "ylabel": axes.get_ylabel(),
+                "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+                "xticklabels": [t.get_text() for t in axes.get_xticklabels()],
+                "series": [
+                    {
+                        "label": bars.get_label(),
+                        "values": [_number(bar.get_height()) for bar in bars],
+                    }
+                    for bars in axes.containers
+                ],
+            }
+        )
+    width, height = fig.get_size_inches()
+    return {"size_in": [_number(width), _number(height)], "panels": panels}
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def plot_png(
+    rows: Iterable[Mapping[str, Any]],
+    path: str,
+    bucket: float = 3600,
+    finished: Iterable[Any] = (),
+    failures: Iterable[Mapping[str, Any]] = (),
+) -> None:
+    """Stacked bars of pilots per hour per endpoint, with failures per hour beneath,
+    like the seed's PilotsperHour.png; with ``finished`` pilots (the registry's terminal ones)
+    a middle panel shows what became of them: finished per hour by state. ``failures`` are the
+    failures table's rows (failed polls, ``aborted``). Needs matplotlib (the ``plot`` extra):
+    raises :class:`RuntimeError` saying what to install when it is missing."""
+    problem = plot_unavailable()
+    if problem is not None:
+        raise RuntimeError(problem)
+    save_png(draw(hourly_table(rows, bucket, finished, failures=failures)), path)
+
+
+def save_png(fig: Figure, path: str | Path) -> None:
+    """Write ``fig`` as a PNG at 100 dpi, with what it shows (:func:`plotted`) in its
+    :data:`PLOTTED_KEY` text chunk."""
+    fig.savefig(
+        str(path), dpi=100, metadata={PLOTTED_KEY: json.dumps(plotted(fig), sort_keys=True)}
+    )
+
+
+def read_plotted(path: str | Path) -> dict[str, Any] | None:
+    """What a PNG :func:`save_png` wrote shows (its :data:`PLOTTED_KEY` text chunk), None for
+    a PNG without one. Reads the chunks itself: no imaging library needed."""
+    data = Path(path).read_bytes()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"{path}: not a PNG file")
+    at = 8
+    while at + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[at : at + 8])
+        body = data[at + 8 : at + 8 + length]
+        at += 12 + length
+        if kind not in (b"tEXt", b"zTXt", b"iTXt"):
+            continue
+        key, _, rest = body.partition(b"\0")
+        if key.decode("latin-1") != PLOTTED_KEY:
+            continue
+        if kind == b"zTXt":
+            text = zlib.decompress(rest[1:]).decode("latin-1")
+        elif kind == b"iTXt":
+            compressed, _method, rest = rest[0], rest[1], rest[2:]
+            _lang, _, rest = rest.partition(b"\0")
+            _translated, _, rest = rest.partition(b"\0")
+            text = (zlib.decompress(rest) if compressed else rest).decode("utf-8")
+        else:
+            text = rest.decode("latin-1")
+        doc: dict[str, Any] = json.loads(text)
+        return doc
+    return None

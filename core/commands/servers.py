@@ -1,0 +1,252 @@
+"""``gridgate servers list|show|ban|drain|unban|clear``: the servers out of rotation (failing
+cache, operator bans) and putting them back, read from and written to the director's state store."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
+from gridgate.core.plugins import PluginLoadError
+
+
+@click.group("servers")
+def servers_group() -> None:
+    """Servers out of rotation (failing cache) or watched (tickets window), and putting them back."""
+
+
+def open_state_or_exit(path: str) -> Any:
+    """The state store the config at ``path`` names; exit 1 for one no other process can read."""
+    from gridgate.core.state import open_state
+
+    config = load_config_or_exit(path)
+    if (config.get("state") or {}).get("driver") == "memory":
+        click.echo(
+            f"{path}: state.driver is memory: the caches live inside the running director "
+            "only, nothing to show or change from here",
+            err=True,
+        )
+        raise SystemExit(1)
+    return open_state(config)
+
+
+def _utc(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if ts else "-"
+
+
+@servers_group.command("list")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
+def servers_list(path: str, as_json: bool) -> None:
+    """What the failing and tickets caches hold now, read from the director's state store."""
+    from gridgate.core.builtin.bans import OperatorBans
+    from gridgate.core.failing import FailingCache
+    from gridgate.core.state import StateError
+
+    state = open_state_or_exit(path)
+    try:
+        rows = FailingCache(state).view(time.time())
+        try:
+            bans = [entry.as_dict() for entry in OperatorBans(state).entries()]
+        except StateError as exc:
+            click.echo(f"{path}: cannot read the operator bans: {exc}", err=True)
+            raise SystemExit(1) from None
+    finally:
+        state.close()
+    if as_json:
+        doc: dict[str, Any] = {"servers": rows}
+        if bans:
+            doc["bans"] = bans
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if bans:  # before the caches, which print as they always did
+        _echo_bans(bans)
+        click.echo("")
+    if not rows:
+        click.echo("every server is in rotation; no failure episode is open")
+        return
+    click.echo(
+        f"{'SERVER':<44}{'STATUS':<13}{'KIND':<13}{'EPISODE SINCE (UTC)':<21}{'FAILURES':>9}  "
+        f"{'OUT UNTIL (UTC)':<21}{'ALARM IF IT FAILS BEFORE (UTC)'}"
+    )
+    for r in rows:
+        click.echo(
+            f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
+            f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until'])}"
+        )
+
+
+def _echo_bans(bans: list[dict[str, Any]]) -> None:
+    click.echo(f"{'BANNED OR DRAINED':<44}{'STATE':<9}{'BY':<13}{'UNTIL (UTC)':<21}WHY")
+    for entry in sorted(bans, key=lambda e: str(e["endpoint"])):
+        click.echo(
+            f"{entry['endpoint']:<44}{entry['state']:<9}{entry['who']:<13}"
+            f"{_utc(entry['until']):<21}{entry['why']}"
+        )
+
+
+def _operator() -> str:
+    """Who runs the command: ``SUDO_USER`` when run through sudo, else the login of the
+    calling user (its uid's name)."""
+    import os
+    import pwd
+
+    sudo = os.environ.get("SUDO_USER")
+    if sudo:
+        return sudo
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid{os.getuid()}"
+
+
+def _known_endpoints(config: Any, state: Any) -> list[Any]:
+    """The endpoints an operator may name: every configured backend's (its section's
+    endpoint list), and those the pilot registry holds pilots of (a backend registered in the
+    director's process)."""
+    from gridgate.core.model import Endpoint
+    from gridgate.core.plugins import CONFIG_GROUPS, load_class
+    from gridgate.core.state import StateError
+
+    found: dict[str, Endpoint] = {}
+    for backend, section in (config.get("backends") or {}).items():
+        try:
+            key = getattr(load_class(CONFIG_GROUPS["backends"], backend), "endpoints_key", None)
+        except PluginLoadError:
+            continue  # the config loaded, so it did import: nothing to name here
+        for name in (section or {}).get(key or "", None) or ():
+            endpoint = Endpoint(str(backend), str(name))
+            found.setdefault(endpoint.key, endpoint)
+    try:
+        counts = state.pilot_registry().counts()
+    except StateError:
+        counts = {}
+    for backend, name, _state in counts:
+        endpoint = Endpoint(str(backend), str(name))
+        found.setdefault(endpoint.key, endpoint)
+    return list(found.values())
+
+
+@contextmanager
+def _bans_command(path: str, verb: str) -> Iterator[tuple[Any, Any]]:
+    """The config and the open state store for one ``gridgate servers VERB``: a BanError in
+    the block is a usage error naming the command (exit 2), a store that cannot be written
+    exit 1; the store is closed after."""
+    from gridgate.core.builtin.bans import BanError
+    from gridgate.core.state import StateError
+
+    config = load_config_or_exit(path)
+    store = open_state_or_exit(path)
+    try:
+        try:
+            yield config, store
+        except BanError as exc:
+            click.echo(f"gridgate servers {verb}: {exc}", err=True)
+            raise SystemExit(EXIT_CONFIG) from None
+        except StateError as exc:
+            click.echo(f"{path}: cannot write to the state store: {exc}", err=True)
+            raise SystemExit(1) from None
+    finally:
+        store.close()
+
+
+def _withdraw(path: str, endpoint: str, state_name: str, duration: str, reason: str) -> None:
+    from gridgate.core.builtin.bans import OperatorBans, parse_duration, resolve_endpoint
+
+    with _bans_command(path, _VERB[state_name]) as (config, store):
+        seconds = parse_duration(duration)
+        key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
+        entry = OperatorBans(store).put(
+            key, state_name, who=_operator(), why=reason, duration=seconds
+        )
+    click.echo(
+        f"{entry.endpoint}: {entry.state} until {_utc(entry.until)} UTC by {entry.who}: {entry.why}"
+    )
+
+
+_VERB = {"banned": "ban", "drained": "drain"}
+_FOR_HELP = "How long: 30m, 2h, 1d12h (at most 365d); it ends by itself then."
+_REASON_HELP = "Why, for the other operators (gridgate servers list shows it)."
+
+
+def _withdraw_options(command: Any) -> Any:
+    """ENDPOINT, -c/--config, --for and --reason: what ban and drain both take."""
+    for option in (
+        click.option("--reason", required=True, help=_REASON_HELP),
+        click.option("--for", "duration", required=True, help=_FOR_HELP),
+        click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False)),
+        click.argument("endpoint"),
+    ):
+        command = option(command)
+    return command
+
+
+@servers_group.command("ban")
+@_withdraw_options
+def servers_ban(endpoint: str, path: str, duration: str, reason: str) -> None:
+    """Ban ENDPOINT (backend/name, or a name only one backend has): no new pilots, and its
+    pilots not polled when its backend cannot ask it. Kept in the state store, so every
+    director on it honours it from its next iteration. Recorded as SUDO_USER when run through
+    sudo, else as your login."""
+    _withdraw(path, endpoint, "banned", duration, reason)
+
+
+@servers_group.command("drain")
+@_withdraw_options
+def servers_drain(endpoint: str, path: str, duration: str, reason: str) -> None:
+    """Drain ENDPOINT: no new pilots; the ones there are still tracked to their end. Kept in
+    the state store like a ban (and replaces one)."""
+    _withdraw(path, endpoint, "drained", duration, reason)
+
+
+@servers_group.command("unban")
+@click.argument("endpoint")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+def servers_unban(endpoint: str, path: str) -> None:
+    """Lift the ban or drain of ENDPOINT now (directors use it again from their next
+    iteration)."""
+    from gridgate.core.builtin.bans import OperatorBans, resolve_endpoint
+
+    with _bans_command(path, "unban") as (config, store):
+        key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
+        lifted = OperatorBans(store).unban(key)
+    if lifted is None:
+        click.echo(f"{key}: not banned or drained")
+    else:
+        click.echo(f"{key}: {lifted.state} by {lifted.who} lifted ({lifted.why})")
+
+
+@servers_group.command("clear")
+@click.argument("servers", nargs=-1)
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--all", "everything", is_flag=True, help="Every server, and the local-fault notes.")
+@click.option("--json", "as_json", is_flag=True, help="What was cleared, as JSON.")
+def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json: bool) -> None:
+    """Put SERVERS (host names or backend/host) back in rotation now, as if they had never failed.
+
+    For a server the site has fixed: the director uses it from its next iteration, and its next
+    failure starts a new episode (an error mail, not an alarm)."""
+    from gridgate.core.failing import FailingCache
+
+    if not servers and not everything:
+        raise click.UsageError("name at least one server, or --all")
+    state = open_state_or_exit(path)
+    try:
+        cleared = FailingCache(state).clear(list(servers), everything=everything)
+    finally:
+        state.close()
+    missing = sorted(
+        n for n in servers if not any(c == n or c.split("/", 1)[-1] == n for c in cleared)
+    )
+    if as_json:
+        click.echo(json.dumps({"cleared": cleared, "not_found": missing}))
+    else:
+        for key in cleared:
+            click.echo(f"cleared {key}")
+        for name in missing:
+            click.echo(f"{name}: not in the caches (already in rotation)")

@@ -1,0 +1,193 @@
+"""Credential episodes: before anything is polled or submitted, every credential plugin checks
+(and renews) its credential; the backends that need one that is unusable are paused for the
+iteration, and people hear of each episode once of all the directors on one store: an error
+when it becomes unusable, an alarm once it lasts ``ticket_expiry`` (again every
+``failing_expiry``), a notice when it works again, a warning once per end time when at risk.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from loguru import logger
+
+from gridgate.core.engine.compose import CREDENTIAL, compose_credential
+from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.runtime import Iteration, Runtime
+from gridgate.core.model import (
+    BackendInfo,
+    CredentialRegistry,
+    CredentialStatus,
+    DemandRegistry,
+    Notification,
+)
+from gridgate.core.state import StateError
+
+__all__ = ["CredentialEpisodes"]
+
+
+class CredentialEpisodes:
+    """The credential check of each iteration, given the director's runtime and failure path."""
+
+    def __init__(self, runtime: Runtime, failures: FailurePath) -> None:
+        self.runtime = runtime
+        self.failures = failures
+
+    def check(self, it: Iteration, demand: DemandRegistry) -> None:
+        """Ask every credential plugin to check (and renew) its credential, pause the backends
+        that need one that is unusable, and tell people about the episodes."""
+        registry = CredentialRegistry()
+        try:
+            self.runtime.pm.hook.gridgate_check_credentials(
+                iteration=it.info,
+                timeout=float(self.runtime.config.director["command_timeout"]),
+                credentials=registry,
+            )
+        except Exception as exc:  # a plugin bug: no credential is vouched for
+            logger.opt(exception=exc).error(
+                "the credential check crashed in a plugin: backends that "
+                "need a credential submit nothing this iteration"
+            )
+            it.credential_crash = f"{type(exc).__name__}: {exc}"
+        it.credentials = registry.statuses
+        first: dict[str, CredentialStatus] = {}
+        for (
+            status
+        ) in it.credentials:  # the first of a kind (config order) is what credential_env hands out
+            first.setdefault(status.kind, status)
+        it.unusable = {kind: status for kind, status in first.items() if not status.usable}
+        infos: dict[str, BackendInfo] = {}
+        if it.unusable or it.credential_crash or any(s.at_risk for s in it.credentials):
+            infos = self._known_backends(demand)
+        for info in infos.values():
+            if it.credential_block(info):
+                with it.lock:
+                    it.local_faults.add(info.backend)  # nothing submitted, its pilots not polled
+        for kind, status in it.unusable.items():
+            logger.error(
+                "{}: backends that need it submit nothing this iteration ({})",
+                status.message,
+                ", ".join(_needing(infos, kind)) or "none configured needs it",
+            )
+        for status in first.values():
+            try:
+                self._credential_episode(status, it, _needing(infos, status.kind))
+            except StateError as exc:
+                logger.error(
+                    "credential episode of {} not recorded, state store failed: {}",
+                    status.name,
+                    exc,
+                )
+
+    def _known_backends(self, demand: DemandRegistry) -> dict[str, BackendInfo]:
+        """The configured backends and those the demand asks for, with what they say of themselves."""
+        names = dict.fromkeys(
+            [*(self.runtime.config.get("backends") or {}), *(r.backend for r in demand.requests)]
+        )
+        infos = {name: self.runtime.pm.hook.gridgate_backend_info(backend=name) for name in names}
+        return {name: info for name, info in infos.items() if info is not None}
+
+    def _credential_episode(
+        self, status: CredentialStatus, it: Iteration, backends: list[str]
+    ) -> None:
+        """One error when a credential becomes unusable (of all the directors on this store), an
+        alarm once the episode lasts ``ticket_expiry`` (again every ``failing_expiry``), one
+        notice when it works again; an at-risk warning once per credential end time."""
+        state, now = self.runtime.state, self.runtime.clock.time()
+        failing_expiry = float(self.runtime.config.director["failing_expiry"])
+        ticket_expiry = float(self.runtime.config.director["ticket_expiry"])
+        window = failing_expiry + ticket_expiry
+        scope = f"{status.name}:{status.path}"
+        episode_key = f"{CREDENTIAL}episode/{scope}"
+        host = socket.gethostname()
+        notes: list[Notification] = []
+        if not status.usable:
+            episode = json.dumps({"since": now, "backends": backends})
+            opened = state.add_if_absent(episode_key, episode, ttl=window)
+            since = now
+            if not opened:
+                episode = state.get(episode_key) or episode
+                since = float(_json_field(episode, "since", now))
+                state.set(episode_key, episode, ttl=window)
+            # while any host finds it unusable the episode stays open (expires if that host stops)
+            state.set(f"{CREDENTIAL}bad/{scope}/{host}", f"{now:.3f}", ttl=failing_expiry)
+            if opened:
+                notes.append(
+                    compose_credential(
+                        status, "error", since, now, backends, ticket_expiry, failing_expiry, host
+                    )
+                )
+            lasted = now - since
+            if lasted >= ticket_expiry:
+                repeat = int((lasted - ticket_expiry) // failing_expiry)
+                if state.add_if_absent(
+                    f"{CREDENTIAL}note/{scope}/{since:.3f}/alarm/{repeat}", "1", ttl=window
+                ):
+                    notes.append(
+                        compose_credential(
+                            status,
+                            "alarm",
+                            since,
+                            now,
+                            backends,
+                            ticket_expiry,
+                            failing_expiry,
+                            host,
+                        )
+                    )
+        else:
+            state.delete(f"{CREDENTIAL}bad/{scope}/{host}")
+            raw = state.get(episode_key)
+            if raw is not None and not state.items(f"{CREDENTIAL}bad/{scope}/"):
+                since = float(_json_field(raw, "since", now))
+                if state.add_if_absent(
+                    f"{CREDENTIAL}note/{scope}/{since:.3f}/resolved", "1", ttl=window
+                ):
+                    state.delete(episode_key)
+                    paused = [str(b) for b in _json_field(raw, "backends", []) or []]
+                    notes.append(
+                        compose_credential(
+                            status,
+                            "info",
+                            since,
+                            now,
+                            backends or paused,
+                            ticket_expiry,
+                            failing_expiry,
+                            host,
+                        )
+                    )
+            if status.at_risk and status.expires is not None:
+                key = f"{CREDENTIAL}warning/{scope}/{status.expires:.0f}"
+                if state.add_if_absent(
+                    key, f"{now:.3f}", ttl=max(0.0, status.expires - now) + window
+                ):
+                    notes.append(
+                        compose_credential(
+                            status,
+                            "warning",
+                            now,
+                            now,
+                            backends,
+                            ticket_expiry,
+                            failing_expiry,
+                            host,
+                        )
+                    )
+        for note in notes:
+            self.failures.tell(it, note)
+
+
+def _needing(infos: Mapping[str, BackendInfo], kind: str) -> list[str]:
+    return sorted(name for name, info in infos.items() if kind in info.credentials)
+
+
+def _json_field(raw: str | None, name: str, default: Any) -> Any:
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return default
+    return value.get(name, default) if isinstance(value, dict) else default

@@ -1,0 +1,183 @@
+"""The failure path: what happens to a failure of a server, whoever found it (a submission, a
+status poll, pilots that abort, a cancel). Classify -> a local fault (the backend paused, no
+server blamed, one message per ``failing_expiry``) or a server failure (excluded, into the
+failing cache, escalation decides the level, people told) -> accounted. The iteration, the
+pilot tracker and the credential check are given it; none of them calls another's insides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from loguru import logger
+
+from gridgate.core.engine.compose import compose_failure, compose_local_fault
+from gridgate.core.engine.runtime import ACCOUNTING, FAILURES, Iteration, Runtime
+from gridgate.core.model import (
+    AccountingRecord,
+    Endpoint,
+    Failure,
+    FailureReport,
+    Notification,
+    Outcome,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.state import StateError
+
+
+class FailurePath:
+    """classify -> local fault or server failure -> failing cache -> escalation -> notify, and
+    the accounting of every attempt. ``on_submitted`` hears of each successful submission (the
+    pilot tracker tracks its pilots)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.on_submitted: Callable[[AccountingRecord], None] | None = None
+
+    def tell(self, it: Iteration, note: Notification) -> None:
+        """Send ``note`` to every notifier and keep it in the iteration's summary."""
+        with it.lock:
+            it.notifications.append(note)
+        self.runtime.notify(note)
+
+    def server_failed(
+        self,
+        endpoint: Endpoint,
+        result: SubmitResult,
+        it: Iteration,
+        failure: Failure | None = None,
+        *,
+        submission: bool = False,
+    ) -> Failure:
+        """A failure of ``endpoint`` (a submission, a status query, aborting pilots):
+        classified unless ``failure`` is given, then excluded, escalated and told. One that is
+        no ``submission`` (whose caller writes its accounting row) is kept in ``FAILURES``."""
+        hook = self.runtime.pm.hook
+        if failure is None:
+            failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(
+                kind="error"
+            )
+        override = self.runtime.config.director.get("notify_kinds", {}).get(failure.kind)
+        if override is not None:
+            failure = replace(failure, notify=override)
+        command = result.command
+        with it.lock:
+            it.failures.append(
+                FailureReport(
+                    backend=endpoint.backend,
+                    endpoint=endpoint.name,
+                    kind=failure.kind,
+                    returncode=command.returncode if command else None,
+                    timed_out=bool(command and command.timed_out),
+                    command=tuple(command.argv) if command else (),
+                    operation=result.operation,
+                )
+            )
+        if not submission:
+            self._record_failure(endpoint, failure, result, it)
+        if failure.local:
+            self.local_fault(endpoint, failure, result, it)
+        elif failure.exclude:
+            it.exclude(endpoint)
+            episode = self.runtime.failing.enter(
+                endpoint, failure.kind
+            )  # whichever plugin escalates
+            escalation = hook.gridgate_escalate(
+                endpoint=endpoint, failure=failure, result=result, episode=episode
+            )
+            if escalation is not None and escalation.level is not None:
+                downtime = it.in_downtime(endpoint)
+                if downtime is not None:  # the site said so already: counted, excluded, not told
+                    logger.info(
+                        "failure of {} ({}) not mailed: it is in a GOCDB downtime ({}); it "
+                        "still counts and excludes",
+                        endpoint.key,
+                        failure.kind,
+                        downtime.reason,
+                    )
+                else:
+                    note = compose_failure(
+                        endpoint, failure, escalation, result, self.runtime.clock.time()
+                    )
+                    self.tell(it, note)
+        return failure
+
+    def _record_failure(
+        self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: Iteration
+    ) -> None:
+        try:
+            self.runtime.state.append_record(
+                FAILURES,
+                {
+                    "time": self.runtime.clock.time(),
+                    "backend": endpoint.backend,
+                    "endpoint": endpoint.name,
+                    "kind": failure.kind,
+                    "operation": result.operation,
+                    "iteration": it.info.number,
+                },
+            )
+        except StateError as exc:
+            logger.error("failure row lost, state store failed: {}", exc)
+
+    def local_fault(
+        self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: Iteration
+    ) -> None:
+        """A command that cannot start on this machine: pause the backend, blame no server,
+        and say so once per failing-cache period (the same rhythm as a failing server)."""
+        with it.lock:
+            it.local_faults.add(endpoint.backend)
+        if not failure.notify:
+            return
+        now = self.runtime.clock.time()
+        repeat_every = float(self.runtime.config.director["failing_expiry"])
+        try:
+            first = self.runtime.failing.local_fault(endpoint.backend, failure.kind)
+        except StateError:  # no shared view: a repeated mail beats a silent outage
+            first = True
+        if not first:
+            return
+        note = compose_local_fault(endpoint, failure, result, now, repeat_every)
+        self.tell(it, note)
+
+    def account(
+        self,
+        it: Iteration,
+        request: SubmitRequest,
+        endpoint: Endpoint | None,
+        outcome: Outcome,
+        pilots: int,
+        *,
+        failure_kind: str = "",
+        job_ids: tuple[str, ...] = (),
+        duration: float = 0.0,
+        attempt: int = 1,
+    ) -> None:
+        """Account one attempt of ``request`` (``pilots`` of them) on ``endpoint`` (None when
+        none was chosen): a row in the iteration and in the store's accounting table, the
+        tracker told of a submission, ``gridgate_submission_finished`` broadcast."""
+        record = AccountingRecord(
+            time=self.runtime.clock.time(),
+            backend=request.backend,
+            endpoint=endpoint.name if endpoint else "",
+            outcome=outcome,
+            group=request.group,
+            pilots=pilots,
+            failure_kind=failure_kind,
+            job_ids=job_ids,
+            duration=round(duration, 4),
+            iteration=it.info.number,
+            attempt=attempt,
+        )
+        with it.lock:
+            it.records.append(record)
+        try:
+            self.runtime.state.append_record(ACCOUNTING, record.as_dict())
+        except StateError as exc:
+            logger.error("accounting row lost, state store failed: {}", exc)
+        if outcome == "submitted" and self.on_submitted is not None:
+            self.on_submitted(record)
+        self.runtime.broadcast(
+            "gridgate_submission_finished", "plugin", "submission finished", record=record
+        )

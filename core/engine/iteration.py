@@ -1,0 +1,600 @@
+"""One director iteration, top to bottom.
+
+:class:`IterationRunner` runs one iteration: the demand hooks, the failing cache read, the
+credential check, the pilot tracker (poll, cancel, trim to the limits), the plan (demand split
+into submissions), the submissions in parallel (each sent elsewhere by the resubmit policy when
+it may be), the stall watch, the summary. Its state is one
+:class:`~gridgate.core.engine.runtime.Iteration`; every failure it meets goes down the failure
+path (:mod:`gridgate.core.engine.failure`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loguru import logger
+
+from gridgate.core.engine.contract import checked_submit, list_matches, no_list_match
+from gridgate.core.engine.credential_episodes import CredentialEpisodes
+from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
+from gridgate.core.engine.runtime import Iteration, Runtime
+from gridgate.core.engine.stall import StallWatch
+from gridgate.core.engine.tracking import PilotTracker
+from gridgate.core.model import (
+    AVAILABILITY_STATES,
+    AdmissionRequest,
+    Availability,
+    BackendInfo,
+    DemandRegistry,
+    Endpoint,
+    Failure,
+    Grant,
+    IterationInfo,
+    IterationSummary,
+    Notification,
+    Refusal,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.state import StateError
+from gridgate.core.weights import configured_weight
+
+
+@dataclass
+class Sending:
+    """One demand request on its way to a server: its backend and iteration, the servers it was
+    tried on, and the parts left over when a server had room for only some of its pilots."""
+
+    info: BackendInfo
+    it: Iteration
+    request: SubmitRequest
+    tried: list[Endpoint] = field(default_factory=list)
+    leftover: list[SubmitRequest] = field(default_factory=list)
+
+
+class IterationRunner:
+    """Runs the iterations of one director, each top to bottom (:meth:`run`), with the
+    collaborators it is given: the runtime, the failure path, the credential check, the pilot
+    tracker and the stall watch. ``instance`` names the director in shared state (demand
+    locks)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        failures: FailurePath,
+        credentials: CredentialEpisodes,
+        tracker: PilotTracker,
+        stall: StallWatch,
+        instance: str,
+    ) -> None:
+        self.runtime = runtime
+        self.failures = failures
+        self.credentials = credentials
+        self.tracker = tracker
+        self.stall = stall
+        self.instance = instance
+        #: the merged availability told last (by endpoint key): a notice when it changes
+        self._told: dict[str, Availability] = {}
+        #: endpoints whose pilots changed at the last polls (for sources reading the registry)
+        self._changed: frozenset[str] | None = None
+        #: every backend demand has named (in order): asked for its endpoints' availability
+        self._backends: dict[str, None] = {}
+
+    def run(
+        self,
+        info: IterationInfo,
+        sent: Iterable[Notification] = (),
+        unsent: Iterable[Notification] = (),
+        config_error: str | None = None,
+    ) -> IterationSummary:
+        """One iteration numbered and timed by ``info``. ``sent`` (a refused config, already
+        told) and ``unsent`` (accepted config changes, told here, once the demand is in)
+        go into its summary, as ``config_error`` does."""
+        runtime = self.runtime
+        started = time.monotonic()
+        runtime.broadcast(
+            "gridgate_iteration_started", "plugin", "iteration started", iteration=info
+        )
+        demand = DemandRegistry()
+        if not runtime.settings["paused"]:  # paused on purpose: no demand, no stall
+            runtime.broadcast(
+                "gridgate_demand", "demand plugin", "demand", iteration=info, demand=demand
+            )
+        try:
+            failing = runtime.failing.excluded()
+        except StateError as exc:
+            logger.error("state store unreadable, failing cache ignored this iteration: {}", exc)
+            failing = set()
+        it = Iteration(
+            info=info,
+            failing=failing,
+            retry=ResubmitPolicy.for_iteration(runtime.settings, info.started),
+        )
+        it.notifications.extend(sent)
+        for note in unsent:
+            self.failures.tell(it, note)
+        self.credentials.check(it, demand)  # before any command could use one
+        self._availability(it, demand)  # before any server is polled or chosen
+        demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
+        self._changed = _changed_endpoints(it)
+        jobs = self._plan(demand, it)
+        threads = int(runtime.settings["max_threads"])
+        if jobs:
+            with ThreadPoolExecutor(
+                max_workers=min(threads, len(jobs)), thread_name_prefix="submit"
+            ) as pool:
+                for future in [
+                    pool.submit(self._submit_request, backend, request, it)
+                    for backend, request in jobs
+                ]:
+                    future.result()
+        # a credential episode says everything itself (error, alarm, works again): not twice
+        # nor is an endpoint withdrawn on purpose (a ban, a drain, a downtime) a stall
+        watched = [r for r in it.records if r.failure_kind not in ("credential", "unavailable")]
+        for note in self.stall.observe(info, watched, runtime.settings):
+            self.failures.tell(it, note)
+        return IterationSummary(
+            number=info.number,
+            started=info.started,
+            duration=time.monotonic() - started,
+            records=tuple(it.records),
+            excluded=tuple(it.excluded),
+            notifications=tuple(it.notifications),
+            failures=tuple(it.failures),
+            config_error=config_error,
+            retries=tuple(it.retries),
+            pilots=it.pilots.freeze() if it.pilots is not None else None,
+            credentials=it.credentials,
+            unavailable=dict(it.availability),
+        )
+
+    # --- availability ---------------------------------------------------------------------
+
+    def _availability(self, it: Iteration, demand: DemandRegistry) -> None:
+        """Ask every availability source once (each on its own), merge the answers per
+        endpoint (the worst state wins), keep them in ``it`` and tell what changed."""
+        runtime = self.runtime
+        # configured backends, and those demand named (now or before: one registered in the
+        # director's process has pilots to poll after its demand stopped)
+        self._backends.update(dict.fromkeys(r.backend for r in demand.requests))
+        backends = dict.fromkeys([*(runtime.config.get("backends") or {}), *self._backends])
+        endpoints: list[Endpoint] = []
+        for backend in backends:
+            info = it.infos[backend] = runtime.pm.hook.gridgate_backend_info(backend=backend)
+            if info is not None:
+                endpoints.extend(info.endpoints)
+        answers = runtime.broadcast(
+            "gridgate_endpoint_availability",
+            "availability source",
+            "endpoint availability",
+            iteration=it.info,
+            endpoints=tuple(endpoints),
+            changed=self._changed,
+        )
+        it.availability = merge_availability(answers or [], {e.key for e in endpoints})
+        self._tell_changes(it)
+
+    def _tell_changes(self, it: Iteration) -> None:
+        """One notice (level info) per endpoint whose merged state starts, changes or ends."""
+        now = self.runtime.clock.time()
+        before, after = self._told, it.availability
+        for key in [*after, *(k for k in before if k not in after)]:
+            old, new = before.get(key), after.get(key)
+            if old is not None and new is not None and _same(old, new):
+                continue
+            if new is None:
+                assert old is not None
+                subject = f"gridgate: {key} available again (was {old.state}: {old.source})"
+                body = (
+                    f"{key} was {old.state} ({old.source}): {old.reason}\nIt is available again.\n"
+                )
+                state = "available"
+            else:
+                until = (
+                    "no known end"
+                    if new.until is None
+                    else time.strftime("until %Y-%m-%d %H:%M UTC", time.gmtime(new.until))
+                )
+                subject = f"gridgate: {key} {new.state} ({new.source}), {until}"
+                body = (
+                    f"{key} is {new.state}, {until}, says {new.source}:\n{new.reason}\n\n"
+                    + _EFFECT[new.state]
+                )
+                state = new.state
+            self.failures.tell(
+                it,
+                Notification(
+                    level="info",
+                    subject=subject,
+                    body=body,
+                    created=now,
+                    key=f"availability/{key}/{state}/{now:.0f}",
+                ),
+            )
+        self._told = dict(after)
+
+    def _plan(
+        self, demand: DemandRegistry, it: Iteration
+    ) -> list[tuple[BackendInfo, SubmitRequest]]:
+        """Split demand into submissions of the backend's bulk size."""
+        jobs: list[tuple[BackendInfo, SubmitRequest]] = []
+        infos = it.infos  # asked when availability was (the demand's backends among them)
+        claims: dict[tuple[str, str], bool] = {}
+        user = self.runtime.config.director.get("user") or self.runtime.user
+        for request in demand.requests:
+            if request.backend not in infos:
+                infos[request.backend] = self.runtime.pm.hook.gridgate_backend_info(
+                    backend=request.backend
+                )
+                if infos[request.backend] is None:
+                    logger.error(
+                        "demand names backend {!r}, which is not configured", request.backend
+                    )
+            info = infos[request.backend]
+            if info is None:
+                self.failures.account(
+                    it, request, None, "skipped", request.count, failure_kind="no_backend"
+                )
+                continue
+            blocked = it.credential_block(info)
+            if blocked:  # before the demand lock: a director with a usable credential takes it over
+                self.failures.account(
+                    it, request, None, "skipped", request.count, failure_kind=blocked
+                )
+                continue
+            if self.runtime.config.director["demand_lock"] and not self._claim(request, claims):
+                self.failures.account(
+                    it, request, None, "skipped", request.count, failure_kind="claimed_elsewhere"
+                )
+                continue
+            size = max(1, info.pilots_per_submission)
+            list_match = info.list_match if request.list_match is None else request.list_match
+            backend_plugin = self.runtime.pm.get_plugin(f"backends:{request.backend}")
+            if list_match and backend_plugin is not None and not list_matches(backend_plugin):
+                logger.error(
+                    "demand group {}/{}: {}",
+                    request.backend,
+                    request.group,
+                    no_list_match(request.backend),
+                )
+                self.failures.account(
+                    it, request, None, "skipped", request.count, failure_kind="config"
+                )
+                continue
+            for index in range(math.ceil(request.count / size)):
+                count = min(size, request.count - index * size)
+                jobs.append(
+                    (
+                        info,
+                        replace(
+                            request, count=count, list_match=list_match, user=request.user or user
+                        ),
+                    )
+                )
+        return jobs
+
+    def _claim(self, request: SubmitRequest, claims: dict[tuple[str, str], bool]) -> bool:
+        """Whether this director fills ``request``'s demand group this iteration.
+
+        With several directors on one shared store (Redis), each group is filled by the
+        director holding its lock: an atomic add-if-absent (SET NX PX on Redis) that the owner
+        renews every iteration and that lapses 1.5 cycles after its owner stops, so another
+        director takes the group over. No consensus of our own: the store's atomic add decides.
+        """
+        group = (request.backend, request.group)
+        if group not in claims:
+            key = f"demand-lock/{request.backend}/{request.group}"
+            ttl = 1.5 * float(self.runtime.config.director["cycle_seconds"])
+            try:
+                mine = self.runtime.state.add_if_absent(key, self.instance, ttl=ttl)
+                if not mine and self.runtime.state.get(key) == self.instance:
+                    self.runtime.state.set(key, self.instance, ttl=ttl)
+                    mine = True
+            except StateError as exc:  # no shared view: filling twice beats filling never
+                logger.error("demand lock unavailable, filling {}/{} anyway: {}", *group, exc)
+                mine = True
+            claims[group] = mine
+        return claims[group]
+
+    def _submit_request(self, info: BackendInfo, request: SubmitRequest, it: Iteration) -> None:
+        """Send ``request``, then each part of it that a server had no room for (to a server
+        with room, or skipped as trimmed), until nothing is left."""
+        parts = [request]
+        while parts:
+            sending = Sending(info=info, it=it, request=parts.pop())
+            self._send_with_retries(sending)
+            parts.extend(sending.leftover)
+
+    def _send_with_retries(self, sending: Sending) -> None:
+        """Attempts of one request (or of the part of it that fitted), each failed one sent to
+        another server while the resubmit policy allows (gridgate.core.engine.retry)."""
+        info, it = sending.info, sending.it
+        for attempt in range(1, 2 + max(0, it.retry.retries)):
+            started = time.monotonic()
+            try:
+                failure = self._attempt(sending, attempt, started)
+            except Exception as exc:  # a plugin bug must not stop the iteration
+                logger.opt(exception=exc).error(
+                    "submission to {} crashed in a plugin", info.backend
+                )
+                self.failures.account(
+                    it,
+                    sending.request,
+                    None,
+                    "failed",
+                    sending.request.count,
+                    failure_kind="plugin_error",
+                    duration=time.monotonic() - started,
+                    attempt=attempt,
+                )
+                return
+            if failure is None or not self._retry(sending, attempt, failure):
+                return
+
+    def _retry(self, sending: Sending, attempt: int, failure: Failure) -> bool:
+        """Whether the failed ``attempt`` of ``sending`` is sent elsewhere (kept in the
+        iteration's retries either way)."""
+        info, request, it, tried = sending.info, sending.request, sending.it, sending.tried
+        others = [e for e in self._eligible(info, it) if e not in tried]
+        outcome = it.retry.decide(
+            failure, attempt, self.runtime.clock.time(), self.runtime.timeout(info), len(others)
+        )
+        if outcome is None:
+            return False
+        with it.lock:
+            it.retries.append(
+                retry_entry(
+                    request.backend,
+                    request.group,
+                    request.count,
+                    tried[-1].name,
+                    failure.kind,
+                    attempt,
+                    outcome,
+                )
+            )
+        return outcome == "retried"
+
+    def _attempt(self, sending: Sending, attempt: int, started: float) -> Failure | None:
+        """One attempt; the failure when it failed (the caller may send it elsewhere). When the
+        server has room for only part of a bulk request, this attempt sends that part (which
+        becomes ``sending.request``) and the remainder goes to ``sending.leftover``."""
+        info, request, it, tried = sending.info, sending.request, sending.it, sending.tried
+        hook = self.runtime.pm.hook
+        with it.lock:
+            paused = info.backend in it.local_faults
+        if paused:  # its command cannot start here: trying every server would only repeat that
+            self.failures.account(
+                it,
+                request,
+                None,
+                "skipped",
+                request.count,
+                failure_kind="local_fault",
+                attempt=attempt,
+            )
+            return None
+        candidates = [e for e in self._eligible(info, it) if e not in tried]
+        if not candidates:
+            # every server left is withdrawn (drained, banned, weight 0): said as such, no stall
+            withdrawn = [e for e in it.usable(info.endpoints) if e not in tried]
+            self.failures.account(
+                it,
+                request,
+                None,
+                "skipped",
+                request.count,
+                failure_kind="unavailable" if withdrawn else "no_endpoint",
+                attempt=attempt,
+            )
+            return None
+        weights = self._weights(info.backend)
+        endpoint: Endpoint | None = None
+        while candidates:
+            if it.limits is not None:
+                candidates = it.limits.with_room(candidates)
+                if not candidates:
+                    break
+            endpoint = (
+                hook.gridgate_select_endpoint(
+                    candidates=candidates,
+                    request=request,
+                    weights=weights,
+                    availability=it.availability,
+                )
+                or candidates[0]
+            )
+            fitting = it.limits.reserve(endpoint, request) if it.limits is not None else request
+            if fitting is not None:
+                if fitting.count < request.count:
+                    sending.leftover.append(replace(request, count=request.count - fitting.count))
+                request = sending.request = fitting
+                break
+            # another thread took the last room there between the check and the reservation:
+            # the pilot goes to another server that has some
+            candidates = [e for e in candidates if e != endpoint]
+            endpoint = None
+        if endpoint is None:
+            if it.limits is not None:
+                it.limits.skipped(info.backend, request.count)
+            self.failures.account(
+                it,
+                request,
+                None,
+                "skipped",
+                request.count,
+                failure_kind="max_waiting",
+                attempt=attempt,
+            )
+            return None
+        tried.append(endpoint)
+        answer = hook.gridgate_admit(
+            request=AdmissionRequest(
+                category="submission",
+                opcode="JOB_SUBMIT",
+                user=request.user,
+                size=request.count,
+                endpoint=endpoint,
+            )
+        )
+        if isinstance(answer, Refusal):
+            self.failures.account(
+                it,
+                request,
+                endpoint,
+                "refused",
+                request.count,
+                failure_kind="admission",
+                duration=time.monotonic() - started,
+                attempt=attempt,
+            )
+            return None
+        grant: Grant | None = answer
+        timeout = self.runtime.timeout(info)
+        try:
+            result = self._commands(endpoint, request, timeout)
+        finally:
+            # the token goes back as soon as the server is no longer being talked to
+            if grant is not None:
+                hook.gridgate_release(grant=grant)
+        duration = time.monotonic() - started
+        if result is None:
+            self.failures.account(
+                it, request, endpoint, "no_match", request.count, duration=duration, attempt=attempt
+            )
+        elif result.ok:
+            self.failures.account(
+                it,
+                request,
+                endpoint,
+                "submitted",
+                request.count,
+                job_ids=result.job_ids,
+                duration=duration,
+                attempt=attempt,
+            )
+        else:
+            return self._failed(endpoint, request, result, it, duration, attempt)
+        return None
+
+    def _weights(self, backend: str) -> Mapping[str, int]:
+        """The ``weights`` of ``backend``'s config section (empty when none)."""
+        section = (self.runtime.config.get("backends") or {}).get(backend) or {}
+        weights = section.get("weights") if isinstance(section, Mapping) else None
+        return weights if isinstance(weights, Mapping) else {}
+
+    def _eligible(self, info: BackendInfo, it: Iteration) -> list[Endpoint]:
+        """``info``'s endpoints that may get a new pilot now: usable, neither drained nor
+        banned, and not weighted 0 (0 means never, whatever the selector)."""
+        weights = self._weights(info.backend)
+        return [e for e in it.submittable(info.endpoints) if configured_weight(e, weights) > 0]
+
+    def _commands(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
+        """List-match (when asked) and submit; None when nothing matches on this server."""
+        hook = self.runtime.pm.hook
+        if request.list_match:
+            match = hook.gridgate_list_match(endpoint=endpoint, request=request, timeout=timeout)
+            if match is not None and not match.ok:
+                return SubmitResult(
+                    endpoint=endpoint,
+                    ok=False,
+                    command=match.command,
+                    operation="List Match",
+                    local_fault=match.local_fault,
+                )
+            if match is not None and not match.resources:
+                return None
+        result = hook.gridgate_submit(endpoint=endpoint, request=request, timeout=timeout)
+        if result is None:
+            return SubmitResult(
+                endpoint=endpoint,
+                ok=False,
+                message=f"no plugin submits to backend {endpoint.backend!r}",
+            )
+        return checked_submit(result)
+
+    def _failed(
+        self,
+        endpoint: Endpoint,
+        request: SubmitRequest,
+        result: SubmitResult,
+        it: Iteration,
+        duration: float,
+        attempt: int = 1,
+    ) -> Failure:
+        failure = self.failures.server_failed(endpoint, result, it, submission=True)
+        self.failures.account(
+            it,
+            request,
+            endpoint,
+            "failed",
+            request.count,
+            failure_kind=failure.kind,
+            duration=duration,
+            attempt=attempt,
+        )
+        return failure
+
+
+#: What each state does, for the notice's body.
+_EFFECT = {
+    "degraded": "It gets fewer new pilots (its weight is halved); its pilots are tracked.\n",
+    "drained": "It gets no new pilots; its pilots are still tracked.\n",
+    "banned": "It gets no new pilots; its pilots are polled unless its backend cannot ask it.\n",
+}
+
+
+def _same(a: Availability, b: Availability) -> bool:
+    # the reason's counts move at every look (pilot efficiency): a notice per start and end
+    return (a.state, a.source, a.until) == (b.state, b.source, b.until)
+
+
+def merge_availability(
+    answers: Iterable[tuple[str, Any]], endpoints: Iterable[str]
+) -> dict[str, Availability]:
+    """The answers of ``gridgate_endpoint_availability`` merged per endpoint key: the worst
+    state wins (banned > drained > degraded > available) with its reason and end (of equal
+    states, the first answer's); ``source`` names every source that said the endpoint was not
+    available, worst first. Only keys in ``endpoints`` are kept, available ones are left out;
+    an answer that is not a mapping of keys to :class:`Availability` is logged and skipped."""
+    known = set(endpoints)
+    said: dict[str, list[Availability]] = {}
+    for plugin, answer in answers:
+        if not isinstance(answer, Mapping):
+            logger.error(
+                "availability source {} answered {}, not a mapping: ignored",
+                plugin,
+                type(answer).__name__,
+            )
+            continue
+        for key, state in answer.items():
+            if not isinstance(state, Availability):
+                logger.error(
+                    "availability source {}: {!r} is not an Availability: ignored", plugin, key
+                )
+                continue
+            if key in known and state.state != "available":
+                source = state.source or plugin.split(":", 1)[-1]
+                said.setdefault(key, []).append(replace(state, source=source))
+    merged: dict[str, Availability] = {}
+    for key, states in said.items():
+        ordered = sorted(states, key=lambda a: -AVAILABILITY_STATES.index(a.state))
+        sources = ",".join(dict.fromkeys(a.source for a in ordered))
+        merged[key] = replace(ordered[0], source=sources)
+    return merged
+
+
+def _changed_endpoints(it: Iteration) -> frozenset[str] | None:
+    """Keys of the endpoints whose pilots changed state at this iteration's polls."""
+    if it.pilots is None:
+        return None
+    changed = {f"{p.backend}/{p.endpoint}" for p in it.pilots.polls if p.changed}
+    return frozenset(changed | set(it.pilots.aborted))

@@ -1,0 +1,206 @@
+"""The state of the director's loop that its parts share: :class:`Runtime`, what every part reads
+that a config reload replaces (the config, the plugins, the failing cache with its expiries; the
+director updates that one object in place), and :class:`Iteration`, one iteration's state,
+shared by its submission and status threads."""
+
+from __future__ import annotations
+
+import getpass
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pluggy
+
+from gridgate.core.clock import Clock
+from gridgate.core.config import Config
+from gridgate.core.engine.limits import PilotRoom
+from gridgate.core.engine.retry import ResubmitPolicy
+from gridgate.core.failing import FailingCache
+from gridgate.core.model import (
+    AccountingRecord,
+    Availability,
+    BackendInfo,
+    CredentialStatus,
+    Endpoint,
+    FailureReport,
+    IterationInfo,
+    Notification,
+    PilotReport,
+    PollReport,
+    RetryReport,
+)
+from gridgate.core.state import StateStore
+
+#: The state store's accounting table: one row per submission attempt.
+ACCOUNTING = "accounting"
+#: The state store's failures of servers that were no submission (a status poll, aborting
+#: pilots, a cancel): one row each, counted by `gridgate report` beside the failed submissions
+#: of ``ACCOUNTING``, which has one row per submission attempt and so cannot hold them.
+FAILURES = "failures"
+
+
+class Broadcast(Protocol):
+    """Calls every implementation of a broadcast hook, each on its own (``Director.broadcast``),
+    and gives back each one's answer that was not None, as (plugin name, answer)."""
+
+    def __call__(
+        self, hook_name: str, role: str, what: str = "", **kwargs: Any
+    ) -> list[tuple[str, Any]]: ...
+
+
+@dataclass
+class Runtime:
+    """What an iteration and its collaborators read: the store, the clock, how to tell people
+    and plugins, and what a config reload replaces (``config``, ``pm``, ``failing``). The
+    director owns it and updates it in place, so no collaborator keeps a stale config."""
+
+    config: Config
+    pm: pluggy.PluginManager
+    failing: FailingCache
+    state: StateStore
+    clock: Clock
+    notify: Callable[[Notification], None]
+    broadcast: Broadcast
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """The config's ``director`` section."""
+        return self.config.director
+
+    @property
+    def user(self) -> str:
+        """Who the director says it is to admission control: ``director.user``, else the login
+        of its uid."""
+        configured = str(self.config.director.get("user") or "")
+        if configured:
+            return configured
+        try:
+            return getpass.getuser()
+        except (KeyError, OSError):
+            return "unknown"
+
+    def timeout(self, info: BackendInfo) -> float:
+        """The deadline of one of ``info``'s commands, in seconds."""
+        return float(info.command_timeout or self.config.director["command_timeout"])
+
+
+@dataclass
+class Iteration:
+    """One iteration's state, shared by its submission and status threads (under ``lock``): what
+    it accounted, excluded, told and retried, the backends it paused, the pilot limits."""
+
+    info: IterationInfo
+    failing: set[str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    excluded: list[str] = field(default_factory=list)
+    records: list[AccountingRecord] = field(default_factory=list)
+    notifications: list[Notification] = field(default_factory=list)
+    failures: list[FailureReport] = field(default_factory=list)
+    #: backends whose commands cannot run on this machine: paused for the rest of the iteration
+    local_faults: set[str] = field(default_factory=set)
+    retry: ResubmitPolicy = field(default_factory=lambda: ResubmitPolicy(0, 0.0))
+    retries: list[RetryReport] = field(default_factory=list)
+    #: room under max_waiting / max_total, None when not tracking
+    limits: PilotRoom | None = None
+    #: what the pilot tracker did this iteration, for the summary (None: not tracking)
+    pilots: PilotReportDraft | None = None
+    #: what each credential plugin reported before anything was polled or submitted
+    credentials: tuple[CredentialStatus, ...] = ()
+    #: credential kinds whose configured credential is unusable this iteration
+    unusable: dict[str, CredentialStatus] = field(default_factory=dict)
+    #: why the credential check itself failed (a plugin raised): nothing needing one submits
+    credential_crash: str = ""
+    #: the endpoints not fully available this iteration, by key (merged answers of
+    #: gridgate_endpoint_availability); an endpoint not in it is available
+    availability: dict[str, Availability] = field(default_factory=dict)
+    #: what each backend with endpoints said of itself when availability was asked (the plan
+    #: reuses it, so a backend is asked once for the plan and once by the tracker)
+    infos: dict[str, BackendInfo | None] = field(default_factory=dict)
+
+    def credential_block(self, info: BackendInfo) -> str:
+        """Why ``info``'s backend may not use its credentials this iteration: ``credential``
+        (one it needs is unusable), ``plugin_error`` (the check crashed), '' when it may."""
+        if not info.credentials:
+            return ""
+        if self.credential_crash:
+            return "plugin_error"
+        return "credential" if any(kind in self.unusable for kind in info.credentials) else ""
+
+    def paused(self, info: BackendInfo) -> bool:
+        """Whether ``info``'s backend is paused this iteration (a local fault, or a credential
+        it needs is unusable): it submits nothing and its pilots are not polled."""
+        with self.lock:
+            if info.backend in self.local_faults:
+                return True
+        return bool(self.credential_block(info))
+
+    def exclude(self, endpoint: Endpoint) -> None:
+        """Take ``endpoint`` out of rotation for the rest of the iteration."""
+        with self.lock:
+            if endpoint.key not in self.excluded:
+                self.excluded.append(endpoint.key)
+
+    def usable(self, endpoints: Iterable[Endpoint]) -> list[Endpoint]:
+        """``endpoints`` in rotation: neither excluded this iteration nor in the failing cache
+        when it began."""
+        with self.lock:
+            gone = set(self.excluded) | self.failing
+        return [e for e in endpoints if e.key not in gone]
+
+    def submittable(self, endpoints: Iterable[Endpoint]) -> list[Endpoint]:
+        """``endpoints`` that may get new pilots: usable, and neither drained nor banned."""
+        return [e for e in self.usable(endpoints) if not self.withdrawn(e)]
+
+    def withdrawn(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` is drained or banned this iteration (no new pilots)."""
+        state = self.availability.get(endpoint.key)
+        return state is not None and state.state in ("drained", "banned")
+
+    def pollable(self, info: BackendInfo) -> list[Endpoint]:
+        """``info``'s endpoints whose pilots are polled: usable, and not banned when the
+        backend says a banned server cannot be asked (``BackendInfo.poll_banned`` False)."""
+        endpoints = self.usable(info.endpoints)
+        if info.poll_banned:
+            return endpoints
+        return [e for e in endpoints if self.state_of(e) != "banned"]
+
+    def state_of(self, endpoint: Endpoint) -> str:
+        """``endpoint``'s availability state this iteration."""
+        state = self.availability.get(endpoint.key)
+        return "available" if state is None else state.state
+
+    def in_downtime(self, endpoint: Endpoint) -> Availability | None:
+        """What GOCDB says of ``endpoint`` when it is in a downtime (banned or degraded with
+        ``gocdb`` among the merged answer's sources); None otherwise."""
+        state = self.availability.get(endpoint.key)
+        if state is None or "gocdb" not in state.source.split(","):
+            return None
+        return state
+
+
+@dataclass
+class PilotReportDraft:
+    """The iteration's pilot report while it is being made: the tracker fills it before the
+    submissions, and they update ``trimmed`` (room they found taken) and ``states`` (pilots
+    they submitted); the summary is :meth:`freeze`'s."""
+
+    polls: list[PollReport] = field(default_factory=list)
+    changed: int = 0
+    cancelled: dict[str, int] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    trimmed: dict[str, dict[str, int]] = field(default_factory=dict)
+    states: dict[str, dict[str, int]] = field(default_factory=dict)
+    blind: str = ""
+
+    def freeze(self) -> PilotReport:
+        return PilotReport(
+            polls=tuple(self.polls),
+            changed=self.changed,
+            cancelled=dict(self.cancelled),
+            aborted=tuple(self.aborted),
+            trimmed=self.trimmed,
+            states=self.states,
+            blind=self.blind,
+        )

@@ -1,0 +1,167 @@
+"""The director's own config section (``director:``) and the checks across a file's sections.
+
+Core's config module composes every file's schema from sections it does not know: this one is
+found like any other, through the ``gridgate.sections`` entry point ``director``, and its
+:meth:`DirectorSection.document_errors` runs the checks that need the whole file (the demand
+naming configured backends, list-match only where a backend matches, weights naming real
+endpoints; :mod:`.config_checks`, :mod:`.contract`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gridgate.core.config import PathT
+from gridgate.core.engine.config_checks import availability_problems, reference_problems
+from gridgate.core.engine.contract import list_match_problems
+from gridgate.core.engine.limits import PILOTS_SCHEMA
+from gridgate.core.plugins import Plugin
+
+DIRECTOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "default": {},
+    "description": "The submission director's loop.",
+    "properties": {
+        "cycle_seconds": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 60,
+            "description": "Pause between iterations, in seconds.",
+        },
+        "max_threads": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1024,
+            "default": 8,
+            "description": "Submissions run in parallel on this many threads.",
+        },
+        "command_timeout": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 120,
+            "description": "Hard limit in seconds for every backend command.",
+        },
+        "failing_expiry": {
+            "maximum": 365 * 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 3600,
+            "description": "Seconds a failing server stays in the failing cache.",
+        },
+        "ticket_expiry": {
+            "maximum": 365 * 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 3600,
+            "description": "The tickets cache lives failing_expiry + ticket_expiry.",
+        },
+        "paused": {
+            "type": "boolean",
+            "default": False,
+            "description": "Submit nothing, on purpose: the director runs, re-reads its "
+            "config and asks no demand. Without it a config that would "
+            "submit nothing (no demand, no backend) is refused.",
+        },
+        "keep_accounting": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 10 * 365 * 86400,
+            "default": 90 * 86400,
+            "description": "Seconds an accounting row (one per submission, what "
+            "`gridgate report` reads) is kept; older rows are "
+            "pruned, so a Redis store does not grow for ever.",
+        },
+        "stall_iterations": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 3,
+            "description": "Demand asked for pilots and none was submitted "
+            "this many iterations in a row: an error saying why "
+            "(an alarm once it lasts ticket_expiry).",
+        },
+        "notify_kinds": {
+            "type": "object",
+            "description": "Per failure kind, whether people are told (overrides the classifier).",
+            "additionalProperties": {"type": "boolean"},
+            "default": {},
+        },
+        "retries_per_pilot": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 10,
+            "default": 2,
+            "description": "A failed submission whose failure is worth retrying "
+            "elsewhere is sent to another usable server at most "
+            "this many times in the same iteration (0: never).",
+        },
+        "retry_within_seconds": {
+            "maximum": 86400,
+            "type": "number",
+            "minimum": 0,
+            "default": 300,
+            "description": "The iteration's deadline for retries: a retry starts "
+            "only if its command's deadline falls within this "
+            "many seconds of the iteration's start.",
+        },
+        "max_output_bytes": {
+            "type": "integer",
+            "minimum": 1024,
+            "default": 4 * 1024 * 1024,
+            "description": "Per stream; output past it is dropped and flagged.",
+        },
+        "state_dir": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "./gridgate-state",
+            "description": "Where plugins keep files (outbox, spool, work files). Not "
+            "written and state.path written: state.path's folder.",
+        },
+        "demand_lock": {
+            "type": "boolean",
+            "default": False,
+            "description": "Several directors on one shared state store (Redis): each "
+            "demand group is filled by one of them, the holder of its lock.",
+        },
+        "state_retry_seconds": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 30,
+            "description": "While the state store fails, try it again this often.",
+        },
+        "user": {
+            "type": "string",
+            "default": "",
+            "description": "Name the director gives admission control (default: its uid's).",
+        },
+        "metrics_port": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "maximum": 65535,
+            "default": None,
+            "description": "Serve Prometheus metrics here.",
+        },
+        "pilots": PILOTS_SCHEMA,
+    },
+    "additionalProperties": False,
+}
+
+
+class DirectorSection(Plugin):
+    """The ``director`` section: the loop's settings (:data:`DIRECTOR_SCHEMA`), and the file's
+    checks across sections."""
+
+    config_schema: ClassVar[dict[str, Any]] = DIRECTOR_SCHEMA
+
+    @classmethod
+    def document_errors(
+        cls, document: Mapping[str, Any], classes: Mapping[tuple[str, str], type]
+    ) -> list[tuple[PathT, str]]:
+        return (
+            list_match_problems(document, classes)
+            + reference_problems(document, classes)
+            + availability_problems(document, classes)
+        )

@@ -1,0 +1,784 @@
+"""Closes the director's loop: it polls the pilots it submitted, bounds what waits, cancels what
+waited too long, and takes out of rotation an endpoint whose pilots abort.
+
+At the start of each iteration, after the demand hooks and before anything is submitted, the
+:class:`PilotTracker` polls each endpoint that is due (``status_interval``) with one
+``gridgate_job_status`` call carrying every non-terminal pilot of that endpoint, under an
+admission grant of category ``query`` and the command deadline. A failed query is a failure of
+that server, classified and escalated like a failed submission; its pilots keep their last
+state. Then the demand is trimmed to ``max_waiting`` and ``max_waiting_cores`` (per endpoint)
+and ``max_total`` (per backend), and each submission reserves room on the endpoint it goes to.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from gridgate.core.engine.aborted import AbortVerdicts
+from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
+from gridgate.core.engine.pending import PendingPilots
+from gridgate.core.engine.retired import RetiredEndpoints
+from gridgate.core.engine.runtime import Iteration, PilotReportDraft, Runtime
+from gridgate.core.model import (
+    PILOT_STATES,
+    AccountingRecord,
+    AdmissionRequest,
+    BackendInfo,
+    DemandRegistry,
+    Endpoint,
+    Failure,
+    PollReport,
+    Refusal,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.state import Counts, Pilot, PilotRegistry, StateError
+
+#: An endpoint's last poll (its time, with status_interval as TTL) in the shared state store:
+#: of several directors on one store, one polls an endpoint per interval.
+POLLED = "pilots-polled/"
+
+
+@dataclass
+class _Poll:
+    """What polling one endpoint did, for the iteration's ``pilots`` report."""
+
+    endpoint: Endpoint
+    pilots: int
+    outcome: str  # ok, failed, refused, unsupported, skipped
+    commands: int = 0
+    changed: int = 0
+    active: list[Pilot] = field(default_factory=list)
+
+
+class PilotTracker:
+    """The director's pilot bookkeeping; one per director, called from its iteration."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        failures: FailurePath,
+        on_stuck: Callable[[dict[str, str]], None] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        #: where a failed poll, aborting pilots or a cancel this machine cannot run go
+        self.failures = failures
+        #: told which backends' limits have been stuck (the director's stall watch)
+        self.on_stuck = on_stuck
+        #: last poll per endpoint, used only while the state store cannot say (see _claim)
+        self._last_poll: dict[str, float] = {}
+        self._last_prune: float | None = None
+        self._lock = threading.Lock()
+        #: this iteration's pilots by endpoint and state, kept current as submissions succeed
+        self._states: dict[str, dict[str, int]] = {}
+        #: backends that answered no status query (no gridgate_job_status): no limits for them
+        self._blind: set[str] = set()
+        self._blind_pm: object = None
+        #: the registry's counts at the last iteration that could read them, and the pilots
+        #: submitted since that the store could not take: while the store is down the limits
+        #: apply to these (fail closed), and the pilots are written back when it returns
+        self.pending = PendingPilots(lambda: runtime.config.director.get("state_dir"))
+        self.retired = RetiredEndpoints(runtime, failures)
+        self.verdicts = AbortVerdicts(runtime, failures)
+        #: (backend, group) -> cores of one pilot, from this iteration's demand: what a
+        #: submission's pilots are recorded with
+        self._group_cores: dict[tuple[str, str], int] = {}
+        #: per backend: (iterations, clock time) of the last change of state of its pilots
+        self._last_change: dict[str, tuple[int, float]] = {}
+        #: backend -> the iteration of its last status poll that answered
+        self._last_ok_poll: dict[str, int] = {}
+        self._iterations = 0
+
+    # --- settings and the registry ----------------------------------------------------------
+
+    @property
+    def settings(self) -> PilotSettings:
+        return PilotSettings(self.runtime.config.director.get("pilots") or {})
+
+    def _registry(self, quiet: bool = False) -> PilotRegistry | None:
+        """The store's registry; None while the store is down (the director runs on its local
+        view then, and every call to the store would wait for it to time out)."""
+        if getattr(self.runtime.state, "degraded", False):
+            if not quiet:
+                logger.error(
+                    "state store unavailable: pilots are not polled, limited or tracked "
+                    "this iteration"
+                )
+            return None
+        try:
+            return self.runtime.state.pilot_registry()
+        except StateError as exc:
+            if not quiet:
+                logger.error(
+                    "pilot registry unavailable, pilots are not tracked this iteration: {}", exc
+                )
+            return None
+
+    # --- submissions --------------------------------------------------------------------------
+
+    def submitted(self, record: AccountingRecord) -> None:
+        """Track the pilots of a successful submission (one per job id)."""
+        if not record.job_ids or not self.settings["track"]:
+            return
+        pilots = [
+            Pilot(
+                job_id=job,
+                backend=record.backend,
+                endpoint=record.endpoint,
+                group=record.group,
+                submitted=record.time,
+                state="waiting",
+                changed=record.time,
+                cores=self._group_cores.get((record.backend, record.group), 1),
+            )
+            for job in record.job_ids
+        ]
+        registry = self._registry(quiet=True)
+        try:
+            if registry is None:
+                raise StateError("the state store is unavailable")
+            registry.put(pilots)
+        except StateError as exc:
+            logger.error(
+                "{} submitted pilot(s) on {} kept in memory until the state store "
+                "answers (they count against the limits meanwhile): {}",
+                len(pilots),
+                record.endpoint,
+                exc,
+            )
+            self.pending.unrecorded_pilots(pilots)
+        else:
+            self.pending.recorded(pilots)  # the last known counts too
+        with self._lock:
+            row = self._states.setdefault(
+                f"{record.backend}/{record.endpoint}", dict.fromkeys(PILOT_STATES, 0)
+            )
+            row["waiting"] += len(pilots)
+        self.pending.save()
+
+    # --- the start of an iteration -------------------------------------------------------------
+
+    def prepare(self, demand: DemandRegistry, it: Iteration) -> DemandRegistry:
+        """Poll what is due, cancel what waited too long, and return the demand trimmed to the
+        limits; ``it.limits`` and ``it.pilots`` are set for the submissions and the summary.
+        A bug here (or in a plugin it calls) costs the polling of one iteration, never the
+        iteration, and never the limits: the demand is then trimmed to the last known counts."""
+        try:
+            return self._prepare(demand, it)
+        except Exception as exc:
+            logger.opt(exception=exc).error(
+                "pilot tracking failed; the limits apply to the last known counts this iteration"
+            )
+            try:
+                return self._prepare_blind(demand, it, self.settings, "pilot tracking failed")
+            except Exception as again:  # the limits themselves failed: nothing left to apply
+                logger.opt(exception=again).error(
+                    "pilot limits failed; this iteration's demand is not trimmed"
+                )
+                it.limits = None
+                return demand
+
+    def _prepare(self, demand: DemandRegistry, it: Iteration) -> DemandRegistry:
+        settings = self.settings
+        self._states = {}
+        if not settings["track"]:
+            return demand
+        self._group_cores = {(r.backend, r.group): cores_of(r) for r in demand.requests}
+        self._iterations += 1
+        self.pending.load()
+        runtime = self.runtime
+        hook = runtime.pm.hook
+        registry = self._registry()
+        counts: Counts | None = None
+        if registry is not None:
+            try:
+                self.pending.write_back(registry)
+                counts = registry.counts()
+            except StateError as exc:
+                logger.error("pilot registry unreadable: {}", exc)
+        if registry is None or counts is None:
+            return self._prepare_blind(demand, it, settings)
+        # configured backends, those with demand, and those (extra plugins) with tracked pilots
+        backends = list(
+            dict.fromkeys(
+                [
+                    *(runtime.config.get("backends") or {}),
+                    *(r.backend for r in demand.requests),
+                    *(b for b, _e, _s in counts),
+                ]
+            )
+        )
+        infos: dict[str, BackendInfo] = {}
+        for backend in backends:
+            info = hook.gridgate_backend_info(backend=backend)
+            if info is not None:
+                infos[backend] = info
+        now = runtime.clock.time()
+        report = PilotReportDraft()
+        retired = self.retired.find(counts, infos, it, now)
+        moved_in: dict[str, int] = {}
+        try:
+            polls = self._poll(registry, infos, it, settings, now, retired)
+            polled_ok = {p.endpoint.key for p in polls if p.outcome == "ok"}
+            for endpoints in retired.values():
+                for endpoint in endpoints:
+                    if endpoint.key in polled_ok:
+                        self.retired.answered(endpoint, now)
+                    else:
+                        gone = self.retired.lost(registry, endpoint, settings, now)
+                        if gone:
+                            report.changed += gone
+                            moved_in[endpoint.backend] = moved_in.get(endpoint.backend, 0) + gone
+            for poll in polls:
+                moved_in[poll.endpoint.backend] = (
+                    moved_in.get(poll.endpoint.backend, 0) + poll.changed
+                )
+                report.polls.append(
+                    PollReport(
+                        backend=poll.endpoint.backend,
+                        endpoint=poll.endpoint.name,
+                        pilots=poll.pilots,
+                        outcome=poll.outcome,
+                        commands=poll.commands,
+                        changed=poll.changed,
+                    )
+                )
+                report.changed += poll.changed
+                if poll.outcome == "ok":
+                    self._last_ok_poll[poll.endpoint.backend] = self._iterations
+                    cancelled = self._cancel_old(
+                        registry, poll, infos[poll.endpoint.backend], settings, now, it
+                    )
+                    if cancelled:
+                        report.cancelled[poll.endpoint.key] = cancelled
+                        moved_in[poll.endpoint.backend] = (
+                            moved_in.get(poll.endpoint.backend, 0) + cancelled
+                        )
+                    if poll.endpoint.backend in retired and any(
+                        poll.endpoint == e for e in retired[poll.endpoint.backend]
+                    ):
+                        continue  # no verdict on a server that is no longer in the config
+                    if poll.changed and self.verdicts.judge(
+                        registry, poll.endpoint, it, settings, now
+                    ):
+                        report.aborted.append(poll.endpoint.key)
+            moved = report.changed or report.cancelled
+            if self._prune(registry, settings, now) or moved:
+                counts = registry.counts()
+        except StateError as exc:
+            logger.error(
+                "pilot registry failed, the limits apply to the last known counts: {}", exc
+            )
+            it.pilots = report
+            return self._prepare_blind(demand, it, settings)
+        for backend in infos:
+            if moved_in.get(backend) or backend not in self._last_change:
+                self._last_change[backend] = (self._iterations, now)
+        cores = self._waiting_cores(registry, settings, counts)
+        self.pending.read(counts, cores)
+        retired_keys = {e.key for endpoints in retired.values() for e in endpoints}
+        return self._trim(demand, it, settings, counts, infos, report, retired_keys, cores)
+
+    def _waiting_cores(
+        self, registry: PilotRegistry, settings: PilotSettings, counts: Counts
+    ) -> dict[str, int] | None:
+        """The cores of the pilots waiting on each endpoint, when a limit counts them (None
+        otherwise: nothing to read); an unreadable registry counts the last known cores."""
+        if not self._counts_cores(settings):
+            return None
+        try:
+            cores: dict[str, int] = {}
+            for (backend, endpoint, _group), (_n, c) in registry.waiting().items():
+                key = f"{backend}/{endpoint}"
+                cores[key] = cores.get(key, 0) + c
+            return cores
+        except StateError as exc:
+            logger.error(
+                "pilot registry: cannot read the waiting cores, using the last known: {}", exc
+            )
+            return self.pending.cores()
+
+    @staticmethod
+    def _counts_cores(settings: PilotSettings) -> bool:
+        if settings["max_waiting_cores"] is not None:
+            return True
+        for section in (settings.section.get("backends") or {}).values():
+            if (section or {}).get("max_waiting_cores") is not None:
+                return True
+            for own in ((section or {}).get("endpoints") or {}).values():
+                if (own or {}).get("max_waiting_cores") is not None:
+                    return True
+        return False
+
+    def _trim(
+        self,
+        demand: DemandRegistry,
+        it: Iteration,
+        settings: PilotSettings,
+        counts: Counts,
+        infos: Mapping[str, BackendInfo],
+        report: PilotReportDraft,
+        retired: Iterable[str] = (),
+        waiting_cores: Mapping[str, int] | None = None,
+    ) -> DemandRegistry:
+        blind = set(self._blind)
+        if not self.runtime.pm.hook.gridgate_job_status.get_hookimpls():
+            # no plugin at all can report a pilot's state: the limits would only block (what a
+            # first poll would find out, one iteration late, with the finite defaults applied)
+            blind.update(infos)
+        limits = PilotRoom(settings, counts, infos, blind, retired, waiting_cores)
+        usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
+        kept, cuts = limits.trim(demand.requests, usable)
+        for request, limit, pilots in cuts:
+            self.failures.account(it, request, None, "skipped", pilots, failure_kind=limit)
+        self._stuck(settings, infos, kept, cuts, counts)
+        self.pending.save()
+        it.limits = limits
+        # the same dicts the submissions update (room taken, pilots waiting): the summary says
+        # what they are after the iteration's submissions
+        report.states = self._states = state_counts(counts)
+        report.trimmed = limits.trimmed
+        it.pilots = report
+        trimmed = DemandRegistry()
+        for request in kept:
+            trimmed.add(request)
+        return trimmed
+
+    # --- the store down: fail closed ----------------------------------------------------------------
+
+    def _prepare_blind(
+        self,
+        demand: DemandRegistry,
+        it: Iteration,
+        settings: PilotSettings,
+        why: str = "pilot registry unavailable",
+    ) -> DemandRegistry:
+        """No registry this iteration: nothing is polled, and the demand is trimmed to the
+        limits on the last known counts and this process's own submissions since."""
+        hook = self.runtime.pm.hook
+        counts = self.pending.counts()
+        backends = list(
+            dict.fromkeys(
+                [
+                    *(self.runtime.config.get("backends") or {}),
+                    *(r.backend for r in demand.requests),
+                ]
+            )
+        )
+        infos = {b: i for b in backends if (i := hook.gridgate_backend_info(backend=b)) is not None}
+        report = PilotReportDraft(blind=why)
+        logger.error(
+            "{}: the limits apply to the last known counts plus {} pilot(s) submitted "
+            "since; nothing is polled",
+            why,
+            self.pending.unrecorded,
+        )
+        cores = self.pending.cores() if self._counts_cores(settings) else None
+        return self._trim(demand, it, settings, counts, infos, report, (), cores)
+
+    # --- limits that do not move ------------------------------------------------------------------
+
+    def _stuck(
+        self,
+        settings: PilotSettings,
+        infos: Mapping[str, BackendInfo],
+        kept: Sequence[SubmitRequest],
+        cuts: Sequence[tuple[SubmitRequest, str, int]],
+        counts: Counts,
+    ) -> None:
+        """Tell the stall watch which backends had their demand trimmed to zero by limits whose
+        pilots changed no state for ``stall_iterations`` polls (the polls fail, the backend is
+        paused, the store is down, or nothing starts): a trim that never ends is a stall.
+
+        A full site is not one: when the backend's polls answer and some of its pilots run,
+        the waiting ones wait for the slots those hold (long pilots change no state for hours),
+        and the limit is doing its job."""
+        limit = int(self.runtime.config.director.get("stall_iterations", 3))
+        now = self.runtime.clock.time()
+        served = {r.backend for r in kept}
+        stuck: dict[str, str] = {}
+        for request, _limit, _n in cuts:
+            backend = request.backend
+            if backend in served or backend in stuck or backend not in infos:
+                continue
+            running = sum(
+                n for (b, _e, state), n in counts.items() if b == backend and state == "running"
+            )
+            last_ok = self._last_ok_poll.get(backend)
+            if running and last_ok is not None and self._iterations - last_ok < limit:
+                continue
+            # a director that never read the registry (the store down since it started)
+            # counts from its first iteration
+            since_it, since = self._last_change.setdefault(backend, (self._iterations, now))
+            interval = settings.for_backend(backend, "status_interval")
+            polls = self._iterations - since_it
+            if polls >= limit and (interval is None or now - since >= limit * float(interval)):
+                stuck[backend] = (
+                    f"demand trimmed to zero by the pilot limits, and no pilot of "
+                    f"{backend} changed state for {polls} iteration(s)"
+                )
+        if self.on_stuck is not None:
+            self.on_stuck(stuck)
+
+    # --- polling ---------------------------------------------------------------------------------
+
+    def _poll(
+        self,
+        registry: PilotRegistry,
+        infos: Mapping[str, BackendInfo],
+        it: Iteration,
+        settings: PilotSettings,
+        now: float,
+        retired: Mapping[str, Sequence[Endpoint]] | None = None,
+    ) -> list[_Poll]:
+        due: list[tuple[Endpoint, float, float | None]] = []
+        gone = {e.key for endpoints in (retired or {}).values() for e in endpoints}
+        for backend, info in infos.items():
+            if it.paused(info):  # its credential is unusable (see Iteration.paused): not asked
+                continue
+            interval = settings.for_backend(backend, "status_interval")
+            timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
+            # a server out of rotation is not asked (nor a banned one its backend cannot ask);
+            # one no longer configured still is
+            for endpoint in [*it.pollable(info), *(retired or {}).get(backend, ())]:
+                due.append((endpoint, timeout, None if interval is None else float(interval)))
+        if not due:
+            return []
+        threads = min(int(self.runtime.config.director["max_threads"]), len(due))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
+            futures = [
+                pool.submit(
+                    self._poll_one,
+                    registry,
+                    endpoint,
+                    timeout,
+                    interval,
+                    it,
+                    settings,
+                    now,
+                    endpoint.key in gone,
+                )
+                for endpoint, timeout, interval in due
+            ]
+            return [p for p in (f.result() for f in futures) if p is not None]
+
+    def _due(self, endpoint: Endpoint, interval: float, now: float) -> bool:
+        """Whether ``endpoint``'s last poll is ``interval`` seconds old or more (a read only;
+        :meth:`_claim` decides among directors)."""
+        try:
+            held = self.runtime.state.get(POLLED + endpoint.key)
+            return held is None or now - float(held) >= interval
+        except (StateError, ValueError):
+            with self._lock:
+                last = self._last_poll.get(endpoint.key)
+            return last is None or now - last >= interval
+
+    def _claim(self, endpoint: Endpoint, interval: float, now: float) -> bool:
+        """Whether this director polls ``endpoint`` now: its last poll (by any director on this
+        store) is ``interval`` seconds old or more. The add is atomic, so of several directors
+        one wins; a shortened interval takes effect at once."""
+        key = POLLED + endpoint.key
+        state = self.runtime.state
+        try:
+            if state.add_if_absent(key, repr(now), ttl=interval):
+                return True
+            held = state.get(key)
+            if held is not None and now - float(held) < interval:
+                return False
+            state.delete(key)
+            return state.add_if_absent(key, repr(now), ttl=interval)
+        except (StateError, ValueError):  # no shared view: this process's own memory decides
+            with self._lock:
+                last = self._last_poll.get(endpoint.key)
+                if last is not None and now - last < interval:
+                    return False
+                self._last_poll[endpoint.key] = now
+                return True
+
+    def _unclaim(self, endpoint: Endpoint, interval: float | None) -> None:
+        if interval is None:
+            return
+        try:
+            self.runtime.state.delete(POLLED + endpoint.key)
+        except StateError:
+            pass  # the claim was written with ttl=interval: it lapses by itself
+        with self._lock:
+            self._last_poll.pop(endpoint.key, None)
+
+    def _poll_one(
+        self,
+        registry: PilotRegistry,
+        endpoint: Endpoint,
+        timeout: float,
+        interval: float | None,
+        it: Iteration,
+        settings: PilotSettings,
+        now: float,
+        retired: bool = False,
+    ) -> _Poll | None:
+        with self._lock:
+            if self._blind_pm is not self.runtime.pm:  # plugins rebuilt: ask every backend again
+                self._blind_pm, self._blind = self.runtime.pm, set()
+            if endpoint.backend in self._blind:  # it said it cannot: no need to read its pilots
+                return None
+        if interval is not None and not self._due(endpoint, interval, now):
+            return None  # polled recently (by any director): its pilots are not even read
+        active = registry.active(endpoint.backend, endpoint.name)
+        if not active:
+            return None
+        if interval is not None and not self._claim(endpoint, interval, now):
+            return None
+        hook = self.runtime.pm.hook
+        ids = [p.job_id for p in active]
+        answer = hook.gridgate_admit(
+            request=AdmissionRequest(
+                category="query",
+                opcode="JOB_STATUS",
+                size=len(ids),
+                endpoint=endpoint,
+                user=self.runtime.user,
+            )
+        )
+        if isinstance(answer, Refusal):
+            logger.info(
+                "status poll of {} refused by admission control: {}", endpoint.key, answer.reason
+            )
+            self._unclaim(endpoint, interval)  # not polled: due again at the next iteration
+            return _Poll(endpoint, len(ids), "refused", active=active)
+        try:
+            result = hook.gridgate_job_status(endpoint=endpoint, job_ids=ids, timeout=timeout)
+        except Exception as exc:  # a plugin bug must not stop the iteration
+            logger.opt(exception=exc).error("status poll of {} crashed in a plugin", endpoint.key)
+            return _Poll(endpoint, len(ids), "plugin_error", active=active)
+        finally:
+            if answer is not None:
+                hook.gridgate_release(grant=answer)
+        if result is None and retired:
+            # the backend no longer knows this endpoint (an ARC CE leaves with its config):
+            # that says nothing of its other endpoints, so the backend is not made blind
+            return _Poll(endpoint, len(ids), "unsupported", active=active)
+        if result is None:
+            with self._lock:
+                first = endpoint.backend not in self._blind
+                self._blind.add(endpoint.backend)
+            if first:
+                logger.warning(
+                    "backend {} reports no pilot states: its pilots stay as submitted, "
+                    "and max_waiting / max_total are not applied to it",
+                    endpoint.backend,
+                )
+            return _Poll(endpoint, len(ids), "unsupported", active=active)
+        command = result.command
+        if command is not None and command.stdout_truncated and not command.timed_out:
+            # gridgate's own cap cut the answer (of any backend): the ids past the cut would
+            # look unknown, then lost, and the server did nothing wrong. A fault of this
+            # machine's settings: no server blamed, one error per failing_expiry.
+            why = (
+                f"the output of {command.argv[0] if command.argv else 'the status command'} "
+                f"passed gridgate's own output cap (director.max_output_bytes = "
+                f"{self.runtime.config.director.get('max_output_bytes')}) and was cut by "
+                "gridgate, not by the server; raise director.max_output_bytes"
+            )
+            if not retired:
+                failed = SubmitResult(
+                    endpoint=endpoint,
+                    ok=False,
+                    command=command,
+                    operation=result.operation or "Job Status",
+                    message=why,
+                    local_fault=why,
+                )
+                self.failures.server_failed(
+                    endpoint,
+                    failed,
+                    it,
+                    Failure(
+                        kind="output_cap",
+                        exclude=False,
+                        notify=True,
+                        transient=False,
+                        local=True,
+                        reason=why,
+                    ),
+                )
+            return _Poll(endpoint, len(ids), "output_cap", result.commands, active=active)
+        if not result.ok and retired:  # no server to blame: it left the config
+            logger.warning(
+                "status poll of {} (no longer configured) failed: {}",
+                endpoint.key,
+                result.local_fault or result.message or "no message",
+            )
+            return _Poll(endpoint, len(ids), "failed", result.commands, active=active)
+        if not result.ok:
+            # a fault of this machine (an id file it cannot write, gridgate's own output cap)
+            # goes through the same path with local_fault set: kind local_io, the backend
+            # paused, one error per failing_expiry, no server blamed
+            local = getattr(result, "local_fault", "") or ""
+            failed = SubmitResult(
+                endpoint=endpoint,
+                ok=False,
+                command=result.command,
+                operation=result.operation or "Job Status",
+                message=result.message,
+                local_fault=local,
+            )
+            self.failures.server_failed(endpoint, failed, it)
+            return _Poll(
+                endpoint,
+                len(ids),
+                "local_fault" if local else "failed",
+                result.commands,
+                active=active,
+            )
+        lost_after = float(settings["lost_after"])
+        changes: list[Pilot] = []
+        for pilot in active:
+            status = result.statuses.get(pilot.job_id)
+            if status is None:
+                new = pilot.moved("unknown", now, pilot.native, "no longer known to the backend")
+            else:
+                new = pilot.moved(status.state, now, status.native, status.reason)
+            if (
+                new.state == "unknown"
+                and pilot.state == "unknown"
+                and now - pilot.changed >= lost_after
+            ):
+                new = pilot.moved(
+                    "lost",
+                    now,
+                    new.native,
+                    f"unknown to the backend for {now - pilot.changed:.0f} s",
+                )
+            if new != pilot:
+                changes.append(new)
+        registry.put(changes)
+        changed = {p.job_id: p for p in changes}
+        still = [changed.get(p.job_id, p) for p in active]
+        return _Poll(
+            endpoint,
+            len(ids),
+            "ok",
+            result.commands,
+            len(changes),
+            active=[p for p in still if not p.terminal],
+        )
+
+    # --- waiting too long --------------------------------------------------------------------------
+
+    def _cancel_old(
+        self,
+        registry: PilotRegistry,
+        poll: _Poll,
+        info: BackendInfo,
+        settings: PilotSettings,
+        now: float,
+        it: Iteration | None = None,
+    ) -> int:
+        limit = settings.for_endpoint(poll.endpoint, "max_wait_time")
+        if limit is None:
+            return 0
+        old = [p for p in poll.active if p.state == "waiting" and now - p.submitted > float(limit)]
+        if not old:
+            return 0
+        timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
+        reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
+        done, problem = cancel_pilots(
+            self.runtime, registry, poll.endpoint, old, timeout, reason, it, self.failures
+        )
+        if problem:
+            logger.error("cancelling {} pilot(s) on {}: {}", len(old), poll.endpoint.key, problem)
+        return len(done)
+
+    def _prune(self, registry: PilotRegistry, settings: PilotSettings, now: float) -> int:
+        keep = float(settings["keep_finished"])
+        every = min(3600.0, keep / 10)
+        if self._last_prune is not None and now - self._last_prune < every:
+            return 0
+        self._last_prune = now
+        gone = registry.prune(before=now - keep)
+        if gone:
+            logger.info("forgot {} pilot(s) finished over {:.0f} s ago", gone, keep)
+        return gone
+
+
+def cancel_pilots(
+    runtime: Runtime,
+    registry: PilotRegistry,
+    endpoint: Endpoint,
+    pilots: Sequence[Pilot],
+    timeout: float,
+    reason: str,
+    it: Iteration | None = None,
+    failures: FailurePath | None = None,
+) -> tuple[list[str], str]:
+    """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
+    grant of category ``other``, and record those cancelled (with ``reason``). A cancel that
+    this machine could not even run (``local_fault``: a file it cannot write) is, within an
+    iteration ``it``, a local fault through its ``failures`` path (told once per
+    ``failing_expiry``).
+
+    :return: the ids cancelled, and what went wrong ('' when nothing did).
+    """
+    hook = runtime.pm.hook
+    answer = hook.gridgate_admit(
+        request=AdmissionRequest(
+            category="other",
+            opcode="JOB_CANCEL",
+            size=len(pilots),
+            endpoint=endpoint,
+            user=runtime.user,
+        )
+    )
+    if isinstance(answer, Refusal):
+        return [], f"refused by admission control: {answer.reason}"
+    try:
+        result = hook.gridgate_cancel(
+            endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
+        )
+    except Exception as exc:  # a plugin bug must not stop the iteration
+        logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
+        return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"
+    finally:
+        if answer is not None:
+            hook.gridgate_release(grant=answer)
+    if result is None:
+        return [], f"backend {endpoint.backend} cannot cancel"
+    local = getattr(result, "local_fault", "") or ""
+    if local and it is not None and failures is not None:
+        failures.server_failed(
+            endpoint,
+            SubmitResult(
+                endpoint=endpoint,
+                ok=False,
+                command=result.command,
+                operation=result.operation or "Job Cancel",
+                message=result.message,
+                local_fault=local,
+            ),
+            it,
+        )
+    wanted = {p.job_id for p in pilots}
+    done = sorted(wanted & set(result.cancelled))
+    now = runtime.clock.time()
+    registry.put(
+        p.moved("cancelled", now, p.native, reason) for p in pilots if p.job_id in set(done)
+    )
+    problem = ""
+    if not result.ok or len(done) < len(pilots):
+        why = result.message or (result.command.describe() if result.command else "")
+        problem = f"{len(pilots) - len(done)} not cancelled" + (f": {why}" if why else "")
+    return done, problem
+
+
+def state_counts(counts: Counts) -> dict[str, dict[str, int]]:
+    """``{"backend/endpoint": {state: n}}`` with every state present (0 when none)."""
+    out: dict[str, dict[str, int]] = {}
+    for (backend, endpoint, state), n in counts.items():
+        out.setdefault(f"{backend}/{endpoint}", dict.fromkeys(PILOT_STATES, 0))[state] = n
+    return dict(sorted(out.items()))

@@ -1,0 +1,1 @@
+"""The state drivers (memory, sqlite, redis), each with its pilot registry."""

@@ -1,0 +1,653 @@
+"""The ``redis`` state driver: several directors on several hosts share one view through Redis.
+
+Each key is a Redis string holding ``"<expires> <value>"`` (``-`` for no expiry), where
+``expires`` is an absolute time on the injected clock, so expiry follows that clock exactly as
+the other drivers do; a real ``PX`` TTL computed from the same clock lets Redis drop the key
+itself. A sorted set (all scores 0) indexes the keys so ``items(prefix)`` is a lexicographic
+range, not a ``SCAN`` of the whole server. Records live in one sorted set per stream, scored by
+their ``time``. Every multi-step change is a Lua script, so it is atomic on the server.
+
+The pilot registry (:class:`RedisPilots`), shared by every director and ``gridgate pilots`` on
+that server, lives under the same prefix: a hash of rows (field ``backend\\x1fendpoint\\x1fjob_id``,
+value the pilot's JSON) and one of their states, a set of non-terminal pilots per endpoint, a
+sorted set of finished pilots per endpoint and one for all (scored by the time they finished), a
+hash of counters per (backend, endpoint, state), and two of the ``waiting`` pilots and their
+cores per (backend, endpoint, group) (built from the rows the first time they are read, for a
+store written before they existed). Each bulk write is one Lua script; a long list is split into
+scripts of :data:`CHUNK` pilots so that no one script holds the server for long. The scripts name
+their keys from the prefix (one Redis server, not a cluster), as the store's other keys do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, ParamSpec, TypeVar, cast
+
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.plugins import ConfigProblems
+from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+from gridgate.core.state import (
+    Counts,
+    Pilot,
+    PilotRegistry,
+    StateError,
+    StateStore,
+    Waiting,
+    check_key,
+    check_value,
+    decode,
+    encode,
+    encode_record,
+    expires_at,
+)
+
+try:
+    import redis
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "the 'redis' state driver needs redis-py: pip install 'gridgate[redis]'"
+    ) from exc
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+# KEYS: data key, index. ARGV: payload, px ('' for none), now, member.
+# A present key whose clock expiry has passed counts as absent; otherwise SET NX PX decides.
+_ADD = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local sp = string.find(cur, ' ', 1, true)
+  local e = sp and string.sub(cur, 1, sp - 1) or '-'
+  if e == '-' or tonumber(e) > tonumber(ARGV[3]) then
+    return 0
+  end
+  redis.call('DEL', KEYS[1])
+end
+local ok
+if ARGV[2] ~= '' then
+  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+else
+  ok = redis.call('SET', KEYS[1], ARGV[1], 'NX')
+end
+if not ok then
+  return 0
+end
+redis.call('ZADD', KEYS[2], 0, ARGV[4])
+return 1
+"""
+
+# KEYS: data key, index. ARGV: payload, px ('' for none), member.
+_SET = """
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
+return 1
+"""
+
+# KEYS: data key, index. ARGV: member. Returns the removed payload (or false).
+_DELETE = """
+local cur = redis.call('GET', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return cur
+"""
+
+# KEYS: index, then data keys. ARGV: their members. Drops index entries whose key is gone.
+_FORGET = """
+local n = 0
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    n = n + redis.call('ZREM', KEYS[1], ARGV[i - 1])
+  end
+end
+return n
+"""
+
+# KEYS: data key, index. ARGV: by, now, member. Adds ``by`` to the count held (absent or past
+# its clock expiry: 0) and keeps the sum with no expiry; false when the value is not a count.
+_INCREMENT = """
+local cur = redis.call('GET', KEYS[1])
+local count = 0
+if cur then
+  local sp = string.find(cur, ' ', 1, true)
+  local e = sp and string.sub(cur, 1, sp - 1) or '-'
+  if e == '-' or tonumber(e) > tonumber(ARGV[2]) then
+    local v = sp and string.sub(cur, sp + 1) or ''
+    if not string.match(v, '^%-?%d+$') then
+      return false
+    end
+    count = tonumber(v)
+  end
+end
+count = count + tonumber(ARGV[1])
+redis.call('SET', KEYS[1], '- ' .. string.format('%d', count))
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
+return count
+"""
+
+# KEYS: stream set, sequence counter. ARGV: time, record JSON.
+_APPEND = """
+local seq = redis.call('INCR', KEYS[2])
+redis.call('ZADD', KEYS[1], ARGV[1], string.format('%020d', seq) .. ' ' .. ARGV[2])
+return seq
+"""
+
+
+def _payload(value: str, expires: float | None) -> str:
+    return f"{'-' if expires is None else repr(expires)} {value}"
+
+
+def _decode(payload: str) -> tuple[float | None, str]:
+    head, _, value = payload.partition(" ")
+    return (None if head == "-" else float(head)), value
+
+
+class RedisState(StateStore):
+    """State in a Redis server, shared by every director pointed at it."""
+
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "Shared state in Redis, for several directors.",
+        "properties": {
+            "url": {
+                "type": "string",
+                "default": "redis://localhost:6379/0",
+                "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
+                "password in the URL only through the environment or a file.",
+            },
+            "password": {
+                **SECRET_SCHEMA,
+                "description": "The Redis password (AUTH), from {env: VAR} or {file: PATH}; "
+                "never inline, and never in the url.",
+            },
+            "prefix": {
+                "type": "string",
+                "default": "gridgate:",
+                "description": "Prepended to every Redis key, so several sites can share a server.",
+            },
+            "socket_timeout": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 5,
+                "description": "Seconds to wait for a reply before the call fails.",
+            },
+            "socket_connect_timeout": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 5,
+                "description": "Seconds to wait for a connection.",
+            },
+            "prune_interval": {
+                "maximum": 86400,
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "default": 300,
+                "description": "Seconds (clock time) between sweeps of stale key-index entries.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(
+        self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        super().__init__(config, clock)
+        self.url = str(self.config.get("url", "redis://localhost:6379/0"))
+        self.prefix = str(self.config.get("prefix", "gridgate:"))
+        self.prune_interval = float(self.config.get("prune_interval", 300))
+        self._index = f"{self.prefix}keys"
+        self._last_prune = clock.time()
+        extra: dict[str, Any] = {}
+        try:
+            password = read_secret(self.config.get("password"))
+        except SecretError as exc:
+            raise StateError(f"redis state: cannot read the password: {exc}") from exc
+        if password is not None:
+            extra["password"] = password
+        try:
+            self._client = redis.Redis.from_url(
+                self.url,
+                **extra,
+                socket_timeout=float(self.config.get("socket_timeout", 5)),
+                socket_connect_timeout=float(self.config.get("socket_connect_timeout", 5)),
+                decode_responses=True,
+                health_check_interval=30,
+            )
+        except (ValueError, RedisError) as exc:
+            raise StateError(f"redis state: bad url {self._safe_url()}: {exc}") from exc
+        self._add = self._client.register_script(_ADD)
+        self._set = self._client.register_script(_SET)
+        self._delete = self._client.register_script(_DELETE)
+        self._forget = self._client.register_script(_FORGET)
+        self._append = self._client.register_script(_APPEND)
+        self._increment = self._client.register_script(_INCREMENT)
+
+    @classmethod
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
+        """A password written into the url would sit in the config file and in messages."""
+        url = str(section.get("url", ""))
+        netloc = url.partition("://")[2].split("/", 1)[0]
+        creds, at, _host = netloc.rpartition("@")
+        if at and ":" in creds:
+            return [
+                (
+                    ("url",),
+                    "do not write the password into the url; give it as "
+                    "password: {env: VARIABLE} or password: {file: PATH}",
+                )
+            ]
+        return []
+
+    def _safe_url(self) -> str:
+        # Never log a password that may sit in the URL.
+        head, sep, tail = self.url.rpartition("@")
+        if not sep:
+            return self.url
+        scheme, _, _creds = head.partition("://")
+        return f"{scheme}://***@{tail}"
+
+    @property
+    def client(self) -> redis.Redis:
+        """The redis-py client of this store. It decodes every answer to ``str``
+        (``decode_responses``), which redis-py's types cannot know: callers cast."""
+        return self._client
+
+    def call(self, what: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)``, a Redis error raised as :class:`StateError` saying that
+        this store cannot ``what`` (and never the password)."""
+        try:
+            return fn(*args, **kwargs)
+        except RedisError as exc:
+            raise StateError(f"redis state at {self._safe_url()}: cannot {what}: {exc}") from exc
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}kv:{key}"
+
+    def _px(self, expires: float | None) -> str:
+        if expires is None:
+            return ""
+        # Redis' own TTL, from the same clock: at least 1 ms, so SET never sees a zero PX.
+        return str(max(1, math.ceil((expires - self.clock.time()) * 1000)))
+
+    def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
+        self._maybe_prune()
+        args = [_payload(value, expires), self._px(expires), repr(self.clock.time()), key]
+        won = self.call("add", lambda: self._add(keys=[self._key(key), self._index], args=args))
+        return bool(won)
+
+    def set(self, key: str, value: str, ttl: float | None = None) -> None:
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
+        self._maybe_prune()
+        args = [_payload(value, expires), self._px(expires), key]
+        self.call("write", lambda: self._set(keys=[self._key(key), self._index], args=args))
+
+    def increment(self, key: str, by: int = 1) -> int:
+        check_key(key)
+        keys = [self._key(key), self._index]
+        args = [str(int(by)), repr(self.clock.time()), key]
+        total = self.call("count", lambda: self._increment(keys=keys, args=args))
+        if total is None:
+            raise ValueError(f"state key {key!r} holds {self.get(key)!r:.40}, not a count")
+        return int(total)
+
+    def _live(self, payload: str | None, now: float) -> tuple[float | None, str] | None:
+        if payload is None:
+            return None
+        expires, value = _decode(payload)
+        if expires is not None and expires <= now:
+            return None
+        return expires, value
+
+    def get(self, key: str) -> str | None:
+        payload = cast("str | None", self.call("read", self._client.get, self._key(key)))
+        live = self._live(payload, self.clock.time())
+        return None if live is None else live[1]
+
+    def delete(self, key: str) -> bool:
+        payload = self.call(
+            "delete", lambda: self._delete(keys=[self._key(key), self._index], args=[key])
+        )
+        return self._live(payload or None, self.clock.time()) is not None
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]:
+        low: str
+        high: str | bytes
+        if prefix:
+            # Keys are UTF-8, which never contains byte 0xFF: "[prefix\xff" bounds the range.
+            low, high = f"[{prefix}", b"[" + prefix.encode() + b"\xff"
+        else:
+            low, high = "-", "+"
+
+        def fetch() -> tuple[list[str], list[str | None]]:
+            members = cast("list[str]", self._client.zrangebylex(self._index, low, high))
+            payloads = self._client.mget([self._key(m) for m in members]) if members else []
+            return members, cast("list[str | None]", payloads)
+
+        members, payloads = self.call("list", fetch)
+        now = self.clock.time()
+        out: list[tuple[str, str]] = []
+        gone: list[str] = []
+        for member, payload in zip(members, payloads, strict=True):
+            if payload is None:
+                gone.append(member)
+                continue
+            live = self._live(payload, now)
+            if live is not None:
+                out.append((member, live[1]))
+        if gone:
+            self._forget_members(gone)
+        out.sort()
+        return out
+
+    def _forget_members(self, members: list[str]) -> None:
+        keys = [self._index, *(self._key(m) for m in members)]
+        self.call("clean index", lambda: self._forget(keys=keys, args=members))
+
+    def _maybe_prune(self) -> None:
+        """Drop index entries whose key Redis has expired, now and then."""
+        now = self.clock.time()
+        if now - self._last_prune < self.prune_interval:
+            return
+        self._last_prune = now
+        cursor = 0
+        while True:
+            cursor, batch = self.call(
+                "sweep index", self._client.zscan, self._index, cursor, count=500
+            )
+            members = [cast(str, m) for m, _score in batch]
+            if members:
+                payloads = self.call(
+                    "sweep index", self._client.mget, [self._key(m) for m in members]
+                )
+                gone = [m for m, p in zip(members, payloads, strict=True) if p is None]
+                if gone:
+                    self._forget_members(gone)
+            if cursor == 0:
+                break
+
+    def ttl(self, key: str) -> float | None:
+        payload = cast("str | None", self.call("read", self._client.get, self._key(key)))
+        now = self.clock.time()
+        live = self._live(payload, now)
+        if live is None or live[0] is None:
+            return None
+        return live[0] - now
+
+    def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
+        check_key(stream)
+        when, text = encode_record(record)
+        keys = [f"{self.prefix}rec:{stream}", f"{self.prefix}recseq"]
+        self.call("append", lambda: self._append(keys=keys, args=[repr(when), text]))
+
+    def prune_records(self, stream: str, before: float) -> int:
+        key = f"{self.prefix}rec:{stream}"
+        return int(
+            self.call(
+                "prune records",
+                lambda: self._client.zremrangebyscore(key, "-inf", f"({float(before)!r}"),
+            )
+        )
+
+    def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
+        members = self.call(
+            "read records",
+            lambda: self._client.zrangebyscore(
+                f"{self.prefix}rec:{stream}", repr(float(since)), "+inf"
+            ),
+        )
+        # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
+        return [json.loads(m.partition(" ")[2]) for m in cast("list[str]", members)]
+
+    def pilot_registry(self) -> PilotRegistry:
+        """The pilot registry on this server, under this store's prefix."""
+        registry = self._pilot_registry
+        if registry is None:
+            registry = self._pilot_registry = RedisPilots(self)
+        return registry
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except RedisError:
+            pass
+
+
+# --- the pilot registry ------------------------------------------------------------------------
+
+SEP = "\x1f"
+#: Pilots per Lua script.
+CHUNK = 2000
+
+_PUT = """
+local P = KEYS[1]
+local rows, states, counts, finall = P..'pilots:row', P..'pilots:state', P..'pilots:count', P..'pilots:finall'
+local wn, wc = P..'pilots:waiting', P..'pilots:waiting-cores'
+for i = 1, #ARGV, 8 do
+  local f, ep, state, terminal, changed, data = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4], ARGV[i+5]
+  local grp, cores = ARGV[i+6], tonumber(ARGV[i+7])
+  local old = redis.call('HGET', states, f)
+  if old == 'waiting' then
+    local was = cjson.decode(redis.call('HGET', rows, f))
+    local g = ep .. '\\31' .. (was['group'] or 'default')
+    redis.call('HINCRBY', wn, g, -1)
+    redis.call('HINCRBY', wc, g, -(tonumber(was['cores']) or 1))
+  end
+  if state == 'waiting' then
+    redis.call('HINCRBY', wn, ep .. '\\31' .. grp, 1)
+    redis.call('HINCRBY', wc, ep .. '\\31' .. grp, cores)
+  end
+  if old then
+    redis.call('HINCRBY', counts, ep .. '\\31' .. old, -1)
+    redis.call('SREM', P..'pilots:active:'..ep, f)
+    redis.call('ZREM', P..'pilots:fin:'..ep, f)
+    redis.call('ZREM', finall, f)
+  end
+  redis.call('HSET', rows, f, data)
+  redis.call('HSET', states, f, state)
+  redis.call('HINCRBY', counts, ep .. '\\31' .. state, 1)
+  if terminal == '1' then
+    redis.call('ZADD', P..'pilots:fin:'..ep, changed, f)
+    redis.call('ZADD', finall, changed, f)
+  else
+    redis.call('SADD', P..'pilots:active:'..ep, f)
+  end
+end
+return 1
+"""
+
+# The waiting pilots by (backend, endpoint, group) and their cores. The first read on a store
+# written before these counters existed builds them from the rows (one scan, once: the marker
+# says they are kept since); until then a write may have moved them, so they are rebuilt whole.
+_WAITING = """
+local P = KEYS[1]
+local wn, wc, mark = P..'pilots:waiting', P..'pilots:waiting-cores', P..'pilots:waiting-kept'
+if redis.call('EXISTS', mark) == 0 then
+  redis.call('DEL', wn, wc)
+  local all = redis.call('HGETALL', P..'pilots:state')
+  for i = 1, #all, 2 do
+    if all[i+1] == 'waiting' then
+      local f = all[i]
+      local row = cjson.decode(redis.call('HGET', P..'pilots:row', f))
+      local a = string.find(f, '\\31', 1, true)
+      local b = string.find(f, '\\31', a + 1, true)
+      local g = string.sub(f, 1, b - 1) .. '\\31' .. (row['group'] or 'default')
+      redis.call('HINCRBY', wn, g, 1)
+      redis.call('HINCRBY', wc, g, tonumber(row['cores']) or 1)
+    end
+  end
+  redis.call('SET', mark, '1')
+end
+return {redis.call('HGETALL', wn), redis.call('HGETALL', wc)}
+"""
+
+# ARGV: before, limit. Forgets up to limit terminal pilots that finished before ``before``.
+_PRUNE = """
+local P = KEYS[1]
+local rows, states, counts, finall = P..'pilots:row', P..'pilots:state', P..'pilots:count', P..'pilots:finall'
+local gone = redis.call('ZRANGEBYSCORE', finall, '-inf', '(' .. ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, f in ipairs(gone) do
+  local a = string.find(f, '\\31', 1, true)
+  local b = string.find(f, '\\31', a + 1, true)
+  local ep = string.sub(f, 1, b - 1)
+  local state = redis.call('HGET', states, f)
+  if state then
+    redis.call('HINCRBY', counts, ep .. '\\31' .. state, -1)
+  end
+  redis.call('HDEL', rows, f)
+  redis.call('HDEL', states, f)
+  redis.call('ZREM', P..'pilots:fin:'..ep, f)
+  redis.call('ZREM', finall, f)
+end
+return #gone
+"""
+
+
+def _ep(backend: str, endpoint: str) -> str:
+    return f"{backend}{SEP}{endpoint}"
+
+
+def _field(pilot: Pilot) -> str:
+    return f"{pilot.backend}{SEP}{pilot.endpoint}{SEP}{pilot.job_id}"
+
+
+class RedisPilots(PilotRegistry):
+    """The registry of one :class:`~gridgate.core.stores.redis.RedisState`, on its client."""
+
+    def __init__(self, store: RedisState) -> None:
+        self.store = store
+        # answers come decoded to str (the store's client); redis-py's types say bytes | str
+        self._client = store.client
+        self._p = store.prefix
+        self._put = self._client.register_script(_PUT)
+        self._prune = self._client.register_script(_PRUNE)
+        self._waiting = self._client.register_script(_WAITING)
+
+    def _rows(self, fields: Sequence[str]) -> list[Pilot]:
+        if not fields:
+            return []
+        values = self.store.call(
+            "read pilots", self._client.hmget, f"{self._p}pilots:row", list(fields)
+        )
+        return [decode(cast(str, v)) for v in values if v is not None]
+
+    def put(self, pilots: Iterable[Pilot]) -> None:
+        args: list[str] = []
+        for pilot in pilots:
+            args += [
+                _field(pilot),
+                _ep(pilot.backend, pilot.endpoint),
+                pilot.state,
+                "1" if pilot.terminal else "0",
+                repr(float(pilot.changed)),
+                encode(pilot),
+                pilot.group,
+                str(pilot.cores),
+            ]
+        step = 8 * CHUNK
+        for start in range(0, len(args), step):
+            chunk = args[start : start + step]
+            self.store.call("write pilots", self._put, keys=[self._p], args=chunk)
+
+    def active(self, backend: str, endpoint: str) -> list[Pilot]:
+        key = f"{self._p}pilots:active:{_ep(backend, endpoint)}"
+        fields = cast("set[str]", self.store.call("read pilots", self._client.smembers, key))
+        return sorted(self._rows(sorted(fields)), key=lambda p: (p.submitted, p.job_id))
+
+    def counts(self) -> Counts:
+        raw = cast(
+            "dict[str, str]",
+            self.store.call("count pilots", self._client.hgetall, f"{self._p}pilots:count"),
+        )
+        out: Counts = {}
+        for name, value in raw.items():
+            number = int(value)
+            if number > 0:
+                backend, endpoint, state = name.split(SEP)
+                out[(backend, endpoint, state)] = number
+        return out
+
+    def waiting(self) -> Waiting:
+        numbers, cores = cast(
+            "list[list[str]]",
+            self.store.call("count waiting pilots", lambda: self._waiting(keys=[self._p])),
+        )
+        by_cores = dict(zip(cores[::2], cores[1::2], strict=True))
+        out: Waiting = {}
+        for name, value in zip(numbers[::2], numbers[1::2], strict=True):
+            if int(value) > 0:
+                backend, endpoint, group = name.split(SEP)
+                out[(backend, endpoint, group)] = (int(value), int(by_cores.get(name, value)))
+        return out
+
+    def last_finished(self, backend: str, endpoint: str, n: int, after: float = 0.0) -> list[Pilot]:
+        key = f"{self._p}pilots:fin:{_ep(backend, endpoint)}"
+        fields = self.store.call(
+            "read pilots",
+            lambda: self._client.zrevrangebyscore(
+                key, "+inf", f"({float(after)!r}", start=0, num=int(n)
+            ),
+        )
+        return self._rows(cast("list[str]", fields))
+
+    def query(
+        self,
+        backend: str | None = None,
+        endpoint: str | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Pilot]:
+        if backend is not None and endpoint is not None:
+            ep = _ep(backend, endpoint)
+
+            def fields() -> list[str]:
+                active = cast("set[str]", self._client.smembers(f"{self._p}pilots:active:{ep}"))
+                done = cast("list[str]", self._client.zrange(f"{self._p}pilots:fin:{ep}", 0, -1))
+                return sorted(active | set(done))
+
+            pilots = self._rows(self.store.call("read pilots", fields))
+        else:
+            pilots = []
+            for _name, value in self.store.call(
+                "read pilots",
+                lambda: list(self._client.hscan_iter(f"{self._p}pilots:row", count=5000)),
+            ):
+                pilots.append(decode(value))
+        wanted = set(states) if states else None
+        rows = [
+            p
+            for p in pilots
+            if (backend is None or p.backend == backend)
+            and (endpoint is None or p.endpoint == endpoint)
+            and (wanted is None or p.state in wanted)
+        ]
+        rows.sort(key=lambda p: (p.backend, p.endpoint, p.submitted, p.job_id))
+        return rows if limit is None else rows[:limit]
+
+    def get(self, backend: str, endpoint: str, job_id: str) -> Pilot | None:
+        field = f"{backend}{SEP}{endpoint}{SEP}{job_id}"
+        found = self._rows([field])
+        return found[0] if found else None
+
+    def prune(self, before: float) -> int:
+        total = 0
+        while True:
+            gone = int(
+                self.store.call(
+                    "prune pilots",
+                    lambda: self._prune(keys=[self._p], args=[repr(float(before)), str(CHUNK)]),
+                )
+            )
+            total += gone
+            if gone < CHUNK:
+                return total

@@ -1,0 +1,380 @@
+"""`gridgate report`: the pilots-per-hour table and the PNG plot from the accounting and failures
+tables and the pilot registry; what it says without matplotlib."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gridgate.core.commands.app import cli
+from gridgate.core.commands.report import (
+    draw,
+    hourly_table,
+    parse_duration,
+    plot_png,
+    plotted,
+    read_plotted,
+    render_table,
+    save_png,
+)
+from gridgate.core.engine.runtime import ACCOUNTING
+from gridgate.core.stores.sqlite import SqliteState
+
+T0 = 1_780_000_000.0 - (1_780_000_000.0 % 3600)
+
+
+def generated_rows(hours: int = 24, servers: int = 11, seed: int = 7) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for h in range(hours):
+        for s in range(servers):
+            for _ in range(rng.randrange(0, 20)):
+                outcome = "failed" if rng.random() < 0.1 else "submitted"
+                rows.append(
+                    {
+                        "time": T0 + h * 3600 + rng.random() * 3599,
+                        "backend": "wms_glite",
+                        "endpoint": f"wms{s + 1:02d}.example.org",
+                        "outcome": outcome,
+                        "pilots": 1,
+                        "failure_kind": "error" if outcome == "failed" else "",
+                    }
+                )
+    return rows
+
+
+def test_hourly_table_counts_pilots_per_hour_per_endpoint() -> None:
+    rows = generated_rows()
+    table = hourly_table(rows)
+    assert len(table["hours"]) == 24
+    total = sum(sum(v.values()) for v in table["pilots"].values())
+    assert total == sum(1 for r in rows if r["outcome"] == "submitted")
+    assert sum(table["failures"].values()) == sum(1 for r in rows if r["outcome"] == "failed")
+    text = render_table(table)
+    assert "wms11.example.org" in text and len(text.splitlines()) > 24
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("90m") == 5400
+    assert parse_duration("30") == 30
+    with pytest.raises(ValueError):
+        parse_duration("a week")
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_png_renders_a_real_image(tmp_path) -> None:
+    path = tmp_path / "pilots.png"
+    plot_png(generated_rows(), str(path))
+    width, height = png_size(path)
+    assert (width, height) == (1100, 700)
+    assert path.stat().st_size > 20_000  # bars, legend and labels, not an empty canvas
+
+
+def test_report_command_reads_the_state_database(tmp_path) -> None:
+    db = tmp_path / "state.db"
+    store = SqliteState({"path": str(db)})
+    rows = generated_rows(hours=3)
+    for row in rows:
+        store.append_record(ACCOUNTING, row)
+    store.close()
+    config = tmp_path / "site.yaml"
+    config.write_text(f"state: {{driver: sqlite, path: {db}}}\n", encoding="utf-8")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "report",
+            "-c",
+            str(config),
+            "--since",
+            "100000d",
+            "--json",
+            "--png",
+            str(tmp_path / "r.png"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r.png").stat().st_size > 10_000
+
+
+def test_report_shows_pilots_by_state_and_trimmed_demand(tmp_path) -> None:
+    from gridgate.core.state import Pilot
+
+    db = tmp_path / "state.db"
+    store = SqliteState({"path": str(db)})
+    rows = generated_rows(hours=3)
+    rows.append(
+        {
+            "time": T0 + 100,
+            "backend": "wms_glite",
+            "endpoint": "",
+            "outcome": "skipped",
+            "pilots": 17,
+            "failure_kind": "max_waiting",
+        }
+    )
+    for row in rows:
+        store.append_record(ACCOUNTING, row)
+    ended = [
+        Pilot(
+            f"j{i}",
+            "wms_glite",
+            "wms01.example.org",
+            submitted=T0,
+            changed=T0 + 3600 + i,
+            state="failed" if i % 4 == 0 else "done",
+            native="Aborted" if i % 4 == 0 else "Done",
+        )
+        for i in range(40)
+    ]
+    waiting = [
+        Pilot(f"w{i}", "wms_glite", "wms02.example.org", submitted=T0, changed=T0) for i in range(5)
+    ]
+    store.pilot_registry().put(ended + waiting)
+    store.close()
+    config = tmp_path / "site.yaml"
+    config.write_text(f"state: {{driver: sqlite, path: {db}}}\n", encoding="utf-8")
+    doc = CliRunner().invoke(cli, ["report", "-c", str(config), "--since", "100000d", "--json"])
+    assert doc.exit_code == 0, doc.output
+    table = __import__("json").loads(doc.output)
+    assert sum(table["trimmed"].values()) == 17
+    (slot,) = table["finished"]
+    assert table["finished"][slot] == {"done": 30, "failed": 10}
+    assert table["pilots_now"]["wms_glite/wms02.example.org"]["waiting"] == 5
+    text = CliRunner().invoke(
+        cli, ["report", "-c", str(config), "--since", "100000d", "--png", str(tmp_path / "r.png")]
+    )
+    assert "demand trimmed by max_waiting / max_total" in text.output
+    finished = text.output.split("pilots finished per slot, by state:")[1].splitlines()
+    assert finished[1].split() == ["from", "(UTC)", "done", "failed"]
+    assert finished[2].split()[-2:] == ["30", "10"]
+    assert "wms_glite/wms02.example.org" in text.output.split("pilots now")[1]
+    assert png_size(tmp_path / "r.png") == (1100, 900)  # the panel of finished pilots is drawn
+
+
+# --- the plot without matplotlib -------------------------------------------------------------
+
+#: Runs the gridgate command line in a Python that cannot import matplotlib, as one installed
+#: without the plot extra: a meta path finder refuses the package before any other finder looks.
+WITHOUT_MATPLOTLIB = """
+import sys
+
+
+class NoMatplotlib:
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoMatplotlib())
+if sys.argv[1:] == ["--probe"]:
+    import matplotlib  # noqa: F401  (the block itself is checked: this must fail)
+else:
+    from gridgate.core.commands.launch import main
+
+    sys.argv[0] = "gridgate"
+    main()
+"""
+
+
+def without_matplotlib(*args: str, cwd) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_MATPLOTLIB, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8"},
+    )
+
+
+def store_with_rows(tmp_path) -> Path:
+    db = tmp_path / "state.db"
+    store = SqliteState({"path": str(db)})
+    for row in generated_rows(hours=2):
+        store.append_record(ACCOUNTING, row)
+    store.close()
+    config = tmp_path / "site.yaml"
+    config.write_text(f"state: {{driver: sqlite, path: {db}}}\n", encoding="utf-8")
+    return config
+
+
+def test_report_png_without_matplotlib_names_the_plot_extra(tmp_path) -> None:
+    probe = without_matplotlib("--probe", cwd=tmp_path)
+    assert probe.returncode == 1 and "ModuleNotFoundError: No module named 'matplotlib'" in (
+        probe.stderr
+    ), probe.stderr  # the Python below really has no matplotlib
+    config = store_with_rows(tmp_path)
+    png = tmp_path / "pilots.png"
+    done = without_matplotlib(
+        "report", "-c", str(config), "--since", "100000d", "--png", str(png), cwd=tmp_path
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("Error: the plot needs matplotlib"), done.stderr
+    assert "pip install 'gridgate[plot]'" in done.stderr
+    assert done.stdout == "" and not png.exists()  # said before anything was printed or drawn
+    # the table alone needs no matplotlib
+    table = without_matplotlib("report", "-c", str(config), "--since", "100000d", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert "wms01.example.org" in table.stdout
+
+
+def test_demo_png_without_matplotlib_says_so_before_running(tmp_path) -> None:
+    done = without_matplotlib(
+        "demo", "--dir", str(tmp_path / "demo"), "--png", str(tmp_path / "d.png"), cwd=tmp_path
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "pip install 'gridgate[plot]'" in done.stderr
+    assert not (tmp_path / "demo").exists()  # nothing was started
+
+
+# --- failures: submissions, status polls, aborted --------------------------------------------
+
+
+def test_hourly_table_counts_failure_rows_with_failed_submissions() -> None:
+    rows = [
+        {"time": T0 + 1, "endpoint": "a", "outcome": "submitted", "pilots": 3},
+        {"time": T0 + 2, "endpoint": "b", "outcome": "failed", "failure_kind": "timeout"},
+    ]
+    failures = [
+        {"time": T0 + 3, "endpoint": "c", "kind": "aborted"},
+        {"time": T0 + 3600, "endpoint": "b", "kind": "unreachable"},
+    ]
+    table = hourly_table(rows, failures=failures)
+    first, second = table["hours"]
+    assert table["failures"] == {first: 2, second: 1}
+    assert table["failures_by_sort"][first] == {"submission": 1, "poll": 0, "aborted": 1}
+    assert table["failures_by_sort"][second] == {"submission": 0, "poll": 1, "aborted": 0}
+    assert table["failure_kinds"] == {
+        "b": {"timeout": 1, "unreachable": 1},
+        "c": {"aborted": 1},
+    }
+    text = render_table(table)
+    assert "c                              nothing submitted; failures by kind: aborted 1" in text
+
+
+GOOD, ABORTS, LB_DOWN = "wms01.example.org", "wms02.example.org", "wms03.example.org"
+
+
+def test_report_of_a_director_whose_servers_abort_and_fail_polls(tmp_path) -> None:
+    """A real director against the gLite stand-ins (real processes, a real sqlite store): one
+    server's pilots all abort, one server's bookkeeping server is down (its status polls fail).
+    Neither fails a submission; the report counts both, by kind, and draws them."""
+    from gridgate.core.clock import FakeClock
+    from gridgate.core.engine.director import Director
+    from gridgate.core.testing import make_config
+    from gridgate.plugins.wms_glite.sim import commands_section, install_commands, write_scenario
+    from gridgate.plugins.wms_glite.sim.jobs import set_clock
+
+    clock_file = tmp_path / "simclock"
+    set_clock(clock_file, T0)
+    scenario = write_scenario(
+        tmp_path / "scenario.json",
+        {
+            "state_dir": str(tmp_path / "simstate"),
+            "calls_log": str(tmp_path / "calls.jsonl"),
+            "clock_file": str(clock_file),
+            "default": {"behaviour": "healthy"},
+            "hosts": {
+                GOOD: {"pilots": {"outcome": "done"}},
+                ABORTS: {"pilots": {"outcome": "aborted"}},
+                LB_DOWN: {"pilots": {"outcome": "done", "status": "lb_down"}},
+            },
+        },
+    )
+    bin_dir = install_commands(tmp_path / "bin")
+    db = tmp_path / "state" / "state.db"
+    doc = {
+        "director": {
+            "cycle_seconds": 1,
+            "max_threads": 4,
+            "command_timeout": 20,
+            "state_dir": str(tmp_path / "state"),
+            "pilots": {"abort_min_finished": 5},
+        },
+        "state": {"driver": "sqlite", "path": str(db)},
+        "backends": {
+            "wms_glite": {
+                "servers": [GOOD, ABORTS, LB_DOWN],
+                "commands": commands_section(bin_dir),
+                "list_match": False,
+                "work_dir": str(tmp_path),
+                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
+            }
+        },
+        "demand": {"static": {"wms_glite": 30}},
+        "selectors": {"round_robin": {}},
+    }
+    clock = FakeClock(T0)
+    director = Director(make_config(doc), clock=clock)
+    try:
+        first = director.run_iteration()
+        clock.advance(10)  # the aborting server's pilots have aborted, the others run
+        set_clock(clock_file, clock.time())
+        second = director.run_iteration()
+    finally:
+        director.close()
+    assert "failed" not in {r.outcome for r in (*first.records, *second.records)}
+    kinds = {(f.endpoint, f.kind) for f in second.failures}
+    assert (ABORTS, "aborted") in kinds and any(e == LB_DOWN for e, _ in kinds), kinds
+    poll_kind = next(k for e, k in kinds if e == LB_DOWN)
+
+    config = tmp_path / "site.yaml"
+    config.write_text(f"state: {{driver: sqlite, path: {db}}}\n", encoding="utf-8")
+    doc_out = CliRunner().invoke(cli, ["report", "-c", str(config), "--since", "100000d", "--json"])
+    assert doc_out.exit_code == 0, doc_out.output
+    table = json.loads(doc_out.output)
+    assert sum(table["failures"].values()) == 2
+    (slot,) = [h for h, n in table["failures"].items() if n]
+    assert table["failures_by_sort"][slot] == {"submission": 0, "poll": 1, "aborted": 1}
+    assert table["failure_kinds"] == {ABORTS: {"aborted": 1}, LB_DOWN: {poll_kind: 1}}
+    png = tmp_path / "r.png"
+    text = CliRunner().invoke(
+        cli, ["report", "-c", str(config), "--since", "100000d", "--png", str(png)]
+    )
+    assert text.exit_code == 0, text.output
+    assert f"{ABORTS:<30} submitted 10; failures by kind: aborted 1" in text.output
+    assert f"{LB_DOWN:<30} submitted 10; failures by kind: {poll_kind} 1" in text.output
+    shown = read_plotted(png)
+    assert shown is not None
+    failures_panel = shown["panels"][-1]
+    assert failures_panel["ylabel"] == "failures"
+    drawn = {s["label"]: sum(s["values"]) for s in failures_panel["series"]}
+    drawn.pop("pilots trimmed by limits", None)  # demand max_waiting held back, not a failure
+    assert drawn == {
+        "failed submissions": 0,
+        "failed status polls or cancels": 1,
+        "aborted: a server's pilots abort": 1,
+    }
+
+
+# --- the picture carries what it shows ----------------------------------------------------------
+
+
+def test_a_png_carries_what_it_plots(tmp_path) -> None:
+    table = hourly_table(generated_rows(hours=3), failures=[{"time": T0 + 5, "kind": "aborted"}])
+    fig = draw(table)
+    path = tmp_path / "p.png"
+    save_png(fig, path)
+    assert read_plotted(path) == json.loads(json.dumps(plotted(fig)))
+    bottom = fig.axes[-1]
+    assert [t for t in bottom.get_yticks() if not float(t).is_integer()] == []
+    other = tmp_path / "q.png"
+    fig.savefig(other)  # no text chunk of ours
+    assert read_plotted(other) is None
+    # a different report draws differently (the comparison the docs' picture test makes)
+    assert plotted(draw(hourly_table(generated_rows(hours=3)))) != plotted(fig)

@@ -1,0 +1,141 @@
+"""`gridgate servers list|clear`: what the failing and tickets caches hold, read from the
+director's state store by another process, and putting a fixed server back in rotation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from support.director import BACKEND, ScriptedBackend
+
+from gridgate.core.builtin.escalation import TwoCacheEscalation
+from gridgate.core.clock import FakeClock
+from gridgate.core.config import load_config
+from gridgate.core.engine.director import Director
+from gridgate.core.model import Endpoint, Failure, SubmitResult
+from gridgate.core.plugins import PluginContext
+from gridgate.core.stores.memory import MemoryState
+from gridgate.core.testing import Collector
+
+
+def site(tmp_path: Path, driver: str = "sqlite") -> Path:
+    doc = {
+        "director": {
+            "cycle_seconds": 0.01,
+            "max_threads": 1,
+            "command_timeout": 5,
+            "failing_expiry": 600,
+            "ticket_expiry": 600,
+            "state_dir": str(tmp_path / "state"),
+        },
+        "state": {
+            "driver": driver,
+            **({"path": str(tmp_path / "state" / "state.db")} if driver == "sqlite" else {}),
+        },
+        "demand": {"static": {BACKEND: 3}},
+        "selectors": {"round_robin": {}},  # every server is tried each iteration
+    }
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def gridgate(exe: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_list_shows_the_failing_server_and_clear_puts_it_back(tmp_path, gridgate_exe) -> None:
+    config = site(tmp_path)
+    backend, notes = ScriptedBackend(3, {"s1": "fake-fail"}), Collector()
+    director = Director(load_config(config), extra_plugins=[backend, notes])
+    try:
+        before = time.time()
+        first = director.run_iteration()
+        assert first.excluded == (f"{BACKEND}/s1",) and notes.levels() == ["error"]
+
+        listed = gridgate(gridgate_exe, "servers", "list", "-c", str(config), "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = json.loads(listed.stdout)["servers"]
+        assert [(r["server"], r["status"], r["kind"], r["failures"]) for r in rows] == [
+            (f"{BACKEND}/s1", "failing", "error", 1)
+        ]
+        assert before + 590 < rows[0]["failing_until"] < time.time() + 610
+        assert before + 1190 < rows[0]["tickets_until"] < time.time() + 1210
+        table = gridgate(gridgate_exe, "servers", "list", "-c", str(config))
+        assert f"{BACKEND}/s1" in table.stdout and "failing" in table.stdout
+
+        assert all(r.endpoint != "s1" for r in director.run_iteration().records)  # still out
+        backend.behaviour["s1"] = "fake-ok"  # the site fixed it
+        cleared = gridgate(gridgate_exe, "servers", "clear", "-c", str(config), "s1", "wms99")
+        assert cleared.returncode == 0, cleared.stderr
+        assert cleared.stdout.splitlines() == [
+            f"cleared {BACKEND}/s1",
+            "wms99: not in the caches (already in rotation)",
+        ]
+        empty = gridgate(gridgate_exe, "servers", "list", "-c", str(config))
+        assert empty.stdout.strip() == "every server is in rotation; no failure episode is open"
+
+        back = director.run_iteration()
+        assert sorted(r.endpoint for r in back.records if r.outcome == "submitted") == [
+            "s0",
+            "s1",
+            "s2",
+        ]
+        backend.behaviour["s1"] = (
+            "fake-fail"  # failing again: a new episode, an error, not an alarm
+        )
+        director.run_iteration()
+        assert notes.levels() == ["error", "error"]
+    finally:
+        director.close()
+
+
+def test_clear_needs_a_name_and_memory_state_has_nothing_to_show(tmp_path, gridgate_exe) -> None:
+    config = site(tmp_path)
+    usage = gridgate(gridgate_exe, "servers", "clear", "-c", str(config))
+    assert usage.returncode == 2 and "name at least one server, or --all" in usage.stderr
+    (tmp_path / "m").mkdir()
+    memory = site(tmp_path / "m", driver="memory")
+    refused = gridgate(gridgate_exe, "servers", "list", "-c", str(memory))
+    assert refused.returncode == 1 and "state.driver is memory" in refused.stderr
+
+
+def test_cache_view_after_the_failing_entry_expired_and_for_a_local_fault() -> None:
+    clock = FakeClock()
+    state = MemoryState(clock=clock)
+    escalation = TwoCacheEscalation(
+        {},
+        PluginContext(
+            clock=clock,
+            state=state,
+            config={"director": {"failing_expiry": 100, "ticket_expiry": 100}},
+        ),
+    )
+    endpoint = Endpoint(BACKEND, "s0")
+    failing = escalation.context.failing
+    assert failing is not None  # built by the context on its state, with the config's expiries
+    escalation.gridgate_escalate(
+        endpoint=endpoint,
+        failure=Failure("timeout"),
+        result=SubmitResult(endpoint, ok=False),
+        episode=failing.enter(endpoint, "timeout"),
+    )
+    assert failing.local_fault("lsf", "launch") and not failing.local_fault("lsf", "launch")
+    rows = failing.view(clock.time())
+    assert [(r["server"], r["status"], r["kind"]) for r in rows] == [
+        ("lsf (this machine)", "local_fault", "launch"),
+        (f"{BACKEND}/s0", "failing", "timeout"),
+    ]
+    assert rows[1]["failing_until"] == clock.time() + 100 and rows[1]["failures"] == 1
+    clock.advance(150)  # out of the failing cache, still in the tickets window: watched
+    rows = failing.view(clock.time())
+    assert [(r["server"], r["status"], r["kind"]) for r in rows] == [
+        (f"{BACKEND}/s0", "watched", "timeout")
+    ]
+    assert rows[0]["failing_until"] is None and rows[0]["tickets_until"] == clock.time() + 50
+    assert failing.local_fault("lsf", "launch")
+    assert failing.clear([], everything=True) == [f"{BACKEND}/s0", "local-fault/lsf/launch"]
+    assert failing.view(clock.time()) == []

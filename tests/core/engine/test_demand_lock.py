@@ -1,0 +1,48 @@
+"""Several directors on one Redis: each demand group is filled by one of them (a Redis lock),
+and another takes it over when the holder stops."""
+
+from __future__ import annotations
+
+import uuid
+
+from support.director import ScriptedBackend, config
+
+from gridgate.core.clock import FakeClock
+from gridgate.core.engine.director import Director
+from gridgate.core.stores.redis import RedisState
+from gridgate.core.testing import Collector
+
+
+def director(redis_server, clock: FakeClock, prefix: str) -> tuple[Director, ScriptedBackend]:
+    backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
+    state = RedisState({"url": redis_server.url, "prefix": prefix}, clock=clock)
+    d = Director(
+        config(servers=2, pilots=5, cycle_seconds=60, demand_lock=True),
+        clock=clock,
+        extra_plugins=[backend, Collector()],
+        state=state,
+    )
+    return d, backend
+
+
+def test_one_director_fills_each_group_and_another_takes_over(redis_server) -> None:
+    clock = FakeClock()
+    prefix = f"lock-{uuid.uuid4().hex[:8]}:"
+    first, first_backend = director(redis_server, clock, prefix)
+    second, second_backend = director(redis_server, clock, prefix)
+    try:
+        for _ in range(3):  # both iterate every cycle; only the holder submits
+            a, b = first.run_iteration(), second.run_iteration()
+            assert sum(r.pilots for r in a.records if r.outcome == "submitted") == 5
+            assert {(r.outcome, r.failure_kind) for r in b.records} == {
+                ("skipped", "claimed_elsewhere")
+            }
+            clock.advance(60)
+        assert len(second_backend.calls) == 0 and len(first_backend.calls) == 15
+        # the holder stops; 1.5 cycles later its lock has lapsed and the other fills the group
+        clock.advance(91)
+        b = second.run_iteration()
+        assert sum(r.pilots for r in b.records if r.outcome == "submitted") == 5
+    finally:
+        first.close()
+        second.close()
