@@ -12,69 +12,20 @@ import copy
 import os
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gridgate.core.secrets import SECRET_SCHEMA
+from gridgate.plugins.lsf_proxy.commands import CATEGORIES
 
-CATEGORIES: tuple[str, ...] = ("query", "submission", "other")
 #: How the LSF policy string and the status table spell each category.
 LSF_NAMES: dict[str, str] = {"query": "QUERY", "submission": "SUBMISSION", "other": "OTHER"}
 
 DEFAULT_MAX = 100
 DEFAULT_NOMINAL = 50
 DEFAULT_THROTTLE_MS = 1
-
-#: Commands and batch opcodes by category; everything not listed is ``other``.
-DEFAULT_CATEGORY_MAP: dict[str, tuple[str, ...]] = {
-    "submission": (
-        "bsub",
-        "brestart",
-        "bmod",
-        "bswitch",
-        "BATCH_JOB_SUB",
-        "BATCH_JOB_RESTART",
-        "BATCH_JOB_MODIFY",
-        "BATCH_JOB_SWITCH",
-    ),
-    "query": (
-        "bjobs",
-        "bhosts",
-        "bqueues",
-        "bhist",
-        "busers",
-        "blimits",
-        "bapp",
-        "bparams",
-        "bjgroup",
-        "bsla",
-        "bresources",
-        "bmgroup",
-        "bugroup",
-        "bpeek",
-        "bread",
-        "brsvs",
-        "squeue",
-        "sinfo",
-        "condor_q",
-        "condor_status",
-        "qstat",
-        "BATCH_JOB_QUERY",
-        "BATCH_HOST_INFO",
-        "BATCH_QUE_INFO",
-        "BATCH_USER_INFO",
-        "BATCH_JOB_PEEK",
-        "BATCH_PARAM_INFO",
-        "BATCH_GRP_INFO",
-        "BATCH_RESOURCE_INFO",
-        "BATCH_RSV_INFO",
-        "BATCH_APP_INFO",
-        "BATCH_SLA_INFO",
-        "BATCH_LIMIT_INFO",
-    ),
-}
 
 #: The longest waits and holds a config may give, in seconds: far beyond any use, far below
 #: what a socket timeout, ``poll`` or a timer can take (about 9.2e9 s; a bigger value, or
@@ -627,29 +578,6 @@ def split_limits(limits: Mapping[str, Limits], index: int, count: int) -> dict[s
         )
         for c, v in limits.items()
     }
-
-
-def category_map(extra: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
-    """Command or opcode name -> category, the defaults plus ``extra`` (which wins)."""
-    from gridgate.plugins.lsf_proxy.opcodes import COMMAND_OPCODES
-
-    mapping: dict[str, str] = {}
-    for category, names in DEFAULT_CATEGORY_MAP.items():
-        for name in names:
-            mapping[name] = category
-            # the opcode the gate sends for a command falls in the command's category
-            mapping.setdefault(COMMAND_OPCODES.get(name, name), category)
-    for category, extra_names in (extra or {}).items():
-        for name in extra_names:
-            mapping[name] = category
-    return mapping
-
-
-def category_of(name: str, mapping: Mapping[str, str] | None = None) -> str:
-    """The category of a command (``bjobs``, ``/usr/bin/bsub``) or opcode; default ``other``."""
-    mapping = mapping if mapping is not None else category_map()
-    base = os.path.basename(name)
-    return mapping.get(base) or mapping.get(name) or "other"
 
 
 def default_socket_path() -> str:

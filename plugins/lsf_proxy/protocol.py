@@ -1,7 +1,9 @@
 """The daemon's wire protocol: newline-delimited JSON, versioned, HMAC-signed over TCP.
 
 docs/protocol.md describes it for writers of other clients; this module is the reference
-implementation of framing, signing and replay protection used by both ends.
+implementation of framing, signing and replay protection used by both ends. The version and
+the error vocabulary are in :mod:`.wire`, which the gate's client reads without this module's
+imports.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION, ProtocolError
 
-PROTOCOL_VERSION = 1
 DEFAULT_MAX_LINE = 16384
 
 #: Operations anyone may call; every other operation is an admin command.
@@ -34,14 +36,6 @@ ADMIN_OPS = frozenset(
         "heartbeat",
     }
 )
-
-
-class ProtocolError(Exception):
-    """A message that cannot be served; ``code`` is the machine-readable error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
 
 
 def encode(message: Mapping[str, Any]) -> bytes:

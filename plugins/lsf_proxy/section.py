@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from gridgate.core.plugins import Plugin
+from gridgate.core.plugins import ConfigProblems, Plugin
 from gridgate.plugins.lsf_proxy.config import (
     SECTION_SCHEMA,
     PolicyError,
@@ -26,9 +26,9 @@ class ProxydSection(Plugin):
     config_schema: ClassVar[dict[str, Any]] = SECTION_SCHEMA
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """Cross-field checks: the policy rules, host names, the TCP key."""
-        problems: list[tuple[tuple[str | int, ...], str]] = []
+        problems: ConfigProblems = []
         try:
             resolve_policies(section.get("policies"), section.get("max_concurrent_query"))
         except PolicyError as exc:

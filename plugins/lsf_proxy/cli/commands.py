@@ -16,8 +16,9 @@ from gridgate.core import hookimpl
 from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
 from gridgate.core.config import SecretError
 from gridgate.plugins.lsf_proxy.cli import render
-from gridgate.plugins.lsf_proxy.client.client import HostReply, ProxyClient, ProxyError
+from gridgate.plugins.lsf_proxy.client.client import HostReply, ProxyClient
 from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.wire import ProxyError
 
 #: Exit code when a daemon could not be reached or refused the command.
 EXIT_FAILED = 1

@@ -6,7 +6,6 @@ connection until it is released; idle connections are pooled for the next reques
 
 from __future__ import annotations
 
-import errno
 import itertools
 import os
 import pwd
@@ -22,45 +21,18 @@ from loguru import logger
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.secrets import read_secret
 from gridgate.plugins.lsf_proxy.config import host_name, parse_address, resolve_socket
-from gridgate.plugins.lsf_proxy.protocol import PROTOCOL_VERSION, encode, sign
-
-
-class ProxyError(Exception):
-    """Base of the client's errors."""
-
-
-class ProxyUnavailable(ProxyError):
-    """No daemon answered (and ``when_unavailable`` is ``fail``)."""
-
-
-class NoToken(ProxyError):
-    """Refused: blocked, or denied ``notoken_ntries`` times. ``reason`` is the last one."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        self.reason = reason
-        super().__init__(message)
-
-
-class RequestFailed(ProxyError):
-    """The daemon answered with an error (``code``: forbidden, bad_request, ...)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-class _Broken(Exception):
-    """The connection failed (refused, reset, closed, timed out)."""
-
-
-#: Errors with which a daemon that is alive turns a connection away (then closes it).
-BUSY_CODES = frozenset({"busy", "auth_timeout"})
-
-
-class _Busy(_Broken):
-    """The daemon is there but did not take or answer the request in time (listen backlog
-    full, reply overdue). Not a reason to run without a token: that is for daemons that are
-    down."""
+from gridgate.plugins.lsf_proxy.protocol import encode, sign
+from gridgate.plugins.lsf_proxy.wire import (
+    PROTOCOL_VERSION,
+    ConnectionBroken,
+    DaemonBusy,
+    NoToken,
+    ProxyError,
+    ProxyUnavailable,
+    RequestFailed,
+    connect_failed,
+    turned_away,
+)
 
 
 @dataclass(frozen=True)
@@ -102,7 +74,9 @@ class Connection:
             try:
                 infos = socket.getaddrinfo(target[0], target[1], type=socket.SOCK_STREAM)
             except OSError as exc:
-                raise _Broken(f"{daemon.name}: cannot resolve {daemon.address}: {exc}") from None
+                raise ConnectionBroken(
+                    f"{daemon.name}: cannot resolve {daemon.address}: {exc}"
+                ) from None
             family, where = infos[0][0], infos[0][4]
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
@@ -110,10 +84,7 @@ class Connection:
             self._sock.connect(where)
         except OSError as exc:
             self._sock.close()
-            kind_of = (
-                _Busy if isinstance(exc, TimeoutError) or exc.errno == errno.EAGAIN else _Broken
-            )
-            raise kind_of(f"{daemon.name}: cannot connect to {daemon.address}: {exc}") from None
+            raise connect_failed(daemon.name, daemon.address, exc) from None
         self._buffer = bytearray()
         self._ids = itertools.count(1)
         self._challenge: str | None = None
@@ -128,10 +99,10 @@ class Connection:
             reply = self.call("hello", timeout)
         except RequestFailed as exc:
             self.close()
-            raise _Broken(f"{self.daemon.name}: hello refused: {exc}") from None
+            raise ConnectionBroken(f"{self.daemon.name}: hello refused: {exc}") from None
         if not reply.get("ok"):
             self.close()
-            raise _Broken(f"{self.daemon.name}: hello refused: {reply.get('error')}")
+            raise ConnectionBroken(f"{self.daemon.name}: hello refused: {reply.get('error')}")
         self._challenge = reply.get("challenge")
         self._daemon_name = reply.get("name") if self._challenge is not None else None
 
@@ -162,18 +133,21 @@ class Connection:
                 if reply.get("id") == msg_id:
                     return reply
                 if reply.get("id") is None and reply.get("ok") is False:
-                    error = reply.get("error") or {}
-                    if error.get("code") in BUSY_CODES:
+                    busy = turned_away(self.daemon.name, reply)
+                    if busy is not None:
                         # the daemon is there and closes this connection for lack of room
                         self.close()
-                        raise _Busy(f"{self.daemon.name}: busy: {error.get('message', '')}")
+                        raise busy
+                    error = reply.get("error") or {}
                     raise RequestFailed(error.get("code", "error"), error.get("message", ""))
         except TimeoutError as exc:
             self.close()
-            raise _Busy(f"{self.daemon.name}: no reply within {timeout:.0f} s: {exc}") from None
+            raise DaemonBusy(
+                f"{self.daemon.name}: no reply within {timeout:.0f} s: {exc}"
+            ) from None
         except (OSError, ValueError) as exc:
             self.close()
-            raise _Broken(f"{self.daemon.name}: {type(exc).__name__}: {exc}") from None
+            raise ConnectionBroken(f"{self.daemon.name}: {type(exc).__name__}: {exc}") from None
 
     def _turned_away(self) -> None:
         """After a failed send: a daemon that turned this connection away at once wrote why
@@ -183,10 +157,10 @@ class Connection:
             reply = self._read_line()
         except (OSError, ValueError):
             return
-        error = reply.get("error") or {}
-        if reply.get("id") is None and error.get("code") in BUSY_CODES:
+        busy = turned_away(self.daemon.name, reply)
+        if busy is not None:
             self.close()
-            raise _Busy(f"{self.daemon.name}: busy: {error.get('message', '')}")
+            raise busy
 
     def _read_line(self) -> dict[str, Any]:
         import json
@@ -339,7 +313,7 @@ class ProxyClient:
         conn, pooled = self._connect(daemon)
         try:
             return conn, conn.call(op, timeout, **fields)
-        except _Broken:
+        except ConnectionBroken:
             if not pooled:
                 raise
         conn = Connection(daemon, self.connect_timeout, self.key, self.user, self.host, self.clock)
@@ -431,11 +405,11 @@ class ProxyClient:
         for daemon in self._order():
             try:
                 conn, reply = self._call(daemon, "acquire", self.reply_timeout, **fields)
-            except _Busy as exc:
+            except DaemonBusy as exc:
                 logger.warning("lsfproxyd {} is overloaded: {}; trying the next", daemon.name, exc)
                 busy = busy or daemon
                 continue
-            except _Broken as exc:
+            except ConnectionBroken as exc:
                 logger.warning("lsfproxyd {} did not answer: {}; trying the next", daemon.name, exc)
                 self._mark(daemon, answered=False)
                 continue
@@ -461,7 +435,7 @@ class ProxyClient:
         conn, token._conn = token._conn, None
         try:
             conn.call("release", self.reply_timeout, token=token.id)
-        except (_Broken, RequestFailed) as exc:
+        except (ConnectionBroken, RequestFailed) as exc:
             # the daemon takes the token back when the connection closes anyway
             logger.debug("release of {} on {}: {}", token.id, token.daemon, exc)
             conn.close()
@@ -478,14 +452,16 @@ class ProxyClient:
                 conn = Connection(
                     daemon, self.connect_timeout, self.key, self.user, self.host, self.clock
                 )
-            except _Broken as exc:
-                out.append(HostReply(daemon, error=str(exc), busy=isinstance(exc, _Busy)))
+            except ConnectionBroken as exc:
+                out.append(HostReply(daemon, error=str(exc), busy=isinstance(exc, DaemonBusy)))
                 continue
             try:
                 out.append(HostReply(daemon, reply=conn.call(op, self.reply_timeout, **fields)))
-            except (_Broken, RequestFailed) as exc:
+            except (ConnectionBroken, RequestFailed) as exc:
                 out.append(
-                    HostReply(daemon, error=str(exc), busy=isinstance(exc, _Busy | RequestFailed))
+                    HostReply(
+                        daemon, error=str(exc), busy=isinstance(exc, DaemonBusy | RequestFailed)
+                    )
                 )
             finally:
                 conn.close()

@@ -4,14 +4,27 @@
 each call costs. :class:`~gridgate.plugins.lsf_proxy.client.client.ProxyClient` is the client for
 long-lived programs (thread-safe, pooled connections, loguru); this one speaks the same wire
 protocol (docs/protocol.md) for a process that takes one token, keeps it while its command
-runs and gives it back. Over the Unix socket it imports only ``os``, ``socket``, ``json`` and
-``time``; signing for TCP borrows :func:`gridgate.plugins.lsf_proxy.protocol.sign`.
+runs and gives it back. Over the Unix socket it imports only ``os``, ``socket``, ``json``,
+``time`` and :mod:`gridgate.plugins.lsf_proxy.wire` (the protocol's version and errors, shared
+with the other client); signing for TCP borrows :func:`gridgate.plugins.lsf_proxy.protocol.sign`.
 """
 
 from __future__ import annotations
 
 import os
 import time
+
+from gridgate.plugins.lsf_proxy.wire import (
+    PROTOCOL_VERSION,
+    ConnectionBroken,
+    DaemonBusy,
+    NoToken,
+    ProxyError,
+    ProxyUnavailable,
+    RequestFailed,
+    connect_failed,
+    turned_away,
+)
 
 # The C halves of ``socket`` and ``json``: the Python wrappers import enum, selectors and re,
 # which cost the gate more than everything else it does (python -X importtime). This client
@@ -25,41 +38,6 @@ TYPE_CHECKING = False  # typing costs more to import than the rest of this modul
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
-
-PROTOCOL_VERSION = 1
-
-
-class GateError(Exception):
-    """Base of the gate client's errors."""
-
-
-class Unavailable(GateError):
-    """No daemon answered and ``when_unavailable`` is ``fail``."""
-
-
-class NoToken(GateError):
-    """Refused: blocked, or denied ``notoken_ntries`` times; ``reason`` is the last one."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        self.reason = reason
-        super().__init__(message)
-
-
-class Failed(GateError):
-    """The daemon answered with an error (``code``: bad_request, forbidden, ...)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-class _Broken(Exception):
-    """The connection failed: refused, reset, closed."""
-
-
-class _Busy(_Broken):
-    """The daemon is there but did not take or answer the request in time: a reason to retry,
-    never to run without a token."""
 
 
 class _Context:
@@ -144,12 +122,12 @@ class Link:
         target: Any  # a socket path, or what getaddrinfo answers
         if tcp:
             if signer is None:
-                raise GateError(f"{name}: TCP needs the shared key (proxyd.key)")
+                raise ProxyError(f"{name}: TCP needs the shared key (proxyd.key)")
             host, _, port = address.rpartition(":")
             try:
                 infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
             except (OSError, ValueError) as exc:
-                raise _Broken(f"{name}: cannot resolve {address}: {exc}") from None
+                raise ConnectionBroken(f"{name}: cannot resolve {address}: {exc}") from None
             family, target = infos[0][0], infos[0][4]
         else:
             self._signer = None
@@ -160,10 +138,7 @@ class Link:
             self.sock.connect(target)
         except OSError as exc:
             self.sock.close()
-            busy = isinstance(exc, TimeoutError) or exc.errno == 11  # EAGAIN: backlog full
-            raise (_Busy if busy else _Broken)(
-                f"{name}: cannot connect to {address}: {exc}"
-            ) from None
+            raise connect_failed(name, address, exc) from None
         self._bound: dict[str, Any] = {}
         if self._signer is not None:
             self._handshake(timeout)
@@ -191,7 +166,7 @@ class Link:
             self.sock.sendall(dumps(message))
         except OSError as exc:
             self.close()
-            raise _Broken(f"{self.name}: {exc}") from None
+            raise ConnectionBroken(f"{self.name}: {exc}") from None
         return self._ids
 
     def wait(
@@ -212,7 +187,7 @@ class Link:
                 now = time.monotonic()
                 if now >= deadline:
                     self.close()
-                    raise _Busy(f"{self.name}: no reply within {timeout:.0f} s")
+                    raise DaemonBusy(f"{self.name}: no reply within {timeout:.0f} s")
                 limit = deadline - now
                 if notice_at is not None:
                     if now >= notice_at:
@@ -228,10 +203,10 @@ class Link:
                     continue
                 except OSError as exc:
                     self.close()
-                    raise _Broken(f"{self.name}: {exc}") from None
+                    raise ConnectionBroken(f"{self.name}: {exc}") from None
                 if not chunk:
                     self.close()
-                    raise _Broken(f"{self.name}: the daemon closed the connection")
+                    raise ConnectionBroken(f"{self.name}: the daemon closed the connection")
                 self._buffer += chunk
                 continue
             line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
@@ -239,18 +214,21 @@ class Link:
                 reply = loads(line)
             except ValueError as exc:
                 self.close()
-                raise _Broken(f"{self.name}: not a JSON line: {exc}") from None
+                raise ConnectionBroken(f"{self.name}: not a JSON line: {exc}") from None
             if reply.get("id") == msg_id:
                 return reply
             if reply.get("event") == "queued" and reply.get("request") == msg_id:
                 ahead = reply.get("ahead") if isinstance(reply.get("ahead"), int) else None
             elif reply.get("id") is None and reply.get("ok") is False:
-                error = reply.get("error") or {}
-                if error.get("code") in ("busy", "auth_timeout"):
+                busy = turned_away(self.name, reply)
+                if busy is not None:
                     # there, but no room for this connection: try the next, then again
                     self.close()
-                    raise _Busy(f"{self.name}: busy: {error.get('message', '')}")
-                raise Failed(error.get("code", "error"), f"{self.name}: {error.get('message', '')}")
+                    raise busy
+                error = reply.get("error") or {}
+                raise RequestFailed(
+                    error.get("code", "error"), f"{self.name}: {error.get('message', '')}"
+                )
 
     def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
         return self.wait(self.send(op, **fields), timeout)
@@ -287,7 +265,7 @@ class Grant:
             return
         try:
             link.call("release", self._timeout, token=self.token)
-        except (_Broken, GateError):
+        except (ConnectionBroken, ProxyError):
             pass  # unanswered: the daemon takes the token back when the connection closes
         link.close()
 
@@ -389,8 +367,8 @@ class GateClient:
         for the diagnostic log.
 
         :raises NoToken: blocked, or denied ``notoken_ntries`` times.
-        :raises Unavailable: no daemon answered and ``when_unavailable`` is ``fail``.
-        :raises Failed: the daemon refused the request as malformed.
+        :raises ProxyUnavailable: no daemon answered and ``when_unavailable`` is ``fail``.
+        :raises RequestFailed: the daemon refused the request as malformed.
         """
         tries = 0
         while True:
@@ -400,7 +378,7 @@ class GateClient:
             if reply is None:
                 message = f"no lsfproxyd answered ({', '.join(n for n, _ in self.daemons)})"
                 if self.when_unavailable == "fail":
-                    raise Unavailable(message)
+                    raise ProxyUnavailable(message)
                 self.warn(f"{message}: proceeding without a token")
                 return Grant(reason="unavailable")
             result = reply.get("result")
@@ -444,14 +422,14 @@ class GateClient:
                     if on_sent is not None:
                         on_sent(link)
                     reply = link.wait(msg_id, self.reply_timeout, notice, on_notice)
-                except Failed:
+                except RequestFailed:
                     link.close()
                     raise
-            except _Busy as exc:
+            except DaemonBusy as exc:
                 self.warn(f"lsfproxyd {daemon[0]} is overloaded: {exc}; trying the next")
                 busy = busy or daemon[0]
                 continue
-            except _Broken as exc:
+            except ConnectionBroken as exc:
                 self.warn(f"lsfproxyd {daemon[0]} did not answer: {exc}; trying the next")
                 self._down.add(daemon[1])
                 continue
@@ -459,7 +437,9 @@ class GateClient:
             if not reply.get("ok"):
                 link.close()
                 error = reply.get("error") or {}
-                raise Failed(error.get("code", "error"), f"{daemon[0]}: {error.get('message', '')}")
+                raise RequestFailed(
+                    error.get("code", "error"), f"{daemon[0]}: {error.get('message', '')}"
+                )
             return reply, link, daemon[0]
         if busy:
             # alive but swamped: a refusal to retry, never a licence to run without a token
@@ -484,13 +464,13 @@ class GateClient:
             for daemon in self._order():
                 try:
                     link = self._link(daemon)
-                except _Broken:
+                except ConnectionBroken:
                     continue
                 try:
                     reply = link.call(
                         "check", self.connect_timeout, token=token, category=category, opcode=opcode
                     )
-                except (_Broken, Failed):
+                except (ConnectionBroken, RequestFailed):
                     link.close()
                     continue
                 if reply.get("ok") and reply.get("live") is True and reply.get("token"):
@@ -515,7 +495,7 @@ class GateClient:
                     reply = link.call("check", self.connect_timeout, token=token)
                 finally:
                     link.close()
-            except (_Broken, Failed):
+            except (ConnectionBroken, RequestFailed):
                 continue
             answered = True
             if reply.get("ok") and reply.get("live") is True:

@@ -3,22 +3,22 @@
 Identity on the Unix socket comes from the kernel (SO_PEERCRED), so nobody can claim another
 user; over TCP every request is signed with the shared key. A token goes back to the pool
 when released, when its connection closes, or when its lease expires.
+
+:class:`ProxyDaemon` holds the serving loop (listeners, connections, the ticker, reloads) and
+hands the rest to the modules beside it: who comes in as whom (connections.py), tokens by
+connection (tokens.py), the admin commands (admin.py), the persisted blocklist
+(blockfile.py), the diagnostic log (diagnose.py) and the Prometheus series (metrics.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import pwd
-import resource
-import secrets
 import signal
 import socket
-import stat
 import struct
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -27,256 +27,46 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import ConfigError, read_secret
-from gridgate.core.files import atomic_write
+from gridgate.plugins.lsf_proxy.commands import category_map
 from gridgate.plugins.lsf_proxy.config import (
-    CATEGORIES,
-    LSF_NAMES,
-    category_map,
-    category_of,
     daemon_socket,
     host_name,
     parse_address,
     resolve_policies,
     section_defaults,
 )
-from gridgate.plugins.lsf_proxy.daemon import holding
-from gridgate.plugins.lsf_proxy.daemon.diagnose import (
-    diagnose_args,
-    earliest,
-    open_log,
-    private_folder,
-)
+from gridgate.plugins.lsf_proxy.daemon.admin import AdminVerbs
+from gridgate.plugins.lsf_proxy.daemon.blockfile import BlocklistFile
+from gridgate.plugins.lsf_proxy.daemon.connections import Conn, Doorman, read_lines
+from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, earliest, log_field
 from gridgate.plugins.lsf_proxy.daemon.guard import (
-    ORDINARY,
-    PRIVILEGED,
-    UNAUTH,
     ConnectionGuard,
     Listener,
     PeriodicLog,
     capacity,
     listening_socket,
 )
+from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
 from gridgate.plugins.lsf_proxy.daemon.peers import Heartbeat
-from gridgate.plugins.lsf_proxy.daemon.policy import (
-    DENIED,
-    GRANTED,
-    QUEUED,
-    Blocklist,
-    BlockRule,
-    Decision,
-    PolicySettings,
-    Request,
-    TokenPolicy,
-)
+from gridgate.plugins.lsf_proxy.daemon.policy import PolicySettings
 from gridgate.plugins.lsf_proxy.daemon.ratelimit import (
     RatedSettings,
     RateLimitedPolicy,
     rate_limits_from,
 )
 from gridgate.plugins.lsf_proxy.daemon.reload_guard import ReloadLog, checked_section
-from gridgate.plugins.lsf_proxy.opcodes import opcode_of
-from gridgate.plugins.lsf_proxy.protocol import (
-    ADMIN_OPS,
-    PROTOCOL_VERSION,
-    ProtocolError,
-    Verifier,
-    decode,
-    encode,
+from gridgate.plugins.lsf_proxy.daemon.startup import (
+    StartupError,
+    check_socket_dir,
+    raise_nofile,
+    socket_answers,
 )
+from gridgate.plugins.lsf_proxy.daemon.tokens import TokenDesk
+from gridgate.plugins.lsf_proxy.protocol import ADMIN_OPS, Verifier, decode, encode
+from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION, ProtocolError
 
 #: A client that does not read its replies is dropped once this much is waiting for it.
 MAX_WRITE_BUFFER = 1 << 20
-#: Wait-time histogram buckets (seconds): token_wait_time defaults to 15 s.
-WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300)
-#: ``enable``/``disable`` spell categories as badmin does.
-CATEGORY_WORDS = {
-    "all": "all",
-    "query": "query",
-    "sub": "submission",
-    "submission": "submission",
-    "other": "other",
-}
-
-
-class StartupError(Exception):
-    """The daemon cannot start (socket in use, name not in hosts, bad key...)."""
-
-
-def diagnose_line(decision: Decision) -> str:
-    """One diagnostic-log line in the seed's format::
-
-    Feb 8 07:57:12 2023 QUERY_REQ,BATCH_JOB_QUERY,user1,host1,184,1,075423,075426
-    """
-    req = decision.request
-    done = time.localtime(decision.decided)
-    stamp = f"{time.strftime('%b', done)} {done.tm_mday} {time.strftime('%H:%M:%S %Y', done)}"
-    accept = 1 if decision.outcome == GRANTED else 0
-    received = time.strftime("%H%M%S", time.localtime(decision.received))
-    processed = time.strftime("%H%M%S", done)
-    # clients name the command (hold limits are by command): the log has its batch opcode
-    opcode = opcode_of(req.opcode, req.category == "query")
-    fields = [
-        f"{LSF_NAMES[req.category]}_REQ",
-        log_field(opcode) or "-",
-        log_field(req.user),
-        log_field(req.host),
-        str(req.size),
-        str(accept),
-        received,
-        processed,
-    ]
-    return f"{stamp} {','.join(fields)}"
-
-
-#: What a log field may hold as it is; anything else a client chose becomes ``_``.
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+@:")
-
-
-def log_field(text: str) -> str:
-    """``text`` (a name a client chose) fit for a log line: a comma or newline would break the
-    columns, and ``;``, ``$(...)``, quotes or escapes must reach no reader of the log (nor a
-    script that pastes it into a shell); at most 128 characters."""
-    return "".join(ch if ch in _SAFE else "_" for ch in str(text)[:128])
-
-
-class DaemonMetrics:
-    """Prometheus series of one daemon, on their own registry.
-
-    Decisions and errors are counted as they happen; tokens in use and queue lengths are
-    read from the policy at scrape time (the HTTP server runs in its own thread, so it only
-    reads plain integers and never calls into the policy, which would roll its periods).
-    """
-
-    def __init__(self, policy: TokenPolicy) -> None:
-        try:
-            import prometheus_client as prom
-            from prometheus_client.core import GaugeMetricFamily
-        except ImportError:
-            raise StartupError(
-                "proxyd.metrics_port is set but prometheus_client is not "
-                "installed: pip install 'gridgate[metrics]'"
-            ) from None
-        self._prom = prom
-        self.policy = policy
-        self.registry = r = prom.CollectorRegistry()
-        self.grants = prom.Counter(
-            "gridgate_proxyd_grants", "Tokens granted", ["category"], registry=r
-        )
-        self.rejections = prom.Counter(
-            "gridgate_proxyd_rejections",
-            "Requests denied for lack of a token (queue full or waited token_wait_time)",
-            ["category", "reason"],
-            registry=r,
-        )
-        self.blocked = prom.Counter(
-            "gridgate_proxyd_blocked", "Requests denied by the blocklist", ["category"], registry=r
-        )
-        self.rate_limited = prom.Counter(
-            "gridgate_proxyd_rate_limited",
-            "Requests denied for being over the user's rate (proxyd.rate_limit)",
-            ["category"],
-            registry=r,
-        )
-        self.errors = prom.Counter(
-            "gridgate_proxyd_errors",
-            "The status table's Error row: bad or cut-off requests "
-            "(protocol) and leases taken back (lease_expired)",
-            ["kind"],
-            registry=r,
-        )
-        self.wait = prom.Histogram(
-            "gridgate_proxyd_wait_seconds",
-            "Seconds from request to grant or denial",
-            ["category", "outcome"],
-            buckets=WAIT_BUCKETS,
-            registry=r,
-        )
-        for category in CATEGORIES:
-            # series exist from the start, so a rate over the first grant is right
-            self.grants.labels(category)
-            self.blocked.labels(category)
-            self.rate_limited.labels(category)
-            for reason in ("timeout", "queue_full"):
-                self.rejections.labels(category, reason)
-        for kind in ("protocol", "lease_expired"):
-            self.errors.labels(kind)
-        self._gauge = GaugeMetricFamily
-        r.register(self)
-        self._server: Any = None
-
-    def collect(self) -> list[Any]:
-        """The gauges, read now (called by the registry at each scrape)."""
-        gauges = {
-            "in_use": self._gauge(
-                "gridgate_proxyd_tokens_in_use", "Tokens held now", labels=["category"]
-            ),
-            "privileged": self._gauge(
-                "gridgate_proxyd_tokens_in_use_privileged",
-                "Tokens held now by root, admins and add-on hosts",
-                labels=["category"],
-            ),
-            "queue": self._gauge(
-                "gridgate_proxyd_queue_length", "Requests waiting now", labels=["category"]
-            ),
-            "limit": self._gauge(
-                "gridgate_proxyd_token_limit", "The category's max", labels=["category"]
-            ),
-        }
-        for name, cat in list(self.policy.categories.items()):
-            gauges["in_use"].add_metric([name], cat.in_use)
-            gauges["privileged"].add_metric([name], cat.in_use_privileged)
-            gauges["queue"].add_metric([name], cat.queue.size)
-            gauges["limit"].add_metric([name], cat.limits.max)
-        return list(gauges.values())
-
-    def decided(self, decision: Decision) -> None:
-        """Count one final decision and observe how long its request waited."""
-        req = decision.request
-        if decision.outcome == GRANTED:
-            self.grants.labels(req.category).inc()
-        elif decision.outcome == DENIED:
-            if decision.reason == "blocked":
-                self.blocked.labels(req.category).inc()
-            elif decision.reason in ("timeout", "queue_full"):
-                self.rejections.labels(req.category, decision.reason).inc()
-            elif decision.reason == "rate_limited":
-                self.rate_limited.labels(req.category).inc()
-        else:
-            return
-        self.wait.labels(req.category, decision.outcome).observe(max(0.0, decision.waited))
-
-    def serve(self, port: int, address: str) -> int:
-        """Start the HTTP exposition; returns the port (useful with port 0)."""
-        from gridgate.core.metrics import serve_registry
-
-        try:
-            self._server, bound = serve_registry(self.registry, port, address)
-        except OSError as exc:
-            raise StartupError(f"cannot serve metrics on {address}:{port}: {exc}") from None
-        return bound
-
-    def close(self) -> None:
-        from gridgate.core.metrics import stop_server
-
-        stop_server(self._server)
-        self._server = None
-
-
-class _Conn:
-    __slots__ = ("writer", "user", "host", "tcp", "tokens", "waiting", "peer", "closed", "counted")
-
-    def __init__(
-        self, writer: asyncio.StreamWriter, user: str, host: str, tcp: bool, peer: str
-    ) -> None:
-        self.writer = writer
-        self.user = user
-        self.host = host
-        self.tcp = tcp
-        self.peer = peer
-        self.tokens: set[str] = set()
-        self.waiting: dict[str, Any] = {}  # policy request id -> the client's message id
-        self.closed = False
-        self.counted = False
 
 
 class ProxyDaemon:
@@ -301,19 +91,17 @@ class ProxyDaemon:
         #: The user running the daemon may administer it (it can stop it anyway) but is not
         #: privileged for tokens: a personal daemon must still throttle its owner.
         self.owner = _user_name(os.geteuid())
-        self._conns: set[_Conn] = set()
+        self._conns: set[Conn] = set()
         self._per_user: dict[str, int] = {}
-        self._owners: dict[str, _Conn] = {}
-        self._waiters: dict[str, _Conn] = {}
-        self._ids = 0
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._servers: list[Listener] = []
-        self._diag: Any = None
-        self._diag_path: Path | None = None
-        self._diag_file: Path | None = None  # from `diagnose on -f`
-        self._diag_until: float | None = None  # monotonic; from `diagnose on -t`
+        self._shortage, self._refusals, self._failures = PeriodicLog(), PeriodicLog(), PeriodicLog()
+        self.diagnostics = DiagnosticLog(
+            lambda: self._side_file("diagnose_file", f"info.lsfproxydlog.{self.local_host}"),
+            self._failures,
+        )
         #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
         try:
             self.peers = Heartbeat(
@@ -326,19 +114,28 @@ class ProxyDaemon:
             settings,
             clock=clock,
             sample_period=float(self.section.get("sample_period", 60)),
-            blocklist=self._load_blocklist(),
+            blocklist=self.blocklist_file.load(),
+        )
+        self.tokens = TokenDesk(
+            self.policy, self.diagnostics, send=self._send, reply=self._reply, poke=self.poke
         )
         self._apply_runtime(self.section)
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
         self.metrics_port: int | None = None
         self.reloads = ReloadLog()
-        self._challenges: dict[_Conn, str] = {}
-        self._shortage, self._refusals, self._failures = PeriodicLog(), PeriodicLog(), PeriodicLog()
+        self.admin = AdminVerbs(self)
+        self.doorman = Doorman(
+            self.guard,
+            self.owner,
+            is_admin=self.policy.is_root_or_admin,
+            refusals=self._refusals,
+            error=lambda conn, exc: self._error(conn, None, exc),
+            close=self._close,
+        )
         if self.section.get("metrics_port") is not None:
-            self.metrics = DaemonMetrics(self.policy)
+            self.metrics = self.tokens.metrics = DaemonMetrics(self.policy)
             self.reloads.attach(self.metrics.registry)
-        self.verifier: Verifier | None = None
         #: Called once the sockets listen (the ``serve`` command announces readiness).
         self.on_ready: Any = None
 
@@ -368,11 +165,11 @@ class ProxyDaemon:
         for category, enabled in (service or {}).items():
             if self.policy.categories[category].enabled != enabled:
                 for decision in self.policy.set_enabled(category, enabled):
-                    self._deliver(decision)
-        self._poke()
+                    self.tokens.deliver(decision)
+        self.poke()
 
     def _apply_runtime(self, section: Mapping[str, Any]) -> None:
-        self.categories = category_map(section.get("categories"))
+        self.tokens.categories = category_map(section.get("categories"))
         self.max_line = int(section.get("max_line_bytes", 16384))
         if getattr(self, "guard", None) is None:
             # sized again once serve() has raised RLIMIT_NOFILE: no warning before that
@@ -382,10 +179,10 @@ class ProxyDaemon:
         self.line_timeout = float(section.get("line_timeout", 30))
         self.max_user_connections = int(section.get("max_connections_per_user", 1024))
         try:
-            self._set_diagnose(bool(section.get("diagnose")))
+            self.diagnostics.switch(bool(section.get("diagnose")))
         except OSError as exc:
             # the service runs on without its diagnostic log rather than not at all
-            logger.error("diagnostic log {} not opened: {}", self.diagnose_path, exc)
+            logger.error("diagnostic log {} not opened: {}", self.diagnostics.path, exc)
 
     def _side_file(self, key: str, default_name: str) -> Path:
         configured = self.section.get(key)
@@ -394,51 +191,16 @@ class ProxyDaemon:
         return Path(self.socket_path).parent / default_name
 
     @property
-    def diagnose_path(self) -> Path:
-        # a file named by `diagnose on -f FILE` holds until that diagnosis ends
-        return self._diag_file or self._side_file(
-            "diagnose_file", f"info.lsfproxydlog.{self.local_host}"
+    def blocklist_file(self) -> BlocklistFile:
+        """Where the blocklist is kept (``persist_blocklist``), as the config now says."""
+        return BlocklistFile(
+            self._side_file("blocklist_file", f"blocklist.{self.name}.json"),
+            bool(self.section.get("persist_blocklist")),
+            self._failures,
         )
 
-    @property
-    def blocklist_path(self) -> Path:
-        return self._side_file("blocklist_file", f"blocklist.{self.name}.json")
-
-    def _set_diagnose(self, on: bool) -> None:
-        if on and self._diag is not None and self._diag_path != self.diagnose_path:
-            self._set_diagnose(False)  # diagnose_file changed on reload: move to the new file
-        if on and self._diag is None:
-            # no link followed, in a folder only its owner (this user or root) can write
-            self._diag = open_log(self.diagnose_path)
-            self._diag_path = self.diagnose_path
-        elif not on and self._diag is not None:
-            self._diag.close()
-            self._diag = None
-
-    def _load_blocklist(self) -> Blocklist:
-        if not self.section.get("persist_blocklist"):
-            return Blocklist()
-        path = self.blocklist_path
-        try:
-            os.close(private_folder(path.parent))
-            data = json.loads(path.read_text(encoding="utf-8"))
-            return Blocklist(BlockRule.from_json(r) for r in data.get("rules", []))
-        except FileNotFoundError:
-            return Blocklist()
-        except (OSError, ValueError, AttributeError) as exc:
-            raise StartupError(f"cannot read the persisted blocklist {path}: {exc}") from None
-
-    def _save_blocklist(self) -> None:
-        if not self.section.get("persist_blocklist"):
-            return
-        rules = [r.to_json() for r in self.policy.blocklist.rules]
-        try:
-            # the write goes through a predictable temporary name: only in a private folder
-            os.close(private_folder(self.blocklist_path.parent))
-            atomic_write(self.blocklist_path, json.dumps({"rules": rules}).encode("utf-8"))
-        except OSError as exc:
-            # the rules hold in memory; what is lost is their surviving a restart
-            self._failures("lsfproxyd: blocklist not saved to {}: {}", self.blocklist_path, exc)
+    def save_blocklist(self) -> None:
+        self.blocklist_file.save(self.policy.blocklist)
 
     def reload(self) -> dict[str, Any]:
         """Re-read the config file: new limits, lists, diagnose flag; tokens and blocks stay.
@@ -460,7 +222,7 @@ class ProxyDaemon:
         self.peers.configure(section)
         self.policy.reconfigure(settings)
         self._apply_runtime(section)
-        self._poke()
+        self.poke()
         self.reloads.ok()
         logger.info("lsfproxyd {} reconfigured from {}", self.name, self.config_path)
         return {"reloaded": True, "message": f"reconfigured from {self.config_path}"}
@@ -472,7 +234,7 @@ class ProxyDaemon:
         loop = self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        _raise_nofile()
+        raise_nofile()
         self.guard.cap = capacity(self.section)  # the limit as raised, from now on
         try:
             await self._listen()
@@ -509,7 +271,7 @@ class ProxyDaemon:
             # the ticker is told to stop, not cancelled, so it never stops halfway through
             # handing out the decisions of a tick
             self._stop.set()
-            self._poke()
+            self.poke()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ticker, 5)
             with contextlib.suppress(Exception):
@@ -528,14 +290,14 @@ class ProxyDaemon:
         """Make the daemon look at its clock now; callable from any thread (a test that
         moved a FakeClock, an embedding program)."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._poke)
+            self._loop.call_soon_threadsafe(self.poke)
 
     async def _listen(self) -> None:
         path = Path(self.socket_path)
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        _check_socket_dir(path.parent)
+        check_socket_dir(path.parent)
         if path.exists() or path.is_symlink():
-            if _socket_answers(str(path)):
+            if socket_answers(str(path)):
                 raise StartupError(f"a daemon already listens on {path}")
             path.unlink()
         server = self._listener(socket.AF_UNIX, str(path), self._on_unix, f"unix {path}")
@@ -546,7 +308,7 @@ class ProxyDaemon:
             key = read_secret(self.section.get("key"))
             if not key:
                 raise StartupError("proxyd.tcp needs proxyd.key")
-            self.verifier = Verifier(
+            self.doorman.verifier = Verifier(
                 key, float(self.section.get("max_clock_skew", 30)), daemon=self.name
             )
             host, port = cast(tuple[str, int], parse_address(tcp)[1])  # host:port, so tcp
@@ -562,18 +324,14 @@ class ProxyDaemon:
                 return sock.getsockname()[1]
         return None
 
-    def reopen_logs(self) -> None:
-        """Close and reopen the diagnostic log, so that after logrotate renamed it the daemon
-        writes to a fresh file at the configured path (SIGHUP does this, then reloads)."""
-        if self._diag is not None:
-            self._set_diagnose(False)
-            try:
-                self._set_diagnose(True)
-            except OSError as exc:
-                logger.error("diagnostic log {} not reopened: {}", self.diagnose_path, exc)
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._conns)
 
     def _sighup(self) -> None:
-        self.reopen_logs()
+        # logrotate renamed the log, then sent SIGHUP: write to a fresh file, then reload
+        self.diagnostics.reopen()
         try:
             self.reload()
         except (ConfigError, StartupError, ValueError):
@@ -583,7 +341,7 @@ class ProxyDaemon:
         for server in self._servers:
             server.close()
         for decision in self.policy.shutdown():
-            self._deliver(decision)
+            self.tokens.deliver(decision)
         for conn in list(self._conns):
             self._close(conn)
         for server in self._servers:
@@ -591,8 +349,8 @@ class ProxyDaemon:
                 await asyncio.wait_for(server.wait_closed(), 1)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        self._save_blocklist()
-        self._set_diagnose(False)
+        self.save_blocklist()
+        self.diagnostics.switch(False)
         if self.metrics is not None:
             self.metrics.close()
         logger.info("lsfproxyd {} stopped", self.name)
@@ -600,32 +358,12 @@ class ProxyDaemon:
     async def _ticker(self) -> None:
         assert self._wake is not None and self._stop is not None and self._loop is not None
         while not self._stop.is_set():
-            self._diagnose_expiry()
+            self.diagnostics.expire(self.clock.monotonic())
             result = self.policy.tick()
-            if self.metrics is not None and result.expired:
-                # the policy counted them in its Error row
-                self.metrics.errors.labels("lease_expired").inc(len(result.expired))
-            for token in result.expired:
-                owner = self._owners.pop(token.id, None)
-                logger.warning(
-                    "lease of token {} ({} {}) held by {}@{} expired after {:.0f} s "
-                    "(its hold limit): taken back",
-                    token.id,
-                    token.category,
-                    token.opcode or "-",
-                    token.user,
-                    token.host,
-                    token.expires_at - token.granted,
-                )
-                self._diag_write(holding.hold_limit_line(token, self.clock.time()))
-                if owner is not None:
-                    owner.tokens.discard(token.id)
-                    self._send(
-                        owner, {"v": PROTOCOL_VERSION, "event": "expired", "token": token.id}
-                    )
+            self.tokens.taken_back(result.expired, self.clock.time())
             for decision in result.decisions:
-                self._deliver(decision)
-            wake = earliest(self.policy.next_wakeup(), self._diag_until)
+                self.tokens.deliver(decision)
+            wake = earliest(self.policy.next_wakeup(), self.diagnostics.until)
             timeout = None if wake is None else max(0.0, wake - self.clock.monotonic())
             self._wake.clear()
             if timeout == 0.0:
@@ -638,15 +376,8 @@ class ProxyDaemon:
                 timer.cancel()
         logger.debug("ticker stopped")
 
-    def _diagnose_expiry(self) -> None:
-        """`diagnose on -t MINUTES` turns itself off when its time is up."""
-        if self._diag_until is not None and self.clock.monotonic() >= self._diag_until:
-            logger.info("diagnose off: its time is up ({})", self.diagnose_path)
-            self._diag_until = None
-            self._diag_file = None
-            self._set_diagnose(False)
-
-    def _poke(self) -> None:
+    def poke(self) -> None:
+        """Make the ticker look at the policy now (from the daemon's own thread)."""
         if self._wake is not None:
             self._wake.set()
 
@@ -661,13 +392,13 @@ class ProxyDaemon:
             writer.close()
             return
         user = _user_name(uid)
-        await self._serve_conn(reader, _Conn(writer, user, self.local_host, False, f"pid {pid}"))
+        await self._serve_conn(reader, Conn(writer, user, self.local_host, False, f"pid {pid}"))
 
     async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        await self._serve_conn(reader, _Conn(writer, "", "", True, f"tcp {peer}"))
+        await self._serve_conn(reader, Conn(writer, "", "", True, f"tcp {peer}"))
 
-    # -- capacity and TCP authentication (guard.py)
+    # -- capacity (guard.py; who comes in: connections.py)
 
     def _listener(self, family: int, address: Any, handler: Any, what: str) -> Listener:
         assert self._loop is not None
@@ -683,82 +414,7 @@ class ProxyDaemon:
             ),
         )
 
-    def _admit(self, conn: _Conn) -> str | None:
-        """None when ``conn`` may have a slot in its pool, else why not."""
-        if conn.tcp:
-            peer = str((conn.writer.get_extra_info("peername") or ("?",))[0])
-            victim = self.guard.displaceable(peer)
-            if victim is not None:
-                # the pool is full: an address holding many makes room for one holding few
-                self.guard.refused["displaced"] += 1
-                self._error(
-                    victim,
-                    None,
-                    ProtocolError(
-                        "busy",
-                        "too many unauthenticated TCP connections: the oldest of the "
-                        "address holding the most is closed",
-                    ),
-                )
-                self._close(victim)
-            why = self.guard.admit(conn, UNAUTH, peer)
-            if why is None and self._loop is not None:
-                self.guard.watch(
-                    conn,
-                    self._loop.call_later(
-                        self.guard.cap.tcp_auth_timeout, self._auth_expired, conn
-                    ),
-                )
-        else:
-            privileged = self.policy.is_root_or_admin(conn.user) or conn.user == self.owner
-            why = self.guard.admit(conn, PRIVILEGED if privileged else ORDINARY)
-        if why is not None:
-            self._refusals("lsfproxyd: connection from {} closed: {}", conn.peer, why)
-        return why
-
-    def _auth_expired(self, conn: _Conn) -> None:
-        if self.guard.pool_of(conn) == UNAUTH and not conn.closed:
-            self.guard.refused["auth_timeout"] += 1
-            timeout = self.guard.cap.tcp_auth_timeout
-            self._refusals(
-                "lsfproxyd: TCP connection {} closed: no signed request within {:g} s",
-                conn.peer,
-                timeout,
-            )
-            self._error(
-                conn,
-                None,
-                ProtocolError("auth_timeout", f"no validly signed request within {timeout:g} s"),
-            )
-            self._close(conn)
-
-    def _hello_extra(self, conn: _Conn) -> dict[str, Any]:
-        """Over TCP ``hello`` hands out the connection's challenge, which every signature on
-        it must cover: a request captured here is good for nothing elsewhere (protocol.md)."""
-        if not conn.tcp:
-            return {}
-        return {"challenge": self._challenges.setdefault(conn, secrets.token_hex(16))}
-
-    def _verify(self, conn: _Conn, message: Mapping[str, Any]) -> tuple[str, str]:
-        """(user, host) of a signed TCP request; the first one authenticates the connection."""
-        assert self.verifier is not None
-        if message.get("op") == "hello" and "auth" not in message:
-            return "", ""  # how a TCP client learns its challenge
-        user, host = self.verifier.verify(message, challenge=self._challenges.get(conn))
-        if log_field(user) != user or log_field(host) != host:
-            # a key holder's names reach every log line of its requests: names only
-            raise ProtocolError(
-                "bad_request",
-                "auth.user and auth.host must be names of "
-                "letters, digits and '._-+@:' (at most 128)",
-            )
-        busy = self.guard.authenticated(conn, self.policy.is_root_or_admin(user))
-        if busy is not None:
-            asyncio.get_running_loop().call_soon(self._close, conn)
-            raise ProtocolError("busy", busy)
-        return user, host
-
-    async def _serve_conn(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
+    async def _serve_conn(self, reader: asyncio.StreamReader, conn: Conn) -> None:
         ordinary = not conn.tcp and not self.policy.is_root_or_admin(conn.user)
         if ordinary and self._per_user.get(conn.user, 0) >= self.max_user_connections:
             # one user's thousands of idle sockets must not lock everybody else out
@@ -771,7 +427,7 @@ class ProxyDaemon:
             )
             conn.writer.close()
             return
-        busy = self._admit(conn)
+        busy = self.doorman.admit(conn)
         if busy is not None:
             self._error(conn, None, ProtocolError("busy", busy))
             conn.writer.close()
@@ -780,48 +436,13 @@ class ProxyDaemon:
             self._per_user[conn.user] = self._per_user.get(conn.user, 0) + 1
         conn.counted = ordinary
         self._conns.add(conn)
-        buffer = bytearray()
-        discarding = False
         try:
-            while not conn.closed:
-                if buffer and not discarding:
-                    # half a line may not sit here for ever: slow senders must not pile up
-                    try:
-                        chunk = await asyncio.wait_for(reader.read(65536), self.line_timeout)
-                    except TimeoutError:
-                        self._count_error()
-                        self._error(
-                            conn,
-                            None,
-                            ProtocolError(
-                                "line_timeout", f"incomplete line for {self.line_timeout:g} s"
-                            ),
-                        )
-                        break
+            async for line in read_lines(reader, conn, self):
+                if isinstance(line, ProtocolError):  # cut off or too long
+                    self._count_error()
+                    self._error(conn, None, line)
                 else:
-                    chunk = await reader.read(65536)
-                if not chunk:
-                    break
-                buffer += chunk
-                while True:
-                    end = buffer.find(b"\n")
-                    if end < 0:
-                        if len(buffer) > self.max_line:
-                            if not discarding:
-                                self._too_long(conn)
-                            discarding = True
-                            buffer.clear()
-                        break
-                    line = bytes(buffer[:end])
-                    del buffer[: end + 1]
-                    if discarding:
-                        discarding = False
-                        continue
-                    if len(line) > self.max_line:
-                        self._too_long(conn)
-                        continue
-                    if line.strip():
-                        self._handle_line(conn, line)
+                    self._handle_line(conn, line)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -832,15 +453,7 @@ class ProxyDaemon:
         if self.metrics is not None:
             self.metrics.errors.labels("protocol").inc()
 
-    def _too_long(self, conn: _Conn) -> None:
-        self._count_error()
-        self._error(
-            conn,
-            None,
-            ProtocolError("line_too_long", f"lines are limited to {self.max_line} bytes"),
-        )
-
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Conn) -> None:
         if conn in self._conns:
             self._conns.discard(conn)
             if conn.counted:
@@ -850,24 +463,13 @@ class ProxyDaemon:
                 else:
                     self._per_user.pop(conn.user, None)
         conn.closed = True
-        self.guard.release(conn)
-        self._challenges.pop(conn, None)
-        for request_id in list(conn.waiting):
-            self.policy.cancel(request_id)
-            self._waiters.pop(request_id, None)
-        conn.waiting.clear()
-        for token_id in list(conn.tokens):
-            if self.policy.release(token_id) is not None:
-                logger.info(
-                    "token {} of {}@{} returned: connection closed", token_id, conn.user, conn.host
-                )
-            self._owners.pop(token_id, None)
-        conn.tokens.clear()
+        self.doorman.left(conn)
+        self.tokens.closed(conn)
         with contextlib.suppress(Exception):
             conn.writer.close()
-        self._poke()
+        self.poke()
 
-    def _send(self, conn: _Conn, message: Mapping[str, Any]) -> None:
+    def _send(self, conn: Conn, message: Mapping[str, Any]) -> None:
         if conn.closed:
             return
         transport = conn.writer.transport
@@ -882,7 +484,7 @@ class ProxyDaemon:
             )
             self._close(conn)
 
-    def _error(self, conn: _Conn, msg_id: Any, exc: ProtocolError) -> None:
+    def _error(self, conn: Conn, msg_id: Any, exc: ProtocolError) -> None:
         self._send(
             conn,
             {
@@ -893,19 +495,19 @@ class ProxyDaemon:
             },
         )
 
-    def _reply(self, conn: _Conn, msg_id: Any, **fields: Any) -> None:
+    def _reply(self, conn: Conn, msg_id: Any, **fields: Any) -> None:
         self._send(conn, {"v": PROTOCOL_VERSION, "id": msg_id, "ok": True, **fields})
 
-    def _handle_line(self, conn: _Conn, line: bytes) -> None:
+    def _handle_line(self, conn: Conn, line: bytes) -> None:
         msg_id = None
         if conn.tcp:
-            self.guard.spoke(conn)
+            self.guard.spoke(conn)  # an idle flood never does (guard.displaceable)
         try:
             message = decode(line)
             msg_id = message.get("id")
             user, host = conn.user, conn.host
             if conn.tcp:
-                user, host = self._verify(conn, message)
+                user, host = self.doorman.verify(conn, message)
             self._dispatch(conn, message, msg_id, user, host)
         except ProtocolError as exc:
             if exc.code not in ("forbidden",):
@@ -926,7 +528,7 @@ class ProxyDaemon:
             self._error(conn, msg_id, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
 
     def _dispatch(
-        self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str, host: str
+        self, conn: Conn, message: Mapping[str, Any], msg_id: Any, user: str, host: str
     ) -> None:
         op = message["op"]
         may_admin = self.policy.is_root_or_admin(user) or (user == self.owner and not conn.tcp)
@@ -941,32 +543,17 @@ class ProxyDaemon:
                 user=user,
                 host=host,
                 admin=may_admin,
-                **self._hello_extra(conn),
+                **self.doorman.hello(conn),
             )
             return
         if op == "acquire":
-            self._acquire(conn, message, msg_id, user, host)
+            self.tokens.acquire(conn, message, msg_id, user, host)  # answered when decided
             return
         if op == "check":
-            reply = holding.check(self.policy, message, user, host, conn.tcp)
-            if "token" in reply:  # a ride (holding.py): this connection holds it, as a grant
-                conn.tokens.add(reply["token"])
-                self._owners[reply["token"]] = conn
-            self._reply(conn, msg_id, **reply)
+            self._reply(conn, msg_id, **self.tokens.check(conn, message, user, host))
             return
         if op == "release":
-            token_id = message.get("token")
-            if not isinstance(token_id, str):
-                # a list or object here used to end as an "internal" TypeError (unhashable)
-                raise ProtocolError("bad_request", "token must be a string")
-            held = token_id in conn.tokens
-            if held:
-                conn.tokens.discard(token_id)
-                self._owners.pop(token_id, None)
-                self.policy.release(token_id)
-                if self.policy.has_waiters():
-                    self._poke()
-            self._reply(conn, msg_id, released=held)
+            self._reply(conn, msg_id, **self.tokens.release(conn, message))
             return
         if op not in ADMIN_OPS:
             raise ProtocolError("unknown_op", f"unknown op {op!r}")
@@ -975,230 +562,7 @@ class ProxyDaemon:
                 "forbidden",
                 f"permission denied: {op} is for root and the lsfproxyd admins; {user} is neither",
             )
-        self._admin(conn, op, message, msg_id, user, host)
-
-    def _acquire(
-        self, conn: _Conn, message: Mapping[str, Any], msg_id: Any, user: str, host: str
-    ) -> None:
-        opcode = message.get("opcode") or ""
-        category = message.get("category") or None
-        size = message.get("size") or 0
-        if not isinstance(opcode, str) or len(opcode) > 128:
-            raise ProtocolError("bad_request", "opcode must be a string of at most 128 characters")
-        if category is None:
-            category = category_of(opcode, self.categories)
-        category = CATEGORY_WORDS.get(category, category) if isinstance(category, str) else category
-        if category not in CATEGORIES:
-            raise ProtocolError("bad_request", f"category must be one of {', '.join(CATEGORIES)}")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ProtocolError("bad_request", "size must be a non-negative integer")
-        self._ids += 1
-        req = Request(f"r{self._ids}", category, opcode, user, host, size)
-        conn.waiting[req.id] = msg_id
-        self._waiters[req.id] = conn
-        decision = self.policy.request(req)
-        if decision.outcome == QUEUED:
-            # the client may tell its user why it waits, and behind how many
-            self._send(
-                conn,
-                {
-                    "v": PROTOCOL_VERSION,
-                    "event": "queued",
-                    "request": msg_id,
-                    "ahead": self.policy.ahead(req.id),
-                },
-            )
-            self._poke()
-            return
-        self._deliver(decision)
-
-    def _diag_write(self, line: str) -> None:
-        if self._diag is not None:
-            try:
-                self._diag.write(line + "\n")
-            except OSError as exc:  # a full disk: once a minute, not once per request
-                self._failures("lsfproxyd: diagnostic log {}: {}", self.diagnose_path, exc)
-
-    def _deliver(self, decision: Decision) -> None:
-        req = decision.request
-        conn = self._waiters.pop(req.id, None)
-        if self.metrics is not None:
-            self.metrics.decided(decision)
-        if decision.outcome in ("granted", "denied"):
-            self._diag_write(diagnose_line(decision))
-        if conn is None:
-            return
-        msg_id = conn.waiting.pop(req.id, None)
-        if conn.closed:
-            if decision.token is not None:
-                self.policy.release(decision.token.id)
-            return
-        fields: dict[str, Any] = {
-            "result": decision.outcome,
-            "category": req.category,
-            "waited": round(decision.waited, 6),
-        }
-        if decision.token is not None:
-            conn.tokens.add(decision.token.id)
-            self._owners[decision.token.id] = conn
-            fields.update(
-                token=decision.token.id,
-                lease=self.policy.settings.lease_time,
-                privileged=decision.token.privileged,
-            )
-            nice = self.policy.nice_for(decision.token)
-            if nice:
-                fields["nice"] = nice
-        if decision.reason:
-            fields["reason"] = decision.reason
-        self._reply(conn, msg_id, **fields)
-
-    # -- admin
-
-    def _admin(
-        self, conn: _Conn, op: str, message: Mapping[str, Any], msg_id: Any, user: str, host: str
-    ) -> None:
-        if op == "status":
-            # peers first: a peer that fell silent since the last heartbeat is dropped now,
-            # so the shares shown are the ones in force
-            peers = self.peers.status() if self.peers.active else None
-            status = self.policy.status()
-            status.update(
-                name=self.name,
-                pid=self.pid,
-                host=self.local_host,
-                diagnose=self._diag is not None,
-                diagnose_file=str(self.diagnose_path),
-                connections=len(self._conns),
-                metrics_port=self.metrics_port,
-                longest_held=holding.longest_held(self.policy),
-                reloads=self.reloads.as_json(),
-                capacity=self.guard.as_json(),
-            )
-            if peers is not None:
-                status["peers"] = peers
-            self._reply(conn, msg_id, status=status)
-            return
-        if op in ("enable", "disable"):
-            word = message.get("category", "all")
-            category = CATEGORY_WORDS.get(word) if isinstance(word, str) else None
-            if category is None:
-                raise ProtocolError("bad_request", "category must be all, query, sub or other")
-            for decision in self.policy.set_enabled(category, op == "enable"):
-                self._deliver(decision)
-            self.peers.service_changed(self._service())
-            logger.info("{} {} by {}@{}", op, category, user, host)
-            self._reply(conn, msg_id, service=self._service())
-            return
-        if op in ("block", "unblock"):
-            rule = _rule_from(message)
-            if op == "block":
-                added, decisions = self.policy.block(rule)
-                for decision in decisions:
-                    self._deliver(decision)
-                changed = added
-            else:
-                changed = self.policy.unblock(rule)
-            if changed:
-                self._save_blocklist()
-            logger.info(
-                "{} {} by {}@{} ({})",
-                op,
-                rule.describe(),
-                user,
-                host,
-                "done" if changed else "no change",
-            )
-            done, kept = rule.partition(changed)
-            self._reply(
-                conn,
-                msg_id,
-                rule=rule.to_json(),
-                text=rule.describe(),
-                changed=bool(changed),
-                done=done.describe() if done else "",
-                kept=kept.describe() if kept else "",
-            )
-            return
-        if op == "blocklist":
-            self._reply(
-                conn,
-                msg_id,
-                blocklist=self.policy.blocklist.summary(),
-                rules=[r.to_json() for r in self.policy.blocklist.rules],
-            )
-            return
-        if op == "diagnose":
-            on, minutes, path = diagnose_args(
-                message,
-                self._side_file("diagnose_file", f"info.lsfproxydlog.{self.local_host}").parent,
-            )
-            previous = self._diag_file
-            self._diag_file = path if on else None
-            try:
-                self._set_diagnose(on)
-            except OSError as exc:
-                self._diag_file = previous
-                raise ProtocolError(
-                    "io_error", f"cannot open {path or self.diagnose_path}: {exc}"
-                ) from None
-            self._diag_until = self.clock.monotonic() + minutes * 60 if minutes else None
-            self._poke()
-            until = self.clock.time() + minutes * 60 if minutes else None
-            logger.info(
-                "diagnose {} by {}@{} ({}{})",
-                "on" if on else "off",
-                user,
-                host,
-                self.diagnose_path,
-                f", for {minutes:g} min" if minutes else "",
-            )
-            self._reply(conn, msg_id, diagnose=on, file=str(self.diagnose_path), until=until)
-            return
-        if op == "heartbeat":
-            try:
-                self._reply(conn, msg_id, **self.peers.answer(message))
-            except ValueError as exc:
-                raise ProtocolError("bad_request", str(exc)) from None
-            return
-        if op == "reconfig":
-            try:
-                result = self.reload()
-            except ConfigError as exc:
-                raise ProtocolError(
-                    "bad_config", f"config refused, the old one stays:\n{exc}"
-                ) from None
-            except (StartupError, ValueError) as exc:
-                raise ProtocolError("bad_config", str(exc)) from None
-            self._reply(conn, msg_id, **result)
-            return
-        raise ProtocolError("unknown_op", f"unknown op {op!r}")  # pragma: no cover
-
-    def _service(self) -> dict[str, bool]:
-        return {name: cat.enabled for name, cat in self.policy.categories.items()}
-
-
-def _rule_from(message: Mapping[str, Any]) -> BlockRule:
-    users, hosts = message.get("users") or [], message.get("hosts") or []
-    if not (
-        isinstance(users, list)
-        and all(isinstance(u, str) for u in users)
-        and isinstance(hosts, list)
-        and all(isinstance(h, str) for h in hosts)
-    ):
-        raise ProtocolError("bad_request", "users and hosts must be lists of names")
-    odd = [n for n in (*users, *hosts) if n and (len(n) > 128 or log_field(n) != n or "@" in n)]
-    if odd:
-        # they reach the daemon's log, the blocklist file and every admin's terminal
-        raise ProtocolError(
-            "bad_request",
-            f"{len(odd)} name(s) outside letters, digits and "
-            "'._-+:' (at most 128): not a user or host name",
-        )
-    try:
-        return BlockRule.make(bool(message.get("all")), users, hosts)
-    except ValueError as exc:
-        raise ProtocolError("bad_request", str(exc)) from None
+        self._reply(conn, msg_id, **self.admin.serve(op, message, user, host))
 
 
 _NAMES: dict[int, str] = {0: "root"}
@@ -1214,50 +578,6 @@ def _user_name(uid: int) -> str:
         except KeyError:
             return str(uid)
     return name
-
-
-def _check_socket_dir(folder: Path) -> None:
-    """Refuse a socket directory anyone but its owner (us or root) can write: whoever can
-    write there can replace the socket and collect every client's requests."""
-    euid = os.geteuid()
-    link = os.lstat(folder)
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, euid):
-        raise StartupError(
-            f"the socket directory {folder} is a symbolic link owned by uid "
-            f"{link.st_uid}: use a directory owned by this user or root"
-        )
-    info = os.stat(folder)
-    if info.st_uid not in (0, euid):
-        raise StartupError(
-            f"the socket directory {folder} belongs to uid {info.st_uid}, "
-            "not to this user or root: another user could replace the socket"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StartupError(
-            f"the socket directory {folder} is writable by others (mode "
-            f"{stat.S_IMODE(info.st_mode):04o}): another user could replace the "
-            "socket; use a directory only its owner can write (e.g. 0755)"
-        )
-
-
-def _socket_answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-        return True
-
-
-def _raise_nofile() -> None:
-    """10,000 clients need 10,000 descriptors: lift the soft limit to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(
-                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
-            )
 
 
 def run(section: Mapping[str, Any] | None = None, **kwargs: Any) -> None:

@@ -1,4 +1,5 @@
-"""Arguments of the ``diagnose`` admin command, as ``badmin diagnose`` takes them: on or off, a
+"""The daemon's diagnostic log: its lines, the file it goes to (opened as a root daemon may), and
+the ``diagnose`` admin command's arguments, as ``badmin diagnose`` takes them: on or off, a
 duration after which diagnosis turns itself off, and the log file's name."""
 
 from __future__ import annotations
@@ -7,13 +8,139 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from gridgate.plugins.lsf_proxy.protocol import ProtocolError
+from loguru import logger
+
+from gridgate.plugins.lsf_proxy.commands import opcode_of
+from gridgate.plugins.lsf_proxy.config import LSF_NAMES
+from gridgate.plugins.lsf_proxy.daemon.policy import GRANTED, Decision
+from gridgate.plugins.lsf_proxy.wire import ProtocolError
 
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
+#: What a log field may hold as it is; anything else a client chose becomes ``_``.
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+@:")
+
+
+def diagnose_line(decision: Decision) -> str:
+    """One diagnostic-log line in the seed's format::
+
+    Feb 8 07:57:12 2023 QUERY_REQ,BATCH_JOB_QUERY,user1,host1,184,1,075423,075426
+    """
+    req = decision.request
+    done = time.localtime(decision.decided)
+    stamp = f"{time.strftime('%b', done)} {done.tm_mday} {time.strftime('%H:%M:%S %Y', done)}"
+    accept = 1 if decision.outcome == GRANTED else 0
+    received = time.strftime("%H%M%S", time.localtime(decision.received))
+    processed = time.strftime("%H%M%S", done)
+    # clients name the command (hold limits are by command): the log has its batch opcode
+    opcode = opcode_of(req.opcode, req.category == "query")
+    fields = [
+        f"{LSF_NAMES[req.category]}_REQ",
+        log_field(opcode) or "-",
+        log_field(req.user),
+        log_field(req.host),
+        str(req.size),
+        str(accept),
+        received,
+        processed,
+    ]
+    return f"{stamp} {','.join(fields)}"
+
+
+def log_field(text: str) -> str:
+    """``text`` (a name a client chose) fit for a log line: a comma or newline would break the
+    columns, and ``;``, ``$(...)``, quotes or escapes must reach no reader of the log (nor a
+    script that pastes it into a shell); at most 128 characters."""
+    return "".join(ch if ch in _SAFE else "_" for ch in str(text)[:128])
+
+
+class DiagnosticLog:
+    """The log while diagnosis is on: at the configured path, or at the one ``diagnose on -f
+    FILE`` named until that diagnosis ends (with ``-t MINUTES``, by itself).
+
+    :param configured: the configured path, asked at each use (a reload may change it).
+    :param complain: logs a failed write (a full disk), at most once a minute.
+    """
+
+    def __init__(self, configured: Callable[[], Path], complain: Callable[..., None]) -> None:
+        self._configured = configured
+        self._complain = complain
+        self._log: TextIO | None = None
+        self._open_at: Path | None = None
+        #: the file named by ``diagnose on -f``, and when (monotonic) ``-t`` ends it
+        self.named: Path | None = None
+        self.until: float | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.named or self._configured()
+
+    @property
+    def folder(self) -> Path:
+        """Where a file named by ``diagnose on -f`` goes: beside the configured log."""
+        return self._configured().parent
+
+    @property
+    def on(self) -> bool:
+        return self._log is not None
+
+    def switch(self, on: bool) -> None:
+        """Open or close the log (at :attr:`path`; an open log elsewhere moves there).
+
+        :raises OSError: it cannot be opened (:func:`open_log` says why).
+        """
+        if on and self._log is not None and self._open_at != self.path:
+            self.switch(False)  # diagnose_file changed on reload: move to the new file
+        if on and self._log is None:
+            # no link followed, in a folder only its owner (this user or root) can write
+            self._log = open_log(self.path)
+            self._open_at = self.path
+        elif not on and self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def diagnose(self, on: bool, minutes: float | None, named: Path | None, now: float) -> None:
+        """What the ``diagnose`` command asks (:func:`diagnose_args`); ``now`` is monotonic.
+
+        :raises OSError: the log cannot be opened; the file named before stays named.
+        """
+        previous = self.named
+        self.named = named if on else None
+        try:
+            self.switch(on)
+        except OSError:
+            self.named = previous
+            raise
+        self.until = now + minutes * 60 if minutes else None
+
+    def expire(self, now: float) -> None:
+        """``diagnose on -t MINUTES`` turns itself off when its time is up (``now``: monotonic)."""
+        if self.until is not None and now >= self.until:
+            logger.info("diagnose off: its time is up ({})", self.path)
+            self.until = None
+            self.named = None
+            self.switch(False)
+
+    def reopen(self) -> None:
+        """Close and reopen an open log, so that after logrotate renamed it the daemon writes
+        to a fresh file at the same path (SIGHUP does this, then reloads)."""
+        if self._log is not None:
+            self.switch(False)
+            try:
+                self.switch(True)
+            except OSError as exc:
+                logger.error("diagnostic log {} not reopened: {}", self.path, exc)
+
+    def write(self, line: str) -> None:
+        if self._log is not None:
+            try:
+                self._log.write(line + "\n")
+            except OSError as exc:  # a full disk: once a minute, not once per request
+                self._complain("lsfproxyd: diagnostic log {}: {}", self.path, exc)
 
 
 def _shown(name: Any) -> str:

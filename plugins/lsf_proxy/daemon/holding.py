@@ -20,9 +20,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gridgate.plugins.lsf_proxy.config import CATEGORIES, LSF_NAMES
+from gridgate.plugins.lsf_proxy.commands import CATEGORIES, CATEGORY_WORDS
+from gridgate.plugins.lsf_proxy.config import LSF_NAMES
+from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field
 from gridgate.plugins.lsf_proxy.daemon.policy import Request, Token, TokenPolicy
-from gridgate.plugins.lsf_proxy.protocol import ProtocolError
+from gridgate.plugins.lsf_proxy.wire import ProtocolError
 
 #: How many tokens ``status`` lists, longest held first.
 LONGEST_SHOWN = 5
@@ -44,7 +46,7 @@ def check(
     word = message.get("category")
     if word is None:
         return {"live": True, "category": token.category}
-    category = {"sub": "submission"}.get(word, word) if isinstance(word, str) else None
+    category = CATEGORY_WORDS.get(word, word) if isinstance(word, str) else None
     opcode = message.get("opcode") or ""
     if category not in CATEGORIES:
         raise ProtocolError("bad_request", f"category must be one of {', '.join(CATEGORIES)}")
@@ -88,11 +90,7 @@ def hold_limit_line(token: Token, wall: float) -> str:
     held = max(0.0, token.expires_at - token.granted)
     stamp = f"{time.strftime('%b', done)} {done.tm_mday} {time.strftime('%H:%M:%S %Y', done)}"
     granted = time.strftime("%H%M%S", time.localtime(wall - held))
-    from gridgate.plugins.lsf_proxy.daemon.daemon import (
-        log_field,
-    )  # the request lines' own escaping
-
-    fields = [
+    fields = [  # escaped as the request lines are
         f"{LSF_NAMES[token.category]}_HOLD_LIMIT",
         log_field(token.opcode) or "-",
         log_field(token.user),

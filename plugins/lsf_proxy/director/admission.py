@@ -21,13 +21,8 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import AdmissionRequest, Grant, Refusal
-from gridgate.core.plugins import Plugin, PluginContext
-from gridgate.plugins.lsf_proxy.client.client import (
-    NoToken,
-    ProxyClient,
-    ProxyUnavailable,
-    RequestFailed,
-)
+from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.plugins.lsf_proxy.client.client import ProxyClient
 from gridgate.plugins.lsf_proxy.client.client import Token as ClientToken
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
@@ -46,6 +41,7 @@ from gridgate.plugins.lsf_proxy.daemon.policy import (
     PolicySettings,
     TokenPolicy,
 )
+from gridgate.plugins.lsf_proxy.wire import NoToken, ProxyUnavailable, RequestFailed
 
 #: The key of the requests that name no endpoint (plain commands) in local mode.
 NO_ENDPOINT = "-"
@@ -162,7 +158,7 @@ class ProxyAdmission(Plugin):
     }
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         try:
             cls._limits(section)
         except PolicyError as exc:

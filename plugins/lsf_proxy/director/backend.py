@@ -32,11 +32,12 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.patterns import Pattern, PatternTable
-from gridgate.core.plugins import PluginContext
-from gridgate.plugins.lsf_proxy.client.client import NoToken, ProxyClient, ProxyError
+from gridgate.core.plugins import ConfigProblems, PluginContext
+from gridgate.plugins.lsf_proxy.client.client import ProxyClient
+from gridgate.plugins.lsf_proxy.commands import COMMANDS, request_size
 from gridgate.plugins.lsf_proxy.config import section_defaults
 from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
-from gridgate.plugins.lsf_proxy.opcodes import request_size
+from gridgate.plugins.lsf_proxy.wire import NoToken, ProxyError
 
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_QUERY = "Job Query"
@@ -344,8 +345,8 @@ class LsfBackend(Backend):
     }
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-        problems: list[tuple[tuple[str | int, ...], str]] = []
+    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
+        problems: ConfigProblems = []
         seen: set[str] = set()
         for index, queue in enumerate(section.get("queues") or []):
             if not QUEUE_NAME_RE.fullmatch(queue):
@@ -435,7 +436,7 @@ class LsfBackend(Backend):
         if bad:
             return JobStates(ok=False, message=f"not LSF job ids: {bad}")
         argv = [self.program("bjobs"), "-noheader", "-o", BJOBS_FORMAT, *ids]
-        outcome = self.run_with_token(argv, "query", self.deadline(timeout))
+        outcome = self.run_with_token(argv, COMMANDS["bjobs"].category, self.deadline(timeout))
         if isinstance(outcome, str):
             return JobStates(ok=False, message=outcome)
         states, missing = parse_bjobs(outcome.stdout, outcome.stderr)
@@ -468,7 +469,7 @@ class LsfBackend(Backend):
 
     def submit(self, endpoint: Endpoint, request: SubmitRequest, timeout: float) -> SubmitResult:
         argv = self.bsub_argv(endpoint, request)
-        outcome = self.run_with_token(argv, "submission", self.deadline(timeout))
+        outcome = self.run_with_token(argv, COMMANDS["bsub"].category, self.deadline(timeout))
         if isinstance(outcome, str):
             return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, message=outcome)
         job_id = parse_job_id(outcome.stdout) or parse_job_id(outcome.stderr)

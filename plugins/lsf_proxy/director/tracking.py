@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gridgate.core.model import CancelResult, CommandResult, Endpoint, JobStatus, StatusResult
+from gridgate.plugins.lsf_proxy.commands import COMMANDS
 
 __all__ = [
     "BJOBS_STATUS_FORMAT",
@@ -194,7 +195,7 @@ def query_pilots(
     commands = 0
     last: CommandResult | None = None
     for argv in argv_chunks(prefix, ids):
-        outcome = backend.run_with_token(argv, "query", deadline)
+        outcome = backend.run_with_token(argv, COMMANDS["bjobs"].category, deadline)
         commands += 1
         if isinstance(outcome, str):
             return StatusResult(
@@ -273,7 +274,7 @@ def cancel_pilots(
     unknown: list[str] = []
     last: CommandResult | None = None
     for argv in argv_chunks([bkill_command(backend)], ids):
-        outcome = backend.run_with_token(argv, "other", deadline)
+        outcome = backend.run_with_token(argv, COMMANDS["bkill"].category, deadline)
         if isinstance(outcome, str):
             return CancelResult(
                 endpoint,

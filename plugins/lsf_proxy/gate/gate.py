@@ -19,14 +19,12 @@ import gridgate.plugins
 from gridgate.core import hookimpl
 from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.client.gateclient import absolute_socket
-from gridgate.plugins.lsf_proxy.config import CATEGORIES
+from gridgate.plugins.lsf_proxy.commands import CATEGORIES, SHIM_COMMANDS
 from gridgate.plugins.lsf_proxy.gate.gating import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NO_TOKEN,
     EXIT_NOT_FOUND,
     EXIT_UNAVAILABLE,
-    GATE_CATEGORIES,
-    SHIM_COMMANDS,
     START_ONLY,
     TOKEN_ENV,
     exit_like,
@@ -45,7 +43,6 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_NO_TOKEN",
     "EXIT_UNAVAILABLE",
-    "GATE_CATEGORIES",
     "SHIM_COMMANDS",
     "START_ONLY",
     "TOKEN_ENV",

@@ -3,7 +3,8 @@
 The run-time half of ``gridgate gate`` (:mod:`gridgate.plugins.lsf_proxy.gate.gate` holds the
 click command and ``--install-shims``). It runs in front of every gated ``bjobs`` a user
 types, so start-up time is the gate's cost: this module and :mod:`..client.gateclient` import only
-the standard library. Shims run it under ``python -I -S`` with the package located by the
+the standard library (and the plugin's two light modules: the table of commands and the wire
+vocabulary). Shims run it under ``python -I -S`` with the package located by the
 shim itself; ``gridgate gate -- CMD`` reaches it through :func:`console_main` (the ``gridgate``
 launcher's fast path) without click, loguru or plugin loading. The config file is still
 honoured: the resolved ``proxyd:`` settings are kept (in the shim, or in a per-user cache)
@@ -24,6 +25,15 @@ from __future__ import annotations
 
 import os
 import sys
+
+# the one table of batch commands (categories, the submission commands): it imports only os
+from gridgate.plugins.lsf_proxy.commands import (
+    CATEGORIES,
+    SUBMITTING,
+    by_first_word,
+    category_map,
+    request_size,
+)
 
 TYPE_CHECKING = False  # typing costs more to import than this whole module
 if TYPE_CHECKING:  # the same functions, as the type checker knows them
@@ -46,77 +56,9 @@ EXIT_NOT_FOUND = 127
 TOKEN_ENV = "GRIDGATE_GATE_TOKEN"
 #: Set (non-empty) to silence the "waiting for a token" line, as ``gridgate gate -q`` does.
 QUIET_ENV = "GRIDGATE_GATE_QUIET"
-CATEGORIES = ("query", "submission", "other")
 #: Seconds a waiting call stays silent before saying what it waits for.
 NOTICE_AFTER = 1.0
 
-#: Other batch systems' commands, beside LSF's (config.DEFAULT_CATEGORY_MAP).
-GATE_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "submission": ("sbatch", "srun", "salloc", "condor_submit", "qsub", "arcsub", "arcresub"),
-    "query": (
-        "squeue",
-        "sinfo",
-        "sacct",
-        "sstat",
-        "sprio",
-        "sshare",
-        "sdiag",
-        "condor_q",
-        "condor_status",
-        "condor_history",
-        "qstat",
-        "arcstat",
-        "arcinfo",
-    ),
-    # ARC's client: each command is a round trip to the CE's A-REX (arc.md section 7)
-    "other": ("scancel", "scontrol", "arckill", "arcclean", "arcget", "arcsync", "arcrenew"),
-}
-#: Commands that copy the environment into the jobs they create: never given the token,
-#: whatever category they are gated in (a test pins LSF's to config.DEFAULT_CATEGORY_MAP).
-SUBMITTING = frozenset(GATE_CATEGORIES["submission"]) | {"bsub", "brestart", "bmod", "bswitch"}
-#: Commands whose category depends on their first word that is not an option:
-#: ``scontrol show job 12`` only reads, ``scontrol update ...`` changes the cluster.
-ARGUMENT_CATEGORIES: dict[str, dict[str, str]] = {
-    "scontrol": {"show": "query"},
-}
-#: Commands ``--install-shims`` writes a wrapper for when they are on PATH.
-SHIM_COMMANDS: tuple[str, ...] = (
-    "bjobs",
-    "bhosts",
-    "bqueues",
-    "bhist",
-    "busers",
-    "bsub",
-    "bmod",
-    "bswitch",
-    "brestart",
-    "squeue",
-    "sinfo",
-    "sacct",
-    "sstat",
-    "sprio",
-    "sshare",
-    "sdiag",
-    "sbatch",
-    "srun",
-    "salloc",
-    "scancel",
-    "scontrol",
-    "condor_q",
-    "condor_status",
-    "condor_submit",
-    "qstat",
-    "qsub",
-    "arcsub",
-    "arcresub",
-    "arcstat",
-    "arcinfo",
-    "arckill",
-    "arcclean",
-    "arcget",
-    "arcsync",
-    "arcrenew",
-)
 #: Commands never held whole: they take a token to start, not to run (interactive sessions,
 #: commands that repeat or follow by themselves). Name -> the arguments that make it so
 #: (empty: always). ``proxyd.start_only`` adds to or replaces entries.
@@ -185,14 +127,8 @@ def find_real(
 
 
 def gate_category_map(section: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Command -> category: LSF's defaults, the other batch systems, then the config's own."""
-    from gridgate.plugins.lsf_proxy.config import category_map
-
-    mapping = category_map(GATE_CATEGORIES)
-    for category, names in ((section or {}).get("categories") or {}).items():
-        for name in names:
-            mapping[name] = category
-    return mapping
+    """Command -> category: the table of batch commands, then the config's own."""
+    return category_map((section or {}).get("categories"))
 
 
 def infer_category(
@@ -211,11 +147,9 @@ def category_of(
 ) -> str:
     """:func:`infer_category` with the map already made (``mapping``)."""
     own = {n for names in ((section or {}).get("categories") or {}).values() for n in names}
-    by_word = ARGUMENT_CATEGORIES.get(name)
-    if by_word and name not in own:
-        word = next((a for a in args if not a.startswith("-")), "")
-        if word in by_word:
-            return by_word[word]
+    row = by_first_word(name, args) if name not in own else None
+    if row is not None:
+        return row.category
     return mapping.get(name, "other")
 
 
@@ -269,9 +203,12 @@ def _file_sig(path: str) -> list[int] | None:
 
 
 def _code_sig() -> list[Any]:
+    """The files a cached entry comes from: this one, the table of commands (the map) and the
+    section's schema (its defaults and rules)."""
     here = os.path.dirname(os.path.abspath(__file__))
     return [
-        _file_sig(os.path.join(here, f)) for f in ("gating.py", os.path.join("..", "config.py"))
+        _file_sig(os.path.join(here, f))
+        for f in ("gating.py", os.path.join("..", "commands.py"), os.path.join("..", "config.py"))
     ]
 
 
@@ -456,13 +393,8 @@ def run_gated(
 
     A command killed by a signal makes this return ``-signal`` (the caller re-raises it).
     """
-    from gridgate.plugins.lsf_proxy.client.gateclient import (
-        Failed,
-        GateClient,
-        NoToken,
-        Unavailable,
-    )
-    from gridgate.plugins.lsf_proxy.opcodes import request_size
+    from gridgate.plugins.lsf_proxy.client.gateclient import GateClient
+    from gridgate.plugins.lsf_proxy.wire import NoToken, ProxyUnavailable, RequestFailed
 
     program = argv[0]
     if os.sep not in program:
@@ -525,10 +457,10 @@ def run_gated(
     except NoToken as exc:
         say(f"{name}: no {category} token, not run: {exc}")
         return EXIT_NO_TOKEN
-    except Unavailable as exc:
+    except ProxyUnavailable as exc:
         say(f"{name}: not run: {exc} (when_unavailable: fail)")
         return EXIT_UNAVAILABLE
-    except Failed as exc:
+    except RequestFailed as exc:
         say(f"{name}: not run: {exc}")
         return EXIT_NO_TOKEN
     if grant.link is not None:

@@ -183,7 +183,7 @@ def start_proxyd(folder: Path, section: dict[str, Any], ready_timeout: float = 3
         else [
             sys.executable,
             "-m",
-            "gridgate.core.cli",
+            "gridgate.core.commands.app",
             "lsfproxyd",
             "serve",
             "-c",

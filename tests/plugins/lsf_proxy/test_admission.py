@@ -11,7 +11,7 @@ import pytest
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import load_config
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
 from gridgate.core.model import AdmissionRequest, Endpoint, Grant, Refusal
 from gridgate.core.plugins import PluginContext
 from gridgate.core.testing import Collector, make_config, section_for

@@ -11,7 +11,7 @@ import pytest
 
 from gridgate.core.model import CommandResult, Endpoint, SubmitRequest, SubmitResult
 from gridgate.core.plugins import PluginContext
-from gridgate.core.state import MemoryState
+from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import Collector, director_for, section_for
 from gridgate.plugins.lsf_proxy.director.backend import (
     LsfBackend,

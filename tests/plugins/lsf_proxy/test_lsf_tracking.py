@@ -15,9 +15,9 @@ from gridgate.core.clock import write_file_time
 from gridgate.core.model import Endpoint, SubmitRequest
 from gridgate.core.plugins import PluginContext
 from gridgate.core.testing import section_for
+from gridgate.plugins.lsf_proxy.commands import opcode_of
 from gridgate.plugins.lsf_proxy.director.backend import LsfBackend
 from gridgate.plugins.lsf_proxy.director.tracking import normalise, parse_bkill, parse_status_rows
-from gridgate.plugins.lsf_proxy.opcodes import opcode_of
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
 
 NORMAL, BROKEN = Endpoint("lsf", "normal"), Endpoint("lsf", "broken")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gridgate.core.clock import FakeClock, write_file_time
-from gridgate.core.director import Director
+from gridgate.core.engine.director import Director
 from gridgate.core.testing import Collector, make_config
 from gridgate.plugins.lsf_proxy.sim import install_commands, write_scenario
 
@@ -106,7 +106,7 @@ def test_a_queue_whose_every_pilot_exits_leaves_rotation_with_one_error(world) -
 def test_one_bjobs_per_queue_and_poll_whatever_the_number_of_pilots(
     world, tmp_path, tracked
 ) -> None:
-    from gridgate.core.pilots import Pilot
+    from gridgate.core.state import Pilot
 
     director, _, advance, bjobs_per_queue = world
     # ``tracked`` pilots on `normal`, as if submitted earlier: in the director's registry and in

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gridgate.plugins.lsf_proxy.config import category_of
-from gridgate.plugins.lsf_proxy.opcodes import COMMAND_OPCODES, opcode_of, request_size
+from gridgate.plugins.lsf_proxy.commands import (
+    COMMAND_OPCODES,
+    category_of,
+    opcode_of,
+    request_size,
+)
 
 
 @pytest.mark.parametrize(

@@ -122,7 +122,7 @@ def test_config_validate_command(write):
 def test_gridgate_register_commands_adds_the_lsfproxyd_group():
     import click
 
-    from gridgate.core.plugins import cli_plugin_manager
+    from gridgate.core.engine.loader import cli_plugin_manager
 
     group = click.Group("gridgate")
     errors = []

@@ -557,7 +557,7 @@ def test_heartbeat_via_state_needs_a_shared_store(gridgate_exe, sockdir):
 def test_an_unreachable_state_store_keeps_the_peers_counted():
     """The store failing is no news of the daemons: they stay counted (the smaller share),
     where taking their silence for death would let every daemon grant the whole limit."""
-    from gridgate.core.state_redis import RedisState
+    from gridgate.core.stores.redis import RedisState
 
     port = free_port()  # a port nothing listens on
     clock = FakeClock()

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gridgate.core.clock import FakeClock
+from gridgate.plugins.lsf_proxy.commands import category_of
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     Limits,
     PolicyError,
-    category_of,
     parse_policies,
     resolve_policies,
     split_limits,

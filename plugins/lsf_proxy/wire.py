@@ -1,0 +1,100 @@
+"""The words both ends of the wire protocol share: its version, its error codes and the errors
+that the daemon and its two clients raise (docs/protocol.md).
+
+The gate's client (``client/gateclient.py``) reads this module on every gated call, so it
+imports nothing: :mod:`.protocol` (framing, signing) pulls in ``json``, ``hmac`` and the clock.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing costs the gate more to import than this whole module
+if TYPE_CHECKING:
+    from typing import Any
+
+PROTOCOL_VERSION = 1
+
+#: Every ``error.code`` a reply may carry (docs/protocol.md, "Replies"; a test pins the two).
+ERROR_CODES = frozenset(
+    {
+        "bad_json",
+        "bad_request",
+        "bad_version",
+        "unknown_op",
+        "line_too_long",
+        "line_timeout",
+        "forbidden",
+        "unsigned",
+        "bad_signature",
+        "bad_challenge",
+        "stale",
+        "replayed",
+        "bad_config",
+        "io_error",
+        "busy",
+        "auth_timeout",
+        "internal",
+    }
+)
+#: Errors with which a daemon that is alive turns a connection away (then closes it).
+BUSY_CODES = frozenset({"busy", "auth_timeout"})
+
+
+class ProtocolError(Exception):
+    """A message the daemon cannot serve; ``code`` is one of :data:`ERROR_CODES`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+# --- what the clients raise ------------------------------------------------------------------
+
+
+class ProxyError(Exception):
+    """Base of the clients' errors."""
+
+
+class ProxyUnavailable(ProxyError):
+    """No daemon answered (and ``when_unavailable`` is ``fail``)."""
+
+
+class NoToken(ProxyError):
+    """Refused: blocked, or denied ``notoken_ntries`` times. ``reason`` is the last one."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class RequestFailed(ProxyError):
+    """The daemon answered with an error (``code``: forbidden, bad_request, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class ConnectionBroken(Exception):
+    """The connection failed (refused, reset, closed, timed out): try the next daemon."""
+
+
+class DaemonBusy(ConnectionBroken):
+    """The daemon is there but did not take or answer the request in time (listen backlog
+    full, reply overdue, turned away with a :data:`BUSY_CODES` error). A reason to retry,
+    never to run without a token: that is for daemons that are down."""
+
+
+def connect_failed(name: str, address: str, exc: OSError) -> ConnectionBroken:
+    """What a failed ``connect`` to daemon ``name`` means: a timeout or a full listen backlog
+    (EAGAIN) is a daemon that is there, anything else one that is not."""
+    busy = isinstance(exc, TimeoutError) or exc.errno == 11  # EAGAIN; errno costs an import
+    return (DaemonBusy if busy else ConnectionBroken)(f"{name}: cannot connect to {address}: {exc}")
+
+
+def turned_away(name: str, reply: dict[str, Any]) -> DaemonBusy | None:
+    """The :class:`DaemonBusy` of a reply with no ``id`` by which daemon ``name`` turns this
+    connection away for lack of room (it closes it next), else None."""
+    error = reply.get("error") or {}
+    if reply.get("id") is None and error.get("code") in BUSY_CODES:
+        return DaemonBusy(f"{name}: busy: {error.get('message', '')}")
+    return None

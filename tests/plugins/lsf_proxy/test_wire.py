@@ -1,0 +1,93 @@
+"""One wire vocabulary (plugins/lsf_proxy/wire.py): the protocol's version and error codes as
+docs/protocol.md states them, spoken alike by the daemon and both clients; the blocklist file
+and the admin verbs the daemon hands its requests to."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from gridgate.plugins.lsf_proxy import protocol, wire
+from gridgate.plugins.lsf_proxy.client import client, gateclient
+from gridgate.plugins.lsf_proxy.daemon.admin import AdminVerbs
+from gridgate.plugins.lsf_proxy.daemon.blockfile import BlocklistFile
+from gridgate.plugins.lsf_proxy.daemon.policy import Blocklist, BlockRule
+from gridgate.plugins.lsf_proxy.daemon.startup import StartupError
+
+ROOT = Path(__file__).resolve().parents[3]
+PLUGIN = ROOT / "plugins" / "lsf_proxy"
+
+
+def test_docs_protocol_lists_exactly_the_error_codes() -> None:
+    text = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+    listed = text.split("Error codes:", 1)[1].split("\n\n", 1)[0]
+    listed = re.sub(r"\([^)]*\)", "", listed)  # what each means, in brackets
+    assert set(re.findall(r"`([a-z_]+)`", listed)) == wire.ERROR_CODES
+    assert f"must be `{wire.PROTOCOL_VERSION}`" in text
+
+
+def test_every_error_the_plugin_raises_has_a_listed_code() -> None:
+    raised = set()
+    for path in PLUGIN.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "ProtocolError"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                raised.add(node.args[0].value)
+    assert raised and raised <= wire.ERROR_CODES, raised - wire.ERROR_CODES
+    assert wire.BUSY_CODES <= wire.ERROR_CODES
+
+
+def test_both_clients_and_the_daemon_speak_the_same_words() -> None:
+    for module in (protocol, client, gateclient):
+        assert module.PROTOCOL_VERSION is wire.PROTOCOL_VERSION
+    for name in ("NoToken", "ProxyError", "ProxyUnavailable", "RequestFailed"):
+        assert getattr(client, name) is getattr(gateclient, name) is getattr(wire, name)
+    assert protocol.ProtocolError is wire.ProtocolError
+
+
+def test_a_daemon_turning_a_connection_away_is_busy_to_either_client() -> None:
+    reply = {"v": 1, "id": None, "ok": False, "error": {"code": "busy", "message": "full"}}
+    busy = wire.turned_away("h1", reply)
+    assert isinstance(busy, wire.DaemonBusy) and str(busy) == "h1: busy: full"
+    assert wire.turned_away("h1", {**reply, "id": 3}) is None
+    assert wire.turned_away("h1", {**reply, "error": {"code": "bad_request"}}) is None
+    refused = wire.connect_failed("h1", "/x.sock", ConnectionRefusedError(111, "refused"))
+    assert type(refused) is wire.ConnectionBroken
+    assert isinstance(
+        wire.connect_failed("h1", "/x", BlockingIOError(11, "again")), wire.DaemonBusy
+    )
+    assert isinstance(wire.connect_failed("h1", "/x", TimeoutError()), wire.DaemonBusy)
+
+
+def test_every_admin_op_has_its_verb() -> None:
+    assert set(AdminVerbs(cast(Any, None)).verbs) == protocol.ADMIN_OPS
+
+
+def test_the_blocklist_file_keeps_the_rules_only_when_persisted(tmp_path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o755)
+    complaints: list[tuple[Any, ...]] = []
+    kept = BlocklistFile(folder / "blocklist.h1.json", True, lambda *a: complaints.append(a))
+    assert kept.load().rules == ()  # nothing written yet
+    rules = Blocklist([BlockRule.make(False, ["user1"], []), BlockRule.make(True, [], [])])
+    kept.save(rules)
+    assert os.stat(kept.path).st_mode & 0o777 == 0o600
+    assert kept.load().rules == rules.rules
+    unkept = BlocklistFile(folder / "other.json", False, lambda *a: complaints.append(a))
+    unkept.save(rules)
+    assert not unkept.path.exists() and unkept.load().rules == ()
+    folder.chmod(0o777)  # others could plant a link there: nothing is read or written
+    kept.save(Blocklist())
+    assert len(complaints) == 1
+    with pytest.raises(StartupError, match="cannot read the persisted blocklist"):
+        kept.load()
