@@ -14,6 +14,13 @@ generate them, plus a short info-provider period), control, session and tmp fold
 pid files. Nothing of the machine's own CE is used: not /etc/arc.conf, not
 /etc/grid-security, not port 443, not ~/.arc (every client call passes ``-z``).
 
+Bearer tokens (``tokens``, on unless ``ARC_CE_TOKENS=0``): the CE has a private token issuer of
+its own (:mod:`.issuer`, an https server on loopback with a certificate from the test CA) and
+accepts its tokens when they carry ``compute.create``. A-REX fetches the issuer's keys over
+https and checks the issuer against /etc/grid-security/certificates whatever its config says,
+so the HTTPS arched runs in a mount namespace of its own (``unshare -m``) in which the CE's CA
+folder is bound over that path: nothing of the machine changes, and no other process sees it.
+
 A-REX runs as root and maps every job to ``nobody``; the folders above the CE's folder must
 therefore let other users pass (o+x). ``stop()`` leaves no process behind: besides the two
 arched it kills what the fork LRMS leaves running (``arckill`` does not end a fork payload) and,
@@ -29,6 +36,7 @@ See shared/reference/arc.md for what the commands print and the traps behind the
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import errno
@@ -52,6 +60,7 @@ from xml.sax.saxutils import escape
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
 from gridgate.core.watchdog import Watchdog
+from gridgate.plugins.arc.issuer import COMPUTE_SCOPES, Issuer
 
 #: Debian packages the CE needs (dev.sh installs them when missing, under a policy-rc.d guard
 #: so that their postinst starts no system A-REX on port 443).
@@ -81,6 +90,15 @@ PORT_RANGE = 200
 #: starting CEs at once, or one CE stopped for a while, never end up on one port.
 PORT_LOCKS = Path(tempfile.gettempdir()) / "gridgate-arc-ports"
 CA_ID = "gridgate"
+#: The first port tried for the CE's token issuer.
+ISSUER_FIRST_PORT = 19443
+#: Where A-REX looks for the CA of a token issuer, whatever x509_cert_dir says (6.17's key
+#: fetch uses a default TLS config): the HTTPS arched sees the CE's CA folder there.
+SYSTEM_CA_DIR = Path("/etc/grid-security/certificates")
+#: The pilot's token (ARC_CE_TOKEN): seconds it lives, and seconds left below which start()
+#: writes a new one (WLCG access tokens live minutes to hours; 6 h is the profile's upper end).
+TOKEN_LIFETIME = 6 * 3600
+TOKEN_MIN_LEFT = 2 * 3600
 PILOT_NAME = "gridgate pilot"
 #: A proxy with less than this left is renewed by start() (seconds).
 PROXY_MIN_LEFT = 2 * 3600
@@ -93,6 +111,8 @@ GM_LEFT_LOOP = "Exiting jobs processing thread"
 LEFTOVER_GRACE = 2.0
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DAEMONS = ("arex-ws", "arex")  # the order they are stopped in
+#: What the token issuer's command line names (it is stopped with the daemons).
+ISSUER_MODULE = "gridgate.plugins.arc.issuer"
 _LOGLEVELS = {"0": "FATAL", "1": "ERROR", "2": "WARNING", "3": "INFO", "4": "VERBOSE", "5": "DEBUG"}
 #: What arched-arex-ws logs when its port is taken; it then exits ("Failed to load service
 #: side MCCs").
@@ -195,17 +215,21 @@ class _PortLock:
             os.close(fd)
 
 
+def _take_free_port(port: int) -> _PortLock | None:
+    """The reservation of ``port``, when no other CE has reserved it and nothing listens on it."""
+    lock = _PortLock.take(port)
+    if lock is not None and not _port_free(port):
+        lock.release()
+        return None
+    return lock
+
+
 def _reserve_port(start: int = FIRST_PORT, skip: Sequence[int] = ()) -> _PortLock:
     """The first port from ``start`` that no other CE has reserved and nothing listens on."""
     for port in range(start, start + PORT_RANGE):
-        if port in skip:
-            continue
-        lock = _PortLock.take(port)
-        if lock is None:
-            continue
-        if _port_free(port):
+        lock = None if port in skip else _take_free_port(port)
+        if lock is not None:
             return lock
-        lock.release()
     raise CEError(
         f"no free port in {start}-{start + PORT_RANGE - 1} for the ARC CE; "
         f"set ARC_CE_PORT (or port=) to a free one"
@@ -256,6 +280,27 @@ def _arched_pid(folder: Path, name: str) -> int | None:
     if "arched" in cmdline and str(folder / "etc" / f"{name}.xml") in cmdline and not _gone(pid):
         return pid
     return None
+
+
+def _issuer_pid(folder: Path) -> int | None:
+    """The live token issuer of the CE in ``folder``, by its pid file (checked as arched's)."""
+    try:
+        pid = int(Path(folder, "run", "issuer.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    cmdline = _cmdline(pid)
+    if ISSUER_MODULE in cmdline and str(folder / "issuer") in cmdline and not _gone(pid):
+        return pid
+    return None
+
+
+def _stop_issuer(folder: Path) -> None:
+    """Stop the CE's token issuer (SIGTERM; SIGKILL after LEFTOVER_GRACE)."""
+    pid = _issuer_pid(folder)
+    identity = _identity(pid) if pid is not None else None
+    if identity is not None:
+        _kill_all({identity}, LEFTOVER_GRACE)
+    Path(folder, "run", "issuer.pid").unlink(missing_ok=True)
 
 
 def _ancestors() -> set[int]:
@@ -361,7 +406,8 @@ def _stop_arched(folder: Path, graces: Mapping[str, float]) -> None:
     """SIGTERM the arched of each daemon (by its recorded pid), arex-ws first; SIGKILL each
     still there after its grace; then the helpers of their sessions that outlived them.
     Both are signalled before either is waited for: arched-arex-ws takes ~2 s to go and the
-    grid manager ~8 s, and nothing is gained by waiting for one before the other."""
+    grid manager ~8 s, and nothing is gained by waiting for one before the other. The token
+    issuer goes last."""
     targets: dict[str, int] = {}
     for name in DAEMONS:
         pid = _arched_pid(folder, name)
@@ -405,6 +451,7 @@ def _stop_arched(folder: Path, graces: Mapping[str, float]) -> None:
     _kill_all(helpers, LEFTOVER_GRACE)
     for name in DAEMONS:
         Path(folder, "run", f"{name}.pid").unlink(missing_ok=True)
+    _stop_issuer(folder)
 
 
 def _said(log: Path, offset: int, text: str) -> bool:
@@ -511,10 +558,12 @@ class ArcCE:
     cluster (:class:`gridgate.plugins.slurm.cluster.SlurmCluster`). ``port`` (default: the
     first free one from 18443) is the HTTPS port; ``info_period`` the info provider's period
     and ``wakeup`` the grid manager's, both in seconds (ARC's defaults are 60 and 180; job
-    states over REST lag by about the info period). These settings are fixed when the folder
-    is first set up; a CE started again on the same folder keeps its port, its jobs and its
-    credentials. With ``watchdog`` (the default) the CE is brought down even when this
-    process dies without calling ``stop``.
+    states over REST lag by about the info period). With ``tokens`` (the default) the CE runs
+    a token issuer of its own and accepts its bearer tokens that carry ``compute.create``
+    (:attr:`issuer`, :meth:`token`). These settings are fixed when the folder is first set up;
+    a CE started again on the same folder keeps its port, its jobs and its credentials. With
+    ``watchdog`` (the default) the CE is brought down even when this process dies without
+    calling ``stop``.
     """
 
     def __init__(
@@ -528,6 +577,7 @@ class ArcCE:
         wakeup: int = 10,
         start_timeout: float = 120.0,
         watchdog: bool = True,
+        tokens: bool = True,
     ) -> None:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
@@ -546,6 +596,9 @@ class ArcCE:
         self.wakeup = max(int(wakeup), 1)
         self.start_timeout = float(start_timeout)
         self.watchdog = watchdog
+        self.tokens = bool(tokens)
+        self._issuer_port: int | None = None
+        self._issuer_lock: _PortLock | None = None
         self._lock: _PortLock | None = None
         self._settings_loaded = False
         self._pids: dict[str, int] = {}  # the arched started by the last start()
@@ -615,9 +668,51 @@ class ArcCE:
         return self._path("etc", "allowed-subjects")
 
     @property
+    def ca_cert(self) -> Path:
+        """The test CA's certificate (its key, :attr:`ca_key`, is beside it)."""
+        return self.certificates / f"ARC-TestCA-{CA_ID}.pem"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.certificates / f"ARC-TestCA-{CA_ID}-key.pem"
+
+    @property
+    def issuer_url(self) -> str:
+        """The ``iss`` of the tokens this CE accepts, ``https://localhost:PORT``."""
+        if self._issuer_port is None:
+            raise CEError("the CE has no token issuer (tokens=False, or not started yet)")
+        return f"https://localhost:{self._issuer_port}"
+
+    @property
+    def issuer(self) -> Issuer:
+        """The CE's token issuer (:class:`~gridgate.plugins.arc.issuer.Issuer`): its tokens
+        with ``compute.create`` are accepted."""
+        return Issuer(self._path("issuer"))
+
+    @property
+    def token_file(self) -> Path:
+        """The pilot's token (ARC_CE_TOKEN): all compute.* scopes, renewed by start()."""
+        return self._path("user", "token")
+
+    def token(self, **options: object) -> str:
+        """A token of the CE's issuer: :meth:`Issuer.token` with the CE's URL as audience
+        (``scope``, ``lifetime``, ``start``, ``claims``... as there)."""
+        options.setdefault("aud", f"https://localhost:{self.port}")
+        return self.issuer.token(**options)  # type: ignore[arg-type]
+
+    @property
     def env(self) -> dict[str, str]:
-        """What an ARC client needs to use this CE as the pilot user (arc.md section 2)."""
-        return self._client_vars(self._path("user"))
+        """What an ARC client needs to use this CE as the pilot user (arc.md section 2); with
+        tokens also ARC_CE_TOKEN (a token file), ARC_CE_ISSUER (its issuer's URL) and
+        ARC_CE_ISSUER_DIR (the issuer's folder, for ``python -m gridgate.plugins.arc.issuer
+        token``). Never BEARER_TOKEN_FILE: ARC 6.17's client reads it too, and its commands
+        then skip their proxy check."""
+        found = self._client_vars(self._path("user"))
+        if self.tokens:
+            found["ARC_CE_TOKEN"] = str(self.token_file)
+            found["ARC_CE_ISSUER"] = self.issuer_url
+            found["ARC_CE_ISSUER_DIR"] = str(self._path("issuer"))
+        return found
 
     def _client_vars(self, creds: Path) -> dict[str, str]:
         return {
@@ -678,6 +773,10 @@ class ArcCE:
             self._load_settings()
         if self.running():
             self._renew_if_short()
+            if self.tokens:
+                self._renew_token_if_short()
+                if _issuer_pid(self._path()) is None:
+                    self._start_issuer()
             return self
         missing = missing_packages()
         if missing:
@@ -708,7 +807,7 @@ class ArcCE:
                 if failure != "port" or not fresh or self._port_given or len(tried) >= 5:
                     raise CEError(self._start_failure(failure))
                 self._stop_daemons(grace=1.0)  # a new CE: no job to let it save
-                self._release_port()
+                self._release_port(issuer=False)
                 self._lock = _reserve_port(skip=tried)
                 self._port = self._lock.port
                 self._write_arc_conf()
@@ -779,8 +878,8 @@ class ArcCE:
     def _claim_port(self) -> None:
         if self._port_given:
             assert self._port is not None
-            self._lock = _PortLock.take(self._port)
-            if self._lock is None or not _port_free(self._port):
+            self._lock = _take_free_port(self._port)
+            if self._lock is None:
                 self._release_port()
                 raise CEError(
                     f"port {self._port} is busy; choose another (ARC_CE_PORT, port=)"
@@ -789,24 +888,41 @@ class ArcCE:
         else:
             self._lock = _reserve_port()
             self._port = self._lock.port
+        if self.tokens:
+            self._issuer_lock = _reserve_port(ISSUER_FIRST_PORT, skip=(self._port,))
+            self._issuer_port = self._issuer_lock.port
 
     def _claim_existing_port(self) -> None:
-        if self._lock is not None:
-            return  # ours since the first start
-        assert self._port is not None
-        self._lock = _PortLock.take(self._port)
-        if self._lock is None or not _port_free(self._port):
-            self._release_port()
-            raise CEError(
-                f"port {self._port} of the CE in {self._folder} is busy (another CE "
-                f"or program holds it); stop that, or rm -r {self._folder} for a new"
-                f" CE on another port"
-            )
+        if self._lock is None:  # else ours since the first start
+            assert self._port is not None
+            self._lock = _take_free_port(self._port)
+            if self._lock is None:
+                self._release_port()
+                raise CEError(
+                    f"port {self._port} of the CE in {self._folder} is busy (another CE "
+                    f"or program holds it); stop that, or rm -r {self._folder} for a new"
+                    f" CE on another port"
+                )
+        if self.tokens and self._issuer_lock is None and _issuer_pid(self._path()) is None:
+            assert self._issuer_port is not None
+            self._issuer_lock = _take_free_port(self._issuer_port)
+            if self._issuer_lock is None:
+                self._release_port()
+                raise CEError(
+                    f"port {self._issuer_port} of the token issuer of the CE in "
+                    f"{self._folder} is busy; stop what holds it, or rm -r {self._folder} "
+                    f"for a new CE"
+                )
 
-    def _release_port(self) -> None:
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
+    def _release_port(self, *, issuer: bool = True) -> None:
+        """Release the reservation of the CE's port (and of the issuer's, with ``issuer``)."""
+        locks = [self._lock, self._issuer_lock if issuer else None]
+        self._lock = None
+        if issuer:
+            self._issuer_lock = None
+        for lock in locks:
+            if lock is not None:
+                lock.release()
 
     def _load_settings(self) -> None:
         """A CE set up before keeps its settings (arc.conf is written once)."""
@@ -830,6 +946,9 @@ class ArcCE:
         self._settings_loaded = True
         self.info_period = int(settings["info_period"])
         self.wakeup = int(settings["wakeup"])
+        # a folder set up before tokens existed has none
+        self.tokens = bool(settings.get("tokens"))
+        self._issuer_port = settings.get("issuer_port") if self.tokens else None
         if settings.get("slurm_conf"):
             self.slurm_conf = Path(settings["slurm_conf"])
 
@@ -858,6 +977,20 @@ class ArcCE:
                 "slurm_use_sacct = no",
                 "slurm_wakeupperiod = 5",
             ]
+        # Tokens: an authgroup of the tokens of our issuer that carry compute.create, mapped and
+        # allowed like the DN group. Several authtokens lines would be OR'ed, and 6.17 knows
+        # no per-operation scopes (any member may create, read, modify and cancel), so the one
+        # scope that admits a client is compute.create.
+        tokens_group, tokens_map, tokens_block, allowed = [], [], [], ["allowaccess = pilots"]
+        if self.tokens:
+            tokens_group = [
+                "[authgroup:tokens]",
+                f"authtokens = * {self.issuer_url} * compute.create *",
+                "",
+            ]
+            tokens_map = ["map_to_user = tokens nobody:nogroup"]
+            tokens_block = ["[authtokens]", ""]
+            allowed.append("allowaccess = tokens")
         lines = [
             "# A private ARC CE for gridgate's tests (gridgate.plugins.arc.ce): do not edit;",
             "# rm -r the folder for a new CE.",
@@ -870,9 +1003,12 @@ class ArcCE:
             "[authgroup:pilots]",
             f"file = {self.allowed_subjects}",
             "",
+            *tokens_group,
             "[mapping]",
             "map_to_user = pilots nobody:nogroup",
+            *tokens_map,
             "",
+            *tokens_block,
             *lrms,
             "",
             "[arex]",
@@ -891,7 +1027,7 @@ class ArcCE:
             f"pidfile = {p('run', 'arex-ws.pid')}",
             "",
             "[arex/ws/jobs]",
-            "allowaccess = pilots",
+            *allowed,
             "",
             "[infosys]",
             f"logfile = {p('log', 'infoprovider.log')}",
@@ -911,6 +1047,8 @@ class ArcCE:
             "wakeup": self.wakeup,
             "slurm_conf": str(self.slurm_conf) if self.slurm_conf else None,
             "queues": queues,
+            "tokens": self.tokens,
+            "issuer_port": self._issuer_port,
         }
         self._path("etc", "ce.json").write_text(json.dumps(settings, indent=1) + "\n")
         self._settings_loaded = True
@@ -968,6 +1106,33 @@ class ArcCE:
         self._allow(self.usercert)
         self._write_client_conf(user)
         self._renew_if_short()
+        if self.tokens:
+            Issuer.create(
+                self._path("issuer"), self.issuer_url, ca_cert=self.ca_cert, ca_key=self.ca_key
+            )
+            self._renew_token_if_short()
+
+    def token_seconds_left(self) -> float:
+        """Seconds the pilot's token (:attr:`token_file`) has left; 0 when expired or missing."""
+        try:
+            payload = self.token_file.read_text().strip().split(".")[1]
+            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            return max(float(claims["exp"]) - time.time(), 0.0)
+        except (OSError, IndexError, ValueError, KeyError, TypeError):
+            return 0.0
+
+    def renew_token(self, lifetime: float = TOKEN_LIFETIME) -> Path:
+        """Write the pilot's token afresh (all compute.* scopes, ``lifetime`` seconds)."""
+        return self.issuer.write_token(
+            self.token_file,
+            scope=COMPUTE_SCOPES,
+            aud=f"https://localhost:{self.port}",
+            lifetime=lifetime,
+        )
+
+    def _renew_token_if_short(self) -> None:
+        if self.token_seconds_left() < TOKEN_MIN_LEFT:
+            self.renew_token()
 
     def _write_client_conf(self, creds: Path) -> None:
         """client.conf naming the credentials and the CA folder (-z FILE). ARC 6.17 knows no
@@ -1237,47 +1402,98 @@ class ArcCE:
             env={"PATH": SYSTEM_PATH},
         )
         env = self._daemon_env(json.loads(loaded.stdout))
+        if self.tokens:
+            self._start_issuer()
         for name in ("arex", "arex-ws"):
-            stdout = self._path("log", f"{name}.stdout")
-            with contextlib.suppress(OSError):
-                if stdout.stat().st_size > 0:  # keep the previous run's for a look
-                    os.replace(stdout, stdout.with_suffix(".stdout.old"))
-            pidfile = self._path("run", f"{name}.pid")
-            pidfile.unlink(missing_ok=True)
-            # arched is started by a launcher that exits at once, so it is no descendant of
-            # this process: its helpers (scan-*-job, CEinfo.pl) come and go all the time, and
-            # a test that checks it left no child running would count them. arched -f writes
-            # no PidFile of its own: the launcher records the pid for stop() and down().
-            launched = run(
-                [
-                    sys.executable,
-                    "-c",
-                    _LAUNCHER,
-                    str(stdout),
-                    str(pidfile),
-                    str(self._path("log", "arccore")),
-                    str(ARCHED),
-                    "-f",
-                    "-c",
-                    str(self._path("etc", f"{name}.xml")),
-                ],
-                60,
-                env=env,
-                cwd="/",
-            )
-            try:
-                pid = int(pidfile.read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                raise CEError(
-                    f"could not start arched for {name}: {launched.describe()}: "
-                    f"{launched.stderr.strip()}"
-                ) from None
+            argv = [str(ARCHED), "-f", "-c", str(self._path("etc", f"{name}.xml"))]
+            if name == "arex-ws" and self.tokens:
+                argv = self._in_private_ca_namespace(argv)
+            pid = self._launch(name, argv, env)
             self._pids[name] = pid
             # As the start scripts' `ulimit -S -n $(ulimit -H -n)`.
             with contextlib.suppress(OSError, ValueError):
                 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
                 resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
         return self._wait_ready()
+
+    def _launch(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
+        """Start ``argv`` as daemon ``name`` (stdout in log/NAME.stdout, pid in run/NAME.pid,
+        cwd log/arccore) and return its pid.
+
+        It is started by a launcher that exits at once, so it is no descendant of this
+        process: arched's helpers (scan-*-job, CEinfo.pl) come and go all the time, and a test
+        that checks it left no child running would count them. arched -f writes no PidFile of
+        its own: the launcher records the pid for stop() and down()."""
+        stdout = self._path("log", f"{name}.stdout")
+        with contextlib.suppress(OSError):
+            if stdout.stat().st_size > 0:  # keep the previous run's for a look
+                os.replace(stdout, stdout.with_suffix(".stdout.old"))
+        pidfile = self._path("run", f"{name}.pid")
+        pidfile.unlink(missing_ok=True)
+        launched = run(
+            [
+                sys.executable,
+                "-c",
+                _LAUNCHER,
+                str(stdout),
+                str(pidfile),
+                str(self._path("log", "arccore")),
+                *argv,
+            ],
+            60,
+            env=dict(env),
+            cwd="/",
+        )
+        try:
+            return int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            raise CEError(
+                f"could not start {name}: {launched.describe()}: {launched.stderr.strip()}"
+            ) from None
+
+    def _in_private_ca_namespace(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in a mount namespace of its own in which the CE's CA folder is bound
+        over /etc/grid-security/certificates: A-REX 6.17 checks a token issuer's certificate
+        there (its key fetch uses a default TLS config), and the issuer's is from the test CA.
+        Nothing outside the namespace sees the bind; it ends with the process."""
+        if not SYSTEM_CA_DIR.is_dir():
+            # the bind needs a folder to cover; the package's postinst makes this one
+            SYSTEM_CA_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return [
+            _program("unshare"),
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            sys.executable,
+            "-c",
+            _BIND_THEN_EXEC,
+            _program("mount"),
+            str(self.certificates),
+            str(SYSTEM_CA_DIR),
+            *argv,
+        ]
+
+    def _start_issuer(self) -> None:
+        """Start the CE's token issuer (``python -m gridgate.plugins.arc.issuer serve``) and
+        wait until it listens."""
+        folder = self._path()
+        _stop_issuer(folder)
+        argv = [sys.executable, "-m", ISSUER_MODULE, "serve", str(self._path("issuer"))]
+        argv += ["--log", str(self._path("log", "issuer.log"))]
+        # the launcher's own Python finds gridgate as this one does
+        env = {"PATH": SYSTEM_PATH, "LC_ALL": "C", "HOME": str(self._path("run"))}
+        pid = self._launch("issuer", argv, env)
+        port = self.issuer.port
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if _gone(pid):
+                break
+            with contextlib.suppress(OSError), socket.create_connection(("localhost", port), 1):
+                return
+            time.sleep(0.05)
+        tail = "\n".join(self.log("issuer.stdout").splitlines()[-10:])
+        raise CEError(f"the CE's token issuer did not listen on localhost:{port}:\n{tail}")
 
     def _wait_ready(self) -> str | None:
         end = time.monotonic() + self.start_timeout
@@ -1361,6 +1577,16 @@ with open(stdout, "ab") as out:
 with open(pidfile + ".new", "w") as f:
     f.write(f"{proc.pid}\n")
 os.replace(pidfile + ".new", pidfile)
+"""
+
+
+# Run as ``python -c _BIND_THEN_EXEC MOUNT SOURCE TARGET ARGV...`` inside ``unshare --mount``:
+# binds SOURCE over TARGET in that namespace, then becomes ARGV (same pid).
+_BIND_THEN_EXEC = r"""
+import os, subprocess, sys
+mount, source, target, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+subprocess.run([mount, "--bind", source, target], check=True)
+os.execv(argv[0], argv)
 """
 
 
@@ -1540,6 +1766,9 @@ def _hand_ce(folder: Path) -> ArcCE:
     lrms = environ.get("ARC_CE_LRMS") or settings.get("lrms") or "fork"
     slurm_conf = environ.get("SLURM_CONF") or settings.get("slurm_conf")
     port = environ.get("ARC_CE_PORT")
+    tokens = environ.get("ARC_CE_TOKENS", "1").strip().lower() not in ("0", "no", "off", "false")
+    if settings:
+        tokens = bool(settings.get("tokens"))
     return ArcCE(
         folder,
         lrms=lrms,
@@ -1548,6 +1777,7 @@ def _hand_ce(folder: Path) -> ArcCE:
         info_period=int(environ.get("ARC_CE_INFO_PERIOD", "10")),
         wakeup=int(environ.get("ARC_CE_WAKEUP", "10")),
         watchdog=False,
+        tokens=tokens,
     )
 
 
@@ -1558,7 +1788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m gridgate.plugins.arc.ce",
         description="Bring a private ARC CE (A-REX) up in a folder, or down again. Knobs, read "
         "when the folder is first set up: ARC_CE_PORT, ARC_CE_LRMS=fork|slurm, "
-        "SLURM_CONF, ARC_CE_INFO_PERIOD (s), ARC_CE_WAKEUP (s).",
+        "SLURM_CONF, ARC_CE_INFO_PERIOD (s), ARC_CE_WAKEUP (s), ARC_CE_TOKENS=0 (no token "
+        "issuer, no bearer tokens).",
     )
     parser.add_argument("action", choices=("up", "down", "env", "status", "user"))
     parser.add_argument(

@@ -1,19 +1,27 @@
 """Private ARC CEs for the ARC tests (gridgate.plugins.arc.ce), and a small ARC client.
 
-``arc_ce`` (fork LRMS) and ``arc_ce_slurm`` (over the suite's ``slurm_cluster``) are started on
-first use, one of each per test process (xdist worker), and stopped at the end of the session.
-A CE that cannot start fails the tests that need it, never skips them. Tests that stop the
-fork CE (``stop_service``) ask for ``arc``, which starts it again first.
+``arc_ce`` (fork LRMS, with its own token issuer: bearer tokens accepted) and ``arc_ce_slurm``
+(over the suite's ``slurm_cluster``, X.509 only) are started on first use, one of each per test
+process (xdist worker), and stopped at the end of the session. A CE that cannot start fails the
+tests that need it, never skips them. Tests that stop the fork CE (``stop_service``) ask for
+``arc``, which starts it again first. ``other_issuer`` is a second token issuer (another key,
+another URL, a certificate from the same test CA) whose tokens the CE must refuse.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.polling import until
+from support.ports import free_port
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
@@ -21,6 +29,7 @@ from gridgate.core.runner import run
 #: The PATH of every client call the tests make: never the machine's own.
 CLIENT_PATH = "/usr/bin:/bin"
 FINAL_STATES = frozenset({"Finished", "Failed", "Killed", "Deleted"})
+REST = "/arex/rest/1.0"
 _SUBMITTED = re.compile(r"Job submitted with jobid: (\S+)")
 
 
@@ -52,7 +61,8 @@ def arc_ce_slurm(slurm_cluster):
     """One ARC CE per test process whose LRMS is the session's private Slurm cluster."""
     from gridgate.plugins.arc.ce import ArcCE
 
-    ce = _start(ArcCE(lrms="slurm", slurm_conf=slurm_cluster.conf))
+    # no token issuer: this CE is the one that shows a CE without bearer tokens
+    ce = _start(ArcCE(lrms="slurm", slurm_conf=slurm_cluster.conf, tokens=False))
     try:
         yield ce
     finally:
@@ -63,6 +73,25 @@ def arc_ce_slurm(slurm_cluster):
 def arc(arc_ce):
     """The session's fork CE, running (started again if a test stopped it)."""
     return _start(arc_ce)
+
+
+@pytest.fixture(scope="session")
+def other_issuer(arc_ce, tmp_path_factory):
+    """A second token issuer, served over https on loopback from this process: its own key and
+    URL, its TLS certificate from the CE's test CA (so A-REX can fetch its keys and check its
+    tokens' signatures). The CE's authgroup names only the CE's own issuer."""
+    from gridgate.plugins.arc.issuer import Issuer, IssuerServer
+
+    _start(arc_ce)  # the test CA exists
+    folder = tmp_path_factory.mktemp("other-issuer")
+    issuer = Issuer.create(
+        folder, f"https://localhost:{free_port()}", ca_cert=arc_ce.ca_cert, ca_key=arc_ce.ca_key
+    )
+    server = IssuerServer(issuer, log=folder / "requests.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class ArcClient:
@@ -143,6 +172,50 @@ class ArcClient:
 
         until(reached, timeout=timeout, pause=1.0)
         return last
+
+
+@dataclass(frozen=True)
+class RestAnswer:
+    status: int
+    reason: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def rest_call(ce, method: str, path: str, token: str | None, body: Any = None) -> RestAnswer:
+    """One request to the CE's REST interface (``path`` after /arex/rest/1.0) with
+    ``Authorization: Bearer TOKEN`` (none when None), TLS verified against the CE's CA folder,
+    no client certificate. ``body``: an xRSL string, or JSON for the management calls."""
+    context = ssl.create_default_context(capath=str(ce.certificates))
+    connection = http.client.HTTPSConnection("localhost", ce.port, context=context, timeout=60)
+    headers = {"Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None
+    if isinstance(body, str):
+        data, headers["Content-Type"] = body.encode(), "application/rsl"
+    elif body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    try:
+        connection.request(method, REST + path, body=data, headers=headers)
+        response = connection.getresponse()
+        return RestAnswer(
+            response.status,
+            response.reason,
+            {k.lower(): v for k, v in response.getheaders()},
+            response.read(),
+        )
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def rest():
+    """``rest(ce, method, path, token, body=None)``: :func:`rest_call`, a :class:`RestAnswer`."""
+    return rest_call
 
 
 def job_processes(folder: Path) -> list[str]:

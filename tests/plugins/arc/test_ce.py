@@ -29,6 +29,8 @@ ENV_NAMES = [
     "ARC_CE_JOBLIST",
     "ARC_CE_CLIENT_CONF",
 ]
+#: with tokens (the session's fork CE): the pilot's token, its issuer's URL and folder
+TOKEN_NAMES = ["ARC_CE_TOKEN", "ARC_CE_ISSUER", "ARC_CE_ISSUER_DIR"]
 
 
 def _session_id(job_id: str) -> str:
@@ -37,11 +39,11 @@ def _session_id(job_id: str) -> str:
 
 def test_the_ce_answers_arcinfo_with_its_own_credentials(arc, arc_client, tmp_path) -> None:
     assert missing_packages() == [], PACKAGES
-    assert list(arc.env) == ENV_NAMES
+    assert list(arc.env) == ENV_NAMES + TOKEN_NAMES
     assert arc.env["ARC_CE_URL"] == arc.url and arc.url.startswith("https://localhost:")
     assert arc.port != 443
-    for name in ENV_NAMES:
-        if name != "ARC_CE_URL" and name != "ARC_CE_JOBLIST":
+    for name in ENV_NAMES + TOKEN_NAMES:
+        if name not in ("ARC_CE_URL", "ARC_CE_JOBLIST", "ARC_CE_ISSUER"):
             assert Path(arc.env[name]).exists(), name
     assert Path(arc.env["X509_CERT_DIR"]) == arc.certificates
     assert (arc.usercert, arc.userkey, arc.proxy) == tuple(
@@ -96,6 +98,11 @@ def test_jobs_reach_their_final_state_for_the_pilot_and_for_another_user(arc, ar
 
 
 def test_a_slurm_ce_runs_its_job_through_slurm(arc_ce_slurm, slurm_cluster, arc_client) -> None:
+    # a CE set up with tokens=False: no token issuer, no [authtokens], no token variables
+    assert "[authtokens]" not in arc_ce_slurm.arc_conf.read_text()
+    assert not set(TOKEN_NAMES) & set(arc_ce_slurm.env)
+    assert not Path(arc_ce_slurm.folder, "run", "issuer.pid").exists()
+    assert "otokens" not in Path(arc_ce_slurm.folder, "etc", "arex-ws.xml").read_text()
     client = arc_client(arc_ce_slurm)
     # -Q NONE: no brokering, so no queue chosen by the client (its Random broker would pick
     # any partition); the CE then uses its first queue, which must be Slurm's default.
@@ -116,7 +123,7 @@ def test_a_slurm_ce_runs_its_job_through_slurm(arc_ce_slurm, slurm_cluster, arc_
 
 
 def test_a_stopped_ce_starts_again_with_its_jobs_and_stop_leaves_nothing(
-    arc_client, ce_processes
+    arc_client, ce_processes, rest
 ) -> None:
     # A CE of its own: stopping the shared one would kill other tests' jobs.
     ce = ArcCE().start()
@@ -136,6 +143,8 @@ def test_a_stopped_ce_starts_again_with_its_jobs_and_stop_leaves_nothing(
         info = client.run("arcinfo", "-c", url)
         assert info.ok and "Computing service:" in info.stdout, info
         assert kept in client.status([kept])  # the same URL, and the CE still has the job
+        # its token issuer came back too, on the same URL: a token is accepted again
+        assert rest(ce, "GET", "/jobs", ce.token()).status == 200
 
         [job] = client.submit('&(executable="/bin/sleep")(arguments="600")(jobname="gg-long")')
         assert until(

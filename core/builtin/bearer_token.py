@@ -1,0 +1,226 @@
+"""The built-in ``bearer_token`` credential: a WLCG bearer token (a JWT) in a private file,
+found where ``path`` says or by WLCG Bearer Token Discovery, its end read from the ``exp``
+claim, renewed by a command such as ``htgettoken`` or ``oidc-token``, handed to the backends
+that need kind ``token`` as ``BEARER_TOKEN_FILE``."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import pwd
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from loguru import logger
+
+from gridgate.core.credentials import CredentialError, CredentialPlugin, Validity, credential_schema
+from gridgate.core.files import atomic_write, ensure_private_dir
+from gridgate.core.plugins import PluginContext
+
+#: Where a token given in the BEARER_TOKEN variable is written for the backends' commands,
+#: under the state folder (a command is handed a file, never the token on its command line).
+COPY_NAME = Path("credentials", "bearer_token")
+
+
+def _schema() -> dict[str, Any]:
+    schema = credential_schema(
+        "A WLCG bearer token (a JWT) the director checks before each iteration (its end read "
+        "from the token's exp claim, the signature left to the services), renews with renew "
+        "when it runs short, and hands to the backends that need kind token as "
+        "BEARER_TOKEN_FILE. While it is missing, expired or not private those backends submit "
+        "nothing.",
+        min_lifetime=600,
+    )
+    del schema["required"]
+    schema["properties"]["path"]["description"] = (
+        "The token file. A relative path is relative to the config file's folder; backends are "
+        "given it absolute. Not given: WLCG Bearer Token Discovery, in the director's "
+        "environment when the section is loaded: the token in BEARER_TOKEN (copied to a private "
+        "file under the state folder, and never renewed: no command can change the variable), "
+        "else the first that exists of $BEARER_TOKEN_FILE, $XDG_RUNTIME_DIR/bt_u$UID and "
+        "/tmp/bt_u$UID (UID the effective uid), else the first of them (where renew should "
+        "write)."
+    )
+    return schema
+
+
+def discover(environ: Mapping[str, str], euid: int) -> tuple[Path | None, str]:
+    """WLCG Bearer Token Discovery: (the token file, where it was found); the file is None when
+    the token is the value of BEARER_TOKEN itself.
+
+    :param environ: the environment to read (the director's).
+    :param euid: the effective uid, the ``$UID`` of ``bt_u$UID``.
+    """
+    if environ.get("BEARER_TOKEN", "").strip():
+        return None, "BEARER_TOKEN"
+    candidates: list[tuple[Path, str]] = []
+    if environ.get("BEARER_TOKEN_FILE", "").strip():
+        candidates.append((Path(environ["BEARER_TOKEN_FILE"].strip()), "BEARER_TOKEN_FILE"))
+    if environ.get("XDG_RUNTIME_DIR", "").strip():
+        xdg = Path(environ["XDG_RUNTIME_DIR"].strip(), f"bt_u{euid}")
+        candidates.append((xdg, f"$XDG_RUNTIME_DIR/bt_u{euid}"))
+    candidates.append((Path(f"/tmp/bt_u{euid}"), f"/tmp/bt_u{euid}"))
+    # a token tool writes the first of these that applies; a leftover further down the list is
+    # only taken while that one does not exist
+    for path, where in candidates:
+        if path.exists():
+            return path, where
+    return candidates[0]
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def file_problem(info: os.stat_result, euid: int) -> str:
+    """Why a token file must not be used ('' when it may): others could read the token or
+    replace it. A token file must be a regular file of the director's user that nobody else
+    may read or write (0600 or 0400)."""
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != euid:
+        return (
+            f"is owned by {_user(info.st_uid)}, not by {_user(euid)} that runs the director: "
+            f"its owner could replace the token; it must belong to {_user(euid)} with mode 0600"
+        )
+    if mode & 0o066:
+        return (
+            f"has mode {mode:04o}: its group or others may read or write it; it must be "
+            f"readable and writable by its owner only, mode 0600 or 0400 (chmod 600 it)"
+        )
+    return ""
+
+
+def _b64url_json(part: bytes) -> Any:
+    return json.loads(base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4)))
+
+
+def claims(token: bytes) -> dict[str, Any]:
+    """The claims of a JWT in compact form (the payload's base64url JSON), unverified.
+
+    :raises CredentialError: the bytes are not a JWT with a JSON object as payload.
+    """
+    parts = token.strip().split(b".")
+    if len(parts) != 3 or not parts[0] or not parts[1]:
+        raise CredentialError(
+            "holds no JWT (a token is three base64url parts joined by dots: header.payload."
+            f"signature; this has {len(parts)} part{'s' if len(parts) != 1 else ''})"
+        )
+    try:
+        header = _b64url_json(parts[0])
+        payload = _b64url_json(parts[1])
+    except (binascii.Error, ValueError):
+        raise CredentialError(
+            "holds a JWT whose header or payload is not base64url-encoded JSON"
+        ) from None
+    if not isinstance(header, dict) or not isinstance(payload, dict):
+        raise CredentialError("holds a JWT whose header or payload is not a JSON object")
+    return payload
+
+
+def _number(payload: Mapping[str, Any], name: str) -> float | None:
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CredentialError(f"holds a JWT whose {name} claim is not a number: {value!r:.40}")
+    return float(value)
+
+
+class BearerToken(CredentialPlugin):
+    """A WLCG bearer token in a private file: its end read from the JWT's ``exp`` claim (the
+    signature is the services' to verify), renewed by a command such as ``htgettoken`` or
+    ``oidc-token``, handed out as ``BEARER_TOKEN_FILE``. Without ``path`` the token is found
+    by WLCG Bearer Token Discovery (:func:`discover`)."""
+
+    name = "bearer_token"
+    kind = "token"
+    env_var = "BEARER_TOKEN_FILE"
+    what = "bearer token"
+    config_schema: ClassVar[dict[str, Any]] = _schema()
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        #: the token itself when it came from the BEARER_TOKEN variable (copied to a file)
+        self.token_copy: bytes | None = None
+        #: where the file was found: "" when the section names it, else the discovery step
+        self.found_by = ""
+        section = dict(config)
+        if not section.get("path"):
+            found, self.found_by = discover(os.environ, os.geteuid())
+            if found is None:
+                self.token_copy = os.environ["BEARER_TOKEN"].strip().encode() + b"\n"
+                found = Path(context.state_dir) / COPY_NAME
+                if section.get("renew"):
+                    logger.warning(
+                        "credentials.bearer_token: renew is not run: the token comes from the "
+                        "BEARER_TOKEN variable, which no command can change; give path (or "
+                        "set BEARER_TOKEN_FILE) for a token that renew refreshes"
+                    )
+                    section["renew"] = []
+            section["path"] = str(found)
+        super().__init__(section, context)
+
+    def _write_copy(self) -> None:
+        """Write the BEARER_TOKEN variable's token to its private file, when it differs."""
+        if self.token_copy is None:
+            return
+        try:
+            if self.path.read_bytes() == self.token_copy and not file_problem(
+                self.path.stat(), os.geteuid()
+            ):
+                return
+        except OSError:
+            pass
+        try:
+            ensure_private_dir(self.path.parent)
+            atomic_write(self.path, self.token_copy, mode=0o600, durable=False)
+        except OSError as exc:
+            # reported by the check that follows: the file is then missing or stale
+            logger.error("cannot write the BEARER_TOKEN copy {}: {}", self.path, exc)
+
+    def env(self) -> dict[str, str]:
+        """``{"BEARER_TOKEN_FILE": path}``; the BEARER_TOKEN copy is written first."""
+        self._write_copy()
+        return super().env()
+
+    def read(self) -> Validity:
+        """The token's validity; a file that is not private is refused before it is read.
+
+        :raises CredentialError: missing, not private, unreadable, or not a JWT with ``exp``.
+        """
+        self._write_copy()
+        try:
+            info = self.path.stat()
+        except FileNotFoundError:
+            raise CredentialError("does not exist" + self._found()) from None
+        except OSError as exc:
+            raise CredentialError(f"cannot be read: {exc.strerror or exc}{self._found()}") from None
+        problem = file_problem(info, os.geteuid())
+        if problem:
+            raise CredentialError(problem + self._found())
+        try:
+            return super().read()
+        except CredentialError as exc:
+            raise CredentialError(str(exc) + self._found()) from None
+
+    def _found(self) -> str:
+        return f" (found by WLCG token discovery: {self.found_by})" if self.found_by else ""
+
+    def validity(self, data: bytes) -> Validity:
+        payload = claims(data)
+        not_after = _number(payload, "exp")
+        if not_after is None:
+            raise CredentialError("holds a JWT without an exp claim: its end is unknown")
+        not_before = _number(payload, "nbf") or 0.0
+        detail = ""
+        if self.token_copy is not None:
+            detail = "the token of the BEARER_TOKEN variable, which no command can renew"
+        return Validity(not_before=not_before, not_after=not_after, detail=detail)
