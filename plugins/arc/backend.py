@@ -1,8 +1,9 @@
-"""The ARC CE backend: submits pilots with ``arcsub -T arcrest``, tracks them with one bulk
-``arcstat`` per CE, cancels them with ``arckill`` and cleans finished ones off the CE with
-``arcclean``.
+"""The ARC CE backend: pilots to ARC CEs over A-REX's REST interface (``interface: rest``,
+the default: :mod:`.rest`) or with the ARC client (``interface: cli``): ``arcsub -T arcrest`` to
+submit, one bulk ``arcstat`` per CE to track, ``arckill`` to cancel, ``arcclean`` to clean
+finished pilots off the CE. Everything else in the section means the same in both.
 
-Each configured CE (URL, optionally with a queue) is an endpoint. The client keeps its memory
+The rest of this docstring is the CLI path's. Each configured CE (URL, optionally with a queue) is an endpoint. The client keeps its memory
 in a job list; gridgate gives every endpoint its own job list and client config under the state
 folder (``-j``, ``-z``: never ``~/.arc``), since arcstat groups a list's jobs by host and two CEs
 on one host would lose jobs in a shared list. It is written only against gridgate's public
@@ -12,21 +13,21 @@ record), so every answer is read from the text (:mod:`.parse`); failures are rea
 client's messages (:mod:`.classify`).
 
 The proxy comes from the director's managed credential (``credentials.x509_proxy``) when one
-is configured: the backend says it needs an ``x509`` credential, so the director submits
-nothing here while that proxy is expired or missing, and no CE is blamed for it.
+is configured: the backend says it needs an ``x509`` credential (``token`` with ``auth:
+token``, REST only), so the director submits nothing here while that credential is expired or
+missing, and no CE is blamed for it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import math
 import os
 import re
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,12 +40,15 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
 from gridgate.core.files import atomic_write, ensure_private_dir
+from gridgate.core.kinds import failure
 from gridgate.core.model import (
     TERMINAL_STATES,
+    BackendInfo,
     CancelResult,
     CommandResult,
     Endpoint,
     Failure,
+    IterationInfo,
     IterationSummary,
     JobStatus,
     StatusResult,
@@ -53,19 +57,27 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import PluginContext
 from gridgate.core.runner import argv_chunks
-from gridgate.plugins.arc.classify import classify, clip, vague
+from gridgate.plugins.arc.classify import classify, classify_rest, clip, proxy_problem, vague
 from gridgate.plugins.arc.parse import (
     ATTRIBUTE_RE,
+    GMLOG,
     JOB_ID_RE,
+    STDERR,
+    STDOUT,
     cleaned_counts,
     killed_counts,
     not_in_list,
     parse_arcstat,
     submitted_ids,
+    with_stderr,
     xrsl,
 )
+from gridgate.plugins.arc.rest.interface import SCRIPT_WHAT, RestPath
+from gridgate.plugins.arc.stamps import add_stamps, read_stamps, write_stamps
 
 OPERATION_SUBMIT = "Job Submit"
+#: ``argv[:1]`` of a REST exchange's evidence (rest/client.py): the HTTP method.
+HTTP_METHODS = frozenset({("GET",), ("POST",), ("PUT",), ("DELETE",), ("HEAD",)})
 URL_RE = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/-]*)?")
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
 QUEUE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -84,7 +96,6 @@ OWNED_ATTRIBUTES: dict[str, str] = {
     "memory": "resources.memory_mb is written as memory (per core)",
     "walltime": "resources.walltime is written as walltime",
 }
-STDOUT, STDERR, GMLOG = "pilot.out", "pilot.err", "gmlog"
 #: Seconds a final pilot that arcclean would not delete is tried again (a cancelled job is
 #: deleted once the CE has killed it, ~30 s on fork).
 CLEAN_GIVE_UP = 86400.0
@@ -174,7 +185,8 @@ def owned_attribute(name: str) -> str | None:
 
 
 class ArcBackend(Backend):
-    """Submits pilots to ARC CEs over ARC REST; polls, cancels and cleans them."""
+    """Submits pilots to ARC CEs over A-REX's REST interface or with the ARC client; polls,
+    cancels and cleans them."""
 
     name = "arc"
     endpoints_key = "endpoints"
@@ -184,8 +196,26 @@ class ArcBackend(Backend):
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "description": "ARC CE backend: CEs (one endpoint each, optionally a queue), the pilot "
-        "script, extra xRSL.",
+        "script, extra xRSL; over A-REX's REST interface or the ARC client.",
         "properties": {
+            "interface": {
+                "enum": ["rest", "cli"],
+                "default": "rest",
+                "description": "How the CEs are reached: `rest`, A-REX's REST interface "
+                "directly (one delegation per CE, bulk calls; docs/arc.md), or `cli`, the ARC "
+                "client (arcsub, arcstat, arckill, arcclean, arcget: `commands`) for a CE "
+                "without REST.",
+            },
+            "auth": {
+                "enum": ["x509", "token"],
+                "default": "x509",
+                "description": "What the REST calls authenticate with: `x509`, the proxy "
+                "(credentials.x509_proxy, else X509_USER_PROXY) as client certificate, and "
+                "one delegation of it per CE for the pilots; `token`, a WLCG bearer token "
+                "(credentials.bearer_token, else the WLCG discovery order) as "
+                "`Authorization: Bearer`, no client certificate and no delegation. "
+                "`token` needs `interface: rest`.",
+            },
             "endpoints": {
                 "type": "array",
                 "default": [],
@@ -245,9 +275,10 @@ class ArcBackend(Backend):
                 "minimum": 1,
                 "maximum": 100,
                 "default": 1,
-                "description": "Job descriptions per arcsub call (> 1: one call with that many "
-                "files; ARC still delegates once per job, so this saves only "
-                "process starts).",
+                "description": "Pilots per submission: > 1 sends that many job "
+                "descriptions in one REST POST (one delegation for all), or in one arcsub "
+                "call with `interface: cli` (which still delegates once per job: it saves "
+                "only process starts).",
             },
             "keep_on_ce": {
                 "type": "boolean",
@@ -263,8 +294,8 @@ class ArcBackend(Backend):
                 "maximum": 50,
                 "default": 3,
                 "description": "Failed pilots per poll whose stderr is fetched "
-                "with arcget (it feeds the reasons the `aborted` "
-                "notification quotes); 0 fetches none.",
+                "(from the job's session over REST, with arcget -k over the client; it feeds "
+                "the reasons the `aborted` notification quotes); 0 fetches none.",
             },
             "stderr_bytes": {
                 "type": "integer",
@@ -277,7 +308,8 @@ class ArcBackend(Backend):
                 "type": "object",
                 "default": {},
                 "additionalProperties": False,
-                "description": "Names (looked up on PATH) or paths of the ARC client commands.",
+                "description": "Names (looked up on PATH) or paths of the ARC client "
+                "commands (`interface: cli`).",
                 "properties": {
                     name: {
                         "type": "string",
@@ -291,13 +323,14 @@ class ArcBackend(Backend):
             },
             "command_timeout": command_timeout_schema(
                 "Seconds; replaces the director's limit for "
-                "these commands when set (one arcsub takes "
-                "0.5-5 s on a healthy CE)."
+                "these commands (or for each hook call's REST calls together) when set "
+                "(one arcsub takes 0.5-5 s on a healthy CE, a REST submission of 10 "
+                "pilots well under 1 s)."
             ),
             "env": env_schema(
-                "Extra environment variables for the commands (e.g. "
-                "X509_CERT_DIR). X509_USER_PROXY comes from "
-                "credentials.x509_proxy when that is configured."
+                "Extra environment variables for the commands and the REST calls (e.g. "
+                "X509_CERT_DIR, the CA folder both verify the CE against). X509_USER_PROXY "
+                "comes from credentials.x509_proxy when that is configured."
             ),
         },
         "additionalProperties": False,
@@ -333,6 +366,14 @@ class ArcBackend(Backend):
                 )
             names.add(name)
             lists.add((url, queue))
+        if section.get("auth") == "token" and section.get("interface") == "cli":
+            problems.append(
+                (
+                    ("auth",),
+                    "auth: token needs interface: rest (the ARC client of this backend "
+                    "authenticates with the proxy only)",
+                )
+            )
         if section.get("endpoints") and not section.get("script"):
             problems.append((("script",), "a pilot script is needed to submit to the CEs"))
         for name in section.get("xrsl") or {}:
@@ -356,6 +397,34 @@ class ArcBackend(Backend):
         self._retired: dict[str, CE] = {}
         self._retired_lock = threading.Lock()
         self._prepared: set[str] = set()
+        #: the REST path (``interface: rest``), None for the ARC client's; the delegations
+        #: left by an earlier REST configuration are deleted through it in either case
+        self._sweeper = RestPath(self)
+        self.rest = self._sweeper if self.interface == "rest" else None
+
+    @property
+    def interface(self) -> str:
+        return str(self.config.get("interface") or "rest")
+
+    def backend_info(self) -> BackendInfo:
+        info = super().backend_info()
+        if self.config.get("auth") == "token":
+            return dataclasses.replace(info, credentials=("token",))
+        return info
+
+    def environment(self) -> dict[str, str]:
+        """The director's environment with the section's ``env`` and the managed credential's
+        variables (the proxy's, or with ``auth: token`` the token's), always a mapping
+        (:func:`proxy_problem` reads it)."""
+        env = super().environment() or dict(os.environ)
+        if self.config.get("auth") == "token":
+            env.update(self.context.credential_env("token"))
+        return env
+
+    def lock(self, ce: CE) -> threading.Lock:
+        """The lock of ``ce``'s files (pilots to clean, pilots to look for)."""
+        with self._retired_lock:
+            return self._locks.setdefault(ce.endpoint.name, threading.Lock())
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -363,14 +432,15 @@ class ArcBackend(Backend):
         return tuple(ce.endpoint for ce in self._ces.values())
 
     def _ce(self, endpoint: Endpoint) -> CE | None:
-        """The endpoint's CE; for an endpoint removed from the config whose job list is still
-        here, a CE without URL: its pilots can still be polled, cancelled and cleaned (their
-        ids are URLs, so the client needs no -C). None for an endpoint of neither kind (the
-        base class calls this backend for its own endpoints only)."""
+        """The endpoint's CE; for an endpoint removed from the config whose job list (CLI) or
+        REST marker (``rest.json``: its URL) is still here, a CE without URL: its pilots can
+        still be polled, cancelled and cleaned (their ids are URLs, so the client needs no
+        -C). None for an endpoint of neither kind (the base class calls this backend for its
+        own endpoints only)."""
         ce = self._ces.get(endpoint.name)
         if ce is None:
             folder = Path(self.context.state_dir) / "arc" / _safe(endpoint.name)
-            if (folder / "jobs.dat").exists():
+            if (folder / "jobs.dat").exists() or (folder / "rest.json").exists():
                 ce = CE(endpoint, "", folder)
                 with self._retired_lock:
                     self._retired.setdefault(endpoint.name, ce)
@@ -381,17 +451,14 @@ class ArcBackend(Backend):
     def _command(self, which: str) -> str:
         return self._programs.get(which) or which
 
-    def _script(self) -> Path:
+    def script_path(self) -> Path:
+        """The pilot script's absolute path (a relative ``script`` is the config file's
+        folder's)."""
         script = Path(str(self.config.get("script") or ""))
         if not script.is_absolute() and self.context.config_path is not None:
             script = Path(self.context.config_path).parent / script
         # absolute: arcsub runs in the endpoint's folder, where a relative path means nothing
         return Path(os.path.abspath(script))
-
-    def environment(self) -> dict[str, str]:
-        """The director's environment with the section's ``env`` and the managed proxy's
-        variables, always a mapping (:func:`proxy_problem` reads it)."""
-        return super().environment() or dict(os.environ)
 
     def _prepare(self, ce: CE) -> str:
         """Make the CE's private folder and empty client config; the OS error when it cannot."""
@@ -410,13 +477,26 @@ class ArcBackend(Backend):
     def _client(self, which: str, ce: CE) -> list[str]:
         return [self._command(which), "-z", str(ce.client_conf), "-j", str(ce.job_list)]
 
-    def description(self, ce: CE, request: SubmitRequest) -> str:
-        """The xRSL of one pilot."""
-        script = self._script()
-        attributes: list[tuple[str, Any]] = [
-            ("executable", script.name),
-            ("inputfiles", [[script.name, str(script)]]),
-            ("jobname", str(self.config.get("job_name") or "gridgate-pilot")),
+    def description(
+        self, ce: CE, request: SubmitRequest, *, name: str = "", delegation: str = ""
+    ) -> str:
+        """The xRSL of one pilot: for arcsub, which uploads the script from its path; with a
+        ``name`` (REST), for a job whose script is uploaded into its session afterwards,
+        named ``name``, naming the ``delegation``, and whose output files are declared (A-REX
+        keeps only declared outputs: arcsub declares them itself)."""
+        script = self.script_path()
+        site = {str(k): v for k, v in (self.config.get("xrsl") or {}).items()}
+        attributes: list[tuple[str, Any]] = [("executable", script.name)]
+        if name:
+            outputs: list[list[Any]] = [[STDOUT, ""], [STDERR, ""], [f"{GMLOG}/", ""]]
+            for key in [k for k in site if k.lower().replace("_", "") == "outputfiles"]:
+                value = site.pop(key)
+                outputs.insert(0, list(value) if isinstance(value, list) else [value, ""])
+            attributes += [("inputfiles", [[script.name, ""]]), ("outputfiles", outputs)]
+        else:
+            attributes.append(("inputfiles", [[script.name, str(script)]]))
+        attributes += [
+            ("jobname", name or str(self.config.get("job_name") or "gridgate-pilot")),
             ("stdout", STDOUT),
             ("stderr", STDERR),
             ("gmlog", GMLOG),
@@ -424,7 +504,9 @@ class ArcBackend(Backend):
         if ce.queue:
             attributes.append(("queue", ce.queue))
         attributes += resource_attributes(request)
-        attributes += [(str(k), v) for k, v in (self.config.get("xrsl") or {}).items()]
+        attributes += list(site.items())
+        if delegation:
+            attributes.append(("delegationid", delegation))
         return xrsl(attributes)
 
     def arcsub_argv(self, ce: CE, files: Sequence[Path], *, verbose: bool = False) -> list[str]:
@@ -446,6 +528,8 @@ class ArcBackend(Backend):
         ce = self._ce(endpoint)
         if ce is None:
             return None
+        if self.rest is not None:
+            return self.rest.submit(ce, request, timeout)
         problem = self._prepare(ce)
         files: list[Path] = []
         if not problem:
@@ -514,8 +598,15 @@ class ArcBackend(Backend):
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         if self._ce(endpoint) is None:
             return None
+        if result.local_fault.startswith(SCRIPT_WHAT):
+            return failure("missing_input", result.local_fault)
         if result.local_fault:
             return None  # core's default says local_io for a file this machine could not write
+        over_rest = (result.command is None if self.rest is not None else False) or (
+            result.command is not None and result.command.argv[:1] in HTTP_METHODS
+        )
+        if over_rest:
+            return classify_rest(result.command, result.message)
         return classify(result.command, result.message)
 
     def job_status(
@@ -529,6 +620,8 @@ class ArcBackend(Backend):
             return StatusResult(endpoint, ok=False, commands=0, message=bad)
         if not ids:
             return StatusResult(endpoint, ok=True, commands=0)
+        if self.rest is not None:
+            return self.rest.job_status(ce, ids, timeout)
         if not ce.job_list.exists():
             # the client's only memory of these jobs is gone: it would ask the CE about none
             logger.error(
@@ -586,7 +679,7 @@ class ArcBackend(Backend):
             statuses.setdefault(job_id, JobStatus(job_id=job_id, state="unknown", reason=clip(why)))
         statuses = {k: v for k, v in statuses.items() if k in set(ids)}
         self._sample_stderr(ce, statuses, deadline)
-        self._note_terminal(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
+        self.note_terminal(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
         return StatusResult(
             endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks)
         )
@@ -626,101 +719,51 @@ class ArcBackend(Backend):
             for status in failed:
                 tail = _tail(download / status.job_id.rsplit("/", 1)[-1] / STDERR, keep)
                 if tail:
-                    reason = "; ".join(t for t in (status.reason, f"stderr: {tail}") if t)
-                    statuses[status.job_id] = JobStatus(
-                        job_id=status.job_id,
-                        state=status.state,
-                        native=status.native,
-                        reason=reason,
-                        exit_code=status.exit_code,
-                    )
+                    statuses[status.job_id] = with_stderr(status, tail)
         finally:
             shutil.rmtree(download, ignore_errors=True)
 
     # --- cleaning ---------------------------------------------------------------------------
 
-    def _note_terminal(self, ce: CE, job_ids: Sequence[str]) -> None:
+    def note_terminal(self, ce: CE, job_ids: Sequence[str]) -> None:
         """Remember pilots seen in a final state; they are cleaned once recorded (at the end of
         the iteration), so a crash before the registry wrote them loses no state."""
         if not job_ids or self.config.get("keep_on_ce"):
             return
-        now = self.context.clock.time()
         with self._locks[ce.endpoint.name]:
-            pending = self._pending(ce)
-            for job_id in job_ids:
-                pending.setdefault(job_id, now)
-            self._write_pending(ce, pending)
+            add_stamps(ce.pending_clean, job_ids, self.context.clock.time(), "pilots to clean")
 
     @staticmethod
     def _pending(ce: CE) -> dict[str, float]:
         """Pilot id -> when it was first noted for cleaning."""
-        try:
-            data = json.loads(ce.pending_clean.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            logger.error("unreadable {}: {}", ce.pending_clean, exc)
-            return {}
-        if not isinstance(data, dict):
-            return {}
-        return {
-            str(k): float(v)
-            for k, v in data.items()
-            if isinstance(k, str) and JOB_ID_RE.match(k) and isinstance(v, (int, float))
-        }
+        return read_stamps(ce.pending_clean, JOB_ID_RE)
 
     @staticmethod
     def _write_pending(ce: CE, pending: Mapping[str, float]) -> None:
-        try:
-            if pending:
-                ensure_private_dir(ce.folder)
-                atomic_write(
-                    ce.pending_clean,
-                    json.dumps(dict(sorted(pending.items()))).encode(),
-                    durable=False,
-                )
-            else:
-                ce.pending_clean.unlink(missing_ok=True)
-        except OSError as exc:
-            logger.error(
-                "{}: cannot record pilots to clean in {}: {}",
-                ce.endpoint.key,
-                ce.pending_clean,
-                exc,
-            )
+        write_stamps(ce.pending_clean, pending, "pilots to clean")
 
     def clean(self, ce: CE, timeout: float) -> list[str]:
-        """arcclean the pilots recorded final; returns those removed (or already gone).
+        """Clean the pilots recorded final off the CE; returns those removed (or already gone).
 
         arcclean deletes only jobs the CE has finished: a pilot cancelled a moment ago is still
         being killed there (``Jobs processed: 1, deleted: 0``), so it stays to be cleaned at a
-        later iteration, for at most ``CLEAN_GIVE_UP`` seconds."""
+        later iteration, for at most ``CLEAN_GIVE_UP`` seconds. Over REST, ``action=clean``
+        is taken for such a job too and done by the CE once the job has ended."""
         with self._locks[ce.endpoint.name]:
             pending = self._pending(ce)
             if not pending:
                 return []
-            deadline = self.deadline(timeout)
-            prefix = self._client("arcclean", ce)
-            done: list[str] = []
-            for argv in argv_chunks(prefix, list(pending)):
-                outcome = self.run(argv, deadline)
-                asked = argv[len(prefix) :]
-                gone = set(not_in_list(outcome.stdout + outcome.stderr))
-                counts = cleaned_counts(outcome.stdout)
-                done += [i for i in asked if i in gone]  # cleaned earlier, or by someone else
-                if outcome.ok and counts is not None and counts[1] >= len(asked) - len(gone):
-                    done += [i for i in asked if i not in gone]
-                    continue
-                # some were not deleted (not finished there yet) or the call failed: those
-                # deleted now are "not in the job list" at the next call, the rest are tried again
-                if not outcome.ok and not gone:
+            if self.rest is not None:
+                done, problem = self.rest.clean(ce, list(pending), timeout)
+                if problem:
                     logger.info(
-                        "{}: arcclean failed ({}); {} pilot(s) stay to clean",
+                        "{}: cleaning failed ({}); {} pilot(s) stay to clean",
                         ce.endpoint.key,
-                        outcome.describe(),
-                        len(asked),
+                        clip(problem),
+                        len(pending),
                     )
-                    break
+            else:
+                done = self._arcclean(ce, list(pending), self.deadline(timeout))
             now = self.context.clock.time()
             left = {i: t for i, t in pending.items() if i not in set(done)}
             stale = [i for i, t in left.items() if now - t > CLEAN_GIVE_UP]
@@ -735,22 +778,65 @@ class ArcBackend(Backend):
             self._write_pending(ce, {i: t for i, t in left.items() if i not in set(stale)})
             return done
 
-    @hookimpl
-    def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
-        if self.config.get("keep_on_ce"):
-            return
-        timeout = float(
+    def _arcclean(self, ce: CE, pending: Sequence[str], deadline: Deadline) -> list[str]:
+        prefix = self._client("arcclean", ce)
+        done: list[str] = []
+        for argv in argv_chunks(prefix, list(pending)):
+            outcome = self.run(argv, deadline)
+            asked = argv[len(prefix) :]
+            gone = set(not_in_list(outcome.stdout + outcome.stderr))
+            counts = cleaned_counts(outcome.stdout)
+            done += [i for i in asked if i in gone]  # cleaned earlier, or by someone else
+            if outcome.ok and counts is not None and counts[1] >= len(asked) - len(gone):
+                done += [i for i in asked if i not in gone]
+                continue
+            # some were not deleted (not finished there yet) or the call failed: those
+            # deleted now are "not in the job list" at the next call, the rest are tried again
+            if not outcome.ok and not gone:
+                logger.info(
+                    "{}: arcclean failed ({}); {} pilot(s) stay to clean",
+                    ce.endpoint.key,
+                    outcome.describe(),
+                    len(asked),
+                )
+                break
+        return done
+
+    def _timeout(self) -> float:
+        return float(
             self.config.get("command_timeout")
             or (self.context.config.get("director") or {}).get("command_timeout")
             or 120
         )
-        for ce in [*self._ces.values(), *self._retired.values()]:
-            if ce.pending_clean.exists():
-                cleaned = self.clean(ce, timeout)
-                if cleaned:
-                    logger.debug(
-                        "{}: cleaned {} finished pilot(s) off the CE", ce.endpoint.key, len(cleaned)
-                    )
+
+    @hookimpl
+    def gridgate_iteration_started(self, iteration: IterationInfo) -> None:
+        self._sweeper.delegations.new_iteration()
+
+    @hookimpl
+    def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
+        timeout = self._timeout()
+        if not self.config.get("keep_on_ce"):
+            for ce in [*self._ces.values(), *self._retired.values()]:
+                if ce.pending_clean.exists():
+                    cleaned = self.clean(ce, timeout)
+                    if cleaned:
+                        logger.debug(
+                            "{}: cleaned {} finished pilot(s) off the CE",
+                            ce.endpoint.key,
+                            len(cleaned),
+                        )
+        if self.config.get("auth") != "token" and self._sweeper.delegations.records():
+            # delegations of CEs no endpoint here reaches over REST any more (removed from the
+            # config, or interface: cli now), once no director has used them for a while
+            services = (
+                [ce.endpoint.url.rstrip("/") for ce in self._ces.values()] if self.rest else []
+            )
+            self._sweeper.sweep(services, timeout)
+
+    def close(self) -> None:
+        """Close the REST path's kept-alive connections."""
+        self._sweeper.close()
 
     # --- cancel -----------------------------------------------------------------------------
 
@@ -763,6 +849,8 @@ class ArcBackend(Backend):
         ids, bad = _checked_ids(job_ids)
         if bad:
             return CancelResult(endpoint, ok=False, message=bad)
+        if self.rest is not None:
+            return self.rest.cancel(ce, ids, timeout) if ids else CancelResult(endpoint, ok=True)
         cancelled: list[str] = []
         left: list[str] = []
         last: CommandResult | None = None
@@ -794,7 +882,7 @@ class ArcBackend(Backend):
                 left += candidates
         # a cancelled pilot is final and never polled again: it is cleaned like one seen final
         # (arcclean takes it once the CE has killed it)
-        self._note_terminal(ce, cancelled)
+        self.note_terminal(ce, cancelled)
         return CancelResult(
             endpoint,
             ok=True,
@@ -805,32 +893,6 @@ class ArcBackend(Backend):
             if left
             else "",
         )
-
-
-def proxy_problem(environ: Mapping[str, str], now: float) -> str:
-    """Why the proxy the client would use is unusable, in the client's own words (``Proxy
-    expired``, ``Cannot find any proxy``) so that it classifies as ``credential``; "" when it
-    is valid or cannot be judged (no X509_USER_PROXY: the client looks elsewhere too)."""
-    path = environ.get("X509_USER_PROXY") or f"/tmp/x509up_u{os.getuid()}"
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return (
-            f"Cannot find any proxy: {path} does not exist"
-            if environ.get("X509_USER_PROXY")
-            else ""
-        )
-    except OSError as exc:
-        return f"Cannot find any proxy: {path}: {exc.strerror}"
-    try:
-        from cryptography import x509
-
-        ends = min(c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(data))
-    except ValueError:
-        return f"Cannot find any proxy: {path} holds no readable certificate"
-    if ends <= now:
-        return f"Proxy expired: {path} ended {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ends))}"
-    return ""
 
 
 def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:

@@ -15,12 +15,29 @@ our DN, our CA) is that CE's ``config`` or ``auth``.
 
 from __future__ import annotations
 
+import os
 import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
 
+from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
 from gridgate.core.patterns import Pattern, PatternTable, clip
 
-__all__ = ["PATTERNS", "TABLE", "VAGUE", "classify", "clip", "match", "vague"]
+__all__ = [
+    "PATTERNS",
+    "REST_PATTERNS",
+    "REST_TABLE",
+    "TABLE",
+    "VAGUE",
+    "classify",
+    "classify_rest",
+    "clip",
+    "match",
+    "proxy_problem",
+    "vague",
+]
 
 #: Order matters: the first pattern found in the output decides (specific before general).
 PATTERNS: tuple[Pattern, ...] = (
@@ -28,16 +45,18 @@ PATTERNS: tuple[Pattern, ...] = (
     # Cannot find any proxy. This application currently cannot run without a proxy.
     # WARNING: Certificate and key ('usercert.pem' and 'userkey.pem') not found in any of the paths
     # ERROR: Failed configuration initialization
-    Pattern(
-        "credential",
-        re.compile(
-            r"Proxy expired|Cannot find any proxy|Certificate and key \('usercert\.pem' and "
-            r"'userkey\.pem'\) not found|Failed configuration initialization"
-        ),
-        "no usable proxy on this machine",
-        exclude=False,
-        transient=False,
-        local=True,
+    (
+        CREDENTIAL := Pattern(
+            "credential",
+            re.compile(
+                r"Proxy expired|Cannot find any proxy|Certificate and key \('usercert\.pem' and "
+                r"'userkey\.pem'\) not found|Failed configuration initialization"
+            ),
+            "no usable proxy on this machine",
+            exclude=False,
+            transient=False,
+            local=True,
+        )
     ),
     # ERROR: Invalid JobDescription: / No job description parser was able to interpret job description
     Pattern(
@@ -107,11 +126,13 @@ PATTERNS: tuple[Pattern, ...] = (
     ),
     # VERBOSE: ComputingShare (fork) does not match selected queue (nosuchqueue)
     # INFO: Failed to submit all jobs: 500 Requested queue nosuchqueue is not allowed for this user
-    Pattern(
-        "config",
-        re.compile(r"does not match selected queue|Requested queue \S+ is not allowed"),
-        "the CE does not offer this queue to this user",
-        transient=False,
+    (
+        QUEUE := Pattern(
+            "config",
+            re.compile(r"does not match selected queue|Requested queue \S+ is not allowed"),
+            "the CE does not offer this queue to this user",
+            transient=False,
+        )
     ),
 )
 
@@ -124,6 +145,106 @@ VAGUE = (
 
 
 TABLE = PatternTable(PATTERNS)
+
+#: The REST path's failures, read from the exchange's ``stderr`` line (``rest/client.py``'s
+#: ``evidence``: ``connect: ...``, ``TLS: ...``, ``HTTP 403 ...``) and the backend's own
+#: message; each was seen on the private CE (tests/plugins/arc/rest). Same kinds as the CLI's.
+REST_PATTERNS: tuple[Pattern, ...] = (
+    CREDENTIAL,
+    # no bearer token: none in /tmp/bt_u0 / Token expired: the bearer token from ... ended at
+    Pattern(
+        "credential",
+        re.compile(r"^no bearer token|^Token expired"),
+        "no usable bearer token on this machine",
+        exclude=False,
+        transient=False,
+        local=True,
+    ),
+    # HTTP 500 nordugrid:xrsl parsing error: 1:164: ')' expected
+    # HTTP 500 Unable to read or parse job description (CE log: Empty job description source string)
+    # HTTP 500 No job description parser was able to interpret job description (one job's entry)
+    Pattern(
+        "config",
+        re.compile(
+            r"xrsl parsing error|Unable to read or parse job description|"
+            r"No job description parser was able"
+        ),
+        "the job description gridgate wrote is invalid (check backends.arc.xrsl)",
+        exclude=False,
+        transient=False,
+        local=True,
+    ),
+    # connect: Connection refused / connect: cannot resolve ce.example.org: ...
+    # receive: the server closed the connection without an answer
+    Pattern(
+        "unreachable",
+        re.compile(r"^connect: |^receive: |^send: "),
+        "nothing answers at the CE's address",
+    ),
+    # TLS: [SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:992)
+    Pattern(
+        "config",
+        re.compile(r"^TLS: .*wrong version number"),
+        "the CE's port does not speak TLS: not an ARC CE's address",
+        transient=False,
+    ),
+    # TLS: certificate verify failed: self-signed certificate in certificate chain
+    # TLS: certificate verify failed: IP address mismatch, certificate is not valid for '127.0.0.1'.
+    Pattern(
+        "config",
+        re.compile(r"^TLS: certificate verify failed|^TLS: .*mismatch"),
+        "this machine does not trust the CE's host certificate for this host name "
+        "(X509_CERT_DIR, or the URL's host)",
+        transient=False,
+    ),
+    # TLS: [SSL: TLSV1_ALERT_UNKNOWN_CA] tlsv1 alert unknown ca (the CE refused our proxy)
+    Pattern(
+        "auth",
+        re.compile(r"^TLS: "),
+        "the CE refused this machine's TLS credentials (the proxy's CA is not trusted there?)",
+    ),
+    # HTTP 403 User can't be assigned configuration
+    Pattern(
+        "auth",
+        re.compile(r"^HTTP 40[13]\b"),
+        "the CE refuses this credential (not in its authorisation groups)",
+    ),
+    # HTTP 404 Version Not Supported
+    Pattern(
+        "config",
+        re.compile(r"Version Not Supported"),
+        "the CE does not speak this REST version (interface: cli for an older ARC CE)",
+        transient=False,
+    ),
+    Pattern(
+        "config",
+        re.compile(r"^HTTP 404\b"),
+        "no A-REX REST interface at this URL (its path), or interface: cli",
+        transient=False,
+    ),
+    # HTTP 501 Action not implemented
+    Pattern(
+        "config",
+        re.compile(r"^HTTP 501\b"),
+        "the CE does not implement this REST action (interface: cli for an older ARC CE)",
+        transient=False,
+    ),
+    # HTTP 500 Requested queue nosuchqueue is not allowed for this user
+    QUEUE,
+    # HTTP 500 No more jobs allowed
+    Pattern("busy", re.compile(r"No more jobs allowed"), "the CE takes no more jobs now"),
+    Pattern("error", re.compile(r"^HTTP 5\d\d\b"), "the CE failed the request"),
+    Pattern("bad_output", re.compile(r"^unreadable answer"), "the CE's answer cannot be read"),
+    Pattern("error", re.compile(r"^too large: "), "the CE's answer passed the output cap"),
+    # timeout: no complete answer within 60 s (cut during status line and headers)
+    Pattern("timeout", re.compile(r"^timeout: "), "the CE did not answer before the deadline"),
+    # anything else the CE or the connection said (never a deadline: that is ``timeout``)
+    Pattern("error", re.compile(r"^(?!timeout: )\S"), "the REST call failed"),
+)
+
+REST_TABLE = PatternTable(REST_PATTERNS)
+#: What the REST path finds wrong here before any call (the backend's own message).
+LOCAL_TABLE = PatternTable(REST_PATTERNS[:2])
 
 
 def match(command: CommandResult) -> tuple[Pattern, str] | None:
@@ -150,6 +271,28 @@ def classify(command: CommandResult | None, message: str = "") -> Failure:
     )
 
 
+def classify_rest(command: CommandResult | None, message: str = "") -> Failure:
+    """What a failed REST call means (``command``: the exchange, see ``rest/client.py``;
+    None: nothing was sent). A credential found unusable before any call (the backend's
+    ``message``) speaks first; then the exchange's own lines decide; a call cut at its
+    deadline is ``timeout``."""
+    found = LOCAL_TABLE.match(message)
+    if found is not None:
+        return found[0].failure(found[1])
+    if command is None:
+        return KINDS["config"].failure(clip(message or "nothing was sent"), exclude=False)
+    return REST_TABLE.classify(
+        command,
+        message,
+        bad_output=message or "the CE's answer held no job id",
+        said=_said_rest,
+    )
+
+
+def _said_rest(command: CommandResult) -> str:
+    return command.stderr.strip() or "no answer"
+
+
 def vague(command: CommandResult) -> bool:
     """Whether a failed arcsub said only one of its :data:`VAGUE` lines: no pattern matched
     and nothing was killed, so a ``-d VERBOSE`` run would tell more."""
@@ -157,3 +300,29 @@ def vague(command: CommandResult) -> bool:
         return False
     text = f"{command.stderr}\n{command.stdout}"
     return any(line in text for line in VAGUE) and match(command) is None
+
+
+def proxy_problem(environ: Mapping[str, str], now: float) -> str:
+    """Why the proxy the client would use is unusable, in the client's own words (``Proxy
+    expired``, ``Cannot find any proxy``) so that it classifies as ``credential``; "" when it
+    is valid or cannot be judged (no X509_USER_PROXY: the client looks elsewhere too)."""
+    path = environ.get("X509_USER_PROXY") or f"/tmp/x509up_u{os.getuid()}"
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return (
+            f"Cannot find any proxy: {path} does not exist"
+            if environ.get("X509_USER_PROXY")
+            else ""
+        )
+    except OSError as exc:
+        return f"Cannot find any proxy: {path}: {exc.strerror}"
+    try:
+        from cryptography import x509
+
+        ends = min(c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(data))
+    except ValueError:
+        return f"Cannot find any proxy: {path} holds no readable certificate"
+    if ends <= now:
+        return f"Proxy expired: {path} ended {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ends))}"
+    return ""

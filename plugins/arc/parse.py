@@ -9,7 +9,7 @@ arcsub exits 0 for a job it could not record), so the backend reads the text ins
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gridgate.core.model import JobStatus
@@ -77,12 +77,19 @@ class StatusReport:
     returned: int | None = None
 
 
-def _block_status(job_id: str, fields: Mapping[str, str]) -> JobStatus:
-    native = fields.get("State", "")
-    code_text = fields.get("Exit Code", "").strip()
+def final_status(
+    job_id: str,
+    native: str,
+    code_text: str,
+    reason: str,
+    state_of: Callable[[str, int | None], str] | None = None,
+) -> JobStatus:
+    """A pilot's status from the CE's state text, exit code text (``""``: none) and error:
+    the state by ``state_of`` (default: arcstat's :func:`pilot_state`), and for a failed
+    pilot without an error its exit code as the reason. Both interfaces read theirs with it."""
+    code_text = code_text.strip()
     exit_code = int(code_text) if re.fullmatch(r"-?\d+", code_text) else None
-    state = pilot_state(native, exit_code)
-    reason = fields.get("Job Error", "")
+    state = (state_of or pilot_state)(native, exit_code)
     if not reason and state == "failed" and exit_code is not None:
         reason = f"exit code {exit_code}"
     return JobStatus(
@@ -91,6 +98,23 @@ def _block_status(job_id: str, fields: Mapping[str, str]) -> JobStatus:
         native=native,
         reason=reason,
         exit_code=exit_code,
+    )
+
+
+def with_stderr(status: JobStatus, tail: str) -> JobStatus:
+    """``status`` with the end of the pilot's stderr joined to its reason."""
+    return JobStatus(
+        job_id=status.job_id,
+        state=status.state,
+        native=status.native,
+        reason="; ".join(t for t in (status.reason, f"stderr: {tail}") if t),
+        exit_code=status.exit_code,
+    )
+
+
+def _block_status(job_id: str, fields: Mapping[str, str]) -> JobStatus:
+    return final_status(
+        job_id, fields.get("State", ""), fields.get("Exit Code", ""), fields.get("Job Error", "")
     )
 
 
@@ -159,6 +183,9 @@ def not_in_list(text: str) -> list[str]:
 
 
 # --- xRSL ---------------------------------------------------------------------------------------
+
+#: The pilot's output files, as both interfaces name them in its description.
+STDOUT, STDERR, GMLOG = "pilot.out", "pilot.err", "gmlog"
 
 #: An xRSL attribute name (xRSL names are case-insensitive).
 ATTRIBUTE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")

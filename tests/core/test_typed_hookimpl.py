@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PLUGIN = '''\
+PLUGIN = """\
 from __future__ import annotations
 
 from gridgate.core import hookimpl
@@ -31,7 +31,7 @@ class Notifier:
 def use(n: Notifier, note: Notification) -> None:
     n.gridgate_notify(note)
     reveal_type(Notifier.gridgate_select_endpoint)
-'''
+"""
 
 
 def _mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
@@ -65,7 +65,9 @@ def test_a_method_decorated_with_hookimpl_type_checks_under_strict(tmp_path: Pat
     errors = [line for line in done.stdout.splitlines() if ": error:" in line]
     assert errors == [], done.stdout
     # the decorator kept the method's own type
-    assert "def (self: plugin.Notifier, candidates: list[gridgate.core.model.Endpoint])" in done.stdout
+    assert (
+        "def (self: plugin.Notifier, candidates: list[gridgate.core.model.Endpoint])" in done.stdout
+    )
 
 
 def test_the_same_plugin_behind_an_untyped_decorator_fails_strict(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
 """The arc backend against a real ARC CE (A-REX 6.17 from Debian's packages, started by the
 fixtures in conftest.py), driven as a site drives it: `gridgate run -c site.yaml --once --json`
-with the issue's pinned sections, a managed proxy, the real arcsub/arcstat/arckill/arcclean.
+with the issue's pinned sections, a managed proxy, through each interface (the module runs
+once with ``interface: cli``, the real arcsub/arcstat/arckill/arcclean, and once with
+``interface: rest``, A-REX's REST interface). What the CE has is read with the real ARC client
+in both (for REST pilots, ``arcsync`` first makes a job list of what the CE holds).
 
 A CE job takes 20-40 s from submission to a final state (arc.md section 4), so the pilots of
 every scenario are submitted once, at the start of the module (``scenario``), and each test
@@ -40,13 +43,26 @@ def proxy_end(path: Path) -> datetime:
     return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc
 
 
+@pytest.fixture(scope="module", params=["cli", "rest"])
+def interface(request) -> str:
+    """The backend's ``interface``: every test of this module runs with each."""
+    return request.param
+
+
 class ArcSite:
     """A gridgate config for the ``arc`` backend on one CE, and gridgate's commands on it."""
 
     def __init__(
-        self, ce: Any, folder: Path, pilot: str, *, endpoints: list[Any] | None = None
+        self,
+        ce: Any,
+        folder: Path,
+        pilot: str,
+        *,
+        endpoints: list[Any] | None = None,
+        interface: str = "cli",
     ) -> None:
         self.ce = ce
+        self.interface = interface
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.home = folder / "home"  # the client must never write ~/.arc: HOME is watched
@@ -104,6 +120,7 @@ class ArcSite:
             },
             "backends": {
                 "arc": {
+                    "interface": self.interface,
                     "endpoints": self.endpoints,
                     "script": str(self.script),
                     "env": {"X509_CERT_DIR": str(self.ce.certificates)},
@@ -151,16 +168,32 @@ class ArcSite:
         return folder / "client.conf", folder / "jobs.dat"
 
     def arcstat(self, ids: list[str]) -> CommandResult:
-        conf, jobs = self.client_files()
-        return run(
-            ["/usr/bin/arcstat", "-z", str(conf), "-j", str(jobs), *ids],
-            60,
-            env={
-                **self.env(),
-                "X509_USER_PROXY": str(self.proxy),
-                "X509_CERT_DIR": str(self.ce.certificates),
-            },
-        )
+        """The real arcstat of ``ids``: with the backend's own job list (cli), or with one that
+        arcsync makes of every job the CE holds for this DN (rest: no job list is kept)."""
+        env = {
+            **self.env(),
+            "X509_USER_PROXY": str(self.proxy),
+            "X509_CERT_DIR": str(self.ce.certificates),
+        }
+        if self.interface == "rest":
+            conf = Path(self.ce.env["ARC_CE_CLIENT_CONF"])
+            jobs = self.folder / "synced.dat"
+            jobs.unlink(missing_ok=True)
+            synced = run(
+                ["/usr/bin/arcsync", "-z", str(conf), "-j", str(jobs), "-f", "-C", self.ce.url],
+                60,
+                env=env,
+            )
+            assert synced.ok, synced.stdout + synced.stderr
+        else:
+            conf, jobs = self.client_files()
+        return run(["/usr/bin/arcstat", "-z", str(conf), "-j", str(jobs), *ids], 60, env=env)
+
+    def session_gone(self, job: str, timeout: float = 90.0) -> bool:
+        """Whether ``job``'s session folder on the CE is gone (REST's clean is done by the CE
+        once it took it: allow it a moment)."""
+        folder = self.ce.folder / "session" / job.rsplit("/", 1)[-1]
+        return bool(until(lambda: not folder.exists(), timeout=timeout, pause=2))
 
     def wait_for_states(self, want: set[str], timeout: float = 240.0) -> list[dict[str, Any]]:
         """Poll (paused director: no new pilots) until every pilot is in one of ``want``."""
@@ -174,7 +207,7 @@ class ArcSite:
             return seen[-1] if done else None
 
         pilots = until(settled, timeout=timeout, pause=3)
-        assert pilots, f"pilots still {[p['state'] for p in seen[-1]]}"
+        assert pilots, f"pilots still {[(p['state'], p.get('native')) for p in seen[-1]]}"
         return pilots
 
 
@@ -183,15 +216,19 @@ def submitted_ids(summary: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def scenario(arc_ce, arc_ce_slurm, tmp_path_factory):
+def scenario(arc_ce, arc_ce_slurm, tmp_path_factory, interface):
     """Every scenario's pilots, submitted at once: healthy ones, failing ones, one that runs
     until cancelled, and healthy ones on the CE whose LRMS is the private Slurm cluster."""
-    root = tmp_path_factory.mktemp("arc-scenario")
+    root = tmp_path_factory.mktemp(f"arc-scenario-{interface}")
+    pilots = {
+        "ok": (arc_ce, "echo pilot ok on $(hostname); exit 0"),
+        "fail": (arc_ce, "echo pilot cannot start its payload >&2; exit 1"),
+        "long": (arc_ce, "sleep 600"),
+        "slurm": (arc_ce_slurm, "echo pilot via slurm; exit 0"),
+    }
     sites = {
-        "ok": ArcSite(arc_ce, root / "ok", "echo pilot ok on $(hostname); exit 0"),
-        "fail": ArcSite(arc_ce, root / "fail", "echo pilot cannot start its payload >&2; exit 1"),
-        "long": ArcSite(arc_ce, root / "long", "sleep 600"),
-        "slurm": ArcSite(arc_ce_slurm, root / "slurm", "echo pilot via slurm; exit 0"),
+        name: ArcSite(ce, root / name, pilot, interface=interface)
+        for name, (ce, pilot) in pilots.items()
     }
     counts = {"ok": 3, "fail": 3, "long": 1, "slurm": 1}
     # the healthy pilots go in one arcsub call of three descriptions (pilots_per_submission)
@@ -208,8 +245,8 @@ def test_submits_the_pilots_that_the_real_arcstat_knows(scenario) -> None:
     ok = first["ok"]
     ids = submitted_ids(ok)
     assert ok["pilots_submitted"] == 3 and len(ids) == 3, ok
-    assert [len(row["job_ids"]) for row in ok["submitted"]] == [3], "one arcsub for the bulk"
-    assert all("/rest/1.0/jobs/" in i for i in ids), "submitted over ARC REST (-T arcrest)"
+    assert [len(row["job_ids"]) for row in ok["submitted"]] == [3], "one submission for the bulk"
+    assert all("/rest/1.0/jobs/" in i for i in ids), "submitted over ARC REST"
     status = sites["ok"].arcstat(ids)
     assert status.ok, status.stderr
     assert "Status of 3 jobs was queried, 3 jobs returned information" in status.stdout, (
@@ -228,12 +265,12 @@ def test_pilots_reach_done_and_are_cleaned_off_the_ce(scenario) -> None:
     assert sorted(p["job_id"] for p in pilots) == sorted(ids)
     # the run that recorded them done cleaned them at its end: neither the CE nor the job
     # list knows them any more, and their session folders are gone
+    for job in ids:
+        assert site.session_gone(job), job
     status = site.arcstat(ids)
     assert "Job not found in job list" in status.stdout + status.stderr, (
         status.stdout + status.stderr
     )
-    for job in ids:
-        assert not (site.ce.folder / "session" / job.rsplit("/", 1)[-1]).exists()
     assert not (site.home / ".arc").exists()
 
 
@@ -255,7 +292,7 @@ def test_a_ce_whose_pilots_all_fail_leaves_rotation_as_aborted(scenario) -> None
     assert summary["excluded"], summary
     mails = "\n".join(p.read_text(encoding="utf-8") for p in site.notes.rglob("*") if p.is_file())
     assert "pilot cannot start its payload" in mails, (
-        "arcget's stderr sample reaches the notification"
+        "the stderr sample (arcget, or the session over REST) reaches the notification"
     )
 
 
@@ -275,11 +312,11 @@ def test_pilots_cancel_kills_the_pilot_on_the_ce(scenario) -> None:
     # a cancelled pilot is never polled again, yet it is cleaned off the CE: by the end of the
     # first iteration after the CE finished killing it (arcclean deletes only finished jobs)
     site.run_once(site.doc(paused=True))
+    assert site.session_gone(job)
     status = site.arcstat([job])
     assert "Job not found in job list" in status.stdout + status.stderr, (
         status.stdout + status.stderr
     )
-    assert not (site.ce.folder / "session" / job.rsplit("/", 1)[-1]).exists()
 
 
 def test_pilots_through_a_ce_whose_lrms_is_slurm(scenario, arc_ce_slurm) -> None:
@@ -297,9 +334,9 @@ def test_pilots_through_a_ce_whose_lrms_is_slurm(scenario, arc_ce_slurm) -> None
 
 
 def test_an_expired_proxy_with_a_failing_renewal_submits_nothing_and_blames_no_ce(
-    arc, tmp_path
+    arc, tmp_path, interface
 ) -> None:
-    site = ArcSite(arc, tmp_path / "expired", "exit 0")
+    site = ArcSite(arc, tmp_path / "expired", "exit 0", interface=interface)
     now = datetime.now(UTC)
     arc.make_proxy(site.proxy, start=now - timedelta(hours=3), end=now - timedelta(hours=1))
     doc = site.doc(pilots=2, renew=site.renew_argv(usercert=str(tmp_path / "no-such-usercert.pem")))
@@ -318,8 +355,8 @@ def test_an_expired_proxy_with_a_failing_renewal_submits_nothing_and_blames_no_c
     )
 
 
-def test_a_proxy_near_its_end_is_renewed_before_any_submission(arc, tmp_path) -> None:
-    site = ArcSite(arc, tmp_path / "near", "exit 0")
+def test_a_proxy_near_its_end_is_renewed_before_any_submission(arc, tmp_path, interface) -> None:
+    site = ArcSite(arc, tmp_path / "near", "exit 0", interface=interface)
     now = datetime.now(UTC)
     arc.make_proxy(site.proxy, start=now - timedelta(minutes=5), end=now + timedelta(minutes=20))
     before = proxy_end(site.proxy)
@@ -330,12 +367,12 @@ def test_a_proxy_near_its_end_is_renewed_before_any_submission(arc, tmp_path) ->
     assert os.stat(site.proxy).st_mtime <= summary["started"] + summary["duration_s"]
 
 
-def test_a_queue_demand_of_two_core_pilots_then_an_operator_ban(arc, tmp_path) -> None:
+def test_a_queue_demand_of_two_core_pilots_then_an_operator_ban(arc, tmp_path, interface) -> None:
     """Issue 23's tests on the real CE, as on the real Slurm cluster: a queue demand group whose
     waiting work is a real Redis list submits ceil(W/k) pilots, each one asking 2 cores (the
     A-REX's own record of the job says 2 slots on one host); once an operator bans the CE with
     `gridgate servers ban`, the next iteration submits nothing to it and says why."""
-    site = ArcSite(arc, tmp_path / "site", "echo two-core pilot; exit 0")
+    site = ArcSite(arc, tmp_path / "site", "echo two-core pilot; exit 0", interface=interface)
     with RedisServer(tmp_path / "redis") as redis:
         redis.client().rpush("tq:mc", "j1", "j2", "j3")
         doc = site.doc()
@@ -355,11 +392,15 @@ def test_a_queue_demand_of_two_core_pilots_then_an_operator_ban(arc, tmp_path) -
         ids = submitted_ids(first)
         assert first["failures"] == [] and len(ids) == 2, first  # ceil(3 / 2)
         for job in ids:
-            adl = (arc.folder / "control" / f"job.{job.rsplit('/', 1)[-1]}.description").read_text(
+            # what A-REX keeps of the description: the ADL arcsub sent, the xRSL of REST
+            kept = (arc.folder / "control" / f"job.{job.rsplit('/', 1)[-1]}.description").read_text(
                 encoding="utf-8", errors="replace"
             )
-            assert "<adl:NumberOfSlots>2</adl:NumberOfSlots>" in adl
-            assert "<adl:SlotsPerHost>2</adl:SlotsPerHost>" in adl
+            if interface == "cli":
+                assert "<adl:NumberOfSlots>2</adl:NumberOfSlots>" in kept
+                assert "<adl:SlotsPerHost>2</adl:SlotsPerHost>" in kept
+            else:
+                assert '(count="2")' in kept and '(countpernode="2")' in kept
         [endpoint] = {row["endpoint"] for row in first["submitted"]}
         config = str(site.folder / "site.yaml")
         ban = site.gridgate(
@@ -376,12 +417,12 @@ def test_a_queue_demand_of_two_core_pilots_then_an_operator_ban(arc, tmp_path) -
     assert "CE upgrade" in listed.stdout, listed.stdout
 
 
-def test_a_stopped_ce_is_unreachable(tmp_path) -> None:
+def test_a_stopped_ce_is_unreachable(tmp_path, interface) -> None:
     from gridgate.plugins.arc.ce import ArcCE
 
     ce = ArcCE().start()  # its own CE: stopping the shared one would kill the scenarios' pilots
     try:
-        site = ArcSite(ce, tmp_path / "site", "exit 0")
+        site = ArcSite(ce, tmp_path / "site", "exit 0", interface=interface)
         ce.stop_service()
         summary = site.run_once(site.doc(pilots=1))
     finally:
@@ -395,9 +436,10 @@ def test_a_stopped_ce_is_unreachable(tmp_path) -> None:
 # --- the gate and the token daemon ----------------------------------------------------------------
 
 
-def test_arc_commands_take_tokens_of_their_category_and_get_shims(arc, tmp_path) -> None:
-    """The director's arcsub takes a submission token and its arcstat poll a query token from
-    a real `gridgate lsfproxyd serve`; `gate --install-shims` puts every ARC command behind it."""
+def test_arc_commands_take_tokens_of_their_category_and_get_shims(arc, tmp_path, interface) -> None:
+    """The director's submission (arcsub, or the REST POSTs) takes a submission token and its
+    poll (arcstat, or the status POST) a query token from a real `gridgate lsfproxyd serve`,
+    its cancel an other token; `gate --install-shims` puts every ARC command behind it."""
     socket_dir = Path(tempfile.mkdtemp(prefix="ggarc-", dir="/tmp"))
     try:
         socket, diag = socket_dir / "proxyd.sock", socket_dir / "diag.log"
@@ -414,7 +456,7 @@ def test_arc_commands_take_tokens_of_their_category_and_get_shims(arc, tmp_path)
             assert daemon.stdout is not None and daemon.stdout.readline(), (
                 "the daemon did not start"
             )
-            site = ArcSite(arc, tmp_path / "gated", "sleep 120")
+            site = ArcSite(arc, tmp_path / "gated", "sleep 120", interface=interface)
             doc = {
                 **site.doc(pilots=1),
                 "admission": {
@@ -475,11 +517,11 @@ def test_arc_commands_take_tokens_of_their_category_and_get_shims(arc, tmp_path)
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
-def test_a_poll_with_an_expired_unmanaged_proxy_blames_no_ce(arc, tmp_path) -> None:
+def test_a_poll_with_an_expired_unmanaged_proxy_blames_no_ce(arc, tmp_path, interface) -> None:
     """Without credentials.x509_proxy the proxy comes from the backend's env; arcstat then says
     only 'wrong response: <garbage>' and exits 0: the backend reads the file, so the failed
     poll is the site's credential, not the CE's fault."""
-    site = ArcSite(arc, tmp_path / "unmanaged", "sleep 120")
+    site = ArcSite(arc, tmp_path / "unmanaged", "sleep 120", interface=interface)
     doc = site.doc(pilots=1)
     del doc["credentials"]
     doc["backends"]["arc"]["env"]["X509_USER_PROXY"] = str(site.proxy)

@@ -1,5 +1,6 @@
 """The arc backend keeps the backend contract every backend inherits (with stand-ins for the
-ARC client; the real CE is exercised in test_arc_backend.py)."""
+ARC client, so ``interface: cli``; the real CE is exercised in test_arc_backend.py for both
+interfaces, and the REST path's own rules in tests/plugins/arc/rest/)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class TestArcBackendContract(BackendContract):
         script = tmp_path / "pilot.sh"
         script.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
         return {
+            "interface": "cli",
             "endpoints": ["https://ce.example.org:443/arex"],
             "script": str(script),
             "commands": {
@@ -78,6 +80,7 @@ def test_ids_that_are_no_arc_job_id_never_reach_a_command(tmp_path) -> None:
     backend = build_plugin(
         ArcBackend,
         {
+            "interface": "cli",
             "endpoints": ["https://ce.example.org/arex"],
             "script": str(script),
             "commands": {"arcstat": str(program), "arckill": str(program)},
@@ -119,6 +122,7 @@ def test_a_final_pilot_arcclean_would_not_delete_yet_stays_to_clean_until_it_giv
     backend = build_plugin(
         ArcBackend,
         {
+            "interface": "cli",
             "endpoints": ["https://ce.example.org/arex"],
             "script": str(script),
             "commands": {"arcclean": str(not_yet), "arckill": str(killed)},
@@ -145,6 +149,7 @@ def _backend_with(tmp_path, max_output_bytes=None, **commands):
     return build_plugin(
         ArcBackend,
         {
+            "interface": "cli",
             "endpoints": ["https://ce.example.org/arex"],
             "script": str(script),
             "commands": {k: str(v) for k, v in commands.items()},

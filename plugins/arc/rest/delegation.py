@@ -1,0 +1,367 @@
+"""The life of a delegation: one per CE and credential, shared by every pilot sent there.
+
+A delegation is the CE's copy of the client's proxy (``shared/reference/arc.md``, REST
+interface): the CE makes a key and a request, the client signs it (:mod:`.signing`), and every
+job that names the delegation's id in its description gets that proxy. arcsub makes a new one
+per job (an RSA key made on the CE: 0.3-1.7 s); the REST path makes one per CE and proxy
+identity and keeps it:
+
+- its record (id, the CE, the identity, the proxy it was signed with, its end, its last use)
+  is kept in the state store (``context.state``) under ``arc/delegation/``, so several
+  directors on one Redis share one delegation per CE;
+- it is **renewed** when the proxy at hand ends later than the delegation (every renewal of the
+  proxy gives one: the managed proxy is renewed ``min_lifetime`` before its end, and the next
+  poll or submission renews the delegation, so pilots already running get the new proxy:
+  A-REX rewrites their proxy files on the PUT);
+- before pilots are sent with it, once per iteration, the CE is asked whether it still has it
+  (``action=get``): renewal does not tell (A-REX renews an unknown id as if it knew it, trap 9),
+  and a job naming a delegation the CE does not have is still accepted and runs without a
+  proxy (trap 8). A lost one is made again under the **same id** (a renewal: the pilots
+  already naming it get the proxy back), or under a new one if that fails;
+- one that no configured endpoint uses is **deleted** on the CE once nobody has used it for
+  :data:`UNUSED_GRACE` seconds (another director on the same store may still use it).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+
+from loguru import logger
+
+from gridgate.core.backend import Deadline
+from gridgate.core.clock import Clock
+from gridgate.core.model import CommandResult
+from gridgate.core.state import StateError, StateStore
+from gridgate.plugins.arc.rest.client import ArexClient, ArexError
+from gridgate.plugins.arc.rest.signing import (
+    CsrError,
+    Proxy,
+    identity_key,
+    load_arc_csr,
+    sign_request,
+)
+
+__all__ = ["PREFIX", "UNUSED_GRACE", "Delegations", "Record"]
+
+#: State-store prefix of the records.
+PREFIX = "arc/delegation/"
+#: Seconds a delegation no endpoint here uses is kept (for other directors) before deletion.
+UNUSED_GRACE = 3600.0
+#: Seconds one director holds the right to create a CE's delegation (others wait for it).
+CREATE_LOCK = 60.0
+#: Seconds a director waits for another one's creation before making its own.
+CREATE_WAIT = 15.0
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the state store keeps of one delegation."""
+
+    id: str
+    service: str
+    identity: str
+    #: SHA-256 of the proxy certificate it was last signed with
+    fingerprint: str
+    #: when the delegated proxy ends (the proxy's end), clock seconds
+    ends: float
+    #: last time a director used it, clock seconds
+    used: float
+
+    def dump(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def load(cls, text: str | None) -> Record | None:
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(
+                id=str(data["id"]),
+                service=str(data["service"]),
+                identity=str(data["identity"]),
+                fingerprint=str(data["fingerprint"]),
+                ends=float(data["ends"]),
+                used=float(data["used"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+class DelegationError(ArexError):
+    """The CE's delegation request could not be signed (its CSR is unreadable or forged)."""
+
+
+class Delegations:
+    """The delegations of one backend: made, checked, renewed and deleted as the module says.
+
+    :param state: the shared state store (None: this process only).
+    :param clock: the injected clock (records' times).
+    """
+
+    def __init__(self, state: StateStore | None, clock: Clock) -> None:
+        self.state = state
+        self.clock = clock
+        self._memory: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        #: keys whose delegation was found on its CE since the iteration started
+        self._checked: set[str] = set()
+
+    def new_iteration(self) -> None:
+        """Ask the CEs again, at the next use, whether they still have their delegations."""
+        with self._lock:
+            self._checked.clear()
+
+    # --- the store --------------------------------------------------------------------------
+
+    def _get(self, key: str) -> Record | None:
+        if self.state is not None:
+            try:
+                return Record.load(self.state.get(PREFIX + key))
+            except StateError as exc:
+                logger.warning("delegation records unreadable ({}); using this process's", exc)
+        return Record.load(self._memory.get(key))
+
+    def _put(self, key: str, record: Record) -> None:
+        self._memory[key] = record.dump()
+        if self.state is not None:
+            try:
+                self.state.set(PREFIX + key, record.dump())
+            except StateError as exc:
+                logger.warning("cannot record delegation {} ({}): kept here only", record.id, exc)
+
+    def _drop(self, key: str) -> None:
+        self._memory.pop(key, None)
+        if self.state is not None:
+            try:
+                self.state.delete(PREFIX + key)
+            except StateError as exc:
+                logger.warning("cannot forget delegation record {}: {}", key, exc)
+
+    def records(self) -> list[tuple[str, Record]]:
+        """Every delegation recorded (by any director sharing the store)."""
+        found: dict[str, Record] = {}
+        for key, text in self._memory.items():
+            record = Record.load(text)
+            if record is not None:
+                found[key] = record
+        if self.state is not None:
+            try:
+                for full, text in self.state.items(PREFIX):
+                    record = Record.load(text)
+                    if record is not None and "/" not in full[len(PREFIX) :]:
+                        found[full[len(PREFIX) :]] = record
+            except StateError as exc:
+                logger.warning("delegation records unreadable: {}", exc)
+        return sorted(found.items())
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(key, threading.Lock())
+
+    # --- signing ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _sign(
+        client: ArexClient, identifier: str, request: bytes, proxy: Proxy, deadline: Deadline
+    ) -> None:
+        try:
+            pem = sign_request(load_arc_csr(request), proxy)
+        except CsrError as exc:
+            line = f"delegation {identifier}: {exc}"
+            raise DelegationError(
+                line,
+                CommandResult(
+                    argv=("PUT", f"{client.service}/delegations/{identifier}"),
+                    returncode=1,
+                    stderr=line,
+                ),
+            ) from None
+        client.delegation_put(identifier, pem, deadline)
+
+    def _create(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> str:
+        identifier, request = client.delegation_new(deadline)
+        try:
+            self._sign(client, identifier, request, proxy, deadline)
+        except ArexError:
+            # an action=new whose PUT failed would stay on the CE, unused, for ever
+            try:
+                client.delegation_delete(identifier, deadline)
+            except ArexError as exc:
+                logger.info(
+                    "{}: half-made delegation {} not deleted: {}", client.service, identifier, exc
+                )
+            raise
+        logger.info("{}: delegation {} made for {}", client.service, identifier, proxy.identity)
+        return identifier
+
+    def _renew(self, client: ArexClient, identifier: str, proxy: Proxy, deadline: Deadline) -> None:
+        self._sign(
+            client, identifier, client.delegation_renew(identifier, deadline), proxy, deadline
+        )
+
+    # --- what the backend calls --------------------------------------------------------------
+
+    def ensure(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> str:
+        """The id of the delegation pilots sent to ``client``'s CE must name: made when there is
+        none, checked once per iteration, renewed when ``proxy`` ends later than it.
+
+        :raises ArexError: when the CE refuses or fails (the caller's failure to classify)."""
+        key = identity_key(client.service, proxy.identity)
+        with self._key_lock(key):
+            record = self._get(key)
+            now = self.clock.time()
+            if record is None:
+                record = self._first(key, client, proxy, deadline)
+            elif key not in self._checked and not client.delegation_exists(record.id, deadline):
+                logger.warning(
+                    "{}: the CE lost delegation {}; making it again", client.service, record.id
+                )
+                record = self._again(client, record, proxy, deadline)
+            elif proxy.not_after > record.ends + 1:
+                self._renew(client, record.id, proxy, deadline)
+                logger.info(
+                    "{}: delegation {} renewed with the proxy ending {}",
+                    client.service,
+                    record.id,
+                    time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(proxy.not_after)),
+                )
+                record = replace(record, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+            if key not in self._checked or record.used < now - 60:
+                self._put(key, replace(record, used=now))
+            with self._lock:
+                self._checked.add(key)
+            return record.id
+
+    def refresh(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> None:
+        """Renew ``client``'s CE's delegation if ``proxy`` ends later than it (a poll's part:
+        pilots running there get the renewed proxy even while nothing is submitted). Makes
+        none; a failure is logged, the poll goes on."""
+        key = identity_key(client.service, proxy.identity)
+        record = self._get(key)
+        if record is None or proxy.not_after <= record.ends + 1:
+            return
+        with self._key_lock(key):
+            record = self._get(key)
+            if record is None or proxy.not_after <= record.ends + 1:
+                return
+            try:
+                self._renew(client, record.id, proxy, deadline)
+            except ArexError as exc:
+                logger.warning("{}: delegation {} not renewed: {}", client.service, record.id, exc)
+                return
+            self._put(
+                key,
+                replace(
+                    record,
+                    fingerprint=proxy.fingerprint,
+                    ends=proxy.not_after,
+                    used=self.clock.time(),
+                ),
+            )
+            logger.info(
+                "{}: delegation {} renewed after the proxy's renewal", client.service, record.id
+            )
+
+    def _first(self, key: str, client: ArexClient, proxy: Proxy, deadline: Deadline) -> Record:
+        """A new delegation for ``key``; with a shared store only one director makes it, the
+        others wait for its record (up to :data:`CREATE_WAIT` s, then make their own)."""
+        lock = f"{PREFIX}{key}/lock"
+        token = secrets.token_hex(8)
+        held = True
+        if self.state is not None:
+            try:
+                held = self.state.add_if_absent(lock, token, ttl=CREATE_LOCK)
+            except StateError:
+                held = True
+            if not held:
+                until = time.monotonic() + min(CREATE_WAIT, max(deadline.left() - 5, 0))
+                while time.monotonic() < until:
+                    record = self._get(key)
+                    if record is not None:
+                        return record
+                    time.sleep(0.2)
+        try:
+            identifier = self._create(client, proxy, deadline)
+            record = Record(
+                id=identifier,
+                service=client.service,
+                identity=proxy.identity,
+                fingerprint=proxy.fingerprint,
+                ends=proxy.not_after,
+                used=self.clock.time(),
+            )
+            self._put(key, record)
+            return record
+        finally:
+            if held and self.state is not None:
+                try:
+                    if self.state.get(lock) == token:
+                        self.state.delete(lock)
+                except StateError:
+                    pass
+
+    def _again(
+        self, client: ArexClient, record: Record, proxy: Proxy, deadline: Deadline
+    ) -> Record:
+        """``record``'s delegation made again after the CE lost it: renewed under the same id
+        when the CE allows it (its pilots name that id), else made anew."""
+        try:
+            self._renew(client, record.id, proxy, deadline)
+            if client.delegation_exists(record.id, deadline):
+                return replace(record, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+        except DelegationError:
+            raise
+        except ArexError as exc:
+            logger.info(
+                "{}: delegation {} cannot be renewed ({}); a new one",
+                client.service,
+                record.id,
+                exc,
+            )
+        identifier = self._create(client, proxy, deadline)
+        return replace(record, id=identifier, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+
+    def sweep(
+        self,
+        in_use: Iterable[str],
+        identity: str,
+        client_for: Callable[[str], ArexClient | None],
+        deadline: Deadline,
+    ) -> list[str]:
+        """Delete the delegations of ``identity`` on CEs none of ``in_use`` (services) names,
+        unused for :data:`UNUSED_GRACE` s; returns the ids deleted. ``client_for(service)``
+        gives a client for a CE (None: it cannot be asked now)."""
+        services = set(in_use)
+        now = self.clock.time()
+        deleted: list[str] = []
+        for key, record in self.records():
+            if (
+                record.identity != identity
+                or record.service in services
+                or now - record.used < UNUSED_GRACE
+                or deadline.passed()
+            ):
+                continue
+            client = client_for(record.service)
+            if client is None:
+                continue
+            try:
+                client.delegation_delete(record.id, deadline)
+            except ArexError as exc:
+                logger.info(
+                    "{}: unused delegation {} not deleted yet: {}", record.service, record.id, exc
+                )
+                continue
+            self._drop(key)
+            deleted.append(record.id)
+            logger.info(
+                "{}: deleted delegation {}, which no endpoint uses", record.service, record.id
+            )
+        return deleted

@@ -1,0 +1,800 @@
+"""The `arc` backend's REST path (``interface: rest``): submission, tracking, cancel, cleaning
+and the stderr sample of failed pilots, over A-REX's REST interface.
+
+What it does that arcsub cannot (``shared/reference/arc.md``, REST interface):
+
+- **One delegation per CE and credential** (:mod:`.delegation`) named by every job, instead of
+  a new one (a key made on the CE) per arcsub.
+- **Bulk creation**: a request's ``pilots_per_submission`` descriptions go in one ``POST
+  jobs?action=new`` (a multi-xRSL), then the pilot script is uploaded into each job's session.
+  Every entry of the answer is read on its own (per-job status codes inside a 201); a
+  whole-request 500 (one bad description fails a whole bundle) sends the descriptions one by
+  one rather than blame the CE; an answer lost after the request was sent is **reconciled by
+  job name** before anything else (each pilot's name is unique), so no pilot is created twice;
+  a job whose upload failed is killed and cleaned (it would wait for its input for ever).
+- **Bulk management**: one ``action=status`` POST per CE per poll (chunked only for very
+  large fleets), then one ``action=info`` for the pilots that just finished or failed (their
+  exit code and the CE's error), the stderr sample read from the session folder (two ranged
+  GETs per failed pilot, for ``stderr_samples`` pilots), ``action=kill`` and
+  ``action=clean`` in bulk.
+
+Every REST failure comes back as a failed result whose ``command`` is the exchange (see
+:func:`.client.evidence`), classified by the REST rules of :mod:`gridgate.plugins.arc.classify`
+into the kinds the CLI path uses. The site's output cap (``director.max_output_bytes``) caps
+every answer, and the hook call's deadline every exchange.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from loguru import logger
+
+from gridgate.core.backend import Deadline
+from gridgate.core.files import atomic_write, ensure_private_dir
+from gridgate.core.http import HttpClient
+from gridgate.core.kinds import missing_input
+from gridgate.core.model import (
+    TERMINAL_STATES,
+    CancelResult,
+    CommandResult,
+    Endpoint,
+    JobStatus,
+    StatusResult,
+    SubmitRequest,
+    SubmitResult,
+)
+from gridgate.core.patterns import clip
+from gridgate.core.plugins import PluginContext
+from gridgate.plugins.arc.classify import proxy_problem
+from gridgate.plugins.arc.parse import STDERR, with_stderr
+from gridgate.plugins.arc.rest.client import ArexClient, ArexError, failed
+from gridgate.plugins.arc.rest.delegation import Delegations
+from gridgate.plugins.arc.rest.jobs import (
+    FINAL_NATIVE,
+    bundle,
+    ce_id,
+    info_status,
+    job_url,
+    pilot_state,
+)
+from gridgate.plugins.arc.rest.signing import Proxy, ProxyError, read_proxy
+from gridgate.plugins.arc.stamps import add_stamps, read_stamps, write_stamps
+
+__all__ = ["SCRIPT_WHAT", "Credential", "RestPath", "find_token"]
+
+OPERATION_SUBMIT = "Job Submit"
+#: How the pilot script is named when it is missing (the failure is ``missing_input``).
+SCRIPT_WHAT = "the pilot script (backends.arc.script)"
+#: Seconds names of pilots whose creation answer was lost are looked for on the CE; the jobs
+#: found (never given their script, so never started) are killed and cleaned.
+UNCONFIRMED_FOR = 86400.0
+DEFAULT_CA_PATH = "/etc/grid-security/certificates"
+
+
+def unconfirmed_file(ce: CE) -> Path:
+    """The file of ``ce``'s pilots whose creation answer was lost."""
+    return ce.folder / "unconfirmed.json"
+
+
+#: Uploads of one bundle's pilot scripts that run at a time (each on a kept-alive connection).
+UPLOADS = 4
+#: States of a job just created and still waiting for its uploaded input.
+WAITING_INPUT = frozenset({"ACCEPTING", "ACCEPTED"})
+
+
+class CE(Protocol):
+    """What the REST path needs of one configured CE (``backend.CE``)."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def folder(self) -> Path: ...
+
+
+class Owner(Protocol):
+    """What the REST path needs of the backend that owns it (``backend.ArcBackend``)."""
+
+    config: Mapping[str, Any]
+    context: PluginContext
+
+    def deadline(self, timeout: float) -> Deadline: ...
+    def environment(self) -> dict[str, str]: ...
+    def script_path(self) -> Path: ...
+    def description(
+        self, ce: Any, request: SubmitRequest, *, name: str = "", delegation: str = ""
+    ) -> str: ...
+    def note_terminal(self, ce: Any, job_ids: Sequence[str]) -> None: ...
+    def lock(self, ce: Any) -> threading.Lock: ...
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What a REST call of this backend authenticates with: the proxy (``x509``: the client
+    certificate, and what delegations are signed with) or a bearer token (``token``: an
+    ``Authorization`` header, no client certificate, no delegation). ``problem`` says why it
+    cannot be used, in words the classifier reads as ``credential``."""
+
+    kind: str
+    ca_path: str
+    cert_file: str | None = None
+    proxy: Proxy | None = None
+    token: str = ""
+    problem: str = ""
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+
+def find_token(managed: Mapping[str, str], environ: Mapping[str, str]) -> tuple[str, str]:
+    """(token, where it came from) for ``auth: token``; ("", what was looked at) when none.
+
+    The managed credential's ``BEARER_TOKEN_FILE`` (``credentials.bearer_token``) first; else
+    the WLCG Bearer Token Discovery order: ``BEARER_TOKEN``, ``BEARER_TOKEN_FILE``,
+    ``$XDG_RUNTIME_DIR/bt_u$UID``, ``/tmp/bt_u$UID``."""
+    uid = os.getuid()
+    if managed.get("BEARER_TOKEN_FILE"):
+        candidates = [("file", managed["BEARER_TOKEN_FILE"])]
+    else:
+        candidates = []
+        if environ.get("BEARER_TOKEN", "").strip():
+            return environ["BEARER_TOKEN"].strip(), "BEARER_TOKEN"
+        if environ.get("BEARER_TOKEN_FILE"):
+            candidates.append(("file", environ["BEARER_TOKEN_FILE"]))
+        if environ.get("XDG_RUNTIME_DIR"):
+            candidates.append(("file", f"{environ['XDG_RUNTIME_DIR']}/bt_u{uid}"))
+        candidates.append(("file", f"/tmp/bt_u{uid}"))
+    for _kind, path in candidates:
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if token:
+            return token, path
+    return "", ", ".join(path for _kind, path in candidates)
+
+
+def token_expired(token: str, now: float) -> float | None:
+    """The end of a JWT bearer token when it has passed (its ``exp`` claim), else None (valid,
+    or not a JWT this machine can read: then the CE judges it)."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        ends = float(claims["exp"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+    return ends if ends <= now else None
+
+
+class RestPath:
+    """The REST half of the `arc` backend (one per backend instance)."""
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.context = owner.context
+        self.delegations = Delegations(owner.context.state, owner.context.clock)
+        self._lock = threading.Lock()
+        self._http: dict[tuple[str, str | None], HttpClient] = {}
+        self._clients: dict[tuple[str, str, str | None], ArexClient] = {}
+        self._proxies: dict[str, tuple[tuple[int, int, int], Proxy]] = {}
+
+    @property
+    def auth(self) -> str:
+        return str(self.owner.config.get("auth") or "x509")
+
+    def close(self) -> None:
+        """Close every kept-alive connection."""
+        with self._lock:
+            clients, self._http = list(self._http.values()), {}
+            self._clients = {}
+        for http in clients:
+            http.close()
+
+    # --- credentials and clients -----------------------------------------------------------
+
+    def credential(self) -> Credential:
+        """The credential every call of this hook call uses, read now (a renewed proxy or
+        token is used at once)."""
+        environ = self.owner.environment()
+        ca_path = environ.get("X509_CERT_DIR") or DEFAULT_CA_PATH
+        now = self.context.clock.time()
+        if self.auth == "token":
+            token, where = find_token(self.context.credential_env("token"), environ)
+            if not token:
+                return Credential("token", ca_path, problem=f"no bearer token: none in {where}")
+            ends = token_expired(token, now)
+            if ends is not None:
+                return Credential(
+                    "token",
+                    ca_path,
+                    problem=f"Token expired: the bearer token from {where} ended at {_utc(ends)}",
+                )
+            return Credential("token", ca_path, token=token)
+        path = environ.get("X509_USER_PROXY") or f"/tmp/x509up_u{os.getuid()}"
+        problem = proxy_problem({**environ, "X509_USER_PROXY": path}, now)
+        if problem:
+            return Credential("x509", ca_path, cert_file=path, problem=problem)
+        try:
+            proxy = self._read_proxy(path)
+        except OSError as exc:
+            return Credential(
+                "x509", ca_path, cert_file=path, problem=f"Cannot find any proxy: {path}: {exc}"
+            )
+        except ProxyError as exc:
+            return Credential(
+                "x509", ca_path, cert_file=path, problem=f"Cannot find any proxy: {path} {exc}"
+            )
+        return Credential("x509", ca_path, cert_file=path, proxy=proxy)
+
+    def _read_proxy(self, path: str) -> Proxy:
+        """The proxy in ``path``, parsed again only when the file changed (loading its RSA key
+        costs some 50 ms of CPU: once per renewal, not once per submission)."""
+        info = os.stat(path)
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+        with self._lock:
+            cached = self._proxies.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        proxy = read_proxy(Path(path).read_bytes())
+        with self._lock:
+            self._proxies[path] = (stamp, proxy)
+        return proxy
+
+    def client(self, service: str, credential: Credential) -> ArexClient:
+        """The REST client of ``service`` with ``credential`` (kept: its connections stay open
+        and its version is asked once)."""
+        cert = credential.cert_file if credential.kind == "x509" else None
+        with self._lock:
+            http = self._http.get((credential.ca_path, cert))
+            if http is None:
+                http = self._http[(credential.ca_path, cert)] = HttpClient(
+                    ca_path=credential.ca_path,
+                    cert_file=cert,
+                    max_bytes=self.context.max_output_bytes,
+                )
+            key = (service.rstrip("/"), credential.ca_path, cert)
+            client = self._clients.get(key)
+            if client is None:
+                client = self._clients[key] = ArexClient(
+                    service, http, max_bytes=self.context.max_output_bytes
+                )
+        client.headers = credential.headers
+        return client
+
+    @staticmethod
+    def service(ce: CE, job_ids: Sequence[str] = ()) -> str:
+        """The CE's service URL: its configured URL; for a CE no longer configured, the one
+        its REST marker recorded, else its pilots' ids name."""
+        if ce.endpoint.url:
+            return ce.endpoint.url.rstrip("/")
+        try:
+            recorded = json.loads((ce.folder / "rest.json").read_text(encoding="utf-8"))
+            return str(recorded["url"]).rstrip("/")
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        for job_id in job_ids:
+            if "/rest/" in job_id:
+                return job_id.split("/rest/", 1)[0]
+        return ""
+
+    def mark(self, ce: CE) -> str:
+        """Make the CE's folder and record its URL there (so that its pilots can still be
+        followed once it leaves the config); the OS error when it cannot."""
+        marker = ce.folder / "rest.json"
+        try:
+            if not marker.exists():
+                ensure_private_dir(ce.folder)
+                data = {"url": ce.endpoint.url, "queue": ce.queue}
+                atomic_write(marker, json.dumps(data).encode(), durable=False)
+        except OSError as exc:
+            return f"cannot prepare {ce.folder}: {exc}"
+        return ""
+
+    # --- submission ------------------------------------------------------------------------
+
+    def submit(self, ce: CE, request: SubmitRequest, timeout: float) -> SubmitResult:
+        endpoint = ce.endpoint
+        problem = self.mark(ce)
+        script = self.owner.script_path()
+        missing = missing_input({SCRIPT_WHAT: script})
+        if problem or missing:
+            why = problem or missing
+            return SubmitResult(
+                endpoint, ok=False, operation=OPERATION_SUBMIT, local_fault=why, message=why
+            )
+        try:
+            data = script.read_bytes()
+        except OSError as exc:
+            why = f"{SCRIPT_WHAT} {script} cannot be read: {exc.strerror}"
+            return SubmitResult(
+                endpoint, ok=False, operation=OPERATION_SUBMIT, local_fault=why, message=why
+            )
+        credential = self.credential()
+        if credential.problem:
+            return SubmitResult(
+                endpoint, ok=False, operation=OPERATION_SUBMIT, message=credential.problem
+            )
+        deadline = self.owner.deadline(timeout)
+        client = self.client(self.service(ce), credential)
+        self.reconcile_unconfirmed(ce, client, deadline)
+        try:
+            delegation = (
+                self.delegations.ensure(client, credential.proxy, deadline)
+                if credential.proxy is not None
+                else ""
+            )
+        except ArexError as exc:
+            return SubmitResult(
+                endpoint,
+                ok=False,
+                command=exc.command,
+                operation=OPERATION_SUBMIT,
+                message=str(exc),
+            )
+        base = str(self.owner.config.get("job_name") or "gridgate-pilot")
+        names = [f"{base}-{uuid.uuid4().hex[:16]}" for _ in range(request.count)]
+        descriptions = {
+            n: self.owner.description(ce, request, name=n, delegation=delegation) for n in names
+        }
+        created, failures, command = self.create(ce, client, descriptions, delegation, deadline)
+        uploaded, upload_failures = self._upload(ce, client, created, script.name, data, deadline)
+        failures += upload_failures
+        version = client.version or "1.0"
+        ids = tuple(job_url(client.service, version, created[n]) for n in names if n in uploaded)
+        if ids:
+            if failures:
+                logger.warning(
+                    "{}: {} of {} pilots created; the others: {}",
+                    endpoint.key,
+                    len(ids),
+                    request.count,
+                    clip(str(failures[0])),
+                )
+            return SubmitResult(
+                endpoint,
+                ok=True,
+                job_ids=ids,
+                command=command,
+                operation=OPERATION_SUBMIT,
+            )
+        first = failures[0] if failures else ArexError("nothing created", _no_command())
+        return SubmitResult(
+            endpoint,
+            ok=False,
+            command=first.command,
+            operation=OPERATION_SUBMIT,
+            message=str(first),
+        )
+
+    def create(
+        self,
+        ce: CE,
+        client: ArexClient,
+        descriptions: Mapping[str, str],
+        delegation: str,
+        deadline: Deadline,
+    ) -> tuple[dict[str, str], list[ArexError], CommandResult | None]:
+        """Create the jobs of ``descriptions`` (name -> xRSL): name -> CE id of those created,
+        why the others were not, and the (last) creation exchange."""
+        names = list(descriptions)
+        try:
+            answer, command = client.create_jobs(
+                bundle([descriptions[n] for n in names]),
+                deadline,
+                delegation=delegation,
+                queue=ce.queue,
+            )
+        except ArexError as exc:
+            if exc.status == 500 and len(names) > 1 and not deadline.passed():
+                # one unparsable description fails a whole multi-xRSL (nothing created): each
+                # on its own, so that the bad one is told apart and the CE is not blamed
+                logger.info(
+                    "{}: the CE refused the bundle of {} ({}); sending them one by one",
+                    ce.endpoint.key,
+                    len(names),
+                    clip(str(exc)),
+                )
+                created: dict[str, str] = {}
+                failures: list[ArexError] = []
+                last: CommandResult | None = exc.command
+                for name in names:
+                    one, why, last = self.create(
+                        ce, client, {name: descriptions[name]}, delegation, deadline
+                    )
+                    created.update(one)
+                    failures += why
+                    if why and not why[-1].entry and why[-1].status != 500:
+                        break  # not this description's fault: the CE itself fails now
+                return created, failures, last
+            if exc.lost:
+                return (*self._lost(ce, client, names, exc, deadline), exc.command)
+            return {}, [exc], exc.command
+        created = {}
+        failures = []
+        if len(answer) != len(names):
+            logger.error(
+                "{}: {} answer entries for {} descriptions; reconciling by name",
+                ce.endpoint.key,
+                len(answer),
+                len(names),
+            )
+            lost = ArexError(f"{len(answer)} answer entries for {len(names)} jobs", command)
+            return (*self._lost(ce, client, names, lost, deadline), command)
+        for name, entry in zip(names, answer, strict=True):
+            if entry.code == 201 and entry.id:
+                created[name] = entry.id
+            else:
+                line = f"HTTP {entry.code} {entry.reason}".strip()
+                failures.append(
+                    ArexError(
+                        f"{command.argv[0]} {command.argv[1]}: job {name}: {line}",
+                        failed(command, line),
+                        entry=True,
+                    )
+                )
+        return created, failures, command
+
+    def _lost(
+        self,
+        ce: CE,
+        client: ArexClient,
+        names: Sequence[str],
+        exc: ArexError,
+        deadline: Deadline,
+    ) -> tuple[dict[str, str], list[ArexError]]:
+        """The creation answer was lost after the request may have reached the CE: which of
+        ``names`` exist there is asked before anything is sent again; when it cannot be asked
+        now, the names are kept and looked for later (:meth:`reconcile_unconfirmed`)."""
+        found = self.find_by_name(client, set(names), deadline)
+        if found is None:
+            self._unconfirmed(ce, names)
+            logger.error(
+                "{}: the answer to creating {} pilot(s) was lost ({}) and the CE cannot be "
+                "asked which exist; they are looked for at the next contact",
+                ce.endpoint.key,
+                len(names),
+                clip(str(exc)),
+            )
+            return {}, [exc]
+        logger.warning(
+            "{}: the answer to creating {} pilot(s) was lost ({}); {} found on the CE by name",
+            ce.endpoint.key,
+            len(names),
+            clip(str(exc)),
+            len(found),
+        )
+        return found, ([exc] if len(found) < len(names) else [])
+
+    def find_by_name(
+        self, client: ArexClient, names: set[str], deadline: Deadline
+    ) -> dict[str, str] | None:
+        """name -> CE id of the jobs among ``names`` that the CE has (looked for among its jobs
+        still waiting for input: a job created moments ago); None when the CE cannot tell.
+
+        A job's name is in its ``info`` document once the info provider has written it; for a
+        job younger than that the document has none, and the description A-REX keeps is read
+        instead (seen on the private CE: one of three jobs created together had no name yet)."""
+        try:
+            ids = client.list_jobs(deadline)
+            if not ids:
+                return {}
+            states, _ = client.manage("status", ids, deadline)
+            fresh = [
+                e.id
+                for e in states
+                if e.code == 200 and str(e.fields.get("state", "")).upper() in WAITING_INPUT
+            ]
+            if not fresh:
+                return {}
+            info, _ = client.manage("info", fresh, deadline)
+        except ArexError as exc:
+            logger.info("{}: cannot look for jobs by name: {}", client.service, exc)
+            return None
+        found: dict[str, str] = {}
+        unnamed: list[str] = []
+        for entry in info:
+            document = entry.fields.get("info_document")
+            activity = document.get("ComputingActivity", {}) if isinstance(document, dict) else {}
+            name = activity.get("Name") if isinstance(activity, dict) else None
+            if isinstance(name, str) and name in names:
+                found[name] = entry.id
+            elif not name and entry.id:
+                unnamed.append(entry.id)
+        for identifier in unnamed:
+            if len(found) == len(names):
+                break
+            try:
+                kept = client.description(identifier, deadline).decode("utf-8", "replace")
+            except ArexError as exc:
+                logger.info(
+                    "{}: cannot read the description of {}: {}", client.service, identifier, exc
+                )
+                return None
+            for name in names - set(found):
+                if f'"{name}"' in kept:  # the names are unique: 16 random hex digits
+                    found[name] = identifier
+        return found
+
+    def _upload(
+        self,
+        ce: CE,
+        client: ArexClient,
+        created: Mapping[str, str],
+        filename: str,
+        data: bytes,
+        deadline: Deadline,
+    ) -> tuple[set[str], list[ArexError]]:
+        """Put the pilot script into each created job's session, :data:`UPLOADS` at a time (a
+        bundle's uploads are most of its time); the names uploaded, and why the others failed
+        (those jobs are killed and cleaned: they would wait for ever)."""
+
+        def one(item: tuple[str, str]) -> ArexError | None:
+            try:
+                client.put_file(item[1], filename, data, deadline)
+            except ArexError as exc:
+                return exc
+            return None
+
+        items = list(created.items())
+        if len(items) > 1:
+            with ThreadPoolExecutor(max_workers=min(UPLOADS, len(items))) as pool:
+                outcomes = list(pool.map(one, items))
+        else:
+            outcomes = [one(item) for item in items]
+        done = {name for (name, _i), why in zip(items, outcomes, strict=True) if why is None}
+        failures = [why for why in outcomes if why is not None]
+        broken = [i for (_name, i), why in zip(items, outcomes, strict=True) if why is not None]
+        if broken:
+            self.discard(ce, client, broken, deadline)
+        return done, failures
+
+    def discard(
+        self, ce: CE, client: ArexClient, identifiers: Sequence[str], deadline: Deadline
+    ) -> None:
+        """Kill and clean jobs that must not run (their input never came); those the CE
+        cannot take now are cleaned later with the finished pilots."""
+        try:
+            client.manage("kill", identifiers, deadline)
+            client.manage("clean", identifiers, deadline)  # done by the CE once it has killed them
+            logger.warning(
+                "{}: killed and cleaned {} job(s) whose pilot script could not be uploaded",
+                ce.endpoint.key,
+                len(identifiers),
+            )
+        except ArexError as exc:
+            logger.error(
+                "{}: {} job(s) without their pilot script not killed yet ({}); cleaned later",
+                ce.endpoint.key,
+                len(identifiers),
+                clip(str(exc)),
+            )
+            version = client.version or "1.0"
+            self.owner.note_terminal(ce, [job_url(client.service, version, i) for i in identifiers])
+
+    # --- lost answers -----------------------------------------------------------------------
+
+    def _unconfirmed(self, ce: CE, names: Sequence[str]) -> None:
+        with self.owner.lock(ce):
+            add_stamps(unconfirmed_file(ce), names, self.context.clock.time(), "pilots to look for")
+
+    def reconcile_unconfirmed(self, ce: CE, client: ArexClient, deadline: Deadline) -> None:
+        """Look for the pilots whose creation answer was lost earlier: those the CE has never
+        got their script, so they never ran and never will; they are killed and cleaned (no
+        pilot runs twice, none waits on the CE for ever)."""
+        if not unconfirmed_file(ce).exists():
+            return
+        with self.owner.lock(ce):
+            kept = read_stamps(unconfirmed_file(ce))
+        if not kept:
+            return
+        found = self.find_by_name(client, set(kept), deadline)
+        if found is None:
+            return
+        if found:
+            self.discard(ce, client, list(found.values()), deadline)
+        now = self.context.clock.time()
+        with self.owner.lock(ce):
+            left = {
+                n: t
+                for n, t in read_stamps(unconfirmed_file(ce)).items()
+                if n not in kept and now - t < UNCONFIRMED_FOR
+            }
+            write_stamps(unconfirmed_file(ce), left, "pilots to look for")
+
+    # --- tracking ---------------------------------------------------------------------------
+
+    def job_status(self, ce: CE, ids: Sequence[str], timeout: float) -> StatusResult:
+        endpoint = ce.endpoint
+        credential = self.credential()
+        if credential.problem:
+            return StatusResult(endpoint, ok=False, commands=0, message=credential.problem)
+        deadline = self.owner.deadline(timeout)
+        service = self.service(ce, ids)
+        client = self.client(service, credential)
+        if credential.proxy is not None:
+            self.delegations.refresh(client, credential.proxy, deadline)
+        by_ce = {ce_id(i): i for i in ids}
+        try:
+            answer, exchanges = client.manage("status", list(by_ce), deadline)
+        except ArexError as exc:
+            message = (
+                "the CE's status answer passed director.max_output_bytes"
+                if exc.command.stdout_truncated
+                else str(exc)
+            )
+            return StatusResult(endpoint, ok=False, command=exc.command, message=message)
+        statuses: dict[str, JobStatus] = {}
+        final: dict[str, str] = {}
+        for entry, identifier in zip(answer, by_ce, strict=True):
+            job_id = by_ce[identifier]
+            if entry.code == 404:
+                continue  # the CE no longer has it: core marks it unknown, then lost
+            native = str(entry.fields.get("state", ""))
+            if entry.code != 200:
+                statuses[job_id] = JobStatus(
+                    job_id=job_id, state="unknown", reason=clip(f"{entry.code} {entry.reason}")
+                )
+            elif native.upper() in FINAL_NATIVE:
+                final[identifier] = native
+            else:
+                statuses[job_id] = JobStatus(
+                    job_id=job_id,
+                    state=pilot_state(native, None),  # type: ignore[arg-type]
+                    native=native,
+                )
+        statuses.update(self._finals(client, final, by_ce, deadline))
+        self._sample_stderr(client, statuses, deadline)
+        self.owner.note_terminal(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
+        self.reconcile_unconfirmed(ce, client, deadline)
+        return StatusResult(
+            endpoint, ok=True, statuses=statuses, command=exchanges[-1], commands=len(exchanges)
+        )
+
+    def _finals(
+        self,
+        client: ArexClient,
+        final: Mapping[str, str],
+        by_ce: Mapping[str, str],
+        deadline: Deadline,
+    ) -> dict[str, JobStatus]:
+        """The pilots that finished or failed, with their exit code and the CE's error (one
+        ``info`` POST); without it, FAILED is failed and FINISHED done, reasons unknown."""
+        if not final:
+            return {}
+        found: dict[str, JobStatus] = {}
+        try:
+            answer, _ = client.manage("info", list(final), deadline)
+        except ArexError as exc:
+            logger.info(
+                "{}: info of {} finished pilot(s) failed: {}", client.service, len(final), exc
+            )
+            answer = []
+        for entry in answer:
+            if entry.code == 200 and entry.id in final:
+                document = entry.fields.get("info_document")
+                found[by_ce[entry.id]] = info_status(
+                    by_ce[entry.id], final[entry.id], document if isinstance(document, dict) else {}
+                )
+        for identifier, native in final.items():
+            job_id = by_ce[identifier]
+            if job_id not in found:
+                found[job_id] = JobStatus(
+                    job_id=job_id,
+                    state=pilot_state(native, None),  # type: ignore[arg-type]
+                    native=native,
+                )
+        return found
+
+    def _sample_stderr(
+        self, client: ArexClient, statuses: dict[str, JobStatus], deadline: Deadline
+    ) -> None:
+        """Add the end of a few failed pilots' stderr (read from the job's session folder) to
+        their reason."""
+        samples = int(self.owner.config.get("stderr_samples", 3))
+        keep = int(self.owner.config.get("stderr_bytes", 1000))
+        failed = [s for s in statuses.values() if s.state == "failed"][:samples]
+        if keep <= 0:
+            return
+        for status in failed:
+            try:
+                data = client.file_tail(ce_id(status.job_id), STDERR, keep, deadline)
+            except ArexError as exc:
+                logger.info("{}: stderr of {}: {}", client.service, status.job_id, exc)
+                continue
+            tail = " ".join(data.decode("utf-8", "replace").split())
+            if tail:
+                statuses[status.job_id] = with_stderr(status, tail)
+
+    # --- cancel and clean -------------------------------------------------------------------
+
+    def cancel(self, ce: CE, ids: Sequence[str], timeout: float) -> CancelResult:
+        """Kill the pilots that have not ended: their states first (``kill`` of a finished job
+        answers 202 as well, trap 5, so a 202 alone would report a finished pilot cancelled),
+        then one ``kill`` for the others."""
+        endpoint = ce.endpoint
+        credential = self.credential()
+        if credential.problem:
+            return CancelResult(endpoint, ok=False, message=credential.problem)
+        deadline = self.owner.deadline(timeout)
+        client = self.client(self.service(ce, ids), credential)
+        by_ce = {ce_id(i): i for i in ids}
+        try:
+            states, _ = client.manage("status", list(by_ce), deadline)
+            live = [
+                e.id
+                for e in states
+                if e.code == 200
+                and pilot_state(str(e.fields.get("state", "")), None) in ("waiting", "running")
+                and str(e.fields.get("state", "")).upper() != "KILLING"
+            ]
+            if not live:
+                return CancelResult(
+                    endpoint,
+                    ok=True,
+                    message=f"none of {len(ids)} pilot(s) was still waiting or running",
+                )
+            answer, exchanges = client.manage("kill", live, deadline)
+        except ArexError as exc:
+            return CancelResult(endpoint, ok=False, command=exc.command, message=str(exc))
+        cancelled = [by_ce[e.id] for e in answer if e.code in (200, 202) and e.id in by_ce]
+        self.owner.note_terminal(ce, cancelled)
+        left = len(ids) - len(cancelled)
+        return CancelResult(
+            endpoint,
+            ok=True,
+            cancelled=tuple(cancelled),
+            command=exchanges[-1],
+            message=f"{left} pilot(s) had ended or are unknown to the CE: not cancelled"
+            if left
+            else "",
+        )
+
+    def clean(self, ce: CE, ids: Sequence[str], timeout: float) -> tuple[list[str], str]:
+        """``action=clean`` for pilots recorded final: the ids the CE took (it deletes a job
+        once it has ended: a pilot still being killed is deleted when killed) or no longer
+        has, and a problem ("" when none)."""
+        credential = self.credential()
+        if credential.problem:
+            return [], credential.problem
+        deadline = self.owner.deadline(timeout)
+        client = self.client(self.service(ce, ids), credential)
+        by_ce = {ce_id(i): i for i in ids}
+        try:
+            answer, _ = client.manage("clean", list(by_ce), deadline)
+        except ArexError as exc:
+            return [], str(exc)
+        return [by_ce[e.id] for e in answer if e.code in (200, 202, 404) and e.id in by_ce], ""
+
+    def sweep(self, services: Sequence[str], timeout: float) -> list[str]:
+        """Delete delegations of this credential that none of ``services`` uses (see
+        :meth:`.delegation.Delegations.sweep`)."""
+        credential = self.credential()
+        if credential.problem or credential.proxy is None:
+            return []
+        deadline = Deadline.after(timeout)
+        return self.delegations.sweep(
+            services,
+            credential.proxy.identity,
+            lambda service: self.client(service, credential),
+            deadline,
+        )
+
+
+def _no_command() -> CommandResult:
+    return CommandResult(argv=("POST",), returncode=1, stderr="nothing was created")
+
+
+def _utc(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))

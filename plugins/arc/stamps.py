@@ -1,0 +1,56 @@
+"""Small files of names with the time each was first noted, in a CE's folder under the state
+folder: the pilots to clean off the CE (``clean-pending.json``) and, over REST, the pilots
+whose creation answer was lost (``unconfirmed.json``). A file that cannot be read counts as
+empty (and is said in the log); one that cannot be written is said in the log, never raised."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from loguru import logger
+
+from gridgate.core.files import atomic_write, ensure_private_dir
+
+__all__ = ["add_stamps", "read_stamps", "write_stamps"]
+
+
+def read_stamps(path: Path, valid: re.Pattern[str] | None = None) -> dict[str, float]:
+    """Name -> when it was first noted (the names ``valid`` matches, when given)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        logger.error("unreadable {}: {}", path, exc)
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in data.items()
+        if isinstance(k, str) and (valid is None or valid.match(k)) and isinstance(v, (int, float))
+    }
+
+
+def write_stamps(path: Path, stamps: Mapping[str, float], what: str) -> None:
+    """Write ``stamps`` (none: remove the file); ``what`` names them in a failure's log line."""
+    try:
+        if stamps:
+            ensure_private_dir(path.parent)
+            atomic_write(path, json.dumps(dict(sorted(stamps.items()))).encode(), durable=False)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.error("cannot record {} in {}: {}", what, path, exc)
+
+
+def add_stamps(path: Path, names: Iterable[str], now: float, what: str) -> None:
+    """Note ``names`` at ``now`` (a name noted before keeps its first time); the caller holds
+    the lock of the file's CE."""
+    stamps = read_stamps(path)
+    for name in names:
+        stamps.setdefault(name, now)
+    write_stamps(path, stamps, what)
