@@ -17,6 +17,7 @@ from typing import Any
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.devkit.services import (
+    ancestors,
     exited,
     free_port,
     not_traversable,
@@ -40,6 +41,7 @@ __all__ = [
     "Collector",
     "FakeClock",
     "StandIn",
+    "ancestors",
     "build_plugin",
     "director_for",
     "exited",

@@ -12,11 +12,8 @@ good one. :func:`pilots_for` turns a figure into pilots.
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
-import ssl
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,6 +22,7 @@ from urllib.parse import SplitResult, urlsplit
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.runner import run
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 
@@ -258,73 +256,48 @@ def http_get(
     max_bytes: int,
     ca_path: str | None = None,
     accept: str = "application/json",
+    client: HttpClient | None = None,
 ) -> bytes:
-    """The body of a GET of ``url`` answered 200, read whole within ``timeout`` seconds.
+    """The body of a GET of ``url`` answered 200, read whole within ``timeout`` seconds, through
+    gridgate's one HTTP client (:mod:`gridgate.core.http`: the deadline covers the whole
+    exchange, so a server that hangs or trickles is cut at it). Redirects are not followed.
 
-    The deadline covers everything, connection to last byte: each socket operation may take
-    only what is left of it, so a server that hangs, or trickles a byte at a time, is cut at
-    the deadline. Redirects are not followed (the error names where it pointed).
-
+    :param client: the client to reuse (its connections kept alive); None: a new one.
     :raises FetchError: for any status but 200, a body past ``max_bytes``, the deadline, or a
         connection or TLS error; the message says which.
     :raises ValueError: for a URL that is not http(s).
     """
-    parts = split_http_url(url)
-    host = parts.hostname or ""  # never empty: split_http_url checked it
-    deadline = time.monotonic() + timeout
-
-    def left() -> float:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        return remaining
-
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        context = ssl.create_default_context(capath=ca_path) if ca_path else None
-        conn = http.client.HTTPSConnection(host, parts.port, timeout=timeout, context=context)
-    else:
-        conn = http.client.HTTPConnection(host, parts.port, timeout=timeout)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    response: http.client.HTTPResponse | None = None
+    split_http_url(url)
+    own = client is None
+    http = client if client is not None else HttpClient(ca_path=ca_path, max_bytes=max_bytes)
     try:
-        conn.connect()
-        sock = conn.sock  # kept: the connection drops it when the answer ends the connection
-        assert sock is not None
-        sock.settimeout(left())
-        conn.request("GET", target, headers={"Accept": accept, "User-Agent": "gridgate"})
-        sock.settimeout(left())
-        response = conn.getresponse()
-        if response.status != 200:
-            where = response.getheader("Location")
-            extra = f" (to {where}; redirects are not followed)" if where else ""
-            raise FetchError(f"HTTP {response.status} {response.reason}{extra}")
-        length = response.getheader("Content-Length")
-        if length and length.isdigit() and int(length) > max_bytes:
-            raise FetchError(f"the answer is {length} bytes, more than max_bytes ({max_bytes})")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            sock.settimeout(left())
-            chunk = response.read1(64 * 1024)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_bytes:
-                raise FetchError(f"the answer is longer than max_bytes ({max_bytes} bytes)")
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except TimeoutError:
-        raise FetchError(f"no complete answer within {timeout:g} s") from None
-    except ssl.SSLError as exc:
-        raise FetchError(f"TLS: {exc}") from None
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        # ValueError: http.client's InvalidURL and header checks
-        raise FetchError(f"{type(exc).__name__}: {exc}") from None
+        answer = http.request(
+            "GET",
+            url,
+            timeout=timeout,
+            headers={"Accept": accept},
+            max_bytes=max_bytes,
+            expect=(200,),
+        )
+    except HttpError as exc:
+        raise FetchError(_fetch_problem(exc, timeout, max_bytes)) from None
     finally:
-        if response is not None:
-            response.close()
-        conn.close()
+        if own:
+            http.close()
+    return answer.body
+
+
+def _fetch_problem(exc: HttpError, timeout: float, max_bytes: int) -> str:
+    """What a failed GET tells the people who read the source's error."""
+    if exc.phase == "timeout":
+        return f"no complete answer within {timeout:g} s ({exc.detail})"
+    if exc.phase == "too_large":
+        return exc.detail.replace(f"the cap of {max_bytes} bytes", f"max_bytes ({max_bytes} bytes)")
+    if exc.phase == "status" and exc.status is not None:
+        where = exc.headers.get("location")
+        extra = f" (to {where}; redirects are not followed)" if where else ""
+        return f"HTTP {exc.status} {exc.reason}{extra}"
+    return exc.detail
 
 
 def split_http_url(url: str) -> SplitResult:

@@ -80,6 +80,20 @@ def in_folder(pid: int, folder: str) -> bool:
     return cwd == folder or cwd.startswith(folder + "/") or folder + "/" in cmdline
 
 
+def ancestors() -> set[int]:
+    """This process and its ancestors, which a sweep never touches (a person may run a
+    service's ``down`` from a shell whose working folder is inside the service's)."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(raw[raw.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
+
+
 def sweep_processes(
     folder: str | os.PathLike[str],
     belongs: Callable[[int, str], bool] | None = None,
@@ -87,8 +101,8 @@ def sweep_processes(
 ) -> list[int]:
     """Kill what a service in ``folder`` left running: every process that runs in it or names
     it on its command line (:func:`in_folder`), or that ``belongs`` says is the service's. Each
-    one's process group goes with it (a job's children), this process's own group never; the
-    scan repeats until a round finds none (a dying job may start one more).
+    one's process group goes with it (a job's children); this process, its ancestors and its own
+    group never (:func:`ancestors`); the scan repeats until a round finds none (a dying job may start one more).
 
     :param folder: the service's folder.
     :param belongs: ``(pid, folder) -> bool`` for processes found otherwise (a job known by
@@ -97,11 +111,12 @@ def sweep_processes(
     :returns: the pids killed.
     """
     mark = str(Path(folder).resolve())
+    spare = ancestors()
     killed: list[int] = []
     for _round in range(rounds):
         found = False
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            if not entry.name.isdigit() or int(entry.name) in spare:
                 continue
             pid = int(entry.name)
             if not (in_folder(pid, mark) or (belongs is not None and belongs(pid, mark))):
@@ -110,7 +125,7 @@ def sweep_processes(
             killed.append(pid)
             try:
                 group = os.getpgid(pid)
-                if group != os.getpgrp():
+                if group != os.getpgrp() and not spare & _members(group):
                     os.killpg(group, signal.SIGKILL)
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -119,3 +134,17 @@ def sweep_processes(
             break
         time.sleep(0.05)
     return sorted(set(killed))
+
+
+def _members(group: int) -> set[int]:
+    """The processes of process group ``group``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                raw = (entry / "stat").read_text()
+                if int(raw[raw.rindex(")") + 2 :].split()[2]) == group:
+                    found.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found

@@ -59,6 +59,7 @@ from xml.sax.saxutils import escape
 
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
+from gridgate.core.testing import ancestors, not_traversable
 from gridgate.core.watchdog import Watchdog
 from gridgate.plugins.arc.issuer import COMPUTE_SCOPES, Issuer
 
@@ -148,14 +149,6 @@ def _program(name: str) -> str:
     if found is None:
         raise CEError(f"{name} is not installed; " + _install_hint(PACKAGES))
     return found
-
-
-def _not_traversable(folder: Path) -> Path | None:
-    """The first folder at or above ``folder`` that other users cannot pass through."""
-    for part in (folder, *folder.parents):
-        if not os.stat(part).st_mode & stat.S_IXOTH:
-            return part
-    return None
 
 
 def _client_base_env(home: Path) -> dict[str, str]:
@@ -303,17 +296,6 @@ def _stop_issuer(folder: Path) -> None:
     Path(folder, "run", "issuer.pid").unlink(missing_ok=True)
 
 
-def _ancestors() -> set[int]:
-    """This process and its ancestors: never swept (a person may run ``down`` from a shell
-    whose cwd is inside the folder)."""
-    found, pid = set(), os.getpid()
-    while pid > 1 and pid not in found:
-        found.add(pid)
-        fields = _stat_fields(pid)
-        pid = int(fields[1]) if len(fields) > 1 else 0
-    return found
-
-
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + "/")
 
@@ -327,7 +309,7 @@ def _leftovers(folder: Path) -> list[int]:
     mark = str(folder)
     session, tmp, etc = str(folder / "session"), str(folder / "tmp") + "/", str(folder / "etc")
     core = str(folder / "log" / "arccore")
-    spare = _ancestors()
+    spare = ancestors()
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) in spare:
@@ -852,7 +834,7 @@ class ArcCE:
         folder = self._path()
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o755)
-        blocked = _not_traversable(folder)
+        blocked = not_traversable(folder)
         if blocked is not None:
             raise CEError(
                 f"{blocked} is not world-executable (mode "

@@ -1,23 +1,25 @@
 """Delivers queued GGUS tickets to a helpdesk REST API (POST JSON, ``Authorization: Token``).
 
 2xx is sent; 5xx, 408, 429, a refused connection or a timeout is retried with backoff; any
-other 4xx is the helpdesk refusing this ticket, which goes to dead-letter with its reply.
+other 4xx is the helpdesk refusing this ticket, which goes to dead-letter with its reply. The
+POST goes through gridgate's one HTTP client (:mod:`gridgate.core.http`): its timeout is a
+deadline over the whole exchange, a reply is read up to :data:`REPLY_BYTES`.
 The token is read from its env/file spec at each delivery and never stored or logged.
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 
 from gridgate.core.config import SecretError, read_secret
+from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.outbox import Delivery, Message
 
 REST_TRANSPORT = "rest"
 RETRYABLE = {408, 425, 429}
+#: The most of a helpdesk's reply that is read (it is quoted in the outbox, a few lines).
+REPLY_BYTES = 64 * 1024
 
 
 def _text(raw: bytes) -> str:
@@ -38,24 +40,11 @@ class RestTransport:
         self.url = url
         self.token = token
         self.timeout = timeout
-        self.ca_file = ca_file
-        self.verify = verify
-
-    def _context(self) -> ssl.SSLContext | None:
-        if not self.url.startswith("https:"):
-            return None
-        ctx = ssl.create_default_context(cafile=self.ca_file or None)
-        if not self.verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        # gridgate's one HTTP client: the timeout is a deadline over the whole exchange
+        self.client = HttpClient(ca_file=ca_file or None, verify=verify, max_bytes=REPLY_BYTES)
 
     def deliver(self, message: Message) -> Delivery:
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "User-Agent": "gridgate",
-        }
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         try:
             token = read_secret(self.token)
         except SecretError as exc:
@@ -63,20 +52,29 @@ class RestTransport:
         if token:
             headers["Authorization"] = f"Token {token}"
         data = json.dumps(message.payload["ticket"], ensure_ascii=False).encode("utf-8")
-        request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(
-                request, timeout=self.timeout, context=self._context()
-            ) as response:
-                return Delivery("sent", f"{response.status} {_text(response.read(4096))}")
-        except urllib.error.HTTPError as exc:
-            reply = f"{exc.code} {_text(exc.read(4096) if exc.fp else b'')}"
-            if exc.code >= 500 or exc.code in RETRYABLE:
-                return Delivery("retry", reply)
-            return Delivery("dead", reply)
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return Delivery("retry", f"{self.url}: {type(exc).__name__}: {reason}")
+            answer = self.client.request(
+                "POST",
+                self.url,
+                body=data,
+                headers=headers,
+                timeout=self.timeout,
+                max_bytes=REPLY_BYTES,
+                expect=None,
+                idempotent=False,
+            )
+        except HttpError as exc:
+            # a ticket whose answer was lost after it was sent may exist at the helpdesk; the
+            # outbox retries it (the helpdesk's own duplicate check decides), saying so
+            maybe = " (it may have been created: the request was sent)" if exc.sent else ""
+            return Delivery("retry", f"{self.url}: {exc.phase}: {exc.detail}{maybe}")
+        reply = f"{answer.status} {_text(answer.body)}"
+        if 200 <= answer.status < 300:
+            return Delivery("sent", reply)
+        if answer.status >= 500 or answer.status in RETRYABLE:
+            return Delivery("retry", reply)
+        return Delivery("dead", reply)
 
     def finish(self) -> None:
-        """Nothing kept open between messages."""
+        """Close the connections kept alive between messages."""
+        self.client.close()

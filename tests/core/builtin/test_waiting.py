@@ -378,7 +378,7 @@ def test_an_oversized_http_answer_is_refused(web: tuple[str, Answers], length: b
 
 def test_an_http_server_that_is_down_is_an_error_naming_the_source() -> None:
     url = f"http://127.0.0.1:{free_port()}/waiting"
-    with pytest.raises(SourceError, match=f"http {url} field mc: ConnectionRefusedError"):
+    with pytest.raises(SourceError, match=f"http {url} field mc: Connection refused"):
         _http(url, timeout=2).read()
 
 
@@ -390,7 +390,7 @@ def test_a_malformed_http_url_is_refused_when_the_source_is_made() -> None:
 
 def test_a_url_that_http_cannot_send_is_a_fetch_error(web: tuple[str, Answers]) -> None:
     url, _answers = web
-    with pytest.raises(FetchError, match="InvalidURL"):
+    with pytest.raises(FetchError, match="URL can't contain control characters"):
         http_get(url + "/a b", timeout=5, max_bytes=1000)
 
 

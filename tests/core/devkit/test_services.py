@@ -88,3 +88,24 @@ def _cwd(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return ""
+
+
+def test_sweep_spares_the_shell_it_was_run_from(tmp_path: Path) -> None:
+    """``down`` typed in a shell whose working folder is inside the service's own."""
+    import sys
+
+    inside = tmp_path / "service"
+    inside.mkdir()
+    code = (
+        "import sys; from gridgate.core.testing import sweep_processes; "
+        "print(sweep_processes(sys.argv[1]))"
+    )
+    done = subprocess.run(
+        ["sh", "-c", f'{sys.executable} -c "$1" "$PWD"; echo alive', "sh", code],
+        cwd=inside,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert done.stdout.splitlines() == ["[]", "alive"], done.stderr

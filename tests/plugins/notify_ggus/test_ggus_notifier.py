@@ -294,7 +294,7 @@ def test_rest_hang_times_out_and_is_retried(tmp_path, clock, helpdesk):
     n.gridgate_notify(notification=alarm(clock))
     result = n.flush(20)
     assert (result.sent, result.retried, result.waiting) == (0, 1, 1)
-    assert "timed out" in n.outbox.pending()[0].last_error
+    assert "no complete answer within 0.5 s" in n.outbox.pending()[0].last_error
     helpdesk.hang = False
     clock.advance(3600)
     assert n.flush(20).sent == 1
