@@ -70,13 +70,14 @@ need_tools() {
     # driver), openssl (test certificates), setpriv (clients as another uid), chattr (a
     # read-only state file as root), systemd-analyze (the unit files), and a real Slurm for the
     # private cluster the Slurm tests start (munged, slurmctld, slurmd, the client commands),
-    # and a real Grid Engine for the private cell the sge tests start (plugins/sge/cell.py).
+    # and a real Grid Engine for the private cell the sge tests start (plugins/sge/cell.py),
+    # and sudo (a ban run through a real sudo records who ran it).
     local missing=()
     local pair
     for pair in redis-server:redis-server openssl:openssl setpriv:util-linux \
                 chattr:e2fsprogs systemd-analyze:systemd munged:munge slurmctld:slurmctld \
                 slurmd:slurmd sbatch:slurm-client sge_qmaster:gridengine-master \
-                sge_execd:gridengine-exec qsub:gridengine-client; do
+                sge_execd:gridengine-exec qsub:gridengine-client sudo:sudo; do
         PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
             || missing+=("${pair##*:}")
     done

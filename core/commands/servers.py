@@ -4,9 +4,12 @@ cache, operator bans) and putting them back, read from and written to the direct
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -90,19 +93,39 @@ def _echo_bans(bans: list[dict[str, Any]]) -> None:
         )
 
 
-def _operator() -> str:
-    """Who runs the command: ``SUDO_USER`` when run through sudo, else the login of the
-    calling user (its uid's name)."""
-    import os
-    import pwd
-
-    sudo = os.environ.get("SUDO_USER")
-    if sudo:
-        return sudo
+def operator(environ: Mapping[str, str] | None = None, uid: int | None = None) -> str:
+    """Who runs the command, as a ban records it: the login of the real uid; when the real uid
+    is 0 and sudo really ran this command (a ``sudo`` among this process's ancestors),
+    ``SUDO_USER`` with it (``alice (sudo, as root)``). ``SUDO_USER`` alone proves nothing: any
+    user can set it (``nobody`` with ``SUDO_USER=root`` would ban "by root")."""
+    environ = os.environ if environ is None else environ
+    uid = os.getuid() if uid is None else uid
     try:
-        return pwd.getpwuid(os.getuid()).pw_name
+        login = pwd.getpwuid(uid).pw_name
     except KeyError:
-        return f"uid{os.getuid()}"
+        login = f"uid{uid}"
+    sudo = environ.get("SUDO_USER", "")
+    if uid == 0 and sudo and sudo != login and _under_sudo():
+        return f"{sudo} (sudo, as {login})"
+    if uid == 0 and sudo == login and _under_sudo():
+        return f"{login} (sudo)"
+    return login
+
+
+def _under_sudo() -> bool:
+    """Whether a ``sudo`` process is an ancestor of this one (sudo waits for its command)."""
+    pid = os.getppid()
+    seen: set[int] = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        if raw[raw.index("(") + 1 : raw.rindex(")")] == "sudo":
+            return True
+        pid = int(raw[raw.rindex(")") + 2 :].split()[1])
+    return False
 
 
 def _known_endpoints(config: Any, state: Any) -> list[Any]:
@@ -162,7 +185,7 @@ def _withdraw(path: str, endpoint: str, state_name: str, duration: str, reason: 
         seconds = parse_duration(duration)
         key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
         entry = OperatorBans(store).put(
-            key, state_name, who=_operator(), why=reason, duration=seconds
+            key, state_name, who=operator(), why=reason, duration=seconds
         )
     click.echo(
         f"{entry.endpoint}: {entry.state} until {_utc(entry.until)} UTC by {entry.who}: {entry.why}"
@@ -191,8 +214,8 @@ def _withdraw_options(command: Any) -> Any:
 def servers_ban(endpoint: str, path: str, duration: str, reason: str) -> None:
     """Ban ENDPOINT (backend/name, or a name only one backend has): no new pilots, and its
     pilots not polled when its backend cannot ask it. Kept in the state store, so every
-    director on it honours it from its next iteration. Recorded as SUDO_USER when run through
-    sudo, else as your login."""
+    director on it honours it from its next iteration. Recorded as your login; run by root
+    through sudo, as SUDO_USER with it ("alice (sudo, as root)")."""
     _withdraw(path, endpoint, "banned", duration, reason)
 
 

@@ -139,3 +139,66 @@ def test_cache_view_after_the_failing_entry_expired_and_for_a_local_fault() -> N
     assert failing.local_fault("lsf", "launch")
     assert failing.clear([], everything=True) == [f"{BACKEND}/s0", "local-fault/lsf/launch"]
     assert failing.view(clock.time()) == []
+
+
+# --- who a ban is recorded as (issue 31, item 7) -------------------------------------------------
+
+
+def _ban_site(folder: Path) -> Path:
+    config = folder / "site.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "director": {"state_dir": str(folder / "state")},
+                "state": {"driver": "sqlite", "path": str(folder / "state.db")},
+                "backends": {"slurm": {"partitions": ["debug"], "script": "/bin/true"}},
+                "demand": {"static": {"slurm": 1}},
+            }
+        ),
+        encoding="utf-8",
+    )
+    return config
+
+
+def _who(argv: list[str], config: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [*argv, "servers", "ban", "-c", str(config), "debug", "--for", "1h", "--reason", "test"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    listed = subprocess.run(
+        [argv[-1], "servers", "list", "-c", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return str(json.loads(listed.stdout)["bans"][0]["who"])
+
+
+def test_a_ban_records_the_callers_own_login_whatever_sudo_user_says(gridgate_exe) -> None:
+    """``nobody`` with SUDO_USER=root bans "by nobody"; root with SUDO_USER=alice and no sudo
+    anywhere bans "by root"; root through a real sudo keeps both names."""
+    import os
+    import shutil
+    import tempfile
+
+    from support.uids import AS_NOBODY
+
+    folder = Path(tempfile.mkdtemp(prefix="ggban-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        shutil.chown(folder, "nobody", "nogroup")
+        config = _ban_site(folder)
+        env = {"PATH": os.environ["PATH"], "SUDO_USER": "root", "LC_ALL": "C.UTF-8"}
+        assert _who([*AS_NOBODY, gridgate_exe], config, env) == "nobody"
+        assert _who([gridgate_exe], config, {**env, "SUDO_USER": "alice"}) == "root"
+        sudo = shutil.which("sudo", path="/usr/bin:/bin")
+        assert sudo, "sudo is not installed (dev.sh installs it)"
+        through = [sudo, "env", "SUDO_USER=alice", gridgate_exe]
+        assert _who(through, config, env) == "alice (sudo, as root)"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
