@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from loguru import logger
 
+from gridgate.core.engine.availability import AvailabilityNotices, merge_availability
 from gridgate.core.engine.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.engine.credential_episodes import CredentialEpisodes
 from gridgate.core.engine.failure import FailurePath
@@ -27,9 +27,7 @@ from gridgate.core.engine.runtime import Iteration, Runtime
 from gridgate.core.engine.stall import StallWatch
 from gridgate.core.engine.tracking import PilotTracker
 from gridgate.core.model import (
-    AVAILABILITY_STATES,
     AdmissionRequest,
-    Availability,
     BackendInfo,
     DemandRegistry,
     Endpoint,
@@ -79,8 +77,12 @@ class IterationRunner:
         self.tracker = tracker
         self.stall = stall
         self.instance = instance
-        #: the merged availability told last (by endpoint key): a notice when it changes
-        self._told: dict[str, Availability] = {}
+        #: the demand groups whose lock this director held when the store last answered
+        self._held: set[tuple[str, str]] = set()
+        self._lock_down = False
+        #: tells each start, change and end of an endpoint's availability once, of all the
+        #: directors on the store and across restarts
+        self.notices = AvailabilityNotices(runtime, failures)
         #: endpoints whose pilots changed at the last polls (for sources reading the registry)
         self._changed: frozenset[str] | None = None
         #: every backend demand has named (in order): asked for its endpoints' availability
@@ -178,46 +180,7 @@ class IterationRunner:
             changed=self._changed,
         )
         it.availability = merge_availability(answers or [], {e.key for e in endpoints})
-        self._tell_changes(it)
-
-    def _tell_changes(self, it: Iteration) -> None:
-        """One notice (level info) per endpoint whose merged state starts, changes or ends."""
-        now = self.runtime.clock.time()
-        before, after = self._told, it.availability
-        for key in [*after, *(k for k in before if k not in after)]:
-            old, new = before.get(key), after.get(key)
-            if old is not None and new is not None and _same(old, new):
-                continue
-            if new is None:
-                assert old is not None
-                subject = f"gridgate: {key} available again (was {old.state}: {old.source})"
-                body = (
-                    f"{key} was {old.state} ({old.source}): {old.reason}\nIt is available again.\n"
-                )
-                state = "available"
-            else:
-                until = (
-                    "no known end"
-                    if new.until is None
-                    else time.strftime("until %Y-%m-%d %H:%M UTC", time.gmtime(new.until))
-                )
-                subject = f"gridgate: {key} {new.state} ({new.source}), {until}"
-                body = (
-                    f"{key} is {new.state}, {until}, says {new.source}:\n{new.reason}\n\n"
-                    + _EFFECT[new.state]
-                )
-                state = new.state
-            self.failures.tell(
-                it,
-                Notification(
-                    level="info",
-                    subject=subject,
-                    body=body,
-                    created=now,
-                    key=f"availability/{key}/{state}/{now:.0f}",
-                ),
-            )
-        self._told = dict(after)
+        self.notices.tell_changes(it)
 
     def _plan(
         self, demand: DemandRegistry, it: Iteration
@@ -286,19 +249,38 @@ class IterationRunner:
         director holding its lock: an atomic add-if-absent (SET NX PX on Redis) that the owner
         renews every iteration and that lapses 1.5 cycles after its owner stops, so another
         director takes the group over. No consensus of our own: the store's atomic add decides.
+
+        While the store is down (the director on its local view, or the lock call failing)
+        nothing can decide, and each director's own view would say yes to every group: so each
+        keeps filling the groups it held when the store last answered, and no other (another
+        director holds it, as far as anyone knows), until the store answers again.
         """
         group = (request.backend, request.group)
         if group not in claims:
             key = f"demand-lock/{request.backend}/{request.group}"
             ttl = 1.5 * float(self.runtime.config.director["cycle_seconds"])
             try:
+                if getattr(self.runtime.state, "degraded", False):
+                    raise StateError("the state store is unavailable")
                 mine = self.runtime.state.add_if_absent(key, self.instance, ttl=ttl)
                 if not mine and self.runtime.state.get(key) == self.instance:
                     self.runtime.state.set(key, self.instance, ttl=ttl)
                     mine = True
-            except StateError as exc:  # no shared view: filling twice beats filling never
-                logger.error("demand lock unavailable, filling {}/{} anyway: {}", *group, exc)
-                mine = True
+                if mine:
+                    self._held.add(group)
+                else:
+                    self._held.discard(group)
+                self._lock_down = False
+            except StateError as exc:
+                mine = group in self._held
+                if not self._lock_down:
+                    logger.error(
+                        "demand locks unavailable ({}): this director fills only the groups it "
+                        "held ({}) until the store answers",
+                        exc,
+                        ", ".join("/".join(g) for g in sorted(self._held)) or "none",
+                    )
+                self._lock_down = True
             claims[group] = mine
         return claims[group]
 
@@ -542,54 +524,6 @@ class IterationRunner:
             attempt=attempt,
         )
         return failure
-
-
-#: What each state does, for the notice's body.
-_EFFECT = {
-    "degraded": "It gets fewer new pilots (its weight is halved); its pilots are tracked.\n",
-    "drained": "It gets no new pilots; its pilots are still tracked.\n",
-    "banned": "It gets no new pilots; its pilots are polled unless its backend cannot ask it.\n",
-}
-
-
-def _same(a: Availability, b: Availability) -> bool:
-    # the reason's counts move at every look (pilot efficiency): a notice per start and end
-    return (a.state, a.source, a.until) == (b.state, b.source, b.until)
-
-
-def merge_availability(
-    answers: Iterable[tuple[str, Any]], endpoints: Iterable[str]
-) -> dict[str, Availability]:
-    """The answers of ``gridgate_endpoint_availability`` merged per endpoint key: the worst
-    state wins (banned > drained > degraded > available) with its reason and end (of equal
-    states, the first answer's); ``source`` names every source that said the endpoint was not
-    available, worst first. Only keys in ``endpoints`` are kept, available ones are left out;
-    an answer that is not a mapping of keys to :class:`Availability` is logged and skipped."""
-    known = set(endpoints)
-    said: dict[str, list[Availability]] = {}
-    for plugin, answer in answers:
-        if not isinstance(answer, Mapping):
-            logger.error(
-                "availability source {} answered {}, not a mapping: ignored",
-                plugin,
-                type(answer).__name__,
-            )
-            continue
-        for key, state in answer.items():
-            if not isinstance(state, Availability):
-                logger.error(
-                    "availability source {}: {!r} is not an Availability: ignored", plugin, key
-                )
-                continue
-            if key in known and state.state != "available":
-                source = state.source or plugin.split(":", 1)[-1]
-                said.setdefault(key, []).append(replace(state, source=source))
-    merged: dict[str, Availability] = {}
-    for key, states in said.items():
-        ordered = sorted(states, key=lambda a: -AVAILABILITY_STATES.index(a.state))
-        sources = ",".join(dict.fromkeys(a.source for a in ordered))
-        merged[key] = replace(ordered[0], source=sources)
-    return merged
 
 
 def _changed_endpoints(it: Iteration) -> frozenset[str] | None:
