@@ -218,6 +218,8 @@ class ProxyDaemon:
         for key in ("socket", "tcp", "key", "metrics_port", "metrics_address", "heartbeat_via"):
             if section.get(key) != self.section.get(key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
+        for line in lowered_limits(self.policy, settings):
+            logger.warning("proxyd reload: {}", line)
         self.section = section
         self.peers.configure(section)
         self.policy.reconfigure(settings)
@@ -584,3 +586,37 @@ def run(section: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
     """Build a daemon and serve until stopped (the ``serve`` command)."""
     daemon = ProxyDaemon(section, **kwargs)
     asyncio.run(daemon.serve())
+
+
+def lowered_limits(policy: Any, settings: PolicySettings) -> list[str]:
+    """What a reload to ``settings`` lowers, one line per category and limit, with what it
+    means for the tokens held now (they stay: only new grants wait for the lower limit)."""
+    lines = []
+    for category, new in settings.limits.items():
+        state = policy.categories.get(category)
+        if state is None:
+            continue
+        old = state.limits
+        for limit in ("max", "nominal", "throttle", "user_max"):
+            before, after = getattr(old, limit), getattr(new, limit)
+            if before is None or after is None:
+                if after is not None and before is None:
+                    lines.append(f"{category} {limit} lowered from no limit to {after}")
+                continue
+            lower = after < before if limit != "throttle" else after > before
+            if not lower:
+                continue
+            held = ""
+            if limit == "max" and state.in_use > after:
+                held = (
+                    f"; {state.in_use} token(s) are held now: they stay, and new grants wait "
+                    f"until fewer than {after} are"
+                )
+            shown = (lambda v: f"{v * 1000:g} ms") if limit == "throttle" else str
+            change = "raised" if limit == "throttle" else "lowered"
+            lines.append(
+                f"{category} {limit} {change} from {shown(before)} to {shown(after)}"
+                + (" (slower grants)" if limit == "throttle" else "")
+                + held
+            )
+    return lines

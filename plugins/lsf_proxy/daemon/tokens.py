@@ -23,7 +23,7 @@ from gridgate.plugins.lsf_proxy.daemon import holding
 from gridgate.plugins.lsf_proxy.daemon.connections import Conn
 from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, diagnose_line
 from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
-from gridgate.plugins.lsf_proxy.daemon.policy import QUEUED, Decision, Request, Token
+from gridgate.plugins.lsf_proxy.daemon.policy import GRANTED, QUEUED, Decision, Request, Token
 from gridgate.plugins.lsf_proxy.daemon.ratelimit import RateLimitedPolicy
 from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION, ProtocolError
 
@@ -95,11 +95,20 @@ class TokenDesk:
         self.deliver(decision)
 
     def check(self, conn: Conn, message: Mapping[str, Any], user: str, host: str) -> dict[str, Any]:
-        """The ``check`` reply (holding.py); a ride is held by ``conn``, as a grant."""
+        """The ``check`` reply (holding.py); a ride is held by ``conn``, as a grant: it is
+        logged in the diagnostic log and counted among the grants like one."""
         reply = holding.check(self.policy, message, user, host, conn.tcp)
         if "token" in reply:
             conn.tokens.add(reply["token"])
             self._owners[reply["token"]] = conn
+            token = self.policy.tokens.get(reply["token"])
+            if token is not None:
+                now = self.policy.clock.time()
+                ride = Request(token.id, token.category, token.opcode, token.user, token.host)
+                granted = Decision(ride, GRANTED, token, "ride", received=now, decided=now)
+                if self.metrics is not None:
+                    self.metrics.decided(granted)
+                self.diagnostics.write(diagnose_line(granted))
         return reply
 
     def release(self, conn: Conn, message: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,3 +46,45 @@ def test_one_director_fills_each_group_and_another_takes_over(redis_server) -> N
     finally:
         first.close()
         second.close()
+
+
+def test_while_redis_is_down_only_the_last_holder_fills_the_group(tmp_path) -> None:
+    """Issue 31, item 9: during a store outage each director falls back to its own view, in
+    which every lock is free: without care both would fill the group. The holder keeps it,
+    the other fills nothing, until the store answers again."""
+    import os
+    import signal
+
+    from support.redis_server import RedisServer
+
+    clock = FakeClock()
+    with RedisServer(tmp_path / "redis") as server:
+        prefix = f"lock-{uuid.uuid4().hex[:8]}:"
+
+        def make() -> tuple[Director, ScriptedBackend]:
+            backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
+            state = RedisState(
+                {"url": server.url, "prefix": prefix, "socket_timeout": 0.3}, clock=clock
+            )
+            doc = config(servers=2, pilots=5, cycle_seconds=60, demand_lock=True)
+            return Director(
+                doc, clock=clock, extra_plugins=[backend, Collector()], state=state
+            ), backend
+
+        (first, first_backend), (second, second_backend) = make(), make()
+        try:
+            first.run_iteration(), second.run_iteration()  # the first holds the group
+            clock.advance(60)
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                for _ in range(2):
+                    a, b = first.run_iteration(), second.run_iteration()
+                    assert sum(r.pilots for r in a.records if r.outcome == "submitted") == 5
+                    assert not [r for r in b.records if r.outcome == "submitted"]
+                    clock.advance(60)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            assert len(second_backend.calls) == 0 and len(first_backend.calls) == 15
+        finally:
+            first.close()
+            second.close()

@@ -69,9 +69,17 @@ os.unlink(me)
 
 
 def test_nested_calls_ride_one_at_a_time_and_only_in_their_category(
-    start_daemon, gridgate_exe, shared
+    start_daemon, gridgate_exe, shared, sockdir
 ) -> None:
-    daemon = start_daemon({"policies": "QUERY[max=1 nominal=1] OTHER[max=1 nominal=1]"})
+    log = sockdir / "diagnose.log"
+    daemon = start_daemon(
+        {
+            "policies": "QUERY[max=1 nominal=1] OTHER[max=1 nominal=1]",
+            "diagnose": True,
+            "diagnose_file": str(log),
+            "metrics_port": 0,
+        }
+    )
     span = shared / "span.py"
     span.write_text(SPAN)
     gate = f"{gridgate_exe} gate --socket {daemon.socket} -q"
@@ -102,6 +110,16 @@ def test_nested_calls_ride_one_at_a_time_and_only_in_their_category(
     assert until(
         lambda: all(c["in_use"] == 0 for c in status(daemon.socket)["categories"].values())
     )
+    # issue 31, item 9: every ride is a grant: in the diagnostic log, and in grants_total
+    lines = log.read_text().splitlines()
+    assert sum(",".join(line.split(",")[:1]).endswith("QUERY_REQ") for line in lines) == 9
+    assert all(line.split(",")[5] == "1" for line in lines), lines
+    import urllib.request
+
+    port = daemon.info["metrics_port"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'gridgate_proxyd_grants_total{category="query"} 9.0' in text
+    assert 'gridgate_proxyd_grants_total{category="other"} 1.0' in text
 
 
 PARENT = """import os, subprocess, sys, time

@@ -134,3 +134,41 @@ def test_a_file_cut_inside_a_number_is_refused(start_daemon):
     assert (
         status(d.socket)["reloads"]["refused"] == 1 and status(d.socket)["reloads"]["accepted"] == 0
     )
+
+
+def test_a_reload_that_lowers_a_limit_says_so_and_what_it_means_for_the_held_tokens(
+    start_daemon, gridgate_exe, sockdir
+):
+    """Issue 31, item 9: a reload that lowers a category's max (with more tokens held than the
+    new max) is a warning naming the category, the limits and the held tokens; the held
+    tokens stay, new grants wait."""
+    import subprocess
+    import sys
+
+    d = start_daemon({"policies": "QUERY[max=4 nominal=4] SUBMISSION[max=3]"})
+    hold = (
+        "import sys, time\n"
+        "from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient\n"
+        "client = ProxyClient([Daemon('unix', sys.argv[1])], user='nobody')\n"
+        "tokens = [client.acquire('query', 'bjobs') for _ in range(3)]\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, d.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        d.config.write_text(
+            d.config.read_text().replace("QUERY[max=4 nominal=4]", "QUERY[max=2 nominal=1]")
+        )
+        reply = talk(d.socket, RECONFIG)
+        assert reply["ok"], reply
+        assert limits(d.socket)["query"] == 2
+        log = d.log()
+        assert "proxyd reload: query max lowered from 4 to 2; 3 token(s) are held now" in log
+        assert "query nominal lowered from 4 to 1" in log
+        assert "submission" not in log.split("proxyd reload:", 1)[1].split("\n")[0]
+    finally:
+        holder.kill()
+        holder.wait(10)
