@@ -23,8 +23,8 @@ from gridgate.core.builtin.bans import OperatorBans
 from gridgate.core.clock import FakeClock
 from gridgate.core.commands.app import cli
 from gridgate.core.config import load_config
-from gridgate.core.engine.director import Director, summary_json
 from gridgate.core.engine.availability import merge_availability
+from gridgate.core.engine.director import Director, summary_json
 from gridgate.core.model import Availability, BackendInfo
 from gridgate.core.state import StateStore
 from gridgate.core.stores.memory import MemoryState
