@@ -46,8 +46,12 @@ def _utc(ts: float | None) -> str:
 @click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
 def servers_list(path: str, as_json: bool) -> None:
-    """What the failing and tickets caches hold now, read from the director's state store."""
+    """Every server that is not plainly in rotation: not available as the director last saw
+    it (from every availability source: operator bans, GOCDB downtimes, pilot efficiency, a
+    plugin's), banned or drained by an operator, and what the failing and tickets caches hold;
+    read from the director's state store."""
     from gridgate.core.builtin.bans import OperatorBans
+    from gridgate.core.engine.availability import unavailable_view
     from gridgate.core.failing import FailingCache
     from gridgate.core.state import StateError
 
@@ -56,22 +60,32 @@ def servers_list(path: str, as_json: bool) -> None:
         rows = FailingCache(state).view(time.time())
         try:
             bans = [entry.as_dict() for entry in OperatorBans(state).entries()]
+            checked, unavailable = unavailable_view(state)
         except StateError as exc:
-            click.echo(f"{path}: cannot read the operator bans: {exc}", err=True)
+            click.echo(f"{path}: cannot read the state store: {exc}", err=True)
             raise SystemExit(1) from None
     finally:
         state.close()
     if as_json:
-        doc: dict[str, Any] = {"servers": rows}
-        if bans:
-            doc["bans"] = bans
+        doc: dict[str, Any] = {
+            "servers": rows,
+            "unavailable": unavailable,
+            "availability_checked": checked,
+            "bans": bans,
+        }
         click.echo(json.dumps(doc, indent=2))
         return
+    if unavailable:
+        _echo_unavailable(unavailable, checked)
+        click.echo("")
     if bans:  # before the caches, which print as they always did
         _echo_bans(bans)
         click.echo("")
     if not rows:
-        click.echo("every server is in rotation; no failure episode is open")
+        if unavailable or bans:
+            click.echo("no failure episode is open")
+        else:
+            click.echo("every server is in rotation; no failure episode is open")
         return
     click.echo(
         f"{'SERVER':<44}{'STATUS':<13}{'KIND':<13}{'EPISODE SINCE (UTC)':<21}{'FAILURES':>9}  "
@@ -82,6 +96,200 @@ def servers_list(path: str, as_json: bool) -> None:
             f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
             f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until'])}"
         )
+
+
+def _ago(when: float | None) -> str:
+    if when is None:
+        return "never"
+    seconds = max(0.0, time.time() - when)
+    return f"{_utc(when)} UTC, {seconds:.0f} s ago"
+
+
+def _echo_unavailable(rows: list[dict[str, Any]], checked: float | None) -> None:
+    click.echo(f"not available, as the director last saw it ({_ago(checked)}):")
+    click.echo(
+        f"{'ENDPOINT':<44}{'STATE':<10}{'SOURCE':<22}{'SINCE (UTC)':<21}{'UNTIL (UTC)':<21}WHY"
+    )
+    for row in rows:
+        click.echo(
+            f"{row['endpoint']:<44}{row['state']:<10}{row['source'] or '-':<22}"
+            f"{_utc(row['since']):<21}{_utc(row['until']):<21}{row['reason']}"
+        )
+
+
+@servers_group.command("show")
+@click.argument("endpoint")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of text.")
+def servers_show(endpoint: str, path: str, as_json: bool) -> None:
+    """Why does ENDPOINT get no pilots? Its availability (every source), its place in the
+    failing cache, its pilots against the limits, the credentials of its backend, its last
+    submission and its last poll, in one screen."""
+    from gridgate.core.builtin.bans import BanError, resolve_endpoint
+
+    config = load_config_or_exit(path)
+    store = open_state_or_exit(path)
+    try:
+        try:
+            key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
+        except BanError as exc:
+            click.echo(f"gridgate servers show: {exc}", err=True)
+            raise SystemExit(EXIT_CONFIG) from None
+        doc = _endpoint_view(config, store, key)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for line in _render_view(doc):
+        click.echo(line)
+
+
+def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
+    """Everything ``servers show`` says of endpoint ``key``, read from the store."""
+    from gridgate.core.builtin.bans import OperatorBans
+    from gridgate.core.engine.availability import CHECKED, told_states
+    from gridgate.core.engine.credential_episodes import STATUS
+    from gridgate.core.engine.limits import PilotSettings
+    from gridgate.core.engine.runtime import ACCOUNTING
+    from gridgate.core.engine.tracking import LAST_POLL
+    from gridgate.core.failing import FailingCache
+    from gridgate.core.model import TERMINAL_STATES, Endpoint
+    from gridgate.core.plugins import CONFIG_GROUPS, load_class
+    from gridgate.core.state import StateError
+
+    backend, name = key.split("/", 1)
+    now = time.time()
+    view: dict[str, Any] = {"endpoint": key, "read_at": now}
+    try:
+        told, since = told_states(store).get(key, (None, 0.0))
+        raw = store.get(CHECKED)
+        view["availability"] = {
+            **(told.as_dict() if told else {"state": "available"}),
+            "since": since if told else None,
+            "checked": float(raw) if raw else None,
+        }
+        ban = next((e.as_dict() for e in OperatorBans(store).entries() if e.endpoint == key), None)
+        view["ban"] = ban
+        view["failing"] = next(
+            (r for r in FailingCache(store).view(now) if r["server"] == key), None
+        )
+        counts = store.pilot_registry().counts()
+        waiting = sum(
+            n for (b, e, st), n in counts.items() if (b, e, st) == (backend, name, "waiting")
+        )
+        active = sum(
+            n for (b, e, st), n in counts.items() if b == backend and st not in TERMINAL_STATES
+        )
+        here = sum(
+            n
+            for (b, e, st), n in counts.items()
+            if (b, e) == (backend, name) and st not in TERMINAL_STATES
+        )
+        settings = PilotSettings(config.director.get("pilots") or {})
+        endpoint = Endpoint(backend, name)
+        view["pilots"] = {
+            "waiting": waiting,
+            "active_here": here,
+            "max_waiting": settings.for_endpoint(endpoint, "max_waiting"),
+            "active_backend": active,
+            "max_total": settings.for_backend(backend, "max_total"),
+            "tracked": bool(settings["track"]),
+        }
+        try:
+            needs = tuple(
+                getattr(load_class(CONFIG_GROUPS["backends"], backend), "credentials", ())
+            )
+        except Exception:  # a backend not built from the config: it says nothing here
+            needs = ()
+        credentials = {}
+        for item_key, value in store.items(STATUS):
+            record = json.loads(value)
+            credentials[item_key[len(STATUS) :]] = {**record, "needed": record.get("kind") in needs}
+        view["credentials"] = credentials
+        last = None
+        for record in store.records(ACCOUNTING, now - 7 * 86400):
+            if record.get("backend") == backend and record.get("endpoint") == name:
+                last = record
+        view["last_submission"] = last
+        raw_poll = store.get(LAST_POLL + key)
+        view["last_poll"] = json.loads(raw_poll) if raw_poll else None
+    except StateError as exc:
+        click.echo(f"cannot read the state store: {exc}", err=True)
+        raise SystemExit(1) from None
+    return view
+
+
+def _render_view(doc: dict[str, Any]) -> list[str]:
+    key = doc["endpoint"]
+    lines = [f"{key}"]
+    av = doc["availability"]
+    if av["state"] == "available":
+        lines.append(
+            f"  availability: available (as the director last saw it: {_ago(av['checked'])})"
+        )
+    else:
+        until = f" until {_utc(av['until'])} UTC" if av.get("until") else ", no known end"
+        lines.append(
+            f"  availability: {av['state']}{until}, says {av['source']}: {av['reason']} "
+            f"(since {_utc(av['since'])} UTC; seen {_ago(av['checked'])})"
+        )
+    ban = doc.get("ban")
+    if ban:
+        lines.append(
+            f"  operator: {ban['state']} by {ban['who']} until {_utc(ban['until'])} UTC: {ban['why']}"
+        )
+    failing = doc.get("failing")
+    if failing is None:
+        lines.append("  failing cache: not in it (no failure episode open)")
+    elif failing["status"] == "failing":
+        lines.append(
+            f"  failing cache: OUT of rotation until {_utc(failing['failing_until'])} UTC "
+            f"({failing['kind']}, {failing['failures']} failure(s) since "
+            f"{_utc(failing['episode_start'])} UTC)"
+        )
+    else:
+        lines.append(
+            f"  failing cache: {failing['status']} (a failure before "
+            f"{_utc(failing['tickets_until'])} UTC raises the alarm)"
+        )
+    pilots = doc["pilots"]
+
+    def limit(value: Any) -> str:
+        return "no limit" if value is None else str(value)
+
+    if pilots["tracked"]:
+        lines.append(
+            f"  pilots: {pilots['waiting']} waiting here (max_waiting {limit(pilots['max_waiting'])}), "
+            f"{pilots['active_backend']} active on the backend (max_total {limit(pilots['max_total'])})"
+        )
+    else:
+        lines.append("  pilots: not tracked (director.pilots.track: false)")
+    if not doc["credentials"]:
+        lines.append("  credentials: none checked by a director on this store")
+    for kind, status in sorted(doc["credentials"].items()):
+        need = " (its backend needs it)" if status.get("needed") else ""
+        state = "usable" if status["usable"] else "UNUSABLE"
+        lines.append(
+            f"  credential {kind}{need}: {state}: {status['message']} (checked {_ago(status['time'])})"
+        )
+    last = doc.get("last_submission")
+    if last is None:
+        lines.append("  last submission: none in the last 7 days")
+    else:
+        what = last["outcome"] + (f" ({last['failure_kind']})" if last.get("failure_kind") else "")
+        lines.append(
+            f"  last submission: {_ago(last['time'])}: {what}, {last.get('pilots', 0)} pilot(s)"
+        )
+    poll = doc.get("last_poll")
+    if poll is None:
+        lines.append("  last poll: none kept")
+    else:
+        lines.append(
+            f"  last poll: {_ago(poll['time'])}: {poll['outcome']}, {poll['pilots']} pilot(s) asked, "
+            f"{poll['changed']} changed"
+        )
+    return lines
 
 
 def _echo_bans(bans: list[dict[str, Any]]) -> None:
@@ -130,8 +338,10 @@ def _under_sudo() -> bool:
 
 def _known_endpoints(config: Any, state: Any) -> list[Any]:
     """The endpoints an operator may name: every configured backend's (its section's
-    endpoint list), and those the pilot registry holds pilots of (a backend registered in the
-    director's process)."""
+    endpoint list), and those the director's store knows of (a backend registered in the
+    director's process): its pilots, its availability notices, its failing cache."""
+    from gridgate.core.engine.availability import told_states
+    from gridgate.core.failing import FailingCache
     from gridgate.core.model import Endpoint
     from gridgate.core.plugins import CONFIG_GROUPS, load_class
     from gridgate.core.state import StateError
@@ -149,9 +359,16 @@ def _known_endpoints(config: Any, state: Any) -> list[Any]:
         counts = state.pilot_registry().counts()
     except StateError:
         counts = {}
-    for backend, name, _state in counts:
-        endpoint = Endpoint(str(backend), str(name))
-        found.setdefault(endpoint.key, endpoint)
+    keys = [f"{backend}/{name}" for backend, name, _state in counts]
+    try:
+        keys += list(told_states(state))
+        keys += [row["server"] for row in FailingCache(state).view()]
+    except StateError:
+        pass  # what the store cannot say, the operator names by its backend's config
+    for key in keys:
+        backend, _, name = key.partition("/")
+        if name:
+            found.setdefault(key, Endpoint(backend, name))
     return list(found.values())
 
 

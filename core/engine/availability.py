@@ -19,13 +19,15 @@ from loguru import logger
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.runtime import Iteration, Runtime
 from gridgate.core.model import AVAILABILITY_STATES, Availability, Notification
-from gridgate.core.state import StateError
+from gridgate.core.state import StateError, StateStore
 
 #: What was last told of each endpoint (by key): its merged state and since when.
 TOLD = "availability-told/"
 #: One key per change told (the endpoint, the episode it ends and the state it starts): of
 #: several directors, the one that adds it tells the change.
 CLAIMED = "availability-change/"
+#: When a director last merged the availability answers (clock time): how old the view is.
+CHECKED = "availability-checked"
 #: Seconds a told "available" is kept (the change records of endpoints in a downtime are kept
 #: while it lasts, and this long after).
 KEEP_AVAILABLE = 30 * 86400.0
@@ -100,6 +102,7 @@ class AvailabilityNotices:
         after = it.availability
         try:
             told = self._told()
+            self.runtime.state.set(CHECKED, repr(now))
             shared = True
             self._store_down = False
         except StateError as exc:
@@ -126,29 +129,7 @@ class AvailabilityNotices:
         self._local = dict(after)
 
     def _told(self) -> dict[str, tuple[Availability | None, float]]:
-        """Endpoint key -> (what was told last, None for available; since when).
-
-        :raises StateError: when the store cannot be read.
-        """
-        out: dict[str, tuple[Availability | None, float]] = {}
-        for key, value in self.runtime.state.items(TOLD):
-            try:
-                data = json.loads(value)
-                since = float(data.get("since", 0.0))
-                told = (
-                    None
-                    if data["state"] == "available"
-                    else Availability(
-                        state=str(data["state"]),
-                        reason=str(data.get("reason", "")),
-                        until=None if data.get("until") is None else float(data["until"]),
-                        source=str(data.get("source", "")),
-                    )
-                )
-            except (ValueError, KeyError, TypeError):
-                continue  # a record that is not ours: told again, once
-            out[key[len(TOLD) :]] = (told, since)
-        return out
+        return told_states(self.runtime.state)
 
     def _claim(
         self,
@@ -211,3 +192,50 @@ class AvailabilityNotices:
                 key=f"availability/{key}/{state}/{now:.0f}",
             ),
         )
+
+
+def told_states(state: StateStore) -> dict[str, tuple[Availability | None, float]]:
+    """Endpoint key -> (what the directors on ``state`` last told of it, None for available;
+    since when), as :class:`AvailabilityNotices` keeps it.
+
+    :raises StateError: when the store cannot be read.
+    """
+    out: dict[str, tuple[Availability | None, float]] = {}
+    for key, value in state.items(TOLD):
+        try:
+            data = json.loads(value)
+            since = float(data.get("since", 0.0))
+            told = (
+                None
+                if data["state"] == "available"
+                else Availability(
+                    state=str(data["state"]),
+                    reason=str(data.get("reason", "")),
+                    until=None if data.get("until") is None else float(data["until"]),
+                    source=str(data.get("source", "")),
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            continue  # a record that is not ours: told again, once
+        out[key[len(TOLD) :]] = (told, since)
+    return out
+
+
+def unavailable_view(state: StateStore) -> tuple[float | None, list[dict[str, Any]]]:
+    """What ``gridgate servers list`` shows of availability: when a director last merged the
+    sources' answers (None: never, on this store), and one row per endpoint it found not
+    available (endpoint, state, source, reason, since, until), by endpoint.
+
+    :raises StateError: when the store cannot be read.
+    """
+    raw = state.get(CHECKED)
+    try:
+        checked = float(raw) if raw is not None else None
+    except ValueError:
+        checked = None
+    rows = [
+        {"endpoint": key, **told.as_dict(), "since": since}
+        for key, (told, since) in sorted(told_states(state).items())
+        if told is not None
+    ]
+    return checked, rows

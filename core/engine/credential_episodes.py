@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from loguru import logger
@@ -27,6 +27,10 @@ from gridgate.core.model import (
 from gridgate.core.state import StateError
 
 __all__ = ["CredentialEpisodes"]
+
+
+#: The last credential status of each kind (by kind): ``gridgate servers show`` reads it.
+STATUS = f"{CREDENTIAL}status/"
 
 
 class CredentialEpisodes:
@@ -72,6 +76,7 @@ class CredentialEpisodes:
                 status.message,
                 ", ".join(_needing(infos, kind)) or "none configured needs it",
             )
+        self._keep_statuses(first.values())
         for status in first.values():
             try:
                 self._credential_episode(status, it, _needing(infos, status.kind))
@@ -81,6 +86,28 @@ class CredentialEpisodes:
                     status.name,
                     exc,
                 )
+
+    def _keep_statuses(self, statuses: Iterable[CredentialStatus]) -> None:
+        """What each kind's credential was at this check, for ``gridgate servers show`` (read
+        from another process): kept while the failing and tickets caches would be."""
+        director = self.runtime.config.director
+        ttl = float(director["failing_expiry"]) + float(director["ticket_expiry"])
+        now = self.runtime.clock.time()
+        for status in statuses:
+            record = {
+                "name": status.name,
+                "kind": status.kind,
+                "usable": status.usable,
+                "path": status.path,
+                "expires": status.expires,
+                "message": status.message,
+                "time": now,
+            }
+            try:
+                self.runtime.state.set(f"{STATUS}{status.kind}", json.dumps(record), ttl=ttl)
+            except StateError as exc:
+                logger.error("credential status of {} not kept: {}", status.name, exc)
+                return
 
     def _known_backends(self, demand: DemandRegistry) -> dict[str, BackendInfo]:
         """The configured backends and those the demand asks for, with what they say of themselves."""

@@ -12,6 +12,7 @@ and ``max_total`` (per backend), and each submission reserves room on the endpoi
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,9 @@ from gridgate.core.model import (
 )
 from gridgate.core.state import Counts, Pilot, PilotRegistry, StateError
 
+#: An endpoint's last poll as ``gridgate servers show`` tells it (time, outcome, pilots asked
+#: about, how many changed), kept as long as finished pilots are.
+LAST_POLL = "pilots-last-poll/"
 #: An endpoint's last poll (its time, with status_interval as TTL) in the shared state store:
 #: of several directors on one store, one polls an endpoint per interval.
 POLLED = "pilots-polled/"
@@ -250,6 +254,7 @@ class PilotTracker:
                     )
                 )
                 report.changed += poll.changed
+                self._keep_poll(poll, now, settings)
                 if poll.outcome == "ok":
                     self._last_ok_poll[poll.endpoint.backend] = self._iterations
                     cancelled = self._cancel_old(
@@ -670,6 +675,24 @@ class PilotTracker:
         )
 
     # --- waiting too long --------------------------------------------------------------------------
+
+    def _keep_poll(self, poll: _Poll, now: float, settings: PilotSettings) -> None:
+        if poll.outcome == "skipped":  # not due: the last poll is still the one kept
+            return
+        record = {
+            "time": now,
+            "outcome": poll.outcome,
+            "pilots": poll.pilots,
+            "changed": poll.changed,
+        }
+        try:
+            self.runtime.state.set(
+                LAST_POLL + poll.endpoint.key,
+                json.dumps(record),
+                ttl=float(settings["keep_finished"]),
+            )
+        except StateError as exc:
+            logger.debug("last poll of {} not kept: {}", poll.endpoint.key, exc)
 
     def _cancel_old(
         self,

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from support.director import BACKEND, ScriptedBackend
 
@@ -202,3 +203,73 @@ def test_a_ban_records_the_callers_own_login_whatever_sudo_user_says(gridgate_ex
         assert _who(through, config, env) == "alice (sudo, as root)"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- servers list and show answer "why does this CE get no pilots?" (issue 32, item 1) -----------
+
+
+def test_servers_list_and_show_name_gocdb_downtimes_bans_and_the_failing_cache(
+    tmp_path, gridgate_exe
+) -> None:
+    """During a GOCDB OUTAGE (a real feed file) that the director obeyed, ``servers list`` said
+    "every server is in rotation" and ``--json`` {"servers": []}; now it shows every endpoint
+    that is not plainly available, from every source, and ``servers show`` one screen."""
+    from support.director import TrackingBackend
+
+    from gridgate.core.builtin.bans import OperatorBans
+    from gridgate.core.stores.sqlite import SqliteState
+
+    now = time.time()
+    feed = tmp_path / "downtimes.xml"
+    feed.write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n<results><DOWNTIME ID="1" PRIMARY_KEY="1G0" '
+        'CLASSIFICATION="SCHEDULED"><PRIMARY_KEY>1G0</PRIMARY_KEY><HOSTNAME>s0</HOSTNAME>'
+        "<SEVERITY>OUTAGE</SEVERITY><DESCRIPTION>storage intervention</DESCRIPTION>"
+        f"<START_DATE>{int(now - 60)}</START_DATE><END_DATE>{int(now + 3600)}</END_DATE>"
+        "</DOWNTIME></results>",
+        encoding="utf-8",
+    )
+    config = site(tmp_path)
+    doc = yaml.safe_load(config.read_text())
+    doc["availability"] = {"gocdb": {"url": feed.as_uri(), "refresh": 1}}
+    config.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    store = SqliteState({"path": str(tmp_path / "state" / "state.db")})
+    OperatorBans(store).ban(f"{BACKEND}/s1", who="alice", why="CE upgrade", duration=3600)
+    backend = TrackingBackend(3, {"s2": "fake-fail"})
+    director = Director(load_config(config), extra_plugins=[backend, Collector()])
+    try:
+        director.run_iteration()
+    finally:
+        director.close()
+        store.close()
+
+    listed = gridgate(gridgate_exe, "servers", "list", "-c", str(config), "--json")
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout)
+    unavailable = {row["endpoint"]: row for row in doc["unavailable"]}
+    assert unavailable[f"{BACKEND}/s0"]["state"] == "banned"
+    assert unavailable[f"{BACKEND}/s0"]["source"] == "gocdb"
+    assert "storage intervention" in unavailable[f"{BACKEND}/s0"]["reason"]
+    assert unavailable[f"{BACKEND}/s0"]["until"] == pytest.approx(int(now + 3600))
+    assert unavailable[f"{BACKEND}/s1"]["source"].startswith("operator")
+    assert [r["server"] for r in doc["servers"]] == [f"{BACKEND}/s2"]  # the failing cache
+    text = gridgate(gridgate_exe, "servers", "list", "-c", str(config)).stdout
+    assert "every server is in rotation" not in text
+    assert f"{BACKEND}/s0" in text and "gocdb" in text and "storage intervention" in text
+
+    shown = gridgate(gridgate_exe, "servers", "show", "-c", str(config), "s0")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout
+    assert "availability: banned until" in lines and "says gocdb: " in lines
+    assert "failing cache: not in it" in lines
+    assert "last poll:" in lines and "pilots:" in lines
+    failing = json.loads(
+        gridgate(gridgate_exe, "servers", "show", "-c", str(config), "s2", "--json").stdout
+    )
+    assert (
+        failing["failing"]["status"] == "failing"
+        and failing["availability"]["state"] == "available"
+    )
+    assert failing["last_submission"]["outcome"] == "failed"
+    unknown = gridgate(gridgate_exe, "servers", "show", "-c", str(config), "nosuch")
+    assert unknown.returncode == 2 and "nosuch" in unknown.stderr
