@@ -68,12 +68,58 @@ def failure_sort(row: Mapping[str, Any]) -> str:
     return "aborted" if row.get("kind") == "aborted" else "poll"
 
 
+#: The most slots a table fills in between its first and last (a tiny --bucket over a long
+#: period would print a line per second of a week).
+MAX_SLOTS = 2000
+
+
+def _slots(first: float, last: float, bucket: float) -> list[str]:
+    """Every slot from the one holding ``first`` to the one holding ``last``."""
+    start = first - (first % bucket)
+    count = min(MAX_SLOTS, int((last - start) // bucket) + 1)
+    return [_slot(start + i * bucket, bucket) for i in range(max(0, count))]
+
+
+def episodes_table(
+    rows: Iterable[Mapping[str, Any]], since: float | None = None
+) -> list[dict[str, Any]]:
+    """The episodes table's rows (an endpoint's availability, a credential) paired into
+    episodes: subject, what, state, source, reason, start and end (None: still on); those
+    that ended before ``since`` are left out (one that began before it is kept whole)."""
+    open_: dict[tuple[str, str], dict[str, Any]] = {}
+    done: list[dict[str, Any]] = []
+    for row in sorted(rows, key=lambda r: float(r.get("time", 0.0))):
+        what, subject = str(row.get("what", "")), str(row.get("subject", ""))
+        state = str(row.get("state", ""))
+        key = (what, subject)
+        if key in open_:
+            ended = open_.pop(key)
+            ended["end"] = float(row["time"])
+            done.append(ended)
+        if state not in ("available", "usable"):
+            open_[key] = {
+                "what": what,
+                "subject": subject,
+                "state": state,
+                "source": str(row.get("source", "")),
+                "reason": str(row.get("reason", "")),
+                "start": float(row["time"]),
+                "end": None,
+            }
+    done += open_.values()
+    kept = [e for e in done if since is None or e["end"] is None or e["end"] >= since]
+    return sorted(kept, key=lambda e: (e["start"], e["subject"]))
+
+
 def hourly_table(
     rows: Iterable[Mapping[str, Any]],
     bucket: float = 3600,
     finished: Iterable[Any] = (),
     now: Mapping[str, Mapping[str, int]] | None = None,
     failures: Iterable[Mapping[str, Any]] = (),
+    episodes: Iterable[Mapping[str, Any]] = (),
+    since: float | None = None,
+    until: float | None = None,
 ) -> dict[str, Any]:
     """Pilots submitted per time slot (an hour unless ``bucket`` says otherwise) per endpoint,
     plus failures and demand trimmed per slot and totals per endpoint.
@@ -84,31 +130,56 @@ def hourly_table(
     kind. ``finished`` are terminal pilots of the registry
     (:class:`~gridgate.core.state.Pilot`), counted per slot (when they finished) and state;
     ``now`` is the registry's pilots by endpoint and state at the time of the report.
+    Demand that was not submitted is counted per slot by its cause (``skipped``: a limit, a
+    paused backend's credential or local fault, every endpoint unavailable, another director
+    holding the group...); ``episodes`` (the episodes table) become rows with a start and an
+    end. Every slot from the first (``since`` when given) to the last (``until``) is in the
+    table, the empty ones too.
     """
     pilots: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     failed: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     trimmed: dict[str, int] = defaultdict(int)
+    skipped: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    causes: dict[str, int] = defaultdict(int)
+    skip_causes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     ended: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    times: list[float] = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for row in rows:
+        times.append(float(row["time"]))
         hour = _slot(float(row["time"]), bucket)
         endpoint = row.get("endpoint") or "-"
         outcome = row["outcome"]
-        totals[endpoint][outcome] += int(row.get("pilots", 0)) if outcome == "submitted" else 1
+        counted = outcome in ("submitted", "skipped")
+        totals[endpoint][outcome] += int(row.get("pilots", 0)) if counted else 1
         if outcome == "submitted":
             pilots[hour][endpoint] += int(row.get("pilots", 0))
         elif outcome == "failed":
             failed[hour]["submission"] += 1
             kinds[endpoint][row.get("failure_kind") or "error"] += 1
-        elif row.get("failure_kind") in TRIM_KINDS:
-            trimmed[hour] += int(row.get("pilots", 0))
+        elif outcome == "skipped":
+            cause = str(row.get("failure_kind") or "skipped")
+            skipped[hour][cause] += int(row.get("pilots", 0))
+            causes[cause] += int(row.get("pilots", 0))
+            skip_causes[endpoint][cause] += int(row.get("pilots", 0))
+            if cause in TRIM_KINDS:
+                trimmed[hour] += int(row.get("pilots", 0))
     for row in failures:
+        times.append(float(row["time"]))
         failed[_slot(float(row["time"]), bucket)][failure_sort(row)] += 1
         kinds[row.get("endpoint") or "-"][row.get("kind") or "error"] += 1
     for pilot in finished:
+        times.append(float(pilot.changed))
         ended[_slot(float(pilot.changed), bucket)][pilot.state] += 1
-    hours = sorted(set(pilots) | set(failed) | set(trimmed) | set(ended))
+    seen = set(pilots) | set(failed) | set(skipped) | set(ended)
+    if times or since is not None:
+        first = min(times) if times else float(since or 0.0)
+        if since is not None and since > 0:
+            first = since
+        last = max([*times, *([until] if until is not None else [])] or [first])
+        seen |= set(_slots(first, last, bucket))
+    hours = sorted(seen)
     endpoints = sorted({e for h in pilots.values() for e in h})
     return {
         "bucket_s": bucket,
@@ -121,6 +192,10 @@ def hourly_table(
         },
         "failure_kinds": {e: dict(sorted(v.items())) for e, v in sorted(kinds.items())},
         "trimmed": {h: trimmed.get(h, 0) for h in hours},
+        "skipped": {h: dict(skipped[h]) for h in hours if h in skipped},
+        "skipped_by_cause": dict(sorted(causes.items())),
+        "skipped_by_endpoint": {e: dict(sorted(v.items())) for e, v in sorted(skip_causes.items())},
+        "episodes": episodes_table(episodes, since),
         "finished": {h: dict(ended[h]) for h in hours if h in ended},
         "totals": {e: dict(v) for e, v in sorted(totals.items())},
         "pilots_now": {k: dict(v) for k, v in sorted((now or {}).items())},
@@ -152,18 +227,53 @@ def render_table(table: Mapping[str, Any]) -> str:
     ]
     lines += ["", "per endpoint over the period:"]
     kinds = table.get("failure_kinds", {})
+    by_cause = table.get("skipped_by_endpoint", {})
     for endpoint in sorted(set(table["totals"]) | set(kinds)):
         counts = table["totals"].get(endpoint, {})
-        text = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing submitted"
+        parts = []
+        for k, v in sorted(counts.items()):
+            if k == "skipped" and by_cause.get(endpoint):
+                why = ", ".join(f"{c} {n}" for c, n in by_cause[endpoint].items())
+                parts.append(f"skipped {v} pilots ({why})")
+            elif k in ("submitted", "skipped"):
+                parts.append(f"{k} {v} pilots")
+            else:
+                parts.append(f"{k} {v}")
+        text = ", ".join(parts) or "nothing submitted"
         if kinds.get(endpoint):
             text += "; failures by kind: " + ", ".join(
                 f"{k} {v}" for k, v in kinds[endpoint].items()
             )
-        lines.append(f"  {endpoint:<30} {text}")
-    trimmed = table.get("trimmed", {})
-    if any(trimmed.values()):
-        lines += ["", "demand trimmed by max_waiting / max_total (pilots not submitted):"]
-        lines += [f"  {h:<17}{n:>8}" for h, n in trimmed.items() if n]
+        shown = "(no endpoint chosen)" if endpoint == "-" else endpoint
+        lines.append(f"  {shown:<30} {text}")
+    skipped = table.get("skipped", {})
+    causes = list(table.get("skipped_by_cause", {}))
+    if causes:
+        lines += [
+            "",
+            "demand not submitted, pilots per slot by cause (a limit, a paused backend, no "
+            "usable endpoint, another director's group...):",
+            f"  {'from (UTC)':<17}" + "".join(f"{c:>{max(12, len(c) + 2)}}" for c in causes),
+        ]
+        lines += [
+            f"  {h:<17}" + "".join(f"{row.get(c, 0):>{max(12, len(c) + 2)}}" for c in causes)
+            for h, row in skipped.items()
+        ]
+    episodes = table.get("episodes", [])
+    if episodes:
+        lines += ["", "episodes (an endpoint not available, a credential unusable):"]
+        for e in episodes:
+            start = datetime.fromtimestamp(e["start"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+            end = (
+                "still on"
+                if e["end"] is None
+                else datetime.fromtimestamp(e["end"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+            )
+            source = f" ({e['source']})" if e["source"] else ""
+            lines.append(
+                f"  {start} -> {end:<19}  {e['what']:<12} {e['subject']}: {e['state']}{source}"
+                + (f": {e['reason']}" if e["reason"] else "")
+            )
     finished = table.get("finished", {})
     if finished:
         ended = [s for s in FINISHED_STATES if any(s in v for v in finished.values())]
@@ -222,17 +332,32 @@ class ReportData:
     failures: list[dict[str, Any]] = field(default_factory=list)
     finished: list[Pilot] = field(default_factory=list)
     now: dict[str, dict[str, int]] = field(default_factory=dict)
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    #: the period read (None: from the first row; to the last)
+    since: float | None = None
+    until: float | None = None
 
     def table(self, bucket: float = 3600) -> dict[str, Any]:
         """The report's table of this data (:func:`hourly_table`)."""
-        return hourly_table(self.rows, bucket, self.finished, self.now, self.failures)
+        return hourly_table(
+            self.rows,
+            bucket,
+            self.finished,
+            self.now,
+            self.failures,
+            self.episodes,
+            self.since,
+            self.until,
+        )
 
 
 def read_report(state: Any, since: float) -> ReportData:
     """What the report shows of ``state`` (a :class:`~gridgate.core.state.StateStore`) from
     ``since`` on. Raises :class:`~gridgate.core.state.StateError` when the store cannot be read;
     a registry it cannot read only costs the pilots (see :func:`pilots_for_report`)."""
-    from gridgate.core.engine.runtime import ACCOUNTING, FAILURES
+    import time
+
+    from gridgate.core.engine.runtime import ACCOUNTING, EPISODES, FAILURES
 
     finished, now = pilots_for_report(state, since)
     return ReportData(
@@ -240,6 +365,10 @@ def read_report(state: Any, since: float) -> ReportData:
         failures=state.records(FAILURES, since=since),
         finished=finished,
         now=now,
+        # an episode that began before the period and lasts into it is shown from its start
+        episodes=state.records(EPISODES, since=max(0.0, since - 30 * 86400)),
+        since=since if since > 0 else None,
+        until=time.time() if since > 0 else None,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from loguru import logger
 
 from gridgate.core.engine.failure import FailurePath
-from gridgate.core.engine.runtime import Iteration, Runtime
+from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
 from gridgate.core.model import AVAILABILITY_STATES, Availability, Notification
 from gridgate.core.state import StateError, StateStore
 
@@ -182,6 +182,18 @@ class AvailabilityNotices:
                 + _EFFECT[new.state]
             )
             state = new.state
+        episode = {
+            "time": now,
+            "what": "availability",
+            "subject": key,
+            "state": state,
+            "source": new.source if new is not None else "",
+            "reason": new.reason if new is not None else "",
+        }
+        try:
+            self.runtime.state.append_record(EPISODES, episode)
+        except StateError as exc:
+            logger.error("availability episode of {} not kept for the report: {}", key, exc)
         self.failures.tell(
             it,
             Notification(

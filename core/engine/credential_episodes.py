@@ -16,7 +16,7 @@ from loguru import logger
 
 from gridgate.core.engine.compose import CREDENTIAL, compose_credential
 from gridgate.core.engine.failure import FailurePath
-from gridgate.core.engine.runtime import Iteration, Runtime
+from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
 from gridgate.core.model import (
     BackendInfo,
     CredentialRegistry,
@@ -109,6 +109,21 @@ class CredentialEpisodes:
                 logger.error("credential status of {} not kept: {}", status.name, exc)
                 return
 
+    def _episode(self, status: CredentialStatus, state: str, now: float) -> None:
+        """A row of the episodes table for `gridgate report` (once per episode's start and
+        end, of all the directors: the callers hold the episode's claim)."""
+        self.runtime.state.append_record(
+            EPISODES,
+            {
+                "time": now,
+                "what": "credential",
+                "subject": f"{status.kind} {status.path}",
+                "state": state,
+                "source": status.name,
+                "reason": status.message,
+            },
+        )
+
     def _known_backends(self, demand: DemandRegistry) -> dict[str, BackendInfo]:
         """The configured backends and those the demand asks for, with what they say of themselves."""
         names = dict.fromkeys(
@@ -142,6 +157,7 @@ class CredentialEpisodes:
             # while any host finds it unusable the episode stays open (expires if that host stops)
             state.set(f"{CREDENTIAL}bad/{scope}/{host}", f"{now:.3f}", ttl=failing_expiry)
             if opened:
+                self._episode(status, "unusable", now)
                 notes.append(
                     compose_credential(
                         status, "error", since, now, backends, ticket_expiry, failing_expiry, host
@@ -174,6 +190,7 @@ class CredentialEpisodes:
                     f"{CREDENTIAL}note/{scope}/{since:.3f}/resolved", "1", ttl=window
                 ):
                     state.delete(episode_key)
+                    self._episode(status, "usable", now)
                     paused = [str(b) for b in _json_field(raw, "backends", []) or []]
                     notes.append(
                         compose_credential(

@@ -27,7 +27,7 @@ from gridgate.core.engine.iteration import IterationRunner
 from gridgate.core.engine.loader import build_plugin_manager, new_plugin_manager
 from gridgate.core.engine.reload import ConfigSource
 from gridgate.core.engine.resilient import DeferredState, ResilientState
-from gridgate.core.engine.runtime import ACCOUNTING, FAILURES, Runtime
+from gridgate.core.engine.runtime import ACCOUNTING, EPISODES, FAILURES, Runtime
 from gridgate.core.engine.stall import StallWatch
 from gridgate.core.engine.tracking import PilotTracker
 from gridgate.core.failing import FailingCache
@@ -381,6 +381,7 @@ class Director:
         try:
             dropped = self.state.prune_records(ACCOUNTING, before=now - keep)
             dropped += self.state.prune_records(FAILURES, before=now - keep)
+            dropped += self.state.prune_records(EPISODES, before=now - keep)
         except StateError as exc:
             logger.warning("accounting rows not pruned this time: {}", exc)
             return

@@ -39,6 +39,10 @@ ACCOUNTING = "accounting"
 #: pilots, a cancel): one row each, counted by `gridgate report` beside the failed submissions
 #: of ``ACCOUNTING``, which has one row per submission attempt and so cannot hold them.
 FAILURES = "failures"
+#: The state store's episodes that are no failure of a server: an endpoint's availability
+#: starting, changing or ending, a credential becoming unusable or usable again; one row each
+#: (``what``, ``subject``, ``state``, ``source``, ``reason``), for `gridgate report`.
+EPISODES = "episodes"
 
 
 class Broadcast(Protocol):

@@ -8,6 +8,7 @@ import random
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,10 @@ def test_report_shows_pilots_by_state_and_trimmed_demand(tmp_path) -> None:
     text = CliRunner().invoke(
         cli, ["report", "-c", str(config), "--since", "100000d", "--png", str(tmp_path / "r.png")]
     )
-    assert "demand trimmed by max_waiting / max_total" in text.output
+    assert (
+        "demand not submitted, pilots per slot by cause" in text.output
+        and "max_waiting" in text.output
+    )
     finished = text.output.split("pilots finished per slot, by state:")[1].splitlines()
     assert finished[1].split() == ["from", "(UTC)", "done", "failed"]
     assert finished[2].split()[-2:] == ["30", "10"]
@@ -347,8 +351,8 @@ def test_report_of_a_director_whose_servers_abort_and_fail_polls(tmp_path) -> No
         cli, ["report", "-c", str(config), "--since", "100000d", "--png", str(png)]
     )
     assert text.exit_code == 0, text.output
-    assert f"{ABORTS:<30} submitted 10; failures by kind: aborted 1" in text.output
-    assert f"{LB_DOWN:<30} submitted 10; failures by kind: {poll_kind} 1" in text.output
+    assert f"{ABORTS:<30} submitted 10 pilots; failures by kind: aborted 1" in text.output
+    assert f"{LB_DOWN:<30} submitted 10 pilots; failures by kind: {poll_kind} 1" in text.output
     shown = read_plotted(png)
     assert shown is not None
     failures_panel = shown["panels"][-1]
@@ -378,3 +382,106 @@ def test_a_png_carries_what_it_plots(tmp_path) -> None:
     assert read_plotted(other) is None
     # a different report draws differently (the comparison the docs' picture test makes)
     assert plotted(draw(hourly_table(generated_rows(hours=3)))) != plotted(fig)
+
+
+# --- skips by cause, episodes, empty slots (issue 32, item 9) ------------------------------------
+
+
+def test_report_shows_skips_by_cause_credential_and_availability_episodes_and_empty_slots(
+    tmp_path: Path,
+) -> None:
+    """Three iterations 30 minutes apart on a real sqlite store: the first submits, the second
+    has an unusable credential (its pilots skipped, cause credential) and one endpoint in an
+    operator ban, the third is fine again; `gridgate report --bucket 10m` shows the empty
+    slots between them, the skips by cause, and a row for each episode with its start and end."""
+    import dataclasses
+
+    import yaml
+    from support.director import BACKEND, ScriptedBackend
+
+    from gridgate.core import hookimpl
+    from gridgate.core.builtin.bans import OperatorBans
+    from gridgate.core.clock import FakeClock
+    from gridgate.core.config import load_config
+    from gridgate.core.engine.director import Director
+    from gridgate.core.model import BackendInfo, CredentialStatus
+    from gridgate.core.stores.sqlite import SqliteState
+
+    class NeedsProxy(ScriptedBackend):
+        @hookimpl
+        def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+            info = super().gridgate_backend_info(backend=backend)
+            return None if info is None else dataclasses.replace(info, credentials=("x509",))
+
+    class Proxy:
+        usable = True
+
+        @hookimpl
+        def gridgate_check_credentials(self, iteration, timeout, credentials) -> None:
+            credentials.add(
+                CredentialStatus(
+                    name="x509_proxy",
+                    kind="x509",
+                    usable=self.usable,
+                    path="/var/lib/gridgate/proxy.pem",
+                    expires=None,
+                    message="proxy ok" if self.usable else "proxy expired at 10:00",
+                )
+            )
+
+    db = tmp_path / "state.db"
+    config = tmp_path / "site.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "director": {"state_dir": str(tmp_path / "state"), "command_timeout": 5},
+                "state": {"driver": "sqlite", "path": str(db)},
+                "demand": {"static": {BACKEND: 2}},
+            }
+        )
+    )
+    clock = FakeClock(start=time.time() - 3 * 3600)
+    proxy = Proxy()
+    store = SqliteState({"path": str(db)}, clock=clock)
+    director = Director(
+        load_config(config),
+        clock=clock,
+        state=store,
+        extra_plugins=[NeedsProxy(2, {"s0": "fake-ok", "s1": "fake-ok"}), proxy],
+    )
+    try:
+        director.run_iteration()
+        clock.advance(1800)
+        proxy.usable = False
+        OperatorBans(store).ban(f"{BACKEND}/s1", who="alice", why="upgrade", duration=900)
+        director.run_iteration()
+        clock.advance(1800)
+        proxy.usable = True
+        director.run_iteration()
+    finally:
+        director.close()
+    doc = CliRunner().invoke(
+        cli, ["report", "-c", str(config), "--since", "4h", "--bucket", "10m", "--json"]
+    )
+    assert doc.exit_code == 0, doc.output
+    table = json.loads(doc.output)
+    assert len(table["hours"]) >= 19  # every 10-minute slot from --since to now, empty or not
+    assert sum(1 for h in table["hours"] if table["pilots"].get(h)) == 2
+    assert table["skipped_by_cause"] == {"credential": 2}
+    episodes = {(e["what"], e["state"]): e for e in table["episodes"]}
+    credential = episodes[("credential", "unusable")]
+    assert credential["end"] - credential["start"] == pytest.approx(1800, abs=1)
+    assert "proxy expired" in credential["reason"]
+    banned = episodes[("availability", "banned")]
+    assert banned["subject"] == f"{BACKEND}/s1" and banned["end"] is not None
+    text = CliRunner().invoke(
+        cli, ["report", "-c", str(config), "--since", "4h", "--bucket", "10m"]
+    )
+    assert "demand not submitted, pilots per slot by cause" in text.output
+    assert (
+        "credential" in text.output and "x509 /var/lib/gridgate/proxy.pem: unusable" in text.output
+    )
+    assert f"{BACKEND}/s1: banned (operator:alice)" in text.output
+    assert (
+        "(no endpoint chosen)" in text.output and "skipped 2 pilots (credential 2)" in text.output
+    )
