@@ -375,7 +375,7 @@ def render(result: dict[str, Any]) -> str:
             host,
             {"expect": FLEET[host][1], "submitted": 0, "failures": {}, "errors": 0, "alarms": 0},
         )
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(row["failures"].items())) or "-"
+        kinds = ", ".join(_kind_count(k, n) for k, n in sorted(row["failures"].items())) or "-"
         line = f"{host:<20}{row['expect']:<22}{row['submitted']:>7}  {kinds:<34}{row['errors']:>7}{row['alarms']:>7}"
         if gated:
             tokens = admission["servers"].get(
@@ -407,11 +407,18 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _kind_count(kind: str, n: int) -> str:
+    # an aborted verdict is one per time a server's finished pilots failed too often, not a
+    # count of pilots (the registry's "failed" column, below, counts those)
+    return f"aborted verdicts {n}" if kind == "aborted" else f"{kind} {n}"
+
+
 def legend(admission: Mapping[str, Any]) -> list[str]:
     """What the table's columns and the progress lines mean, for someone seeing them first."""
     lines = [
-        "failures by kind: its failed submissions, status polls and aborted (it took pilots that",
-        "  then failed: out of rotation); errors, alarms: the mails and GGUS alarms written on it",
+        "failures by kind: its failed submissions and status polls, and its aborted verdicts (each a",
+        "  time its last finished pilots failed too often: out of rotation; not a count of pilots);",
+        "  errors, alarms: the mails and GGUS alarms written on it",
     ]
     if admission["mode"] != "none":
         source = "the token daemon" if admission["mode"] == "remote" else "in-process admission"

@@ -114,6 +114,12 @@ def render_pilots(
         f"{'server':<20}{'waiting':>9}{'running':>9}{'done':>9}{'failed':>9}  note",
         "-" * 72,
     ]
+    footer = [
+        "-" * 72,
+        "failed: pilots that ended badly. On a healthy server one pilot in ten exits non-zero",
+        "  (the stand-ins' normal failure rate): too few to leave rotation, which takes more than",
+        "  half of an endpoint's last finished pilots failing (an aborted verdict, above).",
+    ]
     for host in hosts:
         row = states.get(host)
         if not row:
@@ -122,7 +128,7 @@ def render_pilots(
         lines.append(
             f"{host:<20}" + "".join(f"{row[c]:>9}" for c in COLUMNS) + (f"  {note}" if note else "")
         )
-    return lines
+    return lines + footer
 
 
 def scenario_of(folder: Path) -> dict[str, Any]:

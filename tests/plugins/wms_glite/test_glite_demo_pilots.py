@@ -78,4 +78,5 @@ def test_demo_table_renders_a_row_per_server_that_took_pilots() -> None:
         "rotation:",
         "aborted",
     ]
-    assert len(lines) == 5  # wms02 took no pilot: no row
+    assert len(lines) == 9  # wms02 took no pilot: no row; the footer explains the failed column
+    assert "normal failure rate" in "\n".join(lines[-4:])
