@@ -484,7 +484,8 @@ def test_servers_ban_drain_unban_and_list_show_who_why_and_until(tmp_path: Path)
     assert entries["slurm/debug"]["until"] - entries["slurm/debug"]["since"] == 7200
     text = runner.invoke(cli, ["servers", "list", "-c", config]).output
     assert "slurm/debug" in text and me in text and "CE upgrade" in text
-    assert "every server is in rotation" in text  # the failing cache's line, as before
+    assert "no failure episode is open" in text  # the failing cache's line, as before
+    assert "every server is in rotation" not in text  # a ban is not "in rotation"
     lifted = runner.invoke(cli, ["servers", "unban", "-c", config, "debug"])
     assert lifted.exit_code == 0 and "lifted" in lifted.output
     again = runner.invoke(cli, ["servers", "unban", "-c", config, "debug"])
