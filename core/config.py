@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
 from gridgate.core import moved_names
+from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
@@ -666,6 +668,41 @@ def schema_at(schema: Mapping[str, Any], path: PathT) -> Mapping[str, Any]:
     return node
 
 
+#: A config file larger than this is refused (a site's is a few KiB).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def _is_stream(path: str | os.PathLike[str]) -> bool:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def read_config_text(path: str | os.PathLike[str], *, streams: bool = False) -> str:
+    """The text of a config file: a regular file (a FIFO put in its place cannot hang the
+    reader), at most :data:`MAX_CONFIG_BYTES`, UTF-8.
+
+    :param streams: also read a FIFO or a terminal (``-c <(...)``, ``-c /dev/stdin``), as the
+        operator asks on the command line at the start; blocking until it is written. A
+        re-read of a running director's config never does (engine/reload.py).
+    :raises ConfigError: (kind ``io``) when it cannot be read or is refused.
+    """
+    try:
+        if streams and _is_stream(path):
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_CONFIG_BYTES + 1)
+            if len(data) > MAX_CONFIG_BYTES:
+                raise InputFileError(f"{os.fspath(path)} is longer than {MAX_CONFIG_BYTES} bytes")
+            return data.decode("utf-8")
+        return read_regular(path, max_bytes=MAX_CONFIG_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            [ConfigProblem(os.fspath(path), 0, (), f"cannot read: {exc}")], kind="io"
+        ) from None
+
+
 def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config:
     """Read, parse and validate a config file.
 
@@ -680,12 +717,7 @@ def load_config(path: str | os.PathLike[str], text: str | None = None) -> Config
     path = Path(path)
     filename = str(path)
     if text is None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                [ConfigProblem(filename, 0, (), f"cannot read: {exc}")], kind="io"
-            ) from None
+        text = read_config_text(path, streams=True)
     data, lines = _parse_yaml(text, filename)
     if data is None:
         # An empty file is far more often a truncated or half-written one than a wish for

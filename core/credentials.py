@@ -16,6 +16,7 @@ subclass that names its ``kind`` and environment variable and reads its file's v
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core import hookimpl, moved_names
+from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.model import (
     CommandResult,
     CredentialRegistry,
@@ -207,17 +209,24 @@ class CredentialPlugin(Plugin):
     def read(self) -> Validity:
         """The validity of the file as it is now.
 
-        :raises CredentialError: missing, unreadable, too large, empty or not a credential.
+        A credential file is read only when it is a regular file (a FIFO put in its place would
+        hang the director), owned by the user the director runs as, that nobody else may read
+        or write (as ssh, GSI and arcproxy demand of theirs).
+
+        :raises CredentialError: missing, not a regular file, of another owner, readable or
+            writable by others, too large, empty or not a credential.
         """
         try:
-            with self.path.open("rb") as handle:
-                data = handle.read(MAX_FILE_BYTES + 1)
-        except FileNotFoundError:
-            raise CredentialError("does not exist") from None
-        except OSError as exc:
-            raise CredentialError(f"cannot be read: {exc.strerror or exc}") from None
-        if len(data) > MAX_FILE_BYTES:
-            raise CredentialError(f"is larger than {MAX_FILE_BYTES} bytes: not a {self.what}")
+            data = read_regular(
+                self.path, max_bytes=MAX_FILE_BYTES, owners={os.geteuid()}, private=True
+            )
+        except InputFileError as exc:
+            if exc.errno == errno.ENOENT:
+                raise CredentialError("does not exist") from None
+            if exc.errno is not None:
+                raise CredentialError(f"cannot be read: {os.strerror(exc.errno)}") from None
+            # the message names the file: the credential's own words follow its path
+            raise CredentialError(str(exc).removeprefix(str(self.path)).strip()) from None
         if not data.strip():
             raise CredentialError("is empty")
         return self.validity(data)

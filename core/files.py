@@ -1,8 +1,16 @@
-"""Files that readers may see at any moment: written whole or not at all, private by default.
+"""Files others see and files others can put in place: written whole or not at all, private by
+default; read only when they are what they claim to be.
 
 Notes, outbox messages, tickets, the persisted blocklist and the gate's shims are all picked
 up by someone else (a person, a mail relay, the next start) while gridgate may be writing or
 crashing. Every such write goes through :func:`atomic_write`.
+
+A credential, a demand file, a feed, a config file or a state file may be put in place by
+another user or a broken tool: a FIFO there would hang ``open()`` for ever, a device or a huge
+file would be read without end, a loose proxy would be handed to a grid client. Every such read
+goes through :func:`read_regular`: opened without blocking (and without following a link where
+asked), checked on the open descriptor (a regular file, the owner and mode asked for, a size
+cap) before a byte is read.
 """
 
 from __future__ import annotations
@@ -10,10 +18,146 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
-__all__ = ["atomic_write", "ensure_private_dir", "resolve_dir"]
+__all__ = [
+    "InputFileError",
+    "atomic_write",
+    "ensure_private_dir",
+    "file_problem",
+    "read_regular",
+    "resolve_dir",
+]
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+class InputFileError(OSError):
+    """A file that is not to be read: missing or unreadable (``errno`` set), not a regular
+    file, owned by another user, open to others where it must be private, or past its size
+    cap. ``str(error)`` names the file and what is wrong in a few words; ``too_large`` says
+    it was the size cap."""
+
+    def __init__(self, message: str, code: int | None = None, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.errno = code
+        self.too_large = too_large
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def file_problem(
+    info: os.stat_result, *, owners: Collection[int] | None = None, private: bool = False
+) -> str | None:
+    """What is wrong with a file of this ``stat`` for a reader that asks it be owned by one of
+    ``owners`` and, when ``private``, give no access to its group or others; None when nothing.
+
+    :param info: the file's ``os.stat``/``os.fstat`` result.
+    :param owners: the uids that may own it (None: any).
+    :param private: a credential or a secret: group and others must have no access at all.
+    """
+    kind = stat.S_IFMT(info.st_mode)
+    if kind != stat.S_IFREG:
+        return f"is {_KINDS.get(kind, 'not a regular file')}, not a regular file"
+    if owners is not None and info.st_uid not in owners:
+        wanted = " or ".join(_user(uid) for uid in sorted(owners))
+        return (
+            f"is owned by {_user(info.st_uid)}, not by {wanted}: its owner could replace it; "
+            f"it must belong to {wanted}"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if private and mode & 0o077:
+        return (
+            f"has mode {mode:04o}: its group or others may read or write it; it must be "
+            f"readable and writable by its owner only, mode 0600 or 0400 (chmod 600 it)"
+        )
+    return None
+
+
+def read_regular(
+    path: str | os.PathLike[str],
+    *,
+    max_bytes: int,
+    owners: Collection[int] | None = None,
+    private: bool = False,
+    follow_links: bool = True,
+) -> bytes:
+    """The whole content of ``path``, once it is known to be a regular file fit to read.
+
+    The file is opened non-blocking (a FIFO someone put there cannot hang the caller), without
+    a controlling terminal and, with ``follow_links=False``, without following a symbolic link
+    at its last component; then the open descriptor is checked (:func:`file_problem`) and at
+    most ``max_bytes`` are read.
+
+    :param path: the file.
+    :param max_bytes: the size cap: a longer file is refused, not cut.
+    :param owners: the uids that may own it; None: any.
+    :param private: a credential: refused when group or others have any access.
+    :param follow_links: False refuses a link in place of the file (``O_NOFOLLOW``).
+    :raises InputFileError: for a file that is missing, unreadable, not a regular file, of
+        another owner, not private enough, or larger than ``max_bytes``.
+    """
+    name = os.fspath(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(name, flags)
+    except OSError as exc:
+        if exc.errno == errno.EACCES:
+            # not ours to read: say whose it is and what it must be, when that is the reason
+            problem = None
+            with contextlib.suppress(OSError):
+                problem = file_problem(os.stat(name), owners=owners, private=private)
+            if problem is not None:
+                raise InputFileError(f"{name} {problem}") from None
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise InputFileError(
+                f"{name} is a symbolic link, not a regular file", errno.ELOOP
+            ) from None
+        raise InputFileError(f"{name}: {exc.strerror}", exc.errno) from None
+    try:
+        info = os.fstat(fd)
+        problem = file_problem(info, owners=owners, private=private)
+        if problem is not None:
+            raise InputFileError(f"{name} {problem}")
+        if info.st_size > max_bytes:
+            raise InputFileError(
+                f"{name} is {info.st_size} bytes, more than {max_bytes}", too_large=True
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:  # it grew while being read
+            raise InputFileError(f"{name} is longer than {max_bytes} bytes", too_large=True)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

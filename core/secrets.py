@@ -50,7 +50,8 @@ def read_secret(spec: Mapping[str, str] | None) -> str | None:
         return value
     path = spec["file"]
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
+        # non-blocking: a FIFO put in the file's place cannot hang open() (it is refused below)
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise SecretError(f"cannot read secret file {path}: {exc.strerror}") from None
     try:
@@ -59,7 +60,9 @@ def read_secret(spec: Mapping[str, str] | None) -> str | None:
         if problem:
             raise SecretError(problem)
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read()
+            data = handle.read(MAX_SECRET_BYTES + 1)
+        if len(data) > MAX_SECRET_BYTES:
+            raise SecretError(f"secret file {path} is longer than {MAX_SECRET_BYTES} bytes")
     except OSError as exc:
         raise SecretError(f"cannot read secret file {path}: {exc.strerror}") from None
     finally:
@@ -68,6 +71,10 @@ def read_secret(spec: Mapping[str, str] | None) -> str | None:
         return data.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError:
         raise SecretError(f"secret file {path} is not UTF-8 text") from None
+
+
+#: A secret file longer than this is not read (a password or a key is a few bytes).
+MAX_SECRET_BYTES = 64 * 1024
 
 
 def file_problem(path: str, info: os.stat_result) -> str | None:

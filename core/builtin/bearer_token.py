@@ -9,8 +9,6 @@ import base64
 import binascii
 import json
 import os
-import pwd
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,7 +16,7 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core.credentials import CredentialError, CredentialPlugin, Validity, credential_schema
-from gridgate.core.files import atomic_write, ensure_private_dir
+from gridgate.core.files import atomic_write, ensure_private_dir, file_problem
 from gridgate.core.plugins import PluginContext
 
 #: Where a token given in the BEARER_TOKEN variable is written for the backends' commands,
@@ -70,33 +68,6 @@ def discover(environ: Mapping[str, str], euid: int) -> tuple[Path | None, str]:
         if path.exists():
             return path, where
     return candidates[0]
-
-
-def _user(uid: int) -> str:
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def file_problem(info: os.stat_result, euid: int) -> str:
-    """Why a token file must not be used ('' when it may): others could read the token or
-    replace it. A token file must be a regular file of the director's user that nobody else
-    may read or write (0600 or 0400)."""
-    if not stat.S_ISREG(info.st_mode):
-        return "is not a regular file"
-    mode = stat.S_IMODE(info.st_mode)
-    if info.st_uid != euid:
-        return (
-            f"is owned by {_user(info.st_uid)}, not by {_user(euid)} that runs the director: "
-            f"its owner could replace the token; it must belong to {_user(euid)} with mode 0600"
-        )
-    if mode & 0o066:
-        return (
-            f"has mode {mode:04o}: its group or others may read or write it; it must be "
-            f"readable and writable by its owner only, mode 0600 or 0400 (chmod 600 it)"
-        )
-    return ""
 
 
 def _b64url_json(part: bytes) -> Any:
@@ -173,9 +144,8 @@ class BearerToken(CredentialPlugin):
         if self.token_copy is None:
             return
         try:
-            if self.path.read_bytes() == self.token_copy and not file_problem(
-                self.path.stat(), os.geteuid()
-            ):
+            same = self.path.read_bytes() == self.token_copy
+            if same and not file_problem(self.path.stat(), owners={os.geteuid()}, private=True):
                 return
         except OSError:
             pass
@@ -197,15 +167,6 @@ class BearerToken(CredentialPlugin):
         :raises CredentialError: missing, not private, unreadable, or not a JWT with ``exp``.
         """
         self._write_copy()
-        try:
-            info = self.path.stat()
-        except FileNotFoundError:
-            raise CredentialError("does not exist" + self._found()) from None
-        except OSError as exc:
-            raise CredentialError(f"cannot be read: {exc.strerror or exc}{self._found()}") from None
-        problem = file_problem(info, os.geteuid())
-        if problem:
-            raise CredentialError(problem + self._found())
         try:
             return super().read()
         except CredentialError as exc:

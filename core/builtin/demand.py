@@ -21,7 +21,14 @@ from gridgate.core.builtin.waiting import (
     WaitingGauges,
     pilots_for,
 )
-from gridgate.core.model import DemandRegistry, IterationInfo, Resources, SubmitRequest
+from gridgate.core.files import read_regular
+from gridgate.core.model import (
+    DemandFigure,
+    DemandRegistry,
+    IterationInfo,
+    Resources,
+    SubmitRequest,
+)
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.state import StateError
 
@@ -144,6 +151,10 @@ class StaticDemand(Plugin):
         register_demand(self.config, demand)
 
 
+#: A demand file larger than this is refused (it names a few numbers).
+DEMAND_FILE_BYTES = 1024 * 1024
+
+
 class FileDemand(Plugin):
     """Pilots read every iteration from a YAML or JSON file with the ``static`` shape.
 
@@ -182,10 +193,11 @@ class FileDemand(Plugin):
     def gridgate_demand(self, iteration: IterationInfo, demand: DemandRegistry) -> None:
         path = Path(self.config["path"])
         try:
-            text = path.read_text(encoding="utf-8")
+            # a FIFO or a device put in its place would hang or flood the director
+            text = read_regular(path, max_bytes=DEMAND_FILE_BYTES).decode("utf-8")
             spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-            self._problem(f"cannot read: {exc}")
+        except Exception as exc:  # whatever the file holds costs this source, not the iteration
+            self._problem(f"cannot read: {type(exc).__name__}: {exc}")
             return
         if path.suffix != ".json" and text.strip() and not text.endswith("\n"):
             # as for the config (core/config.py cut_problem): "pilots: 100" cut after "1" is
@@ -340,6 +352,9 @@ class QueueDemand(Plugin):
                 figure.jobs, int(spec["jobs_per_pilot"]), already, spec.get("max_per_iteration")
             )
             decided[name] = GroupDemand(name, backend, figure.jobs, figure.fresh, already, pilots)
+            demand.figure(
+                DemandFigure(backend, name, jobs=figure.jobs, fresh=figure.fresh, source="queue")
+            )
             if pilots > 0:
                 demand.add(
                     SubmitRequest(

@@ -32,6 +32,7 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.builtin.waiting import FetchError, http_get, split_http_url
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.model import AVAILABILITY_STATES, AVAILABLE, Availability, Endpoint
 from gridgate.core.plugins import Plugin, PluginContext
 
@@ -415,13 +416,12 @@ def _read_file(url: str, max_bytes: int) -> bytes:
         raise FeedError(f"a file:// URL names a local file, not one on {parts.netloc}")
     path = unquote(parts.path)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as exc:
-        raise FeedError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > max_bytes:
-        raise FeedError(f"the file is longer than max_bytes ({max_bytes} bytes)")
-    return data
+        # non-blocking, a regular file only: a FIFO in the feed's place cannot hang the director
+        return read_regular(path, max_bytes=max_bytes)
+    except InputFileError as exc:
+        if exc.too_large:
+            raise FeedError(f"the file is longer than max_bytes ({max_bytes} bytes)") from None
+        raise FeedError(f"cannot read {exc}") from None
 
 
 class GocdbFeed:

@@ -11,7 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gridgate.core.config import Config, ConfigError, ConfigProblem, load_config
+from gridgate.core.config import (
+    Config,
+    ConfigError,
+    ConfigProblem,
+    load_config,
+    read_config_text,
+)
 
 
 def cut_problem(text: str, filename: str) -> ConfigProblem | None:
@@ -69,12 +75,9 @@ class ConfigSource:
         changes, not at every reload."""
         with self._lock:
             try:
-                text = self.path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                err = ConfigError(
-                    [ConfigProblem(str(self.path), 0, (), f"cannot read: {exc}")], kind="io"
-                )
-                return self._refused(f"io:{exc}", err)
+                text = read_config_text(self.path)
+            except ConfigError as err:
+                return self._refused(f"io:{err}", err)
             digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
             if digest == self._current.digest:
                 self._refused_digest = None

@@ -15,12 +15,13 @@ our DN, our CA) is that CE's ``config`` or ``auth``.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
+from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
 from gridgate.core.patterns import Pattern, PatternTable, clip
@@ -302,21 +303,27 @@ def vague(command: CommandResult) -> bool:
     return any(line in text for line in VAGUE) and match(command) is None
 
 
+#: A proxy file larger than this is no proxy (it is a few KiB).
+PROXY_BYTES = 1024 * 1024
+
+
 def proxy_problem(environ: Mapping[str, str], now: float) -> str:
     """Why the proxy the client would use is unusable, in the client's own words (``Proxy
     expired``, ``Cannot find any proxy``) so that it classifies as ``credential``; "" when it
     is valid or cannot be judged (no X509_USER_PROXY: the client looks elsewhere too)."""
     path = environ.get("X509_USER_PROXY") or f"/tmp/x509up_u{os.getuid()}"
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return (
-            f"Cannot find any proxy: {path} does not exist"
-            if environ.get("X509_USER_PROXY")
-            else ""
-        )
-    except OSError as exc:
-        return f"Cannot find any proxy: {path}: {exc.strerror}"
+        # the default /tmp/x509up_u<uid> is a name any user can create first: only a regular
+        # file of this user that nobody else may read or write is taken (as arcproxy demands)
+        data = read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
+    except InputFileError as exc:
+        if exc.errno == errno.ENOENT:
+            return (
+                f"Cannot find any proxy: {path} does not exist"
+                if environ.get("X509_USER_PROXY")
+                else ""
+            )
+        return f"Cannot find any proxy: {exc}"
     try:
         from cryptography import x509
 

@@ -434,6 +434,7 @@ def test_a_file_that_is_not_a_proxy_is_unusable_with_a_clear_message(
     grid: Grid, content: bytes, problem: str
 ) -> None:
     grid.proxy.write_bytes(content)
+    grid.proxy.chmod(0o600)
     status = check(plugin(grid, renew=[]))
     assert not status.usable and status.expires is None
     assert status.message.startswith(f"X.509 proxy {grid.proxy} {problem}")
@@ -443,7 +444,44 @@ def test_a_file_that_is_not_a_proxy_is_unusable_with_a_clear_message(
 def test_an_unreadable_proxy_is_unusable(grid: Grid) -> None:
     grid.proxy.mkdir()  # readable by nobody as a file, root included
     status = check(plugin(grid, renew=[]))
-    assert not status.usable and "cannot be read: Is a directory" in status.message
+    assert not status.usable and "is a folder, not a regular file" in status.message
+
+
+def test_a_fifo_in_place_of_the_proxy_is_unusable_at_once(grid: Grid) -> None:
+    """Issue 31, item 1: open() on a FIFO blocked the director for ever before its first
+    iteration; now the check answers at once, naming what the file is."""
+    os.mkfifo(grid.proxy, 0o600)
+    got: list[CredentialStatus] = []
+    worker = threading.Thread(target=lambda: got.append(check(plugin(grid, renew=[]))), daemon=True)
+    worker.start()
+    worker.join(60)
+    try:
+        assert not worker.is_alive(), "the credential check blocked on a FIFO"
+        (status,) = got
+        assert not status.usable and "is a FIFO, not a regular file" in status.message
+    finally:
+        if worker.is_alive():
+            os.close(os.open(grid.proxy, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_proxy_open_to_its_group_or_others_is_refused_saying_mode_and_fix(
+    grid: Grid, mode: int
+) -> None:
+    """Issue 31, item 4: ssh, GSI and arcproxy refuse a loose credential file; so does this."""
+    grid.issue(left=5 * HOUR)
+    grid.proxy.chmod(mode)
+    status = check(plugin(grid, renew=[]))
+    assert not status.usable
+    assert f"has mode {mode:04o}" in status.message and "mode 0600 or 0400" in status.message
+
+
+def test_a_proxy_owned_by_another_user_is_refused_naming_both_owners(grid: Grid) -> None:
+    grid.issue(left=5 * HOUR)
+    os.chown(grid.proxy, 65534, -1)
+    status = check(plugin(grid, renew=[]))
+    assert not status.usable
+    assert "is owned by uid 65534" in status.message and f"uid {os.geteuid()}" in status.message
 
 
 def test_a_proxy_not_yet_valid_is_unusable(grid: Grid) -> None:
@@ -701,7 +739,7 @@ def test_an_expired_proxy_whose_renewal_fails_pauses_the_backend_with_one_error_
         assert (
             error.endpoint is None
             and str(grid.proxy) in error.subject
-            and "arcish submit nothing" in error.subject
+            and "arcish submits nothing" in error.subject
         )
         assert f"File: {grid.proxy}" in error.body and f"Ends: {_iso(end)}" in error.body
         assert "Renewal: " in error.body and "certificate has expired" in error.body  # its output
@@ -779,7 +817,7 @@ def test_a_backend_that_needs_no_credential_keeps_submitting_while_the_proxy_is_
         assert needs.submitted == [] and plain.submitted == ["-", "-"]
         (error,) = collector.notes
         assert "Ends: unknown" in error.body and "does not exist" in error.body
-        assert "arcish submit nothing" in error.subject and "plain" not in error.subject
+        assert "arcish submits nothing" in error.subject and "plain" not in error.subject
     finally:
         director.close()
 
@@ -924,10 +962,12 @@ def test_a_token_file_plugin_is_a_small_subclass_of_the_same_hooks(tmp_path: Pat
         sys.executable,
         "-c",
         "import sys; from pathlib import Path; "
-        f"Path(sys.argv[1]).write_bytes({_jwt({'exp': START + 3000})!r})",
+        f"Path(sys.argv[1]).write_bytes({_jwt({'exp': START + 3000})!r}); "
+        "Path(sys.argv[1]).chmod(0o600)",
         str(token),
     ]
     token.write_bytes(_jwt({"exp": START + 300}))
+    token.chmod(0o600)
     plugin = build_plugin(
         TokenFile, {"path": str(token), "renew": refresh}, clock=clock, name="token_file"
     )

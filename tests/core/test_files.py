@@ -4,14 +4,20 @@ when the disk refuses the write."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
 import sys
 import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from gridgate.core.builtin.notifiers import FileNotifier
-from gridgate.core.files import atomic_write
+from gridgate.core.files import InputFileError, atomic_write, read_regular
 from gridgate.core.model import Endpoint, Notification
 from gridgate.core.testing import build_plugin
 
@@ -121,3 +127,93 @@ def test_atomic_write_follows_no_link_planted_under_its_temporary_name(tmp_path)
     assert stat.S_IMODE(victim.stat().st_mode) == 0o644
     assert target.read_bytes() == b"new\n" and not target.is_symlink()
     assert not planted.exists() and not planted.is_symlink()
+
+
+# --- read_regular: files another user or a broken tool can put in place (issue 31, 1/4) ----
+
+
+def _blocked_reader(target: Path, **kwargs: Any) -> tuple[threading.Thread, list[object]]:
+    """read_regular(target) in a thread: what it returned or raised lands in the list."""
+    got: list[object] = []
+
+    def read() -> None:
+        try:
+            got.append(read_regular(target, max_bytes=1024, **kwargs))
+        except Exception as exc:  # what the test checks
+            got.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def test_a_fifo_is_refused_at_once_instead_of_blocking_in_open(tmp_path: Path) -> None:
+    fifo = tmp_path / "x509up_u0"
+    os.mkfifo(fifo)
+    thread, got = _blocked_reader(fifo)
+    thread.join(30)
+    try:
+        assert not thread.is_alive(), "read_regular blocked on a FIFO"
+        (error,) = got
+        assert isinstance(error, InputFileError)
+        assert str(error) == f"{fifo} is a FIFO, not a regular file"
+    finally:
+        if thread.is_alive():  # unblock it, so the test process ends
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda p: p.mkdir(), "a folder"),
+        (lambda p: p.symlink_to("/dev/null"), "a character device"),
+    ],
+)
+def test_what_is_not_a_regular_file_is_named(tmp_path: Path, make: Any, what: str) -> None:
+    target = tmp_path / "input"
+    make(target)
+    with pytest.raises(InputFileError, match=f"is {what}, not a regular file"):
+        read_regular(target, max_bytes=1024)
+
+
+def test_a_link_is_refused_where_links_must_not_be_followed(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.write_bytes(b"value\n")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert read_regular(link, max_bytes=1024) == b"value\n"
+    with pytest.raises(InputFileError, match="is a symbolic link, not a regular file"):
+        read_regular(link, max_bytes=1024, follow_links=False)
+
+
+def test_the_size_cap_refuses_a_longer_file_instead_of_cutting_it(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 1025)
+    with pytest.raises(InputFileError, match="is 1025 bytes, more than 1024") as caught:
+        read_regular(big, max_bytes=1024)
+    assert caught.value.too_large
+    big.write_bytes(b"x" * 1024)
+    assert len(read_regular(big, max_bytes=1024)) == 1024
+
+
+def test_a_private_file_of_another_owner_or_open_to_others_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cret\n")
+    secret.chmod(0o644)
+    me = os.geteuid()
+    with pytest.raises(InputFileError, match=r"has mode 0644: .* mode 0600 or 0400"):
+        read_regular(secret, max_bytes=1024, owners={me}, private=True)
+    secret.chmod(0o600)
+    assert read_regular(secret, max_bytes=1024, owners={me}, private=True) == b"s3cret\n"
+    other = me + 1 if me != 65534 else 0
+    os.chown(secret, other, -1)
+    with pytest.raises(InputFileError, match=f"is owned by uid {other}.*, not by uid {me}"):
+        read_regular(secret, max_bytes=1024, owners={me}, private=True)
+    # without a wish for owner and mode, it is a readable regular file
+    assert read_regular(secret, max_bytes=1024) == b"s3cret\n"
+
+
+def test_a_missing_file_keeps_its_errno(tmp_path: Path) -> None:
+    with pytest.raises(InputFileError) as caught:
+        read_regular(tmp_path / "none", max_bytes=10)
+    assert caught.value.errno == errno.ENOENT and "No such file" in str(caught.value)

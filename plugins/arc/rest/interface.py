@@ -27,6 +27,7 @@ every answer, and the hook call's deadline every exchange.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import threading
@@ -41,7 +42,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from gridgate.core.backend import Deadline
-from gridgate.core.files import atomic_write, ensure_private_dir
+from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir, read_regular
 from gridgate.core.http import HttpClient
 from gridgate.core.kinds import missing_input
 from gridgate.core.model import (
@@ -56,7 +57,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.patterns import clip
 from gridgate.core.plugins import PluginContext
-from gridgate.plugins.arc.classify import proxy_problem
+from gridgate.plugins.arc.classify import PROXY_BYTES, proxy_problem
 from gridgate.plugins.arc.parse import STDERR, with_stderr
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError, failed
 from gridgate.plugins.arc.rest.delegation import Delegations
@@ -156,14 +157,19 @@ def find_token(managed: Mapping[str, str], environ: Mapping[str, str]) -> tuple[
         if environ.get("XDG_RUNTIME_DIR"):
             candidates.append(("file", f"{environ['XDG_RUNTIME_DIR']}/bt_u{uid}"))
         candidates.append(("file", f"/tmp/bt_u{uid}"))
+    refused: list[str] = []
     for _kind, path in candidates:
         try:
-            token = Path(path).read_text(encoding="utf-8").strip()
-        except OSError:
+            data = read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
+        except InputFileError as exc:
+            if exc.errno != errno.ENOENT:
+                refused.append(str(exc))  # a token others can read or replace is not sent
             continue
+        token = data.decode("utf-8", "replace").strip()
         if token:
             return token, path
-    return "", ", ".join(path for _kind, path in candidates)
+    where = ", ".join(path for _kind, path in candidates)
+    return "", where + (f" (refused: {'; '.join(refused)})" if refused else "")
 
 
 def token_expired(token: str, now: float) -> float | None:
@@ -247,7 +253,9 @@ class RestPath:
             cached = self._proxies.get(path)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        proxy = read_proxy(Path(path).read_bytes())
+        proxy = read_proxy(
+            read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
+        )
         with self._lock:
             self._proxies[path] = (stamp, proxy)
         return proxy

@@ -4,10 +4,12 @@ test_arc_backend.py; these pin each text so that a parser change shows which one
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gridgate.core.model import CommandResult
-from gridgate.plugins.arc.classify import classify
+from gridgate.plugins.arc.classify import classify, proxy_problem
 from gridgate.plugins.arc.parse import (
     cleaned_counts,
     killed_counts,
@@ -209,3 +211,30 @@ def test_classify_the_real_failure_texts(stdout: str, stderr: str, kind: str, lo
 
 def test_classify_a_killed_arcsub_is_a_timeout() -> None:
     assert classify(_cmd(rc=None, timed_out=True)).kind == "timeout"
+
+
+# --- the proxy the client would use (issue 31, items 1 and 4) ---------------------------------
+
+
+def test_the_default_proxy_path_is_taken_only_as_a_private_regular_file_of_this_user(
+    tmp_path,
+) -> None:
+    """/tmp/x509up_u<uid> is a name any user can create first: a FIFO there must not hang the
+    poll that looks at it, and a file of another user or open to others is not this user's
+    proxy; each is ``credential`` in the client's words."""
+    proxy = tmp_path / "x509up"
+    env = {"X509_USER_PROXY": str(proxy)}
+    assert proxy_problem(env, 0) == f"Cannot find any proxy: {proxy} does not exist"
+    os.mkfifo(proxy)
+    problem = proxy_problem(env, 0)
+    assert problem == f"Cannot find any proxy: {proxy} is a FIFO, not a regular file"
+    proxy.unlink()
+    proxy.write_text("not a proxy")
+    proxy.chmod(0o644)
+    assert "has mode 0644" in proxy_problem(env, 0)
+    proxy.chmod(0o600)
+    os.chown(proxy, 65534, -1)
+    assert "is owned by uid 65534" in proxy_problem(env, 0)
+    # as the poll hands it on: arcstat's useless answer, the proxy's problem as the message
+    said = _cmd(stdout="", stderr="ERROR: wrong response: <garbage>")
+    assert classify(said, proxy_problem(env, 0)).kind == "credential"
