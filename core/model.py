@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -42,6 +42,7 @@ __all__ = [
     "CommandResult",
     "CredentialRegistry",
     "CredentialStatus",
+    "DemandFigure",
     "DemandRegistry",
     "Endpoint",
     "Episode",
@@ -817,6 +818,24 @@ class IterationSummary:
     #: the endpoints not fully available this iteration (``gridgate_endpoint_availability``,
     #: merged: the worst state wins), by ``Endpoint.key``; available ones are left out
     unavailable: Mapping[str, Availability] = field(default_factory=dict)
+    #: what the demand asked for, per (backend, group), before the limits, with the figure of
+    #: waiting work it was sized from when its plugin gave one (:meth:`DemandRegistry.figure`)
+    demand: tuple[DemandFigure, ...] = ()
+
+
+@dataclass(frozen=True)
+class DemandFigure:
+    """What the demand of one iteration asked for one (backend, group): ``pilots`` before the
+    limits; ``jobs`` the waiting work its source counted (None: a demand without one, static or
+    file), ``fresh`` whether that figure was read this iteration (False: the last good one,
+    held while the source fails), ``source`` the plugin that said so."""
+
+    backend: str
+    group: str
+    pilots: int = 0
+    jobs: int | None = None
+    fresh: bool = True
+    source: str = ""
 
 
 class DemandRegistry:
@@ -828,6 +847,7 @@ class DemandRegistry:
 
     def __init__(self) -> None:
         self._requests: list[SubmitRequest] = []
+        self._figures: dict[tuple[str, str], DemandFigure] = {}
 
     def add(self, request: SubmitRequest, times: int = 1) -> None:
         """Ask for ``times`` submissions of ``request`` this iteration."""
@@ -838,3 +858,23 @@ class DemandRegistry:
     @property
     def requests(self) -> tuple[SubmitRequest, ...]:
         return tuple(self._requests)
+
+    def figure(self, figure: DemandFigure) -> None:
+        """Say what waiting work a group's demand was sized from (the journal line, the
+        ``gridgate_demand_waiting_jobs`` metric and ``--json`` show it); a group whose plugin
+        says nothing is shown with what it asked only."""
+        self._figures[(figure.backend, figure.group)] = figure
+
+    @property
+    def figures(self) -> tuple[DemandFigure, ...]:
+        """Per (backend, group) asked for, what was asked (the requests' pilots) and the
+        figures plugins gave (:meth:`figure`), by backend and group."""
+        asked: dict[tuple[str, str], int] = {}
+        for request in self._requests:
+            key = (request.backend, request.group)
+            asked[key] = asked.get(key, 0) + request.count
+        out = []
+        for key in sorted(set(asked) | set(self._figures)):
+            told = self._figures.get(key, DemandFigure(*key))
+            out.append(replace(told, pilots=asked.get(key, 0)))
+        return tuple(out)

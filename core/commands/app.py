@@ -6,6 +6,8 @@ commands, ``docs`` and ``plugin new``, come from the devkit's provider)."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from typing import Any
 
@@ -146,22 +148,31 @@ def config_example() -> None:
 def run_command(path: str, once: bool, iterations: int | None, as_json: bool) -> None:
     """Run the submission director."""
     import signal
+    import threading
 
-    from gridgate.core.engine.config_checks import submission_problems
+    from gridgate.core.engine.config_checks import checked_config, submission_problems
     from gridgate.core.engine.director import Director, summary_json
     from gridgate.core.engine.reload import ConfigSource
 
-    config = load_config_or_exit(path)
-    idle = submission_problems(config)
-    for problem in idle:
-        click.echo(str(problem), err=True)
-    if idle:
-        raise SystemExit(EXIT_CONFIG)
+    try:
+        # as config validate checks it: a file without its final newline (cut short?) and a
+        # director config that leaves nothing to submit are refused here as on a reload
+        config = checked_config(path)
+        # a config that is not a director's yet (no backend, no demand) is refused here too
+        idle = submission_problems(config)
+        if idle:
+            raise ConfigError(idle)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(str(problem), err=True)
+        raise SystemExit(EXIT_CONFIG) from None
     director = Director(ConfigSource(path, initial=config))
+    stopping = threading.Event()
 
     def stop(signum: int, _frame: Any) -> None:
         logger.warning("signal {} received: finishing the commands in flight", signum)
         director.stop()
+        stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -170,19 +181,111 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
         if as_json:
             click.echo(summary_json(summary))
         else:
-            counts: dict[str, int] = {}
-            for record in summary.records:
-                counts[record.outcome] = counts.get(record.outcome, 0) + record.pilots
-            click.echo(
-                f"iteration {summary.number}: {summary.duration:.1f} s, "
-                + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-                + (f", excluded {', '.join(summary.excluded)}" if summary.excluded else "")
-            )
+            click.echo(journal_line(summary, bool(director.config.director.get("paused"))))
 
-    try:
-        director.run(iterations=1 if once else iterations, on_iteration=emit)
-    finally:
-        director.close()
+    failed: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            director.run(iterations=1 if once else iterations, on_iteration=emit)
+        except BaseException as exc:  # re-raised in the main thread below
+            failed.append(exc)
+
+    # the loop runs in a thread of its own so that a stop is kept whatever it is blocked in
+    # (a plugin, a file, a store that no longer answers): the main thread only waits
+    worker = threading.Thread(target=loop, name="director", daemon=True)
+    worker.start()
+    while worker.is_alive() and not stopping.is_set():
+        worker.join(0.5)
+    if stopping.is_set():
+        bound = float(director.config.director.get("stop_timeout", 270))
+        worker.join(bound)
+        if worker.is_alive():
+            logger.error(
+                "the director did not stop within stop_timeout ({:g} s) and exits anyway; "
+                "it was still in: {}",
+                bound,
+                _where(worker),
+            )
+            sys.stdout.flush()
+            os._exit(1)  # nothing else to wait for: the commands in flight die with it
+    director.close()
+    if failed:
+        raise failed[0]
+
+
+def _where(thread: Any) -> str:
+    """The innermost frames of ``thread``, for the log line of a director that would not stop."""
+    import traceback
+
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "(gone)"
+    stack = traceback.extract_stack(frame)[-3:]
+    return "; ".join(
+        f"{f.name} at {f.filename}:{f.lineno} ({(f.line or '').strip()})" for f in stack
+    )
+
+
+def journal_line(summary: Any, paused: bool = False) -> str:
+    """The one line an iteration writes to the journal (``gridgate -v run``): per backend, what
+    the demand asked (with the waiting work it was sized from), the pilots waiting, what was
+    submitted, trimmed by which limit, skipped and why, failed; an unusable credential; the
+    endpoints excluded."""
+    backends: dict[str, dict[str, Any]] = {}
+
+    def of(backend: str) -> dict[str, Any]:
+        return backends.setdefault(
+            backend,
+            {"demand": 0, "figures": [], "waiting": 0, "submitted": 0, "failed": 0, "skipped": {}},
+        )
+
+    for figure in summary.demand:
+        row = of(figure.backend)
+        row["demand"] += figure.pilots
+        if figure.jobs is not None:
+            held = "" if figure.fresh else ", held"
+            row["figures"].append(
+                f"{figure.source or 'source'} {figure.group} {figure.jobs} jobs{held}"
+            )
+    for record in summary.records:
+        row = of(record.backend)
+        if record.outcome == "submitted":
+            row["submitted"] += record.pilots
+        elif record.outcome == "failed":
+            row["failed"] += 1
+        elif record.outcome == "skipped":
+            cause = record.failure_kind or "skipped"
+            row["skipped"][cause] = row["skipped"].get(cause, 0) + record.pilots
+    if summary.pilots is not None:
+        for key, states in summary.pilots.states.items():
+            backend = key.partition("/")[0]
+            if states.get("waiting"):
+                of(backend)["waiting"] += states["waiting"]
+    parts = []
+    for backend, row in sorted(backends.items()):
+        text = f"{backend}: demand {row['demand']}"
+        if row["figures"]:
+            text += f" ({', '.join(row['figures'])})"
+        text += f", waiting {row['waiting']}, submitted {row['submitted']}"
+        skipped = row["skipped"]
+        trims = {k: v for k, v in skipped.items() if k.startswith("max_")}
+        others = {k: v for k, v in skipped.items() if k not in trims}
+        if trims:
+            text += ", trimmed " + ", ".join(f"{n} by {k}" for k, n in sorted(trims.items()))
+        if others:
+            text += ", skipped " + ", ".join(f"{n} ({k})" for k, n in sorted(others.items()))
+        if row["failed"]:
+            text += f", failed {row['failed']}"
+        parts.append(text)
+    for status in summary.credentials:
+        if not status.usable:
+            parts.append(f"credential {status.kind} unusable: {status.message}")
+    if summary.excluded:
+        parts.append(f"excluded {', '.join(summary.excluded)}")
+    if not parts:
+        parts.append("paused (director.paused)" if paused else "no demand")
+    return f"iteration {summary.number}: {summary.duration:.1f} s; " + "; ".join(parts)
 
 
 @cli.command("report")

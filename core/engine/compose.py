@@ -50,6 +50,12 @@ def compose_failure(
     lines: list[str] = []
     level = escalation.level or "error"
     if level == "alarm":
+        # the mail of an alarm must not read as the error mail that came before it
+        subject = (
+            f"ALARM {subject}: failing at least for {escalation.failing_for(now)}, "
+            "submit a GGUS ticket"
+        )
+    if level == "alarm":
         lines += [
             ALARM_HEADER,
             f"It has been failing at least for {escalation.failing_for(now)}",
@@ -249,7 +255,10 @@ def compose_credential(
             f"State: {status.message}",
         ]
     else:
-        subject = f"gridgate: {subject_what} unusable: {names} submit nothing [credential]"
+        verb = "submits" if len(set(backends)) == 1 else "submit"
+        subject = f"gridgate: {subject_what} unusable: {names} {verb} nothing [credential]"
+        if level == "alarm":
+            subject = f"ALARM {subject}: unusable at least for {elapsed_text(now - since)}"
         if level == "alarm":
             lines += [
                 f"The credential has been unusable at least for {elapsed_text(now - since)}.",

@@ -23,7 +23,16 @@ from typing import Any
 
 from loguru import logger
 
-from gridgate.core.config import Config, ConfigError, ConfigProblem, PathT, format_path, load_config
+from gridgate.core.config import (
+    Config,
+    ConfigError,
+    ConfigProblem,
+    PathT,
+    format_path,
+    load_config,
+    read_config_text,
+)
+from gridgate.core.engine.reload import cut_problem
 from gridgate.core.model import Endpoint, Notification
 from gridgate.core.plugins import CONFIG_GROUPS
 from gridgate.core.weights import weight_errors
@@ -246,11 +255,19 @@ def submission_problems(
 
 
 def checked_config(path: str | os.PathLike[str], text: str | None = None) -> Config:
-    """What ``gridgate config validate`` checks: :func:`load_config`, and for a director
-    config, that it leaves something to submit.
+    """What ``gridgate config validate`` and the start of ``gridgate run`` check:
+    :func:`load_config`, that the file ends with its final newline (a file cut short, or still
+    being written, can stop inside a value and still validate: ``max_waiting: 100`` cut to
+    ``1``; a running director refuses it on reload, so it is refused at the start too), and for
+    a director config, that it leaves something to submit.
 
     :raises ConfigError: every problem, with file and line.
     """
+    if text is None:
+        text = read_config_text(path, streams=True)  # -c <(...) at the start: the operator's
+    cut = cut_problem(text, os.fspath(path))
+    if cut is not None:
+        raise ConfigError([cut])
     config = load_config(path, text=text)
     if is_director_config(config):
         problems = submission_problems(config)

@@ -4,6 +4,7 @@ people through every notifier, each on its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -429,6 +430,7 @@ def summary_json(summary: IterationSummary) -> str:
         "pilots": summary.pilots.as_dict() if summary.pilots is not None else {},
         "credentials": [status.as_dict() for status in summary.credentials],
         "unavailable": {key: state.as_dict() for key, state in summary.unavailable.items()},
+        "demand": [dataclasses.asdict(figure) for figure in summary.demand],
     }
     return json.dumps(doc, sort_keys=False)
 

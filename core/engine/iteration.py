@@ -121,6 +121,7 @@ class IterationRunner:
         it.notifications.extend(sent)
         for note in unsent:
             self.failures.tell(it, note)
+        asked = demand.figures  # before the limits trim the demand
         self.credentials.check(it, demand)  # before any command could use one
         self._availability(it, demand)  # before any server is polled or chosen
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
@@ -154,6 +155,7 @@ class IterationRunner:
             pilots=it.pilots.freeze() if it.pilots is not None else None,
             credentials=it.credentials,
             unavailable=dict(it.availability),
+            demand=asked,
         )
 
     # --- availability ---------------------------------------------------------------------

@@ -137,6 +137,16 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
             "default": "",
             "description": "Name the director gives admission control (default: its uid's).",
         },
+        "stop_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 86400,
+            "default": 270,
+            "description": "After SIGTERM or SIGINT, seconds gridgate run waits for the "
+            "iteration in flight (its commands each end at command_timeout) before it exits "
+            "anyway, naming what it was still doing. Keep it below the unit's TimeoutStopSec "
+            "(300 s in deploy/systemd).",
+        },
         "metrics_port": {
             "type": ["integer", "null"],
             "minimum": 0,

@@ -4,7 +4,9 @@ every accepted change, and a real config cut at every byte."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -122,6 +124,19 @@ def test_run_refuses_to_start_on_a_config_that_would_submit_nothing(write, gridg
         [gridgate_exe, "run", "-c", str(path), "--once"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and f"{path}:1: demand: no demand plugin" in done.stderr
+
+
+def test_run_refuses_to_start_on_a_file_cut_inside_its_last_line(write, gridgate_exe) -> None:
+    """A file without its final newline (``max_waiting: 100`` cut to ``1`` still validates)
+    is refused at the start as a running director refuses it on reload."""
+    import subprocess
+
+    path = write("site.yaml", "state: {driver: memory}\ndemand: {static: {testbed: 1}}")
+    done = subprocess.run(
+        [gridgate_exe, "run", "-c", str(path), "--once"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stdout
+    assert f"{path}:2: $: the file does not end with a newline" in done.stderr
 
 
 # --- what a running director does with a reload ---------------------------------------------
@@ -260,14 +275,18 @@ def test_the_example_config_cut_at_every_byte_is_refused_or_still_submits(
     path = tmp_path / "site.yaml"
     refused = 0
     valid: dict[str, int] = {}  # distinct documents among the cuts that validate -> a cut
-    verdicts: dict[str, bool] = {}  # the checks depend on the document only: one check each
+    # the checks depend on the document and on whether the text ends its last line (a cut
+    # inside a line is refused as cut short): one check of each
+    verdicts: dict[tuple[str, bool], bool] = {}
     for cut in range(len(text.encode("utf-8")) + 1):
         prefix = text.encode("utf-8")[:cut].decode("utf-8", errors="ignore")
+        whole = prefix.endswith("\n") or not prefix.strip()
         try:
             document = yaml.safe_dump(yaml.safe_load(prefix))
         except yaml.YAMLError:
             document = None
-        if document is None or document not in verdicts:
+        key = (document or "", whole)
+        if document is None or key not in verdicts:
             try:
                 checked_config(path, text=prefix)
                 ok = True
@@ -276,10 +295,11 @@ def test_the_example_config_cut_at_every_byte_is_refused_or_still_submits(
             if document is None:
                 assert not ok  # a prefix YAML cannot parse never validates
             else:
-                verdicts[document] = ok
-        if not verdicts.get(document, False):
+                verdicts[key] = ok
+        if document is None or not verdicts.get(key, False):
             refused += 1
             continue
+        assert whole  # a cut inside a line never validates
         valid.setdefault(document, cut)
     assert refused > 0 and valid
     for document, cut in valid.items():
@@ -349,3 +369,27 @@ def test_a_limit_lowered_on_reload_is_named_in_a_warning(write) -> None:
     director.run_iteration()
     assert notes.notes[-1].level == "info"  # raising limits back, or a shorter cycle, is no warning
     director.close()
+
+
+def test_a_fifo_put_in_place_of_the_config_is_refused_on_reload_without_hanging(write) -> None:
+    """Issue 31, item 1: the re-read of every iteration opened the file blocking; a FIFO in its
+    place hung the loop. It is refused once (the last good config runs on)."""
+    import os
+
+    director, notes, _, path = running(write, BASE + "demand: {static: {testbed: 2}}\n")
+    assert len(director.run_iteration().records) == 2
+    path.unlink()
+    os.mkfifo(path)
+    got: list[Any] = []
+    worker = threading.Thread(target=lambda: got.append(director.run_iteration()), daemon=True)
+    worker.start()
+    worker.join(60)
+    try:
+        assert not worker.is_alive(), "the config re-read blocked on a FIFO"
+        (summary,) = got
+        assert "is a FIFO, not a regular file" in (summary.config_error or "")
+        assert [r.outcome for r in summary.records] == ["submitted"] * 2  # last good config
+    finally:
+        if worker.is_alive():
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        director.close()

@@ -1,0 +1,151 @@
+"""``gridgate run`` as the unit starts it (issue 31, item 1; issue 32, item 2): a FIFO put in
+place of the proxy no longer hangs the director before its first iteration; each iteration's
+journal line says per backend what was asked, submitted and skipped, and why; SIGTERM ends
+the director within ``director.stop_timeout`` whatever it is blocked in. Real ``gridgate``
+processes, the stand-in gLite commands, a real redis-server stopped with SIGSTOP."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from support.redis_server import RedisServer
+
+from gridgate.core.devkit.services import free_port
+
+
+def site(folder: Path, **more: Any) -> Path:
+    """A director on a stand-in WMS that accepts every pilot, beside an ARC CE that needs the
+    proxy (nothing listens at its address: with the credential unusable, it is never asked)."""
+    from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
+
+    bin_dir = install_commands(folder / "bin")
+    pilot = folder / "pilot.sh"
+    pilot.write_text("#!/bin/sh\necho pilot\n", encoding="utf-8")
+    scenario = write_scenario(
+        folder / "scenario.json",
+        {"state_dir": str(folder / "simstate"), "default": {"behaviour": "healthy"}},
+    )
+    doc: dict[str, Any] = {
+        "director": {
+            "cycle_seconds": 0.2,
+            "max_threads": 2,
+            "command_timeout": 30,
+            "state_dir": str(folder / "state"),
+        },
+        "state": {"driver": "memory"},
+        "backends": {
+            "wms_glite": {
+                "servers": ["wms01.example.org"],
+                "commands": {"submit": str(bin_dir / "glite-wms-job-submit")},
+                "list_match": False,
+                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
+            },
+            "arc": {
+                "endpoints": [f"https://127.0.0.1:{free_port()}/arex"],
+                "script": str(pilot),
+            },
+        },
+        "demand": {"static": {"wms_glite": 1, "arc": 5}},
+    }
+    for key, value in more.items():
+        doc[key] = {**doc.get(key, {}), **value}
+    path = folder / "site.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def start(gridgate_exe: str, config: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [gridgate_exe, "-v", "run", "-c", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )
+
+
+def lines_until(proc: subprocess.Popen[str], count: int, deadline: float = 120) -> list[str]:
+    """The first ``count`` lines of ``proc``'s stdout, read under a deadline."""
+    assert proc.stdout is not None
+    got: list[str] = []
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        end = time.monotonic() + deadline
+        while len(got) < count and time.monotonic() < end:
+            if sel.select(timeout=1):
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                got.append(line.rstrip("\n"))
+    return got
+
+
+def test_a_fifo_proxy_is_an_unusable_credential_the_iterations_go_on_and_sigterm_ends_it(
+    gridgate_exe: str, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "proxy.pem"
+    os.mkfifo(fifo, 0o600)
+    config = site(tmp_path, credentials={"x509_proxy": {"path": str(fifo), "renew": []}})
+    proc = start(gridgate_exe, config)
+    try:
+        lines = lines_until(proc, 3)
+        assert len(lines) == 3, (lines, proc.poll())
+        for line in lines:
+            assert line.startswith("iteration ")
+            # what was asked, what was done and why arc gave nothing, on the line itself
+            assert "arc: demand 5, waiting 0, submitted 0, skipped 5 (credential)" in line
+            assert "wms_glite: demand 1" in line
+            assert f"credential x509 unusable: X.509 proxy {fifo} is a FIFO" in line
+        assert re.search(r"wms_glite: demand 1, waiting \d+, submitted 1", lines[0]), lines[0]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "signal 15 received" in err and "did not stop" not in err
+
+
+def test_sigterm_ends_a_director_blocked_in_a_store_that_stopped_answering(
+    gridgate_exe: str, tmp_path: Path
+) -> None:
+    """Redis stopped with SIGSTOP, a long socket_timeout: the iteration waits in a read that
+    only the timeout would end; stop_timeout bounds the stop and the log says where it was."""
+    server = RedisServer(tmp_path / "redis").start()
+    assert server.proc is not None
+    try:
+        config = site(
+            tmp_path,
+            state={"driver": "redis", "url": server.url, "socket_timeout": 3600},
+            director={"stop_timeout": 2},
+        )
+        proc = start(gridgate_exe, config)
+        try:
+            assert len(lines_until(proc, 1)) == 1
+            server.proc.send_signal(signal.SIGSTOP)
+            time.sleep(1.0)  # the next iteration is now inside a Redis call
+            asked = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=120)
+            took = time.monotonic() - asked
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()
+    assert proc.returncode == 1, err
+    assert "did not stop within stop_timeout (2 s) and exits anyway" in err
+    assert "redis" in err.split("it was still in:")[1].lower()
+    # no assertion on wall time: the exit came, where socket_timeout alone would take an hour
+    print(f"stopped {took:.1f} s after SIGTERM")
