@@ -89,6 +89,47 @@ class DirectorMetrics:
             ["backend", "endpoint", "outcome"],
             registry=r,
         )
+        # what a grid site alerts on (issue 32, item 3): availability, credential ends, demand
+        self.availability = Gauge(
+            "gridgate_endpoint_availability",
+            "1 for each endpoint that is not fully available, by its merged state (degraded, "
+            "drained, banned) and the sources that said so; the series goes when it is "
+            "available again",
+            ["backend", "endpoint", "state", "source"],
+            registry=r,
+        )
+        self.credential_expiry = Gauge(
+            "gridgate_credential_expiry_timestamp_seconds",
+            "When each managed credential ends (Unix time), as its last check read it; no "
+            "series while it cannot be read",
+            ["kind", "path"],
+            registry=r,
+        )
+        self.credential_usable = Gauge(
+            "gridgate_credential_usable",
+            "1 when the managed credential was usable at the iteration's check, else 0",
+            ["kind", "path"],
+            registry=r,
+        )
+        self.demand_jobs = Gauge(
+            "gridgate_demand_waiting_jobs",
+            "Waiting work the demand source counted per group (the last good figure while "
+            "the source fails)",
+            ["group"],
+            registry=r,
+        )
+        self.demand_pilots = Gauge(
+            "gridgate_demand_pilots",
+            "Pilots the demand asked for in the last iteration, before the limits",
+            ["backend", "group"],
+            registry=r,
+        )
+        self.last_iteration = Gauge(
+            "gridgate_last_iteration_timestamp_seconds",
+            "When the last iteration finished (Unix time)",
+            registry=r,
+        )
+        self._series: dict[str, set[tuple[str, ...]]] = {}
         self._pilot_labels: set[tuple[str, str, str]] = set()
         self.gauges_source = gauges_source
         self._server: Any = None
@@ -123,8 +164,10 @@ class DirectorMetrics:
     @hookimpl
     def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
         self.iteration.observe(summary.duration)
+        self.last_iteration.set(summary.started + summary.duration)
         self.excluded.set(len(summary.excluded))
         self._pilots(summary.pilots)
+        self._site_gauges(summary)
         if self.gauges_source is None:
             return
         gauges = self.gauges_source()
@@ -132,6 +175,42 @@ class DirectorMetrics:
             self.cache.labels(cache).set(size)
         for notifier, depth in gauges.get("outbox", {}).items():
             self.outbox.labels(notifier).set(depth)
+
+    def _site_gauges(self, summary: IterationSummary) -> None:
+        """Availability, credential ends and demand of this iteration; the series of the last
+        one that this one has not are removed (an endpoint available again, a credential no
+        longer configured, a group without demand)."""
+        availability: dict[tuple[str, ...], float] = {}
+        for key, state in summary.unavailable.items():
+            backend, _, endpoint = key.partition("/")
+            availability[(backend, endpoint, state.state, state.source)] = 1
+        expiry: dict[tuple[str, ...], float] = {}
+        usable: dict[tuple[str, ...], float] = {}
+        for status in summary.credentials:
+            labels = (status.kind, status.path)
+            usable[labels] = 1 if status.usable else 0
+            if status.expires is not None:
+                expiry[labels] = status.expires
+        jobs: dict[tuple[str, ...], float] = {}
+        pilots: dict[tuple[str, ...], float] = {}
+        for figure in summary.demand:
+            pilots[(figure.backend, figure.group)] = (
+                pilots.get((figure.backend, figure.group), 0) + figure.pilots
+            )
+            if figure.jobs is not None:  # one figure per group, whichever backend it feeds
+                jobs[(figure.group,)] = figure.jobs
+        self._set("availability", self.availability, availability)
+        self._set("credential_expiry", self.credential_expiry, expiry)
+        self._set("credential_usable", self.credential_usable, usable)
+        self._set("demand_jobs", self.demand_jobs, jobs)
+        self._set("demand_pilots", self.demand_pilots, pilots)
+
+    def _set(self, name: str, gauge: Gauge, values: dict[tuple[str, ...], float]) -> None:
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)
+        for gone in self._series.get(name, set()) - values.keys():
+            gauge.remove(*gone)
+        self._series[name] = set(values)
 
     def _pilots(self, report: PilotReport | None) -> None:
         """Pilots by state (a series that disappeared from the registry drops to 0), demand

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import re
 import urllib.request
+from typing import Any
 
-from support.director import ScriptedBackend, config
+from support.director import BACKEND, ScriptedBackend, config
 from support.polling import until
 
+from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.engine.director import Director
+from gridgate.core.model import (
+    Availability,
+    CredentialRegistry,
+    CredentialStatus,
+    DemandFigure,
+    DemandRegistry,
+)
 from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import Collector
 
@@ -139,3 +148,85 @@ def test_a_silent_scrape_connection_is_closed_at_the_timeout() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class SiteFacts:
+    """What the metrics of issue 32 item 3 are made from, said through the plugin hooks as a
+    GOCDB feed, a credential plugin and a queue demand would say it; ``facts`` is changed by
+    the test between iterations."""
+
+    def __init__(self, **facts: Any) -> None:
+        self.facts = facts
+
+    @hookimpl
+    def gridgate_endpoint_availability(
+        self, iteration: Any, endpoints: Any, changed: Any
+    ) -> dict[str, Availability] | None:
+        return self.facts.get("unavailable")
+
+    @hookimpl
+    def gridgate_check_credentials(
+        self, iteration: Any, timeout: float, credentials: CredentialRegistry
+    ) -> None:
+        status = self.facts.get("credential")
+        if status is not None:
+            credentials.add(status)
+
+    @hookimpl
+    def gridgate_demand(self, iteration: Any, demand: DemandRegistry) -> None:
+        jobs = self.facts.get("jobs")
+        if jobs is not None:
+            demand.figure(DemandFigure(BACKEND, "atlas", jobs=jobs, source="redis"))
+
+
+def test_availability_credential_end_and_demand_gauges_follow_each_iteration() -> None:
+    clock = FakeClock()
+    ends = clock.time() + 5 * 3600
+    facts = SiteFacts(
+        unavailable={
+            f"{BACKEND}/s0": Availability("banned", "OUTAGE 123", clock.time() + 3600, "gocdb")
+        },
+        credential=CredentialStatus(
+            "x509_proxy", "x509", True, "/var/lib/gridgate/proxy.pem", ends, "valid"
+        ),
+        jobs=42,
+    )
+    director = Director(
+        config(servers=2, pilots=4, max_threads=1, metrics_port=0),
+        clock=clock,
+        extra_plugins=[ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"}), facts, Collector()],
+        state=MemoryState(clock=clock),
+    )
+    try:
+        director.run_iteration()
+        first = scrape(director.metrics_port)
+        banned = (
+            rf'gridgate_endpoint_availability\{{backend="{BACKEND}",endpoint="s0",'
+            r'source="gocdb",state="banned"\}'
+        )
+        assert value(first, banned) == 1
+        assert value(first, r"gridgate_endpoint_availability\{.*\}") == 1  # s1 is available
+        path = r'kind="x509",path="/var/lib/gridgate/proxy.pem"'
+        assert value(first, rf"gridgate_credential_expiry_timestamp_seconds\{{{path}\}}") == ends
+        assert value(first, rf"gridgate_credential_usable\{{{path}\}}") == 1
+        assert value(first, r'gridgate_demand_waiting_jobs\{group="atlas"\}') == 42
+        assert value(first, rf'gridgate_demand_pilots\{{backend="{BACKEND}",.*\}}') == 4
+        assert value(first, r"gridgate_last_iteration_timestamp_seconds") >= clock.time() - 1
+        # the downtime is over, the proxy can no longer be read, the source counts no work
+        facts.facts = {
+            "credential": CredentialStatus(
+                "x509_proxy", "x509", False, "/var/lib/gridgate/proxy.pem", None, "is a FIFO"
+            ),
+            "jobs": 0,
+        }
+        clock.advance(60)
+        director.run_iteration()
+        second = scrape(director.metrics_port)
+        assert not any(k.startswith("gridgate_endpoint_availability{") for k in second)
+        assert not any(
+            k.startswith("gridgate_credential_expiry_timestamp_seconds{") for k in second
+        )
+        assert value(second, rf"gridgate_credential_usable\{{{path}\}}") == 0
+        assert value(second, r'gridgate_demand_waiting_jobs\{group="atlas"\}') == 0
+    finally:
+        director.close()
