@@ -27,6 +27,12 @@ def _token_backend(site, token_file):
     )
 
 
+def _put_token(path, text: str) -> None:
+    """A token file as a site keeps one: readable by its owner only."""
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o600)
+
+
 def _endpoint(backend) -> Endpoint:
     (endpoint,) = backend.backend_info().endpoints
     return endpoint
@@ -37,8 +43,7 @@ def test_a_pilot_is_submitted_followed_and_cleaned_with_a_token_only(
 ) -> None:
     site = rest_site(arc)
     token = site.folder / "bt"
-    token.write_text(arc.token(), encoding="utf-8")
-    token.chmod(0o600)
+    _put_token(token, arc.token())
     ce = witness(arc)
     before = set(ce.delegations())
     backend = _token_backend(site, token)
@@ -64,7 +69,7 @@ def test_a_pilot_is_submitted_followed_and_cleaned_with_a_token_only(
 def test_an_expired_token_sends_nothing_and_blames_no_ce(arc, rest_site) -> None:
     site = rest_site(arc)
     token = site.folder / "bt"
-    token.write_text(arc.token(start=time.time() - 7200, lifetime=3600), encoding="utf-8")
+    _put_token(token, arc.token(start=time.time() - 7200, lifetime=3600))
     backend = _token_backend(site, token)
     result = backend.gridgate_submit(
         endpoint=_endpoint(backend), request=SubmitRequest("arc"), timeout=60
@@ -83,7 +88,7 @@ def test_an_expired_token_sends_nothing_and_blames_no_ce(arc, rest_site) -> None
 def test_a_token_the_ces_authgroups_do_not_admit_is_auth(arc, rest_site, scope) -> None:
     site = rest_site(arc)
     token = site.folder / "bt"
-    token.write_text(arc.token(scope=scope), encoding="utf-8")
+    _put_token(token, arc.token(scope=scope))
     backend = _token_backend(site, token)
     result = backend.gridgate_submit(
         endpoint=_endpoint(backend), request=SubmitRequest("arc"), timeout=60
