@@ -48,6 +48,7 @@ __all__ = [
     "LocalRecord",
     "Message",
     "Outbox",
+    "OutboxWatch",
     "RetryPolicy",
     "Transport",
     "configured_outbox",
@@ -294,6 +295,55 @@ class _Sender:
     wake: threading.Event = field(default_factory=threading.Event)
 
 
+class OutboxWatch:
+    """The messages an outbox queued while it was watched (:meth:`Outbox.watch`), and what
+    their first delivery attempt answered: ``gridgate notify test`` says from this what
+    really happened to its message, whichever thread delivered it."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.messages: list[Message] = []
+        #: message id -> the transport's answer to its last attempt
+        self.outcomes: dict[str, Delivery] = {}
+        self._done = threading.Condition()
+
+    def _queued(self, message: Message) -> None:
+        with self._done:
+            self.messages.append(message)
+
+    def _settled(self, message_id: str, delivery: Delivery) -> None:
+        with self._done:
+            if any(m.id == message_id for m in self.messages):
+                self.outcomes[message_id] = delivery
+                self._done.notify_all()
+
+    def __enter__(self) -> OutboxWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop recording."""
+        with contextlib.suppress(ValueError):
+            self.outbox._watches.remove(self)
+
+    def wait(self, timeout: float) -> bool:
+        """Deliver what is due and wait until every watched message has had an attempt (it
+        may be the sender thread's); False when ``timeout`` seconds passed first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._done:
+                if all(m.id in self.outcomes for m in self.messages):
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.outbox.run_once()
+            with self._done:
+                self._done.wait(min(0.2, max(left, 0)))
+
+
 class Outbox:
     """A directory queue with pluggable transports, retry with backoff and dead-letter.
 
@@ -325,6 +375,7 @@ class Outbox:
         self._sender = _Sender()
         self._sender_lock = threading.Lock()
         self._warned_unknown: set[str] = set()
+        self._watches: list[OutboxWatch] = []
         for path in (self.directory, self.queue_dir, self.dead_dir, self.tmp_dir):
             ensure_private_dir(path)
         self._clean_tmp()
@@ -370,8 +421,17 @@ class Outbox:
                 next_attempt=now,
             )
             self._write(self.queue_dir, message)
+        for watch in list(self._watches):
+            watch._queued(message)
         self.wake()
         return message
+
+    def watch(self) -> OutboxWatch:
+        """Record each message queued here from now on, and its first attempt's answer,
+        until the watch is closed (use it as a context manager)."""
+        watch = OutboxWatch(self)
+        self._watches.append(watch)
+        return watch
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -475,6 +535,8 @@ class Outbox:
     def _settle(
         self, path: Path, message: Message, delivery: Delivery, now: float, result: PassResult
     ) -> None:
+        for watch in list(self._watches):
+            watch._settled(message.id, delivery)
         if delivery.dead_payload is not None:
             part = replace(
                 message,

@@ -7,7 +7,9 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from loguru import logger
@@ -80,6 +82,8 @@ class FileNotifier(Plugin):
         )
         self._lock = threading.Lock()
         self._sequence = 0
+        #: the last files written (``gridgate notify test`` names them)
+        self.written: deque[Path] = deque(maxlen=16)
 
     @hookimpl
     def gridgate_notify(self, notification: Notification) -> None:
@@ -102,3 +106,4 @@ class FileNotifier(Plugin):
         # Whole or not at all: whatever picks the texts up never sees half a message, and a
         # write the disk refuses leaves nothing behind.
         atomic_write(path, text.encode("utf-8"))
+        self.written.append(path)

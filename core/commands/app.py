@@ -346,31 +346,24 @@ def notify_group() -> None:
 @click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for delivery.")
 def notify_test(path: str, level: str, wait: float) -> None:
     """Send a test notification through every configured notifier and say what happened."""
+    from gridgate.core.commands.notify import test_notification, try_notifier
     from gridgate.core.engine.director import Director
-    from gridgate.core.model import Notification
 
     config = load_config_or_exit(path)
     director = Director(config, serve_metrics=False)  # the running director holds metrics_port
-    note = Notification(
-        level=level,  # type: ignore[arg-type]
-        subject=f"gridgate test {level} notification",
-        body=f"This is a test sent by `gridgate notify test` at {time.ctime()}.\n",
-        created=time.time(),
-        key=f"test/{time.time():.0f}",
-    )
+    note = test_notification(level)
     failed = False
     try:
         for name, plugin in director.pm.list_name_plugin():
             if not hasattr(plugin, "gridgate_notify"):
                 continue
             try:
-                plugin.gridgate_notify(notification=note)
-                flush = getattr(plugin, "flush", None)
-                outcome = flush(timeout=wait) if callable(flush) else "done"
-                click.echo(f"{name}: {outcome if outcome is not None else 'done'}")
+                lines, bad = try_notifier(plugin, note, wait)
             except Exception as exc:
-                failed = True
-                click.echo(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+                lines, bad = [f"FAILED: {type(exc).__name__}: {exc}"], True
+            failed = failed or bad
+            for line in lines:
+                click.echo(f"{name}: {line}")
     finally:
         director.close()
     if failed:

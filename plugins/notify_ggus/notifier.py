@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -220,6 +221,8 @@ class GgusNotifier(Plugin):
         self.settings = TicketSettings.from_section(section)
         self.deliveries = tuple(section["deliver"])
         self.spool_dir = resolve_dir(section["spool"], context.state_dir, "tickets")
+        #: the last ticket texts spooled (``gridgate notify test`` names them)
+        self.written: deque[Path] = deque(maxlen=16)
         self.email_section = self._email_section(context) if "mail" in self.deliveries else None
         self.outbox = self.make_outbox(section, context.state_dir, context.clock, context.config)
         self.records = context.state if context.state is not None else self.outbox.records
@@ -389,6 +392,7 @@ class GgusNotifier(Plugin):
         js = self.spool_dir / f"{ticket.ticket_id}.json"
         atomic_write(js, json.dumps(ticket.as_json(), ensure_ascii=False, indent=2).encode("utf-8"))
         atomic_write(txt, ticket.as_text().encode("utf-8"))
+        self.written.append(txt)
         return txt, js
 
     def _mail(self, ticket: GgusTicket) -> None:

@@ -280,7 +280,9 @@ def test_notify_test_command_reports_per_notifier(write, tmp_path) -> None:
         )
         result = CliRunner().invoke(cli, ["notify", "test", "-c", str(path), "--level", "alarm"])
     assert result.exit_code == 0, result.output
-    assert "notifiers:files: done" in result.output and "notifiers:log: done" in result.output
+    [note] = folder.glob("*-alarm-gridgate.txt")
+    assert f"notifiers:files: written to {note}" in result.output.splitlines()
+    assert "notifiers:log: handed over" in result.output
     [text] = [p.read_text() for p in folder.glob("*-alarm-gridgate.txt")]
     assert "Subject: gridgate test alarm notification" in text
 
