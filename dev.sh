@@ -71,13 +71,15 @@ need_tools() {
     # read-only state file as root), systemd-analyze (the unit files), and a real Slurm for the
     # private cluster the Slurm tests start (munged, slurmctld, slurmd, the client commands),
     # and a real Grid Engine for the private cell the sge tests start (plugins/sge/cell.py),
-    # and sudo (a ban run through a real sudo records who ran it).
+    # and sudo (a ban run through a real sudo records who ran it), and Prometheus (promtool
+    # checks and tests deploy/prometheus/gridgate-rules.yml; a real server scrapes a director).
     local missing=()
     local pair
     for pair in redis-server:redis-server openssl:openssl setpriv:util-linux \
                 chattr:e2fsprogs systemd-analyze:systemd munged:munge slurmctld:slurmctld \
                 slurmd:slurmd sbatch:slurm-client sge_qmaster:gridengine-master \
-                sge_execd:gridengine-exec qsub:gridengine-client sudo:sudo; do
+                sge_execd:gridengine-exec qsub:gridengine-client sudo:sudo \
+                promtool:prometheus prometheus:prometheus; do
         PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
             || missing+=("${pair##*:}")
     done

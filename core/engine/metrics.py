@@ -37,6 +37,14 @@ class DirectorMetrics:
         self.pilots = Counter(
             "gridgate_pilots_submitted", "Pilots submitted", ["backend", "endpoint"], registry=r
         )
+        self.skipped = Counter(
+            "gridgate_pilots_skipped",
+            "Pilots of demand not submitted, by cause: a limit (max_waiting, "
+            "max_waiting_cores, max_total), claimed_elsewhere (another director's group), or "
+            "what stopped them (credential, unavailable, no_endpoint, local_fault, config)",
+            ["backend", "cause"],
+            registry=r,
+        )
         self.failures = Counter(
             "gridgate_failures", "Failures by kind", ["backend", "endpoint", "kind"], registry=r
         )
@@ -152,6 +160,8 @@ class DirectorMetrics:
         self.submissions.labels(record.backend, endpoint, record.outcome).inc()
         if record.outcome == "submitted":
             self.pilots.labels(record.backend, endpoint).inc(record.pilots)
+        if record.outcome == "skipped":
+            self.skipped.labels(record.backend, record.failure_kind or "skipped").inc(record.pilots)
         if record.outcome == "failed":
             self.failures.labels(record.backend, endpoint, record.failure_kind or "error").inc()
         if record.duration:

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 from support.redis_server import RedisServer
+from support.wms_site import director_section, healthy_wms
 
 from gridgate.core.devkit.services import free_port
 
@@ -24,30 +25,13 @@ from gridgate.core.devkit.services import free_port
 def site(folder: Path, **more: Any) -> Path:
     """A director on a stand-in WMS that accepts every pilot, beside an ARC CE that needs the
     proxy (nothing listens at its address: with the credential unusable, it is never asked)."""
-    from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
-
-    bin_dir = install_commands(folder / "bin")
     pilot = folder / "pilot.sh"
     pilot.write_text("#!/bin/sh\necho pilot\n", encoding="utf-8")
-    scenario = write_scenario(
-        folder / "scenario.json",
-        {"state_dir": str(folder / "simstate"), "default": {"behaviour": "healthy"}},
-    )
     doc: dict[str, Any] = {
-        "director": {
-            "cycle_seconds": 0.2,
-            "max_threads": 2,
-            "command_timeout": 30,
-            "state_dir": str(folder / "state"),
-        },
+        "director": director_section(folder, 0.2),
         "state": {"driver": "memory"},
         "backends": {
-            "wms_glite": {
-                "servers": ["wms01.example.org"],
-                "commands": {"submit": str(bin_dir / "glite-wms-job-submit")},
-                "list_match": False,
-                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
-            },
+            "wms_glite": healthy_wms(folder),
             "arc": {
                 "endpoints": [f"https://127.0.0.1:{free_port()}/arex"],
                 "script": str(pilot),

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 from support.redis_server import RedisServer
+from support.wms_site import director_section, healthy_wms
 
 from gridgate.core.engine.director import ITERATIONS
 from gridgate.core.engine.resilient import ResilientState
@@ -23,30 +24,10 @@ from gridgate.core.stores.sqlite import SqliteState
 
 def site(folder: Path, state: dict[str, Any], **director: Any) -> Path:
     """A director config on a stand-in WMS submit command that always accepts."""
-    from gridgate.plugins.wms_glite.sim import install_commands, write_scenario
-
-    bin_dir = install_commands(folder / "bin")
-    scenario = write_scenario(
-        folder / "scenario.json",
-        {"state_dir": str(folder / "simstate"), "default": {"behaviour": "healthy"}},
-    )
     doc = {
-        "director": {
-            "cycle_seconds": 0.1,
-            "max_threads": 2,
-            "command_timeout": 30,
-            "state_dir": str(folder / "state"),
-            **director,
-        },
+        "director": director_section(folder, 0.1, **director),
         "state": state,
-        "backends": {
-            "wms_glite": {
-                "servers": ["wms01.example.org"],
-                "commands": {"submit": str(bin_dir / "glite-wms-job-submit")},
-                "list_match": False,
-                "env": {"GRIDGATE_SIM_SCENARIO": str(scenario)},
-            }
-        },
+        "backends": {"wms_glite": healthy_wms(folder)},
         "demand": {"static": {"wms_glite": 1}},
     }
     path = folder / "site.yaml"

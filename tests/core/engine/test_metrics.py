@@ -85,6 +85,7 @@ def test_pilot_gauges_by_backend_endpoint_state_and_trimmed_demand() -> None:
             == 3
         )
         assert value(first, r'gridgate_demand_trimmed_total\{.*limit="max_waiting"\}') == 4
+        assert value(first, r'gridgate_pilots_skipped_total\{.*cause="max_waiting"\}') == 4
         backend.move("s0", "running", 2)
         backend.move("s1", "done", 3)
         director.run_iteration()

@@ -1,0 +1,275 @@
+"""What deploy/ ships for Prometheus and Grafana (issue 32, item 4), checked with the real
+tools: ``promtool check rules`` and ``promtool test rules`` (Debian's ``prometheus``) on
+deploy/prometheus/gridgate-rules.yml; every metric a rule or a dashboard query names is one a
+real director or token daemon exports; and a real Prometheus server scrapes a real
+``gridgate run`` and a real token daemon and evaluates the rules: the credential alert fires
+for a token ending within the hour, the daemon alert when the daemon is stopped."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.wms_site import director_section, healthy_wms
+
+from gridgate.core.devkit.services import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "prometheus" / "gridgate-rules.yml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "gridgate-rules.test.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "gridgate-dashboard.json"
+PROMTOOL = "/usr/bin/promtool"
+PROMETHEUS = "/usr/bin/prometheus"
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
+
+
+def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PROMTOOL, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=ENV
+    )
+
+
+def test_promtool_checks_the_rules_and_their_unit_tests_pass() -> None:
+    checked = promtool("check", "rules", str(RULES), cwd=RULES.parent)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 10 rules found" in checked.stdout
+    tested = promtool("test", "rules", RULE_TESTS.name, cwd=RULES.parent)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout
+
+
+def test_the_rule_tests_catch_a_changed_threshold(tmp_path: Path) -> None:
+    """The unit tests can fail: with the credential alert's 6 hours turned into 1, the case of
+    a proxy with 5 h 50 min left no longer fires and promtool says so."""
+    shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
+    text = RULES.read_text(encoding="utf-8")
+    assert "time() < 6 * 3600" in text
+    (tmp_path / RULES.name).write_text(text.replace("time() < 6 * 3600", "time() < 3600"))
+    tested = promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
+    assert tested.returncode != 0
+    assert "GridgateCredentialEndingSoon" in tested.stdout + tested.stderr
+
+
+# --- what the rules and the dashboard name is what gridgate exports -----------------------
+
+
+def exported(text: str) -> set[str]:
+    """The sample names a /metrics page can carry, from its ``# TYPE`` lines."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[:2] == ["#", "TYPE"]:
+            name, kind = parts[2], parts[3]
+            names.add(name)
+            if kind == "histogram":
+                names |= {f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+            elif kind == "summary":
+                names |= {f"{name}_count", f"{name}_sum"}
+    return names
+
+
+def named_metrics(expr: str) -> set[str]:
+    return set(re.findall(r"\b(gridgate_[a-z0-9_]+)\b", expr))
+
+
+def rule_exprs() -> list[str]:
+    doc = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    return [rule["expr"] for group in doc["groups"] for rule in group["rules"]]
+
+
+def dashboard_exprs() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for panel in doc["panels"] for t in panel.get("targets", [])]
+    assert exprs and all(exprs)
+    return exprs
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        return answer.read().decode("utf-8")
+
+
+def wait_for(what: str, probe: Any, deadline: float = 120) -> Any:
+    end = time.monotonic() + deadline
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = probe()
+        except OSError as exc:  # not listening yet
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {deadline} s (last: {last!r})")
+
+
+# --- a real Prometheus over a real director and daemon -----------------------------------
+
+
+def fake_jwt(expires: float) -> str:
+    """A token as a token tool writes it: the director reads its ``exp`` and never checks the
+    signature (the CE does)."""
+
+    def part(doc: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
+
+    claims = {"iss": "https://issuer.example.org", "sub": "pilots", "exp": int(expires)}
+    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+def director_site(folder: Path, metrics_port: int, token: Path) -> Path:
+    doc = {
+        "director": director_section(folder, 1, metrics_port=metrics_port),
+        "state": {"driver": "memory"},
+        "backends": {"wms_glite": healthy_wms(folder)},
+        "demand": {"static": {"wms_glite": 1}},
+        "credentials": {"bearer_token": {"path": str(token), "min_lifetime": 60}},
+    }
+    path = folder / "site.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+class Prometheus:
+    def __init__(self, folder: Path, targets: dict[str, int]) -> None:
+        self.folder = folder
+        self.port = free_port()
+        # the shipped rules, with every `for` cut to 0 s: the test cannot wait hours
+        rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                rule["for"] = "0s"
+        (folder / "rules.yml").write_text(yaml.safe_dump(rules), encoding="utf-8")
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["rules.yml"],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                for job, port in targets.items()
+            ],
+        }
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.log = open(folder / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+            cwd=folder,
+        )
+        wait_for("prometheus ready", lambda: self.get("/-/ready", raw=True))
+
+    def get(self, path: str, raw: bool = False, **params: str) -> Any:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            body = answer.read().decode("utf-8")
+        return body if raw else json.loads(body)
+
+    def firing(self) -> list[dict[str, Any]]:
+        alerts = self.get("/api/v1/alerts")["data"]["alerts"]
+        return [a for a in alerts if a["state"] == "firing"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path):
+    started: list[Prometheus] = []
+
+    def start(targets: dict[str, int]) -> Prometheus:
+        server = Prometheus(tmp_path / "prom", targets)
+        started.append(server)
+        return server
+
+    (tmp_path / "prom").mkdir()
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_a_real_prometheus_scrapes_a_director_and_a_daemon_and_the_alerts_fire(
+    gridgate_exe: str, tmp_path: Path, start_daemon: Any, prometheus_factory: Any
+) -> None:
+    director_port, daemon_port = free_port(), free_port()
+    token = tmp_path / "token"
+    token.write_text(fake_jwt(time.time() + 3600) + "\n")  # ends in an hour: < 6 h
+    token.chmod(0o600)
+    config = director_site(tmp_path, director_port, token)
+    director = subprocess.Popen(
+        [gridgate_exe, "run", "-c", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "director.log", "wb"),  # noqa: SIM115 - the child holds it
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        daemon = start_daemon({"metrics_port": daemon_port})
+        # both pages carry every metric a rule or a dashboard query names
+        names = wait_for(
+            "the director's first iteration",
+            lambda: (text := scrape(director_port)) and "gridgate_demand_pilots{" in text and text,
+        )
+        names = exported(names) | exported(scrape(daemon_port))
+        for expr in rule_exprs() + dashboard_exprs():
+            missing = named_metrics(expr) - names
+            assert not missing, f"{expr!r} names {sorted(missing)}, which nothing exports"
+        prom = prometheus_factory(
+            {"gridgate-director": director_port, "gridgate-proxyd": daemon_port}
+        )
+
+        def credential_alert() -> list[dict[str, Any]]:
+            return [
+                a
+                for a in prom.firing()
+                if a["labels"]["alertname"] == "GridgateCredentialEndingSoon"
+            ]
+
+        (alert,) = wait_for("the credential alert", credential_alert)
+        assert alert["labels"]["kind"] == "token" and alert["labels"]["path"] == str(token)
+        assert alert["annotations"]["summary"].startswith(f"token credential {token} ends in ")
+        fired = {a["labels"]["alertname"] for a in prom.firing()}
+        # a director that iterates and submits, a usable token, an empty outbox: only that one
+        assert fired == {"GridgateCredentialEndingSoon"}, fired
+        # every dashboard query is one Prometheus accepts, and the director's have data
+        for expr in dashboard_exprs():
+            answer = prom.get("/api/v1/query", query=expr)
+            assert answer["status"] == "success", (expr, answer)
+        for expr in ("gridgate_demand_pilots", "gridgate_last_iteration_timestamp_seconds"):
+            assert prom.get("/api/v1/query", query=expr)["data"]["result"], expr
+        daemon.stop()
+
+        def daemon_alert() -> list[dict[str, Any]]:
+            return [
+                a for a in prom.firing() if a["labels"]["alertname"] == "GridgateTokenDaemonDown"
+            ]
+
+        (down,) = wait_for("the daemon alert", daemon_alert)
+        assert down["labels"]["instance"] == f"127.0.0.1:{daemon_port}"
+    finally:
+        director.terminate()
+        director.wait(60)
