@@ -133,3 +133,58 @@ def test_sigterm_ends_a_director_blocked_in_a_store_that_stopped_answering(
     assert "redis" in err.split("it was still in:")[1].lower()
     # no assertion on wall time: the exit came, where socket_timeout alone would take an hour
     print(f"stopped {took:.1f} s after SIGTERM")
+
+
+def _expired_proxy(path: Path, hours_ago: float) -> None:
+    """A certificate and key as a proxy file holds them, its end ``hours_ago`` in the past."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "robot")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(hours=hours_ago + 12))
+        .not_valid_after(now - datetime.timedelta(hours=hours_ago))
+        .sign(key, hashes.SHA256())
+    )
+    path.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def test_the_journal_line_of_an_expired_proxy_says_what_was_asked_and_why_nothing_went(
+    gridgate_exe: str, tmp_path: Path
+) -> None:
+    proxy = tmp_path / "x509up"
+    _expired_proxy(proxy, hours_ago=2)
+    config = site(tmp_path, credentials={"x509_proxy": {"path": str(proxy), "renew": []}})
+    done = subprocess.run(
+        [gridgate_exe, "-v", "run", "--once", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("iteration ")]
+    assert "arc: demand 5, waiting 0, submitted 0, skipped 5 (credential)" in line, line
+    assert re.search(r"wms_glite: demand 1, waiting \d+, submitted 1", line), line
+    assert f"credential x509 unusable: X.509 proxy {proxy} expired at " in line, line
+    assert "no renew command is configured" in line, line
+    assert not line.rstrip().endswith(","), line
