@@ -828,7 +828,10 @@ class DemandFigure:
     """What the demand of one iteration asked for one (backend, group): ``pilots`` before the
     limits; ``jobs`` the waiting work its source counted (None: a demand without one, static or
     file), ``fresh`` whether that figure was read this iteration (False: the last good one,
-    held while the source fails), ``source`` the plugin that said so."""
+    held while the source fails), ``source`` the plugin that said so. While the source fails,
+    ``problem`` says why and ``failing_for`` for how many seconds; ``stale`` says it has failed
+    longer than its ``keep_last``, so the group asks for no pilots until it answers (the
+    director tells people once per such episode, and again when it answers)."""
 
     backend: str
     group: str
@@ -836,6 +839,9 @@ class DemandFigure:
     jobs: int | None = None
     fresh: bool = True
     source: str = ""
+    problem: str = ""
+    failing_for: float | None = None
+    stale: bool = False
 
 
 class DemandRegistry:

@@ -353,7 +353,16 @@ class QueueDemand(Plugin):
             )
             decided[name] = GroupDemand(name, backend, figure.jobs, figure.fresh, already, pilots)
             demand.figure(
-                DemandFigure(backend, name, jobs=figure.jobs, fresh=figure.fresh, source="queue")
+                DemandFigure(
+                    backend,
+                    name,
+                    jobs=figure.jobs,
+                    fresh=figure.fresh,
+                    source="queue",
+                    problem=figure.problem or "",
+                    failing_for=figure.failing_for,
+                    stale=figure.stale,
+                )
             )
             if pilots > 0:
                 demand.add(

@@ -605,7 +605,9 @@ class WaitingFigure:
     ``jobs`` is the figure to size with: the fresh count, the last good one while it is at most
     ``keep_last`` seconds old, else 0. ``problem`` says why the source failed this iteration
     (None when it answered); ``started_failing`` and ``recovered`` are true on the one
-    iteration where an episode of failures begins or ends, for a caller that tells people.
+    iteration where an episode of failures begins or ends, for a caller that tells people;
+    ``failing_for`` is how long the source has failed (None while it answers), ``stale`` that
+    the last good figure is older than ``keep_last`` (or there is none): ``jobs`` is 0.
     """
 
     group: str
@@ -615,6 +617,8 @@ class WaitingFigure:
     problem: str | None = None
     started_failing: bool = False
     recovered: bool = False
+    failing_for: float | None = None
+    stale: bool = False
 
 
 class WaitingGauge:
@@ -695,7 +699,14 @@ class WaitingGauge:
             self._dropped = True
         jobs = self._last if held and self._last is not None else 0
         return WaitingFigure(
-            self.group, jobs, fresh=False, age=age, problem=problem, started_failing=started
+            self.group,
+            jobs,
+            fresh=False,
+            age=age,
+            problem=problem,
+            started_failing=started,
+            failing_for=now - (self._failing_since or now),
+            stale=not held,
         )
 
 

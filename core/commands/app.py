@@ -244,7 +244,13 @@ def journal_line(summary: Any, paused: bool = False) -> str:
         row = of(figure.backend)
         row["demand"] += figure.pilots
         if figure.jobs is not None:
-            held = "" if figure.fresh else ", held"
+            held = (
+                ""
+                if figure.fresh
+                else ", source unreadable past keep_last"
+                if figure.stale
+                else ", held"
+            )
             row["figures"].append(
                 f"{figure.source or 'source'} {figure.group} {figure.jobs} jobs{held}"
             )

@@ -21,6 +21,7 @@ from loguru import logger
 from gridgate.core.engine.availability import AvailabilityNotices, merge_availability
 from gridgate.core.engine.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.engine.credential_episodes import CredentialEpisodes
+from gridgate.core.engine.demand_episodes import DemandEpisodes
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
 from gridgate.core.engine.runtime import Iteration, Runtime
@@ -83,6 +84,8 @@ class IterationRunner:
         #: tells each start, change and end of an endpoint's availability once, of all the
         #: directors on the store and across restarts
         self.notices = AvailabilityNotices(runtime, failures)
+        #: tells a demand source that failed past keep_last once, and when it answers again
+        self.demand_sources = DemandEpisodes(runtime, failures)
         #: endpoints whose pilots changed at the last polls (for sources reading the registry)
         self._changed: frozenset[str] | None = None
         #: every backend demand has named (in order): asked for its endpoints' availability
@@ -122,6 +125,7 @@ class IterationRunner:
         for note in unsent:
             self.failures.tell(it, note)
         asked = demand.figures  # before the limits trim the demand
+        self.demand_sources.check(it, asked)
         self.credentials.check(it, demand)  # before any command could use one
         self._availability(it, demand)  # before any server is polled or chosen
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits

@@ -1,0 +1,128 @@
+"""Demand-source episodes: a source of waiting work (a Redis list, an HTTP count, a command)
+that has failed longer than its group's ``keep_last`` leaves the group asking for no pilots.
+That is told to people once per episode, of all the directors on one store: an error when the
+group's last good figure runs out, a notice when the source answers again. Before, it was only
+a log line, and nobody was mailed while the pilots stopped (issue 32, item 7).
+
+Shared state: ``demand-source/episode/<source>/<group>`` holds the episode's start (wall
+clock) and its problem while it lasts; ``demand-source/note/<source>/<group>/<since>/...``
+claims each message for one director. An episode is also a row of the ``episodes`` table, so
+``gridgate report`` shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterable
+
+from loguru import logger
+
+from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
+from gridgate.core.model import DemandFigure, Notification, elapsed_text
+from gridgate.core.state import StateError
+
+__all__ = ["DEMAND_SOURCE", "DemandEpisodes", "compose_demand_source"]
+
+DEMAND_SOURCE = "demand-source/"
+
+
+def compose_demand_source(
+    figure: DemandFigure, level: str, since: float, now: float, host: str
+) -> Notification:
+    """The error (``level`` ``error``) when ``figure``'s source has failed past ``keep_last``,
+    or the notice (``info``) when it answers again after ``since``."""
+    what = f"waiting work of demand group {figure.group} ({figure.backend}, {figure.source})"
+    if level == "info":
+        subject = f"gridgate: {what} is read again on {host}"
+        body = (
+            f"The source of the waiting work of demand group {figure.group} answers again on "
+            f"{host} after {elapsed_text(now - since)}: {figure.jobs} jobs waiting; the group "
+            f"asks for pilots of {figure.backend} again.\n"
+        )
+    else:
+        subject = f"gridgate: {what} cannot be read: no pilots for it [demand source]"
+        body = (
+            f"gridgate on {host} cannot read the waiting work of demand group {figure.group} "
+            f"(backend {figure.backend}, demand plugin {figure.source}) and its last good figure "
+            "is older than the group's keep_last, so the group asks for no pilots until the "
+            "source answers. Other groups are not affected. No server is blamed.\n\n"
+            f"Problem: {figure.problem}\n"
+            f"Failing for: {elapsed_text(figure.failing_for or 0.0)}\n\n"
+            "Check the source (the queue's Redis, the HTTP service, the command) from the "
+            "director's host; one notice follows when it answers again.\n"
+        )
+    return Notification(
+        level,  # type: ignore[arg-type]
+        subject,
+        body,
+        now,
+        episode_start=since,
+        key=f"demand-source/{figure.source}/{figure.group}/{since:.0f}/{level}",
+    )
+
+
+class DemandEpisodes:
+    """Tells each stale demand source once, and when it answers again (see the module)."""
+
+    def __init__(self, runtime: Runtime, failures: FailurePath) -> None:
+        self.runtime = runtime
+        self.failures = failures
+
+    def check(self, it: Iteration, figures: Iterable[DemandFigure]) -> None:
+        """After the demand hooks: open, keep or close the episode of each figure's source."""
+        for figure in figures:
+            if not figure.source or (figure.fresh and figure.jobs is None):
+                continue  # a demand with no source of waiting work (static, file)
+            try:
+                self._episode(it, figure)
+            except StateError as exc:
+                logger.error(
+                    "demand-source episode of group {} not recorded, state store failed: {}",
+                    figure.group,
+                    exc,
+                )
+
+    def _episode(self, it: Iteration, figure: DemandFigure) -> None:
+        state, now = self.runtime.state, self.runtime.clock.time()
+        director = self.runtime.config.director
+        window = float(director["failing_expiry"]) + float(director["ticket_expiry"])
+        scope = f"{figure.source}/{figure.group}"
+        key = f"{DEMAND_SOURCE}episode/{scope}"
+        host = socket.gethostname()
+        if figure.stale:
+            since = now - (figure.failing_for or 0.0)
+            record = json.dumps({"since": since, "problem": figure.problem})
+            if state.add_if_absent(key, record, ttl=window):
+                self._row(figure, "unreadable", now)
+                self.failures.tell(it, compose_demand_source(figure, "error", since, now, host))
+            else:
+                state.set(key, state.get(key) or record, ttl=window)  # still on: kept alive
+            return
+        if not figure.fresh:
+            return  # failing, but its last good figure still holds: the log line says so
+        raw = state.get(key)
+        if raw is None:
+            return
+        try:
+            since = float(json.loads(raw).get("since", now))
+        except (ValueError, AttributeError):
+            since = now
+        if state.add_if_absent(f"{DEMAND_SOURCE}note/{scope}/{since:.3f}/back", "1", ttl=window):
+            state.delete(key)
+            self._row(figure, "available", now)
+            self.failures.tell(it, compose_demand_source(figure, "info", since, now, host))
+
+    def _row(self, figure: DemandFigure, state: str, now: float) -> None:
+        self.runtime.state.append_record(
+            EPISODES,
+            {
+                "time": now,
+                "what": "demand",
+                "subject": f"group {figure.group}",
+                "state": state,
+                "source": figure.source,
+                "reason": figure.problem,
+            },
+        )
