@@ -23,6 +23,7 @@ from typing import Any
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import Endpoint, Episode
 from gridgate.core.state import StateError, StateStore
+from gridgate.core.text import parse_json
 
 __all__ = ["Episode", "FailingCache"]
 
@@ -226,7 +227,7 @@ class FailingCache:
 
 def _json(raw: str | None) -> dict[str, Any]:
     try:
-        value = json.loads(raw) if raw else {}
+        value = parse_json(raw) if raw else {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

@@ -45,7 +45,6 @@ import contextlib
 import heapq
 import http.client
 import itertools
-import json
 import os
 import socket
 import ssl
@@ -71,6 +70,7 @@ from urllib3.exceptions import (
 from urllib3.exceptions import SSLError as Urllib3SSLError
 
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
+from gridgate.core.text import parse_json
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -132,8 +132,9 @@ class Response:
     def json(self) -> Any:
         """The body parsed as JSON.
 
-        :raises ValueError: when it is not JSON (an empty body included)."""
-        return json.loads(self.body)
+        :raises ValueError: when it is not JSON (an empty body included), not UTF-8, or
+            nested past the recursion limit (:func:`gridgate.core.text.parse_json`)."""
+        return parse_json(self.body)
 
 
 class HttpError(Exception):

@@ -33,6 +33,7 @@ from gridgate.core.clock import Clock
 from gridgate.core.model import AVAILABLE, Availability, Endpoint
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.state import StateError, StateStore
+from gridgate.core.text import parse_json
 
 __all__ = [
     "MAX_DURATION",
@@ -212,7 +213,7 @@ class OperatorEntry:
         :raises BanError: for text that is not a whole entry of that endpoint.
         """
         try:
-            data = json.loads(text)
+            data = parse_json(text)
         except ValueError:
             raise BanError(f"{key}: not JSON") from None
         if not isinstance(data, Mapping):

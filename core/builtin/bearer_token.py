@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from loguru import logger
 from gridgate.core.credentials import CredentialError, CredentialPlugin, Validity, credential_schema
 from gridgate.core.files import atomic_write, ensure_private_dir, file_problem
 from gridgate.core.plugins import PluginContext
+from gridgate.core.text import parse_json
 
 #: Where a token given in the BEARER_TOKEN variable is written for the backends' commands,
 #: under the state folder (a command is handed a file, never the token on its command line).
@@ -71,7 +71,7 @@ def discover(environ: Mapping[str, str], euid: int) -> tuple[Path | None, str]:
 
 
 def _b64url_json(part: bytes) -> Any:
-    return json.loads(base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4)))
+    return parse_json(base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4)))
 
 
 def claims(token: bytes) -> dict[str, Any]:

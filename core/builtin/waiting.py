@@ -25,6 +25,7 @@ from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.runner import run
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+from gridgate.core.text import parse_json
 
 __all__ = [
     "COMMAND_SOURCE_SCHEMA",
@@ -230,7 +231,7 @@ def parse_count(data: bytes | str, field: str) -> int:
     """
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        parsed = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
+        parsed = parse_json(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"the answer is not JSON ({exc}): {_excerpt(data)}") from None
     if not isinstance(parsed, dict):

@@ -16,6 +16,7 @@ import click
 
 from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
 from gridgate.core.plugins import PluginLoadError
+from gridgate.core.text import parse_json
 
 
 @click.group("servers")
@@ -145,6 +146,16 @@ def servers_show(endpoint: str, path: str, as_json: bool) -> None:
         click.echo(line)
 
 
+def _record(value: str) -> dict[str, Any]:
+    """A record another director wrote in the store; one that cannot be read says so
+    instead of ending the command with a traceback."""
+    try:
+        record = parse_json(value)
+    except ValueError as exc:
+        return {"message": f"unreadable record in the state store: {exc}"}
+    return record if isinstance(record, dict) else {"message": "unreadable record"}
+
+
 def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
     """Everything ``servers show`` says of endpoint ``key``, read from the store."""
     from gridgate.core.builtin.bans import OperatorBans
@@ -204,7 +215,7 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
             needs = ()
         credentials = {}
         for item_key, value in store.items(STATUS):
-            record = json.loads(value)
+            record = _record(value)
             credentials[item_key[len(STATUS) :]] = {**record, "needed": record.get("kind") in needs}
         view["credentials"] = credentials
         last = None
@@ -213,7 +224,7 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
                 last = record
         view["last_submission"] = last
         raw_poll = store.get(LAST_POLL + key)
-        view["last_poll"] = json.loads(raw_poll) if raw_poll else None
+        view["last_poll"] = _record(raw_poll) if raw_poll else None
     except StateError as exc:
         click.echo(f"cannot read the state store: {exc}", err=True)
         raise SystemExit(1) from None

@@ -267,6 +267,10 @@ API: tuple[tuple[str, str], ...] = (
         "Files someone else picks up, and the private folders they live in.",
     ),
     (
+        "gridgate.core.text",
+        "Text from outside (a CE, a feed, a pilot's stderr): JSON and YAML whose every bad document is a `ValueError`, and escaping before people read it.",
+    ),
+    (
         "gridgate.core.clock",
         "Time, injected: use `context.clock`, never `time.time()`.",
     ),

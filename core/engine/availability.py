@@ -20,6 +20,7 @@ from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
 from gridgate.core.model import AVAILABILITY_STATES, Availability, Notification
 from gridgate.core.state import StateError, StateStore
+from gridgate.core.text import parse_json
 
 #: What was last told of each endpoint (by key): its merged state and since when.
 TOLD = "availability-told/"
@@ -215,7 +216,7 @@ def told_states(state: StateStore) -> dict[str, tuple[Availability | None, float
     out: dict[str, tuple[Availability | None, float]] = {}
     for key, value in state.items(TOLD):
         try:
-            data = json.loads(value)
+            data = parse_json(value)
             since = float(data.get("since", 0.0))
             told = (
                 None

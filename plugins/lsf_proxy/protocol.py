@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.text import parse_json
 from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION, ProtocolError
 
 DEFAULT_MAX_LINE = 16384
@@ -54,12 +55,9 @@ def decode(line: bytes) -> dict[str, Any]:
     :raises ProtocolError: not UTF-8 JSON, not an object, wrong version, or no ``op``.
     """
     try:
-        message = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        message = parse_json(line)  # "[[[[..." past the recursion limit is a ValueError too
+    except ValueError as exc:
         raise ProtocolError("bad_json", f"not a JSON line: {exc}") from None
-    except RecursionError:
-        # "[[[[..." nested past the interpreter's limit: was an internal error and a traceback
-        raise ProtocolError("bad_json", "not a JSON line: nested too deep") from None
     if not isinstance(message, dict):
         raise ProtocolError("bad_request", "a message must be a JSON object")
     if (b"\\ud" in line or b"\\uD" in line) and _has_surrogate(message):

@@ -7,10 +7,11 @@ fault into a director crash.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from gridgate.core.text import parse_json
 
 #: A job id is the logging-and-bookkeeping URL on port 9000 followed by a base64url token
 #: (22 characters on real servers; accept any length so a longer id is not silently cut).
@@ -55,8 +56,8 @@ def _json_job_ids(text: str) -> tuple[str, ...] | None:
     if not stripped.startswith("{"):
         return None
     try:
-        data: Any = json.loads(stripped)
-    except (ValueError, RecursionError):
+        data: Any = parse_json(stripped)
+    except ValueError:
         return None
     if not isinstance(data, dict):
         return None

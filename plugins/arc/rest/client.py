@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from gridgate.core.backend import Deadline
 from gridgate.core.http import HttpClient, HttpError, Response
 from gridgate.core.model import CommandResult
+from gridgate.core.text import parse_json
 from gridgate.plugins.arc.rest.jobs import Entry, entries
 
 __all__ = ["SUPPORTED", "ArexClient", "ArexError", "evidence", "failed"]
@@ -174,7 +175,7 @@ class ArexClient:
         url = f"{self.service}/rest"
         answer = self._request("GET", url, deadline)
         try:
-            offered = json.loads(answer.body)["version"]
+            offered = parse_json(answer.body)["version"]
         except (ValueError, KeyError, TypeError):
             raise self._unreadable("GET", url, answer, "no version list") from None
         offered = [str(v) for v in (offered if isinstance(offered, list) else [offered])]

@@ -37,6 +37,7 @@ from gridgate.core.backend import Deadline
 from gridgate.core.clock import Clock
 from gridgate.core.model import CommandResult
 from gridgate.core.state import StateError, StateStore
+from gridgate.core.text import parse_json
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError
 from gridgate.plugins.arc.rest.signing import (
     CsrError,
@@ -80,7 +81,7 @@ class Record:
         if not text:
             return None
         try:
-            data = json.loads(text)
+            data = parse_json(text)
             return cls(
                 id=str(data["id"]),
                 service=str(data["service"]),

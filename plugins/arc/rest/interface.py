@@ -57,6 +57,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.patterns import clip
 from gridgate.core.plugins import PluginContext
+from gridgate.core.text import parse_json
 from gridgate.plugins.arc.classify import PROXY_BYTES, proxy_problem
 from gridgate.plugins.arc.parse import STDERR, with_stderr
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError, failed
@@ -177,7 +178,7 @@ def token_expired(token: str, now: float) -> float | None:
     or not a JWT this machine can read: then the CE judges it)."""
     try:
         payload = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        claims = parse_json(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         ends = float(claims["exp"])
     except (IndexError, ValueError, KeyError, TypeError):
         return None

@@ -9,13 +9,13 @@ job's own ``status-code`` (a string) inside, in request order, ``404 Job not fou
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gridgate.core.model import JobStatus
+from gridgate.core.text import parse_json
 from gridgate.plugins.arc.parse import final_status
 
 __all__ = [
@@ -72,7 +72,7 @@ def entries(body: bytes, key: str = "job") -> list[Entry]:
         without a status code)."""
     if not body.strip():
         return []
-    data = json.loads(body)
+    data = parse_json(body)
     if not isinstance(data, dict) or key not in data:
         raise ValueError(f"no {key!r} in the answer")
     items = data[key]

@@ -20,6 +20,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.secrets import read_secret
+from gridgate.core.text import parse_json
 from gridgate.plugins.lsf_proxy.config import host_name, parse_address, resolve_socket
 from gridgate.plugins.lsf_proxy.protocol import encode, sign
 from gridgate.plugins.lsf_proxy.wire import (
@@ -163,14 +164,13 @@ class Connection:
             raise busy
 
     def _read_line(self) -> dict[str, Any]:
-        import json
 
         while True:
             end = self._buffer.find(b"\n")
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
-                return json.loads(line)
+                return parse_json(line)
             chunk = self._sock.recv(65536)
             if not chunk:
                 raise ConnectionError("the daemon closed the connection")

@@ -85,17 +85,22 @@ def dumps(message: Mapping[str, Any]) -> bytes:
 def loads(line: bytes) -> Any:
     """One JSON line (as ``json.loads``).
 
-    :raises ValueError: not a single JSON value.
+    :raises ValueError: not a single JSON value, not UTF-8, or nested past the recursion
+        limit (as :func:`gridgate.core.text.parse_json`, without its imports).
     """
     if _scan is None:  # pragma: no cover
         import json
 
         return json.loads(line)
-    text = line.decode("utf-8").strip()
     try:
+        text = line.decode("utf-8").strip()
         value, end = _scan(text, 0)
     except StopIteration:
         raise ValueError(f"not JSON: {text[:60]!r}") from None
+    except RecursionError:
+        raise ValueError("not JSON: nested deeper than the recursion limit") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8: {exc}") from None
     if end != len(text):
         raise ValueError(f"extra data after the JSON value: {text[end : end + 60]!r}")
     return value

@@ -29,6 +29,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.secrets import read_secret
+from gridgate.core.text import parse_json
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits, split_limits
 
@@ -352,7 +353,7 @@ class Heartbeat:
                 out.append(BeatResult(name, error="no heartbeat key in the state store"))
                 continue
             try:
-                service = json.loads(value).get("service")
+                service = parse_json(value).get("service")
             except (ValueError, AttributeError):
                 service = None
             out.append(BeatResult(name, reply={"ok": True, "service": service}))

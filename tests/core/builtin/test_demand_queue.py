@@ -268,3 +268,49 @@ def test_a_pilot_registry_that_cannot_be_read_asks_for_nothing_with_one_error(we
         down.close()
     errors = [m for level, m in logs if level == "ERROR" and "queue demand" in m]
     assert len(errors) == 1 and "already waiting" in errors[0], errors
+
+
+def test_an_answer_nested_past_the_recursion_limit_costs_only_its_own_group(logs) -> None:
+    """200,000 levels of ``[`` in 400 kB (under the size cap) raised RecursionError out of
+    the source, failed the whole queue demand every iteration and skipped keep_last (issue 31,
+    item 3); now it is one bad answer of that group's source, counted in its episode."""
+    clock = FakeClock()
+    backend = TrackingBackend(servers=2)
+    with WebServer() as hostile, WebServer() as good:
+        hostile.answers.body = json.dumps({"mc": 4}).encode()
+        good.answers.body = json.dumps({"user": 3}).encode()
+        groups = {
+            "mc": {
+                "backend": BACKEND,
+                "source": {"http": {"url": hostile.url("/waiting"), "field": "mc"}},
+                "keep_last": 120,
+            },
+            "user": {
+                "backend": BACKEND,
+                "source": {"http": {"url": good.url("/waiting"), "field": "user"}},
+            },
+        }
+        director = _director(backend, groups, clock=clock)
+        try:
+            assert _submitted(director.run_iteration()) == 7
+            depth = 200_000
+            hostile.answers.body = b'{"mc": ' + b"[" * depth + b"]" * depth + b"}"
+            assert len(hostile.answers.body) < 1024 * 1024  # the source's default max_bytes
+            good.answers.body = json.dumps({"user": 5}).encode()
+            clock.advance(30)
+            summary = director.run_iteration()
+            assert _submitted(summary) == 2, "the good group is sized as before"
+            figures = {f.group: f for f in summary.demand}
+            assert figures["mc"].jobs == 4 and not figures["mc"].fresh, "keep_last applies"
+            assert "nested deeper than" in figures["mc"].problem, figures["mc"]
+            clock.advance(200)  # past keep_last: the group asks for nothing, the other goes on
+            good.answers.body = json.dumps({"user": 6}).encode()
+            summary = director.run_iteration()
+            figures = {f.group: f for f in summary.demand}
+            assert figures["mc"].stale and figures["mc"].jobs == 0, figures["mc"]
+            assert figures["user"].jobs == 6 and _submitted(summary) == 1
+        finally:
+            director.close()
+    errors = [m for level, m in logs if level == "ERROR" and "waiting work of group mc" in m]
+    assert len(errors) == 1 and "nested deeper than" in errors[0], errors
+    assert not [m for level, m in logs if "RecursionError" in m]
