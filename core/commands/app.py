@@ -15,12 +15,13 @@ import click
 from loguru import logger
 
 from gridgate.core import __version__
-from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
+from gridgate.core.cli import EXIT_CONFIG, echo, load_config_or_exit
 from gridgate.core.commands import servers
 from gridgate.core.commands.logs import configure_logging
 from gridgate.core.config import ConfigError, compose_schema
 from gridgate.core.engine.loader import cli_plugin_manager, installed_plugins
 from gridgate.core.plugins import PluginLoadError
+from gridgate.core.text import printable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -331,7 +332,7 @@ def report_command(path: str, since: str, bucket: str, as_json: bool, png: str |
     if as_json:
         click.echo(json.dumps(table, indent=2))
     else:
-        click.echo(render_table(table), nl=False)
+        click.echo(printable(render_table(table)), nl=False)  # episodes quote feeds, users
     if png:
         from gridgate.core.commands.report import draw, save_png
 
@@ -369,7 +370,7 @@ def notify_test(path: str, level: str, wait: float) -> None:
                 lines, bad = [f"FAILED: {type(exc).__name__}: {exc}"], True
             failed = failed or bad
             for line in lines:
-                click.echo(f"{name}: {line}")
+                echo(f"{name}: {line}")  # servers' replies quoted
     finally:
         director.close()
     if failed:

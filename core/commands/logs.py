@@ -6,13 +6,24 @@ command) sets up logging without importing click and the config machinery."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from loguru import logger
 
+from gridgate.core.text import printable
+
+
+def _printable(record: Any) -> None:
+    # a log line quotes what CEs, feeds, pilots and users wrote: their escapes, BELs and bidi
+    # overrides are shown as \x1b, \u202e..., not acted on by the terminal or the journal viewer
+    record["message"] = printable(record["message"])
+
 
 def configure_logging(verbose: int, log_json: bool) -> None:
-    """Send logs to stderr; stdout stays for machine-readable output."""
+    """Send logs to stderr; stdout stays for machine-readable output. Every message has its
+    control, format and bidi characters escaped (:func:`gridgate.core.text.printable`)."""
     logger.remove()
+    logger.configure(patcher=_printable)
     level = "WARNING" if verbose == 0 else ("INFO" if verbose == 1 else "DEBUG")
     if log_json:
         logger.add(sys.stderr, level=level, serialize=True)

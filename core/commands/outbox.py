@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from gridgate.core import hookimpl
-from gridgate.core.cli import load_config_or_exit
+from gridgate.core.cli import echo, load_config_or_exit
 from gridgate.core.clock import SYSTEM_CLOCK
 from gridgate.core.outbox import Message, Outbox
 
@@ -102,28 +102,26 @@ def list_command(path: str, only: tuple[str, ...], as_json: bool) -> None:
         ]
         report[name] = {"directory": str(box.directory), "messages": rows}
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        echo(json.dumps(report, indent=2))
         return
     for name, entry in report.items():
         rows = entry["messages"]
         waiting = sum(1 for r in rows if r["state"] == "waiting")
-        click.echo(
-            f"{name} outbox {entry['directory']}: {waiting} waiting, {len(rows) - waiting} dead"
-        )
+        echo(f"{name} outbox {entry['directory']}: {waiting} waiting, {len(rows) - waiting} dead")
         for r in rows:
             to = ", ".join(r["to"]) if isinstance(r["to"], list) else r["to"]
-            click.echo(
+            echo(
                 f"  {r['state']:<7} {r['id']}  {r['transport']:<4} queued "
                 f"{_utc(r['enqueued'])}  attempts {r['attempts']}  to {to}"
             )
-            click.echo(f"          {r['summary']}")
+            echo(f"          {r['summary']}")
             if r["state"] == "waiting" and r["attempts"]:
-                click.echo(
+                echo(
                     f"          next attempt {_utc(r['next_attempt'])}; "
                     f"last error: {r['last_error']}"
                 )
             if r["state"] == "dead":
-                click.echo(f"          refused {_utc(r['dead_at'])}: {r['reply']}")
+                echo(f"          refused {_utc(r['dead_at'])}: {r['reply']}")
 
 
 @outbox_group.command("retry")
@@ -139,10 +137,10 @@ def retry_command(path: str, only: tuple[str, ...], flush_now: bool, ids: tuple[
     config = load_config_or_exit(path)
     for name, box in outboxes(config, only):
         touched = box.retry(list(ids) or None)
-        click.echo(f"{name}: {touched} message(s) due now")
+        echo(f"{name}: {touched} message(s) due now")
         if flush_now and touched:
             result = box.flush(60)
-            click.echo(
+            echo(
                 f"{name}: sent {result.sent}, retry later {result.retried}, "
                 f"dead {result.dead}, waiting {result.waiting}"
             )
@@ -167,7 +165,7 @@ def purge_command(
         click.confirm("Delete messages that were never delivered?", abort=True)
     for name, box in boxes:
         removed = box.purge(list(ids) or None, dead=dead, waiting=waiting)
-        click.echo(f"{name}: {removed} message(s) deleted")
+        echo(f"{name}: {removed} message(s) deleted")
 
 
 class Commands:

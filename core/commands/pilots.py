@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gridgate.core import hookimpl
+from gridgate.core.cli import echo
 from gridgate.core.commands.report import render_states
 from gridgate.core.engine.tracking import cancel_pilots, state_counts
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES, Endpoint
@@ -83,18 +84,18 @@ def pilots_list(
     finally:
         state.close()
     if as_json:
-        click.echo(json.dumps({"pilots": [p.as_dict() for p in pilots]}, indent=2))
+        echo(json.dumps({"pilots": [p.as_dict() for p in pilots]}, indent=2))
         return
     if not pilots:
-        click.echo("no pilot matches")
+        echo("no pilot matches")
         return
-    click.echo(
+    echo(
         f"{'JOB ID':<40} {'ENDPOINT':<30} {'STATE':<10} {'SUBMITTED (UTC)':<20} "
         f"{'SINCE (UTC)':<20} NATIVE / REASON"
     )
     for p in pilots:
         words = " - ".join(t for t in (p.native, p.reason) if t)
-        click.echo(
+        echo(
             f"{p.job_id:<40} {p.endpoint_key:<30} {p.state:<10} {_utc(p.submitted):<20} "
             f"{_utc(p.changed):<20} {words}"
         )
@@ -111,9 +112,9 @@ def pilots_summary(path: str, as_json: bool) -> None:
     finally:
         state.close()
     if as_json:
-        click.echo(json.dumps({"endpoints": table}, indent=2))
+        echo(json.dumps({"endpoints": table}, indent=2))
         return
-    click.echo(render_states(table), nl=False)
+    echo(render_states(table).removesuffix("\n"))
 
 
 @pilots_group.command("cancel")
@@ -154,14 +155,14 @@ def pilots_cancel(
         state.close()
     missing = sorted(set(job_ids) - {p.job_id for p in live})
     if as_json:
-        click.echo(json.dumps({**outcome, "not_found": missing}, indent=2))
+        echo(json.dumps({**outcome, "not_found": missing}, indent=2))
     else:
         for key, ids in outcome["cancelled"].items():
-            click.echo(f"{key}: cancelled {len(ids)}: {' '.join(ids)}")
+            echo(f"{key}: cancelled {len(ids)}: {' '.join(ids)}")
         for key, why in outcome["failed"].items():
-            click.echo(f"{key}: NOT cancelled: {why}")
+            echo(f"{key}: NOT cancelled: {why}")
         for job in missing:
-            click.echo(f"{job}: not a live tracked pilot")
+            echo(f"{job}: not a live tracked pilot")
     if outcome["failed"]:
         raise SystemExit(1)
 

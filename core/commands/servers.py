@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
+from gridgate.core.cli import EXIT_CONFIG, echo, load_config_or_exit
 from gridgate.core.plugins import PluginLoadError
 from gridgate.core.text import parse_json
 
@@ -30,7 +30,7 @@ def open_state_or_exit(path: str) -> Any:
 
     config = load_config_or_exit(path)
     if (config.get("state") or {}).get("driver") == "memory":
-        click.echo(
+        echo(
             f"{path}: state.driver is memory: the caches live inside the running director "
             "only, nothing to show or change from here",
             err=True,
@@ -63,7 +63,7 @@ def servers_list(path: str, as_json: bool) -> None:
             bans = [entry.as_dict() for entry in OperatorBans(state).entries()]
             checked, unavailable = unavailable_view(state)
         except StateError as exc:
-            click.echo(f"{path}: cannot read the state store: {exc}", err=True)
+            echo(f"{path}: cannot read the state store: {exc}", err=True)
             raise SystemExit(1) from None
     finally:
         state.close()
@@ -74,26 +74,26 @@ def servers_list(path: str, as_json: bool) -> None:
             "availability_checked": checked,
             "bans": bans,
         }
-        click.echo(json.dumps(doc, indent=2))
+        echo(json.dumps(doc, indent=2))
         return
     if unavailable:
         _echo_unavailable(unavailable, checked)
-        click.echo("")
+        echo("")
     if bans:  # before the caches, which print as they always did
         _echo_bans(bans)
-        click.echo("")
+        echo("")
     if not rows:
         if unavailable or bans:
-            click.echo("no failure episode is open")
+            echo("no failure episode is open")
         else:
-            click.echo("every server is in rotation; no failure episode is open")
+            echo("every server is in rotation; no failure episode is open")
         return
-    click.echo(
+    echo(
         f"{'SERVER':<44}{'STATUS':<13}{'KIND':<13}{'EPISODE SINCE (UTC)':<21}{'FAILURES':>9}  "
         f"{'OUT UNTIL (UTC)':<21}{'ALARM IF IT FAILS BEFORE (UTC)'}"
     )
     for r in rows:
-        click.echo(
+        echo(
             f"{r['server']:<44}{r['status']:<13}{r['kind'] or '-':<13}{_utc(r['episode_start']):<21}"
             f"{r['failures']:>9}  {_utc(r['failing_until']):<21}{_utc(r['tickets_until'])}"
         )
@@ -107,12 +107,10 @@ def _ago(when: float | None) -> str:
 
 
 def _echo_unavailable(rows: list[dict[str, Any]], checked: float | None) -> None:
-    click.echo(f"not available, as the director last saw it ({_ago(checked)}):")
-    click.echo(
-        f"{'ENDPOINT':<44}{'STATE':<10}{'SOURCE':<22}{'SINCE (UTC)':<21}{'UNTIL (UTC)':<21}WHY"
-    )
+    echo(f"not available, as the director last saw it ({_ago(checked)}):")
+    echo(f"{'ENDPOINT':<44}{'STATE':<10}{'SOURCE':<22}{'SINCE (UTC)':<21}{'UNTIL (UTC)':<21}WHY")
     for row in rows:
-        click.echo(
+        echo(
             f"{row['endpoint']:<44}{row['state']:<10}{row['source'] or '-':<22}"
             f"{_utc(row['since']):<21}{_utc(row['until']):<21}{row['reason']}"
         )
@@ -134,16 +132,16 @@ def servers_show(endpoint: str, path: str, as_json: bool) -> None:
         try:
             key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
         except BanError as exc:
-            click.echo(f"gridgate servers show: {exc}", err=True)
+            echo(f"gridgate servers show: {exc}", err=True)
             raise SystemExit(EXIT_CONFIG) from None
         doc = _endpoint_view(config, store, key)
     finally:
         store.close()
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        echo(json.dumps(doc, indent=2))
         return
     for line in _render_view(doc):
-        click.echo(line)
+        echo(line)
 
 
 def _record(value: str) -> dict[str, Any]:
@@ -226,7 +224,7 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
         raw_poll = store.get(LAST_POLL + key)
         view["last_poll"] = _record(raw_poll) if raw_poll else None
     except StateError as exc:
-        click.echo(f"cannot read the state store: {exc}", err=True)
+        echo(f"cannot read the state store: {exc}", err=True)
         raise SystemExit(1) from None
     return view
 
@@ -304,9 +302,9 @@ def _render_view(doc: dict[str, Any]) -> list[str]:
 
 
 def _echo_bans(bans: list[dict[str, Any]]) -> None:
-    click.echo(f"{'BANNED OR DRAINED':<44}{'STATE':<9}{'BY':<13}{'UNTIL (UTC)':<21}WHY")
+    echo(f"{'BANNED OR DRAINED':<44}{'STATE':<9}{'BY':<13}{'UNTIL (UTC)':<21}WHY")
     for entry in sorted(bans, key=lambda e: str(e["endpoint"])):
-        click.echo(
+        echo(
             f"{entry['endpoint']:<44}{entry['state']:<9}{entry['who']:<13}"
             f"{_utc(entry['until']):<21}{entry['why']}"
         )
@@ -397,10 +395,10 @@ def _bans_command(path: str, verb: str) -> Iterator[tuple[Any, Any]]:
         try:
             yield config, store
         except BanError as exc:
-            click.echo(f"gridgate servers {verb}: {exc}", err=True)
+            echo(f"gridgate servers {verb}: {exc}", err=True)
             raise SystemExit(EXIT_CONFIG) from None
         except StateError as exc:
-            click.echo(f"{path}: cannot write to the state store: {exc}", err=True)
+            echo(f"{path}: cannot write to the state store: {exc}", err=True)
             raise SystemExit(1) from None
     finally:
         store.close()
@@ -415,7 +413,7 @@ def _withdraw(path: str, endpoint: str, state_name: str, duration: str, reason: 
         entry = OperatorBans(store).put(
             key, state_name, who=operator(), why=reason, duration=seconds
         )
-    click.echo(
+    echo(
         f"{entry.endpoint}: {entry.state} until {_utc(entry.until)} UTC by {entry.who}: {entry.why}"
     )
 
@@ -467,9 +465,9 @@ def servers_unban(endpoint: str, path: str) -> None:
         key = resolve_endpoint(endpoint, _known_endpoints(config, store)).key
         lifted = OperatorBans(store).unban(key)
     if lifted is None:
-        click.echo(f"{key}: not banned or drained")
+        echo(f"{key}: not banned or drained")
     else:
-        click.echo(f"{key}: {lifted.state} by {lifted.who} lifted ({lifted.why})")
+        echo(f"{key}: {lifted.state} by {lifted.who} lifted ({lifted.why})")
 
 
 @servers_group.command("clear")
@@ -495,9 +493,9 @@ def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json
         n for n in servers if not any(c == n or c.split("/", 1)[-1] == n for c in cleared)
     )
     if as_json:
-        click.echo(json.dumps({"cleared": cleared, "not_found": missing}))
+        echo(json.dumps({"cleared": cleared, "not_found": missing}))
     else:
         for key in cleared:
-            click.echo(f"cleared {key}")
+            echo(f"cleared {key}")
         for name in missing:
-            click.echo(f"{name}: not in the caches (already in rotation)")
+            echo(f"{name}: not in the caches (already in rotation)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from gridgate.core.kinds import KINDS
@@ -19,6 +20,7 @@ from gridgate.core.model import (
     SubmitResult,
     elapsed_text,
 )
+from gridgate.core.text import printable
 
 ALARM_HEADER = "Submit GGUS Ticket for this error if not already opened"
 
@@ -28,6 +30,26 @@ ALARM_HEADER = "Submit GGUS Ticket for this error if not already opened"
 #: by one director) and ``credential/warning/...`` (an at-risk warning, once per end time);
 #: ``<scope>`` is ``<plugin name>:<file>``.
 CREDENTIAL = "credential/"
+
+
+def printable_note(note: Notification) -> Notification:
+    """``note`` with its subject (one line), body, the command output and failure reason it
+    carries escaped by :func:`gridgate.core.text.printable`: a pilot's stderr, a CE's or
+    GGUS's answer, a feed's description reach mail, tickets and files as the escapes they
+    hold, never as a cleared screen or reversed text. The same object when nothing needs it."""
+    subject = printable(note.subject, newlines=False)
+    body = printable(note.body)
+    command = note.command
+    if command is not None:
+        stdout, stderr = printable(command.stdout), printable(command.stderr)
+        if (stdout, stderr) != (command.stdout, command.stderr):
+            command = replace(command, stdout=stdout, stderr=stderr)
+    failure = note.failure
+    if failure is not None and printable(failure.reason) != failure.reason:
+        failure = replace(failure, reason=printable(failure.reason))
+    if (subject, body, command, failure) == (note.subject, note.body, note.command, note.failure):
+        return note
+    return replace(note, subject=subject, body=body, command=command, failure=failure)
 
 
 def _iso(ts: float) -> str:

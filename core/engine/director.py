@@ -21,6 +21,7 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import Config, ConfigError, ConfigProblem
+from gridgate.core.engine.compose import printable_note
 from gridgate.core.engine.config_checks import change_notification, submission_problems
 from gridgate.core.engine.credential_episodes import CredentialEpisodes
 from gridgate.core.engine.failure import FailurePath
@@ -166,7 +167,9 @@ class Director:
         self.notify(note)
 
     def notify(self, note: Notification) -> None:
-        """Give ``note`` to every notifier, each on its own (see :meth:`broadcast`)."""
+        """Give ``note`` to every notifier, each on its own (see :meth:`broadcast`), with the
+        outside text it quotes escaped (:func:`~gridgate.core.engine.compose.printable_note`)."""
+        note = printable_note(note)
         self.broadcast("gridgate_notify", "notifier", note.subject, notification=note)
 
     def broadcast(
