@@ -70,7 +70,7 @@ from urllib3.exceptions import (
 from urllib3.exceptions import SSLError as Urllib3SSLError
 
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
-from gridgate.core.text import parse_json
+from gridgate.core.text import parse_json, safe_url
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -187,7 +187,7 @@ class HttpError(Exception):
         self.during = during
         self.duration = duration
         self.local = local
-        super().__init__(f"{method} {url}: {detail}")
+        super().__init__(f"{method} {safe_url(url)}: {detail}")
 
 
 # --- the deadline watcher ----------------------------------------------------------------------
@@ -408,11 +408,11 @@ class HttpClient:
         method = method.upper()
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
+            raise ValueError(f"not an http(s) URL: {safe_url(url)!r}")
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as exc:
-            raise ValueError(f"{url!r}: {exc}") from None
+            raise ValueError(f"{safe_url(url)!r}: {exc}") from None
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         key = (parts.scheme, parts.hostname, port)
         data = body.encode() if isinstance(body, str) else body

@@ -15,6 +15,11 @@ surrogates as ``\\x1b``, ``\\u202e``..., so a pilot's stderr that clears the scr
 "all good" reads as the escapes it holds. The director passes every notification through it
 (subject, body and the evidence a notifier renders from: command output, failure reason), and
 every log line; a plugin that prints outside text itself calls it.
+
+:func:`safe_url` is a URL as it may be printed: the password of its user info and the values
+of query parameters that carry secrets (``password``, ``token``, ``access_token``,
+``api_key``...) as ``***``; :func:`url_secret` says which secret a URL carries, for a config
+check that refuses it and asks for a secret file instead.
 """
 
 from __future__ import annotations
@@ -23,8 +28,34 @@ import json
 import re
 import sys
 from typing import Any
+from urllib.parse import unquote_plus
 
-__all__ = ["parse_json", "parse_yaml", "printable"]
+__all__ = ["SECRET_PARAMETERS", "parse_json", "parse_yaml", "printable", "safe_url", "url_secret"]
+
+#: Query parameters whose value is a secret (compared in lower case; also any name that ends
+#: in ``_token``, ``_secret``, ``_password`` or ``_key``). redis-py reads ``password`` from
+#: a Redis URL's query.
+SECRET_PARAMETERS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pass",
+        "pwd",
+        "secret",
+        "token",
+        "auth",
+        "authorization",
+        "apikey",
+        "api_key",
+        "key",
+        "sig",
+        "signature",
+        "x-amz-signature",
+        "x-amz-credential",
+    }
+)
+_SECRET_SUFFIXES = ("_token", "_secret", "_password", "_key", "-token", "-key")
+_QUERY_PARAMETER = re.compile(r"(^|[&;])([^&;=#]+)=([^&;#]*)")
 
 # C0 but tab and newline, DEL and C1; the format (Cf) characters of Unicode 15; U+2028/2029;
 # surrogates (only in text decoded with surrogateescape or from JSON's \ud800).
@@ -100,3 +131,65 @@ def parse_yaml(text: str) -> Any:
         return yaml.safe_load(text)
     except RecursionError:
         raise ValueError(f"nested deeper than {sys.getrecursionlimit()} levels: not read") from None
+
+
+def _secret_name(name: str) -> bool:
+    lowered = unquote_plus(name).strip().lower()
+    return lowered in SECRET_PARAMETERS or lowered.endswith(_SECRET_SUFFIXES)
+
+
+def _userinfo(url: str) -> tuple[str, str, str]:
+    """(scheme://, user info, the rest) of ``url``; user info is '' when there is none."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "", "", url
+    end = len(rest)
+    for mark in "/?#":
+        found = rest.find(mark)
+        if found != -1:
+            end = min(end, found)
+    authority = rest[:end]
+    info, at, _host = authority.rpartition("@")
+    if not at:
+        return f"{scheme}://", "", rest
+    return f"{scheme}://", info, rest[len(info) + 1 :]
+
+
+def url_secret(url: str) -> str:
+    """What secret ``url`` carries, in words ('' when none): a password in its user info, or
+    a query parameter that :data:`SECRET_PARAMETERS` names.
+
+    :param url: any URL (redis://, https://...).
+    """
+    _scheme, info, rest = _userinfo(url)
+    if ":" in info:
+        return "a password in its user info (user:password@)"
+    query = rest.partition("?")[2].partition("#")[0]
+    for match in _QUERY_PARAMETER.finditer(query):
+        if _secret_name(match.group(2)):
+            return f"a secret in its query ({unquote_plus(match.group(2))}=...)"
+    return ""
+
+
+def safe_url(url: str) -> str:
+    """``url`` as it may be printed or logged: the password of its user info and the values
+    of secret query parameters (:data:`SECRET_PARAMETERS`) replaced by ``***``.
+
+    :param url: any URL.
+    """
+    scheme, info, rest = _userinfo(url)
+    if ":" in info:
+        rest = f"{info.partition(':')[0]}:***@{rest}"
+    elif info:
+        rest = f"{info}@{rest}"
+    head, mark, query = rest.partition("?")
+    if mark:
+        query, hash_mark, fragment = query.partition("#")
+
+        def mask(match: re.Match[str]) -> str:
+            if _secret_name(match.group(2)):
+                return f"{match.group(1)}{match.group(2)}=***"
+            return match.group(0)
+
+        rest = f"{head}?{_QUERY_PARAMETER.sub(mask, query)}{hash_mark}{fragment}"
+    return f"{scheme}{rest}"

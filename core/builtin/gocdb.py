@@ -35,6 +35,7 @@ from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.model import AVAILABILITY_STATES, AVAILABLE, Availability, Endpoint
 from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.text import safe_url
 
 __all__ = [
     "AVAILABLE",
@@ -446,13 +447,14 @@ class GocdbFeed:
     ) -> None:
         scheme = urlsplit(url).scheme
         if scheme not in ("http", "https", "file"):
-            raise ValueError(f"GOCDB feed: {url!r} is not an http(s):// or file:// URL")
+            raise ValueError(f"GOCDB feed: {safe_url(url)!r} is not an http(s):// or file:// URL")
         if scheme != "file":
             split_http_url(url)
         for name, value, low in (("refresh", refresh, 1), ("keep_last", keep_last, 0)):
             if not (math.isfinite(value) and low <= value <= _DAY):
                 raise ValueError(f"GOCDB feed: {name} must be {low} to {_DAY} s, got {value!r}")
         self.url, self.refresh, self.keep_last = url, refresh, keep_last
+        self.shown = safe_url(url)  # as messages name it: no token a query may carry
         self.timeout, self.max_bytes, self.ca_path = timeout, max_bytes, ca_path
         self.clock = clock
         self._feed: Feed | None = None
@@ -499,7 +501,7 @@ class GocdbFeed:
                 logger.warning(
                     "GOCDB feed {}: still not readable and the last good feed is older than "
                     "keep_last ({:g} s): no downtime is known, endpoints count as available",
-                    self.url,
+                    self.shown,
                     self.keep_last,
                 )
             return None
@@ -517,20 +519,20 @@ class GocdbFeed:
             )
         else:
             effect = "no earlier feed: no downtime is known"
-        logger.error("GOCDB feed {}: cannot read: {}; {}", self.url, problem, effect)
+        logger.error("GOCDB feed {}: cannot read: {}; {}", self.shown, problem, effect)
 
     def _succeeded(self, feed: Feed, now: float) -> None:
         if self._failing_since is not None:
             logger.info(
                 "GOCDB feed {}: read again after {:.0f} s ({} downtimes)",
-                self.url,
+                self.shown,
                 now - self._failing_since,
                 len(feed.downtimes),
             )
         if feed.problems and feed.problems != self._problems:
             logger.warning(
                 "GOCDB feed {}: {} entries left out: {}",
-                self.url,
+                self.shown,
                 len(feed.problems),
                 "; ".join(feed.problems[:5]),
             )

@@ -25,7 +25,7 @@ from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.runner import run
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
-from gridgate.core.text import parse_json
+from gridgate.core.text import parse_json, safe_url, url_secret
 
 __all__ = [
     "COMMAND_SOURCE_SCHEMA",
@@ -353,7 +353,7 @@ class _RedisServer:
                 socket_connect_timeout=timeout,
             )
         except ValueError as exc:
-            raise ValueError(f"redis source: bad url {url}: {exc}") from None
+            raise ValueError(f"redis source: bad url {safe_url(url)}: {exc}") from None
 
     def counts(self, keys: Sequence[str]) -> list[int | str]:
         """For each key its count, or the text of what was wrong; one round trip for all.
@@ -442,7 +442,7 @@ class RedisSource:
 
     @property
     def name(self) -> str:
-        return f"redis {self.server.url} key {self.key}"
+        return f"redis {safe_url(self.server.url)} key {self.key}"
 
     def read(self) -> int:
         (answer,) = self.server.counts([self.key])
@@ -464,13 +464,15 @@ class HttpSource:
         ca_path: str | None = None,
     ) -> None:
         if split_http_url(url).password is not None:
-            raise ValueError(f"http source {field}: do not write a password into the url")
+            raise ValueError(
+                f"http source {field}: do not write a password into the url ({safe_url(url)})"
+            )
         self.url, self.field = url, field
         self.timeout, self.max_bytes, self.ca_path = timeout, max_bytes, ca_path
 
     @property
     def name(self) -> str:
-        return f"http {self.url} field {self.field}"
+        return f"http {safe_url(self.url)} field {self.field}"
 
     @property
     def answer_key(self) -> tuple[object, ...]:
@@ -546,16 +548,16 @@ def _redis_server(
     spec: Mapping[str, Any], servers: dict[tuple[str, str | None, float], _RedisServer]
 ) -> _RedisServer:
     url = str(spec["url"])
-    netloc = url.partition("://")[2].split("/", 1)[0]
-    if "@" in netloc and ":" in netloc.rpartition("@")[0]:
+    if secret := url_secret(url):  # user:password@ or redis-py's ?password=
         raise ValueError(
-            f"redis source key {spec['key']}: do not write the password into the url; give "
-            "it as password: {env: VARIABLE} or password: {file: PATH}"
+            f"redis source key {spec['key']}: do not write the password into the url (it "
+            f"carries {secret}); give it as password: {{env: VARIABLE}} or password: "
+            "{file: PATH}"
         )
     try:
         password = read_secret(spec.get("password"))
     except SecretError as exc:
-        raise ValueError(f"redis source {url}: cannot read the password: {exc}") from None
+        raise ValueError(f"redis source {safe_url(url)}: cannot read the password: {exc}") from None
     timeout = float(spec.get("timeout", 5))
     ident = (url, password, timeout)
     if ident not in servers:

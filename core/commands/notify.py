@@ -11,6 +11,7 @@ from typing import Any
 
 from gridgate.core.model import Notification
 from gridgate.core.outbox import Delivery, Message, Outbox
+from gridgate.core.text import safe_url
 
 __all__ = ["test_notification", "try_notifier"]
 
@@ -32,7 +33,7 @@ def _target(payload: Any) -> str:
         if payload.get("to"):
             return ", ".join(str(a) for a in payload["to"])
         if payload.get("url"):
-            return str(payload["url"])
+            return safe_url(str(payload["url"]))
     return "its transport"
 
 

@@ -42,6 +42,7 @@ from gridgate.core.state import (
     encode_record,
     expires_at,
 )
+from gridgate.core.text import safe_url, url_secret
 
 try:
     import redis
@@ -231,26 +232,20 @@ class RedisState(StateStore):
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """A password written into the url would sit in the config file and in messages."""
-        url = str(section.get("url", ""))
-        netloc = url.partition("://")[2].split("/", 1)[0]
-        creds, at, _host = netloc.rpartition("@")
-        if at and ":" in creds:
+        secret = url_secret(str(section.get("url", "")))  # user:password@ or ?password=
+        if secret:
             return [
                 (
                     ("url",),
-                    "do not write the password into the url; give it as "
-                    "password: {env: VARIABLE} or password: {file: PATH}",
+                    f"do not write the password into the url (it carries {secret}); give it "
+                    "as password: {env: VARIABLE} or password: {file: PATH}",
                 )
             ]
         return []
 
     def _safe_url(self) -> str:
-        # Never log a password that may sit in the URL.
-        head, sep, tail = self.url.rpartition("@")
-        if not sep:
-            return self.url
-        scheme, _, _creds = head.partition("://")
-        return f"{scheme}://***@{tail}"
+        # Never log a password that may sit in the URL (user info or ?password=).
+        return safe_url(self.url)
 
     @property
     def client(self) -> redis.Redis:

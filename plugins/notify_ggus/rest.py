@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from gridgate.core.config import SecretError, read_secret
 from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.outbox import Delivery, Message
+from gridgate.core.text import safe_url
 
 REST_TRANSPORT = "rest"
 RETRYABLE = {408, 425, 429}
@@ -67,7 +68,7 @@ class RestTransport:
             # a ticket whose answer was lost after it was sent may exist at the helpdesk; the
             # outbox retries it (the helpdesk's own duplicate check decides), saying so
             maybe = " (it may have been created: the request was sent)" if exc.sent else ""
-            return Delivery("retry", f"{self.url}: {exc.phase}: {exc.detail}{maybe}")
+            return Delivery("retry", f"{safe_url(self.url)}: {exc.phase}: {exc.detail}{maybe}")
         reply = f"{answer.status} {_text(answer.body)}"
         if 200 <= answer.status < 300:
             return Delivery("sent", reply)
