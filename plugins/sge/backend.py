@@ -417,7 +417,12 @@ class SgeBackend(Backend):
                 endpoint, ok=False, command=known[0], operation=OPERATION_SUBMIT, message=known[1]
             )
         outcome = self.run(self.qsub_argv(endpoint, request), self.deadline(timeout))
-        parsed = parse_terse(outcome.stdout) if outcome.ok else None
+        try:
+            parsed = parse_terse(outcome.stdout, max_tasks=request.count) if outcome.ok else None
+        except ValueError as exc:
+            return SubmitResult(
+                endpoint, ok=False, command=outcome, operation=OPERATION_SUBMIT, message=str(exc)
+            )
         if parsed is not None:
             number, tasks = parsed
             ids = tuple(f"{number}.{t}" for t in tasks) if tasks else (number,)

@@ -42,10 +42,19 @@ def job_number(job_id: str) -> str:
     return job_id.split(".", 1)[0]
 
 
-def parse_terse(stdout: str) -> tuple[str, list[int]] | None:
+#: The most array tasks one ``qsub -terse`` answer may name (the schema's largest
+#: ``pilots_per_submission``): a range past it is not expanded.
+MAX_ARRAY_TASKS = 10_000
+
+
+def parse_terse(stdout: str, max_tasks: int = MAX_ARRAY_TASKS) -> tuple[str, list[int]] | None:
     """(job number, task ids) from ``qsub -terse``; task ids empty for a job that is no array.
 
-    None when no line is a job id (``qsub`` printed something else)."""
+    None when no line is a job id (``qsub`` printed something else).
+
+    :raises ValueError: for an array range of more than ``max_tasks`` tasks (``41.1-4000000000:1``
+        from a broken or hostile qsub), counted without expanding it.
+    """
     for line in stdout.splitlines():
         found = TERSE_RE.fullmatch(line.strip())
         if found is None:
@@ -53,7 +62,13 @@ def parse_terse(stdout: str) -> tuple[str, list[int]] | None:
         number, first, last, step = found.groups()
         if first is None:
             return number, []
-        return number, list(range(int(first), int(last) + 1, max(int(step), 1)))
+        tasks = range(int(first), int(last) + 1, max(int(step), 1))
+        if len(tasks) > max_tasks:  # len() of a range is arithmetic: nothing is expanded
+            raise ValueError(
+                f"qsub answered an array of {len(tasks)} tasks ({line.strip()[:60]}), more "
+                f"than the {max_tasks} asked for: not read as pilots"
+            )
+        return number, list(tasks)
     return None
 
 

@@ -116,3 +116,27 @@ def test_jobs_in_error_state_that_left_before_qstat_j_keep_their_state(tmp_path)
     result = backend.gridgate_job_status(endpoint=endpoint, job_ids=["5"], timeout=10)
     assert result.ok and result.commands == 2, result
     assert (result.statuses["5"].state, result.statuses["5"].native) == ("failed", "Eqw")
+
+
+def test_a_qsub_that_answers_a_huge_array_range_is_a_failed_submission_not_billions_of_ids(
+    tmp_path,
+) -> None:
+    """A broken or hostile qsub answering ``41.1-4000000000:1`` to ``-t 1-3`` was expanded into
+    four billion pilot ids (issue 31, item 9): now it is a failed submission saying why."""
+    from gridgate.core.model import SubmitRequest
+
+    qsub = stand_in_command(tmp_path / "bin", "qsub", stdout="41.1-4000000000:1\n")
+    backend = build_plugin(
+        SgeBackend,
+        {"queues": ["pilots.q"], "script": "/p.sh", "commands": {"qsub": str(qsub)}},
+        state_dir=tmp_path / "state",
+        name="sge",
+    )
+    (endpoint,) = backend.gridgate_backend_info(backend="sge").endpoints
+    result = backend.gridgate_submit(
+        endpoint=endpoint, request=SubmitRequest("sge", count=3), timeout=10
+    )
+    assert not result.ok and result.job_ids == (), result
+    assert "array of 4000000000 tasks" in result.message and "3 asked for" in result.message
+    argv = qsub.calls()[0]["argv"]
+    assert argv[argv.index("-t") + 1] == "1-3"

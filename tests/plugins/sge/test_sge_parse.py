@@ -41,6 +41,18 @@ def test_parse_terse_reads_a_job_or_an_array(stdout, parsed) -> None:
     assert parse_terse(stdout) == parsed
 
 
+def test_an_array_range_past_what_was_asked_is_refused_without_being_expanded() -> None:
+    """``41.1-4000000000:1`` was expanded into four billion ids (issue 31, item 9): now the
+    range is counted, and one larger than the submission asked for is a bad answer."""
+    with pytest.raises(ValueError, match="array of 4000000000 tasks"):
+        parse_terse("41.1-4000000000:1\n", max_tasks=5)
+    with pytest.raises(ValueError, match="more than the 5 asked for"):
+        parse_terse("41.1-6:1\n", max_tasks=5)
+    assert parse_terse("41.1-9:2\n", max_tasks=5) == ("41", [1, 3, 5, 7, 9])
+    with pytest.raises(ValueError):
+        parse_terse("41.1-20000:1\n")  # past the schema's largest pilots_per_submission
+
+
 def test_parse_qstat_gives_one_status_per_job_and_array_task() -> None:
     statuses = parse_qstat(_output("qstat-g-d.txt"))
     assert sorted(statuses, key=lambda j: tuple(map(int, j.split(".")))) == [
