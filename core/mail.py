@@ -11,8 +11,10 @@ server's reply, those with a 4xx stay queued for a retry.
 
 from __future__ import annotations
 
+import contextlib
 import email.policy
 import smtplib
+import socket
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from gridgate.core.cutoff import cut_after
 from gridgate.core.model import Notification
 from gridgate.core.outbox import Delivery, Message
 from gridgate.core.plugins import ConfigProblems
@@ -215,6 +218,20 @@ def _reply(code: int, text: bytes | str) -> str:
     return f"{code} {one_line(text)}"
 
 
+class _Overran(Exception):
+    """An SMTP exchange cut at its deadline (:func:`gridgate.core.cutoff.cut_after`)."""
+
+    def __init__(self, seconds: float, doing: str) -> None:
+        super().__init__(f"no complete answer within {seconds:g} s while {doing}: cut")
+
+
+def _shut(conn: smtplib.SMTP) -> None:
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 class SmtpTransport:
     """Delivers ``smtp`` outbox messages; keeps one connection open for a delivery pass."""
 
@@ -236,16 +253,27 @@ class SmtpTransport:
         password = read_secret(s.password) if s.username else None
         conn: smtplib.SMTP
         if s.security == "ssl":
-            conn = smtplib.SMTP_SSL(s.host, s.port, timeout=s.timeout, context=self._context())
+            conn = smtplib.SMTP_SSL(timeout=s.timeout, context=self._context())
         else:
-            conn = smtplib.SMTP(s.host, s.port, timeout=s.timeout)
+            conn = smtplib.SMTP(timeout=s.timeout)
+        # ``timeout`` bounds each read: a server that sends its greeting a byte a second
+        # would hold the outbox for ever. The whole of connect, greeting, EHLO, STARTTLS and
+        # login gets ``timeout`` seconds, then the socket is shut.
         try:
-            conn.ehlo_or_helo_if_needed()
-            if s.security == "starttls":
-                conn.starttls(context=self._context())
-                conn.ehlo()
-            if s.username:
-                conn.login(s.username, password or "")
+            with cut_after(s.timeout, lambda: _shut(conn)) as cut:
+                try:
+                    conn._host = s.host  # type: ignore[attr-defined]  # as SMTP(host) sets it: STARTTLS and SSL check this name
+                    conn.connect(s.host, s.port)
+                    conn.ehlo_or_helo_if_needed()
+                    if s.security == "starttls":
+                        conn.starttls(context=self._context())
+                        conn.ehlo()
+                    if s.username:
+                        conn.login(s.username, password or "")
+                except (OSError, smtplib.SMTPException) as exc:
+                    if cut.fired:
+                        raise _Overran(s.timeout, "connecting and greeting") from exc
+                    raise
         except BaseException:
             conn.close()
             raise
@@ -279,12 +307,23 @@ class SmtpTransport:
             return Delivery(
                 "retry", f"{where}: login refused: {_reply(exc.smtp_code, exc.smtp_error)}"
             )
+        except _Overran as exc:
+            return Delivery("retry", f"{where}: {exc}")
         except smtplib.SMTPResponseException as exc:
             return Delivery("retry", f"{where}: {_reply(exc.smtp_code, exc.smtp_error)}")
         except (OSError, smtplib.SMTPException) as exc:
             return Delivery("retry", f"{where}: cannot connect: {type(exc).__name__}: {exc}")
         try:
-            refused = conn.sendmail(sender, rcpts, raw)
+            with cut_after(self.settings.timeout, lambda: _shut(conn)) as cut:
+                try:
+                    refused = conn.sendmail(sender, rcpts, raw)
+                except (OSError, smtplib.SMTPServerDisconnected) as exc:
+                    if cut.fired:
+                        raise _Overran(self.settings.timeout, "sending the message") from exc
+                    raise
+        except _Overran as exc:
+            self._drop()
+            return Delivery("retry", f"{where}: {exc}")
         except smtplib.SMTPRecipientsRefused as exc:
             return self._split(payload, dict(exc.recipients), accepted=False)
         except (smtplib.SMTPSenderRefused, smtplib.SMTPDataError) as exc:

@@ -22,6 +22,7 @@ from urllib.parse import SplitResult, urlsplit
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.cutoff import cut_after
 from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.runner import run
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
@@ -341,7 +342,7 @@ class _RedisServer:
     def __init__(self, url: str, password: str | None, timeout: float) -> None:
         import redis  # a dependency of the 'redis' extra only: imported where it is used
 
-        self.url = url
+        self.url, self.timeout = url, timeout
         self._errors: tuple[type[Exception], ...] = (redis.exceptions.RedisError,)
         #: each key's type when last read: the counting command to send with its TYPE
         self._kinds: dict[str, str] = {}
@@ -403,6 +404,21 @@ class _RedisServer:
         return out
 
     def _send(self, commands: Sequence[tuple[str, str]]) -> list[Any]:
+        # the timeout bounds each read; a server that answers a byte at a time is cut when the
+        # whole round trip (with its connection) has had twice the timeout
+        caught: tuple[type[BaseException], ...] = (*self._errors, OSError, ValueError)
+        with cut_after(2 * self.timeout, self.client.connection_pool.disconnect) as cut:
+            try:
+                return self._pipelined(commands)
+            except caught as exc:
+                # a cut pool may also surface as "I/O operation on closed file"
+                if cut.fired:
+                    raise self._errors[0](
+                        f"no complete answer within {2 * self.timeout:g} s: cut"
+                    ) from exc
+                raise
+
+    def _pipelined(self, commands: Sequence[tuple[str, str]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         try:
             for key, kind in commands:

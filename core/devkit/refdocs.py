@@ -267,6 +267,10 @@ API: tuple[tuple[str, str], ...] = (
         "Files someone else picks up, and the private folders they live in.",
     ),
     (
+        "gridgate.core.cutoff",
+        "A wall-clock deadline over a whole exchange with a library that only has per-read timeouts (smtplib, redis-py, a socket).",
+    ),
+    (
         "gridgate.core.text",
         "Text from outside (a CE, a feed, a pilot's stderr): JSON and YAML whose every bad document is a `ValueError`, and escaping before people read it.",
     ),

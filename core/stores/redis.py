@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, ParamSpec, TypeVar, cast
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.cutoff import cut_after
 from gridgate.core.plugins import ConfigProblems
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.state import (
@@ -222,6 +223,10 @@ class RedisState(StateStore):
             )
         except (ValueError, RedisError) as exc:
             raise StateError(f"redis state: bad url {self._safe_url()}: {exc}") from exc
+        #: the longest one call may take: a connection and two replies
+        self._call_budget = float(self.config.get("socket_connect_timeout", 5)) + 2 * float(
+            self.config.get("socket_timeout", 5)
+        )
         self._add = self._client.register_script(_ADD)
         self._set = self._client.register_script(_SET)
         self._delete = self._client.register_script(_DELETE)
@@ -256,10 +261,26 @@ class RedisState(StateStore):
     def call(self, what: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, a Redis error raised as :class:`StateError` saying that
         this store cannot ``what`` (and never the password)."""
+        # socket_timeout bounds each read: a server that answers a byte at a time would hold
+        # the director; the whole call gets a connection and two replies' worth, then every
+        # connection of the pool is cut (cutoff.cut_after)
         try:
-            return fn(*args, **kwargs)
+            with cut_after(self._call_budget, self._cut) as cut:
+                try:
+                    return fn(*args, **kwargs)
+                except (RedisError, OSError, ValueError) as exc:
+                    # a cut pool may also surface as "I/O operation on closed file"
+                    if cut.fired:
+                        raise StateError(
+                            f"redis state at {self._safe_url()}: cannot {what}: no complete "
+                            f"answer within {self._call_budget:g} s: cut"
+                        ) from exc
+                    raise
         except RedisError as exc:
             raise StateError(f"redis state at {self._safe_url()}: cannot {what}: {exc}") from exc
+
+    def _cut(self) -> None:
+        self._client.connection_pool.disconnect()
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}kv:{key}"

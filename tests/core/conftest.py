@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from loguru import logger
 from support.redis_server import RedisServer
+from support.tcp import serve  # noqa: F401 - a fixture of these tests
 
 
 @pytest.fixture(scope="session")

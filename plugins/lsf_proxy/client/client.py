@@ -12,6 +12,7 @@ import pwd
 import random
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,9 @@ class Connection:
                 challenge=self._challenge,
                 daemon=self._daemon_name,
             )
+        # ``timeout`` is the whole call's: a daemon that sends its reply a byte at a time, or
+        # events without end before it, is cut when it has run out (each recv gets what is left)
+        deadline = time.monotonic() + timeout
         try:
             self._sock.settimeout(timeout)
             try:
@@ -130,7 +134,7 @@ class Connection:
                 self._turned_away()
                 raise
             while True:
-                reply = self._read_line()
+                reply = self._read_line(deadline)
                 if reply.get("id") == msg_id:
                     return reply
                 if reply.get("id") is None and reply.get("ok") is False:
@@ -163,14 +167,18 @@ class Connection:
             self.close()
             raise busy
 
-    def _read_line(self) -> dict[str, Any]:
-
+    def _read_line(self, deadline: float | None = None) -> dict[str, Any]:
         while True:
             end = self._buffer.find(b"\n")
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
                 return parse_json(line)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the whole reply did not come in time")
+                self._sock.settimeout(left)
             chunk = self._sock.recv(65536)
             if not chunk:
                 raise ConnectionError("the daemon closed the connection")
