@@ -13,6 +13,7 @@ from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     CommandResult,
     CredentialStatus,
+    DemandFigure,
     Endpoint,
     Escalation,
     Failure,
@@ -45,8 +46,10 @@ def printable_note(note: Notification) -> Notification:
         if (stdout, stderr) != (command.stdout, command.stderr):
             command = replace(command, stdout=stdout, stderr=stderr)
     failure = note.failure
-    if failure is not None and printable(failure.reason) != failure.reason:
-        failure = replace(failure, reason=printable(failure.reason))
+    if failure is not None:
+        reason = printable(failure.reason)
+        if reason != failure.reason:
+            failure = replace(failure, reason=reason)
     if (subject, body, command, failure) == (note.subject, note.body, note.command, note.failure):
         return note
     return replace(note, subject=subject, body=body, command=command, failure=failure)
@@ -317,4 +320,39 @@ def compose_credential(
         command=status.command,
         episode_start=None if level == "warning" else since,
         key=f"{CREDENTIAL}{level}/{status.name}:{status.path}/{since:.0f}/{now:.0f}",
+    )
+
+
+def compose_demand_source(
+    figure: DemandFigure, level: str, since: float, now: float, host: str
+) -> Notification:
+    """The error (``level`` ``error``) when ``figure``'s source has failed past ``keep_last``,
+    or the notice (``info``) when it answers again after ``since``."""
+    what = f"waiting work of demand group {figure.group} ({figure.backend}, {figure.source})"
+    if level == "info":
+        subject = f"gridgate: {what} is read again on {host}"
+        body = (
+            f"The source of the waiting work of demand group {figure.group} answers again on "
+            f"{host} after {elapsed_text(now - since)}: {figure.jobs} jobs waiting; the group "
+            f"asks for pilots of {figure.backend} again.\n"
+        )
+    else:
+        subject = f"gridgate: {what} cannot be read: no pilots for it [demand source]"
+        body = (
+            f"gridgate on {host} cannot read the waiting work of demand group {figure.group} "
+            f"(backend {figure.backend}, demand plugin {figure.source}) and its last good figure "
+            "is older than the group's keep_last, so the group asks for no pilots until the "
+            "source answers. Other groups are not affected. No server is blamed.\n\n"
+            f"Problem: {figure.problem}\n"
+            f"Failing for: {elapsed_text(figure.failing_for or 0.0)}\n\n"
+            "Check the source (the queue's Redis, the HTTP service, the command) from the "
+            "director's host; one notice follows when it answers again.\n"
+        )
+    return Notification(
+        level,  # type: ignore[arg-type]
+        subject,
+        body,
+        now,
+        episode_start=since,
+        key=f"demand-source/{figure.source}/{figure.group}/{since:.0f}/{level}",
     )

@@ -18,49 +18,15 @@ from collections.abc import Iterable
 
 from loguru import logger
 
+from gridgate.core.engine.compose import compose_demand_source
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
-from gridgate.core.model import DemandFigure, Notification, elapsed_text
+from gridgate.core.model import DemandFigure
 from gridgate.core.state import StateError
 
-__all__ = ["DEMAND_SOURCE", "DemandEpisodes", "compose_demand_source"]
+__all__ = ["DEMAND_SOURCE", "DemandEpisodes"]
 
 DEMAND_SOURCE = "demand-source/"
-
-
-def compose_demand_source(
-    figure: DemandFigure, level: str, since: float, now: float, host: str
-) -> Notification:
-    """The error (``level`` ``error``) when ``figure``'s source has failed past ``keep_last``,
-    or the notice (``info``) when it answers again after ``since``."""
-    what = f"waiting work of demand group {figure.group} ({figure.backend}, {figure.source})"
-    if level == "info":
-        subject = f"gridgate: {what} is read again on {host}"
-        body = (
-            f"The source of the waiting work of demand group {figure.group} answers again on "
-            f"{host} after {elapsed_text(now - since)}: {figure.jobs} jobs waiting; the group "
-            f"asks for pilots of {figure.backend} again.\n"
-        )
-    else:
-        subject = f"gridgate: {what} cannot be read: no pilots for it [demand source]"
-        body = (
-            f"gridgate on {host} cannot read the waiting work of demand group {figure.group} "
-            f"(backend {figure.backend}, demand plugin {figure.source}) and its last good figure "
-            "is older than the group's keep_last, so the group asks for no pilots until the "
-            "source answers. Other groups are not affected. No server is blamed.\n\n"
-            f"Problem: {figure.problem}\n"
-            f"Failing for: {elapsed_text(figure.failing_for or 0.0)}\n\n"
-            "Check the source (the queue's Redis, the HTTP service, the command) from the "
-            "director's host; one notice follows when it answers again.\n"
-        )
-    return Notification(
-        level,  # type: ignore[arg-type]
-        subject,
-        body,
-        now,
-        episode_start=since,
-        key=f"demand-source/{figure.source}/{figure.group}/{since:.0f}/{level}",
-    )
 
 
 class DemandEpisodes:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.polling import until
 from support.wms_site import director_section, healthy_wms
 
 from gridgate.core.devkit.services import free_port
@@ -101,17 +102,18 @@ def scrape(port: int) -> str:
 
 
 def wait_for(what: str, probe: Any, deadline: float = 120) -> Any:
-    end = time.monotonic() + deadline
-    last: Any = None
-    while time.monotonic() < end:
+    """``probe()`` once it is truthy (polled with support.polling.until; a port not yet
+    listening counts as not yet)."""
+
+    def attempt() -> Any:
         try:
-            last = probe()
-        except OSError as exc:  # not listening yet
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {deadline} s (last: {last!r})")
+            return probe()
+        except OSError:
+            return None
+
+    found = until(attempt, timeout=deadline, pause=0.5)
+    assert found, f"{what}: not within {deadline} s"
+    return found
 
 
 # --- a real Prometheus over a real director and daemon -----------------------------------
