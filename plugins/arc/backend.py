@@ -747,8 +747,8 @@ class ArcBackend(Backend):
 
         arcclean deletes only jobs the CE has finished: a pilot cancelled a moment ago is still
         being killed there (``Jobs processed: 1, deleted: 0``), so it stays to be cleaned at a
-        later iteration, for at most ``CLEAN_GIVE_UP`` seconds. Over REST, ``action=clean``
-        is taken for such a job too and done by the CE once the job has ended."""
+        later iteration, for at most ``CLEAN_GIVE_UP`` seconds. Over REST, a pilot is done
+        when the CE answers that it no longer has it (404): a queued clean is asked again."""
         with self._locks[ce.endpoint.name]:
             pending = self._pending(ce)
             if not pending:

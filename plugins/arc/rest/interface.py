@@ -81,6 +81,11 @@ SCRIPT_WHAT = "the pilot script (backends.arc.script)"
 #: Seconds names of pilots whose creation answer was lost are looked for on the CE; the jobs
 #: found (never given their script, so never started) are killed and cleaned.
 UNCONFIRMED_FOR = 86400.0
+#: Looks for the jobs of a bundle whose creation answer was lost, and the pause before each
+#: further one: A-REX creates a bundle's jobs one after the other, and an answer lost as the
+#: connection broke can come before the last of them exists (seen on the private CE: 2 of 3
+#: found 60 ms after the loss, the third a moment later).
+LOST_LOOKS = (0.0, 0.3, 1.0, 2.0)
 DEFAULT_CA_PATH = "/etc/grid-security/certificates"
 
 
@@ -465,8 +470,20 @@ class RestPath:
     ) -> tuple[dict[str, str], list[ArexError]]:
         """The creation answer was lost after the request may have reached the CE: which of
         ``names`` exist there is asked before anything is sent again; when it cannot be asked
-        now, the names are kept and looked for later (:meth:`reconcile_unconfirmed`)."""
-        found = self.find_by_name(client, set(names), deadline)
+        now, the names are kept and looked for later (:meth:`reconcile_unconfirmed`).
+
+        A bundle may still be being created when its answer is lost: the CE is asked again
+        after a pause (:data:`LOST_LOOKS`, within the deadline) while some names are missing,
+        and those still missing are kept to be looked for at the next contact too, so that a
+        pilot the CE creates later is killed and cleaned rather than left waiting for ever."""
+        found: dict[str, str] | None = {}
+        for pause in LOST_LOOKS:
+            if pause and deadline.left() <= pause + 1.0:
+                break
+            time.sleep(pause)
+            found = self.find_by_name(client, set(names), deadline)
+            if found is None or len(found) == len(names):
+                break
         if found is None:
             self._unconfirmed(ce, names)
             logger.error(
@@ -484,7 +501,10 @@ class RestPath:
             clip(str(exc)),
             len(found),
         )
-        return found, ([exc] if len(found) < len(names) else [])
+        missing = [n for n in names if n not in found]
+        if missing:
+            self._unconfirmed(ce, missing)
+        return found, ([exc] if missing else [])
 
     def find_by_name(
         self, client: ArexClient, names: set[str], deadline: Deadline
@@ -572,11 +592,14 @@ class RestPath:
     def discard(
         self, ce: CE, client: ArexClient, identifiers: Sequence[str], deadline: Deadline
     ) -> None:
-        """Kill and clean jobs that must not run (their input never came); those the CE
-        cannot take now are cleaned later with the finished pilots."""
+        """Kill and clean jobs that must not run (their input never came). They are also
+        noted for the cleaning pass of finished pilots, which asks again until the CE says
+        they are gone: a clean sent while the kill is still under way is not always done."""
+        version = client.version or "1.0"
+        self.owner.note_terminal(ce, [job_url(client.service, version, i) for i in identifiers])
         try:
             client.manage("kill", identifiers, deadline)
-            client.manage("clean", identifiers, deadline)  # done by the CE once it has killed them
+            client.manage("clean", identifiers, deadline)
             logger.warning(
                 "{}: killed and cleaned {} job(s) whose pilot script could not be uploaded",
                 ce.endpoint.key,
@@ -589,8 +612,6 @@ class RestPath:
                 len(identifiers),
                 clip(str(exc)),
             )
-            version = client.version or "1.0"
-            self.owner.note_terminal(ce, [job_url(client.service, version, i) for i in identifiers])
 
     # --- lost answers -----------------------------------------------------------------------
 
@@ -771,9 +792,10 @@ class RestPath:
         )
 
     def clean(self, ce: CE, ids: Sequence[str], timeout: float) -> tuple[list[str], str]:
-        """``action=clean`` for pilots recorded final: the ids the CE took (it deletes a job
-        once it has ended: a pilot still being killed is deleted when killed) or no longer
-        has, and a problem ("" when none)."""
+        """``action=clean`` for pilots recorded final: the ids the CE no longer has (404), and
+        a problem ("" when none). A ``202 Queued for cleaning`` is not proof (trap 5): a job
+        still being killed when the clean came stayed on A-REX at load, so a queued id stays
+        to clean and is asked again at the next pass, until the CE answers that it is gone."""
         credential = self.credential()
         if credential.problem:
             return [], credential.problem
@@ -784,7 +806,7 @@ class RestPath:
             answer, _ = client.manage("clean", list(by_ce), deadline)
         except ArexError as exc:
             return [], str(exc)
-        return [by_ce[e.id] for e in answer if e.code in (200, 202, 404) and e.id in by_ce], ""
+        return [by_ce[e.id] for e in answer if e.code == 404 and e.id in by_ce], ""
 
     def sweep(self, services: Sequence[str], timeout: float) -> list[str]:
         """Delete delegations of this credential that none of ``services`` uses (see
