@@ -34,6 +34,8 @@ if TYPE_CHECKING:
         ListMatchResult,
         Notification,
         Refusal,
+        SchedulerChange,
+        SchedulerRPCs,
         StatusResult,
         SubmitRequest,
         SubmitResult,
@@ -423,4 +425,42 @@ def gridgate_cancel(
     :param timeout: hard limit in seconds for all the commands of this call.
     :return: a :class:`CancelResult`; None when ``endpoint.backend`` is not this plugin's or
         it cannot cancel. Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_scheduler_rpcs(scheduler: str, timeout: float) -> SchedulerRPCs | None:
+    """Read the scheduler controller's own count of the requests it served, per user and per
+    request type (Slurm: ``sdiag``), for the token daemon's bypass audit and adaptive limits.
+
+    Called by the token daemon every ``proxyd.bypass.audit.interval`` seconds (and
+    ``proxyd.adaptive`` intervals), outside any iteration. The command must be killed at
+    ``timeout``.
+
+    :param scheduler: the name the daemon's config gives the scheduler (``slurm``).
+    :param timeout: hard limit in seconds for the whole read.
+    :return: a :class:`SchedulerRPCs` (``ok`` False with a message when it could not be read);
+        None when ``scheduler`` is not this plugin's. Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_scheduler_deny(
+    scheduler: str, user: str, deny: bool, timeout: float
+) -> SchedulerChange | None:
+    """Make the scheduler itself refuse ``user`` (``deny`` True) or admit it again as before
+    (``deny`` False): the token daemon's ``proxyd.bypass.action: deny_partition``. Slurm takes
+    the user out of its partitions' ``AllowGroups`` (slurmctld enforces it for submissions).
+
+    Called by the token daemon when its bypass audit finds ``user`` went around the gate, and
+    again once ``proxyd.bypass.for`` has passed. The plugin keeps what it changed, so that
+    ``deny=False`` puts back exactly what was there, also after a restart of the daemon. The
+    commands must be killed at ``timeout``.
+
+    :param scheduler: the name the daemon's config gives the scheduler (``slurm``).
+    :param user: the user name, as the scheduler's statistics gave it.
+    :param deny: True to refuse the user, False to put back what the denial changed.
+    :param timeout: hard limit in seconds for the whole change.
+    :return: a :class:`SchedulerChange` (``ok`` False with a message when it could not be
+        done); None when ``scheduler`` is not this plugin's. Stops at first non-None result.
     """

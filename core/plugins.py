@@ -48,7 +48,10 @@ CONFIG_GROUPS: dict[str, str] = {
 #: (``proxyd``...), and command-line providers (loaded whenever ``gridgate`` starts).
 SECTIONS_GROUP = "gridgate.sections"
 CLI_GROUP = "gridgate.cli"
-ALL_GROUPS = (*CONFIG_GROUPS.values(), STATE_GROUP, SECTIONS_GROUP, CLI_GROUP)
+#: Schedulers' controllers as the token daemon reads them (``proxyd.bypass.scheduler``): the
+#: ``gridgate_scheduler_rpcs`` and ``gridgate_scheduler_deny`` hooks.
+SCHEDULERS_GROUP = "gridgate.schedulers"
+ALL_GROUPS = (*CONFIG_GROUPS.values(), STATE_GROUP, SECTIONS_GROUP, CLI_GROUP, SCHEDULERS_GROUP)
 
 
 class PluginLoadError(Exception):

@@ -7,6 +7,7 @@ is installed here.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 
 from gridgate.core.config import PATH_KEYWORD, STATE_SCHEMA, compose_schema, format_path
 from gridgate.core.engine.loader import InstalledPlugin, installed_plugins
-from gridgate.core.plugins import CONFIG_GROUPS, SECTIONS_GROUP
+from gridgate.core.plugins import CONFIG_GROUPS, SCHEDULERS_GROUP, SECTIONS_GROUP
 from gridgate.core.state import STATE_GROUP
 
 #: The distribution whose plugins the committed reference documents.
@@ -366,6 +367,23 @@ def render(all_distributions: bool = False) -> str:
         if node.get("description"):
             out += [_text(node["description"]), ""]
         out += table(node) if node else ["Could not be loaded when this page was generated."]
+    schedulers = by_group.get(SCHEDULERS_GROUP, [])
+    if schedulers:
+        out += [
+            "",
+            "## Scheduler plugins (`proxyd.bypass.scheduler`)",
+            "",
+            f"Entry-point group `{SCHEDULERS_GROUP}`: the scheduler controller the token "
+            "daemon audits, named by `proxyd.bypass.scheduler`; its keys go in "
+            "`proxyd.bypass.scheduler_options`.",
+        ]
+        for plugin in schedulers:
+            try:
+                schema_of: Mapping[str, Any] = _load(plugin.target).config_schema
+            except Exception as exc:  # documented as not loaded, as the other plugins are
+                problems.append((("proxyd", "bypass", "scheduler", plugin.name), repr(exc)))
+                schema_of = {}
+            out += _plugin_section(f"scheduler `{plugin.name}`", plugin, schema_of)
     if problems:
         out += [
             "",
@@ -380,6 +398,12 @@ def render(all_distributions: bool = False) -> str:
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")
     return text.rstrip() + "\n"
+
+
+def _load(target: str) -> Any:
+    """The object an entry point's ``module:attribute`` target names."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def _plugin_section(title: str, plugin: InstalledPlugin, node: Mapping[str, Any]) -> list[str]:

@@ -97,6 +97,126 @@ _RATE_LIMIT: dict[str, Any] = {
 }
 
 
+#: What one token covers at the scheduler, per opcode the gate reports (Slurm's RPC names):
+#: measured upper bounds on Slurm 22.05 (docs/proxyd.md, "Who went around the gate"):
+#: ``squeue -u X -t PD,R`` makes 3 RPCs, ``squeue`` and ``sinfo`` 2, ``scontrol show job``,
+#: ``sbatch`` and ``scancel`` 1 each.
+BYPASS_COSTS: dict[str, float] = {
+    "REQUEST_JOB_INFO": 3,
+    "REQUEST_NODE_INFO": 2,
+    "REQUEST_SUBMIT_BATCH_JOB": 1,
+    "REQUEST_KILL_JOB": 1,
+    "REQUEST_UPDATE_JOB": 1,
+    "REQUEST_STATS_INFO": 1,
+}
+#: A duration: seconds, or a number with s, m, h or d.
+DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)?[smhd]?$"
+
+BYPASS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "default": {},
+    "description": "Who went around the gate: compare what the scheduler served each user "
+    'with the tokens it was given (docs/proxyd.md, "Who went around the gate").',
+    "properties": {
+        "scheduler": {
+            "type": ["string", "null"],
+            "minLength": 1,
+            "default": None,
+            "description": "The gridgate.schedulers plugin to audit (slurm); null: no audit.",
+        },
+        "scheduler_options": {
+            "type": "object",
+            "default": {},
+            "description": "The scheduler plugin's own settings (commands, env, partitions).",
+        },
+        "audit": {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "properties": {
+                "interval": {
+                    "type": "number",
+                    "minimum": 1,
+                    "maximum": MAX_WAIT,
+                    "default": 10,
+                    "description": "Seconds between two reads of the scheduler's counters.",
+                },
+                "costs": {
+                    "type": "object",
+                    "default": {},
+                    "additionalProperties": {"type": "number", "minimum": 0},
+                    "description": "RPCs one token of an opcode (or command) covers, over "
+                    "the built-in upper bounds.",
+                },
+                "default_cost": {
+                    "type": "number",
+                    "minimum": 0,
+                    "default": 3,
+                    "description": "RPCs a token of an opcode not in costs covers.",
+                },
+                "tolerance": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "default": 5,
+                    "description": "RPCs per user and window not held against anyone.",
+                },
+                "timeout": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": MAX_WAIT,
+                    "default": 10,
+                    "description": "Seconds a read or change of the scheduler may take.",
+                },
+            },
+        },
+        "action": {
+            "enum": ["report", "block", "deny_partition"],
+            "default": "report",
+            "description": "report: a warning per user and window and the metric; block: "
+            "also on the daemon's blocklist for `for`; deny_partition: also out of the "
+            "scheduler's partitions for `for`.",
+        },
+        "for": {
+            "type": ["number", "string"],
+            "pattern": DURATION_PATTERN,
+            "minimum": 1,
+            "default": "1h",
+            "description": "How long block and deny_partition last (seconds, or 30m, 1h, 1d).",
+        },
+        "notify_after": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 3,
+            "description": "Windows in a row after which a bypasser is told as an error.",
+        },
+        "exempt": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "default": ["slurm"],
+            "description": "Users never audited beside root, the admins and privileged "
+            "(the scheduler's own account: SlurmUser).",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+# Defaults filled all the way down, as the config loader fills them: a daemon's section then
+# equals section_defaults() when the file says nothing of bypass (a reload compares the two)
+BYPASS_SCHEMA["properties"]["audit"]["default"] = {
+    k: v["default"] for k, v in BYPASS_SCHEMA["properties"]["audit"]["properties"].items()
+}
+BYPASS_SCHEMA["default"] = {k: v["default"] for k, v in BYPASS_SCHEMA["properties"].items()}
+
+
+def duration(value: float | str) -> float:
+    """Seconds of a ``for`` value (checked by the schema's pattern): 90, "90s", "30m", "1h"."""
+    if isinstance(value, int | float):
+        return float(value)
+    unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(value[-1:], 1)
+    return float(value.rstrip("smhd")) * unit
+
+
 def _address_schema(description: str) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "description": description}
 
@@ -420,6 +540,7 @@ SECTION_SCHEMA: dict[str, Any] = {
             "default": 5,
             "description": "Seconds a client waits to connect to a daemon.",
         },
+        "bypass": BYPASS_SCHEMA,
     },
     "additionalProperties": False,
 }

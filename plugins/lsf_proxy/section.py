@@ -15,6 +15,7 @@ from gridgate.plugins.lsf_proxy.config import (
     parse_tcp,
     resolve_policies,
 )
+from gridgate.plugins.lsf_proxy.schedulers import config_problems
 
 
 class ProxydSection(Plugin):
@@ -57,6 +58,7 @@ class ProxydSection(Plugin):
                         "a TCP address needs the shared key: key: {env: NAME} or {file: PATH}",
                     )
                 )
+        problems += config_problems(section.get("bypass") or {})
         if section.get("tcp"):
             if not parse_tcp(section["tcp"]):
                 problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))

@@ -22,7 +22,17 @@ import yaml
 
 from support.uids import AS_NOBODY
 
-__all__ = ["AS_NOBODY", "PYTHON", "Daemon", "cli", "py_as", "sockdir", "start_daemon"]
+__all__ = [
+    "AS_NOBODY",
+    "PYTHON",
+    "Daemon",
+    "cli",
+    "install_shims",
+    "py_as",
+    "sockdir",
+    "start_daemon",
+    "system_bin",
+]
 
 PYTHON = sys.executable
 
@@ -126,3 +136,34 @@ def py_as():
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/")
 
     return run
+
+
+def system_bin(folder: Path, *tools: str) -> Path:
+    """A folder of links to just ``tools`` from the system's folders: a PATH that holds what
+    the test needs and nothing else the machine may have (Grid Engine's qstat, LSF's bjobs)."""
+    folder.mkdir(mode=0o755)
+    for tool in tools:
+        found = shutil.which(tool, path="/usr/bin:/bin")
+        assert found, f"{tool} is not installed"
+        (folder / tool).symlink_to(found)
+    return folder
+
+
+def install_shims(
+    gridgate_exe: str, folder: Path, daemon: Daemon, *tools: str
+) -> tuple[str, str, Path]:
+    """Shims for ``tools`` in ``folder``/shims, gated by ``daemon``, in front of links to the
+    real commands in ``folder``/system (and setpriv): the PATH to run them with, what
+    ``--install-shims`` printed, and the folder of the links."""
+    shims = folder / "shims"
+    real = system_bin(folder / "system", "setpriv", *tools)
+    path = f"{shims}{os.pathsep}{real}"
+    done = subprocess.run(
+        [gridgate_exe, "gate", "--install-shims", str(shims), "--socket", daemon.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": path},
+    )
+    assert done.returncode == 0, done.stderr
+    return path, done.stdout, real

@@ -42,9 +42,10 @@ _NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)")
 #: What cannot be carried over, and why.
 NOT_CARRIED = {
     "LSF_PROXYD_BYPASS": "mbatchd's answer to query requests without a token: there is no "
-    "mbatchd here; gridgate's enforcement is cooperative (the gate, the "
-    "LSF backend and the director take tokens), so nothing is refused "
-    "for lacking one",
+    "mbatchd here. The nearest is proxyd.bypass, which compares a scheduler's own per-user "
+    "request counts with the tokens given and reports, blocks or denies who went around the "
+    "gate (Slurm's sdiag today; LSF would need badmin perfmon or mbatchd's logs: "
+    "docs/proxyd.md, 'Who went around the gate')",
     "LSF_DEBUG_PROXYD": "an LSF log class of lsfproxyd: use `gridgate -v` (or -vv) on "
     "`lsfproxyd serve`, and `diagnose on` for every request",
     "LSB_DEBUG_MBD": "a log class of mbatchd, which gridgate does not run",

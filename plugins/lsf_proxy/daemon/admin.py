@@ -17,6 +17,7 @@ from gridgate.core.clock import Clock
 from gridgate.core.config import ConfigError
 from gridgate.plugins.lsf_proxy.commands import CATEGORY_WORDS
 from gridgate.plugins.lsf_proxy.daemon import holding
+from gridgate.plugins.lsf_proxy.daemon.bypass import BypassWatch
 from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, diagnose_args, log_field
 from gridgate.plugins.lsf_proxy.daemon.guard import ConnectionGuard
 from gridgate.plugins.lsf_proxy.daemon.peers import Heartbeat
@@ -44,6 +45,7 @@ class Served(Protocol):
     guard: ConnectionGuard
     metrics_port: int | None
     tokens: TokenDesk
+    bypass: BypassWatch | None
 
     @property
     def connections(self) -> int: ...
@@ -108,6 +110,8 @@ class AdminVerbs:
         )
         if peers is not None:
             status["peers"] = peers
+        if d.bypass is not None:
+            status["bypass"] = d.bypass.status()
         return {"status": status}
 
     def enable(self, op: str, message: Mapping[str, Any], user: str, host: str) -> dict[str, Any]:
@@ -118,6 +122,8 @@ class AdminVerbs:
             raise ProtocolError("bad_request", "category must be all, query, sub or other")
         for decision in self.daemon.policy.set_enabled(category, op == "enable"):
             self.daemon.tokens.deliver(decision)
+        if self.daemon.bypass is not None:  # commands ran without tokens: not judged
+            self.daemon.bypass.audit.disturb()
         self.daemon.peers.service_changed(self.service())
         logger.info("{} {} by {}@{}", op, category, user, host)
         return {"service": self.service()}

@@ -37,6 +37,7 @@ from gridgate.plugins.lsf_proxy.config import (
 )
 from gridgate.plugins.lsf_proxy.daemon.admin import AdminVerbs
 from gridgate.plugins.lsf_proxy.daemon.blockfile import BlocklistFile
+from gridgate.plugins.lsf_proxy.daemon.bypass import BypassSettings, BypassWatch
 from gridgate.plugins.lsf_proxy.daemon.connections import Conn, Doorman, read_lines
 from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, earliest, log_field
 from gridgate.plugins.lsf_proxy.daemon.guard import (
@@ -120,6 +121,14 @@ class ProxyDaemon:
             self.policy, self.diagnostics, send=self._send, reply=self._reply, poke=self.poke
         )
         self._apply_runtime(self.section)
+        #: the bypass audit (``proxyd.bypass.scheduler`` set), run beside the ticker
+        self.bypass: BypassWatch | None = None
+        bypass = BypassSettings.from_section(self.section)
+        if bypass is not None:
+            try:
+                self.bypass = BypassWatch(self, bypass, Path(self.socket_path).parent)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
         self.metrics_port: int | None = None
@@ -135,6 +144,9 @@ class ProxyDaemon:
         )
         if self.section.get("metrics_port") is not None:
             self.metrics = self.tokens.metrics = DaemonMetrics(self.policy)
+            if self.bypass is not None:
+                audit = self.bypass.audit
+                self.metrics.bypassing = lambda: audit.last
             self.reloads.attach(self.metrics.registry)
         #: Called once the sockets listen (the ``serve`` command announces readiness).
         self.on_ready: Any = None
@@ -166,6 +178,8 @@ class ProxyDaemon:
             if self.policy.categories[category].enabled != enabled:
                 for decision in self.policy.set_enabled(category, enabled):
                     self.tokens.deliver(decision)
+                if self.bypass is not None:
+                    self.bypass.audit.disturb()
         self.poke()
 
     def _apply_runtime(self, section: Mapping[str, Any]) -> None:
@@ -220,6 +234,7 @@ class ProxyDaemon:
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
         for line in lowered_limits(self.policy, settings):
             logger.warning("proxyd reload: {}", line)
+        self._reload_bypass(section)
         self.section = section
         self.peers.configure(section)
         self.policy.reconfigure(settings)
@@ -228,6 +243,16 @@ class ProxyDaemon:
         self.reloads.ok()
         logger.info("lsfproxyd {} reconfigured from {}", self.name, self.config_path)
         return {"reloaded": True, "message": f"reconfigured from {self.config_path}"}
+
+    def _reload_bypass(self, section: Mapping[str, Any]) -> None:
+        settings = BypassSettings.from_section(section)
+        running = self.bypass.settings if self.bypass is not None else None
+        if settings is not None and running is not None and settings.scheduler == running.scheduler:
+            if settings.options != running.options:
+                logger.warning("proxyd.bypass.scheduler_options changed: takes effect at restart")
+            self.bypass.reconfigure(settings)  # type: ignore[union-attr]
+        elif (settings is None) != (running is None) or settings != running:
+            logger.warning("proxyd.bypass.scheduler changed: takes effect at the next restart")
 
     # -- serving
 
@@ -264,6 +289,7 @@ class ProxyDaemon:
             loop.add_signal_handler(signal.SIGHUP, self._sighup)
         ticker = asyncio.create_task(self._ticker())
         beats = asyncio.create_task(self.peers.run(self._stop))
+        audit = asyncio.create_task(self.bypass.run(self._stop)) if self.bypass else None
         if self.on_ready is not None:
             self.on_ready(self)
         logger.info("lsfproxyd {} listening on {} (pid {})", self.name, self.socket_path, self.pid)
@@ -278,6 +304,9 @@ class ProxyDaemon:
                 await asyncio.wait_for(ticker, 5)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(beats, 5)
+            if audit is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(audit, 5)
             await self._shutdown()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -3,8 +3,10 @@ and errors counted as they happen, tokens in use and queues read at scrape time.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from gridgate.core.text import printable
 from gridgate.plugins.lsf_proxy.commands import CATEGORIES
 from gridgate.plugins.lsf_proxy.daemon.policy import DENIED, GRANTED, Decision, TokenPolicy
 from gridgate.plugins.lsf_proxy.daemon.startup import StartupError
@@ -75,6 +77,10 @@ class DaemonMetrics:
         for kind in ("protocol", "lease_expired"):
             self.errors.labels(kind)
         self._gauge = GaugeMetricFamily
+        #: the bypass audit's last window, user -> RPCs beyond the tokens' cover (set by the
+        #: daemon when proxyd.bypass audits: a dict replaced, never changed, so a scrape in the
+        #: server's thread reads a whole one)
+        self.bypassing: Callable[[], Mapping[str, float]] | None = None
         r.register(self)
         self._server: Any = None
 
@@ -101,6 +107,15 @@ class DaemonMetrics:
             gauges["privileged"].add_metric([name], cat.in_use_privileged)
             gauges["queue"].add_metric([name], cat.queue.size)
             gauges["limit"].add_metric([name], cat.limits.max)
+        if self.bypassing is not None:
+            gauges["bypass"] = self._gauge(
+                "gridgate_bypass_rpcs",
+                "Scheduler RPCs a user made in the last audit window beyond what its tokens "
+                "cover (proxyd.bypass); users within their tokens are not listed",
+                labels=["user"],
+            )
+            for user, excess in sorted(self.bypassing().items()):
+                gauges["bypass"].add_metric([printable(user, newlines=False)], excess)
         return list(gauges.values())
 
     def decided(self, decision: Decision) -> None:

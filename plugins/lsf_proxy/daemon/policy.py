@@ -14,7 +14,7 @@ import math
 import secrets
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from typing import Any
@@ -475,6 +475,8 @@ class TokenPolicy:
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
         self._riders: dict[str, str] = {}  # token id -> the id of the one ride on it
+        #: called with every token granted (rides too): the bypass audit's ledger
+        self.on_grant: Callable[[Token], None] | None = None
 
     # -- helpers
 
@@ -529,6 +531,8 @@ class TokenPolicy:
         self._tokens[token.id] = token
         heappush(self._leases, (token.expires_at, token.id))
         self.metrics.count(f"requests.{req.category}", now)
+        if self.on_grant is not None:
+            self.on_grant(token)
         return Decision(
             req,
             GRANTED,
@@ -638,6 +642,8 @@ class TokenPolicy:
         self._riders[parent_id] = token.id
         heappush(self._leases, (token.expires_at, token.id))
         self.metrics.count(f"requests.{req.category}", now)
+        if self.on_grant is not None:
+            self.on_grant(token)
         return token
 
     def hold_limit(self, category: str, opcode: str) -> float:

@@ -3,12 +3,11 @@ sbatch for an ordinary user against the private cluster and a real token daemon.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from support.lsfproxyd import install_shims
 from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.gate.gate import SHIM_COMMANDS, find_real, infer_category
@@ -63,44 +62,20 @@ def test_every_slurm_command_gets_a_shim_when_on_path() -> None:
     assert set(SLURM) <= set(SHIM_COMMANDS)
 
 
-def system_bin(folder: Path, *tools: str) -> Path:
-    """A folder of links to just ``tools`` from the system's folders: a PATH that holds what
-    the test needs and nothing else the machine may have (Grid Engine's qstat, LSF's bjobs)."""
-    folder.mkdir(mode=0o755)
-    for tool in tools:
-        found = shutil.which(tool, path="/usr/bin:/bin")
-        assert found, f"{tool} is not installed"
-        (folder / tool).symlink_to(found)
-    return folder
-
-
 def test_shims_gate_real_squeue_and_sbatch_for_nobody(
     slurm, start_daemon, sockdir, cli, gridgate_exe
 ) -> None:
     log = sockdir / "diag.log"
     daemon = start_daemon({"diagnose": True, "diagnose_file": str(log)})
-    shims = sockdir / "shims"
     # Only the shims and links to the real Slurm commands (and setpriv): whatever else the
     # machine has in /usr/bin gets no shim and is not found
-    real = system_bin(
-        sockdir / "system", "setpriv", *(c for c in SLURM if shutil.which(c, path="/usr/bin:/bin"))
-    )
-    path = f"{shims}{os.pathsep}{real}"
+    installed = (c for c in SLURM if shutil.which(c, path="/usr/bin:/bin"))
+    path, printed, real = install_shims(gridgate_exe, sockdir, daemon, *installed)
     env = {"PATH": path, **slurm.env}
-    assert find_real("squeue", shims, path) == f"{real}/squeue"
-    out = subprocess.run(
-        [gridgate_exe, "gate", "--install-shims", str(shims), "--socket", daemon.socket],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PATH": path},
-    )
-    assert out.returncode == 0, out.stderr
+    assert find_real("squeue", sockdir / "shims", path) == f"{real}/squeue"
     for name in ("squeue", "sbatch", "sinfo", "scontrol", "scancel"):
-        assert f"{name} -> {real}/{name}" in out.stdout, out.stdout
-    assert {line.split(" -> ")[0].rsplit("/", 1)[-1] for line in out.stdout.splitlines()} <= set(
-        SLURM
-    )
+        assert f"{name} -> {real}/{name}" in printed, printed
+    assert {line.split(" -> ")[0].rsplit("/", 1)[-1] for line in printed.splitlines()} <= set(SLURM)
 
     def as_nobody(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -1,0 +1,432 @@
+"""Who went around the gate (``proxyd.bypass``): the scheduler's own count of the requests it
+served each user, against the tokens this daemon gave that user in the same window.
+
+The seed's lsfproxyd has ``LSF_PROXYD_BYPASS``: mbatchd knows which requests came without a
+token. Slurm's controller does not, but ``sdiag`` counts every user's RPCs, readable by any
+user (the ``gridgate_scheduler_rpcs`` hook; :mod:`gridgate.plugins.slurm.scheduler`). Every
+``audit.interval`` the daemon reads those counters and judges each user's window:
+
+    excess = RPCs served - (cost x tokens granted in the window + credit) - tolerance
+
+``cost`` is what one token of the opcode may cost the controller at most (``audit.costs``,
+measured upper bounds), and ``credit`` the part of the previous window's allowance its RPCs
+did not use: a token granted at the end of one window whose command ran in the next is not
+counted against anyone. A user with excess > 0 went around the gate. A drop in the counters
+(a restart of the controller, ``sdiag --reset``) or a new ``Data since`` starts a new baseline,
+and a window in which a category was disabled (its commands then run without tokens) is not
+judged. root, the admins, ``privileged`` users, the daemon's own user and ``exempt`` (the
+scheduler's account) are not audited.
+
+:class:`BypassAudit` is the pure part, on readings and grants handed to it; :class:`BypassWatch`
+runs it in the daemon: reads the hook in a thread, reports, blocks or denies, and undoes the
+block or denial after ``for`` (kept in a file, so a restarted daemon still undoes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from gridgate.core.files import atomic_write
+from gridgate.core.model import SchedulerChange, SchedulerRPCs
+from gridgate.core.patterns import clip
+from gridgate.core.text import parse_json
+from gridgate.plugins.lsf_proxy.commands import COMMAND_OPCODES
+from gridgate.plugins.lsf_proxy.config import BYPASS_COSTS, BYPASS_SCHEMA, duration
+from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field
+from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule, Token
+from gridgate.plugins.lsf_proxy.schedulers import load_scheduler
+
+
+def _default(key: str, *inner: str) -> Any:
+    spec = BYPASS_SCHEMA["properties"][key]
+    for name in inner:
+        spec = spec["properties"][name]
+    return spec["default"]
+
+
+@dataclass(frozen=True)
+class BypassSettings:
+    """A filled ``proxyd.bypass`` section, with the costs resolved to opcodes."""
+
+    scheduler: str
+    options: Mapping[str, Any]
+    interval: float
+    costs: Mapping[str, float]
+    default_cost: float
+    tolerance: float
+    timeout: float
+    action: str
+    hold: float
+    notify_after: int
+    exempt: frozenset[str]
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> BypassSettings | None:
+        """The settings, or None when no scheduler is named (no audit)."""
+        given = section.get("bypass") or {}
+        scheduler = given.get("scheduler")
+        if not scheduler:
+            return None
+        audit = given.get("audit") or {}
+        costs = dict(BYPASS_COSTS)
+        for name, cost in (audit.get("costs") or {}).items():
+            costs[COMMAND_OPCODES.get(name, name)] = float(cost)  # a command names its opcode
+        return cls(
+            scheduler=str(scheduler),
+            options=dict(given.get("scheduler_options") or {}),
+            interval=float(audit.get("interval", _default("audit", "interval"))),
+            costs=costs,
+            default_cost=float(audit.get("default_cost", _default("audit", "default_cost"))),
+            tolerance=float(audit.get("tolerance", _default("audit", "tolerance"))),
+            timeout=float(audit.get("timeout", _default("audit", "timeout"))),
+            action=str(given.get("action", _default("action"))),
+            hold=duration(given.get("for", _default("for"))),
+            notify_after=int(given.get("notify_after", _default("notify_after"))),
+            exempt=frozenset(given.get("exempt", _default("exempt"))),
+        )
+
+    def cost(self, opcode: str) -> float:
+        return self.costs.get(opcode, self.default_cost)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One user's window with RPCs beyond the tokens' cover."""
+
+    user: str
+    rpcs: int
+    covered: float
+    excess: float
+    #: windows in a row with an excess, this one included
+    windows: int
+    start: float
+    end: float
+
+    def describe(self, interval: float) -> str:
+        return (
+            f"{self.user} made {self.rpcs} scheduler RPCs in {self.end - self.start:.0f} s with "
+            f"tokens covering {self.covered:g}: {self.excess:g} beyond them "
+            f"({self.windows} window(s) in a row of {interval:g} s)"
+        )
+
+
+def bypass_line(finding: Finding) -> str:
+    """The diagnostic log's line for a bypasser, in the columns of the request lines:
+    ``Dec 3 13:40:02 2026 BYPASS,-,user1,-,RPCS,0,HHMMSS,HHMMSS`` (the RPCs beyond cover in
+    the size column, 0 for "held no token", the window's start and end)."""
+    end = time.localtime(finding.end)
+    stamp = f"{time.strftime('%b', end)} {end.tm_mday} {time.strftime('%H:%M:%S %Y', end)}"
+    fields = [
+        "BYPASS",
+        "-",
+        log_field(finding.user),
+        "-",
+        f"{finding.excess:g}",
+        "0",
+        time.strftime("%H%M%S", time.localtime(finding.start)),
+        time.strftime("%H%M%S", end),
+    ]
+    return f"{stamp} {','.join(fields)}"
+
+
+class BypassAudit:
+    """The audit's arithmetic on readings (:class:`SchedulerRPCs`) and grants handed to it.
+
+    ``exempt(user)`` says who is never audited. Not thread-safe: the daemon calls it from its
+    event loop (grants) and hands it readings taken in a thread.
+    """
+
+    def __init__(self, settings: BypassSettings, exempt: Callable[[str], bool]) -> None:
+        self.settings = settings
+        self.exempt = exempt
+        self._covered: dict[str, float] = {}  # cumulative cover of tokens granted, per user
+        self._base: SchedulerRPCs | None = None
+        self._base_covered: dict[str, float] = {}
+        self._credit: dict[str, float] = {}
+        self._streak: dict[str, int] = {}
+        self._disturbed = False
+        #: the last window's findings (user -> excess), the metric's value
+        self.last: dict[str, float] = {}
+        self.windows = 0
+        self.baselines = 0
+        self.problem = ""
+        self.skipped = ""
+
+    def granted(self, token: Token) -> None:
+        """Count one token granted (the policy's ``on_grant``)."""
+        self._covered[token.user] = self._covered.get(token.user, 0.0) + self.settings.cost(
+            token.opcode
+        )
+
+    def disturb(self) -> None:
+        """Commands ran without tokens (a category disabled): do not judge this window."""
+        self._disturbed = True
+
+    def _rebase(self, reading: SchedulerRPCs, why: str) -> None:
+        self._base = reading
+        self._base_covered = dict(self._covered)
+        self._credit = {}
+        self.skipped = why
+        self._disturbed = False
+
+    def observe(self, reading: SchedulerRPCs) -> list[Finding]:
+        """Judge the window that ends with ``reading``; the users who went around the gate."""
+        if not reading.ok:
+            self.problem = reading.message or "the scheduler's counters could not be read"
+            return []
+        self.problem = ""
+        base = self._base
+        if base is None:
+            self.baselines += 1
+            self._rebase(reading, "first reading: the baseline")
+            return []
+        dropped = [u for u, n in base.by_user.items() if reading.by_user.get(u, 0) < n]
+        if reading.since != base.since or dropped:
+            self.baselines += 1
+            self._rebase(
+                reading,
+                "the scheduler's counters started again (restart or reset): a new baseline",
+            )
+            self.last = {}
+            return []
+        if self._disturbed:
+            self._rebase(reading, "a category was disabled in the window: not judged")
+            self.last = {}
+            return []
+        self.skipped = ""
+        self.windows += 1
+        findings: list[Finding] = []
+        credit: dict[str, float] = {}
+        users = set(reading.by_user) | set(self._covered)
+        for user in sorted(users):
+            rpcs = reading.by_user.get(user, 0) - base.by_user.get(user, 0)
+            granted = self._covered.get(user, 0.0) - self._base_covered.get(user, 0.0)
+            allowance = granted + self._credit.get(user, 0.0)
+            unused = allowance - rpcs
+            if unused > 0:  # carried one window only: no cover can be saved up
+                credit[user] = min(unused, granted)
+            if self.exempt(user):
+                continue
+            excess = rpcs - allowance - self.settings.tolerance
+            if excess > 0:
+                streak = self._streak[user] = self._streak.get(user, 0) + 1
+                findings.append(
+                    Finding(user, rpcs, allowance, excess, streak, base.taken, reading.taken)
+                )
+            else:
+                self._streak.pop(user, None)
+        self._base = reading
+        self._base_covered = dict(self._covered)
+        self._credit = credit
+        self.last = {f.user: f.excess for f in findings}
+        return findings
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "windows": self.windows,
+            "baselines": self.baselines,
+            "since": self._base.since if self._base else None,
+            "last_reading": self._base.taken if self._base else None,
+            "problem": self.problem,
+            "skipped": self.skipped,
+            "bypassing": dict(self.last),
+        }
+
+
+class Acting:
+    """What the audit did to users and must undo (``block``, ``deny_partition`` for ``for``),
+    kept in ``path`` so that a restarted daemon still undoes it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.held: dict[str, dict[str, Any]] = {}
+        with contextlib.suppress(FileNotFoundError, OSError):
+            data = parse_json(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                self.held = {
+                    u: v
+                    for u, v in data.items()
+                    if isinstance(v, dict) and isinstance(v.get("until"), int | float)
+                }
+
+    def save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps(self.held, sort_keys=True).encode("utf-8"))
+        except OSError as exc:
+            logger.error("proxyd.bypass: cannot keep {}: {}", self.path, exc)
+
+    def due(self, now: float) -> list[tuple[str, dict[str, Any]]]:
+        return [(u, v) for u, v in self.held.items() if v["until"] <= now]
+
+
+class BypassWatch:
+    """The audit inside the daemon: every interval a reading (in a thread), the findings
+    reported and acted on, and the actions past their ``for`` undone.
+
+    ``daemon`` is the :class:`~gridgate.plugins.lsf_proxy.daemon.daemon.ProxyDaemon` (its
+    policy, token desk, blocklist file, metrics and owner).
+    """
+
+    def __init__(self, daemon: Any, settings: BypassSettings, folder: Path) -> None:
+        self.daemon = daemon
+        self.settings = settings
+        self.manager = load_scheduler(settings.scheduler, settings.options, folder)
+        self.audit = BypassAudit(settings, self._exempt)
+        self.acting = Acting(folder / f"bypass.{daemon.name}.json")
+        daemon.policy.on_grant = self.audit.granted
+        self.findings = 0
+
+    def _exempt(self, user: str) -> bool:
+        policy = self.daemon.policy
+        return (
+            user in self.settings.exempt
+            or user == self.daemon.owner
+            or policy.is_root_or_admin(user)
+            or policy.is_privileged(user, "")
+        )
+
+    def reconfigure(self, settings: BypassSettings) -> None:
+        """New interval, costs, tolerance, action (the scheduler plugin stays as loaded)."""
+        self.settings = self.audit.settings = settings
+
+    def read(self) -> SchedulerRPCs:
+        """One reading through the hook (blocking: called in a thread)."""
+        try:
+            answer = self.manager.hook.gridgate_scheduler_rpcs(
+                scheduler=self.settings.scheduler, timeout=self.settings.timeout
+            )
+        except Exception as exc:  # a plugin's bug must not end the audit loop
+            return SchedulerRPCs(self.settings.scheduler, ok=False, message=f"{exc!r}")
+        if answer is None:
+            return SchedulerRPCs(
+                self.settings.scheduler, ok=False, message="no plugin answered for it"
+            )
+        return answer
+
+    def change(self, user: str, deny: bool) -> SchedulerChange:
+        try:
+            answer = self.manager.hook.gridgate_scheduler_deny(
+                scheduler=self.settings.scheduler,
+                user=user,
+                deny=deny,
+                timeout=self.settings.timeout,
+            )
+        except Exception as exc:
+            return SchedulerChange(self.settings.scheduler, ok=False, message=f"{exc!r}")
+        return answer or SchedulerChange(
+            self.settings.scheduler, ok=False, message="no plugin answered for it"
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Audit until ``stop`` is set."""
+        logger.info(
+            "proxyd.bypass: auditing {} every {:g} s (action {})",
+            self.settings.scheduler,
+            self.settings.interval,
+            self.settings.action,
+        )
+        told = ""
+        while not stop.is_set():
+            started = time.monotonic()
+            await self.undo_due()
+            reading = await asyncio.to_thread(self.read)
+            if any(not cat.enabled for cat in self.daemon.policy.categories.values()):
+                self.audit.disturb()
+            findings = self.audit.observe(reading)
+            if self.audit.problem and self.audit.problem != told:
+                logger.error(
+                    "proxyd.bypass: cannot read {}'s counters: {}",
+                    self.settings.scheduler,
+                    clip(self.audit.problem),
+                )
+            told = self.audit.problem
+            for finding in findings:
+                await self.act(finding)
+            left = self.settings.interval - (time.monotonic() - started)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(left, 0.05))
+
+    async def act(self, finding: Finding) -> None:
+        self.findings += 1
+        line = finding.describe(self.settings.interval)
+        diagnostics = self.daemon.diagnostics
+        if diagnostics.on:
+            diagnostics.write(bypass_line(finding))
+        if finding.windows == self.settings.notify_after:
+            logger.error("proxyd.bypass: {}: going around the gate", line)
+        else:
+            logger.warning("proxyd.bypass: {}", line)
+        action = self.settings.action
+        if action == "report" or finding.user in self.acting.held:
+            return
+        until = time.time() + self.settings.hold
+        if action == "block":
+            rule = BlockRule.make(users=[finding.user])
+            _added, decisions = self.daemon.policy.block(rule)
+            for decision in decisions:
+                self.daemon.tokens.deliver(decision)
+            self.daemon.save_blocklist()
+            logger.warning(
+                "proxyd.bypass: {} blocked for {:g} s (bypass.action block)",
+                finding.user,
+                self.settings.hold,
+            )
+        else:
+            change = await asyncio.to_thread(self.change, finding.user, True)
+            if not change.ok:
+                logger.error(
+                    "proxyd.bypass: {} could not be denied by {}: {}",
+                    finding.user,
+                    self.settings.scheduler,
+                    clip(change.message),
+                )
+                return
+            logger.warning(
+                "proxyd.bypass: {} for {:g} s (bypass.action deny_partition)",
+                change.message,
+                self.settings.hold,
+            )
+        self.acting.held[finding.user] = {"action": action, "until": until}
+        self.acting.save()
+
+    async def undo_due(self, now: float | None = None) -> None:
+        """Undo the blocks and denials whose ``for`` has passed."""
+        due = self.acting.due(time.time() if now is None else now)
+        for user, held in due:
+            if held.get("action") == "block":
+                self.daemon.policy.unblock(BlockRule.make(users=[user]))
+                self.daemon.save_blocklist()
+                logger.info("proxyd.bypass: {} unblocked, its `for` has passed", user)
+            else:
+                change = await asyncio.to_thread(self.change, user, False)
+                if not change.ok:
+                    logger.error(
+                        "proxyd.bypass: {} could not be admitted again: {} (tried again "
+                        "at the next audit)",
+                        user,
+                        clip(change.message),
+                    )
+                    continue
+                logger.info("proxyd.bypass: {}", change.message)
+            self.acting.held.pop(user, None)
+        if due:
+            self.acting.save()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "scheduler": self.settings.scheduler,
+            "action": self.settings.action,
+            "interval": self.settings.interval,
+            **self.audit.status(),
+            "acting": {u: dict(v) for u, v in self.acting.held.items()},
+        }

@@ -1,0 +1,91 @@
+"""The scheduler plugins the token daemon reads (``gridgate.schedulers`` entry points, the
+``gridgate_scheduler_rpcs`` and ``gridgate_scheduler_deny`` hooks): finding one by name, checking
+``proxyd.bypass.scheduler_options`` against its schema, and a plugin manager holding it.
+
+At the plugin's top level, beside config.py, so that the ``proxyd:`` section's checks
+(section.py) can name a wrong scheduler or option with its line, without the daemon."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pluggy
+
+from gridgate.core import hookspecs
+from gridgate.core.config import apply_defaults
+from gridgate.core.plugins import PluginContext
+
+__all__ = ["SCHEDULERS", "config_problems", "load_scheduler", "option_problems", "scheduler_class"]
+
+#: The entry-point group of the scheduler plugins (gridgate.core.plugins.SCHEDULERS_GROUP).
+SCHEDULERS = "gridgate.schedulers"
+#: The hooks' project name (gridgate's own hookspecs and ``@hookimpl``).
+PROJECT = "gridgate"
+
+
+def load_scheduler(name: str, options: Mapping[str, Any], state_dir: Path) -> pluggy.PluginManager:
+    """A plugin manager holding the ``gridgate.schedulers`` plugin ``name``, built with its
+    filled options.
+
+    :raises ValueError: no such plugin, or its options are wrong (the message says which).
+    """
+    cls = scheduler_class(name)
+    problems = option_problems(cls, options)
+    if problems:
+        where, message = problems[0]
+        raise ValueError(f"proxyd.bypass.scheduler_options{where}: {message}")
+    filled = json.loads(json.dumps(dict(options)))
+    apply_defaults(filled, cls.config_schema)
+    manager = pluggy.PluginManager(PROJECT)
+    manager.add_hookspecs(hookspecs)
+    manager.register(cls(filled, PluginContext(state_dir=state_dir)), name=f"scheduler.{name}")
+    return manager
+
+
+def scheduler_class(name: str) -> Any:
+    """The class of the ``gridgate.schedulers`` plugin ``name``.
+
+    :raises ValueError: none is installed under that name (the message lists those that are).
+    """
+    found = {ep.name: ep for ep in entry_points(group=SCHEDULERS)}
+    if name not in found:
+        raise ValueError(
+            f"no scheduler plugin {name!r} (installed: {', '.join(sorted(found)) or 'none'})"
+        )
+    return found[name].load()
+
+
+def config_problems(bypass: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """The ``proxyd.bypass`` section's problems beyond its schema: the scheduler plugin named
+    exists and its ``scheduler_options`` fit that plugin's schema (paths from the section)."""
+    name = bypass.get("scheduler")
+    if not name:
+        return []
+    try:
+        cls = scheduler_class(str(name))
+    except ValueError as exc:
+        return [(("bypass", "scheduler"), str(exc))]
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    validator = _validator(cls)
+    for error in validator.iter_errors(dict(bypass.get("scheduler_options") or {})):
+        out.append((("bypass", "scheduler_options", *error.path), error.message))
+    return out
+
+
+def _validator(cls: Any) -> Any:
+    return jsonschema.Draft202012Validator(cls.config_schema)
+
+
+def option_problems(cls: Any, options: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with ``options`` for scheduler plugin ``cls``: (".key.path", message)."""
+    validator = _validator(cls)
+    out = []
+    for error in sorted(validator.iter_errors(dict(options)), key=lambda e: list(e.path)):
+        where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.path)
+        out.append((where, error.message))
+    return out

@@ -1,0 +1,320 @@
+"""Slurm's controller as the token daemon sees it: ``sdiag``'s counts of the RPCs it served (per
+user and per request type, with their times, and its own thread count and agent queue), and a
+user taken out of the partitions' ``AllowGroups`` and put back (the only refusal slurmctld 22.05
+enforces itself, for submissions).
+
+The ``gridgate.schedulers`` entry point ``slurm``; the daemon loads it for ``proxyd.bypass`` and
+``proxyd.adaptive`` (docs/proxyd.md, "Who went around the gate"). ``sdiag`` is readable by any
+user; changing a partition needs Slurm's operator rights (root or SlurmUser).
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gridgate.core import hookimpl
+from gridgate.core.backend import env_schema
+from gridgate.core.files import atomic_write
+from gridgate.core.model import CommandResult, RpcCount, SchedulerChange, SchedulerRPCs
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.runner import run
+from gridgate.core.text import parse_json
+from gridgate.plugins.slurm.classify import clip
+
+__all__ = ["SlurmScheduler", "parse_sdiag"]
+
+_STAMP = re.compile(r"^(sdiag output at|Data since)\s.*\((\d+)\)\s*$")
+_GAUGES = {
+    "Server thread count": "server_threads",
+    "Agent queue size": "agent_queue",
+    "Agent count": "agents",
+    "DBD Agent queue size": "dbd_agent_queue",
+}
+_ROW = re.compile(r"^\s+(\S+)\s+\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)\s*$")
+
+
+def parse_sdiag(text: str) -> SchedulerRPCs:
+    """``sdiag``'s output as counters: the stamps, the gauges, the two RPC tables (times in
+    sdiag's microseconds, kept in milliseconds). An output without its stamps or tables is
+    not ok: it is not sdiag's (a wrapper, a changed format)."""
+    stamps: dict[str, float] = {}
+    load: dict[str, float] = {}
+    tables: dict[str, dict[str, RpcCount]] = {"type": {}, "user": {}}
+    table = ""
+    for line in text.splitlines():
+        stamp = _STAMP.match(line)
+        if stamp:
+            stamps[stamp.group(1)] = float(stamp.group(2))
+            continue
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            table = "type"
+            continue
+        if line.startswith("Remote Procedure Call statistics by user"):
+            table = "user"
+            continue
+        if line and not line[0].isspace():
+            table = ""
+            key, _, value = line.partition(":")
+            if key.strip() in _GAUGES and value.strip().isdigit():
+                load[_GAUGES[key.strip()]] = float(value)
+            continue
+        row = _ROW.match(line)
+        if row and table:
+            name, count, total = row.group(1), int(row.group(3)), int(row.group(5))
+            tables[table][name] = RpcCount(count, total / 1000.0)
+    if "Data since" not in stamps or "server_threads" not in load:
+        return SchedulerRPCs(
+            "slurm", ok=False, message=f"not sdiag's output: {clip(text.strip())!r}"
+        )
+    return SchedulerRPCs(
+        "slurm",
+        ok=True,
+        taken=stamps.get("sdiag output at", 0.0),
+        since=stamps["Data since"],
+        by_user={user: row.count for user, row in tables["user"].items()},
+        by_type=tables["type"],
+        load=load,
+    )
+
+
+def _groups_of(user: str) -> list[str]:
+    entry = pwd.getpwnam(user)
+    names = []
+    for gid in os.getgrouplist(user, entry.pw_gid):
+        try:
+            names.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return names
+
+
+def _sharing(user: str, groups: Sequence[str]) -> list[str]:
+    """The other users who are in one of ``groups`` (as members or by their primary group)."""
+    gids = {grp.getgrnam(g).gr_gid: g for g in groups}
+    others = {p.pw_name for p in pwd.getpwall() if p.pw_gid in gids}
+    for name in groups:
+        others.update(grp.getgrnam(name).gr_mem)
+    others.discard(user)
+    return sorted(others)
+
+
+class SlurmScheduler(Plugin):
+    """sdiag's RPC counters, and ``AllowGroups`` changes, for one Slurm cluster."""
+
+    name = "slurm"
+    config_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "description": "The Slurm controller the token daemon audits and paces.",
+        "properties": {
+            "commands": {
+                "type": "object",
+                "default": {},
+                "additionalProperties": False,
+                "description": "Names (looked up on PATH) or absolute paths of the Slurm commands.",
+                "properties": {
+                    name: {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": name,
+                        "description": f"The {what} command.",
+                    }
+                    for name, what in (("sdiag", "statistics"), ("scontrol", "partition"))
+                },
+            },
+            "env": env_schema("Extra environment variables for the commands (SLURM_CONF)."),
+            "partitions": {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "default": [],
+                "description": "deny_partition: the partitions a bypasser is taken out of "
+                "(default: every partition).",
+            },
+            "allow_shared_groups": {
+                "type": "boolean",
+                "default": False,
+                "description": "deny_partition works on groups: refuse a user whose groups "
+                "other users share (they would be refused too) unless this is true.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self._commands = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
+        self._env = {**os.environ, **(config.get("env") or {})}
+
+    @property
+    def denied_file(self) -> Path:
+        """What deny changed, per user and partition (to put back exactly that)."""
+        return Path(self.context.state_dir) / f"denied.{self.name}.json"
+
+    def _run(self, which: str, args: Sequence[str], timeout: float) -> CommandResult:
+        argv = [self._commands.get(which) or which, *args]
+        return run(argv, timeout, env=self._env, max_output=self.context.max_output_bytes)
+
+    @hookimpl
+    def gridgate_scheduler_rpcs(self, scheduler: str, timeout: float) -> SchedulerRPCs | None:
+        if scheduler != self.name:
+            return None
+        result = self._run("sdiag", [], timeout)
+        if not result.ok:
+            detail = clip(result.stderr.strip() or result.stdout.strip())
+            return SchedulerRPCs(
+                self.name, ok=False, message=f"sdiag {result.describe()}: {detail}", command=result
+            )
+        rpcs = parse_sdiag(result.stdout)
+        return SchedulerRPCs(
+            self.name,
+            ok=rpcs.ok,
+            taken=rpcs.taken,
+            since=rpcs.since,
+            by_user=rpcs.by_user,
+            by_type=rpcs.by_type,
+            load=rpcs.load,
+            message=rpcs.message,
+            command=result,
+        )
+
+    # --- deny_partition ---------------------------------------------------------------------
+
+    def _partitions(self, timeout: float) -> dict[str, str] | str:
+        """Partition -> its AllowGroups, or what went wrong."""
+        shown = self._run("scontrol", ["-o", "show", "partition"], timeout)
+        if not shown.ok:
+            return f"scontrol show partition {shown.describe()}: {clip(shown.stderr.strip())}"
+        found: dict[str, str] = {}
+        for line in shown.stdout.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if "PartitionName" in fields:
+                found[fields["PartitionName"]] = fields.get("AllowGroups", "ALL")
+        chosen = self.config.get("partitions") or list(found)
+        missing = [p for p in chosen if p not in found]
+        if missing:
+            return f"no such partition: {', '.join(missing)}"
+        return {p: found[p] for p in chosen}
+
+    def _set(self, partition: str, groups: str, timeout: float) -> str:
+        done = self._run(
+            "scontrol", ["update", f"PartitionName={partition}", f"AllowGroups={groups}"], timeout
+        )
+        if done.ok:
+            return ""
+        return f"scontrol update {partition} {done.describe()}: {clip(done.stderr.strip())}"
+
+    def _kept(self) -> dict[str, Any]:
+        try:
+            text = self.denied_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        data = parse_json(text)
+        return data if isinstance(data, dict) else {}
+
+    def _keep(self, kept: Mapping[str, Any]) -> None:
+        self.denied_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.denied_file, json.dumps(kept, sort_keys=True).encode("utf-8"))
+
+    @hookimpl
+    def gridgate_scheduler_deny(
+        self, scheduler: str, user: str, deny: bool, timeout: float
+    ) -> SchedulerChange | None:
+        if scheduler != self.name:
+            return None
+        try:
+            return self._deny(user, timeout) if deny else self._admit(user, timeout)
+        except (KeyError, OSError, ValueError) as exc:
+            return SchedulerChange(self.name, ok=False, message=f"{user}: {exc}")
+
+    def _deny(self, user: str, timeout: float) -> SchedulerChange:
+        groups = _groups_of(user)
+        shared = _sharing(user, groups)
+        if shared and not self.config.get("allow_shared_groups"):
+            return SchedulerChange(
+                self.name,
+                ok=False,
+                message=f"{user}'s groups ({', '.join(groups)}) are shared with "
+                f"{', '.join(shared)}, who would be refused too "
+                "(bypass.scheduler_options.allow_shared_groups)",
+            )
+        partitions = self._partitions(timeout)
+        if isinstance(partitions, str):
+            return SchedulerChange(self.name, ok=False, message=partitions)
+        everyone = sorted({g.gr_name for g in grp.getgrall()})
+        kept = self._kept()
+        mine = kept.setdefault(user, {})
+        changed: list[str] = []
+        for partition, allowed in partitions.items():
+            before = everyone if allowed.upper() == "ALL" else allowed.split(",")
+            after = [g for g in before if g not in groups]
+            if after == before:
+                continue
+            if not after:
+                return SchedulerChange(
+                    self.name,
+                    ok=False,
+                    message=f"{partition}: {user}'s groups are all it allows",
+                    changed=tuple(changed),
+                )
+            problem = self._set(partition, ",".join(after), timeout)
+            if problem:
+                self._keep(kept)
+                return SchedulerChange(self.name, ok=False, message=problem, changed=tuple(changed))
+            mine.setdefault(partition, {"before": allowed, "removed": groups})
+            mine[partition]["set"] = ",".join(after)
+            changed.append(partition)
+            self._keep(kept)
+        note = f" (also refused: {', '.join(shared)})" if shared else ""
+        return SchedulerChange(
+            self.name,
+            ok=True,
+            message=f"{user} taken out of AllowGroups of {', '.join(changed) or 'no partition'}"
+            + note,
+            changed=tuple(changed),
+        )
+
+    def _admit(self, user: str, timeout: float) -> SchedulerChange:
+        kept = self._kept()
+        mine = kept.get(user) or {}
+        if not mine:
+            return SchedulerChange(self.name, ok=True, message=f"{user} was not denied here")
+        partitions = self._partitions(timeout)
+        if isinstance(partitions, str):
+            return SchedulerChange(self.name, ok=False, message=partitions)
+        changed: list[str] = []
+        for partition, record in list(mine.items()):
+            now = partitions.get(partition)
+            if now is None:  # the partition went away: nothing to put back
+                mine.pop(partition)
+                continue
+            if now == record.get("set"):
+                back = str(record["before"])
+            else:  # changed by someone since: add back only the groups taken out
+                current = now.split(",") if now.upper() != "ALL" else []
+                back = (
+                    now
+                    if not current
+                    else ",".join(
+                        current + [g for g in record.get("removed", []) if g not in current]
+                    )
+                )
+            problem = self._set(partition, back, timeout)
+            if problem:
+                self._keep(kept)
+                return SchedulerChange(self.name, ok=False, message=problem, changed=tuple(changed))
+            mine.pop(partition)
+            changed.append(partition)
+        kept.pop(user, None)
+        self._keep(kept)
+        return SchedulerChange(
+            self.name,
+            ok=True,
+            message=f"{user} put back in AllowGroups of {', '.join(changed) or 'no partition'}",
+            changed=tuple(changed),
+        )

@@ -1,0 +1,149 @@
+"""Who went around the gate, on the private Slurm cluster: a real token daemon with
+``proxyd.bypass`` reads the real sdiag, real users call the real squeue through the gate's shims
+or directly, and what the daemon does about the one who went around it (report, block,
+deny_partition, each undone after ``for``) is checked with real commands."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from support.lsfproxyd import install_shims
+from support.polling import until
+from support.uids import as_user, real_user
+
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+
+SLURM_TOOLS = ("squeue", "sbatch", "sinfo", "scontrol", "sdiag")
+
+
+def real(tool: str) -> str:
+    found = shutil.which(tool, path="/usr/bin:/bin")
+    assert found, f"{tool} is not installed"
+    return found
+
+
+def status(daemon) -> dict:
+    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
+        [reply] = client.admin("status")
+    return reply.reply["status"]
+
+
+def start(start_daemon, sockdir: Path, slurm, **bypass):
+    section = {
+        "diagnose": True,
+        "diagnose_file": str(sockdir / "diag.log"),
+        "bypass": {
+            "scheduler": "slurm",
+            "scheduler_options": {
+                "commands": {"sdiag": real("sdiag"), "scontrol": real("scontrol")},
+                "env": dict(slurm.env),
+            },
+            "audit": {"interval": 1, "tolerance": 3},
+            **bypass,
+        },
+    }
+    daemon = start_daemon(section)
+    # the first reading is the baseline; one judged window shows the audit runs
+    assert until(lambda: status(daemon)["bypass"]["windows"] >= 1, timeout=30), daemon.log()
+    return daemon
+
+
+def run_as(user: str, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*as_user(user), *argv], capture_output=True, text=True, timeout=120, env=env, cwd="/"
+    )
+
+
+def squeue_loop(user: str, slurm, times: int) -> None:
+    """``squeue`` straight to the controller, no token: the bypass."""
+    for _ in range(times):
+        done = run_as(user, [real("squeue"), "-h"], slurm.client_env())
+        assert done.returncode == 0, done.stderr
+
+
+def test_a_gated_user_is_never_reported_and_one_who_went_around_is(
+    slurm, start_daemon, sockdir, gridgate_exe
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm)
+    path, _, _ = install_shims(gridgate_exe, sockdir, daemon, *SLURM_TOOLS)
+    gated_env = {"PATH": path, **slurm.env}
+    with real_user("gggt") as gated, real_user("ggrg") as rogue:
+        for _ in range(15):  # through the gate: a token each
+            done = run_as(gated, ["squeue", "-h"], gated_env)
+            assert done.returncode == 0, done.stderr
+        squeue_loop(rogue, slurm, 40)
+        assert until(lambda: f"proxyd.bypass: {rogue} made" in daemon.log(), timeout=30), (
+            daemon.log()
+        )
+        windows = status(daemon)["bypass"]["windows"]
+        assert until(lambda: status(daemon)["bypass"]["windows"] >= windows + 2, timeout=30)
+        log = daemon.log()
+        assert f"proxyd.bypass: {gated} made" not in log, log
+        assert f"{rogue} blocked" not in log, "report only reports"
+        lines = (sockdir / "diag.log").read_text().splitlines()
+        assert any(f"BYPASS,-,{rogue}," in line for line in lines), lines
+        assert not any(f"BYPASS,-,{gated}," in line for line in lines)
+        # the gated user's calls are in the same log, as requests that held a token
+        assert sum(f",{gated}," in line and "QUERY_REQ" in line for line in lines) == 15
+
+
+def test_block_stops_the_bypassers_gated_calls_for_a_while(
+    slurm, start_daemon, sockdir, gridgate_exe
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm, action="block", **{"for": 4})
+    path, _, _ = install_shims(gridgate_exe, sockdir, daemon, *SLURM_TOOLS)
+    env = {"PATH": path, **slurm.env}
+    with real_user("ggbk") as rogue:
+        assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
+        squeue_loop(rogue, slurm, 40)
+        assert until(lambda: rogue in status(daemon)["bypass"]["acting"], timeout=30), daemon.log()
+        refused = run_as(rogue, ["squeue", "-h"], env)
+        assert refused.returncode == 75, refused.stderr
+        assert f"{rogue} blocked for 4 s" in daemon.log()
+        # `for` passed: off the blocklist again, by the audit itself
+        assert until(lambda: not status(daemon)["bypass"]["acting"], timeout=30)
+        assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
+        assert f"{rogue} unblocked" in daemon.log()
+
+
+def test_deny_partition_makes_slurmctld_refuse_the_bypassers_jobs_until_for_passes(
+    slurm, start_daemon, sockdir
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm, action="deny_partition", **{"for": 5})
+    sbatch = [real("sbatch"), "-p", "batch", "-o", "/dev/null", "--wrap", "true"]
+    try:
+        with real_user("ggdp") as rogue:
+            squeue_loop(rogue, slurm, 40)
+            assert until(lambda: rogue in status(daemon)["bypass"]["acting"], timeout=30), (
+                daemon.log()
+            )
+            refused = run_as(rogue, sbatch, slurm.client_env())
+            assert refused.returncode != 0
+            assert "not permitted to use this partition" in refused.stderr
+            assert until(lambda: not status(daemon)["bypass"]["acting"], timeout=30)
+            again = run_as(rogue, sbatch, slurm.client_env())
+            assert again.returncode == 0, again.stderr
+            assert "put back in AllowGroups" in daemon.log()
+    finally:
+        for partition in slurm.partitions:
+            slurm.scontrol("update", f"PartitionName={partition}", "AllowGroups=ALL")
+
+
+def test_a_controller_restart_starts_a_new_baseline_and_holds_no_one(
+    slurm, start_daemon, sockdir
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm)
+    before = status(daemon)["bypass"]["baselines"]
+    slurm.stop_controller()
+    try:
+        assert until(lambda: status(daemon)["bypass"]["problem"], timeout=30)
+        assert "cannot read slurm's counters" in daemon.log()
+    finally:
+        slurm.start_controller()
+    assert until(lambda: status(daemon)["bypass"]["baselines"] > before, timeout=60), daemon.log()
+    assert not status(daemon)["bypass"]["problem"]
+    assert "made" not in "".join(
+        line for line in daemon.log().splitlines() if "proxyd.bypass:" in line
+    )

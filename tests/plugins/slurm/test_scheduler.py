@@ -1,0 +1,187 @@
+"""The Slurm controller as the token daemon reads and changes it (plugins/slurm/scheduler.py):
+sdiag's counters on the private cluster, and a user taken out of the partitions' AllowGroups
+and put back, checked with real sbatch calls as real users."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from support.uids import as_user, real_user
+
+from gridgate.core.config import apply_defaults
+from gridgate.core.plugins import PluginContext
+from gridgate.plugins.slurm.scheduler import SlurmScheduler, parse_sdiag
+
+
+def scheduler(slurm, state: Path, **options) -> SlurmScheduler:
+    config = {
+        "commands": {c: shutil.which(c, path="/usr/bin:/bin") for c in ("sdiag", "scontrol")},
+        "env": dict(slurm.env),
+        **options,
+    }
+    apply_defaults(config, SlurmScheduler.config_schema)
+    return SlurmScheduler(config, PluginContext(state_dir=state))
+
+
+def allow_groups(slurm, partition: str) -> str:
+    shown = slurm.scontrol("-o", "show", "partition", partition)
+    fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+    return fields["AllowGroups"]
+
+
+def open_partitions(slurm) -> None:
+    """Every partition open to every group again, whatever a test left."""
+    for partition in slurm.partitions:
+        slurm.scontrol("update", f"PartitionName={partition}", "AllowGroups=ALL")
+
+
+def sbatch_as(slurm, user: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            *as_user(user),
+            shutil.which("sbatch", path="/usr/bin:/bin"),
+            "--parsable",
+            "-p",
+            "batch",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=slurm.client_env(),
+        cwd="/",
+    )
+
+
+def test_gridgate_scheduler_rpcs_is_sdiags_count_of_each_users_requests(slurm, tmp_path) -> None:
+    plugin = scheduler(slurm, tmp_path)
+    assert plugin.gridgate_scheduler_rpcs(scheduler="lsf", timeout=10) is None, "not its own"
+    with real_user("ggsd") as user:
+        before = plugin.gridgate_scheduler_rpcs(scheduler="slurm", timeout=30)
+        assert before.ok, before.message
+        squeue = shutil.which("squeue", path="/usr/bin:/bin")
+        for _ in range(5):
+            done = subprocess.run(
+                [*as_user(user), squeue],
+                capture_output=True,
+                timeout=60,
+                env=slurm.client_env(),
+                cwd="/",
+            )
+            assert done.returncode == 0, done.stderr
+        after = plugin.gridgate_scheduler_rpcs(scheduler="slurm", timeout=30)
+    # "Data since" is 0 ("Jan 01 1970") on a controller that has not reset its counters yet
+    assert after.ok and after.since == before.since and after.taken >= before.taken > 0
+    # squeue asks for job and partition info: 2 RPCs each on 22.05, at least 1
+    assert after.by_user.get(user, 0) - before.by_user.get(user, 0) >= 5, after.by_user
+    jobs = after.by_type["REQUEST_JOB_INFO"]
+    assert jobs.count >= 5 and jobs.average_ms > 0
+    assert after.load["server_threads"] >= 1
+    assert after.command is not None and after.command.ok
+
+
+def test_what_is_not_sdiags_output_is_not_read_as_counters() -> None:
+    told = parse_sdiag("sdiag: error: Unable to contact slurm controller (connect failure)\n")
+    assert not told.ok and "not sdiag's output" in told.message
+    assert not parse_sdiag("").ok
+
+
+def test_a_controller_that_does_not_answer_is_a_failed_reading(slurm, tmp_path) -> None:
+    plugin = scheduler(slurm, tmp_path)
+    slurm.stop_controller()
+    try:
+        told = plugin.gridgate_scheduler_rpcs(scheduler="slurm", timeout=20)
+    finally:
+        slurm.start_controller()
+    assert not told.ok and "sdiag" in told.message, told
+
+
+def test_gridgate_scheduler_deny_refuses_a_users_jobs_and_puts_back_exactly(
+    slurm, tmp_path
+) -> None:
+    plugin = scheduler(slurm, tmp_path)
+    try:
+        with real_user("ggdn") as user, real_user("ggok") as other:
+            assert sbatch_as(slurm, user).returncode == 0
+            denied = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )
+            assert denied.ok and set(denied.changed) == set(slurm.partitions), denied
+            refused = sbatch_as(slurm, user)
+            assert refused.returncode != 0
+            assert "not permitted to use this partition" in refused.stderr
+            assert sbatch_as(slurm, other).returncode == 0, "only the denied user is refused"
+            assert user not in allow_groups(slurm, "batch").split(",")
+            # a daemon restarted in between: what to put back is in the state folder
+            again = scheduler(slurm, tmp_path)
+            admitted = again.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=False, timeout=30
+            )
+            assert admitted.ok, admitted
+            assert allow_groups(slurm, "batch") == "ALL", "exactly what was there"
+            assert sbatch_as(slurm, user).returncode == 0
+            assert (
+                "was not denied"
+                in again.gridgate_scheduler_deny(
+                    scheduler="slurm", user=user, deny=False, timeout=30
+                ).message
+            )
+    finally:
+        open_partitions(slurm)
+
+
+def test_a_partition_changed_meanwhile_gets_back_only_the_groups_taken(slurm, tmp_path) -> None:
+    plugin = scheduler(slurm, tmp_path, partitions=["batch"])
+    try:
+        with real_user("ggch") as user, real_user("ggkp") as kept:
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={user},{kept}")
+            assert plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            ).ok
+            assert allow_groups(slurm, "batch") == kept
+            assert allow_groups(slurm, "debug") == "ALL", "only the partitions named"
+            # an operator narrowed it further meanwhile: that stays, the taken group returns
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={kept},root")
+            assert plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=False, timeout=30
+            ).ok
+            assert allow_groups(slurm, "batch").split(",") == [kept, "root", user]
+    finally:
+        open_partitions(slurm)
+
+
+def test_groups_shared_with_others_are_not_taken_unless_allowed(slurm, tmp_path) -> None:
+    plugin = scheduler(slurm, tmp_path)
+    try:
+        with real_user("ggsh") as user:
+            with real_user("ggmate", group=user) as mate:
+                told = plugin.gridgate_scheduler_deny(
+                    scheduler="slurm", user=user, deny=True, timeout=30
+                )
+                assert (
+                    not told.ok and mate in told.message and "allow_shared_groups" in (told.message)
+                )
+                assert allow_groups(slurm, "batch") == "ALL", "nothing changed"
+                loose = scheduler(slurm, tmp_path, allow_shared_groups=True)
+                taken = loose.gridgate_scheduler_deny(
+                    scheduler="slurm", user=user, deny=True, timeout=30
+                )
+                assert taken.ok and f"also refused: {mate}" in taken.message
+                assert loose.gridgate_scheduler_deny(
+                    scheduler="slurm", user=user, deny=False, timeout=30
+                ).ok
+    finally:
+        open_partitions(slurm)
+
+
+def test_an_unknown_partition_is_refused_by_name(slurm, tmp_path) -> None:
+    missing = "nosuchpartition"
+    plugin = scheduler(slurm, tmp_path, partitions=[missing])
+    with real_user("ggun") as user:
+        told = plugin.gridgate_scheduler_deny(scheduler="slurm", user=user, deny=True, timeout=30)
+    assert not told.ok and missing in told.message
