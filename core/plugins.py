@@ -23,7 +23,15 @@ from gridgate.core.failing import FailingCache
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
 from gridgate.core.state import STATE_GROUP, StateStore
 
-__all__ = ["ConfigPath", "ConfigProblems", "Plugin", "PluginContext"]
+__all__ = [
+    "SCHEDULERS_GROUP",
+    "ConfigPath",
+    "ConfigProblems",
+    "Plugin",
+    "PluginContext",
+    "PluginLoadError",
+    "load_class",
+]
 
 #: Where in a config a problem is: the keys (and list indexes) down from a section, or from the
 #: file's root in :meth:`Plugin.document_errors`: ``("servers", 2)``.

@@ -199,7 +199,7 @@ def test_the_public_api_rule_sees_a_private_import() -> None:
     assert non_public(Import(path, 1, "gridgate.core.engine.director", "Director"))
     assert non_public(Import(path, 1, "gridgate.core.builtin.bans", "OperatorBans"))
     assert non_public(Import(path, 1, "gridgate.core.state", "check_key"))  # not in __all__
-    assert non_public(Import(path, 1, "gridgate.core.plugins", "load_class"))
+    assert non_public(Import(path, 1, "gridgate.core.plugins", "entry_point_names"))
     assert non_public(Import(path, 1, "gridgate.core.engine.iteration", None))
     assert not non_public(Import(path, 1, "gridgate.core.model", "Notification"))
     assert not non_public(Import(path, 1, "gridgate.core", "hookimpl"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,10 @@ import pluggy
 
 from gridgate.core import hookspecs
 from gridgate.core.config import apply_defaults
-from gridgate.core.plugins import PluginContext
+from gridgate.core.plugins import SCHEDULERS_GROUP, PluginContext, PluginLoadError, load_class
 
-__all__ = ["SCHEDULERS", "config_problems", "load_scheduler", "option_problems", "scheduler_class"]
+__all__ = ["config_problems", "load_scheduler", "option_problems", "scheduler_class"]
 
-#: The entry-point group of the scheduler plugins (gridgate.core.plugins.SCHEDULERS_GROUP).
-SCHEDULERS = "gridgate.schedulers"
 #: The hooks' project name (gridgate's own hookspecs and ``@hookimpl``).
 PROJECT = "gridgate"
 
@@ -50,14 +47,13 @@ def load_scheduler(name: str, options: Mapping[str, Any], state_dir: Path) -> pl
 def scheduler_class(name: str) -> Any:
     """The class of the ``gridgate.schedulers`` plugin ``name``.
 
-    :raises ValueError: none is installed under that name (the message lists those that are).
+    :raises ValueError: none is installed under that name, or its import failed (the message
+        lists those that are installed).
     """
-    found = {ep.name: ep for ep in entry_points(group=SCHEDULERS)}
-    if name not in found:
-        raise ValueError(
-            f"no scheduler plugin {name!r} (installed: {', '.join(sorted(found)) or 'none'})"
-        )
-    return found[name].load()
+    try:
+        return load_class(SCHEDULERS_GROUP, name)
+    except PluginLoadError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def config_problems(bypass: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
