@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         Notification,
         Refusal,
         SchedulerChange,
+        SchedulerRequests,
         SchedulerRPCs,
         StatusResult,
         SubmitRequest,
@@ -463,4 +464,39 @@ def gridgate_scheduler_deny(
     :param timeout: hard limit in seconds for the whole change.
     :return: a :class:`SchedulerChange` (``ok`` False with a message when it could not be
         done); None when ``scheduler`` is not this plugin's. Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_scheduler_trace(scheduler: str, on: bool, timeout: float) -> SchedulerChange | None:
+    """Switch the controller's own log of every request on (``on`` True) or back to what it
+    was (``on`` False): Slurm's ``scontrol setdebugflags +protocol``, the counterpart of LSF's
+    ``LSB_DEBUG_MBD``. The plugin keeps whether it changed anything, so that ``on=False``
+    leaves a trace an operator had switched on alone, also after a restart of the daemon.
+
+    Called by the token daemon when ``lsfproxyd diagnose on -c bypass`` starts and when its
+    window ends (and once when the daemon starts, to end a trace a killed daemon left on).
+    The commands must be killed at ``timeout``.
+
+    :param scheduler: the name the daemon's config gives the scheduler (``slurm``).
+    :param on: True to start the trace, False to put the flags back.
+    :param timeout: hard limit in seconds for the whole change.
+    :return: a :class:`SchedulerChange`; None when ``scheduler`` is not this plugin's.
+        Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_scheduler_requests(scheduler: str, timeout: float) -> SchedulerRequests | None:
+    """The requests the controller logged since the last call, while the trace of
+    :func:`gridgate_scheduler_trace` is on (Slurm: the ``slurmctld_req: received opcode``
+    lines of ``SlurmctldLogFile``, read from where the last call stopped).
+
+    Called by the token daemon every ``proxyd.bypass.audit.interval`` during a bypass
+    diagnosis. The read must end by ``timeout``.
+
+    :param scheduler: the name the daemon's config gives the scheduler (``slurm``).
+    :param timeout: hard limit in seconds for the read.
+    :return: a :class:`SchedulerRequests`; None when ``scheduler`` is not this plugin's.
+        Stops at first non-None result.
     """

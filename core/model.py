@@ -66,6 +66,8 @@ __all__ = [
     "RpcCount",
     "SchedulerChange",
     "SchedulerRPCs",
+    "SchedulerRequest",
+    "SchedulerRequests",
     "StatusResult",
     "SubmitRequest",
     "SubmitResult",
@@ -938,3 +940,25 @@ class SchedulerChange:
     ok: bool
     message: str = ""
     changed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SchedulerRequest:
+    """One request the scheduler's controller logged: when (epoch seconds), from which user
+    and host, of which type (Slurm's ``REQUEST_JOB_INFO``)."""
+
+    at: float
+    user: str
+    opcode: str
+    host: str
+
+
+@dataclass(frozen=True)
+class SchedulerRequests:
+    """The answer of :func:`gridgate.core.hookspecs.gridgate_scheduler_requests`: the requests
+    logged since the last call while the trace is on, or why they could not be read."""
+
+    scheduler: str
+    ok: bool
+    requests: tuple[SchedulerRequest, ...] = ()
+    message: str = ""

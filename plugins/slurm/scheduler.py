@@ -10,25 +10,34 @@ user; changing a partition needs Slurm's operator rights (root or SlurmUser).
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
 import pwd
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
 from gridgate.core.backend import env_schema
-from gridgate.core.files import atomic_write
-from gridgate.core.model import CommandResult, RpcCount, SchedulerChange, SchedulerRPCs
+from gridgate.core.files import atomic_write, file_problem
+from gridgate.core.model import (
+    CommandResult,
+    RpcCount,
+    SchedulerChange,
+    SchedulerRequest,
+    SchedulerRequests,
+    SchedulerRPCs,
+)
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.runner import run
 from gridgate.core.text import parse_json
 from gridgate.plugins.slurm.classify import clip
 
-__all__ = ["SlurmScheduler", "parse_sdiag"]
+__all__ = ["SlurmScheduler", "parse_protocol_lines", "parse_sdiag"]
 
 _STAMP = re.compile(r"^(sdiag output at|Data since)\s.*\((\d+)\)\s*$")
 _GAUGES = {
@@ -82,6 +91,45 @@ def parse_sdiag(text: str) -> SchedulerRPCs:
         by_type=tables["type"],
         load=load,
     )
+
+
+#: One request as slurmctld logs it with ``DebugFlags=Protocol``.
+_REQUEST = re.compile(
+    r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] slurmctld_req: received opcode "
+    r"(\S+) from (\S+) uid (\d+)\s*$"
+)
+#: The most of slurmctld's log read at one call (the rest is read at the next).
+TRACE_READ_BYTES = 8 << 20
+
+
+def parse_protocol_lines(text: str) -> list[SchedulerRequest]:
+    """The requests among slurmctld's log lines (``[2026-12-03T13:37:05.743] slurmctld_req:
+    received opcode REQUEST_JOB_INFO from 127.0.0.1:35678 uid 65534``): the time (the log's
+    local time), the user (the uid's name, or the uid when it has none), the opcode and the
+    host address without its port."""
+    out: list[SchedulerRequest] = []
+    names: dict[int, str] = {}
+    for line in text.splitlines():
+        found = _REQUEST.match(line)
+        if not found:
+            continue
+        stamp, opcode, source, uid_text = found.groups()
+        try:
+            at = datetime.fromisoformat(stamp).timestamp()
+        except ValueError:
+            continue
+        uid = int(uid_text)
+        if uid not in names:
+            try:
+                names[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                names[uid] = str(uid)
+        if source.startswith("[") and "]" in source:  # [::1]:35692
+            host = source[1 : source.index("]")]
+        else:
+            host = source.rsplit(":", 1)[0] if source.count(":") == 1 else source
+        out.append(SchedulerRequest(at, names[uid], opcode, host))
+    return out
 
 
 def _groups_of(user: str) -> list[str]:
@@ -150,6 +198,12 @@ class SlurmScheduler(Plugin):
         super().__init__(config, context)
         self._commands = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
         self._env = {**os.environ, **(config.get("env") or {})}
+
+    @property
+    def trace_file(self) -> Path:
+        """The trace in force: whether DebugFlags had Protocol before, the log and how far it
+        was read."""
+        return Path(self.context.state_dir) / f"trace.{self.name}.json"
 
     @property
     def denied_file(self) -> Path:
@@ -318,3 +372,145 @@ class SlurmScheduler(Plugin):
             message=f"{user} put back in AllowGroups of {', '.join(changed) or 'no partition'}",
             changed=tuple(changed),
         )
+
+    # --- the request trace (diagnose -c bypass) ---------------------------------------------
+
+    def _config(self, timeout: float) -> dict[str, str] | str:
+        shown = self._run("scontrol", ["show", "config"], timeout)
+        if not shown.ok:
+            return f"scontrol show config {shown.describe()}: {clip(shown.stderr.strip())}"
+        found: dict[str, str] = {}
+        for line in shown.stdout.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                found[key.strip()] = value.strip()
+        return found
+
+    def _trace_record(self) -> dict[str, Any]:
+        try:
+            data = parse_json(self.trace_file.read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @hookimpl
+    def gridgate_scheduler_trace(
+        self, scheduler: str, on: bool, timeout: float
+    ) -> SchedulerChange | None:
+        if scheduler != self.name:
+            return None
+        try:
+            return self._trace_on(timeout) if on else self._trace_off(timeout)
+        except OSError as exc:
+            return SchedulerChange(self.name, ok=False, message=f"trace: {exc}")
+
+    def _protocol_flag(self, sign: str, timeout: float) -> str:
+        """``scontrol setdebugflags +protocol`` (or ``-``); what went wrong, "" when done."""
+        done = self._run("scontrol", ["setdebugflags", f"{sign}protocol"], timeout)
+        if done.ok:
+            return ""
+        return (
+            f"scontrol setdebugflags {sign}protocol {done.describe()}: {clip(done.stderr.strip())}"
+        )
+
+    def _trace_on(self, timeout: float) -> SchedulerChange:
+        config = self._config(timeout)
+        if isinstance(config, str):
+            return SchedulerChange(self.name, ok=False, message=config)
+        log = config.get("SlurmctldLogFile", "")
+        if not log or log == "(null)":
+            return SchedulerChange(
+                self.name,
+                ok=False,
+                message="SlurmctldLogFile is not set (slurmctld logs to syslog): the "
+                "request trace is read from that file",
+            )
+        flags = [f.strip().lower() for f in config.get("DebugFlags", "").split(",")]
+        record = self._trace_record()
+        if not record:
+            try:
+                info = os.stat(log)
+            except OSError as exc:
+                return SchedulerChange(self.name, ok=False, message=f"{log}: {exc.strerror}")
+            record = {
+                "log": log,
+                "had_protocol": "protocol" in flags,
+                "inode": info.st_ino,
+                "offset": info.st_size,
+            }
+        if "protocol" not in flags:
+            problem = self._protocol_flag("+", timeout)
+            if problem:
+                return SchedulerChange(self.name, ok=False, message=problem)
+        self.trace_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.trace_file, json.dumps(record, sort_keys=True).encode("utf-8"))
+        return SchedulerChange(
+            self.name,
+            ok=True,
+            message=f"slurmctld logs every request to {log}"
+            + (" (DebugFlags had Protocol already)" if record["had_protocol"] else ""),
+            changed=() if record["had_protocol"] else ("DebugFlags",),
+        )
+
+    def _trace_off(self, timeout: float) -> SchedulerChange:
+        record = self._trace_record()
+        if not record:
+            return SchedulerChange(self.name, ok=True, message="no request trace was on")
+        if not record.get("had_protocol"):
+            problem = self._protocol_flag("-", timeout)
+            if problem:
+                return SchedulerChange(self.name, ok=False, message=problem)
+        self.trace_file.unlink(missing_ok=True)
+        return SchedulerChange(
+            self.name,
+            ok=True,
+            message="slurmctld's request log is off again"
+            if not record.get("had_protocol")
+            else "DebugFlags keep Protocol, as before the trace",
+            changed=() if record.get("had_protocol") else ("DebugFlags",),
+        )
+
+    @hookimpl
+    def gridgate_scheduler_requests(
+        self, scheduler: str, timeout: float
+    ) -> SchedulerRequests | None:
+        if scheduler != self.name:
+            return None
+        record = self._trace_record()
+        if not record:
+            return SchedulerRequests(self.name, ok=False, message="no request trace is on")
+        try:
+            text, record = _read_on(record)
+        except OSError as exc:
+            return SchedulerRequests(self.name, ok=False, message=f"{record.get('log')}: {exc}")
+        atomic_write(self.trace_file, json.dumps(record, sort_keys=True).encode("utf-8"))
+        return SchedulerRequests(self.name, ok=True, requests=tuple(parse_protocol_lines(text)))
+
+
+def _read_on(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The whole lines appended to the log since ``record``'s offset (from its start when it
+    was rotated: another inode, or shorter), and the record moved past them.
+
+    :raises OSError: the log cannot be opened, or is not a regular file.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(str(record["log"]), flags)
+    try:
+        info = os.fstat(fd)
+        problem = file_problem(info)
+        if problem is not None:
+            raise OSError(f"the log {problem}")
+        offset = int(record.get("offset", 0))
+        if info.st_ino != record.get("inode") or info.st_size < offset:
+            offset = 0  # rotated: the new file from its start
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = os.read(fd, TRACE_READ_BYTES)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+    return whole.decode("utf-8", "replace"), {
+        **record,
+        "inode": info.st_ino,
+        "offset": offset + len(whole),
+    }

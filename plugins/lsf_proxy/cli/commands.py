@@ -254,10 +254,21 @@ def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -
     "file next to the default log, until diagnosis ends (as badmin diagnose "
     "-f); a path is refused.",
 )
+@click.option(
+    "-c",
+    "what",
+    type=click.Choice(["requests", "bypass"]),
+    default="requests",
+    show_default=True,
+    help="requests: the token requests (ENABLE_DIAGNOSE); bypass: for a while (-t, default "
+    "10, at most 60 minutes) the scheduler logs every request it serves, and each is written "
+    "with whether its user held a token (needs proxyd.bypass.scheduler).",
+)
 def diagnose(
     state: str,
     minutes: float | None,
     log_file: str | None,
+    what: str,
     as_json: bool,
     socket_path: str | None,
     config_path: str | None,
@@ -273,12 +284,19 @@ def diagnose(
             if r.get("until")
             else ""
         )
+        if r.get("class") == "bypass":
+            return (
+                f"lsfproxyd bypass diagnosis {'ON' if r.get('diagnose') else 'OFF'} "
+                f"({r.get('file')}){until} on lsfproxyd host <{reply.daemon.name}>"
+            )
         return (
             f"lsfproxyd diagnostic log {'ON' if r.get('diagnose') else 'OFF'} "
             f"({r.get('file')}){until} on lsfproxyd host <{reply.daemon.name}>"
         )
 
     fields: dict[str, Any] = {"on": state == "on"}
+    if what != "requests":
+        fields["class"] = what
     if minutes is not None:
         fields["minutes"] = minutes
     if log_file:

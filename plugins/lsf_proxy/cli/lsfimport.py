@@ -47,8 +47,10 @@ NOT_CARRIED = {
     "gate (Slurm's sdiag today; LSF would need badmin perfmon or mbatchd's logs: "
     "docs/proxyd.md, 'Who went around the gate')",
     "LSF_DEBUG_PROXYD": "an LSF log class of lsfproxyd: use `gridgate -v` (or -vv) on "
-    "`lsfproxyd serve`, and `diagnose on` for every request",
-    "LSB_DEBUG_MBD": "a log class of mbatchd, which gridgate does not run",
+    "`lsfproxyd serve`, `diagnose on` for every token request, and `diagnose on -c bypass` "
+    "for every request a Slurm controller serves",
+    "LSB_DEBUG_MBD": "a log class of mbatchd, which gridgate does not run; against Slurm "
+    "`diagnose on -c bypass` switches slurmctld's own request log on for a while",
 }
 
 

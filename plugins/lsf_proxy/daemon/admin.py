@@ -8,6 +8,7 @@ request gets here. Each verb answers with the fields of its reply, or raises
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -165,10 +166,14 @@ class AdminVerbs:
         return {"blocklist": blocklist.summary(), "rules": [r.to_json() for r in blocklist.rules]}
 
     def diagnose(self, op: str, message: Mapping[str, Any], user: str, host: str) -> dict[str, Any]:
-        """``diagnose on|off [-t MINUTES] [-f FILE]``."""
+        """``diagnose on|off [-t MINUTES] [-f FILE] [-c requests|bypass]``."""
         d = self.daemon
         log = d.diagnostics
         on, minutes, path = diagnose_args(message, log.folder)
+        if message.get("class", "requests") == "bypass":
+            return self._diagnose_bypass(on, minutes, path, user, host)
+        if message.get("class", "requests") != "requests":
+            raise ProtocolError("bad_request", "class must be requests or bypass")
         try:
             log.diagnose(on, minutes, path, d.clock.monotonic())
         except OSError as exc:
@@ -184,6 +189,51 @@ class AdminVerbs:
             f", for {minutes:g} min" if minutes else "",
         )
         return {"diagnose": on, "file": str(log.path), "until": until}
+
+    def _diagnose_bypass(
+        self, on: bool, minutes: float | None, path: Any, user: str, host: str
+    ) -> dict[str, Any]:
+        """``diagnose on|off -c bypass``: the controller's log of every request for a while,
+        each written to the diagnostic log with whether its user held a token."""
+        d = self.daemon
+        if d.bypass is None:
+            raise ProtocolError(
+                "bad_request",
+                "diagnose -c bypass reads the scheduler: set proxyd.bypass.scheduler "
+                "(docs/proxyd.md, 'Who went around the gate')",
+            )
+        trace = d.bypass.trace
+        if not on:
+            trace.stop()
+            logger.info("diagnose off -c bypass by {}@{}", user, host)
+            return {"diagnose": False, "class": "bypass", "file": str(d.diagnostics.path)}
+        try:
+            until = trace.start(minutes)
+        except ValueError as exc:
+            raise ProtocolError("bad_request", str(exc)) from None
+        if not d.diagnostics.on or path is not None:  # the lines need the log, for as long
+            try:
+                left = (until - d.clock.time()) / 60
+                d.diagnostics.diagnose(True, left, path, d.clock.monotonic())
+            except OSError as exc:
+                trace.stop()
+                raise ProtocolError(
+                    "io_error", f"cannot open {path or d.diagnostics.path}: {exc}"
+                ) from None
+            d.poke()
+        logger.info(
+            "diagnose on -c bypass by {}@{} until {} ({})",
+            user,
+            host,
+            time.strftime("%H:%M:%S", time.localtime(until)),
+            d.diagnostics.path,
+        )
+        return {
+            "diagnose": True,
+            "class": "bypass",
+            "file": str(d.diagnostics.path),
+            "until": until,
+        }
 
     def heartbeat(
         self, op: str, message: Mapping[str, Any], user: str, host: str

@@ -41,6 +41,7 @@ from gridgate.core.patterns import clip
 from gridgate.core.text import parse_json
 from gridgate.plugins.lsf_proxy.commands import COMMAND_OPCODES
 from gridgate.plugins.lsf_proxy.config import BYPASS_COSTS, BYPASS_SCHEMA, duration
+from gridgate.plugins.lsf_proxy.daemon.bypass_trace import RequestTrace, stamp
 from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field
 from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule, Token
 from gridgate.plugins.lsf_proxy.schedulers import load_scheduler
@@ -123,8 +124,6 @@ def bypass_line(finding: Finding) -> str:
     """The diagnostic log's line for a bypasser, in the columns of the request lines:
     ``Dec 3 13:40:02 2026 BYPASS,-,user1,-,RPCS,0,HHMMSS,HHMMSS`` (the RPCs beyond cover in
     the size column, 0 for "held no token", the window's start and end)."""
-    end = time.localtime(finding.end)
-    stamp = f"{time.strftime('%b', end)} {end.tm_mday} {time.strftime('%H:%M:%S %Y', end)}"
     fields = [
         "BYPASS",
         "-",
@@ -133,9 +132,9 @@ def bypass_line(finding: Finding) -> str:
         f"{finding.excess:g}",
         "0",
         time.strftime("%H%M%S", time.localtime(finding.start)),
-        time.strftime("%H%M%S", end),
+        time.strftime("%H%M%S", time.localtime(finding.end)),
     ]
-    return f"{stamp} {','.join(fields)}"
+    return f"{stamp(finding.end)} {','.join(fields)}"
 
 
 class BypassAudit:
@@ -281,12 +280,19 @@ class BypassWatch:
         self.daemon = daemon
         self.settings = settings
         self.manager = load_scheduler(settings.scheduler, settings.options, folder)
-        self.audit = BypassAudit(settings, self._exempt)
+        self.audit = BypassAudit(settings, self.exempt)
         self.acting = Acting(folder / f"bypass.{daemon.name}.json")
-        daemon.policy.on_grant = self.audit.granted
+        self.trace = RequestTrace(self)
+        daemon.policy.on_grant = self._granted
+        daemon.policy.on_release = self.trace.ledger.released
         self.findings = 0
 
-    def _exempt(self, user: str) -> bool:
+    def _granted(self, token: Token) -> None:
+        self.audit.granted(token)
+        self.trace.ledger.granted(token)
+
+    def exempt(self, user: str) -> bool:
+        """Never audited: the exempt, the daemon's own user, root, admins and privileged."""
         policy = self.daemon.policy
         return (
             user in self.settings.exempt
@@ -335,6 +341,7 @@ class BypassWatch:
             self.settings.interval,
             self.settings.action,
         )
+        await self.trace.clean_start()
         told = ""
         while not stop.is_set():
             started = time.monotonic()
@@ -355,6 +362,7 @@ class BypassWatch:
             left = self.settings.interval - (time.monotonic() - started)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(left, 0.05))
+        await self.trace.finish(2 * self.settings.timeout + 5)
 
     async def act(self, finding: Finding) -> None:
         self.findings += 1
@@ -429,4 +437,5 @@ class BypassWatch:
             "interval": self.settings.interval,
             **self.audit.status(),
             "acting": {u: dict(v) for u, v in self.acting.held.items()},
+            "trace": self.trace.status(),
         }

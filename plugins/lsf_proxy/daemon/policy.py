@@ -475,8 +475,10 @@ class TokenPolicy:
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
         self._riders: dict[str, str] = {}  # token id -> the id of the one ride on it
-        #: called with every token granted (rides too): the bypass audit's ledger
+        #: called with every token granted (rides too) and every token returned or taken
+        #: back: the bypass audit's ledger
         self.on_grant: Callable[[Token], None] | None = None
+        self.on_release: Callable[[Token], None] | None = None
 
     # -- helpers
 
@@ -686,12 +688,16 @@ class TokenPolicy:
         token = self._tokens.pop(token_id, None)
         if token is None:
             return None
+        if self.on_release is not None:
+            self.on_release(token)
         if token.rides:  # its parent's slot: no count of its own
             self._riders.pop(token.rides, None)
             return token
         rider = self._riders.pop(token_id, None)
         if rider is not None:  # the nested call's cover ends with its parent's
-            self._tokens.pop(rider, None)
+            ridden = self._tokens.pop(rider, None)
+            if ridden is not None and self.on_release is not None:
+                self.on_release(ridden)
         if len(self._leases) > 2 * len(self._tokens) + 1024:
             # released tokens leave their lease entries behind; drop them now and then so the
             # heap stays proportional to the tokens actually held

@@ -6,6 +6,7 @@ deny_partition, each undone after ``for``) is checked with real commands."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -147,3 +148,67 @@ def test_a_controller_restart_starts_a_new_baseline_and_holds_no_one(
     assert "made" not in "".join(
         line for line in daemon.log().splitlines() if "proxyd.bypass:" in line
     )
+
+
+def debug_flags(slurm) -> str:
+    shown = slurm.scontrol("show", "config")
+    return next(ln for ln in shown.stdout.splitlines() if ln.startswith("DebugFlags"))
+
+
+def test_diagnose_bypass_logs_each_request_with_whether_it_held_a_token(
+    slurm, start_daemon, sockdir, gridgate_exe, cli
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm)
+    path, _, _ = install_shims(gridgate_exe, sockdir, daemon, *SLURM_TOOLS)
+    gated_env = {"PATH": path, **slurm.env}
+    log = sockdir / "diag.log"
+    try:
+        with real_user("ggdg") as gated, real_user("ggdr") as rogue:
+            on = cli("diagnose", "on", "-c", "bypass", "-t", "0.2", "--socket", daemon.socket)
+            assert on.returncode == 0 and "bypass diagnosis ON" in on.stdout, on.stderr
+            assert until(lambda: status(daemon)["bypass"]["trace"]["on"], timeout=30)
+            assert "Protocol" in debug_flags(slurm)
+            for _ in range(3):
+                assert run_as(gated, ["squeue", "-h"], gated_env).returncode == 0
+            squeue_loop(rogue, slurm, 3)
+
+            def lines(user: str) -> list[list[str]]:
+                rows = [ln.split(" ", 4)[4].split(",") for ln in log.read_text().splitlines()]
+                return [r for r in rows if r[0] == "SCHEDULER_REQ" and r[2] == user]
+
+            assert until(lambda: len(lines(rogue)) >= 6, timeout=30), log.read_text()
+            assert until(lambda: len(lines(gated)) >= 6, timeout=30), log.read_text()
+            assert {r[5] for r in lines(rogue)} == {"0"}, "went around: held no token"
+            assert {r[5] for r in lines(gated)} == {"1"}, "each while its token was held"
+            assert {r[1] for r in lines(rogue)} >= {"REQUEST_JOB_INFO"}
+            assert status(daemon)["bypass"]["trace"]["without_token"] >= 6
+            # the window (12 s) ends by itself and the controller's flags are as before
+            assert until(lambda: not status(daemon)["bypass"]["trace"]["on"], timeout=60)
+            assert "Protocol" not in debug_flags(slurm)
+            assert "request trace off" in daemon.log()
+        refused = cli("diagnose", "on", "-c", "bypass", "-t", "90", "--socket", daemon.socket)
+        assert refused.returncode != 0 and "at most 60 minutes" in refused.stderr + refused.stdout
+    finally:
+        slurm.scontrol("setdebugflags", "-protocol")
+
+
+def test_diagnose_bypass_needs_the_scheduler(start_daemon, cli) -> None:
+    daemon = start_daemon({})
+    told = cli("diagnose", "on", "-c", "bypass", "--socket", daemon.socket)
+    assert told.returncode != 0 and "proxyd.bypass.scheduler" in told.stderr + told.stdout
+
+
+def test_a_trace_a_killed_daemon_left_on_is_ended_when_it_starts_again(
+    slurm, start_daemon, sockdir, cli
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm)
+    try:
+        assert cli("diagnose", "on", "-c", "bypass", "--socket", daemon.socket).returncode == 0
+        assert until(lambda: status(daemon)["bypass"]["trace"]["on"], timeout=30)
+        daemon.stop(signal.SIGKILL)
+        assert "Protocol" in debug_flags(slurm), "nobody switched it back"
+        again = start(start_daemon, sockdir, slurm)
+        assert "Protocol" not in debug_flags(slurm)
+        assert "a request trace left on was ended" in again.log()
+    finally:
+        slurm.scontrol("setdebugflags", "-protocol")

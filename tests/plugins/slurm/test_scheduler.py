@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from datetime import datetime
 from pathlib import Path
 
 from support.uids import as_user, real_user
 
 from gridgate.core.config import apply_defaults
 from gridgate.core.plugins import PluginContext
-from gridgate.plugins.slurm.scheduler import SlurmScheduler, parse_sdiag
+from gridgate.plugins.slurm.scheduler import SlurmScheduler, parse_protocol_lines, parse_sdiag
 
 
 def scheduler(slurm, state: Path, **options) -> SlurmScheduler:
@@ -185,3 +187,76 @@ def test_an_unknown_partition_is_refused_by_name(slurm, tmp_path) -> None:
     with real_user("ggun") as user:
         told = plugin.gridgate_scheduler_deny(scheduler="slurm", user=user, deny=True, timeout=30)
     assert not told.ok and missing in told.message
+
+
+def debug_flags(slurm) -> str:
+    shown = slurm.scontrol("show", "config")
+    return next(
+        line.split("=", 1)[1].strip()
+        for line in shown.stdout.splitlines()
+        if line.startswith("DebugFlags")
+    )
+
+
+def test_gridgate_scheduler_trace_logs_each_request_and_puts_the_flags_back(
+    slurm, tmp_path
+) -> None:
+    plugin = scheduler(slurm, tmp_path)
+    assert "Protocol" not in debug_flags(slurm)
+    told = plugin.gridgate_scheduler_requests(scheduler="slurm", timeout=30)
+    assert not told.ok and "no request trace" in told.message
+    try:
+        with real_user("ggtr") as user:
+            on = plugin.gridgate_scheduler_trace(scheduler="slurm", on=True, timeout=30)
+            assert on.ok and on.changed == ("DebugFlags",), on
+            assert "Protocol" in debug_flags(slurm)
+            squeue = shutil.which("squeue", path="/usr/bin:/bin")
+            for _ in range(3):
+                subprocess.run(
+                    [*as_user(user), squeue],
+                    capture_output=True,
+                    timeout=60,
+                    env=slurm.client_env(),
+                    cwd="/",
+                    check=True,
+                )
+            # a plugin made again (a restarted daemon) reads on from where the trace started
+            again = scheduler(slurm, tmp_path)
+            got = again.gridgate_scheduler_requests(scheduler="slurm", timeout=30)
+            assert got.ok, got.message
+            mine = [r for r in got.requests if r.user == user]
+            assert [r.opcode for r in mine].count("REQUEST_JOB_INFO") == 3, got.requests
+            assert all(r.host == "127.0.0.1" and abs(r.at - time.time()) < 120 for r in mine)
+            later = again.gridgate_scheduler_requests(scheduler="slurm", timeout=30)
+            assert not [r for r in later.requests if r.user == user], "each line read once"
+            off = again.gridgate_scheduler_trace(scheduler="slurm", on=False, timeout=30)
+            assert off.ok and "Protocol" not in debug_flags(slurm)
+    finally:
+        slurm.scontrol("setdebugflags", "-protocol")
+
+
+def test_a_trace_an_operator_had_on_stays_on(slurm, tmp_path) -> None:
+    plugin = scheduler(slurm, tmp_path)
+    slurm.scontrol("setdebugflags", "+protocol")
+    try:
+        on = plugin.gridgate_scheduler_trace(scheduler="slurm", on=True, timeout=30)
+        assert on.ok and on.changed == () and "had Protocol already" in on.message
+        off = plugin.gridgate_scheduler_trace(scheduler="slurm", on=False, timeout=30)
+        assert off.ok and "Protocol" in debug_flags(slurm)
+    finally:
+        slurm.scontrol("setdebugflags", "-protocol")
+
+
+def test_gridgate_scheduler_requests_reads_the_protocol_lines_and_nothing_else() -> None:
+    text = (
+        "[2026-12-03T13:37:03.250] Set DebugFlags to Protocol\n"
+        "[2026-12-03T13:37:05.743] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "127.0.0.1:35678 uid 0\n"
+        "[2026-12-03T13:37:05.745] slurmctld_req: received opcode REQUEST_PARTITION_INFO from "
+        "[::1]:35692 uid 4294967\n"
+        "[2026-13-03T13:37:05.745] slurmctld_req: received opcode X from 1.2.3.4:1 uid 0\n"
+    )
+    first, second = parse_protocol_lines(text)
+    assert (first.user, first.opcode, first.host) == ("root", "REQUEST_JOB_INFO", "127.0.0.1")
+    assert first.at == datetime(2026, 12, 3, 13, 37, 5, 743000).timestamp()
+    assert (second.user, second.host) == ("4294967", "::1"), "no name: the uid"
