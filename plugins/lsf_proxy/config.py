@@ -209,6 +209,88 @@ BYPASS_SCHEMA["properties"]["audit"]["default"] = {
 BYPASS_SCHEMA["default"] = {k: v["default"] for k, v in BYPASS_SCHEMA["properties"].items()}
 
 
+#: ``proxyd.adaptive.<category>.source``: what each source reads, through which scheduler
+#: plugin (its options are ``proxyd.bypass.scheduler_options``).
+ADAPTIVE_SOURCES = {"sdiag": "slurm"}
+
+_ADAPTIVE: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "Lower the category's max while the controller is slow, raise it again "
+    "as it recovers (AIMD; docs/proxyd.md, 'Limits that follow the scheduler').",
+    "properties": {
+        "source": {
+            "enum": sorted(ADAPTIVE_SOURCES),
+            "default": "sdiag",
+            "description": "Where the controller's latency is read (sdiag: Slurm's own "
+            "average time per RPC type).",
+        },
+        "target_ms": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT * 1000,
+            "default": 50,
+            "description": "The controller's average time for the category's RPC types "
+            "above which its max is lowered.",
+        },
+        "min": {"type": "integer", "minimum": 1, "default": 1, "description": "Lowest max."},
+        "max": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 32,
+            "description": "Highest max (never above the category's max in policies).",
+        },
+        "interval": {
+            "type": "number",
+            "minimum": 1,
+            "maximum": MAX_WAIT,
+            "default": 5,
+            "description": "Seconds between two decisions.",
+        },
+        "rpc_types": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "default": [],
+            "description": "The RPC types whose time counts (default: those the category's "
+            "commands make).",
+        },
+        "min_requests": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 5,
+            "description": "Fewer of those RPCs in an interval is no signal: the max stays.",
+        },
+        "backoff": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "exclusiveMaximum": 1,
+            "default": 0.75,
+            "description": "The max is multiplied by this when the controller is slow.",
+        },
+        "max_server_threads": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "Also slow when sdiag's server thread count is above this.",
+        },
+        "max_agent_queue": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "default": None,
+            "description": "Also slow when sdiag's agent queue is longer than this.",
+        },
+    },
+}
+ADAPTIVE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "default": {},
+    "additionalProperties": False,
+    "description": "Limits that follow the scheduler: per category, a max the daemon "
+    "lowers and raises from the controller's own latency.",
+    "properties": {c: _ADAPTIVE for c in CATEGORIES},
+}
+
+
 def duration(value: float | str) -> float:
     """Seconds of a ``for`` value (checked by the schema's pattern): 90, "90s", "30m", "1h"."""
     if isinstance(value, int | float):
@@ -541,6 +623,7 @@ SECTION_SCHEMA: dict[str, Any] = {
             "description": "Seconds a client waits to connect to a daemon.",
         },
         "bypass": BYPASS_SCHEMA,
+        "adaptive": ADAPTIVE_SCHEMA,
     },
     "additionalProperties": False,
 }

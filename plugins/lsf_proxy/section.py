@@ -59,6 +59,14 @@ class ProxydSection(Plugin):
                     )
                 )
         problems += config_problems(section.get("bypass") or {})
+        for category, entry in (section.get("adaptive") or {}).items():
+            if int(entry.get("min", 1)) > int(entry.get("max", 32)):
+                problems.append(
+                    (
+                        ("adaptive", category, "min"),
+                        f"min ({entry.get('min')}) must not exceed max ({entry.get('max', 32)})",
+                    )
+                )
         if section.get("tcp"):
             if not parse_tcp(section["tcp"]):
                 problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))

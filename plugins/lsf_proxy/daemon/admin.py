@@ -18,6 +18,7 @@ from gridgate.core.clock import Clock
 from gridgate.core.config import ConfigError
 from gridgate.plugins.lsf_proxy.commands import CATEGORY_WORDS
 from gridgate.plugins.lsf_proxy.daemon import holding
+from gridgate.plugins.lsf_proxy.daemon.adaptive import AdaptiveLimits
 from gridgate.plugins.lsf_proxy.daemon.bypass import BypassWatch
 from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, diagnose_args, log_field
 from gridgate.plugins.lsf_proxy.daemon.guard import ConnectionGuard
@@ -47,6 +48,7 @@ class Served(Protocol):
     metrics_port: int | None
     tokens: TokenDesk
     bypass: BypassWatch | None
+    adaptive: AdaptiveLimits | None
 
     @property
     def connections(self) -> int: ...
@@ -113,6 +115,8 @@ class AdminVerbs:
             status["peers"] = peers
         if d.bypass is not None:
             status["bypass"] = d.bypass.status()
+        if d.adaptive is not None:
+            status["adaptive"] = d.adaptive.status()
         return {"status": status}
 
     def enable(self, op: str, message: Mapping[str, Any], user: str, host: str) -> dict[str, Any]:

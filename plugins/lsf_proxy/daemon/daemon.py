@@ -35,6 +35,7 @@ from gridgate.plugins.lsf_proxy.config import (
     resolve_policies,
     section_defaults,
 )
+from gridgate.plugins.lsf_proxy.daemon.adaptive import AdaptiveLimits
 from gridgate.plugins.lsf_proxy.daemon.admin import AdminVerbs
 from gridgate.plugins.lsf_proxy.daemon.blockfile import BlocklistFile
 from gridgate.plugins.lsf_proxy.daemon.bypass import BypassSettings, BypassWatch
@@ -110,6 +111,20 @@ class ProxyDaemon:
             )
         except ValueError as exc:
             raise StartupError(str(exc)) from None
+        #: limits that follow the scheduler (``proxyd.adaptive``), applied by _settings
+        self.adaptive: AdaptiveLimits | None = None
+        if self.section.get("adaptive"):
+            try:
+                self.adaptive = AdaptiveLimits(
+                    self.section,
+                    resolve_policies(
+                        self.section.get("policies"), self.section.get("max_concurrent_query")
+                    ),
+                    Path(self.socket_path).parent,
+                    self._adaptive_changed,
+                )
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
         settings = self._settings(self.section)
         self.policy = RateLimitedPolicy(
             settings,
@@ -155,6 +170,9 @@ class ProxyDaemon:
 
     def _settings(self, section: Mapping[str, Any]) -> PolicySettings:
         limits = resolve_policies(section.get("policies"), section.get("max_concurrent_query"))
+        adaptive = getattr(self, "adaptive", None)  # None while __init__ builds it
+        if adaptive is not None:
+            limits = adaptive.cap(limits)
         hosts = section.get("hosts") or []
         live = 1
         if hosts:
@@ -169,6 +187,11 @@ class ProxyDaemon:
         return RatedSettings.extend(
             PolicySettings.from_section(section, limits), rate_limits_from(section, live)
         )
+
+    def _adaptive_changed(self) -> None:
+        """proxyd.adaptive moved a category's max: the policy takes it (held tokens stay)."""
+        self.policy.reconfigure(self._settings(self.section))
+        self.poke()
 
     def _peers_changed(self, service: Mapping[str, bool] | None) -> None:
         """A heartbeat changed who is alive (a new share: held tokens stay, a smaller share
@@ -235,6 +258,8 @@ class ProxyDaemon:
         for line in lowered_limits(self.policy, settings):
             logger.warning("proxyd reload: {}", line)
         self._reload_bypass(section)
+        if section.get("adaptive") != self.section.get("adaptive"):
+            logger.warning("proxyd.adaptive changed: takes effect at the next restart")
         self.section = section
         self.peers.configure(section)
         self.policy.reconfigure(settings)
@@ -290,6 +315,7 @@ class ProxyDaemon:
         ticker = asyncio.create_task(self._ticker())
         beats = asyncio.create_task(self.peers.run(self._stop))
         audit = asyncio.create_task(self.bypass.run(self._stop)) if self.bypass else None
+        follow = asyncio.create_task(self.adaptive.run(self._stop)) if self.adaptive else None
         if self.on_ready is not None:
             self.on_ready(self)
         logger.info("lsfproxyd {} listening on {} (pid {})", self.name, self.socket_path, self.pid)
@@ -304,9 +330,10 @@ class ProxyDaemon:
                 await asyncio.wait_for(ticker, 5)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(beats, 5)
-            if audit is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(audit, 5)
+            for task in (audit, follow):
+                if task is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(task, 5)
             await self._shutdown()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

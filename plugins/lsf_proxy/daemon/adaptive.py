@@ -1,0 +1,295 @@
+"""Limits that follow the scheduler (``proxyd.adaptive``): a category's max lowered while the
+controller is slow and raised again as it recovers.
+
+The signal is the controller's own: sdiag's cumulative count and total time per RPC type, read
+every ``interval``; the latency of an interval is the time the controller spent on the
+category's RPC types divided by how many it served in that interval (its thread count and agent
+queue may count as "slow" too). The rule is AIMD, as TCP's congestion window and Netflix's
+concurrency-limits ``AIMDLimit``: above ``target_ms`` the max is multiplied by ``backoff``
+(0.75), at or below it the max grows by one, never above ``max`` (nor the category's max in
+``policies``) nor below ``min``. Why not Envoy's gradient: it estimates the latency without load
+from its own requests (a minimum RTT measured while it shrinks its concurrency now and then),
+and gives a limit proportional to that ratio. Here the target is given, the latency is an
+interval's average over every client of a shared controller (gridgate's tokens are only part of
+its load), and shrinking the limit to measure would cost every user of the site; AIMD needs
+only "above or below the target", is stable with a delayed and noisy signal, and converges
+when several daemons (each applying it to its share) act on the same readings.
+
+:class:`AdaptiveLimit` is the pure rule for one category; :class:`AdaptiveLimits` runs them in
+the daemon and hands the current maxima to its settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from gridgate.core.model import SchedulerRPCs
+from gridgate.core.patterns import clip
+from gridgate.plugins.lsf_proxy.commands import COMMANDS, QUERY
+from gridgate.plugins.lsf_proxy.config import ADAPTIVE_SOURCES, Limits
+from gridgate.plugins.lsf_proxy.schedulers import load_scheduler
+
+#: RPC types a category's commands make beyond their own opcode (squeue also asks for the
+#: partitions, measured on 22.05).
+EXTRA_TYPES = {QUERY: ("REQUEST_PARTITION_INFO", "REQUEST_JOB_INFO_SINGLE")}
+#: Never part of the signal: the daemon's own reading of the statistics.
+OWN_TYPES = frozenset({"REQUEST_STATS_INFO"})
+
+
+def category_types(category: str) -> tuple[str, ...]:
+    """The Slurm RPC types the category's commands make: their ``REQUEST_*`` opcodes."""
+    own = {row.opcode for row in COMMANDS.values() if row.category == category and row.opcode}
+    every = own | set(EXTRA_TYPES.get(category, ()))
+    return tuple(sorted(t for t in every if t.startswith("REQUEST_") and t not in OWN_TYPES))
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """One category's filled ``proxyd.adaptive`` entry."""
+
+    category: str
+    source: str
+    target_ms: float
+    low: int
+    high: int
+    interval: float
+    rpc_types: tuple[str, ...]
+    min_requests: int
+    backoff: float
+    max_server_threads: int | None = None
+    max_agent_queue: int | None = None
+
+    @classmethod
+    def from_entry(cls, category: str, entry: Mapping[str, Any]) -> AdaptiveSettings:
+        return cls(
+            category=category,
+            source=str(entry.get("source", "sdiag")),
+            target_ms=float(entry.get("target_ms", 50)),
+            low=int(entry.get("min", 1)),
+            high=int(entry.get("max", 32)),
+            interval=float(entry.get("interval", 5)),
+            rpc_types=tuple(entry.get("rpc_types") or category_types(category)),
+            min_requests=int(entry.get("min_requests", 5)),
+            backoff=float(entry.get("backoff", 0.75)),
+            max_server_threads=entry.get("max_server_threads"),
+            max_agent_queue=entry.get("max_agent_queue"),
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One interval's verdict: the latency seen, the max before and after, and why."""
+
+    at: float
+    latency_ms: float | None
+    requests: int
+    before: int
+    after: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 3),
+            "requests": self.requests,
+            "before": self.before,
+            "after": self.after,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class AdaptiveLimit:
+    """The AIMD rule for one category, on readings handed to it. ``ceiling`` is the
+    category's max in ``policies``: the limit never goes above it either."""
+
+    settings: AdaptiveSettings
+    ceiling: int
+    limit: int = 0
+    last: SchedulerRPCs | None = None
+    decisions: list[Decision] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.limit:
+            self.limit = self.top  # start where the configuration puts it, lower on signal
+
+    @property
+    def top(self) -> int:
+        return max(self.settings.low, min(self.settings.high, self.ceiling))
+
+    def observe(self, reading: SchedulerRPCs, at: float) -> Decision | None:
+        """The decision for the interval ending with ``reading``; None for no signal (the
+        first reading, a reset of the counters, an unread controller)."""
+        if not reading.ok:
+            return None
+        last, self.last = self.last, reading
+        if last is None or reading.since != last.since:
+            return None
+        count = 0
+        total = 0.0
+        for name in self.settings.rpc_types:
+            now, then = reading.by_type.get(name), last.by_type.get(name)
+            if now is None:
+                continue
+            d_count = now.count - (then.count if then else 0)
+            d_total = now.total_ms - (then.total_ms if then else 0.0)
+            if d_count < 0 or d_total < 0:  # counters dropped: a new baseline
+                return None
+            count += d_count
+            total += d_total
+        latency = total / count if count else None
+        slow = []
+        if latency is not None and count >= self.settings.min_requests:
+            if latency > self.settings.target_ms:
+                slow.append(f"{latency:.1f} ms average over {count} RPCs")
+        threads = reading.load.get("server_threads")
+        if self.settings.max_server_threads is not None and threads is not None:
+            if threads > self.settings.max_server_threads:
+                slow.append(f"{threads:g} server threads")
+        queue = reading.load.get("agent_queue")
+        if self.settings.max_agent_queue is not None and queue is not None:
+            if queue > self.settings.max_agent_queue:
+                slow.append(f"agent queue {queue:g}")
+        before = min(self.limit, self.top)
+        if slow:
+            after = max(self.settings.low, int(before * self.settings.backoff))
+            reason = f"slow: {', '.join(slow)} (target {self.settings.target_ms:g} ms)"
+        elif latency is None or count < self.settings.min_requests:
+            after, reason = before, f"no signal: {count} RPCs of the category's types"
+        else:
+            after = min(self.top, before + 1)
+            reason = f"{latency:.1f} ms average over {count} RPCs, within the target"
+        self.limit = after
+        decision = Decision(at, latency, count, before, after, reason)
+        self.decisions = [*self.decisions[-19:], decision]
+        return decision
+
+    def cap(self, limits: Limits) -> Limits:
+        """``limits`` with the max lowered to the current limit (nominal not above it)."""
+        top = min(limits.max, max(self.settings.low, self.limit))
+        if top >= limits.max:
+            return limits
+        return replace(limits, max=top, nominal=min(limits.nominal, top))
+
+    def status(self) -> dict[str, Any]:
+        last = self.decisions[-1] if self.decisions else None
+        return {
+            "limit": self.limit,
+            "min": self.settings.low,
+            "max": self.top,
+            "target_ms": self.settings.target_ms,
+            "rpc_types": list(self.settings.rpc_types),
+            "last": last.to_json() if last else None,
+            "decisions": [d.to_json() for d in self.decisions[-5:]],
+        }
+
+
+class AdaptiveLimits:
+    """The adaptive maxima of one daemon: one :class:`AdaptiveLimit` per category in
+    ``proxyd.adaptive``, fed from one reading of the controller per tick.
+
+    ``changed`` is called (from the event loop) when a max changed, so the daemon reapplies
+    its settings; :meth:`cap` is what those settings use.
+    """
+
+    def __init__(
+        self,
+        section: Mapping[str, Any],
+        ceilings: Mapping[str, Limits],
+        folder: Path,
+        changed: Any,
+        manager: Any = None,
+    ) -> None:
+        entries = section.get("adaptive") or {}
+        self.limits = {
+            c: AdaptiveLimit(AdaptiveSettings.from_entry(c, e), ceilings[c].max)
+            for c, e in entries.items()
+        }
+        bypass = section.get("bypass") or {}
+        sources = {lim.settings.source for lim in self.limits.values()}
+        self.scheduler = bypass.get("scheduler") or ADAPTIVE_SOURCES[sorted(sources)[0]]
+        self.manager = manager or load_scheduler(
+            self.scheduler, bypass.get("scheduler_options") or {}, folder
+        )
+        self.timeout = float((bypass.get("audit") or {}).get("timeout", 10))
+        self.changed = changed
+        self.problem = ""
+
+    @property
+    def tick(self) -> float:
+        return min(lim.settings.interval for lim in self.limits.values())
+
+    def cap(self, limits: Mapping[str, Limits]) -> dict[str, Limits]:
+        out = dict(limits)
+        for category, limit in self.limits.items():
+            limit.ceiling = limits[category].max
+            out[category] = limit.cap(limits[category])
+        return out
+
+    def read(self) -> SchedulerRPCs:
+        try:
+            answer = self.manager.hook.gridgate_scheduler_rpcs(
+                scheduler=self.scheduler, timeout=self.timeout
+            )
+        except Exception as exc:  # a plugin's bug must not end the loop
+            return SchedulerRPCs(self.scheduler, ok=False, message=f"{exc!r}")
+        return answer or SchedulerRPCs(self.scheduler, ok=False, message="no plugin answered")
+
+    def decide(self, reading: SchedulerRPCs, due: set[str], at: float) -> list[str]:
+        """Feed ``reading`` to the categories ``due`` now; the log lines of the changes."""
+        if not reading.ok:
+            if reading.message != self.problem:
+                logger.error(
+                    "proxyd.adaptive: cannot read {}'s statistics: {} (the maxima stay)",
+                    self.scheduler,
+                    clip(reading.message),
+                )
+            self.problem = reading.message
+            return []
+        self.problem = ""
+        lines = []
+        for category in sorted(due):
+            decision = self.limits[category].observe(reading, at)
+            if decision is not None and decision.after != decision.before:
+                lines.append(
+                    f"{category} max {decision.before} -> {decision.after}: {decision.reason}"
+                )
+        return lines
+
+    async def run(self, stop: asyncio.Event) -> None:
+        logger.info(
+            "proxyd.adaptive: {} follow {}'s latency",
+            ", ".join(sorted(self.limits)),
+            self.scheduler,
+        )
+        next_at = {c: 0.0 for c in self.limits}
+        while not stop.is_set():
+            now = time.monotonic()
+            due = {c for c, t in next_at.items() if t <= now}
+            if due:
+                reading = await asyncio.to_thread(self.read)
+                lines = self.decide(reading, due, time.time())
+                for category in due:
+                    next_at[category] = now + self.limits[category].settings.interval
+                for line in lines:
+                    logger.warning("proxyd.adaptive: {}", line)
+                if lines:
+                    self.changed()
+            wait = max(0.05, min(next_at.values()) - time.monotonic())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "scheduler": self.scheduler,
+            "problem": self.problem,
+            **{c: lim.status() for c, lim in sorted(self.limits.items())},
+        }
