@@ -73,13 +73,19 @@ def start_daemon(gridgate_exe, sockdir):
     started: list[Daemon] = []
 
     def start(
-        section: dict, name: str = "", config_name: str = "", argv_prefix: tuple[str, ...] = ()
+        section: dict,
+        name: str = "",
+        config_name: str = "",
+        argv_prefix: tuple[str, ...] = (),
+        extra: dict | None = None,
     ) -> Daemon:
-        """``argv_prefix``: run the daemon under it (e.g. ``prlimit --nofile=256``)."""
+        """``argv_prefix``: run the daemon under it (e.g. ``prlimit --nofile=256``);
+        ``extra``: other top-level sections of its config file (``notifiers``, ``state``)."""
         section = dict(section)
         section.setdefault("socket", str(sockdir / f"{name or 'proxyd'}.sock"))
         config = sockdir / (config_name or f"{name or 'proxyd'}.yaml")
-        config.write_text(yaml.safe_dump({"proxyd": section}), encoding="utf-8")
+        document = {**(extra or {}), "proxyd": section}
+        config.write_text(yaml.safe_dump(document), encoding="utf-8")
         config.chmod(0o644)
         stderr = sockdir / f"{name or 'proxyd'}.stderr"
         args = [*argv_prefix, gridgate_exe, "-v", "lsfproxyd", "serve", "-c", str(config), "--json"]

@@ -36,13 +36,14 @@ from typing import Any
 from loguru import logger
 
 from gridgate.core.files import atomic_write
-from gridgate.core.model import SchedulerChange, SchedulerRPCs
+from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
 from gridgate.core.patterns import clip
-from gridgate.core.text import parse_json
+from gridgate.core.text import parse_json, printable
 from gridgate.plugins.lsf_proxy.commands import COMMAND_OPCODES
 from gridgate.plugins.lsf_proxy.config import BYPASS_COSTS, BYPASS_SCHEMA, duration
 from gridgate.plugins.lsf_proxy.daemon.bypass_trace import RequestTrace, stamp
 from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field
+from gridgate.plugins.lsf_proxy.daemon.notify import DaemonNotifiers
 from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule, Token
 from gridgate.plugins.lsf_proxy.schedulers import load_scheduler
 
@@ -276,8 +277,16 @@ class BypassWatch:
     policy, token desk, blocklist file, metrics and owner).
     """
 
-    def __init__(self, daemon: Any, settings: BypassSettings, folder: Path) -> None:
+    def __init__(
+        self,
+        daemon: Any,
+        settings: BypassSettings,
+        folder: Path,
+        notifiers: DaemonNotifiers | None = None,
+    ) -> None:
         self.daemon = daemon
+        #: who is told after ``notify_after`` windows in a row (the config's notifiers)
+        self.notifiers = notifiers
         self.settings = settings
         self.manager = load_scheduler(settings.scheduler, settings.options, folder)
         self.audit = BypassAudit(settings, self.exempt)
@@ -372,6 +381,8 @@ class BypassWatch:
             diagnostics.write(bypass_line(finding))
         if finding.windows == self.settings.notify_after:
             logger.error("proxyd.bypass: {}: going around the gate", line)
+            if self.notifiers is not None:
+                await self.notifiers.notify(self.notification(finding))
         else:
             logger.warning("proxyd.bypass: {}", line)
         action = self.settings.action
@@ -406,6 +417,31 @@ class BypassWatch:
             )
         self.acting.held[finding.user] = {"action": action, "until": until}
         self.acting.save()
+
+    def notification(self, finding: Finding) -> Notification:
+        """The error people get when ``finding``'s user went around the gate for
+        ``notify_after`` windows in a row."""
+        action = {
+            "report": "It is reported only (proxyd.bypass.action: report).",
+            "block": f"It is put on the daemon's blocklist for {self.settings.hold:g} s.",
+            "deny_partition": f"It is taken out of the {self.settings.scheduler} partitions for "
+            f"{self.settings.hold:g} s (new jobs refused).",
+        }[self.settings.action]
+        user = printable(finding.user, newlines=False)
+        body = (
+            f"{printable(finding.describe(self.settings.interval))}.\n\n"
+            f"{action}\n\nThe scheduler's counters ({self.settings.scheduler}) are compared "
+            f"every {self.settings.interval:g} s with the tokens lsfproxyd {self.daemon.name} "
+            "gave the user; `gridgate lsfproxyd status --json` shows the audit (bypass), and "
+            "`gridgate lsfproxyd diagnose on -c bypass` logs each request for a while."
+        )
+        return Notification(
+            level="error",
+            subject=f"lsfproxyd {self.daemon.name}: {user} goes around the gate",
+            body=body,
+            created=time.time(),
+            key=f"proxyd.bypass:{self.daemon.name}:{finding.user}",
+        )
 
     async def undo_due(self, now: float | None = None) -> None:
         """Undo the blocks and denials whose ``for`` has passed."""

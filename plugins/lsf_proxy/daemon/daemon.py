@@ -26,7 +26,7 @@ from typing import Any, cast
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.config import ConfigError, read_secret
+from gridgate.core.config import ConfigError, load_config, read_secret
 from gridgate.plugins.lsf_proxy.commands import category_map
 from gridgate.plugins.lsf_proxy.config import (
     daemon_socket,
@@ -49,6 +49,7 @@ from gridgate.plugins.lsf_proxy.daemon.guard import (
     listening_socket,
 )
 from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
+from gridgate.plugins.lsf_proxy.daemon.notify import DaemonNotifiers
 from gridgate.plugins.lsf_proxy.daemon.peers import Heartbeat
 from gridgate.plugins.lsf_proxy.daemon.policy import PolicySettings
 from gridgate.plugins.lsf_proxy.daemon.ratelimit import (
@@ -140,9 +141,15 @@ class ProxyDaemon:
         self.bypass: BypassWatch | None = None
         bypass = BypassSettings.from_section(self.section)
         if bypass is not None:
+            folder = Path(self.socket_path).parent
             try:
-                self.bypass = BypassWatch(self, bypass, Path(self.socket_path).parent)
-            except ValueError as exc:
+                notifiers = (
+                    DaemonNotifiers(load_config(self.config_path), folder)
+                    if self.config_path
+                    else None
+                )
+                self.bypass = BypassWatch(self, bypass, folder, notifiers)
+            except (ValueError, ConfigError) as exc:
                 raise StartupError(str(exc)) from None
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
@@ -334,6 +341,8 @@ class ProxyDaemon:
                 if task is not None:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(task, 5)
+            if self.bypass is not None and self.bypass.notifiers is not None:
+                self.bypass.notifiers.close()
             await self._shutdown()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from support.lsfproxyd import install_shims
@@ -31,7 +32,7 @@ def status(daemon) -> dict:
     return reply.reply["status"]
 
 
-def start(start_daemon, sockdir: Path, slurm, **bypass):
+def start(start_daemon, sockdir: Path, slurm, extra: dict | None = None, **bypass):
     section = {
         "diagnose": True,
         "diagnose_file": str(sockdir / "diag.log"),
@@ -45,7 +46,7 @@ def start(start_daemon, sockdir: Path, slurm, **bypass):
             **bypass,
         },
     }
-    daemon = start_daemon(section)
+    daemon = start_daemon(section, extra=extra)
     # the first reading is the baseline; one judged window shows the audit runs
     assert until(lambda: status(daemon)["bypass"]["windows"] >= 1, timeout=30), daemon.log()
     return daemon
@@ -212,3 +213,43 @@ def test_a_trace_a_killed_daemon_left_on_is_ended_when_it_starts_again(
         assert "a request trace left on was ended" in again.log()
     finally:
         slurm.scontrol("setdebugflags", "-protocol")
+
+
+def test_a_user_who_keeps_going_around_the_gate_is_mailed_once(
+    slurm, start_daemon, sockdir, smtp_server
+) -> None:
+    email = {
+        "host": "127.0.0.1",
+        "port": smtp_server.port,
+        "from": "lsfproxyd@example.org",
+        "error_address": "batch-admins@example.org",
+        "alarm_address": "",
+        "dedup_window": 0,
+        "poll_interval": 0.05,
+        "timeout": 5,
+    }
+    extra = {"state": {"driver": "memory"}, "notifiers": {"email": email}}
+    daemon = start(start_daemon, sockdir, slurm, extra=extra, notify_after=2)
+    with real_user("ggml") as rogue:
+        stop = threading.Event()
+
+        def loop() -> None:  # several windows in a row, as a cron job's loop would
+            while not stop.is_set():
+                run_as(rogue, [real("squeue"), "-h"], slurm.client_env())
+
+        worker = threading.Thread(target=loop, daemon=True)
+        worker.start()
+        try:
+            assert until(lambda: smtp_server.handler.messages, timeout=60), daemon.log()
+            assert until(lambda: f"{rogue} made" in daemon.log() and "going around" in daemon.log())
+        finally:
+            stop.set()
+            worker.join(60)
+        # more windows: still one mail for the run of windows
+        windows = status(daemon)["bypass"]["windows"]
+        assert until(lambda: status(daemon)["bypass"]["windows"] >= windows + 3, timeout=30)
+    [mail] = smtp_server.handler.messages
+    text = mail.message.as_string()
+    assert mail.rcpt_tos == ("batch-admins@example.org",)
+    assert f"{rogue} goes around the gate" in text and "reported only" in text
+    assert "diagnose on -c bypass" in text
