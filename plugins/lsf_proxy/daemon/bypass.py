@@ -151,6 +151,8 @@ class BypassAudit:
         self._covered: dict[str, float] = {}  # cumulative cover of tokens granted, per user
         self._base: SchedulerRPCs | None = None
         self._base_covered: dict[str, float] = {}
+        self._base_peers: dict[str, dict[str, float]] = {}
+        self._pending: list[tuple[SchedulerRPCs, dict[str, float]]] = []
         self._credit: dict[str, float] = {}
         self._streak: dict[str, int] = {}
         self._disturbed = False
@@ -171,15 +173,28 @@ class BypassAudit:
         """Commands ran without tokens (a category disabled): do not judge this window."""
         self._disturbed = True
 
-    def _rebase(self, reading: SchedulerRPCs, why: str) -> None:
+    def _rebase(
+        self, reading: SchedulerRPCs, why: str, peers: Mapping[str, Mapping[str, Any]]
+    ) -> None:
         self._base = reading
         self._base_covered = dict(self._covered)
+        self._base_peers = {name: dict(p.get("covered") or {}) for name, p in peers.items()}
+        self._pending = []
         self._credit = {}
         self.skipped = why
         self._disturbed = False
 
-    def observe(self, reading: SchedulerRPCs) -> list[Finding]:
-        """Judge the window that ends with ``reading``; the users who went around the gate."""
+    def observe(
+        self, reading: SchedulerRPCs, peers: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[Finding]:
+        """Judge the window that ends with ``reading``; the users who went around the gate.
+
+        ``peers`` are the other live daemons' grants, as their heartbeats brought them
+        (name -> ``{"at": wall time, "covered": {user: cover}}``, cumulative since each
+        started): a window is judged only up to the last reading that every peer's grants
+        reach past (``at`` >= the reading's time), so a heartbeat's delay is never taken
+        for a bypass; until then the window grows."""
+        peers = peers or {}
         if not reading.ok:
             self.problem = reading.message or "the scheduler's counters could not be read"
             return []
@@ -187,7 +202,7 @@ class BypassAudit:
         base = self._base
         if base is None:
             self.baselines += 1
-            self._rebase(reading, "first reading: the baseline")
+            self._rebase(reading, "first reading: the baseline", peers)
             return []
         dropped = [u for u, n in base.by_user.items() if reading.by_user.get(u, 0) < n]
         if reading.since != base.since or dropped:
@@ -195,21 +210,39 @@ class BypassAudit:
             self._rebase(
                 reading,
                 "the scheduler's counters started again (restart or reset): a new baseline",
+                peers,
             )
             self.last = {}
             return []
         if self._disturbed:
-            self._rebase(reading, "a category was disabled in the window: not judged")
+            self._rebase(reading, "a category was disabled in the window: not judged", peers)
             self.last = {}
             return []
+        self._pending.append((reading, dict(self._covered)))
+        index = len(self._pending) - 1
+        if peers:
+            reached = min(float(p.get("at", 0)) for p in peers.values())
+            ready = [i for i, (r, _) in enumerate(self._pending) if r.taken <= reached]
+            if not ready:
+                self.skipped = "waiting for the peers' grants (their next heartbeat)"
+                return []
+            index = ready[-1]
+        reading, own = self._pending[index]
+        del self._pending[: index + 1]
         self.skipped = ""
         self.windows += 1
         findings: list[Finding] = []
         credit: dict[str, float] = {}
-        users = set(reading.by_user) | set(self._covered)
+        users = set(reading.by_user) | set(own)
+        for p in peers.values():
+            users |= set(p.get("covered") or {})
         for user in sorted(users):
             rpcs = reading.by_user.get(user, 0) - base.by_user.get(user, 0)
-            granted = self._covered.get(user, 0.0) - self._base_covered.get(user, 0.0)
+            granted = own.get(user, 0.0) - self._base_covered.get(user, 0.0)
+            for name, p in peers.items():
+                now = float((p.get("covered") or {}).get(user, 0.0))
+                then = self._base_peers.get(name, {}).get(user, 0.0)
+                granted += now - then if now >= then else now  # lower: that peer restarted
             allowance = granted + self._credit.get(user, 0.0)
             unused = allowance - rpcs
             if unused > 0:  # carried one window only: no cover can be saved up
@@ -225,10 +258,21 @@ class BypassAudit:
             else:
                 self._streak.pop(user, None)
         self._base = reading
-        self._base_covered = dict(self._covered)
+        self._base_covered = own
+        self._base_peers = {name: dict(p.get("covered") or {}) for name, p in peers.items()}
         self._credit = credit
         self.last = {f.user: f.excess for f in findings}
         return findings
+
+    def follow(self, reading: SchedulerRPCs, why: str) -> None:
+        """Keep a baseline without judging (another daemon of the service audits)."""
+        if reading.ok:
+            self._rebase(reading, why, {})
+            self.last = {}
+
+    def covered(self) -> dict[str, Any]:
+        """What this daemon's heartbeats tell the others: its cumulative cover per user."""
+        return {"at": time.time(), "covered": dict(self._covered)}
 
     def status(self) -> dict[str, Any]:
         return {
@@ -294,6 +338,7 @@ class BypassWatch:
         self.trace = RequestTrace(self)
         daemon.policy.on_grant = self._granted
         daemon.policy.on_release = self.trace.ledger.released
+        daemon.peers.extra = self.audit.covered  # the others' audits add this daemon's grants
         self.findings = 0
 
     def _granted(self, token: Token) -> None:
@@ -358,7 +403,7 @@ class BypassWatch:
             reading = await asyncio.to_thread(self.read)
             if any(not cat.enabled for cat in self.daemon.policy.categories.values()):
                 self.audit.disturb()
-            findings = self.audit.observe(reading)
+            findings = self.judge(reading)
             if self.audit.problem and self.audit.problem != told:
                 logger.error(
                     "proxyd.bypass: cannot read {}'s counters: {}",
@@ -372,6 +417,25 @@ class BypassWatch:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(left, 0.05))
         await self.trace.finish(2 * self.settings.timeout + 5)
+
+    def judge(self, reading: SchedulerRPCs) -> list[Finding]:
+        """The audit of one reading, for the service: with ``proxyd.hosts`` only the first
+        live daemon (by name) judges, adding the grants the others' heartbeats brought; the
+        others keep a baseline, to take over when it stops."""
+        peers = self.daemon.peers
+        if not peers.active:
+            return self.audit.observe(reading)
+        live = peers.view.live()
+        leader = min(live) if live else self.daemon.name
+        if leader != self.daemon.name:
+            self.audit.follow(reading, f"audited by {leader}, the first live daemon")
+            return []
+        others = [n for n in live if n != self.daemon.name]
+        missing = [n for n in others if n not in peers.peer_grants]
+        if missing:
+            self.audit.follow(reading, f"waiting for the first grants of {', '.join(missing)}")
+            return []
+        return self.audit.observe(reading, {n: peers.peer_grants[n] for n in others})
 
     async def act(self, finding: Finding) -> None:
         self.findings += 1

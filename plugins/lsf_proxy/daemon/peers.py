@@ -226,6 +226,10 @@ class Heartbeat:
         self.addresses: dict[str, str] = {}
         self.section: Mapping[str, Any] = {}
         self._warned: set[str] = set()
+        #: what this daemon adds to its heartbeats (the bypass audit's grants), and what the
+        #: peers' heartbeats brought: name -> {"at": wall time, "covered": {user: cover}}
+        self.extra: Callable[[], Mapping[str, Any]] | None = None
+        self.peer_grants: dict[str, dict[str, Any]] = {}
         self.configure(section)
         # the transport is chosen once: a reload that changes heartbeat_via is logged and
         # takes effect at the next start
@@ -266,9 +270,30 @@ class Heartbeat:
 
     def payload(self, leaving: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"from": self.name, "service": self.view.service.to_json()}
+        if self.extra is not None:
+            out["grants"] = dict(self.extra())
         if leaving:
             out["leaving"] = True
         return out
+
+    def keep_grants(self, name: str, data: Any) -> None:
+        """A peer's grants as its heartbeat (or its answer) gave them; anything else is
+        ignored (an older daemon sends none)."""
+        if not isinstance(data, Mapping):
+            return
+        at, covered = data.get("at"), data.get("covered")
+        if (
+            isinstance(at, bool)
+            or not isinstance(at, int | float)
+            or not isinstance(covered, Mapping)
+        ):
+            return
+        kept = {
+            str(user): float(cover)
+            for user, cover in list(covered.items())[:100_000]
+            if isinstance(cover, int | float) and not isinstance(cover, bool)
+        }
+        self.peer_grants[name] = {"at": float(at), "covered": kept}
 
     # -- answering a peer's heartbeat (the ``heartbeat`` admin op)
 
@@ -284,6 +309,7 @@ class Heartbeat:
             )
         state = ServiceState.from_json(message.get("service"))
         self.view.heard(sender)
+        self.keep_grants(sender, message.get("grants"))
         if message.get("leaving") is True:
             # a clean stop says so: its share is free now, not at our next heartbeat
             self.view.failed(sender, refused=True)
@@ -353,10 +379,11 @@ class Heartbeat:
                 out.append(BeatResult(name, error="no heartbeat key in the state store"))
                 continue
             try:
-                service = parse_json(value).get("service")
+                beat = parse_json(value)
+                service, grants = beat.get("service"), beat.get("grants")
             except (ValueError, AttributeError):
-                service = None
-            out.append(BeatResult(name, reply={"ok": True, "service": service}))
+                service = grants = None
+            out.append(BeatResult(name, reply={"ok": True, "service": service, "grants": grants}))
         return out
 
     def _settle(self, state: ServiceState | None, now: float | None = None) -> None:
@@ -406,6 +433,7 @@ class Heartbeat:
                         (result.reply.get("error") or {}).get("message"),
                     )
                 continue
+            self.keep_grants(result.name, result.reply.get("grants"))
             try:
                 state = ServiceState.from_json(result.reply.get("service"))
             except ValueError as exc:

@@ -155,3 +155,32 @@ def test_the_metric_is_the_last_windows_excess_per_user_with_the_name_escaped() 
     audit.observe(reading(20, rogue=60, **{"odd\x1b[2Jname": 30}))
     text = prometheus_client.generate_latest(metrics.registry).decode()
     assert 'user="rogue"' not in text, "a clean window clears it"
+
+
+def test_the_peers_grants_cover_their_users_once_their_heartbeat_reaches_past_the_window() -> None:
+    audit = audit_of(tolerance=0)
+    peer = {"pb": {"at": 0.0, "covered": {"gated": 0.0}}}
+    audit.observe(reading(0, gated=0, rogue=0), peer)
+    # 10 tokens of squeue given by pb, 20 RPCs served; pb's heartbeat is from before the read
+    assert audit.observe(reading(10, gated=20, rogue=100), {"pb": {"at": 5.0, "covered": {}}}) == []
+    assert "waiting for the peers' grants" in audit.skipped and audit.windows == 0
+    [found] = audit.observe(
+        reading(20, gated=40, rogue=200), {"pb": {"at": 21.0, "covered": {"gated": 60.0}}}
+    )
+    assert (found.user, found.rpcs, found.start, found.end) == ("rogue", 200, 0, 20)
+    # pb restarted: its cumulative cover began again from 0
+    assert (
+        audit.observe(
+            reading(30, gated=49, rogue=200), {"pb": {"at": 31.0, "covered": {"gated": 9.0}}}
+        )
+        == []
+    )
+
+
+def test_a_daemon_that_is_not_first_keeps_a_baseline_without_judging() -> None:
+    audit = audit_of()
+    audit.follow(reading(0, rogue=0), "audited by pa, the first live daemon")
+    audit.follow(reading(10, rogue=500), "audited by pa, the first live daemon")
+    assert audit.windows == 0 and "audited by pa" in audit.skipped
+    [found] = audit.observe(reading(20, rogue=600))  # pa stopped: this one takes over
+    assert found.rpcs == 100, "from its last baseline, not from the start"

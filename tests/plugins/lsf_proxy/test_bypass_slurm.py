@@ -253,3 +253,40 @@ def test_a_user_who_keeps_going_around_the_gate_is_mailed_once(
     assert mail.rcpt_tos == ("batch-admins@example.org",)
     assert f"{rogue} goes around the gate" in text and "reported only" in text
     assert "diagnose on -c bypass" in text
+
+
+def test_several_daemons_audit_once_with_every_daemons_grants(
+    slurm, start_daemon, sockdir, gridgate_exe
+) -> None:
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "pb.sock")},
+    ]
+    section = {
+        "hosts": hosts,
+        "socket": "",
+        "heartbeat_interval": 1,
+        "bypass": {
+            "scheduler": "slurm",
+            "scheduler_options": {"commands": {"sdiag": real("sdiag")}, "env": dict(slurm.env)},
+            "audit": {"interval": 1, "tolerance": 3},
+        },
+    }
+    pa = start_daemon(section, name="pa", config_name="site.yaml")
+    pb = start_daemon(section, name="pb", config_name="site.yaml")
+    assert until(lambda: status(pa)["bypass"]["windows"] >= 2, timeout=60), pa.log()
+    assert "audited by pa" in status(pb)["bypass"]["skipped"]
+    # the gated user's tokens come from pb only: pa must count them
+    path, _, _ = install_shims(gridgate_exe, sockdir, pb, *SLURM_TOOLS)
+    with real_user("ggpg") as gated, real_user("ggpr") as rogue:
+        for _ in range(20):
+            done = run_as(gated, ["squeue", "-h"], {"PATH": path, **slurm.env})
+            assert done.returncode == 0, done.stderr
+        squeue_loop(rogue, slurm, 40)
+        assert until(lambda: f"proxyd.bypass: {rogue} made" in pa.log(), timeout=60), pa.log()
+        windows = status(pa)["bypass"]["windows"]
+        assert until(lambda: status(pa)["bypass"]["windows"] >= windows + 2, timeout=60)
+        assert f"proxyd.bypass: {gated} made" not in pa.log(), pa.log()
+        assert "proxyd.bypass:" not in "".join(
+            ln for ln in pb.log().splitlines() if " made " in ln
+        ), "one auditor for the service"
