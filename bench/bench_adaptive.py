@@ -1,19 +1,22 @@
-"""What ``proxyd.adaptive`` does to a real slurmctld under a gated squeue flood, against the same
-daemon with a fixed max, in one run (docs/performance.md, "Limits that follow the scheduler").
+"""A fixed query limit against ``proxyd.adaptive``, on a real slurmctld, in one run
+(docs/performance.md, "Limits that follow the scheduler"; issue 33's figure).
 
-A private Slurm cluster with ``--jobs`` pending (held) jobs, so each squeue costs the controller
-real work. Two real ``gridgate lsfproxyd serve`` daemons: ``static`` (``QUERY[max=M]``) and
-``adaptive`` (the same, plus ``adaptive.query`` with ``target_ms``). Phases alternate between
-them, ``--rounds`` times, so load from elsewhere hits both alike. In each phase ``--loops``
-threads of this process each take a query token (the in-process client), run the real squeue,
-give it back, for ``--seconds``. Measured per phase: calls/s, the call's median and p95 (token
-wait included), and slurmctld's own mean REQUEST_JOB_INFO time over the phase (sdiag deltas).
-The target is a multiple of a warm-up phase's controller mean (static daemon): 0.5, a target
-the controller cannot meet (the max falls to its min: what that costs), and 2, one it meets
-(the max should stay at the top: no cost); the figures are ratios adaptive / static.
+The gate bench's shape (bench_slurm.py, whose phases this reuses): a private Slurm cluster with
+``--jobs`` pending (held) jobs; ``--loops`` squeue loops as ``nobody`` and a light user
+(``daemon``) running one squeue a second, both taking query tokens through the in-process
+client (mode ``client``), for ``--seconds`` per phase. Two real ``gridgate lsfproxyd serve``
+daemons: ``fixed`` (``--fixed``, default ``QUERY[max=3 nominal=3 user_max=2]``, the gate
+bench's) and ``adaptive`` (``QUERY[max=32 nominal=32]`` with ``adaptive.query``: target
+``--target-ms``, min 1, max 32, interval 1 s). Phases: ``idle`` (the light user alone), then
+fixed and adaptive alternating ``--rounds`` times, so load from elsewhere hits both alike.
 
-    .venv/bin/python bench/bench_adaptive.py [--loops 16] [--jobs 2000] [--seconds 20]
-        [--rounds 3] [--query-max 16] [--target-ms auto] [--factors 0.5,2] [--json]
+Figures: the light user's gated median over its idle median (goal <= 1.3), and the loops'
+squeue calls/s, adaptive over fixed (goal >= 0.8); beside them slurmctld's own mean
+REQUEST_JOB_INFO time and thread count, and where the adaptive max ended each phase.
+
+    .venv/bin/python bench/bench_adaptive.py [--loops 32] [--jobs 200] [--seconds 20]
+        [--rounds 2] [--target-ms 5] [--max-server-threads N]
+        [--fixed 'QUERY[max=3 nominal=3 user_max=2]'] [--json]
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,18 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gate import _Daemon  # noqa: E402  (the same real token daemon the gate bench uses)
-from bench_slurm import _fill, _sdiag  # noqa: E402
+from bench_slurm import _fill, _phase  # noqa: E402
 
-from gridgate.plugins.slurm.scheduler import parse_sdiag  # noqa: E402
-
-SQUEUE = shutil.which("squeue", path="/usr/bin:/bin") or "/usr/bin/squeue"
 SDIAG = shutil.which("sdiag", path="/usr/bin:/bin") or "/usr/bin/sdiag"
-
-
-def _job_info(cluster: Any) -> tuple[int, float]:
-    """sdiag's cumulative REQUEST_JOB_INFO count and total time (ms), as the daemon reads it."""
-    row = parse_sdiag(_sdiag(cluster)).by_type.get("REQUEST_JOB_INFO")
-    return (row.count, row.total_ms) if row else (0, 0.0)
 
 
 def _status(socket: str) -> dict[str, Any]:
@@ -55,67 +48,14 @@ def _status(socket: str) -> dict[str, Any]:
     return dict((reply.reply or {})["status"])
 
 
-def _phase(cluster: Any, socket: str, loops: int, seconds: float) -> dict[str, Any]:
-    import subprocess
-
-    from loguru import logger
-
-    from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
-
-    logger.remove()
-    client = ProxyClient([Daemon("proxyd", socket)], backoff=(0.01, 0.2))
-    env = cluster.client_env()
-    latencies: list[list[float]] = [[] for _ in range(loops)]
-    stop = time.monotonic() + seconds
-
-    def loop(index: int) -> None:
-        while time.monotonic() < stop:
-            started = time.monotonic()
-            with client.acquire("query", "squeue"):
-                subprocess.run(
-                    [SQUEUE, "-h"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-                )
-            latencies[index].append(time.monotonic() - started)
-
-    samples: list[float] = []
-
-    def sample() -> None:  # the controller's own thread count, twice a second
-        while time.monotonic() < stop:
-            threads_now = parse_sdiag(_sdiag(cluster)).load.get("server_threads")
-            if threads_now is not None:
-                samples.append(threads_now)
-            time.sleep(0.5)
-
-    before = _job_info(cluster)
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(loops)]
-    threads.append(threading.Thread(target=sample))
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    after = _job_info(cluster)
-    client.close()
-    flat = sorted(x for one in latencies for x in one)
-    served = after[0] - before[0]
-    return {
-        "calls_per_s": round(len(flat) / seconds, 1),
-        "call_median_ms": round(statistics.median(flat) * 1000, 1) if flat else None,
-        "call_p95_ms": round(flat[int(len(flat) * 0.95) - 1] * 1000, 1) if flat else None,
-        "controller_job_info_ms": round((after[1] - before[1]) / served, 3) if served else None,
-        "controller_job_info_rpcs": served,
-        "server_threads_median": statistics.median(samples) if samples else None,
-        "server_threads_max": max(samples) if samples else None,
-    }
-
-
 def bench(
     loops: int,
     jobs: int,
     seconds: float,
     rounds: int,
-    query_max: int,
-    target: float | None,
-    factor: float,
+    target: float,
+    fixed: str,
+    max_threads: int | None = None,
 ) -> dict[str, Any]:
     from gridgate.plugins.slurm.cluster import SlurmCluster
 
@@ -127,19 +67,16 @@ def bench(
     try:
         with SlurmCluster(folder / "cluster", extra_conf=[f"MaxJobCount={jobs * 2 + 1000}"]) as c:
             _fill(c, jobs)
-            policy = f"QUERY[max={query_max} nominal={query_max}]"
-            (folder / "static").mkdir()
-            static = _Daemon(folder / "static", {"policies": policy, "token_wait_time": 600})
-            try:
-                warm = _phase(c, static.socket, loops, seconds)
-                if target is None:
-                    target = round((warm["controller_job_info_ms"] or 1.0) * factor, 3)
-                (folder / "adaptive").mkdir()
-                adaptive = _Daemon(
+            common = {"token_wait_time": 600}
+            (folder / "fixed").mkdir(mode=0o755)
+            (folder / "adaptive").mkdir(mode=0o755)
+            daemons = {
+                "fixed": _Daemon(folder / "fixed", {**common, "policies": fixed}),
+                "adaptive": _Daemon(
                     folder / "adaptive",
                     {
-                        "policies": policy,
-                        "token_wait_time": 600,
+                        **common,
+                        "policies": "QUERY[max=32 nominal=32]",
                         "bypass": {
                             "scheduler_options": {"commands": {"sdiag": SDIAG}, "env": c.env}
                         },
@@ -147,49 +84,64 @@ def bench(
                             "query": {
                                 "target_ms": target,
                                 "min": 1,
-                                "max": query_max,
+                                "max": 32,
                                 "interval": 1,
+                                "max_server_threads": max_threads,
                             }
                         },
                     },
-                )
-                try:
-                    for index in range(rounds):
-                        for name, daemon in (("static", static), ("adaptive", adaptive)):
-                            row = {"round": index, "daemon": name}
-                            row.update(_phase(c, daemon.socket, loops, seconds))
-                            if name == "adaptive":
-                                seen = _status(daemon.socket)
-                                row["query_max_at_end"] = seen["categories"]["query"]["token_limit"]
-                            rows.append(row)
-                            print(json.dumps(row), file=sys.stderr, flush=True)
-                finally:
-                    adaptive.stop()
+                ),
+            }
+            for daemon in daemons.values():
+                Path(daemon.socket).chmod(0o666)
+            try:
+                shims = folder / "no-shims"  # mode client: the in-process token client
+                idle = _phase(c, "idle", loops, seconds, daemons["fixed"].socket, shims)
+                rows.append({"daemon": "-", **idle})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                for index in range(rounds):
+                    for name, daemon in daemons.items():
+                        row: dict[str, Any] = {"daemon": name, "round": index}
+                        row.update(_phase(c, "client", loops, seconds, daemon.socket, shims))
+                        seen = _status(daemon.socket)
+                        row["query_max_at_end"] = seen["categories"]["query"]["token_limit"]
+                        if name == "adaptive":
+                            row["adaptive_last"] = seen["adaptive"]["query"]["last"]
+                        rows.append(row)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
             finally:
-                static.stop()
+                for daemon in daemons.values():
+                    daemon.stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
     def median(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in rows if r["daemon"] == name and r[key])
+        return float(statistics.median(r[key] for r in rows if r["daemon"] == name))
 
+    idle_ms = rows[0]["light_median_ms"]
     return {
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "loops": loops,
         "pending_jobs": jobs,
         "seconds_per_phase": seconds,
         "rounds": rounds,
-        "query_max": query_max,
+        "fixed": fixed,
         "target_ms": target,
-        "target_factor_of_warm_up": factor,
-        "warm_up": warm,
+        "max_server_threads": max_threads,
         "cpus": os.cpu_count(),
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
         "rows": rows,
-        "ratios_adaptive_over_static": {
-            key: round(median("adaptive", key) / median("static", key), 3)
-            for key in ("controller_job_info_ms", "calls_per_s", "call_median_ms", "call_p95_ms")
+        "figures": {
+            "light_gated_over_idle": {
+                name: round(median(name, "light_median_ms") / idle_ms, 2)
+                for name in ("fixed", "adaptive")
+            },
+            "light_gated_over_idle_goal": 1.3,
+            "loops_adaptive_over_fixed": round(
+                median("adaptive", "loop_calls_per_s") / median("fixed", "loop_calls_per_s"), 3
+            ),
+            "loops_adaptive_over_fixed_goal": 0.8,
         },
     }
 
@@ -198,27 +150,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--loops", type=int, default=16)
-    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--loops", type=int, default=32)
+    parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--query-max", type=int, default=16)
-    parser.add_argument("--target-ms", default="auto")
-    parser.add_argument(
-        "--factors",
-        default="0.5,2",
-        help="with --target-ms auto: targets as these multiples of the warm-up's controller "
-        "mean, one run each (default 0.5,2: one the controller cannot meet, one it meets)",
-    )
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--target-ms", type=float, default=5.0)
+    parser.add_argument("--fixed", default="QUERY[max=3 nominal=3 user_max=2]")
+    parser.add_argument("--max-server-threads", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    target = None if args.target_ms == "auto" else float(args.target_ms)
-    factors = [float(f) for f in args.factors.split(",")] if target is None else [1.0]
-    results = [
-        bench(args.loops, args.jobs, args.seconds, args.rounds, args.query_max, target, factor)
-        for factor in factors
-    ]
-    print(json.dumps(results, indent=None if args.json else 2))
+    result = bench(
+        args.loops,
+        args.jobs,
+        args.seconds,
+        args.rounds,
+        args.target_ms,
+        args.fixed,
+        args.max_server_threads,
+    )
+    print(json.dumps(result, indent=None if args.json else 2))
 
 
 if __name__ == "__main__":

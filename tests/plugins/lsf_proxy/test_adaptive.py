@@ -144,3 +144,60 @@ def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daem
     last = seen["adaptive"]["query"]["last"]
     assert last["after"] == 2 and "slow" in last["reason"] and last["latency_ms"] > target_ms
     assert "proxyd.adaptive: query max 12 -> 9" in daemon.log()
+
+
+def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
+    slurm, start_daemon
+) -> None:
+    sdiag = shutil.which("sdiag", path="/usr/bin:/bin")
+    squeue = shutil.which("squeue", path="/usr/bin:/bin")
+    daemon = start_daemon(
+        {
+            "policies": "QUERY[max=16 nominal=16]",
+            "bypass": {"scheduler_options": {"commands": {"sdiag": sdiag}, "env": slurm.env}},
+            "adaptive": {
+                # the controller's thread count is the signal here: idle it runs 3 threads,
+                # under a dozen parallel squeue loops many more
+                "query": {
+                    "target_ms": 100000,
+                    "min": 2,
+                    "max": 12,
+                    "interval": 1,
+                    "min_requests": 1,
+                    "max_server_threads": 4,
+                }
+            },
+        }
+    )
+
+    def limit() -> int:
+        return status(daemon)["adaptive"]["query"]["limit"]
+
+    def flood(stop: threading.Event) -> None:
+        while not stop.is_set():
+            subprocess.run([squeue, "-h"], capture_output=True, env=slurm.client_env(), timeout=60)
+
+    heavy = threading.Event()
+    workers = [threading.Thread(target=flood, args=(heavy,), daemon=True) for _ in range(12)]
+    for worker in workers:
+        worker.start()
+    try:
+        assert until(lambda: limit() <= 4, timeout=90), status(daemon)["adaptive"]
+    finally:
+        heavy.set()
+        for worker in workers:
+            worker.join(60)
+    low = limit()
+    assert low >= 2, "never below min"
+    light = threading.Event()
+    one = threading.Thread(target=flood, args=(light,), daemon=True)  # one caller at a time
+    one.start()
+    try:
+        assert until(lambda: limit() >= low + 3, timeout=90), status(daemon)["adaptive"]
+        assert until(lambda: limit() == 12, timeout=90), "back to max, never above it"
+    finally:
+        light.set()
+        one.join(60)
+    decisions = status(daemon)["adaptive"]["query"]["decisions"]
+    assert all(d["after"] <= 12 for d in decisions)
+    assert "server threads" in daemon.log() and "within the target" in daemon.log()
