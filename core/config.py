@@ -48,6 +48,7 @@ __all__ = [
     "ConfigProblem",
     "apply_defaults",
     "load_config",
+    "resolve_paths",
 ]
 
 
@@ -157,11 +158,20 @@ def resolve_path(value: str, folder: Path, how: Any = True) -> str:
 
 def resolve_paths(instance: Any, schema: Mapping[str, Any], folder: Path) -> Any:
     """Make the path-valued values of ``instance`` (those whose schema carries
-    :data:`PATH_KEYWORD`) relative to ``folder``; ``instance`` is changed in place and
+    ``x-gridgate-path``) relative to ``folder``; ``instance`` is changed in place and
     returned. Idempotent, so defaults filled later can be resolved by a second call.
 
+    The config loader does this for every section it knows; a plugin that takes another
+    plugin's settings inside its own (``proxyd.bypass.scheduler_options``) calls it with that
+    plugin's schema and the config file's folder.
+
     Call it on a document that validates: of a ``oneOf``/``anyOf`` only the branches the
-    value matches are followed."""
+    value matches are followed.
+
+    :param instance: the settings (a mapping, list or value) as written, defaults filled or not.
+    :param schema: their JSON Schema, whose path-valued keys carry ``x-gridgate-path``.
+    :param folder: where relative paths are taken from (the config file's folder).
+    """
     if not isinstance(schema, Mapping):
         return instance
     how = schema.get(PATH_KEYWORD)

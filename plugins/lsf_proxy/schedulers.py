@@ -16,7 +16,7 @@ import jsonschema
 import pluggy
 
 from gridgate.core import hookspecs
-from gridgate.core.config import apply_defaults
+from gridgate.core.config import apply_defaults, resolve_paths
 from gridgate.core.plugins import SCHEDULERS_GROUP, PluginContext, PluginLoadError, load_class
 
 __all__ = ["config_problems", "load_scheduler", "option_problems", "scheduler_class"]
@@ -25,9 +25,12 @@ __all__ = ["config_problems", "load_scheduler", "option_problems", "scheduler_cl
 PROJECT = "gridgate"
 
 
-def load_scheduler(name: str, options: Mapping[str, Any], state_dir: Path) -> pluggy.PluginManager:
+def load_scheduler(
+    name: str, options: Mapping[str, Any], state_dir: Path, config_folder: Path | None = None
+) -> pluggy.PluginManager:
     """A plugin manager holding the ``gridgate.schedulers`` plugin ``name``, built with its
-    filled options.
+    filled options, their paths taken from ``config_folder`` (the config file's folder; the
+    working directory when None) as the loader does for every section.
 
     :raises ValueError: no such plugin, or its options are wrong (the message says which).
     """
@@ -38,6 +41,7 @@ def load_scheduler(name: str, options: Mapping[str, Any], state_dir: Path) -> pl
         raise ValueError(f"proxyd.bypass.scheduler_options{where}: {message}")
     filled = json.loads(json.dumps(dict(options)))
     apply_defaults(filled, cls.config_schema)
+    resolve_paths(filled, cls.config_schema, config_folder or Path.cwd())
     manager = pluggy.PluginManager(PROJECT)
     manager.add_hookspecs(hookspecs)
     manager.register(cls(filled, PluginContext(state_dir=state_dir)), name=f"scheduler.{name}")

@@ -170,6 +170,7 @@ class SlurmScheduler(Plugin):
                     name: {
                         "type": "string",
                         "minLength": 1,
+                        "x-gridgate-path": "command",
                         "default": name,
                         "description": f"The {what} command.",
                     }

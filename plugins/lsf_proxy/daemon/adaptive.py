@@ -207,6 +207,7 @@ class AdaptiveLimits:
         folder: Path,
         changed: Any,
         manager: Any = None,
+        config_folder: Path | None = None,
     ) -> None:
         entries = section.get("adaptive") or {}
         self.limits = {
@@ -217,7 +218,7 @@ class AdaptiveLimits:
         sources = {lim.settings.source for lim in self.limits.values()}
         self.scheduler = bypass.get("scheduler") or ADAPTIVE_SOURCES[sorted(sources)[0]]
         self.manager = manager or load_scheduler(
-            self.scheduler, bypass.get("scheduler_options") or {}, folder
+            self.scheduler, bypass.get("scheduler_options") or {}, folder, config_folder
         )
         self.timeout = float((bypass.get("audit") or {}).get("timeout", 10))
         self.changed = changed

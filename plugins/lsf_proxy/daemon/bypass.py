@@ -332,7 +332,10 @@ class BypassWatch:
         #: who is told after ``notify_after`` windows in a row (the config's notifiers)
         self.notifiers = notifiers
         self.settings = settings
-        self.manager = load_scheduler(settings.scheduler, settings.options, folder)
+        config = getattr(daemon, "config_path", None)
+        self.manager = load_scheduler(
+            settings.scheduler, settings.options, folder, config.parent if config else None
+        )
         self.audit = BypassAudit(settings, self.exempt)
         self.acting = Acting(folder / f"bypass.{daemon.name}.json")
         self.trace = RequestTrace(self)

@@ -5,6 +5,7 @@ gate, and who never is (a token's cover carried into the next window, a restart,
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import prometheus_client
 import pytest
@@ -14,7 +15,7 @@ from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA, resolve_policies
 from gridgate.plugins.lsf_proxy.daemon.bypass import BypassAudit, BypassSettings, bypass_line
 from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
 from gridgate.plugins.lsf_proxy.daemon.policy import PolicySettings, Token, TokenPolicy
-from gridgate.plugins.lsf_proxy.schedulers import config_problems
+from gridgate.plugins.lsf_proxy.schedulers import config_problems, load_scheduler
 
 _ids = itertools.count(1)
 
@@ -184,3 +185,11 @@ def test_a_daemon_that_is_not_first_keeps_a_baseline_without_judging() -> None:
     assert audit.windows == 0 and "audited by pa" in audit.skipped
     [found] = audit.observe(reading(20, rogue=600))  # pa stopped: this one takes over
     assert found.rpcs == 100, "from its last baseline, not from the start"
+
+
+def test_the_schedulers_command_paths_are_taken_from_the_config_files_folder(tmp_path) -> None:
+    manager = load_scheduler(
+        "slurm", {"commands": {"sdiag": "bin/sdiag"}}, tmp_path, Path("/etc/gridgate")
+    )
+    [plugin] = [p for p in manager.get_plugins() if getattr(p, "name", "") == "slurm"]
+    assert plugin.config["commands"] == {"sdiag": "/etc/gridgate/bin/sdiag", "scontrol": "scontrol"}
