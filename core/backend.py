@@ -64,6 +64,7 @@ __all__ = [
     "NOT_TRIED",
     "Outages",
     "command_timeout_schema",
+    "commands_schema",
     "env_schema",
     "not_tried",
     "resource_gaps",
@@ -133,6 +134,31 @@ def env_schema(
         "additionalProperties": {"type": "string"},
         "default": {},
         "description": description,
+    }
+
+
+def commands_schema(description: str, commands: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The schema of a section's ``commands``: each a name looked up on PATH or a path from the
+    config file's folder, defaulting to its own name.
+
+    :param description: the section's sentence for it (the configuration reference shows it).
+    :param commands: (name, what it does) per command: ``("sbatch", "submit")``.
+    """
+    return {
+        "type": "object",
+        "default": {},
+        "additionalProperties": False,
+        "description": description,
+        "properties": {
+            name: {
+                "type": "string",
+                "minLength": 1,
+                "x-gridgate-path": "command",
+                "default": name,
+                "description": f"The {what} command.",
+            }
+            for name, what in commands
+        },
     }
 
 

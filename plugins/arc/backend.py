@@ -38,7 +38,13 @@ from urllib.parse import urlsplit
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
+from gridgate.core.backend import (
+    Backend,
+    Deadline,
+    command_timeout_schema,
+    commands_schema,
+    env_schema,
+)
 from gridgate.core.files import atomic_write, ensure_private_dir
 from gridgate.core.kinds import failure
 from gridgate.core.model import (
@@ -304,23 +310,10 @@ class ArcBackend(Backend):
                 "default": 1000,
                 "description": "Bytes of a failed pilot's stderr kept (its end).",
             },
-            "commands": {
-                "type": "object",
-                "default": {},
-                "additionalProperties": False,
-                "description": "Names (looked up on PATH) or paths of the ARC client "
-                "commands (`interface: cli`).",
-                "properties": {
-                    name: {
-                        "type": "string",
-                        "minLength": 1,
-                        "x-gridgate-path": "command",
-                        "default": name,
-                        "description": f"The {what} command.",
-                    }
-                    for name, what in COMMANDS
-                },
-            },
+            "commands": commands_schema(
+                "Names (looked up on PATH) or paths of the ARC client commands (`interface: cli`).",
+                COMMANDS,
+            ),
             "command_timeout": command_timeout_schema(
                 "Seconds; replaces the director's limit for "
                 "these commands (or for each hook call's REST calls together) when set "

@@ -209,11 +209,18 @@ BYPASS_SCHEMA["properties"]["audit"]["default"] = {
 BYPASS_SCHEMA["default"] = {k: v["default"] for k, v in BYPASS_SCHEMA["properties"].items()}
 
 
+def filled(schema: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``given`` (a mapping as written, or already filled) over its schema's top-level
+    defaults: code that may get a section the loader did not fill reads every key from it."""
+    defaults = {k: v["default"] for k, v in schema["properties"].items() if "default" in v}
+    return {**copy.deepcopy(defaults), **(given or {})}
+
+
 #: ``proxyd.adaptive.<category>.source``: what each source reads, through which scheduler
 #: plugin (its options are ``proxyd.bypass.scheduler_options``).
 ADAPTIVE_SOURCES = {"sdiag": "slurm"}
 
-_ADAPTIVE: dict[str, Any] = {
+ADAPTIVE_ENTRY: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "description": "Lower the category's max while the controller is slow, raise it again "
@@ -287,7 +294,7 @@ ADAPTIVE_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "description": "Limits that follow the scheduler: per category, a max the daemon "
     "lowers and raises from the controller's own latency.",
-    "properties": {c: _ADAPTIVE for c in CATEGORIES},
+    "properties": {c: ADAPTIVE_ENTRY for c in CATEGORIES},
 }
 
 

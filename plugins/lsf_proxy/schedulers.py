@@ -8,9 +8,9 @@ At the plugin's top level, beside config.py, so that the ``proxyd:`` section's c
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import jsonschema
 import pluggy
@@ -19,10 +19,12 @@ from gridgate.core import hookspecs
 from gridgate.core.config import apply_defaults, resolve_paths
 from gridgate.core.plugins import SCHEDULERS_GROUP, PluginContext, PluginLoadError, load_class
 
-__all__ = ["config_problems", "load_scheduler", "option_problems", "scheduler_class"]
+__all__ = ["ask", "config_problems", "load_scheduler", "option_problems", "scheduler_class"]
 
 #: The hooks' project name (gridgate's own hookspecs and ``@hookimpl``).
 PROJECT = "gridgate"
+
+T = TypeVar("T")
 
 
 def load_scheduler(
@@ -38,7 +40,8 @@ def load_scheduler(
     problems = option_problems(cls, options)
     if problems:
         where, message = problems[0]
-        raise ValueError(f"proxyd.bypass.scheduler_options{where}: {message}")
+        path = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in where)
+        raise ValueError(f"proxyd.bypass.scheduler_options{path}: {message}")
     filled = json.loads(json.dumps(dict(options)))
     apply_defaults(filled, cls.config_schema)
     resolve_paths(filled, cls.config_schema, config_folder or Path.cwd())
@@ -70,22 +73,26 @@ def config_problems(bypass: Mapping[str, Any]) -> list[tuple[tuple[str | int, ..
         cls = scheduler_class(str(name))
     except ValueError as exc:
         return [(("bypass", "scheduler"), str(exc))]
-    out: list[tuple[tuple[str | int, ...], str]] = []
-    validator = _validator(cls)
-    for error in validator.iter_errors(dict(bypass.get("scheduler_options") or {})):
-        out.append((("bypass", "scheduler_options", *error.path), error.message))
-    return out
+    return [
+        (("bypass", "scheduler_options", *where), message)
+        for where, message in option_problems(cls, bypass.get("scheduler_options") or {})
+    ]
 
 
-def _validator(cls: Any) -> Any:
-    return jsonschema.Draft202012Validator(cls.config_schema)
+def option_problems(
+    cls: Any, options: Mapping[str, Any]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """What is wrong with ``options`` for scheduler plugin ``cls``: (key path, message)."""
+    validator = jsonschema.Draft202012Validator(cls.config_schema)
+    errors = sorted(validator.iter_errors(dict(options)), key=lambda e: list(e.path))
+    return [(tuple(error.path), error.message) for error in errors]
 
 
-def option_problems(cls: Any, options: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """What is wrong with ``options`` for scheduler plugin ``cls``: (".key.path", message)."""
-    validator = _validator(cls)
-    out = []
-    for error in sorted(validator.iter_errors(dict(options)), key=lambda e: list(e.path)):
-        where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.path)
-        out.append((where, error.message))
-    return out
+def ask(manager: pluggy.PluginManager, hook: str, failed: Callable[[str], T], **kwargs: Any) -> T:
+    """The answer of scheduler hook ``hook`` (blocking: call it in a thread), or ``failed(why)``
+    when no plugin answered or one raised: a plugin's bug must not end the daemon's loops."""
+    try:
+        answer = getattr(manager.hook, hook)(**kwargs)
+    except Exception as exc:
+        return failed(repr(exc))
+    return failed("no plugin answered for it") if answer is None else cast(T, answer)

@@ -10,8 +10,10 @@ from typing import Any, ClassVar
 
 from gridgate.core.plugins import ConfigProblems, Plugin
 from gridgate.plugins.lsf_proxy.config import (
+    ADAPTIVE_ENTRY,
     SECTION_SCHEMA,
     PolicyError,
+    filled,
     parse_tcp,
     resolve_policies,
 )
@@ -60,11 +62,12 @@ class ProxydSection(Plugin):
                 )
         problems += config_problems(section.get("bypass") or {})
         for category, entry in (section.get("adaptive") or {}).items():
-            if int(entry.get("min", 1)) > int(entry.get("max", 32)):
+            given = filled(ADAPTIVE_ENTRY, entry)
+            if given["min"] > given["max"]:
                 problems.append(
                     (
                         ("adaptive", category, "min"),
-                        f"min ({entry.get('min')}) must not exceed max ({entry.get('max', 32)})",
+                        f"min ({given['min']}) must not exceed max ({given['max']})",
                     )
                 )
         if section.get("tcp"):

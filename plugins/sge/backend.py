@@ -24,6 +24,7 @@ from gridgate.core.backend import (
     Deadline,
     Outages,
     command_timeout_schema,
+    commands_schema,
     env_schema,
     not_tried,
 )
@@ -244,22 +245,9 @@ class SgeBackend(Backend):
                 "The others are looked up at the next polls; 0: none (finished jobs go "
                 "unknown, then lost).",
             },
-            "commands": {
-                "type": "object",
-                "default": {},
-                "additionalProperties": False,
-                "description": "Names (looked up on PATH) or paths of the Grid Engine commands.",
-                "properties": {
-                    name: {
-                        "type": "string",
-                        "minLength": 1,
-                        "default": name,
-                        "x-gridgate-path": "command",
-                        "description": f"The {what} command.",
-                    }
-                    for name, what in COMMANDS
-                },
-            },
+            "commands": commands_schema(
+                "Names (looked up on PATH) or paths of the Grid Engine commands.", COMMANDS
+            ),
             "command_timeout": command_timeout_schema(
                 "Seconds; replaces the director's limit for these commands when set. One "
                 "poll's qstat, qstat -j and qacct calls share it."

@@ -26,6 +26,7 @@ from gridgate.core.backend import (
     Backend,
     Outages,
     command_timeout_schema,
+    commands_schema,
     env_schema,
     not_tried,
 )
@@ -287,26 +288,14 @@ class SlurmBackend(Backend):
                 "description": "Pilots per sbatch; > 1 submits a job array (--array=0-N-1), "
                 "one job id per pilot (`<id>_<index>`).",
             },
-            "commands": {
-                "type": "object",
-                "default": {},
-                "additionalProperties": False,
-                "description": "Names (looked up on PATH) or paths of the Slurm commands.",
-                "properties": {
-                    name: {
-                        "type": "string",
-                        "minLength": 1,
-                        "x-gridgate-path": "command",
-                        "default": name,
-                        "description": f"The {what} command.",
-                    }
-                    for name, what in (
-                        ("sbatch", "submit"),
-                        ("squeue", "status"),
-                        ("scancel", "cancel"),
-                    )
-                },
-            },
+            "commands": commands_schema(
+                "Names (looked up on PATH) or paths of the Slurm commands.",
+                (
+                    ("sbatch", "submit"),
+                    ("squeue", "status"),
+                    ("scancel", "cancel"),
+                ),
+            ),
             "command_timeout": command_timeout_schema(
                 "Seconds; replaces the director's limit for "
                 "these commands when set. Slurm's clients "

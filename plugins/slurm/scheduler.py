@@ -17,12 +17,13 @@ import os
 import pwd
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
-from gridgate.core.backend import env_schema
+from gridgate.core.backend import commands_schema, env_schema
 from gridgate.core.files import atomic_write, file_problem
 from gridgate.core.model import (
     CommandResult,
@@ -161,22 +162,10 @@ class SlurmScheduler(Plugin):
         "type": "object",
         "description": "The Slurm controller the token daemon audits and paces.",
         "properties": {
-            "commands": {
-                "type": "object",
-                "default": {},
-                "additionalProperties": False,
-                "description": "Names (looked up on PATH) or absolute paths of the Slurm commands.",
-                "properties": {
-                    name: {
-                        "type": "string",
-                        "minLength": 1,
-                        "x-gridgate-path": "command",
-                        "default": name,
-                        "description": f"The {what} command.",
-                    }
-                    for name, what in (("sdiag", "statistics"), ("scontrol", "partition"))
-                },
-            },
+            "commands": commands_schema(
+                "Names (looked up on PATH) or paths of the Slurm commands.",
+                (("sdiag", "statistics"), ("scontrol", "partition")),
+            ),
             "env": env_schema("Extra environment variables for the commands (SLURM_CONF)."),
             "partitions": {
                 "type": "array",
@@ -225,18 +214,7 @@ class SlurmScheduler(Plugin):
             return SchedulerRPCs(
                 self.name, ok=False, message=f"sdiag {result.describe()}: {detail}", command=result
             )
-        rpcs = parse_sdiag(result.stdout)
-        return SchedulerRPCs(
-            self.name,
-            ok=rpcs.ok,
-            taken=rpcs.taken,
-            since=rpcs.since,
-            by_user=rpcs.by_user,
-            by_type=rpcs.by_type,
-            load=rpcs.load,
-            message=rpcs.message,
-            command=result,
-        )
+        return replace(parse_sdiag(result.stdout), command=result)
 
     # --- deny_partition ---------------------------------------------------------------------
 

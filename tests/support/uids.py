@@ -7,8 +7,9 @@ import contextlib
 import pwd
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
+
+from support.polling import until
 
 #: argv prefix: ``[*AS_NOBODY, program, ...]`` runs ``program`` as nobody:nogroup with no
 #: supplementary groups (util-linux setpriv; no shell involved).
@@ -47,13 +48,16 @@ def real_user(prefix: str = "ggt", group: str | None = None) -> Iterator[str]:
 
 
 def _retried(argv: list[str], check: bool = True) -> int:
-    """``argv``, again while another worker holds the lock of /etc/passwd (exit 10); its
-    exit status."""
-    for _ in range(50):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        if done.returncode != 10:
-            break
-        time.sleep(0.2)
+    """``argv``, again while another worker's useradd holds the lock of /etc/passwd (exit 10):
+    a real lock of a real process, polled with the suite's poller; its exit status."""
+    runs: list[subprocess.CompletedProcess[str]] = []
+
+    def unlocked() -> bool:
+        runs.append(subprocess.run(argv, capture_output=True, text=True, timeout=60))
+        return runs[-1].returncode != 10
+
+    until(unlocked, timeout=10, pause=0.2)
+    done = runs[-1]
     if check and done.returncode != 0:
         raise AssertionError(f"{argv} failed: {done.stderr}")
     return done.returncode

@@ -480,7 +480,7 @@ class RestPath:
         for pause in LOST_LOOKS:
             if pause and deadline.left() <= pause + 1.0:
                 break
-            time.sleep(pause)
+            self.context.clock.sleep(pause)
             found = self.find_by_name(client, set(names), deadline)
             if found is None or len(found) == len(names):
                 break

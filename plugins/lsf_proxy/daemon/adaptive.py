@@ -34,8 +34,14 @@ from loguru import logger
 from gridgate.core.model import SchedulerRPCs
 from gridgate.core.patterns import clip
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, QUERY
-from gridgate.plugins.lsf_proxy.config import ADAPTIVE_SOURCES, Limits
-from gridgate.plugins.lsf_proxy.schedulers import load_scheduler
+from gridgate.plugins.lsf_proxy.config import (
+    ADAPTIVE_ENTRY,
+    ADAPTIVE_SOURCES,
+    BYPASS_SCHEMA,
+    Limits,
+    filled,
+)
+from gridgate.plugins.lsf_proxy.schedulers import ask, load_scheduler
 
 #: RPC types a category's commands make beyond their own opcode (squeue also asks for the
 #: partitions, measured on 22.05).
@@ -69,18 +75,19 @@ class AdaptiveSettings:
 
     @classmethod
     def from_entry(cls, category: str, entry: Mapping[str, Any]) -> AdaptiveSettings:
+        given = filled(ADAPTIVE_ENTRY, entry)
         return cls(
             category=category,
-            source=str(entry.get("source", "sdiag")),
-            target_ms=float(entry.get("target_ms", 50)),
-            low=int(entry.get("min", 1)),
-            high=int(entry.get("max", 32)),
-            interval=float(entry.get("interval", 5)),
-            rpc_types=tuple(entry.get("rpc_types") or category_types(category)),
-            min_requests=int(entry.get("min_requests", 5)),
-            backoff=float(entry.get("backoff", 0.75)),
-            max_server_threads=entry.get("max_server_threads"),
-            max_agent_queue=entry.get("max_agent_queue"),
+            source=str(given["source"]),
+            target_ms=float(given["target_ms"]),
+            low=int(given["min"]),
+            high=int(given["max"]),
+            interval=float(given["interval"]),
+            rpc_types=tuple(given["rpc_types"] or category_types(category)),
+            min_requests=int(given["min_requests"]),
+            backoff=float(given["backoff"]),
+            max_server_threads=given["max_server_threads"],
+            max_agent_queue=given["max_agent_queue"],
         )
 
 
@@ -214,13 +221,15 @@ class AdaptiveLimits:
             c: AdaptiveLimit(AdaptiveSettings.from_entry(c, e), ceilings[c].max)
             for c, e in entries.items()
         }
-        bypass = section.get("bypass") or {}
+        bypass = filled(BYPASS_SCHEMA, section.get("bypass"))
         sources = {lim.settings.source for lim in self.limits.values()}
-        self.scheduler = bypass.get("scheduler") or ADAPTIVE_SOURCES[sorted(sources)[0]]
+        self.scheduler = bypass["scheduler"] or ADAPTIVE_SOURCES[sorted(sources)[0]]
         self.manager = manager or load_scheduler(
-            self.scheduler, bypass.get("scheduler_options") or {}, folder, config_folder
+            self.scheduler, bypass["scheduler_options"], folder, config_folder
         )
-        self.timeout = float((bypass.get("audit") or {}).get("timeout", 10))
+        self.timeout = float(
+            filled(BYPASS_SCHEMA["properties"]["audit"], bypass["audit"])["timeout"]
+        )
         self.changed = changed
         self.problem = ""
 
@@ -236,13 +245,14 @@ class AdaptiveLimits:
         return out
 
     def read(self) -> SchedulerRPCs:
-        try:
-            answer = self.manager.hook.gridgate_scheduler_rpcs(
-                scheduler=self.scheduler, timeout=self.timeout
-            )
-        except Exception as exc:  # a plugin's bug must not end the loop
-            return SchedulerRPCs(self.scheduler, ok=False, message=f"{exc!r}")
-        return answer or SchedulerRPCs(self.scheduler, ok=False, message="no plugin answered")
+        name = self.scheduler
+        return ask(
+            self.manager,
+            "gridgate_scheduler_rpcs",
+            lambda why: SchedulerRPCs(name, ok=False, message=why),
+            scheduler=name,
+            timeout=self.timeout,
+        )
 
     def decide(self, reading: SchedulerRPCs, due: set[str], at: float) -> list[str]:
         """Feed ``reading`` to the categories ``due`` now; the log lines of the changes."""

@@ -40,19 +40,12 @@ from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
 from gridgate.core.patterns import clip
 from gridgate.core.text import parse_json, printable
 from gridgate.plugins.lsf_proxy.commands import COMMAND_OPCODES
-from gridgate.plugins.lsf_proxy.config import BYPASS_COSTS, BYPASS_SCHEMA, duration
-from gridgate.plugins.lsf_proxy.daemon.bypass_trace import RequestTrace, stamp
-from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field
+from gridgate.plugins.lsf_proxy.config import BYPASS_COSTS, BYPASS_SCHEMA, duration, filled
+from gridgate.plugins.lsf_proxy.daemon.bypass_trace import RequestTrace
+from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field, stamp
 from gridgate.plugins.lsf_proxy.daemon.notify import DaemonNotifiers
 from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule, Token
-from gridgate.plugins.lsf_proxy.schedulers import load_scheduler
-
-
-def _default(key: str, *inner: str) -> Any:
-    spec = BYPASS_SCHEMA["properties"][key]
-    for name in inner:
-        spec = spec["properties"][name]
-    return spec["default"]
+from gridgate.plugins.lsf_proxy.schedulers import ask, load_scheduler
 
 
 @dataclass(frozen=True)
@@ -74,26 +67,25 @@ class BypassSettings:
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> BypassSettings | None:
         """The settings, or None when no scheduler is named (no audit)."""
-        given = section.get("bypass") or {}
-        scheduler = given.get("scheduler")
-        if not scheduler:
+        given = filled(BYPASS_SCHEMA, section.get("bypass"))
+        if not given["scheduler"]:
             return None
-        audit = given.get("audit") or {}
+        audit = filled(BYPASS_SCHEMA["properties"]["audit"], given["audit"])
         costs = dict(BYPASS_COSTS)
-        for name, cost in (audit.get("costs") or {}).items():
+        for name, cost in audit["costs"].items():
             costs[COMMAND_OPCODES.get(name, name)] = float(cost)  # a command names its opcode
         return cls(
-            scheduler=str(scheduler),
-            options=dict(given.get("scheduler_options") or {}),
-            interval=float(audit.get("interval", _default("audit", "interval"))),
+            scheduler=str(given["scheduler"]),
+            options=dict(given["scheduler_options"]),
+            interval=float(audit["interval"]),
             costs=costs,
-            default_cost=float(audit.get("default_cost", _default("audit", "default_cost"))),
-            tolerance=float(audit.get("tolerance", _default("audit", "tolerance"))),
-            timeout=float(audit.get("timeout", _default("audit", "timeout"))),
-            action=str(given.get("action", _default("action"))),
-            hold=duration(given.get("for", _default("for"))),
-            notify_after=int(given.get("notify_after", _default("notify_after"))),
-            exempt=frozenset(given.get("exempt", _default("exempt"))),
+            default_cost=float(audit["default_cost"]),
+            tolerance=float(audit["tolerance"]),
+            timeout=float(audit["timeout"]),
+            action=str(given["action"]),
+            hold=duration(given["for"]),
+            notify_after=int(given["notify_after"]),
+            exempt=frozenset(given["exempt"]),
         )
 
     def cost(self, opcode: str) -> float:
@@ -327,13 +319,15 @@ class BypassWatch:
         settings: BypassSettings,
         folder: Path,
         notifiers: DaemonNotifiers | None = None,
+        manager: Any = None,
     ) -> None:
         self.daemon = daemon
         #: who is told after ``notify_after`` windows in a row (the config's notifiers)
         self.notifiers = notifiers
         self.settings = settings
         config = getattr(daemon, "config_path", None)
-        self.manager = load_scheduler(
+        #: the scheduler plugin (the adaptive limits' when they read the same one)
+        self.manager = manager or load_scheduler(
             settings.scheduler, settings.options, folder, config.parent if config else None
         )
         self.audit = BypassAudit(settings, self.exempt)
@@ -342,7 +336,6 @@ class BypassWatch:
         daemon.policy.on_grant = self._granted
         daemon.policy.on_release = self.trace.ledger.released
         daemon.peers.extra = self.audit.covered  # the others' audits add this daemon's grants
-        self.findings = 0
 
     def _granted(self, token: Token) -> None:
         self.audit.granted(token)
@@ -364,30 +357,25 @@ class BypassWatch:
 
     def read(self) -> SchedulerRPCs:
         """One reading through the hook (blocking: called in a thread)."""
-        try:
-            answer = self.manager.hook.gridgate_scheduler_rpcs(
-                scheduler=self.settings.scheduler, timeout=self.settings.timeout
-            )
-        except Exception as exc:  # a plugin's bug must not end the audit loop
-            return SchedulerRPCs(self.settings.scheduler, ok=False, message=f"{exc!r}")
-        if answer is None:
-            return SchedulerRPCs(
-                self.settings.scheduler, ok=False, message="no plugin answered for it"
-            )
-        return answer
+        name = self.settings.scheduler
+        return ask(
+            self.manager,
+            "gridgate_scheduler_rpcs",
+            lambda why: SchedulerRPCs(name, ok=False, message=why),
+            scheduler=name,
+            timeout=self.settings.timeout,
+        )
 
     def change(self, user: str, deny: bool) -> SchedulerChange:
-        try:
-            answer = self.manager.hook.gridgate_scheduler_deny(
-                scheduler=self.settings.scheduler,
-                user=user,
-                deny=deny,
-                timeout=self.settings.timeout,
-            )
-        except Exception as exc:
-            return SchedulerChange(self.settings.scheduler, ok=False, message=f"{exc!r}")
-        return answer or SchedulerChange(
-            self.settings.scheduler, ok=False, message="no plugin answered for it"
+        name = self.settings.scheduler
+        return ask(
+            self.manager,
+            "gridgate_scheduler_deny",
+            lambda why: SchedulerChange(name, ok=False, message=why),
+            scheduler=name,
+            user=user,
+            deny=deny,
+            timeout=self.settings.timeout,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -441,7 +429,6 @@ class BypassWatch:
         return self.audit.observe(reading, {n: peers.peer_grants[n] for n in others})
 
     async def act(self, finding: Finding) -> None:
-        self.findings += 1
         line = finding.describe(self.settings.interval)
         diagnostics = self.daemon.diagnostics
         if diagnostics.on:

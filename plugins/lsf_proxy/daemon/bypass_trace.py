@@ -22,8 +22,9 @@ from loguru import logger
 
 from gridgate.core.model import SchedulerChange, SchedulerRequest, SchedulerRequests
 from gridgate.core.patterns import clip
-from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field
+from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field, stamp
 from gridgate.plugins.lsf_proxy.daemon.policy import Token
+from gridgate.plugins.lsf_proxy.schedulers import ask
 
 #: Seconds around a token's grant and return within which a request still counts as covered:
 #: the controller's log has milliseconds, and the gate takes its token just before the command.
@@ -35,12 +36,6 @@ MAX_MINUTES = 60.0
 DEFAULT_MINUTES = 10.0
 #: Seconds between two reads of the controller's log during a trace.
 READ_EVERY = 1.0
-
-
-def stamp(at: float) -> str:
-    """The diagnostic log's time stamp, ``Dec 3 13:40:02 2026``."""
-    local = time.localtime(at)
-    return f"{time.strftime('%b', local)} {local.tm_mday} {time.strftime('%H:%M:%S %Y', local)}"
 
 
 class HeldLedger:
@@ -104,27 +99,24 @@ class RequestTrace:
         self._stop = asyncio.Event()
 
     def _hook(self, on: bool) -> SchedulerChange:
-        settings = self.watch.settings
-        try:
-            answer = self.watch.manager.hook.gridgate_scheduler_trace(
-                scheduler=settings.scheduler, on=on, timeout=settings.timeout
-            )
-        except Exception as exc:  # a plugin's bug ends the trace, not the daemon
-            return SchedulerChange(settings.scheduler, ok=False, message=f"{exc!r}")
-        return answer or SchedulerChange(
-            settings.scheduler, ok=False, message="no plugin answered for it"
+        name = self.watch.settings.scheduler
+        return ask(
+            self.watch.manager,
+            "gridgate_scheduler_trace",
+            lambda why: SchedulerChange(name, ok=False, message=why),
+            scheduler=name,
+            on=on,
+            timeout=self.watch.settings.timeout,
         )
 
     def _read(self) -> SchedulerRequests:
-        settings = self.watch.settings
-        try:
-            answer = self.watch.manager.hook.gridgate_scheduler_requests(
-                scheduler=settings.scheduler, timeout=settings.timeout
-            )
-        except Exception as exc:
-            return SchedulerRequests(settings.scheduler, ok=False, message=f"{exc!r}")
-        return answer or SchedulerRequests(
-            settings.scheduler, ok=False, message="no plugin answered for it"
+        name = self.watch.settings.scheduler
+        return ask(
+            self.watch.manager,
+            "gridgate_scheduler_requests",
+            lambda why: SchedulerRequests(name, ok=False, message=why),
+            scheduler=name,
+            timeout=self.watch.settings.timeout,
         )
 
     async def clean_start(self) -> None:

@@ -149,7 +149,14 @@ class ProxyDaemon:
                     if self.config_path
                     else None
                 )
-                self.bypass = BypassWatch(self, bypass, folder, notifiers)
+                shared = self.adaptive is not None and self.adaptive.scheduler == bypass.scheduler
+                self.bypass = BypassWatch(
+                    self,
+                    bypass,
+                    folder,
+                    notifiers,
+                    manager=self.adaptive.manager if shared and self.adaptive else None,
+                )
             except (ValueError, ConfigError) as exc:
                 raise StartupError(str(exc)) from None
         #: Prometheus series when ``metrics_port`` is set; the port once serving.

@@ -32,7 +32,6 @@ def diagnose_line(decision: Decision) -> str:
     """
     req = decision.request
     done = time.localtime(decision.decided)
-    stamp = f"{time.strftime('%b', done)} {done.tm_mday} {time.strftime('%H:%M:%S %Y', done)}"
     accept = 1 if decision.outcome == GRANTED else 0
     received = time.strftime("%H%M%S", time.localtime(decision.received))
     processed = time.strftime("%H%M%S", done)
@@ -48,7 +47,13 @@ def diagnose_line(decision: Decision) -> str:
         received,
         processed,
     ]
-    return f"{stamp} {','.join(fields)}"
+    return f"{stamp(decision.decided)} {','.join(fields)}"
+
+
+def stamp(at: float) -> str:
+    """The diagnostic log's time stamp of epoch time ``at``: ``Feb 8 07:57:12 2023``."""
+    local = time.localtime(at)
+    return f"{time.strftime('%b', local)} {local.tm_mday} {time.strftime('%H:%M:%S %Y', local)}"
 
 
 def log_field(text: str) -> str:

@@ -102,31 +102,31 @@ def status(daemon) -> dict:
     return reply.reply["status"]
 
 
-def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daemon) -> None:
-    target_ms = 0.001  # any RPC takes longer than 1 us: the controller is "slow"
+SQUEUE = shutil.which("squeue", path="/usr/bin:/bin")
+
+
+def adaptive_daemon(start_daemon, slurm, policies: str, **query):
+    """A real daemon whose query max follows the private cluster (min 2, max 12, every second)."""
     sdiag = shutil.which("sdiag", path="/usr/bin:/bin")
-    squeue = shutil.which("squeue", path="/usr/bin:/bin")
-    daemon = start_daemon(
+    entry = {"min": 2, "max": 12, "interval": 1, "min_requests": 1, **query}
+    return start_daemon(
         {
-            "policies": "QUERY[max=16 nominal=8]",
+            "policies": policies,
             "bypass": {"scheduler_options": {"commands": {"sdiag": sdiag}, "env": slurm.env}},
-            "adaptive": {
-                "query": {
-                    "target_ms": target_ms,
-                    "min": 2,
-                    "max": 12,
-                    "interval": 1,
-                    "min_requests": 1,
-                }
-            },
+            "adaptive": {"query": entry},
         }
     )
+
+
+def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daemon) -> None:
+    target_ms = 0.001  # any RPC takes longer than 1 us: the controller is "slow"
+    daemon = adaptive_daemon(start_daemon, slurm, "QUERY[max=16 nominal=8]", target_ms=target_ms)
     assert status(daemon)["categories"]["query"]["token_limit"] == 12, "the adaptive max"
     done = threading.Event()
 
     def load() -> None:
         while not done.is_set():
-            subprocess.run([squeue, "-h"], capture_output=True, env=slurm.client_env(), timeout=60)
+            subprocess.run([SQUEUE, "-h"], capture_output=True, env=slurm.client_env(), timeout=60)
 
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
@@ -149,25 +149,10 @@ def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daem
 def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
     slurm, start_daemon
 ) -> None:
-    sdiag = shutil.which("sdiag", path="/usr/bin:/bin")
-    squeue = shutil.which("squeue", path="/usr/bin:/bin")
-    daemon = start_daemon(
-        {
-            "policies": "QUERY[max=16 nominal=16]",
-            "bypass": {"scheduler_options": {"commands": {"sdiag": sdiag}, "env": slurm.env}},
-            "adaptive": {
-                # the controller's thread count is the signal here: idle it runs 3 threads,
-                # under a dozen parallel squeue loops many more
-                "query": {
-                    "target_ms": 100000,
-                    "min": 2,
-                    "max": 12,
-                    "interval": 1,
-                    "min_requests": 1,
-                    "max_server_threads": 4,
-                }
-            },
-        }
+    # the controller's thread count is the signal here: idle it runs 3 threads, under a
+    # dozen parallel squeue loops many more
+    daemon = adaptive_daemon(
+        start_daemon, slurm, "QUERY[max=16 nominal=16]", target_ms=100000, max_server_threads=4
     )
 
     def limit() -> int:
@@ -175,7 +160,7 @@ def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
 
     def flood(stop: threading.Event) -> None:
         while not stop.is_set():
-            subprocess.run([squeue, "-h"], capture_output=True, env=slurm.client_env(), timeout=60)
+            subprocess.run([SQUEUE, "-h"], capture_output=True, env=slurm.client_env(), timeout=60)
 
     heavy = threading.Event()
     workers = [threading.Thread(target=flood, args=(heavy,), daemon=True) for _ in range(12)]
