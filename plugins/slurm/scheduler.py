@@ -11,6 +11,7 @@ user; changing a partition needs Slurm's operator rights (root or SlurmUser).
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import json
 import os
@@ -22,9 +23,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+from loguru import logger
+
 from gridgate.core import hookimpl
 from gridgate.core.backend import commands_schema, env_schema
-from gridgate.core.files import atomic_write, file_problem
+from gridgate.core.files import InputFileError, atomic_write, file_problem, read_regular
 from gridgate.core.model import (
     CommandResult,
     RpcCount,
@@ -243,12 +246,7 @@ class SlurmScheduler(Plugin):
         return f"scontrol update {partition} {done.describe()}: {clip(done.stderr.strip())}"
 
     def _kept(self) -> dict[str, Any]:
-        try:
-            text = self.denied_file.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {}
-        data = parse_json(text)
-        return data if isinstance(data, dict) else {}
+        return _record(self.denied_file)
 
     def _keep(self, kept: Mapping[str, Any]) -> None:
         self.denied_file.parent.mkdir(parents=True, exist_ok=True)
@@ -366,11 +364,7 @@ class SlurmScheduler(Plugin):
         return found
 
     def _trace_record(self) -> dict[str, Any]:
-        try:
-            data = parse_json(self.trace_file.read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return _record(self.trace_file)
 
     @hookimpl
     def gridgate_scheduler_trace(
@@ -464,6 +458,29 @@ class SlurmScheduler(Plugin):
             return SchedulerRequests(self.name, ok=False, message=f"{record.get('log')}: {exc}")
         atomic_write(self.trace_file, json.dumps(record, sort_keys=True).encode("utf-8"))
         return SchedulerRequests(self.name, ok=True, requests=tuple(parse_protocol_lines(text)))
+
+
+#: The largest record file this plugin keeps (what deny changed, the trace in force).
+RECORD_BYTES = 1 << 20
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """A record file this plugin wrote: {} when there is none, or when what is there is not one
+    (a link, a FIFO, another owner's file, too large, not a JSON object: told once here)."""
+    try:
+        data = parse_json(
+            read_regular(
+                path, max_bytes=RECORD_BYTES, owners={0, os.geteuid()}, follow_links=False
+            ).decode("utf-8")
+        )
+    except InputFileError as exc:
+        if exc.errno != errno.ENOENT:
+            logger.error("slurm scheduler: {} not read: {}", path, exc)
+        return {}
+    except ValueError as exc:
+        logger.error("slurm scheduler: {} is not a record: {}", path, exc)
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _read_on(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from typing import Any
 
 from loguru import logger
 
-from gridgate.core.files import atomic_write
+from gridgate.core.files import InputFileError, atomic_write, read_regular
 from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
 from gridgate.core.patterns import clip
 from gridgate.core.text import parse_json, printable
@@ -285,14 +287,25 @@ class Acting:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.held: dict[str, dict[str, Any]] = {}
-        with contextlib.suppress(FileNotFoundError, OSError):
-            data = parse_json(path.read_text(encoding="utf-8"))
-            if isinstance(data, dict):
-                self.held = {
-                    u: v
-                    for u, v in data.items()
-                    if isinstance(v, dict) and isinstance(v.get("until"), int | float)
-                }
+        try:
+            data = parse_json(
+                read_regular(
+                    path, max_bytes=1 << 20, owners={0, os.geteuid()}, follow_links=False
+                ).decode("utf-8")
+            )
+        except InputFileError as exc:
+            if exc.errno != errno.ENOENT:
+                logger.error("proxyd.bypass: {} not read: {}", path, exc)
+            return
+        except ValueError as exc:  # cut short or not ours: nothing to undo from it
+            logger.error("proxyd.bypass: {} is not a record: {}", path, exc)
+            return
+        if isinstance(data, dict):
+            self.held = {
+                u: v
+                for u, v in data.items()
+                if isinstance(v, dict) and isinstance(v.get("until"), int | float)
+            }
 
     def save(self) -> None:
         try:

@@ -5,6 +5,7 @@ gate, and who never is (a token's cover carried into the next window, a restart,
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import prometheus_client
@@ -12,7 +13,12 @@ import pytest
 
 from gridgate.core.model import SchedulerRPCs
 from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA, resolve_policies
-from gridgate.plugins.lsf_proxy.daemon.bypass import BypassAudit, BypassSettings, bypass_line
+from gridgate.plugins.lsf_proxy.daemon.bypass import (
+    Acting,
+    BypassAudit,
+    BypassSettings,
+    bypass_line,
+)
 from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
 from gridgate.plugins.lsf_proxy.daemon.policy import PolicySettings, Token, TokenPolicy
 from gridgate.plugins.lsf_proxy.schedulers import config_problems, load_scheduler
@@ -193,3 +199,24 @@ def test_the_schedulers_command_paths_are_taken_from_the_config_files_folder(tmp
     )
     [plugin] = [p for p in manager.get_plugins() if getattr(p, "name", "") == "slurm"]
     assert plugin.config["commands"] == {"sdiag": "/etc/gridgate/bin/sdiag", "scontrol": "scontrol"}
+
+
+def test_a_fifo_or_a_broken_record_where_the_undo_is_kept_is_refused_not_waited_on(
+    tmp_path,
+) -> None:
+    """What the audit must undo, and what the slurm plugin changed, are read as the other
+    state files are: a FIFO put there would have blocked the daemon's start in open()."""
+    fifo = tmp_path / "bypass.pa.json"
+    os.mkfifo(fifo)
+    assert Acting(fifo).held == {}
+    broken = tmp_path / "bypass.pb.json"
+    broken.write_text('{"u": {"action": "block", "until": 1')  # cut short
+    assert Acting(broken).held == {}
+    manager = load_scheduler("slurm", {}, tmp_path)
+    [plugin] = [p for p in manager.get_plugins() if getattr(p, "name", "") == "slurm"]
+    os.mkfifo(plugin.denied_file)
+    os.mkfifo(plugin.trace_file)
+    told = plugin.gridgate_scheduler_deny(scheduler="slurm", user="nobody", deny=False, timeout=5)
+    assert told.ok and "was not denied" in told.message
+    told = plugin.gridgate_scheduler_requests(scheduler="slurm", timeout=5)
+    assert not told.ok and "no request trace" in told.message
