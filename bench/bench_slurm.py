@@ -14,6 +14,8 @@ process running as ``nobody``, each ``while true; do squeue; done`` as an argv l
   taking a query token from a real ``gridgate lsfproxyd serve``), for loops and light user;
 - ``client``: one long-lived in-process token client per process (``ProxyClient``): each
   call takes a query token, runs the real squeue, gives the token back.
+- ``niced``: as ``client``, and squeue runs at the niceness the grant names (``Token.nice``:
+  the daemon's ``busy_nice`` for a busy user), as the gate's shims run it.
 - ``LOOPS:LIGHT``: the loops one way, the light user another. ``shims:ungated`` and
   ``shims:client`` split the light user's gated median into what the gated flood costs any
   squeue on the host, what waiting for a token adds, and what the shim's own start adds.
@@ -50,6 +52,7 @@ BIN = Path(sys.executable).parent
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 AS_LIGHT = ["setpriv", "--reuid=daemon", "--regid=daemon", "--clear-groups"]
 SQUEUE = shutil.which("squeue", path="/usr/bin:/bin") or "/usr/bin/squeue"
+NICE = shutil.which("nice", path="/usr/bin:/bin") or "/usr/bin/nice"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 # Runs as nobody (the loops) or daemon (the light user). ``interval`` 0: as fast as possible.
@@ -60,7 +63,7 @@ threads, seconds, interval, mode, socket = {threads}, {seconds}, {interval}, {mo
 argv = {argv!r}
 env = dict(os.environ)
 client = None
-if mode == "client":
+if mode in ("client", "niced"):
     from loguru import logger
     logger.remove()
     from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
@@ -71,8 +74,11 @@ def one():
     if client is None:
         return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env=env).returncode
-    with client.acquire("query", "squeue"):
-        return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    with client.acquire("query", "squeue") as token:
+        run = argv
+        if mode == "niced" and token.nice:  # the grant's nice, as the gate applies it
+            run = [{nice!r}, "-n", str(token.nice), *argv]
+        return subprocess.run(run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env=env).returncode
 def loop(i):
     while time.monotonic() < stop:
@@ -153,6 +159,7 @@ def _worker(
         mode=mode,
         socket=socket,
         argv=argv,
+        nice=NICE,
     )
     return subprocess.Popen(
         [*as_user, sys.executable, "-c", code],

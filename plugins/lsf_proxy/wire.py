@@ -91,6 +91,13 @@ def connect_failed(name: str, address: str, exc: OSError) -> ConnectionBroken:
     return (DaemonBusy if busy else ConnectionBroken)(f"{name}: cannot connect to {address}: {exc}")
 
 
+def busy_nice(reply: dict[str, Any]) -> int:
+    """The niceness a grant asks its command to run at (its user is busy), 0 for none; a
+    value outside 1-19 is none."""
+    nice = reply.get("nice")
+    return nice if isinstance(nice, int) and 0 < nice < 20 else 0
+
+
 def turned_away(name: str, reply: dict[str, Any]) -> DaemonBusy | None:
     """The :class:`DaemonBusy` of a reply with no ``id`` by which daemon ``name`` turns this
     connection away for lack of room (it closes it next), else None."""

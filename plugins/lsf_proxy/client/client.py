@@ -32,6 +32,7 @@ from gridgate.plugins.lsf_proxy.wire import (
     ProxyError,
     ProxyUnavailable,
     RequestFailed,
+    busy_nice,
     connect_failed,
     turned_away,
 )
@@ -205,6 +206,10 @@ class Token:
     reason: str = ""
     waited: float = 0.0
     privileged: bool = False
+    #: the niceness the daemon asks the token's command to run at (its user is busy:
+    #: ``busy_after``); 0: as it is. A caller that runs a command under the token honours it
+    #: as the gate does (``nice -n``), one that runs none has nothing to lower.
+    nice: int = 0
     _client: ProxyClient | None = field(default=None, repr=False)
     _conn: Connection | None = field(default=None, repr=False)
     released: bool = False
@@ -371,6 +376,7 @@ class ProxyClient:
                     daemon.name,
                     waited=float(reply.get("waited", 0)),
                     privileged=bool(reply.get("privileged")),
+                    nice=busy_nice(reply),
                     _client=self,
                     _conn=conn,
                 )

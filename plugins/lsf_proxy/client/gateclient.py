@@ -22,6 +22,7 @@ from gridgate.plugins.lsf_proxy.wire import (
     ProxyError,
     ProxyUnavailable,
     RequestFailed,
+    busy_nice,
     connect_failed,
     turned_away,
 )
@@ -388,10 +389,11 @@ class GateClient:
                 return Grant(reason="unavailable")
             result = reply.get("result")
             if result == "granted" and link is not None:
-                nice = reply.get("nice")
-                nice = nice if isinstance(nice, int) and 0 < nice < 20 else 0
                 return Grant(
-                    str(reply.get("token", "")), link, timeout=self.connect_timeout, nice=nice
+                    str(reply.get("token", "")),
+                    link,
+                    timeout=self.connect_timeout,
+                    nice=busy_nice(reply),
                 )
             if link is not None:
                 link.close()
