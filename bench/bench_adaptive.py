@@ -2,22 +2,31 @@
 (docs/performance.md, "Limits that follow the scheduler"; issue 33's figure).
 
 The gate bench's shape (bench_slurm.py, whose phases this reuses): a private Slurm cluster with
-``--jobs`` pending (held) jobs; ``--loops`` squeue loops as ``nobody`` and a light user
-(``daemon``) running one squeue a second, both taking query tokens through the in-process
-client (mode ``client``), for ``--seconds`` per phase. Two real ``gridgate lsfproxyd serve``
-daemons: ``fixed`` (``--fixed``, default ``QUERY[max=3 nominal=3 user_max=2]``, the gate
-bench's) and ``adaptive`` (``QUERY[max=32 nominal=32]`` with ``adaptive.query``: target
-``--target-ms``, min 1, max 32, interval 1 s). Each of ``--rounds`` rounds runs ``idle`` (the
-light user alone), fixed and adaptive, so load from elsewhere hits all three alike; the figures
-are medians over the rounds.
+``--jobs`` pending (held) jobs (5,000: the queue of the gate bench's 1.65x); ``--loops`` squeue
+loops as ``nobody`` and a light user (``daemon``) running one squeue a second, both taking
+query tokens through the in-process client, for ``--seconds`` per phase. ``--mode niced`` (the
+default) runs each squeue at the niceness its grant names, as the gate's shims do (the daemon
+nices a busy user's commands); ``--mode client`` at full priority.
+
+Two real ``gridgate lsfproxyd serve`` daemons: ``fixed`` (``--fixed``, default
+``QUERY[max=3 nominal=3 user_max=2]``, the gate bench's) and ``adaptive`` (``QUERY[max=M
+nominal=M]`` with ``adaptive.query``: ``--source`` tokens or sdiag, min ``--min``, max
+``--max``, interval ``--interval``, ``--reserve``, ``--grow-after``; sdiag's
+``--max-server-threads`` and ``--rpc-types``). Its target is ``--target-over-idle`` times the
+light user's idle median measured first on the cluster (what an operator does: time an idle
+squeue, say what it may become), or ``--target-ms`` with ``--target-over-idle 0``. Each of
+``--rounds`` rounds runs ``idle`` (the light user alone), fixed and adaptive, so load from
+elsewhere hits all three alike; the figures are medians over the rounds.
 
 Figures: the light user's gated median over its idle median (goal <= 1.3), and the loops'
 squeue calls/s, adaptive over fixed (goal >= 0.8); beside them slurmctld's own mean
-REQUEST_JOB_INFO time and thread count, and where the adaptive max ended each phase.
+REQUEST_JOB_INFO time and thread count, where the adaptive max ended each phase and its last
+five decisions.
 
-    .venv/bin/python bench/bench_adaptive.py [--loops 32] [--jobs 200] [--seconds 20]
-        [--rounds 2] [--target-ms 5] [--max-server-threads N]
-        [--fixed 'QUERY[max=3 nominal=3 user_max=2]'] [--json]
+    .venv/bin/python bench/bench_adaptive.py [--loops 32] [--jobs 5000] [--seconds 20]
+        [--rounds 3] [--mode niced|client] [--source tokens|sdiag] [--target-over-idle 1.2]
+        [--target-ms 50] [--min 2] [--max 32] [--interval 1] [--reserve 1] [--grow-after 5]
+        [--max-server-threads N] [--rpc-types A,B] [--fixed 'QUERY[...]'] [--json]
 """
 
 from __future__ import annotations
@@ -54,10 +63,14 @@ def bench(
     jobs: int,
     seconds: float,
     rounds: int,
-    target: float,
     fixed: str,
-    max_threads: int | None = None,
+    entry: dict[str, Any],
+    target_over_idle: float | None = None,
+    mode: str = "niced",
 ) -> dict[str, Any]:
+    """``entry``: the adaptive daemon's ``proxyd.adaptive.query``; with ``target_over_idle``
+    its ``target_ms`` is that ratio over the light user's idle median, measured first on this
+    cluster (what an operator does: time an idle squeue, say what it may become)."""
     from gridgate.plugins.slurm.cluster import SlurmCluster
 
     folder = Path(tempfile.mkdtemp(prefix="gg-bench-adaptive-", dir="/tmp"))
@@ -65,9 +78,17 @@ def bench(
     started = time.time()
     load_before = os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
+    entry = dict(entry)
+    calibration: dict[str, Any] | None = None
+    shims = folder / "no-shims"  # mode client: the in-process token client
     try:
         with SlurmCluster(folder / "cluster", extra_conf=[f"MaxJobCount={jobs * 2 + 1000}"]) as c:
             _fill(c, jobs)
+            if target_over_idle is not None:
+                # also the warm-up: the first squeues after the fill are slow
+                calibration = _phase(c, "idle", loops, seconds, "", shims)
+                entry["target_ms"] = round(target_over_idle * calibration["light_median_ms"], 1)
+                print(json.dumps({"calibration": calibration}), file=sys.stderr, flush=True)
             common = {"token_wait_time": 600}
             (folder / "fixed").mkdir(mode=0o755)
             (folder / "adaptive").mkdir(mode=0o755)
@@ -77,38 +98,31 @@ def bench(
                     folder / "adaptive",
                     {
                         **common,
-                        "policies": "QUERY[max=32 nominal=32]",
+                        "policies": f"QUERY[max={entry['max']} nominal={entry['max']}]",
                         "bypass": {
                             "scheduler_options": {"commands": {"sdiag": SDIAG}, "env": c.env}
                         },
-                        "adaptive": {
-                            "query": {
-                                "target_ms": target,
-                                "min": 1,
-                                "max": 32,
-                                "interval": 1,
-                                "max_server_threads": max_threads,
-                            }
-                        },
+                        "adaptive": {"query": entry},
                     },
                 ),
             }
             for daemon in daemons.values():
                 Path(daemon.socket).chmod(0o666)
             try:
-                shims = folder / "no-shims"  # mode client: the in-process token client
                 for index in range(rounds):
-                    # an idle phase in every round: the first squeues after the fill are slow
+                    # an idle phase in every round: load from elsewhere hits all three alike
                     idle = _phase(c, "idle", loops, seconds, daemons["fixed"].socket, shims)
                     rows.append({"daemon": "idle", "round": index, **idle})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                     for name, daemon in daemons.items():
                         row: dict[str, Any] = {"daemon": name, "round": index}
-                        row.update(_phase(c, "client", loops, seconds, daemon.socket, shims))
+                        row.update(_phase(c, mode, loops, seconds, daemon.socket, shims))
                         seen = _status(daemon.socket)
                         row["query_max_at_end"] = seen["categories"]["query"]["token_limit"]
                         if name == "adaptive":
-                            row["adaptive_last"] = seen["adaptive"]["query"]["last"]
+                            state = seen["adaptive"]["query"]
+                            row["user_max_at_end"] = state["user_max"]
+                            row["adaptive_decisions"] = state["decisions"]
                         rows.append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
             finally:
@@ -127,9 +141,11 @@ def bench(
         "pending_jobs": jobs,
         "seconds_per_phase": seconds,
         "rounds": rounds,
+        "mode": mode,
         "fixed": fixed,
-        "target_ms": target,
-        "max_server_threads": max_threads,
+        "adaptive": entry,
+        "target_over_idle": target_over_idle,
+        "calibration_idle_ms": calibration["light_median_ms"] if calibration else None,
         "cpus": os.cpu_count(),
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
@@ -153,22 +169,54 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--loops", type=int, default=32)
-    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--target-ms", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fixed", default="QUERY[max=3 nominal=3 user_max=2]")
+    parser.add_argument("--source", choices=("tokens", "sdiag"), default="tokens")
+    parser.add_argument("--target-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--target-over-idle",
+        type=float,
+        default=1.2,
+        help="target_ms as this ratio over the idle squeue measured first (0: --target-ms)",
+    )
+    parser.add_argument("--min", type=int, default=2)
+    parser.add_argument("--max", type=int, default=32)
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--reserve", type=int, default=1)
+    parser.add_argument("--grow-after", type=int, default=5)
     parser.add_argument("--max-server-threads", type=int, default=None)
+    parser.add_argument("--rpc-types", default="", help="comma-separated sdiag RPC types")
+    parser.add_argument(
+        "--mode",
+        choices=("niced", "client"),
+        default="niced",
+        help="niced: squeue at the grant's nice, as the gate runs it; client: at full priority",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    entry: dict[str, Any] = {
+        "source": args.source,
+        "target_ms": args.target_ms,
+        "min": args.min,
+        "max": args.max,
+        "interval": args.interval,
+        "reserve": args.reserve,
+        "grow_after": args.grow_after,
+    }
+    if args.source == "sdiag":
+        entry["max_server_threads"] = args.max_server_threads
+        entry["rpc_types"] = [t for t in args.rpc_types.split(",") if t]
     result = bench(
         args.loops,
         args.jobs,
         args.seconds,
         args.rounds,
-        args.target_ms,
         args.fixed,
-        args.max_server_threads,
+        entry,
+        args.target_over_idle or None,
+        args.mode,
     )
     print(json.dumps(result, indent=None if args.json else 2))
 

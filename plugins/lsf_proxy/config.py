@@ -217,8 +217,12 @@ def filled(schema: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[s
 
 
 #: ``proxyd.adaptive.<category>.source``: what each source reads, through which scheduler
-#: plugin (its options are ``proxyd.bypass.scheduler_options``).
-ADAPTIVE_SOURCES = {"sdiag": "slurm"}
+#: plugin (its options are ``proxyd.bypass.scheduler_options``); "" for none: ``tokens`` is the
+#: daemon's own measure, how long the category's tokens are held.
+TOKENS = "tokens"
+ADAPTIVE_SOURCES = {"sdiag": "slurm", TOKENS: ""}
+#: keys of an adaptive entry that only a scheduler's statistics can answer
+SCHEDULER_ONLY = ("rpc_types", "max_server_threads", "max_agent_queue")
 
 ADAPTIVE_ENTRY: dict[str, Any] = {
     "type": "object",
@@ -229,16 +233,19 @@ ADAPTIVE_ENTRY: dict[str, Any] = {
         "source": {
             "enum": sorted(ADAPTIVE_SOURCES),
             "default": "sdiag",
-            "description": "Where the controller's latency is read (sdiag: Slurm's own "
-            "average time per RPC type).",
+            "description": "Where the latency is read. sdiag: Slurm's own average time "
+            "per RPC type of the category (the controller's latency). tokens: the median time "
+            "the category's tokens were held (what a gated command takes, the controller's "
+            "service in it), measured by the daemon for any scheduler.",
         },
         "target_ms": {
             "type": "number",
             "exclusiveMinimum": 0,
             "maximum": MAX_WAIT * 1000,
             "default": 50,
-            "description": "The controller's average time for the category's RPC types "
-            "above which its max is lowered.",
+            "description": "The latency (sdiag: the controller's average time for the "
+            "category's RPC types; tokens: the median hold time) above which the max is "
+            "lowered.",
         },
         "min": {"type": "integer", "minimum": 1, "default": 1, "description": "Lowest max."},
         "max": {
@@ -265,14 +272,32 @@ ADAPTIVE_ENTRY: dict[str, Any] = {
             "type": "integer",
             "minimum": 1,
             "default": 5,
-            "description": "Fewer of those RPCs in an interval is no signal: the max stays.",
+            "description": "Fewer of those RPCs (tokens returned, for source tokens) in "
+            "an interval is no signal: the max stays.",
         },
         "backoff": {
             "type": "number",
             "exclusiveMinimum": 0,
             "exclusiveMaximum": 1,
             "default": 0.75,
-            "description": "The max is multiplied by this when the controller is slow.",
+            "description": "The max is multiplied by this when the controller is slow, or "
+            "by target / latency when that is lower (far over the target, a steeper cut).",
+        },
+        "grow_after": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 1,
+            "description": "Intervals in a row within the target before the max grows by "
+            "one (1: every interval, classic AIMD; more: probes for room less often, each "
+            "probe costing the users a slow interval).",
+        },
+        "reserve": {
+            "type": "integer",
+            "minimum": 0,
+            "default": 1,
+            "description": "Tokens of the adaptive max that no one ordinary user may take: "
+            "one user holds at most max - reserve (and never more than its user_max), so a "
+            "user who arrives while another floods finds a token free. 0: no reserve.",
         },
         "max_server_threads": {
             "type": ["integer", "null"],

@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 from gridgate.core.plugins import ConfigProblems, Plugin
 from gridgate.plugins.lsf_proxy.config import (
     ADAPTIVE_ENTRY,
+    ADAPTIVE_SOURCES,
+    SCHEDULER_ONLY,
     SECTION_SCHEMA,
     PolicyError,
     filled,
@@ -70,6 +72,16 @@ class ProxydSection(Plugin):
                         f"min ({given['min']}) must not exceed max ({given['max']})",
                     )
                 )
+            if not ADAPTIVE_SOURCES[given["source"]]:  # read by the daemon, not a scheduler
+                for key in SCHEDULER_ONLY:
+                    if entry.get(key) not in (None, []):
+                        problems.append(
+                            (
+                                ("adaptive", category, key),
+                                f"{key} is read from the scheduler; source {given['source']} "
+                                "measures the tokens' hold times (use source: sdiag)",
+                            )
+                        )
         if section.get("tcp"):
             if not parse_tcp(section["tcp"]):
                 problems.append((("tcp",), f"{section['tcp']!r} is not host:port"))

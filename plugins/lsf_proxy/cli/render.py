@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gridgate.core.text import printable
 from gridgate.plugins.lsf_proxy.client.client import HostReply
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, LSF_NAMES
 
@@ -85,9 +86,54 @@ def status_text(replies: Sequence[HostReply]) -> list[str]:
         ]
         if capped:  # not in the seed's table: a line of its own, only when a cap is set
             lines.append(f"  TOKEN_LIMIT_PER_USER: {' '.join(capped)}")
+        lines += adaptive_text(status.get("adaptive") or {})
+        lines += bypass_text(status.get("bypass") or {})
         lines += metrics_text(status)
         lines += held_text(status.get("longest_held") or [])
     return lines
+
+
+def adaptive_text(adaptive: Mapping[str, Any]) -> list[str]:
+    """A line per category whose max follows the scheduler (``proxyd.adaptive``): the max in
+    force, its bounds and target, and why it last moved or stayed (not in the seed)."""
+    lines = []
+    for cat in CATEGORIES:
+        state = adaptive.get(cat)
+        if not state:
+            continue
+        last = state.get("last") or {}
+        lines.append(
+            f"  ADAPTIVE_LIMIT: {LSF_NAMES[cat]}={state['limit']} ({state['source']}, "
+            f"{state['min']}-{state['max']}, target {state['target_ms']:g} ms): "
+            f"{printable(str(last.get('reason') or 'no decision yet'), newlines=False)}"
+        )
+    return lines
+
+
+def bypass_text(bypass: Mapping[str, Any]) -> list[str]:
+    """One line for ``proxyd.bypass`` (not in the seed): the audit's scheduler, action and
+    interval, the windows judged, who went around the gate in the last one (the RPCs beyond
+    their tokens) and whom the action holds now, until when."""
+    if not bypass:
+        return []
+    seen = bypass.get("bypassing") or {}
+    acting = bypass.get("acting") or {}
+    who = ", ".join(f"{user}={excess:g}" for user, excess in sorted(seen.items())) or "nobody"
+    held = ", ".join(
+        f"{user} ({entry.get('action', '?')} until "
+        f"{time.strftime('%H:%M:%S', time.localtime(float(entry.get('until', 0))))})"
+        for user, entry in sorted(acting.items())
+    )
+    line = (
+        f"  BYPASS_AUDIT: {bypass.get('scheduler')} every {bypass.get('interval'):g} s, "
+        f"action {bypass.get('action')}, {bypass.get('windows', 0)} windows; "
+        f"bypassing: {who}"
+    )
+    if held:
+        line += f"; acting on: {held}"
+    if bypass.get("problem"):
+        line += f"; problem: {printable(str(bypass['problem']), newlines=False)}"
+    return [line]
 
 
 def held_text(held: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -1,19 +1,32 @@
 """Limits that follow the scheduler (``proxyd.adaptive``): a category's max lowered while the
 controller is slow and raised again as it recovers.
 
-The signal is the controller's own: sdiag's cumulative count and total time per RPC type, read
-every ``interval``; the latency of an interval is the time the controller spent on the
-category's RPC types divided by how many it served in that interval (its thread count and agent
-queue may count as "slow" too). The rule is AIMD, as TCP's congestion window and Netflix's
-concurrency-limits ``AIMDLimit``: above ``target_ms`` the max is multiplied by ``backoff``
-(0.75), at or below it the max grows by one, never above ``max`` (nor the category's max in
-``policies``) nor below ``min``. Why not Envoy's gradient: it estimates the latency without load
-from its own requests (a minimum RTT measured while it shrinks its concurrency now and then),
-and gives a limit proportional to that ratio. Here the target is given, the latency is an
-interval's average over every client of a shared controller (gridgate's tokens are only part of
-its load), and shrinking the limit to measure would cost every user of the site; AIMD needs
-only "above or below the target", is stable with a delayed and noisy signal, and converges
-when several daemons (each applying it to its share) act on the same readings.
+Two signals. ``source: sdiag``, the controller's own: sdiag's cumulative count and total time
+per RPC type, read every ``interval``; the latency of an interval is the time the controller
+spent on the category's RPC types divided by how many it served in that interval (its thread
+count and agent queue may count as "slow" too). ``source: tokens``, the daemon's own: the
+median time the category's ordinary tokens returned in the interval were held, i.e. what a
+gated command took end to end (the controller's service, the client's own work and whatever
+they waited for); it needs no scheduler, so it serves LSF and Grid Engine as well.
+
+The rule is AIMD, as TCP's congestion window and Netflix's concurrency-limits ``AIMDLimit``:
+above ``target_ms`` the max is multiplied by ``backoff`` (0.75) or, when the latency is further
+over, by target / latency (so a limit far too high is cut in one step, not seven); after
+``grow_after`` intervals in a row at or below the target it grows by one; never above ``max``
+(nor the category's max in ``policies``) nor below ``min``. Why not Envoy's gradient: it
+estimates the latency without load from its own requests (a minimum RTT measured while it
+shrinks its concurrency now and then), and gives a limit proportional to that ratio. Here the
+target is given, the latency is an interval's figure over every client of a shared controller
+(gridgate's tokens are only part of its load), and shrinking the limit to measure would cost
+every user of the site; AIMD needs only "above or below the target", is stable with a delayed
+and noisy signal, and converges when several daemons (each applying it to its share) act on
+the same readings. What AIMD costs is its probing: each step up past the knee is an interval
+in which every user is slower; ``grow_after`` makes those probes rarer.
+
+Whatever the signal, one ordinary user never holds more than the limit less ``reserve``
+(default 1): the limit shrinks around a flood, and without the reserve a flooding user would
+hold every token it leaves, so a light user would wait for a release (measured: that wait was
+most of what the adaptive limit cost it, docs/performance.md).
 
 :class:`AdaptiveLimit` is the pure rule for one category; :class:`AdaptiveLimits` runs them in
 the daemon and hands the current maxima to its settings.
@@ -23,8 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +52,7 @@ from gridgate.plugins.lsf_proxy.config import (
     ADAPTIVE_ENTRY,
     ADAPTIVE_SOURCES,
     BYPASS_SCHEMA,
+    TOKENS,
     Limits,
     filled,
 )
@@ -70,8 +85,10 @@ class AdaptiveSettings:
     rpc_types: tuple[str, ...]
     min_requests: int
     backoff: float
+    grow_after: int = 1
     max_server_threads: int | None = None
     max_agent_queue: int | None = None
+    reserve: int = 1
 
     @classmethod
     def from_entry(cls, category: str, entry: Mapping[str, Any]) -> AdaptiveSettings:
@@ -86,8 +103,10 @@ class AdaptiveSettings:
             rpc_types=tuple(given["rpc_types"] or category_types(category)),
             min_requests=int(given["min_requests"]),
             backoff=float(given["backoff"]),
+            grow_after=int(given["grow_after"]),
             max_server_threads=given["max_server_threads"],
             max_agent_queue=given["max_agent_queue"],
+            reserve=int(given["reserve"]),
         )
 
 
@@ -123,6 +142,10 @@ class AdaptiveLimit:
     limit: int = 0
     last: SchedulerRPCs | None = None
     decisions: list[Decision] = field(default_factory=list)
+    #: one ordinary user's cap as last applied (None: no cap)
+    user_max: int | None = None
+    #: intervals in a row within the target since the max last moved
+    good: int = 0
 
     def __post_init__(self) -> None:
         if not self.limit:
@@ -154,9 +177,6 @@ class AdaptiveLimit:
             total += d_total
         latency = total / count if count else None
         slow = []
-        if latency is not None and count >= self.settings.min_requests:
-            if latency > self.settings.target_ms:
-                slow.append(f"{latency:.1f} ms average over {count} RPCs")
         threads = reading.load.get("server_threads")
         if self.settings.max_server_threads is not None and threads is not None:
             if threads > self.settings.max_server_threads:
@@ -165,33 +185,76 @@ class AdaptiveLimit:
         if self.settings.max_agent_queue is not None and queue is not None:
             if queue > self.settings.max_agent_queue:
                 slow.append(f"agent queue {queue:g}")
+        return self._decide(latency, count, f"average over {count} RPCs", slow, at)
+
+    def observe_holds(self, holds: list[float], at: float) -> Decision:
+        """The decision for an interval in which the category's tokens came back after
+        ``holds`` seconds each (``source: tokens``): their median is the latency."""
+        count = len(holds)
+        latency = statistics.median(holds) * 1000 if holds else None
+        return self._decide(latency, count, f"median hold of {count} tokens", [], at)
+
+    def _decide(
+        self, latency: float | None, count: int, what: str, slow: list[str], at: float
+    ) -> Decision:
+        signal = latency is not None and count >= self.settings.min_requests
+        if signal and latency is not None and latency > self.settings.target_ms:
+            slow.insert(0, f"{latency:.1f} ms {what}")
         before = min(self.limit, self.top)
-        if slow:
-            after = max(self.settings.low, int(before * self.settings.backoff))
-            reason = f"slow: {', '.join(slow)} (target {self.settings.target_ms:g} ms)"
-        elif latency is None or count < self.settings.min_requests:
-            after, reason = before, f"no signal: {count} RPCs of the category's types"
+        if not slow and signal:
+            self.good += 1
         else:
+            self.good = 0
+        if slow:
+            factor = self.settings.backoff
+            if signal and latency is not None and latency > self.settings.target_ms:
+                factor = min(factor, self.settings.target_ms / latency)
+            after = max(self.settings.low, int(before * factor))
+            reason = f"slow: {', '.join(slow)} (target {self.settings.target_ms:g} ms)"
+        elif not signal:
+            unit = (
+                "tokens returned"
+                if self.settings.source == TOKENS
+                else "RPCs of the category's types"
+            )
+            after, reason = before, f"no signal: {count} {unit}"
+        elif self.good >= self.settings.grow_after:
+            self.good = 0
             after = min(self.top, before + 1)
-            reason = f"{latency:.1f} ms average over {count} RPCs, within the target"
+            reason = f"{latency:.1f} ms {what}, within the target"
+        else:
+            after = before
+            reason = (
+                f"{latency:.1f} ms {what}, within the target "
+                f"({self.good} of {self.settings.grow_after} intervals before it grows)"
+            )
         self.limit = after
         decision = Decision(at, latency, count, before, after, reason)
         self.decisions = [*self.decisions[-19:], decision]
         return decision
 
     def cap(self, limits: Limits) -> Limits:
-        """``limits`` with the max lowered to the current limit (nominal not above it)."""
+        """``limits`` with the max lowered to the current limit (nominal not above it) and
+        one user's share kept ``reserve`` tokens under it: a flood of one user, which the
+        limit shrinks around, never leaves a newcomer waiting for its release."""
         top = min(limits.max, max(self.settings.low, self.limit))
-        if top >= limits.max:
+        share = min(limits.per_user, top)
+        room = max(1, top - self.settings.reserve)
+        user_max = room if room < share else (None if limits.user_max is None else share)
+        self.user_max = user_max
+        if top >= limits.max and user_max == limits.user_max:
             return limits
-        return replace(limits, max=top, nominal=min(limits.nominal, top))
+        return replace(limits, max=top, nominal=min(limits.nominal, top), user_max=user_max)
 
     def status(self) -> dict[str, Any]:
         last = self.decisions[-1] if self.decisions else None
         return {
+            "source": self.settings.source,
             "limit": self.limit,
             "min": self.settings.low,
             "max": self.top,
+            "reserve": self.settings.reserve,
+            "user_max": self.user_max,
             "target_ms": self.settings.target_ms,
             "rpc_types": list(self.settings.rpc_types),
             "last": last.to_json() if last else None,
@@ -215,6 +278,7 @@ class AdaptiveLimits:
         changed: Any,
         manager: Any = None,
         config_folder: Path | None = None,
+        holds: Callable[[str], list[float]] | None = None,
     ) -> None:
         entries = section.get("adaptive") or {}
         self.limits = {
@@ -222,11 +286,16 @@ class AdaptiveLimits:
             for c, e in entries.items()
         }
         bypass = filled(BYPASS_SCHEMA, section.get("bypass"))
-        sources = {lim.settings.source for lim in self.limits.values()}
-        self.scheduler = bypass["scheduler"] or ADAPTIVE_SOURCES[sorted(sources)[0]]
-        self.manager = manager or load_scheduler(
-            self.scheduler, bypass["scheduler_options"], folder, config_folder
-        )
+        #: the scheduler-read sources in use (``tokens`` needs none)
+        read = sorted({lim.settings.source for lim in self.limits.values()} - {TOKENS})
+        self.scheduler = bypass["scheduler"] or (ADAPTIVE_SOURCES[read[0]] if read else "")
+        self.manager = manager
+        if read and manager is None:
+            self.manager = load_scheduler(
+                self.scheduler, bypass["scheduler_options"], folder, config_folder
+            )
+        #: the hold times of a category's tokens since the last call (the daemon's policy)
+        self.holds = holds or (lambda category: [])
         self.timeout = float(
             filled(BYPASS_SCHEMA["properties"]["audit"], bypass["audit"])["timeout"]
         )
@@ -254,21 +323,28 @@ class AdaptiveLimits:
             timeout=self.timeout,
         )
 
-    def decide(self, reading: SchedulerRPCs, due: set[str], at: float) -> list[str]:
-        """Feed ``reading`` to the categories ``due`` now; the log lines of the changes."""
-        if not reading.ok:
-            if reading.message != self.problem:
-                logger.error(
-                    "proxyd.adaptive: cannot read {}'s statistics: {} (the maxima stay)",
-                    self.scheduler,
-                    clip(reading.message),
-                )
-            self.problem = reading.message
-            return []
-        self.problem = ""
+    def decide(self, reading: SchedulerRPCs | None, due: set[str], at: float) -> list[str]:
+        """Feed the categories ``due`` now, ``reading`` (None: no category due reads the
+        scheduler) or their tokens' hold times; the log lines of the changes."""
         lines = []
         for category in sorted(due):
-            decision = self.limits[category].observe(reading, at)
+            limit = self.limits[category]
+            if limit.settings.source == TOKENS:
+                decision: Decision | None = limit.observe_holds(self.holds(category), at)
+            elif reading is None:
+                continue
+            elif not reading.ok:
+                if reading.message != self.problem:
+                    logger.error(
+                        "proxyd.adaptive: cannot read {}'s statistics: {} (the maxima stay)",
+                        self.scheduler,
+                        clip(reading.message),
+                    )
+                self.problem = reading.message
+                continue
+            else:
+                self.problem = ""
+                decision = limit.observe(reading, at)
             if decision is not None and decision.after != decision.before:
                 lines.append(
                     f"{category} max {decision.before} -> {decision.after}: {decision.reason}"
@@ -276,17 +352,20 @@ class AdaptiveLimits:
         return lines
 
     async def run(self, stop: asyncio.Event) -> None:
-        logger.info(
-            "proxyd.adaptive: {} follow {}'s latency",
-            ", ".join(sorted(self.limits)),
-            self.scheduler,
-        )
+        for category, limit in sorted(self.limits.items()):
+            source = limit.settings.source
+            logger.info(
+                "proxyd.adaptive: {} follows {}",
+                category,
+                "its tokens' hold times" if source == TOKENS else f"{self.scheduler}'s {source}",
+            )
         next_at = {c: 0.0 for c in self.limits}
         while not stop.is_set():
             now = time.monotonic()
             due = {c for c, t in next_at.items() if t <= now}
             if due:
-                reading = await asyncio.to_thread(self.read)
+                asks = any(self.limits[c].settings.source != TOKENS for c in due)
+                reading = await asyncio.to_thread(self.read) if asks else None
                 lines = self.decide(reading, due, time.time())
                 for category in due:
                     next_at[category] = now + self.limits[category].settings.interval

@@ -124,6 +124,7 @@ class ProxyDaemon:
                     Path(self.socket_path).parent,
                     self._adaptive_changed,
                     config_folder=self.config_path.parent if self.config_path else None,
+                    holds=lambda category: self.policy.take_holds(category),
                 )
             except ValueError as exc:
                 raise StartupError(str(exc)) from None

@@ -402,6 +402,10 @@ class _Queue:
         return [p for p in self.arrivals if p.live]
 
 
+#: hold times a category keeps between two readings of the adaptive limit
+HOLDS_KEPT = 4096
+
+
 @dataclass
 class _Category:
     limits: Limits
@@ -411,6 +415,9 @@ class _Category:
     last_grant: float = float("-inf")
     queue: _Queue = field(default_factory=_Queue)
     held: dict[str, int] = field(default_factory=dict)  # tokens in use per user
+    #: seconds each ordinary token was held, as it came back (not rides, not lapsed leases):
+    #: the signal of ``proxyd.adaptive``'s ``source: tokens``, taken by :meth:`take_holds`
+    holds: deque[float] = field(default_factory=lambda: deque(maxlen=HOLDS_KEPT))
 
 
 @dataclass(frozen=True)
@@ -712,7 +719,19 @@ class TokenPolicy:
             cat.held.pop(token.user, None)
         if token.privileged:
             cat.in_use_privileged -= 1
+        else:
+            now = self.clock.monotonic()
+            if now < token.expires_at:  # a lapsed lease is a client gone, not a hold time
+                cat.holds.append(max(0.0, now - token.granted))
         return token
+
+    def take_holds(self, category: str) -> list[float]:
+        """How long (seconds) each ordinary token of ``category`` returned since the last
+        call was held: the time its command took, the controller's service in it."""
+        holds = self.categories[category].holds
+        taken = list(holds)
+        holds.clear()
+        return taken
 
     def tick(self, now: float | None = None) -> TickResult:
         """Take back expired leases, deny requests past the wait limit, grant what fits."""

@@ -4,13 +4,17 @@ controller's own latency, applied to the tokens it grants."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 import threading
 
 from support.polling import until
+from support.uids import AS_NOBODY, as_user
 
 from gridgate.core.model import RpcCount, SchedulerRPCs
+from gridgate.plugins.lsf_proxy.cli import render
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import Limits
 from gridgate.plugins.lsf_proxy.daemon.adaptive import (
@@ -40,16 +44,42 @@ def test_slow_multiplies_the_max_down_and_fast_adds_one_back_within_min_and_max(
     limit = rule()
     assert limit.limit == 32, "starts where the configuration puts it"
     assert limit.observe(reading(0, 0), 0) is None, "the first reading is a baseline"
-    down = limit.observe(reading(10, 1000), 5)  # 10 RPCs, 100 ms each: above 50
+    down = limit.observe(reading(10, 600), 5)  # 10 RPCs, 60 ms each: above 50
     assert (down.before, down.after) == (32, 24) and "slow" in down.reason
-    assert down.latency_ms == 100
+    assert down.latency_ms == 60
     seen = [limit.limit]
-    for step in range(1, 10):  # 10 RPCs of 100 ms in each interval
-        limit.observe(reading(10 + 10 * step, 1000 + 1000 * step), 5 + step)
+    for step in range(1, 10):  # 10 RPCs of 60 ms in each interval
+        limit.observe(reading(10 + 10 * step, 600 + 600 * step), 5 + step)
         seen.append(limit.limit)
     assert seen == [24, 18, 13, 9, 6, 4, 3, 2, 2, 2], "x 0.75 each time, never below min"
-    fast = limit.observe(reading(220, 10100), 30)  # 120 RPCs at 0.83 ms each
+    fast = limit.observe(reading(220, 6100), 30)  # 120 RPCs at 0.83 ms each
     assert (fast.before, fast.after) == (2, 3) and "within the target" in fast.reason
+
+
+def test_far_over_the_target_the_cut_is_in_proportion() -> None:
+    limit = rule()
+    limit.observe(reading(0, 0), 0)
+    steep = limit.observe(reading(10, 4000), 5)  # 400 ms each, 8x the target: x 1/8
+    assert (steep.before, steep.after) == (32, 4)
+    floor = limit.observe(reading(20, 104000), 10)  # 10 s each: down to min, not to 0
+    assert floor.after == 2
+
+
+def test_grow_after_waits_for_intervals_in_a_row_within_the_target() -> None:
+    limit = rule(grow_after=3)
+    limit.observe(reading(0, 0), 0)
+    limit.limit = 5
+    afters = []
+    for step in range(1, 8):
+        limit.observe(reading(10 * step, 10 * step), step)  # 1 ms: within the target
+        afters.append(limit.limit)
+    assert afters == [5, 5, 6, 6, 6, 7, 7]
+    assert "1 of 3 intervals before it grows" in limit.decisions[-1].reason
+    limit.observe(reading(80, 70 + 600), 8)  # slow: the count starts again
+    assert limit.limit == 5
+    limit.observe(reading(90, 680), 9)
+    limit.observe(reading(100, 690), 10)
+    assert limit.limit == 5 and limit.good == 2
 
 
 def test_no_signal_keeps_the_max_and_a_reset_is_a_new_baseline() -> None:
@@ -78,7 +108,29 @@ def test_the_policy_max_is_a_ceiling_and_nominal_follows_the_cap() -> None:
     capped = limit.cap(Limits(max=8, nominal=5, throttle=0.001))
     assert (capped.max, capped.nominal) == (3, 3)
     limit.limit = 20
-    assert limit.cap(Limits(max=8, nominal=5)) == Limits(max=8, nominal=5)
+    assert limit.cap(Limits(max=8, nominal=5, user_max=7)) == Limits(max=8, nominal=5, user_max=7)
+
+
+def test_one_user_never_takes_the_reserve_of_the_adaptive_max() -> None:
+    limit = rule(ceiling=8)  # reserve 1, the default
+    limit.limit = 3
+    assert limit.cap(Limits(max=8, nominal=8)).user_max == 2, "a token free for a newcomer"
+    assert limit.user_max == 2 and limit.status()["user_max"] == 2
+    limit.limit = 20  # at the policy's max: the reserve holds there too
+    assert limit.cap(Limits(max=8, nominal=8)) == Limits(max=8, nominal=8, user_max=7)
+    limit.limit = 6  # the policy's own user_max stays when it already leaves the reserve
+    assert limit.cap(Limits(max=8, nominal=8, user_max=2)).user_max == 2
+    limit.limit = 2
+    assert limit.cap(Limits(max=8, nominal=8, user_max=2)).user_max == 1
+    single = rule(ceiling=8, min=1)
+    single.limit = 1  # nothing to keep back from a single token
+    assert single.cap(Limits(max=8, nominal=8)) == Limits(max=1, nominal=1)
+    wide = rule(ceiling=8, reserve=3)
+    wide.limit = 5
+    assert wide.cap(Limits(max=8, nominal=8)).user_max == 2
+    none = rule(ceiling=8, reserve=0)
+    none.limit = 5
+    assert none.cap(Limits(max=8, nominal=8)) == Limits(max=5, nominal=5)
 
 
 def test_the_signal_is_the_categorys_rpc_types_not_the_daemons_own_reading() -> None:
@@ -140,10 +192,12 @@ def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daem
     seen = status(daemon)
     assert seen["categories"]["query"]["token_limit"] == 2
     assert seen["categories"]["query"]["nominal"] == 2
+    assert seen["adaptive"]["query"]["user_max"] == 1, "one of the 2 kept for a newcomer"
     assert seen["categories"]["submission"]["token_limit"] == 100, "only the category named"
     last = seen["adaptive"]["query"]["last"]
     assert last["after"] == 2 and "slow" in last["reason"] and last["latency_ms"] > target_ms
-    assert "proxyd.adaptive: query max 12 -> 9" in daemon.log()
+    # a latency thousands of times the target: cut to min in one step, not seven of x 0.75
+    assert "proxyd.adaptive: query max 12 -> 2: slow: " in daemon.log()
 
 
 def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
@@ -186,3 +240,123 @@ def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
     decisions = status(daemon)["adaptive"]["query"]["decisions"]
     assert all(d["after"] <= 12 for d in decisions)
     assert "server threads" in daemon.log() and "within the target" in daemon.log()
+
+
+# Runs as an ordinary user (root is never paced, so its holds are no signal): THREADS loops
+# each taking a query token, holding it HOLD seconds, giving it back, until killed.
+HOLDER = r"""
+import sys, threading, time
+from loguru import logger
+logger.remove()
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+socket, threads, hold = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+client = ProxyClient([Daemon("proxyd", socket)])
+def loop():
+    while True:
+        with client.acquire("query", "squeue"):
+            time.sleep(hold)
+for _ in range(threads):
+    threading.Thread(target=loop, daemon=True).start()
+print("holding", flush=True)
+threading.Event().wait()
+"""
+
+ONE = r"""
+import json, sys
+from loguru import logger
+logger.remove()
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+with ProxyClient([Daemon("proxyd", sys.argv[1])]) as client:
+    with client.acquire("query", "squeue") as token:
+        print(json.dumps({"waited": token.waited}))
+"""
+
+
+def holders(socket: str, threads: int, hold: float) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [*AS_NOBODY, sys.executable, "-c", HOLDER, socket, str(threads), str(hold)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(30)
+    if proc.stdout:
+        proc.stdout.close()
+
+
+def test_the_tokens_own_hold_times_lower_the_max_and_raise_it_keeping_a_newcomers_token(
+    start_daemon,
+) -> None:
+    # source tokens reads no scheduler: the daemon times the holds of its own tokens
+    daemon = start_daemon(
+        {
+            "policies": "QUERY[max=16 nominal=16]",
+            "adaptive": {
+                "query": {
+                    "source": "tokens",
+                    "target_ms": 150,
+                    "min": 2,
+                    "max": 12,
+                    "interval": 1,
+                    "min_requests": 1,
+                }
+            },
+        }
+    )
+
+    def adaptive() -> dict:
+        return status(daemon)["adaptive"]["query"]
+
+    slow = holders(daemon.socket, 6, 0.4)  # every command holds its token 400 ms
+    try:
+        assert until(lambda: adaptive()["limit"] == 2, timeout=60), adaptive()
+        seen = status(daemon)
+        assert seen["categories"]["query"]["token_limit"] == 2
+        assert seen["adaptive"]["query"]["user_max"] == 1
+        last = seen["adaptive"]["query"]["last"]
+        assert "median hold of" in last["reason"] and last["latency_ms"] >= 400
+        with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
+            lines = render.status_text(client.admin("status"))
+        prefix = "  ADAPTIVE_LIMIT: QUERY=2 (tokens, 2-12, target 150 ms): slow: "
+        assert any(line.startswith(prefix) for line in lines), lines
+        # nobody floods at its cap of 1; another user finds the reserved token free
+        other = subprocess.run(
+            [*as_user("daemon"), sys.executable, "-c", ONE, daemon.socket],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        assert other.returncode == 0, other.stderr
+        assert json.loads(other.stdout) == {"waited": 0.0}, "granted at once, no queue"
+    finally:
+        stop(slow)
+    fast = holders(daemon.socket, 2, 0.005)
+    try:
+        assert until(lambda: adaptive()["limit"] == 12, timeout=90), adaptive()
+    finally:
+        stop(fast)
+    decisions = adaptive()["decisions"]
+    assert all(2 <= d["after"] <= 12 for d in decisions)
+    assert "within the target" in decisions[-1]["reason"]
+    log = daemon.log()
+    assert "proxyd.adaptive: query follows its tokens' hold times" in log
+    assert "proxyd.adaptive: query max 12 -> " in log and " ms median hold of " in log
+
+
+def test_a_scheduler_only_key_under_source_tokens_is_named() -> None:
+    entry = {"source": "tokens", "max_server_threads": 4}
+    problems = ProxydSection.config_errors({"adaptive": {"query": entry}})
+    assert problems == [
+        (
+            ("adaptive", "query", "max_server_threads"),
+            "max_server_threads is read from the scheduler; source tokens measures the "
+            "tokens' hold times (use source: sdiag)",
+        )
+    ]

@@ -15,6 +15,7 @@ from support.lsfproxyd import install_shims
 from support.polling import until
 from support.uids import as_user, real_user
 
+from gridgate.plugins.lsf_proxy.cli import render
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 
 SLURM_TOOLS = ("squeue", "sbatch", "sinfo", "scontrol", "sdiag")
@@ -104,6 +105,12 @@ def test_block_stops_the_bypassers_gated_calls_for_a_while(
         refused = run_as(rogue, ["squeue", "-h"], env)
         assert refused.returncode == 75, refused.stderr
         assert f"{rogue} blocked for 4 s" in daemon.log()
+        # `lsfproxyd status` says so in its text too, not only under --json
+        with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
+            lines = render.status_text(client.admin("status"))
+        [audit] = [line for line in lines if line.startswith("  BYPASS_AUDIT: ")]
+        assert audit.startswith("  BYPASS_AUDIT: slurm every 1 s, action block, "), audit
+        assert f"; acting on: {rogue} (block until " in audit, audit
         # `for` passed: off the blocklist again, by the audit itself
         assert until(lambda: not status(daemon)["bypass"]["acting"], timeout=30)
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
