@@ -173,7 +173,8 @@ BYPASS_SCHEMA: dict[str, Any] = {
             "enum": ["report", "block", "deny_partition"],
             "default": "report",
             "description": "report: a warning per user and window and the metric; block: "
-            "also on the daemon's blocklist for `for`; deny_partition: also out of the "
+            "also on the blocklist of every daemon of the service for `for`; deny_partition: "
+            "also out of the "
             "scheduler's partitions for `for`.",
         },
         "for": {

@@ -348,7 +348,45 @@ class BypassWatch:
         self.trace = RequestTrace(self)
         daemon.policy.on_grant = self._granted
         daemon.policy.on_release = self.trace.ledger.released
-        daemon.peers.extra = self.audit.covered  # the others' audits add this daemon's grants
+        daemon.peers.extra = self.heartbeat  # the others' audits add this daemon's grants
+
+    def heartbeat(self) -> dict[str, Any]:
+        """What this daemon's heartbeats carry: its grants (:meth:`BypassAudit.covered`) and
+        the users its own audit blocked, until when (wall time), so that every daemon of the
+        service refuses them: a bypasser must not take its tokens from a peer instead."""
+        blocked = {
+            user: float(held["until"])
+            for user, held in self.acting.held.items()
+            if held.get("action") == "block" and not held.get("from")
+        }
+        return {**self.audit.covered(), "blocked": blocked}
+
+    def adopt_blocks(self, now: float | None = None) -> None:
+        """Block here the users a peer's audit blocked (its heartbeat's ``blocked``) until
+        the same time; :meth:`undo_due` lifts them then, as it lifts this daemon's own."""
+        now = time.time() if now is None else now
+        changed = False
+        for peer, grants in sorted(self.daemon.peers.peer_grants.items()):
+            for user, until in sorted((grants.get("blocked") or {}).items()):
+                if until <= now or user in self.acting.held or self.exempt(user):
+                    continue
+                added, decisions = self.daemon.policy.block(BlockRule.make(users=[user]))
+                for decision in decisions:
+                    self.daemon.tokens.deliver(decision)
+                if not added:  # an operator's block: theirs to lift, not the audit's
+                    continue
+                self.acting.held[user] = {"action": "block", "until": until, "from": peer}
+                changed = True
+                logger.warning(
+                    "proxyd.bypass: {} blocked for {:g} s, as {}'s audit blocked it "
+                    "(bypass.action block)",
+                    user,
+                    until - now,
+                    peer,
+                )
+        if changed:
+            self.daemon.save_blocklist()
+            self.acting.save()
 
     def _granted(self, token: Token) -> None:
         self.audit.granted(token)
@@ -403,6 +441,7 @@ class BypassWatch:
         told = ""
         while not stop.is_set():
             started = time.monotonic()
+            self.adopt_blocks()
             await self.undo_due()
             reading = await asyncio.to_thread(self.read)
             if any(not cat.enabled for cat in self.daemon.policy.categories.values()):
@@ -458,9 +497,12 @@ class BypassWatch:
         until = time.time() + self.settings.hold
         if action == "block":
             rule = BlockRule.make(users=[finding.user])
-            _added, decisions = self.daemon.policy.block(rule)
+            added, decisions = self.daemon.policy.block(rule)
             for decision in decisions:
                 self.daemon.tokens.deliver(decision)
+            if not added:  # an operator's block: theirs to lift, not the audit's
+                logger.debug("proxyd.bypass: {} is on the blocklist already", finding.user)
+                return
             self.daemon.save_blocklist()
             logger.warning(
                 "proxyd.bypass: {} blocked for {:g} s (bypass.action block)",
@@ -490,7 +532,8 @@ class BypassWatch:
         ``notify_after`` windows in a row."""
         action = {
             "report": "It is reported only (proxyd.bypass.action: report).",
-            "block": f"It is put on the daemon's blocklist for {self.settings.hold:g} s.",
+            "block": f"It is put on the blocklist of every daemon of the service for "
+            f"{self.settings.hold:g} s.",
             "deny_partition": f"It is taken out of the {self.settings.scheduler} partitions for "
             f"{self.settings.hold:g} s (new jobs refused).",
         }[self.settings.action]

@@ -200,6 +200,17 @@ class BeatResult:
     answered: bool = False
 
 
+def _numbers(data: Any, most: int = 100_000) -> dict[str, float]:
+    """``{user: number}`` from a peer's heartbeat: anything else in it is dropped."""
+    if not isinstance(data, Mapping):
+        return {}
+    return {
+        str(user): float(value)
+        for user, value in list(data.items())[:most]
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
 class Heartbeat:
     """Runs a :class:`PeerView` in the daemon: sends heartbeats, answers them.
 
@@ -226,8 +237,9 @@ class Heartbeat:
         self.addresses: dict[str, str] = {}
         self.section: Mapping[str, Any] = {}
         self._warned: set[str] = set()
-        #: what this daemon adds to its heartbeats (the bypass audit's grants), and what the
-        #: peers' heartbeats brought: name -> {"at": wall time, "covered": {user: cover}}
+        #: what this daemon adds to its heartbeats (the bypass audit's grants and blocks), and
+        #: what the peers' heartbeats brought: name -> {"at": wall time, "covered": {user:
+        #: cover}, "blocked": {user: until}}
         self.extra: Callable[[], Mapping[str, Any]] | None = None
         self.peer_grants: dict[str, dict[str, Any]] = {}
         self.configure(section)
@@ -288,12 +300,11 @@ class Heartbeat:
             or not isinstance(covered, Mapping)
         ):
             return
-        kept = {
-            str(user): float(cover)
-            for user, cover in list(covered.items())[:100_000]
-            if isinstance(cover, int | float) and not isinstance(cover, bool)
+        self.peer_grants[name] = {
+            "at": float(at),
+            "covered": _numbers(covered),
+            "blocked": _numbers(data.get("blocked")),
         }
-        self.peer_grants[name] = {"at": float(at), "covered": kept}
 
     # -- answering a peer's heartbeat (the ``heartbeat`` admin op)
 

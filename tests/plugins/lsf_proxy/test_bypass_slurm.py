@@ -262,9 +262,9 @@ def test_a_user_who_keeps_going_around_the_gate_is_mailed_once(
     assert "diagnose on -c bypass" in text
 
 
-def test_several_daemons_audit_once_with_every_daemons_grants(
-    slurm, start_daemon, sockdir, gridgate_exe
-) -> None:
+def two_daemons(start_daemon, sockdir: Path, slurm, **bypass):
+    """Daemons pa and pb of one service (proxyd.hosts, heartbeats every second), auditing
+    with ``bypass``; returned once pa, the first live one, has judged two windows."""
     hosts = [
         {"name": "pa", "address": str(sockdir / "pa.sock")},
         {"name": "pb", "address": str(sockdir / "pb.sock")},
@@ -277,11 +277,19 @@ def test_several_daemons_audit_once_with_every_daemons_grants(
             "scheduler": "slurm",
             "scheduler_options": {"commands": {"sdiag": real("sdiag")}, "env": dict(slurm.env)},
             "audit": {"interval": 1, "tolerance": 3},
+            **bypass,
         },
     }
     pa = start_daemon(section, name="pa", config_name="site.yaml")
     pb = start_daemon(section, name="pb", config_name="site.yaml")
     assert until(lambda: status(pa)["bypass"]["windows"] >= 2, timeout=60), pa.log()
+    return pa, pb
+
+
+def test_several_daemons_audit_once_with_every_daemons_grants(
+    slurm, start_daemon, sockdir, gridgate_exe
+) -> None:
+    pa, pb = two_daemons(start_daemon, sockdir, slurm)
     assert "audited by pa" in status(pb)["bypass"]["skipped"]
     # the gated user's tokens come from pb only: pa must count them
     path, _, _ = install_shims(gridgate_exe, sockdir, pb, *SLURM_TOOLS)
@@ -297,3 +305,46 @@ def test_several_daemons_audit_once_with_every_daemons_grants(
         assert "proxyd.bypass:" not in "".join(
             ln for ln in pb.log().splitlines() if " made " in ln
         ), "one auditor for the service"
+
+
+def test_a_block_of_the_auditor_reaches_every_daemon_of_the_service_and_ends_there_too(
+    slurm, start_daemon, sockdir, gridgate_exe
+) -> None:
+    pa, pb = two_daemons(start_daemon, sockdir, slurm, action="block", **{"for": 8})
+    # the rogue's gated calls go through pb, which does not audit: pa's block must reach it
+    path, _, _ = install_shims(gridgate_exe, sockdir, pb, *SLURM_TOOLS)
+    env = {"PATH": path, **slurm.env}
+    with real_user("ggsb") as rogue:
+        assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
+        squeue_loop(rogue, slurm, 40)
+        assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
+        assert until(lambda: rogue in status(pb)["bypass"]["acting"], timeout=30), pb.log()
+        assert status(pb)["bypass"]["acting"][rogue]["from"] == "pa"
+        refused = run_as(rogue, ["squeue", "-h"], env)
+        assert refused.returncode == 75, refused.stderr
+        assert f"proxyd.bypass: {rogue} blocked for " in pb.log()
+        assert ", as pa's audit blocked it" in pb.log()
+        # `for` passed: each daemon lifts the block itself
+        assert until(lambda: not status(pb)["bypass"]["acting"], timeout=40), pb.log()
+        assert until(lambda: not status(pa)["bypass"]["acting"], timeout=30), pa.log()
+        assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
+        assert f"proxyd.bypass: {rogue} unblocked" in pb.log()
+
+
+def test_an_operators_block_is_left_to_the_operator(
+    slurm, start_daemon, sockdir, gridgate_exe, cli
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm, action="block", **{"for": 2})
+    path, _, _ = install_shims(gridgate_exe, sockdir, daemon, *SLURM_TOOLS)
+    env = {"PATH": path, **slurm.env}
+    with real_user("ggob") as rogue:
+        done = cli("block", "-u", rogue, "--socket", daemon.socket)
+        assert done.returncode == 0, done.stderr
+        squeue_loop(rogue, slurm, 40)
+        assert until(lambda: f"proxyd.bypass: {rogue} made" in daemon.log(), timeout=30)
+        windows = status(daemon)["bypass"]["windows"]
+        # more than `for` later: the audit neither took the block over nor lifted it
+        assert until(lambda: status(daemon)["bypass"]["windows"] >= windows + 4, timeout=30)
+        assert rogue not in status(daemon)["bypass"]["acting"]
+        assert run_as(rogue, ["squeue", "-h"], env).returncode == 75
+        assert f"{rogue} unblocked" not in daemon.log()

@@ -144,6 +144,23 @@ def test_service_state_from_json_refuses_bad_input():
             ServiceState.from_json(bad)
 
 
+def test_a_peers_grants_and_blocks_keep_only_numbers_per_user():
+    section = {"hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}]}
+    beat = Heartbeat("pa", section, FakeClock(), lambda _change: None)
+    grants = {
+        "at": 5,
+        "covered": {"u": 2, "v": "x", "w": True},
+        "blocked": {"rogue": 99.5, "other": None, "flag": False},
+    }
+    state = ServiceState(dict.fromkeys(CATEGORIES, True), 1.0, "pb")
+    beat.answer({"from": "pb", "service": state.to_json(), "grants": grants})
+    assert beat.peer_grants["pb"] == {"at": 5.0, "covered": {"u": 2.0}, "blocked": {"rogue": 99.5}}
+    beat.keep_grants("pb", {"at": 6, "covered": {}, "blocked": "everyone"})
+    assert beat.peer_grants["pb"]["blocked"] == {}, "a bad list blocks nobody"
+    beat.keep_grants("pb", {"at": 7, "covered": {}})  # a daemon from before the blocks
+    assert beat.peer_grants["pb"] == {"at": 7.0, "covered": {}, "blocked": {}}
+
+
 def test_heartbeat_answer_and_round_report_changes():
     clock = FakeClock()
     section = {
