@@ -6,7 +6,9 @@ The gate bench's shape (bench_slurm.py, whose phases this reuses): a private Slu
 loops as ``nobody`` and a light user (``daemon``) running one squeue a second, both taking
 query tokens through the in-process client, for ``--seconds`` per phase. ``--mode niced`` (the
 default) runs each squeue at the niceness its grant names, as the gate's shims do (the daemon
-nices a busy user's commands); ``--mode client`` at full priority.
+nices a busy user's commands); ``--mode client`` at full priority; ``--mode shims`` through
+each daemon's own shims (``gridgate gate --install-shims``: a process per call, its start in
+the light user's time).
 
 Two real ``gridgate lsfproxyd serve`` daemons: ``fixed`` (``--fixed``, default
 ``QUERY[max=3 nominal=3 user_max=2]``, the gate bench's) and ``adaptive`` (``QUERY[max=M
@@ -24,7 +26,7 @@ REQUEST_JOB_INFO time and thread count, where the adaptive max ended each phase 
 five decisions.
 
     .venv/bin/python bench/bench_adaptive.py [--loops 32] [--jobs 5000] [--seconds 20]
-        [--rounds 3] [--mode niced|client] [--source tokens|sdiag] [--target-over-idle 1.2]
+        [--rounds 3] [--mode niced|client|shims] [--source tokens|sdiag] [--target-over-idle 1.2]
         [--target-ms 50] [--min 2] [--max 32] [--interval 1] [--reserve 1] [--grow-after 5]
         [--max-server-threads N] [--rpc-types A,B] [--fixed 'QUERY[...]'] [--json]
 """
@@ -71,6 +73,7 @@ def bench(
     """``entry``: the adaptive daemon's ``proxyd.adaptive.query``; with ``target_over_idle``
     its ``target_ms`` is that ratio over the light user's idle median, measured first on this
     cluster (what an operator does: time an idle squeue, say what it may become)."""
+    from gridgate.plugins.lsf_proxy.gate.gate import install_shims
     from gridgate.plugins.slurm.cluster import SlurmCluster
 
     folder = Path(tempfile.mkdtemp(prefix="gg-bench-adaptive-", dir="/tmp"))
@@ -80,7 +83,7 @@ def bench(
     rows: list[dict[str, Any]] = []
     entry = dict(entry)
     calibration: dict[str, Any] | None = None
-    shims = folder / "no-shims"  # mode client: the in-process token client
+    shims = folder / "no-shims"  # the idle phases run no shim
     try:
         with SlurmCluster(folder / "cluster", extra_conf=[f"MaxJobCount={jobs * 2 + 1000}"]) as c:
             _fill(c, jobs)
@@ -106,17 +109,25 @@ def bench(
                     },
                 ),
             }
-            for daemon in daemons.values():
+            shim_dirs = {}
+            for name, daemon in daemons.items():
                 Path(daemon.socket).chmod(0o666)
+                # mode shims: each daemon's own shims (the gate's: a process per call)
+                shim_dirs[name] = folder / f"shims-{name}"
+                install_shims(shim_dirs[name], ["squeue"], socket_path=daemon.socket)
             try:
                 for index in range(rounds):
                     # an idle phase in every round: load from elsewhere hits all three alike
                     idle = _phase(c, "idle", loops, seconds, daemons["fixed"].socket, shims)
                     rows.append({"daemon": "idle", "round": index, **idle})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                    if mode == "shims":  # the shim's own cost: the light user alone, gated
+                        alone = _phase(c, "idle:shims", loops, seconds, "", shim_dirs["fixed"])
+                        rows.append({"daemon": "idle-shims", "round": index, **alone})
+                        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                     for name, daemon in daemons.items():
                         row: dict[str, Any] = {"daemon": name, "round": index}
-                        row.update(_phase(c, mode, loops, seconds, daemon.socket, shims))
+                        row.update(_phase(c, mode, loops, seconds, daemon.socket, shim_dirs[name]))
                         seen = _status(daemon.socket)
                         row["query_max_at_end"] = seen["categories"]["query"]["token_limit"]
                         if name == "adaptive":
@@ -156,6 +167,13 @@ def bench(
                 for name in ("fixed", "adaptive")
             },
             "light_gated_over_idle_goal": 1.3,
+            # through the shims: the light user alone, gated, over its idle median (the floor
+            # no limit can go under: the shim's own start)
+            "light_alone_shims_over_idle": (
+                round(median("idle-shims", "light_median_ms") / idle_ms, 2)
+                if mode == "shims"
+                else None
+            ),
             "loops_adaptive_over_fixed": round(
                 median("adaptive", "loop_calls_per_s") / median("fixed", "loop_calls_per_s"), 3
             ),
@@ -190,9 +208,10 @@ def main() -> None:
     parser.add_argument("--rpc-types", default="", help="comma-separated sdiag RPC types")
     parser.add_argument(
         "--mode",
-        choices=("niced", "client"),
+        choices=("niced", "client", "shims"),
         default="niced",
-        help="niced: squeue at the grant's nice, as the gate runs it; client: at full priority",
+        help="niced: squeue at the grant's nice, as the gate runs it; client: at full priority; "
+        "shims: through the gate's shims, a process per call",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
