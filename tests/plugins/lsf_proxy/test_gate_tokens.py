@@ -589,6 +589,30 @@ def niceness(stat: str) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])
 
 
+# As nobody: the in-process client's token says the niceness the grant named (Token.nice).
+TOKEN_NICE = """
+import sys
+from loguru import logger
+logger.remove()
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+with ProxyClient([Daemon("proxyd", sys.argv[1])]) as client:
+    with client.acquire("query", "squeue") as token:
+        print(token.nice)
+"""
+
+
+def in_process_nice(socket: str) -> int:
+    done = subprocess.run(
+        [*AS_NOBODY, sys.executable, "-c", TOKEN_NICE, socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
 def test_a_busy_users_gated_command_runs_niced(start_daemon, gridgate_exe, sockdir) -> None:
     # two query calls in flight make a user busy here: the second runs at busy_nice
     daemon = start_daemon({"policies": "QUERY[max=4 nominal=4]", "busy_after": 2, "busy_nice": 7})
@@ -597,6 +621,7 @@ def test_a_busy_users_gated_command_runs_niced(start_daemon, gridgate_exe, sockd
     alone = run(stat, user="nobody")
     assert alone.returncode == 0, alone.stderr
     assert niceness(alone.stdout) == 0
+    assert in_process_nice(daemon.socket) == 0
     holders = []
     try:
         for user in ("nobody", "root"):
@@ -608,6 +633,8 @@ def test_a_busy_users_gated_command_runs_niced(start_daemon, gridgate_exe, sockd
         busy = run(stat, user="nobody")
         assert busy.returncode == 0, busy.stderr
         assert niceness(busy.stdout) == 7
+        # the in-process client hands the same word on to its caller
+        assert in_process_nice(daemon.socket) == 7
         # a user who already runs nicer stays there; root and the admins are never niced
         nicer = run(["nice", "-n", "15", *AS_NOBODY, *stat])
         assert niceness(nicer.stdout) == 15
