@@ -198,8 +198,10 @@ class AdaptiveLimit:
         self, latency: float | None, count: int, what: str, slow: list[str], at: float
     ) -> Decision:
         signal = latency is not None and count >= self.settings.min_requests
-        if signal and latency is not None and latency > self.settings.target_ms:
-            slow.insert(0, f"{latency:.1f} ms {what}")
+        #: the latency over the target, when it is a signal
+        over = latency if signal and latency and latency > self.settings.target_ms else None
+        if over is not None:
+            slow.insert(0, f"{over:.1f} ms {what}")
         before = min(self.limit, self.top)
         if not slow and signal:
             self.good += 1
@@ -207,8 +209,8 @@ class AdaptiveLimit:
             self.good = 0
         if slow:
             factor = self.settings.backoff
-            if signal and latency is not None and latency > self.settings.target_ms:
-                factor = min(factor, self.settings.target_ms / latency)
+            if over is not None:
+                factor = min(factor, self.settings.target_ms / over)
             after = max(self.settings.low, int(before * factor))
             reason = f"slow: {', '.join(slow)} (target {self.settings.target_ms:g} ms)"
         elif not signal:

@@ -243,18 +243,19 @@ def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
 
 
 # Runs as an ordinary user (root is never paced, so its holds are no signal): THREADS loops
-# each taking a query token, holding it HOLD seconds, giving it back, until killed.
+# each taking a query token, running a real command of HOLD seconds under it (coreutils'
+# sleep: a gated command that takes that long), giving it back, until killed.
 HOLDER = r"""
-import sys, threading, time
+import subprocess, sys, threading
 from loguru import logger
 logger.remove()
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
-socket, threads, hold = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+socket, threads, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 client = ProxyClient([Daemon("proxyd", socket)])
 def loop():
     while True:
         with client.acquire("query", "squeue"):
-            time.sleep(hold)
+            subprocess.run(["/bin/sleep", hold], check=True)
 for _ in range(threads):
     threading.Thread(target=loop, daemon=True).start()
 print("holding", flush=True)
