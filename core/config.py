@@ -32,6 +32,7 @@ from gridgate.core.plugins import (
     load_class,
 )
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret, secret_problems
+from gridgate.core.settings import fill_defaults
 from gridgate.core.state import STATE_GROUP
 from gridgate.core.weights import WEIGHTS_SCHEMA
 
@@ -94,27 +95,11 @@ def core_schema() -> dict[str, Any]:
 # --- defaults -------------------------------------------------------------------------------
 
 
-def _set_defaults(
-    validator: Any, properties: Mapping[str, Any], instance: Any, schema: Any
-) -> Iterator[ValidationError]:
-    if isinstance(instance, dict):
-        for name, sub in properties.items():
-            if isinstance(sub, dict) and "default" in sub and name not in instance:
-                instance[name] = copy.deepcopy(sub["default"])
-    yield from Draft202012Validator.VALIDATORS["properties"](
-        validator, properties, instance, schema
-    )
-
-
-_DefaultFiller = validators.extend(Draft202012Validator, {"properties": _set_defaults})
-
-
 def apply_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
     """Fill the defaults of ``schema`` into ``instance`` in place (nested objects too). Call
     only on a valid document: a plugin calls it on its own section (``config``) when it is
     built outside a loaded config, as tests and command-line tools do."""
-    for _ in _DefaultFiller(schema).iter_errors(instance):
-        pass  # errors were already reported by the plain validator; this pass only fills
+    fill_defaults(instance, schema)
 
 
 # --- paths relative to the config file --------------------------------------------------------

@@ -21,6 +21,7 @@ from gridgate.core import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.failing import FailingCache
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
+from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import STATE_GROUP, StateStore
 
 __all__ = [
@@ -131,10 +132,18 @@ class Plugin:
 
     ``config_schema`` is the JSON Schema (2020-12) of the plugin's own config section; core
     composes it into the file's schema and fills its defaults before the constructor runs.
-    ``config_errors`` adds cross-field checks a schema cannot express.
+    ``settings_class`` (a :class:`gridgate.core.settings.Settings` dataclass, one field per
+    property of ``config_schema``) is how the plugin reads it: the constructor builds
+    ``self.settings`` from the section once, typed, defaults from the schema alone, and the
+    class's cross-key rules are config errors (``config_errors``). ``self.config`` keeps the
+    section as written for plugins that read it themselves (API 1.x). ``config_errors`` adds
+    cross-field checks a schema cannot express.
     """
 
     config_schema: ClassVar[dict[str, Any]] = {"type": "object", "additionalProperties": False}
+    settings_class: ClassVar[type[Settings] | None] = None
+    #: the section's typed settings (None for a plugin that declares no ``settings_class``)
+    settings: Any = None
     name: str = ""
     #: A backend: the key of its section that lists its endpoints (``servers``); a configured
     #: backend whose list is empty is a config error, since it could submit nowhere.
@@ -143,11 +152,20 @@ class Plugin:
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         self.config = config
         self.context = context
+        if self.settings_class is not None:
+            self.settings = settings_from(
+                self.config_schema, config, self.settings_class, validate=False
+            )
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        """Cross-field problems as (path inside the section, message); empty when fine."""
-        return []
+        """Cross-field problems as (path inside the section, message); empty when fine. The
+        default reports the ``settings_class``'s rules (:meth:`Settings.problems`): a
+        subclass that adds checks of its own extends ``super().config_errors(section)``."""
+        if cls.settings_class is None:
+            return []
+        settings = settings_from(cls.config_schema, section, cls.settings_class, validate=False)
+        return list(settings.problems())
 
     @classmethod
     def config_warnings(cls, section: Mapping[str, Any]) -> ConfigProblems:

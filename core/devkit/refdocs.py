@@ -231,6 +231,10 @@ API: tuple[tuple[str, str], ...] = (
         "The base class of a plugin and the services it is given.",
     ),
     (
+        "gridgate.core.settings",
+        "A config section read once and typed: a frozen dataclass per section whose defaults come only from its JSON Schema, and its cross-key rules.",
+    ),
+    (
         "gridgate.core.backend",
         "The base class of a backend: answers the hooks for its own endpoints only, builds `BackendInfo` from the section (with the pilot resources it maps), runs commands with the call's deadline and output cap; `Outages` for endpoints sharing one controller.",
     ),
