@@ -279,6 +279,10 @@ API: tuple[tuple[str, str], ...] = (
         "Text from outside (a CE, a feed, a pilot's stderr): JSON and YAML whose every bad document is a `ValueError`, and escaping before people read it.",
     ),
     (
+        "gridgate.core.documents",
+        "The boundary for documents from outside (CE answers, tokens, scheduler tables, feeds, store records): decoded once into typed values, every bad one a `DocumentError`, fixed-width rows read by their producer's format.",
+    ),
+    (
         "gridgate.core.clock",
         "Time, injected: use `context.clock`, never `time.time()`.",
     ),
