@@ -1,7 +1,7 @@
 """Figures of the token daemon (run by hand, not in CI): throughput vs an echo server, grant
 latency, fairness at saturation, memory with 10,000 idle connections.
 
-    .venv/bin/python bench/bench_proxyd.py all [--seconds 5] [--write docs/performance.md]
+    .venv/bin/python bench/bench_proxyd.py all [--seconds 5] [--write bench/results/bench_proxyd-DATE.md]
 
 Every daemon is a real ``gridgate lsfproxyd serve`` process; clients are separate processes
 (throughput) or asyncio connections in this one. Each part stays well under two minutes.
