@@ -22,7 +22,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
