@@ -133,30 +133,36 @@ SECOND_HOMES: dict[str, dict[str, str]] = {
 }
 
 
-def _warn(message: str) -> None:
+def _warn(message: str, frames: int = 0) -> None:
     # stacklevel 4: past this function, _told or _rehomed, and the forwarder (a module
-    # __getattr__ or a loader): the line that used the old path
-    warnings.warn(message, DeprecationWarning, stacklevel=4)
+    # __getattr__ or a loader): the line that used the old path; ``frames`` more when the
+    # forwarder was called by the module's own __getattr__
+    warnings.warn(message, DeprecationWarning, stacklevel=4 + frames)
 
 
-def _told(old: str, new: str) -> None:
+def _told(old: str, new: str, frames: int = 0) -> None:
     _warn(
         f"{old} moved to {new} in gridgate's API 1.5 (an internal path: it may change again); "
-        "the old path stops working at 2.0"
+        "the old path stops working at 2.0",
+        frames,
     )
 
 
-def _rehomed(old: str, name: str, home: str) -> None:
-    _warn(f"{old}: import {name} from {home}, its one home; the old path stops working at 2.0")
+def _rehomed(old: str, name: str, home: str, frames: int) -> None:
+    _warn(
+        f"{old}: import {name} from {home}, its one home; the old path stops working at 2.0",
+        frames,
+    )
 
 
-def moved_names(module: str) -> Callable[[str], Any]:
+def moved_names(module: str) -> Callable[..., Any]:
     """A module ``__getattr__`` for the top-level ``module`` (``gridgate.core.state``) that
     gives each name it lost (:data:`MOVED_NAMES`, :data:`SECOND_HOMES`) from its new module,
-    with a warning."""
+    with a warning. A module with a ``__getattr__`` of its own calls it with ``frames=1``, so
+    that the warning still names the line that used the old path."""
     short = module.rsplit(".", 1)[-1]
 
-    def forward(name: str) -> Any:
+    def forward(name: str, frames: int = 0) -> Any:
         moved = MOVED_NAMES.get(short, {}).get(name)
         target = moved or SECOND_HOMES.get(short, {}).get(name)
         if target is None:
@@ -165,9 +171,9 @@ def moved_names(module: str) -> Callable[[str], Any]:
 
         new = f"{PACKAGE}.{target}"
         if moved:
-            _told(f"{module}.{name}", f"{new}.{name}")
+            _told(f"{module}.{name}", f"{new}.{name}", frames)
         else:
-            _rehomed(f"{module}.{name}", name, new)
+            _rehomed(f"{module}.{name}", name, new, frames)
         return getattr(importlib.import_module(new), name)
 
     return forward

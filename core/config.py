@@ -31,18 +31,13 @@ from gridgate.core.plugins import (
     PluginLoadError,
     load_class,
 )
-from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret, secret_problems
+from gridgate.core.secrets import secret_problems
 from gridgate.core.state import STATE_GROUP
 from gridgate.core.weights import WEIGHTS_SCHEMA
 
 PathT = ConfigPath
 
-# SECRET_SCHEMA, SecretError and read_secret live in gridgate.core.secrets (light to import, for
-# the gate's start-up); they stay importable from here.
 __all__ = [
-    "SECRET_SCHEMA",
-    "read_secret",
-    "SecretError",
     "Config",
     "ConfigError",
     "ConfigProblem",
