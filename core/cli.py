@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 from gridgate.core.config import ConfigError, load_config
 from gridgate.core.text import printable
 

@@ -22,7 +22,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
@@ -31,19 +31,14 @@ from gridgate.core.plugins import (
     PluginLoadError,
     load_class,
 )
-from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret, secret_problems
+from gridgate.core.secrets import secret_problems
 from gridgate.core.settings import fill_defaults
 from gridgate.core.state import STATE_GROUP
 from gridgate.core.weights import WEIGHTS_SCHEMA
 
 PathT = ConfigPath
 
-# SECRET_SCHEMA, SecretError and read_secret live in gridgate.core.secrets (light to import, for
-# the gate's start-up); they stay importable from here.
 __all__ = [
-    "SECRET_SCHEMA",
-    "read_secret",
-    "SecretError",
     "Config",
     "ConfigError",
     "ConfigProblem",

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
-from gridgate.core import hookimpl, moved_names
+from gridgate.core import hookimpl
+from gridgate.core._moved import moved_names
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.model import (
     CommandResult,

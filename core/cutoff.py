@@ -1,14 +1,15 @@
 """A wall-clock deadline over a whole exchange that a library reads with per-read timeouts.
 
-smtplib, redis-py and a plain socket take a ``timeout`` that bounds each read: a server that
-sends a byte every second before it runs out (a greeting line by line, a reply a byte at a
-time) holds the caller for as long as it likes. :func:`cut_after` runs ``action`` (close the
+smtplib, redis-py, urllib3's connections (under :mod:`gridgate.core.http`) and a plain socket
+take a ``timeout`` that bounds each read: a server that sends a byte every second before it
+runs out (a greeting line by line, a reply a byte at a time) holds the caller for as long as
+it likes. :func:`cut_after` runs ``action`` (close the
 socket, disconnect the pool) when ``seconds`` have passed and the block has not ended, so the
 blocked read fails at once; the caller then says the exchange did not finish in time.
 
-One watchdog thread serves every cutoff of the process (started on first use): entering and
-leaving a block costs a lock and a heap push, not a thread, so a state store may guard each
-call.
+One watchdog thread serves every cutoff of the process (started on first use), the HTTP
+client's included: entering and leaving a block costs a lock and a heap push, not a thread,
+so a state store may guard each call.
 """
 
 from __future__ import annotations

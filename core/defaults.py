@@ -7,7 +7,7 @@ are plugins in :mod:`gridgate.core.builtin`, found through their entry points li
 
 from __future__ import annotations
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import Failure
 

@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gridgate.core import model
+from gridgate.core._moved import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.model import Endpoint, Episode
+from gridgate.core.model import Endpoint
 from gridgate.core.state import StateError, StateStore
 from gridgate.core.text import parse_json
 
-__all__ = ["Episode", "FailingCache"]
+if TYPE_CHECKING:
+    from gridgate.core.model import Episode
+
+__all__ = ["FailingCache"]
 
 FAILING = "failing/"
 TICKETS = "tickets/"
@@ -82,7 +87,7 @@ class FailingCache:
         start, count = self._bump_episode(endpoint, now)
         entry = json.dumps({"since": now, "kind": kind})
         entered = self.state.add_if_absent(FAILING + endpoint.key, entry, ttl=self.failing_expiry)
-        return Episode(start=start, failures=count, entered=entered)
+        return model.Episode(start=start, failures=count, entered=entered)
 
     def _bump_episode(self, endpoint: Endpoint, now: float) -> tuple[float, int]:
         key = EPISODE + endpoint.key
@@ -107,7 +112,9 @@ class FailingCache:
         entry = _json(self.state.get(EPISODE + endpoint.key))
         if not entry:
             return None
-        return Episode(start=float(entry.get("start", 0.0)), failures=int(entry.get("failures", 0)))
+        return model.Episode(
+            start=float(entry.get("start", 0.0)), failures=int(entry.get("failures", 0))
+        )
 
     # --- watched after the failing entry expired (the default plugin's tickets window) --------
 
@@ -231,3 +238,7 @@ def _json(raw: str | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+#: Episode, until 2.0: it lives in gridgate.core.model (a DeprecationWarning says so)
+__getattr__ = moved_names(__name__)

@@ -7,9 +7,9 @@ classes. What it promises:
 - **A wall-clock deadline over the whole exchange**: connection, TLS handshake, sending the
   request, the status line, the headers and the body together must fit in ``timeout`` seconds.
   A per-read timeout alone would let a server that answers ``HTTP/1.1 200 OK`` and then one
-  header byte a second hold a caller for ever; here one watcher thread shuts the socket down
-  when an exchange's deadline passes, and every socket operation may also take only what is
-  left. The caller gets :class:`HttpError` with ``phase`` ``timeout`` (``during`` says where
+  header byte a second hold a caller for ever; here the process's one deadline watcher
+  (:func:`gridgate.core.cutoff.cut_after`) shuts the socket down when an exchange's deadline
+  passes, and every socket operation may also take only what is left. The caller gets :class:`HttpError` with ``phase`` ``timeout`` (``during`` says where
   it was cut).
 - **A size cap**: the body is read up to ``max_bytes``; past it (or when ``Content-Length``
   says more) the exchange fails with ``phase`` ``too_large``, keeping what was read.
@@ -42,9 +42,7 @@ serve many threads, each exchange on a connection of its own.
 from __future__ import annotations
 
 import contextlib
-import heapq
 import http.client
-import itertools
 import os
 import socket
 import ssl
@@ -53,7 +51,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -69,8 +67,12 @@ from urllib3.exceptions import (
 )
 from urllib3.exceptions import SSLError as Urllib3SSLError
 
+from gridgate.core.cutoff import cut_after
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
 from gridgate.core.text import parse_json, safe_url
+
+if TYPE_CHECKING:
+    from urllib3.response import HTTPResponse
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -190,11 +192,12 @@ class HttpError(Exception):
         super().__init__(f"{method} {safe_url(url)}: {detail}")
 
 
-# --- the deadline watcher ----------------------------------------------------------------------
+# --- the deadline -----------------------------------------------------------------------------
 
 
 class _Exchange:
-    """One exchange's deadline and the socket to shut down when it passes."""
+    """One exchange's deadline and the socket to shut down when it passes (:meth:`expire`, run
+    by :func:`~gridgate.core.cutoff.cut_after`'s watcher)."""
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
@@ -264,48 +267,6 @@ class _Expired(Exception):
     """The exchange's deadline passed."""
 
 
-class _Watcher:
-    """One daemon thread that expires exchanges at their deadlines (started on first use, ends
-    when idle for a minute)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Exchange]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, exchange: _Exchange) -> None:
-        with self._cond:
-            heapq.heappush(self._heap, (exchange.deadline, next(self._seq), exchange))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._loop, name="gridgate-http-deadlines", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][2].finished:
-                    heapq.heappop(self._heap)
-                if not self._heap:
-                    self._cond.wait(60.0)
-                    if not self._heap:
-                        self._thread = None
-                        return
-                    continue
-                wait = self._heap[0][0] - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                _at, _seq, exchange = heapq.heappop(self._heap)
-                exchange.expire()
-
-
-_WATCHER = _Watcher()
-
-
 # --- the client ----------------------------------------------------------------------------
 
 
@@ -322,6 +283,223 @@ def _reason(exc: BaseException) -> str:
         return cause.strerror
     text = str(cause) or type(cause).__name__
     return text.removeprefix("Failed to establish a new connection: ")
+
+
+# --- one exchange, phase by phase --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One request as :meth:`HttpClient.request` was asked it: the same in both attempts."""
+
+    method: str
+    url: str
+    target: str  # the path and query sent
+    body: bytes | None
+    headers: Mapping[str, str]
+    cap: int
+    expect: Collection[int] | None
+    safe: bool  # may be sent again when a reused connection broke before the answer
+    key: tuple[str, str, int]
+    started: float
+    timeout: float
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The status line and headers of an answer (header names in lower case)."""
+
+    status: int
+    reason: str
+    headers: dict[str, str]
+
+
+class _Attempt:
+    """One try of a call on one connection, in its phases (connect, send, read the head, read
+    the body, judge the status). Each phase names itself in ``during`` (where a cut deadline
+    is said to have struck) and turns what fails into :class:`HttpError`, or into
+    :class:`_Retry` where sending again on a new connection is safe. A phase may also raise
+    :class:`_Expired` (no time left), which :meth:`HttpClient._exchange` reports."""
+
+    def __init__(
+        self, call: _Call, conn: HTTPConnection, reused: bool, exchange: _Exchange
+    ) -> None:
+        self.call = call
+        self.conn = conn
+        self.reused = reused
+        self.exchange = exchange
+        self.during = "connect"
+        self.sent = False
+
+    def fail(self, phase: str, detail: str, **extra: Any) -> HttpError:
+        return HttpError(
+            phase,
+            self.call.method,
+            self.call.url,
+            detail,
+            sent=self.sent,
+            during=self.during,
+            duration=time.monotonic() - self.call.started,
+            **extra,
+        )
+
+    def expired(self) -> HttpError:
+        return self.fail(
+            "timeout",
+            f"no complete answer within {self.call.timeout:g} s (cut during {self.during})",
+        )
+
+    def connect(self) -> None:
+        """Connect and shake hands, unless the connection is a kept-alive one."""
+        conn, exchange = self.conn, self.exchange
+        if conn.sock is None:
+            conn.timeout = exchange.left()
+            try:
+                conn.connect()
+            except NameResolutionError as exc:
+                host = self.call.key[1]
+                raise self.fail("connect", f"cannot resolve {host}: {_reason(exc)}") from None
+            except NewConnectionError as exc:  # before its base, ConnectTimeoutError
+                raise self.fail("connect", _reason(exc)) from None
+            except ConnectTimeoutError:
+                raise self.expired() from None
+            except (OSError, Urllib3Error, ValueError) as exc:
+                # the TCP connection is made: what fails now is the handshake
+                self.during = "TLS handshake"
+                if exchange.expired or isinstance(exc, TimeoutError):
+                    raise self.expired() from None
+                raise self.fail("tls", _reason(exc)) from None
+        exchange.hold(conn.sock)
+
+    def send(self) -> None:
+        """Send the request line, the headers and the body."""
+        self.during = "send"
+        call = self.call
+        self.conn.timeout = self.exchange.left()
+        try:
+            self.conn.request(
+                call.method,
+                call.target,
+                body=call.body,
+                headers=call.headers,
+                preload_content=False,
+                decode_content=True,
+            )
+        except (OSError, http.client.HTTPException) as exc:
+            if self.exchange.expired or isinstance(exc, TimeoutError):
+                raise self.expired() from None
+            if self.reused:
+                raise _Retry from None  # not received whole: cannot have been acted on
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, _CLOSED):
+                raise self.fail("tls", _reason(exc)) from None
+            raise self.fail("send", _reason(exc)) from None
+        self.sent = True
+
+    def read_head(self) -> tuple[HTTPResponse, _Head]:
+        """Read the status line and the headers."""
+        self.during = "status line and headers"
+        self.conn.timeout = self.exchange.left()
+        try:
+            response = self.conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            if self.exchange.expired or isinstance(exc, TimeoutError):
+                raise self.expired() from None
+            nothing = isinstance(exc, http.client.RemoteDisconnected | ConnectionError)
+            if self.reused and self.call.safe and (nothing or isinstance(exc, _CLOSED)):
+                raise _Retry from None
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, _CLOSED):
+                raise self.fail("tls", _reason(exc)) from None
+            if isinstance(exc, http.client.RemoteDisconnected):
+                raise self.fail(
+                    "receive", "the server closed the connection without an answer"
+                ) from None
+            raise self.fail("receive", _reason(exc)) from None
+        if self.exchange.expired:  # cut in the headers: http.client took EOF for their end
+            raise self.expired()
+        head = _Head(
+            int(response.status),
+            str(response.reason or ""),
+            {k.lower(): v for k, v in response.headers.items()},
+        )
+        return response, head
+
+    def read_body(self, response: HTTPResponse, head: _Head) -> bytes:
+        """Read the whole body, up to the cap."""
+        self.during = "body"
+        cap = self.call.cap
+        length = head.headers.get("content-length", "")
+        if length.isdigit() and int(length) > cap:
+            raise self.too_large(
+                head, f"the answer is {length} bytes, more than the cap of {cap} bytes"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = self._read_chunk(response, min(READ_SIZE, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                raise self.too_large(
+                    head,
+                    f"the answer is longer than the cap of {cap} bytes",
+                    body=b"".join(chunks)[:cap],
+                )
+        if self.exchange.expired:
+            raise self.expired()
+        return b"".join(chunks)
+
+    def _read_chunk(self, response: HTTPResponse, most: int) -> bytes:
+        left = self.exchange.left()
+        for sock in self.exchange.sockets():
+            # closed once the body's end was read (an HTTP/1.0 answer, or
+            # Connection: close): the next read then says so
+            with contextlib.suppress(OSError):
+                sock.settimeout(left)
+        try:
+            return response.read(most)
+        except (OSError, Urllib3Error, http.client.HTTPException) as exc:
+            if self.exchange.expired or isinstance(exc, TimeoutError | ReadTimeoutError):
+                raise self.expired() from None
+            if isinstance(exc, Urllib3SSLError):
+                raise self.fail("tls", _reason(exc)) from None
+            if isinstance(exc, ProtocolError):
+                raise self.fail("receive", f"the answer broke off: {exc}") from None
+            raise self.fail("receive", _reason(exc)) from None
+
+    def too_large(self, head: _Head, detail: str, body: bytes = b"") -> HttpError:
+        return self.fail(
+            "too_large",
+            detail,
+            status=head.status,
+            reason=head.reason,
+            headers=head.headers,
+            body=body,
+        )
+
+    def answer(self, head: _Head, payload: bytes) -> Response:
+        """The :class:`Response`, or ``status`` when the call does not expect its status."""
+        expect = self.call.expect
+        if expect is not None and head.status not in expect:
+            where = head.headers.get("location")
+            raise self.fail(
+                "status",
+                f"HTTP {head.status} {head.reason}".rstrip() + (f" (to {where})" if where else ""),
+                status=head.status,
+                reason=head.reason,
+                headers=head.headers,
+                body=payload,
+            )
+        return Response(
+            self.call.method,
+            self.call.url,
+            head.status,
+            head.reason,
+            head.headers,
+            payload,
+            time.monotonic() - self.call.started,
+        )
 
 
 class HttpClient:
@@ -413,215 +591,53 @@ class HttpClient:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as exc:
             raise ValueError(f"{safe_url(url)!r}: {exc}") from None
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        key = (parts.scheme, parts.hostname, port)
-        data = body.encode() if isinstance(body, str) else body
-        cap = self.max_bytes if max_bytes is None else int(max_bytes)
-        safe = (method in IDEMPOTENT) if idempotent is None else bool(idempotent)
         started = time.monotonic()
         deadline = started + max(float(timeout), 0.001)
-        sent_headers = {
-            "User-Agent": self.user_agent,
-            **dict(headers or {}),
-        }
+        call = _Call(
+            method=method,
+            url=url,
+            target=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+            body=body.encode() if isinstance(body, str) else body,
+            headers={"User-Agent": self.user_agent, **dict(headers or {})},
+            cap=self.max_bytes if max_bytes is None else int(max_bytes),
+            expect=expect,
+            safe=(method in IDEMPOTENT) if idempotent is None else bool(idempotent),
+            key=(parts.scheme, parts.hostname, port),
+            started=started,
+            timeout=timeout,
+        )
         for attempt in (0, 1):
-            conn, reused = self._checkout(key, method, url, started, fresh=attempt > 0)
+            conn, reused = self._checkout(call.key, method, url, started, fresh=attempt > 0)
             exchange = _Exchange(deadline)
             exchange.attach(conn)
-            _WATCHER.watch(exchange)
-            try:
-                return self._exchange(
-                    conn,
-                    reused,
-                    exchange,
-                    method,
-                    url,
-                    target,
-                    data,
-                    sent_headers,
-                    cap,
-                    expect,
-                    safe,
-                    key,
-                    started,
-                    timeout,
-                )
-            except _Retry:
-                continue
-            finally:
-                exchange.finish()
+            with cut_after(deadline - time.monotonic(), exchange.expire):
+                try:
+                    return self._exchange(_Attempt(call, conn, reused, exchange))
+                except _Retry:
+                    continue
+                finally:
+                    exchange.finish()
         raise AssertionError("unreachable: the second attempt is on a new connection")
 
-    def _exchange(
-        self,
-        conn: HTTPConnection,
-        reused: bool,
-        exchange: _Exchange,
-        method: str,
-        url: str,
-        target: str,
-        data: bytes | None,
-        headers: Mapping[str, str],
-        cap: int,
-        expect: Collection[int] | None,
-        safe: bool,
-        key: tuple[str, str, int],
-        started: float,
-        timeout: float,
-    ) -> Response:
-        during = "connect"
-        sent = False
+    def _exchange(self, attempt: _Attempt) -> Response:
+        """One attempt's phases; its connection goes back to the idle ones only when the whole
+        answer was read in time and the server keeps the connection open."""
         keep = False
-
-        def fail(phase: str, detail: str, **extra: Any) -> HttpError:
-            return HttpError(
-                phase,
-                method,
-                url,
-                detail,
-                sent=sent,
-                during=during,
-                duration=time.monotonic() - started,
-                **extra,
-            )
-
-        def expired() -> HttpError:
-            return fail("timeout", f"no complete answer within {timeout:g} s (cut during {during})")
-
         try:
             try:
-                if conn.sock is None:
-                    conn.timeout = exchange.left()
-                    try:
-                        conn.connect()
-                    except NameResolutionError as exc:
-                        raise fail("connect", f"cannot resolve {key[1]}: {_reason(exc)}") from None
-                    except NewConnectionError as exc:  # before its base, ConnectTimeoutError
-                        raise fail("connect", _reason(exc)) from None
-                    except ConnectTimeoutError:
-                        raise expired() from None
-                    except (OSError, Urllib3Error, ValueError) as exc:
-                        # the TCP connection is made: what fails now is the handshake
-                        during = "TLS handshake"
-                        if exchange.expired or isinstance(exc, TimeoutError):
-                            raise expired() from None
-                        raise fail("tls", _reason(exc)) from None
-                    exchange.hold(conn.sock)
-                else:
-                    exchange.hold(conn.sock)
-                during = "send"
-                conn.timeout = exchange.left()
-                try:
-                    conn.request(
-                        method,
-                        target,
-                        body=data,
-                        headers=headers,
-                        preload_content=False,
-                        decode_content=True,
-                    )
-                except (OSError, http.client.HTTPException) as exc:
-                    if exchange.expired or isinstance(exc, TimeoutError):
-                        raise expired() from None
-                    if reused:
-                        raise _Retry from None  # not received whole: cannot have been acted on
-                    if isinstance(exc, ssl.SSLError) and not isinstance(exc, _CLOSED):
-                        raise fail("tls", _reason(exc)) from None
-                    raise fail("send", _reason(exc)) from None
-                sent = True
-                during = "status line and headers"
-                conn.timeout = exchange.left()
-                try:
-                    response = conn.getresponse()
-                except (OSError, http.client.HTTPException) as exc:
-                    if exchange.expired or isinstance(exc, TimeoutError):
-                        raise expired() from None
-                    nothing = isinstance(exc, http.client.RemoteDisconnected | ConnectionError)
-                    if reused and safe and (nothing or isinstance(exc, _CLOSED)):
-                        raise _Retry from None
-                    if isinstance(exc, ssl.SSLError) and not isinstance(exc, _CLOSED):
-                        raise fail("tls", _reason(exc)) from None
-                    if isinstance(exc, http.client.RemoteDisconnected):
-                        raise fail(
-                            "receive", "the server closed the connection without an answer"
-                        ) from None
-                    raise fail("receive", _reason(exc)) from None
-                if exchange.expired:  # cut in the headers: http.client took EOF for their end
-                    raise expired()
-                during = "body"
-                status, reason = int(response.status), str(response.reason or "")
-                answer_headers = {k.lower(): v for k, v in response.headers.items()}
-                length = answer_headers.get("content-length", "")
-                if length.isdigit() and int(length) > cap:
-                    raise fail(
-                        "too_large",
-                        f"the answer is {length} bytes, more than the cap of {cap} bytes",
-                        status=status,
-                        reason=reason,
-                        headers=answer_headers,
-                    )
-                chunks: list[bytes] = []
-                size = 0
-                while True:
-                    left = exchange.left()
-                    for sock in exchange.sockets():
-                        # closed once the body's end was read (an HTTP/1.0 answer, or
-                        # Connection: close): the next read then says so
-                        with contextlib.suppress(OSError):
-                            sock.settimeout(left)
-                    try:
-                        chunk = response.read(min(READ_SIZE, cap + 1 - size))
-                    except (OSError, Urllib3Error, http.client.HTTPException) as exc:
-                        if exchange.expired or isinstance(exc, TimeoutError | ReadTimeoutError):
-                            raise expired() from None
-                        if isinstance(exc, Urllib3SSLError):
-                            raise fail("tls", _reason(exc)) from None
-                        if isinstance(exc, ProtocolError):
-                            raise fail("receive", f"the answer broke off: {exc}") from None
-                        raise fail("receive", _reason(exc)) from None
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > cap:
-                        raise fail(
-                            "too_large",
-                            f"the answer is longer than the cap of {cap} bytes",
-                            status=status,
-                            reason=reason,
-                            headers=answer_headers,
-                            body=b"".join(chunks)[:cap],
-                        )
-                if exchange.expired:
-                    raise expired()
-                payload = b"".join(chunks)
-                keep = conn.sock is not None
+                attempt.connect()
+                attempt.send()
+                response, head = attempt.read_head()
+                payload = attempt.read_body(response, head)
+                keep = attempt.conn.sock is not None
             except _Expired:
-                raise expired() from None
+                raise attempt.expired() from None
         finally:
-            if keep and exchange.release():
-                self._checkin(key, conn)
+            if keep and attempt.exchange.release():
+                self._checkin(attempt.call.key, attempt.conn)
             else:
-                conn.close()
-        if expect is not None and status not in expect:
-            where = answer_headers.get("location")
-            raise fail(
-                "status",
-                f"HTTP {status} {reason}".rstrip() + (f" (to {where})" if where else ""),
-                status=status,
-                reason=reason,
-                headers=answer_headers,
-                body=payload,
-            )
-        return Response(
-            method,
-            url,
-            status,
-            reason,
-            answer_headers,
-            payload,
-            time.monotonic() - started,
-        )
+                attempt.conn.close()
+        return attempt.answer(head, payload)
 
     # --- connections ----------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 
 __all__ = ["serve_registry", "stop_server"]
 

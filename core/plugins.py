@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pluggy
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.failing import FailingCache
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
 

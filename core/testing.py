@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gridgate.core.clock import FakeClock
+from gridgate.core._moved import moved_names
 from gridgate.core.devkit.services import (
     ancestors,
     exited,
@@ -35,11 +35,13 @@ from gridgate.core.devkit.testkit import (
     stand_in_command,
 )
 
+if TYPE_CHECKING:
+    from gridgate.core.clock import FakeClock
+
 __all__ = [
     "Answer",  # noqa: F822 - loaded on first use (module __getattr__)
     "BackendContract",  # noqa: F822 - loaded on first use (module __getattr__)
     "Collector",
-    "FakeClock",
     "StandIn",
     "ancestors",
     "build_plugin",
@@ -56,13 +58,16 @@ __all__ = [
 ]
 
 
+_forward = moved_names(__name__)  # FakeClock, until 2.0: it lives in gridgate.core.clock
+
+
 def __getattr__(name: str) -> Any:
     # the backend contract suite needs pytest: loaded on first use
     if name in ("Answer", "BackendContract"):
         from gridgate.core.devkit import backend_contract
 
         return getattr(backend_contract, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _forward(name, frames=1)
 
 
 # --- pytest fixtures (only with pytest_plugins = ["gridgate.core.testing"]) --------------------
@@ -76,7 +81,10 @@ if pytest is not None:
 
     @pytest.fixture
     def gridgate_clock() -> FakeClock:
-        """A :class:`FakeClock`: ``gridgate_clock.advance(3600)`` instead of sleeping."""
+        """A :class:`~gridgate.core.clock.FakeClock`: ``gridgate_clock.advance(3600)`` instead
+        of sleeping."""
+        from gridgate.core.clock import FakeClock
+
         return FakeClock()
 
     @pytest.fixture

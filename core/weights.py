@@ -19,7 +19,7 @@ import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from gridgate.core import moved_names
+from gridgate.core._moved import moved_names
 from gridgate.core.model import Availability, Endpoint
 
 __all__ = ["SmoothWeightedRoundRobin", "effective_weights", "weighted_choice"]

@@ -288,7 +288,7 @@ API: tuple[tuple[str, str], ...] = (
     ),
     (
         "gridgate.core.config",
-        "Secrets in a plugin's schema, loading a config file, and the config errors.",
+        "Loading a config file, and the config errors.",
     ),
     (
         "gridgate.core.http",

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.config import SECRET_SCHEMA, apply_defaults
+from gridgate.core.config import apply_defaults
 from gridgate.core.files import atomic_write, ensure_private_dir, resolve_dir
 from gridgate.core.mail import (
     ADDRESS,
@@ -35,6 +35,7 @@ from gridgate.core.outbox import (
     configured_outbox,
 )
 from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.secrets import SECRET_SCHEMA
 from gridgate.plugins.notify_ggus.rest import REST_TRANSPORT, RestTransport
 from gridgate.plugins.notify_ggus.ticket import (
     DEFAULT_PRIORITIES,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from gridgate.core.config import SecretError, read_secret
 from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.outbox import Delivery, Message
+from gridgate.core.secrets import SecretError, read_secret
 from gridgate.core.text import safe_url
 
 REST_TRANSPORT = "rest"

@@ -14,13 +14,12 @@ from jsonschema import Draft202012Validator
 from gridgate.core.commands.app import cli
 from gridgate.core.config import (
     ConfigError,
-    SecretError,
     compose_schema,
     load_config,
-    read_secret,
     validate_document,
 )
 from gridgate.core.engine.reload import ConfigSource
+from gridgate.core.secrets import SecretError, read_secret
 
 HERE = Path(__file__).parent
 BAD = sorted((HERE / "bad_configs").glob("*.yaml"))
@@ -258,7 +257,8 @@ def test_missing_secret_error_never_contains_a_value(monkeypatch: pytest.MonkeyP
 
 
 def test_inline_secret_is_refused_without_echoing_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gridgate.core.config import SECRET_SCHEMA, validate_document
+    from gridgate.core.config import validate_document
+    from gridgate.core.secrets import SECRET_SCHEMA
 
     class WithSecret:
         config_schema = {

@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -259,6 +261,27 @@ def test_a_tls_handshake_that_never_comes_is_cut_at_the_deadline(serve, pki) -> 
         elapsed = time.monotonic() - started
     assert caught.value.phase == "timeout" and caught.value.during == "TLS handshake"
     assert not caught.value.sent and elapsed < 1.0 + GRACE
+
+
+def test_the_deadline_is_kept_by_the_processes_one_watcher() -> None:
+    """The cut comes from gridgate.core.cutoff's watcher, the one that also guards SMTP and
+    Redis: a fresh interpreter whose only exchange was cut runs that thread and no other."""
+    code = (
+        "import socket, threading\n"
+        "from gridgate.core.http import HttpClient, HttpError\n"
+        "server = socket.create_server(('127.0.0.1', 0))  # listens, never answers\n"
+        "url = f'http://127.0.0.1:{server.getsockname()[1]}/'\n"
+        "try:\n"
+        "    HttpClient().request('GET', url, timeout=0.5)\n"
+        "except HttpError as exc:\n"
+        "    print(exc.phase, exc.during)\n"
+        "print(sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["timeout status line and headers", "['gridgate-cutoff']"]
 
 
 def test_connecting_to_nothing_is_a_connect_error(serve) -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from gridgate.core import hookimpl
+from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigError
 from gridgate.core.model import BackendInfo, Endpoint, SubmitRequest, SubmitResult
 from gridgate.core.plugins import Plugin
 from gridgate.core.runner import run
 from gridgate.core.testing import (
     Collector,
-    FakeClock,
     build_plugin,
     director_for,
     make_config,

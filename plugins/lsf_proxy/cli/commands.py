@@ -14,7 +14,7 @@ import click
 
 from gridgate.core import hookimpl
 from gridgate.core.cli import EXIT_CONFIG, load_config_or_exit
-from gridgate.core.config import SecretError
+from gridgate.core.secrets import SecretError
 from gridgate.plugins.lsf_proxy.cli import render
 from gridgate.plugins.lsf_proxy.client.client import HostReply, ProxyClient
 from gridgate.plugins.lsf_proxy.config import section_defaults

@@ -26,7 +26,8 @@ from typing import Any, cast
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
-from gridgate.core.config import ConfigError, load_config, read_secret
+from gridgate.core.config import ConfigError, load_config
+from gridgate.core.secrets import read_secret
 from gridgate.plugins.lsf_proxy.commands import category_map
 from gridgate.plugins.lsf_proxy.config import (
     daemon_socket,
