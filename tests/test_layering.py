@@ -683,3 +683,39 @@ def test_no_module_in_core_is_over_1000_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}, f"split these by role (each at most {MAX_LINES} lines): {long}"
+
+
+def plugin_graph(extra: Mapping[str, str] | None = None) -> dict[str, set[tuple[str, Import]]]:
+    """Plugin module -> the modules of the same plugin it imports (every import, as in
+    :func:`core_graph`); ``extra``: module -> source standing in for that module's file."""
+    known = {module_of(path): path for path in sources("plugins")}
+    syntaxes = {module: tree(path) for module, path in known.items()}
+    for module, text in (extra or {}).items():
+        syntaxes[module] = ast.parse(text)
+    graph: dict[str, set[tuple[str, Import]]] = {}
+    for module, syntax in syntaxes.items():
+        edges = graph.setdefault(module, set())
+        for imp in imports(known[module], syntax):
+            target = f"{imp.module}.{imp.name}" if imp.name else imp.module
+            if target not in known:
+                target = imp.module
+            if target in known and target != module and known[target].name != "__init__.py":
+                edges.add((target, imp))
+    return graph
+
+
+def test_no_two_plugin_modules_import_each_other_nor_any_cycle() -> None:
+    graph = plugin_graph()
+    pairs = two_way_pairs(graph)
+    assert pairs == [], "two modules import each other:\n" + "\n".join(pairs)
+    assert cycles(graph) == [], f"plugin modules import each other in a cycle: {cycles(graph)}"
+
+
+def test_the_plugin_cycle_rule_sees_a_function_level_import() -> None:
+    # the gLite JDL module imports nothing of the backend; planted: a function-level import of it
+    jdl = PLUGINS / "wms_glite" / "jdl.py"
+    planted = jdl.read_text(encoding="utf-8") + (
+        "\ndef f():\n    from gridgate.plugins.wms_glite.backend import GliteBackend\n"
+    )
+    graph = plugin_graph(extra={"gridgate.plugins.wms_glite.jdl": planted})
+    assert any("import GliteBackend" in pair for pair in two_way_pairs(graph))
