@@ -205,14 +205,15 @@ class Restorer:
     :param write: ``write(target, value)`` sets a target; raises when it could not.
     :param read: ``read(target)`` the value in force (raises when it cannot be read); None
         when a target cannot be read: its prior value is then put back unconditionally.
-    :param merge: ``merge(step, current)`` for a target whose value changed since the change
-        set it (neither its new nor its prior value): the value to set instead, or
-        :data:`UNCHANGED` (the default, with no merge) to leave it as it is.
+    :param merge: ``merge(step, current, intent)`` for a target whose value changed since the
+        change set it (neither its new nor its prior value; ``intent``: the change's): the
+        value to set instead, or :data:`UNCHANGED` (the default, with no merge) to leave it
+        as it is.
     """
 
     write: Callable[[str, Any], None]
     read: Callable[[str], Any] | None = None
-    merge: Callable[[Step, Any], Any] | None = None
+    merge: Callable[[Step, Any, Mapping[str, Any]], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -358,7 +359,7 @@ class Journal:
         while steps:
             step = steps[-1]
             try:
-                value = _restore_value(restorer, step)
+                value = _restore_value(restorer, step, entry.intent)
                 if value is UNCHANGED:
                     left.append(step.target)
                 elif value is not _IN_PLACE:
@@ -384,7 +385,7 @@ class Journal:
 _IN_PLACE: Any = object()
 
 
-def _restore_value(restorer: Restorer, step: Step) -> Any:
+def _restore_value(restorer: Restorer, step: Step, intent: Mapping[str, Any]) -> Any:
     """The value to set ``step``'s target back to: its prior value where the value in force is
     still the one the change set (or cannot be read), :data:`_IN_PLACE` where the prior value
     is in force already (a step recorded but never made), the merged value or
@@ -398,7 +399,7 @@ def _restore_value(restorer: Restorer, step: Step) -> Any:
         return step.prior
     if restorer.merge is None:
         return UNCHANGED
-    merged = restorer.merge(step, current)
+    merged = restorer.merge(step, current, intent)
     return _IN_PLACE if merged == current else merged
 
 

@@ -183,13 +183,13 @@ def test_a_value_someone_changed_since_is_left_or_merged(stores, tmp_path) -> No
     assert files.read("p1") == "a", "not ours any more: not restored"
     assert files.read("p2") == "ALL"
     merging = Journal(mine.store, mine.clock, prefix="j:", owner="m")
-    merging.register("files", files.restorer(merge=lambda step, now: f"{now},c"))
+    merging.register("files", files.restorer(merge=lambda step, now, intent: f"{now},c"))
     files.change(merging, {"p2": "b"})
     files.write("p2", "d")
     done = merging.undo(merging.changes()[0])
     assert done.restored == ("p2",) and files.read("p2") == "d,c"
     leaving = Journal(mine.store, mine.clock, prefix="j:")
-    leaving.register("files", files.restorer(merge=lambda step, now: UNCHANGED))
+    leaving.register("files", files.restorer(merge=lambda step, now, intent: UNCHANGED))
     files.change(leaving, {"p2": "e"})
     files.write("p2", "f")
     assert leaving.undo(leaving.changes()[0]).left == ("p2",)
