@@ -39,7 +39,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -319,14 +319,17 @@ class Journal:
         except ValueError:
             return None
 
-    def pending(self) -> list[Entry]:
-        """The changes of the registered kinds due to be undone now (:meth:`Entry.due`)."""
+    def pending(self, kinds: Collection[str] | None = None) -> list[Entry]:
+        """The changes of the registered kinds (of ``kinds`` among them) due to be undone now
+        (:meth:`Entry.due`), oldest first."""
         now = self.clock.time()
-        return [e for e in self.changes() if e.kind in self._restorers and e.due(now)]
+        wanted = set(self._restorers) if kinds is None else set(kinds) & set(self._restorers)
+        return [e for e in self.changes() if e.kind in wanted and e.due(now)]
 
-    def undo_pending(self) -> list[Undone]:
-        """Undo every :meth:`pending` change: called by a daemon at start and on a timer."""
-        return [self._undo(entry.id, only_if_due=True) for entry in self.pending()]
+    def undo_pending(self, kinds: Collection[str] | None = None) -> list[Undone]:
+        """Undo every :meth:`pending` change (of ``kinds``), the newest first: called by a
+        daemon at start and on a timer."""
+        return [self._undo(e.id, only_if_due=True) for e in reversed(self.pending(kinds))]
 
     def undo(self, entry: Entry) -> Undone:
         """Undo ``entry`` now, whatever its state (its owner ends it: ``for`` has passed,
