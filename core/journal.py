@@ -114,6 +114,11 @@ class Entry:
     steps: tuple[Step, ...] = ()
     problem: str = ""
 
+    @property
+    def in_force(self) -> bool:
+        """Made (every step), or its undo stopped half-way: not being made any more."""
+        return self.state != MAKING
+
     def abandoned(self, now: float) -> bool:
         """Being made, and not written for longer than its lease: its owner is gone."""
         return self.state == MAKING and now > self.touched + self.lease
@@ -262,7 +267,6 @@ class Journal:
         self.owner = owner or _owner()
         self._restorers: dict[str, Restorer] = {}
         self._told: set[str] = set()
-        self._lock = threading.Lock()
 
     def _key(self, id: str) -> str:
         return f"{self.prefix}change:{id}"

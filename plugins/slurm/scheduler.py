@@ -223,27 +223,28 @@ class SlurmScheduler(Plugin):
         killed at ``timeout``. Made at the first use, when the record files of versions before
         it are moved into it, and every use first undoes what is due (a failed undo, a change
         whose daemon was killed half-way)."""
+        fresh = self._journal is None
         if self._journal is None:
             path = Path(self.context.state_dir) / "journal.db"
             store: StateStore = self.context.state or open_state(
                 {"state": {"driver": "sqlite", "path": str(path)}}
             )
             self._journal = Journal(store)
-            self._register(timeout)
-            self._migrate()
-        self._register(timeout)
+        self._register(self._journal, timeout)
+        if fresh:
+            self._migrate(self._journal)
         for undone in self._journal.undo_pending():
             if undone.ok:
                 logger.warning(
-                    "slurm scheduler: {} {} left half-done was undone",
+                    "slurm scheduler: {} {} undone (its undo had failed, or its daemon was "
+                    "killed while making it)",
                     undone.entry.kind,
                     undone.entry.id,
                 )
         return self._journal
 
-    def _register(self, timeout: float) -> None:
-        assert self._journal is not None
-        self._journal.register(
+    def _register(self, journal: Journal, timeout: float) -> None:
+        journal.register(
             self.deny_kind,
             Restorer(
                 write=lambda partition, groups: self._apply(partition, str(groups), timeout),
@@ -251,7 +252,7 @@ class SlurmScheduler(Plugin):
                 merge=_add_back,
             ),
         )
-        self._journal.register(
+        journal.register(
             self.trace_kind,
             Restorer(
                 write=lambda _flags, on: self._apply_flag("+" if on else "-", timeout),
@@ -419,11 +420,9 @@ class SlurmScheduler(Plugin):
             changed=tuple(changed),
         )
 
-    def _migrate(self) -> None:
+    def _migrate(self, journal: Journal) -> None:
         """Move the record files of versions before the journal into it, once: a denial (and
         a trace) in force during the upgrade is put back as it would have been."""
-        assert self._journal is not None
-        journal = self._journal
         for user, partitions in _record(self.denied_file).items():
             if not isinstance(partitions, dict):
                 continue
