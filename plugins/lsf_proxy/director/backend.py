@@ -130,10 +130,151 @@ class CommandSettings(Settings):
     bkill: str | None
 
 
+#: The keys only the token client reads (``tokens: true``).
+TOKEN_KEYS = ("socket", "token_user", "notoken_ntries")
+LSF_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "LSF backend: queues (one endpoint each), bsub options, tokens.",
+    "properties": {
+        "queues": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "Queues to submit to; each is an endpoint (bsub -q).",
+        },
+        "commands": {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "description": "Names (looked up on PATH) or paths of the LSF commands.",
+            "properties": {
+                "bsub": {
+                    "type": "string",
+                    "x-gridgate-path": "command",
+                    "minLength": 1,
+                    "default": "bsub",
+                    "description": "The submit command.",
+                },
+                "bjobs": {
+                    "type": "string",
+                    "x-gridgate-path": "command",
+                    "minLength": 1,
+                    "default": "bjobs",
+                    "description": "The query command.",
+                },
+                "bkill": {
+                    "type": ["string", "null"],
+                    "x-gridgate-path": "command",
+                    "minLength": 1,
+                    "default": None,
+                    "description": "The cancel command; null: bkill beside bjobs "
+                    "when that is a path, else on PATH.",
+                },
+            },
+        },
+        "status_format": {
+            "enum": ["custom", "table"],
+            "default": "custom",
+            "description": "How pilots are tracked: bjobs -noheader -o "
+            "(LSF 9.1 and later) or the classic bjobs -aw "
+            "table (older clusters).",
+        },
+        "job_name": {
+            "type": "string",
+            "minLength": 1,
+            "default": "gridgate-pilot",
+            "description": "bsub -J (an array NAME[1-N] when a job carries N pilots).",
+        },
+        "output": {
+            "type": "string",
+            "default": "",
+            "description": "bsub -o path (%J is the job id); empty: LSF's default.",
+        },
+        "error": {
+            "type": "string",
+            "default": "",
+            "description": "bsub -e path; empty: LSF's default.",
+        },
+        "resources": {
+            "type": "string",
+            "default": "",
+            "description": "bsub -R resource requirement; a request's own requirements replace it.",
+        },
+        "processors": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "bsub -n; null: not given. A demand group's "
+            "resources.cores replace it for that group's pilots.",
+        },
+        "extra_options": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "More bsub arguments, each one argv item "
+            '(e.g. ["-P", "myproject"]). Options the backend writes itself (-q, -J, '
+            "-pack; -n from processors and resources.cores, -W from "
+            "resources.walltime) are refused.",
+        },
+        "command": {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "default": ["pilot.sh"],
+            "description": "The pilot command and its arguments (argv).",
+        },
+        "pilots_per_job": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10000,
+            "default": 1,
+            "description": "Pilots per bsub; > 1 submits a job array.",
+        },
+        "env": env_schema(),
+        "command_timeout": command_timeout_schema(),
+        "tokens": {
+            "type": "boolean",
+            "default": True,
+            "description": "Take a token from lsfproxyd (the proxyd: section) before "
+            "each bsub (submission) and bjobs (query).",
+        },
+        "socket": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
+            "proxyd.socket or proxyd.hosts).",
+        },
+        "token_user": {
+            "type": "string",
+            "default": "",
+            "description": "User named in signed TCP requests (a director's "
+            "service account); empty: the process's user. Over "
+            "a Unix socket the kernel says who is asking.",
+        },
+        "notoken_ntries": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 3,
+            "description": "Attempts when the daemon denies a token.",
+        },
+        "transient_notify_after": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 2,
+            "description": "Tell people about daemon trouble only "
+            "from this failure of an episode on.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
 @dataclass(frozen=True)
 class LsfSettings(Settings):
-    """The LSF backend's section, typed (defaults: :attr:`LsfBackend.config_schema`)."""
+    """The LSF backend's section, typed (defaults: :data:`LSF_SCHEMA`)."""
 
+    section_schema: ClassVar[Mapping[str, Any]] = LSF_SCHEMA
     queues: tuple[str, ...]
     commands: CommandSettings
     status_format: str
@@ -171,6 +312,11 @@ class LsfSettings(Settings):
                         f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})",
                     )
                 )
+        if not self.tokens:
+            # the token client's keys would be accepted and then do nothing
+            for key in TOKEN_KEYS:
+                if getattr(self, key) != LSF_SCHEMA["properties"][key]["default"]:
+                    problems.append(((key,), f"{key} is read only with tokens: true"))
         return problems
 
 
@@ -183,143 +329,7 @@ class LsfBackend(Backend):
     pilots_key = "pilots_per_job"
     expresses = ("cores", "memory_mb", "walltime")
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "LSF backend: queues (one endpoint each), bsub options, tokens.",
-        "properties": {
-            "queues": {
-                "type": "array",
-                "items": {"type": "string"},
-                "default": [],
-                "description": "Queues to submit to; each is an endpoint (bsub -q).",
-            },
-            "commands": {
-                "type": "object",
-                "default": {},
-                "additionalProperties": False,
-                "description": "Names (looked up on PATH) or paths of the LSF commands.",
-                "properties": {
-                    "bsub": {
-                        "type": "string",
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": "bsub",
-                        "description": "The submit command.",
-                    },
-                    "bjobs": {
-                        "type": "string",
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": "bjobs",
-                        "description": "The query command.",
-                    },
-                    "bkill": {
-                        "type": ["string", "null"],
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": None,
-                        "description": "The cancel command; null: bkill beside bjobs "
-                        "when that is a path, else on PATH.",
-                    },
-                },
-            },
-            "status_format": {
-                "enum": ["custom", "table"],
-                "default": "custom",
-                "description": "How pilots are tracked: bjobs -noheader -o "
-                "(LSF 9.1 and later) or the classic bjobs -aw "
-                "table (older clusters).",
-            },
-            "job_name": {
-                "type": "string",
-                "minLength": 1,
-                "default": "gridgate-pilot",
-                "description": "bsub -J (an array NAME[1-N] when a job carries N pilots).",
-            },
-            "output": {
-                "type": "string",
-                "default": "",
-                "description": "bsub -o path (%J is the job id); empty: LSF's default.",
-            },
-            "error": {
-                "type": "string",
-                "default": "",
-                "description": "bsub -e path; empty: LSF's default.",
-            },
-            "resources": {
-                "type": "string",
-                "default": "",
-                "description": "bsub -R resource requirement; a request's own "
-                "requirements replace it.",
-            },
-            "processors": {
-                "type": ["integer", "null"],
-                "minimum": 1,
-                "default": None,
-                "description": "bsub -n; null: not given. A demand group's "
-                "resources.cores replace it for that group's pilots.",
-            },
-            "extra_options": {
-                "type": "array",
-                "items": {"type": "string"},
-                "default": [],
-                "description": "More bsub arguments, each one argv item "
-                '(e.g. ["-P", "myproject"]). Options the backend writes itself (-q, -J, '
-                "-pack; -n from processors and resources.cores, -W from "
-                "resources.walltime) are refused.",
-            },
-            "command": {
-                "type": "array",
-                "items": {"type": "string"},
-                "minItems": 1,
-                "default": ["pilot.sh"],
-                "description": "The pilot command and its arguments (argv).",
-            },
-            "pilots_per_job": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": 10000,
-                "default": 1,
-                "description": "Pilots per bsub; > 1 submits a job array.",
-            },
-            "env": env_schema(),
-            "command_timeout": command_timeout_schema(),
-            "tokens": {
-                "type": "boolean",
-                "default": True,
-                "description": "Take a token from lsfproxyd (the proxyd: section) before "
-                "each bsub (submission) and bjobs (query).",
-            },
-            "socket": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
-                "proxyd.socket or proxyd.hosts).",
-            },
-            "token_user": {
-                "type": "string",
-                "default": "",
-                "description": "User named in signed TCP requests (a director's "
-                "service account); empty: the process's user. Over "
-                "a Unix socket the kernel says who is asking.",
-            },
-            "notoken_ntries": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 3,
-                "description": "Attempts when the daemon denies a token.",
-            },
-            "transient_notify_after": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 2,
-                "description": "Tell people about daemon trouble only "
-                "from this failure of an episode on.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = LSF_SCHEMA
     settings_class = LsfSettings
     settings: LsfSettings
 
