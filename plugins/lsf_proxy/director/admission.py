@@ -25,6 +25,7 @@ from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.settings import Settings
 from gridgate.plugins.lsf_proxy.client.client import ProxyClient
 from gridgate.plugins.lsf_proxy.client.client import Token as ClientToken
+from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     MAX_HOLD,
@@ -33,7 +34,6 @@ from gridgate.plugins.lsf_proxy.config import (
     Limits,
     PolicyError,
     resolve_category,
-    section_defaults,
 )
 from gridgate.plugins.lsf_proxy.daemon.policy import (
     DENIED,
@@ -244,9 +244,9 @@ class ProxyAdmission(Plugin):
                 admins=frozenset(),
             )
         else:
-            section = dict(context.config.get("proxyd") or section_defaults())
+            section = ClientSettings.of(context.config.get("proxyd"))
             extra = {"user": settings.user} if settings.user else {}
-            self._client = ProxyClient.from_section(
+            self._client = ProxyClient.from_settings(
                 section,
                 settings.socket or None,
                 notoken_ntries=settings.notoken_ntries,

@@ -35,8 +35,8 @@ from gridgate.core.plugins import PluginContext
 from gridgate.core.settings import Settings
 from gridgate.plugins.lsf_proxy.boundary import BJOBS_STATES, bjobs_states, bsub_job_id
 from gridgate.plugins.lsf_proxy.client.client import ProxyClient
+from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, request_size
-from gridgate.plugins.lsf_proxy.config import section_defaults
 from gridgate.plugins.lsf_proxy.director.failures import classify
 from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
 from gridgate.plugins.lsf_proxy.wire import NoToken, ProxyError
@@ -350,9 +350,9 @@ class LsfBackend(Backend):
             return None
         with self._client_lock:
             if self._client is None:
-                section = dict(self.context.config.get("proxyd") or section_defaults())
+                section = ClientSettings.of(self.context.config.get("proxyd"))
                 extra = {"user": self.settings.token_user} if self.settings.token_user else {}
-                self._client = ProxyClient.from_section(
+                self._client = ProxyClient.from_settings(
                     section,
                     self.settings.socket or None,
                     notoken_ntries=self.settings.notoken_ntries,
