@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -36,6 +36,9 @@ from gridgate.plugins.lsf_proxy.wire import (
     connect_failed,
     turned_away,
 )
+
+if TYPE_CHECKING:
+    from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
 
 
 @dataclass(frozen=True)
@@ -289,17 +292,29 @@ class ProxyClient:
         cls, section: Mapping[str, Any], socket_path: str | None = None, **overrides: Any
     ) -> ProxyClient:
         """A client configured by a ``proxyd:`` section (``--socket`` wins over its hosts)."""
-        if socket_path or os.environ.get("GRIDGATE_PROXYD_SOCKET") or not section.get("hosts"):
-            daemons = [Daemon(host_name(), resolve_socket(socket_path, section))]
+        # here, not at the top: importing the client must not import the settings machinery
+        from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
+
+        return cls.from_settings(ClientSettings.of(section), socket_path, **overrides)
+
+    @classmethod
+    def from_settings(
+        cls, settings: ClientSettings, socket_path: str | None = None, **overrides: Any
+    ) -> ProxyClient:
+        """A client configured by the client's part of a ``proxyd:`` section, already read."""
+        if socket_path or os.environ.get("GRIDGATE_PROXYD_SOCKET") or not settings.hosts:
+            daemons = [
+                Daemon(host_name(), resolve_socket(socket_path, {"socket": settings.socket}))
+            ]
         else:
-            daemons = [Daemon(h["name"], h["address"]) for h in section["hosts"]]
+            daemons = [Daemon(h.name, h.address) for h in settings.hosts]
         needs_key = any(not d.address.startswith("/") for d in daemons)
         options: dict[str, Any] = {
-            "key": read_secret(section.get("key")) if needs_key else None,
-            "notoken_ntries": section.get("notoken_ntries"),
-            "when_unavailable": section.get("when_unavailable", "proceed"),
-            "connect_timeout": float(section.get("client_timeout", 5)),
-            "reply_timeout": float(section.get("token_wait_time", 15)) + 15.0,
+            "key": read_secret(settings.key) if needs_key else None,
+            "notoken_ntries": settings.notoken_ntries,
+            "when_unavailable": settings.when_unavailable,
+            "connect_timeout": settings.client_timeout,
+            "reply_timeout": settings.reply_timeout,
         }
         options.update(overrides)
         return cls(daemons, **options)

@@ -308,14 +308,18 @@ class GateClient:
     def from_section(
         cls, section: Mapping[str, Any], socket_path: str | None = None, **overrides: Any
     ) -> GateClient:
-        """Configured like ``ProxyClient.from_section`` (``--socket`` wins over the hosts)."""
+        """Configured like ``ProxyClient.from_section`` (``--socket`` wins over the hosts).
+
+        :param section: the gate's resolved settings (``gating.resolve``: every key of
+            ``gating.CLIENT_DEFAULTS`` there, defaults filled), not a section as written.
+        """
         env = os.environ.get("GRIDGATE_PROXYD_SOCKET")
-        if socket_path or env or not section.get("hosts"):
+        if socket_path or env or not section["hosts"]:
             daemons = [
                 (
                     socket.gethostname().split(".")[0],
                     absolute_socket(
-                        socket_path or env or section.get("socket") or default_socket_path()
+                        socket_path or env or section["socket"] or default_socket_path()
                     ),
                 )
             ]
@@ -325,13 +329,13 @@ class GateClient:
         if any(not a.startswith(("/", ".")) for _, a in daemons):
             from gridgate.core.secrets import read_secret
 
-            key = read_secret(section.get("key"))
+            key = read_secret(section["key"])
         options: dict[str, Any] = {
             "key": key,
-            "notoken_ntries": section.get("notoken_ntries"),
-            "when_unavailable": section.get("when_unavailable", "proceed"),
-            "connect_timeout": float(section.get("client_timeout", 5)),
-            "reply_timeout": float(section.get("token_wait_time", 15)) + 15.0,
+            "notoken_ntries": section["notoken_ntries"],
+            "when_unavailable": section["when_unavailable"],
+            "connect_timeout": float(section["client_timeout"]),
+            "reply_timeout": float(section["token_wait_time"]) + 15.0,
         }
         options.update(overrides)
         return cls(daemons, **options)

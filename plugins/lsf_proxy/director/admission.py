@@ -21,9 +21,11 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import AdmissionRequest, Grant, Refusal
-from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.settings import Settings
 from gridgate.plugins.lsf_proxy.client.client import ProxyClient
 from gridgate.plugins.lsf_proxy.client.client import Token as ClientToken
+from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
 from gridgate.plugins.lsf_proxy.config import (
     CATEGORIES,
     MAX_HOLD,
@@ -32,7 +34,6 @@ from gridgate.plugins.lsf_proxy.config import (
     Limits,
     PolicyError,
     resolve_category,
-    section_defaults,
 )
 from gridgate.plugins.lsf_proxy.daemon.policy import (
     DENIED,
@@ -59,126 +60,162 @@ class EndpointStats:
     max_in_use: int = 0
 
 
+#: The keys each mode alone reads (the others' descriptions start with their mode).
+MODE_KEYS: Mapping[str, tuple[str, ...]] = {
+    "local": ("max", "nominal", "throttle", "token_wait_time", "queue_limit", "lease_time"),
+    "remote": ("socket", "notoken_ntries", "user", "when_unavailable"),
+}
+ADMISSION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Admission by tokens: per-server limits in-process, or the lsfproxyd "
+    "daemon(s) of the proxyd: section.",
+    "properties": {
+        "mode": {
+            "enum": ["local", "remote"],
+            "default": "local",
+            "description": "local: one token policy per server in this process; "
+            "remote: take tokens from the lsfproxyd daemon(s).",
+        },
+        "max": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 8,
+            "description": "local: most commands in flight per server.",
+        },
+        "nominal": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "local: below this many in flight, grant at once; above, "
+            "one grant per throttle (null: the seed's rule, = max "
+            "when max < 50, else 50).",
+        },
+        "throttle": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_THROTTLE_MS,
+            "default": 1,
+            "description": "local: milliseconds between grants above nominal.",
+        },
+        "token_wait_time": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_WAIT,
+            "default": 15,
+            "description": "local: seconds a submission may wait for a token before it is refused.",
+        },
+        "queue_limit": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 1000,
+            "description": "local: waiting submissions per server; more are refused at once.",
+        },
+        "lease_time": {
+            "type": ["number", "null"],
+            "exclusiveMinimum": 0,
+            "maximum": MAX_HOLD,
+            "default": None,
+            "description": "local: seconds after which a token never given back "
+            "is taken back (null: 3 x director.command_timeout "
+            "+ 60, at least 600).",
+        },
+        "categories": {
+            "type": "array",
+            "items": {"enum": list(CATEGORIES)},
+            "default": ["submission"],
+            "description": "Categories this plugin governs; others are left to "
+            "the next admission plugin (the default admits).",
+        },
+        "socket": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": "remote: the daemon's socket (default: "
+            "$GRIDGATE_PROXYD_SOCKET, proxyd.socket or proxyd.hosts).",
+        },
+        "notoken_ntries": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 1,
+            "description": "remote: attempts when the daemon denies a token; "
+            "the director retries the pilot next iteration.",
+        },
+        "user": {
+            "type": "string",
+            "default": "",
+            "description": "remote: user named in signed TCP requests (the director's "
+            "service account); empty: the process's user. Over a Unix "
+            "socket the kernel says who is asking.",
+        },
+        "when_unavailable": {
+            "enum": ["proceed", "refuse"],
+            "default": "proceed",
+            "description": "remote: no daemon answers -> proceed without a "
+            "token (with a warning, as LSF does) or refuse.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class AdmissionSettings(Settings):
+    """The ``lsf_proxy`` admission section, typed (defaults: :data:`ADMISSION_SCHEMA`)."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = ADMISSION_SCHEMA
+    mode: str
+    max: int
+    nominal: int | None
+    throttle: int
+    token_wait_time: float
+    queue_limit: int
+    lease_time: float | None
+    categories: frozenset[str]
+    socket: str
+    notoken_ntries: int
+    user: str
+    when_unavailable: str
+
+    def limits(self) -> Limits:
+        """local: the limits of every category (the seed's rule for a ``nominal`` not given).
+
+        :raises PolicyError: ``nominal`` above ``max``.
+        """
+        given = {"max": self.max, "nominal": self.nominal, "throttle": self.throttle}
+        return resolve_category({k: v for k, v in given.items() if v is not None})
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        try:
+            self.limits()
+        except PolicyError as exc:
+            problems.append((exc.path[-1:] or ("nominal",), str(exc)))
+        # a key of the other mode would be accepted and then do nothing
+        other = "remote" if self.mode == "local" else "local"
+        for key in MODE_KEYS[other]:
+            if getattr(self, key) != ADMISSION_SCHEMA["properties"][key]["default"]:
+                problems.append(
+                    ((key,), f"{key} is read in mode: {other} only, and mode is {self.mode}")
+                )
+        return problems
+
+
 class ProxyAdmission(Plugin):
     """Admission control by token: ``local`` (per server, in-process) or ``remote`` (lsfproxyd)."""
 
     name = "lsf_proxy"
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Admission by tokens: per-server limits in-process, or the lsfproxyd "
-        "daemon(s) of the proxyd: section.",
-        "properties": {
-            "mode": {
-                "enum": ["local", "remote"],
-                "default": "local",
-                "description": "local: one token policy per server in this process; "
-                "remote: take tokens from the lsfproxyd daemon(s).",
-            },
-            "max": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 8,
-                "description": "local: most commands in flight per server.",
-            },
-            "nominal": {
-                "type": ["integer", "null"],
-                "minimum": 1,
-                "default": None,
-                "description": "local: below this many in flight, grant at once; above, "
-                "one grant per throttle (null: the seed's rule, = max "
-                "when max < 50, else 50).",
-            },
-            "throttle": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": MAX_THROTTLE_MS,
-                "default": 1,
-                "description": "local: milliseconds between grants above nominal.",
-            },
-            "token_wait_time": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "maximum": MAX_WAIT,
-                "default": 15,
-                "description": "local: seconds a submission may wait for a token "
-                "before it is refused.",
-            },
-            "queue_limit": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 1000,
-                "description": "local: waiting submissions per server; more are refused at once.",
-            },
-            "lease_time": {
-                "type": ["number", "null"],
-                "exclusiveMinimum": 0,
-                "maximum": MAX_HOLD,
-                "default": None,
-                "description": "local: seconds after which a token never given back "
-                "is taken back (null: 3 x director.command_timeout "
-                "+ 60, at least 600).",
-            },
-            "categories": {
-                "type": "array",
-                "items": {"enum": list(CATEGORIES)},
-                "default": ["submission"],
-                "description": "Categories this plugin governs; others are left to "
-                "the next admission plugin (the default admits).",
-            },
-            "socket": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": "remote: the daemon's socket (default: "
-                "$GRIDGATE_PROXYD_SOCKET, proxyd.socket or proxyd.hosts).",
-            },
-            "notoken_ntries": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 1,
-                "description": "remote: attempts when the daemon denies a token; "
-                "the director retries the pilot next iteration.",
-            },
-            "user": {
-                "type": "string",
-                "default": "",
-                "description": "remote: user named in signed TCP requests (the director's "
-                "service account); empty: the process's user. Over a Unix "
-                "socket the kernel says who is asking.",
-            },
-            "when_unavailable": {
-                "enum": ["proceed", "refuse"],
-                "default": "proceed",
-                "description": "remote: no daemon answers -> proceed without a "
-                "token (with a warning, as LSF does) or refuse.",
-            },
-        },
-        "additionalProperties": False,
-    }
-
-    @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        try:
-            cls._limits(section)
-        except PolicyError as exc:
-            return [(exc.path[-1:] or ("nominal",), str(exc))]
-        return []
+    config_schema: ClassVar[dict[str, Any]] = ADMISSION_SCHEMA
+    settings_class = AdmissionSettings
+    settings: AdmissionSettings
 
     @staticmethod
-    def _limits(section: Mapping[str, Any]) -> Limits:
-        given = {
-            k: section[k] for k in ("max", "nominal", "throttle") if section.get(k) is not None
-        }
-        return resolve_category(given)
-
-    @staticmethod
-    def _lease_time(config: Mapping[str, Any], context: PluginContext) -> float:
+    def _lease_time(settings: AdmissionSettings, context: PluginContext) -> float:
         # The director always releases (in a finally) once list-match and submit are over,
         # each killed at command_timeout; the lease only bounds a token lost to a bug, and
         # lets the policy forget its lease records instead of keeping one per submission.
-        if config.get("lease_time"):
-            return float(config["lease_time"])
+        if settings.lease_time:
+            return settings.lease_time
         timeout = float((context.config.get("director") or {}).get("command_timeout") or 120)
         return min(float(MAX_HOLD), max(600.0, 3 * timeout + 60))
 
@@ -186,8 +223,9 @@ class ProxyAdmission(Plugin):
         self, config: Mapping[str, Any], context: PluginContext, *, clock: Clock | None = None
     ) -> None:
         super().__init__(config, context)
-        self.mode = config.get("mode", "local")
-        self.categories = frozenset(config.get("categories") or ["submission"])
+        settings = self.settings
+        self.mode = settings.mode
+        self.categories = settings.categories
         # the waits are real: a submission thread blocks until its turn (tests inject a clock)
         self.clock = clock or SYSTEM_CLOCK
         self._lock = threading.Lock()
@@ -197,24 +235,22 @@ class ProxyAdmission(Plugin):
         self._client: ProxyClient | None = None
         self._warned_privileged = False
         if self.mode == "local":
-            limits = self._limits(config)
+            limits = settings.limits()
             self._settings = PolicySettings(
                 limits={c: limits for c in CATEGORIES},
-                token_wait_time=float(config.get("token_wait_time", 15)),
-                queue_limit_per_user=int(config.get("queue_limit", 1000)),
-                lease_time=self._lease_time(config, context),
+                token_wait_time=settings.token_wait_time,
+                queue_limit_per_user=settings.queue_limit,
+                lease_time=self._lease_time(settings, context),
                 admins=frozenset(),
             )
         else:
-            section = dict(context.config.get("proxyd") or section_defaults())
-            extra = {"user": config["user"]} if config.get("user") else {}
-            self._client = ProxyClient.from_section(
+            section = ClientSettings.of(context.config.get("proxyd"))
+            extra = {"user": settings.user} if settings.user else {}
+            self._client = ProxyClient.from_settings(
                 section,
-                config.get("socket") or None,
-                notoken_ntries=int(config.get("notoken_ntries", 1)),
-                when_unavailable="fail"
-                if config.get("when_unavailable") == "refuse"
-                else "proceed",
+                settings.socket or None,
+                notoken_ntries=settings.notoken_ntries,
+                when_unavailable="fail" if settings.when_unavailable == "refuse" else "proceed",
                 **extra,
             )
 

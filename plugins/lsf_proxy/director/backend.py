@@ -31,18 +31,18 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.patterns import Pattern, PatternTable
-from gridgate.core.plugins import ConfigProblems, PluginContext
+from gridgate.core.plugins import PluginContext
+from gridgate.core.settings import Settings
+from gridgate.plugins.lsf_proxy.boundary import BJOBS_STATES, bjobs_states, bsub_job_id
 from gridgate.plugins.lsf_proxy.client.client import ProxyClient
+from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, request_size
-from gridgate.plugins.lsf_proxy.config import section_defaults
+from gridgate.plugins.lsf_proxy.director.failures import classify
 from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
 from gridgate.plugins.lsf_proxy.wire import NoToken, ProxyError
 
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_QUERY = "Job Query"
-#: The production regex (formats.md): searched, not anchored, since banners may come first.
-JOB_ID_RE = re.compile(r"Job <([0-9]+)> is submitted to .*queue")
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,58}")  # fullmatch: "$" takes a "\n"
 #: bsub options the backend writes itself (``-q`` from queues, ``-J`` with the job array) or
 #: that would replace the submission altogether; extra_options may not carry them, neither
@@ -103,59 +103,10 @@ def owned_option(word: str) -> str | None:
 
 
 BJOBS_FORMAT = "jobid stat exec_host delimiter='^'"
-NOT_FOUND_RE = re.compile(r"Job <([0-9]+(?:\[[0-9]+\])?)> is not found")
-STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
-
-
-def _pattern(kind: str, regex: re.Pattern[str], transient: bool, label: str) -> Pattern:
-    """A line LSF prints and what it means, with its kind's flags; a ``transient`` one is not
-    told at once: only when it persists (``classify_failure``)."""
-    known = KINDS[kind]
-    return Pattern(
-        kind,
-        regex,
-        label,
-        exclude=known.exclude,
-        notify=known.notify and not transient,
-        transient=known.transient,
-        local=known.local,
-    )
-
-
-#: Order matters: the first pattern found in the output decides.
-PATTERNS: tuple[Pattern, ...] = (
-    _pattern("config", re.compile(r"No such queue"), False, "the queue does not exist"),
-    _pattern(
-        "usage",
-        re.compile(r"Too many processors requested"),
-        False,
-        "more processors than the queue allows",
-    ),
-    _pattern(
-        "usage",
-        re.compile(
-            r"Error in rusage section|[Rr]esource requirement syntax|"
-            r"Bad resource requirement"
-        ),
-        False,
-        "the resource requirement string is wrong",
-    ),
-    _pattern(
-        "unreachable",
-        re.compile(r"Request from non-LSF host rejected"),
-        True,
-        "this host is not an LSF client of the cluster",
-    ),
-    _pattern(
-        "daemon",
-        re.compile(
-            r"LIM is down|LIM\) not responding|Master LIM is down|"
-            r"batch system daemon not responding"
-        ),
-        True,
-        "LSF daemons are not answering",
-    ),
-)
+STATES = BJOBS_STATES
+#: The boundary's readers, by the names the tests and older callers know.
+parse_job_id = bsub_job_id
+parse_bjobs = bjobs_states
 
 
 @dataclass(frozen=True)
@@ -170,31 +121,203 @@ class JobStates:
     message: str = ""
 
 
-def parse_job_id(text: str) -> str | None:
-    """The job id in ``bsub`` output, wherever the line is."""
-    match = JOB_ID_RE.search(text)
-    return match.group(1) if match else None
+@dataclass(frozen=True)
+class CommandSettings(Settings):
+    """``commands``: the LSF commands' names or paths."""
+
+    bsub: str
+    bjobs: str
+    bkill: str | None
 
 
-def parse_bjobs(
-    stdout: str, stderr: str = ""
-) -> tuple[dict[str, tuple[str, str]], tuple[str, ...]]:
-    """Read ``bjobs -noheader -o "jobid stat exec_host delimiter='^'"`` output."""
-    states: dict[str, tuple[str, str]] = {}
-    for line in stdout.splitlines():
-        parts = line.strip().split("^")
-        if len(parts) == 3 and parts[0].isdigit() and parts[1] in STATES:
-            states[parts[0]] = (parts[1], parts[2])
-    missing = tuple(NOT_FOUND_RE.findall(stderr))
-    return states, missing
+#: The keys only the token client reads (``tokens: true``).
+TOKEN_KEYS = ("socket", "token_user", "notoken_ntries")
+LSF_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "LSF backend: queues (one endpoint each), bsub options, tokens.",
+    "properties": {
+        "queues": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "Queues to submit to; each is an endpoint (bsub -q).",
+        },
+        "commands": {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "description": "Names (looked up on PATH) or paths of the LSF commands.",
+            "properties": {
+                "bsub": {
+                    "type": "string",
+                    "x-gridgate-path": "command",
+                    "minLength": 1,
+                    "default": "bsub",
+                    "description": "The submit command.",
+                },
+                "bjobs": {
+                    "type": "string",
+                    "x-gridgate-path": "command",
+                    "minLength": 1,
+                    "default": "bjobs",
+                    "description": "The query command.",
+                },
+                "bkill": {
+                    "type": ["string", "null"],
+                    "x-gridgate-path": "command",
+                    "minLength": 1,
+                    "default": None,
+                    "description": "The cancel command; null: bkill beside bjobs "
+                    "when that is a path, else on PATH.",
+                },
+            },
+        },
+        "status_format": {
+            "enum": ["custom", "table"],
+            "default": "custom",
+            "description": "How pilots are tracked: bjobs -noheader -o "
+            "(LSF 9.1 and later) or the classic bjobs -aw "
+            "table (older clusters).",
+        },
+        "job_name": {
+            "type": "string",
+            "minLength": 1,
+            "default": "gridgate-pilot",
+            "description": "bsub -J (an array NAME[1-N] when a job carries N pilots).",
+        },
+        "output": {
+            "type": "string",
+            "default": "",
+            "description": "bsub -o path (%J is the job id); empty: LSF's default.",
+        },
+        "error": {
+            "type": "string",
+            "default": "",
+            "description": "bsub -e path; empty: LSF's default.",
+        },
+        "resources": {
+            "type": "string",
+            "default": "",
+            "description": "bsub -R resource requirement; a request's own requirements replace it.",
+        },
+        "processors": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "default": None,
+            "description": "bsub -n; null: not given. A demand group's "
+            "resources.cores replace it for that group's pilots.",
+        },
+        "extra_options": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "More bsub arguments, each one argv item "
+            '(e.g. ["-P", "myproject"]). Options the backend writes itself (-q, -J, '
+            "-pack; -n from processors and resources.cores, -W from "
+            "resources.walltime) are refused.",
+        },
+        "command": {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "default": ["pilot.sh"],
+            "description": "The pilot command and its arguments (argv).",
+        },
+        "pilots_per_job": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10000,
+            "default": 1,
+            "description": "Pilots per bsub; > 1 submits a job array.",
+        },
+        "env": env_schema(),
+        "command_timeout": command_timeout_schema(),
+        "tokens": {
+            "type": "boolean",
+            "default": True,
+            "description": "Take a token from lsfproxyd (the proxyd: section) before "
+            "each bsub (submission) and bjobs (query).",
+        },
+        "socket": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
+            "proxyd.socket or proxyd.hosts).",
+        },
+        "token_user": {
+            "type": "string",
+            "default": "",
+            "description": "User named in signed TCP requests (a director's "
+            "service account); empty: the process's user. Over "
+            "a Unix socket the kernel says who is asking.",
+        },
+        "notoken_ntries": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 3,
+            "description": "Attempts when the daemon denies a token.",
+        },
+        "transient_notify_after": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 2,
+            "description": "Tell people about daemon trouble only "
+            "from this failure of an episode on.",
+        },
+    },
+    "additionalProperties": False,
+}
 
 
-TABLE = PatternTable(PATTERNS)
+@dataclass(frozen=True)
+class LsfSettings(Settings):
+    """The LSF backend's section, typed (defaults: :data:`LSF_SCHEMA`)."""
 
+    section_schema: ClassVar[Mapping[str, Any]] = LSF_SCHEMA
+    queues: tuple[str, ...]
+    commands: CommandSettings
+    status_format: str
+    job_name: str
+    output: str
+    error: str
+    resources: str
+    processors: int | None
+    extra_options: tuple[str, ...]
+    command: tuple[str, ...]
+    pilots_per_job: int
+    env: Mapping[str, str]
+    command_timeout: float | None
+    tokens: bool
+    socket: str
+    token_user: str
+    notoken_ntries: int
+    transient_notify_after: int
 
-def classify(command: CommandResult | None, message: str = "") -> Failure:
-    """What a failed ``bsub``/``bjobs`` means (``notify`` of transient kinds is decided later)."""
-    return TABLE.classify(command, message, bad_output="exit 0 but no 'Job <N> is submitted' line")
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        seen: set[str] = set()
+        for index, queue in enumerate(self.queues):
+            if not QUEUE_NAME_RE.fullmatch(queue):
+                problems.append((("queues", index), f"{queue!r} is not an LSF queue name"))
+            elif queue in seen:
+                problems.append((("queues", index), f"queue {queue!r} is listed twice"))
+            seen.add(queue)
+        for index, word in enumerate(self.extra_options):
+            owned = owned_option(word)
+            if owned is not None:
+                problems.append(
+                    (
+                        ("extra_options", index),
+                        f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})",
+                    )
+                )
+        if not self.tokens:
+            # the token client's keys would be accepted and then do nothing
+            for key in TOKEN_KEYS:
+                if getattr(self, key) != LSF_SCHEMA["properties"][key]["default"]:
+                    problems.append(((key,), f"{key} is read only with tokens: true"))
+        return problems
 
 
 class LsfBackend(Backend):
@@ -206,164 +329,9 @@ class LsfBackend(Backend):
     pilots_key = "pilots_per_job"
     expresses = ("cores", "memory_mb", "walltime")
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "LSF backend: queues (one endpoint each), bsub options, tokens.",
-        "properties": {
-            "queues": {
-                "type": "array",
-                "items": {"type": "string"},
-                "default": [],
-                "description": "Queues to submit to; each is an endpoint (bsub -q).",
-            },
-            "commands": {
-                "type": "object",
-                "default": {},
-                "additionalProperties": False,
-                "description": "Names (looked up on PATH) or paths of the LSF commands.",
-                "properties": {
-                    "bsub": {
-                        "type": "string",
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": "bsub",
-                        "description": "The submit command.",
-                    },
-                    "bjobs": {
-                        "type": "string",
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": "bjobs",
-                        "description": "The query command.",
-                    },
-                    "bkill": {
-                        "type": ["string", "null"],
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": None,
-                        "description": "The cancel command; null: bkill beside bjobs "
-                        "when that is a path, else on PATH.",
-                    },
-                },
-            },
-            "status_format": {
-                "enum": ["custom", "table"],
-                "default": "custom",
-                "description": "How pilots are tracked: bjobs -noheader -o "
-                "(LSF 9.1 and later) or the classic bjobs -aw "
-                "table (older clusters).",
-            },
-            "job_name": {
-                "type": "string",
-                "minLength": 1,
-                "default": "gridgate-pilot",
-                "description": "bsub -J (an array NAME[1-N] when a job carries N pilots).",
-            },
-            "output": {
-                "type": "string",
-                "default": "",
-                "description": "bsub -o path (%J is the job id); empty: LSF's default.",
-            },
-            "error": {
-                "type": "string",
-                "default": "",
-                "description": "bsub -e path; empty: LSF's default.",
-            },
-            "resources": {
-                "type": "string",
-                "default": "",
-                "description": "bsub -R resource requirement; a request's own "
-                "requirements replace it.",
-            },
-            "processors": {
-                "type": ["integer", "null"],
-                "minimum": 1,
-                "default": None,
-                "description": "bsub -n; null: not given. A demand group's "
-                "resources.cores replace it for that group's pilots.",
-            },
-            "extra_options": {
-                "type": "array",
-                "items": {"type": "string"},
-                "default": [],
-                "description": "More bsub arguments, each one argv item "
-                '(e.g. ["-P", "myproject"]). Options the backend writes itself (-q, -J, '
-                "-pack; -n from processors and resources.cores, -W from "
-                "resources.walltime) are refused.",
-            },
-            "command": {
-                "type": "array",
-                "items": {"type": "string"},
-                "minItems": 1,
-                "default": ["pilot.sh"],
-                "description": "The pilot command and its arguments (argv).",
-            },
-            "pilots_per_job": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": 10000,
-                "default": 1,
-                "description": "Pilots per bsub; > 1 submits a job array.",
-            },
-            "env": env_schema(),
-            "command_timeout": command_timeout_schema(),
-            "tokens": {
-                "type": "boolean",
-                "default": True,
-                "description": "Take a token from lsfproxyd (the proxyd: section) before "
-                "each bsub (submission) and bjobs (query).",
-            },
-            "socket": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": "The daemon's socket (default: $GRIDGATE_PROXYD_SOCKET, "
-                "proxyd.socket or proxyd.hosts).",
-            },
-            "token_user": {
-                "type": "string",
-                "default": "",
-                "description": "User named in signed TCP requests (a director's "
-                "service account); empty: the process's user. Over "
-                "a Unix socket the kernel says who is asking.",
-            },
-            "notoken_ntries": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 3,
-                "description": "Attempts when the daemon denies a token.",
-            },
-            "transient_notify_after": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 2,
-                "description": "Tell people about daemon trouble only "
-                "from this failure of an episode on.",
-            },
-        },
-        "additionalProperties": False,
-    }
-
-    @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        problems: ConfigProblems = []
-        seen: set[str] = set()
-        for index, queue in enumerate(section.get("queues") or []):
-            if not QUEUE_NAME_RE.fullmatch(queue):
-                problems.append((("queues", index), f"{queue!r} is not an LSF queue name"))
-            elif queue in seen:
-                problems.append((("queues", index), f"queue {queue!r} is listed twice"))
-            seen.add(queue)
-        for index, word in enumerate(section.get("extra_options") or []):
-            owned = owned_option(str(word))
-            if owned is not None:
-                problems.append(
-                    (
-                        ("extra_options", index),
-                        f"{owned} is written by the backend ({OWNED_OPTIONS[owned]})",
-                    )
-                )
-        return problems
+    config_schema: ClassVar[dict[str, Any]] = LSF_SCHEMA
+    settings_class = LsfSettings
+    settings: LsfSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
@@ -374,39 +342,40 @@ class LsfBackend(Backend):
 
     def program(self, which: str) -> str:
         """The configured path or name of LSF command ``which`` (``bsub``, ``bjobs``)."""
-        return str((self.config.get("commands") or {}).get(which) or which)
+        return str(getattr(self.settings.commands, which, None) or which)
 
     def client(self) -> ProxyClient | None:
         """The token client (None when ``tokens`` is off), built on first use."""
-        if not self.config.get("tokens", True):
+        if not self.settings.tokens:
             return None
         with self._client_lock:
             if self._client is None:
-                section = dict(self.context.config.get("proxyd") or section_defaults())
-                extra = {"user": self.config["token_user"]} if self.config.get("token_user") else {}
-                self._client = ProxyClient.from_section(
+                section = ClientSettings.of(self.context.config.get("proxyd"))
+                extra = {"user": self.settings.token_user} if self.settings.token_user else {}
+                self._client = ProxyClient.from_settings(
                     section,
-                    self.config.get("socket") or None,
-                    notoken_ntries=int(self.config.get("notoken_ntries", 3)),
+                    self.settings.socket or None,
+                    notoken_ntries=self.settings.notoken_ntries,
                     **extra,
                 )
             return self._client
 
     def bsub_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The argv of one submission (no shell ever sees it)."""
-        name = str(self.config.get("job_name", "gridgate-pilot"))
+        settings = self.settings
+        name = settings.job_name
         if request.count > 1:
             name = f"{name}[1-{request.count}]"
         argv = [self.program("bsub"), "-q", endpoint.name, "-J", name]
-        for option, key in (("-o", "output"), ("-e", "error")):
-            if self.config.get(key):
-                argv += [option, str(self.config[key])]
-        resources = request.requirements or self.config.get("resources") or ""
+        for option, value in (("-o", settings.output), ("-e", settings.error)):
+            if value:
+                argv += [option, value]
+        resources = request.requirements or settings.resources
         if resources:
             argv += ["-R", resources]
-        argv += resource_options(request, self.config.get("processors"))
-        argv += [str(o) for o in self.config.get("extra_options") or []]
-        argv += [str(c) for c in self.config.get("command") or ["pilot.sh"]]
+        argv += resource_options(request, settings.processors)
+        argv += settings.extra_options
+        argv += settings.command
         return argv
 
     def run_with_token(
@@ -502,9 +471,7 @@ class LsfBackend(Backend):
         failure = classify(result.command, result.message)
         if failure.transient and failure.kind in ("daemon", "unreachable"):
             # this failure will be number (recorded + 1) of the episode
-            persists = self._episode_failures(endpoint) + 1 >= int(
-                self.config.get("transient_notify_after", 2)
-            )
+            persists = self._episode_failures(endpoint) + 1 >= self.settings.transient_notify_after
             if persists:
                 failure = replace(failure, notify=True, reason=f"{failure.reason} (persists)")
         return failure

@@ -73,7 +73,10 @@ START_ONLY: dict[str, tuple[str, ...]] = {
     "bpeek": ("-f",),
 }
 #: What the run-time path reads of a ``proxyd:`` section, with the schema's defaults (a test
-#: pins them to config.SECTION_SCHEMA).
+#: pins them to config.SECTION_SCHEMA). Written out here rather than read from the schema
+#: through gridgate.core.settings: that imports jsonschema, which would cost every gated call
+#: more than the gate itself. :func:`_load` is the one reader: it resolves every key once,
+#: and the run-time path reads the resolved section (``section["key"]``), never a default.
 CLIENT_DEFAULTS: dict[str, Any] = {
     "socket": "",
     "hosts": [],
@@ -341,6 +344,7 @@ def _load(config_path: str | None) -> dict[str, Any]:
         section = dict(config.get("proxyd") or {})
     else:
         section = {}
+    # the gate's one settings reader (see CLIENT_DEFAULTS): every key resolved, once
     client = {key: section.get(key, default) for key, default in CLIENT_DEFAULTS.items()}
     return {"section": client, "map": gate_category_map(section)}
 
@@ -426,7 +430,7 @@ def run_gated(
 
     hold = None
     if start_only(name, argv[1:], section):
-        hold = float(section.get("start_hold", CLIENT_DEFAULTS["start_hold"]))
+        hold = float(section["start_hold"])
     holder = _Holder(hold)
     held = os.environ.get(TOKEN_ENV)
     try:
@@ -435,7 +439,7 @@ def run_gated(
             # a time, not for a blocked user), else take one of our own like any call; a
             # submission command never rides, whatever category it was given
             ride, why = client.ride(
-                held, category, opcode or name, float(section.get("token_wait_time", 15))
+                held, category, opcode or name, float(section["token_wait_time"])
             )
             if ride is not None:
                 holder.take(ride)
@@ -713,6 +717,7 @@ def console_main(args: Sequence[str]) -> int | None:
             return None
         i += 1
     command = list(args[i:])
-    if not command or options.get("category", "query") not in CATEGORIES:
+    chosen = options.get("category")
+    if not command or (chosen is not None and chosen not in CATEGORIES):
         return None
     return gate_call(command, **options)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gridgate.core.clock import FakeClock
-from gridgate.core.config import load_config
+from gridgate.core.config import ConfigError, load_config
 from gridgate.core.engine.director import Director
 from gridgate.core.model import AdmissionRequest, Endpoint, Grant, Refusal
 from gridgate.core.plugins import PluginContext
@@ -306,3 +306,29 @@ def test_default_lease_follows_the_director_command_timeout() -> None:
     plugin = admission(config={"director": {"command_timeout": 300}})
     assert plugin._settings.lease_time == 960
     assert admission()._settings.lease_time == 600
+
+
+# --- a key of the other mode is an error, not a no-op (issue 39) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "value"),
+    [
+        ("local", "socket", "/run/gridgate/proxyd.sock"),
+        ("local", "user", "svc"),
+        ("local", "when_unavailable", "refuse"),
+        ("local", "notoken_ntries", 3),
+        ("remote", "max", 2),
+        ("remote", "nominal", 4),
+        ("remote", "throttle", 50),
+        ("remote", "token_wait_time", 2),
+        ("remote", "queue_limit", 10),
+        ("remote", "lease_time", 900),
+    ],
+)
+def test_a_key_of_the_other_mode_is_a_config_error(mode: str, key: str, value: object) -> None:
+    other = "remote" if mode == "local" else "local"
+    with pytest.raises(ConfigError) as caught:
+        section_for(ProxyAdmission, {"mode": mode, key: value})
+    assert f"{key} is read in mode: {other} only, and mode is {mode}" in str(caught.value)
+    section_for(ProxyAdmission, {"mode": other, key: value})  # its own mode reads it

@@ -312,3 +312,17 @@ def test_extra_options_of_the_site_are_accepted() -> None:
 def test_a_queue_name_with_a_trailing_newline_is_refused() -> None:
     problems = LsfBackend.config_errors({"queues": ["normal\n"]})
     assert problems == [(("queues", 0), "'normal\\n' is not an LSF queue name")]
+
+
+# --- a key that does nothing is an error (issue 39) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("socket", "/run/other.sock"), ("token_user", "svc"), ("notoken_ntries", 5)]
+)
+def test_a_token_key_with_tokens_off_is_a_config_error(key: str, value: object) -> None:
+    # tokens: false builds no token client: the key would be accepted and never read
+    problems = LsfBackend.config_errors({"queues": ["normal"], "tokens": False, key: value})
+    assert problems == [((key,), f"{key} is read only with tokens: true")]
+    assert LsfBackend.config_errors({"queues": ["normal"], key: value}) == []
+    assert LsfBackend.config_errors({"queues": ["normal"], "tokens": False}) == []

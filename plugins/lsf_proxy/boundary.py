@@ -1,0 +1,176 @@
+"""The client side's boundary: every document from outside that the LSF backend, the token
+client and ``import-lsf`` read is decoded here, once, into typed values.
+
+Three kinds come in: what LSF's commands print (``bsub``'s job id, ``bjobs`` in its custom
+and classic forms, ``bkill``'s per-id lines; formats.md quotes them), the token daemon's
+replies (docs/protocol.md), and a site's ``lsf.conf``/``lsb.params``. A row or reply is
+checked through :mod:`gridgate.core.documents` (msgspec), so a bad one is a
+:class:`~gridgate.core.documents.DocumentError` here and nothing downstream checks a shape
+again. The gate's run-time path does not come here: it reads its replies with the standard
+library alone (:mod:`.client.gateclient`, which must not pay for msgspec).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import msgspec
+
+from gridgate.core.documents import DocumentError, convert
+
+__all__ = [
+    "BJOBS_STATES",
+    "JOB_ID",
+    "KillOutput",
+    "Row",
+    "bjobs_not_found",
+    "bjobs_states",
+    "bkill_output",
+    "bsub_job_id",
+    "status_rows",
+]
+
+# --- LSF's commands ------------------------------------------------------------------------------
+
+#: An LSF job id, or one element of a job array (``1234[5]``).
+JOB_ID = r"[0-9]+(?:\[[0-9]+\])?"
+JOB_ID_RE = re.compile(JOB_ID)
+#: The production regex (formats.md): searched, not anchored, since banners may come first.
+BSUB_JOB_ID_RE = re.compile(r"Job <([0-9]+)> is submitted to .*queue")
+NOT_FOUND_RE = re.compile(rf"Job <({JOB_ID})> is not found")
+_TERMINATED_RE = re.compile(rf"Job <({JOB_ID})> is being terminated")
+_FINISHED_RE = re.compile(rf"Job <({JOB_ID})>: Job has already finished")
+_NO_MATCH_RE = re.compile(rf"Job <({JOB_ID})>: No matching job found|Job <({JOB_ID})> is not found")
+
+Stat = Literal[
+    "PEND", "PROV", "PSUSP", "WAIT", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "ZOMBI"
+]
+#: The STAT values the backend's own ``bjobs -o "jobid stat exec_host"`` query takes (it has
+#: never counted PROV, a job whose host is still being provisioned).
+BJOBS_STATES = ("PEND", "PSUSP", "RUN", "USUSP", "SSUSP", "DONE", "EXIT", "UNKWN", "WAIT", "ZOMBI")
+_PENDING = ("PEND", "PSUSP", "WAIT")
+
+
+class Row(msgspec.Struct, frozen=True):
+    """One job as ``bjobs`` printed it."""
+
+    job_id: Annotated[str, msgspec.Meta(pattern=rf"^{JOB_ID}\Z")]
+    stat: Stat
+    exec_host: str = ""
+    exit_code: Annotated[int, msgspec.Meta(ge=0, le=99999)] | None = None
+    reason: str = ""
+
+
+def bsub_job_id(text: str) -> str | None:
+    """The job id in ``bsub`` output, wherever its line is (None: no such line)."""
+    match = BSUB_JOB_ID_RE.search(text)
+    return match.group(1) if match else None
+
+
+def bjobs_not_found(stderr: str) -> tuple[str, ...]:
+    """The ids ``bjobs`` says it does not know (``Job <N> is not found``)."""
+    return tuple(NOT_FOUND_RE.findall(stderr if isinstance(stderr, str) else ""))
+
+
+def bjobs_states(
+    stdout: str, stderr: str = ""
+) -> tuple[dict[str, tuple[str, str]], tuple[str, ...]]:
+    """``bjobs -noheader -o "jobid stat exec_host delimiter='^'"``: id -> (STAT, EXEC_HOST)
+    of each good row (others are skipped), and the ids LSF does not know."""
+    states: dict[str, tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("^")
+        if len(parts) == 3 and parts[0].isdigit() and parts[1] in BJOBS_STATES:
+            states[parts[0]] = (parts[1], parts[2])
+    return states, bjobs_not_found(stderr)
+
+
+def _value(text: str) -> str:
+    text = text.strip()
+    return "" if text == "-" else text
+
+
+def _row(candidate: Mapping[str, object]) -> Row | None:
+    try:
+        return convert(candidate, Row, kind="bjobs row")
+    except DocumentError:
+        return None  # a banner, a header or junk between the rows
+
+
+def _row_custom(line: str) -> Row | None:
+    # jobid^stat^exec_host^exit_code^exit_reason: the reason may itself hold a '^'
+    parts = line.strip().split("^", 4)
+    if len(parts) < 2:
+        return None
+    parts += [""] * (5 - len(parts))
+    code = _value(parts[3])
+    return _row(
+        {
+            "job_id": parts[0],
+            "stat": parts[1],
+            "exec_host": _value(parts[2]),
+            "exit_code": int(code) if re.fullmatch(r"[0-9]{1,5}", code) else None,
+            "reason": _value(parts[4]),
+        }
+    )
+
+
+def _row_table(line: str) -> Row | None:
+    # ``bjobs -aw`` (wide: no column is cut, so none has a fixed width; LSF separates them by
+    # blanks): JOBID USER STAT QUEUE FROM_HOST EXEC_HOST JOB_NAME SUBMIT_TIME. The first
+    # three are never blank; EXEC_HOST may be '-' or blank for pending jobs.
+    words = line.split()
+    if len(words) < 3:
+        return None
+    exec_host = _value(words[5]) if len(words) >= 9 and words[2] not in _PENDING else ""
+    return _row({"job_id": words[0], "stat": words[2], "exec_host": exec_host})
+
+
+#: A live state wins over a finished one when an array shows several rows under one id.
+_RANK: Mapping[str, int] = {
+    **dict.fromkeys(("RUN", "USUSP", "SSUSP"), 0),
+    **dict.fromkeys(("PEND", "PROV", "PSUSP", "WAIT"), 1),
+    **dict.fromkeys(("UNKWN", "ZOMBI"), 2),
+    "DONE": 3,
+    "EXIT": 4,
+}
+
+
+def status_rows(stdout: str, table: bool = False) -> dict[str, Row]:
+    """Rows by id of either ``bjobs`` output (custom ``-o`` or the classic ``-aw`` table);
+    junk lines and the header are skipped. An id with several rows (a job array) keeps its
+    liveliest one. Never raises."""
+    rows: dict[str, Row] = {}
+    parse = _row_table if table else _row_custom
+    for line in (stdout if isinstance(stdout, str) else "").splitlines():
+        row = parse(line)
+        if row is None:
+            continue
+        known = rows.get(row.job_id)
+        if known is None or _RANK[row.stat] < _RANK[known.stat]:
+            rows[row.job_id] = row
+    return rows
+
+
+@dataclass(frozen=True)
+class KillOutput:
+    """``bkill`` per id: being terminated, already finished, unknown."""
+
+    terminated: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    seen: frozenset[str] = field(default_factory=frozenset)
+
+
+def bkill_output(stdout: str, stderr: str = "") -> KillOutput:
+    """What ``bkill`` said of each id, from its lines on either stream."""
+    text = (
+        f"{stdout if isinstance(stdout, str) else ''}\n{stderr if isinstance(stderr, str) else ''}"
+    )
+    terminated = tuple(dict.fromkeys(_TERMINATED_RE.findall(text)))
+    finished = tuple(dict.fromkeys(_FINISHED_RE.findall(text)))
+    unknown = tuple(dict.fromkeys(a or b for a, b in _NO_MATCH_RE.findall(text)))
+    return KillOutput(terminated, finished, unknown, frozenset((*terminated, *finished, *unknown)))
