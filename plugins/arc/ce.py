@@ -1346,7 +1346,11 @@ class ArcCE:
     def _daemon_env(self, conf: dict) -> dict[str, str]:
         """What the start scripts export before ``exec arched``, plus ARC_CONFIG (the LRMS
         scripts fall back to /etc/arc.conf without it) and SLURM_CONF for a Slurm CE."""
-        common, staging = conf["common"], conf.get("arex/data-staging", {})
+        common = conf["common"]
+        staging = conf.get("arex/data-staging", {})  # not config: arc.conf, as ARC parsed it
+        ports = "9000,9300"  # the start scripts' default of both ranges
+        tcp = staging.get("globus_tcp_port_range", ports)  # not config: arc.conf
+        udp = staging.get("globus_udp_port_range", ports)  # not config: arc.conf
         env = {
             "PATH": SYSTEM_PATH,
             "HOME": str(self._path("run")),
@@ -1358,9 +1362,9 @@ class ArcCE:
             "X509_USER_CERT": common["x509_host_cert"],
             "X509_USER_KEY": common["x509_host_key"],
             "X509_CERT_DIR": common["x509_cert_dir"],
-            "GLOBUS_TCP_PORT_RANGE": staging.get("globus_tcp_port_range", "9000,9300"),
-            "GLOBUS_UDP_PORT_RANGE": staging.get("globus_udp_port_range", "9000,9300"),
-            "HOSTNAME": common.get("hostname", "localhost"),
+            "GLOBUS_TCP_PORT_RANGE": tcp,
+            "GLOBUS_UDP_PORT_RANGE": udp,
+            "HOSTNAME": common.get("hostname", "localhost"),  # not config: arc.conf
             "TMPDIR": conf["arex"]["tmpdir"],
             "ARC_CONFIG": str(self.runconfig),
         }
@@ -1581,7 +1585,7 @@ def _x(value: object) -> str:
 
 def _common_xml(conf: dict) -> tuple[str, str, str]:
     arex = conf["arex"]
-    level = _LOGLEVELS.get(str(arex.get("loglevel", "3")), "INFO")
+    level = _LOGLEVELS.get(str(arex.get("loglevel", "3")), "INFO")  # not config: arc.conf
     watchdog = "true" if arex.get("watchdog") == "yes" else "false"
     mail = f"<serviceMail>{_x(arex['mail'])}</serviceMail>" if arex.get("mail") else ""
     return level, watchdog, mail
@@ -1645,7 +1649,7 @@ def _arex_ws_xml(conf: dict, runconfig: Path) -> str:
 </SecHandler>"""
     plexer = f'<next id="a-rex">^{_x(path)}</next>' if "arex/ws/jobs" in conf else ""
     order = ' ServerOrder="true"' if ws.get("tlsserverorder") == "yes" else ""
-    tls = f"<Ciphers{order}>{_x(ws.get('tlsciphers', ''))}</Ciphers>"
+    tls = f"<Ciphers{order}>{_x(ws.get('tlsciphers', ''))}</Ciphers>"  # not config: arc.conf
     if ws.get("tlsprotocols"):
         tls += f"\n      <Protocol>{_x(ws['tlsprotocols'])}</Protocol>"
     if ws.get("tlscurve"):
@@ -1653,6 +1657,7 @@ def _arex_ws_xml(conf: dict, runconfig: Path) -> str:
     tls += (
         f"\n      <DHParamFile>{_x(Path(conf['arex']['controldir']) / 'dhparam.pem')}</DHParamFile>"
     )
+    voms = common.get("voms_processing", "standard")  # not config: arc.conf, as ARC parsed it
     tokens_plugin = tokens_handler = ""
     if "authtokens" in conf:
         tokens_plugin = "<Plugins><Name>arcshcotokens</Name></Plugins>"
@@ -1696,7 +1701,7 @@ def _arex_ws_xml(conf: dict, runconfig: Path) -> str:
       <KeyPath>{_x(common["x509_host_key"])}</KeyPath>
       <CertificatePath>{_x(common["x509_host_cert"])}</CertificatePath>
       <CACertificatesDir PolicyGlobus="true">{_x(common["x509_cert_dir"])}</CACertificatesDir>
-      <VOMSProcessing>{_x(common.get("voms_processing", "standard"))}</VOMSProcessing>
+      <VOMSProcessing>{_x(voms)}</VOMSProcessing>
       <ClientAuthn>false</ClientAuthn>
       {tls}
     </Component>

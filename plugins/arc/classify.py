@@ -19,7 +19,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.kinds import KINDS
@@ -27,18 +27,23 @@ from gridgate.core.model import CommandResult, Failure
 from gridgate.core.patterns import Pattern, PatternTable, clip
 
 __all__ = [
+    "HTTP_METHODS",
     "PATTERNS",
     "REST_PATTERNS",
     "REST_TABLE",
     "TABLE",
     "VAGUE",
     "classify",
+    "by_exchange",
     "classify_rest",
     "clip",
     "match",
     "proxy_problem",
     "vague",
 ]
+
+#: ``argv[:1]`` of a REST exchange's evidence (rest/client.py): the HTTP method.
+HTTP_METHODS = frozenset({("GET",), ("POST",), ("PUT",), ("DELETE",), ("HEAD",)})
 
 #: Order matters: the first pattern found in the output decides (specific before general).
 PATTERNS: tuple[Pattern, ...] = (
@@ -292,6 +297,20 @@ def classify_rest(command: CommandResult | None, message: str = "") -> Failure:
 
 def _said_rest(command: CommandResult) -> str:
     return command.stderr.strip() or "no answer"
+
+
+def by_exchange(
+    command: CommandResult | None,
+    message: str,
+    default: Callable[[CommandResult | None, str], Failure],
+) -> Failure:
+    """What a failure means by what it was: an HTTP exchange by the REST rules, a command by
+    the client's, and one that made no call by ``default`` (its interface's rules)."""
+    if command is None:
+        return default(None, message)
+    if command.argv[:1] in HTTP_METHODS:
+        return classify_rest(command, message)
+    return classify(command, message)
 
 
 def vague(command: CommandResult) -> bool:

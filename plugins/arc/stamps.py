@@ -12,7 +12,9 @@ from pathlib import Path
 
 from loguru import logger
 
+from gridgate.core.documents import DocumentError
 from gridgate.core.files import atomic_write, ensure_private_dir
+from gridgate.plugins.arc.documents import stamps
 
 __all__ = ["add_stamps", "read_stamps", "write_stamps"]
 
@@ -20,19 +22,12 @@ __all__ = ["add_stamps", "read_stamps", "write_stamps"]
 def read_stamps(path: Path, valid: re.Pattern[str] | None = None) -> dict[str, float]:
     """Name -> when it was first noted (the names ``valid`` matches, when given)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return stamps(path.read_bytes(), valid)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except (OSError, DocumentError) as exc:
         logger.error("unreadable {}: {}", path, exc)
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {
-        str(k): float(v)
-        for k, v in data.items()
-        if isinstance(k, str) and (valid is None or valid.match(k)) and isinstance(v, (int, float))
-    }
 
 
 def write_stamps(path: Path, stamps: Mapping[str, float], what: str) -> None:

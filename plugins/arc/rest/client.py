@@ -17,10 +17,16 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 
 from gridgate.core.backend import Deadline
+from gridgate.core.documents import DocumentError
 from gridgate.core.http import HttpClient, HttpError, Response
 from gridgate.core.model import CommandResult
-from gridgate.core.text import parse_json
-from gridgate.plugins.arc.rest.jobs import Entry, entries
+from gridgate.plugins.arc.documents import (
+    Entry,
+    content_range_total,
+    delegation_id,
+    job_answer,
+    rest_versions,
+)
 
 __all__ = ["SUPPORTED", "ArexClient", "ArexError", "evidence", "failed"]
 
@@ -175,10 +181,9 @@ class ArexClient:
         url = f"{self.service}/rest"
         answer = self._request("GET", url, deadline)
         try:
-            offered = parse_json(answer.body)["version"]
-        except (ValueError, KeyError, TypeError):
-            raise self._unreadable("GET", url, answer, "no version list") from None
-        offered = [str(v) for v in (offered if isinstance(offered, list) else [offered])]
+            offered = rest_versions(answer.body)
+        except DocumentError as exc:
+            raise self._unreadable("GET", url, answer, f"no version list ({exc})") from None
         for version in SUPPORTED:
             if version in offered:
                 self.version = version
@@ -189,10 +194,10 @@ class ArexClient:
         )
         raise ArexError(line, failed(evidence("GET", url, answer), line))
 
-    def _entries(self, method: str, url: str, answer: Response, key: str = "job") -> list[Entry]:
+    def _entries(self, method: str, url: str, answer: Response) -> list[Entry]:
         try:
-            return entries(answer.body, key)
-        except ValueError as exc:
+            return job_answer(answer.body)
+        except DocumentError as exc:
             raise self._unreadable(method, url, answer, str(exc)) from None
 
     # --- delegations -------------------------------------------------------------------------
@@ -200,15 +205,14 @@ class ArexClient:
     def delegation_new(self, deadline: Deadline) -> tuple[str, bytes]:
         """A new delegation: its id and the CE's certificate request (PEM).
 
-        The id is the last ``/`` element of the raw ``Location`` header: A-REX 6.17 answers
-        ``/arex/rest/1.0/delegations?action=new/ID``, where a URL parser would put the id in
-        the query (trap 2)."""
+        The id is the last ``/`` element of the raw ``Location`` header
+        (:func:`.documents.delegation_id`: trap 2)."""
         url = f"{self.base(deadline)}/delegations?action=new"
         answer = self._request("POST", url, deadline, accept="*/*", expect=(201,))
-        identifier = answer.header("location").rstrip("/").rsplit("/", 1)[-1]
-        if not identifier or "?" in identifier or "=" in identifier:
-            raise self._unreadable("POST", url, answer, "no delegation id in Location")
-        return identifier, answer.body
+        try:
+            return delegation_id(answer.header("location")), answer.body
+        except DocumentError:
+            raise self._unreadable("POST", url, answer, "no delegation id in Location") from None
 
     def delegation_renew(self, identifier: str, deadline: Deadline) -> bytes:
         """A new certificate request for delegation ``identifier`` (made anew by the CE when
@@ -337,10 +341,10 @@ class ArexClient:
             return b""
         if probe.status == 200:  # the whole file came (no range support)
             return probe.body[-size:]
-        total_text = probe.header("content-range").rpartition("/")[2]
-        if not total_text.isdigit():
-            raise self._unreadable("GET", url, probe, "no length in Content-Range")
-        total = int(total_text)
+        try:
+            total = content_range_total(probe.header("content-range"))
+        except DocumentError:
+            raise self._unreadable("GET", url, probe, "no length in Content-Range") from None
         if total <= 1:
             return probe.body
         start = max(0, total - size)

@@ -24,20 +24,21 @@ identity and keeps it:
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
 
 from loguru import logger
+from msgspec.structs import replace
 
 from gridgate.core.backend import Deadline
 from gridgate.core.clock import Clock
+from gridgate.core.documents import DocumentError
 from gridgate.core.model import CommandResult
 from gridgate.core.state import StateError, StateStore
-from gridgate.core.text import parse_json
+from gridgate.plugins.arc.documents import DelegationRecord as Record
+from gridgate.plugins.arc.documents import delegation_record
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError
 from gridgate.plugins.arc.rest.signing import (
     CsrError,
@@ -59,39 +60,14 @@ CREATE_LOCK = 60.0
 CREATE_WAIT = 15.0
 
 
-@dataclass(frozen=True)
-class Record:
-    """What the state store keeps of one delegation."""
-
-    id: str
-    service: str
-    identity: str
-    #: SHA-256 of the proxy certificate it was last signed with
-    fingerprint: str
-    #: when the delegated proxy ends (the proxy's end), clock seconds
-    ends: float
-    #: last time a director used it, clock seconds
-    used: float
-
-    def dump(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def load(cls, text: str | None) -> Record | None:
-        if not text:
-            return None
-        try:
-            data = parse_json(text)
-            return cls(
-                id=str(data["id"]),
-                service=str(data["service"]),
-                identity=str(data["identity"]),
-                fingerprint=str(data["fingerprint"]),
-                ends=float(data["ends"]),
-                used=float(data["used"]),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
+def _load(text: str | None) -> Record | None:
+    """A record as stored; None for none, or one that cannot be read (then it is made again)."""
+    if not text:
+        return None
+    try:
+        return delegation_record(text)
+    except DocumentError:
+        return None
 
 
 class DelegationError(ArexError):
@@ -124,10 +100,10 @@ class Delegations:
     def _get(self, key: str) -> Record | None:
         if self.state is not None:
             try:
-                return Record.load(self.state.get(PREFIX + key))
+                return _load(self.state.get(PREFIX + key))
             except StateError as exc:
                 logger.warning("delegation records unreadable ({}); using this process's", exc)
-        return Record.load(self._memory.get(key))
+        return _load(self._memory.get(key))
 
     def _put(self, key: str, record: Record) -> None:
         self._memory[key] = record.dump()
@@ -149,13 +125,13 @@ class Delegations:
         """Every delegation recorded (by any director sharing the store)."""
         found: dict[str, Record] = {}
         for key, text in self._memory.items():
-            record = Record.load(text)
+            record = _load(text)
             if record is not None:
                 found[key] = record
         if self.state is not None:
             try:
                 for full, text in self.state.items(PREFIX):
-                    record = Record.load(text)
+                    record = _load(text)
                     if record is not None and "/" not in full[len(PREFIX) :]:
                         found[full[len(PREFIX) :]] = record
             except StateError as exc:

@@ -26,7 +26,6 @@ every answer, and the hook call's deadline every exchange.
 
 from __future__ import annotations
 
-import base64
 import errno
 import json
 import os
@@ -36,12 +35,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
 
 from loguru import logger
 
 from gridgate.core.backend import Deadline
+from gridgate.core.documents import DocumentError
 from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir, read_regular
 from gridgate.core.http import HttpClient
 from gridgate.core.kinds import missing_input
@@ -49,7 +47,7 @@ from gridgate.core.model import (
     TERMINAL_STATES,
     CancelResult,
     CommandResult,
-    Endpoint,
+    Failure,
     JobStatus,
     StatusResult,
     SubmitRequest,
@@ -57,8 +55,10 @@ from gridgate.core.model import (
 )
 from gridgate.core.patterns import clip
 from gridgate.core.plugins import PluginContext
-from gridgate.core.text import parse_json
-from gridgate.plugins.arc.classify import PROXY_BYTES, proxy_problem
+from gridgate.plugins.arc.ces import CE, CeLocks, CleanList, environment
+from gridgate.plugins.arc.classify import PROXY_BYTES, by_exchange, classify_rest, proxy_problem
+from gridgate.plugins.arc.describe import Descriptions
+from gridgate.plugins.arc.documents import rest_marker, token_end
 from gridgate.plugins.arc.parse import STDERR, with_stderr
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError, failed
 from gridgate.plugins.arc.rest.delegation import Delegations
@@ -71,9 +71,10 @@ from gridgate.plugins.arc.rest.jobs import (
     pilot_state,
 )
 from gridgate.plugins.arc.rest.signing import Proxy, ProxyError, read_proxy
+from gridgate.plugins.arc.settings import ArcSettings
 from gridgate.plugins.arc.stamps import add_stamps, read_stamps, write_stamps
 
-__all__ = ["SCRIPT_WHAT", "Credential", "RestPath", "find_token"]
+__all__ = ["SCRIPT_WHAT", "Credential", "RestInterface", "find_token"]
 
 OPERATION_SUBMIT = "Job Submit"
 #: How the pilot script is named when it is missing (the failure is ``missing_input``).
@@ -89,42 +90,10 @@ LOST_LOOKS = (0.0, 0.3, 1.0, 2.0)
 DEFAULT_CA_PATH = "/etc/grid-security/certificates"
 
 
-def unconfirmed_file(ce: CE) -> Path:
-    """The file of ``ce``'s pilots whose creation answer was lost."""
-    return ce.folder / "unconfirmed.json"
-
-
 #: Uploads of one bundle's pilot scripts that run at a time (each on a kept-alive connection).
 UPLOADS = 4
 #: States of a job just created and still waiting for its uploaded input.
 WAITING_INPUT = frozenset({"ACCEPTING", "ACCEPTED"})
-
-
-class CE(Protocol):
-    """What the REST path needs of one configured CE (``backend.CE``)."""
-
-    @property
-    def endpoint(self) -> Endpoint: ...
-    @property
-    def queue(self) -> str: ...
-    @property
-    def folder(self) -> Path: ...
-
-
-class Owner(Protocol):
-    """What the REST path needs of the backend that owns it (``backend.ArcBackend``)."""
-
-    config: Mapping[str, Any]
-    context: PluginContext
-
-    def deadline(self, timeout: float) -> Deadline: ...
-    def environment(self) -> dict[str, str]: ...
-    def script_path(self) -> Path: ...
-    def description(
-        self, ce: Any, request: SubmitRequest, *, name: str = "", delegation: str = ""
-    ) -> str: ...
-    def note_terminal(self, ce: Any, job_ids: Sequence[str]) -> None: ...
-    def lock(self, ce: Any) -> threading.Lock: ...
 
 
 @dataclass(frozen=True)
@@ -182,29 +151,46 @@ def token_expired(token: str, now: float) -> float | None:
     """The end of a JWT bearer token when it has passed (its ``exp`` claim), else None (valid,
     or not a JWT this machine can read: then the CE judges it)."""
     try:
-        payload = token.split(".")[1]
-        claims = parse_json(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        ends = float(claims["exp"])
-    except (IndexError, ValueError, KeyError, TypeError):
+        ends = token_end(token)
+    except DocumentError:
         return None
-    return ends if ends <= now else None
+    return ends if ends is not None and ends <= now else None
 
 
-class RestPath:
-    """The REST half of the `arc` backend (one per backend instance)."""
+class RestInterface:
+    """A-REX's REST interface as the way to the CEs (one per backend instance).
 
-    def __init__(self, owner: Owner) -> None:
-        self.owner = owner
-        self.context = owner.context
-        self.delegations = Delegations(owner.context.state, owner.context.clock)
+    :param settings: the section.
+    :param context: the plugin context (state store, clock, output cap, credentials).
+    :param descriptions: writes the pilots' xRSL and finds the pilot script.
+    :param finals: the pilots to clean, where final pilots are noted.
+    :param locks: the CEs' file locks (the pilots to look for).
+    """
+
+    def __init__(
+        self,
+        settings: ArcSettings,
+        context: PluginContext,
+        descriptions: Descriptions,
+        finals: CleanList,
+        locks: CeLocks,
+    ) -> None:
+        self.settings = settings
+        self.context = context
+        self.descriptions = descriptions
+        self.finals = finals
+        self.locks = locks
+        self.delegations = Delegations(context.state, context.clock)
         self._lock = threading.Lock()
         self._http: dict[tuple[str, str | None], HttpClient] = {}
         self._clients: dict[tuple[str, str, str | None], ArexClient] = {}
         self._proxies: dict[str, tuple[tuple[int, int, int], Proxy]] = {}
 
-    @property
-    def auth(self) -> str:
-        return str(self.owner.config.get("auth") or "x509")
+    def classify(self, command: CommandResult | None, message: str) -> Failure:
+        return by_exchange(command, message, classify_rest)
+
+    def services(self, ces: Sequence[CE]) -> list[str]:
+        return [ce.endpoint.url.rstrip("/") for ce in ces]
 
     def close(self) -> None:
         """Close every kept-alive connection."""
@@ -219,10 +205,10 @@ class RestPath:
     def credential(self) -> Credential:
         """The credential every call of this hook call uses, read now (a renewed proxy or
         token is used at once)."""
-        environ = self.owner.environment()
+        environ = environment(self.settings, self.context)
         ca_path = environ.get("X509_CERT_DIR") or DEFAULT_CA_PATH
         now = self.context.clock.time()
-        if self.auth == "token":
+        if self.settings.auth == "token":
             token, where = find_token(self.context.credential_env("token"), environ)
             if not token:
                 return Credential("token", ca_path, problem=f"no bearer token: none in {where}")
@@ -294,9 +280,8 @@ class RestPath:
         if ce.endpoint.url:
             return ce.endpoint.url.rstrip("/")
         try:
-            recorded = json.loads((ce.folder / "rest.json").read_text(encoding="utf-8"))
-            return str(recorded["url"]).rstrip("/")
-        except (OSError, ValueError, KeyError, TypeError):
+            return rest_marker(ce.rest_marker.read_bytes()).rstrip("/")
+        except (OSError, DocumentError):
             pass
         for job_id in job_ids:
             if "/rest/" in job_id:
@@ -306,7 +291,7 @@ class RestPath:
     def mark(self, ce: CE) -> str:
         """Make the CE's folder and record its URL there (so that its pilots can still be
         followed once it leaves the config); the OS error when it cannot."""
-        marker = ce.folder / "rest.json"
+        marker = ce.rest_marker
         try:
             if not marker.exists():
                 ensure_private_dir(ce.folder)
@@ -321,7 +306,7 @@ class RestPath:
     def submit(self, ce: CE, request: SubmitRequest, timeout: float) -> SubmitResult:
         endpoint = ce.endpoint
         problem = self.mark(ce)
-        script = self.owner.script_path()
+        script = self.descriptions.script_path()
         missing = missing_input({SCRIPT_WHAT: script})
         if problem or missing:
             why = problem or missing
@@ -340,7 +325,7 @@ class RestPath:
             return SubmitResult(
                 endpoint, ok=False, operation=OPERATION_SUBMIT, message=credential.problem
             )
-        deadline = self.owner.deadline(timeout)
+        deadline = self.settings.deadline(timeout)
         client = self.client(self.service(ce), credential)
         self.reconcile_unconfirmed(ce, client, deadline)
         try:
@@ -357,10 +342,11 @@ class RestPath:
                 operation=OPERATION_SUBMIT,
                 message=str(exc),
             )
-        base = str(self.owner.config.get("job_name") or "gridgate-pilot")
+        base = self.settings.job_name
         names = [f"{base}-{uuid.uuid4().hex[:16]}" for _ in range(request.count)]
         descriptions = {
-            n: self.owner.description(ce, request, name=n, delegation=delegation) for n in names
+            n: self.descriptions.description(ce, request, name=n, delegation=delegation)
+            for n in names
         }
         created, failures, command = self.create(ce, client, descriptions, delegation, deadline)
         uploaded, upload_failures = self._upload(ce, client, created, script.name, data, deadline)
@@ -520,11 +506,7 @@ class RestPath:
             if not ids:
                 return {}
             states, _ = client.manage("status", ids, deadline)
-            fresh = [
-                e.id
-                for e in states
-                if e.code == 200 and str(e.fields.get("state", "")).upper() in WAITING_INPUT
-            ]
+            fresh = [e.id for e in states if e.code == 200 and e.state.upper() in WAITING_INPUT]
             if not fresh:
                 return {}
             info, _ = client.manage("info", fresh, deadline)
@@ -534,10 +516,8 @@ class RestPath:
         found: dict[str, str] = {}
         unnamed: list[str] = []
         for entry in info:
-            document = entry.fields.get("info_document")
-            activity = document.get("ComputingActivity", {}) if isinstance(document, dict) else {}
-            name = activity.get("Name") if isinstance(activity, dict) else None
-            if isinstance(name, str) and name in names:
+            name = entry.activity.name if entry.activity is not None else ""
+            if name in names:
                 found[name] = entry.id
             elif not name and entry.id:
                 unnamed.append(entry.id)
@@ -596,7 +576,7 @@ class RestPath:
         noted for the cleaning pass of finished pilots, which asks again until the CE says
         they are gone: a clean sent while the kill is still under way is not always done."""
         version = client.version or "1.0"
-        self.owner.note_terminal(ce, [job_url(client.service, version, i) for i in identifiers])
+        self.finals.note(ce, [job_url(client.service, version, i) for i in identifiers])
         try:
             client.manage("kill", identifiers, deadline)
             client.manage("clean", identifiers, deadline)
@@ -616,17 +596,17 @@ class RestPath:
     # --- lost answers -----------------------------------------------------------------------
 
     def _unconfirmed(self, ce: CE, names: Sequence[str]) -> None:
-        with self.owner.lock(ce):
-            add_stamps(unconfirmed_file(ce), names, self.context.clock.time(), "pilots to look for")
+        with self.locks.lock(ce):
+            add_stamps(ce.unconfirmed, names, self.context.clock.time(), "pilots to look for")
 
     def reconcile_unconfirmed(self, ce: CE, client: ArexClient, deadline: Deadline) -> None:
         """Look for the pilots whose creation answer was lost earlier: those the CE has never
         got their script, so they never ran and never will; they are killed and cleaned (no
         pilot runs twice, none waits on the CE for ever)."""
-        if not unconfirmed_file(ce).exists():
+        if not ce.unconfirmed.exists():
             return
-        with self.owner.lock(ce):
-            kept = read_stamps(unconfirmed_file(ce))
+        with self.locks.lock(ce):
+            kept = read_stamps(ce.unconfirmed)
         if not kept:
             return
         found = self.find_by_name(client, set(kept), deadline)
@@ -635,13 +615,13 @@ class RestPath:
         if found:
             self.discard(ce, client, list(found.values()), deadline)
         now = self.context.clock.time()
-        with self.owner.lock(ce):
+        with self.locks.lock(ce):
             left = {
                 n: t
-                for n, t in read_stamps(unconfirmed_file(ce)).items()
+                for n, t in read_stamps(ce.unconfirmed).items()
                 if n not in kept and now - t < UNCONFIRMED_FOR
             }
-            write_stamps(unconfirmed_file(ce), left, "pilots to look for")
+            write_stamps(ce.unconfirmed, left, "pilots to look for")
 
     # --- tracking ---------------------------------------------------------------------------
 
@@ -650,7 +630,7 @@ class RestPath:
         credential = self.credential()
         if credential.problem:
             return StatusResult(endpoint, ok=False, commands=0, message=credential.problem)
-        deadline = self.owner.deadline(timeout)
+        deadline = self.settings.deadline(timeout)
         service = self.service(ce, ids)
         client = self.client(service, credential)
         if credential.proxy is not None:
@@ -671,7 +651,7 @@ class RestPath:
             job_id = by_ce[identifier]
             if entry.code == 404:
                 continue  # the CE no longer has it: core marks it unknown, then lost
-            native = str(entry.fields.get("state", ""))
+            native = entry.state
             if entry.code != 200:
                 statuses[job_id] = JobStatus(
                     job_id=job_id, state="unknown", reason=clip(f"{entry.code} {entry.reason}")
@@ -686,7 +666,7 @@ class RestPath:
                 )
         statuses.update(self._finals(client, final, by_ce, deadline))
         self._sample_stderr(client, statuses, deadline)
-        self.owner.note_terminal(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
+        self.finals.note(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
         self.reconcile_unconfirmed(ce, client, deadline)
         return StatusResult(
             endpoint, ok=True, statuses=statuses, command=exchanges[-1], commands=len(exchanges)
@@ -713,9 +693,8 @@ class RestPath:
             answer = []
         for entry in answer:
             if entry.code == 200 and entry.id in final:
-                document = entry.fields.get("info_document")
                 found[by_ce[entry.id]] = info_status(
-                    by_ce[entry.id], final[entry.id], document if isinstance(document, dict) else {}
+                    by_ce[entry.id], final[entry.id], entry.activity
                 )
         for identifier, native in final.items():
             job_id = by_ce[identifier]
@@ -732,9 +711,10 @@ class RestPath:
     ) -> None:
         """Add the end of a few failed pilots' stderr (read from the job's session folder) to
         their reason."""
-        samples = int(self.owner.config.get("stderr_samples", 3))
-        keep = int(self.owner.config.get("stderr_bytes", 1000))
-        failed = [s for s in statuses.values() if s.state == "failed"][:samples]
+        keep = self.settings.stderr_bytes
+        failed = [s for s in statuses.values() if s.state == "failed"][
+            : self.settings.stderr_samples
+        ]
         if keep <= 0:
             return
         for status in failed:
@@ -757,7 +737,7 @@ class RestPath:
         credential = self.credential()
         if credential.problem:
             return CancelResult(endpoint, ok=False, message=credential.problem)
-        deadline = self.owner.deadline(timeout)
+        deadline = self.settings.deadline(timeout)
         client = self.client(self.service(ce, ids), credential)
         by_ce = {ce_id(i): i for i in ids}
         try:
@@ -766,8 +746,8 @@ class RestPath:
                 e.id
                 for e in states
                 if e.code == 200
-                and pilot_state(str(e.fields.get("state", "")), None) in ("waiting", "running")
-                and str(e.fields.get("state", "")).upper() != "KILLING"
+                and pilot_state(e.state, None) in ("waiting", "running")
+                and e.state.upper() != "KILLING"
             ]
             if not live:
                 return CancelResult(
@@ -779,7 +759,7 @@ class RestPath:
         except ArexError as exc:
             return CancelResult(endpoint, ok=False, command=exc.command, message=str(exc))
         cancelled = [by_ce[e.id] for e in answer if e.code in (200, 202) and e.id in by_ce]
-        self.owner.note_terminal(ce, cancelled)
+        self.finals.note(ce, cancelled)
         left = len(ids) - len(cancelled)
         return CancelResult(
             endpoint,
@@ -791,22 +771,29 @@ class RestPath:
             else "",
         )
 
-    def clean(self, ce: CE, ids: Sequence[str], timeout: float) -> tuple[list[str], str]:
-        """``action=clean`` for pilots recorded final: the ids the CE no longer has (404), and
-        a problem ("" when none). A ``202 Queued for cleaning`` is not proof (trap 5): a job
+    def clean(self, ce: CE, ids: Sequence[str], timeout: float) -> list[str]:
+        """``action=clean`` for pilots recorded final: the ids the CE no longer has (404). A ``202 Queued for cleaning`` is not proof (trap 5): a job
         still being killed when the clean came stayed on A-REX at load, so a queued id stays
         to clean and is asked again at the next pass, until the CE answers that it is gone."""
         credential = self.credential()
-        if credential.problem:
-            return [], credential.problem
-        deadline = self.owner.deadline(timeout)
-        client = self.client(self.service(ce, ids), credential)
-        by_ce = {ce_id(i): i for i in ids}
-        try:
-            answer, _ = client.manage("clean", list(by_ce), deadline)
-        except ArexError as exc:
-            return [], str(exc)
-        return [by_ce[e.id] for e in answer if e.code == 404 and e.id in by_ce], ""
+        problem = credential.problem
+        if not problem:
+            deadline = self.settings.deadline(timeout)
+            client = self.client(self.service(ce, ids), credential)
+            by_ce = {ce_id(i): i for i in ids}
+            try:
+                answer, _ = client.manage("clean", list(by_ce), deadline)
+            except ArexError as exc:
+                problem = str(exc)
+            else:
+                return [by_ce[e.id] for e in answer if e.code == 404 and e.id in by_ce]
+        logger.info(
+            "{}: cleaning failed ({}); {} pilot(s) stay to clean",
+            ce.endpoint.key,
+            clip(problem),
+            len(ids),
+        )
+        return []
 
     def sweep(self, services: Sequence[str], timeout: float) -> list[str]:
         """Delete delegations of this credential that none of ``services`` uses (see

@@ -10,14 +10,9 @@ import pytest
 
 from gridgate.core.model import CommandResult
 from gridgate.plugins.arc.classify import classify, proxy_problem
-from gridgate.plugins.arc.parse import (
-    cleaned_counts,
-    killed_counts,
-    parse_arcstat,
-    pilot_state,
-    submitted_ids,
-    xrsl,
-)
+from gridgate.plugins.arc.documents import arcstat_report as parse_arcstat
+from gridgate.plugins.arc.documents import cleaned_counts, killed_counts, submitted_ids
+from gridgate.plugins.arc.parse import pilot_state, xrsl
 
 REST = "https://localhost:18443/arex/rest/1.0/jobs/"
 A = REST + "jBmLDmxiisAoOSAtDmABFKDmABFKDmABFKDmVoIKDmEBFKDmNmN60n"

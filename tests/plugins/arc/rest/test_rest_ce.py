@@ -60,7 +60,7 @@ def test_the_ces_version_2_request_loads_its_signature_is_checked_and_signed_per
     arc, rest_site
 ) -> None:
     site = rest_site(arc)
-    client = site.backend().rest.client(arc.url, site.backend().rest.credential())
+    client = site.backend().interface.client(arc.url, site.backend().interface.credential())
     identifier, request = client.delegation_new(Deadline.after(60))
     try:
         assert b"-----BEGIN CERTIFICATE REQUEST-----" in request
@@ -186,7 +186,7 @@ def test_one_bad_description_in_a_bundle_splits_it_instead_of_blaming_the_ce(
 ) -> None:
     site = rest_site(arc)
     backend = site.backend()
-    rest = backend.rest
+    rest = backend.interface
     ce_entry = backend._ces[_endpoint(backend).name]
     client = rest.client(arc.url, rest.credential())
     request = SubmitRequest("arc")
@@ -428,7 +428,7 @@ def test_each_rest_failure_has_the_cli_paths_kind(arc, rest_site, tmp_path, case
 
 def test_version_not_supported_and_an_action_not_implemented_are_config(arc, rest_site) -> None:
     site = rest_site(arc)
-    rest = site.backend().rest
+    rest = site.backend().interface
     client = rest.client(arc.url, rest.credential())
     assert client.discover(Deadline.after(60)) == "1.0", "A-REX 6.17 offers 1.0 only"
     client.version = "1.1"  # as if the CE had offered it

@@ -1,0 +1,346 @@
+"""The `arc` backend's boundary: every document that comes from outside the process is decoded
+here, by one function per kind, into typed values; every way one can be wrong is one
+:class:`~gridgate.core.documents.DocumentError` (a ``ValueError``). Past these functions nothing
+checks a shape again.
+
+- A-REX's JSON answers (``shared/reference/arc.md``, REST interface, traps 3-5): the version
+  list (:func:`rest_versions`), the job answers of creation, listing and management
+  (:func:`job_answer`: one item is an object and several a list, an empty list an empty body,
+  each job's ``status-code`` a string), the ``info`` document's activity in them, the id a
+  delegation's ``Location`` names (:func:`delegation_id`) and a ranged answer's
+  ``Content-Range`` total (:func:`content_range_total`);
+- the claims of a bearer token that say when it ends (:func:`token_end`);
+- what the ARC client prints (:func:`submitted_ids`, :func:`arcstat_report`,
+  :func:`killed_counts`, :func:`cleaned_counts`, :func:`not_in_list`);
+- what this backend reads back from its own files and the state store: the stamp files
+  (:func:`stamps`), a CE's REST marker (:func:`rest_marker`), a delegation's record
+  (:func:`delegation_record`).
+
+Ids that the next step would refuse (a CE-side id that is no URL path element, a delegation id
+that is not one either) are refused here, in the answer that carries them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import msgspec
+
+from gridgate.core.documents import DocumentError, ascii_int, decode_json
+from gridgate.core.model import JobStatus
+from gridgate.plugins.arc.parse import final_status
+
+__all__ = [
+    "CE_ID",
+    "JOB_ID_RE",
+    "Activity",
+    "DelegationRecord",
+    "Entry",
+    "StatusReport",
+    "arcstat_report",
+    "cleaned_counts",
+    "content_range_total",
+    "delegation_id",
+    "delegation_record",
+    "job_answer",
+    "killed_counts",
+    "not_in_list",
+    "rest_marker",
+    "rest_versions",
+    "stamps",
+    "submitted_ids",
+    "token_end",
+]
+
+#: A CE-side job or delegation id: what A-REX returns, one path element of a URL.
+CE_ID = r"^[A-Za-z0-9]{1,256}$"
+#: A job id as arcsub prints it with ``-T arcrest`` (and as the REST path names its jobs):
+#: the CE-side id is the last path element.
+JOB_ID_RE = re.compile(r"^https://[^\s/]+(?:/[^\s/]+)*/[A-Za-z0-9]+\Z")
+#: The largest file length a ``Content-Range`` may tell (8 EiB: what a signed 64-bit offset holds).
+MAX_LENGTH = 2**63 - 1
+
+CeId = Annotated[str, msgspec.Meta(pattern=CE_ID)]
+#: ``status-code``: a string in A-REX 6.17's answers; a number is read too.
+StatusCode = (
+    Annotated[str, msgspec.Meta(pattern=r"^[1-5][0-9][0-9]$")]
+    | Annotated[int, msgspec.Meta(ge=100, le=599)]
+)
+
+
+# --- A-REX's JSON ------------------------------------------------------------------------------
+
+
+class _Versions(msgspec.Struct):
+    version: str | list[str]
+
+
+def rest_versions(body: bytes) -> tuple[str, ...]:
+    """The REST versions ``GET /rest`` lists (``{"version":"1.0"}`` or a list of them)."""
+    answer: _Versions = decode_json(body, _Versions, kind="A-REX version list")
+    listed = answer.version
+    return tuple(listed) if isinstance(listed, list) else (listed,)
+
+
+class Activity(msgspec.Struct, frozen=True):
+    """What a job's ``info`` document says of it (``ComputingActivity``): its name (the
+    ``jobname``; "" while the info provider has not written it), its states
+    (``arcrest:FINISHED``, ``nordugrid:...``), its exit code as written ("" when none) and the
+    CE's error lines."""
+
+    name: str = msgspec.field(default="", name="Name")
+    state: str | list[str] = msgspec.field(default="", name="State")
+    exit: str | int = msgspec.field(default="", name="ExitCode")
+    error: str | list[str] = msgspec.field(default="", name="Error")
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        return _listed(self.state)
+
+    @property
+    def exit_code(self) -> str:
+        return str(self.exit)
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return _listed(self.error)
+
+
+class _InfoDocument(msgspec.Struct, frozen=True):
+    ComputingActivity: Activity = msgspec.field(default_factory=Activity)
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """One job's part of an answer: its ``status-code`` (:attr:`code`), ``reason``, CE-side
+    ``id`` ("" when the CE gave none), ``state`` ("" when not told) and, in an ``info``
+    answer, its :attr:`activity`."""
+
+    status: StatusCode = msgspec.field(default="200", name="status-code")  # listings: ids only
+    reason: str = ""
+    id: CeId = ""
+    state: str = ""
+    info_document: _InfoDocument | None = None
+
+    @property
+    def code(self) -> int:
+        return int(self.status)
+
+    @property
+    def activity(self) -> Activity | None:
+        """The ``info`` document's activity; None when the entry has no ``info_document``."""
+        return self.info_document.ComputingActivity if self.info_document is not None else None
+
+
+class _JobAnswer(msgspec.Struct):
+    job: Entry | list[Entry]
+
+
+def _listed(value: str | list[str]) -> tuple[str, ...]:
+    if isinstance(value, list):
+        return tuple(value)
+    return (value,) if value else ()
+
+
+def job_answer(body: bytes) -> list[Entry]:
+    """Every entry of a job answer (creation, ``GET jobs``, ``action=status|info|kill|clean``),
+    in order, whatever its shape: an empty body is none, an object is one, a list is each."""
+    if not body or body.isspace():
+        return []
+    answer: _JobAnswer = decode_json(body, _JobAnswer, kind="A-REX job answer")
+    return answer.job if isinstance(answer.job, list) else [answer.job]
+
+
+def delegation_id(location: str) -> str:
+    """The id of a new delegation: the last ``/`` element of the raw ``Location`` header (A-REX
+    6.17 answers ``/arex/rest/1.0/delegations?action=new/ID``, where a URL parser would put the
+    id in the query: trap 2)."""
+    identifier = location.rstrip("/").rsplit("/", 1)[-1]
+    if not re.fullmatch(CE_ID, identifier):
+        raise DocumentError("A-REX delegation Location", f"no delegation id in {location[:200]!r}")
+    return identifier
+
+
+def content_range_total(header: str) -> int:
+    """The full length a ranged answer's ``Content-Range`` tells (``bytes 0-0/1234``)."""
+    return ascii_int(header.rpartition("/")[2], kind="Content-Range total", maximum=MAX_LENGTH)
+
+
+# --- bearer tokens -----------------------------------------------------------------------------
+
+
+class _Claims(msgspec.Struct):
+    exp: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+
+
+def token_end(token: str) -> float | None:
+    """When a JWT bearer token ends (its ``exp`` claim, seconds), None when it names none.
+
+    :raises DocumentError: not a JWT whose claims this machine can read (dot-separated parts,
+        the second one base64url JSON), or an ``exp`` that is no time (a 400-digit number)."""
+    parts = token.split(".")
+    if len(parts) < 2:
+        raise DocumentError("bearer token", "no claims part (not a JWT)")
+    payload = parts[1]
+    try:
+        raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    except (binascii.Error, ValueError):
+        raise DocumentError("bearer token", "claims not base64url") from None
+    return decode_json(raw, _Claims, kind="bearer token claims").exp
+
+
+# --- what this backend reads back ---------------------------------------------------------------
+
+
+def stamps(text: str | bytes, valid: re.Pattern[str] | None = None) -> dict[str, float]:
+    """A stamp file (name -> when it was first noted): the names ``valid`` matches, when given
+    (a name that is not an id the next step takes is dropped)."""
+    found: dict[str, float] = decode_json(text, dict[str, float], kind="stamp file")
+    return {k: v for k, v in found.items() if valid is None or valid.match(k)}
+
+
+class _Marker(msgspec.Struct):
+    url: str
+    queue: str = ""
+
+
+def rest_marker(text: str | bytes) -> str:
+    """The service URL a CE's REST marker (``rest.json``) recorded."""
+    return decode_json(text, _Marker, kind="REST marker").url
+
+
+class DelegationRecord(msgspec.Struct, frozen=True):
+    """What the state store keeps of one delegation."""
+
+    id: Annotated[str, msgspec.Meta(pattern=CE_ID)]
+    service: str
+    identity: str
+    #: SHA-256 of the proxy certificate it was last signed with
+    fingerprint: str
+    #: when the delegated proxy ends (the proxy's end), clock seconds
+    ends: float
+    #: last time a director used it, clock seconds
+    used: float
+
+    def dump(self) -> str:
+        return msgspec.json.encode(self, order="sorted").decode()
+
+
+def delegation_record(text: str | bytes) -> DelegationRecord:
+    """A delegation's record as the state store holds it."""
+    return decode_json(text, DelegationRecord, kind="delegation record")
+
+
+# --- what the ARC client prints -----------------------------------------------------------------
+
+#: ``Job submitted with jobid: https://ce:443/arex/rest/1.0/jobs/ID`` (one line per job, input order)
+SUBMITTED_RE = re.compile(r"^Job submitted with jobid:\s*(\S+)\s*$")
+#: ``Status of 3 jobs was queried, 1 jobs returned information``
+SUMMARY_RE = re.compile(
+    r"Status of ([0-9]{1,9}) jobs? (?:was|were) queried, ([0-9]{1,9}) jobs? returned information"
+)
+#: ``WARNING: Failed to process job: ID - 404 Job not found`` (or no reason at all)
+FAILED_JOB_RE = re.compile(r"^WARNING: Failed to process job: (\S+)(?: - (.*))?$")
+#: ``Warning: Job not found in job list: ID`` (the client never asks the CE about such an id)
+NOT_IN_LIST_RE = re.compile(r"^Warning: Job not found in job list: (\S+)\s*$")
+#: ``Jobs processed: 2, successfully killed: 1, successfully cleaned: 0``
+KILLED_RE = re.compile(r"Jobs processed: ([0-9]{1,9}), successfully killed: ([0-9]{1,9})")
+#: ``Jobs processed: 1, deleted: 1``
+CLEANED_RE = re.compile(r"Jobs processed: ([0-9]{1,9}), deleted: ([0-9]{1,9})")
+
+
+def submitted_ids(stdout: str) -> list[str]:
+    """The job ids arcsub printed, in input order (only those of a job id's form)."""
+    ids = []
+    for line in stdout.splitlines():
+        found = SUBMITTED_RE.match(line.strip())
+        if found and JOB_ID_RE.match(found.group(1)):
+            ids.append(found.group(1))
+    return ids
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """What one arcstat call said.
+
+    ``statuses`` per job id that had a block (its ``State``, ``Exit Code`` and ``Job Error``);
+    ``gone`` the ids the CE answered 404 for (it no longer has them) or
+    that are not in the job list (the client never asked); ``failed`` the ids the client could
+    not get information about for another reason (CE down, proxy refused), with that reason;
+    ``queried``/``returned`` the summary line's numbers (None when absent).
+    """
+
+    statuses: Mapping[str, JobStatus] = field(default_factory=dict)
+    gone: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+    queried: int | None = None
+    returned: int | None = None
+
+
+def arcstat_report(stdout: str, stderr: str = "") -> StatusReport:
+    """Read arcstat's per-job blocks (``Job: ID`` then `` Key: value`` lines), its warnings and
+    its summary line. Fields it does not know are ignored."""
+    blocks: dict[str, dict[str, str]] = {}
+    current: str | None = None
+    for line in stdout.splitlines():
+        if line.startswith("Job: "):
+            current = line[5:].strip()
+            blocks[current] = {}
+        elif current is not None and line.startswith(" ") and ":" in line:
+            key, _, value = line.strip().partition(":")
+            blocks[current].setdefault(key.strip(), value.strip())
+        elif not line.strip():
+            current = None
+    gone: list[str] = []
+    failed: dict[str, str] = {}
+    for line in f"{stdout}\n{stderr}".splitlines():
+        line = line.strip()
+        found = FAILED_JOB_RE.match(line)
+        if found:
+            job_id, why = found.group(1), (found.group(2) or "").strip()
+            if why.startswith("404"):
+                gone.append(job_id)
+            else:
+                failed[job_id] = why or "the CE returned no information"
+            continue
+        found = NOT_IN_LIST_RE.match(line)
+        if found:
+            gone.append(found.group(1))
+    summary = SUMMARY_RE.search(stdout) or SUMMARY_RE.search(stderr)
+    statuses = {
+        job_id: final_status(
+            job_id,
+            fields.get("State") or "",
+            fields.get("Exit Code") or "",
+            fields.get("Job Error") or "",
+        )
+        for job_id, fields in blocks.items()
+    }
+    return StatusReport(
+        statuses=statuses,
+        gone=tuple(dict.fromkeys(gone)),
+        failed=failed,
+        queried=int(summary.group(1)) if summary else None,
+        returned=int(summary.group(2)) if summary else None,
+    )
+
+
+def killed_counts(stdout: str) -> tuple[int, int] | None:
+    """(processed, killed) from arckill's summary; None when it printed none ("No jobs")."""
+    found = KILLED_RE.search(stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def cleaned_counts(stdout: str) -> tuple[int, int] | None:
+    """(processed, deleted) from arcclean's summary; None when it printed none."""
+    found = CLEANED_RE.search(stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def not_in_list(text: str) -> list[str]:
+    """The ids the client says are not in its job list."""
+    return [m.group(1) for m in (NOT_IN_LIST_RE.match(ln.strip()) for ln in text.splitlines()) if m]
