@@ -32,6 +32,7 @@ from gridgate.core.secrets import read_secret
 from gridgate.core.text import parse_json
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits, split_limits
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 
 #: A peer not heard for this many heartbeat intervals is taken for dead.
 MISSES = 3
@@ -221,7 +222,7 @@ class Heartbeat:
     def __init__(
         self,
         name: str,
-        section: Mapping[str, Any],
+        settings: ProxydSettings,
         clock: Clock,
         on_change: Callable[[Mapping[str, bool] | None], None],
         config_path: str | os.PathLike[str] | None = None,
@@ -233,28 +234,27 @@ class Heartbeat:
         self._pool: ThreadPoolExecutor | None = None
         self.clock = clock
         self.on_change = on_change
-        self.view = PeerView(name, (), float(section.get("heartbeat_interval", 30)), clock)
+        self.view = PeerView(name, (), settings.heartbeat_interval, clock)
         self.addresses: dict[str, str] = {}
-        self.section: Mapping[str, Any] = {}
+        self.settings = settings
         self._warned: set[str] = set()
         #: what this daemon adds to its heartbeats (the bypass audit's grants and blocks), and
         #: what the peers' heartbeats brought: name -> {"at": wall time, "covered": {user:
         #: cover}, "blocked": {user: until}}
         self.extra: Callable[[], Mapping[str, Any]] | None = None
         self.peer_grants: dict[str, dict[str, Any]] = {}
-        self.configure(section)
+        self.configure(settings)
         # the transport is chosen once: a reload that changes heartbeat_via is logged and
         # takes effect at the next start
-        if section.get("heartbeat_via") == "state" and self.addresses:
+        if settings.heartbeat_via == "state" and self.addresses:
             self.store = self._open_store()
 
-    def configure(self, section: Mapping[str, Any]) -> None:
+    def configure(self, settings: ProxydSettings) -> None:
         """Take ``proxyd.hosts`` and ``heartbeat_interval`` (start and reload)."""
-        self.section = section
-        self.view.interval = float(section.get("heartbeat_interval", 30))
-        hosts = section.get("hosts") or []
-        self.addresses = {h["name"]: h["address"] for h in hosts if h["name"] != self.name}
-        self.view.set_names(h["name"] for h in hosts)
+        self.settings = settings
+        self.view.interval = settings.heartbeat_interval
+        self.addresses = {h.name: h.address for h in settings.hosts if h.name != self.name}
+        self.view.set_names(settings.host_names)
         #: the live daemons the daemon's share was last computed from
         self.last_live = self.view.live()
 
@@ -267,8 +267,8 @@ class Heartbeat:
                 "proxyd.heartbeat_via: state needs the site config (-c FILE) "
                 "with its state: section"
             )
-        state = load_config(self.config_path).get("state") or {"driver": "sqlite"}
-        if state.get("driver", "sqlite") == "memory":
+        state = load_config(self.config_path)["state"]  # filled: the driver is always there
+        if state["driver"] == "memory":
             raise ValueError(
                 "proxyd.heartbeat_via: state needs a store the daemons share "
                 "(state.driver redis, or sqlite on one host), not memory"
@@ -346,10 +346,10 @@ class Heartbeat:
         if address is None:
             return BeatResult(name, error="no longer configured")
         try:
-            key = read_secret(self.section.get("key")) if not address.startswith("/") else None
+            key = read_secret(self.settings.key) if not address.startswith("/") else None
         except Exception as exc:  # a key that went missing must not stop the heartbeat
             return BeatResult(name, busy=True, error=str(exc))
-        timeout = max(0.5, min(self.view.interval, float(self.section.get("client_timeout", 5))))
+        timeout = max(0.5, min(self.view.interval, self.settings.client_timeout))
         client = ProxyClient(
             [Daemon(name, address)],
             key=key,
