@@ -179,13 +179,6 @@ class BlockRule:
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "items": list(self.items)}
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BlockRule:
-        kind = data.get("kind")
-        if kind not in ("all", "users", "hosts", "pairs"):
-            raise ValueError(f"unknown rule kind {kind!r}")
-        return cls(kind, _unique(str(i) for i in data.get("items", ())))
-
 
 def _unique(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
