@@ -17,7 +17,7 @@ import json
 import os
 import pwd
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,6 +34,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.runner import run
+from gridgate.core.settings import Settings
 from gridgate.core.text import parse_json
 from gridgate.plugins.slurm.classify import clip
 from gridgate.plugins.slurm.documents import parse_protocol_lines, parse_sdiag
@@ -65,10 +66,30 @@ def _sharing(user: str, groups: Sequence[str]) -> list[str]:
     return sorted(others)
 
 
+@dataclass(frozen=True)
+class SlurmCommands(Settings):
+    """The Slurm commands the scheduler plugin runs (names on PATH or paths)."""
+
+    sdiag: str
+    scontrol: str
+
+
+@dataclass(frozen=True)
+class SlurmSchedulerSettings(Settings):
+    """The scheduler plugin's section (``proxyd.bypass.scheduler_options``)."""
+
+    commands: SlurmCommands
+    env: Mapping[str, str]
+    partitions: tuple[str, ...]
+    allow_shared_groups: bool
+
+
 class SlurmScheduler(Plugin):
     """sdiag's RPC counters, and ``AllowGroups`` changes, for one Slurm cluster."""
 
     name = "slurm"
+    settings_class = SlurmSchedulerSettings
+    settings: SlurmSchedulerSettings
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "description": "The Slurm controller the token daemon audits and paces.",
@@ -97,8 +118,9 @@ class SlurmScheduler(Plugin):
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self._commands = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
-        self._env = {**os.environ, **(config.get("env") or {})}
+        commands = self.settings.commands
+        self._commands = {"sdiag": commands.sdiag, "scontrol": commands.scontrol}
+        self._env = {**os.environ, **self.settings.env}
 
     @property
     def trace_file(self) -> Path:
