@@ -831,31 +831,19 @@ def resolve_socket(option: str | None, section: Mapping[str, Any] | None = None)
     A relative path (``--socket proxyd.sock``) is made absolute against the current directory.
     """
     if option:
-        return _absolute(option)
+        return absolute_address(option)
     env = os.environ.get("GRIDGATE_PROXYD_SOCKET")
     if env:
-        return _absolute(env)
+        return absolute_address(env)
     if section and section.get("socket"):
         return str(section["socket"])
     return default_socket_path()
 
 
-def _absolute(path: str) -> str:
-    # an address is told from host:port by its leading "/" (parse_address)
+def absolute_address(path: str) -> str:
+    """``path`` made absolute against the current directory, unless it is host:port (an
+    address is told from host:port by its leading "/", :func:`parse_address`)."""
     return path if path.startswith("/") or parse_tcp(path) else os.path.abspath(path)
-
-
-def daemon_socket(option: str | None, section: Mapping[str, Any], name: str) -> str:
-    """Where daemon ``name`` listens: ``--socket``, ``proxyd.socket``, its own Unix address
-    in ``proxyd.hosts``, then as the clients look (environment, runtime directory)."""
-    if option:
-        return _absolute(option)
-    if section.get("socket"):
-        return str(section["socket"])
-    for host in section.get("hosts") or []:
-        if host.get("name") == name and str(host.get("address", "")).startswith("/"):
-            return str(host["address"])
-    return resolve_socket(None, section)
 
 
 def host_name() -> str:

@@ -17,10 +17,8 @@ import grp
 import json
 import os
 import pwd
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from datetime import datetime
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,111 +30,22 @@ from gridgate.core.files import InputFileError, atomic_write, file_problem, read
 from gridgate.core.journal import Journal, Restorer, Step
 from gridgate.core.model import (
     CommandResult,
-    RpcCount,
     SchedulerChange,
-    SchedulerRequest,
     SchedulerRequests,
     SchedulerRPCs,
 )
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.runner import run
+from gridgate.core.settings import Settings
 from gridgate.core.state import StateError, StateStore, open_state
 from gridgate.core.text import parse_json
 from gridgate.plugins.slurm.classify import clip
+from gridgate.plugins.slurm.documents import parse_protocol_lines, parse_sdiag
 
 __all__ = ["SlurmScheduler", "parse_protocol_lines", "parse_sdiag"]
 
-_STAMP = re.compile(r"^(sdiag output at|Data since)\s.*\((\d+)\)\s*$")
-_GAUGES = {
-    "Server thread count": "server_threads",
-    "Agent queue size": "agent_queue",
-    "Agent count": "agents",
-    "DBD Agent queue size": "dbd_agent_queue",
-}
-_ROW = re.compile(r"^\s+(\S+)\s+\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)\s*$")
-
-
-def parse_sdiag(text: str) -> SchedulerRPCs:
-    """``sdiag``'s output as counters: the stamps, the gauges, the two RPC tables (times in
-    sdiag's microseconds, kept in milliseconds). An output without its stamps or tables is
-    not ok: it is not sdiag's (a wrapper, a changed format)."""
-    stamps: dict[str, float] = {}
-    load: dict[str, float] = {}
-    tables: dict[str, dict[str, RpcCount]] = {"type": {}, "user": {}}
-    table = ""
-    for line in text.splitlines():
-        stamp = _STAMP.match(line)
-        if stamp:
-            stamps[stamp.group(1)] = float(stamp.group(2))
-            continue
-        if line.startswith("Remote Procedure Call statistics by message type"):
-            table = "type"
-            continue
-        if line.startswith("Remote Procedure Call statistics by user"):
-            table = "user"
-            continue
-        if line and not line[0].isspace():
-            table = ""
-            key, _, value = line.partition(":")
-            if key.strip() in _GAUGES and value.strip().isdigit():
-                load[_GAUGES[key.strip()]] = float(value)
-            continue
-        row = _ROW.match(line)
-        if row and table:
-            name, count, total = row.group(1), int(row.group(3)), int(row.group(5))
-            tables[table][name] = RpcCount(count, total / 1000.0)
-    if "Data since" not in stamps or "server_threads" not in load:
-        return SchedulerRPCs(
-            "slurm", ok=False, message=f"not sdiag's output: {clip(text.strip())!r}"
-        )
-    return SchedulerRPCs(
-        "slurm",
-        ok=True,
-        taken=stamps.get("sdiag output at", 0.0),
-        since=stamps["Data since"],
-        by_user={user: row.count for user, row in tables["user"].items()},
-        by_type=tables["type"],
-        load=load,
-    )
-
-
-#: One request as slurmctld logs it with ``DebugFlags=Protocol``.
-_REQUEST = re.compile(
-    r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] slurmctld_req: received opcode "
-    r"(\S+) from (\S+) uid (\d+)\s*$"
-)
 #: The most of slurmctld's log read at one call (the rest is read at the next).
 TRACE_READ_BYTES = 8 << 20
-
-
-def parse_protocol_lines(text: str) -> list[SchedulerRequest]:
-    """The requests among slurmctld's log lines (``[2026-12-03T13:37:05.743] slurmctld_req:
-    received opcode REQUEST_JOB_INFO from 127.0.0.1:35678 uid 65534``): the time (the log's
-    local time), the user (the uid's name, or the uid when it has none), the opcode and the
-    host address without its port."""
-    out: list[SchedulerRequest] = []
-    names: dict[int, str] = {}
-    for line in text.splitlines():
-        found = _REQUEST.match(line)
-        if not found:
-            continue
-        stamp, opcode, source, uid_text = found.groups()
-        try:
-            at = datetime.fromisoformat(stamp).timestamp()
-        except ValueError:
-            continue
-        uid = int(uid_text)
-        if uid not in names:
-            try:
-                names[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                names[uid] = str(uid)
-        if source.startswith("[") and "]" in source:  # [::1]:35692
-            host = source[1 : source.index("]")]
-        else:
-            host = source.rsplit(":", 1)[0] if source.count(":") == 1 else source
-        out.append(SchedulerRequest(at, names[uid], opcode, host))
-    return out
 
 
 def _groups_of(user: str) -> list[str]:
@@ -160,10 +69,30 @@ def _sharing(user: str, groups: Sequence[str]) -> list[str]:
     return sorted(others)
 
 
+@dataclass(frozen=True)
+class SlurmCommands(Settings):
+    """The Slurm commands the scheduler plugin runs (names on PATH or paths)."""
+
+    sdiag: str
+    scontrol: str
+
+
+@dataclass(frozen=True)
+class SlurmSchedulerSettings(Settings):
+    """The scheduler plugin's section (``proxyd.bypass.scheduler_options``)."""
+
+    commands: SlurmCommands
+    env: Mapping[str, str]
+    partitions: tuple[str, ...]
+    allow_shared_groups: bool
+
+
 class SlurmScheduler(Plugin):
     """sdiag's RPC counters, and ``AllowGroups`` changes, for one Slurm cluster."""
 
     name = "slurm"
+    settings_class = SlurmSchedulerSettings
+    settings: SlurmSchedulerSettings
     config_schema: ClassVar[dict[str, Any]] = {
         "type": "object",
         "description": "The Slurm controller the token daemon audits and paces.",
@@ -192,8 +121,9 @@ class SlurmScheduler(Plugin):
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self._commands = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
-        self._env = {**os.environ, **(config.get("env") or {})}
+        commands = self.settings.commands
+        self._commands = {"sdiag": commands.sdiag, "scontrol": commands.scontrol}
+        self._env = {**os.environ, **self.settings.env}
         self._journal: Journal | None = None
 
     @property

@@ -48,15 +48,9 @@ from loguru import logger
 from gridgate.core.model import SchedulerRPCs
 from gridgate.core.patterns import clip
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, QUERY
-from gridgate.plugins.lsf_proxy.config import (
-    ADAPTIVE_ENTRY,
-    ADAPTIVE_SOURCES,
-    BYPASS_SCHEMA,
-    TOKENS,
-    Limits,
-    filled,
-)
+from gridgate.plugins.lsf_proxy.config import TOKENS, Limits
 from gridgate.plugins.lsf_proxy.schedulers import ask, load_scheduler
+from gridgate.plugins.lsf_proxy.settings import AdaptiveSettings, ProxydSettings
 
 #: RPC types a category's commands make beyond their own opcode (squeue also asks for the
 #: partitions, measured on 22.05).
@@ -70,44 +64,6 @@ def category_types(category: str) -> tuple[str, ...]:
     own = {row.opcode for row in COMMANDS.values() if row.category == category and row.opcode}
     every = own | set(EXTRA_TYPES.get(category, ()))
     return tuple(sorted(t for t in every if t.startswith("REQUEST_") and t not in OWN_TYPES))
-
-
-@dataclass(frozen=True)
-class AdaptiveSettings:
-    """One category's filled ``proxyd.adaptive`` entry."""
-
-    category: str
-    source: str
-    target_ms: float
-    low: int
-    high: int
-    interval: float
-    rpc_types: tuple[str, ...]
-    min_requests: int
-    backoff: float
-    grow_after: int = 1
-    max_server_threads: int | None = None
-    max_agent_queue: int | None = None
-    reserve: int = 1
-
-    @classmethod
-    def from_entry(cls, category: str, entry: Mapping[str, Any]) -> AdaptiveSettings:
-        given = filled(ADAPTIVE_ENTRY, entry)
-        return cls(
-            category=category,
-            source=str(given["source"]),
-            target_ms=float(given["target_ms"]),
-            low=int(given["min"]),
-            high=int(given["max"]),
-            interval=float(given["interval"]),
-            rpc_types=tuple(given["rpc_types"] or category_types(category)),
-            min_requests=int(given["min_requests"]),
-            backoff=float(given["backoff"]),
-            grow_after=int(given["grow_after"]),
-            max_server_threads=given["max_server_threads"],
-            max_agent_queue=given["max_agent_queue"],
-            reserve=int(given["reserve"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -137,6 +93,7 @@ class AdaptiveLimit:
     """The AIMD rule for one category, on readings handed to it. ``ceiling`` is the
     category's max in ``policies``: the limit never goes above it either."""
 
+    category: str
     settings: AdaptiveSettings
     ceiling: int
     limit: int = 0
@@ -147,7 +104,11 @@ class AdaptiveLimit:
     #: intervals in a row within the target since the max last moved
     good: int = 0
 
+    #: the RPC types whose time counts: those given, or the category's commands'
+    rpc_types: tuple[str, ...] = field(init=False)
+
     def __post_init__(self) -> None:
+        self.rpc_types = self.settings.rpc_types or category_types(self.category)
         if not self.limit:
             self.limit = self.top  # start where the configuration puts it, lower on signal
 
@@ -165,7 +126,7 @@ class AdaptiveLimit:
             return None
         count = 0
         total = 0.0
-        for name in self.settings.rpc_types:
+        for name in self.rpc_types:
             now, then = reading.by_type.get(name), last.by_type.get(name)
             if now is None:
                 continue
@@ -258,7 +219,7 @@ class AdaptiveLimit:
             "reserve": self.settings.reserve,
             "user_max": self.user_max,
             "target_ms": self.settings.target_ms,
-            "rpc_types": list(self.settings.rpc_types),
+            "rpc_types": list(self.rpc_types),
             "last": last.to_json() if last else None,
             "decisions": [d.to_json() for d in self.decisions[-5:]],
         }
@@ -274,33 +235,30 @@ class AdaptiveLimits:
 
     def __init__(
         self,
-        section: Mapping[str, Any],
-        ceilings: Mapping[str, Limits],
+        settings: ProxydSettings,
         folder: Path,
         changed: Any,
         manager: Any = None,
         config_folder: Path | None = None,
         holds: Callable[[str], list[float]] | None = None,
     ) -> None:
-        entries = section.get("adaptive") or {}
+        """``settings``: the daemon's; the entries of ``adaptive``, capped by the limits of
+        ``policies``, reading the scheduler of :attr:`ProxydSettings.adaptive_scheduler`
+        with ``bypass.scheduler_options`` and ``bypass.audit.timeout``."""
+        ceilings = settings.limits
         self.limits = {
-            c: AdaptiveLimit(AdaptiveSettings.from_entry(c, e), ceilings[c].max)
-            for c, e in entries.items()
+            c: AdaptiveLimit(c, entry, ceilings[c].max)
+            for c, entry in settings.adaptive.entries().items()
         }
-        bypass = filled(BYPASS_SCHEMA, section.get("bypass"))
-        #: the scheduler-read sources in use (``tokens`` needs none)
-        read = sorted({lim.settings.source for lim in self.limits.values()} - {TOKENS})
-        self.scheduler = bypass["scheduler"] or (ADAPTIVE_SOURCES[read[0]] if read else "")
+        self.scheduler = settings.adaptive_scheduler
         self.manager = manager
-        if read and manager is None:
+        if settings.adaptive.read_sources() and manager is None:
             self.manager = load_scheduler(
-                self.scheduler, bypass["scheduler_options"], folder, config_folder
+                self.scheduler, settings.bypass.scheduler_options, folder, config_folder
             )
         #: the hold times of a category's tokens since the last call (the daemon's policy)
         self.holds = holds or (lambda category: [])
-        self.timeout = float(
-            filled(BYPASS_SCHEMA["properties"]["audit"], bypass["audit"])["timeout"]
-        )
+        self.timeout = settings.bypass.timeout
         self.changed = changed
         self.problem = ""
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.daemon.diagnose import private_folder
-from gridgate.plugins.lsf_proxy.daemon.policy import Blocklist, BlockRule
+from gridgate.plugins.lsf_proxy.daemon.documents import persisted_rules
+from gridgate.plugins.lsf_proxy.daemon.policy import Blocklist
 from gridgate.plugins.lsf_proxy.daemon.startup import StartupError
 
 
@@ -39,11 +40,10 @@ class BlocklistFile:
             return Blocklist()
         try:
             os.close(private_folder(self.path.parent))
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            return Blocklist(BlockRule.from_json(r) for r in data.get("rules", []))
+            return Blocklist(persisted_rules(self.path.read_bytes()))
         except FileNotFoundError:
             return Blocklist()
-        except (OSError, ValueError, AttributeError) as exc:
+        except (OSError, ValueError) as exc:  # DocumentError: not a blocklist
             raise StartupError(f"cannot read the persisted blocklist {self.path}: {exc}") from None
 
     def save(self, blocklist: Blocklist) -> None:

@@ -42,57 +42,12 @@ from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
 from gridgate.core.patterns import clip
 from gridgate.core.state import StateError, open_state
 from gridgate.core.text import parse_json, printable
-from gridgate.plugins.lsf_proxy.commands import COMMAND_OPCODES
-from gridgate.plugins.lsf_proxy.config import BYPASS_COSTS, BYPASS_SCHEMA, duration, filled
 from gridgate.plugins.lsf_proxy.daemon.bypass_trace import RequestTrace
 from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field, stamp
 from gridgate.plugins.lsf_proxy.daemon.notify import DaemonNotifiers
 from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule, Token
 from gridgate.plugins.lsf_proxy.schedulers import ask, load_scheduler
-
-
-@dataclass(frozen=True)
-class BypassSettings:
-    """A filled ``proxyd.bypass`` section, with the costs resolved to opcodes."""
-
-    scheduler: str
-    options: Mapping[str, Any]
-    interval: float
-    costs: Mapping[str, float]
-    default_cost: float
-    tolerance: float
-    timeout: float
-    action: str
-    hold: float
-    notify_after: int
-    exempt: frozenset[str]
-
-    @classmethod
-    def from_section(cls, section: Mapping[str, Any]) -> BypassSettings | None:
-        """The settings, or None when no scheduler is named (no audit)."""
-        given = filled(BYPASS_SCHEMA, section.get("bypass"))
-        if not given["scheduler"]:
-            return None
-        audit = filled(BYPASS_SCHEMA["properties"]["audit"], given["audit"])
-        costs = dict(BYPASS_COSTS)
-        for name, cost in audit["costs"].items():
-            costs[COMMAND_OPCODES.get(name, name)] = float(cost)  # a command names its opcode
-        return cls(
-            scheduler=str(given["scheduler"]),
-            options=dict(given["scheduler_options"]),
-            interval=float(audit["interval"]),
-            costs=costs,
-            default_cost=float(audit["default_cost"]),
-            tolerance=float(audit["tolerance"]),
-            timeout=float(audit["timeout"]),
-            action=str(given["action"]),
-            hold=duration(given["for"]),
-            notify_after=int(given["notify_after"]),
-            exempt=frozenset(given["exempt"]),
-        )
-
-    def cost(self, opcode: str) -> float:
-        return self.costs.get(opcode, self.default_cost)
+from gridgate.plugins.lsf_proxy.settings import BypassSettings
 
 
 @dataclass(frozen=True)
@@ -403,7 +358,7 @@ class BypassWatch:
         config = getattr(daemon, "config_path", None)
         #: the scheduler plugin (the adaptive limits' when they read the same one)
         self.manager = manager or load_scheduler(
-            settings.scheduler, settings.options, folder, config.parent if config else None
+            settings.plugin, settings.options, folder, config.parent if config else None
         )
         self.audit = BypassAudit(settings, self.exempt)
         try:
@@ -549,7 +504,7 @@ class BypassWatch:
 
     def read(self) -> SchedulerRPCs:
         """One reading through the hook (blocking: called in a thread)."""
-        name = self.settings.scheduler
+        name = self.settings.plugin
         return ask(
             self.manager,
             "gridgate_scheduler_rpcs",
@@ -559,7 +514,7 @@ class BypassWatch:
         )
 
     def change(self, user: str, deny: bool) -> SchedulerChange:
-        name = self.settings.scheduler
+        name = self.settings.plugin
         return ask(
             self.manager,
             "gridgate_scheduler_deny",

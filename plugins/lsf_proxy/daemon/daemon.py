@@ -29,17 +29,11 @@ from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.config import ConfigError, load_config
 from gridgate.core.secrets import read_secret
 from gridgate.plugins.lsf_proxy.commands import category_map
-from gridgate.plugins.lsf_proxy.config import (
-    daemon_socket,
-    host_name,
-    parse_address,
-    resolve_policies,
-    section_defaults,
-)
+from gridgate.plugins.lsf_proxy.config import host_name, parse_address, section_defaults
 from gridgate.plugins.lsf_proxy.daemon.adaptive import AdaptiveLimits
 from gridgate.plugins.lsf_proxy.daemon.admin import AdminVerbs
 from gridgate.plugins.lsf_proxy.daemon.blockfile import BlocklistFile
-from gridgate.plugins.lsf_proxy.daemon.bypass import BypassSettings, BypassWatch
+from gridgate.plugins.lsf_proxy.daemon.bypass import BypassWatch
 from gridgate.plugins.lsf_proxy.daemon.connections import Conn, Doorman, read_lines
 from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, earliest, log_field
 from gridgate.plugins.lsf_proxy.daemon.guard import (
@@ -67,14 +61,18 @@ from gridgate.plugins.lsf_proxy.daemon.startup import (
 )
 from gridgate.plugins.lsf_proxy.daemon.tokens import TokenDesk
 from gridgate.plugins.lsf_proxy.protocol import ADMIN_OPS, Verifier, decode, encode
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION, ProtocolError
 
 #: A client that does not read its replies is dropped once this much is waiting for it.
 MAX_WRITE_BUFFER = 1 << 20
+#: Keys a reload does not apply: they take effect at the next start.
+RESTART_KEYS = ("socket", "tcp", "key", "metrics_port", "metrics_address", "heartbeat_via")
 
 
 class ProxyDaemon:
-    """One lsfproxyd-style daemon. ``section`` is a filled ``proxyd:`` section."""
+    """One lsfproxyd-style daemon. ``section`` is a ``proxyd:`` section (filled or not): it is
+    parsed once into :attr:`settings`, and each collaborator takes its typed part."""
 
     def __init__(
         self,
@@ -85,16 +83,47 @@ class ProxyDaemon:
         config_path: str | os.PathLike[str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        #: the section as given (a reload compares the new file with it) and typed
         self.section = dict(section or section_defaults())
+        self.settings = ProxydSettings.of(self.section)
         self.config_path = Path(config_path) if config_path else None
         self.clock = clock
-        self.name = name or self.section.get("name") or host_name()
-        self.socket_path = daemon_socket(socket_path, self.section, self.name)
+        self._identify(socket_path, name)
+        self._init_connections()
+        #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
+        self.peers = self._heartbeat()
+        #: limits that follow the scheduler (``proxyd.adaptive``), applied by _policy_settings
+        self.adaptive = self._adaptive_limits()
+        self.policy = RateLimitedPolicy(
+            self._policy_settings(self.settings),
+            clock=clock,
+            sample_period=self.settings.sample_period,
+            blocklist=self.blocklist_file.load(),
+        )
+        self.tokens = TokenDesk(
+            self.policy, self.diagnostics, send=self._send, reply=self._reply, poke=self.poke
+        )
+        self._apply_runtime(self.settings)
+        #: the bypass audit (``proxyd.bypass.scheduler`` set), run beside the ticker
+        self.bypass = self._bypass_watch()
+        self._init_admin()
+        #: Called once the sockets listen (the ``serve`` command announces readiness).
+        self.on_ready: Any = None
+
+    # -- the steps of __init__
+
+    def _identify(self, socket_path: str | None, name: str | None) -> None:
+        """Who this daemon is: its name, socket, host, process and owner."""
+        self.name = name or self.settings.name or host_name()
+        self.socket_path = self.settings.daemon_socket(socket_path, self.name)
         self.local_host = host_name()
         self.pid = os.getpid()
         #: The user running the daemon may administer it (it can stop it anyway) but is not
         #: privileged for tokens: a personal daemon must still throttle its owner.
         self.owner = _user_name(os.geteuid())
+
+    def _init_connections(self) -> None:
+        """The bookkeeping of connections, listeners and the periodic logs."""
         self._conns: set[Conn] = set()
         self._per_user: dict[str, int] = {}
         self._wake: asyncio.Event | None = None
@@ -103,64 +132,56 @@ class ProxyDaemon:
         self._servers: list[Listener] = []
         self._shortage, self._refusals, self._failures = PeriodicLog(), PeriodicLog(), PeriodicLog()
         self.diagnostics = DiagnosticLog(
-            lambda: self._side_file("diagnose_file", f"info.lsfproxydlog.{self.local_host}"),
+            lambda: self._side_file(
+                self.settings.diagnose_file, f"info.lsfproxydlog.{self.local_host}"
+            ),
             self._failures,
         )
-        #: the other daemons of proxyd.hosts: who is alive decides this daemon's share
+
+    def _heartbeat(self) -> Heartbeat:
         try:
-            self.peers = Heartbeat(
-                self.name, self.section, clock, self._peers_changed, self.config_path
+            return Heartbeat(
+                self.name, self.settings, self.clock, self._peers_changed, self.config_path
             )
         except ValueError as exc:
             raise StartupError(str(exc)) from None
-        #: limits that follow the scheduler (``proxyd.adaptive``), applied by _settings
-        self.adaptive: AdaptiveLimits | None = None
-        if self.section.get("adaptive"):
-            try:
-                self.adaptive = AdaptiveLimits(
-                    self.section,
-                    resolve_policies(
-                        self.section.get("policies"), self.section.get("max_concurrent_query")
-                    ),
-                    Path(self.socket_path).parent,
-                    self._adaptive_changed,
-                    config_folder=self.config_path.parent if self.config_path else None,
-                    holds=lambda category: self.policy.take_holds(category),
-                )
-            except ValueError as exc:
-                raise StartupError(str(exc)) from None
-        settings = self._settings(self.section)
-        self.policy = RateLimitedPolicy(
-            settings,
-            clock=clock,
-            sample_period=float(self.section.get("sample_period", 60)),
-            blocklist=self.blocklist_file.load(),
-        )
-        self.tokens = TokenDesk(
-            self.policy, self.diagnostics, send=self._send, reply=self._reply, poke=self.poke
-        )
-        self._apply_runtime(self.section)
-        #: the bypass audit (``proxyd.bypass.scheduler`` set), run beside the ticker
-        self.bypass: BypassWatch | None = None
-        bypass = BypassSettings.from_section(self.section)
-        if bypass is not None:
-            folder = Path(self.socket_path).parent
-            try:
-                notifiers = (
-                    DaemonNotifiers(load_config(self.config_path), folder)
-                    if self.config_path
-                    else None
-                )
-                shared = self.adaptive is not None and self.adaptive.scheduler == bypass.scheduler
-                self.bypass = BypassWatch(
-                    self,
-                    bypass,
-                    folder,
-                    notifiers,
-                    manager=self.adaptive.manager if shared and self.adaptive else None,
-                )
-            except (ValueError, ConfigError) as exc:
-                raise StartupError(str(exc)) from None
+
+    def _adaptive_limits(self) -> AdaptiveLimits | None:
+        if not self.settings.adaptive.entries():
+            return None
+        try:
+            return AdaptiveLimits(
+                self.settings,
+                Path(self.socket_path).parent,
+                self._adaptive_changed,
+                config_folder=self.config_path.parent if self.config_path else None,
+                holds=lambda category: self.policy.take_holds(category),
+            )
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+
+    def _bypass_watch(self) -> BypassWatch | None:
+        bypass = self.settings.bypass_audit
+        if bypass is None:
+            return None
+        folder = Path(self.socket_path).parent
+        try:
+            notifiers = (
+                DaemonNotifiers(load_config(self.config_path), folder) if self.config_path else None
+            )
+            shared = self.adaptive is not None and self.adaptive.scheduler == bypass.scheduler
+            return BypassWatch(
+                self,
+                bypass,
+                folder,
+                notifiers,
+                manager=self.adaptive.manager if shared and self.adaptive else None,
+            )
+        except (ValueError, ConfigError) as exc:
+            raise StartupError(str(exc)) from None
+
+    def _init_admin(self) -> None:
+        """The admin verbs, the doorman, the reload log and (``metrics_port``) the metrics."""
         #: Prometheus series when ``metrics_port`` is set; the port once serving.
         self.metrics: DaemonMetrics | None = None
         self.metrics_port: int | None = None
@@ -174,26 +195,25 @@ class ProxyDaemon:
             error=lambda conn, exc: self._error(conn, None, exc),
             close=self._close,
         )
-        if self.section.get("metrics_port") is not None:
+        if self.settings.metrics_port is not None:
             self.metrics = self.tokens.metrics = DaemonMetrics(self.policy)
             if self.bypass is not None:
                 audit = self.bypass.audit
                 self.metrics.bypassing = lambda: audit.last
             self.reloads.attach(self.metrics.registry)
-        #: Called once the sockets listen (the ``serve`` command announces readiness).
-        self.on_ready: Any = None
 
     # -- configuration
 
-    def _settings(self, section: Mapping[str, Any]) -> PolicySettings:
-        limits = resolve_policies(section.get("policies"), section.get("max_concurrent_query"))
+    def _policy_settings(self, settings: ProxydSettings) -> PolicySettings:
+        """The policy's settings: the limits of ``settings`` capped by the adaptive maxima,
+        this daemon's share of them, and the rate limits split over the live daemons."""
+        limits = settings.limits
         adaptive = getattr(self, "adaptive", None)  # None while __init__ builds it
         if adaptive is not None:
             limits = adaptive.cap(limits)
-        hosts = section.get("hosts") or []
+        names = settings.host_names
         live = 1
-        if hosts:
-            names = [h["name"] for h in hosts]
+        if names:
             if self.name not in names:
                 raise StartupError(
                     f"this daemon's name {self.name!r} is not in proxyd.hosts "
@@ -202,18 +222,18 @@ class ProxyDaemon:
             limits = self.peers.view.share(limits, names)
             live = len(self.peers.view.live(names))
         return RatedSettings.extend(
-            PolicySettings.from_section(section, limits), rate_limits_from(section, live)
+            PolicySettings.of(settings, limits), rate_limits_from(settings.rate_limit, live)
         )
 
     def _adaptive_changed(self) -> None:
         """proxyd.adaptive moved a category's max: the policy takes it (held tokens stay)."""
-        self.policy.reconfigure(self._settings(self.section))
+        self.policy.reconfigure(self._policy_settings(self.settings))
         self.poke()
 
     def _peers_changed(self, service: Mapping[str, bool] | None) -> None:
         """A heartbeat changed who is alive (a new share: held tokens stay, a smaller share
         only stops new grants) or brought a newer service state from a peer."""
-        self.policy.reconfigure(self._settings(self.section))
+        self.policy.reconfigure(self._policy_settings(self.settings))
         for category, enabled in (service or {}).items():
             if self.policy.categories[category].enabled != enabled:
                 for decision in self.policy.set_enabled(category, enabled):
@@ -222,24 +242,24 @@ class ProxyDaemon:
                     self.bypass.audit.disturb()
         self.poke()
 
-    def _apply_runtime(self, section: Mapping[str, Any]) -> None:
-        self.tokens.categories = category_map(section.get("categories"))
-        self.max_line = int(section.get("max_line_bytes", 16384))
+    def _apply_runtime(self, settings: ProxydSettings) -> None:
+        self.tokens.categories = category_map(settings.categories.extra())
+        self.max_line = settings.max_line_bytes
         if getattr(self, "guard", None) is None:
             # sized again once serve() has raised RLIMIT_NOFILE: no warning before that
-            self.guard = ConnectionGuard(capacity(section, warn=False))
+            self.guard = ConnectionGuard(capacity(settings, warn=False))
         else:
-            self.guard.cap = capacity(section, self.guard.cap.nofile)
-        self.line_timeout = float(section.get("line_timeout", 30))
-        self.max_user_connections = int(section.get("max_connections_per_user", 1024))
+            self.guard.cap = capacity(settings, self.guard.cap.nofile)
+        self.line_timeout = settings.line_timeout
+        self.max_user_connections = settings.max_connections_per_user
         try:
-            self.diagnostics.switch(bool(section.get("diagnose")))
+            self.diagnostics.switch(settings.diagnose)
         except OSError as exc:
             # the service runs on without its diagnostic log rather than not at all
             logger.error("diagnostic log {} not opened: {}", self.diagnostics.path, exc)
 
-    def _side_file(self, key: str, default_name: str) -> Path:
-        configured = self.section.get(key)
+    def _side_file(self, configured: str, default_name: str) -> Path:
+        """``configured`` (a file key's value), or ``default_name`` next to the socket."""
         if configured:
             return Path(configured)
         return Path(self.socket_path).parent / default_name
@@ -248,8 +268,8 @@ class ProxyDaemon:
     def blocklist_file(self) -> BlocklistFile:
         """Where the blocklist is kept (``persist_blocklist``), as the config now says."""
         return BlocklistFile(
-            self._side_file("blocklist_file", f"blocklist.{self.name}.json"),
-            bool(self.section.get("persist_blocklist")),
+            self._side_file(self.settings.blocklist_file, f"blocklist.{self.name}.json"),
+            self.settings.persist_blocklist,
             self._failures,
         )
 
@@ -265,35 +285,36 @@ class ProxyDaemon:
             return {"reloaded": False, "message": "started without -c: nothing to re-read"}
         try:
             section = checked_section(self.config_path, self.section)
-            settings = self._settings(section)
+            settings = ProxydSettings.of(section)
+            policy = self._policy_settings(settings)
         except (ConfigError, StartupError, ValueError) as exc:
             self.reloads.refuse(exc)
             raise
-        for key in ("socket", "tcp", "key", "metrics_port", "metrics_address", "heartbeat_via"):
-            if section.get(key) != self.section.get(key):
+        for key in RESTART_KEYS:
+            if getattr(settings, key) != getattr(self.settings, key):
                 logger.warning("proxyd.{} changed: takes effect at the next restart", key)
-        for line in lowered_limits(self.policy, settings):
+        for line in lowered_limits(self.policy, policy):
             logger.warning("proxyd reload: {}", line)
-        self._reload_bypass(section)
-        if section.get("adaptive") != self.section.get("adaptive"):
+        self._reload_bypass(settings)
+        if settings.adaptive != self.settings.adaptive:
             logger.warning("proxyd.adaptive changed: takes effect at the next restart")
-        self.section = section
-        self.peers.configure(section)
-        self.policy.reconfigure(settings)
-        self._apply_runtime(section)
+        self.section, self.settings = section, settings
+        self.peers.configure(settings)
+        self.policy.reconfigure(policy)
+        self._apply_runtime(settings)
         self.poke()
         self.reloads.ok()
         logger.info("lsfproxyd {} reconfigured from {}", self.name, self.config_path)
         return {"reloaded": True, "message": f"reconfigured from {self.config_path}"}
 
-    def _reload_bypass(self, section: Mapping[str, Any]) -> None:
-        settings = BypassSettings.from_section(section)
+    def _reload_bypass(self, settings: ProxydSettings) -> None:
+        new = settings.bypass_audit
         running = self.bypass.settings if self.bypass is not None else None
-        if settings is not None and running is not None and settings.scheduler == running.scheduler:
-            if settings.options != running.options:
+        if new is not None and running is not None and new.scheduler == running.scheduler:
+            if new.options != running.options:
                 logger.warning("proxyd.bypass.scheduler_options changed: takes effect at restart")
-            self.bypass.reconfigure(settings)  # type: ignore[union-attr]
-        elif (settings is None) != (running is None) or settings != running:
+            self.bypass.reconfigure(new)  # type: ignore[union-attr]
+        elif (new is None) != (running is None) or new != running:
             logger.warning("proxyd.bypass.scheduler changed: takes effect at the next restart")
 
     # -- serving
@@ -304,18 +325,18 @@ class ProxyDaemon:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         raise_nofile()
-        self.guard.cap = capacity(self.section)  # the limit as raised, from now on
+        self.guard.cap = capacity(self.settings)  # the limit as raised, from now on
         try:
             await self._listen()
             if self.metrics is not None:
+                assert self.settings.metrics_port is not None  # metrics: a port is set
                 self.metrics_port = self.metrics.serve(
-                    int(self.section["metrics_port"]),
-                    str(self.section.get("metrics_address") or "127.0.0.1"),
+                    self.settings.metrics_port, self.settings.metrics_address
                 )
                 logger.info(
                     "lsfproxyd {} metrics on http://{}:{}/metrics",
                     self.name,
-                    self.section.get("metrics_address"),
+                    self.settings.metrics_address,
                     self.metrics_port,
                 )
         except BaseException:
@@ -378,16 +399,14 @@ class ProxyDaemon:
                 raise StartupError(f"a daemon already listens on {path}")
             path.unlink()
         server = self._listener(socket.AF_UNIX, str(path), self._on_unix, f"unix {path}")
-        os.chmod(path, int(self.section.get("socket_mode", "0666"), 8))
+        os.chmod(path, int(self.settings.socket_mode, 8))
         self._servers.append(server)
-        tcp = self.section.get("tcp")
+        tcp = self.settings.tcp
         if tcp:
-            key = read_secret(self.section.get("key"))
+            key = read_secret(self.settings.key)
             if not key:
                 raise StartupError("proxyd.tcp needs proxyd.key")
-            self.doorman.verifier = Verifier(
-                key, float(self.section.get("max_clock_skew", 30)), daemon=self.name
-            )
+            self.doorman.verifier = Verifier(key, self.settings.max_clock_skew, daemon=self.name)
             host, port = cast(tuple[str, int], parse_address(tcp)[1])  # host:port, so tcp
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             server = self._listener(info[0][0], info[0][4], self._on_tcp, f"tcp {tcp}")

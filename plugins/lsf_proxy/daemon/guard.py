@@ -22,13 +22,14 @@ import contextlib
 import errno
 import resource
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 
 #: Descriptors kept for the daemon itself: listening sockets, epoll, logs, the metrics server,
 #: the config and passwd files it reads.
@@ -66,21 +67,23 @@ def nofile_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def capacity(section: Mapping[str, Any], nofile: int | None = None, warn: bool = True) -> Capacity:
-    """The pools for a ``proxyd:`` section under a descriptor limit (default: the real one);
+def capacity(settings: ProxydSettings, nofile: int | None = None, warn: bool = True) -> Capacity:
+    """The pools for the ``proxyd:`` settings under a descriptor limit (default: the real one);
     ``warn``: say when a configured ``max_connections`` is more than the limit allows."""
     nofile = nofile_limit() if nofile is None else nofile
     budget = max(8, nofile - OWN_FDS)
-    unauth = section.get("tcp_max_unauthenticated")
-    unauth = int(unauth) if unauth is not None else max(2, min(256, budget // 8))
-    reserve = section.get("admin_reserve")
-    reserve = int(reserve) if reserve is not None else max(2, min(64, budget // 16))
+    unauth = settings.tcp_max_unauthenticated
+    if unauth is None:
+        unauth = max(2, min(256, budget // 8))
+    reserve = settings.admin_reserve
+    if reserve is None:
+        reserve = max(2, min(64, budget // 16))
     derived = max(1, budget - unauth - TCP_BURST - reserve)
-    configured = section.get("max_connections")
+    configured = settings.max_connections
     if configured is None:
         max_conns = derived
     else:
-        max_conns = int(configured)
+        max_conns = configured
         if max_conns > derived and warn:
             logger.warning(
                 "proxyd.max_connections {} is more than RLIMIT_NOFILE {} allows "
@@ -96,8 +99,8 @@ def capacity(section: Mapping[str, Any], nofile: int | None = None, warn: bool =
         max_connections=max_conns,
         admin_reserve=reserve,
         tcp_max_unauthenticated=unauth,
-        tcp_max_per_peer=int(section.get("tcp_max_per_peer", 32)),
-        tcp_auth_timeout=float(section.get("tcp_auth_timeout", 5)),
+        tcp_max_per_peer=settings.tcp_max_per_peer,
+        tcp_auth_timeout=settings.tcp_auth_timeout,
     )
 
 

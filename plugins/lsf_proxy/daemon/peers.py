@@ -29,58 +29,21 @@ from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.secrets import read_secret
-from gridgate.core.text import parse_json
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits, split_limits
+from gridgate.plugins.lsf_proxy.daemon.documents import (
+    ServiceState,
+    heartbeat,
+    peer_grants,
+    peer_reply,
+    stored_heartbeat,
+)
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 
 #: A peer not heard for this many heartbeat intervals is taken for dead.
 MISSES = 3
 #: State-store keys of the daemons' heartbeats (``heartbeat_via: state``), then the name.
 STORE_KEY = "proxyd.heartbeat."
-
-
-@dataclass(frozen=True)
-class ServiceState:
-    """Which categories are enabled, and where that comes from.
-
-    ``stamp`` is the wall time of the ``enable``/``disable`` it results from (0: nobody changed
-    it since the daemon started), ``origin`` the daemon that took that command. Between two
-    states the one with the later ``(stamp, origin)`` wins, so a daemon that (re)joins takes
-    the state of a live peer, and one that missed a command takes it at the next heartbeat.
-    """
-
-    enabled: Mapping[str, bool]
-    stamp: float = 0.0
-    origin: str = ""
-
-    def newer_than(self, other: ServiceState) -> bool:
-        return (self.stamp, self.origin) > (other.stamp, other.origin)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "enabled": {c: bool(self.enabled.get(c, True)) for c in CATEGORIES},
-            "stamp": self.stamp,
-            "origin": self.origin,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> ServiceState:
-        """:raises ValueError: not a service state."""
-        if not isinstance(data, Mapping):
-            raise ValueError("service must be an object")
-        enabled, stamp, origin = data.get("enabled"), data.get("stamp", 0), data.get("origin", "")
-        if not (
-            isinstance(enabled, Mapping)
-            and all(isinstance(enabled.get(c), bool) for c in CATEGORIES)
-        ):
-            raise ValueError("service.enabled must give true or false for every category")
-        if (
-            isinstance(stamp, bool)
-            or not isinstance(stamp, int | float)
-            or not isinstance(origin, str)
-        ):
-            raise ValueError("service.stamp must be a number and service.origin a string")
-        return cls({c: enabled[c] for c in CATEGORIES}, float(stamp), origin)
 
 
 class PeerView:
@@ -200,17 +163,6 @@ class BeatResult:
     answered: bool = False
 
 
-def _numbers(data: Any, most: int = 100_000) -> dict[str, float]:
-    """``{user: number}`` from a peer's heartbeat: anything else in it is dropped."""
-    if not isinstance(data, Mapping):
-        return {}
-    return {
-        str(user): float(value)
-        for user, value in list(data.items())[:most]
-        if isinstance(value, int | float) and not isinstance(value, bool)
-    }
-
-
 class Heartbeat:
     """Runs a :class:`PeerView` in the daemon: sends heartbeats, answers them.
 
@@ -221,7 +173,7 @@ class Heartbeat:
     def __init__(
         self,
         name: str,
-        section: Mapping[str, Any],
+        settings: ProxydSettings,
         clock: Clock,
         on_change: Callable[[Mapping[str, bool] | None], None],
         config_path: str | os.PathLike[str] | None = None,
@@ -233,28 +185,27 @@ class Heartbeat:
         self._pool: ThreadPoolExecutor | None = None
         self.clock = clock
         self.on_change = on_change
-        self.view = PeerView(name, (), float(section.get("heartbeat_interval", 30)), clock)
+        self.view = PeerView(name, (), settings.heartbeat_interval, clock)
         self.addresses: dict[str, str] = {}
-        self.section: Mapping[str, Any] = {}
+        self.settings = settings
         self._warned: set[str] = set()
         #: what this daemon adds to its heartbeats (the bypass audit's grants and blocks), and
         #: what the peers' heartbeats brought: name -> {"at": wall time, "covered": {user:
         #: cover}, "blocked": {user: until}}
         self.extra: Callable[[], Mapping[str, Any]] | None = None
         self.peer_grants: dict[str, dict[str, Any]] = {}
-        self.configure(section)
+        self.configure(settings)
         # the transport is chosen once: a reload that changes heartbeat_via is logged and
         # takes effect at the next start
-        if section.get("heartbeat_via") == "state" and self.addresses:
+        if settings.heartbeat_via == "state" and self.addresses:
             self.store = self._open_store()
 
-    def configure(self, section: Mapping[str, Any]) -> None:
+    def configure(self, settings: ProxydSettings) -> None:
         """Take ``proxyd.hosts`` and ``heartbeat_interval`` (start and reload)."""
-        self.section = section
-        self.view.interval = float(section.get("heartbeat_interval", 30))
-        hosts = section.get("hosts") or []
-        self.addresses = {h["name"]: h["address"] for h in hosts if h["name"] != self.name}
-        self.view.set_names(h["name"] for h in hosts)
+        self.settings = settings
+        self.view.interval = settings.heartbeat_interval
+        self.addresses = {h.name: h.address for h in settings.hosts if h.name != self.name}
+        self.view.set_names(settings.host_names)
         #: the live daemons the daemon's share was last computed from
         self.last_live = self.view.live()
 
@@ -267,8 +218,8 @@ class Heartbeat:
                 "proxyd.heartbeat_via: state needs the site config (-c FILE) "
                 "with its state: section"
             )
-        state = load_config(self.config_path).get("state") or {"driver": "sqlite"}
-        if state.get("driver", "sqlite") == "memory":
+        state = load_config(self.config_path)["state"]  # filled: the driver is always there
+        if state["driver"] == "memory":
             raise ValueError(
                 "proxyd.heartbeat_via: state needs a store the daemons share "
                 "(state.driver redis, or sqlite on one host), not memory"
@@ -289,22 +240,11 @@ class Heartbeat:
         return out
 
     def keep_grants(self, name: str, data: Any) -> None:
-        """A peer's grants as its heartbeat (or its answer) gave them; anything else is
-        ignored (an older daemon sends none)."""
-        if not isinstance(data, Mapping):
-            return
-        at, covered = data.get("at"), data.get("covered")
-        if (
-            isinstance(at, bool)
-            or not isinstance(at, int | float)
-            or not isinstance(covered, Mapping)
-        ):
-            return
-        self.peer_grants[name] = {
-            "at": float(at),
-            "covered": _numbers(covered),
-            "blocked": _numbers(data.get("blocked")),
-        }
+        """A peer's grants as its heartbeat (or its answer) gave them (:func:`peer_grants`);
+        anything else is ignored (an older daemon sends none)."""
+        grants = peer_grants(data)
+        if grants is not None:
+            self.peer_grants[name] = grants
 
     # -- answering a peer's heartbeat (the ``heartbeat`` admin op)
 
@@ -313,18 +253,18 @@ class Heartbeat:
 
         :raises ValueError: the sender is not one of ``proxyd.hosts`` or sent a bad state.
         """
-        sender = message.get("from")
-        if not isinstance(sender, str) or sender not in self.addresses:
+        beat = heartbeat(message)
+        if beat.sender not in self.addresses:
             raise ValueError(
-                f"heartbeat from {sender!r}, which is not another daemon of proxyd.hosts"
+                f"heartbeat from {beat.sender!r}, which is not another daemon of proxyd.hosts"
             )
-        state = ServiceState.from_json(message.get("service"))
-        self.view.heard(sender)
-        self.keep_grants(sender, message.get("grants"))
-        if message.get("leaving") is True:
+        self.view.heard(beat.sender)
+        if beat.grants is not None:
+            self.peer_grants[beat.sender] = beat.grants
+        if beat.leaving:
             # a clean stop says so: its share is free now, not at our next heartbeat
-            self.view.failed(sender, refused=True)
-        self._settle(state)
+            self.view.failed(beat.sender, refused=True)
+        self._settle(beat.service)
         return {"name": self.name, **self.payload(), "live": self.view.live()}
 
     def status(self) -> dict[str, Any]:
@@ -346,10 +286,10 @@ class Heartbeat:
         if address is None:
             return BeatResult(name, error="no longer configured")
         try:
-            key = read_secret(self.section.get("key")) if not address.startswith("/") else None
+            key = read_secret(self.settings.key) if not address.startswith("/") else None
         except Exception as exc:  # a key that went missing must not stop the heartbeat
             return BeatResult(name, busy=True, error=str(exc))
-        timeout = max(0.5, min(self.view.interval, float(self.section.get("client_timeout", 5))))
+        timeout = max(0.5, min(self.view.interval, self.settings.client_timeout))
         client = ProxyClient(
             [Daemon(name, address)],
             key=key,
@@ -389,12 +329,7 @@ class Heartbeat:
             if value is None:
                 out.append(BeatResult(name, error="no heartbeat key in the state store"))
                 continue
-            try:
-                beat = parse_json(value)
-                service, grants = beat.get("service"), beat.get("grants")
-            except (ValueError, AttributeError):
-                service = grants = None
-            out.append(BeatResult(name, reply={"ok": True, "service": service, "grants": grants}))
+            out.append(BeatResult(name, reply=stored_heartbeat(value)))
         return out
 
     def _settle(self, state: ServiceState | None, now: float | None = None) -> None:
@@ -435,20 +370,17 @@ class Heartbeat:
                 continue
             # any answer, even an error, means the peer runs and grants its share
             self.view.heard(result.name)
-            if not result.reply.get("ok"):
+            reply = peer_reply(result.reply)
+            if not reply.ok:
                 if result.name not in self._warned:
                     self._warned.add(result.name)
-                    logger.warning(
-                        "heartbeat to {} not accepted: {}",
-                        result.name,
-                        (result.reply.get("error") or {}).get("message"),
-                    )
+                    logger.warning("heartbeat to {} not accepted: {}", result.name, reply.error)
                 continue
-            self.keep_grants(result.name, result.reply.get("grants"))
-            try:
-                state = ServiceState.from_json(result.reply.get("service"))
-            except ValueError as exc:
-                logger.warning("heartbeat reply of {}: {}", result.name, exc)
+            if reply.grants is not None:
+                self.peer_grants[result.name] = reply.grants
+            state = reply.service
+            if state is None:
+                logger.warning("heartbeat reply of {}: {}", result.name, reply.problem)
                 continue
             if newest is None or state.newer_than(newest):
                 newest = state

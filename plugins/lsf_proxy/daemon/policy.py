@@ -21,6 +21,7 @@ from typing import Any
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, Limits
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 
 GRANTED = "granted"
 QUEUED = "queued"
@@ -177,13 +178,6 @@ class BlockRule:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "items": list(self.items)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BlockRule:
-        kind = data.get("kind")
-        if kind not in ("all", "users", "hosts", "pairs"):
-            raise ValueError(f"unknown rule kind {kind!r}")
-        return cls(kind, _unique(str(i) for i in data.get("items", ())))
 
 
 def _unique(names: Iterable[str]) -> tuple[str, ...]:
@@ -420,42 +414,46 @@ class _Category:
     holds: deque[float] = field(default_factory=lambda: deque(maxlen=HOLDS_KEPT))
 
 
+#: the schema's defaults, the one place they are written (PolicySettings' keywords take them)
+_DEFAULT = ProxydSettings.of(None)
+
+
 @dataclass(frozen=True)
 class PolicySettings:
-    """Everything a reload may change."""
+    """Everything a reload may change: the limits in force (this daemon's share, capped by
+    the adaptive maxima) and the ``proxyd:`` keys the policy reads. The daemon builds it from
+    its :class:`~gridgate.plugins.lsf_proxy.settings.ProxydSettings` (:meth:`of`); a keyword
+    left out takes the schema's default."""
 
     limits: Mapping[str, Limits]
-    token_wait_time: float = 15.0
-    queue_limit_per_user: int = 1000
-    lease_time: float = 300.0
-    admins: frozenset[str] = frozenset({"root"})
-    addon_hosts: frozenset[str] = frozenset()
+    token_wait_time: float = _DEFAULT.token_wait_time
+    queue_limit_per_user: int = _DEFAULT.queue_limit_per_user
+    lease_time: float = _DEFAULT.lease_time
+    admins: frozenset[str] = _DEFAULT.admins
+    addon_hosts: frozenset[str] = _DEFAULT.addon_hosts
     #: users never paced (root always); None: root and the admins, the seed's rule
-    privileged: frozenset[str] | None = None
+    privileged: frozenset[str] | None = _DEFAULT.privileged
     #: per command (opcode): seconds its token may be held, instead of ``lease_time``
-    hold_limits: Mapping[str, float] = field(default_factory=dict)
+    hold_limits: Mapping[str, float] = field(default_factory=lambda: dict(_DEFAULT.hold_limits))
     #: requests of a user in flight in a category (held + waiting) from which it is busy;
     #: None: never
-    busy_after: int | None = 4
-    busy_nice: int = 10
+    busy_after: int | None = _DEFAULT.busy_after
+    busy_nice: int = _DEFAULT.busy_nice
 
     @classmethod
-    def from_section(
-        cls, section: Mapping[str, Any], limits: Mapping[str, Limits]
-    ) -> PolicySettings:
+    def of(cls, settings: ProxydSettings, limits: Mapping[str, Limits]) -> PolicySettings:
+        """The policy's part of ``settings``, with ``limits`` in force."""
         return cls(
             limits=dict(limits),
-            token_wait_time=float(section.get("token_wait_time", 15)),
-            queue_limit_per_user=int(section.get("queue_limit_per_user", 1000)),
-            lease_time=float(section.get("lease_time", 300)),
-            admins=frozenset(section.get("admins", ["root"])),
-            addon_hosts=frozenset(section.get("addon_hosts", [])),
-            privileged=(
-                None if section.get("privileged") is None else frozenset(section["privileged"])
-            ),
-            hold_limits={k: float(v) for k, v in (section.get("hold_limits") or {}).items()},
-            busy_after=section.get("busy_after", 4),
-            busy_nice=int(section.get("busy_nice", 10)),
+            token_wait_time=settings.token_wait_time,
+            queue_limit_per_user=settings.queue_limit_per_user,
+            lease_time=settings.lease_time,
+            admins=settings.admins,
+            addon_hosts=settings.addon_hosts,
+            privileged=settings.privileged,
+            hold_limits=dict(settings.hold_limits),
+            busy_after=settings.busy_after,
+            busy_nice=settings.busy_nice,
         )
 
 

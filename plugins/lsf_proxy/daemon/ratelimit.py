@@ -31,6 +31,7 @@ from gridgate.plugins.lsf_proxy.daemon.policy import (
     TickResult,
     TokenPolicy,
 )
+from gridgate.plugins.lsf_proxy.settings import RateLimits
 
 #: Evict idle full buckets once this many are kept (they are the same as a new bucket).
 _SWEEP_AT = 4096
@@ -38,27 +39,25 @@ _SWEEP_AT = 4096
 
 @dataclass(frozen=True)
 class RateLimit:
-    """One category's bucket shape (Slurm's defaults: 30 requests, 2 per second)."""
+    """One category's bucket shape in force (``proxyd.rate_limit``, this daemon's share)."""
 
-    bucket_size: float = 30.0
-    refill_rate: float = 2.0
-    refill_period: float = 1.0
+    bucket_size: float
+    refill_rate: float
+    refill_period: float
 
 
-def rate_limits_from(section: Mapping[str, Any], daemons: int = 1) -> dict[str, RateLimit]:
-    """The enabled rate limits of a ``proxyd:`` section, split over ``daemons`` live daemons
+def rate_limits_from(settings: RateLimits, daemons: int = 1) -> dict[str, RateLimit]:
+    """The enabled rate limits of ``proxyd.rate_limit``, split over ``daemons`` live daemons
     (as max and nominal are: a user spread over them gets the configured rate in all). A
     share of the bucket is never below one request, or nobody could ever be served."""
-    out: dict[str, RateLimit] = {}
-    for category, spec in (section.get("rate_limit") or {}).items():
-        if not spec.get("enable", True):
-            continue
-        out[category] = RateLimit(
-            max(1.0, float(spec.get("bucket_size", 30)) / daemons),
-            float(spec.get("refill_rate", 2)) / daemons,
-            float(spec.get("refill_period", 1)),
+    return {
+        category: RateLimit(
+            max(1.0, spec.bucket_size / daemons),
+            spec.refill_rate / daemons,
+            spec.refill_period,
         )
-    return out
+        for category, spec in settings.enabled().items()
+    }
 
 
 @dataclass(frozen=True)

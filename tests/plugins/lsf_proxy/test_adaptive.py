@@ -27,7 +27,7 @@ from gridgate.plugins.lsf_proxy.section import ProxydSection
 
 def rule(ceiling: int = 100, **entry) -> AdaptiveLimit:
     given = {"target_ms": 50, "min": 2, "max": 32, "min_requests": 5, **entry}
-    return AdaptiveLimit(AdaptiveSettings.from_entry("query", given), ceiling)
+    return AdaptiveLimit("query", AdaptiveSettings.of(given), ceiling)
 
 
 def reading(count: int, total_ms: float, since: float = 1.0, **load: float) -> SchedulerRPCs:

@@ -15,19 +15,19 @@ from gridgate.core.model import SchedulerRPCs
 from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA, resolve_policies
 from gridgate.plugins.lsf_proxy.daemon.bypass import (
     BypassAudit,
-    BypassSettings,
     bypass_line,
     old_acting,
 )
 from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
 from gridgate.plugins.lsf_proxy.daemon.policy import PolicySettings, Token, TokenPolicy
 from gridgate.plugins.lsf_proxy.schedulers import config_problems, load_scheduler
+from gridgate.plugins.lsf_proxy.settings import BypassSettings, ProxydSettings
 
 _ids = itertools.count(1)
 
 
 def settings(**bypass) -> BypassSettings:
-    chosen = BypassSettings.from_section({"bypass": {"scheduler": "slurm", **bypass}})
+    chosen = ProxydSettings.of({"bypass": {"scheduler": "slurm", **bypass}}).bypass_audit
     assert chosen is not None
     return chosen
 
@@ -46,8 +46,8 @@ def audit_of(tolerance: int = 2, exempt: tuple[str, ...] = ("root",)) -> BypassA
 
 
 def test_no_scheduler_no_audit_and_the_settings_read_as_given() -> None:
-    assert BypassSettings.from_section({}) is None
-    assert BypassSettings.from_section({"bypass": {"scheduler": None}}) is None
+    assert ProxydSettings.of({}).bypass_audit is None
+    assert ProxydSettings.of({"bypass": {"scheduler": None}}).bypass_audit is None
     chosen = settings(audit={"costs": {"squeue": 5, "MY_OP": 0.5}}, **{"for": "30m"})
     assert chosen.cost("REQUEST_JOB_INFO") == 5, "a command's cost is its opcode's"
     assert chosen.cost("MY_OP") == 0.5

@@ -21,6 +21,7 @@ from gridgate.plugins.lsf_proxy.daemon.guard import (
     capacity,
     listening_socket,
 )
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 
 
 def _warnings(action) -> list[str]:
@@ -34,34 +35,43 @@ def _warnings(action) -> list[str]:
 
 
 def test_max_connections_follows_the_descriptor_limit():
-    cap = capacity({}, nofile=256)
+    cap = capacity(ProxydSettings.of({}), nofile=256)
     assert (
         cap.max_connections + cap.admin_reserve + cap.tcp_max_unauthenticated + TCP_BURST
         == 256 - OWN_FDS
     )
-    big = capacity({}, nofile=20000)
+    big = capacity(ProxydSettings.of({}), nofile=20000)
     assert (big.tcp_max_unauthenticated, big.admin_reserve) == (256, 64)
     assert big.max_connections == 20000 - OWN_FDS - 256 - TCP_BURST - 64
 
 
 def test_a_configured_max_beyond_the_limit_is_lowered_with_a_warning():
     lowered: list = []
-    seen = _warnings(lambda: lowered.append(capacity({"max_connections": 5000}, nofile=256)))
-    assert lowered[0].max_connections == capacity({}, nofile=256).max_connections
+    seen = _warnings(
+        lambda: lowered.append(capacity(ProxydSettings.of({"max_connections": 5000}), nofile=256))
+    )
+    assert lowered[0].max_connections == capacity(ProxydSettings.of({}), nofile=256).max_connections
     assert len(seen) == 1 and "max_connections 5000" in seen[0]
-    assert _warnings(lambda: capacity({"max_connections": 5000}, nofile=256, warn=False)) == []
-    assert capacity({"max_connections": 10}, nofile=256).max_connections == 10
+    assert (
+        _warnings(
+            lambda: capacity(ProxydSettings.of({"max_connections": 5000}), nofile=256, warn=False)
+        )
+        == []
+    )
+    assert capacity(ProxydSettings.of({"max_connections": 10}), nofile=256).max_connections == 10
 
 
 def test_unauthenticated_tcp_never_takes_from_the_other_pools():
     guard = ConnectionGuard(
         capacity(
-            {
-                "max_connections": 2,
-                "admin_reserve": 1,
-                "tcp_max_unauthenticated": 3,
-                "tcp_max_per_peer": 2,
-            },
+            ProxydSettings.of(
+                {
+                    "max_connections": 2,
+                    "admin_reserve": 1,
+                    "tcp_max_unauthenticated": 3,
+                    "tcp_max_per_peer": 2,
+                }
+            ),
             nofile=1000,
         )
     )

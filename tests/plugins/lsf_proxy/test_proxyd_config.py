@@ -175,3 +175,37 @@ def test_query_max_is_bounded_by_max_concurrent_query(write):
     assert any(
         "proxyd.policies.query.nominal: nominal (40) must not exceed max (20)" in p for p in found
     ), found
+
+
+def test_bypass_keys_without_a_scheduler_are_errors_naming_both(write):
+    # before: accepted, and no audit ever ran (no scheduler, no BypassWatch)
+    found = problems(
+        write,
+        "proxyd:\n  bypass:\n    audit:\n      interval: 30\n    action: block\n",
+    )
+    assert len(found) == 2, found
+    assert "/site.yaml:4: proxyd.bypass.audit.interval: set, but " in found[0]
+    assert "/site.yaml:5: proxyd.bypass.action: set, but " in found[1]
+    for text in found:
+        assert "proxyd.bypass.scheduler is not: nothing reads it" in text
+
+
+def test_scheduler_options_without_scheduler_serve_only_an_sdiag_adaptive_limit(write):
+    # proxyd.adaptive's source sdiag reads slurm with bypass.scheduler_options and the audit's
+    # timeout: no error then
+    options = "  bypass:\n    scheduler_options: {env: {SLURM_CONF: /x}}\n    audit: {timeout: 3}\n"
+    load(write, f"proxyd:\n{options}  adaptive:\n    query: {{source: sdiag}}\n")
+    [alone, timeout] = problems(write, f"proxyd:\n{options}")
+    assert "/site.yaml:3: proxyd.bypass.scheduler_options: set, but " in alone
+    assert "(or a proxyd.adaptive entry with source: sdiag)" in alone
+    assert "/site.yaml:4: proxyd.bypass.audit.timeout: set, but " in timeout
+    [tokens] = problems(
+        write,
+        "proxyd:\n  bypass:\n    scheduler_options: {env: {}}\n"
+        "  adaptive:\n    query: {source: tokens}\n",
+    )
+    assert "/site.yaml:3: proxyd.bypass.scheduler_options: set, but " in tokens
+
+
+def test_a_bypass_block_with_its_scheduler_is_fine(write):
+    load(write, "proxyd:\n  bypass:\n    scheduler: slurm\n    action: block\n    for: 30m\n")

@@ -33,6 +33,7 @@ from gridgate.plugins.lsf_proxy.daemon.policy import (
     Request,
     TokenPolicy,
 )
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 
 LIMITS = {c: Limits(8, 8, 0.0) for c in CATEGORIES}
 _ids = itertools.count(1)
@@ -146,7 +147,7 @@ def test_service_state_from_json_refuses_bad_input():
 
 def test_a_peers_grants_and_blocks_keep_only_numbers_per_user():
     section = {"hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}]}
-    beat = Heartbeat("pa", section, FakeClock(), lambda _change: None)
+    beat = Heartbeat("pa", ProxydSettings.of(section), FakeClock(), lambda _change: None)
     grants = {
         "at": 5,
         "covered": {"u": 2, "v": "x", "w": True},
@@ -168,7 +169,7 @@ def test_heartbeat_answer_and_round_report_changes():
         "heartbeat_interval": 1,
     }
     changes = []
-    beat = Heartbeat("pa", section, clock, changes.append)
+    beat = Heartbeat("pa", ProxydSettings.of(section), clock, changes.append)
     assert beat.active and beat.last_live == ["pa", "pb"]
     state = ServiceState({**dict.fromkeys(CATEGORIES, True), "other": False}, 7.0, "pb")
     reply = beat.answer({"from": "pb", "service": state.to_json()})
@@ -582,7 +583,7 @@ def test_an_unreachable_state_store_keeps_the_peers_counted():
         "hosts": [{"name": "pa", "address": "/a"}, {"name": "pb", "address": "/b"}],
         "heartbeat_interval": 1,
     }
-    beat = Heartbeat("pa", section, clock, lambda _s: None)
+    beat = Heartbeat("pa", ProxydSettings.of(section), clock, lambda _s: None)
     beat.view.heard("pb")
     beat.store = RedisState({"url": f"redis://127.0.0.1:{port}/0", "socket_timeout": 1}, clock)
     for _ in range(5):

@@ -27,6 +27,7 @@ from gridgate.plugins.lsf_proxy.daemon.ratelimit import (
     RateLimitedPolicy,
     rate_limits_from,
 )
+from gridgate.plugins.lsf_proxy.settings import ProxydSettings
 
 _ids = itertools.count(1)
 
@@ -197,9 +198,10 @@ def test_rate_limits_from_the_config_split_over_live_daemons(tmp_path):
         "    submission: {enable: false}\n"
     )
     section = load_config(path)["proxyd"]
-    assert rate_limits_from(section) == {"query": RateLimit(10, 4, 1)}
-    assert rate_limits_from(section, 2) == {"query": RateLimit(5, 2, 1)}
-    assert rate_limits_from(section, 20) == {"query": RateLimit(1, 0.2, 1)}  # one at least
+    rates = ProxydSettings.of(section).rate_limit
+    assert rate_limits_from(rates) == {"query": RateLimit(10, 4, 1)}
+    assert rate_limits_from(rates, 2) == {"query": RateLimit(5, 2, 1)}
+    assert rate_limits_from(rates, 20) == {"query": RateLimit(1, 0.2, 1)}  # one at least
     bad = tmp_path / "bad.yaml"
     bad.write_text("proxyd:\n  rate_limit:\n    query: {bucket_size: 0}\n")
     with pytest.raises(Exception, match=r"bad.yaml:3: proxyd.rate_limit.query.bucket_size"):

@@ -61,22 +61,27 @@ def sbatch_as(slurm, user: str) -> subprocess.CompletedProcess:
     )
 
 
+def squeue_as(slurm, user: str, times: int) -> None:
+    """``squeue`` run ``times`` times as ``user``, each successfully."""
+    squeue = shutil.which("squeue", path="/usr/bin:/bin")
+    for _ in range(times):
+        done = subprocess.run(
+            [*as_user(user), squeue],
+            capture_output=True,
+            timeout=60,
+            env=slurm.client_env(),
+            cwd="/",
+        )
+        assert done.returncode == 0, done.stderr
+
+
 def test_gridgate_scheduler_rpcs_is_sdiags_count_of_each_users_requests(slurm, tmp_path) -> None:
     plugin = scheduler(slurm, tmp_path)
     assert plugin.gridgate_scheduler_rpcs(scheduler="lsf", timeout=10) is None, "not its own"
     with real_user("ggsd") as user:
         before = plugin.gridgate_scheduler_rpcs(scheduler="slurm", timeout=30)
         assert before.ok, before.message
-        squeue = shutil.which("squeue", path="/usr/bin:/bin")
-        for _ in range(5):
-            done = subprocess.run(
-                [*as_user(user), squeue],
-                capture_output=True,
-                timeout=60,
-                env=slurm.client_env(),
-                cwd="/",
-            )
-            assert done.returncode == 0, done.stderr
+        squeue_as(slurm, user, 5)
         after = plugin.gridgate_scheduler_rpcs(scheduler="slurm", timeout=30)
     # "Data since" is 0 ("Jan 01 1970") on a controller that has not reset its counters yet
     assert after.ok and after.since == before.since and after.taken >= before.taken > 0
@@ -86,6 +91,51 @@ def test_gridgate_scheduler_rpcs_is_sdiags_count_of_each_users_requests(slurm, t
     assert jobs.count >= 5 and jobs.average_ms > 0
     assert after.load["server_threads"] >= 1
     assert after.command is not None and after.command.ok
+
+
+def test_a_login_of_16_characters_or_more_is_counted_as_itself(slurm, tmp_path) -> None:
+    # sdiag prints the user column as %-16s(%8u): a login of 16 characters or more fills it
+    # and leaves no blank before "(uid)", and a reading split on blanks lost the row
+    plugin = scheduler(slurm, tmp_path)
+    with real_user("ggsdiaglongname") as user:
+        assert len(user) > 16
+        squeue_as(slurm, user, 3)
+        after = plugin.gridgate_scheduler_rpcs(scheduler="slurm", timeout=30)
+    assert after.ok, after.message
+    assert after.by_user.get(user, 0) >= 3, after.by_user
+
+
+def sdiag_row(name: str, width: int, number: int, count: int, total: int) -> str:
+    """A row as sdiag prints it: ``\\t%-16s(%8u) count:%-6u ave_time:%-6u total_time:%u``
+    (the user table; the type table is ``%-40s(%5u)``)."""
+    digits = 8 if width == 16 else 5
+    average = total // count
+    return (
+        f"\t{name:<{width}}({number:>{digits}}) count:{count:<6} ave_time:{average:<6} "
+        f"total_time:{total}\n"
+    )
+
+
+def test_sdiags_rows_are_read_by_its_formats() -> None:
+    # as slurmctld 22.05's sdiag prints them (src/sdiag/sdiag.c), 16-character logins too
+    text = (
+        "sdiag output at Fri Dec 04 21:00:00 2026 (1796418000)\n"
+        "Data since      Fri Dec 04 20:00:00 2026 (1796414400)\n"
+        "Server thread count:  3\n"
+        "Remote Procedure Call statistics by message type\n"
+        + sdiag_row("REQUEST_PARTITION_INFO", 40, 2009, 12, 1800)
+        + "\nRemote Procedure Call statistics by user\n"
+        + sdiag_row("root", 16, 0, 40, 3600)
+        + sdiag_row("firstname.lastna", 16, 20001, 7, 700)
+        + sdiag_row("firstname.lastname", 16, 20002, 5, 500)
+    )
+    read = parse_sdiag(text)
+    assert read.ok, read.message
+    assert read.by_user == {"root": 40, "firstname.lastna": 7, "firstname.lastname": 5}
+    assert read.by_type["REQUEST_PARTITION_INFO"].total_ms == 1.8
+    assert (read.taken, read.since) == (1796418000, 1796414400)
+    bad = parse_sdiag(text.replace("count:5 ", "count:x "))
+    assert not bad.ok and "not sdiag's output" in bad.message
 
 
 def test_what_is_not_sdiags_output_is_not_read_as_counters() -> None:
