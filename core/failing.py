@@ -58,13 +58,12 @@ class FailingCache:
     def from_config(
         cls, state: StateStore, clock: Clock, director: Mapping[str, Any]
     ) -> FailingCache:
-        """One with the expiries of the config's ``director`` section."""
-        return cls(
-            state,
-            clock,
-            float(director.get("failing_expiry", 3600)),
-            float(director.get("ticket_expiry", 3600)),
-        )
+        """One with the expiries of the config's ``director`` section (a loaded config's:
+        defaults filled; one it does not name keeps the constructor's)."""
+        expiries = {
+            k: float(director[k]) for k in ("failing_expiry", "ticket_expiry") if k in director
+        }
+        return cls(state, clock, **expiries)
 
     @property
     def window(self) -> float:

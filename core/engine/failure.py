@@ -58,9 +58,9 @@ class FailurePath:
             failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(
                 kind="error"
             )
-        override = self.runtime.config.director.get("notify_kinds", {}).get(failure.kind)
-        if override is not None:
-            failure = replace(failure, notify=override)
+        overrides = self.runtime.settings.notify_kinds
+        if failure.kind in overrides:
+            failure = replace(failure, notify=overrides[failure.kind])
         command = result.command
         with it.lock:
             it.failures.append(
@@ -131,7 +131,7 @@ class FailurePath:
         if not failure.notify:
             return
         now = self.runtime.clock.time()
-        repeat_every = float(self.runtime.config.director["failing_expiry"])
+        repeat_every = self.runtime.settings.failing_expiry
         try:
             first = self.runtime.failing.local_fault(endpoint.backend, failure.kind)
         except StateError:  # no shared view: a repeated mail beats a silent outage

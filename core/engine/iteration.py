@@ -107,7 +107,7 @@ class IterationRunner:
             "gridgate_iteration_started", "plugin", "iteration started", iteration=info
         )
         demand = DemandRegistry()
-        if not runtime.settings["paused"]:  # paused on purpose: no demand, no stall
+        if not runtime.settings.paused:  # paused on purpose: no demand, no stall
             runtime.broadcast(
                 "gridgate_demand", "demand plugin", "demand", iteration=info, demand=demand
             )
@@ -131,7 +131,7 @@ class IterationRunner:
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
         self._changed = _changed_endpoints(it)
         jobs = self._plan(demand, it)
-        threads = int(runtime.settings["max_threads"])
+        threads = runtime.settings.max_threads
         if jobs:
             with ThreadPoolExecutor(
                 max_workers=min(threads, len(jobs)), thread_name_prefix="submit"
@@ -195,7 +195,7 @@ class IterationRunner:
         jobs: list[tuple[BackendInfo, SubmitRequest]] = []
         infos = it.infos  # asked when availability was (the demand's backends among them)
         claims: dict[tuple[str, str], bool] = {}
-        user = self.runtime.config.director.get("user") or self.runtime.user
+        user = self.runtime.user
         for request in demand.requests:
             if request.backend not in infos:
                 infos[request.backend] = self.runtime.pm.hook.gridgate_backend_info(
@@ -217,7 +217,7 @@ class IterationRunner:
                     it, request, None, "skipped", request.count, failure_kind=blocked
                 )
                 continue
-            if self.runtime.config.director["demand_lock"] and not self._claim(request, claims):
+            if self.runtime.settings.demand_lock and not self._claim(request, claims):
                 self.failures.account(
                     it, request, None, "skipped", request.count, failure_kind="claimed_elsewhere"
                 )
@@ -264,7 +264,7 @@ class IterationRunner:
         group = (request.backend, request.group)
         if group not in claims:
             key = f"demand-lock/{request.backend}/{request.group}"
-            ttl = 1.5 * float(self.runtime.config.director["cycle_seconds"])
+            ttl = 1.5 * self.runtime.settings.cycle_seconds
             try:
                 if getattr(self.runtime.state, "degraded", False):
                     raise StateError("the state store is unavailable")

@@ -87,7 +87,7 @@ class PilotTracker:
         #: the registry's counts at the last iteration that could read them, and the pilots
         #: submitted since that the store could not take: while the store is down the limits
         #: apply to these (fail closed), and the pilots are written back when it returns
-        self.pending = PendingPilots(lambda: runtime.config.director.get("state_dir"))
+        self.pending = PendingPilots(lambda: runtime.settings.state_dir)
         self.retired = RetiredEndpoints(runtime, failures)
         self.verdicts = AbortVerdicts(runtime, failures)
         #: (backend, group) -> cores of one pilot, from this iteration's demand: what a
@@ -103,7 +103,8 @@ class PilotTracker:
 
     @property
     def settings(self) -> PilotSettings:
-        return PilotSettings(self.runtime.config.director.get("pilots") or {})
+        """``director.pilots`` of the config in force (built once per config)."""
+        return self.runtime.settings.pilots
 
     def _registry(self, quiet: bool = False) -> PilotRegistry | None:
         """The store's registry; None while the store is down (the director runs on its local
@@ -128,7 +129,7 @@ class PilotTracker:
 
     def submitted(self, record: AccountingRecord) -> None:
         """Track the pilots of a successful submission (one per job id)."""
-        if not record.job_ids or not self.settings["track"]:
+        if not record.job_ids or not self.settings.track:
             return
         pilots = [
             Pilot(
@@ -191,7 +192,7 @@ class PilotTracker:
     def _prepare(self, demand: DemandRegistry, it: Iteration) -> DemandRegistry:
         settings = self.settings
         self._states = {}
-        if not settings["track"]:
+        if not settings.track:
             return demand
         self._group_cores = {(r.backend, r.group): cores_of(r) for r in demand.requests}
         self._iterations += 1
@@ -295,7 +296,7 @@ class PilotTracker:
     ) -> dict[str, int] | None:
         """The cores of the pilots waiting on each endpoint, when a limit counts them (None
         otherwise: nothing to read); an unreadable registry counts the last known cores."""
-        if not self._counts_cores(settings):
+        if not settings.counts_cores:
             return None
         try:
             cores: dict[str, int] = {}
@@ -308,18 +309,6 @@ class PilotTracker:
                 "pilot registry: cannot read the waiting cores, using the last known: {}", exc
             )
             return self.pending.cores()
-
-    @staticmethod
-    def _counts_cores(settings: PilotSettings) -> bool:
-        if settings["max_waiting_cores"] is not None:
-            return True
-        for section in (settings.section.get("backends") or {}).values():
-            if (section or {}).get("max_waiting_cores") is not None:
-                return True
-            for own in ((section or {}).get("endpoints") or {}).values():
-                if (own or {}).get("max_waiting_cores") is not None:
-                    return True
-        return False
 
     def _trim(
         self,
@@ -384,7 +373,7 @@ class PilotTracker:
             why,
             self.pending.unrecorded,
         )
-        cores = self.pending.cores() if self._counts_cores(settings) else None
+        cores = self.pending.cores() if settings.counts_cores else None
         return self._trim(demand, it, settings, counts, infos, report, (), cores)
 
     # --- limits that do not move ------------------------------------------------------------------
@@ -404,7 +393,7 @@ class PilotTracker:
         A full site is not one: when the backend's polls answer and some of its pilots run,
         the waiting ones wait for the slots those hold (long pilots change no state for hours),
         and the limit is doing its job."""
-        limit = int(self.runtime.config.director.get("stall_iterations", 3))
+        limit = self.runtime.settings.stall_iterations
         now = self.runtime.clock.time()
         served = {r.backend for r in kept}
         stuck: dict[str, str] = {}
@@ -448,14 +437,14 @@ class PilotTracker:
             if it.paused(info):  # its credential is unusable (see Iteration.paused): not asked
                 continue
             interval = settings.for_backend(backend, "status_interval")
-            timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
+            timeout = self.runtime.timeout(info)
             # a server out of rotation is not asked (nor a banned one its backend cannot ask);
             # one no longer configured still is
             for endpoint in [*it.pollable(info), *(retired or {}).get(backend, ())]:
                 due.append((endpoint, timeout, None if interval is None else float(interval)))
         if not due:
             return []
-        threads = min(int(self.runtime.config.director["max_threads"]), len(due))
+        threads = min(self.runtime.settings.max_threads, len(due))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
             futures = [
                 pool.submit(
@@ -587,7 +576,7 @@ class PilotTracker:
             why = (
                 f"the output of {command.argv[0] if command.argv else 'the status command'} "
                 f"passed gridgate's own output cap (director.max_output_bytes = "
-                f"{self.runtime.config.director.get('max_output_bytes')}) and was cut by "
+                f"{self.runtime.settings.max_output_bytes}) and was cut by "
                 "gridgate, not by the server; raise director.max_output_bytes"
             )
             if not retired:
@@ -641,7 +630,7 @@ class PilotTracker:
                 result.commands,
                 active=active,
             )
-        lost_after = float(settings["lost_after"])
+        lost_after = settings.lost_after
         changes: list[Pilot] = []
         for pilot in active:
             status = result.statuses.get(pilot.job_id)
@@ -689,7 +678,7 @@ class PilotTracker:
             self.runtime.state.set(
                 LAST_POLL + poll.endpoint.key,
                 json.dumps(record),
-                ttl=float(settings["keep_finished"]),
+                ttl=settings.keep_finished,
             )
         except StateError as exc:
             logger.debug("last poll of {} not kept: {}", poll.endpoint.key, exc)
@@ -709,7 +698,7 @@ class PilotTracker:
         old = [p for p in poll.active if p.state == "waiting" and now - p.submitted > float(limit)]
         if not old:
             return 0
-        timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
+        timeout = self.runtime.timeout(info)
         reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
         done, problem = cancel_pilots(
             self.runtime, registry, poll.endpoint, old, timeout, reason, it, self.failures
@@ -719,7 +708,7 @@ class PilotTracker:
         return len(done)
 
     def _prune(self, registry: PilotRegistry, settings: PilotSettings, now: float) -> int:
-        keep = float(settings["keep_finished"])
+        keep = settings.keep_finished
         every = min(3600.0, keep / 10)
         if self._last_prune is not None and now - self._last_prune < every:
             return 0

@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, ParamSpec, TypeVar, cast
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.cutoff import cut_after
 from gridgate.core.plugins import ConfigProblems
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
     Pilot,
@@ -150,64 +152,85 @@ def _decode(payload: str) -> tuple[float | None, str]:
     return (None if head == "-" else float(head)), value
 
 
+REDIS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Shared state in Redis, for several directors.",
+    "properties": {
+        "url": {
+            "type": "string",
+            "default": "redis://localhost:6379/0",
+            "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
+            "password in the URL only through the environment or a file.",
+        },
+        "password": {
+            **SECRET_SCHEMA,
+            "description": "The Redis password (AUTH), from {env: VAR} or {file: PATH}; "
+            "never inline, and never in the url.",
+        },
+        "prefix": {
+            "type": "string",
+            "default": "gridgate:",
+            "description": "Prepended to every Redis key, so several sites can share a server.",
+        },
+        "socket_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 5,
+            "description": "Seconds to wait for a reply before the call fails.",
+        },
+        "socket_connect_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 5,
+            "description": "Seconds to wait for a connection.",
+        },
+        "prune_interval": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 300,
+            "description": "Seconds (clock time) between sweeps of stale key-index entries.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class RedisSettings(Settings):
+    """The ``state:`` section of the redis driver, typed."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = REDIS_SCHEMA
+
+    url: str
+    password: Mapping[str, str] | None
+    prefix: str
+    socket_timeout: float
+    socket_connect_timeout: float
+    prune_interval: float
+
+
 class RedisState(StateStore):
     """State in a Redis server, shared by every director pointed at it."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Shared state in Redis, for several directors.",
-        "properties": {
-            "url": {
-                "type": "string",
-                "default": "redis://localhost:6379/0",
-                "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
-                "password in the URL only through the environment or a file.",
-            },
-            "password": {
-                **SECRET_SCHEMA,
-                "description": "The Redis password (AUTH), from {env: VAR} or {file: PATH}; "
-                "never inline, and never in the url.",
-            },
-            "prefix": {
-                "type": "string",
-                "default": "gridgate:",
-                "description": "Prepended to every Redis key, so several sites can share a server.",
-            },
-            "socket_timeout": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 5,
-                "description": "Seconds to wait for a reply before the call fails.",
-            },
-            "socket_connect_timeout": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 5,
-                "description": "Seconds to wait for a connection.",
-            },
-            "prune_interval": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 300,
-                "description": "Seconds (clock time) between sweeps of stale key-index entries.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = REDIS_SCHEMA
 
     def __init__(
         self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         super().__init__(config, clock)
-        self.url = str(self.config.get("url", "redis://localhost:6379/0"))
-        self.prefix = str(self.config.get("prefix", "gridgate:"))
-        self.prune_interval = float(self.config.get("prune_interval", 300))
+        #: the section, typed (defaults from the schema; a store made in code may name less)
+        self.settings = settings = settings_from(
+            REDIS_SCHEMA, self.config, RedisSettings, validate=False
+        )
+        self.url = settings.url
+        self.prefix = settings.prefix
+        self.prune_interval = settings.prune_interval
         self._index = f"{self.prefix}keys"
         self._last_prune = clock.time()
         extra: dict[str, Any] = {}
         try:
-            password = read_secret(self.config.get("password"))
+            password = read_secret(settings.password)
         except SecretError as exc:
             raise StateError(f"redis state: cannot read the password: {exc}") from exc
         if password is not None:
@@ -216,17 +239,15 @@ class RedisState(StateStore):
             self._client = redis.Redis.from_url(
                 self.url,
                 **extra,
-                socket_timeout=float(self.config.get("socket_timeout", 5)),
-                socket_connect_timeout=float(self.config.get("socket_connect_timeout", 5)),
+                socket_timeout=settings.socket_timeout,
+                socket_connect_timeout=settings.socket_connect_timeout,
                 decode_responses=True,
                 health_check_interval=30,
             )
         except (ValueError, RedisError) as exc:
             raise StateError(f"redis state: bad url {self._safe_url()}: {exc}") from exc
         #: the longest one call may take: a connection and two replies
-        self._call_budget = float(self.config.get("socket_connect_timeout", 5)) + 2 * float(
-            self.config.get("socket_timeout", 5)
-        )
+        self._call_budget = settings.socket_connect_timeout + 2 * settings.socket_timeout
         self._add = self._client.register_script(_ADD)
         self._set = self._client.register_script(_SET)
         self._delete = self._client.register_script(_DELETE)
@@ -237,7 +258,8 @@ class RedisState(StateStore):
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """A password written into the url would sit in the config file and in messages."""
-        secret = url_secret(str(section.get("url", "")))  # user:password@ or ?password=
+        url = settings_from(REDIS_SCHEMA, section, RedisSettings, validate=False).url
+        secret = url_secret(url)  # user:password@ or ?password=
         if secret:
             return [
                 (

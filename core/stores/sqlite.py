@@ -9,12 +9,14 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
     Pilot,
@@ -61,47 +63,63 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expir
 _LIVE = "(expires IS NULL OR expires > ?)"
 
 
+SQLITE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Embedded state in one SQLite file on this host.",
+    "properties": {
+        "path": {
+            "type": "string",
+            "minLength": 1,
+            "default": "./gridgate-state/state.db",
+            "x-gridgate-path": True,
+            "description": "The database file. Created 0600 in a 0700 directory; its "
+            "folder is director.state_dir's default.",
+        },
+        "busy_timeout": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 30,
+            "description": "Seconds to wait for another process holding the write lock.",
+        },
+        "prune_interval": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 300,
+            "description": "Seconds (clock time) between sweeps of expired keys.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class SqliteSettings(Settings):
+    """The ``state:`` section of the sqlite driver, typed."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = SQLITE_SCHEMA
+
+    path: str
+    busy_timeout: float
+    prune_interval: float
+
+
 class SqliteState(StateStore):
     """State in one SQLite file (WAL mode): safe for many threads and several processes on one
     host, and expiries are absolute clock times, so a restart keeps them."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Embedded state in one SQLite file on this host.",
-        "properties": {
-            "path": {
-                "type": "string",
-                "minLength": 1,
-                "default": "./gridgate-state/state.db",
-                "x-gridgate-path": True,
-                "description": "The database file. Created 0600 in a 0700 directory; its "
-                "folder is director.state_dir's default.",
-            },
-            "busy_timeout": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 30,
-                "description": "Seconds to wait for another process holding the write lock.",
-            },
-            "prune_interval": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 300,
-                "description": "Seconds (clock time) between sweeps of expired keys.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = SQLITE_SCHEMA
 
     def __init__(
         self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         super().__init__(config, clock)
-        self.path = Path(self.config.get("path", "./gridgate-state/state.db"))
-        self.busy_timeout = float(self.config.get("busy_timeout", 30))
-        self.prune_interval = float(self.config.get("prune_interval", 300))
+        #: the section, typed (defaults from the schema; a store made in code may name less)
+        self.settings = settings_from(SQLITE_SCHEMA, self.config, SqliteSettings, validate=False)
+        self.path = Path(self.settings.path)
+        self.busy_timeout = self.settings.busy_timeout
+        self.prune_interval = self.settings.prune_interval
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
