@@ -20,7 +20,6 @@ their keys from the prefix (one Redis server, not a cluster), as the store's oth
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,12 +39,15 @@ from gridgate.core.state import (
     Waiting,
     check_key,
     check_value,
-    decode,
     encode,
     encode_record,
     expires_at,
 )
+from gridgate.core.stores.records import pilot_from_json, readable, stream_record
 from gridgate.core.text import safe_url, url_secret
+
+#: where an unreadable pilot was read, for the log
+_WHERE = "pilot registry (redis)"
 
 try:
     import redis
@@ -445,7 +447,8 @@ class RedisState(StateStore):
             ),
         )
         # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
-        return [json.loads(m.partition(" ")[2]) for m in cast("list[str]", members)]
+        texts = (m.partition(" ")[2] for m in cast("list[str]", members))
+        return readable(texts, stream_record, f"state records {stream}")
 
     def pilot_registry(self) -> PilotRegistry:
         """The pilot registry on this server, under this store's prefix."""
@@ -577,7 +580,7 @@ class RedisPilots(PilotRegistry):
         values = self.store.call(
             "read pilots", self._client.hmget, f"{self._p}pilots:row", list(fields)
         )
-        return [decode(cast(str, v)) for v in values if v is not None]
+        return readable((v for v in values if v is not None), pilot_from_json, _WHERE)
 
     def put(self, pilots: Iterable[Pilot]) -> None:
         args: list[str] = []
@@ -655,12 +658,11 @@ class RedisPilots(PilotRegistry):
 
             pilots = self._rows(self.store.call("read pilots", fields))
         else:
-            pilots = []
-            for _name, value in self.store.call(
+            rows = self.store.call(
                 "read pilots",
                 lambda: list(self._client.hscan_iter(f"{self._p}pilots:row", count=5000)),
-            ):
-                pilots.append(decode(value))
+            )
+            pilots = readable((value for _name, value in rows), pilot_from_json, _WHERE)
         wanted = set(states) if states else None
         rows = [
             p

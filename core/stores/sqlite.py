@@ -3,7 +3,6 @@ processes, holding the keys, the accounting records and the pilot registry."""
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -32,6 +31,7 @@ from gridgate.core.state import (
     pilot_order,
     prefix_successor,
 )
+from gridgate.core.stores.records import pilot_from_row, readable, stream_record
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -331,7 +331,7 @@ class SqliteState(StateStore):
                 "SELECT data FROM records WHERE stream = ? AND time >= ? ORDER BY time, id",
                 (stream, since),
             ).fetchall()
-        return [json.loads(text) for (text,) in rows]
+        return readable((text for (text,) in rows), stream_record, f"state records {stream}")
 
     def close(self) -> None:
         with self._lock:
@@ -428,8 +428,8 @@ def _row(pilot: Pilot) -> tuple[Any, ...]:
     )
 
 
-def _pilot(row: Sequence[Any]) -> Pilot:
-    return Pilot(*row)
+def _pilots(rows: Iterable[Sequence[Any]]) -> list[Pilot]:
+    return readable(rows, pilot_from_row, "pilot registry (sqlite)")
 
 
 class SqlitePilots(PilotRegistry):
@@ -467,7 +467,7 @@ class SqlitePilots(PilotRegistry):
             f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? AND terminal = 0",
             (backend, endpoint),
         )
-        return sorted((_pilot(r) for r in rows), key=pilot_order)
+        return sorted(_pilots(rows), key=pilot_order)
 
     def counts(self) -> Counts:
         rows = self._read("SELECT backend, endpoint, state, n FROM pilot_counts WHERE n > 0")
@@ -487,7 +487,7 @@ class SqlitePilots(PilotRegistry):
             "LIMIT ?",
             (backend, endpoint, after, int(n)),
         )
-        return [_pilot(r) for r in rows]
+        return _pilots(rows)
 
     def query(
         self,
@@ -512,14 +512,15 @@ class SqlitePilots(PilotRegistry):
         )
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [_pilot(r) for r in self._read(sql, params)]
+        return _pilots(self._read(sql, params))
 
     def get(self, backend: str, endpoint: str, job_id: str) -> Pilot | None:
         rows = self._read(
             f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? AND job_id = ?",
             (backend, endpoint, job_id),
         )
-        return _pilot(rows[0]) if rows else None
+        found = _pilots(rows[:1])
+        return found[0] if found else None
 
     def prune(self, before: float) -> int:
         with self.store.transaction("prune pilots") as conn:
