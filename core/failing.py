@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import msgspec
+from loguru import logger
 
 from gridgate.core import model
 from gridgate.core._moved import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.documents import DocumentError, decode_json
 from gridgate.core.model import Endpoint
 from gridgate.core.state import StateError, StateStore
-from gridgate.core.text import parse_json
 
 if TYPE_CHECKING:
     from gridgate.core.model import Episode
@@ -63,13 +66,12 @@ class FailingCache:
     def from_config(
         cls, state: StateStore, clock: Clock, director: Mapping[str, Any]
     ) -> FailingCache:
-        """One with the expiries of the config's ``director`` section."""
-        return cls(
-            state,
-            clock,
-            float(director.get("failing_expiry", 3600)),
-            float(director.get("ticket_expiry", 3600)),
-        )
+        """One with the expiries of the config's ``director`` section (a loaded config's:
+        defaults filled; one it does not name keeps the constructor's)."""
+        expiries = {
+            k: float(director[k]) for k in ("failing_expiry", "ticket_expiry") if k in director
+        }
+        return cls(state, clock, **expiries)
 
     @property
     def window(self) -> float:
@@ -94,10 +96,11 @@ class FailingCache:
         fresh = json.dumps({"start": now, "failures": 1})
         if self.state.add_if_absent(key, fresh, ttl=self.window):
             return now, 1
-        episode = _json(self.state.get(key)) or {"start": now, "failures": 0}
-        episode["failures"] = int(episode.get("failures", 0)) + 1
-        self.state.set(key, json.dumps(episode), ttl=self.window)
-        return float(episode["start"]), episode["failures"]
+        # one that is no episode (a hand edit) starts again here
+        open_ = _read(self.state.get(key), EpisodeRecord) or EpisodeRecord(start=now, failures=0)
+        start, failures = open_.start, open_.failures + 1
+        self.state.set(key, json.dumps({"start": start, "failures": failures}), ttl=self.window)
+        return start, failures
 
     def contains(self, endpoint: Endpoint) -> bool:
         """Whether ``endpoint`` is in the failing cache (out of rotation) now."""
@@ -109,12 +112,10 @@ class FailingCache:
 
     def episode(self, endpoint: Endpoint) -> Episode | None:
         """``endpoint``'s open episode, None when it has none (it has not failed lately)."""
-        entry = _json(self.state.get(EPISODE + endpoint.key))
-        if not entry:
+        entry = _read(self.state.get(EPISODE + endpoint.key), EpisodeRecord)
+        if entry is None:
             return None
-        return model.Episode(
-            start=float(entry.get("start", 0.0)), failures=int(entry.get("failures", 0))
-        )
+        return model.Episode(start=entry.start, failures=entry.failures)
 
     # --- watched after the failing entry expired (the default plugin's tickets window) --------
 
@@ -181,18 +182,19 @@ class FailingCache:
         for prefix, field in ((FAILING, "failing_until"), (TICKETS, "tickets_until")):
             for key, raw in state.items(prefix):
                 server = key[len(prefix) :]
-                entry, ttl = _json(raw), state.ttl(key)
+                entry, ttl = _read(raw, EntryRecord), state.ttl(key)
                 current = row(server)
                 current[field] = now + ttl if ttl is not None else None
-                current["kind"] = current["kind"] or str(entry.get("kind", ""))  # failing first
+                if entry is not None:  # one that is no entry still holds the server: kept
+                    current["kind"] = current["kind"] or entry.kind  # failing first
                 if prefix == FAILING:
                     current["status"] = "failing"
         for key, raw in state.items(EPISODE):
             server = key[len(EPISODE) :]
-            if server in rows:
-                entry = _json(raw)
-                rows[server]["episode_start"] = entry.get("start")
-                rows[server]["failures"] = int(entry.get("failures", 0))
+            episode = _read(raw, EpisodeRecord)
+            if server in rows and episode is not None:
+                rows[server]["episode_start"] = episode.start
+                rows[server]["failures"] = episode.failures
         for key, raw in state.items(LOCAL_FAULT):
             backend, _, kind = key[len(LOCAL_FAULT) :].partition("/")
             ttl = state.ttl(key)
@@ -232,12 +234,36 @@ class FailingCache:
         return cleared
 
 
-def _json(raw: str | None) -> dict[str, Any]:
+# --- the cache's records, read back ----------------------------------------------------------
+
+R = TypeVar("R")
+
+
+class EntryRecord(msgspec.Struct):
+    """A ``failing/`` or ``tickets/`` value: since when, and the failure's kind."""
+
+    since: float
+    kind: str
+
+
+class EpisodeRecord(msgspec.Struct):
+    """An ``episode/`` value: when the episode started, and its failures so far."""
+
+    start: float
+    failures: Annotated[int, msgspec.Meta(ge=0)]
+
+
+def _read(raw: str | None, kind: type[R]) -> R | None:
+    """The record ``raw`` (None when absent); one that is not a ``kind`` (a hand edit, a cut
+    value) is said in the log and read as absent."""
+    if raw is None:
+        return None
     try:
-        value = parse_json(raw) if raw else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        record: R = decode_json(raw, kind, kind=f"failing cache {kind.__name__}")
+    except DocumentError as exc:
+        logger.warning("{}; read as absent", exc)
+        return None
+    return record
 
 
 #: Episode, until 2.0: it lives in gridgate.core.model (a DeprecationWarning says so)

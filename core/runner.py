@@ -584,133 +584,187 @@ def _supervise(
     max_output: int,
     kill_grace: float,
 ) -> CommandResult:
-    pgid = proc.pid  # start_new_session: the child leads its own group
-    exit_watch: _Exit | None = None
-    sel: selectors.BaseSelector | None = None
-    group_killed = False
-    finished = False
+    """Watch ``proc`` (the leader of its own group) to its end: its pipes read and its input
+    written until it exits (or until the deadline, then SIGTERM and ``kill_grace``), then the
+    group killed and reaped (:class:`_Supervision`'s phases)."""
+    watch = _Supervision(proc, args, start, timeout, kill_grace)
     # Everything after Popen sits inside the try, so an interrupt at any point kills the group.
     try:
+        watch.open(input, max_output)
+        watch.run()
+        return watch.result()
+    finally:
+        watch.close()
+
+
+class _Supervision:
+    """One child watched by :func:`_supervise`. Its phases: running until ``deadline``;
+    terminating (SIGTERM sent at the deadline) until ``term_until``; draining (the child
+    exited, its group may still hold the pipes) until ``drain_until``. Then the group dies."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        args: tuple[str, ...],
+        start: float,
+        timeout: float,
+        kill_grace: float,
+    ) -> None:
+        self.proc, self.args, self.start = proc, args, start
+        self.timeout, self.kill_grace = timeout, kill_grace
+        self.pgid = proc.pid  # start_new_session: the child leads its own group
+        self.exit_watch: _Exit | None = None
+        self.sel: selectors.BaseSelector | None = None
+        self.group_killed = False
+        self.finished = False
+        self.timed_out = False
+        self.stdin_fd: int | None = None
+        self.pending_input: memoryview | None = None
+        self.deadline = start + timeout
+        self.drain_until: float | None = None
+        self.term_until: float | None = None
+
+    def open(self, input: bytes | None, max_output: int) -> None:
+        """Watch the pipes, the child's exit and (with ``input``) its stdin."""
+        proc = self.proc
         assert proc.stdout is not None and proc.stderr is not None
-        out = _Stream(proc.stdout, max_output)
-        err = _Stream(proc.stderr, max_output)
-        exit_watch = _Exit(proc.pid)
-        sel = selectors.PollSelector()
-        pending_input = memoryview(bytes(input)) if input is not None else None
-        stdin_fd: int | None = None
-        timed_out = False
-        sel.register(out.fd, selectors.EVENT_READ, out)
-        sel.register(err.fd, selectors.EVENT_READ, err)
+        self.out = _Stream(proc.stdout, max_output)
+        self.err = _Stream(proc.stderr, max_output)
+        self.exit_watch = exit_watch = _Exit(proc.pid)
+        self.sel = sel = selectors.PollSelector()
+        self.pending_input = memoryview(bytes(input)) if input is not None else None
+        sel.register(self.out.fd, selectors.EVENT_READ, self.out)
+        sel.register(self.err.fd, selectors.EVENT_READ, self.err)
         if exit_watch.pidfd is not None:
             sel.register(exit_watch.pidfd, selectors.EVENT_READ, exit_watch)
         if proc.stdin is not None:
-            stdin_fd = proc.stdin.fileno()
-            os.set_blocking(stdin_fd, False)
-            sel.register(stdin_fd, selectors.EVENT_WRITE, "stdin")
+            self.stdin_fd = proc.stdin.fileno()
+            os.set_blocking(self.stdin_fd, False)
+            sel.register(self.stdin_fd, selectors.EVENT_WRITE, "stdin")
 
-        deadline = start + timeout
-        drain_until: float | None = None
-        term_until: float | None = None
-
+    def run(self) -> None:
+        """Serve the child's pipes until its phase says to stop watching."""
         while True:
             now = time.monotonic()
-            if exit_watch.exited and not out.open and not err.open:
-                break
-            if term_until is not None:
-                # Terminating: wait for the child and the pipes, but not past the grace.
-                limit = term_until
-                if now >= limit:
-                    break
-            elif exit_watch.exited:
-                if drain_until is None:
-                    drain_until = min(now + DRAIN_AFTER_EXIT, max(deadline, now))
-                limit = drain_until
-                if now >= limit:
-                    logger.debug(
-                        "runner: {} exited but its group still holds the pipes; killing it",
-                        args[0],
-                    )
-                    break
-            else:
-                limit = deadline
-                if now >= limit:
-                    timed_out = True
-                    logger.debug("runner: {} timed out after {:.1f} s", args[0], timeout)
-                    _signal_group(pgid, signal.SIGTERM)
-                    term_until = now + kill_grace
-                    if stdin_fd is not None:
-                        sel.unregister(stdin_fd)
-                        proc.stdin.close()  # type: ignore[union-attr]
-                        stdin_fd = None
-                    continue
+            limit = self._limit(now)
+            if limit is None:
+                return
+            self._serve(limit - now)
 
-            wait = limit - now
-            if exit_watch.pidfd is None and not exit_watch.exited:
-                wait = min(wait, _EXIT_POLL)
-            for key, _mask in sel.select(wait):
-                what = key.data
-                if isinstance(what, _Stream):
-                    what.read_available(max_reads=1)
-                    if not what.open:
-                        sel.unregister(what.fd)
-                elif what is exit_watch:
-                    sel.unregister(exit_watch.pidfd)
-                    exit_watch.exited = True
-                elif what == "stdin":
-                    assert pending_input is not None and proc.stdin is not None
-                    try:
-                        written = os.write(stdin_fd, pending_input[:_CHUNK])  # type: ignore[arg-type]
-                    except BlockingIOError:
-                        written = 0
-                    except OSError as exc:
-                        if exc.errno not in (errno.EPIPE, errno.EINVAL):
-                            logger.debug("runner: stdin write failed: {}", exc)
-                        pending_input = pending_input[len(pending_input) :]
-                        written = 0
-                    pending_input = pending_input[written:]
-                    if not pending_input:
-                        sel.unregister(stdin_fd)  # type: ignore[arg-type]
-                        proc.stdin.close()
-                        stdin_fd = None
-            if exit_watch.pidfd is None:
-                exit_watch.check()
+    def _limit(self, now: float) -> float | None:
+        """When the current phase ends (None: stop watching now); at the deadline the
+        child is terminated and the terminating phase begins."""
+        exit_watch = self.exit_watch
+        assert exit_watch is not None
+        if exit_watch.exited and not self.out.open and not self.err.open:
+            return None
+        if self.term_until is not None:
+            # Terminating: wait for the child and the pipes, but not past the grace.
+            return None if now >= self.term_until else self.term_until
+        if exit_watch.exited:
+            if self.drain_until is None:
+                self.drain_until = min(now + DRAIN_AFTER_EXIT, max(self.deadline, now))
+            if now >= self.drain_until:
+                logger.debug(
+                    "runner: {} exited but its group still holds the pipes; killing it",
+                    self.args[0],
+                )
+                return None
+            return self.drain_until
+        if now < self.deadline:
+            return self.deadline
+        self.timed_out = True
+        logger.debug("runner: {} timed out after {:.1f} s", self.args[0], self.timeout)
+        _signal_group(self.pgid, signal.SIGTERM)
+        self.term_until = now + self.kill_grace
+        if self.stdin_fd is not None:
+            self._close_stdin()
+        return self._limit(time.monotonic())
 
-        # Whatever is left in the group dies now; the unreaped main child pins the id.
-        _signal_group(pgid, signal.SIGKILL)
-        group_killed = True
-        out.read_available(max_reads=_FINAL_DRAIN_READS)
-        err.read_available(max_reads=_FINAL_DRAIN_READS)
+    def _serve(self, wait: float) -> None:
+        """Handle what the pipes and the exit watch have, waiting at most ``wait`` seconds."""
+        exit_watch, sel = self.exit_watch, self.sel
+        assert exit_watch is not None and sel is not None
+        if exit_watch.pidfd is None and not exit_watch.exited:
+            wait = min(wait, _EXIT_POLL)
+        for key, _mask in sel.select(wait):
+            what = key.data
+            if isinstance(what, _Stream):
+                what.read_available(max_reads=1)
+                if not what.open:
+                    sel.unregister(what.fd)
+            elif what is exit_watch:
+                sel.unregister(exit_watch.pidfd)
+                exit_watch.exited = True
+            elif what == "stdin":
+                self._write_stdin()
+        if exit_watch.pidfd is None:
+            exit_watch.check()
+
+    def _write_stdin(self) -> None:
+        pending = self.pending_input
+        assert pending is not None and self.stdin_fd is not None
+        try:
+            written = os.write(self.stdin_fd, pending[:_CHUNK])
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.EINVAL):
+                logger.debug("runner: stdin write failed: {}", exc)
+            pending = pending[len(pending) :]
+            written = 0
+        self.pending_input = pending = pending[written:]
+        if not pending:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        assert self.sel is not None and self.stdin_fd is not None and self.proc.stdin is not None
+        self.sel.unregister(self.stdin_fd)
+        self.proc.stdin.close()
+        self.stdin_fd = None
+
+    def result(self) -> CommandResult:
+        """Kill whatever is left of the group (the unreaped main child pins its id), read the
+        pipes' last bytes, reap, and say what the command did."""
+        proc = self.proc
+        _signal_group(self.pgid, signal.SIGKILL)
+        self.group_killed = True
+        self.out.read_available(max_reads=_FINAL_DRAIN_READS)
+        self.err.read_available(max_reads=_FINAL_DRAIN_READS)
         try:
             returncode: int | None = proc.wait(timeout=_REAP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            logger.warning("runner: {} (pid {}) did not die after SIGKILL", args[0], proc.pid)
+            logger.warning("runner: {} (pid {}) did not die after SIGKILL", self.args[0], proc.pid)
             returncode = None
-        _wait_group_gone(pgid, _REAP_TIMEOUT)
-        finished = True
+        _wait_group_gone(self.pgid, _REAP_TIMEOUT)
+        self.finished = True
         return CommandResult(
-            argv=args,
-            returncode=None if timed_out else returncode,
-            stdout=out.text(),
-            stderr=err.text(),
-            timed_out=timed_out,
-            duration=time.monotonic() - start,
-            stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated,
+            argv=self.args,
+            returncode=None if self.timed_out else returncode,
+            stdout=self.out.text(),
+            stderr=self.err.text(),
+            timed_out=self.timed_out,
+            duration=time.monotonic() - self.start,
+            stdout_truncated=self.out.truncated,
+            stderr_truncated=self.err.truncated,
         )
-    finally:
-        if not finished:
-            # KeyboardInterrupt or a bug above: never leave the command running.
-            if not group_killed:
-                _signal_group(pgid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Never leave the command running (an interrupt or a bug before :meth:`result`
+        ended), and release the selector, the exit watch and the pipes."""
+        proc = self.proc
+        if not self.finished:
+            if not self.group_killed:
+                _signal_group(self.pgid, signal.SIGKILL)
             try:
                 proc.wait(timeout=_REAP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 pass
-            _wait_group_gone(pgid, _REAP_TIMEOUT)
-        if sel is not None:
-            sel.close()
-        if exit_watch is not None:
-            exit_watch.close()
+            _wait_group_gone(self.pgid, _REAP_TIMEOUT)
+        if self.sel is not None:
+            self.sel.close()
+        if self.exit_watch is not None:
+            self.exit_watch.close()
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 try:

@@ -482,9 +482,5 @@ def encode(pilot: Pilot) -> str:
     return json.dumps(pilot.as_dict(), sort_keys=True)
 
 
-def decode(text: str) -> Pilot:
-    return Pilot.from_dict(json.loads(text))
-
-
 #: names of API 1.4 that moved into the sub-packages (a DeprecationWarning says where)
 __getattr__ = moved_names(__name__)

@@ -195,7 +195,7 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
             for (b, e, st), n in counts.items()
             if (b, e) == (backend, name) and st not in TERMINAL_STATES
         )
-        settings = PilotSettings(config.director.get("pilots") or {})
+        settings = PilotSettings.of(config.director.get("pilots") or {})
         endpoint = Endpoint(backend, name)
         view["pilots"] = {
             "waiting": waiting,

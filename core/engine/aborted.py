@@ -42,19 +42,19 @@ class AbortVerdicts:
             after = float(state.get(VERDICT + endpoint.key) or 0.0)
         except (StateError, ValueError):
             after = 0.0
-        window = int(settings["abort_window"])
+        window = settings.abort_window
         finished = [
             p
             for p in registry.last_finished(endpoint.backend, endpoint.name, 3 * window, after)
             if p.state in DECIDING
         ][:window]
         failed = [p for p in finished if p.state == "failed"]
-        if len(finished) < int(settings["abort_min_finished"]):
+        if len(finished) < settings.abort_min_finished:
             return False
-        if len(failed) / len(finished) <= float(settings["abort_threshold"]):
+        if len(failed) / len(finished) <= settings.abort_threshold:
             return False
         try:
-            state.set(VERDICT + endpoint.key, repr(now), ttl=float(settings["keep_finished"]))
+            state.set(VERDICT + endpoint.key, repr(now), ttl=settings.keep_finished)
         except StateError as exc:
             logger.error("aborted verdict on {} not kept: {}", endpoint.key, exc)
         sample: list[str] = []
@@ -62,12 +62,12 @@ class AbortVerdicts:
             text = " - ".join(t for t in (pilot.native, pilot.reason) if t) or "(no reason given)"
             if text not in sample:
                 sample.append(text)
-        sample = sample[: int(settings["abort_sample"])]
+        sample = sample[: settings.abort_sample]
         reason = f"{len(failed)} of its last {len(finished)} finished pilots failed"
         lines = [
             f"Pilots: {len(failed)} failed, {len(finished) - len(failed)} done, of the last "
             f"{len(finished)} that finished on {endpoint.name} "
-            f"(threshold: more than {float(settings['abort_threshold']):.0%} failed)"
+            f"(threshold: more than {settings.abort_threshold:.0%} failed)"
         ]
         if sample:
             lines += ["Reasons given by the backend (a sample):", *(f"  {s}" for s in sample)]

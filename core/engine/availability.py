@@ -144,7 +144,7 @@ class AvailabilityNotices:
         told). A store that fails here: tell it (a repeated notice beats none)."""
         state = self.runtime.state
         change = f"{CLAIMED}{key}/{_fingerprint(old)}@{since:.6f}>{_fingerprint(new)}"
-        cycle = float(self.runtime.config.director.get("cycle_seconds") or 60.0)
+        cycle = self.runtime.settings.cycle_seconds
         try:
             if not state.add_if_absent(change, repr(now), ttl=max(600.0, 3 * cycle)):
                 return False

@@ -47,7 +47,7 @@ class CredentialEpisodes:
         try:
             self.runtime.pm.hook.gridgate_check_credentials(
                 iteration=it.info,
-                timeout=float(self.runtime.config.director["command_timeout"]),
+                timeout=self.runtime.settings.command_timeout,
                 credentials=registry,
             )
         except Exception as exc:  # a plugin bug: no credential is vouched for
@@ -90,8 +90,8 @@ class CredentialEpisodes:
     def _keep_statuses(self, statuses: Iterable[CredentialStatus]) -> None:
         """What each kind's credential was at this check, for ``gridgate servers show`` (read
         from another process): kept while the failing and tickets caches would be."""
-        director = self.runtime.config.director
-        ttl = float(director["failing_expiry"]) + float(director["ticket_expiry"])
+        director = self.runtime.settings
+        ttl = director.failing_expiry + director.ticket_expiry
         now = self.runtime.clock.time()
         for status in statuses:
             record = {
@@ -139,8 +139,8 @@ class CredentialEpisodes:
         alarm once the episode lasts ``ticket_expiry`` (again every ``failing_expiry``), one
         notice when it works again; an at-risk warning once per credential end time."""
         state, now = self.runtime.state, self.runtime.clock.time()
-        failing_expiry = float(self.runtime.config.director["failing_expiry"])
-        ticket_expiry = float(self.runtime.config.director["ticket_expiry"])
+        failing_expiry = self.runtime.settings.failing_expiry
+        ticket_expiry = self.runtime.settings.ticket_expiry
         window = failing_expiry + ticket_expiry
         scope = f"{status.name}:{status.path}"
         episode_key = f"{CREDENTIAL}episode/{scope}"

@@ -52,8 +52,8 @@ class DemandEpisodes:
 
     def _episode(self, it: Iteration, figure: DemandFigure) -> None:
         state, now = self.runtime.state, self.runtime.clock.time()
-        director = self.runtime.config.director
-        window = float(director["failing_expiry"]) + float(director["ticket_expiry"])
+        director = self.runtime.settings
+        window = director.failing_expiry + director.ticket_expiry
         scope = f"{figure.source}/{figure.group}"
         key = f"{DEMAND_SOURCE}episode/{scope}"
         host = socket.gethostname()

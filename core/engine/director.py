@@ -30,6 +30,7 @@ from gridgate.core.engine.loader import build_plugin_manager, new_plugin_manager
 from gridgate.core.engine.reload import ConfigSource
 from gridgate.core.engine.resilient import DeferredState, ResilientState
 from gridgate.core.engine.runtime import ACCOUNTING, EPISODES, FAILURES, Runtime
+from gridgate.core.engine.section import DirectorSettings
 from gridgate.core.engine.stall import StallWatch
 from gridgate.core.engine.tracking import PilotTracker
 from gridgate.core.failing import FailingCache
@@ -65,6 +66,7 @@ class Director:
         self.extra_plugins = list(extra_plugins)
         self._own_state = state is None
         first = source.current if isinstance(source, ConfigSource) else source
+        settings = DirectorSettings.of_config(first)
         self._early_notes: list[Notification] = []
         self._reload_notes: list[Notification] = []  # accepted config changes, said at info
         #: notifications each notifier (by plugin name) failed to take since the start
@@ -77,25 +79,25 @@ class Director:
             # is one notification and a local view, not a crash.
             state or DeferredState(lambda: open_state(self._current(first), clock), clock),
             clock=clock,
-            retry_every=float(first.director["state_retry_seconds"]),
+            retry_every=settings.state_retry_seconds,
             on_change=self._state_changed,
         )
         #: what the iteration and its collaborators read; a config reload updates it in place
         self.runtime = Runtime(
             config=first,
             pm=new_plugin_manager(),  # until _build registers the configured plugins
-            failing=FailingCache.from_config(self.state, clock, first.director),
+            failing=_failing_cache(self.state, clock, settings),
             state=self.state,
             clock=clock,
             notify=self.notify,
             broadcast=self.broadcast,
+            _parsed=(first, settings),
         )
         self._plugins: list[object] = []
         self.metrics: Any = None
         self.metrics_port: int | None = None
-        port = self.config.director.get("metrics_port")
-        if port is not None and serve_metrics:
-            self._start_metrics(int(port))
+        if settings.metrics_port is not None and serve_metrics:
+            self._start_metrics(settings.metrics_port)
         self._build()
         self.iteration = 0
         self.stop_event = threading.Event()
@@ -240,12 +242,12 @@ class Director:
         return {"caches": caches, "outbox": outbox}
 
     def _build(self) -> None:
-        director = self.config.director
-        failing = FailingCache.from_config(self.state, self.clock, director)
+        settings = self.runtime.settings
+        failing = _failing_cache(self.state, self.clock, settings)
         context = PluginContext(
             clock=self.clock,
             state=self.state,
-            state_dir=Path(director["state_dir"]),
+            state_dir=Path(settings.state_dir),
             config=self.config.data,
             config_path=self.config.path,
             failing=failing,
@@ -330,7 +332,7 @@ class Director:
             done += 1
             if iterations is not None and done >= iterations:
                 break
-            pause = float(self.config.director["cycle_seconds"]) - (time.monotonic() - started)
+            pause = self.runtime.settings.cycle_seconds - (time.monotonic() - started)
             if pause > 0:
                 self.stop_event.wait(pause)
 
@@ -377,7 +379,7 @@ class Director:
     def _prune_accounting(self) -> None:
         """Drop accounting and failure rows older than ``keep_accounting``, at most once an hour
         (or a tenth of the retention, when that is shorter): Redis holds them in memory."""
-        keep = float(self.config.director["keep_accounting"])
+        keep = self.runtime.settings.keep_accounting
         now = self.clock.time()
         if now - self._accounting_pruned < min(3600.0, keep / 10):
             return
@@ -436,6 +438,11 @@ def summary_json(summary: IterationSummary) -> str:
         "demand": [dataclasses.asdict(figure) for figure in summary.demand],
     }
     return json.dumps(doc, sort_keys=False)
+
+
+def _failing_cache(state: StateStore, clock: Clock, settings: DirectorSettings) -> FailingCache:
+    """The failing cache with the expiries of ``settings``."""
+    return FailingCache(state, clock, settings.failing_expiry, settings.ticket_expiry)
 
 
 def _refusal_text(error: ConfigError) -> str:

@@ -6,8 +6,9 @@ pilot tracker and the credential check are given it; none of them calls another'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from loguru import logger
 
@@ -58,9 +59,9 @@ class FailurePath:
             failure = hook.gridgate_classify_failure(endpoint=endpoint, result=result) or Failure(
                 kind="error"
             )
-        override = self.runtime.config.director.get("notify_kinds", {}).get(failure.kind)
-        if override is not None:
-            failure = replace(failure, notify=override)
+        overrides = self.runtime.settings.notify_kinds
+        if failure.kind in overrides:
+            failure = replace(failure, notify=overrides[failure.kind])
         command = result.command
         with it.lock:
             it.failures.append(
@@ -131,7 +132,7 @@ class FailurePath:
         if not failure.notify:
             return
         now = self.runtime.clock.time()
-        repeat_every = float(self.runtime.config.director["failing_expiry"])
+        repeat_every = self.runtime.settings.failing_expiry
         try:
             first = self.runtime.failing.local_fault(endpoint.backend, failure.kind)
         except StateError:  # no shared view: a repeated mail beats a silent outage
@@ -141,43 +142,97 @@ class FailurePath:
         note = compose_local_fault(endpoint, failure, result, now, repeat_every)
         self.tell(it, note)
 
-    def account(
-        self,
-        it: Iteration,
-        request: SubmitRequest,
-        endpoint: Endpoint | None,
-        outcome: Outcome,
-        pilots: int,
-        *,
-        failure_kind: str = "",
-        job_ids: tuple[str, ...] = (),
-        duration: float = 0.0,
-        attempt: int = 1,
-    ) -> None:
-        """Account one attempt of ``request`` (``pilots`` of them) on ``endpoint`` (None when
-        none was chosen): a row in the iteration and in the store's accounting table, the
-        tracker told of a submission, ``gridgate_submission_finished`` broadcast."""
-        record = AccountingRecord(
-            time=self.runtime.clock.time(),
-            backend=request.backend,
-            endpoint=endpoint.name if endpoint else "",
-            outcome=outcome,
-            group=request.group,
-            pilots=pilots,
-            failure_kind=failure_kind,
-            job_ids=job_ids,
-            duration=round(duration, 4),
-            iteration=it.info.number,
-            attempt=attempt,
-        )
+    def record(self, it: Iteration, record: AccountingRecord) -> None:
+        """Keep ``record`` (one attempt, :meth:`AttemptOutcome.account`'s): a row in the
+        iteration and in the store's accounting table, the tracker told of a submission,
+        ``gridgate_submission_finished`` broadcast."""
         with it.lock:
             it.records.append(record)
         try:
             self.runtime.state.append_record(ACCOUNTING, record.as_dict())
         except StateError as exc:
             logger.error("accounting row lost, state store failed: {}", exc)
-        if outcome == "submitted" and self.on_submitted is not None:
+        if record.outcome == "submitted" and self.on_submitted is not None:
             self.on_submitted(record)
         self.runtime.broadcast(
             "gridgate_submission_finished", "plugin", "submission finished", record=record
+        )
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """What one attempt of a request came to, and its own accounting (:meth:`account`).
+
+    Built once with what is known when the attempt starts (the iteration, the request, the
+    attempt's number and ``time.monotonic()`` start); each step that ends the attempt states
+    only what differs: the server it reached (:meth:`on`), then how it ended
+    (:meth:`skipped`, :meth:`refused`, :meth:`no_match`, :meth:`submitted`, :meth:`failed`).
+    A skipped attempt sent nothing: it takes no time. Any other takes the time from its start
+    to :meth:`timed` (when the server was last talked to), or to :meth:`account`.
+    """
+
+    it: Iteration
+    request: SubmitRequest
+    attempt: int = 1
+    #: ``time.monotonic()`` when the attempt started (None: nothing is timed)
+    started: float | None = None
+    endpoint: Endpoint | None = None
+    outcome: Outcome = "skipped"
+    failure_kind: str = ""
+    job_ids: tuple[str, ...] = ()
+    #: the pilots it accounts (None: the request's count)
+    pilots: int | None = None
+    #: its duration once known (None: measured at :meth:`account`)
+    duration: float | None = None
+
+    def on(self, endpoint: Endpoint, request: SubmitRequest) -> AttemptOutcome:
+        """The attempt reached ``endpoint`` with ``request`` (the part of it that fitted)."""
+        return replace(self, endpoint=endpoint, request=request)
+
+    def timed(self) -> AttemptOutcome:
+        """The attempt's duration fixed now (the server is no longer being talked to)."""
+        return replace(self, duration=self._elapsed())
+
+    def skipped(self, kind: str, pilots: int | None = None) -> AttemptOutcome:
+        """Nothing was sent, because of ``kind`` (``pilots`` of the request, or all)."""
+        return replace(self, outcome="skipped", failure_kind=kind, pilots=pilots, duration=0.0)
+
+    def refused(self, kind: str) -> AttemptOutcome:
+        """Admission control (``kind``) refused the attempt."""
+        return replace(self, outcome="refused", failure_kind=kind)
+
+    def no_match(self) -> AttemptOutcome:
+        """The server had no resource matching the request."""
+        return replace(self, outcome="no_match")
+
+    def submitted(self, job_ids: tuple[str, ...]) -> AttemptOutcome:
+        """The pilots were submitted, as ``job_ids``."""
+        return replace(self, outcome="submitted", job_ids=job_ids)
+
+    def failed(self, kind: str) -> AttemptOutcome:
+        """The attempt failed with a failure of ``kind``."""
+        return replace(self, outcome="failed", failure_kind=kind)
+
+    def _elapsed(self) -> float:
+        if self.duration is not None:
+            return self.duration
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+    def account(self, path: FailurePath) -> None:
+        """Account the attempt down ``path`` (:meth:`FailurePath.record`)."""
+        path.record(
+            self.it,
+            AccountingRecord(
+                time=path.runtime.clock.time(),
+                backend=self.request.backend,
+                endpoint=self.endpoint.name if self.endpoint else "",
+                outcome=self.outcome,
+                group=self.request.group,
+                pilots=self.request.count if self.pilots is None else self.pilots,
+                failure_kind=self.failure_kind,
+                job_ids=self.job_ids,
+                duration=round(self._elapsed(), 4),
+                iteration=self.it.info.number,
+                attempt=self.attempt,
+            ),
         )

@@ -22,7 +22,7 @@ from gridgate.core.engine.availability import AvailabilityNotices, merge_availab
 from gridgate.core.engine.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.engine.credential_episodes import CredentialEpisodes
 from gridgate.core.engine.demand_episodes import DemandEpisodes
-from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
 from gridgate.core.engine.runtime import Iteration, Runtime
 from gridgate.core.engine.stall import StallWatch
@@ -107,7 +107,7 @@ class IterationRunner:
             "gridgate_iteration_started", "plugin", "iteration started", iteration=info
         )
         demand = DemandRegistry()
-        if not runtime.settings["paused"]:  # paused on purpose: no demand, no stall
+        if not runtime.settings.paused:  # paused on purpose: no demand, no stall
             runtime.broadcast(
                 "gridgate_demand", "demand plugin", "demand", iteration=info, demand=demand
             )
@@ -131,7 +131,7 @@ class IterationRunner:
         demand = self.tracker.prepare(demand, it)  # poll pilots, cancel, trim to the limits
         self._changed = _changed_endpoints(it)
         jobs = self._plan(demand, it)
-        threads = int(runtime.settings["max_threads"])
+        threads = runtime.settings.max_threads
         if jobs:
             with ThreadPoolExecutor(
                 max_workers=min(threads, len(jobs)), thread_name_prefix="submit"
@@ -195,7 +195,7 @@ class IterationRunner:
         jobs: list[tuple[BackendInfo, SubmitRequest]] = []
         infos = it.infos  # asked when availability was (the demand's backends among them)
         claims: dict[tuple[str, str], bool] = {}
-        user = self.runtime.config.director.get("user") or self.runtime.user
+        user = self.runtime.user
         for request in demand.requests:
             if request.backend not in infos:
                 infos[request.backend] = self.runtime.pm.hook.gridgate_backend_info(
@@ -207,20 +207,14 @@ class IterationRunner:
                     )
             info = infos[request.backend]
             if info is None:
-                self.failures.account(
-                    it, request, None, "skipped", request.count, failure_kind="no_backend"
-                )
+                AttemptOutcome(it, request).skipped("no_backend").account(self.failures)
                 continue
             blocked = it.credential_block(info)
             if blocked:  # before the demand lock: a director with a usable credential takes it over
-                self.failures.account(
-                    it, request, None, "skipped", request.count, failure_kind=blocked
-                )
+                AttemptOutcome(it, request).skipped(blocked).account(self.failures)
                 continue
-            if self.runtime.config.director["demand_lock"] and not self._claim(request, claims):
-                self.failures.account(
-                    it, request, None, "skipped", request.count, failure_kind="claimed_elsewhere"
-                )
+            if self.runtime.settings.demand_lock and not self._claim(request, claims):
+                AttemptOutcome(it, request).skipped("claimed_elsewhere").account(self.failures)
                 continue
             size = max(1, info.pilots_per_submission)
             list_match = info.list_match if request.list_match is None else request.list_match
@@ -232,9 +226,7 @@ class IterationRunner:
                     request.group,
                     no_list_match(request.backend),
                 )
-                self.failures.account(
-                    it, request, None, "skipped", request.count, failure_kind="config"
-                )
+                AttemptOutcome(it, request).skipped("config").account(self.failures)
                 continue
             for index in range(math.ceil(request.count / size)):
                 count = min(size, request.count - index * size)
@@ -264,7 +256,7 @@ class IterationRunner:
         group = (request.backend, request.group)
         if group not in claims:
             key = f"demand-lock/{request.backend}/{request.group}"
-            ttl = 1.5 * float(self.runtime.config.director["cycle_seconds"])
+            ttl = 1.5 * self.runtime.settings.cycle_seconds
             try:
                 if getattr(self.runtime.state, "degraded", False):
                     raise StateError("the state store is unavailable")
@@ -311,16 +303,8 @@ class IterationRunner:
                 logger.opt(exception=exc).error(
                     "submission to {} crashed in a plugin", info.backend
                 )
-                self.failures.account(
-                    it,
-                    sending.request,
-                    None,
-                    "failed",
-                    sending.request.count,
-                    failure_kind="plugin_error",
-                    duration=time.monotonic() - started,
-                    attempt=attempt,
-                )
+                crashed = AttemptOutcome(it, sending.request, attempt=attempt, started=started)
+                crashed.failed("plugin_error").account(self.failures)
                 return
             if failure is None or not self._retry(sending, attempt, failure):
                 return
@@ -352,45 +336,70 @@ class IterationRunner:
     def _attempt(self, sending: Sending, attempt: int, started: float) -> Failure | None:
         """One attempt; the failure when it failed (the caller may send it elsewhere). When the
         server has room for only part of a bulk request, this attempt sends that part (which
-        becomes ``sending.request``) and the remainder goes to ``sending.leftover``."""
-        info, request, it, tried = sending.info, sending.request, sending.it, sending.tried
-        hook = self.runtime.pm.hook
+        becomes ``sending.request``) and the remainder goes to ``sending.leftover``.
+
+        Its steps: a server to try (:meth:`_candidates`, :meth:`_reserve`), admission
+        (:meth:`_admit`), the commands (:meth:`_send`); each way it ends is one
+        :class:`AttemptOutcome`, accounted once."""
+        info, it = sending.info, sending.it
+        start = AttemptOutcome(it, sending.request, attempt=attempt, started=started)
+        candidates = self._candidates(sending, start)
+        if candidates is None:
+            return None
+        endpoint = self._reserve(sending, candidates)
+        if endpoint is None:
+            if it.limits is not None:
+                it.limits.skipped(info.backend, sending.request.count)
+            start.skipped("max_waiting").account(self.failures)
+            return None
+        sending.tried.append(endpoint)
+        reached = start.on(endpoint, sending.request)
+        grant = self._admit(endpoint, sending.request)
+        if isinstance(grant, Refusal):
+            reached.refused("admission").account(self.failures)
+            return None
+        result = self._send(info, endpoint, sending.request, grant)
+        done = reached.timed()
+        if result is None:
+            done.no_match().account(self.failures)
+            return None
+        if result.ok:
+            done.submitted(result.job_ids).account(self.failures)
+            return None
+        failure = self.failures.server_failed(endpoint, result, it, submission=True)
+        done.failed(failure.kind).account(self.failures)
+        return failure
+
+    def _candidates(self, sending: Sending, start: AttemptOutcome) -> list[Endpoint] | None:
+        """The servers this attempt may try; None when it cannot try any (accounted as
+        skipped: the backend is paused, or every server left is withdrawn or none is left)."""
+        info, it = sending.info, sending.it
         with it.lock:
             paused = info.backend in it.local_faults
         if paused:  # its command cannot start here: trying every server would only repeat that
-            self.failures.account(
-                it,
-                request,
-                None,
-                "skipped",
-                request.count,
-                failure_kind="local_fault",
-                attempt=attempt,
-            )
+            start.skipped("local_fault").account(self.failures)
             return None
-        candidates = [e for e in self._eligible(info, it) if e not in tried]
+        candidates = [e for e in self._eligible(info, it) if e not in sending.tried]
         if not candidates:
             # every server left is withdrawn (drained, banned, weight 0): said as such, no stall
-            withdrawn = [e for e in it.usable(info.endpoints) if e not in tried]
-            self.failures.account(
-                it,
-                request,
-                None,
-                "skipped",
-                request.count,
-                failure_kind="unavailable" if withdrawn else "no_endpoint",
-                attempt=attempt,
-            )
+            withdrawn = [e for e in it.usable(info.endpoints) if e not in sending.tried]
+            start.skipped("unavailable" if withdrawn else "no_endpoint").account(self.failures)
             return None
-        weights = self._weights(info.backend)
-        endpoint: Endpoint | None = None
+        return candidates
+
+    def _reserve(self, sending: Sending, candidates: list[Endpoint]) -> Endpoint | None:
+        """The server the selector picks among ``candidates`` that still has room, with room
+        reserved there for the request (or the part of it that fits: that part becomes
+        ``sending.request``, the rest goes to ``sending.leftover``); None when none has room."""
+        it, request = sending.it, sending.request
+        weights = self._weights(sending.info.backend)
         while candidates:
             if it.limits is not None:
                 candidates = it.limits.with_room(candidates)
                 if not candidates:
-                    break
+                    return None
             endpoint = (
-                hook.gridgate_select_endpoint(
+                self.runtime.pm.hook.gridgate_select_endpoint(
                     candidates=candidates,
                     request=request,
                     weights=weights,
@@ -402,27 +411,16 @@ class IterationRunner:
             if fitting is not None:
                 if fitting.count < request.count:
                     sending.leftover.append(replace(request, count=request.count - fitting.count))
-                request = sending.request = fitting
-                break
+                sending.request = fitting
+                return endpoint
             # another thread took the last room there between the check and the reservation:
             # the pilot goes to another server that has some
             candidates = [e for e in candidates if e != endpoint]
-            endpoint = None
-        if endpoint is None:
-            if it.limits is not None:
-                it.limits.skipped(info.backend, request.count)
-            self.failures.account(
-                it,
-                request,
-                None,
-                "skipped",
-                request.count,
-                failure_kind="max_waiting",
-                attempt=attempt,
-            )
-            return None
-        tried.append(endpoint)
-        answer = hook.gridgate_admit(
+        return None
+
+    def _admit(self, endpoint: Endpoint, request: SubmitRequest) -> Grant | Refusal | None:
+        """Admission control's answer for sending ``request`` to ``endpoint``."""
+        answer: Grant | Refusal | None = self.runtime.pm.hook.gridgate_admit(
             request=AdmissionRequest(
                 category="submission",
                 opcode="JOB_SUBMIT",
@@ -431,45 +429,18 @@ class IterationRunner:
                 endpoint=endpoint,
             )
         )
-        if isinstance(answer, Refusal):
-            self.failures.account(
-                it,
-                request,
-                endpoint,
-                "refused",
-                request.count,
-                failure_kind="admission",
-                duration=time.monotonic() - started,
-                attempt=attempt,
-            )
-            return None
-        grant: Grant | None = answer
-        timeout = self.runtime.timeout(info)
+        return answer
+
+    def _send(
+        self, info: BackendInfo, endpoint: Endpoint, request: SubmitRequest, grant: Grant | None
+    ) -> SubmitResult | None:
+        """Run the commands of ``request`` on ``endpoint`` (:meth:`_commands`), giving
+        ``grant`` back as soon as the server is no longer being talked to."""
         try:
-            result = self._commands(endpoint, request, timeout)
+            return self._commands(endpoint, request, self.runtime.timeout(info))
         finally:
-            # the token goes back as soon as the server is no longer being talked to
             if grant is not None:
-                hook.gridgate_release(grant=grant)
-        duration = time.monotonic() - started
-        if result is None:
-            self.failures.account(
-                it, request, endpoint, "no_match", request.count, duration=duration, attempt=attempt
-            )
-        elif result.ok:
-            self.failures.account(
-                it,
-                request,
-                endpoint,
-                "submitted",
-                request.count,
-                job_ids=result.job_ids,
-                duration=duration,
-                attempt=attempt,
-            )
-        else:
-            return self._failed(endpoint, request, result, it, duration, attempt)
-        return None
+                self.runtime.pm.hook.gridgate_release(grant=grant)
 
     def _weights(self, backend: str) -> Mapping[str, int]:
         """The ``weights`` of ``backend``'s config section (empty when none)."""
@@ -508,28 +479,6 @@ class IterationRunner:
                 message=f"no plugin submits to backend {endpoint.backend!r}",
             )
         return checked_submit(result)
-
-    def _failed(
-        self,
-        endpoint: Endpoint,
-        request: SubmitRequest,
-        result: SubmitResult,
-        it: Iteration,
-        duration: float,
-        attempt: int = 1,
-    ) -> Failure:
-        failure = self.failures.server_failed(endpoint, result, it, submission=True)
-        self.failures.account(
-            it,
-            request,
-            endpoint,
-            "failed",
-            request.count,
-            failure_kind=failure.kind,
-            duration=duration,
-            attempt=attempt,
-        )
-        return failure
 
 
 def _changed_endpoints(it: Iteration) -> frozenset[str] | None:

@@ -4,13 +4,15 @@ submission threads (:class:`PilotRoom`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from gridgate.core.model import TERMINAL_STATES, BackendInfo, Endpoint, SubmitRequest
+from gridgate.core.settings import Settings
 from gridgate.core.state import Counts
 
 #: The defaults of the limits that bound what waits (docs/pilots.md says why these): DIRAC's
@@ -56,10 +58,6 @@ _LIMITS: dict[str, Any] = {
     },
 }
 
-_DEFAULTS: dict[str, Any] = {
-    "max_waiting": DEFAULT_MAX_WAITING,
-    "max_wait_time": DEFAULT_MAX_WAIT_TIME,
-}
 #: The limits an endpoint of a backend may set for itself.
 _PER_ENDPOINT = ("max_waiting", "max_waiting_cores", "max_wait_time")
 
@@ -74,7 +72,10 @@ PILOTS_SCHEMA: dict[str, Any] = {
             "default": True,
             "description": "Record every submitted pilot and poll its state.",
         },
-        **{k: {**v, "default": _DEFAULTS.get(k)} for k, v in _LIMITS.items()},
+        # director-wide, each limit has a default (a backend's own has none: it inherits)
+        **{k: {**v, "default": None} for k, v in _LIMITS.items()},
+        "max_waiting": {**_LIMITS["max_waiting"], "default": DEFAULT_MAX_WAITING},
+        "max_wait_time": {**_LIMITS["max_wait_time"], "default": DEFAULT_MAX_WAIT_TIME},
         "lost_after": {
             "maximum": 365 * 86400,
             "type": "number",
@@ -147,26 +148,66 @@ PILOTS_SCHEMA: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
-class PilotSettings:
-    """The ``director.pilots`` section, resolved per backend and endpoint: a limit a backend
-    (or an endpoint of it) sets, ``null`` included (no limit), wins over the one above it; a
-    limit it does not name is the one above it."""
+class PilotSettings(Settings):
+    """The ``director.pilots`` section, typed, resolved per backend and endpoint: a limit a
+    backend (or an endpoint of it) sets, ``null`` included (no limit), wins over the one above
+    it; a limit it does not name is the one above it (so ``backends`` keeps each override
+    block as written: a key it does not name is not a ``null``)."""
 
-    section: Mapping[str, Any]
+    section_schema: ClassVar[Mapping[str, Any]] = PILOTS_SCHEMA
+
+    track: bool
+    status_interval: float | None
+    max_waiting: int | None
+    max_waiting_cores: int | None
+    max_total: int | None
+    max_wait_time: float | None
+    lost_after: float
+    keep_finished: float
+    abort_window: int
+    abort_min_finished: int
+    abort_threshold: float
+    abort_sample: int
+    #: per backend: its overrides of the limits, and ``endpoints`` (per endpoint name: its own)
+    backends: Mapping[str, Mapping[str, Any]]
+
+    @functools.cached_property
+    def counts_cores(self) -> bool:
+        """Whether ``max_waiting_cores`` is set anywhere (the waiting cores are then read)."""
+        if self.max_waiting_cores is not None:
+            return True
+        for own in self.backends.values():
+            if own.get("max_waiting_cores") is not None:
+                return True
+            named = own["endpoints"] if "endpoints" in own else {}
+            if any(e.get("max_waiting_cores") is not None for e in named.values()):
+                return True
+        return False
 
     def __getitem__(self, key: str) -> Any:
-        return self.section.get(key, PILOTS_SCHEMA["properties"][key].get("default"))
+        """The director-wide value of ``key`` (``settings["max_waiting"]``)."""
+        if key not in _LIMITS and key not in _OWN:
+            raise KeyError(key)
+        return getattr(self, key)
 
     def _backend(self, backend: str) -> Mapping[str, Any]:
-        return (self.section.get("backends") or {}).get(backend) or {}
+        return self.backends[backend] if backend in self.backends else {}
 
     def for_backend(self, backend: str, key: str) -> Any:
+        """The limit ``key`` in force for ``backend``."""
         own = self._backend(backend)
         return own[key] if key in own else self[key]
 
     def for_endpoint(self, endpoint: Endpoint, key: str) -> Any:
-        own = (self._backend(endpoint.backend).get("endpoints") or {}).get(endpoint.name) or {}
+        """The limit ``key`` in force for ``endpoint``."""
+        endpoints = self._backend(endpoint.backend)
+        named = endpoints["endpoints"] if "endpoints" in endpoints else {}
+        own = named[endpoint.name] if endpoint.name in named else {}
         return own[key] if key in own else self.for_backend(endpoint.backend, key)
+
+
+#: The settings of ``director.pilots`` that are no limit (read director-wide only).
+_OWN = frozenset(PILOTS_SCHEMA["properties"]) - frozenset(_LIMITS) - {"backends"}
 
 
 class PilotRoom:

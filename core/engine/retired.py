@@ -30,12 +30,13 @@ class RetiredEndpoints:
 
     @property
     def settings(self) -> PilotSettings:
-        return PilotSettings(self.runtime.config.director.get("pilots") or {})
+        """``director.pilots`` of the config in force (built once per config)."""
+        return self.runtime.settings.pilots
 
     def answered(self, endpoint: Endpoint, now: float) -> None:
         """The backend answered for ``endpoint``'s pilots at ``now``: ``lost_after`` counts
         from here."""
-        ttl = float(self.settings["keep_finished"])
+        ttl = self.settings.keep_finished
         try:
             self.runtime.state.set(RETIRED_OK + endpoint.key, repr(now), ttl=ttl)
         except StateError:
@@ -60,7 +61,7 @@ class RetiredEndpoints:
             if key not in held:
                 out.setdefault(backend, []).append(Endpoint(backend, name))
             held[key] = held.get(key, 0) + n
-        ttl = float(self.settings["keep_finished"])
+        ttl = self.settings.keep_finished
         for endpoints in out.values():
             for endpoint in endpoints:
                 try:
@@ -74,7 +75,7 @@ class RetiredEndpoints:
         return out
 
     def _notice(self, endpoint: Endpoint, n: int, it: Iteration, now: float) -> None:
-        lost_after = float(self.settings["lost_after"])
+        lost_after = self.settings.lost_after
         body = (
             f"{n} non-terminal pilot(s) of {endpoint.key} are tracked, but {endpoint.name} is "
             f"no longer in the config of backend {endpoint.backend}.\n"
@@ -111,7 +112,7 @@ class RetiredEndpoints:
             )
         except (StateError, ValueError):
             return 0
-        lost_after = float(settings["lost_after"])
+        lost_after = settings.lost_after
         if now - since < lost_after:
             return 0
         active = registry.active(endpoint.backend, endpoint.name)

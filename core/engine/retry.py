@@ -17,11 +17,13 @@ a fault of this machine (``Failure.local``) are retried.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gridgate.core.model import Failure, RetryReport
+
+if TYPE_CHECKING:
+    from gridgate.core.engine.section import DirectorSettings
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,11 @@ class ResubmitPolicy:
     deadline: float
 
     @classmethod
-    def for_iteration(cls, director: Mapping[str, Any], started: float) -> ResubmitPolicy:
+    def for_iteration(cls, director: DirectorSettings, started: float) -> ResubmitPolicy:
         """The policy of an iteration that started at ``started`` (clock time)."""
         return cls(
-            retries=int(director.get("retries_per_pilot", 0)),
-            deadline=started + float(director.get("retry_within_seconds", 0)),
+            retries=director.retries_per_pilot,
+            deadline=started + director.retry_within_seconds,
         )
 
     def decide(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import getpass
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,6 +17,7 @@ from gridgate.core.clock import Clock
 from gridgate.core.config import Config
 from gridgate.core.engine.limits import PilotRoom
 from gridgate.core.engine.retry import ResubmitPolicy
+from gridgate.core.engine.section import DirectorSettings
 from gridgate.core.failing import FailingCache
 from gridgate.core.model import (
     AccountingRecord,
@@ -67,19 +68,24 @@ class Runtime:
     clock: Clock
     notify: Callable[[Notification], None]
     broadcast: Broadcast
+    #: the config the settings below were built from, and those settings
+    _parsed: tuple[Config, DirectorSettings] | None = field(default=None, repr=False)
 
     @property
-    def settings(self) -> Mapping[str, Any]:
-        """The config's ``director`` section."""
-        return self.config.director
+    def settings(self) -> DirectorSettings:
+        """The config's ``director`` section, typed: built once per config in force (a reload
+        replaces ``config``; the next read builds the new one's)."""
+        parsed = self._parsed
+        if parsed is None or parsed[0] is not self.config:
+            parsed = self._parsed = (self.config, DirectorSettings.of_config(self.config))
+        return parsed[1]
 
     @property
     def user(self) -> str:
         """Who the director says it is to admission control: ``director.user``, else the login
         of its uid."""
-        configured = str(self.config.director.get("user") or "")
-        if configured:
-            return configured
+        if self.settings.user:
+            return self.settings.user
         try:
             return getpass.getuser()
         except (KeyError, OSError):
@@ -87,7 +93,7 @@ class Runtime:
 
     def timeout(self, info: BackendInfo) -> float:
         """The deadline of one of ``info``'s commands, in seconds."""
-        return float(info.command_timeout or self.config.director["command_timeout"])
+        return float(info.command_timeout or self.settings.command_timeout)
 
 
 @dataclass

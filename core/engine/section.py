@@ -10,13 +10,15 @@ endpoints; :mod:`.config_checks`, :mod:`.contract`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gridgate.core.config import PathT
 from gridgate.core.engine.config_checks import availability_problems, reference_problems
 from gridgate.core.engine.contract import list_match_problems
-from gridgate.core.engine.limits import PILOTS_SCHEMA
+from gridgate.core.engine.limits import PILOTS_SCHEMA, PilotSettings
 from gridgate.core.plugins import Plugin
+from gridgate.core.settings import Settings, settings_from
 
 DIRECTOR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -160,11 +162,45 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class DirectorSettings(Settings):
+    """The ``director`` section, typed (:data:`DIRECTOR_SCHEMA`): built once per loaded config
+    (:meth:`gridgate.core.engine.runtime.Runtime.settings`) and read by every part of the loop."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = DIRECTOR_SCHEMA
+
+    cycle_seconds: float
+    max_threads: int
+    command_timeout: float
+    failing_expiry: float
+    ticket_expiry: float
+    paused: bool
+    keep_accounting: float
+    stall_iterations: int
+    notify_kinds: Mapping[str, bool]
+    retries_per_pilot: int
+    retry_within_seconds: float
+    max_output_bytes: int
+    state_dir: str
+    demand_lock: bool
+    state_retry_seconds: float
+    user: str
+    stop_timeout: float
+    metrics_port: int | None
+    pilots: PilotSettings
+
+    @classmethod
+    def of_config(cls, config: Mapping[str, Any]) -> DirectorSettings:
+        """The settings of ``config``'s ``director`` section (a loaded config: validated)."""
+        return settings_from(DIRECTOR_SCHEMA, config["director"], cls, validate=False)
+
+
 class DirectorSection(Plugin):
     """The ``director`` section: the loop's settings (:data:`DIRECTOR_SCHEMA`), and the file's
     checks across sections."""
 
     config_schema: ClassVar[dict[str, Any]] = DIRECTOR_SCHEMA
+    settings_class: ClassVar[type[Settings] | None] = DirectorSettings
 
     @classmethod
     def document_errors(

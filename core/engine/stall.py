@@ -27,13 +27,16 @@ import json
 import socket
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from gridgate.core.clock import Clock
 from gridgate.core.model import AccountingRecord, IterationInfo, Notification, elapsed_text
 from gridgate.core.state import StateError, StateStore
+
+if TYPE_CHECKING:
+    from gridgate.core.engine.section import DirectorSettings
 
 STALL = "stall/"
 #: Skips that are not a failure to submit: the group is another director's, or enough pilots
@@ -85,7 +88,7 @@ class StallWatch:
         self,
         iteration: IterationInfo,
         records: Iterable[AccountingRecord],
-        director: Mapping[str, Any],
+        director: DirectorSettings,
     ) -> list[Notification]:
         """Account one finished iteration; returns the notifications to send (already
         claimed in the store, so the caller just sends them)."""
@@ -147,11 +150,11 @@ class StallWatch:
         ]
 
     def _stalled(
-        self, iteration: IterationInfo, asked: list[AccountingRecord], director: Mapping[str, Any]
+        self, iteration: IterationInfo, asked: list[AccountingRecord], director: DirectorSettings
     ) -> list[Notification]:
         now = self.clock.time()
-        failing_expiry = float(director["failing_expiry"])
-        ticket_expiry = float(director["ticket_expiry"])
+        failing_expiry = director.failing_expiry
+        ticket_expiry = director.ticket_expiry
         ttl = failing_expiry + ticket_expiry
         episode = self._load() or {
             "since": now,
@@ -174,7 +177,7 @@ class StallWatch:
         episode["pilots"] += sum(r.pilots for r in asked if r.attempt == 1)
         episode["last"] = {"number": iteration.number, "reasons": last}
         notes: list[Notification] = []
-        limit = int(director.get("stall_iterations", 3))
+        limit = director.stall_iterations
         if episode["iterations"] >= limit:
             if not episode["error_sent"]:
                 episode["error_sent"] = True

@@ -12,6 +12,7 @@ and ``max_total`` (per backend), and each submission reserves room on the endpoi
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from gridgate.core.engine.aborted import AbortVerdicts
-from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
 from gridgate.core.engine.pending import PendingPilots
 from gridgate.core.engine.retired import RetiredEndpoints
@@ -36,6 +37,7 @@ from gridgate.core.model import (
     Failure,
     PollReport,
     Refusal,
+    StatusResult,
     SubmitRequest,
     SubmitResult,
 )
@@ -59,6 +61,23 @@ class _Poll:
     commands: int = 0
     changed: int = 0
     active: list[Pilot] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One endpoint's pilots being polled (``retired``: the endpoint left the config)."""
+
+    endpoint: Endpoint
+    active: list[Pilot]
+    retired: bool
+
+    @functools.cached_property
+    def ids(self) -> list[str]:
+        return [p.job_id for p in self.active]
+
+    def poll(self, outcome: str, commands: int = 0) -> _Poll:
+        """The poll, ended as ``outcome`` (its pilots all still active)."""
+        return _Poll(self.endpoint, len(self.active), outcome, commands, active=self.active)
 
 
 class PilotTracker:
@@ -87,7 +106,7 @@ class PilotTracker:
         #: the registry's counts at the last iteration that could read them, and the pilots
         #: submitted since that the store could not take: while the store is down the limits
         #: apply to these (fail closed), and the pilots are written back when it returns
-        self.pending = PendingPilots(lambda: runtime.config.director.get("state_dir"))
+        self.pending = PendingPilots(lambda: runtime.settings.state_dir)
         self.retired = RetiredEndpoints(runtime, failures)
         self.verdicts = AbortVerdicts(runtime, failures)
         #: (backend, group) -> cores of one pilot, from this iteration's demand: what a
@@ -103,7 +122,8 @@ class PilotTracker:
 
     @property
     def settings(self) -> PilotSettings:
-        return PilotSettings(self.runtime.config.director.get("pilots") or {})
+        """``director.pilots`` of the config in force (built once per config)."""
+        return self.runtime.settings.pilots
 
     def _registry(self, quiet: bool = False) -> PilotRegistry | None:
         """The store's registry; None while the store is down (the director runs on its local
@@ -128,7 +148,7 @@ class PilotTracker:
 
     def submitted(self, record: AccountingRecord) -> None:
         """Track the pilots of a successful submission (one per job id)."""
-        if not record.job_ids or not self.settings["track"]:
+        if not record.job_ids or not self.settings.track:
             return
         pilots = [
             Pilot(
@@ -191,7 +211,7 @@ class PilotTracker:
     def _prepare(self, demand: DemandRegistry, it: Iteration) -> DemandRegistry:
         settings = self.settings
         self._states = {}
-        if not settings["track"]:
+        if not settings.track:
             return demand
         self._group_cores = {(r.backend, r.group): cores_of(r) for r in demand.requests}
         self._iterations += 1
@@ -295,7 +315,7 @@ class PilotTracker:
     ) -> dict[str, int] | None:
         """The cores of the pilots waiting on each endpoint, when a limit counts them (None
         otherwise: nothing to read); an unreadable registry counts the last known cores."""
-        if not self._counts_cores(settings):
+        if not settings.counts_cores:
             return None
         try:
             cores: dict[str, int] = {}
@@ -308,18 +328,6 @@ class PilotTracker:
                 "pilot registry: cannot read the waiting cores, using the last known: {}", exc
             )
             return self.pending.cores()
-
-    @staticmethod
-    def _counts_cores(settings: PilotSettings) -> bool:
-        if settings["max_waiting_cores"] is not None:
-            return True
-        for section in (settings.section.get("backends") or {}).values():
-            if (section or {}).get("max_waiting_cores") is not None:
-                return True
-            for own in ((section or {}).get("endpoints") or {}).values():
-                if (own or {}).get("max_waiting_cores") is not None:
-                    return True
-        return False
 
     def _trim(
         self,
@@ -341,7 +349,7 @@ class PilotTracker:
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         kept, cuts = limits.trim(demand.requests, usable)
         for request, limit, pilots in cuts:
-            self.failures.account(it, request, None, "skipped", pilots, failure_kind=limit)
+            AttemptOutcome(it, request).skipped(limit, pilots).account(self.failures)
         self._stuck(settings, infos, kept, cuts, counts)
         self.pending.save()
         it.limits = limits
@@ -384,7 +392,7 @@ class PilotTracker:
             why,
             self.pending.unrecorded,
         )
-        cores = self.pending.cores() if self._counts_cores(settings) else None
+        cores = self.pending.cores() if settings.counts_cores else None
         return self._trim(demand, it, settings, counts, infos, report, (), cores)
 
     # --- limits that do not move ------------------------------------------------------------------
@@ -404,7 +412,7 @@ class PilotTracker:
         A full site is not one: when the backend's polls answer and some of its pilots run,
         the waiting ones wait for the slots those hold (long pilots change no state for hours),
         and the limit is doing its job."""
-        limit = int(self.runtime.config.director.get("stall_iterations", 3))
+        limit = self.runtime.settings.stall_iterations
         now = self.runtime.clock.time()
         served = {r.backend for r in kept}
         stuck: dict[str, str] = {}
@@ -448,14 +456,14 @@ class PilotTracker:
             if it.paused(info):  # its credential is unusable (see Iteration.paused): not asked
                 continue
             interval = settings.for_backend(backend, "status_interval")
-            timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
+            timeout = self.runtime.timeout(info)
             # a server out of rotation is not asked (nor a banned one its backend cannot ask);
             # one no longer configured still is
             for endpoint in [*it.pollable(info), *(retired or {}).get(backend, ())]:
                 due.append((endpoint, timeout, None if interval is None else float(interval)))
         if not due:
             return []
-        threads = min(int(self.runtime.config.director["max_threads"]), len(due))
+        threads = min(self.runtime.settings.max_threads, len(due))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
             futures = [
                 pool.submit(
@@ -527,25 +535,56 @@ class PilotTracker:
         now: float,
         retired: bool = False,
     ) -> _Poll | None:
+        """Poll ``endpoint``'s pilots, when it is due (None when not): admission, the status
+        query, then what its answer says (no answer, an answer cut by gridgate's own output
+        cap, a failure, or the pilots' states, written to the registry)."""
+        active = self._pollable(registry, endpoint, interval, now)
+        if not active:
+            return None
+        target = _Target(endpoint, active, retired)
+        asked = self._ask(target, timeout, interval)
+        if isinstance(asked, _Poll):
+            return asked
+        if asked is None:
+            return self._unanswered(target)
+        command = asked.command
+        if command is not None and command.stdout_truncated and not command.timed_out:
+            return self._output_cut(target, asked, it)
+        if not asked.ok:
+            return self._poll_failed(target, asked, it)
+        return self._apply(registry, target, asked, settings.lost_after, now)
+
+    def _pollable(
+        self, registry: PilotRegistry, endpoint: Endpoint, interval: float | None, now: float
+    ) -> list[Pilot]:
+        """``endpoint``'s active pilots when this director polls it now; none when its backend
+        cannot report states, its last poll (by any director) is recent, or none is active."""
         with self._lock:
             if self._blind_pm is not self.runtime.pm:  # plugins rebuilt: ask every backend again
                 self._blind_pm, self._blind = self.runtime.pm, set()
             if endpoint.backend in self._blind:  # it said it cannot: no need to read its pilots
-                return None
+                return []
         if interval is not None and not self._due(endpoint, interval, now):
-            return None  # polled recently (by any director): its pilots are not even read
+            return []  # polled recently (by any director): its pilots are not even read
         active = registry.active(endpoint.backend, endpoint.name)
         if not active:
-            return None
+            return []
         if interval is not None and not self._claim(endpoint, interval, now):
-            return None
+            return []
+        return active
+
+    def _ask(
+        self, target: _Target, timeout: float, interval: float | None
+    ) -> StatusResult | _Poll | None:
+        """The backend's answer for ``target``'s pilots (None: no plugin answers), or the poll
+        that ended before one: refused by admission control, or a plugin crash."""
         hook = self.runtime.pm.hook
-        ids = [p.job_id for p in active]
+        endpoint = target.endpoint
         answer = hook.gridgate_admit(
             request=AdmissionRequest(
                 category="query",
                 opcode="JOB_STATUS",
-                size=len(ids),
+                size=len(target.ids),
                 endpoint=endpoint,
                 user=self.runtime.user,
             )
@@ -555,95 +594,112 @@ class PilotTracker:
                 "status poll of {} refused by admission control: {}", endpoint.key, answer.reason
             )
             self._unclaim(endpoint, interval)  # not polled: due again at the next iteration
-            return _Poll(endpoint, len(ids), "refused", active=active)
+            return target.poll("refused")
         try:
-            result = hook.gridgate_job_status(endpoint=endpoint, job_ids=ids, timeout=timeout)
+            result: StatusResult | None = hook.gridgate_job_status(
+                endpoint=endpoint, job_ids=target.ids, timeout=timeout
+            )
+            return result
         except Exception as exc:  # a plugin bug must not stop the iteration
             logger.opt(exception=exc).error("status poll of {} crashed in a plugin", endpoint.key)
-            return _Poll(endpoint, len(ids), "plugin_error", active=active)
+            return target.poll("plugin_error")
         finally:
             if answer is not None:
                 hook.gridgate_release(grant=answer)
-        if result is None and retired:
+
+    def _unanswered(self, target: _Target) -> _Poll:
+        """No plugin reports the states of ``target``'s pilots: its backend is blind from now
+        on (said once), unless the endpoint is retired."""
+        backend = target.endpoint.backend
+        if target.retired:
             # the backend no longer knows this endpoint (an ARC CE leaves with its config):
             # that says nothing of its other endpoints, so the backend is not made blind
-            return _Poll(endpoint, len(ids), "unsupported", active=active)
-        if result is None:
-            with self._lock:
-                first = endpoint.backend not in self._blind
-                self._blind.add(endpoint.backend)
-            if first:
-                logger.warning(
-                    "backend {} reports no pilot states: its pilots stay as submitted, "
-                    "and max_waiting / max_total are not applied to it",
-                    endpoint.backend,
-                )
-            return _Poll(endpoint, len(ids), "unsupported", active=active)
-        command = result.command
-        if command is not None and command.stdout_truncated and not command.timed_out:
-            # gridgate's own cap cut the answer (of any backend): the ids past the cut would
-            # look unknown, then lost, and the server did nothing wrong. A fault of this
-            # machine's settings: no server blamed, one error per failing_expiry.
-            why = (
-                f"the output of {command.argv[0] if command.argv else 'the status command'} "
-                f"passed gridgate's own output cap (director.max_output_bytes = "
-                f"{self.runtime.config.director.get('max_output_bytes')}) and was cut by "
-                "gridgate, not by the server; raise director.max_output_bytes"
+            return target.poll("unsupported")
+        with self._lock:
+            first = backend not in self._blind
+            self._blind.add(backend)
+        if first:
+            logger.warning(
+                "backend {} reports no pilot states: its pilots stay as submitted, "
+                "and max_waiting / max_total are not applied to it",
+                backend,
             )
-            if not retired:
-                failed = SubmitResult(
-                    endpoint=endpoint,
-                    ok=False,
-                    command=command,
-                    operation=result.operation or "Job Status",
-                    message=why,
-                    local_fault=why,
-                )
-                self.failures.server_failed(
-                    endpoint,
-                    failed,
-                    it,
-                    Failure(
-                        kind="output_cap",
-                        exclude=False,
-                        notify=True,
-                        transient=False,
-                        local=True,
-                        reason=why,
-                    ),
-                )
-            return _Poll(endpoint, len(ids), "output_cap", result.commands, active=active)
-        if not result.ok and retired:  # no server to blame: it left the config
+        return target.poll("unsupported")
+
+    def _output_cut(self, target: _Target, result: StatusResult, it: Iteration) -> _Poll:
+        """gridgate's own cap cut the answer (of any backend): the ids past the cut would
+        look unknown, then lost, and the server did nothing wrong. A fault of this machine's
+        settings: no server blamed, one error per failing_expiry."""
+        command = result.command
+        assert command is not None
+        why = (
+            f"the output of {command.argv[0] if command.argv else 'the status command'} "
+            f"passed gridgate's own output cap (director.max_output_bytes = "
+            f"{self.runtime.settings.max_output_bytes}) and was cut by "
+            "gridgate, not by the server; raise director.max_output_bytes"
+        )
+        if not target.retired:
+            failed = SubmitResult(
+                endpoint=target.endpoint,
+                ok=False,
+                command=command,
+                operation=result.operation or "Job Status",
+                message=why,
+                local_fault=why,
+            )
+            self.failures.server_failed(
+                target.endpoint,
+                failed,
+                it,
+                Failure(
+                    kind="output_cap",
+                    exclude=False,
+                    notify=True,
+                    transient=False,
+                    local=True,
+                    reason=why,
+                ),
+            )
+        return target.poll("output_cap", result.commands)
+
+    def _poll_failed(self, target: _Target, result: StatusResult, it: Iteration) -> _Poll:
+        """The status query failed: down the failure path (a retired endpoint has no server
+        to blame: a warning)."""
+        endpoint = target.endpoint
+        if target.retired:  # no server to blame: it left the config
             logger.warning(
                 "status poll of {} (no longer configured) failed: {}",
                 endpoint.key,
                 result.local_fault or result.message or "no message",
             )
-            return _Poll(endpoint, len(ids), "failed", result.commands, active=active)
-        if not result.ok:
-            # a fault of this machine (an id file it cannot write, gridgate's own output cap)
-            # goes through the same path with local_fault set: kind local_io, the backend
-            # paused, one error per failing_expiry, no server blamed
-            local = getattr(result, "local_fault", "") or ""
-            failed = SubmitResult(
-                endpoint=endpoint,
-                ok=False,
-                command=result.command,
-                operation=result.operation or "Job Status",
-                message=result.message,
-                local_fault=local,
-            )
-            self.failures.server_failed(endpoint, failed, it)
-            return _Poll(
-                endpoint,
-                len(ids),
-                "local_fault" if local else "failed",
-                result.commands,
-                active=active,
-            )
-        lost_after = float(settings["lost_after"])
+            return target.poll("failed", result.commands)
+        # a fault of this machine (an id file it cannot write, gridgate's own output cap)
+        # goes through the same path with local_fault set: kind local_io, the backend
+        # paused, one error per failing_expiry, no server blamed
+        local = getattr(result, "local_fault", "") or ""
+        failed = SubmitResult(
+            endpoint=endpoint,
+            ok=False,
+            command=result.command,
+            operation=result.operation or "Job Status",
+            message=result.message,
+            local_fault=local,
+        )
+        self.failures.server_failed(endpoint, failed, it)
+        return target.poll("local_fault" if local else "failed", result.commands)
+
+    def _apply(
+        self,
+        registry: PilotRegistry,
+        target: _Target,
+        result: StatusResult,
+        lost_after: float,
+        now: float,
+    ) -> _Poll:
+        """Write what the answer says of each pilot to the registry (one the backend has not
+        known for ``lost_after`` seconds is lost)."""
         changes: list[Pilot] = []
-        for pilot in active:
+        for pilot in target.active:
             status = result.statuses.get(pilot.job_id)
             if status is None:
                 new = pilot.moved("unknown", now, pilot.native, "no longer known to the backend")
@@ -664,10 +720,10 @@ class PilotTracker:
                 changes.append(new)
         registry.put(changes)
         changed = {p.job_id: p for p in changes}
-        still = [changed.get(p.job_id, p) for p in active]
+        still = [changed.get(p.job_id, p) for p in target.active]
         return _Poll(
-            endpoint,
-            len(ids),
+            target.endpoint,
+            len(target.ids),
             "ok",
             result.commands,
             len(changes),
@@ -689,7 +745,7 @@ class PilotTracker:
             self.runtime.state.set(
                 LAST_POLL + poll.endpoint.key,
                 json.dumps(record),
-                ttl=float(settings["keep_finished"]),
+                ttl=settings.keep_finished,
             )
         except StateError as exc:
             logger.debug("last poll of {} not kept: {}", poll.endpoint.key, exc)
@@ -709,7 +765,7 @@ class PilotTracker:
         old = [p for p in poll.active if p.state == "waiting" and now - p.submitted > float(limit)]
         if not old:
             return 0
-        timeout = float(info.command_timeout or self.runtime.config.director["command_timeout"])
+        timeout = self.runtime.timeout(info)
         reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
         done, problem = cancel_pilots(
             self.runtime, registry, poll.endpoint, old, timeout, reason, it, self.failures
@@ -719,7 +775,7 @@ class PilotTracker:
         return len(done)
 
     def _prune(self, registry: PilotRegistry, settings: PilotSettings, now: float) -> int:
-        keep = float(settings["keep_finished"])
+        keep = settings.keep_finished
         every = min(3600.0, keep / 10)
         if self._last_prune is not None and now - self._last_prune < every:
             return 0

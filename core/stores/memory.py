@@ -3,7 +3,6 @@ survives the process (its pilot registry is the store's default, in this process
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -17,6 +16,7 @@ from gridgate.core.state import (
     expires_at,
     parse_count,
 )
+from gridgate.core.stores.records import readable, stream_record
 
 
 class MemoryState(StateStore):
@@ -131,4 +131,4 @@ class MemoryState(StateStore):
         with self._lock:
             rows = [r for r in self._records.get(stream, []) if r[0] >= since]
         rows.sort(key=lambda r: r[0])  # stable: equal times stay in append order
-        return [json.loads(text) for _when, text in rows]
+        return readable((text for _when, text in rows), stream_record, f"state records {stream}")

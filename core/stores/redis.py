@@ -20,15 +20,16 @@ their keys from the prefix (one Redis server, not a cluster), as the store's oth
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, ParamSpec, TypeVar, cast
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.cutoff import cut_after
 from gridgate.core.plugins import ConfigProblems
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
     Pilot,
@@ -38,12 +39,15 @@ from gridgate.core.state import (
     Waiting,
     check_key,
     check_value,
-    decode,
     encode,
     encode_record,
     expires_at,
 )
+from gridgate.core.stores.records import pilot_from_json, readable, stream_record
 from gridgate.core.text import safe_url, url_secret
+
+#: where an unreadable pilot was read, for the log
+_WHERE = "pilot registry (redis)"
 
 try:
     import redis
@@ -150,64 +154,85 @@ def _decode(payload: str) -> tuple[float | None, str]:
     return (None if head == "-" else float(head)), value
 
 
+REDIS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Shared state in Redis, for several directors.",
+    "properties": {
+        "url": {
+            "type": "string",
+            "default": "redis://localhost:6379/0",
+            "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
+            "password in the URL only through the environment or a file.",
+        },
+        "password": {
+            **SECRET_SCHEMA,
+            "description": "The Redis password (AUTH), from {env: VAR} or {file: PATH}; "
+            "never inline, and never in the url.",
+        },
+        "prefix": {
+            "type": "string",
+            "default": "gridgate:",
+            "description": "Prepended to every Redis key, so several sites can share a server.",
+        },
+        "socket_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 5,
+            "description": "Seconds to wait for a reply before the call fails.",
+        },
+        "socket_connect_timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 5,
+            "description": "Seconds to wait for a connection.",
+        },
+        "prune_interval": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 300,
+            "description": "Seconds (clock time) between sweeps of stale key-index entries.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class RedisSettings(Settings):
+    """The ``state:`` section of the redis driver, typed."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = REDIS_SCHEMA
+
+    url: str
+    password: Mapping[str, str] | None
+    prefix: str
+    socket_timeout: float
+    socket_connect_timeout: float
+    prune_interval: float
+
+
 class RedisState(StateStore):
     """State in a Redis server, shared by every director pointed at it."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Shared state in Redis, for several directors.",
-        "properties": {
-            "url": {
-                "type": "string",
-                "default": "redis://localhost:6379/0",
-                "description": "redis:// or rediss:// URL (unix:// for a socket). Put a "
-                "password in the URL only through the environment or a file.",
-            },
-            "password": {
-                **SECRET_SCHEMA,
-                "description": "The Redis password (AUTH), from {env: VAR} or {file: PATH}; "
-                "never inline, and never in the url.",
-            },
-            "prefix": {
-                "type": "string",
-                "default": "gridgate:",
-                "description": "Prepended to every Redis key, so several sites can share a server.",
-            },
-            "socket_timeout": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 5,
-                "description": "Seconds to wait for a reply before the call fails.",
-            },
-            "socket_connect_timeout": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 5,
-                "description": "Seconds to wait for a connection.",
-            },
-            "prune_interval": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 300,
-                "description": "Seconds (clock time) between sweeps of stale key-index entries.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = REDIS_SCHEMA
 
     def __init__(
         self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         super().__init__(config, clock)
-        self.url = str(self.config.get("url", "redis://localhost:6379/0"))
-        self.prefix = str(self.config.get("prefix", "gridgate:"))
-        self.prune_interval = float(self.config.get("prune_interval", 300))
+        #: the section, typed (defaults from the schema; a store made in code may name less)
+        self.settings = settings = settings_from(
+            REDIS_SCHEMA, self.config, RedisSettings, validate=False
+        )
+        self.url = settings.url
+        self.prefix = settings.prefix
+        self.prune_interval = settings.prune_interval
         self._index = f"{self.prefix}keys"
         self._last_prune = clock.time()
         extra: dict[str, Any] = {}
         try:
-            password = read_secret(self.config.get("password"))
+            password = read_secret(settings.password)
         except SecretError as exc:
             raise StateError(f"redis state: cannot read the password: {exc}") from exc
         if password is not None:
@@ -216,17 +241,15 @@ class RedisState(StateStore):
             self._client = redis.Redis.from_url(
                 self.url,
                 **extra,
-                socket_timeout=float(self.config.get("socket_timeout", 5)),
-                socket_connect_timeout=float(self.config.get("socket_connect_timeout", 5)),
+                socket_timeout=settings.socket_timeout,
+                socket_connect_timeout=settings.socket_connect_timeout,
                 decode_responses=True,
                 health_check_interval=30,
             )
         except (ValueError, RedisError) as exc:
             raise StateError(f"redis state: bad url {self._safe_url()}: {exc}") from exc
         #: the longest one call may take: a connection and two replies
-        self._call_budget = float(self.config.get("socket_connect_timeout", 5)) + 2 * float(
-            self.config.get("socket_timeout", 5)
-        )
+        self._call_budget = settings.socket_connect_timeout + 2 * settings.socket_timeout
         self._add = self._client.register_script(_ADD)
         self._set = self._client.register_script(_SET)
         self._delete = self._client.register_script(_DELETE)
@@ -237,7 +260,8 @@ class RedisState(StateStore):
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """A password written into the url would sit in the config file and in messages."""
-        secret = url_secret(str(section.get("url", "")))  # user:password@ or ?password=
+        url = settings_from(REDIS_SCHEMA, section, RedisSettings, validate=False).url
+        secret = url_secret(url)  # user:password@ or ?password=
         if secret:
             return [
                 (
@@ -423,7 +447,8 @@ class RedisState(StateStore):
             ),
         )
         # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
-        return [json.loads(m.partition(" ")[2]) for m in cast("list[str]", members)]
+        texts = (m.partition(" ")[2] for m in cast("list[str]", members))
+        return readable(texts, stream_record, f"state records {stream}")
 
     def pilot_registry(self) -> PilotRegistry:
         """The pilot registry on this server, under this store's prefix."""
@@ -555,7 +580,7 @@ class RedisPilots(PilotRegistry):
         values = self.store.call(
             "read pilots", self._client.hmget, f"{self._p}pilots:row", list(fields)
         )
-        return [decode(cast(str, v)) for v in values if v is not None]
+        return readable((v for v in values if v is not None), pilot_from_json, _WHERE)
 
     def put(self, pilots: Iterable[Pilot]) -> None:
         args: list[str] = []
@@ -633,12 +658,11 @@ class RedisPilots(PilotRegistry):
 
             pilots = self._rows(self.store.call("read pilots", fields))
         else:
-            pilots = []
-            for _name, value in self.store.call(
+            rows = self.store.call(
                 "read pilots",
                 lambda: list(self._client.hscan_iter(f"{self._p}pilots:row", count=5000)),
-            ):
-                pilots.append(decode(value))
+            )
+            pilots = readable((value for _name, value in rows), pilot_from_json, _WHERE)
         wanted = set(states) if states else None
         rows = [
             p

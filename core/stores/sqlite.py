@@ -3,18 +3,19 @@ processes, holding the keys, the accounting records and the pilot registry."""
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
     Pilot,
@@ -30,6 +31,7 @@ from gridgate.core.state import (
     pilot_order,
     prefix_successor,
 )
+from gridgate.core.stores.records import pilot_from_row, readable, stream_record
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -61,47 +63,63 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expir
 _LIVE = "(expires IS NULL OR expires > ?)"
 
 
+SQLITE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Embedded state in one SQLite file on this host.",
+    "properties": {
+        "path": {
+            "type": "string",
+            "minLength": 1,
+            "default": "./gridgate-state/state.db",
+            "x-gridgate-path": True,
+            "description": "The database file. Created 0600 in a 0700 directory; its "
+            "folder is director.state_dir's default.",
+        },
+        "busy_timeout": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 30,
+            "description": "Seconds to wait for another process holding the write lock.",
+        },
+        "prune_interval": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 300,
+            "description": "Seconds (clock time) between sweeps of expired keys.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class SqliteSettings(Settings):
+    """The ``state:`` section of the sqlite driver, typed."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = SQLITE_SCHEMA
+
+    path: str
+    busy_timeout: float
+    prune_interval: float
+
+
 class SqliteState(StateStore):
     """State in one SQLite file (WAL mode): safe for many threads and several processes on one
     host, and expiries are absolute clock times, so a restart keeps them."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Embedded state in one SQLite file on this host.",
-        "properties": {
-            "path": {
-                "type": "string",
-                "minLength": 1,
-                "default": "./gridgate-state/state.db",
-                "x-gridgate-path": True,
-                "description": "The database file. Created 0600 in a 0700 directory; its "
-                "folder is director.state_dir's default.",
-            },
-            "busy_timeout": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 30,
-                "description": "Seconds to wait for another process holding the write lock.",
-            },
-            "prune_interval": {
-                "maximum": 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 300,
-                "description": "Seconds (clock time) between sweeps of expired keys.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = SQLITE_SCHEMA
 
     def __init__(
         self, config: Mapping[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         super().__init__(config, clock)
-        self.path = Path(self.config.get("path", "./gridgate-state/state.db"))
-        self.busy_timeout = float(self.config.get("busy_timeout", 30))
-        self.prune_interval = float(self.config.get("prune_interval", 300))
+        #: the section, typed (defaults from the schema; a store made in code may name less)
+        self.settings = settings_from(SQLITE_SCHEMA, self.config, SqliteSettings, validate=False)
+        self.path = Path(self.settings.path)
+        self.busy_timeout = self.settings.busy_timeout
+        self.prune_interval = self.settings.prune_interval
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
@@ -313,7 +331,7 @@ class SqliteState(StateStore):
                 "SELECT data FROM records WHERE stream = ? AND time >= ? ORDER BY time, id",
                 (stream, since),
             ).fetchall()
-        return [json.loads(text) for (text,) in rows]
+        return readable((text for (text,) in rows), stream_record, f"state records {stream}")
 
     def close(self) -> None:
         with self._lock:
@@ -410,8 +428,8 @@ def _row(pilot: Pilot) -> tuple[Any, ...]:
     )
 
 
-def _pilot(row: Sequence[Any]) -> Pilot:
-    return Pilot(*row)
+def _pilots(rows: Iterable[Sequence[Any]]) -> list[Pilot]:
+    return readable(rows, pilot_from_row, "pilot registry (sqlite)")
 
 
 class SqlitePilots(PilotRegistry):
@@ -449,7 +467,7 @@ class SqlitePilots(PilotRegistry):
             f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? AND terminal = 0",
             (backend, endpoint),
         )
-        return sorted((_pilot(r) for r in rows), key=pilot_order)
+        return sorted(_pilots(rows), key=pilot_order)
 
     def counts(self) -> Counts:
         rows = self._read("SELECT backend, endpoint, state, n FROM pilot_counts WHERE n > 0")
@@ -469,7 +487,7 @@ class SqlitePilots(PilotRegistry):
             "LIMIT ?",
             (backend, endpoint, after, int(n)),
         )
-        return [_pilot(r) for r in rows]
+        return _pilots(rows)
 
     def query(
         self,
@@ -494,14 +512,15 @@ class SqlitePilots(PilotRegistry):
         )
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [_pilot(r) for r in self._read(sql, params)]
+        return _pilots(self._read(sql, params))
 
     def get(self, backend: str, endpoint: str, job_id: str) -> Pilot | None:
         rows = self._read(
             f"SELECT {_COLUMNS} FROM pilots WHERE backend = ? AND endpoint = ? AND job_id = ?",
             (backend, endpoint, job_id),
         )
-        return _pilot(rows[0]) if rows else None
+        found = _pilots(rows[:1])
+        return found[0] if found else None
 
     def prune(self, before: float) -> int:
         with self.store.transaction("prune pilots") as conn:

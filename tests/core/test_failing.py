@@ -95,3 +95,21 @@ def test_a_plugin_context_with_a_state_store_has_the_failing_cache_of_its_config
     assert (context.failing.failing_expiry, context.failing.window) == (30.0, 50.0)
     assert context.failing.state is state and context.failing.clock is clock
     assert PluginContext().failing is None  # no store, nothing to remember failures in
+
+
+def test_a_record_that_is_none_of_the_caches_is_read_as_absent_not_a_crash() -> None:
+    failing, clock = cache()
+    state = failing.state
+    state.set("episode/lsf/s0", '{"start": "soon", "failures": 2}', ttl=100)
+    state.set("failing/lsf/s0", '{"since": 1, "kind": 7}', ttl=100)
+    assert failing.episode(S0) is None
+    row = failing.view()[0]
+    assert (row["server"], row["status"], row["kind"], row["failures"]) == (
+        "lsf/s0",
+        "failing",
+        "",
+        0,
+    )
+    # the bad episode starts again with this failure
+    assert failing.enter(S0, "timeout") == Episode(start=clock.time(), failures=1, entered=False)
+    assert failing.episode(S0) == Episode(start=clock.time(), failures=1)

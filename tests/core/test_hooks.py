@@ -11,7 +11,14 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from support.director import BACKEND, MatchingBackend, ScriptedBackend, TrackingBackend, config
+from support.director import (
+    BACKEND,
+    MatchingBackend,
+    ScriptedBackend,
+    TrackingBackend,
+    config,
+    set_director,
+)
 
 from gridgate.core import hookimpl, hookspecs
 from gridgate.core.clock import FakeClock
@@ -262,7 +269,7 @@ def test_gridgate_select_endpoint_custom_choice_and_only_usable_candidates() -> 
 def test_gridgate_select_endpoint_default_is_uniform_random() -> None:
     backend = ScriptedBackend(4, {f"s{i}": "fake-ok" for i in range(4)})
     director = director_with(backend, servers=4, pilots=400)
-    director.config.data["director"]["pilots"]["max_waiting"] = None  # the choice, not the limit
+    set_director(director, "pilots", "max_waiting", value=None)  # the choice, not the limit
     director.run_iteration()
     counts = [backend.calls.count(f"s{i}") for i in range(4)]
     assert all(60 <= c <= 140 for c in counts), counts  # 100 expected each; 6 sigma is ~52
@@ -497,7 +504,7 @@ def test_gridgate_cancel_for_pilots_past_max_wait_time_after_their_poll() -> Non
     order = StatusOrder()
     backend = TrackingBackend(1)
     director = director_with(backend, order, servers=1, pilots=2)
-    director.config.data["director"]["pilots"]["max_wait_time"] = 60
+    set_director(director, "pilots", "max_wait_time", value=60)
     director.run_iteration()
     director.config.data["demand"]["static"][BACKEND] = 0
     director.clock.advance(61)

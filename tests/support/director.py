@@ -7,6 +7,7 @@ The notifier that keeps what it is given is the public kit's
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,18 @@ def config(servers: int = 3, pilots: int = 6, **director: Any) -> Config:
         "selectors": {"random": {"seed": 7}},
     }
     return make_config(doc)
+
+
+def set_director(director_: Any, *path: str, value: Any) -> None:
+    """Change the ``director:`` setting at ``path`` of a running director's config, as a new
+    config: the director reads its settings once per config, never a change made in place."""
+    data = dict(director_.config.data)  # the other sections stay the plugins' own objects
+    node = data["director"] = dict(data["director"])
+    for name in path[:-1]:
+        node[name] = dict(node[name])
+        node = node[name]
+    node[path[-1]] = value
+    director_.config = dataclasses.replace(director_.config, data=data)
 
 
 class ScriptedBackend:

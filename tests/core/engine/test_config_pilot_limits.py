@@ -19,7 +19,7 @@ from gridgate.core.testing import make_config
 
 def _settings(pilots: dict) -> PilotSettings:
     config = make_config({"state": {"driver": "memory"}, "director": {"pilots": pilots}})
-    return PilotSettings(config.director["pilots"])
+    return PilotSettings.of(config.director["pilots"])
 
 
 def test_the_defaults_are_finite_and_as_documented() -> None:

@@ -10,7 +10,14 @@ import warnings
 from dataclasses import FrozenInstanceError
 
 import pytest
-from support.director import BACKEND, MISSING_PROGRAM, MatchingBackend, ScriptedBackend, config
+from support.director import (
+    BACKEND,
+    MISSING_PROGRAM,
+    MatchingBackend,
+    ScriptedBackend,
+    config,
+    set_director,
+)
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.engine.compose import ALARM_HEADER
@@ -103,7 +110,7 @@ def test_fifty_threads_failing_at_once_send_one_notification() -> None:
     barrier = threading.Barrier(50)
     backend = ScriptedBackend(1, {"s0": "fake-fail"}, barrier=barrier)
     director, notes = make(backend, pilots=50, max_threads=50)
-    director.config.data["director"]["pilots"]["max_waiting"] = None  # all 50 on one server
+    set_director(director, "pilots", "max_waiting", value=None)  # all 50 on one server
     summary = director.run_iteration()
     assert [r.outcome for r in summary.records].count("failed") == 50
     assert notes.levels() == ["error"]

@@ -12,6 +12,7 @@ from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.engine.director import Director, summary_json
 from gridgate.core.engine.retry import ResubmitPolicy
+from gridgate.core.engine.section import DirectorSettings
 from gridgate.core.model import Endpoint, Failure
 from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import Collector
@@ -147,7 +148,7 @@ def test_retries_off_is_reported_and_the_json_line_carries_the_report() -> None:
 
 def test_retry_policy_reads_the_director_section() -> None:
     policy = ResubmitPolicy.for_iteration(
-        {"retries_per_pilot": 3, "retry_within_seconds": 60}, 100.0
+        DirectorSettings.of({"retries_per_pilot": 3, "retry_within_seconds": 60}), 100.0
     )
     assert policy == ResubmitPolicy(retries=3, deadline=160.0)
     transient = Failure(kind="timeout")

@@ -10,6 +10,7 @@ from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import validate_document
 from gridgate.core.engine.director import Director
+from gridgate.core.engine.section import DirectorSettings
 from gridgate.core.model import AdmissionRequest, Refusal
 from gridgate.core.stores.memory import MemoryState
 from gridgate.core.testing import Collector
@@ -170,7 +171,9 @@ def test_demand_trimmed_because_enough_pilots_wait_is_not_a_stall() -> None:
 
     clock = FakeClock()
     watch = StallWatch(MemoryState(clock=clock), clock, "host:site.yaml")
-    director = {"failing_expiry": 600, "ticket_expiry": 1800, "stall_iterations": 1}
+    director = DirectorSettings.of(
+        {"failing_expiry": 600, "ticket_expiry": 1800, "stall_iterations": 1}
+    )
     full = [
         AccountingRecord(
             time=0, backend=BACKEND, endpoint="", outcome="skipped", pilots=4, failure_kind=kind

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from support.director import BACKEND, TrackingBackend, config
+from support.director import BACKEND, TrackingBackend, config, set_director
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
@@ -96,7 +96,7 @@ def test_status_interval_spaces_polls_and_a_backend_can_override_it():
     clock.advance(301)
     director.run_iteration()
     assert len(backend.status_calls) == 2
-    director.config.data["director"]["pilots"]["backends"] = {BACKEND: {"status_interval": 10}}
+    set_director(director, "pilots", "backends", value={BACKEND: {"status_interval": 10}})
     clock.advance(11)
     director.run_iteration()
     assert len(backend.status_calls) == 3
@@ -263,7 +263,7 @@ def test_per_endpoint_override_and_max_total_per_backend():
     summary = director.run_iteration()
     assert backend.count("s2", "waiting") <= 1
     assert sum(backend.count(f"s{i}", "waiting") for i in range(3)) == 11  # 5 + 5 + 1 < 12
-    director.config.data["director"]["pilots"]["backends"][BACKEND]["max_total"] = 8
+    set_director(director, "pilots", "backends", BACKEND, "max_total", value=8)
     backend.move("s0", "running")  # room under max_waiting, but the backend holds 11 already
     summary = director.run_iteration()
     assert not [r for r in summary.records if r.outcome == "submitted"]
@@ -351,7 +351,7 @@ def test_endpoint_whose_pilots_abort_leaves_rotation_with_one_error_then_an_alar
         assert f"{BACKEND}/s0" not in {r.endpoint for r in director.run_iteration().records}
     assert director.collector.levels() == ["error"]
     clock.advance(3601)  # back in rotation; every new pilot there aborts too
-    director.config.data["director"]["pilots"]["max_waiting"] = 12
+    set_director(director, "pilots", "max_waiting", value=12)
     director.run_iteration()
     _abort(backend, director, "s0", backend.count("s0", "waiting"))
     director.run_iteration()
@@ -462,7 +462,7 @@ def test_settings_resolve_endpoint_then_backend_then_director():
     from gridgate.core.engine.limits import PilotSettings
     from gridgate.core.model import Endpoint
 
-    settings = PilotSettings(
+    settings = PilotSettings.of(
         {
             "max_waiting": 50,
             "status_interval": 300,
@@ -848,4 +848,15 @@ def test_pilots_of_a_removed_endpoint_still_answered_for_are_not_lost_between_po
     clock.advance(200)  # 1001 s after the retirement notice, 200 s after the last answer
     director.run_iteration()  # not due: no poll, and the backend did answer 200 s ago
     assert set(states(director, "s1")) == {"waiting"}
+    director.close()
+
+
+def test_pilot_settings_are_built_once_per_config_and_anew_for_a_new_one():
+    director = make(TrackingBackend(), max_waiting=7)
+    tracker = director.tracker
+    first = tracker.settings
+    assert first is tracker.settings is tracker.retired.settings is director.runtime.settings.pilots
+    assert first.max_waiting == 7
+    set_director(director, "pilots", "max_waiting", value=3)
+    assert tracker.settings is not first and tracker.settings.max_waiting == 3
     director.close()
