@@ -225,8 +225,9 @@ class Restorer:
 class Undone:
     """What one undo did. ``restored``: the targets set back (by their prior or a merged
     value); ``left``: those changed by someone since and left as they were; ``problem``:
-    why the undo stopped (the record is kept, and undone again later); ``elsewhere``: another
-    journal was undoing it (nothing done here)."""
+    why the undo stopped (the record is kept, and undone again later); ``elsewhere``: nothing
+    was done here, as another journal was undoing it (or, for :meth:`Journal.undo_pending`,
+    its owner made it again in force meanwhile)."""
 
     entry: Entry
     restored: tuple[str, ...] = ()
