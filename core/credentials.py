@@ -38,10 +38,12 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
 from gridgate.core.runner import run
+from gridgate.core.settings import Settings
 
 __all__ = [
     "CredentialError",
     "CredentialPlugin",
+    "CredentialSettings",
     "Validity",
     "X509Proxy",  # noqa: F822 - deprecated: moved to gridgate.core.builtin (module __getattr__)
     "credential_schema",
@@ -115,6 +117,26 @@ def credential_schema(description: str, *, min_lifetime: float = 3600) -> dict[s
     }
 
 
+@dataclass(frozen=True)
+class CredentialSettings(Settings):
+    """A credential plugin's section (:func:`credential_schema`'s keys; defaults from there):
+    a subclass whose schema adds keys derives its own class from this one. ``path`` is None
+    only where the schema lets it be left out (a token found by discovery)."""
+
+    path: str | None
+    min_lifetime: float
+    renew: tuple[str, ...]
+    timeout: float | None
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """An empty renewal program; a renewal ``timeout`` with no ``renew`` to limit."""
+        if self.renew and not self.renew[0].strip():
+            return [(("renew", 0), "the renewal program is empty")]
+        if self.timeout is not None and not self.renew:
+            return [(("timeout",), "timeout limits the renew command, but renew is empty")]
+        return []
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -135,21 +157,15 @@ class CredentialPlugin(Plugin):
     env_var: ClassVar[str] = ""
     what: ClassVar[str] = "credential"
     config_schema: ClassVar[dict[str, Any]] = credential_schema("A credential in a file.")
+    settings_class: ClassVar[type[Settings] | None] = CredentialSettings
+    settings: CredentialSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
         #: where relative paths of the section are taken from: the config file's folder
         self.folder = Path(context.config_path).parent if context.config_path else Path()
         # absolute: a backend's command may run in another folder than the director
-        self.path = Path(os.path.abspath(self.folder / str(config["path"])))
-
-    @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        """An empty renewal program."""
-        renew = section.get("renew") or []
-        if renew and not str(renew[0]).strip():
-            return [(("renew", 0), "the renewal program is empty")]
-        return []
+        self.path = Path(os.path.abspath(self.folder / str(self.settings.path)))
 
     @classmethod
     def config_warnings(cls, section: Mapping[str, Any]) -> ConfigProblems:
@@ -257,9 +273,9 @@ class CredentialPlugin(Plugin):
         :param timeout: the renewal's deadline when the section sets no ``timeout``.
         """
         clock = self.context.clock
-        deadline = float(self.config.get("timeout") or timeout)
-        min_lifetime = float(self.config.get("min_lifetime", 0))
-        renew = [str(word) for word in self.config.get("renew") or []]
+        deadline = self.settings.timeout or timeout
+        min_lifetime = self.settings.min_lifetime
+        renew = list(self.settings.renew)
         now = clock.time()
         valid, problem = self._inspect(now)
         needed = bool(problem) or valid is None or valid.not_after - now < min_lifetime

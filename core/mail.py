@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
-from typing import Any
+from typing import Any, ClassVar
 
 from loguru import logger
 
@@ -29,6 +29,7 @@ from gridgate.core.model import Notification
 from gridgate.core.outbox import Delivery, Message
 from gridgate.core.plugins import ConfigProblems
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
+from gridgate.core.settings import Settings
 
 __all__ = [
     "ADDRESS",
@@ -64,7 +65,7 @@ ADDRESSES = {
 }
 
 #: The SMTP server keys of a section (``host``, ``port``, ``security``, ``username``,
-#: ``password``, ``timeout``, ``ca_file``, ``verify``), read by :meth:`SmtpSettings.from_section`.
+#: ``password``, ``timeout``, ``ca_file``, ``verify``), read by :class:`SmtpSettings`.
 SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
     "host": {
         "type": "string",
@@ -117,12 +118,7 @@ SMTP_SCHEMA_PROPERTIES: dict[str, Any] = {
 def smtp_errors(section: Mapping[str, Any]) -> ConfigProblems:
     """The problems of the SMTP keys of ``section`` that its schema cannot say (a username
     without a password, or the reverse), as ``(path, message)`` for ``config_errors``."""
-    problems: ConfigProblems = []
-    if section.get("username") and not section.get("password"):
-        problems.append((("password",), "username is set but password is not"))
-    if section.get("password") and not section.get("username"):
-        problems.append((("username",), "password is set but username is not"))
-    return problems
+    return list(SmtpSettings.from_section(section).cross_rules())
 
 
 def addresses(value: str | list[str]) -> list[str]:
@@ -133,31 +129,40 @@ def addresses(value: str | list[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class SmtpSettings:
-    """How to reach the mail server. ``password`` is the secret's spec, never its value."""
+class SmtpSettings(Settings):
+    """How to reach the mail server (the keys of :data:`SMTP_SCHEMA_PROPERTIES`; defaults from
+    there alone). ``password`` is the secret's spec, never its value. A notifier whose section
+    has these keys derives its own settings class from this one; ``SmtpSettings.of(section)``
+    reads them from any section."""
 
-    host: str = "localhost"
-    port: int = 25
-    security: str = "none"
-    username: str = ""
-    password: Mapping[str, str] | None = None
-    timeout: float = 30.0
-    ca_file: str = ""
-    verify: bool = True
+    section_schema: ClassVar[Mapping[str, Any]] = {
+        "type": "object",
+        "properties": SMTP_SCHEMA_PROPERTIES,
+    }
+
+    host: str
+    port: int
+    security: str
+    username: str
+    password: Mapping[str, str] | None
+    timeout: float
+    ca_file: str
+    verify: bool
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> SmtpSettings:
-        """The settings of a section with :data:`SMTP_SCHEMA_PROPERTIES`' keys."""
-        return cls(
-            host=section.get("host", "localhost"),
-            port=int(section.get("port", 25)),
-            security=section.get("security", "none"),
-            username=section.get("username", ""),
-            password=section.get("password"),
-            timeout=float(section.get("timeout", 30.0)),
-            ca_file=section.get("ca_file", ""),
-            verify=bool(section.get("verify", True)),
-        )
+        """The SMTP settings of a section with :data:`SMTP_SCHEMA_PROPERTIES`' keys (its other
+        keys are ignored); the API-1.x name of :meth:`of`."""
+        return SmtpSettings.of({k: v for k, v in section.items() if k in SMTP_SCHEMA_PROPERTIES})
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """A username without a password, or the reverse (:func:`smtp_errors`)."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        if self.username and not self.password:
+            problems.append((("password",), "username is set but password is not"))
+        if self.password and not self.username:
+            problems.append((("username",), "password is set but username is not"))
+        return problems
 
     def __repr__(self) -> str:  # the spec is harmless, but keep reprs short and obvious
         return (

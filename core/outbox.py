@@ -34,12 +34,14 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.documents import convert, decode_json
 from gridgate.core.files import atomic_write, ensure_private_dir, fsync_dir
+from gridgate.core.settings import Settings
 
 __all__ = [
     "OUTBOX_SCHEMA_PROPERTIES",
@@ -48,6 +50,7 @@ __all__ = [
     "LocalRecord",
     "Message",
     "Outbox",
+    "OutboxSettings",
     "OutboxWatch",
     "RetryPolicy",
     "Transport",
@@ -93,6 +96,24 @@ OUTBOX_SCHEMA_PROPERTIES: dict[str, Any] = {
         "director (or a test) calls flush().",
     },
 }
+
+
+@dataclass(frozen=True)
+class OutboxSettings(Settings):
+    """The outbox keys of a notifier's section (:data:`OUTBOX_SCHEMA_PROPERTIES`); a
+    notifier's own settings class derives from it and hands itself to
+    :func:`configured_outbox`."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = {
+        "type": "object",
+        "properties": OUTBOX_SCHEMA_PROPERTIES,
+    }
+
+    retry_initial: float
+    retry_max: float
+    max_age: float
+    poll_interval: float
+    send_thread: bool
 
 
 @dataclass(frozen=True)
@@ -148,20 +169,24 @@ class Message:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Message:
-        """The message stored as ``data`` (what :meth:`to_json` wrote)."""
-        return cls(
-            id=str(data["id"]),
-            transport=str(data["transport"]),
-            payload=dict(data["payload"]),
-            enqueued=float(data["enqueued"]),
-            summary=str(data.get("summary", "")),
-            attempts=int(data.get("attempts", 0)),
-            next_attempt=float(data.get("next_attempt", 0.0)),
-            blocking=bool(data.get("blocking", False)),
-            last_error=str(data.get("last_error", "")),
-            reply=str(data.get("reply", "")),
-            dead_at=data.get("dead_at"),
-        )
+        """The message stored as ``data`` (what :meth:`to_json` wrote, parsed; older files
+        lack the keys that have defaults).
+
+        :raises gridgate.core.documents.DocumentError: ``data`` is not a stored message.
+        """
+        return convert(data, cls, kind=_MESSAGE_KIND)
+
+    @classmethod
+    def read(cls, data: bytes) -> Message:
+        """The message stored as ``data`` (a message file's bytes).
+
+        :raises gridgate.core.documents.DocumentError: ``data`` is not a stored message.
+        """
+        return decode_json(data, cls, kind=_MESSAGE_KIND)
+
+
+#: What a message file is, for its :class:`~gridgate.core.documents.DocumentError`.
+_MESSAGE_KIND = "outbox message"
 
 
 class Transport(Protocol):
@@ -234,6 +259,10 @@ def file_lock(path: Path, blocking: bool = True) -> Iterator[bool]:
         os.close(fd)
 
 
+#: A record file: key -> (value, expiry time or None for ever).
+_RecordFile = dict[str, tuple[str, float | None]]
+
+
 class LocalRecord:
     """Expiring keys in one JSON file, with the atomic ``add_if_absent`` of a state store.
 
@@ -249,13 +278,13 @@ class LocalRecord:
 
     def _load(self, now: float) -> dict[str, list[Any]]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data: _RecordFile = decode_json(self.path.read_bytes(), _RecordFile, kind="record file")
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
             logger.warning("ignoring unreadable record file {}: {}", self.path, exc)
             return {}
-        return {k: v for k, v in data.items() if v[1] is None or v[1] > now}
+        return {k: list(v) for k, v in data.items() if v[1] is None or v[1] > now}
 
     def _save(self, data: Mapping[str, Any]) -> None:
         atomic_write(self.path, json.dumps(data, sort_keys=True).encode("utf-8"))
@@ -436,7 +465,7 @@ class Outbox:
     # --- reading ---------------------------------------------------------------------------
 
     def _read(self, path: Path) -> Message:
-        return Message.from_json(json.loads(path.read_text(encoding="utf-8")))
+        return Message.read(path.read_bytes())
 
     def _list(self, folder: Path) -> list[Message]:
         found = []
@@ -735,26 +764,29 @@ class Outbox:
 def configured_outbox(
     directory: str | os.PathLike[str],
     transports: Mapping[str, Transport],
-    section: Mapping[str, Any],
+    section: OutboxSettings | Mapping[str, Any],
     clock: Clock = SYSTEM_CLOCK,
     name: str = "outbox",
 ) -> Outbox:
-    """An :class:`Outbox` whose retry policy and polling come from a notifier's section.
+    """An :class:`Outbox` whose retry policy and polling come from a notifier's settings.
 
     :param directory: the outbox folder (created 0700 if missing).
     :param transports: transport name -> the object that delivers its messages.
-    :param section: the notifier's section, with the keys of :data:`OUTBOX_SCHEMA_PROPERTIES`
-        (missing ones take their defaults).
+    :param section: the notifier's :class:`OutboxSettings` (or its section as written, with
+        the keys of :data:`OUTBOX_SCHEMA_PROPERTIES`: missing ones take their defaults).
     :param clock: drives backoff and expiry (``context.clock``).
     :param name: how the outbox is named in log lines.
     """
-    defaults = {key: spec["default"] for key, spec in OUTBOX_SCHEMA_PROPERTIES.items()}
-    values = {key: section.get(key, default) for key, default in defaults.items()}
+    settings = (
+        section
+        if isinstance(section, OutboxSettings)
+        else OutboxSettings.of({k: v for k, v in section.items() if k in OUTBOX_SCHEMA_PROPERTIES})
+    )
     return Outbox(
         directory,
         transports,
         clock=clock,
-        retry=RetryPolicy(values["retry_initial"], values["retry_max"], values["max_age"]),
-        poll_interval=values["poll_interval"],
+        retry=RetryPolicy(settings.retry_initial, settings.retry_max, settings.max_age),
+        poll_interval=settings.poll_interval,
         name=name,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
+from gridgate.core.builtin.nokeys import NO_KEYS_SCHEMA, NoKeys
 from gridgate.core.model import (
     AdmissionRequest,
     Grant,
@@ -15,11 +16,8 @@ from gridgate.core.plugins import Plugin
 class AdmitAll(Plugin):
     """Admission control that admits everything: the default when none is configured."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {},
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = {**NO_KEYS_SCHEMA}
+    settings_class = NoKeys
 
     @hookimpl(trylast=True)
     def gridgate_admit(self, request: AdmissionRequest) -> Grant:

@@ -5,8 +5,6 @@ that need kind ``token`` as ``BEARER_TOKEN_FILE``."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,10 +12,11 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
+from gridgate.core.builtin.documents import JwtTimes, jwt_times
 from gridgate.core.credentials import CredentialError, CredentialPlugin, Validity, credential_schema
+from gridgate.core.documents import DocumentError
 from gridgate.core.files import atomic_write, ensure_private_dir, file_problem
 from gridgate.core.plugins import PluginContext
-from gridgate.core.text import parse_json
 
 #: Where a token given in the BEARER_TOKEN variable is written for the backends' commands,
 #: under the state folder (a command is handed a file, never the token on its command line).
@@ -70,40 +69,15 @@ def discover(environ: Mapping[str, str], euid: int) -> tuple[Path | None, str]:
     return candidates[0]
 
 
-def _b64url_json(part: bytes) -> Any:
-    return parse_json(base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4)))
+def claims(token: bytes) -> JwtTimes:
+    """The validity claims of a JWT in compact form (:func:`jwt_times`), unverified.
 
-
-def claims(token: bytes) -> dict[str, Any]:
-    """The claims of a JWT in compact form (the payload's base64url JSON), unverified.
-
-    :raises CredentialError: the bytes are not a JWT with a JSON object as payload.
+    :raises CredentialError: the bytes are not a JWT with usable dates.
     """
-    parts = token.strip().split(b".")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        raise CredentialError(
-            "holds no JWT (a token is three base64url parts joined by dots: header.payload."
-            f"signature; this has {len(parts)} part{'s' if len(parts) != 1 else ''})"
-        )
     try:
-        header = _b64url_json(parts[0])
-        payload = _b64url_json(parts[1])
-    except (binascii.Error, ValueError):
-        raise CredentialError(
-            "holds a JWT whose header or payload is not base64url-encoded JSON"
-        ) from None
-    if not isinstance(header, dict) or not isinstance(payload, dict):
-        raise CredentialError("holds a JWT whose header or payload is not a JSON object")
-    return payload
-
-
-def _number(payload: Mapping[str, Any], name: str) -> float | None:
-    value = payload.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CredentialError(f"holds a JWT whose {name} claim is not a number: {value!r:.40}")
-    return float(value)
+        return jwt_times(token)
+    except DocumentError as exc:
+        raise CredentialError(exc.problem) from None
 
 
 class BearerToken(CredentialPlugin):
@@ -176,11 +150,11 @@ class BearerToken(CredentialPlugin):
         return f" (found by WLCG token discovery: {self.found_by})" if self.found_by else ""
 
     def validity(self, data: bytes) -> Validity:
-        payload = claims(data)
-        not_after = _number(payload, "exp")
+        times = claims(data)
+        not_after = times.exp
         if not_after is None:
             raise CredentialError("holds a JWT without an exp claim: its end is unknown")
-        not_before = _number(payload, "nbf") or 0.0
+        not_before = times.nbf or 0.0
         detail = ""
         if self.token_copy is not None:
             detail = "the token of the BEARER_TOKEN variable, which no command can renew"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
+from gridgate.core.builtin.nokeys import NO_KEYS_SCHEMA, NoKeys
 from gridgate.core.failing import FailingCache
 from gridgate.core.kinds import counts_toward_alarms
 from gridgate.core.model import Endpoint, Episode, Escalation, Failure, SubmitResult
@@ -29,11 +30,10 @@ class TwoCacheEscalation(Plugin):
     tickets window, silence while it sits in the failing cache."""
 
     config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
+        **NO_KEYS_SCHEMA,
         "description": "Expiries come from the director section (failing_expiry, ticket_expiry).",
-        "properties": {},
-        "additionalProperties": False,
     }
+    settings_class = NoKeys
 
     @property
     def _failing(self) -> FailingCache:

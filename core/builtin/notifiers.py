@@ -9,6 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,29 +21,73 @@ from gridgate.core.model import (
     Notification,
 )
 from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.settings import Settings
+
+LOG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "body": {
+            "type": "boolean",
+            "default": False,
+            "description": "Log the whole body, not just the subject.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+FILES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "folder": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": "Where the texts are written (created, mode 0700; "
+            '"": <director.state_dir>/notifications).',
+        },
+        "levels": {
+            "type": "array",
+            "items": {"enum": ["info", "error", "alarm"]},
+            "default": ["error", "alarm"],
+            "description": "Levels written.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class LogSettings(Settings):
+    """The ``log`` notifier's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = LOG_SCHEMA
+
+    body: bool
+
+
+@dataclass(frozen=True)
+class FilesSettings(Settings):
+    """The ``files`` notifier's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = FILES_SCHEMA
+
+    folder: str
+    levels: frozenset[str]
 
 
 class LogNotifier(Plugin):
     """Write every notification to the log: the notifier that needs no server."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "body": {
-                "type": "boolean",
-                "default": False,
-                "description": "Log the whole body, not just the subject.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = LOG_SCHEMA
+    settings_class = LogSettings
+    settings: LogSettings
 
     _LEVELS: ClassVar[dict[str, str]] = {"info": "INFO", "error": "ERROR", "alarm": "CRITICAL"}
 
     @hookimpl(trylast=True)
     def gridgate_notify(self, notification: Notification) -> None:
         level = self._LEVELS.get(notification.level, "WARNING")
-        if self.config.get("body"):
+        if self.settings.body:
             logger.log(
                 level, "[{}] {}\n{}", notification.level, notification.subject, notification.body
             )
@@ -54,32 +99,14 @@ class FileNotifier(Plugin):
     """Write each notification as a text file in a folder: for sites whose mail goes through
     another system that picks files up, and for the demo, which has no mail server."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "folder": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": "Where the texts are written (created, mode 0700; "
-                '"": <director.state_dir>/notifications).',
-            },
-            "levels": {
-                "type": "array",
-                "items": {"enum": ["info", "error", "alarm"]},
-                "default": ["error", "alarm"],
-                "description": "Levels written.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = FILES_SCHEMA
+    settings_class = FilesSettings
+    settings: FilesSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
         # under the state folder by default, beside the outboxes, wherever that was put
-        self.folder = resolve_dir(
-            str(config.get("folder") or ""), context.state_dir, "notifications"
-        )
+        self.folder = resolve_dir(self.settings.folder, context.state_dir, "notifications")
         self._lock = threading.Lock()
         self._sequence = 0
         #: the last files written (``gridgate notify test`` names them)
@@ -87,7 +114,7 @@ class FileNotifier(Plugin):
 
     @hookimpl
     def gridgate_notify(self, notification: Notification) -> None:
-        if notification.level not in self.config.get("levels", ["error", "alarm"]):
+        if notification.level not in self.settings.levels:
             return
         with self._lock:
             self._sequence += 1

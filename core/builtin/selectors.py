@@ -8,17 +8,20 @@ import math
 import random
 import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from loguru import logger
 
 from gridgate.core import hookimpl
+from gridgate.core.builtin.nokeys import NO_KEYS_SCHEMA, NoKeys
 from gridgate.core.model import (
     Availability,
     Endpoint,
     SubmitRequest,
 )
 from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.settings import Settings
 from gridgate.core.state import PilotRegistry, StateError
 from gridgate.core.weights import SmoothWeightedRoundRobin, effective_weights, weighted_choice
 
@@ -121,9 +124,40 @@ _SEED: dict[str, Any] = {
 }
 
 
-def _rng(config: Mapping[str, Any]) -> random.Random:
+RANDOM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"seed": _SEED},
+    "additionalProperties": False,
+}
+THROUGHPUT_SELECTOR_SCHEMA: dict[str, Any] = {
+    **THROUGHPUT_SCHEMA,
+    "properties": {**THROUGHPUT_SCHEMA["properties"], "seed": _SEED},
+}
+
+
+@dataclass(frozen=True)
+class RandomSettings(Settings):
+    """The ``random`` selector's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = RANDOM_SCHEMA
+
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class ThroughputSettings(Settings):
+    """The ``throughput`` selector's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = THROUGHPUT_SELECTOR_SCHEMA
+
+    window: float
+    floor: float
+    max_pilots: int
+    seed: int | None
+
+
+def _rng(seed: int | None) -> random.Random:
     """The sequence ``seed`` fixes, else the system's."""
-    seed = config.get("seed")
     return random.Random(seed) if seed is not None else random.SystemRandom()
 
 
@@ -132,17 +166,13 @@ class RandomSelector(Plugin):
     the backend's ``weights`` times the availability factor (a degraded endpoint counts half),
     given by the hook's ``weights`` and ``availability`` arguments."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "seed": _SEED,
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = RANDOM_SCHEMA
+    settings_class = RandomSettings
+    settings: RandomSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self._random = _rng(config)
+        self._random = _rng(self.settings.seed)
 
     @hookimpl(trylast=True)
     def gridgate_select_endpoint(
@@ -166,11 +196,8 @@ class RoundRobinSelector(Plugin):
     With ``weights`` (or a degraded endpoint, which counts half) the turns follow nginx's smooth
     weighted round robin: weights 3, 1 give a a b a, spread out."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {},
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = {**NO_KEYS_SCHEMA}
+    settings_class = NoKeys
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
@@ -204,22 +231,18 @@ class ThroughputSelector(Plugin):
     most once a minute (one read per endpoint); while it cannot be read every endpoint counts
     as ``floor``, so the choice falls back to the weights alone."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        **THROUGHPUT_SCHEMA,
-        "properties": {
-            **THROUGHPUT_SCHEMA["properties"],
-            "seed": _SEED,
-        },
-    }
+    config_schema: ClassVar[dict[str, Any]] = THROUGHPUT_SELECTOR_SCHEMA
+    settings_class = ThroughputSettings
+    settings: ThroughputSettings
     #: seconds the rates read from the registry are used before they are read again
     REFRESH: ClassVar[float] = 60.0
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self._random = _rng(config)
-        self.window = float(config.get("window", DEFAULT_THROUGHPUT_WINDOW))
-        self.floor = float(config.get("floor", DEFAULT_THROUGHPUT_FLOOR))
-        self.max_pilots = int(config.get("max_pilots", 100000))
+        self._random = _rng(self.settings.seed)
+        self.window = self.settings.window
+        self.floor = self.settings.floor
+        self.max_pilots = self.settings.max_pilots
         self._rates: dict[Endpoint, float] = {}
         self._read_at: dict[Endpoint, float] = {}
         self._lock = threading.Lock()

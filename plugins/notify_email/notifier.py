@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,81 +24,122 @@ from gridgate.core.mail import (
     addresses,
     build_message,
     message_payload,
-    smtp_errors,
 )
 from gridgate.core.model import Notification
 from gridgate.core.outbox import (
     OUTBOX_SCHEMA_PROPERTIES,
     FlushResult,
     Outbox,
+    OutboxSettings,
     configured_outbox,
 )
 from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+
+EMAIL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "E-mail over SMTP, queued in a durable outbox.",
+    "properties": {
+        **SMTP_SCHEMA_PROPERTIES,
+        "from": {**ADDRESS, "description": "Sender address (From and envelope)."},
+        "error_address": {
+            **ADDRESSES,
+            "description": 'Where error notifications go; an address, a list, or "" to disable.',
+        },
+        "alarm_address": {
+            **ADDRESSES,
+            "description": 'Where alarm notifications go; an address, a list, or "" to disable.',
+        },
+        "info_to_error": {
+            "type": "boolean",
+            "default": False,
+            "description": "Also send info notifications to error_address.",
+        },
+        "subject_prefix": {
+            "type": "string",
+            "default": "[gridgate] ",
+            "description": "Put in front of every subject.",
+        },
+        "dedup_window": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 365 * 86400,
+            "default": 86400,
+            "description": "Seconds during which the same subject and body "
+            "are not sent again to the same address (0: off).",
+        },
+        "outbox": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": 'Outbox folder ("": <director.state_dir>/outbox).',
+        },
+        **OUTBOX_SCHEMA_PROPERTIES,
+    },
+    "required": ["from"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class EmailSettings(SmtpSettings, OutboxSettings):
+    """The ``email`` notifier's section: its SMTP server (:class:`SmtpSettings`, handed to
+    the transport), its outbox (:class:`OutboxSettings`) and who gets which level."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = EMAIL_SCHEMA
+
+    from_: str
+    error_address: str | list[str]
+    alarm_address: str | list[str]
+    info_to_error: bool
+    subject_prefix: str
+    dedup_window: float
+    outbox: str
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        problems = super().cross_rules()
+        if self.info_to_error and not addresses(self.error_address):
+            problems.append(
+                (
+                    ("info_to_error",),
+                    "info_to_error is set but error_address is empty: info goes nowhere",
+                )
+            )
+        return problems
+
+    def recipients(self, level: str) -> list[str]:
+        """Who gets a notification of ``level``."""
+        if level == "alarm":
+            return addresses(self.alarm_address)
+        if level == "error" or (level == "info" and self.info_to_error):
+            return addresses(self.error_address)
+        return []
 
 
 class EmailNotifier(Plugin):
     """Sends ``error`` notifications to ``error_address`` and ``alarm`` ones to
     ``alarm_address``; ``info`` ones go to ``error_address`` only with ``info_to_error``."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "E-mail over SMTP, queued in a durable outbox.",
-        "properties": {
-            **SMTP_SCHEMA_PROPERTIES,
-            "from": {**ADDRESS, "description": "Sender address (From and envelope)."},
-            "error_address": {
-                **ADDRESSES,
-                "description": "Where error notifications go; "
-                'an address, a list, or "" to disable.',
-            },
-            "alarm_address": {
-                **ADDRESSES,
-                "description": "Where alarm notifications go; "
-                'an address, a list, or "" to disable.',
-            },
-            "info_to_error": {
-                "type": "boolean",
-                "default": False,
-                "description": "Also send info notifications to error_address.",
-            },
-            "subject_prefix": {
-                "type": "string",
-                "default": "[gridgate] ",
-                "description": "Put in front of every subject.",
-            },
-            "dedup_window": {
-                "type": "number",
-                "minimum": 0,
-                "maximum": 365 * 86400,
-                "default": 86400,
-                "description": "Seconds during which the same subject and body "
-                "are not sent again to the same address (0: off).",
-            },
-            "outbox": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": 'Outbox folder ("": <director.state_dir>/outbox).',
-            },
-            **OUTBOX_SCHEMA_PROPERTIES,
-        },
-        "required": ["from"],
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = EMAIL_SCHEMA
+    settings_class = EmailSettings
+    settings: EmailSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         section = copy.deepcopy(dict(config))
         apply_defaults(section, self.config_schema)
         super().__init__(section, context)
         self.clock = context.clock
-        self.outbox = self.make_outbox(section, context.state_dir, context.clock)
+        self.outbox = self._outbox(self.settings, context.state_dir, context.clock)
         self.records = context.state if context.state is not None else self.outbox.records
-        if section["send_thread"] and self.outbox.pending():
+        if self.settings.send_thread and self.outbox.pending():
             self.outbox.start()
 
     @classmethod
     def outbox_path(cls, section: Mapping[str, Any], state_dir: Path) -> Path:
-        return resolve_dir(section.get("outbox", ""), state_dir, "outbox")
+        return cls._outbox_path(EmailSettings.of(section), state_dir)
+
+    @staticmethod
+    def _outbox_path(settings: EmailSettings, state_dir: Path) -> Path:
+        return resolve_dir(settings.outbox, state_dir, "outbox")
 
     @classmethod
     def make_outbox(
@@ -108,37 +150,31 @@ class EmailNotifier(Plugin):
         config: Mapping[str, Any] | None = None,
     ) -> Outbox:
         """The outbox with its SMTP transport, as configured by ``section``."""
-        transport = SmtpTransport(SmtpSettings.from_section(section))
+        return cls._outbox(EmailSettings.of(section), state_dir, clock)
+
+    @classmethod
+    def _outbox(cls, settings: EmailSettings, state_dir: Path, clock: Any) -> Outbox:
         return configured_outbox(
-            cls.outbox_path(section, state_dir),
-            {SMTP_TRANSPORT: transport},
-            section,
+            cls._outbox_path(settings, state_dir),
+            {SMTP_TRANSPORT: SmtpTransport(settings)},
+            settings,
             clock,
             name="email outbox",
         )
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        return smtp_errors(section)
-
-    @classmethod
     def config_warnings(cls, section: Mapping[str, Any]) -> ConfigProblems:
         # "" disables one level (the seed's way); every level disabled is a notifier that
         # sends nothing at all, which is rarely what was meant
-        if not addresses(section.get("error_address", "")) and not addresses(
-            section.get("alarm_address", "")
-        ):
+        settings = EmailSettings.of(section)
+        if not addresses(settings.error_address) and not addresses(settings.alarm_address):
             return [
                 ((), "error_address and alarm_address are both empty: this notifier sends nothing")
             ]
         return []
 
     def recipients(self, level: str) -> list[str]:
-        if level == "alarm":
-            return addresses(self.config["alarm_address"])
-        if level == "error" or (level == "info" and self.config["info_to_error"]):
-            return addresses(self.config["error_address"])
-        return []
+        return self.settings.recipients(level)
 
     @staticmethod
     def dedup_key(address: str, notification: Notification) -> str:
@@ -148,7 +184,7 @@ class EmailNotifier(Plugin):
         return f"notify_email:dedup:{digest}"
 
     def _first_time(self, address: str, notification: Notification) -> bool:
-        window = float(self.config["dedup_window"])
+        window = self.settings.dedup_window
         if window <= 0:
             return True
         try:
@@ -169,12 +205,12 @@ class EmailNotifier(Plugin):
             logger.info(
                 "email: {!r} already sent within {} s; not sent again",
                 notification.subject,
-                self.config["dedup_window"],
+                self.settings.dedup_window,
             )
             return None
-        sender = self.config["from"]
+        sender = self.settings.from_
         msg = build_message(
-            notification, sender=sender, to=to, subject_prefix=self.config["subject_prefix"]
+            notification, sender=sender, to=to, subject_prefix=self.settings.subject_prefix
         )
         try:
             self.outbox.enqueue(
@@ -195,7 +231,7 @@ class EmailNotifier(Plugin):
                 except Exception:  # noqa: BLE001 - best effort, already reporting an error
                     pass
             return None
-        if self.config["send_thread"]:
+        if self.settings.send_thread:
             self.outbox.start()
         return None
 
@@ -204,4 +240,4 @@ class EmailNotifier(Plugin):
         return self.outbox.flush(timeout)
 
     def close(self) -> None:
-        self.outbox.close(timeout=float(self.config["timeout"]) * 2 + 5)
+        self.outbox.close(timeout=self.settings.timeout * 2 + 5)

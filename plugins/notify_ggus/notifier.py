@@ -7,6 +7,7 @@ import copy
 import json
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,186 +32,210 @@ from gridgate.core.outbox import (
     OUTBOX_SCHEMA_PROPERTIES,
     FlushResult,
     Outbox,
+    OutboxSettings,
     Transport,
     configured_outbox,
 )
-from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.secrets import SECRET_SCHEMA
+from gridgate.core.settings import Settings
 from gridgate.plugins.notify_ggus.rest import REST_TRANSPORT, RestTransport
 from gridgate.plugins.notify_ggus.ticket import (
-    DEFAULT_PRIORITIES,
-    PRIORITIES,
-    TICKET_TYPES,
+    LEVELS,
+    TICKET_SCHEMA_PROPERTIES,
     GgusTicket,
     TicketSettings,
     render_ticket,
     utc,
 )
 
-LEVELS = ("info", "error", "alarm")
-
 #: What this notifier reads of ``notifiers.email`` (deliver: mail): its SMTP server and sender.
 EMAIL_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {**SMTP_SCHEMA_PROPERTIES, "from": ADDRESS},
+    "required": ["from"],
 }
+
+
+@dataclass(frozen=True)
+class SenderSettings(SmtpSettings):
+    """``notifiers.email``'s SMTP server and sender, as the ``mail`` delivery uses them."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = EMAIL_SCHEMA
+
+    from_: str
+
+
+def _email_of(config: Mapping[str, Any]) -> SenderSettings | None:
+    """The settings of the file's ``notifiers.email`` (None when it has none)."""
+    email = (config.get("notifiers") or {}).get("email")
+    if not email:
+        return None
+    return SenderSettings.of({k: v for k, v in email.items() if k in EMAIL_SCHEMA["properties"]})
 
 
 class GgusConfigError(ValueError):
     """The ggus section asks for something the rest of the config does not provide."""
 
 
+GGUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "GGUS ticket text, spooled, POSTed to the helpdesk and/or mailed.",
+    "properties": {
+        **{
+            k: TICKET_SCHEMA_PROPERTIES[k] for k in ("vo", "sites", "default_site", "notified_site")
+        },
+        "levels": {
+            "type": "array",
+            "items": {"enum": list(LEVELS)},
+            "uniqueItems": True,
+            "default": ["alarm"],
+            "description": "Notification levels that open a ticket.",
+        },
+        **{
+            k: TICKET_SCHEMA_PROPERTIES[k]
+            for k in ("priorities", "ticket_type", "mou_area", "category", "issue_type")
+        },
+        "episode_ttl": {
+            "maximum": 365 * 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 604800,
+            "description": "Seconds the one-ticket-per-episode record is kept (default 7 days).",
+        },
+        "deliver": {
+            "type": "array",
+            "items": {"enum": ["spool", "rest", "mail"]},
+            "uniqueItems": True,
+            "default": ["spool"],
+            "description": "Where tickets go: any of spool, rest, mail.",
+        },
+        "spool": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": 'Folder for <id>.txt and <id>.json ("": <director.state_dir>/tickets).',
+        },
+        "rest": {
+            "type": "object",
+            "description": "The helpdesk API (deliver: rest).",
+            "properties": {
+                "url": {
+                    "type": "string",
+                    "pattern": "^https?://",
+                    "description": "POST tickets here, e.g. https://helpdesk.example/api/v1/tickets.",
+                },
+                "token": {
+                    **SECRET_SCHEMA,
+                    "description": "Sent as 'Authorization: Token ...': {env: NAME} or {file: PATH}.",
+                },
+                "timeout": {
+                    "maximum": 86400,
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "default": 30,
+                    "description": "Seconds to wait for the helpdesk.",
+                },
+                "ca_file": {
+                    "type": "string",
+                    "x-gridgate-path": True,
+                    "default": "",
+                    "description": 'PEM file of CAs to trust ("": the system\'s).',
+                },
+                "verify": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "Check the helpdesk's certificate.",
+                },
+            },
+            "additionalProperties": False,
+            "default": {},
+        },
+        "mail": {
+            "type": "object",
+            "description": "Mail the ticket text (deliver: mail) through notifiers.email's server.",
+            "properties": {
+                "to": {**ADDRESSES, "description": "Address(es) the ticket text is sent to."},
+                "subject_prefix": {
+                    "type": "string",
+                    "default": "[GGUS ticket] ",
+                    "description": "Put in front of the ticket's subject.",
+                },
+            },
+            "additionalProperties": False,
+            "default": {},
+        },
+        "outbox": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": 'Outbox folder for rest and mail deliveries ("": '
+            "<director.state_dir>/ggus-outbox).",
+        },
+        **OUTBOX_SCHEMA_PROPERTIES,
+    },
+    "required": ["vo"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class RestSettings(Settings):
+    """``rest``: the helpdesk API."""
+
+    url: str | None
+    token: Mapping[str, str] | None
+    timeout: float
+    ca_file: str
+    verify: bool
+
+
+@dataclass(frozen=True)
+class MailSettings(Settings):
+    """``mail``: who is mailed the ticket text."""
+
+    to: str | list[str]
+    subject_prefix: str
+
+
+@dataclass(frozen=True)
+class GgusSettings(TicketSettings, OutboxSettings):
+    """The ggus section: how a ticket looks (:class:`TicketSettings`, handed to
+    :func:`render_ticket`), its outbox (:class:`OutboxSettings`) and where tickets go."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = GGUS_SCHEMA
+
+    levels: tuple[str, ...]
+    episode_ttl: float
+    deliver: tuple[str, ...]
+    spool: str
+    rest: RestSettings
+    mail: MailSettings
+    outbox: str
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        if "rest" in self.deliver and not self.rest.url:
+            problems.append((("rest", "url"), "deliver includes rest but rest.url is not set"))
+        recipients = addresses(self.mail.to)
+        if "mail" in self.deliver and not recipients:
+            problems.append((("mail", "to"), "deliver includes mail but mail.to is empty"))
+        if recipients and "mail" not in self.deliver:
+            problems.append(
+                (
+                    ("mail", "to"),
+                    "mail.to is set but deliver does not include mail: it mails nobody",
+                )
+            )
+        return problems + super().cross_rules()
+
+
 class GgusNotifier(Plugin):
     """Opens (renders and delivers) a GGUS ticket for the levels in ``levels``."""
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "GGUS ticket text, spooled, POSTed to the helpdesk and/or mailed.",
-        "properties": {
-            "vo": {"type": "string", "minLength": 1, "description": "Concerned VO."},
-            "sites": {
-                "type": "object",
-                "additionalProperties": {"type": "string", "minLength": 1},
-                "default": {},
-                "description": "Endpoint host -> GGUS site name; a key starting with a "
-                "dot matches a domain (.cern.ch).",
-            },
-            "default_site": {
-                "type": "string",
-                "default": "",
-                "description": "Affected Site when no key of sites matches.",
-            },
-            "notified_site": {
-                "type": "string",
-                "default": "",
-                "description": 'Notified Site ("": the affected site).',
-            },
-            "levels": {
-                "type": "array",
-                "items": {"enum": list(LEVELS)},
-                "uniqueItems": True,
-                "default": ["alarm"],
-                "description": "Notification levels that open a ticket.",
-            },
-            "priorities": {
-                "type": "object",
-                "description": "Priority per level.",
-                "properties": {
-                    lvl: {
-                        "enum": list(PRIORITIES),
-                        "default": DEFAULT_PRIORITIES[lvl],
-                        "description": f"Priority of tickets for {lvl} notifications.",
-                    }
-                    for lvl in LEVELS
-                },
-                "additionalProperties": False,
-                "default": {},
-            },
-            "ticket_type": {
-                "enum": list(TICKET_TYPES),
-                "default": "USER",
-                "description": "USER, TEAM or ALARM (TEAM and ALARM need mou_area).",
-            },
-            "mou_area": {
-                "type": "string",
-                "default": "",
-                "description": "MoU Area, for TEAM and ALARM tickets.",
-            },
-            "category": {
-                "type": "string",
-                "minLength": 1,
-                "default": "Incident",
-                "description": "Ticket category.",
-            },
-            "issue_type": {
-                "type": "string",
-                "minLength": 1,
-                "default": "Computing Services",
-                "description": "Type of issue.",
-            },
-            "episode_ttl": {
-                "maximum": 365 * 86400,
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "default": 604800,
-                "description": "Seconds the one-ticket-per-episode record is kept "
-                "(default 7 days).",
-            },
-            "deliver": {
-                "type": "array",
-                "items": {"enum": ["spool", "rest", "mail"]},
-                "uniqueItems": True,
-                "default": ["spool"],
-                "description": "Where tickets go: any of spool, rest, mail.",
-            },
-            "spool": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": 'Folder for <id>.txt and <id>.json ("": '
-                "<director.state_dir>/tickets).",
-            },
-            "rest": {
-                "type": "object",
-                "description": "The helpdesk API (deliver: rest).",
-                "properties": {
-                    "url": {
-                        "type": "string",
-                        "pattern": "^https?://",
-                        "description": "POST tickets here, e.g. https://helpdesk.example/api/v1/tickets.",
-                    },
-                    "token": {
-                        **SECRET_SCHEMA,
-                        "description": "Sent as 'Authorization: Token ...': {env: NAME} or {file: PATH}.",
-                    },
-                    "timeout": {
-                        "maximum": 86400,
-                        "type": "number",
-                        "exclusiveMinimum": 0,
-                        "default": 30,
-                        "description": "Seconds to wait for the helpdesk.",
-                    },
-                    "ca_file": {
-                        "type": "string",
-                        "x-gridgate-path": True,
-                        "default": "",
-                        "description": 'PEM file of CAs to trust ("": the system\'s).',
-                    },
-                    "verify": {
-                        "type": "boolean",
-                        "default": True,
-                        "description": "Check the helpdesk's certificate.",
-                    },
-                },
-                "additionalProperties": False,
-                "default": {},
-            },
-            "mail": {
-                "type": "object",
-                "description": "Mail the ticket text (deliver: mail) through notifiers.email's server.",
-                "properties": {
-                    "to": {**ADDRESSES, "description": "Address(es) the ticket text is sent to."},
-                    "subject_prefix": {
-                        "type": "string",
-                        "default": "[GGUS ticket] ",
-                        "description": "Put in front of the ticket's subject.",
-                    },
-                },
-                "additionalProperties": False,
-                "default": {},
-            },
-            "outbox": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": 'Outbox folder for rest and mail deliveries ("": '
-                "<director.state_dir>/ggus-outbox).",
-            },
-            **OUTBOX_SCHEMA_PROPERTIES,
-        },
-        "required": ["vo"],
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = GGUS_SCHEMA
+    settings_class = GgusSettings
+    settings: GgusSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         section = copy.deepcopy(dict(config))
@@ -219,32 +244,28 @@ class GgusNotifier(Plugin):
         if problems:
             raise GgusConfigError("; ".join(f"{'.'.join(map(str, p))}: {m}" for p, m in problems))
         super().__init__(section, context)
-        self.settings = TicketSettings.from_section(section)
-        self.deliveries = tuple(section["deliver"])
-        self.spool_dir = resolve_dir(section["spool"], context.state_dir, "tickets")
+        self.deliveries = self.settings.deliver
+        self.spool_dir = resolve_dir(self.settings.spool, context.state_dir, "tickets")
         #: the last ticket texts spooled (``gridgate notify test`` names them)
         self.written: deque[Path] = deque(maxlen=16)
-        self.email_section = self._email_section(context) if "mail" in self.deliveries else None
-        self.outbox = self.make_outbox(section, context.state_dir, context.clock, context.config)
-        self.records = context.state if context.state is not None else self.outbox.records
-        if section["send_thread"] and self.outbox.pending():
-            self.outbox.start()
-
-    @staticmethod
-    def _email_section(context: PluginContext) -> dict[str, Any]:
-        email = (context.config.get("notifiers") or {}).get("email")
-        if not email:
+        self.email = _email_of(context.config)
+        if "mail" in self.deliveries and self.email is None:
             raise GgusConfigError(
                 "ggus: deliver includes mail, which uses the SMTP server of "
                 "notifiers.email, but notifiers.email is not configured"
             )
-        section = copy.deepcopy(dict(email))
-        apply_defaults(section, EMAIL_SCHEMA)
-        return section
+        self.outbox = self._outbox(self.settings, context.state_dir, context.clock, self.email)
+        self.records = context.state if context.state is not None else self.outbox.records
+        if self.settings.send_thread and self.outbox.pending():
+            self.outbox.start()
 
     @classmethod
     def outbox_path(cls, section: Mapping[str, Any], state_dir: Path) -> Path:
-        return resolve_dir(section.get("outbox", ""), state_dir, "ggus-outbox")
+        return cls._outbox_path(GgusSettings.of(section), state_dir)
+
+    @staticmethod
+    def _outbox_path(settings: GgusSettings, state_dir: Path) -> Path:
+        return resolve_dir(settings.outbox, state_dir, "ggus-outbox")
 
     @classmethod
     def make_outbox(
@@ -256,38 +277,27 @@ class GgusNotifier(Plugin):
     ) -> Outbox:
         """The ggus outbox with the transports its section configures: ``rest`` when a URL is
         set, ``smtp`` when notifiers.email exists (for ``mail``)."""
-        transports: dict[str, Transport] = {}
-        rest = section.get("rest") or {}
-        if rest.get("url"):
-            transports[REST_TRANSPORT] = RestTransport(
-                rest["url"],
-                rest.get("token"),
-                rest.get("timeout", 30),
-                rest.get("ca_file", ""),
-                rest.get("verify", True),
-            )
-        email = ((config or {}).get("notifiers") or {}).get("email")
-        if email:
-            transports[SMTP_TRANSPORT] = SmtpTransport(SmtpSettings.from_section(email))
-        return configured_outbox(
-            cls.outbox_path(section, state_dir), transports, section, clock, name="ggus outbox"
-        )
+        return cls._outbox(GgusSettings.of(section), state_dir, clock, _email_of(config or {}))
 
     @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        problems: ConfigProblems = []
-        deliver = section.get("deliver", ["spool"])
-        if "rest" in deliver and not (section.get("rest") or {}).get("url"):
-            problems.append((("rest", "url"), "deliver includes rest but rest.url is not set"))
-        if "mail" in deliver and not addresses((section.get("mail") or {}).get("to", "")):
-            problems.append((("mail", "to"), "deliver includes mail but mail.to is empty"))
-        ticket_type = section.get("ticket_type", "USER")
-        if ticket_type in ("TEAM", "ALARM") and not section.get("mou_area"):
-            problems.append((("mou_area",), f"{ticket_type} tickets need a MoU Area"))
-        for level, priority in (section.get("priorities") or {}).items():
-            if priority == "top priority" and ticket_type != "ALARM":
-                problems.append((("priorities", level), "'top priority' is for ALARM tickets only"))
-        return problems
+    def _outbox(
+        cls,
+        settings: GgusSettings,
+        state_dir: Path,
+        clock: Any,
+        email: SenderSettings | None,
+    ) -> Outbox:
+        transports: dict[str, Transport] = {}
+        rest = settings.rest
+        if rest.url:
+            transports[REST_TRANSPORT] = RestTransport(
+                rest.url, rest.token, rest.timeout, rest.ca_file, rest.verify
+            )
+        if email is not None:
+            transports[SMTP_TRANSPORT] = SmtpTransport(email)
+        return configured_outbox(
+            cls._outbox_path(settings, state_dir), transports, settings, clock, name="ggus outbox"
+        )
 
     # --- the hook --------------------------------------------------------------------------
 
@@ -308,7 +318,7 @@ class GgusNotifier(Plugin):
 
     @hookimpl
     def gridgate_notify(self, notification: Notification) -> None:
-        if notification.level not in self.config["levels"]:
+        if notification.level not in self.settings.levels:
             return None
         if notification.failure is not None and notification.failure.local:
             # a command that cannot start on the director's own machine: nothing a grid site
@@ -319,7 +329,7 @@ class GgusNotifier(Plugin):
         key = self.episode_key(notification)
         try:
             first = key is None or self.records.add_if_absent(
-                key, ticket.ticket_id, self.config["episode_ttl"]
+                key, ticket.ticket_id, self.settings.episode_ttl
             )
         except Exception as exc:  # better a second ticket than none
             logger.warning("ggus: episode record unavailable ({}); opening a ticket", exc)
@@ -360,7 +370,7 @@ class GgusNotifier(Plugin):
                 elif how == "rest":
                     self.outbox.enqueue(
                         REST_TRANSPORT,
-                        {"ticket": ticket.as_json(), "url": self.config["rest"]["url"]},
+                        {"ticket": ticket.as_json(), "url": self.settings.rest.url},
                         summary=f"GGUS {ticket.ticket_id}: {ticket.subject}",
                     )
                 elif how == "mail":
@@ -382,7 +392,7 @@ class GgusNotifier(Plugin):
                 ticket.endpoint or "gridgate",
                 ", ".join(done),
             )
-        if ("rest" in done or "mail" in done) and self.config["send_thread"]:
+        if ("rest" in done or "mail" in done) and self.settings.send_thread:
             self.outbox.start()
         return done
 
@@ -397,12 +407,12 @@ class GgusNotifier(Plugin):
         return txt, js
 
     def _mail(self, ticket: GgusTicket) -> None:
-        assert self.email_section is not None
-        to = addresses(self.config["mail"]["to"])
-        sender = self.email_section["from"]
+        assert self.email is not None
+        to = addresses(self.settings.mail.to)
+        sender = self.email.from_
         note = Notification(
             "alarm",
-            f"{self.config['mail']['subject_prefix']}{ticket.subject}",
+            f"{self.settings.mail.subject_prefix}{ticket.subject}",
             ticket.as_text(),
             ticket.created,
         )

@@ -7,16 +7,76 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 from gridgate.core.model import Endpoint, Notification, elapsed_text
+from gridgate.core.settings import Settings
 
 SUBJECT_MAX = 250
 DESCRIPTION_MAX = 4000
 PRIORITIES = ("less urgent", "urgent", "very urgent", "top priority")
 TICKET_TYPES = ("USER", "TEAM", "ALARM")
 DEFAULT_PRIORITIES = {"alarm": "very urgent", "error": "urgent", "info": "less urgent"}
+LEVELS = ("info", "error", "alarm")
+
+#: The keys of the ggus section that shape a ticket (read by :class:`TicketSettings`).
+TICKET_SCHEMA_PROPERTIES: dict[str, Any] = {
+    "vo": {"type": "string", "minLength": 1, "description": "Concerned VO."},
+    "sites": {
+        "type": "object",
+        "additionalProperties": {"type": "string", "minLength": 1},
+        "default": {},
+        "description": "Endpoint host -> GGUS site name; a key starting with a "
+        "dot matches a domain (.cern.ch).",
+    },
+    "default_site": {
+        "type": "string",
+        "default": "",
+        "description": "Affected Site when no key of sites matches.",
+    },
+    "notified_site": {
+        "type": "string",
+        "default": "",
+        "description": 'Notified Site ("": the affected site).',
+    },
+    "priorities": {
+        "type": "object",
+        "description": "Priority per level.",
+        "properties": {
+            lvl: {
+                "enum": list(PRIORITIES),
+                "default": DEFAULT_PRIORITIES[lvl],
+                "description": f"Priority of tickets for {lvl} notifications.",
+            }
+            for lvl in LEVELS
+        },
+        "additionalProperties": False,
+        "default": {},
+    },
+    "ticket_type": {
+        "enum": list(TICKET_TYPES),
+        "default": "USER",
+        "description": "USER, TEAM or ALARM (TEAM and ALARM need mou_area).",
+    },
+    "mou_area": {
+        "type": "string",
+        "default": "",
+        "description": "MoU Area, for TEAM and ALARM tickets.",
+    },
+    "category": {
+        "type": "string",
+        "minLength": 1,
+        "default": "Incident",
+        "description": "Ticket category.",
+    },
+    "issue_type": {
+        "type": "string",
+        "minLength": 1,
+        "default": "Computing Services",
+        "description": "Type of issue.",
+    },
+}
 
 
 def utc(epoch: float) -> str:
@@ -76,32 +136,42 @@ def site_for(endpoint: Endpoint | None, sites: Mapping[str, str], default: str =
 
 
 @dataclass(frozen=True)
-class TicketSettings:
-    """The ggus section's fields that shape a ticket."""
+class TicketSettings(Settings):
+    """The ggus section's fields that shape a ticket (:data:`TICKET_SCHEMA_PROPERTIES`;
+    defaults from there alone): ``TicketSettings.of({"vo": "lhcb"})``."""
+
+    section_schema: ClassVar[Mapping[str, Any]] = {
+        "type": "object",
+        "properties": TICKET_SCHEMA_PROPERTIES,
+        "required": ["vo"],
+    }
 
     vo: str
     sites: Mapping[str, str]
-    default_site: str = ""
-    notified_site: str = ""
-    ticket_type: str = "USER"
-    mou_area: str = ""
-    category: str = "Incident"
-    issue_type: str = "Computing Services"
-    priorities: Mapping[str, str] | None = None
+    default_site: str
+    notified_site: str
+    priorities: Mapping[str, str]
+    ticket_type: str
+    mou_area: str
+    category: str
+    issue_type: str
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> TicketSettings:
-        return cls(
-            vo=section["vo"],
-            sites=dict(section.get("sites", {})),
-            default_site=section.get("default_site", ""),
-            notified_site=section.get("notified_site", ""),
-            ticket_type=section.get("ticket_type", "USER"),
-            mou_area=section.get("mou_area", ""),
-            category=section.get("category", "Incident"),
-            issue_type=section.get("issue_type", "Computing Services"),
-            priorities={**DEFAULT_PRIORITIES, **dict(section.get("priorities", {}))},
+        """The ticket settings of a ggus section (its other keys are ignored); the API-1.x
+        name of :meth:`of`."""
+        return TicketSettings.of(
+            {k: v for k, v in section.items() if k in TICKET_SCHEMA_PROPERTIES}
         )
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        if self.ticket_type in ("TEAM", "ALARM") and not self.mou_area:
+            problems.append((("mou_area",), f"{self.ticket_type} tickets need a MoU Area"))
+        for level, priority in self.priorities.items():
+            if priority == "top priority" and self.ticket_type != "ALARM":
+                problems.append((("priorities", level), "'top priority' is for ALARM tickets only"))
+        return problems
 
 
 @dataclass(frozen=True)

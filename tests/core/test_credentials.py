@@ -223,11 +223,13 @@ class Grid:
         ]
 
     def section(self, **changes: Any) -> dict[str, Any]:
+        renew = changes.get("renew", self.renew())
         return {
             "path": str(self.proxy),
             "min_lifetime": HOUR,
-            "renew": self.renew(),
-            "timeout": 20,
+            "renew": renew,
+            # a renewal's limit, only where there is a renewal (else a config error)
+            **({"timeout": 20} if renew else {}),
             **changes,
         }
 
@@ -536,6 +538,12 @@ def test_an_expired_proxy_with_no_renew_command_is_only_checked(grid: Grid) -> N
             "the renewal program is empty",
         ),
         ({"path": "/p", "lifetime": 5}, "credentials.x509_proxy.lifetime", "unknown key"),
+        # the timeout of a renewal that is never run: it validated and limited nothing
+        (
+            {"path": "/p", "timeout": 30},
+            "credentials.x509_proxy.timeout",
+            "timeout limits the renew command, but renew is empty",
+        ),
     ],
 )
 def test_a_bad_credentials_section_is_a_config_error_naming_the_key(

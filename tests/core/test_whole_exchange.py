@@ -90,7 +90,9 @@ def _smtp_until_data(conn: socket.socket) -> bytes:
 )
 def test_an_smtp_server_that_trickles_is_cut_at_the_timeout(serve, handler, doing) -> None:
     server = serve(handler)
-    transport = SmtpTransport(SmtpSettings(host="127.0.0.1", port=server.port, timeout=1.0))
+    transport = SmtpTransport(
+        SmtpSettings.of({"host": "127.0.0.1", "port": server.port, "timeout": 1.0})
+    )
     delivery, elapsed = _finishes(lambda: transport.deliver(_message()), within=20)
     transport.finish()
     assert isinstance(delivery, Delivery) and delivery.status == "retry", delivery

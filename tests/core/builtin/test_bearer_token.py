@@ -214,6 +214,13 @@ def test_a_token_not_yet_valid_is_unusable(site: Site) -> None:
         (jwt(exp="tomorrow"), "whose exp claim is not a number: 'tomorrow'"),
         (jwt(exp=True), "whose exp claim is not a number: True"),
         (jwt(exp=int(START + HOUR), nbf="soon"), "whose nbf claim is not a number"),
+        # a 400-digit exp is a number no date has: a bad token, not an OverflowError
+        (jwt(exp=10**400), "whose exp claim is not a date (out of range): 1000000000"),
+        (jwt(exp=int(START + HOUR), nbf=-(10**30)), "whose nbf claim is not a date"),
+        (
+            b64url({"alg": "none"}) + "." + b64url(b'{"exp": 1e400}') + ".sig",
+            "holds a JWT with a number out of range",
+        ),
     ],
 )
 def test_a_file_that_holds_no_usable_jwt_is_unusable_with_a_clear_message(

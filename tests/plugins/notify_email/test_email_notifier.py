@@ -394,3 +394,16 @@ def test_two_directors_sharing_sqlite_state_send_one_mail(tmp_path, clock, smtp)
         s.close()
     assert len(smtp.handler.messages) == 1
     assert not (tmp_path / "outbox0" / "records.json").exists()
+
+
+def test_info_to_error_without_error_address_is_a_config_error(tmp_path):
+    # info_to_error sends info to error_address: with none it validated and sent nothing
+    from gridgate.core.config import ConfigError, load_config
+
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text(
+        "notifiers:\n  email:\n    from: gridgate@example.org\n    error_address: ''\n"
+        "    alarm_address: alarms@example.org\n    info_to_error: true\n"
+    )
+    with pytest.raises(ConfigError, match=r"notifiers\.email\.info_to_error: info_to_error is set"):
+        load_config(cfg)

@@ -186,7 +186,7 @@ def test_site_mapping():
     assert site_for(Endpoint("wms_glite", "wms.in2p3.fr"), sites, "FALLBACK") == "FALLBACK"
     ticket = render_ticket(
         alarm(FakeClock(), endpoint=Endpoint("wms_glite", "wms.in2p3.fr")),
-        TicketSettings(vo="lhcb", sites=sites),
+        TicketSettings.of({"vo": "lhcb", "sites": sites}),
     )
     assert ticket.affected_site == "UNKNOWN (no site configured for wms.in2p3.fr)"
 
@@ -197,7 +197,7 @@ def test_long_output_is_cut_in_the_middle_with_a_note():
     stderr = "HEAD-ERR " + "e" * 9000 + " TAIL-ERR"
     ticket = render_ticket(
         alarm(clock, stdout=stdout, stderr=stderr, subject="S" * 400),
-        TicketSettings(vo="lhcb", sites={}),
+        TicketSettings.of({"vo": "lhcb"}),
     )
     d = ticket.description
     assert len(d) <= DESCRIPTION_MAX and len(d) > DESCRIPTION_MAX - 10
@@ -205,7 +205,9 @@ def test_long_output_is_cut_in_the_middle_with_a_note():
         assert mark in d
     assert d.count("characters cut ...]") == 2
     assert len(ticket.subject) == SUBJECT_MAX and ticket.subject.endswith("...")
-    short = render_ticket(alarm(clock, stdout="fine", stderr="short"), TicketSettings("lhcb", {}))
+    short = render_ticket(
+        alarm(clock, stdout="fine", stderr="short"), TicketSettings.of({"vo": "lhcb"})
+    )
     assert "characters cut" not in short.description and "fine" in short.description
 
 
@@ -230,7 +232,7 @@ def test_cut_middle_keeps_head_and_tail_within_the_limit(text, limit):
 def test_ticket_fields_always_within_limits(out, err, subject):
     ticket = render_ticket(
         alarm(FakeClock(), stdout=out, stderr=err, subject=subject),
-        TicketSettings(vo="lhcb", sites={}),
+        TicketSettings.of({"vo": "lhcb"}),
     )
     assert 0 < len(ticket.subject) <= SUBJECT_MAX
     assert len(ticket.description) <= DESCRIPTION_MAX
@@ -418,3 +420,16 @@ def test_a_ticket_seconds_into_an_episode_says_seconds_not_one_hour(tmp_path, cl
     n.gridgate_notify(notification=alarm(clock, start=clock.time() - 4))
     (txt,) = n.spool_dir.glob("*.txt")
     assert "(at least 4 seconds); 3 failures since then" in txt.read_text()
+
+
+def test_mail_to_without_mail_in_deliver_is_a_config_error(tmp_path):
+    # mail.to is read only by the mail delivery: without it the block validated and mailed nobody
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text(
+        "notifiers:\n  ggus:\n    vo: lhcb\n    deliver: [spool]\n"
+        "    mail: {to: shifter@example.org}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"notifiers\.ggus\.mail\.to: mail\.to is set but deliver"
+    ):
+        load_config(cfg)
