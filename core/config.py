@@ -398,8 +398,11 @@ def compose_schema(
             schema["properties"][key]["properties"][name] = section_schema
             if cls is not None:
                 classes[(key, str(name))] = cls
+    # the file is not validated yet: its state driver, or the schema's default one
     state = doc.get("state")
-    driver = state.get("driver", "sqlite") if isinstance(state, Mapping) else "sqlite"
+    driver = STATE_SCHEMA["properties"]["driver"]["default"]
+    if isinstance(state, Mapping) and "driver" in state:
+        driver = state["driver"]
     if isinstance(driver, str):
         cls = load(STATE_GROUP, driver, ("state", "driver"))
         if cls is not None:

@@ -2,8 +2,8 @@
 
 - a setting is declared once: no ``x.get("<literal>", default)`` in core/ or plugins/ (the
   default would be written again beside the schema's); the stand-in commands under
-  ``plugins/*/sim/`` are exempt, and a line that reads a dict that is not config says so with
-  ``# not config: <why>``;
+  ``plugins/*/sim/``, reads of a JSON Schema's own keywords and of HTTP headers are exempt,
+  and a line that reads a dict that is not config says so with ``# not config: <why>``;
 - every settings class matches its schema: each field a property, each property a field, no
   default in the class (every class that binds ``section_schema``, and every plugin's
   ``settings_class`` against its ``config_schema``);
@@ -34,6 +34,21 @@ PACKAGES = {"core": "gridgate.core", "plugins": "gridgate.plugins"}
 SETTINGS_MODULE = ROOT / "core" / "settings.py"
 NOT_CONFIG_RECEIVERS = {"environ", "os.environ", "env"}
 NOT_CONFIG_MARK = "# not config:"
+#: Keys of a JSON Schema itself: code that walks a schema (the docs generator, the default
+#: filler) reads the schema, not a section.
+SCHEMA_KEYWORDS = {
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "required",
+    "description",
+    "items",
+    "default",
+    "type",
+}
 
 
 def sources() -> list[Path]:
@@ -65,7 +80,10 @@ def defaulted_reads(path: Path, text: str | None = None) -> list[str]:
             and isinstance(node.args[0].value, str)
         ):
             continue
-        if _source(node.func.value) in NOT_CONFIG_RECEIVERS:
+        if node.args[0].value in SCHEMA_KEYWORDS:
+            continue
+        receiver = _source(node.func.value)
+        if receiver in NOT_CONFIG_RECEIVERS or receiver.endswith("headers"):
             continue
         end = node.end_lineno or node.lineno
         if any(NOT_CONFIG_MARK in lines[n - 1] for n in range(node.lineno, end + 1)):
@@ -95,6 +113,8 @@ def test_the_defaulted_read_rule_sees_a_planted_read_and_honours_the_mark() -> N
     assert defaulted_reads(probe, marked) == []
     environ = "import os\ndef f():\n    return os.environ.get('HOME', '/')\n"
     assert defaulted_reads(probe, environ) == []
+    schema = "def f(schema):\n    return schema.get('properties', {})\n"
+    assert defaulted_reads(probe, schema) == []
 
 
 # --- settings classes against their schemas -------------------------------------------------------
