@@ -210,13 +210,6 @@ BYPASS_SCHEMA["properties"]["audit"]["default"] = {
 BYPASS_SCHEMA["default"] = {k: v["default"] for k, v in BYPASS_SCHEMA["properties"].items()}
 
 
-def filled(schema: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``given`` (a mapping as written, or already filled) over its schema's top-level
-    defaults: code that may get a section the loader did not fill reads every key from it."""
-    defaults = {k: v["default"] for k, v in schema["properties"].items() if "default" in v}
-    return {**copy.deepcopy(defaults), **(given or {})}
-
-
 #: ``proxyd.adaptive.<category>.source``: what each source reads, through which scheduler
 #: plugin (its options are ``proxyd.bypass.scheduler_options``); "" for none: ``tokens`` is the
 #: daemon's own measure, how long the category's tokens are held.

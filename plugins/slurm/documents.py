@@ -62,8 +62,8 @@ def _sdiag(text: str) -> SchedulerRPCs:
         if stamp:
             stamps[stamp.group(1)] = float(ascii_int(stamp.group(2), kind=_KIND, maximum=_MOST))
             continue
-        if line in _TABLES:
-            table, row_format = _TABLES[line]
+        if line.rstrip() in _TABLES:
+            table, row_format = _TABLES[line.rstrip()]
             continue
         if not line.strip():
             continue
