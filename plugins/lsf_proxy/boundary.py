@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from gridgate.core.documents import DocumentError, convert
+from gridgate.core.documents import DocumentError, convert, decode_json
 
 __all__ = [
     "BJOBS_STATES",
@@ -174,3 +174,78 @@ def bkill_output(stdout: str, stderr: str = "") -> KillOutput:
     finished = tuple(dict.fromkeys(_FINISHED_RE.findall(text)))
     unknown = tuple(dict.fromkeys(a or b for a, b in _NO_MATCH_RE.findall(text)))
     return KillOutput(terminated, finished, unknown, frozenset((*terminated, *finished, *unknown)))
+
+
+# --- the token daemon's replies (docs/protocol.md) ------------------------------------------------
+
+#: The longest reply line read (a status of many daemons' users is some kilobytes).
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+
+class ReplyError(msgspec.Struct, frozen=True):
+    """A reply's ``error``: one of the protocol's codes, and what the daemon said."""
+
+    code: str = "error"
+    message: str = ""
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """What every line from the daemon has: the request it answers (none: an event, or a
+    connection turned away), whether it succeeded, and why not."""
+
+    id: int | None = None
+    ok: bool | None = None
+    event: str | None = None
+    error: ReplyError | None = None
+
+
+class Hello(msgspec.Struct, frozen=True):
+    """The answer to ``hello`` over TCP: the connection's challenge and the daemon's name,
+    which every later signature on the connection covers."""
+
+    challenge: str | None = None
+    name: str | None = None
+
+
+class TokenReply(msgspec.Struct, frozen=True):
+    """The answer to ``acquire``: granted (a token), proceed (no token needed) or denied."""
+
+    result: str | None = None
+    token: str = ""
+    category: str = ""
+    waited: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    privileged: bool = False
+    nice: int = 0
+    reason: str | None = None
+
+    @property
+    def niceness(self) -> int:
+        """The niceness the grant asks its command to run at (its user is busy), 0 for none;
+        a value outside 1-19 is none."""
+        return self.nice if 0 < self.nice < 20 else 0
+
+
+def reply_line(line: bytes) -> dict[str, object]:
+    """One line from the daemon as a JSON object (its fields read by the types above).
+
+    :raises DocumentError: not one JSON object.
+    """
+    return decode_json(line, dict[str, object], kind="lsfproxyd reply", max_bytes=MAX_REPLY_BYTES)
+
+
+def envelope(reply: Mapping[str, object]) -> Envelope:
+    """The envelope of a reply read by :func:`reply_line`.
+
+    :raises DocumentError: ``id``, ``ok``, ``event`` or ``error`` of the wrong type.
+    """
+    return convert(reply, Envelope, kind="lsfproxyd reply")
+
+
+def hello_reply(reply: Mapping[str, object]) -> Hello:
+    """:raises DocumentError: a challenge or name that is not a string."""
+    return convert(reply, Hello, kind="lsfproxyd hello reply")
+
+
+def token_reply(reply: Mapping[str, object]) -> TokenReply:
+    """:raises DocumentError: a field of the grant of the wrong type."""
+    return convert(reply, TokenReply, kind="lsfproxyd acquire reply")
