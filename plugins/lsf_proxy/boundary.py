@@ -23,6 +23,9 @@ import msgspec
 from gridgate.core.documents import DocumentError, convert, decode_json
 
 __all__ = [
+    "BypassStatus",
+    "bypass_status",
+    "envelope",
     "LsfConfError",
     "Param",
     "lsf_params",
@@ -228,6 +231,37 @@ class TokenReply(msgspec.Struct, frozen=True):
         """The niceness the grant asks its command to run at (its user is busy), 0 for none;
         a value outside 1-19 is none."""
         return self.nice if 0 < self.nice < 20 else 0
+
+
+class Acting(msgspec.Struct, frozen=True):
+    """A user the bypass action holds: how, and until when (epoch seconds)."""
+
+    action: str = "?"
+    until: float = 0.0
+
+
+class BypassStatus(msgspec.Struct, frozen=True):
+    """The ``bypass`` block of a daemon's ``status`` (``proxyd.bypass``): the audit's
+    scheduler, action and interval, the windows judged, who went around the gate in the last
+    one (RPCs beyond their tokens), whom the action holds, and the audit's last problem."""
+
+    scheduler: str | None = None
+    action: str | None = None
+    interval: float = 0.0
+    windows: int = 0
+    bypassing: dict[str, float] = {}
+    acting: dict[str, Acting] = {}
+    problem: str | None = None
+
+
+def bypass_status(block: object) -> BypassStatus | None:
+    """The ``bypass`` block of a ``status`` reply (None: no audit runs).
+
+    :raises DocumentError: a field of the wrong type.
+    """
+    if not block:
+        return None
+    return convert(block, BypassStatus, kind="lsfproxyd bypass status")
 
 
 def reply_line(line: bytes) -> dict[str, object]:

@@ -149,3 +149,23 @@ def test_a_reply_of_the_wrong_shape_is_the_daemons_bad_answer(
         proxy.close()
     finally:
         server.close()
+
+
+def test_a_status_bypass_block_is_read_typed_and_a_bad_one_is_said() -> None:
+    from gridgate.plugins.lsf_proxy.cli import render
+
+    good = {
+        "scheduler": "slurm",
+        "action": "block",
+        "interval": 1,
+        "windows": 3,
+        "bypassing": {"bob": 12},
+        "acting": {},
+        "problem": None,
+    }
+    assert render.bypass_text(good) == [
+        "  BYPASS_AUDIT: slurm every 1 s, action block, 3 windows; bypassing: bob=12"
+    ]
+    assert render.bypass_text({}) == [] and render.bypass_text(None) == []
+    [said] = render.bypass_text({**good, "acting": {"bob": "blocked"}})
+    assert said.startswith("  BYPASS_AUDIT: lsfproxyd bypass status: ") and "acting" in said
