@@ -15,13 +15,21 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
 
-from gridgate.core.documents import DocumentError, convert
+from gridgate.core.documents import DocumentError, convert, decode_json
 
 __all__ = [
+    "BypassStatus",
+    "bypass_status",
+    "envelope",
+    "LsfConfError",
+    "Param",
+    "lsf_params",
+    "positive",
     "BJOBS_STATES",
     "JOB_ID",
     "KillOutput",
@@ -174,3 +182,224 @@ def bkill_output(stdout: str, stderr: str = "") -> KillOutput:
     finished = tuple(dict.fromkeys(_FINISHED_RE.findall(text)))
     unknown = tuple(dict.fromkeys(a or b for a, b in _NO_MATCH_RE.findall(text)))
     return KillOutput(terminated, finished, unknown, frozenset((*terminated, *finished, *unknown)))
+
+
+# --- the token daemon's replies (docs/protocol.md) ------------------------------------------------
+
+#: The longest reply line read (a status of many daemons' users is some kilobytes).
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+
+class ReplyError(msgspec.Struct, frozen=True):
+    """A reply's ``error``: one of the protocol's codes, and what the daemon said."""
+
+    code: str = "error"
+    message: str = ""
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """What every line from the daemon has: the request it answers (none: an event, or a
+    connection turned away), whether it succeeded, and why not."""
+
+    id: int | None = None
+    ok: bool | None = None
+    event: str | None = None
+    error: ReplyError | None = None
+
+
+class Hello(msgspec.Struct, frozen=True):
+    """The answer to ``hello`` over TCP: the connection's challenge and the daemon's name,
+    which every later signature on the connection covers."""
+
+    challenge: str | None = None
+    name: str | None = None
+
+
+class TokenReply(msgspec.Struct, frozen=True):
+    """The answer to ``acquire``: granted (a token), proceed (no token needed) or denied."""
+
+    result: str | None = None
+    token: str = ""
+    category: str = ""
+    waited: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    privileged: bool = False
+    nice: int = 0
+    reason: str | None = None
+
+    @property
+    def niceness(self) -> int:
+        """The niceness the grant asks its command to run at (its user is busy), 0 for none;
+        a value outside 1-19 is none."""
+        return self.nice if 0 < self.nice < 20 else 0
+
+
+class Acting(msgspec.Struct, frozen=True):
+    """A user the bypass action holds: how, and until when (epoch seconds)."""
+
+    action: str = "?"
+    until: float = 0.0
+
+
+class BypassStatus(msgspec.Struct, frozen=True):
+    """The ``bypass`` block of a daemon's ``status`` (``proxyd.bypass``): the audit's
+    scheduler, action and interval, the windows judged, who went around the gate in the last
+    one (RPCs beyond their tokens), whom the action holds, and the audit's last problem."""
+
+    scheduler: str | None = None
+    action: str | None = None
+    interval: float = 0.0
+    windows: int = 0
+    bypassing: dict[str, float] = {}
+    acting: dict[str, Acting] = {}
+    problem: str | None = None
+
+
+def bypass_status(block: object) -> BypassStatus | None:
+    """The ``bypass`` block of a ``status`` reply (None: no audit runs).
+
+    :raises DocumentError: a field of the wrong type.
+    """
+    if not block:
+        return None
+    return convert(block, BypassStatus, kind="lsfproxyd bypass status")
+
+
+def reply_line(line: bytes) -> dict[str, object]:
+    """One line from the daemon as a JSON object (its fields read by the types above).
+
+    :raises DocumentError: not one JSON object.
+    """
+    return decode_json(line, dict[str, object], kind="lsfproxyd reply", max_bytes=MAX_REPLY_BYTES)
+
+
+def envelope(reply: Mapping[str, object]) -> Envelope:
+    """The envelope of a reply read by :func:`reply_line`.
+
+    :raises DocumentError: ``id``, ``ok``, ``event`` or ``error`` of the wrong type.
+    """
+    return convert(reply, Envelope, kind="lsfproxyd reply")
+
+
+def hello_reply(reply: Mapping[str, object]) -> Hello:
+    """:raises DocumentError: a challenge or name that is not a string."""
+    return convert(reply, Hello, kind="lsfproxyd hello reply")
+
+
+def token_reply(reply: Mapping[str, object]) -> TokenReply:
+    """:raises DocumentError: a field of the grant of the wrong type."""
+    return convert(reply, TokenReply, kind="lsfproxyd acquire reply")
+
+
+# --- a site's lsf.conf and lsb.params -------------------------------------------------------------
+# Read in LSF's syntax: ``NAME=value`` lines, ``#`` comments (whole lines, or after a blank
+# outside quotes), values in double or single quotes, a ``\\`` at the end of a line continuing
+# it on the next, and in ``lsb.params`` only what stands between ``Begin Parameters`` and
+# ``End Parameters``.
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter as the file defines it (the last definition wins, as in LSF)."""
+
+    name: str
+    value: str
+    file: str
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{Path(self.file).name}:{self.line}"
+
+
+class LsfConfError(DocumentError):
+    """A file that cannot be read as LSF configuration: ``where`` is ``FILE:LINE`` (or the
+    file), so the message reads ``FILE:LINE: what is wrong``."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(where, problem)
+
+
+_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)")
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Lines joined over ``\\`` continuations, each with the number of its first line."""
+    out: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        out.append((start, pending + line))
+        pending = ""
+    if pending:
+        out.append((start, pending))
+    return out
+
+
+def _conf_value(text: str, file: str, line: int) -> str:
+    """The value after ``=``: unquoted, an unquoted trailing comment dropped."""
+    text = text.strip()
+    if text[:1] in ("'", '"'):
+        quote = text[0]
+        end = text.find(quote, 1)
+        if end < 0:
+            raise LsfConfError(f"{file}:{line}", f"unclosed {quote} quote")
+        rest = text[end + 1 :].strip()
+        if rest and not rest.startswith("#"):
+            raise LsfConfError(f"{file}:{line}", f"unexpected {rest[:20]!r} after the quoted value")
+        return text[1:end]
+    comment = re.search(r"\s#", text)
+    return (text[: comment.start()] if comment else text).strip()
+
+
+def lsf_params(text: str, file: str, sectioned: bool = False) -> dict[str, Param]:
+    """Parameters of an ``lsf.conf`` (``sectioned=False``) or ``lsb.params`` file.
+
+    :raises LsfConfError: a line that is not ``NAME=value``, an unclosed quote or section.
+    """
+    params: dict[str, Param] = {}
+    inside = not sectioned
+    for number, line in _logical_lines(text):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if sectioned:
+            words = stripped.split()
+            if len(words) >= 2 and words[0].lower() in ("begin", "end"):
+                opening = words[0].lower() == "begin"
+                if words[1].lower() == "parameters":
+                    if opening == inside:
+                        raise LsfConfError(
+                            f"{file}:{number}",
+                            f"{stripped!r} "
+                            + ("inside" if inside else "without")
+                            + " a Begin Parameters section",
+                        )
+                    inside = opening
+                continue
+            if not inside:
+                continue
+        match = _NAME.fullmatch(stripped)
+        if not match:
+            raise LsfConfError(f"{file}:{number}", f"expected NAME=value, not {stripped[:40]!r}")
+        name = match.group(1).upper()
+        params[name] = Param(name, _conf_value(match.group(2), file, number), file, number)
+    if sectioned and inside:
+        raise LsfConfError(file, "Begin Parameters without End Parameters")
+    return params
+
+
+def positive(param: Param) -> int:
+    """``param``'s value as a positive integer.
+
+    :raises LsfConfError: anything else.
+    """
+    if not re.fullmatch(r"\+?\d+", param.value) or int(param.value) < 1:
+        raise LsfConfError(
+            f"{param.file}:{param.line}", f"{param.name}={param.value!r} is not a positive integer"
+        )
+    return int(param.value)

@@ -91,6 +91,12 @@ def connect_failed(name: str, address: str, exc: OSError) -> ConnectionBroken:
     return (DaemonBusy if busy else ConnectionBroken)(f"{name}: cannot connect to {address}: {exc}")
 
 
+# --- the gate's reading of replies ----------------------------------------------------------------
+# The gate's client reads the daemon's replies here, by hand: gridgate.core.documents (msgspec)
+# would cost every gated call more than the gate itself. ProxyClient decodes them with types in
+# gridgate.plugins.lsf_proxy.boundary; these readers keep the same defaults.
+
+
 def busy_nice(reply: dict[str, Any]) -> int:
     """The niceness a grant asks its command to run at (its user is busy), 0 for none; a
     value outside 1-19 is none."""
@@ -98,10 +104,27 @@ def busy_nice(reply: dict[str, Any]) -> int:
     return nice if isinstance(nice, int) and 0 < nice < 20 else 0
 
 
+def reply_error(reply: dict[str, Any]) -> tuple[str, str]:
+    """A reply's error code (``error`` when none is given) and message (empty)."""
+    error = reply.get("error")
+    if not isinstance(error, dict):
+        return "error", ""
+    code, message = error.get("code"), error.get("message")
+    return (
+        code if isinstance(code, str) else "error",
+        message if isinstance(message, str) else "",
+    )
+
+
+def busy_error(name: str, code: str, message: str) -> DaemonBusy | None:
+    """The :class:`DaemonBusy` of an error with which daemon ``name`` turns a connection
+    away for lack of room (:data:`BUSY_CODES`), else None."""
+    return DaemonBusy(f"{name}: busy: {message}") if code in BUSY_CODES else None
+
+
 def turned_away(name: str, reply: dict[str, Any]) -> DaemonBusy | None:
     """The :class:`DaemonBusy` of a reply with no ``id`` by which daemon ``name`` turns this
     connection away for lack of room (it closes it next), else None."""
-    error = reply.get("error") or {}
-    if reply.get("id") is None and error.get("code") in BUSY_CODES:
-        return DaemonBusy(f"{name}: busy: {error.get('message', '')}")
-    return None
+    if reply.get("id") is not None:
+        return None
+    return busy_error(name, *reply_error(reply))

@@ -1,43 +1,24 @@
 """``gridgate lsfproxyd import-lsf``: a site's own ``lsf.conf`` and ``lsb.params`` turned into a
 commented ``proxyd:`` section.
 
-Both files are read in LSF's syntax: ``NAME=value`` lines, ``#`` comments (whole lines, or
-after a blank outside quotes), values in double or single quotes, a ``\\`` at the end of a line
-continuing it on the next, and in ``lsb.params`` only what stands between ``Begin Parameters``
-and ``End Parameters``. Parameters that have no meaning without an mbatchd are named in the
+Both files are read in LSF's syntax by :func:`gridgate.plugins.lsf_proxy.boundary.lsf_params`
+(the plugin's one reader of outside documents). Parameters that have no meaning without an mbatchd are named in the
 output with the reason, never silently dropped.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 
+from gridgate.plugins.lsf_proxy.boundary import LsfConfError, Param, lsf_params, positive
 from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA
 
+__all__ = ["NOT_CARRIED", "LsfConfError", "Param", "parse", "section_text"]
 
-@dataclass(frozen=True)
-class Param:
-    """One parameter as the file defines it (the last definition wins, as in LSF)."""
+#: The boundary's reader of both files, by the name the command line knows.
+parse = lsf_params
 
-    name: str
-    value: str
-    file: str
-    line: int
-
-    @property
-    def where(self) -> str:
-        return f"{Path(self.file).name}:{self.line}"
-
-
-class LsfConfError(ValueError):
-    """A file that cannot be read as LSF configuration (names file and line)."""
-
-
-_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)")
 
 #: What cannot be carried over, and why.
 NOT_CARRIED = {
@@ -52,84 +33,6 @@ NOT_CARRIED = {
     "LSB_DEBUG_MBD": "a log class of mbatchd, which gridgate does not run; against Slurm "
     "`diagnose on -c bypass` switches slurmctld's own request log on for a while",
 }
-
-
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Lines joined over ``\\`` continuations, each with the number of its first line."""
-    out: list[tuple[int, str]] = []
-    pending, start = "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
-        if not pending:
-            start = number
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        out.append((start, pending + line))
-        pending = ""
-    if pending:
-        out.append((start, pending))
-    return out
-
-
-def _value(text: str, file: str, line: int) -> str:
-    """The value after ``=``: unquoted, an unquoted trailing comment dropped."""
-    text = text.strip()
-    if text[:1] in ("'", '"'):
-        quote = text[0]
-        end = text.find(quote, 1)
-        if end < 0:
-            raise LsfConfError(f"{file}:{line}: unclosed {quote} quote")
-        rest = text[end + 1 :].strip()
-        if rest and not rest.startswith("#"):
-            raise LsfConfError(f"{file}:{line}: unexpected {rest[:20]!r} after the quoted value")
-        return text[1:end]
-    comment = re.search(r"\s#", text)
-    return (text[: comment.start()] if comment else text).strip()
-
-
-def parse(text: str, file: str, sectioned: bool = False) -> dict[str, Param]:
-    """Parameters of an ``lsf.conf`` (``sectioned=False``) or ``lsb.params`` file.
-
-    :raises LsfConfError: a line that is not ``NAME=value``, an unclosed quote or section.
-    """
-    params: dict[str, Param] = {}
-    inside = not sectioned
-    for number, line in _logical_lines(text):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if sectioned:
-            words = stripped.split()
-            if len(words) >= 2 and words[0].lower() in ("begin", "end"):
-                opening = words[0].lower() == "begin"
-                if words[1].lower() == "parameters":
-                    if opening == inside:
-                        raise LsfConfError(
-                            f"{file}:{number}: {stripped!r} "
-                            + ("inside" if inside else "without")
-                            + " a Begin Parameters section"
-                        )
-                    inside = opening
-                continue
-            if not inside:
-                continue
-        match = _NAME.fullmatch(stripped)
-        if not match:
-            raise LsfConfError(f"{file}:{number}: expected NAME=value, not {stripped[:40]!r}")
-        name = match.group(1).upper()
-        params[name] = Param(name, _value(match.group(2), file, number), file, number)
-    if sectioned and inside:
-        raise LsfConfError(f"{file}: Begin Parameters without End Parameters")
-    return params
-
-
-def _positive(param: Param) -> int:
-    if not re.fullmatch(r"\+?\d+", param.value) or int(param.value) < 1:
-        raise LsfConfError(
-            f"{param.file}:{param.line}: {param.name}={param.value!r} is not a positive integer"
-        )
-    return int(param.value)
 
 
 def _yaml(value: object) -> str:
@@ -159,7 +62,7 @@ def section_text(
     if hosts:
         names = hosts.value.split()
         if port:
-            number = _positive(port)
+            number = positive(port)
             put(
                 "hosts",
                 [{"name": n, "address": f"{n}:{number}"} for n in names],
@@ -180,7 +83,7 @@ def section_text(
                 "proxyd.hosts by hand"
             )
     elif port:
-        put("tcp", f"0.0.0.0:{_positive(port)}", port)
+        put("tcp", f"0.0.0.0:{positive(port)}", port)
         lines.append(f"  key: {_yaml({'file': key_file})}  # create it, mode 0600")
     simple = [
         ("LSF_PROXYD_TOKEN_WAIT_TIME", "token_wait_time", conf),
@@ -189,11 +92,11 @@ def section_text(
     ]
     for name, key, source in simple:
         if name in source:
-            put(key, _positive(source[name]), source[name])
+            put(key, positive(source[name]), source[name])
     beat = conf.get("LSF_PROXYD_HEARTBEAT_INTERVAL")
     if beat:
         if "heartbeat_interval" in SECTION_SCHEMA["properties"]:
-            put("heartbeat_interval", _positive(beat), beat)
+            put("heartbeat_interval", positive(beat), beat)
         else:
             notes.append(
                 f"LSF_PROXYD_HEARTBEAT_INTERVAL={beat.value!r} ({beat.where}): this "

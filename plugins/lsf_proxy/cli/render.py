@@ -6,7 +6,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gridgate.core.documents import DocumentError
 from gridgate.core.text import printable
+from gridgate.plugins.lsf_proxy.boundary import bypass_status, envelope
 from gridgate.plugins.lsf_proxy.client.client import HostReply
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, LSF_NAMES
 
@@ -36,8 +38,11 @@ def _failure(reply: HostReply) -> str:
             # it is there (it answered busy, or took the connection and not the command)
             return f"lsfproxyd host <{reply.daemon.name}> is busy: {reply.error}"
         return _unreachable(reply)
-    error = reply.reply.get("error") or {}
-    return f"lsfproxyd host <{reply.daemon.name}>: {error.get('message', 'error')}"
+    try:
+        error = envelope(reply.reply).error
+    except DocumentError as exc:
+        return f"lsfproxyd host <{reply.daemon.name}>: {exc}"
+    return f"lsfproxyd host <{reply.daemon.name}>: {error.message if error else 'error'}"
 
 
 def status_text(replies: Sequence[HostReply]) -> list[str]:
@@ -87,7 +92,7 @@ def status_text(replies: Sequence[HostReply]) -> list[str]:
         if capped:  # not in the seed's table: a line of its own, only when a cap is set
             lines.append(f"  TOKEN_LIMIT_PER_USER: {' '.join(capped)}")
         lines += adaptive_text(status.get("adaptive") or {})
-        lines += bypass_text(status.get("bypass") or {})
+        lines += bypass_text(status.get("bypass"))
         lines += metrics_text(status)
         lines += held_text(status.get("longest_held") or [])
     return lines
@@ -110,29 +115,33 @@ def adaptive_text(adaptive: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def bypass_text(bypass: Mapping[str, Any]) -> list[str]:
+def bypass_text(block: object) -> list[str]:
     """One line for ``proxyd.bypass`` (not in the seed): the audit's scheduler, action and
     interval, the windows judged, who went around the gate in the last one (the RPCs beyond
     their tokens) and whom the action holds now, until when."""
-    if not bypass:
+    try:
+        bypass = bypass_status(block)
+    except DocumentError as exc:
+        return [f"  BYPASS_AUDIT: {printable(str(exc), newlines=False)}"]
+    if bypass is None:
         return []
-    seen = bypass.get("bypassing") or {}
-    acting = bypass.get("acting") or {}
-    who = ", ".join(f"{user}={excess:g}" for user, excess in sorted(seen.items())) or "nobody"
+    who = (
+        ", ".join(f"{user}={excess:g}" for user, excess in sorted(bypass.bypassing.items()))
+        or "nobody"
+    )
     held = ", ".join(
-        f"{user} ({entry.get('action', '?')} until "
-        f"{time.strftime('%H:%M:%S', time.localtime(float(entry.get('until', 0))))})"
-        for user, entry in sorted(acting.items())
+        f"{user} ({entry.action} until {time.strftime('%H:%M:%S', time.localtime(entry.until))})"
+        for user, entry in sorted(bypass.acting.items())
     )
     line = (
-        f"  BYPASS_AUDIT: {bypass.get('scheduler')} every {bypass.get('interval'):g} s, "
-        f"action {bypass.get('action')}, {bypass.get('windows', 0)} windows; "
+        f"  BYPASS_AUDIT: {bypass.scheduler} every {bypass.interval:g} s, "
+        f"action {bypass.action}, {bypass.windows} windows; "
         f"bypassing: {who}"
     )
     if held:
         line += f"; acting on: {held}"
-    if bypass.get("problem"):
-        line += f"; problem: {printable(str(bypass['problem']), newlines=False)}"
+    if bypass.problem:
+        line += f"; problem: {printable(bypass.problem, newlines=False)}"
     return [line]
 
 

@@ -20,8 +20,15 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.documents import DocumentError
 from gridgate.core.secrets import read_secret
-from gridgate.core.text import parse_json
+from gridgate.plugins.lsf_proxy.boundary import (
+    ReplyError,
+    envelope,
+    hello_reply,
+    reply_line,
+    token_reply,
+)
 from gridgate.plugins.lsf_proxy.config import host_name, parse_address, resolve_socket
 from gridgate.plugins.lsf_proxy.protocol import encode, sign
 from gridgate.plugins.lsf_proxy.wire import (
@@ -32,9 +39,8 @@ from gridgate.plugins.lsf_proxy.wire import (
     ProxyError,
     ProxyUnavailable,
     RequestFailed,
-    busy_nice,
+    busy_error,
     connect_failed,
-    turned_away,
 )
 
 if TYPE_CHECKING:
@@ -106,11 +112,16 @@ class Connection:
         except RequestFailed as exc:
             self.close()
             raise ConnectionBroken(f"{self.daemon.name}: hello refused: {exc}") from None
-        if not reply.get("ok"):
+        try:
+            head, hello = envelope(reply), hello_reply(reply)
+        except DocumentError as exc:
+            self.close()
+            raise ConnectionBroken(f"{self.daemon.name}: {exc}") from None
+        if not head.ok:
             self.close()
             raise ConnectionBroken(f"{self.daemon.name}: hello refused: {reply.get('error')}")
-        self._challenge = reply.get("challenge")
-        self._daemon_name = reply.get("name") if self._challenge is not None else None
+        self._challenge = hello.challenge
+        self._daemon_name = hello.name if self._challenge is not None else None
 
     def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply (events in between are skipped)."""
@@ -139,16 +150,17 @@ class Connection:
                 raise
             while True:
                 reply = self._read_line(deadline)
-                if reply.get("id") == msg_id:
+                head = envelope(reply)
+                if head.id == msg_id:
                     return reply
-                if reply.get("id") is None and reply.get("ok") is False:
-                    busy = turned_away(self.daemon.name, reply)
+                if head.id is None and head.ok is False:
+                    error = head.error or ReplyError()
+                    busy = busy_error(self.daemon.name, error.code, error.message)
                     if busy is not None:
                         # the daemon is there and closes this connection for lack of room
                         self.close()
                         raise busy
-                    error = reply.get("error") or {}
-                    raise RequestFailed(error.get("code", "error"), error.get("message", ""))
+                    raise RequestFailed(error.code, error.message)
         except TimeoutError as exc:
             self.close()
             raise DaemonBusy(
@@ -163,10 +175,11 @@ class Connection:
         before closing it; raise that as busy rather than as a broken connection."""
         try:
             self._sock.settimeout(0.5)
-            reply = self._read_line()
+            head = envelope(self._read_line())
         except (OSError, ValueError):
             return
-        busy = turned_away(self.daemon.name, reply)
+        error = head.error or ReplyError()
+        busy = busy_error(self.daemon.name, error.code, error.message) if head.id is None else None
         if busy is not None:
             self.close()
             raise busy
@@ -177,7 +190,7 @@ class Connection:
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
-                return parse_json(line)
+                return reply_line(line)
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -383,29 +396,30 @@ class ProxyClient:
                 logger.warning("{}: proceeding without a token", message)
                 return Token("", category or "", proceed=True, reason="unavailable")
             assert daemon is not None
-            result = reply.get("result")
-            if result == "granted":
+            try:
+                answer = token_reply(reply)
+            except DocumentError as exc:
+                if conn is not None:
+                    conn.close()
+                raise RequestFailed("bad_reply", f"{daemon.name}: {exc}") from None
+            if answer.result == "granted":
                 return Token(
-                    reply["token"],
-                    reply.get("category", ""),
+                    answer.token,
+                    answer.category,
                     daemon.name,
-                    waited=float(reply.get("waited", 0)),
-                    privileged=bool(reply.get("privileged")),
-                    nice=busy_nice(reply),
+                    waited=answer.waited,
+                    privileged=answer.privileged,
+                    nice=answer.niceness,
                     _client=self,
                     _conn=conn,
                 )
             if conn is not None:
                 self._park(conn)
-            if result == "proceed":
+            if answer.result == "proceed":
                 return Token(
-                    "",
-                    reply.get("category", ""),
-                    daemon.name,
-                    proceed=True,
-                    reason=reply.get("reason", ""),
+                    "", answer.category, daemon.name, proceed=True, reason=answer.reason or ""
                 )
-            reason = reply.get("reason", "denied")
+            reason = "denied" if answer.reason is None else answer.reason
             tries += 1
             if reason == "blocked":
                 raise NoToken(
@@ -443,12 +457,11 @@ class ProxyClient:
                 self._mark(daemon, answered=False)
                 continue
             self._mark(daemon, answered=True)
-            if not reply.get("ok"):
+            head = envelope(reply)  # read by Connection.call already: it cannot fail here
+            if not head.ok:
                 self._park(conn)
-                error = reply.get("error") or {}
-                raise RequestFailed(
-                    error.get("code", "error"), f"{daemon.name}: {error.get('message', '')}"
-                )
+                error = head.error or ReplyError()
+                raise RequestFailed(error.code, f"{daemon.name}: {error.message}")
             return reply, conn, daemon
         if busy is not None:
             # alive but swamped: a refusal to retry, never a licence to run without a token

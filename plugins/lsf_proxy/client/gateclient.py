@@ -24,6 +24,7 @@ from gridgate.plugins.lsf_proxy.wire import (
     RequestFailed,
     busy_nice,
     connect_failed,
+    reply_error,
     turned_away,
 )
 
@@ -231,10 +232,8 @@ class Link:
                     # there, but no room for this connection: try the next, then again
                     self.close()
                     raise busy
-                error = reply.get("error") or {}
-                raise RequestFailed(
-                    error.get("code", "error"), f"{self.name}: {error.get('message', '')}"
-                )
+                code, message = reply_error(reply)
+                raise RequestFailed(code, f"{self.name}: {message}")
 
     def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
         return self.wait(self.send(op, **fields), timeout)
@@ -391,10 +390,10 @@ class GateClient:
                     raise ProxyUnavailable(message)
                 self.warn(f"{message}: proceeding without a token")
                 return Grant(reason="unavailable")
-            result = reply.get("result")
+            result, said = reply.get("result"), reply.get("reason")
             if result == "granted" and link is not None:
                 return Grant(
-                    str(reply.get("token", "")),
+                    str(reply.get("token") or ""),
                     link,
                     timeout=self.connect_timeout,
                     nice=busy_nice(reply),
@@ -402,8 +401,8 @@ class GateClient:
             if link is not None:
                 link.close()
             if result == "proceed":
-                return Grant(reason=str(reply.get("reason", "")))
-            reason = str(reply.get("reason", "denied"))
+                return Grant(reason="" if said is None else str(said))
+            reason = "denied" if said is None else str(said)
             tries += 1
             if reason == "blocked":
                 raise NoToken(f"{name}: request blocked by the lsfproxyd administrator", reason)
@@ -447,10 +446,8 @@ class GateClient:
             self._down.discard(daemon[1])
             if not reply.get("ok"):
                 link.close()
-                error = reply.get("error") or {}
-                raise RequestFailed(
-                    error.get("code", "error"), f"{daemon[0]}: {error.get('message', '')}"
-                )
+                code, message = reply_error(reply)
+                raise RequestFailed(code, f"{daemon[0]}: {message}")
             return reply, link, daemon[0]
         if busy:
             # alive but swamped: a refusal to retry, never a licence to run without a token

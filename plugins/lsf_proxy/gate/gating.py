@@ -75,7 +75,7 @@ START_ONLY: dict[str, tuple[str, ...]] = {
 #: What the run-time path reads of a ``proxyd:`` section, with the schema's defaults (a test
 #: pins them to config.SECTION_SCHEMA). Written out here rather than read from the schema
 #: through gridgate.core.settings: that imports jsonschema, which would cost every gated call
-#: more than the gate itself. :func:`_load` is the one reader: it resolves every key once,
+#: more than the gate itself. :func:`client_section` is the one reader: it resolves every key,
 #: and the run-time path reads the resolved section (``section["key"]``), never a default.
 CLIENT_DEFAULTS: dict[str, Any] = {
     "socket": "",
@@ -89,6 +89,13 @@ CLIENT_DEFAULTS: dict[str, Any] = {
     "start_hold": 2,
     "start_only": {},
 }
+
+
+def client_section(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the gate reads of ``given`` (a ``proxyd:`` section, or the settings already
+    resolved), every key of :data:`CLIENT_DEFAULTS` there: the gate's one settings reader."""
+    given = given or {}
+    return {key: given.get(key, default) for key, default in CLIENT_DEFAULTS.items()}
 
 
 def say(message: str) -> None:
@@ -344,9 +351,7 @@ def _load(config_path: str | None) -> dict[str, Any]:
         section = dict(config.get("proxyd") or {})
     else:
         section = {}
-    # the gate's one settings reader (see CLIENT_DEFAULTS): every key resolved, once
-    client = {key: section.get(key, default) for key, default in CLIENT_DEFAULTS.items()}
-    return {"section": client, "map": gate_category_map(section)}
+    return {"section": client_section(section), "map": gate_category_map(section)}
 
 
 def resolve(config_path: str | None) -> dict[str, Any]:
@@ -414,6 +419,7 @@ def run_gated(
         say(f"{argv[0]}: is a directory")
         return EXIT_CANNOT_EXECUTE
     name = os.path.basename(argv[0])
+    section = client_section(section)  # a caller's own section may leave keys out
     quiet = quiet or bool(os.environ.get(QUIET_ENV))
     command = [program, *argv[1:]]
     try:

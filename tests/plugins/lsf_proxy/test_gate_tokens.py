@@ -410,6 +410,11 @@ def test_client_defaults_are_the_schema_defaults() -> None:
 
     defaults = section_defaults()
     assert CLIENT_DEFAULTS == {k: defaults.get(k) for k in CLIENT_DEFAULTS}
+    # the one reader: a section as written, or already resolved, gets every key
+    from gridgate.plugins.lsf_proxy.gate.gating import client_section
+
+    assert client_section({"start_hold": 5, "tcp": "x"}) == {**CLIENT_DEFAULTS, "start_hold": 5}
+    assert client_section(None) == client_section(client_section({})) == CLIENT_DEFAULTS
     from gridgate.plugins.lsf_proxy.config import CATEGORIES as SCHEMA_CATEGORIES
 
     assert CATEGORIES == SCHEMA_CATEGORIES

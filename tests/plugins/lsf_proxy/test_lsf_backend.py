@@ -326,3 +326,23 @@ def test_a_token_key_with_tokens_off_is_a_config_error(key: str, value: object) 
     assert problems == [((key,), f"{key} is read only with tokens: true")]
     assert LsfBackend.config_errors({"queues": ["normal"], key: value}) == []
     assert LsfBackend.config_errors({"queues": ["normal"], "tokens": False}) == []
+
+
+def test_the_client_sides_settings_match_their_schemas() -> None:
+    # one field per property, none with a default: a key added to a schema without its
+    # field (or the reverse) fails here, not at a site's first load
+    from gridgate.core.settings import check_settings
+    from gridgate.plugins.lsf_proxy.client.settings import CLIENT_SCHEMA, ClientSettings
+    from gridgate.plugins.lsf_proxy.director.admission import ADMISSION_SCHEMA, AdmissionSettings
+    from gridgate.plugins.lsf_proxy.director.backend import LSF_SCHEMA, LsfSettings
+
+    for schema, cls in (
+        (LSF_SCHEMA, LsfSettings),
+        (ADMISSION_SCHEMA, AdmissionSettings),
+        (CLIENT_SCHEMA, ClientSettings),
+    ):
+        check_settings(schema, cls)
+        assert cls.section_schema is schema
+    settings = ClientSettings.of({"hosts": [{"name": "a", "address": "a:7000"}]})
+    assert settings.hosts[0].address == "a:7000" and settings.reply_timeout == 30.0
+    assert LsfSettings.of({}).commands.bjobs == "bjobs"

@@ -305,3 +305,41 @@ def test_bkill_is_found_beside_bjobs_unless_configured() -> None:
     assert bkill_command(backend({"bjobs": "/opt/lsf/bin/bjobs"})) == "/opt/lsf/bin/bkill"
     assert bkill_command(backend({})) == "bkill"
     assert bkill_command(backend({"bjobs": "/x/bjobs", "bkill": "/y/bkill"})) == "/y/bkill"
+
+
+# --- the backend and its tracking do not import each other (issue 39) -----------------------
+
+
+def _lsf_imports(path: Path) -> set[str]:
+    """The gridgate.plugins.lsf_proxy modules ``path`` imports anywhere (top, functions,
+    TYPE_CHECKING), ``from package import module`` counted as the module."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return {m for m in found if m.startswith("gridgate.plugins.lsf_proxy.")}
+
+
+def test_no_two_modules_of_the_lsf_director_import_each_other() -> None:
+    root = Path(__file__).resolve().parents[3] / "plugins" / "lsf_proxy"
+    paths = {
+        f"gridgate.plugins.lsf_proxy.director.{p.stem}": p
+        for p in (root / "director").glob("*.py")
+        if p.stem != "__init__"
+    }
+    paths["gridgate.plugins.lsf_proxy.boundary"] = root / "boundary.py"
+    graph = {module: _lsf_imports(path) & set(paths) for module, path in paths.items()}
+    pairs = sorted(
+        (a, b) for a, targets in graph.items() for b in targets if a < b and a in graph[b]
+    )
+    assert pairs == []
+    # the backend reaches its tracking, never the other way round, at any level
+    assert (
+        "gridgate.plugins.lsf_proxy.director.tracking"
+        in graph["gridgate.plugins.lsf_proxy.director.backend"]
+    )

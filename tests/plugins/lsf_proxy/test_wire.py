@@ -91,3 +91,81 @@ def test_the_blocklist_file_keeps_the_rules_only_when_persisted(tmp_path) -> Non
     assert len(complaints) == 1
     with pytest.raises(StartupError, match="cannot read the persisted blocklist"):
         kept.load()
+
+
+# --- a daemon's bad reply is that daemon's bad answer (issue 39) ------------------------------
+
+
+def _one_answer_daemon(path: str, answer: bytes) -> Any:
+    """A real Unix socket that answers every line it reads with ``answer``."""
+    import socket
+    import threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                buffer = b""
+                while b"\n" not in buffer:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    buffer += chunk
+                try:
+                    conn.sendall(answer)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(
+    ("answer", "raised"),
+    [
+        (b"[1, 2]\n", wire.ProxyUnavailable),  # not an object: nobody answered
+        (b'{"id": "one", "ok": true}\n', wire.ProxyUnavailable),  # an id of the wrong type
+        (b'{"id": 1, "ok": true, "result": "granted", "waited": "long"}\n', wire.RequestFailed),
+    ],
+)
+def test_a_reply_of_the_wrong_shape_is_the_daemons_bad_answer(
+    tmp_path: Path, answer: bytes, raised: type[Exception]
+) -> None:
+    path = str(tmp_path / "d.sock")
+    server = _one_answer_daemon(path, answer)
+    try:
+        proxy = client.ProxyClient(
+            [client.Daemon("d", path)], when_unavailable="fail", reply_timeout=5
+        )
+        with pytest.raises(raised):
+            proxy.acquire("query", "bjobs")
+        proxy.close()
+    finally:
+        server.close()
+
+
+def test_a_status_bypass_block_is_read_typed_and_a_bad_one_is_said() -> None:
+    from gridgate.plugins.lsf_proxy.cli import render
+
+    good = {
+        "scheduler": "slurm",
+        "action": "block",
+        "interval": 1,
+        "windows": 3,
+        "bypassing": {"bob": 12},
+        "acting": {},
+        "problem": None,
+    }
+    assert render.bypass_text(good) == [
+        "  BYPASS_AUDIT: slurm every 1 s, action block, 3 windows; bypassing: bob=12"
+    ]
+    assert render.bypass_text({}) == [] and render.bypass_text(None) == []
+    [said] = render.bypass_text({**good, "acting": {"bob": "blocked"}})
+    assert said.startswith("  BYPASS_AUDIT: lsfproxyd bypass status: ") and "acting" in said
