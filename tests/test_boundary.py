@@ -191,9 +191,13 @@ def test_the_schema_rule_sees_a_class_that_does_not_match() -> None:
 # --- outside text, decoded at the boundary ----------------------------------------------------------
 
 #: The modules that decode outside text: core's boundary (documents; text, the JSON and YAML
-#: parsers it builds on), the config file's own loader, and each area's documents module.
+#: parsers it builds on), the config file's own loader, each area's documents module, and the
+#: token daemon's wire protocol: its request decoder (protocol.py) and the gate's reader of the
+#: replies (gateclient.py), which may import no decoding library on a gated call's path.
 BOUNDARY_NAMES = {"documents.py"}
-BOUNDARY_FILES = {ROOT / "core" / name for name in ("documents.py", "text.py", "config.py")}
+BOUNDARY_FILES = {ROOT / "core" / name for name in ("documents.py", "text.py", "config.py")} | {
+    ROOT / "plugins" / "lsf_proxy" / name for name in ("protocol.py", "client/gateclient.py")
+}
 #: calls that turn outside text into values
 DECODERS = {
     "json.loads",

@@ -94,7 +94,7 @@ def connect_failed(name: str, address: str, exc: OSError) -> ConnectionBroken:
 # --- the gate's reading of replies ----------------------------------------------------------------
 # The gate's client reads the daemon's replies here, by hand: gridgate.core.documents (msgspec)
 # would cost every gated call more than the gate itself. ProxyClient decodes them with types in
-# gridgate.plugins.lsf_proxy.boundary; these readers keep the same defaults.
+# gridgate.plugins.lsf_proxy.documents; these readers keep the same defaults.
 
 
 def busy_nice(reply: dict[str, Any]) -> int:

@@ -1,7 +1,7 @@
 """``gridgate lsfproxyd import-lsf``: a site's own ``lsf.conf`` and ``lsb.params`` turned into a
 commented ``proxyd:`` section.
 
-Both files are read in LSF's syntax by :func:`gridgate.plugins.lsf_proxy.boundary.lsf_params`
+Both files are read in LSF's syntax by :func:`gridgate.plugins.lsf_proxy.documents.lsf_params`
 (the plugin's one reader of outside documents). Parameters that have no meaning without an mbatchd are named in the
 output with the reason, never silently dropped.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from gridgate.plugins.lsf_proxy.boundary import LsfConfError, Param, lsf_params, positive
 from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA
+from gridgate.plugins.lsf_proxy.documents import LsfConfError, Param, lsf_params, positive
 
 __all__ = ["NOT_CARRIED", "LsfConfError", "Param", "parse", "section_text"]
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from gridgate.core.documents import DocumentError
 from gridgate.core.text import printable
-from gridgate.plugins.lsf_proxy.boundary import bypass_status, envelope
 from gridgate.plugins.lsf_proxy.client.client import HostReply
 from gridgate.plugins.lsf_proxy.config import CATEGORIES, LSF_NAMES
+from gridgate.plugins.lsf_proxy.documents import bypass_status, envelope
 
 _METRIC_LABELS = {"query": "Query", "submission": "Submission", "other": "Other"}
 _RULE = "-" * 78

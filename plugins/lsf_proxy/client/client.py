@@ -22,14 +22,14 @@ from loguru import logger
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.documents import DocumentError
 from gridgate.core.secrets import read_secret
-from gridgate.plugins.lsf_proxy.boundary import (
+from gridgate.plugins.lsf_proxy.config import host_name, parse_address, resolve_socket
+from gridgate.plugins.lsf_proxy.documents import (
     ReplyError,
     envelope,
     hello_reply,
     reply_line,
     token_reply,
 )
-from gridgate.plugins.lsf_proxy.config import host_name, parse_address, resolve_socket
 from gridgate.plugins.lsf_proxy.protocol import encode, sign
 from gridgate.plugins.lsf_proxy.wire import (
     PROTOCOL_VERSION,

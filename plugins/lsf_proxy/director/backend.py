@@ -33,12 +33,12 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import PluginContext
 from gridgate.core.settings import Settings
-from gridgate.plugins.lsf_proxy.boundary import BJOBS_STATES, bjobs_states, bsub_job_id
 from gridgate.plugins.lsf_proxy.client.client import ProxyClient
 from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, request_size
 from gridgate.plugins.lsf_proxy.director.failures import classify
 from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
+from gridgate.plugins.lsf_proxy.documents import BJOBS_STATES, bjobs_states, bsub_job_id
 from gridgate.plugins.lsf_proxy.wire import NoToken, ProxyError
 
 OPERATION_SUBMIT = "Job Submit"

@@ -18,7 +18,9 @@ from typing import Any
 
 from gridgate.core import runner
 from gridgate.core.model import CancelResult, CommandResult, Endpoint, JobStatus, StatusResult
-from gridgate.plugins.lsf_proxy.boundary import (
+from gridgate.plugins.lsf_proxy.commands import COMMANDS
+from gridgate.plugins.lsf_proxy.director.failures import daemon_trouble
+from gridgate.plugins.lsf_proxy.documents import (
     JOB_ID_RE,
     KillOutput,
     Row,
@@ -26,8 +28,6 @@ from gridgate.plugins.lsf_proxy.boundary import (
     bkill_output,
     status_rows,
 )
-from gridgate.plugins.lsf_proxy.commands import COMMANDS
-from gridgate.plugins.lsf_proxy.director.failures import daemon_trouble
 
 __all__ = [
     "BJOBS_STATUS_FORMAT",

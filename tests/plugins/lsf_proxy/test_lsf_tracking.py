@@ -332,7 +332,7 @@ def test_no_two_modules_of_the_lsf_director_import_each_other() -> None:
         for p in (root / "director").glob("*.py")
         if p.stem != "__init__"
     }
-    paths["gridgate.plugins.lsf_proxy.boundary"] = root / "boundary.py"
+    paths["gridgate.plugins.lsf_proxy.documents"] = root / "documents.py"
     graph = {module: _lsf_imports(path) & set(paths) for module, path in paths.items()}
     pairs = sorted(
         (a, b) for a, targets in graph.items() for b in targets if a < b and a in graph[b]
