@@ -316,6 +316,10 @@ API: tuple[tuple[str, str], ...] = (
         "The shared state store (`context.state`) and its pilot registry (`context.state.pilot_registry()`), the base of a state driver, and opening the store a config names.",
     ),
     (
+        "gridgate.core.journal",
+        "Changes to outside state that must be undone (a partition's groups, a block, a debug flag), journaled in the state store first: the intent and each prior value before the change, an undo that puts back only what the change set and is still in force.",
+    ),
+    (
         "gridgate.core.weights",
         "Weighted endpoint choice for a selector: the backend's `weights` times the availability factor, a weighted random choice, smooth weighted round robin.",
     ),

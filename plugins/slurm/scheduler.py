@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import grp
 import json
 import os
@@ -28,6 +29,7 @@ from loguru import logger
 from gridgate.core import hookimpl
 from gridgate.core.backend import commands_schema, env_schema
 from gridgate.core.files import InputFileError, atomic_write, file_problem, read_regular
+from gridgate.core.journal import Journal, Restorer, Step
 from gridgate.core.model import (
     CommandResult,
     RpcCount,
@@ -38,6 +40,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.runner import run
+from gridgate.core.state import StateError, StateStore, open_state
 from gridgate.core.text import parse_json
 from gridgate.plugins.slurm.classify import clip
 
@@ -191,17 +194,71 @@ class SlurmScheduler(Plugin):
         super().__init__(config, context)
         self._commands = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
         self._env = {**os.environ, **(config.get("env") or {})}
+        self._journal: Journal | None = None
 
     @property
     def trace_file(self) -> Path:
-        """The trace in force: whether DebugFlags had Protocol before, the log and how far it
-        was read."""
+        """Where the request trace in force reads slurmctld's log from: the log, its inode and
+        how far it was read (whether DebugFlags had Protocol before is in the journal)."""
         return Path(self.context.state_dir) / f"trace.{self.name}.json"
 
     @property
     def denied_file(self) -> Path:
-        """What deny changed, per user and partition (to put back exactly that)."""
+        """Where versions before the journal kept what deny changed: read once, into it."""
         return Path(self.context.state_dir) / f"denied.{self.name}.json"
+
+    @property
+    def deny_kind(self) -> str:
+        """The journal's kind of a denial: partition -> its AllowGroups, exactly as shown."""
+        return f"{self.name}.allow_groups"
+
+    @property
+    def trace_kind(self) -> str:
+        """The journal's kind of a request trace: ``DebugFlags`` -> whether it has Protocol."""
+        return f"{self.name}.debug_flags"
+
+    def journal(self, timeout: float) -> Journal:
+        """The journal of what this plugin changed: in the context's state store (the token
+        daemon's), else in ``journal.db`` in the state folder; the restorers' commands are
+        killed at ``timeout``. Made at the first use, when the record files of versions before
+        it are moved into it, and every use first undoes what is due (a failed undo, a change
+        whose daemon was killed half-way)."""
+        fresh = self._journal is None
+        if self._journal is None:
+            path = Path(self.context.state_dir) / "journal.db"
+            store: StateStore = self.context.state or open_state(
+                {"state": {"driver": "sqlite", "path": str(path)}}
+            )
+            self._journal = Journal(store)
+        self._register(self._journal, timeout)
+        if fresh:
+            self._migrate(self._journal)
+        for undone in self._journal.undo_pending():
+            if undone.ok:
+                logger.warning(
+                    "slurm scheduler: {} {} undone (its undo had failed, or its daemon was "
+                    "killed while making it)",
+                    undone.entry.kind,
+                    undone.entry.id,
+                )
+        return self._journal
+
+    def _register(self, journal: Journal, timeout: float) -> None:
+        journal.register(
+            self.deny_kind,
+            Restorer(
+                write=lambda partition, groups: self._apply(partition, str(groups), timeout),
+                read=lambda partition: self._allowed(partition, timeout),
+                merge=_add_back,
+            ),
+        )
+        journal.register(
+            self.trace_kind,
+            Restorer(
+                write=lambda _flags, on: self._apply_flag("+" if on else "-", timeout),
+                read=lambda _flags: self._has_protocol(timeout),
+            ),
+        )
 
     def _run(self, which: str, args: Sequence[str], timeout: float) -> CommandResult:
         argv = [self._commands.get(which) or which, *args]
@@ -237,20 +294,33 @@ class SlurmScheduler(Plugin):
             return f"no such partition: {', '.join(missing)}"
         return {p: found[p] for p in chosen}
 
-    def _set(self, partition: str, groups: str, timeout: float) -> str:
+    def _allowed(self, partition: str, timeout: float) -> str | None:
+        """The AllowGroups of ``partition`` now, None when it is gone.
+
+        :raises OSError: scontrol failed otherwise.
+        """
+        shown = self._run("scontrol", ["-o", "show", "partition", partition], timeout)
+        if not shown.ok:
+            if "not found" in shown.stderr.lower():
+                return None
+            raise OSError(
+                f"scontrol show partition {partition} {shown.describe()}: {clip(shown.stderr.strip())}"
+            )
+        for line in shown.stdout.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("PartitionName") == partition:
+                return fields.get("AllowGroups", "ALL")
+        return None
+
+    def _apply(self, partition: str, groups: str, timeout: float) -> None:
+        """Set the AllowGroups of ``partition``. :raises OSError: scontrol refused."""
         done = self._run(
             "scontrol", ["update", f"PartitionName={partition}", f"AllowGroups={groups}"], timeout
         )
-        if done.ok:
-            return ""
-        return f"scontrol update {partition} {done.describe()}: {clip(done.stderr.strip())}"
-
-    def _kept(self) -> dict[str, Any]:
-        return _record(self.denied_file)
-
-    def _keep(self, kept: Mapping[str, Any]) -> None:
-        self.denied_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.denied_file, json.dumps(kept, sort_keys=True).encode("utf-8"))
+        if not done.ok:
+            raise OSError(
+                f"scontrol update {partition} {done.describe()}: {clip(done.stderr.strip())}"
+            )
 
     @hookimpl
     def gridgate_scheduler_deny(
@@ -260,7 +330,7 @@ class SlurmScheduler(Plugin):
             return None
         try:
             return self._deny(user, timeout) if deny else self._admit(user, timeout)
-        except (KeyError, OSError, ValueError) as exc:
+        except (KeyError, OSError, ValueError, StateError) as exc:
             return SchedulerChange(self.name, ok=False, message=f"{user}: {exc}")
 
     def _deny(self, user: str, timeout: float) -> SchedulerChange:
@@ -274,33 +344,35 @@ class SlurmScheduler(Plugin):
                 f"{', '.join(shared)}, who would be refused too "
                 "(bypass.scheduler_options.allow_shared_groups)",
             )
+        journal = self.journal(timeout)
         partitions = self._partitions(timeout)
         if isinstance(partitions, str):
             return SchedulerChange(self.name, ok=False, message=partitions)
         everyone = sorted({g.gr_name for g in grp.getgrall()})
-        kept = self._kept()
-        mine = kept.setdefault(user, {})
+        change = journal.begin(self.deny_kind, {"user": user, "groups": groups})
         changed: list[str] = []
-        for partition, allowed in partitions.items():
-            before = everyone if allowed.upper() == "ALL" else allowed.split(",")
-            after = [g for g in before if g not in groups]
-            if after == before:
-                continue
-            if not after:
-                return SchedulerChange(
-                    self.name,
-                    ok=False,
-                    message=f"{partition}: {user}'s groups are all it allows",
-                    changed=tuple(changed),
+        try:
+            for partition, allowed in partitions.items():
+                before = everyone if allowed.upper() == "ALL" else allowed.split(",")
+                after = [g for g in before if g not in groups]
+                if after == before:
+                    continue
+                if not after:
+                    raise OSError(f"{partition}: {user}'s groups are all it allows")
+                narrowed = ",".join(after)
+                change.step(
+                    partition,
+                    allowed,
+                    narrowed,
+                    apply=functools.partial(self._apply, partition, narrowed, timeout),
                 )
-            problem = self._set(partition, ",".join(after), timeout)
-            if problem:
-                self._keep(kept)
-                return SchedulerChange(self.name, ok=False, message=problem, changed=tuple(changed))
-            mine.setdefault(partition, {"before": allowed, "removed": groups})
-            mine[partition]["set"] = ",".join(after)
-            changed.append(partition)
-            self._keep(kept)
+                changed.append(partition)
+        except OSError as exc:
+            return self._failed(change.undo().problem, str(exc), changed)
+        if not changed:
+            change.undo()  # nothing to keep
+        else:
+            change.commit()
         note = f" (also refused: {', '.join(shared)})" if shared else ""
         return SchedulerChange(
             self.name,
@@ -310,45 +382,80 @@ class SlurmScheduler(Plugin):
             changed=tuple(changed),
         )
 
+    def _failed(self, undo_problem: str, problem: str, changed: list[str]) -> SchedulerChange:
+        """A denial that failed half-way: what was changed is put back (or kept in the journal
+        to be put back at the next call, when that failed too)."""
+        if not changed:
+            return SchedulerChange(self.name, ok=False, message=problem)
+        if not undo_problem:
+            return SchedulerChange(
+                self.name,
+                ok=False,
+                message=f"{problem} (AllowGroups of {', '.join(changed)} put back)",
+            )
+        return SchedulerChange(
+            self.name,
+            ok=False,
+            message=f"{problem}; putting back {', '.join(changed)} failed: {undo_problem} "
+            "(tried again at the next call)",
+            changed=tuple(changed),
+        )
+
     def _admit(self, user: str, timeout: float) -> SchedulerChange:
-        kept = self._kept()
-        mine = kept.get(user) or {}
+        journal = self.journal(timeout)
+        mine = [e for e in journal.changes(self.deny_kind) if e.intent.get("user") == user]
         if not mine:
             return SchedulerChange(self.name, ok=True, message=f"{user} was not denied here")
-        partitions = self._partitions(timeout)
-        if isinstance(partitions, str):
-            return SchedulerChange(self.name, ok=False, message=partitions)
         changed: list[str] = []
-        for partition, record in list(mine.items()):
-            now = partitions.get(partition)
-            if now is None:  # the partition went away: nothing to put back
-                mine.pop(partition)
-                continue
-            if now == record.get("set"):
-                back = str(record["before"])
-            else:  # changed by someone since: add back only the groups taken out
-                current = now.split(",") if now.upper() != "ALL" else []
-                back = (
-                    now
-                    if not current
-                    else ",".join(
-                        current + [g for g in record.get("removed", []) if g not in current]
-                    )
-                )
-            problem = self._set(partition, back, timeout)
-            if problem:
-                self._keep(kept)
-                return SchedulerChange(self.name, ok=False, message=problem, changed=tuple(changed))
-            mine.pop(partition)
-            changed.append(partition)
-        kept.pop(user, None)
-        self._keep(kept)
+        for entry in reversed(mine):  # the latest denial first: each restores what it found
+            undone = journal.undo(entry)
+            changed.extend(undone.restored)
+            if not undone.ok:
+                why = undone.problem or "another daemon is putting it back"
+                return SchedulerChange(self.name, ok=False, message=why, changed=tuple(changed))
         return SchedulerChange(
             self.name,
             ok=True,
             message=f"{user} put back in AllowGroups of {', '.join(changed) or 'no partition'}",
             changed=tuple(changed),
         )
+
+    def _migrate(self, journal: Journal) -> None:
+        """Move the record files of versions before the journal into it, once: a denial (and
+        a trace) in force during the upgrade is put back as it would have been."""
+        for user, partitions in _record(self.denied_file).items():
+            if not isinstance(partitions, dict):
+                continue
+            removed = {
+                g
+                for r in partitions.values()
+                if isinstance(r, dict)
+                for g in r.get("removed") or []
+            }
+            change = journal.begin(self.deny_kind, {"user": user, "groups": sorted(removed)})
+            for partition, record in partitions.items():
+                if isinstance(record, dict) and "before" in record and "set" in record:
+                    change.step(partition, str(record["before"]), str(record["set"]), apply=_made)
+            change.commit()
+            logger.info(
+                "slurm scheduler: {}'s denial moved from {} into the journal",
+                user,
+                self.denied_file,
+            )
+        trace = _record(self.trace_file)
+        if "had_protocol" in trace:
+            change = journal.begin(self.trace_kind, {"log": trace.get("log")})
+            if not trace["had_protocol"]:
+                change.step("DebugFlags", False, True, apply=_made)
+            change.commit()
+            trace.pop("had_protocol")
+            atomic_write(self.trace_file, json.dumps(trace, sort_keys=True).encode("utf-8"))
+            logger.info(
+                "slurm scheduler: the trace in force moved from {} into the journal",
+                self.trace_file,
+            )
+        if self.denied_file.is_file():  # a FIFO or a folder there is not this plugin's
+            self.denied_file.unlink()
 
     # --- the request trace (diagnose -c bypass) ---------------------------------------------
 
@@ -374,7 +481,7 @@ class SlurmScheduler(Plugin):
             return None
         try:
             return self._trace_on(timeout) if on else self._trace_off(timeout)
-        except OSError as exc:
+        except (OSError, StateError) as exc:
             return SchedulerChange(self.name, ok=False, message=f"trace: {exc}")
 
     def _protocol_flag(self, sign: str, timeout: float) -> str:
@@ -385,6 +492,19 @@ class SlurmScheduler(Plugin):
         return (
             f"scontrol setdebugflags {sign}protocol {done.describe()}: {clip(done.stderr.strip())}"
         )
+
+    def _apply_flag(self, sign: str, timeout: float) -> None:
+        """:meth:`_protocol_flag`. :raises OSError: scontrol refused."""
+        problem = self._protocol_flag(sign, timeout)
+        if problem:
+            raise OSError(problem)
+
+    def _has_protocol(self, timeout: float) -> bool:
+        """Whether slurmctld's DebugFlags have Protocol now. :raises OSError: not read."""
+        config = self._config(timeout)
+        if isinstance(config, str):
+            raise OSError(config)
+        return "protocol" in _flags(config)
 
     def _trace_on(self, timeout: float) -> SchedulerChange:
         config = self._config(timeout)
@@ -398,49 +518,62 @@ class SlurmScheduler(Plugin):
                 message="SlurmctldLogFile is not set (slurmctld logs to syslog): the "
                 "request trace is read from that file",
             )
-        flags = [f.strip().lower() for f in config.get("DebugFlags", "").split(",")]
-        record = self._trace_record()
-        if not record:
+        journal = self.journal(timeout)
+        flagged = "protocol" in _flags(config)
+        on = journal.changes(self.trace_kind)
+        if on:
+            had_protocol = not any(e.steps for e in on)
+            if not flagged:  # lost meanwhile (slurmctld restarted): on again
+                problem = self._protocol_flag("+", timeout)
+                if problem:
+                    return SchedulerChange(self.name, ok=False, message=problem)
+        else:
             try:
                 info = os.stat(log)
             except OSError as exc:
                 return SchedulerChange(self.name, ok=False, message=f"{log}: {exc.strerror}")
-            record = {
-                "log": log,
-                "had_protocol": "protocol" in flags,
-                "inode": info.st_ino,
-                "offset": info.st_size,
-            }
-        if "protocol" not in flags:
-            problem = self._protocol_flag("+", timeout)
-            if problem:
-                return SchedulerChange(self.name, ok=False, message=problem)
-        self.trace_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.trace_file, json.dumps(record, sort_keys=True).encode("utf-8"))
+            change = journal.begin(self.trace_kind, {"log": log})
+            had_protocol = flagged
+            if not flagged:
+                try:
+                    change.step(
+                        "DebugFlags", False, True, apply=lambda: self._apply_flag("+", timeout)
+                    )
+                except OSError as exc:
+                    change.undo()
+                    return SchedulerChange(self.name, ok=False, message=str(exc))
+            change.commit()
+            cursor = {"log": log, "inode": info.st_ino, "offset": info.st_size}
+            self.trace_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.trace_file, json.dumps(cursor, sort_keys=True).encode("utf-8"))
         return SchedulerChange(
             self.name,
             ok=True,
             message=f"slurmctld logs every request to {log}"
-            + (" (DebugFlags had Protocol already)" if record["had_protocol"] else ""),
-            changed=() if record["had_protocol"] else ("DebugFlags",),
+            + (" (DebugFlags had Protocol already)" if had_protocol else ""),
+            changed=() if had_protocol else ("DebugFlags",),
         )
 
     def _trace_off(self, timeout: float) -> SchedulerChange:
-        record = self._trace_record()
-        if not record:
+        journal = self.journal(timeout)
+        on = journal.changes(self.trace_kind)
+        if not on:
+            self.trace_file.unlink(missing_ok=True)
             return SchedulerChange(self.name, ok=True, message="no request trace was on")
-        if not record.get("had_protocol"):
-            problem = self._protocol_flag("-", timeout)
-            if problem:
-                return SchedulerChange(self.name, ok=False, message=problem)
+        had_protocol = not any(e.steps for e in on)
+        for entry in reversed(on):
+            undone = journal.undo(entry)
+            if not undone.ok:
+                why = undone.problem or "another daemon is switching it off"
+                return SchedulerChange(self.name, ok=False, message=why)
         self.trace_file.unlink(missing_ok=True)
         return SchedulerChange(
             self.name,
             ok=True,
             message="slurmctld's request log is off again"
-            if not record.get("had_protocol")
+            if not had_protocol
             else "DebugFlags keep Protocol, as before the trace",
-            changed=() if record.get("had_protocol") else ("DebugFlags",),
+            changed=() if had_protocol else ("DebugFlags",),
         )
 
     @hookimpl
@@ -510,3 +643,23 @@ def _read_on(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         "inode": info.st_ino,
         "offset": offset + len(whole),
     }
+
+
+def _flags(config: Mapping[str, str]) -> list[str]:
+    """The DebugFlags of ``scontrol show config``, lower case."""
+    return [f.strip().lower() for f in config.get("DebugFlags", "").split(",")]
+
+
+def _made() -> None:
+    """A step moved from an older record: made already."""
+
+
+def _add_back(step: Step, now: Any, intent: Mapping[str, Any]) -> Any:
+    """The AllowGroups to put back where a partition was changed since the denial (by an
+    operator, another denial): the groups it took out added back to what is there now, or
+    left as it is when it is gone or allows every group."""
+    if not isinstance(now, str) or now.upper() == "ALL":
+        return now
+    current = now.split(",")
+    removed = [str(g) for g in intent.get("groups") or []]
+    return ",".join(current + [g for g in removed if g not in current])

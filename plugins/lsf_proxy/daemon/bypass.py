@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -37,9 +36,11 @@ from typing import Any
 
 from loguru import logger
 
-from gridgate.core.files import InputFileError, atomic_write, read_regular
+from gridgate.core.files import InputFileError, read_regular
+from gridgate.core.journal import Entry, Journal, Restorer
 from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
 from gridgate.core.patterns import clip
+from gridgate.core.state import StateError, open_state
 from gridgate.core.text import parse_json, printable
 from gridgate.plugins.lsf_proxy.commands import COMMAND_OPCODES
 from gridgate.plugins.lsf_proxy.config import BYPASS_COSTS, BYPASS_SCHEMA, duration, filled
@@ -280,42 +281,103 @@ class BypassAudit:
         }
 
 
+def old_acting(path: Path) -> dict[str, dict[str, Any]]:
+    """What versions before the journal kept in ``path`` for the audit to undo (user ->
+    ``{"action", "until", "from"}``): {} when there is none, or when what is there is not one
+    (a link, a FIFO, another owner's file, too large, not JSON: told here)."""
+    try:
+        data = parse_json(
+            read_regular(
+                path, max_bytes=1 << 20, owners={0, os.geteuid()}, follow_links=False
+            ).decode("utf-8")
+        )
+    except InputFileError as exc:
+        if exc.errno != errno.ENOENT:
+            logger.error("proxyd.bypass: {} not read: {}", path, exc)
+        return {}
+    except ValueError as exc:  # cut short or not ours: nothing to undo from it
+        logger.error("proxyd.bypass: {} is not a record: {}", path, exc)
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        u: v
+        for u, v in data.items()
+        if isinstance(v, dict)
+        and v.get("action") in ("block", "deny_partition")
+        and isinstance(v.get("until"), int | float)
+        and not isinstance(v.get("until"), bool)
+    }
+
+
+def _made() -> None:
+    """A step moved from an older record: made already."""
+
+
+class _Refused(Exception):
+    """The scheduler did not deny (its :class:`SchedulerChange` says why)."""
+
+
 class Acting:
-    """What the audit did to users and must undo (``block``, ``deny_partition`` for ``for``),
-    kept in ``path`` so that a restarted daemon still undoes it."""
+    """What the audit did to users and must undo after ``for``: one journaled change per
+    user (:mod:`gridgate.core.journal`), in ``journal``'s store, so that a restarted daemon
+    (or, on a store the service shares, another daemon) still undoes it.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.held: dict[str, dict[str, Any]] = {}
-        try:
-            data = parse_json(
-                read_regular(
-                    path, max_bytes=1 << 20, owners={0, os.geteuid()}, follow_links=False
-                ).decode("utf-8")
-            )
-        except InputFileError as exc:
-            if exc.errno != errno.ENOENT:
-                logger.error("proxyd.bypass: {} not read: {}", path, exc)
-            return
-        except ValueError as exc:  # cut short or not ours: nothing to undo from it
-            logger.error("proxyd.bypass: {} is not a record: {}", path, exc)
-            return
-        if isinstance(data, dict):
-            self.held = {
-                u: v
-                for u, v in data.items()
-                if isinstance(v, dict) and isinstance(v.get("until"), int | float)
+    A block is this daemon's own (the kind ``bypass.block:NAME``: each daemon blocks on its
+    own blocklist, a peer's audit's block adopted as its own); a denial is the service's
+    (``bypass.deny_partition``: the scheduler is one for all).
+    """
+
+    DENY = "bypass.deny_partition"
+
+    def __init__(self, journal: Journal, daemon: str) -> None:
+        self.journal = journal
+        self.block_kind = f"bypass.block:{daemon}"
+
+    def _entries(self) -> list[tuple[str, Entry]]:
+        kinds = (self.block_kind, self.DENY)
+        return [
+            (e.intent["user"], e)
+            for e in self.journal.changes()
+            if e.kind in kinds and isinstance(e.intent.get("user"), str)
+        ]
+
+    def users(self) -> set[str]:
+        """Whom an action is journaled for: in force, being made, or its undo to try again."""
+        return {user for user, _ in self._entries()}
+
+    @property
+    def held(self) -> dict[str, dict[str, Any]]:
+        """user -> ``{"action", "until"[, "from"]}``, for whom an action is in force (made,
+        or its undo to be tried again)."""
+        out: dict[str, dict[str, Any]] = {}
+        for user, entry in self._entries():
+            if not entry.in_force:
+                continue
+            held: dict[str, Any] = {
+                "action": "block" if entry.kind == self.block_kind else "deny_partition",
+                "until": entry.until if entry.until is not None else entry.intent.get("until"),
             }
+            if entry.intent.get("from"):
+                held["from"] = entry.intent["from"]
+            out[user] = held
+        return out
 
-    def save(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(self.held, sort_keys=True).encode("utf-8"))
-        except OSError as exc:
-            logger.error("proxyd.bypass: cannot keep {}: {}", self.path, exc)
-
-    def due(self, now: float) -> list[tuple[str, dict[str, Any]]]:
-        return [(u, v) for u, v in self.held.items() if v["until"] <= now]
+    def adopt(self, path: Path) -> None:
+        """Move what an older version kept in ``path`` into the journal (read once)."""
+        for user, held in old_acting(path).items():
+            block = held["action"] == "block"
+            intent = {"user": user, "until": float(held["until"])}
+            if block and held.get("from"):
+                intent["from"] = str(held["from"])
+            change = self.journal.begin(self.block_kind if block else self.DENY, intent)
+            change.step(user, False, True, apply=_made)
+            change.commit(until=float(held["until"]))
+            logger.info(
+                "proxyd.bypass: {}'s {} moved from {} into the journal", user, held["action"], path
+            )
+        if path.is_file():
+            path.unlink()
 
 
 class BypassWatch:
@@ -344,11 +406,29 @@ class BypassWatch:
             settings.scheduler, settings.options, folder, config.parent if config else None
         )
         self.audit = BypassAudit(settings, self.exempt)
-        self.acting = Acting(folder / f"bypass.{daemon.name}.json")
+        try:
+            self.acting = self._acting(daemon, folder)
+        except StateError as exc:
+            raise ValueError(f"proxyd.bypass: the journal of its actions: {exc}") from None
         self.trace = RequestTrace(self)
         daemon.policy.on_grant = self._granted
         daemon.policy.on_release = self.trace.ledger.released
         daemon.peers.extra = self.heartbeat  # the others' audits add this daemon's grants
+
+    def _acting(self, daemon: Any, folder: Path) -> Acting:
+        """The journal of the audit's actions: in the store the peers share, else in
+        ``journal.db`` in ``folder``; what an older version kept there moved into it."""
+        store = getattr(daemon.peers, "store", None) or open_state(
+            {"state": {"driver": "sqlite", "path": str(folder / "journal.db")}}
+        )
+        journal = Journal(store, prefix="journal:", owner=daemon.name)
+        journal.register(
+            f"bypass.block:{daemon.name}", Restorer(write=self._set_block, read=self._blocked)
+        )
+        journal.register(Acting.DENY, Restorer(write=self._set_denied))
+        acting = Acting(journal, daemon.name)
+        acting.adopt(folder / f"bypass.{daemon.name}.json")
+        return acting
 
     def heartbeat(self) -> dict[str, Any]:
         """What this daemon's heartbeats carry: its grants (:meth:`BypassAudit.covered`) and
@@ -357,7 +437,7 @@ class BypassWatch:
         blocked = {
             user: float(held["until"])
             for user, held in self.acting.held.items()
-            if held.get("action") == "block" and not held.get("from")
+            if held["action"] == "block" and not held.get("from")
         }
         return {**self.audit.covered(), "blocked": blocked}
 
@@ -365,18 +445,14 @@ class BypassWatch:
         """Block here the users a peer's audit blocked (its heartbeat's ``blocked``) until
         the same time; :meth:`undo_due` lifts them then, as it lifts this daemon's own."""
         now = time.time() if now is None else now
-        changed = False
+        held = self.acting.users()
         for peer, grants in sorted(self.daemon.peers.peer_grants.items()):
             for user, until in sorted((grants.get("blocked") or {}).items()):
-                if until <= now or user in self.acting.held or self.exempt(user):
+                if until <= now or user in held or self.exempt(user):
                     continue
-                added, decisions = self.daemon.policy.block(BlockRule.make(users=[user]))
-                for decision in decisions:
-                    self.daemon.tokens.deliver(decision)
-                if not added:  # an operator's block: theirs to lift, not the audit's
+                if not self.block(user, until, peer):
                     continue
-                self.acting.held[user] = {"action": "block", "until": until, "from": peer}
-                changed = True
+                held.add(user)
                 logger.warning(
                     "proxyd.bypass: {} blocked for {:g} s, as {}'s audit blocked it "
                     "(bypass.action block)",
@@ -384,9 +460,74 @@ class BypassWatch:
                     until - now,
                     peer,
                 )
-        if changed:
-            self.daemon.save_blocklist()
-            self.acting.save()
+
+    # --- the actions' targets, as the journal sets them and reads them back
+
+    def _blocked(self, user: str) -> bool:
+        return BlockRule.make(users=[user]) in self.daemon.policy.blocklist.rules
+
+    def _set_block(self, user: str, on: Any) -> None:
+        rule = BlockRule.make(users=[user])
+        if on:
+            _added, decisions = self.daemon.policy.block(rule)
+            for decision in decisions:
+                self.daemon.tokens.deliver(decision)
+        else:
+            self.daemon.policy.unblock(rule)
+        self.daemon.save_blocklist()
+        if not on:
+            logger.info("proxyd.bypass: {} unblocked, its `for` has passed", user)
+
+    def _set_denied(self, user: str, on: Any) -> None:
+        """Deny ``user`` through the scheduler, or admit it again (blocking: in a thread).
+
+        :raises _Refused: the scheduler did not.
+        """
+        change = self.change(user, bool(on))
+        if not change.ok:
+            raise _Refused(change.message)
+        if not on and change.changed:
+            logger.info("proxyd.bypass: {}", change.message)
+
+    def block(self, user: str, until: float, peer: str | None = None) -> bool:
+        """Put ``user`` on this daemon's blocklist until ``until`` (wall time), journaled
+        first; False when it is blocked already (an operator's block: theirs to lift)."""
+        if self._blocked(user):
+            return False
+        intent: dict[str, Any] = {"user": user, "until": until}
+        if peer:
+            intent["from"] = peer
+        change = self.acting.journal.begin(self.acting.block_kind, intent)
+        change.step(user, False, True, apply=lambda: self._set_block(user, True))
+        change.commit(until=until)
+        return True
+
+    def deny(self, user: str, until: float) -> SchedulerChange:
+        """Have the scheduler refuse ``user`` until ``until``, journaled first (blocking: in
+        a thread). A denial refused half-way is undone at once (the scheduler puts back what
+        it changed), or, when that fails too, at the next audit."""
+        change = self.acting.journal.begin(Acting.DENY, {"user": user, "until": until})
+        answers: list[SchedulerChange] = []
+
+        def apply() -> None:
+            answers.append(self.change(user, True))
+            if not answers[-1].ok:
+                raise _Refused(answers[-1].message)
+
+        try:
+            change.step(user, False, True, apply=apply)
+        except _Refused:
+            undone = change.undo()
+            if not undone.ok:
+                logger.error(
+                    "proxyd.bypass: what the refused denial of {} changed is not put back yet: "
+                    "{} (tried again at the next audit)",
+                    user,
+                    clip(undone.problem),
+                )
+            return answers[-1]
+        change.commit(until=until)
+        return answers[-1]
 
     def _granted(self, token: Token) -> None:
         self.audit.granted(token)
@@ -492,40 +633,37 @@ class BypassWatch:
         else:
             logger.warning("proxyd.bypass: {}", line)
         action = self.settings.action
-        if action == "report" or finding.user in self.acting.held:
+        if action == "report" or finding.user in self.acting.users():
             return
         until = time.time() + self.settings.hold
-        if action == "block":
-            rule = BlockRule.make(users=[finding.user])
-            added, decisions = self.daemon.policy.block(rule)
-            for decision in decisions:
-                self.daemon.tokens.deliver(decision)
-            if not added:  # an operator's block: theirs to lift, not the audit's
-                logger.debug("proxyd.bypass: {} is on the blocklist already", finding.user)
-                return
-            self.daemon.save_blocklist()
-            logger.warning(
-                "proxyd.bypass: {} blocked for {:g} s (bypass.action block)",
-                finding.user,
-                self.settings.hold,
-            )
-        else:
-            change = await asyncio.to_thread(self.change, finding.user, True)
-            if not change.ok:
-                logger.error(
-                    "proxyd.bypass: {} could not be denied by {}: {}",
+        try:
+            if action == "block":
+                if not self.block(finding.user, until):
+                    logger.debug("proxyd.bypass: {} is on the blocklist already", finding.user)
+                    return
+                logger.warning(
+                    "proxyd.bypass: {} blocked for {:g} s (bypass.action block)",
                     finding.user,
-                    self.settings.scheduler,
-                    clip(change.message),
+                    self.settings.hold,
                 )
                 return
-            logger.warning(
-                "proxyd.bypass: {} for {:g} s (bypass.action deny_partition)",
-                change.message,
-                self.settings.hold,
+            change = await asyncio.to_thread(self.deny, finding.user, until)
+        except StateError as exc:
+            logger.error("proxyd.bypass: {} not acted on: the journal: {}", finding.user, exc)
+            return
+        if not change.ok:
+            logger.error(
+                "proxyd.bypass: {} could not be denied by {}: {}",
+                finding.user,
+                self.settings.scheduler,
+                clip(change.message),
             )
-        self.acting.held[finding.user] = {"action": action, "until": until}
-        self.acting.save()
+            return
+        logger.warning(
+            "proxyd.bypass: {} for {:g} s (bypass.action deny_partition)",
+            change.message,
+            self.settings.hold,
+        )
 
     def notification(self, finding: Finding) -> Notification:
         """The error people get when ``finding``'s user went around the gate for
@@ -553,28 +691,25 @@ class BypassWatch:
             key=f"proxyd.bypass:{self.daemon.name}:{finding.user}",
         )
 
-    async def undo_due(self, now: float | None = None) -> None:
-        """Undo the blocks and denials whose ``for`` has passed."""
-        due = self.acting.due(time.time() if now is None else now)
-        for user, held in due:
-            if held.get("action") == "block":
-                self.daemon.policy.unblock(BlockRule.make(users=[user]))
-                self.daemon.save_blocklist()
-                logger.info("proxyd.bypass: {} unblocked, its `for` has passed", user)
-            else:
-                change = await asyncio.to_thread(self.change, user, False)
-                if not change.ok:
-                    logger.error(
-                        "proxyd.bypass: {} could not be admitted again: {} (tried again "
-                        "at the next audit)",
-                        user,
-                        clip(change.message),
-                    )
-                    continue
-                logger.info("proxyd.bypass: {}", change.message)
-            self.acting.held.pop(user, None)
-        if due:
-            self.acting.save()
+    async def undo_due(self) -> None:
+        """Undo the blocks and denials whose ``for`` has passed, those whose undo failed
+        before, and those a killed daemon left half-made (once their lease passed)."""
+        journal = self.acting.journal
+        try:
+            undone = journal.undo_pending(kinds={self.acting.block_kind})
+            undone += await asyncio.to_thread(journal.undo_pending, {Acting.DENY})
+        except StateError as exc:
+            logger.error("proxyd.bypass: the journal cannot be read: {}", exc)
+            return
+        await self.trace.retry_off()
+        for done in undone:
+            if done.problem:
+                logger.error(
+                    "proxyd.bypass: {} could not be admitted again: {} (tried again at the "
+                    "next audit)",
+                    done.entry.intent.get("user"),
+                    clip(done.problem),
+                )
 
     def status(self) -> dict[str, Any]:
         return {

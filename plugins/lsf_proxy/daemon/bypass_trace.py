@@ -7,7 +7,8 @@ and the daemon writes each one to its diagnostic log with whether its user held 
 the wall clock); :class:`RequestTrace` switches the trace on through the
 ``gridgate_scheduler_trace`` hook, reads ``gridgate_scheduler_requests`` while it lasts, and
 switches it back however the window ends (its time is up, ``diagnose off -c bypass``, the
-daemon stops; a daemon killed during a trace ends it when it starts again).
+daemon stops; a daemon killed during a trace ends it when it starts again; an end that failed
+is tried again at each audit).
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class RequestTrace:
         self.problem = ""
         self.requests = 0
         self.without_token = 0
+        #: the window ended and the controller's flags could not be put back: tried again by
+        #: :meth:`retry_off` at each audit (the scheduler plugin's journal keeps what to undo)
+        self.left_on = False
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
@@ -171,17 +175,32 @@ class RequestTrace:
                 await self._take()
         finally:
             await self._take()
-            self.on, self.until = False, None
             back = await asyncio.to_thread(self._hook, False)
+            # on until the controller's flags are back (or could not be put back)
+            self.on, self.until = False, None
+            self.left_on = not back.ok
             if back.ok:
                 logger.info("proxyd.bypass: request trace off: {}", back.message)
             else:
                 self.problem = back.message
                 logger.error(
                     "proxyd.bypass: the request trace could not be switched off: {} "
-                    "(tried again when the daemon starts)",
+                    "(tried again at the next audit)",
                     clip(back.message),
                 )
+
+    async def retry_off(self) -> None:
+        """Put the controller's flags back after a window whose end could not (called at
+        every audit; nothing when no end failed)."""
+        if not self.left_on or self.on:
+            return
+        back = await asyncio.to_thread(self._hook, False)
+        if back.ok:
+            self.left_on, self.problem = False, ""
+            logger.info("proxyd.bypass: request trace off at last: {}", back.message)
+        elif back.message != self.problem:
+            self.problem = back.message
+            logger.error("proxyd.bypass: the request trace is still on: {}", clip(back.message))
 
     async def _take(self) -> None:
         got = await asyncio.to_thread(self._read)

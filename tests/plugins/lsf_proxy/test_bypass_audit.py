@@ -14,10 +14,10 @@ import pytest
 from gridgate.core.model import SchedulerRPCs
 from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA, resolve_policies
 from gridgate.plugins.lsf_proxy.daemon.bypass import (
-    Acting,
     BypassAudit,
     BypassSettings,
     bypass_line,
+    old_acting,
 )
 from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
 from gridgate.plugins.lsf_proxy.daemon.policy import PolicySettings, Token, TokenPolicy
@@ -208,10 +208,10 @@ def test_a_fifo_or_a_broken_record_where_the_undo_is_kept_is_refused_not_waited_
     state files are: a FIFO put there would have blocked the daemon's start in open()."""
     fifo = tmp_path / "bypass.pa.json"
     os.mkfifo(fifo)
-    assert Acting(fifo).held == {}
+    assert old_acting(fifo) == {}
     broken = tmp_path / "bypass.pb.json"
     broken.write_text('{"u": {"action": "block", "until": 1')  # cut short
-    assert Acting(broken).held == {}
+    assert old_acting(broken) == {}
     manager = load_scheduler("slurm", {}, tmp_path)
     [plugin] = [p for p in manager.get_plugins() if getattr(p, "name", "") == "slurm"]
     os.mkfifo(plugin.denied_file)

@@ -5,10 +5,12 @@ deny_partition, each undone after ``for``) is checked with real commands."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from support.lsfproxyd import install_shims
@@ -33,7 +35,7 @@ def status(daemon) -> dict:
     return reply.reply["status"]
 
 
-def start(start_daemon, sockdir: Path, slurm, extra: dict | None = None, **bypass):
+def start(start_daemon, sockdir: Path, slurm, extra: dict | None = None, name: str = "", **bypass):
     section = {
         "diagnose": True,
         "diagnose_file": str(sockdir / "diag.log"),
@@ -47,7 +49,7 @@ def start(start_daemon, sockdir: Path, slurm, extra: dict | None = None, **bypas
             **bypass,
         },
     }
-    daemon = start_daemon(section, extra=extra)
+    daemon = start_daemon(section, name=name, extra=extra)
     # the first reading is the baseline; one judged window shows the audit runs
     assert until(lambda: status(daemon)["bypass"]["windows"] >= 1, timeout=30), daemon.log()
     return daemon
@@ -140,6 +142,50 @@ def test_deny_partition_makes_slurmctld_refuse_the_bypassers_jobs_until_for_pass
             slurm.scontrol("update", f"PartitionName={partition}", "AllowGroups=ALL")
 
 
+def test_a_denial_refused_by_one_partition_leaves_none_narrowed(
+    slurm, start_daemon, sockdir
+) -> None:
+    # issue 40 item 1 through the daemon: debug (shown first) allows ALL, batch only the
+    # bypasser's own group: debug is narrowed, batch refused, and debug must be put back
+    try:
+        with real_user("ggpf") as rogue:
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={rogue}")
+            daemon = start(start_daemon, sockdir, slurm, action="deny_partition", **{"for": 30})
+            squeue_loop(rogue, slurm, 40)
+            assert until(lambda: f"{rogue} could not be denied" in daemon.log(), timeout=30), (
+                daemon.log()
+            )
+            assert "batch: " in daemon.log() and "groups are all it allows" in daemon.log()
+            assert "debug put back" in daemon.log()
+            shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
+            assert " AllowGroups=ALL " in f" {shown} ", "debug put back, exactly ALL"
+            assert not status(daemon)["bypass"]["acting"]
+            sbatch = [real("sbatch"), "-p", "debug", "-o", "/dev/null", "--wrap", "true"]
+            assert run_as(rogue, sbatch, slurm.client_env()).returncode == 0
+    finally:
+        for partition in slurm.partitions:
+            slurm.scontrol("update", f"PartitionName={partition}", "AllowGroups=ALL")
+
+
+def test_a_block_an_older_version_kept_in_its_file_is_lifted_at_its_time(
+    slurm, start_daemon, sockdir, gridgate_exe, cli
+) -> None:
+    with real_user("ggup") as rogue:
+        old = {rogue: {"action": "block", "until": time.time() + 8}}
+        (sockdir / "bypass.pa.json").write_text(json.dumps(old))
+        daemon = start(start_daemon, sockdir, slurm, name="pa", action="block", **{"for": 8})
+        assert not (sockdir / "bypass.pa.json").exists(), "read once, into the journal"
+        assert status(daemon)["bypass"]["acting"][rogue]["action"] == "block"
+        # the block itself, as the older version left it on the blocklist
+        assert cli("block", "-u", rogue, "--socket", daemon.socket).returncode == 0
+        path, _, _ = install_shims(gridgate_exe, sockdir, daemon, *SLURM_TOOLS)
+        env = {"PATH": path, **slurm.env}
+        assert run_as(rogue, ["squeue", "-h"], env).returncode == 75
+        assert until(lambda: not status(daemon)["bypass"]["acting"], timeout=30), daemon.log()
+        assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
+        assert f"proxyd.bypass: {rogue} unblocked" in daemon.log()
+
+
 def test_a_controller_restart_starts_a_new_baseline_and_holds_no_one(
     slurm, start_daemon, sockdir
 ) -> None:
@@ -218,6 +264,28 @@ def test_a_trace_a_killed_daemon_left_on_is_ended_when_it_starts_again(
         again = start(start_daemon, sockdir, slurm)
         assert "Protocol" not in debug_flags(slurm)
         assert "a request trace left on was ended" in again.log()
+    finally:
+        slurm.scontrol("setdebugflags", "-protocol")
+
+
+def test_a_trace_whose_end_failed_is_ended_at_a_later_audit(
+    slurm, start_daemon, sockdir, cli
+) -> None:
+    daemon = start(start_daemon, sockdir, slurm)
+    try:
+        on = cli("diagnose", "on", "-c", "bypass", "-t", "0.1", "--socket", daemon.socket)
+        assert on.returncode == 0, on.stderr
+        assert until(lambda: status(daemon)["bypass"]["trace"]["on"], timeout=30)
+        slurm.stop_controller()  # the window (6 s) ends while nobody can switch it off
+        try:
+            assert until(lambda: "could not be switched off" in daemon.log(), timeout=60), (
+                daemon.log()
+            )
+        finally:
+            slurm.start_controller()
+        assert until(lambda: "request trace off at last" in daemon.log(), timeout=60), daemon.log()
+        assert "Protocol" not in debug_flags(slurm)
+        assert not status(daemon)["bypass"]["trace"]["problem"]
     finally:
         slurm.scontrol("setdebugflags", "-protocol")
 

@@ -4,6 +4,7 @@ and put back, checked with real sbatch calls as real users."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -155,6 +156,44 @@ def test_a_partition_changed_meanwhile_gets_back_only_the_groups_taken(slurm, tm
             assert allow_groups(slurm, "batch").split(",") == [kept, "root", user]
     finally:
         open_partitions(slurm)
+
+
+def test_a_denial_refused_by_a_later_partition_puts_back_the_earlier_ones(slurm, tmp_path) -> None:
+    # issue 40 item 1: batch allows ALL, debug only the user's one group; batch is narrowed,
+    # debug refused, and batch must not stay narrowed
+    plugin = scheduler(slurm, tmp_path, partitions=["batch", "debug"])
+    try:
+        with real_user("gghf") as user:
+            slurm.scontrol("update", "PartitionName=debug", f"AllowGroups={user}")
+            told = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )
+            assert not told.ok and "debug: " in told.message, told
+            assert "groups are all it allows" in told.message
+            assert "batch put back" in told.message and told.changed == ()
+            assert allow_groups(slurm, "batch") == "ALL", "exactly ALL, not a list"
+            assert allow_groups(slurm, "debug") == user
+            assert sbatch_as(slurm, user).returncode == 0
+            assert plugin.journal(30).changes() == [], "nothing left to undo"
+    finally:
+        open_partitions(slurm)
+
+
+def test_a_denial_kept_in_the_file_of_an_older_version_is_put_back(slurm, tmp_path) -> None:
+    with real_user("ggmg") as user, real_user("ggm2") as kept:
+        slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={kept}")
+        old = {user: {"batch": {"before": "ALL", "removed": [user], "set": kept}}}
+        (tmp_path / "denied.slurm.json").write_text(json.dumps(old))
+        try:
+            plugin = scheduler(slurm, tmp_path, partitions=["batch"])
+            admitted = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=False, timeout=30
+            )
+            assert admitted.ok and admitted.changed == ("batch",), admitted
+            assert allow_groups(slurm, "batch") == "ALL"
+            assert not (tmp_path / "denied.slurm.json").exists(), "read once, into the journal"
+        finally:
+            open_partitions(slurm)
 
 
 def test_groups_shared_with_others_are_not_taken_unless_allowed(slurm, tmp_path) -> None:
