@@ -230,7 +230,7 @@ class ArcBackend(Backend):
                             ce.endpoint.key,
                             len(cleaned),
                         )
-        if self.settings.auth != "token" and self._rest.delegations.records():
+        if self.settings.auth != "token" and self._rest.delegations.has_work():
             # delegations of CEs no endpoint here reaches over REST any more (removed from the
             # config, or interface: cli now), once no director has used them for a while
             self._rest.sweep(self.interface.services(list(self._ces.values())), timeout)

@@ -36,7 +36,6 @@ See shared/reference/arc.md for what the commands print and the traps behind the
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import datetime as dt
 import errno
@@ -57,10 +56,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from gridgate.core.documents import DocumentError
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
 from gridgate.core.testing import ancestors, not_traversable
 from gridgate.core.watchdog import Watchdog
+from gridgate.plugins.arc.documents import CeRecord, arc_conf, ce_record, token_end
 from gridgate.plugins.arc.issuer import COMPUTE_SCOPES, Issuer
 
 #: Debian packages the CE needs (dev.sh installs them when missing, under a policy-rc.d guard
@@ -466,11 +467,11 @@ def _slurm_localids(folder: Path) -> list[str]:
     return sorted(set(ids))
 
 
-def _settings(folder: Path) -> dict:
+def _settings(folder: Path) -> CeRecord | None:
     try:
-        return json.loads(Path(folder, "etc", "ce.json").read_text())
-    except (OSError, ValueError):
-        return {}
+        return ce_record(Path(folder, "etc", "ce.json").read_bytes())
+    except (OSError, DocumentError):
+        return None
 
 
 def down(
@@ -497,7 +498,7 @@ def cancel_slurm_jobs(folder: str | os.PathLike[str]) -> CommandResult | None:
     fork CE). The Slurm cluster may be gone already: the call is bounded."""
     root = Path(folder)
     settings = _settings(root)
-    if settings.get("lrms") != "slurm" or not settings.get("slurm_conf"):
+    if settings is None or settings.lrms != "slurm" or not settings.slurm_conf:
         return None
     ids = _slurm_localids(root)
     if not ids:
@@ -506,7 +507,7 @@ def cancel_slurm_jobs(folder: str | os.PathLike[str]) -> CommandResult | None:
     return run(
         [scancel, *ids],
         20,
-        env={"PATH": SYSTEM_PATH, "SLURM_CONF": settings["slurm_conf"]},
+        env={"PATH": SYSTEM_PATH, "SLURM_CONF": settings.slurm_conf},
         cwd="/",
     )
 
@@ -909,30 +910,29 @@ class ArcCE:
     def _load_settings(self) -> None:
         """A CE set up before keeps its settings (arc.conf is written once)."""
         settings = _settings(self._path())
-        if not settings:
+        if settings is None:
             raise CEError(
                 f"{self.arc_conf} exists but {self._path('etc', 'ce.json')} does "
                 f"not: the folder was not set up by this module; rm -r it"
             )
-        if self._port_given and settings["port"] != self._port:
+        if self._port_given and settings.port != self._port:
             raise CEError(
-                f"the CE in {self._folder} runs on port {settings['port']}, not "
+                f"the CE in {self._folder} runs on port {settings.port}, not "
                 f"{self._port}; rm -r {self._folder} for a new CE"
             )
-        if settings["lrms"] != self.lrms:
+        if settings.lrms != self.lrms:
             raise CEError(
-                f"the CE in {self._folder} was set up with lrms={settings['lrms']}, "
+                f"the CE in {self._folder} was set up with lrms={settings.lrms}, "
                 f"not {self.lrms}; rm -r {self._folder} for a new CE"
             )
-        self._port = int(settings["port"])
+        self._port = settings.port
         self._settings_loaded = True
-        self.info_period = int(settings["info_period"])
-        self.wakeup = int(settings["wakeup"])
-        # a folder set up before tokens existed has none
-        self.tokens = bool(settings.get("tokens"))
-        self._issuer_port = settings.get("issuer_port") if self.tokens else None
-        if settings.get("slurm_conf"):
-            self.slurm_conf = Path(settings["slurm_conf"])
+        self.info_period = settings.info_period
+        self.wakeup = settings.wakeup
+        self.tokens = settings.tokens
+        self._issuer_port = settings.issuer_port if self.tokens else None
+        if settings.slurm_conf:
+            self.slurm_conf = Path(settings.slurm_conf)
 
     def _write_arc_conf(self) -> None:
         p = self._path
@@ -1097,11 +1097,10 @@ class ArcCE:
     def token_seconds_left(self) -> float:
         """Seconds the pilot's token (:attr:`token_file`) has left; 0 when expired or missing."""
         try:
-            payload = self.token_file.read_text().strip().split(".")[1]
-            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-            return max(float(claims["exp"]) - time.time(), 0.0)
-        except (OSError, IndexError, ValueError, KeyError, TypeError):
+            ends = token_end(self.token_file.read_text().strip())
+        except (OSError, DocumentError):
             return 0.0
+        return max(ends - time.time(), 0.0) if ends is not None else 0.0
 
     def renew_token(self, lifetime: float = TOKEN_LIFETIME) -> Path:
         """Write the pilot's token afresh (all compute.* scopes, ``lifetime`` seconds)."""
@@ -1288,8 +1287,8 @@ class ArcCE:
             [parser, "--runconfig", str(self.runconfig), "--load", "--export", "json"], 60, env=env
         )
         try:
-            conf = json.loads(loaded.stdout)
-        except ValueError:
+            conf = arc_conf(loaded.stdout)
+        except DocumentError:
             raise CEError(
                 f"arcconfig-parser --export json: {loaded.describe()}: {loaded.stderr.strip()}"
             ) from None
@@ -1387,7 +1386,12 @@ class ArcCE:
             60,
             env={"PATH": SYSTEM_PATH},
         )
-        env = self._daemon_env(json.loads(loaded.stdout))
+        try:
+            env = self._daemon_env(arc_conf(loaded.stdout))
+        except DocumentError:
+            raise CEError(
+                f"arcconfig-parser --export json: {loaded.describe()}: {loaded.stderr.strip()}"
+            ) from None
         if self.tokens:
             self._start_issuer()
         for name in ("arex", "arex-ws"):
@@ -1750,12 +1754,12 @@ def _hand_ce(folder: Path) -> ArcCE:
     its own settings unless a knob says otherwise."""
     settings = _settings(folder)
     environ = os.environ
-    lrms = environ.get("ARC_CE_LRMS") or settings.get("lrms") or "fork"
-    slurm_conf = environ.get("SLURM_CONF") or settings.get("slurm_conf")
+    lrms = environ.get("ARC_CE_LRMS") or (settings.lrms if settings else "") or "fork"
+    slurm_conf = environ.get("SLURM_CONF") or (settings.slurm_conf if settings else None)
     port = environ.get("ARC_CE_PORT")
     tokens = environ.get("ARC_CE_TOKENS", "1").strip().lower() not in ("0", "no", "off", "false")
-    if settings:
-        tokens = bool(settings.get("tokens"))
+    if settings is not None:
+        tokens = settings.tokens
     return ArcCE(
         folder,
         lrms=lrms,

@@ -14,7 +14,10 @@ checks a shape again.
   :func:`killed_counts`, :func:`cleaned_counts`, :func:`not_in_list`);
 - what this backend reads back from its own files and the state store: the stamp files
   (:func:`stamps`), a CE's REST marker (:func:`rest_marker`), a delegation's record
-  (:func:`delegation_record`).
+  (:func:`delegation_record`);
+- what the private CE of the tests (:mod:`.ce`, :mod:`.issuer`) reads back: its set-up record
+  (:func:`ce_record`), ARC's parsed ``arc.conf`` (:func:`arc_conf`), its issuer's record
+  (:func:`issuer_record`).
 
 Ids that the next step would refuse (a CE-side id that is no URL path element, a delegation id
 that is not one either) are refused here, in the answer that carries them.
@@ -27,7 +30,7 @@ import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -42,12 +45,17 @@ __all__ = [
     "DelegationRecord",
     "Entry",
     "StatusReport",
+    "CeRecord",
+    "IssuerRecord",
+    "arc_conf",
     "arcstat_report",
+    "ce_record",
     "cleaned_counts",
     "content_range_total",
     "delegation_id",
     "delegation_record",
     "job_answer",
+    "issuer_record",
     "killed_counts",
     "not_in_list",
     "rest_marker",
@@ -233,6 +241,49 @@ class DelegationRecord(msgspec.Struct, frozen=True):
 def delegation_record(text: str | bytes) -> DelegationRecord:
     """A delegation's record as the state store holds it."""
     return decode_json(text, DelegationRecord, kind="delegation record")
+
+
+# --- what the private CE reads back ------------------------------------------------------------
+
+
+class CeRecord(msgspec.Struct, frozen=True):
+    """What the private CE records of its set-up (``etc/ce.json``)."""
+
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)]
+    lrms: str
+    info_period: int
+    wakeup: int
+    slurm_conf: str | None = None
+    queues: list[str] = []
+    #: a folder set up before tokens existed has none
+    tokens: bool = False
+    issuer_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
+
+
+def ce_record(text: str | bytes) -> CeRecord:
+    """The private CE's set-up record."""
+    return decode_json(text, CeRecord, kind="private CE record")
+
+
+def arc_conf(text: str | bytes) -> dict[str, dict[str, Any]]:
+    """``arc.conf`` as ``arcconfig-parser --export json`` prints it: block -> option -> value
+    (as ARC parsed it: the private CE reads the options it wrote itself)."""
+    conf: dict[str, dict[str, Any]] = decode_json(
+        text, dict[str, dict[str, Any]], kind="arcconfig-parser export"
+    )
+    return conf
+
+
+class IssuerRecord(msgspec.Struct, frozen=True):
+    """What the private token issuer records of itself (``issuer.json``)."""
+
+    url: str
+    kid: str
+
+
+def issuer_record(text: str | bytes) -> IssuerRecord:
+    """The private token issuer's record."""
+    return decode_json(text, IssuerRecord, kind="token issuer record")
 
 
 # --- what the ARC client prints -----------------------------------------------------------------

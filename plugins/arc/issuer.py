@@ -42,7 +42,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from gridgate.core.documents import DocumentError
 from gridgate.core.files import atomic_write
+from gridgate.plugins.arc.documents import issuer_record
 
 #: The scopes of a pilot factory's token at a CE (WLCG Common JWT Profile, compute.*).
 COMPUTE_SCOPES = "compute.create compute.read compute.modify compute.cancel"
@@ -81,13 +83,13 @@ class Issuer:
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder).resolve()
         try:
-            settings = json.loads((self.folder / SETTINGS).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            record = issuer_record((self.folder / SETTINGS).read_bytes())
+        except (OSError, DocumentError) as exc:
             raise IssuerError(f"{self.folder} holds no issuer ({SETTINGS}: {exc})") from None
         #: the ``iss`` of its tokens, ``https://localhost:PORT``
-        self.url: str = settings["url"]
+        self.url: str = record.url
         #: the ``kid`` of its tokens' header and of its one key in the JWKS
-        self.kid: str = settings["kid"]
+        self.kid: str = record.kid
         self._key: Any = None
 
     @classmethod

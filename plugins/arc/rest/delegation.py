@@ -20,14 +20,24 @@ identity and keeps it:
   already naming it get the proxy back), or under a new one if that fails;
 - one that no configured endpoint uses is **deleted** on the CE once nobody has used it for
   :data:`UNUSED_GRACE` seconds (another director on the same store may still use it).
+
+Making one is a change to the CE that must be undone, so it goes through the journal
+(:mod:`gridgate.core.journal`, in the same store): the intent (the CE, the identity) is written
+before ``action=new``, the step (the delegation, absent before) before its signed proxy is put,
+and the change is committed once it is; a failed PUT undoes it at once (the half-made
+delegation is deleted), and one whose director died half-way is undone by the next sweep of a
+director with the same identity once its lease has passed. Deleting an unused one is that
+change's undo.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from loguru import logger
 from msgspec.structs import replace
@@ -35,8 +45,9 @@ from msgspec.structs import replace
 from gridgate.core.backend import Deadline
 from gridgate.core.clock import Clock
 from gridgate.core.documents import DocumentError
+from gridgate.core.journal import Change, Journal, Restorer
 from gridgate.core.model import CommandResult
-from gridgate.core.state import StateError, StateStore
+from gridgate.core.state import StateError, StateStore, open_state
 from gridgate.plugins.arc.documents import DelegationRecord as Record
 from gridgate.plugins.arc.documents import delegation_record
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError
@@ -48,7 +59,7 @@ from gridgate.plugins.arc.rest.signing import (
     sign_request,
 )
 
-__all__ = ["PREFIX", "UNUSED_GRACE", "Delegations", "Record"]
+__all__ = ["KIND", "PREFIX", "UNUSED_GRACE", "Delegations", "Record", "kind_of", "target_of"]
 
 #: State-store prefix of the records.
 PREFIX = "arc/delegation/"
@@ -58,6 +69,21 @@ UNUSED_GRACE = 3600.0
 CREATE_LOCK = 60.0
 #: Seconds a director waits for another one's creation before making its own.
 CREATE_WAIT = 15.0
+#: The journal's kind of a delegation made on a CE (one kind per identity: :func:`kind_of`).
+KIND = "arc.delegation"
+#: Seconds an undo's delete of a delegation may take when no hook call's deadline applies.
+UNDO_TIMEOUT = 30.0
+
+
+def kind_of(identity: str) -> str:
+    """The journal's kind of the delegations of ``identity``: a director undoes only those its
+    own credential can delete."""
+    return f"{KIND}:{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def target_of(service: str, identifier: str) -> str:
+    """The journal's target of delegation ``identifier`` on ``service``."""
+    return f"{service.rstrip('/')}/delegations/{identifier}"
 
 
 def _load(text: str | None) -> Record | None:
@@ -84,6 +110,11 @@ class Delegations:
     def __init__(self, state: StateStore | None, clock: Clock) -> None:
         self.state = state
         self.clock = clock
+        #: what was made on the CEs, to undo (this process's memory without a state store)
+        self.journal = Journal(
+            state if state is not None else open_state({"state": {"driver": "memory"}}, clock),
+            clock,
+        )
         self._memory: dict[str, str] = {}
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
@@ -163,20 +194,105 @@ class Delegations:
         client.delegation_put(identifier, pem, deadline)
 
     def _create(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> str:
-        identifier, request = client.delegation_new(deadline)
+        """A new delegation on ``client``'s CE, journaled: the intent before ``action=new``,
+        the step before the signed proxy is put, committed once it is; a failure on the way
+        undoes what was made (the half-made delegation, which would stay on the CE unused)."""
+        change = self._begin(client, proxy, deadline)
         try:
-            self._sign(client, identifier, request, proxy, deadline)
+            identifier, request = client.delegation_new(deadline)
         except ArexError:
-            # an action=new whose PUT failed would stay on the CE, unused, for ever
-            try:
-                client.delegation_delete(identifier, deadline)
-            except ArexError as exc:
-                logger.info(
-                    "{}: half-made delegation {} not deleted: {}", client.service, identifier, exc
-                )
+            if change is not None:
+                self._undo(change)  # nothing known was made: the record goes
             raise
+        try:
+            if change is None:
+                self._sign(client, identifier, request, proxy, deadline)
+            else:
+                change.step(
+                    target_of(client.service, identifier),
+                    None,
+                    proxy.fingerprint,
+                    apply=lambda: self._sign(client, identifier, request, proxy, deadline),
+                )
+        except ArexError:
+            if change is not None:
+                self._undo(change)
+            else:
+                self._delete_half_made(client, identifier, deadline)
+            raise
+        if change is not None:
+            try:
+                change.commit()
+            except StateError as exc:
+                logger.warning("delegation {} made, its journal not updated: {}", identifier, exc)
         logger.info("{}: delegation {} made for {}", client.service, identifier, proxy.identity)
         return identifier
+
+    def _begin(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> Change | None:
+        """The journaled change of a new delegation; None when the store cannot be written
+        (then it is made as before the journal, and a half-made one is deleted at once)."""
+        kind = self._register(proxy.identity, lambda service: client, deadline)
+        try:
+            return self.journal.begin(kind, {"service": client.service, "identity": proxy.identity})
+        except StateError as exc:
+            logger.warning("delegation journal unwritable ({}); making it unjournaled", exc)
+            return None
+
+    @staticmethod
+    def _delete_half_made(client: ArexClient, identifier: str, deadline: Deadline) -> None:
+        try:
+            client.delegation_delete(identifier, deadline)
+        except ArexError as exc:
+            logger.info(
+                "{}: half-made delegation {} not deleted: {}", client.service, identifier, exc
+            )
+
+    def _undo(self, change: Change) -> None:
+        undone = change.undo()
+        if undone.problem:
+            logger.info(
+                "half-made delegation not deleted ({}): the journal keeps it, deleted later",
+                undone.problem,
+            )
+
+    def _register(
+        self,
+        identity: str,
+        client_for: Callable[[str], ArexClient | None],
+        deadline: Deadline | None = None,
+    ) -> str:
+        """Say how this identity's delegations are undone (deleted on their CE, through
+        ``client_for(service)``); its journal kind."""
+
+        def delete(target: str, _prior: Any) -> None:
+            service, _, identifier = target.rpartition("/delegations/")
+            client = client_for(service)
+            if client is None:
+                raise ArexError(
+                    f"no client for {service} now",
+                    CommandResult(argv=("POST", target), returncode=1, stderr="no client"),
+                )
+            client.delegation_delete(identifier, deadline or Deadline.after(UNDO_TIMEOUT))
+
+        kind = kind_of(identity)
+        self.journal.register(kind, Restorer(write=delete))
+        return kind
+
+    def _forget(self, record: Record) -> bool:
+        """Undo the journaled change that made ``record``'s delegation (the delegation is
+        deleted on its CE): whether it is gone; False also when no change made it (a
+        delegation made before the journal: the caller deletes it itself)."""
+        target = target_of(record.service, record.id)
+        for entry in self.journal.changes(kind_of(record.identity)):
+            if any(step.target == target for step in entry.steps):
+                undone = self.journal.undo(entry)
+                if undone.problem:
+                    raise ArexError(
+                        undone.problem,
+                        CommandResult(argv=("POST", target), returncode=1, stderr=undone.problem),
+                    )
+                return True
+        return False
 
     def _renew(self, client: ArexClient, identifier: str, proxy: Proxy, deadline: Deadline) -> None:
         self._sign(
@@ -303,6 +419,10 @@ class Delegations:
                 exc,
             )
         identifier = self._create(client, proxy, deadline)
+        try:
+            self._forget(record)  # the CE lost it: its delete answers 404, the record goes
+        except (ArexError, StateError) as exc:
+            logger.info("{}: lost delegation {} not forgotten: {}", client.service, record.id, exc)
         return replace(record, id=identifier, fingerprint=proxy.fingerprint, ends=proxy.not_after)
 
     def sweep(
@@ -317,6 +437,7 @@ class Delegations:
         gives a client for a CE (None: it cannot be asked now)."""
         services = set(in_use)
         now = self.clock.time()
+        self._undo_abandoned(self._register(identity, client_for, deadline))
         deleted: list[str] = []
         for key, record in self.records():
             if (
@@ -330,15 +451,50 @@ class Delegations:
             if client is None:
                 continue
             try:
+                # deleted here first: A-REX refuses to delete one its jobs still use, and that
+                # refusal must not leave the journal to retry it once it is in use again
                 client.delegation_delete(record.id, deadline)
             except ArexError as exc:
                 logger.info(
                     "{}: unused delegation {} not deleted yet: {}", record.service, record.id, exc
                 )
                 continue
+            try:
+                self._forget(record)  # its change, undone: the delete answers 404
+            except (ArexError, StateError) as exc:
+                logger.info(
+                    "{}: delegation {} deleted, its journal not: {}", record.service, record.id, exc
+                )
             self._drop(key)
             deleted.append(record.id)
             logger.info(
                 "{}: deleted delegation {}, which no endpoint uses", record.service, record.id
             )
         return deleted
+
+    def _undo_abandoned(self, kind: str) -> None:
+        """Undo this identity's delegation changes that are due: one whose director stopped
+        half-way (its lease passed), one whose undo had failed."""
+        try:
+            undone = self.journal.undo_pending([kind])
+        except StateError as exc:
+            logger.warning("delegation journal unreadable: {}", exc)
+            return
+        for one in undone:
+            if one.ok:
+                logger.warning(
+                    "delegation change {} undone ({}): its director stopped half-way, or its "
+                    "undo had failed",
+                    one.entry.id,
+                    ", ".join(one.restored) or "nothing was made",
+                )
+
+    def has_work(self) -> bool:
+        """Whether a sweep has anything to look at: a delegation recorded, or a change of one
+        in the journal (a director that stopped half-way leaves no record)."""
+        if self.records():
+            return True
+        try:
+            return any(e.kind.startswith(f"{KIND}:") for e in self.journal.changes())
+        except StateError:
+            return False

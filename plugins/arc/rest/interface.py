@@ -1,4 +1,4 @@
-"""The `arc` backend's REST path (``interface: rest``): submission, tracking, cancel, cleaning
+"""The `arc` backend's REST interface (``interface: rest``): submission, tracking, cancel, cleaning
 and the stderr sample of failed pilots, over A-REX's REST interface.
 
 What it does that arcsub cannot (``shared/reference/arc.md``, REST interface):
@@ -125,7 +125,7 @@ def find_token(managed: Mapping[str, str], environ: Mapping[str, str]) -> tuple[
         candidates = [("file", managed["BEARER_TOKEN_FILE"])]
     else:
         candidates = []
-        if environ.get("BEARER_TOKEN", "").strip():
+        if environ.get("BEARER_TOKEN", "").strip():  # not config: the environment
             return environ["BEARER_TOKEN"].strip(), "BEARER_TOKEN"
         if environ.get("BEARER_TOKEN_FILE"):
             candidates.append(("file", environ["BEARER_TOKEN_FILE"]))

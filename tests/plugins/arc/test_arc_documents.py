@@ -14,10 +14,13 @@ import pytest
 from gridgate.core.documents import DocumentError
 from gridgate.plugins.arc.documents import (
     DelegationRecord,
+    arc_conf,
     arcstat_report,
+    ce_record,
     content_range_total,
     delegation_id,
     delegation_record,
+    issuer_record,
     job_answer,
     rest_marker,
     rest_versions,
@@ -152,3 +155,19 @@ def test_client_outputs_keep_only_ids_and_counts_of_their_form() -> None:
     # Unicode digits in the summary are not arcstat's: the line is not read
     report = arcstat_report("Status of ٣ jobs was queried, ٣ jobs returned information\n")
     assert report.queried is None and report.returned is None
+
+
+def test_the_private_ces_own_records_are_read_at_the_boundary_too() -> None:
+    record = ce_record(b'{"port": 18443, "lrms": "fork", "info_period": 10, "wakeup": 10}')
+    assert (record.port, record.tokens, record.issuer_port) == (18443, False, None)
+    for bad in (b'{"port": 0, "lrms": "fork", "info_period": 10, "wakeup": 10}', b"[]"):
+        with pytest.raises(DocumentError, match="private CE record"):
+            ce_record(bad)
+    assert arc_conf(b'{"common": {"hostname": "localhost"}}') == {
+        "common": {"hostname": "localhost"}
+    }
+    with pytest.raises(DocumentError, match="arcconfig-parser"):
+        arc_conf(b'{"common": "localhost"}')
+    assert issuer_record(b'{"url": "https://localhost:1", "kid": "k"}').kid == "k"
+    with pytest.raises(DocumentError, match="issuer"):
+        issuer_record(b'{"url": "https://localhost:1"}')

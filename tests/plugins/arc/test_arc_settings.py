@@ -11,6 +11,8 @@ import pytest
 from gridgate.core.config import ConfigError
 from gridgate.core.testing import build_plugin, section_for
 from gridgate.plugins.arc.backend import ArcBackend
+from gridgate.plugins.arc.cli import CliInterface
+from gridgate.plugins.arc.rest.interface import RestInterface
 from gridgate.plugins.arc.settings import ARC_SCHEMA, ArcSettings, EndpointEntry
 
 BASE = {"endpoints": ["https://ce.example.org/arex"], "script": "/p.sh"}
@@ -54,3 +56,14 @@ def test_a_client_command_given_with_the_rest_interface_is_a_config_error() -> N
     with pytest.raises(ConfigError, match="commands.arcsub"):
         section_for(ArcBackend, section)
     assert ArcBackend.config_errors({**section, "interface": "cli"}) == []
+
+
+@pytest.mark.parametrize(("interface", "held"), [("rest", RestInterface), ("cli", CliInterface)])
+def test_the_backend_holds_the_one_interface_its_settings_name(
+    tmp_path: Path, interface: str, held: type
+) -> None:
+    section = {**BASE, "interface": interface}
+    backend = build_plugin(ArcBackend, section, state_dir=tmp_path, name="arc")
+    assert type(backend.interface) is held
+    assert backend.interface.settings is backend.settings, "built with the typed section"
+    assert not hasattr(backend.interface, "owner") and not hasattr(backend, "rest")

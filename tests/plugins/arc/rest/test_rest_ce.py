@@ -20,10 +20,12 @@ from support.polling import until
 from support.ports import free_port
 
 from gridgate.core.backend import Deadline
+from gridgate.core.clock import SYSTEM_CLOCK
+from gridgate.core.journal import Journal, Restorer
 from gridgate.core.model import Endpoint, Resources, SubmitRequest
 from gridgate.plugins.arc.classify import classify_rest
 from gridgate.plugins.arc.rest.client import ArexError
-from gridgate.plugins.arc.rest.delegation import PREFIX
+from gridgate.plugins.arc.rest.delegation import PREFIX, kind_of, target_of
 from gridgate.plugins.arc.rest.jobs import ce_id
 from gridgate.plugins.arc.rest.signing import CsrError, load_arc_csr, read_proxy
 
@@ -95,6 +97,58 @@ def test_the_ces_version_2_request_loads_its_signature_is_checked_and_signed_per
             load_arc_csr(forged)
     finally:
         client.delegation_delete(identifier, Deadline.after(60))
+
+
+def _changes(site) -> list[dict]:
+    """The journal's records of changes (delegations made on the CE, here)."""
+    return [json.loads(v) for _k, v in site.state.items("journal:change:")]
+
+
+def test_a_delegation_whose_signed_proxy_never_came_is_deleted_at_once(
+    arc, rest_site, relay, witness
+) -> None:
+    site = rest_site(arc)
+    ce = witness(arc)
+    before = set(ce.delegations())
+    middle = relay(
+        arc,
+        site.proxy,
+        lose=lambda method, path: method == "PUT" and "/delegations/" in path,
+    )
+    result = _submit(site.backend(url=middle.url))
+    assert not result.ok, result
+    made = [p for m, p in middle.requests if m == "POST" and "delegations?action=new" in p]
+    assert made and [p for m, p in middle.requests if "action=delete" in p]
+    assert set(ce.delegations()) == before, "the half-made delegation is deleted on the CE"
+    assert _changes(site) == [] and _records(site) == {}
+
+
+def test_a_delegation_its_director_left_half_made_is_deleted_once_its_lease_passed(
+    arc, rest_site, witness
+) -> None:
+    """A director killed between the CE's ``action=new`` and the signed PUT leaves a delegation
+    nobody will ever use; its journaled change lets the next sweep delete it."""
+    site = rest_site(arc)
+    ce = witness(arc)
+    backend = site.backend()
+    credential = backend.interface.credential()
+    client = backend.interface.client(arc.url, credential)
+    identity = credential.proxy.identity
+    # what the killed director wrote: the intent, then the step, and no more
+    dead = Journal(site.state, SYSTEM_CLOCK, owner="killed")
+    dead.register(kind_of(identity), Restorer(write=lambda target, value: None))
+    change = dead.begin(kind_of(identity), {"service": client.service, "identity": identity})
+    identifier, _request = client.delegation_new(Deadline.after(60))
+    change.step(target_of(client.service, identifier), None, "", apply=lambda: None)
+    assert identifier in ce.delegations()
+    backend.gridgate_iteration_finished(summary=None)
+    assert identifier in ce.delegations(), "within its lease: its director may be making it"
+    # its director has written nothing for over its lease (600 s)
+    [(key, text)] = site.state.items("journal:change:")
+    site.state.set(key, json.dumps({**json.loads(text), "touched": time.time() - 700}))
+    backend.gridgate_iteration_finished(summary=None)
+    assert identifier not in ce.delegations()
+    assert _changes(site) == []
 
 
 def test_one_delegation_per_ce_serves_every_submission_and_directors_sharing_a_store(
@@ -478,3 +532,4 @@ def test_a_delegation_no_endpoint_uses_any_more_is_deleted_on_the_ce(
     moved.gridgate_iteration_finished(summary=None)
     assert record["id"] not in ce.delegations()
     assert _records(site) == {}
+    assert _changes(site) == [], "the change that made it is undone with it"
