@@ -40,9 +40,10 @@ def test_yaml_nested_past_the_recursion_limit_is_a_value_error() -> None:
 def test_the_members_of_the_class_answer_a_deep_document_as_a_bad_answer() -> None:
     from gridgate.core.builtin.bearer_token import claims
     from gridgate.core.credentials import CredentialError
+    from gridgate.core.documents import DocumentError
     from gridgate.core.http import Response
+    from gridgate.plugins.arc.documents import job_answer
     from gridgate.plugins.arc.rest.interface import token_expired
-    from gridgate.plugins.arc.rest.jobs import entries
     from gridgate.plugins.lsf_proxy.client.gateclient import loads
     from gridgate.plugins.lsf_proxy.protocol import decode
     from gridgate.plugins.lsf_proxy.wire import ProtocolError
@@ -52,8 +53,8 @@ def test_the_members_of_the_class_answer_a_deep_document_as_a_bad_answer() -> No
     with pytest.raises(CredentialError, match="not base64url-encoded JSON"):
         claims(_b64(b'{"alg":"none"}') + b"." + _b64(deep) + b".sig")
     assert token_expired(f"e30.{_b64(deep).decode()}.c2ln", now=0.0) is None
-    with pytest.raises(ValueError, match="nested deeper than"):
-        entries(deep)
+    with pytest.raises(DocumentError, match="A-REX job answer"):
+        job_answer(deep)
     with pytest.raises(ValueError, match="nested deeper than"):
         Response("GET", "http://ce/rest", 200, "OK", {}, deep).json()
     with pytest.raises(ValueError, match="nested deeper"):
