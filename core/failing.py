@@ -66,8 +66,7 @@ class FailingCache:
     def from_config(
         cls, state: StateStore, clock: Clock, director: Mapping[str, Any]
     ) -> FailingCache:
-        """One with the expiries of the config's ``director`` section (a loaded config's:
-        defaults filled; one it does not name keeps the constructor's)."""
+        """One with the expiries of a ``director`` section (one it does not name: the default)."""
         expiries = {
             k: float(director[k]) for k in ("failing_expiry", "ticket_expiry") if k in director
         }

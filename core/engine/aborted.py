@@ -8,6 +8,7 @@ from loguru import logger
 
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.limits import PilotSettings
+from gridgate.core.engine.records import clock_time
 from gridgate.core.engine.runtime import Iteration, Runtime
 from gridgate.core.model import Endpoint, Failure, SubmitResult
 from gridgate.core.state import PilotRegistry, StateError
@@ -39,7 +40,7 @@ class AbortVerdicts:
         ``aborted`` through the director's failure path (failing cache, error, alarm)."""
         state = self.runtime.state
         try:
-            after = float(state.get(VERDICT + endpoint.key) or 0.0)
+            after = clock_time(state.get(VERDICT + endpoint.key), "abort verdict") or 0.0
         except (StateError, ValueError):
             after = 0.0
         window = settings.abort_window

@@ -16,11 +16,12 @@ from typing import Any
 
 from loguru import logger
 
+from gridgate.core.documents import DocumentError
 from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.records import ToldAvailability, clock_time, read_record
 from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
 from gridgate.core.model import AVAILABILITY_STATES, Availability, Notification
 from gridgate.core.state import StateError, StateStore
-from gridgate.core.text import parse_json
 
 #: What was last told of each endpoint (by key): its merged state and since when.
 TOLD = "availability-told/"
@@ -215,22 +216,17 @@ def told_states(state: StateStore) -> dict[str, tuple[Availability | None, float
     """
     out: dict[str, tuple[Availability | None, float]] = {}
     for key, value in state.items(TOLD):
-        try:
-            data = parse_json(value)
-            since = float(data.get("since", 0.0))
-            told = (
-                None
-                if data["state"] == "available"
-                else Availability(
-                    state=str(data["state"]),
-                    reason=str(data.get("reason", "")),
-                    until=None if data.get("until") is None else float(data["until"]),
-                    source=str(data.get("source", "")),
-                )
-            )
-        except (ValueError, KeyError, TypeError):
+        data = read_record(value, ToldAvailability, f"availability record {key}")
+        if data is None:
             continue  # a record that is not ours: told again, once
-        out[key[len(TOLD) :]] = (told, since)
+        told = (
+            None
+            if data.state == "available"
+            else Availability(
+                state=data.state, reason=data.reason, until=data.until, source=data.source
+            )
+        )
+        out[key[len(TOLD) :]] = (told, data.since)
     return out
 
 
@@ -241,10 +237,9 @@ def unavailable_view(state: StateStore) -> tuple[float | None, list[dict[str, An
 
     :raises StateError: when the store cannot be read.
     """
-    raw = state.get(CHECKED)
     try:
-        checked = float(raw) if raw is not None else None
-    except ValueError:
+        checked = clock_time(state.get(CHECKED), "availability check time")
+    except DocumentError:
         checked = None
     rows = [
         {"endpoint": key, **told.as_dict(), "since": since}

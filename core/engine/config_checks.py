@@ -167,7 +167,7 @@ def _resource_groups(demand: Any) -> Iterator[tuple[PathT, str, str, Mapping[str
         for index, group in enumerate(value if isinstance(value, list) else []):
             if isinstance(group, Mapping) and isinstance(group.get("resources"), Mapping):
                 path = ("demand", "static", backend, index, "resources")
-                yield path, str(group.get("group", "")), str(backend), group["resources"]
+                yield path, str(group.get("group") or ""), str(backend), group["resources"]
 
 
 def resource_problems(

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from loguru import logger
 
 from gridgate.core.engine.compose import CREDENTIAL, compose_credential
 from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.records import CredentialEpisode, read_record
 from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
 from gridgate.core.model import (
     BackendInfo,
@@ -152,7 +152,8 @@ class CredentialEpisodes:
             since = now
             if not opened:
                 episode = state.get(episode_key) or episode
-                since = float(_json_field(episode, "since", now))
+                held = read_record(episode, CredentialEpisode, f"credential episode {scope}")
+                since = now if held is None else held.since
                 state.set(episode_key, episode, ttl=window)
             # while any host finds it unusable the episode stays open (expires if that host stops)
             state.set(f"{CREDENTIAL}bad/{scope}/{host}", f"{now:.3f}", ttl=failing_expiry)
@@ -185,13 +186,14 @@ class CredentialEpisodes:
             state.delete(f"{CREDENTIAL}bad/{scope}/{host}")
             raw = state.get(episode_key)
             if raw is not None and not state.items(f"{CREDENTIAL}bad/{scope}/"):
-                since = float(_json_field(raw, "since", now))
+                held = read_record(raw, CredentialEpisode, f"credential episode {scope}")
+                since = now if held is None else held.since
                 if state.add_if_absent(
                     f"{CREDENTIAL}note/{scope}/{since:.3f}/resolved", "1", ttl=window
                 ):
                     state.delete(episode_key)
                     self._episode(status, "usable", now)
-                    paused = [str(b) for b in _json_field(raw, "backends", []) or []]
+                    paused = [] if held is None else held.backends
                     notes.append(
                         compose_credential(
                             status,
@@ -227,11 +229,3 @@ class CredentialEpisodes:
 
 def _needing(infos: Mapping[str, BackendInfo], kind: str) -> list[str]:
     return sorted(name for name, info in infos.items() if kind in info.credentials)
-
-
-def _json_field(raw: str | None, name: str, default: Any) -> Any:
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError:
-        return default
-    return value.get(name, default) if isinstance(value, dict) else default

@@ -20,6 +20,7 @@ from loguru import logger
 
 from gridgate.core.engine.compose import compose_demand_source
 from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.records import DemandSourceEpisode, read_record
 from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
 from gridgate.core.model import DemandFigure
 from gridgate.core.state import StateError
@@ -71,10 +72,8 @@ class DemandEpisodes:
         raw = state.get(key)
         if raw is None:
             return
-        try:
-            since = float(json.loads(raw).get("since", now))
-        except (ValueError, AttributeError):
-            since = now
+        episode = read_record(raw, DemandSourceEpisode, f"demand-source episode {scope}")
+        since = now if episode is None else episode.since
         if state.add_if_absent(f"{DEMAND_SOURCE}note/{scope}/{since:.3f}/back", "1", ttl=window):
             state.delete(key)
             self._row(figure, "available", now)

@@ -418,9 +418,7 @@ def summary_json(summary: IterationSummary) -> str:
         "submitted": submitted,
         "failures": [failure.as_dict() for failure in summary.failures],
         "excluded": [key.split("/", 1)[1] for key in summary.excluded],
-        "skipped": counts.get("skipped", 0),
-        "refused": counts.get("refused", 0),
-        "no_match": counts.get("no_match", 0),
+        **{outcome: counts.get(outcome, 0) for outcome in ("skipped", "refused", "no_match")},
         "pilots_submitted": sum(r.pilots for r in summary.records if r.outcome == "submitted"),
         "notifications": [
             {

@@ -181,9 +181,9 @@ class DirectorMetrics:
         if self.gauges_source is None:
             return
         gauges = self.gauges_source()
-        for cache, size in gauges.get("caches", {}).items():
+        for cache, size in gauges.get("caches", {}).items():  # not config: the gauges' source
             self.cache.labels(cache).set(size)
-        for notifier, depth in gauges.get("outbox", {}).items():
+        for notifier, depth in gauges.get("outbox", {}).items():  # not config: the same
             self.outbox.labels(notifier).set(depth)
 
     def _site_gauges(self, summary: IterationSummary) -> None:

@@ -12,8 +12,11 @@ from pathlib import Path
 
 from loguru import logger
 
+from gridgate.core.documents import DocumentError, decode_json
+from gridgate.core.engine.records import PendingFile
 from gridgate.core.files import atomic_write
 from gridgate.core.state import Counts, Pilot, PilotRegistry, StateError
+from gridgate.core.stores.records import pilot_from_dict, readable
 
 #: The file under ``director.state_dir``.
 PENDING_FILE = "pilots-pending.json"
@@ -127,15 +130,15 @@ class PendingPilots:
         if path is None:
             return
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            known = {(str(b), str(e), str(st)): int(n) for b, e, st, n in data.get("known", [])}
-            known_cores = {str(k): int(n) for k, n in (data.get("known_cores") or {}).items()}
-            pilots = [Pilot.from_dict(p) for p in data.get("unrecorded", [])]
+            data: PendingFile = decode_json(path.read_bytes(), PendingFile, kind=str(path))
         except FileNotFoundError:
             return
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, DocumentError) as exc:
             logger.error("{} unreadable, the pilots it kept are not known: {}", path, exc)
             return
+        known = {(b, e, st): n for b, e, st, n in data.known}
+        known_cores = dict(data.known_cores)
+        pilots = readable(data.unrecorded, pilot_from_dict, str(path))
         with self._lock:
             if not self._known:
                 self._known = known

@@ -206,9 +206,7 @@ class ResilientState(StateStore):
 
     def prune_records(self, stream: str, before: float) -> int:
         with self._lock:  # rows kept while the primary failed age the same way
-            kept = [
-                (s, r) for s, r in self._kept if s != stream or float(r.get("time", 0)) >= before
-            ]
+            kept = [(s, r) for s, r in self._kept if s != stream or _time(r) >= before]
             dropped = len(self._kept) - len(kept)
             self._kept[:] = kept
         if self._maybe_recover():
@@ -225,9 +223,7 @@ class ResilientState(StateStore):
             except StateError as exc:
                 self._degrade(exc)
         with self._lock:
-            return [
-                dict(r) for s, r in self._kept if s == stream and float(r.get("time", 0)) >= since
-            ]
+            return [dict(r) for s, r in self._kept if s == stream and _time(r) >= since]
 
     def pilot_registry(self) -> PilotRegistry:
         """The primary's registry: pilots are not mirrored into the local view, so while the
@@ -302,3 +298,8 @@ class DeferredState(StateStore):
         with self._lock:
             if self._store is not None:
                 self._store.close()
+
+
+def _time(record: Mapping[str, Any]) -> float:
+    """A record's clock time, as this process appended it (0 for one that has none)."""
+    return float(record.get("time", 0))  # not config: a record kept in this process

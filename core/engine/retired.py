@@ -11,6 +11,7 @@ from loguru import logger
 
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.limits import PilotSettings
+from gridgate.core.engine.records import clock_time
 from gridgate.core.engine.runtime import Iteration, Runtime
 from gridgate.core.model import TERMINAL_STATES, BackendInfo, Endpoint, Notification
 from gridgate.core.state import Counts, PilotRegistry, StateError
@@ -105,7 +106,7 @@ class RetiredEndpoints:
         try:
             since = (
                 max(
-                    float(self.runtime.state.get(key) or 0.0)
+                    clock_time(self.runtime.state.get(key), "retired endpoint time") or 0.0
                     for key in (RETIRED + endpoint.key, RETIRED_OK + endpoint.key)
                 )
                 or now

@@ -29,9 +29,11 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from loguru import logger
 
 from gridgate.core.clock import Clock
+from gridgate.core.engine.records import StallEpisode, read_record
 from gridgate.core.model import AccountingRecord, IterationInfo, Notification, elapsed_text
 from gridgate.core.state import StateError, StateStore
 
@@ -112,12 +114,10 @@ class StallWatch:
     # --- the two transitions ------------------------------------------------------------
 
     def _load(self) -> dict[str, Any] | None:
-        raw = self.state.get(self.key)
-        try:
-            episode = json.loads(raw) if raw else None
-        except ValueError:
-            return None
-        return episode if isinstance(episode, dict) else None
+        """The open episode, as the dict that is updated and written back (None: none, or
+        one that is no stall episode: a new one starts)."""
+        episode = read_record(self.state.get(self.key), StallEpisode, f"stall episode {self.key}")
+        return None if episode is None else msgspec.to_builtins(episode)
 
     def _claim(self, episode: Mapping[str, Any], what: str, ttl: float) -> bool:
         """Whether this director sends ``what`` for ``episode`` (atomic: one of several)."""

@@ -25,6 +25,7 @@ from gridgate.core.engine.aborted import AbortVerdicts
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
 from gridgate.core.engine.pending import PendingPilots
+from gridgate.core.engine.records import clock_time
 from gridgate.core.engine.retired import RetiredEndpoints
 from gridgate.core.engine.runtime import Iteration, PilotReportDraft, Runtime
 from gridgate.core.model import (
@@ -485,8 +486,8 @@ class PilotTracker:
         """Whether ``endpoint``'s last poll is ``interval`` seconds old or more (a read only;
         :meth:`_claim` decides among directors)."""
         try:
-            held = self.runtime.state.get(POLLED + endpoint.key)
-            return held is None or now - float(held) >= interval
+            held = clock_time(self.runtime.state.get(POLLED + endpoint.key), "poll claim")
+            return held is None or now - held >= interval
         except (StateError, ValueError):
             with self._lock:
                 last = self._last_poll.get(endpoint.key)
@@ -501,8 +502,8 @@ class PilotTracker:
         try:
             if state.add_if_absent(key, repr(now), ttl=interval):
                 return True
-            held = state.get(key)
-            if held is not None and now - float(held) < interval:
+            held = clock_time(state.get(key), "poll claim")
+            if held is not None and now - held < interval:
                 return False
             state.delete(key)
             return state.add_if_absent(key, repr(now), ttl=interval)
