@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import platform
@@ -100,8 +101,8 @@ def typed(body: bytes) -> list[tuple[int, str, str, str]]:
 
 
 def pydantic_reader() -> Callable[[bytes], list[tuple[int, str, str, str]]] | None:
-    try:
-        import pydantic
+    try:  # no dependency of gridgate: imported by name, so type checks need it not
+        pydantic: Any = importlib.import_module("pydantic")
     except ImportError:
         return None
 
