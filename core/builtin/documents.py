@@ -17,6 +17,7 @@ from xml.parsers import expat
 import msgspec
 
 from gridgate.core.documents import DocumentError, convert, decode_json
+from gridgate.core.model import Resources
 
 #: What a JWT is, for its DocumentError.
 JWT_KIND = "JWT"
@@ -283,3 +284,56 @@ def parse_downtimes(data: bytes | str) -> Feed:
             )
         )
     return Feed(tuple(downtimes), tuple(problems))
+
+
+# --- a demand file: {backend: pilots | [groups]} -------------------------------------------
+
+#: What a demand file (or the static demand's section) is, for its DocumentError.
+DEMAND_KIND = "demand"
+
+
+class DemandResources(msgspec.Struct, forbid_unknown_fields=True):
+    """``resources:`` of a demand group (an empty one asks for nothing)."""
+
+    cores: int | None = None
+    memory_mb: int | None = None
+    walltime: int | None = None
+    tags: dict[str, str] = {}
+
+    def resources(self) -> Resources | None:
+        """What each pilot asks of its slot; None for ``resources: {}``."""
+        if self.cores is None and self.memory_mb is None and self.walltime is None:
+            if not self.tags:
+                return None
+        return Resources(
+            cores=1 if self.cores is None else self.cores,
+            memory_mb=self.memory_mb,
+            walltime=self.walltime,
+            tags=self.tags,
+        )
+
+
+class DemandGroup(msgspec.Struct, forbid_unknown_fields=True):
+    """One demand group of a demand file."""
+
+    group: str
+    pilots: int
+    requirements: str = ""
+    list_match: bool | None = None
+    attributes: dict[str, Any] = {}
+    resources: DemandResources | None = None
+
+
+def demand_groups(spec: Any) -> dict[str, list[DemandGroup]]:
+    """``{backend: N | [groups]}`` (a parsed demand file, or the static demand's section) as
+    each backend's groups; a bare ``N`` is the group ``default``.
+
+    :raises DocumentError: not of that shape.
+    """
+    parsed: dict[str, int | list[DemandGroup]] = convert(
+        spec, dict[str, int | list[DemandGroup]], kind=DEMAND_KIND
+    )
+    return {
+        backend: [DemandGroup("default", value)] if isinstance(value, int) else value
+        for backend, value in parsed.items()
+    }

@@ -29,7 +29,7 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.builtin.documents import Downtime, Feed, FeedError, parse_downtimes
-from gridgate.core.builtin.waiting import FetchError, http_get, split_http_url
+from gridgate.core.builtin.waiting import FetchError, ca_path_problems, http_get, split_http_url
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.model import AVAILABILITY_STATES, AVAILABLE, Availability, Endpoint
@@ -133,10 +133,7 @@ class GocdbSettings(Settings):
     ca_path: str | None
 
     def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
-        """A ``ca_path`` for a feed that is not read over https."""
-        if self.ca_path is not None and not self.url.startswith("https://"):
-            return [(("ca_path",), "ca_path is set but url is not https: no CA is ever asked")]
-        return []
+        return ca_path_problems(self.url, self.ca_path)
 
 
 #: An endpoint's states, from fully usable to not used at all (``Availability`` and these
