@@ -156,6 +156,30 @@ class StaticDemand(Plugin):
 DEMAND_FILE_BYTES = 1024 * 1024
 
 
+FILE_DEMAND_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {
+            "type": "string",
+            "minLength": 1,
+            "x-gridgate-path": True,
+            "description": "File with {backend: pilots | [groups]}.",
+        }
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class FileDemandSettings(Settings):
+    """The ``file`` demand's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = FILE_DEMAND_SCHEMA
+
+    path: str
+
+
 class FileDemand(Plugin):
     """Pilots read every iteration from a YAML or JSON file with the ``static`` shape.
 
@@ -163,19 +187,9 @@ class FileDemand(Plugin):
     per distinct problem: an external system mid-rewrite must not stop the director.
     """
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "path": {
-                "type": "string",
-                "minLength": 1,
-                "x-gridgate-path": True,
-                "description": "File with {backend: pilots | [groups]}.",
-            }
-        },
-        "required": ["path"],
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = FILE_DEMAND_SCHEMA
+    settings_class = FileDemandSettings
+    settings: FileDemandSettings
 
     _validator = Draft202012Validator(DEMAND_SCHEMA)
 
@@ -186,13 +200,13 @@ class FileDemand(Plugin):
     def _problem(self, message: str) -> None:
         if message != self._last_problem:
             logger.error(
-                "demand file {}: {}; no pilots this iteration", self.config["path"], message
+                "demand file {}: {}; no pilots this iteration", self.settings.path, message
             )
         self._last_problem = message
 
     @hookimpl
     def gridgate_demand(self, iteration: IterationInfo, demand: DemandRegistry) -> None:
-        path = Path(self.config["path"])
+        path = Path(self.settings.path)
         try:
             # a FIFO or a device put in its place would hang or flood the director
             text = read_regular(path, max_bytes=DEMAND_FILE_BYTES).decode("utf-8")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import calendar
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import msgspec
 
 from gridgate.core.documents import DocumentError, convert, decode_json
 from gridgate.core.model import Resources
+from gridgate.core.text import parse_json
 
 #: What a JWT is, for its DocumentError.
 JWT_KIND = "JWT"
@@ -337,3 +339,68 @@ def demand_groups(spec: Any) -> dict[str, list[DemandGroup]]:
         backend: [DemandGroup("default", value)] if isinstance(value, int) else value
         for backend, value in parsed.items()
     }
+
+
+# --- the waiting-work sources' answers ----------------------------------------------------
+
+#: The largest count a source may give. Real task queues hold millions of jobs at most; a figure
+#: past a billion is a broken source (or a counter of something else), not demand.
+MAX_WAITING = 1_000_000_000
+
+
+def waiting_count(value: object, what: str) -> int:
+    """``value`` (a Redis reply, a JSON answer's field) as a count of waiting jobs.
+
+    :raises ValueError: not a whole number from 0 to :data:`MAX_WAITING`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float):
+            raise ValueError(f"{what} is {value!r}, not a whole number of jobs")
+        raise ValueError(f"{what} is {json.dumps(value)[:60]}, not a count of jobs")
+    if value < 0:
+        raise ValueError(f"{what} is {value}, a negative count")
+    if value > MAX_WAITING:
+        raise ValueError(f"{what} is {value}, above the largest count accepted ({MAX_WAITING})")
+    return value
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
+def parse_count(data: bytes | str, field: str) -> int:
+    """The count under ``field`` in the JSON object ``data``.
+
+    :raises ValueError: for text that is not JSON (NaN and Infinity included), a value that is
+        not an object, an object with a key twice, a missing field, or a value that is not a
+        whole non-negative number of at most :data:`MAX_WAITING` (``true``, ``2.5``, ``-1``,
+        ``"3"`` are all refused). The message says which.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        parsed = parse_json(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"the answer is not JSON ({exc}): {_excerpt(data)}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"the answer is not a JSON object of counts: {_excerpt(data)}")
+    if field not in parsed:
+        known = ", ".join(sorted(parsed)[:10]) or "none"
+        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
+    return waiting_count(parsed[field], f"field {field!r}")
+
+
+def _excerpt(data: bytes | str, size: int = 80) -> str:
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return repr(text[:size]) + ("..." if len(text) > size else "")
+
+
+# --- HTTP -------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ good one. :func:`pilots_for` turns a figure into pilots.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,13 +20,14 @@ from urllib.parse import SplitResult, urlsplit
 
 from loguru import logger
 
+from gridgate.core.builtin.documents import MAX_WAITING, parse_count, waiting_count
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.cutoff import cut_after
 from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.runner import run
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.settings import Settings
-from gridgate.core.text import parse_json, safe_url, url_secret
+from gridgate.core.text import safe_url, url_secret
 
 __all__ = [
     "COMMAND_SOURCE_SCHEMA",
@@ -52,10 +52,6 @@ __all__ = [
     "parse_count",
     "pilots_for",
 ]
-
-#: The largest count a source may give. Real task queues hold millions of jobs at most; a figure
-#: past a billion is a broken source (or a counter of something else), not demand.
-MAX_WAITING = 1_000_000_000
 
 #: Seconds a failing source's last good figure is still used. Ten default cycles (60 s each):
 #: long enough to ride through a restart of the Redis or web service behind a task queue
@@ -256,60 +252,6 @@ class FetchError(Exception):
 # --- counts -----------------------------------------------------------------------------
 
 
-def _check_count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float):
-            raise ValueError(f"{what} is {value!r}, not a whole number of jobs")
-        raise ValueError(f"{what} is {json.dumps(value)[:60]}, not a count of jobs")
-    if value < 0:
-        raise ValueError(f"{what} is {value}, a negative count")
-    if value > MAX_WAITING:
-        raise ValueError(f"{what} is {value}, above the largest count accepted ({MAX_WAITING})")
-    return value
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {key!r} appears twice")
-        seen[key] = value
-    return seen
-
-
-def parse_count(data: bytes | str, field: str) -> int:
-    """The count under ``field`` in the JSON object ``data``.
-
-    :raises ValueError: for text that is not JSON (NaN and Infinity included), a value that is
-        not an object, an object with a key twice, a missing field, or a value that is not a
-        whole non-negative number of at most :data:`MAX_WAITING` (``true``, ``2.5``, ``-1``,
-        ``"3"`` are all refused). The message says which.
-    """
-    try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
-        parsed = parse_json(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"the answer is not JSON ({exc}): {_excerpt(data)}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError(f"the answer is not a JSON object of counts: {_excerpt(data)}")
-    if field not in parsed:
-        known = ", ".join(sorted(parsed)[:10]) or "none"
-        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
-    return _check_count(parsed[field], f"field {field!r}")
-
-
-def _excerpt(data: bytes | str, size: int = 80) -> str:
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    return repr(text[:size]) + ("..." if len(text) > size else "")
-
-
-# --- HTTP -------------------------------------------------------------------------------
-
-
 def http_get(
     url: str,
     *,
@@ -497,7 +439,7 @@ class _RedisServer:
         if isinstance(reply, Exception):  # the key changed type between the two commands
             return f"counting the {kind} {key!r}: {reply}"
         try:
-            return _check_count(reply, f"the {kind} {key!r}'s length")
+            return waiting_count(reply, f"the {kind} {key!r}'s length")
         except ValueError as exc:
             return str(exc)
 
