@@ -29,11 +29,12 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.builtin.gocdb import AvailabilityChange, ChangeTracker
+from gridgate.core.builtin.nokeys import NO_KEYS_SCHEMA, NoKeys
 from gridgate.core.clock import Clock
+from gridgate.core.documents import DocumentError, decode_json
 from gridgate.core.model import AVAILABLE, Availability, Endpoint
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.state import StateError, StateStore
-from gridgate.core.text import parse_json
 
 __all__ = [
     "MAX_DURATION",
@@ -213,22 +214,9 @@ class OperatorEntry:
         :raises BanError: for text that is not a whole entry of that endpoint.
         """
         try:
-            data = parse_json(text)
-        except ValueError:
-            raise BanError(f"{key}: not JSON") from None
-        if not isinstance(data, Mapping):
-            raise BanError(f"{key}: not a JSON object")
-        try:
-            entry = cls(
-                endpoint=str(data["endpoint"]),
-                state=str(data["state"]),
-                who=str(data["who"]),
-                why=str(data["why"]),
-                since=data["since"],
-                until=data["until"],
-            )
-        except KeyError as exc:
-            raise BanError(f"{key}: no {exc.args[0]!r}") from None
+            entry: OperatorEntry = decode_json(text, cls, kind=key)
+        except DocumentError as exc:
+            raise BanError(str(exc)) from None
         if PREFIX + entry.endpoint != key:
             raise BanError(f"{key}: holds the entry of {entry.endpoint!r}")
         return entry
@@ -386,12 +374,11 @@ class OperatorSource(Plugin):
     every director on a shared store honours them. Without a state store it says nothing."""
 
     config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
+        **NO_KEYS_SCHEMA,
         "description": "Operator bans and drains (gridgate servers ban/drain/unban), kept in "
         "the state store; always on.",
-        "properties": {},
-        "additionalProperties": False,
     }
+    settings_class = NoKeys
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
@@ -16,7 +17,8 @@ from gridgate.core.model import (
     Failure,
     SubmitResult,
 )
-from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.settings import Settings
 
 RULE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -35,26 +37,78 @@ RULE_SCHEMA: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class RuleSettings(Settings):
+    """One site rule (:data:`RULE_SCHEMA`; defaults from there)."""
+
+    section_schema: ClassVar[dict[str, Any]] = RULE_SCHEMA
+
+    kind: str
+    pattern: str | None
+    stream: str
+    returncode: int | None
+    backend: str | None
+    exclude: bool
+    notify: bool
+    transient: bool
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """A pattern that is no regular expression; a ``stream`` with no pattern to search in
+        it."""
+        if self.pattern is None:
+            if self.stream != "any":
+                return [(("stream",), "stream is set but pattern is not: no stream is searched")]
+            return []
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            return [(("pattern",), f"invalid regular expression: {exc}")]
+        return []
+
+
+@dataclass(frozen=True)
+class RulesSettings(Settings):
+    """The ``rules`` classifier's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "rules": {
+                "type": "array",
+                "items": RULE_SCHEMA,
+                "default": [],
+                "description": "Checked in order; the first match gives the kind.",
+            },
+        },
+        "additionalProperties": False,
+    }
+
+    rules: tuple[RuleSettings, ...]
+
+
 def compile_rules(
-    rules: Sequence[Mapping[str, Any]],
-) -> list[tuple[re.Pattern[str] | None, Mapping[str, Any]]]:
-    return [
-        (re.compile(r["pattern"], re.MULTILINE) if r.get("pattern") else None, r) for r in rules
-    ]
+    rules: Sequence[RuleSettings | Mapping[str, Any]],
+) -> list[tuple[re.Pattern[str] | None, RuleSettings]]:
+    """Each rule with its pattern compiled (None: a rule without one); a rule may be given as
+    written (a mapping of :data:`RULE_SCHEMA`'s keys)."""
+    typed = [r if isinstance(r, RuleSettings) else RuleSettings.of(r) for r in rules]
+    return [(re.compile(r.pattern, re.MULTILINE) if r.pattern else None, r) for r in typed]
 
 
 def match_rules(
-    compiled: Sequence[tuple[re.Pattern[str] | None, Mapping[str, Any]]], result: SubmitResult
+    compiled: Sequence[tuple[re.Pattern[str] | None, RuleSettings]], result: SubmitResult
 ) -> Failure | None:
     """The first site rule that matches ``result``'s command evidence, as a Failure."""
     command = result.command
     for pattern, rule in compiled:
-        if rule.get("backend") and rule["backend"] != result.endpoint.backend:
+        if rule.backend and rule.backend != result.endpoint.backend:
             continue
-        if "returncode" in rule and (command is None or command.returncode != rule["returncode"]):
+        if rule.returncode is not None and (
+            command is None or command.returncode != rule.returncode
+        ):
             continue
         if pattern is not None:
-            stream = rule.get("stream", "any")
+            stream = rule.stream
             texts = []
             if command is not None:
                 if stream in ("stdout", "any"):
@@ -66,12 +120,12 @@ def match_rules(
                 continue
             reason = found.group(0).strip()[:200]
         else:
-            reason = f"matched site rule {rule['kind']!r}"
+            reason = f"matched site rule {rule.kind!r}"
         return Failure(
-            kind=rule["kind"],
-            exclude=rule.get("exclude", True),
-            notify=rule.get("notify", True),
-            transient=rule.get("transient", True),
+            kind=rule.kind,
+            exclude=rule.exclude,
+            notify=rule.notify,
+            transient=rule.transient,
             reason=reason,
         )
     return None
@@ -133,32 +187,13 @@ class RuleClassifier(Plugin):
     everything else so that every failure gets a kind.
     """
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "rules": {
-                "type": "array",
-                "items": RULE_SCHEMA,
-                "default": [],
-                "description": "Checked in order; the first match gives the kind.",
-            },
-        },
-        "additionalProperties": False,
-    }
-
-    @classmethod
-    def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        problems: ConfigProblems = []
-        for index, rule in enumerate(section.get("rules", [])):
-            try:
-                re.compile(rule.get("pattern", ""))
-            except re.error as exc:
-                problems.append((("rules", index, "pattern"), f"invalid regular expression: {exc}"))
-        return problems
+    config_schema: ClassVar[dict[str, Any]] = dict(RulesSettings.section_schema)
+    settings_class = RulesSettings
+    settings: RulesSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self._rules = compile_rules(config.get("rules", []))
+        self._rules = compile_rules(self.settings.rules)
 
     @hookimpl(trylast=True)
     def gridgate_classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure:

@@ -15,9 +15,10 @@ from jsonschema import Draft202012Validator
 from loguru import logger
 
 from gridgate.core import hookimpl
+from gridgate.core.builtin.documents import demand_groups
 from gridgate.core.builtin.waiting import (
-    DEFAULT_KEEP_LAST,
     GROUP_PROPERTIES,
+    SourceSettings,
     WaitingGauges,
     pilots_for,
 )
@@ -30,6 +31,7 @@ from gridgate.core.model import (
     SubmitRequest,
 )
 from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.settings import Settings
 from gridgate.core.state import StateError
 
 #: The most cores one pilot may ask for: the largest nodes sold today have a few hundred.
@@ -115,29 +117,28 @@ DEMAND_SCHEMA: dict[str, Any] = {
 
 
 def register_demand(spec: Mapping[str, Any], demand: DemandRegistry, user: str = "") -> int:
-    """Turn ``{backend: N | [groups]}`` into requests; return the pilots asked for."""
+    """Turn ``{backend: N | [groups]}`` into requests; return the pilots asked for.
+
+    :raises gridgate.core.documents.DocumentError: ``spec`` is not of that shape.
+    """
     total = 0
-    for backend, value in spec.items():
-        groups: list[Mapping[str, Any]] = (
-            [{"group": "default", "pilots": value}] if isinstance(value, int) else value
-        )
+    for backend, groups in demand_groups(spec).items():
         for group in groups:
-            pilots = int(group["pilots"])
-            if pilots <= 0:
+            if group.pilots <= 0:
                 continue
             demand.add(
                 SubmitRequest(
-                    backend=str(backend),
-                    group=group["group"],
-                    count=pilots,
-                    requirements=group.get("requirements", ""),
-                    list_match=group.get("list_match"),
-                    attributes=group.get("attributes", {}),
+                    backend=backend,
+                    group=group.group,
+                    count=group.pilots,
+                    requirements=group.requirements,
+                    list_match=group.list_match,
+                    attributes=group.attributes,
                     user=user,
-                    resources=Resources(**group["resources"]) if group.get("resources") else None,
+                    resources=None if group.resources is None else group.resources.resources(),
                 )
             )
-            total += pilots
+            total += group.pilots
     return total
 
 
@@ -155,6 +156,30 @@ class StaticDemand(Plugin):
 DEMAND_FILE_BYTES = 1024 * 1024
 
 
+FILE_DEMAND_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {
+            "type": "string",
+            "minLength": 1,
+            "x-gridgate-path": True,
+            "description": "File with {backend: pilots | [groups]}.",
+        }
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class FileDemandSettings(Settings):
+    """The ``file`` demand's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = FILE_DEMAND_SCHEMA
+
+    path: str
+
+
 class FileDemand(Plugin):
     """Pilots read every iteration from a YAML or JSON file with the ``static`` shape.
 
@@ -162,19 +187,9 @@ class FileDemand(Plugin):
     per distinct problem: an external system mid-rewrite must not stop the director.
     """
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "path": {
-                "type": "string",
-                "minLength": 1,
-                "x-gridgate-path": True,
-                "description": "File with {backend: pilots | [groups]}.",
-            }
-        },
-        "required": ["path"],
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = FILE_DEMAND_SCHEMA
+    settings_class = FileDemandSettings
+    settings: FileDemandSettings
 
     _validator = Draft202012Validator(DEMAND_SCHEMA)
 
@@ -185,13 +200,13 @@ class FileDemand(Plugin):
     def _problem(self, message: str) -> None:
         if message != self._last_problem:
             logger.error(
-                "demand file {}: {}; no pilots this iteration", self.config["path"], message
+                "demand file {}: {}; no pilots this iteration", self.settings.path, message
             )
         self._last_problem = message
 
     @hookimpl
     def gridgate_demand(self, iteration: IterationInfo, demand: DemandRegistry) -> None:
-        path = Path(self.config["path"])
+        path = Path(self.settings.path)
         try:
             # a FIFO or a device put in its place would hang or flood the director
             text = read_regular(path, max_bytes=DEMAND_FILE_BYTES).decode("utf-8")
@@ -265,6 +280,53 @@ QUEUE_SCHEMA: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+class ResourcesSettings(Settings):
+    """``resources:`` of a demand group (:data:`RESOURCES_SCHEMA`)."""
+
+    section_schema: ClassVar[dict[str, Any]] = RESOURCES_SCHEMA
+
+    cores: int
+    memory_mb: int | None
+    walltime: int | None
+    tags: Mapping[str, str] | None
+
+    def resources(self) -> Resources:
+        """What each pilot of the group asks of its slot."""
+        return Resources(
+            cores=self.cores,
+            memory_mb=self.memory_mb,
+            walltime=self.walltime,
+            **({} if self.tags is None else {"tags": dict(self.tags)}),
+        )
+
+
+@dataclass(frozen=True)
+class QueueGroupSettings(Settings):
+    """One group of the ``queue`` demand (:data:`QUEUE_GROUP_SCHEMA`)."""
+
+    section_schema: ClassVar[dict[str, Any]] = QUEUE_GROUP_SCHEMA
+
+    backend: str
+    source: SourceSettings
+    jobs_per_pilot: int
+    keep_last: float
+    resources: ResourcesSettings
+    max_per_iteration: int | None
+    requirements: str
+    list_match: bool | None
+    attributes: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class QueueSettings(Settings):
+    """The ``queue`` demand's section (:data:`QUEUE_SCHEMA`)."""
+
+    section_schema: ClassVar[dict[str, Any]] = QUEUE_SCHEMA
+
+    groups: Mapping[str, QueueGroupSettings]
+
+
+@dataclass(frozen=True)
 class GroupDemand:
     """What the queue demand decided for one group in one iteration: ``jobs`` the figure it
     sized with (see :class:`gridgate.core.builtin.waiting.WaitingFigure`), ``waiting_pilots`` the
@@ -290,22 +352,19 @@ class QueueDemand(Plugin):
     """
 
     config_schema: ClassVar[dict[str, Any]] = QUEUE_SCHEMA
+    settings_class = QueueSettings
+    settings: QueueSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        groups: Mapping[str, Mapping[str, Any]] = config["groups"]
+        groups = self.settings.groups
         self._groups = groups
         self._gauges = WaitingGauges(
-            {name: spec["source"] for name, spec in groups.items()},
-            keep_last={
-                name: float(spec.get("keep_last", DEFAULT_KEEP_LAST))
-                for name, spec in groups.items()
-            },
+            {name: spec.source for name, spec in groups.items()},
+            keep_last={name: spec.keep_last for name, spec in groups.items()},
             clock=context.clock,
         )
-        self._resources = {
-            name: Resources(**(spec.get("resources") or {})) for name, spec in groups.items()
-        }
+        self._resources = {name: spec.resources.resources() for name, spec in groups.items()}
         self._registry_failing = False
         #: the last iteration's decision per group (for the summary's readers and the tests)
         self.last: dict[str, GroupDemand] = {}
@@ -346,11 +405,9 @@ class QueueDemand(Plugin):
         decided: dict[str, GroupDemand] = {}
         for name, spec in self._groups.items():
             figure = figures[name]
-            backend = str(spec["backend"])
+            backend = spec.backend
             already = waiting.get((backend, name), 0)
-            pilots = pilots_for(
-                figure.jobs, int(spec["jobs_per_pilot"]), already, spec.get("max_per_iteration")
-            )
+            pilots = pilots_for(figure.jobs, spec.jobs_per_pilot, already, spec.max_per_iteration)
             decided[name] = GroupDemand(name, backend, figure.jobs, figure.fresh, already, pilots)
             demand.figure(
                 DemandFigure(
@@ -370,9 +427,9 @@ class QueueDemand(Plugin):
                         backend=backend,
                         group=name,
                         count=pilots,
-                        requirements=spec.get("requirements", ""),
-                        list_match=spec.get("list_match"),
-                        attributes=spec.get("attributes", {}),
+                        requirements=spec.requirements,
+                        list_match=spec.list_match,
+                        attributes=dict(spec.attributes),
                         resources=self._resources[name],
                     )
                 )

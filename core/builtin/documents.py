@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+import calendar
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+from xml.parsers import expat
 
-from gridgate.core.documents import DocumentError, decode_json
+import msgspec
+
+from gridgate.core.documents import DocumentError, convert, decode_json
+from gridgate.core.model import Resources
+from gridgate.core.text import parse_json
 
 #: What a JWT is, for its DocumentError.
 JWT_KIND = "JWT"
@@ -79,3 +88,319 @@ def jwt_times(token: bytes) -> JwtTimes:
     if not isinstance(header, dict) or not isinstance(payload, dict):
         raise DocumentError(JWT_KIND, "holds a JWT whose header or payload is not a JSON object")
     return JwtTimes(exp=_date(payload, "exp"), nbf=_date(payload, "nbf"))
+
+
+# --- GOCDB's get_downtime XML ------------------------------------------------------------
+
+#: What a GOCDB feed is, for its DocumentError.
+GOCDB_KIND = "GOCDB downtime feed"
+
+
+class FeedError(Exception):
+    """A feed that could not be read, or is not a GOCDB downtime document."""
+
+
+@dataclass(frozen=True)
+class Downtime:
+    """One GOCDB downtime of one service endpoint (``host`` is lower case)."""
+
+    id: str
+    host: str
+    severity: str
+    start: float
+    end: float
+    description: str = ""
+    portal_url: str = ""
+    service_type: str = ""
+
+    def ongoing(self, now: float) -> bool:
+        """Whether ``now`` falls within the downtime (start included, end excluded)."""
+        return self.start <= now < self.end
+
+
+@dataclass(frozen=True)
+class Feed:
+    """A parsed feed: its downtimes, and the entries left out, each saying which and why."""
+
+    downtimes: tuple[Downtime, ...]
+    problems: tuple[str, ...] = ()
+
+
+# --- parsing ----------------------------------------------------------------------------
+
+_MAX_DEPTH = 16
+
+
+@dataclass
+class _Node:
+    tag: str
+    attrs: dict[str, str]
+    children: list[_Node] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+
+def _refuse(what: str) -> Callable[..., None]:
+    def handler(*_args: object) -> None:
+        raise FeedError(
+            f"the document has {what}: a GOCDB feed has none, and refusing it is what keeps "
+            "entity expansion (billion laughs) and external entities out"
+        )
+
+    return handler
+
+
+def _refuse_external(*_args: object) -> int:
+    _refuse("an external entity")()
+    return 0  # not reached: a handler's exception stops the parse
+
+
+def _parse_xml(data: bytes) -> _Node:
+    """The document as a small tree, by expat with every DTD feature refused.
+
+    No DOCTYPE means no entity can be declared, so only the five predefined entities and
+    character references exist: nothing expands, nothing is fetched. defusedxml would do the
+    same, as another dependency; these three handlers are all it takes.
+    """
+    parser = expat.ParserCreate()
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    parser.StartDoctypeDeclHandler = _refuse("a DOCTYPE")
+    parser.EntityDeclHandler = _refuse("an entity declaration")
+    parser.ExternalEntityRefHandler = _refuse_external
+    root: list[_Node] = []
+    stack: list[_Node] = []
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        if len(stack) >= _MAX_DEPTH:
+            raise FeedError(f"elements nested deeper than {_MAX_DEPTH}: not a GOCDB feed")
+        node = _Node(tag, attrs)
+        if stack:
+            stack[-1].children.append(node)
+        else:
+            root.append(node)
+        stack.append(node)
+
+    def end(_tag: str) -> None:
+        stack.pop()
+
+    def chars(text: str) -> None:
+        if stack:
+            stack[-1].text.append(text)
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = end
+    parser.CharacterDataHandler = chars
+    try:
+        parser.Parse(data, True)
+    except expat.ExpatError as exc:
+        raise FeedError(f"not well-formed XML: {exc}") from None
+    return root[0]
+
+
+_SEVERITIES = ("OUTAGE", "WARNING")
+
+
+class _DowntimeFields(msgspec.Struct):
+    """The text children of a ``<DOWNTIME>`` that are read (others are ignored)."""
+
+    PRIMARY_KEY: str = ""
+    HOSTNAME: str = ""
+    SEVERITY: str = ""
+    DESCRIPTION: str = ""
+    GOCDB_PORTAL_URL: str = ""
+    SERVICE_TYPE: str = ""
+    START_DATE: str = ""
+    END_DATE: str = ""
+    FORMATED_START_DATE: str = ""
+    FORMATED_END_DATE: str = ""
+
+
+def _time(fields: _DowntimeFields, name: str) -> float:
+    raw = str(getattr(fields, f"{name}_DATE"))
+    if raw:
+        if not raw.isdigit():
+            raise ValueError(f"{name}_DATE is {raw[:40]!r}, not Unix seconds")
+        return float(int(raw))
+    text = str(getattr(fields, f"FORMATED_{name}_DATE"))
+    if not text:
+        raise ValueError(f"no {name}_DATE")
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M")))
+    except ValueError:
+        raise ValueError(f"FORMATED_{name}_DATE is {text[:40]!r}, not YYYY-MM-DD HH:MM") from None
+
+
+def parse_downtimes(data: bytes | str) -> Feed:
+    """The downtimes of a GOCDB ``get_downtime`` document.
+
+    An entry that cannot be used (unknown severity, a date that is not one, an end before its
+    start) is left out and listed in ``problems``; the rest of the feed stands.
+
+    :raises FeedError: for text that is not well-formed XML, any DTD (DOCTYPE, entities), or a
+        document whose root is not GOCDB's ``<results>``.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    root = _parse_xml(raw)
+    if root.tag != "results":
+        raise FeedError(
+            f"not a GOCDB results document: the root element is <{root.tag[:40]}>, not <results>"
+        )
+    downtimes: list[Downtime] = []
+    problems: list[str] = []
+    for index, node in enumerate(root.children):
+        if node.tag != "DOWNTIME":
+            continue  # <meta> (paging links) and whatever GOCDB adds later
+        fields: _DowntimeFields = convert(
+            {c.tag: "".join(c.text).strip() for c in node.children if not c.children},
+            _DowntimeFields,
+            kind=GOCDB_KIND,
+        )
+        ident = (
+            node.attrs.get("PRIMARY_KEY")
+            or fields.PRIMARY_KEY
+            or node.attrs.get("ID")
+            or f"#{index + 1}"
+        )
+        host = fields.HOSTNAME.strip().lower().rstrip(".")
+        if not host:
+            continue  # a whole site's downtime: no host to match an endpoint by
+        severity = fields.SEVERITY.upper()
+        try:
+            if severity not in _SEVERITIES:
+                raise ValueError(f"SEVERITY is {severity[:20]!r}, not OUTAGE or WARNING")
+            start, end = _time(fields, "START"), _time(fields, "END")
+            if end < start:
+                raise ValueError("it ends before it starts")
+        except ValueError as exc:
+            problems.append(f"downtime {ident} of {host}: {exc}")
+            continue
+        downtimes.append(
+            Downtime(
+                id=ident,
+                host=host,
+                severity=severity,
+                start=start,
+                end=end,
+                description=fields.DESCRIPTION,
+                portal_url=fields.GOCDB_PORTAL_URL,
+                service_type=fields.SERVICE_TYPE,
+            )
+        )
+    return Feed(tuple(downtimes), tuple(problems))
+
+
+# --- a demand file: {backend: pilots | [groups]} -------------------------------------------
+
+#: What a demand file (or the static demand's section) is, for its DocumentError.
+DEMAND_KIND = "demand"
+
+
+class DemandResources(msgspec.Struct, forbid_unknown_fields=True):
+    """``resources:`` of a demand group (an empty one asks for nothing)."""
+
+    cores: int | None = None
+    memory_mb: int | None = None
+    walltime: int | None = None
+    tags: dict[str, str] = {}
+
+    def resources(self) -> Resources | None:
+        """What each pilot asks of its slot; None for ``resources: {}``."""
+        if self.cores is None and self.memory_mb is None and self.walltime is None:
+            if not self.tags:
+                return None
+        return Resources(
+            cores=1 if self.cores is None else self.cores,
+            memory_mb=self.memory_mb,
+            walltime=self.walltime,
+            tags=self.tags,
+        )
+
+
+class DemandGroup(msgspec.Struct, forbid_unknown_fields=True):
+    """One demand group of a demand file."""
+
+    group: str
+    pilots: int
+    requirements: str = ""
+    list_match: bool | None = None
+    attributes: dict[str, Any] = {}
+    resources: DemandResources | None = None
+
+
+def demand_groups(spec: Any) -> dict[str, list[DemandGroup]]:
+    """``{backend: N | [groups]}`` (a parsed demand file, or the static demand's section) as
+    each backend's groups; a bare ``N`` is the group ``default``.
+
+    :raises DocumentError: not of that shape.
+    """
+    parsed: dict[str, int | list[DemandGroup]] = convert(
+        spec, dict[str, int | list[DemandGroup]], kind=DEMAND_KIND
+    )
+    return {
+        backend: [DemandGroup("default", value)] if isinstance(value, int) else value
+        for backend, value in parsed.items()
+    }
+
+
+# --- the waiting-work sources' answers ----------------------------------------------------
+
+#: The largest count a source may give. Real task queues hold millions of jobs at most; a figure
+#: past a billion is a broken source (or a counter of something else), not demand.
+MAX_WAITING = 1_000_000_000
+
+
+def waiting_count(value: object, what: str) -> int:
+    """``value`` (a Redis reply, a JSON answer's field) as a count of waiting jobs.
+
+    :raises ValueError: not a whole number from 0 to :data:`MAX_WAITING`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float):
+            raise ValueError(f"{what} is {value!r}, not a whole number of jobs")
+        raise ValueError(f"{what} is {json.dumps(value)[:60]}, not a count of jobs")
+    if value < 0:
+        raise ValueError(f"{what} is {value}, a negative count")
+    if value > MAX_WAITING:
+        raise ValueError(f"{what} is {value}, above the largest count accepted ({MAX_WAITING})")
+    return value
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
+def parse_count(data: bytes | str, field: str) -> int:
+    """The count under ``field`` in the JSON object ``data``.
+
+    :raises ValueError: for text that is not JSON (NaN and Infinity included), a value that is
+        not an object, an object with a key twice, a missing field, or a value that is not a
+        whole non-negative number of at most :data:`MAX_WAITING` (``true``, ``2.5``, ``-1``,
+        ``"3"`` are all refused). The message says which.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        parsed = parse_json(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"the answer is not JSON ({exc}): {_excerpt(data)}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"the answer is not a JSON object of counts: {_excerpt(data)}")
+    if field not in parsed:
+        known = ", ".join(sorted(parsed)[:10]) or "none"
+        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
+    return waiting_count(parsed[field], f"field {field!r}")
+
+
+def _excerpt(data: bytes | str, size: int = 80) -> str:
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return repr(text[:size]) + ("..." if len(text) > size else "")
+
+
+# --- HTTP -------------------------------------------------------------------------------

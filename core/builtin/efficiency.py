@@ -37,6 +37,7 @@ from gridgate.core.builtin.gocdb import AvailabilityChange
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import AVAILABLE, Availability, Endpoint
 from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.settings import Settings
 from gridgate.core.state import Pilot, PilotRegistry, StateError
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "EFFICIENCY_SCHEMA",
     "Efficiency",
+    "EfficiencySection",
     "EfficiencySettings",
     "EfficiencySource",
     "PilotEfficiency",
@@ -126,6 +128,21 @@ EFFICIENCY_SCHEMA: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+class EfficiencySection(Settings):
+    """The ``availability.efficiency`` section as written (:data:`EFFICIENCY_SCHEMA`; defaults
+    from there): the policy's own keys, without the tracker's ``abort_threshold``."""
+
+    section_schema: ClassVar[dict[str, Any]] = EFFICIENCY_SCHEMA
+
+    degrade_threshold: float
+    window: float
+    last: int
+    min_finished: int
+    refresh: float
+    count_lost: bool
+
+
+@dataclass(frozen=True)
 class EfficiencySettings:
     """The policy's numbers (see the module's text); ``abort_threshold`` is the pilot tracker's
     ``pilots.abort_threshold``, the top of the degraded band."""
@@ -171,22 +188,23 @@ class EfficiencySettings:
 
     @classmethod
     def from_config(
-        cls, section: Mapping[str, Any], abort_threshold: float = 0.5
+        cls, section: EfficiencySection | Mapping[str, Any], abort_threshold: float = 0.5
     ) -> EfficiencySettings:
-        """From a validated ``efficiency`` section (:data:`EFFICIENCY_SCHEMA`) and the tracker's
-        ``pilots.abort_threshold``.
+        """From an ``efficiency`` section (typed, or as written: :data:`EFFICIENCY_SCHEMA`) and
+        the tracker's ``pilots.abort_threshold``.
 
         :raises ValueError: when the two thresholds leave no degraded band, or min_finished is
             more than last.
         """
+        typed = section if isinstance(section, EfficiencySection) else EfficiencySection.of(section)
         return cls(
-            degrade_threshold=float(section.get("degrade_threshold", DEFAULT_DEGRADE_THRESHOLD)),
+            degrade_threshold=typed.degrade_threshold,
             abort_threshold=float(abort_threshold),
-            window=float(section.get("window", DEFAULT_WINDOW)),
-            last=int(section.get("last", DEFAULT_LAST)),
-            min_finished=int(section.get("min_finished", DEFAULT_MIN_FINISHED)),
-            count_lost=bool(section.get("count_lost", True)),
-            refresh=float(section.get("refresh", DEFAULT_REFRESH)),
+            window=typed.window,
+            last=typed.last,
+            min_finished=typed.min_finished,
+            count_lost=typed.count_lost,
+            refresh=typed.refresh,
         )
 
     @property
@@ -353,6 +371,8 @@ class EfficiencySource(Plugin):
     cannot be read every endpoint keeps its last verdict."""
 
     config_schema: ClassVar[dict[str, Any]] = EFFICIENCY_SCHEMA
+    settings_class = EfficiencySection
+    settings: EfficiencySection
 
     @classmethod
     def document_errors(
@@ -371,7 +391,7 @@ class EfficiencySource(Plugin):
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        settings = EfficiencySettings.from_config(config, abort_threshold_of(context.config))
+        settings = EfficiencySettings.from_config(self.settings, abort_threshold_of(context.config))
         self.source = PilotEfficiency(settings, context.clock)
         self._last: dict[str, Availability] = {}
         self._down = False

@@ -17,24 +17,24 @@ are usable alone.
 
 from __future__ import annotations
 
-import calendar
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
-from xml.parsers import expat
 
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.builtin.waiting import FetchError, http_get, split_http_url
+from gridgate.core.builtin.documents import Downtime, Feed, FeedError, parse_downtimes
+from gridgate.core.builtin.waiting import FetchError, ca_path_problems, http_get, split_http_url
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.model import AVAILABILITY_STATES, AVAILABLE, Availability, Endpoint
 from gridgate.core.plugins import Plugin, PluginContext
+from gridgate.core.settings import Settings
 from gridgate.core.text import safe_url
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "FeedError",
     "GocdbAvailability",
     "GocdbFeed",
+    "GocdbSettings",
     "GocdbSource",
     "endpoint_host",
     "parse_downtimes",
@@ -117,182 +118,27 @@ GOCDB_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+
+@dataclass(frozen=True)
+class GocdbSettings(Settings):
+    """The ``availability.gocdb`` section (:data:`GOCDB_SCHEMA`; defaults from there)."""
+
+    section_schema: ClassVar[dict[str, Any]] = GOCDB_SCHEMA
+
+    url: str
+    refresh: float
+    keep_last: float
+    timeout: float
+    max_bytes: int
+    ca_path: str | None
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        return ca_path_problems(self.url, self.ca_path)
+
+
 #: An endpoint's states, from fully usable to not used at all (``Availability`` and these
 #: live in core/model.py, since they cross the ``gridgate_endpoint_availability`` hook).
 STATES = AVAILABILITY_STATES
-
-
-class FeedError(Exception):
-    """A feed that could not be read, or is not a GOCDB downtime document."""
-
-
-@dataclass(frozen=True)
-class Downtime:
-    """One GOCDB downtime of one service endpoint (``host`` is lower case)."""
-
-    id: str
-    host: str
-    severity: str
-    start: float
-    end: float
-    description: str = ""
-    portal_url: str = ""
-    service_type: str = ""
-
-    def ongoing(self, now: float) -> bool:
-        """Whether ``now`` falls within the downtime (start included, end excluded)."""
-        return self.start <= now < self.end
-
-
-@dataclass(frozen=True)
-class Feed:
-    """A parsed feed: its downtimes, and the entries left out, each saying which and why."""
-
-    downtimes: tuple[Downtime, ...]
-    problems: tuple[str, ...] = ()
-
-
-# --- parsing ----------------------------------------------------------------------------
-
-_MAX_DEPTH = 16
-
-
-@dataclass
-class _Node:
-    tag: str
-    attrs: dict[str, str]
-    children: list[_Node] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-
-
-def _refuse(what: str) -> Callable[..., None]:
-    def handler(*_args: object) -> None:
-        raise FeedError(
-            f"the document has {what}: a GOCDB feed has none, and refusing it is what keeps "
-            "entity expansion (billion laughs) and external entities out"
-        )
-
-    return handler
-
-
-def _refuse_external(*_args: object) -> int:
-    _refuse("an external entity")()
-    return 0  # not reached: a handler's exception stops the parse
-
-
-def _parse_xml(data: bytes) -> _Node:
-    """The document as a small tree, by expat with every DTD feature refused.
-
-    No DOCTYPE means no entity can be declared, so only the five predefined entities and
-    character references exist: nothing expands, nothing is fetched. defusedxml would do the
-    same, as another dependency; these three handlers are all it takes.
-    """
-    parser = expat.ParserCreate()
-    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
-    parser.StartDoctypeDeclHandler = _refuse("a DOCTYPE")
-    parser.EntityDeclHandler = _refuse("an entity declaration")
-    parser.ExternalEntityRefHandler = _refuse_external
-    root: list[_Node] = []
-    stack: list[_Node] = []
-
-    def start(tag: str, attrs: dict[str, str]) -> None:
-        if len(stack) >= _MAX_DEPTH:
-            raise FeedError(f"elements nested deeper than {_MAX_DEPTH}: not a GOCDB feed")
-        node = _Node(tag, attrs)
-        if stack:
-            stack[-1].children.append(node)
-        else:
-            root.append(node)
-        stack.append(node)
-
-    def end(_tag: str) -> None:
-        stack.pop()
-
-    def chars(text: str) -> None:
-        if stack:
-            stack[-1].text.append(text)
-
-    parser.StartElementHandler = start
-    parser.EndElementHandler = end
-    parser.CharacterDataHandler = chars
-    try:
-        parser.Parse(data, True)
-    except expat.ExpatError as exc:
-        raise FeedError(f"not well-formed XML: {exc}") from None
-    return root[0]
-
-
-_SEVERITIES = ("OUTAGE", "WARNING")
-
-
-def _time(fields: Mapping[str, str], name: str) -> float:
-    raw = fields.get(f"{name}_DATE", "")
-    if raw:
-        if not raw.isdigit():
-            raise ValueError(f"{name}_DATE is {raw[:40]!r}, not Unix seconds")
-        return float(int(raw))
-    text = fields.get(f"FORMATED_{name}_DATE", "")
-    if not text:
-        raise ValueError(f"no {name}_DATE")
-    try:
-        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M")))
-    except ValueError:
-        raise ValueError(f"FORMATED_{name}_DATE is {text[:40]!r}, not YYYY-MM-DD HH:MM") from None
-
-
-def parse_downtimes(data: bytes | str) -> Feed:
-    """The downtimes of a GOCDB ``get_downtime`` document.
-
-    An entry that cannot be used (unknown severity, a date that is not one, an end before its
-    start) is left out and listed in ``problems``; the rest of the feed stands.
-
-    :raises FeedError: for text that is not well-formed XML, any DTD (DOCTYPE, entities), or a
-        document whose root is not GOCDB's ``<results>``.
-    """
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    root = _parse_xml(raw)
-    if root.tag != "results":
-        raise FeedError(
-            f"not a GOCDB results document: the root element is <{root.tag[:40]}>, not <results>"
-        )
-    downtimes: list[Downtime] = []
-    problems: list[str] = []
-    for index, node in enumerate(root.children):
-        if node.tag != "DOWNTIME":
-            continue  # <meta> (paging links) and whatever GOCDB adds later
-        fields = {c.tag: "".join(c.text).strip() for c in node.children if not c.children}
-        ident = (
-            node.attrs.get("PRIMARY_KEY")
-            or fields.get("PRIMARY_KEY")
-            or node.attrs.get("ID")
-            or f"#{index + 1}"
-        )
-        host = fields.get("HOSTNAME", "").strip().lower().rstrip(".")
-        if not host:
-            continue  # a whole site's downtime: no host to match an endpoint by
-        severity = fields.get("SEVERITY", "").upper()
-        try:
-            if severity not in _SEVERITIES:
-                raise ValueError(f"SEVERITY is {severity[:20]!r}, not OUTAGE or WARNING")
-            start, end = _time(fields, "START"), _time(fields, "END")
-            if end < start:
-                raise ValueError("it ends before it starts")
-        except ValueError as exc:
-            problems.append(f"downtime {ident} of {host}: {exc}")
-            continue
-        downtimes.append(
-            Downtime(
-                id=ident,
-                host=host,
-                severity=severity,
-                start=start,
-                end=end,
-                description=fields.get("DESCRIPTION", ""),
-                portal_url=fields.get("GOCDB_PORTAL_URL", ""),
-                service_type=fields.get("SERVICE_TYPE", ""),
-            )
-        )
-    return Feed(tuple(downtimes), tuple(problems))
 
 
 # --- from downtimes to states -------------------------------------------------------------
@@ -544,18 +390,22 @@ class GocdbFeed:
 class GocdbAvailability:
     """What GOCDB says of each endpoint, asked once per iteration with :meth:`evaluate`.
 
-    Built from a validated ``gocdb`` section (:data:`GOCDB_SCHEMA`).
+    Built from a ``gocdb`` section's settings (or the section as written:
+    :data:`GOCDB_SCHEMA`).
     """
 
-    def __init__(self, config: Mapping[str, Any], clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, config: GocdbSettings | Mapping[str, Any], clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        settings = config if isinstance(config, GocdbSettings) else GocdbSettings.of(config)
         self.clock = clock
         self.feed = GocdbFeed(
-            str(config["url"]),
-            refresh=float(config.get("refresh", 600)),
-            keep_last=float(config.get("keep_last", DEFAULT_KEEP_LAST)),
-            timeout=float(config.get("timeout", 60)),
-            max_bytes=int(config.get("max_bytes", 16 * _MIB)),
-            ca_path=config.get("ca_path"),
+            settings.url,
+            refresh=settings.refresh,
+            keep_last=settings.keep_last,
+            timeout=settings.timeout,
+            max_bytes=settings.max_bytes,
+            ca_path=settings.ca_path,
             clock=clock,
         )
         self.tracker = ChangeTracker()
@@ -589,10 +439,12 @@ class GocdbSource(Plugin):
     downtime. The feed is read at most every ``refresh`` seconds (:class:`GocdbFeed`)."""
 
     config_schema: ClassVar[dict[str, Any]] = GOCDB_SCHEMA
+    settings_class = GocdbSettings
+    settings: GocdbSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self.source = GocdbAvailability(config, context.clock)
+        self.source = GocdbAvailability(self.settings, context.clock)
 
     @hookimpl
     def gridgate_endpoint_availability(

@@ -12,21 +12,22 @@ good one. :func:`pilots_for` turns a figure into pilots.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import SplitResult, urlsplit
 
 from loguru import logger
 
+from gridgate.core.builtin.documents import MAX_WAITING, parse_count, waiting_count
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.cutoff import cut_after
 from gridgate.core.http import HttpClient, HttpError
 from gridgate.core.runner import run
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
-from gridgate.core.text import parse_json, safe_url, url_secret
+from gridgate.core.settings import Settings
+from gridgate.core.text import safe_url, url_secret
 
 __all__ = [
     "COMMAND_SOURCE_SCHEMA",
@@ -51,10 +52,6 @@ __all__ = [
     "parse_count",
     "pilots_for",
 ]
-
-#: The largest count a source may give. Real task queues hold millions of jobs at most; a figure
-#: past a billion is a broken source (or a counter of something else), not demand.
-MAX_WAITING = 1_000_000_000
 
 #: Seconds a failing source's last good figure is still used. Ten default cycles (60 s each):
 #: long enough to ride through a restart of the Redis or web service behind a task queue
@@ -185,6 +182,64 @@ GROUP_PROPERTIES: dict[str, Any] = {
 }
 
 
+def ca_path_problems(url: str, ca_path: str | None) -> list[tuple[tuple[str | int, ...], str]]:
+    """A ``ca_path`` beside a ``url`` that is not https (it validated and was never asked)."""
+    if ca_path is not None and not url.startswith("https://"):
+        return [(("ca_path",), "ca_path is set but url is not https: no CA is ever asked")]
+    return []
+
+
+@dataclass(frozen=True)
+class RedisSourceSettings(Settings):
+    """``source.redis`` (:data:`REDIS_SOURCE_SCHEMA`)."""
+
+    section_schema: ClassVar[dict[str, Any]] = REDIS_SOURCE_SCHEMA
+
+    url: str
+    key: str
+    password: Mapping[str, str] | None
+    timeout: float
+
+
+@dataclass(frozen=True)
+class HttpSourceSettings(Settings):
+    """``source.http`` (:data:`HTTP_SOURCE_SCHEMA`)."""
+
+    section_schema: ClassVar[dict[str, Any]] = HTTP_SOURCE_SCHEMA
+
+    url: str
+    field: str
+    timeout: float
+    max_bytes: int
+    ca_path: str | None
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        return ca_path_problems(self.url, self.ca_path)
+
+
+@dataclass(frozen=True)
+class CommandSourceSettings(Settings):
+    """``source.command`` (:data:`COMMAND_SOURCE_SCHEMA`)."""
+
+    section_schema: ClassVar[dict[str, Any]] = COMMAND_SOURCE_SCHEMA
+
+    argv: tuple[str, ...]
+    field: str
+    timeout: float
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class SourceSettings(Settings):
+    """``source:`` of a demand group (:data:`SOURCE_SCHEMA`): exactly one kind is set."""
+
+    section_schema: ClassVar[dict[str, Any]] = SOURCE_SCHEMA
+
+    redis: RedisSourceSettings | None
+    http: HttpSourceSettings | None
+    command: CommandSourceSettings | None
+
+
 class SourceError(Exception):
     """A source could not give a count; the message names the source and what was wrong."""
 
@@ -195,60 +250,6 @@ class FetchError(Exception):
 
 
 # --- counts -----------------------------------------------------------------------------
-
-
-def _check_count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float):
-            raise ValueError(f"{what} is {value!r}, not a whole number of jobs")
-        raise ValueError(f"{what} is {json.dumps(value)[:60]}, not a count of jobs")
-    if value < 0:
-        raise ValueError(f"{what} is {value}, a negative count")
-    if value > MAX_WAITING:
-        raise ValueError(f"{what} is {value}, above the largest count accepted ({MAX_WAITING})")
-    return value
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {key!r} appears twice")
-        seen[key] = value
-    return seen
-
-
-def parse_count(data: bytes | str, field: str) -> int:
-    """The count under ``field`` in the JSON object ``data``.
-
-    :raises ValueError: for text that is not JSON (NaN and Infinity included), a value that is
-        not an object, an object with a key twice, a missing field, or a value that is not a
-        whole non-negative number of at most :data:`MAX_WAITING` (``true``, ``2.5``, ``-1``,
-        ``"3"`` are all refused). The message says which.
-    """
-    try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
-        parsed = parse_json(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"the answer is not JSON ({exc}): {_excerpt(data)}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError(f"the answer is not a JSON object of counts: {_excerpt(data)}")
-    if field not in parsed:
-        known = ", ".join(sorted(parsed)[:10]) or "none"
-        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
-    return _check_count(parsed[field], f"field {field!r}")
-
-
-def _excerpt(data: bytes | str, size: int = 80) -> str:
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    return repr(text[:size]) + ("..." if len(text) > size else "")
-
-
-# --- HTTP -------------------------------------------------------------------------------
 
 
 def http_get(
@@ -438,7 +439,7 @@ class _RedisServer:
         if isinstance(reply, Exception):  # the key changed type between the two commands
             return f"counting the {kind} {key!r}: {reply}"
         try:
-            return _check_count(reply, f"the {kind} {key!r}'s length")
+            return waiting_count(reply, f"the {kind} {key!r}'s length")
         except ValueError as exc:
             return str(exc)
 
@@ -561,20 +562,20 @@ class CommandSource:
 
 
 def _redis_server(
-    spec: Mapping[str, Any], servers: dict[tuple[str, str | None, float], _RedisServer]
+    spec: RedisSourceSettings, servers: dict[tuple[str, str | None, float], _RedisServer]
 ) -> _RedisServer:
-    url = str(spec["url"])
+    url = spec.url
     if secret := url_secret(url):  # user:password@ or redis-py's ?password=
         raise ValueError(
-            f"redis source key {spec['key']}: do not write the password into the url (it "
+            f"redis source key {spec.key}: do not write the password into the url (it "
             f"carries {secret}); give it as password: {{env: VARIABLE}} or password: "
             "{file: PATH}"
         )
     try:
-        password = read_secret(spec.get("password"))
+        password = read_secret(spec.password)
     except SecretError as exc:
         raise ValueError(f"redis source {safe_url(url)}: cannot read the password: {exc}") from None
-    timeout = float(spec.get("timeout", 5))
+    timeout = spec.timeout
     ident = (url, password, timeout)
     if ident not in servers:
         servers[ident] = _RedisServer(url, password, timeout)
@@ -582,36 +583,37 @@ def _redis_server(
 
 
 def make_source(
-    spec: Mapping[str, Any],
+    spec: SourceSettings | Mapping[str, Any],
     _servers: dict[tuple[str, str | None, float], _RedisServer] | None = None,
 ) -> WaitingSource:
-    """The source a validated ``source:`` section (:data:`SOURCE_SCHEMA`) describes.
+    """The source a ``source:`` section (typed, or as written: :data:`SOURCE_SCHEMA`)
+    describes.
 
     :raises ValueError: for a section that names no known kind, a password in a Redis url, or
         a password file that cannot be read.
     """
-    if "redis" in spec:
-        section = spec["redis"]
+    if not isinstance(spec, SourceSettings):
+        if not any(kind in spec for kind in ("redis", "http", "command")):
+            raise ValueError(f"a source is one of redis, http, command; got {sorted(spec)}")
+        spec = SourceSettings.of(spec)
+    if spec.redis is not None:
         servers = {} if _servers is None else _servers
-        return RedisSource(_redis_server(section, servers), str(section["key"]))
-    if "http" in spec:
-        section = spec["http"]
+        return RedisSource(_redis_server(spec.redis, servers), spec.redis.key)
+    if spec.http is not None:
+        http = spec.http
         return HttpSource(
-            str(section["url"]),
-            str(section["field"]),
-            timeout=float(section.get("timeout", 10)),
-            max_bytes=int(section.get("max_bytes", _MIB)),
-            ca_path=section.get("ca_path"),
+            http.url,
+            http.field,
+            timeout=http.timeout,
+            max_bytes=http.max_bytes,
+            ca_path=http.ca_path,
         )
-    if "command" in spec:
-        section = spec["command"]
+    if spec.command is not None:
+        command = spec.command
         return CommandSource(
-            [str(a) for a in section["argv"]],
-            str(section["field"]),
-            timeout=float(section.get("timeout", 30)),
-            max_bytes=int(section.get("max_bytes", _MIB)),
+            list(command.argv), command.field, timeout=command.timeout, max_bytes=command.max_bytes
         )
-    raise ValueError(f"a source is one of redis, http, command; got {sorted(spec)}")
+    raise ValueError("a source is one of redis, http, command; got none")
 
 
 # --- a group's figure over time ------------------------------------------------------------
@@ -735,7 +737,7 @@ class WaitingGauges:
 
     def __init__(
         self,
-        sources: Mapping[str, Mapping[str, Any]],
+        sources: Mapping[str, SourceSettings | Mapping[str, Any]],
         *,
         keep_last: Mapping[str, float] | float = DEFAULT_KEEP_LAST,
         clock: Clock = SYSTEM_CLOCK,

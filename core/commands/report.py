@@ -16,6 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gridgate.core.commands.documents import (
+    FailureRow,
+    accounting_rows,
+    episode_rows,
+    failure_rows,
+)
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
 
 if TYPE_CHECKING:
@@ -63,9 +69,10 @@ _SORT_COLOURS = {"submission": "firebrick", "poll": "mediumpurple", "aborted": "
 PLOTTED_KEY = "gridgate-plotted"
 
 
-def failure_sort(row: Mapping[str, Any]) -> str:
+def failure_sort(row: FailureRow | Mapping[str, Any]) -> str:
     """Which of :data:`FAILURE_SORTS` a row of the failures table is."""
-    return "aborted" if row.get("kind") == "aborted" else "poll"
+    typed = row if isinstance(row, FailureRow) else failure_rows([row])[0]
+    return "aborted" if typed.kind == "aborted" else "poll"
 
 
 #: The most slots a table fills in between its first and last (a tiny --bucket over a long
@@ -88,22 +95,20 @@ def episodes_table(
     that ended before ``since`` are left out (one that began before it is kept whole)."""
     open_: dict[tuple[str, str], dict[str, Any]] = {}
     done: list[dict[str, Any]] = []
-    for row in sorted(rows, key=lambda r: float(r.get("time", 0.0))):
-        what, subject = str(row.get("what", "")), str(row.get("subject", ""))
-        state = str(row.get("state", ""))
-        key = (what, subject)
+    for row in sorted(episode_rows(rows), key=lambda r: r.time):
+        key = (row.what, row.subject)
         if key in open_:
             ended = open_.pop(key)
-            ended["end"] = float(row["time"])
+            ended["end"] = row.time
             done.append(ended)
-        if state not in ("available", "usable"):
+        if row.state not in ("available", "usable"):
             open_[key] = {
-                "what": what,
-                "subject": subject,
-                "state": state,
-                "source": str(row.get("source", "")),
-                "reason": str(row.get("reason", "")),
-                "start": float(row["time"]),
+                "what": row.what,
+                "subject": row.subject,
+                "state": row.state,
+                "source": row.source or "",
+                "reason": row.reason or "",
+                "start": row.time,
                 "end": None,
             }
     done += open_.values()
@@ -146,29 +151,29 @@ def hourly_table(
     ended: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     times: list[float] = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for row in rows:
-        times.append(float(row["time"]))
-        hour = _slot(float(row["time"]), bucket)
-        endpoint = row.get("endpoint") or "-"
-        outcome = row["outcome"]
-        counted = outcome in ("submitted", "skipped")
-        totals[endpoint][outcome] += int(row.get("pilots", 0)) if counted else 1
+    for row in accounting_rows(rows):
+        times.append(row.time)
+        hour = _slot(row.time, bucket)
+        endpoint = row.endpoint or "-"
+        outcome = row.outcome
+        count = row.pilots or 0
+        totals[endpoint][outcome] += count if outcome in ("submitted", "skipped") else 1
         if outcome == "submitted":
-            pilots[hour][endpoint] += int(row.get("pilots", 0))
+            pilots[hour][endpoint] += count
         elif outcome == "failed":
             failed[hour]["submission"] += 1
-            kinds[endpoint][row.get("failure_kind") or "error"] += 1
+            kinds[endpoint][row.failure_kind or "error"] += 1
         elif outcome == "skipped":
-            cause = str(row.get("failure_kind") or "skipped")
-            skipped[hour][cause] += int(row.get("pilots", 0))
-            causes[cause] += int(row.get("pilots", 0))
-            skip_causes[endpoint][cause] += int(row.get("pilots", 0))
+            cause = row.failure_kind or "skipped"
+            skipped[hour][cause] += count
+            causes[cause] += count
+            skip_causes[endpoint][cause] += count
             if cause in TRIM_KINDS:
-                trimmed[hour] += int(row.get("pilots", 0))
-    for row in failures:
-        times.append(float(row["time"]))
-        failed[_slot(float(row["time"]), bucket)][failure_sort(row)] += 1
-        kinds[row.get("endpoint") or "-"][row.get("kind") or "error"] += 1
+                trimmed[hour] += count
+    for failure in failure_rows(failures):
+        times.append(failure.time)
+        failed[_slot(failure.time, bucket)][failure_sort(failure)] += 1
+        kinds[failure.endpoint or "-"][failure.kind or "error"] += 1
     for pilot in finished:
         times.append(float(pilot.changed))
         ended[_slot(float(pilot.changed), bucket)][pilot.state] += 1
@@ -226,8 +231,8 @@ def render_table(table: Mapping[str, Any]) -> str:
         "  (a server taken out of rotation because its pilots abort)",
     ]
     lines += ["", "per endpoint over the period:"]
-    kinds = table.get("failure_kinds", {})
-    by_cause = table.get("skipped_by_endpoint", {})
+    kinds = table["failure_kinds"]
+    by_cause = table["skipped_by_endpoint"]
     for endpoint in sorted(set(table["totals"]) | set(kinds)):
         counts = table["totals"].get(endpoint, {})
         parts = []
@@ -246,8 +251,8 @@ def render_table(table: Mapping[str, Any]) -> str:
             )
         shown = "(no endpoint chosen)" if endpoint == "-" else endpoint
         lines.append(f"  {shown:<30} {text}")
-    skipped = table.get("skipped", {})
-    causes = list(table.get("skipped_by_cause", {}))
+    skipped = table["skipped"]
+    causes = list(table["skipped_by_cause"])
     if causes:
         lines += [
             "",
@@ -259,7 +264,7 @@ def render_table(table: Mapping[str, Any]) -> str:
             f"  {h:<17}" + "".join(f"{row.get(c, 0):>{max(12, len(c) + 2)}}" for c in causes)
             for h, row in skipped.items()
         ]
-    episodes = table.get("episodes", [])
+    episodes = table["episodes"]
     if episodes:
         lines += ["", "episodes (an endpoint not available, a credential unusable):"]
         for e in episodes:
@@ -274,7 +279,7 @@ def render_table(table: Mapping[str, Any]) -> str:
                 f"  {start} -> {end:<19}  {e['what']:<12} {e['subject']}: {e['state']}{source}"
                 + (f": {e['reason']}" if e["reason"] else "")
             )
-    finished = table.get("finished", {})
+    finished = table["finished"]
     if finished:
         ended = [s for s in FINISHED_STATES if any(s in v for v in finished.values())]
         lines += [

@@ -34,6 +34,7 @@ from gridgate.core.outbox import (
     configured_outbox,
 )
 from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.settings import settings_from
 
 EMAIL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -135,7 +136,7 @@ class EmailNotifier(Plugin):
 
     @classmethod
     def outbox_path(cls, section: Mapping[str, Any], state_dir: Path) -> Path:
-        return cls._outbox_path(EmailSettings.of(section), state_dir)
+        return cls._outbox_path(_settings(section), state_dir)
 
     @staticmethod
     def _outbox_path(settings: EmailSettings, state_dir: Path) -> Path:
@@ -150,7 +151,7 @@ class EmailNotifier(Plugin):
         config: Mapping[str, Any] | None = None,
     ) -> Outbox:
         """The outbox with its SMTP transport, as configured by ``section``."""
-        return cls._outbox(EmailSettings.of(section), state_dir, clock)
+        return cls._outbox(_settings(section), state_dir, clock)
 
     @classmethod
     def _outbox(cls, settings: EmailSettings, state_dir: Path, clock: Any) -> Outbox:
@@ -166,7 +167,7 @@ class EmailNotifier(Plugin):
     def config_warnings(cls, section: Mapping[str, Any]) -> ConfigProblems:
         # "" disables one level (the seed's way); every level disabled is a notifier that
         # sends nothing at all, which is rarely what was meant
-        settings = EmailSettings.of(section)
+        settings = _settings(section)
         if not addresses(settings.error_address) and not addresses(settings.alarm_address):
             return [
                 ((), "error_address and alarm_address are both empty: this notifier sends nothing")
@@ -241,3 +242,8 @@ class EmailNotifier(Plugin):
 
     def close(self) -> None:
         self.outbox.close(timeout=self.settings.timeout * 2 + 5)
+
+
+def _settings(section: Mapping[str, Any]) -> EmailSettings:
+    """The settings of a section the config loader validated (``gridgate outbox``, warnings)."""
+    return settings_from(EMAIL_SCHEMA, section, EmailSettings, validate=False)

@@ -38,7 +38,7 @@ from gridgate.core.outbox import (
 )
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.secrets import SECRET_SCHEMA
-from gridgate.core.settings import Settings
+from gridgate.core.settings import Settings, settings_from
 from gridgate.plugins.notify_ggus.rest import REST_TRANSPORT, RestTransport
 from gridgate.plugins.notify_ggus.ticket import (
     LEVELS,
@@ -261,7 +261,7 @@ class GgusNotifier(Plugin):
 
     @classmethod
     def outbox_path(cls, section: Mapping[str, Any], state_dir: Path) -> Path:
-        return cls._outbox_path(GgusSettings.of(section), state_dir)
+        return cls._outbox_path(_settings(section), state_dir)
 
     @staticmethod
     def _outbox_path(settings: GgusSettings, state_dir: Path) -> Path:
@@ -277,7 +277,7 @@ class GgusNotifier(Plugin):
     ) -> Outbox:
         """The ggus outbox with the transports its section configures: ``rest`` when a URL is
         set, ``smtp`` when notifiers.email exists (for ``mail``)."""
-        return cls._outbox(GgusSettings.of(section), state_dir, clock, _email_of(config or {}))
+        return cls._outbox(_settings(section), state_dir, clock, _email_of(config or {}))
 
     @classmethod
     def _outbox(
@@ -429,3 +429,8 @@ class GgusNotifier(Plugin):
 
     def close(self) -> None:
         self.outbox.close()
+
+
+def _settings(section: Mapping[str, Any]) -> GgusSettings:
+    """The settings of a section the config loader validated (``gridgate outbox``, warnings)."""
+    return settings_from(GGUS_SCHEMA, section, GgusSettings, validate=False)

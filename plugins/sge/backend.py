@@ -15,6 +15,7 @@ import math
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
@@ -42,6 +43,7 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import ConfigProblems, PluginContext
 from gridgate.core.runner import argv_chunks
+from gridgate.core.settings import Settings, settings_from
 from gridgate.plugins.sge.classify import cell_wide, classify, clip
 from gridgate.plugins.sge.parse import (
     JOB_ID_RE,
@@ -88,7 +90,7 @@ def sge_memory(megabytes: int) -> str:
     return f"{megabytes}M"
 
 
-def resource_options(request: SubmitRequest, settings: Mapping[str, Any]) -> list[str]:
+def resource_options(request: SubmitRequest, settings: SgeResourceSettings) -> list[str]:
     """The qsub options of ``request.resources``: ``-pe <pe> N`` for N > 1 cores and one
     ``-l`` with the memory (per slot unless ``memory_per_slot`` is false: h_vmem and s_vmem
     are limits per slot, multiplied by the slots) and the walltime in seconds (``h_rt``)."""
@@ -97,22 +99,22 @@ def resource_options(request: SubmitRequest, settings: Mapping[str, Any]) -> lis
         return []
     options: list[str] = []
     if resources.cores != 1:
-        options += ["-pe", str(settings.get("parallel_environment") or "smp"), str(resources.cores)]
+        options += ["-pe", settings.parallel_environment, str(resources.cores)]
     asked: list[str] = []
     if resources.memory_mb is not None:
-        per_slot = bool(settings.get("memory_per_slot", True))
+        per_slot = settings.memory_per_slot
         megabytes = (
             math.ceil(resources.memory_mb / resources.cores) if per_slot else resources.memory_mb
         )
-        asked.append(f"{settings.get('memory') or 'h_vmem'}={sge_memory(megabytes)}")
+        asked.append(f"{settings.memory}={sge_memory(megabytes)}")
     if resources.walltime is not None:
-        asked.append(f"{settings.get('walltime') or 'h_rt'}={resources.walltime}")
+        asked.append(f"{settings.walltime}={resources.walltime}")
     if asked:
         options += ["-l", ",".join(asked)]
     return options
 
 
-def owned_option(words: Sequence[str], index: int, settings: Mapping[str, Any]) -> str | None:
+def owned_option(words: Sequence[str], index: int, settings: SgeResourceSettings) -> str | None:
     """Why ``qsub_options[index]`` may not be given (the backend writes it), or None.
 
     qsub takes options as whole words with their value in the next word (``-q``, ``all.q``),
@@ -123,7 +125,7 @@ def owned_option(words: Sequence[str], index: int, settings: Mapping[str, Any]) 
         return f"{word} is written by the backend ({OWNED_OPTIONS[word]})"
     value = str(words[index + 1]) if index + 1 < len(words) else ""
     if word == "-l":
-        mine = {str(settings.get("memory") or "h_vmem"), str(settings.get("walltime") or "h_rt")}
+        mine = {settings.memory, settings.walltime}
         named = {item.split("=", 1)[0].strip() for item in value.split(",")}
         taken = sorted(named & mine)
         if taken:
@@ -141,6 +143,147 @@ def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
     return ids, f"not Grid Engine job ids: {bad[:5]}" if bad else ""
 
 
+SGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Grid Engine backend: cluster queues (one endpoint each), the pilot "
+    "script, qsub options, how resources are asked.",
+    "properties": {
+        "queues": {
+            "type": "array",
+            "default": [],
+            "items": {"type": "string", "minLength": 1},
+            "description": "Cluster queues to submit to (qsub -q); each is an endpoint. "
+            "The cell is the one SGE_ROOT and SGE_CELL name (env).",
+        },
+        "script": {
+            "type": "string",
+            "default": "",
+            "x-gridgate-path": True,
+            "description": "The pilot job script qsub submits (a path on this machine; "
+            "its #$ lines apply).",
+        },
+        "job_name": {
+            "type": "string",
+            "minLength": 1,
+            "default": "gridgate-pilot",
+            "description": "qsub -N.",
+        },
+        "qsub_options": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "More qsub arguments, each one argv item, an option's value "
+            'its own item (e.g. ["-o", "/dev/null", "-j", "y", "-P", "atlas"]). '
+            "Options the backend writes itself (-terse, -q, -N, -w, -t, -pe, and -l of "
+            "the memory and walltime resources) are refused, as are -sync, -clear, -@ "
+            "and -verify.",
+        },
+        "validation": {
+            "enum": ["e", "w", "n"],
+            "default": "e",
+            "description": "qsub -w: `e` refuses a job that no instance of the queue can "
+            "ever run (its access list bars the user, more slots than it has, a limit "
+            "below the request): kind usage, at once; `n` (Grid Engine's own default) "
+            "queues it to wait forever; `w` queues it with a warning.",
+        },
+        "pilots_per_submission": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10000,
+            "default": 1,
+            "description": "Pilots per qsub; > 1 submits an array job (-t 1-N), one "
+            "job id per pilot (`<job>.<task>`).",
+        },
+        "resources": {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "description": "How a demand group's resources are asked of this cell.",
+            "properties": {
+                "parallel_environment": {
+                    "type": "string",
+                    "minLength": 1,
+                    "default": "smp",
+                    "description": "The parallel environment of -pe for cores > 1 (one "
+                    "with allocation_rule $pe_slots keeps a pilot on one host).",
+                },
+                "memory": {
+                    "type": "string",
+                    "minLength": 1,
+                    "default": "h_vmem",
+                    "description": "The resource of -l that carries memory_mb "
+                    "(h_vmem, s_vmem, mem_free, or the site's own consumable).",
+                },
+                "memory_per_slot": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "Whether the memory resource counts per slot "
+                    "(h_vmem and consumables of type YES do: memory_mb is divided by "
+                    "the cores, rounded up); false for a JOB consumable.",
+                },
+                "walltime": {
+                    "type": "string",
+                    "minLength": 1,
+                    "default": "h_rt",
+                    "description": "The resource of -l that carries the walltime (seconds).",
+                },
+            },
+        },
+        "qacct_per_poll": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 10000,
+            "default": 20,
+            "description": "Most qacct -j calls one status poll makes, one per job that "
+            "has left qstat (oldest first; each call reads the whole accounting file). "
+            "The others are looked up at the next polls; 0: none (finished jobs go "
+            "unknown, then lost).",
+        },
+        "commands": commands_schema(
+            "Names (looked up on PATH) or paths of the Grid Engine commands.", COMMANDS
+        ),
+        "command_timeout": command_timeout_schema(
+            "Seconds; replaces the director's limit for these commands when set. One "
+            "poll's qstat, qstat -j and qacct calls share it."
+        ),
+        "env": env_schema(
+            "Extra environment variables for the commands (SGE_ROOT and SGE_CELL of "
+            "a cell other than the machine's default)."
+        ),
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class SgeResourceSettings(Settings):
+    """``resources``: how a demand group's resources are asked of Grid Engine."""
+
+    parallel_environment: str
+    memory: str
+    memory_per_slot: bool
+    walltime: str
+
+
+@dataclass(frozen=True)
+class SgeSettings(Settings):
+    """The ``sge`` backend's section (:data:`SGE_SCHEMA`; defaults from there)."""
+
+    section_schema: ClassVar[dict[str, Any]] = SGE_SCHEMA
+
+    queues: tuple[str, ...]
+    script: str
+    job_name: str
+    qsub_options: tuple[str, ...]
+    validation: str
+    pilots_per_submission: int
+    resources: SgeResourceSettings
+    qacct_per_poll: int
+    commands: Mapping[str, str]
+    command_timeout: float | None
+    env: Mapping[str, str]
+
+
 class SgeBackend(Backend):
     """Submits pilots to Grid Engine queues; polls and cancels them."""
 
@@ -149,122 +292,16 @@ class SgeBackend(Backend):
     #: the config key that lists the endpoints: a section without any is a config error
     endpoints_key = "queues"
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Grid Engine backend: cluster queues (one endpoint each), the pilot "
-        "script, qsub options, how resources are asked.",
-        "properties": {
-            "queues": {
-                "type": "array",
-                "default": [],
-                "items": {"type": "string", "minLength": 1},
-                "description": "Cluster queues to submit to (qsub -q); each is an endpoint. "
-                "The cell is the one SGE_ROOT and SGE_CELL name (env).",
-            },
-            "script": {
-                "type": "string",
-                "default": "",
-                "x-gridgate-path": True,
-                "description": "The pilot job script qsub submits (a path on this machine; "
-                "its #$ lines apply).",
-            },
-            "job_name": {
-                "type": "string",
-                "minLength": 1,
-                "default": "gridgate-pilot",
-                "description": "qsub -N.",
-            },
-            "qsub_options": {
-                "type": "array",
-                "items": {"type": "string"},
-                "default": [],
-                "description": "More qsub arguments, each one argv item, an option's value "
-                'its own item (e.g. ["-o", "/dev/null", "-j", "y", "-P", "atlas"]). '
-                "Options the backend writes itself (-terse, -q, -N, -w, -t, -pe, and -l of "
-                "the memory and walltime resources) are refused, as are -sync, -clear, -@ "
-                "and -verify.",
-            },
-            "validation": {
-                "enum": ["e", "w", "n"],
-                "default": "e",
-                "description": "qsub -w: `e` refuses a job that no instance of the queue can "
-                "ever run (its access list bars the user, more slots than it has, a limit "
-                "below the request): kind usage, at once; `n` (Grid Engine's own default) "
-                "queues it to wait forever; `w` queues it with a warning.",
-            },
-            "pilots_per_submission": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": 10000,
-                "default": 1,
-                "description": "Pilots per qsub; > 1 submits an array job (-t 1-N), one "
-                "job id per pilot (`<job>.<task>`).",
-            },
-            "resources": {
-                "type": "object",
-                "default": {},
-                "additionalProperties": False,
-                "description": "How a demand group's resources are asked of this cell.",
-                "properties": {
-                    "parallel_environment": {
-                        "type": "string",
-                        "minLength": 1,
-                        "default": "smp",
-                        "description": "The parallel environment of -pe for cores > 1 (one "
-                        "with allocation_rule $pe_slots keeps a pilot on one host).",
-                    },
-                    "memory": {
-                        "type": "string",
-                        "minLength": 1,
-                        "default": "h_vmem",
-                        "description": "The resource of -l that carries memory_mb "
-                        "(h_vmem, s_vmem, mem_free, or the site's own consumable).",
-                    },
-                    "memory_per_slot": {
-                        "type": "boolean",
-                        "default": True,
-                        "description": "Whether the memory resource counts per slot "
-                        "(h_vmem and consumables of type YES do: memory_mb is divided by "
-                        "the cores, rounded up); false for a JOB consumable.",
-                    },
-                    "walltime": {
-                        "type": "string",
-                        "minLength": 1,
-                        "default": "h_rt",
-                        "description": "The resource of -l that carries the walltime (seconds).",
-                    },
-                },
-            },
-            "qacct_per_poll": {
-                "type": "integer",
-                "minimum": 0,
-                "maximum": 10000,
-                "default": 20,
-                "description": "Most qacct -j calls one status poll makes, one per job that "
-                "has left qstat (oldest first; each call reads the whole accounting file). "
-                "The others are looked up at the next polls; 0: none (finished jobs go "
-                "unknown, then lost).",
-            },
-            "commands": commands_schema(
-                "Names (looked up on PATH) or paths of the Grid Engine commands.", COMMANDS
-            ),
-            "command_timeout": command_timeout_schema(
-                "Seconds; replaces the director's limit for these commands when set. One "
-                "poll's qstat, qstat -j and qacct calls share it."
-            ),
-            "env": env_schema(
-                "Extra environment variables for the commands (SGE_ROOT and SGE_CELL of "
-                "a cell other than the machine's default)."
-            ),
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = SGE_SCHEMA
+    settings_class = SgeSettings
+    settings: SgeSettings
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        problems: ConfigProblems = []
+        problems: ConfigProblems = list(super().config_errors(section))
+        typed = settings_from(SGE_SCHEMA, section, SgeSettings, validate=False)
         seen: set[str] = set()
-        queues = section.get("queues") or []
+        queues = typed.queues
         for index, entry in enumerate(queues):
             if not NAME_RE.fullmatch(str(entry)):
                 problems.append(
@@ -273,9 +310,9 @@ class SgeBackend(Backend):
             elif entry in seen:
                 problems.append((("queues", index), f"queue {entry!r} is listed twice"))
             seen.add(str(entry))
-        if queues and not section.get("script"):
+        if queues and not typed.script:
             problems.append((("script",), "a pilot script is needed to submit to the queues"))
-        name = str(section.get("job_name", "gridgate-pilot"))
+        name = typed.job_name
         if not JOB_NAME_RE.fullmatch(name):
             problems.append(
                 (
@@ -284,14 +321,14 @@ class SgeBackend(Backend):
                     "not starting with a digit)",
                 )
             )
-        settings = section.get("resources") or {}
+        settings = typed.resources
         for key in ("parallel_environment", "memory", "walltime"):
-            value = settings.get(key)
-            if value is not None and not RESOURCE_RE.fullmatch(str(value)):
+            value = getattr(settings, key)
+            if not RESOURCE_RE.fullmatch(value):
                 problems.append(
                     (("resources", key), f"{value!r} is not a Grid Engine resource name")
                 )
-        words = [str(w) for w in section.get("qsub_options") or []]
+        words = typed.qsub_options
         for index in range(len(words)):
             owned = owned_option(words, index, settings)
             if owned is not None:
@@ -308,7 +345,7 @@ class SgeBackend(Backend):
         self._listing_lock = threading.Lock()
         self._listing: CommandResult | None = None
         self._sharing = False
-        self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
+        self._programs = {k: v for k, v in self.settings.commands.items() if v}
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -324,15 +361,15 @@ class SgeBackend(Backend):
             "-q",
             endpoint.name,
             "-N",
-            str(self.config.get("job_name") or "gridgate-pilot"),
+            self.settings.job_name,
             "-w",
-            str(self.config.get("validation") or "e"),
+            self.settings.validation,
         ]
         if request.count > 1:
             argv += ["-t", f"1-{request.count}"]
-        argv += resource_options(request, self.config.get("resources") or {})
-        argv += [str(o) for o in self.config.get("qsub_options") or []]
-        argv.append(str(self.config.get("script") or ""))
+        argv += resource_options(request, self.settings.resources)
+        argv += self.settings.qsub_options
+        argv.append(self.settings.script)
         return argv
 
     def qstat_argv(self) -> list[str]:
@@ -471,7 +508,7 @@ class SgeBackend(Backend):
         # jobs that left qstat: finished (or deleted); qacct -j says how, oldest job first
         departed = sorted({job_number(j) for j in ids if j not in live}, key=int)
         last = listing
-        for number in departed[: int(self.config.get("qacct_per_poll", 20))]:
+        for number in departed[: self.settings.qacct_per_poll]:
             if deadline.passed():
                 break
             outcome = self.run([self._command("qacct"), "-j", number], deadline)

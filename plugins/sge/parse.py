@@ -13,6 +13,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import msgspec
+
+from gridgate.core.documents import convert
 from gridgate.core.model import JobStatus
 
 __all__ = [
@@ -173,16 +176,30 @@ def parse_qacct(stdout: str) -> dict[str, JobStatus]:
     """
     statuses: dict[str, JobStatus] = {}
     for record in _records(stdout):
-        number = record.get("jobnumber", "")
+        number = record.jobnumber
         if not number.isdigit():
             continue
-        task = record.get("taskid", "undefined")
+        task = record.taskid
         pilot = f"{number}.{task}" if task.isdigit() else number
         statuses[pilot] = _finished(pilot, record)
     return statuses
 
 
-def _records(stdout: str) -> Iterable[Mapping[str, str]]:
+class _QacctRecord(msgspec.Struct):
+    """The keys of a ``qacct -j`` record that are read (the others are left out)."""
+
+    jobnumber: str = ""
+    taskid: str = "undefined"
+    failed: str = "0"
+    exit_status: str = ""
+
+
+def _records(stdout: str) -> Iterable[_QacctRecord]:
+    for record in _lines(stdout):
+        yield convert(record, _QacctRecord, kind="qacct -j record")
+
+
+def _lines(stdout: str) -> Iterable[Mapping[str, str]]:
     record: dict[str, str] = {}
     for line in stdout.splitlines():
         if line.startswith("====="):
@@ -197,13 +214,13 @@ def _records(stdout: str) -> Iterable[Mapping[str, str]]:
         yield record
 
 
-def _finished(pilot: str, record: Mapping[str, str]) -> JobStatus:
-    failed = record.get("failed", "0").strip()
+def _finished(pilot: str, record: _QacctRecord) -> JobStatus:
+    failed = record.failed.strip()
     code_text = failed.split(":", 1)[0].strip()
     code = int(code_text) if code_text.isdigit() else -1
-    exit_text = record.get("exit_status", "").split()[:1]
+    exit_text = record.exit_status.split()[:1]
     exit_code = int(exit_text[0]) if exit_text and exit_text[0].isdigit() else None
-    native = " ".join(f"failed {failed}, exit_status {record.get('exit_status', '?')}".split())
+    native = " ".join(f"failed {failed}, exit_status {record.exit_status or '?'}".split())
     if code != 0:
         return JobStatus(pilot, "failed", native, f"failed {failed}", exit_code)
     if exit_code != 0:

@@ -17,7 +17,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl
@@ -43,18 +43,24 @@ from gridgate.core.model import (
 )
 from gridgate.core.plugins import ConfigProblems, PluginContext
 from gridgate.core.runner import argv_chunks
+from gridgate.core.settings import Settings
 from gridgate.plugins.slurm.classify import classify, clip, cluster_wide
+from gridgate.plugins.slurm.documents import (
+    JOB_ID_RE,
+    parse_parsable,
+    parse_squeue,
+    refused_ids,
+)
+
+# the outputs' names, where they were before documents.py (tests and sites import them here)
+from gridgate.plugins.slurm.documents import KILL_ERROR_RE as KILL_ERROR_RE  # noqa: E402
+from gridgate.plugins.slurm.documents import PARSABLE_RE as PARSABLE_RE  # noqa: E402
+from gridgate.plugins.slurm.documents import STATE_MAP as STATE_MAP  # noqa: E402
+from gridgate.plugins.slurm.documents import pilot_state as pilot_state  # noqa: E402
 
 OPERATION_SUBMIT = "Job Submit"
 #: Every pattern here is used with fullmatch: ``$`` would also take a trailing newline.
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-#: ``sbatch --parsable``: ``JOBID`` or ``JOBID;CLUSTER`` (the latter with ``--clusters``).
-PARSABLE_RE = re.compile(r"([0-9]+)(?:;([A-Za-z0-9_.-]+))?")
-#: Job ids as squeue and scancel take them: plain, array task ``<base>_<idx>``.
-JOB_ID_RE = re.compile(r"[0-9]+(?:_[0-9]+)?")
-#: What ``scancel --verbose`` prints for an id it did not cancel (exit 0 all the same): plain
-#: scancel says nothing for a job already finished or unknown, verbose names each one.
-KILL_ERROR_RE = re.compile(r"Kill job error on job id ([0-9]+(?:_[0-9]+)?): (.*)$", re.M)
 SQUEUE_FORMAT = "%i %T %r"
 #: Options the backend writes itself; ``sbatch_options`` may not carry them.
 OWNED_OPTIONS: dict[str, str] = {
@@ -82,71 +88,11 @@ OWNED_OPTIONS: dict[str, str] = {
     "--gres": "resources.tags.gres is written as --gres",
 }
 
-#: Slurm's long job states (squeue %T) in core's pilot states; formats.md's Slurm section.
-STATE_MAP: dict[str, str] = {
-    **dict.fromkeys(
-        ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"),
-        "waiting",
-    ),
-    **dict.fromkeys(
-        ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED", "STOPPED"),
-        "running",
-    ),
-    "COMPLETED": "done",
-    **dict.fromkeys(
-        (
-            "FAILED",
-            "TIMEOUT",
-            "NODE_FAIL",
-            "OUT_OF_MEMORY",
-            "BOOT_FAIL",
-            "DEADLINE",
-            "PREEMPTED",
-            "SPECIAL_EXIT",
-        ),
-        "failed",
-    ),
-}
-
-
-def pilot_state(native: str) -> str:
-    """Core's state for a Slurm state text (``CANCELLED by 0`` and ``CANCELLED+`` included)."""
-    text = native.strip().upper()
-    if text.startswith("CANCELLED"):
-        return "cancelled"
-    return STATE_MAP.get(text.split()[0] if text else "", "unknown")
-
 
 def split_partition(name: str) -> tuple[str, str]:
     """``batch@c2`` -> (``batch``, ``c2``); ``batch`` -> (``batch``, ``""``: SLURM_CONF's)."""
     partition, _, cluster = name.partition("@")
     return partition, cluster
-
-
-def parse_parsable(stdout: str) -> tuple[str, str] | None:
-    """(job id, cluster) from ``sbatch --parsable`` output; None when there is no such line."""
-    for line in stdout.splitlines():
-        found = PARSABLE_RE.fullmatch(line.strip())
-        if found:
-            return found.group(1), found.group(2) or ""
-    return None
-
-
-def parse_squeue(stdout: str) -> dict[str, JobStatus]:
-    """Read ``squeue -h -r -o '%i %T %r'`` lines (others, like ``CLUSTER: c2``, are skipped)."""
-    statuses: dict[str, JobStatus] = {}
-    for line in stdout.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not JOB_ID_RE.fullmatch(parts[0]):
-            continue
-        reason = parts[2].strip() if len(parts) > 2 else ""
-        statuses[parts[0]] = JobStatus(
-            job_id=parts[0],
-            state=pilot_state(parts[1]),  # type: ignore[arg-type]
-            native=parts[1],
-            reason="" if reason == "None" else reason,
-        )
-    return statuses
 
 
 def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
@@ -235,6 +181,88 @@ def owned_option(word: str) -> str | None:
     return None
 
 
+SLURM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Slurm backend: partitions (one endpoint each), the pilot script, sbatch "
+    "options.",
+    "properties": {
+        "partitions": {
+            "type": "array",
+            "default": [],
+            "items": {"type": "string", "minLength": 1},
+            "description": "Partitions to submit to; each is an endpoint. "
+            "`partition@cluster` submits with --clusters=cluster (a "
+            "multi-cluster site with slurmdbd).",
+        },
+        "script": {
+            "type": "string",
+            "x-gridgate-path": True,
+            "default": "",
+            "description": "The pilot batch script sbatch submits (a path readable "
+            "on this machine; #SBATCH lines in it apply).",
+        },
+        "job_name": {
+            "type": "string",
+            "minLength": 1,
+            "default": "gridgate-pilot",
+            "description": "sbatch --job-name.",
+        },
+        "sbatch_options": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "More sbatch arguments, each one argv item (e.g. "
+            '["--output=/dev/null", "--account=atlas"]). Options the '
+            "backend writes itself (--parsable, --partition, --clusters, "
+            "--array, --job-name, --wrap; and those of a demand group's resources: "
+            "--cpus-per-task, --mem, --time, --constraint, --gres) are refused.",
+        },
+        "pilots_per_submission": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10000,
+            "default": 1,
+            "description": "Pilots per sbatch; > 1 submits a job array (--array=0-N-1), "
+            "one job id per pilot (`<id>_<index>`).",
+        },
+        "commands": commands_schema(
+            "Names (looked up on PATH) or paths of the Slurm commands.",
+            (
+                ("sbatch", "submit"),
+                ("squeue", "status"),
+                ("scancel", "cancel"),
+            ),
+        ),
+        "command_timeout": command_timeout_schema(
+            "Seconds; replaces the director's limit for "
+            "these commands when set. Slurm's clients "
+            "give up on a stopped controller after ~9 s."
+        ),
+        "env": env_schema(
+            "Extra environment variables for the commands (e.g. "
+            "SLURM_CONF for a cluster other than the machine's)."
+        ),
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class SlurmSettings(Settings):
+    """The ``slurm`` backend's section (:data:`SLURM_SCHEMA`; defaults from there)."""
+
+    section_schema: ClassVar[dict[str, Any]] = SLURM_SCHEMA
+
+    partitions: tuple[str, ...]
+    script: str
+    job_name: str
+    sbatch_options: tuple[str, ...]
+    pilots_per_submission: int
+    commands: Mapping[str, str]
+    command_timeout: float | None
+    env: Mapping[str, str]
+
+
 class SlurmBackend(Backend):
     """Submits pilots to Slurm partitions; polls and cancels them."""
 
@@ -244,74 +272,13 @@ class SlurmBackend(Backend):
     #: the config key that lists the endpoints: a section without any is a config error
     endpoints_key = "partitions"
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "Slurm backend: partitions (one endpoint each), the pilot script, sbatch "
-        "options.",
-        "properties": {
-            "partitions": {
-                "type": "array",
-                "default": [],
-                "items": {"type": "string", "minLength": 1},
-                "description": "Partitions to submit to; each is an endpoint. "
-                "`partition@cluster` submits with --clusters=cluster (a "
-                "multi-cluster site with slurmdbd).",
-            },
-            "script": {
-                "type": "string",
-                "x-gridgate-path": True,
-                "default": "",
-                "description": "The pilot batch script sbatch submits (a path readable "
-                "on this machine; #SBATCH lines in it apply).",
-            },
-            "job_name": {
-                "type": "string",
-                "minLength": 1,
-                "default": "gridgate-pilot",
-                "description": "sbatch --job-name.",
-            },
-            "sbatch_options": {
-                "type": "array",
-                "items": {"type": "string"},
-                "default": [],
-                "description": "More sbatch arguments, each one argv item (e.g. "
-                '["--output=/dev/null", "--account=atlas"]). Options the '
-                "backend writes itself (--parsable, --partition, --clusters, "
-                "--array, --job-name, --wrap; and those of a demand group's resources: "
-                "--cpus-per-task, --mem, --time, --constraint, --gres) are refused.",
-            },
-            "pilots_per_submission": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": 10000,
-                "default": 1,
-                "description": "Pilots per sbatch; > 1 submits a job array (--array=0-N-1), "
-                "one job id per pilot (`<id>_<index>`).",
-            },
-            "commands": commands_schema(
-                "Names (looked up on PATH) or paths of the Slurm commands.",
-                (
-                    ("sbatch", "submit"),
-                    ("squeue", "status"),
-                    ("scancel", "cancel"),
-                ),
-            ),
-            "command_timeout": command_timeout_schema(
-                "Seconds; replaces the director's limit for "
-                "these commands when set. Slurm's clients "
-                "give up on a stopped controller after ~9 s."
-            ),
-            "env": env_schema(
-                "Extra environment variables for the commands (e.g. "
-                "SLURM_CONF for a cluster other than the machine's)."
-            ),
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = SLURM_SCHEMA
+    settings_class = SlurmSettings
+    settings: SlurmSettings
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        problems: ConfigProblems = []
+        problems: ConfigProblems = list(super().config_errors(section))
         seen: set[str] = set()
         partitions = section.get("partitions") or []
         for index, entry in enumerate(partitions):
@@ -360,8 +327,8 @@ class SlurmBackend(Backend):
         super().__init__(config, context)
         #: clusters ("" = SLURM_CONF's) whose controller a partition found unreachable
         self._outages = Outages()
-        self._programs = {k: str(v) for k, v in (config.get("commands") or {}).items() if v}
-        extra = config.get("env") or {}
+        self._programs = {k: v for k, v in self.settings.commands.items() if v}
+        extra = self.settings.env
         inherited = {k: v for k, v in os.environ.items() if k not in OWNED_ENVIRONMENT}
         # an SBATCH_ARRAY_INX left in the director's environment would make every pilot an array
         self._environ: dict[str, str] | None = (
@@ -385,15 +352,15 @@ class SlurmBackend(Backend):
             self._command("sbatch"),
             "--parsable",
             f"--partition={partition}",
-            f"--job-name={self.config.get('job_name', 'gridgate-pilot')}",
+            f"--job-name={self.settings.job_name}",
         ]
         if cluster:
             argv.append(f"--clusters={cluster}")
         if request.count > 1:
             argv.append(f"--array=0-{request.count - 1}")
         argv += resource_options(request)
-        argv += [str(o) for o in self.config.get("sbatch_options") or []]
-        argv.append(str(self.config.get("script") or ""))
+        argv += self.settings.sbatch_options
+        argv.append(self.settings.script)
         return argv
 
     def _known_unreachable(self, endpoint: Endpoint) -> tuple[CommandResult, str] | None:
@@ -557,8 +524,8 @@ class SlurmBackend(Backend):
                     command=outcome,
                     message=outcome.describe(),
                 )
-            refused = dict(KILL_ERROR_RE.findall(outcome.stderr))
-            left.update((j, refused[j].strip()) for j in argv[len(prefix) :] if j in refused)
+            refused = refused_ids(outcome.stderr)
+            left.update((j, refused[j]) for j in argv[len(prefix) :] if j in refused)
             cancelled += [j for j in argv[len(prefix) :] if j not in refused]
         return CancelResult(
             endpoint,

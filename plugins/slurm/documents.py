@@ -1,6 +1,11 @@
-"""The Slurm controller's documents the token daemon reads, each decoded here once: ``sdiag``'s
-report (its stamps, gauges and the two RPC tables) and slurmctld's log lines of the requests it
-received (``DebugFlags=Protocol``).
+"""The Slurm documents gridgate reads, each decoded here once into typed values; past these
+functions nothing looks at the text again:
+
+- the backend's commands: ``sbatch --parsable``, ``squeue -h -r -o '%i %T %r'`` and
+  ``scancel --verbose`` (job ids that the next command would take, core's pilot states);
+- what the token daemon reads of the controller: ``sdiag``'s report (its stamps, gauges and
+  the two RPC tables) and slurmctld's log lines of the requests it received
+  (``DebugFlags=Protocol``).
 
 sdiag's tables are fixed-width rows read by sdiag's own formats (``src/sdiag/sdiag.c``), never
 split on blanks: a user name of 16 characters or more fills its ``%-16s`` column and leaves no
@@ -14,10 +19,21 @@ import re
 from datetime import datetime
 
 from gridgate.core.documents import DocumentError, ascii_int, printf_fields
-from gridgate.core.model import RpcCount, SchedulerRequest, SchedulerRPCs
+from gridgate.core.model import JobStatus, RpcCount, SchedulerRequest, SchedulerRPCs
 from gridgate.core.patterns import clip
 
-__all__ = ["PER_TYPE_ROW", "PER_USER_ROW", "parse_protocol_lines", "parse_sdiag"]
+__all__ = [
+    "JOB_ID_RE",
+    "PER_TYPE_ROW",
+    "PER_USER_ROW",
+    "STATE_MAP",
+    "parse_parsable",
+    "parse_protocol_lines",
+    "parse_sdiag",
+    "parse_squeue",
+    "pilot_state",
+    "refused_ids",
+]
 
 #: sdiag's row of the table by message type: the type's name, its number, count, times (us)
 PER_TYPE_ROW = "\t%-40s(%5u) count:%-6u ave_time:%-6u total_time:%u"
@@ -127,3 +143,77 @@ def parse_protocol_lines(text: str) -> list[SchedulerRequest]:
             host = source.rsplit(":", 1)[0] if source.count(":") == 1 else source
         out.append(SchedulerRequest(at, names[uid], opcode, host))
     return out
+
+
+#: ``sbatch --parsable``: ``JOBID`` or ``JOBID;CLUSTER`` (the latter with ``--clusters``).
+PARSABLE_RE = re.compile(r"([0-9]+)(?:;([A-Za-z0-9_.-]+))?")
+#: Job ids as squeue and scancel take them: plain, array task ``<base>_<idx>``.
+JOB_ID_RE = re.compile(r"[0-9]+(?:_[0-9]+)?")
+#: What ``scancel --verbose`` prints for an id it did not cancel (exit 0 all the same): plain
+#: scancel says nothing for a job already finished or unknown, verbose names each one.
+KILL_ERROR_RE = re.compile(r"Kill job error on job id ([0-9]+(?:_[0-9]+)?): (.*)$", re.M)
+#: Slurm's long job states (squeue %T) in core's pilot states; formats.md's Slurm section.
+STATE_MAP: dict[str, str] = {
+    **dict.fromkeys(
+        ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"),
+        "waiting",
+    ),
+    **dict.fromkeys(
+        ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING", "SUSPENDED", "STOPPED"),
+        "running",
+    ),
+    "COMPLETED": "done",
+    **dict.fromkeys(
+        (
+            "FAILED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "PREEMPTED",
+            "SPECIAL_EXIT",
+        ),
+        "failed",
+    ),
+}
+
+
+def pilot_state(native: str) -> str:
+    """Core's state for a Slurm state text (``CANCELLED by 0`` and ``CANCELLED+`` included)."""
+    text = native.strip().upper()
+    if text.startswith("CANCELLED"):
+        return "cancelled"
+    return STATE_MAP.get(text.split()[0] if text else "", "unknown")
+
+
+def refused_ids(stderr: str) -> dict[str, str]:
+    """The ids ``scancel --verbose`` says it did not cancel (it exits 0 all the same), each
+    with what it said."""
+    return {job_id: why.strip() for job_id, why in KILL_ERROR_RE.findall(stderr)}
+
+
+def parse_parsable(stdout: str) -> tuple[str, str] | None:
+    """(job id, cluster) from ``sbatch --parsable`` output; None when there is no such line."""
+    for line in stdout.splitlines():
+        found = PARSABLE_RE.fullmatch(line.strip())
+        if found:
+            return found.group(1), found.group(2) or ""
+    return None
+
+
+def parse_squeue(stdout: str) -> dict[str, JobStatus]:
+    """Read ``squeue -h -r -o '%i %T %r'`` lines (others, like ``CLUSTER: c2``, are skipped)."""
+    statuses: dict[str, JobStatus] = {}
+    for line in stdout.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not JOB_ID_RE.fullmatch(parts[0]):
+            continue
+        reason = parts[2].strip() if len(parts) > 2 else ""
+        statuses[parts[0]] = JobStatus(
+            job_id=parts[0],
+            state=pilot_state(parts[1]),  # type: ignore[arg-type]
+            native=parts[1],
+            reason="" if reason == "None" else reason,
+        )
+    return statuses

@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import msgspec
 from loguru import logger
 
-from gridgate.core.backend import Backend, command_timeout_schema, env_schema
+from gridgate.core.backend import Backend
 from gridgate.core.defaults import local_io_failure
+from gridgate.core.documents import decode_json
 from gridgate.core.files import ensure_private_dir
 from gridgate.core.model import (
     CancelResult,
@@ -39,7 +41,6 @@ from gridgate.core.model import (
 from gridgate.core.plugins import ConfigProblems, PluginContext
 from gridgate.plugins.wms_glite.classify import Rule, classify
 from gridgate.plugins.wms_glite.jdl import (
-    ATTRIBUTE_NAME_RE,
     RESERVED,
     JdlError,
     build_jdl,
@@ -48,6 +49,11 @@ from gridgate.plugins.wms_glite.jdl import (
     quote,
 )
 from gridgate.plugins.wms_glite.parse import is_no_match, parse_ce_ids, parse_job_ids
+from gridgate.plugins.wms_glite.settings import (
+    GLITE_SCHEMA,
+    GliteSettings,
+    glite_settings,
+)
 from gridgate.plugins.wms_glite.status import (
     cancel_pilots,
     process_alive,
@@ -68,49 +74,6 @@ JDL_PREFIX = "gridgate-"
 JDL_NAME_RE = re.compile(r"gridgate-(\d+)-[^/]*\.jdl")
 OPERATION_SUBMIT = "Job Submit"
 OPERATION_LIST_MATCH = "List Match"
-
-_STRING_LIST = {"type": "array", "items": {"type": "string"}}
-_SCALAR = {"type": ["string", "number", "boolean"]}
-
-RULE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "A site rule: a regex on the command's output decides the failure kind.",
-    "properties": {
-        "kind": {"type": "string", "minLength": 1, "description": "Failure kind to report."},
-        "pattern": {
-            "type": "string",
-            "minLength": 1,
-            "description": "Python regex searched line by line.",
-        },
-        "stream": {
-            "enum": ["stdout", "stderr", "any"],
-            "default": "any",
-            "description": "Which output the pattern is searched in.",
-        },
-        "returncode": {
-            "type": ["integer", "null"],
-            "default": None,
-            "description": "Match only this exit code (null: any).",
-        },
-        "exclude": {
-            "type": "boolean",
-            "default": True,
-            "description": "Take the server out of rotation.",
-        },
-        "notify": {
-            "type": "boolean",
-            "default": True,
-            "description": "Tell people (error/alarm mails).",
-        },
-        "transient": {
-            "type": "boolean",
-            "default": True,
-            "description": "A retry on another server is worthwhile.",
-        },
-    },
-    "required": ["kind", "pattern"],
-    "additionalProperties": False,
-}
 
 
 def endpoint_for(backend: str, server: str) -> Endpoint:
@@ -144,6 +107,13 @@ def _server_problem(server: str) -> str | None:
     return None
 
 
+class _CachedMatch(msgspec.Struct):
+    """A list-match answer as :meth:`GliteBackend._cache_set` stores it."""
+
+    resources: tuple[str, ...]
+    time: float = 0.0
+
+
 class GliteBackend(Backend):
     """Submits to gLite WMS servers with ``glite-wms-job-submit``/``-list-match``."""
 
@@ -153,177 +123,13 @@ class GliteBackend(Backend):
     pilots_key = "pilots_per_jdl"
     expresses = ("cores", "memory_mb", "walltime")
 
-    config_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "description": "gLite WMS backend: servers, commands, JDL, list-match and failure rules.",
-        "properties": {
-            "servers": {
-                **_STRING_LIST,
-                "default": [],
-                "description": "WMS servers: host names (the endpoint becomes "
-                "https://HOST:7443/glite_wms_wmproxy_server) or full URLs.",
-            },
-            "commands": {
-                "type": "object",
-                "description": "Names (looked up on PATH) or paths of the gLite commands.",
-                "properties": {
-                    "submit": {
-                        "type": "string",
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": "glite-wms-job-submit",
-                        "description": "The submit command.",
-                    },
-                    "list_match": {
-                        "type": "string",
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": "glite-wms-job-list-match",
-                        "description": "The list-match command.",
-                    },
-                    "status": {
-                        "type": ["string", "null"],
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": None,
-                        "description": "The status command (pilot tracking); null: "
-                        "glite-wms-job-status beside the submit "
-                        "command when that is a path, else on PATH.",
-                    },
-                    "cancel": {
-                        "type": ["string", "null"],
-                        "x-gridgate-path": "command",
-                        "minLength": 1,
-                        "default": None,
-                        "description": "The cancel command; null: "
-                        "glite-wms-job-cancel, found like status.",
-                    },
-                },
-                "default": {},
-                "additionalProperties": False,
-            },
-            "delegation": {
-                "type": "string",
-                "minLength": 1,
-                "default": "auto",
-                "description": "'auto' delegates at every call (-a); any other "
-                "value is a delegation id passed as -d ID.",
-            },
-            "config_file": {
-                "type": ["string", "null"],
-                "x-gridgate-path": True,
-                "default": None,
-                "description": "Client config file passed as -c FILE.",
-            },
-            "output_format": {
-                "enum": ["text", "nomsg", "json"],
-                "default": "text",
-                "description": "Submit output to ask for: the default text, "
-                "--nomsg (id only) or --json.",
-            },
-            "env": env_schema(),
-            "command_timeout": command_timeout_schema(
-                "Seconds; replaces the director's limit for this backend's commands when set."
-            ),
-            "work_dir": {
-                "type": ["string", "null"],
-                "x-gridgate-path": True,
-                "default": None,
-                "description": "Where the private JDL files are written; it must "
-                "exist (default: wms_glite-jdl under director."
-                "state_dir, created 0700). Files a killed director "
-                "left there are removed at start.",
-            },
-            "pilots_per_jdl": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": 1000,
-                "default": 1,
-                "description": "Pilots per submission; > 1 makes a parametric JDL.",
-            },
-            "list_match": {
-                "type": "boolean",
-                "default": True,
-                "description": "Default for demand groups: list-match before "
-                "submitting (off for test jobs).",
-            },
-            "list_match_cache": {
-                "type": "number",
-                "minimum": 0,
-                "default": 900,
-                "description": "Seconds a list-match answer is reused per "
-                "(server, requirements); 0 disables.",
-            },
-            "executable": {
-                "type": "string",
-                "minLength": 1,
-                "default": "pilot.sh",
-                "description": "JDL Executable.",
-            },
-            "arguments": {"type": "string", "default": "", "description": "JDL Arguments."},
-            "input_sandbox": {
-                **_STRING_LIST,
-                "default": [],
-                "description": "JDL InputSandbox files.",
-            },
-            "output_sandbox": {
-                **_STRING_LIST,
-                "default": ["std.out", "std.err"],
-                "description": "JDL OutputSandbox files.",
-            },
-            "std_output": {"type": "string", "default": "std.out", "description": "JDL StdOutput."},
-            "std_error": {"type": "string", "default": "std.err", "description": "JDL StdError."},
-            "requirements": {
-                "type": "string",
-                "default": 'other.GlueCEStateStatus == "Production"',
-                "description": "JDL Requirements (a ClassAd expression); a "
-                "request's own requirements replace it.",
-            },
-            "rank": {
-                "type": "string",
-                "default": "-other.GlueCEStateEstimatedResponseTime",
-                "description": "JDL Rank (a ClassAd expression); empty for none.",
-            },
-            "vo": {
-                "type": "string",
-                "default": "",
-                "description": "JDL VirtualOrganisation; empty for none.",
-            },
-            "extra_attributes": {
-                "type": "object",
-                "description": "More JDL attributes: name -> string, number, bool or list. "
-                "Those gridgate writes are refused (the pilot's own keys; CpuNumber, "
-                "SMPGranularity, HostNumber and WholeNodes come from a demand group's "
-                "resources).",
-                "propertyNames": {"pattern": f"^{ATTRIBUTE_NAME_RE.pattern}$"},
-                "additionalProperties": {"anyOf": [_SCALAR, {"type": "array", "items": _SCALAR}]},
-                "default": {},
-            },
-            "retry_count": {
-                "type": "integer",
-                "minimum": 0,
-                "default": 0,
-                "description": "JDL RetryCount (0: the director retries, not WMS).",
-            },
-            "shallow_retry_count": {
-                "type": "integer",
-                "minimum": 0,
-                "default": 0,
-                "description": "JDL ShallowRetryCount.",
-            },
-            "rules": {
-                "type": "array",
-                "items": RULE_SCHEMA,
-                "default": [],
-                "description": "Site failure rules, tried before the built-in ones.",
-            },
-        },
-        "additionalProperties": False,
-    }
+    config_schema: ClassVar[dict[str, Any]] = GLITE_SCHEMA
+    settings_class = GliteSettings
+    settings: GliteSettings
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
-        problems: ConfigProblems = []
+        problems: ConfigProblems = list(super().config_errors(section))
         seen: dict[str, int] = {}
         for index, server in enumerate(section.get("servers") or []):
             problem = _server_problem(server)
@@ -336,7 +142,7 @@ class GliteBackend(Backend):
                     (("servers", index), f"duplicate server {host!r} (also servers[{seen[host]}])")
                 )
             seen.setdefault(host, index)
-        delegation = section.get("delegation", "auto")
+        delegation = glite_settings(section).delegation
         if delegation != "auto" and not DELEGATION_ID_RE.fullmatch(delegation):
             problems.append(
                 (
@@ -375,33 +181,28 @@ class GliteBackend(Backend):
                 literal(value, name)
             except JdlError as exc:
                 problems.append((("extra_attributes", name), str(exc)))
-        for index, rule in enumerate(section.get("rules") or []):
-            try:
-                re.compile(rule.get("pattern", ""))
-            except re.error as exc:
-                problems.append((("rules", index, "pattern"), f"invalid regex: {exc}"))
         return problems
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         super().__init__(config, context)
-        self.rules = tuple(Rule.from_config(rule) for rule in config.get("rules") or [])
+        self.rules = tuple(Rule.from_settings(rule) for rule in self.settings.rules)
         self.removed_leftovers = remove_leftover_jdls(self.jdl_dir())
 
     def jdl_dir(self) -> Path:
         """The folder JDL files are written to."""
-        configured = self.config.get("work_dir")
+        configured = self.settings.work_dir
         return Path(configured) if configured else Path(self.context.state_dir) / f"{self.name}-jdl"
 
     # --- helpers ---------------------------------------------------------------------------
 
     def endpoints(self) -> tuple[Endpoint, ...]:
         """The configured servers as endpoints, in config order."""
-        return tuple(endpoint_for(self.name, s) for s in self.config.get("servers") or [])
+        return tuple(endpoint_for(self.name, s) for s in self.settings.servers)
 
     def commands(self) -> Mapping[str, str]:
         """The commands by role (submit, list_match, status, cancel): the configured ones,
         status and cancel found beside a submit command given as a path."""
-        configured = {k: v for k, v in (self.config.get("commands") or {}).items() if v}
+        configured = {k: v for k, v in self.settings.commands.items() if v}
         commands = {
             "submit": "glite-wms-job-submit",
             "list_match": "glite-wms-job-list-match",
@@ -415,12 +216,12 @@ class GliteBackend(Backend):
         command = self.commands()["submit" if operation == OPERATION_SUBMIT else "list_match"]
         url = endpoint.url or endpoint_for(self.name, endpoint.name).url
         argv = [command, "--noint", "--endpoint", url]
-        delegation = self.config.get("delegation", "auto")
+        delegation = self.settings.delegation
         argv += ["-a"] if delegation == "auto" else ["-d", delegation]
-        if self.config.get("config_file"):
-            argv += ["-c", self.config["config_file"]]
+        if self.settings.config_file:
+            argv += ["-c", self.settings.config_file]
         if operation == OPERATION_SUBMIT:
-            output_format = self.config.get("output_format", "text")
+            output_format = self.settings.output_format
             if output_format == "json":
                 argv.append("--json")
             elif output_format == "nomsg":
@@ -435,12 +236,12 @@ class GliteBackend(Backend):
         says why nothing could be run (a value that cannot go into a JDL, or, a fault of this
         machine, a JDL folder that is missing, not writable or full)."""
         try:
-            text = build_jdl(self.config, request)
+            text = build_jdl(self.settings, request)
         except JdlError as exc:
             return _NotRun(f"cannot build the JDL: {exc}")
         folder = self.jdl_dir()
         try:
-            if not self.config.get("work_dir"):
+            if not self.settings.work_dir:
                 ensure_private_dir(folder)
             # mkstemp creates the file 0600 and exclusively: no other user can read the JDL or
             # swap it between writing and the command reading it.
@@ -465,27 +266,27 @@ class GliteBackend(Backend):
                 Path(path).unlink()
 
     def _cache_key(self, endpoint: Endpoint, request: SubmitRequest) -> str:
-        requirements = request.requirements or self.config.get("requirements") or ""
+        requirements = request.requirements or self.settings.requirements
         digest = hashlib.sha256(requirements.encode("utf-8", "replace")).hexdigest()[:32]
         return f"{self.name}/list_match/{endpoint.name}/{digest}"
 
     def _cache_get(self, key: str) -> tuple[str, ...] | None:
         state = self.context.state
-        if state is None or not self.config.get("list_match_cache", 900):
+        if state is None or not self.settings.list_match_cache:
             return None
         try:
             raw = state.get(key)
             if raw is None:
                 return None
-            data = json.loads(raw)
-            return tuple(str(r) for r in data["resources"])
+            cached: _CachedMatch = decode_json(raw, _CachedMatch, kind="list-match cache entry")
+            return cached.resources
         except Exception as exc:  # a broken cache must never stop a submission
             logger.warning("list-match cache read of {} failed: {}", key, exc)
             return None
 
     def _cache_set(self, key: str, resources: tuple[str, ...]) -> None:
         state = self.context.state
-        ttl = self.config.get("list_match_cache", 900)
+        ttl = self.settings.list_match_cache
         if state is None or not ttl:
             return
         try:

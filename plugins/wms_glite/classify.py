@@ -15,7 +15,9 @@ from typing import Any
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
 from gridgate.core.patterns import clip
+from gridgate.core.settings import settings_from
 from gridgate.plugins.wms_glite.parse import client_messages, first_line_matching, last_line
+from gridgate.plugins.wms_glite.settings import RULE_SCHEMA, GliteRuleSettings
 
 
 @dataclass(frozen=True)
@@ -31,15 +33,23 @@ class Rule:
     transient: bool = True
 
     @classmethod
-    def from_config(cls, entry: Mapping[str, Any]) -> Rule:
+    def from_settings(cls, rule: GliteRuleSettings) -> Rule:
+        """The rule of a ``rules`` entry."""
         return cls(
-            kind=entry["kind"],
-            pattern=re.compile(entry["pattern"]),
-            stream=entry.get("stream", "any"),
-            returncode=entry.get("returncode"),
-            exclude=entry.get("exclude", True),
-            notify=entry.get("notify", True),
-            transient=entry.get("transient", True),
+            kind=rule.kind,
+            pattern=re.compile(rule.pattern),
+            stream=rule.stream,
+            returncode=rule.returncode,
+            exclude=rule.exclude,
+            notify=rule.notify,
+            transient=rule.transient,
+        )
+
+    @classmethod
+    def from_config(cls, entry: Mapping[str, Any]) -> Rule:
+        """The rule of a ``rules`` entry as written (:data:`RULE_SCHEMA`'s keys)."""
+        return cls.from_settings(
+            settings_from(RULE_SCHEMA, entry, GliteRuleSettings, validate=False)
         )
 
 

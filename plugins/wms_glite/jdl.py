@@ -9,14 +9,12 @@ to be a single expression, and attribute names are checked against a strict patt
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gridgate.core.model import SubmitRequest
+from gridgate.plugins.wms_glite.settings import ATTRIBUTE_NAME_RE, GliteSettings, glite_settings
 
-#: used with fullmatch (``$`` would take ``"Executable\n"``, which the JDL parser reads as Executable)
-ATTRIBUTE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 #: Attributes the builder writes itself; extra_attributes may not silently replace them.
 RESERVED = frozenset(
@@ -156,7 +154,7 @@ def resource_jdl(request: SubmitRequest) -> tuple[list[tuple[str, str]], list[st
     return attributes, terms
 
 
-def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
+def build_jdl(config: GliteSettings | Mapping[str, Any], request: SubmitRequest) -> str:
     """The JDL text for ``request`` under the backend section ``config``.
 
     ``request.requirements``, when non-empty, replaces the configured Requirements;
@@ -166,22 +164,23 @@ def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
 
     :raises JdlError: a value that cannot be written safely (names the attribute).
     """
+    settings = glite_settings(config)
     lines: list[tuple[str, str]] = []
-    executable = config.get("executable", "")
+    executable = settings.executable
     if not executable:
         raise JdlError("executable: must not be empty")
     lines.append(("Executable", quote(executable, "executable")))
-    if config.get("arguments"):
-        lines.append(("Arguments", quote(config["arguments"], "arguments")))
-    if config.get("std_output"):
-        lines.append(("StdOutput", quote(config["std_output"], "std_output")))
-    if config.get("std_error"):
-        lines.append(("StdError", quote(config["std_error"], "std_error")))
-    if config.get("input_sandbox"):
-        lines.append(("InputSandbox", _string_list(config["input_sandbox"], "input_sandbox")))
-    if config.get("output_sandbox"):
-        lines.append(("OutputSandbox", _string_list(config["output_sandbox"], "output_sandbox")))
-    requirements = request.requirements or config.get("requirements") or ""
+    if settings.arguments:
+        lines.append(("Arguments", quote(settings.arguments, "arguments")))
+    if settings.std_output:
+        lines.append(("StdOutput", quote(settings.std_output, "std_output")))
+    if settings.std_error:
+        lines.append(("StdError", quote(settings.std_error, "std_error")))
+    if settings.input_sandbox:
+        lines.append(("InputSandbox", _string_list(settings.input_sandbox, "input_sandbox")))
+    if settings.output_sandbox:
+        lines.append(("OutputSandbox", _string_list(settings.output_sandbox, "output_sandbox")))
+    requirements = request.requirements or settings.requirements or ""
     attributes, terms = resource_jdl(request)
     if requirements.strip():
         source = "request.requirements" if request.requirements else "requirements"
@@ -190,15 +189,15 @@ def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
     if terms:
         lines.append(("Requirements", " && ".join(terms)))
     lines += attributes
-    if config.get("rank"):
-        lines.append(("Rank", check_expression(config["rank"], "rank")))
-    if config.get("vo"):
-        lines.append(("VirtualOrganisation", quote(config["vo"], "vo")))
-    lines.append(("RetryCount", literal(int(config.get("retry_count", 0)), "retry_count")))
+    if settings.rank:
+        lines.append(("Rank", check_expression(settings.rank, "rank")))
+    if settings.vo:
+        lines.append(("VirtualOrganisation", quote(settings.vo, "vo")))
+    lines.append(("RetryCount", literal(int(settings.retry_count), "retry_count")))
     lines.append(
         (
             "ShallowRetryCount",
-            literal(int(config.get("shallow_retry_count", 0)), "shallow_retry_count"),
+            literal(int(settings.shallow_retry_count), "shallow_retry_count"),
         )
     )
     if request.count > 1:
@@ -208,7 +207,7 @@ def build_jdl(config: Mapping[str, Any], request: SubmitRequest) -> str:
             ("ParameterStep", "1"),
             ("ParameterStart", "0"),
         ]
-    extras = {**dict(config.get("extra_attributes") or {}), **dict(request.attributes)}
+    extras = {**dict(settings.extra_attributes or {}), **dict(request.attributes)}
     for name, value in extras.items():
         if not isinstance(name, str) or not ATTRIBUTE_NAME_RE.fullmatch(name):
             raise JdlError(f"extra_attributes: {name!r} is not a valid attribute name")

@@ -27,6 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from gridgate.core.documents import convert
 from gridgate.core.model import CancelResult, CommandResult, Endpoint, JobStatus, StatusResult
 
 __all__ = [
@@ -172,24 +175,37 @@ def parse_status(stdout: str, stderr: str = "") -> StatusOutput:
     out: dict[str, JobBlock] = {}
     children: dict[str, list[str]] = {}
     for job_id in order:
-        data = blocks[job_id]
-        if "Current Status" not in data:
+        if "Current Status" not in blocks[job_id]:
             continue  # an id line cut short: nothing known about it
+        data: _Block = convert(blocks[job_id], _Block, kind="glite-wms-job-status block")
         out[job_id] = JobBlock(
             job_id=job_id,
-            native=data["Current Status"],
-            reason=data.get("Status Reason", ""),
-            exit_code=_int(data.get("Exit code", "")),
-            destination=data.get("Destination", ""),
-            submitted=data.get("Submitted", ""),
-            logged_reasons=tuple(data["logged"]),
-            parent=data["parent"],
+            native=data.current,
+            reason=data.reason,
+            exit_code=_int(data.exit_code),
+            destination=data.destination,
+            submitted=data.submitted,
+            logged_reasons=tuple(data.logged),
+            parent=data.parent,
         )
-        if data["parent"]:
-            children.setdefault(data["parent"], []).append(job_id)
+        if data.parent:
+            children.setdefault(data.parent, []).append(job_id)
     return StatusOutput(
         out, {k: tuple(v) for k, v in children.items()}, _unretrievable(f"{stdout}\n{stderr}")
     )
+
+
+class _Block(msgspec.Struct):
+    """One job's block as :func:`parse_status` gathers it: the labelled lines it reads (the
+    others are left out), the reasons logged, and the collection it is a node of."""
+
+    current: str = msgspec.field(name="Current Status")
+    logged: list[str] = msgspec.field(default_factory=list)
+    parent: str | None = None
+    reason: str = msgspec.field(default="", name="Status Reason")
+    exit_code: str = msgspec.field(default="", name="Exit code")
+    destination: str = msgspec.field(default="", name="Destination")
+    submitted: str = msgspec.field(default="", name="Submitted")
 
 
 def _unretrievable(text: str) -> dict[str, str]:

@@ -491,3 +491,15 @@ def test_the_pinned_gocdb_section_validates_and_every_number_has_a_maximum() -> 
     for name, spec in GOCDB_SCHEMA["properties"].items():
         if spec.get("type") in ("number", "integer"):
             assert "maximum" in spec, name
+
+
+def test_a_ca_path_for_a_feed_not_read_over_https_is_a_config_error(tmp_path: Path) -> None:
+    # ca_path is asked only by an https read: beside a file:// url it validated and did nothing
+    from gridgate.core.config import ConfigError
+    from gridgate.core.testing import make_config
+
+    section = {"url": (tmp_path / "feed.xml").as_uri(), "ca_path": str(tmp_path)}
+    with pytest.raises(ConfigError, match=r"availability\.gocdb\.ca_path: ca_path is set but url"):
+        make_config({"state": {"driver": "memory"}, "availability": {"gocdb": section}})
+    section["url"] = "https://goc.example.org/gocdbpi/public/?method=get_downtime"
+    make_config({"state": {"driver": "memory"}, "availability": {"gocdb": section}})

@@ -710,3 +710,20 @@ def test_the_pinned_source_shapes_validate_and_mistakes_do_not() -> None:
     ]
     for spec in bad:
         assert list(validator.iter_errors(spec)), spec
+
+
+def test_an_http_source_ca_path_without_https_is_a_config_error_naming_both_keys() -> None:
+    # ca_path is asked only by an https GET: beside an http:// url it validated and did nothing
+    from gridgate.core.builtin.demand import QueueDemand
+
+    def section(url: str) -> dict[str, Any]:
+        http = {"url": url, "field": "atlas", "ca_path": "/etc/grid-security/certificates"}
+        return {"groups": {"atlas": {"backend": "slurm", "source": {"http": http}}}}
+
+    assert QueueDemand.config_errors(section("http://queue.example.org/counts")) == [
+        (
+            ("groups", "atlas", "source", "http", "ca_path"),
+            "ca_path is set but url is not https: no CA is ever asked",
+        )
+    ]
+    assert QueueDemand.config_errors(section("https://queue.example.org/counts")) == []
