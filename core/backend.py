@@ -276,6 +276,13 @@ class Backend(Plugin):
         """Whether this backend list-matches: it overrides :meth:`list_match`."""
         return cls.list_match is not Backend.list_match
 
+    def _setting(self, key: str) -> Any:
+        """``key`` of the section as written, else its schema's default (the base class reads
+        keys every backend's schema has; a backend's own class reads ``self.settings``)."""
+        if key in self.config:
+            return self.config[key]
+        return self.config_schema.get("properties", {}).get(key, {}).get("default")
+
     def backend_info(self) -> BackendInfo:
         """What ``gridgate_backend_info`` answers, built from the section.
 
@@ -287,7 +294,8 @@ class Backend(Plugin):
             endpoints=self.endpoints(),
             pilots_per_submission=int(self.config.get(self.pilots_key, 1)),
             command_timeout=self.config.get("command_timeout"),
-            list_match=self.lists_matches() and bool(self.config.get("list_match", True)),
+            # a list-matching backend whose schema has no list_match key always list-matches
+            list_match=self.lists_matches() and self._setting("list_match") is not False,
             credentials=tuple(self.credentials),
             resources=tuple(self.expresses),
             resource_tags=tuple(self.expresses_tags),

@@ -36,7 +36,7 @@ from gridgate.core.model import (
     IterationInfo,
     elapsed_text,
 )
-from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext, section_settings
 from gridgate.core.runner import run
 from gridgate.core.settings import Settings
 
@@ -316,7 +316,7 @@ class CredentialPlugin(Plugin):
             if valid is not None and valid.detail:
                 message += f"; {valid.detail}"
             if needed:
-                cycle = float((self.context.config.get("director") or {}).get("cycle_seconds", 60))
+                cycle = section_settings(self.context.config, "director").cycle_seconds
                 at_risk = left < cycle + deadline
                 message += f", less than min_lifetime {min_lifetime:.0f} s; {renewal}" + (
                     "; it will expire before the next iteration's renewal could finish"

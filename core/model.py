@@ -635,7 +635,10 @@ class AccountingRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AccountingRecord:
-        return cls(**{**data, "job_ids": tuple(data.get("job_ids", ()))})
+        fields = dict(data)
+        if "job_ids" in fields:  # a list in JSON, a tuple here; absent: the field's default
+            fields["job_ids"] = tuple(fields["job_ids"])
+        return cls(**fields)
 
 
 class _DeprecatedItems:

@@ -32,6 +32,7 @@ __all__ = [
     "PluginContext",
     "PluginLoadError",
     "load_class",
+    "section_settings",
 ]
 
 #: Where in a config a problem is: the keys (and list indexes) down from a section, or from the
@@ -243,3 +244,21 @@ def load_class(group: str, name: str) -> type:
 
 #: the plugin loader of API 1.4 is the engine's now, gridgate.core.engine.loader
 __getattr__ = moved_names(__name__)
+
+
+def section_settings(config: Mapping[str, Any], key: str) -> Any:
+    """The typed settings of the top-level section ``key`` (``director``) of a whole config
+    (``context.config``), as the ``gridgate.sections`` plugin that owns it declares them
+    (its ``settings_class``), defaults from its schema: how a plugin reads another section
+    than its own without writing its defaults again.
+
+    :param config: the whole validated config.
+    :param key: the section's key, the name of its ``gridgate.sections`` entry point.
+    :raises PluginLoadError: no section plugin of that name is installed, or it declares no
+        settings class.
+    """
+    cls: Any = load_class(SECTIONS_GROUP, key)
+    settings_class = getattr(cls, "settings_class", None)
+    if settings_class is None:
+        raise PluginLoadError(SECTIONS_GROUP, key, "declares no settings_class")
+    return settings_from(cls.config_schema, config.get(key) or {}, settings_class, validate=False)

@@ -36,7 +36,7 @@ from gridgate.core import hookimpl
 from gridgate.core.builtin.gocdb import AvailabilityChange
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import AVAILABLE, Availability, Endpoint
-from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext
+from gridgate.core.plugins import ConfigProblems, Plugin, PluginContext, section_settings
 from gridgate.core.settings import Settings
 from gridgate.core.state import Pilot, PilotRegistry, StateError
 
@@ -358,9 +358,9 @@ class PilotEfficiency:
 
 
 def abort_threshold_of(config: Mapping[str, Any]) -> float:
-    """``director.pilots.abort_threshold`` of a whole config (0.5 when not given)."""
-    pilots = (config.get("director") or {}).get("pilots") or {}
-    return float(pilots.get("abort_threshold", 0.5))
+    """``director.pilots.abort_threshold`` of a whole config (the schema's default when not
+    given)."""
+    return float(section_settings(config, "director").pilots.abort_threshold)
 
 
 class EfficiencySource(Plugin):

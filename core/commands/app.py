@@ -199,7 +199,7 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
     while worker.is_alive() and not stopping.is_set():
         worker.join(0.5)
     if stopping.is_set():
-        bound = float(director.config.director.get("stop_timeout", 270))
+        bound = director.runtime.settings.stop_timeout
         worker.join(bound)
         if worker.is_alive():
             logger.error(

@@ -287,9 +287,8 @@ def _render_view(doc: dict[str, Any]) -> list[str]:
         lines.append("  last submission: none in the last 7 days")
     else:
         what = last["outcome"] + (f" ({last['failure_kind']})" if last.get("failure_kind") else "")
-        lines.append(
-            f"  last submission: {_ago(last['time'])}: {what}, {last.get('pilots', 0)} pilot(s)"
-        )
+        pilots = last.get("pilots", 0)  # not config: an accounting row, shown as it was written
+        lines.append(f"  last submission: {_ago(last['time'])}: {what}, {pilots} pilot(s)")
     poll = doc.get("last_poll")
     if poll is None:
         lines.append("  last poll: none kept")
