@@ -359,6 +359,19 @@ def _parse_yaml(text: str, filename: str) -> tuple[Any, dict[PathT, int]]:
     return data, _line_map(node)
 
 
+def read_document(path: str | os.PathLike[str]) -> Any:
+    """The document a config file holds, as written, not validated (for a tool that needs its
+    shape before a load: the schema of the plugins it names).
+
+    :raises ConfigError: the file cannot be read or is not YAML.
+    """
+    try:
+        text = read_config_text(path)
+    except (OSError, InputFileError, UnicodeError) as exc:
+        raise ConfigError([ConfigProblem(str(path), 0, (), f"cannot read: {exc}")]) from None
+    return _parse_yaml(text, str(path))[0]
+
+
 def compose_schema(
     doc: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[tuple[str, str], type], list[tuple[PathT, str]]]:

@@ -193,11 +193,13 @@ def test_the_schema_rule_sees_a_class_that_does_not_match() -> None:
 #: The modules that decode outside text: core's boundary (documents; text, the JSON and YAML
 #: parsers it builds on), the config file's own loader, each area's documents module, and the
 #: token daemon's wire protocol: its request decoder (protocol.py) and the gate's reader of the
-#: replies (gateclient.py), which may import no decoding library on a gated call's path.
+#: replies (gateclient.py), which may import no decoding library on a gated call's path; and
+#: the HTTP client's ``Response.json()`` (API 1.x: a plugin decodes typed with documents).
+#: The devkit is for authors and tests, never on a run-time path.
 BOUNDARY_NAMES = {"documents.py"}
-BOUNDARY_FILES = {ROOT / "core" / name for name in ("documents.py", "text.py", "config.py")} | {
-    ROOT / "plugins" / "lsf_proxy" / name for name in ("protocol.py", "client/gateclient.py")
-}
+BOUNDARY_FILES = {
+    ROOT / "core" / name for name in ("documents.py", "text.py", "config.py", "http.py")
+} | {ROOT / "plugins" / "lsf_proxy" / name for name in ("protocol.py", "client/gateclient.py")}
 #: calls that turn outside text into values
 DECODERS = {
     "json.loads",
@@ -224,4 +226,21 @@ def decoder_calls(path: Path, text: str | None = None) -> list[str]:
 
 
 def boundary(path: Path) -> bool:
-    return path.name in BOUNDARY_NAMES or path in BOUNDARY_FILES or stand_in(path)
+    devkit = path.is_relative_to(ROOT / "core" / "devkit")
+    return path.name in BOUNDARY_NAMES or path in BOUNDARY_FILES or stand_in(path) or devkit
+
+
+def test_outside_text_is_decoded_only_at_the_boundary() -> None:
+    found = [where for path in sources() if not boundary(path) for where in decoder_calls(path)]
+    assert found == [], (
+        "decode these in the area's documents module (gridgate.core.documents: typed, one "
+        "error type)\n" + "\n".join(found)
+    )
+
+
+def test_the_boundary_rule_sees_a_planted_decoder() -> None:
+    probe = ROOT / "plugins" / "arc" / "backend.py"
+    planted = "import json\ndef f(body):\n    return json.loads(body)['jobs']\n"
+    assert decoder_calls(probe, planted) == ["plugins/arc/backend.py:3: json.loads"]
+    assert not boundary(probe)
+    assert boundary(ROOT / "plugins" / "arc" / "documents.py")

@@ -4,18 +4,16 @@ waiting in a task queue (``queue``), less the pilots already waiting for them.""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
 from jsonschema import Draft202012Validator
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.builtin.documents import demand_groups
+from gridgate.core.builtin.documents import demand_file, demand_groups
 from gridgate.core.builtin.waiting import (
     GROUP_PROPERTIES,
     SourceSettings,
@@ -210,7 +208,7 @@ class FileDemand(Plugin):
         try:
             # a FIFO or a device put in its place would hang or flood the director
             text = read_regular(path, max_bytes=DEMAND_FILE_BYTES).decode("utf-8")
-            spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+            spec = demand_file(text, json_file=path.suffix == ".json")
         except Exception as exc:  # whatever the file holds costs this source, not the iteration
             self._problem(f"cannot read: {type(exc).__name__}: {exc}")
             return
@@ -222,7 +220,6 @@ class FileDemand(Plugin):
                 "(a file still being written); asked for nothing until it is whole"
             )
             return
-        spec = spec or {}
         error = next(iter(self._validator.iter_errors(spec)), None)
         if error is not None:
             where = ".".join(map(str, error.absolute_path)) or "$"

@@ -19,7 +19,7 @@ import msgspec
 
 from gridgate.core.documents import DocumentError, convert, decode_json
 from gridgate.core.model import Resources
-from gridgate.core.text import parse_json
+from gridgate.core.text import parse_json, parse_yaml
 
 #: What a JWT is, for its DocumentError.
 JWT_KIND = "JWT"
@@ -324,6 +324,15 @@ class DemandGroup(msgspec.Struct, forbid_unknown_fields=True):
     list_match: bool | None = None
     attributes: dict[str, Any] = {}
     resources: DemandResources | None = None
+
+
+def demand_file(text: str, *, json_file: bool) -> Any:
+    """A demand file's text as the document it holds (JSON, or else YAML); an empty file is
+    ``{}``. The schema check of what it holds is the demand source's.
+
+    :raises ValueError: not JSON or YAML (nested past the recursion limit included).
+    """
+    return (parse_json(text) if json_file else parse_yaml(text)) or {}
 
 
 def demand_groups(spec: Any) -> dict[str, list[DemandGroup]]:

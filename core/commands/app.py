@@ -111,10 +111,9 @@ def config_schema(path: str | None) -> None:
     """Print the composed JSON Schema (2020-12); editors can use it."""
     doc: Any = {}
     if path:
-        import yaml
+        from gridgate.core.config import read_document
 
-        with open(path, encoding="utf-8") as handle:
-            doc = yaml.safe_load(handle) or {}
+        doc = read_document(path) or {}
     schema, _classes, problems = compose_schema(doc)
     for where, message in problems:
         click.echo(f"{path}: {'.'.join(map(str, where))}: {message}", err=True)

@@ -22,6 +22,7 @@ from gridgate.core.commands.documents import (
     episode_rows,
     failure_rows,
 )
+from gridgate.core.documents import decode_json
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
 
 if TYPE_CHECKING:
@@ -571,6 +572,6 @@ def read_plotted(path: str | Path) -> dict[str, Any] | None:
             text = (zlib.decompress(rest) if compressed else rest).decode("utf-8")
         else:
             text = rest.decode("latin-1")
-        doc: dict[str, Any] = json.loads(text)
+        doc: dict[str, Any] = decode_json(text, dict[str, Any], kind=f"{path}: plotted table")
         return doc
     return None

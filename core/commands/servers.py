@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from gridgate.core.cli import EXIT_CONFIG, echo, load_config_or_exit
+from gridgate.core.documents import DocumentError, decode_json
 from gridgate.core.plugins import PluginLoadError
-from gridgate.core.text import parse_json
 
 
 @click.group("servers")
@@ -148,10 +148,10 @@ def _record(value: str) -> dict[str, Any]:
     """A record another director wrote in the store; one that cannot be read says so
     instead of ending the command with a traceback."""
     try:
-        record = parse_json(value)
-    except ValueError as exc:
+        record: dict[str, Any] = decode_json(value, dict[str, Any], kind="state store record")
+    except DocumentError as exc:
         return {"message": f"unreadable record in the state store: {exc}"}
-    return record if isinstance(record, dict) else {"message": "unreadable record"}
+    return record
 
 
 def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from gridgate.core.documents import decode_json
 from gridgate.core.model import CommandResult
 from gridgate.core.runner import run
 from gridgate.core.testing import exited, free_port, not_traversable, signal_group, sweep_processes
@@ -1119,6 +1120,12 @@ def down(folder: str | os.PathLike[str], grace: float = QMASTER_GRACE) -> int:
     return 0
 
 
+def _saved(path: Path) -> dict[str, object]:
+    """The record ``up`` saved of the cell it started (``cell.json``)."""
+    record: dict[str, object] = decode_json(path.read_bytes(), dict[str, object], kind=str(path))
+    return record
+
+
 def _exports(state: Mapping[str, object]) -> list[str]:
     return [
         f"export SGE_ROOT={state['sge_root']}",
@@ -1171,11 +1178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not saved.exists():
             print(f"sge: no cell in {folder}", file=sys.stderr)
             return 1
-        print("\n".join(_exports(json.loads(saved.read_text()))))
+        print("\n".join(_exports(_saved(saved))))
         return 0
     if saved.exists() and _pids(folder):
         print(f"sge: a cell is already up in {folder}", file=sys.stderr)
-        print("\n".join(_exports(json.loads(saved.read_text()))))
+        print("\n".join(_exports(_saved(saved))))
         return 0
     cell = SgeCell(folder, queues=tuple(args.queue or DEFAULT_QUEUES), watchdog=False)
     begun = time.monotonic()
@@ -1192,7 +1199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"--regid={SUBMIT_GROUP} --clear-groups qsub ...; jobs folder {cell.jobs_dir}",
         file=sys.stderr,
     )
-    print("\n".join(_exports(json.loads(saved.read_text()))))
+    print("\n".join(_exports(_saved(saved))))
     return 0
 
 

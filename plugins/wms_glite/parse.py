@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
-from gridgate.core.text import parse_json
+import msgspec
+
+from gridgate.core.documents import DocumentError, decode_json
 
 #: A job id is the logging-and-bookkeeping URL on port 9000 followed by a base64url token
 #: (22 characters on real servers; accept any length so a longer id is not silently cut).
@@ -50,30 +51,35 @@ def _unique(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+class _SubmitAnswer(msgspec.Struct):
+    """``glite-wms-job-submit --json``'s answer (formats.md): ``jobid`` of a single job, or the
+    ``parent`` of a parametric one with its ``children`` (by node name, or listed)."""
+
+    jobid: str | None = None
+    parent: str | None = None
+    children: dict[str, str] | list[str] | None = None
+
+
 def _json_job_ids(text: str) -> tuple[str, ...] | None:
-    """Job ids from ``--json`` output; None when the text is not that format."""
+    """Job ids from ``--json`` output; None when the text is not that format (then it is read
+    as text)."""
     stripped = text.strip()
     if not stripped.startswith("{"):
         return None
     try:
-        data: Any = parse_json(stripped)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
+        answer: _SubmitAnswer = decode_json(
+            stripped, _SubmitAnswer, kind="glite-wms-job-submit --json"
+        )
+    except DocumentError:
         return None
     # Children first: the director counts pilots, and a parametric parent is not a pilot.
-    children = data.get("children")
-    if isinstance(children, dict):
-        ids = [v for v in children.values() if isinstance(v, str) and JOB_ID_RE.fullmatch(v)]
-        if ids:
-            return _unique(ids)
-    if isinstance(children, list):
-        ids = [v for v in children if isinstance(v, str) and JOB_ID_RE.fullmatch(v)]
-        if ids:
-            return _unique(ids)
-    for key in ("jobid", "parent"):
-        value = data.get(key)
-        if isinstance(value, str) and JOB_ID_RE.fullmatch(value.strip()):
+    children = answer.children
+    listed = list(children.values()) if isinstance(children, dict) else list(children or ())
+    ids = [v for v in listed if JOB_ID_RE.fullmatch(v)]
+    if ids:
+        return _unique(ids)
+    for value in (answer.jobid, answer.parent):
+        if value is not None and JOB_ID_RE.fullmatch(value.strip()):
             return (value.strip(),)
     return ()
 
