@@ -142,7 +142,21 @@ def test_a_blocked_user_is_refused_with_a_clear_message(
     proc = gate(gridgate_exe, daemon.socket, "/usr/bin/touch", str(marker), user="nobody")
     assert proc.returncode == 75
     assert b"touch: no other token, not run" in proc.stderr and b"blocked" in proc.stderr
+    # who blocked it and until when (issue 40 item 11): an administrator's rule, no end
+    assert (
+        b"request blocked by the lsfproxyd administrator (user nobody is on the blocklist, "
+        b"until an administrator unblocks it)" in proc.stderr
+    ), proc.stderr
     assert not marker.exists()
+    assert cli("unblock", "-u", "nobody", "--socket", daemon.socket).returncode == 0
+    assert cli("block", "all", "--socket", daemon.socket).returncode == 0
+    proc = gate(gridgate_exe, daemon.socket, "/usr/bin/touch", str(marker), user="nobody")
+    assert proc.returncode == 75 and b"(all requests is on the blocklist" in proc.stderr
+    # one daemon: nothing promises another one (it warns "did not answer" and proceeds)
+    daemon.stop()
+    proc = gate(gridgate_exe, daemon.socket, "/usr/bin/touch", str(marker))
+    assert proc.returncode == 0 and b"did not answer" in proc.stderr, proc.stderr
+    assert b"trying the next" not in proc.stderr
 
 
 def _start_waiting_child(exe: str, socket: str, sockdir: Path, trap: bool):
