@@ -327,3 +327,15 @@ def test_shims_run_the_real_command_through_the_gate(
     # that token, a grant of no wait (issue 31, item 9: rides are logged and counted)
     lines = [ln for ln in log.read_text().splitlines() if ",REQUEST_JOB_INFO," in ln]
     assert len(lines) == 2 and lines[1].split(",")[4:6] == ["0", "1"]
+
+
+def test_the_fast_path_spells_each_option_as_the_gate_command_does() -> None:
+    """`gridgate gate` has two parsers: the launcher's fast path and click's command (for
+    help, usage errors, --install-shims). Each flag the fast path takes is the click
+    command's, for the same parameter (issue 40 item 8's class: one option, one meaning)."""
+    from gridgate.plugins.lsf_proxy.gate import gating
+    from gridgate.plugins.lsf_proxy.gate.gate import gate_command
+
+    by_flag = {flag: p.name for p in gate_command.params for flag in p.opts}
+    taken = {**gating._VALUED, "-q": "quiet", "--quiet": "quiet"}
+    assert {flag: by_flag.get(flag) for flag in taken} == taken
