@@ -383,11 +383,17 @@ def _report_cli_plugin_error(error: PluginLoadError) -> None:
 cli.add_command(servers.servers_group)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``gridgate`` console script."""
+def build_cli() -> click.Group:
+    """The ``gridgate`` group with the commands of every installed ``gridgate.cli``
+    provider added, as :func:`main` runs it."""
     pm = cli_plugin_manager(on_error=_report_cli_plugin_error)
     pm.hook.gridgate_register_commands(cli=cli)
-    cli.main(args=argv, prog_name="gridgate")
+    return cli
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``gridgate`` console script."""
+    build_cli().main(args=argv, prog_name="gridgate")
 
 
 if __name__ == "__main__":  # pragma: no cover

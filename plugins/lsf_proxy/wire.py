@@ -9,6 +9,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing costs the gate more to import than this whole module
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -128,3 +129,55 @@ def turned_away(name: str, reply: dict[str, Any]) -> DaemonBusy | None:
     if reply.get("id") is not None:
         return None
     return busy_error(name, *reply_error(reply))
+
+
+_RULE_WORDS = {"users": "user", "hosts": "host", "pairs": "user@host"}
+
+
+def blocked_message(name: str, reply: dict[str, Any]) -> str:
+    """What a user refused as ``blocked`` by daemon ``name`` is told: who blocked it, why and
+    until when, from the reply's ``block`` (docs/protocol.md, ``acquire``); a daemon that
+    sends none is said to give none."""
+    block = reply.get("block")
+    if not isinstance(block, dict):
+        return f"{name}: request blocked (this lsfproxyd does not say by whom or until when)"
+    kind, item, until = block.get("rule"), block.get("name"), block.get("until")
+    what = (
+        "all requests"
+        if kind == "all"
+        else f"{_RULE_WORDS[kind]} {item}"
+        if kind in _RULE_WORDS and isinstance(item, str) and item
+        else "this request"
+    )
+    if block.get("by") == "bypass":
+        audit = block.get("audit")
+        by = (
+            f"the bypass audit of lsfproxyd {audit}"
+            if isinstance(audit, str) and audit
+            else ("the bypass audit")
+        )
+        reason = f"{what}'s scheduler calls went around the gate (more than its tokens cover)"
+        end = _date(until)
+        return f"{name}: request blocked by {by}{f' until {end}' if end else ''}: {reason}"
+    return (
+        f"{name}: request blocked by the lsfproxyd administrator ({what} is on the blocklist, "
+        "until an administrator unblocks it)"
+    )
+
+
+def _date(epoch: object) -> str:
+    """``epoch`` (seconds) as the admin commands print dates, or empty for no time."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, float)) or epoch <= 0:
+        return ""
+    import time
+
+    try:
+        return time.strftime("%a %b %d %H:%M:%S", time.localtime(epoch))
+    except (OverflowError, OSError, ValueError):
+        return ""
+
+
+def next_daemon(i: int, order: Sequence[object]) -> str:
+    """What a client says after daemon ``i`` of ``order`` failed: that it tries the next
+    one, only when there is one."""
+    return "; trying the next" if i + 1 < len(order) else ""

@@ -31,7 +31,16 @@ def _section(config_path: str | None) -> dict[str, Any]:
     return dict(config.get("proxyd") or section_defaults())
 
 
-def _common(func: Callable[..., Any]) -> Callable[..., Any]:
+def _options(*config_flags: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--json``, ``--socket PATH`` and the site config spelled ``config_flags``."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        return _with_options(func, config_flags)
+
+    return decorate
+
+
+def _with_options(func: Callable[..., Any], config_flags: Sequence[str]) -> Callable[..., Any]:
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
     @click.option(
         "--socket",
@@ -41,10 +50,10 @@ def _common(func: Callable[..., Any]) -> Callable[..., Any]:
         "the runtime directory).",
     )
     @click.option(
-        "-c",
-        "--config",
+        *config_flags,
         "config_path",
         type=click.Path(dir_okay=False),
+        metavar="FILE",
         help="Site config with a proxyd: section.",
     )
     @functools.wraps(func)
@@ -52,6 +61,10 @@ def _common(func: Callable[..., Any]) -> Callable[..., Any]:
         return func(*args, **kwargs)
 
     return wrapper
+
+
+#: the options of every admin command: ``-c/--config FILE``, as ``gridgate gate`` spells it
+_common = _options("-c", "--config")
 
 
 def _client(config_path: str | None, socket_path: str | None) -> ProxyClient:
@@ -237,7 +250,8 @@ def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -
 
 
 @lsfproxyd.command("diagnose")
-@_common
+# -c is the class here, as in badmin diagnose -c CLASS: the config is --config only
+@_options("--config")
 @click.argument("state", type=click.Choice(["on", "off"]))
 @click.option(
     "-t",
@@ -256,6 +270,7 @@ def blocklist(as_json: bool, socket_path: str | None, config_path: str | None) -
 )
 @click.option(
     "-c",
+    "--class",
     "what",
     type=click.Choice(["requests", "bypass"]),
     default="requests",
@@ -273,7 +288,10 @@ def diagnose(
     socket_path: str | None,
     config_path: str | None,
 ) -> None:
-    """Switch the diagnostic log of every request on or off."""
+    """Switch the diagnostic log of every request on or off.
+
+    -c CLASS is badmin diagnose's class (-c bypass); the site config is --config FILE.
+    """
     if state == "off" and (minutes is not None or log_file):
         raise click.UsageError("-t and -f go with 'diagnose on'")
 

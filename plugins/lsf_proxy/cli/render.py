@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,6 +16,25 @@ from gridgate.plugins.lsf_proxy.documents import bypass_status, envelope
 
 _METRIC_LABELS = {"query": "Query", "submission": "Submission", "other": "Other"}
 _RULE = "-" * 78
+
+
+#: a name printed as it is; any other (``-``, ``nobody?``, ``a(b)``, empty) is quoted, so that
+#: no name reads as the texts that stand for none (``-``, ``(no one)``) or as punctuation
+_BARE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@$-]*")
+
+#: what ``bypassing:`` says when no one went around the gate: no name prints like it
+NO_ONE = "(no one)"
+
+
+def name_text(name: str) -> str:
+    """A user, host or command name as the admin commands print it: bare when it is a plain
+    name, else JSON-quoted (and escaped), so that it cannot be read as a sentinel."""
+    return name if _BARE_NAME.fullmatch(name) else json.dumps(name)
+
+
+def names_text(names: Sequence[str], none: str = "-") -> str:
+    """``names`` separated by blanks, each as :func:`name_text`, or ``none`` when empty."""
+    return " ".join(map(name_text, names)) or none
 
 
 def _date(epoch: float | None) -> str:
@@ -126,11 +147,14 @@ def bypass_text(block: object) -> list[str]:
     if bypass is None:
         return []
     who = (
-        ", ".join(f"{user}={excess:g}" for user, excess in sorted(bypass.bypassing.items()))
-        or "nobody"
+        ", ".join(
+            f"{name_text(user)}={excess:g}" for user, excess in sorted(bypass.bypassing.items())
+        )
+        or NO_ONE
     )
     held = ", ".join(
-        f"{user} ({entry.action} until {time.strftime('%H:%M:%S', time.localtime(entry.until))})"
+        f"{name_text(user)} ({entry.action} until "
+        f"{time.strftime('%H:%M:%S', time.localtime(entry.until))})"
         for user, entry in sorted(bypass.acting.items())
     )
     line = (
@@ -154,9 +178,9 @@ def held_text(held: Sequence[Mapping[str, Any]]) -> list[str]:
         f"  {'LONGEST_HELD':<13} {'USER@HOST':<23} {'COMMAND':<19} {'CATEGORY':<11} RETURNED_IN",
     ]
     for t in held:
-        who = f"{t['user']}@{t['host']}"
+        who = f"{name_text(t['user'])}@{name_text(t['host'])}"
         lines.append(
-            f"  {t['held']:<13.1f} {who:<23} {t['opcode'] or '-':<19} "
+            f"  {t['held']:<13.1f} {who:<23} {names_text([t['opcode']] if t['opcode'] else []):<19} "
             f"{LSF_NAMES.get(t['category'], t['category']):<11} "
             f"{max(0.0, t['left']):.0f} s"
         )
@@ -233,9 +257,9 @@ def blocklist_text(replies: Sequence[HostReply]) -> list[str]:
         summary = reply.reply["blocklist"]
         lines += [
             f"  {'Blocked all:':<23}{'Yes' if summary['all'] else 'No'}",
-            f"  {'Blocked users:':<23}{' '.join(summary['users']) or '-'}",
-            f"  {'Blocked hosts:':<23}{' '.join(summary['hosts']) or '-'}",
-            f"  {'Blocked users@hosts:':<23}{' '.join(summary['pairs']) or '-'}",
+            f"  {'Blocked users:':<23}{names_text(summary['users'])}",
+            f"  {'Blocked hosts:':<23}{names_text(summary['hosts'])}",
+            f"  {'Blocked users@hosts:':<23}{names_text(summary['pairs'])}",
         ]
     return lines
 

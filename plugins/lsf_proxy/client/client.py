@@ -39,8 +39,10 @@ from gridgate.plugins.lsf_proxy.wire import (
     ProxyError,
     ProxyUnavailable,
     RequestFailed,
+    blocked_message,
     busy_error,
     connect_failed,
+    next_daemon,
 )
 
 if TYPE_CHECKING:
@@ -422,9 +424,7 @@ class ProxyClient:
             reason = "denied" if answer.reason is None else answer.reason
             tries += 1
             if reason == "blocked":
-                raise NoToken(
-                    f"{daemon.name}: request blocked by the lsfproxyd administrator", reason
-                )
+                raise NoToken(blocked_message(daemon.name, reply), reason)
             if self.notoken_ntries is not None and tries >= self.notoken_ntries:
                 raise NoToken(
                     f"no token after {tries} attempt(s), last: {reason} from {daemon.name}", reason
@@ -445,15 +445,17 @@ class ProxyClient:
         self, fields: Mapping[str, Any]
     ) -> tuple[dict[str, Any] | None, Connection | None, Daemon | None]:
         busy: Daemon | None = None
-        for daemon in self._order():
+        order = self._order()
+        for i, daemon in enumerate(order):
+            then = next_daemon(i, order)
             try:
                 conn, reply = self._call(daemon, "acquire", self.reply_timeout, **fields)
             except DaemonBusy as exc:
-                logger.warning("lsfproxyd {} is overloaded: {}; trying the next", daemon.name, exc)
+                logger.warning("lsfproxyd {} is overloaded: {}{}", daemon.name, exc, then)
                 busy = busy or daemon
                 continue
             except ConnectionBroken as exc:
-                logger.warning("lsfproxyd {} did not answer: {}; trying the next", daemon.name, exc)
+                logger.warning("lsfproxyd {} did not answer: {}{}", daemon.name, exc, then)
                 self._mark(daemon, answered=False)
                 continue
             self._mark(daemon, answered=True)

@@ -22,8 +22,10 @@ from gridgate.plugins.lsf_proxy.wire import (
     ProxyError,
     ProxyUnavailable,
     RequestFailed,
+    blocked_message,
     busy_nice,
     connect_failed,
+    next_daemon,
     reply_error,
     turned_away,
 )
@@ -405,7 +407,7 @@ class GateClient:
             reason = "denied" if said is None else str(said)
             tries += 1
             if reason == "blocked":
-                raise NoToken(f"{name}: request blocked by the lsfproxyd administrator", reason)
+                raise NoToken(blocked_message(name, reply), reason)
             if self.notoken_ntries is not None and tries >= self.notoken_ntries:
                 raise NoToken(
                     f"no token after {tries} attempt(s), last: {reason} from {name}", reason
@@ -424,7 +426,8 @@ class GateClient:
         size: int = 0,
     ) -> tuple[dict[str, Any] | None, Link | None, str]:
         busy = ""
-        for daemon in self._order():
+        order = self._order()
+        for i, daemon in enumerate(order):
             try:
                 link = self._link(daemon)
                 try:
@@ -436,11 +439,11 @@ class GateClient:
                     link.close()
                     raise
             except DaemonBusy as exc:
-                self.warn(f"lsfproxyd {daemon[0]} is overloaded: {exc}; trying the next")
+                self.warn(f"lsfproxyd {daemon[0]} is overloaded: {exc}{next_daemon(i, order)}")
                 busy = busy or daemon[0]
                 continue
             except ConnectionBroken as exc:
-                self.warn(f"lsfproxyd {daemon[0]} did not answer: {exc}; trying the next")
+                self.warn(f"lsfproxyd {daemon[0]} did not answer: {exc}{next_daemon(i, order)}")
                 self._down.add(daemon[1])
                 continue
             self._down.discard(daemon[1])
@@ -461,8 +464,11 @@ class GateClient:
         this call's own on the parent's slot, held on its own connection (hand it to a
         holder, as a grant). While another nested call rides on it, wait for that one to end,
         up to ``wait`` seconds. Returns the grant, or None and why not (``not_live``,
-        ``category``, ``blocked``, ``disabled``, ``busy`` after ``wait``, ``unanswered``):
-        the caller then asks for a token of its own, as any call does."""
+        ``category``, ``disabled``, ``busy`` after ``wait``, ``unanswered``): the caller then
+        asks for a token of its own, as any call does.
+
+        :raises NoToken: the user is blocked (the message says by whom, until when).
+        """
         import time
 
         deadline = time.monotonic() + wait
@@ -485,6 +491,8 @@ class GateClient:
                     return Grant(str(reply["token"]), link, timeout=self.connect_timeout), ""
                 link.close()
                 reason = str(reply.get("reason") or "not_live")
+                if reason == "blocked":
+                    raise NoToken(blocked_message(daemon[0], reply), reason)
                 if reason != "not_live":
                     break  # the daemon that holds the parent token said no
             if reason != "busy" or time.monotonic() + pause > deadline:

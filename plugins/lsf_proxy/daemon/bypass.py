@@ -369,6 +369,7 @@ class BypassWatch:
         daemon.policy.on_grant = self._granted
         daemon.policy.on_release = self.trace.ledger.released
         daemon.peers.extra = self.heartbeat  # the others' audits add this daemon's grants
+        daemon.tokens.audit_block = self.audit_block  # what a user it blocked is told
 
     def _acting(self, daemon: Any, folder: Path) -> Acting:
         """The journal of the audit's actions: in the store the peers share, else in
@@ -395,6 +396,15 @@ class BypassWatch:
             if held["action"] == "block" and not held.get("from")
         }
         return {**self.audit.covered(), "blocked": blocked}
+
+    def audit_block(self, user: str) -> dict[str, Any] | None:
+        """The audit's block of ``user`` in force (``until``, ``from`` a peer whose audit
+        made it), None when there is none or the journal cannot be read."""
+        try:
+            held = self.acting.held.get(user)
+        except StateError:
+            return None
+        return held if held and held["action"] == "block" else None
 
     def adopt_blocks(self, now: float | None = None) -> None:
         """Block here the users a peer's audit blocked (its heartbeat's ``blocked``) until

@@ -23,7 +23,14 @@ from gridgate.plugins.lsf_proxy.daemon import holding
 from gridgate.plugins.lsf_proxy.daemon.connections import Conn
 from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, diagnose_line
 from gridgate.plugins.lsf_proxy.daemon.metrics import DaemonMetrics
-from gridgate.plugins.lsf_proxy.daemon.policy import GRANTED, QUEUED, Decision, Request, Token
+from gridgate.plugins.lsf_proxy.daemon.policy import (
+    GRANTED,
+    QUEUED,
+    BlockRule,
+    Decision,
+    Request,
+    Token,
+)
 from gridgate.plugins.lsf_proxy.daemon.ratelimit import RateLimitedPolicy
 from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION, ProtocolError
 
@@ -57,6 +64,9 @@ class TokenDesk:
         self._waiters: dict[str, Conn] = {}
         self._owners: dict[str, Conn] = {}
         self._ids = 0
+        #: user -> the bypass audit's block of it in force (``until``, ``from`` a peer), or
+        #: None: set by proxyd.bypass, for what a blocked user is told (:meth:`block_of`)
+        self.audit_block: Callable[[str], Mapping[str, Any] | None] = lambda _user: None
 
     def acquire(
         self, conn: Conn, message: Mapping[str, Any], msg_id: Any, user: str, host: str
@@ -98,6 +108,8 @@ class TokenDesk:
         """The ``check`` reply (holding.py); a ride is held by ``conn``, as a grant: it is
         logged in the diagnostic log and counted among the grants like one."""
         reply = holding.check(self.policy, message, user, host, conn.tcp)
+        if reply.get("reason") == "blocked":
+            reply["block"] = self.block_of(user, host)
         if "token" in reply:
             conn.tokens.add(reply["token"])
             self._owners[reply["token"]] = conn
@@ -160,7 +172,34 @@ class TokenDesk:
                 fields["nice"] = nice
         if decision.reason:
             fields["reason"] = decision.reason
+        if decision.reason == "blocked":
+            fields["block"] = self.block_of(req.user, req.host)
         self._reply(conn, msg_id, **fields)
+
+    def block_of(self, user: str, host: str) -> dict[str, Any]:
+        """The ``block`` of a ``blocked`` refusal (docs/protocol.md): the rule that blocks
+        ``user`` at ``host`` and who made it; the audit's (with its end) only when no rule of
+        an administrator's blocks it too, as that one outlasts it."""
+        rules = self.policy.blocklist.rules
+        for rule in (
+            BlockRule("all"),
+            BlockRule("hosts", (host,)),
+            BlockRule("pairs", (f"{user}@{host}",)),
+            BlockRule("users", (user,)),
+        ):
+            if rule not in rules:
+                continue
+            held = self.audit_block(user) if rule.kind == "users" else None
+            block: dict[str, Any] = {
+                "by": "bypass" if held else "administrator",
+                "rule": rule.kind,
+                "name": rule.items[0] if rule.items else "",
+                "until": held["until"] if held else None,
+            }
+            if held and held.get("from"):
+                block["audit"] = held["from"]
+            return block
+        return {"by": "administrator", "rule": "", "name": "", "until": None}
 
     def taken_back(self, expired: Iterable[Token], wall: float) -> None:
         """Tokens the policy took back at their hold limit (``wall``: now, epoch seconds): the

@@ -442,17 +442,14 @@ def run_gated(
     try:
         if held and not submits(program):
             # inside a gated command: ride on its token (same category, one nested call at
-            # a time, not for a blocked user), else take one of our own like any call; a
+            # a time; a blocked user is told NoToken), else take one of our own; a
             # submission command never rides, whatever category it was given
-            ride, why = client.ride(
+            ride, _why = client.ride(
                 held, category, opcode or name, float(section["token_wait_time"])
             )
             if ride is not None:
                 holder.take(ride)
                 return _exec(command, None, name, category)
-            if why == "blocked":
-                say(f"{name}: no {category} token, not run: blocked")
-                return EXIT_NO_TOKEN
         grant = client.acquire(
             category,
             opcode or name,

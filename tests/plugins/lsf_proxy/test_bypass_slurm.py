@@ -107,6 +107,14 @@ def test_block_stops_the_bypassers_gated_calls_for_a_while(
         refused = run_as(rogue, ["squeue", "-h"], env)
         assert refused.returncode == 75, refused.stderr
         assert f"{rogue} blocked for 4 s" in daemon.log()
+        # told who, why and until when (issue 40 item 11), not "the administrator"
+        until_text = time.strftime(
+            "%a %b %d %H:%M:%S", time.localtime(status(daemon)["bypass"]["acting"][rogue]["until"])
+        )
+        assert (
+            f"request blocked by the bypass audit until {until_text}: user {rogue}'s scheduler "
+            "calls went around the gate" in refused.stderr
+        ), refused.stderr
         # `lsfproxyd status` says so in its text too, not only under --json
         with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
             lines = render.status_text(client.admin("status"))

@@ -142,7 +142,21 @@ def test_a_blocked_user_is_refused_with_a_clear_message(
     proc = gate(gridgate_exe, daemon.socket, "/usr/bin/touch", str(marker), user="nobody")
     assert proc.returncode == 75
     assert b"touch: no other token, not run" in proc.stderr and b"blocked" in proc.stderr
+    # who blocked it and until when (issue 40 item 11): an administrator's rule, no end
+    assert (
+        b"request blocked by the lsfproxyd administrator (user nobody is on the blocklist, "
+        b"until an administrator unblocks it)" in proc.stderr
+    ), proc.stderr
     assert not marker.exists()
+    assert cli("unblock", "-u", "nobody", "--socket", daemon.socket).returncode == 0
+    assert cli("block", "all", "--socket", daemon.socket).returncode == 0
+    proc = gate(gridgate_exe, daemon.socket, "/usr/bin/touch", str(marker), user="nobody")
+    assert proc.returncode == 75 and b"(all requests is on the blocklist" in proc.stderr
+    # one daemon: nothing promises another one (it warns "did not answer" and proceeds)
+    daemon.stop()
+    proc = gate(gridgate_exe, daemon.socket, "/usr/bin/touch", str(marker))
+    assert proc.returncode == 0 and b"did not answer" in proc.stderr, proc.stderr
+    assert b"trying the next" not in proc.stderr
 
 
 def _start_waiting_child(exe: str, socket: str, sockdir: Path, trap: bool):
@@ -313,3 +327,15 @@ def test_shims_run_the_real_command_through_the_gate(
     # that token, a grant of no wait (issue 31, item 9: rides are logged and counted)
     lines = [ln for ln in log.read_text().splitlines() if ",REQUEST_JOB_INFO," in ln]
     assert len(lines) == 2 and lines[1].split(",")[4:6] == ["0", "1"]
+
+
+def test_the_fast_path_spells_each_option_as_the_gate_command_does() -> None:
+    """`gridgate gate` has two parsers: the launcher's fast path and click's command (for
+    help, usage errors, --install-shims). Each flag the fast path takes is the click
+    command's, for the same parameter (issue 40 item 8's class: one option, one meaning)."""
+    from gridgate.plugins.lsf_proxy.gate import gating
+    from gridgate.plugins.lsf_proxy.gate.gate import gate_command
+
+    by_flag = {flag: p.name for p in gate_command.params for flag in p.opts}
+    taken = {**gating._VALUED, "-q": "quiet", "--quiet": "quiet"}
+    assert {flag: by_flag.get(flag) for flag in taken} == taken

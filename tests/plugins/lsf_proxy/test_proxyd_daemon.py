@@ -823,3 +823,23 @@ def test_diagnose_options_and_gated_commands_logged_with_opcode_and_size(
     bad = cli("diagnose", "on", "-f", "../escape.log", "--socket", d.socket)
     assert bad.returncode == 1 and "give a bare name" in bad.stdout, bad.stdout + bad.stderr
     assert cli("diagnose", "off", "-t", "5", "--socket", d.socket).returncode == 2
+
+
+def test_diagnose_takes_its_config_as_config_and_c_as_badmin_s_class(start_daemon, cli) -> None:
+    """Issue 40 item 8: the `-c, --config FILE` diagnose's help listed was refused (-c was
+    also the class, and click warned at every run). Now --config FILE finds the daemon and
+    -c is badmin diagnose's class only, with no warning."""
+    d = start_daemon({})
+    on = cli("diagnose", "on", "--config", str(d.config))
+    assert on.returncode == 0 and "diagnostic log ON" in on.stdout, on.stdout + on.stderr
+    assert on.stderr == ""
+    assert status(d.socket)["diagnose"] is True
+    off = cli("diagnose", "off", "-c", "requests", "--config", str(d.config))
+    assert off.returncode == 0 and "diagnostic log OFF" in off.stdout and off.stderr == ""
+    bypass = cli("diagnose", "on", "--class", "bypass", "--config", str(d.config))
+    assert bypass.returncode == 1 and "proxyd.bypass.scheduler" in bypass.stdout + bypass.stderr
+    as_class = cli("diagnose", "on", "-c", str(d.config))
+    assert as_class.returncode == 2 and "'requests', 'bypass'" in as_class.stderr
+    assert "used more than once" not in as_class.stderr
+    help_text = cli("diagnose", "--help").stdout
+    assert "--config FILE" in help_text and "-c, --config" not in help_text

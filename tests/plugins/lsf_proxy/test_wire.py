@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -169,3 +170,81 @@ def test_a_status_bypass_block_is_read_typed_and_a_bad_one_is_said() -> None:
     assert render.bypass_text({}) == [] and render.bypass_text(None) == []
     [said] = render.bypass_text({**good, "acting": {"bob": "blocked"}})
     assert said.startswith("  BYPASS_AUDIT: lsfproxyd bypass status: ") and "acting" in said
+
+
+# --- issue 40 item 11: texts that cannot be misread ------------------------------------------
+
+
+def test_no_name_prints_as_the_text_that_stands_for_none() -> None:
+    """`bypassing: nobody` read as the user nobody; a user `-` read as the blocklist's "none".
+    A sentinel is now a text no name prints as: odd names are quoted."""
+    from gridgate.plugins.lsf_proxy.cli import render
+
+    audit = {"scheduler": "slurm", "action": "block", "interval": 1, "windows": 3}
+    [none] = render.bypass_text({**audit, "bypassing": {}})
+    assert none.endswith("; bypassing: (no one)")
+    [named] = render.bypass_text({**audit, "bypassing": {"nobody": 4, "(no one)": 2, "-": 1}})
+    assert named.endswith('; bypassing: "(no one)"=2, "-"=1, nobody=4')
+    daemon = client.Daemon("h1", "/x.sock")
+    summary = {"all": False, "users": ["-", "alice"], "hosts": [], "pairs": ["a b@h"]}
+    lines = render.blocklist_text([client.HostReply(daemon, {"ok": True, "blocklist": summary})])
+    assert lines[2:] == [
+        '  Blocked users:         "-" alice',
+        "  Blocked hosts:         -",
+        '  Blocked users@hosts:   "a b@h"',
+    ]
+    held = [{"user": "u", "host": "h", "opcode": "-", "category": "query", "held": 1, "left": 2}]
+    assert '"-"' in render.held_text(held)[2]
+    assert " - " in render.held_text([{**held[0], "opcode": ""}])[2]
+
+
+def test_a_blocked_user_is_told_by_whom_why_and_until_when() -> None:
+    until = 1_800_000_000.0
+    end = time.strftime("%a %b %d %H:%M:%S", time.localtime(until))
+    audit = {"by": "bypass", "rule": "users", "name": "bob", "until": until}
+    assert wire.blocked_message("h1", {"block": audit}) == (
+        f"h1: request blocked by the bypass audit until {end}: user bob's scheduler calls "
+        "went around the gate (more than its tokens cover)"
+    )
+    assert "by the bypass audit of lsfproxyd h2 until" in wire.blocked_message(
+        "h1", {"block": {**audit, "audit": "h2"}}
+    )
+    admin = {"by": "administrator", "rule": "hosts", "name": "n1", "until": None}
+    assert wire.blocked_message("h1", {"block": admin}) == (
+        "h1: request blocked by the lsfproxyd administrator (host n1 is on the blocklist, "
+        "until an administrator unblocks it)"
+    )
+    assert "(all requests is" in wire.blocked_message("h1", {"block": {**admin, "rule": "all"}})
+    # an older daemon, or a block of the wrong shape: said as not known, not made up
+    assert wire.blocked_message("h1", {}) == (
+        "h1: request blocked (this lsfproxyd does not say by whom or until when)"
+    )
+    odd = wire.blocked_message("h1", {"block": {"by": "bypass", "rule": 3, "until": 1e300}})
+    assert odd == (
+        "h1: request blocked by the bypass audit: this request's scheduler calls went around "
+        "the gate (more than its tokens cover)"
+    )
+
+
+def test_trying_the_next_is_said_only_when_there_is_a_next(tmp_path) -> None:
+    """With one daemon down, "trying the next" promised a daemon there is not."""
+    down = [(f"h{i}", str(tmp_path / f"h{i}.sock")) for i in (1, 2)]
+    for daemons, promised in ((down[:1], 0), (down, 1)):
+        told: list[str] = []
+        gate = gateclient.GateClient(daemons, warn=told.append)
+        assert gate.acquire("query", "bjobs").reason == "unavailable"
+        assert len(told) == len(daemons) + 1, told  # each daemon, then "proceeding"
+        assert [m.endswith("; trying the next") for m in told[:-1]] == [True] * promised + [False]
+    from loguru import logger
+
+    seen: list[str] = []
+    for daemons, promised in ((down[:1], 0), (down, 1)):
+        seen.clear()
+        sink = logger.add(lambda m: seen.append(m.record["message"]), level="WARNING")
+        try:
+            proxy = client.ProxyClient([client.Daemon(n, a) for n, a in daemons])
+            assert proxy.acquire("query", "bjobs").reason == "unavailable"
+        finally:
+            logger.remove(sink)
+        assert len(seen) == len(daemons) + 1, seen
+        assert [m.endswith("; trying the next") for m in seen[:-1]] == [True] * promised + [False]
