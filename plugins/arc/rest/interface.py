@@ -40,7 +40,7 @@ from loguru import logger
 
 from gridgate.core.backend import Deadline
 from gridgate.core.documents import DocumentError
-from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir, read_regular
+from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir
 from gridgate.core.http import HttpClient
 from gridgate.core.kinds import missing_input
 from gridgate.core.model import (
@@ -56,7 +56,13 @@ from gridgate.core.model import (
 from gridgate.core.patterns import clip
 from gridgate.core.plugins import PluginContext
 from gridgate.plugins.arc.ces import CE, CeLocks, CleanList, environment
-from gridgate.plugins.arc.classify import PROXY_BYTES, by_exchange, classify_rest, proxy_problem
+from gridgate.plugins.arc.classify import (
+    by_exchange,
+    classify_rest,
+    proxy_problem,
+    read_credential,
+    shared_folder,
+)
 from gridgate.plugins.arc.describe import Descriptions
 from gridgate.plugins.arc.documents import rest_marker, token_end
 from gridgate.plugins.arc.parse import STDERR, with_stderr
@@ -135,7 +141,7 @@ def find_token(managed: Mapping[str, str], environ: Mapping[str, str]) -> tuple[
     refused: list[str] = []
     for _kind, path in candidates:
         try:
-            data = read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
+            data = read_credential(path)
         except InputFileError as exc:
             if exc.errno != errno.ENOENT:
                 refused.append(str(exc))  # a token others can read or replace is not sent
@@ -239,15 +245,13 @@ class RestInterface:
     def _read_proxy(self, path: str) -> Proxy:
         """The proxy in ``path``, parsed again only when the file changed (loading its RSA key
         costs some 50 ms of CPU: once per renewal, not once per submission)."""
-        info = os.stat(path)
+        info = os.lstat(path) if shared_folder(path) else os.stat(path)
         stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
         with self._lock:
             cached = self._proxies.get(path)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        proxy = read_proxy(
-            read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
-        )
+        proxy = read_proxy(read_credential(path))
         with self._lock:
             self._proxies[path] = (stamp, proxy)
         return proxy
