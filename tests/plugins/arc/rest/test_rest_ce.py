@@ -533,3 +533,29 @@ def test_a_delegation_no_endpoint_uses_any_more_is_deleted_on_the_ce(
     assert record["id"] not in ce.delegations()
     assert _records(site) == {}
     assert _changes(site) == [], "the change that made it is undone with it"
+
+
+# --- odd answers --------------------------------------------------------------------------------
+
+
+def test_a_tracked_id_the_status_step_refuses_is_that_pilots_alone(arc, rest_site) -> None:
+    # a pilot id whose CE-side part A-REX echoes back but is no A-REX id (a "-" in it: a
+    # record from elsewhere): the whole status answer was refused at every poll, so the pilot
+    # that failed on the CE never reached its verdict
+    site = rest_site(arc, pilot="#!/bin/sh\necho broken >&2\nexit 3\n")
+    backend = site.backend()
+    [job] = _submit(backend).job_ids
+    odd = f"{arc.url}/rest/1.0/jobs/abc-def"
+    cancelled = backend.gridgate_cancel(endpoint=_endpoint(backend), job_ids=[odd], timeout=60)
+    assert cancelled.ok and cancelled.cancelled == (), cancelled
+
+    def failed():
+        polled = backend.gridgate_job_status(
+            endpoint=_endpoint(backend), job_ids=[odd, job], timeout=60
+        )
+        assert polled.ok, polled
+        assert polled.statuses[odd].state == "unknown", polled.statuses
+        assert "not an ARC job id" in polled.statuses[odd].reason
+        return polled.statuses[job].state == "failed"
+
+    assert until(failed, timeout=240, pause=3)
