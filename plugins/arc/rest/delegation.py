@@ -9,10 +9,16 @@ identity and keeps it:
 - its record (id, the CE, the identity, the proxy it was signed with, its end, its last use)
   is kept in the state store (``context.state``) under ``arc/delegation/``, so several
   directors on one Redis share one delegation per CE;
-- it is **renewed** when the proxy at hand ends later than the delegation (every renewal of the
-  proxy gives one: the managed proxy is renewed ``min_lifetime`` before its end, and the next
-  poll or submission renews the delegation, so pilots already running get the new proxy:
-  A-REX rewrites their proxy files on the PUT);
+- it is kept per CE and **credential**: the DN and what the proxy carries beyond it (VOMS
+  attributes, a restriction: :attr:`.signing.Proxy.credential`), so a proxy of another role
+  never stands in for one of this role;
+- it is **renewed** when the proxy at hand is another one, newer than the one it holds
+  (:meth:`.signing.Proxy.newer`: made later, or at the same time and ending later; a proxy
+  replaced by one with a new key that ends sooner reaches the CE at once, and a director still
+  holding the older proxy never signs it back in). Every renewal of the proxy is one (the
+  managed proxy is renewed ``min_lifetime`` before its end), and the next poll or submission
+  renews the delegation, so pilots already running get the new proxy: A-REX rewrites their
+  proxy files on the PUT;
 - before pilots are sent with it, once per iteration, the CE is asked whether it still has it
   (``action=get``): renewal does not tell (A-REX renews an unknown id as if it knew it, trap 9),
   and a job naming a delegation the CE does not have is still accepted and runs without a
@@ -84,6 +90,20 @@ def kind_of(identity: str) -> str:
 def target_of(service: str, identifier: str) -> str:
     """The journal's target of delegation ``identifier`` on ``service``."""
     return f"{service.rstrip('/')}/delegations/{identifier}"
+
+
+def _replaces(proxy: Proxy, record: Record) -> bool:
+    """Whether ``proxy`` is to be signed into ``record``'s delegation: another proxy of its
+    credential, newer than the one it holds (:meth:`.signing.Proxy.newer`): a replaced proxy
+    reaches the CE even when it ends sooner, and an older one never replaces it."""
+    return proxy.newer(record.fingerprint, record.starts, record.ends)
+
+
+def _signed(record: Record, proxy: Proxy) -> Record:
+    """``record`` once its delegation holds ``proxy``."""
+    return replace(
+        record, fingerprint=proxy.fingerprint, ends=proxy.not_after, starts=proxy.not_before
+    )
 
 
 def _load(text: str | None) -> Record | None:
@@ -303,10 +323,10 @@ class Delegations:
 
     def ensure(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> str:
         """The id of the delegation pilots sent to ``client``'s CE must name: made when there is
-        none, checked once per iteration, renewed when ``proxy`` ends later than it.
+        none, checked once per iteration, renewed when ``proxy`` replaces the one it holds.
 
         :raises ArexError: when the CE refuses or fails (the caller's failure to classify)."""
-        key = identity_key(client.service, proxy.identity)
+        key = identity_key(client.service, proxy.credential)
         with self._key_lock(key):
             record = self._get(key)
             now = self.clock.time()
@@ -317,7 +337,7 @@ class Delegations:
                     "{}: the CE lost delegation {}; making it again", client.service, record.id
                 )
                 record = self._again(client, record, proxy, deadline)
-            elif proxy.not_after > record.ends + 1:
+            elif _replaces(proxy, record):
                 self._renew(client, record.id, proxy, deadline)
                 logger.info(
                     "{}: delegation {} renewed with the proxy ending {}",
@@ -325,7 +345,7 @@ class Delegations:
                     record.id,
                     time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(proxy.not_after)),
                 )
-                record = replace(record, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+                record = _signed(record, proxy)
             if key not in self._checked or record.used < now - 60:
                 self._put(key, replace(record, used=now))
             with self._lock:
@@ -333,31 +353,23 @@ class Delegations:
             return record.id
 
     def refresh(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> None:
-        """Renew ``client``'s CE's delegation if ``proxy`` ends later than it (a poll's part:
+        """Renew ``client``'s CE's delegation if ``proxy`` replaces the one it holds (a poll's part:
         pilots running there get the renewed proxy even while nothing is submitted). Makes
         none; a failure is logged, the poll goes on."""
-        key = identity_key(client.service, proxy.identity)
+        key = identity_key(client.service, proxy.credential)
         record = self._get(key)
-        if record is None or proxy.not_after <= record.ends + 1:
+        if record is None or not _replaces(proxy, record):
             return
         with self._key_lock(key):
             record = self._get(key)
-            if record is None or proxy.not_after <= record.ends + 1:
+            if record is None or not _replaces(proxy, record):
                 return
             try:
                 self._renew(client, record.id, proxy, deadline)
             except ArexError as exc:
                 logger.warning("{}: delegation {} not renewed: {}", client.service, record.id, exc)
                 return
-            self._put(
-                key,
-                replace(
-                    record,
-                    fingerprint=proxy.fingerprint,
-                    ends=proxy.not_after,
-                    used=self.clock.time(),
-                ),
-            )
+            self._put(key, replace(_signed(record, proxy), used=self.clock.time()))
             logger.info(
                 "{}: delegation {} renewed after the proxy's renewal", client.service, record.id
             )
@@ -389,6 +401,8 @@ class Delegations:
                 fingerprint=proxy.fingerprint,
                 ends=proxy.not_after,
                 used=self.clock.time(),
+                starts=proxy.not_before,
+                attributes=proxy.attributes,
             )
             self._put(key, record)
             return record
@@ -408,7 +422,7 @@ class Delegations:
         try:
             self._renew(client, record.id, proxy, deadline)
             if client.delegation_exists(record.id, deadline):
-                return replace(record, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+                return _signed(record, proxy)
         except DelegationError:
             raise
         except ArexError as exc:
@@ -423,7 +437,7 @@ class Delegations:
             self._forget(record)  # the CE lost it: its delete answers 404, the record goes
         except (ArexError, StateError) as exc:
             logger.info("{}: lost delegation {} not forgotten: {}", client.service, record.id, exc)
-        return replace(record, id=identifier, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+        return replace(_signed(record, proxy), id=identifier)
 
     def sweep(
         self,
