@@ -374,6 +374,22 @@ class Delegations:
                 "{}: delegation {} renewed after the proxy's renewal", client.service, record.id
             )
 
+    def touch(self, service: str, identity: str) -> None:
+        """Note a poll of pilots on ``service`` as a use of the delegations of ``identity``
+        there (every credential of the DN: a pilot names the one it was sent with), so that
+        no director's :meth:`sweep` deletes one while pilots tracked here run on it (issue 40
+        item 9: use was counted by submissions only). Written at most once a minute."""
+        now = self.clock.time()
+        service = service.rstrip("/")
+        for key, record in self.records():
+            if record.service != service or record.identity != identity:
+                continue
+            if record.used < now - 60:
+                with self._key_lock(key):
+                    current = self._get(key)
+                    if current is not None and current.used < now - 60:
+                        self._put(key, replace(current, used=now))
+
     def _first(self, key: str, client: ArexClient, proxy: Proxy, deadline: Deadline) -> Record:
         """A new delegation for ``key``; with a shared store only one director makes it, the
         others wait for its record (up to :data:`CREATE_WAIT` s, then make their own)."""
@@ -447,7 +463,8 @@ class Delegations:
         deadline: Deadline,
     ) -> list[str]:
         """Delete the delegations of ``identity`` on CEs none of ``in_use`` (services) names,
-        unused for :data:`UNUSED_GRACE` s; returns the ids deleted. ``client_for(service)``
+        unused for :data:`UNUSED_GRACE` s (a submission or a poll of pilots there by any
+        director sharing the store is a use: :meth:`touch`); returns the ids deleted. ``client_for(service)``
         gives a client for a CE (None: it cannot be asked now)."""
         services = set(in_use)
         now = self.clock.time()

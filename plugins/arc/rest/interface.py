@@ -639,6 +639,7 @@ class RestInterface:
         client = self.client(service, credential)
         if credential.proxy is not None:
             self.delegations.refresh(client, credential.proxy, deadline)
+            self.delegations.touch(client.service, credential.proxy.identity)
         by_ce = {ce_id(i): i for i in ids}
         try:
             answer, exchanges = client.manage("status", list(by_ce), deadline)
