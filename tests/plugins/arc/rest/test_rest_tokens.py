@@ -171,3 +171,15 @@ def test_a_proxy_found_through_a_link_in_a_shared_folder_is_never_used(
     assert direct.gridgate_submit(
         endpoint=_endpoint(direct), request=SubmitRequest("arc"), timeout=60
     ).ok
+    # a regular proxy file in the shared folder is used too, the TLS client loading a private
+    # copy of the bytes checked (a link put there after the check is never loaded)
+    link.unlink()
+    link.write_bytes(site.proxy.read_bytes())
+    link.chmod(0o600)
+    shared = site.backend(env={"X509_USER_PROXY": str(link)})
+    credential = shared._rest.credential()
+    assert credential.cert_file != str(link) and not credential.problem, credential
+    assert credential.cert_file.startswith(str(site.folder / "state"))
+    assert shared.gridgate_submit(
+        endpoint=_endpoint(shared), request=SubmitRequest("arc"), timeout=60
+    ).ok
