@@ -461,11 +461,14 @@ class Delegations:
         identity: str,
         client_for: Callable[[str], ArexClient | None],
         deadline: Deadline,
+        attributes: str | None = None,
     ) -> list[str]:
         """Delete the delegations of ``identity`` on CEs none of ``in_use`` (services) names,
+        and, given the ``attributes`` of the credential in force, those on such CEs made for
+        another credential of the DN (a VOMS role or restriction no longer in use here),
         unused for :data:`UNUSED_GRACE` s (a submission or a poll of pilots there by any
-        director sharing the store is a use: :meth:`touch`); returns the ids deleted. ``client_for(service)``
-        gives a client for a CE (None: it cannot be asked now)."""
+        director sharing the store is a use: :meth:`touch`); returns the ids deleted.
+        ``client_for(service)`` gives a client for a CE (None: it cannot be asked now)."""
         services = set(in_use)
         now = self.clock.time()
         self._undo_abandoned(self._register(identity, client_for, deadline))
@@ -473,7 +476,10 @@ class Delegations:
         for key, record in self.records():
             if (
                 record.identity != identity
-                or record.service in services
+                or (
+                    record.service in services
+                    and (attributes is None or record.attributes == attributes)
+                )
                 or now - record.used < UNUSED_GRACE
                 or deadline.passed()
             ):

@@ -826,6 +826,7 @@ class RestInterface:
             credential.proxy.identity,
             lambda service: self.client(service, credential),
             deadline,
+            credential.proxy.attributes,
         )
 
 

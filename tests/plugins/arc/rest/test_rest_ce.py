@@ -677,6 +677,17 @@ def test_a_restricted_proxy_of_the_same_dn_gets_a_delegation_of_its_own(
         assert {r["fingerprint"] for r in records} == {plain.fingerprint, narrow.fingerprint}
         assert narrow.credential != plain.credential
         assert plain.attributes == "", "a plain proxy keeps the key records had before"
+        # the limited proxy no longer in use here: its delegation, an hour unused, is swept by
+        # the director of the plain proxy although its CE is configured; the plain one is kept
+        _kill(ce, jobs)
+        gone = {ce_id(j): "None" for j in jobs}
+        assert until(lambda: ce.states(jobs) == gone, timeout=120, pause=2)
+        [(key, old)] = [(k, r) for k, r in _records(site).items() if r["attributes"]]
+        site.state.set(key, json.dumps({**old, "used": old["used"] - 3700}))
+        site.backend().gridgate_iteration_finished(summary=None)
+        assert old["id"] not in ce.delegations()
+        [kept] = _records(site).values()
+        assert kept["fingerprint"] == plain.fingerprint and kept["id"] in ce.delegations()
     finally:
         _kill(ce, jobs)
 
