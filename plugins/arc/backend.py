@@ -31,6 +31,7 @@ from gridgate.core.model import (
     Failure,
     IterationInfo,
     IterationSummary,
+    JobStatus,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -160,11 +161,13 @@ class ArcBackend(Backend):
         if ce is None:
             return None
         ids, bad = _checked_ids(job_ids)
-        if bad:
-            return StatusResult(endpoint, ok=False, commands=0, message=bad)
+        odd = {j: JobStatus(job_id=j, state="unknown", reason=ODD_ID) for j in bad}
         if not ids:
-            return StatusResult(endpoint, ok=True, commands=0)
-        return self.interface.job_status(ce, ids, timeout)
+            return StatusResult(endpoint, ok=True, statuses=odd, commands=0)
+        result = self.interface.job_status(ce, ids, timeout)
+        if odd and result.ok:
+            result = dataclasses.replace(result, statuses={**result.statuses, **odd})
+        return result
 
     def cancel(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
@@ -173,11 +176,13 @@ class ArcBackend(Backend):
         if ce is None:
             return None
         ids, bad = _checked_ids(job_ids)
-        if bad:
-            return CancelResult(endpoint, ok=False, message=bad)
         if not ids:
-            return CancelResult(endpoint, ok=True)
-        return self.interface.cancel(ce, ids, timeout)
+            return CancelResult(endpoint, ok=True, message=f"{ODD_ID}: {bad[:5]}" if bad else "")
+        result = self.interface.cancel(ce, ids, timeout)
+        if bad:
+            told = "; ".join(m for m in (result.message, f"{ODD_ID}: {bad[:5]}") if m)
+            result = dataclasses.replace(result, message=told)
+        return result
 
     # --- cleaning ---------------------------------------------------------------------------
 
@@ -240,9 +245,14 @@ class ArcBackend(Backend):
         self._rest.close()
 
 
-def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
-    """The ids as text, and a complaint naming those that are no ARC job id ("" if none): an id
-    reaches an argv, so only the form arcsub printed is passed on."""
+#: Why a tracked pilot id of no ARC job id's form is not asked about (its status: unknown).
+ODD_ID = "not an ARC job id: the CE is not asked about it"
+
+
+def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The ids of an ARC job id's form, and the others: an id reaches an argv or a URL, so only
+    the form arcsub printed is passed on, and an odd one is that pilot's problem alone, never
+    the whole CE's poll (issue 40 item 4: A-REX echoes an id back, and an answer naming one it
+    would refuse was refused whole at every poll)."""
     ids = [str(j) for j in job_ids]
-    bad = [j for j in ids if not JOB_ID_RE.match(j)]
-    return ids, f"not ARC job ids: {bad[:5]}" if bad else ""
+    return [j for j in ids if JOB_ID_RE.match(j)], [j for j in ids if not JOB_ID_RE.match(j)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping
 
@@ -326,6 +327,33 @@ def vague(command: CommandResult) -> bool:
 PROXY_BYTES = 1024 * 1024
 
 
+def read_credential(path: str) -> bytes:
+    """A credential file (a proxy, a bearer token) of this user, private to it: owner and mode
+    checked on the file opened (``fstat``), and, in a folder others may write (``/tmp``, where
+    ``x509up_u<uid>`` and ``bt_u<uid>`` are discovered), opened without following a link
+    (``O_NOFOLLOW``): another user's link there to a private file of this user would otherwise
+    pass every check on its target and send that file to the CEs.
+
+    :raises InputFileError: as :func:`gridgate.core.files.read_regular` (a link there is one)."""
+    return read_regular(
+        path,
+        max_bytes=PROXY_BYTES,
+        owners={os.geteuid()},
+        private=True,
+        follow_links=not shared_folder(path),
+    )
+
+
+def shared_folder(path: str) -> bool:
+    """Whether the folder of ``path`` lets others create or replace names in it (its mode has
+    ``o+w``; unreadable: taken as shared)."""
+    try:
+        mode = os.stat(os.path.dirname(os.path.abspath(path))).st_mode
+    except OSError:
+        return True
+    return bool(mode & stat.S_IWOTH)
+
+
 def proxy_problem(environ: Mapping[str, str], now: float) -> str:
     """Why the proxy the client would use is unusable, in the client's own words (``Proxy
     expired``, ``Cannot find any proxy``) so that it classifies as ``credential``; "" when it
@@ -334,7 +362,7 @@ def proxy_problem(environ: Mapping[str, str], now: float) -> str:
     try:
         # the default /tmp/x509up_u<uid> is a name any user can create first: only a regular
         # file of this user that nobody else may read or write is taken (as arcproxy demands)
-        data = read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
+        data = read_credential(path)
     except InputFileError as exc:
         if exc.errno == errno.ENOENT:
             return (

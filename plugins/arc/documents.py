@@ -233,6 +233,10 @@ class DelegationRecord(msgspec.Struct, frozen=True):
     ends: float
     #: last time a director used it, clock seconds
     used: float
+    #: when the proxy it was last signed with starts (0: recorded before this was kept)
+    starts: float = 0.0
+    #: the attributes of the credential it was made for (:attr:`.rest.signing.Proxy.attributes`)
+    attributes: str = ""
 
     def dump(self) -> str:
         return msgspec.json.encode(self, order="sorted").decode()

@@ -9,10 +9,16 @@ identity and keeps it:
 - its record (id, the CE, the identity, the proxy it was signed with, its end, its last use)
   is kept in the state store (``context.state``) under ``arc/delegation/``, so several
   directors on one Redis share one delegation per CE;
-- it is **renewed** when the proxy at hand ends later than the delegation (every renewal of the
-  proxy gives one: the managed proxy is renewed ``min_lifetime`` before its end, and the next
-  poll or submission renews the delegation, so pilots already running get the new proxy:
-  A-REX rewrites their proxy files on the PUT);
+- it is kept per CE and **credential**: the DN and what the proxy carries beyond it (VOMS
+  attributes, a restriction: :attr:`.signing.Proxy.credential`), so a proxy of another role
+  never stands in for one of this role;
+- it is **renewed** when the proxy at hand is another one, newer than the one it holds
+  (:meth:`.signing.Proxy.newer`: made later, or at the same time and ending later; a proxy
+  replaced by one with a new key that ends sooner reaches the CE at once, and a director still
+  holding the older proxy never signs it back in). Every renewal of the proxy is one (the
+  managed proxy is renewed ``min_lifetime`` before its end), and the next poll or submission
+  renews the delegation, so pilots already running get the new proxy: A-REX rewrites their
+  proxy files on the PUT;
 - before pilots are sent with it, once per iteration, the CE is asked whether it still has it
   (``action=get``): renewal does not tell (A-REX renews an unknown id as if it knew it, trap 9),
   and a job naming a delegation the CE does not have is still accepted and runs without a
@@ -84,6 +90,20 @@ def kind_of(identity: str) -> str:
 def target_of(service: str, identifier: str) -> str:
     """The journal's target of delegation ``identifier`` on ``service``."""
     return f"{service.rstrip('/')}/delegations/{identifier}"
+
+
+def _replaces(proxy: Proxy, record: Record) -> bool:
+    """Whether ``proxy`` is to be signed into ``record``'s delegation: another proxy of its
+    credential, newer than the one it holds (:meth:`.signing.Proxy.newer`): a replaced proxy
+    reaches the CE even when it ends sooner, and an older one never replaces it."""
+    return proxy.newer(record.fingerprint, record.starts, record.ends)
+
+
+def _signed(record: Record, proxy: Proxy) -> Record:
+    """``record`` once its delegation holds ``proxy``."""
+    return replace(
+        record, fingerprint=proxy.fingerprint, ends=proxy.not_after, starts=proxy.not_before
+    )
 
 
 def _load(text: str | None) -> Record | None:
@@ -303,10 +323,10 @@ class Delegations:
 
     def ensure(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> str:
         """The id of the delegation pilots sent to ``client``'s CE must name: made when there is
-        none, checked once per iteration, renewed when ``proxy`` ends later than it.
+        none, checked once per iteration, renewed when ``proxy`` replaces the one it holds.
 
         :raises ArexError: when the CE refuses or fails (the caller's failure to classify)."""
-        key = identity_key(client.service, proxy.identity)
+        key = identity_key(client.service, proxy.credential)
         with self._key_lock(key):
             record = self._get(key)
             now = self.clock.time()
@@ -317,7 +337,7 @@ class Delegations:
                     "{}: the CE lost delegation {}; making it again", client.service, record.id
                 )
                 record = self._again(client, record, proxy, deadline)
-            elif proxy.not_after > record.ends + 1:
+            elif _replaces(proxy, record):
                 self._renew(client, record.id, proxy, deadline)
                 logger.info(
                     "{}: delegation {} renewed with the proxy ending {}",
@@ -325,7 +345,7 @@ class Delegations:
                     record.id,
                     time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(proxy.not_after)),
                 )
-                record = replace(record, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+                record = _signed(record, proxy)
             if key not in self._checked or record.used < now - 60:
                 self._put(key, replace(record, used=now))
             with self._lock:
@@ -333,34 +353,42 @@ class Delegations:
             return record.id
 
     def refresh(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> None:
-        """Renew ``client``'s CE's delegation if ``proxy`` ends later than it (a poll's part:
+        """Renew ``client``'s CE's delegation if ``proxy`` replaces the one it holds (a poll's part:
         pilots running there get the renewed proxy even while nothing is submitted). Makes
         none; a failure is logged, the poll goes on."""
-        key = identity_key(client.service, proxy.identity)
+        key = identity_key(client.service, proxy.credential)
         record = self._get(key)
-        if record is None or proxy.not_after <= record.ends + 1:
+        if record is None or not _replaces(proxy, record):
             return
         with self._key_lock(key):
             record = self._get(key)
-            if record is None or proxy.not_after <= record.ends + 1:
+            if record is None or not _replaces(proxy, record):
                 return
             try:
                 self._renew(client, record.id, proxy, deadline)
             except ArexError as exc:
                 logger.warning("{}: delegation {} not renewed: {}", client.service, record.id, exc)
                 return
-            self._put(
-                key,
-                replace(
-                    record,
-                    fingerprint=proxy.fingerprint,
-                    ends=proxy.not_after,
-                    used=self.clock.time(),
-                ),
-            )
+            self._put(key, replace(_signed(record, proxy), used=self.clock.time()))
             logger.info(
                 "{}: delegation {} renewed after the proxy's renewal", client.service, record.id
             )
+
+    def touch(self, service: str, identity: str) -> None:
+        """Note a poll of pilots on ``service`` as a use of the delegations of ``identity``
+        there (every credential of the DN: a pilot names the one it was sent with), so that
+        no director's :meth:`sweep` deletes one while pilots tracked here run on it (issue 40
+        item 9: use was counted by submissions only). Written at most once a minute."""
+        now = self.clock.time()
+        service = service.rstrip("/")
+        for key, record in self.records():
+            if record.service != service or record.identity != identity:
+                continue
+            if record.used < now - 60:
+                with self._key_lock(key):
+                    current = self._get(key)
+                    if current is not None and current.used < now - 60:
+                        self._put(key, replace(current, used=now))
 
     def _first(self, key: str, client: ArexClient, proxy: Proxy, deadline: Deadline) -> Record:
         """A new delegation for ``key``; with a shared store only one director makes it, the
@@ -389,6 +417,8 @@ class Delegations:
                 fingerprint=proxy.fingerprint,
                 ends=proxy.not_after,
                 used=self.clock.time(),
+                starts=proxy.not_before,
+                attributes=proxy.attributes,
             )
             self._put(key, record)
             return record
@@ -408,7 +438,7 @@ class Delegations:
         try:
             self._renew(client, record.id, proxy, deadline)
             if client.delegation_exists(record.id, deadline):
-                return replace(record, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+                return _signed(record, proxy)
         except DelegationError:
             raise
         except ArexError as exc:
@@ -423,7 +453,7 @@ class Delegations:
             self._forget(record)  # the CE lost it: its delete answers 404, the record goes
         except (ArexError, StateError) as exc:
             logger.info("{}: lost delegation {} not forgotten: {}", client.service, record.id, exc)
-        return replace(record, id=identifier, fingerprint=proxy.fingerprint, ends=proxy.not_after)
+        return replace(_signed(record, proxy), id=identifier)
 
     def sweep(
         self,
@@ -431,10 +461,14 @@ class Delegations:
         identity: str,
         client_for: Callable[[str], ArexClient | None],
         deadline: Deadline,
+        attributes: str | None = None,
     ) -> list[str]:
         """Delete the delegations of ``identity`` on CEs none of ``in_use`` (services) names,
-        unused for :data:`UNUSED_GRACE` s; returns the ids deleted. ``client_for(service)``
-        gives a client for a CE (None: it cannot be asked now)."""
+        and, given the ``attributes`` of the credential in force, those on such CEs made for
+        another credential of the DN (a VOMS role or restriction no longer in use here),
+        unused for :data:`UNUSED_GRACE` s (a submission or a poll of pilots there by any
+        director sharing the store is a use: :meth:`touch`); returns the ids deleted.
+        ``client_for(service)`` gives a client for a CE (None: it cannot be asked now)."""
         services = set(in_use)
         now = self.clock.time()
         self._undo_abandoned(self._register(identity, client_for, deadline))
@@ -442,7 +476,10 @@ class Delegations:
         for key, record in self.records():
             if (
                 record.identity != identity
-                or record.service in services
+                or (
+                    record.service in services
+                    and (attributes is None or record.attributes == attributes)
+                )
                 or now - record.used < UNUSED_GRACE
                 or deadline.passed()
             ):

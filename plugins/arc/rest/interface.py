@@ -27,6 +27,7 @@ every answer, and the hook call's deadline every exchange.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import threading
@@ -35,12 +36,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from loguru import logger
 
 from gridgate.core.backend import Deadline
 from gridgate.core.documents import DocumentError
-from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir, read_regular
+from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir
 from gridgate.core.http import HttpClient
 from gridgate.core.kinds import missing_input
 from gridgate.core.model import (
@@ -56,7 +58,13 @@ from gridgate.core.model import (
 from gridgate.core.patterns import clip
 from gridgate.core.plugins import PluginContext
 from gridgate.plugins.arc.ces import CE, CeLocks, CleanList, environment
-from gridgate.plugins.arc.classify import PROXY_BYTES, by_exchange, classify_rest, proxy_problem
+from gridgate.plugins.arc.classify import (
+    by_exchange,
+    classify_rest,
+    proxy_problem,
+    read_credential,
+    shared_folder,
+)
 from gridgate.plugins.arc.describe import Descriptions
 from gridgate.plugins.arc.documents import rest_marker, token_end
 from gridgate.plugins.arc.parse import STDERR, with_stderr
@@ -135,7 +143,7 @@ def find_token(managed: Mapping[str, str], environ: Mapping[str, str]) -> tuple[
     refused: list[str] = []
     for _kind, path in candidates:
         try:
-            data = read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
+            data = read_credential(path)
         except InputFileError as exc:
             if exc.errno != errno.ENOENT:
                 refused.append(str(exc))  # a token others can read or replace is not sent
@@ -184,7 +192,7 @@ class RestInterface:
         self._lock = threading.Lock()
         self._http: dict[tuple[str, str | None], HttpClient] = {}
         self._clients: dict[tuple[str, str, str | None], ArexClient] = {}
-        self._proxies: dict[str, tuple[tuple[int, int, int], Proxy]] = {}
+        self._proxies: dict[str, tuple[tuple[int, int, int], Proxy, str]] = {}
 
     def classify(self, command: CommandResult | None, message: str) -> Failure:
         return by_exchange(command, message, classify_rest)
@@ -225,7 +233,7 @@ class RestInterface:
         if problem:
             return Credential("x509", ca_path, cert_file=path, problem=problem)
         try:
-            proxy = self._read_proxy(path)
+            proxy, cert = self._read_proxy(path)
         except OSError as exc:
             return Credential(
                 "x509", ca_path, cert_file=path, problem=f"Cannot find any proxy: {path}: {exc}"
@@ -234,23 +242,33 @@ class RestInterface:
             return Credential(
                 "x509", ca_path, cert_file=path, problem=f"Cannot find any proxy: {path} {exc}"
             )
-        return Credential("x509", ca_path, cert_file=path, proxy=proxy)
+        return Credential("x509", ca_path, cert_file=cert, proxy=proxy)
 
-    def _read_proxy(self, path: str) -> Proxy:
+    def _read_proxy(self, path: str) -> tuple[Proxy, str]:
         """The proxy in ``path``, parsed again only when the file changed (loading its RSA key
-        costs some 50 ms of CPU: once per renewal, not once per submission)."""
-        info = os.stat(path)
+        costs some 50 ms of CPU: once per renewal, not once per submission), and the file the
+        TLS client is to load it from: ``path`` itself, or, for a path in a folder others may
+        write (``/tmp/x509up_u<uid>``), a private copy of the bytes checked here, so that a
+        link put there between the check and the TLS client's own open is never loaded."""
+        shared = shared_folder(path)
+        info = os.lstat(path) if shared else os.stat(path)
         stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
         with self._lock:
             cached = self._proxies.get(path)
         if cached is not None and cached[0] == stamp:
-            return cached[1]
-        proxy = read_proxy(
-            read_regular(path, max_bytes=PROXY_BYTES, owners={os.geteuid()}, private=True)
-        )
+            return cached[1], cached[2]
+        data = read_credential(path)
+        proxy = read_proxy(data)
+        cert = path
+        if shared:
+            name = hashlib.sha256(path.encode()).hexdigest()[:16]
+            copy = Path(self.context.state_dir) / "arc" / "credentials" / f"proxy-{name}.pem"
+            ensure_private_dir(copy.parent)
+            atomic_write(copy, data, durable=False)
+            cert = str(copy)
         with self._lock:
-            self._proxies[path] = (stamp, proxy)
-        return proxy
+            self._proxies[path] = (stamp, proxy, cert)
+        return proxy, cert
 
     def client(self, service: str, credential: Credential) -> ArexClient:
         """The REST client of ``service`` with ``credential`` (kept: its connections stay open
@@ -635,6 +653,7 @@ class RestInterface:
         client = self.client(service, credential)
         if credential.proxy is not None:
             self.delegations.refresh(client, credential.proxy, deadline)
+            self.delegations.touch(client.service, credential.proxy.identity)
         by_ce = {ce_id(i): i for i in ids}
         try:
             answer, exchanges = client.manage("status", list(by_ce), deadline)
@@ -807,6 +826,7 @@ class RestInterface:
             credential.proxy.identity,
             lambda service: self.client(service, credential),
             deadline,
+            credential.proxy.attributes,
         )
 
 

@@ -73,6 +73,30 @@ class Proxy:
     identity: str
     fingerprint: str
     not_after: float
+    #: when the proxy starts (its first certificate's ``notBefore``): of two proxies of one
+    #: credential, the one made later is the one in force
+    not_before: float = 0.0
+    #: SHA-256 of what the proxy carries beyond its DN (VOMS attribute certificates, a policy
+    #: other than inherit-all: a limited or restricted proxy); "" for a plain proxy
+    attributes: str = ""
+
+    @property
+    def credential(self) -> str:
+        """What a delegation is made for: the DN, and its attributes when there are any (two
+        proxies of one DN with other VOMS roles or restrictions get a delegation each: one
+        never stands in for the other)."""
+        return f"{self.identity}\n{self.attributes}" if self.attributes else self.identity
+
+    def newer(self, fingerprint: str, not_before: float, not_after: float) -> bool:
+        """Whether this proxy replaces a delegation signed with the proxy of ``fingerprint``
+        (starting ``not_before``, ending ``not_after``): another proxy, made later, or made at
+        the same time and ending later. A replaced proxy whose new key ends sooner is in force
+        at once (the old one may have leaked); an older proxy never replaces a newer one."""
+        if fingerprint == self.fingerprint:
+            return False
+        if abs(self.not_before - not_before) <= 1:
+            return self.not_after > not_after + 1
+        return self.not_before > not_before
 
     @property
     def certificate(self) -> x509.Certificate:
@@ -117,7 +141,30 @@ def read_proxy(data: bytes) -> Proxy:
         identity=end_entity.subject.rfc4514_string(),
         fingerprint=certificates[0].fingerprint(hashes.SHA256()).hex(),
         not_after=min(c.not_valid_after_utc for c in certificates).timestamp(),
+        not_before=certificates[0].not_valid_before_utc.timestamp(),
+        attributes=_attributes(certificates),
     )
+
+
+#: The VOMS attribute certificates' extension (their FQANs: VO, group, role).
+VOMS_AC = ObjectIdentifier("1.3.6.1.4.1.8005.100.100.5")
+#: ``id-ppl-inheritAll`` (1.3.6.1.5.5.7.21.1), DER: a proxy with every right of its issuer.
+INHERIT_ALL_OID = bytes.fromhex("06082b06010505071501")
+
+
+def _attributes(certificates: tuple[x509.Certificate, ...]) -> str:
+    """SHA-256 of what the proxies of ``certificates`` carry beyond their DN: every VOMS
+    extension, every ProxyCertInfo whose policy is not inherit-all; "" when none does."""
+    found = []
+    for certificate in certificates:
+        for extension in certificate.extensions:
+            value = extension.value
+            raw = value.value if isinstance(value, x509.UnrecognizedExtension) else b""
+            if extension.oid == VOMS_AC or (
+                extension.oid == PROXY_CERT_INFO and INHERIT_ALL_OID not in raw
+            ):
+                found.append(extension.oid.dotted_string.encode() + b"=" + raw)
+    return hashlib.sha256(b"\n".join(found)).hexdigest() if found else ""
 
 
 def _is_proxy(certificate: x509.Certificate) -> bool:

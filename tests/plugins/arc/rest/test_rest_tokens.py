@@ -122,3 +122,64 @@ def test_a_token_with_the_cli_interface_is_a_config_error_naming_the_file_line_a
     assert problem.path[-1] == "auth" and "needs interface: rest" in problem.message
     with pytest.raises(ConfigError):
         section_for(ArcBackend, {"interface": "cli", "auth": "token"})
+
+
+def _shared_folder(tmp_path):
+    """A folder like /tmp: anyone may create names in it (mode 1777)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+def test_a_token_found_through_a_link_in_a_shared_folder_is_never_sent(
+    arc, rest_site, tmp_path
+) -> None:
+    # another local user links bt_u<uid> in /tmp to a private file of the director's user:
+    # that file passes every check on the link's target, yet it is not the user's token
+    site = rest_site(arc)
+    secret = site.folder / "private"
+    _put_token(secret, arc.token())
+    link = _shared_folder(tmp_path) / "bt_u1000"
+    link.symlink_to(secret)
+    backend = _token_backend(site, link)
+    result = backend.gridgate_submit(
+        endpoint=_endpoint(backend), request=SubmitRequest("arc"), timeout=60
+    )
+    assert not result.ok and result.command is None, "nothing was sent"
+    assert "symbolic link" in result.message, result.message
+    failure = backend.gridgate_classify_failure(endpoint=_endpoint(backend), result=result)
+    assert (failure.kind, failure.local) == ("credential", True), failure
+
+
+def test_a_proxy_found_through_a_link_in_a_shared_folder_is_never_used(
+    arc, rest_site, tmp_path
+) -> None:
+    site = rest_site(arc)
+    link = _shared_folder(tmp_path) / "x509up_u1000"
+    link.symlink_to(site.proxy)
+    backend = site.backend(env={"X509_USER_PROXY": str(link)})
+    result = backend.gridgate_submit(
+        endpoint=_endpoint(backend), request=SubmitRequest("arc"), timeout=60
+    )
+    assert not result.ok and result.command is None, "nothing was sent"
+    assert "symbolic link" in result.message, result.message
+    failure = backend.gridgate_classify_failure(endpoint=_endpoint(backend), result=result)
+    assert failure.kind == "credential", failure
+    # the same proxy named where no one else can put a link is used
+    direct = site.backend(env={"X509_USER_PROXY": str(site.proxy)})
+    assert direct.gridgate_submit(
+        endpoint=_endpoint(direct), request=SubmitRequest("arc"), timeout=60
+    ).ok
+    # a regular proxy file in the shared folder is used too, the TLS client loading a private
+    # copy of the bytes checked (a link put there after the check is never loaded)
+    link.unlink()
+    link.write_bytes(site.proxy.read_bytes())
+    link.chmod(0o600)
+    shared = site.backend(env={"X509_USER_PROXY": str(link)})
+    credential = shared._rest.credential()
+    assert credential.cert_file != str(link) and not credential.problem, credential
+    assert credential.cert_file.startswith(str(site.folder / "state"))
+    assert shared.gridgate_submit(
+        endpoint=_endpoint(shared), request=SubmitRequest("arc"), timeout=60
+    ).ok
