@@ -1,6 +1,7 @@
 """The Slurm controller's documents the token daemon reads, each decoded here once: ``sdiag``'s
-report (its stamps, gauges and the two RPC tables) and slurmctld's log lines of the requests it
-received (``DebugFlags=Protocol``).
+report (its stamps, gauges and the two RPC tables), slurmctld's log lines of the requests it
+received (``DebugFlags=Protocol``), ``scontrol``'s partitions and config, and the scheduler
+plugin's own record files read back.
 
 sdiag's tables are fixed-width rows read by sdiag's own formats (``src/sdiag/sdiag.c``), never
 split on blanks: a user name of 16 characters or more fills its ``%-16s`` column and leaves no
@@ -11,13 +12,29 @@ from __future__ import annotations
 
 import pwd
 import re
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Annotated, Any
 
-from gridgate.core.documents import DocumentError, ascii_int, printf_fields
+import msgspec
+
+from gridgate.core.documents import DocumentError, ascii_int, convert, decode_json, printf_fields
 from gridgate.core.model import RpcCount, SchedulerRequest, SchedulerRPCs
 from gridgate.core.patterns import clip
 
-__all__ = ["PER_TYPE_ROW", "PER_USER_ROW", "parse_protocol_lines", "parse_sdiag"]
+__all__ = [
+    "PER_TYPE_ROW",
+    "PER_USER_ROW",
+    "OldDenial",
+    "SlurmConfig",
+    "TraceCursor",
+    "old_denials",
+    "parse_protocol_lines",
+    "parse_sdiag",
+    "partition_groups",
+    "slurm_config",
+    "trace_cursor",
+]
 
 #: sdiag's row of the table by message type: the type's name, its number, count, times (us)
 PER_TYPE_ROW = "\t%-40s(%5u) count:%-6u ave_time:%-6u total_time:%u"
@@ -126,4 +143,87 @@ def parse_protocol_lines(text: str) -> list[SchedulerRequest]:
         else:
             host = source.rsplit(":", 1)[0] if source.count(":") == 1 else source
         out.append(SchedulerRequest(at, names[uid], opcode, host))
+    return out
+
+
+# --- scontrol's answers ----------------------------------------------------------------------
+
+
+def partition_groups(text: str) -> dict[str, str]:
+    """``scontrol -o show partition``'s output (one partition a line, ``Key=Value`` fields):
+    partition -> its ``AllowGroups`` exactly as shown (``ALL`` when the line has none)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "PartitionName" in fields:
+            groups = fields["AllowGroups"] if "AllowGroups" in fields else "ALL"
+            found[fields["PartitionName"]] = groups
+    return found
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """What the plugin reads of ``scontrol show config``: slurmctld's log file ("" when it
+    logs to syslog) and its DebugFlags, lower case."""
+
+    log_file: str
+    debug_flags: tuple[str, ...]
+
+
+def slurm_config(text: str) -> SlurmConfig:
+    """``scontrol show config``'s ``Key = Value`` lines, read for the log file and flags."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            found[key.strip()] = value.strip()
+    log = found.get("SlurmctldLogFile") or ""
+    flags = (found.get("DebugFlags") or "").split(",")
+    return SlurmConfig(
+        "" if log == "(null)" else log, tuple(f.strip().lower() for f in flags if f.strip())
+    )
+
+
+# --- the plugin's own record files, read back ---------------------------------------------------
+
+
+class TraceCursor(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The request trace in force: slurmctld's log, its inode and how far it was read
+    (``had_protocol``: only in the files of versions before the journal)."""
+
+    log: Annotated[str, msgspec.Meta(min_length=1)]
+    inode: Annotated[int, msgspec.Meta(ge=0)]
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    had_protocol: bool | None = None
+
+
+def trace_cursor(text: str | bytes) -> TraceCursor:
+    """The trace record file. :raises DocumentError: not one."""
+    return decode_json(text, TraceCursor, kind="request trace record")
+
+
+class OldDenial(msgspec.Struct, frozen=True):
+    """One partition a denial changed, as versions before the journal kept it."""
+
+    before: str
+    set: str
+    removed: list[str] = []
+
+
+def old_denials(text: str | bytes) -> dict[str, dict[str, OldDenial]]:
+    """The denials file of versions before the journal (user -> partition -> what was
+    changed); entries not of that shape are dropped. :raises DocumentError: not JSON."""
+    kind = "denials record"
+    data: dict[str, Any] = decode_json(text, dict[str, Any], kind=kind)
+    out: dict[str, dict[str, OldDenial]] = {}
+    for user, partitions in data.items():
+        if not isinstance(partitions, dict):
+            continue
+        kept: dict[str, OldDenial] = {}
+        for partition, record in partitions.items():
+            try:
+                kept[str(partition)] = convert(record, OldDenial, kind=kind)
+            except DocumentError:
+                continue
+        out[user] = kept
     return out

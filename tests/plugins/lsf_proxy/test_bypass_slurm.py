@@ -416,3 +416,53 @@ def test_an_operators_block_is_left_to_the_operator(
         assert rogue not in status(daemon)["bypass"]["acting"]
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 75
         assert f"{rogue} unblocked" not in daemon.log()
+
+
+def test_a_denial_made_by_one_daemon_is_put_back_by_another_on_the_shared_store(
+    slurm, start_daemon, sockdir, tmp_path
+) -> None:
+    """``heartbeat_via: state``: the daemons of a service share the site's Redis, and the
+    Slurm plugin keeps its journal there, not in each daemon's folder: when the auditor that
+    denied a bypasser dies, the daemon that takes over puts the partitions back at ``for``."""
+    from support.redis_server import RedisServer
+
+    (sockdir / "b").mkdir(mode=0o755)
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "b" / "pb.sock")},  # a folder of its own
+    ]
+    try:
+        with RedisServer(tmp_path / "redis") as server, real_user("ggsh") as rogue:
+            section = {
+                "hosts": hosts,
+                "socket": "",
+                "heartbeat_interval": 1,
+                "heartbeat_via": "state",
+                "bypass": {
+                    "scheduler": "slurm",
+                    "scheduler_options": {
+                        "commands": {"sdiag": real("sdiag"), "scontrol": real("scontrol")},
+                        "env": dict(slurm.env),
+                    },
+                    "audit": {"interval": 1, "tolerance": 3},
+                    "action": "deny_partition",
+                    "for": 15,
+                },
+            }
+            extra = {"state": {"driver": "redis", "url": server.url, "prefix": "gg-deny:"}}
+            pa = start_daemon(section, name="pa", config_name="site.yaml", extra=extra)
+            pb = start_daemon(section, name="pb", config_name="site.yaml", extra=extra)
+            assert until(lambda: status(pa)["bypass"]["windows"] >= 2, timeout=60), pa.log()
+            squeue_loop(rogue, slurm, 40)
+            assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
+            shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
+            assert " AllowGroups=ALL " not in f" {shown} ", "denied"
+            pa.stop(signal.SIGKILL)  # the auditor dies while the denial is in force
+            assert until(lambda: not status(pb)["bypass"]["acting"], timeout=60), pb.log()
+            for partition in slurm.partitions:
+                shown = slurm.scontrol("-o", "show", "partition", partition).stdout
+                assert " AllowGroups=ALL " in f" {shown} ", (partition, shown, pb.log())
+            assert "was not denied here" not in pb.log()
+    finally:
+        for partition in slurm.partitions:
+            slurm.scontrol("update", f"PartitionName={partition}", "AllowGroups=ALL")
