@@ -37,7 +37,7 @@ from typing import Any
 from loguru import logger
 
 from gridgate.core.files import InputFileError, read_regular
-from gridgate.core.journal import Entry, Journal, Restorer
+from gridgate.core.journal import UNCHANGED, Entry, Journal, Restorer, Step
 from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
 from gridgate.core.patterns import clip
 from gridgate.core.state import StateError, open_state
@@ -259,6 +259,12 @@ def _made() -> None:
     """A step moved from an older record: made already."""
 
 
+def _older_block(step: Step, holder: Any, intent: Mapping[str, Any]) -> Any:
+    """The undo of a block recorded before blocks had holders (``False -> True``): lifted
+    whoever holds it now, as then; a block of this version held by another is left."""
+    return None if step.new is True else UNCHANGED
+
+
 class _Refused(Exception):
     """The scheduler did not deny (its :class:`SchedulerChange` says why)."""
 
@@ -372,7 +378,8 @@ class BypassWatch:
         )
         journal = Journal(store, prefix="journal:", owner=daemon.name)
         journal.register(
-            f"bypass.block:{daemon.name}", Restorer(write=self._set_block, read=self._blocked)
+            f"bypass.block:{daemon.name}",
+            Restorer(write=self._set_block, read=self._blocked, merge=_older_block),
         )
         journal.register(Acting.DENY, Restorer(write=self._set_denied))
         acting = Acting(journal, daemon.name)
@@ -412,13 +419,18 @@ class BypassWatch:
 
     # --- the actions' targets, as the journal sets them and reads them back
 
-    def _blocked(self, user: str) -> bool:
-        return BlockRule.make(users=[user]) in self.daemon.policy.blocklist.rules
+    def _blocked(self, user: str) -> str | None:
+        """Who holds ``user``'s block: the id of the change that made it, "" for an operator
+        (who also takes over a block by blocking the user again), None when not blocked."""
+        return self.daemon.policy.blocklist.holder(BlockRule.make(users=[user]))
 
-    def _set_block(self, user: str, on: Any) -> None:
+    def _set_block(self, user: str, by: Any) -> None:
+        """Block ``user`` for the change ``by`` (True: a record of a version before blocks
+        had holders), or lift the block (``by`` None or False)."""
         rule = BlockRule.make(users=[user])
+        on = by is not None and by is not False
         if on:
-            _added, decisions = self.daemon.policy.block(rule)
+            _added, decisions = self.daemon.policy.block(rule, by="" if by is True else str(by))
             for decision in decisions:
                 self.daemon.tokens.deliver(decision)
         else:
@@ -441,13 +453,14 @@ class BypassWatch:
     def block(self, user: str, until: float, peer: str | None = None) -> bool:
         """Put ``user`` on this daemon's blocklist until ``until`` (wall time), journaled
         first; False when it is blocked already (an operator's block: theirs to lift)."""
-        if self._blocked(user):
+        if self._blocked(user) is not None:
             return False
         intent: dict[str, Any] = {"user": user, "until": until}
         if peer:
             intent["from"] = peer
         change = self.acting.journal.begin(self.acting.block_kind, intent)
-        change.step(user, False, True, apply=lambda: self._set_block(user, True))
+        # the block is held by this change: its undo lifts it only while it still holds it
+        change.step(user, None, change.id, apply=lambda: self._set_block(user, change.id))
         change.commit(until=until)
         return True
 

@@ -29,6 +29,7 @@ __all__ = [
     "heartbeat",
     "peer_grants",
     "peer_reply",
+    "persisted_blocklist",
     "persisted_rules",
     "service_state",
     "stored_heartbeat",
@@ -205,6 +206,7 @@ def peer_reply(reply: Mapping[str, Any]) -> PeerReply:
 class _Rule(msgspec.Struct):
     kind: Literal["all", "users", "hosts", "pairs"]
     items: list[str] = []
+    by: str = ""
 
 
 class _Blocklist(msgspec.Struct):
@@ -216,8 +218,17 @@ def persisted_rules(text: str | bytes) -> list[BlockRule]:
 
     :raises DocumentError: not such a file.
     """
+    return list(persisted_blocklist(text))
+
+
+def persisted_blocklist(text: str | bytes) -> dict[BlockRule, str]:
+    """The rules of a persisted blocklist, in order, each with who holds it (``by``: the id
+    of the change that made it; "" for an operator's, or a file of an older version).
+
+    :raises DocumentError: not such a file.
+    """
     kept: _Blocklist = decode_json(text, _Blocklist, kind="persisted blocklist")
-    return [BlockRule(r.kind, tuple(dict.fromkeys(r.items))) for r in kept.rules]
+    return {BlockRule(r.kind, tuple(dict.fromkeys(r.items))): r.by for r in kept.rules}
 
 
 # --- admin requests ------------------------------------------------------------------------------

@@ -466,3 +466,29 @@ def test_a_denial_made_by_one_daemon_is_put_back_by_another_on_the_shared_store(
     finally:
         for partition in slurm.partitions:
             slurm.scontrol("update", f"PartitionName={partition}", "AllowGroups=ALL")
+
+
+def blocked_users(daemon) -> list[str]:
+    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
+        [reply] = client.admin("blocklist")
+    return reply.reply["blocklist"]["users"]
+
+
+def test_the_audits_undo_leaves_an_operators_block_in_its_place(
+    slurm, start_daemon, sockdir, cli
+) -> None:
+    """Issue 40 item 10: an operator blocks a user the audit blocked (on the auditor, and on
+    a peer that adopted the audit's block) during ``for``: at ``for``'s end the audit lifts
+    only the block it made, which is no longer in force: the operator's stays on both."""
+    pa, pb = two_daemons(start_daemon, sockdir, slurm, action="block", **{"for": 8})
+    with real_user("ggop") as rogue:
+        squeue_loop(rogue, slurm, 40)
+        assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
+        assert until(lambda: rogue in status(pb)["bypass"]["acting"], timeout=30), pb.log()
+        for daemon in (pa, pb):  # the operator's own block, over the audit's
+            done = cli("block", "-u", rogue, "--socket", daemon.socket)
+            assert done.returncode == 0, done.stderr
+        assert until(lambda: not status(pa)["bypass"]["acting"], timeout=40), pa.log()
+        assert until(lambda: not status(pb)["bypass"]["acting"], timeout=40), pb.log()
+        assert rogue in blocked_users(pa) and rogue in blocked_users(pb)
+        assert f"{rogue} unblocked" not in pa.log() + pb.log()
