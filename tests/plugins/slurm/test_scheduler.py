@@ -349,3 +349,35 @@ def test_gridgate_scheduler_requests_reads_the_protocol_lines_and_nothing_else()
     assert (first.user, first.opcode, first.host) == ("root", "REQUEST_JOB_INFO", "127.0.0.1")
     assert first.at == datetime(2026, 12, 3, 13, 37, 5, 743000).timestamp()
     assert (second.user, second.host) == ("4294967", "::1"), "no name: the uid"
+
+
+def test_which_partition_limits_slurm_enforces_without_accounting(slurm) -> None:
+    """Issue 40 item 2, measured on the private Slurm 22.05 cluster (no slurmdbd:
+    ``AccountingStorageType=accounting_storage/none``, ``EnforcePartLimits=ALL``): which forms
+    of a denial refuse a user's ``sbatch``. ``DenyAccounts`` (naming the user's login, the
+    account it would have) and ``DenyQos=normal`` are accepted by scontrol and not enforced;
+    ``AllowAccounts`` refuses every job (none has an account); ``AllowGroups`` is enforced.
+    docs/proxyd-limits.md says what that leaves a denial."""
+    sbatch = [shutil.which("sbatch"), "-p", "debug", "-o", "/dev/null", "--wrap", "true"]
+
+    def submits(user: str, *update: str) -> bool:
+        slurm.scontrol("update", "PartitionName=debug", *update)
+        done = subprocess.run(
+            [*as_user(user), *sbatch],
+            capture_output=True,
+            text=True,
+            env=slurm.client_env(),
+            cwd="/",
+        )
+        return done.returncode == 0
+
+    try:
+        with real_user("ggme") as user:
+            assert submits(user, "AllowGroups=ALL")
+            assert submits(user, f"DenyAccounts={user}"), "not enforced without accounting"
+            assert submits(user, "DenyAccounts=", "DenyQos=normal"), "no QOS without accounting"
+            assert not submits(user, "DenyQos=", "AllowAccounts=root"), "refuses every job"
+            assert not submits(user, "AllowAccounts=ALL", "AllowGroups=root")
+    finally:
+        for reset in ("DenyAccounts=", "DenyQos=", "AllowAccounts=ALL", "AllowGroups=ALL"):
+            slurm.scontrol("update", "PartitionName=debug", reset)
