@@ -109,29 +109,55 @@ def _sdiag(text: str) -> SchedulerRPCs:
     )
 
 
-#: One request as slurmctld logs it with ``DebugFlags=Protocol``.
-_REQUEST = re.compile(
-    r"^\[([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?)\] slurmctld_req: "
-    r"received opcode (\S+) from (\S+) uid ([0-9]{1,10})\s*$"
+#: A record of slurmctld's log: its time stamp (``LogTimeFormat=iso8601_ms``), then its text.
+_RECORD = re.compile(
+    r"^\[([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?)\] (.*)$"
 )
+#: One request as slurmctld logs it with ``DebugFlags=Protocol``.
+_REQUEST = re.compile(r"^slurmctld_req: received opcode (\S+) from (\S+) uid ([0-9]{1,10})\s*$")
+
+
+def _records(text: str) -> list[tuple[float, str] | None]:
+    """Each line of the log as (time, text) where it starts as slurmctld starts a record;
+    None for any other line (the rest of a message that held a newline)."""
+    out: list[tuple[float, str] | None] = []
+    for line in text.splitlines():
+        found = _RECORD.match(line)
+        try:
+            out.append((datetime.fromisoformat(found[1]).timestamp(), found[2]) if found else None)
+        except ValueError:
+            out.append(None)
+    return out
 
 
 def parse_protocol_lines(text: str) -> list[SchedulerRequest]:
     """The requests among slurmctld's log lines (``[2026-12-03T13:37:05.743] slurmctld_req:
     received opcode REQUEST_JOB_INFO from 127.0.0.1:35678 uid 65534``): the time (the log's
     local time), the user (the uid's name, or the uid when it has none), the opcode and the
-    host address without its port. Other lines are the log's other messages: skipped."""
+    host address without its port. Other lines are the log's other messages: skipped.
+
+    A message of slurmctld may carry a user's text with newlines in it (``sbatch -p NAME``
+    logs NAME as given), and so lines shaped like records. slurmctld writes its records one
+    after another, each stamped when written: a request line is taken only where it is in
+    that order, its time neither before the record above it nor after the record below it,
+    and not right after a line that is not a record (the rest of a message that held a
+    newline). A forged line must then also guess slurmctld's clock to the millisecond; what
+    the trace can prove is in docs/proxyd-limits.md."""
     out: list[SchedulerRequest] = []
     names: dict[int, str] = {}
-    for line in text.splitlines():
-        found = _REQUEST.match(line)
+    records = _records(text)
+    last = float("-inf")  # the time of the last record found in place
+    for index, record in enumerate(records):
+        if record is None:
+            continue
+        at, message = record
+        if not _in_place(records, index, at, last):
+            continue
+        last = at
+        found = _REQUEST.match(message)
         if not found:
             continue
-        stamp, opcode, source, uid_text = found.groups()
-        try:
-            at = datetime.fromisoformat(stamp).timestamp()
-        except ValueError:
-            continue
+        opcode, source, uid_text = found.groups()
         uid = int(uid_text)
         if uid not in names:
             try:
@@ -144,6 +170,25 @@ def parse_protocol_lines(text: str) -> list[SchedulerRequest]:
             host = source.rsplit(":", 1)[0] if source.count(":") == 1 else source
         out.append(SchedulerRequest(at, names[uid], opcode, host))
     return out
+
+
+#: how many lines below a record are looked at for the next one in order
+_LOOKAHEAD = 64
+
+
+def _in_place(records: list[tuple[float, str] | None], index: int, at: float, last: float) -> bool:
+    """Whether the record at ``index`` (stamped ``at``) is where slurmctld would have written
+    it: right after a record (or at the start), no earlier than ``last`` (the last record in
+    place), and no later than the next record that is itself not before ``last`` (a line out
+    of order below it cannot push it out)."""
+    if index > 0 and records[index - 1] is None:
+        return False
+    if at < last:
+        return False
+    for below in records[index + 1 : index + 1 + _LOOKAHEAD]:
+        if below is not None and below[0] >= last:
+            return at <= below[0]
+    return True
 
 
 # --- scontrol's answers ----------------------------------------------------------------------

@@ -381,3 +381,64 @@ def test_which_partition_limits_slurm_enforces_without_accounting(slurm) -> None
     finally:
         for reset in ("DenyAccounts=", "DenyQos=", "AllowAccounts=ALL", "AllowGroups=ALL"):
             slurm.scontrol("update", "PartitionName=debug", reset)
+
+
+def test_request_lines_forged_through_a_partition_name_are_not_taken(slurm, tmp_path) -> None:
+    """Issue 40 item 7: slurmctld logs ``sbatch -p NAME``'s NAME as given, newlines and all;
+    a NAME holding a line shaped like a request (root's, from another host) is not taken
+    for one: it is not where slurmctld writes its records (its time is out of order)."""
+    plugin = scheduler(slurm, tmp_path)
+    forged = (
+        "x\n[2026-01-01T00:00:00.000] slurmctld_req: received opcode REQUEST_JOB_INFO "
+        "from 10.9.9.9:5 uid 0\n\n[2026-01-01T00:00:00.001] slurmctld_req: received opcode "
+        "REQUEST_JOB_INFO from 10.9.9.9:6 uid 0"
+    )
+    try:
+        with real_user("ggfg") as user:
+            assert plugin.gridgate_scheduler_trace(scheduler="slurm", on=True, timeout=30).ok
+            sbatch = shutil.which("sbatch", path="/usr/bin:/bin")
+            done = subprocess.run(
+                [*as_user(user), sbatch, "-p", forged, "-o", "/dev/null", "--wrap", "true"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=slurm.client_env(),
+                cwd="/",
+            )
+            assert done.returncode != 0 and "invalid partition" in done.stderr.lower()
+            got = plugin.gridgate_scheduler_requests(scheduler="slurm", timeout=30)
+            assert got.ok, got.message
+            assert [r.opcode for r in got.requests if r.user == user] == [
+                "REQUEST_SUBMIT_BATCH_JOB"
+            ], got.requests
+            assert not [r for r in got.requests if r.host == "10.9.9.9"], got.requests
+    finally:
+        plugin.gridgate_scheduler_trace(scheduler="slurm", on=False, timeout=30)
+        slurm.scontrol("setdebugflags", "-protocol")
+
+
+def test_a_request_line_is_taken_only_in_its_order_and_place() -> None:
+    # the log as slurmctld 22.05 wrote it for `sbatch -p NAME` with a forged line in NAME
+    text = (
+        "[2026-12-04T23:07:35.867] slurmctld_req: received opcode REQUEST_SUBMIT_BATCH_JOB "
+        "from 127.0.0.1:56056 uid 25404\n"
+        "[2026-12-04T23:07:35.867] _get_job_parts: invalid partition specified: x\n"
+        "[2026-12-04T23:00:00.000] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "1.2.3.4:5 uid 0\n"
+        "[2026-12-04T23:07:35.867] _slurm_rpc_submit_batch_job: Invalid partition name\n"
+        "a message's second line\n"
+        "[2026-12-04T23:07:35.868] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "1.2.3.4:5 uid 0\n"
+        "[2026-12-04T23:07:35.871] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "127.0.0.1:56070 uid 25404\n"
+        "[2026-12-04T23:07:35.999] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "1.2.3.4:5 uid 0\n"
+        "[2026-12-04T23:07:35.872] slurmctld_req: received opcode REQUEST_PARTITION_INFO from "
+        "127.0.0.1:56086 uid 25404\n"
+    )
+    taken = [(r.opcode, r.host) for r in parse_protocol_lines(text)]
+    assert taken == [
+        ("REQUEST_SUBMIT_BATCH_JOB", "127.0.0.1"),
+        ("REQUEST_JOB_INFO", "127.0.0.1"),
+        ("REQUEST_PARTITION_INFO", "127.0.0.1"),
+    ]
