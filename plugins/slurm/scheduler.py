@@ -296,12 +296,23 @@ class SlurmScheduler(Plugin):
         partitions = self._partitions(timeout)
         if isinstance(partitions, str):
             return SchedulerChange(self.name, ok=False, message=partitions)
-        everyone = sorted({g.gr_name for g in grp.getgrall()})
+        # a partition open to ALL is left as it is: narrowing it would write out every group
+        # (getgrall(): remote groups missing on a site without enumeration, later ones refused)
+        unlisted = [p for p, allowed in partitions.items() if allowed.upper() == "ALL"]
+        listed = {p: a for p, a in partitions.items() if p not in unlisted}
+        if not listed:
+            return SchedulerChange(
+                self.name,
+                ok=False,
+                message=f"{user}: {', '.join(unlisted)} allow ALL groups: a denial takes groups "
+                "out of an AllowGroups list, and writing every group out is not one "
+                "(docs/proxyd-limits.md, 'What Slurm enforces')",
+            )
         change = journal.begin(self.deny_kind, {"user": user, "groups": groups})
         changed: list[str] = []
         try:
-            for partition, allowed in partitions.items():
-                before = everyone if allowed.upper() == "ALL" else allowed.split(",")
+            for partition, allowed in listed.items():
+                before = allowed.split(",")
                 after = [g for g in before if g not in groups]
                 if after == before:
                     continue
@@ -322,6 +333,8 @@ class SlurmScheduler(Plugin):
         else:
             change.commit()
         note = f" (also refused: {', '.join(shared)})" if shared else ""
+        if unlisted:
+            note += f" ({', '.join(unlisted)}: ALL groups, left as they are)"
         return SchedulerChange(
             self.name,
             ok=True,

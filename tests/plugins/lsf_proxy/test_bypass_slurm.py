@@ -126,6 +126,8 @@ def test_deny_partition_makes_slurmctld_refuse_the_bypassers_jobs_until_for_pass
     sbatch = [real("sbatch"), "-p", "batch", "-o", "/dev/null", "--wrap", "true"]
     try:
         with real_user("ggdp") as rogue:
+            # a list: a partition open to ALL is left as it is (docs/proxyd-limits.md)
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={rogue},root")
             squeue_loop(rogue, slurm, 40)
             assert until(lambda: rogue in status(daemon)["bypass"]["acting"], timeout=30), (
                 daemon.log()
@@ -149,6 +151,7 @@ def test_a_denial_refused_by_one_partition_leaves_none_narrowed(
     # bypasser's own group: debug is narrowed, batch refused, and debug must be put back
     try:
         with real_user("ggpf") as rogue:
+            slurm.scontrol("update", "PartitionName=debug", f"AllowGroups={rogue},root")
             slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={rogue}")
             daemon = start(start_daemon, sockdir, slurm, action="deny_partition", **{"for": 30})
             squeue_loop(rogue, slurm, 40)
@@ -158,7 +161,7 @@ def test_a_denial_refused_by_one_partition_leaves_none_narrowed(
             assert "batch: " in daemon.log() and "groups are all it allows" in daemon.log()
             assert "debug put back" in daemon.log()
             shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
-            assert " AllowGroups=ALL " in f" {shown} ", "debug put back, exactly ALL"
+            assert f" AllowGroups={rogue},root " in f" {shown} ", "debug put back, exactly"
             assert not status(daemon)["bypass"]["acting"]
             sbatch = [real("sbatch"), "-p", "debug", "-o", "/dev/null", "--wrap", "true"]
             assert run_as(rogue, sbatch, slurm.client_env()).returncode == 0
@@ -450,18 +453,20 @@ def test_a_denial_made_by_one_daemon_is_put_back_by_another_on_the_shared_store(
                 },
             }
             extra = {"state": {"driver": "redis", "url": server.url, "prefix": "gg-deny:"}}
+            for partition in slurm.partitions:  # lists: an ALL partition is left as it is
+                slurm.scontrol("update", f"PartitionName={partition}", f"AllowGroups={rogue},root")
             pa = start_daemon(section, name="pa", config_name="site.yaml", extra=extra)
             pb = start_daemon(section, name="pb", config_name="site.yaml", extra=extra)
             assert until(lambda: status(pa)["bypass"]["windows"] >= 2, timeout=60), pa.log()
             squeue_loop(rogue, slurm, 40)
             assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
             shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
-            assert " AllowGroups=ALL " not in f" {shown} ", "denied"
+            assert " AllowGroups=root " in f" {shown} ", "denied"
             pa.stop(signal.SIGKILL)  # the auditor dies while the denial is in force
             assert until(lambda: not status(pb)["bypass"]["acting"], timeout=60), pb.log()
             for partition in slurm.partitions:
                 shown = slurm.scontrol("-o", "show", "partition", partition).stdout
-                assert " AllowGroups=ALL " in f" {shown} ", (partition, shown, pb.log())
+                assert f" AllowGroups={rogue},root " in f" {shown} ", (partition, shown, pb.log())
             assert "was not denied here" not in pb.log()
     finally:
         for partition in slurm.partitions:

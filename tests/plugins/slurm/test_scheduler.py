@@ -160,6 +160,9 @@ def test_gridgate_scheduler_deny_refuses_a_users_jobs_and_puts_back_exactly(
     plugin = scheduler(slurm, tmp_path)
     try:
         with real_user("ggdn") as user, real_user("ggok") as other:
+            listed = f"{user},{other}"
+            for partition in slurm.partitions:  # a list: ALL is never written out
+                slurm.scontrol("update", f"PartitionName={partition}", f"AllowGroups={listed}")
             assert sbatch_as(slurm, user).returncode == 0
             denied = plugin.gridgate_scheduler_deny(
                 scheduler="slurm", user=user, deny=True, timeout=30
@@ -176,7 +179,7 @@ def test_gridgate_scheduler_deny_refuses_a_users_jobs_and_puts_back_exactly(
                 scheduler="slurm", user=user, deny=False, timeout=30
             )
             assert admitted.ok, admitted
-            assert allow_groups(slurm, "batch") == "ALL", "exactly what was there"
+            assert allow_groups(slurm, "batch") == listed, "exactly what was there"
             assert sbatch_as(slurm, user).returncode == 0
             assert (
                 "was not denied"
@@ -214,6 +217,7 @@ def test_a_denial_refused_by_a_later_partition_puts_back_the_earlier_ones(slurm,
     plugin = scheduler(slurm, tmp_path, partitions=["batch", "debug"])
     try:
         with real_user("gghf") as user:
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={user},root")
             slurm.scontrol("update", "PartitionName=debug", f"AllowGroups={user}")
             told = plugin.gridgate_scheduler_deny(
                 scheduler="slurm", user=user, deny=True, timeout=30
@@ -221,10 +225,45 @@ def test_a_denial_refused_by_a_later_partition_puts_back_the_earlier_ones(slurm,
             assert not told.ok and "debug: " in told.message, told
             assert "groups are all it allows" in told.message
             assert "batch put back" in told.message and told.changed == ()
-            assert allow_groups(slurm, "batch") == "ALL", "exactly ALL, not a list"
+            assert allow_groups(slurm, "batch") == f"{user},root", "exactly the list it had"
             assert allow_groups(slurm, "debug") == user
             assert sbatch_as(slurm, user).returncode == 0
             assert plugin.journal(30).changes() == [], "nothing left to undo"
+    finally:
+        open_partitions(slurm)
+
+
+def test_a_partition_open_to_all_groups_is_left_as_it_is(slurm, tmp_path) -> None:
+    """Issue 40 item 2: narrowing ALL meant writing every group out (getgrall(): on an
+    LDAP/SSSD site without enumeration the remote groups, and groups created meanwhile, were
+    refused; two overlapping denials left the list for good). A partition open to ALL is left
+    as it is, and a denial with nothing else to narrow is refused saying why."""
+    plugin = scheduler(slurm, tmp_path)
+    try:
+        with real_user("ggal") as user:
+            told = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )
+            assert not told.ok and "allow ALL groups" in told.message, told
+            assert [allow_groups(slurm, p) for p in slurm.partitions] == ["ALL"] * len(
+                slurm.partitions
+            )
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={user},root")
+            denied = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )
+            assert denied.ok and denied.changed == ("batch",), denied
+            assert "debug: ALL groups, left as they are" in denied.message
+            assert allow_groups(slurm, "batch") == "root" and allow_groups(slurm, "debug") == "ALL"
+            again = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )  # an overlapping second denial
+            assert again.ok and allow_groups(slurm, "debug") == "ALL"
+            assert plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=False, timeout=30
+            ).ok
+            assert allow_groups(slurm, "batch") == f"{user},root", "exactly what was there"
+            assert allow_groups(slurm, "debug") == "ALL"
     finally:
         open_partitions(slurm)
 
@@ -258,6 +297,7 @@ def test_groups_shared_with_others_are_not_taken_unless_allowed(slurm, tmp_path)
                     not told.ok and mate in told.message and "allow_shared_groups" in (told.message)
                 )
                 assert allow_groups(slurm, "batch") == "ALL", "nothing changed"
+                slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={user},root")
                 loose = scheduler(slurm, tmp_path, allow_shared_groups=True)
                 taken = loose.gridgate_scheduler_deny(
                     scheduler="slurm", user=user, deny=True, timeout=30
