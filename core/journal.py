@@ -34,20 +34,20 @@ Usage, the owner's side::
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import threading
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.documents import decode_json
 from gridgate.core.state import StateStore
-from gridgate.core.text import parse_json
 
 __all__ = [
     "UNCHANGED",
@@ -63,7 +63,6 @@ __all__ = [
 #: The record states: being made (steps may follow), made (in force until undone), and an
 #: undo that failed half-way (what is left of it is undone again by ``undo_pending``).
 MAKING, MADE, FAILED = "making", "made", "failed"
-_STATES = (MAKING, MADE, FAILED)
 #: Seconds a change being made may go without a write before another journal takes it for
 #: abandoned (its owner died between two steps) and undoes it.
 DEFAULT_LEASE = 600.0
@@ -146,60 +145,52 @@ class Entry:
         }
 
 
-def _number(data: Mapping[str, Any], key: str, *, optional: bool = False) -> float | None:
-    value = data.get(key)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{key} is {value!r}, not a number")
-    return float(value)
+#: A finite number (JSON has no NaN; 1e999 would be an infinity).
+_Finite = Annotated[float, msgspec.Meta(ge=-1e300, le=1e300)]
 
 
-def _text(data: Mapping[str, Any], key: str, *, empty: bool = True) -> str:
-    value = data.get(key, "" if empty else None)
-    if not isinstance(value, str) or (not empty and not value):
-        raise ValueError(f"{key} is {value!r}, not a {'' if empty else 'non-empty '}string")
-    return value
+class _StepRecord(msgspec.Struct):
+    target: Annotated[str, msgspec.Meta(min_length=1)]
+    prior: Any
+    new: Any
+    done: bool
 
 
-def _step(data: Any) -> Step:
-    if not isinstance(data, dict) or not isinstance(data.get("done"), bool):
-        raise ValueError(f"a step is {str(data)[:80]!r}, not a step")
-    if "prior" not in data or "new" not in data:
-        raise ValueError("a step without its prior or new value")
-    return Step(_text(data, "target", empty=False), data["prior"], data["new"], data["done"])
+class _Record(msgspec.Struct):
+    """A change record as the store holds it (:meth:`Entry.as_json`)."""
+
+    v: Literal[1]
+    kind: Annotated[str, msgspec.Meta(min_length=1)]
+    intent: dict[str, Any]
+    opened: _Finite
+    touched: _Finite
+    lease: Annotated[float, msgspec.Meta(gt=0, le=1e300)]
+    state: Literal["making", "made", "failed"]
+    steps: list[_StepRecord]
+    owner: str = ""
+    until: _Finite | None = None
+    problem: str = ""
 
 
 def decode_entry(id: str, text: str) -> Entry:
     """The change recorded as ``text`` under ``id``.
 
-    :raises ValueError: not JSON, or not a change record (the message says what is wrong).
+    :raises DocumentError: not JSON, or not a change record (the message says what is wrong;
+        a :class:`ValueError`).
     """
-    data = parse_json(text)
-    if not isinstance(data, dict) or data.get("v") != 1:
-        raise ValueError("not a version-1 change record")
-    intent, steps, state = data.get("intent"), data.get("steps"), data.get("state")
-    if not isinstance(intent, dict):
-        raise ValueError(f"intent is {intent!r}, not an object")
-    if not isinstance(steps, list):
-        raise ValueError(f"steps is {steps!r}, not a list")
-    if state not in _STATES:
-        raise ValueError(f"state is {state!r}, not one of {', '.join(_STATES)}")
-    lease = _number(data, "lease")
-    if lease is None or lease <= 0:
-        raise ValueError(f"lease is {lease!r}, not above 0")
+    record: _Record = decode_json(text, _Record, kind="journal record")
     return Entry(
         id=id,
-        kind=_text(data, "kind", empty=False),
-        owner=_text(data, "owner"),
-        intent=intent,
-        opened=_number(data, "opened") or 0.0,
-        touched=_number(data, "touched") or 0.0,
-        lease=lease,
-        state=state,
-        until=_number(data, "until", optional=True),
-        steps=tuple(_step(s) for s in steps),
-        problem=_text(data, "problem"),
+        kind=record.kind,
+        owner=record.owner,
+        intent=record.intent,
+        opened=record.opened,
+        touched=record.touched,
+        lease=record.lease,
+        state=record.state,
+        until=record.until,
+        steps=tuple(Step(s.target, s.prior, s.new, s.done) for s in record.steps),
+        problem=record.problem,
     )
 
 

@@ -7,7 +7,6 @@ At the plugin's top level, beside config.py, so that the ``proxyd:`` section's c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -18,6 +17,7 @@ import pluggy
 from gridgate.core import hookspecs
 from gridgate.core.config import apply_defaults, resolve_paths
 from gridgate.core.plugins import SCHEDULERS_GROUP, PluginContext, PluginLoadError, load_class
+from gridgate.core.state import StateStore
 
 __all__ = ["ask", "config_problems", "load_scheduler", "option_problems", "scheduler_class"]
 
@@ -28,11 +28,19 @@ T = TypeVar("T")
 
 
 def load_scheduler(
-    name: str, options: Mapping[str, Any], state_dir: Path, config_folder: Path | None = None
+    name: str,
+    options: Mapping[str, Any],
+    state_dir: Path,
+    config_folder: Path | None = None,
+    state: StateStore | None = None,
 ) -> pluggy.PluginManager:
     """A plugin manager holding the ``gridgate.schedulers`` plugin ``name``, built with its
     filled options, their paths taken from ``config_folder`` (the config file's folder; the
     working directory when None) as the loader does for every section.
+
+    ``state`` is the store the daemons of a service share (``heartbeat_via: state``): the
+    plugin keeps its journal there, so that every daemon sees (and undoes) what another
+    changed; None: the plugin keeps its own in ``state_dir``.
 
     :raises ValueError: no such plugin, or its options are wrong (the message says which).
     """
@@ -42,13 +50,25 @@ def load_scheduler(
         where, message = problems[0]
         path = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in where)
         raise ValueError(f"proxyd.bypass.scheduler_options{path}: {message}")
-    filled = json.loads(json.dumps(dict(options)))
+    filled = _plain(options)
     apply_defaults(filled, cls.config_schema)
     resolve_paths(filled, cls.config_schema, config_folder or Path.cwd())
     manager = pluggy.PluginManager(PROJECT)
     manager.add_hookspecs(hookspecs)
-    manager.register(cls(filled, PluginContext(state_dir=state_dir)), name=f"scheduler.{name}")
+    manager.register(
+        cls(filled, PluginContext(state=state, state_dir=state_dir)), name=f"scheduler.{name}"
+    )
     return manager
+
+
+def _plain(value: Any) -> Any:
+    """A copy of ``value`` (the options, read-only mappings inside) that the defaults and
+    paths may be filled into: dicts and lists all the way down."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def scheduler_class(name: str) -> Any:

@@ -4,8 +4,9 @@ functions nothing looks at the text again:
 - the backend's commands: ``sbatch --parsable``, ``squeue -h -r -o '%i %T %r'`` and
   ``scancel --verbose`` (job ids that the next command would take, core's pilot states);
 - what the token daemon reads of the controller: ``sdiag``'s report (its stamps, gauges and
-  the two RPC tables) and slurmctld's log lines of the requests it received
-  (``DebugFlags=Protocol``).
+  the two RPC tables), slurmctld's log lines of the requests it received
+  (``DebugFlags=Protocol``), ``scontrol``'s partitions and config, and the scheduler plugin's
+  own record files read back.
 
 sdiag's tables are fixed-width rows read by sdiag's own formats (``src/sdiag/sdiag.c``), never
 split on blanks: a user name of 16 characters or more fills its ``%-16s`` column and leaves no
@@ -16,9 +17,13 @@ from __future__ import annotations
 
 import pwd
 import re
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Annotated, Any
 
-from gridgate.core.documents import DocumentError, ascii_int, printf_fields
+import msgspec
+
+from gridgate.core.documents import DocumentError, ascii_int, convert, decode_json, printf_fields
 from gridgate.core.model import JobStatus, RpcCount, SchedulerRequest, SchedulerRPCs
 from gridgate.core.patterns import clip
 
@@ -27,12 +32,19 @@ __all__ = [
     "PER_TYPE_ROW",
     "PER_USER_ROW",
     "STATE_MAP",
+    "OldDenial",
+    "SlurmConfig",
+    "TraceCursor",
+    "old_denials",
     "parse_parsable",
     "parse_protocol_lines",
     "parse_sdiag",
     "parse_squeue",
+    "partition_groups",
     "pilot_state",
     "refused_ids",
+    "slurm_config",
+    "trace_cursor",
 ]
 
 #: sdiag's row of the table by message type: the type's name, its number, count, times (us)
@@ -108,29 +120,55 @@ def _sdiag(text: str) -> SchedulerRPCs:
     )
 
 
-#: One request as slurmctld logs it with ``DebugFlags=Protocol``.
-_REQUEST = re.compile(
-    r"^\[([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?)\] slurmctld_req: "
-    r"received opcode (\S+) from (\S+) uid ([0-9]{1,10})\s*$"
+#: A record of slurmctld's log: its time stamp (``LogTimeFormat=iso8601_ms``), then its text.
+_RECORD = re.compile(
+    r"^\[([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?)\] (.*)$"
 )
+#: One request as slurmctld logs it with ``DebugFlags=Protocol``.
+_REQUEST = re.compile(r"^slurmctld_req: received opcode (\S+) from (\S+) uid ([0-9]{1,10})\s*$")
+
+
+def _records(text: str) -> list[tuple[float, str] | None]:
+    """Each line of the log as (time, text) where it starts as slurmctld starts a record;
+    None for any other line (the rest of a message that held a newline)."""
+    out: list[tuple[float, str] | None] = []
+    for line in text.splitlines():
+        found = _RECORD.match(line)
+        try:
+            out.append((datetime.fromisoformat(found[1]).timestamp(), found[2]) if found else None)
+        except ValueError:
+            out.append(None)
+    return out
 
 
 def parse_protocol_lines(text: str) -> list[SchedulerRequest]:
     """The requests among slurmctld's log lines (``[2026-12-03T13:37:05.743] slurmctld_req:
     received opcode REQUEST_JOB_INFO from 127.0.0.1:35678 uid 65534``): the time (the log's
     local time), the user (the uid's name, or the uid when it has none), the opcode and the
-    host address without its port. Other lines are the log's other messages: skipped."""
+    host address without its port. Other lines are the log's other messages: skipped.
+
+    A message of slurmctld may carry a user's text with newlines in it (``sbatch -p NAME``
+    logs NAME as given), and so lines shaped like records. slurmctld writes its records one
+    after another, each stamped when written: a request line is taken only where it is in
+    that order, its time neither before the record above it nor after the record below it,
+    and not right after a line that is not a record (the rest of a message that held a
+    newline). A forged line must then also guess slurmctld's clock to the millisecond; what
+    the trace can prove is in docs/proxyd-limits.md."""
     out: list[SchedulerRequest] = []
     names: dict[int, str] = {}
-    for line in text.splitlines():
-        found = _REQUEST.match(line)
+    records = _records(text)
+    last = float("-inf")  # the time of the last record found in place
+    for index, record in enumerate(records):
+        if record is None:
+            continue
+        at, message = record
+        if not _in_place(records, index, at, last):
+            continue
+        last = at
+        found = _REQUEST.match(message)
         if not found:
             continue
-        stamp, opcode, source, uid_text = found.groups()
-        try:
-            at = datetime.fromisoformat(stamp).timestamp()
-        except ValueError:
-            continue
+        opcode, source, uid_text = found.groups()
         uid = int(uid_text)
         if uid not in names:
             try:
@@ -217,3 +255,105 @@ def parse_squeue(stdout: str) -> dict[str, JobStatus]:
             reason="" if reason == "None" else reason,
         )
     return statuses
+
+
+#: how many lines below a record are looked at for the next one in order
+_LOOKAHEAD = 64
+
+
+def _in_place(records: list[tuple[float, str] | None], index: int, at: float, last: float) -> bool:
+    """Whether the record at ``index`` (stamped ``at``) is where slurmctld would have written
+    it: right after a record (or at the start), no earlier than ``last`` (the last record in
+    place), and no later than the next record that is itself not before ``last`` (a line out
+    of order below it cannot push it out)."""
+    if index > 0 and records[index - 1] is None:
+        return False
+    if at < last:
+        return False
+    for below in records[index + 1 : index + 1 + _LOOKAHEAD]:
+        if below is not None and below[0] >= last:
+            return at <= below[0]
+    return True
+
+
+# --- scontrol's answers ----------------------------------------------------------------------
+
+
+def partition_groups(text: str) -> dict[str, str]:
+    """``scontrol -o show partition``'s output (one partition a line, ``Key=Value`` fields):
+    partition -> its ``AllowGroups`` exactly as shown (``ALL`` when the line has none)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "PartitionName" in fields:
+            groups = fields["AllowGroups"] if "AllowGroups" in fields else "ALL"
+            found[fields["PartitionName"]] = groups
+    return found
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """What the plugin reads of ``scontrol show config``: slurmctld's log file ("" when it
+    logs to syslog) and its DebugFlags, lower case."""
+
+    log_file: str
+    debug_flags: tuple[str, ...]
+
+
+def slurm_config(text: str) -> SlurmConfig:
+    """``scontrol show config``'s ``Key = Value`` lines, read for the log file and flags."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            found[key.strip()] = value.strip()
+    log = found.get("SlurmctldLogFile") or ""
+    flags = (found.get("DebugFlags") or "").split(",")
+    return SlurmConfig(
+        "" if log == "(null)" else log, tuple(f.strip().lower() for f in flags if f.strip())
+    )
+
+
+# --- the plugin's own record files, read back ---------------------------------------------------
+
+
+class TraceCursor(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The request trace in force: slurmctld's log, its inode and how far it was read
+    (``had_protocol``: only in the files of versions before the journal)."""
+
+    log: Annotated[str, msgspec.Meta(min_length=1)]
+    inode: Annotated[int, msgspec.Meta(ge=0)]
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    had_protocol: bool | None = None
+
+
+def trace_cursor(text: str | bytes) -> TraceCursor:
+    """The trace record file. :raises DocumentError: not one."""
+    return decode_json(text, TraceCursor, kind="request trace record")
+
+
+class OldDenial(msgspec.Struct, frozen=True):
+    """One partition a denial changed, as versions before the journal kept it."""
+
+    before: str
+    set: str
+    removed: list[str] = []
+
+
+def old_denials(text: str | bytes) -> dict[str, dict[str, OldDenial]]:
+    """The denials file of versions before the journal (user -> partition -> what was
+    changed); entries not of that shape are dropped. :raises DocumentError: not JSON."""
+    kind = "denials record"
+    data: dict[str, Any] = decode_json(text, dict[str, Any], kind=kind)
+    out: dict[str, dict[str, OldDenial]] = {}
+    for user, partitions in data.items():
+        if not isinstance(partitions, dict):
+            continue
+        kept: dict[str, OldDenial] = {}
+        for partition, record in partitions.items():
+            try:
+                kept[str(partition)] = convert(record, OldDenial, kind=kind)
+            except DocumentError:
+                continue
+        out[user] = kept
+    return out

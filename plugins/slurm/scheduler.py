@@ -14,7 +14,6 @@ import contextlib
 import errno
 import functools
 import grp
-import json
 import os
 import pwd
 from collections.abc import Mapping, Sequence
@@ -22,10 +21,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+import msgspec
 from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.backend import commands_schema, env_schema
+from gridgate.core.documents import DocumentError
 from gridgate.core.files import InputFileError, atomic_write, file_problem, read_regular
 from gridgate.core.journal import Journal, Restorer, Step
 from gridgate.core.model import (
@@ -38,9 +39,18 @@ from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.runner import run
 from gridgate.core.settings import Settings
 from gridgate.core.state import StateError, StateStore, open_state
-from gridgate.core.text import parse_json
 from gridgate.plugins.slurm.classify import clip
-from gridgate.plugins.slurm.documents import parse_protocol_lines, parse_sdiag
+from gridgate.plugins.slurm.documents import (
+    OldDenial,
+    SlurmConfig,
+    TraceCursor,
+    old_denials,
+    parse_protocol_lines,
+    parse_sdiag,
+    partition_groups,
+    slurm_config,
+    trace_cursor,
+)
 
 __all__ = ["SlurmScheduler", "parse_protocol_lines", "parse_sdiag"]
 
@@ -125,6 +135,7 @@ class SlurmScheduler(Plugin):
         self._commands = {"sdiag": commands.sdiag, "scontrol": commands.scontrol}
         self._env = {**os.environ, **self.settings.env}
         self._journal: Journal | None = None
+        self._trace_journal: Journal | None = None
 
     @property
     def trace_file(self) -> Path:
@@ -148,22 +159,37 @@ class SlurmScheduler(Plugin):
         return f"{self.name}.debug_flags"
 
     def journal(self, timeout: float) -> Journal:
-        """The journal of what this plugin changed: in the context's state store (the token
-        daemon's), else in ``journal.db`` in the state folder; the restorers' commands are
-        killed at ``timeout``. Made at the first use, when the record files of versions before
-        it are moved into it, and every use first undoes what is due (a failed undo, a change
-        whose daemon was killed half-way)."""
-        fresh = self._journal is None
+        """The journal of the denials this plugin made: in the context's state store (the one
+        the token daemons of a service share, so that the daemon that undoes a denial need not
+        be the one that made it), else in ``journal.db`` in the state folder; the restorers'
+        commands are killed at ``timeout``. Made at the first use, when the record files of
+        versions before it are moved into it, and every use first undoes what is due (a failed
+        undo, a change whose daemon was killed half-way)."""
         if self._journal is None:
+            self._journal = self._open_journal(self.context.state, timeout)
+            self._migrate_denials(self._journal)
+        return self._pending_undone(self._journal, timeout)
+
+    def trace_journal(self, timeout: float) -> Journal:
+        """The journal of the request trace this daemon switched on: always in ``journal.db``
+        in the state folder, never shared: a daemon that starts ends the trace a killed
+        predecessor left on, which on a shared journal would end a live peer's window."""
+        if self._trace_journal is None:
+            self._trace_journal = self._open_journal(None, timeout)
+            self._migrate_trace(self._trace_journal)
+        return self._pending_undone(self._trace_journal, timeout)
+
+    def _open_journal(self, store: StateStore | None, timeout: float) -> Journal:
+        if store is None:
             path = Path(self.context.state_dir) / "journal.db"
-            store: StateStore = self.context.state or open_state(
-                {"state": {"driver": "sqlite", "path": str(path)}}
-            )
-            self._journal = Journal(store)
-        self._register(self._journal, timeout)
-        if fresh:
-            self._migrate(self._journal)
-        for undone in self._journal.undo_pending():
+            store = open_state({"state": {"driver": "sqlite", "path": str(path)}})
+        journal = Journal(store)
+        self._register(journal, timeout)
+        return journal
+
+    def _pending_undone(self, journal: Journal, timeout: float) -> Journal:
+        self._register(journal, timeout)
+        for undone in journal.undo_pending():
             if undone.ok:
                 logger.warning(
                     "slurm scheduler: {} {} undone (its undo had failed, or its daemon was "
@@ -171,7 +197,7 @@ class SlurmScheduler(Plugin):
                     undone.entry.kind,
                     undone.entry.id,
                 )
-        return self._journal
+        return journal
 
     def _register(self, journal: Journal, timeout: float) -> None:
         journal.register(
@@ -213,12 +239,8 @@ class SlurmScheduler(Plugin):
         shown = self._run("scontrol", ["-o", "show", "partition"], timeout)
         if not shown.ok:
             return f"scontrol show partition {shown.describe()}: {clip(shown.stderr.strip())}"
-        found: dict[str, str] = {}
-        for line in shown.stdout.splitlines():
-            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            if "PartitionName" in fields:
-                found[fields["PartitionName"]] = fields.get("AllowGroups", "ALL")
-        chosen = self.config.get("partitions") or list(found)
+        found = partition_groups(shown.stdout)
+        chosen = self.settings.partitions or list(found)
         missing = [p for p in chosen if p not in found]
         if missing:
             return f"no such partition: {', '.join(missing)}"
@@ -236,11 +258,7 @@ class SlurmScheduler(Plugin):
             raise OSError(
                 f"scontrol show partition {partition} {shown.describe()}: {clip(shown.stderr.strip())}"
             )
-        for line in shown.stdout.splitlines():
-            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            if fields.get("PartitionName") == partition:
-                return fields.get("AllowGroups", "ALL")
-        return None
+        return partition_groups(shown.stdout).get(partition)
 
     def _apply(self, partition: str, groups: str, timeout: float) -> None:
         """Set the AllowGroups of ``partition``. :raises OSError: scontrol refused."""
@@ -266,7 +284,7 @@ class SlurmScheduler(Plugin):
     def _deny(self, user: str, timeout: float) -> SchedulerChange:
         groups = _groups_of(user)
         shared = _sharing(user, groups)
-        if shared and not self.config.get("allow_shared_groups"):
+        if shared and not self.settings.allow_shared_groups:
             return SchedulerChange(
                 self.name,
                 ok=False,
@@ -278,12 +296,23 @@ class SlurmScheduler(Plugin):
         partitions = self._partitions(timeout)
         if isinstance(partitions, str):
             return SchedulerChange(self.name, ok=False, message=partitions)
-        everyone = sorted({g.gr_name for g in grp.getgrall()})
+        # a partition open to ALL is left as it is: narrowing it would write out every group
+        # (getgrall(): remote groups missing on a site without enumeration, later ones refused)
+        unlisted = [p for p, allowed in partitions.items() if allowed.upper() == "ALL"]
+        listed = {p: a for p, a in partitions.items() if p not in unlisted}
+        if not listed:
+            return SchedulerChange(
+                self.name,
+                ok=False,
+                message=f"{user}: {', '.join(unlisted)} allow ALL groups: a denial takes groups "
+                "out of an AllowGroups list, and writing every group out is not one "
+                "(docs/proxyd-limits.md, 'What Slurm enforces')",
+            )
         change = journal.begin(self.deny_kind, {"user": user, "groups": groups})
         changed: list[str] = []
         try:
-            for partition, allowed in partitions.items():
-                before = everyone if allowed.upper() == "ALL" else allowed.split(",")
+            for partition, allowed in listed.items():
+                before = allowed.split(",")
                 after = [g for g in before if g not in groups]
                 if after == before:
                     continue
@@ -304,6 +333,8 @@ class SlurmScheduler(Plugin):
         else:
             change.commit()
         note = f" (also refused: {', '.join(shared)})" if shared else ""
+        if unlisted:
+            note += f" ({', '.join(unlisted)}: ALL groups, left as they are)"
         return SchedulerChange(
             self.name,
             ok=True,
@@ -350,58 +381,61 @@ class SlurmScheduler(Plugin):
             changed=tuple(changed),
         )
 
-    def _migrate(self, journal: Journal) -> None:
-        """Move the record files of versions before the journal into it, once: a denial (and
-        a trace) in force during the upgrade is put back as it would have been."""
-        for user, partitions in _record(self.denied_file).items():
-            if not isinstance(partitions, dict):
-                continue
-            removed = {
-                g
-                for r in partitions.values()
-                if isinstance(r, dict)
-                for g in r.get("removed") or []
-            }
+    def _migrate_denials(self, journal: Journal) -> None:
+        """Move the denials file of versions before the journal into it, once: a denial in
+        force during the upgrade is put back as it would have been."""
+        for user, partitions in self._old_denials().items():
+            removed = {g for r in partitions.values() for g in r.removed}
             change = journal.begin(self.deny_kind, {"user": user, "groups": sorted(removed)})
             for partition, record in partitions.items():
-                if isinstance(record, dict) and "before" in record and "set" in record:
-                    change.step(partition, str(record["before"]), str(record["set"]), apply=_made)
+                change.step(partition, record.before, record.set, apply=_made)
             change.commit()
             logger.info(
                 "slurm scheduler: {}'s denial moved from {} into the journal",
                 user,
                 self.denied_file,
             )
-        trace = _record(self.trace_file)
-        if "had_protocol" in trace:
-            change = journal.begin(self.trace_kind, {"log": trace.get("log")})
-            if not trace["had_protocol"]:
+        if self.denied_file.is_file():  # a FIFO or a folder there is not this plugin's
+            self.denied_file.unlink()
+
+    def _migrate_trace(self, journal: Journal) -> None:
+        """Move the trace in force that versions before the journal recorded into it."""
+        trace = self._trace_record()
+        if trace is not None and trace.had_protocol is not None:
+            change = journal.begin(self.trace_kind, {"log": trace.log})
+            if not trace.had_protocol:
                 change.step("DebugFlags", False, True, apply=_made)
             change.commit()
-            trace.pop("had_protocol")
-            atomic_write(self.trace_file, json.dumps(trace, sort_keys=True).encode("utf-8"))
+            moved = msgspec.structs.replace(trace, had_protocol=None)
+            atomic_write(self.trace_file, msgspec.json.encode(moved))
             logger.info(
                 "slurm scheduler: the trace in force moved from {} into the journal",
                 self.trace_file,
             )
-        if self.denied_file.is_file():  # a FIFO or a folder there is not this plugin's
-            self.denied_file.unlink()
+
+    def _old_denials(self) -> dict[str, dict[str, OldDenial]]:
+        text = _record(self.denied_file)
+        try:
+            return old_denials(text) if text is not None else {}
+        except DocumentError as exc:
+            logger.error("slurm scheduler: {} is not a record: {}", self.denied_file, exc)
+            return {}
 
     # --- the request trace (diagnose -c bypass) ---------------------------------------------
 
-    def _config(self, timeout: float) -> dict[str, str] | str:
+    def _config(self, timeout: float) -> SlurmConfig | str:
         shown = self._run("scontrol", ["show", "config"], timeout)
         if not shown.ok:
             return f"scontrol show config {shown.describe()}: {clip(shown.stderr.strip())}"
-        found: dict[str, str] = {}
-        for line in shown.stdout.splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                found[key.strip()] = value.strip()
-        return found
+        return slurm_config(shown.stdout)
 
-    def _trace_record(self) -> dict[str, Any]:
-        return _record(self.trace_file)
+    def _trace_record(self) -> TraceCursor | None:
+        text = _record(self.trace_file)
+        try:
+            return trace_cursor(text) if text is not None else None
+        except DocumentError as exc:
+            logger.error("slurm scheduler: {} is not a record: {}", self.trace_file, exc)
+            return None
 
     @hookimpl
     def gridgate_scheduler_trace(
@@ -434,22 +468,22 @@ class SlurmScheduler(Plugin):
         config = self._config(timeout)
         if isinstance(config, str):
             raise OSError(config)
-        return "protocol" in _flags(config)
+        return "protocol" in config.debug_flags
 
     def _trace_on(self, timeout: float) -> SchedulerChange:
         config = self._config(timeout)
         if isinstance(config, str):
             return SchedulerChange(self.name, ok=False, message=config)
-        log = config.get("SlurmctldLogFile", "")
-        if not log or log == "(null)":
+        log = config.log_file
+        if not log:
             return SchedulerChange(
                 self.name,
                 ok=False,
                 message="SlurmctldLogFile is not set (slurmctld logs to syslog): the "
                 "request trace is read from that file",
             )
-        journal = self.journal(timeout)
-        flagged = "protocol" in _flags(config)
+        journal = self.trace_journal(timeout)
+        flagged = "protocol" in config.debug_flags
         on = journal.changes(self.trace_kind)
         if on:
             had_protocol = not any(e.steps for e in on)
@@ -473,9 +507,9 @@ class SlurmScheduler(Plugin):
                     change.undo()
                     return SchedulerChange(self.name, ok=False, message=str(exc))
             change.commit()
-            cursor = {"log": log, "inode": info.st_ino, "offset": info.st_size}
+            cursor = TraceCursor(log, info.st_ino, info.st_size)
             self.trace_file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.trace_file, json.dumps(cursor, sort_keys=True).encode("utf-8"))
+            atomic_write(self.trace_file, msgspec.json.encode(cursor))
         return SchedulerChange(
             self.name,
             ok=True,
@@ -485,7 +519,7 @@ class SlurmScheduler(Plugin):
         )
 
     def _trace_off(self, timeout: float) -> SchedulerChange:
-        journal = self.journal(timeout)
+        journal = self.trace_journal(timeout)
         on = journal.changes(self.trace_kind)
         if not on:
             self.trace_file.unlink(missing_ok=True)
@@ -513,13 +547,13 @@ class SlurmScheduler(Plugin):
         if scheduler != self.name:
             return None
         record = self._trace_record()
-        if not record:
+        if record is None:
             return SchedulerRequests(self.name, ok=False, message="no request trace is on")
         try:
             text, record = _read_on(record)
         except OSError as exc:
-            return SchedulerRequests(self.name, ok=False, message=f"{record.get('log')}: {exc}")
-        atomic_write(self.trace_file, json.dumps(record, sort_keys=True).encode("utf-8"))
+            return SchedulerRequests(self.name, ok=False, message=f"{record.log}: {exc}")
+        atomic_write(self.trace_file, msgspec.json.encode(record))
         return SchedulerRequests(self.name, ok=True, requests=tuple(parse_protocol_lines(text)))
 
 
@@ -527,40 +561,34 @@ class SlurmScheduler(Plugin):
 RECORD_BYTES = 1 << 20
 
 
-def _record(path: Path) -> dict[str, Any]:
-    """A record file this plugin wrote: {} when there is none, or when what is there is not one
-    (a link, a FIFO, another owner's file, too large, not a JSON object: told once here)."""
+def _record(path: Path) -> bytes | None:
+    """A record file this plugin wrote: None when there is none, or when what is there is not
+    one (a link, a FIFO, another owner's file, too large: told once here)."""
     try:
-        data = parse_json(
-            read_regular(
-                path, max_bytes=RECORD_BYTES, owners={0, os.geteuid()}, follow_links=False
-            ).decode("utf-8")
+        return read_regular(
+            path, max_bytes=RECORD_BYTES, owners={0, os.geteuid()}, follow_links=False
         )
     except InputFileError as exc:
         if exc.errno != errno.ENOENT:
             logger.error("slurm scheduler: {} not read: {}", path, exc)
-        return {}
-    except ValueError as exc:
-        logger.error("slurm scheduler: {} is not a record: {}", path, exc)
-        return {}
-    return data if isinstance(data, dict) else {}
+        return None
 
 
-def _read_on(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _read_on(record: TraceCursor) -> tuple[str, TraceCursor]:
     """The whole lines appended to the log since ``record``'s offset (from its start when it
     was rotated: another inode, or shorter), and the record moved past them.
 
     :raises OSError: the log cannot be opened, or is not a regular file.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = os.open(str(record["log"]), flags)
+    fd = os.open(record.log, flags)
     try:
         info = os.fstat(fd)
         problem = file_problem(info)
         if problem is not None:
             raise OSError(f"the log {problem}")
-        offset = int(record.get("offset", 0))
-        if info.st_ino != record.get("inode") or info.st_size < offset:
+        offset = record.offset
+        if info.st_ino != record.inode or info.st_size < offset:
             offset = 0  # rotated: the new file from its start
         os.lseek(fd, offset, os.SEEK_SET)
         data = os.read(fd, TRACE_READ_BYTES)
@@ -568,16 +596,8 @@ def _read_on(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         with contextlib.suppress(OSError):
             os.close(fd)
     whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
-    return whole.decode("utf-8", "replace"), {
-        **record,
-        "inode": info.st_ino,
-        "offset": offset + len(whole),
-    }
-
-
-def _flags(config: Mapping[str, str]) -> list[str]:
-    """The DebugFlags of ``scontrol show config``, lower case."""
-    return [f.strip().lower() for f in config.get("DebugFlags", "").split(",")]
+    moved = msgspec.structs.replace(record, inode=info.st_ino, offset=offset + len(whole))
+    return whole.decode("utf-8", "replace"), moved
 
 
 def _made() -> None:

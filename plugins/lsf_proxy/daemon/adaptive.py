@@ -47,6 +47,7 @@ from loguru import logger
 
 from gridgate.core.model import SchedulerRPCs
 from gridgate.core.patterns import clip
+from gridgate.core.state import StateStore
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, QUERY
 from gridgate.plugins.lsf_proxy.config import TOKENS, Limits
 from gridgate.plugins.lsf_proxy.schedulers import ask, load_scheduler
@@ -241,10 +242,12 @@ class AdaptiveLimits:
         manager: Any = None,
         config_folder: Path | None = None,
         holds: Callable[[str], list[float]] | None = None,
+        state: StateStore | None = None,
     ) -> None:
         """``settings``: the daemon's; the entries of ``adaptive``, capped by the limits of
         ``policies``, reading the scheduler of :attr:`ProxydSettings.adaptive_scheduler`
-        with ``bypass.scheduler_options`` and ``bypass.audit.timeout``."""
+        with ``bypass.scheduler_options`` and ``bypass.audit.timeout``; ``state``: the store
+        the daemons share, if they do, for the scheduler plugin's journal."""
         ceilings = settings.limits
         self.limits = {
             c: AdaptiveLimit(c, entry, ceilings[c].max)
@@ -254,7 +257,11 @@ class AdaptiveLimits:
         self.manager = manager
         if settings.adaptive.read_sources() and manager is None:
             self.manager = load_scheduler(
-                self.scheduler, settings.bypass.scheduler_options, folder, config_folder
+                self.scheduler,
+                settings.bypass.scheduler_options,
+                folder,
+                config_folder,
+                state=state,
             )
         #: the hold times of a category's tokens since the last call (the daemon's policy)
         self.holds = holds or (lambda category: [])

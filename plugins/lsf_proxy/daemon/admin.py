@@ -16,11 +16,12 @@ from loguru import logger
 
 from gridgate.core.clock import Clock
 from gridgate.core.config import ConfigError
-from gridgate.plugins.lsf_proxy.commands import CATEGORY_WORDS
+from gridgate.core.documents import DocumentError
 from gridgate.plugins.lsf_proxy.daemon import holding
 from gridgate.plugins.lsf_proxy.daemon.adaptive import AdaptiveLimits
 from gridgate.plugins.lsf_proxy.daemon.bypass import BypassWatch
 from gridgate.plugins.lsf_proxy.daemon.diagnose import DiagnosticLog, diagnose_args, log_field
+from gridgate.plugins.lsf_proxy.daemon.documents import diagnose_class, enable_category
 from gridgate.plugins.lsf_proxy.daemon.guard import ConnectionGuard
 from gridgate.plugins.lsf_proxy.daemon.peers import Heartbeat
 from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule
@@ -121,10 +122,10 @@ class AdminVerbs:
 
     def enable(self, op: str, message: Mapping[str, Any], user: str, host: str) -> dict[str, Any]:
         """``enable`` and ``disable``: a disabled category's requests proceed without a token."""
-        word = message.get("category", "all")
-        category = CATEGORY_WORDS.get(word) if isinstance(word, str) else None
-        if category is None:
-            raise ProtocolError("bad_request", "category must be all, query, sub or other")
+        try:
+            category = enable_category(message)
+        except DocumentError as exc:
+            raise ProtocolError("bad_request", exc.problem) from None
         for decision in self.daemon.policy.set_enabled(category, op == "enable"):
             self.daemon.tokens.deliver(decision)
         if self.daemon.bypass is not None:  # commands ran without tokens: not judged
@@ -174,10 +175,12 @@ class AdminVerbs:
         d = self.daemon
         log = d.diagnostics
         on, minutes, path = diagnose_args(message, log.folder)
-        if message.get("class", "requests") == "bypass":
+        try:
+            traced = diagnose_class(message)
+        except DocumentError as exc:
+            raise ProtocolError("bad_request", exc.problem) from None
+        if traced == "bypass":
             return self._diagnose_bypass(on, minutes, path, user, host)
-        if message.get("class", "requests") != "requests":
-            raise ProtocolError("bad_request", "class must be requests or bypass")
         try:
             log.diagnose(on, minutes, path, d.clock.monotonic())
         except OSError as exc:

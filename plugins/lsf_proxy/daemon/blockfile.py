@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.daemon.diagnose import private_folder
-from gridgate.plugins.lsf_proxy.daemon.documents import persisted_rules
+from gridgate.plugins.lsf_proxy.daemon.documents import persisted_blocklist
 from gridgate.plugins.lsf_proxy.daemon.policy import Blocklist
 from gridgate.plugins.lsf_proxy.daemon.startup import StartupError
 
@@ -40,7 +40,8 @@ class BlocklistFile:
             return Blocklist()
         try:
             os.close(private_folder(self.path.parent))
-            return Blocklist(persisted_rules(self.path.read_bytes()))
+            kept = persisted_blocklist(self.path.read_bytes())
+            return Blocklist(kept, kept)
         except FileNotFoundError:
             return Blocklist()
         except (OSError, ValueError) as exc:  # DocumentError: not a blocklist
@@ -49,7 +50,8 @@ class BlocklistFile:
     def save(self, blocklist: Blocklist) -> None:
         if not self.persist:
             return
-        rules = [r.to_json() for r in blocklist.rules]
+        held = blocklist.holders()
+        rules = [{**r.to_json(), **({"by": held[r]} if r in held else {})} for r in blocklist.rules]
         try:
             # the write goes through a predictable temporary name: only in a private folder
             os.close(private_folder(self.path.parent))

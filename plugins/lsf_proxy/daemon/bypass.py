@@ -37,13 +37,15 @@ from typing import Any
 from loguru import logger
 
 from gridgate.core.files import InputFileError, read_regular
-from gridgate.core.journal import Entry, Journal, Restorer
+from gridgate.core.journal import UNCHANGED, Entry, Journal, Restorer, Step
 from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
 from gridgate.core.patterns import clip
 from gridgate.core.state import StateError, open_state
-from gridgate.core.text import parse_json, printable
+from gridgate.core.text import printable
+from gridgate.plugins.lsf_proxy.daemon import documents
 from gridgate.plugins.lsf_proxy.daemon.bypass_trace import RequestTrace
 from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field, stamp
+from gridgate.plugins.lsf_proxy.daemon.documents import OldAction
 from gridgate.plugins.lsf_proxy.daemon.notify import DaemonNotifiers
 from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule, Token
 from gridgate.plugins.lsf_proxy.schedulers import ask, load_scheduler
@@ -171,7 +173,7 @@ class BypassAudit:
         self._pending.append((reading, dict(self._covered)))
         index = len(self._pending) - 1
         if peers:
-            reached = min(float(p.get("at", 0)) for p in peers.values())
+            reached = min(float(p["at"]) for p in peers.values())  # peer_grants gives it
             ready = [i for i, (r, _) in enumerate(self._pending) if r.taken <= reached]
             if not ready:
                 self.skipped = "waiting for the peers' grants (their next heartbeat)"
@@ -236,15 +238,13 @@ class BypassAudit:
         }
 
 
-def old_acting(path: Path) -> dict[str, dict[str, Any]]:
-    """What versions before the journal kept in ``path`` for the audit to undo (user ->
-    ``{"action", "until", "from"}``): {} when there is none, or when what is there is not one
-    (a link, a FIFO, another owner's file, too large, not JSON: told here)."""
+def old_acting(path: Path) -> dict[str, OldAction]:
+    """What versions before the journal kept in ``path`` for the audit to undo: {} when there
+    is none, or when what is there is not one (a link, a FIFO, another owner's file, too
+    large, not JSON: told here)."""
     try:
-        data = parse_json(
-            read_regular(
-                path, max_bytes=1 << 20, owners={0, os.geteuid()}, follow_links=False
-            ).decode("utf-8")
+        return documents.old_acting(
+            read_regular(path, max_bytes=1 << 20, owners={0, os.geteuid()}, follow_links=False)
         )
     except InputFileError as exc:
         if exc.errno != errno.ENOENT:
@@ -253,20 +253,16 @@ def old_acting(path: Path) -> dict[str, dict[str, Any]]:
     except ValueError as exc:  # cut short or not ours: nothing to undo from it
         logger.error("proxyd.bypass: {} is not a record: {}", path, exc)
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {
-        u: v
-        for u, v in data.items()
-        if isinstance(v, dict)
-        and v.get("action") in ("block", "deny_partition")
-        and isinstance(v.get("until"), int | float)
-        and not isinstance(v.get("until"), bool)
-    }
 
 
 def _made() -> None:
     """A step moved from an older record: made already."""
+
+
+def _older_block(step: Step, holder: Any, intent: Mapping[str, Any]) -> Any:
+    """The undo of a block recorded before blocks had holders (``False -> True``): lifted
+    whoever holds it now, as then; a block of this version held by another is left."""
+    return None if step.new is True else UNCHANGED
 
 
 class _Refused(Exception):
@@ -321,15 +317,15 @@ class Acting:
     def adopt(self, path: Path) -> None:
         """Move what an older version kept in ``path`` into the journal (read once)."""
         for user, held in old_acting(path).items():
-            block = held["action"] == "block"
-            intent = {"user": user, "until": float(held["until"])}
-            if block and held.get("from"):
-                intent["from"] = str(held["from"])
+            block = held.action == "block"
+            intent: dict[str, Any] = {"user": user, "until": held.until}
+            if block and held.from_:
+                intent["from"] = held.from_
             change = self.journal.begin(self.block_kind if block else self.DENY, intent)
             change.step(user, False, True, apply=_made)
-            change.commit(until=float(held["until"]))
+            change.commit(until=held.until)
             logger.info(
-                "proxyd.bypass: {}'s {} moved from {} into the journal", user, held["action"], path
+                "proxyd.bypass: {}'s {} moved from {} into the journal", user, held.action, path
             )
         if path.is_file():
             path.unlink()
@@ -358,7 +354,11 @@ class BypassWatch:
         config = getattr(daemon, "config_path", None)
         #: the scheduler plugin (the adaptive limits' when they read the same one)
         self.manager = manager or load_scheduler(
-            settings.plugin, settings.options, folder, config.parent if config else None
+            settings.plugin,
+            settings.options,
+            folder,
+            config.parent if config else None,
+            state=getattr(daemon.peers, "store", None),
         )
         self.audit = BypassAudit(settings, self.exempt)
         try:
@@ -379,7 +379,8 @@ class BypassWatch:
         )
         journal = Journal(store, prefix="journal:", owner=daemon.name)
         journal.register(
-            f"bypass.block:{daemon.name}", Restorer(write=self._set_block, read=self._blocked)
+            f"bypass.block:{daemon.name}",
+            Restorer(write=self._set_block, read=self._blocked, merge=_older_block),
         )
         journal.register(Acting.DENY, Restorer(write=self._set_denied))
         acting = Acting(journal, daemon.name)
@@ -428,13 +429,18 @@ class BypassWatch:
 
     # --- the actions' targets, as the journal sets them and reads them back
 
-    def _blocked(self, user: str) -> bool:
-        return BlockRule.make(users=[user]) in self.daemon.policy.blocklist.rules
+    def _blocked(self, user: str) -> str | None:
+        """Who holds ``user``'s block: the id of the change that made it, "" for an operator
+        (who also takes over a block by blocking the user again), None when not blocked."""
+        return self.daemon.policy.blocklist.holder(BlockRule.make(users=[user]))
 
-    def _set_block(self, user: str, on: Any) -> None:
+    def _set_block(self, user: str, by: Any) -> None:
+        """Block ``user`` for the change ``by`` (True: a record of a version before blocks
+        had holders), or lift the block (``by`` None or False)."""
         rule = BlockRule.make(users=[user])
+        on = by is not None and by is not False
         if on:
-            _added, decisions = self.daemon.policy.block(rule)
+            _added, decisions = self.daemon.policy.block(rule, by="" if by is True else str(by))
             for decision in decisions:
                 self.daemon.tokens.deliver(decision)
         else:
@@ -457,13 +463,14 @@ class BypassWatch:
     def block(self, user: str, until: float, peer: str | None = None) -> bool:
         """Put ``user`` on this daemon's blocklist until ``until`` (wall time), journaled
         first; False when it is blocked already (an operator's block: theirs to lift)."""
-        if self._blocked(user):
+        if self._blocked(user) is not None:
             return False
         intent: dict[str, Any] = {"user": user, "until": until}
         if peer:
             intent["from"] = peer
         change = self.acting.journal.begin(self.acting.block_kind, intent)
-        change.step(user, False, True, apply=lambda: self._set_block(user, True))
+        # the block is held by this change: its undo lifts it only while it still holds it
+        change.step(user, None, change.id, apply=lambda: self._set_block(user, change.id))
         change.commit(until=until)
         return True
 

@@ -156,6 +156,7 @@ class ProxyDaemon:
                 self._adaptive_changed,
                 config_folder=self.config_path.parent if self.config_path else None,
                 holds=lambda category: self.policy.take_holds(category),
+                state=self.peers.store,
             )
         except ValueError as exc:
             raise StartupError(str(exc)) from None

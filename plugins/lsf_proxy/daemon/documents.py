@@ -14,16 +14,22 @@ from typing import Any, Literal
 import msgspec
 
 from gridgate.core.documents import DocumentError, convert, decode_json
+from gridgate.plugins.lsf_proxy.commands import CATEGORY_WORDS
 from gridgate.plugins.lsf_proxy.config import CATEGORIES
 from gridgate.plugins.lsf_proxy.daemon.policy import BlockRule
 
 __all__ = [
     "Beat",
+    "OldAction",
+    "old_acting",
+    "diagnose_class",
+    "enable_category",
     "PeerReply",
     "ServiceState",
     "heartbeat",
     "peer_grants",
     "peer_reply",
+    "persisted_blocklist",
     "persisted_rules",
     "service_state",
     "stored_heartbeat",
@@ -200,6 +206,7 @@ def peer_reply(reply: Mapping[str, Any]) -> PeerReply:
 class _Rule(msgspec.Struct):
     kind: Literal["all", "users", "hosts", "pairs"]
     items: list[str] = []
+    by: str = ""
 
 
 class _Blocklist(msgspec.Struct):
@@ -211,5 +218,80 @@ def persisted_rules(text: str | bytes) -> list[BlockRule]:
 
     :raises DocumentError: not such a file.
     """
+    return list(persisted_blocklist(text))
+
+
+def persisted_blocklist(text: str | bytes) -> dict[BlockRule, str]:
+    """The rules of a persisted blocklist, in order, each with who holds it (``by``: the id
+    of the change that made it; "" for an operator's, or a file of an older version).
+
+    :raises DocumentError: not such a file.
+    """
     kept: _Blocklist = decode_json(text, _Blocklist, kind="persisted blocklist")
-    return [BlockRule(r.kind, tuple(dict.fromkeys(r.items))) for r in kept.rules]
+    return {BlockRule(r.kind, tuple(dict.fromkeys(r.items))): r.by for r in kept.rules}
+
+
+# --- admin requests ------------------------------------------------------------------------------
+
+
+class _Enable(msgspec.Struct):
+    category: str = "all"
+
+
+def enable_category(message: Mapping[str, Any]) -> str:
+    """The category an ``enable``/``disable`` request names (``all`` when it names none), as
+    the policy calls it (``sub`` is ``submission``).
+
+    :raises DocumentError: not one of :data:`~gridgate.plugins.lsf_proxy.commands.CATEGORY_WORDS`.
+    """
+    kind = "enable request"
+    enable: _Enable = convert(message, _Enable, kind=kind)
+    word = enable.category
+    if word not in CATEGORY_WORDS:
+        raise DocumentError(kind, "category must be all, query, sub or other")
+    return CATEGORY_WORDS[word]
+
+
+class _Diagnose(msgspec.Struct):
+    class_: Literal["requests", "bypass"] = msgspec.field(default="requests", name="class")
+
+
+def diagnose_class(message: Mapping[str, Any]) -> Literal["requests", "bypass"]:
+    """What a ``diagnose`` request traces (``requests`` when it says nothing).
+
+    :raises DocumentError: another class.
+    """
+    try:
+        asked: _Diagnose = convert(message, _Diagnose, kind="diagnose request")
+    except DocumentError:
+        raise DocumentError("diagnose request", "class must be requests or bypass") from None
+    return asked.class_
+
+
+# --- what versions before the journal kept for the audit to undo ---------------------------------
+
+
+class OldAction(msgspec.Struct, frozen=True):
+    """One user's block or denial as versions before the journal kept it (``from``: the peer
+    whose audit's block this daemon adopted)."""
+
+    action: Literal["block", "deny_partition"]
+    until: float
+    from_: str = msgspec.field(default="", name="from")
+
+
+def old_acting(text: str | bytes) -> dict[str, OldAction]:
+    """The file versions before the journal kept (``{user: {"action", "until", "from"}}``):
+    an entry that is not an action is dropped.
+
+    :raises DocumentError: not a JSON object.
+    """
+    kind = "bypass actions file"
+    entries: dict[str, Any] = decode_json(text, dict[str, Any], kind=kind)
+    out: dict[str, OldAction] = {}
+    for user, value in entries.items():
+        try:
+            out[user] = convert(value, OldAction, kind=kind)
+        except DocumentError:
+            continue
+    return out

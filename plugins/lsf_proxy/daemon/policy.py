@@ -185,22 +185,40 @@ def _unique(names: Iterable[str]) -> tuple[str, ...]:
 
 
 class Blocklist:
-    """The block rules in force, one per blocked element, in the order they were blocked."""
+    """The block rules in force, one per blocked element, in the order they were blocked, each
+    with who holds it (:meth:`holder`): "" for an operator's block, else the id of the change
+    that made it (the bypass audit's), so that its undo lifts only a block it still holds."""
 
-    def __init__(self, rules: Iterable[BlockRule] = ()) -> None:
-        self._rules: dict[BlockRule, None] = {}  # insertion-ordered set of elements
+    def __init__(
+        self, rules: Iterable[BlockRule] = (), holders: Mapping[BlockRule, str] | None = None
+    ) -> None:
+        self._rules: dict[BlockRule, str] = {}  # insertion-ordered: element -> its holder
         for rule in rules:
             self.add(rule)
+        for element, by in (holders or {}).items():
+            if element in self._rules:
+                self._rules[element] = by
 
     @property
     def rules(self) -> tuple[BlockRule, ...]:
         return tuple(self._rules)
 
-    def add(self, rule: BlockRule) -> tuple[BlockRule, ...]:
-        """Block each element of ``rule``; returns those that were not blocked yet."""
-        added = tuple(e for e in rule.elements() if e not in self._rules)
+    def holder(self, element: BlockRule) -> str | None:
+        """Who holds the block of ``element`` ("": an operator), None when it is not blocked."""
+        return self._rules.get(element)
+
+    def holders(self) -> dict[BlockRule, str]:
+        """The elements held by a change (not an operator's), with its id."""
+        return {rule: by for rule, by in self._rules.items() if by}
+
+    def add(self, rule: BlockRule, by: str = "") -> tuple[BlockRule, ...]:
+        """Block each element of ``rule`` for ``by`` (""; an operator); returns those that
+        were not blocked yet, and those an operator's block takes over from a change."""
+        added = tuple(
+            e for e in rule.elements() if e not in self._rules or (not by and self._rules[e])
+        )
         for element in added:
-            self._rules[element] = None
+            self._rules[element] = by
         return added
 
     def remove(self, rule: BlockRule) -> tuple[BlockRule, ...]:
@@ -814,12 +832,12 @@ class TokenPolicy:
         return out
 
     def block(
-        self, rule: BlockRule, now: float | None = None
+        self, rule: BlockRule, now: float | None = None, by: str = ""
     ) -> tuple[tuple[BlockRule, ...], list[Decision]]:
-        """Block each element of ``rule`` (returned: those newly blocked); waiting requests
-        it now blocks are denied at once."""
+        """Block each element of ``rule`` for ``by`` (:meth:`Blocklist.add`; returned: those
+        newly blocked or taken over); waiting requests it now blocks are denied at once."""
         now = self._now(now)
-        added = self.blocklist.add(rule)
+        added = self.blocklist.add(rule, by)
         out: list[Decision] = []
         for cat in self.categories.values():
             for item in cat.queue.live_items():

@@ -302,10 +302,10 @@ class RateLimitedPolicy(TokenPolicy):
         return out
 
     def block(
-        self, rule: BlockRule, now: float | None = None
+        self, rule: BlockRule, now: float | None = None, by: str = ""
     ) -> tuple[tuple[BlockRule, ...], list[Decision]]:
         now = self._now(now)
-        added, out = super().block(rule, now)
+        added, out = super().block(rule, now, by)
         out += self._drain(
             CATEGORIES,
             now,

@@ -56,21 +56,17 @@ def checked_section(path: Path, current: Mapping[str, Any]) -> dict[str, Any]:
             line=text.count("\n") + 1,
         )
     config = load_config(path, text)
-    import yaml  # parsed again for the keys the file states itself (load_config fills defaults)
-
-    raw = yaml.safe_load(text)
-    given = raw.get("proxyd") if isinstance(raw, Mapping) else None
+    # the keys the file states itself (load_config fills defaults): those it has a line for
+    stated = {p[1] for p in config.lines if len(p) >= 2 and p[0] == "proxyd"}
     defaults = section_defaults()
     in_force = {k for k, v in current.items() if k in defaults and v != defaults[k]}
-    if not isinstance(given, Mapping):
-        if in_force:
-            raise _refused(
-                path,
-                "no proxyd: section (the file is cut short or is not this "
-                f"daemon's): refused; in force: {', '.join(sorted(in_force))}",
-            )
-        given = {}
-    dropped = sorted(k for k in in_force if k not in given)
+    if ("proxyd",) not in config.lines and in_force:
+        raise _refused(
+            path,
+            "no proxyd: section (the file is cut short or is not this "
+            f"daemon's): refused; in force: {', '.join(sorted(in_force))}",
+        )
+    dropped = sorted(k for k in in_force if k not in stated)
     if dropped:
         raise _refused(
             path,

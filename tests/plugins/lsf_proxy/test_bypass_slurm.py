@@ -134,6 +134,8 @@ def test_deny_partition_makes_slurmctld_refuse_the_bypassers_jobs_until_for_pass
     sbatch = [real("sbatch"), "-p", "batch", "-o", "/dev/null", "--wrap", "true"]
     try:
         with real_user("ggdp") as rogue:
+            # a list: a partition open to ALL is left as it is (docs/proxyd-limits.md)
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={rogue},root")
             squeue_loop(rogue, slurm, 40)
             assert until(lambda: rogue in status(daemon)["bypass"]["acting"], timeout=30), (
                 daemon.log()
@@ -157,6 +159,7 @@ def test_a_denial_refused_by_one_partition_leaves_none_narrowed(
     # bypasser's own group: debug is narrowed, batch refused, and debug must be put back
     try:
         with real_user("ggpf") as rogue:
+            slurm.scontrol("update", "PartitionName=debug", f"AllowGroups={rogue},root")
             slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={rogue}")
             daemon = start(start_daemon, sockdir, slurm, action="deny_partition", **{"for": 30})
             squeue_loop(rogue, slurm, 40)
@@ -166,7 +169,7 @@ def test_a_denial_refused_by_one_partition_leaves_none_narrowed(
             assert "batch: " in daemon.log() and "groups are all it allows" in daemon.log()
             assert "debug put back" in daemon.log()
             shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
-            assert " AllowGroups=ALL " in f" {shown} ", "debug put back, exactly ALL"
+            assert f" AllowGroups={rogue},root " in f" {shown} ", "debug put back, exactly"
             assert not status(daemon)["bypass"]["acting"]
             sbatch = [real("sbatch"), "-p", "debug", "-o", "/dev/null", "--wrap", "true"]
             assert run_as(rogue, sbatch, slurm.client_env()).returncode == 0
@@ -424,3 +427,81 @@ def test_an_operators_block_is_left_to_the_operator(
         assert rogue not in status(daemon)["bypass"]["acting"]
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 75
         assert f"{rogue} unblocked" not in daemon.log()
+
+
+def test_a_denial_made_by_one_daemon_is_put_back_by_another_on_the_shared_store(
+    slurm, start_daemon, sockdir, tmp_path
+) -> None:
+    """``heartbeat_via: state``: the daemons of a service share the site's Redis, and the
+    Slurm plugin keeps its journal there, not in each daemon's folder: when the auditor that
+    denied a bypasser dies, the daemon that takes over puts the partitions back at ``for``."""
+    from support.redis_server import RedisServer
+
+    (sockdir / "b").mkdir(mode=0o755)
+    hosts = [
+        {"name": "pa", "address": str(sockdir / "pa.sock")},
+        {"name": "pb", "address": str(sockdir / "b" / "pb.sock")},  # a folder of its own
+    ]
+    try:
+        with RedisServer(tmp_path / "redis") as server, real_user("ggsh") as rogue:
+            section = {
+                "hosts": hosts,
+                "socket": "",
+                "heartbeat_interval": 1,
+                "heartbeat_via": "state",
+                "bypass": {
+                    "scheduler": "slurm",
+                    "scheduler_options": {
+                        "commands": {"sdiag": real("sdiag"), "scontrol": real("scontrol")},
+                        "env": dict(slurm.env),
+                    },
+                    "audit": {"interval": 1, "tolerance": 3},
+                    "action": "deny_partition",
+                    "for": 15,
+                },
+            }
+            extra = {"state": {"driver": "redis", "url": server.url, "prefix": "gg-deny:"}}
+            for partition in slurm.partitions:  # lists: an ALL partition is left as it is
+                slurm.scontrol("update", f"PartitionName={partition}", f"AllowGroups={rogue},root")
+            pa = start_daemon(section, name="pa", config_name="site.yaml", extra=extra)
+            pb = start_daemon(section, name="pb", config_name="site.yaml", extra=extra)
+            assert until(lambda: status(pa)["bypass"]["windows"] >= 2, timeout=60), pa.log()
+            squeue_loop(rogue, slurm, 40)
+            assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
+            shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
+            assert " AllowGroups=root " in f" {shown} ", "denied"
+            pa.stop(signal.SIGKILL)  # the auditor dies while the denial is in force
+            assert until(lambda: not status(pb)["bypass"]["acting"], timeout=60), pb.log()
+            for partition in slurm.partitions:
+                shown = slurm.scontrol("-o", "show", "partition", partition).stdout
+                assert f" AllowGroups={rogue},root " in f" {shown} ", (partition, shown, pb.log())
+            assert "was not denied here" not in pb.log()
+    finally:
+        for partition in slurm.partitions:
+            slurm.scontrol("update", f"PartitionName={partition}", "AllowGroups=ALL")
+
+
+def blocked_users(daemon) -> list[str]:
+    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
+        [reply] = client.admin("blocklist")
+    return reply.reply["blocklist"]["users"]
+
+
+def test_the_audits_undo_leaves_an_operators_block_in_its_place(
+    slurm, start_daemon, sockdir, cli
+) -> None:
+    """Issue 40 item 10: an operator blocks a user the audit blocked (on the auditor, and on
+    a peer that adopted the audit's block) during ``for``: at ``for``'s end the audit lifts
+    only the block it made, which is no longer in force: the operator's stays on both."""
+    pa, pb = two_daemons(start_daemon, sockdir, slurm, action="block", **{"for": 8})
+    with real_user("ggop") as rogue:
+        squeue_loop(rogue, slurm, 40)
+        assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
+        assert until(lambda: rogue in status(pb)["bypass"]["acting"], timeout=30), pb.log()
+        for daemon in (pa, pb):  # the operator's own block, over the audit's
+            done = cli("block", "-u", rogue, "--socket", daemon.socket)
+            assert done.returncode == 0, done.stderr
+        assert until(lambda: not status(pa)["bypass"]["acting"], timeout=40), pa.log()
+        assert until(lambda: not status(pb)["bypass"]["acting"], timeout=40), pb.log()
+        assert rogue in blocked_users(pa) and rogue in blocked_users(pb)
+        assert f"{rogue} unblocked" not in pa.log() + pb.log()

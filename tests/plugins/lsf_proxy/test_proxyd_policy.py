@@ -681,3 +681,27 @@ def test_a_busy_user_is_told_to_run_niced():
     assert policy.nice_for(root.token) == 0
     policy.reconfigure(PolicySettings(policy.settings.limits, busy_after=None))
     assert policy.nice_for(second.token) == 0
+
+
+def test_a_block_keeps_who_holds_it_across_a_restart_and_an_operator_takes_it_over(
+    tmp_path,
+) -> None:
+    """Issue 40 item 10: the audit's block is held by its change (the undo lifts only that);
+    an operator blocking the same user takes it over, and the file keeps who holds each."""
+    from gridgate.plugins.lsf_proxy.daemon.blockfile import BlocklistFile
+
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    rogue, other = BlockRule.make(users=["rogue"]), BlockRule.make(users=["other"])
+    blocklist = Blocklist()
+    assert blocklist.add(rogue, by="change-1") == (rogue,)
+    assert blocklist.add(other) == (other,)
+    kept = BlocklistFile(folder / "blocklist.json", True, lambda *a: None)
+    kept.save(blocklist)
+    again = kept.load()
+    assert again.rules == (rogue, other)
+    assert again.holder(rogue) == "change-1" and again.holder(other) == ""
+    assert again.add(rogue) == (rogue,), "the operator's block takes it over"
+    assert again.holder(rogue) == "" and again.add(rogue) == (), "theirs already"
+    assert again.add(other, by="change-2") == () and again.holder(other) == ""
+    assert again.holder(BlockRule.make(users=["nobody"])) is None

@@ -160,6 +160,9 @@ def test_gridgate_scheduler_deny_refuses_a_users_jobs_and_puts_back_exactly(
     plugin = scheduler(slurm, tmp_path)
     try:
         with real_user("ggdn") as user, real_user("ggok") as other:
+            listed = f"{user},{other}"
+            for partition in slurm.partitions:  # a list: ALL is never written out
+                slurm.scontrol("update", f"PartitionName={partition}", f"AllowGroups={listed}")
             assert sbatch_as(slurm, user).returncode == 0
             denied = plugin.gridgate_scheduler_deny(
                 scheduler="slurm", user=user, deny=True, timeout=30
@@ -176,7 +179,7 @@ def test_gridgate_scheduler_deny_refuses_a_users_jobs_and_puts_back_exactly(
                 scheduler="slurm", user=user, deny=False, timeout=30
             )
             assert admitted.ok, admitted
-            assert allow_groups(slurm, "batch") == "ALL", "exactly what was there"
+            assert allow_groups(slurm, "batch") == listed, "exactly what was there"
             assert sbatch_as(slurm, user).returncode == 0
             assert (
                 "was not denied"
@@ -214,6 +217,7 @@ def test_a_denial_refused_by_a_later_partition_puts_back_the_earlier_ones(slurm,
     plugin = scheduler(slurm, tmp_path, partitions=["batch", "debug"])
     try:
         with real_user("gghf") as user:
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={user},root")
             slurm.scontrol("update", "PartitionName=debug", f"AllowGroups={user}")
             told = plugin.gridgate_scheduler_deny(
                 scheduler="slurm", user=user, deny=True, timeout=30
@@ -221,10 +225,45 @@ def test_a_denial_refused_by_a_later_partition_puts_back_the_earlier_ones(slurm,
             assert not told.ok and "debug: " in told.message, told
             assert "groups are all it allows" in told.message
             assert "batch put back" in told.message and told.changed == ()
-            assert allow_groups(slurm, "batch") == "ALL", "exactly ALL, not a list"
+            assert allow_groups(slurm, "batch") == f"{user},root", "exactly the list it had"
             assert allow_groups(slurm, "debug") == user
             assert sbatch_as(slurm, user).returncode == 0
             assert plugin.journal(30).changes() == [], "nothing left to undo"
+    finally:
+        open_partitions(slurm)
+
+
+def test_a_partition_open_to_all_groups_is_left_as_it_is(slurm, tmp_path) -> None:
+    """Issue 40 item 2: narrowing ALL meant writing every group out (getgrall(): on an
+    LDAP/SSSD site without enumeration the remote groups, and groups created meanwhile, were
+    refused; two overlapping denials left the list for good). A partition open to ALL is left
+    as it is, and a denial with nothing else to narrow is refused saying why."""
+    plugin = scheduler(slurm, tmp_path)
+    try:
+        with real_user("ggal") as user:
+            told = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )
+            assert not told.ok and "allow ALL groups" in told.message, told
+            assert [allow_groups(slurm, p) for p in slurm.partitions] == ["ALL"] * len(
+                slurm.partitions
+            )
+            slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={user},root")
+            denied = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )
+            assert denied.ok and denied.changed == ("batch",), denied
+            assert "debug: ALL groups, left as they are" in denied.message
+            assert allow_groups(slurm, "batch") == "root" and allow_groups(slurm, "debug") == "ALL"
+            again = plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=True, timeout=30
+            )  # an overlapping second denial
+            assert again.ok and allow_groups(slurm, "debug") == "ALL"
+            assert plugin.gridgate_scheduler_deny(
+                scheduler="slurm", user=user, deny=False, timeout=30
+            ).ok
+            assert allow_groups(slurm, "batch") == f"{user},root", "exactly what was there"
+            assert allow_groups(slurm, "debug") == "ALL"
     finally:
         open_partitions(slurm)
 
@@ -258,6 +297,7 @@ def test_groups_shared_with_others_are_not_taken_unless_allowed(slurm, tmp_path)
                     not told.ok and mate in told.message and "allow_shared_groups" in (told.message)
                 )
                 assert allow_groups(slurm, "batch") == "ALL", "nothing changed"
+                slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={user},root")
                 loose = scheduler(slurm, tmp_path, allow_shared_groups=True)
                 taken = loose.gridgate_scheduler_deny(
                     scheduler="slurm", user=user, deny=True, timeout=30
@@ -349,3 +389,96 @@ def test_gridgate_scheduler_requests_reads_the_protocol_lines_and_nothing_else()
     assert (first.user, first.opcode, first.host) == ("root", "REQUEST_JOB_INFO", "127.0.0.1")
     assert first.at == datetime(2026, 12, 3, 13, 37, 5, 743000).timestamp()
     assert (second.user, second.host) == ("4294967", "::1"), "no name: the uid"
+
+
+def test_which_partition_limits_slurm_enforces_without_accounting(slurm) -> None:
+    """Issue 40 item 2, measured on the private Slurm 22.05 cluster (no slurmdbd:
+    ``AccountingStorageType=accounting_storage/none``, ``EnforcePartLimits=ALL``): which forms
+    of a denial refuse a user's ``sbatch``. ``DenyAccounts`` (naming the user's login, the
+    account it would have) and ``DenyQos=normal`` are accepted by scontrol and not enforced;
+    ``AllowAccounts`` refuses every job (none has an account); ``AllowGroups`` is enforced.
+    docs/proxyd-limits.md says what that leaves a denial."""
+    sbatch = [shutil.which("sbatch"), "-p", "debug", "-o", "/dev/null", "--wrap", "true"]
+
+    def submits(user: str, *update: str) -> bool:
+        slurm.scontrol("update", "PartitionName=debug", *update)
+        done = subprocess.run(
+            [*as_user(user), *sbatch],
+            capture_output=True,
+            text=True,
+            env=slurm.client_env(),
+            cwd="/",
+        )
+        return done.returncode == 0
+
+    try:
+        with real_user("ggme") as user:
+            assert submits(user, "AllowGroups=ALL")
+            assert submits(user, f"DenyAccounts={user}"), "not enforced without accounting"
+            assert submits(user, "DenyAccounts=", "DenyQos=normal"), "no QOS without accounting"
+            assert not submits(user, "DenyQos=", "AllowAccounts=root"), "refuses every job"
+            assert not submits(user, "AllowAccounts=ALL", "AllowGroups=root")
+    finally:
+        for reset in ("DenyAccounts=", "DenyQos=", "AllowAccounts=ALL", "AllowGroups=ALL"):
+            slurm.scontrol("update", "PartitionName=debug", reset)
+
+
+def test_request_lines_forged_through_a_partition_name_are_not_taken(slurm, tmp_path) -> None:
+    """Issue 40 item 7: slurmctld logs ``sbatch -p NAME``'s NAME as given, newlines and all;
+    a NAME holding a line shaped like a request (root's, from another host) is not taken
+    for one: it is not where slurmctld writes its records (its time is out of order)."""
+    plugin = scheduler(slurm, tmp_path)
+    forged = (
+        "x\n[2026-01-01T00:00:00.000] slurmctld_req: received opcode REQUEST_JOB_INFO "
+        "from 10.9.9.9:5 uid 0\n\n[2026-01-01T00:00:00.001] slurmctld_req: received opcode "
+        "REQUEST_JOB_INFO from 10.9.9.9:6 uid 0"
+    )
+    try:
+        with real_user("ggfg") as user:
+            assert plugin.gridgate_scheduler_trace(scheduler="slurm", on=True, timeout=30).ok
+            sbatch = shutil.which("sbatch", path="/usr/bin:/bin")
+            done = subprocess.run(
+                [*as_user(user), sbatch, "-p", forged, "-o", "/dev/null", "--wrap", "true"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=slurm.client_env(),
+                cwd="/",
+            )
+            assert done.returncode != 0 and "invalid partition" in done.stderr.lower()
+            got = plugin.gridgate_scheduler_requests(scheduler="slurm", timeout=30)
+            assert got.ok, got.message
+            assert [r.opcode for r in got.requests if r.user == user] == [
+                "REQUEST_SUBMIT_BATCH_JOB"
+            ], got.requests
+            assert not [r for r in got.requests if r.host == "10.9.9.9"], got.requests
+    finally:
+        plugin.gridgate_scheduler_trace(scheduler="slurm", on=False, timeout=30)
+        slurm.scontrol("setdebugflags", "-protocol")
+
+
+def test_a_request_line_is_taken_only_in_its_order_and_place() -> None:
+    # the log as slurmctld 22.05 wrote it for `sbatch -p NAME` with a forged line in NAME
+    text = (
+        "[2026-12-04T23:07:35.867] slurmctld_req: received opcode REQUEST_SUBMIT_BATCH_JOB "
+        "from 127.0.0.1:56056 uid 25404\n"
+        "[2026-12-04T23:07:35.867] _get_job_parts: invalid partition specified: x\n"
+        "[2026-12-04T23:00:00.000] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "1.2.3.4:5 uid 0\n"
+        "[2026-12-04T23:07:35.867] _slurm_rpc_submit_batch_job: Invalid partition name\n"
+        "a message's second line\n"
+        "[2026-12-04T23:07:35.868] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "1.2.3.4:5 uid 0\n"
+        "[2026-12-04T23:07:35.871] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "127.0.0.1:56070 uid 25404\n"
+        "[2026-12-04T23:07:35.999] slurmctld_req: received opcode REQUEST_JOB_INFO from "
+        "1.2.3.4:5 uid 0\n"
+        "[2026-12-04T23:07:35.872] slurmctld_req: received opcode REQUEST_PARTITION_INFO from "
+        "127.0.0.1:56086 uid 25404\n"
+    )
+    taken = [(r.opcode, r.host) for r in parse_protocol_lines(text)]
+    assert taken == [
+        ("REQUEST_SUBMIT_BATCH_JOB", "127.0.0.1"),
+        ("REQUEST_JOB_INFO", "127.0.0.1"),
+        ("REQUEST_PARTITION_INFO", "127.0.0.1"),
+    ]
