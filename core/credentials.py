@@ -28,7 +28,7 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core._moved import moved_names
-from gridgate.core.files import InputFileError, read_regular
+from gridgate.core.files import InputFileError, read_credential
 from gridgate.core.model import (
     CommandResult,
     CredentialRegistry,
@@ -228,15 +228,15 @@ class CredentialPlugin(Plugin):
 
         A credential file is read only when it is a regular file (a FIFO put in its place would
         hang the director), owned by the user the director runs as, that nobody else may read
-        or write (as ssh, GSI and arcproxy demand of theirs).
+        or write (as ssh, GSI and arcproxy demand of theirs), and, in a folder others may write
+        (``/tmp/bt_u<uid>``, ``/tmp/x509up_u<uid>``), only when it is no link
+        (:func:`gridgate.core.files.read_credential`).
 
         :raises CredentialError: missing, not a regular file, of another owner, readable or
             writable by others, too large, empty or not a credential.
         """
         try:
-            data = read_regular(
-                self.path, max_bytes=MAX_FILE_BYTES, owners={os.geteuid()}, private=True
-            )
+            data = read_credential(self.path, max_bytes=MAX_FILE_BYTES)
         except InputFileError as exc:
             if exc.errno == errno.ENOENT:
                 raise CredentialError("does not exist") from None

@@ -28,8 +28,10 @@ __all__ = [
     "atomic_write",
     "ensure_private_dir",
     "file_problem",
+    "read_credential",
     "read_regular",
     "resolve_dir",
+    "shared_folder",
 ]
 
 _KINDS = {
@@ -158,6 +160,40 @@ def read_regular(
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def shared_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether the folder of ``path`` lets others create or replace names in it (its mode has
+    ``o+w``, sticky ``/tmp`` included; unreadable: taken as shared).
+
+    :param path: the file whose folder is judged.
+    """
+    try:
+        mode = os.stat(os.path.dirname(os.path.abspath(path))).st_mode
+    except OSError:
+        return True
+    return bool(mode & stat.S_IWOTH)
+
+
+def read_credential(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
+    """A credential file (a proxy, a bearer token) of this user, private to it: owner and mode
+    checked on the file opened (``fstat``) and, in a folder others may write
+    (:func:`shared_folder`: ``/tmp``, where ``x509up_u<uid>`` and ``bt_u<uid>`` are
+    discovered), opened without following a link (``O_NOFOLLOW``): another user's link there
+    to a private file of this user would otherwise pass every check on its target and send
+    that file to the services as this user's credential.
+
+    :param path: the credential file.
+    :param max_bytes: the size cap, as :func:`read_regular`'s.
+    :raises InputFileError: as :func:`read_regular` (a link in a shared folder is one).
+    """
+    return read_regular(
+        path,
+        max_bytes=max_bytes,
+        owners={os.geteuid()},
+        private=True,
+        follow_links=not shared_folder(path),
+    )
 
 
 def fsync_dir(path: Path) -> None:

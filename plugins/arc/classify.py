@@ -18,11 +18,12 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Mapping
 
-from gridgate.core.files import InputFileError, read_regular
+from gridgate.core import files
+from gridgate.core.files import InputFileError
+from gridgate.core.files import shared_folder as shared_folder
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import CommandResult, Failure
 from gridgate.core.patterns import Pattern, PatternTable, clip
@@ -328,30 +329,12 @@ PROXY_BYTES = 1024 * 1024
 
 
 def read_credential(path: str) -> bytes:
-    """A credential file (a proxy, a bearer token) of this user, private to it: owner and mode
-    checked on the file opened (``fstat``), and, in a folder others may write (``/tmp``, where
-    ``x509up_u<uid>`` and ``bt_u<uid>`` are discovered), opened without following a link
-    (``O_NOFOLLOW``): another user's link there to a private file of this user would otherwise
-    pass every check on its target and send that file to the CEs.
+    """A proxy or bearer token file by core's rule for credentials
+    (:func:`gridgate.core.files.read_credential`: owner and mode checked on the file opened, no
+    link followed in a folder others may write), at most :data:`PROXY_BYTES`.
 
-    :raises InputFileError: as :func:`gridgate.core.files.read_regular` (a link there is one)."""
-    return read_regular(
-        path,
-        max_bytes=PROXY_BYTES,
-        owners={os.geteuid()},
-        private=True,
-        follow_links=not shared_folder(path),
-    )
-
-
-def shared_folder(path: str) -> bool:
-    """Whether the folder of ``path`` lets others create or replace names in it (its mode has
-    ``o+w``; unreadable: taken as shared)."""
-    try:
-        mode = os.stat(os.path.dirname(os.path.abspath(path))).st_mode
-    except OSError:
-        return True
-    return bool(mode & stat.S_IWOTH)
+    :raises InputFileError: as :func:`gridgate.core.files.read_credential`."""
+    return files.read_credential(path, max_bytes=PROXY_BYTES)
 
 
 def proxy_problem(environ: Mapping[str, str], now: float) -> str:

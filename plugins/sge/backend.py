@@ -136,11 +136,19 @@ def owned_option(words: Sequence[str], index: int, settings: SgeResourceSettings
     return None
 
 
-def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
-    """The ids as text, and a complaint naming those that are no Grid Engine id ("" if none)."""
+#: Why a tracked pilot id of no Grid Engine job id's form is not asked about (its status:
+#: unknown).
+ODD_ID = "not a Grid Engine job id: it was never sent to Grid Engine"
+
+
+def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The ids of a Grid Engine job id's form, and the others: an id reaches an argv, so only
+    the form qsub printed is passed on, and an odd one is that pilot's problem alone, never the
+    whole queue's poll or cancel (issue 40 item 4, round 5)."""
     ids = [str(j) for j in job_ids]
-    bad = [j for j in ids if not JOB_ID_RE.fullmatch(j)]
-    return ids, f"not Grid Engine job ids: {bad[:5]}" if bad else ""
+    return [j for j in ids if JOB_ID_RE.fullmatch(j)], [
+        j for j in ids if not JOB_ID_RE.fullmatch(j)
+    ]
 
 
 SGE_SCHEMA: dict[str, Any] = {
@@ -473,10 +481,9 @@ class SgeBackend(Backend):
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> StatusResult | None:
         ids, bad = _checked_ids(job_ids)
-        if bad:
-            return StatusResult(endpoint, ok=False, commands=0, message=bad)
+        odd = {j: JobStatus(job_id=j, state="unknown", reason=ODD_ID) for j in bad}
         if not ids:
-            return StatusResult(endpoint, ok=True, commands=0)
+            return StatusResult(endpoint, ok=True, statuses=odd, commands=0)
         known = self._known_unreachable()
         if known is not None:
             return StatusResult(endpoint, ok=False, command=known[0], commands=0, message=known[1])
@@ -487,7 +494,7 @@ class SgeBackend(Backend):
         if failed is not None:
             return failed
         live = parse_qstat(listing.stdout)
-        statuses: dict[str, JobStatus] = {j: live[j] for j in ids if j in live}
+        statuses: dict[str, JobStatus] = {**odd, **{j: live[j] for j in ids if j in live}}
         # jobs in E state: why, in one qstat -j for the first of them
         erred = sorted({job_number(j) for j, s in statuses.items() if s.state == "failed"}, key=int)
         if erred:
@@ -561,10 +568,9 @@ class SgeBackend(Backend):
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> CancelResult | None:
         ids, bad = _checked_ids(job_ids)
-        if bad:
-            return CancelResult(endpoint, ok=False, message=bad)
+        odd = f"{ODD_ID}: {bad[:5]}" if bad else ""
         if not ids:
-            return CancelResult(endpoint, ok=True)
+            return CancelResult(endpoint, ok=True, message=odd)
         known = self._known_unreachable()
         if known is not None:
             return CancelResult(endpoint, ok=False, command=known[0], message=known[1])
@@ -591,11 +597,12 @@ class SgeBackend(Backend):
                     command=outcome,
                     message=outcome.describe(),
                 )
-        message = (
+        gone = (
             f"{len(absent)} no longer in the cell (finished before the cancel): {absent[:5]}"
             if absent
             else ""
         )
+        message = "; ".join(m for m in (gone, odd) if m)
         return CancelResult(
             endpoint, ok=True, cancelled=tuple(cancelled), command=last, message=message
         )

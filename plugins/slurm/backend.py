@@ -95,11 +95,18 @@ def split_partition(name: str) -> tuple[str, str]:
     return partition, cluster
 
 
-def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], str]:
-    """The ids as text, and a complaint naming those that are no Slurm job id ("" if none)."""
+#: Why a tracked pilot id of no Slurm job id's form is not asked about (its status: unknown).
+ODD_ID = "not a Slurm job id: it was never sent to Slurm"
+
+
+def _checked_ids(job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The ids of a Slurm job id's form, and the others: an id reaches an argv, so only the form
+    sbatch printed is passed on, and an odd one is that pilot's problem alone, never the whole
+    partition's poll or cancel (issue 40 item 4, round 5)."""
     ids = [str(j) for j in job_ids]
-    bad = [j for j in ids if not JOB_ID_RE.fullmatch(j)]
-    return ids, f"not Slurm job ids: {bad[:5]}" if bad else ""
+    return [j for j in ids if JOB_ID_RE.fullmatch(j)], [
+        j for j in ids if not JOB_ID_RE.fullmatch(j)
+    ]
 
 
 #: sbatch's short options that take a value (the rest of a bundle is that value: ``-t10``);
@@ -429,10 +436,9 @@ class SlurmBackend(Backend):
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> StatusResult | None:
         ids, bad = _checked_ids(job_ids)
-        if bad:
-            return StatusResult(endpoint, ok=False, commands=0, message=bad)
+        statuses = {j: JobStatus(job_id=j, state="unknown", reason=ODD_ID) for j in bad}
         if not ids:
-            return StatusResult(endpoint, ok=True, commands=0)
+            return StatusResult(endpoint, ok=True, statuses=statuses, commands=0)
         known = self._known_unreachable(endpoint)
         if known is not None:
             return StatusResult(endpoint, ok=False, command=known[0], commands=0, message=known[1])
@@ -486,7 +492,6 @@ class SlurmBackend(Backend):
                     message=outcome.describe(),
                 )
             seen.update(parse_squeue(outcome.stdout))
-        statuses: dict[str, JobStatus] = {}
         for job_id in ids:
             found = seen.get(job_id) or ("_" in job_id and seen.get(job_id.split("_")[0]))
             if found:
@@ -499,8 +504,9 @@ class SlurmBackend(Backend):
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> CancelResult | None:
         ids, bad = _checked_ids(job_ids)
-        if bad:
-            return CancelResult(endpoint, ok=False, message=bad)
+        odd = f"{ODD_ID}: {bad[:5]}" if bad else ""
+        if not ids:
+            return CancelResult(endpoint, ok=True, message=odd)
         known = self._known_unreachable(endpoint)
         if known is not None:
             return CancelResult(endpoint, ok=False, command=known[0], message=known[1])
@@ -532,7 +538,14 @@ class SlurmBackend(Backend):
             ok=True,
             cancelled=tuple(cancelled),
             command=last,
-            message=clip("not cancelled: " + "; ".join(f"{j}: {w}" for j, w in left.items()))
-            if left
-            else "",
+            message="; ".join(
+                m
+                for m in (
+                    clip("not cancelled: " + "; ".join(f"{j}: {w}" for j, w in left.items()))
+                    if left
+                    else "",
+                    odd,
+                )
+                if m
+            ),
         )

@@ -406,6 +406,55 @@ def test_without_path_the_plugin_takes_xdg_runtime_dir(
     assert status.usable and status.path == str(token)
 
 
+def _protected_symlinks() -> bool:
+    """Whether the kernel refuses to follow another user's link in a sticky shared folder."""
+    try:
+        return Path("/proc/sys/fs/protected_symlinks").read_text().strip() != "0"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(
+            0o1777,
+            id="sticky-like-tmp",
+            marks=pytest.mark.skipif(
+                _protected_symlinks(), reason="the kernel refuses the link itself"
+            ),
+        ),
+        pytest.param(0o777, id="world-writable-not-sticky"),
+    ],
+)
+def test_a_token_discovered_through_another_users_link_in_a_shared_folder_is_refused(
+    site: Site, bare_env: pytest.MonkeyPatch, mode: int
+) -> None:
+    # issue 40 item 6, round 5: another local user links bt_u<uid> in a folder anyone may
+    # write to a private file of the director's user; every check passed on the link's
+    # target, and that file went to the services as the user's token
+    folder = _nobody_folder()
+    try:
+        folder.chmod(mode)
+        secret = site.folder / "private-file"
+        site.issue(left=HOUR, path=secret)  # passes every check on the link's target
+        link = folder / f"bt_u{os.geteuid()}"
+        made = _as_nobody(["ln", "-s", str(secret), str(link)])
+        assert made.returncode == 0, made.stderr
+        assert link.is_symlink() and link.lstat().st_uid == NOBODY
+        bare_env.setenv("XDG_RUNTIME_DIR", str(folder))
+        plugin = build_plugin(BearerToken, {}, clock=site.clock, state_dir=site.folder / "state")
+        status = check(plugin)
+        assert not status.usable and status.path == str(link), status
+        assert "symbolic link" in status.message, status.message
+        # the user's own regular token file in the same folder is taken
+        link.unlink()
+        site.issue(left=HOUR, path=link)
+        assert check(plugin).usable
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_a_token_in_bearer_token_is_handed_out_as_a_private_copy_and_never_renewed(
     site: Site, bare_env: pytest.MonkeyPatch
 ) -> None:

@@ -185,7 +185,31 @@ def test_gridgate_cancel_deletes_and_does_not_claim_what_had_finished(sge_site) 
     # the task already deleted is not claimed twice
     assert rest.ok and rest.cancelled == (array.job_ids[0], array.job_ids[2])
     assert not set(array.job_ids) & set(_live(sge_site.cell))
-    assert not refused.ok and refused.command is None
+    # an odd id alone: nothing to ask the cell, nothing run, the reason given (issue 40 item 4)
+    assert refused.ok and refused.cancelled == () and refused.command is None, refused
+    assert "not a Grid Engine job id" in refused.message
+
+
+def test_an_odd_tracked_id_is_that_pilots_alone_and_never_reaches_grid_engine(sge_site) -> None:
+    # issue 40 item 4, round 5: one tracked id of no Grid Engine job id's form made every poll
+    # and cancel of the queue fail, so its other pilots never got their verdict
+    held = _backend(sge_site, qsub_options=["-h", "-o", "/dev/null", "-j", "y"])
+    submitted, _ = _submit(held, sge_site.queue)
+    assert submitted.ok, submitted
+    [job] = submitted.job_ids
+    odd = "1; touch /tmp/gridgate-odd-id"
+    queue = Endpoint("sge", sge_site.queue)
+    with plugin_manager_with(held) as pm:
+        status = pm.hook.gridgate_job_status(endpoint=queue, job_ids=[odd, job], timeout=60)
+        cancel = pm.hook.gridgate_cancel(endpoint=queue, job_ids=[odd, job], timeout=60)
+    assert status.ok, status
+    assert status.statuses[job].state == "waiting", status.statuses
+    assert status.statuses[odd].state == "unknown"
+    assert "not a Grid Engine job id" in status.statuses[odd].reason
+    assert cancel.ok and cancel.cancelled == (job,), cancel
+    assert cancel.command.argv[1:] == (job,)
+    assert "not a Grid Engine job id" in cancel.message and odd in cancel.message
+    assert job not in _live(sge_site.cell)
 
 
 # --- what Grid Engine refuses, each to its kind ----------------------------------------------

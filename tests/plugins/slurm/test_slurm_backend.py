@@ -226,6 +226,33 @@ def test_gridgate_job_status_and_gridgate_cancel_on_real_jobs(slurm_site) -> Non
     assert all(status.statuses[i].native == native[i][2] for i in ids)
 
 
+def test_an_odd_tracked_id_is_that_pilots_alone_and_never_reaches_slurm(slurm_site) -> None:
+    # issue 40 item 4, round 5: one tracked id of no Slurm job id's form made every poll and
+    # cancel of the partition fail, so its other pilots never got their verdict
+    backend = _backend(slurm_site)
+    debug = Endpoint("slurm", "debug")
+    odd = "1; touch /tmp/gridgate-odd-id"
+    with plugin_manager_with(backend) as pm:
+        single = pm.hook.gridgate_submit(
+            endpoint=debug, request=SubmitRequest(backend="slurm"), timeout=60
+        )
+        assert single.ok, single
+        [job] = single.job_ids
+        status = pm.hook.gridgate_job_status(endpoint=debug, job_ids=[odd, job], timeout=60)
+        cancel = pm.hook.gridgate_cancel(endpoint=debug, job_ids=[odd, job], timeout=60)
+        after = pm.hook.gridgate_job_status(endpoint=debug, job_ids=[job, odd], timeout=60)
+    assert status.ok and status.commands == 1, status
+    assert status.statuses[job].state in {"waiting", "running"}, status.statuses
+    assert status.statuses[odd].state == "unknown"
+    assert "not a Slurm job id" in status.statuses[odd].reason
+    assert odd not in " ".join(status.command.argv)
+    assert cancel.ok and cancel.cancelled == (job,), cancel
+    assert cancel.command.argv == ("scancel", "--verbose", job)
+    assert "not a Slurm job id" in cancel.message and odd in cancel.message
+    assert after.ok and after.statuses[job].state == "cancelled", after
+    assert after.statuses[odd].state == "unknown"
+
+
 def test_one_id_gone_from_the_controller_is_an_answer_not_a_failure(slurm_site) -> None:
     status = _backend(slurm_site).gridgate_job_status(
         endpoint=Endpoint("slurm", "debug"), job_ids=["999999"], timeout=60
@@ -353,7 +380,9 @@ def test_gridgate_cancel_cancels_real_jobs_and_names_unknown_ones_not_cancelled(
     assert cancel.ok and cancel.cancelled == array.job_ids  # 999999: scancel --verbose names it
     assert "999999: Invalid job id specified" in cancel.message
     assert cancel.command.argv == ("scancel", "--verbose", *array.job_ids, "999999")
-    assert not refused.ok and refused.command is None
+    # an odd id alone: nothing to ask Slurm, nothing run, the reason given (issue 40 item 4)
+    assert refused.ok and refused.cancelled == () and refused.command is None, refused
+    assert "not a Slurm job id" in refused.message
     # a pending array cancelled whole is kept by Slurm as one record under its base id
     base = array.job_ids[0].split("_")[0]
     assert _squeue(slurm_site.cluster, base)[base][2] == "CANCELLED"
