@@ -578,7 +578,9 @@ def test_a_replaced_proxy_reaches_the_ce_even_when_it_ends_sooner(
     result = _submit(backend)
     assert result.ok, result
     [record] = _records(site).values()
-    time.sleep(2)  # the new proxy is made later: its notBefore is
+    # a real wait, not an expiry: arcproxy stamps notBefore from the wall clock, to the
+    # second, and the new proxy's must be the later one
+    time.sleep(2)
     arc.make_proxy(site.proxy, end=now + timedelta(hours=12))
     new = read_proxy(site.proxy.read_bytes())
     jobs = list(result.job_ids)
