@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,6 +50,8 @@ from gridgate.core.model import (
     CommandResult,
     Endpoint,
     Failure,
+    FoundPilots,
+    JobStatus,
     ListMatchResult,
     Resources,
     StatusResult,
@@ -66,9 +69,75 @@ __all__ = [
     "command_timeout_schema",
     "commands_schema",
     "env_schema",
+    "found_pilots",
+    "job_name",
     "not_tried",
     "resource_gaps",
+    "submission_of",
 ]
+
+#: A submission name as the director gives it (:attr:`SubmitRequest.name`): the fleet (6 hex
+#: digits, the same for every director on one state store) and 12 random hex digits.
+SUBMISSION_NAME = re.compile(r"[0-9a-f]{6}-[0-9a-f]{12}")
+
+
+def job_name(base: str, request: SubmitRequest, index: int | None = None) -> str:
+    """The name of a job made for ``request``: ``base`` (the backend's ``job_name``), then the
+    submission's name, then ``index`` for a backend that makes one job per pilot
+    (``gridgate-3fa2c1-9b8e7d6c5a4f-0``); ``base`` alone for a request without a name (made
+    outside the director). :func:`submission_of` reads it back."""
+    if not request.name:
+        return base
+    name = f"{base}-{request.name}"
+    return name if index is None else f"{name}-{index}"
+
+
+def submission_of(name: str, base: str) -> str | None:
+    """The submission name in the job name ``name`` made by :func:`job_name` with ``base``;
+    None when ``name`` is not one (another tool's job, or a request without a name)."""
+    prefix = base + "-"
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix) :]
+    submission, _, index = rest[:19], rest[19:20], rest[20:]
+    if not SUBMISSION_NAME.fullmatch(submission):
+        return None
+    if len(rest) == 19 or (_ == "-" and index.isdigit()):
+        return submission
+    return None
+
+
+def found_pilots(
+    endpoint: Endpoint,
+    base: str,
+    names: Sequence[str],
+    fleet: str,
+    jobs: Iterable[tuple[str, JobStatus]],
+    command: CommandResult | None = None,
+) -> FoundPilots:
+    """The answer to :func:`gridgate_find_pilots` from every ``(job name, status)`` the server
+    listed: the jobs whose name :func:`job_name` made with ``base`` for one of ``names``, or
+    for any submission of ``fleet`` when it is set.
+
+    :param endpoint: the server asked.
+    :param base: the backend's ``job_name`` (what :func:`job_name` was given).
+    :param names: the submission names looked for.
+    :param fleet: "" or the fleet whose every submission is looked for.
+    :param jobs: ``(job name, status)`` of every job the server listed.
+    :param command: the listing's command, kept as evidence.
+    """
+    wanted = set(names)
+    found: dict[str, list[JobStatus]] = {}
+    for name, status in jobs:
+        submission = submission_of(name, base)
+        if submission is None:
+            continue
+        if submission in wanted or (fleet and submission.startswith(fleet + "-")):
+            found.setdefault(submission, []).append(status)
+    return FoundPilots(
+        endpoint, ok=True, found={k: tuple(v) for k, v in found.items()}, command=command
+    )
+
 
 #: The :class:`~gridgate.core.model.Resources` values a backend may declare it maps.
 RESOURCE_VALUES: tuple[str, ...] = ("cores", "memory_mb", "walltime")
@@ -239,8 +308,8 @@ class Backend(Plugin):
 
     Set ``name`` (the entry-point name), ``config_schema`` and ``endpoints_key`` (the key
     of your section listing the endpoints); write :meth:`submit`, and as your batch system
-    allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel` and
-    :meth:`list_match`. Override :meth:`endpoints` when an entry of your list is more than a
+    allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel`, :meth:`find_pilots`
+    and :meth:`list_match`. Override :meth:`endpoints` when an entry of your list is more than a
     name (a URL, a mapping), :meth:`environment` when your commands need more than the
     section's ``env`` and credentials.
 
@@ -324,6 +393,14 @@ class Backend(Plugin):
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> CancelResult | None:
         """Cancel the pilots; None: this backend cannot cancel."""
+        return None
+
+    def find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> FoundPilots | None:
+        """The jobs of the submissions ``names`` (or of every submission of ``fleet``) that
+        ``endpoint`` holds, in every state (``gridgate_find_pilots``; build the answer with
+        :func:`found_pilots`); None: this backend cannot look jobs up by name."""
         return None
 
     def list_match(
@@ -420,6 +497,13 @@ class Backend(Plugin):
     ) -> CancelResult | None:
         """The hook: :meth:`cancel` for this backend's endpoints, else None."""
         return self.cancel(endpoint, job_ids, timeout) if self.mine(endpoint) else None
+
+    @hookimpl
+    def gridgate_find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> FoundPilots | None:
+        """The hook: :meth:`find_pilots` for this backend's endpoints, else None."""
+        return self.find_pilots(endpoint, names, fleet, timeout) if self.mine(endpoint) else None
 
     @hookimpl
     def gridgate_list_match(

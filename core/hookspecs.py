@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         Episode,
         Escalation,
         Failure,
+        FoundPilots,
         Grant,
         IterationInfo,
         IterationSummary,
@@ -408,6 +409,33 @@ def gridgate_job_status(
         (ids it omits are no longer known to the backend); ``ok`` False when the query failed.
         None when ``endpoint.backend`` is not this plugin's or it cannot report states.
         Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_find_pilots(
+    endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+) -> FoundPilots | None:
+    """Say which jobs of the submissions ``names`` ``endpoint`` holds, by name.
+
+    Called by the director for a submission whose intent is written but not settled: its
+    director was killed while it was sent, its answer was lost (``SubmitResult.uncertain``, a
+    command killed at its deadline), or the store refused its pilots. With ``fleet`` set (the
+    state store came back empty, or was replaced), also every job named for any submission
+    of that fleet (a name starting ``fleet + "-"``): the director adopts them before it submits
+    again. The jobs are looked for in every state the server may hold a new job in; the
+    backend matches a job's name to a submission with :func:`gridgate.core.backend.submission_of`.
+    Under an admission grant of category ``query``; every command killed at ``timeout``.
+
+    A backend that cannot look jobs up by name leaves this unanswered: an unsettled
+    submission of it is then given up after ``director.pilots.reconcile_for`` with a log line.
+
+    :param endpoint: the server the submissions were sent to.
+    :param names: the submission names (:attr:`SubmitRequest.name`) to look for.
+    :param fleet: "" or the fleet whose every submission is looked for.
+    :param timeout: hard limit in seconds for all the commands of this call.
+    :return: a :class:`FoundPilots`; None when ``endpoint.backend`` is not this plugin's or it
+        cannot look jobs up by name. Stops at first non-None result.
     """
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "Escalation",
     "Failure",
     "FailureReport",
+    "FoundPilots",
     "Grant",
     "IterationInfo",
     "IterationSummary",
@@ -211,7 +212,11 @@ class SubmitRequest:
     ``requirements`` is the backend's requirement expression (JDL ``Requirements``, LSF ``-R``);
     ``list_match`` asks the director to list-match before submitting (None: the backend's default); ``attributes`` carries
     backend-specific extras from the demand config; ``user`` is who asks (for admission);
-    ``resources`` what each pilot asks of its slot (:class:`Resources`).
+    ``resources`` what each pilot asks of its slot (:class:`Resources`); ``name`` the
+    submission's unique name, given by the director before anything is sent (its intent is
+    written under it): a backend puts it in the names of the jobs it creates
+    (:func:`gridgate.core.backend.job_name`), so that :func:`gridgate_find_pilots` finds them
+    after a lost answer or a crash. Empty for a request made outside the director.
     """
 
     backend: str
@@ -223,6 +228,8 @@ class SubmitRequest:
     user: str = ""
     #: what each pilot of the request asks of its slot (None: the batch system's defaults)
     resources: Resources | None = None
+    #: the submission's unique name (``<fleet>-<12 hex digits>``); "" outside the director
+    name: str = ""
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -296,6 +303,10 @@ class SubmitResult:
     ``local_fault``, when set, says why nothing could be run because of this machine (a work
     folder missing, not writable or full: the folder and the OS error); it is classified as a
     local fault (kind ``local_io``), so no server is blamed.
+    ``uncertain`` says the request may have reached the server and created some of its pilots
+    although no answer says which (an answer lost as the connection broke): the director
+    keeps the submission's intent and asks :func:`gridgate_find_pilots` later. A command
+    killed at its deadline is uncertain without saying so.
     """
 
     endpoint: Endpoint
@@ -306,6 +317,7 @@ class SubmitResult:
     no_match: bool = False
     message: str = ""
     local_fault: str = ""
+    uncertain: bool = False
 
 
 @dataclass(frozen=True)
@@ -356,6 +368,32 @@ class StatusResult:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statuses", _frozen_mapping(self.statuses))
+
+
+@dataclass(frozen=True)
+class FoundPilots:
+    """The answer of a backend to "which jobs of these submissions do you hold"
+    (:func:`gridgate_find_pilots`).
+
+    ``found`` maps a submission name (:attr:`SubmitRequest.name`) to the jobs the server holds
+    under it, in **every** state it may hold a new job in (just accepted, being prepared,
+    pending, held, running, and finished while the server still lists it), one
+    :class:`JobStatus` per pilot (an array's tasks each on their own, with the ids
+    ``gridgate_job_status`` takes). A name it holds nothing under is left out. ``ok`` False:
+    the server could not be asked now (nothing is concluded; core asks again later).
+    """
+
+    endpoint: Endpoint
+    ok: bool
+    found: Mapping[str, tuple[JobStatus, ...]] = field(default_factory=dict)
+    command: CommandResult | None = None
+    operation: str = "Job Find"
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "found", _frozen_mapping({k: tuple(v) for k, v in self.found.items()})
+        )
 
 
 @dataclass(frozen=True)
