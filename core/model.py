@@ -213,10 +213,8 @@ class SubmitRequest:
     ``list_match`` asks the director to list-match before submitting (None: the backend's default); ``attributes`` carries
     backend-specific extras from the demand config; ``user`` is who asks (for admission);
     ``resources`` what each pilot asks of its slot (:class:`Resources`); ``name`` the
-    submission's unique name, given by the director before anything is sent (its intent is
-    written under it): a backend puts it in the names of the jobs it creates
-    (:func:`gridgate.core.backend.job_name`), so that :func:`gridgate_find_pilots` finds them
-    after a lost answer or a crash. Empty for a request made outside the director.
+    submission's unique name, its intent written under it before it is sent: a backend puts it
+    in its jobs' names (:func:`gridgate.core.backend.job_name`) for :func:`gridgate_find_pilots`.
     """
 
     backend: str
@@ -228,8 +226,7 @@ class SubmitRequest:
     user: str = ""
     #: what each pilot of the request asks of its slot (None: the batch system's defaults)
     resources: Resources | None = None
-    #: the submission's unique name (``<fleet>-<12 hex digits>``); "" outside the director
-    name: str = ""
+    name: str = ""  # ``<fleet>-<12 hex digits>``; "" outside the director
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -303,11 +300,8 @@ class SubmitResult:
     ``local_fault``, when set, says why nothing could be run because of this machine (a work
     folder missing, not writable or full: the folder and the OS error); it is classified as a
     local fault (kind ``local_io``), so no server is blamed.
-    ``uncertain`` says the request may have reached the server and created some of its pilots
-    although no answer says which (an answer lost as the connection broke): the director
-    keeps the submission's intent and asks :func:`gridgate_find_pilots` later. A command
-    killed at its deadline is uncertain without saying so.
-    """
+    ``uncertain``: the request may have made pilots no answer names (an answer lost; a command
+    killed at its deadline is so unsaid): :func:`gridgate_find_pilots` is asked later."""
 
     endpoint: Endpoint
     ok: bool
@@ -376,12 +370,9 @@ class FoundPilots:
     (:func:`gridgate_find_pilots`).
 
     ``found`` maps a submission name (:attr:`SubmitRequest.name`) to the jobs the server holds
-    under it, in **every** state it may hold a new job in (just accepted, being prepared,
-    pending, held, running, and finished while the server still lists it), one
-    :class:`JobStatus` per pilot (an array's tasks each on their own, with the ids
-    ``gridgate_job_status`` takes). A name it holds nothing under is left out. ``ok`` False:
-    the server could not be asked now (nothing is concluded; core asks again later).
-    """
+    under it in **any** state, one :class:`JobStatus` per pilot (an array's tasks each on their
+    own, with the ids ``gridgate_job_status`` takes); a name with none is left out. ``ok``
+    False: the server could not be asked now (core asks again later)."""
 
     endpoint: Endpoint
     ok: bool
@@ -655,6 +646,8 @@ class AccountingRecord:
     iteration: int = 0
     #: 1 for a submission's first try, 2... for its retries elsewhere in the same iteration
     attempt: int = 1
+    #: the submission's name (:attr:`SubmitRequest.name`); "" for an attempt that sent nothing
+    name: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -669,6 +662,7 @@ class AccountingRecord:
             "duration": self.duration,
             "iteration": self.iteration,
             "attempt": self.attempt,
+            **({"name": self.name} if self.name else {}),
         }
 
     @classmethod

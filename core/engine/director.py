@@ -109,7 +109,9 @@ class Director:
         self.stall = StallWatch(self.state, clock, f"{socket.gethostname()}:{where}")
         #: the failure path every part of an iteration shares (gridgate.core.engine.iteration)
         self.failures = FailurePath(self.runtime)
-        self.tracker = PilotTracker(self.runtime, self.failures, self.stall.limits_stuck)
+        self.tracker = PilotTracker(
+            self.runtime, self.failures, self.stall.limits_stuck, self.instance
+        )
         self.failures.on_submitted = self.tracker.submitted
         self.credentials = CredentialEpisodes(self.runtime, self.failures)
         self.runner = IterationRunner(

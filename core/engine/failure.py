@@ -234,5 +234,6 @@ class AttemptOutcome:
                 duration=round(self._elapsed(), 4),
                 iteration=self.it.info.number,
                 attempt=self.attempt,
+                name=self.request.name if self.outcome != "skipped" else "",
             ),
         )

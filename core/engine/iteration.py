@@ -353,21 +353,56 @@ class IterationRunner:
             start.skipped("max_waiting").account(self.failures)
             return None
         sending.tried.append(endpoint)
+        intents = self.tracker.intents
+        try:  # intent first: what is sent can always be found again by its name
+            sending.request = intents.begin(endpoint, sending.request)
+        except OSError as exc:
+            return self._unrecordable(sending, start.on(endpoint, sending.request), exc)
+        name = sending.request.name
         reached = start.on(endpoint, sending.request)
+        with it.lock:
+            paused = info.backend in it.local_faults
+        if paused:  # another thread found meanwhile that its commands cannot run here
+            intents.settle(name)
+            reached.skipped("local_fault").account(self.failures)
+            return None
         grant = self._admit(endpoint, sending.request)
         if isinstance(grant, Refusal):
+            intents.settle(name)
             reached.refused("admission").account(self.failures)
             return None
-        result = self._send(info, endpoint, sending.request, grant)
+        try:
+            result = self._send(info, endpoint, sending.request, grant)
+        except BaseException:
+            intents.unsettle(name, "its submission crashed in a plugin")
+            raise
         done = reached.timed()
         if result is None:
+            intents.settle(name)
             done.no_match().account(self.failures)
             return None
         if result.ok:
             done.submitted(result.job_ids).account(self.failures)
+            intents.finish(name, result)
             return None
         failure = self.failures.server_failed(endpoint, result, it, submission=True)
         done.failed(failure.kind).account(self.failures)
+        intents.finish(name, result)
+        return failure
+
+    def _unrecordable(self, sending: Sending, reached: AttemptOutcome, exc: OSError) -> Failure:
+        """The intent of ``sending`` could not be written: nothing is sent (its result could
+        be recorded nowhere that outlives this process), said as a fault of this machine."""
+        endpoint = reached.endpoint
+        assert endpoint is not None
+        folder = self.tracker.intents.folder
+        why = (
+            f"cannot write the submission's intent in {folder}: "
+            f"{exc.strerror or exc}; nothing is submitted while results cannot be recorded"
+        )
+        result = SubmitResult(endpoint, ok=False, local_fault=why, message=why)
+        failure = self.failures.server_failed(endpoint, result, sending.it, submission=True)
+        reached.failed(failure.kind).account(self.failures)
         return failure
 
     def _candidates(self, sending: Sending, start: AttemptOutcome) -> list[Endpoint] | None:

@@ -84,6 +84,16 @@ PILOTS_SCHEMA: dict[str, Any] = {
             "description": "A pilot the backend has not known (state unknown) for this "
             "many seconds becomes lost (terminal).",
         },
+        "reconcile_for": {
+            "maximum": 86400,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": 300,
+            "description": "A submission whose answer never came (its director killed while "
+            "it was sent, a lost answer, a command killed at its deadline) is looked for on its "
+            "CE by name for this many seconds, counted against the limits meanwhile; a name "
+            "still not found then is given up with a log line (docs/pilots.md).",
+        },
         "keep_finished": {
             "maximum": 365 * 86400,
             "type": "number",
@@ -163,6 +173,7 @@ class PilotSettings(Settings):
     max_total: int | None
     max_wait_time: float | None
     lost_after: float
+    reconcile_for: float
     keep_finished: float
     abort_window: int
     abort_min_finished: int

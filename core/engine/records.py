@@ -79,6 +79,34 @@ class PendingFile(msgspec.Struct):
     unrecorded: list[Any] = []
 
 
+class IntentRecord(msgspec.Struct):
+    """A submission's intent, written before it is sent (``<state_dir>/intents/<name>.json``):
+    where it goes and what for, who sends it, and why it is not settled yet (``why``: "" while
+    its director sends it)."""
+
+    name: str
+    backend: str
+    endpoint: str
+    group: str
+    count: Annotated[int, msgspec.Meta(ge=1)]
+    cores: Annotated[int, msgspec.Meta(ge=1)]
+    started: float
+    owner: str
+    host: str
+    pid: int
+    why: str = ""
+    url: str = ""
+
+
+class EpochFile(msgspec.Struct):
+    """What a director last knew of its state store's identity (``<state_dir>/store-epoch.json``):
+    the epoch the store held, and the endpoints still to be searched for the fleet's pilots since
+    the store came back empty."""
+
+    epoch: str
+    unsearched: list[str] = []
+
+
 def read_record(raw: str | bytes | None, type_: type[T], where: str) -> T | None:
     """The record ``raw`` read from ``where`` as a ``type_`` (None when absent); one that is
     no ``type_`` is said in the log and read as absent."""

@@ -128,6 +128,9 @@ class Iteration:
     #: what each backend with endpoints said of itself when availability was asked (the plan
     #: reuses it, so a backend is asked once for the plan and once by the tracker)
     infos: dict[str, BackendInfo | None] = field(default_factory=dict)
+    #: endpoint keys not searched yet for the pilots of a store that came back empty: they
+    #: get no pilot this iteration
+    unsearched: set[str] = field(default_factory=set)
 
     def credential_block(self, info: BackendInfo) -> str:
         """Why ``info``'s backend may not use its credentials this iteration: ``credential``
@@ -160,8 +163,13 @@ class Iteration:
         return [e for e in endpoints if e.key not in gone]
 
     def submittable(self, endpoints: Iterable[Endpoint]) -> list[Endpoint]:
-        """``endpoints`` that may get new pilots: usable, and neither drained nor banned."""
-        return [e for e in self.usable(endpoints) if not self.withdrawn(e)]
+        """``endpoints`` that may get new pilots: usable, neither drained nor banned, and
+        searched for the pilots of a store that came back empty."""
+        return [
+            e
+            for e in self.usable(endpoints)
+            if not self.withdrawn(e) and e.key not in self.unsearched
+        ]
 
     def withdrawn(self, endpoint: Endpoint) -> bool:
         """Whether ``endpoint`` is drained or banned this iteration (no new pilots)."""

@@ -127,6 +127,14 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
             "description": "Several directors on one shared state store (Redis): each "
             "demand group is filled by one of them, the holder of its lock.",
         },
+        "fleet": {
+            "type": "string",
+            "pattern": "^([0-9a-f]{6})?$",
+            "default": "",
+            "description": "Six hex digits in the names of this director's pilots, the same "
+            "for every director of one state store (empty: derived from the state section). "
+            "Set it when directors reach one Redis by different addresses (docs/pilots.md).",
+        },
         "state_retry_seconds": {
             "maximum": 86400,
             "type": "number",
@@ -183,6 +191,7 @@ class DirectorSettings(Settings):
     max_output_bytes: int
     state_dir: str
     demand_lock: bool
+    fleet: str
     state_retry_seconds: float
     user: str
     stop_timeout: float

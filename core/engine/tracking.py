@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from gridgate.core.engine.aborted import AbortVerdicts
+from gridgate.core.engine.epoch import StoreEpoch
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
+from gridgate.core.engine.intents import Intents, default_instance
 from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
 from gridgate.core.engine.pending import PendingPilots
 from gridgate.core.engine.records import clock_time
@@ -89,8 +91,12 @@ class PilotTracker:
         runtime: Runtime,
         failures: FailurePath,
         on_stuck: Callable[[dict[str, str]], None] | None = None,
+        instance: str = "",
     ) -> None:
         self.runtime = runtime
+        #: the submissions written before they are sent, and the store's identity
+        self.intents = Intents(runtime, instance or default_instance())
+        self.epoch = StoreEpoch(runtime, self.intents)
         #: where a failed poll, aborting pilots or a cancel this machine cannot run go
         self.failures = failures
         #: told which backends' limits have been stuck (the director's stall watch)
@@ -178,6 +184,7 @@ class PilotTracker:
                 exc,
             )
             self.pending.unrecorded_pilots(pilots)
+            self.intents.unrecorded(record.name)
         else:
             self.pending.recorded(pilots)  # the last known counts too
         with self._lock:
@@ -224,6 +231,7 @@ class PilotTracker:
         if registry is not None:
             try:
                 self.pending.write_back(registry)
+                self._reconcile(registry, it)
                 counts = registry.counts()
             except StateError as exc:
                 logger.error("pilot registry unreadable: {}", exc)
@@ -311,6 +319,25 @@ class PilotTracker:
         retired_keys = {e.key for endpoints in retired.values() for e in endpoints}
         return self._trim(demand, it, settings, counts, infos, report, retired_keys, cores)
 
+    def _reconcile(self, registry: PilotRegistry, it: Iteration) -> None:
+        """Before anything is counted: a store that came back empty is noticed (its fleet's
+        pilots searched for on every endpoint, which gets no pilot until it was), and the
+        submissions whose answer never came are looked for by name (:mod:`.intents`).
+
+        :raises StateError: the store failed meanwhile."""
+        hook = self.runtime.pm.hook
+        endpoints: list[Endpoint] = []
+        # configured backends and those demand named (asked when availability was)
+        for backend in dict.fromkeys([*it.infos, *(self.runtime.config.get("backends") or {})]):
+            info = it.infos.get(backend) or hook.gridgate_backend_info(backend=backend)
+            if info is not None:
+                endpoints.extend(info.endpoints)
+        self.epoch.check(endpoints)
+        it.unsearched = self.epoch.search(registry, endpoints)
+        if not self.pending.unrecorded:
+            self.intents.written_back()
+        self.intents.reconcile(registry)
+
     def _waiting_cores(
         self, registry: PilotRegistry, settings: PilotSettings, counts: Counts
     ) -> dict[str, int] | None:
@@ -346,6 +373,17 @@ class PilotTracker:
             # no plugin at all can report a pilot's state: the limits would only block (what a
             # first poll would find out, one iteration late, with the finite defaults applied)
             blind.update(infos)
+        # the pilots of submissions not settled yet count as waiting: a restart in the middle
+        # of a submission sends no more than the limits allow
+        flying, flying_cores = self.intents.in_flight()
+        if flying:
+            counts = dict(counts)
+            for where, n in flying.items():
+                counts[where] = counts.get(where, 0) + n
+            if waiting_cores is not None:
+                waiting_cores = dict(waiting_cores)
+                for key, c in flying_cores.items():
+                    waiting_cores[key] = waiting_cores.get(key, 0) + c
         limits = PilotRoom(settings, counts, infos, blind, retired, waiting_cores)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         kept, cuts = limits.trim(demand.requests, usable)

@@ -268,3 +268,82 @@ class TrackingBackend(ScriptedBackend):
             for job in done:
                 known[job] = ("cancelled", "cancelled by user")
         return CancelResult(endpoint, ok=True, cancelled=tuple(done))
+
+
+class Killed(BaseException):
+    """What a director killed in the middle of a submission leaves: nothing after this point
+    runs (not an ``Exception``, so no ``except Exception`` of the engine catches it)."""
+
+
+class NamingBackend(TrackingBackend):
+    """A tracking backend whose jobs carry the names core gives each submission, as a real CE's
+    do (``job_name("pilot", request)``), and that answers ``gridgate_find_pilots`` from them.
+
+    ``submit_mode[server]``: ``ok``; ``lose`` (the jobs are made, the answer is lost:
+    ``uncertain``); ``kill`` (the jobs are made, then the director dies: :class:`Killed`);
+    ``nothing`` (the answer is lost and nothing was made). ``find_mode[server]``: ``ok``;
+    ``down`` (the CE cannot be asked); ``none`` (the backend cannot look jobs up by name)."""
+
+    BASE = "pilot"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.names: dict[str, str] = {}  # job id -> job name
+        self.submit_mode: dict[str, str] = {}
+        self.find_mode: dict[str, str] = {}
+        self.find_calls: list[tuple[str, tuple[str, ...], str]] = []
+
+    def make(self, endpoint: str, name: str, n: int) -> list[str]:
+        """Put ``n`` jobs named ``name`` on ``endpoint``, as another director of the fleet
+        would have."""
+        with self.lock:
+            ids = []
+            for _ in range(n):
+                self.counter += 1
+                ids.append(f"{endpoint}.{self.counter}")
+                self.jobs[endpoint][ids[-1]] = ("waiting", "")
+                self.names[ids[-1]] = name
+        return ids
+
+    @hookimpl
+    def gridgate_submit(
+        self, endpoint: Endpoint, request: SubmitRequest, timeout: float
+    ) -> SubmitResult | None:
+        if endpoint.backend != BACKEND:
+            return None
+        from gridgate.core.backend import job_name
+
+        mode = self.submit_mode.get(endpoint.name, "ok")
+        with self.lock:
+            self.calls.append(endpoint.name)
+        if mode == "nothing":
+            return SubmitResult(endpoint, ok=False, message="connection reset", uncertain=True)
+        ids = tuple(self.make(endpoint.name, job_name(self.BASE, request), request.count))
+        if mode == "kill":
+            raise Killed(endpoint.name)
+        if mode == "lose":
+            return SubmitResult(endpoint, ok=False, message="connection reset", uncertain=True)
+        return SubmitResult(endpoint, ok=True, job_ids=ids)
+
+    @hookimpl
+    def gridgate_find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> Any:
+        if endpoint.backend != BACKEND:
+            return None
+        from gridgate.core.backend import found_pilots
+        from gridgate.core.model import FoundPilots
+
+        with self.lock:
+            self.find_calls.append((endpoint.name, tuple(names), fleet))
+        mode = self.find_mode.get(endpoint.name, "ok")
+        if mode == "none":
+            return None
+        if mode == "down":
+            return FoundPilots(endpoint, ok=False, message="connection refused")
+        with self.lock:
+            jobs = [
+                (self.names.get(j, ""), JobStatus(j, s, native=self.NATIVE[s]))
+                for j, (s, _r) in self.jobs[endpoint.name].items()
+            ]
+        return found_pilots(endpoint, self.BASE, names, fleet, jobs)

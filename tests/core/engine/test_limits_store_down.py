@@ -73,7 +73,7 @@ def test_redis_down_the_limits_hold_on_the_last_counts_and_own_submissions(redis
 
 def _fill(folder: Path) -> Path:
     filler = folder / "filler"
-    with open(filler, "wb") as handle:
+    with open(filler, "wb", buffering=0) as handle:  # nothing left to flush at close
         try:
             while True:
                 handle.write(b"\0" * 65536)

@@ -66,7 +66,9 @@ def fix(cause: str, director: Director, backend: ScriptedBackend, admission: Ref
     ("cause", "reasons"),
     [
         ("failing", ["failed/error", "skipped/no_endpoint"]),
-        ("missing", ["failed/launch", "skipped/local_fault"]),
+        # the submissions run in parallel: those started before the first one found the
+        # command missing fail the same way, the others are skipped (skipped/local_fault)
+        ("missing", ["failed/launch"]),
         ("refused", ["refused/admission"]),
         ("no_backend", ["skipped/no_backend"]),
     ],
