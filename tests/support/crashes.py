@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from gridgate.core.config import validate_document
+from gridgate.core.engine.intents import fleet_of
 from gridgate.core.engine.runtime import ACCOUNTING
 from gridgate.core.state import open_state
 
@@ -85,8 +86,11 @@ class Run:
         base: str,
         waiting_states: frozenset[str],
         env: Mapping[str, str] | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.folder = folder
+        #: what the director is run under (setpriv as the cell's submit user)
+        self.prefix = list(prefix)
         self.doc = doc
         self.ce_jobs = ce_jobs
         self.base = base
@@ -107,7 +111,8 @@ class Run:
         self.logs.append(log)
         with open(log, "wb") as sink:
             self.proc = subprocess.Popen(
-                [str(BIN / "gridgate"), "run", "-c", str(self.path)],
+                [*self.prefix, str(BIN / "gridgate"), "run", "-c", str(self.path)],
+                cwd=self.folder,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -115,14 +120,21 @@ class Run:
             )
         return self.proc
 
-    def kill_during_submission(self, rng: random.Random, bound: float = 60.0) -> float:
-        """SIGKILL the director at a seeded moment of its run (``FIRST`` to ``LAST`` s), when
-        a submission is in flight there (an intent on disk), a random 0-150 ms into it: the
-        seconds since start it was killed at."""
+    def kill_during_submission(
+        self,
+        rng: random.Random,
+        bound: float = 60.0,
+        window: tuple[float, float] = (FIRST, LAST),
+        into: tuple[float, float] = (0.0, 0.15),
+    ) -> float:
+        """SIGKILL the director at a seeded moment of its run (in ``window`` s), when a
+        submission is in flight there (an intent on disk), a random ``into`` s into it: the
+        seconds since start it was killed at. A site whose director submits only at its start
+        (long pilots) gives ``window=(0, 0)`` and a wider ``into``."""
         assert self.proc is not None
         started = time.monotonic()
-        moment = rng.uniform(FIRST, LAST)
-        into = rng.uniform(0.0, 0.15)
+        moment = rng.uniform(*window)
+        delay = rng.uniform(*into)
         intents = self.state_dir / "intents"
         time.sleep(moment)
         end = started + bound
@@ -134,7 +146,7 @@ class Run:
             except FileNotFoundError:
                 flying = False
             if flying:
-                time.sleep(into)
+                time.sleep(delay)
                 break
             time.sleep(0.001)
         else:
@@ -211,8 +223,12 @@ class Run:
         return 1
 
     def fleet_jobs(self) -> Jobs:
-        """The CE's jobs named by this site's directors."""
-        prefix = self.base + "-"
+        """The CE's jobs named by this site's directors (their fleet: a job of an earlier
+        run, still being cleaned, is not this run's)."""
+        fleet = self.doc["director"].get("fleet") or fleet_of(
+            self.doc, self.doc["director"]["state_dir"]
+        )
+        prefix = f"{self.base}-{fleet}-"
         return {j: (n, s) for j, (n, s) in self.ce_jobs().items() if n.startswith(prefix)}
 
     def watch(self) -> None:
