@@ -80,6 +80,14 @@ def fleet_of(config: Mapping[str, object], state_dir: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:6]
 
 
+def unrecordable(folder: Path, exc: OSError) -> str:
+    """What is said when no intent can be written in ``folder``."""
+    return (
+        f"cannot write the submission's intent in {folder}: {exc.strerror or exc}; "
+        "nothing is submitted while results cannot be recorded"
+    )
+
+
 def default_instance() -> str:
     """A director's name in shared state when none is given: host, pid and a random part."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -150,6 +158,18 @@ class Intents:
                     self._path(name),
                     exc,
                 )
+
+    def unwritable(self) -> str:
+        """Why no intent can be written now ("" when one can): a durable probe file written
+        and removed in the intents folder."""
+        probe = self.folder / f".probe-{os.getpid()}"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write(probe, b"probe", durable=True)
+            probe.unlink()
+        except OSError as exc:
+            return unrecordable(self.folder, exc)
+        return ""
 
     # --- a submission's life ---------------------------------------------------------------
 

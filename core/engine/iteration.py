@@ -23,6 +23,7 @@ from gridgate.core.engine.contract import checked_submit, list_matches, no_list_
 from gridgate.core.engine.credential_episodes import CredentialEpisodes
 from gridgate.core.engine.demand_episodes import DemandEpisodes
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
+from gridgate.core.engine.intents import unrecordable
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
 from gridgate.core.engine.runtime import Iteration, Runtime
 from gridgate.core.engine.stall import StallWatch
@@ -395,11 +396,7 @@ class IterationRunner:
         be recorded nowhere that outlives this process), said as a fault of this machine."""
         endpoint = reached.endpoint
         assert endpoint is not None
-        folder = self.tracker.intents.folder
-        why = (
-            f"cannot write the submission's intent in {folder}: "
-            f"{exc.strerror or exc}; nothing is submitted while results cannot be recorded"
-        )
+        why = unrecordable(self.tracker.intents.folder, exc)
         result = SubmitResult(endpoint, ok=False, local_fault=why, message=why)
         failure = self.failures.server_failed(endpoint, result, sending.it, submission=True)
         reached.failed(failure.kind).account(self.failures)

@@ -415,6 +415,9 @@ class PilotTracker:
         limits on the last known counts and this process's own submissions since."""
         hook = self.runtime.pm.hook
         counts = self.pending.counts()
+        problem = self.intents.unwritable() if settings.track else ""
+        if problem:  # no result could be recorded anywhere: nothing is sent, said as such
+            demand = self._unrecordable(demand, it, problem)
         backends = list(
             dict.fromkeys(
                 [
@@ -433,6 +436,24 @@ class PilotTracker:
         )
         cores = self.pending.cores() if settings.counts_cores else None
         return self._trim(demand, it, settings, counts, infos, report, (), cores)
+
+    def _unrecordable(self, demand: DemandRegistry, it: Iteration, problem: str) -> DemandRegistry:
+        """Neither the store nor the state folder takes a result: every demand request is
+        skipped as a fault of this machine (``local_io``, its backend paused), told once per
+        failing-cache period, before any limit could be blamed for it."""
+        logger.error("{}", problem)
+        told: set[str] = set()
+        for request in demand.requests:
+            AttemptOutcome(it, request).skipped("local_io").account(self.failures)
+            info = it.infos.get(request.backend)
+            if info is None or not info.endpoints or request.backend in told:
+                continue
+            told.add(request.backend)
+            endpoint = info.endpoints[0]
+            result = SubmitResult(endpoint, ok=False, local_fault=problem, message=problem)
+            failure = Failure(kind="local_io", exclude=False, reason=problem, local=True)
+            self.failures.local_fault(endpoint, failure, result, it)
+        return DemandRegistry()
 
     # --- limits that do not move ------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ for docs/reliability.md's table (CI runs the seeds below).
 from __future__ import annotations
 
 import random
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,67 @@ def test_redis_back_empty_the_director_adopts_its_pilots_before_submitting(
     assert code == 0, run.log_text()[-3000:]
     assert verdict.clean(), verdict
     assert len(told) == 1, [p.name for p in notes]
+
+
+def _fill(folder: Path) -> Path:
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+        except OSError:
+            pass  # ENOSPC: the file system is full, as wanted
+    return filler
+
+
+@pytest.mark.timeout(600)
+def test_a_full_state_folder_stops_submission_and_loses_nothing(slurm_site, tmp_path) -> None:
+    """The state folder on a 3 MiB tmpfs that fills up under a running director: it goes on
+    (no traceback), submits nothing while no result can be recorded, says so through a
+    notifier whose folder is elsewhere, and once space returns the registry and squeue agree."""
+    slurm_site.cluster.cancel_all()
+    folder = tmp_path / "full"
+    doc = crash_doc(slurm_site, folder)
+    doc["director"]["state_retry_seconds"] = 2
+    state = folder / "state"
+    state.mkdir(parents=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(state)], check=True
+    )
+    try:
+        run = Run(
+            folder,
+            doc,
+            lambda: squeue_jobs(slurm_site.cluster),
+            base=BASE,
+            waiting_states=WAITING,
+            env=slurm_site.env,
+        )
+        run.start()
+        filler = None
+        try:
+            run.wait_iterations(3)
+            filler = _fill(state)
+            time.sleep(2)  # the iteration in flight ends
+            before = set(run.fleet_jobs())
+            time.sleep(6)  # several iterations on the full disk
+            during = set(run.fleet_jobs()) - before
+            assert run.proc is not None and run.proc.poll() is None, run.log_text()[-3000:]
+            filler.unlink()
+            filler = None
+            time.sleep(6)  # the store's retry (2 s), then iterations with space
+        finally:
+            if filler is not None:
+                filler.unlink()
+            code = run.stop()
+        verdict = run.verdict()
+        notes = [
+            p.read_text("utf-8", "replace") for p in (folder / "notes").rglob("*") if p.is_file()
+        ]
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+    record("slurm state folder full", [{**verdict.row(), "sent while full": len(during)}])
+    assert code == 0, run.log_text()[-3000:]
+    assert during == set(), f"submitted while nothing could be recorded: {sorted(during)}"
+    assert any("results cannot be recorded" in n for n in notes), notes
+    assert verdict.clean(), verdict
