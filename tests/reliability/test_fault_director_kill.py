@@ -150,7 +150,10 @@ def test_sigkill_mid_iteration_then_restart(
     [it3] = json_lines(again.stdout)
     assert it3["notifications"] == []
     assert all(s["endpoint"] != BROKEN for s in it3["submitted"])
-    assert len(it3["submitted"]) == 24
+    # the whole demand, less what max_waiting trimmed: how many of the killed run's pilots
+    # still wait on the healthy servers depends on how far the stand-in moved them
+    trimmed = sum(it3["pilots"]["trimmed"].get("wms_glite", {}).values())
+    assert len(it3["submitted"]) + trimmed == 24
 
     state = open_state(doc)
     try:
