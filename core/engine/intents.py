@@ -64,16 +64,17 @@ ADOPTED_GROUP = "adopted"
 #: Why an intent is unsettled, as the log lines say it.
 CRASHED = "its director stopped while it was sent"
 UNRECORDED = "the state store did not take its pilots"
-#: State keys whose secrets never go into the fleet's hash.
-_SECRET_KEYS = frozenset({"password", "username", "ssl_password"})
+#: The keys of a ``state:`` section that name the store (the fleet's hash reads only these).
+_IDENTITY_KEYS = ("driver", "url", "prefix", "path")
 
 
 def fleet_of(config: Mapping[str, object], state_dir: str) -> str:
     """The six hex digits every director of one state store puts in its pilots' names: a hash
-    of the ``state:`` section (its secrets left out), with this host and the state folder for
-    a store that is this host's own (sqlite, memory)."""
+    of what names the store (its driver, and the ``url`` and ``prefix`` of a Redis, the
+    ``path`` of a sqlite file; neither secrets nor tuning), with this host and the state folder
+    for a store that is this host's own (sqlite, memory)."""
     section = dict(config.get("state") or {"driver": "sqlite"})  # type: ignore[call-overload]
-    kept = {k: v for k, v in sorted(section.items()) if k not in _SECRET_KEYS}
+    kept = {k: section.get(k) for k in _IDENTITY_KEYS if section.get(k) is not None}
     text = json.dumps(kept, sort_keys=True, default=str)
     if section.get("driver") != "redis":
         text += f"|{socket.gethostname()}|{os.path.abspath(state_dir)}"

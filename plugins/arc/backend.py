@@ -29,6 +29,7 @@ from gridgate.core.model import (
     CancelResult,
     Endpoint,
     Failure,
+    FoundPilots,
     IterationInfo,
     IterationSummary,
     JobStatus,
@@ -168,6 +169,16 @@ class ArcBackend(Backend):
         if odd and result.ok:
             result = dataclasses.replace(result, statuses={**result.statuses, **odd})
         return result
+
+    def find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> FoundPilots | None:
+        """Over REST, the CE's jobs of those submissions in every state (the ARC client has
+        no cheap listing of its jobs with their names: ``interface: cli`` cannot say)."""
+        ce = self._ce(endpoint)
+        if ce is None or self.interface is not self._rest:
+            return None
+        return self._rest.find_pilots(ce, names, fleet, timeout)
 
     def cancel(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float

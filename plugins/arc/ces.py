@@ -55,11 +55,6 @@ class CE:
         config)."""
         return self.folder / "rest.json"
 
-    @property
-    def unconfirmed(self) -> Path:
-        """The REST path's pilots whose creation answer was lost."""
-        return self.folder / "unconfirmed.json"
-
 
 class CeLocks:
     """One lock per CE, over its files (pilots to clean, pilots to look for)."""

@@ -39,6 +39,7 @@ from gridgate.core.model import JobStatus
 from gridgate.plugins.arc.parse import final_status
 
 __all__ = [
+    "jobname_in",
     "CE_ID",
     "JOB_ID_RE",
     "Activity",
@@ -399,3 +400,20 @@ def cleaned_counts(stdout: str) -> tuple[int, int] | None:
 def not_in_list(text: str) -> list[str]:
     """The ids the client says are not in its job list."""
     return [m.group(1) for m in (NOT_IN_LIST_RE.match(ln.strip()) for ln in text.splitlines()) if m]
+
+
+_JOBNAME = re.compile(r"\(\s*jobname\s*=\s*\"([^\"]*)\"", re.IGNORECASE)
+_QUOTED = re.compile(r"\"([^\"]*)\"")
+
+
+def jobname_in(description: str, base: str) -> str:
+    """The job name in a description A-REX keeps (``diagnose/description``: the xRSL as it
+    parsed it): its ``jobname`` attribute, else the first quoted word that starts with
+    ``base-`` (a description kept in another layout); "" when none."""
+    named = _JOBNAME.search(description)
+    if named:
+        return named.group(1)
+    for word in _QUOTED.findall(description):
+        if word.startswith(base + "-"):
+            return word
+    return ""

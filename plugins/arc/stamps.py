@@ -1,6 +1,7 @@
 """Small files of names with the time each was first noted, in a CE's folder under the state
-folder: the pilots to clean off the CE (``clean-pending.json``) and, over REST, the pilots
-whose creation answer was lost (``unconfirmed.json``). A file that cannot be read counts as
+folder: the pilots to clean off the CE (``clean-pending.json``). (An ``unconfirmed.json`` an
+older version kept, of pilots whose creation answer was lost, is no longer read: core's
+intents look for those by name.) A file that cannot be read counts as
 empty (and is said in the log); one that cannot be written is said in the log, never raised."""
 
 from __future__ import annotations

@@ -33,14 +33,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
 
-from gridgate.core.backend import Deadline
+from gridgate.core.backend import Deadline, found_pilots, job_name, submission_of
 from gridgate.core.documents import DocumentError
 from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir
 from gridgate.core.http import HttpClient
@@ -50,7 +50,9 @@ from gridgate.core.model import (
     CancelResult,
     CommandResult,
     Failure,
+    FoundPilots,
     JobStatus,
+    PilotState,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -66,7 +68,7 @@ from gridgate.plugins.arc.classify import (
     shared_folder,
 )
 from gridgate.plugins.arc.describe import Descriptions
-from gridgate.plugins.arc.documents import rest_marker, token_end
+from gridgate.plugins.arc.documents import jobname_in, rest_marker, token_end
 from gridgate.plugins.arc.parse import STDERR, with_stderr
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError, failed
 from gridgate.plugins.arc.rest.delegation import Delegations
@@ -80,16 +82,12 @@ from gridgate.plugins.arc.rest.jobs import (
 )
 from gridgate.plugins.arc.rest.signing import Proxy, ProxyError, read_proxy
 from gridgate.plugins.arc.settings import ArcSettings
-from gridgate.plugins.arc.stamps import add_stamps, read_stamps, write_stamps
 
 __all__ = ["SCRIPT_WHAT", "Credential", "RestInterface", "find_token"]
 
 OPERATION_SUBMIT = "Job Submit"
 #: How the pilot script is named when it is missing (the failure is ``missing_input``).
 SCRIPT_WHAT = "the pilot script (backends.arc.script)"
-#: Seconds names of pilots whose creation answer was lost are looked for on the CE; the jobs
-#: found (never given their script, so never started) are killed and cleaned.
-UNCONFIRMED_FOR = 86400.0
 #: Looks for the jobs of a bundle whose creation answer was lost, and the pause before each
 #: further one: A-REX creates a bundle's jobs one after the other, and an answer lost as the
 #: connection broke can come before the last of them exists (seen on the private CE: 2 of 3
@@ -153,6 +151,13 @@ def find_token(managed: Mapping[str, str], environ: Mapping[str, str]) -> tuple[
             return token, path
     where = ", ".join(path for _kind, path in candidates)
     return "", where + (f" (refused: {'; '.join(refused)})" if refused else "")
+
+
+def _state_of(native: str) -> PilotState:
+    """Core's state of a job found by name (its exit code is not read here: a finished one is
+    ``done`` until the status poll reads how it ended)."""
+    state: PilotState = pilot_state(native, None)  # type: ignore[assignment]
+    return state
 
 
 def token_expired(token: str, now: float) -> float | None:
@@ -345,7 +350,6 @@ class RestInterface:
             )
         deadline = self.settings.deadline(timeout)
         client = self.client(self.service(ce), credential)
-        self.reconcile_unconfirmed(ce, client, deadline)
         try:
             delegation = (
                 self.delegations.ensure(client, credential.proxy, deadline)
@@ -361,7 +365,11 @@ class RestInterface:
                 message=str(exc),
             )
         base = self.settings.job_name
-        names = [f"{base}-{uuid.uuid4().hex[:16]}" for _ in range(request.count)]
+        names = (
+            [job_name(base, request, i) for i in range(request.count)]
+            if request.name
+            else [f"{base}-{uuid.uuid4().hex[:16]}" for _ in range(request.count)]
+        )
         descriptions = {
             n: self.descriptions.description(ce, request, name=n, delegation=delegation)
             for n in names
@@ -371,6 +379,8 @@ class RestInterface:
         failures += upload_failures
         version = client.version or "1.0"
         ids = tuple(job_url(client.service, version, created[n]) for n in names if n in uploaded)
+        # an answer lost with names still not found: core looks for them by name later
+        uncertain = any(f.lost and not f.entry for f in failures)
         if ids:
             if failures:
                 logger.warning(
@@ -386,6 +396,7 @@ class RestInterface:
                 job_ids=ids,
                 command=command,
                 operation=OPERATION_SUBMIT,
+                uncertain=uncertain,
             )
         first = failures[0] if failures else ArexError("nothing created", _no_command())
         return SubmitResult(
@@ -394,6 +405,7 @@ class RestInterface:
             command=first.command,
             operation=OPERATION_SUBMIT,
             message=str(first),
+            uncertain=uncertain,
         )
 
     def create(
@@ -473,13 +485,13 @@ class RestInterface:
         deadline: Deadline,
     ) -> tuple[dict[str, str], list[ArexError]]:
         """The creation answer was lost after the request may have reached the CE: which of
-        ``names`` exist there is asked before anything is sent again; when it cannot be asked
-        now, the names are kept and looked for later (:meth:`reconcile_unconfirmed`).
+        ``names`` exist there (in any state) is asked before anything is sent again.
 
         A bundle may still be being created when its answer is lost: the CE is asked again
-        after a pause (:data:`LOST_LOOKS`, within the deadline) while some names are missing,
-        and those still missing are kept to be looked for at the next contact too, so that a
-        pilot the CE creates later is killed and cleaned rather than left waiting for ever."""
+        after a pause (:data:`LOST_LOOKS`, within the deadline) while some names are missing.
+        The names still missing, or all of them when the CE cannot be asked now, are left to
+        core: the submission's result is ``uncertain`` (``exc``, lost, among the failures), its
+        intent stays, and ``gridgate_find_pilots`` looks for them at the next iterations."""
         found: dict[str, str] | None = {}
         for pause in LOST_LOOKS:
             if pause and deadline.left() <= pause + 1.0:
@@ -489,32 +501,41 @@ class RestInterface:
             if found is None or len(found) == len(names):
                 break
         if found is None:
-            self._unconfirmed(ce, names)
             logger.error(
                 "{}: the answer to creating {} pilot(s) was lost ({}) and the CE cannot be "
-                "asked which exist; they are looked for at the next contact",
+                "asked which exist now; they are looked for by name at the next iterations",
                 ce.endpoint.key,
                 len(names),
                 clip(str(exc)),
             )
             return {}, [exc]
+        missing = [n for n in names if n not in found]
         logger.warning(
-            "{}: the answer to creating {} pilot(s) was lost ({}); {} found on the CE by name",
+            "{}: the answer to creating {} pilot(s) was lost ({}); {} found on the CE by name{}",
             ce.endpoint.key,
             len(names),
             clip(str(exc)),
             len(found),
+            f", {len(missing)} looked for again at the next iterations" if missing else "",
         )
-        missing = [n for n in names if n not in found]
-        if missing:
-            self._unconfirmed(ce, missing)
         return found, ([exc] if missing else [])
 
     def find_by_name(
         self, client: ArexClient, names: set[str], deadline: Deadline
     ) -> dict[str, str] | None:
-        """name -> CE id of the jobs among ``names`` that the CE has (looked for among its jobs
-        still waiting for input: a job created moments ago); None when the CE cannot tell.
+        """name -> CE id of the jobs among ``names`` that the CE has, in any state; None when
+        the CE cannot tell."""
+        jobs = self.listing(client, deadline, names.__contains__)
+        if jobs is None:
+            return None
+        return {name: identifier for identifier, (name, _state) in jobs.items()}
+
+    def listing(
+        self, client: ArexClient, deadline: Deadline, wanted: Callable[[str], bool]
+    ) -> dict[str, tuple[str, str]] | None:
+        """CE id -> (name, A-REX state) of every job of this credential on the CE whose name
+        ``wanted`` takes, in **every** state (just accepted, preparing, queuing, running,
+        finished...): one list, one bulk status, one bulk info; None when the CE cannot tell.
 
         A job's name is in its ``info`` document once the info provider has written it; for a
         job younger than that the document has none, and the description A-REX keeps is read
@@ -524,24 +545,23 @@ class RestInterface:
             if not ids:
                 return {}
             states, _ = client.manage("status", ids, deadline)
-            fresh = [e.id for e in states if e.code == 200 and e.state.upper() in WAITING_INPUT]
-            if not fresh:
+            state = {e.id: e.state.upper() for e in states if e.code == 200 and e.id}
+            live = [i for i in ids if state.get(i, "") not in ("", "DELETED")]
+            if not live:
                 return {}
-            info, _ = client.manage("info", fresh, deadline)
+            info, _ = client.manage("info", live, deadline)
         except ArexError as exc:
             logger.info("{}: cannot look for jobs by name: {}", client.service, exc)
             return None
-        found: dict[str, str] = {}
+        found: dict[str, tuple[str, str]] = {}
         unnamed: list[str] = []
         for entry in info:
             name = entry.activity.name if entry.activity is not None else ""
-            if name in names:
-                found[name] = entry.id
+            if name and wanted(name):
+                found[entry.id] = (name, state.get(entry.id, ""))
             elif not name and entry.id:
                 unnamed.append(entry.id)
         for identifier in unnamed:
-            if len(found) == len(names):
-                break
             try:
                 kept = client.description(identifier, deadline).decode("utf-8", "replace")
             except ArexError as exc:
@@ -549,10 +569,69 @@ class RestInterface:
                     "{}: cannot read the description of {}: {}", client.service, identifier, exc
                 )
                 return None
-            for name in names - set(found):
-                if f'"{name}"' in kept:  # the names are unique: 16 random hex digits
-                    found[name] = identifier
+            name = jobname_in(kept, self.settings.job_name)
+            if name and wanted(name):
+                found[identifier] = (name, state.get(identifier, ""))
         return found
+
+    def find_pilots(self, ce: CE, names: Sequence[str], fleet: str, timeout: float) -> FoundPilots:
+        """The jobs of the submissions ``names`` (or of every submission of ``fleet``) on
+        ``ce``, in every state (``gridgate_find_pilots``). A job found still waiting for its
+        pilot script (its director stopped between the creation and the upload) is given it
+        now, and is a pilot like any other; one that cannot be given it is killed and cleaned
+        (it would wait for its input for ever) and left out."""
+        endpoint = ce.endpoint
+        credential = self.credential()
+        if credential.problem:
+            return FoundPilots(endpoint, ok=False, message=credential.problem)
+        deadline = self.settings.deadline(timeout)
+        client = self.client(self.service(ce), credential)
+        base = self.settings.job_name
+        wanted_names = set(names)
+
+        def wanted(name: str) -> bool:
+            submission = submission_of(name, base)
+            return submission is not None and (
+                submission in wanted_names or bool(fleet and submission.startswith(fleet + "-"))
+            )
+
+        jobs = self.listing(client, deadline, wanted)
+        if jobs is None:
+            return FoundPilots(endpoint, ok=False, message="the CE cannot be asked now")
+        # only a submission that was never settled may lack its script (a pilot of the
+        # registry got it before it was recorded): a fleet search never uploads
+        waiting = [
+            i
+            for i, (name, st) in jobs.items()
+            if st in WAITING_INPUT | {"PREPARING"} and submission_of(name, base) in wanted_names
+        ]
+        if waiting:
+            script = self.descriptions.script_path()
+            try:
+                data = script.read_bytes()
+            except OSError as exc:
+                return FoundPilots(endpoint, ok=False, message=f"{SCRIPT_WHAT}: {exc}")
+            done, _why = self._upload(
+                ce, client, {i: i for i in waiting}, script.name, data, deadline, discard=False
+            )
+            if done:
+                logger.warning(
+                    "{}: {} job(s) of unsettled submissions given their pilot script",
+                    endpoint.key,
+                    len(done),
+                )
+            # one still waiting for its input that cannot be given it would wait for ever
+            broken = [i for i in set(waiting) - done if jobs[i][1] in WAITING_INPUT]
+            if broken:
+                self.discard(ce, client, broken, deadline)
+                for identifier in broken:
+                    jobs.pop(identifier)
+        version = client.version or "1.0"
+        listed = [
+            (name, JobStatus(job_url(client.service, version, i), _state_of(st), native=st))
+            for i, (name, st) in jobs.items()
+        ]
+        return found_pilots(endpoint, base, names, fleet, listed)
 
     def _upload(
         self,
@@ -562,6 +641,7 @@ class RestInterface:
         filename: str,
         data: bytes,
         deadline: Deadline,
+        discard: bool = True,
     ) -> tuple[set[str], list[ArexError]]:
         """Put the pilot script into each created job's session, :data:`UPLOADS` at a time (a
         bundle's uploads are most of its time); the names uploaded, and why the others failed
@@ -583,7 +663,7 @@ class RestInterface:
         done = {name for (name, _i), why in zip(items, outcomes, strict=True) if why is None}
         failures = [why for why in outcomes if why is not None]
         broken = [i for (_name, i), why in zip(items, outcomes, strict=True) if why is not None]
-        if broken:
+        if broken and discard:
             self.discard(ce, client, broken, deadline)
         return done, failures
 
@@ -610,36 +690,6 @@ class RestInterface:
                 len(identifiers),
                 clip(str(exc)),
             )
-
-    # --- lost answers -----------------------------------------------------------------------
-
-    def _unconfirmed(self, ce: CE, names: Sequence[str]) -> None:
-        with self.locks.lock(ce):
-            add_stamps(ce.unconfirmed, names, self.context.clock.time(), "pilots to look for")
-
-    def reconcile_unconfirmed(self, ce: CE, client: ArexClient, deadline: Deadline) -> None:
-        """Look for the pilots whose creation answer was lost earlier: those the CE has never
-        got their script, so they never ran and never will; they are killed and cleaned (no
-        pilot runs twice, none waits on the CE for ever)."""
-        if not ce.unconfirmed.exists():
-            return
-        with self.locks.lock(ce):
-            kept = read_stamps(ce.unconfirmed)
-        if not kept:
-            return
-        found = self.find_by_name(client, set(kept), deadline)
-        if found is None:
-            return
-        if found:
-            self.discard(ce, client, list(found.values()), deadline)
-        now = self.context.clock.time()
-        with self.locks.lock(ce):
-            left = {
-                n: t
-                for n, t in read_stamps(ce.unconfirmed).items()
-                if n not in kept and now - t < UNCONFIRMED_FOR
-            }
-            write_stamps(ce.unconfirmed, left, "pilots to look for")
 
     # --- tracking ---------------------------------------------------------------------------
 
@@ -686,7 +736,6 @@ class RestInterface:
         statuses.update(self._finals(client, final, by_ce, deadline))
         self._sample_stderr(client, statuses, deadline)
         self.finals.note(ce, [k for k, v in statuses.items() if v.state in TERMINAL_STATES])
-        self.reconcile_unconfirmed(ce, client, deadline)
         return StatusResult(
             endpoint, ok=True, statuses=statuses, command=exchanges[-1], commands=len(exchanges)
         )

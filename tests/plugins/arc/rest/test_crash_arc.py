@@ -33,7 +33,9 @@ def ce_jobs(witness, url: str) -> Jobs:
     states = witness.states(ids)
     jobs = {}
     for entry in witness.jobs("info", ids):
-        name = entry.get("info_document", {}).get("ComputingActivity", {}).get("Name", "")
+        document = entry.get("info_document")  # a text, not a document, for a job too young
+        activity = document.get("ComputingActivity", {}) if isinstance(document, dict) else {}
+        name = activity.get("Name", "") if isinstance(activity, dict) else ""
         ident = entry["id"]
         state = states.get(ident, "")
         if state in ("", "None", "DELETED"):
