@@ -120,6 +120,27 @@ class Run:
             )
         return self.proc
 
+    def wait_for_intent(
+        self, rng: random.Random, bound: float = 60.0, into: tuple[float, float] = (0.0, 0.15)
+    ) -> float:
+        """Until a submission is in flight (an intent on disk), then a seeded ``into`` s more:
+        the seconds since this was called."""
+        assert self.proc is not None
+        started = time.monotonic()
+        delay = rng.uniform(*into)
+        intents = self.state_dir / "intents"
+        while time.monotonic() < started + bound:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the director ended by itself: {self.log_text()[-2000:]}")
+            try:
+                if any(p.suffix == ".json" for p in intents.iterdir()):
+                    time.sleep(delay)
+                    return time.monotonic() - started
+            except FileNotFoundError:
+                pass
+            time.sleep(0.001)
+        raise AssertionError(f"no submission in flight within {bound} s")
+
     def kill_during_submission(
         self,
         rng: random.Random,
@@ -133,24 +154,8 @@ class Run:
         (long pilots) gives ``window=(0, 0)`` and a wider ``into``."""
         assert self.proc is not None
         started = time.monotonic()
-        moment = rng.uniform(*window)
-        delay = rng.uniform(*into)
-        intents = self.state_dir / "intents"
-        time.sleep(moment)
-        end = started + bound
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the director ended by itself: {self.log_text()[-2000:]}")
-            try:
-                flying = any(p.suffix == ".json" for p in intents.iterdir())
-            except FileNotFoundError:
-                flying = False
-            if flying:
-                time.sleep(delay)
-                break
-            time.sleep(0.001)
-        else:
-            raise AssertionError(f"no submission in flight within {bound} s")
+        time.sleep(rng.uniform(*window))
+        self.wait_for_intent(rng, bound, into)
         killed = time.monotonic() - started
         self.proc.send_signal(signal.SIGKILL)  # the director alone: what it ran goes on
         self.proc.wait(30)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 from support.crashes import Jobs, Run, record, seeds
@@ -60,12 +61,9 @@ def clean_ce(witness) -> None:
         witness.jobs("clean", ids)
 
 
-def crash_once(arc, rest_site, witness, seed: int) -> dict:
-    site = rest_site(arc, f"crash-{seed}", pilot=PILOT)
-    look = witness(arc)
-    clean_ce(look)
-    section = site.section(pilots_per_submission=5)
-    doc = {
+def _doc(site) -> dict:
+    """Bundles of 5, 10 pilots wanted, all may wait."""
+    return {
         "director": {
             "state_dir": str(site.folder / "state"),
             "cycle_seconds": 1,
@@ -74,10 +72,17 @@ def crash_once(arc, rest_site, witness, seed: int) -> dict:
             "pilots": {"max_waiting": 10, "reconcile_for": 60},
         },
         "state": {"driver": "sqlite", "path": str(site.folder / "state" / "state.db")},
-        "backends": {"arc": section},
+        "backends": {"arc": site.section(pilots_per_submission=5)},
         "demand": {"static": {"arc": 10}},
         "notifiers": {"files": {"folder": str(site.folder / "notes")}},
     }
+
+
+def crash_once(arc, rest_site, witness, seed: int) -> dict:
+    site = rest_site(arc, f"crash-{seed}", pilot=PILOT)
+    look = witness(arc)
+    clean_ce(look)
+    doc = _doc(site)
     run = Run(
         site.folder,
         doc,
@@ -104,6 +109,52 @@ def test_sigkill_during_bulk_creation_leaves_no_unknown_job(arc, rest_site, witn
         "arc sigkill during bulk creation",
         [{k: v for k, v in r.items() if k != "why"} for r in rows],
     )
+    clean_ce(witness(arc))
+    for row in rows:
+        assert row["why"].clean(), row
+
+
+@pytest.mark.timeout(900)
+def test_the_ce_stopped_mid_bulk_and_started_again_leaves_no_unknown_job(
+    arc, rest_site, witness
+) -> None:
+    """A-REX stopped while a bundle is being created (its answer lost with the connection)
+    and started again: the director survives, the bundle's jobs the CE made are found by name
+    in whatever state A-REX has them, and nothing is unknown or over the limit."""
+    rows = []
+    for seed in SEEDS:
+        site = rest_site(arc, f"stop-{seed}", pilot=PILOT)
+        look = witness(arc)
+        clean_ce(look)
+        doc = _doc(site)
+        doc["director"]["failing_expiry"] = 5  # tried again soon after it is back
+        run = Run(
+            site.folder,
+            doc,
+            lambda look=look: ce_jobs(look, arc.url),
+            base=BASE,
+            waiting_states=WAITING,
+        )
+        run.start()
+        try:
+            run.wait_for_intent(random.Random(seed), into=(0.4, 1.2))  # in the bulk POST
+            arc.stop_service()  # its daemons, keeping its folder, port and jobs
+            time.sleep(3)
+            arc.start()
+            run.wait_iterations(10, bound=240)  # past failing_expiry: it is tried again
+        finally:
+            code = run.stop()
+        verdict = run.verdict()
+        assert code == 0, run.log_text()[-3000:]
+        state = run.open()
+        try:
+            tracked = len(state.pilot_registry().query("arc"))
+        finally:
+            state.close()
+        assert tracked, f"the CE got no pilot once back: {run.log_text()[-3000:]}"
+        lost = "was lost" in run.log_text()
+        rows.append({"seed": seed, **verdict.row(), "answer lost": lost, "why": verdict})
+    record("arc CE stopped mid-bulk", [{k: v for k, v in r.items() if k != "why"} for r in rows])
     clean_ce(witness(arc))
     for row in rows:
         assert row["why"].clean(), row
