@@ -28,6 +28,8 @@ from gridgate.core.backend import (
     command_timeout_schema,
     commands_schema,
     env_schema,
+    found_pilots,
+    job_name,
     not_tried,
 )
 from gridgate.core.model import (
@@ -35,6 +37,7 @@ from gridgate.core.model import (
     CommandResult,
     Endpoint,
     Failure,
+    FoundPilots,
     IterationInfo,
     JobStatus,
     StatusResult,
@@ -46,7 +49,9 @@ from gridgate.core.runner import argv_chunks
 from gridgate.core.settings import Settings
 from gridgate.plugins.slurm.classify import classify, clip, cluster_wide
 from gridgate.plugins.slurm.documents import (
+    FIND_FORMAT,
     JOB_ID_RE,
+    parse_named_jobs,
     parse_parsable,
     parse_squeue,
     refused_ids,
@@ -212,7 +217,9 @@ SLURM_SCHEMA: dict[str, Any] = {
             "type": "string",
             "minLength": 1,
             "default": "gridgate-pilot",
-            "description": "sbatch --job-name.",
+            "description": "sbatch --job-name; a submission of the director's is named "
+            "`<job_name>-<its name>` (an array's tasks share it), which finds its jobs "
+            "again after a crash.",
         },
         "sbatch_options": {
             "type": "array",
@@ -359,7 +366,7 @@ class SlurmBackend(Backend):
             self._command("sbatch"),
             "--parsable",
             f"--partition={partition}",
-            f"--job-name={self.settings.job_name}",
+            f"--job-name={job_name(self.settings.job_name, request)}",
         ]
         if cluster:
             argv.append(f"--clusters={cluster}")
@@ -499,6 +506,61 @@ class SlurmBackend(Backend):
         return StatusResult(
             endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks)
         )
+
+    def find_argv(self, endpoint: Endpoint) -> list[str]:
+        """The squeue argv that lists this user's jobs on ``endpoint``'s partition in every
+        state (``-t all``: just submitted, pending, held, running, and finished while the
+        controller still holds them), one line per array task (``-r``), named in full
+        (:data:`FIND_FORMAT`)."""
+        partition, _cluster = split_partition(endpoint.name)
+        return [
+            self._command("squeue"),
+            "-h",
+            "-r",
+            "--me",
+            "-t",
+            "all",
+            f"--partition={partition}",
+            *self._cluster_args(endpoint),
+            "-o",
+            FIND_FORMAT,
+        ]
+
+    def find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> FoundPilots | None:
+        base = self.settings.job_name
+        if not names and not fleet:
+            return found_pilots(endpoint, base, names, fleet, [])
+        known = self._known_unreachable(endpoint)
+        if known is not None:
+            return FoundPilots(endpoint, ok=False, command=known[0], message=known[1])
+        prefix = self.find_argv(endpoint)
+        # Only names asked for: --name makes the controller send only their jobs (a base
+        # holding a comma, which --name would split, lists every job instead).
+        chunks = (
+            argv_chunks([*prefix, "--name="], [f"{base}-{n}" for n in names], joiner=",")
+            if not fleet and "," not in base
+            else [prefix]
+        )
+        deadline = self.deadline(timeout)
+        jobs: list[tuple[str, JobStatus]] = []
+        last: CommandResult | None = None
+        for chunk in chunks:
+            outcome = self.run(chunk, deadline)
+            last = outcome
+            if outcome.stdout_truncated and not outcome.timed_out:
+                return FoundPilots(
+                    endpoint,
+                    ok=False,
+                    command=outcome,
+                    message="squeue's output passed director.max_output_bytes",
+                )
+            if not outcome.ok:
+                self._note_unreachable(endpoint, outcome)
+                return FoundPilots(endpoint, ok=False, command=outcome, message=outcome.describe())
+            jobs += parse_named_jobs(outcome.stdout)
+        return found_pilots(endpoint, base, names, fleet, jobs, command=last)
 
     def cancel(
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float

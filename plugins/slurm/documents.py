@@ -1,8 +1,9 @@
 """The Slurm documents gridgate reads, each decoded here once into typed values; past these
 functions nothing looks at the text again:
 
-- the backend's commands: ``sbatch --parsable``, ``squeue -h -r -o '%i %T %r'`` and
-  ``scancel --verbose`` (job ids that the next command would take, core's pilot states);
+- the backend's commands: ``sbatch --parsable``, ``squeue -h -r -o '%i %T %r'``, the
+  listing by name (:data:`FIND_FORMAT`) and ``scancel --verbose`` (job ids that the next
+  command would take, core's pilot states);
 - what the token daemon reads of the controller: ``sdiag``'s report (its stamps, gauges and
   the two RPC tables), slurmctld's log lines of the requests it received
   (``DebugFlags=Protocol``), ``scontrol``'s partitions and config, and the scheduler plugin's
@@ -28,6 +29,7 @@ from gridgate.core.model import JobStatus, RpcCount, SchedulerRequest, Scheduler
 from gridgate.core.patterns import clip
 
 __all__ = [
+    "FIND_FORMAT",
     "JOB_ID_RE",
     "PER_TYPE_ROW",
     "PER_USER_ROW",
@@ -38,6 +40,7 @@ __all__ = [
     "old_denials",
     "parse_parsable",
     "parse_protocol_lines",
+    "parse_named_jobs",
     "parse_sdiag",
     "parse_squeue",
     "partition_groups",
@@ -255,6 +258,35 @@ def parse_squeue(stdout: str) -> dict[str, JobStatus]:
             reason="" if reason == "None" else reason,
         )
     return statuses
+
+
+#: ``squeue -o`` of the listing by name: id, long state, reason, then the job name in full
+#: (a field without a width is never cut), tab-separated; the name comes last, so that a name
+#: holding a tab is still read whole.
+FIND_FORMAT = "%i\t%T\t%r\t%j"
+
+
+def parse_named_jobs(stdout: str) -> list[tuple[str, JobStatus]]:
+    """(job name, status) of every line of ``squeue -h -r -o FIND_FORMAT`` (others, like
+    ``CLUSTER: c2``, are skipped): the same ids and states as :func:`parse_squeue`."""
+    jobs: list[tuple[str, JobStatus]] = []
+    for line in stdout.splitlines():
+        parts = line.split("\t", 3)
+        if len(parts) < 4 or not JOB_ID_RE.fullmatch(parts[0]):
+            continue
+        job_id, native, reason, name = parts
+        jobs.append(
+            (
+                name,
+                JobStatus(
+                    job_id=job_id,
+                    state=pilot_state(native),  # type: ignore[arg-type]
+                    native=native,
+                    reason="" if reason.strip() == "None" else reason.strip(),
+                ),
+            )
+        )
+    return jobs
 
 
 #: how many lines below a record are looked at for the next one in order

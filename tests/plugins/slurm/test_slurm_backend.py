@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gridgate.core.backend import submission_of
 from gridgate.core.model import Endpoint, IterationInfo, Resources, SubmitRequest
 from gridgate.core.testing import build_plugin, plugin_manager_with
 from gridgate.plugins.slurm.backend import (
@@ -52,7 +53,8 @@ def test_gridgate_run_submits_n_pilots_that_squeue_shows(slurm_site) -> None:
     for record in summary["submitted"]:
         for job_id in record["job_ids"]:
             partition, name, state = seen[job_id]
-            assert partition == record["endpoint"] and name == "gridgate-pilot"
+            # named for its submission (issue 41): the director finds it again by name
+            assert partition == record["endpoint"] and submission_of(name, "gridgate-pilot")
             assert state in ("PENDING", "RUNNING")
 
 
