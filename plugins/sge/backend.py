@@ -27,6 +27,8 @@ from gridgate.core.backend import (
     command_timeout_schema,
     commands_schema,
     env_schema,
+    found_pilots,
+    job_name,
     not_tried,
 )
 from gridgate.core.model import (
@@ -34,6 +36,7 @@ from gridgate.core.model import (
     CommandResult,
     Endpoint,
     Failure,
+    FoundPilots,
     IterationInfo,
     IterationSummary,
     JobStatus,
@@ -48,6 +51,7 @@ from gridgate.plugins.sge.classify import cell_wide, classify, clip
 from gridgate.plugins.sge.parse import (
     JOB_ID_RE,
     job_number,
+    parse_named_qstat,
     parse_qacct,
     parse_qdel,
     parse_qstat,
@@ -174,7 +178,9 @@ SGE_SCHEMA: dict[str, Any] = {
             "type": "string",
             "minLength": 1,
             "default": "gridgate-pilot",
-            "description": "qsub -N.",
+            "description": "qsub -N; a submission of the director's is named "
+            "`<job_name>-<its name>` (an array's tasks share it), which finds its jobs "
+            "again after a crash.",
         },
         "qsub_options": {
             "type": "array",
@@ -369,7 +375,7 @@ class SgeBackend(Backend):
             "-q",
             endpoint.name,
             "-N",
-            self.settings.job_name,
+            job_name(self.settings.job_name, request),
             "-w",
             self.settings.validation,
         ]
@@ -470,6 +476,41 @@ class SgeBackend(Backend):
             operation=OPERATION_SUBMIT,
             message=outcome.describe(),
         )
+
+    def find_argv(self) -> list[str]:
+        """The qstat argv that lists this user's jobs in every state qstat holds (``-s a``:
+        pending, held, running, suspended; a finished job has left it), one line per array
+        task (``-g d``), each with its full name and the queue it asked for (``-r``)."""
+        return [self._command("qstat"), "-u", "$user", "-s", "a", "-g", "d", "-r"]
+
+    def find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> FoundPilots | None:
+        base = self.settings.job_name
+        if not names and not fleet:
+            return found_pilots(endpoint, base, names, fleet, [])
+        known = self._known_unreachable()
+        if known is not None:
+            return FoundPilots(endpoint, ok=False, command=known[0], message=known[1])
+        outcome = self.run(self.find_argv(), self.deadline(timeout))
+        if outcome.stdout_truncated and not outcome.timed_out:
+            return FoundPilots(
+                endpoint,
+                ok=False,
+                command=outcome,
+                message="qstat's output passed director.max_output_bytes",
+            )
+        if not outcome.ok:
+            self._note_unreachable(endpoint, outcome)
+            return FoundPilots(endpoint, ok=False, command=outcome, message=outcome.describe())
+        # the queue's own jobs only: the backend submits each with -q <queue>, and a job
+        # another queue's search also found would be adopted twice
+        jobs = [
+            (job.name, job.status)
+            for job in parse_named_qstat(outcome.stdout)
+            if endpoint.name in job.queues
+        ]
+        return found_pilots(endpoint, base, names, fleet, jobs, command=outcome)
 
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         failure = classify(result.command, result.message if result.command is None else "")

@@ -1,5 +1,6 @@
-"""Reading what Grid Engine's commands print: ``qsub -terse``, ``qstat -g d``, ``qstat -j``,
-``qacct -j`` and ``qdel``, into job ids and core's pilot states.
+"""Reading what Grid Engine's commands print: ``qsub -terse``, ``qstat -g d`` (with ``-r``,
+the full job names), ``qstat -j``, ``qacct -j`` and ``qdel``, into job ids and core's pilot
+states.
 
 Every format here is the one SGE 8.1.9 (Debian's gridengine packages) prints; docs/sge.md
 quotes the real outputs, and tests/plugins/sge/test_sge_parse.py holds them as captured on the
@@ -20,9 +21,11 @@ from gridgate.core.model import JobStatus
 
 __all__ = [
     "JOB_ID_RE",
+    "NamedJob",
     "QdelAnswer",
     "job_number",
     "parse_qacct",
+    "parse_named_qstat",
     "parse_qdel",
     "parse_qstat",
     "parse_qstat_errors",
@@ -99,40 +102,92 @@ def state_of(native: str) -> str:
     return "unknown"
 
 
-def parse_qstat(stdout: str) -> dict[str, JobStatus]:
-    """Every job or array task ``qstat -g d`` lists, by pilot id (``41``, ``41.2``).
+def _job_line(line: str) -> JobStatus | None:
+    """The job or array task of one ``qstat`` job line, None for a line of another shape.
 
     A job line is ``job-ID prior name user state date time [queue] slots [ja-task-ID]``: the
     queue is there only for a running job and the task only for an array task, so the words
     after the date are read from the end: the task is the last word when two follow the
-    queue, or when a word follows the slots of a pending job. The header and the dashes are
-    skipped, as are lines of any other shape.
+    queue, or when a word follows the slots of a pending job.
     """
+    found = QSTAT_LINE_RE.fullmatch(line.rstrip())
+    if found is None:
+        return None
+    number, rest = found.groups()
+    when = DATE_TIME_RE.search(rest)
+    if when is None:
+        return None
+    before = rest[: when.start()].split()
+    after = rest[when.end() :].split()
+    if len(before) < 3 or not after:
+        return None
+    native = before[-1]  # name and user come first; a name has no blanks
+    queue = after[0] if "@" in after[0] else ""
+    tail = after[1:] if queue else after
+    task = tail[1] if len(tail) > 1 else ""
+    pilot = f"{number}.{task}" if task.isdigit() else number
+    return JobStatus(
+        job_id=pilot,
+        state=state_of(native),  # type: ignore[arg-type]
+        native=native,
+        reason=f"in {queue}" if queue else "",
+    )
+
+
+def parse_qstat(stdout: str) -> dict[str, JobStatus]:
+    """Every job or array task ``qstat -g d`` lists, by pilot id (``41``, ``41.2``); the
+    header, the dashes and lines of any other shape are skipped."""
     statuses: dict[str, JobStatus] = {}
     for line in stdout.splitlines():
-        found = QSTAT_LINE_RE.fullmatch(line.rstrip())
-        if found is None:
-            continue
-        number, rest = found.groups()
-        when = DATE_TIME_RE.search(rest)
-        if when is None:
-            continue
-        before = rest[: when.start()].split()
-        after = rest[when.end() :].split()
-        if len(before) < 3 or not after:
-            continue
-        native = before[-1]  # name and user come first; a name has no blanks
-        queue = after[0] if "@" in after[0] else ""
-        tail = after[1:] if queue else after
-        task = tail[1] if len(tail) > 1 else ""
-        pilot = f"{number}.{task}" if task.isdigit() else number
-        statuses[pilot] = JobStatus(
-            job_id=pilot,
-            state=state_of(native),  # type: ignore[arg-type]
-            native=native,
-            reason=f"in {queue}" if queue else "",
-        )
+        status = _job_line(line)
+        if status is not None:
+            statuses[status.job_id] = status
     return statuses
+
+
+@dataclass(frozen=True)
+class NamedJob:
+    """A job (or array task) of ``qstat -r``: its full name, the queues it asked for
+    (``-q``), its status."""
+
+    name: str
+    queues: tuple[str, ...]
+    status: JobStatus
+
+
+#: The ``qstat -r`` lines below a job line that are read.
+_FULL_NAME, _QUEUES = "Full jobname:", "Hard requested queues:"
+
+
+def parse_named_qstat(stdout: str) -> list[NamedJob]:
+    """Every job or array task of ``qstat -g d -r``, each with the name in full (the job
+    line cuts it at 10 characters; the ``Full jobname:`` line below holds it whole) and its
+    ``Hard requested queues:``. A job line without a full name below it is left out: what
+    it was named cannot be told."""
+    jobs: list[NamedJob] = []
+    current: JobStatus | None = None
+    name, queues = "", ""
+
+    def close() -> None:
+        if current is not None and name:
+            asked = tuple(q.strip() for q in queues.split(",") if q.strip())
+            jobs.append(NamedJob(name, asked, current))
+
+    for line in stdout.splitlines():
+        status = _job_line(line)
+        if status is not None:
+            close()
+            current, name, queues = status, "", ""
+            continue
+        text = line.strip()
+        if current is None:
+            continue
+        if text.startswith(_FULL_NAME):
+            name = text[len(_FULL_NAME) :].strip()
+        elif text.startswith(_QUEUES):
+            queues = text[len(_QUEUES) :]
+    close()
+    return jobs
 
 
 def parse_qstat_errors(stdout: str) -> dict[str, str]:

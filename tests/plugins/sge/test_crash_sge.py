@@ -20,7 +20,9 @@ from support.sge_site import SgeSite
 
 SEEDS = seeds((41, 4101))
 BASE = "gridgate-pilot"
-WAITING = frozenset({"qw", "hqw", "Eqw", "t"})
+#: qstat's states of a job that waits for a slot (``t``, transferring, has one: dispatched to
+#: the execd, it is running for the director too)
+WAITING = frozenset({"qw", "hqw", "Eqw"})
 
 
 def qstat_jobs(cell) -> Jobs:
