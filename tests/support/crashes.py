@@ -230,9 +230,8 @@ class Run:
     def fleet_jobs(self) -> Jobs:
         """The CE's jobs named by this site's directors (their fleet: a job of an earlier
         run, still being cleaned, is not this run's)."""
-        fleet = self.doc["director"].get("fleet") or fleet_of(
-            self.doc, self.doc["director"]["state_dir"]
-        )
+        config = validate_document(self.doc)  # with its defaults, as the director reads it
+        fleet = config.director.get("fleet") or fleet_of(config, config.director["state_dir"])
         prefix = f"{self.base}-{fleet}-"
         return {j: (n, s) for j, (n, s) in self.ce_jobs().items() if n.startswith(prefix)}
 
