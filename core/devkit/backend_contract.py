@@ -41,6 +41,21 @@ cap, an id nobody knows, a partial answer, an empty id list, a cancel of finishe
                           stderr="".join(f"{i}: no such job\\n" for i in unknown),
                           exit_code=1 if unknown else 0)
 
+A backend that finds its pilots by name (``find_pilots``) sets ``job_name_base`` (the
+``job_name`` its section gives :func:`~gridgate.core.backend.job_name`) and tells what its
+listing command prints for some named jobs; the contract then checks that a submission is
+found by its name and by its fleet, that an unknown name and another fleet's jobs are absent,
+and that the ids found are ones ``job_status`` takes:
+
+.. code-block:: python
+
+        job_name_base = "gridgate-pilot"
+
+        def found_answer(self, jobs):
+            # `jobs`: job id -> (job name, "waiting" or "running")
+            return Answer(stdout="".join(f"{i} {name} {'PENDING' if s == 'waiting' else 'RUNNING'}\n"
+                                         for i, (name, s) in jobs.items()))
+
 One stand-in program still plays every command of the section; an answer's ``when`` (argv words
 it needs) lets a status command and an accounting command (``qstat`` / ``qacct -j``) print
 different things. A backend that does not track (its ``job_status`` is the base class's) is
@@ -62,6 +77,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from gridgate.core.backend import job_name
 from gridgate.core.builtin.classifier import RuleClassifier
 from gridgate.core.clock import FakeClock
 from gridgate.core.config import ConfigError
@@ -79,6 +95,7 @@ from gridgate.core.model import (
     CancelResult,
     Endpoint,
     Failure,
+    FoundPilots,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -229,6 +246,12 @@ class BackendContract:
     #: each of three submissions through a stand-in printing ``submitted_output``
     job_ids: ClassVar[tuple[str, ...]] = ()
 
+    #: the ``job_name`` your section gives :func:`~gridgate.core.backend.job_name` (needed
+    #: only when your backend finds its pilots by name)
+    job_name_base: ClassVar[str] = ""
+    #: whether your backend names one job per pilot (``job_name(base, request, i)``)
+    names_per_pilot: ClassVar[bool] = False
+
     def section(self, program: str, tmp_path: Path) -> dict[str, Any]:
         """Your backend's config section with ``program`` as the command it runs (every
         command: submission, status, accounting and cancel alike)."""
@@ -276,6 +299,17 @@ class BackendContract:
         raise NotImplementedError(
             f"{type(self).__name__}: {self.name!r} cancels: give cancel_answer(cancelled, "
             "finished, unknown), what its cancel command prints for them"
+        )
+
+    def found_answer(self, jobs: Mapping[str, tuple[str, str]]) -> Answer | Sequence[Answer]:
+        """What your listing command (the one ``find_pilots`` runs) prints when the server
+        holds the jobs ``jobs``: job id -> (job name, ``"waiting"`` or ``"running"``), the
+        names made by :func:`~gridgate.core.backend.job_name` with ``job_name_base``.
+
+        Needed only when your backend finds its pilots by name (implements ``find_pilots``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__}: {self.name!r} finds its pilots by name: set "
+            "job_name_base and give found_answer(jobs), what its listing command prints"
         )
 
     # --- helpers ------------------------------------------------------------------------------
@@ -409,6 +443,10 @@ class BackendContract:
             ),
             ("gridgate_job_status", {"endpoint": other, "job_ids": ("1",), "timeout": 5}),
             ("gridgate_cancel", {"endpoint": other, "job_ids": ("1",), "timeout": 5}),
+            (
+                "gridgate_find_pilots",
+                {"endpoint": other, "names": ("abcdef-000000000001",), "fleet": "", "timeout": 5},
+            ),
         ):
             implementation = getattr(backend, hook, None)
             if callable(implementation):
@@ -667,6 +705,80 @@ class BackendContract:
         assert every.ok and set(every.cancelled) == {live, finished, unknown}, (
             f"all three were cancelled: {every}"
         )
+
+    # --- finding pilots by name ---------------------------------------------------------------
+
+    def _find(
+        self, backend: Any, names: Sequence[str], fleet: str = "", timeout: float = 30.0
+    ) -> Any:
+        return backend.gridgate_find_pilots(
+            endpoint=self._endpoint(backend), names=tuple(names), fleet=fleet, timeout=timeout
+        )
+
+    def _job_name(self, submission: str) -> str:
+        assert self.job_name_base, "job_name_base: the job_name your section gives job_name()"
+        request = SubmitRequest(backend=self.name, name=submission)
+        return job_name(self.job_name_base, request, 0 if self.names_per_pilot else None)
+
+    def test_contract_pilots_are_found_by_name_and_by_fleet(self, tmp_path: Path) -> None:
+        probe, backend = self._tracking(tmp_path / "probe", Answer())
+        if not self._implements(backend, "find_pilots"):
+            assert self._find(backend, ["abcdef-000000000001"]) is None and probe.calls() == []
+            return
+        fleet, other = "3fa2c1", "77aa00"
+        mine, also, stranger = f"{fleet}-{1:012x}", f"{fleet}-{2:012x}", f"{other}-{3:012x}"
+        unknown = f"{fleet}-{99:012x}"
+        first, second, third = self._ids(tmp_path)
+        held = {
+            first: (self._job_name(mine), "waiting"),
+            second: (self._job_name(also), "running"),
+            third: (self._job_name(stranger), "waiting"),
+        }
+        program, backend = self._tracking(tmp_path / "held", self.found_answer(held))
+        by_name = self._find(backend, [mine, unknown])
+        assert isinstance(by_name, FoundPilots) and by_name.ok, f"find_pilots gave {by_name!r}"
+        ids = {n: sorted(s.job_id for s in found) for n, found in by_name.found.items()}
+        assert ids == {mine: [first]}, (
+            f"asked {mine} (job {first}) and {unknown} (nothing): only {mine} is found, with "
+            f"its job; {also} was not asked. Got {ids}"
+        )
+        assert [s.state for s in by_name.found[mine]] == ["waiting"], by_name.found
+        by_fleet = self._find(backend, [], fleet=fleet)
+        assert isinstance(by_fleet, FoundPilots) and by_fleet.ok, f"find_pilots gave {by_fleet!r}"
+        ids = {n: sorted(s.job_id for s in found) for n, found in by_fleet.found.items()}
+        assert ids == {mine: [first], also: [second]}, (
+            f"fleet {fleet}: its two submissions, not {stranger} of fleet {other}. Got {ids}"
+        )
+        assert program.calls(), "find_pilots ran no command"
+        if not self._implements(backend, "job_status"):
+            return
+        found = {s.job_id: s.state for v in by_fleet.found.values() for s in v}
+        program, backend = self._tracking(tmp_path / "polled", self.status_answer(found, ()))
+        polled = self._status(backend, list(found))
+        assert isinstance(polled, StatusResult) and polled.ok, f"job_status gave {polled!r}"
+        states = {j: s.state for j, s in polled.statuses.items()}
+        assert states == found, (
+            f"the ids find_pilots gives are those job_status takes: polled {found}, got {states}"
+        )
+
+    def test_contract_a_listing_that_fails_is_no_answer(self, tmp_path: Path) -> None:
+        program, backend = self._tracking(tmp_path, Answer(stdout="started\n", sleep=HANG))
+        if not self._implements(backend, "find_pilots"):
+            assert self._find(backend, ["abcdef-000000000001"]) is None and program.calls() == []
+            return
+        result = self._within(
+            "gridgate_find_pilots",
+            lambda: self._find(backend, ["abcdef-000000000001"], timeout=self.deadline),
+            program,
+            self.deadline,
+        )
+        assert isinstance(result, FoundPilots), f"find_pilots gave {result!r}"
+        assert not result.ok, (
+            "a listing killed at its deadline says nothing (ok False: core asks again later, "
+            f"instead of giving the submission up as never made): {result}"
+        )
+        for call in program.calls():
+            assert _gone(call["pid"]), f"the command (pid {call['pid']}) outlived its deadline"
 
     def stand_in_calls(self, tmp_path: Path) -> int:
         calls = tmp_path / "bin" / ".contract-command.calls"

@@ -33,11 +33,14 @@ __all__ = [
     "BJOBS_STATES",
     "JOB_ID",
     "KillOutput",
+    "NamedRow",
     "Row",
     "bjobs_not_found",
     "bjobs_states",
     "bkill_output",
     "bsub_job_id",
+    "named_rows",
+    "named_status_rows",
     "status_rows",
 ]
 
@@ -160,6 +163,80 @@ def status_rows(stdout: str, table: bool = False) -> dict[str, Row]:
         known = rows.get(row.job_id)
         if known is None or _RANK[row.stat] < _RANK[known.stat]:
             rows[row.job_id] = row
+    return rows
+
+
+#: ``[k]`` ending an array element's job name: LSF names element k of ``NAME[1-N]`` ``NAME[k]``
+#: and prints the array's id as the element's JOBID, so the name is where the index is.
+_ELEMENT_RE = re.compile(r"\[([0-9]+)\]\Z")
+#: What ``bjobs`` prints when nothing matches (with ``-a``, or without it).
+NO_JOB_RE = re.compile(r"^No (?:unfinished )?job found\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class NamedRow:
+    """One job of a listing that shows job names: ``name`` without an array element's
+    ``[k]``, and its row, whose ``job_id`` is then the element's (``1234[k]``)."""
+
+    name: str
+    row: Row
+
+
+def _named(job_id: str, name: str, row: Row | None) -> NamedRow | None:
+    if row is None:
+        return None
+    element = _ELEMENT_RE.search(name)
+    if element is None or not job_id.isdigit():
+        return NamedRow(name, row)
+    return NamedRow(
+        name[: element.start()], msgspec.structs.replace(row, job_id=f"{job_id}[{element[1]}]")
+    )
+
+
+def _named_custom(line: str) -> NamedRow | None:
+    # jobid^job_name^stat^exec_host^exit_code^exit_reason (the reason may hold a '^')
+    parts = line.strip().split("^", 2)
+    if len(parts) < 3:
+        return None
+    job_id, name = parts[0], parts[1]
+    return _named(job_id, name, _row_custom(f"{job_id}^{parts[2]}"))
+
+
+def _named_table(line: str) -> NamedRow | None:
+    # JOBID USER STAT QUEUE FROM_HOST [EXEC_HOST] JOB_NAME SUBMIT_TIME (3 words): the name is
+    # the fourth word from the end whether or not EXEC_HOST is blank
+    words = line.split()
+    if len(words) < 9:
+        return None
+    return _named(words[0], words[-4], _row_table(line))
+
+
+def named_rows(stdout: str, table: bool = False) -> list[NamedRow]:
+    """Every job row of ``bjobs -o "jobid job_name stat exec_host exit_code exit_reason
+    delimiter='^'"`` (or of the classic ``-aw`` table) with its job name, an array's
+    elements each on their own (``1234[k]``); junk lines and the header are skipped.
+    Never raises."""
+    parse = _named_table if table else _named_custom
+    rows = []
+    for line in (stdout if isinstance(stdout, str) else "").splitlines():
+        named = parse(line)
+        if named is not None:
+            rows.append(named)
+    return rows
+
+
+def named_status_rows(stdout: str, table: bool = False) -> dict[str, Row]:
+    """Rows by id of a listing with job names (:func:`named_rows`): an array element under
+    its own id (``1234[k]``), and every id (an array's too) with its liveliest row, as
+    :func:`status_rows` gives it. Never raises."""
+    rows: dict[str, Row] = {}
+    for named in named_rows(stdout, table):
+        row = named.row
+        rows[row.job_id] = row
+        base = row.job_id.split("[")[0]
+        known = rows.get(base)
+        if base != row.job_id and (known is None or _RANK[row.stat] < _RANK[known.stat]):
+            rows[base] = msgspec.structs.replace(row, job_id=base)
     return rows
 
 

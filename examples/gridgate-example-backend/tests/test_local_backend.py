@@ -178,3 +178,75 @@ def test_director_iteration_skips_a_busy_slot_quietly_and_fills_the_others(tmp_p
     assert {i for r in summary.records for i in r.job_ids} == {"s2-ok"}
     assert summary.excluded == ("local/s1",)
     assert collector.notes == []  # busy is not news
+
+
+# --- finding pilots by name -------------------------------------------------------------------
+
+#: A slot that starts its pilot (recorded in a jobs file under the job name gridgate gives it),
+#: then hangs before it says the job id: the director's command timeout kills it, the answer
+#: is lost, and only the name tells which job was made.
+SLOW_SLOT = """import os, sys, time
+jobs = sys.argv[1]
+with open(jobs, "a") as f:
+    f.write(f"job-{os.getpid()} {os.environ['GRIDGATE_JOB_NAME']} waiting\\n")
+if sys.argv[2] == "slow":
+    time.sleep(600)
+print("JOBID", f"job-{os.getpid()}")
+"""
+LIST = "import sys\nprint(open(sys.argv[1]).read() if __import__('os').path.exists(sys.argv[1]) else '', end='')\n"
+
+
+def slots(tmp_path, **section):
+    (tmp_path / "pilot.py").write_text(SLOW_SLOT)
+    (tmp_path / "list.py").write_text(LIST)
+    jobs = tmp_path / "jobs.txt"
+    return jobs, local(
+        [sys.executable, tmp_path / "pilot.py", jobs, "{slot}"],
+        list_command=[sys.executable, str(tmp_path / "list.py"), str(jobs)],
+        **section,
+    )
+
+
+def test_find_pilots_lists_the_slot_and_matches_by_name(tmp_path) -> None:
+    jobs, backend = slots(tmp_path, servers=["fast"])
+    fast = Endpoint("local", "fast")
+    names = [f"3fa2c1-{n:012x}" for n in (1, 2)]
+    for name in names:
+        request = SubmitRequest("local", name=name)
+        assert backend.gridgate_submit(endpoint=fast, request=request, timeout=20).ok
+    jobs.write_text(jobs.read_text() + "job-1 someone-else waiting\n")
+    answer = backend.gridgate_find_pilots(
+        endpoint=fast, names=(names[0], "3fa2c1-0000000000ff"), fleet="", timeout=20
+    )
+    assert answer.ok and list(answer.found) == [names[0]]
+    fleet = backend.gridgate_find_pilots(endpoint=fast, names=(), fleet="3fa2c1", timeout=20)
+    assert set(fleet.found) == set(names)
+    assert (
+        local(["pilot"]).gridgate_find_pilots(
+            endpoint=Endpoint("local", "slot1"), names=names, fleet="", timeout=5
+        )
+        is None
+    ), "without a list_command, jobs cannot be found by name"
+
+
+def test_a_lost_answer_is_reconciled_through_find_pilots_alone(tmp_path) -> None:
+    # the out-of-tree backend answers one hook, and the director adopts the pilot it made
+    jobs, backend = slots(tmp_path, servers=["slow"], command_timeout=2)
+    doc = {
+        "director": {
+            "max_threads": 1,
+            "state_dir": str(tmp_path / "state"),
+            "pilots": {"max_waiting": 1, "reconcile_for": 600},
+        },
+        "demand": {"static": {"local": 1}},
+    }
+    with contextlib.closing(director_for(doc, backend, FirstCandidate())) as director:
+        first = director.run_iteration()
+        assert [r.outcome for r in first.records] == ["failed"]  # killed: no answer
+        assert len(jobs.read_text().splitlines()) == 1  # yet the slot made the pilot
+        director.clock.advance(60)
+        second = director.run_iteration()
+        pilots = director.runtime.state.pilot_registry().active("local", "slow")
+    made = jobs.read_text().split()[0]
+    assert [p.job_id for p in pilots] == [made], "the pilot is adopted by its name"
+    assert not [r for r in second.records if r.outcome == "submitted"], "and none sent beside it"

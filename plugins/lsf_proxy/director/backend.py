@@ -20,13 +20,20 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
-from gridgate.core.backend import Backend, Deadline, command_timeout_schema, env_schema
+from gridgate.core.backend import (
+    Backend,
+    Deadline,
+    command_timeout_schema,
+    env_schema,
+    job_name,
+)
 from gridgate.core.kinds import KINDS
 from gridgate.core.model import (
     CancelResult,
     CommandResult,
     Endpoint,
     Failure,
+    FoundPilots,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -37,7 +44,7 @@ from gridgate.plugins.lsf_proxy.client.client import ProxyClient
 from gridgate.plugins.lsf_proxy.client.settings import ClientSettings
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, request_size
 from gridgate.plugins.lsf_proxy.director.failures import classify
-from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, query_pilots
+from gridgate.plugins.lsf_proxy.director.tracking import cancel_pilots, find_pilots, query_pilots
 from gridgate.plugins.lsf_proxy.documents import BJOBS_STATES, bjobs_states, bsub_job_id
 from gridgate.plugins.lsf_proxy.wire import NoToken, ProxyError
 
@@ -183,7 +190,8 @@ LSF_SCHEMA: dict[str, Any] = {
             "type": "string",
             "minLength": 1,
             "default": "gridgate-pilot",
-            "description": "bsub -J (an array NAME[1-N] when a job carries N pilots).",
+            "description": "bsub -J: this, then the submission's name (an array "
+            "NAME[1-N] when a job carries N pilots); the director finds its jobs by it.",
         },
         "output": {
             "type": "string",
@@ -363,7 +371,7 @@ class LsfBackend(Backend):
     def bsub_argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The argv of one submission (no shell ever sees it)."""
         settings = self.settings
-        name = settings.job_name
+        name = job_name(settings.job_name, request)
         if request.count > 1:
             name = f"{name}[1-{request.count}]"
         argv = [self.program("bsub"), "-q", endpoint.name, "-J", name]
@@ -461,6 +469,11 @@ class LsfBackend(Backend):
 
     def cancel(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> CancelResult:
         return cancel_pilots(self, endpoint, job_ids, timeout)
+
+    def find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> FoundPilots:
+        return find_pilots(self, endpoint, names, fleet, timeout)
 
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure:
         if result.command is None and result.message.startswith(

@@ -13,23 +13,36 @@ other ids on stdout: that is an answer, and the id is simply left out.
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gridgate.core import runner
-from gridgate.core.model import CancelResult, CommandResult, Endpoint, JobStatus, StatusResult
+from gridgate.core.backend import found_pilots
+from gridgate.core.model import (
+    CancelResult,
+    CommandResult,
+    Endpoint,
+    FoundPilots,
+    JobStatus,
+    StatusResult,
+)
 from gridgate.plugins.lsf_proxy.commands import COMMANDS
 from gridgate.plugins.lsf_proxy.director.failures import daemon_trouble
 from gridgate.plugins.lsf_proxy.documents import (
     JOB_ID_RE,
+    NO_JOB_RE,
     KillOutput,
     Row,
     bjobs_not_found,
     bkill_output,
+    named_rows,
+    named_status_rows,
     status_rows,
 )
 
 __all__ = [
+    "BJOBS_NAMED_FORMAT",
     "BJOBS_STATUS_FORMAT",
     "STATES",
     "KillOutput",
@@ -39,11 +52,16 @@ __all__ = [
     "parse_bkill",
     "query_pilots",
     "cancel_pilots",
+    "find_pilots",
 ]
 
 OPERATION_STATUS = "Job Status"
 OPERATION_CANCEL = "Job Cancel"
+OPERATION_FIND = "Job Find"
 BJOBS_STATUS_FORMAT = "jobid stat exec_host exit_code exit_reason delimiter='^'"
+#: the same with the job name, where an array element's index is (``NAME[k]``): for finding
+#: pilots by name, and for polling array elements (``1234[k]``), whose JOBID is the array's
+BJOBS_NAMED_FORMAT = "jobid job_name stat exec_host exit_code exit_reason delimiter='^'"
 #: LSF STAT -> core state (formats.md, "What the states mean to a pilot factory").
 STATES: Mapping[str, str] = {
     "PEND": "waiting",
@@ -103,10 +121,17 @@ def query_pilots(
             message=f"not LSF job ids: {bad[:5]}",
         )
     table = backend.settings.status_format == "table"
+    elements = any("[" in j for j in ids)
     prefix = (
         [backend.program("bjobs"), "-aw"]
         if table
-        else [backend.program("bjobs"), "-a", "-noheader", "-o", BJOBS_STATUS_FORMAT]
+        else [
+            backend.program("bjobs"),
+            "-a",
+            "-noheader",
+            "-o",
+            BJOBS_NAMED_FORMAT if elements else BJOBS_STATUS_FORMAT,
+        ]
     )
     deadline = backend.deadline(timeout)
     statuses: dict[str, JobStatus] = {}
@@ -147,8 +172,9 @@ def query_pilots(
                 operation=OPERATION_STATUS,
                 message=outcome.describe(),
             )
+        rows = (named_status_rows if elements else status_rows)(outcome.stdout, table)
         statuses.update(
-            (job_id, _status(row)) for job_id, row in status_rows(outcome.stdout, table).items()
+            (job_id, _status(row)) for job_id, row in rows.items() if job_id in argv[len(prefix) :]
         )
     return StatusResult(
         endpoint,
@@ -158,6 +184,56 @@ def query_pilots(
         commands=commands,
         operation=OPERATION_STATUS,
     )
+
+
+def lsf_user() -> str:
+    """The user whose jobs the backend submits: the one running ``bsub`` (this process)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def find_pilots(
+    backend: Any, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+) -> FoundPilots:
+    """``gridgate_find_pilots`` of the LSF backend: one ``bjobs -a -q <queue> -u <user>`` of
+    the user's jobs in the endpoint's queue with their names, under a ``query`` token (``-a``:
+    finished jobs LSF still keeps are listed too), matched with
+    :func:`gridgate.core.backend.found_pilots`; an array's elements each on their own, as
+    ``1234[k]`` (the ids :func:`query_pilots` takes)."""
+    if not names and not fleet:
+        return FoundPilots(endpoint, ok=True, operation=OPERATION_FIND)
+    table = backend.settings.status_format == "table"
+    which = ["-q", endpoint.name, "-u", lsf_user()]
+    argv = (
+        [backend.program("bjobs"), "-aw", *which]
+        if table
+        else [backend.program("bjobs"), "-a", *which, "-noheader", "-o", BJOBS_NAMED_FORMAT]
+    )
+    outcome = backend.run_with_token(argv, COMMANDS["bjobs"].category, backend.deadline(timeout))
+    if isinstance(outcome, str):
+        return FoundPilots(endpoint, ok=False, operation=OPERATION_FIND, message=outcome)
+    if outcome.stdout_truncated:  # jobs past the cut would be given up as never made
+        return FoundPilots(
+            endpoint,
+            ok=False,
+            command=outcome,
+            operation=OPERATION_FIND,
+            message="bjobs output passed director.max_output_bytes and was cut",
+        )
+    # "No job found" is an answer whichever exit code the cluster's bjobs gives it
+    nothing = bool(NO_JOB_RE.search(outcome.stderr)) and not daemon_trouble(outcome)
+    if not (outcome.ok or nothing) or outcome.timed_out:
+        return FoundPilots(
+            endpoint,
+            ok=False,
+            command=outcome,
+            operation=OPERATION_FIND,
+            message=outcome.describe(),
+        )
+    jobs = [(n.name, _status(n.row)) for n in named_rows(outcome.stdout, table)]
+    return found_pilots(endpoint, backend.settings.job_name, names, fleet, jobs, outcome)
 
 
 def bkill_command(backend: Any) -> str:

@@ -142,16 +142,51 @@ def _now(scenario: dict[str, Any]) -> float:
     return clock.file_time(scenario.get("clock_file"))
 
 
+#: ``NAME[1-N]`` (or ``NAME[a-b]``) given to ``bsub -J``: a job array of elements a..b
+ARRAY_RE = re.compile(r"(.*)\[([0-9]+)-([0-9]+)\]")
+
+
+def _elements(job: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(id, job)`` of a job, or of each element of an array (``1234[k]``, named ``NAME[k]``,
+    killed on its own or with the whole array), as LSF lists them."""
+    if not job.get("array"):
+        return [(str(job["id"]), job)]
+    first, last = job["array"]
+    killed = job.get("killed_elements") or {}
+    return [
+        (
+            f"{job['id']}[{k}]",
+            {
+                **job,
+                "index": k,
+                "name": f"{job['name']}[{k}]",
+                "killed": killed.get(str(k), job.get("killed")),
+                **({"stat": "EXIT"} if str(k) in killed else {}),
+            },
+        )
+        for k in range(first, last + 1)
+    ]
+
+
 def _living(jobs: dict[str, dict[str, Any]], scenario: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The jobs bjobs still knows, each in its state of now (queues with ``pilots``)."""
+    """The jobs bjobs still knows by id (an array's elements by theirs, ``1234[k]``), each in
+    its state of now (queues with ``pilots``)."""
     lifecycle = _lifecycle()
     at = _now(scenario)
     out = {}
-    for job_id, job in jobs.items():
-        current = lifecycle.state(job, scenario, at)
-        if current is not None:
-            out[job_id] = current
+    for job in jobs.values():
+        for key, element in _elements(job):
+            current = lifecycle.state(element, scenario, at)
+            if current is not None:
+                out[key] = current
     return out
+
+
+def _matching(job_id: str, living: dict[str, dict[str, Any]]) -> list[str]:
+    """The keys ``job_id`` names: itself, or every element of the array it is the id of."""
+    if job_id in living:
+        return [job_id]
+    return [k for k in living if k.startswith(f"{job_id}[")]
 
 
 def _log_call(
@@ -199,15 +234,23 @@ def bkill(args: list[str], scenario: dict[str, Any]) -> int:
     status = 0
     at = _now(scenario)
     for job_id in ids:
-        job = living.get(job_id)
-        if job is None:
+        keys = _matching(job_id, living)
+        live = [k for k in keys if living[k]["stat"] not in ("DONE", "EXIT")]
+        if not keys:
             _out(sys.stderr, f"Job <{job_id}>: No matching job found")
             status = EXIT_FAIL
-        elif job["stat"] in ("DONE", "EXIT"):
+        elif not live:
             _out(sys.stderr, f"Job <{job_id}>: Job has already finished")
             status = EXIT_FAIL
         else:
-            _record_job(state_dir, {**recorded[job_id], "killed": at, "stat": "EXIT"})
+            base = job_id.split("[")[0]
+            job = recorded[base]
+            if "[" in job_id:  # one element of an array
+                killed = {**(job.get("killed_elements") or {}), job_id[len(base) + 1 : -1]: at}
+                recorded[base] = {**job, "killed_elements": killed}
+            else:
+                recorded[base] = {**job, "killed": at, "stat": "EXIT"}
+            _record_job(state_dir, recorded[base])
             _out(sys.stdout, f"Job <{job_id}> is being terminated")
     return status
 
@@ -389,6 +432,14 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
         if "rusage[" in resreq and "rusage[]" in resreq.replace(" ", ""):
             _out(sys.stderr, BSUB_FAILURES["rusage_error"])
             return EXIT_FAIL
+    name = options.get("-J") or (command[0] if command else "NONAME")
+    array = None
+    whole = ARRAY_RE.fullmatch(name)
+    if whole is not None:
+        name, array = whole[1], [int(whole[2]), int(whole[3])]
+        if not name or array[0] < 1 or array[1] < array[0]:
+            _out(sys.stderr, f"{options['-J']}: Bad job array index list. Job not submitted.")
+            return EXIT_FAIL
     state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
     job_id = _next_job_id(state_dir)
     _record_job(
@@ -397,7 +448,8 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
             "id": job_id,
             "user": _user(),
             "queue": queue,
-            "name": options.get("-J") or (command[0] if command else "NONAME"),
+            "name": name,
+            "array": array,
             "stat": scenario.get("job_stat", "PEND"),
             "submitted": _now(scenario),
             "host": os.uname().nodename.split(".")[0],
@@ -416,7 +468,11 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
 
 
 def _row(values: tuple[str, ...]) -> str:
-    return "".join(v.ljust(w) if w else v for v, w in zip(values, WIDTHS, strict=True)).rstrip()
+    # -w cuts nothing: a value wider than its column pushes the next one, a blank between
+    return "".join(
+        (v.ljust(w) if len(v) < w else v + " ") if w else v
+        for v, w in zip(values, WIDTHS, strict=True)
+    ).rstrip()
 
 
 def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
@@ -430,7 +486,7 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
         _out(sys.stderr, "LSF daemon (LIM) not responding ... still trying")
         _out(sys.stderr, "Failed in an LSF library call: LIM is down; try later.")
         return EXIT_FAIL
-    noheader, fmt, ids, show_all, queue = False, "", [], False, ""
+    noheader, fmt, ids, show_all, queue, user = False, "", [], False, "", ""
     i = 0
     while i < len(args):
         arg = args[i]
@@ -445,6 +501,8 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
                 fmt = value
             elif arg == "-q":
                 queue = value
+            else:
+                user = value
             i += 1
         elif arg in ("-a", "-aw", "-wa"):
             show_all = True
@@ -459,8 +517,9 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
     if ids:
         selected = []
         for job_id in ids:
-            if job_id in jobs:
-                selected.append(jobs[job_id])
+            keys = _matching(job_id, jobs)
+            if keys:
+                selected += [jobs[k] for k in keys]
             else:
                 _out(sys.stderr, f"Job <{job_id}> is not found")
                 status = EXIT_FAIL
@@ -470,9 +529,10 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
             for j in jobs.values()
             if (show_all or j["stat"] not in ("DONE", "EXIT"))
             and (not queue or j["queue"] == queue)
+            and (not user or user == "all" or j["user"] == user)
         ]
         if not selected:
-            _out(sys.stderr, "No unfinished job found")
+            _out(sys.stderr, "No job found" if show_all else "No unfinished job found")
             return 0
     if fmt:
         fields, delimiter = _parse_format(fmt)

@@ -41,3 +41,11 @@ class TestLsfBackendContract(BackendContract):
             + "".join(f"Job <{i}>: No matching job found\n" for i in unknown),
             exit_code=255 if finished or unknown else 0,
         )
+
+    job_name_base = "gridgate-pilot"
+
+    def found_answer(self, jobs):
+        # bjobs -a -q Q -u USER -noheader -o "jobid job_name stat exec_host exit_code ..."
+        return Answer(
+            stdout="".join(f"{i}^{name}^{STAT[s]}^-^-^-\n" for i, (name, s) in jobs.items())
+        )

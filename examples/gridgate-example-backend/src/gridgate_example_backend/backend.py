@@ -1,6 +1,12 @@
 """The ``local`` backend: each submission runs the configured pilot command as a local process
 on one of a few named "slots", and reads the job ids the pilot prints (``JOBID <id>``).
 
+Each submission's jobs are named for it (``{name}``, ``$GRIDGATE_JOB_NAME``: see
+:func:`gridgate.core.backend.job_name`); with a ``list_command`` that prints the jobs the slot
+holds (``<job id> <job name> <state>`` per line), the backend answers
+``gridgate_find_pilots``, and the director reconciles a submission whose answer was lost (a
+crash, a timeout) by those names: the one hook a backend answers to get it.
+
 It uses only gridgate's public contract: the :class:`~gridgate.core.backend.Backend` base
 class (which answers the hooks for this backend's own endpoints only, builds ``BackendInfo``
 from the section and runs commands with the call's deadline and the site's output cap) and the
@@ -11,18 +17,28 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, cast
 
 from loguru import logger
 
-from gridgate.core.backend import Backend
+from gridgate.core.backend import Backend, found_pilots, job_name
 from gridgate.core.kinds import failure
-from gridgate.core.model import Endpoint, Failure, SubmitRequest, SubmitResult
+from gridgate.core.model import (
+    PILOT_STATES,
+    Endpoint,
+    Failure,
+    FoundPilots,
+    JobStatus,
+    PilotState,
+    SubmitRequest,
+    SubmitResult,
+)
 from gridgate.core.plugins import PluginContext
 
 #: Words that may appear in braces inside ``command`` items.
-PLACEHOLDERS = ("slot", "group", "count")
+PLACEHOLDERS = ("slot", "group", "count", "name")
+DEFAULT_JOB_NAME = "gridgate-pilot"
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_JOB_ID_PATTERN = r"^JOBID\s+(\S+)\s*$"
 #: EX_TEMPFAIL from sysexits.h: "try again later", the polite way to say "this slot is busy".
@@ -71,6 +87,21 @@ class LocalBackend(Backend):
                 "default": 1,
                 "description": "Pilots one command starts ({count} is at most this).",
             },
+            "job_name": {
+                "type": "string",
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                "default": DEFAULT_JOB_NAME,
+                "description": "Names the jobs of a submission: this, then the submission's "
+                "name ({name} in command items, $GRIDGATE_JOB_NAME).",
+            },
+            "list_command": {
+                "type": ["array", "null"],
+                "items": {"type": "string", "minLength": 1},
+                "minItems": 1,
+                "default": None,
+                "description": "Lists the jobs a slot holds, one '<job id> <job name> "
+                "<state>' line each ({slot} is replaced); null: jobs are not found by name.",
+            },
             "command_timeout": {
                 "type": ["number", "null"],
                 "exclusiveMinimum": 0,
@@ -116,12 +147,18 @@ class LocalBackend(Backend):
                         f"needs exactly one (group) around the id, has {pattern.groups}",
                     )
                 )
-        for index, item in enumerate(section.get("command") or []):
+        for key, item, index in [
+            *(("command", item, i) for i, item in enumerate(section.get("command") or [])),
+            *(
+                ("list_command", item, i)
+                for i, item in enumerate(section.get("list_command") or [])
+            ),
+        ]:
             for word in _PLACEHOLDER_RE.findall(item):
                 if word not in PLACEHOLDERS:
                     problems.append(
                         (
-                            ("command", index),
+                            (key, index),
                             f"unknown placeholder {{{word}}} "
                             f"(known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})",
                         )
@@ -136,13 +173,19 @@ class LocalBackend(Backend):
 
     # --- helpers ---------------------------------------------------------------------------
 
+    def job_name(self, request: SubmitRequest) -> str:
+        """The name of ``request``'s jobs: ``job_name``, then the submission's name."""
+        return job_name(self.config.get("job_name", DEFAULT_JOB_NAME), request)
+
     def argv(self, endpoint: Endpoint, request: SubmitRequest) -> list[str]:
         """The command with its placeholders filled; each value stays one argv item."""
-        values = {"slot": endpoint.name, "group": request.group, "count": str(request.count)}
-        return [
-            _PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), item)
-            for item in self.config["command"]
-        ]
+        values = {
+            "slot": endpoint.name,
+            "group": request.group,
+            "count": str(request.count),
+            "name": self.job_name(request),
+        }
+        return _filled(self.config["command"], values)
 
     def job_ids(self, stdout: str) -> tuple[str, ...]:
         return tuple(match.group(1) for match in self._job_id.finditer(stdout))
@@ -155,6 +198,7 @@ class LocalBackend(Backend):
             "GRIDGATE_SLOT": endpoint.name,
             "GRIDGATE_GROUP": request.group,
             "GRIDGATE_PILOTS": str(request.count),
+            "GRIDGATE_JOB_NAME": self.job_name(request),
         }
 
     # --- what the director asks (the base class calls these for this backend's own slots) ---
@@ -191,8 +235,36 @@ class LocalBackend(Backend):
             )
         return SubmitResult(endpoint, ok=True, job_ids=ids, command=result, operation=OPERATION)
 
+    def find_pilots(
+        self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
+    ) -> FoundPilots | None:
+        listing = self.config.get("list_command")
+        if not listing:
+            return None  # the director gives an unsettled submission up after reconcile_for
+        argv = _filled(listing, {"slot": endpoint.name})
+        result = self.run(argv, self.deadline(timeout), env={**os.environ, **self._extra_env()})
+        if not result.ok or result.stdout_truncated:
+            # no answer (a failed, killed or cut listing): nothing is concluded, asked again
+            return FoundPilots(endpoint, ok=False, command=result, message=result.describe())
+        jobs = []
+        for line in result.stdout.splitlines():
+            words = line.split()
+            if len(words) == 3 and words[2] in PILOT_STATES:
+                state = cast(PilotState, words[2])
+                jobs.append((words[1], JobStatus(words[0], state, native=words[2])))
+        base = self.config.get("job_name", DEFAULT_JOB_NAME)
+        return found_pilots(endpoint, base, names, fleet, jobs, result)
+
+    def _extra_env(self) -> dict[str, str]:
+        return dict(self.config.get("env") or {})
+
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure | None:
         command = result.command
         if command is not None and command.returncode in (self.config.get("busy_exit_codes") or ()):
             return failure("busy", f"slot {endpoint.name} busy ({command.describe()})")
         return None  # everything else: the site's rules and the generic kinds decide
+
+
+def _filled(items: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """``items`` with their placeholders filled; each value stays one argv item."""
+    return [_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)), i) for i in items]
