@@ -711,7 +711,10 @@ class BackendContract:
     def _find(
         self, backend: Any, names: Sequence[str], fleet: str = "", timeout: float = 30.0
     ) -> Any:
-        return backend.gridgate_find_pilots(
+        hook = getattr(backend, "gridgate_find_pilots", None)
+        if hook is None:
+            return None  # a plugin without the hook method does not answer it
+        return hook(
             endpoint=self._endpoint(backend), names=tuple(names), fleet=fleet, timeout=timeout
         )
 

@@ -249,7 +249,7 @@ def outcomes_of(pytester, classes: Sequence[str]) -> dict[str, dict[str, str]]:
     return found
 
 
-CHECKS = 17
+CHECKS = 19
 
 #: The same backend on core's base class: it writes submit, job_status and cancel.
 ON_THE_BASE_CLASS = """
