@@ -44,6 +44,8 @@ __all__ = ["ACCOUNTING", "FAILURES", "ITERATIONS", "Director", "open_state", "su
 
 #: The state store's count of iterations run on it (by every director that shares it).
 ITERATIONS = "director/iterations"
+#: Under ``director.state_dir``: accounting rows the store did not take by the stop.
+PENDING_RECORDS = "records-pending.json"
 
 
 class Director:
@@ -81,6 +83,7 @@ class Director:
             clock=clock,
             retry_every=settings.state_retry_seconds,
             on_change=self._state_changed,
+            pending_path=Path(settings.state_dir) / PENDING_RECORDS,
         )
         #: what the iteration and its collaborators read; a config reload updates it in place
         self.runtime = Runtime(
@@ -297,13 +300,14 @@ class Director:
         return submission_problems(self.config, self._answers)
 
     def close(self) -> None:
+        # the store first: its last try may find it back, and the notifiers still say so
+        if self._own_state:
+            self.state.close()
         for plugin in self._plugins:
             _close(plugin)
         self._plugins = []
         if self.metrics is not None:
             self.metrics.close()
-        if self._own_state:
-            self.state.close()
 
     # --- the loop ---------------------------------------------------------------------------
 
