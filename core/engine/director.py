@@ -79,7 +79,7 @@ class Director:
         self.state = ResilientState(
             # Deferred: a store that cannot be opened at start (read-only file, Redis down)
             # is one notification and a local view, not a crash.
-            state or DeferredState(lambda: open_state(self._current(first), clock), clock),
+            state or DeferredState(lambda: _open_store(self._current(first), clock), clock),
             clock=clock,
             retry_every=settings.state_retry_seconds,
             on_change=self._state_changed,
@@ -442,6 +442,18 @@ def summary_json(summary: IterationSummary) -> str:
         "demand": [dataclasses.asdict(figure) for figure in summary.demand],
     }
     return json.dumps(doc, sort_keys=False)
+
+
+def _open_store(config: Config, clock: Clock) -> StateStore:
+    """The configured store, opened; a driver that can tell it keeps nothing across a restart
+    (``persistence_problem``: a Redis with neither AOF nor RDB) says so, once, as a warning."""
+    store = open_state(config, clock)
+    check = getattr(store, "persistence_problem", None)
+    if callable(check):
+        problem = check()
+        if problem:
+            logger.warning(problem)
+    return store
 
 
 def _failing_cache(state: StateStore, clock: Clock, settings: DirectorSettings) -> FailingCache:

@@ -310,6 +310,31 @@ class RedisState(StateStore):
             why = str(exc) if isinstance(exc, RedisError) else f"{type(exc).__name__}: {exc}"
             raise StateError(f"redis state at {self._safe_url()}: cannot {what}: {why}") from exc
 
+    def persistence_problem(self) -> str | None:
+        """What to say when this server keeps nothing across a restart: neither an append-only
+        file (``appendonly no``) nor RDB snapshots (``save ""``). Such a server restarted comes
+        back empty, and the director must then search its CEs for its pilots (docs/state.md,
+        "A Redis that keeps its data"). None when it keeps its data, and when it cannot be
+        asked (CONFIG refused by an ACL or renamed, the server down: nothing is said)."""
+
+        def ask() -> tuple[str, str]:
+            appendonly = cast("dict[str, str]", self._client.config_get("appendonly"))
+            save = cast("dict[str, str]", self._client.config_get("save"))
+            return appendonly.get("appendonly", ""), save.get("save", "")
+
+        try:
+            appendonly, save = self.call("read its persistence settings", ask)
+        except StateError:
+            return None
+        if appendonly.strip().lower() != "no" or save.strip():
+            return None
+        return (
+            f"redis state at {self._safe_url()} keeps nothing across a restart: appendonly is "
+            f'"no" and save is "" (neither AOF nor RDB). Restarted, it comes back empty and the '
+            "director must find its pilots on its CEs again: set appendonly yes (with "
+            "appendfsync everysec) or save rules (docs/state.md, 'A Redis that keeps its data')."
+        )
+
     def _cut(self) -> None:
         self._client.connection_pool.disconnect()
 
