@@ -114,7 +114,11 @@ class StateStore(ABC):
 
     @abstractmethod
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
-        """Append a JSON-serialisable record (must hold a float ``time``) to ``stream``."""
+        """Append a JSON-serialisable record (must hold a float ``time``) to ``stream``.
+
+        Idempotent: a record identical to one the stream holds (the same JSON text, keys
+        sorted) is not appended again, so an append retried after a store stall whose first
+        try did land leaves one row. Records that must both be kept differ in a field."""
 
     @abstractmethod
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:

@@ -44,6 +44,8 @@ __all__ = ["ACCOUNTING", "FAILURES", "ITERATIONS", "Director", "open_state", "su
 
 #: The state store's count of iterations run on it (by every director that shares it).
 ITERATIONS = "director/iterations"
+#: Under ``director.state_dir``: accounting rows the store did not take by the stop.
+PENDING_RECORDS = "records-pending.json"
 
 
 class Director:
@@ -77,10 +79,11 @@ class Director:
         self.state = ResilientState(
             # Deferred: a store that cannot be opened at start (read-only file, Redis down)
             # is one notification and a local view, not a crash.
-            state or DeferredState(lambda: open_state(self._current(first), clock), clock),
+            state or DeferredState(lambda: _open_store(self._current(first), clock), clock),
             clock=clock,
             retry_every=settings.state_retry_seconds,
             on_change=self._state_changed,
+            pending_path=Path(settings.state_dir) / PENDING_RECORDS,
         )
         #: what the iteration and its collaborators read; a config reload updates it in place
         self.runtime = Runtime(
@@ -297,13 +300,14 @@ class Director:
         return submission_problems(self.config, self._answers)
 
     def close(self) -> None:
+        # the store first: its last try may find it back, and the notifiers still say so
+        if self._own_state:
+            self.state.close()
         for plugin in self._plugins:
             _close(plugin)
         self._plugins = []
         if self.metrics is not None:
             self.metrics.close()
-        if self._own_state:
-            self.state.close()
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -438,6 +442,18 @@ def summary_json(summary: IterationSummary) -> str:
         "demand": [dataclasses.asdict(figure) for figure in summary.demand],
     }
     return json.dumps(doc, sort_keys=False)
+
+
+def _open_store(config: Config, clock: Clock) -> StateStore:
+    """The configured store, opened; a driver that can tell it keeps nothing across a restart
+    (``persistence_problem``: a Redis with neither AOF nor RDB) says so, once, as a warning."""
+    store = open_state(config, clock)
+    check = getattr(store, "persistence_problem", None)
+    if callable(check):
+        problem = check()
+        if problem:
+            logger.warning(problem)
+    return store
 
 
 def _failing_cache(state: StateStore, clock: Clock, settings: DirectorSettings) -> FailingCache:

@@ -107,6 +107,20 @@ class EpochFile(msgspec.Struct):
     unsearched: list[str] = []
 
 
+class PendingRecord(msgspec.Struct):
+    """One accounting row a director held in memory when it stopped with its store down."""
+
+    stream: str
+    record: dict[str, Any]
+
+
+class PendingRecords(msgspec.Struct):
+    """The rows held in memory at a stop the store did not take
+    (``<state_dir>/records-pending.json``), appended at the next start's first success."""
+
+    rows: list[PendingRecord] = []
+
+
 def read_record(raw: str | bytes | None, type_: type[T], where: str) -> T | None:
     """The record ``raw`` read from ``where`` as a ``type_`` (None when absent); one that is
     no ``type_`` is said in the log and read as absent."""

@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.engine.records import PendingRecord, PendingRecords, read_record
+from gridgate.core.files import atomic_write
 from gridgate.core.state import StateError, StateStore
 from gridgate.core.stores.memory import MemoryState
 
 if TYPE_CHECKING:
     from gridgate.core.state import PilotRegistry
+
+#: Keys never written back from the local view: the store's own identity (its epoch).
+NOT_WRITTEN_BACK = "store/"
 
 
 class ResilientState(StateStore):
@@ -26,8 +33,14 @@ class ResilientState(StateStore):
     escalation history: no storm of duplicate mails. Reads and writes then go to the local
     view, accounting rows are kept in memory, and every ``retry_every`` seconds the primary
     is tried again. When it answers, the local keys are added to it (add-if-absent, so what
-    other directors wrote meanwhile wins), the kept rows are appended, and normal service
-    resumes. ``on_change(degraded, reason)`` is called once per transition.
+    other directors wrote meanwhile wins; never those under ``store/``, the store's own
+    identity, see :mod:`gridgate.core.engine.epoch`), the kept rows are appended (an append
+    is idempotent, so a write-back cut half way and tried again makes no second row), and
+    normal service resumes. ``on_change(degraded, reason)`` is called once per transition.
+
+    :meth:`close` tries the primary once more; the rows it still does not take are kept in
+    ``pending_path`` (durable, private), which the next start reads back and appends at its
+    first success, then removes.
     """
 
     def __init__(
@@ -38,6 +51,7 @@ class ResilientState(StateStore):
         retry_every: float = 30.0,
         on_change: Callable[[bool, str], None] | None = None,
         max_kept_records: int = 100_000,
+        pending_path: Path | None = None,
     ) -> None:
         super().__init__({}, clock)
         self.primary = primary
@@ -50,6 +64,10 @@ class ResilientState(StateStore):
         self._last_try = 0.0
         self._kept: list[tuple[str, dict[str, Any]]] = []
         self.dropped_records = 0
+        #: where rows the primary did not take by :meth:`close` are kept until the next start
+        self.pending_path = pending_path
+        #: whether rows read from ``pending_path`` still wait for the primary
+        self._replay = self._load_pending()
 
     @property
     def degraded(self) -> bool:
@@ -68,27 +86,32 @@ class ResilientState(StateStore):
         if self.on_change:
             self.on_change(True, reason)
 
-    def _maybe_recover(self) -> bool:
-        """Try the primary again if it is time; True when it is back in service."""
+    def _maybe_recover(self, force: bool = False) -> bool:
+        """Try the primary again if it is time (or ``force``); True when it is in service."""
+        error: StateError | None = None
+        with self._lock:
+            if self._degraded_since is None and self._replay:
+                error = self._replay_pending()
+        if error is not None:
+            self._degrade(error)
+            return False
         with self._lock:
             if self._degraded_since is None:
                 return True
             now = self.clock.monotonic()
-            if now - self._last_try < self.retry_every:
+            if not force and now - self._last_try < self.retry_every:
                 return False
             self._last_try = now
+            kept = len(self._kept)
             try:
-                for key, value in self.local.items():
-                    self.primary.add_if_absent(key, value, ttl=self.local.ttl(key))
-                for stream, record in self._kept:
-                    self.primary.append_record(stream, record)
+                self._write_back_keys()
+                self._write_back_rows()
             except StateError as exc:
                 logger.debug("state store still failing: {}", exc)
                 return False
             down_for = now - self._degraded_since
-            kept = len(self._kept)
-            self._kept.clear()
             self._degraded_since = None
+            self._pending_written()
         message = (
             f"state store answers again after {down_for:.0f} s; {kept} accounting rows written back"
         )
@@ -96,6 +119,105 @@ class ResilientState(StateStore):
         if self.on_change:
             self.on_change(False, message)
         return True
+
+    def _write_back_keys(self) -> None:
+        for key, value in self.local.items():
+            if key.startswith(NOT_WRITTEN_BACK):
+                continue
+            self.primary.add_if_absent(key, value, ttl=self.local.ttl(key))
+
+    def _write_back_rows(self) -> None:
+        """Append the kept rows in order; those written leave the list even when a later one
+        fails (and one whose answer was lost is written again: appends are idempotent)."""
+        done = 0
+        try:
+            for stream, record in self._kept:
+                self.primary.append_record(stream, record)
+                done += 1
+        finally:
+            del self._kept[:done]
+
+    def write_back_local(self) -> None:
+        """Add every key of the local view to the primary with add-if-absent, as recovery does
+        (what the primary holds wins), except those under ``store/``: the store's epoch is kept
+        there, and writing it back would hide a store that came back empty. For a primary that
+        answers again without its data (gridgate.core.engine.epoch).
+
+        :raises StateError: the primary failed part way (what was added stays)."""
+        with self._lock:
+            self._write_back_keys()
+
+    # --- rows kept across a stop --------------------------------------------------------------
+
+    def _load_pending(self) -> bool:
+        path = self.pending_path
+        if path is None:
+            return False
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            logger.error("{} unreadable: {} (the rows it holds stay there)", path, exc)
+            return False
+        pending = read_record(raw, PendingRecords, str(path))
+        if pending is None:
+            return False
+        self._kept.extend((row.stream, row.record) for row in pending.rows)
+        logger.info(
+            "{} accounting row(s) the last run could not store read from {}; appended when "
+            "the store answers",
+            len(pending.rows),
+            path,
+        )
+        return True
+
+    def _replay_pending(self) -> StateError | None:
+        """Append the rows read from ``pending_path`` (caller holds the lock)."""
+        try:
+            self._write_back_rows()
+        except StateError as exc:
+            return exc
+        self._pending_written()
+        return None
+
+    def _pending_written(self) -> None:
+        """Every kept row is in the primary: the file of the last run's rows is done with."""
+        self._replay = False
+        if self.pending_path is None:
+            return
+        try:
+            self.pending_path.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.error("cannot remove {} (its rows are stored): {}", self.pending_path, exc)
+
+    def _save_pending(self) -> None:
+        path = self.pending_path
+        if path is None or not self._kept:
+            if self._kept:
+                logger.error(
+                    "state store still failing at stop: {} accounting row(s) lost", len(self._kept)
+                )
+            return
+        rows = [PendingRecord(stream=s, record=r) for s, r in self._kept]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            atomic_write(path, msgspec.json.encode(PendingRecords(rows=rows)), durable=True)
+        except OSError as exc:
+            logger.error(
+                "state store still failing at stop, and {} accounting row(s) cannot be kept in "
+                "{}: {}; they are lost",
+                len(rows),
+                path,
+                exc,
+            )
+            return
+        logger.warning(
+            "state store still failing at stop: {} accounting row(s) kept in {}, appended at "
+            "the next start",
+            len(rows),
+            path,
+        )
 
     def _learn(self, key: str, value: str) -> None:
         """Copy into the local view, with its expiry, a key another process wrote.
@@ -233,6 +355,13 @@ class ResilientState(StateStore):
         return self.primary.pilot_registry()
 
     def close(self) -> None:
+        """Try the primary once more (whatever ``retry_every`` says), keep what it still does
+        not take in ``pending_path``, and close both views."""
+        if self.degraded or self._replay:
+            self._maybe_recover(force=True)
+        with self._lock:
+            if self._kept:
+                self._save_pending()
         self.primary.close()
         self.local.close()
 

@@ -39,6 +39,8 @@ class MemoryState(StateStore):
         self._lock = threading.Lock()
         self._data: dict[str, tuple[str, float | None]] = {}
         self._records: dict[str, list[tuple[float, str]]] = {}
+        #: the (time, text) of each stream's records, so an identical append is seen at once
+        self._seen: dict[str, set[tuple[float, str]]] = {}
         self._last_prune = clock.time()
 
     def _live(self, key: str, now: float) -> tuple[str, float | None] | None:
@@ -118,6 +120,10 @@ class MemoryState(StateStore):
         check_key(stream)
         when, text = encode_record(record)
         with self._lock:
+            seen = self._seen.setdefault(stream, set())
+            if (when, text) in seen:
+                return  # the same record appended again (a retry): kept once
+            seen.add((when, text))
             self._records.setdefault(stream, []).append((when, text))
 
     def prune_records(self, stream: str, before: float) -> int:
@@ -125,6 +131,7 @@ class MemoryState(StateStore):
             rows = self._records.get(stream, [])
             kept = [r for r in rows if r[0] >= before]
             self._records[stream] = kept
+            self._seen[stream] = set(kept)
             return len(rows) - len(kept)
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:

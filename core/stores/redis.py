@@ -5,7 +5,11 @@ Each key is a Redis string holding ``"<expires> <value>"`` (``-`` for no expiry)
 the other drivers do; a real ``PX`` TTL computed from the same clock lets Redis drop the key
 itself. A sorted set (all scores 0) indexes the keys so ``items(prefix)`` is a lexicographic
 range, not a ``SCAN`` of the whole server. Records live in one sorted set per stream, scored by
-their ``time``. Every multi-step change is a Lua script, so it is atomic on the server.
+their ``time``, each member the record's JSON text itself: appending a record that is there
+already (an append retried after a stall whose first try landed) leaves one row, and records of
+one time come back in the order of their text. (A store written before held members
+``"<20-digit sequence> <json>"``; those are read as they were.) Every multi-step change is a Lua
+script, so it is atomic on the server.
 
 The pilot registry (:class:`RedisPilots`), shared by every director and ``gridgate pilots`` on
 that server, lives under the same prefix: a hash of rows (field ``backend\\x1fendpoint\\x1fjob_id``,
@@ -137,12 +141,13 @@ redis.call('ZADD', KEYS[2], 0, ARGV[3])
 return count
 """
 
-# KEYS: stream set, sequence counter. ARGV: time, record JSON.
-_APPEND = """
-local seq = redis.call('INCR', KEYS[2])
-redis.call('ZADD', KEYS[1], ARGV[1], string.format('%020d', seq) .. ' ' .. ARGV[2])
-return seq
-"""
+
+def _record_text(member: str) -> str:
+    """The JSON text of a stream's member: the member itself, or after the sequence number a
+    store written before idempotent appends put in front of it."""
+    if member[:1].isdigit():
+        return member.partition(" ")[2]
+    return member
 
 
 def _payload(value: str, expires: float | None) -> str:
@@ -254,7 +259,6 @@ class RedisState(StateStore):
         self._set = self._client.register_script(_SET)
         self._delete = self._client.register_script(_DELETE)
         self._forget = self._client.register_script(_FORGET)
-        self._append = self._client.register_script(_APPEND)
         self._increment = self._client.register_script(_INCREMENT)
 
     @classmethod
@@ -300,8 +304,36 @@ class RedisState(StateStore):
                             f"answer within {self._call_budget:g} s: cut"
                         ) from exc
                     raise
-        except RedisError as exc:
-            raise StateError(f"redis state at {self._safe_url()}: cannot {what}: {exc}") from exc
+        except (RedisError, OSError, ValueError) as exc:
+            # OSError: a socket error redis-py let through; ValueError: an answer that is not
+            # UTF-8 (decode_responses) or a closed connection's file
+            why = str(exc) if isinstance(exc, RedisError) else f"{type(exc).__name__}: {exc}"
+            raise StateError(f"redis state at {self._safe_url()}: cannot {what}: {why}") from exc
+
+    def persistence_problem(self) -> str | None:
+        """What to say when this server keeps nothing across a restart: neither an append-only
+        file (``appendonly no``) nor RDB snapshots (``save ""``). Such a server restarted comes
+        back empty, and the director must then search its CEs for its pilots (docs/state.md,
+        "A Redis that keeps its data"). None when it keeps its data, and when it cannot be
+        asked (CONFIG refused by an ACL or renamed, the server down: nothing is said)."""
+
+        def ask() -> tuple[str, str]:
+            appendonly = cast("dict[str, str]", self._client.config_get("appendonly"))
+            save = cast("dict[str, str]", self._client.config_get("save"))
+            return appendonly.get("appendonly", ""), save.get("save", "")
+
+        try:
+            appendonly, save = self.call("read its persistence settings", ask)
+        except StateError:
+            return None
+        if appendonly.strip().lower() != "no" or save.strip():
+            return None
+        return (
+            f"redis state at {self._safe_url()} keeps nothing across a restart: appendonly is "
+            f'"no" and save is "" (neither AOF nor RDB). Restarted, it comes back empty and the '
+            "director must find its pilots on its CEs again: set appendonly yes (with "
+            "appendfsync everysec) or save rules (docs/state.md, 'A Redis that keeps its data')."
+        )
 
     def _cut(self) -> None:
         self._client.connection_pool.disconnect()
@@ -427,8 +459,9 @@ class RedisState(StateStore):
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
         check_key(stream)
         when, text = encode_record(record)
-        keys = [f"{self.prefix}rec:{stream}", f"{self.prefix}recseq"]
-        self.call("append", lambda: self._append(keys=keys, args=[repr(when), text]))
+        key = f"{self.prefix}rec:{stream}"
+        # NX: a member already there keeps its score; the same text is the same record
+        self.call("append", lambda: self._client.zadd(key, {text: when}, nx=True))
 
     def prune_records(self, stream: str, before: float) -> int:
         key = f"{self.prefix}rec:{stream}"
@@ -446,8 +479,7 @@ class RedisState(StateStore):
                 f"{self.prefix}rec:{stream}", repr(float(since)), "+inf"
             ),
         )
-        # Members are "<20-digit sequence> <json>"; equal scores sort by member, so by sequence.
-        texts = (m.partition(" ")[2] for m in cast("list[str]", members))
+        texts = (_record_text(m) for m in cast("list[str]", members))
         return readable(texts, stream_record, f"state records {stream}")
 
     def pilot_registry(self) -> PilotRegistry:
@@ -460,8 +492,8 @@ class RedisState(StateStore):
     def close(self) -> None:
         try:
             self._client.close()
-        except RedisError:
-            pass
+        except (RedisError, OSError):
+            pass  # a connection that is gone is closed
 
 
 # --- the pilot registry ------------------------------------------------------------------------

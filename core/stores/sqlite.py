@@ -61,6 +61,12 @@ INSERT INTO kv (key, value, expires) VALUES (?, ?, ?)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires
 """
 _LIVE = "(expires IS NULL OR expires > ?)"
+# A record already there (same stream, time and JSON text: an append retried after a stall
+# whose first try did land) is not written twice; records_stream_time finds its peers.
+_SQL_APPEND = """
+INSERT INTO records (stream, time, data) SELECT ?, ?, ?
+WHERE NOT EXISTS (SELECT 1 FROM records WHERE stream = ? AND time = ? AND data = ?)
+"""
 
 
 SQLITE_SCHEMA: dict[str, Any] = {
@@ -191,16 +197,31 @@ class SqliteState(StateStore):
             f"state file {self.path}: cannot {what}: {hint} ({text}{', ' + code if code else ''})"
         )
 
-    def _execute(self, what: str, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        """Run one statement under the lock; caller holds ``self._lock``."""
+    def _connection(self) -> sqlite3.Connection:
         if self._closed:
             raise StateError(f"state file {self.path}: the store is closed")
         conn = self._conn
         if conn is None or self._pid != os.getpid():
             # A forked child must not share the parent's connection.
             conn = self._connect()
+        return conn
+
+    def _execute(self, what: str, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement under the lock (caller holds ``self._lock``); its row count."""
+        conn = self._connection()
         try:
-            return conn.execute(sql, params)
+            return conn.execute(sql, params).rowcount
+        except sqlite3.Error as exc:
+            raise StateError(self._explain(exc, what)) from exc
+
+    def _fetch(self, what: str, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one statement, read whole under the lock (caller holds ``self._lock``):
+        a step of the cursor can fail as the statement can (a full disk under ``DELETE ...
+        RETURNING``, a read that must grow the WAL index), so it is read inside the
+        conversion to :class:`StateError`."""
+        conn = self._connection()
+        try:
+            return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise StateError(self._explain(exc, what)) from exc
 
@@ -244,8 +265,7 @@ class SqliteState(StateStore):
         with self._lock:
             now = self.clock.time()
             self._maybe_prune(now)
-            cur = self._execute("write", _SQL_ADD, (key, value, expires, now))
-            return cur.rowcount == 1
+            return self._execute("write", _SQL_ADD, (key, value, expires, now)) == 1
 
     def set(self, key: str, value: str, ttl: float | None = None) -> None:
         check_key(key)
@@ -257,10 +277,10 @@ class SqliteState(StateStore):
 
     def get(self, key: str) -> str | None:
         with self._lock:
-            row = self._execute(
+            rows = self._fetch(
                 "read", f"SELECT value FROM kv WHERE key = ? AND {_LIVE}", (key, self.clock.time())
-            ).fetchone()
-        return None if row is None else row[0]
+            )
+        return rows[0][0] if rows else None
 
     def increment(self, key: str, by: int = 1) -> int:
         check_key(key)
@@ -276,9 +296,7 @@ class SqliteState(StateStore):
 
     def delete(self, key: str) -> bool:
         with self._lock:
-            rows = self._execute(
-                "write", "DELETE FROM kv WHERE key = ? RETURNING expires", (key,)
-            ).fetchall()
+            rows = self._fetch("write", "DELETE FROM kv WHERE key = ? RETURNING expires", (key,))
             now = self.clock.time()
         return any(exp is None or exp > now for (exp,) in rows)
 
@@ -292,45 +310,41 @@ class SqliteState(StateStore):
         sql += " ORDER BY key"
         with self._lock:
             params[1] = self.clock.time()
-            rows = self._execute("read", sql, params).fetchall()
+            rows = self._fetch("read", sql, params)
         return [(k, v) for k, v in rows]
 
     def ttl(self, key: str) -> float | None:
         with self._lock:
             now = self.clock.time()
-            row = self._execute(
+            rows = self._fetch(
                 "read", f"SELECT expires FROM kv WHERE key = ? AND {_LIVE}", (key, now)
-            ).fetchone()
-        if row is None or row[0] is None:
+            )
+        if not rows or rows[0][0] is None:
             return None
-        return row[0] - now
+        return float(rows[0][0]) - now
 
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
         check_key(stream)
         when, text = encode_record(record)
         with self._lock:
-            self._execute(
-                "write",
-                "INSERT INTO records (stream, time, data) VALUES (?, ?, ?)",
-                (stream, when, text),
-            )
+            self._execute("write", _SQL_APPEND, (stream, when, text, stream, when, text))
 
     def prune_records(self, stream: str, before: float) -> int:
         with self._lock:
-            cursor = self._execute(
+            gone = self._execute(
                 "write",
                 "DELETE FROM records WHERE stream = ? AND time < ?",
                 (stream, float(before)),
             )
-            return int(cursor.rowcount or 0)
+            return max(0, gone)
 
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._execute(
+            rows = self._fetch(
                 "read",
                 "SELECT data FROM records WHERE stream = ? AND time >= ? ORDER BY time, id",
                 (stream, since),
-            ).fetchall()
+            )
         return readable((text for (text,) in rows), stream_record, f"state records {stream}")
 
     def close(self) -> None:

@@ -288,10 +288,25 @@ def test_records_since_oldest_first(store):
 
 
 @drivers(DRIVERS)
-def test_identical_records_are_all_kept(store):
+def test_an_identical_record_appended_again_is_kept_once(store):
+    """An append retried after a store stall (its first try landed, its answer was lost) must
+    not make a second accounting row; a record differing in any field, or in another stream,
+    is its own row. Before: every append was a new row, in every driver."""
     for _ in range(3):
         store.append_record("s", {"time": 5.0, "same": 1})
-    assert store.records("s") == [{"time": 5.0, "same": 1}] * 3
+    store.append_record("s", {"same": 1, "time": 5.0})  # the same JSON once keys are sorted
+    store.append_record("s", {"time": 5.0, "same": 2})
+    store.append_record("s", {"time": 6.0, "same": 1})
+    store.append_record("t", {"time": 5.0, "same": 1})
+    assert store.records("s") == [
+        {"time": 5.0, "same": 1},
+        {"time": 5.0, "same": 2},
+        {"time": 6.0, "same": 1},
+    ]
+    assert store.records("t") == [{"time": 5.0, "same": 1}]
+    assert store.prune_records("s", before=5.5) == 2
+    store.append_record("s", {"time": 5.0, "same": 1})  # pruned, so new again
+    assert [r["same"] for r in store.records("s")] == [1, 1]
 
 
 @drivers(DRIVERS)
