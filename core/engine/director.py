@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,9 @@ class Director:
         self._reload_notes: list[Notification] = []  # accepted config changes, said at info
         #: notifications each notifier (by plugin name) failed to take since the start
         self.notify_failures: dict[str, int] = {}
+        #: notifiers that failed and whose failure the others were told of (by plugin name)
+        self._undelivering: dict[str, Exception] = {}
+        self._delivered: set[str] = set()  # notifiers that took one since the last check
         self._notify_lock = threading.Lock()
         self._accounting_pruned = -math.inf  # when accounting rows were last pruned
         self._built = False  # whether the notifiers exist yet
@@ -177,13 +180,59 @@ class Director:
         """Give ``note`` to every notifier, each on its own (see :meth:`broadcast`), with the
         outside text it quotes escaped (:func:`~gridgate.core.engine.compose.printable_note`)."""
         note = printable_note(note)
-        self.broadcast("gridgate_notify", "notifier", note.subject, notification=note)
+        failed: dict[str, Exception] = {}
+        self.broadcast("gridgate_notify", "notifier", note.subject, failed, notification=note)
+        self._tell_others(note, failed)
+
+    def _tell_others(self, note: Notification, failed: Mapping[str, Exception]) -> None:
+        """Tell the notifiers that took ``note`` of each one that failed to (its folder on a
+        full disk, its outbox unwritable), once per episode: the log already said it, and a
+        site that reads only its mail must learn that some notifications go nowhere. The
+        episode ends at the failed notifier's next success (logged at info)."""
+        with self._notify_lock:
+            for name in self._undelivering.keys() - failed.keys():
+                if name in self._delivered:
+                    del self._undelivering[name]
+                    logger.info("notifier {} delivers again", name.split(":", 1)[-1])
+            new = {n: e for n, e in failed.items() if n not in self._undelivering}
+            self._undelivering.update(new)
+            self._delivered.clear()
+        for name, exc in new.items():
+            short = name.split(":", 1)[-1]
+            told = Notification(
+                level="error",
+                subject=f"notifier {short} cannot deliver notifications",
+                body=(
+                    f"The notifier {short} failed to take a notification "
+                    f"({note.subject!r}): {type(exc).__name__}: {exc}\n\n"
+                    "Until it takes one again, what it should deliver is only in the log and "
+                    "in the other notifiers. This is said once; its recovery is logged.\n"
+                ),
+                created=self.clock.time(),
+                key=f"notifier/{short}/undelivering/{self.clock.time():.0f}",
+            )
+            self.broadcast(
+                "gridgate_notify",
+                "notifier",
+                told.subject,
+                skip=set(self._undelivering),
+                notification=printable_note(told),
+            )
 
     def broadcast(
-        self, hook_name: str, role: str, what: str = "", **kwargs: Any
+        self,
+        hook_name: str,
+        role: str,
+        what: str = "",
+        failed: dict[str, Exception] | None = None,
+        *,
+        skip: Collection[str] = (),
+        **kwargs: Any,
     ) -> list[tuple[str, Any]]:
         """Call every implementation of the broadcast hook ``hook_name``, each on its own, and
         give back each one's answer that is not None as (plugin name, answer), in call order.
+        ``failed`` gets the plugins that raised (by plugin name); those in ``skip`` are not
+        called.
 
         pluggy calls a broadcast hook's implementations in one loop and stops at the first
         exception, so one broken plugin (a notifier whose folder is gone, a lifecycle or demand
@@ -203,11 +252,18 @@ class Director:
                 return answers
             return [("", r) for r in result or () if r is not None]
         for impl in reversed(impls):  # pluggy's own order: last registered and tryfirst first
+            if impl.plugin_name in skip:
+                continue
             try:
                 answer = impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
                 if answer is not None:
                     answers.append((impl.plugin_name, answer))
+                if failed is not None:
+                    with self._notify_lock:
+                        self._delivered.add(impl.plugin_name)
             except Exception as exc:
+                if failed is not None:
+                    failed[impl.plugin_name] = exc
                 with self._notify_lock:
                     count = self.notify_failures[impl.plugin_name] = (
                         self.notify_failures.get(impl.plugin_name, 0) + 1
