@@ -274,10 +274,13 @@ def test_pilots_reach_done_and_are_cleaned_off_the_ce(scenario) -> None:
     assert not (site.home / ".arc").exists()
 
 
+@pytest.mark.timeout(600)
 def test_a_ce_whose_pilots_all_fail_leaves_rotation_as_aborted(scenario) -> None:
     sites, _first = scenario
     site = sites["fail"]
-    pilots = site.wait_for_states({"failed"})
+    # under the whole suite's load A-REX once kept a job in EXITINGLRMS past 240 s (CI of
+    # stop 48): its fork scan runs behind, the job does end
+    pilots = site.wait_for_states({"failed"}, timeout=480)
     assert len(pilots) == 3
     assert any(
         "exit code" in (p.get("reason") or "") or "LRMS error" in (p.get("reason") or "")
