@@ -251,6 +251,10 @@ class BackendContract:
     job_name_base: ClassVar[str] = ""
     #: whether your backend names one job per pilot (``job_name(base, request, i)``)
     names_per_pilot: ClassVar[bool] = False
+    #: False when your backend has ``find_pilots`` but :meth:`section` configures it in a way
+    #: that cannot list its jobs by name (ARC's ``interface: cli``): the contract then checks
+    #: that it answers None and runs nothing, as a backend without the method does
+    finds_pilots: ClassVar[bool] = True
 
     def section(self, program: str, tmp_path: Path) -> dict[str, Any]:
         """Your backend's config section with ``program`` as the command it runs (every
@@ -718,6 +722,9 @@ class BackendContract:
             endpoint=self._endpoint(backend), names=tuple(names), fleet=fleet, timeout=timeout
         )
 
+    def _finds(self, backend: Any) -> bool:
+        return self.finds_pilots and self._implements(backend, "find_pilots")
+
     def _job_name(self, submission: str) -> str:
         assert self.job_name_base, "job_name_base: the job_name your section gives job_name()"
         request = SubmitRequest(backend=self.name, name=submission)
@@ -725,7 +732,7 @@ class BackendContract:
 
     def test_contract_pilots_are_found_by_name_and_by_fleet(self, tmp_path: Path) -> None:
         probe, backend = self._tracking(tmp_path / "probe", Answer())
-        if not self._implements(backend, "find_pilots"):
+        if not self._finds(backend):
             assert self._find(backend, ["abcdef-000000000001"]) is None and probe.calls() == []
             return
         fleet, other = "3fa2c1", "77aa00"
@@ -766,7 +773,7 @@ class BackendContract:
 
     def test_contract_a_listing_that_fails_is_no_answer(self, tmp_path: Path) -> None:
         program, backend = self._tracking(tmp_path, Answer(stdout="started\n", sleep=HANG))
-        if not self._implements(backend, "find_pilots"):
+        if not self._finds(backend):
             assert self._find(backend, ["abcdef-000000000001"]) is None and program.calls() == []
             return
         result = self._within(

@@ -320,7 +320,8 @@ class RedisState(StateStore):
         def ask() -> tuple[str, str]:
             appendonly = cast("dict[str, str]", self._client.config_get("appendonly"))
             save = cast("dict[str, str]", self._client.config_get("save"))
-            return appendonly.get("appendonly", ""), save.get("save", "")
+            # not config: CONFIG GET's answer, a mapping of the names asked for
+            return appendonly.get("appendonly", ""), save.get("save", "")  # not config: above
 
         try:
             appendonly, save = self.call("read its persistence settings", ask)

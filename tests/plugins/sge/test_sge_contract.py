@@ -62,6 +62,19 @@ class TestSgeBackendContract(BackendContract):
             Answer(stderr="error: job id {call} not found\n", exit_code=1, when=("-j",)),
         )
 
+    job_name_base = "gridgate-pilot"  # the schema's default job_name
+
+    def found_answer(self, jobs: Mapping[str, tuple[str, str]]) -> Answer:
+        # qstat -u $user -s a -g d -r: each job line, then its full name and the queue it asked
+        # for (test_sge_find.py holds the real cell's form)
+        blocks = "".join(
+            qstat_line(i, s)
+            + f"       Full jobname:     {name}\n"
+            + "       Hard requested queues: pilots.q\n"
+            for i, (name, s) in jobs.items()
+        )
+        return Answer(stdout=HEADER + blocks, when=("-r",))
+
     def cancel_answer(
         self, cancelled: Sequence[str], finished: Sequence[str], unknown: Sequence[str]
     ) -> Answer:

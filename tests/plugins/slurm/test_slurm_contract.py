@@ -31,6 +31,17 @@ class TestSlurmBackendContract(BackendContract):
             return Answer(stderr="slurm_load_jobs error: Invalid job id specified\n", exit_code=1)
         return Answer(stdout="".join(f"{i} {SQUEUE_STATES[s]}\n" for i, s in known.items()))
 
+    job_name_base = "gridgate-pilot"  # the schema's default job_name
+
+    def found_answer(self, jobs):
+        # squeue -h -r --me -t all --partition=P -o "%i\t%T\t%r\t%j" (documents.FIND_FORMAT)
+        return Answer(
+            stdout="".join(
+                "\t".join((i, *SQUEUE_STATES[s].split(), name)) + "\n"
+                for i, (name, s) in jobs.items()
+            )
+        )
+
     def cancel_answer(self, cancelled, finished, unknown):
         # scancel --verbose: one line per id, an error line for those it did not cancel, exit 0
         why = {
