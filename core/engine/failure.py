@@ -7,6 +7,7 @@ pilot tracker and the credential check are given it; none of them calls another'
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -25,6 +26,14 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.state import StateError
+
+
+def row_key() -> str:
+    """A key of its own for one accounting or failure row. Appends are idempotent by content
+    (``StateStore.append_record``), so an append retried after a store stall keeps one row;
+    two attempts alike in every field (two skips of one group in one iteration, two failures
+    of one server at one clock reading) differ in this key and keep two."""
+    return uuid.uuid4().hex[:16]
 
 
 class FailurePath:
@@ -111,6 +120,7 @@ class FailurePath:
             self.runtime.state.append_record(
                 FAILURES,
                 {
+                    "row": row_key(),
                     "time": self.runtime.clock.time(),
                     "backend": endpoint.backend,
                     "endpoint": endpoint.name,
@@ -149,7 +159,7 @@ class FailurePath:
         with it.lock:
             it.records.append(record)
         try:
-            self.runtime.state.append_record(ACCOUNTING, record.as_dict())
+            self.runtime.state.append_record(ACCOUNTING, {**record.as_dict(), "row": row_key()})
         except StateError as exc:
             logger.error("accounting row lost, state store failed: {}", exc)
         if record.outcome == "submitted" and self.on_submitted is not None:
