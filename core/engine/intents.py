@@ -64,6 +64,9 @@ ADOPTED_GROUP = "adopted"
 #: Why an intent is unsettled, as the log lines say it.
 CRASHED = "its director stopped while it was sent"
 UNRECORDED = "the state store did not take its pilots"
+#: How long an unsettled submission whose CE cannot be asked is kept (past ``reconcile_for``,
+#: which counts only while the CE answers): a CE down for longer is given up on.
+UNANSWERED_GIVE_UP = 86400.0
 #: The keys of a ``state:`` section that name the store (the fleet's hash reads only these).
 _IDENTITY_KEYS = ("driver", "url", "prefix", "path")
 
@@ -124,6 +127,8 @@ class Intents:
         self._unsettled: dict[str, IntentRecord] = {}
         #: files that could not be read or removed, said once each
         self._said: set[str] = set()
+        #: submissions past reconcile_for kept because their CE could not be asked, said once
+        self._told_held: set[str] = set()
 
     # --- where they are kept ---------------------------------------------------------------
 
@@ -440,7 +445,16 @@ class Intents:
             if answer is None:
                 why = f"backend {endpoint.backend!r} cannot look jobs up by name"
             elif not answer.ok:
-                why = f"the CE could not be asked ({answer.message or 'no answer'})"
+                # The CE may hold its jobs and cannot say so yet (it is down, or restarting
+                # after the stop that lost the answer): giving up now would leave them untracked
+                # and send their like again beside them. The pilots go on counting against the
+                # limits of this endpoint, which takes nothing while it cannot be asked anyway.
+                if now - record.started < max(give_up_after, UNANSWERED_GIVE_UP):
+                    self._tell_held(endpoint, record, answer)
+                    continue
+                why = f"the CE could not be asked for {UNANSWERED_GIVE_UP / 3600:.0f} h " + (
+                    f"({answer.message or 'no answer'})"
+                )
             else:
                 why = "the CE holds none of its jobs"
             logger.warning(
@@ -455,6 +469,22 @@ class Intents:
             )
             self.settle(record.name)
         return adopted
+
+    def _tell_held(self, endpoint: Endpoint, record: IntentRecord, answer: FoundPilots) -> None:
+        """Say once per submission that it is past ``reconcile_for`` and kept because its CE
+        cannot be asked."""
+        if record.name in self._told_held:
+            return
+        self._told_held.add(record.name)
+        logger.warning(
+            "{}: submission {} of {} pilot(s) ({}) not found yet: the CE cannot be asked ({}); "
+            "it is looked for again at each iteration and counts against the limits meanwhile",
+            endpoint.key,
+            record.name,
+            record.count,
+            record.why,
+            answer.message or "no answer",
+        )
 
     def _adopt(
         self,

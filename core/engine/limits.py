@@ -92,7 +92,9 @@ PILOTS_SCHEMA: dict[str, Any] = {
             "description": "A submission whose answer never came (its director killed while "
             "it was sent, a lost answer, a command killed at its deadline) is looked for on its "
             "CE by name for this many seconds, counted against the limits meanwhile; a name "
-            "still not found then is given up with a log line (docs/pilots.md).",
+            "the CE, answering, still does not show then is given up with a log line. A CE "
+            "that cannot be asked keeps them unsettled until it answers, for at most a day "
+            "(docs/pilots.md).",
         },
         "keep_finished": {
             "maximum": 365 * 86400,

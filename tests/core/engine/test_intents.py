@@ -201,6 +201,33 @@ def test_a_name_not_found_is_given_up_after_reconcile_for_with_a_log_line(tmp_pa
     director.close()
 
 
+def test_a_ce_that_cannot_be_asked_past_reconcile_for_keeps_its_submissions(tmp_path, logs) -> None:
+    """The CE stopped mid-bulk and slow to come back: its jobs may be there, so the submission
+    is not given up while it cannot be asked (its pilots count meanwhile), and is adopted once
+    the CE answers, however late; said once, not at every iteration."""
+    clock = FakeClock()
+    backend = NamingBackend(servers=1, pilots_per_submission=4)
+    store = MemoryState(clock=clock)
+    director = make(tmp_path, clock, backend, store)
+    backend.submit_mode["s0"] = "lose"
+    backend.find_mode["s0"] = "down"
+    director.run_iteration()
+    backend.submit_mode["s0"] = "ok"
+    for _ in range(3):  # 3 x 100 s: well past reconcile_for (120 s)
+        clock.advance(100)
+        director.failing.clear(sorted(director.failing.excluded()))
+        assert submitted(director.run_iteration()) == 0
+        assert len(intents(tmp_path)) == 1 and on_ce(backend) == 4
+    held = [m for _level, m in logs if "not found yet: the CE cannot be asked" in m]
+    assert len(held) == 1, held
+    assert not any("given up after" in m for _level, m in logs)
+    backend.find_mode["s0"] = "ok"
+    clock.advance(100)
+    assert submitted(director.run_iteration()) == 0
+    assert waiting(store.pilot_registry()) == 4 and intents(tmp_path) == []
+    director.close()
+
+
 def test_a_backend_that_cannot_look_up_names_gives_up_saying_so(tmp_path, logs) -> None:
     clock = FakeClock()
     backend = NamingBackend(servers=1)
