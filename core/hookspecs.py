@@ -429,6 +429,9 @@ def gridgate_find_pilots(
 
     A backend that cannot look jobs up by name leaves this unanswered: an unsettled
     submission of it is then given up after ``director.pilots.reconcile_for`` with a log line.
+    An answer with ``ok`` False (the server cannot be asked) keeps the submissions unsettled
+    until it answers; an ``ok`` answer without them gives them up once the server has answered
+    so for ``reconcile_for``.
 
     :param endpoint: the server the submissions were sent to.
     :param names: the submission names (:attr:`SubmitRequest.name`) to look for.

@@ -14,8 +14,9 @@ for by name (``gridgate_find_pilots``):
 Such a submission is **unsettled**: its pilots count against ``max_waiting`` / ``max_total``
 (as waiting) until it is reconciled, at the start of each iteration, before the limits are
 applied: the jobs the CE holds under its name are adopted into the registry, in whatever state
-the CE has them, and a submission none of whose jobs is found within
-``director.pilots.reconcile_for`` is given up with a log line. A backend that cannot look jobs up
+the CE has them, and a submission none of whose jobs the CE has shown while answering for
+``director.pilots.reconcile_for`` is given up with a log line (a CE that cannot be asked keeps
+it, for at most :data:`UNANSWERED_GIVE_UP`). A backend that cannot look jobs up
 by name (gLite WMS) leaves the hook unanswered; its unsettled submissions are given up the same
 way, saying so.
 
@@ -129,6 +130,8 @@ class Intents:
         self._said: set[str] = set()
         #: submissions past reconcile_for kept because their CE could not be asked, said once
         self._told_held: set[str] = set()
+        #: submission -> since when its CE has answered without showing its jobs
+        self._answering: dict[str, float] = {}
 
     # --- where they are kept ---------------------------------------------------------------
 
@@ -210,6 +213,8 @@ class Intents:
         """The answer came and says everything: the intent is done."""
         with self._lock:
             known = self._open.pop(name, None) or self._unsettled.pop(name, None)
+            self._answering.pop(name, None)
+            self._told_held.discard(name)
         if known is not None:
             self._remove(name)
 
@@ -440,9 +445,15 @@ class Intents:
             if statuses:
                 adopted += self._adopt(registry, endpoint, record, statuses, now)
                 continue
-            if now - record.started < give_up_after:
-                continue
+            # since when the CE has been answering without its jobs: one that stops answering
+            # may be restarting, and one just back may not list its jobs at once
+            if answer is not None and answer.ok:
+                since = self._answering.setdefault(record.name, now)
+            else:
+                since = self._answering.pop(record.name, now)
             if answer is None:
+                if now - record.started < give_up_after:
+                    continue
                 why = f"backend {endpoint.backend!r} cannot look jobs up by name"
             elif not answer.ok:
                 # The CE may hold its jobs and cannot say so yet (it is down, or restarting
@@ -450,13 +461,17 @@ class Intents:
                 # and send their like again beside them. The pilots go on counting against the
                 # limits of this endpoint, which takes nothing while it cannot be asked anyway.
                 if now - record.started < max(give_up_after, UNANSWERED_GIVE_UP):
-                    self._tell_held(endpoint, record, answer)
+                    if now - record.started >= give_up_after:
+                        self._tell_held(endpoint, record, answer)
                     continue
                 why = f"the CE could not be asked for {UNANSWERED_GIVE_UP / 3600:.0f} h " + (
                     f"({answer.message or 'no answer'})"
                 )
             else:
-                why = "the CE holds none of its jobs"
+                # reconcile_for counts from the CE's first answer that lacks them
+                if now - max(record.started, since) < give_up_after:
+                    continue
+                why = f"the CE has held none of its jobs for {now - since:.0f} s"
             logger.warning(
                 "{}: submission {} of {} pilot(s) ({}) given up after {:.0f} s: {}; "
                 "if the CE made them, they run untracked",

@@ -91,8 +91,8 @@ PILOTS_SCHEMA: dict[str, Any] = {
             "default": 300,
             "description": "A submission whose answer never came (its director killed while "
             "it was sent, a lost answer, a command killed at its deadline) is looked for on its "
-            "CE by name for this many seconds, counted against the limits meanwhile; a name "
-            "the CE, answering, still does not show then is given up with a log line. A CE "
+            "CE by name, counted against the limits meanwhile; one the CE has answered without "
+            "for this many seconds is given up with a log line. A CE "
             "that cannot be asked keeps them unsettled until it answers, for at most a day "
             "(docs/pilots.md).",
         },
