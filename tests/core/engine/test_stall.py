@@ -197,3 +197,29 @@ def test_demand_trimmed_because_enough_pilots_wait_is_not_a_stall() -> None:
     assert [n.level for n in watch.observe(IterationInfo(6, clock.time()), refused, director)] == [
         "error"
     ]
+
+
+def test_a_store_that_came_back_empty_mid_stall_sends_no_second_error_and_says_resumed() -> None:
+    """Issue 41: a Redis without persistence restarted while the director stalls. The episode
+    was in the store; the director's own view writes it back when it notices the empty store,
+    so the stall is not told a second time, and "submitting again" follows when it ends."""
+    clock = FakeClock(1_000_000.0)
+    collector = Collector()
+    store = MemoryState(clock=clock)
+    director, backend, admission = director_for("refused", clock, store, collector)
+    for _ in range(3):
+        director.run_iteration()
+        clock.advance(60)
+    assert [n.level for n in stall_notes(collector)] == ["error"]
+    for key, _value in store.items():  # what a restarted Redis without persistence holds
+        store.delete(key)
+    store._pilot_registry = None
+    for _ in range(3):  # still stalled, the store empty then written back: no second error
+        director.run_iteration()
+        clock.advance(60)
+    assert [n.level for n in stall_notes(collector)] == ["error"]
+    fix("refused", director, backend, admission)
+    director.run_iteration()
+    assert [n.level for n in stall_notes(collector)] == ["error", "info"]
+    assert "is submitting again" in stall_notes(collector)[-1].subject
+    director.close()
