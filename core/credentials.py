@@ -334,6 +334,7 @@ class CredentialPlugin(Plugin):
             command=command,
             renewed=renewed,
             at_risk=at_risk,
+            renewal_due=needed and not renewed and not problem,
         )
 
 

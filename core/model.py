@@ -526,10 +526,9 @@ class CredentialStatus:
     credential, not yet or no longer valid): ``message`` says why in one line. ``expires`` is
     its end time (epoch seconds; None when it could not be read). ``command`` is the renewal
     command's result when one ran this iteration, ``renewed`` True when it left a credential
-    that needs no renewal. ``at_risk``: still usable, but a renewal was needed and did not
-    help, and the credential ends before the next iteration's renewal could finish (less
-    than ``director.cycle_seconds`` plus the renewal's deadline left).
-    """
+    that needs no renewal. ``renewal_due`` (API 1.9): usable, less than its ``min_lifetime``
+    left, and no renewal extended it; ``at_risk``: besides, it ends before the next
+    iteration's renewal could finish (``director.cycle_seconds`` plus the renewal's deadline)."""
 
     name: str
     kind: str
@@ -540,6 +539,7 @@ class CredentialStatus:
     command: CommandResult | None = None
     renewed: bool = False
     at_risk: bool = False
+    renewal_due: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The status for ``gridgate run --json`` (the command as its argv and exit code)."""
@@ -553,6 +553,7 @@ class CredentialStatus:
             "message": self.message,
             "renewed": self.renewed,
             "at_risk": self.at_risk,
+            "renewal_due": self.renewal_due,
             "command": None
             if command is None
             else {

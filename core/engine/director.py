@@ -119,6 +119,8 @@ class Director:
             self.runtime, self.failures, self.stall.limits_stuck, self.instance
         )
         self.failures.on_submitted = self.tracker.submitted
+        if self.metrics is not None:  # the report's failures are the metrics' failures
+            self.failures.on_failure_recorded = self.metrics.failure_recorded
         self.credentials = CredentialEpisodes(self.runtime, self.failures)
         self.runner = IterationRunner(
             self.runtime, self.failures, self.credentials, self.tracker, self.stall, self.instance
@@ -300,7 +302,16 @@ class Director:
             pending = getattr(getattr(plugin, "outbox", None), "pending", None)
             if callable(pending):
                 outbox[name.split(":", 1)[-1]] = len(pending())
-        return {"caches": caches, "outbox": outbox}
+        try:
+            failing = {
+                row["server"]: (row["kind"], row["episode_start"])
+                for row in self.failing.view()
+                if row["status"] == "failing"  # local faults: this machine, no endpoint
+            }
+        except StateError as exc:
+            logger.debug("failing cache not read for the metrics: {}", exc)
+            failing = {}
+        return {"caches": caches, "outbox": outbox, "failing": failing}
 
     def _build(self) -> None:
         settings = self.runtime.settings

@@ -44,6 +44,9 @@ class FailurePath:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.on_submitted: Callable[[AccountingRecord], None] | None = None
+        #: hears of each failure kept in ``FAILURES`` (backend, endpoint, kind): the metrics
+        #: count what the report counts
+        self.on_failure_recorded: Callable[[str, str, str], None] | None = None
 
     def tell(self, it: Iteration, note: Notification) -> None:
         """Send ``note`` to every notifier and keep it in the iteration's summary."""
@@ -131,6 +134,8 @@ class FailurePath:
             )
         except StateError as exc:
             logger.error("failure row lost, state store failed: {}", exc)
+        if self.on_failure_recorded is not None:
+            self.on_failure_recorded(endpoint.backend, endpoint.name, failure.kind)
 
     def local_fault(
         self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: Iteration

@@ -18,6 +18,12 @@ from gridgate.core.model import AccountingRecord, IterationSummary, Notification
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 
+def rotation_cause(state: str, source: str) -> str:
+    """The ``cause`` label of an endpoint an availability source put out of rotation: a GOCDB
+    downtime is ``downtime``, any other its state (banned, drained, degraded)."""
+    return "downtime" if source == "gocdb" else state
+
+
 class DirectorMetrics:
     """Counters and gauges of the director; ``serve(port)`` exposes them over HTTP.
 
@@ -62,7 +68,28 @@ class DirectorMetrics:
             registry=r,
         )
         self.excluded = Gauge(
-            "gridgate_endpoints_excluded", "Endpoints excluded in the last iteration", registry=r
+            "gridgate_endpoints_excluded",
+            "Endpoints excluded in the last iteration (an event count: an endpoint kept out by "
+            "the failing cache is not tried, so not excluded again; alert on "
+            "gridgate_endpoint_out_of_rotation)",
+            registry=r,
+        )
+        self.out_of_rotation = Gauge(
+            "gridgate_endpoint_out_of_rotation",
+            "1 for each endpoint out of rotation now, by cause: failing (the failing cache, "
+            "after failures of its submissions or polls), aborted (its pilots' verdict), "
+            "downtime (GOCDB), banned, drained or degraded (an operator or another availability "
+            "source); what `gridgate servers list` shows. The series goes when it is back",
+            ["backend", "endpoint", "cause"],
+            registry=r,
+        )
+        self.out_since = Gauge(
+            "gridgate_endpoint_out_of_rotation_since_timestamp_seconds",
+            "When each endpoint out of rotation went out (Unix time): for failing and aborted "
+            "the start of its failure episode, kept across the tries the failing cache lets "
+            "through; for the others when this director first saw it out",
+            ["backend", "endpoint", "cause"],
+            registry=r,
         )
         self.notifications = Counter(
             "gridgate_notifications", "Notifications by level", ["level"], registry=r
@@ -119,6 +146,14 @@ class DirectorMetrics:
             ["kind", "path"],
             registry=r,
         )
+        self.credential_renewal_due = Gauge(
+            "gridgate_credential_renewal_due",
+            "1 when the managed credential, still usable, has less than its min_lifetime left "
+            "and this iteration's renewal did not extend it (it fails, or none is configured); "
+            "the credential's own margin, for a 96 h proxy as for a 20 min token",
+            ["kind", "path"],
+            registry=r,
+        )
         self.demand_jobs = Gauge(
             "gridgate_demand_waiting_jobs",
             "Waiting work the demand source counted per group (the last good figure while "
@@ -139,6 +174,7 @@ class DirectorMetrics:
         )
         self._series: dict[str, set[tuple[str, ...]]] = {}
         self._pilot_labels: set[tuple[str, str, str]] = set()
+        self._out_since: dict[tuple[str, ...], float] = {}
         self.gauges_source = gauges_source
         self._server: Any = None
 
@@ -171,6 +207,12 @@ class DirectorMetrics:
     def gridgate_notify(self, notification: Notification) -> None:
         self.notifications.labels(notification.level).inc()
 
+    def failure_recorded(self, backend: str, endpoint: str, kind: str) -> None:
+        """A failure found outside a submission (a status poll, a cancel, the pilots'
+        verdict), as it is written to the failures table `gridgate report` reads: the same
+        counter as a failed submission, so that the report and the metrics agree."""
+        self.failures.labels(backend, endpoint or "-", kind or "error").inc()
+
     @hookimpl
     def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
         self.iteration.observe(summary.duration)
@@ -178,13 +220,32 @@ class DirectorMetrics:
         self.excluded.set(len(summary.excluded))
         self._pilots(summary.pilots)
         self._site_gauges(summary)
-        if self.gauges_source is None:
-            return
-        gauges = self.gauges_source()
-        for cache, size in gauges.get("caches", {}).items():  # not config: the gauges' source
+        gauges = self.gauges_source() if self.gauges_source is not None else {}
+        self._rotation(summary, gauges.get("failing", {}))  # not config: the gauges' source
+        for cache, size in gauges.get("caches", {}).items():  # not config: the same
             self.cache.labels(cache).set(size)
         for notifier, depth in gauges.get("outbox", {}).items():  # not config: the same
             self.outbox.labels(notifier).set(depth)
+
+    def _rotation(
+        self, summary: IterationSummary, failing: dict[str, tuple[str, float | None]]
+    ) -> None:
+        """The endpoints out of rotation and since when: those the sources found not available
+        this iteration, and those the failing cache holds (``failing``: endpoint key -> the
+        kind of its last failure and the start of its episode)."""
+        now = summary.started + summary.duration
+        since: dict[tuple[str, ...], float] = {}
+        for key, state in summary.unavailable.items():
+            backend, _, endpoint = key.partition("/")
+            labels = (backend, endpoint, rotation_cause(state.state, state.source))
+            since[labels] = self._out_since.get(labels, now)
+        for key, (kind, start) in failing.items():
+            backend, _, endpoint = key.partition("/")
+            labels = (backend, endpoint, "aborted" if kind == "aborted" else "failing")
+            since[labels] = start if start is not None else now
+        self._set("out_of_rotation", self.out_of_rotation, dict.fromkeys(since, 1.0))
+        self._set("out_since", self.out_since, since)
+        self._out_since = since
 
     def _site_gauges(self, summary: IterationSummary) -> None:
         """Availability, credential ends and demand of this iteration; the series of the last
@@ -196,9 +257,11 @@ class DirectorMetrics:
             availability[(backend, endpoint, state.state, state.source)] = 1
         expiry: dict[tuple[str, ...], float] = {}
         usable: dict[tuple[str, ...], float] = {}
+        due: dict[tuple[str, ...], float] = {}
         for status in summary.credentials:
             labels = (status.kind, status.path)
             usable[labels] = 1 if status.usable else 0
+            due[labels] = 1 if status.usable and status.renewal_due else 0
             if status.expires is not None:
                 expiry[labels] = status.expires
         jobs: dict[tuple[str, ...], float] = {}
@@ -212,6 +275,7 @@ class DirectorMetrics:
         self._set("availability", self.availability, availability)
         self._set("credential_expiry", self.credential_expiry, expiry)
         self._set("credential_usable", self.credential_usable, usable)
+        self._set("credential_renewal_due", self.credential_renewal_due, due)
         self._set("demand_jobs", self.demand_jobs, jobs)
         self._set("demand_pilots", self.demand_pilots, pilots)
 

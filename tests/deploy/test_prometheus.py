@@ -51,15 +51,27 @@ def test_promtool_checks_the_rules_and_their_unit_tests_pass() -> None:
 
 
 def test_the_rule_tests_catch_a_changed_threshold(tmp_path: Path) -> None:
-    """The unit tests can fail: with the credential alert's 6 hours turned into 1, the case of
-    a proxy with 5 h 50 min left no longer fires and promtool says so."""
+    """The unit tests can fail: with the failing endpoint's 2 hours turned into 3, the case of
+    a CE out for 2 h 10 min no longer fires and promtool says so."""
     shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
     text = RULES.read_text(encoding="utf-8")
-    assert "time() < 6 * 3600" in text
-    (tmp_path / RULES.name).write_text(text.replace("time() < 6 * 3600", "time() < 3600"))
+    assert "> 2 * 3600" in text
+    (tmp_path / RULES.name).write_text(text.replace("> 2 * 3600", "> 3 * 3600"))
     tested = promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
     assert tested.returncode != 0
-    assert "GridgateCredentialEndingSoon" in tested.stdout + tested.stderr
+    assert "GridgateEndpointFailing" in tested.stdout + tested.stderr
+
+
+def test_no_alert_text_says_a_number_a_site_may_change() -> None:
+    """A site edits the thresholds (the file invites it): the summaries take their figures from
+    the expression's value or the labels, so an edited number leaves no text saying the old
+    one. The numbers are the `for:` durations and the figures in the expressions."""
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    words = re.compile(r"\b\d+\s*(?:s|m|h|d|sec|second|minute|hour|day)s?\b", re.IGNORECASE)
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            for name, text in rule["annotations"].items():
+                assert not words.search(text), (rule["alert"], name, text)
 
 
 # --- what the rules and the dashboard name is what gridgate exports -----------------------
@@ -130,13 +142,15 @@ def fake_jwt(expires: float) -> str:
     return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.c2lnbmF0dXJl"
 
 
-def director_site(folder: Path, metrics_port: int, token: Path) -> Path:
+def director_site(
+    folder: Path, metrics_port: int, token: Path, min_lifetime: int = 60, **director: Any
+) -> Path:
     doc = {
-        "director": director_section(folder, 1, metrics_port=metrics_port),
+        "director": director_section(folder, 1, metrics_port=metrics_port, **director),
         "state": {"driver": "memory"},
         "backends": {"wms_glite": healthy_wms(folder)},
         "demand": {"static": {"wms_glite": 1}},
-        "credentials": {"bearer_token": {"path": str(token), "min_lifetime": 60}},
+        "credentials": {"bearer_token": {"path": str(token), "min_lifetime": min_lifetime}},
     }
     path = folder / "site.yaml"
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
@@ -144,11 +158,18 @@ def director_site(folder: Path, metrics_port: int, token: Path) -> Path:
 
 
 class Prometheus:
-    def __init__(self, folder: Path, targets: dict[str, int]) -> None:
+    def __init__(
+        self, folder: Path, targets: dict[str, int], edits: dict[str, str] | None = None
+    ) -> None:
         self.folder = folder
         self.port = free_port()
-        # the shipped rules, with every `for` cut to 0 s: the test cannot wait hours
-        rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+        # the shipped rules, with every `for` cut to 0 s (the test cannot wait hours) and the
+        # numbers in `edits` changed as a site changes them, in the file's text
+        text = RULES.read_text(encoding="utf-8")
+        for number, shorter in (edits or {}).items():
+            assert number in text, f"the rules hold no {number!r} to edit"
+            text = text.replace(number, shorter)
+        rules = yaml.safe_load(text)
         for group in rules["groups"]:
             for rule in group["rules"]:
                 rule["for"] = "0s"
@@ -204,8 +225,8 @@ class Prometheus:
 def prometheus_factory(tmp_path: Path):
     started: list[Prometheus] = []
 
-    def start(targets: dict[str, int]) -> Prometheus:
-        server = Prometheus(tmp_path / "prom", targets)
+    def start(targets: dict[str, int], edits: dict[str, str] | None = None) -> Prometheus:
+        server = Prometheus(tmp_path / "prom", targets, edits)
         started.append(server)
         return server
 
@@ -220,9 +241,11 @@ def test_a_real_prometheus_scrapes_a_director_and_a_daemon_and_the_alerts_fire(
 ) -> None:
     director_port, daemon_port = free_port(), free_port()
     token = tmp_path / "token"
-    token.write_text(fake_jwt(time.time() + 3600) + "\n")  # ends in an hour: < 6 h
+    # ends in an hour, within its min_lifetime of two, and no renew command configured: the
+    # renewal is due and nothing extends it
+    token.write_text(fake_jwt(time.time() + 3600) + "\n")
     token.chmod(0o600)
-    config = director_site(tmp_path, director_port, token)
+    config = director_site(tmp_path, director_port, token, min_lifetime=7200)
     director = subprocess.Popen(
         [gridgate_exe, "run", "-c", str(config)],
         stdout=subprocess.DEVNULL,
@@ -272,6 +295,69 @@ def test_a_real_prometheus_scrapes_a_director_and_a_daemon_and_the_alerts_fire(
 
         (down,) = wait_for("the daemon alert", daemon_alert)
         assert down["labels"]["instance"] == f"127.0.0.1:{daemon_port}"
+    finally:
+        director.terminate()
+        director.wait(60)
+
+
+def test_a_ce_down_fires_the_endpoint_alert_on_a_real_prometheus_and_it_resolves(
+    gridgate_exe: str, tmp_path: Path, prometheus_factory: Any
+) -> None:
+    """Issue 42: the shipped endpoint alert could never fire (it read an event count). A real
+    `gridgate run` with two stand-in WMS servers, one of which goes unreachable: the failing
+    cache keeps it out, its tries at each expiry fail again, and a real Prometheus with the
+    shipped rules (the 2 hours edited to 4 s, as a site edits its numbers) fires
+    GridgateEndpointFailing for it and nothing else; the server back, the alert resolves."""
+    from gridgate.plugins.wms_glite.sim import write_scenario
+
+    director_port = free_port()
+    token = tmp_path / "token"
+    token.write_text(fake_jwt(time.time() + 3600) + "\n")
+    token.chmod(0o600)
+    config = director_site(tmp_path, director_port, token, failing_expiry=3, ticket_expiry=600)
+    doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+    wms = doc["backends"]["wms_glite"]
+    wms["servers"] = ["wms01.example.org", "wms02.example.org"]
+    doc["demand"]["static"]["wms_glite"] = 4  # both servers are tried at each iteration
+    config.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    scenario = Path(wms["env"]["GRIDGATE_SIM_SCENARIO"])
+
+    def outage(behaviour: str) -> None:
+        write_scenario(
+            scenario,
+            {
+                "state_dir": str(tmp_path / "simstate"),
+                "default": {"behaviour": "healthy"},
+                "hosts": {"wms02.example.org": {"behaviour": behaviour}},
+            },
+        )
+
+    outage("unreachable")
+    director = subprocess.Popen(
+        [gridgate_exe, "run", "-c", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "director.log", "wb"),  # noqa: SIM115 - the child holds it
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        wait_for("the first iteration", lambda: "gridgate_demand_pilots{" in scrape(director_port))
+        prom = prometheus_factory({"gridgate-director": director_port}, {"> 2 * 3600": "> 4"})
+
+        def endpoint_alerts() -> list[dict[str, Any]]:
+            return [
+                a for a in prom.firing() if a["labels"]["alertname"] == "GridgateEndpointFailing"
+            ]
+
+        (alert,) = wait_for("the endpoint alert", endpoint_alerts)
+        assert alert["labels"]["endpoint"] == "wms02.example.org", alert
+        assert alert["labels"]["cause"] == "failing", alert
+        summary = alert["annotations"]["summary"]
+        assert summary.startswith("wms_glite/wms02.example.org out of rotation (failing) for ")
+        time.sleep(8)  # several expiries of the failing cache, each try failing again
+        assert {a["labels"]["alertname"] for a in prom.firing()} == {"GridgateEndpointFailing"}
+        outage("healthy")
+        wait_for("the alert resolved", lambda: not endpoint_alerts(), deadline=90)
+        assert prom.firing() == [], prom.firing()
     finally:
         director.terminate()
         director.wait(60)

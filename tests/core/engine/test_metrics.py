@@ -231,3 +231,49 @@ def test_availability_credential_end_and_demand_gauges_follow_each_iteration() -
         assert value(second, r'gridgate_demand_waiting_jobs\{group="atlas"\}') == 0
     finally:
         director.close()
+
+
+def test_a_ce_found_down_by_its_polls_is_counted_as_the_report_counts_and_stays_out() -> None:
+    """Issue 42: a CE whose status polls fail is a failure in the metrics as in `gridgate
+    report` (one source: the failures table's rows), and gridgate_endpoint_out_of_rotation
+    holds 1 for it through the whole episode, not only in the iteration that excluded it
+    (gridgate_endpoints_excluded is 1 then 0 while the failing cache keeps it out)."""
+    from support.director import TrackingBackend
+
+    from gridgate.core.commands.report import FAILURE_SORTS, failure_sort, read_report
+
+    clock = FakeClock()
+    backend = TrackingBackend(2)
+    cfg = config(servers=2, pilots=2, max_threads=1, metrics_port=0, failing_expiry=600)
+    state = MemoryState(clock=clock)
+    director = Director(cfg, clock=clock, extra_plugins=[backend, Collector()], state=state)
+    out = (
+        rf'gridgate_endpoint_out_of_rotation\{{backend="{BACKEND}",cause="failing",endpoint="s0"\}}'
+    )
+    try:
+        director.run_iteration()  # pilots on s0 and s1
+        backend.status_mode["s0"] = "fail"  # s0 goes down: its polls fail
+        held, excluded = [], []
+        for _ in range(4):
+            clock.advance(60)
+            director.run_iteration()
+            series = scrape(director.metrics_port)
+            held.append(value(series, out))
+            excluded.append(value(series, r"gridgate_endpoints_excluded"))
+        assert held == [1, 1, 1, 1], held
+        since = rf'gridgate_endpoint_out_of_rotation_since_timestamp_seconds\{{backend="{BACKEND}",cause="failing",endpoint="s0"\}}'
+        assert value(series, since) == clock.time() - 180  # its episode began 3 iterations ago
+        assert excluded[1:] == [0, 0, 0], excluded  # why the old alert could never fire
+        report = read_report(state, since=0)
+        polls = [r for r in report.failures if failure_sort(r) == "poll"]
+        failed_rows = [r for r in report.rows if r.get("outcome") == "failed"]
+        counted = value(series, r"gridgate_failures_total\{.*\}")
+        assert polls and "poll" in FAILURE_SORTS
+        assert counted == len(report.failures) + len(failed_rows), (counted, report.failures)
+        backend.status_mode["s0"] = "ok"
+        director.failing.clear([f"{BACKEND}/s0"])  # an operator clears it: back in rotation
+        clock.advance(60)
+        director.run_iteration()
+        assert value(scrape(director.metrics_port), out) == 0
+    finally:
+        director.close()
