@@ -509,12 +509,15 @@ class Intents:
         statuses: Iterable[JobStatus],
         now: float,
     ) -> int:
-        pilots = [
+        found = [
             replace(_pilot(s, endpoint, record.group, now, record.cores), submitted=record.started)
             for s in statuses
         ]
+        # its director may have recorded some before it stopped (the answer came, the intent
+        # was not yet settled): those keep their rows and their tracked state
+        pilots = [p for p in found if registry.get(p.backend, p.endpoint, p.job_id) is None]
         registry.put(pilots)
-        if record.why != UNRECORDED:  # that one's accounting row was written when it was sent
+        if pilots and record.why != UNRECORDED and not self._accounted(record):
             row = AccountingRecord(
                 time=now,
                 backend=endpoint.backend,
@@ -531,14 +534,28 @@ class Intents:
             except StateError as exc:
                 logger.error("accounting row of adopted pilots lost: {}", exc)
         logger.warning(
-            "{}: {} pilot(s) of submission {} ({}) found on the CE by name and adopted",
+            "{}: {} pilot(s) of submission {} ({}) found on the CE by name and adopted{}",
             endpoint.key,
             len(pilots),
             record.name,
             record.why,
+            f" ({len(found) - len(pilots)} tracked already)" if len(found) > len(pilots) else "",
         )
         self.settle(record.name)
         return len(pilots)
+
+    def _accounted(self, record: IntentRecord) -> bool:
+        """Whether the submission's own accounting row was written (its director stopped after
+        the answer came and before the intent was settled): the adopted pilots then get no
+        second row. A store that cannot be read says no: a second row beats a missing one."""
+        try:
+            rows = self.runtime.state.records(ACCOUNTING, since=record.started - 1)
+        except StateError:
+            return False
+        return any(
+            row.get("name") == record.name and row.get("outcome") == "submitted"  # not config
+            for row in rows
+        )
 
 
 def _timed_out(result: SubmitResult) -> bool:

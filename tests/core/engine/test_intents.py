@@ -161,6 +161,56 @@ def test_gridgate_find_pilots_adopts_what_a_killed_director_submitted(tmp_path) 
     second.close()
 
 
+@pytest.mark.parametrize("recorded", ["row", "row and pilot"])
+def test_a_director_killed_after_recording_its_answer_leaves_no_second_row(
+    tmp_path, recorded
+) -> None:
+    """Killed after the answer's accounting row (and maybe the pilot) was written, before the
+    intent was settled: the next director finds the job by name and neither writes a second
+    row for it nor overwrites what the registry tracks (CI's Grid Engine crash runs saw a job
+    id in two rows)."""
+    from gridgate.core.state import Pilot
+
+    clock = FakeClock()
+    backend = NamingBackend(servers=1)
+    store = MemoryState(clock=clock)
+    first = make(tmp_path, clock, backend, store, pilots=1)
+    backend.submit_mode["s0"] = "kill"
+    with pytest.raises(Killed):
+        first.run_iteration()
+    (intent,) = intents(tmp_path)
+    (job,) = backend.jobs["s0"]
+    # what the killed director had written before it stopped
+    store.append_record(
+        ACCOUNTING,
+        {
+            "time": clock.time(),
+            "backend": BACKEND,
+            "endpoint": "s0",
+            "outcome": "submitted",
+            "pilots": 1,
+            "job_ids": [job],
+            "name": intent["name"],
+        },
+    )
+    if recorded == "row and pilot":
+        backend.move("s0", "running")
+        store.pilot_registry().put(
+            [Pilot(job, BACKEND, "s0", submitted=clock.time(), changed=clock.time())]
+        )
+    backend.submit_mode["s0"] = "ok"
+    clock.advance(5)
+    second = make(tmp_path, clock, backend, store, pilots=1)
+    second.run_iteration()
+    rows = [r for r in store.records(ACCOUNTING) if job in (r.get("job_ids") or ())]
+    assert len(rows) == 1, rows
+    assert intents(tmp_path) == []
+    (pilot,) = [p for p in store.pilot_registry().query(BACKEND) if p.job_id == job]
+    if recorded == "row and pilot":  # the registry's own record stands (its poll moves it)
+        assert pilot.submitted == clock.time() - 5
+    second.close()
+
+
 def test_a_lost_answer_is_reconciled_by_name_and_counted_meanwhile(tmp_path) -> None:
     clock = FakeClock()
     backend = NamingBackend(servers=1, pilots_per_submission=4)  # one bulk, its answer lost
