@@ -300,8 +300,8 @@ class SubmitResult:
     ``local_fault``, when set, says why nothing could be run because of this machine (a work
     folder missing, not writable or full: the folder and the OS error); it is classified as a
     local fault (kind ``local_io``), so no server is blamed.
-    ``uncertain``: the request may have made pilots no answer names (an answer lost; a command
-    killed at its deadline is so unsaid): :func:`gridgate_find_pilots` is asked later."""
+    ``uncertain``: the request may have made pilots no answer names (an answer lost, a command
+    killed at its deadline); ``job_ids`` one per pilot known made, the rest found by name."""
 
     endpoint: Endpoint
     ok: bool

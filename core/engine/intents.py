@@ -517,15 +517,19 @@ class Intents:
         # was not yet settled): those keep their rows and their tracked state
         pilots = [p for p in found if registry.get(p.backend, p.endpoint, p.job_id) is None]
         registry.put(pilots)
-        if pilots and record.why != UNRECORDED and not self._accounted(record):
+        # and some may have their row (a bulk answer that named some of its jobs and lost the
+        # others): a job id is in one row
+        accounted = self._accounted(record)
+        unrowed = [p for p in found if p.job_id not in accounted]
+        if unrowed and record.why != UNRECORDED:
             row = AccountingRecord(
                 time=now,
                 backend=endpoint.backend,
                 endpoint=endpoint.name,
                 outcome="submitted",
                 group=record.group,
-                pilots=len(pilots),
-                job_ids=tuple(p.job_id for p in pilots),
+                pilots=len(unrowed),
+                job_ids=tuple(p.job_id for p in unrowed),
                 name=record.name,
                 failure_kind="adopted",
             )
@@ -544,18 +548,21 @@ class Intents:
         self.settle(record.name)
         return len(pilots)
 
-    def _accounted(self, record: IntentRecord) -> bool:
-        """Whether the submission's own accounting row was written (its director stopped after
-        the answer came and before the intent was settled): the adopted pilots then get no
-        second row. A store that cannot be read says no: a second row beats a missing one."""
+    def _accounted(self, record: IntentRecord) -> set[str]:
+        """The job ids the submission's own accounting rows hold already (its director stopped
+        after the answer came and before the intent was settled, or its answer named some of
+        its jobs): those get no second row. A store that cannot be read says none: a second
+        row beats a missing one."""
         try:
             rows = self.runtime.state.records(ACCOUNTING, since=record.started - 1)
         except StateError:
-            return False
-        return any(
-            row.get("name") == record.name and row.get("outcome") == "submitted"  # not config
+            return set()
+        return {
+            str(job)
             for row in rows
-        )
+            if row.get("name") == record.name  # not config: an accounting row
+            for job in row.get("job_ids") or ()  # not config: the same
+        }
 
 
 def _timed_out(result: SubmitResult) -> bool:

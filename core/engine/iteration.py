@@ -383,7 +383,12 @@ class IterationRunner:
             done.no_match().account(self.failures)
             return None
         if result.ok:
-            done.submitted(result.job_ids).account(self.failures)
+            # an uncertain answer names the jobs it knows were made, one per pilot; the others
+            # are accounted when they are found by name (intents)
+            done = done.submitted(result.job_ids)
+            if result.uncertain:
+                done = replace(done, pilots=len(result.job_ids))
+            done.account(self.failures)
             intents.finish(name, result)
             return None
         failure = self.failures.server_failed(endpoint, result, it, submission=True)

@@ -281,7 +281,8 @@ class NamingBackend(TrackingBackend):
 
     ``submit_mode[server]``: ``ok``; ``lose`` (the jobs are made, the answer is lost:
     ``uncertain``); ``kill`` (the jobs are made, then the director dies: :class:`Killed`);
-    ``nothing`` (the answer is lost and nothing was made). ``find_mode[server]``: ``ok``;
+    ``nothing`` (the answer is lost and nothing was made); ``partial`` (all are made, the answer
+    names the first half and is ``uncertain`` of the rest). ``find_mode[server]``: ``ok``;
     ``down`` (the CE cannot be asked); ``none`` (the backend cannot look jobs up by name)."""
 
     BASE = "pilot"
@@ -323,6 +324,8 @@ class NamingBackend(TrackingBackend):
             raise Killed(endpoint.name)
         if mode == "lose":
             return SubmitResult(endpoint, ok=False, message="connection reset", uncertain=True)
+        if mode == "partial":  # a bulk answer that names its first half and loses the rest
+            return SubmitResult(endpoint, ok=True, job_ids=ids[: len(ids) // 2], uncertain=True)
         return SubmitResult(endpoint, ok=True, job_ids=ids)
 
     @hookimpl

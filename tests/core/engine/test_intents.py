@@ -211,6 +211,29 @@ def test_a_director_killed_after_recording_its_answer_leaves_no_second_row(
     second.close()
 
 
+def test_a_bulk_answer_that_named_half_its_jobs_gets_one_row_per_job(tmp_path) -> None:
+    """An ARC bundle whose answer named 2 of its 4 jobs and lost the others: the 2 are tracked
+    and accounted at once, the 2 others adopted by name with a row of their own; no job id is
+    in two rows and none is tracked twice."""
+    clock = FakeClock()
+    backend = NamingBackend(servers=1, pilots_per_submission=4)
+    store = MemoryState(clock=clock)
+    director = make(tmp_path, clock, backend, store)
+    backend.submit_mode["s0"] = "partial"
+    summary = director.run_iteration()
+    assert submitted(summary) == 2 and on_ce(backend) == 4
+    backend.submit_mode["s0"] = "ok"
+    clock.advance(30)
+    assert submitted(director.run_iteration()) == 0  # the 2 others found: max_waiting is full
+    assert waiting(store.pilot_registry()) == 4 and intents(tmp_path) == []
+    seen: dict[str, int] = {}
+    for row in store.records(ACCOUNTING):
+        for job in row.get("job_ids") or ():
+            seen[job] = seen.get(job, 0) + 1
+    assert sorted(seen.values()) == [1, 1, 1, 1], seen
+    director.close()
+
+
 def test_a_lost_answer_is_reconciled_by_name_and_counted_meanwhile(tmp_path) -> None:
     clock = FakeClock()
     backend = NamingBackend(servers=1, pilots_per_submission=4)  # one bulk, its answer lost
