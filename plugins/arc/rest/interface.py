@@ -377,10 +377,15 @@ class RestInterface:
         created, failures, command = self.create(ce, client, descriptions, delegation, deadline)
         uploaded, upload_failures = self._upload(ce, client, created, script.name, data, deadline)
         failures += upload_failures
+        broken = [created[n] for n in created if n not in uploaded]
+        # jobs without their script are killed and cleaned; when the CE went away and cannot
+        # be reached to kill them, they are kept (uncertain), found by name when it answers
+        # again and given their script then
+        kept = bool(broken) and not self.discard(ce, client, broken, deadline)
         version = client.version or "1.0"
         ids = tuple(job_url(client.service, version, created[n]) for n in names if n in uploaded)
         # an answer lost with names still not found: core looks for them by name later
-        uncertain = any(f.lost and not f.entry for f in failures)
+        uncertain = kept or any(f.lost and not f.entry for f in failures)
         if ids:
             if failures:
                 logger.warning(
@@ -612,7 +617,7 @@ class RestInterface:
             except OSError as exc:
                 return FoundPilots(endpoint, ok=False, message=f"{SCRIPT_WHAT}: {exc}")
             done, _why = self._upload(
-                ce, client, {i: i for i in waiting}, script.name, data, deadline, discard=False
+                ce, client, {i: i for i in waiting}, script.name, data, deadline
             )
             if done:
                 logger.warning(
@@ -623,7 +628,8 @@ class RestInterface:
             # one still waiting for its input that cannot be given it would wait for ever
             broken = [i for i in set(waiting) - done if jobs[i][1] in WAITING_INPUT]
             if broken:
-                self.discard(ce, client, broken, deadline)
+                if not self.discard(ce, client, broken, deadline):
+                    return FoundPilots(endpoint, ok=False, message="the CE cannot be reached now")
                 for identifier in broken:
                     jobs.pop(identifier)
         version = client.version or "1.0"
@@ -641,11 +647,10 @@ class RestInterface:
         filename: str,
         data: bytes,
         deadline: Deadline,
-        discard: bool = True,
     ) -> tuple[set[str], list[ArexError]]:
         """Put the pilot script into each created job's session, :data:`UPLOADS` at a time (a
         bundle's uploads are most of its time); the names uploaded, and why the others failed
-        (those jobs are killed and cleaned: they would wait for ever)."""
+        (the caller discards those jobs: they would wait for ever)."""
 
         def one(item: tuple[str, str]) -> ArexError | None:
             try:
@@ -662,34 +667,52 @@ class RestInterface:
             outcomes = [one(item) for item in items]
         done = {name for (name, _i), why in zip(items, outcomes, strict=True) if why is None}
         failures = [why for why in outcomes if why is not None]
-        broken = [i for (_name, i), why in zip(items, outcomes, strict=True) if why is not None]
-        if broken and discard:
-            self.discard(ce, client, broken, deadline)
         return done, failures
 
     def discard(
         self, ce: CE, client: ArexClient, identifiers: Sequence[str], deadline: Deadline
-    ) -> None:
+    ) -> bool:
         """Kill and clean jobs that must not run (their input never came). They are also
         noted for the cleaning pass of finished pilots, which asks again until the CE says
-        they are gone: a clean sent while the kill is still under way is not always done."""
+        they are gone: a clean sent while the kill is still under way is not always done.
+
+        False, and nothing noted, when the CE cannot be reached for the kill (it went away):
+        the caller leaves the jobs to be found by name when it answers again, rather than to a
+        cleaning pass that would leave them waiting, untracked, until it got through."""
         version = client.version or "1.0"
-        self.finals.note(ce, [job_url(client.service, version, i) for i in identifiers])
         try:
             client.manage("kill", identifiers, deadline)
-            client.manage("clean", identifiers, deadline)
-            logger.warning(
-                "{}: killed and cleaned {} job(s) whose pilot script could not be uploaded",
-                ce.endpoint.key,
-                len(identifiers),
-            )
         except ArexError as exc:
+            if _unreached(exc):
+                logger.warning(
+                    "{}: {} job(s) without their pilot script kept: the CE cannot be reached "
+                    "to kill them ({}); looked for by name when it answers",
+                    ce.endpoint.key,
+                    len(identifiers),
+                    clip(str(exc)),
+                )
+                return False
+            self.finals.note(ce, [job_url(client.service, version, i) for i in identifiers])
             logger.error(
                 "{}: {} job(s) without their pilot script not killed yet ({}); cleaned later",
                 ce.endpoint.key,
                 len(identifiers),
                 clip(str(exc)),
             )
+            return True
+        self.finals.note(ce, [job_url(client.service, version, i) for i in identifiers])
+        try:
+            client.manage("clean", identifiers, deadline)
+            how = "killed and cleaned"
+        except ArexError:
+            how = "killed (cleaned once the CE has ended them)"
+        logger.warning(
+            "{}: {} {} job(s) whose pilot script could not be uploaded",
+            ce.endpoint.key,
+            how,
+            len(identifiers),
+        )
+        return True
 
     # --- tracking ---------------------------------------------------------------------------
 
@@ -885,3 +908,9 @@ def _no_command() -> CommandResult:
 
 def _utc(when: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+
+
+def _unreached(error: ArexError) -> bool:
+    """Whether ``error`` is the CE out of reach (no HTTP answer: refused, reset, cut, timed
+    out) rather than a refusal it answered."""
+    return error.http is not None and error.status is None and not error.entry

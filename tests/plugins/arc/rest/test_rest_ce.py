@@ -358,6 +358,42 @@ def test_a_job_whose_upload_failed_is_killed_and_cleaned(arc, rest_site, relay, 
     )
 
 
+def test_a_job_whose_upload_and_kill_cannot_reach_the_ce_is_kept_and_found_later(
+    arc, rest_site, relay, witness
+) -> None:
+    """The CE went away between the creation and the upload (CI's "CE stopped mid-bulk" run):
+    the kill cannot reach it either, so the job is not left to a cleaning pass (it would wait
+    for its script, untracked, and max_waiting would be passed beside it). The result is
+    uncertain; once the CE answers, gridgate_find_pilots gives the job its script."""
+    site = rest_site(arc)
+    away = {"on": True}
+
+    def lose(method: str, path: str) -> bool:
+        return away["on"] and ((method == "PUT" and "/session/" in path) or "action=kill" in path)
+
+    middle = relay(arc, site.proxy, lose=lose)
+    backend = site.backend(url=middle.url)
+    name = "abcdef-00000000beef"
+    result = _submit(backend, count=1, name=name)
+    assert not result.ok and result.uncertain, result
+    assert not [r for r in middle.requests if "action=clean" in r[1]]
+    away["on"] = False
+    found = backend.gridgate_find_pilots(
+        endpoint=_endpoint(backend), names=[name], fleet="", timeout=60
+    )
+    ids = [s.job_id for s in found.found.get(name, ())]
+    try:
+        assert found.ok and len(ids) == 1, found
+        uploads = [r for r in middle.requests if r[0] == "PUT" and "/session/" in r[1]]
+        assert len(uploads) >= 2, "the script was sent again once the CE answered"
+        # not left for the cleaning pass, which would kill the pilot it now is
+        assert not [r for r in middle.requests if "action=clean" in r[1]]
+        pending = [ce.pending_clean for ce in backend._ces.values()]
+        assert not any(p.exists() and ids[0] in p.read_text() for p in pending), pending
+    finally:
+        _kill(witness(arc), ids)
+
+
 def test_an_idle_connection_the_ce_closed_is_replaced_and_a_status_poll_sent_again(
     arc, rest_site, relay
 ) -> None:
