@@ -290,9 +290,13 @@ class AdaptiveLimits:
             timeout=self.timeout,
         )
 
-    def decide(self, reading: SchedulerRPCs | None, due: set[str], at: float) -> list[str]:
+    def decide(
+        self, reading: SchedulerRPCs | None, due: set[str], at: float
+    ) -> list[tuple[str, bool]]:
         """Feed the categories ``due`` now, ``reading`` (None: no category due reads the
-        scheduler) or their tokens' hold times; the log lines of the changes."""
+        scheduler) or their tokens' hold times; the log lines of the changes, each with
+        whether it brought the limit down to its ``low`` (a WARNING: the controller is slow
+        however few requests pass; every other step is INFO, the loop doing its work)."""
         lines = []
         for category in sorted(due):
             limit = self.limits[category]
@@ -313,8 +317,13 @@ class AdaptiveLimits:
                 self.problem = ""
                 decision = limit.observe(reading, at)
             if decision is not None and decision.after != decision.before:
+                floor = decision.after < decision.before and decision.after <= limit.settings.low
                 lines.append(
-                    f"{category} max {decision.before} -> {decision.after}: {decision.reason}"
+                    (
+                        f"{category} max {decision.before} -> {decision.after}: "
+                        f"{decision.reason}" + (" (its low)" if floor else ""),
+                        floor,
+                    )
                 )
         return lines
 
@@ -336,8 +345,8 @@ class AdaptiveLimits:
                 lines = self.decide(reading, due, time.time())
                 for category in due:
                     next_at[category] = now + self.limits[category].settings.interval
-                for line in lines:
-                    logger.warning("proxyd.adaptive: {}", line)
+                for line, floor in lines:
+                    logger.log("WARNING" if floor else "INFO", "proxyd.adaptive: {}", line)
                 if lines:
                     self.changed()
             wait = max(0.05, min(next_at.values()) - time.monotonic())

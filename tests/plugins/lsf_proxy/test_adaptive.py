@@ -5,6 +5,7 @@ controller's own latency, applied to the tokens it grants."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -198,6 +199,10 @@ def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daem
     assert last["after"] == 2 and "slow" in last["reason"] and last["latency_ms"] > target_ms
     # a latency thousands of times the target: cut to min in one step, not seven of x 0.75
     assert "proxyd.adaptive: query max 12 -> 2: slow: " in daemon.log()
+    # reaching its low is the one step said as a WARNING (issue 42: 20 warnings in 90 s before)
+    assert re.search(
+        r"WARNING\s+proxyd\.adaptive: query max 12 -> 2: slow: .*\(its low\)", daemon.log()
+    )
 
 
 def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
@@ -351,6 +356,12 @@ def test_the_tokens_own_hold_times_lower_the_max_and_raise_it_keeping_a_newcomer
     log = daemon.log()
     assert "proxyd.adaptive: query follows its tokens' hold times" in log
     assert "proxyd.adaptive: query max 6 -> " in log and " ms median hold of " in log
+    # the loop doing its work is INFO: growth within the target, and cuts above the low
+    steps = re.findall(r"(\w+)\s+proxyd\.adaptive: query max (\d+) -> (\d+): ([^\n]*)", log)
+    assert any("within the target" in why for _l, _b, _a, why in steps), steps
+    for level, _before, after, why in steps:
+        assert level == ("WARNING" if why.endswith("(its low)") else "INFO"), (level, why)
+        assert why.endswith("(its low)") == (int(after) == 2 and "slow" in why), why
 
 
 def test_a_scheduler_only_key_under_source_tokens_is_named() -> None:
