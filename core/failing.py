@@ -10,14 +10,19 @@ failing entry expired (the default ``caches`` plugin's tickets window). The dire
 :meth:`FailingCache.view` and clears with :meth:`FailingCache.clear`, a backend asks
 :meth:`FailingCache.episode`. Which escalation plugin is configured changes none of that.
 
-The keys (``failing/``, ``tickets/``, ``episode/``, ``local-fault/``) are this module's own:
-no other module reads or writes them.
+When a server whose failures were told answers again (a submission or a poll succeeds),
+:meth:`FailingCache.recovered` says so once per episode, so that people hear that it works again;
+:meth:`FailingCache.clear` leaves a note for that too.
+
+The keys (``failing/``, ``tickets/``, ``episode/``, ``recovered/``, ``cleared/``,
+``local-fault/``) are this module's own: no other module reads or writes them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import msgspec
@@ -38,6 +43,10 @@ __all__ = ["FailingCache"]
 FAILING = "failing/"
 TICKETS = "tickets/"
 EPISODE = "episode/"
+#: A told episode's end, said once (``recovered/<server>/<episode start>``), and the note
+#: ``servers clear`` leaves for the notice of a server put back by hand.
+RECOVERED = "recovered/"
+CLEARED = "cleared/"
 #: The director's own note that a backend's command cannot start on its machine (a local fault).
 LOCAL_FAULT = "local-fault/"
 
@@ -115,6 +124,33 @@ class FailingCache:
         if entry is None:
             return None
         return model.Episode(start=entry.start, failures=entry.failures)
+
+    def troubled(self) -> set[str]:
+        """The keys of every server with an open episode or cleared by hand since its last
+        one: those a success should be checked against (:meth:`recovered`)."""
+        return {
+            key[len(prefix) :]
+            for prefix in (EPISODE, CLEARED)
+            for key, _ in self.state.items(prefix)
+        }
+
+    def recovered(self, endpoint: Endpoint) -> Recovery | None:
+        """``endpoint`` answered (a submission or a status poll succeeded): its recovery, when
+        its failures were told (it is watched) or an operator cleared it by hand, once per
+        episode of all the directors on the store; None otherwise."""
+        cleared = _read(self.state.get(CLEARED + endpoint.key), ClearedRecord)
+        if cleared is not None:
+            self.state.delete(CLEARED + endpoint.key)
+            return Recovery(cleared.start, cleared.failures, cleared.who)
+        episode = self.episode(endpoint)
+        told = _read(self.state.get(TICKETS + endpoint.key), EntryRecord)
+        # an answer does not disprove pilots that abort: their verdict says when that ends
+        if episode is None or told is None or told.kind == "aborted":
+            return None
+        once = f"{RECOVERED}{endpoint.key}/{episode.start:.0f}"
+        if not self.state.add_if_absent(once, "1", ttl=self.window):
+            return None
+        return Recovery(episode.start, episode.failures)
 
     # --- watched after the failing entry expired (the default plugin's tickets window) --------
 
@@ -210,12 +246,14 @@ class FailingCache:
         order = {"local_fault": 0, "failing": 1, "watched": 2}
         return sorted(rows.values(), key=lambda r: (order[r["status"]], r["server"]))
 
-    def clear(self, names: list[str], everything: bool = False) -> list[str]:
+    def clear(self, names: list[str], everything: bool = False, who: str = "") -> list[str]:
         """Forget the failing, watched and episode entries of the named servers
         (``backend/name`` or a bare host name matching any backend), putting them back in
         rotation as new: the next failure starts a new episode. ``everything`` clears every
         server and the local-fault entries too. Returns what was cleared (``backend/name``,
-        and ``local-fault/...`` keys); a name that matches nothing is simply not returned."""
+        and ``local-fault/...`` keys); a name that matches nothing is simply not returned.
+        A server whose failures were told keeps a note (``who`` cleared it) until it answers
+        again, when :meth:`recovered` says it works again."""
         state = self.state
         prefixes = (FAILING, TICKETS, EPISODE)
         known = {key[len(prefix) :] for prefix in prefixes for key, _ in state.items(prefix)}
@@ -224,6 +262,10 @@ class FailingCache:
             k for k in known if everything or k in wanted or k.split("/", 1)[-1] in wanted
         )
         for server in cleared:
+            episode = _read(state.get(EPISODE + server), EpisodeRecord)
+            if episode is not None and state.get(TICKETS + server) is not None:
+                note = {"start": episode.start, "failures": episode.failures, "who": who}
+                state.set(CLEARED + server, json.dumps(note), ttl=self.window)
             for prefix in prefixes:
                 state.delete(prefix + server)
         if everything:
@@ -243,6 +285,24 @@ class EntryRecord(msgspec.Struct):
 
     since: float
     kind: str
+
+
+class ClearedRecord(msgspec.Struct):
+    """A ``cleared/`` value: the episode an operator cleared, and who."""
+
+    start: float
+    failures: int
+    who: str = ""
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A server that answers again after told failures: its episode's start and failures, and
+    who cleared it by hand ("" when it came back by itself)."""
+
+    start: float
+    failures: int
+    cleared_by: str = ""
 
 
 class EpisodeRecord(msgspec.Struct):

@@ -478,14 +478,15 @@ def servers_clear(servers: tuple[str, ...], path: str, everything: bool, as_json
     """Put SERVERS (host names or backend/host) back in rotation now, as if they had never failed.
 
     For a server the site has fixed: the director uses it from its next iteration, and its next
-    failure starts a new episode (an error mail, not an alarm)."""
+    failure starts a new episode (an error mail, not an alarm). When it answers again, a notice
+    says it works again, cleared by whom."""
     from gridgate.core.failing import FailingCache
 
     if not servers and not everything:
         raise click.UsageError("name at least one server, or --all")
     state = open_state_or_exit(path)
     try:
-        cleared = FailingCache(state).clear(list(servers), everything=everything)
+        cleared = FailingCache(state).clear(list(servers), everything=everything, who=operator())
     finally:
         state.close()
     missing = sorted(

@@ -356,3 +356,32 @@ def compose_demand_source(
         episode_start=since,
         key=f"demand-source/{figure.source}/{figure.group}/{since:.0f}/{level}",
     )
+
+
+def compose_recovered(
+    endpoint: Endpoint,
+    start: float,
+    failures: int,
+    cleared_by: str,
+    now: float,
+    host: str | None = None,
+) -> Notification:
+    """The notice that a server whose failures were told works again: it answered a
+    submission or a status poll (or an operator cleared it by hand, ``cleared_by``), after an
+    episode that began at ``start`` with ``failures`` failures. Once per episode."""
+    host = host or socket.gethostname()
+    how = f"cleared by {cleared_by} with `gridgate servers clear`" if cleared_by else "by itself"
+    lines = [
+        f"{endpoint.key} works again: it answered the director on {host}, after {failures} "
+        f"failure(s) over {elapsed_text(now - start)} (since {_iso(start)}). It came back {how}, "
+        "and is in rotation.",
+    ]
+    if endpoint.url:
+        lines += ["", f"URL: {endpoint.url}"]
+    return Notification(
+        level="info",
+        subject=f"gridgate: {endpoint.name} works again",
+        body="\n".join(lines),
+        created=now,
+        key=f"recovered/{endpoint.key}/{start:.0f}",
+    )

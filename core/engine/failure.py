@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from loguru import logger
 
-from gridgate.core.engine.compose import compose_failure, compose_local_fault
+from gridgate.core.engine.compose import compose_failure, compose_local_fault, compose_recovered
 from gridgate.core.engine.runtime import ACCOUNTING, FAILURES, Iteration, Runtime
 from gridgate.core.model import (
     AccountingRecord,
@@ -137,6 +137,23 @@ class FailurePath:
         if self.on_failure_recorded is not None:
             self.on_failure_recorded(endpoint.backend, endpoint.name, failure.kind)
 
+    def answered(self, endpoint: Endpoint, it: Iteration) -> None:
+        """``endpoint`` answered (a submission or a status poll succeeded): when its failures
+        were told, or an operator cleared it, people hear once that it works again."""
+        with it.lock:
+            if endpoint.key not in it.troubled:
+                return
+            it.troubled.discard(endpoint.key)  # one look per iteration
+        try:
+            back = self.runtime.failing.recovered(endpoint)
+        except StateError as exc:
+            logger.debug("recovery of {} not checked: {}", endpoint.key, exc)
+            return
+        if back is None:
+            return
+        now = self.runtime.clock.time()
+        self.tell(it, compose_recovered(endpoint, back.start, back.failures, back.cleared_by, now))
+
     def local_fault(
         self, endpoint: Endpoint, failure: Failure, result: SubmitResult, it: Iteration
     ) -> None:
@@ -167,8 +184,10 @@ class FailurePath:
             self.runtime.state.append_record(ACCOUNTING, {**record.as_dict(), "row": row_key()})
         except StateError as exc:
             logger.error("accounting row lost, state store failed: {}", exc)
-        if record.outcome == "submitted" and self.on_submitted is not None:
-            self.on_submitted(record)
+        if record.outcome == "submitted":
+            self.answered(Endpoint(record.backend, record.endpoint), it)
+            if self.on_submitted is not None:
+                self.on_submitted(record)
         self.runtime.broadcast(
             "gridgate_submission_finished", "plugin", "submission finished", record=record
         )

@@ -114,13 +114,15 @@ class IterationRunner:
             )
         try:
             failing = runtime.failing.excluded()
+            troubled = runtime.failing.troubled()
         except StateError as exc:
             logger.error("state store unreadable, failing cache ignored this iteration: {}", exc)
-            failing = set()
+            failing, troubled = set(), set()
         it = Iteration(
             info=info,
             failing=failing,
             retry=ResubmitPolicy.for_iteration(runtime.settings, info.started),
+            troubled=troubled,
         )
         it.notifications.extend(sent)
         for note in unsent:

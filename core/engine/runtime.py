@@ -131,6 +131,9 @@ class Iteration:
     #: endpoint keys not searched yet for the pilots of a store that came back empty: they
     #: get no pilot this iteration
     unsearched: set[str] = field(default_factory=set)
+    #: endpoint keys with an open failure episode or cleared by hand, not yet seen answering
+    #: this iteration (:meth:`FailingCache.troubled`): a success of theirs may be a recovery
+    troubled: set[str] = field(default_factory=set)
 
     def credential_block(self, info: BackendInfo) -> str:
         """Why ``info``'s backend may not use its credentials this iteration: ``credential``

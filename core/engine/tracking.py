@@ -286,6 +286,7 @@ class PilotTracker:
                 self._keep_poll(poll, now, settings)
                 if poll.outcome == "ok":
                     self._last_ok_poll[poll.endpoint.backend] = self._iterations
+                    self.failures.answered(poll.endpoint, it)
                     cancelled = self._cancel_old(
                         registry, poll, infos[poll.endpoint.backend], settings, now, it
                     )

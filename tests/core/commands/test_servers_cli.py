@@ -14,6 +14,7 @@ from support.director import BACKEND, ScriptedBackend
 
 from gridgate.core.builtin.escalation import TwoCacheEscalation
 from gridgate.core.clock import FakeClock
+from gridgate.core.commands.servers import operator
 from gridgate.core.config import load_config
 from gridgate.core.engine.director import Director
 from gridgate.core.model import Endpoint, Failure, SubmitResult
@@ -85,11 +86,15 @@ def test_list_shows_the_failing_server_and_clear_puts_it_back(tmp_path, gridgate
             "s1",
             "s2",
         ]
+        # it answered: people hear it works again, and who put it back (issue 42)
+        works = notes.notes[-1]
+        assert works.level == "info" and works.subject == "gridgate: s1 works again"
+        assert f"cleared by {operator()} with `gridgate servers clear`" in works.body
         backend.behaviour["s1"] = (
             "fake-fail"  # failing again: a new episode, an error, not an alarm
         )
         director.run_iteration()
-        assert notes.levels() == ["error", "error"]
+        assert notes.levels() == ["error", "info", "error"]
     finally:
         director.close()
 

@@ -144,8 +144,10 @@ def test_escalation_timeline_on_an_injected_clock() -> None:
     assert "failing at least for 2.5 hours\n" in notes.notes[-1].body
     assert step(3601) == ["alarm"]
     assert "failing at least for 3.5 hours\n" in notes.notes[-1].body
-    backend.behaviour["s0"] = "fake-ok"  # recovery
-    for _ in range(4):
+    backend.behaviour["s0"] = "fake-ok"  # recovery: said once (issue 42)
+    assert step(3601) == ["info"]
+    assert notes.notes[-1].subject == "gridgate: s0 works again"
+    for _ in range(3):
         assert step(3601) == []
     backend.behaviour["s0"] = "fake-fail"  # long after: a new episode starts
     assert step(10) == ["error"]
