@@ -123,7 +123,8 @@ case "${1:-}" in
         ;;
     slurm)
         # A private one-node Slurm cluster for people, the demo and the benches:
-        # `bash dev.sh slurm up` prints the SLURM_CONF to export; `bash dev.sh slurm down`.
+        # `bash dev.sh slurm up` prints the SLURM_CONF to export; `stop` and `start` keep its
+        # jobs, name and ports; `bash dev.sh slurm down` cancels them and stops it.
         shift
         setup
         need_tools
@@ -146,7 +147,7 @@ case "${1:-}" in
         exec "$VENV/bin/python" -m gridgate.plugins.sge.cell "${@:-up}"
         ;;
     *)
-        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|env | bash dev.sh arc up|down|env|status|user [DIR] | bash dev.sh sge up|down|env [DIR]" >&2
+        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|stop|start|env [--folder DIR] | bash dev.sh arc up|down|env|status|user [DIR] | bash dev.sh sge up|down|env [DIR]" >&2
         exit 64
         ;;
 esac

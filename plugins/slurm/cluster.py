@@ -106,6 +106,8 @@ class SlurmCluster:
         start_timeout: float = 120.0,
         message_timeout: int = 10,
         watchdog: bool = True,
+        ctld_port: int = 0,
+        slurmd_port: int = 0,
     ) -> None:
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else None
@@ -115,9 +117,18 @@ class SlurmCluster:
         self.extra_conf = tuple(extra_conf)
         self.message_timeout = int(message_timeout)
         self.start_timeout = start_timeout
+        # A folder that held a cluster keeps its names and ports: slurmctld refuses a state
+        # folder written under another ClusterName, and the clients' SLURM_CONF stays right.
+        before = previous_conf(self.folder) if self.folder is not None else {}
         tag = secrets.token_hex(4)
-        self.cluster_name = f"gg{tag}"
-        self.node_name = f"ggnode{tag}"
+        self.cluster_name = before.get("ClusterName") or f"gg{tag}"
+        self.node_name = before.get("NodeName") or f"ggnode{tag}"
+        #: the ports asked for (0: a free one; a folder's previous ones are tried first)
+        self.wanted_ports = (
+            ctld_port or int(before.get("SlurmctldPort") or 0),
+            slurmd_port or int(before.get("SlurmdPort") or 0),
+        )
+        self.fixed_ports = bool(ctld_port or slurmd_port)
         self.ctld_port = 0
         self.slurmd_port = 0
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -235,11 +246,15 @@ class SlurmCluster:
         if self.watchdog:
             self._start_watchdog()
         try:
-            self._start_munged()
+            self._start_munged(new_key=not self._path("munge", "munge.key").exists())
             # Another process may take a probed port before slurmctld binds it: try again then,
             # and only then (on a loaded machine a slow start is not cured by restarting).
-            for _attempt in range(4):
-                self.ctld_port, self.slurmd_port = free_port(), free_port()
+            for attempt in range(4):
+                wanted_ctld, wanted_slurmd = self.wanted_ports if attempt == 0 else (0, 0)
+                if attempt and self.fixed_ports:
+                    break  # ports a person chose are not swapped for others
+                self.ctld_port = wanted_ctld or free_port()
+                self.slurmd_port = wanted_slurmd or free_port()
                 self._write_conf()
                 self.start_controller(wait=False)
                 self._start(
@@ -251,9 +266,18 @@ class SlurmCluster:
                 if "Address already in use" not in logs:
                     break
                 self._stop_slurm_daemons()
+            gone = [
+                n
+                for n in ("slurmctld", "slurmd")
+                if (p := self._procs.get(n)) and p.poll() is not None
+            ]
+            why = (
+                f"{' and '.join(gone)} exited"
+                if gone
+                else f"did not come up within {self.start_timeout:.0f} s"
+            )
             raise ClusterError(
-                f"the private Slurm cluster in {self.folder} did not come up "
-                f"within {self.start_timeout:.0f} s; last logs:\n"
+                f"the private Slurm cluster in {self.folder} {why}; last logs:\n"
                 f"{self.log('slurmctld')[-3000:]}{self.log('slurmd')[-2000:]}"
             )
         except BaseException:
@@ -500,6 +524,26 @@ class SlurmCluster:
         self._stop_watchdog()
 
 
+def previous_conf(folder: Path) -> dict[str, str]:
+    """What the slurm.conf a cluster left in ``folder`` says of its identity and ports
+    (``ClusterName``, ``NodeName``, ``SlurmctldPort``, ``SlurmdPort``); empty when none."""
+    try:
+        text = (folder / "etc" / "slurm.conf").read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        for word in line.split()[:1]:
+            key, _, value = word.partition("=")
+            if key in ("ClusterName", "NodeName", "SlurmctldPort", "SlurmdPort") and value:
+                found.setdefault(key, value)
+    ports = ("SlurmctldPort", "SlurmdPort")
+    if any(not found.get(k, "0").isdigit() for k in ports):  # a hand edit: new ports
+        for key in ports:
+            found.pop(key, None)
+    return found
+
+
 # --- by hand: ``python -m gridgate.plugins.slurm.cluster up|down`` (``bash dev.sh slurm``) ----
 
 DEFAULT_HAND_FOLDER = "/tmp/gridgate-slurm"
@@ -518,6 +562,15 @@ def _pids(folder: Path) -> list[int]:
         if str(folder) + "/" in cmdline:
             pids.append(pid)
     return pids
+
+
+def _partitions(conf: Path) -> list[str]:
+    """The partitions a cluster's slurm.conf names, in order."""
+    names = []
+    for line in conf.read_text(encoding="utf-8").splitlines():
+        if line.startswith("PartitionName="):
+            names.append(line.split()[0].partition("=")[2])
+    return names or list(DEFAULT_PARTITIONS)
 
 
 def down(folder: str | os.PathLike[str]) -> int:
@@ -545,7 +598,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m gridgate.plugins.slurm.cluster",
         description="Bring a private one-node Slurm cluster up in a folder, or down again.",
     )
-    parser.add_argument("action", choices=("up", "down", "env"))
+    parser.add_argument(
+        "action",
+        choices=("up", "down", "stop", "start", "env"),
+        help="up/start: start the daemons (a folder that held a cluster keeps its name, ports, "
+        "key and jobs); stop: stop them, keeping the jobs for start; down: cancel the jobs "
+        "and stop them (with --remove, the folder goes too)",
+    )
     parser.add_argument(
         "--folder",
         default=os.environ.get("GRIDGATE_SLURM_DIR", DEFAULT_HAND_FOLDER),
@@ -562,10 +621,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="a partition to create (repeat; default: debug and batch)",
     )
+    parser.add_argument(
+        "--ctld-port",
+        type=int,
+        default=0,
+        help="up/start: slurmctld's port (default: the folder's last one, else a free one)",
+    )
+    parser.add_argument(
+        "--slurmd-port",
+        type=int,
+        default=0,
+        help="up/start: slurmd's port (default: the folder's last one, else a free one)",
+    )
     args = parser.parse_args(argv)
     folder = Path(args.folder)
     conf = folder / "etc" / "slurm.conf"
+    if args.action == "stop":
+        down(folder)
+        print(f"slurm: the cluster in {folder} is stopped; its jobs wait for `start`")
+        return 0
     if args.action == "down":
+        if conf.exists() and _pids(folder.resolve()):
+            # the full tear-down: every user's jobs go too (root's scancel of the ids squeue
+            # lists, as the tests' cluster does)
+            env = {**os.environ, "SLURM_CONF": str(conf)}
+            listed = run(["squeue", "-h", "-o", "%A"], 30.0, env=env)
+            ids = sorted(set(listed.stdout.split())) if listed.ok else []
+            cancelled = run(["scancel", *ids], 30.0, env=env) if ids else listed
+            if not cancelled.ok:
+                print(f"slurm: its jobs not cancelled: {cancelled.describe()}", file=sys.stderr)
         down(folder)
         if args.remove:
             shutil.rmtree(folder, ignore_errors=True)
@@ -580,8 +664,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(Path(f"/proc/{p}").exists() for p in _pids(folder.resolve()) if folder.exists()):
         print(f"slurm: a cluster is already up in {folder}; export SLURM_CONF={conf}")
         return 0
+    partitions = args.partition or (_partitions(conf) if conf.exists() else DEFAULT_PARTITIONS)
     cluster = SlurmCluster(
-        folder, partitions=tuple(args.partition or DEFAULT_PARTITIONS), watchdog=False
+        folder,
+        partitions=tuple(partitions),
+        watchdog=False,
+        ctld_port=args.ctld_port,
+        slurmd_port=args.slurmd_port,
     )
     try:
         cluster.start()

@@ -11,6 +11,7 @@ import pytest
 from support.polling import until
 from support.uids import AS_NOBODY
 
+from gridgate.core.testing import free_port
 from gridgate.plugins.slurm.cluster import ClusterError, SlurmCluster
 
 
@@ -159,6 +160,71 @@ def test_up_and_down_by_hand_leave_nothing_running() -> None:
         shutil.rmtree(folder.parent, ignore_errors=True)
     assert down.returncode == 0, down.stderr
     assert _processes_in(folder) == []
+
+
+def test_stop_and_start_by_hand_keep_the_jobs_and_down_cancels_them() -> None:
+    """Issue 42: `up` after `stop` (or `down`) in the same folder came up with a new random
+    ClusterName, and slurmctld refused its own state (CLUSTER NAME MISMATCH). A folder keeps
+    its name, ports and key: `stop` then `start` bring back a held job, `up` after it finds the
+    same cluster; `down` is the full tear-down and cancels the jobs."""
+    import sys
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="gg-hand-", dir="/tmp"))  # every parent o+x: munged
+    top.chmod(0o755)
+    folder = top / "cluster"
+    module = [sys.executable, "-m", "gridgate.plugins.slurm.cluster"]
+    env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": str(folder / "etc" / "slurm.conf")}
+
+    def hand(action: str, *more: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [*module, action, "--folder", str(folder), *more],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd="/",
+        )
+        assert done.returncode == 0, (action, done.stdout, done.stderr)
+        return done
+
+    def squeue() -> list[str]:
+        listed = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-o", "%i %T"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert listed.returncode == 0, listed.stderr
+        return listed.stdout.split()
+
+    port = free_port()
+    try:
+        first = hand("up", "--ctld-port", str(port))
+        assert f"controller port {port}" in first.stdout
+        held = subprocess.run(
+            ["sbatch", "--parsable", "--hold", f"--chdir={top}", "--wrap", "sleep 600"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert held.returncode == 0, held.stderr
+        job = held.stdout.strip()
+        hand("stop")
+        assert not _processes_in(folder)
+        again = hand("start")
+        assert first.stdout.split()[2] == again.stdout.split()[2], "the same ClusterName"
+        assert f"controller port {port}" in again.stdout, "the same port: SLURM_CONF holds"
+        assert squeue() == [job, "PENDING"], "the held job came back"
+        hand("down")
+        hand("up")
+        assert squeue() in ([], [job, "CANCELLED"]), "down cancelled it"
+    finally:
+        subprocess.run([*module, "down", "--folder", str(folder)], timeout=120, cwd="/")
+        gone = not _processes_in(folder)
+        shutil.rmtree(top, ignore_errors=True)
+    assert gone
 
 
 def test_a_killed_owner_leaves_no_daemon_behind() -> None:
