@@ -387,7 +387,12 @@ class PilotTracker:
                     waiting_cores[key] = waiting_cores.get(key, 0) + c
         limits = PilotRoom(settings, counts, infos, blind, retired, waiting_cores)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
-        kept, cuts = limits.trim(demand.requests, usable)
+        # a backend whose credential cannot be used now submits nothing, and its pilots were
+        # not polled: its counts are stale, so a limit would be blamed for what the credential
+        # stops. Its demand goes untrimmed to the plan, which skips it as `credential`.
+        blocked = {b for b, info in infos.items() if it.credential_block(info)}
+        kept, cuts = limits.trim([r for r in demand.requests if r.backend not in blocked], usable)
+        kept += [r for r in demand.requests if r.backend in blocked]
         for request, limit, pilots in cuts:
             AttemptOutcome(it, request).skipped(limit, pilots).account(self.failures)
         self._stuck(settings, infos, kept, cuts, counts)

@@ -860,3 +860,53 @@ def test_pilot_settings_are_built_once_per_config_and_anew_for_a_new_one():
     set_director(director, "pilots", "max_waiting", value=3)
     assert tracker.settings is not first and tracker.settings.max_waiting == 3
     director.close()
+
+
+def test_demand_of_a_backend_whose_credential_is_unusable_is_skipped_for_it_not_trimmed() -> None:
+    """Issue 42: with the credential unusable its pilots are not polled, their counts stale,
+    and the iteration line and the stall mail blamed max_waiting; the credential is the cause,
+    and the demand is skipped as `credential`."""
+    from dataclasses import replace as swap
+
+    from support.director import TrackingBackend
+
+    from gridgate.core import hookimpl
+    from gridgate.core.model import BackendInfo, CredentialRegistry, CredentialStatus
+
+    class NeedsProxy(TrackingBackend):
+        @hookimpl
+        def gridgate_backend_info(self, backend: str) -> BackendInfo | None:
+            info = super().gridgate_backend_info(backend)
+            return None if info is None else swap(info, credentials=("x509",))
+
+    class Proxy:
+        usable = True
+
+        @hookimpl
+        def gridgate_check_credentials(
+            self, iteration: object, timeout: float, credentials: CredentialRegistry
+        ) -> None:
+            credentials.add(
+                CredentialStatus("x509_proxy", "x509", self.usable, "/p.pem", None, "expired")
+            )
+
+    clock = FakeClock()
+    backend, proxy = NeedsProxy(1), Proxy()
+    cfg = config(servers=1, pilots=3, max_threads=1)
+    cfg.data["director"]["pilots"]["max_waiting"] = 3
+    director = Director(
+        cfg,
+        clock=clock,
+        extra_plugins=[backend, proxy, Collector()],
+        state=MemoryState(clock=clock),
+    )
+    try:
+        director.run_iteration()  # 3 pilots wait: max_waiting is full
+        proxy.usable = False
+        clock.advance(60)
+        summary = director.run_iteration()
+        kinds = {r.failure_kind for r in summary.records}
+        assert kinds == {"credential"}, summary.records
+        assert sum(r.pilots for r in summary.records) == 3
+    finally:
+        director.close()
