@@ -55,6 +55,9 @@ def _slot(ts: float, bucket: float) -> str:
 
 #: accounting ``failure_kind`` of demand that a limit kept from being submitted
 TRIM_KINDS = ("max_waiting", "max_total")
+#: the skip causes that are a full limit or another director's group: the steady state (drawn
+#: in grey beside the causes that stop demand: no_endpoint, credential, unavailable...)
+LIMIT_CAUSES = ("max_waiting", "max_waiting_cores", "max_total", "claimed_elsewhere")
 #: What failed, in the order the report stacks them: a submission (the accounting table), a
 #: status poll or a cancel, and an ``aborted`` verdict (a server whose pilots abort, out of
 #: rotation) (both from the failures table, ``gridgate.core.engine.runtime.FAILURES``).
@@ -418,23 +421,25 @@ def plot_unavailable() -> str | None:
 def draw(table: Mapping[str, Any]) -> Figure:
     """The figure of a report's ``table`` (:func:`hourly_table`): stacked bars of pilots per
     slot per endpoint; with finished pilots, what became of them per slot by state; beneath,
-    failures per slot by sort (and demand trimmed by the limits). Needs matplotlib (the
-    ``plot`` extra): see :func:`plot_unavailable`."""
+    failures per slot by sort, and, when demand was skipped, the pilots skipped per slot by
+    cause (a full limit in grey). Needs matplotlib (the ``plot`` extra): see
+    :func:`plot_unavailable`."""
     import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     hours, endpoints = table["hours"], table["endpoints"]
     bucket = float(table["bucket_s"])
-    if table["finished"]:
-        fig = Figure(figsize=(11, 9))
-        top, middle, bottom = fig.subplots(
-            3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2, 1]}
-        )
-    else:
-        fig = Figure(figsize=(11, 7))
-        top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-        middle = None
+    skipped = table.get("skipped") or {}
+    causes = sorted({c for h in hours for c, n in skipped.get(h, {}).items() if n})
+    ratios = [3, *([2] if table["finished"] else []), 1, *([1] if causes else [])]
+    fig = Figure(figsize=(11, 5 + 2 * (len(ratios) - 1)))
+    panels = list(fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios}))
+    top = panels.pop(0)
+    middle = panels.pop(0) if table["finished"] else None
+    failures_axes = panels.pop(0)
+    skips_axes = panels.pop(0) if causes else None
+    bottom = skips_axes if skips_axes is not None else failures_axes
     positions = list(range(len(hours)))
     colours = matplotlib.colormaps["tab20"]
 
@@ -471,19 +476,35 @@ def draw(table: Mapping[str, Any]) -> Figure:
         (_SORT_LABELS[s], [by_sort.get(h, {}).get(s, 0) for h in hours], _SORT_COLOURS[s])
         for s in FAILURE_SORTS
     ]
-    # failed submissions always drawn, the other sorts and the trimmed demand when there are any
+    # failed submissions always drawn, the other sorts when there are any
     shown = [f for f in failed if f is failed[0] or any(f[1])]
-    if any(table["trimmed"].values()):
-        shown.append(("pilots trimmed by limits", [table["trimmed"][h] for h in hours], "orange"))
-    stack(bottom, shown)
+    stack(failures_axes, shown)
     if len(shown) > 1:
-        bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    bottom.set_ylabel("failures")
-    for axes in (top, middle, bottom):
-        if axes is not None:  # counts: no tick at 0.5 failures
+        failures_axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    failures_axes.set_ylabel("failures")
+    if skips_axes is not None:
+        # demand not submitted, by cause: a full limit is the steady state, an outage's
+        # no_endpoint or a credential's skips are not (each its own colour)
+        palette = matplotlib.colormaps["Set2"]
+        stack(
+            skips_axes,
+            (
+                (
+                    cause,
+                    [skipped.get(h, {}).get(cause, 0) for h in hours],
+                    "lightgrey" if cause in LIMIT_CAUSES else palette(i % 8),
+                )
+                for i, cause in enumerate(causes)
+            ),
+        )
+        skips_axes.set_ylabel("pilots skipped")
+        skips_axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for axes in (top, middle, failures_axes, skips_axes):
+        if axes is not None:  # counts: no tick at 0.5 failures, none below 0 when all are 0
             axes.yaxis.set_major_locator(
-                MaxNLocator(nbins=4 if axes is bottom else "auto", integer=True)
+                MaxNLocator(nbins="auto" if axes is top or axes is middle else 4, integer=True)
             )
+            axes.set_ylim(0, max(1.0, axes.get_ylim()[1]))
     step = max(1, len(hours) // 12)
     bottom.set_xticks(positions[::step])
     bottom.set_xticklabels(hours[::step], rotation=30, ha="right", fontsize=7)

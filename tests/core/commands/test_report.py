@@ -165,7 +165,8 @@ def test_report_shows_pilots_by_state_and_trimmed_demand(tmp_path) -> None:
     assert finished[1].split() == ["from", "(UTC)", "done", "failed"]
     assert finished[2].split()[-2:] == ["30", "10"]
     assert "wms_glite/wms02.example.org" in text.output.split("pilots now")[1]
-    assert png_size(tmp_path / "r.png") == (1100, 900)  # the panel of finished pilots is drawn
+    # the panel of finished pilots is drawn, and the one of skipped pilots (17 trimmed)
+    assert png_size(tmp_path / "r.png") == (1100, 1100)
 
 
 # --- the plot without matplotlib -------------------------------------------------------------
@@ -355,10 +356,8 @@ def test_report_of_a_director_whose_servers_abort_and_fail_polls(tmp_path) -> No
     assert f"{LB_DOWN:<30} submitted 10 pilots; failures by kind: {poll_kind} 1" in text.output
     shown = read_plotted(png)
     assert shown is not None
-    failures_panel = shown["panels"][-1]
-    assert failures_panel["ylabel"] == "failures"
+    (failures_panel,) = [p for p in shown["panels"] if p["ylabel"] == "failures"]
     drawn = {s["label"]: sum(s["values"]) for s in failures_panel["series"]}
-    drawn.pop("pilots trimmed by limits", None)  # demand max_waiting held back, not a failure
     assert drawn == {
         "failed submissions": 0,
         "failed status polls or cancels": 1,
@@ -382,6 +381,29 @@ def test_a_png_carries_what_it_plots(tmp_path) -> None:
     assert read_plotted(other) is None
     # a different report draws differently (the comparison the docs' picture test makes)
     assert plotted(draw(hourly_table(generated_rows(hours=3)))) != plotted(fig)
+
+
+def test_the_plot_draws_skips_by_cause_apart_from_failures() -> None:
+    """Issue 42: the failures panel was mostly normal max_waiting trims, and an outage's
+    no_endpoint skips were not drawn at all. Failures are failures alone; the skipped pilots
+    have a panel of their own, by cause, a full limit in grey."""
+    rows = [
+        {"time": T0 + 10, "backend": "arc", "endpoint": "", "outcome": "skipped",
+         "pilots": 5, "failure_kind": "max_waiting"},
+        {"time": T0 + 20, "backend": "arc", "endpoint": "", "outcome": "skipped",
+         "pilots": 3, "failure_kind": "no_endpoint"},
+        {"time": T0 + 30, "backend": "arc", "endpoint": "ce1", "outcome": "submitted",
+         "pilots": 2, "job_ids": ["a", "b"]},
+    ]  # fmt: skip
+    shown = plotted(draw(hourly_table(rows)))
+    labels = [p["ylabel"] for p in shown["panels"]]
+    assert labels[-2:] == ["failures", "pilots skipped"], labels
+    failures, skips = shown["panels"][-2:]
+    assert {s["label"] for s in failures["series"]} == {"failed submissions"}
+    assert {s["label"]: sum(s["values"]) for s in skips["series"]} == {
+        "max_waiting": 5,
+        "no_endpoint": 3,
+    }
 
 
 # --- skips by cause, episodes, empty slots (issue 32, item 9) ------------------------------------
