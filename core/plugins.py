@@ -31,9 +31,15 @@ __all__ = [
     "Plugin",
     "PluginContext",
     "PluginLoadError",
+    "EXAMPLE_FILE",
     "load_class",
+    "plugin_example",
     "section_settings",
 ]
+
+#: The file a plugin may ship beside its module: a whole site config that uses it, commented,
+#: that validates (``gridgate config example --backend NAME`` prints a backend's).
+EXAMPLE_FILE = "example.yaml"
 
 #: Where in a config a problem is: the keys (and list indexes) down from a section, or from the
 #: file's root in :meth:`Plugin.document_errors`: ``("servers", 2)``.
@@ -240,6 +246,22 @@ def load_class(group: str, name: str) -> type:
     if missing or not manager.extensions:
         raise PluginLoadError(group, name, "not installed", entry_point_names(group))
     return manager.extensions[0].plugin
+
+
+def plugin_example(group: str, name: str) -> str | None:
+    """The example site config the plugin ``name`` of entry-point ``group`` ships
+    (:data:`EXAMPLE_FILE` in the package of its class's module); None when it ships none.
+
+    :raises PluginLoadError: not installed, or its import failed.
+    """
+    from importlib.resources import files
+
+    cls = load_class(group, name)
+    package = cls.__module__.rpartition(".")[0] or cls.__module__
+    try:
+        return files(package).joinpath(EXAMPLE_FILE).read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError):
+        return None
 
 
 #: the plugin loader of API 1.4 is the engine's now, gridgate.core.engine.loader

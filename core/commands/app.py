@@ -123,14 +123,36 @@ def config_schema(path: str | None) -> None:
 
 
 @config_group.command("example")
-def config_example() -> None:
+@click.option(
+    "--backend",
+    "backend",
+    metavar="NAME",
+    help="A site of this backend (any installed one: arc, slurm, sge, lsf, wms_glite...); "
+    "default: gLite WMS.",
+)
+def config_example(backend: str | None) -> None:
     """Print a complete, commented site config that validates."""
     from importlib.resources import files
 
-    click.echo(
-        files("gridgate.core.commands").joinpath("example.yaml").read_text(encoding="utf-8"),
-        nl=False,
-    )
+    from gridgate.core.plugins import CONFIG_GROUPS, PluginLoadError, plugin_example
+
+    if backend is None:
+        text = files("gridgate.core.commands").joinpath("example.yaml").read_text(encoding="utf-8")
+    else:
+        try:
+            found = plugin_example(CONFIG_GROUPS["backends"], backend)
+        except PluginLoadError as exc:
+            click.echo(f"--backend {backend}: {exc}", err=True)
+            raise SystemExit(EXIT_CONFIG) from None
+        if found is None:
+            click.echo(
+                f"--backend {backend}: the plugin ships no example site config "
+                f"(an example.yaml beside its module)",
+                err=True,
+            )
+            raise SystemExit(EXIT_CONFIG)
+        text = found
+    click.echo(text, nl=False)
 
 
 @cli.command("run")

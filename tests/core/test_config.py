@@ -123,6 +123,32 @@ def test_example_config_validates() -> None:
     validate_document(yaml.safe_load(doc))
 
 
+@pytest.mark.parametrize("backend", ["arc", "lsf", "sge", "slurm", "wms_glite"])
+def test_each_backends_example_site_validates_and_uses_that_backend(backend, tmp_path) -> None:
+    """Issue 42: `config example` was gLite only; an ARC + token + queue site had to be put
+    together from three pages. Each backend ships a whole site of its own that validates."""
+    import yaml
+
+    from gridgate.core.plugins import CONFIG_GROUPS, entry_point_names
+
+    assert backend in entry_point_names(CONFIG_GROUPS["backends"])
+    result = CliRunner().invoke(cli, ["config", "example", "--backend", backend])
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load(result.output)
+    assert list(doc["backends"]) == [backend]
+    assert {"director", "state", "demand", "notifiers"} <= set(doc)
+    path = tmp_path / "site.yaml"
+    path.write_text(result.output, encoding="utf-8")
+    checked = CliRunner().invoke(cli, ["config", "validate", str(path)])
+    assert checked.exit_code == 0, checked.output
+
+
+def test_an_example_of_a_backend_not_installed_names_those_that_are() -> None:
+    result = CliRunner().invoke(cli, ["config", "example", "--backend", "pbs"])
+    assert result.exit_code == 2
+    assert "not installed" in result.output and "slurm" in result.output
+
+
 def test_example_config_commented_sections_validate_when_uncommented() -> None:
     import yaml
 
