@@ -165,6 +165,14 @@ class Plugin:
             )
 
     @classmethod
+    def endpoint_names(cls, section: Mapping[str, Any]) -> list[str]:
+        """The names of the endpoints ``section`` configures, as ``weights`` and the commands
+        name them (API 1.9): by default each item of ``endpoints_key`` as written; a backend
+        whose items are not names (ARC's URLs) gives the names it derives."""
+        items = section.get(cls.endpoints_key or "") or []  # not config: the raw section
+        return [str(e) for e in items if isinstance(e, (str, int))]
+
+    @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
         """Cross-field problems as (path inside the section, message); empty when fine. The
         default reports the ``settings_class``'s rules (:meth:`Settings.problems`): a

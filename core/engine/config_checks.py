@@ -145,7 +145,13 @@ def availability_problems(
         names = section.get(endpoints_key)
         if not isinstance(weights, Mapping) or not weights or not isinstance(names, list):
             continue
-        endpoints = [Endpoint(str(name), str(e)) for e in names if isinstance(e, (str, int))]
+        derive = getattr(cls, "endpoint_names", None)
+        listed = (
+            derive(section)
+            if callable(derive)
+            else [str(e) for e in names if isinstance(e, (str, int))]
+        )
+        endpoints = [Endpoint(str(name), e) for e in listed]
         for message in weight_errors(weights, endpoints):
             problems.append((("backends", name, "weights"), f"backend {name!r}: {message}"))
     return problems

@@ -47,6 +47,7 @@ from gridgate.plugins.arc.settings import (
     ARC_SCHEMA,
     OWNED_ATTRIBUTES,
     ArcSettings,
+    endpoint_entry,
     owned_attribute,
 )
 
@@ -74,6 +75,17 @@ class ArcBackend(Backend):
 
     name = "arc"
     endpoints_key = "endpoints"
+
+    @classmethod
+    def endpoint_names(cls, section: Mapping[str, Any]) -> list[str]:
+        """The endpoints' names (the CE's host, ``host:port``, ``-queue``, or the item's
+        ``name``), not the URLs: what ``weights`` and ``gridgate servers`` name."""
+        items = section.get("endpoints") or []  # not config: the raw section, checked here
+        return [
+            endpoint_entry(e).name
+            for e in items
+            if isinstance(e, str) or (isinstance(e, Mapping) and isinstance(e.get("url"), str))
+        ]
     credentials = ("x509",)
     expresses = ("cores", "memory_mb", "walltime")
     config_schema: ClassVar[dict[str, Any]] = ARC_SCHEMA

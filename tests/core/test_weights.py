@@ -244,3 +244,30 @@ def test_throughput_refuses_a_bad_window_or_floor() -> None:
         throughput([], 0.0, 0)
     with pytest.raises(ValueError, match="floor"):
         throughput_weights({"a": 1.0}, 0)
+
+
+def test_arc_weights_name_endpoints_as_servers_list_does_not_their_urls(tmp_path) -> None:
+    """ARC's `endpoints` are URLs; its endpoints are named by host (or `name:`). A weight keyed
+    by that name was refused ("no such endpoint ... it has https://...") and one keyed by the
+    URL accepted, though it never took effect (found writing the ARC example site)."""
+    from gridgate.core.config import ConfigError, validate_document
+
+    section = {
+        "endpoints": [
+            "https://ce1.example.org/arex",
+            {"url": "https://ce2.example.org/arex", "queue": "long", "name": "ce2-long"},
+        ],
+        "script": "/p.sh",
+    }
+    doc = {"director": {"state_dir": str(tmp_path)}, "demand": {"static": {"arc": 1}}}
+    validate_document(
+        {**doc, "backends": {"arc": {**section, "weights": {"ce1.example.org": 2, "ce2-long": 0}}}}
+    )
+    with pytest.raises(ConfigError) as refused:
+        validate_document(
+            {
+                **doc,
+                "backends": {"arc": {**section, "weights": {"https://ce1.example.org/arex": 2}}},
+            }
+        )
+    assert "it has ce1.example.org, ce2-long" in str(refused.value)
