@@ -14,25 +14,19 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from support.polling import until
+from support.prometheus import ENV, ROOT, RULES, wait_for
 from support.wms_site import director_section, healthy_wms
 
 from gridgate.core.devkit.services import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "deploy" / "prometheus" / "gridgate-rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "gridgate-rules.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "gridgate-dashboard.json"
 PROMTOOL = "/usr/bin/promtool"
-PROMETHEUS = "/usr/bin/prometheus"
-ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
 
 
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -44,7 +38,7 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rules_and_their_unit_tests_pass() -> None:
     checked = promtool("check", "rules", str(RULES), cwd=RULES.parent)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 10 rules found" in checked.stdout
+    assert "SUCCESS: 12 rules found" in checked.stdout
     tested = promtool("test", "rules", RULE_TESTS.name, cwd=RULES.parent)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
@@ -113,21 +107,6 @@ def scrape(port: int) -> str:
         return answer.read().decode("utf-8")
 
 
-def wait_for(what: str, probe: Any, deadline: float = 120) -> Any:
-    """``probe()`` once it is truthy (polled with support.polling.until; a port not yet
-    listening counts as not yet)."""
-
-    def attempt() -> Any:
-        try:
-            return probe()
-        except OSError:
-            return None
-
-    found = until(attempt, timeout=deadline, pause=0.5)
-    assert found, f"{what}: not within {deadline} s"
-    return found
-
-
 # --- a real Prometheus over a real director and daemon -----------------------------------
 
 
@@ -157,87 +136,8 @@ def director_site(
     return path
 
 
-class Prometheus:
-    def __init__(
-        self, folder: Path, targets: dict[str, int], edits: dict[str, str] | None = None
-    ) -> None:
-        self.folder = folder
-        self.port = free_port()
-        # the shipped rules, with every `for` cut to 0 s (the test cannot wait hours) and the
-        # numbers in `edits` changed as a site changes them, in the file's text
-        text = RULES.read_text(encoding="utf-8")
-        for number, shorter in (edits or {}).items():
-            assert number in text, f"the rules hold no {number!r} to edit"
-            text = text.replace(number, shorter)
-        rules = yaml.safe_load(text)
-        for group in rules["groups"]:
-            for rule in group["rules"]:
-                rule["for"] = "0s"
-        (folder / "rules.yml").write_text(yaml.safe_dump(rules), encoding="utf-8")
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": ["rules.yml"],
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-                for job, port in targets.items()
-            ],
-        }
-        (folder / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.log = open(folder / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={folder / 'prometheus.yml'}",
-                f"--storage.tsdb.path={folder / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=ENV,
-            cwd=folder,
-        )
-        wait_for("prometheus ready", lambda: self.get("/-/ready", raw=True))
-
-    def get(self, path: str, raw: bool = False, **params: str) -> Any:
-        url = f"http://127.0.0.1:{self.port}{path}"
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            body = answer.read().decode("utf-8")
-        return body if raw else json.loads(body)
-
-    def firing(self) -> list[dict[str, Any]]:
-        alerts = self.get("/api/v1/alerts")["data"]["alerts"]
-        return [a for a in alerts if a["state"] == "firing"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.log.close()
-
-
-@pytest.fixture
-def prometheus_factory(tmp_path: Path):
-    started: list[Prometheus] = []
-
-    def start(targets: dict[str, int], edits: dict[str, str] | None = None) -> Prometheus:
-        server = Prometheus(tmp_path / "prom", targets, edits)
-        started.append(server)
-        return server
-
-    (tmp_path / "prom").mkdir()
-    yield start
-    for server in started:
-        server.stop()
-
-
 def test_a_real_prometheus_scrapes_a_director_and_a_daemon_and_the_alerts_fire(
-    gridgate_exe: str, tmp_path: Path, start_daemon: Any, prometheus_factory: Any
+    gridgate_exe: str, tmp_path: Path, start_daemon: Any, prometheus_factory: Any, slurm: Any
 ) -> None:
     director_port, daemon_port = free_port(), free_port()
     token = tmp_path / "token"
@@ -253,7 +153,22 @@ def test_a_real_prometheus_scrapes_a_director_and_a_daemon_and_the_alerts_fire(
         env={**os.environ, "PATH": "/usr/bin:/bin"},
     )
     try:
-        daemon = start_daemon({"metrics_port": daemon_port})
+        # with the adaptive limit and the bypass audit (on the private Slurm cluster), so that
+        # their series are on the page too; nothing drives either into its alert here
+        sdiag, scontrol = (shutil.which(t, path="/usr/bin:/bin") for t in ("sdiag", "scontrol"))
+        daemon = start_daemon(
+            {
+                "metrics_port": daemon_port,
+                "adaptive": {"query": {"source": "tokens", "min": 2, "max": 12}},
+                "bypass": {
+                    "scheduler": "slurm",
+                    "scheduler_options": {
+                        "commands": {"sdiag": sdiag, "scontrol": scontrol},
+                        "env": dict(slurm.env),
+                    },
+                },
+            }
+        )
         # both pages carry every metric a rule or a dashboard query names
         names = wait_for(
             "the director's first iteration",

@@ -201,6 +201,11 @@ class ProxyDaemon:
             if self.bypass is not None:
                 audit = self.bypass.audit
                 self.metrics.bypassing = lambda: audit.last
+            if self.adaptive is not None:
+                adaptive = self.adaptive
+                self.metrics.adaptive = lambda: {
+                    c: (lim.limit, lim.settings.low) for c, lim in adaptive.limits.items()
+                }
             self.reloads.attach(self.metrics.registry)
 
     # -- configuration

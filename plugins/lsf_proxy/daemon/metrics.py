@@ -81,6 +81,8 @@ class DaemonMetrics:
         #: daemon when proxyd.bypass audits: a dict replaced, never changed, so a scrape in the
         #: server's thread reads a whole one)
         self.bypassing: Callable[[], Mapping[str, float]] | None = None
+        #: with proxyd.adaptive: category -> (its adaptive max now, its low), read at scrape
+        self.adaptive: Callable[[], Mapping[str, tuple[int, int]]] | None = None
         r.register(self)
         self._server: Any = None
 
@@ -116,6 +118,20 @@ class DaemonMetrics:
             )
             for user, excess in sorted(self.bypassing().items()):
                 gauges["bypass"].add_metric([printable(user, newlines=False)], excess)
+        if self.adaptive is not None:
+            gauges["adaptive"] = self._gauge(
+                "gridgate_proxyd_adaptive_limit",
+                "The max proxyd.adaptive sets now (under the category's configured max)",
+                labels=["category"],
+            )
+            gauges["adaptive_low"] = self._gauge(
+                "gridgate_proxyd_adaptive_low",
+                "The lowest max proxyd.adaptive may set (its entry's min)",
+                labels=["category"],
+            )
+            for category, (limit, low) in sorted(self.adaptive().items()):
+                gauges["adaptive"].add_metric([category], limit)
+                gauges["adaptive_low"].add_metric([category], low)
         return list(gauges.values())
 
     def decided(self, decision: Decision) -> None:

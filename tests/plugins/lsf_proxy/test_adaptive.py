@@ -11,8 +11,9 @@ import subprocess
 import sys
 import threading
 
+from support.holders import holders, stop
 from support.polling import until
-from support.uids import AS_NOBODY, as_user
+from support.uids import as_user
 
 from gridgate.core.model import RpcCount, SchedulerRPCs
 from gridgate.plugins.lsf_proxy.cli import render
@@ -247,26 +248,6 @@ def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
     assert "server threads" in daemon.log() and "within the target" in daemon.log()
 
 
-# Runs as an ordinary user (root is never paced, so its holds are no signal): THREADS loops
-# each taking a query token, running a real command of HOLD seconds under it (coreutils'
-# sleep: a gated command that takes that long), giving it back, until killed.
-HOLDER = r"""
-import subprocess, sys, threading
-from loguru import logger
-logger.remove()
-from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
-socket, threads, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-client = ProxyClient([Daemon("proxyd", socket)])
-def loop():
-    while True:
-        with client.acquire("query", "squeue"):
-            subprocess.run(["/bin/sleep", hold], check=True)
-for _ in range(threads):
-    threading.Thread(target=loop, daemon=True).start()
-print("holding", flush=True)
-threading.Event().wait()
-"""
-
 ONE = r"""
 import json, sys
 from loguru import logger
@@ -276,24 +257,6 @@ with ProxyClient([Daemon("proxyd", sys.argv[1])]) as client:
     with client.acquire("query", "squeue") as token:
         print(json.dumps({"waited": token.waited}))
 """
-
-
-def holders(socket: str, threads: int, hold: float) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [*AS_NOBODY, sys.executable, "-c", HOLDER, socket, str(threads), str(hold)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
-    assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
-    return proc
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.kill()
-    proc.wait(30)
-    if proc.stdout:
-        proc.stdout.close()
 
 
 def test_the_tokens_own_hold_times_lower_the_max_and_raise_it_keeping_a_newcomers_token(

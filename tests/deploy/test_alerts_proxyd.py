@@ -1,0 +1,119 @@
+"""Issue 42: the token daemon's alerts proven on a real daemon and a real Prometheus with the
+shipped rules (every ``for`` cut to 0 s, as a site may shorten it): a category the adaptive limit
+holds at its low, and a user going around the gate (the bypass audit on the private Slurm
+cluster). Each fires when its condition holds, alone, and resolves when it ends."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+from support.holders import holders, stop
+from support.polling import until
+from support.prometheus import firing, wait_for
+from support.uids import as_user, real_user
+
+from gridgate.core.devkit.services import free_port
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+
+
+def status(daemon: Any) -> dict[str, Any]:
+    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
+        [reply] = client.admin("status")
+    return reply.reply["status"]
+
+
+def real(tool: str) -> str:
+    found = shutil.which(tool, path="/usr/bin:/bin")
+    assert found, f"{tool} is not installed"
+    return found
+
+
+def test_a_category_held_at_its_adaptive_low_fires_its_alert_and_resolves(
+    start_daemon: Any, prometheus_factory: Any
+) -> None:
+    port = free_port()
+    daemon = start_daemon(
+        {
+            "metrics_port": port,
+            "policies": "QUERY[max=16 nominal=16]",
+            "adaptive": {
+                "query": {
+                    "source": "tokens",
+                    "target_ms": 150,
+                    "min": 2,
+                    "max": 6,
+                    "interval": 1,
+                    "min_requests": 1,
+                }
+            },
+        }
+    )
+    prom = prometheus_factory({"gridgate-proxyd": port})
+    slow = holders(daemon.socket, 3, 0.5)  # holds of 500 ms against a target of 150
+    try:
+        (alert,) = wait_for(
+            "the adaptive alert", lambda: firing(prom, "GridgateTokenDaemonAdaptiveAtLow"), 120
+        )
+        assert alert["labels"]["category"] == "query", alert
+        assert alert["annotations"]["summary"].endswith(
+            "query held at its adaptive low of 2 tokens"
+        )
+        assert {a["labels"]["alertname"] for a in prom.firing()} == {
+            "GridgateTokenDaemonAdaptiveAtLow"
+        }
+    finally:
+        stop(slow)
+    fast = holders(daemon.socket, 2, 0.005)  # within the target: the max grows off its low
+    try:
+        assert until(
+            lambda: not firing(prom, "GridgateTokenDaemonAdaptiveAtLow"), timeout=120, pause=0.5
+        ), status(daemon)["adaptive"]
+        assert prom.firing() == []
+    finally:
+        stop(fast)
+
+
+def test_a_user_going_around_the_gate_fires_the_bypass_alert_and_it_resolves(
+    slurm: Any, start_daemon: Any, prometheus_factory: Any
+) -> None:
+    port = free_port()
+    daemon = start_daemon(
+        {
+            "metrics_port": port,
+            "bypass": {
+                "scheduler": "slurm",
+                "scheduler_options": {
+                    "commands": {"sdiag": real("sdiag"), "scontrol": real("scontrol")},
+                    "env": dict(slurm.env),
+                },
+                "audit": {"interval": 1, "tolerance": 3},
+            },
+        }
+    )
+    assert until(lambda: status(daemon)["bypass"]["windows"] >= 1, timeout=30), daemon.log()
+    prom = prometheus_factory({"gridgate-proxyd": port})
+    with real_user("ggby") as rogue:
+        going = {"on": True}
+
+        def around() -> list[dict[str, Any]]:
+            if going["on"]:  # squeue straight to the controller, no token: the bypass
+                done = subprocess.run(
+                    [*as_user(rogue), real("squeue"), "-h"],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    env=slurm.client_env(),
+                    cwd="/",
+                )
+                assert done.returncode == 0, done.stderr
+            return firing(prom, "GridgateSchedulerBypassed")
+
+        (alert,) = wait_for("the bypass alert", around, 120)
+        assert alert["labels"]["user"] == rogue, alert
+        assert alert["annotations"]["summary"].startswith(f"user {rogue} made ")
+        assert {a["labels"]["alertname"] for a in prom.firing()} == {"GridgateSchedulerBypassed"}
+        going["on"] = False  # clean windows: the user leaves the gauge, the alert resolves
+        assert until(lambda: not around(), timeout=120, pause=0.5), status(daemon)["bypass"]
+        assert prom.firing() == []
