@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from typing import Any
 
 from support.holders import holders, stop
 from support.polling import until
 from support.prometheus import firing, wait_for
-from support.uids import as_user, real_user
+from support.uids import AS_NOBODY, as_user, real_user
 
 from gridgate.core.devkit.services import free_port
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
@@ -22,6 +23,10 @@ def status(daemon: Any) -> dict[str, Any]:
     with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
         [reply] = client.admin("status")
     return reply.reply["status"]
+
+
+def alerts(prom: Any) -> set[str]:
+    return {a["labels"]["alertname"] for a in prom.firing()}
 
 
 def real(tool: str) -> str:
@@ -117,3 +122,52 @@ def test_a_user_going_around_the_gate_fires_the_bypass_alert_and_it_resolves(
         going["on"] = False  # clean windows: the user leaves the gauge, the alert resolves
         assert until(lambda: not around(), timeout=120, pause=0.5), status(daemon)["bypass"]
         assert prom.firing() == []
+
+
+#: an ordinary user's client asking for query tokens in a loop, a denial taken as it comes
+ASKER = r"""
+import sys, threading
+from loguru import logger
+logger.remove()
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+client = ProxyClient([Daemon("proxyd", sys.argv[1])])
+def loop():
+    while True:
+        try:
+            with client.acquire("query", "squeue"):
+                threading.Event().wait(1.0)
+        except Exception:
+            pass
+for _ in range(int(sys.argv[2])):
+    threading.Thread(target=loop, daemon=True).start()
+print("asking", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_daemon_refusing_for_lack_of_tokens_fires_and_resolves(
+    start_daemon: Any, prometheus_factory: Any
+) -> None:
+    port = free_port()
+    daemon = start_daemon(
+        {
+            "metrics_port": port,
+            "policies": "QUERY[max=1 nominal=1]",
+            "token_wait_time": 0.2,  # 4 askers, 1 token held a second: most are denied
+        }
+    )
+    prom = prometheus_factory({"gridgate-proxyd": port}, {"[10m]": "[10s]"})
+    askers = subprocess.Popen(
+        [*AS_NOBODY, sys.executable, "-c", ASKER, daemon.socket, "4"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    try:
+        assert askers.stdout is not None and askers.stdout.readline() == "asking\n"
+        (alert,) = wait_for("refusing", lambda: firing(prom, "GridgateTokenDaemonRefusing"))
+        assert alert["labels"]["category"] == "query", alert
+        assert alerts(prom) == {"GridgateTokenDaemonRefusing"}
+    finally:
+        stop(askers)
+    assert until(lambda: not prom.firing(), timeout=90, pause=0.5), prom.firing()

@@ -7,20 +7,18 @@ for a token ending within the hour, the daemon alert when the daemon is stopped.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 from support.prometheus import ENV, ROOT, RULES, wait_for
-from support.wms_site import director_section, healthy_wms
+from support.wms_site import director_site, fake_jwt, scrape
 
 from gridgate.core.devkit.services import free_port
 
@@ -102,38 +100,7 @@ def dashboard_exprs() -> list[str]:
     return exprs
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        return answer.read().decode("utf-8")
-
-
 # --- a real Prometheus over a real director and daemon -----------------------------------
-
-
-def fake_jwt(expires: float) -> str:
-    """A token as a token tool writes it: the director reads its ``exp`` and never checks the
-    signature (the CE does)."""
-
-    def part(doc: dict[str, Any]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
-
-    claims = {"iss": "https://issuer.example.org", "sub": "pilots", "exp": int(expires)}
-    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.c2lnbmF0dXJl"
-
-
-def director_site(
-    folder: Path, metrics_port: int, token: Path, min_lifetime: int = 60, **director: Any
-) -> Path:
-    doc = {
-        "director": director_section(folder, 1, metrics_port=metrics_port, **director),
-        "state": {"driver": "memory"},
-        "backends": {"wms_glite": healthy_wms(folder)},
-        "demand": {"static": {"wms_glite": 1}},
-        "credentials": {"bearer_token": {"path": str(token), "min_lifetime": min_lifetime}},
-    }
-    path = folder / "site.yaml"
-    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    return path
 
 
 def test_a_real_prometheus_scrapes_a_director_and_a_daemon_and_the_alerts_fire(

@@ -3,8 +3,13 @@ tests of ``gridgate run`` (the process, its metrics, its stop) start from."""
 
 from __future__ import annotations
 
+import base64
+import json
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 def healthy_wms(folder: Path) -> dict[str, Any]:
@@ -34,3 +39,35 @@ def director_section(folder: Path, cycle_seconds: float, **more: Any) -> dict[st
         "state_dir": str(folder / "state"),
         **more,
     }
+
+
+def fake_jwt(expires: float) -> str:
+    """A token as a token tool writes it: the director reads its ``exp`` and never checks the
+    signature (the CE does)."""
+
+    def part(doc: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
+
+    claims = {"iss": "https://issuer.example.org", "sub": "pilots", "exp": int(expires)}
+    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+def director_site(
+    folder: Path, metrics_port: int, token: Path, min_lifetime: int = 60, **director: Any
+) -> Path:
+    doc = {
+        "director": director_section(folder, 1, metrics_port=metrics_port, **director),
+        "state": {"driver": "memory"},
+        "backends": {"wms_glite": healthy_wms(folder)},
+        "demand": {"static": {"wms_glite": 1}},
+        "credentials": {"bearer_token": {"path": str(token), "min_lifetime": min_lifetime}},
+    }
+    path = folder / "site.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def scrape(port: int) -> str:
+    """The /metrics page a process serves on ``port`` (loopback)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        return answer.read().decode("utf-8")
