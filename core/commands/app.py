@@ -17,7 +17,7 @@ from loguru import logger
 from gridgate.core import __version__
 from gridgate.core.cli import EXIT_CONFIG, echo, load_config_or_exit
 from gridgate.core.commands import servers
-from gridgate.core.commands.logs import configure_logging
+from gridgate.core.commands.logs import configure_logging, on_journal
 from gridgate.core.config import ConfigError, compose_schema
 from gridgate.core.engine.loader import cli_plugin_manager, installed_plugins
 from gridgate.core.plugins import PluginLoadError
@@ -199,11 +199,16 @@ def run_command(path: str, once: bool, iterations: int | None, as_json: bool) ->
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
+    # the journal stamps each line; written anywhere else, an iteration line says its time as
+    # the log lines beside it do
+    stamped = not as_json and not on_journal(sys.stdout)
+
     def emit(summary: Any) -> None:
         if as_json:
             click.echo(summary_json(summary))
-        else:
-            click.echo(journal_line(summary, bool(director.config.director.get("paused"))))
+            return
+        line = journal_line(summary, bool(director.config.director.get("paused")))
+        click.echo(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}" if stamped else line)
 
     failed: list[BaseException] = []
 

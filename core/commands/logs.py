@@ -5,8 +5,9 @@ command) sets up logging without importing click and the config machinery."""
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from loguru import logger
 
@@ -31,3 +32,17 @@ def configure_logging(verbose: int, log_json: bool) -> None:
         logger.add(
             sys.stderr, level=level, format="{time:YYYY-MM-DD HH:mm:ss} {level: <7} {message}"
         )
+
+
+def on_journal(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
+    """Whether ``stream`` is connected to systemd's journal (``JOURNAL_STREAM`` names its
+    device and inode, as systemd sets it for a unit's stdout and stderr): the journal stamps
+    each line itself, anywhere else a line needs its own time."""
+    value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    device, _, inode = value.partition(":")
+    try:
+        info = os.fstat(stream.fileno())
+        return (info.st_dev, info.st_ino) == (int(device), int(inode))
+    except (ValueError, OSError, AttributeError):
+        return False
+

@@ -56,6 +56,10 @@ def start(gridgate_exe: str, config: Path) -> subprocess.Popen[str]:
     )
 
 
+#: an iteration line written anywhere but the journal: its local time first, as the log's
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d iteration \d+: ")
+
+
 def lines_until(proc: subprocess.Popen[str], count: int, deadline: float = 120) -> list[str]:
     """The first ``count`` lines of ``proc``'s stdout, read under a deadline."""
     assert proc.stdout is not None
@@ -83,7 +87,7 @@ def test_a_fifo_proxy_is_an_unusable_credential_the_iterations_go_on_and_sigterm
         lines = lines_until(proc, 3)
         assert len(lines) == 3, (lines, proc.poll())
         for line in lines:
-            assert line.startswith("iteration ")
+            assert STAMPED.match(line), line  # off the journal: its time first
             # what was asked, what was done and why arc gave nothing, on the line itself
             assert "arc: demand 5, waiting 0, submitted 0, skipped 5 (credential)" in line
             assert "wms_glite: demand 1" in line
@@ -182,9 +186,39 @@ def test_the_journal_line_of_an_expired_proxy_says_what_was_asked_and_why_nothin
         env={**os.environ, "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr
-    [line] = [x for x in done.stdout.splitlines() if x.startswith("iteration ")]
+    [line] = [x for x in done.stdout.splitlines() if STAMPED.match(x)]
     assert "arc: demand 5, waiting 0, submitted 0, skipped 5 (credential)" in line, line
     assert re.search(r"wms_glite: demand 1, waiting \d+, submitted 1", line), line
     assert f"credential x509 unusable: X.509 proxy {proxy} expired at " in line, line
     assert "no renew command is configured" in line, line
     assert not line.rstrip().endswith(","), line
+
+
+def test_an_iteration_line_has_its_time_off_the_journal_and_none_on_it(
+    gridgate_exe: str, tmp_path: Path
+) -> None:
+    """Issue 42: the journal stamps each line, a file or a terminal does not: off journald the
+    iteration lines carried no time while the log lines beside them did. Under systemd,
+    JOURNAL_STREAM names the device and inode of the unit's stdout."""
+    config = site(tmp_path)
+    for name, journal in (("file.out", False), ("journal.out", True)):
+        out = tmp_path / name
+        with open(out, "w", encoding="utf-8") as sink:
+            info = os.fstat(sink.fileno())
+            env = {**os.environ, "PATH": "/usr/bin:/bin"}
+            if journal:
+                env["JOURNAL_STREAM"] = f"{info.st_dev}:{info.st_ino}"
+            done = subprocess.run(
+                [gridgate_exe, "run", "--once", "-c", str(config)],
+                stdout=sink,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+                env=env,
+            )
+        assert done.returncode == 0, done.stderr
+        [line] = [x for x in out.read_text().splitlines() if "iteration 1:" in x]
+        if journal:
+            assert line.startswith("iteration 1: "), line
+        else:
+            assert STAMPED.match(line) and not line.startswith("iteration"), line
