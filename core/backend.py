@@ -194,7 +194,10 @@ def command_timeout_schema(description: str = COMMAND_TIMEOUT_TEXT) -> dict[str,
 def env_schema(
     description: str = "Extra environment variables for the commands.",
 ) -> dict[str, Any]:
-    """The schema of a section's ``env``: variables :meth:`Backend.environment` adds.
+    """The schema of a section's ``env``: variables :meth:`Backend.environment` adds. Their
+    values are handed to the commands as written: a value need not be a path (``SGE_CELL``),
+    so none is resolved against the config file's folder as path-valued keys are; the
+    reference says so beside ``description``.
 
     :param description: what the variables are for (the configuration reference shows it).
     """
@@ -202,8 +205,16 @@ def env_schema(
         "type": "object",
         "additionalProperties": {"type": "string"},
         "default": {},
-        "description": description,
+        "description": f"{description} {ENV_AS_WRITTEN}",
     }
+
+
+#: What every ``env`` says of its values (a value need not be a path, so none is resolved).
+ENV_AS_WRITTEN = (
+    "Values are passed as written, not taken from the config file's folder (a value need not "
+    "be a path): give paths absolute; a relative one is read by the command from the "
+    "director's working directory."
+)
 
 
 def commands_schema(description: str, commands: Sequence[tuple[str, str]]) -> dict[str, Any]:

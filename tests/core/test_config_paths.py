@@ -382,3 +382,21 @@ def test_the_reference_says_which_keys_are_paths() -> None:
     assert rows and "path, from the config file's folder" in rows[0]
     squeue = [line for line in text.splitlines() if line.startswith("| `commands.squeue` ")]
     assert squeue and "a name on PATH, or a path from the config file's folder" in squeue[0]
+
+
+def test_every_env_says_its_values_are_passed_as_written() -> None:
+    """Issue 42: the docs did not say whether `env` values (X509_CERT_DIR: ../ce/certificates)
+    are taken from the config file's folder as `script` and `renew` are. They are not (a value
+    need not be a path), and every backend's `env` says so in the reference."""
+    from gridgate.core.backend import ENV_AS_WRITTEN
+    from gridgate.core.plugins import CONFIG_GROUPS, entry_point_names, load_class
+
+    for name in entry_point_names(CONFIG_GROUPS["backends"]):
+        schema = load_class(CONFIG_GROUPS["backends"], name).config_schema
+        env = schema["properties"].get("env")
+        if env is not None:
+            assert ENV_AS_WRITTEN in env["description"], name
+    root = Path(__file__).resolve().parents[2]
+    reference = (root / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = [line for line in reference.splitlines() if line.startswith("| `env` |")]
+    assert rows and all(ENV_AS_WRITTEN in row for row in rows), rows
