@@ -261,17 +261,22 @@ def test_a_name_not_found_is_given_up_after_reconcile_for_with_a_log_line(tmp_pa
     director = make(tmp_path, clock, backend, MemoryState(clock=clock), pilots=2)
     backend.submit_mode["s0"] = "nothing"
     director.run_iteration()
+    # its 2 submissions run in parallel: the second was sent, or skipped once the first's
+    # failure had excluded the server (1 or 2 pilots in flight; both fit max_waiting 4 beside
+    # the 2 submitted next)
+    lost = len(intents(tmp_path))
+    assert lost in (1, 2)
     backend.submit_mode["s0"] = "ok"
     director.failing.clear(sorted(director.failing.excluded()))  # its failure excluded it
     clock.advance(60)
-    assert submitted(director.run_iteration()) == 2  # 2 in flight + 2 = 4
-    assert len(intents(tmp_path)) == 2
+    assert submitted(director.run_iteration()) == 2
+    assert len(intents(tmp_path)) == lost
     # 121 s after they were sent, but the CE has answered without them for 61 s only (first
     # asked at 60 s): reconcile_for counts from the CE's first answer, as a CE just back from
     # a restart may not list its jobs at once
     clock.advance(61)
     director.run_iteration()
-    assert len(intents(tmp_path)) == 2
+    assert len(intents(tmp_path)) == lost
     clock.advance(60)
     director.run_iteration()
     assert intents(tmp_path) == []
