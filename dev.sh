@@ -65,6 +65,27 @@ apt_install() {
         || echo "dev.sh: could not install $*; the tests that need them will fail" >&2
 }
 
+need_service() {
+    # need_service slurm|arc|sge: only what that private service needs (`up` installs no
+    # test tool it does not use)
+    local missing=() pair pairs
+    case "$1" in
+        slurm) pairs="munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client" ;;
+        sge) pairs="sge_qmaster:gridengine-master sge_execd:gridengine-exec qsub:gridengine-client" ;;
+        arc) pairs="openssl:openssl" ;;
+    esac
+    for pair in $pairs; do
+        PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
+            || missing+=("${pair##*:}")
+    done
+    if [ "$1" = arc ] && { ! PATH="$PATH:/usr/sbin:/sbin" command -v arcsub >/dev/null 2>&1 \
+            || ! PATH="$PATH:/usr/sbin:/sbin" command -v arched >/dev/null 2>&1; }; then
+        apt_install "the private ARC CE" "${ARC_PACKAGES[@]}"
+    fi
+    [ ${#missing[@]} -eq 0 ] && return 0
+    apt_install "the private $1" "${missing[@]}"
+}
+
 need_tools() {
     # Real parts the tests start or call, from Debian's packages: redis-server (the redis
     # driver), openssl (test certificates), setpriv (clients as another uid), chattr (a
@@ -127,15 +148,16 @@ case "${1:-}" in
         # jobs, name and ports; `bash dev.sh slurm down` cancels them and stops it.
         shift
         setup
-        need_tools
+        need_service slurm
         exec "$VENV/bin/python" -m gridgate.plugins.slurm.cluster "${@:-up}"
         ;;
     arc)
         # A private ARC CE (A-REX, fork or Slurm LRMS) for people, the demo and the benches:
-        # `bash dev.sh arc up [DIR]` prints the variables to export; `bash dev.sh arc down [DIR]`.
+        # `bash dev.sh arc up [DIR]` prints the variables to export; `stop` and `start` keep its
+        # jobs, port and issuer; `bash dev.sh arc down [DIR]` cancels a Slurm CE's jobs too.
         shift
         setup
-        need_tools
+        need_service arc
         exec "$VENV/bin/python" -m gridgate.plugins.arc.ce "${@:-up}"
         ;;
     sge)
@@ -143,11 +165,11 @@ case "${1:-}" in
         # `bash dev.sh sge up [DIR]` prints the variables to export; `bash dev.sh sge down [DIR]`.
         shift
         setup
-        need_tools
+        need_service sge
         exec "$VENV/bin/python" -m gridgate.plugins.sge.cell "${@:-up}"
         ;;
     *)
-        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|stop|start|env [--folder DIR] | bash dev.sh arc up|down|env|status|user [DIR] | bash dev.sh sge up|down|env [DIR]" >&2
+        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|stop|start|env [--folder DIR] | bash dev.sh arc up|stop|start|down|env|status|user [DIR] | bash dev.sh sge up|down|env [DIR]" >&2
         exit 64
         ;;
 esac

@@ -561,6 +561,7 @@ class ArcCE:
         start_timeout: float = 120.0,
         watchdog: bool = True,
         tokens: bool = True,
+        issuer_port: int | None = None,
     ) -> None:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
@@ -581,6 +582,8 @@ class ArcCE:
         self.watchdog = watchdog
         self.tokens = bool(tokens)
         self._issuer_port: int | None = None
+        #: the issuer's port asked for (None: the first free one from ISSUER_FIRST_PORT)
+        self._issuer_port_given = int(issuer_port) if issuer_port is not None else None
         self._issuer_lock: _PortLock | None = None
         self._lock: _PortLock | None = None
         self._settings_loaded = False
@@ -871,7 +874,16 @@ class ArcCE:
         else:
             self._lock = _reserve_port()
             self._port = self._lock.port
-        if self.tokens:
+        if self.tokens and self._issuer_port_given is not None:
+            self._issuer_lock = _take_free_port(self._issuer_port_given)
+            if self._issuer_lock is None:
+                self._release_port()
+                raise CEError(
+                    f"port {self._issuer_port_given} for the token issuer is busy; choose "
+                    "another (ARC_CE_ISSUER_PORT, issuer_port=) or leave it unset"
+                )
+            self._issuer_port = self._issuer_lock.port
+        elif self.tokens:
             self._issuer_lock = _reserve_port(ISSUER_FIRST_PORT, skip=(self._port,))
             self._issuer_port = self._issuer_lock.port
 
@@ -1757,6 +1769,7 @@ def _hand_ce(folder: Path) -> ArcCE:
     lrms = environ.get("ARC_CE_LRMS") or (settings.lrms if settings else "") or "fork"
     slurm_conf = environ.get("SLURM_CONF") or (settings.slurm_conf if settings else None)
     port = environ.get("ARC_CE_PORT")
+    issuer_port = environ.get("ARC_CE_ISSUER_PORT")
     tokens = environ.get("ARC_CE_TOKENS", "1").strip().lower() not in ("0", "no", "off", "false")
     if settings is not None:
         tokens = settings.tokens
@@ -1769,6 +1782,7 @@ def _hand_ce(folder: Path) -> ArcCE:
         wakeup=int(environ.get("ARC_CE_WAKEUP", "10")),
         watchdog=False,
         tokens=tokens,
+        issuer_port=int(issuer_port) if issuer_port else None,
     )
 
 
@@ -1778,11 +1792,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gridgate.plugins.arc.ce",
         description="Bring a private ARC CE (A-REX) up in a folder, or down again. Knobs, read "
-        "when the folder is first set up: ARC_CE_PORT, ARC_CE_LRMS=fork|slurm, "
-        "SLURM_CONF, ARC_CE_INFO_PERIOD (s), ARC_CE_WAKEUP (s), ARC_CE_TOKENS=0 (no token "
-        "issuer, no bearer tokens).",
+        "when the folder is first set up: ARC_CE_PORT, ARC_CE_ISSUER_PORT (the token "
+        "issuer's), ARC_CE_LRMS=fork|slurm, SLURM_CONF, ARC_CE_INFO_PERIOD (s), "
+        "ARC_CE_WAKEUP (s), ARC_CE_TOKENS=0 (no token issuer, no bearer tokens).",
     )
-    parser.add_argument("action", choices=("up", "down", "env", "status", "user"))
+    parser.add_argument(
+        "action",
+        choices=("up", "start", "stop", "down", "env", "status", "user"),
+        help="up/start: start the CE (a folder that held one keeps its port, credentials and "
+        "jobs); stop: stop its daemons and the issuer, keeping the jobs (a Slurm CE's too) for "
+        "start; down: stop it and cancel a Slurm CE's jobs (with --remove, the folder goes)",
+    )
     parser.add_argument(
         "folder",
         nargs="?",
@@ -1802,6 +1822,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     folder = Path(args.folder).resolve()
+    if args.action == "stop":
+        begun = time.monotonic()
+        down(folder, cancel=False, announce=True)
+        print(
+            f"arc-ce: the CE in {folder} is stopped, its jobs kept for start "
+            f"({time.monotonic() - begun:.1f} s)",
+            file=sys.stderr,
+        )
+        return 0
     if args.action == "down":
         begun = time.monotonic()
         # A folder about to be removed keeps nothing: no need to let A-REX save it.

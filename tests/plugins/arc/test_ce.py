@@ -6,6 +6,8 @@ it needs first and waits once.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -167,3 +169,49 @@ def test_a_stopped_ce_starts_again_with_its_jobs_and_stop_leaves_nothing(
 def _all_cmdlines() -> list[str]:
     result = run(["ps", "-eo", "args="], 30, env={"PATH": "/usr/bin:/bin"})
     return result.stdout.splitlines()
+
+
+def test_by_hand_stop_and_start_keep_the_ce_and_its_ports_and_the_issuer_port_is_settable(
+    tmp_path,
+) -> None:
+    """Issue 42: Python had stop/start that keep jobs, the command line only `down` (which
+    cancels a Slurm CE's jobs), and the token issuer's port could not be set."""
+    import os
+    import subprocess
+    import sys
+
+    from gridgate.core.devkit.services import free_port
+
+    top = Path(tempfile.mkdtemp(prefix="gg-arc-hand-", dir="/tmp"))  # every parent o+x
+    top.chmod(0o755)
+    folder = top / "ce"
+    issuer = free_port()
+    env = {**os.environ, "ARC_CE_ISSUER_PORT": str(issuer), "ARC_CE_INFO_PERIOD": "5"}
+
+    def hand(action: str, *more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gridgate.plugins.arc.ce", action, str(folder), *more],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd="/",
+        )
+
+    try:
+        up = hand("up")
+        assert up.returncode == 0, up.stderr
+        assert f"https://localhost:{issuer}" in up.stdout, up.stdout  # the issuer's URL
+        running = hand("status")
+        assert running.returncode == 0 and "running" in running.stdout, running
+        stopped = hand("stop")
+        assert stopped.returncode == 0 and "jobs kept" in stopped.stderr, stopped.stderr
+        assert hand("status").returncode == 1
+        assert (folder / "etc" / "ce.json").exists(), "stop keeps the CE's folder"
+        again = hand("start")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout == up.stdout, "the same URL, issuer and credentials"
+        assert hand("status").returncode == 0
+    finally:
+        hand("down", "--remove")
+        shutil.rmtree(top, ignore_errors=True)
