@@ -162,14 +162,15 @@ case "${1:-}" in
         ;;
     sge)
         # A private Grid Engine cell (sge_qmaster, sge_execd) for people, the demo and the benches:
-        # `bash dev.sh sge up [DIR]` prints the variables to export; `bash dev.sh sge down [DIR]`.
+        # `bash dev.sh sge up [DIR]` prints the variables to export; `stop` and `start` keep its
+        # jobs; `bash dev.sh sge down [DIR]` stops it and its jobs.
         shift
         setup
         need_service sge
         exec "$VENV/bin/python" -m gridgate.plugins.sge.cell "${@:-up}"
         ;;
     *)
-        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|stop|start|env [--folder DIR] | bash dev.sh arc up|stop|start|down|env|status|user [DIR] | bash dev.sh sge up|down|env [DIR]" >&2
+        echo "usage: bash dev.sh demo | bash dev.sh test [pytest args] | bash dev.sh typecheck [mypy args] | bash dev.sh slurm up|down|stop|start|env [--folder DIR] | bash dev.sh arc up|stop|start|down|env|status|user [DIR] | bash dev.sh sge up|stop|start|down|env [DIR]" >&2
         exit 64
         ;;
 esac

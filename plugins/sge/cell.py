@@ -16,6 +16,7 @@ the daemons by process group and waits until none of them (nor a job they starte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -925,6 +926,24 @@ class SgeCell:
             self._raise_not_up("sge_qmaster")
         return False
 
+    def resume(self) -> SgeCell:
+        """Start again the cell an earlier ``up`` left in the folder and ``stop`` stopped: its
+        name, host, ports and spool as ``cell.json`` records them, so that the qmaster
+        recovers the jobs it held and the execd takes over those still running."""
+        saved = _saved(self._path("cell.json"))
+        self.cell_name = str(saved["cell"])
+        self.qmaster_port = int(str(saved["qmaster_port"]))
+        self.execd_port = int(str(saved["execd_port"]))
+        queues = saved.get("queues")
+        if isinstance(queues, list) and queues:
+            self.queues = tuple(str(q) for q in queues)
+        self._start_qmaster()
+        if not self._alive("execd"):
+            self._procs.pop("execd", None)
+            self._start("execd", [str(LIBEXEC / "sge_execd")])
+        self.wait_for_exec_host(disabled_ok=True)
+        return self
+
     def start_qmaster(self) -> None:
         """(Re)start sge_qmaster; it recovers its jobs from the spool. A running execd is
         restarted (:meth:`_reregister_execd`); it takes its running jobs over."""
@@ -1101,6 +1120,27 @@ def _pids(folder: Path) -> list[int]:
     return pids
 
 
+def stop_daemons(folder: str | os.PathLike[str], grace: float = QMASTER_GRACE) -> None:
+    """Stop sge_qmaster and sge_execd of the cell in ``folder``, leaving its jobs: pending
+    ones in the qmaster's spool, running ones under their shepherds (``start`` takes both
+    over)."""
+    root = Path(folder).resolve()
+    for pid in _pids(root):
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass  # already gone: the wait below finds it so
+    end = time.monotonic() + grace
+    while time.monotonic() < end and _pids(root):
+        time.sleep(0.05)
+    for pid in _pids(root):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    for pidfile in SgeCell._pidfiles(root):
+        pidfile.unlink(missing_ok=True)
+
+
 def down(folder: str | os.PathLike[str], grace: float = QMASTER_GRACE) -> int:
     """Stop the daemons of the cell in ``folder`` (started by ``up``) and its jobs; 0 when
     none is left."""
@@ -1143,7 +1183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m gridgate.plugins.sge.cell",
         description="Bring a private one-host Grid Engine cell up in a folder, or down again.",
     )
-    parser.add_argument("action", choices=("up", "down", "env"))
+    parser.add_argument(
+        "action",
+        choices=("up", "start", "stop", "down", "env"),
+        help="up: a new cell in the folder; stop: stop its daemons, keeping its jobs; start: "
+        "the stopped cell again (its name, ports, spool and jobs); down: stop it and its jobs "
+        "(with --remove, the folder goes too)",
+    )
     parser.add_argument(
         "folder",
         nargs="?",
@@ -1173,6 +1219,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({time.monotonic() - begun:.1f} s)",
             file=sys.stderr,
         )
+        return 0
+    if args.action == "stop":
+        stop_daemons(folder)
+        print(f"sge: the cell in {folder} is stopped; its jobs wait for `start`", file=sys.stderr)
+        return 0
+    if args.action == "start":
+        if not saved.exists():
+            print(f"sge: no cell in {folder} (bash dev.sh sge up)", file=sys.stderr)
+            return 1
+        if _pids(folder):
+            print(f"sge: the cell in {folder} is running", file=sys.stderr)
+        else:
+            try:
+                SgeCell(folder, watchdog=False).resume()
+            except CellError as exc:
+                print(f"sge: {exc}", file=sys.stderr)
+                return 1
+            print(f"sge: the cell in {folder} is up again with its jobs", file=sys.stderr)
+        print("\n".join(_exports(_saved(saved))))
         return 0
     if args.action == "env":
         if not saved.exists():

@@ -279,6 +279,57 @@ def test_up_env_and_down_by_hand_leave_nothing_running() -> None:
 
 
 @pytest.mark.timeout(600)
+def test_stop_and_start_by_hand_keep_the_cells_jobs() -> None:
+    """Issue 42: the command line had no way to stop the cell and start it again with its
+    jobs (`up` lays a new cell out). `stop` leaves a held job in the qmaster's spool; `start`
+    brings the same cell (its ports, so the exports stay right) back with it."""
+    from gridgate.plugins.sge.cell import SUBMIT_USER
+
+    folder = Path(tempfile.mkdtemp(prefix="gg-hand-", dir="/tmp")) / "cell"
+    folder.parent.chmod(0o755)
+    module = [sys.executable, "-m", "gridgate.plugins.sge.cell"]
+
+    def hand(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [*module, *args, str(folder)], capture_output=True, text=True, timeout=300, cwd="/"
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        return done
+
+    try:
+        up = hand("up")
+        exports = dict(
+            line.removeprefix("export ").split("=", 1) for line in up.stdout.splitlines()
+        )
+        env = {**exports, "PATH": exports["PATH"].split(":")[0] + ":/usr/bin:/bin"}
+
+        def sge(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["setpriv", f"--reuid={SUBMIT_USER}", "--regid=nogroup", "--clear-groups", *argv],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+                cwd="/",
+            )
+
+        held = sge("qsub", "-terse", "-h", "-q", "pilots.q", "-o", "/dev/null", "-b", "y",
+                   "/bin/sleep", "600")  # fmt: skip
+        assert held.returncode == 0, held.stderr
+        job = held.stdout.strip()
+        hand("stop")
+        assert _processes_in(folder) == []
+        again = hand("start")
+        assert again.stdout == up.stdout, "the same cell: its exports hold"
+        listed = sge("qstat", "-u", "*")
+        assert job in listed.stdout and "hqw" in listed.stdout, listed.stdout + listed.stderr
+    finally:
+        subprocess.run([*module, "down", str(folder)], timeout=300, cwd="/")
+        shutil.rmtree(folder.parent, ignore_errors=True)
+    assert _processes_in(folder) == []
+
+
+@pytest.mark.timeout(600)
 def test_a_killed_owner_leaves_no_daemon_behind() -> None:
     # What a pytest-timeout (os._exit) or a SIGKILL does to a test process holding a cell.
     code = (
