@@ -45,4 +45,3 @@ def on_journal(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
         return (info.st_dev, info.st_ino) == (int(device), int(inode))
     except (ValueError, OSError, AttributeError):
         return False
-

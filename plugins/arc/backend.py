@@ -86,6 +86,7 @@ class ArcBackend(Backend):
             for e in items
             if isinstance(e, str) or (isinstance(e, Mapping) and isinstance(e.get("url"), str))
         ]
+
     credentials = ("x509",)
     expresses = ("cores", "memory_mb", "walltime")
     config_schema: ClassVar[dict[str, Any]] = ARC_SCHEMA
