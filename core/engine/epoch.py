@@ -31,6 +31,7 @@ from gridgate.core.engine.runtime import Runtime
 from gridgate.core.files import atomic_write
 from gridgate.core.model import Endpoint, Notification
 from gridgate.core.state import PilotRegistry, StateError
+from gridgate.core.stores.memory import MemoryState
 
 #: The store's identity. Keys under ``store/`` are never written back from a local view.
 EPOCH_KEY = "store/epoch"
@@ -53,10 +54,21 @@ class StoreEpoch:
         #: endpoint keys still to be searched for the fleet's pilots
         self.unsearched: set[str] = set()
         self._loaded = False
+        #: the epoch last seen, kept in this process alone for a store that lives in it (the
+        #: memory driver: empty at every start by design, not a store that lost its data)
+        self._own: EpochFile | None = None
 
     @property
     def path(self) -> Path:
         return Path(self.runtime.settings.state_dir) / EPOCH_FILE
+
+    def _in_process(self) -> bool:
+        """Whether the director opened its store from a config saying ``driver: memory``: a
+        store that lives and dies with this process. (A store handed to the director by its
+        caller lives as long as the caller keeps it: its epoch is kept in the file.)"""
+        state = self.runtime.state
+        opened = getattr(getattr(state, "primary", state), "opened", None)  # opened from config
+        return callable(opened) and isinstance(opened(), MemoryState)
 
     def _read(self) -> EpochFile | None:
         try:
@@ -72,6 +84,9 @@ class StoreEpoch:
 
     def _save(self, epoch: str) -> None:
         record = EpochFile(epoch=epoch, unsearched=sorted(self.unsearched))
+        if self._in_process():
+            self._own = record
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write(self.path, msgspec.json.encode(record), durable=True)
@@ -86,7 +101,7 @@ class StoreEpoch:
         :raises StateError: the store could not be read (nothing is concluded)."""
         state = self.runtime.state
         primary = getattr(state, "primary", state)  # not the local view: it remembers the key
-        known = self._read()
+        known = self._own if self._in_process() else self._read()
         if not self._loaded:
             self._loaded = True
             if known is not None:

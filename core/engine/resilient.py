@@ -390,6 +390,10 @@ class DeferredState(StateStore):
                 self._store = self._opener()
             return self._store
 
+    def opened(self) -> StateStore | None:
+        """The store once opened; None while it could not be."""
+        return self._store
+
     def add_if_absent(self, key: str, value: str, ttl: float | None = None) -> bool:
         return self._open().add_if_absent(key, value, ttl)
 

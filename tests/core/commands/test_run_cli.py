@@ -222,3 +222,30 @@ def test_an_iteration_line_has_its_time_off_the_journal_and_none_on_it(
             assert line.startswith("iteration 1: "), line
         else:
             assert STAMPED.match(line) and not line.startswith("iteration"), line
+
+
+def test_a_memory_store_empty_at_the_next_start_is_not_a_store_that_lost_its_data(
+    gridgate_exe: str, tmp_path: Path
+) -> None:
+    """`state: memory` lives and dies with the director: the epoch the last run kept in its
+    state folder made every start after the first say "the state store came back empty" (an
+    error, and a mail), and search the CEs for the pilots of a store that never kept any."""
+    from support.wms_site import director_site, fake_jwt
+
+    token = tmp_path / "token"
+    token.write_text(fake_jwt(time.time() + 3600) + "\n")
+    token.chmod(0o600)
+    config = director_site(tmp_path, 0, token)
+    doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+    del doc["director"]["metrics_port"]
+    config.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    for _run in range(2):
+        done = subprocess.run(
+            [gridgate_exe, "-v", "run", "--once", "-c", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PATH": "/usr/bin:/bin"},
+        )
+        assert done.returncode == 0, done.stderr
+        assert "came back empty" not in done.stderr, done.stderr
