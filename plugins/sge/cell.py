@@ -1120,11 +1120,8 @@ def _pids(folder: Path) -> list[int]:
     return pids
 
 
-def stop_daemons(folder: str | os.PathLike[str], grace: float = QMASTER_GRACE) -> None:
-    """Stop sge_qmaster and sge_execd of the cell in ``folder``, leaving its jobs: pending
-    ones in the qmaster's spool, running ones under their shepherds (``start`` takes both
-    over)."""
-    root = Path(folder).resolve()
+def _term_daemons(root: Path, grace: float) -> None:
+    """SIGTERM the daemons of the cell in ``root`` and wait up to ``grace`` for them to go."""
     for pid in _pids(root):
         for sig in (signal.SIGCONT, signal.SIGTERM):
             try:
@@ -1134,6 +1131,14 @@ def stop_daemons(folder: str | os.PathLike[str], grace: float = QMASTER_GRACE) -
     end = time.monotonic() + grace
     while time.monotonic() < end and _pids(root):
         time.sleep(0.05)
+
+
+def stop_daemons(folder: str | os.PathLike[str], grace: float = QMASTER_GRACE) -> None:
+    """Stop sge_qmaster and sge_execd of the cell in ``folder``, leaving its jobs: pending
+    ones in the qmaster's spool, running ones under their shepherds (``start`` takes both
+    over)."""
+    root = Path(folder).resolve()
+    _term_daemons(root, grace)
     for pid in _pids(root):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -1145,15 +1150,7 @@ def down(folder: str | os.PathLike[str], grace: float = QMASTER_GRACE) -> int:
     """Stop the daemons of the cell in ``folder`` (started by ``up``) and its jobs; 0 when
     none is left."""
     root = Path(folder).resolve()
-    for pid in _pids(root):
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass  # already gone: the wait below finds it so
-    end = time.monotonic() + grace
-    while time.monotonic() < end and _pids(root):
-        time.sleep(0.05)
+    _term_daemons(root, grace)
     sweep(root)
     for pidfile in SgeCell._pidfiles(root):
         pidfile.unlink(missing_ok=True)
