@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from loguru import logger
@@ -34,11 +35,12 @@ def configure_logging(verbose: int, log_json: bool) -> None:
         )
 
 
-def on_journal(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
+def on_journal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``stream`` is connected to systemd's journal (``JOURNAL_STREAM`` names its
     device and inode, as systemd sets it for a unit's stdout and stderr): the journal stamps
     each line itself, anywhere else a line needs its own time."""
-    value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    environ = os.environ if environ is None else environ
+    value = environ.get("JOURNAL_STREAM", "")  # not config: the environment systemd sets
     device, _, inode = value.partition(":")
     try:
         info = os.fstat(stream.fileno())
