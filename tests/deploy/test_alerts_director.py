@@ -88,6 +88,12 @@ def alerts(prom: Any) -> set[str]:
     return {a["labels"]["alertname"] for a in prom.firing()}
 
 
+def submitted_seen(prom: Any) -> bool:
+    """Whether Prometheus has seen the submission counter rise."""
+    query = "sum(increase(gridgate_pilots_submitted_total[1h])) > 0"
+    return bool(prom.get("/api/v1/query", query=query)["data"]["result"])
+
+
 def test_demand_with_nothing_submitted_fires_and_resolves(
     gridgate_exe: str, tmp_path: Path, prometheus_factory: Any
 ) -> None:
@@ -137,6 +143,7 @@ def test_an_outbox_that_grows_fires_and_resolves_when_mail_gets_out(
     relay = SmtpServer(smtp_port)
     try:
         prom = prometheus_factory({"gridgate-director": site.port}, {"[30m]": "[20s]"})
+        wait_for("submissions seen", lambda: submitted_seen(prom))  # wms01 takes the pilots
         (alert,) = wait_for("the outbox alert", lambda: firing(prom, "GridgateOutboxGrowing"))
         assert alert["labels"]["notifier"] == "email", alert
         assert alerts(prom) == {"GridgateOutboxGrowing"}
@@ -152,13 +159,16 @@ def test_an_outbox_that_grows_fires_and_resolves_when_mail_gets_out(
 def test_a_stuck_loop_then_a_director_gone_fire_their_alerts(
     gridgate_exe: str, tmp_path: Path, prometheus_factory: Any
 ) -> None:
-    site = Site(gridgate_exe, tmp_path, command_timeout=12)
+    # failing_expiry 2: the server the hung command got excluded is tried again soon after
+    site = Site(gridgate_exe, tmp_path, command_timeout=12, failing_expiry=2)
     site.behave()
     site.start()
     try:
         # 900 s, shortened as a site would: a command that hangs holds an iteration 12 s
         prom = prometheus_factory({"gridgate-director": site.port}, {"> 900": "> 5"})
-        time.sleep(3)  # a few healthy scrapes first
+        # Prometheus has seen pilots go out (else "nothing submitted" would count the hang's
+        # skips against a submission counter it never saw move)
+        wait_for("submissions seen", lambda: submitted_seen(prom))
         assert alerts(prom) == set()
         site.behave(wms01_example_org={"behaviour": "hang_before_print", "hang": 600})
         wait_for("the stuck loop", lambda: firing(prom, "GridgateDirectorNotIterating"))
@@ -214,6 +224,7 @@ def test_an_endpoint_banned_past_the_threshold_fires_and_resolves_when_lifted(
     try:
         # 6 hours, shortened as a site would edit them
         prom = prometheus_factory({"gridgate-director": site.port}, {"> 6 * 3600": "> 3"})
+        wait_for("submissions seen", lambda: submitted_seen(prom))  # wms01 takes the pilots
         servers("ban", "wms02.example.org", "--for", "1h", "--reason", "disk replaced")
         (alert,) = wait_for("the ban", lambda: firing(prom, "GridgateEndpointUnavailableLong"))
         assert (alert["labels"]["endpoint"], alert["labels"]["cause"]) == (
