@@ -125,6 +125,22 @@ class FailingCache:
             return None
         return model.Episode(start=entry.start, failures=entry.failures)
 
+    def failing_episodes(self) -> dict[str, tuple[str, float | None]]:
+        """Every server in the failing cache now: the kind of its failure and the start of its
+        episode (None when it has none). Two reads of the store, whatever the number of
+        servers (what :meth:`view` says of them, without its expiry times)."""
+        starts = {
+            key[len(EPISODE) :]: episode.start
+            for key, raw in self.state.items(EPISODE)
+            if (episode := _read(raw, EpisodeRecord)) is not None
+        }
+        failing: dict[str, tuple[str, float | None]] = {}
+        for key, raw in self.state.items(FAILING):
+            server = key[len(FAILING) :]
+            entry = _read(raw, EntryRecord)
+            failing[server] = (entry.kind if entry is not None else "", starts.get(server))
+        return failing
+
     def troubled(self) -> set[str]:
         """The keys of every server with an open episode or cleared by hand since its last
         one: those a success should be checked against (:meth:`recovered`)."""

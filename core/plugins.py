@@ -169,8 +169,7 @@ class Plugin:
         """The names of the endpoints ``section`` configures, as ``weights`` and the commands
         name them (API 1.9): by default each item of ``endpoints_key`` as written; a backend
         whose items are not names (ARC's URLs) gives the names it derives."""
-        items = section.get(cls.endpoints_key or "") or []  # not config: the raw section
-        return [str(e) for e in items if isinstance(e, (str, int))]
+        return listed_endpoints(cls, section)
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
@@ -254,6 +253,13 @@ def load_class(group: str, name: str) -> type:
     if missing or not manager.extensions:
         raise PluginLoadError(group, name, "not installed", entry_point_names(group))
     return manager.extensions[0].plugin
+
+
+def listed_endpoints(cls: Any, section: Mapping[str, Any]) -> list[str]:
+    """The items of ``cls.endpoints_key`` in ``section`` as written: the endpoint names of a
+    backend class that derives none (:meth:`Plugin.endpoint_names`' default)."""
+    items = section.get(getattr(cls, "endpoints_key", None) or "") or []  # not config: raw
+    return [str(e) for e in items if isinstance(e, (str, int))]
 
 
 def plugin_example(group: str, name: str) -> str | None:

@@ -34,7 +34,7 @@ from gridgate.core.config import (
 )
 from gridgate.core.engine.reload import cut_problem
 from gridgate.core.model import Endpoint, Notification
-from gridgate.core.plugins import CONFIG_GROUPS
+from gridgate.core.plugins import CONFIG_GROUPS, listed_endpoints
 from gridgate.core.weights import weight_errors
 
 #: Settings read once, when the director starts: a reload that changes them says so.
@@ -145,12 +145,8 @@ def availability_problems(
         names = section.get(endpoints_key)
         if not isinstance(weights, Mapping) or not weights or not isinstance(names, list):
             continue
-        derive = getattr(cls, "endpoint_names", None)
-        listed = (
-            derive(section)
-            if callable(derive)
-            else [str(e) for e in names if isinstance(e, (str, int))]
-        )
+        names_of = getattr(cls, "endpoint_names", None)  # a class that is no Plugin: the list
+        listed = names_of(section) if callable(names_of) else listed_endpoints(cls, section)
         endpoints = [Endpoint(str(name), e) for e in listed]
         for message in weight_errors(weights, endpoints):
             problems.append((("backends", name, "weights"), f"backend {name!r}: {message}"))

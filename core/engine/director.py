@@ -303,11 +303,7 @@ class Director:
             if callable(pending):
                 outbox[name.split(":", 1)[-1]] = len(pending())
         try:
-            failing = {
-                row["server"]: (row["kind"], row["episode_start"])
-                for row in self.failing.view()
-                if row["status"] == "failing"  # local faults: this machine, no endpoint
-            }
+            failing = self.failing.failing_episodes()
         except StateError as exc:
             logger.debug("failing cache not read for the metrics: {}", exc)
             failing = {}

@@ -445,12 +445,9 @@ class Intents:
             if statuses:
                 adopted += self._adopt(registry, endpoint, record, statuses, now)
                 continue
-            # since when the CE has been answering without its jobs: one that stops answering
-            # may be restarting, and one just back may not list its jobs at once
-            if answer is not None and answer.ok:
-                since = self._answering.setdefault(record.name, now)
-            else:
-                since = self._answering.pop(record.name, now)
+            if answer is None or not answer.ok:
+                # a CE that stops answering may be restarting: its clock starts anew
+                self._answering.pop(record.name, None)
             if answer is None:
                 if now - record.started < give_up_after:
                     continue
@@ -468,7 +465,9 @@ class Intents:
                     f"({answer.message or 'no answer'})"
                 )
             else:
-                # reconcile_for counts from the CE's first answer that lacks them
+                # reconcile_for counts from the CE's first answer that lacks them (one just
+                # back from a restart may not list its jobs at once)
+                since = self._answering.setdefault(record.name, now)
                 if now - max(record.started, since) < give_up_after:
                     continue
                 why = f"the CE has held none of its jobs for {now - since:.0f} s"

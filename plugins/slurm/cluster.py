@@ -642,14 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.action == "down":
         if conf.exists() and _pids(folder.resolve()):
-            # the full tear-down: every user's jobs go too (root's scancel of the ids squeue
-            # lists, as the tests' cluster does)
-            env = {**os.environ, "SLURM_CONF": str(conf)}
-            listed = run(["squeue", "-h", "-o", "%A"], 30.0, env=env)
-            ids = sorted(set(listed.stdout.split())) if listed.ok else []
-            cancelled = run(["scancel", *ids], 30.0, env=env) if ids else listed
-            if not cancelled.ok:
-                print(f"slurm: its jobs not cancelled: {cancelled.describe()}", file=sys.stderr)
+            # the full tear-down: every user's jobs go too, as the tests' cluster does it
+            SlurmCluster(folder, watchdog=False).cancel_all(wait=0)
         down(folder)
         if args.remove:
             shutil.rmtree(folder, ignore_errors=True)
