@@ -194,7 +194,8 @@ def test_a_credential_past_its_end_fires_unusable_alone_and_resolves_when_renewe
         prom = prometheus_factory({"gridgate-director": site.port})
         (alert,) = wait_for("unusable", lambda: firing(prom, "GridgateCredentialUnusable"))
         assert alert["labels"]["path"] == str(site.token), alert
-        time.sleep(3)  # more evaluations: "ending soon" never joins it past the end
+        # three more iterations seen and evaluated: "ending soon" never joins it past the end
+        prom.wait_seen("max(gridgate_iteration_duration_seconds_count)", 3)
         assert alerts(prom) == {"GridgateCredentialUnusable"}
         site.write_token(3600)  # renewed by hand
         assert until(lambda: not alerts(prom), timeout=90, pause=0.5), prom.firing()

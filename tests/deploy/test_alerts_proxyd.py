@@ -5,34 +5,21 @@ cluster). Each fires when its condition holds, alone, and resolves when it ends.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from typing import Any
 
 from support.holders import holders, stop
+from support.lsfproxyd import system_tool
 from support.polling import until
 from support.prometheus import firing, wait_for
 from support.uids import AS_NOBODY, as_user, real_user
 
 from gridgate.core.devkit.services import free_port
-from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
-
-
-def status(daemon: Any) -> dict[str, Any]:
-    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
-        [reply] = client.admin("status")
-    return reply.reply["status"]
 
 
 def alerts(prom: Any) -> set[str]:
     return {a["labels"]["alertname"] for a in prom.firing()}
-
-
-def real(tool: str) -> str:
-    found = shutil.which(tool, path="/usr/bin:/bin")
-    assert found, f"{tool} is not installed"
-    return found
 
 
 def test_a_category_held_at_its_adaptive_low_fires_its_alert_and_resolves(
@@ -74,7 +61,7 @@ def test_a_category_held_at_its_adaptive_low_fires_its_alert_and_resolves(
     try:
         assert until(
             lambda: not firing(prom, "GridgateTokenDaemonAdaptiveAtLow"), timeout=120, pause=0.5
-        ), status(daemon)["adaptive"]
+        ), daemon.status()["adaptive"]
         assert prom.firing() == []
     finally:
         stop(fast)
@@ -90,14 +77,17 @@ def test_a_user_going_around_the_gate_fires_the_bypass_alert_and_it_resolves(
             "bypass": {
                 "scheduler": "slurm",
                 "scheduler_options": {
-                    "commands": {"sdiag": real("sdiag"), "scontrol": real("scontrol")},
+                    "commands": {
+                        "sdiag": system_tool("sdiag"),
+                        "scontrol": system_tool("scontrol"),
+                    },
                     "env": dict(slurm.env),
                 },
                 "audit": {"interval": 1, "tolerance": 3},
             },
         }
     )
-    assert until(lambda: status(daemon)["bypass"]["windows"] >= 1, timeout=30), daemon.log()
+    assert until(lambda: daemon.status()["bypass"]["windows"] >= 1, timeout=30), daemon.log()
     prom = prometheus_factory({"gridgate-proxyd": port})
     with real_user("ggby") as rogue:
         going = {"on": True}
@@ -105,7 +95,7 @@ def test_a_user_going_around_the_gate_fires_the_bypass_alert_and_it_resolves(
         def around() -> list[dict[str, Any]]:
             if going["on"]:  # squeue straight to the controller, no token: the bypass
                 done = subprocess.run(
-                    [*as_user(rogue), real("squeue"), "-h"],
+                    [*as_user(rogue), system_tool("squeue"), "-h"],
                     capture_output=True,
                     text=True,
                     timeout=120,
@@ -120,7 +110,7 @@ def test_a_user_going_around_the_gate_fires_the_bypass_alert_and_it_resolves(
         assert alert["annotations"]["summary"].startswith(f"user {rogue} made ")
         assert {a["labels"]["alertname"] for a in prom.firing()} == {"GridgateSchedulerBypassed"}
         going["on"] = False  # clean windows: the user leaves the gauge, the alert resolves
-        assert until(lambda: not around(), timeout=120, pause=0.5), status(daemon)["bypass"]
+        assert until(lambda: not around(), timeout=120, pause=0.5), daemon.status()["bypass"]
         assert prom.firing() == []
 
 

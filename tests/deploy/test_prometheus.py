@@ -235,7 +235,8 @@ def test_a_ce_down_fires_the_endpoint_alert_on_a_real_prometheus_and_it_resolves
         assert alert["labels"]["cause"] == "failing", alert
         summary = alert["annotations"]["summary"]
         assert summary.startswith("wms_glite/wms02.example.org out of rotation (failing) for ")
-        time.sleep(8)  # several expiries of the failing cache, each try failing again
+        # several expiries of the failing cache, each try failing again, seen and evaluated
+        prom.wait_seen('sum(gridgate_failures_total{endpoint="wms02.example.org"})', 3)
         assert {a["labels"]["alertname"] for a in prom.firing()} == {"GridgateEndpointFailing"}
         outage("healthy")
         wait_for("the alert resolved", lambda: not endpoint_alerts(), deadline=90)

@@ -32,6 +32,7 @@ __all__ = [
     "sockdir",
     "start_daemon",
     "system_bin",
+    "system_tool",
 ]
 
 PYTHON = sys.executable
@@ -65,6 +66,15 @@ class Daemon:
 
     def log(self) -> str:
         return self.stderr.read_text(encoding="utf-8", errors="replace")
+
+    def status(self) -> dict:
+        """The daemon's ``status`` admin answer."""
+        from gridgate.plugins.lsf_proxy.client.client import Daemon as Endpoint
+        from gridgate.plugins.lsf_proxy.client.client import ProxyClient
+
+        with ProxyClient([Endpoint("proxyd", self.socket)]) as client:
+            [reply] = client.admin("status")
+        return reply.reply["status"]
 
 
 @pytest.fixture
@@ -144,14 +154,19 @@ def py_as():
     return run
 
 
+def system_tool(tool: str) -> str:
+    """The system's own ``tool`` (from /usr/bin or /bin, never what PATH may put first)."""
+    found = shutil.which(tool, path="/usr/bin:/bin")
+    assert found, f"{tool} is not installed"
+    return found
+
+
 def system_bin(folder: Path, *tools: str) -> Path:
     """A folder of links to just ``tools`` from the system's folders: a PATH that holds what
     the test needs and nothing else the machine may have (Grid Engine's qstat, LSF's bjobs)."""
     folder.mkdir(mode=0o755)
     for tool in tools:
-        found = shutil.which(tool, path="/usr/bin:/bin")
-        assert found, f"{tool} is not installed"
-        (folder / tool).symlink_to(found)
+        (folder / tool).symlink_to(system_tool(tool))
     return folder
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import urllib.parse
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,23 @@ class Prometheus:
         alerts = self.get("/api/v1/alerts")["data"]["alerts"]
         return [a for a in alerts if a["state"] == "firing"]
 
+    def value(self, query: str) -> float:
+        """What ``query`` sums to now (0 when it has no series)."""
+        result = self.get("/api/v1/query", query=query)["data"]["result"]
+        return sum(float(r["value"][1]) for r in result)
+
+    def wait_seen(self, query: str, more: float, deadline: float = 120) -> None:
+        """Until ``query`` has grown by ``more`` from now, and every rule group has been
+        evaluated on what was scraped by then: events Prometheus saw, not a pause."""
+        start = self.value(query)
+        wait_for(f"{query} up by {more:g}", lambda: self.value(query) >= start + more, deadline)
+        seen = time.time()
+        wait_for("the rules evaluated on it", lambda: self._evaluated_after(seen), deadline)
+
+    def _evaluated_after(self, moment: float) -> bool:
+        groups = self.get("/api/v1/rules")["data"]["groups"]
+        return bool(groups) and all(_rfc3339(g["lastEvaluation"]) > moment for g in groups)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -122,3 +141,10 @@ def prometheus_factory(tmp_path: Path):
 def firing(prom: Prometheus, name: str) -> list[dict[str, Any]]:
     """The alerts named ``name`` firing now."""
     return [a for a in prom.firing() if a["labels"]["alertname"] == name]
+
+
+def _rfc3339(text: str) -> float:
+    """Unix time of Prometheus's ``2026-12-06T07:30:00.123456789Z`` (nanoseconds cut)."""
+    whole, _, rest = text.rstrip("Z").partition(".")
+    fraction = float(f"0.{rest[:6]}") if rest else 0.0
+    return datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp() + fraction

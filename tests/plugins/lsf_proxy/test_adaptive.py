@@ -150,12 +150,6 @@ def test_min_above_max_is_named() -> None:
     assert problems == [(("adaptive", "query", "min"), "min (9) must not exceed max (4)")]
 
 
-def status(daemon) -> dict:
-    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
-        [reply] = client.admin("status")
-    return reply.reply["status"]
-
-
 SQUEUE = shutil.which("squeue", path="/usr/bin:/bin")
 
 
@@ -175,7 +169,7 @@ def adaptive_daemon(start_daemon, slurm, policies: str, **query):
 def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daemon) -> None:
     target_ms = 0.001  # any RPC takes longer than 1 us: the controller is "slow"
     daemon = adaptive_daemon(start_daemon, slurm, "QUERY[max=16 nominal=8]", target_ms=target_ms)
-    assert status(daemon)["categories"]["query"]["token_limit"] == 12, "the adaptive max"
+    assert daemon.status()["categories"]["query"]["token_limit"] == 12, "the adaptive max"
     done = threading.Event()
 
     def load() -> None:
@@ -185,13 +179,13 @@ def test_a_slow_controller_lowers_the_daemons_query_max_to_min(slurm, start_daem
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
     try:
-        assert until(lambda: status(daemon)["adaptive"]["query"]["limit"] == 2, timeout=60), status(
-            daemon
-        )["adaptive"]
+        assert until(lambda: daemon.status()["adaptive"]["query"]["limit"] == 2, timeout=60), (
+            daemon.status()["adaptive"]
+        )
     finally:
         done.set()
         worker.join(60)
-    seen = status(daemon)
+    seen = daemon.status()
     assert seen["categories"]["query"]["token_limit"] == 2
     assert seen["categories"]["query"]["nominal"] == 2
     assert seen["adaptive"]["query"]["user_max"] == 1, "one of the 2 kept for a newcomer"
@@ -216,7 +210,7 @@ def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
     )
 
     def limit() -> int:
-        return status(daemon)["adaptive"]["query"]["limit"]
+        return daemon.status()["adaptive"]["query"]["limit"]
 
     def flood(stop: threading.Event) -> None:
         while not stop.is_set():
@@ -227,7 +221,7 @@ def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
     for worker in workers:
         worker.start()
     try:
-        assert until(lambda: limit() <= 4, timeout=90), status(daemon)["adaptive"]
+        assert until(lambda: limit() <= 4, timeout=90), daemon.status()["adaptive"]
     finally:
         heavy.set()
         for worker in workers:
@@ -238,12 +232,12 @@ def test_the_max_goes_down_under_load_and_up_after_it_within_min_and_max(
     one = threading.Thread(target=flood, args=(light,), daemon=True)  # one caller at a time
     one.start()
     try:
-        assert until(lambda: limit() >= low + 3, timeout=90), status(daemon)["adaptive"]
+        assert until(lambda: limit() >= low + 3, timeout=90), daemon.status()["adaptive"]
         assert until(lambda: limit() == 12, timeout=90), "back to max, never above it"
     finally:
         light.set()
         one.join(60)
-    decisions = status(daemon)["adaptive"]["query"]["decisions"]
+    decisions = daemon.status()["adaptive"]["query"]["decisions"]
     assert all(d["after"] <= 12 for d in decisions)
     assert "server threads" in daemon.log() and "within the target" in daemon.log()
 
@@ -280,12 +274,12 @@ def test_the_tokens_own_hold_times_lower_the_max_and_raise_it_keeping_a_newcomer
     )
 
     def adaptive() -> dict:
-        return status(daemon)["adaptive"]["query"]
+        return daemon.status()["adaptive"]["query"]
 
     slow = holders(daemon.socket, 6, 0.4)  # every command holds its token 400 ms
     try:
         assert until(lambda: adaptive()["limit"] == 2, timeout=60), adaptive()
-        seen = status(daemon)
+        seen = daemon.status()
         assert seen["categories"]["query"]["token_limit"] == 2
         assert seen["adaptive"]["query"]["user_max"] == 1
         last = seen["adaptive"]["query"]["last"]
@@ -296,7 +290,7 @@ def test_the_tokens_own_hold_times_lower_the_max_and_raise_it_keeping_a_newcomer
         assert any(line.startswith(prefix) for line in lines), lines
         # nobody floods at its cap of 1 (once the tokens it held over the new max came back:
         # a cut takes no token back); another user finds the reserved token free
-        assert until(lambda: status(daemon)["categories"]["query"]["in_use"] == 1, timeout=30)
+        assert until(lambda: daemon.status()["categories"]["query"]["in_use"] == 1, timeout=30)
         other = subprocess.run(
             [*as_user("daemon"), sys.executable, "-c", ONE, daemon.socket],
             capture_output=True,

@@ -6,14 +6,13 @@ deny_partition, each undone after ``for``) is checked with real commands."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from support.lsfproxyd import install_shims
+from support.lsfproxyd import install_shims, system_tool
 from support.polling import until
 from support.uids import as_user, real_user
 
@@ -23,18 +22,6 @@ from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 SLURM_TOOLS = ("squeue", "sbatch", "sinfo", "scontrol", "sdiag")
 
 
-def real(tool: str) -> str:
-    found = shutil.which(tool, path="/usr/bin:/bin")
-    assert found, f"{tool} is not installed"
-    return found
-
-
-def status(daemon) -> dict:
-    with ProxyClient([Daemon("proxyd", daemon.socket)]) as client:
-        [reply] = client.admin("status")
-    return reply.reply["status"]
-
-
 def start(start_daemon, sockdir: Path, slurm, extra: dict | None = None, name: str = "", **bypass):
     section = {
         "diagnose": True,
@@ -42,7 +29,7 @@ def start(start_daemon, sockdir: Path, slurm, extra: dict | None = None, name: s
         "bypass": {
             "scheduler": "slurm",
             "scheduler_options": {
-                "commands": {"sdiag": real("sdiag"), "scontrol": real("scontrol")},
+                "commands": {"sdiag": system_tool("sdiag"), "scontrol": system_tool("scontrol")},
                 "env": dict(slurm.env),
             },
             "audit": {"interval": 1, "tolerance": 3},
@@ -51,7 +38,7 @@ def start(start_daemon, sockdir: Path, slurm, extra: dict | None = None, name: s
     }
     daemon = start_daemon(section, name=name, extra=extra)
     # the first reading is the baseline; one judged window shows the audit runs
-    assert until(lambda: status(daemon)["bypass"]["windows"] >= 1, timeout=30), daemon.log()
+    assert until(lambda: daemon.status()["bypass"]["windows"] >= 1, timeout=30), daemon.log()
     return daemon
 
 
@@ -64,7 +51,7 @@ def run_as(user: str, argv: list[str], env: dict) -> subprocess.CompletedProcess
 def squeue_loop(user: str, slurm, times: int) -> None:
     """``squeue`` straight to the controller, no token: the bypass."""
     for _ in range(times):
-        done = run_as(user, [real("squeue"), "-h"], slurm.client_env())
+        done = run_as(user, [system_tool("squeue"), "-h"], slurm.client_env())
         assert done.returncode == 0, done.stderr
 
 
@@ -82,8 +69,8 @@ def test_a_gated_user_is_never_reported_and_one_who_went_around_is(
         assert until(lambda: f"proxyd.bypass: {rogue} made" in daemon.log(), timeout=30), (
             daemon.log()
         )
-        windows = status(daemon)["bypass"]["windows"]
-        assert until(lambda: status(daemon)["bypass"]["windows"] >= windows + 2, timeout=30)
+        windows = daemon.status()["bypass"]["windows"]
+        assert until(lambda: daemon.status()["bypass"]["windows"] >= windows + 2, timeout=30)
         log = daemon.log()
         assert f"proxyd.bypass: {gated} made" not in log, log
         assert f"{rogue} blocked" not in log, "report only reports"
@@ -103,13 +90,13 @@ def test_block_stops_the_bypassers_gated_calls_for_a_while(
     with real_user("ggbk") as rogue:
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
         squeue_loop(rogue, slurm, 40)
-        assert until(lambda: rogue in status(daemon)["bypass"]["acting"], timeout=30), daemon.log()
+        assert until(lambda: rogue in daemon.status()["bypass"]["acting"], timeout=30), daemon.log()
         refused = run_as(rogue, ["squeue", "-h"], env)
         assert refused.returncode == 75, refused.stderr
         assert f"{rogue} blocked for 4 s" in daemon.log()
         # told who, why and until when (issue 40 item 11), not "the administrator"
         until_text = time.strftime(
-            "%a %b %d %H:%M:%S", time.localtime(status(daemon)["bypass"]["acting"][rogue]["until"])
+            "%a %b %d %H:%M:%S", time.localtime(daemon.status()["bypass"]["acting"][rogue]["until"])
         )
         assert (
             f"request blocked by the bypass audit until {until_text}: user {rogue}'s scheduler "
@@ -122,7 +109,7 @@ def test_block_stops_the_bypassers_gated_calls_for_a_while(
         assert audit.startswith("  BYPASS_AUDIT: slurm every 1 s, action block, "), audit
         assert f"; acting on: {rogue} (block until " in audit, audit
         # `for` passed: off the blocklist again, by the audit itself
-        assert until(lambda: not status(daemon)["bypass"]["acting"], timeout=30)
+        assert until(lambda: not daemon.status()["bypass"]["acting"], timeout=30)
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
         assert f"{rogue} unblocked" in daemon.log()
 
@@ -131,19 +118,19 @@ def test_deny_partition_makes_slurmctld_refuse_the_bypassers_jobs_until_for_pass
     slurm, start_daemon, sockdir
 ) -> None:
     daemon = start(start_daemon, sockdir, slurm, action="deny_partition", **{"for": 5})
-    sbatch = [real("sbatch"), "-p", "batch", "-o", "/dev/null", "--wrap", "true"]
+    sbatch = [system_tool("sbatch"), "-p", "batch", "-o", "/dev/null", "--wrap", "true"]
     try:
         with real_user("ggdp") as rogue:
             # a list: a partition open to ALL is left as it is (docs/proxyd-limits.md)
             slurm.scontrol("update", "PartitionName=batch", f"AllowGroups={rogue},root")
             squeue_loop(rogue, slurm, 40)
-            assert until(lambda: rogue in status(daemon)["bypass"]["acting"], timeout=30), (
+            assert until(lambda: rogue in daemon.status()["bypass"]["acting"], timeout=30), (
                 daemon.log()
             )
             refused = run_as(rogue, sbatch, slurm.client_env())
             assert refused.returncode != 0
             assert "not permitted to use this partition" in refused.stderr
-            assert until(lambda: not status(daemon)["bypass"]["acting"], timeout=30)
+            assert until(lambda: not daemon.status()["bypass"]["acting"], timeout=30)
             again = run_as(rogue, sbatch, slurm.client_env())
             assert again.returncode == 0, again.stderr
             assert "put back in AllowGroups" in daemon.log()
@@ -170,8 +157,8 @@ def test_a_denial_refused_by_one_partition_leaves_none_narrowed(
             assert "debug put back" in daemon.log()
             shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
             assert f" AllowGroups={rogue},root " in f" {shown} ", "debug put back, exactly"
-            assert not status(daemon)["bypass"]["acting"]
-            sbatch = [real("sbatch"), "-p", "debug", "-o", "/dev/null", "--wrap", "true"]
+            assert not daemon.status()["bypass"]["acting"]
+            sbatch = [system_tool("sbatch"), "-p", "debug", "-o", "/dev/null", "--wrap", "true"]
             assert run_as(rogue, sbatch, slurm.client_env()).returncode == 0
     finally:
         for partition in slurm.partitions:
@@ -186,13 +173,13 @@ def test_a_block_an_older_version_kept_in_its_file_is_lifted_at_its_time(
         (sockdir / "bypass.pa.json").write_text(json.dumps(old))
         daemon = start(start_daemon, sockdir, slurm, name="pa", action="block", **{"for": 8})
         assert not (sockdir / "bypass.pa.json").exists(), "read once, into the journal"
-        assert status(daemon)["bypass"]["acting"][rogue]["action"] == "block"
+        assert daemon.status()["bypass"]["acting"][rogue]["action"] == "block"
         # the block itself, as the older version left it on the blocklist
         assert cli("block", "-u", rogue, "--socket", daemon.socket).returncode == 0
         path, _, _ = install_shims(gridgate_exe, sockdir, daemon, *SLURM_TOOLS)
         env = {"PATH": path, **slurm.env}
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 75
-        assert until(lambda: not status(daemon)["bypass"]["acting"], timeout=30), daemon.log()
+        assert until(lambda: not daemon.status()["bypass"]["acting"], timeout=30), daemon.log()
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
         assert f"proxyd.bypass: {rogue} unblocked" in daemon.log()
 
@@ -201,15 +188,15 @@ def test_a_controller_restart_starts_a_new_baseline_and_holds_no_one(
     slurm, start_daemon, sockdir
 ) -> None:
     daemon = start(start_daemon, sockdir, slurm)
-    before = status(daemon)["bypass"]["baselines"]
+    before = daemon.status()["bypass"]["baselines"]
     slurm.stop_controller()
     try:
-        assert until(lambda: status(daemon)["bypass"]["problem"], timeout=30)
+        assert until(lambda: daemon.status()["bypass"]["problem"], timeout=30)
         assert "cannot read slurm's counters" in daemon.log()
     finally:
         slurm.start_controller()
-    assert until(lambda: status(daemon)["bypass"]["baselines"] > before, timeout=60), daemon.log()
-    assert not status(daemon)["bypass"]["problem"]
+    assert until(lambda: daemon.status()["bypass"]["baselines"] > before, timeout=60), daemon.log()
+    assert not daemon.status()["bypass"]["problem"]
     assert "made" not in "".join(
         line for line in daemon.log().splitlines() if "proxyd.bypass:" in line
     )
@@ -231,7 +218,7 @@ def test_diagnose_bypass_logs_each_request_with_whether_it_held_a_token(
         with real_user("ggdg") as gated, real_user("ggdr") as rogue:
             on = cli("diagnose", "on", "-c", "bypass", "-t", "0.2", "--socket", daemon.socket)
             assert on.returncode == 0 and "bypass diagnosis ON" in on.stdout, on.stderr
-            assert until(lambda: status(daemon)["bypass"]["trace"]["on"], timeout=30)
+            assert until(lambda: daemon.status()["bypass"]["trace"]["on"], timeout=30)
             assert "Protocol" in debug_flags(slurm)
             for _ in range(3):
                 assert run_as(gated, ["squeue", "-h"], gated_env).returncode == 0
@@ -246,9 +233,9 @@ def test_diagnose_bypass_logs_each_request_with_whether_it_held_a_token(
             assert {r[5] for r in lines(rogue)} == {"0"}, "went around: held no token"
             assert {r[5] for r in lines(gated)} == {"1"}, "each while its token was held"
             assert {r[1] for r in lines(rogue)} >= {"REQUEST_JOB_INFO"}
-            assert status(daemon)["bypass"]["trace"]["without_token"] >= 6
+            assert daemon.status()["bypass"]["trace"]["without_token"] >= 6
             # the window (12 s) ends by itself and the controller's flags are as before
-            assert until(lambda: not status(daemon)["bypass"]["trace"]["on"], timeout=60)
+            assert until(lambda: not daemon.status()["bypass"]["trace"]["on"], timeout=60)
             assert "Protocol" not in debug_flags(slurm)
             assert "request trace off" in daemon.log()
         refused = cli("diagnose", "on", "-c", "bypass", "-t", "90", "--socket", daemon.socket)
@@ -269,7 +256,7 @@ def test_a_trace_a_killed_daemon_left_on_is_ended_when_it_starts_again(
     daemon = start(start_daemon, sockdir, slurm)
     try:
         assert cli("diagnose", "on", "-c", "bypass", "--socket", daemon.socket).returncode == 0
-        assert until(lambda: status(daemon)["bypass"]["trace"]["on"], timeout=30)
+        assert until(lambda: daemon.status()["bypass"]["trace"]["on"], timeout=30)
         daemon.stop(signal.SIGKILL)
         assert "Protocol" in debug_flags(slurm), "nobody switched it back"
         again = start(start_daemon, sockdir, slurm)
@@ -286,7 +273,7 @@ def test_a_trace_whose_end_failed_is_ended_at_a_later_audit(
     try:
         on = cli("diagnose", "on", "-c", "bypass", "-t", "0.1", "--socket", daemon.socket)
         assert on.returncode == 0, on.stderr
-        assert until(lambda: status(daemon)["bypass"]["trace"]["on"], timeout=30)
+        assert until(lambda: daemon.status()["bypass"]["trace"]["on"], timeout=30)
         slurm.stop_controller()  # the window (6 s) ends while nobody can switch it off
         try:
             assert until(lambda: "could not be switched off" in daemon.log(), timeout=60), (
@@ -296,7 +283,7 @@ def test_a_trace_whose_end_failed_is_ended_at_a_later_audit(
             slurm.start_controller()
         assert until(lambda: "request trace off at last" in daemon.log(), timeout=60), daemon.log()
         assert "Protocol" not in debug_flags(slurm)
-        assert not status(daemon)["bypass"]["trace"]["problem"]
+        assert not daemon.status()["bypass"]["trace"]["problem"]
     finally:
         slurm.scontrol("setdebugflags", "-protocol")
 
@@ -321,7 +308,7 @@ def test_a_user_who_keeps_going_around_the_gate_is_mailed_once(
 
         def loop() -> None:  # several windows in a row, as a cron job's loop would
             while not stop.is_set():
-                run_as(rogue, [real("squeue"), "-h"], slurm.client_env())
+                run_as(rogue, [system_tool("squeue"), "-h"], slurm.client_env())
 
         worker = threading.Thread(target=loop, daemon=True)
         worker.start()
@@ -332,8 +319,8 @@ def test_a_user_who_keeps_going_around_the_gate_is_mailed_once(
             stop.set()
             worker.join(60)
         # more windows: still one mail for the run of windows
-        windows = status(daemon)["bypass"]["windows"]
-        assert until(lambda: status(daemon)["bypass"]["windows"] >= windows + 3, timeout=30)
+        windows = daemon.status()["bypass"]["windows"]
+        assert until(lambda: daemon.status()["bypass"]["windows"] >= windows + 3, timeout=30)
     [mail] = smtp_server.handler.messages
     text = mail.message.as_string()
     assert mail.rcpt_tos == ("batch-admins@example.org",)
@@ -354,14 +341,17 @@ def two_daemons(start_daemon, sockdir: Path, slurm, **bypass):
         "heartbeat_interval": 1,
         "bypass": {
             "scheduler": "slurm",
-            "scheduler_options": {"commands": {"sdiag": real("sdiag")}, "env": dict(slurm.env)},
+            "scheduler_options": {
+                "commands": {"sdiag": system_tool("sdiag")},
+                "env": dict(slurm.env),
+            },
             "audit": {"interval": 1, "tolerance": 3},
             **bypass,
         },
     }
     pa = start_daemon(section, name="pa", config_name="site.yaml")
     pb = start_daemon(section, name="pb", config_name="site.yaml")
-    assert until(lambda: status(pa)["bypass"]["windows"] >= 2, timeout=60), pa.log()
+    assert until(lambda: pa.status()["bypass"]["windows"] >= 2, timeout=60), pa.log()
     return pa, pb
 
 
@@ -369,7 +359,7 @@ def test_several_daemons_audit_once_with_every_daemons_grants(
     slurm, start_daemon, sockdir, gridgate_exe
 ) -> None:
     pa, pb = two_daemons(start_daemon, sockdir, slurm)
-    assert "audited by pa" in status(pb)["bypass"]["skipped"]
+    assert "audited by pa" in pb.status()["bypass"]["skipped"]
     # the gated user's tokens come from pb only: pa must count them
     path, _, _ = install_shims(gridgate_exe, sockdir, pb, *SLURM_TOOLS)
     with real_user("ggpg") as gated, real_user("ggpr") as rogue:
@@ -378,8 +368,8 @@ def test_several_daemons_audit_once_with_every_daemons_grants(
             assert done.returncode == 0, done.stderr
         squeue_loop(rogue, slurm, 40)
         assert until(lambda: f"proxyd.bypass: {rogue} made" in pa.log(), timeout=60), pa.log()
-        windows = status(pa)["bypass"]["windows"]
-        assert until(lambda: status(pa)["bypass"]["windows"] >= windows + 2, timeout=60)
+        windows = pa.status()["bypass"]["windows"]
+        assert until(lambda: pa.status()["bypass"]["windows"] >= windows + 2, timeout=60)
         assert f"proxyd.bypass: {gated} made" not in pa.log(), pa.log()
         assert "proxyd.bypass:" not in "".join(
             ln for ln in pb.log().splitlines() if " made " in ln
@@ -396,16 +386,16 @@ def test_a_block_of_the_auditor_reaches_every_daemon_of_the_service_and_ends_the
     with real_user("ggsb") as rogue:
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
         squeue_loop(rogue, slurm, 40)
-        assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
-        assert until(lambda: rogue in status(pb)["bypass"]["acting"], timeout=30), pb.log()
-        assert status(pb)["bypass"]["acting"][rogue]["from"] == "pa"
+        assert until(lambda: rogue in pa.status()["bypass"]["acting"], timeout=60), pa.log()
+        assert until(lambda: rogue in pb.status()["bypass"]["acting"], timeout=30), pb.log()
+        assert pb.status()["bypass"]["acting"][rogue]["from"] == "pa"
         refused = run_as(rogue, ["squeue", "-h"], env)
         assert refused.returncode == 75, refused.stderr
         assert f"proxyd.bypass: {rogue} blocked for " in pb.log()
         assert ", as pa's audit blocked it" in pb.log()
         # `for` passed: each daemon lifts the block itself
-        assert until(lambda: not status(pb)["bypass"]["acting"], timeout=40), pb.log()
-        assert until(lambda: not status(pa)["bypass"]["acting"], timeout=30), pa.log()
+        assert until(lambda: not pb.status()["bypass"]["acting"], timeout=40), pb.log()
+        assert until(lambda: not pa.status()["bypass"]["acting"], timeout=30), pa.log()
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
         assert f"proxyd.bypass: {rogue} unblocked" in pb.log()
 
@@ -421,10 +411,10 @@ def test_an_operators_block_is_left_to_the_operator(
         assert done.returncode == 0, done.stderr
         squeue_loop(rogue, slurm, 40)
         assert until(lambda: f"proxyd.bypass: {rogue} made" in daemon.log(), timeout=30)
-        windows = status(daemon)["bypass"]["windows"]
+        windows = daemon.status()["bypass"]["windows"]
         # more than `for` later: the audit neither took the block over nor lifted it
-        assert until(lambda: status(daemon)["bypass"]["windows"] >= windows + 4, timeout=30)
-        assert rogue not in status(daemon)["bypass"]["acting"]
+        assert until(lambda: daemon.status()["bypass"]["windows"] >= windows + 4, timeout=30)
+        assert rogue not in daemon.status()["bypass"]["acting"]
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 75
         assert f"{rogue} unblocked" not in daemon.log()
 
@@ -452,7 +442,10 @@ def test_a_denial_made_by_one_daemon_is_put_back_by_another_on_the_shared_store(
                 "bypass": {
                     "scheduler": "slurm",
                     "scheduler_options": {
-                        "commands": {"sdiag": real("sdiag"), "scontrol": real("scontrol")},
+                        "commands": {
+                            "sdiag": system_tool("sdiag"),
+                            "scontrol": system_tool("scontrol"),
+                        },
                         "env": dict(slurm.env),
                     },
                     "audit": {"interval": 1, "tolerance": 3},
@@ -465,13 +458,13 @@ def test_a_denial_made_by_one_daemon_is_put_back_by_another_on_the_shared_store(
                 slurm.scontrol("update", f"PartitionName={partition}", f"AllowGroups={rogue},root")
             pa = start_daemon(section, name="pa", config_name="site.yaml", extra=extra)
             pb = start_daemon(section, name="pb", config_name="site.yaml", extra=extra)
-            assert until(lambda: status(pa)["bypass"]["windows"] >= 2, timeout=60), pa.log()
+            assert until(lambda: pa.status()["bypass"]["windows"] >= 2, timeout=60), pa.log()
             squeue_loop(rogue, slurm, 40)
-            assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
+            assert until(lambda: rogue in pa.status()["bypass"]["acting"], timeout=60), pa.log()
             shown = slurm.scontrol("-o", "show", "partition", "debug").stdout
             assert " AllowGroups=root " in f" {shown} ", "denied"
             pa.stop(signal.SIGKILL)  # the auditor dies while the denial is in force
-            assert until(lambda: not status(pb)["bypass"]["acting"], timeout=60), pb.log()
+            assert until(lambda: not pb.status()["bypass"]["acting"], timeout=60), pb.log()
             for partition in slurm.partitions:
                 shown = slurm.scontrol("-o", "show", "partition", partition).stdout
                 assert f" AllowGroups={rogue},root " in f" {shown} ", (partition, shown, pb.log())
@@ -496,12 +489,12 @@ def test_the_audits_undo_leaves_an_operators_block_in_its_place(
     pa, pb = two_daemons(start_daemon, sockdir, slurm, action="block", **{"for": 8})
     with real_user("ggop") as rogue:
         squeue_loop(rogue, slurm, 40)
-        assert until(lambda: rogue in status(pa)["bypass"]["acting"], timeout=60), pa.log()
-        assert until(lambda: rogue in status(pb)["bypass"]["acting"], timeout=30), pb.log()
+        assert until(lambda: rogue in pa.status()["bypass"]["acting"], timeout=60), pa.log()
+        assert until(lambda: rogue in pb.status()["bypass"]["acting"], timeout=30), pb.log()
         for daemon in (pa, pb):  # the operator's own block, over the audit's
             done = cli("block", "-u", rogue, "--socket", daemon.socket)
             assert done.returncode == 0, done.stderr
-        assert until(lambda: not status(pa)["bypass"]["acting"], timeout=40), pa.log()
-        assert until(lambda: not status(pb)["bypass"]["acting"], timeout=40), pb.log()
+        assert until(lambda: not pa.status()["bypass"]["acting"], timeout=40), pa.log()
+        assert until(lambda: not pb.status()["bypass"]["acting"], timeout=40), pb.log()
         assert rogue in blocked_users(pa) and rogue in blocked_users(pb)
         assert f"{rogue} unblocked" not in pa.log() + pb.log()
