@@ -308,7 +308,6 @@ class CredentialPlugin(Plugin):
         elif renewed:
             assert expires is not None
             message = f"{where} renewed: valid until {_iso(expires)} ({_left(expires - now)} left)"
-            logger.info("{}", message)
         else:
             assert expires is not None
             left = expires - now
@@ -323,7 +322,6 @@ class CredentialPlugin(Plugin):
                     if at_risk
                     else "; tried again at the next iteration"
                 )
-                logger.warning("{}", message)
         return CredentialStatus(
             name=self.name,
             kind=self.kind,

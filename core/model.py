@@ -501,7 +501,9 @@ class Notification:
     ``level`` chooses the destination; ``subject`` and ``body`` are ready to send;
     ``endpoint``, ``failure``, ``command`` and the episode fields are there so a notifier can
     render its own format (a GGUS ticket) instead of re-parsing the body. ``key`` identifies
-    the event for de-duplication.
+    the event for de-duplication. ``logged`` (API 1.10) is True when whoever sent it already
+    wrote the event to the log in its own line (a credential's renewal, a source answering
+    again): the ``log`` notifier does not write it a second time; every other notifier sends it.
     """
 
     level: Level
@@ -514,6 +516,7 @@ class Notification:
     episode_start: float | None = None
     failures_in_episode: int = 0
     key: str = ""
+    logged: bool = False
 
 
 @dataclass(frozen=True)

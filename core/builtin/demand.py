@@ -388,7 +388,8 @@ class QueueDemand(Plugin):
             self._registry_failing = True
             return None
         if self._registry_failing:
-            logger.info("queue demand: the pilot registry answers again")
+            # the store's own line says it answers again (core/engine/resilient.py)
+            logger.debug("queue demand: the pilot registry answers again")
         self._registry_failing = False
         return by_group
 

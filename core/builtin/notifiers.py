@@ -29,7 +29,8 @@ LOG_SCHEMA: dict[str, Any] = {
         "body": {
             "type": "boolean",
             "default": False,
-            "description": "Log the whole body, not just the subject.",
+            "description": "Log the whole body, not just the subject (then also of the "
+            "notifications whose event the director logged in its own line).",
         },
     },
     "additionalProperties": False,
@@ -76,7 +77,11 @@ class FilesSettings(Settings):
 
 
 class LogNotifier(Plugin):
-    """Write every notification to the log: the notifier that needs no server."""
+    """Write every notification to the log: the notifier that needs no server.
+
+    One event, one line: a notification whose sender already logged the event
+    (:attr:`Notification.logged`, a credential renewed, a source answering again) is not
+    written again unless ``body`` asks for the bodies, which the log does not hold yet."""
 
     config_schema: ClassVar[dict[str, Any]] = LOG_SCHEMA
     settings_class = LogSettings
@@ -86,6 +91,8 @@ class LogNotifier(Plugin):
 
     @hookimpl(trylast=True)
     def gridgate_notify(self, notification: Notification) -> None:
+        if notification.logged and not self.settings.body:
+            return
         level = self._LEVELS.get(notification.level, "WARNING")
         if self.settings.body:
             logger.log(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from loguru import logger
 
@@ -76,6 +77,11 @@ class CredentialEpisodes:
                 status.message,
                 ", ".join(_needing(infos, kind)) or "none configured needs it",
             )
+        for status in it.credentials:  # the one line of each credential's news, whoever checked
+            if status.usable and status.renewed:
+                logger.info("{}", status.message)
+            elif status.usable and status.renewal_due:
+                logger.warning("{}", status.message)
         self._keep_statuses(first.values())
         for status in first.values():
             try:
@@ -224,7 +230,20 @@ class CredentialEpisodes:
                         )
                     )
         for note in notes:
-            self.failures.tell(it, note)
+            self.failures.tell(it, self._logged(note, status))
+
+    @staticmethod
+    def _logged(note: Notification, status: CredentialStatus) -> Notification:
+        """``note`` marked as logged when :meth:`check` wrote its event in this iteration's
+        line: the error (unusable), the warning (renewal due), the notice after a renewal. An
+        alarm is news of its own, and a credential that works again without a renewal (a file
+        put back by hand) has no other line."""
+        logged = {
+            "error": True,
+            "warning": status.renewal_due,
+            "info": status.renewed,
+        }.get(note.level, False)
+        return replace(note, logged=logged)
 
 
 def _needing(infos: Mapping[str, BackendInfo], kind: str) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterable
+from dataclasses import replace
 
 from loguru import logger
 
@@ -63,7 +64,8 @@ class DemandEpisodes:
             record = json.dumps({"since": since, "problem": figure.problem})
             if state.add_if_absent(key, record, ttl=window):
                 self._row(figure, "unreadable", now)
-                self.failures.tell(it, compose_demand_source(figure, "error", since, now, host))
+                note = compose_demand_source(figure, "error", since, now, host)
+                self.failures.tell(it, replace(note, logged=True))  # the tracker logged it
             else:
                 state.set(key, state.get(key) or record, ttl=window)  # still on: kept alive
             return
@@ -77,7 +79,8 @@ class DemandEpisodes:
         if state.add_if_absent(f"{DEMAND_SOURCE}note/{scope}/{since:.3f}/back", "1", ttl=window):
             state.delete(key)
             self._row(figure, "available", now)
-            self.failures.tell(it, compose_demand_source(figure, "info", since, now, host))
+            note = compose_demand_source(figure, "info", since, now, host)
+            self.failures.tell(it, replace(note, logged=True))  # "... answers again" is logged
 
     def _row(self, figure: DemandFigure, state: str, now: float) -> None:
         self.runtime.state.append_record(

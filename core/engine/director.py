@@ -172,6 +172,7 @@ class Director:
             body=body,
             created=self.clock.time(),
             key=f"state/{degraded}/{self.clock.time():.0f}",
+            logged=True,  # the store's line says it (core/engine/resilient.py)
         )
         if not self._built:  # the store failed while the notifiers were being built
             self._early_notes.append(note)
@@ -422,6 +423,7 @@ class Director:
                 body=refusal,
                 created=info.started,
                 key=f"config/{info.started:.0f}",
+                logged=True,
             )
             logger.error("config refused, the last good config stays in force:\n{}", refusal)
             self.notify(config_note)

@@ -144,6 +144,7 @@ class StoreEpoch:
                     body=message,
                     created=self.runtime.clock.time(),
                     key=f"store-emptied/{current}",
+                    logged=True,
                 )
             )
         return current

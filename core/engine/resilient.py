@@ -115,7 +115,7 @@ class ResilientState(StateStore):
         message = (
             f"state store answers again after {down_for:.0f} s; {kept} accounting rows written back"
         )
-        logger.warning(message)
+        logger.info(message)  # good news: the failure was the error line
         if self.on_change:
             self.on_change(False, message)
         return True

@@ -93,6 +93,7 @@ class RetiredEndpoints:
             created=now,
             endpoint=endpoint,
             key=f"{RETIRED}{endpoint.key}/{now:.0f}",
+            logged=True,
         )
         logger.warning("{}", note.subject)
         self.failures.tell(it, note)

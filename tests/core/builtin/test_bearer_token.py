@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loguru import logger
 from support.uids import AS_NOBODY
 
 from gridgate.core import hookimpl
@@ -588,3 +589,49 @@ def test_an_expired_token_pauses_only_the_backends_that_need_it_and_blames_no_se
         assert first.credentials[0].usable
     finally:
         director.close()
+
+
+def test_each_credential_event_is_one_log_line_and_every_notifier_but_the_log_still_hears_it(
+    site: Site,
+) -> None:
+    """Issue 42: with the default ``log`` notifier, a renewal after an outage came out as
+    "renewed" and again as "[info] ... works again"; the outage as its error line and again as
+    "[error] ...". The director's line is the one in the log; mail and files still get all."""
+    needs = TokenBackend("arcrest", ("token",))
+    collector = Collector()
+    doc = {
+        "director": {"cycle_seconds": 60, "command_timeout": 20, "ticket_expiry": 120},
+        "demand": {"static": {"arcrest": 1}},
+        "credentials": {"bearer_token": {"path": str(site.token), "renew": site.renew()}},
+    }
+    lines: list[tuple[str, str]] = []
+    sink = logger.add(
+        lambda m: lines.append((m.record["level"].name, m.record["message"])), level="INFO"
+    )
+    director = director_for(doc, needs, collector, clock=site.clock)
+    needs.context = director.context
+    try:
+        site.issue(left=60)  # renewed at the first iteration: one line, no notification
+        director.run_iteration()
+        site.tick(3 * HOUR)
+        site.fail_file.touch()
+        director.run_iteration()  # unusable: the error line; the error goes to the notifiers
+        site.tick(200)
+        director.run_iteration()  # past ticket_expiry: the alarm is news, the log writes it
+        site.fail_file.unlink()
+        site.tick(60)
+        director.run_iteration()  # renewed and works again: one line
+    finally:
+        director.close()
+        logger.remove(sink)
+    token = str(site.token)
+    about = [(level, text) for level, text in lines if token in text]
+    renewed = [text for level, text in about if "renewed" in text and level == "INFO"]
+    assert len(renewed) == 2  # the first iteration's and the recovery's, once each
+    assert [n.level for n in collector.notes] == ["error", "alarm", "info"]
+    assert collector.notes[0].logged and collector.notes[2].logged
+    assert not collector.notes[1].logged
+    by_notifier = [(level, text) for level, text in about if text.startswith("[")]
+    assert by_notifier == [("CRITICAL", f"[alarm] {collector.notes[1].subject}")]
+    errors = [text for level, text in about if level == "ERROR"]
+    assert len(errors) == 2 and all("submit nothing this iteration" in t for t in errors)

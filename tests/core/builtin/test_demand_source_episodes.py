@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from loguru import logger
 from support.director import BACKEND, TrackingBackend
 from support.redis_server import RedisServer
 
@@ -60,6 +61,8 @@ def test_a_source_down_past_keep_last_is_one_error_and_one_notice_when_it_answer
     client.rpush(key, *range(4))
     client.close()
     clock, collector = FakeClock(), Collector()
+    lines: list[str] = []  # what the log shows at INFO and above, with the default log notifier
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
     director = _director(queue_server, key, clock, collector)
     try:
         director.run_iteration()
@@ -91,5 +94,11 @@ def test_a_source_down_past_keep_last_is_one_error_and_one_notice_when_it_answer
         assert "is read again" in told[1][1]
         rows = [r for r in director.state.records(EPISODES) if r.get("what") == "demand"]
         assert [r["state"] for r in rows] == ["unreadable", "available"], rows
+        # one line per event (issue 42): the tracker's, not the log notifier's again
+        about = [line for line in lines if "group mc" in line]
+        assert len([line for line in about if "answers again" in line]) == 1, about
+        assert len([line for line in about if "cannot read" in line]) == 1, about
+        assert not [line for line in about if line.startswith("[")], about
     finally:
         director.close()
+        logger.remove(sink)
