@@ -108,6 +108,18 @@ class StateStore(ABC):
     def items(self, prefix: str = "") -> list[tuple[str, str]]:
         """Live (key, value) pairs whose key starts with ``prefix``, sorted by key."""
 
+    def renew(self, key: str, value: str, ttl: float | None) -> bool:
+        """If ``key`` holds ``value`` (live), give it ``ttl`` from now and answer True; else
+        leave it and answer False (API 1.10). Atomic: the holder of a lease taken with
+        :meth:`add_if_absent` keeps it, and never renews one another director took after
+        it lapsed. A driver that cannot do it atomically raises :class:`StateError`."""
+        raise StateError(f"state driver {type(self).__name__} cannot renew a lease")
+
+    def delete_if(self, key: str, value: str) -> bool:
+        """Remove ``key`` only if it holds ``value`` (live); whether it did (API 1.10).
+        Atomic: a holder hands back its own lease, never another's."""
+        raise StateError(f"state driver {type(self).__name__} cannot hand back a lease")
+
     @abstractmethod
     def ttl(self, key: str) -> float | None:
         """Seconds until ``key`` expires; None when absent or without expiry."""

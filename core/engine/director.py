@@ -364,6 +364,7 @@ class Director:
         return submission_problems(self.config, self._answers)
 
     def close(self) -> None:
+        self.runner.share.stop()  # hands its demand groups back to the other directors
         # the store first: its last try may find it back, and the notifiers still say so
         if self._own_state:
             self.state.close()

@@ -26,6 +26,7 @@ from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.intents import unrecordable
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
 from gridgate.core.engine.runtime import Iteration, Runtime
+from gridgate.core.engine.sharing import DemandShare
 from gridgate.core.engine.stall import StallWatch
 from gridgate.core.engine.tracking import PilotTracker
 from gridgate.core.model import (
@@ -79,9 +80,8 @@ class IterationRunner:
         self.tracker = tracker
         self.stall = stall
         self.instance = instance
-        #: the demand groups whose lock this director held when the store last answered
-        self._held: set[tuple[str, str]] = set()
-        self._lock_down = False
+        #: this director's share of the demand groups (``director.demand_lock``)
+        self.share = DemandShare(runtime, instance)
         #: tells each start, change and end of an endpoint's availability once, of all the
         #: directors on the store and across restarts
         self.notices = AvailabilityNotices(runtime, failures)
@@ -144,6 +144,7 @@ class IterationRunner:
                     for backend, request in jobs
                 ]:
                     future.result()
+            self.tracker.submissions_done()
         # a credential episode says everything itself (error, alarm, works again): not twice
         # nor is an endpoint withdrawn on purpose (a ban, a drain, a downtime) a stall
         watched = [r for r in it.records if r.failure_kind not in ("credential", "unavailable")]
@@ -197,26 +198,32 @@ class IterationRunner:
         """Split demand into submissions of the backend's bulk size."""
         jobs: list[tuple[BackendInfo, SubmitRequest]] = []
         infos = it.infos  # asked when availability was (the demand's backends among them)
-        claims: dict[tuple[str, str], bool] = {}
+        for backend in dict.fromkeys(r.backend for r in demand.requests):
+            if backend not in infos:
+                infos[backend] = self.runtime.pm.hook.gridgate_backend_info(backend=backend)
+                if infos[backend] is None:
+                    logger.error("demand names backend {!r}, which is not configured", backend)
+        claimed: set[tuple[str, str]] = set()
+        if self.runtime.settings.demand_lock:  # this director's share of what it can fill
+            claimed = self.share.plan(
+                (r.backend, r.group)
+                for r in demand.requests
+                if (info := infos[r.backend]) is not None and not it.credential_block(info)
+            )
         user = self.runtime.user
         for request in demand.requests:
-            if request.backend not in infos:
-                infos[request.backend] = self.runtime.pm.hook.gridgate_backend_info(
-                    backend=request.backend
-                )
-                if infos[request.backend] is None:
-                    logger.error(
-                        "demand names backend {!r}, which is not configured", request.backend
-                    )
             info = infos[request.backend]
             if info is None:
                 AttemptOutcome(it, request).skipped("no_backend").account(self.failures)
                 continue
             blocked = it.credential_block(info)
-            if blocked:  # before the demand lock: a director with a usable credential takes it over
+            if blocked:  # no candidate for its group: one with a usable credential takes it
                 AttemptOutcome(it, request).skipped(blocked).account(self.failures)
                 continue
-            if self.runtime.settings.demand_lock and not self._claim(request, claims):
+            if (
+                self.runtime.settings.demand_lock
+                and (request.backend, request.group) not in claimed
+            ):
                 AttemptOutcome(it, request).skipped("claimed_elsewhere").account(self.failures)
                 continue
             size = max(1, info.pilots_per_submission)
@@ -242,48 +249,6 @@ class IterationRunner:
                     )
                 )
         return jobs
-
-    def _claim(self, request: SubmitRequest, claims: dict[tuple[str, str], bool]) -> bool:
-        """Whether this director fills ``request``'s demand group this iteration.
-
-        With several directors on one shared store (Redis), each group is filled by the
-        director holding its lock: an atomic add-if-absent (SET NX PX on Redis) that the owner
-        renews every iteration and that lapses 1.5 cycles after its owner stops, so another
-        director takes the group over. No consensus of our own: the store's atomic add decides.
-
-        While the store is down (the director on its local view, or the lock call failing)
-        nothing can decide, and each director's own view would say yes to every group: so each
-        keeps filling the groups it held when the store last answered, and no other (another
-        director holds it, as far as anyone knows), until the store answers again.
-        """
-        group = (request.backend, request.group)
-        if group not in claims:
-            key = f"demand-lock/{request.backend}/{request.group}"
-            ttl = 1.5 * self.runtime.settings.cycle_seconds
-            try:
-                if getattr(self.runtime.state, "degraded", False):
-                    raise StateError("the state store is unavailable")
-                mine = self.runtime.state.add_if_absent(key, self.instance, ttl=ttl)
-                if not mine and self.runtime.state.get(key) == self.instance:
-                    self.runtime.state.set(key, self.instance, ttl=ttl)
-                    mine = True
-                if mine:
-                    self._held.add(group)
-                else:
-                    self._held.discard(group)
-                self._lock_down = False
-            except StateError as exc:
-                mine = group in self._held
-                if not self._lock_down:
-                    logger.error(
-                        "demand locks unavailable ({}): this director fills only the groups it "
-                        "held ({}) until the store answers",
-                        exc,
-                        ", ".join("/".join(g) for g in sorted(self._held)) or "none",
-                    )
-                self._lock_down = True
-            claims[group] = mine
-        return claims[group]
 
     def _submit_request(self, info: BackendInfo, request: SubmitRequest, it: Iteration) -> None:
         """Send ``request``, then each part of it that a server had no room for (to a server
@@ -346,6 +311,10 @@ class IterationRunner:
         :class:`AttemptOutcome`, accounted once."""
         info, it = sending.info, sending.it
         start = AttemptOutcome(it, sending.request, attempt=attempt, started=started)
+        group = (sending.request.backend, sending.request.group)
+        if self.runtime.settings.demand_lock and not self.share.holds(group):
+            start.skipped("claimed_elsewhere").account(self.failures)  # its lease lapsed
+            return None
         candidates = self._candidates(sending, start)
         if candidates is None:
             return None

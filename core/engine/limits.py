@@ -29,8 +29,8 @@ _LIMITS: dict[str, Any] = {
         "maximum": 86400,
         "type": ["number", "null"],
         "exclusiveMinimum": 0,
-        "description": "Seconds between two status polls of an endpoint "
-        "(null: poll at every iteration).",
+        "description": "Seconds between two status polls of an endpoint, by any director "
+        "of the store (null: at every iteration; with director.demand_lock, half a cycle).",
     },
     "max_waiting": {
         "type": ["integer", "null"],

@@ -289,6 +289,29 @@ class ResilientState(StateStore):
                 self._degrade(exc)
         return removed_locally
 
+    def renew(self, key: str, value: str, ttl: float | None) -> bool:
+        # only the shared store can say who holds a lease: the local view never grants one
+        if not self._maybe_recover():
+            raise StateError("the state store is unavailable")
+        try:
+            renewed = self.primary.renew(key, value, ttl)
+        except StateError as exc:
+            self._degrade(exc)
+            raise
+        if renewed:
+            self.local.set(key, value, ttl)
+        return renewed
+
+    def delete_if(self, key: str, value: str) -> bool:
+        self.local.delete_if(key, value)
+        if not self._maybe_recover():
+            raise StateError("the state store is unavailable")
+        try:
+            return self.primary.delete_if(key, value)
+        except StateError as exc:
+            self._degrade(exc)
+            raise
+
     def get(self, key: str) -> str | None:
         return self._read("get", key)
 
@@ -414,6 +437,12 @@ class DeferredState(StateStore):
 
     def increment(self, key: str, by: int = 1) -> int:
         return self._open().increment(key, by)
+
+    def renew(self, key: str, value: str, ttl: float | None) -> bool:
+        return self._open().renew(key, value, ttl)
+
+    def delete_if(self, key: str, value: str) -> bool:
+        return self._open().delete_if(key, value)
 
     def append_record(self, stream: str, record: Mapping[str, Any]) -> None:
         self._open().append_record(stream, record)

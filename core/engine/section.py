@@ -124,8 +124,18 @@ DIRECTOR_SCHEMA: dict[str, Any] = {
         "demand_lock": {
             "type": "boolean",
             "default": False,
-            "description": "Several directors on one shared state store (Redis): each "
-            "demand group is filled by one of them, the holder of its lock.",
+            "description": "Several directors on one shared state store (Redis): the demand "
+            "groups are split among the live ones, each group filled by one of them, the "
+            "holder of its lease (docs/deploying.md, 'Several directors').",
+        },
+        "lease_seconds": {
+            "maximum": 86400,
+            "minimum": 1,
+            "type": ["number", "null"],
+            "default": None,
+            "description": "With demand_lock: how long a director's heartbeat and its groups' "
+            "leases last unless renewed (every third of it, by a timer); a group of a director "
+            "that died is taken over within two of them (null: cycle_seconds).",
         },
         "fleet": {
             "type": "string",
@@ -191,6 +201,7 @@ class DirectorSettings(Settings):
     max_output_bytes: int
     state_dir: str
     demand_lock: bool
+    lease_seconds: float | None
     fleet: str
     state_retry_seconds: float
     user: str

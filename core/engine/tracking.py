@@ -185,6 +185,7 @@ class PilotTracker:
             )
             self.pending.unrecorded_pilots(pilots)
             self.intents.unrecorded(record.name)
+            self.pending.save()  # pilots only this process knows: on disk before the next
         else:
             self.pending.recorded(pilots)  # the last known counts too
         with self._lock:
@@ -192,6 +193,11 @@ class PilotTracker:
                 f"{record.backend}/{record.endpoint}", dict.fromkeys(PILOT_STATES, 0)
             )
             row["waiting"] += len(pilots)
+
+    def submissions_done(self) -> None:
+        """After the iteration's submissions: the last known counts to :data:`PENDING_FILE`
+        once, not after each submission (issue 43: ~21 rewrites an iteration). The pilots the
+        store did not take were written at once by :meth:`submitted`."""
         self.pending.save()
 
     # --- the start of an iteration -------------------------------------------------------------
@@ -495,7 +501,7 @@ class PilotTracker:
             # a director that never read the registry (the store down since it started)
             # counts from its first iteration
             since_it, since = self._last_change.setdefault(backend, (self._iterations, now))
-            interval = settings.for_backend(backend, "status_interval")
+            interval = self._interval(settings, backend)
             polls = self._iterations - since_it
             if polls >= limit and (interval is None or now - since >= limit * float(interval)):
                 stuck[backend] = (
@@ -521,7 +527,7 @@ class PilotTracker:
         for backend, info in infos.items():
             if it.paused(info):  # its credential is unusable (see Iteration.paused): not asked
                 continue
-            interval = settings.for_backend(backend, "status_interval")
+            interval = self._interval(settings, backend)
             timeout = self.runtime.timeout(info)
             # a server out of rotation is not asked (nor a banned one its backend cannot ask);
             # one no longer configured still is
@@ -546,6 +552,20 @@ class PilotTracker:
                 for endpoint, timeout, interval in due
             ]
             return [p for p in (f.result() for f in futures) if p is not None]
+
+    def _interval(self, settings: PilotSettings, backend: str) -> float | None:
+        """Seconds between two polls of one of ``backend``'s endpoints, None for every
+        iteration. Unset, with ``demand_lock`` (several directors on one store), half a cycle
+        among all of them: the atomic poll claim then keeps an endpoint's polls at most two a
+        cycle however many directors there are, where each polled at every iteration before
+        (4 directors: 72 polls became 256-288 for the same work, issue 43). Not longer: the
+        limits count the registry's waiting pilots, so their states must be about as fresh
+        as one cycle (DIRAC can poll every 10th cycle because its limits read the CE's own
+        queue figures)."""
+        interval = settings.for_backend(backend, "status_interval")
+        if interval is None and self.runtime.settings.demand_lock:
+            return self.runtime.settings.cycle_seconds / 2
+        return None if interval is None else float(interval)
 
     def _due(self, endpoint: Endpoint, interval: float, now: float) -> bool:
         """Whether ``endpoint``'s last poll is ``interval`` seconds old or more (a read only;

@@ -91,6 +91,23 @@ class MemoryState(StateStore):
             self._data.pop(key, None)
             return live
 
+    def renew(self, key: str, value: str, ttl: float | None) -> bool:
+        expires = expires_at(self.clock, ttl)
+        with self._lock:
+            entry = self._live(key, self.clock.time())
+            if entry is None or entry[0] != value:
+                return False
+            self._data[key] = (value, expires)
+            return True
+
+    def delete_if(self, key: str, value: str) -> bool:
+        with self._lock:
+            entry = self._live(key, self.clock.time())
+            if entry is None or entry[0] != value:
+                return False
+            del self._data[key]
+            return True
+
     def items(self, prefix: str = "") -> list[tuple[str, str]]:
         with self._lock:
             now = self.clock.time()

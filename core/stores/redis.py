@@ -108,6 +108,35 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return cur
 """
 
+# KEYS: data key, index. ARGV: value, now, member, then a payload and px ('' for none) to
+# renew, or nothing to release. Only a live key holding ARGV[1] is renewed (given the payload,
+# its new expiry) or released (deleted); 1 if it was, else 0.
+_IF_HELD = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  return 0
+end
+local sp = string.find(cur, ' ', 1, true)
+local e = sp and string.sub(cur, 1, sp - 1) or '-'
+if e ~= '-' and tonumber(e) <= tonumber(ARGV[2]) then
+  return 0
+end
+if (sp and string.sub(cur, sp + 1) or '') ~= ARGV[1] then
+  return 0
+end
+if #ARGV == 3 then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[3])
+  return 1
+end
+if ARGV[5] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+else
+  redis.call('SET', KEYS[1], ARGV[4])
+end
+return 1
+"""
+
 # KEYS: index, then data keys. ARGV: their members. Drops index entries whose key is gone.
 _FORGET = """
 local n = 0
@@ -260,6 +289,7 @@ class RedisState(StateStore):
         self._delete = self._client.register_script(_DELETE)
         self._forget = self._client.register_script(_FORGET)
         self._increment = self._client.register_script(_INCREMENT)
+        self._if_held = self._client.register_script(_IF_HELD)
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
@@ -392,6 +422,19 @@ class RedisState(StateStore):
             "delete", lambda: self._delete(keys=[self._key(key), self._index], args=[key])
         )
         return self._live(payload or None, self.clock.time()) is not None
+
+    def renew(self, key: str, value: str, ttl: float | None) -> bool:
+        check_key(key)
+        check_value(value)
+        expires = expires_at(self.clock, ttl)
+        keys = [self._key(key), self._index]
+        args = [value, repr(self.clock.time()), key, _payload(value, expires), self._px(expires)]
+        return bool(self.call("renew", lambda: self._if_held(keys=keys, args=args)))
+
+    def delete_if(self, key: str, value: str) -> bool:
+        keys = [self._key(key), self._index]
+        args = [value, repr(self.clock.time()), key]
+        return bool(self.call("release", lambda: self._if_held(keys=keys, args=args)))
 
     def items(self, prefix: str = "") -> list[tuple[str, str]]:
         low: str

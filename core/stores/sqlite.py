@@ -300,6 +300,17 @@ class SqliteState(StateStore):
             now = self.clock.time()
         return any(exp is None or exp > now for (exp,) in rows)
 
+    def renew(self, key: str, value: str, ttl: float | None) -> bool:
+        expires = expires_at(self.clock, ttl)
+        with self._lock:
+            sql = f"UPDATE kv SET expires = ? WHERE key = ? AND value = ? AND {_LIVE}"
+            return self._execute("write", sql, (expires, key, value, self.clock.time())) == 1
+
+    def delete_if(self, key: str, value: str) -> bool:
+        with self._lock:
+            sql = f"DELETE FROM kv WHERE key = ? AND value = ? AND {_LIVE}"
+            return self._execute("write", sql, (key, value, self.clock.time())) == 1
+
     def items(self, prefix: str = "") -> list[tuple[str, str]]:
         upper = prefix_successor(prefix)
         sql = f"SELECT key, value FROM kv WHERE key >= ? AND {_LIVE}"

@@ -212,6 +212,61 @@ def test_values_are_kept_verbatim(store):
         assert store.get(f"v{i}") == value
 
 
+# ------------------------------------------------------------------------------- leases
+
+
+@drivers(DRIVERS)
+def test_renew_extends_only_the_holders_live_lease(store, clock):
+    assert store.add_if_absent("lease/g", "me", ttl=10)
+    clock.advance(8)
+    assert store.renew("lease/g", "me", ttl=10) is True
+    assert store.ttl("lease/g") == pytest.approx(10)
+    assert store.renew("lease/g", "other", ttl=10) is False  # not its lease
+    assert store.get("lease/g") == "me" and store.ttl("lease/g") == pytest.approx(10)
+    clock.advance(11)  # lapsed: the old holder cannot bring it back
+    assert store.renew("lease/g", "me", ttl=10) is False
+    assert store.get("lease/g") is None
+    assert store.add_if_absent("lease/g", "other", ttl=10)
+    assert store.renew("lease/g", "me", ttl=10) is False
+    assert store.get("lease/g") == "other"
+    assert store.renew("absent", "me", ttl=10) is False and store.get("absent") is None
+
+
+@drivers(DRIVERS)
+def test_renew_without_ttl_keeps_the_lease_for_good(store, clock):
+    store.set("lease/g", "- me", ttl=5)  # a value with the payload's separator in it
+    assert store.renew("lease/g", "- me", ttl=None) is True
+    clock.advance(100)
+    assert store.get("lease/g") == "- me" and store.ttl("lease/g") is None
+
+
+@drivers(DRIVERS)
+def test_delete_if_hands_back_only_the_holders_lease(store, clock):
+    store.set("lease/g", "me", ttl=10)
+    assert store.delete_if("lease/g", "other") is False
+    assert store.get("lease/g") == "me"
+    assert store.delete_if("lease/g", "me") is True
+    assert store.get("lease/g") is None and store.items("lease/") == []
+    assert store.delete_if("lease/g", "me") is False
+    store.set("lease/g", "me", ttl=1)
+    clock.advance(2)
+    assert store.delete_if("lease/g", "me") is False  # lapsed: nothing of its own to hand back
+
+
+@drivers(DRIVERS)
+def test_a_lease_raced_by_threads_is_renewed_by_its_holder_only(factory, clock):
+    store = factory(clock)
+    try:
+        store.set("lease/race", "t0", ttl=30)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            results = list(
+                pool.map(lambda i: store.renew("lease/race", f"t{i % 4}", ttl=30), range(40))
+            )
+        assert results.count(True) == 10 and store.get("lease/race") == "t0"
+    finally:
+        store.close()
+
+
 # ------------------------------------------------------------------------------- items
 
 
