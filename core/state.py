@@ -25,7 +25,16 @@ from gridgate.core._moved import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
 
-__all__ = ["Counts", "Pilot", "PilotRegistry", "StateError", "StateStore", "Waiting", "open_state"]
+__all__ = [
+    "Counts",
+    "Pilot",
+    "PilotRegistry",
+    "RoomClaim",
+    "StateError",
+    "StateStore",
+    "Waiting",
+    "open_state",
+]
 
 
 #: The entry-point group of the state drivers (``state.driver`` names one).
@@ -343,6 +352,45 @@ _FIELDS = (
 Waiting = dict[tuple[str, str, str], tuple[int, int]]
 
 
+@dataclass(frozen=True)
+class RoomClaim:
+    """Room one submission wants on one endpoint, under the limits (API 1.10): ``count``
+    pilots of ``cores`` cores each, against ``max_waiting`` and ``max_waiting_cores`` on the
+    endpoint and ``max_total`` on the backend (None: no such limit). ``holder`` names the
+    reservation (unique); it lapses at ``expires`` (the store's clock) if never settled."""
+
+    holder: str
+    backend: str
+    endpoint: str
+    count: int
+    expires: float
+    cores: int = 1
+    max_waiting: int | None = None
+    max_waiting_cores: int | None = None
+    max_total: int | None = None
+
+    def room(
+        self,
+        waiting: int,
+        waiting_cores: int,
+        active: int,
+        reserved: tuple[int, int],
+        reserved_backend: int,
+    ) -> int:
+        """How many of ``count`` fit, given the endpoint's ``waiting`` pilots and their
+        cores, the backend's ``active`` (non-terminal) pilots, and the live reservations of
+        others: (pilots, cores) on the endpoint, pilots on the backend."""
+        take = self.count
+        if self.max_waiting is not None:
+            take = min(take, self.max_waiting - waiting - reserved[0])
+        if self.max_waiting_cores is not None:
+            left = self.max_waiting_cores - waiting_cores - reserved[1]
+            take = min(take, left // max(1, self.cores))
+        if self.max_total is not None:
+            take = min(take, self.max_total - active - reserved_backend)
+        return max(0, take)
+
+
 class PilotRegistry(ABC):
     """What every driver's registry answers. Safe for many threads; the sqlite and redis
     registries are shared by every process using the same store."""
@@ -391,6 +439,28 @@ class PilotRegistry(ABC):
                 return pilot
         return None
 
+    def reserve(self, claim: RoomClaim, now: float) -> int:
+        """Take room for up to ``claim.count`` pilots on its endpoint (API 1.10): in one atomic
+        step, count the endpoint's waiting pilots and their cores, the backend's non-terminal
+        pilots and every live reservation of any director, keep a reservation of what fits
+        and answer how many (0: none; nothing is kept). Settled with :meth:`settle` once the
+        pilots are :meth:`put` (or the submission failed); lapses at ``claim.expires``.
+
+        :raises StateError: the store failed, or the driver cannot reserve atomically."""
+        raise StateError(f"pilot registry {type(self).__name__} cannot reserve room")
+
+    def settle(self, holder: str) -> None:
+        """Drop the reservation ``holder`` (its pilots are in the registry now, or none were
+        made); nothing when it is gone already."""
+        raise StateError(f"pilot registry {type(self).__name__} cannot settle a reservation")
+
+    def put_reserved(self, pilots: Iterable[Pilot], holder: str) -> None:
+        """:meth:`put` the pilots of the reservation ``holder`` and :meth:`settle` it, in one
+        atomic step where the driver can (API 1.10): in between, another director's
+        reservation would count them twice and find no room that is there."""
+        self.put(pilots)
+        self.settle(holder)
+
 
 def pilot_order(pilot: Pilot) -> tuple[str, str, float, str]:
     return (pilot.backend, pilot.endpoint, pilot.submitted, pilot.job_id)
@@ -409,6 +479,8 @@ class MemoryPilots(PilotRegistry):
         #: (backend, endpoint) -> job ids of its non-terminal pilots
         self._active: dict[tuple[str, str], dict[str, None]] = {}
         self._counts: Counts = {}
+        #: holder -> its claim, as granted
+        self._reserved: dict[str, RoomClaim] = {}
 
     def _drop(self, key: tuple[str, str, str]) -> None:
         old = self._rows.pop(key, None)
@@ -423,16 +495,23 @@ class MemoryPilots(PilotRegistry):
 
     def put(self, pilots: Iterable[Pilot]) -> None:
         with self._lock:
-            for pilot in pilots:
-                key = (pilot.backend, pilot.endpoint, pilot.job_id)
-                self._drop(key)
-                self._rows[key] = pilot
-                where = (pilot.backend, pilot.endpoint, pilot.state)
-                self._counts[where] = self._counts.get(where, 0) + 1
-                if not pilot.terminal:
-                    self._active.setdefault((pilot.backend, pilot.endpoint), {})[pilot.job_id] = (
-                        None
-                    )
+            self._put(pilots)
+
+    def put_reserved(self, pilots: Iterable[Pilot], holder: str) -> None:
+        with self._lock:
+            self._put(pilots)
+            self._reserved.pop(holder, None)
+
+    def _put(self, pilots: Iterable[Pilot]) -> None:
+        """Insert or replace (the caller holds the lock)."""
+        for pilot in pilots:
+            key = (pilot.backend, pilot.endpoint, pilot.job_id)
+            self._drop(key)
+            self._rows[key] = pilot
+            where = (pilot.backend, pilot.endpoint, pilot.state)
+            self._counts[where] = self._counts.get(where, 0) + 1
+            if not pilot.terminal:
+                self._active.setdefault((pilot.backend, pilot.endpoint), {})[pilot.job_id] = None
 
     def active(self, backend: str, endpoint: str) -> list[Pilot]:
         with self._lock:
@@ -491,6 +570,37 @@ class MemoryPilots(PilotRegistry):
             for key in old:
                 self._drop(key)
         return len(old)
+
+    def reserve(self, claim: RoomClaim, now: float) -> int:
+        with self._lock:
+            self._reserved = {h: c for h, c in self._reserved.items() if c.expires > now}
+            waiting = self._counts.get((claim.backend, claim.endpoint, "waiting"), 0)
+            cores = sum(
+                self._rows[(claim.backend, claim.endpoint, job)].cores
+                for job in self._active.get((claim.backend, claim.endpoint), {})
+                if self._rows[(claim.backend, claim.endpoint, job)].state == "waiting"
+            )
+            active = sum(
+                n
+                for (b, _e, state), n in self._counts.items()
+                if b == claim.backend and state not in TERMINAL_STATES
+            )
+            others = [c for h, c in self._reserved.items() if h != claim.holder]
+            here = [c for c in others if (c.backend, c.endpoint) == (claim.backend, claim.endpoint)]
+            take = claim.room(
+                waiting,
+                cores,
+                active,
+                (sum(c.count for c in here), sum(c.count * c.cores for c in here)),
+                sum(c.count for c in others if c.backend == claim.backend),
+            )
+            if take > 0:
+                self._reserved[claim.holder] = replace(claim, count=take)
+            return take
+
+    def settle(self, holder: str) -> None:
+        with self._lock:
+            self._reserved.pop(holder, None)
 
 
 def encode(pilot: Pilot) -> str:

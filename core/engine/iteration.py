@@ -26,7 +26,7 @@ from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.intents import unrecordable
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
 from gridgate.core.engine.runtime import Iteration, Runtime
-from gridgate.core.engine.sharing import DemandShare
+from gridgate.core.engine.sharing import DemandShare, StoreRoom
 from gridgate.core.engine.stall import StallWatch
 from gridgate.core.engine.tracking import PilotTracker
 from gridgate.core.model import (
@@ -57,6 +57,10 @@ class Sending:
     request: SubmitRequest
     tried: list[Endpoint] = field(default_factory=list)
     leftover: list[SubmitRequest] = field(default_factory=list)
+    #: the room this attempt holds in the store (a reservation's holder), settled after it
+    reservation: str = ""
+    #: whether the tracker may settle it with the pilots (it knows the submission's name)
+    reservation_named: bool = False
 
 
 class IterationRunner:
@@ -82,6 +86,8 @@ class IterationRunner:
         self.instance = instance
         #: this director's share of the demand groups (``director.demand_lock``)
         self.share = DemandShare(runtime, instance)
+        #: the limits' room taken in the store, so that concurrent directors hold them too
+        self.room = StoreRoom(runtime, tracker, instance)
         #: tells each start, change and end of an endpoint's availability once, of all the
         #: directors on the store and across restarts
         self.notices = AvailabilityNotices(runtime, failures)
@@ -274,6 +280,8 @@ class IterationRunner:
                 crashed = AttemptOutcome(it, sending.request, attempt=attempt, started=started)
                 crashed.failed("plugin_error").account(self.failures)
                 return
+            finally:  # its pilots are in the registry now (or none were made)
+                self.room.settle(sending)
             if failure is None or not self._retry(sending, attempt, failure):
                 return
 
@@ -328,6 +336,7 @@ class IterationRunner:
         intents = self.tracker.intents
         try:  # intent first: what is sent can always be found again by its name
             sending.request = intents.begin(endpoint, sending.request)
+            self.room.named(sending)
         except OSError as exc:
             return self._unrecordable(sending, start.on(endpoint, sending.request), exc)
         name = sending.request.name
@@ -416,6 +425,8 @@ class IterationRunner:
                 or candidates[0]
             )
             fitting = it.limits.reserve(endpoint, request) if it.limits is not None else request
+            if fitting is not None:
+                fitting = self.room.reserve(sending, endpoint, fitting)
             if fitting is not None:
                 if fitting.count < request.count:
                     sending.leftover.append(replace(request, count=request.count - fitting.count))

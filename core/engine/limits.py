@@ -250,6 +250,8 @@ class PilotRoom:
         waiting: dict[str, int] = {}
         active: dict[str, int] = {}
         gone = set(retired)  # keys of endpoints no longer configured: they hold no room
+        #: backends with pilots on such endpoints: the store's max_total would count them
+        self.retired_backends = {key.split("/", 1)[0] for key in gone}
         for (backend, endpoint, state), n in counts.items():
             if f"{backend}/{endpoint}" in gone:
                 continue
@@ -367,6 +369,33 @@ class PilotRoom:
             if take < request.count:
                 return replace(request, count=take)
             return request
+
+    def limited(self, endpoint: Endpoint) -> bool:
+        """Whether any limit applies to ``endpoint`` (not a blind backend's, not a retired one)."""
+        with self._lock:
+            return any(
+                room is not None
+                for room in (
+                    self.endpoint_room.get(endpoint.key),
+                    self.cores_room.get(endpoint.key),
+                    self.backend_room.get(endpoint.backend),
+                )
+            )
+
+    def give_back(self, endpoint: Endpoint, n: int, cores: int, full: bool = False) -> None:
+        """Return ``n`` pilots of ``cores`` each that :meth:`reserve` took on ``endpoint`` and
+        the store did not grant; ``full``: the store has no room there at all (this
+        iteration's view of it is stale), so no other request tries it again."""
+        with self._lock:
+            room = self.endpoint_room.get(endpoint.key)
+            if room is not None:
+                self.endpoint_room[endpoint.key] = 0 if full else room + n
+            total = self.backend_room.get(endpoint.backend)
+            if total is not None:
+                self.backend_room[endpoint.backend] = total + n
+            left = self.cores_room.get(endpoint.key)
+            if left is not None:
+                self.cores_room[endpoint.key] = left + n * cores
 
 
 def cores_of(request: SubmitRequest) -> int:

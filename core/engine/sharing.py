@@ -31,14 +31,23 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
+from gridgate.core.engine.limits import cores_of
 from gridgate.core.engine.runtime import Runtime
-from gridgate.core.state import StateError
+from gridgate.core.model import Endpoint, SubmitRequest
+from gridgate.core.state import RoomClaim, StateError
 
-__all__ = ["DemandShare", "assign"]
+if TYPE_CHECKING:
+    from gridgate.core.engine.iteration import Sending
+    from gridgate.core.engine.tracking import PilotTracker
+
+__all__ = ["DemandShare", "StoreRoom", "assign"]
 
 #: A live director's heartbeat: ``directors/<instance>`` -> its host, pid and start.
 DIRECTORS = "directors/"
@@ -253,3 +262,94 @@ class DemandShare:
             state.delete(DIRECTORS + self.instance)
         except StateError as exc:
             logger.warning("demand leases not handed back (they lapse by themselves): {}", exc)
+
+
+class StoreRoom:
+    """The limits' room taken in the store's registry (issue 43): each submission reserves
+    what :class:`~gridgate.core.engine.limits.PilotRoom` gave it, in one atomic step of the
+    store that counts every director's waiting pilots and live reservations, and settles it
+    once its pilots are in the registry. A director that dies holding room leaves it to lapse
+    after two command deadlines. While the store is down the local room alone decides (the
+    pilot tracker keeps the limits closed on the last counts it read)."""
+
+    def __init__(self, runtime: Runtime, tracker: PilotTracker, instance: str) -> None:
+        self.runtime = runtime
+        self.tracker = tracker
+        self.instance = instance
+        self._lock = threading.Lock()
+        #: submission name -> the reservation its pilots settle when they are registered
+        self._by_name: dict[str, str] = {}
+        tracker._reservation_of = self._taken
+
+    def named(self, sending: Sending) -> None:
+        """``sending``'s request has its name now: the tracker registers its pilots and
+        settles its room in one step (:meth:`PilotRegistry.put_reserved`)."""
+        if sending.reservation and sending.request.name:
+            with self._lock:
+                self._by_name[sending.request.name] = sending.reservation
+            sending.reservation_named = True
+
+    def _taken(self, name: str) -> str:
+        with self._lock:
+            return self._by_name.pop(name, "")
+
+    def reserve(
+        self, sending: Sending, endpoint: Endpoint, request: SubmitRequest
+    ) -> SubmitRequest | None:
+        """``request`` as the store has room for it on ``endpoint`` (maybe fewer pilots), or
+        None when it has none; the reservation's holder is kept in ``sending``."""
+        limits = sending.it.limits
+        if limits is None or not limits.limited(endpoint):
+            return request
+        registry = self.tracker.registry()
+        if registry is None:
+            return request
+        pilots = self.tracker.settings
+        cores = cores_of(request)
+        now = self.runtime.clock.time()
+        claim = RoomClaim(
+            holder=f"{self.instance}/{uuid.uuid4().hex[:12]}",
+            backend=endpoint.backend,
+            endpoint=endpoint.name,
+            count=request.count,
+            expires=now + 2 * self.runtime.timeout(sending.info) + 60,
+            cores=cores,
+            max_waiting=pilots.for_endpoint(endpoint, "max_waiting"),
+            max_waiting_cores=pilots.for_endpoint(endpoint, "max_waiting_cores"),
+            # pilots of endpoints no longer configured leave the limits: the store counts
+            # every pilot of the backend, so max_total stays with the local room then
+            max_total=None
+            if endpoint.backend in limits.retired_backends
+            else pilots.for_backend(endpoint.backend, "max_total"),
+        )
+        try:
+            granted = registry.reserve(claim, now)
+        except StateError as exc:
+            logger.debug("room on {} not reserved in the store: {}", endpoint.key, exc)
+            return request
+        if granted < request.count:
+            limits.give_back(endpoint, request.count - granted, cores, full=granted == 0)
+        if granted <= 0:
+            return None
+        self.settle(sending)  # one reservation an attempt
+        sending.reservation = claim.holder
+        return request if granted == request.count else replace(request, count=granted)
+
+    def settle(self, sending: Sending) -> None:
+        """Drop the room ``sending`` holds in the store (its pilots are registered now)."""
+        holder, sending.reservation = sending.reservation, ""
+        was_named, sending.reservation_named = sending.reservation_named, False
+        if not holder:
+            return
+        with self._lock:
+            named = [n for n, h in self._by_name.items() if h == holder]
+            for name in named:
+                del self._by_name[name]
+        if was_named and not named:
+            return  # the tracker registered its pilots and settled it in one step
+        registry = self.tracker.registry()
+        try:
+            if registry is not None:
+                registry.settle(holder)
+        except StateError as exc:  # it lapses by itself
+            logger.debug("reservation {} not settled: {}", holder, exc)

@@ -124,6 +124,8 @@ class PilotTracker:
         #: backend -> the iteration of its last status poll that answered
         self._last_ok_poll: dict[str, int] = {}
         self._iterations = 0
+        #: submission name -> its room reservation in the store (set by the iteration runner)
+        self._reservation_of: Callable[[str], str] | None = None
 
     # --- settings and the registry ----------------------------------------------------------
 
@@ -131,6 +133,15 @@ class PilotTracker:
     def settings(self) -> PilotSettings:
         """``director.pilots`` of the config in force (built once per config)."""
         return self.runtime.settings.pilots
+
+    def reservation_of(self, name: str) -> str:
+        """The room reservation held for the submission ``name`` (given by the iteration
+        runner's :class:`~gridgate.core.engine.sharing.StoreRoom`); "" for none."""
+        return self._reservation_of(name) if self._reservation_of is not None else ""
+
+    def registry(self) -> PilotRegistry | None:
+        """The store's registry, None while the store is down (nothing said)."""
+        return self._registry(quiet=True)
 
     def _registry(self, quiet: bool = False) -> PilotRegistry | None:
         """The store's registry; None while the store is down (the director runs on its local
@@ -174,7 +185,11 @@ class PilotTracker:
         try:
             if registry is None:
                 raise StateError("the state store is unavailable")
-            registry.put(pilots)
+            holder = self.reservation_of(record.name) if record.name else ""
+            if holder:  # registered and its room settled in one step (core/engine/sharing.py)
+                registry.put_reserved(pilots, holder)
+            else:
+                registry.put(pilots)
         except StateError as exc:
             logger.error(
                 "{} submitted pilot(s) on {} kept in memory until the state store "

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, ParamSpec, TypeVar, cast
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.cutoff import cut_after
+from gridgate.core.model import TERMINAL_STATES
 from gridgate.core.plugins import ConfigProblems
 from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.settings import Settings, settings_from
@@ -38,6 +39,7 @@ from gridgate.core.state import (
     Counts,
     Pilot,
     PilotRegistry,
+    RoomClaim,
     StateError,
     StateStore,
     Waiting,
@@ -608,6 +610,65 @@ end
 return {redis.call('HGETALL', wn), redis.call('HGETALL', wc)}
 """
 
+# Room for one submission, atomically (PilotRegistry.reserve). ARGV: holder, backend, endpoint,
+# count, cores per pilot, max_waiting, max_waiting_cores, max_total ('' for none), expires,
+# now, the terminal states (comma-separated). Counts the endpoint's waiting pilots and their
+# cores, the backend's non-terminal pilots and the others' live reservations (dropping those
+# that lapsed); keeps the reservation of what fits ("backend SEP endpoint SEP n SEP cores SEP
+# expires" under the holder) and returns how many.
+_RESERVE = """
+local P = KEYS[1]
+local resv = P..'pilots:resv'
+local b, ep = ARGV[2], ARGV[2]..'\\31'..ARGV[3]
+local now, per = tonumber(ARGV[10]), math.max(1, tonumber(ARGV[5]))
+local terminal = {}
+for s in string.gmatch(ARGV[11], '[^,]+') do terminal[s] = true end
+local waiting, active = 0, 0
+local counts = redis.call('HGETALL', P..'pilots:count')
+for i = 1, #counts, 2 do
+  local f = counts[i]
+  local a = string.find(f, '\\31', 1, true)
+  local c = string.find(f, '\\31', a + 1, true)
+  if string.sub(f, 1, a - 1) == b then
+    local state, n = string.sub(f, c + 1), tonumber(counts[i + 1])
+    if not terminal[state] then active = active + n end
+    if state == 'waiting' and string.sub(f, 1, c - 1) == ep then waiting = waiting + n end
+  end
+end
+local cores = waiting
+if redis.call('EXISTS', P..'pilots:waiting-kept') == 1 then
+  cores = 0
+  local wc = redis.call('HGETALL', P..'pilots:waiting-cores')
+  for i = 1, #wc, 2 do
+    if string.sub(wc[i], 1, #ep + 1) == ep..'\\31' then cores = cores + tonumber(wc[i + 1]) end
+  end
+end
+local rn, rc, rb = 0, 0, 0
+local held = redis.call('HGETALL', resv)
+for i = 1, #held, 2 do
+  local h, parts = held[i], {}
+  for p in string.gmatch(held[i + 1], '[^\\31]+') do parts[#parts + 1] = p end
+  if tonumber(parts[5]) <= now then
+    redis.call('HDEL', resv, h)
+  elseif h ~= ARGV[1] and parts[1] == b then
+    rb = rb + tonumber(parts[3])
+    if parts[2] == ARGV[3] then
+      rn, rc = rn + tonumber(parts[3]), rc + tonumber(parts[4])
+    end
+  end
+end
+local take = tonumber(ARGV[4])
+if ARGV[6] ~= '' then take = math.min(take, tonumber(ARGV[6]) - waiting - rn) end
+if ARGV[7] ~= '' then take = math.min(take, math.floor((tonumber(ARGV[7]) - cores - rc) / per)) end
+if ARGV[8] ~= '' then take = math.min(take, tonumber(ARGV[8]) - active - rb) end
+if take < 0 then take = 0 end
+if take > 0 then
+  local v = b..'\\31'..ARGV[3]..'\\31'..take..'\\31'..(take * per)..'\\31'..ARGV[9]
+  redis.call('HSET', resv, ARGV[1], v)
+end
+return take
+"""
+
 # ARGV: before, limit. Forgets up to limit terminal pilots that finished before ``before``.
 _PRUNE = """
 local P = KEYS[1]
@@ -649,6 +710,8 @@ class RedisPilots(PilotRegistry):
         self._put = self._client.register_script(_PUT)
         self._prune = self._client.register_script(_PRUNE)
         self._waiting = self._client.register_script(_WAITING)
+        self._reserve = self._client.register_script(_RESERVE)
+        self._cores_kept = False
 
     def _rows(self, fields: Sequence[str]) -> list[Pilot]:
         if not fields:
@@ -659,6 +722,14 @@ class RedisPilots(PilotRegistry):
         return readable((v for v in values if v is not None), pilot_from_json, _WHERE)
 
     def put(self, pilots: Iterable[Pilot]) -> None:
+        args = self._put_args(pilots)
+        step = 8 * CHUNK
+        for start in range(0, len(args), step):
+            chunk = args[start : start + step]
+            self.store.call("write pilots", self._put, keys=[self._p], args=chunk)
+
+    @staticmethod
+    def _put_args(pilots: Iterable[Pilot]) -> list[str]:
         args: list[str] = []
         for pilot in pilots:
             args += [
@@ -671,10 +742,7 @@ class RedisPilots(PilotRegistry):
                 pilot.group,
                 str(pilot.cores),
             ]
-        step = 8 * CHUNK
-        for start in range(0, len(args), step):
-            chunk = args[start : start + step]
-            self.store.call("write pilots", self._put, keys=[self._p], args=chunk)
+        return args
 
     def active(self, backend: str, endpoint: str) -> list[Pilot]:
         key = f"{self._p}pilots:active:{_ep(backend, endpoint)}"
@@ -767,3 +835,45 @@ class RedisPilots(PilotRegistry):
             total += gone
             if gone < CHUNK:
                 return total
+
+    def reserve(self, claim: RoomClaim, now: float) -> int:
+        if claim.max_waiting_cores is not None and not self._cores_kept:
+            self.waiting()  # a store from before the waiting counters builds them, once
+            self._cores_kept = True
+
+        def limit(value: int | None) -> str:
+            return "" if value is None else str(int(value))
+
+        args = [
+            claim.holder,
+            claim.backend,
+            claim.endpoint,
+            str(int(claim.count)),
+            str(int(claim.cores)),
+            limit(claim.max_waiting),
+            limit(claim.max_waiting_cores),
+            limit(claim.max_total),
+            repr(float(claim.expires)),
+            repr(float(now)),
+            ",".join(sorted(TERMINAL_STATES)),
+        ]
+        taken = self.store.call("reserve room", lambda: self._reserve(keys=[self._p], args=args))
+        return int(taken)
+
+    def settle(self, holder: str) -> None:
+        self.store.call("settle room", self._client.hdel, f"{self._p}pilots:resv", holder)
+
+    def put_reserved(self, pilots: Iterable[Pilot], holder: str) -> None:
+        pilots = list(pilots)
+        args = self._put_args(pilots)
+        if len(args) > 8 * CHUNK:  # not one submission's: the room is settled after them
+            super().put_reserved(pilots, holder)
+            return
+
+        def both() -> Any:
+            pipe = self._client.pipeline(transaction=True)  # MULTI ... EXEC: one step
+            self._put(keys=[self._p], args=args, client=pipe)
+            pipe.hdel(f"{self._p}pilots:resv", holder)
+            return pipe.execute()
+
+        self.store.call("write pilots", both)

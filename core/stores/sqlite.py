@@ -15,11 +15,13 @@ from typing import Any, ClassVar
 from loguru import logger
 
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.model import TERMINAL_STATES
 from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
     Pilot,
     PilotRegistry,
+    RoomClaim,
     StateError,
     StateStore,
     Waiting,
@@ -404,6 +406,14 @@ CREATE TABLE IF NOT EXISTS pilot_counts (
     n INTEGER NOT NULL,
     PRIMARY KEY (backend, endpoint, state)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pilot_reservations (
+    holder TEXT PRIMARY KEY,
+    backend TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    cores INTEGER NOT NULL,
+    expires REAL NOT NULL
+) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS pilots_counted_in AFTER INSERT ON pilots BEGIN
     INSERT INTO pilot_counts VALUES (NEW.backend, NEW.endpoint, NEW.state, 1)
         ON CONFLICT (backend, endpoint, state) DO UPDATE SET n = n + 1;
@@ -552,6 +562,55 @@ class SqlitePilots(PilotRegistry):
             return conn.execute(
                 "DELETE FROM pilots WHERE terminal = 1 AND changed < ?", (before,)
             ).rowcount
+
+    def reserve(self, claim: RoomClaim, now: float) -> int:
+        b, e = claim.backend, claim.endpoint
+        terminal = sorted(TERMINAL_STATES)
+        with self.store.transaction("reserve room") as conn:  # BEGIN IMMEDIATE: one writer
+            conn.execute("DELETE FROM pilot_reservations WHERE expires <= ?", (now,))
+            waiting, cores = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(cores), 0) FROM pilots "
+                "WHERE state = 'waiting' AND backend = ? AND endpoint = ?",
+                (b, e),
+            ).fetchone()
+            (active,) = conn.execute(
+                "SELECT COALESCE(SUM(n), 0) FROM pilot_counts WHERE backend = ? "
+                f"AND state NOT IN ({', '.join('?' * len(terminal))})",
+                (b, *terminal),
+            ).fetchone()
+            others = "FROM pilot_reservations WHERE holder <> ? AND backend = ?"
+            here_n, here_cores = conn.execute(
+                f"SELECT COALESCE(SUM(n), 0), COALESCE(SUM(cores), 0) {others} AND endpoint = ?",
+                (claim.holder, b, e),
+            ).fetchone()
+            (on_backend,) = conn.execute(
+                f"SELECT COALESCE(SUM(n), 0) {others}", (claim.holder, b)
+            ).fetchone()
+            take = claim.room(
+                int(waiting),
+                int(cores),
+                int(active),
+                (int(here_n), int(here_cores)),
+                int(on_backend),
+            )
+            if take > 0:
+                conn.execute(
+                    "INSERT INTO pilot_reservations VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (holder) DO UPDATE SET n = excluded.n, cores = excluded.cores, "
+                    "expires = excluded.expires",
+                    (claim.holder, b, e, take, take * claim.cores, claim.expires),
+                )
+            return take
+
+    def settle(self, holder: str) -> None:
+        with self.store.transaction("settle room") as conn:
+            conn.execute("DELETE FROM pilot_reservations WHERE holder = ?", (holder,))
+
+    def put_reserved(self, pilots: Iterable[Pilot], holder: str) -> None:
+        rows = [_row(p) for p in pilots]
+        with self.store.transaction("write pilots") as conn:
+            conn.executemany(_UPSERT, rows)
+            conn.execute("DELETE FROM pilot_reservations WHERE holder = ?", (holder,))
 
 
 def _statements(script: str) -> list[str]:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from gridgate.core.clock import FakeClock
-from gridgate.core.state import Pilot, StateError, StateStore, prefix_successor
+from gridgate.core.state import Pilot, RoomClaim, StateError, StateStore, prefix_successor
 from gridgate.core.stores.memory import MemoryState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.stores.sqlite import SqliteState
@@ -1023,3 +1023,60 @@ def test_sqlite_registry_write_error_is_a_state_error_and_loses_nothing(tmp_path
     reg.put([_pilot("j2")])
     assert len(reg.query()) == 2
     store.close()
+
+
+# ------------------------------------------------------------------- room reserved (issue 43)
+
+
+def _claim(holder: str, count: int, endpoint: str = "e1", **limits) -> RoomClaim:
+    return RoomClaim(holder, "b", endpoint, count, expires=limits.pop("expires", 1000.0), **limits)
+
+
+@drivers(DRIVERS)
+def test_reserve_counts_waiting_pilots_and_the_others_live_reservations(store):
+    reg = store.pilot_registry()
+    reg.put([_pilot(f"w{i}") for i in range(3)] + [_pilot("r1", state="running")])
+    assert reg.reserve(_claim("a", 5, max_waiting=10), now=100) == 5  # 3 waiting + 5 <= 10
+    assert reg.reserve(_claim("b", 5, max_waiting=10), now=100) == 2  # a's 5 count
+    assert reg.reserve(_claim("c", 1, max_waiting=10), now=100) == 0
+    assert reg.reserve(_claim("a", 6, max_waiting=10), now=100) == 5  # a replaces its own
+    reg.settle("a")
+    reg.settle("a")  # settled twice: nothing
+    assert reg.reserve(_claim("c", 9, max_waiting=10), now=100) == 5  # 3 waiting, b's 2
+    reg.put([_pilot(f"x{i}") for i in range(5)])  # c's pilots made, then settled
+    reg.settle("c")
+    assert reg.reserve(_claim("d", 1, max_waiting=10), now=100) == 0  # 8 waiting, b's 2
+    assert reg.reserve(_claim("e", 4, endpoint="e2", max_waiting=10), now=100) == 4  # not e1's
+    assert reg.reserve(_claim("d", 1, max_waiting=10), now=1000) == 1  # b's lapsed at 1000
+
+
+@drivers(DRIVERS)
+def test_reserve_holds_max_total_over_the_backend_and_the_waiting_cores(store):
+    reg = store.pilot_registry()
+    reg.put(
+        [
+            _pilot("w1", "e1", cores=8),
+            _pilot("r1", "e2", state="running"),
+            _pilot("d1", "e2", "done"),
+        ]
+    )
+    assert reg.reserve(_claim("a", 9, "e3", max_total=6), now=100) == 4  # 2 active
+    assert reg.reserve(_claim("b", 9, "e1", max_total=6), now=100) == 0
+    assert reg.reserve(_claim("c", 4, "e1", cores=4, max_waiting_cores=20), now=100) == 3
+    assert reg.reserve(_claim("d", 1, "e1", cores=4, max_waiting_cores=20), now=100) == 0
+    assert reg.reserve(_claim("e", 1, "e1", cores=4), now=100) == 1  # no limit: all of it
+
+
+@drivers(["sqlite", "redis"])
+def test_reservations_raced_from_many_connections_never_pass_the_limit(factory, clock):
+    stores = [factory(clock) for _ in range(8)]
+    barrier = threading.Barrier(8)
+
+    def take(i: int) -> int:
+        reg = stores[i].pilot_registry()
+        barrier.wait()
+        return sum(reg.reserve(_claim(f"h{i}-{k}", 2, max_waiting=13), now=100) for k in range(3))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        granted = list(pool.map(take, range(8)))
+    assert sum(granted) == 13, granted
