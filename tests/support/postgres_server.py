@@ -64,6 +64,7 @@ class PostgresServer:
         self.start_timeout = start_timeout
         self.port = 0
         self.workdir: Path | None = None
+        self._server_argv: list[str] = []
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -125,48 +126,65 @@ class PostgresServer:
         if done.returncode != 0:
             self._remove()
             pytest.fail(f"initdb failed:\n{done.stdout}\n{done.stderr}", pytrace=False)
+        self._server_argv = [
+            *run_as,
+            # the server dies with the test process that started it, even one killed outright
+            # (a crashed xdist worker, a pytest-timeout): SIGKILL when its parent thread ends
+            "--pdeathsig",
+            "KILL",
+            "--",
+            str(bindir / "postgres"),
+            "-D",
+            str(data),
+            "-k",
+            str(self.socket_dir),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+            "-c",
+            "logging_collector=off",
+        ]
         last_log = ""
         # Another test process may grab the free port between probe and bind: try a few.
         for _attempt in range(5):
             self.port = free_port()
-            log = self.workdir / f"postgres-{self.port}.log"
-            # the server dies with the test process that started it, even one killed outright
-            # (a crashed xdist worker, a pytest-timeout): SIGKILL when its parent thread ends
-            argv = [
-                *run_as,
-                "--pdeathsig",
-                "KILL",
-                "--",
-                str(bindir / "postgres"),
-                "-D",
-                str(data),
-                "-p",
-                str(self.port),
-                "-k",
-                str(self.socket_dir),
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-                "-c",
-                "max_connections=200",
-                "-c",
-                "logging_collector=off",
-            ]
-            with open(log, "wb") as out:
-                self.proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd="/"
-                )
-            if self._wait_ready():
+            last_log = self._launch()
+            if not last_log:
                 return self
-            last_log = log.read_text(errors="replace") if log.exists() else ""
-            self._stop_process()
         self._remove()
         pytest.fail(f"postgres did not start; last log:\n{last_log}", pytrace=False)
+
+    def _launch(self) -> str:
+        """Start the server on ``self.port``: '' when it accepts connections, else its log."""
+        assert self.workdir is not None
+        log = self.workdir / f"postgres-{self.port}.log"
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [*self._server_argv, "-p", str(self.port)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd="/",
+            )
+        if self._wait_ready():
+            return ""
+        self._stop_process()
+        return log.read_text(errors="replace") or "(empty)"
+
+    def restart(self) -> None:
+        """Stop the server ("fast": every session ended) and start it again on the same port
+        with the same data, as an operator's restart does."""
+        self._stop_process()
+        last_log = self._launch()
+        if last_log:
+            pytest.fail(f"postgres did not start again; log:\n{last_log}", pytrace=False)
 
     def _wait_ready(self) -> bool:
         assert self.proc is not None

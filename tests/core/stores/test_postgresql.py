@@ -122,6 +122,27 @@ def test_a_stopped_server_gives_only_state_errors_naming_it(tmp_path):
         server.stop()
 
 
+def test_a_restarted_server_costs_at_most_one_error_per_connection(tmp_path):
+    """After a restart every kept connection is dead: each call that meets one is a StateError
+    and drops it; the next calls connect anew, and nothing stored is lost."""
+    with PostgresServer() as server:
+        store = PostgresqlState(config(server, tmp_path, max_connections=2), clock=FakeClock())
+        try:
+            store.set("k", "v")
+            server.restart()
+            outcomes = []
+            for _ in range(4):
+                try:
+                    outcomes.append(store.get("k"))
+                except StateError as exc:
+                    assert f"127.0.0.1:{server.port}/postgres: cannot read" in str(exc)
+                    outcomes.append("error")
+            assert outcomes[-2:] == ["v", "v"], outcomes
+            assert outcomes.count("error") <= 2, outcomes
+        finally:
+            store.close()
+
+
 def test_a_server_refusing_writes_gives_state_errors_and_loses_nothing(tmp_path):
     """A database put read-only (as a standby is): every write is a StateError naming the
     server, reads go on, and a bulk write of pilots is all or nothing."""
