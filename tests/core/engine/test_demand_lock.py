@@ -1,21 +1,41 @@
-"""Several directors on one Redis: each demand group is filled by one of them (a Redis lock),
-and another takes it over when the holder stops."""
+"""Several directors on one shared store (a Redis, a PostgreSQL schema): each demand group is
+filled by one of them (a lock in the store), and another takes it over when the holder stops."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
+import pytest
 from support.director import ScriptedBackend, config
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.engine.director import Director
+from gridgate.core.state import StateStore
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.testing import Collector
 
 
-def director(redis_server, clock: FakeClock, prefix: str) -> tuple[Director, ScriptedBackend]:
+@pytest.fixture(params=["redis", "postgresql"])
+def shared(request, monkeypatch) -> Callable[[FakeClock], StateStore]:
+    """Makes stores of one shared place: a key prefix of a Redis, a schema of a PostgreSQL."""
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        prefix = f"lock-{uuid.uuid4().hex[:8]}:"
+        return lambda clock: RedisState({"url": server.url, "prefix": prefix}, clock=clock)
+    cluster = request.getfixturevalue("postgres_server")
+    monkeypatch.setenv("GG_TEST_PG_PW", cluster.password)
+    section = {
+        "dsn": cluster.dsn,
+        "password": {"env": "GG_TEST_PG_PW"},
+        "schema": f"lock_{uuid.uuid4().hex[:8]}",
+    }
+    return lambda clock: PostgresqlState(section, clock=clock)
+
+
+def director(state: StateStore, clock: FakeClock) -> tuple[Director, ScriptedBackend]:
     backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
-    state = RedisState({"url": redis_server.url, "prefix": prefix}, clock=clock)
     d = Director(
         config(servers=2, pilots=5, cycle_seconds=60, demand_lock=True),
         clock=clock,
@@ -25,11 +45,10 @@ def director(redis_server, clock: FakeClock, prefix: str) -> tuple[Director, Scr
     return d, backend
 
 
-def test_one_director_fills_each_group_and_another_takes_over(redis_server) -> None:
+def test_one_director_fills_each_group_and_another_takes_over(shared) -> None:
     clock = FakeClock()
-    prefix = f"lock-{uuid.uuid4().hex[:8]}:"
-    first, first_backend = director(redis_server, clock, prefix)
-    second, second_backend = director(redis_server, clock, prefix)
+    first, first_backend = director(shared(clock), clock)
+    second, second_backend = director(shared(clock), clock)
     try:
         for _ in range(3):  # both iterate every cycle; only the holder submits
             a, b = first.run_iteration(), second.run_iteration()
