@@ -383,7 +383,11 @@ class PostgresqlState(StateStore):
             f"INSERT INTO {s}.kv AS kv (key, value, expires) VALUES (%s, %s, %s) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires"
         )
-        self.run("create its tables", self._create)
+        try:
+            self.run("create its tables", self._create)
+        except StateError:
+            self._pool.close()  # the connection that found the error, if any
+            raise
 
     @classmethod
     def config_errors(cls, section: Mapping[str, Any]) -> ConfigProblems:
@@ -452,10 +456,8 @@ class PostgresqlState(StateStore):
     def _create(self, conn: psycopg.Connection[Any]) -> None:
         # Tables there already: nothing is written, so a store opens on a read-only database
         # (a standby, a database put read-only) and reads go on.
-        (complete,) = conn.execute(_COMPLETE, (self.schema, f"{self._s}.pilots")).fetchone() or (
-            False,
-        )
-        if complete:
+        complete = conn.execute(_COMPLETE, (self.schema, f"{self._s}.pilots")).fetchone()
+        if complete and complete[0]:
             return
         with conn.transaction():
             # Two directors starting at once must not both create: CREATE ... IF NOT EXISTS

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.polling import until
 from support.ports import free_port
 from support.postgres_server import PostgresServer
 from test_driver_errors import drive, seed
@@ -153,6 +154,12 @@ def test_a_server_refusing_writes_gives_state_errors_and_loses_nothing(tmp_path)
         store.close()
         with server.connect() as admin:
             admin.execute("ALTER DATABASE postgres SET default_transaction_read_only = on")
+        # a schema not made yet cannot be made: a StateError, and no session left open
+        with pytest.raises(StateError, match="cannot create its tables: .*read-only"):
+            PostgresqlState(config(server, tmp_path), clock=FakeClock())
+        with server.connect() as admin:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gridgate'"
+            assert until(lambda: admin.execute(query).fetchone() == (0,), timeout=10)
         store = PostgresqlState(section, clock=FakeClock())  # opens with the tables there
         try:
             outcomes = drive(store)
