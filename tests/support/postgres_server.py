@@ -47,6 +47,26 @@ def server_bin() -> Path | None:
     return max(found)[1] if found else None
 
 
+#: a cluster folder younger than this is never taken for a crashed run's (initdb may be filling it)
+STALE_AFTER = 600.0
+
+
+def remove_stale_clusters() -> None:
+    """Remove the cluster folders that test processes killed outright left behind (their server
+    died with them, by its parent-death signal, but nobody removed the folder, ~40 MB each): an
+    old folder whose postmaster is not running."""
+    for folder in Path(tempfile.gettempdir()).glob("gridgate-pg-*"):
+        try:
+            if time.time() - folder.stat().st_mtime < STALE_AFTER:
+                continue
+            pidfile = folder / "data" / "postmaster.pid"
+            if pidfile.exists() and Path(f"/proc/{pidfile.read_text().split()[0]}").exists():
+                continue
+        except (OSError, IndexError):
+            continue  # being removed by another process, or not ours to judge
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _owner() -> str:
     """The unprivileged user the cluster runs as."""
     try:
@@ -85,8 +105,8 @@ class PostgresServer:
         bindir = server_bin()
         if bindir is None:
             pytest.fail(INSTALL_HINT, pytrace=False)
-        owner = _owner()
-        entry = pwd.getpwnam(owner)
+        remove_stale_clusters()
+        entry = pwd.getpwnam(_owner())
         # Not under pytest's tmp_path: that folder is root's 0700, which the server's uid
         # cannot enter. /tmp is open to everybody; the folder itself is the owner's alone.
         self.workdir = Path(tempfile.mkdtemp(prefix="gridgate-pg-"))
