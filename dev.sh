@@ -93,7 +93,9 @@ need_tools() {
     # private cluster the Slurm tests start (munged, slurmctld, slurmd, the client commands),
     # and a real Grid Engine for the private cell the sge tests start (plugins/sge/cell.py),
     # and sudo (a ban run through a real sudo records who ran it), and Prometheus (promtool
-    # checks and tests deploy/prometheus/gridgate-rules.yml; a real server scrapes a director).
+    # checks and tests deploy/prometheus/gridgate-rules.yml; a real server scrapes a director),
+    # and PostgreSQL's server binaries (the postgresql driver's tests start a private cluster
+    # with them: tests/support/postgres_server.py).
     local missing=()
     local pair
     for pair in redis-server:redis-server openssl:openssl setpriv:util-linux \
@@ -104,6 +106,10 @@ need_tools() {
         PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
             || missing+=("${pair##*:}")
     done
+    # initdb is not on PATH: Debian keeps each version's server in /usr/lib/postgresql/VER/bin
+    if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+        missing+=(postgresql)
+    fi
     # The private ARC CE of the ARC tests (plugins/arc/ce.py): A-REX, the client, arcctl.
     if ! PATH="$PATH:/usr/sbin:/sbin" command -v arcsub >/dev/null 2>&1 \
             || ! PATH="$PATH:/usr/sbin:/sbin" command -v arched >/dev/null 2>&1; then

@@ -5,8 +5,8 @@ The failing and tickets caches, the list-match cache, escalation history, notifi
 de-duplication, the per-submission accounting rows and every submitted pilot live here. This
 module holds what a plugin sees of it (:class:`StateStore`, ``context.state``; :class:`Pilot` and
 :class:`PilotRegistry`, ``context.state.pilot_registry()``) and what a driver needs; the drivers
-themselves (memory, sqlite, redis) are in :mod:`gridgate.core.stores`, found through the
-``gridgate.state`` entry-point group, and every one passes the same contract tests
+themselves (memory, sqlite, redis, postgresql) are in :mod:`gridgate.core.stores`, found
+through the ``gridgate.state`` entry-point group, and every one passes the same contract tests
 (tests/core/stores/test_state_contract.py).
 """
 
@@ -83,7 +83,7 @@ class StateStore(ABC):
     Values are strings (callers encode JSON). ``ttl`` is in seconds, None for no expiry;
     expiry is measured on the injected clock's wall time, so it survives restarts.
     All methods are safe to call from many threads; drivers that share state between
-    processes (sqlite, redis) are safe across processes too.
+    processes (sqlite, redis, postgresql) are safe across processes too.
     """
 
     config_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
@@ -392,8 +392,8 @@ class RoomClaim:
 
 
 class PilotRegistry(ABC):
-    """What every driver's registry answers. Safe for many threads; the sqlite and redis
-    registries are shared by every process using the same store."""
+    """What every driver's registry answers. Safe for many threads; the sqlite, redis and
+    postgresql registries are shared by every process using the same store."""
 
     @abstractmethod
     def put(self, pilots: Iterable[Pilot]) -> None:

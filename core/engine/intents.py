@@ -69,18 +69,20 @@ UNRECORDED = "the state store did not take its pilots"
 #: which counts only while the CE answers): a CE down for longer is given up on.
 UNANSWERED_GIVE_UP = 86400.0
 #: The keys of a ``state:`` section that name the store (the fleet's hash reads only these).
-_IDENTITY_KEYS = ("driver", "url", "prefix", "path")
+_IDENTITY_KEYS = ("driver", "url", "prefix", "path", "dsn", "schema")
+#: The drivers whose store is a server that directors on several hosts share.
+_SHARED_DRIVERS = ("redis", "postgresql")
 
 
 def fleet_of(config: Mapping[str, object], state_dir: str) -> str:
     """The six hex digits every director of one state store puts in its pilots' names: a hash
-    of what names the store (its driver, and the ``url`` and ``prefix`` of a Redis, the
-    ``path`` of a sqlite file; neither secrets nor tuning), with this host and the state folder
-    for a store that is this host's own (sqlite, memory)."""
+    of what names the store (its driver, and the ``url`` and ``prefix`` of a Redis, the ``dsn``
+    and ``schema`` of a PostgreSQL, the ``path`` of a sqlite file; neither secrets nor tuning),
+    with this host and the state folder for a store that is this host's own (sqlite, memory)."""
     section = dict(config.get("state") or {"driver": "sqlite"})  # type: ignore[call-overload]
     kept = {k: section.get(k) for k in _IDENTITY_KEYS if section.get(k) is not None}
     text = json.dumps(kept, sort_keys=True, default=str)
-    if section.get("driver") != "redis":
+    if section.get("driver") not in _SHARED_DRIVERS:
         text += f"|{socket.gethostname()}|{os.path.abspath(state_dir)}"
     return hashlib.sha256(text.encode()).hexdigest()[:6]
 

@@ -1,1 +1,1 @@
-"""The state drivers (memory, sqlite, redis), each with its pilot registry."""
+"""The state drivers (memory, sqlite, redis, postgresql), each with its pilot registry."""

@@ -1,5 +1,5 @@
-"""Fixtures for the core tests: a real redis-server shared by one test process, and what core
-logs."""
+"""Fixtures for the core tests: a real redis-server and a real PostgreSQL cluster, each shared
+by one test process, and what core logs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from loguru import logger
+from support.postgres_server import PostgresServer
 from support.redis_server import RedisServer
 from support.tcp import serve  # noqa: F401 - a fixture of these tests
 
@@ -16,6 +17,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     """One redis-server per test process (each xdist worker has its own); tests keep apart by
     using their own key prefix."""
     with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL cluster per test process (each xdist worker has its own); tests keep
+    apart by using their own schema."""
+    with PostgresServer() as server:
         yield server
 
 

@@ -1,5 +1,5 @@
-"""The journal of reversible changes (core/journal.py) on the real stores: memory, a sqlite file
-and a real redis-server. The outside state is a folder of files, one per target, so that a
+"""The journal of reversible changes (core/journal.py) on the real stores: memory, a sqlite file,
+a real redis-server and a real PostgreSQL cluster. The outside state is a folder of files, one per target, so that a
 process killed half-way (a real fork that exits in the middle of a step) leaves it as a crash
 would."""
 
@@ -19,14 +19,15 @@ from gridgate.core.clock import FakeClock
 from gridgate.core.journal import UNCHANGED, Journal, Restorer, decode_entry
 from gridgate.core.state import StateStore
 from gridgate.core.stores.memory import MemoryState
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.stores.sqlite import SqliteState
 
 Stores = Callable[[], StateStore]
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def stores(request, tmp_path) -> Iterator[Stores]:
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgresql"])
+def stores(request, tmp_path, monkeypatch) -> Iterator[Stores]:
     """Makes stores that all see the same data (memory: the same instance each time)."""
     made: list[StateStore] = []
     clock = FakeClock()
@@ -42,12 +43,25 @@ def stores(request, tmp_path) -> Iterator[Stores]:
             store = SqliteState({"path": str(tmp_path / "state.db")}, clock=clock)
             made.append(store)
             return store
-    else:
+    elif kind == "redis":
         server = request.getfixturevalue("redis_server")
         prefix = f"test-{uuid.uuid4().hex}:"
 
         def make() -> StateStore:
             store = RedisState({"url": server.url, "prefix": prefix}, clock=clock)
+            made.append(store)
+            return store
+    else:
+        cluster = request.getfixturevalue("postgres_server")
+        monkeypatch.setenv("GG_TEST_PG_PW", cluster.password)
+        section = {
+            "dsn": cluster.dsn,
+            "password": {"env": "GG_TEST_PG_PW"},
+            "schema": f"t_{uuid.uuid4().hex}",
+        }
+
+        def make() -> StateStore:
+            store = PostgresqlState(section, clock=clock)
             made.append(store)
             return store
 

@@ -7,6 +7,7 @@ this package importable as ``support`` from every test folder, with no ``sys.pat
 - :mod:`support.polling`: ``until()``, for states a real process reaches by itself.
 - :mod:`support.proctable`: which processes a test left running (from /proc).
 - :mod:`support.redis_server`: a real throw-away redis-server.
+- :mod:`support.postgres_server`: a real throw-away PostgreSQL cluster.
 - :mod:`support.servers`: real SMTP (aiosmtpd) and HTTP sinks for the notifier tests.
 - :mod:`support.notifiers`: the notifier tests' fixtures over those servers.
 - :mod:`support.lsfproxyd`: the token daemon as a real process, and its fixtures.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from support.director import BACKEND, ScriptedBackend, TrackingBackend
@@ -18,6 +19,8 @@ from gridgate.core.clock import FakeClock
 from gridgate.core.engine.director import Director
 from gridgate.core.engine.sharing import LEASE, DemandShare, assign
 from gridgate.core.model import BackendInfo, CredentialStatus, IterationSummary
+from gridgate.core.state import StateStore
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.testing import Collector, make_config
 
@@ -44,10 +47,31 @@ def _doc(groups: list[str], pilots: int = 2, **director: object) -> dict:
 def _director(
     url: str, prefix: str, clock: FakeClock, doc: dict
 ) -> tuple[Director, ScriptedBackend]:
-    backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
     state = RedisState({"url": url, "prefix": prefix, "socket_timeout": 0.5}, clock=clock)
+    return _on(state, clock, doc)
+
+
+def _on(state: StateStore, clock: FakeClock, doc: dict) -> tuple[Director, ScriptedBackend]:
+    backend = ScriptedBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
     d = Director(make_config(doc), clock=clock, extra_plugins=[backend, Collector()], state=state)
     return d, backend
+
+
+@pytest.fixture(params=["redis", "postgresql"])
+def shared(request, monkeypatch) -> Callable[[FakeClock], StateStore]:
+    """Makes stores of one shared place: a key prefix of a Redis, a schema of a PostgreSQL."""
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        prefix = f"share-{uuid.uuid4().hex[:8]}:"
+        return lambda clock: RedisState({"url": server.url, "prefix": prefix}, clock=clock)
+    cluster = request.getfixturevalue("postgres_server")
+    monkeypatch.setenv("GG_TEST_PG_PW", cluster.password)
+    section = {
+        "dsn": cluster.dsn,
+        "password": {"env": "GG_TEST_PG_PW"},
+        "schema": f"share_{uuid.uuid4().hex[:8]}",
+    }
+    return lambda clock: PostgresqlState(section, clock=clock)
 
 
 def _filled(summary: IterationSummary) -> Counter[str]:
@@ -58,11 +82,9 @@ def _filled(summary: IterationSummary) -> Counter[str]:
     return filled
 
 
-def test_the_groups_are_split_fairly_and_no_group_is_filled_twice_in_a_round(
-    redis_server,
-) -> None:
-    clock, prefix = FakeClock(), f"share-{uuid.uuid4().hex[:8]}:"
-    directors = [_director(redis_server.url, prefix, clock, _doc(GROUPS)) for _ in range(4)]
+def test_the_groups_are_split_fairly_and_no_group_is_filled_twice_in_a_round(shared) -> None:
+    clock = FakeClock()
+    directors = [_on(shared(clock), clock, _doc(GROUPS)) for _ in range(4)]
     try:
         rounds: list[list[IterationSummary]] = []
         for _ in range(4):
@@ -85,12 +107,10 @@ def test_the_groups_are_split_fairly_and_no_group_is_filled_twice_in_a_round(
 
 
 def test_a_dead_directors_groups_are_taken_when_its_leases_lapse_a_clean_stop_at_once(
-    redis_server,
+    shared,
 ) -> None:
-    clock, prefix = FakeClock(), f"share-{uuid.uuid4().hex[:8]}:"
-    (a, _ba), (b, _bb), (c, _bc) = [
-        _director(redis_server.url, prefix, clock, _doc(GROUPS)) for _ in range(3)
-    ]
+    clock = FakeClock()
+    (a, _ba), (b, _bb), (c, _bc) = [_on(shared(clock), clock, _doc(GROUPS)) for _ in range(3)]
     try:
         for _ in range(3):
             for d in (a, b, c):

@@ -101,6 +101,10 @@ def test_every_director_of_one_redis_shares_a_fleet_and_a_sqlite_file_has_its_ow
     )
     sqlite = {"state": {"driver": "sqlite"}}
     assert fleet_of(sqlite, "/a") != fleet_of(sqlite, "/b")
+    # PostgreSQL is shared like Redis: named by its dsn and schema, whatever the host's folder
+    pg = {"state": {"driver": "postgresql", "dsn": "postgresql://gg@db/grid", "schema": "a"}}
+    assert fleet_of(pg, "/x") == fleet_of(pg, "/y")
+    assert fleet_of(pg, "/x") != fleet_of({"state": {**pg["state"], "schema": "b"}}, "/x")
     assert len(fleet_of(sqlite, "/a")) == 6
 
 

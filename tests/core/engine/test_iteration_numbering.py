@@ -1,7 +1,8 @@
 """Issue 24: iterations are numbered in the state store, so separate ``gridgate run --once``
 processes count on (1, then 2) instead of each reporting ``"iteration": 1``, directors sharing
-a Redis store get distinct numbers, and a fresh store starts at 1. Real ``gridgate`` processes
-on a real SQLite file and a real redis-server; the accounting rows carry the same numbers."""
+a Redis store or a PostgreSQL schema get distinct numbers, and a fresh store starts at 1. Real
+``gridgate`` processes on a real SQLite file, a real redis-server and a real PostgreSQL
+cluster; the accounting rows carry the same numbers."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from support.postgres_server import PostgresServer
 from support.redis_server import RedisServer
 from support.wms_site import director_section, healthy_wms
 
 from gridgate.core.engine.director import ITERATIONS
 from gridgate.core.engine.resilient import ResilientState
 from gridgate.core.engine.runtime import ACCOUNTING
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.stores.sqlite import SqliteState
 
@@ -81,6 +84,34 @@ def test_directors_sharing_a_redis_store_get_distinct_numbers(
         assert each == sorted(each) and len(each) == 5  # each director's numbers rise
     assert sorted(got[0] + got[1]) == list(range(1, 11))  # and no number is used twice
     assert numbers(run(gridgate_exe, configs[0], "--once")) == [11]
+
+
+def test_directors_sharing_a_postgresql_schema_get_distinct_numbers(
+    gridgate_exe: str, tmp_path: Path, postgres_server: PostgresServer
+) -> None:
+    secret = tmp_path / "pg.pw"
+    secret.write_text(postgres_server.password + "\n")
+    secret.chmod(0o600)
+    state = {
+        "driver": "postgresql",
+        "dsn": postgres_server.dsn,
+        "password": {"file": str(secret)},
+        "schema": "numbering_test",
+    }
+    configs = [site(tmp_path / name, state) for name in ("a", "b")]
+    procs = [run(gridgate_exe, config, "--iterations", "5") for config in configs]
+    got = [numbers(proc) for proc in procs]
+    for each in got:
+        assert each == sorted(each) and len(each) == 5  # each director's numbers rise
+    assert sorted(got[0] + got[1]) == list(range(1, 11))  # and no number is used twice
+    assert numbers(run(gridgate_exe, configs[0], "--once")) == [11]
+    store = PostgresqlState({k: v for k, v in state.items() if k != "driver"})
+    try:
+        # what `gridgate report` reads carries the same numbers
+        rows = sorted(r["iteration"] for r in store.records(ACCOUNTING))
+        assert rows == list(range(1, 12))
+    finally:
+        store.close()
 
 
 def test_a_store_that_fails_leaves_the_numbers_rising(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.engine.director import Director
 from gridgate.core.state import StateStore
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.stores.sqlite import SqliteState
 from gridgate.core.testing import Collector, make_config
@@ -63,13 +64,23 @@ def _stores(kind: str, tmp_path: Path, request: pytest.FixtureRequest, clock: Fa
     if kind == "sqlite":
         path = tmp_path / "state.db"
         return [SqliteState({"path": str(path)}, clock=clock) for _ in range(n)]
+    if kind == "postgresql":
+        cluster = request.getfixturevalue("postgres_server")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("GG_TEST_PG_PW", cluster.password)
+        section = {
+            "dsn": cluster.dsn,
+            "password": {"env": "GG_TEST_PG_PW"},
+            "schema": f"room_{uuid.uuid4().hex[:8]}",
+        }
+        return [PostgresqlState(section, clock=clock) for _ in range(n)]
     server = request.getfixturevalue("redis_server")
     prefix = f"room-{uuid.uuid4().hex[:8]}:"
     return [RedisState({"url": server.url, "prefix": prefix}, clock=clock) for _ in range(n)]
 
 
 @pytest.mark.parametrize("lock", [False, True], ids=["no-lock", "demand-lock"])
-@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+@pytest.mark.parametrize("kind", ["redis", "sqlite", "postgresql"])
 def test_concurrent_directors_never_put_more_than_max_waiting_on_an_endpoint(
     kind: str, lock: bool, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -12,6 +12,7 @@ from loguru import logger
 from gridgate.core.clock import FakeClock
 from gridgate.core.documents import DocumentError
 from gridgate.core.state import Pilot
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.records import pilot_from_json, pilot_from_row, stream_record
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.stores.sqlite import SqliteState
@@ -65,6 +66,23 @@ def test_redis_skips_a_bad_pilot_value_and_a_bad_record(redis_server, logged) ->
     member = next(m for m in raw.zrange(f"{prefix}rec:s", 0, -1) if '"n": 1' in m)
     raw.zrem(f"{prefix}rec:s", member)
     raw.zadd(f"{prefix}rec:s", {member.replace('"time": 1.0', '"time": "soon"'): 1.0})
+    _check(store, logged)
+    store.close()
+
+
+def test_postgresql_skips_a_bad_pilot_row_and_a_bad_record(
+    postgres_server, logged, monkeypatch
+) -> None:
+    schema = f"t_{uuid.uuid4().hex}"
+    monkeypatch.setenv("GG_TEST_PG_PW", postgres_server.password)
+    section = {"dsn": postgres_server.dsn, "password": {"env": "GG_TEST_PG_PW"}, "schema": schema}
+    store = PostgresqlState(section, clock=FakeClock())
+    store.pilot_registry().put(_pilots())
+    store.append_record("s", {"time": 1.0, "n": 1})
+    store.append_record("s", {"time": 2.0, "n": 2})
+    with postgres_server.connect() as raw:
+        raw.execute(f"UPDATE {schema}.pilots SET state = 'bogus' WHERE job_id = 'j1'")
+        raw.execute(f"UPDATE {schema}.records SET data = '{{\"n\": 1' WHERE time = 1.0")
     _check(store, logged)
     store.close()
 

@@ -1,5 +1,5 @@
 """The registry's waiting pilots by group with their cores (issue 23), on every driver (memory,
-a real sqlite file, a real redis-server), and the migration of a sqlite file made before
+a real sqlite file, a real redis-server, a real PostgreSQL cluster), and the migration of a sqlite file made before
 pilots had cores."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from gridgate.core.clock import FakeClock
 from gridgate.core.state import Pilot, StateStore
 from gridgate.core.stores.memory import MemoryState
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.stores.sqlite import SqliteState
 
@@ -35,16 +36,25 @@ END;
 """
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def store(request, tmp_path: Path) -> Iterator[StateStore]:
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgresql"])
+def store(request, tmp_path: Path, monkeypatch) -> Iterator[StateStore]:
     clock = FakeClock()
     if request.param == "memory":
         made: StateStore = MemoryState({}, clock=clock)
     elif request.param == "sqlite":
         made = SqliteState({"path": str(tmp_path / "state.db")}, clock=clock)
-    else:
+    elif request.param == "redis":
         server = request.getfixturevalue("redis_server")
         made = RedisState({"url": server.url, "prefix": f"t-{uuid.uuid4().hex}:"}, clock=clock)
+    else:
+        cluster = request.getfixturevalue("postgres_server")
+        monkeypatch.setenv("GG_TEST_PG_PW", cluster.password)
+        section = {
+            "dsn": cluster.dsn,
+            "password": {"env": "GG_TEST_PG_PW"},
+            "schema": f"t_{uuid.uuid4().hex}",
+        }
+        made = PostgresqlState(section, clock=clock)
     yield made
     made.close()
 

@@ -1,7 +1,9 @@
-"""The StateStore contract, written once and run against every driver (memory, sqlite, redis).
+"""The StateStore contract, written once and run against every driver (memory, sqlite, redis,
+postgresql).
 
-The sqlite and redis drivers run against real storage: a file under tmp_path and a real
-redis-server started by the ``redis_server`` fixture. Expiry is driven by a FakeClock.
+The sqlite, redis and postgresql drivers run against real storage: a file under tmp_path, a real
+redis-server started by the ``redis_server`` fixture and a real PostgreSQL cluster started by the
+``postgres_server`` fixture (each test in a schema of its own). Expiry is driven by a FakeClock.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from jsonschema import Draft202012Validator
 from gridgate.core.clock import FakeClock
 from gridgate.core.state import Pilot, RoomClaim, StateError, StateStore, prefix_successor
 from gridgate.core.stores.memory import MemoryState
+from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
 from gridgate.core.stores.sqlite import SqliteState
 
-DRIVERS = ["memory", "sqlite", "redis"]
-SHARED = ["sqlite", "redis"]  # drivers whose data outlives one instance
+DRIVERS = ["memory", "sqlite", "redis", "postgresql"]
+SHARED = ["sqlite", "redis", "postgresql"]  # drivers whose data outlives one instance
 
 Factory = Callable[[FakeClock], StateStore]
 
@@ -54,12 +57,17 @@ def factory(request, tmp_path) -> Factory:
 
         def make(clock: FakeClock) -> StateStore:
             return SqliteState({"path": str(path)}, clock=clock)
-    else:
+    elif kind == "redis":
         server = request.getfixturevalue("redis_server")
         prefix = f"test-{uuid.uuid4().hex}:"
 
         def make(clock: FakeClock) -> StateStore:
             return RedisState({"url": server.url, "prefix": prefix}, clock=clock)
+    else:
+        config = pg_config(request.getfixturevalue("postgres_server"), tmp_path)
+
+        def make(clock: FakeClock) -> StateStore:
+            return PostgresqlState(config, clock=clock)
 
     def tracked(clock: FakeClock) -> StateStore:
         store = make(clock)
@@ -70,6 +78,19 @@ def factory(request, tmp_path) -> Factory:
     yield tracked
     for store in made:
         store.close()
+
+
+def pg_config(server, folder: Path) -> dict:
+    """A postgresql store's section on ``server`` in a schema of its own (a fresh one for
+    each call), its password in a private file under ``folder``."""
+    secret = folder / f"pg-{uuid.uuid4().hex}.pw"
+    secret.write_text(server.password + "\n")
+    secret.chmod(0o600)
+    return {
+        "dsn": server.dsn,
+        "password": {"file": str(secret)},
+        "schema": f"t_{uuid.uuid4().hex}",
+    }
 
 
 def drivers(names):
@@ -475,8 +496,16 @@ def test_increment_is_shared_and_survives_a_restart(factory, clock):
     assert factory(clock).increment("n") == 4
 
 
+#: the class of each shared driver, for the workers of the process races
+CLASSES: dict[str, type[StateStore]] = {
+    "sqlite": SqliteState,
+    "redis": RedisState,
+    "postgresql": PostgresqlState,
+}
+
+
 def _count_worker(kind: str, config: dict, barrier, results) -> None:
-    store: StateStore = (SqliteState if kind == "sqlite" else RedisState)(config)
+    store = CLASSES[kind](config)
     try:
         barrier.wait(timeout=60)
         results.put([store.increment("race") for _ in range(50)])
@@ -490,9 +519,12 @@ def test_increment_raced_by_four_processes_gives_every_number_once(kind, tmp_pat
     if kind == "sqlite":
         config: dict = {"path": str(tmp_path / "shared.db")}
         SqliteState(config).close()  # the schema exists before the race starts
-    else:
+    elif kind == "redis":
         server = request.getfixturevalue("redis_server")
         config = {"url": server.url, "prefix": f"test-{uuid.uuid4().hex}:"}
+    else:
+        # no store made first: the four processes create the tables at once, which must work
+        config = pg_config(request.getfixturevalue("postgres_server"), tmp_path)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
     results = ctx.Queue()
@@ -843,7 +875,13 @@ def test_redis_prefixes_keep_sites_apart(redis_server, clock):
 
 
 @pytest.mark.parametrize(
-    "name,cls", [("memory", MemoryState), ("sqlite", SqliteState), ("redis", RedisState)]
+    "name,cls",
+    [
+        ("memory", MemoryState),
+        ("sqlite", SqliteState),
+        ("redis", RedisState),
+        ("postgresql", PostgresqlState),
+    ],
 )
 def test_entry_point_and_schema(name, cls):
     (ep,) = [e for e in entry_points(group="gridgate.state") if e.name == name]
@@ -1067,7 +1105,7 @@ def test_reserve_holds_max_total_over_the_backend_and_the_waiting_cores(store):
     assert reg.reserve(_claim("e", 1, "e1", cores=4), now=100) == 1  # no limit: all of it
 
 
-@drivers(["sqlite", "redis"])
+@drivers(SHARED)
 def test_reservations_raced_from_many_connections_never_pass_the_limit(factory, clock):
     stores = [factory(clock) for _ in range(8)]
     barrier = threading.Barrier(8)
