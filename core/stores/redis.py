@@ -36,6 +36,7 @@ from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
+    LiveStates,
     Pilot,
     PilotRegistry,
     StateError,
@@ -500,6 +501,8 @@ class RedisState(StateStore):
 # --- the pilot registry ------------------------------------------------------------------------
 
 SEP = "\x1f"
+#: Between the values of one list in the answer of a lean read (``_LIVE``).
+RS = "\x1e"
 #: Pilots per Lua script.
 CHUNK = 2000
 
@@ -507,9 +510,10 @@ _PUT = """
 local P = KEYS[1]
 local rows, states, counts, finall = P..'pilots:row', P..'pilots:state', P..'pilots:count', P..'pilots:finall'
 local wn, wc = P..'pilots:waiting', P..'pilots:waiting-cores'
-for i = 1, #ARGV, 8 do
+for i = 1, #ARGV, 9 do
   local f, ep, state, terminal, changed, data = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4], ARGV[i+5]
-  local grp, cores = ARGV[i+6], tonumber(ARGV[i+7])
+  local grp, cores, submitted = ARGV[i+6], tonumber(ARGV[i+7]), ARGV[i+8]
+  local job = string.sub(f, #ep + 2)
   local old = redis.call('HGET', states, f)
   if old == 'waiting' then
     local was = cjson.decode(redis.call('HGET', rows, f))
@@ -533,11 +537,49 @@ for i = 1, #ARGV, 8 do
   if terminal == '1' then
     redis.call('ZADD', P..'pilots:fin:'..ep, changed, f)
     redis.call('ZADD', finall, changed, f)
+    redis.call('ZREM', P..'pilots:live:'..ep, job)
   else
     redis.call('SADD', P..'pilots:active:'..ep, f)
+    redis.call('ZADD', P..'pilots:live:'..ep, submitted, job)
   end
 end
 return 1
+"""
+
+# The lean read of a poll (ARGV: the endpoint): the job ids of its live pilots by submission time
+# (a sorted set beside the ``active`` set, kept by _PUT), their states and submission times, as
+# three strings of RS-separated values and their count: one reply to parse, not three values a
+# pilot. A store written before the sorted sets existed gets each one built from the rows on its
+# endpoint's first read (the marker says it is kept since).
+_LIVE = """
+local P, ep = KEYS[1], ARGV[1]
+local live, mark = P..'pilots:live:'..ep, P..'pilots:live-kept:'..ep
+if redis.call('EXISTS', mark) == 0 then
+  redis.call('DEL', live)
+  local skip = #ep + 2
+  for _, f in ipairs(redis.call('SMEMBERS', P..'pilots:active:'..ep)) do
+    local ok, row = pcall(cjson.decode, redis.call('HGET', P..'pilots:row', f) or '')
+    local at = ok and type(row) == 'table' and tonumber(row['submitted']) or 0
+    redis.call('ZADD', live, at, string.sub(f, skip))
+  end
+  redis.call('SET', mark, '1')
+end
+local all = redis.call('ZRANGE', live, 0, -1, 'WITHSCORES')
+local jobs, at, states, prefix = {}, {}, {}, ep .. '\\31'
+for i = 1, #all, 2 do
+  jobs[#jobs + 1] = all[i]
+  at[#at + 1] = all[i + 1]
+end
+for start = 1, #jobs, 1000 do
+  local fields = {}
+  for i = start, math.min(start + 999, #jobs) do
+    fields[#fields + 1] = prefix .. jobs[i]
+  end
+  for _, state in ipairs(redis.call('HMGET', P..'pilots:state', unpack(fields))) do
+    states[#states + 1] = state or ''
+  end
+end
+return {table.concat(jobs, '\\30'), table.concat(states, '\\30'), table.concat(at, '\\30'), #jobs}
 """
 
 # The waiting pilots by (backend, endpoint, group) and their cores. The first read on a store
@@ -606,6 +648,7 @@ class RedisPilots(PilotRegistry):
         self._put = self._client.register_script(_PUT)
         self._prune = self._client.register_script(_PRUNE)
         self._waiting = self._client.register_script(_WAITING)
+        self._live = self._client.register_script(_LIVE)
 
     def _rows(self, fields: Sequence[str]) -> list[Pilot]:
         if not fields:
@@ -627,8 +670,9 @@ class RedisPilots(PilotRegistry):
                 encode(pilot),
                 pilot.group,
                 str(pilot.cores),
+                repr(float(pilot.submitted)),
             ]
-        step = 8 * CHUNK
+        step = 9 * CHUNK
         for start in range(0, len(args), step):
             chunk = args[start : start + step]
             self.store.call("write pilots", self._put, keys=[self._p], args=chunk)
@@ -637,6 +681,26 @@ class RedisPilots(PilotRegistry):
         key = f"{self._p}pilots:active:{_ep(backend, endpoint)}"
         fields = cast("set[str]", self.store.call("read pilots", self._client.smembers, key))
         return sorted(self._rows(sorted(fields)), key=lambda p: (p.submitted, p.job_id))
+
+    def live_states(self, backend: str, endpoint: str) -> LiveStates:
+        ep = _ep(backend, endpoint)
+        jobs, states, submitted, n = cast(
+            "tuple[str, str, str, int]",
+            self.store.call("read pilot states", lambda: self._live(keys=[self._p], args=[ep])),
+        )
+        if not n:
+            return {}
+        ids, now, at = jobs.split(RS), states.split(RS), submitted.split(RS)
+        if not len(ids) == len(now) == len(at) == n:  # a job id holding RS: read whole rows
+            return super().live_states(backend, endpoint)
+        found = dict(zip(ids, zip(now, map(float, at), strict=True), strict=True))
+        if "" in now:  # in the sorted set, no longer in the states (a store half restored)
+            return {job: live for job, live in found.items() if live[0]}
+        return found
+
+    def get_many(self, backend: str, endpoint: str, job_ids: Iterable[str]) -> list[Pilot]:
+        prefix = f"{_ep(backend, endpoint)}{SEP}"
+        return self._rows([prefix + job for job in dict.fromkeys(job_ids)])
 
     def counts(self) -> Counts:
         raw = cast(
