@@ -165,9 +165,9 @@ def child(size: int, active: float, iterations: int, redis_url: str = "") -> dic
     answers = []
     for _ in range(3):
         begin_cpu = time.process_time()
-        for endpoint in ENDPOINTS:
+        for where in ENDPOINTS:
             Backend().gridgate_job_status(
-                endpoint=endpoint, job_ids=[f"job-{i:07d}" for i in range(live // 11)], timeout=1
+                endpoint=where, job_ids=[f"job-{i:07d}" for i in range(live // 11)], timeout=1
             )
         answers.append(time.process_time() - begin_cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
