@@ -66,7 +66,7 @@ class _Poll:
     commands: int = 0
     changed: int = 0
     #: the state and submission time of each pilot still live after the poll
-    live: LiveStates = field(default_factory=dict)
+    live: LiveStates = field(default_factory=LiveStates)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class _Target:
 
     @functools.cached_property
     def ids(self) -> list[str]:
-        return list(self.live)
+        return list(self.live.states)
 
     def poll(self, outcome: str, commands: int = 0) -> _Poll:
         """The poll, ended as ``outcome`` (its pilots all still live)."""
@@ -634,14 +634,14 @@ class PilotTracker:
             if self._blind_pm is not self.runtime.pm:  # plugins rebuilt: ask every backend again
                 self._blind_pm, self._blind = self.runtime.pm, set()
             if endpoint.backend in self._blind:  # it said it cannot: no need to read its pilots
-                return {}
+                return LiveStates()
         if interval is not None and not self._due(endpoint, interval, now):
-            return {}  # polled recently (by any director): its pilots are not even read
+            return LiveStates()  # polled recently (by any director): its pilots are not even read
         live = registry.live_states(endpoint.backend, endpoint.name)
         if not live:
-            return {}
+            return LiveStates()
         if interval is not None and not self._claim(endpoint, interval, now):
-            return {}
+            return LiveStates()
         return live
 
     def _ask(
@@ -778,7 +778,7 @@ class PilotTracker:
         get = result.statuses.get
         moving = [
             job
-            for job, (state, _submitted) in target.live.items()
+            for job, state in target.live.states.items()
             if (status := get(job)) is None or status.state != state or state == "unknown"
         ]
         changes: list[Pilot] = []
@@ -806,14 +806,13 @@ class PilotTracker:
             if new != pilot:
                 changes.append(new)
         registry.put(changes)
-        still = dict(target.live)
-        for job in ended:
-            del still[job]
+        states, submitted = dict(target.live.states), dict(target.live.submitted)
+        for job in [*ended, *(p.job_id for p in changes if p.terminal)]:
+            del states[job], submitted[job]
         for pilot in changes:
-            if pilot.terminal:
-                still.pop(pilot.job_id, None)
-            else:
-                still[pilot.job_id] = (pilot.state, pilot.submitted)
+            if not pilot.terminal:
+                states[pilot.job_id] = pilot.state
+        still = LiveStates(states, submitted)
         return _Poll(endpoint, len(target.ids), "ok", result.commands, len(changes), live=still)
 
     # --- waiting too long --------------------------------------------------------------------------
@@ -849,8 +848,11 @@ class PilotTracker:
         if limit is None:
             return 0
         most = float(limit)
+        submitted = poll.live.submitted
         ids = [
-            job for job, (state, at) in poll.live.items() if state == "waiting" and now - at > most
+            job
+            for job, state in poll.live.states.items()
+            if state == "waiting" and now - submitted[job] > most
         ]
         if not ids:
             return 0

@@ -689,13 +689,16 @@ class RedisPilots(PilotRegistry):
             self.store.call("read pilot states", lambda: self._live(keys=[self._p], args=[ep])),
         )
         if not n:
-            return {}
+            return LiveStates()
         # job SEP state SEP submitted RS job SEP ...: split at C speed, with no loop a pilot
         parts = text.replace(SEP, RS).split(RS)
         if len(parts) != 3 * n:  # a job id holding SEP or RS: read whole rows
             return super().live_states(backend, endpoint)
-        states = zip(parts[1::3], map(float, parts[2::3]), strict=True)
-        return dict(zip(parts[::3], states, strict=True))
+        ids = parts[::3]
+        return LiveStates(
+            dict(zip(ids, parts[1::3], strict=True)),
+            dict(zip(ids, map(float, parts[2::3]), strict=True)),
+        )
 
     def get_many(self, backend: str, endpoint: str, job_ids: Iterable[str]) -> list[Pilot]:
         prefix = f"{_ep(backend, endpoint)}{SEP}"

@@ -498,7 +498,7 @@ class SqlitePilots(PilotRegistry):
             "WHERE backend = ? AND endpoint = ? AND terminal = 0 ORDER BY submitted, job_id",
             (backend, endpoint),
         )
-        return {job: (state, submitted) for job, state, submitted in rows}
+        return LiveStates({j: s for j, s, _t in rows}, {j: t for j, _s, t in rows})
 
     def get_many(self, backend: str, endpoint: str, job_ids: Iterable[str]) -> list[Pilot]:
         wanted = list(dict.fromkeys(job_ids))

@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 
 from gridgate.core.clock import FakeClock
 from gridgate.core.state import (
+    LiveStates,
     MemoryPilots,
     Pilot,
     PilotRegistry,
@@ -973,16 +974,17 @@ def _live_fleet(reg) -> None:
 def _check_live_reads(reg) -> None:
     live = reg.live_states("b", "e1")
     # oldest submission first, ties by job id: the order of active()
-    assert list(live.items()) == [(p.job_id, (p.state, p.submitted)) for p in reg.active("b", "e1")]
-    assert live == {
-        "j2": ("running", 1.0),
-        "j1": ("running", 5.0),
-        "back": ("waiting", 7.0),
-        "odd\x1e\x1fid": ("waiting", 8.0),
-        "j0": ("unknown", 9.0),
-    }
-    assert reg.live_states("b", "e2") == {"j9": ("waiting", 100.0)}
-    assert reg.live_states("b", "nowhere") == {}
+    active = reg.active("b", "e1")
+    assert list(live.states.items()) == [(p.job_id, p.state) for p in active]
+    assert list(live.submitted.items()) == [(p.job_id, p.submitted) for p in active]
+    assert live == LiveStates(
+        {"j2": "running", "j1": "running", "back": "waiting", "odd\x1e\x1fid": "waiting"}
+        | {"j0": "unknown"},
+        {"j2": 1.0, "j1": 5.0, "back": 7.0, "odd\x1e\x1fid": 8.0, "j0": 9.0},
+    )
+    assert len(live) == 5
+    assert reg.live_states("b", "e2") == LiveStates({"j9": "waiting"}, {"j9": 100.0})
+    assert reg.live_states("b", "nowhere") == LiveStates()
     # whole rows, terminal ones too, in the order asked; an unknown id is left out
     got = reg.get_many("b", "e1", ["j0", "nope", "j3", "odd\x1e\x1fid", "j9"])
     assert [(p.job_id, p.state) for p in got] == [
@@ -994,7 +996,7 @@ def _check_live_reads(reg) -> None:
     assert reg.get_many("b", "e1", []) == []
     assert reg.get_many("b", "e1", ["j0", "j0"]) == [got[0]]  # once
     reg.put([_pilot("j1", submitted=5, state="done", changed=80), _pilot("j4", submitted=2)])
-    assert list(reg.live_states("b", "e1")) == ["j2", "j4", "back", "odd\x1e\x1fid", "j0"]
+    assert list(reg.live_states("b", "e1").states) == ["j2", "j4", "back", "odd\x1e\x1fid", "j0"]
 
 
 @drivers(DRIVERS)
@@ -1044,7 +1046,7 @@ def test_pilots_live_states_shared_and_bulk(factory, clock):
     first, other = factory(clock).pilot_registry(), factory(clock).pilot_registry()
     first.put(_pilot(f"j{i:05d}", f"e{i % 4}", submitted=10_000 - i) for i in range(10_000))
     live = other.live_states("b", "e3")
-    assert len(live) == 2500 and next(iter(live)) == "j09999"
+    assert len(live) == 2500 and next(iter(live.states)) == "j09999"
     other.put(_pilot(f"j{i:05d}", "e3", "done", submitted=10_000 - i) for i in range(3, 10_000, 8))
     assert len(first.live_states("b", "e3")) == 1250
 
@@ -1059,10 +1061,10 @@ def test_redis_live_states_of_a_store_written_before_them(redis_server, clock):
         client = store.client
         old = [k for k in client.keys(f"{store.prefix}pilots:live*")]
         assert old and client.delete(*old) == len(old)
-        assert reg.live_states("b", "e2") == {"j9": ("waiting", 100.0)}
+        assert reg.live_states("b", "e2") == LiveStates({"j9": "waiting"}, {"j9": 100.0})
         assert client.exists(f"{store.prefix}pilots:live:b\x1fe2")
         reg.put([_pilot("j9", "e2", "done", changed=300)])  # later writes keep it
-        assert reg.live_states("b", "e2") == {}
+        assert not reg.live_states("b", "e2")
         reg.put([_pilot("j9", "e2")])
         _check_live_reads(reg)
     finally:
