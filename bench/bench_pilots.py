@@ -7,15 +7,24 @@ and kept for the accounting) over 11 endpoints, then iterations are timed with t
 (the baseline), with tracking on but no poll due (``status_interval`` not reached: counts and
 limits only), and with a poll of every endpoint at every iteration. The backend answers in
 process (no command), so the figures are the director's own cost plus building the answers.
+Beside the wall times: the director's CPU time (``time.process_time``, all its threads) and, on
+Redis, the server's own (``INFO cpu``); a poll's cost per live pilot is the CPU of a polling
+iteration less that of one with no poll due, over the live pilots.
+
+``--baseline REV`` runs each size a second time, first, on the code of commit REV (its
+``core``, ``plugins`` and ``demo`` put before the installed package on ``PYTHONPATH``) against
+the same redis-server, and gives the ratios of this code to it: a before/after in one run.
 
     .venv/bin/python bench/bench_pilots.py [--sizes 1000 100000] [--active 0.1] [--json]
     .venv/bin/python bench/bench_pilots.py --driver redis   # starts its own redis-server
+    .venv/bin/python bench/bench_pilots.py --sizes 100000 --active 1 --baseline 1274d90
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import socket
@@ -113,7 +122,15 @@ def child(size: int, active: float, iterations: int, redis_url: str = "") -> dic
     fill_s = time.perf_counter() - started
     rss_filled = rss_mb()
 
-    def timed(track: bool, interval: float | None) -> float:
+    def redis_cpu() -> float:
+        """Seconds of CPU the redis-server has used (0 on sqlite)."""
+        if not redis_url:
+            return 0.0
+        info = store.client.info("cpu")  # type: ignore[attr-defined]
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def timed(track: bool, interval: float | None) -> tuple[float, float, float]:
+        """Medians of an iteration's wall and CPU time, and the server's mean CPU time."""
         doc = {
             "director": {
                 "cycle_seconds": 1,
@@ -129,18 +146,30 @@ def child(size: int, active: float, iterations: int, redis_url: str = "") -> dic
             validate_document(doc), clock=clock, extra_plugins=[Backend()], state=store
         )
         director.run_iteration()  # warm: the first poll (when polling) of every endpoint
-        times = []
+        times, cpu = [], []
+        server = redis_cpu()
         for _ in range(iterations):
             clock.advance(1)
-            begin = time.perf_counter()
+            begin, begin_cpu = time.perf_counter(), time.process_time()
             director.run_iteration()
             times.append(time.perf_counter() - begin)
+            cpu.append(time.process_time() - begin_cpu)
+        server = (redis_cpu() - server) / iterations
         director.close()
-        return statistics.median(times)
+        return statistics.median(times), statistics.median(cpu), server
 
-    untracked = timed(False, None)
-    no_poll = timed(True, 1e9)
-    polling = timed(True, None)
+    untracked, _cpu, _server = timed(False, None)
+    no_poll, no_poll_cpu, no_poll_server = timed(True, 86400)  # the schema's maximum
+    polling, polling_cpu, polling_server = timed(True, None)
+    # what building the backend's answers costs of that (JobStatus objects, not the registry)
+    answers = []
+    for _ in range(3):
+        begin_cpu = time.process_time()
+        for where in ENDPOINTS:
+            Backend().gridgate_job_status(
+                endpoint=where, job_ids=[f"job-{i:07d}" for i in range(live // 11)], timeout=1
+            )
+        answers.append(time.process_time() - begin_cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     store.close()
     return {
@@ -150,6 +179,13 @@ def child(size: int, active: float, iterations: int, redis_url: str = "") -> dic
         "iteration_untracked_ms": round(untracked * 1000, 2),
         "iteration_tracked_no_poll_ms": round(no_poll * 1000, 2),
         "iteration_tracked_polling_ms": round(polling * 1000, 2),
+        "iteration_tracked_no_poll_cpu_ms": round(no_poll_cpu * 1000, 2),
+        "iteration_tracked_polling_cpu_ms": round(polling_cpu * 1000, 2),
+        "poll_cpu_us_per_live_pilot": round((polling_cpu - no_poll_cpu) / live * 1e6, 2),
+        "answers_cpu_us_per_live_pilot": round(min(answers) / (live // 11 * 11) * 1e6, 2),
+        "poll_server_cpu_us_per_live_pilot": (
+            round((polling_server - no_poll_server) / live * 1e6, 2) if redis_url else None
+        ),
         "rss_after_fill_mb": round(rss_filled, 1),
         "peak_rss_mb": round(peak, 1),
         "db_mb": round((folder / "state.db").stat().st_size / 2**20, 1) if not redis_url else None,
@@ -208,38 +244,36 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=7)
     parser.add_argument("--driver", choices=["sqlite", "redis"], default="sqlite")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--baseline", metavar="REV", help="Also run each size on the code of this commit."
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         print(json.dumps(child(args.child, args.active, args.iterations, args.redis_url)))
         return
-    results = []
+    results, before = [], []
     server = RedisServer() if args.driver == "redis" else None
     url = server.__enter__() if server is not None else ""
+    old = tempfile.TemporaryDirectory(prefix="bench-pilots-baseline-") if args.baseline else None
     try:
+        if old is not None:
+            checkout(args.baseline, Path(old.name))
         for size in args.sizes:
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    str(size),
-                    "--active",
-                    str(args.active),
-                    "--iterations",
-                    str(args.iterations),
-                    "--redis-url",
-                    url,
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
+            argv = [sys.executable, __file__, "--child", str(size), "--active", str(args.active)]
+            argv += ["--iterations", str(args.iterations), "--redis-url", url]
+            if old is not None:
+                env = {**os.environ, "PYTHONPATH": old.name}
+                out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+                before.append(json.loads(out.stdout))
+            out = subprocess.run(argv, capture_output=True, text=True, check=True)
             results.append(json.loads(out.stdout))
     finally:
         if server is not None:
             server.__exit__()
+        if old is not None:
+            old.cleanup()
     small, large = results[0], results[-1]
     ratios = {
         key: round(large[key] / small[key], 2)
@@ -250,19 +284,69 @@ def main() -> None:
             "peak_rss_mb",
         )
     }
-    report = {"driver": args.driver, "results": results, "ratios_largest_to_smallest": ratios}
+    report: dict[str, Any] = {
+        "driver": args.driver,
+        "results": results,
+        "ratios_largest_to_smallest": ratios,
+    }
+    if before:
+        report["baseline"] = {"commit": args.baseline, "results": before}
+        report["ratios_to_baseline"] = [
+            {
+                "size": new["size"],
+                **{
+                    key: round(new[key] / was[key], 3) if was[key] else None
+                    for key in (
+                        "iteration_tracked_polling_ms",
+                        "iteration_tracked_polling_cpu_ms",
+                        "poll_cpu_us_per_live_pilot",
+                        "poll_server_cpu_us_per_live_pilot",
+                    )
+                    if new[key] is not None
+                },
+            }
+            for new, was in zip(results, before, strict=True)
+        ]
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    for r in results:
-        print(
-            f"{r['size']:>7} pilots ({r['active']} live): iteration untracked "
-            f"{r['iteration_untracked_ms']} ms, tracked {r['iteration_tracked_no_poll_ms']} ms, "
-            f"tracked+polling {r['iteration_tracked_polling_ms']} ms; RSS {r['rss_after_fill_mb']} MB "
-            f"(peak {r['peak_rss_mb']} MB); fill {r['fill_s']} s"
-            + (f"; sqlite file {r['db_mb']} MB" if r["db_mb"] is not None else "")
-        )
+    for label, rows in (("baseline " + str(args.baseline), before), ("this code", results)):
+        if before:
+            print(label)
+        for r in rows:
+            print_row(r)
     print("ratios largest/smallest:", ratios)
+    for row in report.get("ratios_to_baseline", []):
+        print("ratios this code / baseline:", row)
+
+
+def checkout(rev: str, folder: Path) -> None:
+    """The package folders of commit ``rev`` under ``folder/gridgate``, as installed."""
+    for part in ("core", "plugins", "demo"):
+        target = folder / "gridgate" / part
+        target.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parents[1]), "archive", rev, part],
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(
+            ["tar", "-x", "-C", str(target), "--strip-components=1"], input=archive, check=True
+        )
+
+
+def print_row(r: dict[str, Any]) -> None:
+    server = r["poll_server_cpu_us_per_live_pilot"]
+    print(
+        f"{r['size']:>7} pilots ({r['active']} live): iteration untracked "
+        f"{r['iteration_untracked_ms']} ms, tracked {r['iteration_tracked_no_poll_ms']} ms, "
+        f"tracked+polling {r['iteration_tracked_polling_ms']} ms; RSS {r['rss_after_fill_mb']} MB "
+        f"(peak {r['peak_rss_mb']} MB); fill {r['fill_s']} s"
+        + (f"; sqlite file {r['db_mb']} MB" if r["db_mb"] is not None else "")
+        + f"; poll CPU {r['poll_cpu_us_per_live_pilot']} us/live pilot"
+        + f" (of which the answers {r['answers_cpu_us_per_live_pilot']} us)"
+        + (f" (+ redis-server {server} us)" if server is not None else "")
+    )
 
 
 if __name__ == "__main__":

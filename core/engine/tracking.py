@@ -4,9 +4,11 @@ waited too long, and takes out of rotation an endpoint whose pilots abort.
 At the start of each iteration, after the demand hooks and before anything is submitted, the
 :class:`PilotTracker` polls each endpoint that is due (``status_interval``) with one
 ``gridgate_job_status`` call carrying every non-terminal pilot of that endpoint, under an
-admission grant of category ``query`` and the command deadline. A failed query is a failure of
-that server, classified and escalated like a failed submission; its pilots keep their last
-state. Then the demand is trimmed to ``max_waiting`` and ``max_waiting_cores`` (per endpoint)
+admission grant of category ``query`` and the command deadline. The poll reads the pilots'
+states and submission times alone (``PilotRegistry.live_states``), then reads and writes whole
+rows only for the pilots whose state the answer changes. A failed query is a failure of that
+server, classified and escalated like a failed submission; its pilots keep their last state.
+Then the demand is trimmed to ``max_waiting`` and ``max_waiting_cores`` (per endpoint)
 and ``max_total`` (per backend), and each submission reserves room on the endpoint it goes to.
 """
 
@@ -44,7 +46,7 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
-from gridgate.core.state import Counts, Pilot, PilotRegistry, StateError
+from gridgate.core.state import Counts, LiveStates, Pilot, PilotRegistry, StateError
 
 #: An endpoint's last poll as ``gridgate servers show`` tells it (time, outcome, pilots asked
 #: about, how many changed), kept as long as finished pilots are.
@@ -63,24 +65,26 @@ class _Poll:
     outcome: str  # ok, failed, refused, unsupported, skipped
     commands: int = 0
     changed: int = 0
-    active: list[Pilot] = field(default_factory=list)
+    #: the state and submission time of each pilot still live after the poll
+    live: LiveStates = field(default_factory=LiveStates)
 
 
 @dataclass(frozen=True)
 class _Target:
-    """One endpoint's pilots being polled (``retired``: the endpoint left the config)."""
+    """One endpoint's pilots being polled, as the registry's lean read gives them (their
+    states and submission times, no rows); ``retired``: the endpoint left the config."""
 
     endpoint: Endpoint
-    active: list[Pilot]
+    live: LiveStates
     retired: bool
 
     @functools.cached_property
     def ids(self) -> list[str]:
-        return [p.job_id for p in self.active]
+        return list(self.live.states)
 
     def poll(self, outcome: str, commands: int = 0) -> _Poll:
-        """The poll, ended as ``outcome`` (its pilots all still active)."""
-        return _Poll(self.endpoint, len(self.active), outcome, commands, active=self.active)
+        """The poll, ended as ``outcome`` (its pilots all still live)."""
+        return _Poll(self.endpoint, len(self.live), outcome, commands, live=self.live)
 
 
 class PilotTracker:
@@ -639,10 +643,10 @@ class PilotTracker:
         """Poll ``endpoint``'s pilots, when it is due (None when not): admission, the status
         query, then what its answer says (no answer, an answer cut by gridgate's own output
         cap, a failure, or the pilots' states, written to the registry)."""
-        active = self._pollable(registry, endpoint, interval, now)
-        if not active:
+        live = self._pollable(registry, endpoint, interval, now)
+        if not live:
             return None
-        target = _Target(endpoint, active, retired)
+        target = _Target(endpoint, live, retired)
         asked = self._ask(target, timeout, interval)
         if isinstance(asked, _Poll):
             return asked
@@ -657,22 +661,23 @@ class PilotTracker:
 
     def _pollable(
         self, registry: PilotRegistry, endpoint: Endpoint, interval: float | None, now: float
-    ) -> list[Pilot]:
-        """``endpoint``'s active pilots when this director polls it now; none when its backend
-        cannot report states, its last poll (by any director) is recent, or none is active."""
+    ) -> LiveStates:
+        """``endpoint``'s live pilots (states and submission times) when this director polls it
+        now; none when its backend cannot report states, its last poll (by any director) is
+        recent, or none is live."""
         with self._lock:
             if self._blind_pm is not self.runtime.pm:  # plugins rebuilt: ask every backend again
                 self._blind_pm, self._blind = self.runtime.pm, set()
             if endpoint.backend in self._blind:  # it said it cannot: no need to read its pilots
-                return []
+                return LiveStates()
         if interval is not None and not self._due(endpoint, interval, now):
-            return []  # polled recently (by any director): its pilots are not even read
-        active = registry.active(endpoint.backend, endpoint.name)
-        if not active:
-            return []
+            return LiveStates()  # polled recently (by any director): its pilots are not even read
+        live = registry.live_states(endpoint.backend, endpoint.name)
+        if not live:
+            return LiveStates()
         if interval is not None and not self._claim(endpoint, interval, now):
-            return []
-        return active
+            return LiveStates()
+        return live
 
     def _ask(
         self, target: _Target, timeout: float, interval: float | None
@@ -797,11 +802,27 @@ class PilotTracker:
         lost_after: float,
         now: float,
     ) -> _Poll:
-        """Write what the answer says of each pilot to the registry (one the backend has not
-        known for ``lost_after`` seconds is lost)."""
+        """Write what the answer says of each pilot whose state it changes to the registry (one
+        the backend has not known for ``lost_after`` seconds is lost).
+
+        The answer is compared with the states the lean read gave: only the pilots it moves,
+        and those still unknown (which may now be lost), are read whole and written, so a poll
+        where nothing changed reads no row and writes nothing. A pilot's ``native`` and
+        ``reason`` are what the backend said at its last change of state."""
+        endpoint = target.endpoint
+        get = result.statuses.get
+        moving = [
+            job
+            for job, state in target.live.states.items()
+            if (status := get(job)) is None or status.state != state or state == "unknown"
+        ]
         changes: list[Pilot] = []
-        for pilot in target.active:
-            status = result.statuses.get(pilot.job_id)
+        ended: list[str] = []
+        for pilot in registry.get_many(endpoint.backend, endpoint.name, moving):
+            if pilot.terminal:  # ended since the lean read (cancelled by another director)
+                ended.append(pilot.job_id)
+                continue
+            status = get(pilot.job_id)
             if status is None:
                 new = pilot.moved("unknown", now, pilot.native, "no longer known to the backend")
             else:
@@ -820,16 +841,14 @@ class PilotTracker:
             if new != pilot:
                 changes.append(new)
         registry.put(changes)
-        changed = {p.job_id: p for p in changes}
-        still = [changed.get(p.job_id, p) for p in target.active]
-        return _Poll(
-            target.endpoint,
-            len(target.ids),
-            "ok",
-            result.commands,
-            len(changes),
-            active=[p for p in still if not p.terminal],
-        )
+        states, submitted = dict(target.live.states), dict(target.live.submitted)
+        for job in [*ended, *(p.job_id for p in changes if p.terminal)]:
+            del states[job], submitted[job]
+        for pilot in changes:
+            if not pilot.terminal:
+                states[pilot.job_id] = pilot.state
+        still = LiveStates(states, submitted)
+        return _Poll(endpoint, len(target.ids), "ok", result.commands, len(changes), live=still)
 
     # --- waiting too long --------------------------------------------------------------------------
 
@@ -863,7 +882,17 @@ class PilotTracker:
         limit = settings.for_endpoint(poll.endpoint, "max_wait_time")
         if limit is None:
             return 0
-        old = [p for p in poll.active if p.state == "waiting" and now - p.submitted > float(limit)]
+        most = float(limit)
+        submitted = poll.live.submitted
+        ids = [
+            job
+            for job, state in poll.live.states.items()
+            if state == "waiting" and now - submitted[job] > most
+        ]
+        if not ids:
+            return 0
+        rows = registry.get_many(poll.endpoint.backend, poll.endpoint.name, ids)
+        old = [p for p in rows if p.state == "waiting"]  # the rows as they are now
         if not old:
             return 0
         timeout = self.runtime.timeout(info)

@@ -37,6 +37,7 @@ from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
+    LiveStates,
     Pilot,
     PilotRegistry,
     RoomClaim,
@@ -545,16 +546,21 @@ class RedisState(StateStore):
 # --- the pilot registry ------------------------------------------------------------------------
 
 SEP = "\x1f"
+#: Between the values of one list in the answer of a lean read (``_LIVE``).
+RS = "\x1e"
 #: Pilots per Lua script.
 CHUNK = 2000
+#: The arguments of one pilot to _PUT.
+_PUT_FIELDS = 9
 
 _PUT = """
 local P = KEYS[1]
 local rows, states, counts, finall = P..'pilots:row', P..'pilots:state', P..'pilots:count', P..'pilots:finall'
 local wn, wc = P..'pilots:waiting', P..'pilots:waiting-cores'
-for i = 1, #ARGV, 8 do
+for i = 1, #ARGV, 9 do
   local f, ep, state, terminal, changed, data = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4], ARGV[i+5]
-  local grp, cores = ARGV[i+6], tonumber(ARGV[i+7])
+  local grp, cores, submitted = ARGV[i+6], tonumber(ARGV[i+7]), ARGV[i+8]
+  local job = string.sub(f, #ep + 2)
   local old = redis.call('HGET', states, f)
   if old == 'waiting' then
     local was = cjson.decode(redis.call('HGET', rows, f))
@@ -569,6 +575,10 @@ for i = 1, #ARGV, 8 do
   if old then
     redis.call('HINCRBY', counts, ep .. '\\31' .. old, -1)
     redis.call('SREM', P..'pilots:active:'..ep, f)
+    local was = redis.call('HGET', P..'pilots:live-member:'..ep, job)
+    if was then
+      redis.call('ZREM', P..'pilots:live:'..ep, was)
+    end
     redis.call('ZREM', P..'pilots:fin:'..ep, f)
     redis.call('ZREM', finall, f)
   end
@@ -578,11 +588,45 @@ for i = 1, #ARGV, 8 do
   if terminal == '1' then
     redis.call('ZADD', P..'pilots:fin:'..ep, changed, f)
     redis.call('ZADD', finall, changed, f)
+    redis.call('HDEL', P..'pilots:live-member:'..ep, job)
   else
+    local member = job .. '\\31' .. state .. '\\31' .. submitted
     redis.call('SADD', P..'pilots:active:'..ep, f)
+    redis.call('ZADD', P..'pilots:live:'..ep, submitted, member)
+    redis.call('HSET', P..'pilots:live-member:'..ep, job, member)
   end
 end
 return 1
+"""
+
+# The lean read of a poll (ARGV: the endpoint): its live pilots as a sorted set beside the
+# ``active`` set, kept by _PUT, whose members are ``job id SEP state SEP submitted`` scored by
+# submission time (a hash job id -> member says which member to replace), returned as one
+# string, the members joined by RS: one value for redis-py to parse, not one a pilot, and no
+# score to format. A store written before the sorted sets existed gets each one built from the
+# rows on its endpoint's first read (the marker says it is kept since).
+_LIVE = """
+local P, ep = KEYS[1], ARGV[1]
+local live, mark = P..'pilots:live:'..ep, P..'pilots:live-kept:'..ep
+local members = P..'pilots:live-member:'..ep
+if redis.call('EXISTS', mark) == 0 then
+  redis.call('DEL', live, members)
+  local skip = #ep + 2
+  for _, f in ipairs(redis.call('SMEMBERS', P..'pilots:active:'..ep)) do
+    local state = redis.call('HGET', P..'pilots:state', f)
+    local ok, row = pcall(cjson.decode, redis.call('HGET', P..'pilots:row', f) or '')
+    local at = ok and type(row) == 'table' and tonumber(row['submitted']) or 0
+    if state then
+      local job = string.sub(f, skip)
+      local member = job .. '\\31' .. state .. '\\31' .. string.format('%.17g', at)
+      redis.call('ZADD', live, at, member)
+      redis.call('HSET', members, job, member)
+    end
+  end
+  redis.call('SET', mark, '1')
+end
+local all = redis.call('ZRANGE', live, 0, -1)
+return {table.concat(all, '\\30'), #all}
 """
 
 # The waiting pilots by (backend, endpoint, group) and their cores. The first read on a store
@@ -710,6 +754,7 @@ class RedisPilots(PilotRegistry):
         self._put = self._client.register_script(_PUT)
         self._prune = self._client.register_script(_PRUNE)
         self._waiting = self._client.register_script(_WAITING)
+        self._live = self._client.register_script(_LIVE)
         self._reserve = self._client.register_script(_RESERVE)
         self._cores_kept = False
 
@@ -723,7 +768,7 @@ class RedisPilots(PilotRegistry):
 
     def put(self, pilots: Iterable[Pilot]) -> None:
         args = self._put_args(pilots)
-        step = 8 * CHUNK
+        step = _PUT_FIELDS * CHUNK
         for start in range(0, len(args), step):
             chunk = args[start : start + step]
             self.store.call("write pilots", self._put, keys=[self._p], args=chunk)
@@ -741,6 +786,7 @@ class RedisPilots(PilotRegistry):
                 encode(pilot),
                 pilot.group,
                 str(pilot.cores),
+                repr(float(pilot.submitted)),
             ]
         return args
 
@@ -748,6 +794,28 @@ class RedisPilots(PilotRegistry):
         key = f"{self._p}pilots:active:{_ep(backend, endpoint)}"
         fields = cast("set[str]", self.store.call("read pilots", self._client.smembers, key))
         return sorted(self._rows(sorted(fields)), key=lambda p: (p.submitted, p.job_id))
+
+    def live_states(self, backend: str, endpoint: str) -> LiveStates:
+        ep = _ep(backend, endpoint)
+        text, n = cast(
+            "tuple[str, int]",
+            self.store.call("read pilot states", lambda: self._live(keys=[self._p], args=[ep])),
+        )
+        if not n:
+            return LiveStates()
+        # job SEP state SEP submitted RS job SEP ...: split at C speed, with no loop a pilot
+        parts = text.replace(SEP, RS).split(RS)
+        if len(parts) != 3 * n:  # a job id holding SEP or RS: read whole rows
+            return super().live_states(backend, endpoint)
+        ids = parts[::3]
+        return LiveStates(
+            dict(zip(ids, parts[1::3], strict=True)),
+            dict(zip(ids, map(float, parts[2::3]), strict=True)),
+        )
+
+    def get_many(self, backend: str, endpoint: str, job_ids: Iterable[str]) -> list[Pilot]:
+        prefix = f"{_ep(backend, endpoint)}{SEP}"
+        return self._rows([prefix + job for job in dict.fromkeys(job_ids)])
 
     def counts(self) -> Counts:
         raw = cast(
@@ -866,7 +934,7 @@ class RedisPilots(PilotRegistry):
     def put_reserved(self, pilots: Iterable[Pilot], holder: str) -> None:
         pilots = list(pilots)
         args = self._put_args(pilots)
-        if len(args) > 8 * CHUNK:  # not one submission's: the room is settled after them
+        if len(args) > _PUT_FIELDS * CHUNK:  # not one submission's: settled after them
             super().put_reserved(pilots, holder)
             return
 

@@ -13,6 +13,7 @@ from gridgate.core.clock import FakeClock
 from gridgate.core.engine.director import Director, summary_json
 from gridgate.core.engine.limits import PilotRoom
 from gridgate.core.model import Endpoint, Grant, Refusal
+from gridgate.core.state import MemoryPilots
 from gridgate.core.stores.memory import MemoryState
 from gridgate.core.stores.sqlite import SqliteState
 from gridgate.core.testing import Collector, stand_in_command
@@ -910,3 +911,47 @@ def test_demand_of_a_backend_whose_credential_is_unusable_is_skipped_for_it_not_
         assert sum(r.pilots for r in summary.records) == 3
     finally:
         director.close()
+
+
+class _ReadsCounted(MemoryPilots):
+    """The memory registry, saying which pilots were read whole and which were written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[str] = []
+        self.written: list[str] = []
+
+    def get_many(self, backend, endpoint, job_ids):
+        job_ids = list(job_ids)
+        self.read += job_ids
+        return super().get_many(backend, endpoint, job_ids)
+
+    def put(self, pilots):
+        pilots = list(pilots)
+        self.written += [p.job_id for p in pilots]
+        super().put(pilots)
+
+
+def test_a_poll_reads_and_writes_only_the_pilots_whose_state_changed():
+    clock = FakeClock()
+    state = MemoryState(clock=clock)
+    counted = state._pilot_registry = _ReadsCounted()
+    backend = TrackingBackend(servers=1)
+    director = make(backend, pilots=6, state=state, clock=clock)
+    director.run_iteration()
+    director.config.data["demand"]["static"][BACKEND] = 0
+    moved = backend.move("s0", "running", 2)
+    counted.read, counted.written = [], []
+    director.run_iteration()
+    assert len(backend.status_calls[-1][1]) == 6  # every live pilot asked about
+    assert sorted(counted.read) == sorted(counted.written) == sorted(moved)
+    assert registry(director).get(BACKEND, "s0", moved[0]).native == "RUNNING"
+    # nothing changed, or only the backend's words for a state that did not change: no row
+    # read, nothing written (a pilot's reason is the one of its last change of state)
+    backend.move("s0", "waiting", reason="held by the admin", only="waiting")
+    counted.read, counted.written = [], []
+    clock.advance(1)
+    director.run_iteration()
+    assert counted.read == counted.written == []
+    assert states(director) == {"waiting": 4, "running": 2}
+    director.close()

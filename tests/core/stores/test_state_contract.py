@@ -25,7 +25,16 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from gridgate.core.clock import FakeClock
-from gridgate.core.state import Pilot, RoomClaim, StateError, StateStore, prefix_successor
+from gridgate.core.state import (
+    LiveStates,
+    MemoryPilots,
+    Pilot,
+    PilotRegistry,
+    RoomClaim,
+    StateError,
+    StateStore,
+    prefix_successor,
+)
 from gridgate.core.stores.memory import MemoryState
 from gridgate.core.stores.postgresql import PostgresqlState
 from gridgate.core.stores.redis import RedisState
@@ -1034,6 +1043,126 @@ def test_pilots_bulk_of_ten_thousand(store):
     assert sum(n for (_b, _e, s), n in reg.counts().items() if s == "done") == 5000
     assert len(reg.active("b", "e0")) == 0 and len(reg.active("b", "e1")) == 2500
     assert reg.prune(before=1000) == 5000
+
+
+def _live_fleet(reg) -> None:
+    """Pilots for the lean reads: ties of submission time, every kind of state, a terminal
+    pilot made live again, other endpoints and backends, a job id holding the separators
+    some drivers use."""
+    reg.put(
+        [
+            _pilot("j3", submitted=5),
+            _pilot("j1", submitted=5, state="running"),
+            _pilot("j0", submitted=9, state="unknown", changed=20),
+            _pilot("j2", submitted=1, state="running"),
+            _pilot("done", submitted=0, state="done", changed=50),
+            _pilot("back", submitted=7, state="failed", changed=60),
+            _pilot("odd\x1e\x1fid", submitted=8),
+            _pilot("j9", "e2"),
+            _pilot("j8", backend="other"),
+        ]
+    )
+    reg.put([_pilot("j3", submitted=5, state="cancelled", changed=70), _pilot("back", submitted=7)])
+
+
+def _check_live_reads(reg) -> None:
+    live = reg.live_states("b", "e1")
+    # oldest submission first, ties by job id: the order of active()
+    active = reg.active("b", "e1")
+    assert list(live.states.items()) == [(p.job_id, p.state) for p in active]
+    assert list(live.submitted.items()) == [(p.job_id, p.submitted) for p in active]
+    assert live == LiveStates(
+        {"j2": "running", "j1": "running", "back": "waiting", "odd\x1e\x1fid": "waiting"}
+        | {"j0": "unknown"},
+        {"j2": 1.0, "j1": 5.0, "back": 7.0, "odd\x1e\x1fid": 8.0, "j0": 9.0},
+    )
+    assert len(live) == 5
+    assert reg.live_states("b", "e2") == LiveStates({"j9": "waiting"}, {"j9": 100.0})
+    assert reg.live_states("b", "nowhere") == LiveStates()
+    # whole rows, terminal ones too, in the order asked; an unknown id is left out
+    got = reg.get_many("b", "e1", ["j0", "nope", "j3", "odd\x1e\x1fid", "j9"])
+    assert [(p.job_id, p.state) for p in got] == [
+        ("j0", "unknown"),
+        ("j3", "cancelled"),
+        ("odd\x1e\x1fid", "waiting"),
+    ]
+    assert got[0] == reg.get("b", "e1", "j0")
+    assert reg.get_many("b", "e1", []) == []
+    assert reg.get_many("b", "e1", ["j0", "j0"]) == [got[0]]  # once
+    reg.put([_pilot("j1", submitted=5, state="done", changed=80), _pilot("j4", submitted=2)])
+    assert list(reg.live_states("b", "e1").states) == ["j2", "j4", "back", "odd\x1e\x1fid", "j0"]
+
+
+@drivers(DRIVERS)
+def test_pilots_live_states_and_get_many(store):
+    reg = store.pilot_registry()
+    _live_fleet(reg)
+    _check_live_reads(reg)
+
+
+class _OnlyTheAbstract(PilotRegistry):
+    """A registry that implements only what PilotRegistry requires (a driver written before
+    the lean reads), on a real one: the defaults of live_states, get_many and get answer."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryPilots()
+
+    def put(self, pilots):
+        self.inner.put(pilots)
+
+    def active(self, backend, endpoint):
+        return self.inner.active(backend, endpoint)
+
+    def counts(self):
+        return self.inner.counts()
+
+    def waiting(self):
+        return self.inner.waiting()
+
+    def last_finished(self, backend, endpoint, n, after=0.0):
+        return self.inner.last_finished(backend, endpoint, n, after)
+
+    def query(self, backend=None, endpoint=None, states=None, limit=None):
+        return self.inner.query(backend, endpoint, states, limit)
+
+    def prune(self, before):
+        return self.inner.prune(before)
+
+
+def test_pilots_live_reads_default_to_the_abstract_methods():
+    reg = _OnlyTheAbstract()
+    _live_fleet(reg)
+    _check_live_reads(reg)
+
+
+@drivers(SHARED)
+def test_pilots_live_states_shared_and_bulk(factory, clock):
+    first, other = factory(clock).pilot_registry(), factory(clock).pilot_registry()
+    first.put(_pilot(f"j{i:05d}", f"e{i % 4}", submitted=10_000 - i) for i in range(10_000))
+    live = other.live_states("b", "e3")
+    assert len(live) == 2500 and next(iter(live.states)) == "j09999"
+    other.put(_pilot(f"j{i:05d}", "e3", "done", submitted=10_000 - i) for i in range(3, 10_000, 8))
+    assert len(first.live_states("b", "e3")) == 1250
+
+
+def test_redis_live_states_of_a_store_written_before_them(redis_server, clock):
+    """A store written by a gridgate before the lean read kept no sorted set of live pilots:
+    the first read of an endpoint builds it from the rows, later writes keep it."""
+    store = RedisState({"url": redis_server.url, "prefix": f"t-{uuid.uuid4().hex}:"}, clock=clock)
+    try:
+        reg = store.pilot_registry()
+        _live_fleet(reg)
+        client = store.client
+        old = [k for k in client.keys(f"{store.prefix}pilots:live*")]
+        assert old and client.delete(*old) == len(old)
+        assert reg.live_states("b", "e2") == LiveStates({"j9": "waiting"}, {"j9": 100.0})
+        assert client.exists(f"{store.prefix}pilots:live:b\x1fe2")
+        reg.put([_pilot("j9", "e2", "done", changed=300)])  # later writes keep it
+        assert not reg.live_states("b", "e2")
+        reg.put([_pilot("j9", "e2")])
+        _check_live_reads(reg)
+    finally:
+        store.close()
 
 
 def test_pilot_refuses_unknown_states_and_empty_ids():
