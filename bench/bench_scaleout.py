@@ -35,7 +35,7 @@ def worker(spec: dict[str, Any]) -> None:
 
     from gridgate.core import hookimpl
     from gridgate.core.engine.director import Director
-    from gridgate.core.model import BackendInfo, Endpoint, SubmitResult
+    from gridgate.core.model import BackendInfo, Endpoint, JobStatus, StatusResult, SubmitResult
     from gridgate.core.stores.redis import RedisState
     from gridgate.core.testing import make_config
 
@@ -59,19 +59,29 @@ def worker(spec: dict[str, Any]) -> None:
             time.sleep(SUBMIT_SECONDS)
             ended = time.time()
             with lock:
-                out.write(json.dumps([request.group, started, ended, request.count]) + "\n")
+                out.write(
+                    json.dumps([request.group, started, ended, request.count, endpoint.name]) + "\n"
+                )
             ids = tuple(uuid.uuid4().hex[:12] for _ in range(request.count))
             return SubmitResult(endpoint, ok=True, job_ids=ids)
+
+        @hookimpl
+        def gridgate_job_status(self, endpoint, job_ids, timeout):  # noqa: ANN001, ANN201
+            if endpoint.backend != BACKEND:
+                return None
+            # pilots that never start: only max_waiting stops the directors
+            states = {j: JobStatus(j, "waiting") for j in job_ids}
+            return StatusResult(endpoint, ok=True, statuses=states)
 
     doc = {
         "director": {
             "cycle_seconds": spec["cycle"],
             "max_threads": spec["threads"],
             "command_timeout": 10,
-            "demand_lock": True,
+            "demand_lock": spec.get("lock", True),
             "lease_seconds": spec["lease"],
             "state_dir": spec["state_dir"],
-            "pilots": {"max_waiting": None, "max_wait_time": None},
+            "pilots": {"max_waiting": spec.get("max_waiting"), "max_wait_time": None},
         },
         "state": {"driver": "memory"},  # the Redis store is given below
         "demand": {
@@ -105,10 +115,21 @@ def _read(paths: list[Path]) -> dict[str, list[tuple[str, float, float, int]]]:
         rows = []
         if path.exists():
             for line in path.read_text(encoding="utf-8").splitlines():
-                group, start, end, n = json.loads(line)
+                group, start, end, n, _endpoint = json.loads(line)
                 rows.append((group, start, end, n))
         out[path.stem] = rows
     return out
+
+
+def _per_endpoint(paths: list[Path]) -> dict[str, int]:
+    """Endpoint -> pilots all directors submitted there (none ever starts: all wait)."""
+    out: dict[str, int] = defaultdict(int)
+    for path in paths:
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                _g, _s, _e, n, endpoint = json.loads(line)
+                out[endpoint] += n
+    return dict(out)
 
 
 def overlap_seconds(runs: dict[str, list[tuple[str, float, float, int]]]) -> float:
@@ -143,6 +164,8 @@ def run_directors(
     cycle: float,
     lease: float,
     kill_after: float | None = None,
+    max_waiting: int | None = None,
+    lock: bool = True,
 ) -> dict[str, Any]:
     prefix = f"scale-{uuid.uuid4().hex[:8]}:"
     paths = [folder / f"{prefix[:-1]}-d{i}.jsonl" for i in range(n)]
@@ -158,6 +181,8 @@ def run_directors(
             "cycle": cycle,
             "lease": lease,
             "state_dir": str(folder / f"{prefix[:-1]}-state{i}"),
+            "max_waiting": max_waiting,
+            "lock": lock,
         }
         procs.append(_spawn(spec))
     started = time.time()
@@ -195,6 +220,14 @@ def run_directors(
         "rate": sum(per.values()) / max(1e-9, window_end - window_start),
         "overlap_group_seconds": round(overlap_seconds(runs), 4),
     }
+    if max_waiting is not None:
+        waiting = _per_endpoint(paths)
+        result.update(
+            max_waiting=max_waiting,
+            demand_lock=lock,
+            waiting_per_endpoint=sorted(waiting.values()),
+            over_the_limit=sum(max(0, k - max_waiting) for k in waiting.values()),
+        )
     if killed_at is not None:
         victim = paths[0].stem
         last: dict[str, float] = {}
@@ -271,6 +304,22 @@ def main() -> None:
             lease=3.0,
             kill_after=args.seconds / 2,
         )
+        figures["limits"] = [
+            run_directors(
+                url,
+                folder,
+                4,
+                args.seconds / 2,
+                groups=groups,
+                pilots=pilots,
+                threads=args.threads,
+                cycle=cycle,
+                lease=3.0,
+                max_waiting=20,
+                lock=lock,
+            )
+            for lock in (False, True)
+        ]
     if args.json:
         print(json.dumps(figures, indent=2))
         return
@@ -286,6 +335,11 @@ def main() -> None:
         f"{kill['groups_of_the_killed']} groups taken over, the last after "
         f"{kill['takeover_max_s']} s; two on one group {kill['overlap_group_seconds']} group-s"
     )
+    for row in figures["limits"]:
+        print(
+            f"4 directors, demand_lock {row['demand_lock']}, max_waiting {row['max_waiting']}: "
+            f"waiting per endpoint {row['waiting_per_endpoint']}, {row['over_the_limit']} over"
+        )
 
 
 if __name__ == "__main__":
