@@ -498,13 +498,10 @@ def elapsed_text(seconds: float) -> str:
 class Notification:
     """A message for people, broadcast to every notifier.
 
-    ``level`` chooses the destination; ``subject`` and ``body`` are ready to send;
-    ``endpoint``, ``failure``, ``command`` and the episode fields are there so a notifier can
-    render its own format (a GGUS ticket) instead of re-parsing the body. ``key`` identifies
-    the event for de-duplication. ``logged`` (API 1.10) is True when whoever sent it already
-    wrote the event to the log in its own line (a credential's renewal, a source answering
-    again): the ``log`` notifier does not write it a second time; every other notifier sends it.
-    """
+    ``level`` chooses the destination; ``subject`` and ``body`` are ready to send; ``endpoint``,
+    ``failure``, ``command`` and the episode fields let a notifier render its own format (a GGUS
+    ticket) without re-parsing the body. ``key`` identifies the event for de-duplication;
+    ``logged`` (API 1.10): its sender logged it itself, so the ``log`` notifier does not."""
 
     level: Level
     subject: str

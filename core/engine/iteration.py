@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from loguru import logger
 
@@ -25,7 +25,7 @@ from gridgate.core.engine.demand_episodes import DemandEpisodes
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.intents import unrecordable
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
-from gridgate.core.engine.runtime import Iteration, Runtime
+from gridgate.core.engine.runtime import Iteration, Runtime, Sending
 from gridgate.core.engine.sharing import DemandShare, StoreRoom
 from gridgate.core.engine.stall import StallWatch
 from gridgate.core.engine.tracking import PilotTracker
@@ -45,22 +45,6 @@ from gridgate.core.model import (
 )
 from gridgate.core.state import StateError
 from gridgate.core.weights import configured_weight
-
-
-@dataclass
-class Sending:
-    """One demand request on its way to a server: its backend and iteration, the servers it was
-    tried on, and the parts left over when a server had room for only some of its pilots."""
-
-    info: BackendInfo
-    it: Iteration
-    request: SubmitRequest
-    tried: list[Endpoint] = field(default_factory=list)
-    leftover: list[SubmitRequest] = field(default_factory=list)
-    #: the room this attempt holds in the store (a reservation's holder), settled after it
-    reservation: str = ""
-    #: whether the tracker may settle it with the pilots (it knows the submission's name)
-    reservation_named: bool = False
 
 
 class IterationRunner:

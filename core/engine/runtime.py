@@ -32,6 +32,7 @@ from gridgate.core.model import (
     PilotReport,
     PollReport,
     RetryReport,
+    SubmitRequest,
 )
 from gridgate.core.state import StateStore
 
@@ -231,3 +232,19 @@ class PilotReportDraft:
             states=self.states,
             blind=self.blind,
         )
+
+
+@dataclass
+class Sending:
+    """One demand request on its way to a server: its backend and iteration, the servers it was
+    tried on, and the parts left over when a server had room for only some of its pilots."""
+
+    info: BackendInfo
+    it: Iteration
+    request: SubmitRequest
+    tried: list[Endpoint] = field(default_factory=list)
+    leftover: list[SubmitRequest] = field(default_factory=list)
+    #: the room this attempt holds in the store (a reservation's holder), settled after it
+    reservation: str = ""
+    #: whether the tracker may settle it with the pilots (it knows the submission's name)
+    reservation_named: bool = False

@@ -39,12 +39,11 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from gridgate.core.engine.limits import cores_of
-from gridgate.core.engine.runtime import Runtime
+from gridgate.core.engine.runtime import Runtime, Sending
 from gridgate.core.model import Endpoint, SubmitRequest
 from gridgate.core.state import RoomClaim, StateError
 
 if TYPE_CHECKING:
-    from gridgate.core.engine.iteration import Sending
     from gridgate.core.engine.tracking import PilotTracker
 
 __all__ = ["DemandShare", "StoreRoom", "assign"]
