@@ -248,8 +248,9 @@ class DemandShare:
         """Stop the timer and hand every lease back (a clean stop: the others take the
         groups at their next iteration)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._thread is None:
+            return  # never shared anything (demand_lock off): nothing to hand back
+        self._thread.join(timeout=5)
         with self._lock:
             held, self._held, self._kept = list(self._held), {}, set()
         state = self.runtime.state
