@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 #: Keys never written back from the local view: the store's own identity (its epoch).
 NOT_WRITTEN_BACK = "store/"
+#: What a recovery writes to prove the store takes writes again (its time, a day's TTL).
+PROBE_KEY = NOT_WRITTEN_BACK + "answered"
 
 
 class ResilientState(StateStore):
@@ -106,6 +108,9 @@ class ResilientState(StateStore):
             try:
                 self._write_back_keys()
                 self._write_back_rows()
+                # a write that must land: write-backs of keys the store holds already change
+                # nothing, and a full disk takes those (it failed twice in one outage)
+                self.primary.set(PROBE_KEY, repr(self.clock.time()), ttl=86400)
             except StateError as exc:
                 logger.debug("state store still failing: {}", exc)
                 return False
