@@ -203,7 +203,7 @@ class DemandShare:
             mine = {g for g, d in assign(candidates).items() if d == self.instance}
             with self._lock:
                 held = set(self._held)
-            for group in held - {g for g in held if _name(g) in mine}:
+            for group in {g for g in held if _name(g) not in mine}:
                 state.delete_if(LEASE + _name(group), self.instance)  # handed over
                 with self._lock:
                     self._held.pop(group, None)
@@ -341,12 +341,11 @@ class StoreRoom:
         was_named, sending.reservation_named = sending.reservation_named, False
         if not holder:
             return
-        with self._lock:
-            named = [n for n, h in self._by_name.items() if h == holder]
-            for name in named:
-                del self._by_name[name]
-        if was_named and not named:
-            return  # the tracker registered its pilots and settled it in one step
+        if was_named:
+            with self._lock:
+                left = self._by_name.pop(sending.request.name, None)
+            if left is None:
+                return  # the tracker registered its pilots and settled it in one step
         registry = self.tracker.registry()
         try:
             if registry is not None:
