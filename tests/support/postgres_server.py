@@ -170,6 +170,10 @@ class PostgresServer:
             "max_connections=200",
             "-c",
             "logging_collector=off",
+            # no worker forked later on: the server is a descendant of the test process, and
+            # tests/core/test_runner.py counts new descendants as a test's leftovers
+            "-c",
+            "autovacuum=off",
         ]
         last_log = ""
         # Another test process may grab the free port between probe and bind: try a few.
