@@ -27,9 +27,11 @@ from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
 
 __all__ = [
     "Counts",
+    "FinishedSlot",
     "LiveStates",
     "Pilot",
     "PilotRegistry",
+    "RecordGroup",
     "RoomClaim",
     "StateError",
     "StateStore",
@@ -145,6 +147,20 @@ class StateStore(ABC):
     @abstractmethod
     def records(self, stream: str, since: float = 0.0) -> list[dict[str, Any]]:
         """Records of ``stream`` whose ``time`` >= ``since``, oldest first."""
+
+    def record_groups(
+        self, stream: str, fields: Sequence[str], bucket: float, since: float = 0.0
+    ) -> list[RecordGroup]:
+        """The records of ``stream`` whose ``time`` >= ``since``, counted in groups that share
+        a slot of ``bucket`` seconds (``time // bucket``) and the values of ``fields``
+        (API 1.11): what a report over a long history reads instead of every record. Each
+        group's ``record`` holds those fields (None where a record lacks one) and its earliest
+        ``time``; oldest group first.
+
+        This default groups :meth:`records`; the SQL drivers group in the database, so that
+        a year of records reaches the caller as groups, not rows. A record that is not one is
+        skipped and logged, as :meth:`records` does."""
+        return group_records(self.records(stream, since), fields, bucket)
 
     def increment(self, key: str, by: int = 1) -> int:
         """Add ``by`` to the whole number under ``key`` (absent or expired: 0), keep the sum
@@ -393,6 +409,83 @@ class RoomClaim:
 
 
 @dataclass(frozen=True)
+class RecordGroup:
+    """Records of one stream that share a time slot and the values of some fields
+    (:meth:`StateStore.record_groups`, API 1.11)."""
+
+    #: the grouped fields' values (None where the records lack one) and ``time``, the
+    #: earliest of the group
+    record: dict[str, Any]
+    #: how many records the group counts
+    count: int
+
+
+@dataclass(frozen=True)
+class FinishedSlot:
+    """Pilots that reached one terminal state in one time slot
+    (:meth:`PilotRegistry.finished_per_slot`, API 1.11)."""
+
+    #: the earliest change of state among them (clock time)
+    changed: float
+    state: str
+    count: int
+
+
+def check_bucket(bucket: float) -> float:
+    """``bucket`` if it is a positive number of seconds (the slot of a grouped read)."""
+    if not bucket > 0:
+        raise ValueError(f"a slot is a positive number of seconds, not {bucket!r}")
+    return float(bucket)
+
+
+def group_records(
+    records: Iterable[Mapping[str, Any]], fields: Sequence[str], bucket: float
+) -> list[RecordGroup]:
+    """``records`` counted as :meth:`StateStore.record_groups` counts them (in Python: the
+    default, and the SQL drivers' answer for a stream they cannot group in SQL)."""
+    check_bucket(bucket)
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for record in records:
+        when = float(record["time"])
+        values = [record.get(f) for f in fields]
+        # a value of the wrong type (a list where text was written) still groups: its JSON
+        key = (when // bucket, *(json.dumps(v, sort_keys=True) for v in values))
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [when, values, 1]
+        else:
+            group[0] = min(group[0], when)
+            group[2] += 1
+    return [
+        RecordGroup({**dict(zip(fields, values, strict=True)), "time": when}, count)
+        for when, values, count in sorted(groups.values(), key=lambda g: g[0])
+    ]
+
+
+def finished_slots(
+    pilots: Iterable[Pilot], bucket: float, since: float = 0.0
+) -> list[FinishedSlot]:
+    """The terminal ``pilots`` whose state changed at or after ``since``, counted as
+    :meth:`PilotRegistry.finished_per_slot` counts them."""
+    check_bucket(bucket)
+    slots: dict[tuple[float, str], list[Any]] = {}
+    for pilot in pilots:
+        if not pilot.terminal or pilot.changed < since:
+            continue
+        key = (pilot.changed // bucket, pilot.state)
+        slot = slots.get(key)
+        if slot is None:
+            slots[key] = [pilot.changed, 1]
+        else:
+            slot[0] = min(slot[0], pilot.changed)
+            slot[1] += 1
+    return sorted(
+        (FinishedSlot(first, state, n) for (_, state), (first, n) in slots.items()),
+        key=lambda s: (s.changed, s.state),
+    )
+
+
+@dataclass(frozen=True)
 class LiveStates:
     """What a status poll reads of one endpoint's non-terminal pilots
     (:meth:`PilotRegistry.live_states`): each one's state and submission time by job id, both
@@ -469,6 +562,15 @@ class PilotRegistry(ABC):
         limit: int | None = None,
     ) -> list[Pilot]:
         """Pilots matching every filter given, by backend, endpoint and submission time."""
+
+    def finished_per_slot(self, bucket: float, since: float = 0.0) -> list[FinishedSlot]:
+        """How many pilots reached each terminal state in each slot of ``bucket`` seconds
+        (``changed // bucket``), of those whose state changed at or after ``since``; oldest
+        slot first (API 1.11). What a report reads of a long history instead of every
+        finished pilot.
+
+        This default reads :meth:`query`; the SQL drivers count in the database."""
+        return finished_slots(self.query(states=sorted(TERMINAL_STATES)), bucket, since)
 
     @abstractmethod
     def prune(self, before: float) -> int:

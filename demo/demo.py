@@ -273,7 +273,7 @@ def _run(
         rows = director.state.records(ACCOUNTING)
         failed = director.state.records(FAILURES)
         tracked = tracked_states(director)
-        report = read_report(director.state, 0.0) if png is not None else None
+        report = read_report(director.state, 0.0, PLOT_BUCKET) if png is not None else None
         figures = _admission_figures(
             admission, director.pm.get_plugin("admission:lsf_proxy"), daemon
         )

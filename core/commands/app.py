@@ -351,7 +351,7 @@ def report_command(path: str, since: str, bucket: str, as_json: bool, png: str |
         raise click.ClickException(problem)
     state = open_state(config)
     try:
-        data = read_report(state, time.time() - seconds)
+        data = read_report(state, time.time() - seconds, width)
     finally:
         state.close()
     table = data.table(width)

@@ -24,6 +24,7 @@ from gridgate.core.commands.documents import (
 )
 from gridgate.core.documents import decode_json
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES
+from gridgate.core.state import FinishedSlot, RecordGroup
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -121,11 +122,11 @@ def episodes_table(
 
 
 def hourly_table(
-    rows: Iterable[Mapping[str, Any]],
+    rows: Iterable[Mapping[str, Any] | RecordGroup],
     bucket: float = 3600,
-    finished: Iterable[Any] = (),
+    finished: Iterable[Pilot | FinishedSlot] = (),
     now: Mapping[str, Mapping[str, int]] | None = None,
-    failures: Iterable[Mapping[str, Any]] = (),
+    failures: Iterable[Mapping[str, Any] | RecordGroup] = (),
     episodes: Iterable[Mapping[str, Any]] = (),
     since: float | None = None,
     until: float | None = None,
@@ -136,8 +137,12 @@ def hourly_table(
     ``rows`` are the accounting table's (one per submission attempt); ``failures`` the
     failures table's (a failed status poll or cancel, an ``aborted`` verdict), counted with the
     failed submissions: per slot, per slot and :data:`FAILURE_SORTS`, and per endpoint and
-    kind. ``finished`` are terminal pilots of the registry
-    (:class:`~gridgate.core.state.Pilot`), counted per slot (when they finished) and state;
+    kind. Either may be the store's groups of them
+    (:class:`~gridgate.core.state.RecordGroup`, grouped by slots of ``bucket`` or a divisor
+    of it), each counted as the records it stands for. ``finished`` are terminal pilots of the
+    registry (:class:`~gridgate.core.state.Pilot`) or its counts of them per slot
+    (:class:`~gridgate.core.state.FinishedSlot`), counted per slot (when they finished) and
+    state;
     ``now`` is the registry's pilots by endpoint and state at the time of the report.
     Demand that was not submitted is counted per slot by its cause (``skipped``: a limit, a
     paused backend's credential or local fault, every endpoint unavailable, another director
@@ -155,18 +160,19 @@ def hourly_table(
     ended: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     times: list[float] = []
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for row in accounting_rows(rows):
+    records, weights = _weighed(rows)
+    for row, n in zip(accounting_rows(records), weights, strict=True):
         times.append(row.time)
         hour = _slot(row.time, bucket)
         endpoint = row.endpoint or "-"
         outcome = row.outcome
-        count = row.pilots or 0
-        totals[endpoint][outcome] += count if outcome in ("submitted", "skipped") else 1
+        count = (row.pilots or 0) * n
+        totals[endpoint][outcome] += count if outcome in ("submitted", "skipped") else n
         if outcome == "submitted":
             pilots[hour][endpoint] += count
         elif outcome == "failed":
-            failed[hour]["submission"] += 1
-            kinds[endpoint][row.failure_kind or "error"] += 1
+            failed[hour]["submission"] += n
+            kinds[endpoint][row.failure_kind or "error"] += n
         elif outcome == "skipped":
             cause = row.failure_kind or "skipped"
             skipped[hour][cause] += count
@@ -174,13 +180,15 @@ def hourly_table(
             skip_causes[endpoint][cause] += count
             if cause in TRIM_KINDS:
                 trimmed[hour] += count
-    for failure in failure_rows(failures):
+    records, weights = _weighed(failures)
+    for failure, n in zip(failure_rows(records), weights, strict=True):
         times.append(failure.time)
-        failed[_slot(failure.time, bucket)][failure_sort(failure)] += 1
-        kinds[failure.endpoint or "-"][failure.kind or "error"] += 1
+        failed[_slot(failure.time, bucket)][failure_sort(failure)] += n
+        kinds[failure.endpoint or "-"][failure.kind or "error"] += n
     for pilot in finished:
         times.append(float(pilot.changed))
-        ended[_slot(float(pilot.changed), bucket)][pilot.state] += 1
+        n = pilot.count if isinstance(pilot, FinishedSlot) else 1
+        ended[_slot(float(pilot.changed), bucket)][pilot.state] += n
     seen = set(pilots) | set(failed) | set(skipped) | set(ended)
     if times or since is not None:
         first = min(times) if times else float(since or 0.0)
@@ -209,6 +217,23 @@ def hourly_table(
         "totals": {e: dict(v) for e, v in sorted(totals.items())},
         "pilots_now": {k: dict(v) for k, v in sorted((now or {}).items())},
     }
+
+
+def _weighed(
+    rows: Iterable[Mapping[str, Any] | RecordGroup],
+) -> tuple[list[Mapping[str, Any]], list[int]]:
+    """The records of ``rows`` and how many each stands for: a group of the store's
+    (:meth:`~gridgate.core.state.StateStore.record_groups`) its count, a record 1."""
+    records: list[Mapping[str, Any]] = []
+    weights: list[int] = []
+    for row in rows:
+        if isinstance(row, RecordGroup):
+            records.append(row.record)
+            weights.append(row.count)
+        else:
+            records.append(row)
+            weights.append(1)
+    return records, weights
 
 
 def render_table(table: Mapping[str, Any]) -> str:
@@ -331,26 +356,46 @@ def render_states(table: Mapping[str, Mapping[str, int]]) -> str:
 # --- what the report reads ---------------------------------------------------------------------
 
 
+#: the accounting fields the report counts (:func:`hourly_table`), by which it asks the store
+#: to group the accounting table
+ACCOUNTING_FIELDS = ("endpoint", "outcome", "pilots", "failure_kind")
+#: the failures fields it counts
+FAILURE_FIELDS = ("endpoint", "kind")
+
+
 @dataclass(frozen=True)
 class ReportData:
-    """What `gridgate report` reads from a state store for one period: the accounting rows, the
-    failure rows, the registry's pilots that finished, and its pilots by endpoint and state
-    now."""
+    """What `gridgate report` reads from a state store for one period, counted per slot of
+    ``bucket`` seconds in the store where it can (a SQL store counts a year of history in the
+    database): the accounting and failures rows, the registry's pilots that finished, and
+    its pilots by endpoint and state now."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    finished: list[Pilot] = field(default_factory=list)
+    rows: list[Any] = field(default_factory=list)
+    failures: list[Any] = field(default_factory=list)
+    finished: list[Any] = field(default_factory=list)
     now: dict[str, dict[str, int]] = field(default_factory=dict)
     episodes: list[dict[str, Any]] = field(default_factory=list)
     #: the period read (None: from the first row; to the last)
     since: float | None = None
     until: float | None = None
+    #: the slot the rows were counted in
+    bucket: float = 3600
 
-    def table(self, bucket: float = 3600) -> dict[str, Any]:
-        """The report's table of this data (:func:`hourly_table`)."""
+    def table(self, bucket: float | None = None) -> dict[str, Any]:
+        """The report's table of this data (:func:`hourly_table`), in slots of ``bucket``
+        seconds: those it was read in, or a multiple of them.
+
+        :raises ValueError: a slot that is not a whole number of the slots read."""
+        width = self.bucket if bucket is None else float(bucket)
+        ratio = width / self.bucket
+        if ratio < 1 or abs(ratio - round(ratio)) > 1e-9:
+            raise ValueError(
+                f"this report was read in slots of {self.bucket:g} s; a table of {width:g} s "
+                "slots needs a whole number of them"
+            )
         return hourly_table(
             self.rows,
-            bucket,
+            width,
             self.finished,
             self.now,
             self.failures,
@@ -360,30 +405,35 @@ class ReportData:
         )
 
 
-def read_report(state: Any, since: float) -> ReportData:
+def read_report(state: Any, since: float, bucket: float = 3600) -> ReportData:
     """What the report shows of ``state`` (a :class:`~gridgate.core.state.StateStore`) from
-    ``since`` on. Raises :class:`~gridgate.core.state.StateError` when the store cannot be read;
-    a registry it cannot read only costs the pilots (see :func:`pilots_for_report`)."""
+    ``since`` on, counted in slots of ``bucket`` seconds. Raises
+    :class:`~gridgate.core.state.StateError` when the store cannot be read; a registry it
+    cannot read only costs the pilots (see :func:`pilots_for_report`)."""
     import time
 
     from gridgate.core.engine.runtime import ACCOUNTING, EPISODES, FAILURES
 
-    finished, now = pilots_for_report(state, since)
+    finished, now = pilots_for_report(state, since, bucket)
     return ReportData(
-        rows=state.records(ACCOUNTING, since=since),
-        failures=state.records(FAILURES, since=since),
+        rows=state.record_groups(ACCOUNTING, ACCOUNTING_FIELDS, bucket, since=since),
+        failures=state.record_groups(FAILURES, FAILURE_FIELDS, bucket, since=since),
         finished=finished,
         now=now,
         # an episode that began before the period and lasts into it is shown from its start
         episodes=state.records(EPISODES, since=max(0.0, since - 30 * 86400)),
         since=since if since > 0 else None,
         until=time.time() if since > 0 else None,
+        bucket=bucket,
     )
 
 
-def pilots_for_report(state: Any, since: float) -> tuple[list[Any], dict[str, dict[str, int]]]:
-    """The registry's pilots that finished since ``since`` and its pilots by endpoint and state
-    now; nothing (and a log line) when the store holds no registry it can read."""
+def pilots_for_report(
+    state: Any, since: float, bucket: float = 3600
+) -> tuple[list[FinishedSlot], dict[str, dict[str, int]]]:
+    """The registry's pilots that finished since ``since``, counted per slot of ``bucket``
+    seconds and state, and its pilots by endpoint and state now; nothing (and a log line)
+    when the store holds no registry it can read."""
     from loguru import logger
 
     from gridgate.core.engine.tracking import state_counts
@@ -391,7 +441,7 @@ def pilots_for_report(state: Any, since: float) -> tuple[list[Any], dict[str, di
 
     try:
         registry = state.pilot_registry()
-        finished = [p for p in registry.query(states=FINISHED_STATES) if p.changed >= since]
+        finished = registry.finished_per_slot(bucket, since=since)
         return finished, state_counts(registry.counts())
     except StateError as exc:
         logger.error("pilot registry unreadable, the report shows submissions only: {}", exc)

@@ -33,20 +33,30 @@ from gridgate.core.secrets import SECRET_SCHEMA, SecretError, read_secret
 from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
+    FinishedSlot,
     Pilot,
     PilotRegistry,
+    RecordGroup,
     RoomClaim,
     StateError,
     StateStore,
     Waiting,
+    check_bucket,
     check_key,
     check_value,
     encode_record,
     expires_at,
+    group_records,
     parse_count,
     prefix_successor,
 )
-from gridgate.core.stores.records import pilot_from_row, readable, stream_record
+from gridgate.core.stores.records import (
+    group_query,
+    groups_of,
+    pilot_from_row,
+    readable,
+    stream_record,
+)
 
 try:
     import psycopg
@@ -610,6 +620,32 @@ class PostgresqlState(StateStore):
         )
         return readable((text for (text,) in rows), stream_record, f"state records {stream}")
 
+    def record_groups(
+        self, stream: str, fields: Sequence[str], bucket: float, since: float = 0.0
+    ) -> list[RecordGroup]:
+        # Grouped by each field's JSON value (jsonb, so 5 and "5" stay apart and the caller's
+        # typed reading sees what was written; null and absent alike). A row whose text is
+        # not JSON fails the cast: the stream is grouped in Python, which skips and logs it.
+        sql = group_query(
+            f"(SELECT time, data::jsonb AS d FROM {self._s}.records "
+            "WHERE stream = %s AND time >= %s) AS r",
+            "nullif(d -> %s::text, 'null'::jsonb)::text",
+            "floor(time / %s)",
+            fields,
+        )
+        params = (*fields, stream, float(since), check_bucket(bucket))
+
+        def group(conn: psycopg.Connection[Any]) -> list[Any] | None:
+            try:
+                return conn.execute(sql, params).fetchall()
+            except pg_errors.InvalidTextRepresentation:
+                return None
+
+        rows = self.run("group records", group)
+        if rows is None:
+            return group_records(self.records(stream, since), fields, bucket)
+        return groups_of(rows, fields)
+
     # --- the rest ----------------------------------------------------------------------------
 
     def pilot_registry(self) -> PilotRegistry:
@@ -761,6 +797,15 @@ class PostgresqlPilots(PilotRegistry):
             )
         )
         return found[0] if found else None
+
+    def finished_per_slot(self, bucket: float, since: float = 0.0) -> list[FinishedSlot]:
+        rows = self._read(
+            f"SELECT min(changed), state, count(*) FROM {self._s}.pilots "
+            "WHERE terminal AND changed >= %s GROUP BY floor(changed / %s), state "
+            "ORDER BY 1, 2",
+            (float(since), check_bucket(bucket)),
+        )
+        return [FinishedSlot(float(c), str(s), int(n)) for c, s, n in rows]
 
     def prune(self, before: float) -> int:
         return max(

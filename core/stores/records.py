@@ -17,7 +17,7 @@ import msgspec
 from loguru import logger
 
 from gridgate.core.documents import DocumentError, convert, decode_json
-from gridgate.core.state import Pilot
+from gridgate.core.state import Pilot, RecordGroup
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -73,6 +73,30 @@ def stream_record(text: str | bytes) -> dict[str, Any]:
     record: dict[str, Any] = decode_json(text, dict[str, Any], kind=RECORD)
     convert(record, StreamRecord, kind=RECORD)
     return record
+
+
+def json_value(text: str | None) -> Any:
+    """A field's JSON value as a SQL store wrote it from a stored record (None: SQL NULL, the
+    record lacks the field)."""
+    return None if text is None else decode_json(text, Any, kind=RECORD)
+
+
+def group_query(source: str, value: str, slot: str, fields: Sequence[str]) -> str:
+    """The statement of :meth:`~gridgate.core.state.StateStore.record_groups` in a SQL store:
+    the earliest time, the count and each field's JSON text (``value``, its placeholder taking
+    the field) of the rows of ``source`` (a stream's rows since a time), grouped by ``slot``
+    (a row's slot) and those values, oldest first. Read its rows with :func:`groups_of`."""
+    values = "".join(f", {value}" for _ in fields)
+    keys = "".join(f", {i + 3}" for i in range(len(fields)))
+    return f"SELECT min(time), count(*){values} FROM {source} GROUP BY {slot}{keys} ORDER BY 1"
+
+
+def groups_of(rows: Iterable[Sequence[Any]], fields: Sequence[str]) -> list[RecordGroup]:
+    """The groups of the rows of a :func:`group_query`."""
+    return [
+        RecordGroup({**dict(zip(fields, map(json_value, rest), strict=True)), "time": first}, n)
+        for first, n, *rest in rows
+    ]
 
 
 def readable(raws: Iterable[T], decode: Callable[[T], R], where: str) -> list[R]:

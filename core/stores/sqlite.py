@@ -19,22 +19,32 @@ from gridgate.core.model import TERMINAL_STATES
 from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
+    FinishedSlot,
     LiveStates,
     Pilot,
     PilotRegistry,
+    RecordGroup,
     RoomClaim,
     StateError,
     StateStore,
     Waiting,
+    check_bucket,
     check_key,
     check_value,
     encode_record,
     expires_at,
+    group_records,
     parse_count,
     pilot_order,
     prefix_successor,
 )
-from gridgate.core.stores.records import pilot_from_row, readable, stream_record
+from gridgate.core.stores.records import (
+    group_query,
+    groups_of,
+    pilot_from_row,
+    readable,
+    stream_record,
+)
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -361,6 +371,32 @@ class SqliteState(StateStore):
             )
         return readable((text for (text,) in rows), stream_record, f"state records {stream}")
 
+    def record_groups(
+        self, stream: str, fields: Sequence[str], bucket: float, since: float = 0.0
+    ) -> list[RecordGroup]:
+        # each field's JSON text (->; null and absent alike), so 5 and "5" stay apart; a row
+        # that is not JSON fails the statement: the stream is grouped in Python, which skips
+        # and logs it
+        sql = group_query(
+            "records WHERE stream = ? AND time >= ?",
+            "nullif(data -> ?, 'null')",
+            "CAST(time / ? AS INTEGER)",
+            fields,
+        )
+        params = (*(f"$.{f}" for f in fields), stream, float(since), check_bucket(bucket))
+        with self._lock:
+            try:
+                rows = self._connection().execute(sql, params).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "malformed JSON" not in str(exc):
+                    raise StateError(self._explain(exc, "read")) from exc
+                rows = None
+            except sqlite3.Error as exc:
+                raise StateError(self._explain(exc, "read")) from exc
+        if rows is None:
+            return group_records(self.records(stream, since), fields, bucket)
+        return groups_of(rows, fields)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -587,6 +623,14 @@ class SqlitePilots(PilotRegistry):
         )
         found = _pilots(rows[:1])
         return found[0] if found else None
+
+    def finished_per_slot(self, bucket: float, since: float = 0.0) -> list[FinishedSlot]:
+        rows = self._read(
+            "SELECT min(changed), state, count(*) FROM pilots WHERE terminal = 1 "
+            "AND changed >= ? GROUP BY CAST(changed / ? AS INTEGER), state ORDER BY 1, 2",
+            (float(since), check_bucket(bucket)),
+        )
+        return [FinishedSlot(float(c), str(s), int(n)) for c, s, n in rows]
 
     def prune(self, before: float) -> int:
         with self.store.transaction("prune pilots") as conn:

@@ -20,7 +20,9 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -96,6 +98,19 @@ class PostgresServer:
     def socket_dir(self) -> Path:
         assert self.workdir is not None
         return self.workdir / "socket"
+
+    def state_section(self, folder: Path, schema: str | None = None) -> dict[str, Any]:
+        """A ``state:`` section of the postgresql driver on this cluster: its password in a
+        private file under ``folder``, in ``schema`` (a fresh one when not given)."""
+        secret = folder / f"pg-{uuid.uuid4().hex}.pw"
+        secret.write_text(self.password + "\n")
+        secret.chmod(0o600)
+        return {
+            "driver": "postgresql",
+            "dsn": self.dsn,
+            "password": {"file": str(secret)},
+            "schema": schema or f"t_{uuid.uuid4().hex}",
+        }
 
     def connect(self) -> psycopg.Connection:
         """A plain psycopg connection as the cluster's user (autocommit), for checks."""

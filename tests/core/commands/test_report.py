@@ -507,3 +507,102 @@ def test_report_shows_skips_by_cause_credential_and_availability_episodes_and_em
     assert (
         "(no endpoint chosen)" in text.output and "skipped 2 pilots (credential 2)" in text.output
     )
+
+
+def history(seed: int = 11) -> tuple[list[dict], list[dict], list]:
+    """Accounting rows of every outcome, failure rows and finished pilots over 5 hours."""
+    from gridgate.core.state import Pilot
+
+    rng = random.Random(seed)
+    rows, failures, pilots = [], [], []
+    for i in range(1500):
+        when = T0 + rng.random() * 5 * 3600
+        outcome = rng.choice(["submitted", "submitted", "failed", "skipped"])
+        kind = {
+            "failed": rng.choice(["error", "timeout"]),
+            "skipped": rng.choice(["max_waiting", "credential"]),
+        }
+        rows.append(
+            {
+                "time": when,
+                "endpoint": rng.choice([f"ce{n}" for n in range(4)] + [None]),
+                "outcome": outcome,
+                "pilots": rng.randrange(1, 6),
+                "failure_kind": kind.get(outcome, ""),
+                "n": i,  # every row its own, as real rows are
+            }
+        )
+    for i in range(300):
+        failures.append(
+            {
+                "time": T0 + rng.random() * 5 * 3600,
+                "endpoint": f"ce{i % 4}",
+                "kind": rng.choice(["poll", "aborted"]),
+            }
+        )
+    for i in range(800):
+        changed = T0 + rng.random() * 5 * 3600
+        state = rng.choice(["done", "failed", "lost", "running", "waiting"])
+        pilots.append(Pilot(f"j{i}", "b", f"ce{i % 4}", "g", changed - 60, state, changed))
+    return rows, failures, pilots
+
+
+@pytest.mark.parametrize("driver", ["sqlite", "redis", "postgresql"])
+def test_a_report_counted_in_the_store_is_the_report_counted_from_every_row(
+    driver, tmp_path, request
+) -> None:
+    """`gridgate report` asks the store to count the history per slot (a SQL store counts in the
+    database: a year of a large VO's pilots is a few thousand rows to read, not millions); its
+    table is the one counted from every row and every pilot, on every driver, and
+    `gridgate report` on that store prints it."""
+    import uuid
+
+    from gridgate.core.commands.report import read_report
+    from gridgate.core.engine.runtime import FAILURES
+    from gridgate.core.engine.tracking import state_counts
+    from gridgate.core.state import open_state
+
+    if driver == "sqlite":
+        section = f"{{driver: sqlite, path: {tmp_path / 'state.db'}}}"
+    elif driver == "redis":
+        server = request.getfixturevalue("redis_server")
+        section = f"{{driver: redis, url: '{server.url}', prefix: 'r{uuid.uuid4().hex}:'}}"
+    else:
+        section = json.dumps(
+            request.getfixturevalue("postgres_server").state_section(tmp_path)
+        )  # JSON is YAML
+    config = tmp_path / "site.yaml"
+    config.write_text(f"state: {section}\n", encoding="utf-8")
+    import yaml
+
+    store = open_state(yaml.safe_load(config.read_text()))
+    rows, failures, pilots = history()
+    try:
+        for row in rows:
+            store.append_record(ACCOUNTING, row)
+        for row in failures:
+            store.append_record(FAILURES, row)
+        registry = store.pilot_registry()
+        registry.put(pilots)
+        finished = [p for p in pilots if p.terminal]
+        now = state_counts(registry.counts())
+        for width in (600.0, 3600.0):
+            expected = hourly_table(rows, width, finished, now, failures)
+            data = read_report(store, 0.0, width)
+            keys = {
+                (r["time"] // width, r["endpoint"], r["outcome"], r["pilots"], r["failure_kind"])
+                for r in rows
+            }
+            assert len(data.rows) == len(keys) < len(rows)  # groups, not row by row
+            assert sum(g.count for g in data.rows) == len(rows)
+            assert data.table() == expected
+        assert read_report(store, 0.0, 600).table(3600) == expected  # a multiple of the slots
+        with pytest.raises(ValueError, match="whole number"):
+            read_report(store, 0.0, 600).table(900)
+    finally:
+        store.close()
+    result = CliRunner().invoke(cli, ["report", "-c", str(config), "--since", "100000d", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["totals"] == expected["totals"] and shown["pilots_now"] == expected["pilots_now"]
+    assert {h: v for h, v in shown["finished"].items()} == expected["finished"]

@@ -395,6 +395,63 @@ def test_an_identical_record_appended_again_is_kept_once(store):
 
 
 @drivers(DRIVERS)
+def test_record_groups_count_by_slot_and_fields_keeping_each_json_type(store):
+    """What a report over a long history reads (SQL stores count in the database): a group per
+    slot and distinct values, its count and earliest time; 5 and "5" are distinct values, an
+    absent field and a null are both None."""
+    rows = [
+        {"time": 10.0, "endpoint": "a", "pilots": 5, "x": 1},
+        {"time": 3599.5, "endpoint": "a", "pilots": 5, "x": 2},  # same slot, x not grouped
+        {"time": 20.0, "endpoint": "a", "pilots": "5"},
+        {"time": 30.0, "endpoint": "b", "pilots": None},
+        {"time": 40.0, "endpoint": "b"},
+        {"time": 3600.0, "endpoint": "a", "pilots": 5},  # the next slot
+        {"time": 50.0, "endpoint": ["a", "list"], "pilots": {"n": 1}},
+    ]
+    for row in rows:
+        store.append_record("acc", row)
+    store.append_record("other", {"time": 10.0, "endpoint": "a", "pilots": 5})
+    groups = store.record_groups("acc", ("endpoint", "pilots"), 3600)
+    assert [(g.record, g.count) for g in groups] == [
+        ({"endpoint": "a", "pilots": 5, "time": 10.0}, 2),
+        ({"endpoint": "a", "pilots": "5", "time": 20.0}, 1),
+        ({"endpoint": "b", "pilots": None, "time": 30.0}, 2),
+        ({"endpoint": ["a", "list"], "pilots": {"n": 1}, "time": 50.0}, 1),
+        ({"endpoint": "a", "pilots": 5, "time": 3600.0}, 1),
+    ]
+    later = store.record_groups("acc", ("endpoint",), 60, since=40.0)
+    assert [(g.record, g.count) for g in later] == [
+        ({"endpoint": "b", "time": 40.0}, 1),
+        ({"endpoint": ["a", "list"], "time": 50.0}, 1),
+        ({"endpoint": "a", "time": 3599.5}, 1),
+        ({"endpoint": "a", "time": 3600.0}, 1),
+    ]
+    assert [g.count for g in store.record_groups("acc", (), 1e9)] == [7]
+    assert store.record_groups("missing", ("endpoint",), 60) == []
+    with pytest.raises(ValueError):
+        store.record_groups("acc", ("endpoint",), 0)
+
+
+@drivers(["sqlite", "postgresql"])
+def test_record_groups_of_a_stream_holding_a_row_that_is_not_json(factory, clock, tmp_path):
+    """A row another hand wrote (not JSON) makes the SQL grouping fail: the stream is grouped
+    in Python instead, where that row is skipped and logged as every read of it is."""
+    store = factory(clock)
+    store.append_record("acc", {"time": 10.0, "endpoint": "a"})
+    store.append_record("acc", {"time": 20.0, "endpoint": "a"})
+    bad = ("acc", 15.0, "{not json")
+    if factory.kind == "sqlite":
+        with sqlite3.connect(tmp_path / "state" / "state.db") as db:
+            db.execute("INSERT INTO records (stream, time, data) VALUES (?, ?, ?)", bad)
+    else:
+        sql = f"INSERT INTO {store._s}.records (stream, time, data) VALUES (%s, %s, %s)"
+        store.run("write a bad row", lambda conn: conn.execute(sql, bad))
+    assert len(store.records("acc")) == 2
+    groups = store.record_groups("acc", ("endpoint",), 3600)
+    assert [(g.record, g.count) for g in groups] == [({"endpoint": "a", "time": 10.0}, 2)]
+
+
+@drivers(DRIVERS)
 def test_bad_input_is_refused_and_nothing_is_lost(store):
     store.set("keep", "v")
     with pytest.raises(ValueError):
@@ -1017,6 +1074,31 @@ def test_pilots_query_filters_and_prune_forgets_only_old_terminal(store):
     assert sorted(p.job_id for p in reg.query()) == ["new-done", "old-waiting"]
     assert reg.counts() == {("b", "e1", "done"): 1, ("b", "e1", "waiting"): 1}
     assert reg.last_finished("b", "e2", 10) == []
+
+
+@drivers(DRIVERS)
+def test_pilots_finished_per_slot_counts_terminal_states_since_a_time(store):
+    reg = store.pilot_registry()
+    reg.put(
+        [_pilot(f"d{i}", state="done", changed=100 + i) for i in range(5)]
+        + [_pilot("f1", "e2", "failed", changed=150), _pilot("f2", "e3", "failed", changed=120)]
+        + [_pilot("late", state="done", changed=3700), _pilot("lost", state="lost", changed=90)]
+        + [_pilot("live", state="running", changed=110), _pilot("new", changed=130)]
+    )
+    got = reg.finished_per_slot(3600)
+    assert [(s.changed, s.state, s.count) for s in got] == [
+        (90, "lost", 1),
+        (100, "done", 5),
+        (120, "failed", 2),
+        (3700, "done", 1),
+    ]
+    later = reg.finished_per_slot(60, since=102)
+    assert [(s.changed, s.state, s.count) for s in later] == [
+        (102, "done", 3),  # the slot of 60-119 from 102 on
+        (120, "failed", 2),
+        (3700, "done", 1),
+    ]
+    assert reg.finished_per_slot(3600, since=1e6) == []
 
 
 @drivers(SHARED)
