@@ -207,6 +207,7 @@ class DemandShare:
                 state.delete_if(LEASE + _name(group), self.instance)  # handed over
                 with self._lock:
                     self._held.pop(group, None)
+            taken: dict[Group, float] = {}
             for group in wanted:
                 if _name(group) not in mine:
                     continue
@@ -214,9 +215,16 @@ class DemandShare:
                 if state.add_if_absent(key, self.instance, ttl=ttl) or state.renew(
                     key, self.instance, ttl
                 ):
-                    with self._lock:
-                        self._held[group] = started + ttl
+                    taken[group] = started + ttl
+            if getattr(state, "degraded", False):
+                # it failed during this plan, and what it answered since came from the local
+                # view, which grants any lease it has not seen held: none of them is ours
+                raise StateError("the state store failed while the leases were taken")
             with self._lock:
+                for group in wanted:  # assigned here but held elsewhere (it lapsed): not ours
+                    if _name(group) in mine and group not in taken:
+                        self._held.pop(group, None)
+                self._held.update(taken)
                 self._kept = set(self._held)
                 if self._down:
                     logger.info("demand leases: the state store answers again")

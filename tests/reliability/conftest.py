@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from relkit import Site
-from support.proctable import live_descendants
+from support.proctable import no_child_left
 
 
 @pytest.fixture(autouse=True)
 def _no_child_left() -> Iterator[None]:
     """Every test here must leave no process of its own running (directors, servers, guards)."""
-    before = live_descendants(os.getpid())
-    yield
-    # A process told to stop a moment ago may still be running its own shutdown.
-    end = time.monotonic() + 5
-    while (left := live_descendants(os.getpid()) - before) and time.monotonic() < end:
-        time.sleep(0.05)
-    assert not left, f"test left child processes running: {sorted(left)}"
+    with no_child_left():
+        yield
 
 
 @pytest.fixture

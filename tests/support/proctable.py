@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -65,3 +68,16 @@ def processes_with(marker: str) -> list[int]:
         if marker.encode() in cmdline and alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+@contextlib.contextmanager
+def no_child_left(grace: float = 5.0) -> Iterator[None]:
+    """Fail when the block leaves a process of its own running: a descendant of this process
+    that was not there before. One told to stop a moment ago (a director, a server's backend
+    whose client went) has ``grace`` seconds to finish its shutdown."""
+    before = live_descendants(os.getpid())
+    yield
+    end = time.monotonic() + grace
+    while (left := live_descendants(os.getpid()) - before) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not left, f"test left child processes running: {sorted(left)}"

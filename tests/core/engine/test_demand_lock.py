@@ -192,6 +192,61 @@ def test_while_redis_is_down_only_the_last_holder_fills_the_group(tmp_path) -> N
             second.close()
 
 
+def test_after_the_store_came_back_empty_no_group_is_filled_twice(redis_server) -> None:
+    """Redis restarted without its data: the first director to plan sees only itself and
+    takes every group; the others then find their groups held by it. Before, a director whose
+    lease was taken so kept it as its own until its timer noticed (its own reckoning said the
+    lease had time left) and filled it in the same round as the new holder."""
+    clock, prefix = FakeClock(), f"share-{uuid.uuid4().hex[:8]}:"
+    a, b = [_director(redis_server.url, prefix, clock, _doc(GROUPS[:4]))[0] for _ in range(2)]
+    try:
+        for _ in range(3):
+            a.run_iteration(), b.run_iteration()
+            clock.advance(60)
+        redis_server.client().flushall()  # what a restart without persistence leaves
+        for _ in range(3):
+            first, second = _filled(b.run_iteration()), _filled(a.run_iteration())
+            assert not set(first) & set(second), (first, second)
+            clock.advance(60)
+        assert sorted([len(first), len(second)]) == [2, 2]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_director_whose_store_fails_during_its_plan_takes_no_group(tmp_path) -> None:
+    """The store fails between the check at the start of a director's plan and its leases
+    (here: Redis out of memory, so its first write fails): the rest of the plan is answered
+    from the local view, which knows no other director's lease. Before, a director that held
+    nothing (just started) took every group there, while the others still held them, and
+    went on filling them all through the outage."""
+    clock = FakeClock()
+    with RedisServer(tmp_path / "redis") as server:
+        prefix = f"lock-{uuid.uuid4().hex[:8]}:"
+        a, b, late = [_director(server.url, prefix, clock, _doc(GROUPS[:4]))[0] for _ in range(3)]
+        try:
+            for _ in range(3):
+                a.run_iteration(), b.run_iteration()
+                clock.advance(60)
+            held = dict(a.state.items(LEASE))
+            assert len(held) == 4
+            admin = server.client()
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", "1")  # every write refused, reads answered
+            try:
+                share: DemandShare = late.runner.share
+                claimed = share.plan((BACKEND, g) for g in GROUPS[:4])
+                assert claimed == set()
+                assert not any(share.holds((BACKEND, g)) for g in GROUPS[:4])
+                assert not _filled(late.run_iteration())  # the outage: only holders fill
+            finally:
+                admin.config_set("maxmemory", "0")
+            assert dict(a.state.items(LEASE)) == held
+        finally:
+            for d in (a, b, late):
+                d.close()
+
+
 # --- the assignment ----------------------------------------------------------------------------
 
 
