@@ -148,6 +148,12 @@ class DemandShare:
         started = time.monotonic()
         try:
             self._heartbeat()
+            if self._stop.is_set():
+                # stop() ran while this call hung (it waits for the timer a few seconds only)
+                # and removed the heartbeat before this one landed: take it back, or the
+                # others count a stopped director as live for a lease period
+                state.delete(DIRECTORS + self.instance)
+                return
             with self._lock:
                 held = list(self._held)
             for group in held:

@@ -365,3 +365,40 @@ def test_with_shared_demand_an_endpoint_is_polled_once_a_round_however_many_dire
     finally:
         for d in directors:
             d.close()
+
+
+def test_a_heartbeat_that_lands_after_a_clean_stop_is_taken_back() -> None:
+    """stop() waits for the renewal timer a few seconds only: a heartbeat stuck longer in the
+    store and written after stop() removed it would show a stopped director as live for a
+    lease period (its groups assigned to it, filled by nobody). Before: the key stayed."""
+    import threading
+
+    from gridgate.core.engine.sharing import DIRECTORS
+    from gridgate.core.stores.memory import MemoryState
+
+    release, stuck = threading.Event(), threading.Event()
+
+    class SlowBeats(MemoryState):
+        def set(self, key, value, ttl=None):
+            if key.startswith(DIRECTORS) and stuck.is_set():
+                release.wait(30)
+            super().set(key, value, ttl)
+
+    clock = FakeClock()
+    store = SlowBeats(clock=clock)
+    director, _backend = _on(store, clock, _doc(GROUPS[:2]))
+    try:
+        director.run_iteration()
+        share = director.runner.share
+        assert [k for k, _v in store.items(DIRECTORS)] == [DIRECTORS + share.instance]
+        stuck.set()
+        late = threading.Thread(target=share.renew)  # the timer's call, hung in the store
+        late.start()
+        share.stop()  # hands back and removes the heartbeat meanwhile
+        assert store.items(DIRECTORS) == [] and store.items(LEASE) == []
+        release.set()
+        late.join(30)
+        assert store.items(DIRECTORS) == []
+    finally:
+        release.set()
+        director.close()
