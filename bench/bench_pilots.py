@@ -457,7 +457,8 @@ def main() -> None:
             if redis is not None:
                 import redis as redis_py
 
-                redis_py.Redis.from_url(url).flushall()
+                # in the background: a million keys take the server longer than a read timeout
+                redis_py.Redis.from_url(url).flushall(asynchronous=True)
 
     try:
         if old is not None:
