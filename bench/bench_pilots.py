@@ -10,9 +10,9 @@ process (no command) that every live pilot is running, so after the first (warm-
 director nothing changes state. The figures are the director's own cost plus building the
 answers. Beside the wall times: the director's CPU time (``time.process_time``, all its
 threads) and the store server's own: on Redis ``INFO cpu``, on PostgreSQL the user and system
-time of the postmaster and all its children (``/proc``: the sessions of the director's
-connections and the background processes). A poll's cost per live pilot is the CPU of a
-polling iteration less that of one with no poll due, over the live pilots.
+time of the postmaster and all its children, live or reaped (``/proc``: the sessions of the
+director's connections and the background processes). A poll's cost per live pilot is the CPU
+of a polling iteration less that of one with no poll due, over the live pilots.
 
 Restart (``restart_*``): with the registry as the timed directors left it (all live pilots
 running), a fresh Python process (``sys.executable`` running this file) imports gridgate,
@@ -155,7 +155,8 @@ def server_cpu(store: StateStore, section: dict[str, Any], server_pid: int) -> C
 
 
 def cluster_cpu(postmaster: int) -> float:
-    """User and system seconds of the postmaster and its live children (``/proc``)."""
+    """User and system seconds of the postmaster, its live children and the children it
+    reaped (the sessions of a director that closed): ``/proc``."""
     ticks = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -163,7 +164,9 @@ def cluster_cpu(postmaster: int) -> float:
         except OSError:
             continue  # a process that ended meanwhile
         fields = rest.rsplit(")", 1)[1].split()
-        if int(pid) == postmaster or int(fields[1]) == postmaster:
+        if int(pid) == postmaster:
+            ticks += sum(int(n) for n in fields[11:15])  # utime stime cutime cstime
+        elif int(fields[1]) == postmaster:
             ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
 
