@@ -31,9 +31,9 @@ without persistence; PostgreSQL a private cluster the bench starts on loopback a
 (tests/support/postgres_server.py: fsync off, synchronous_commit off, autovacuum off), each size
 in a schema of its own. As autovacuum would on a site, the bench runs ``VACUUM ANALYZE`` on the
 pilots table after the fill and after each timed director's warm-up iteration (whose poll moved
-half the pilots from waiting to running). ``db_mb``: the sqlite file, the PostgreSQL pilots
-table with its indexes (``pg_total_relation_size``), or the growth of redis-server's
-``used_memory`` over the fill.
+half the pilots from waiting to running). ``db_mb``: the sqlite file with its write-ahead
+log, the PostgreSQL pilots table with its indexes (``pg_total_relation_size``), or the growth
+of redis-server's ``used_memory`` over the fill.
 
 ``--baseline REV`` runs each size a second time, first, on the code of commit REV (its
 ``core``, ``plugins`` and ``demo`` put before the installed package on ``PYTHONPATH``) against
