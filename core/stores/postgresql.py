@@ -34,6 +34,7 @@ from gridgate.core.settings import Settings, settings_from
 from gridgate.core.state import (
     Counts,
     FinishedSlot,
+    LiveStates,
     Pilot,
     PilotRegistry,
     RecordGroup,
@@ -739,6 +740,29 @@ class PostgresqlPilots(PilotRegistry):
                 (backend, endpoint),
             )
         )
+
+    def live_states(self, backend: str, endpoint: str) -> LiveStates:
+        # three columns of the live rows, found through the partial index pilots_active
+        # (never the kept history) and sorted by the server: no Pilot built, no sort here
+        rows = self._read(
+            f"SELECT job_id, state, submitted FROM {self._s}.pilots "
+            "WHERE backend = %s AND endpoint = %s AND NOT terminal ORDER BY submitted, job_id",
+            (backend, endpoint),
+        )
+        return LiveStates({j: s for j, s, _t in rows}, {j: t for j, _s, t in rows})
+
+    def get_many(self, backend: str, endpoint: str, job_ids: Iterable[str]) -> list[Pilot]:
+        wanted = list(dict.fromkeys(job_ids))
+        if not wanted:
+            return []
+        # one statement however many: the ids travel as one array parameter
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM {self._s}.pilots "
+            "WHERE backend = %s AND endpoint = %s AND job_id = ANY(%s::text[])",
+            (backend, endpoint, wanted),
+        )
+        found = {p.job_id: p for p in _pilots(rows)}
+        return [found[job] for job in wanted if job in found]
 
     def counts(self) -> Counts:
         rows = self._read(
