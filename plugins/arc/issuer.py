@@ -53,7 +53,6 @@ import socket
 import ssl
 import sys
 import threading
-import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping, Sequence
@@ -62,6 +61,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.documents import DocumentError
 from gridgate.core.files import atomic_write
 from gridgate.plugins.arc.documents import IssuerClient, issuer_clients, issuer_record
@@ -107,10 +107,13 @@ class Issuer:
     """One issuer's keys and tokens (no network: :class:`IssuerServer` serves it).
 
     :param folder: a folder made by :meth:`create`.
+    :param clock: what "now" is for its tokens' ``iat``, ``nbf`` and ``exp`` (a test's
+        FakeClock makes the tokens of its token endpoint follow the test's time).
     """
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.folder = Path(folder).resolve()
+        self.clock = clock
         try:
             record = issuer_record((self.folder / SETTINGS).read_bytes())
         except (OSError, DocumentError) as exc:
@@ -207,16 +210,7 @@ class Issuer:
                 }
             ]
         }
-        metadata = {
-            "issuer": url,
-            "jwks_uri": url + JWKS_PATH,
-            **_token_metadata(url),
-            "scopes_supported": ["openid", "wlcg", *COMPUTE_SCOPES.split()],
-            "response_types_supported": ["token"],
-            "subject_types_supported": ["public"],
-            "id_token_signing_alg_values_supported": ["RS256"],
-            "claims_supported": ["iss", "sub", "aud", "exp", "iat", "nbf", "jti", "scope"],
-        }
+        metadata = _metadata(url)
         (root / JWKS).write_text(json.dumps(jwks), encoding="utf-8")
         (root / METADATA).write_text(json.dumps(metadata), encoding="utf-8")
         (root / SETTINGS).write_text(json.dumps({"url": url, "kid": kid}) + "\n", encoding="utf-8")
@@ -263,7 +257,7 @@ class Issuer:
             self._key = serialization.load_pem_private_key(
                 (self.folder / SIGNING_KEY).read_bytes(), password=None
             )
-        issued = int(time.time() if start is None else start)
+        issued = int(self.clock.time() if start is None else start)
         payload: dict[str, Any] = {
             "wlcg.ver": "1.0",
             "iss": self.url,
@@ -415,7 +409,8 @@ class Issuer:
             client_id = urllib.parse.unquote_plus(quoted_id)
             secret = urllib.parse.unquote_plus(quoted_secret)
         else:
-            client_id, secret = fields.get("client_id", ""), fields.get("client_secret", "")
+            client_id = fields.get("client_id") or ""
+            secret = fields.get("client_secret") or ""
         client = self.clients().get(client_id) if client_id and secret else None
         if client is None or not hmac.compare_digest(
             _secret_hash(client.salt, secret), client.secret_sha256
@@ -432,7 +427,8 @@ class Issuer:
             return _refusal(400, "invalid_scope", f"scope not allowed: {' '.join(refused)}")
         if "audience" in fields and "resource" in fields:
             return _refusal(400, "invalid_request", "audience and resource both given")
-        audience = fields.get("audience", fields.get("resource", client.audiences[0]))
+        # blank values were dropped with the form's parsing: absent and empty are one
+        audience = fields.get("audience") or fields.get("resource") or client.audiences[0]
         if audience not in client.audiences:
             return _refusal(400, "invalid_target", f"audience not allowed: {audience}")
         scope = " ".join(asked)
@@ -455,11 +451,6 @@ class TokenAnswer:
     body: bytes
     challenge: bool = False
 
-    @property
-    def error(self) -> str:
-        """The RFC 6749 ``error`` code of a refusal ("" for a token)."""
-        return str(json.loads(self.body).get("error", "")) if self.status != 200 else ""
-
 
 def _refusal(status: int, error: str, description: str, *, basic: bool = False) -> TokenAnswer:
     body = {"error": error, "error_description": description}
@@ -470,12 +461,19 @@ def _secret_hash(salt: str, secret: str) -> str:
     return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
 
 
-def _token_metadata(url: str) -> dict[str, Any]:
-    """The metadata of the token endpoint (RFC 8414), in the openid-configuration."""
+def _metadata(url: str) -> dict[str, Any]:
+    """The issuer's ``/.well-known/openid-configuration`` (OpenID Discovery, RFC 8414)."""
     return {
+        "issuer": url,
+        "jwks_uri": url + JWKS_PATH,
         "token_endpoint": url + TOKEN_PATH,
         "grant_types_supported": ["client_credentials"],
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+        "scopes_supported": ["openid", "wlcg", *COMPUTE_SCOPES.split()],
+        "response_types_supported": ["token"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": ["RS256"],
+        "claims_supported": ["iss", "sub", "aud", "exp", "iat", "nbf", "jti", "scope"],
     }
 
 
@@ -580,13 +578,10 @@ class IssuerServer:
 
     def start(self) -> IssuerServer:
         folder = self.issuer.folder
-        # an issuer made before it had a token endpoint gets it named too
-        metadata = {
-            **_token_metadata(self.issuer.url),
-            **json.loads((folder / METADATA).read_bytes()),
-        }
+        # made from its URL, not read from the folder: an issuer made before it had a token
+        # endpoint serves what one made now does
         documents = {
-            WELL_KNOWN: json.dumps(metadata).encode(),
+            WELL_KNOWN: json.dumps(_metadata(self.issuer.url)).encode(),
             JWKS_PATH: (folder / JWKS).read_bytes(),
         }
         self.released.clear()
