@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.notifiers import logs  # noqa: F401 - a fixture: every line logged
 from support.polling import until
 from support.ports import free_port
 
