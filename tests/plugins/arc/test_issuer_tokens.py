@@ -308,6 +308,7 @@ def test_issuer_beside_renew_or_path_is_a_config_error_naming_the_line(
     assert client.secret not in text
 
 
+@pytest.mark.xdist_group("arc")  # on the worker that holds the fork CE already
 def test_a_token_fetched_from_the_ces_issuer_creates_a_job_on_the_real_a_rex(
     arc, rest, tmp_path: Path
 ) -> None:
