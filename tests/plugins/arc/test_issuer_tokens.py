@@ -22,7 +22,7 @@ import yaml
 
 from gridgate.core import hookimpl
 from gridgate.core.builtin.bearer_token import COPY_NAME, BearerToken
-from gridgate.core.clock import FakeClock
+from gridgate.core.clock import SYSTEM_CLOCK, FakeClock
 from gridgate.core.model import (
     BackendInfo,
     Endpoint,
@@ -330,9 +330,9 @@ def test_a_token_fetched_from_the_ces_issuer_creates_a_job_on_the_real_a_rex(
         }
     }
     try:
-        plugin = build_plugin(
-            BearerToken, section, clock=FakeClock(time.time()), state_dir=tmp_path
-        )
+        # the system's clock, as the CE's issuer (another process) has: a clock frozen before
+        # the request would find the token's nbf (the issuer's now) still ahead
+        plugin = build_plugin(BearerToken, section, clock=SYSTEM_CLOCK, state_dir=tmp_path)
         status = plugin.check(60)
         assert status.usable and status.renewed, status.message
         token = Path(plugin.env()["BEARER_TOKEN_FILE"]).read_text().strip()
