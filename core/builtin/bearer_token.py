@@ -173,6 +173,11 @@ class BearerToken(CredentialPlugin):
         if self.settings.issuer is not None:
             self.issuer = TokenIssuer(self.settings.issuer)
 
+    def close(self) -> None:
+        """The issuer's kept-alive connections are closed."""
+        if self.issuer is not None:
+            self.issuer.close()
+
     def refresh(self, deadline: float) -> Renewal | None:
         """With ``issuer``: a new token from the issuer, written to the private file; else the
         ``renew`` command."""

@@ -115,6 +115,7 @@ def test_a_fetched_token_is_kept_private_handed_out_and_fetched_again_only_when_
     assert renewed.usable and renewed.renewed and client.requests() == 2
     assert path.read_text() != token and renewed.expires == claims(path.read_text())["exp"]
     assert renewed.expires is not None and renewed.expires - clock.time() >= 1199
+    plugin.close()
 
 
 class TokenBackend:
