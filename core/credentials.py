@@ -44,6 +44,7 @@ __all__ = [
     "CredentialError",
     "CredentialPlugin",
     "CredentialSettings",
+    "Renewal",
     "Validity",
     "X509Proxy",  # noqa: F822 - deprecated: moved to gridgate.core.builtin (module __getattr__)
     "credential_schema",
@@ -67,6 +68,19 @@ class Validity:
     not_before: float
     not_after: float
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What one renewal did (:meth:`CredentialPlugin.refresh`): ``ok`` when it says it wrote a
+    new credential; ``failure`` a few words when not (``the renewal failed (exit code 1)``);
+    ``short`` the words for a renewal that worked but left a credential still short of
+    ``min_lifetime``; ``command`` the renewal command's result, when one ran."""
+
+    ok: bool
+    failure: str = ""
+    short: str = ""
+    command: CommandResult | None = None
 
 
 def credential_schema(description: str, *, min_lifetime: float = 3600) -> dict[str, Any]:
@@ -195,6 +209,27 @@ class CredentialPlugin(Plugin):
         """The variables that hand the credential to a command: ``{env_var: path}``."""
         return {self.env_var: str(self.path)}
 
+    def refresh(self, deadline: float) -> Renewal | None:
+        """Renew the credential now; None when nothing is configured to renew it.
+
+        The base runs ``renew`` (an argv, in the config file's folder, under ``deadline``
+        seconds). A subclass that gets its credential another way (from a token issuer)
+        returns its own :class:`Renewal`.
+
+        :param deadline: seconds the renewal may take.
+        """
+        renew = list(self.settings.renew)
+        if not renew:
+            return None
+        # in the config's folder: `-C usercert.pem` means the file beside the config
+        command = run(renew, deadline, cwd=self.folder, max_output=self.context.max_output_bytes)
+        return Renewal(
+            ok=command.ok,
+            failure=f"the renewal failed ({command.describe()})",
+            short="the renewal exited 0 but left no longer-lived file",
+            command=command,
+        )
+
     # --- the hooks ------------------------------------------------------------------------------
 
     @hookimpl
@@ -275,33 +310,28 @@ class CredentialPlugin(Plugin):
         clock = self.context.clock
         deadline = self.settings.timeout or timeout
         min_lifetime = self.settings.min_lifetime
-        renew = list(self.settings.renew)
         now = clock.time()
         valid, problem = self._inspect(now)
         needed = bool(problem) or valid is None or valid.not_after - now < min_lifetime
-        command: CommandResult | None = None
-        if needed and renew:
-            # in the config's folder: `-C usercert.pem` means the file beside the config
-            command = run(
-                renew, deadline, cwd=self.folder, max_output=self.context.max_output_bytes
-            )
+        done = self.refresh(deadline) if needed else None
+        if done is not None:
             now = clock.time()
             valid, problem = self._inspect(now)
         renewed = (
-            command is not None
-            and command.ok
+            done is not None
+            and done.ok
             and not problem
             and valid is not None
             and valid.not_after - now >= min_lifetime
         )
         expires = valid.not_after if valid is not None else None
         where = f"{self.what} {self.path}"
-        if command is not None and not command.ok:
-            renewal = f"the renewal failed ({command.describe()})"
-        elif command is not None and not renewed:
-            renewal = "the renewal exited 0 but left no longer-lived file"
+        if done is not None and not done.ok:
+            renewal = done.failure
+        elif done is not None and not renewed:
+            renewal = done.short
         else:
-            renewal = "no renew command is configured" if needed and not renew else ""
+            renewal = "no renew command is configured" if needed and done is None else ""
         at_risk = False
         if problem:
             message = f"{where} {problem}" + (f"; {renewal}" if renewal else "")
@@ -329,7 +359,7 @@ class CredentialPlugin(Plugin):
             path=str(self.path),
             expires=expires,
             message=message,
-            command=command,
+            command=done.command if done is not None else None,
             renewed=renewed,
             at_risk=at_risk,
             renewal_due=needed and not renewed and not problem,

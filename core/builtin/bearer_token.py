@@ -1,25 +1,42 @@
 """The built-in ``bearer_token`` credential: a WLCG bearer token (a JWT) in a private file,
-found where ``path`` says or by WLCG Bearer Token Discovery, its end read from the ``exp``
-claim, renewed by a command such as ``htgettoken`` or ``oidc-token``, handed to the backends
-that need kind ``token`` as ``BEARER_TOKEN_FILE``."""
+found where ``path`` says or by WLCG Bearer Token Discovery, or fetched by the director itself
+from an OAuth2 issuer (``issuer:``, the client-credentials grant: :mod:`.token_issuer`); its end
+read from the ``exp`` claim, renewed by a command such as ``htgettoken`` or ``oidc-token`` or by
+a new request to the issuer, handed to the backends that need kind ``token`` as
+``BEARER_TOKEN_FILE``."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from loguru import logger
 
 from gridgate.core.builtin.documents import JwtTimes, jwt_times
-from gridgate.core.credentials import CredentialError, CredentialPlugin, Validity, credential_schema
+from gridgate.core.builtin.token_issuer import (
+    ISSUER_SCHEMA,
+    IssuerSettings,
+    TokenIssuer,
+    TokenRequestError,
+)
+from gridgate.core.credentials import (
+    CredentialError,
+    CredentialPlugin,
+    CredentialSettings,
+    Renewal,
+    Validity,
+    credential_schema,
+)
 from gridgate.core.documents import DocumentError
 from gridgate.core.files import atomic_write, ensure_private_dir, file_problem
 from gridgate.core.plugins import PluginContext
 
-#: Where a token given in the BEARER_TOKEN variable is written for the backends' commands,
-#: under the state folder (a command is handed a file, never the token on its command line).
+#: Where a token given in the BEARER_TOKEN variable, or fetched from the ``issuer``, is written
+#: for the backends' commands, under the state folder (a command is handed a file, never the
+#: token on its command line).
 COPY_NAME = Path("credentials", "bearer_token")
 
 
@@ -27,8 +44,8 @@ def _schema() -> dict[str, Any]:
     schema = credential_schema(
         "A WLCG bearer token (a JWT) the director checks before each iteration (its end read "
         "from the token's exp claim, the signature left to the services), renews with renew "
-        "when it runs short, and hands to the backends that need kind token as "
-        "BEARER_TOKEN_FILE. While it is missing, expired or not private those backends submit "
+        "or fetches a new one from issuer when it runs short, and hands to the backends that "
+        "need kind token as BEARER_TOKEN_FILE. While it is missing, expired or not private those backends submit "
         "nothing.",
         min_lifetime=600,
     )
@@ -40,9 +57,44 @@ def _schema() -> dict[str, Any]:
         "file under the state folder, and never renewed: no command can change the variable), "
         "else the first that exists of $BEARER_TOKEN_FILE, $XDG_RUNTIME_DIR/bt_u$UID and "
         "/tmp/bt_u$UID (UID the effective uid), else the first of them (where renew should "
-        "write)."
+        "write). Not with issuer (the fetched token is kept under the state folder)."
     )
+    schema["properties"]["timeout"]["description"] = (
+        "Hard limit in seconds for the renewal command, or for the requests to issuer "
+        "(default: director.command_timeout); a command is killed past it, output kept."
+    )
+    schema["properties"]["issuer"] = ISSUER_SCHEMA
     return schema
+
+
+@dataclass(frozen=True)
+class BearerTokenSettings(CredentialSettings):
+    """The ``credentials.bearer_token`` section: a credential's keys and ``issuer``."""
+
+    issuer: IssuerSettings | None
+
+    def cross_rules(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """``issuer`` beside ``renew`` or ``path``: two sources of one token."""
+        if self.issuer is None:
+            return super().cross_rules()
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        if self.renew:
+            problems.append(
+                (
+                    ("renew",),
+                    "renew and issuer both renew the token: with issuer the director fetches "
+                    "it itself; give renew (htgettoken, oidc-token...) or issuer, not both",
+                )
+            )
+        if self.path:
+            problems.append(
+                (
+                    ("path",),
+                    "path and issuer: the token fetched from the issuer is kept in the state "
+                    "folder (credentials/bearer_token); leave path out",
+                )
+            )
+        return problems
 
 
 def discover(environ: Mapping[str, str], euid: int) -> tuple[Path | None, str]:
@@ -91,14 +143,20 @@ class BearerToken(CredentialPlugin):
     env_var = "BEARER_TOKEN_FILE"
     what = "bearer token"
     config_schema: ClassVar[dict[str, Any]] = _schema()
+    settings_class: ClassVar[type[BearerTokenSettings]] = BearerTokenSettings
+    settings: BearerTokenSettings
 
     def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
         #: the token itself when it came from the BEARER_TOKEN variable (copied to a file)
         self.token_copy: bytes | None = None
         #: where the file was found: "" when the section names it, else the discovery step
         self.found_by = ""
+        #: the issuer the token is fetched from (``issuer:``), else None
+        self.issuer: TokenIssuer | None = None
         section = dict(config)
-        if not section.get("path"):
+        if section.get("issuer"):
+            section["path"] = str(Path(context.state_dir) / COPY_NAME)
+        elif not section.get("path"):
             found, self.found_by = discover(os.environ, os.geteuid())
             if found is None:
                 self.token_copy = os.environ["BEARER_TOKEN"].strip().encode() + b"\n"
@@ -112,6 +170,33 @@ class BearerToken(CredentialPlugin):
                     section["renew"] = []
             section["path"] = str(found)
         super().__init__(section, context)
+        if self.settings.issuer is not None:
+            self.issuer = TokenIssuer(self.settings.issuer)
+
+    def close(self) -> None:
+        """The issuer's kept-alive connections are closed."""
+        if self.issuer is not None:
+            self.issuer.close()
+
+    def refresh(self, deadline: float) -> Renewal | None:
+        """With ``issuer``: a new token from the issuer, written to the private file; else the
+        ``renew`` command."""
+        if self.issuer is None:
+            return super().refresh(deadline)
+        where = f"the token request to {self.issuer.url} (client {self.issuer.settings.client_id})"
+        try:
+            granted = self.issuer.fetch(deadline)
+        except TokenRequestError as exc:
+            return Renewal(ok=False, failure=f"{where} failed: {exc}")
+        try:
+            ensure_private_dir(self.path.parent)
+            atomic_write(self.path, granted.token.encode() + b"\n", mode=0o600, durable=False)
+        except OSError as exc:
+            return Renewal(ok=False, failure=f"cannot write the fetched token: {exc.strerror}")
+        lives = "" if granted.expires_in is None else f" ({granted.expires_in} s)"
+        return Renewal(
+            ok=True, short=f"{where} gave a token{lives} that lives less than min_lifetime"
+        )
 
     def _write_copy(self) -> None:
         """Write the BEARER_TOKEN variable's token to its private file, when it differs."""

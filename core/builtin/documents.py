@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 from xml.parsers import expat
 
 import msgspec
@@ -88,6 +88,58 @@ def jwt_times(token: bytes) -> JwtTimes:
     if not isinstance(header, dict) or not isinstance(payload, dict):
         raise DocumentError(JWT_KIND, "holds a JWT whose header or payload is not a JSON object")
     return JwtTimes(exp=_date(payload, "exp"), nbf=_date(payload, "nbf"))
+
+
+# --- an OAuth2 issuer's answers (the bearer_token credential's issuer) ------------------------
+
+
+class OpenIdConfiguration(msgspec.Struct, frozen=True):
+    """What an issuer's ``/.well-known/openid-configuration`` says that a client-credentials
+    client needs: its ``issuer`` and its ``token_endpoint`` (an https URL)."""
+
+    issuer: str
+    token_endpoint: Annotated[str, msgspec.Meta(pattern=r"^https://[^/\s]+\S*$")]
+
+
+class TokenAnswer(msgspec.Struct, frozen=True):
+    """A token endpoint's success answer (RFC 6749 5.1): the access token, its type
+    (``Bearer``, any case), and the seconds it lives, when the issuer says."""
+
+    access_token: Annotated[str, msgspec.Meta(min_length=1)]
+    token_type: str
+    expires_in: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    scope: str | None = None
+
+
+class OAuthError(msgspec.Struct, frozen=True):
+    """A token endpoint's refusal (RFC 6749 5.2): the error code and its description."""
+
+    error: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    error_description: str | None = None
+
+
+def openid_configuration(data: bytes) -> OpenIdConfiguration:
+    """An issuer's OpenID configuration (metadata) document.
+
+    :raises DocumentError: not JSON, or without an issuer and an https token endpoint.
+    """
+    return decode_json(data, OpenIdConfiguration, kind="openid-configuration")
+
+
+def token_answer(data: bytes) -> TokenAnswer:
+    """A token endpoint's answer to a granted request.
+
+    :raises DocumentError: not JSON, or no access_token and token_type.
+    """
+    return decode_json(data, TokenAnswer, kind="token endpoint answer")
+
+
+def oauth_error(data: bytes) -> OAuthError | None:
+    """A token endpoint's refusal, or None when the body is not one (an HTML error page)."""
+    try:
+        return decode_json(data, OAuthError, kind="token endpoint error")
+    except DocumentError:
+        return None
 
 
 # --- GOCDB's get_downtime XML ------------------------------------------------------------

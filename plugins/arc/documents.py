@@ -47,6 +47,7 @@ __all__ = [
     "Entry",
     "StatusReport",
     "CeRecord",
+    "IssuerClient",
     "IssuerRecord",
     "arc_conf",
     "arcstat_report",
@@ -56,6 +57,7 @@ __all__ = [
     "delegation_id",
     "delegation_record",
     "job_answer",
+    "issuer_clients",
     "issuer_record",
     "killed_counts",
     "not_in_list",
@@ -289,6 +291,23 @@ class IssuerRecord(msgspec.Struct, frozen=True):
 def issuer_record(text: str | bytes) -> IssuerRecord:
     """The private token issuer's record."""
     return decode_json(text, IssuerRecord, kind="token issuer record")
+
+
+class IssuerClient(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A client registered with the private token issuer (``clients.json``): the salted
+    SHA-256 of its secret (never the secret), the scopes and audiences it may ask for, and the
+    lifetime of its tokens in seconds."""
+
+    salt: str
+    secret_sha256: str
+    scopes: tuple[str, ...]
+    audiences: tuple[str, ...]
+    lifetime: Annotated[int, msgspec.Meta(gt=0)]
+
+
+def issuer_clients(text: str | bytes) -> dict[str, IssuerClient]:
+    """The private token issuer's registered clients, by client id."""
+    return decode_json(text, dict[str, IssuerClient], kind="token issuer clients")
 
 
 # --- what the ARC client prints -----------------------------------------------------------------

@@ -98,6 +98,16 @@ def _site(tmp_path: Path, where: str, secret: Path) -> Path:
             "deliver": ["rest"],
             "rest": {"url": "https://ggus.example.org", "token": spec},
         }
+    elif where == "credentials.bearer_token.issuer.client_secret":
+        doc["credentials"] = {
+            "bearer_token": {
+                "issuer": {
+                    "url": "https://iam.example.org",
+                    "client_id": "f",
+                    "client_secret": spec,
+                }
+            }
+        }
     elif where == "state.password":
         doc["state"] = {"driver": "redis", "url": "redis://localhost:6379/0", "password": spec}
     path = tmp_path / "site.yaml"
@@ -105,7 +115,13 @@ def _site(tmp_path: Path, where: str, secret: Path) -> Path:
     return path
 
 
-WHERE = ["proxyd.key", "notifiers.email.password", "notifiers.ggus.rest.token", "state.password"]
+WHERE = [
+    "proxyd.key",
+    "notifiers.email.password",
+    "notifiers.ggus.rest.token",
+    "state.password",
+    "credentials.bearer_token.issuer.client_secret",
+]
 
 
 @pytest.mark.parametrize("where", WHERE)

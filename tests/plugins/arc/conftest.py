@@ -6,6 +6,8 @@ process (xdist worker), and stopped at the end of the session. A CE that cannot 
 tests that need it, never skips them. Tests that stop the fork CE (``stop_service``) ask for
 ``arc``, which starts it again first. ``other_issuer`` is a second token issuer (another key,
 another URL, a certificate from the same test CA) whose tokens the CE must refuse.
+``token_issuer`` is a token issuer with a CA of its own and no CE at all, served from this
+process, for the tests of its token endpoint and of the clients that use it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.notifiers import logs  # noqa: F401 - a fixture: every line logged
 from support.polling import until
 from support.ports import free_port
 
@@ -90,6 +93,89 @@ def other_issuer(arc_ce, tmp_path_factory):
     server = IssuerServer(issuer, log=folder / "requests.log").start()
     try:
         yield server
+    finally:
+        server.stop()
+
+
+def make_test_ca(folder: Path) -> tuple[Path, Path]:
+    """A self-signed CA (certificate and key, PEM files in ``folder``) for a token issuer's
+    TLS certificate, and a hashed CA folder (``folder/certificates``) that trusts it."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gridgate-test"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "issuer test CA"),
+        ]
+    )
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    ca_cert, ca_key = folder / "ca-cert.pem", folder / "ca-key.pem"
+    ca_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    ca_key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    hashed = folder / "certificates"
+    hashed.mkdir()
+    found = run(["openssl", "x509", "-hash", "-noout", "-in", str(ca_cert)], 30)
+    assert found.ok, found.stderr
+    (hashed / f"{found.stdout.strip()}.0").write_bytes(ca_cert.read_bytes())
+    return ca_cert, hashed
+
+
+@dataclass
+class ServedIssuer:
+    """A token issuer being served: ``server.token_fault`` makes its token endpoint misbehave;
+    ``ca_path`` trusts its certificate; ``log`` gets a line per request."""
+
+    issuer: Any
+    server: Any
+    ca_path: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return str(self.issuer.url)
+
+
+@pytest.fixture
+def token_issuer(tmp_path_factory):
+    """A token issuer served over https on ``localhost`` from this process (its documents and
+    its token endpoint), its TLS certificate from a CA of its own; ``.ca_path`` is a hashed CA
+    folder that trusts it. No client is registered."""
+    from gridgate.plugins.arc.issuer import Issuer, IssuerServer
+
+    folder = tmp_path_factory.mktemp("token-issuer")
+    ca_cert, hashed = make_test_ca(folder)
+    issuer = Issuer.create(
+        folder / "issuer",
+        f"https://localhost:{free_port()}",
+        ca_cert=ca_cert,
+        ca_key=folder / "ca-key.pem",
+    )
+    server = IssuerServer(issuer, log=folder / "requests.log").start()
+    try:
+        yield ServedIssuer(issuer, server, hashed, folder / "requests.log")
     finally:
         server.stop()
 
