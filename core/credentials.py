@@ -50,6 +50,12 @@ __all__ = [
     "credential_schema",
 ]
 
+#: Seconds a credential may begin after this machine's clock says now and still be used: the
+#: issuer's clock (a token issuer, a VOMS server) may run a little ahead of ours, and a token
+#: fetched a moment ago must not be "not valid before" for an iteration. JWT libraries allow the
+#: same (RFC 7519 4.1.5: "a small leeway, usually no more than a few minutes").
+CLOCK_SKEW = 60.0
+
 #: A credential file larger than this is not read (a proxy or a token is a few KiB).
 MAX_FILE_BYTES = 1024 * 1024
 
@@ -295,7 +301,7 @@ class CredentialPlugin(Plugin):
                 valid,
                 f"expired at {_iso(valid.not_after)} ({_left(valid.not_after - now)}){detail}",
             )
-        if now < valid.not_before:
+        if now + CLOCK_SKEW < valid.not_before:
             return (
                 valid,
                 f"is not valid before {_iso(valid.not_before)} (is this machine's clock right?)",

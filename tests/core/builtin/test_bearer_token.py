@@ -204,6 +204,17 @@ def test_a_token_not_yet_valid_is_unusable(site: Site) -> None:
     assert not status.usable and "is not valid before" in status.message
 
 
+def test_a_token_from_an_issuer_whose_clock_runs_a_little_ahead_is_usable(site: Site) -> None:
+    """A token fetched a moment ago from an issuer whose clock is 30 s ahead begins 30 s from
+    now by ours: usable (a minute's leeway, as JWT libraries allow); 2 minutes ahead is not.
+    Before: unusable for an iteration, and the token's groups paused and told."""
+    site.write(jwt(nbf=int(START + 30), exp=int(START + 2 * HOUR)))
+    assert check(site.plugin()).usable
+    site.write(jwt(nbf=int(START + 120), exp=int(START + 2 * HOUR)))
+    status = check(site.plugin())
+    assert not status.usable and "is not valid before" in status.message
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
