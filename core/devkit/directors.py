@@ -27,6 +27,7 @@ from typing import Any
 
 from gridgate.core import hookimpl
 from gridgate.core.clock import Clock
+from gridgate.core.documents import decode_json
 from gridgate.core.model import (
     BackendInfo,
     Endpoint,
@@ -194,7 +195,7 @@ def spawn(spec: DirectorSpec, **popen: Any) -> subprocess.Popen[bytes]:
 def submissions(paths: Iterable[Path]) -> list[Submission]:
     """The submissions noted in ``paths``, file by file; a line a SIGKILL cut short is not
     one."""
-    found = []
+    found: list[Submission] = []
     for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
@@ -202,7 +203,7 @@ def submissions(paths: Iterable[Path]) -> list[Submission]:
             continue
         for line in text.splitlines(keepends=True):
             if line.endswith("\n"):
-                found.append(Submission(**json.loads(line)))
+                found.append(decode_json(line, Submission, kind="director kit submission"))
     return found
 
 
@@ -250,4 +251,4 @@ def pilots_per_endpoint(noted: Iterable[Submission]) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    run(DirectorSpec(**json.loads(sys.argv[1])))
+    run(decode_json(sys.argv[1], DirectorSpec, kind="director kit spec"))
