@@ -35,13 +35,11 @@ if TYPE_CHECKING:
         ListMatchResult,
         Notification,
         Refusal,
-        SchedulerChange,
-        SchedulerRequests,
-        SchedulerRPCs,
         StatusResult,
         SubmitRequest,
         SubmitResult,
     )
+    from gridgate.core.scheduler import SchedulerChange, SchedulerRequests, SchedulerRPCs
 
 #: The hook specifications, one per hook (docs/hooks.md documents each).
 __all__ = [

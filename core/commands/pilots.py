@@ -13,7 +13,8 @@ import click
 from gridgate.core import hookimpl
 from gridgate.core.cli import echo
 from gridgate.core.commands.report import render_states
-from gridgate.core.engine.tracking import cancel_pilots, state_counts
+from gridgate.core.engine.cancelling import cancel_pilots
+from gridgate.core.engine.tracking import state_counts
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES, Endpoint
 from gridgate.core.state import Pilot, PilotRegistry
 

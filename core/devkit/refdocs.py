@@ -243,6 +243,10 @@ API: tuple[tuple[str, str], ...] = (
         "The values that cross hooks: all frozen dataclasses except `DemandRegistry` (derive a changed copy with `dataclasses.replace`).",
     ),
     (
+        "gridgate.core.scheduler",
+        "What a scheduler's controller tells the token daemon: the RPCs it served, the requests it logged, a user refused or admitted again (the scheduler hooks' answers).",
+    ),
+    (
         "gridgate.core.hookspecs",
         "The hook specifications: each documented in [hooks.md](hooks.md).",
     ),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from gridgate.core.engine.aborted import AbortVerdicts
+from gridgate.core.engine.cancelling import cancel_pilots
 from gridgate.core.engine.epoch import StoreEpoch
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.intents import Intents, default_instance
@@ -914,75 +915,6 @@ class PilotTracker:
         if gone:
             logger.info("forgot {} pilot(s) finished over {:.0f} s ago", gone, keep)
         return gone
-
-
-def cancel_pilots(
-    runtime: Runtime,
-    registry: PilotRegistry,
-    endpoint: Endpoint,
-    pilots: Sequence[Pilot],
-    timeout: float,
-    reason: str,
-    it: Iteration | None = None,
-    failures: FailurePath | None = None,
-) -> tuple[list[str], str]:
-    """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
-    grant of category ``other``, and record those cancelled (with ``reason``). A cancel that
-    this machine could not even run (``local_fault``: a file it cannot write) is, within an
-    iteration ``it``, a local fault through its ``failures`` path (told once per
-    ``failing_expiry``).
-
-    :return: the ids cancelled, and what went wrong ('' when nothing did).
-    """
-    hook = runtime.pm.hook
-    answer = hook.gridgate_admit(
-        request=AdmissionRequest(
-            category="other",
-            opcode="JOB_CANCEL",
-            size=len(pilots),
-            endpoint=endpoint,
-            user=runtime.user,
-        )
-    )
-    if isinstance(answer, Refusal):
-        return [], f"refused by admission control: {answer.reason}"
-    try:
-        result = hook.gridgate_cancel(
-            endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
-        )
-    except Exception as exc:  # a plugin bug must not stop the iteration
-        logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
-        return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"
-    finally:
-        if answer is not None:
-            hook.gridgate_release(grant=answer)
-    if result is None:
-        return [], f"backend {endpoint.backend} cannot cancel"
-    local = getattr(result, "local_fault", "") or ""
-    if local and it is not None and failures is not None:
-        failures.server_failed(
-            endpoint,
-            SubmitResult(
-                endpoint=endpoint,
-                ok=False,
-                command=result.command,
-                operation=result.operation or "Job Cancel",
-                message=result.message,
-                local_fault=local,
-            ),
-            it,
-        )
-    wanted = {p.job_id for p in pilots}
-    done = sorted(wanted & set(result.cancelled))
-    now = runtime.clock.time()
-    registry.put(
-        p.moved("cancelled", now, p.native, reason) for p in pilots if p.job_id in set(done)
-    )
-    problem = ""
-    if not result.ok or len(done) < len(pilots):
-        why = result.message or (result.command.describe() if result.command else "")
-        problem = f"{len(pilots) - len(done)} not cancelled" + (f": {why}" if why else "")
-    return done, problem
 
 
 def state_counts(counts: Counts) -> dict[str, dict[str, int]]:

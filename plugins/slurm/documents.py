@@ -25,8 +25,9 @@ from typing import Annotated, Any
 import msgspec
 
 from gridgate.core.documents import DocumentError, ascii_int, convert, decode_json, printf_fields
-from gridgate.core.model import JobStatus, RpcCount, SchedulerRequest, SchedulerRPCs
+from gridgate.core.model import JobStatus
 from gridgate.core.patterns import clip
+from gridgate.core.scheduler import RpcCount, SchedulerRequest, SchedulerRPCs
 
 __all__ = [
     "FIND_FORMAT",

@@ -29,14 +29,10 @@ from gridgate.core.backend import commands_schema, env_schema
 from gridgate.core.documents import DocumentError
 from gridgate.core.files import InputFileError, atomic_write, file_problem, read_regular
 from gridgate.core.journal import Journal, Restorer, Step
-from gridgate.core.model import (
-    CommandResult,
-    SchedulerChange,
-    SchedulerRequests,
-    SchedulerRPCs,
-)
+from gridgate.core.model import CommandResult
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.runner import run
+from gridgate.core.scheduler import SchedulerChange, SchedulerRequests, SchedulerRPCs
 from gridgate.core.settings import Settings
 from gridgate.core.state import StateError, StateStore, open_state
 from gridgate.plugins.slurm.classify import clip

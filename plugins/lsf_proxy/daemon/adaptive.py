@@ -45,8 +45,8 @@ from typing import Any
 
 from loguru import logger
 
-from gridgate.core.model import SchedulerRPCs
 from gridgate.core.patterns import clip
+from gridgate.core.scheduler import SchedulerRPCs
 from gridgate.core.state import StateStore
 from gridgate.plugins.lsf_proxy.commands import COMMANDS, QUERY
 from gridgate.plugins.lsf_proxy.config import TOKENS, Limits

@@ -38,8 +38,9 @@ from loguru import logger
 
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.journal import UNCHANGED, Entry, Journal, Restorer, Step
-from gridgate.core.model import Notification, SchedulerChange, SchedulerRPCs
+from gridgate.core.model import Notification
 from gridgate.core.patterns import clip
+from gridgate.core.scheduler import SchedulerChange, SchedulerRPCs
 from gridgate.core.state import StateError, open_state
 from gridgate.core.text import printable
 from gridgate.plugins.lsf_proxy.daemon import documents

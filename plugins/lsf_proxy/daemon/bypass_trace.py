@@ -21,8 +21,8 @@ from typing import Any
 
 from loguru import logger
 
-from gridgate.core.model import SchedulerChange, SchedulerRequest, SchedulerRequests
 from gridgate.core.patterns import clip
+from gridgate.core.scheduler import SchedulerChange, SchedulerRequest, SchedulerRequests
 from gridgate.plugins.lsf_proxy.daemon.diagnose import log_field, stamp
 from gridgate.plugins.lsf_proxy.daemon.policy import Token
 from gridgate.plugins.lsf_proxy.schedulers import ask

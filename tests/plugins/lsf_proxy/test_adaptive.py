@@ -15,7 +15,7 @@ from support.holders import holders, stop
 from support.polling import until
 from support.uids import as_user
 
-from gridgate.core.model import RpcCount, SchedulerRPCs
+from gridgate.core.scheduler import RpcCount, SchedulerRPCs
 from gridgate.plugins.lsf_proxy.cli import render
 from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
 from gridgate.plugins.lsf_proxy.config import Limits

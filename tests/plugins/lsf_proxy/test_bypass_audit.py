@@ -11,7 +11,7 @@ from pathlib import Path
 import prometheus_client
 import pytest
 
-from gridgate.core.model import SchedulerRPCs
+from gridgate.core.scheduler import SchedulerRPCs
 from gridgate.plugins.lsf_proxy.config import SECTION_SCHEMA, resolve_policies
 from gridgate.plugins.lsf_proxy.daemon.bypass import (
     BypassAudit,
