@@ -135,7 +135,9 @@ class Entry(msgspec.Struct, frozen=True):
     reason: str = ""
     id: CeId = ""
     state: str = ""
-    info_document: _InfoDocument | None = None
+    #: a text, not a document, for a job younger than its info provider's first pass (seen on
+    #: A-REX 6.17 right after a creation): read as no document
+    info_document: _InfoDocument | str | None = None
 
     @property
     def code(self) -> int:
@@ -143,8 +145,10 @@ class Entry(msgspec.Struct, frozen=True):
 
     @property
     def activity(self) -> Activity | None:
-        """The ``info`` document's activity; None when the entry has no ``info_document``."""
-        return self.info_document.ComputingActivity if self.info_document is not None else None
+        """The ``info`` document's activity; None when the entry has no ``info_document`` (or
+        only its text)."""
+        document = self.info_document
+        return document.ComputingActivity if isinstance(document, _InfoDocument) else None
 
 
 class _JobAnswer(msgspec.Struct):

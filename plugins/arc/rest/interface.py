@@ -551,6 +551,16 @@ class RestInterface:
                 return {}
             states, _ = client.manage("status", ids, deadline)
             state = {e.id: e.state.upper() for e in states if e.code == 200 and e.id}
+            # a listed job whose state the CE would not give (gone since the list: 404) may
+            # be one looked for: a partial answer would leave it untracked, so ask again later
+            unknown = {e.id for e in states if e.code not in (200, 404)}
+            if unknown:
+                logger.info(
+                    "{}: {} listed job(s) without a state; looked for again later",
+                    client.service,
+                    len(unknown),
+                )
+                return None
             live = [i for i in ids if state.get(i, "") not in ("", "DELETED")]
             if not live:
                 return {}

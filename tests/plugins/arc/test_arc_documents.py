@@ -77,6 +77,17 @@ def test_an_info_answer_carries_the_activity_a_final_pilot_is_read_from() -> Non
     assert status.reason == "LRMS error: (3) Job finished with wrong exit code"
 
 
+def test_a_job_too_young_for_an_info_document_is_an_entry_without_activity() -> None:
+    """A-REX 6.17 answers ``info`` for a job its info provider has not seen yet with a text
+    where the document goes: that job has no activity (its name is read elsewhere), and the
+    other jobs of the answer are still read."""
+    body = b'{"job":[{"status-code":"200","id":"A1","info_document":""},'
+    body += b'{"status-code":"200","id":"B2","info_document":{"ComputingActivity":{"Name":"n"}}}]}'
+    young, named = job_answer(body)
+    assert young.activity is None and young.id == "A1"
+    assert named.activity is not None and named.activity.name == "n"
+
+
 @pytest.mark.parametrize(
     ("body", "why"),
     [

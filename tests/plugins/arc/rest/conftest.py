@@ -95,9 +95,28 @@ class Witness:
         items = json.loads(body)["job"]
         ids = [i["id"] for i in (items if isinstance(items, list) else [items])]
         infos = self.jobs("info", ids)
+        return [name_in(e) for e in infos]
+
+    def seen(self) -> list[tuple[str, str, str]]:
+        """(id, state, name) of every job of this DN on the CE."""
+        status, _reason, body = self.call("GET", "jobs")
+        items = json.loads(body)["job"] if status == 200 and body.strip() else []
+        ids = [i["id"] for i in (items if isinstance(items, list) else [items])]
+        if not ids:
+            return []
+        infos = self.jobs("info", ids)
+        states = self.jobs("status", ids)
         return [
-            e.get("info_document", {}).get("ComputingActivity", {}).get("Name", "") for e in infos
+            (s["id"], s.get("state", ""), name_in(i)) for s, i in zip(states, infos, strict=True)
         ]
+
+
+def name_in(entry: dict[str, Any]) -> str:
+    """The job name of an ``info`` entry; "" for a job too young for an info document (A-REX
+    gives a text where the document goes)."""
+    document = entry.get("info_document")
+    activity = document.get("ComputingActivity", {}) if isinstance(document, dict) else {}
+    return str(activity.get("Name", "")) if isinstance(activity, dict) else ""
 
 
 @pytest.fixture

@@ -324,7 +324,8 @@ def test_pilots_whose_answer_was_lost_and_could_not_be_looked_for_are_found_late
     )
     ids = [s.job_id for s in found.found.get(name, ())]
     try:
-        assert found.ok and len(ids) == 2, found
+        # on failure, what the CE itself has and what was asked of it (seen once under load)
+        assert found.ok and len(ids) == 2, (found, witness(arc).seen(), middle.requests[-12:])
         uploads = [r for r in middle.requests if r[0] == "PUT" and "/session/" in r[1]]
         assert len(uploads) - uploads_before == 2, "the found jobs got their script"
         other = backend.gridgate_find_pilots(
