@@ -227,6 +227,8 @@ class SubmitRequest:
     #: what each pilot of the request asks of its slot (None: the batch system's defaults)
     resources: Resources | None = None
     name: str = ""  # ``<fleet>-<12 hex digits>``; "" outside the director
+    #: the demand group's ``credential`` (a ``credentials:`` name); "" when it names none
+    credential: str = ""
 
     def __post_init__(self) -> None:
         if self.count < 1:

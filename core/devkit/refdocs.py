@@ -267,6 +267,10 @@ API: tuple[tuple[str, str], ...] = (
         "Credential plugins: the base class a plugin for a credential in a file subclasses (a token file, see [plugins.md](plugins.md)), and `x509_proxy`.",
     ),
     (
+        "gridgate.core.credential_names",
+        "Named credentials: the key that names one (`credential: NAME`) and which one a submission uses (the nearest level wins).",
+    ),
+    (
         "gridgate.core.files",
         "Files someone else picks up, and the private folders they live in.",
     ),
