@@ -13,15 +13,21 @@ kind is used.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "CREDENTIAL_KEYWORD",
     "CredentialChoice",
     "credential_kind",
     "credential_reference_schema",
+    "credentials_in_force",
+    "in_force",
 ]
 
 #: The schema keyword of a key whose value names a ``credentials:`` entry.
@@ -215,3 +221,41 @@ class CredentialChoice:
             if name is not None:
                 chosen[kind] = name
         return chosen
+
+
+#: kind -> credential name, for the hook call running in this thread (set by the director around
+#: each submission, list-match, poll and cancel): ``PluginContext.credential_env(kind)`` answers
+#: with that credential, so a backend hands each call the credential of its group and endpoint
+#: without knowing names. Empty outside such a call: the first credential of each kind.
+_IN_FORCE: ContextVar[Mapping[str, str] | None] = ContextVar(
+    "gridgate_credentials_in_force", default=None
+)
+
+
+@contextmanager
+def credentials_in_force(names: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, ``context.credential_env(kind)`` answers with ``names[kind]``.
+
+    :param names: kind -> credential name (:meth:`CredentialChoice.names`).
+    """
+    token = _IN_FORCE.set(dict(names))
+    try:
+        yield
+    finally:
+        _IN_FORCE.reset(token)
+
+
+def in_force() -> Mapping[str, str]:
+    """The credentials in force for this thread's hook call, kind -> name (empty: none)."""
+    return _IN_FORCE.get() or {}
+
+
+def running_with(names: Mapping[str, str], call: Callable[..., T]) -> Callable[..., T]:
+    """``call`` made to run with ``names`` in force (for a call handed to another thread,
+    which does not inherit the caller's)."""
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        with credentials_in_force(names):
+            return call(*args, **kwargs)
+
+    return run

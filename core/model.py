@@ -151,10 +151,12 @@ class BackendInfo:
     ``endpoints`` are its configured servers in config order; ``pilots_per_submission`` how
     many pilots one command carries (bulk/parametric jobs when > 1); ``command_timeout``
     overrides the director's limit for this backend's commands when set. ``credentials`` are
-    the credential kinds its commands need (``("x509",)``): while the configured credential
-    of one of them is unusable the backend submits nothing and its pilots are not polled (a
-    local fault of kind ``credential``); get their environment with
-    ``context.credential_env(kind)``.
+    the credential kinds its commands need (``("x509",)``): while the credential of one of
+    them that an endpoint or a demand group uses (``credential:``, the nearest naming one of
+    that kind, else the first configured) is unusable, that endpoint or group gets no pilot
+    and the endpoint is not polled (a local fault of kind ``credential``); get their
+    environment with ``context.credential_env(kind)``, which answers with the credential of
+    the call's group and endpoint.
     """
 
     backend: str
@@ -522,7 +524,8 @@ class Notification:
 class CredentialStatus:
     """What a credential plugin found when it checked (and, if needed, renewed) its credential.
 
-    ``name`` is the plugin's entry-point name (``x509_proxy``), ``kind`` the credential kind
+    ``name`` is the credential's key in ``credentials:`` (``lhcb-proxy``; the plugin's
+    entry-point name, ``x509_proxy``, for an entry named after it), ``kind`` the credential kind
     backends name in :attr:`BackendInfo.credentials` (``x509``, ``token``), ``path`` the file.
     ``usable`` False means nothing may be submitted with it (missing, unreadable, not a
     credential, not yet or no longer valid): ``message`` says why in one line. ``expires`` is

@@ -313,7 +313,7 @@ def journal_line(summary: Any, paused: bool = False) -> str:
         parts.append(text)
     for status in summary.credentials:
         if not status.usable:
-            parts.append(f"credential {status.kind} unusable: {status.message}")
+            parts.append(f"credential {status.name} ({status.kind}) unusable: {status.message}")
     if summary.excluded:
         parts.append(f"excluded {', '.join(summary.excluded)}")
     if not parts:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
+from gridgate.core.credential_names import running_with
 from gridgate.core.engine.aborted import AbortVerdicts
 from gridgate.core.engine.epoch import StoreEpoch
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
@@ -412,12 +413,19 @@ class PilotTracker:
                     waiting_cores[key] = waiting_cores.get(key, 0) + c
         limits = PilotRoom(settings, counts, infos, blind, retired, waiting_cores)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
-        # a backend whose credential cannot be used now submits nothing, and its pilots were
-        # not polled: its counts are stale, so a limit would be blamed for what the credential
-        # stops. Its demand goes untrimmed to the plan, which skips it as `credential`.
-        blocked = {b for b, info in infos.items() if it.credential_block(info)}
-        kept, cuts = limits.trim([r for r in demand.requests if r.backend not in blocked], usable)
-        kept += [r for r in demand.requests if r.backend in blocked]
+        # a group whose credential cannot be used on any endpoint now submits nothing, and
+        # its pilots were not polled: the counts are stale, so a limit would be blamed for
+        # what the credential stops. Its demand goes untrimmed to the plan, which skips it as
+        # `credential`.
+        blocked = [
+            r
+            for r in demand.requests
+            if (info := infos.get(r.backend)) is not None
+            and it.blocked_everywhere(info, r.credential)
+        ]
+        held = {id(r) for r in blocked}
+        kept, cuts = limits.trim([r for r in demand.requests if id(r) not in held], usable)
+        kept += blocked
         for request, limit, pilots in cuts:
             AttemptOutcome(it, request).skipped(limit, pilots).account(self.failures)
         self._stuck(settings, infos, kept, cuts, counts)
@@ -544,7 +552,7 @@ class PilotTracker:
         due: list[tuple[Endpoint, float, float | None]] = []
         gone = {e.key for endpoints in (retired or {}).values() for e in endpoints}
         for backend, info in infos.items():
-            if it.paused(info):  # its credential is unusable (see Iteration.paused): not asked
+            if it.paused(info):  # no endpoint's credential is usable (Iteration.paused): not asked
                 continue
             interval = self._interval(settings, backend)
             timeout = self.runtime.timeout(info)
@@ -558,7 +566,8 @@ class PilotTracker:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
             futures = [
                 pool.submit(
-                    self._poll_one,
+                    # the endpoint's credential, whoever's pilots these are
+                    running_with(self._credentials(it, endpoint), self._poll_one),
                     registry,
                     endpoint,
                     timeout,
@@ -571,6 +580,13 @@ class PilotTracker:
                 for endpoint, timeout, interval in due
             ]
             return [p for p in (f.result() for f in futures) if p is not None]
+
+    def _credentials(self, it: Iteration, endpoint: Endpoint) -> dict[str, str]:
+        """kind -> name of the credentials ``endpoint``'s polls use (its own, else its
+        backend's, else the first of each kind)."""
+        info = it.infos.get(endpoint.backend)
+        needs = info.credentials if info is not None else ()
+        return it.choice.names(endpoint.backend, needs, endpoint.name)
 
     def _interval(self, settings: PilotSettings, backend: str) -> float | None:
         """Seconds between two polls of one of ``backend``'s endpoints, None for every

@@ -13,6 +13,8 @@ from gridgate.core.builtin.x509_proxy import X509Proxy
 from gridgate.core.config import ConfigError, load_config
 from gridgate.core.credential_names import CredentialChoice
 from gridgate.core.engine.loader import build_plugin_manager
+from gridgate.core.engine.runtime import Iteration
+from gridgate.core.model import BackendInfo, CredentialStatus, Endpoint, IterationInfo
 from gridgate.core.plugins import PluginContext
 
 SITE = """\
@@ -114,3 +116,28 @@ def test_the_nearest_level_naming_a_credential_of_a_kind_wins(tmp_path: Path) ->
     assert choice.names("arc", ["x509", "token"]) == {"x509": "lhcb-proxy", "token": "atlas-token"}
     # a kind nothing is configured for: no credential (the command runs unmanaged)
     assert choice.names("arc", ["ssh"]) == {}
+
+
+def test_an_unusable_credential_pauses_exactly_the_endpoints_and_groups_that_use_it() -> None:
+    ce1, ce2 = Endpoint("arc", "ce1"), Endpoint("arc", "ce2")
+    info = BackendInfo("arc", (ce1, ce2), credentials=("token",))
+    it = Iteration(info=IterationInfo(1, 0.0), failing=set())
+    it.choice = CredentialChoice(
+        kinds={"atlas-token": "token", "lhcb-token": "token"},
+        backends={"arc": "atlas-token"},
+        endpoints={("arc", "ce2"): "lhcb-token"},
+    )
+    it.unusable = {"lhcb-token": CredentialStatus("lhcb-token", "token", usable=False)}
+    # ce2 uses lhcb's token: not polled, no pilot of a group without its own credential there
+    assert it.pollable(info) == [ce1] and not it.paused(info)
+    assert it.credential_block(info, ce2) == "credential" and it.credential_block(info, ce1) == ""
+    assert it.waits_for(info, ce2) == ["lhcb-token"]
+    assert it.blocked_everywhere(info) == ""
+    # a group naming lhcb's token has no endpoint left; one naming atlas's goes on at both
+    assert it.blocked_everywhere(info, "lhcb-token") == "credential"
+    assert it.credential_block(info, ce2, "atlas-token") == ""
+    # atlas's token unusable too: the backend is paused, polls and all
+    it.unusable["atlas-token"] = CredentialStatus("atlas-token", "token", usable=False)
+    assert it.paused(info) and it.pollable(info) == []
+    # a backend that needs no credential never waits for one
+    assert not it.paused(BackendInfo("slurm", (Endpoint("slurm", "p"),)))
