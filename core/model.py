@@ -867,6 +867,9 @@ class IterationSummary:
     #: what the demand asked for, per (backend, group), before the limits, with the figure of
     #: waiting work it was sized from when its plugin gave one (:meth:`DemandRegistry.figure`)
     demand: tuple[DemandFigure, ...] = ()
+    #: what waits for each unusable credential, by its name: backends (``arc``), endpoints
+    #: (``arc/ce2``) and demand groups (``arc group lhcb``) that use it (API 1.12)
+    credential_users: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import json
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from loguru import logger
 
@@ -33,6 +34,9 @@ __all__ = ["CredentialEpisodes"]
 
 #: The last status of each credential (by name): ``gridgate servers show`` reads it.
 STATUS = f"{CREDENTIAL}status/"
+#: Which endpoints and groups wait for which credential, as the last check found:
+#: ``{"time": T, "waits": {ENDPOINT_KEY: {"endpoint": [NAME], "groups": {GROUP: [NAME]}}}}``.
+WAITS = f"{CREDENTIAL}waits"
 
 
 class CredentialEpisodes:
@@ -41,6 +45,8 @@ class CredentialEpisodes:
     def __init__(self, runtime: Runtime, failures: FailurePath) -> None:
         self.runtime = runtime
         self.failures = failures
+        #: what was last written under WAITS, and when
+        self._waits_kept: tuple[str, float] = ("", float("-inf"))
 
     def check(self, it: Iteration, demand: DemandRegistry) -> None:
         """Ask every credential plugin to check (and renew) its credential, pause the backends
@@ -68,6 +74,7 @@ class CredentialEpisodes:
         if it.unusable or it.credential_crash or any(s.at_risk for s in it.credentials):
             infos = self._known_backends(demand)
         users = {name: _users(infos, it.choice, demand, name) for name in named}
+        it.credential_users = {name: tuple(users[name]) for name in it.unusable}
         for name, status in it.unusable.items():
             logger.error(
                 "{}: the backends, endpoints and groups that use {} submit nothing this iteration ({})",
@@ -81,6 +88,7 @@ class CredentialEpisodes:
             elif status.usable and status.renewal_due:
                 logger.warning("{}", status.message)
         self._keep_statuses(named.values())
+        self._keep_waits(it, infos, demand)
         for name, status in named.items():
             try:
                 self._credential_episode(status, it, users[name])
@@ -126,6 +134,38 @@ class CredentialEpisodes:
             except StateError as exc:
                 logger.error("credential status of {} not kept: {}", status.name, exc)
                 return
+
+    def _keep_waits(
+        self, it: Iteration, infos: Mapping[str, BackendInfo], demand: DemandRegistry
+    ) -> None:
+        """Which endpoints (and which of their demand groups) wait for which unusable
+        credential this iteration, for ``gridgate servers list/show`` (read from another
+        process, which cannot ask an in-process backend what it needs): one record, written
+        at every check (an empty one when nothing waits)."""
+        waits: dict[str, dict[str, Any]] = {}
+        for backend, info in infos.items():
+            groups = {(r.group, r.credential) for r in demand.requests if r.backend == backend}
+            for endpoint in info.endpoints:
+                own = it.waits_for(info, endpoint)
+                by_group = {
+                    group: names
+                    for group, credential in sorted(groups)
+                    if (names := it.waits_for(info, endpoint, credential))
+                }
+                if own or by_group:
+                    waits[endpoint.key] = {"endpoint": own, "groups": by_group}
+        director, now = self.runtime.settings, self.runtime.clock.time()
+        ttl = director.failing_expiry + director.ticket_expiry
+        said = json.dumps(waits, sort_keys=True)
+        last, when = self._waits_kept
+        if said == last and now - when < ttl / 2:
+            return  # a write per change (and before the record would expire), not per iteration
+        try:
+            self.runtime.state.set(WAITS, json.dumps({"time": now, "waits": waits}), ttl=ttl)
+        except StateError as exc:
+            logger.error("which endpoints wait for a credential not kept: {}", exc)
+            return
+        self._waits_kept = (said, now)
 
     def _episode(self, status: CredentialStatus, state: str, now: float) -> None:
         """A row of the episodes table for `gridgate report` (once per episode's start and

@@ -153,6 +153,7 @@ class IterationRunner:
             retries=tuple(it.retries),
             pilots=it.pilots.freeze() if it.pilots is not None else None,
             credentials=it.credentials,
+            credential_users=dict(it.credential_users),
             unavailable=dict(it.availability),
             demand=asked,
         )

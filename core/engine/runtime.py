@@ -128,6 +128,8 @@ class Iteration:
     credentials: tuple[CredentialStatus, ...] = ()
     #: the credentials unusable this iteration, by name
     unusable: dict[str, CredentialStatus] = field(default_factory=dict)
+    #: what uses each unusable credential, by name (backends, endpoints, demand groups)
+    credential_users: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: which named credential each backend, endpoint and demand group uses (from the config)
     choice: CredentialChoice = field(default_factory=CredentialChoice)
     #: why the credential check itself failed (a plugin raised): nothing needing one submits
