@@ -168,6 +168,13 @@ class Iteration:
         names = self.choice.names(info.backend, info.credentials, where, credential)
         return sorted({name for name in names.values() if name in self.unusable})
 
+    def credentials_of(self, endpoint: Endpoint) -> dict[str, str]:
+        """kind -> name of the credentials ``endpoint``'s polls and cancels use (its own, else
+        its backend's, else the first of each kind its backend needs), whoever's pilots."""
+        info = self.infos.get(endpoint.backend)
+        needs = info.credentials if info is not None else ()
+        return self.choice.names(endpoint.backend, needs, endpoint.name)
+
     def blocked_everywhere(self, info: BackendInfo, credential: str = "") -> str:
         """Why ``info``'s backend may use no endpoint for its credentials this iteration (for
         a demand group naming ``credential``; without one, for polling): every endpoint's

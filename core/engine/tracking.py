@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from gridgate.core.credential_names import running_with
+from gridgate.core.credential_names import credentials_in_force, running_with
 from gridgate.core.engine.aborted import AbortVerdicts
 from gridgate.core.engine.epoch import StoreEpoch
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
@@ -567,7 +567,7 @@ class PilotTracker:
             futures = [
                 pool.submit(
                     # the endpoint's credential, whoever's pilots these are
-                    running_with(self._credentials(it, endpoint), self._poll_one),
+                    running_with(it.credentials_of(endpoint), self._poll_one),
                     registry,
                     endpoint,
                     timeout,
@@ -580,13 +580,6 @@ class PilotTracker:
                 for endpoint, timeout, interval in due
             ]
             return [p for p in (f.result() for f in futures) if p is not None]
-
-    def _credentials(self, it: Iteration, endpoint: Endpoint) -> dict[str, str]:
-        """kind -> name of the credentials ``endpoint``'s polls use (its own, else its
-        backend's, else the first of each kind)."""
-        info = it.infos.get(endpoint.backend)
-        needs = info.credentials if info is not None else ()
-        return it.choice.names(endpoint.backend, needs, endpoint.name)
 
     def _interval(self, settings: PilotSettings, backend: str) -> float | None:
         """Seconds between two polls of one of ``backend``'s endpoints, None for every
@@ -962,10 +955,13 @@ def cancel_pilots(
     )
     if isinstance(answer, Refusal):
         return [], f"refused by admission control: {answer.reason}"
+    # within an iteration, the endpoint's credential (as its polls); else the first of each kind
+    names = it.credentials_of(endpoint) if it is not None else {}
     try:
-        result = hook.gridgate_cancel(
-            endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
-        )
+        with credentials_in_force(names):
+            result = hook.gridgate_cancel(
+                endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
+            )
     except Exception as exc:  # a plugin bug must not stop the iteration
         logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
         return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"

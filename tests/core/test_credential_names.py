@@ -4,6 +4,7 @@ nearest of them winning (:class:`gridgate.core.credential_names.CredentialChoice
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,11 @@ import pytest
 from gridgate.core.builtin.bearer_token import BearerToken
 from gridgate.core.builtin.x509_proxy import X509Proxy
 from gridgate.core.config import ConfigError, load_config
-from gridgate.core.credential_names import CredentialChoice
+from gridgate.core.credential_names import (
+    CredentialChoice,
+    credentials_in_force,
+    running_with,
+)
 from gridgate.core.engine.loader import build_plugin_manager
 from gridgate.core.engine.runtime import Iteration
 from gridgate.core.model import BackendInfo, CredentialStatus, Endpoint, IterationInfo
@@ -141,3 +146,41 @@ def test_an_unusable_credential_pauses_exactly_the_endpoints_and_groups_that_use
     assert it.paused(info) and it.pollable(info) == []
     # a backend that needs no credential never waits for one
     assert not it.paused(BackendInfo("slurm", (Endpoint("slurm", "p"),)))
+
+
+def test_credential_env_answers_with_the_credential_in_force_in_this_call(tmp_path: Path) -> None:
+    """What a backend's command gets: the first of the kind outside a director's call, the
+    named one inside it, in the thread the call was handed to as well."""
+    config = load_config(_write(tmp_path, SITE))
+    context = PluginContext(config=config, config_path=config.path)
+    pm, instances = build_plugin_manager(config, context)
+    try:
+        proxy = {"X509_USER_PROXY": str(tmp_path / "lhcb.pem")}  # lhcb-proxy: first of x509
+        assert context.credential_env("x509") == proxy
+        other = {"X509_USER_PROXY": str(tmp_path / "proxy.pem")}
+        with credentials_in_force({"x509": "x509_proxy"}):
+            assert context.credential_env("x509") == other
+            assert context.credential_env("token") == {
+                "BEARER_TOKEN_FILE": str(tmp_path / "atlas.token")
+            }
+        assert context.credential_env("x509", name="x509_proxy") == other
+        with ThreadPoolExecutor(1) as pool:
+            handed = running_with({"x509": "x509_proxy"}, context.credential_env)
+            assert pool.submit(handed, "x509").result() == other
+            assert pool.submit(context.credential_env, "x509").result() == proxy
+    finally:
+        for instance in instances:
+            getattr(instance, "close", lambda: None)()
+
+
+def test_polls_and_cancels_use_the_endpoints_own_credential() -> None:
+    ce1, ce2 = Endpoint("arc", "ce1"), Endpoint("arc", "ce2")
+    it = Iteration(info=IterationInfo(1, 0.0), failing=set())
+    it.infos["arc"] = BackendInfo("arc", (ce1, ce2), credentials=("token",))
+    it.choice = CredentialChoice(
+        kinds={"atlas-token": "token", "lhcb-token": "token"},
+        endpoints={("arc", "ce2"): "lhcb-token"},
+    )
+    assert it.credentials_of(ce1) == {"token": "atlas-token"}
+    assert it.credentials_of(ce2) == {"token": "lhcb-token"}
+    assert it.credentials_of(Endpoint("gone", "x")) == {}  # a backend no longer known
