@@ -144,7 +144,12 @@ class CredentialEpisodes:
         at every check (an empty one when nothing waits)."""
         waits: dict[str, dict[str, Any]] = {}
         for backend, info in infos.items():
-            groups = {(r.group, r.credential) for r in demand.requests if r.backend == backend}
+            # a group naming no credential of its own waits as its endpoint does: said once
+            groups = {
+                (r.group, r.credential)
+                for r in demand.requests
+                if r.backend == backend and r.credential
+            }
             for endpoint in info.endpoints:
                 own = it.waits_for(info, endpoint)
                 by_group = {
