@@ -23,6 +23,13 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
 from gridgate.core._moved import moved_names
+from gridgate.core.credential_names import (
+    CREDENTIALS_PROPERTY_NAMES,
+    add_credential_keys,
+    credential_kind,
+    credential_reference_problems,
+    kind_schema,
+)
 from gridgate.core.files import InputFileError, read_regular
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
@@ -78,6 +85,13 @@ def core_schema() -> dict[str, Any]:
     props: dict[str, Any] = {"state": STATE_SCHEMA}
     for key in CONFIG_GROUPS:
         props[key] = _plugin_group_schema(key)
+    # a credential's key is the name backends and demand groups refer to it by, and the
+    # name of its token file (credentials/<name>): no separator, no dot first
+    props["credentials"]["propertyNames"] = CREDENTIALS_PROPERTY_NAMES
+    props["credentials"]["description"] = (
+        "Credentials by name (a `kind:` of group gridgate.credentials); an entry without "
+        "`kind:` is named after its kind (`x509_proxy:`, `bearer_token:`)."
+    )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "gridgate site configuration",
@@ -403,11 +417,17 @@ def compose_schema(
         if not isinstance(section, Mapping):
             continue
         for name in section:
-            cls = load(group, str(name), (key, name))
+            entry = section[name]
+            kind = credential_kind(str(name), entry) if key == "credentials" else str(name)
+            where: PathT = (key, name, "kind") if kind != name else (key, name)
+            cls = load(group, kind, where)
             # a plugin that did not load is reported once, not again as an unknown key
             section_schema = _section_schema(cls) if cls else {}
             if cls is not None and key == "backends":
                 _add_weights(section_schema)
+                add_credential_keys(section_schema)
+            if cls is not None and key == "credentials":
+                section_schema.setdefault("properties", {})["kind"] = kind_schema(kind)
             schema["properties"][key]["properties"][name] = section_schema
             if cls is not None:
                 classes[(key, str(name))] = cls
@@ -550,6 +570,10 @@ def _describe(error: ValidationError) -> list[tuple[PathT, str]]:
         ]
         hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
         return [((*path, k), f"unknown key{hint}") for k in extras] or [(path, error.message)]
+    if "propertyNames" in error.schema_path and isinstance(error.instance, str):
+        # the key that is wrong, not the mapping that holds it (jsonschema gives the key as
+        # the instance and the mapping's path): its line is the key's
+        return [((*path, error.instance), f"a key that is not a name: {error.message}")]
     if error.validator in ("anyOf", "oneOf") and error.context:
         # A branch rejected for its very type says little: the branch whose type fits the
         # value ("a list of groups, but one lacks pilots") is the one the author meant.
@@ -639,6 +663,8 @@ def validate_document(
             apply_defaults(filled, schema_at(schema, base))
             for sub, message in checker(filled):
                 found.append(((*base, *sub), message))
+    if not found:
+        found.extend(credential_reference_problems(doc, schema))
     if not found:
         # checks across sections, once each section is right on its own (the director's
         # section checks that the demand names configured backends, and so on)

@@ -171,6 +171,8 @@ class CredentialPlugin(Plugin):
 
     A subclass sets ``kind`` (what backends list in ``BackendInfo.credentials``), ``env_var``,
     ``what`` (how messages name it) and ``config_schema``, and implements :meth:`validity`.
+    ``name`` is the credential's key in ``credentials:`` (the loader passes it: ``lhcb-proxy``),
+    the entry-point name when the entry is named after its kind.
     """
 
     kind: ClassVar[str] = ""
@@ -180,8 +182,12 @@ class CredentialPlugin(Plugin):
     settings_class: ClassVar[type[Settings] | None] = CredentialSettings
     settings: CredentialSettings
 
-    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], context: PluginContext, *, name: str = ""
+    ) -> None:
         super().__init__(config, context)
+        if name:  # the ``credentials:`` key (``atlas-token``); else the class's, its kind
+            self.name = name
         #: where relative paths of the section are taken from: the config file's folder
         self.folder = Path(context.config_path).parent if context.config_path else Path()
         # absolute: a backend's command may run in another folder than the director

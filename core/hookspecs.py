@@ -179,10 +179,12 @@ def gridgate_check_credentials(
     Called once per iteration on every plugin of the ``gridgate.credentials`` group, after
     :func:`gridgate_demand` and before any pilot is polled or submitted, in the director's
     thread. A renewal command must be an argv run with ``runner.run`` and killed at its
-    deadline. The director acts on the reports: a backend whose
-    :attr:`BackendInfo.credentials` names the kind of an unusable credential submits nothing
-    and is not polled this iteration (a local fault of kind ``credential``: no server is
-    blamed), and the director tells people once per episode. A credential kept in a file and
+    deadline. The director acts on the reports, each credential on its own (by its
+    ``CredentialStatus.name``, its key in ``credentials:``): the endpoints and demand groups
+    that would use an unusable credential (of a kind their backend's
+    :attr:`BackendInfo.credentials` lists) submit nothing, and an endpoint whose credential is
+    unusable is not polled, this iteration (a local fault of kind ``credential``: no server is
+    blamed); the director tells people once per episode. A credential kept in a file and
     refreshed by a command (a WLCG bearer token) needs only a subclass of
     ``gridgate.core.credentials.CredentialPlugin``: see
     [plugins.md](plugins.md#credential-plugins-and-a-token_file).
@@ -200,7 +202,8 @@ def gridgate_check_credentials(
 def gridgate_credential_env(kind: str) -> Mapping[str, str] | None:
     """The environment variables that hand a credential to a backend's commands.
 
-    Called by ``PluginContext.credential_env(kind)``, which a backend calls when it builds a
+    Called by ``PluginContext.credential_env(kind)`` (when no named credential is in force
+    for the call: else that credential's plugin is asked itself), which a backend calls when it builds a
     command (``{**os.environ, **self.context.credential_env("x509")}``), in any process that
     built the plugins from the config: the director, and commands such as
     ``gridgate pilots cancel`` that run no iteration. Answer from the configured section (the

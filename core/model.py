@@ -148,10 +148,12 @@ class BackendInfo:
     ``endpoints`` are its configured servers in config order; ``pilots_per_submission`` how
     many pilots one command carries (bulk/parametric jobs when > 1); ``command_timeout``
     overrides the director's limit for this backend's commands when set. ``credentials`` are
-    the credential kinds its commands need (``("x509",)``): while the configured credential
-    of one of them is unusable the backend submits nothing and its pilots are not polled (a
-    local fault of kind ``credential``); get their environment with
-    ``context.credential_env(kind)``.
+    the credential kinds its commands need (``("x509",)``): while the credential of one of
+    them that an endpoint or a demand group uses (``credential:``, the nearest naming one of
+    that kind, else the first configured) is unusable, that endpoint or group gets no pilot
+    and the endpoint is not polled (a local fault of kind ``credential``); get their
+    environment with ``context.credential_env(kind)``, which answers with the credential of
+    the call's group and endpoint.
     """
 
     backend: str
@@ -224,6 +226,8 @@ class SubmitRequest:
     #: what each pilot of the request asks of its slot (None: the batch system's defaults)
     resources: Resources | None = None
     name: str = ""  # ``<fleet>-<12 hex digits>``; "" outside the director
+    #: the demand group's ``credential`` (a ``credentials:`` name); "" when it names none
+    credential: str = ""
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -517,7 +521,8 @@ class Notification:
 class CredentialStatus:
     """What a credential plugin found when it checked (and, if needed, renewed) its credential.
 
-    ``name`` is the plugin's entry-point name (``x509_proxy``), ``kind`` the credential kind
+    ``name`` is the credential's key in ``credentials:`` (``lhcb-proxy``; the plugin's
+    entry-point name, ``x509_proxy``, for an entry named after it), ``kind`` the credential kind
     backends name in :attr:`BackendInfo.credentials` (``x509``, ``token``), ``path`` the file.
     ``usable`` False means nothing may be submitted with it (missing, unreadable, not a
     credential, not yet or no longer valid): ``message`` says why in one line. ``expires`` is
@@ -859,6 +864,9 @@ class IterationSummary:
     #: what the demand asked for, per (backend, group), before the limits, with the figure of
     #: waiting work it was sized from when its plugin gave one (:meth:`DemandRegistry.figure`)
     demand: tuple[DemandFigure, ...] = ()
+    #: what waits for each unusable credential, by its name: backends (``arc``), endpoints
+    #: (``arc/ce2``) and demand groups (``arc group lhcb``) that use it (API 1.12)
+    credential_users: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import pluggy
 
 from gridgate.core._moved import moved_names
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
+from gridgate.core.credential_names import in_force
 from gridgate.core.failing import FailingCache
 from gridgate.core.runner import DEFAULT_MAX_OUTPUT
 from gridgate.core.settings import Settings, settings_from
@@ -108,7 +109,7 @@ class PluginContext:
             director = self.config.get("director") or {}
             self.failing = FailingCache.from_config(self.state, self.clock, director)
 
-    def credential_env(self, kind: str) -> dict[str, str]:
+    def credential_env(self, kind: str, name: str = "") -> dict[str, str]:
         """The environment variables that hand the credential of ``kind`` (``x509``) to a
         command: ``{"X509_USER_PROXY": "/var/lib/gridgate/proxy.pem"}``. Merge them into the
         command's environment (``env={**os.environ, **context.credential_env("x509")}``).
@@ -118,11 +119,22 @@ class PluginContext:
         credential plugin of that kind is configured: the command then runs with whatever its
         environment has, unmanaged.
 
+        Within a submission, list-match, poll or cancel the director made, the credential of
+        that kind that the call's demand group, endpoint or backend names
+        (:func:`gridgate.core.credential_names.credentials_in_force`); else the first
+        configured of that kind.
+
         :param kind: a kind the backend lists in ``BackendInfo.credentials``.
+        :param name: the credential's name in ``credentials:`` ('' : as said above).
         """
         if self.plugin_manager is None:
             return {}
-        answer = self.plugin_manager.hook.gridgate_credential_env(kind=kind)
+        name = name or in_force().get(kind, "")
+        plugin = self.plugin_manager.get_plugin(f"credentials:{name}") if name else None
+        if plugin is not None and hasattr(plugin, "gridgate_credential_env"):
+            answer = plugin.gridgate_credential_env(kind=kind)
+        else:
+            answer = self.plugin_manager.hook.gridgate_credential_env(kind=kind)
         return {str(k): str(v) for k, v in (answer or {}).items()}
 
     @property

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
-from gridgate.core.model import CommandResult, _frozen_mapping
+from gridgate.core.model import CommandResult
 
 __all__ = [
     "RpcCount",
@@ -18,6 +20,10 @@ __all__ = [
     "SchedulerRequest",
     "SchedulerRequests",
 ]
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from gridgate.core.plugins import PluginContext
 
 #: Where a token given in the BEARER_TOKEN variable, or fetched from the ``issuer``, is written
 #: for the backends' commands, under the state folder (a command is handed a file, never the
-#: token on its command line).
+#: token on its command line); a named credential's is ``credentials/<name>`` beside it.
 COPY_NAME = Path("credentials", "bearer_token")
 
 
@@ -91,7 +91,7 @@ class BearerTokenSettings(CredentialSettings):
                 (
                     ("path",),
                     "path and issuer: the token fetched from the issuer is kept in the state "
-                    "folder (credentials/bearer_token); leave path out",
+                    "folder (credentials/<name>); leave path out",
                 )
             )
         return problems
@@ -146,7 +146,9 @@ class BearerToken(CredentialPlugin):
     settings_class: ClassVar[type[BearerTokenSettings]] = BearerTokenSettings
     settings: BearerTokenSettings
 
-    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], context: PluginContext, *, name: str = ""
+    ) -> None:
         #: the token itself when it came from the BEARER_TOKEN variable (copied to a file)
         self.token_copy: bytes | None = None
         #: where the file was found: "" when the section names it, else the discovery step
@@ -154,13 +156,15 @@ class BearerToken(CredentialPlugin):
         #: the issuer the token is fetched from (``issuer:``), else None
         self.issuer: TokenIssuer | None = None
         section = dict(config)
+        # a named token's own file (credentials/atlas-token): two tokens never share one
+        copy_name = COPY_NAME.parent / (name or self.name)
         if section.get("issuer"):
-            section["path"] = str(Path(context.state_dir) / COPY_NAME)
+            section["path"] = str(Path(context.state_dir) / copy_name)
         elif not section.get("path"):
             found, self.found_by = discover(os.environ, os.geteuid())
             if found is None:
                 self.token_copy = os.environ["BEARER_TOKEN"].strip().encode() + b"\n"
-                found = Path(context.state_dir) / COPY_NAME
+                found = Path(context.state_dir) / copy_name
                 if section.get("renew"):
                     logger.warning(
                         "credentials.bearer_token: renew is not run: the token comes from the "
@@ -169,7 +173,7 @@ class BearerToken(CredentialPlugin):
                     )
                     section["renew"] = []
             section["path"] = str(found)
-        super().__init__(section, context)
+        super().__init__(section, context, name=name)
         if self.settings.issuer is not None:
             self.issuer = TokenIssuer(self.settings.issuer)
 

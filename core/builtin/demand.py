@@ -20,6 +20,7 @@ from gridgate.core.builtin.waiting import (
     WaitingGauges,
     pilots_for,
 )
+from gridgate.core.credential_names import credential_reference_schema
 from gridgate.core.files import read_regular
 from gridgate.core.model import (
     DemandFigure,
@@ -80,6 +81,13 @@ RESOURCES_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+#: a demand group's ``credential``: the nearest level, so it wins over the endpoint's and the
+#: backend's (several VOs on one CE: one group per VO, each with its credential)
+GROUP_CREDENTIAL = credential_reference_schema(
+    "The credential this group's pilots are submitted with (a key of `credentials`); "
+    "unset: the endpoint's, else the backend's, else the first of the kind the backend needs."
+)
+
 GROUP_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -97,6 +105,7 @@ GROUP_SCHEMA: dict[str, Any] = {
         },
         "attributes": {"type": "object", "default": {}},
         "resources": RESOURCES_SCHEMA,
+        "credential": GROUP_CREDENTIAL,
     },
     "required": ["group", "pilots"],
     "additionalProperties": False,
@@ -134,6 +143,7 @@ def register_demand(spec: Mapping[str, Any], demand: DemandRegistry, user: str =
                     attributes=group.attributes,
                     user=user,
                     resources=None if group.resources is None else group.resources.resources(),
+                    credential=group.credential,
                 )
             )
             total += group.pilots
@@ -255,6 +265,7 @@ QUEUE_GROUP_SCHEMA: dict[str, Any] = {
             "description": "List-match first (null: the backend's default).",
         },
         "attributes": {"type": "object", "default": {}},
+        "credential": GROUP_CREDENTIAL,
     },
     "required": ["backend", "source"],
     "additionalProperties": False,
@@ -312,6 +323,7 @@ class QueueGroupSettings(Settings):
     requirements: str
     list_match: bool | None
     attributes: Mapping[str, Any]
+    credential: str | None
 
 
 @dataclass(frozen=True)
@@ -429,6 +441,7 @@ class QueueDemand(Plugin):
                         list_match=spec.list_match,
                         attributes=dict(spec.attributes),
                         resources=self._resources[name],
+                        credential=spec.credential or "",
                     )
                 )
         self.last = decided

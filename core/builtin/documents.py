@@ -376,6 +376,7 @@ class DemandGroup(msgspec.Struct, forbid_unknown_fields=True):
     list_match: bool | None = None
     attributes: dict[str, Any] = {}
     resources: DemandResources | None = None
+    credential: str = ""
 
 
 def demand_file(text: str, *, json_file: bool) -> Any:

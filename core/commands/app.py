@@ -313,7 +313,11 @@ def journal_line(summary: Any, paused: bool = False) -> str:
         parts.append(text)
     for status in summary.credentials:
         if not status.usable:
-            parts.append(f"credential {status.kind} unusable: {status.message}")
+            users = summary.credential_users.get(status.name) or ()
+            waiting = f", {', '.join(users)} waiting" if users else ""
+            parts.append(
+                f"credential {status.name} ({status.kind}) unusable{waiting}: {status.message}"
+            )
     if summary.excluded:
         parts.append(f"excluded {', '.join(summary.excluded)}")
     if not parts:

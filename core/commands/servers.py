@@ -62,6 +62,7 @@ def servers_list(path: str, as_json: bool) -> None:
         try:
             bans = [entry.as_dict() for entry in OperatorBans(state).entries()]
             checked, unavailable = unavailable_view(state)
+            waits_checked, waits = _credential_waits(state)
         except StateError as exc:
             echo(f"{path}: cannot read the state store: {exc}", err=True)
             raise SystemExit(1) from None
@@ -73,17 +74,22 @@ def servers_list(path: str, as_json: bool) -> None:
             "unavailable": unavailable,
             "availability_checked": checked,
             "bans": bans,
+            "credential_waits": waits,
+            "credential_waits_checked": waits_checked,
         }
         echo(json.dumps(doc, indent=2))
         return
     if unavailable:
         _echo_unavailable(unavailable, checked)
         echo("")
+    if waits:
+        _echo_waits(waits, waits_checked)
+        echo("")
     if bans:  # before the caches, which print as they always did
         _echo_bans(bans)
         echo("")
     if not rows:
-        if unavailable or bans:
+        if unavailable or bans or waits:
             echo("no failure episode is open")
         else:
             echo("every server is in rotation; no failure episode is open")
@@ -114,6 +120,44 @@ def _echo_unavailable(rows: list[dict[str, Any]], checked: float | None) -> None
             f"{row['endpoint']:<44}{row['state']:<10}{row['source'] or '-':<22}"
             f"{_utc(row['since']):<21}{_utc(row['until']):<21}{row['reason']}"
         )
+
+
+def _credential_waits(state: Any) -> tuple[float | None, dict[str, Any]]:
+    """(when the director last checked, {endpoint key: {"endpoint": [names], "groups": {group:
+    [names]}}}): the unusable credentials each endpoint and group waits for.
+
+    :raises StateError: the store cannot be read.
+    """
+    from gridgate.core.engine.credential_episodes import WAITS
+
+    raw = state.get(WAITS)
+    if raw is None:
+        return None, {}
+    record = _record(raw)
+    waits = record.get("waits")
+    when = record.get("time")
+    return (
+        float(when) if isinstance(when, (int, float)) else None,
+        waits if isinstance(waits, dict) else {},
+    )
+
+
+def _wait_words(wait: Mapping[str, Any]) -> list[str]:
+    """``{"endpoint": [...], "groups": {...}}`` as phrases: ``itself for lhcb-proxy``,
+    ``group lhcb for lhcb-proxy``."""
+    words = []
+    if wait.get("endpoint"):
+        words.append(f"itself for {', '.join(map(str, wait['endpoint']))}")
+    for group, names in sorted((wait.get("groups") or {}).items()):
+        words.append(f"group {group} for {', '.join(map(str, names))}")
+    return words
+
+
+def _echo_waits(waits: Mapping[str, Any], checked: float | None) -> None:
+    echo(f"waiting for a credential, as the director last saw it ({_ago(checked)}):")
+    echo(f"{'ENDPOINT':<44}WAITS")
+    for key, wait in sorted(waits.items()):
+        echo(f"{key:<44}{'; '.join(_wait_words(wait))}")
 
 
 @servers_group.command("show")
@@ -216,6 +260,8 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
             record = _record(value)
             credentials[item_key[len(STATUS) :]] = {**record, "needed": record.get("kind") in needs}
         view["credentials"] = credentials
+        checked, waits = _credential_waits(store)
+        view["credential_waits"] = {**waits.get(key, {}), "checked": checked}
         last = None
         for record in store.records(ACCOUNTING, now - 7 * 86400):
             if record.get("backend") == backend and record.get("endpoint") == name:
@@ -274,13 +320,19 @@ def _render_view(doc: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append("  pilots: not tracked (director.pilots.track: false)")
+    wait = doc.get("credential_waits") or {}
+    words = _wait_words(wait)
+    if words:
+        lines.append(
+            f"  waits for a credential: {'; '.join(words)} (seen {_ago(wait.get('checked'))})"
+        )
     if not doc["credentials"]:
         lines.append("  credentials: none checked by a director on this store")
-    for kind, status in sorted(doc["credentials"].items()):
-        need = " (its backend needs it)" if status.get("needed") else ""
+    for name, status in sorted(doc["credentials"].items()):
+        need = " (its backend needs its kind)" if status.get("needed") else ""
         state = "usable" if status["usable"] else "UNUSABLE"
         lines.append(
-            f"  credential {kind}{need}: {state}: {status['message']} (checked {_ago(status['time'])})"
+            f"  credential {name}{need}: {state}: {status['message']} (checked {_ago(status['time'])})"
         )
     last = doc.get("last_submission")
     if last is None:

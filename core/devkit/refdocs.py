@@ -271,6 +271,10 @@ API: tuple[tuple[str, str], ...] = (
         "Credential plugins: the base class a plugin for a credential in a file subclasses (a token file, see [plugins.md](plugins.md)), and `x509_proxy`.",
     ),
     (
+        "gridgate.core.credential_names",
+        "Named credentials: the key that names one (`credential: NAME`) and which one a submission uses (the nearest level wins).",
+    ),
+    (
         "gridgate.core.files",
         "Files someone else picks up, and the private folders they live in.",
     ),
@@ -606,10 +610,12 @@ FINGERPRINT_FILE = Path(__file__).resolve().parent / "api_fingerprint.txt"
 
 def api_fingerprint() -> str:
     """A hash of what a plugin is promised: every hook's name, kind and signature, and every
-    field of every value in :mod:`gridgate.core.model` (name, type, default)."""
+    field of every value in :mod:`gridgate.core.model` and :mod:`gridgate.core.scheduler`
+    (name, type, default), in one list sorted by name (the second split from the first in API
+    1.12 and hashes as it did there)."""
     import hashlib
 
-    from gridgate.core import model
+    from gridgate.core import model, scheduler
 
     parts = []
     for fn in hookspecs():
@@ -617,8 +623,9 @@ def api_fingerprint() -> str:
             f"hook {fn.__name__} firstresult={bool(fn.gridgate_spec.get('firstresult'))} "
             f"{inspect.signature(fn)}"
         )
-    for name in sorted(model.__all__):
-        obj = getattr(model, name)
+    homes = {name: module for module in (model, scheduler) for name in module.__all__}
+    for name in sorted(homes):
+        obj = getattr(homes[name], name)
         if inspect.isclass(obj) and dataclasses.is_dataclass(obj):
             fields = ", ".join(
                 f"{f.name}: {f.type} = {_default(f)}" for f in dataclasses.fields(obj)

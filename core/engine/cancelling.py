@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from loguru import logger
 
+from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.runtime import Iteration, Runtime
 from gridgate.core.model import AdmissionRequest, Endpoint, Refusal, SubmitResult
@@ -45,10 +46,13 @@ def cancel_pilots(
     )
     if isinstance(answer, Refusal):
         return [], f"refused by admission control: {answer.reason}"
+    # within an iteration, the endpoint's credential (as its polls); else the first of each kind
+    names = it.credentials_of(endpoint) if it is not None else {}
     try:
-        result = hook.gridgate_cancel(
-            endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
-        )
+        with credentials_in_force(names):
+            result = hook.gridgate_cancel(
+                endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
+            )
     except Exception as exc:  # a plugin bug must not stop the iteration
         logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
         return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"

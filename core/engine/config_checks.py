@@ -142,14 +142,27 @@ def availability_problems(
         if key != "backends" or not endpoints_key or not isinstance(section, Mapping):
             continue
         weights = section.get("weights")
+        chosen = section.get("endpoint_credentials")
         names = section.get(endpoints_key)
-        if not isinstance(weights, Mapping) or not weights or not isinstance(names, list):
+        if not (weights or chosen) or not isinstance(names, list):
             continue
         names_of = getattr(cls, "endpoint_names", None)  # a class that is no Plugin: the list
         listed = names_of(section) if callable(names_of) else listed_endpoints(cls, section)
         endpoints = [Endpoint(str(name), e) for e in listed]
-        for message in weight_errors(weights, endpoints):
-            problems.append((("backends", name, "weights"), f"backend {name!r}: {message}"))
+        if isinstance(weights, Mapping):
+            for message in weight_errors(weights, endpoints):
+                problems.append((("backends", name, "weights"), f"backend {name!r}: {message}"))
+        if isinstance(chosen, Mapping):
+            known = [e.name for e in endpoints]
+            for endpoint in chosen:
+                if endpoint not in known:
+                    problems.append(
+                        (
+                            ("backends", name, "endpoint_credentials", endpoint),
+                            f"backend {name!r}: no endpoint is named {endpoint!r} "
+                            f"(it has {', '.join(known) or 'none'})",
+                        )
+                    )
     return problems
 
 

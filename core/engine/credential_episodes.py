@@ -11,9 +11,11 @@ import json
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from loguru import logger
 
+from gridgate.core.credential_names import CredentialChoice
 from gridgate.core.engine.compose import CREDENTIAL, compose_credential
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.records import CredentialEpisode, read_record
@@ -30,8 +32,11 @@ from gridgate.core.state import StateError
 __all__ = ["CredentialEpisodes"]
 
 
-#: The last credential status of each kind (by kind): ``gridgate servers show`` reads it.
+#: The last status of each credential (by name): ``gridgate servers show`` reads it.
 STATUS = f"{CREDENTIAL}status/"
+#: Which endpoints and groups wait for which credential, as the last check found:
+#: ``{"time": T, "waits": {ENDPOINT_KEY: {"endpoint": [NAME], "groups": {GROUP: [NAME]}}}}``.
+WAITS = f"{CREDENTIAL}waits"
 
 
 class CredentialEpisodes:
@@ -40,6 +45,8 @@ class CredentialEpisodes:
     def __init__(self, runtime: Runtime, failures: FailurePath) -> None:
         self.runtime = runtime
         self.failures = failures
+        #: what was last written under WAITS, and when
+        self._waits_kept: tuple[str, float] = ("", float("-inf"))
 
     def check(self, it: Iteration, demand: DemandRegistry) -> None:
         """Ask every credential plugin to check (and renew) its credential, pause the backends
@@ -58,34 +65,33 @@ class CredentialEpisodes:
             )
             it.credential_crash = f"{type(exc).__name__}: {exc}"
         it.credentials = registry.statuses
-        first: dict[str, CredentialStatus] = {}
-        for (
-            status
-        ) in it.credentials:  # the first of a kind (config order) is what credential_env hands out
-            first.setdefault(status.kind, status)
-        it.unusable = {kind: status for kind, status in first.items() if not status.usable}
+        named: dict[str, CredentialStatus] = {}
+        for status in it.credentials:  # each credential on its own, by its name
+            named.setdefault(status.name, status)
+        it.unusable = {name: status for name, status in named.items() if not status.usable}
+        it.choice = CredentialChoice.from_config(self.runtime.config, self._kinds(named))
         infos: dict[str, BackendInfo] = {}
         if it.unusable or it.credential_crash or any(s.at_risk for s in it.credentials):
             infos = self._known_backends(demand)
-        for info in infos.values():
-            if it.credential_block(info):
-                with it.lock:
-                    it.local_faults.add(info.backend)  # nothing submitted, its pilots not polled
-        for kind, status in it.unusable.items():
+        users = {name: _users(infos, it.choice, demand, name) for name in named}
+        it.credential_users = {name: tuple(users[name]) for name in it.unusable}
+        for name, status in it.unusable.items():
             logger.error(
-                "{}: backends that need it submit nothing this iteration ({})",
+                "{}: the backends, endpoints and groups that use {} submit nothing this iteration ({})",
                 status.message,
-                ", ".join(_needing(infos, kind)) or "none configured needs it",
+                name,
+                ", ".join(users[name]) or "nothing configured uses it",
             )
         for status in it.credentials:  # the one line of each credential's news, whoever checked
             if status.usable and status.renewed:
                 logger.info("{}", status.message)
             elif status.usable and status.renewal_due:
                 logger.warning("{}", status.message)
-        self._keep_statuses(first.values())
-        for status in first.values():
+        self._keep_statuses(named.values())
+        self._keep_waits(it, infos, demand)
+        for name, status in named.items():
             try:
-                self._credential_episode(status, it, _needing(infos, status.kind))
+                self._credential_episode(status, it, users[name])
             except StateError as exc:
                 logger.error(
                     "credential episode of {} not recorded, state store failed: {}",
@@ -93,8 +99,22 @@ class CredentialEpisodes:
                     exc,
                 )
 
+    def _kinds(self, named: Mapping[str, CredentialStatus]) -> dict[str, str]:
+        """Each credential's kind by name, in config order (the first of a kind is the one
+        used where nothing names one), then those reported by plugins the config does not
+        name (an embedding program's)."""
+        kinds: dict[str, str] = {}
+        for name in self.runtime.config.get("credentials") or {}:
+            plugin = self.runtime.pm.get_plugin(f"credentials:{name}")
+            kind = getattr(plugin, "kind", None)
+            if isinstance(kind, str) and kind:
+                kinds[str(name)] = kind
+        for name, status in named.items():
+            kinds.setdefault(name, status.kind)
+        return kinds
+
     def _keep_statuses(self, statuses: Iterable[CredentialStatus]) -> None:
-        """What each kind's credential was at this check, for ``gridgate servers show`` (read
+        """What each credential (by name) was at this check, for ``gridgate servers show`` (read
         from another process): kept while the failing and tickets caches would be."""
         director = self.runtime.settings
         ttl = director.failing_expiry + director.ticket_expiry
@@ -110,10 +130,47 @@ class CredentialEpisodes:
                 "time": now,
             }
             try:
-                self.runtime.state.set(f"{STATUS}{status.kind}", json.dumps(record), ttl=ttl)
+                self.runtime.state.set(f"{STATUS}{status.name}", json.dumps(record), ttl=ttl)
             except StateError as exc:
                 logger.error("credential status of {} not kept: {}", status.name, exc)
                 return
+
+    def _keep_waits(
+        self, it: Iteration, infos: Mapping[str, BackendInfo], demand: DemandRegistry
+    ) -> None:
+        """Which endpoints (and which of their demand groups) wait for which unusable
+        credential this iteration, for ``gridgate servers list/show`` (read from another
+        process, which cannot ask an in-process backend what it needs): one record, written
+        at every check (an empty one when nothing waits)."""
+        waits: dict[str, dict[str, Any]] = {}
+        for backend, info in infos.items():
+            # a group naming no credential of its own waits as its endpoint does: said once
+            groups = {
+                (r.group, r.credential)
+                for r in demand.requests
+                if r.backend == backend and r.credential
+            }
+            for endpoint in info.endpoints:
+                own = it.waits_for(info, endpoint)
+                by_group = {
+                    group: names
+                    for group, credential in sorted(groups)
+                    if (names := it.waits_for(info, endpoint, credential))
+                }
+                if own or by_group:
+                    waits[endpoint.key] = {"endpoint": own, "groups": by_group}
+        director, now = self.runtime.settings, self.runtime.clock.time()
+        ttl = director.failing_expiry + director.ticket_expiry
+        said = json.dumps(waits, sort_keys=True)
+        last, when = self._waits_kept
+        if said == last and now - when < ttl / 2:
+            return  # a write per change (and before the record would expire), not per iteration
+        try:
+            self.runtime.state.set(WAITS, json.dumps({"time": now, "waits": waits}), ttl=ttl)
+        except StateError as exc:
+            logger.error("which endpoints wait for a credential not kept: {}", exc)
+            return
+        self._waits_kept = (said, now)
 
     def _episode(self, status: CredentialStatus, state: str, now: float) -> None:
         """A row of the episodes table for `gridgate report` (once per episode's start and
@@ -246,5 +303,30 @@ class CredentialEpisodes:
         return replace(note, logged=logged)
 
 
-def _needing(infos: Mapping[str, BackendInfo], kind: str) -> list[str]:
-    return sorted(name for name, info in infos.items() if kind in info.credentials)
+def _users(
+    infos: Mapping[str, BackendInfo],
+    choice: CredentialChoice,
+    demand: DemandRegistry,
+    name: str,
+) -> list[str]:
+    """What uses the credential ``name``: a backend (``arc``) when it does wherever no endpoint
+    or group names another, else its endpoints (``arc/ce1``) and groups (``arc group atlas``)
+    that do."""
+    found: list[str] = []
+    for backend, info in sorted(infos.items()):
+        if name in choice.names(backend, info.credentials).values():
+            found.append(backend)
+            continue
+        found.extend(
+            e.key
+            for e in info.endpoints
+            if name in choice.names(backend, info.credentials, e.name).values()
+        )
+        groups = {(r.group, r.credential) for r in demand.requests if r.backend == backend}
+        for group, credential in sorted(groups):
+            if (
+                credential
+                and name in choice.names(backend, info.credentials, None, credential).values()
+            ):
+                found.append(f"{backend} group {group}")
+    return found

@@ -504,6 +504,7 @@ def summary_json(summary: IterationSummary) -> str:
         "retries": [retry.as_dict() for retry in summary.retries],
         "pilots": summary.pilots.as_dict() if summary.pilots is not None else {},
         "credentials": [status.as_dict() for status in summary.credentials],
+        "credential_users": {k: list(v) for k, v in summary.credential_users.items()},
         "unavailable": {key: state.as_dict() for key, state in summary.unavailable.items()},
         "demand": [dataclasses.asdict(figure) for figure in summary.demand],
     }

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from loguru import logger
 
+from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.engine.availability import AvailabilityNotices, merge_availability
 from gridgate.core.engine.contract import checked_submit, list_matches, no_list_match
 from gridgate.core.engine.credential_episodes import CredentialEpisodes
@@ -152,6 +153,7 @@ class IterationRunner:
             retries=tuple(it.retries),
             pilots=it.pilots.freeze() if it.pilots is not None else None,
             credentials=it.credentials,
+            credential_users=dict(it.credential_users),
             unavailable=dict(it.availability),
             demand=asked,
         )
@@ -198,7 +200,8 @@ class IterationRunner:
             claimed = self.share.plan(
                 (r.backend, r.group)
                 for r in demand.requests
-                if (info := infos[r.backend]) is not None and not it.credential_block(info)
+                if (info := infos[r.backend]) is not None
+                and not it.blocked_everywhere(info, r.credential)
             )
         user = self.runtime.user
         for request in demand.requests:
@@ -206,7 +209,18 @@ class IterationRunner:
             if info is None:
                 AttemptOutcome(it, request).skipped("no_backend").account(self.failures)
                 continue
-            blocked = it.credential_block(info)
+            if request.credential and request.credential not in it.choice.kinds:
+                # a demand file's group (the config's are checked when it is loaded)
+                logger.error(
+                    "demand group {}/{}: no credential is named {!r} (credentials: {})",
+                    request.backend,
+                    request.group,
+                    request.credential,
+                    ", ".join(it.choice.kinds) or "none",
+                )
+                AttemptOutcome(it, request).skipped("config").account(self.failures)
+                continue
+            blocked = it.blocked_everywhere(info, request.credential)
             if blocked:  # no candidate for its group: one with a usable credential takes it
                 AttemptOutcome(it, request).skipped(blocked).account(self.failures)
                 continue
@@ -273,7 +287,7 @@ class IterationRunner:
         """Whether the failed ``attempt`` of ``sending`` is sent elsewhere (kept in the
         iteration's retries either way)."""
         info, request, it, tried = sending.info, sending.request, sending.it, sending.tried
-        others = [e for e in self._eligible(info, it) if e not in tried]
+        others = [e for e in self._eligible(info, it, request) if e not in tried]
         outcome = it.retry.decide(
             failure, attempt, self.runtime.clock.time(), self.runtime.timeout(info), len(others)
         )
@@ -336,8 +350,12 @@ class IterationRunner:
             intents.settle(name)
             reached.refused("admission").account(self.failures)
             return None
+        names = it.choice.names(
+            info.backend, info.credentials, endpoint.name, sending.request.credential
+        )
         try:
-            result = self._send(info, endpoint, sending.request, grant)
+            with credentials_in_force(names):  # the backend's commands get the group's
+                result = self._send(info, endpoint, sending.request, grant)
         except BaseException:
             intents.unsettle(name, "its submission crashed in a plugin")
             raise
@@ -380,11 +398,17 @@ class IterationRunner:
         if paused:  # its command cannot start here: trying every server would only repeat that
             start.skipped("local_fault").account(self.failures)
             return None
-        candidates = [e for e in self._eligible(info, it) if e not in sending.tried]
+        request = sending.request
+        candidates = [e for e in self._eligible(info, it, request) if e not in sending.tried]
         if not candidates:
-            # every server left is withdrawn (drained, banned, weight 0): said as such, no stall
-            withdrawn = [e for e in it.usable(info.endpoints) if e not in sending.tried]
-            start.skipped("unavailable" if withdrawn else "no_endpoint").account(self.failures)
+            # every server left is withdrawn (drained, banned, weight 0) or waits for its
+            # credential: said as such, no stall
+            left = [e for e in it.usable(info.endpoints) if e not in sending.tried]
+            waiting = [e for e in left if it.credential_block(info, e, request.credential)]
+            reason = "unavailable" if left else "no_endpoint"
+            start.skipped("credential" if left and waiting == left else reason).account(
+                self.failures
+            )
             return None
         return candidates
 
@@ -451,11 +475,17 @@ class IterationRunner:
         weights = section.get("weights") if isinstance(section, Mapping) else None
         return weights if isinstance(weights, Mapping) else {}
 
-    def _eligible(self, info: BackendInfo, it: Iteration) -> list[Endpoint]:
-        """``info``'s endpoints that may get a new pilot now: usable, neither drained nor
-        banned, and not weighted 0 (0 means never, whatever the selector)."""
+    def _eligible(self, info: BackendInfo, it: Iteration, request: SubmitRequest) -> list[Endpoint]:
+        """``info``'s endpoints that may get ``request``'s pilots now: usable, neither drained
+        nor banned, not weighted 0 (0 means never, whatever the selector), and the credential
+        the request would use there usable."""
         weights = self._weights(info.backend)
-        return [e for e in it.submittable(info.endpoints) if configured_weight(e, weights) > 0]
+        return [
+            e
+            for e in it.submittable(info.endpoints)
+            if configured_weight(e, weights) > 0
+            and not it.credential_block(info, e, request.credential)
+        ]
 
     def _commands(
         self, endpoint: Endpoint, request: SubmitRequest, timeout: float

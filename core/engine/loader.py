@@ -16,6 +16,8 @@ from loguru import logger
 
 from gridgate.core import PROJECT, hookspecs
 from gridgate.core.config import apply_defaults
+from gridgate.core.credential_names import credential_kind
+from gridgate.core.credentials import CredentialPlugin
 from gridgate.core.plugins import (
     ALL_GROUPS,
     CLI_GROUP,
@@ -103,11 +105,17 @@ def build_plugin_manager(
     context.plugin_manager = pm  # context.credential_env asks this manager's plugins
     instances: list[tuple[str, object]] = []
     for key, name in configured_plugins(config):
-        cls = load_class(CONFIG_GROUPS[key], name)
         section = (config.get(key) or {}).get(name)
+        # a named credential's plugin is its kind (``atlas-token: {kind: bearer_token}``)
+        kind = credential_kind(name, section) if key == "credentials" else name
+        cls = load_class(CONFIG_GROUPS[key], kind)
         if section is None:
             section = fill_defaults_for(cls)
-        instance = cls(section, context)
+        instance: object
+        if key == "credentials" and issubclass(cls, CredentialPlugin):
+            instance = cls(section, context, name=name)  # its files may be named after it
+        else:
+            instance = cls(section, context)
         if hasattr(instance, "name") and not getattr(instance, "name", ""):
             instance.name = name
         instances.append((f"{key}:{name}", instance))

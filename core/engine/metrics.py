@@ -137,13 +137,13 @@ class DirectorMetrics:
             "gridgate_credential_expiry_timestamp_seconds",
             "When each managed credential ends (Unix time), as its last check read it; no "
             "series while it cannot be read",
-            ["kind", "path"],
+            ["name", "kind", "path"],
             registry=r,
         )
         self.credential_usable = Gauge(
             "gridgate_credential_usable",
             "1 when the managed credential was usable at the iteration's check, else 0",
-            ["kind", "path"],
+            ["name", "kind", "path"],
             registry=r,
         )
         self.credential_renewal_due = Gauge(
@@ -151,7 +151,7 @@ class DirectorMetrics:
             "1 when the managed credential, still usable, has less than its min_lifetime left "
             "and this iteration's renewal did not extend it (it fails, or none is configured); "
             "the credential's own margin, for a 96 h proxy as for a 20 min token",
-            ["kind", "path"],
+            ["name", "kind", "path"],
             registry=r,
         )
         self.demand_jobs = Gauge(
@@ -259,7 +259,7 @@ class DirectorMetrics:
         usable: dict[tuple[str, ...], float] = {}
         due: dict[tuple[str, ...], float] = {}
         for status in summary.credentials:
-            labels = (status.kind, status.path)
+            labels = (status.name, status.kind, status.path)
             usable[labels] = 1 if status.usable else 0
             due[labels] = 1 if status.usable and status.renewal_due else 0
             if status.expires is not None:

@@ -16,6 +16,7 @@ import pluggy
 
 from gridgate.core.clock import Clock
 from gridgate.core.config import Config
+from gridgate.core.credential_names import CredentialChoice
 from gridgate.core.engine.limits import PilotRoom
 from gridgate.core.engine.retry import ResubmitPolicy
 from gridgate.core.engine.section import DirectorSettings
@@ -125,8 +126,12 @@ class Iteration:
     pilots: PilotReportDraft | None = None
     #: what each credential plugin reported before anything was polled or submitted
     credentials: tuple[CredentialStatus, ...] = ()
-    #: credential kinds whose configured credential is unusable this iteration
+    #: the credentials unusable this iteration, by name
     unusable: dict[str, CredentialStatus] = field(default_factory=dict)
+    #: what uses each unusable credential, by name (backends, endpoints, demand groups)
+    credential_users: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: which named credential each backend, endpoint and demand group uses (from the config)
+    choice: CredentialChoice = field(default_factory=CredentialChoice)
     #: why the credential check itself failed (a plugin raised): nothing needing one submits
     credential_crash: str = ""
     #: the endpoints not fully available this iteration, by key (merged answers of
@@ -142,22 +147,54 @@ class Iteration:
     #: this iteration (:meth:`FailingCache.troubled`): a success of theirs may be a recovery
     troubled: set[str] = field(default_factory=set)
 
-    def credential_block(self, info: BackendInfo) -> str:
-        """Why ``info``'s backend may not use its credentials this iteration: ``credential``
-        (one it needs is unusable), ``plugin_error`` (the check crashed), '' when it may."""
+    def credential_block(
+        self, info: BackendInfo, endpoint: Endpoint | None = None, credential: str = ""
+    ) -> str:
+        """Why ``info``'s backend may not use its credentials this iteration (on ``endpoint``,
+        for a demand group naming ``credential``): ``credential`` (one it would use is
+        unusable), ``plugin_error`` (the check crashed), '' when it may."""
         if not info.credentials:
             return ""
         if self.credential_crash:
             return "plugin_error"
-        return "credential" if any(kind in self.unusable for kind in info.credentials) else ""
+        return "credential" if self.waits_for(info, endpoint, credential) else ""
+
+    def waits_for(
+        self, info: BackendInfo, endpoint: Endpoint | None = None, credential: str = ""
+    ) -> list[str]:
+        """The unusable credentials, by name, that ``info``'s backend would use (on
+        ``endpoint``, for a demand group naming ``credential``)."""
+        where = None if endpoint is None else endpoint.name
+        names = self.choice.names(info.backend, info.credentials, where, credential)
+        return sorted({name for name in names.values() if name in self.unusable})
+
+    def credentials_of(self, endpoint: Endpoint) -> dict[str, str]:
+        """kind -> name of the credentials ``endpoint``'s polls and cancels use (its own, else
+        its backend's, else the first of each kind its backend needs), whoever's pilots."""
+        info = self.infos.get(endpoint.backend)
+        needs = info.credentials if info is not None else ()
+        return self.choice.names(endpoint.backend, needs, endpoint.name)
+
+    def blocked_everywhere(self, info: BackendInfo, credential: str = "") -> str:
+        """Why ``info``'s backend may use no endpoint for its credentials this iteration (for
+        a demand group naming ``credential``; without one, for polling): every endpoint's
+        :meth:`credential_block` says ``credential``, or the check crashed; '' when one may."""
+        if not info.credentials:
+            return ""
+        if self.credential_crash:
+            return "plugin_error"
+        if not info.endpoints:
+            return self.credential_block(info, None, credential)
+        blocked = {self.credential_block(info, e, credential) for e in info.endpoints}
+        return "credential" if blocked == {"credential"} else ""
 
     def paused(self, info: BackendInfo) -> bool:
-        """Whether ``info``'s backend is paused this iteration (a local fault, or a credential
-        it needs is unusable): it submits nothing and its pilots are not polled."""
+        """Whether ``info``'s backend is paused this iteration (a local fault, or the
+        credential of every endpoint is unusable): none of its pilots is polled."""
         with self.lock:
             if info.backend in self.local_faults:
                 return True
-        return bool(self.credential_block(info))
+        return bool(self.blocked_everywhere(info))
 
     def exclude(self, endpoint: Endpoint) -> None:
         """Take ``endpoint`` out of rotation for the rest of the iteration."""
@@ -187,9 +224,10 @@ class Iteration:
         return state is not None and state.state in ("drained", "banned")
 
     def pollable(self, info: BackendInfo) -> list[Endpoint]:
-        """``info``'s endpoints whose pilots are polled: usable, and not banned when the
-        backend says a banned server cannot be asked (``BackendInfo.poll_banned`` False)."""
-        endpoints = self.usable(info.endpoints)
+        """``info``'s endpoints whose pilots are polled: usable, their credential usable, and
+        not banned when the backend says a banned server cannot be asked (``BackendInfo.poll_banned`` False)."""
+        # an endpoint whose credential is unusable is not asked (it would only be refused)
+        endpoints = [e for e in self.usable(info.endpoints) if not self.credential_block(info, e)]
         if info.poll_banned:
             return endpoints
         return [e for e in endpoints if self.state_of(e) != "banned"]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
+from gridgate.core.credential_names import running_with
 from gridgate.core.engine.aborted import AbortVerdicts
 from gridgate.core.engine.cancelling import cancel_pilots
 from gridgate.core.engine.epoch import StoreEpoch
@@ -413,12 +414,19 @@ class PilotTracker:
                     waiting_cores[key] = waiting_cores.get(key, 0) + c
         limits = PilotRoom(settings, counts, infos, blind, retired, waiting_cores)
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
-        # a backend whose credential cannot be used now submits nothing, and its pilots were
-        # not polled: its counts are stale, so a limit would be blamed for what the credential
-        # stops. Its demand goes untrimmed to the plan, which skips it as `credential`.
-        blocked = {b for b, info in infos.items() if it.credential_block(info)}
-        kept, cuts = limits.trim([r for r in demand.requests if r.backend not in blocked], usable)
-        kept += [r for r in demand.requests if r.backend in blocked]
+        # a group whose credential cannot be used on any endpoint now submits nothing, and
+        # its pilots were not polled: the counts are stale, so a limit would be blamed for
+        # what the credential stops. Its demand goes untrimmed to the plan, which skips it as
+        # `credential`.
+        blocked = [
+            r
+            for r in demand.requests
+            if (info := infos.get(r.backend)) is not None
+            and it.blocked_everywhere(info, r.credential)
+        ]
+        held = {id(r) for r in blocked}
+        kept, cuts = limits.trim([r for r in demand.requests if id(r) not in held], usable)
+        kept += blocked
         for request, limit, pilots in cuts:
             AttemptOutcome(it, request).skipped(limit, pilots).account(self.failures)
         self._stuck(settings, infos, kept, cuts, counts)
@@ -545,7 +553,7 @@ class PilotTracker:
         due: list[tuple[Endpoint, float, float | None]] = []
         gone = {e.key for endpoints in (retired or {}).values() for e in endpoints}
         for backend, info in infos.items():
-            if it.paused(info):  # its credential is unusable (see Iteration.paused): not asked
+            if it.paused(info):  # no endpoint's credential is usable (Iteration.paused): not asked
                 continue
             interval = self._interval(settings, backend)
             timeout = self.runtime.timeout(info)
@@ -559,7 +567,8 @@ class PilotTracker:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
             futures = [
                 pool.submit(
-                    self._poll_one,
+                    # the endpoint's credential, whoever's pilots these are
+                    running_with(it.credentials_of(endpoint), self._poll_one),
                     registry,
                     endpoint,
                     timeout,

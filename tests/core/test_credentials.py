@@ -615,6 +615,8 @@ class ProxyBackend:
         self.context: PluginContext | None = None
         self.status_calls: list[str] = []
         self.submitted: list[str] = []
+        #: (demand group, the proxy its submission's program saw)
+        self.by_group: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
     @hookimpl
@@ -646,6 +648,7 @@ class ProxyBackend:
         seen = result.stdout.splitlines()[0] if result.ok else "?"
         with self.lock:
             self.submitted.append(seen)
+            self.by_group.append((request.group, seen))
             with self.log.open("a", encoding="utf-8") as log:
                 log.write(f"submit {self.name} {seen}\n")
         return SubmitResult(
@@ -992,3 +995,88 @@ def test_a_token_file_plugin_is_a_small_subclass_of_the_same_hooks(tmp_path: Pat
     token.write_text("garbage")
     status = check(build_plugin(TokenFile, {"path": str(token)}, clock=clock, name="token_file"))
     assert not status.usable and status.message.startswith(f"bearer token {token} holds no JWT")
+
+
+# --- named credentials: several VOs on one CE --------------------------------------------------
+
+
+def two_vos(grid: Grid) -> tuple[Director, Collector, ProxyBackend, Path]:
+    """A director of one endpoint and two demand groups, each with its own named proxy (renewed
+    by nothing: the test expires and restores them by hand); atlas's proxy is issued for 5 h,
+    lhcb's (the returned path) is left to the test."""
+    lhcb = grid.folder / "lhcb.pem"
+    doc = site(grid)
+    doc["credentials"] = {
+        "atlas-proxy": {"kind": "x509_proxy", "path": str(grid.proxy), "min_lifetime": HOUR},
+        "lhcb-proxy": {"kind": "x509_proxy", "path": str(lhcb), "min_lifetime": HOUR},
+    }
+    doc["demand"] = {
+        "static": {
+            "arcish": [
+                {"group": "atlas", "pilots": 2, "credential": "atlas-proxy"},
+                {"group": "lhcb", "pilots": 2, "credential": "lhcb-proxy"},
+            ]
+        }
+    }
+    backend = ProxyBackend(grid.log)
+    backend.endpoints = (Endpoint("arcish", "ce01"),)
+    director, collector = director_for(grid, doc, backend)
+    grid.issue(left=5 * HOUR)
+    return director, collector, backend, lhcb
+
+
+def test_two_groups_on_one_endpoint_each_submit_with_their_own_named_proxy(grid: Grid) -> None:
+    director, collector, backend, lhcb = two_vos(grid)
+    try:
+        grid.issue(left=5 * HOUR, path=lhcb)
+        first = director.run_iteration()
+        assert submitted(first) == 4
+        assert sorted(backend.by_group) == [
+            ("atlas", str(grid.proxy)),
+            ("atlas", str(grid.proxy)),
+            ("lhcb", str(lhcb)),
+            ("lhcb", str(lhcb)),
+        ]
+        assert {s.name for s in first.credentials} == {"atlas-proxy", "lhcb-proxy"}
+        assert collector.notes == []
+    finally:
+        director.close()
+
+
+def test_one_named_proxy_expiring_pauses_only_its_group_and_is_told_under_its_name(
+    grid: Grid,
+) -> None:
+    director, collector, backend, lhcb = two_vos(grid)
+    try:
+        grid.issue(left=-30, path=lhcb)  # lhcb's proxy ended; nothing renews it
+        summaries = []
+        for _ in range(3):
+            grid.tick(60)
+            summaries.append(director.run_iteration())
+        for summary in summaries:
+            outcomes = sorted((r.group, r.outcome, r.failure_kind or "") for r in summary.records)
+            assert outcomes == [
+                ("atlas", "submitted", ""),
+                ("atlas", "submitted", ""),
+                ("lhcb", "skipped", "credential"),
+            ], outcomes
+            assert summary.excluded == () and summary.failures == ()  # no server blamed
+        # atlas went on, with its own proxy; nothing was sent with lhcb's
+        assert backend.by_group == [("atlas", str(grid.proxy))] * 6
+        # the endpoint's pilots are still polled (its credential, atlas's first, is usable)
+        assert backend.status_calls
+        # one error for lhcb's episode, named; atlas's proxy says nothing
+        (error,) = credential_notes(collector)
+        assert error.level == "error" and "lhcb-proxy" in error.subject
+        assert str(lhcb) in error.subject and "atlas-proxy" not in error.subject
+        unusable = [s.name for s in summaries[-1].credentials if not s.usable]
+        assert unusable == ["lhcb-proxy"]
+
+        grid.issue(left=5 * HOUR, path=lhcb)  # renewed by hand: lhcb submits again, told once
+        grid.tick(60)
+        back = director.run_iteration()
+        assert submitted(back) == 4 and backend.by_group[-4:].count(("lhcb", str(lhcb))) == 2
+        notes = credential_notes(collector)
+        assert [n.level for n in notes] == ["error", "info"] and "lhcb-proxy" in notes[1].subject
+    finally:
+        director.close()

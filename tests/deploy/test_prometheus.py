@@ -158,7 +158,9 @@ def test_a_real_prometheus_scrapes_a_director_and_a_daemon_and_the_alerts_fire(
 
         (alert,) = wait_for("the credential alert", credential_alert)
         assert alert["labels"]["kind"] == "token" and alert["labels"]["path"] == str(token)
-        assert alert["annotations"]["summary"].startswith(f"token credential {token} ends in ")
+        assert alert["annotations"]["summary"].startswith(
+            f"token credential bearer_token ({token}) ends in "
+        )
         fired = {a["labels"]["alertname"] for a in prom.firing()}
         # a director that iterates and submits, a usable token, an empty outbox: only that one
         assert fired == {"GridgateCredentialEndingSoon"}, fired

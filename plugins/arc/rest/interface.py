@@ -41,6 +41,7 @@ from pathlib import Path
 from loguru import logger
 
 from gridgate.core.backend import Deadline, found_pilots, job_name, submission_of
+from gridgate.core.credential_names import in_force
 from gridgate.core.documents import DocumentError
 from gridgate.core.files import InputFileError, atomic_write, ensure_private_dir
 from gridgate.core.http import HttpClient
@@ -196,7 +197,9 @@ class RestInterface:
         self.delegations = Delegations(context.state, context.clock)
         self._lock = threading.Lock()
         self._http: dict[tuple[str, str | None], HttpClient] = {}
-        self._clients: dict[tuple[str, str, str | None], ArexClient] = {}
+        self._clients: dict[
+            tuple[str, str, str | None, tuple[tuple[str, str], ...]], ArexClient
+        ] = {}
         self._proxies: dict[str, tuple[tuple[int, int, int], Proxy, str]] = {}
 
     def classify(self, command: CommandResult | None, message: str) -> Failure:
@@ -287,7 +290,10 @@ class RestInterface:
                     cert_file=cert,
                     max_bytes=self.context.max_output_bytes,
                 )
-            key = (service.rstrip("/"), credential.ca_path, cert)
+            # one client per named credential in force: a client's headers (the token) are
+            # set per call, so two groups' tokens on one CE must not share one client
+            named = tuple(sorted(in_force().items()))
+            key = (service.rstrip("/"), credential.ca_path, cert, named)
             client = self._clients.get(key)
             if client is None:
                 client = self._clients[key] = ArexClient(

@@ -35,8 +35,9 @@ from gridgate.core.model import (
     SubmitRequest,
     SubmitResult,
 )
+from gridgate.core.plugins import PluginContext
 from gridgate.core.runner import run
-from gridgate.core.testing import Collector, build_plugin, director_for, make_config
+from gridgate.core.testing import Collector, build_plugin, director_for, make_config, section_for
 
 START = 1_700_000_000.0  # FakeClock's default start
 HOUR = 3600.0
@@ -479,6 +480,23 @@ def test_a_token_in_bearer_token_is_handed_out_as_a_private_copy_and_never_renew
     copy.chmod(0o644)
     assert check(plugin).usable and copy.read_text() == value + "\n"
     assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+
+
+def test_a_named_token_of_the_variable_is_copied_to_its_own_file_under_its_name(
+    site: Site, bare_env: pytest.MonkeyPatch
+) -> None:
+    """Two named tokens never share a file: ``atlas-token``'s copy is credentials/atlas-token."""
+    value = jwt(exp=int(START + HOUR))
+    bare_env.setenv("BEARER_TOKEN", value)
+    state = site.folder / "state"
+    context = PluginContext(clock=site.clock, state_dir=state)
+    plugin = BearerToken(section_for(BearerToken, {}), context, name="atlas-token")
+    own = state / "credentials" / "atlas-token"
+    assert plugin.name == "atlas-token"
+    assert plugin.gridgate_credential_env(kind="token") == {"BEARER_TOKEN_FILE": str(own)}
+    assert own.read_text() == value + "\n" and not (state / COPY_NAME).exists()
+    status = check(plugin)
+    assert status.usable and status.name == "atlas-token" and status.path == str(own)
 
 
 # --- hooks and config ------------------------------------------------------------------------------

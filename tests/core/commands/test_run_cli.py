@@ -91,7 +91,10 @@ def test_a_fifo_proxy_is_an_unusable_credential_the_iterations_go_on_and_sigterm
             # what was asked, what was done and why arc gave nothing, on the line itself
             assert "arc: demand 5, waiting 0, submitted 0, skipped 5 (credential)" in line
             assert "wms_glite: demand 1" in line
-            assert f"credential x509 unusable: X.509 proxy {fifo} is a FIFO" in line
+            assert (
+                f"credential x509_proxy (x509) unusable, arc waiting: X.509 proxy {fifo} is a FIFO"
+                in line
+            )
         assert re.search(r"wms_glite: demand 1, waiting \d+, submitted 1", lines[0]), lines[0]
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
@@ -189,7 +192,10 @@ def test_the_journal_line_of_an_expired_proxy_says_what_was_asked_and_why_nothin
     [line] = [x for x in done.stdout.splitlines() if STAMPED.match(x)]
     assert "arc: demand 5, waiting 0, submitted 0, skipped 5 (credential)" in line, line
     assert re.search(r"wms_glite: demand 1, waiting \d+, submitted 1", line), line
-    assert f"credential x509 unusable: X.509 proxy {proxy} expired at " in line, line
+    assert (
+        f"credential x509_proxy (x509) unusable, arc waiting: X.509 proxy {proxy} expired at "
+        in line
+    ), line
     assert "no renew command is configured" in line, line
     assert not line.rstrip().endswith(","), line
 

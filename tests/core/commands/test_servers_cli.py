@@ -3,15 +3,18 @@ director's state store by another process, and putting a fixed server back in ro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from support.director import BACKEND, ScriptedBackend
 
+from gridgate.core import hookimpl
 from gridgate.core.builtin.escalation import TwoCacheEscalation
 from gridgate.core.clock import FakeClock
 from gridgate.core.commands.servers import operator
@@ -278,3 +281,85 @@ def test_servers_list_and_show_name_gocdb_downtimes_bans_and_the_failing_cache(
     assert failing["last_submission"]["outcome"] == "failed"
     unknown = gridgate(gridgate_exe, "servers", "show", "-c", str(config), "nosuch")
     assert unknown.returncode == 2 and "nosuch" in unknown.stderr
+
+
+def _token_file(path: Path, exp: float) -> Path:
+    """A private file holding a JWT that ends at ``exp`` (its signature is nobody's here)."""
+    import base64
+    import os
+
+    def part(obj: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+    token = f"{part({'alg': 'RS256'})}.{part({'sub': 'pilots', 'exp': int(exp)})}.c2ln"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    return path
+
+
+class TokenBackend(ScriptedBackend):
+    """The testbed's servers, whose commands need a bearer token."""
+
+    @hookimpl
+    def gridgate_backend_info(self, backend: str) -> Any:
+        info = super().gridgate_backend_info(backend)
+        return None if info is None else dataclasses.replace(info, credentials=("token",))
+
+
+def test_servers_list_and_show_name_the_credential_an_endpoint_and_a_group_wait_for(
+    tmp_path, gridgate_exe
+) -> None:
+    """Two VOs on one backend, each group with its own named token; lhcb's has ended: the
+    operator's view says that lhcb's group waits for lhcb-token on every endpoint, and
+    nothing else waits."""
+    now = time.time()
+    config = site(tmp_path)
+    doc = yaml.safe_load(config.read_text())
+    doc["credentials"] = {
+        "atlas-token": {
+            "kind": "bearer_token",
+            "path": str(_token_file(tmp_path / "atlas.token", now + 5 * 3600)),
+        },
+        "lhcb-token": {
+            "kind": "bearer_token",
+            "path": str(_token_file(tmp_path / "lhcb.token", now - 3600)),
+        },
+    }
+    doc["demand"] = {
+        "static": {
+            BACKEND: [
+                {"group": "atlas", "pilots": 2, "credential": "atlas-token"},
+                {"group": "lhcb", "pilots": 2, "credential": "lhcb-token"},
+            ]
+        }
+    }
+    config.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    backend = TokenBackend(2, {"s0": "fake-ok", "s1": "fake-ok"})
+    director = Director(load_config(config), extra_plugins=[backend, Collector()])
+    try:
+        summary = director.run_iteration()
+    finally:
+        director.close()
+    assert sorted((r.group, r.outcome) for r in summary.records) == [
+        ("atlas", "submitted"),
+        ("atlas", "submitted"),
+        ("lhcb", "skipped"),
+    ]
+
+    listed = gridgate(gridgate_exe, "servers", "list", "-c", str(config), "--json")
+    assert listed.returncode == 0, listed.stderr
+    waits = json.loads(listed.stdout)["credential_waits"]
+    wanted = {"endpoint": [], "groups": {"lhcb": ["lhcb-token"]}}
+    assert waits == {f"{BACKEND}/s0": wanted, f"{BACKEND}/s1": wanted}
+    text = gridgate(gridgate_exe, "servers", "list", "-c", str(config)).stdout
+    assert "waiting for a credential" in text and "group lhcb for lhcb-token" in text
+    assert "every server is in rotation" not in text
+
+    shown = gridgate(gridgate_exe, "servers", "show", "-c", str(config), "s0")
+    assert shown.returncode == 0, shown.stderr
+    assert "waits for a credential: group lhcb for lhcb-token" in shown.stdout
+    lines = shown.stdout.splitlines()
+    (lhcb,) = [ln for ln in lines if ln.strip().startswith("credential lhcb-token")]
+    (atlas,) = [ln for ln in lines if ln.strip().startswith("credential atlas-token")]
+    assert "UNUSABLE" in lhcb and ": usable: " in atlas

@@ -207,7 +207,7 @@ def test_availability_credential_end_and_demand_gauges_follow_each_iteration() -
         )
         assert value(first, banned) == 1
         assert value(first, r"gridgate_endpoint_availability\{.*\}") == 1  # s1 is available
-        path = r'kind="x509",path="/var/lib/gridgate/proxy.pem"'
+        path = r'kind="x509",name="x509_proxy",path="/var/lib/gridgate/proxy.pem"'
         assert value(first, rf"gridgate_credential_expiry_timestamp_seconds\{{{path}\}}") == ends
         assert value(first, rf"gridgate_credential_usable\{{{path}\}}") == 1
         assert value(first, r'gridgate_demand_waiting_jobs\{group="atlas"\}') == 42
