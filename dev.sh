@@ -146,7 +146,9 @@ case "${1:-}" in
         "$VENV/bin/ruff" check -q core plugins demo tests bench examples
         "$VENV/bin/ruff" format --check -q core plugins demo tests bench examples
         typecheck
-        exec "$VENV/bin/python" -m pytest -n 2 -q "$@"
+        # the 25 slowest tests are listed at the end: the suite's budget is about 20 minutes
+        # on 2 cores, and this is where to look when it grows
+        exec "$VENV/bin/python" -m pytest -n 2 -q --durations=25 "$@"
         ;;
     slurm)
         # A private one-node Slurm cluster for people, the demo and the benches:
