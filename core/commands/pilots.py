@@ -13,7 +13,9 @@ import click
 from gridgate.core import hookimpl
 from gridgate.core.cli import echo
 from gridgate.core.commands.report import render_states
+from gridgate.core.credential_names import CredentialChoice
 from gridgate.core.engine.cancelling import cancel_pilots
+from gridgate.core.engine.pilot_credentials import GroupCredentials, configured_kinds, names_for
 from gridgate.core.engine.tracking import state_counts
 from gridgate.core.model import PILOT_STATES, TERMINAL_STATES, Endpoint
 from gridgate.core.state import Pilot, PilotRegistry
@@ -180,6 +182,8 @@ def cancel(
         by_endpoint.setdefault((pilot.backend, pilot.endpoint), []).append(pilot)
     out: dict[str, dict[str, Any]] = {"cancelled": {}, "failed": {}}
     default_timeout = float(runtime.config.director["command_timeout"])
+    choice = CredentialChoice.from_config(runtime.config, configured_kinds(runtime))
+    groups = GroupCredentials(runtime)
     for (backend, name), group in sorted(by_endpoint.items()):
         key = f"{backend}/{name}"
         info = hook.gridgate_backend_info(backend=backend)
@@ -192,8 +196,16 @@ def cancel(
             backend, name
         )
         timeout = float(info.command_timeout or default_timeout)
+        # each pilot with its group's credential, as the director's cancels
+        names = names_for(choice, endpoint, info.credentials, groups.of_backend(backend))
         done, problem = cancel_pilots(
-            runtime, registry, endpoint, group, timeout, "cancelled with gridgate pilots cancel"
+            runtime,
+            registry,
+            endpoint,
+            group,
+            timeout,
+            "cancelled with gridgate pilots cancel",
+            names=names,
         )
         if done:
             out["cancelled"][key] = done

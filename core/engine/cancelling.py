@@ -5,14 +5,15 @@ cancelled in the registry with the reason. The tracker cancels what waited too l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from loguru import logger
 
 from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.pilot_credentials import split_pilots
 from gridgate.core.engine.runtime import Iteration, Runtime
-from gridgate.core.model import AdmissionRequest, Endpoint, Refusal, SubmitResult
+from gridgate.core.model import AdmissionRequest, CancelResult, Endpoint, Refusal, SubmitResult
 from gridgate.core.state import Pilot, PilotRegistry
 
 
@@ -25,12 +26,15 @@ def cancel_pilots(
     reason: str,
     it: Iteration | None = None,
     failures: FailurePath | None = None,
+    names: Callable[[str], Mapping[str, str]] | None = None,
 ) -> tuple[list[str], str]:
     """Cancel ``pilots`` of ``endpoint`` with one ``gridgate_cancel`` call under an admission
     grant of category ``other``, and record those cancelled (with ``reason``). A cancel that
     this machine could not even run (``local_fault``: a file it cannot write) is, within an
     iteration ``it``, a local fault through its ``failures`` path (told once per
-    ``failing_expiry``).
+    ``failing_expiry``). The pilots of each credential (``names``: a demand group's kind ->
+    credential name; default: the endpoint's within an iteration, else the first of each
+    kind) are cancelled with it, one call each.
 
     :return: the ids cancelled, and what went wrong ('' when nothing did).
     """
@@ -46,21 +50,30 @@ def cancel_pilots(
     )
     if isinstance(answer, Refusal):
         return [], f"refused by admission control: {answer.reason}"
-    # within an iteration, the endpoint's credential (as its polls); else the first of each kind
-    names = it.credentials_of(endpoint) if it is not None else {}
+    # each group's pilots with its group's credential (as its polls)
+    if names is None and it is not None:
+        chosen = it.credentials_of(endpoint)
+        names = lambda _group: chosen  # noqa: E731
+    parts = split_pilots(pilots, names) if names is not None else [({}, list(pilots))]
+    results: list[CancelResult | None] = []
     try:
-        with credentials_in_force(names):
-            result = hook.gridgate_cancel(
-                endpoint=endpoint, job_ids=[p.job_id for p in pilots], timeout=timeout
-            )
+        for credentials, part in parts:
+            with credentials_in_force(credentials):
+                results.append(
+                    hook.gridgate_cancel(
+                        endpoint=endpoint, job_ids=[p.job_id for p in part], timeout=timeout
+                    )
+                )
     except Exception as exc:  # a plugin bug must not stop the iteration
         logger.opt(exception=exc).error("cancelling on {} crashed in a plugin", endpoint.key)
         return [], f"the backend plugin crashed: {type(exc).__name__}: {exc}"
     finally:
         if answer is not None:
             hook.gridgate_release(grant=answer)
-    if result is None:
+    answered = [r for r in results if r is not None]
+    if not answered:
         return [], f"backend {endpoint.backend} cannot cancel"
+    result = answered[0] if len(answered) == 1 else _joined(endpoint, answered)
     local = getattr(result, "local_fault", "") or ""
     if local and it is not None and failures is not None:
         failures.server_failed(
@@ -86,3 +99,17 @@ def cancel_pilots(
         why = result.message or (result.command.describe() if result.command else "")
         problem = f"{len(pilots) - len(done)} not cancelled" + (f": {why}" if why else "")
     return done, problem
+
+
+def _joined(endpoint: Endpoint, results: Sequence[CancelResult]) -> CancelResult:
+    """One answer made of the calls of each credential."""
+    failed = next((r for r in results if not r.ok or r.local_fault), None)
+    return CancelResult(
+        endpoint=endpoint,
+        ok=all(r.ok for r in results),
+        cancelled=tuple(i for r in results for i in r.cancelled),
+        command=(failed or results[0]).command,
+        operation=(failed or results[0]).operation,
+        message="; ".join(r.message for r in results if r.message),
+        local_fault=next((r.local_fault for r in results if r.local_fault), ""),
+    )

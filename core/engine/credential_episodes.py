@@ -18,6 +18,7 @@ from loguru import logger
 from gridgate.core.credential_names import CredentialChoice
 from gridgate.core.engine.compose import CREDENTIAL, compose_credential
 from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.pilot_credentials import configured_kinds
 from gridgate.core.engine.records import CredentialEpisode, read_record
 from gridgate.core.engine.runtime import EPISODES, Iteration, Runtime
 from gridgate.core.model import (
@@ -103,12 +104,7 @@ class CredentialEpisodes:
         """Each credential's kind by name, in config order (the first of a kind is the one
         used where nothing names one), then those reported by plugins the config does not
         name (an embedding program's)."""
-        kinds: dict[str, str] = {}
-        for name in self.runtime.config.get("credentials") or {}:
-            plugin = self.runtime.pm.get_plugin(f"credentials:{name}")
-            kind = getattr(plugin, "kind", None)
-            if isinstance(kind, str) and kind:
-                kinds[str(name)] = kind
+        kinds = configured_kinds(self.runtime)
         for name, status in named.items():
             kinds.setdefault(name, status.kind)
         return kinds

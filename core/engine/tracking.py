@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from gridgate.core.credential_names import running_with
+from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.engine.aborted import AbortVerdicts
 from gridgate.core.engine.cancelling import cancel_pilots
 from gridgate.core.engine.epoch import StoreEpoch
@@ -31,6 +31,7 @@ from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.intents import Intents, default_instance
 from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
 from gridgate.core.engine.pending import PendingPilots
+from gridgate.core.engine.pilot_credentials import GroupCredentials, names_for, split_live
 from gridgate.core.engine.records import clock_time
 from gridgate.core.engine.retired import RetiredEndpoints
 from gridgate.core.engine.runtime import Iteration, PilotReportDraft, Runtime
@@ -69,6 +70,24 @@ class _Poll:
     changed: int = 0
     #: the state and submission time of each pilot still live after the poll
     live: LiveStates = field(default_factory=LiveStates)
+
+    @classmethod
+    def joined(cls, parts: Sequence[_Poll]) -> _Poll:
+        """One endpoint's poll made of several (one per credential its pilots were asked
+        with): ``ok`` only when each part was, else the first part's other outcome."""
+        live = LiveStates()
+        for part in parts:
+            live.states.update(part.live.states)
+            live.submitted.update(part.live.submitted)
+        outcome = next((p.outcome for p in parts if p.outcome != "ok"), "ok")
+        return cls(
+            parts[0].endpoint,
+            sum(p.pilots for p in parts),
+            outcome,
+            sum(p.commands for p in parts),
+            sum(p.changed for p in parts),
+            live,
+        )
 
 
 @dataclass(frozen=True)
@@ -125,6 +144,8 @@ class PilotTracker:
         #: (backend, group) -> cores of one pilot, from this iteration's demand: what a
         #: submission's pilots are recorded with
         self._group_cores: dict[tuple[str, str], int] = {}
+        #: the credential each demand group names: its pilots are polled and cancelled with it
+        self.group_credentials = GroupCredentials(runtime)
         #: per backend: (iterations, clock time) of the last change of state of its pilots
         self._last_change: dict[str, tuple[int, float]] = {}
         #: backend -> the iteration of its last status poll that answered
@@ -249,6 +270,7 @@ class PilotTracker:
         if not settings.track:
             return demand
         self._group_cores = {(r.backend, r.group): cores_of(r) for r in demand.requests}
+        self.group_credentials.learn(demand.requests, settings.keep_finished)
         self._iterations += 1
         self.pending.load()
         runtime = self.runtime
@@ -279,6 +301,9 @@ class PilotTracker:
             info = hook.gridgate_backend_info(backend=backend)
             if info is not None:
                 infos[backend] = info
+                # one only tracked pilots name (no demand, not configured) polls and cancels
+                # with the credentials it needs too (Iteration.credentials_of)
+                it.infos.setdefault(backend, info)
         now = runtime.clock.time()
         report = PilotReportDraft()
         retired = self.retired.find(counts, infos, it, now)
@@ -567,8 +592,7 @@ class PilotTracker:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status") as pool:
             futures = [
                 pool.submit(
-                    # the endpoint's credential, whoever's pilots these are
-                    running_with(it.credentials_of(endpoint), self._poll_one),
+                    self._poll_one,
                     registry,
                     endpoint,
                     timeout,
@@ -656,7 +680,35 @@ class PilotTracker:
         live = self._pollable(registry, endpoint, interval, now)
         if not live:
             return None
-        target = _Target(endpoint, live, retired)
+        groups = self.group_credentials.of_backend(endpoint.backend)
+        polls = []
+        # each group's pilots asked with its own credential (a CE answers its creator only)
+        for names, part in split_live(registry, endpoint, live, it, groups):
+            with credentials_in_force(names):
+                polls.append(
+                    self._poll_part(
+                        registry,
+                        _Target(endpoint, part, retired),
+                        timeout,
+                        interval,
+                        it,
+                        settings,
+                        now,
+                    )
+                )
+        return polls[0] if len(polls) == 1 else _Poll.joined(polls)
+
+    def _poll_part(
+        self,
+        registry: PilotRegistry,
+        target: _Target,
+        timeout: float,
+        interval: float | None,
+        it: Iteration,
+        settings: PilotSettings,
+        now: float,
+    ) -> _Poll:
+        """Ask about ``target``'s pilots (one credential's) and take in what the answer says."""
         asked = self._ask(target, timeout, interval)
         if isinstance(asked, _Poll):
             return asked
@@ -907,8 +959,14 @@ class PilotTracker:
             return 0
         timeout = self.runtime.timeout(info)
         reason = f"waited over max_wait_time ({float(limit):.0f} s); cancelled by gridgate"
+        groups = self.group_credentials.of_backend(poll.endpoint.backend)
+        names = (
+            names_for(it.choice, poll.endpoint, info.credentials, groups)
+            if it is not None and groups
+            else None
+        )
         done, problem = cancel_pilots(
-            self.runtime, registry, poll.endpoint, old, timeout, reason, it, self.failures
+            self.runtime, registry, poll.endpoint, old, timeout, reason, it, self.failures, names
         )
         if problem:
             logger.error("cancelling {} pilot(s) on {}: {}", len(old), poll.endpoint.key, problem)

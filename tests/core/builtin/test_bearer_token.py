@@ -4,8 +4,6 @@ only, and the director pausing the backends that need kind ``token`` while it is
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
 import stat
@@ -21,6 +19,7 @@ from typing import Any
 
 import pytest
 from loguru import logger
+from support.tokens import b64url, jwt
 from support.uids import AS_NOBODY
 
 from gridgate.core import hookimpl
@@ -72,19 +71,6 @@ with os.fdopen(fd, "w") as out:
     out.write(token + "\\n")
 os.replace(args.out + ".new", args.out)
 '''
-
-
-def b64url(obj: Any) -> str:
-    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def jwt(**claims: Any) -> str:
-    """A JWT in compact form with these claims (a signature nobody checks here: the CE does)."""
-    header = {"alg": "RS256", "typ": "JWT", "kid": "k1"}
-    payload = {"iss": "https://issuer.example", "sub": "pilots", "jti": str(uuid.uuid4())}
-    payload.update(claims)
-    return f"{b64url(header)}.{b64url(payload)}.{b64url(os.urandom(32))}"
 
 
 def _iso(ts: float) -> str:
