@@ -324,8 +324,11 @@ def test_pilots_whose_answer_was_lost_and_could_not_be_looked_for_are_found_late
     )
     ids = [s.job_id for s in found.found.get(name, ())]
     try:
-        # on failure, what the CE itself has and what was asked of it (seen once under load)
-        assert found.ok and len(ids) == 2, (found, witness(arc).seen(), middle.requests[-12:])
+        if not (found.ok and len(ids) == 2):  # seen under load: say what the CE itself has
+            pytest.fail(
+                f"found {found!r}\nthe CE has {witness(arc).seen()!r}\n"
+                f"asked {middle.requests[-12:]!r}"
+            )
         uploads = [r for r in middle.requests if r[0] == "PUT" and "/session/" in r[1]]
         assert len(uploads) - uploads_before == 2, "the found jobs got their script"
         other = backend.gridgate_find_pilots(
