@@ -586,6 +586,9 @@ class RestInterface:
             try:
                 kept = client.description(identifier, deadline).decode("utf-8", "replace")
             except ArexError as exc:
+                if exc.status == 404:  # cleaned since the list (A-REX writes it at creation)
+                    logger.debug("{}: {} gone since the list", client.service, identifier)
+                    continue
                 logger.info(
                     "{}: cannot read the description of {}: {}", client.service, identifier, exc
                 )
