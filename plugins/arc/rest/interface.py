@@ -196,7 +196,7 @@ class RestInterface:
         self.locks = locks
         self.delegations = Delegations(context.state, context.clock)
         self._lock = threading.Lock()
-        self._http: dict[tuple[str, str | None], HttpClient] = {}
+        self._http: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], HttpClient] = {}
         self._clients: dict[
             tuple[str, str, str | None, tuple[tuple[str, str], ...]], ArexClient
         ] = {}
@@ -282,17 +282,20 @@ class RestInterface:
         """The REST client of ``service`` with ``credential`` (kept: its connections stay open
         and its version is asked once)."""
         cert = credential.cert_file if credential.kind == "x509" else None
+        # one client per named credential in force: a client's headers (the token) are set
+        # per call, so two groups' tokens on one CE must not share one client. Nor one
+        # connection: A-REX 6.17 takes every request of a kept-alive connection for the
+        # identity of its first (seen on the private CE: a second VO's token asking on the
+        # first's connection was answered as the first, and its jobs looked gone)
+        named = tuple(sorted(in_force().items()))
         with self._lock:
-            http = self._http.get((credential.ca_path, cert))
+            http = self._http.get((credential.ca_path, cert, named))
             if http is None:
-                http = self._http[(credential.ca_path, cert)] = HttpClient(
+                http = self._http[(credential.ca_path, cert, named)] = HttpClient(
                     ca_path=credential.ca_path,
                     cert_file=cert,
                     max_bytes=self.context.max_output_bytes,
                 )
-            # one client per named credential in force: a client's headers (the token) are
-            # set per call, so two groups' tokens on one CE must not share one client
-            named = tuple(sorted(in_force().items()))
             key = (service.rstrip("/"), credential.ca_path, cert, named)
             client = self._clients.get(key)
             if client is None:

@@ -1,0 +1,109 @@
+"""Two VOs on one real CE (issue 44): a director with two named tokens of two subjects, one
+demand group each, on one endpoint of the private A-REX. Each group's pilots are created under
+its own identity (the CE's own record of the job says whose it is), and followed to their end
+with it: A-REX answers for a job only to the identity that created it, so a pilot asked about
+with the other VO's token would look gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.polling import until
+
+from gridgate.core.config import load_config
+from gridgate.core.engine.director import Director, summary_json
+from gridgate.plugins.arc.rest.jobs import ce_id
+
+pytestmark = pytest.mark.xdist_group("arc")
+
+SUBJECTS = {"atlas": "atlas-pilot-factory", "lhcb": "lhcb-pilot-factory"}
+
+
+def _site(arc: Any, folder: Path, demand: Any) -> Path:
+    tokens = {}
+    for vo, subject in SUBJECTS.items():
+        path = folder / f"{vo}.token"
+        path.write_text(arc.token(sub=subject), encoding="utf-8")
+        path.chmod(0o600)
+        tokens[f"{vo}-token"] = {"kind": "bearer_token", "path": str(path), "renew": []}
+    script = folder / "pilot.sh"
+    script.write_text("#!/bin/sh\necho pilot of $(id -un)\n", encoding="utf-8")
+    script.chmod(0o755)
+    doc = {
+        "director": {
+            "state_dir": str(folder / "state"),
+            "command_timeout": 60,
+            "max_threads": 2,
+        },
+        "state": {"driver": "sqlite", "path": str(folder / "state" / "state.db")},
+        "credentials": tokens,
+        "backends": {
+            "arc": {
+                "interface": "rest",
+                "auth": "token",
+                "endpoints": [arc.url],
+                "script": str(script),
+                "env": {"X509_CERT_DIR": str(arc.certificates)},
+                "credential": "atlas-token",  # the CE's: the atlas group names none
+            }
+        },
+        "demand": {"static": {"arc": demand}},
+    }
+    path = folder / "site.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def _subject(arc: Any, job: str) -> str:
+    local = Path(arc.folder, "control", f"job.{ce_id(job)}.local").read_text(errors="replace")
+    return next(ln.partition("=")[2] for ln in local.splitlines() if ln.startswith("subject="))
+
+
+def _control(arc: Any, job: str) -> dict[str, str]:
+    """What the CE's control folder holds of ``job``: each file's first line."""
+    out = {}
+    for path in Path(arc.folder, "control").rglob(f"job.{ce_id(job)}.*"):
+        out[path.name.rsplit(".", 1)[-1]] = path.read_text(errors="replace")[:80]
+    return out
+
+
+def test_two_vos_on_one_ce_each_group_created_and_followed_under_its_own_identity(
+    arc, tmp_path
+) -> None:
+    groups = [
+        {"group": "atlas", "pilots": 1},
+        {"group": "lhcb", "pilots": 1, "credential": "lhcb-token"},
+    ]
+    director = Director(load_config(_site(arc, tmp_path, groups)))
+    try:
+        summary = director.run_iteration()
+        registry = director.state.pilot_registry()
+        pilots = {p.group: p for p in registry.query()}
+        assert sorted(pilots) == ["atlas", "lhcb"], summary
+        subjects = {group: _subject(arc, p.job_id) for group, p in pilots.items()}
+        assert subjects["atlas"] != subjects["lhcb"], subjects
+        assert SUBJECTS["atlas"] in subjects["atlas"] and SUBJECTS["lhcb"] in subjects["lhcb"]
+
+        # no more demand: the director only follows them, each with its own token
+        director.config.data["demand"]["static"]["arc"] = 0
+
+        last: list[Any] = []
+
+        def ended() -> dict[str, str] | None:
+            last[:] = [director.run_iteration()]
+            states = {p.group: p.state for p in registry.query()}
+            assert len(registry.query()) == 2, "no new pilot"
+            return states if set(states.values()) <= {"done", "failed"} else None
+
+        final = until(ended, timeout=240, pause=3)
+        if final != {"atlas": "done", "lhcb": "done"}:
+            pytest.fail(
+                f"{ {p.group: (p.state, p.native, p.job_id) for p in registry.query()} }\n"
+                f"the CE: { {g: _control(arc, p.job_id) for g, p in pilots.items()} }\n"
+                f"{summary_json(last[0])}"
+            )
+    finally:
+        director.close()
