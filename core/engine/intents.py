@@ -538,14 +538,32 @@ class Intents:
                 self.runtime.state.append_record(ACCOUNTING, row.as_dict())
             except StateError as exc:
                 logger.error("accounting row of adopted pilots lost: {}", exc)
-        logger.warning(
-            "{}: {} pilot(s) of submission {} ({}) found on the CE by name and adopted{}",
-            endpoint.key,
-            len(pilots),
-            record.name,
-            record.why,
-            f" ({len(found) - len(pilots)} tracked already)" if len(found) > len(pilots) else "",
-        )
+        if pilots:
+            logger.warning(
+                "{}: {} pilot(s) of submission {} ({}) found on the CE by name and adopted{}",
+                endpoint.key,
+                len(pilots),
+                record.name,
+                record.why,
+                f" ({len(found) - len(pilots)} tracked already)"
+                if len(found) > len(pilots)
+                else "",
+            )
+        if len(found) < record.count:
+            # A CE may list a job a moment after its siblings of one creation (seen on A-REX
+            # 6.17: one of two): settled now, the other would run untracked. Looked for
+            # again until reconcile_for has passed since it was sent; then settled with what
+            # was found (a creation the CE did only in part).
+            if now - record.started < self.runtime.settings.pilots.reconcile_for:
+                return len(pilots)
+            logger.warning(
+                "{}: submission {} settled with {} of its {} pilot(s) found on the CE; "
+                "if the CE made the others, they run untracked",
+                endpoint.key,
+                record.name,
+                len(found),
+                record.count,
+            )
         self.settle(record.name)
         return len(pilots)
 

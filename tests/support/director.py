@@ -283,7 +283,8 @@ class NamingBackend(TrackingBackend):
     ``uncertain``); ``kill`` (the jobs are made, then the director dies: :class:`Killed`);
     ``nothing`` (the answer is lost and nothing was made); ``partial`` (all are made, the answer
     names the first half and is ``uncertain`` of the rest). ``find_mode[server]``: ``ok``;
-    ``down`` (the CE cannot be asked); ``none`` (the backend cannot look jobs up by name)."""
+    ``down`` (the CE cannot be asked); ``none`` (the backend cannot look jobs up by name).
+    ``unlisted``: job ids a search leaves out for now."""
 
     BASE = "pilot"
 
@@ -293,6 +294,8 @@ class NamingBackend(TrackingBackend):
         self.submit_mode: dict[str, str] = {}
         self.find_mode: dict[str, str] = {}
         self.find_calls: list[tuple[str, tuple[str, ...], str]] = []
+        #: jobs a search does not list yet (a CE listing a just-made job late)
+        self.unlisted: set[str] = set()
 
     def make(self, endpoint: str, name: str, n: int) -> list[str]:
         """Put ``n`` jobs named ``name`` on ``endpoint``, as another director of the fleet
@@ -348,5 +351,6 @@ class NamingBackend(TrackingBackend):
             jobs = [
                 (self.names.get(j, ""), JobStatus(j, s, native=self.NATIVE[s]))
                 for j, (s, _r) in self.jobs[endpoint.name].items()
+                if j not in self.unlisted
             ]
         return found_pilots(endpoint, self.BASE, names, fleet, jobs)

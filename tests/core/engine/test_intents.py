@@ -259,6 +259,52 @@ def test_a_lost_answer_is_reconciled_by_name_and_counted_meanwhile(tmp_path) -> 
     director.close()
 
 
+def test_a_job_the_ce_lists_late_is_still_adopted_with_its_siblings(tmp_path, logs) -> None:
+    """Seen on A-REX 6.17: of two jobs made by one lost creation, a search just after listed
+    one. The submission stays unsettled until every pilot is found (the next search finds
+    the other), and is settled with fewer only after reconcile_for."""
+    clock = FakeClock()
+    backend = NamingBackend(servers=1, pilots_per_submission=2)
+    store = MemoryState(clock=clock)
+    director = make(tmp_path, clock, backend, store, pilots=2, max_waiting=2)
+    backend.submit_mode["s0"] = "lose"
+    director.run_iteration()
+    backend.submit_mode["s0"] = "ok"
+    first, late = sorted(backend.jobs["s0"])
+    backend.unlisted = {late}
+    clock.advance(30)
+    director.run_iteration()
+    registry = store.pilot_registry()
+    assert [p.job_id for p in registry.query()] == [first] and len(intents(tmp_path)) == 1
+    backend.unlisted = set()
+    clock.advance(30)
+    director.run_iteration()
+    assert sorted(p.job_id for p in registry.query()) == [first, late]
+    assert intents(tmp_path) == []
+
+    # one the CE never lists: settled with what was found once reconcile_for has passed
+    backend.move("s0", "done")  # room for the next bulk, whose answer is lost too
+    director.failing.clear(sorted(director.failing.excluded()))  # the loss excluded it
+    backend.submit_mode["s0"] = "lose"
+    clock.advance(30)
+    director.run_iteration()
+    backend.submit_mode["s0"] = "ok"
+    made = sorted(set(backend.jobs["s0"]) - {first, late})
+    assert len(made) == 2
+    backend.unlisted = {made[-1]}
+    for _ in range(2):  # found 1 of 2 at 40 and 80 s (reconcile_for: 120), still looked for
+        clock.advance(40)
+        director.run_iteration()
+        assert len(intents(tmp_path)) == 1
+    assert set(backend.jobs["s0"]) == {first, late, *made}, "nothing sent meanwhile"
+    clock.advance(40)
+    director.run_iteration()
+    assert intents(tmp_path) == []
+    assert made[0] in {p.job_id for p in registry.query()}
+    assert "settled with 1 of its 2 pilot(s)" in "\n".join(m for _level, m in logs)
+    director.close()
+
+
 def test_a_name_not_found_is_given_up_after_reconcile_for_with_a_log_line(tmp_path, logs) -> None:
     clock = FakeClock()
     backend = NamingBackend(servers=1)
