@@ -245,6 +245,7 @@ class ArcBackend(Backend):
     @hookimpl
     def gridgate_iteration_started(self, iteration: IterationInfo) -> None:
         self._rest.delegations.new_iteration()
+        self._rest.payload_delegations.new_iteration()
 
     @hookimpl
     def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
@@ -259,7 +260,12 @@ class ArcBackend(Backend):
                             ce.endpoint.key,
                             len(cleaned),
                         )
-        if self.settings.auth != "token" and self._rest.delegations.has_work():
+        delegations = (
+            self._rest.delegations
+            if self.settings.auth != "token"
+            else self._rest.payload_delegations
+        )
+        if delegations.has_work():
             # delegations of CEs no endpoint here reaches over REST any more (removed from the
             # config, or interface: cli now), once no director has used them for a while
             self._rest.sweep(self.interface.services(list(self._ces.values())), timeout)
