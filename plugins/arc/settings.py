@@ -78,7 +78,8 @@ ARC_SCHEMA: dict[str, Any] = {
             "(credentials.x509_proxy, else X509_USER_PROXY) as client certificate, and "
             "one delegation of it per CE for the pilots; `token`, a WLCG bearer token "
             "(credentials.bearer_token, else the WLCG discovery order) as "
-            "`Authorization: Bearer`, no client certificate and no delegation. "
+            "`Authorization: Bearer`, no client certificate, no delegation but the "
+            "payload's (`payload`). "
             "`token` needs `interface: rest`.",
         },
         "payload": {
