@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import re
 import ssl
 from datetime import UTC, datetime, timedelta
@@ -216,8 +217,8 @@ def test_a_pilot_gets_the_payload_proxy_delegated_and_a_poll_renews_it(
     assert lines[1] == "-rw-------", out
     ends = _ends(out)
     assert ends and ends[0].timestamp() == pytest.approx(first_end, abs=1), out
-    # A-REX 6.17 rewrites the proxy file of a job still waiting (ACCEPTED) on the PUT, not
-    # that of a RUNNING one (the same under auth: x509): docs/arc.md says so
+    # a renewal reaches no job A-REX has accepted already (the same under auth: x509:
+    # test_a_renewal_reaches_no_job_already_accepted); docs/arc.md says so
     assert ends[-1] == ends[0], out
     site.clean(rest, job)
 
@@ -257,3 +258,89 @@ def test_an_unusable_payload_credential_holds_the_submissions_and_says_why(
     assert dict(summary.credential_users) == {"payload-proxy": ("arc",)}
     assert rest(arc, "GET", "/jobs", arc.token()).body == before, "nothing was created"
     assert x509.load_pem_x509_certificate(proxy.read_bytes()).not_valid_after_utc < now
+
+
+class Asker:
+    """Calls to the CE's REST interface with a bearer token (``auth: token``) or with the
+    pilot's proxy as client certificate (``auth: x509``)."""
+
+    def __init__(self, ce: Any, auth: str) -> None:
+        self.ce, self.auth = ce, auth
+        self.context = ssl.create_default_context(capath=str(ce.certificates))
+        if auth == "x509":
+            self.context.load_cert_chain(str(ce.proxy))
+        self.token = ce.token() if auth == "token" else ""
+
+    def call(
+        self, method: str, path: str, body: bytes | None = None, kind: str = "application/json"
+    ) -> tuple[int, bytes, dict[str, str]]:
+        headers = {"Accept": "application/json", "Content-Type": kind}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        connection = http.client.HTTPSConnection(
+            "localhost", self.ce.port, context=self.context, timeout=60
+        )
+        try:
+            connection.request(method, f"/arex/rest/1.0{path}", body=body, headers=headers)
+            answer = connection.getresponse()
+            return answer.status, answer.read(), {k.lower(): v for k, v in answer.getheaders()}
+        finally:
+            connection.close()
+
+    def sign(self, request: bytes, proxy: Path) -> bytes:
+        return sign_request(load_arc_csr(request), read_proxy(proxy.read_bytes()))
+
+    def state(self, job: str) -> str:
+        body = json.dumps({"job": [{"id": job}]}).encode()
+        return str(json.loads(self.call("POST", "/jobs?action=status", body)[1])["job"]["state"])
+
+
+@pytest.mark.parametrize("auth", ["token", "x509"])
+def test_a_renewal_reaches_no_job_already_accepted(arc, auth: str, tmp_path: Path) -> None:
+    """What reaches the jobs when a delegation is renewed (POST action=renew + PUT), the same
+    under either authentication: the CE's delegation holds the new proxy, and A-REX 6.17
+    leaves ``control/job.ID.proxy`` as it was for a job past its acceptance, waiting for its
+    input (``PREPARING``) or ``RUNNING``: a job takes the delegation's proxy when it is
+    accepted, not later (watched for 15 s after the PUT)."""
+    ce = Asker(arc, auth)
+    now = datetime.now(UTC)
+    proxy = tmp_path / "payload.pem"
+    arc.make_proxy(proxy, start=now - timedelta(minutes=5), end=now + timedelta(hours=2))
+    status, request, headers = ce.call("POST", "/delegations?action=new")
+    assert status == 201, (status, request)
+    identifier = headers["location"].rsplit("/", 1)[-1]
+    assert ce.call("PUT", f"/delegations/{identifier}", ce.sign(request, proxy))[0] == 200
+    jobs = {}
+    for which, inputs in (("running", ""), ("waiting", '(inputfiles=("go" ""))')):
+        description = (
+            f'&(executable="/bin/sh")(arguments="-c" "sleep 60")(jobname="gg-renew-{which}")'
+            f'(delegationid="{identifier}"){inputs}'
+        )
+        status, body, _ = ce.call(
+            "POST", "/jobs?action=new", description.encode(), "application/rsl"
+        )
+        assert status == 201, body
+        jobs[which] = json.loads(body)["job"]["id"]
+    assert until(lambda: ce.state(jobs["running"]) == "RUNNING", timeout=120, pause=1)
+    assert ce.state(jobs["waiting"]) in ("ACCEPTED", "PREPARING")  # its input not given
+
+    def end(job: str) -> datetime:
+        data = (arc.folder / "control" / f"job.{job}.proxy").read_bytes()
+        return x509.load_pem_x509_certificate(data).not_valid_after_utc
+
+    before = {which: end(job) for which, job in jobs.items()}
+    arc.make_proxy(proxy, start=now - timedelta(minutes=5), end=now + timedelta(hours=20))
+    status, request, _ = ce.call("POST", f"/delegations/{identifier}?action=renew")
+    assert status == 201, (status, request)
+    assert ce.call("PUT", f"/delegations/{identifier}", ce.sign(request, proxy))[0] == 200
+    held = ce.call("POST", f"/delegations/{identifier}?action=get")[1]
+    assert x509.load_pem_x509_certificate(held).not_valid_after_utc > now + timedelta(hours=19)
+    changed = until(
+        lambda: any(end(job) != before[which] for which, job in jobs.items()), timeout=15, pause=1
+    )
+    assert not changed, {which: end(job) for which, job in jobs.items()}
+    assert ce.state(jobs["running"]) == "RUNNING"
+    listed = json.dumps({"job": [{"id": j} for j in jobs.values()]}).encode()
+    ce.call("POST", "/jobs?action=kill", listed)
+    # A-REX takes the clean of a job being killed, and deletes it once it is
+    ce.call("POST", "/jobs?action=clean", listed)
