@@ -7,7 +7,9 @@ gridgate's public plugin API (docs/plugins.md), as the Slurm backend is.
 The proxy comes from the director's managed credential (``credentials.x509_proxy``) when one
 is configured: the backend says it needs an ``x509`` credential (``token`` with ``auth:
 token``, REST only), so the director submits nothing here while that credential is expired or
-missing, and no CE is blamed for it.
+missing, and no CE is blamed for it. With ``auth: token``, ``payload: {credential: NAME}``
+gives the pilots a credential for their payload (:mod:`.rest.payload`), and the director holds
+the backend while that one is unusable too.
 """
 
 from __future__ import annotations
