@@ -23,12 +23,18 @@ T = TypeVar("T")
 
 __all__ = [
     "CREDENTIAL_KEYWORD",
+    "PAYLOAD",
     "CredentialChoice",
     "credential_kind",
     "credential_reference_schema",
     "credentials_in_force",
     "in_force",
 ]
+
+#: The key, in :meth:`CredentialChoice.names`, of the credential a backend's pilots get for their
+#: payload (``payload: {credential: NAME}`` in its section): not a kind, so a command's
+#: ``credential_env(kind)`` never answers with it, but its being unusable holds the backend.
+PAYLOAD = "payload"
 
 #: The schema keyword of a key whose value names a ``credentials:`` entry.
 CREDENTIAL_KEYWORD = "x-gridgate-credential"
@@ -171,6 +177,8 @@ class CredentialChoice:
     backends: Mapping[str, str] = field(default_factory=dict)
     #: (backend, endpoint name) -> the name ``endpoint_credentials`` gives
     endpoints: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    #: backend -> the credential its pilots get for their payload (``payload.credential``)
+    payloads: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], kinds: Mapping[str, str]) -> CredentialChoice:
@@ -180,14 +188,18 @@ class CredentialChoice:
         """
         backends: dict[str, str] = {}
         endpoints: dict[tuple[str, str], str] = {}
+        payloads: dict[str, str] = {}
         for backend, section in (config.get("backends") or {}).items():
             if not isinstance(section, Mapping):
                 continue
             if isinstance(section.get("credential"), str):
                 backends[str(backend)] = section["credential"]
+            payload = section.get("payload")
+            if isinstance(payload, Mapping) and isinstance(payload.get("credential"), str):
+                payloads[str(backend)] = payload["credential"]
             for endpoint, name in (section.get("endpoint_credentials") or {}).items():
                 endpoints[(str(backend), str(endpoint))] = str(name)
-        return cls(kinds=dict(kinds), backends=backends, endpoints=endpoints)
+        return cls(kinds=dict(kinds), backends=backends, endpoints=endpoints, payloads=payloads)
 
     def default(self, kind: str) -> str | None:
         """The first configured credential of ``kind``; None when none is."""
@@ -220,6 +232,9 @@ class CredentialChoice:
             name = named or self.default(kind)
             if name is not None:
                 chosen[kind] = name
+        payload = self.payloads.get(backend)
+        if payload and needs:
+            chosen[PAYLOAD] = payload
         return chosen
 
 

@@ -7,7 +7,9 @@ gridgate's public plugin API (docs/plugins.md), as the Slurm backend is.
 The proxy comes from the director's managed credential (``credentials.x509_proxy``) when one
 is configured: the backend says it needs an ``x509`` credential (``token`` with ``auth:
 token``, REST only), so the director submits nothing here while that credential is expired or
-missing, and no CE is blamed for it.
+missing, and no CE is blamed for it. With ``auth: token``, ``payload: {credential: NAME}``
+gives the pilots a credential for their payload (:mod:`.rest.payload`), and the director holds
+the backend while that one is unusable too.
 """
 
 from __future__ import annotations
@@ -245,6 +247,7 @@ class ArcBackend(Backend):
     @hookimpl
     def gridgate_iteration_started(self, iteration: IterationInfo) -> None:
         self._rest.delegations.new_iteration()
+        self._rest.payload_delegations.new_iteration()
 
     @hookimpl
     def gridgate_iteration_finished(self, summary: IterationSummary) -> None:
@@ -259,7 +262,12 @@ class ArcBackend(Backend):
                             ce.endpoint.key,
                             len(cleaned),
                         )
-        if self.settings.auth != "token" and self._rest.delegations.has_work():
+        delegations = (
+            self._rest.delegations
+            if self.settings.auth != "token"
+            else self._rest.payload_delegations
+        )
+        if delegations.has_work():
             # delegations of CEs no endpoint here reaches over REST any more (removed from the
             # config, or interface: cli now), once no director has used them for a while
             self._rest.sweep(self.interface.services(list(self._ces.values())), timeout)

@@ -162,7 +162,7 @@ REST_PATTERNS: tuple[Pattern, ...] = (
     # no bearer token: none in /tmp/bt_u0 / Token expired: the bearer token from ... ended at
     Pattern(
         "credential",
-        re.compile(r"^no bearer token|^Token expired"),
+        re.compile(r"^no bearer token|^Token expired|^Payload credential "),
         "no usable bearer token on this machine",
         exclude=False,
         transient=False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +56,24 @@ class Descriptions:
         return Path(os.path.abspath(script))
 
     def description(
-        self, ce: CE, request: SubmitRequest, *, name: str = "", delegation: str = ""
+        self,
+        ce: CE,
+        request: SubmitRequest,
+        *,
+        name: str = "",
+        delegation: str = "",
+        uploads: Sequence[str] = (),
+        environment: Sequence[tuple[str, str]] = (),
     ) -> str:
         """The xRSL of one pilot: for arcsub, which uploads the script from its path; with a
         ``name`` (REST), for a job whose script is uploaded into its session afterwards,
         named ``name``, naming the ``delegation``, and whose output files are declared (A-REX
-        keeps only declared outputs: arcsub declares them itself)."""
+        keeps only declared outputs: arcsub declares them itself).
+
+        :param uploads: more files (REST) uploaded into the session with the script (the
+            payload's token): declared as inputs, so the job waits for them too.
+        :param environment: (variable, value) pairs the job's environment gets, after any the
+            section's ``xrsl`` gives."""
         script = self.script_path()
         site = {str(k): v for k, v in self.settings.xrsl.items()}
         attributes: list[tuple[str, Any]] = [("executable", script.name)]
@@ -69,7 +82,8 @@ class Descriptions:
             for key in [k for k in site if k.lower().replace("_", "") == "outputfiles"]:
                 value = site.pop(key)
                 outputs.insert(0, list(value) if isinstance(value, list) else [value, ""])
-            attributes += [("inputfiles", [[script.name, ""]]), ("outputfiles", outputs)]
+            inputs = [[script.name, ""], *([u, ""] for u in uploads)]
+            attributes += [("inputfiles", inputs), ("outputfiles", outputs)]
         else:
             attributes.append(("inputfiles", [[script.name, str(script)]]))
         attributes += [
@@ -81,7 +95,21 @@ class Descriptions:
         if ce.queue:
             attributes.append(("queue", ce.queue))
         attributes += resource_attributes(request)
+        if environment:
+            pairs: list[list[Any]] = []
+            for key in [k for k in site if k.lower() == "environment"]:
+                value = site.pop(key)
+                pairs += _pairs(value)
+            attributes.append(("environment", [*pairs, *([k, v] for k, v in environment)]))
         attributes += list(site.items())
         if delegation:
             attributes.append(("delegationid", delegation))
         return xrsl(attributes)
+
+
+def _pairs(value: Any) -> list[list[Any]]:
+    """The (variable, value) pairs of a section's ``environment``: one pair as a list of two
+    strings, or a list of such pairs."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return [list(v) for v in value]
+    return [list(value)] if isinstance(value, list) else [[value]]

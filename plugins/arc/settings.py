@@ -17,6 +17,7 @@ from gridgate.core.backend import (
     commands_schema,
     env_schema,
 )
+from gridgate.core.credential_names import credential_reference_schema
 from gridgate.core.settings import Settings
 
 __all__ = [
@@ -77,8 +78,24 @@ ARC_SCHEMA: dict[str, Any] = {
             "(credentials.x509_proxy, else X509_USER_PROXY) as client certificate, and "
             "one delegation of it per CE for the pilots; `token`, a WLCG bearer token "
             "(credentials.bearer_token, else the WLCG discovery order) as "
-            "`Authorization: Bearer`, no client certificate and no delegation. "
+            "`Authorization: Bearer`, no client certificate, no delegation but the "
+            "payload's (`payload`). "
             "`token` needs `interface: rest`.",
+        },
+        "payload": {
+            "type": "object",
+            "default": {},
+            "additionalProperties": False,
+            "properties": {
+                "credential": credential_reference_schema(
+                    "The credential the pilots get for their payload (a key of "
+                    "`credentials`): an x509_proxy is delegated to the CE and named by each "
+                    "job (X509_USER_PROXY); a bearer_token is uploaded into each job's session "
+                    "(BEARER_TOKEN_FILE). Needs `auth: token`."
+                ),
+            },
+            "description": "What the pilots get besides the CE's credential, with `auth: "
+            'token` (docs/arc.md, "A token for the CE, a credential for the payload").',
         },
         "endpoints": {
             "type": "array",
@@ -238,6 +255,7 @@ class ArcSettings(Settings):
 
     interface: str
     auth: str
+    payload: Mapping[str, str]
     endpoints: tuple[EndpointItem, ...]
     script: str
     job_name: str
@@ -259,6 +277,11 @@ class ArcSettings(Settings):
         """The deadline of one hook call: ``command_timeout`` when set, else ``timeout`` (the
         director's limit the hook was called with)."""
         return Deadline.after(float(self.command_timeout or timeout))
+
+    @property
+    def payload_credential(self) -> str:
+        """The ``credentials:`` name the pilots get for their payload ('' for none)."""
+        return str(self.payload.get("credential") or "")
 
     def program(self, which: str) -> str:
         """The name or path of ARC client command ``which``."""
@@ -306,6 +329,14 @@ class ArcSettings(Settings):
                     ("auth",),
                     "auth: token needs interface: rest (the ARC client of this backend "
                     "authenticates with the proxy only)",
+                )
+            )
+        if self.payload_credential and self.auth != "token":
+            problems.append(
+                (
+                    ("payload", "credential"),
+                    "payload.credential needs auth: token (with auth: x509 the pilots get "
+                    "the delegation of the proxy the CE is reached with)",
                 )
             )
         if self.interface == "rest":

@@ -13,6 +13,7 @@ from gridgate.core.builtin.bearer_token import BearerToken
 from gridgate.core.builtin.x509_proxy import X509Proxy
 from gridgate.core.config import ConfigError, load_config
 from gridgate.core.credential_names import (
+    PAYLOAD,
     CredentialChoice,
     credentials_in_force,
     running_with,
@@ -146,6 +147,25 @@ def test_an_unusable_credential_pauses_exactly_the_endpoints_and_groups_that_use
     assert it.paused(info) and it.pollable(info) == []
     # a backend that needs no credential never waits for one
     assert not it.paused(BackendInfo("slurm", (Endpoint("slurm", "p"),)))
+
+
+def test_a_backends_payload_credential_is_waited_for_as_its_own_is() -> None:
+    ce1 = Endpoint("arc", "ce1")
+    info = BackendInfo("arc", (ce1,), credentials=("token",))
+    config = {
+        "backends": {"arc": {"credential": "atlas-token", "payload": {"credential": "lhcb-proxy"}}}
+    }
+    choice = CredentialChoice.from_config(config, {"atlas-token": "token", "lhcb-proxy": "x509"})
+    assert choice.names("arc", ["token"], "ce1") == {"token": "atlas-token", PAYLOAD: "lhcb-proxy"}
+    assert choice.names("arc", []) == {}, "a backend needing no credential waits for none"
+    it = Iteration(info=IterationInfo(1, 0.0), failing=set())
+    it.choice = choice
+    it.unusable = {"lhcb-proxy": CredentialStatus("lhcb-proxy", "x509", usable=False)}
+    # the pilots' payload proxy unusable: no pilot goes without it, and it is named as why
+    assert it.waits_for(info, ce1) == ["lhcb-proxy"]
+    assert it.blocked_everywhere(info, "atlas-token") == "credential"
+    # a command's credential of a kind is never the payload's: it has no kind's key
+    assert "x509" not in choice.names("arc", ["token"], "ce1")
 
 
 def test_credential_env_answers_with_the_credential_in_force_in_this_call(tmp_path: Path) -> None:

@@ -125,11 +125,15 @@ class Delegations:
 
     :param state: the shared state store (None: this process only).
     :param clock: the injected clock (records' times).
+    :param owner: who makes them on the CE when that is not the proxy itself ('' : the proxy,
+        ``auth: x509``; ``token`` for the payload proxy delegated under ``auth: token``, whose
+        delegation belongs to the token's identity there and so is kept apart from the DN's).
     """
 
-    def __init__(self, state: StateStore | None, clock: Clock) -> None:
+    def __init__(self, state: StateStore | None, clock: Clock, owner: str = "") -> None:
         self.state = state
         self.clock = clock
+        self.owner = owner
         #: what was made on the CEs, to undo (this process's memory without a state store)
         self.journal = Journal(
             state if state is not None else open_state({"state": {"driver": "memory"}}, clock),
@@ -140,6 +144,10 @@ class Delegations:
         self._locks: dict[str, threading.Lock] = {}
         #: keys whose delegation was found on its CE since the iteration started
         self._checked: set[str] = set()
+
+    def _key(self, service: str, proxy: Proxy) -> str:
+        owned = f"{proxy.credential}\nowner {self.owner}" if self.owner else proxy.credential
+        return identity_key(service, owned)
 
     def new_iteration(self) -> None:
         """Ask the CEs again, at the next use, whether they still have their delegations."""
@@ -326,7 +334,7 @@ class Delegations:
         none, checked once per iteration, renewed when ``proxy`` replaces the one it holds.
 
         :raises ArexError: when the CE refuses or fails (the caller's failure to classify)."""
-        key = identity_key(client.service, proxy.credential)
+        key = self._key(client.service, proxy)
         with self._key_lock(key):
             record = self._get(key)
             now = self.clock.time()
@@ -356,7 +364,7 @@ class Delegations:
         """Renew ``client``'s CE's delegation if ``proxy`` replaces the one it holds (a poll's part:
         pilots running there get the renewed proxy even while nothing is submitted). Makes
         none; a failure is logged, the poll goes on."""
-        key = identity_key(client.service, proxy.credential)
+        key = self._key(client.service, proxy)
         record = self._get(key)
         if record is None or not _replaces(proxy, record):
             return

@@ -81,6 +81,7 @@ from gridgate.plugins.arc.rest.jobs import (
     job_url,
     pilot_state,
 )
+from gridgate.plugins.arc.rest.payload import Payload, PayloadSource
 from gridgate.plugins.arc.rest.signing import Proxy, ProxyError, read_proxy
 from gridgate.plugins.arc.settings import ArcSettings
 
@@ -195,6 +196,11 @@ class RestInterface:
         self.finals = finals
         self.locks = locks
         self.delegations = Delegations(context.state, context.clock)
+        #: ``auth: token``: the payload proxy's delegations, made under the token
+        self.payload_delegations = Delegations(context.state, context.clock, owner="token")
+        self.payload = PayloadSource(
+            settings.payload_credential, context, lambda path: self._read_proxy(path)[0]
+        )
         self._lock = threading.Lock()
         self._http: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], HttpClient] = {}
         self._clients: dict[
@@ -353,18 +359,14 @@ class RestInterface:
                 endpoint, ok=False, operation=OPERATION_SUBMIT, local_fault=why, message=why
             )
         credential = self.credential()
-        if credential.problem:
-            return SubmitResult(
-                endpoint, ok=False, operation=OPERATION_SUBMIT, message=credential.problem
-            )
+        payload = self.payload.read()
+        problem = credential.problem or (payload.problem if payload is not None else "")
+        if problem:
+            return SubmitResult(endpoint, ok=False, operation=OPERATION_SUBMIT, message=problem)
         deadline = self.settings.deadline(timeout)
         client = self.client(self.service(ce), credential)
         try:
-            delegation = (
-                self.delegations.ensure(client, credential.proxy, deadline)
-                if credential.proxy is not None
-                else ""
-            )
+            delegation = self.delegation(client, credential, payload, deadline)
         except ArexError as exc:
             return SubmitResult(
                 endpoint,
@@ -379,12 +381,21 @@ class RestInterface:
             if request.name
             else [f"{base}-{uuid.uuid4().hex[:16]}" for _ in range(request.count)]
         )
+        files = {script.name: data, **(payload.files() if payload is not None else {})}
+        environment = payload.environment() if payload is not None else []
         descriptions = {
-            n: self.descriptions.description(ce, request, name=n, delegation=delegation)
+            n: self.descriptions.description(
+                ce,
+                request,
+                name=n,
+                delegation=delegation,
+                uploads=[f for f in files if f != script.name],
+                environment=environment,
+            )
             for n in names
         }
         created, failures, command = self.create(ce, client, descriptions, delegation, deadline)
-        uploaded, upload_failures = self._upload(ce, client, created, script.name, data, deadline)
+        uploaded, upload_failures = self._upload(ce, client, created, files, deadline)
         failures += upload_failures
         broken = [created[n] for n in created if n not in uploaded]
         # jobs without their script are killed and cleaned; when the CE went away and cannot
@@ -421,6 +432,23 @@ class RestInterface:
             message=str(first),
             uncertain=uncertain,
         )
+
+    def delegation(
+        self,
+        client: ArexClient,
+        credential: Credential,
+        payload: Payload | None,
+        deadline: Deadline,
+    ) -> str:
+        """The delegation the pilots name: of the proxy the CE is reached with (``auth:
+        x509``), else of the payload's proxy, made under the token; '' for none.
+
+        :raises ArexError: when the CE refuses or fails."""
+        if credential.proxy is not None:
+            return self.delegations.ensure(client, credential.proxy, deadline)
+        if payload is not None and payload.proxy is not None:
+            return self.payload_delegations.ensure(client, payload.proxy, deadline)
+        return ""
 
     def create(
         self,
@@ -638,8 +666,16 @@ class RestInterface:
                 data = script.read_bytes()
             except OSError as exc:
                 return FoundPilots(endpoint, ok=False, message=f"{SCRIPT_WHAT}: {exc}")
-            done, _why = self._upload(
-                ce, client, {i: i for i in waiting}, script.name, data, deadline
+            payload = self.payload.read()
+            files = {script.name: data, **(payload.files() if payload is not None else {})}
+            if payload is not None and payload.problem:
+                # without its payload credential a job gets nothing: it waits, then is discarded
+                logger.warning("{}: {}", endpoint.key, payload.problem)
+                files = {}
+            done, _why = (
+                self._upload(ce, client, {i: i for i in waiting}, files, deadline)
+                if files
+                else (set(), [])
             )
             if done:
                 logger.warning(
@@ -666,17 +702,19 @@ class RestInterface:
         ce: CE,
         client: ArexClient,
         created: Mapping[str, str],
-        filename: str,
-        data: bytes,
+        files: Mapping[str, bytes],
         deadline: Deadline,
     ) -> tuple[set[str], list[ArexError]]:
-        """Put the pilot script into each created job's session, :data:`UPLOADS` at a time (a
-        bundle's uploads are most of its time); the names uploaded, and why the others failed
-        (the caller discards those jobs: they would wait for ever)."""
+        """Put ``files`` (name -> bytes: the pilot script, the payload's token) into each
+        created job's session, :data:`UPLOADS` jobs at a time (a bundle's uploads are most of
+        its time); the names given all of them, and why the others failed (the caller discards
+        those jobs: they would wait for ever). A-REX makes each uploaded file 0600, owned by
+        the job's local user, in a session folder of mode 0700."""
 
         def one(item: tuple[str, str]) -> ArexError | None:
             try:
-                client.put_file(item[1], filename, data, deadline)
+                for filename, data in files.items():
+                    client.put_file(item[1], filename, data, deadline)
             except ArexError as exc:
                 return exc
             return None
@@ -749,6 +787,8 @@ class RestInterface:
         if credential.proxy is not None:
             self.delegations.refresh(client, credential.proxy, deadline)
             self.delegations.touch(client.service, credential.proxy.identity)
+        else:
+            self._refresh_payload(client, deadline)
         by_ce = {ce_id(i): i for i in ids}
         try:
             answer, exchanges = client.manage("status", list(by_ce), deadline)
@@ -784,6 +824,15 @@ class RestInterface:
         return StatusResult(
             endpoint, ok=True, statuses=statuses, command=exchanges[-1], commands=len(exchanges)
         )
+
+    def _refresh_payload(self, client: ArexClient, deadline: Deadline) -> None:
+        """A poll's part under ``auth: token``: the payload proxy's delegation renewed when the
+        proxy was (running pilots get it, as with ``auth: x509``), and marked used."""
+        payload = self.payload.read()
+        if payload is None or payload.proxy is None:
+            return
+        self.payload_delegations.refresh(client, payload.proxy, deadline)
+        self.payload_delegations.touch(client.service, payload.proxy.identity)
 
     def _finals(
         self,
@@ -912,15 +961,21 @@ class RestInterface:
         """Delete delegations of this credential that none of ``services`` uses (see
         :meth:`.delegation.Delegations.sweep`)."""
         credential = self.credential()
-        if credential.problem or credential.proxy is None:
+        if credential.problem:
+            return []
+        delegations, proxy = self.delegations, credential.proxy
+        if proxy is None:  # auth: token: the payload proxy's, made under the token
+            payload = self.payload.read()
+            delegations, proxy = self.payload_delegations, payload.proxy if payload else None
+        if proxy is None:
             return []
         deadline = Deadline.after(timeout)
-        return self.delegations.sweep(
+        return delegations.sweep(
             services,
-            credential.proxy.identity,
+            proxy.identity,
             lambda service: self.client(service, credential),
             deadline,
-            credential.proxy.attributes,
+            proxy.attributes,
         )
 
 
