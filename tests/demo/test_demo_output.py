@@ -68,6 +68,9 @@ def test_the_demo_output_as_a_newcomer_reads_it(tmp_path: Path, gridgate_exe: st
     assert shown_png is not None
     table = json.loads(png.with_suffix(".json").read_text(encoding="utf-8"))
     assert plotted(draw(table)) == shown_png
-    assert len(shown_png["panels"]) == 3  # submitted, finished, failures
-    failures = {s["label"]: sum(s["values"]) for s in shown_png["panels"][-1]["series"]}
+    # submitted, finished, failures; and the pilots skipped by cause when a limit was full
+    # (a loaded machine's slow polls leave more waiting: seen in a full run at load 12)
+    skips = any(n for slot in (table.get("skipped") or {}).values() for n in slot.values())
+    assert len(shown_png["panels"]) == (4 if skips else 3)
+    failures = {s["label"]: sum(s["values"]) for s in shown_png["panels"][2]["series"]}
     assert failures["aborted: a server's pilots abort"] >= 1

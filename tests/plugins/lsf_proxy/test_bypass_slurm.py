@@ -169,9 +169,11 @@ def test_a_block_an_older_version_kept_in_its_file_is_lifted_at_its_time(
     slurm, start_daemon, sockdir, gridgate_exe, cli
 ) -> None:
     with real_user("ggup") as rogue:
-        old = {rogue: {"action": "block", "until": time.time() + 8}}
+        # 20 s: the daemon's start, the block and the shims' install took over 8 s once in a
+        # full run at load 12, and the block had ended before it could be seen
+        old = {rogue: {"action": "block", "until": time.time() + 20}}
         (sockdir / "bypass.pa.json").write_text(json.dumps(old))
-        daemon = start(start_daemon, sockdir, slurm, name="pa", action="block", **{"for": 8})
+        daemon = start(start_daemon, sockdir, slurm, name="pa", action="block", **{"for": 20})
         assert not (sockdir / "bypass.pa.json").exists(), "read once, into the journal"
         assert daemon.status()["bypass"]["acting"][rogue]["action"] == "block"
         # the block itself, as the older version left it on the blocklist
@@ -179,7 +181,7 @@ def test_a_block_an_older_version_kept_in_its_file_is_lifted_at_its_time(
         path, _, _ = install_shims(gridgate_exe, sockdir, daemon, *SLURM_TOOLS)
         env = {"PATH": path, **slurm.env}
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 75
-        assert until(lambda: not daemon.status()["bypass"]["acting"], timeout=30), daemon.log()
+        assert until(lambda: not daemon.status()["bypass"]["acting"], timeout=60), daemon.log()
         assert run_as(rogue, ["squeue", "-h"], env).returncode == 0
         assert f"proxyd.bypass: {rogue} unblocked" in daemon.log()
 
