@@ -2,10 +2,12 @@
 demand group each, on one endpoint of the private A-REX. Each group's pilots are created under
 its own identity (the CE's own record of the job says whose it is), and followed to their end
 with it: A-REX answers for a job only to the identity that created it, so a pilot asked about
-with the other VO's token would look gone."""
+with the other VO's token would look gone. Then one VO's token expires: its group gets no pilot
+and is told under the credential's name, and the other VO goes on submitting."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,5 +107,20 @@ def test_two_vos_on_one_ce_each_group_created_and_followed_under_its_own_identit
                 f"the CE: { {g: _control(arc, p.job_id) for g, p in pilots.items()} }\n"
                 f"{summary_json(last[0])}"
             )
+
+        # lhcb's token expires (its renewal is someone else's, and has not happened): its
+        # group gets no pilot and is told under its name; atlas goes on submitting
+        (tmp_path / "lhcb.token").write_text(
+            arc.token(sub=SUBJECTS["lhcb"], start=time.time() - 7200, lifetime=3600)
+        )
+        director.config.data["demand"]["static"]["arc"] = groups
+        summary = director.run_iteration()
+        sent = [r.group for r in summary.records if r.outcome == "submitted"]
+        assert sent == ["atlas"], summary_json(summary)
+        assert summary.credential_users == {"lhcb-token": ("arc group lhcb",)}, summary_json(
+            summary
+        )
+        by_name = {c.name: c.usable for c in summary.credentials}
+        assert by_name == {"atlas-token": True, "lhcb-token": False}
     finally:
         director.close()
