@@ -7,10 +7,12 @@ What runs at each gated call (token, child, signals, exit status) is in
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,7 +21,13 @@ import gridgate.plugins
 from gridgate.core import hookimpl
 from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.client.gateclient import absolute_socket
-from gridgate.plugins.lsf_proxy.commands import CATEGORIES, SHIM_COMMANDS
+from gridgate.plugins.lsf_proxy.commands import (
+    BY_FIRST_WORD,
+    CATEGORIES,
+    SHIM_COMMANDS,
+    SUBMITTING,
+)
+from gridgate.plugins.lsf_proxy.gate import shim as lean
 from gridgate.plugins.lsf_proxy.gate.gating import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NO_TOKEN,
@@ -37,6 +45,7 @@ from gridgate.plugins.lsf_proxy.gate.gating import (
     shim_main,
     snapshot,
 )
+from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION
 
 __all__ = [
     "EXIT_CANNOT_EXECUTE",
@@ -57,21 +66,81 @@ __all__ = [
     "shim_main",
 ]
 
-#: -I -S: no site-packages, no PYTHON* variables; the shim finds gridgate's run-time modules
-#: itself (they import only the standard library), so a gated call starts like a bare
-#: interpreter.
-_SHIM = """#!{python} -IS
+#: -I -S: no site-packages, no PYTHON* variables. The rest of a shim is the source of
+#: :mod:`.shim` (standard built-in modules only) and a call of its ``main`` with the shim's
+#: settings as a literal: a gated call starts like a bare interpreter.
+_SHIM_HEAD = """#!{python} -IS
 # gridgate gate shim for {name}: runs the real {name} through the token gate.
 # Written by `gridgate gate --install-shims`; rewrite it with the same command.
-import sys
-
-gridgate = sys.modules["gridgate"] = type(sys)("gridgate")
-gridgate.__path__ = {roots!r}
-from gridgate.plugins.lsf_proxy.gate.gating import shim_main
-
-sys.exit(shim_main({name!r}, {real!r}, {shim_dir!r}, config={config!r}, socket={socket!r},
-                   snap={snap!r}))
 """
+_SHIM_CALL = "\n\nsys.exit(main({conf!r}))\n"
+
+
+def shim_settings(
+    name: str, real: str | None, shim_dir: str, config: str | None, socket_path: str | None
+) -> dict[str, Any]:
+    """What the shim for ``name`` needs at run time, resolved now: Python literals only
+    (it is written into the shim with ``repr``)."""
+    snap = snapshot(name, config)
+    section = snap["section"]
+    own = {n for names in (section["categories"] or {}).values() for n in names}
+    words = (
+        {}
+        if name in own
+        else {word: row.category for word, row in BY_FIRST_WORD.get(name, {}).items()}
+    )
+    table = {**START_ONLY, **{k: tuple(v) for k, v in (section["start_only"] or {}).items()}}
+    flags = table.get(name)
+
+    def request(category: str) -> str:
+        # the acquire line up to its size, the one value known only at run time (kept last)
+        line = json.dumps(
+            {
+                "v": PROTOCOL_VERSION,
+                "id": 1,
+                "op": "acquire",
+                "category": category,
+                "opcode": name,
+                "size": 0,
+            },
+            separators=(",", ":"),
+        )
+        return line[: -len("0}")]
+
+    return {
+        "name": name,
+        "real": real,
+        "shim_dir": shim_dir,
+        "config": config,
+        "snap": snap,
+        "roots": _package_roots(),
+        "socket": absolute_socket(socket_path) if socket_path else "",
+        "default_socket": section["socket"],
+        "hosts": [(str(h["name"]), str(h["address"])) for h in section["hosts"] or []],
+        "category": snap["category"],
+        "words": words,
+        "request": {c: request(c) for c in {snap["category"], *words.values()}},
+        "start_only": None if flags is None else list(flags),
+        "start_hold": float(section["start_hold"]),
+        "connect_timeout": float(section["client_timeout"]),
+        "reply_timeout": float(section["token_wait_time"]) + 15.0,
+        "notoken_ntries": section["notoken_ntries"],
+        "when_unavailable": section["when_unavailable"],
+        "submits": name in SUBMITTING,
+    }
+
+
+def shim_text(
+    name: str, real: str | None, shim_dir: str, config: str | None, socket_path: str | None
+) -> str:
+    """The whole shim for ``name``: one script, importing nothing it need not."""
+    conf = shim_settings(name, real, shim_dir, config, socket_path)
+    source = Path(lean.__file__ or "").read_text(encoding="utf-8")
+    return (
+        _SHIM_HEAD.format(python=sys.executable, name=name)
+        + source.rstrip("\n")
+        + _SHIM_CALL.format(conf=conf)
+    )
 
 
 def _package_roots() -> list[str]:
@@ -115,16 +184,7 @@ def install_shims(
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"not a command name: {name!r}")
         real = find_real(name, shim_dir)
-        text = _SHIM.format(
-            python=sys.executable,
-            roots=_package_roots(),
-            name=name,
-            real=real,
-            shim_dir=str(shim_dir.resolve()),
-            config=config,
-            socket=absolute_socket(socket_path) if socket_path else None,
-            snap=snapshot(name, config),
-        )
+        text = shim_text(name, real, str(shim_dir.resolve()), config, socket_path)
         atomic_write(shim_dir / name, text.encode("utf-8"), mode=0o755, durable=False)
         written.append((name, real))
     return written
