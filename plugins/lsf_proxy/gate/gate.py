@@ -7,7 +7,10 @@ What runs at each gated call (token, child, signals, exit status) is in
 
 from __future__ import annotations
 
+import binascii
+import importlib.util
 import json
+import marshal
 import os
 import sys
 from collections.abc import Sequence
@@ -66,14 +69,34 @@ __all__ = [
     "shim_main",
 ]
 
-#: -I -S: no site-packages, no PYTHON* variables. The rest of a shim is the source of
-#: :mod:`.shim` (standard built-in modules only) and a call of its ``main`` with the shim's
-#: settings as a literal: a gated call starts like a bare interpreter.
-_SHIM_HEAD = """#!{python} -IS
+#: -I -S: no site-packages, no PYTHON* variables. The rest of a shim is the code of
+#: :mod:`.shim` (built-in modules only), compiled at install time for the interpreter of the
+#: first line, and a call of its ``main`` with the shim's settings as a literal: a gated call
+#: starts like a bare interpreter. Compiling shim.py's source at every call cost a third of a
+#: bare interpreter's start; base64 is what the tokenizer reads fastest. An interpreter whose
+#: bytecode is another (upgraded since install) runs the full gate, as shims before did.
+_SHIM = """#!{python} -IS
 # gridgate gate shim for {name}: runs the real {name} through the token gate.
 # Written by `gridgate gate --install-shims`; rewrite it with the same command.
+# CODE: gridgate's plugins/lsf_proxy/gate/shim.py, compiled for this interpreter.
+import binascii
+import marshal
+import sys
+
+CONF = {conf!r}
+MAGIC = {magic!r}
+CODE = {code!r}
+if getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None) == MAGIC:
+    exec(marshal.loads(binascii.a2b_base64(CODE)))
+    sys.exit(main(CONF))
+# another interpreter than the one CODE was compiled for: the full gate, from gridgate
+gridgate = sys.modules["gridgate"] = type(sys)("gridgate")
+gridgate.__path__ = CONF["roots"]
+from gridgate.plugins.lsf_proxy.gate.gating import shim_main
+
+sys.exit(shim_main(CONF["name"], CONF["real"], CONF["shim_dir"], config=CONF["config"],
+                   socket=CONF["socket"] or None, snap=CONF["snap"]))
 """
-_SHIM_CALL = "\n\nsys.exit(main({conf!r}))\n"
 
 
 def shim_settings(
@@ -134,12 +157,15 @@ def shim_text(
     name: str, real: str | None, shim_dir: str, config: str | None, socket_path: str | None
 ) -> str:
     """The whole shim for ``name``: one script, importing nothing it need not."""
-    conf = shim_settings(name, real, shim_dir, config, socket_path)
-    source = Path(lean.__file__ or "").read_text(encoding="utf-8")
-    return (
-        _SHIM_HEAD.format(python=sys.executable, name=name)
-        + source.rstrip("\n")
-        + _SHIM_CALL.format(conf=conf)
+    origin = os.path.abspath(lean.__file__ or "")
+    source = Path(origin).read_text(encoding="utf-8")
+    code = compile(source, origin, "exec", dont_inherit=True, optimize=2)
+    return _SHIM.format(
+        python=sys.executable,
+        name=name,
+        conf=shim_settings(name, real, shim_dir, config, socket_path),
+        magic=importlib.util.MAGIC_NUMBER,
+        code=binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii"),
     )
 
 

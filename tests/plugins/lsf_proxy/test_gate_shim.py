@@ -6,6 +6,7 @@ limit, several daemons. Every call runs as ``nobody`` with a PATH the test sets.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -21,10 +22,11 @@ from gridgate.plugins.lsf_proxy.gate.gating import EXIT_NO_TOKEN, EXIT_UNAVAILAB
 
 PYTHON = sys.executable
 
-#: What a shim may import beyond what the interpreter's own start reports: the C socket
-#: module and the C half of json (to read the daemon's replies). Not ``socket`` (enum,
-#: selectors), ``json``, ``re``, ``os`` or any gridgate module.
-ALLOWED = {"_socket", "_json"}
+#: What a shim may import beyond what the interpreter's own start reports: ``binascii`` (built
+#: in: it decodes the shim's compiled code), the C socket module and the C half of json (to read
+#: the daemon's replies). Not ``socket`` (enum, selectors), ``json``, ``re``, ``os`` or any
+#: gridgate module.
+ALLOWED = {"binascii", "_socket", "_json"}
 
 
 def imported(stderr: str) -> list[str]:
@@ -100,12 +102,28 @@ def test_a_shim_imports_only_what_a_token_exchange_needs(start_daemon, sockdir) 
 
 def test_the_shim_is_one_script_with_its_settings_as_literals(start_daemon, sockdir) -> None:
     daemon = start_daemon({})
-    shims_for(sockdir, "squeue", socket_path=daemon.socket)
+    env = shims_for(sockdir, "printenv", "squeue", socket_path=daemon.socket)
     text = (sockdir / "shims" / "squeue").read_text()
     assert text.startswith(f"#!{PYTHON} -IS\n")
-    assert "import gridgate" not in text and "\nimport os" not in text
-    assert '{"v":1,"id":1,"op":"acquire","category":"query","opcode":"squeue","size":' in text
-    assert repr(daemon.socket) in text
+    head = text[: text.index("\nCONF = ")]
+    assert [ln for ln in head.splitlines() if "import" in ln] == [
+        "import binascii",
+        "import marshal",
+        "import sys",
+    ]
+    conf = ast.literal_eval(text.split("\nCONF = ", 1)[1].split("\n", 1)[0])
+    assert conf["request"] == {
+        "query": '{"v":1,"id":1,"op":"acquire","category":"query","opcode":"squeue","size":'
+    }
+    assert conf["socket"] == daemon.socket and conf["real"] == shutil.which("squeue")
+    # an interpreter whose bytecode is another than the one the shim was compiled for (Python
+    # upgraded since install) runs the full gate instead: the call is still gated
+    shim = sockdir / "shims" / "printenv"
+    text = shim.read_text()
+    magic = next(ln for ln in text.splitlines() if ln.startswith("MAGIC = "))
+    shim.write_text(text.replace(magic, "MAGIC = b'\\x00\\x00\\r\\n'"))
+    done = run_as_nobody(["printenv", "GRIDGATE_GATE_TOKEN"], env, lean=False)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
 
 
 def test_a_granted_call_carries_its_token_and_gives_it_back_at_the_end(
