@@ -128,6 +128,74 @@ class Refused(Exception):
         super().__init__(name)
 
 
+def _value(text: str, i: int) -> tuple[object, int]:
+    """The JSON value at ``text[i]`` and where it ends: a small reader for the daemon's compact
+    lines, whose strings have no escape (:func:`loads` leaves any other line to ``_json``).
+
+    :raises ValueError, IndexError: not such a value.
+    """
+    c = text[i]
+    if c == '"':
+        end = text.index('"', i + 1)
+        return text[i + 1 : end], end + 1
+    if c == "{" or c == "[":
+        close = "}" if c == "{" else "]"
+        items: list[object] = []
+        i += 1
+        if text[i] == close:
+            return ({} if c == "{" else []), i + 1
+        while True:
+            if c == "{":
+                key, i = _value(text, i)
+                if not isinstance(key, str) or text[i] != ":":
+                    raise ValueError(text[i : i + 20])
+                i += 1
+                items.append(key)
+            value, i = _value(text, i)
+            items.append(value)
+            if text[i] == close:
+                break
+            if text[i] != ",":
+                raise ValueError(text[i : i + 20])
+            i += 1
+        if c == "[":
+            return items, i + 1
+        return dict(zip(items[::2], items[1::2], strict=True)), i + 1
+    for word, value in (("true", True), ("false", False), ("null", None)):
+        if text.startswith(word, i):
+            return value, i + len(word)
+    end = i
+    while end < len(text) and text[end] in "+-0123456789.eE":
+        end += 1
+    number = text[i:end]
+    if "." in number or "e" in number or "E" in number:
+        return float(number), end
+    return int(number), end
+
+
+def loads(line: bytes) -> dict:
+    """One reply line as a JSON object: :func:`_value`, else ``_json`` (escapes, spaces, or
+    anything the small reader does not take), which has the last word.
+
+    :raises ValueError: not one JSON object.
+    """
+    text = line.decode("utf-8").strip()
+    if "\\" not in text:
+        try:
+            value, end = _value(text, 0)
+            if end == len(text) and isinstance(value, dict):
+                return value
+        except (ValueError, IndexError):
+            pass  # _json says what is wrong
+    try:
+        value, end = _scanner()(text, 0)
+    except (StopIteration, RecursionError):
+        raise ValueError(f"not JSON: {text[:60]!r}") from None
+    if end != len(text) or not isinstance(value, dict):
+        raise ValueError(f"not one JSON object: {text[:60]!r}")
+    return value
+
+
 def _scanner() -> "Callable[[str, int], tuple[object, int]]":
     import _json
 
@@ -148,7 +216,6 @@ class Link:
     def __init__(self, name: str, address: str, timeout: float) -> None:
         self.name, self.address = name, address
         self.buffer = b""
-        self.scan: Callable[[str, int], tuple[object, int]] | None = None
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
@@ -202,14 +269,9 @@ class Link:
                 self.buffer += chunk
                 continue
             line, self.buffer = self.buffer[:end], self.buffer[end + 1 :]
-            if self.scan is None:
-                self.scan = _scanner()
             try:
-                text = line.decode("utf-8").strip()
-                reply, stop = self.scan(text, 0)
-                if stop != len(text) or not isinstance(reply, dict):
-                    raise ValueError(text[:60])
-            except (StopIteration, ValueError, RecursionError) as exc:
+                reply = loads(line)
+            except ValueError as exc:
                 self.close()
                 raise Down(f"{self.name}: not a JSON line: {exc}") from None
             if reply.get("id") == msg_id:
@@ -285,7 +347,7 @@ class Holder:
                         self._hold(link, word.decode(), watch, me)
             finally:
                 posix._exit(0)
-        posix.waitpid(pid, 0)
+        FORKED.append(pid)  # reaped before exec, by when it is long done: not waited for here
         if watch >= 0:
             posix.close(watch)
 
@@ -345,8 +407,14 @@ def _wire(roots: list[str]):  # noqa: ANN202  # the module, typed where it lives
     return wire
 
 
+#: The holders' first forks (each exits at once, leaving its child in a session of its own).
+FORKED: list[int] = []
+
+
 def _exec(conf: dict, argv: list[str], token: str, category: str) -> int:
     """Become the command (same pid: its exit status and signals are its own)."""
+    while FORKED:  # the command must not inherit a child of ours
+        posix.waitpid(FORKED.pop(), 0)
     env = dict(posix.environ)
     env.pop(TOKEN_ENV, None)
     if token and category != "submission" and not conf["submits"]:

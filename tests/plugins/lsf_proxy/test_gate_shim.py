@@ -7,26 +7,29 @@ limit, several daemons. Every call runs as ``nobody`` with a PATH the test sets.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from support.polling import until
 from support.uids import AS_NOBODY
 
+from gridgate.plugins.lsf_proxy.gate import shim as lean
 from gridgate.plugins.lsf_proxy.gate.gate import install_shims
 from gridgate.plugins.lsf_proxy.gate.gating import EXIT_NO_TOKEN, EXIT_UNAVAILABLE
 
 PYTHON = sys.executable
 
 #: What a shim may import beyond what the interpreter's own start reports: ``binascii`` (built
-#: in: it decodes the shim's compiled code), the C socket module and the C half of json (to read
-#: the daemon's replies). Not ``socket`` (enum, selectors), ``json``, ``re``, ``os`` or any
-#: gridgate module.
-ALLOWED = {"binascii", "_socket", "_json"}
+#: in: it decodes the shim's compiled code) and the C socket module. Not ``socket`` (enum,
+#: selectors), ``json`` or ``_json`` (a dynamic library: the shim reads the daemon's compact
+#: replies itself), ``re``, ``os`` or any gridgate module.
+ALLOWED = {"binascii", "_socket"}
 
 
 def imported(stderr: str) -> list[str]:
@@ -216,3 +219,27 @@ def test_a_daemon_that_does_not_answer_is_passed_over_for_the_next(start_daemon,
         done = run_as_nobody(["printenv", "GRIDGATE_GATE_TOKEN"], env)
         assert done.returncode == 0 and done.stdout.strip(), done.stderr
         assert "proceeding without a token" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"v":1,"id":1,"ok":true,"result":"granted","category":"query","waited":0.0,'
+        '"token":"5f3a9e01-17","lease":300.0,"privileged":false,"nice":7}',
+        '{"v":1,"event":"queued","request":1,"ahead":3}',
+        '{"v":1,"id":null,"ok":false,"error":{"code":"busy","message":"no room"}}',
+        '{"v":1,"id":1,"ok":true,"result":"denied","reason":"blocked","block":{"by":"bypass",'
+        '"rule":"users","name":"bob","until":1.7644e9,"audit":"h2"},"list":[1,-2.5,[],{}]}',
+        '{"a":"caf\\u00e9 \\"q\\"","b":"é"}',
+        '{ "spaced" : [ 1 , 2 ] }',
+        "{}",
+    ],
+)
+def test_the_shims_reader_reads_a_reply_as_json_does(line: str) -> None:
+    assert lean.loads(line.encode()) == json.loads(line)
+
+
+@pytest.mark.parametrize("line", ["{", "[1,2]", "{}x", '{"a":nul}', '{"a" 1}', "", "NaN"])
+def test_the_shims_reader_refuses_what_is_not_one_object(line: str) -> None:
+    with pytest.raises(ValueError):
+        lean.loads(line.encode())
