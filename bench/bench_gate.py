@@ -330,27 +330,27 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
             from gridgate.plugins.lsf_proxy.gate.gating import snapshot
 
             install_shims(folder / "shims", ["true"], socket_path=daemon.socket)
-            before = folder / "before" / "true"
-            before.parent.mkdir()
-            before.write_text(
+            old_shim = folder / "before" / "true"
+            old_shim.parent.mkdir()
+            old_shim.write_text(
                 _SHIM_BEFORE.format(
                     python=sys.executable,
                     roots=[str(ROOT)],
                     name="true",
                     real=true,
-                    shim_dir=str(before.parent),
+                    shim_dir=str(old_shim.parent),
                     socket=daemon.socket,
                     snap=snapshot("true", None),
                 )
             )
-            before.chmod(0o755)
+            old_shim.chmod(0o755)
             sides = {
                 "true": [true],
                 "bare_python": ["/usr/bin/python3", "-I", "-S", "-c", "pass"],
                 "venv_python": [sys.executable, "-c", "pass"],
                 "gate": [str(BIN / "gridgate"), "gate", "--socket", daemon.socket, "--", true],
                 "shim": [str(folder / "shims" / "true")],  # what a user's gated `bjobs` runs
-                "shim_before": [str(before)],  # the shim before issue 46
+                "shim_before": [str(old_shim)],  # the shim before issue 46
             }
             wall: dict[str, list[float]] = {k: [] for k in sides}
             cpu: dict[str, float] = dict.fromkeys(sides, 0.0)

@@ -2,7 +2,7 @@
 ``--install-shims DIR``: wrapper executables that put ``bjobs``, ``squeue``... behind the gate.
 
 What runs at each gated call (token, child, signals, exit status) is in
-:mod:`gridgate.plugins.lsf_proxy.gate.gating`, which the shims import without this module's click.
+:mod:`gridgate.plugins.lsf_proxy.gate.gating`; what a shim runs, in :mod:`.shim`.
 """
 
 from __future__ import annotations
