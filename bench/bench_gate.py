@@ -362,7 +362,9 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
                 for name, argv in sides.items():
                     before = resource.getrusage(resource.RUSAGE_CHILDREN)
                     started = time.perf_counter()
-                    subprocess.run(argv, check=True, timeout=60)
+                    # no timeout: with one, Popen.wait polls with sleeps of 0.5, 1, 2, 4...
+                    # ms, and every figure came out as their sum (7.5, 15.5, 31.5 ms)
+                    subprocess.run(argv, check=True)
                     wall[name].append(time.perf_counter() - started)
                     if name in ("gate", "shim", "shim_before"):
                         _reap_one()
