@@ -102,9 +102,20 @@ def bench(
                     {
                         **common,
                         "policies": f"QUERY[max={entry['max']} nominal={entry['max']}]",
-                        "bypass": {
-                            "scheduler_options": {"commands": {"sdiag": SDIAG}, "env": c.env}
-                        },
+                        # how to run sdiag: read only for source sdiag (the config refuses
+                        # options nothing reads)
+                        **(
+                            {
+                                "bypass": {
+                                    "scheduler_options": {
+                                        "commands": {"sdiag": SDIAG},
+                                        "env": c.env,
+                                    }
+                                }
+                            }
+                            if entry["source"] == "sdiag"
+                            else {}
+                        ),
                         "adaptive": {"query": entry},
                     },
                 ),

@@ -2,15 +2,20 @@
 ``--install-shims DIR``: wrapper executables that put ``bjobs``, ``squeue``... behind the gate.
 
 What runs at each gated call (token, child, signals, exit status) is in
-:mod:`gridgate.plugins.lsf_proxy.gate.gating`, which the shims import without this module's click.
+:mod:`gridgate.plugins.lsf_proxy.gate.gating`; what a shim runs, in :mod:`.shim`.
 """
 
 from __future__ import annotations
 
+import binascii
+import importlib.util
+import json
+import marshal
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,7 +24,13 @@ import gridgate.plugins
 from gridgate.core import hookimpl
 from gridgate.core.files import atomic_write
 from gridgate.plugins.lsf_proxy.client.gateclient import absolute_socket
-from gridgate.plugins.lsf_proxy.commands import CATEGORIES, SHIM_COMMANDS
+from gridgate.plugins.lsf_proxy.commands import (
+    BY_FIRST_WORD,
+    CATEGORIES,
+    SHIM_COMMANDS,
+    SUBMITTING,
+)
+from gridgate.plugins.lsf_proxy.gate import shim as lean
 from gridgate.plugins.lsf_proxy.gate.gating import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NO_TOKEN,
@@ -37,6 +48,7 @@ from gridgate.plugins.lsf_proxy.gate.gating import (
     shim_main,
     snapshot,
 )
+from gridgate.plugins.lsf_proxy.wire import PROTOCOL_VERSION
 
 __all__ = [
     "EXIT_CANNOT_EXECUTE",
@@ -57,21 +69,104 @@ __all__ = [
     "shim_main",
 ]
 
-#: -I -S: no site-packages, no PYTHON* variables; the shim finds gridgate's run-time modules
-#: itself (they import only the standard library), so a gated call starts like a bare
-#: interpreter.
+#: -I -S: no site-packages, no PYTHON* variables. The rest of a shim is the code of
+#: :mod:`.shim` (built-in modules only), compiled at install time for the interpreter of the
+#: first line, and a call of its ``main`` with the shim's settings as a literal: a gated call
+#: starts like a bare interpreter. Compiling shim.py's source at every call cost a third of a
+#: bare interpreter's start; base64 is what the tokenizer reads fastest. An interpreter whose
+#: bytecode is another (upgraded since install) runs the full gate, as shims before did.
 _SHIM = """#!{python} -IS
 # gridgate gate shim for {name}: runs the real {name} through the token gate.
 # Written by `gridgate gate --install-shims`; rewrite it with the same command.
+# CODE: gridgate's plugins/lsf_proxy/gate/shim.py, compiled for this interpreter.
+import binascii
+import marshal
 import sys
 
+CONF = {conf!r}
+MAGIC = {magic!r}
+CODE = {code!r}
+if getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None) == MAGIC:
+    exec(marshal.loads(binascii.a2b_base64(CODE)))
+    sys.exit(main(CONF))
+# another interpreter than the one CODE was compiled for: the full gate, from gridgate
 gridgate = sys.modules["gridgate"] = type(sys)("gridgate")
-gridgate.__path__ = {roots!r}
+gridgate.__path__ = CONF["roots"]
 from gridgate.plugins.lsf_proxy.gate.gating import shim_main
 
-sys.exit(shim_main({name!r}, {real!r}, {shim_dir!r}, config={config!r}, socket={socket!r},
-                   snap={snap!r}))
+sys.exit(shim_main(CONF["name"], CONF["real"], CONF["shim_dir"], config=CONF["config"],
+                   socket=CONF["socket"] or None, snap=CONF["snap"]))
 """
+
+
+def shim_settings(
+    name: str, real: str | None, shim_dir: str, config: str | None, socket_path: str | None
+) -> dict[str, Any]:
+    """What the shim for ``name`` needs at run time, resolved now: Python literals only
+    (it is written into the shim with ``repr``)."""
+    snap = snapshot(name, config)
+    section = snap["section"]
+    own = {n for names in (section["categories"] or {}).values() for n in names}
+    words = (
+        {}
+        if name in own
+        else {word: row.category for word, row in BY_FIRST_WORD.get(name, {}).items()}
+    )
+    table = {**START_ONLY, **{k: tuple(v) for k, v in (section["start_only"] or {}).items()}}
+    flags = table.get(name)
+
+    def request(category: str) -> str:
+        # the acquire line up to its size, the one value known only at run time (kept last)
+        line = json.dumps(
+            {
+                "v": PROTOCOL_VERSION,
+                "id": 1,
+                "op": "acquire",
+                "category": category,
+                "opcode": name,
+                "size": 0,
+            },
+            separators=(",", ":"),
+        )
+        return line[: -len("0}")]
+
+    return {
+        "name": name,
+        "real": real,
+        "shim_dir": shim_dir,
+        "config": config,
+        "snap": snap,
+        "roots": _package_roots(),
+        "socket": absolute_socket(socket_path) if socket_path else "",
+        "default_socket": section["socket"],
+        "hosts": [(str(h["name"]), str(h["address"])) for h in section["hosts"] or []],
+        "category": snap["category"],
+        "words": words,
+        "request": {c: request(c) for c in {snap["category"], *words.values()}},
+        "start_only": None if flags is None else list(flags),
+        "start_hold": float(section["start_hold"]),
+        "connect_timeout": float(section["client_timeout"]),
+        "reply_timeout": float(section["token_wait_time"]) + 15.0,
+        "notoken_ntries": section["notoken_ntries"],
+        "when_unavailable": section["when_unavailable"],
+        "submits": name in SUBMITTING,
+    }
+
+
+def shim_text(
+    name: str, real: str | None, shim_dir: str, config: str | None, socket_path: str | None
+) -> str:
+    """The whole shim for ``name``: one script, importing nothing it need not."""
+    origin = os.path.abspath(lean.__file__ or "")
+    source = Path(origin).read_text(encoding="utf-8")
+    code = compile(source, origin, "exec", dont_inherit=True, optimize=2)
+    return _SHIM.format(
+        python=sys.executable,
+        name=name,
+        conf=shim_settings(name, real, shim_dir, config, socket_path),
+        magic=importlib.util.MAGIC_NUMBER,
+        code=binascii.b2a_base64(marshal.dumps(code), newline=False).decode("ascii"),
+    )
 
 
 def _package_roots() -> list[str]:
@@ -115,16 +210,7 @@ def install_shims(
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"not a command name: {name!r}")
         real = find_real(name, shim_dir)
-        text = _SHIM.format(
-            python=sys.executable,
-            roots=_package_roots(),
-            name=name,
-            real=real,
-            shim_dir=str(shim_dir.resolve()),
-            config=config,
-            socket=absolute_socket(socket_path) if socket_path else None,
-            snap=snapshot(name, config),
-        )
+        text = shim_text(name, real, str(shim_dir.resolve()), config, socket_path)
         atomic_write(shim_dir / name, text.encode("utf-8"), mode=0o755, durable=False)
         written.append((name, real))
     return written

@@ -4,8 +4,9 @@ The run-time half of ``gridgate gate`` (:mod:`gridgate.plugins.lsf_proxy.gate.ga
 click command and ``--install-shims``). It runs in front of every gated ``bjobs`` a user
 types, so start-up time is the gate's cost: this module and :mod:`..client.gateclient` import only
 the standard library (and the plugin's two light modules: the table of commands and the wire
-vocabulary). Shims run it under ``python -I -S`` with the package located by the
-shim itself; ``gridgate gate -- CMD`` reaches it through :func:`console_main` (the ``gridgate``
+vocabulary). A shim (:mod:`.shim`) runs it, under ``python -I -S`` with the package located
+by the shim itself, only for what the shim's own lean path leaves to it (a ride, a changed
+config, daemons over TCP, a real command gone); ``gridgate gate -- CMD`` reaches it through :func:`console_main` (the ``gridgate``
 launcher's fast path) without click, loguru or plugin loading. The config file is still
 honoured: the resolved ``proxyd:`` settings are kept (in the shim, or in a per-user cache)
 together with the file's identity, and read again with the full config loader whenever the
