@@ -239,7 +239,9 @@ def test_a_ce_down_fires_the_endpoint_alert_on_a_real_prometheus_and_it_resolves
         assert summary.startswith("wms_glite/wms02.example.org out of rotation (failing) for ")
         # several expiries of the failing cache, each try failing again, seen and evaluated
         prom.wait_seen('sum(gridgate_failures_total{endpoint="wms02.example.org"})', 3)
-        assert {a["labels"]["alertname"] for a in prom.firing()} == {"GridgateEndpointFailing"}
+        # nothing else fires (the endpoint alert itself may be between a failing cache's
+        # expiry and the next failed try at this instant: seen at load 17 with a 3 s expiry)
+        assert {a["labels"]["alertname"] for a in prom.firing()} <= {"GridgateEndpointFailing"}
         outage("healthy")
         wait_for("the alert resolved", lambda: not endpoint_alerts(), deadline=90)
         assert prom.firing() == [], prom.firing()
