@@ -95,9 +95,11 @@ def bench(
             common = {"token_wait_time": 600}
             (folder / "fixed").mkdir(mode=0o755)
             (folder / "adaptive").mkdir(mode=0o755)
-            daemons = {
-                "fixed": _Daemon(folder / "fixed", {**common, "policies": fixed}),
-                "adaptive": _Daemon(
+            # each started inside the try: one that fails to start stops those started
+            daemons: dict[str, _Daemon] = {}
+            try:
+                daemons["fixed"] = _Daemon(folder / "fixed", {**common, "policies": fixed})
+                daemons["adaptive"] = _Daemon(
                     folder / "adaptive",
                     {
                         **common,
@@ -118,15 +120,13 @@ def bench(
                         ),
                         "adaptive": {"query": entry},
                     },
-                ),
-            }
-            shim_dirs = {}
-            for name, daemon in daemons.items():
-                Path(daemon.socket).chmod(0o666)
-                # mode shims: each daemon's own shims (the gate's: a process per call)
-                shim_dirs[name] = folder / f"shims-{name}"
-                install_shims(shim_dirs[name], ["squeue"], socket_path=daemon.socket)
-            try:
+                )
+                shim_dirs = {}
+                for name, daemon in daemons.items():
+                    Path(daemon.socket).chmod(0o666)
+                    # mode shims: each daemon's own shims (the gate's: a process per call)
+                    shim_dirs[name] = folder / f"shims-{name}"
+                    install_shims(shim_dirs[name], ["squeue"], socket_path=daemon.socket)
                 for index in range(rounds):
                     # an idle phase in every round: load from elsewhere hits all three alike
                     idle = _phase(c, "idle", loops, seconds, daemons["fixed"].socket, shims)
