@@ -8,6 +8,7 @@ a new request to the issuer, handed to the backends that need kind ``token`` as
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from gridgate.core.builtin.token_issuer import (
     TokenIssuer,
     TokenRequestError,
 )
+from gridgate.core.builtin.token_share import TokenShare, share_key
 from gridgate.core.credentials import (
     CredentialError,
     CredentialPlugin,
@@ -33,6 +35,7 @@ from gridgate.core.credentials import (
 from gridgate.core.documents import DocumentError
 from gridgate.core.files import atomic_write, ensure_private_dir, file_problem
 from gridgate.core.plugins import PluginContext
+from gridgate.core.secrets import SecretError, read_secret
 
 #: Where a token given in the BEARER_TOKEN variable, or fetched from the ``issuer``, is written
 #: for the backends' commands, under the state folder (a command is handed a file, never the
@@ -183,24 +186,83 @@ class BearerToken(CredentialPlugin):
             self.issuer.close()
 
     def refresh(self, deadline: float) -> Renewal | None:
-        """With ``issuer``: a new token from the issuer, written to the private file; else the
-        ``renew`` command."""
+        """With ``issuer``: a token another director shared through the state store
+        (``issuer.share``), else a new one from the issuer, written to the private file (and
+        shared); else the ``renew`` command."""
         if self.issuer is None:
             return super().refresh(deadline)
         where = f"the token request to {self.issuer.url} (client {self.issuer.settings.client_id})"
+        start = time.monotonic()
+        share = self._share()
+        min_lifetime = self.settings.min_lifetime
+        claimed = False
+        budget = deadline
+        if share is not None:
+            found = share.find(min_lifetime)
+            if found is None:
+                claimed = share.claim(deadline)
+                if not claimed:
+                    # another director fetches now: its token, or our own after half the time
+                    found = share.wait(min_lifetime, start + deadline / 2)
+                    budget = max(deadline - (time.monotonic() - start), 0.001)
+            if found is not None:
+                return self._keep(
+                    found.token,
+                    f"the token {found.fetched_by} fetched from {self.issuer.url} and shared",
+                )
         try:
-            granted = self.issuer.fetch(deadline)
-        except TokenRequestError as exc:
-            return Renewal(ok=False, failure=f"{where} failed: {exc}")
-        try:
-            ensure_private_dir(self.path.parent)
-            atomic_write(self.path, granted.token.encode() + b"\n", mode=0o600, durable=False)
-        except OSError as exc:
-            return Renewal(ok=False, failure=f"cannot write the fetched token: {exc.strerror}")
+            try:
+                granted = self.issuer.fetch(budget)
+            except TokenRequestError as exc:
+                return Renewal(ok=False, failure=f"{where} failed: {exc}")
+            kept = self._keep(granted.token, where)
+            if kept.ok and share is not None:
+                expires = self._expires(granted.token, granted.expires_in)
+                if expires is not None:
+                    share.publish(granted.token, expires)
+        finally:
+            if claimed and share is not None:
+                share.release()
+        if not kept.ok:
+            return kept
         lives = "" if granted.expires_in is None else f" ({granted.expires_in} s)"
         return Renewal(
             ok=True, short=f"{where} gave a token{lives} that lives less than min_lifetime"
         )
+
+    def _keep(self, token: str, source: str) -> Renewal:
+        """Write ``token`` to the private file."""
+        try:
+            ensure_private_dir(self.path.parent)
+            atomic_write(self.path, token.encode() + b"\n", mode=0o600, durable=False)
+        except OSError as exc:
+            return Renewal(ok=False, failure=f"cannot write the fetched token: {exc.strerror}")
+        return Renewal(ok=True, short=f"{source}: it lives less than min_lifetime")
+
+    def _expires(self, token: str, expires_in: int | None) -> float | None:
+        """When a fetched token ends: its ``exp`` claim, else what the issuer said."""
+        try:
+            exp = claims(token.encode()).exp
+        except CredentialError:
+            exp = None
+        if exp is None and expires_in is not None:
+            exp = self.context.clock.time() + expires_in
+        return exp
+
+    def _share(self) -> TokenShare | None:
+        """The issuer's token in the state store, when ``issuer.share`` and there is a store
+        (and the secret can be read: the fetch then says why not)."""
+        issuer = self.settings.issuer
+        if issuer is None or not issuer.share or self.context.state is None:
+            return None
+        try:
+            secret = read_secret(issuer.client_secret) or ""
+        except SecretError:
+            return None
+        if not secret:
+            return None
+        key = share_key(issuer.url, issuer.client_id, issuer.scope, issuer.audience)
+        return TokenShare(self.context.state, key, secret, self.context.clock.time)
 
     def _write_copy(self) -> None:
         """Write the BEARER_TOKEN variable's token to its private file, when it differs."""

@@ -142,6 +142,26 @@ def oauth_error(data: bytes) -> OAuthError | None:
         return None
 
 
+class SharedTokenEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A token another director published in the state store (:mod:`.token_share`): the
+    format's version, its end (epoch seconds), who fetched it, and the sealed token with its
+    nonce (base64)."""
+
+    v: Annotated[int, msgspec.Meta(ge=1)]
+    expires: float
+    by: Annotated[str, msgspec.Meta(max_length=300)]
+    nonce: bytes
+    sealed: Annotated[bytes, msgspec.Meta(max_length=64 * 1024)]
+
+
+def shared_token_entry(data: str) -> SharedTokenEntry:
+    """A shared token's entry in the state store.
+
+    :raises DocumentError: not JSON, or not an entry of this shape.
+    """
+    return decode_json(data, SharedTokenEntry, kind="shared token entry", max_bytes=128 * 1024)
+
+
 # --- GOCDB's get_downtime XML ------------------------------------------------------------
 
 #: What a GOCDB feed is, for its DocumentError.

@@ -64,6 +64,16 @@ ISSUER_SCHEMA: dict[str, Any] = {
             "description": "The audience asked (the token's aud, e.g. the CE's URL, the WLCG "
             "profile's advice); default: what the issuer gives the client.",
         },
+        "share": {
+            "type": "boolean",
+            "default": True,
+            "description": "Share the fetched token through the state store with every "
+            "director, and every credential, that asks this issuer for the same client, scope "
+            "and audience: one token request per renewal, not one per director. The store "
+            "holds it sealed (AES-GCM) under a key derived from the client secret, so a reader "
+            "of the store without the secret cannot use it; it expires with the token. false: "
+            "each director fetches and keeps its own.",
+        },
         "ca_path": {
             "type": ["string", "null"],
             "x-gridgate-path": True,
@@ -89,6 +99,7 @@ class IssuerSettings(Settings):
     client_secret: Mapping[str, str]
     scope: str | None
     audience: str | None
+    share: bool
     ca_path: str | None
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.redis_server import RedisServer
 
 from gridgate.core import hookimpl
 from gridgate.core.builtin.bearer_token import COPY_NAME, BearerToken
@@ -32,6 +33,7 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.runner import run
+from gridgate.core.state import StateStore, open_state
 from gridgate.core.testing import Collector, build_plugin, director_for
 
 SCOPE = "compute.create compute.read"
@@ -281,6 +283,112 @@ def test_an_unreadable_secret_file_is_named_and_nothing_is_asked(
     assert not status.usable and "the client secret" in status.message
     assert "0644" in status.message and client.secret not in status.message
     assert client.requests() == 0
+
+
+def shared(
+    client: Client, clock: FakeClock, store: StateStore, folder: Path, **changes: Any
+) -> BearerToken:
+    """The credential of one director (its own state folder) on the store ``store``."""
+    section = client.section(**changes)
+    return build_plugin(BearerToken, section, clock=clock, state=store, state_dir=folder)
+
+
+def test_directors_on_one_store_share_one_fetched_token_that_the_store_holds_sealed(
+    client: Client, clock: FakeClock, tmp_path: Path
+) -> None:
+    shared_db = {"state": {"driver": "sqlite", "path": str(tmp_path / "shared" / "state.db")}}
+    stores = [open_state(shared_db, clock) for _ in range(3)]
+    folders = [tmp_path / f"director{i}" for i in range(4)]
+    a, b = (shared(client, clock, stores[i], folders[i], min_lifetime=600) for i in range(2))
+    try:
+        assert a.check(30).renewed and client.requests() == 1
+        taken = b.check(30)
+        assert taken.usable and taken.renewed and client.requests() == 1, taken.message
+        token = (folders[0] / COPY_NAME).read_text()
+        assert (folders[1] / COPY_NAME).read_text() == token
+        assert stat.S_IMODE((folders[1] / COPY_NAME).stat().st_mode) == 0o600
+        # the store holds it sealed: neither the token nor its claims can be read there
+        (raw,) = [value for _key, value in stores[2].items("credential-token/")]
+        assert token.strip() not in raw and token.split(".")[1] not in raw
+        assert "factory" not in raw and client.secret not in raw
+        # short again: the first director to look fetches and shares, the other takes it
+        clock.advance(700)
+        assert b.check(30).renewed and client.requests() == 2
+        assert a.check(30).renewed and client.requests() == 2
+        renewed = (folders[0] / COPY_NAME).read_text()
+        assert renewed != token and (folders[1] / COPY_NAME).read_text() == renewed
+        # a director that wants more than the shared token has left fetches its own
+        clock.advance(150)
+        longer = shared(client, clock, stores[2], folders[2], min_lifetime=1100)
+        assert longer.check(30).renewed and client.requests() == 3
+        assert claims((folders[2] / COPY_NAME).read_text())["exp"] > claims(renewed)["exp"]
+        # share: false keeps its own, whatever the store holds
+        own = shared(client, clock, stores[2], folders[3], issuer={"share": False})
+        assert own.check(30).renewed and client.requests() == 4
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_shared_token_sealed_with_another_secret_or_damaged_is_fetched_again_and_replaced(
+    client: Client, clock: FakeClock, tmp_path: Path, logs: list[str]
+) -> None:
+    store = open_state({"state": {"driver": "memory"}}, clock)
+    first = shared(client, clock, store, tmp_path / "one")
+    assert first.check(30).renewed and client.requests() == 1
+    # the client's secret is rotated: the entry sealed with the old one is no use
+    new_secret = client.served.issuer.add_client(
+        "factory", scopes=SCOPE, audiences=[AUDIENCE], lifetime=1200
+    )
+    client.secret_file.write_text(new_secret + "\n")
+    rotated = shared(client, clock, store, tmp_path / "two")
+    assert rotated.check(30).renewed and client.requests() == 2
+    # ... and is replaced: a third director with the new secret takes the new token
+    third = shared(client, clock, store, tmp_path / "three")
+    assert third.check(30).renewed and client.requests() == 2
+    assert (tmp_path / "three" / COPY_NAME).read_text() == (
+        tmp_path / "two" / COPY_NAME
+    ).read_text()
+    # an entry that is not one: said, fetched again
+    ((key, _value),) = store.items("credential-token/")
+    store.set(key, '{"v": 1, "sealed": 7}')
+    fourth = shared(client, clock, store, tmp_path / "four")
+    assert fourth.check(30).renewed and client.requests() == 3
+    assert any("the shared token in the state store is damaged" in line for line in logs)
+    said = "\n".join(logs)
+    assert new_secret not in said and client.secret not in said
+
+
+def test_four_directors_renewing_at_once_on_redis_ask_the_issuer_once(
+    client: Client, clock: FakeClock, tmp_path: Path
+) -> None:
+    with RedisServer(tmp_path / "redis") as server:
+        conf = {"state": {"driver": "redis", "url": server.url, "prefix": "share:"}}
+        stores = [open_state(conf, clock) for _ in range(4)]
+        plugins = [
+            shared(client, clock, store, tmp_path / f"d{i}") for i, store in enumerate(stores)
+        ]
+        start = threading.Barrier(len(plugins))
+        statuses: list[Any] = [None] * len(plugins)
+
+        def renew(i: int) -> None:
+            start.wait(10)
+            statuses[i] = plugins[i].check(30)
+
+        threads = [threading.Thread(target=renew, args=(i,)) for i in range(len(plugins))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        try:
+            assert all(s is not None and s.usable and s.renewed for s in statuses), statuses
+            assert client.requests() == 1
+            tokens = {(tmp_path / f"d{i}" / COPY_NAME).read_text() for i in range(4)}
+            assert len(tokens) == 1
+            assert server.client().keys("share:credential-token/*/fetching") == []
+        finally:
+            for store in stores:
+                store.close()
 
 
 def config_errors(tmp_path: Path, section: dict[str, Any]) -> str:
