@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from loguru import logger
 
 from gridgate.core.credential_names import credentials_in_force
-from gridgate.core.engine.failure import FailurePath
+from gridgate.core.engine.failure import FailurePath, failed_call
 from gridgate.core.engine.pilot_credentials import split_pilots
 from gridgate.core.engine.runtime import Iteration, Runtime
-from gridgate.core.model import AdmissionRequest, CancelResult, Endpoint, Refusal, SubmitResult
+from gridgate.core.model import AdmissionRequest, CancelResult, Endpoint, Refusal
 from gridgate.core.state import Pilot, PilotRegistry
 
 
@@ -76,18 +76,7 @@ def cancel_pilots(
     result = answered[0] if len(answered) == 1 else _joined(endpoint, answered)
     local = getattr(result, "local_fault", "") or ""
     if local and it is not None and failures is not None:
-        failures.server_failed(
-            endpoint,
-            SubmitResult(
-                endpoint=endpoint,
-                ok=False,
-                command=result.command,
-                operation=result.operation or "Job Cancel",
-                message=result.message,
-                local_fault=local,
-            ),
-            it,
-        )
+        failures.server_failed(endpoint, failed_call(endpoint, result, "Job Cancel"), it)
     wanted = {p.job_id for p in pilots}
     done = sorted(wanted & set(result.cancelled))
     now = runtime.clock.time()

@@ -17,11 +17,13 @@ from gridgate.core.engine.compose import compose_failure, compose_local_fault, c
 from gridgate.core.engine.runtime import ACCOUNTING, FAILURES, Iteration, Runtime
 from gridgate.core.model import (
     AccountingRecord,
+    CancelResult,
     Endpoint,
     Failure,
     FailureReport,
     Notification,
     Outcome,
+    StatusResult,
     SubmitRequest,
     SubmitResult,
 )
@@ -34,6 +36,29 @@ def row_key() -> str:
     two attempts alike in every field (two skips of one group in one iteration, two failures
     of one server at one clock reading) differ in this key and keep two."""
     return uuid.uuid4().hex[:16]
+
+
+def failed_call(
+    endpoint: Endpoint,
+    result: StatusResult | CancelResult,
+    operation: str,
+    *,
+    message: str | None = None,
+    local_fault: str | None = None,
+) -> SubmitResult:
+    """A failed poll or cancel as the :class:`SubmitResult` the failure path classifies:
+    its command, its operation (``operation`` when the backend named none), its message and
+    its local fault (the result's own unless given)."""
+    return SubmitResult(
+        endpoint=endpoint,
+        ok=False,
+        command=result.command,
+        operation=result.operation or operation,
+        message=result.message if message is None else message,
+        local_fault=(getattr(result, "local_fault", "") or "")
+        if local_fault is None
+        else local_fault,
+    )
 
 
 class FailurePath:

@@ -27,7 +27,7 @@ from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.engine.aborted import AbortVerdicts
 from gridgate.core.engine.cancelling import cancel_pilots
 from gridgate.core.engine.epoch import StoreEpoch
-from gridgate.core.engine.failure import AttemptOutcome, FailurePath
+from gridgate.core.engine.failure import AttemptOutcome, FailurePath, failed_call
 from gridgate.core.engine.intents import Intents, default_instance
 from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
 from gridgate.core.engine.pending import PendingPilots
@@ -807,13 +807,8 @@ class PilotTracker:
             "gridgate, not by the server; raise director.max_output_bytes"
         )
         if not target.retired:
-            failed = SubmitResult(
-                endpoint=target.endpoint,
-                ok=False,
-                command=command,
-                operation=result.operation or "Job Status",
-                message=why,
-                local_fault=why,
+            failed = failed_call(
+                target.endpoint, result, "Job Status", message=why, local_fault=why
             )
             self.failures.server_failed(
                 target.endpoint,
@@ -844,17 +839,9 @@ class PilotTracker:
         # a fault of this machine (an id file it cannot write, gridgate's own output cap)
         # goes through the same path with local_fault set: kind local_io, the backend
         # paused, one error per failing_expiry, no server blamed
-        local = getattr(result, "local_fault", "") or ""
-        failed = SubmitResult(
-            endpoint=endpoint,
-            ok=False,
-            command=result.command,
-            operation=result.operation or "Job Status",
-            message=result.message,
-            local_fault=local,
-        )
+        failed = failed_call(endpoint, result, "Job Status")
         self.failures.server_failed(endpoint, failed, it)
-        return target.poll("local_fault" if local else "failed", result.commands)
+        return target.poll("local_fault" if failed.local_fault else "failed", result.commands)
 
     def _apply(
         self,
