@@ -31,6 +31,7 @@ from gridgate.core.credential_names import (
     kind_schema,
 )
 from gridgate.core.files import InputFileError, read_regular
+from gridgate.core.fitting import ENDPOINT_RESOURCES_SCHEMA
 from gridgate.core.plugins import (
     CONFIG_GROUPS,
     SECTIONS_GROUP,
@@ -458,10 +459,13 @@ def compose_schema(
 
 def _add_weights(section: dict[str, Any]) -> None:
     """Every backend's section takes ``weights: {ENDPOINT: N}`` (core's, whatever the backend
-    declares: the selectors read it), unless the backend defines ``weights`` itself."""
+    declares: the selectors read it) and ``endpoint_resources: {ENDPOINT: {...}}``
+    (:mod:`gridgate.core.fitting`), unless the backend defines the key itself."""
     properties = section.setdefault("properties", {})
     if isinstance(properties, dict) and "weights" not in properties:
         properties["weights"] = copy.deepcopy(WEIGHTS_SCHEMA)
+    if isinstance(properties, dict) and "endpoint_resources" not in properties:
+        properties["endpoint_resources"] = copy.deepcopy(ENDPOINT_RESOURCES_SCHEMA)
 
 
 def _section_schema(cls: type) -> dict[str, Any]:

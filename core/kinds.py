@@ -158,6 +158,8 @@ OUTCOME_KINDS: dict[str, str] = {
     "local_fault": "skipped: the backend is paused after a fault of this machine this iteration "
     "(launch, local_io, missing_input, credential, or a local config fault)",
     "no_endpoint": "skipped: every server is excluded or in the failing cache",
+    "no_fit": "skipped: no endpoint can run what the group's pilots ask (its "
+    "endpoint_resources, or what the backend can express); said once until one can",
     "admission": "refused by admission control before any command ran",
     "plugin_error": "a plugin raised instead of returning a result",
 }

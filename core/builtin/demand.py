@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from loguru import logger
 
 from gridgate.core import hookimpl
-from gridgate.core.builtin.documents import demand_file, demand_groups
+from gridgate.core.builtin.documents import RequirementCount, demand_file, demand_groups
 from gridgate.core.builtin.waiting import (
     GROUP_PROPERTIES,
     SourceSettings,
@@ -22,6 +22,7 @@ from gridgate.core.builtin.waiting import (
 )
 from gridgate.core.credential_names import credential_reference_schema
 from gridgate.core.files import read_regular
+from gridgate.core.fitting import MAX_CORES, MAX_MEMORY_MB, MAX_WALLTIME, requirement_label
 from gridgate.core.model import (
     DemandFigure,
     DemandRegistry,
@@ -32,14 +33,6 @@ from gridgate.core.model import (
 from gridgate.core.plugins import Plugin, PluginContext
 from gridgate.core.settings import Settings
 from gridgate.core.state import StateError
-
-#: The most cores one pilot may ask for: the largest nodes sold today have a few hundred.
-MAX_CORES = 1024
-#: The most memory one pilot may ask for, in MB: 16 TB, beyond any node.
-MAX_MEMORY_MB = 16 * 1024 * 1024
-#: The longest walltime a pilot may ask for: 30 days (a batch system's longest queues allow a
-#: week or two; a longer figure is a typo in seconds).
-MAX_WALLTIME = 30 * 86400
 
 #: ``resources:`` of a demand group: what each of its pilots asks of its slot
 #: (:class:`gridgate.core.model.Resources`).
@@ -431,19 +424,15 @@ class QueueDemand(Plugin):
                     stale=figure.stale,
                 )
             )
-            if pilots > 0:
-                demand.add(
-                    SubmitRequest(
-                        backend=backend,
-                        group=name,
-                        count=pilots,
-                        requirements=spec.requirements,
-                        list_match=spec.list_match,
-                        attributes=dict(spec.attributes),
-                        resources=self._resources[name],
-                        credential=spec.credential or "",
-                    )
+            if figure.by_requirement is not None:
+                # the figure per requirement: each its own group of pilots, asking what its
+                # jobs need, sent only where that fits (core/fitting.py)
+                decided[name] = self._per_requirement(
+                    demand, name, spec, figure.by_requirement, waiting, figure.fresh
                 )
+                continue
+            if pilots > 0:
+                demand.add(self._request(spec, name, pilots, self._resources[name]))
         self.last = decided
         logger.debug(
             "queue demand: {}",
@@ -454,5 +443,66 @@ class QueueDemand(Plugin):
             ),
         )
 
+    def _request(
+        self,
+        spec: QueueGroupSettings,
+        group: str,
+        pilots: int,
+        resources: Resources | None,
+    ) -> SubmitRequest:
+        return SubmitRequest(
+            backend=spec.backend,
+            group=group,
+            count=pilots,
+            requirements=spec.requirements,
+            list_match=spec.list_match,
+            attributes=dict(spec.attributes),
+            resources=resources,
+            credential=spec.credential or "",
+        )
+
+    def _per_requirement(
+        self,
+        demand: DemandRegistry,
+        name: str,
+        spec: QueueGroupSettings,
+        counts: tuple[RequirementCount, ...],
+        waiting: Mapping[tuple[str, str], int],
+        fresh: bool,
+    ) -> GroupDemand:
+        """One request per requirement of a group whose source counts per requirement: the
+        group ``NAME[LABEL]`` (its waiting pilots counted apart), asking the requirement's
+        values over the group's ``resources``; ``max_per_iteration`` shared among them in the
+        order the source gave."""
+        base = self._resources[name]
+        left = spec.max_per_iteration
+        total = already_all = asked = 0
+        for requirement in counts:
+            resources = _over(base, requirement)
+            group = f"{name}[{requirement_label(resources)}]"
+            already = waiting.get((spec.backend, group), 0)
+            pilots = pilots_for(requirement.count, spec.jobs_per_pilot, already, left)
+            total, already_all, asked = (
+                total + requirement.count,
+                already_all + already,
+                asked + pilots,
+            )
+            if left is not None:
+                left -= pilots
+            if pilots > 0:
+                demand.add(self._request(spec, group, pilots, resources))
+        return GroupDemand(name, spec.backend, total, fresh, already_all, asked)
+
     def close(self) -> None:
         self._gauges.close()
+
+
+def _over(base: Resources, requirement: RequirementCount) -> Resources:
+    """A requirement's values over a group's ``resources``: what the requirement leaves unset
+    (memory, walltime, a tag) the group's value fills."""
+    return Resources(
+        cores=requirement.cores,
+        memory_mb=base.memory_mb if requirement.memory_mb is None else requirement.memory_mb,
+        walltime=base.walltime if requirement.walltime is None else requirement.walltime,
+        tags={**base.tags, **requirement.tags},
+    )

@@ -18,6 +18,7 @@ from xml.parsers import expat
 import msgspec
 
 from gridgate.core.documents import DocumentError, convert, decode_json
+from gridgate.core.fitting import MAX_CORES, MAX_MEMORY_MB, MAX_WALLTIME
 from gridgate.core.model import Resources
 from gridgate.core.text import parse_json, parse_yaml
 
@@ -467,6 +468,117 @@ def parse_count(data: bytes | str, field: str) -> int:
         whole non-negative number of at most :data:`MAX_WAITING` (``true``, ``2.5``, ``-1``,
         ``"3"`` are all refused). The message says which.
     """
+    parsed = _json_object(data)
+    if field not in parsed:
+        known = ", ".join(sorted(parsed)[:10]) or "none"
+        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
+    return waiting_count(parsed[field], f"field {field!r}")
+
+
+#: The most requirements one answer may count (DIRAC's task queues per VO number in the tens to
+#: hundreds): more is a broken source.
+MAX_REQUIREMENTS = 1000
+#: What a waiting-work answer that counts per requirement is, for its DocumentError.
+REQUIREMENTS_KIND = "requirement counts"
+
+
+class RequirementCount(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One requirement of a waiting-work answer and the jobs waiting with it: what each of those
+    jobs needs of a slot (as a demand group's ``resources``) and how many wait."""
+
+    count: Annotated[int, msgspec.Meta(ge=0, le=MAX_WAITING)]
+    cores: Annotated[int, msgspec.Meta(ge=1, le=MAX_CORES)] = 1
+    memory_mb: Annotated[int, msgspec.Meta(ge=1, le=MAX_MEMORY_MB)] | None = None
+    walltime: Annotated[int, msgspec.Meta(ge=1, le=MAX_WALLTIME)] | None = None
+    tags: Annotated[
+        dict[
+            Annotated[str, msgspec.Meta(min_length=1, max_length=64)],
+            Annotated[str, msgspec.Meta(max_length=256)],
+        ],
+        msgspec.Meta(max_length=32),
+    ] = {}
+
+    def resources(self) -> Resources:
+        """What each of these jobs asks of its slot."""
+        return Resources(
+            cores=self.cores, memory_mb=self.memory_mb, walltime=self.walltime, tags=self.tags
+        )
+
+
+def requirement_counts(value: object, what: str) -> tuple[RequirementCount, ...]:
+    """``value`` (a JSON answer's field) as a list of requirements and their counts:
+    ``[{"count": 120, "cores": 8, "memory_mb": 16000}, {"count": 900}]``.
+
+    :raises ValueError: not a list of such objects (an unknown key, a count or a figure out
+        of range), more than :data:`MAX_REQUIREMENTS`, or one requirement twice.
+    """
+    if isinstance(value, list) and len(value) > MAX_REQUIREMENTS:
+        raise ValueError(f"{what} counts {len(value)} requirements, more than {MAX_REQUIREMENTS}")
+    try:
+        counts: list[RequirementCount] = convert(
+            value, list[RequirementCount], kind=REQUIREMENTS_KIND
+        )
+    except DocumentError as exc:
+        raise ValueError(f"{what}: {exc.problem}") from None
+    seen: set[tuple[object, ...]] = set()
+    for item in counts:
+        key = (item.cores, item.memory_mb, item.walltime, tuple(sorted(item.tags.items())))
+        if key in seen:
+            raise ValueError(f"{what} counts one requirement twice: {key}")
+        seen.add(key)
+    return tuple(counts)
+
+
+def requirement_of_label(label: str, what: str) -> RequirementCount:
+    """A requirement written as ``cores=8,memory_mb=16000,walltime=86400,tags.gpu=a100`` (a
+    Redis hash's field), with a count of 0.
+
+    :raises ValueError: an unknown word, a figure that is not a whole number in range, or one
+        given twice.
+    """
+    values: dict[str, Any] = {}
+    tags: dict[str, str] = {}
+    for part in label.split(","):
+        name, eq, text = part.strip().partition("=")
+        if not eq or not name:
+            raise ValueError(f"{what}: {part.strip()[:60]!r} is not NAME=VALUE")
+        if name.startswith("tags."):
+            tag = name[len("tags.") :]
+            if not tag or tag in tags:
+                raise ValueError(f"{what}: the tag {name[:70]!r} is empty or given twice")
+            tags[tag] = text
+            continue
+        if name not in ("cores", "memory_mb", "walltime") or name in values:
+            raise ValueError(
+                f"{what}: {name[:40]!r} is unknown or given twice (cores, memory_mb, walltime, "
+                "tags.NAME)"
+            )
+        if not text.isascii() or not text.isdigit() or len(text) > 12:
+            raise ValueError(f"{what}: {name}={text[:40]!r} is not a whole number")
+        values[name] = int(text)
+    try:
+        return convert({"count": 0, **values, "tags": tags}, RequirementCount, kind=what)
+    except DocumentError as exc:
+        raise ValueError(f"{what}: {exc.problem}") from None
+
+
+def parse_waiting(data: bytes | str, field: str) -> int | tuple[RequirementCount, ...]:
+    """The waiting jobs under ``field`` in the JSON object ``data``: a count, or a list of
+    requirements and their counts (:func:`requirement_counts`).
+
+    :raises ValueError: as :func:`parse_count` does, and for a list that is not one of
+        requirements.
+    """
+    parsed = _json_object(data)
+    if field not in parsed:
+        known = ", ".join(sorted(parsed)[:10]) or "none"
+        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
+    if isinstance(parsed[field], list):
+        return requirement_counts(parsed[field], f"field {field!r}")
+    return waiting_count(parsed[field], f"field {field!r}")
+
+
+def _json_object(data: bytes | str) -> dict[str, Any]:
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         parsed = parse_json(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs)
@@ -474,10 +586,7 @@ def parse_count(data: bytes | str, field: str) -> int:
         raise ValueError(f"the answer is not JSON ({exc}): {_excerpt(data)}") from None
     if not isinstance(parsed, dict):
         raise ValueError(f"the answer is not a JSON object of counts: {_excerpt(data)}")
-    if field not in parsed:
-        known = ", ".join(sorted(parsed)[:10]) or "none"
-        raise ValueError(f"the answer has no field {field!r} (its fields: {known})")
-    return waiting_count(parsed[field], f"field {field!r}")
+    return parsed
 
 
 def _excerpt(data: bytes | str, size: int = 80) -> str:

@@ -20,7 +20,14 @@ from urllib.parse import SplitResult, urlsplit
 
 from loguru import logger
 
-from gridgate.core.builtin.documents import MAX_WAITING, parse_count, waiting_count
+from gridgate.core.builtin.documents import (
+    MAX_WAITING,
+    RequirementCount,
+    parse_count,
+    parse_waiting,
+    requirement_of_label,
+    waiting_count,
+)
 from gridgate.core.clock import SYSTEM_CLOCK, Clock
 from gridgate.core.cutoff import cut_after
 from gridgate.core.http import HttpClient, HttpError
@@ -36,6 +43,7 @@ __all__ = [
     "HTTP_SOURCE_SCHEMA",
     "MAX_WAITING",
     "REDIS_SOURCE_SCHEMA",
+    "Reading",
     "SOURCE_SCHEMA",
     "CommandSource",
     "FetchError",
@@ -51,7 +59,17 @@ __all__ = [
     "split_http_url",
     "parse_count",
     "pilots_for",
+    "total_jobs",
 ]
+
+#: What a source reads: a count of waiting jobs, or the jobs waiting per requirement.
+Reading = int | tuple[RequirementCount, ...]
+
+
+def total_jobs(reading: Reading) -> int:
+    """The jobs a reading counts, whatever their requirements."""
+    return reading if isinstance(reading, int) else sum(r.count for r in reading)
+
 
 #: Seconds a failing source's last good figure is still used. Ten default cycles (60 s each):
 #: long enough to ride through a restart of the Redis or web service behind a task queue
@@ -87,13 +105,17 @@ def _max_bytes(default: int) -> dict[str, Any]:
 _FIELD: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
-    "description": "The key of the JSON object whose value is this group's count.",
+    "description": "The key of the JSON object whose value is this group's count, or its "
+    'list of requirements and their counts ([{"count": 120, "cores": 8, "memory_mb": 16000, '
+    '"walltime": 86400, "tags": {...}}, ...]).',
 }
 
 REDIS_SOURCE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "Waiting jobs in a Redis key: LLEN of a list, XLEN of a stream, ZCARD of a "
-    "sorted set; a missing key is 0, a key of another type is an error.",
+    "sorted set; or per requirement, a hash whose fields are requirements "
+    "(cores=8,memory_mb=16000,walltime=86400,tags.NAME=VALUE) and values their counts. A "
+    "missing key is 0, a key of another type is an error.",
     "properties": {
         "url": {
             "type": "string",
@@ -329,8 +351,8 @@ class WaitingSource(Protocol):
         """How messages name the source: its kind and where it reads."""
         ...
 
-    def read(self) -> int:
-        """The number of jobs waiting now.
+    def read(self) -> Reading:
+        """The number of jobs waiting now (or per requirement).
 
         :raises SourceError: when the source cannot give one; the message names the source.
         """
@@ -357,7 +379,7 @@ class _RedisServer:
         except ValueError as exc:
             raise ValueError(f"redis source: bad url {safe_url(url)}: {exc}") from None
 
-    def counts(self, keys: Sequence[str]) -> list[int | str]:
+    def counts(self, keys: Sequence[str]) -> list[Reading | str]:
         """For each key its count, or the text of what was wrong; one round trip for all.
 
         Each key gets TYPE and the counting command of the type it had last time (LLEN the
@@ -370,7 +392,7 @@ class _RedisServer:
             replies = self._send([(k, g) for k, g in zip(keys, guesses, strict=True)])
         except self._errors as exc:
             return [f"{type(exc).__name__}: {exc}"] * len(keys)
-        out: list[int | str] = []
+        out: list[Reading | str] = []
         again: list[tuple[int, str]] = []
         for index, key in enumerate(keys):
             kind_reply, reply = replies[2 * index], replies[2 * index + 1]
@@ -382,7 +404,9 @@ class _RedisServer:
                 out.append(0)
                 continue
             if kind not in _COUNTED:
-                out.append(f"the key {key!r} holds a {kind}, not a list, stream or sorted set")
+                out.append(
+                    f"the key {key!r} holds a {kind}, not a list, stream, sorted set or hash"
+                )
                 continue
             self._kinds[key] = kind
             if kind != guesses[index]:
@@ -428,6 +452,8 @@ class _RedisServer:
                     pipe.llen(key)
                 elif kind == "stream":
                     pipe.xlen(key)
+                elif kind == "hash":
+                    pipe.hgetall(key)
                 else:
                     pipe.zcard(key)
             return list(pipe.execute(raise_on_error=False))
@@ -435,10 +461,12 @@ class _RedisServer:
             pipe.reset()
 
     @staticmethod
-    def _count(key: str, kind: str, reply: object) -> int | str:
+    def _count(key: str, kind: str, reply: object) -> Reading | str:
         if isinstance(reply, Exception):  # the key changed type between the two commands
             return f"counting the {kind} {key!r}: {reply}"
         try:
+            if kind == "hash":
+                return _hash_counts(key, reply)
             return waiting_count(reply, f"the {kind} {key!r}'s length")
         except ValueError as exc:
             return str(exc)
@@ -447,7 +475,50 @@ class _RedisServer:
         self.client.close()
 
 
-_COUNTED = ("list", "stream", "zset")
+_COUNTED = ("list", "stream", "zset", "hash")
+#: The most fields a requirements hash may have.
+MAX_HASH_FIELDS = 1000
+
+
+def _hash_counts(key: str, reply: object) -> tuple[RequirementCount, ...]:
+    """A requirements hash (HGETALL): each field a requirement's label, each value its count.
+
+    :raises ValueError: a field that is no requirement, a value that is no count, two fields
+        of one requirement, more than :data:`MAX_HASH_FIELDS` fields.
+    """
+    if not isinstance(reply, dict):
+        raise ValueError(f"the hash {key!r} answered {type(reply).__name__}, not its fields")
+    if len(reply) > MAX_HASH_FIELDS:
+        raise ValueError(f"the hash {key!r} has {len(reply)} fields, more than {MAX_HASH_FIELDS}")
+    out: dict[tuple[object, ...], RequirementCount] = {}
+    for raw_field, raw_value in reply.items():
+        field_text = _text(raw_field, f"a field of the hash {key!r}")
+        what = f"the hash {key!r} field {field_text[:80]!r}"
+        value_text = _text(raw_value, what)
+        if not value_text.isascii() or not value_text.isdigit() or len(value_text) > 12:
+            raise ValueError(f"{what} is {value_text[:40]!r}, not a count of jobs")
+        label = requirement_of_label(field_text, what)
+        counted = RequirementCount(
+            count=waiting_count(int(value_text), what),
+            cores=label.cores,
+            memory_mb=label.memory_mb,
+            walltime=label.walltime,
+            tags=label.tags,
+        )
+        same = (label.cores, label.memory_mb, label.walltime, tuple(sorted(label.tags.items())))
+        if same in out:
+            raise ValueError(f"{what} names a requirement another field names too")
+        out[same] = counted
+    return tuple(out.values())
+
+
+def _text(raw: object, what: str) -> str:
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{what} is not UTF-8") from None
+    return str(raw)
 
 
 class RedisSource:
@@ -461,7 +532,7 @@ class RedisSource:
     def name(self) -> str:
         return f"redis {safe_url(self.server.url)} key {self.key}"
 
-    def read(self) -> int:
+    def read(self) -> Reading:
         (answer,) = self.server.counts([self.key])
         if isinstance(answer, str):
             raise SourceError(f"{self.name}: {answer}")
@@ -505,9 +576,9 @@ class HttpSource:
             self.url, timeout=self.timeout, max_bytes=self.max_bytes, ca_path=self.ca_path
         )
 
-    def read(self) -> int:
+    def read(self) -> Reading:
         try:
-            return parse_count(self.fetch(), self.field)
+            return parse_waiting(self.fetch(), self.field)
         except (FetchError, ValueError) as exc:
             raise SourceError(f"{self.name}: {exc}") from None
 
@@ -554,9 +625,9 @@ class CommandSource:
             raise FetchError(f"printed more than max_bytes ({self.max_bytes})")
         return result.stdout
 
-    def read(self) -> int:
+    def read(self) -> Reading:
         try:
-            return parse_count(self.fetch(), self.field)
+            return parse_waiting(self.fetch(), self.field)
         except (FetchError, ValueError) as exc:
             raise SourceError(f"{self.name}: {exc}") from None
 
@@ -629,6 +700,8 @@ class WaitingFigure:
     iteration where an episode of failures begins or ends, for a caller that tells people;
     ``failing_for`` is how long the source has failed (None while it answers), ``stale`` that
     the last good figure is older than ``keep_last`` (or there is none): ``jobs`` is 0.
+    ``by_requirement`` is the figure per requirement when the source counts so (``jobs`` is
+    then their sum), else None.
     """
 
     group: str
@@ -640,6 +713,7 @@ class WaitingFigure:
     recovered: bool = False
     failing_for: float | None = None
     stale: bool = False
+    by_requirement: tuple[RequirementCount, ...] | None = None
 
 
 class WaitingGauge:
@@ -656,7 +730,7 @@ class WaitingGauge:
         if not (math.isfinite(keep_last) and 0 <= keep_last <= _DAY):
             raise ValueError(f"keep_last must be 0 to {_DAY} seconds, got {keep_last!r}")
         self.group, self.source, self.keep_last, self.clock = group, source, keep_last, clock
-        self._last: int | None = None
+        self._last: Reading | None = None
         self._last_at = 0.0
         self._failing_since: float | None = None
         self._dropped = False
@@ -669,9 +743,10 @@ class WaitingGauge:
             return self.failed(str(exc))
         return self.answered(jobs)
 
-    def answered(self, jobs: int) -> WaitingFigure:
-        """Record a good reading of ``jobs`` (for callers that read sources in batches)."""
+    def answered(self, reading: Reading) -> WaitingFigure:
+        """Record a good reading (for callers that read sources in batches)."""
         now = self.clock.monotonic()
+        jobs = total_jobs(reading)
         recovered = self._failing_since is not None
         if recovered:
             logger.info(
@@ -681,9 +756,16 @@ class WaitingGauge:
                 jobs,
                 now - (self._failing_since or now),
             )
-        self._last, self._last_at = jobs, now
+        self._last, self._last_at = reading, now
         self._failing_since, self._dropped = None, False
-        return WaitingFigure(self.group, jobs, fresh=True, age=0.0, recovered=recovered)
+        return WaitingFigure(
+            self.group,
+            jobs,
+            fresh=True,
+            age=0.0,
+            recovered=recovered,
+            by_requirement=None if isinstance(reading, int) else reading,
+        )
 
     def failed(self, problem: str) -> WaitingFigure:
         """Record a failed reading and give what the group may still use."""
@@ -693,10 +775,10 @@ class WaitingGauge:
         held = self._last is not None and age is not None and age <= self.keep_last
         if started:
             self._failing_since = now
-            if held:
+            if held and self._last is not None:
                 effect = (
-                    f"keeping the last figure, {self._last} jobs read {age:.0f} s ago, for up "
-                    f"to {self.keep_last:g} s"
+                    f"keeping the last figure, {total_jobs(self._last)} jobs read {age:.0f} s "
+                    f"ago, for up to {self.keep_last:g} s"
                 )
             elif self._last is not None:
                 effect = (
@@ -718,16 +800,17 @@ class WaitingGauge:
             )
         if not held:
             self._dropped = True
-        jobs = self._last if held and self._last is not None else 0
+        kept = self._last if held else None
         return WaitingFigure(
             self.group,
-            jobs,
+            0 if kept is None else total_jobs(kept),
             fresh=False,
             age=age,
             problem=problem,
             started_failing=started,
             failing_for=now - (self._failing_since or now),
             stale=not held,
+            by_requirement=None if kept is None or isinstance(kept, int) else kept,
         )
 
 
@@ -780,7 +863,7 @@ class WaitingGauges:
             try:
                 if isinstance(answer, FetchError):
                     raise answer
-                figures[group] = gauge.answered(parse_count(answer, source.field))
+                figures[group] = gauge.answered(parse_waiting(answer, source.field))
             except (FetchError, ValueError) as exc:
                 figures[group] = gauge.failed(f"{source.name}: {exc}")
         for gauges in by_server.values():

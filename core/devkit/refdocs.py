@@ -275,6 +275,10 @@ API: tuple[tuple[str, str], ...] = (
         "Named credentials: the key that names one (`credential: NAME`) and which one a submission uses (the nearest level wins).",
     ),
     (
+        "gridgate.core.fitting",
+        "What each endpoint can run (`endpoint_resources`) and which pilots fit it: what the director, a selector or a demand plugin asks before sending a requirement somewhere.",
+    ),
+    (
         "gridgate.core.files",
         "Files someone else picks up, and the private folders they live in.",
     ),

@@ -33,6 +33,7 @@ from gridgate.core.config import (
     read_config_text,
 )
 from gridgate.core.engine.reload import cut_problem
+from gridgate.core.fitting import capacity_errors
 from gridgate.core.model import Endpoint, Notification
 from gridgate.core.plugins import CONFIG_GROUPS, listed_endpoints
 from gridgate.core.weights import weight_errors
@@ -143,8 +144,9 @@ def availability_problems(
             continue
         weights = section.get("weights")
         chosen = section.get("endpoint_credentials")
+        declared = section.get("endpoint_resources")
         names = section.get(endpoints_key)
-        if not (weights or chosen) or not isinstance(names, list):
+        if not (weights or chosen or declared) or not isinstance(names, list):
             continue
         names_of = getattr(cls, "endpoint_names", None)  # a class that is no Plugin: the list
         listed = names_of(section) if callable(names_of) else listed_endpoints(cls, section)
@@ -152,6 +154,14 @@ def availability_problems(
         if isinstance(weights, Mapping):
             for message in weight_errors(weights, endpoints):
                 problems.append((("backends", name, "weights"), f"backend {name!r}: {message}"))
+        if isinstance(declared, Mapping):
+            for endpoint, message in capacity_errors(section, endpoints):
+                problems.append(
+                    (
+                        ("backends", name, "endpoint_resources", endpoint),
+                        f"backend {name!r}: {message}",
+                    )
+                )
         if isinstance(chosen, Mapping):
             known = [e.name for e in endpoints]
             for endpoint in chosen:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 from loguru import logger
 
@@ -30,6 +31,7 @@ from gridgate.core.engine.runtime import Iteration, Runtime, Sending
 from gridgate.core.engine.sharing import DemandShare, StoreRoom
 from gridgate.core.engine.stall import StallWatch
 from gridgate.core.engine.tracking import PilotTracker
+from gridgate.core.fitting import capacities, fits, requirement_label, unfit_reason
 from gridgate.core.model import (
     AdmissionRequest,
     BackendInfo,
@@ -82,6 +84,8 @@ class IterationRunner:
         self._changed: frozenset[str] | None = None
         #: every backend demand has named (in order): asked for its endpoints' availability
         self._backends: dict[str, None] = {}
+        #: demand groups that fit no endpoint, and why: said once until they fit again
+        self._unfit: dict[tuple[str, str], str] = {}
 
     def run(
         self,
@@ -223,6 +227,9 @@ class IterationRunner:
             blocked = it.blocked_everywhere(info, request.credential)
             if blocked:  # no candidate for its group: one with a usable credential takes it
                 AttemptOutcome(it, request).skipped(blocked).account(self.failures)
+                continue
+            if not self._fits_somewhere(info, request):
+                AttemptOutcome(it, request).skipped("no_fit").account(self.failures)
                 continue
             if (
                 self.runtime.settings.demand_lock
@@ -469,22 +476,58 @@ class IterationRunner:
             if grant is not None:
                 self.runtime.pm.hook.gridgate_release(grant=grant)
 
+    def _section(self, backend: str) -> Mapping[str, Any]:
+        """``backend``'s config section (empty when none)."""
+        section = (self.runtime.config.get("backends") or {}).get(backend) or {}
+        return section if isinstance(section, Mapping) else {}
+
     def _weights(self, backend: str) -> Mapping[str, int]:
         """The ``weights`` of ``backend``'s config section (empty when none)."""
-        section = (self.runtime.config.get("backends") or {}).get(backend) or {}
-        weights = section.get("weights") if isinstance(section, Mapping) else None
+        weights = self._section(backend).get("weights")
         return weights if isinstance(weights, Mapping) else {}
+
+    def _fits_somewhere(self, info: BackendInfo, request: SubmitRequest) -> bool:
+        """Whether some endpoint of ``info`` can run ``request``'s pilots (its
+        ``endpoint_resources``, what the backend expresses); a group that fits none is said
+        once (a warning) until it fits again (a notice)."""
+        if request.resources is None:
+            return True
+        declared = capacities(self._section(info.backend), info.endpoints)
+        reasons = {
+            e.key: unfit_reason(request.resources, declared.get(e.key), info)
+            for e in info.endpoints
+        }
+        group = (request.backend, request.group)
+        if info.endpoints and all(reasons.values()):
+            why = "; ".join(f"{key}: {reason}" for key, reason in reasons.items())
+            if self._unfit.get(group) != why:
+                logger.warning(
+                    "demand group {}/{} asks {} pilot(s) of {}, which no endpoint can run ({}): "
+                    "none sent until one can",
+                    request.backend,
+                    request.group,
+                    request.count,
+                    requirement_label(request.resources),
+                    why,
+                )
+            self._unfit[group] = why
+            return False
+        if self._unfit.pop(group, None) is not None:
+            logger.info("demand group {}/{} fits an endpoint again", request.backend, request.group)
+        return True
 
     def _eligible(self, info: BackendInfo, it: Iteration, request: SubmitRequest) -> list[Endpoint]:
         """``info``'s endpoints that may get ``request``'s pilots now: usable, neither drained
         nor banned, not weighted 0 (0 means never, whatever the selector), and the credential
         the request would use there usable."""
         weights = self._weights(info.backend)
+        declared = capacities(self._section(info.backend), info.endpoints)
         return [
             e
             for e in it.submittable(info.endpoints)
             if configured_weight(e, weights) > 0
             and not it.credential_block(info, e, request.credential)
+            and fits(request.resources, declared.get(e.key))
         ]
 
     def _commands(

@@ -47,7 +47,8 @@ class DirectorMetrics:
             "gridgate_pilots_skipped",
             "Pilots of demand not submitted, by cause: a limit (max_waiting, "
             "max_waiting_cores, max_total), claimed_elsewhere (another director's group), or "
-            "what stopped them (credential, unavailable, no_endpoint, local_fault, config)",
+            "what stopped them (credential, unavailable, no_endpoint, no_fit, local_fault, "
+            "config)",
             ["backend", "cause"],
             registry=r,
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,15 +58,6 @@ def _waiting(director: Director, group: str = "mc") -> int:
 
 def _submitted(summary: IterationSummary) -> int:
     return sum(r.pilots for r in summary.records if r.outcome == "submitted")
-
-
-@pytest.fixture
-def queue(redis_server) -> Iterator[tuple[Any, str]]:
-    """A Redis client and a fresh list key on the suite's real redis-server."""
-    client = redis_server.client()
-    key = f"tq:{uuid.uuid4().hex}"
-    yield client, key
-    client.delete(key)
 
 
 @pytest.fixture
