@@ -293,6 +293,8 @@ class CeRecord(msgspec.Struct, frozen=True):
     #: a folder set up before tokens existed has none
     tokens: bool = False
     issuer_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
+    #: the audience its tokens must have: true (its own URL), a string, false (any)
+    audience: bool | str = False
 
 
 def ce_record(text: str | bytes) -> CeRecord:
