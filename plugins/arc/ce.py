@@ -16,7 +16,8 @@ pid files. Nothing of the machine's own CE is used: not /etc/arc.conf, not
 
 Bearer tokens (``tokens``, on unless ``ARC_CE_TOKENS=0``): the CE has a private token issuer of
 its own (:mod:`.issuer`, an https server on loopback with a certificate from the test CA) and
-accepts its tokens when they carry ``compute.create``. A-REX fetches the issuer's keys over
+accepts its tokens when they carry ``compute.create`` (with ``audience``, only those whose ``aud``
+is the CE's URL: docs/arc.md, "Checking the audience"). A-REX fetches the issuer's keys over
 https and checks the issuer against /etc/grid-security/certificates whatever its config says,
 so the HTTPS arched runs in a mount namespace of its own (``unshare -m``) in which the CE's CA
 folder is bound over that path: nothing of the machine changes, and no other process sees it.
