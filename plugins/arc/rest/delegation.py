@@ -69,7 +69,16 @@ from gridgate.plugins.arc.rest.signing import (
     sign_request,
 )
 
-__all__ = ["KIND", "PREFIX", "UNUSED_GRACE", "Delegations", "Record", "kind_of", "target_of"]
+__all__ = [
+    "KIND",
+    "PREFIX",
+    "UNUSED_GRACE",
+    "Delegations",
+    "Record",
+    "kind_of",
+    "owned",
+    "target_of",
+]
 
 #: State-store prefix of the records.
 PREFIX = "arc/delegation/"
