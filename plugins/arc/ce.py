@@ -16,7 +16,8 @@ pid files. Nothing of the machine's own CE is used: not /etc/arc.conf, not
 
 Bearer tokens (``tokens``, on unless ``ARC_CE_TOKENS=0``): the CE has a private token issuer of
 its own (:mod:`.issuer`, an https server on loopback with a certificate from the test CA) and
-accepts its tokens when they carry ``compute.create``. A-REX fetches the issuer's keys over
+accepts its tokens when they carry ``compute.create`` (with ``audience``, only those whose ``aud``
+is the CE's URL: docs/arc.md, "Checking the audience"). A-REX fetches the issuer's keys over
 https and checks the issuer against /etc/grid-security/certificates whatever its config says,
 so the HTTPS arched runs in a mount namespace of its own (``unshare -m``) in which the CE's CA
 folder is bound over that path: nothing of the machine changes, and no other process sees it.
@@ -543,7 +544,9 @@ class ArcCE:
     and ``wakeup`` the grid manager's, both in seconds (ARC's defaults are 60 and 180; job
     states over REST lag by about the info period). With ``tokens`` (the default) the CE runs
     a token issuer of its own and accepts its bearer tokens that carry ``compute.create``
-    (:attr:`issuer`, :meth:`token`). These settings are fixed when the folder is first set up;
+    (:attr:`issuer`, :meth:`token`); with ``audience`` it admits only those whose ``aud`` is
+    (or lists) that string: ``True`` for its own :attr:`audience`, ``https://localhost:PORT``
+    (default ``False``: any audience). These settings are fixed when the folder is first set up;
     a CE started again on the same folder keeps its port, its jobs and its credentials. With
     ``watchdog`` (the default) the CE is brought down even when this process dies without
     calling ``stop``.
@@ -562,6 +565,7 @@ class ArcCE:
         watchdog: bool = True,
         tokens: bool = True,
         issuer_port: int | None = None,
+        audience: bool | str = False,
     ) -> None:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
@@ -581,6 +585,12 @@ class ArcCE:
         self.start_timeout = float(start_timeout)
         self.watchdog = watchdog
         self.tokens = bool(tokens)
+        if audience and not tokens:
+            raise ValueError("audience needs tokens=True (a CE without tokens checks none)")
+        if isinstance(audience, str) and (not audience or any(c.isspace() for c in audience)):
+            raise ValueError(f"audience must be a string with no blank, not {audience!r}")
+        #: the audience asked for: True (the CE's own URL), a string, or False (any)
+        self._audience = audience
         self._issuer_port: int | None = None
         #: the issuer's port asked for (None: the first free one from ISSUER_FIRST_PORT)
         self._issuer_port_given = int(issuer_port) if issuer_port is not None else None
@@ -680,10 +690,23 @@ class ArcCE:
         """The pilot's token (ARC_CE_TOKEN): all compute.* scopes, renewed by start()."""
         return self._path("user", "token")
 
+    @property
+    def own_audience(self) -> str:
+        """The CE's URL as a token's audience, ``https://localhost:PORT`` (the WLCG profile's
+        advice): what :meth:`token` puts in ``aud``, and what ``audience=True`` requires."""
+        return f"https://localhost:{self.port}"
+
+    @property
+    def audience(self) -> str | None:
+        """The ``aud`` the CE requires of a token (None: any)."""
+        if self._audience is True:
+            return self.own_audience
+        return self._audience or None
+
     def token(self, **options: object) -> str:
         """A token of the CE's issuer: :meth:`Issuer.token` with the CE's URL as audience
         (``scope``, ``lifetime``, ``start``, ``claims``... as there)."""
-        options.setdefault("aud", f"https://localhost:{self.port}")
+        options.setdefault("aud", self.own_audience)
         return self.issuer.token(**options)  # type: ignore[arg-type]
 
     @property
@@ -943,6 +966,7 @@ class ArcCE:
         self.wakeup = settings.wakeup
         self.tokens = settings.tokens
         self._issuer_port = settings.issuer_port if self.tokens else None
+        self._audience = settings.audience if self.tokens else False
         if settings.slurm_conf:
             self.slurm_conf = Path(settings.slurm_conf)
 
@@ -974,12 +998,13 @@ class ArcCE:
         # Tokens: an authgroup of the tokens of our issuer that carry compute.create, mapped and
         # allowed like the DN group. Several authtokens lines would be OR'ed, and 6.17 knows
         # no per-operation scopes (any member may create, read, modify and cancel), so the one
-        # scope that admits a client is compute.create.
+        # scope that admits a client is compute.create. An audience asked for is the rule's
+        # third field: A-REX compares it as a string with each of the token's aud values.
         tokens_group, tokens_map, tokens_block, allowed = [], [], [], ["allowaccess = pilots"]
         if self.tokens:
             tokens_group = [
                 "[authgroup:tokens]",
-                f"authtokens = * {self.issuer_url} * compute.create *",
+                f"authtokens = * {self.issuer_url} {self.audience or '*'} compute.create *",
                 "",
             ]
             tokens_map = ["map_to_user = tokens nobody:nogroup"]
@@ -1043,6 +1068,7 @@ class ArcCE:
             "queues": queues,
             "tokens": self.tokens,
             "issuer_port": self._issuer_port,
+            "audience": self._audience,
         }
         self._path("etc", "ce.json").write_text(json.dumps(settings, indent=1) + "\n")
         self._settings_loaded = True

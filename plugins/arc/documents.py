@@ -9,7 +9,8 @@ checks a shape again.
   each job's ``status-code`` a string), the ``info`` document's activity in them, the id a
   delegation's ``Location`` names (:func:`delegation_id`) and a ranged answer's
   ``Content-Range`` total (:func:`content_range_total`);
-- the claims of a bearer token that say when it ends (:func:`token_end`);
+- the claims of a bearer token that say when it ends (:func:`token_end`) and whose it is
+  (:func:`token_owner`);
 - what the ARC client prints (:func:`submitted_ids`, :func:`arcstat_report`,
   :func:`killed_counts`, :func:`cleaned_counts`, :func:`not_in_list`);
 - what this backend reads back from its own files and the state store: the stamp files
@@ -66,6 +67,7 @@ __all__ = [
     "stamps",
     "submitted_ids",
     "token_end",
+    "token_owner",
 ]
 
 #: A CE-side job or delegation id: what A-REX returns, one path element of a URL.
@@ -192,20 +194,39 @@ class _Claims(msgspec.Struct):
     exp: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
 
 
-def token_end(token: str) -> float | None:
-    """When a JWT bearer token ends (its ``exp`` claim, seconds), None when it names none.
+class _Owner(msgspec.Struct):
+    iss: str = ""
+    sub: str = ""
 
-    :raises DocumentError: not a JWT whose claims this machine can read (dot-separated parts,
-        the second one base64url JSON), or an ``exp`` that is no time (a 400-digit number)."""
+
+def _claims_part(token: str) -> bytes:
     parts = token.split(".")
     if len(parts) < 2:
         raise DocumentError("bearer token", "no claims part (not a JWT)")
     payload = parts[1]
     try:
-        raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+        return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
     except (binascii.Error, ValueError):
         raise DocumentError("bearer token", "claims not base64url") from None
-    return decode_json(raw, _Claims, kind="bearer token claims").exp
+
+
+def token_end(token: str) -> float | None:
+    """When a JWT bearer token ends (its ``exp`` claim, seconds), None when it names none.
+
+    :raises DocumentError: not a JWT whose claims this machine can read (dot-separated parts,
+        the second one base64url JSON), or an ``exp`` that is no time (a 400-digit number)."""
+    return decode_json(_claims_part(token), _Claims, kind="bearer token claims").exp
+
+
+def token_owner(token: str) -> str | None:
+    """Whose a JWT bearer token is as A-REX names it, ``ISS/SUB`` (its ``iss`` and ``sub``
+    claims, read without checking the signature: the CE checks it); None when it names no
+    issuer or no subject.
+
+    :raises DocumentError: not a JWT whose claims this machine can read, or an ``iss`` or
+        ``sub`` that is no string."""
+    owner: _Owner = decode_json(_claims_part(token), _Owner, kind="bearer token claims")
+    return f"{owner.iss}/{owner.sub}" if owner.iss and owner.sub else None
 
 
 # --- what this backend reads back ---------------------------------------------------------------
@@ -244,6 +265,9 @@ class DelegationRecord(msgspec.Struct, frozen=True):
     starts: float = 0.0
     #: the attributes of the credential it was made for (:attr:`.rest.signing.Proxy.attributes`)
     attributes: str = ""
+    #: who made it on the CE when that is not the proxy itself: ``token ISS/SUB`` (a payload
+    #: proxy delegated under ``auth: token``); '' : the proxy (``auth: x509``)
+    owner: str = ""
 
     def dump(self) -> str:
         return msgspec.json.encode(self, order="sorted").decode()
@@ -269,6 +293,8 @@ class CeRecord(msgspec.Struct, frozen=True):
     #: a folder set up before tokens existed has none
     tokens: bool = False
     issuer_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
+    #: the audience its tokens must have: true (its own URL), a string, false (any)
+    audience: bool | str = False
 
 
 def ce_record(text: str | bytes) -> CeRecord:

@@ -11,7 +11,11 @@ identity and keeps it:
   directors on one Redis share one delegation per CE;
 - it is kept per CE and **credential**: the DN and what the proxy carries beyond it (VOMS
   attributes, a restriction: :attr:`.signing.Proxy.credential`), so a proxy of another role
-  never stands in for one of this role;
+  never stands in for one of this role; and per **owner**, the identity it was made under on
+  the CE when that is not the proxy's own: a payload proxy delegated under ``auth: token``
+  belongs there to the token's ``ISS/SUB``, and A-REX gives a delegation to its owner only
+  (another token's jobs naming it run without a proxy, trap 8), so two VOs delegating one
+  payload proxy to one CE each make and keep their own;
 - it is **renewed** when the proxy at hand is another one, newer than the one it holds
   (:meth:`.signing.Proxy.newer`: made later, or at the same time and ending later; a proxy
   replaced by one with a new key that ends sooner reaches the CE at once, and a director still
@@ -65,7 +69,16 @@ from gridgate.plugins.arc.rest.signing import (
     sign_request,
 )
 
-__all__ = ["KIND", "PREFIX", "UNUSED_GRACE", "Delegations", "Record", "kind_of", "target_of"]
+__all__ = [
+    "KIND",
+    "PREFIX",
+    "UNUSED_GRACE",
+    "Delegations",
+    "Record",
+    "kind_of",
+    "owned",
+    "target_of",
+]
 
 #: State-store prefix of the records.
 PREFIX = "arc/delegation/"
@@ -81,10 +94,16 @@ KIND = "arc.delegation"
 UNDO_TIMEOUT = 30.0
 
 
-def kind_of(identity: str) -> str:
-    """The journal's kind of the delegations of ``identity``: a director undoes only those its
-    own credential can delete."""
-    return f"{KIND}:{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+def kind_of(identity: str, owner: str = "") -> str:
+    """The journal's kind of the delegations of ``identity`` made by ``owner`` (see
+    :class:`Delegations`): a director undoes only those its own credential can delete."""
+    who = f"{identity}\nowner {owner}" if owner else identity
+    return f"{KIND}:{hashlib.sha256(who.encode()).hexdigest()[:16]}"
+
+
+def owned(proxy_credential: str, owner: str) -> str:
+    """What a record's key is made of besides the CE: the proxy's credential, and its owner."""
+    return f"{proxy_credential}\nowner {owner}" if owner else proxy_credential
 
 
 def target_of(service: str, identifier: str) -> str:
@@ -125,15 +144,16 @@ class Delegations:
 
     :param state: the shared state store (None: this process only).
     :param clock: the injected clock (records' times).
-    :param owner: who makes them on the CE when that is not the proxy itself ('' : the proxy,
-        ``auth: x509``; ``token`` for the payload proxy delegated under ``auth: token``, whose
-        delegation belongs to the token's identity there and so is kept apart from the DN's).
+
+    Each call that makes, uses or deletes one names its ``owner``: who makes it on the CE
+    when that is not the proxy itself ('' : the proxy, ``auth: x509``; ``token ISS/SUB`` for a
+    payload proxy delegated under ``auth: token``, whose delegation belongs to the token's
+    identity there). Records, journal kinds and sweeps are kept apart by owner.
     """
 
-    def __init__(self, state: StateStore | None, clock: Clock, owner: str = "") -> None:
+    def __init__(self, state: StateStore | None, clock: Clock) -> None:
         self.state = state
         self.clock = clock
-        self.owner = owner
         #: what was made on the CEs, to undo (this process's memory without a state store)
         self.journal = Journal(
             state if state is not None else open_state({"state": {"driver": "memory"}}, clock),
@@ -145,9 +165,9 @@ class Delegations:
         #: keys whose delegation was found on its CE since the iteration started
         self._checked: set[str] = set()
 
-    def _key(self, service: str, proxy: Proxy) -> str:
-        owned = f"{proxy.credential}\nowner {self.owner}" if self.owner else proxy.credential
-        return identity_key(service, owned)
+    @staticmethod
+    def _key(service: str, proxy: Proxy, owner: str) -> str:
+        return identity_key(service, owned(proxy.credential, owner))
 
     def new_iteration(self) -> None:
         """Ask the CEs again, at the next use, whether they still have their delegations."""
@@ -221,11 +241,11 @@ class Delegations:
             ) from None
         client.delegation_put(identifier, pem, deadline)
 
-    def _create(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> str:
+    def _create(self, client: ArexClient, proxy: Proxy, owner: str, deadline: Deadline) -> str:
         """A new delegation on ``client``'s CE, journaled: the intent before ``action=new``,
         the step before the signed proxy is put, committed once it is; a failure on the way
         undoes what was made (the half-made delegation, which would stay on the CE unused)."""
-        change = self._begin(client, proxy, deadline)
+        change = self._begin(client, proxy, owner, deadline)
         try:
             identifier, request = client.delegation_new(deadline)
         except ArexError:
@@ -253,15 +273,26 @@ class Delegations:
                 change.commit()
             except StateError as exc:
                 logger.warning("delegation {} made, its journal not updated: {}", identifier, exc)
-        logger.info("{}: delegation {} made for {}", client.service, identifier, proxy.identity)
+        logger.info(
+            "{}: delegation {} made for {}{}",
+            client.service,
+            identifier,
+            proxy.identity,
+            f" by {owner}" if owner else "",
+        )
         return identifier
 
-    def _begin(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> Change | None:
+    def _begin(
+        self, client: ArexClient, proxy: Proxy, owner: str, deadline: Deadline
+    ) -> Change | None:
         """The journaled change of a new delegation; None when the store cannot be written
         (then it is made as before the journal, and a half-made one is deleted at once)."""
-        kind = self._register(proxy.identity, lambda service: client, deadline)
+        kind = self._register(proxy.identity, owner, lambda service: client, deadline)
+        intent = {"service": client.service, "identity": proxy.identity}
+        if owner:
+            intent["owner"] = owner
         try:
-            return self.journal.begin(kind, {"service": client.service, "identity": proxy.identity})
+            return self.journal.begin(kind, intent)
         except StateError as exc:
             logger.warning("delegation journal unwritable ({}); making it unjournaled", exc)
             return None
@@ -286,6 +317,7 @@ class Delegations:
     def _register(
         self,
         identity: str,
+        owner: str,
         client_for: Callable[[str], ArexClient | None],
         deadline: Deadline | None = None,
     ) -> str:
@@ -302,7 +334,7 @@ class Delegations:
                 )
             client.delegation_delete(identifier, deadline or Deadline.after(UNDO_TIMEOUT))
 
-        kind = kind_of(identity)
+        kind = kind_of(identity, owner)
         self.journal.register(kind, Restorer(write=delete))
         return kind
 
@@ -311,7 +343,7 @@ class Delegations:
         deleted on its CE): whether it is gone; False also when no change made it (a
         delegation made before the journal: the caller deletes it itself)."""
         target = target_of(record.service, record.id)
-        for entry in self.journal.changes(kind_of(record.identity)):
+        for entry in self.journal.changes(kind_of(record.identity, record.owner)):
             if any(step.target == target for step in entry.steps):
                 undone = self.journal.undo(entry)
                 if undone.problem:
@@ -329,22 +361,23 @@ class Delegations:
 
     # --- what the backend calls --------------------------------------------------------------
 
-    def ensure(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> str:
+    def ensure(self, client: ArexClient, proxy: Proxy, deadline: Deadline, owner: str = "") -> str:
         """The id of the delegation pilots sent to ``client``'s CE must name: made when there is
         none, checked once per iteration, renewed when ``proxy`` replaces the one it holds.
+        ``owner``: who makes it there when not the proxy (the class says).
 
         :raises ArexError: when the CE refuses or fails (the caller's failure to classify)."""
-        key = self._key(client.service, proxy)
+        key = self._key(client.service, proxy, owner)
         with self._key_lock(key):
             record = self._get(key)
             now = self.clock.time()
             if record is None:
-                record = self._first(key, client, proxy, deadline)
+                record = self._first(key, client, proxy, owner, deadline)
             elif key not in self._checked and not client.delegation_exists(record.id, deadline):
                 logger.warning(
                     "{}: the CE lost delegation {}; making it again", client.service, record.id
                 )
-                record = self._again(client, record, proxy, deadline)
+                record = self._again(client, record, proxy, owner, deadline)
             elif _replaces(proxy, record):
                 self._renew(client, record.id, proxy, deadline)
                 logger.info(
@@ -360,11 +393,13 @@ class Delegations:
                 self._checked.add(key)
             return record.id
 
-    def refresh(self, client: ArexClient, proxy: Proxy, deadline: Deadline) -> None:
-        """Renew ``client``'s CE's delegation if ``proxy`` replaces the one it holds (a poll's part:
-        pilots running there get the renewed proxy even while nothing is submitted). Makes
-        none; a failure is logged, the poll goes on."""
-        key = self._key(client.service, proxy)
+    def refresh(
+        self, client: ArexClient, proxy: Proxy, deadline: Deadline, owner: str = ""
+    ) -> None:
+        """Renew ``client``'s CE's delegation (of ``owner``) if ``proxy`` replaces the one it
+        holds (a poll's part: pilots running there get the renewed proxy even while nothing is
+        submitted). Makes none; a failure is logged, the poll goes on."""
+        key = self._key(client.service, proxy, owner)
         record = self._get(key)
         if record is None or not _replaces(proxy, record):
             return
@@ -382,15 +417,15 @@ class Delegations:
                 "{}: delegation {} renewed after the proxy's renewal", client.service, record.id
             )
 
-    def touch(self, service: str, identity: str) -> None:
-        """Note a poll of pilots on ``service`` as a use of the delegations of ``identity``
-        there (every credential of the DN: a pilot names the one it was sent with), so that
+    def touch(self, service: str, identity: str, owner: str = "") -> None:
+        """Note a poll of pilots on ``service`` as a use of the delegations of ``identity`` made
+        by ``owner`` there (every credential of the DN: a pilot names the one it was sent with), so that
         no director's :meth:`sweep` deletes one while pilots tracked here run on it (issue 40
         item 9: use was counted by submissions only). Written at most once a minute."""
         now = self.clock.time()
         service = service.rstrip("/")
         for key, record in self.records():
-            if record.service != service or record.identity != identity:
+            if record.service != service or (record.identity, record.owner) != (identity, owner):
                 continue
             if record.used < now - 60:
                 with self._key_lock(key):
@@ -398,7 +433,9 @@ class Delegations:
                     if current is not None and current.used < now - 60:
                         self._put(key, replace(current, used=now))
 
-    def _first(self, key: str, client: ArexClient, proxy: Proxy, deadline: Deadline) -> Record:
+    def _first(
+        self, key: str, client: ArexClient, proxy: Proxy, owner: str, deadline: Deadline
+    ) -> Record:
         """A new delegation for ``key``; with a shared store only one director makes it, the
         others wait for its record (up to :data:`CREATE_WAIT` s, then make their own)."""
         lock = f"{PREFIX}{key}/lock"
@@ -417,7 +454,7 @@ class Delegations:
                         return record
                     time.sleep(0.2)
         try:
-            identifier = self._create(client, proxy, deadline)
+            identifier = self._create(client, proxy, owner, deadline)
             record = Record(
                 id=identifier,
                 service=client.service,
@@ -427,6 +464,7 @@ class Delegations:
                 used=self.clock.time(),
                 starts=proxy.not_before,
                 attributes=proxy.attributes,
+                owner=owner,
             )
             self._put(key, record)
             return record
@@ -439,7 +477,7 @@ class Delegations:
                     pass
 
     def _again(
-        self, client: ArexClient, record: Record, proxy: Proxy, deadline: Deadline
+        self, client: ArexClient, record: Record, proxy: Proxy, owner: str, deadline: Deadline
     ) -> Record:
         """``record``'s delegation made again after the CE lost it: renewed under the same id
         when the CE allows it (its pilots name that id), else made anew."""
@@ -456,7 +494,7 @@ class Delegations:
                 record.id,
                 exc,
             )
-        identifier = self._create(client, proxy, deadline)
+        identifier = self._create(client, proxy, owner, deadline)
         try:
             self._forget(record)  # the CE lost it: its delete answers 404, the record goes
         except (ArexError, StateError) as exc:
@@ -470,8 +508,10 @@ class Delegations:
         client_for: Callable[[str], ArexClient | None],
         deadline: Deadline,
         attributes: str | None = None,
+        owner: str = "",
     ) -> list[str]:
-        """Delete the delegations of ``identity`` on CEs none of ``in_use`` (services) names,
+        """Delete the delegations of ``identity`` made by ``owner`` (only they may delete them)
+        on CEs none of ``in_use`` (services) names,
         and, given the ``attributes`` of the credential in force, those on such CEs made for
         another credential of the DN (a VOMS role or restriction no longer in use here),
         unused for :data:`UNUSED_GRACE` s (a submission or a poll of pilots there by any
@@ -479,11 +519,11 @@ class Delegations:
         ``client_for(service)`` gives a client for a CE (None: it cannot be asked now)."""
         services = set(in_use)
         now = self.clock.time()
-        self._undo_abandoned(self._register(identity, client_for, deadline))
+        self._undo_abandoned(self._register(identity, owner, client_for, deadline))
         deleted: list[str] = []
         for key, record in self.records():
             if (
-                record.identity != identity
+                (record.identity, record.owner) != (identity, owner)
                 or (
                     record.service in services
                     and (attributes is None or record.attributes == attributes)

@@ -69,7 +69,7 @@ from gridgate.plugins.arc.classify import (
     shared_folder,
 )
 from gridgate.plugins.arc.describe import Descriptions
-from gridgate.plugins.arc.documents import jobname_in, rest_marker, token_end
+from gridgate.plugins.arc.documents import jobname_in, rest_marker, token_end, token_owner
 from gridgate.plugins.arc.parse import STDERR, with_stderr
 from gridgate.plugins.arc.rest.client import ArexClient, ArexError, failed
 from gridgate.plugins.arc.rest.delegation import Delegations
@@ -120,6 +120,20 @@ class Credential:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def owner(self) -> str:
+        """Who a delegation made with this credential belongs to on the CE, when not the proxy
+        itself: for a token, ``token ISS/SUB`` as A-REX names its owner (the claims read, not
+        checked: the CE checks them), else the named credential's name; '' for a proxy."""
+        if self.kind != "token":
+            return ""
+        try:
+            found = token_owner(self.token)
+        except DocumentError:
+            found = None
+        if found is None:  # not a JWT naming its issuer and subject: the credential's name
+            found = f"credential {in_force().get('token') or 'token'}"
+        return f"token {found}"
 
 
 def find_token(managed: Mapping[str, str], environ: Mapping[str, str]) -> tuple[str, str]:
@@ -196,8 +210,9 @@ class RestInterface:
         self.finals = finals
         self.locks = locks
         self.delegations = Delegations(context.state, context.clock)
-        #: ``auth: token``: the payload proxy's delegations, made under the token
-        self.payload_delegations = Delegations(context.state, context.clock, owner="token")
+        #: ``auth: token``: the payload proxy's delegations, made under the token (each owned
+        #: by the token's identity: :meth:`Credential.owner`)
+        self.payload_delegations = Delegations(context.state, context.clock)
         self.payload = PayloadSource(
             settings.payload_credential, context, lambda path: self._read_proxy(path)[0]
         )
@@ -447,7 +462,9 @@ class RestInterface:
         if credential.proxy is not None:
             return self.delegations.ensure(client, credential.proxy, deadline)
         if payload is not None and payload.proxy is not None:
-            return self.payload_delegations.ensure(client, payload.proxy, deadline)
+            return self.payload_delegations.ensure(
+                client, payload.proxy, deadline, credential.owner()
+            )
         return ""
 
     def create(
@@ -788,7 +805,7 @@ class RestInterface:
             self.delegations.refresh(client, credential.proxy, deadline)
             self.delegations.touch(client.service, credential.proxy.identity)
         else:
-            self._refresh_payload(client, deadline)
+            self._refresh_payload(client, credential.owner(), deadline)
         by_ce = {ce_id(i): i for i in ids}
         try:
             answer, exchanges = client.manage("status", list(by_ce), deadline)
@@ -825,14 +842,15 @@ class RestInterface:
             endpoint, ok=True, statuses=statuses, command=exchanges[-1], commands=len(exchanges)
         )
 
-    def _refresh_payload(self, client: ArexClient, deadline: Deadline) -> None:
-        """A poll's part under ``auth: token``: the payload proxy's delegation renewed when the
-        proxy was (running pilots get it, as with ``auth: x509``), and marked used."""
+    def _refresh_payload(self, client: ArexClient, owner: str, deadline: Deadline) -> None:
+        """A poll's part under ``auth: token``: the payload proxy's delegation (of ``owner``,
+        the token's identity) renewed when the proxy was (running pilots get it, as with
+        ``auth: x509``), and marked used."""
         payload = self.payload.read()
         if payload is None or payload.proxy is None:
             return
-        self.payload_delegations.refresh(client, payload.proxy, deadline)
-        self.payload_delegations.touch(client.service, payload.proxy.identity)
+        self.payload_delegations.refresh(client, payload.proxy, deadline, owner)
+        self.payload_delegations.touch(client.service, payload.proxy.identity, owner)
 
     def _finals(
         self,
@@ -976,6 +994,7 @@ class RestInterface:
             lambda service: self.client(service, credential),
             deadline,
             proxy.attributes,
+            credential.owner(),
         )
 
 

@@ -8,6 +8,8 @@ tests that need it, never skips them. Tests that stop the fork CE (``stop_servic
 another URL, a certificate from the same test CA) whose tokens the CE must refuse.
 ``token_issuer`` is a token issuer with a CA of its own and no CE at all, served from this
 process, for the tests of its token endpoint and of the clients that use it.
+``audience_ces`` are two more fork CEs (a module's), each with its own issuer, that admit only
+the tokens whose audience is their own URL.
 """
 
 from __future__ import annotations
@@ -76,6 +78,22 @@ def arc_ce_slurm(slurm_cluster):
 def arc(arc_ce):
     """The session's fork CE, running (started again if a test stopped it)."""
     return _start(arc_ce)
+
+
+@pytest.fixture(scope="module")
+def audience_ces():
+    """Two fork CEs that check the audience (``ArcCE(audience=True)``: a token's ``aud`` must
+    be the CE's ``own_audience``, ``https://localhost:PORT``), started for the module."""
+    from gridgate.plugins.arc.ce import ArcCE
+
+    started = []
+    try:
+        for _ in range(2):
+            started.append(_start(ArcCE(audience=True)))
+        yield tuple(started)
+    finally:
+        for ce in started:
+            ce.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.documents import DocumentError
 from gridgate.plugins.arc.documents import (
     DelegationRecord,
@@ -27,8 +28,9 @@ from gridgate.plugins.arc.documents import (
     stamps,
     submitted_ids,
     token_end,
+    token_owner,
 )
-from gridgate.plugins.arc.rest.interface import token_expired
+from gridgate.plugins.arc.rest.interface import Credential, token_expired
 from gridgate.plugins.arc.rest.jobs import info_status
 
 JOB = "https://localhost:18443/arex/rest/1.0/jobs/ClMNDms32sAoOSAtDmABFKDmmVLKDmsiiqMm"
@@ -143,6 +145,27 @@ def test_a_bearer_tokens_end_is_a_time_or_the_ce_judges_the_token() -> None:
     assert token_expired("not-a-jwt", now=0.0) is None
     with pytest.raises(DocumentError):
         token_end(_token('{"exp": "soon"}'))
+
+
+def test_a_bearer_tokens_owner_is_its_issuer_and_subject_as_a_rex_names_it() -> None:
+    iss = '"iss": "https://iam.example.org"'
+    assert token_owner(_token("{" + iss + ', "sub": "atlas"}')) == "https://iam.example.org/atlas"
+    assert token_owner(_token("{" + iss + "}")) is None
+    assert token_owner(_token('{"sub": "atlas"}')) is None
+    for bad in ('{"sub": 5, "iss": "x"}', "[1]"):
+        with pytest.raises(DocumentError):
+            token_owner(_token(bad))
+    with pytest.raises(DocumentError):
+        token_owner("not-a-jwt")
+    # a delegation's owner: the token's identity; a token that names none, its credential's
+    # name (none in force outside a hook call: the kind's); a proxy owns its own
+    owned = Credential("token", "/cas", token=_token("{" + iss + ', "sub": "lhcb"}'))
+    assert owned.owner() == "token https://iam.example.org/lhcb"
+    assert Credential("token", "/cas", token="opaque").owner() == "token credential token"
+    with credentials_in_force({"token": "atlas-token"}):
+        opaque = Credential("token", "/cas", token="opaque")
+        assert opaque.owner() == "token credential atlas-token"
+    assert Credential("x509", "/cas").owner() == ""
 
 
 def test_stamps_markers_and_records_read_back_are_checked_as_well() -> None:

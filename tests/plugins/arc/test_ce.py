@@ -215,3 +215,13 @@ def test_by_hand_stop_and_start_keep_the_ce_and_its_ports_and_the_issuer_port_is
     finally:
         hand("down", "--remove")
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_an_audience_needs_tokens_and_is_one_word() -> None:
+    with pytest.raises(ValueError, match="audience needs tokens=True"):
+        ArcCE(tokens=False, audience=True)
+    for bad in ("", "https://ce.example.org other"):
+        with pytest.raises(ValueError, match="no blank"):
+            ArcCE(audience=bad)
+    assert ArcCE(audience="https://ce.example.org").audience == "https://ce.example.org"
+    assert ArcCE().audience is None

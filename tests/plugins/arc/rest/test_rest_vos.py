@@ -7,6 +7,7 @@ and is told under the credential's name, and the other VO goes on submitting."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from support.polling import until
 
 from gridgate.core.config import load_config
 from gridgate.core.engine.director import Director, summary_json
+from gridgate.plugins.arc.documents import delegation_record
+from gridgate.plugins.arc.rest.delegation import PREFIX
 from gridgate.plugins.arc.rest.jobs import ce_id
 
 pytestmark = pytest.mark.xdist_group("arc")
@@ -122,5 +125,88 @@ def test_two_vos_on_one_ce_each_group_created_and_followed_under_its_own_identit
         )
         by_name = {c.name: c.usable for c in summary.credentials}
         assert by_name == {"atlas-token": True, "lhcb-token": False}
+    finally:
+        director.close()
+
+
+#: Says whether the payload proxy A-REX names is there, and whose it is.
+PROXY_PILOT = """#!/bin/sh
+PATH=/usr/bin:/bin
+if [ -r "$X509_USER_PROXY" ]; then
+  echo proxy=present
+  openssl x509 -noout -subject -nameopt compat -in "$X509_USER_PROXY"
+else
+  echo proxy=absent
+fi
+"""
+
+
+def _delegation_of(arc: Any, job: str) -> str:
+    description = Path(arc.folder, "control", f"job.{ce_id(job)}.description").read_text()
+    (identifier,) = re.findall(r'delegationid\s*=\s*"([^"]+)"', description)
+    return identifier
+
+
+def test_two_vos_delegating_one_payload_proxy_to_one_ce_each_make_their_own(
+    arc, rest, tmp_path
+) -> None:
+    """``auth: token`` with one payload proxy for two VOs (two tokens, two subjects) on one
+    CE: A-REX 6.17 keeps a delegation for the identity that made it (another token asking
+    for it is told it does not exist, and a job of that token naming it would run with no
+    proxy: trap 8), so each VO's pilots name a delegation made under their own token, and
+    each finds the payload proxy in its job."""
+    proxy = tmp_path / "payload.pem"
+    arc.make_proxy(proxy)
+    groups = [
+        {"group": "atlas", "pilots": 1},
+        {"group": "lhcb", "pilots": 1, "credential": "lhcb-token"},
+    ]
+    site = _site(arc, tmp_path, groups)
+    doc = yaml.safe_load(site.read_text())
+    doc["credentials"]["payload-proxy"] = {"kind": "x509_proxy", "path": str(proxy)}
+    arc_section = doc["backends"]["arc"]
+    arc_section["payload"] = {"credential": "payload-proxy"}
+    arc_section["keep_on_ce"] = True  # the test reads each pilot's output from its session
+    arc_section["env"]["X509_USER_PROXY"] = str(tmp_path / "none")  # the tokens reach the CE
+    (tmp_path / "pilot.sh").write_text(PROXY_PILOT, encoding="utf-8")
+    site.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    tokens = {vo: (tmp_path / f"{vo}.token").read_text() for vo in SUBJECTS}
+
+    director = Director(load_config(site))
+    try:
+        summary = director.run_iteration()
+        registry = director.state.pilot_registry()
+        pilots = {p.group: p.job_id for p in registry.query()}
+        assert sorted(pilots) == ["atlas", "lhcb"], summary_json(summary)
+        delegations = {vo: _delegation_of(arc, job) for vo, job in pilots.items()}
+        assert delegations["atlas"] != delegations["lhcb"], delegations
+        # each delegation is its maker's on the CE: the other VO's token does not see it
+        for vo, other in (("atlas", "lhcb"), ("lhcb", "atlas")):
+            mine = f"/delegations/{delegations[vo]}?action=get"
+            assert rest(arc, "POST", mine, tokens[vo]).status == 200, vo
+            assert rest(arc, "POST", mine, tokens[other]).status != 200, (vo, other)
+        # the store keeps one record per owner: the token's ISS/SUB
+        owners = sorted(
+            delegation_record(text).owner
+            for key, text in director.state.items(PREFIX)
+            if "/" not in key[len(PREFIX) :]
+        )
+        assert owners == sorted(f"token {arc.issuer_url}/{s}" for s in SUBJECTS.values())
+
+        def output(vo: str) -> str | None:
+            job = ce_id(pilots[vo])
+            status = rest(arc, "POST", "/jobs?action=status", tokens[vo], {"job": [{"id": job}]})
+            state = status.json()["job"]["state"]
+            if state not in ("FINISHED", "FAILED"):
+                return None
+            answer = rest(arc, "GET", f"/jobs/{job}/session/pilot.out", tokens[vo])
+            return f"{state}\n{answer.body.decode(errors='replace')}"
+
+        for vo in SUBJECTS:
+            out = until(lambda vo=vo: output(vo), timeout=180, pause=2)
+            assert out is not None and out.startswith("FINISHED\nproxy=present\n"), (vo, out)
+            rest(
+                arc, "POST", "/jobs?action=clean", tokens[vo], {"job": [{"id": ce_id(pilots[vo])}]}
+            )
     finally:
         director.close()
