@@ -25,6 +25,8 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.backend import Backend
+from gridgate.core.credential_names import credentials_in_force
+from gridgate.core.credentials import CredentialPlugin
 from gridgate.core.kinds import failure
 from gridgate.core.model import (
     BackendInfo,
@@ -269,8 +271,25 @@ class ArcBackend(Backend):
         )
         if delegations.has_work():
             # delegations of CEs no endpoint here reaches over REST any more (removed from the
-            # config, or interface: cli now), once no director has used them for a while
-            self._rest.sweep(self.interface.services(list(self._ces.values())), timeout)
+            # config, or interface: cli now), once no director has used them for a while; under
+            # auth: token each token's own (only their maker may delete them), one sweep each
+            services = self.interface.services(list(self._ces.values()))
+            for names in self._sweepers():
+                with credentials_in_force(names):
+                    self._rest.sweep(services, timeout)
+
+    def _sweepers(self) -> list[dict[str, str]]:
+        """The credentials a sweep runs under, one sweep each: under ``auth: token`` every
+        configured token credential (a VO's payload delegations are its token's to delete),
+        else the one in force."""
+        if self.settings.auth != "token" or self.context.plugin_manager is None:
+            return [{}]
+        names = [
+            plugin.name
+            for plugin in self.context.plugin_manager.get_plugins()
+            if isinstance(plugin, CredentialPlugin) and plugin.kind == "token"
+        ]
+        return [{"token": name} for name in dict.fromkeys(names)] or [{}]
 
     def close(self) -> None:
         """Close the REST interface's kept-alive connections."""

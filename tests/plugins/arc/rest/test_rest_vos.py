@@ -7,6 +7,7 @@ and is told under the credential's name, and the other VO goes on submitting."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from support.polling import until
+from support.ports import free_port
 
 from gridgate.core.config import load_config
 from gridgate.core.engine.director import Director, summary_json
@@ -208,5 +210,23 @@ def test_two_vos_delegating_one_payload_proxy_to_one_ce_each_make_their_own(
             rest(
                 arc, "POST", "/jobs?action=clean", tokens[vo], {"job": [{"id": ce_id(pilots[vo])}]}
             )
+        # both pilots ended, as a poll would record (a live pilot's poll is a use of its
+        # delegation); then the CE leaves the config and the delegations stay unused an hour:
+        # the sweep deletes each VO's with that VO's own token (A-REX lets only their maker
+        # see or delete them)
+        registry.put([p.moved("done", time.time()) for p in registry.query()])
+        for key, text in director.state.items(PREFIX):
+            if "/" not in key[len(PREFIX) :]:
+                record = json.loads(text)
+                director.state.set(key, json.dumps({**record, "used": record["used"] - 3700}))
+        director.close()
+        arc_section["endpoints"] = [f"https://localhost:{free_port()}/arex"]
+        site.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        director = Director(load_config(site))
+        director.run_iteration()
+        for vo in SUBJECTS:
+            mine = f"/delegations/{delegations[vo]}?action=get"
+            assert rest(arc, "POST", mine, tokens[vo]).status == 404, vo
+        assert [k for k, _t in director.state.items(PREFIX) if "/" not in k[len(PREFIX) :]] == []
     finally:
         director.close()
