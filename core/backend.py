@@ -158,7 +158,7 @@ def file_output(
 ) -> PilotOutput:
     """A :class:`PilotOutput` read from the file ``path`` on this machine: what a backend whose
     batch system writes a pilot's output to a file system the director shares answers (the
-    part asked for, its length; ``held`` False with "file ... is gone" when it is missing).
+    part asked for, its length; ``held`` False with "file ... is not there" when it is missing).
 
     :param job_id: the pilot's job id.
     :param stream: ``stdout``, ``stderr`` or ``file``.
@@ -174,7 +174,12 @@ def file_output(
     except InputFileError as exc:
         if exc.errno == errno.ENOENT:
             return PilotOutput(
-                job_id, stream, held=False, where=path, name=name, message=f"file {path} is gone"
+                job_id,
+                stream,
+                held=False,
+                where=path,
+                name=name,
+                message=f"file {path} is not there",
             )
         return PilotOutput(job_id, stream, ok=False, where=path, name=name, message=str(exc))
     return PilotOutput(

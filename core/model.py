@@ -431,7 +431,7 @@ class PilotOutput:
     ``ok`` False when the CE could not be asked (down, refused, timed out: ``message`` and
     ``command`` say why); nothing is then known of ``held``. ``held`` False when the CE
     answered that it no longer holds the job, or the job holds no such file (``message``
-    says which: ``the CE no longer holds job 12``, ``file /scratch/12.out is gone``).
+    says which: ``the CE no longer holds job 12``, ``file /scratch/12.out is not there``).
     ``where`` says where the stream is, as the CE names it (a path, a URL), as far as known.
     ``text`` is what was read, at most the bytes asked for, decoded as UTF-8 with
     replacement and not yet escaped (the caller escapes it with

@@ -188,9 +188,9 @@ def test_a_file_gone_and_a_job_the_controller_does_not_hold_say_so(finished) -> 
     gone = gridgate("pilots", "output", "-c", str(path), failed.job_id)
     assert gone.returncode == 3 and gone.stdout == ""
     where = cluster.jobs_dir / f"out-{failed.job_id}.txt"
-    assert f"file {where} is gone" in gone.stderr
+    assert f"file {where} is not there" in gone.stderr
     shown = gridgate("pilots", "show", "-c", str(path), failed.job_id).stdout
-    assert f"stdout:    {where}: no longer there: file {where} is gone" in shown
+    assert f"stdout:    {where}: no longer there: file {where} is not there" in shown
 
     lost = gridgate("pilots", "output", "-c", str(path), "999999")
     assert lost.returncode == 3, lost.stderr
