@@ -233,10 +233,8 @@ def pilots_show(
 @pilots_group.command("output")
 @click.argument("job_id")
 @click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
-@click.option(
-    "--stdout", "stream", flag_value="stdout", default=True, help="The pilot's stdout (default)."
-)
-@click.option("--stderr", "stream", flag_value="stderr", help="The pilot's stderr.")
+@click.option("--stdout", "stdout", is_flag=True, help="The pilot's stdout (the default).")
+@click.option("--stderr", "stderr", is_flag=True, help="The pilot's stderr.")
 @click.option("--file", "file_name", metavar="NAME", help="A file of the job's own folder.")
 @click.option("--tail", type=click.IntRange(min=1), metavar="N", help="Only the last N lines.")
 @click.option(
@@ -253,7 +251,8 @@ def pilots_show(
 def pilots_output(
     job_id: str,
     path: str,
-    stream: str,
+    stdout: bool,
+    stderr: bool,
     file_name: str | None,
     tail: int | None,
     cap: int,
@@ -264,17 +263,14 @@ def pilots_output(
     """Print a tracked pilot's stdout, stderr or a file of its job, read from its CE under a
     query token, cut at --max-bytes and escaped. Exit 1 when it cannot be read, 3 when the CE
     no longer holds the job or the file."""
+    if stdout + stderr + (file_name is not None) > 1:
+        raise click.UsageError("--stdout, --stderr and --file name three streams: give one")
     if file_name is not None:
-        if stream == "stderr":
-            raise click.UsageError("--file and --stderr name two streams: give one")
         problem = file_name_problem(file_name)
         if problem is not None:
             raise click.BadParameter(problem, param_hint="--file")
-        stream = "file"
+    chosen: OutputStream = "file" if file_name is not None else "stderr" if stderr else "stdout"
     pilot = _one_pilot(path, job_id, backend, endpoint)
-    chosen: OutputStream = (
-        "file" if stream == "file" else "stderr" if stream == "stderr" else "stdout"
-    )
     (out,) = _read(path, pilot, [(chosen, file_name or "")], cap=cap, tail=tail)
     if as_json:
         echo(json.dumps(_output_json(pilot, out, cap), indent=2))

@@ -42,7 +42,7 @@ def output_options(words: Sequence[str]) -> OutputOptions:
     return OutputOptions(
         stdout=found.get("-o"),
         stderr=found.get("-e"),
-        join=found.get("-j", "n").lower() in ("y", "yes"),
+        join=(found.get("-j") or "n").lower() in ("y", "yes"),
         wd=found.get("-wd"),
         cwd=cwd,
     )

@@ -296,11 +296,11 @@ def job_owner(stdout: str, listing: str) -> tuple[str, str] | None:
             key, sep, value = line.partition(":")
             if sep and key.strip() in ("job_name", "owner") and key == key.strip():
                 fields.setdefault(key, value.strip())
-        name, owner = fields.get("job_name", ""), fields.get("owner", "")
+        name, owner = fields.get("job_name") or "", fields.get("owner") or ""
     else:
         records = list(_lines(stdout))
         last = records[-1] if records else {}
-        name, owner = last.get("jobname", ""), last.get("owner", "")
+        name, owner = last.get("jobname") or "", last.get("owner") or ""
     return (name, owner) if name and owner else None
 
 
