@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import quote
 
 from gridgate.core.backend import Deadline
 from gridgate.core.documents import DocumentError
@@ -334,8 +335,9 @@ class ArexClient:
         return b"" if found is None else found[0]
 
     def session_url(self, identifier: str, name: str, deadline: Deadline) -> str:
-        """The URL of ``name`` in job ``identifier``'s session folder."""
-        return f"{self.base(deadline)}/jobs/{identifier}/session/{name}"
+        """The URL of ``name`` in job ``identifier``'s session folder, the name percent-encoded
+        whole (``%2e%2e`` stays a name: it cannot reach the CE as ``..``)."""
+        return f"{self.base(deadline)}/jobs/{identifier}/session/{quote(name, safe='')}"
 
     def file_part(
         self, identifier: str, name: str, size: int, from_end: bool, deadline: Deadline

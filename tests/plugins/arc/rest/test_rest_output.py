@@ -151,7 +151,7 @@ def test_tail_stderr_and_a_file_of_the_session(ended) -> None:
     named = gridgate("pilots", "output", "-c", str(path), job, "--file", "pilot.err")
     assert (named.returncode, named.stdout) == (0, "a warning\n")
     # A-REX keeps only the declared outputs of a finished job: its script is gone
-    for name in ("pilot.sh", "nosuch.txt"):
+    for name in ("pilot.sh", "nosuch.txt", "%2e%2e"):
         missing = gridgate("pilots", "output", "-c", str(path), job, "--file", name)
         assert missing.returncode == 3 and missing.stdout == ""
         assert f"holds no {name} in its session" in missing.stderr
