@@ -13,6 +13,7 @@ the hook the director calls                   the method of yours it calls (for 
 ``gridgate_classify_failure(endpoint, ...)``  :meth:`Backend.classify_failure` (None: rules)
 ``gridgate_job_status(endpoint, ...)``        :meth:`Backend.job_status` (None: no tracking)
 ``gridgate_cancel(endpoint, ...)``            :meth:`Backend.cancel` (None: cannot cancel)
+``gridgate_pilot_output(endpoint, ...)``      :meth:`Backend.pilot_output` (None: cannot read)
 ``gridgate_list_match(endpoint, ...)``        :meth:`Backend.list_match` (only if you write it)
 ============================================  =================================================
 
@@ -35,6 +36,7 @@ A backend may still implement the raw hooks on a plain :class:`~gridgate.core.pl
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import threading
@@ -53,6 +55,8 @@ from gridgate.core.model import (
     FoundPilots,
     JobStatus,
     ListMatchResult,
+    OutputStream,
+    PilotOutput,
     Resources,
     StatusResult,
     SubmitRequest,
@@ -69,6 +73,7 @@ __all__ = [
     "command_timeout_schema",
     "commands_schema",
     "env_schema",
+    "file_output",
     "found_pilots",
     "job_name",
     "not_tried",
@@ -141,6 +146,52 @@ def found_pilots(
 
 #: The :class:`~gridgate.core.model.Resources` values a backend may declare it maps.
 RESOURCE_VALUES: tuple[str, ...] = ("cores", "memory_mb", "walltime")
+
+
+def file_output(
+    job_id: str,
+    stream: OutputStream,
+    path: str,
+    size: int,
+    from_end: bool = False,
+    name: str = "",
+) -> PilotOutput:
+    """A :class:`PilotOutput` read from the file ``path`` on this machine: what a backend whose
+    batch system writes a pilot's output to a file system the director shares answers (the
+    part asked for, its length; ``held`` False with "file ... is not there" when it is missing).
+
+    :param job_id: the pilot's job id.
+    :param stream: ``stdout``, ``stderr`` or ``file``.
+    :param path: where the batch system writes the stream (absolute).
+    :param size: the most bytes to read (0: only whether it is there).
+    :param from_end: read the last ``size`` bytes instead of the first.
+    :param name: the file's name for ``stream == "file"``.
+    """
+    from gridgate.core.files import InputFileError, read_part
+
+    try:
+        data, total = read_part(path, size=size, from_end=from_end)
+    except InputFileError as exc:
+        if exc.errno == errno.ENOENT:
+            return PilotOutput(
+                job_id,
+                stream,
+                held=False,
+                where=path,
+                name=name,
+                message=f"file {path} is not there",
+            )
+        return PilotOutput(job_id, stream, ok=False, where=path, name=name, message=str(exc))
+    return PilotOutput(
+        job_id,
+        stream,
+        where=path,
+        text=data.decode("utf-8", "replace"),
+        cut=total > len(data),
+        size=total,
+        from_end=from_end,
+        name=name,
+    )
 
 
 def resource_gaps(
@@ -319,8 +370,8 @@ class Backend(Plugin):
 
     Set ``name`` (the entry-point name), ``config_schema`` and ``endpoints_key`` (the key
     of your section listing the endpoints); write :meth:`submit`, and as your batch system
-    allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel`, :meth:`find_pilots`
-    and :meth:`list_match`. Override :meth:`endpoints` when an entry of your list is more than a
+    allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel`, :meth:`find_pilots`,
+    :meth:`pilot_output` and :meth:`list_match`. Override :meth:`endpoints` when an entry of your list is more than a
     name (a URL, a mapping), :meth:`environment` when your commands need more than the
     section's ``env`` and credentials.
 
@@ -412,6 +463,21 @@ class Backend(Plugin):
         """The jobs of the submissions ``names`` (or of every submission of ``fleet``) that
         ``endpoint`` holds, in every state (``gridgate_find_pilots``; build the answer with
         :func:`found_pilots`); None: this backend cannot look jobs up by name."""
+        return None
+
+    def pilot_output(
+        self,
+        endpoint: Endpoint,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput | None:
+        """At most ``size`` bytes of one stream of pilot ``job_id`` (``gridgate_pilot_output``:
+        the start, or the end with ``from_end``; 0 bytes: only where it is and whether it is
+        still there); None: this backend cannot read that stream."""
         return None
 
     def list_match(
@@ -515,6 +581,22 @@ class Backend(Plugin):
     ) -> FoundPilots | None:
         """The hook: :meth:`find_pilots` for this backend's endpoints, else None."""
         return self.find_pilots(endpoint, names, fleet, timeout) if self.mine(endpoint) else None
+
+    @hookimpl
+    def gridgate_pilot_output(
+        self,
+        endpoint: Endpoint,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput | None:
+        """The hook: :meth:`pilot_output` for this backend's endpoints, else None."""
+        if not self.mine(endpoint):
+            return None
+        return self.pilot_output(endpoint, job_id, stream, name, size, from_end, timeout)
 
     @hookimpl
     def gridgate_list_match(

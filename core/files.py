@@ -29,6 +29,7 @@ __all__ = [
     "ensure_private_dir",
     "file_problem",
     "read_credential",
+    "read_part",
     "read_regular",
     "resolve_dir",
     "shared_folder",
@@ -158,6 +159,47 @@ def read_regular(
         if size > max_bytes:  # it grew while being read
             raise InputFileError(f"{name} is longer than {max_bytes} bytes", too_large=True)
         return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_part(
+    path: str | os.PathLike[str], *, size: int, from_end: bool = False
+) -> tuple[bytes, int]:
+    """At most ``size`` bytes of the regular file ``path`` (its start, or its end with
+    ``from_end``) and its whole length, for a file too large to read whole (a pilot's output).
+
+    Opened as :func:`read_regular` opens (non-blocking, no controlling terminal), checked on
+    the open descriptor to be a regular file before a byte is read.
+
+    :param path: the file.
+    :param size: the most bytes to read (0: none, only its length).
+    :param from_end: read the last ``size`` bytes instead of the first.
+    :raises InputFileError: for a file that is missing (``errno`` ENOENT), unreadable or not a
+        regular file.
+    """
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputFileError(f"{name}: {exc.strerror}", exc.errno) from None
+    try:
+        info = os.fstat(fd)
+        problem = file_problem(info)
+        if problem is not None:
+            raise InputFileError(f"{name} {problem}")
+        total = info.st_size
+        if from_end and total > size:
+            os.lseek(fd, total - size, os.SEEK_SET)
+        chunks: list[bytes] = []
+        got = 0
+        while got < size:
+            chunk = os.read(fd, min(1 << 20, size - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks), total
     finally:
         os.close(fd)
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
         IterationSummary,
         ListMatchResult,
         Notification,
+        OutputStream,
+        PilotOutput,
         Refusal,
         StatusResult,
         SubmitRequest,
@@ -62,6 +64,7 @@ __all__ = [
     "gridgate_submission_finished",
     "gridgate_job_status",
     "gridgate_cancel",
+    "gridgate_pilot_output",
 ]
 
 
@@ -458,6 +461,39 @@ def gridgate_cancel(
     :param timeout: hard limit in seconds for all the commands of this call.
     :return: a :class:`CancelResult`; None when ``endpoint.backend`` is not this plugin's or
         it cannot cancel. Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_pilot_output(
+    endpoint: Endpoint,
+    job_id: str,
+    stream: OutputStream,
+    name: str,
+    size: int,
+    from_end: bool,
+    timeout: float,
+) -> PilotOutput | None:
+    """Read one stream of one pilot from where its CE keeps it: its standard output, its
+    standard error, or a file of the job's own.
+
+    Called by ``gridgate pilots output`` (and, with ``size`` 0, by ``gridgate pilots show``)
+    for one tracked pilot, under an admission grant of category ``query``, with the pilot's
+    demand group's credential in force. The commands and requests must end by ``timeout``.
+    The text is returned as read: the caller escapes it and trims it to whole lines.
+
+    :param endpoint: the server the pilot was submitted to.
+    :param job_id: the pilot's job id as the backend reported it at submission.
+    :param stream: ``stdout``, ``stderr`` or ``file``.
+    :param name: for ``file``, the file's name in the job's own folder (no ``/``, never
+        ``..``: the caller refuses those); '' otherwise.
+    :param size: the most bytes to read; 0 to say only where the stream is and whether it is
+        still there (without reading it when the backend can tell so).
+    :param from_end: read the last ``size`` bytes instead of the first.
+    :param timeout: hard limit in seconds for all the commands and requests of this call.
+    :return: a :class:`PilotOutput` (``held`` False when the CE no longer holds the job or
+        the file; ``ok`` False when the CE could not be asked); None when ``endpoint.backend``
+        is not this plugin's or it cannot read that stream. Stops at first non-None result.
     """
 
 

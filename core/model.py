@@ -34,6 +34,7 @@ TERMINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "los
 __all__ = [
     "AVAILABILITY_STATES",
     "AVAILABLE",
+    "OUTPUT_STREAMS",
     "PILOT_STATES",
     "TERMINAL_STATES",
     "AccountingRecord",
@@ -60,6 +61,8 @@ __all__ = [
     "ListMatchResult",
     "Notification",
     "Outcome",
+    "OutputStream",
+    "PilotOutput",
     "PilotReport",
     "PilotState",
     "PollReport",
@@ -413,6 +416,47 @@ class CancelResult:
     message: str = ""
     #: as in :class:`StatusResult`: a fault of this machine, not of the server
     local_fault: str = ""
+
+
+#: The streams of a pilot that ``gridgate_pilot_output`` reads: its standard output, its
+#: standard error, or a file of the job's own (its name in :attr:`PilotOutput.name`).
+OutputStream = Literal["stdout", "stderr", "file"]
+OUTPUT_STREAMS: tuple[str, ...] = ("stdout", "stderr", "file")
+
+
+@dataclass(frozen=True)
+class PilotOutput:
+    """The answer of a backend to reading one stream of one pilot (``gridgate_pilot_output``).
+
+    ``ok`` False when the CE could not be asked (down, refused, timed out: ``message`` and
+    ``command`` say why); nothing is then known of ``held``. ``held`` False when the CE
+    answered that it no longer holds the job, or the job holds no such file (``message``
+    says which: ``the CE no longer holds job 12``, ``file /scratch/12.out is not there``).
+    ``where`` says where the stream is, as the CE names it (a path, a URL), as far as known.
+    ``text`` is what was read, at most the bytes asked for, decoded as UTF-8 with
+    replacement and not yet escaped (the caller escapes it with
+    :func:`gridgate.core.text.printable`); ``cut`` is true when the stream holds more than
+    ``text`` (``size``, when known, is its whole length in bytes); ``from_end`` says that
+    ``text`` is the stream's end rather than its start.
+    """
+
+    job_id: str
+    stream: OutputStream
+    ok: bool = True
+    held: bool = True
+    where: str = ""
+    text: str = ""
+    cut: bool = False
+    size: int | None = None
+    from_end: bool = False
+    #: the file's name for ``stream == "file"`` ('' otherwise)
+    name: str = ""
+    command: CommandResult | None = None
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if self.stream not in OUTPUT_STREAMS:
+            raise ValueError(f"stream must be one of {OUTPUT_STREAMS}, got {self.stream!r}")
 
 
 @dataclass(frozen=True)

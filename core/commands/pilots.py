@@ -1,5 +1,5 @@
-"""``gridgate pilots list|summary|cancel``: the pilot registry seen and acted on from another
-process than the director (sqlite or Redis state)."""
+"""``gridgate pilots list|summary|show|output|cancel``: the pilot registry seen and acted on
+from another process than the director (sqlite or Redis state)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,17 @@ from gridgate.core.cli import echo
 from gridgate.core.commands.report import render_states
 from gridgate.core.credential_names import CredentialChoice
 from gridgate.core.engine.cancelling import cancel_pilots
+from gridgate.core.engine.output import (
+    DEFAULT_CAP,
+    MAX_CAP,
+    file_name_problem,
+    read_output,
+)
 from gridgate.core.engine.pilot_credentials import GroupCredentials, configured_kinds, names_for
 from gridgate.core.engine.tracking import state_counts
-from gridgate.core.model import PILOT_STATES, TERMINAL_STATES, Endpoint
+from gridgate.core.model import PILOT_STATES, TERMINAL_STATES, Endpoint, OutputStream, PilotOutput
 from gridgate.core.state import Pilot, PilotRegistry
+from gridgate.core.text import printable
 
 if TYPE_CHECKING:
     from gridgate.core.engine.runtime import Runtime
@@ -34,7 +41,7 @@ class Commands:
 
 @click.group("pilots")
 def pilots_group() -> None:
-    """The pilots the director tracks: by endpoint and state, and cancelling them."""
+    """The pilots the director tracks: by endpoint and state, their output, cancelling them."""
 
 
 def _registry(path: str) -> tuple[Any, Any]:
@@ -118,6 +125,179 @@ def pilots_summary(path: str, as_json: bool) -> None:
         echo(json.dumps({"endpoints": table}, indent=2))
         return
     echo(render_states(table).removesuffix("\n"))
+
+
+#: ``gridgate pilots output``'s exit code when the CE no longer holds the job or its file.
+GONE = 3
+
+
+def _one_pilot(path: str, job_id: str, backend: str | None, endpoint: str | None) -> Pilot:
+    """The tracked pilot ``job_id`` (of ``backend``/``endpoint`` when given); exits 1 with a
+    message when no pilot or more than one matches."""
+    state, registry = _registry(path)
+    try:
+        found = [p for p in registry.query(backend, endpoint) if p.job_id == job_id]
+    finally:
+        state.close()
+    if not found:
+        echo(f"{job_id}: not a tracked pilot (gridgate pilots list shows them)", err=True)
+        raise SystemExit(1)
+    if len(found) > 1:
+        keys = ", ".join(p.endpoint_key for p in found)
+        echo(f"{job_id}: tracked on {keys}: say which with --backend and --endpoint", err=True)
+        raise SystemExit(1)
+    return found[0]
+
+
+def _read(
+    path: str, pilot: Pilot, asks: Sequence[tuple[OutputStream, str]], **kw: Any
+) -> list[PilotOutput]:
+    """Each of ``asks`` ((stream, file name)) of ``pilot`` read with ``read_output(**kw)``,
+    through a director built from the config at ``path`` (its plugins, admission, credentials)."""
+    from gridgate.core.cli import load_config_or_exit
+    from gridgate.core.engine.director import Director
+
+    config = load_config_or_exit(path)
+    state, _unused = _registry(path)
+    director = Director(config, state=state, serve_metrics=False)
+    try:
+        return [read_output(director.runtime, pilot, s, name=n, **kw) for s, n in asks]
+    finally:
+        director.close()
+        state.close()
+
+
+def _output_json(pilot: Pilot, out: PilotOutput, cap: int) -> dict[str, Any]:
+    return {
+        "job_id": pilot.job_id,
+        "backend": pilot.backend,
+        "endpoint": pilot.endpoint,
+        "stream": out.stream,
+        "name": out.name,
+        "ok": out.ok,
+        "held": out.held,
+        "where": printable(out.where, newlines=False),
+        "size": out.size,
+        "cap": cap,
+        "cut": out.cut,
+        "from_end": out.from_end,
+        "text": printable(out.text),
+        "message": printable(out.message, newlines=False),
+    }
+
+
+def _state_of(out: PilotOutput) -> str:
+    """Where a stream is and whether it is still there, in one line."""
+    where = out.where or "(where unknown)"
+    if not out.ok:
+        return f"{where}: not known: {out.message}"
+    if not out.held:
+        return f"{where}: no longer there: {out.message}"
+    size = "" if out.size is None else f" ({out.size} bytes)"
+    return f"{where}: still there{size}"
+
+
+@pilots_group.command("show")
+@click.argument("job_id")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--backend", help="The pilot's backend, when a job id is tracked twice.")
+@click.option("--endpoint", help="The pilot's endpoint, when a job id is tracked twice.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of lines.")
+def pilots_show(
+    job_id: str, path: str, backend: str | None, endpoint: str | None, as_json: bool
+) -> None:
+    """One tracked pilot: its record, and where its stdout and stderr are and whether its CE
+    still holds them (asked of the backend without reading them, under a query token)."""
+    pilot = _one_pilot(path, job_id, backend, endpoint)
+    outputs = _read(path, pilot, [("stdout", ""), ("stderr", "")], cap=0)
+    if as_json:
+        record = pilot.as_dict()
+        record["output"] = {o.stream: _output_json(pilot, o, 0) for o in outputs}
+        for o in record["output"].values():
+            for key in ("text", "cut", "cap", "from_end", "job_id", "backend", "endpoint"):
+                del o[key]
+        echo(json.dumps(record, indent=2))
+        return
+    words = " - ".join(t for t in (pilot.native, pilot.reason) if t)
+    echo(f"job id:    {pilot.job_id}")
+    echo(f"endpoint:  {pilot.endpoint_key} (group {pilot.group}, {pilot.cores} cores)")
+    echo(
+        f"state:     {pilot.state} since {_utc(pilot.changed)} UTC"
+        + (f": {words}" if words else "")
+    )
+    echo(f"submitted: {_utc(pilot.submitted)} UTC")
+    for out in outputs:
+        echo(f"{out.stream + ':':<10} {printable(_state_of(out), newlines=False)}")
+
+
+@pilots_group.command("output")
+@click.argument("job_id")
+@click.option("-c", "--config", "path", required=True, type=click.Path(dir_okay=False))
+@click.option("--stdout", "stdout", is_flag=True, help="The pilot's stdout (the default).")
+@click.option("--stderr", "stderr", is_flag=True, help="The pilot's stderr.")
+@click.option("--file", "file_name", metavar="NAME", help="A file of the job's own folder.")
+@click.option("--tail", type=click.IntRange(min=1), metavar="N", help="Only the last N lines.")
+@click.option(
+    "--max-bytes",
+    "cap",
+    type=click.IntRange(min=1, max=MAX_CAP),
+    default=DEFAULT_CAP,
+    show_default=True,
+    help="Read at most this many bytes (the start, or the end with --tail).",
+)
+@click.option("--backend", help="The pilot's backend, when a job id is tracked twice.")
+@click.option("--endpoint", help="The pilot's endpoint, when a job id is tracked twice.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the text.")
+def pilots_output(
+    job_id: str,
+    path: str,
+    stdout: bool,
+    stderr: bool,
+    file_name: str | None,
+    tail: int | None,
+    cap: int,
+    backend: str | None,
+    endpoint: str | None,
+    as_json: bool,
+) -> None:
+    """Print a tracked pilot's stdout, stderr or a file of its job, read from its CE under a
+    query token, cut at --max-bytes and escaped. Exit 1 when it cannot be read, 3 when the CE
+    no longer holds the job or the file."""
+    if stdout + stderr + (file_name is not None) > 1:
+        raise click.UsageError("--stdout, --stderr and --file name three streams: give one")
+    if file_name is not None:
+        problem = file_name_problem(file_name)
+        if problem is not None:
+            raise click.BadParameter(problem, param_hint="--file")
+    chosen: OutputStream = "file" if file_name is not None else "stderr" if stderr else "stdout"
+    pilot = _one_pilot(path, job_id, backend, endpoint)
+    (out,) = _read(path, pilot, [(chosen, file_name or "")], cap=cap, tail=tail)
+    if as_json:
+        echo(json.dumps(_output_json(pilot, out, cap), indent=2))
+    else:
+        _print_output(out, cap)
+    if not out.ok:
+        raise SystemExit(1)
+    if not out.held:
+        raise SystemExit(GONE)
+
+
+def _print_output(out: PilotOutput, cap: int) -> None:
+    """The text on stdout with a mark where it was cut; why nothing came, on stderr."""
+    what = out.name or out.stream
+    if not out.ok:
+        echo(f"{out.job_id}: its {what} could not be read: {out.message}", err=True)
+        return
+    if not out.held:
+        echo(f"{out.job_id}: {out.message or 'the CE no longer holds it'}", err=True)
+        return
+    text = printable(out.text)
+    of = "" if out.size is None else f" of {out.size}"
+    if out.cut and out.from_end:
+        click.echo(f"[cut at {cap} bytes{of}: its end follows]")
+    click.echo(text, nl=bool(text) and not text.endswith("\n"))
+    if out.cut and not out.from_end:
+        click.echo(f"[cut at {cap} bytes{of}: its start is above]")
 
 
 @pilots_group.command("cancel")

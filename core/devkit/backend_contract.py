@@ -451,6 +451,18 @@ class BackendContract:
                 "gridgate_find_pilots",
                 {"endpoint": other, "names": ("abcdef-000000000001",), "fleet": "", "timeout": 5},
             ),
+            (
+                "gridgate_pilot_output",
+                {
+                    "endpoint": other,
+                    "job_id": "1",
+                    "stream": "stdout",
+                    "name": "",
+                    "size": 10,
+                    "from_end": False,
+                    "timeout": 5,
+                },
+            ),
         ):
             implementation = getattr(backend, hook, None)
             if callable(implementation):

@@ -37,6 +37,8 @@ from gridgate.core.model import (
     IterationInfo,
     IterationSummary,
     JobStatus,
+    OutputStream,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -211,6 +213,26 @@ class ArcBackend(Backend):
             told = "; ".join(m for m in (result.message, f"{ODD_ID}: {bad[:5]}") if m)
             result = dataclasses.replace(result, message=told)
         return result
+
+    def pilot_output(
+        self,
+        endpoint: Endpoint,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput | None:
+        """Over REST, a file of the job's session folder (``GET jobs/ID/session/FILE``: the
+        pilot's ``pilot.out``, ``pilot.err`` or another); the ARC client (``interface: cli``)
+        is not asked (arcget downloads a whole session and cleans the job)."""
+        ce = self._ce(endpoint)
+        if ce is None or self.interface is not self._rest:
+            return None
+        if not JOB_ID_RE.match(job_id):
+            return PilotOutput(job_id, stream, ok=False, message=ODD_ID)
+        return self._rest.pilot_output(ce, job_id, stream, name, size, from_end, timeout)
 
     # --- cleaning ---------------------------------------------------------------------------
 

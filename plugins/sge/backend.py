@@ -6,12 +6,15 @@ endpoint. It is written only against gridgate's public plugin API (docs/plugins.
 site's own backend would be. Failures are read from Grid Engine's own messages
 (:mod:`.classify`), its outputs by :mod:`.parse`. One qmaster serves every queue of a cell: once
 one queue found it unreachable (or found that the cell refuses this user or host), the other
-queues fail at once in that iteration with the same evidence instead of asking again.
+queues fail at once in that iteration with the same evidence instead of asking again. A
+pilot's stdout and stderr are read where qsub's options put them (:mod:`.output`), on the file
+system the director shares with the execution hosts.
 """
 
 from __future__ import annotations
 
 import math
+import pwd
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -27,6 +30,7 @@ from gridgate.core.backend import (
     command_timeout_schema,
     commands_schema,
     env_schema,
+    file_output,
     found_pilots,
     job_name,
     not_tried,
@@ -40,6 +44,8 @@ from gridgate.core.model import (
     IterationInfo,
     IterationSummary,
     JobStatus,
+    OutputStream,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -48,9 +54,11 @@ from gridgate.core.plugins import ConfigProblems, PluginContext
 from gridgate.core.runner import argv_chunks
 from gridgate.core.settings import Settings, settings_from
 from gridgate.plugins.sge.classify import cell_wide, classify, clip
+from gridgate.plugins.sge.output import output_options, output_path
 from gridgate.plugins.sge.parse import (
     JOB_ID_RE,
     job_number,
+    job_owner,
     parse_named_qstat,
     parse_qacct,
     parse_qdel,
@@ -647,6 +655,68 @@ class SgeBackend(Backend):
         return CancelResult(
             endpoint, ok=True, cancelled=tuple(cancelled), command=last, message=message
         )
+
+    def pilot_output(
+        self,
+        endpoint: Endpoint,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput | None:
+        """The pilot's stdout or stderr, read on this machine where qsub's options put it
+        (:mod:`.output`): the job's name and owner from ``qstat -j`` while the cell holds it,
+        else from ``qacct -j``; a job neither knows is not held. A file of its own (``file``)
+        is not offered."""
+        if stream == "file":
+            return None
+        if not JOB_ID_RE.fullmatch(job_id):
+            return PilotOutput(job_id, stream, ok=False, message=ODD_ID)
+        known = self._known_unreachable()
+        if known is not None:
+            return PilotOutput(job_id, stream, ok=False, command=known[0], message=known[1])
+        deadline = self.deadline(timeout)
+        number = job_number(job_id)
+        outcome = self.run([self._command("qstat"), "-j", number], deadline)
+        facts = job_owner(outcome.stdout, "qstat") if outcome.ok else None
+        if not outcome.ok and not (
+            outcome.returncode == 1 and "Following jobs do not exist" in outcome.stderr
+        ):
+            self._note_unreachable(endpoint, outcome)
+            return PilotOutput(
+                job_id, stream, ok=False, command=outcome, message=outcome.describe()
+            )
+        if facts is None and not outcome.ok:  # it left the cell: its accounting record
+            outcome = self.run([self._command("qacct"), "-j", number], deadline)
+            if outcome.returncode == 1 and "not found" in outcome.stderr:
+                return PilotOutput(
+                    job_id,
+                    stream,
+                    held=False,
+                    command=outcome,
+                    message=f"the cell no longer knows job {number} (qstat -j, qacct -j)",
+                )
+            facts = job_owner(outcome.stdout, "qacct") if outcome.ok else None
+        if facts is None:
+            why = outcome.describe() if not outcome.ok else f"no job name or owner for {number}"
+            return PilotOutput(job_id, stream, ok=False, command=outcome, message=why)
+        job, owner = facts
+        try:
+            home = pwd.getpwnam(owner).pw_dir
+        except KeyError:
+            home = ""
+        path, problem = output_path(
+            output_options(self.settings.qsub_options), stream, job_id, job, owner, home
+        )
+        if problem:
+            return PilotOutput(job_id, stream, ok=False, message=problem)
+        if path == "/dev/null":
+            return PilotOutput(
+                job_id, stream, held=False, where=path, message=f"its {stream} went to /dev/null"
+            )
+        return file_output(job_id, stream, path, size, from_end)
 
 
 __all__ = ["OWNED_OPTIONS", "SgeBackend", "owned_option", "resource_options"]

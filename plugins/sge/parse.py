@@ -1,6 +1,6 @@
 """Reading what Grid Engine's commands print: ``qsub -terse``, ``qstat -g d`` (with ``-r``,
 the full job names), ``qstat -j``, ``qacct -j`` and ``qdel``, into job ids and core's pilot
-states.
+states, and a job's name and owner (:func:`job_owner`: where its output goes).
 
 Every format here is the one SGE 8.1.9 (Debian's gridengine packages) prints; docs/sge.md
 quotes the real outputs, and tests/plugins/sge/test_sge_parse.py holds them as captured on the
@@ -24,6 +24,7 @@ __all__ = [
     "NamedJob",
     "QdelAnswer",
     "job_number",
+    "job_owner",
     "parse_qacct",
     "parse_named_qstat",
     "parse_qdel",
@@ -281,6 +282,26 @@ def _finished(pilot: str, record: _QacctRecord) -> JobStatus:
     if exit_code != 0:
         return JobStatus(pilot, "failed", native, f"exit status {exit_code}", exit_code)
     return JobStatus(pilot, "done", native, "", exit_code)
+
+
+def job_owner(stdout: str, listing: str) -> tuple[str, str] | None:
+    """(job name, owner) of the first job of a ``qstat -j`` answer (``listing`` ``qstat``) or
+    the last record of a ``qacct -j`` answer (``qacct``: a re-queued job's last run); None when
+    it names neither."""
+    if listing == "qstat":
+        fields: dict[str, str] = {}
+        for line in stdout.splitlines():
+            if line.startswith("=====") and fields:
+                break
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("job_name", "owner") and key == key.strip():
+                fields.setdefault(key, value.strip())
+        name, owner = fields.get("job_name") or "", fields.get("owner") or ""
+    else:
+        records = list(_lines(stdout))
+        last = records[-1] if records else {}
+        name, owner = last.get("jobname") or "", last.get("owner") or ""
+    return (name, owner) if name and owner else None
 
 
 @dataclass(frozen=True)

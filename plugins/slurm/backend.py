@@ -1,5 +1,7 @@
 """The Slurm backend: submits pilots with ``sbatch --parsable``, tracks them with one bulk
-``squeue`` per partition and cancels them with ``scancel``.
+``squeue`` per partition and cancels them with ``scancel``. A pilot's stdout and stderr are
+read from the paths ``scontrol show job`` gives while the controller holds the job, on the
+file system the director shares with the nodes.
 
 Each configured partition is an endpoint (``partition`` on the cluster of ``SLURM_CONF``, or
 ``partition@cluster`` for another cluster of a multi-cluster site, passed as ``--clusters``).
@@ -28,6 +30,7 @@ from gridgate.core.backend import (
     command_timeout_schema,
     commands_schema,
     env_schema,
+    file_output,
     found_pilots,
     job_name,
     not_tried,
@@ -40,6 +43,8 @@ from gridgate.core.model import (
     FoundPilots,
     IterationInfo,
     JobStatus,
+    OutputStream,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -51,6 +56,7 @@ from gridgate.plugins.slurm.classify import classify, clip, cluster_wide
 from gridgate.plugins.slurm.documents import (
     FIND_FORMAT,
     JOB_ID_RE,
+    output_paths,
     parse_named_jobs,
     parse_parsable,
     parse_squeue,
@@ -245,6 +251,7 @@ SLURM_SCHEMA: dict[str, Any] = {
                 ("sbatch", "submit"),
                 ("squeue", "status"),
                 ("scancel", "cancel"),
+                ("scontrol", "output paths (scontrol show job)"),
             ),
         ),
         "command_timeout": command_timeout_schema(
@@ -611,3 +618,63 @@ class SlurmBackend(Backend):
                 if m
             ),
         )
+
+    def pilot_output(
+        self,
+        endpoint: Endpoint,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput | None:
+        """The pilot's stdout or stderr, read on this machine from the path the controller
+        gives (``scontrol -o show job ID``: the ``--output``/``--error`` of the submission,
+        its ``%j``... expanded): the nodes write it to a file system the director shares. A
+        job the controller no longer holds (``MinJobAge`` after its end) is not held; a file
+        of its own (``file``) is not offered."""
+        if stream == "file":
+            return None
+        if not JOB_ID_RE.fullmatch(job_id):
+            return PilotOutput(job_id, stream, ok=False, message=ODD_ID)
+        known = self._known_unreachable(endpoint)
+        if known is not None:
+            return PilotOutput(job_id, stream, ok=False, command=known[0], message=known[1])
+        argv = [self._command("scontrol"), *self._cluster_args(endpoint), "-o", "show", "job"]
+        outcome = self.run([*argv, job_id], self.deadline(timeout))
+        if (
+            outcome.returncode == 1
+            and "Invalid job id specified" in outcome.stderr
+            and not outcome.timed_out
+        ):
+            return PilotOutput(
+                job_id,
+                stream,
+                held=False,
+                command=outcome,
+                message=f"the controller no longer holds job {job_id}",
+            )
+        if not outcome.ok:
+            self._note_unreachable(endpoint, outcome)
+            return PilotOutput(
+                job_id, stream, ok=False, command=outcome, message=outcome.describe()
+            )
+        path = output_paths(outcome.stdout).get(stream)
+        if path is None:
+            return PilotOutput(
+                job_id,
+                stream,
+                ok=False,
+                command=outcome,
+                message=f"scontrol show job {job_id} names no {stream} path",
+            )
+        if path == "/dev/null":
+            return PilotOutput(
+                job_id, stream, held=False, where=path, message=f"its {stream} went to /dev/null"
+            )
+        if not os.path.isabs(path):  # relative to the job's working folder, as Slurm reads it
+            return PilotOutput(
+                job_id, stream, ok=False, where=path, message=f"{stream} path is not absolute"
+            )
+        return file_output(job_id, stream, path, size, from_end)

@@ -2,8 +2,9 @@
 functions nothing looks at the text again:
 
 - the backend's commands: ``sbatch --parsable``, ``squeue -h -r -o '%i %T %r'``, the
-  listing by name (:data:`FIND_FORMAT`) and ``scancel --verbose`` (job ids that the next
-  command would take, core's pilot states);
+  listing by name (:data:`FIND_FORMAT`), ``scancel --verbose`` (job ids that the next
+  command would take, core's pilot states) and ``scontrol -o show job`` (where a job's
+  stdout and stderr go);
 - what the token daemon reads of the controller: ``sdiag``'s report (its stamps, gauges and
   the two RPC tables), slurmctld's log lines of the requests it received
   (``DebugFlags=Protocol``), ``scontrol``'s partitions and config, and the scheduler plugin's
@@ -42,6 +43,7 @@ __all__ = [
     "parse_parsable",
     "parse_protocol_lines",
     "parse_named_jobs",
+    "output_paths",
     "parse_sdiag",
     "parse_squeue",
     "partition_groups",
@@ -288,6 +290,28 @@ def parse_named_jobs(stdout: str) -> list[tuple[str, JobStatus]]:
             )
         )
     return jobs
+
+
+#: One ``Key=value`` of ``scontrol -o show job``: the value runs to the next `` Key=`` (a path
+#: holding a blank is read whole; one holding `` Word=`` would be cut there, as Slurm prints it).
+_SHOW_FIELD = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?= [A-Za-z][A-Za-z0-9_:/]*=|$)")
+#: scontrol's keys of the streams, by core's stream names
+OUTPUT_KEYS = {"stdout": "StdOut", "stderr": "StdErr"}
+
+
+def output_paths(stdout: str) -> dict[str, str]:
+    """``{"stdout": path, "stderr": path}`` from ``scontrol -o show job ID``'s first record
+    (Slurm expands ``%j``, ``%A``, ``%x``... in them; a record without them gives ``{}``)."""
+    for line in stdout.splitlines():
+        fields = dict(_SHOW_FIELD.findall(line.rstrip()))
+        if "JobId" not in fields:
+            continue
+        return {
+            stream: fields[key]
+            for stream, key in OUTPUT_KEYS.items()
+            if fields.get(key) not in (None, "", "(null)")
+        }
+    return {}
 
 
 #: how many lines below a record are looked at for the next one in order

@@ -193,6 +193,7 @@ def test_absolute_home_and_empty_values_are_kept_bare_commands_stay_names(
         "sbatch": "sbatch",  # a name: looked up on PATH as before
         "squeue": str(site / "bin" / "squeue"),
         "scancel": "/home/pilot/sc",
+        "scontrol": "scontrol",  # not given: its default name
     }
     assert config["backends"]["arc"]["script"] == "/opt/pilot.sh"
     assert config["backends"]["arc"]["commands"]["arcsub"] == "arcsub"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gridgate.core.builtin.notifiers import FileNotifier
-from gridgate.core.files import InputFileError, atomic_write, read_regular
+from gridgate.core.files import InputFileError, atomic_write, read_part, read_regular
 from gridgate.core.model import Endpoint, Notification
 from gridgate.core.testing import build_plugin
 
@@ -217,3 +217,19 @@ def test_a_missing_file_keeps_its_errno(tmp_path: Path) -> None:
     with pytest.raises(InputFileError) as caught:
         read_regular(tmp_path / "none", max_bytes=10)
     assert caught.value.errno == errno.ENOENT and "No such file" in str(caught.value)
+
+
+def test_read_part_reads_the_start_or_the_end_and_tells_the_length(tmp_path) -> None:
+    path = tmp_path / "out.txt"
+    path.write_bytes(b"0123456789")
+    assert read_part(path, size=4) == (b"0123", 10)
+    assert read_part(path, size=4, from_end=True) == (b"6789", 10)
+    assert read_part(path, size=40, from_end=True) == (b"0123456789", 10)
+    assert read_part(path, size=0) == (b"", 10)
+    with pytest.raises(InputFileError) as missing:
+        read_part(tmp_path / "nothing", size=4)
+    assert missing.value.errno == errno.ENOENT
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InputFileError, match="a FIFO, not a regular file"):
+        read_part(fifo, size=4)  # refused at once, never blocked on

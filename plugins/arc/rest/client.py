@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import quote
 
 from gridgate.core.backend import Deadline
 from gridgate.core.documents import DocumentError
@@ -329,31 +330,69 @@ class ArexClient:
 
     def file_tail(self, identifier: str, name: str, size: int, deadline: Deadline) -> bytes:
         """The last ``size`` bytes of ``name`` in job ``identifier``'s session folder (b"" when
-        it has no such file).
+        it has no such file: :meth:`file_part` from its end)."""
+        found = self.file_part(identifier, name, size, True, deadline)
+        return b"" if found is None else found[0]
+
+    def session_url(self, identifier: str, name: str, deadline: Deadline) -> str:
+        """The URL of ``name`` in job ``identifier``'s session folder, the name percent-encoded
+        whole (``%2e%2e`` stays a name: it cannot reach the CE as ``..``)."""
+        return f"{self.base(deadline)}/jobs/{identifier}/session/{quote(name, safe='')}"
+
+    def file_part(
+        self, identifier: str, name: str, size: int, from_end: bool, deadline: Deadline
+    ) -> tuple[bytes, int] | None:
+        """At most ``size`` bytes of ``name`` in job ``identifier``'s session folder (its start,
+        or its end with ``from_end``) and the file's length; None when the CE answers 404 (it
+        holds no such job, or the job no such file).
 
         A-REX 6.17 honours ``Range: bytes=A-B`` but not a suffix range (``bytes=-N``), so the
-        first byte is asked first, whose ``Content-Range`` tells the length."""
-        url = f"{self.base(deadline)}/jobs/{identifier}/session/{name}"
+        first byte is asked first, whose ``Content-Range`` tells the length (an empty file
+        answers 200 with no body there; 416, Range Not Satisfiable, is read alike); the rest
+        comes in ranges of at most the client's cap on a body."""
+        url = self.session_url(identifier, name, deadline)
         probe = self._request(
-            "GET", url, deadline, accept="*/*", expect=(200, 206, 404), extra={"Range": "bytes=0-0"}
-        )
-        if probe.status == 404:
-            return b""
-        if probe.status == 200:  # the whole file came (no range support)
-            return probe.body[-size:]
-        try:
-            total = content_range_total(probe.header("content-range"))
-        except DocumentError:
-            raise self._unreadable("GET", url, probe, "no length in Content-Range") from None
-        if total <= 1:
-            return probe.body
-        start = max(0, total - size)
-        answer = self._request(
             "GET",
             url,
             deadline,
             accept="*/*",
-            expect=(200, 206),
-            extra={"Range": f"bytes={start}-{total - 1}"},
+            expect=(200, 206, 404, 416),
+            extra={"Range": "bytes=0-0"},
         )
-        return answer.body[-size:]
+        if probe.status == 404:
+            return None
+        if probe.status == 416:
+            return b"", 0
+        if probe.status == 200:  # the whole file came (no range support)
+            whole = probe.body
+            if size <= 0:
+                return b"", len(whole)
+            return (whole[-size:] if from_end else whole[:size]), len(whole)
+        try:
+            total = content_range_total(probe.header("content-range"))
+        except DocumentError:
+            raise self._unreadable("GET", url, probe, "no length in Content-Range") from None
+        want = min(max(size, 0), total)
+        if want == 0:
+            return b"", total
+        start = total - want if from_end else 0
+        if start == 0 and want == 1:
+            return probe.body[:1], total
+        parts: list[bytes] = []
+        at = start
+        while at < start + want:
+            last = min(start + want, at + max(self.max_bytes, 1)) - 1
+            answer = self._request(
+                "GET",
+                url,
+                deadline,
+                accept="*/*",
+                expect=(200, 206),
+                extra={"Range": f"bytes={at}-{last}"},
+            )
+            chunk = answer.body[at : last + 1] if answer.status == 200 else answer.body
+            if not chunk:
+                break
+            parts.append(chunk[: last + 1 - at])
+            at += len(parts[-1])
+        return b"".join(parts), total

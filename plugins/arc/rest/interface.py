@@ -16,7 +16,8 @@ What it does that arcsub cannot (``shared/reference/arc.md``, REST interface):
   large fleets), then one ``action=info`` for the pilots that just finished or failed (their
   exit code and the CE's error), the stderr sample read from the session folder (two ranged
   GETs per failed pilot, for ``stderr_samples`` pilots), ``action=kill`` and
-  ``action=clean`` in bulk.
+  ``action=clean`` in bulk; a pilot's output read from its session on demand
+  (:mod:`.output`).
 
 Every REST failure comes back as a failed result whose ``command`` is the exchange (see
 :func:`.client.evidence`), classified by the REST rules of :mod:`gridgate.plugins.arc.classify`
@@ -53,6 +54,8 @@ from gridgate.core.model import (
     Failure,
     FoundPilots,
     JobStatus,
+    OutputStream,
+    PilotOutput,
     PilotState,
     StatusResult,
     SubmitRequest,
@@ -81,6 +84,7 @@ from gridgate.plugins.arc.rest.jobs import (
     job_url,
     pilot_state,
 )
+from gridgate.plugins.arc.rest.output import session_output
 from gridgate.plugins.arc.rest.payload import Payload, PayloadSource
 from gridgate.plugins.arc.rest.signing import Proxy, ProxyError, read_proxy
 from gridgate.plugins.arc.settings import ArcSettings
@@ -906,6 +910,24 @@ class RestInterface:
             tail = " ".join(data.decode("utf-8", "replace").split())
             if tail:
                 statuses[status.job_id] = with_stderr(status, tail)
+
+    def pilot_output(
+        self,
+        ce: CE,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput:
+        """One stream of a pilot from its session folder (:func:`.output.session_output`)."""
+        credential = self.credential()
+        if credential.problem:
+            return PilotOutput(job_id, stream, ok=False, message=credential.problem)
+        client = self.client(self.service(ce, [job_id]), credential)
+        deadline = self.settings.deadline(timeout)
+        return session_output(client, job_id, stream, name, size, from_end, deadline)
 
     # --- cancel and clean -------------------------------------------------------------------
 

@@ -16,10 +16,12 @@ from gridgate.core import hookimpl
 from gridgate.core.clock import FakeClock
 from gridgate.core.credential_names import in_force
 from gridgate.core.engine.director import Director
+from gridgate.core.engine.output import read_output
 from gridgate.core.model import (
     BackendInfo,
     CancelResult,
     Endpoint,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -71,6 +73,14 @@ class OwnedJobs(TrackingBackend):
         self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float
     ) -> CancelResult | None:
         return super().gridgate_cancel(endpoint, self._mine(job_ids, "cancel"), timeout)
+
+    @hookimpl
+    def gridgate_pilot_output(self, endpoint, job_id, stream, name, size, from_end, timeout):
+        if endpoint.backend != BACKEND:
+            return None
+        if not self._mine([job_id], "output"):
+            return PilotOutput(job_id, stream, held=False, message="not this token's job")
+        return PilotOutput(job_id, stream, text=f"{job_id} by {self.owner[job_id]}\n")
 
 
 def _token(path: Path, now: float) -> str:
@@ -150,3 +160,30 @@ def test_each_groups_pilots_are_polled_and_cancelled_with_its_own_credential(
         assert _states(state) == {("atlas", "cancelled"): 2, ("lhcb", "cancelled"): 2}
     finally:
         director.close()
+
+
+def test_a_pilots_output_is_read_with_its_groups_credential(tmp_path: Path) -> None:
+    clock = FakeClock(time.time())
+    state = MemoryState(clock=clock)
+    backend = OwnedJobs()
+    director = _director(tmp_path, state, clock, [ATLAS, LHCB])
+    director.pm.register(backend)
+    try:
+        director.run_iteration()
+    finally:
+        director.close()
+    # as gridgate pilots output does: another director, no demand, the group's credential
+    # read back from the store
+    director = _director(tmp_path, state, clock, 0)
+    director.pm.register(backend)
+    try:
+        for pilot in state.pilot_registry().query():
+            out = read_output(director.runtime, pilot, "stdout")
+            assert out.held, (pilot.group, out.message)
+            token = "lhcb-token" if pilot.group == "lhcb" else "atlas-token"
+            assert out.text == f"{pilot.job_id} by {token}\n"
+    finally:
+        director.close()
+    assert sorted(t for what, t, _ids in backend.asked if what == "output") == (
+        ["atlas-token"] * 2 + ["lhcb-token"] * 2
+    )
