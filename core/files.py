@@ -170,7 +170,11 @@ def read_part(
     ``from_end``) and its whole length, for a file too large to read whole (a pilot's output).
 
     Opened as :func:`read_regular` opens (non-blocking, no controlling terminal), checked on
-    the open descriptor to be a regular file before a byte is read.
+    the open descriptor to be a regular file before a byte is read. Never through a link: the
+    file is opened with ``O_NOFOLLOW`` and refused when the path the open descriptor resolves
+    to is not ``path`` made absolute (a link in a folder on the way): a pilot's output is
+    written by another user, who could otherwise put a link there to a file only this process
+    may read (the director's token) and have it printed.
 
     :param path: the file.
     :param size: the most bytes to read (0: none, only its length).
@@ -179,15 +183,24 @@ def read_part(
         regular file.
     """
     name = os.fspath(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(name, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputFileError(f"{name} is a link: not read") from None
         raise InputFileError(f"{name}: {exc.strerror}", exc.errno) from None
     try:
         info = os.fstat(fd)
         problem = file_problem(info)
         if problem is not None:
             raise InputFileError(f"{name} {problem}")
+        try:
+            reached = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            reached = None  # no /proc: the last component's O_NOFOLLOW is what is checked
+        if reached is not None and reached != os.path.normpath(os.path.abspath(name)):
+            raise InputFileError(f"{name} is reached through a link (to {reached}): not read")
         total = info.st_size
         if from_end and total > size:
             os.lseek(fd, total - size, os.SEEK_SET)

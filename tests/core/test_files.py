@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gridgate.core.backend import file_output
 from gridgate.core.builtin.notifiers import FileNotifier
 from gridgate.core.files import InputFileError, atomic_write, read_part, read_regular
 from gridgate.core.model import Endpoint, Notification
@@ -233,3 +234,29 @@ def test_read_part_reads_the_start_or_the_end_and_tells_the_length(tmp_path) -> 
     os.mkfifo(fifo)
     with pytest.raises(InputFileError, match="a FIFO, not a regular file"):
         read_part(fifo, size=4)  # refused at once, never blocked on
+
+
+def test_read_part_never_reads_through_a_link_a_pilot_could_plant(tmp_path) -> None:
+    """A pilot's output file is written by another user, who can swap it (or a folder on the
+    way) for a link to a file only the director may read: ``pilots output`` would print it."""
+    secret = tmp_path / "credentials" / "token"
+    secret.parent.mkdir()
+    secret.write_bytes(b"eyJ.secret.token")
+    secret.chmod(0o600)
+    out = tmp_path / "pilots" / "123.out"
+    out.parent.mkdir()
+    out.symlink_to(secret)
+    with pytest.raises(InputFileError, match="is a link: not read"):
+        read_part(out, size=100)
+    # a folder on the way that is a link
+    (tmp_path / "moved").symlink_to(secret.parent, target_is_directory=True)
+    with pytest.raises(InputFileError, match="is reached through a link") as folder:
+        read_part(tmp_path / "moved" / "token", size=100)
+    assert "secret" not in str(folder.value)
+    # what the backends answer with: the pilot's output not read, nothing of the target shown
+    answer = file_output("123", "stdout", str(out), 100)
+    assert not answer.ok and answer.text == "" and "link" in answer.message
+    # the real file, through a path without links, is read
+    out.unlink()
+    out.write_bytes(b"pilot says hello\n")
+    assert read_part(out, size=100) == (b"pilot says hello\n", 17)
