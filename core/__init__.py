@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 #: The plugin API's version, ``MAJOR.MINOR``: MINOR grows when hooks, fields or names are
 #: added, MAJOR when one a plugin may use changes or goes away (docs/api.md says what is kept).
-API_VERSION = "1.12"
+API_VERSION = "1.13"
 
 PROJECT = "gridgate"
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl, runner
+from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.model import (
     BackendInfo,
     CancelResult,
@@ -319,10 +320,10 @@ class Backend(Plugin):
 
     Set ``name`` (the entry-point name), ``config_schema`` and ``endpoints_key`` (the key
     of your section listing the endpoints); write :meth:`submit`, and as your batch system
-    allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel`, :meth:`find_pilots`
-    and :meth:`list_match`. Override :meth:`endpoints` when an entry of your list is more than a
-    name (a URL, a mapping), :meth:`environment` when your commands need more than the
-    section's ``env`` and credentials.
+    allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel`, :meth:`find_pilots`,
+    :meth:`endpoint_state` and :meth:`list_match`. Override :meth:`endpoints` when an entry of
+    your list is more than a name (a URL, a mapping), :meth:`environment` when your commands
+    need more than the section's ``env`` and credentials.
 
     Do not override the ``gridgate_*`` hook methods of this class to change what they do:
     a method overriding one without ``@hookimpl`` is no hook implementation, and pluggy
@@ -412,6 +413,14 @@ class Backend(Plugin):
         """The jobs of the submissions ``names`` (or of every submission of ``fleet``) that
         ``endpoint`` holds, in every state (``gridgate_find_pilots``; build the answer with
         :func:`found_pilots`); None: this backend cannot look jobs up by name."""
+        return None
+
+    def endpoint_state(self, endpoint: Endpoint, timeout: float) -> EndpointState | None:
+        """What ``endpoint``'s queue says of itself (``gridgate_endpoint_state``): everybody's
+        waiting and running jobs, free slots, limits, serving state; read the scheduler once a
+        short interval for all your endpoints on it
+        (:class:`~gridgate.core.endpoint_state.StateCache`). None: this backend cannot say
+        (nothing changes for the endpoint)."""
         return None
 
     def list_match(
@@ -515,6 +524,11 @@ class Backend(Plugin):
     ) -> FoundPilots | None:
         """The hook: :meth:`find_pilots` for this backend's endpoints, else None."""
         return self.find_pilots(endpoint, names, fleet, timeout) if self.mine(endpoint) else None
+
+    @hookimpl
+    def gridgate_endpoint_state(self, endpoint: Endpoint, timeout: float) -> EndpointState | None:
+        """The hook: :meth:`endpoint_state` for this backend's endpoints, else None."""
+        return self.endpoint_state(endpoint, timeout) if self.mine(endpoint) else None
 
     @hookimpl
     def gridgate_list_match(

@@ -275,6 +275,10 @@ API: tuple[tuple[str, str], ...] = (
         "Named credentials: the key that names one (`credential: NAME`) and which one a submission uses (the nearest level wins).",
     ),
     (
+        "gridgate.core.endpoint_state",
+        "What an endpoint's queue says of itself (`gridgate_endpoint_state`): the typed figures, and a cache so that one read of a cluster or a CE answers for all its endpoints a while.",
+    ),
+    (
         "gridgate.core.files",
         "Files someone else picks up, and the private folders they live in.",
     ),
