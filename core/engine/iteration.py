@@ -25,6 +25,7 @@ from gridgate.core.engine.credential_episodes import CredentialEpisodes
 from gridgate.core.engine.demand_episodes import DemandEpisodes
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.intents import unrecordable
+from gridgate.core.engine.queue_state import SOURCE, QueueStates, asked_endpoints, closed_queues
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
 from gridgate.core.engine.runtime import Iteration, Runtime, Sending
 from gridgate.core.engine.sharing import DemandShare, StoreRoom
@@ -78,6 +79,8 @@ class IterationRunner:
         self.notices = AvailabilityNotices(runtime, failures)
         #: tells a demand source that failed past keep_last once, and when it answers again
         self.demand_sources = DemandEpisodes(runtime, failures)
+        #: asks each endpoint that may get pilots what its queue holds (gridgate_endpoint_state)
+        self.queues = QueueStates(runtime)
         #: endpoints whose pilots changed at the last polls (for sources reading the registry)
         self._changed: frozenset[str] | None = None
         #: every backend demand has named (in order): asked for its endpoints' availability
@@ -181,7 +184,14 @@ class IterationRunner:
             endpoints=tuple(endpoints),
             changed=self._changed,
         )
-        it.availability = merge_availability(answers or [], {e.key for e in endpoints})
+        keys = {e.key for e in endpoints}
+        it.availability = merge_availability(answers or [], keys)
+        # the queues that may get pilots say what they hold and whether they run new jobs
+        wanted = dict.fromkeys(r.backend for r in demand.requests if r.count > 0)
+        queues = self.queues.ask(it, asked_endpoints(it, wanted))
+        closed = closed_queues(queues)
+        if closed:
+            it.availability = merge_availability([*(answers or []), (SOURCE, closed)], keys)
         self.notices.tell_changes(it)
 
     def _plan(

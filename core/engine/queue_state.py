@@ -1,0 +1,121 @@
+"""What each endpoint's queue says of itself (``gridgate_endpoint_state``), asked once per
+iteration for the endpoints that may get pilots, and what the director makes of it: a queue not
+in production is drained this iteration (an availability answer of source ``queue``, merged with
+the others), and the jobs it reports waiting (everybody's) count against the endpoint's
+``max_waiting`` (the pilot room takes the larger of that and gridgate's own count)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from loguru import logger
+
+from gridgate.core.endpoint_state import EndpointState
+from gridgate.core.engine.runtime import Iteration, Runtime
+from gridgate.core.model import AdmissionRequest, Availability, Endpoint, Refusal
+from gridgate.core.text import printable
+
+#: The availability source a queue's own serving state is merged as.
+SOURCE = "queue"
+#: The admission opcode of the question.
+OPCODE = "QUEUE_STATE"
+
+
+class QueueStates:
+    """Asks ``gridgate_endpoint_state`` of the endpoints that may get pilots this iteration, in
+    parallel (at most ``director.max_threads`` at once), each under a ``query`` admission
+    grant; keeps the answers in the iteration (``it.queues``)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def ask(self, it: Iteration, endpoints: Sequence[Endpoint]) -> dict[str, EndpointState]:
+        """The answers, by endpoint key, of ``endpoints`` (those without one left out)."""
+        hook = self.runtime.pm.hook
+        if not endpoints or not hook.gridgate_endpoint_state.get_hookimpls():
+            return {}
+        threads = max(1, min(self.runtime.settings.max_threads, len(endpoints)))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="queue") as pool:
+            answers = list(pool.map(lambda e: self._one(it, e), endpoints))
+        states = {e.key: s for e, s in zip(endpoints, answers, strict=True) if s is not None}
+        it.queues = states
+        return states
+
+    def _one(self, it: Iteration, endpoint: Endpoint) -> EndpointState | None:
+        runtime = self.runtime
+        hook = runtime.pm.hook
+        info = it.infos.get(endpoint.backend)
+        timeout = runtime.timeout(info) if info is not None else runtime.settings.command_timeout
+        try:
+            grant = hook.gridgate_admit(
+                request=AdmissionRequest(
+                    category="query",
+                    opcode=OPCODE,
+                    size=1,
+                    endpoint=endpoint,
+                    user=runtime.user,
+                )
+            )
+        except Exception as exc:  # a plugin bug must not stop the iteration
+            logger.opt(exception=exc).error("admission of {}'s queue state crashed", endpoint.key)
+            return None
+        if isinstance(grant, Refusal):
+            logger.info(
+                "queue state of {} not asked: refused by admission control: {}",
+                endpoint.key,
+                grant.reason,
+            )
+            return None
+        try:
+            answer = hook.gridgate_endpoint_state(endpoint=endpoint, timeout=float(timeout))
+        except Exception as exc:
+            logger.opt(exception=exc).error("queue state of {} crashed in a plugin", endpoint.key)
+            return None
+        finally:
+            if grant is not None:
+                hook.gridgate_release(grant=grant)
+        if answer is not None and not isinstance(answer, EndpointState):
+            logger.error(
+                "queue state of {}: the plugin answered {}, not an EndpointState: ignored",
+                endpoint.key,
+                type(answer).__name__,
+            )
+            return None
+        return answer
+
+
+def asked_endpoints(it: Iteration, backends: Iterable[str]) -> list[Endpoint]:
+    """The endpoints of ``backends`` (those with demand) that may get pilots this iteration:
+    in rotation, neither drained nor banned, their credential usable."""
+    endpoints: list[Endpoint] = []
+    for backend in backends:
+        info = it.infos.get(backend)
+        if info is None:
+            continue
+        endpoints += [e for e in it.submittable(info.endpoints) if not it.credential_block(info, e)]
+    return endpoints
+
+
+def closed_queues(states: Mapping[str, EndpointState]) -> dict[str, Availability]:
+    """The availability answer of the queues that said they do not run new jobs now: each
+    ``drained`` with what its queue said (outside text, escaped)."""
+    return {
+        key: Availability(
+            state="drained",
+            reason=printable(
+                f"its queue is {state.serving}"
+                + (f" ({state.reason})" if state.reason else "")
+                + (f", says {state.source}" if state.source else ""),
+                newlines=False,
+            ),
+            source=SOURCE,
+        )
+        for key, state in states.items()
+        if not state.accepts
+    }
+
+
+def reported_waiting(states: Mapping[str, EndpointState]) -> dict[str, int]:
+    """Endpoint key -> the jobs its queue reports waiting (everybody's), where it said."""
+    return {key: s.waiting for key, s in states.items() if s.waiting is not None}
