@@ -255,7 +255,7 @@ SLURM_SCHEMA: dict[str, Any] = {
             "type": ["number", "null"],
             "minimum": 0,
             "maximum": 3600,
-            "default": 30,
+            "default": 10,
             "description": "Seconds one read of a cluster's partitions (scontrol, sinfo, "
             "squeue of every user's jobs) answers for all its partitions: what each says "
             "of its queue (waiting and running jobs, idle CPUs, state, limits; "
