@@ -2,18 +2,29 @@
 iteration for the endpoints that may get pilots, and what the director makes of it: a queue not
 in production is drained this iteration (an availability answer of source ``queue``, merged with
 the others), and the jobs it reports waiting (everybody's) count against the endpoint's
-``max_waiting`` (the pilot room takes the larger of that and gridgate's own count)."""
+``max_waiting`` (the pilot room takes the larger of that and gridgate's own count); a demand
+group whose pilots ask more than the queue's limits (walltime, cores, memory) sends none there,
+told once as a config problem of that endpoint."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from loguru import logger
 
 from gridgate.core.endpoint_state import EndpointState
+from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.runtime import Iteration, Runtime
-from gridgate.core.model import AdmissionRequest, Availability, Endpoint, Refusal
+from gridgate.core.model import (
+    AdmissionRequest,
+    Availability,
+    Endpoint,
+    Notification,
+    Refusal,
+    SubmitRequest,
+)
 from gridgate.core.text import printable
 
 #: The availability source a queue's own serving state is merged as.
@@ -119,3 +130,90 @@ def closed_queues(states: Mapping[str, EndpointState]) -> dict[str, Availability
 def reported_waiting(states: Mapping[str, EndpointState]) -> dict[str, int]:
     """Endpoint key -> the jobs its queue reports waiting (everybody's), where it said."""
     return {key: s.waiting for key, s in states.items() if s.waiting is not None}
+
+
+def beyond_limits(request: SubmitRequest, state: EndpointState | None) -> str:
+    """What ``request``'s pilots ask beyond the limits ``state`` says its queue has, in words
+    ('' when they fit, or nothing is known): such pilots are not sent there."""
+    resources = request.resources
+    if state is None or resources is None:
+        return ""
+    over = []
+    if (
+        resources.walltime is not None
+        and state.max_walltime is not None
+        and resources.walltime > state.max_walltime
+    ):
+        over.append(f"a walltime of {resources.walltime} s (the queue allows {state.max_walltime})")
+    if state.max_cores is not None and resources.cores > state.max_cores:
+        over.append(f"{resources.cores} cores (the queue allows {state.max_cores})")
+    if (
+        resources.memory_mb is not None
+        and state.max_memory_mb is not None
+        and resources.memory_mb > state.max_memory_mb
+    ):
+        over.append(f"{resources.memory_mb} MB (the queue allows {state.max_memory_mb})")
+    return ", ".join(over)
+
+
+class LimitProblems:
+    """Tells once (a log line and an error notice) that a demand group's pilots ask more than
+    an endpoint's queue allows, a config problem of that endpoint; told again only after the
+    group's pilots fitted there in between."""
+
+    def __init__(self, runtime: Runtime, failures: FailurePath) -> None:
+        self.runtime = runtime
+        self.failures = failures
+        self._lock = threading.Lock()
+        self._told: set[tuple[str, str, str]] = set()
+
+    def fitting(
+        self, it: Iteration, request: SubmitRequest, endpoints: Sequence[Endpoint]
+    ) -> list[Endpoint]:
+        """``endpoints`` whose queue can run ``request``'s pilots, as far as it said."""
+        kept: list[Endpoint] = []
+        for endpoint in endpoints:
+            over = beyond_limits(request, it.queues.get(endpoint.key))
+            where = (endpoint.key, request.group)
+            if not over:
+                with self._lock:
+                    self._told = {t for t in self._told if t[:2] != where}
+                kept.append(endpoint)
+                continue
+            with self._lock:
+                if (*where, over) in self._told:
+                    continue
+                self._told.add((*where, over))
+            self._tell(it, endpoint, request, over)
+        return kept
+
+    def _tell(self, it: Iteration, endpoint: Endpoint, request: SubmitRequest, over: str) -> None:
+        said = it.queues[endpoint.key]
+        logger.error(
+            "demand group {}/{}: its pilots ask {}, more than {}'s queue allows: none are sent "
+            "there (say less in the group's resources, or leave {} out)",
+            request.backend,
+            request.group,
+            over,
+            endpoint.key,
+            endpoint.name,
+        )
+        self.failures.tell(
+            it,
+            Notification(
+                level="error",
+                subject=f"gridgate: {endpoint.key} cannot run group {request.group}'s pilots",
+                body=(
+                    f"Demand group {request.backend}/{request.group} asks {over}.\n"
+                    f"{endpoint.key}'s queue says so of itself"
+                    + (f" ({printable(said.source, newlines=False)})" if said.source else "")
+                    + ": none of the group's pilots are sent there while it does.\n"
+                    "This is a config problem: ask less in the group's resources, or leave "
+                    "this endpoint out of the backend's list. Told once.\n"
+                ),
+                created=self.runtime.clock.time(),
+                endpoint=endpoint,
+                key=f"queue-limits/{endpoint.key}/{request.group}",
+                logged=True,
+            ),
+        )

@@ -21,7 +21,7 @@ from gridgate.core.clock import FakeClock
 from gridgate.core.endpoint_state import EndpointState, StateCache
 from gridgate.core.engine.availability import unavailable_view
 from gridgate.core.engine.director import Director, summary_json
-from gridgate.core.model import Endpoint, Grant, Refusal
+from gridgate.core.model import Endpoint, Grant, Refusal, Resources, SubmitRequest
 from gridgate.core.stores.memory import MemoryState
 
 S0, S1 = f"{BACKEND}/s0", f"{BACKEND}/s1"
@@ -194,6 +194,44 @@ def test_a_plugin_that_crashes_answers_nonsense_or_nothing_changes_nothing(
     assert submitted(summary) == {"s0": 3, "s1": 3} and summary.unavailable == {}
     if log is not None:
         assert any(log in m for _level, m in logs)
+    director.close()
+
+
+class LongPilots:
+    """Demand for 4 pilots of a group asking two hours."""
+
+    @hookimpl
+    def gridgate_demand(self, iteration, demand):
+        asked = Resources(cores=1, walltime=7200)
+        demand.add(SubmitRequest(BACKEND, group="long", resources=asked), times=4)
+
+
+def test_pilots_asking_more_than_the_queue_allows_are_not_sent_there_told_once() -> None:
+    queues = Queues({"s0": EndpointState(max_walltime=3600, source="test queue")})
+    director, _backend = make(queues, LongPilots(), pilots=0, max_waiting=None)
+    first = director.run_iteration()
+    assert submitted(first) == {"s1": 4}
+    [note] = first.notifications
+    assert (note.level, note.subject) == ("error", f"gridgate: {S0} cannot run group long's pilots")
+    assert "a walltime of 7200 s (the queue allows 3600)" in note.body
+    second = director.run_iteration()
+    assert submitted(second) == {"s1": 4} and second.notifications == ()  # told once
+    # neither queue can run them: skipped as the group's config problem, s1 told once
+    queues.said["s1"] = EndpointState(max_cores=1, max_walltime=600)
+    third = director.run_iteration()
+    assert not submitted(third)
+    assert {r.failure_kind for r in third.records} == {"config"}
+    assert [n.subject for n in third.notifications] == [
+        f"gridgate: {BACKEND}/s1 cannot run group long's pilots"
+    ]
+    # s0's limit lifted, then set again: told again
+    queues.said["s0"] = EndpointState()
+    assert submitted(director.run_iteration()) == {"s0": 4}
+    queues.said["s0"] = EndpointState(max_walltime=60)
+    again = director.run_iteration()
+    assert [n.subject for n in again.notifications] == [
+        f"gridgate: {S0} cannot run group long's pilots"
+    ]
     director.close()
 
 

@@ -185,3 +185,21 @@ def test_a_partition_not_in_production_gets_none_and_shows_so(slurm_site, state,
     # told once, as a notice (never a mail): the start of the drain
     [note] = summary["notifications"]
     assert note["level"] == "info" and "slurm/batch drained (queue)" in note["subject"]
+
+
+def test_pilots_asking_more_walltime_than_the_partition_allows_go_elsewhere(slurm_site) -> None:
+    cluster = slurm_site.cluster
+    cluster.scontrol("update", "PartitionName=batch", "MaxTime=30")
+    try:
+        doc = slurm_site.doc()
+        group = {"group": "long", "pilots": 3, "resources": {"walltime": 3600}}
+        doc["demand"] = {"static": {"slurm": [group]}}
+        summary = slurm_site.run_once(doc)
+    finally:
+        cluster.scontrol("update", "PartitionName=batch", "MaxTime=INFINITE")
+    assert {s["endpoint"] for s in summary["submitted"]} == {"debug"}
+    assert summary["pilots_submitted"] == 3 and summary["failures"] == []
+    [note] = summary["notifications"]
+    assert note["level"] == "error" and note["subject"] == (
+        "gridgate: slurm/batch cannot run group long's pilots"
+    )
