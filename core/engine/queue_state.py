@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from loguru import logger
 
+from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.engine.failure import FailurePath
 from gridgate.core.engine.runtime import Iteration, Runtime
@@ -79,7 +80,9 @@ class QueueStates:
             )
             return None
         try:
-            answer = hook.gridgate_endpoint_state(endpoint=endpoint, timeout=float(timeout))
+            # the endpoint's own credentials, as its polls have them
+            with credentials_in_force(it.credentials_of(endpoint)):
+                answer = hook.gridgate_endpoint_state(endpoint=endpoint, timeout=float(timeout))
         except Exception as exc:
             logger.opt(exception=exc).error("queue state of {} crashed in a plugin", endpoint.key)
             return None

@@ -562,6 +562,7 @@ class ArcCE:
         watchdog: bool = True,
         tokens: bool = True,
         issuer_port: int | None = None,
+        drain_sessions: bool = False,
     ) -> None:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
@@ -581,6 +582,9 @@ class ArcCE:
         self.start_timeout = float(start_timeout)
         self.watchdog = watchdog
         self.tokens = bool(tokens)
+        #: its session folder marked ``drain`` in a new arc.conf: A-REX takes no new job, and
+        #: its info provider publishes its endpoints draining (a site's drain for a downtime)
+        self.drain_sessions = bool(drain_sessions)
         self._issuer_port: int | None = None
         #: the issuer's port asked for (None: the first free one from ISSUER_FIRST_PORT)
         self._issuer_port_given = int(issuer_port) if issuer_port is not None else None
@@ -1007,7 +1011,7 @@ class ArcCE:
             "",
             "[arex]",
             f"controldir = {p('control')}",
-            f"sessiondir = {p('session')}",
+            f"sessiondir = {p('session')}" + (" drain" if self.drain_sessions else ""),
             f"tmpdir = {p('tmp')}",
             f"logfile = {p('log', 'arex.log')}",
             f"joblog = {p('log', 'arex-jobs.log')}",
