@@ -1,6 +1,6 @@
 """Reading what Grid Engine's commands print: ``qsub -terse``, ``qstat -g d`` (with ``-r``,
 the full job names), ``qstat -j``, ``qacct -j`` and ``qdel``, into job ids and core's pilot
-states.
+states; ``qstat -g c`` into each cluster queue's slots.
 
 Every format here is the one SGE 8.1.9 (Debian's gridengine packages) prints; docs/sge.md
 quotes the real outputs, and tests/plugins/sge/test_sge_parse.py holds them as captured on the
@@ -16,11 +16,15 @@ from dataclasses import dataclass
 
 import msgspec
 
-from gridgate.core.documents import convert
+from gridgate.core.documents import DocumentError, ascii_int, convert
 from gridgate.core.model import JobStatus
 
 __all__ = [
     "JOB_ID_RE",
+    "QUEUE_NAME_RE",
+    "ClusterQueue",
+    "parse_cluster_queues",
+    "pending_per_queue",
     "NamedJob",
     "QdelAnswer",
     "job_number",
@@ -33,6 +37,8 @@ __all__ = [
     "state_of",
 ]
 
+#: A cluster queue's name as qstat -g c prints it.
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 #: A pilot's id: a job number, or ``number.task`` for a task of an array job.
 JOB_ID_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
 #: ``qsub -terse``: ``41`` for a job, ``41.1-3:1`` for an array job (first-last:step).
@@ -309,3 +315,65 @@ def parse_qdel(text: str) -> QdelAnswer:
         for m in QDEL_ABSENT_RE.finditer(text)
     ]
     return QdelAnswer(tuple(dict.fromkeys(deleted)), tuple(dict.fromkeys(absent)))
+
+
+@dataclass(frozen=True)
+class ClusterQueue:
+    """One row of ``qstat -g c``: the slots of a cluster queue used, available and in all, and
+    those of its instances that take no job (``cdsuE``: disabled, suspended, unknown, in
+    error, or their calendar's)."""
+
+    used: int
+    available: int
+    total: int
+    unusable: int
+
+
+_CQ_KIND = "qstat -g c output"
+#: the columns of ``qstat -g c`` that are read (SGE 8.1.9 also prints RES, older ones not)
+_CQ_NEEDED = ("USED", "AVAIL", "TOTAL", "cdsuE")
+_CQ_MOST = 10**9
+
+
+def parse_cluster_queues(stdout: str) -> dict[str, ClusterQueue]:
+    """``qstat -g c``: cluster queue -> its slots. The columns are found by the header's names.
+
+    :raises DocumentError: no header of that form, a row of other length, a slot count that
+        is not digits."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header = lines[0].split()
+    if header[:2] != ["CLUSTER", "QUEUE"] or not all(c in header for c in _CQ_NEEDED):
+        raise DocumentError(_CQ_KIND, f"header {lines[0][:120]!r} is not qstat -g c's")
+    columns = header[2:]
+    found: dict[str, ClusterQueue] = {}
+    for number, line in enumerate(lines[1:], 2):
+        if set(line.strip()) == {"-"}:
+            continue
+        words = line.split()
+        where = f"{_CQ_KIND}, line {number}"
+        if len(words) != 1 + len(columns) or not QUEUE_NAME_RE.fullmatch(words[0]):
+            raise DocumentError(where, f"{line[:120]!r} is not a cluster queue's row")
+        row = dict(zip(columns, words[1:], strict=True))
+        counts = {c: ascii_int(row[c], kind=f"{where}: {c}", maximum=_CQ_MOST) for c in _CQ_NEEDED}
+        found[words[0]] = ClusterQueue(
+            used=counts["USED"],
+            available=counts["AVAIL"],
+            total=counts["TOTAL"],
+            unusable=counts["cdsuE"],
+        )
+    return found
+
+
+def pending_per_queue(jobs: Iterable[NamedJob], queues: Iterable[str]) -> dict[str, int]:
+    """Of the pending jobs of ``qstat -u * -s p -g d -r`` (:func:`parse_named_qstat`), how
+    many each of ``queues`` may take: those that asked for it (``-q q`` or ``q@host``) and
+    those that asked for no queue (any queue may take them)."""
+    counts = dict.fromkeys(queues, 0)
+    for job in jobs:
+        asked = {q.split("@", 1)[0] for q in job.queues}
+        for queue in counts:
+            if not asked or queue in asked:
+                counts[queue] += 1
+    return counts
