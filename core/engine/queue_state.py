@@ -43,9 +43,15 @@ class QueueStates:
         self.runtime = runtime
 
     def ask(self, it: Iteration, endpoints: Sequence[Endpoint]) -> dict[str, EndpointState]:
-        """The answers, by endpoint key, of ``endpoints`` (those without one left out)."""
+        """The answers, by endpoint key, of ``endpoints`` (those without one left out). Only
+        endpoints some plugin may answer for are asked (no admission grant is taken for a
+        backend that cannot say)."""
         hook = self.runtime.pm.hook
-        if not endpoints or not hook.gridgate_endpoint_state.get_hookimpls():
+        answering = [i.plugin for i in hook.gridgate_endpoint_state.get_hookimpls()]
+        backends = answered_backends(answering)
+        if backends is not None:
+            endpoints = [e for e in endpoints if e.backend in backends]
+        if not endpoints:
             return {}
         threads = max(1, min(self.runtime.settings.max_threads, len(endpoints)))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="queue") as pool:
@@ -97,6 +103,22 @@ class QueueStates:
             )
             return None
         return answer
+
+
+def answered_backends(plugins: Iterable[object]) -> set[str] | None:
+    """The backends whose endpoints ``plugins`` (those implementing ``gridgate_endpoint_state``)
+    may answer for: a subclass of :class:`~gridgate.core.backend.Backend` only for its own, and
+    only when it overrides ``endpoint_state`` (the base class answers the hook for every
+    subclass, with None); None when another kind of plugin may answer for any."""
+    from gridgate.core.backend import Backend  # the director imports this module early
+
+    names: set[str] = set()
+    for plugin in plugins:
+        if not isinstance(plugin, Backend):
+            return None
+        if type(plugin).endpoint_state is not Backend.endpoint_state:
+            names.add(plugin.name)
+    return names
 
 
 def asked_endpoints(it: Iteration, backends: Iterable[str]) -> list[Endpoint]:

@@ -273,3 +273,25 @@ def test_endpoint_state_refuses_what_is_no_state() -> None:
         not said.accepts
         and said.describe() == "draining, 4 waiting, 0 free slots, reason: State=DRAIN"
     )
+
+
+def test_only_backends_that_can_say_are_asked() -> None:
+    from gridgate.core.backend import Backend
+    from gridgate.core.engine.queue_state import answered_backends
+    from gridgate.core.testing import build_plugin
+
+    class Quiet(Backend):
+        name = "quiet"
+        config_schema = {"type": "object"}  # noqa: RUF012 - a test's own
+
+    class Telling(Quiet):
+        name = "telling"
+
+        def endpoint_state(self, endpoint, timeout):
+            return EndpointState()
+
+    quiet, telling = build_plugin(Quiet, {}), build_plugin(Telling, {})
+    # the base class implements the hook for every backend: only one that overrides it says
+    assert answered_backends([quiet, telling]) == {"telling"}
+    assert answered_backends([quiet]) == set()
+    assert answered_backends([quiet, Queues()]) is None  # another plugin may answer for any
