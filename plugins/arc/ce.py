@@ -563,6 +563,7 @@ class ArcCE:
         tokens: bool = True,
         issuer_port: int | None = None,
         drain_sessions: bool = False,
+        max_walltime: int | None = None,
     ) -> None:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
@@ -585,6 +586,9 @@ class ArcCE:
         #: its session folder marked ``drain`` in a new arc.conf: A-REX takes no new job, and
         #: its info provider publishes its endpoints draining (a site's drain for a downtime)
         self.drain_sessions = bool(drain_sessions)
+        #: ``maxwalltime`` (seconds) of its queues in a new arc.conf: published as the share's
+        #: GLUE2 MaxWallTime
+        self.max_walltime = max_walltime
         self._issuer_port: int | None = None
         #: the issuer's port asked for (None: the first free one from ISSUER_FIRST_PORT)
         self._issuer_port_given = int(issuer_port) if issuer_port is not None else None
@@ -1036,7 +1040,8 @@ class ArcCE:
             "",
         ]
         for queue in queues:
-            lines += [f"[queue:{queue}]", ""]
+            limit = [] if self.max_walltime is None else [f"maxwalltime = {self.max_walltime}"]
+            lines += [f"[queue:{queue}]", *limit, ""]
         self.arc_conf.write_text("\n".join(lines), encoding="utf-8")
         settings = {
             "port": self._port,

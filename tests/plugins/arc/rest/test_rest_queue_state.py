@@ -198,3 +198,46 @@ def test_a_draining_ce_gets_no_pilot_and_shows_so(draining_ce, rest_site, tmp_pa
     shown = summary.unavailable[endpoint.key]
     assert (shown.state, shown.source) == ("drained", "queue")
     assert "its queue is draining (ServingState draining)" in shown.reason
+
+
+def test_pilots_asking_more_walltime_than_the_share_allows_are_not_sent(
+    rest_site, tmp_path, witness
+) -> None:
+    from gridgate.core.clock import SYSTEM_CLOCK
+    from gridgate.core.testing import director_for
+    from gridgate.plugins.arc.ce import ArcCE, CEError
+
+    ce = ArcCE(max_walltime=1800, tokens=False)  # the share publishes MaxWallTime 1800
+    try:
+        ce.start()
+    except CEError as exc:
+        ce.stop()
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        site = rest_site(ce)
+        (endpoint,) = site.backend().backend_info().endpoints
+        said = site.backend().gridgate_endpoint_state(endpoint=endpoint, timeout=60)
+        assert said is not None and said.max_walltime == 1800
+        groups = [
+            {"group": "long", "pilots": 1, "resources": {"walltime": 3600}},
+            {"group": "short", "pilots": 1, "resources": {"walltime": 600}},
+        ]
+        doc = {
+            "director": {"state_dir": str(tmp_path / "state"), "command_timeout": 60},
+            "state": {"driver": "sqlite", "path": str(tmp_path / "state.db")},
+            "backends": {"arc": site.section()},
+            "demand": {"static": {"arc": groups}},
+        }
+        made = director_for(doc, clock=SYSTEM_CLOCK)
+        try:
+            summary = made.run_iteration()
+        finally:
+            made.close()
+        outcomes = {(r.group, r.outcome, r.failure_kind) for r in summary.records}
+        assert outcomes == {("long", "skipped", "config"), ("short", "submitted", "")}
+        [note] = summary.notifications
+        assert note.level == "error" and "a walltime of 3600 s (the queue allows 1800)" in note.body
+        sent = [i for r in summary.records for i in r.job_ids]
+        witness(ce).jobs("kill", sent)
+    finally:
+        ce.stop()
