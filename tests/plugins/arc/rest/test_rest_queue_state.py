@@ -28,10 +28,15 @@ def _share(witness) -> dict:
 
 def test_a_ces_share_reports_what_its_glue2_document_says(arc, rest_site, witness) -> None:
     site = rest_site(arc)
-    backend = site.backend()
+    backend = site.backend(queue_state_interval=0)  # read at every call
     (endpoint,) = backend.backend_info().endpoints
-    said = backend.gridgate_endpoint_state(endpoint=endpoint, timeout=60)
-    share = _share(witness(arc))
+    # the document changes at each info-provider run (10 s): compare a read between two
+    # equal ones of the witness
+    for _ in range(5):
+        share = _share(witness(arc))
+        said = backend.gridgate_endpoint_state(endpoint=endpoint, timeout=60)
+        if _share(witness(arc)) == share:
+            break
     assert said is not None and said.serving == share["ServingState"] == "production"
     assert said.free_slots == int(share["FreeSlots"])
     assert said.waiting == int(share["WaitingJobs"]) + int(share["PreLRMSWaitingJobs"])
@@ -42,10 +47,8 @@ def test_a_ces_share_reports_what_its_glue2_document_says(arc, rest_site, witnes
     named = rest_site(arc, "named").backend(endpoints=[{"url": arc.url, "queue": "fork"}])
     (fork,) = named.backend_info().endpoints
     by_queue = named.gridgate_endpoint_state(endpoint=fork, timeout=60)
-    assert by_queue is not None and (by_queue.serving, by_queue.free_slots) == (
-        said.serving,
-        said.free_slots,
-    )
+    assert by_queue is not None and by_queue.serving == "production"
+    assert by_queue.free_slots is not None and by_queue.source == said.source
     other = rest_site(arc, "other").backend(endpoints=[{"url": arc.url, "queue": "nosuch"}])
     (nosuch,) = other.backend_info().endpoints
     assert other.gridgate_endpoint_state(endpoint=nosuch, timeout=60) is None
