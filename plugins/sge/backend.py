@@ -88,6 +88,7 @@ COMMANDS = (
     ("qstat", "status"),
     ("qacct", "accounting (finished jobs)"),
     ("qdel", "cancel"),
+    ("qconf", "queue limits"),
 )
 
 

@@ -11,7 +11,7 @@ number and the task (``41.2``), the form ``qstat -g d``, ``qacct`` and ``qdel`` 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -23,7 +23,10 @@ __all__ = [
     "JOB_ID_RE",
     "QUEUE_NAME_RE",
     "ClusterQueue",
+    "QueueLimits",
     "parse_cluster_queues",
+    "parse_queue_limits",
+    "sge_seconds",
     "pending_per_queue",
     "NamedJob",
     "QdelAnswer",
@@ -377,3 +380,90 @@ def pending_per_queue(jobs: Iterable[NamedJob], queues: Iterable[str]) -> dict[s
             if not asked or queue in asked:
                 counts[queue] += 1
     return counts
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """What ``qconf -sq`` says a cluster queue allows a job: ``h_rt`` in seconds and the
+    ``slots`` of an instance (a pilot's cores land on one host with ``$pe_slots``); the
+    largest over the queue's value and its host overrides (``4,[vm=2]``), None for
+    ``INFINITY``."""
+
+    walltime: int | None
+    slots: int | None
+
+
+_SQ_KIND = "qconf -sq output"
+_SGE_TIME_RE = re.compile(r"(?:(?:([0-9]{1,7}):)?([0-9]{1,7}):)?([0-9]{1,9})")
+
+
+def sge_seconds(text: str, *, kind: str) -> int | None:
+    """An SGE time (``[[hours:]minutes:]seconds``) in seconds; None for INFINITY.
+
+    :raises DocumentError: any other text."""
+    if text.upper() == "INFINITY":
+        return None
+    found = _SGE_TIME_RE.fullmatch(text)
+    if found is None:
+        raise DocumentError(kind, f"time {text[:40]!r} is not an SGE time")
+    hours, minutes, seconds = (int(p) if p else 0 for p in found.groups())
+    return (hours * 60 + minutes) * 60 + seconds
+
+
+def _largest(value: str, read: Callable[[str], int | None]) -> int | None:
+    """The largest of a queue attribute's value and its host overrides; None when one is
+    INFINITY (read gives None)."""
+    found: list[int] = []
+    for item in value.split(","):
+        item = item.strip()
+        if item.startswith("[") and item.endswith("]") and "=" in item:
+            item = item[1:-1].split("=", 1)[1]
+        figure = read(item)
+        if figure is None:
+            return None
+        found.append(figure)
+    return max(found) if found else None
+
+
+def parse_queue_limits(stdout: str) -> dict[str, QueueLimits]:
+    """``qconf -sq q1,q2,...``: cluster queue -> its limits (long values continued on the next
+    line after a ``\\`` are joined first).
+
+    :raises DocumentError: a block without ``qname``, an ``h_rt`` or ``slots`` qconf does not
+        write."""
+    joined = re.sub(r"\\\n\s*", "", stdout)
+    found: dict[str, QueueLimits] = {}
+    block: dict[str, str] = {}
+
+    def close() -> None:
+        if not block:
+            return
+        name = block["qname"] if "qname" in block else ""
+        if not QUEUE_NAME_RE.fullmatch(name):
+            raise DocumentError(_SQ_KIND, f"a queue's block names no queue ({name[:40]!r})")
+        where = f"{_SQ_KIND}, queue {name}"
+        found[name] = QueueLimits(
+            walltime=_largest(
+                block["h_rt"] if "h_rt" in block else "INFINITY",
+                lambda t: sge_seconds(t, kind=f"{where}: h_rt"),
+            ),
+            slots=_largest(
+                block["slots"] if "slots" in block else "INFINITY",
+                lambda t: (
+                    None
+                    if t.upper() == "INFINITY"
+                    else ascii_int(t, kind=f"{where}: slots", maximum=_CQ_MOST)
+                ),
+            ),
+        )
+
+    for line in joined.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if not key:
+            continue
+        if key == "qname":
+            close()
+            block = {}
+        block[key] = value.strip()
+    close()
+    return found

@@ -13,7 +13,7 @@ from gridgate.core.documents import DocumentError
 from gridgate.core.model import Endpoint
 from gridgate.core.testing import build_plugin
 from gridgate.plugins.sge.backend import SgeBackend
-from gridgate.plugins.sge.parse import parse_cluster_queues
+from gridgate.plugins.sge.parse import parse_cluster_queues, parse_queue_limits
 
 
 @pytest.fixture
@@ -90,7 +90,12 @@ def test_one_read_of_the_cell_answers_for_all_its_queues(sge_site, monkeypatch) 
     for _ in range(3):
         for queue in [*sge_site.cell.queues, "nosuch.q"]:
             backend.gridgate_endpoint_state(endpoint=Endpoint("sge", queue), timeout=60)
-    assert [argv[1:] for argv in ran] == [["-g", "c"], ["-u", "*", "-s", "p", "-g", "d", "-r"]]
+    queues = ",".join(sge_site.cell.queues)
+    assert [argv[1:] for argv in ran] == [
+        ["-g", "c"],
+        ["-u", "*", "-s", "p", "-g", "d", "-r"],
+        ["-sq", queues],
+    ]
 
 
 HEADER = (
@@ -111,3 +116,43 @@ def test_the_qstat_g_c_decoder_reads_sge_8_and_refuses_other_text() -> None:
         parse_cluster_queues(HEADER + "pilots.q 2.71 1 0 3\n")
     with pytest.raises(DocumentError, match="line 3: AVAIL: 'x'"):
         parse_cluster_queues(HEADER + "pilots.q 2.71 1 0 x 4 0 0\n")
+
+
+def test_a_queues_h_rt_and_slots_are_its_limits(sge_site) -> None:
+    cell = sge_site.cell
+    first, second = cell.queues[:2]
+    host_set = cell.run(["qconf", "-mattr", "queue", "h_rt", "00:30:00", first], as_user=False)
+    assert host_set.ok, host_set.stderr
+    try:
+        backend = build_plugin(SgeBackend, sge_site.section())
+        said = backend.gridgate_endpoint_state(endpoint=Endpoint("sge", first), timeout=60)
+        other = backend.gridgate_endpoint_state(endpoint=Endpoint("sge", second), timeout=60)
+        # a pilot asking an hour is not sent to the first queue: the second gets them all
+        doc = sge_site.doc(pilots=2)
+        doc["demand"] = {
+            "static": {"sge": [{"group": "long", "pilots": 2, "resources": {"walltime": 3600}}]}
+        }
+        summary = sge_site.run_once(doc)
+    finally:
+        cell.run(["qconf", "-mattr", "queue", "h_rt", "INFINITY", first], as_user=False)
+    assert said is not None and other is not None
+    assert (said.max_walltime, other.max_walltime) == (1800, None)
+    assert said.max_cores == cell.slots and other.max_cores == cell.slots
+    assert {s["endpoint"] for s in summary["submitted"]} == {second}
+    [note] = summary["notifications"]
+    assert note["subject"] == f"gridgate: sge/{first} cannot run group long's pilots"
+
+
+def test_the_qconf_sq_decoder_takes_the_largest_value_and_refuses_other_text() -> None:
+    text = (
+        "qname                 a.q\nhostlist              vm\nslots                 2,[vm=8], \\\n"
+        "                      [other=4]\nh_rt                  1:00:00,[vm=90]\n"
+        "qname                 b.q\nslots                 4\nh_rt                  INFINITY,[vm=60]\n"
+    )
+    limits = parse_queue_limits(text)
+    assert (limits["a.q"].slots, limits["a.q"].walltime) == (8, 3600)
+    assert (limits["b.q"].slots, limits["b.q"].walltime) == (4, None)
+    with pytest.raises(DocumentError, match="queue a.q: h_rt.*'soon' is not an SGE time"):
+        parse_queue_limits("qname a.q\nh_rt soon\n")
+    with pytest.raises(DocumentError, match="names no queue"):
+        parse_queue_limits("hostlist vm\n")
