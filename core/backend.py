@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gridgate.core import hookimpl, runner
+from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.model import (
     BackendInfo,
     CancelResult,
@@ -371,9 +372,10 @@ class Backend(Plugin):
     Set ``name`` (the entry-point name), ``config_schema`` and ``endpoints_key`` (the key
     of your section listing the endpoints); write :meth:`submit`, and as your batch system
     allows :meth:`classify_failure`, :meth:`job_status`, :meth:`cancel`, :meth:`find_pilots`,
-    :meth:`pilot_output` and :meth:`list_match`. Override :meth:`endpoints` when an entry of your list is more than a
-    name (a URL, a mapping), :meth:`environment` when your commands need more than the
-    section's ``env`` and credentials.
+    :meth:`pilot_output`, :meth:`endpoint_state` and :meth:`list_match`. Override
+    :meth:`endpoints` when an entry of your list is more than a name (a URL, a mapping),
+    :meth:`environment` when your commands need more than the section's ``env`` and
+    credentials.
 
     Do not override the ``gridgate_*`` hook methods of this class to change what they do:
     a method overriding one without ``@hookimpl`` is no hook implementation, and pluggy
@@ -478,6 +480,14 @@ class Backend(Plugin):
         """At most ``size`` bytes of one stream of pilot ``job_id`` (``gridgate_pilot_output``:
         the start, or the end with ``from_end``; 0 bytes: only where it is and whether it is
         still there); None: this backend cannot read that stream."""
+        return None
+
+    def endpoint_state(self, endpoint: Endpoint, timeout: float) -> EndpointState | None:
+        """What ``endpoint``'s queue says of itself (``gridgate_endpoint_state``): everybody's
+        waiting and running jobs, free slots, limits, serving state; read the scheduler once a
+        short interval for all your endpoints on it
+        (:class:`~gridgate.core.endpoint_state.StateCache`). None: this backend cannot say
+        (nothing changes for the endpoint)."""
         return None
 
     def list_match(
@@ -597,6 +607,11 @@ class Backend(Plugin):
         if not self.mine(endpoint):
             return None
         return self.pilot_output(endpoint, job_id, stream, name, size, from_end, timeout)
+
+    @hookimpl
+    def gridgate_endpoint_state(self, endpoint: Endpoint, timeout: float) -> EndpointState | None:
+        """The hook: :meth:`endpoint_state` for this backend's endpoints, else None."""
+        return self.endpoint_state(endpoint, timeout) if self.mine(endpoint) else None
 
     @hookimpl
     def gridgate_list_match(

@@ -16,6 +16,7 @@ from gridgate.core import hookspec
 if TYPE_CHECKING:
     import click
 
+    from gridgate.core.endpoint_state import EndpointState
     from gridgate.core.model import (
         AccountingRecord,
         AdmissionRequest,
@@ -49,6 +50,7 @@ __all__ = [
     "gridgate_iteration_started",
     "gridgate_demand",
     "gridgate_endpoint_availability",
+    "gridgate_endpoint_state",
     "gridgate_iteration_finished",
     "gridgate_backend_info",
     "gridgate_check_credentials",
@@ -139,6 +141,30 @@ def gridgate_endpoint_availability(
         known (no tracking, the first iteration).
     :return: ``{Endpoint.key: Availability}`` for the endpoints this source has something to
         say about (an endpoint left out is available as far as it goes); None for nothing.
+    """
+
+
+@hookspec(firstresult=True)
+def gridgate_endpoint_state(endpoint: Endpoint, timeout: float) -> EndpointState | None:
+    """Say what ``endpoint``'s queue reports of itself: everybody's waiting and running jobs,
+    its free slots, its limits and its serving state (:class:`EndpointState`).
+
+    Called once per iteration for every endpoint that may get pilots this iteration (its
+    backend has demand; it is not drained, banned, failing or waiting for its credential),
+    after :func:`gridgate_endpoint_availability` and before any pilot is polled or submitted,
+    under an admission grant of category ``query`` (opcode ``QUEUE_STATE``). The director
+    honours the answer: a queue that is not in ``production`` is drained this iteration
+    (merged with the availability sources' answers, source ``queue``: shown in ``servers
+    list``, the journal and the availability metric); one whose ``waiting`` reaches the
+    endpoint's ``max_waiting`` gets no pilot this iteration (skipped as ``max_waiting``). Read
+    the scheduler once per short interval for all its endpoints
+    (:class:`gridgate.core.endpoint_state.StateCache`); every command killed at ``timeout``.
+
+    :param endpoint: the endpoint (a CE queue, a partition) asked about.
+    :param timeout: hard limit in seconds for all the commands of this call.
+    :return: an :class:`EndpointState`; None when ``endpoint.backend`` is not this plugin's
+        or it cannot say now (nothing changes for the endpoint then).
+        Stops at first non-None result.
     """
 
 

@@ -279,6 +279,10 @@ API: tuple[tuple[str, str], ...] = (
         "What each endpoint can run (`endpoint_resources`) and which pilots fit it: what the director, a selector or a demand plugin asks before sending a requirement somewhere.",
     ),
     (
+        "gridgate.core.endpoint_state",
+        "What an endpoint's queue says of itself (`gridgate_endpoint_state`): the typed figures, and a cache so that one read of a cluster or a CE answers for all its endpoints a while.",
+    ),
+    (
         "gridgate.core.files",
         "Files someone else picks up, and the private folders they live in.",
     ),

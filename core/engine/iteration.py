@@ -26,6 +26,14 @@ from gridgate.core.engine.credential_episodes import CredentialEpisodes
 from gridgate.core.engine.demand_episodes import DemandEpisodes
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath
 from gridgate.core.engine.intents import unrecordable
+from gridgate.core.engine.queue_state import (
+    SOURCE,
+    LimitProblems,
+    QueueStates,
+    asked_endpoints,
+    beyond_limits,
+    closed_queues,
+)
 from gridgate.core.engine.retry import ResubmitPolicy, retry_entry
 from gridgate.core.engine.runtime import Iteration, Runtime, Sending
 from gridgate.core.engine.sharing import DemandShare, StoreRoom
@@ -80,6 +88,10 @@ class IterationRunner:
         self.notices = AvailabilityNotices(runtime, failures)
         #: tells a demand source that failed past keep_last once, and when it answers again
         self.demand_sources = DemandEpisodes(runtime, failures)
+        #: asks each endpoint that may get pilots what its queue holds (gridgate_endpoint_state)
+        self.queues = QueueStates(runtime)
+        #: tells once that a group's pilots ask more than an endpoint's queue allows
+        self.limit_problems = LimitProblems(runtime, failures)
         #: endpoints whose pilots changed at the last polls (for sources reading the registry)
         self._changed: frozenset[str] | None = None
         #: every backend demand has named (in order): asked for its endpoints' availability
@@ -185,7 +197,14 @@ class IterationRunner:
             endpoints=tuple(endpoints),
             changed=self._changed,
         )
-        it.availability = merge_availability(answers or [], {e.key for e in endpoints})
+        keys = {e.key for e in endpoints}
+        it.availability = merge_availability(answers or [], keys)
+        # the queues that may get pilots say what they hold and whether they run new jobs
+        wanted = dict.fromkeys(r.backend for r in demand.requests if r.count > 0)
+        queues = self.queues.ask(it, asked_endpoints(it, wanted))
+        closed = closed_queues(queues)
+        if closed:
+            it.availability = merge_availability([*(answers or []), (SOURCE, closed)], keys)
         self.notices.tell_changes(it)
 
     def _plan(
@@ -412,10 +431,14 @@ class IterationRunner:
             # credential: said as such, no stall
             left = [e for e in it.usable(info.endpoints) if e not in sending.tried]
             waiting = [e for e in left if it.credential_block(info, e, request.credential)]
+            # or every one left said its queue cannot run these pilots: the group's config
+            too_big = [e for e in left if beyond_limits(request, it.queues.get(e.key))]
             reason = "unavailable" if left else "no_endpoint"
-            start.skipped("credential" if left and waiting == left else reason).account(
-                self.failures
-            )
+            if left and waiting == left:
+                reason = "credential"
+            elif left and too_big == left:
+                reason = "config"
+            start.skipped(reason).account(self.failures)
             return None
         return candidates
 
@@ -518,17 +541,19 @@ class IterationRunner:
 
     def _eligible(self, info: BackendInfo, it: Iteration, request: SubmitRequest) -> list[Endpoint]:
         """``info``'s endpoints that may get ``request``'s pilots now: usable, neither drained
-        nor banned, not weighted 0 (0 means never, whatever the selector), and the credential
-        the request would use there usable."""
+        nor banned, not weighted 0 (0 means never, whatever the selector), the credential
+        the request would use there usable, and their queue's limits not below what the
+        pilots ask (as far as the queue said)."""
         weights = self._weights(info.backend)
         declared = capacities(self._section(info.backend), info.endpoints)
-        return [
+        eligible = [
             e
             for e in it.submittable(info.endpoints)
             if configured_weight(e, weights) > 0
             and not it.credential_block(info, e, request.credential)
             and fits(request.resources, declared.get(e.key))
         ]
+        return self.limit_problems.fitting(it, request, eligible) if it.queues else eligible
 
     def _commands(
         self, endpoint: Endpoint, request: SubmitRequest, timeout: float

@@ -230,7 +230,9 @@ class PilotRoom:
 
     ``waiting_cores`` is the cores of the pilots waiting on each endpoint (by endpoint key);
     an endpoint not in it counts one core per waiting pilot (what every pilot was before
-    pilots had cores)."""
+    pilots had cores). ``reported`` is the jobs each endpoint's queue says wait there, of
+    every user (``gridgate_endpoint_state``, by key): ``max_waiting`` counts the larger of
+    that and gridgate's own pilots waiting there."""
 
     def __init__(
         self,
@@ -240,6 +242,7 @@ class PilotRoom:
         blind: Iterable[str] = (),
         retired: Iterable[str] = (),
         waiting_cores: Mapping[str, int] | None = None,
+        reported: Mapping[str, int] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self.endpoint_room: dict[str, int | None] = {}
@@ -272,9 +275,8 @@ class PilotRoom:
             )
             for server in info.endpoints:
                 limit = settings.for_endpoint(server, "max_waiting")
-                self.endpoint_room[server.key] = (
-                    None if limit is None else max(0, limit - waiting.get(server.key, 0))
-                )
+                held = max(waiting.get(server.key, 0), (reported or {}).get(server.key, 0))
+                self.endpoint_room[server.key] = None if limit is None else max(0, limit - held)
                 cores = settings.for_endpoint(server, "max_waiting_cores")
                 used = (waiting_cores or {}).get(server.key, waiting.get(server.key, 0))
                 self.cores_room[server.key] = None if cores is None else max(0, cores - used)

@@ -17,6 +17,7 @@ import pluggy
 from gridgate.core.clock import Clock
 from gridgate.core.config import Config
 from gridgate.core.credential_names import CredentialChoice
+from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.engine.limits import PilotRoom
 from gridgate.core.engine.retry import ResubmitPolicy
 from gridgate.core.engine.section import DirectorSettings
@@ -146,6 +147,9 @@ class Iteration:
     #: endpoint keys with an open failure episode or cleared by hand, not yet seen answering
     #: this iteration (:meth:`FailingCache.troubled`): a success of theirs may be a recovery
     troubled: set[str] = field(default_factory=set)
+    #: what each endpoint's queue said of itself this iteration, by key
+    #: (``gridgate_endpoint_state``; :mod:`gridgate.core.engine.queue_state`)
+    queues: dict[str, EndpointState] = field(default_factory=dict)
 
     def credential_block(
         self, info: BackendInfo, endpoint: Endpoint | None = None, credential: str = ""

@@ -32,6 +32,7 @@ from gridgate.core.engine.intents import Intents, default_instance
 from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
 from gridgate.core.engine.pending import PendingPilots
 from gridgate.core.engine.pilot_credentials import GroupCredentials, names_for, split_live
+from gridgate.core.engine.queue_state import reported_waiting
 from gridgate.core.engine.records import clock_time
 from gridgate.core.engine.retired import RetiredEndpoints
 from gridgate.core.engine.runtime import Iteration, PilotReportDraft, Runtime
@@ -437,7 +438,9 @@ class PilotTracker:
                 waiting_cores = dict(waiting_cores)
                 for key, c in flying_cores.items():
                     waiting_cores[key] = waiting_cores.get(key, 0) + c
-        limits = PilotRoom(settings, counts, infos, blind, retired, waiting_cores)
+        limits = PilotRoom(
+            settings, counts, infos, blind, retired, waiting_cores, reported_waiting(it.queues)
+        )
         usable = {b: it.usable(info.endpoints) for b, info in infos.items()}
         # a group whose credential cannot be used on any endpoint now submits nothing, and
         # its pilots were not polled: the counts are stale, so a limit would be blamed for

@@ -27,6 +27,7 @@ from gridgate.core import hookimpl
 from gridgate.core.backend import Backend
 from gridgate.core.credential_names import credentials_in_force
 from gridgate.core.credentials import CredentialPlugin
+from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.kinds import failure
 from gridgate.core.model import (
     BackendInfo,
@@ -49,6 +50,7 @@ from gridgate.plugins.arc.cli import CliInterface
 from gridgate.plugins.arc.describe import Descriptions, resource_attributes
 from gridgate.plugins.arc.documents import JOB_ID_RE
 from gridgate.plugins.arc.rest.interface import SCRIPT_WHAT, RestInterface
+from gridgate.plugins.arc.rest.shares import ShareStates
 from gridgate.plugins.arc.settings import (
     ARC_SCHEMA,
     OWNED_ATTRIBUTES,
@@ -120,6 +122,13 @@ class ArcBackend(Backend):
             if settings.interface == "rest"
             else CliInterface(settings, context, self._descriptions, self._finals)
         )
+        interval = settings.queue_state_interval
+        #: what each CE's shares say of their queues, one GET info a CE an interval (REST only)
+        self._shares = (
+            ShareStates(self._rest, interval)
+            if interval is not None and settings.interface == "rest"
+            else None
+        )
 
     def backend_info(self) -> BackendInfo:
         info = super().backend_info()
@@ -188,6 +197,12 @@ class ArcBackend(Backend):
         if odd and result.ok:
             result = dataclasses.replace(result, statuses={**result.statuses, **odd})
         return result
+
+    def endpoint_state(self, endpoint: Endpoint, timeout: float) -> EndpointState | None:
+        ce = self._ces.get(endpoint.name)  # a configured CE: a retired one gets no pilot
+        if ce is None or self._shares is None:
+            return None
+        return self._shares.share(ce, timeout)
 
     def find_pilots(
         self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float

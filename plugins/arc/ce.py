@@ -566,6 +566,8 @@ class ArcCE:
         tokens: bool = True,
         issuer_port: int | None = None,
         audience: bool | str = False,
+        drain_sessions: bool = False,
+        max_walltime: int | None = None,
     ) -> None:
         if lrms not in ("fork", "slurm"):
             raise ValueError(f"lrms must be 'fork' or 'slurm', not {lrms!r}")
@@ -591,6 +593,12 @@ class ArcCE:
             raise ValueError(f"audience must be a string with no blank, not {audience!r}")
         #: the audience asked for: True (the CE's own URL), a string, or False (any)
         self._audience = audience
+        #: its session folder marked ``drain`` in a new arc.conf: A-REX takes no new job, and
+        #: its info provider publishes its endpoints draining (a site's drain for a downtime)
+        self.drain_sessions = bool(drain_sessions)
+        #: ``maxwalltime`` (seconds) of its queues in a new arc.conf: published as the share's
+        #: GLUE2 MaxWallTime
+        self.max_walltime = max_walltime
         self._issuer_port: int | None = None
         #: the issuer's port asked for (None: the first free one from ISSUER_FIRST_PORT)
         self._issuer_port_given = int(issuer_port) if issuer_port is not None else None
@@ -1032,7 +1040,7 @@ class ArcCE:
             "",
             "[arex]",
             f"controldir = {p('control')}",
-            f"sessiondir = {p('session')}",
+            f"sessiondir = {p('session')}" + (" drain" if self.drain_sessions else ""),
             f"tmpdir = {p('tmp')}",
             f"logfile = {p('log', 'arex.log')}",
             f"joblog = {p('log', 'arex-jobs.log')}",
@@ -1057,7 +1065,8 @@ class ArcCE:
             "",
         ]
         for queue in queues:
-            lines += [f"[queue:{queue}]", ""]
+            limit = [] if self.max_walltime is None else [f"maxwalltime = {self.max_walltime}"]
+            lines += [f"[queue:{queue}]", *limit, ""]
         self.arc_conf.write_text("\n".join(lines), encoding="utf-8")
         settings = {
             "port": self._port,

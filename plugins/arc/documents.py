@@ -8,7 +8,8 @@ checks a shape again.
   (:func:`job_answer`: one item is an object and several a list, an empty list an empty body,
   each job's ``status-code`` a string), the ``info`` document's activity in them, the id a
   delegation's ``Location`` names (:func:`delegation_id`) and a ranged answer's
-  ``Content-Range`` total (:func:`content_range_total`);
+  ``Content-Range`` total (:func:`content_range_total`), the CE's GLUE2 document
+  (:func:`glue_shares`: its shares' queue state);
 - the claims of a bearer token that say when it ends (:func:`token_end`) and whose it is
   (:func:`token_owner`);
 - what the ARC client prints (:func:`submitted_ids`, :func:`arcstat_report`,
@@ -31,7 +32,7 @@ import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -46,6 +47,7 @@ __all__ = [
     "Activity",
     "DelegationRecord",
     "Entry",
+    "GlueShare",
     "StatusReport",
     "CeRecord",
     "IssuerClient",
@@ -57,6 +59,7 @@ __all__ = [
     "content_range_total",
     "delegation_id",
     "delegation_record",
+    "glue_shares",
     "job_answer",
     "issuer_clients",
     "issuer_record",
@@ -466,3 +469,129 @@ def jobname_in(description: str, base: str) -> str:
         if word.startswith(base + "-"):
             return word
     return ""
+
+
+# --- the CE's GLUE2 document (GET info) ----------------------------------------------------------
+
+#: A GLUE2 count as A-REX 6.17's JSON writes it (a string of digits); a number is read too.
+GlueCount = (
+    Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,10}$")]
+    | Annotated[int, msgspec.Meta(ge=0, le=10**10)]
+)
+#: GLUE2's ServingState_t, from the best to the worst for a new job.
+SERVING_ORDER = ("production", "queueing", "draining", "closed")
+GlueServing = Literal["production", "queueing", "draining", "closed"]
+#: The REST interface's name among a CE's GLUE2 endpoints.
+REST_INTERFACE = "org.nordugrid.arcrest"
+
+
+class _GlueLinks(msgspec.Struct):
+    ComputingShareID: str | list[str] = ""
+
+
+class _GlueEndpoint(msgspec.Struct):
+    InterfaceName: str = ""
+    ServingState: GlueServing = "production"
+    Associations: _GlueLinks | None = None
+
+
+class _GlueShare(msgspec.Struct):
+    ID: str = ""
+    Name: str = ""
+    MappingQueue: str = ""
+    ServingState: GlueServing = "production"
+    WaitingJobs: GlueCount | None = None
+    PreLRMSWaitingJobs: GlueCount | None = None
+    RunningJobs: GlueCount | None = None
+    FreeSlots: GlueCount | None = None
+    MaxWallTime: GlueCount | None = None
+    MaxMainMemory: GlueCount | None = None
+    MaxSlotsPerJob: GlueCount | None = None
+
+
+class _GlueService(msgspec.Struct):
+    ComputingEndpoint: _GlueEndpoint | list[_GlueEndpoint] = []
+    ComputingShare: _GlueShare | list[_GlueShare] = []
+
+
+class _GlueServices(msgspec.Struct):
+    ComputingService: _GlueService
+
+
+class _GlueDomain(msgspec.Struct):
+    Services: _GlueServices
+
+
+class _GlueDomains(msgspec.Struct):
+    AdminDomain: _GlueDomain
+
+
+class _GlueInfo(msgspec.Struct):
+    Domains: _GlueDomains
+
+
+@dataclass(frozen=True)
+class GlueShare:
+    """One ComputingShare of a CE's GLUE2 document: its name and queue, its serving state (the
+    worse of the share's and of the REST endpoints that serve it: A-REX 6.17 always publishes a
+    share in production, and a drain on its endpoints), and its figures (None: not published).
+    ``waiting`` is WaitingJobs (every user's jobs in the batch system) plus PreLRMSWaitingJobs
+    (jobs A-REX holds before passing them on)."""
+
+    name: str
+    queue: str
+    serving: str
+    waiting: int | None
+    running: int | None
+    free_slots: int | None
+    max_walltime: int | None
+    max_memory_mb: int | None
+    max_slots: int | None
+
+
+def _count(value: str | int | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _many(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def glue_shares(body: bytes) -> list[GlueShare]:
+    """The shares of A-REX's GLUE2 document (``GET /rest/1.0/info`` as JSON; one share is an
+    object, several a list).
+
+    :raises DocumentError: a document that is not GLUE2 as A-REX writes it (a count that is
+        not digits, a serving state GLUE2 does not name, no ComputingService)."""
+    info: _GlueInfo = decode_json(body, _GlueInfo, kind="A-REX GLUE2 info")
+    service = info.Domains.AdminDomain.Services.ComputingService
+    # the REST endpoints' serving state, by the share they serve
+    drained: dict[str, str] = {}
+    for endpoint in _many(service.ComputingEndpoint):
+        if endpoint.InterfaceName != REST_INTERFACE or endpoint.Associations is None:
+            continue
+        for share in _listed(endpoint.Associations.ComputingShareID):
+            known = drained.get(share, "production")
+            drained[share] = max(known, endpoint.ServingState, key=SERVING_ORDER.index)
+    shares = []
+    for share in _many(service.ComputingShare):
+        waiting = _count(share.WaitingJobs)
+        held = _count(share.PreLRMSWaitingJobs)
+        shares.append(
+            GlueShare(
+                name=share.Name,
+                queue=share.MappingQueue or share.Name,
+                serving=max(
+                    share.ServingState,
+                    drained.get(share.ID, "production"),
+                    key=SERVING_ORDER.index,
+                ),
+                waiting=None if waiting is None else waiting + (held or 0),
+                running=_count(share.RunningJobs),
+                free_slots=_count(share.FreeSlots),
+                max_walltime=_count(share.MaxWallTime),
+                max_memory_mb=_count(share.MaxMainMemory),
+                max_slots=_count(share.MaxSlotsPerJob),
+            )
+        )
+    return shares

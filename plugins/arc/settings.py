@@ -161,6 +161,16 @@ ARC_SCHEMA: dict[str, Any] = {
             "call with `interface: cli` (which still delegates once per job: it saves "
             "only process starts).",
         },
+        "queue_state_interval": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "maximum": 3600,
+            "default": 30,
+            "description": "Seconds one GET info of a CE (its GLUE2 document, interface: rest) "
+            "answers for all its queues: what each share says of itself (waiting and running "
+            "jobs, free slots, serving state, limits; docs/arc.md). null, or interface: cli: "
+            "the CEs say nothing of their queues.",
+        },
         "keep_on_ce": {
             "type": "boolean",
             "default": False,
@@ -262,6 +272,7 @@ class ArcSettings(Settings):
     xrsl: Mapping[str, Any]
     pilots_per_submission: int
     keep_on_ce: bool
+    queue_state_interval: float | None
     stderr_samples: int
     stderr_bytes: int
     commands: Mapping[str, str]

@@ -35,6 +35,7 @@ from gridgate.core.backend import (
     job_name,
     not_tried,
 )
+from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.model import (
     CancelResult,
     CommandResult,
@@ -66,6 +67,7 @@ from gridgate.plugins.sge.parse import (
     parse_qstat_errors,
     parse_terse,
 )
+from gridgate.plugins.sge.queues import CellStates
 
 OPERATION_SUBMIT = "Job Submit"
 #: A cluster queue name as the configuration may give it (fullmatch: no trailing newline).
@@ -94,6 +96,7 @@ COMMANDS = (
     ("qstat", "status"),
     ("qacct", "accounting (finished jobs)"),
     ("qdel", "cancel"),
+    ("qconf", "queue limits"),
 )
 
 
@@ -264,6 +267,15 @@ SGE_SCHEMA: dict[str, Any] = {
         "commands": commands_schema(
             "Names (looked up on PATH) or paths of the Grid Engine commands.", COMMANDS
         ),
+        "queue_state_interval": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "maximum": 3600,
+            "default": 10,
+            "description": "Seconds one read of the cell (qstat -g c, and every user's "
+            "pending jobs) answers for all its queues: what each says of itself (pending "
+            "jobs, used and free slots, disabled; docs/sge.md). null: the queues say nothing.",
+        },
         "command_timeout": command_timeout_schema(
             "Seconds; replaces the director's limit for these commands when set. One "
             "poll's qstat, qstat -j and qacct calls share it."
@@ -304,6 +316,7 @@ class SgeSettings(Settings):
     commands: Mapping[str, str]
     command_timeout: float | None
     env: Mapping[str, str]
+    queue_state_interval: float | None
 
 
 class SgeBackend(Backend):
@@ -368,6 +381,9 @@ class SgeBackend(Backend):
         self._listing: CommandResult | None = None
         self._sharing = False
         self._programs = {k: v for k, v in self.settings.commands.items() if v}
+        interval = self.settings.queue_state_interval
+        #: what the cell's queues say of themselves, read once an interval
+        self._queues = None if interval is None else CellStates(interval, self.run, self._command)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -484,6 +500,11 @@ class SgeBackend(Backend):
             operation=OPERATION_SUBMIT,
             message=outcome.describe(),
         )
+
+    def endpoint_state(self, endpoint: Endpoint, timeout: float) -> EndpointState | None:
+        if self._queues is None:
+            return None
+        return self._queues.queue(endpoint.name, self.deadline(timeout).left())
 
     def find_argv(self) -> list[str]:
         """The qstat argv that lists this user's jobs in every state qstat holds (``-s a``:

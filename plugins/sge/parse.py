@@ -1,6 +1,7 @@
 """Reading what Grid Engine's commands print: ``qsub -terse``, ``qstat -g d`` (with ``-r``,
 the full job names), ``qstat -j``, ``qacct -j`` and ``qdel``, into job ids and core's pilot
-states, and a job's name and owner (:func:`job_owner`: where its output goes).
+states, and a job's name and owner (:func:`job_owner`: where its output goes); ``qstat -g c``
+into each cluster queue's slots.
 
 Every format here is the one SGE 8.1.9 (Debian's gridengine packages) prints; docs/sge.md
 quotes the real outputs, and tests/plugins/sge/test_sge_parse.py holds them as captured on the
@@ -11,16 +12,23 @@ number and the task (``41.2``), the form ``qstat -g d``, ``qacct`` and ``qdel`` 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import msgspec
 
-from gridgate.core.documents import convert
+from gridgate.core.documents import DocumentError, ascii_int, convert
 from gridgate.core.model import JobStatus
 
 __all__ = [
     "JOB_ID_RE",
+    "QUEUE_NAME_RE",
+    "ClusterQueue",
+    "QueueLimits",
+    "parse_cluster_queues",
+    "parse_queue_limits",
+    "sge_seconds",
+    "pending_per_queue",
     "NamedJob",
     "QdelAnswer",
     "job_number",
@@ -34,6 +42,8 @@ __all__ = [
     "state_of",
 ]
 
+#: A cluster queue's name as qstat -g c prints it.
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 #: A pilot's id: a job number, or ``number.task`` for a task of an array job.
 JOB_ID_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
 #: ``qsub -terse``: ``41`` for a job, ``41.1-3:1`` for an array job (first-last:step).
@@ -330,3 +340,152 @@ def parse_qdel(text: str) -> QdelAnswer:
         for m in QDEL_ABSENT_RE.finditer(text)
     ]
     return QdelAnswer(tuple(dict.fromkeys(deleted)), tuple(dict.fromkeys(absent)))
+
+
+@dataclass(frozen=True)
+class ClusterQueue:
+    """One row of ``qstat -g c``: the slots of a cluster queue used, available and in all, and
+    those of its instances that take no job (``cdsuE``: disabled, suspended, unknown, in
+    error, or their calendar's)."""
+
+    used: int
+    available: int
+    total: int
+    unusable: int
+
+
+_CQ_KIND = "qstat -g c output"
+#: the columns of ``qstat -g c`` that are read (SGE 8.1.9 also prints RES, older ones not)
+_CQ_NEEDED = ("USED", "AVAIL", "TOTAL", "cdsuE")
+_CQ_MOST = 10**9
+
+
+def parse_cluster_queues(stdout: str) -> dict[str, ClusterQueue]:
+    """``qstat -g c``: cluster queue -> its slots. The columns are found by the header's names.
+
+    :raises DocumentError: no header of that form, a row of other length, a slot count that
+        is not digits."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header = lines[0].split()
+    if header[:2] != ["CLUSTER", "QUEUE"] or not all(c in header for c in _CQ_NEEDED):
+        raise DocumentError(_CQ_KIND, f"header {lines[0][:120]!r} is not qstat -g c's")
+    columns = header[2:]
+    found: dict[str, ClusterQueue] = {}
+    for number, line in enumerate(lines[1:], 2):
+        if set(line.strip()) == {"-"}:
+            continue
+        words = line.split()
+        where = f"{_CQ_KIND}, line {number}"
+        if len(words) != 1 + len(columns) or not QUEUE_NAME_RE.fullmatch(words[0]):
+            raise DocumentError(where, f"{line[:120]!r} is not a cluster queue's row")
+        row = dict(zip(columns, words[1:], strict=True))
+        counts = {c: ascii_int(row[c], kind=f"{where}: {c}", maximum=_CQ_MOST) for c in _CQ_NEEDED}
+        found[words[0]] = ClusterQueue(
+            used=counts["USED"],
+            available=counts["AVAIL"],
+            total=counts["TOTAL"],
+            unusable=counts["cdsuE"],
+        )
+    return found
+
+
+def pending_per_queue(jobs: Iterable[NamedJob], queues: Iterable[str]) -> dict[str, int]:
+    """Of the pending jobs of ``qstat -u * -s p -g d -r`` (:func:`parse_named_qstat`), how
+    many each of ``queues`` may take: those that asked for it (``-q q`` or ``q@host``) and
+    those that asked for no queue (any queue may take them)."""
+    counts = dict.fromkeys(queues, 0)
+    for job in jobs:
+        asked = {q.split("@", 1)[0] for q in job.queues}
+        for queue in counts:
+            if not asked or queue in asked:
+                counts[queue] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """What ``qconf -sq`` says a cluster queue allows a job: ``h_rt`` in seconds and the
+    ``slots`` of an instance (a pilot's cores land on one host with ``$pe_slots``); the
+    largest over the queue's value and its host overrides (``4,[vm=2]``), None for
+    ``INFINITY``."""
+
+    walltime: int | None
+    slots: int | None
+
+
+_SQ_KIND = "qconf -sq output"
+_SGE_TIME_RE = re.compile(r"(?:(?:([0-9]{1,7}):)?([0-9]{1,7}):)?([0-9]{1,9})")
+
+
+def sge_seconds(text: str, *, kind: str) -> int | None:
+    """An SGE time (``[[hours:]minutes:]seconds``) in seconds; None for INFINITY.
+
+    :raises DocumentError: any other text."""
+    if text.upper() == "INFINITY":
+        return None
+    found = _SGE_TIME_RE.fullmatch(text)
+    if found is None:
+        raise DocumentError(kind, f"time {text[:40]!r} is not an SGE time")
+    hours, minutes, seconds = (int(p) if p else 0 for p in found.groups())
+    return (hours * 60 + minutes) * 60 + seconds
+
+
+def _largest(value: str, read: Callable[[str], int | None]) -> int | None:
+    """The largest of a queue attribute's value and its host overrides; None when one is
+    INFINITY (read gives None)."""
+    found: list[int] = []
+    for item in value.split(","):
+        item = item.strip()
+        if item.startswith("[") and item.endswith("]") and "=" in item:
+            item = item[1:-1].split("=", 1)[1]
+        figure = read(item)
+        if figure is None:
+            return None
+        found.append(figure)
+    return max(found) if found else None
+
+
+def parse_queue_limits(stdout: str) -> dict[str, QueueLimits]:
+    """``qconf -sq q1,q2,...``: cluster queue -> its limits (long values continued on the next
+    line after a ``\\`` are joined first).
+
+    :raises DocumentError: a block without ``qname``, an ``h_rt`` or ``slots`` qconf does not
+        write."""
+    joined = re.sub(r"\\\n\s*", "", stdout)
+    found: dict[str, QueueLimits] = {}
+    block: dict[str, str] = {}
+
+    def close() -> None:
+        if not block:
+            return
+        name = block["qname"] if "qname" in block else ""
+        if not QUEUE_NAME_RE.fullmatch(name):
+            raise DocumentError(_SQ_KIND, f"a queue's block names no queue ({name[:40]!r})")
+        where = f"{_SQ_KIND}, queue {name}"
+        found[name] = QueueLimits(
+            walltime=_largest(
+                block["h_rt"] if "h_rt" in block else "INFINITY",
+                lambda t: sge_seconds(t, kind=f"{where}: h_rt"),
+            ),
+            slots=_largest(
+                block["slots"] if "slots" in block else "INFINITY",
+                lambda t: (
+                    None
+                    if t.upper() == "INFINITY"
+                    else ascii_int(t, kind=f"{where}: slots", maximum=_CQ_MOST)
+                ),
+            ),
+        )
+
+    for line in joined.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if not key:
+            continue
+        if key == "qname":
+            close()
+            block = {}
+        block[key] = value.strip()
+    close()
+    return found

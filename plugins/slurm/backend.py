@@ -35,6 +35,7 @@ from gridgate.core.backend import (
     job_name,
     not_tried,
 )
+from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.model import (
     CancelResult,
     CommandResult,
@@ -68,6 +69,7 @@ from gridgate.plugins.slurm.documents import KILL_ERROR_RE as KILL_ERROR_RE  # n
 from gridgate.plugins.slurm.documents import PARSABLE_RE as PARSABLE_RE  # noqa: E402
 from gridgate.plugins.slurm.documents import STATE_MAP as STATE_MAP  # noqa: E402
 from gridgate.plugins.slurm.documents import pilot_state as pilot_state  # noqa: E402
+from gridgate.plugins.slurm.queues import ClusterStates
 
 OPERATION_SUBMIT = "Job Submit"
 #: Every pattern here is used with fullmatch: ``$`` would also take a trailing newline.
@@ -251,9 +253,20 @@ SLURM_SCHEMA: dict[str, Any] = {
                 ("sbatch", "submit"),
                 ("squeue", "status"),
                 ("scancel", "cancel"),
-                ("scontrol", "output paths (scontrol show job)"),
+                ("scontrol", "output paths (scontrol show job), partition state and limits"),
+                ("sinfo", "partition CPUs"),
             ),
         ),
+        "queue_state_interval": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "maximum": 3600,
+            "default": 10,
+            "description": "Seconds one read of a cluster's partitions (scontrol, sinfo, "
+            "squeue of every user's jobs) answers for all its partitions: what each says "
+            "of its queue (waiting and running jobs, idle CPUs, state, limits; "
+            "docs/slurm.md). null: the partitions say nothing of their queues.",
+        },
         "command_timeout": command_timeout_schema(
             "Seconds; replaces the director's limit for "
             "these commands when set. Slurm's clients "
@@ -282,6 +295,7 @@ class SlurmSettings(Settings):
     commands: Mapping[str, str]
     command_timeout: float | None
     env: Mapping[str, str]
+    queue_state_interval: float | None
 
 
 class SlurmBackend(Backend):
@@ -349,6 +363,11 @@ class SlurmBackend(Backend):
         #: clusters ("" = SLURM_CONF's) whose controller a partition found unreachable
         self._outages = Outages()
         self._programs = {k: v for k, v in self.settings.commands.items() if v}
+        interval = self.settings.queue_state_interval
+        #: what each cluster's partitions say of their queues, read once an interval
+        self._queues = (
+            None if interval is None else ClusterStates(interval, self.run, self._command)
+        )
         extra = self.settings.env
         inherited = {k: v for k, v in os.environ.items() if k not in OWNED_ENVIRONMENT}
         # an SBATCH_ARRAY_INX left in the director's environment would make every pilot an array
@@ -513,6 +532,13 @@ class SlurmBackend(Backend):
         return StatusResult(
             endpoint, ok=True, statuses=statuses, command=last, commands=len(chunks)
         )
+
+    def endpoint_state(self, endpoint: Endpoint, timeout: float) -> EndpointState | None:
+        if self._queues is None:
+            return None
+        partition, cluster = split_partition(endpoint.name)
+        deadline = self.deadline(timeout)
+        return self._queues.partition(partition, cluster, deadline.left())
 
     def find_argv(self, endpoint: Endpoint) -> list[str]:
         """The squeue argv that lists this user's jobs on ``endpoint``'s partition in every

@@ -33,6 +33,15 @@ from gridgate.core.scheduler import RpcCount, SchedulerRequest, SchedulerRPCs
 __all__ = [
     "FIND_FORMAT",
     "JOB_ID_RE",
+    "PARTITION_STATES",
+    "QUEUE_FORMAT",
+    "SINFO_FORMAT",
+    "PartitionCpus",
+    "PartitionLimits",
+    "parse_partitions",
+    "parse_queue_counts",
+    "parse_sinfo_cpus",
+    "slurm_seconds",
     "PER_TYPE_ROW",
     "PER_USER_ROW",
     "STATE_MAP",
@@ -414,3 +423,175 @@ def old_denials(text: str | bytes) -> dict[str, dict[str, OldDenial]]:
                 continue
         out[user] = kept
     return out
+
+
+# --- what a partition says of itself (gridgate_endpoint_state) ------------------------------
+
+#: ``sinfo -h -a -o`` of the partitions' CPUs: name, CPUs allocated/idle/other/total, CPUs per
+#: node, memory per node (MB); sinfo prints one line per partition and node shape.
+SINFO_FORMAT = "%R|%C|%c|%m"
+#: ``squeue -h -a -r -t PENDING,RUNNING -o`` of every user's jobs: partitions, compact state.
+QUEUE_FORMAT = "%P|%t"
+#: scontrol's partition state -> the serving state (GLUE2's words): DOWN takes jobs and starts
+#: none, DRAIN takes none and runs those it has, INACTIVE takes none and starts none.
+PARTITION_STATES = {
+    "UP": "production",
+    "DOWN": "queueing",
+    "DRAIN": "draining",
+    "INACTIVE": "closed",
+}
+_PARTITIONS = "scontrol -o show partition output"
+_SINFO = "sinfo output"
+_SQUEUE = "squeue output"
+#: a count no real partition reaches (cores, jobs, MB of memory per node)
+_MOST_COUNT = 10**9
+_TIME_RE = re.compile(r"(?:(\d{1,5})-)?(\d{1,6})(?::(\d{1,2}))?(?::(\d{1,2}))?")
+_NO_LIMIT = ("UNLIMITED", "INFINITE")
+#: a partition's name as the backend accepts it in ``partitions``
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True)
+class PartitionLimits:
+    """What ``scontrol -o show partition`` says of one partition: its ``State`` and limits
+    (None: UNLIMITED): MaxTime in seconds, MaxMemPerNode and MaxMemPerCPU in MB,
+    MaxCPUsPerNode."""
+
+    state: str
+    max_time: int | None
+    max_memory_mb: int | None
+    max_memory_per_cpu_mb: int | None
+    max_cpus: int | None
+
+
+def slurm_seconds(text: str, *, kind: str) -> int | None:
+    """A Slurm time limit in seconds (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS``); None for UNLIMITED / INFINITE.
+
+    :raises DocumentError: any other text."""
+    if text.upper() in _NO_LIMIT:
+        return None
+    found = _TIME_RE.fullmatch(text)
+    if found is None:
+        raise DocumentError(kind, f"time limit {text[:40]!r} is not a Slurm time")
+    days, first, second, third = found.groups()
+    parts = [int(first)] + [int(p) for p in (second, third) if p is not None]
+    if days is not None:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 1:  # MM
+        return parts[0] * 60
+    if len(parts) == 2:  # MM:SS
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def _limit(fields: dict[str, str], key: str, kind: str) -> int | None:
+    if key not in fields:
+        return None
+    value = fields[key]
+    if value.upper() in _NO_LIMIT or value == "0":
+        return None
+    return ascii_int(value, kind=f"{kind}: {key}", maximum=_MOST_COUNT)
+
+
+def _cluster_line(line: str) -> bool:
+    """Whether ``line`` is blank or the ``CLUSTER: name`` header of ``--clusters`` output."""
+    return not line.strip() or line.startswith("CLUSTER: ")
+
+
+def parse_partitions(text: str) -> dict[str, PartitionLimits]:
+    """``scontrol -o show partition``: partition -> its state and limits.
+
+    :raises DocumentError: a line that is no partition's, a state or limit Slurm does not
+        write."""
+    found: dict[str, PartitionLimits] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if _cluster_line(line):
+            continue
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        name = fields["PartitionName"] if "PartitionName" in fields else ""
+        where = f"{_PARTITIONS}, line {number}"
+        if not NAME_RE.fullmatch(name):
+            raise DocumentError(where, f"{clip(line, 80)!r} names no partition")
+        state = fields["State"] if "State" in fields else ""
+        if state not in PARTITION_STATES:
+            raise DocumentError(
+                where,
+                f"partition {name}: State={state[:40]!r} is not one of "
+                f"{', '.join(PARTITION_STATES)}",
+            )
+        found[name] = PartitionLimits(
+            state=state,
+            max_time=slurm_seconds(fields["MaxTime"], kind=where) if "MaxTime" in fields else None,
+            max_memory_mb=_limit(fields, "MaxMemPerNode", where),
+            max_memory_per_cpu_mb=_limit(fields, "MaxMemPerCPU", where),
+            max_cpus=_limit(fields, "MaxCPUsPerNode", where),
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class PartitionCpus:
+    """What sinfo says of a partition's nodes: idle CPUs, and the largest node's CPUs and
+    memory (MB)."""
+
+    idle: int
+    node_cpus: int
+    node_memory_mb: int
+
+
+def _node_figure(text: str, kind: str) -> int:
+    # sinfo writes "2+" when the nodes of one line differ: at least that many
+    return ascii_int(text[:-1] if text.endswith("+") else text, kind=kind, maximum=_MOST_COUNT)
+
+
+def parse_sinfo_cpus(text: str) -> dict[str, PartitionCpus]:
+    """``sinfo -h -a -o SINFO_FORMAT``: partition -> its CPUs (the lines of one partition
+    summed, its idle CPUs, its largest node's CPUs and memory).
+
+    :raises DocumentError: a line not of that form."""
+    found: dict[str, PartitionCpus] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if _cluster_line(line):
+            continue
+        where = f"{_SINFO}, line {number}"
+        parts = line.strip().split("|")
+        if len(parts) != 4 or not NAME_RE.fullmatch(parts[0].rstrip("*")):
+            raise DocumentError(where, f"{clip(line, 80)!r} is not of the form {SINFO_FORMAT!r}")
+        name = parts[0].rstrip("*")  # sinfo marks the default partition with *
+        counts = parts[1].split("/")
+        if len(counts) != 4:
+            raise DocumentError(where, f"CPUs {parts[1][:40]!r} are not allocated/idle/other/total")
+        idle = ascii_int(counts[1], kind=f"{where}: idle CPUs", maximum=_MOST_COUNT)
+        cpus = _node_figure(parts[2], f"{where}: CPUs per node")
+        memory = _node_figure(parts[3], f"{where}: memory per node")
+        before = found.get(name)
+        if before is not None:
+            idle += before.idle
+            cpus = max(cpus, before.node_cpus)
+            memory = max(memory, before.node_memory_mb)
+        found[name] = PartitionCpus(idle=idle, node_cpus=cpus, node_memory_mb=memory)
+    return found
+
+
+def parse_queue_counts(text: str) -> dict[str, tuple[int, int]]:
+    """``squeue -h -a -r -t PENDING,RUNNING -o QUEUE_FORMAT``: partition -> (pending, running)
+    jobs of every user (a job pending in several partitions counts in each).
+
+    :raises DocumentError: a line not of that form, a state other than PD or R."""
+    counts: dict[str, tuple[int, int]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if _cluster_line(line):
+            continue
+        where = f"{_SQUEUE}, line {number}"
+        partitions, sep, state = line.strip().partition("|")
+        names = partitions.split(",")
+        if not sep or not all(NAME_RE.fullmatch(n) for n in names):
+            raise DocumentError(where, f"{clip(line, 80)!r} is not of the form {QUEUE_FORMAT!r}")
+        if state not in ("PD", "R"):
+            raise DocumentError(where, f"job state {state[:20]!r} is neither PD nor R")
+        for name in names:
+            pending, running = counts.get(name, (0, 0))
+            counts[name] = (pending + (state == "PD"), running + (state == "R"))
+    return counts

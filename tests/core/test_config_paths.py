@@ -194,6 +194,7 @@ def test_absolute_home_and_empty_values_are_kept_bare_commands_stay_names(
         "squeue": str(site / "bin" / "squeue"),
         "scancel": "/home/pilot/sc",
         "scontrol": "scontrol",  # not given: its default name
+        "sinfo": "sinfo",
     }
     assert config["backends"]["arc"]["script"] == "/opt/pilot.sh"
     assert config["backends"]["arc"]["commands"]["arcsub"] == "arcsub"

@@ -55,7 +55,7 @@ class SgeSite:
     def section(self, *, in_process: bool = True, **backend: Any) -> dict[str, Any]:
         """The backend's section; ``in_process`` (a backend built in this root process) runs
         the commands through :meth:`as_user` wrappers, else the cell's own commands."""
-        commands = ("qsub", "qstat", "qacct", "qdel")
+        commands = ("qsub", "qstat", "qacct", "qdel", "qconf")
         return {
             "queues": list(self.cell.queues),
             "script": str(self.script),

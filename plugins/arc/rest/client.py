@@ -316,6 +316,10 @@ class ArexClient:
             exchanges.append(evidence("POST", url, answer))
         return found, exchanges
 
+    def info(self, deadline: Deadline) -> bytes:
+        """The CE's GLUE2 document (``GET info``, as JSON): its shares and endpoints."""
+        return self._request("GET", f"{self.base(deadline)}/info", deadline).body
+
     def list_jobs(self, deadline: Deadline) -> list[str]:
         """The ids of every job of this credential on the CE (``GET jobs``)."""
         url = f"{self.base(deadline)}/jobs"

@@ -82,10 +82,18 @@ def test_a_bad_partition_is_the_sites_config_with_one_error(slurm_site) -> None:
 def test_an_inactive_partition_is_drained_and_the_other_one_gets_the_pilots(slurm_site) -> None:
     slurm_site.cluster.set_partition_state("batch", "INACTIVE")
     summary = slurm_site.run_once(slurm_site.doc(pilots=4))
+    # the partition says so before any sbatch (its queue is closed): drained, no failure
+    assert summary["failures"] == []
+    assert {s["endpoint"] for s in summary["submitted"]} == {"debug"}
+    assert summary["unavailable"]["slurm/batch"]["state"] == "drained"
+    # set aside, nobody paged: one notice (info) that the drain started
+    assert [n["level"] for n in summary["notifications"]] == ["info"]
+    # a partition that says nothing of its queue: sbatch is refused, and that is a drain too
+    doc = slurm_site.doc(pilots=4, queue_state_interval=None)
+    summary = slurm_site.run_once(doc)
     kinds = {(f["endpoint"], f["kind"]) for f in summary["failures"]}
     assert kinds <= {("batch", "drained")}
     assert {s["endpoint"] for s in summary["submitted"]} == {"debug"}
-    assert summary["notifications"] == []  # drained: set aside, nobody paged
 
 
 def test_a_request_over_the_partition_limit_is_refused_at_submission(slurm_site) -> None:
