@@ -258,13 +258,14 @@ def gridgate_select_endpoint(
     request: SubmitRequest,
     weights: Mapping[str, int],
     availability: Mapping[str, Availability],
+    queues: Mapping[str, EndpointState],
 ) -> Endpoint | None:
     """Choose the server for one submission.
 
     Called for every submission with the backend's servers minus those in the failing cache,
     those excluded earlier in this iteration, and those drained or banned this iteration
     (:func:`gridgate_endpoint_availability`); never called with an empty list. A selector
-    that takes neither ``weights`` nor ``availability`` keeps working (pluggy passes an
+    that takes none of ``weights``, ``availability`` and ``queues`` keeps working (pluggy passes an
     implementation only the arguments it names); one that honours them can hand both to
     ``gridgate.core.weights.effective_weights``.
 
@@ -274,6 +275,9 @@ def gridgate_select_endpoint(
         an endpoint not named weighs 1, 0 means never).
     :param availability: this iteration's merged availability of the candidates that are
         not fully available (by ``Endpoint.key``; a degraded one counts half).
+    :param queues: what the candidates' queues said of themselves this iteration
+        (:func:`gridgate_endpoint_state`, by ``Endpoint.key``; an endpoint whose backend cannot
+        say is left out): the ``free_slots`` selector weighs by their free slots (API 1.13).
     :return: one of ``candidates``; None to let the next plugin decide (the default picks
         uniformly at random). Stops at first non-None result.
     """

@@ -1,6 +1,7 @@
 """The built-in endpoint selectors: ``random`` (the seed's choice, the default), ``round_robin``
-(smooth weighted round robin) and ``throughput`` (weighted by each endpoint's recent pilot
-throughput, read from the pilot registry)."""
+(smooth weighted round robin), ``throughput`` (weighted by each endpoint's recent pilot
+throughput, read from the pilot registry) and ``free_slots`` (weighted by the free slots each
+endpoint's queue reports of itself)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from loguru import logger
 
 from gridgate.core import hookimpl
 from gridgate.core.builtin.nokeys import NO_KEYS_SCHEMA, NoKeys
+from gridgate.core.endpoint_state import EndpointState
 from gridgate.core.model import (
     Availability,
     Endpoint,
@@ -135,6 +137,26 @@ THROUGHPUT_SELECTOR_SCHEMA: dict[str, Any] = {
 }
 
 
+FREE_SLOTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Choice weighted by the free slots each endpoint's queue reports of itself "
+    "(gridgate_endpoint_state: Slurm's idle CPUs, an ARC share's FreeSlots, a Grid Engine "
+    "queue's available slots), times its configured weight and availability.",
+    "properties": {
+        "floor": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1000000,
+            "default": 1.0,
+            "description": "Slots every endpoint counts as at least, so that a full one still "
+            "gets a small share (its pilots wait there) and can show when it frees up.",
+        },
+        "seed": _SEED,
+    },
+    "additionalProperties": False,
+}
+
+
 @dataclass(frozen=True)
 class RandomSettings(Settings):
     """The ``random`` selector's section."""
@@ -154,6 +176,38 @@ class ThroughputSettings(Settings):
     floor: float
     max_pilots: int
     seed: int | None
+
+
+@dataclass(frozen=True)
+class FreeSlotsSettings(Settings):
+    """The ``free_slots`` selector's section."""
+
+    section_schema: ClassVar[dict[str, Any]] = FREE_SLOTS_SCHEMA
+
+    floor: float
+    seed: int | None
+
+
+def free_slot_weights(
+    candidates: Sequence[Endpoint], queues: Mapping[str, EndpointState], floor: float
+) -> list[float]:
+    """Each candidate's free slots as its queue said (at least ``floor``); one whose queue
+    said nothing (a backend that cannot say, a read that failed) counts as the mean of those
+    that did, so it is neither favoured nor starved; all 1.0 when none did.
+
+    :param candidates: the endpoints to weigh.
+    :param queues: what their queues said (by ``Endpoint.key``).
+    :param floor: the fewest slots an endpoint counts as.
+    """
+    known = {
+        e.key: max(float(q.free_slots), floor)
+        for e in candidates
+        if (q := queues.get(e.key)) is not None and q.free_slots is not None
+    }
+    if not known:
+        return [1.0] * len(candidates)
+    mean = sum(known.values()) / len(known)
+    return [known.get(e.key, mean) for e in candidates]
 
 
 def _rng(seed: int | None) -> random.Random:
@@ -288,4 +342,38 @@ class ThroughputSelector(Plugin):
         rates = self.rates(items)
         return weighted_choice(
             items, [w * rates[e] for e, w in zip(items, shares, strict=True)], self._random
+        )
+
+
+class FreeSlotsSelector(Plugin):
+    """Pick the endpoint at random in proportion to the free slots its queue reports
+    (``gridgate_endpoint_state``, read once an iteration), times its configured weight and
+    availability: a CE with room gets the pilots that can start now, a full one few. An
+    endpoint whose queue says nothing counts as the mean of the others (:func:`free_slot_weights`);
+    with none saying anything the choice is by the weights alone."""
+
+    config_schema: ClassVar[dict[str, Any]] = FREE_SLOTS_SCHEMA
+    settings_class = FreeSlotsSettings
+    settings: FreeSlotsSettings
+
+    def __init__(self, config: Mapping[str, Any], context: PluginContext) -> None:
+        super().__init__(config, context)
+        self._random = _rng(self.settings.seed)
+
+    @hookimpl
+    def gridgate_select_endpoint(
+        self,
+        candidates: Sequence[Endpoint],
+        request: SubmitRequest,
+        weights: Mapping[str, int],
+        availability: Mapping[str, Availability],
+        queues: Mapping[str, EndpointState],
+    ) -> Endpoint | None:
+        if not candidates:
+            return None
+        items = list(candidates)
+        shares = effective_weights(items, weights, availability)
+        slots = free_slot_weights(items, queues, self.settings.floor)
+        return weighted_choice(
+            items, [w * f for w, f in zip(shares, slots, strict=True)], self._random
         )

@@ -459,6 +459,7 @@ class IterationRunner:
                     request=request,
                     weights=weights,
                     availability=it.availability,
+                    queues={e.key: it.queues[e.key] for e in candidates if e.key in it.queues},
                 )
                 or candidates[0]
             )

@@ -295,3 +295,29 @@ def test_only_backends_that_can_say_are_asked() -> None:
     assert answered_backends([quiet, telling]) == {"telling"}
     assert answered_backends([quiet]) == set()
     assert answered_backends([quiet, Queues()]) is None  # another plugin may answer for any
+
+
+def test_free_slots_weigh_the_choice_of_an_endpoint() -> None:
+    """``selectors: free_slots``: each endpoint chosen in proportion to the free slots its
+    queue reports (at least ``floor``), an endpoint that says nothing as the mean of the
+    others; the other selectors are not given the queues they do not take."""
+    queues = Queues(
+        {"s0": EndpointState(free_slots=0), "s1": EndpointState(free_slots=9, running=3)}
+    )
+    cfg = config(servers=3, pilots=300, state_dir=tempfile.mkdtemp(dir="."))
+    cfg.data["director"]["pilots"]["max_waiting"] = None
+    cfg.data["selectors"] = {"free_slots": {"seed": 3}}
+    clock = FakeClock()
+    backend = TrackingBackend(servers=3)
+    director = Director(
+        cfg, clock=clock, extra_plugins=[backend, queues], state=MemoryState(clock=clock)
+    )
+    try:
+        sent = submitted(director.run_iteration())
+    finally:
+        director.close()
+    # weights 1 (0 free, at the floor), 9 and, for s2 which says nothing, their mean 5
+    assert sum(sent.values()) == 300, sent
+    shares = {e: sent.get(e, 0) / 300 for e in ("s0", "s1", "s2")}
+    assert shares["s0"] < 0.15 and shares["s1"] > 0.45 and 0.2 < shares["s2"] < 0.5, shares
+    assert shares["s1"] > shares["s2"] > shares["s0"], shares
