@@ -3,6 +3,7 @@ cache, operator bans) and putting them back, read from and written to the direct
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
@@ -17,6 +18,7 @@ import click
 from gridgate.core.cli import EXIT_CONFIG, echo, load_config_or_exit
 from gridgate.core.documents import DocumentError, decode_json
 from gridgate.core.plugins import PluginLoadError
+from gridgate.core.text import printable
 
 
 @click.group("servers")
@@ -204,6 +206,7 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
     from gridgate.core.engine.availability import CHECKED, told_states
     from gridgate.core.engine.credential_episodes import STATUS
     from gridgate.core.engine.limits import PilotSettings
+    from gridgate.core.engine.queue_state import KEPT
     from gridgate.core.engine.runtime import ACCOUNTING
     from gridgate.core.engine.tracking import LAST_POLL
     from gridgate.core.failing import FailingCache
@@ -269,6 +272,8 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
         view["last_submission"] = last
         raw_poll = store.get(LAST_POLL + key)
         view["last_poll"] = _record(raw_poll) if raw_poll else None
+        raw_queue = store.get(KEPT + key)
+        view["queue"] = _record(raw_queue) if raw_queue else None
     except StateError as exc:
         echo(f"cannot read the state store: {exc}", err=True)
         raise SystemExit(1) from None
@@ -341,6 +346,7 @@ def _render_view(doc: dict[str, Any]) -> list[str]:
         what = last["outcome"] + (f" ({last['failure_kind']})" if last.get("failure_kind") else "")
         pilots = last.get("pilots", 0)  # not config: an accounting row, shown as it was written
         lines.append(f"  last submission: {_ago(last['time'])}: {what}, {pilots} pilot(s)")
+    lines.append(_queue_line(doc.get("queue")))
     poll = doc.get("last_poll")
     if poll is None:
         lines.append("  last poll: none kept")
@@ -350,6 +356,39 @@ def _render_view(doc: dict[str, Any]) -> list[str]:
             f"{poll['changed']} changed"
         )
     return lines
+
+
+def _queue_line(queue: Mapping[str, Any] | None) -> str:
+    """What the endpoint's queue last said of itself (``gridgate_endpoint_state``), kept by a
+    director in the store."""
+    from gridgate.core.endpoint_state import EndpointState
+
+    if queue is None:
+        return "  queue: nothing said (its backend cannot say, or no director asked it lately)"
+    if "message" in queue and "serving" not in queue:
+        return f"  queue: {queue['message']}"
+    names = {f.name for f in dataclasses.fields(EndpointState)}
+    try:
+        state = EndpointState(**{k: v for k, v in queue.items() if k in names})
+    except (TypeError, ValueError) as exc:
+        return f"  queue: unreadable record in the state store: {exc}"
+    limits = [
+        f"{label} {value}"
+        for label, value in (
+            ("max walltime", None if state.max_walltime is None else f"{state.max_walltime} s"),
+            ("max memory", None if state.max_memory_mb is None else f"{state.max_memory_mb} MB"),
+            ("max cores", state.max_cores),
+        )
+        if value is not None
+    ]
+    said = printable(state.describe(), newlines=False)
+    source = f", says {printable(state.source, newlines=False)}" if state.source else ""
+    asked = queue.get("asked")
+    return (
+        f"  queue: {said}"
+        + (f"; {', '.join(limits)}" if limits else "")
+        + f"{source} (asked {_ago(asked if isinstance(asked, (int, float)) else None)})"
+    )
 
 
 def _echo_bans(bans: list[dict[str, Any]]) -> None:

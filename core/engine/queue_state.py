@@ -8,6 +8,8 @@ told once as a config problem of that endpoint."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +28,17 @@ from gridgate.core.model import (
     Refusal,
     SubmitRequest,
 )
+from gridgate.core.state import StateError
 from gridgate.core.text import printable
 
 #: The availability source a queue's own serving state is merged as.
 SOURCE = "queue"
 #: The admission opcode of the question.
 OPCODE = "QUEUE_STATE"
+#: Where each endpoint's last answer is kept, for ``gridgate servers show``.
+KEPT = "queue-state/"
+#: Seconds an answer is kept.
+KEEP = 86400.0
 
 
 class QueueStates:
@@ -58,7 +65,21 @@ class QueueStates:
             answers = list(pool.map(lambda e: self._one(it, e), endpoints))
         states = {e.key: s for e, s in zip(endpoints, answers, strict=True) if s is not None}
         it.queues = states
+        self._keep(states)
         return states
+
+    def _keep(self, states: Mapping[str, EndpointState]) -> None:
+        """Each answer kept in the store for ``gridgate servers show`` (a day at most: an
+        endpoint no longer asked shows what it last said, and when)."""
+        now = self.runtime.clock.time()
+        for key, state in states.items():
+            try:
+                self.runtime.state.set(
+                    KEPT + key, json.dumps({**dataclasses.asdict(state), "asked": now}), ttl=KEEP
+                )
+            except StateError as exc:
+                logger.debug("queue state of {} not kept: {}", key, exc)
+                return
 
     def _one(self, it: Iteration, endpoint: Endpoint) -> EndpointState | None:
         runtime = self.runtime

@@ -363,3 +363,48 @@ def test_servers_list_and_show_name_the_credential_an_endpoint_and_a_group_wait_
     (lhcb,) = [ln for ln in lines if ln.strip().startswith("credential lhcb-token")]
     (atlas,) = [ln for ln in lines if ln.strip().startswith("credential atlas-token")]
     assert "UNUSABLE" in lhcb and ": usable: " in atlas
+
+
+def test_servers_show_says_what_the_queue_last_said_of_itself(tmp_path, gridgate_exe) -> None:
+    """The answer of ``gridgate_endpoint_state`` a director got is kept for ``servers show``:
+    the serving state, everybody's waiting and running jobs, free slots, the limits, who said
+    it and when; outside words escaped; an endpoint never asked says so."""
+    from support.director import TrackingBackend
+
+    from gridgate.core.endpoint_state import EndpointState
+
+    class Queues:
+        @hookimpl
+        def gridgate_endpoint_state(self, endpoint: Endpoint, timeout: float):
+            if endpoint.name != "s0":
+                return None
+            return EndpointState(
+                serving="draining",
+                waiting=12,
+                running=40,
+                free_slots=0,
+                max_walltime=172800,
+                source="slurm scontrol/sinfo/squeue",
+                reason="State=DRAIN \x1b[31mupgrade",
+            )
+
+    config = site(tmp_path)
+    director = Director(load_config(config), extra_plugins=[TrackingBackend(3), Queues()])
+    try:
+        director.run_iteration()
+    finally:
+        director.close()
+    shown = gridgate(gridgate_exe, "servers", "show", "-c", str(config), "s0")
+    assert shown.returncode == 0, shown.stderr
+    line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("  queue:"))
+    assert line.startswith(
+        "  queue: draining, 12 waiting, 40 running, 0 free slots, reason: State=DRAIN "
+        "\\x1b[31mupgrade; max walltime 172800 s, says slurm scontrol/sinfo/squeue (asked "
+    ), line
+    assert "\x1b" not in shown.stdout
+    other = gridgate(gridgate_exe, "servers", "show", "-c", str(config), "s1").stdout
+    assert "  queue: nothing said" in other
+    as_json = json.loads(
+        gridgate(gridgate_exe, "servers", "show", "-c", str(config), "s0", "--json").stdout
+    )
+    assert as_json["queue"]["waiting"] == 12 and as_json["queue"]["serving"] == "draining"
