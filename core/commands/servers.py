@@ -272,8 +272,11 @@ def _endpoint_view(config: Any, store: Any, key: str) -> dict[str, Any]:
         view["last_submission"] = last
         raw_poll = store.get(LAST_POLL + key)
         view["last_poll"] = _record(raw_poll) if raw_poll else None
-        raw_queue = store.get(KEPT + key)
-        view["queue"] = _record(raw_queue) if raw_queue else None
+        raw_queue = store.get(KEPT + backend)
+        queues = _record(raw_queue) if raw_queue else {}
+        view["queue"] = (
+            queues if "message" in queues and key not in queues else queues.get(key) or None
+        )
     except StateError as exc:
         echo(f"cannot read the state store: {exc}", err=True)
         raise SystemExit(1) from None
@@ -365,6 +368,8 @@ def _queue_line(queue: Mapping[str, Any] | None) -> str:
 
     if queue is None:
         return "  queue: nothing said (its backend cannot say, or no director asked it lately)"
+    if not isinstance(queue, Mapping):
+        return "  queue: unreadable record in the state store"
     if "message" in queue and "serving" not in queue:
         return f"  queue: {queue['message']}"
     names = {f.name for f in dataclasses.fields(EndpointState)}

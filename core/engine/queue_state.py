@@ -35,7 +35,8 @@ from gridgate.core.text import printable
 SOURCE = "queue"
 #: The admission opcode of the question.
 OPCODE = "QUEUE_STATE"
-#: Where each endpoint's last answer is kept, for ``gridgate servers show``.
+#: Where the last answers of each backend's endpoints are kept (``queue-state/BACKEND``:
+#: ``{endpoint key: answer}``), for ``gridgate servers show``.
 KEPT = "queue-state/"
 #: Seconds an answer is kept.
 KEEP = 86400.0
@@ -69,16 +70,18 @@ class QueueStates:
         return states
 
     def _keep(self, states: Mapping[str, EndpointState]) -> None:
-        """Each answer kept in the store for ``gridgate servers show`` (a day at most: an
-        endpoint no longer asked shows what it last said, and when)."""
+        """The answers kept in the store for ``gridgate servers show``, one entry per backend
+        (one write an iteration, however many endpoints), for a day at most."""
         now = self.runtime.clock.time()
+        by_backend: dict[str, dict[str, object]] = {}
         for key, state in states.items():
+            entry = {**dataclasses.asdict(state), "asked": now}
+            by_backend.setdefault(key.split("/", 1)[0], {})[key] = entry
+        for backend, entries in by_backend.items():
             try:
-                self.runtime.state.set(
-                    KEPT + key, json.dumps({**dataclasses.asdict(state), "asked": now}), ttl=KEEP
-                )
+                self.runtime.state.set(KEPT + backend, json.dumps(entries), ttl=KEEP)
             except StateError as exc:
-                logger.debug("queue state of {} not kept: {}", key, exc)
+                logger.debug("queue states of {} not kept: {}", backend, exc)
                 return
 
     def _one(self, it: Iteration, endpoint: Endpoint) -> EndpointState | None:
