@@ -170,11 +170,13 @@ def read_part(
     ``from_end``) and its whole length, for a file too large to read whole (a pilot's output).
 
     Opened as :func:`read_regular` opens (non-blocking, no controlling terminal), checked on
-    the open descriptor to be a regular file before a byte is read. Never through a link: the
-    file is opened with ``O_NOFOLLOW`` and refused when the path the open descriptor resolves
-    to is not ``path`` made absolute (a link in a folder on the way): a pilot's output is
-    written by another user, who could otherwise put a link there to a file only this process
-    may read (the director's token) and have it printed.
+    the open descriptor to be a regular file before a byte is read. Never through another
+    user's link: a pilot's output is written by another user, who could otherwise put a link
+    there to a file only this process may read (the director's token) and have it printed. So
+    the file itself is opened with ``O_NOFOLLOW``, a folder on the way that is a link must
+    belong to root or to this process's user (a site's own ``/scratch -> /data/scratch``), and
+    the path the open descriptor resolves to must be the one those links lead to (nothing
+    swapped in between).
 
     :param path: the file.
     :param size: the most bytes to read (0: none, only its length).
@@ -195,11 +197,14 @@ def read_part(
         problem = file_problem(info)
         if problem is not None:
             raise InputFileError(f"{name} {problem}")
+        link = _foreign_link(name)
+        if link:
+            raise InputFileError(f"{name} is reached through {link}: not read")
         try:
             reached = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            reached = None  # no /proc: the last component's O_NOFOLLOW is what is checked
-        if reached is not None and reached != os.path.normpath(os.path.abspath(name)):
+            reached = None  # no /proc: the checks above are what is checked
+        if reached is not None and reached != os.path.realpath(name):
             raise InputFileError(f"{name} is reached through a link (to {reached}): not read")
         total = info.st_size
         if from_end and total > size:
@@ -215,6 +220,23 @@ def read_part(
         return b"".join(chunks), total
     finally:
         os.close(fd)
+
+
+def _foreign_link(path: str) -> str:
+    """The first folder on the way to ``path`` that is a link of a user other than root and
+    this process's (``"a link of uid N, /scratch/p"``); "" when there is none."""
+    trusted = {0, os.geteuid()}
+    folder = os.path.dirname(os.path.abspath(path))
+    seen = ""
+    for part in folder.split("/")[1:]:
+        seen += "/" + part
+        try:
+            info = os.lstat(seen)
+        except OSError:
+            return ""  # the open that follows says what is missing
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in trusted:
+            return f"a link of uid {info.st_uid}, {seen}"
+    return ""
 
 
 def shared_folder(path: str | os.PathLike[str]) -> bool:

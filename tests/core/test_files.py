@@ -248,11 +248,16 @@ def test_read_part_never_reads_through_a_link_a_pilot_could_plant(tmp_path) -> N
     out.symlink_to(secret)
     with pytest.raises(InputFileError, match="is a link: not read"):
         read_part(out, size=100)
-    # a folder on the way that is a link
-    (tmp_path / "moved").symlink_to(secret.parent, target_is_directory=True)
-    with pytest.raises(InputFileError, match="is reached through a link") as folder:
-        read_part(tmp_path / "moved" / "token", size=100)
+    # a folder on the way that is another user's link (the pilot's user, here nobody)
+    moved = tmp_path / "moved"
+    moved.symlink_to(secret.parent, target_is_directory=True)
+    os.lchown(moved, 65534, 65534)
+    with pytest.raises(InputFileError, match="is reached through a link of uid 65534") as folder:
+        read_part(moved / "token", size=100)
     assert "secret" not in str(folder.value)
+    # a site's own link (root's, or the director user's) is a folder like any other
+    os.lchown(moved, 0, 0)
+    assert read_part(moved / "token", size=100) == (b"eyJ.secret.token", 16)
     # what the backends answer with: the pilot's output not read, nothing of the target shown
     answer = file_output("123", "stdout", str(out), 100)
     assert not answer.ok and answer.text == "" and "link" in answer.message
