@@ -45,6 +45,7 @@ from gridgate.core.model import (
     SubmitResult,
 )
 from gridgate.core.plugins import PluginContext
+from gridgate.plugins.arc.arcinfo import ArcinfoStates
 from gridgate.plugins.arc.ces import CE, ArcInterface, CeLocks, CleanList, environment
 from gridgate.plugins.arc.cli import CliInterface
 from gridgate.plugins.arc.describe import Descriptions, resource_attributes
@@ -123,12 +124,15 @@ class ArcBackend(Backend):
             else CliInterface(settings, context, self._descriptions, self._finals)
         )
         interval = settings.queue_state_interval
-        #: what each CE's shares say of their queues, one GET info a CE an interval (REST only)
-        self._shares = (
-            ShareStates(self._rest, interval)
-            if interval is not None and settings.interface == "rest"
-            else None
-        )
+        #: what each CE's shares say of their queues: one GET info (REST) or one arcinfo -l
+        #: (the client) a CE an interval
+        self._shares: ShareStates | ArcinfoStates | None = None
+        if interval is not None:
+            self._shares = (
+                ShareStates(self._rest, interval)
+                if isinstance(self.interface, RestInterface)
+                else ArcinfoStates(self.interface, interval)
+            )
 
     def backend_info(self) -> BackendInfo:
         info = super().backend_info()
@@ -239,15 +243,14 @@ class ArcBackend(Backend):
         from_end: bool,
         timeout: float,
     ) -> PilotOutput | None:
-        """Over REST, a file of the job's session folder (``GET jobs/ID/session/FILE``: the
-        pilot's ``pilot.out``, ``pilot.err`` or another); the ARC client (``interface: cli``)
-        is not asked (arcget downloads a whole session and cleans the job)."""
+        """A file of the job's session folder (the pilot's ``pilot.out``, ``pilot.err`` or
+        another): over REST ``GET jobs/ID/session/FILE``, with the ARC client ``arccat``."""
         ce = self._ce(endpoint)
-        if ce is None or self.interface is not self._rest:
+        if ce is None:
             return None
         if not JOB_ID_RE.match(job_id):
             return PilotOutput(job_id, stream, ok=False, message=ODD_ID)
-        return self._rest.pilot_output(ce, job_id, stream, name, size, from_end, timeout)
+        return self.interface.pilot_output(ce, job_id, stream, name, size, from_end, timeout)
 
     # --- cleaning ---------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from gridgate.core.model import (
     CommandResult,
     Endpoint,
     Failure,
+    OutputStream,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -129,6 +131,19 @@ class ArcInterface(Protocol):
 
     def services(self, ces: Sequence[CE]) -> list[str]:
         """The services of ``ces`` that this interface delegates to (their delegations stay)."""
+        ...
+
+    def pilot_output(
+        self,
+        ce: CE,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput:
+        """One stream of a pilot, as the hook ``gridgate_pilot_output`` asks it."""
         ...
 
     def close(self) -> None: ...

@@ -32,6 +32,8 @@ from gridgate.core.model import (
     CommandResult,
     Failure,
     JobStatus,
+    OutputStream,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -42,13 +44,14 @@ from gridgate.plugins.arc.ces import CE, CleanList, environment
 from gridgate.plugins.arc.classify import by_exchange, classify, clip, proxy_problem, vague
 from gridgate.plugins.arc.describe import Descriptions
 from gridgate.plugins.arc.documents import (
+    arccat_gone,
     arcstat_report,
     cleaned_counts,
     killed_counts,
     not_in_list,
     submitted_ids,
 )
-from gridgate.plugins.arc.parse import STDERR, with_stderr
+from gridgate.plugins.arc.parse import STDERR, STDOUT, with_stderr
 from gridgate.plugins.arc.settings import ArcSettings
 
 __all__ = ["OPERATION_SUBMIT", "CliInterface"]
@@ -301,6 +304,150 @@ class CliInterface:
                     statuses[status.job_id] = with_stderr(status, tail)
         finally:
             shutil.rmtree(download, ignore_errors=True)
+
+    # --- what the CE says ---------------------------------------------------------------------
+
+    def arcinfo(self, ce: CE, timeout: float) -> CommandResult:
+        """``arcinfo -l -c URL``: the CE's endpoints and shares (:mod:`.arcinfo` reads it)."""
+        problem = self._prepare(ce)
+        if problem:
+            return CommandResult(argv=("arcinfo",), returncode=None, launch_error=problem)
+        argv = [
+            self.settings.program("arcinfo"),
+            "-z",
+            str(ce.client_conf),
+            "-l",
+            "-c",
+            ce.endpoint.url,
+        ]
+        return self.run(argv, self.settings.deadline(timeout))
+
+    def pilot_output(
+        self,
+        ce: CE,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput:
+        """One stream of a pilot printed by ``arccat`` (``-o``, ``-e``, ``-f NAME``: its
+        session's ``pilot.out``, ``pilot.err`` or another file), which prints the whole file:
+        the start is kept by the output cap; the end of a file longer than the site's
+        ``director.max_output_bytes`` cannot be had this way (said so, ``ok`` False)."""
+        label = name if stream == "file" else ""
+        which = {"stdout": ["-o"], "stderr": ["-e"]}.get(stream) or ["-f", name]
+        argv = [*self.client("arccat", ce), *which, job_id]
+        keep = max(size, self.context.max_output_bytes) if from_end else size
+        outcome = runner.run(
+            argv,
+            self.settings.deadline(timeout).left(),
+            env=environment(self.settings, self.context),
+            max_output=keep,
+        )
+        said = outcome.stdout + outcome.stderr
+        file = name if stream == "file" else (STDOUT if stream == "stdout" else STDERR)
+        where = f"{file} of {job_id} (arccat)"
+        gone = arccat_gone(said)
+        if gone:
+            return PilotOutput(
+                job_id, stream, held=False, where=where, name=label, command=outcome, message=gone
+            )
+        if not outcome.ok:
+            missing = "File download failed" in outcome.stderr and "404" in outcome.stderr
+            if missing:
+                return PilotOutput(
+                    job_id,
+                    stream,
+                    held=False,
+                    where=where,
+                    name=label,
+                    command=outcome,
+                    message=f"job {job_id} holds no {file} in its session",
+                )
+            last = outcome.stderr.strip().splitlines()[-1:] or [outcome.describe()]
+            return PilotOutput(
+                job_id, stream, ok=False, name=label, command=outcome, message=clip(last[0])
+            )
+        data = outcome.stdout.encode("utf-8", "surrogateescape")
+        if from_end:
+            if outcome.stdout_truncated:
+                # longer than the cap: its end is read from a copy (arcget -k: finished jobs)
+                return self._tail_by_arcget(ce, job_id, stream, file, size, where, timeout)
+            part = data[-size:] if size else b""
+            return PilotOutput(
+                job_id,
+                stream,
+                where=where,
+                text=part.decode("utf-8", "replace"),
+                cut=len(part) < len(data),
+                size=len(data),
+                from_end=True,
+                name=label,
+            )
+        return PilotOutput(
+            job_id,
+            stream,
+            where=where,
+            text=outcome.stdout,
+            cut=outcome.stdout_truncated,
+            size=None if outcome.stdout_truncated else len(data),
+            name=label,
+        )
+
+    def _tail_by_arcget(
+        self,
+        ce: CE,
+        job_id: str,
+        stream: OutputStream,
+        file: str,
+        size: int,
+        where: str,
+        timeout: float,
+    ) -> PilotOutput:
+        """The last ``size`` bytes of ``file`` of a finished pilot, from a copy of its session
+        that ``arcget -k`` (the job stays on the CE) downloads into a private folder, removed
+        after."""
+        label = file if stream == "file" else ""
+        try:
+            download = Path(tempfile.mkdtemp(prefix="arcget-", dir=ce.folder))
+        except OSError as exc:
+            return PilotOutput(job_id, stream, ok=False, name=label, message=str(exc))
+        try:
+            argv = [*self.client("arcget", ce), "-k", "-D", str(download), job_id]
+            outcome = self.run(argv, self.settings.deadline(timeout))
+            path = download / job_id.rsplit("/", 1)[-1] / file
+            try:
+                with path.open("rb") as handle:
+                    total = handle.seek(0, os.SEEK_END)
+                    handle.seek(max(0, total - size))
+                    data = handle.read(size)
+            except OSError:
+                last = outcome.stderr.strip().splitlines()[-1:] or [outcome.describe()]
+                return PilotOutput(
+                    job_id,
+                    stream,
+                    ok=False,
+                    name=label,
+                    command=outcome,
+                    message=clip(
+                        f"{file} is longer than director.max_output_bytes and arcget -k "
+                        f"gave no copy of it: {last[0]}"
+                    ),
+                )
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+        return PilotOutput(
+            job_id,
+            stream,
+            where=where,
+            text=data.decode("utf-8", "replace"),
+            cut=len(data) < total,
+            size=total,
+            from_end=True,
+            name=label,
+        )
 
     # --- cancel and clean -------------------------------------------------------------------
 

@@ -53,6 +53,8 @@ __all__ = [
     "IssuerClient",
     "IssuerRecord",
     "arc_conf",
+    "arccat_gone",
+    "arcinfo_shares",
     "arcstat_report",
     "ce_record",
     "cleaned_counts",
@@ -595,3 +597,113 @@ def glue_shares(body: bytes) -> list[GlueShare]:
             )
         )
     return shares
+
+
+# --- arcinfo -l ----------------------------------------------------------------------------------
+
+#: What an arcinfo answer is called in its errors.
+ARCINFO_KIND = "arcinfo -l output"
+#: ``Max wall-time: 1 hour 30 minutes``: ARC's period words (6.17 prints hours at most)
+_PERIOD_PART = re.compile(r"([0-9]{1,9}) (hours?|minutes?|seconds?)")
+_PERIOD_UNIT = {"hour": 3600, "minute": 60, "second": 1}
+_ARCINFO_COUNT = re.compile(r"[0-9]{1,9}")
+
+
+def _period(text: str) -> int | None:
+    """Seconds of ``1 hour 30 minutes`` (parts joined by a blank or ``, ``); None if not one."""
+    parts = [p for p in re.split(r",? ", text) if p]
+    if not parts or len(parts) % 2:
+        return None
+    total = 0
+    for number, unit in zip(parts[::2], parts[1::2], strict=True):
+        if not _PERIOD_PART.fullmatch(f"{number} {unit}"):
+            return None
+        total += int(number) * _PERIOD_UNIT[unit.rstrip("s")]
+    return total
+
+
+def arcinfo_shares(stdout: str) -> list[GlueShare]:
+    """The shares ``arcinfo -l -c URL`` (ARC 6.17) printed, as :class:`GlueShare`.
+
+    arcinfo prints of a share its ``Name:``, ``Mapping queue:``, ``Max wall-time:`` (a period:
+    ``1 hour``) and ``Free slots:``; it prints no running or waiting job count (``Used slots:``
+    counts slots, and is left out at 0), so those stay None. A share's serving state is the
+    worst of the ``org.nordugrid.arcrest`` endpoints' ``Serving state:`` (arcinfo does not say
+    which share an endpoint serves; A-REX publishes a drain on its endpoints). Other lines are
+    ignored.
+
+    :raises DocumentError: not arcinfo's output (no ``Computing service:`` first), or a line
+        read here whose value arcinfo does not print (named with its line number).
+    """
+    lines = stdout.splitlines()
+    if not lines or lines[0].strip() != "Computing service:":
+        raise DocumentError(ARCINFO_KIND, "line 1: not 'Computing service:'")
+    section = ""
+    interface = ""
+    serving = "production"
+    shares: list[dict[str, Any]] = []
+    for number, raw in enumerate(lines[1:], start=2):
+        line = raw.strip()
+        if line in ("Endpoint Information:", "Share Information:", "Batch System Information:"):
+            section = line
+            interface = ""
+            if line == "Share Information:":
+                shares.append({})
+            continue
+        key, colon, value = line.partition(": ")
+        if not colon:
+            continue
+        where = f"line {number}: {key}"
+        if section == "Endpoint Information:":
+            if key == "Interface":
+                interface = value
+            elif key == "Serving state":
+                if value not in SERVING_ORDER:
+                    raise DocumentError(ARCINFO_KIND, f"{where}: {value[:80]!r} is not a state")
+                if interface == REST_INTERFACE:
+                    serving = max(serving, value, key=SERVING_ORDER.index)
+        elif section == "Share Information:":
+            share = shares[-1]
+            if key in ("Name", "Mapping queue"):
+                share[key] = value
+            elif key == "Free slots":
+                if not _ARCINFO_COUNT.fullmatch(value):
+                    raise DocumentError(ARCINFO_KIND, f"{where}: {value[:80]!r} is not a count")
+                share[key] = int(value)
+            elif key == "Max wall-time":
+                seconds = _period(value)
+                if seconds is None:
+                    raise DocumentError(ARCINFO_KIND, f"{where}: {value[:80]!r} is not a period")
+                share[key] = seconds
+    return [
+        GlueShare(
+            name=share.get("Name", ""),
+            queue=share.get("Mapping queue") or share.get("Name", ""),
+            serving=serving,
+            waiting=None,
+            running=None,
+            free_slots=share.get("Free slots"),
+            max_walltime=share.get("Max wall-time"),
+            max_memory_mb=None,
+            max_slots=None,
+        )
+        for share in shares
+    ]
+
+
+def arccat_gone(text: str) -> str:
+    """Why arccat printed nothing of a job the CE (or the client's job list) no longer holds,
+    from its output (``Warning: Job not found in job list: ID`` once gridgate cleaned it,
+    ``WARNING: Failed to process job: ID - 404 Job not found`` once the CE dropped it); ""
+    when it said neither."""
+    for line in text.splitlines():
+        line = line.strip()
+        found = NOT_IN_LIST_RE.match(line)
+        if found:
+            return (
+                f"the CE no longer holds job {found.group(1)} (cleaned off it: not in the job list)"
+            )
+        found = FAILED_JOB_RE.match(line)
+        if found and (found.group(2) or "").startswith("404"):
+            return f"the CE no longer holds job {found.group(1)}"
+    return ""

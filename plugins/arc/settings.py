@@ -56,6 +56,8 @@ COMMANDS = (
     ("arckill", "cancel"),
     ("arcclean", "clean"),
     ("arcget", "output retrieval"),
+    ("arcinfo", "queue state"),
+    ("arccat", "pilot output"),
 )
 
 ARC_SCHEMA: dict[str, Any] = {
@@ -68,7 +70,7 @@ ARC_SCHEMA: dict[str, Any] = {
             "default": "rest",
             "description": "How the CEs are reached: `rest`, A-REX's REST interface "
             "directly (one delegation per CE, bulk calls; docs/arc.md), or `cli`, the ARC "
-            "client (arcsub, arcstat, arckill, arcclean, arcget: `commands`) for a CE "
+            "client (arcsub, arcstat, arckill, arcclean, arcget, arcinfo, arccat: `commands`) for a CE "
             "without REST.",
         },
         "auth": {
