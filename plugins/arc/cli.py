@@ -57,6 +57,8 @@ from gridgate.plugins.arc.settings import ArcSettings
 __all__ = ["OPERATION_SUBMIT", "CliInterface"]
 
 OPERATION_SUBMIT = "Job Submit"
+#: The least arccat output kept (stderr's reason when the file is not read: ``pilots show``)
+ARCCAT_MIN_KEEP = 64 * 1024
 
 
 class CliInterface:
@@ -339,7 +341,8 @@ class CliInterface:
         label = name if stream == "file" else ""
         which = {"stdout": ["-o"], "stderr": ["-e"]}.get(stream) or ["-f", name]
         argv = [*self.client("arccat", ce), *which, job_id]
-        keep = max(size, self.context.max_output_bytes) if from_end else size
+        # stderr says why nothing came (a 404, a job not in the list): never capped to nothing
+        keep = max(size, self.context.max_output_bytes if from_end else ARCCAT_MIN_KEEP)
         outcome = runner.run(
             argv,
             self.settings.deadline(timeout).left(),
@@ -386,12 +389,13 @@ class CliInterface:
                 from_end=True,
                 name=label,
             )
+        part = data[:size]
         return PilotOutput(
             job_id,
             stream,
             where=where,
-            text=outcome.stdout,
-            cut=outcome.stdout_truncated,
+            text=part.decode("utf-8", "replace"),
+            cut=outcome.stdout_truncated or len(part) < len(data),
             size=None if outcome.stdout_truncated else len(data),
             name=label,
         )
