@@ -169,9 +169,9 @@ ARC_SCHEMA: dict[str, Any] = {
             "maximum": 3600,
             "default": 30,
             "description": "Seconds one GET info of a CE (its GLUE2 document, interface: rest) "
-            "answers for all its queues: what each share says of itself (waiting and running "
-            "jobs, free slots, serving state, limits; docs/arc.md). null, or interface: cli: "
-            "the CEs say nothing of their queues.",
+            "or one arcinfo -l (interface: cli) answers for all its queues: what each share says "
+            "of itself (waiting and running jobs, free slots, serving state, limits; arcinfo "
+            "gives no job counts; docs/arc.md). null: the CEs say nothing of their queues.",
         },
         "keep_on_ce": {
             "type": "boolean",
