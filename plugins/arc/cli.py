@@ -337,17 +337,15 @@ class CliInterface:
         """One stream of a pilot printed by ``arccat`` (``-o``, ``-e``, ``-f NAME``: its
         session's ``pilot.out``, ``pilot.err`` or another file), which prints the whole file:
         the start is kept by the output cap; the end of a file longer than the site's
-        ``director.max_output_bytes`` cannot be had this way (said so, ``ok`` False)."""
+        ``director.max_output_bytes`` is read from an ``arcget -k`` copy."""
         label = name if stream == "file" else ""
         which = {"stdout": ["-o"], "stderr": ["-e"]}.get(stream) or ["-f", name]
         argv = [*self.client("arccat", ce), *which, job_id]
         # stderr says why nothing came (a 404, a job not in the list): never capped to nothing
         keep = max(size, self.context.max_output_bytes if from_end else ARCCAT_MIN_KEEP)
+        deadline = self.settings.deadline(timeout)
         outcome = runner.run(
-            argv,
-            self.settings.deadline(timeout).left(),
-            env=environment(self.settings, self.context),
-            max_output=keep,
+            argv, deadline.left(), env=environment(self.settings, self.context), max_output=keep
         )
         said = outcome.stdout + outcome.stderr
         file = name if stream == "file" else (STDOUT if stream == "stdout" else STDERR)
@@ -377,7 +375,7 @@ class CliInterface:
         if from_end:
             if outcome.stdout_truncated:
                 # longer than the cap: its end is read from a copy (arcget -k: finished jobs)
-                return self._tail_by_arcget(ce, job_id, stream, file, size, where, timeout)
+                return self._tail_by_arcget(ce, job_id, stream, file, size, where, deadline)
             part = data[-size:] if size else b""
             return PilotOutput(
                 job_id,
@@ -408,7 +406,7 @@ class CliInterface:
         file: str,
         size: int,
         where: str,
-        timeout: float,
+        deadline: Deadline,
     ) -> PilotOutput:
         """The last ``size`` bytes of ``file`` of a finished pilot, from a copy of its session
         that ``arcget -k`` (the job stays on the CE) downloads into a private folder, removed
@@ -420,7 +418,7 @@ class CliInterface:
             return PilotOutput(job_id, stream, ok=False, name=label, message=str(exc))
         try:
             argv = [*self.client("arcget", ce), "-k", "-D", str(download), job_id]
-            outcome = self.run(argv, self.settings.deadline(timeout))
+            outcome = self.run(argv, deadline)
             path = download / job_id.rsplit("/", 1)[-1] / file
             try:
                 with path.open("rb") as handle:
