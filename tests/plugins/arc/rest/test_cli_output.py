@@ -187,3 +187,23 @@ def test_cli_a_job_the_ce_no_longer_holds_says_so(ended, witness) -> None:
     assert f"the CE no longer holds job {job.rsplit('/', 1)[-1]}" in gone.stderr
     shown = gridgate("pilots", "show", "-c", str(path), job).stdout
     assert "no longer there: the CE no longer holds job" in shown
+
+
+def test_arccat_gone_reads_what_arccat_printed_for_a_job_no_longer_there() -> None:
+    from gridgate.plugins.arc.documents import arccat_gone
+
+    job = "https://localhost:18447/arex/rest/1.0/jobs/9HcLDmpRhuAoOSAtDmABFKDmABFKDmABFKDmnjKKDm"
+    # ARC 6.17's arccat on the private CE: after arcclean (job list), after the CE dropped it
+    cleaned = f"Warning: Job not found in job list: {job}\nNo jobs\n"
+    assert arccat_gone(cleaned) == (
+        f"the CE no longer holds job {job} (cleaned off it: not in the job list)"
+    )
+    dropped = "No jobs\nWARNING: Failed to process job: 9HcLDmpRhuAo - 404 Job not found\n"
+    assert arccat_gone(dropped) == "the CE no longer holds job 9HcLDmpRhuAo"
+    # a job not started yet, a file the session lacks, another failure: not "gone"
+    for other in (
+        f"WARNING: Job has not started yet: {job}\n",
+        "ERROR: File download failed: Failed while reading from source: 404 - Not found\n",
+        "WARNING: Failed to process job: 9HcLDmpRhuAo - 500 Internal error\n",
+    ):
+        assert arccat_gone(other) == ""
