@@ -677,8 +677,8 @@ def arcinfo_shares(stdout: str) -> list[GlueShare]:
                 share[key] = seconds
     return [
         GlueShare(
-            name=share.get("Name", ""),
-            queue=share.get("Mapping queue") or share.get("Name", ""),
+            name=str(share.get("Name") or ""),
+            queue=str(share.get("Mapping queue") or share.get("Name") or ""),
             serving=serving,
             waiting=None,
             running=None,
