@@ -18,7 +18,11 @@ nominal=M]`` with ``adaptive.query``: ``--source`` tokens or sdiag, min ``--min`
 light user's idle median measured first on the cluster (what an operator does: time an idle
 squeue, say what it may become), or ``--target-ms`` with ``--target-over-idle 0``. Each of
 ``--rounds`` rounds runs ``idle`` (the light user alone), fixed and adaptive, so load from
-elsewhere hits all three alike; the figures are medians over the rounds.
+elsewhere hits all three alike; the figures are medians over the rounds. In ``--mode shims``
+each round also runs the light user alone through a shim (``idle:shims``: the shim's own cost)
+and the adaptive daemon a second time through shims installed with ``proxyd.nice_caller``
+(``adaptive+nice_caller``: a busy user's loop gets its grant's niceness, so that its next
+shims start niced).
 
 Figures: the light user's gated median over its idle median (goal <= 1.3), and the loops'
 squeue calls/s, adaptive over fixed (goal >= 0.8); beside them slurmctld's own mean
@@ -43,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -122,11 +128,22 @@ def bench(
                     },
                 )
                 shim_dirs = {}
+                sides = list(daemons.items())
                 for name, daemon in daemons.items():
                     Path(daemon.socket).chmod(0o666)
                     # mode shims: each daemon's own shims (the gate's: a process per call)
                     shim_dirs[name] = folder / f"shims-{name}"
                     install_shims(shim_dirs[name], ["squeue"], socket_path=daemon.socket)
+                if mode == "shims":
+                    # the adaptive daemon again, through shims that nice a busy user's loop
+                    # (proxyd.nice_caller): its next shims start niced
+                    config = folder / "nice-caller.yaml"
+                    section = {"socket": daemons["adaptive"].socket, "nice_caller": True}
+                    config.write_text(yaml.safe_dump({"proxyd": section}))
+                    config.chmod(0o644)
+                    shim_dirs["adaptive+nice_caller"] = folder / "shims-nice-caller"
+                    install_shims(shim_dirs["adaptive+nice_caller"], ["squeue"], config=str(config))
+                    sides.append(("adaptive+nice_caller", daemons["adaptive"]))
                 for index in range(rounds):
                     # an idle phase in every round: load from elsewhere hits all three alike
                     idle = _phase(c, "idle", loops, seconds, daemons["fixed"].socket, shims)
@@ -136,12 +153,12 @@ def bench(
                         alone = _phase(c, "idle:shims", loops, seconds, "", shim_dirs["fixed"])
                         rows.append({"daemon": "idle-shims", "round": index, **alone})
                         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-                    for name, daemon in daemons.items():
+                    for name, daemon in sides:
                         row: dict[str, Any] = {"daemon": name, "round": index}
                         row.update(_phase(c, mode, loops, seconds, daemon.socket, shim_dirs[name]))
                         seen = _status(daemon.socket)
                         row["query_max_at_end"] = seen["categories"]["query"]["token_limit"]
-                        if name == "adaptive":
+                        if name.startswith("adaptive"):
                             state = seen["adaptive"]["query"]
                             row["user_max_at_end"] = state["user_max"]
                             row["adaptive_decisions"] = state["decisions"]
@@ -175,7 +192,8 @@ def bench(
         "figures": {
             "light_gated_over_idle": {
                 name: round(median(name, "light_median_ms") / idle_ms, 2)
-                for name in ("fixed", "adaptive")
+                for name in ("fixed", "adaptive", "adaptive+nice_caller")
+                if any(r["daemon"] == name for r in rows)
             },
             "light_gated_over_idle_goal": 1.3,
             # through the shims: the light user alone, gated, over its idle median (the floor

@@ -416,6 +416,14 @@ SECTION_SCHEMA: dict[str, Any] = {
             "description": "Gate: the niceness a busy user's gated command runs at "
             "(never lowered; root, admins and add-on hosts: never).",
         },
+        "nice_caller": {
+            "type": "boolean",
+            "default": False,
+            "description": "Gate: when a grant names a niceness, also give it to the "
+            "process that ran the gated command (the user's loop or script, when it is the "
+            "user's own), so that its next commands, their interpreters included, start "
+            "niced. Never raises a priority; never as root.",
+        },
         "start_only": {
             "type": "object",
             "default": {},

@@ -264,6 +264,7 @@ class ProxydSettings(Settings):
     hold_limits: Mapping[str, float]
     busy_after: int | None
     busy_nice: int
+    nice_caller: bool
     start_only: Mapping[str, tuple[str, ...]]
     start_hold: float
     sample_period: float

@@ -89,6 +89,7 @@ CLIENT_DEFAULTS: dict[str, Any] = {
     "categories": {},
     "start_hold": 2,
     "start_only": {},
+    "nice_caller": False,
 }
 
 
@@ -475,17 +476,31 @@ def run_gated(
         holder.take(grant)  # forked before the grant: the holder keeps its priority
     if grant.nice:
         _lower_priority(grant.nice)
+        if section["nice_caller"]:
+            lower_caller(grant.nice)
     return _exec(command, grant.token or None, name, category)
 
 
-def _lower_priority(nice: int) -> None:
-    """Run at niceness ``nice`` or lower priority: a busy user's command (the daemon said so)
-    yields the CPU of this host to others' but still takes what is idle. Never raises it."""
+def _lower_priority(nice: int, pid: int = 0) -> None:
+    """Run ``pid`` (0: this process) at niceness ``nice`` or lower priority: a busy user's
+    command (the daemon said so) yields the CPU of this host to others' but still takes what
+    is idle. Never raises it."""
     try:
-        if os.getpriority(os.PRIO_PROCESS, 0) < nice:
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if os.getpriority(os.PRIO_PROCESS, pid) < nice:
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
     except OSError:
         pass  # a command that cannot be niced still runs: the token is what bounds it
+
+
+def lower_caller(nice: int) -> None:
+    """``nice_caller``: the process that ran this gated command (a busy user's loop) at
+    ``nice`` too, so that its next calls start niced, the shim's interpreter included. Not as
+    root (whose parent may be anyone's), not init; the kernel lets a user lower only the
+    priority of their own processes, so another user's parent (sudo, a setuid launcher)
+    keeps its own."""
+    parent = os.getppid()
+    if os.geteuid() != 0 and parent > 1:
+        _lower_priority(nice, parent)
 
 
 class _Holder:

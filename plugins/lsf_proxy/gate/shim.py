@@ -1,9 +1,10 @@
 """The text of a shim: one self-contained script per command, written by ``--install-shims``.
 
 A shim runs in front of every gated ``bjobs`` a user types, so what it imports is what each call
-costs. ``install_shims`` writes this file's source into the shim, followed by a call of
-:func:`main` with the shim's settings as a Python literal (the request line, the category, the
-socket(s), the fallbacks, the real command's path, all resolved at install time). It imports
+costs. ``install_shims`` compiles this file once into the shims' folder (``gate.CODE_PREFIX``)
+and writes each shim as its settings as a Python literal (the request line, the category, the
+socket(s), the fallbacks, the real command's path, all resolved at install time) and a call of
+:func:`main` with them, on the code read from that file. It imports
 only modules built into the interpreter (``_socket``, ``posix``, ``time``, ``_signal``, ``sys``)
 and, to read the daemon's replies, ``_json`` and, in the token holder, ``select``: no ``os``,
 ``socket``, ``json`` or ``enum``, and no gridgate module on the path of a granted token.
@@ -381,6 +382,15 @@ class Holder:
         link.close()
 
 
+def _lower(pid: int, nice: int) -> None:
+    """``pid`` (0: this process) at niceness ``nice``, never raised (``gating._lower_priority``)."""
+    try:
+        if posix.getpriority(posix.PRIO_PROCESS, pid) < nice:
+            posix.setpriority(posix.PRIO_PROCESS, pid, nice)
+    except OSError:
+        pass  # a command that cannot be niced still runs
+
+
 def _full(conf: dict) -> int:
     """The full gate (imports gridgate), for everything the lean path leaves to it."""
     gridgate = sys.modules["gridgate"] = type(sys)("gridgate")
@@ -528,11 +538,10 @@ def main(conf: dict) -> int:
                 holder.take(link, str(reply.get("token") or ""))
                 nice = reply.get("nice")
                 if isinstance(nice, int) and 0 < nice < 20:
-                    try:
-                        if posix.getpriority(posix.PRIO_PROCESS, 0) < nice:
-                            posix.setpriority(posix.PRIO_PROCESS, 0, nice)
-                    except OSError:
-                        pass  # a command that cannot be niced still runs
+                    _lower(0, nice)
+                    parent = posix.getppid()
+                    if conf["nice_caller"] and posix.geteuid() != 0 and parent > 1:
+                        _lower(parent, nice)  # gating.lower_caller: its next calls start niced
                 return _exec(conf, argv, str(reply.get("token") or ""), category)
             if link is not None:
                 link.close()

@@ -20,16 +20,15 @@ from support.polling import until
 from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.gate import shim as lean
-from gridgate.plugins.lsf_proxy.gate.gate import install_shims
+from gridgate.plugins.lsf_proxy.gate.gate import CODE_PREFIX, code_name, install_shims, shim_code
 from gridgate.plugins.lsf_proxy.gate.gating import EXIT_NO_TOKEN, EXIT_UNAVAILABLE
 
 PYTHON = sys.executable
 
-#: What a shim may import beyond what the interpreter's own start reports: ``binascii`` (built
-#: in: it decodes the shim's compiled code) and the C socket module. Not ``socket`` (enum,
-#: selectors), ``json`` or ``_json`` (a dynamic library: the shim reads the daemon's compact
-#: replies itself), ``re``, ``os`` or any gridgate module.
-ALLOWED = {"binascii", "_socket"}
+#: What a shim may import beyond what the interpreter's own start reports: the C socket module.
+#: Not ``socket`` (enum, selectors), ``json`` or ``_json`` (a dynamic library: the shim reads the
+#: daemon's compact replies itself), ``re``, ``os``, ``binascii`` or any gridgate module.
+ALLOWED = {"_socket"}
 
 
 def imported(stderr: str) -> list[str]:
@@ -103,30 +102,57 @@ def test_a_shim_imports_only_what_a_token_exchange_needs(start_daemon, sockdir) 
     assert until(lambda: in_use(daemon)["other"] == 0)
 
 
-def test_the_shim_is_one_script_with_its_settings_as_literals(start_daemon, sockdir) -> None:
+def test_the_shim_is_a_script_of_its_settings_and_a_shared_code_file(start_daemon, sockdir) -> None:
     daemon = start_daemon({})
     env = shims_for(sockdir, "printenv", "squeue", socket_path=daemon.socket)
-    text = (sockdir / "shims" / "squeue").read_text()
+    shims = sockdir / "shims"
+    text = (shims / "squeue").read_text()
     assert text.startswith(f"#!{PYTHON} -IS\n")
     head = text[: text.index("\nCONF = ")]
-    assert [ln for ln in head.splitlines() if "import" in ln] == [
-        "import binascii",
-        "import marshal",
-        "import sys",
-    ]
+    assert [ln for ln in head.splitlines() if "import" in ln] == ["import marshal", "import sys"]
     conf = ast.literal_eval(text.split("\nCONF = ", 1)[1].split("\n", 1)[0])
     assert conf["request"] == {
         "query": '{"v":1,"id":1,"op":"acquire","category":"query","opcode":"squeue","size":'
     }
     assert conf["socket"] == daemon.socket and conf["real"] == shutil.which("squeue")
-    # an interpreter whose bytecode is another than the one the shim was compiled for (Python
+    # one code file for the folder, named in every shim, which only root may change
+    (code,) = shims.glob(f"{CODE_PREFIX}*")
+    assert code.name in text and code.name in (shims / "printenv").read_text()
+    assert code.stat().st_mode & 0o777 == 0o644
+    assert code.read_bytes() == shim_code() and code.name == code_name(shim_code())
+
+    # an interpreter whose bytecode is another than the one the code was compiled for (Python
     # upgraded since install) runs the full gate instead: the call is still gated
-    shim = sockdir / "shims" / "printenv"
-    text = shim.read_text()
-    magic = next(ln for ln in text.splitlines() if ln.startswith("MAGIC = "))
-    shim.write_text(text.replace(magic, "MAGIC = b'\\x00\\x00\\r\\n'"))
+    blob = code.read_bytes()
+    code.write_bytes(b"\x00\x00\r\n" + blob[4:])
     done = run_as_nobody(["printenv", "GRIDGATE_GATE_TOKEN"], env, lean=False)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    # and so does a shim whose code file is gone
+    code.unlink()
+    done = run_as_nobody(["printenv", "GRIDGATE_GATE_TOKEN"], env, lean=False)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+
+
+def test_installing_again_drops_the_code_no_shim_names(start_daemon, sockdir) -> None:
+    daemon = start_daemon({})
+    shims = sockdir / "shims"
+    shims_for(sockdir, "printenv", "squeue", socket_path=daemon.socket)
+    # the code of an older gridgate, still named by one of its shims
+    old = shims / f"{CODE_PREFIX}0123456789abcdef.code"
+    old.write_bytes(shim_code())
+    kept = shims / "sleep"
+    kept.write_text((shims / "squeue").read_text().replace(code_name(shim_code()), old.name))
+    # and one no shim names
+    gone = shims / f"{CODE_PREFIX}fedcba9876543210.code"
+    gone.write_bytes(b"old")
+    install_shims(shims, ["printenv"], socket_path=daemon.socket)
+    assert old.exists() and not gone.exists()
+    assert (shims / code_name(shim_code())).exists()
+    kept.unlink()
+    install_shims(shims, ["printenv", "squeue"], socket_path=daemon.socket)
+    assert not old.exists()
+    with pytest.raises(ValueError, match="not a command name"):
+        install_shims(shims, [old.name], socket_path=daemon.socket)
 
 
 def test_a_granted_call_carries_its_token_and_gives_it_back_at_the_end(
@@ -204,6 +230,34 @@ def test_a_busy_users_command_runs_at_the_grants_nice(start_daemon, sockdir) -> 
         assert busy.returncode == 0 and niceness(busy.stdout) == 7, busy.stderr
         # the holder, forked before the grant, keeps its own priority
         assert niceness(Path(f"/proc/{holder.pid}/stat").read_text()) == 0
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+@pytest.mark.parametrize("path", ["shim", "full gate"])
+def test_nice_caller_gives_a_busy_users_loop_the_grants_nice(start_daemon, sockdir, path) -> None:
+    daemon = start_daemon({"policies": "OTHER[max=4 nominal=4]", "busy_after": 2, "busy_nice": 7})
+    config = Path(client_config(sockdir, {"socket": daemon.socket, "nice_caller": True}))
+    env = shims_for(sockdir, "sleep", "cat", config=str(config))
+    if path == "full gate":  # a config changed since install: the shim hands the call over
+        config.write_text(config.read_text() + "# changed\n")
+    # the caller: a shell that runs a gated cat, then prints its own niceness
+    loop = ["sh", "-c", "cat /dev/null; cat /proc/$$/stat"]
+    alone = run_as_nobody(loop, env, lean=False)
+    assert alone.returncode == 0 and niceness(alone.stdout) == 0, alone.stderr
+    assert until(lambda: in_use(daemon)["other"] == 0)
+    holder = subprocess.Popen(AS_NOBODY + ["sleep", "60"], env=env, cwd="/")
+    try:
+        assert until(lambda: in_use(daemon)["other"] == 1)
+        busy = run_as_nobody(loop, env, lean=False)
+        assert busy.returncode == 0 and niceness(busy.stdout) == 7, busy.stderr
+        # without nice_caller only the command is niced, not the shell that ran it
+        config.write_text(yaml.safe_dump({"proxyd": {"socket": daemon.socket}}))
+        if path == "shim":
+            install_shims(sockdir / "shims", ["sleep", "cat"], config=str(config))
+        busy = run_as_nobody(loop, env, lean=False)
+        assert busy.returncode == 0 and niceness(busy.stdout) == 0, busy.stderr
     finally:
         holder.kill()
         holder.wait(30)
