@@ -25,6 +25,7 @@ from gridgate.core.backend import (
     Deadline,
     command_timeout_schema,
     env_schema,
+    file_output,
     job_name,
 )
 from gridgate.core.kinds import KINDS
@@ -34,6 +35,8 @@ from gridgate.core.model import (
     Endpoint,
     Failure,
     FoundPilots,
+    OutputStream,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
@@ -116,6 +119,10 @@ parse_job_id = bsub_job_id
 parse_bjobs = bjobs_states
 
 
+#: An LSF job id: ``1234``, or an element of an array ``1234[5]``.
+LSF_JOB_ID_RE = re.compile(r"[0-9]+(?:\[[0-9]+\])?")
+
+
 @dataclass(frozen=True)
 class JobStates:
     """What ``bjobs`` said about some jobs: ``states`` id -> (STAT, EXEC_HOST); ``missing``
@@ -196,12 +203,15 @@ LSF_SCHEMA: dict[str, Any] = {
         "output": {
             "type": "string",
             "default": "",
-            "description": "bsub -o path (%J is the job id); empty: LSF's default.",
+            "description": "bsub -o path (%J the job id, %I the array index); empty: "
+            "LSF's default (mailed). gridgate pilots output reads it when it is absolute, "
+            "on a file system the director shares.",
         },
         "error": {
             "type": "string",
             "default": "",
-            "description": "bsub -e path; empty: LSF's default.",
+            "description": "bsub -e path (%J, %I); empty: LSF's default (stderr in "
+            "the -o file).",
         },
         "resources": {
             "type": "string",
@@ -474,6 +484,47 @@ class LsfBackend(Backend):
         self, endpoint: Endpoint, names: Sequence[str], fleet: str, timeout: float
     ) -> FoundPilots:
         return find_pilots(self, endpoint, names, fleet, timeout)
+
+    def pilot_output(
+        self,
+        endpoint: Endpoint,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput | None:
+        """The pilot's ``-o`` or ``-e`` file, read on this machine where the backend's
+        ``output``/``error`` name it (``%J`` the job's id, ``%I`` the element's index): LSF
+        writes it when the job ends, on a file system the director shares; its stderr is in
+        the ``-o`` file when no ``error`` is set. No ``output``: LSF mails the output, and
+        there is nothing to read. A file of its own (``file``) is not offered."""
+        if stream == "file":
+            return None
+        if not LSF_JOB_ID_RE.fullmatch(job_id):
+            return PilotOutput(job_id, stream, ok=False, message=f"{job_id!r} is not an LSF job id")
+        spec = self.settings.error if stream == "stderr" else ""
+        spec = spec or self.settings.output
+        if not spec:
+            return PilotOutput(
+                job_id,
+                stream,
+                held=False,
+                message="LSF mails a job's output when bsub has no -o: set the backend's "
+                "output (and error) to a folder this machine shares",
+            )
+        base, _, index = job_id.partition("[")
+        path = spec.replace("%J", base).replace("%I", index.rstrip("]") or "0")
+        if not os.path.isabs(path):  # relative to the folder bsub ran in
+            return PilotOutput(
+                job_id, stream, ok=False, where=path, message="the output path is not absolute"
+            )
+        found = file_output(job_id, stream, path, size, from_end)
+        if stream == "stderr" and not self.settings.error and found.ok:
+            note = "LSF writes stderr into the -o file when bsub has no -e"
+            return replace(found, message=f"{found.message}; {note}" if found.message else note)
+        return found
 
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure:
         if result.command is None and result.message.startswith(

@@ -68,6 +68,8 @@ BSUB_FAILURES = {
     "lim_down": "Failed in an LSF library call: LIM is down; try later. Job not submitted.",
     "master_lim_down": "Master LIM is down; try later",
 }
+#: The cluster the stand-in's job reports name.
+CLUSTER = "gridgate-sim"
 HEADER = ("JOBID", "USER", "STAT", "QUEUE", "FROM_HOST", "EXEC_HOST", "JOB_NAME", "SUBMIT_TIME")
 WIDTHS = (8, 8, 6, 11, 12, 12, 11, 0)
 
@@ -182,6 +184,76 @@ def _living(jobs: dict[str, dict[str, Any]], scenario: dict[str, Any]) -> dict[s
     return out
 
 
+def output_path(spec: str, job_id: str, cwd: str) -> str:
+    """``bsub -o``/``-e`` ``spec`` for job ``job_id`` (``1234`` or an element ``1234[k]``):
+    ``%J`` the job's id, ``%I`` the element's index (0 outside an array), relative to the
+    submission folder ``cwd``, as LSF names the file."""
+    base, _, index = job_id.partition("[")
+    path = spec.replace("%J", base).replace("%I", index.rstrip("]") or "0")
+    return path if path.startswith("/") else os.path.join(cwd, path)
+
+
+def _write_outputs(living: dict[str, dict[str, Any]], state_dir: Path | None) -> None:
+    """What LSF does when a job ends: its ``-o`` file (the job's report, then its output;
+    its stderr too when no ``-e`` was given) and its ``-e`` file, written once (a mark in the
+    state folder), the way the stand-in's jobs end: nothing runs, so the output is a line
+    saying so. Not while the job pends or runs (mbatchd spools it until the end)."""
+    if state_dir is None:
+        return
+    marks = state_dir / "outputs"
+    for key, job in living.items():
+        if job["stat"] not in ("DONE", "EXIT") or not job.get("output"):
+            continue
+        mark = marks / key
+        if mark.exists():
+            continue
+        cwd = str(job.get("cwd") or "/")
+        out = output_path(str(job["output"]), key, cwd)
+        err = output_path(str(job["error"]), key, cwd) if job.get("error") else ""
+        text = _report(key, job) + f"gridgate stand-in: job {key} ended {job['stat']}\n"
+        if err:
+            text += f"\n\nPS:\n\nRead file <{err}> for stderr output of this job.\n\n"
+        else:
+            text += f"gridgate stand-in: job {key} wrote nothing to stderr\n"
+        try:
+            for path, body in ((out, text), (err, f"stand-in stderr of job {key}\n")):
+                if path:
+                    with open(path, "a", encoding="utf-8") as f:  # LSF appends to a file there
+                        f.write(body)
+        except OSError as exc:  # LSF mails the output instead; the stand-in says so
+            _out(sys.stderr, f"stand-in: cannot write the output of job {key}: {exc}")
+        marks.mkdir(exist_ok=True)
+        mark.touch()
+
+
+def _report(key: str, job: dict[str, Any]) -> str:
+    """The job report LSF puts at the head of a ``-o`` file (formats.md, LSF output file)."""
+    host, user, queue = job["host"], job["user"], job["queue"]
+    done = job["stat"] == "DONE"
+    lines = [
+        f"Sender: LSF System <lsfadmin@{host}>",
+        f"Subject: Job {key}: <{job['name']}> in cluster <{CLUSTER}> "
+        + ("Done" if done else "Exited"),
+        "",
+        f"Job <{job['name']}> was submitted from host <{host}> by user <{user}> in cluster "
+        f"<{CLUSTER}>.",
+        f"Job was executed on host(s) <{host}>, in queue <{queue}>, as user <{user}> in "
+        f"cluster <{CLUSTER}>.",
+        "------------------------------------------------------------",
+        "# LSBATCH: User input",
+        " ".join(job.get("command") or []),
+        "------------------------------------------------------------",
+        "",
+        "Successfully completed."
+        if done
+        else f"Exited with exit code {job.get('exit_code', '-')}.",
+        "",
+        "The output (if any) follows:",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _matching(job_id: str, living: dict[str, dict[str, Any]]) -> list[str]:
     """The keys ``job_id`` names: itself, or every element of the array it is the id of."""
     if job_id in living:
@@ -230,6 +302,7 @@ def bkill(args: list[str], scenario: dict[str, Any]) -> int:
     state_dir = Path(scenario["state_dir"]) if scenario.get("state_dir") else None
     recorded = {str(job["id"]): job for job in _read_jobs(state_dir)}
     living = _living(recorded, scenario)
+    _write_outputs(living, state_dir)
     _log_call(scenario, "bkill", ids, recorded)
     status = 0
     at = _now(scenario)
@@ -460,6 +533,11 @@ def bsub(args: list[str], scenario: dict[str, Any]) -> int:
             "run_limit": options.get("-W", ""),
             # bsub copies the submission environment into the job, as sbatch does
             "env": dict(os.environ),
+            # where the job's output goes when it ends (-o, -e; relative to the submission
+            # folder), as mbatchd writes it
+            "output": options.get("-o", ""),
+            "error": options.get("-e", ""),
+            "cwd": os.getcwd(),
         },
     )
     where = "queue" if "-q" in options else "default queue"
@@ -513,6 +591,7 @@ def bjobs(args: list[str], scenario: dict[str, Any]) -> int:
     recorded = {str(job["id"]): job for job in _read_jobs(state_dir)}
     _log_call(scenario, "bjobs", ids, recorded)
     jobs = _living(recorded, scenario)
+    _write_outputs(jobs, state_dir)
     status = 0
     if ids:
         selected = []
