@@ -34,11 +34,14 @@ from gridgate.core.model import (
     Endpoint,
     Failure,
     ListMatchResult,
+    OutputStream,
+    PilotOutput,
     StatusResult,
     SubmitRequest,
     SubmitResult,
 )
 from gridgate.core.plugins import ConfigProblems, PluginContext
+from gridgate.plugins.wms_glite import output
 from gridgate.plugins.wms_glite.classify import Rule, classify
 from gridgate.plugins.wms_glite.jdl import (
     RESERVED,
@@ -357,6 +360,20 @@ class GliteBackend(Backend):
 
     def cancel(self, endpoint: Endpoint, job_ids: Sequence[str], timeout: float) -> CancelResult:
         return cancel_pilots(self, endpoint, job_ids, timeout)
+
+    def pilot_output(
+        self,
+        endpoint: Endpoint,
+        job_id: str,
+        stream: OutputStream,
+        name: str,
+        size: int,
+        from_end: bool,
+        timeout: float,
+    ) -> PilotOutput | None:
+        """The pilot's StdOutput, StdError or a file of its output sandbox, retrieved once
+        with ``glite-wms-job-output`` and kept (:mod:`.output`)."""
+        return output.pilot_output(self, endpoint, job_id, stream, name, size, from_end, timeout)
 
     def classify_failure(self, endpoint: Endpoint, result: SubmitResult) -> Failure:
         if result.local_fault:

@@ -103,6 +103,14 @@ GLITE_SCHEMA: dict[str, Any] = {
                     "description": "The cancel command; null: "
                     "glite-wms-job-cancel, found like status.",
                 },
+                "output": {
+                    "type": ["string", "null"],
+                    "x-gridgate-path": "command",
+                    "minLength": 1,
+                    "default": None,
+                    "description": "The output command (gridgate pilots output); null: "
+                    "glite-wms-job-output, found like status.",
+                },
             },
             "default": {},
             "additionalProperties": False,

@@ -487,7 +487,11 @@ def write_id_file(job_ids: Iterable[str], work_dir: str | os.PathLike[str]) -> s
 # --- the backend's hooks ----------------------------------------------------------------------------
 
 #: The tracking commands and their names; the gLite UI installs them beside the submit command.
-TRACKING_COMMANDS = {"status": "glite-wms-job-status", "cancel": "glite-wms-job-cancel"}
+TRACKING_COMMANDS = {
+    "status": "glite-wms-job-status",
+    "cancel": "glite-wms-job-cancel",
+    "output": "glite-wms-job-output",
+}
 
 
 def process_alive(pid: int) -> bool:

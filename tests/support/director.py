@@ -45,6 +45,14 @@ def config(servers: int = 3, pilots: int = 6, **director: Any) -> Config:
     return make_config(doc)
 
 
+def pilots_by_state(director_: Any) -> dict[str, list[Any]]:
+    """A director's tracked pilots by endpoint and state: ``{"ENDPOINT/STATE": [pilot...]}``."""
+    found: dict[str, list[Any]] = {}
+    for pilot in director_.state.pilot_registry().query():
+        found.setdefault(f"{pilot.endpoint}/{pilot.state}", []).append(pilot)
+    return found
+
+
 def set_director(director_: Any, *path: str, value: Any) -> None:
     """Change the ``director:`` setting at ``path`` of a running director's config, as a new
     config: the director reads its settings once per config, never a change made in place."""

@@ -210,8 +210,7 @@ LSF_SCHEMA: dict[str, Any] = {
         "error": {
             "type": "string",
             "default": "",
-            "description": "bsub -e path (%J, %I); empty: LSF's default (stderr in "
-            "the -o file).",
+            "description": "bsub -e path (%J, %I); empty: LSF's default (stderr in the -o file).",
         },
         "resources": {
             "type": "string",

@@ -1,7 +1,7 @@
 """Stand-in gLite WMS commands for tests and the demo, installed only where asked.
 
 :func:`install_commands` writes ``glite-wms-job-submit``, ``glite-wms-job-list-match``,
-``glite-wms-job-status`` and ``glite-wms-job-cancel`` into a directory of the caller's choosing; nothing is ever put on PATH implicitly. Prepend
+``glite-wms-job-status``, ``glite-wms-job-cancel`` and ``glite-wms-job-output`` into a directory of the caller's choosing; nothing is ever put on PATH implicitly. Prepend
 that directory to PATH of the commands you run (e.g. the backend's ``env`` config).
 """
 
@@ -27,6 +27,7 @@ COMMANDS = (
     "glite-wms-job-list-match",
     "glite-wms-job-status",
     "glite-wms-job-cancel",
+    "glite-wms-job-output",
 )
 
 _WRAPPER = """#!{python}
@@ -80,5 +81,6 @@ def commands_section(bin_dir: Path) -> dict[str, str]:
             ("list_match", "list-match"),
             ("status", "status"),
             ("cancel", "cancel"),
+            ("output", "output"),
         )
     }

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gridgate.plugins.wms_glite.parse import banner
-from gridgate.plugins.wms_glite.sim import tracking
+from gridgate.plugins.wms_glite.sim import output, tracking
 from gridgate.plugins.wms_glite.sim.jobs import JobTable
 from gridgate.plugins.wms_glite.sim.jobs import now as jobs_now
 from gridgate.plugins.wms_glite.sim.scenario import (
@@ -189,6 +189,13 @@ def jdl_parameters(jdl: str) -> int:
 
 
 # --- per-host call counting -------------------------------------------------------------------
+
+
+def jdl_string(jdl: str, attribute: str, default: str) -> str:
+    """The string value of ``attribute`` in ``jdl`` (``StdOutput = "std.out";``), else
+    ``default``."""
+    found = re.search(rf'^\s*{attribute}\s*=\s*"([^"]*)"\s*;', jdl, re.M | re.I)
+    return found[1] if found else default
 
 
 def next_call_number(state_dir: str, host: str) -> int:
@@ -400,7 +407,13 @@ def submit_answer(out: Out, opts: Options, jdl: str) -> int:
     children = {f"Node_{i}": new_job_id() for i in range(pilots)} if pilots > 1 else {}
     table, scenario = _JOBS
     if table is not None:  # the status and cancel stand-ins give it a lifecycle
-        table.add(opts.endpoint, parent, list(children.values()), jobs_now(scenario))
+        table.add(
+            opts.endpoint,
+            parent,
+            list(children.values()),
+            jobs_now(scenario),
+            (jdl_string(jdl, "StdOutput", "std.out"), jdl_string(jdl, "StdError", "std.err")),
+        )
     if opts.output:
         try:
             Path(opts.output).write_text(f"###Submitted Job Ids###\n{parent}\n", encoding="utf-8")
@@ -432,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the stand-ins; the basename of argv[0] says which one this is."""
     argv = list(sys.argv if argv is None else argv)
     program = os.path.basename(argv[0]) if argv else SUBMIT
-    if program in (tracking.STATUS, tracking.CANCEL):
+    if program in (tracking.STATUS, tracking.CANCEL, output.OUTPUT):
         return _tracking_main(program, argv[1:])
     if program not in (SUBMIT, LIST_MATCH):
         program = LIST_MATCH if "list-match" in program else SUBMIT
@@ -511,7 +524,13 @@ def _tracking_main(program: str, args: list[str]) -> int:
         return 1
     state_dir = str(scenario.get("state_dir") or os.environ.get(STATE_ENV, ""))
     calls_log = str(scenario.get("calls_log") or os.environ.get(CALLS_LOG_ENV, ""))
-    return tracking.main(program, args, scenario, state_dir, lambda e: log_event(calls_log, e))
+
+    def log(entry: Mapping[str, Any]) -> None:
+        log_event(calls_log, entry)
+
+    if program == output.OUTPUT:
+        return output.main(args, scenario, state_dir, log)
+    return tracking.main(program, args, scenario, state_dir, log)
 
 
 if __name__ == "__main__":  # pragma: no cover - the installed wrappers call main()

@@ -117,6 +117,10 @@ class Job:
     cancelled: float | None = None
     #: The job's place (0, 1, 2...) among its host's jobs in the table, in submission order.
     ordinal: int = 0
+    #: When its output sandbox was retrieved (``glite-wms-job-output``): Cleared from then on.
+    retrieved: float | None = None
+    #: The JDL's StdOutput and StdError, the files of its output sandbox.
+    outputs: tuple[str, str] = ("std.out", "std.err")
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,13 @@ def snapshot(job: Job, spec: Mapping[str, Any], at: float) -> Snapshot:
         )
     ran = any(stage == "Scheduled" for _, stage in timeline)
     where = destination if ran else ""
+    if job.retrieved is not None and outcome in ("done", "exit") and at >= job.retrieved:
+        return Snapshot(
+            "Cleared",
+            reason="user retrieved output sandbox",
+            destination=where,
+            entered=job.retrieved,
+        )
     if outcome == "done":
         clear_after = spec.get("clear_after")
         if clear_after is not None and at >= end + float(clear_after):
@@ -276,8 +287,16 @@ class JobTable:
         finally:
             os.close(fd)
 
-    def add(self, endpoint: str, parent: str, nodes: Sequence[str], at: float) -> None:
-        """Record a submission to ``endpoint``: a plain job, or a parent and its nodes."""
+    def add(
+        self,
+        endpoint: str,
+        parent: str,
+        nodes: Sequence[str],
+        at: float,
+        outputs: tuple[str, str] = ("std.out", "std.err"),
+    ) -> None:
+        """Record a submission to ``endpoint``: a plain job, or a parent and its nodes;
+        ``outputs`` the JDL's StdOutput and StdError."""
         host = urlsplit(endpoint).hostname or endpoint
         self._append(
             [
@@ -288,9 +307,14 @@ class JobTable:
                     "endpoint": endpoint,
                     "time": at,
                     "nodes": list(nodes),
+                    "outputs": list(outputs),
                 }
             ]
         )
+
+    def retrieve(self, job_id: str, at: float) -> None:
+        """Record that ``job_id``'s output sandbox was handed over (the WMS clears the job)."""
+        self._append([{"event": "output", "id": job_id, "time": at}])
 
     def cancel(self, job_ids: Sequence[str], at: float) -> None:
         self._append([{"event": "cancel", "id": j, "time": at} for j in job_ids])
@@ -314,12 +338,14 @@ class JobTable:
             except ValueError:
                 continue
             if entry.get("event") == "submit":
+                outputs = tuple(entry.get("outputs") or ("std.out", "std.err"))
                 parent = Job(
                     entry["id"],
                     entry["host"],
                     entry["endpoint"],
                     float(entry["time"]),
                     nodes=list(entry.get("nodes") or []),
+                    outputs=(str(outputs[0]), str(outputs[-1])),
                 )
                 if not parent.nodes:  # a parametric parent's state is its nodes'
                     parent.ordinal = place(parent.host)
@@ -332,7 +358,11 @@ class JobTable:
                         parent.submitted,
                         parent=parent.job_id,
                         ordinal=place(parent.host),
+                        outputs=parent.outputs,
                     )
+            elif entry.get("event") == "output" and entry.get("id") in jobs:
+                job = jobs[entry["id"]]
+                job.retrieved = job.retrieved or float(entry["time"])
             elif entry.get("event") == "cancel" and entry.get("id") in jobs:
                 job = jobs[entry["id"]]
                 if job.cancelled is None:

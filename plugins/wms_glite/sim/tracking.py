@@ -213,7 +213,7 @@ def status_main(
         if spec.get("status") == "lb_down":
             failures.append((job_id, "lb_down"))
             continue
-        snap = _snapshot(job, jobs, specs, at)
+        snap = job_snapshot(job, jobs, specs, at)
         if snap.state == "Purged":
             failures.append((job_id, "purged"))
             continue
@@ -222,7 +222,7 @@ def status_main(
             nodes = "".join(
                 block(
                     node,
-                    _snapshot(jobs[node], jobs, specs, at),
+                    job_snapshot(jobs[node], jobs, specs, at),
                     ui,
                     verbosity,
                     "    ",
@@ -262,9 +262,10 @@ def status_main(
     return 255 if len(failures) < len(ids) else 1
 
 
-def _snapshot(
+def job_snapshot(
     job: Job, jobs: Mapping[str, Job], specs: Mapping[str, Mapping[str, Any]], at: float
 ) -> Snapshot:
+    """What the LB says of ``job`` at ``at``: a parametric parent's state follows its nodes."""
     spec = specs.get(job.host, {})
     if not job.nodes:
         return snapshot(job, spec, at)
@@ -334,7 +335,7 @@ def cancel_main(
         if specs.get(job.host, {}).get("status") == "lb_down":
             refusals.append((job_id, "Unable to retrieve the status for: " + job_id))
             continue
-        snap = _snapshot(job, jobs, specs, at)
+        snap = job_snapshot(job, jobs, specs, at)
         if snap.state in CANCELLABLE or (snap.state == "Done" and snap.done_code == 1):
             allowed.append(job_id)
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.director import pilots_by_state
 
 from gridgate.core.clock import FakeClock, write_file_time
 from gridgate.core.engine.director import Director
@@ -67,14 +68,6 @@ def site(tmp_path: Path, **section: object):
     return director, advance
 
 
-def pilots(director: Director) -> dict[str, list]:
-    """The tracked pilots by queue and state: ``{"broken/failed": [...], ...}``."""
-    by_queue: dict[str, list] = {}
-    for pilot in director.state.pilot_registry().query():
-        by_queue.setdefault(f"{pilot.endpoint}/{pilot.state}", []).append(pilot)
-    return by_queue
-
-
 def names(job_id: str) -> tuple[str, str]:
     """What LSF puts for ``%J`` and ``%I`` (0 outside an array)."""
     base, _, index = job_id.partition("[")
@@ -89,7 +82,7 @@ def test_the_o_and_e_files_of_a_done_and_a_failed_pilot(tmp_path) -> None:
         director.run_iteration()
         advance(5)
         director.run_iteration()  # broken's pilots ended, normal's run
-        found = pilots(director)
+        found = pilots_by_state(director)
         running = found["normal/running"][0]
         now = read_output(director.runtime, running, "stdout")
         base, index = names(running.job_id)
@@ -112,7 +105,9 @@ def test_the_o_and_e_files_of_a_done_and_a_failed_pilot(tmp_path) -> None:
 
         advance(40)
         director.run_iteration()
-        done = next(p for p in pilots(director)["normal/done"] if p.job_id == running.job_id)
+        done = next(
+            p for p in pilots_by_state(director)["normal/done"] if p.job_id == running.job_id
+        )
         text = read_output(director.runtime, done, "stdout", cap=64)
         assert text.held and text.cut and len(text.text.encode()) == 64
         assert read_output(director.runtime, done, "stdout").text.count("Successfully completed.")
@@ -130,7 +125,7 @@ def test_without_e_stderr_is_read_from_the_o_file(tmp_path) -> None:
         director.run_iteration()
         advance(5)
         director.run_iteration()
-        failed = pilots(director)["broken/failed"][0]
+        failed = pilots_by_state(director)["broken/failed"][0]
         err = read_output(director.runtime, failed, "stderr")
         assert err.held and err.where == read_output(director.runtime, failed, "stdout").where
         assert "wrote nothing to stderr" in err.text and "Read file" not in err.text

@@ -361,6 +361,7 @@ def test_config_defaults_and_schema() -> None:
         "list_match": "glite-wms-job-list-match",
         "status": None,
         "cancel": None,
+        "output": None,
     }
     assert section["list_match_cache"] == 900 and section["delegation"] == "auto"
     for key, sub in GliteBackend.config_schema["properties"].items():
