@@ -194,7 +194,8 @@ def _state_of(out: PilotOutput) -> str:
     if not out.held:
         return f"{where}: no longer there: {out.message}"
     size = "" if out.size is None else f" ({out.size} bytes)"
-    return f"{where}: still there{size}"
+    said = f"; {printable(out.message, newlines=False)}" if out.message else ""
+    return f"{where}: still there{size}{said}"
 
 
 @pilots_group.command("show")
@@ -298,6 +299,8 @@ def _print_output(out: PilotOutput, cap: int) -> None:
     click.echo(text, nl=bool(text) and not text.endswith("\n"))
     if out.cut and not out.from_end:
         click.echo(f"[cut at {cap} bytes{of}: its start is above]")
+    if out.message:  # what the backend adds (a kept copy, where stderr went)
+        echo(f"{out.job_id}: {printable(out.message, newlines=False)}", err=True)
 
 
 @pilots_group.command("cancel")

@@ -96,6 +96,22 @@ PILOTS_SCHEMA: dict[str, Any] = {
             "that cannot be asked keeps them unsettled until it answers, for at most a day "
             "(docs/pilots.md).",
         },
+        "keep_output": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1000000,
+            "default": 0,
+            "description": "Keep the stdout and stderr (1 MiB each at most) of one done "
+            "pilot in this many per endpoint in STATE_DIR/pilot-output, for gridgate pilots "
+            "output after the CE cleaned it up; 0: none (docs/operations.md).",
+        },
+        "keep_output_last": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10000,
+            "default": 5,
+            "description": "With keep_output: the newest pilots kept per endpoint.",
+        },
         "keep_finished": {
             "maximum": 365 * 86400,
             "type": "number",
@@ -177,6 +193,8 @@ class PilotSettings(Settings):
     lost_after: float
     reconcile_for: float
     keep_finished: float
+    keep_output: int
+    keep_output_last: int
     abort_window: int
     abort_min_finished: int
     abort_threshold: float

@@ -2,20 +2,33 @@
 one ``gridgate_pilot_output`` call under an admission grant of category ``query``, with the
 credential of the pilot's demand group in force, the text cut at the cap and, with a tail,
 trimmed to its last lines. The text is returned as the CE gave it: the command escapes it.
+When the CE no longer holds the pilot, the copy ``director.pilots.keep_output`` kept of it
+(:mod:`.kept_output`) is the answer, if there is one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import replace
+from pathlib import Path
+from urllib.parse import quote
 
 from loguru import logger
 
+from gridgate.core.backend import file_output
 from gridgate.core.credential_names import CredentialChoice, credentials_in_force
+from gridgate.core.documents import DocumentError, decode_json
 from gridgate.core.engine.pilot_credentials import GroupCredentials, configured_kinds, names_for
+from gridgate.core.engine.records import KeptOutputMeta
 from gridgate.core.engine.runtime import Runtime
 from gridgate.core.model import AdmissionRequest, Endpoint, OutputStream, PilotOutput, Refusal
 from gridgate.core.state import Pilot
 
+#: Where ``director.pilots.keep_output`` keeps pilots' output, under the director's state_dir,
+#: and the file beside each pilot's streams that says whose they are.
+KEPT_FOLDER = "pilot-output"
+KEPT_META = "meta.json"
 #: The default cap of ``gridgate pilots output``, in bytes.
 DEFAULT_CAP = 1 << 20
 #: The largest cap it takes.
@@ -112,6 +125,9 @@ def read_output(
         return failed(f"backend {pilot.backend} cannot read a pilot's {stream}")
     if not isinstance(result, PilotOutput):
         return failed(f"backend {pilot.backend} answered {type(result).__name__}, not output")
+    if not result.held and stream != "file":  # what director.pilots.keep_output kept of it
+        state_dir = Path(runtime.settings.state_dir)
+        result = kept_output(state_dir, pilot, stream, cap, tail is not None) or result
     if len(result.text.encode("utf-8", "replace")) > cap:
         # a backend that read more than asked: the cap holds all the same
         data = result.text.encode("utf-8", "replace")
@@ -123,3 +139,31 @@ def read_output(
             text = text[text.index("\n") + 1 :]
         result = replace(result, text=last_lines(text, tail))
     return result
+
+
+def pilot_folder(state_dir: Path, pilot: Pilot) -> Path:
+    """Where ``director.pilots.keep_output`` keeps ``pilot``'s output (kept or not)."""
+    digest = hashlib.sha256(pilot.job_id.encode("utf-8")).hexdigest()[:32]
+    endpoint = quote(pilot.endpoint, safe="") or "_"
+    return state_dir / KEPT_FOLDER / quote(pilot.backend, safe="") / endpoint / digest
+
+
+def kept_output(
+    state_dir: Path, pilot: Pilot, stream: OutputStream, size: int, from_end: bool
+) -> PilotOutput | None:
+    """``stream`` of ``pilot`` as the director kept it (at most ``size`` bytes, the end with
+    ``from_end``); None when it kept none."""
+    folder = pilot_folder(state_dir, pilot)
+    try:
+        data = (folder / KEPT_META).read_bytes()
+        meta: KeptOutputMeta = decode_json(data, KeptOutputMeta, kind=str(folder / KEPT_META))
+    except (OSError, DocumentError):
+        return None
+    if meta.job_id != pilot.job_id or not (folder / stream).is_file():
+        return None
+    kept = file_output(pilot.job_id, stream, str(folder / stream), size, from_end)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(meta.kept))
+    cut = " (cut when kept)" if meta.cut.get(stream) else ""
+    where = meta.where.get(stream) or "the CE"
+    message = f"kept by the director on {when} from {where}{cut}; the CE no longer holds it"
+    return replace(kept, message=message)

@@ -79,6 +79,17 @@ class PendingFile(msgspec.Struct):
     unrecorded: list[Any] = []
 
 
+class KeptOutputMeta(msgspec.Struct):
+    """What ``director.pilots.keep_output`` wrote beside a pilot's kept streams
+    (``STATE_DIR/pilot-output/.../meta.json``): whose they are, when they were kept, and per
+    stream where the CE had it and whether the copy was cut at the cap."""
+
+    job_id: str
+    kept: float
+    where: dict[str, str] = {}
+    cut: dict[str, bool] = {}
+
+
 class IntentRecord(msgspec.Struct):
     """A submission's intent, written before it is sent (``<state_dir>/intents/<name>.json``):
     where it goes and what for, who sends it, and why it is not settled yet (``why``: "" while

@@ -29,6 +29,7 @@ from gridgate.core.engine.cancelling import cancel_pilots
 from gridgate.core.engine.epoch import StoreEpoch
 from gridgate.core.engine.failure import AttemptOutcome, FailurePath, failed_call
 from gridgate.core.engine.intents import Intents, default_instance
+from gridgate.core.engine.kept_output import OutputKeeper
 from gridgate.core.engine.limits import PilotRoom, PilotSettings, cores_of
 from gridgate.core.engine.pending import PendingPilots
 from gridgate.core.engine.pilot_credentials import GroupCredentials, names_for, split_live
@@ -142,6 +143,8 @@ class PilotTracker:
         self.pending = PendingPilots(lambda: runtime.settings.state_dir)
         self.retired = RetiredEndpoints(runtime, failures)
         self.verdicts = AbortVerdicts(runtime, failures)
+        self.keeper = OutputKeeper(runtime)  # director.pilots.keep_output
+        self._keep_every = 0
         #: (backend, group) -> cores of one pilot, from this iteration's demand: what a
         #: submission's pilots are recorded with
         self._group_cores: dict[tuple[str, str], int] = {}
@@ -309,6 +312,7 @@ class PilotTracker:
         report = PilotReportDraft()
         retired = self.retired.find(counts, infos, it, now)
         moved_in: dict[str, int] = {}
+        self._keep_every = settings.keep_output
         try:
             polls = self._poll(registry, infos, it, settings, now, retired)
             polled_ok = {p.endpoint.key for p in polls if p.outcome == "ok"}
@@ -356,6 +360,8 @@ class PilotTracker:
                         registry, poll.endpoint, it, settings, now
                     ):
                         report.aborted.append(poll.endpoint.key)
+            if settings.keep_output:
+                self.keeper.keep(settings.keep_output_last)
             moved = report.changed or report.cancelled
             if self._prune(registry, settings, now) or moved:
                 counts = registry.counts()
@@ -893,6 +899,7 @@ class PilotTracker:
             if new != pilot:
                 changes.append(new)
         registry.put(changes)
+        self.keeper.offer(changes, self._keep_every)
         states, submitted = dict(target.live.states), dict(target.live.submitted)
         for job in [*ended, *(p.job_id for p in changes if p.terminal)]:
             del states[job], submitted[job]

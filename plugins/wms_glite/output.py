@@ -65,7 +65,7 @@ def pilot_output(
                 message="not retrieved yet: the WMS hands it over once, at the first read",
             )
         refused = _retrieve(backend, job_id, stream, name, kept, timeout)
-        if refused is not None:
+        if refused is not None and not kept.is_dir():  # (another read may have kept it)
             return refused
     return file_output(job_id, stream, str(kept / file_name), size, from_end, name)
 
