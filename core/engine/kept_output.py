@@ -42,10 +42,13 @@ class OutputKeeper:
         self._done: dict[str, int] = {}
         #: endpoint key -> the pilot chosen, kept after the polls
         self._chosen: dict[str, Pilot] = {}
+        #: keep_output of the iteration under way (set before its polls; 0: none)
+        self.every = 0
 
-    def offer(self, changed: Sequence[Pilot], every: int) -> None:
-        """Pilots a poll just moved: the first done pilot of each ``every`` per endpoint is
-        chosen (``every`` 0: none)."""
+    def offer(self, changed: Sequence[Pilot]) -> None:
+        """Pilots a poll just moved: the first done pilot of each :attr:`every` per endpoint
+        is chosen."""
+        every = self.every
         if every <= 0:
             return
         with self._lock:

@@ -144,7 +144,6 @@ class PilotTracker:
         self.retired = RetiredEndpoints(runtime, failures)
         self.verdicts = AbortVerdicts(runtime, failures)
         self.keeper = OutputKeeper(runtime)  # director.pilots.keep_output
-        self._keep_every = 0
         #: (backend, group) -> cores of one pilot, from this iteration's demand: what a
         #: submission's pilots are recorded with
         self._group_cores: dict[tuple[str, str], int] = {}
@@ -312,7 +311,7 @@ class PilotTracker:
         report = PilotReportDraft()
         retired = self.retired.find(counts, infos, it, now)
         moved_in: dict[str, int] = {}
-        self._keep_every = settings.keep_output
+        self.keeper.every = settings.keep_output
         try:
             polls = self._poll(registry, infos, it, settings, now, retired)
             polled_ok = {p.endpoint.key for p in polls if p.outcome == "ok"}
@@ -899,7 +898,7 @@ class PilotTracker:
             if new != pilot:
                 changes.append(new)
         registry.put(changes)
-        self.keeper.offer(changes, self._keep_every)
+        self.keeper.offer(changes)
         states, submitted = dict(target.live.states), dict(target.live.submitted)
         for job in [*ended, *(p.job_id for p in changes if p.terminal)]:
             del states[job], submitted[job]

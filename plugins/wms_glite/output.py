@@ -22,6 +22,7 @@ from typing import Any
 from gridgate.core.backend import file_output
 from gridgate.core.files import ensure_private_dir
 from gridgate.core.model import Endpoint, OutputStream, PilotOutput
+from gridgate.plugins.wms_glite.parse import client_messages
 
 #: The line after which the client prints the folder it stored the sandbox in.
 STORED = "have been successfully retrieved and stored in the directory:"
@@ -82,15 +83,23 @@ def _retrieve(
             argv += ["-c", backend.settings.config_file]
         outcome = backend.run([*argv, job_id], backend.deadline(timeout))
         if not outcome.ok:
-            said = " ".join(outcome.stderr.split())
-            if "not allowed" in said:  # the WMS answered: nothing to hand over (now)
+            refusal = next(
+                (
+                    m
+                    for m in client_messages(outcome.stderr)
+                    if m.level == "error" and m.header.endswith("not allowed")
+                ),
+                None,
+            )
+            if refusal is not None:  # the WMS answered: nothing to hand over (now)
+                said = " / ".join(refusal.text.splitlines())
                 return PilotOutput(
                     job_id,
                     stream,
                     name=name,
                     held=False,
                     command=outcome,
-                    message=f"the WMS hands no output sandbox over: {said[-300:]}",
+                    message=f"the WMS hands no output sandbox over: {said}",
                 )
             return PilotOutput(
                 job_id, stream, name=name, ok=False, command=outcome, message=outcome.describe()

@@ -539,9 +539,8 @@ def main(conf: dict) -> int:
                 nice = reply.get("nice")
                 if isinstance(nice, int) and 0 < nice < 20:
                     _lower(0, nice)
-                    parent = posix.getppid()
-                    if conf["nice_caller"] and posix.geteuid() != 0 and parent > 1:
-                        _lower(parent, nice)  # gating.lower_caller: its next calls start niced
+                    if conf["nice_caller"] and posix.geteuid() != 0 and posix.getppid() > 1:
+                        _lower(posix.getppid(), nice)  # gating.lower_caller: next calls niced
                 return _exec(conf, argv, str(reply.get("token") or ""), category)
             if link is not None:
                 link.close()

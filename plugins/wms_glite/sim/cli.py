@@ -188,14 +188,14 @@ def jdl_parameters(jdl: str) -> int:
     return max(1, int(found.group(1))) if found else 1
 
 
-# --- per-host call counting -------------------------------------------------------------------
-
-
 def jdl_string(jdl: str, attribute: str, default: str) -> str:
     """The string value of ``attribute`` in ``jdl`` (``StdOutput = "std.out";``), else
     ``default``."""
     found = re.search(rf'^\s*{attribute}\s*=\s*"([^"]*)"\s*;', jdl, re.M | re.I)
     return found[1] if found else default
+
+
+# --- per-host call counting -------------------------------------------------------------------
 
 
 def next_call_number(state_dir: str, host: str) -> int:
