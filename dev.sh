@@ -95,17 +95,20 @@ need_tools() {
     # and sudo (a ban run through a real sudo records who ran it), and Prometheus (promtool
     # checks and tests deploy/prometheus/gridgate-rules.yml; a real server scrapes a director),
     # and PostgreSQL's server binaries (the postgresql driver's tests start a private cluster
-    # with them: tests/support/postgres_server.py).
+    # with them: tests/support/postgres_server.py), and a C compiler with the C library's headers
+    # (the compiled shims of `gridgate gate --install-shims`: plugins/lsf_proxy/gate/shim.c).
     local missing=()
     local pair
     for pair in redis-server:redis-server openssl:openssl setpriv:util-linux \
                 chattr:e2fsprogs systemd-analyze:systemd munged:munge slurmctld:slurmctld \
                 slurmd:slurmd sbatch:slurm-client sge_qmaster:gridengine-master \
                 sge_execd:gridengine-exec qsub:gridengine-client sudo:sudo \
-                promtool:prometheus prometheus:prometheus; do
+                promtool:prometheus prometheus:prometheus cc:gcc; do
         PATH="$PATH:/usr/sbin:/sbin" command -v "${pair%%:*}" >/dev/null 2>&1 \
             || missing+=("${pair##*:}")
     done
+    # gcc only recommends the headers; --no-install-recommends leaves them out
+    [ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
     # initdb is not on PATH: Debian keeps each version's server in /usr/lib/postgresql/VER/bin
     if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
         missing+=(postgresql)

@@ -19,10 +19,11 @@ light user's idle median measured first on the cluster (what an operator does: t
 squeue, say what it may become), or ``--target-ms`` with ``--target-over-idle 0``. Each of
 ``--rounds`` rounds runs ``idle`` (the light user alone), fixed and adaptive, so load from
 elsewhere hits all three alike; the figures are medians over the rounds. In ``--mode shims``
-each round also runs the light user alone through a shim (``idle:shims``: the shim's own cost)
-and the adaptive daemon a second time through shims installed with ``proxyd.nice_caller``
-(``adaptive+nice_caller``: a busy user's loop gets its grant's niceness, so that its next
-shims start niced).
+each round also runs the light user alone through a shim (``idle:shims``: the shim's own cost).
+The shims are ``--shim-kind compiled`` (the default: no interpreter per call) or ``python``;
+with ``python`` the adaptive daemon runs a second time through shims installed with
+``proxyd.nice_caller`` (``adaptive+nice_caller``: a busy user's loop gets its grant's niceness,
+so that its next shims start niced).
 
 Figures: the light user's gated median over its idle median (goal <= 1.3), and the loops'
 squeue calls/s, adaptive over fixed (goal >= 0.8); beside them slurmctld's own mean
@@ -30,7 +31,8 @@ REQUEST_JOB_INFO time and thread count, where the adaptive max ended each phase 
 five decisions.
 
     .venv/bin/python bench/bench_adaptive.py [--loops 32] [--jobs 5000] [--seconds 20]
-        [--rounds 3] [--mode niced|client|shims] [--source tokens|sdiag] [--target-over-idle 1.2]
+        [--rounds 3] [--mode niced|client|shims] [--shim-kind compiled|python]
+        [--source tokens|sdiag] [--target-over-idle 1.2]
         [--target-ms 50] [--min 2] [--max 32] [--interval 1] [--reserve 1] [--grow-after 5]
         [--max-server-threads N] [--rpc-types A,B] [--fixed 'QUERY[...]'] [--json]
 """
@@ -75,6 +77,7 @@ def bench(
     entry: dict[str, Any],
     target_over_idle: float | None = None,
     mode: str = "niced",
+    shim_kind: str = "compiled",
 ) -> dict[str, Any]:
     """``entry``: the adaptive daemon's ``proxyd.adaptive.query``; with ``target_over_idle``
     its ``target_ms`` is that ratio over the light user's idle median, measured first on this
@@ -133,8 +136,10 @@ def bench(
                     Path(daemon.socket).chmod(0o666)
                     # mode shims: each daemon's own shims (the gate's: a process per call)
                     shim_dirs[name] = folder / f"shims-{name}"
-                    install_shims(shim_dirs[name], ["squeue"], socket_path=daemon.socket)
-                if mode == "shims":
+                    install_shims(
+                        shim_dirs[name], ["squeue"], socket_path=daemon.socket, kind=shim_kind
+                    )
+                if mode == "shims" and shim_kind == "python":
                     # the adaptive daemon again, through shims that nice a busy user's loop
                     # (proxyd.nice_caller): its next shims start niced
                     config = folder / "nice-caller.yaml"
@@ -142,7 +147,12 @@ def bench(
                     config.write_text(yaml.safe_dump({"proxyd": section}))
                     config.chmod(0o644)
                     shim_dirs["adaptive+nice_caller"] = folder / "shims-nice-caller"
-                    install_shims(shim_dirs["adaptive+nice_caller"], ["squeue"], config=str(config))
+                    install_shims(
+                        shim_dirs["adaptive+nice_caller"],
+                        ["squeue"],
+                        config=str(config),
+                        kind="python",
+                    )
                     sides.append(("adaptive+nice_caller", daemons["adaptive"]))
                 for index in range(rounds):
                     # an idle phase in every round: load from elsewhere hits all three alike
@@ -181,6 +191,7 @@ def bench(
         "seconds_per_phase": seconds,
         "rounds": rounds,
         "mode": mode,
+        "shim_kind": shim_kind if mode == "shims" else None,
         "fixed": fixed,
         "adaptive": entry,
         "target_over_idle": target_over_idle,
@@ -242,6 +253,12 @@ def main() -> None:
         help="niced: squeue at the grant's nice, as the gate runs it; client: at full priority; "
         "shims: through the gate's shims, a process per call",
     )
+    parser.add_argument(
+        "--shim-kind",
+        choices=("compiled", "python"),
+        default="compiled",
+        help="mode shims: the shims --install-shims writes (python: also the nice_caller side)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     entry: dict[str, Any] = {
@@ -265,6 +282,7 @@ def main() -> None:
         entry,
         args.target_over_idle or None,
         args.mode,
+        args.shim_kind,
     )
     print(json.dumps(result, indent=None if args.json else 2))
 

@@ -329,7 +329,8 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
             from gridgate.plugins.lsf_proxy.gate.gate import install_shims
             from gridgate.plugins.lsf_proxy.gate.gating import snapshot
 
-            install_shims(folder / "shims", ["true"], socket_path=daemon.socket)
+            install_shims(folder / "shims", ["true"], socket_path=daemon.socket, kind="python")
+            install_shims(folder / "compiled", ["true"], socket_path=daemon.socket, kind="compiled")
             old_shim = folder / "before" / "true"
             old_shim.parent.mkdir()
             old_shim.write_text(
@@ -351,12 +352,14 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
                 "gate": [str(BIN / "gridgate"), "gate", "--socket", daemon.socket, "--", true],
                 "shim": [str(folder / "shims" / "true")],  # what a user's gated `bjobs` runs
                 "shim_before": [str(old_shim)],  # the shim before issue 46
+                "compiled_shim": [str(folder / "compiled" / "true")],  # --shim-kind compiled
             }
+            gated = ("gate", "shim", "shim_before", "compiled_shim")
             wall: dict[str, list[float]] = {k: [] for k in sides}
             cpu: dict[str, float] = dict.fromkeys(sides, 0.0)
             for name, argv in sides.items():  # warm the page cache, the per-user config cache
                 subprocess.run(argv, check=True, timeout=60)
-                if name in ("gate", "shim", "shim_before"):
+                if name in gated:
                     _reap_one()
             for _ in range(calls):
                 for name, argv in sides.items():
@@ -366,7 +369,7 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
                     # ms, and every figure came out as their sum (7.5, 15.5, 31.5 ms)
                     subprocess.run(argv, check=True)
                     wall[name].append(time.perf_counter() - started)
-                    if name in ("gate", "shim", "shim_before"):
+                    if name in gated:
                         _reap_one()
                     after = resource.getrusage(resource.RUSAGE_CHILDREN)
                     cpu[name] += after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -380,6 +383,8 @@ def bench_overhead(calls: int = 100) -> dict[str, Any]:
         "shim_before_vs_bare_python": median["shim_before"] / median["bare_python"],
         "gate_vs_venv_python": median["gate"] / median["venv_python"],
         "shim_vs_true": median["shim"] / median["true"],
+        "compiled_shim_vs_bare_python": median["compiled_shim"] / median["bare_python"],
+        "compiled_shim_vs_true": median["compiled_shim"] / median["true"],
         "gate_vs_true": median["gate"] / median["true"],
     }
     return {

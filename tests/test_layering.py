@@ -367,6 +367,27 @@ def test_every_package_is_in_the_packages_list() -> None:
     assert found - listed == set()
 
 
+def test_every_data_file_is_in_the_package_data() -> None:
+    """A file of a package that is not Python (an example config, a template, the compiled
+    shims' C source) is in a wheel only when ``[tool.setuptools.package-data]`` names it."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
+    missing = []
+    for top in PACKAGES:
+        for path in (ROOT / top).rglob("*"):
+            if not path.is_file() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
+                continue
+            # the nearest folder with an __init__.py is the package that holds the file
+            folder = path.parent
+            while not (folder / "__init__.py").exists():
+                folder = folder.parent
+            globs = declared.get(module_of(folder / "__init__.py"), [])
+            if not any(path.relative_to(folder).match(g) for g in globs):
+                missing.append(str(path.relative_to(ROOT)))
+    assert missing == []
+
+
 # --- the lsf_proxy plugin's layout (docs/proxyd.md, "Code layout") -----------------------------
 
 LSF_PROXY = PLUGINS / "lsf_proxy"

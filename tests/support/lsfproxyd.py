@@ -171,20 +171,28 @@ def system_bin(folder: Path, *tools: str) -> Path:
 
 
 def install_shims(
-    gridgate_exe: str, folder: Path, daemon: Daemon, *tools: str
+    gridgate_exe: str, folder: Path, daemon: Daemon, *tools: str, kind: str = "python"
 ) -> tuple[str, str, Path]:
-    """Shims for ``tools`` in ``folder``/shims, gated by ``daemon``, in front of links to the
-    real commands in ``folder``/system (and setpriv): the PATH to run them with, what
-    ``--install-shims`` printed, and the folder of the links."""
+    """Shims of ``kind`` (``--shim-kind``) for ``tools`` in ``folder``/shims, gated by
+    ``daemon``, in front of links to the real commands in ``folder``/system (and setpriv): the
+    PATH to run them with, what ``--install-shims`` printed, and the folder of the links.
+    Compiled shims are built with the system's ``gcc`` (named by ``$CC``: the PATH holds only
+    the links)."""
     shims = folder / "shims"
     real = system_bin(folder / "system", "setpriv", *tools)
     path = f"{shims}{os.pathsep}{real}"
+    env = {**os.environ, "PATH": path}
+    if kind == "compiled":
+        env["CC"] = system_tool("gcc")
     done = subprocess.run(
-        [gridgate_exe, "gate", "--install-shims", str(shims), "--socket", daemon.socket],
+        [
+            *(gridgate_exe, "gate", "--install-shims", str(shims)),
+            *("--socket", daemon.socket, "--shim-kind", kind),
+        ],
         capture_output=True,
         text=True,
-        timeout=60,
-        env={**os.environ, "PATH": path},
+        timeout=120,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return path, done.stdout, real

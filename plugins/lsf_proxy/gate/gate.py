@@ -30,6 +30,7 @@ from gridgate.plugins.lsf_proxy.commands import (
     SHIM_COMMANDS,
     SUBMITTING,
 )
+from gridgate.plugins.lsf_proxy.gate import compiled
 from gridgate.plugins.lsf_proxy.gate import shim as lean
 from gridgate.plugins.lsf_proxy.gate.gating import (
     EXIT_CANNOT_EXECUTE,
@@ -57,6 +58,7 @@ __all__ = [
     "EXIT_NO_TOKEN",
     "EXIT_UNAVAILABLE",
     "SHIM_COMMANDS",
+    "SHIM_KINDS",
     "START_ONLY",
     "TOKEN_ENV",
     "Commands",
@@ -210,19 +212,36 @@ def _package_roots() -> list[str]:
     return roots
 
 
+#: ``--shim-kind``: ``compiled`` (:mod:`.compiled`: no interpreter per call; the Python shim
+#: beside it for the rest), ``python`` (:mod:`.shim` only), ``auto`` (compiled when a C
+#: compiler is on PATH).
+SHIM_KINDS = ("auto", "compiled", "python")
+
+
 def install_shims(
     shim_dir: Path,
     commands: Sequence[str] = (),
     config: str | None = None,
     socket_path: str | None = None,
-) -> list[tuple[str, str | None]]:
-    """Write a wrapper per command into ``shim_dir``; return (name, real path or None).
+    kind: str = "auto",
+) -> list[tuple[str, str | None, str]]:
+    """Write a wrapper per command into ``shim_dir``; return (name, real path or None, the
+    kind written: ``compiled`` or ``python``).
 
     Without ``commands``, every known batch command found on PATH (outside ``shim_dir``) gets
     one. A named command not found now is resolved on PATH, outside ``shim_dir``, when it runs.
     The config's settings are resolved now and kept in the shim with the file's identity; a
-    shim finds the file changed at run time and reads it again.
+    shim finds the file changed at run time and reads it again. ``kind`` is one of
+    :data:`SHIM_KINDS`; a compiled shim is written only where it can ask the daemons itself
+    (Unix sockets named by absolute paths), the Python shim elsewhere.
+
+    :raises compiled.CompileError: ``kind`` compiled, and no compiler or it failed.
     """
+    if kind not in SHIM_KINDS:
+        raise ValueError(f"not a shim kind: {kind!r} (one of {', '.join(SHIM_KINDS)})")
+    cc = compiled.compiler() if kind != "python" else None
+    if kind == "compiled" and cc is None:
+        raise compiled.CompileError("--shim-kind compiled: no C compiler (cc or gcc) on PATH")
     shim_dir = Path(shim_dir)
     shim_dir.mkdir(parents=True, exist_ok=True)
     st = shim_dir.stat()
@@ -240,14 +259,34 @@ def install_shims(
             raise ValueError(f"not a command name: {name!r}")
     code = shim_code()
     code_file = code_name(code)
+    folder = str(shim_dir.resolve())
+    # every shim built before any is written: a compiler that fails leaves the folder as it was
+    built = []
+    for name in names:
+        real = find_real(name, shim_dir)
+        text = shim_text(name, real, folder, config, socket_path, code_file).encode("utf-8")
+        binary = None
+        if cc is not None:
+            conf = shim_settings(name, real, folder, config, socket_path)
+            fallback = os.path.join(folder, compiled.fallback_name(name))
+            settings = compiled.header(conf, fallback)
+            if settings is not None:
+                binary = compiled.build(settings, cc)
+        built.append((name, real, text, binary))
     # the code first: a shim is never there before the file it reads
     atomic_write(shim_dir / code_file, code, mode=0o644, durable=False)
     written = []
-    for name in names:
-        real = find_real(name, shim_dir)
-        text = shim_text(name, real, str(shim_dir.resolve()), config, socket_path, code_file)
-        atomic_write(shim_dir / name, text.encode("utf-8"), mode=0o755, durable=False)
-        written.append((name, real))
+    for name, real, text, binary in built:
+        fallback_path = shim_dir / compiled.fallback_name(name)
+        if binary is None:
+            atomic_write(shim_dir / name, text, mode=0o755, durable=False)
+            fallback_path.unlink(missing_ok=True)  # a compiled shim's, written before
+            written.append((name, real, "python"))
+            continue
+        # the Python shim first: a compiled shim is never there before the file it execs
+        atomic_write(fallback_path, text, mode=0o755, durable=False)
+        atomic_write(shim_dir / name, binary, mode=0o755, durable=False)
+        written.append((name, real, "compiled"))
     _drop_unused_code(shim_dir)
     return written
 
@@ -318,6 +357,14 @@ def _drop_unused_code(shim_dir: Path) -> None:
     help="With --install-shims: wrap this command (repeatable; default: every known "
     "batch command found on PATH).",
 )
+@click.option(
+    "--shim-kind",
+    type=click.Choice(SHIM_KINDS),
+    default="auto",
+    show_default=True,
+    help="With --install-shims: compiled (no interpreter per call; needs a C compiler), "
+    "python, or auto (compiled when cc or gcc is on PATH).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def gate_command(
     category: str | None,
@@ -327,6 +374,7 @@ def gate_command(
     quiet: bool,
     shim_dir: str | None,
     shim_commands: tuple[str, ...],
+    shim_kind: str,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND under a token from lsfproxyd: gridgate gate -- bjobs -u all
@@ -338,12 +386,15 @@ def gate_command(
         if command:
             raise click.UsageError("--install-shims takes no command")
         try:
-            written = install_shims(Path(shim_dir), shim_commands, config_path, socket_path)
-        except (OSError, ValueError) as exc:
+            written = install_shims(
+                Path(shim_dir), shim_commands, config_path, socket_path, shim_kind
+            )
+        except (OSError, ValueError, compiled.CompileError) as exc:
             say(str(exc))
             raise SystemExit(1) from None
-        for name, real in written:
-            click.echo(f"{Path(shim_dir) / name} -> {real or '(looked up on PATH when run)'}")
+        for name, real, kind in written:
+            target = real or "(looked up on PATH when run)"
+            click.echo(f"{Path(shim_dir) / name} -> {target} ({kind})")
         if not written:
             say("no batch command found on PATH; name them with --shim NAME")
         return

@@ -190,7 +190,9 @@ def loads(line: bytes) -> dict:
             pass  # _json says what is wrong
     try:
         value, end = _scanner()(text, 0)
-    except (StopIteration, RecursionError):
+    except (StopIteration, RecursionError, SystemError):
+        # SystemError: _json's scanner alone, on some errors (a trailing comma), fails to
+        # raise the error json.decoder would give
         raise ValueError(f"not JSON: {text[:60]!r}") from None
     if end != len(text) or not isinstance(value, dict):
         raise ValueError(f"not one JSON object: {text[:60]!r}")

@@ -250,7 +250,7 @@ def test_install_shims_wraps_what_is_on_path(real_bin, sockdir, monkeypatch) -> 
     # Only the test's own folders: the machine may have real batch commands (Slurm's
     # squeue, sbatch, sinfo...) in /usr/bin, which would be shimmed too.
     monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{real_bin}")
-    written = dict(install_shims(shims))
+    written = {name: real for name, real, _kind in install_shims(shims)}
     assert written == {
         "bjobs": str(real_bin / "bjobs"),
         "bsub": str(real_bin / "bsub"),

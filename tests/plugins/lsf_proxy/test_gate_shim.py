@@ -10,8 +10,10 @@ import ast
 import json
 import os
 import shutil
+import socket as sock
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from support.polling import until
 from support.uids import AS_NOBODY
 
 from gridgate.plugins.lsf_proxy.gate import shim as lean
+from gridgate.plugins.lsf_proxy.gate.compiled import MARK, CompileError, fallback_name
 from gridgate.plugins.lsf_proxy.gate.gate import CODE_PREFIX, code_name, install_shims, shim_code
 from gridgate.plugins.lsf_proxy.gate.gating import EXIT_NO_TOKEN, EXIT_UNAVAILABLE
 
@@ -42,11 +45,31 @@ def imported(stderr: str) -> list[str]:
     return names
 
 
-def shims_for(folder: Path, *names: str, **options: str) -> dict[str, str]:
-    """Shims for ``names`` in ``folder``/shims; the environment to run them with (a PATH of
-    the shims first, then the system's folders, and no token of the test's own)."""
+#: What the Python shim beside a compiled one prints first, in these tests: it ran.
+HANDED_OVER = "test: the compiled shim handed the call to its Python shim"
+
+
+@pytest.fixture(params=["python", "compiled"])
+def kind(request) -> str:
+    """Each behaviour through the Python shim and through the compiled one."""
+    return request.param
+
+
+def shims_for(folder: Path, *names: str, kind: str = "python", **options: str) -> dict[str, str]:
+    """Shims of ``kind`` for ``names`` in ``folder``/shims; the environment to run them with (a
+    PATH of the shims first, then the system's folders, and no token of the test's own). A
+    compiled shim's Python shim is wrapped so that it says when it runs (:data:`HANDED_OVER`)."""
     shims = folder / "shims"
-    install_shims(shims, list(names), **options)
+    written = install_shims(shims, list(names), kind=kind, **options)
+    assert {k for _, _, k in written} == {kind}, written
+    if kind == "compiled":
+        for name in names:
+            fallback = shims / fallback_name(name)
+            fallback.rename(shims / f".real-{name}")
+            fallback.write_text(
+                f"#!/bin/sh\necho '{HANDED_OVER}' >&2\nexec '{shims}/.real-{name}' \"$@\"\n"
+            )
+            fallback.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "GRIDGATE_GATE_TOKEN"}
     env["PATH"] = f"{shims}{os.pathsep}/usr/bin{os.pathsep}/bin"
     return env
@@ -55,17 +78,22 @@ def shims_for(folder: Path, *names: str, **options: str) -> dict[str, str]:
 def run_as_nobody(
     argv: list[str], env: dict[str, str], lean: bool = True
 ) -> subprocess.CompletedProcess:
-    """``argv`` as nobody; ``lean``: a shim (found on ``env``'s PATH) run under ``-X
-    importtime``, which must not have handed the call to the full gate (no gridgate import)."""
+    """``argv`` as nobody; ``lean``: a shim (found on ``env``'s PATH) that must not have handed
+    the call to the full gate: a Python shim run under ``-X importtime`` (no gridgate import),
+    a compiled one must not have run its Python shim at all."""
+    compiled = False
     if lean:
         shim = shutil.which(argv[0], path=env["PATH"])
         assert shim and "/shims/" in shim
-        argv = [PYTHON, "-I", "-S", "-X", "importtime", shim, *argv[1:]]
+        compiled = not Path(shim).read_bytes().startswith(b"#!")
+        if not compiled:
+            argv = [PYTHON, "-I", "-S", "-X", "importtime", shim, *argv[1:]]
     done = subprocess.run(
         AS_NOBODY + argv, capture_output=True, text=True, timeout=120, env=env, cwd="/"
     )
     if lean:
         assert not [n for n in imported(done.stderr) if n.startswith("gridgate")], done.stderr
+        assert HANDED_OVER not in done.stderr
     return done
 
 
@@ -145,21 +173,21 @@ def test_installing_again_drops_the_code_no_shim_names(start_daemon, sockdir) ->
     # and one no shim names
     gone = shims / f"{CODE_PREFIX}fedcba9876543210.code"
     gone.write_bytes(b"old")
-    install_shims(shims, ["printenv"], socket_path=daemon.socket)
+    install_shims(shims, ["printenv"], socket_path=daemon.socket, kind="python")
     assert old.exists() and not gone.exists()
     assert (shims / code_name(shim_code())).exists()
     kept.unlink()
-    install_shims(shims, ["printenv", "squeue"], socket_path=daemon.socket)
+    install_shims(shims, ["printenv", "squeue"], socket_path=daemon.socket, kind="python")
     assert not old.exists()
     with pytest.raises(ValueError, match="not a command name"):
         install_shims(shims, [old.name], socket_path=daemon.socket)
 
 
 def test_a_granted_call_carries_its_token_and_gives_it_back_at_the_end(
-    start_daemon, sockdir
+    start_daemon, sockdir, kind
 ) -> None:
     daemon = start_daemon({"policies": "OTHER[max=4 nominal=4]"})
-    env = shims_for(sockdir, "sleep", "printenv", socket_path=daemon.socket)
+    env = shims_for(sockdir, "sleep", "printenv", socket_path=daemon.socket, kind=kind)
     holder = subprocess.Popen(AS_NOBODY + ["sleep", "60"], env=env, cwd="/")
     try:
         assert until(lambda: in_use(daemon)["other"] == 1)
@@ -169,24 +197,26 @@ def test_a_granted_call_carries_its_token_and_gives_it_back_at_the_end(
     assert until(lambda: in_use(daemon)["other"] == 0)
 
 
-def test_no_daemon_proceeds_with_a_warning_or_fails_as_configured(sockdir) -> None:
+def test_no_daemon_proceeds_with_a_warning_or_fails_as_configured(sockdir, kind) -> None:
     missing = str(sockdir / "nobody-here.sock")
-    env = shims_for(sockdir, "printenv", socket_path=missing)
+    env = shims_for(sockdir, "printenv", socket_path=missing, kind=kind)
     done = run_as_nobody(["printenv", "PATH"], env)
     assert done.returncode == 0 and done.stdout.strip() == env["PATH"], done.stderr
     assert "did not answer" in done.stderr and "proceeding without a token" in done.stderr
     config = client_config(sockdir, {"socket": missing, "when_unavailable": "fail"})
     (sockdir / "closed").mkdir(mode=0o755)
-    env = shims_for(sockdir / "closed", "printenv", config=config)
+    env = shims_for(sockdir / "closed", "printenv", config=config, kind=kind)
     done = run_as_nobody(["printenv", "PATH"], env)
     assert done.returncode == EXIT_UNAVAILABLE and done.stdout == "", done.stderr
     assert "printenv: not run: no lsfproxyd answered" in done.stderr
     assert "(when_unavailable: fail)" in done.stderr
 
 
-def test_a_blocked_user_is_refused_and_the_command_does_not_run(start_daemon, cli, sockdir) -> None:
+def test_a_blocked_user_is_refused_and_the_command_does_not_run(
+    start_daemon, cli, sockdir, kind
+) -> None:
     daemon = start_daemon({})
-    env = shims_for(sockdir, "touch", socket_path=daemon.socket)
+    env = shims_for(sockdir, "touch", socket_path=daemon.socket, kind=kind)
     assert cli("block", "-u", "nobody", "--socket", daemon.socket).returncode == 0
     marker = sockdir / "ran"
     # the refusal's wording is gridgate's own (wire.blocked_message): imported only then
@@ -195,13 +225,14 @@ def test_a_blocked_user_is_refused_and_the_command_does_not_run(start_daemon, cl
     assert "touch: no other token, not run" in done.stderr
     assert "(user nobody is on the blocklist, until an administrator unblocks it)" in done.stderr
     assert not marker.exists()
+    assert (HANDED_OVER in done.stderr) == (kind == "compiled")
 
 
-def test_a_call_that_waits_past_the_limit_is_refused(start_daemon, sockdir) -> None:
+def test_a_call_that_waits_past_the_limit_is_refused(start_daemon, sockdir, kind) -> None:
     daemon = start_daemon(
         {"policies": "OTHER[max=1 nominal=1]", "token_wait_time": 1, "notoken_ntries": 1}
     )
-    env = shims_for(sockdir, "sleep", "touch", config=str(daemon.config))
+    env = shims_for(sockdir, "sleep", "touch", config=str(daemon.config), kind=kind)
     holder = subprocess.Popen(AS_NOBODY + ["sleep", "60"], env=env, cwd="/")
     try:
         assert until(lambda: in_use(daemon)["other"] == 1)
@@ -215,9 +246,9 @@ def test_a_call_that_waits_past_the_limit_is_refused(start_daemon, sockdir) -> N
         holder.wait(30)
 
 
-def test_a_busy_users_command_runs_at_the_grants_nice(start_daemon, sockdir) -> None:
+def test_a_busy_users_command_runs_at_the_grants_nice(start_daemon, sockdir, kind) -> None:
     daemon = start_daemon({"policies": "OTHER[max=4 nominal=4]", "busy_after": 2, "busy_nice": 7})
-    env = shims_for(sockdir, "sleep", "cat", socket_path=daemon.socket)
+    env = shims_for(sockdir, "sleep", "cat", socket_path=daemon.socket, kind=kind)
     alone = run_as_nobody(["cat", "/proc/self/stat"], env)
     assert alone.returncode == 0 and niceness(alone.stdout) == 0, alone.stderr
     # its token goes back from the shim's holder once the command ended, a moment later: the
@@ -235,11 +266,12 @@ def test_a_busy_users_command_runs_at_the_grants_nice(start_daemon, sockdir) -> 
         holder.wait(30)
 
 
-@pytest.mark.parametrize("path", ["shim", "full gate"])
+@pytest.mark.parametrize("path", ["shim", "compiled", "full gate"])
 def test_nice_caller_gives_a_busy_users_loop_the_grants_nice(start_daemon, sockdir, path) -> None:
     daemon = start_daemon({"policies": "OTHER[max=4 nominal=4]", "busy_after": 2, "busy_nice": 7})
     config = Path(client_config(sockdir, {"socket": daemon.socket, "nice_caller": True}))
-    env = shims_for(sockdir, "sleep", "cat", config=str(config))
+    kind = "compiled" if path == "compiled" else "python"
+    env = shims_for(sockdir, "sleep", "cat", config=str(config), kind=kind)
     if path == "full gate":  # a config changed since install: the shim hands the call over
         config.write_text(config.read_text() + "# changed\n")
     # the caller: a shell that runs a gated cat, then prints its own niceness
@@ -254,8 +286,8 @@ def test_nice_caller_gives_a_busy_users_loop_the_grants_nice(start_daemon, sockd
         assert busy.returncode == 0 and niceness(busy.stdout) == 7, busy.stderr
         # without nice_caller only the command is niced, not the shell that ran it
         config.write_text(yaml.safe_dump({"proxyd": {"socket": daemon.socket}}))
-        if path == "shim":
-            install_shims(sockdir / "shims", ["sleep", "cat"], config=str(config))
+        if path != "full gate":
+            shims_for(sockdir, "sleep", "cat", config=str(config), kind=kind)
         busy = run_as_nobody(loop, env, lean=False)
         assert busy.returncode == 0 and niceness(busy.stdout) == 0, busy.stderr
     finally:
@@ -263,14 +295,16 @@ def test_nice_caller_gives_a_busy_users_loop_the_grants_nice(start_daemon, sockd
         holder.wait(30)
 
 
-def test_a_daemon_that_does_not_answer_is_passed_over_for_the_next(start_daemon, sockdir) -> None:
+def test_a_daemon_that_does_not_answer_is_passed_over_for_the_next(
+    start_daemon, sockdir, kind
+) -> None:
     daemon = start_daemon({})
     hosts = [
         {"name": "gone", "address": str(sockdir / "gone.sock")},
         {"name": "here", "address": daemon.socket},
     ]
     config = client_config(sockdir, {"hosts": hosts})
-    env = shims_for(sockdir, "printenv", config=config)
+    env = shims_for(sockdir, "printenv", config=config, kind=kind)
     # either order of the random rotation: each run gets its token from the live one
     for _ in range(4):
         done = run_as_nobody(["printenv", "GRIDGATE_GATE_TOKEN"], env)
@@ -296,7 +330,129 @@ def test_the_shims_reader_reads_a_reply_as_json_does(line: str) -> None:
     assert lean.loads(line.encode()) == json.loads(line)
 
 
-@pytest.mark.parametrize("line", ["{", "[1,2]", "{}x", '{"a":nul}', '{"a" 1}', "", "NaN"])
+@pytest.mark.parametrize(
+    "line", ["{", "[1,2]", "{}x", '{"a":nul}', '{"a" 1}', "", "NaN", '{"a":1,}', '{"a":[1,]}']
+)
 def test_the_shims_reader_refuses_what_is_not_one_object(line: str) -> None:
     with pytest.raises(ValueError):
         lean.loads(line.encode())
+
+
+def test_a_compiled_shim_hands_the_rare_calls_to_its_python_shim(start_daemon, sockdir) -> None:
+    daemon = start_daemon({})
+    config = Path(client_config(sockdir, {"socket": daemon.socket}))
+    env = shims_for(sockdir, "printenv", config=str(config), kind="compiled")
+    shims = sockdir / "shims"
+    assert MARK in (shims / "printenv").read_bytes()
+    assert not (shims / "printenv").read_bytes().startswith(b"#!")
+    token = ["printenv", "GRIDGATE_GATE_TOKEN"]
+    done = run_as_nobody(token, env)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    # a call inside a gated command (here with a token the daemon never gave), a socket named
+    # in the environment, a config changed since install: the Python shim, every call gated
+    ride = run_as_nobody(token, {**env, "GRIDGATE_GATE_TOKEN": "outer"}, lean=False)
+    named = run_as_nobody(token, {**env, "GRIDGATE_PROXYD_SOCKET": daemon.socket}, lean=False)
+    config.write_text(config.read_text() + "# changed\n")
+    changed = run_as_nobody(token, env, lean=False)
+    for done in (ride, named, changed):
+        assert HANDED_OVER in done.stderr
+    for done in (ride, named, changed):
+        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    assert until(lambda: in_use(daemon)["other"] == 0)
+
+
+def test_a_compiled_shims_settings_are_data_not_c(start_daemon, sockdir) -> None:
+    # a daemon whose socket path holds what C would read: quotes, backslashes, a trigraph
+    odd = sockdir / 'q"\\??=%s'
+    odd.mkdir(mode=0o755)
+    daemon = start_daemon({"socket": str(odd / "p.sock")})
+    env = shims_for(sockdir, "printenv", socket_path=daemon.socket, kind="compiled")
+    done = run_as_nobody(["printenv", "GRIDGATE_GATE_TOKEN"], env)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    assert until(lambda: in_use(daemon)["other"] == 0)
+
+
+class HandDaemon:
+    """A Unix socket that answers every request with the lines given (what no real daemon
+    says: the compiled shim's reader against lines it must read, or leave to the Python one)."""
+
+    def __init__(self, path: Path, lines: list[str]) -> None:
+        self.lines = lines
+        self.server = sock.socket(sock.AF_UNIX, sock.SOCK_STREAM)
+        self.server.bind(str(path))
+        path.chmod(0o777)
+        self.server.listen(16)
+        self.requests: list[bytes] = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.answer, args=(conn,), daemon=True).start()
+
+    def answer(self, conn: sock.socket) -> None:
+        with conn:
+            request = conn.makefile("rb").readline()
+            self.requests.append(request)
+            if b'"op":"acquire"' in request:
+                conn.sendall("".join(f"{line}\n" for line in self.lines).encode())
+                conn.recv(4096)  # the release, or the end of the connection
+
+
+@pytest.mark.parametrize(
+    ("lines", "token"),
+    [
+        # what the compiled shim reads: the grant among other keys, after a queued event
+        (
+            [
+                '{"v":1,"event":"queued","request":1,"ahead":2}',
+                '{"v":1,"id":1,"ok":true,"result":"granted","note":"caf\\u00e9 \\"q\\"",'
+                '"limits":{"a":[1,-2.5e3,{}],"b":null},"waited":0.25,"token":"t-1","nice":0}',
+            ],
+            "t-1",
+        ),
+        (['{ "id" : 1 , "ok" : true , "result" : "granted" , "token" : "t-2" }'], "t-2"),
+        # what it leaves to the Python shim: escapes in the token, a line that is not one object
+        (['{"v":1,"id":1,"ok":true,"result":"granted","token":"t\\u002d3"}'], "t-3"),
+        (['{"v":1,"id":1,"ok":true,"result":"granted","token":"t-4"} x'], ""),
+        (['{"v":1,"id":1,"ok":true,"result":"granted","token":"t-5",}'], ""),
+    ],
+)
+def test_the_compiled_shims_reader_takes_a_grant_or_leaves_the_line(
+    sockdir, lines: list[str], token: str
+) -> None:
+    hand = HandDaemon(sockdir / "hand.sock", lines)
+    env = shims_for(sockdir, "printenv", socket_path=str(sockdir / "hand.sock"), kind="compiled")
+    done = run_as_nobody(["printenv", "GRIDGATE_GATE_TOKEN"], env, lean=False)
+    handed = HANDED_OVER in done.stderr
+    if token and not handed:  # read by the compiled shim itself
+        assert done.returncode == 0 and done.stdout.strip() == token, done.stderr
+        assert lines[-1].endswith("}") and "\\u002d" not in lines[-1]
+    elif token:  # the Python shim read the line json's way
+        assert done.returncode == 0 and done.stdout.strip() == token, done.stderr
+        assert "\\u002d" in lines[-1]
+    else:  # nobody reads it: not a JSON line, the call proceeds without a token (fail-open)
+        assert handed and "not a JSON line" in done.stderr, done.stderr
+        assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert hand.requests and all(b'"opcode":"printenv"' in r for r in hand.requests[:1])
+
+
+def test_a_compiler_that_fails_leaves_the_shims_as_they_were(sockdir, monkeypatch) -> None:
+    shims = sockdir / "shims"
+    install_shims(shims, ["printenv"], socket_path=str(sockdir / "p.sock"), kind="python")
+    before = {p.name: p.read_bytes() for p in shims.iterdir()}
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(CompileError, match="no C compiler"):
+        install_shims(shims, ["printenv", "cat"], socket_path="/x.sock", kind="compiled")
+    monkeypatch.setenv("CC", shutil.which("false", path="/usr/bin:/bin") or "/bin/false")
+    with pytest.raises(CompileError, match="failed"):
+        install_shims(shims, ["printenv", "cat"], socket_path="/x.sock", kind="compiled")
+    assert {p.name: p.read_bytes() for p in shims.iterdir()} == before
+    # auto without a compiler: Python shims, said so
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert install_shims(shims, ["cat"], socket_path="/x.sock") == [
+        ("cat", shutil.which("cat"), "python")
+    ]

@@ -62,19 +62,22 @@ def test_every_slurm_command_gets_a_shim_when_on_path() -> None:
     assert set(SLURM) <= set(SHIM_COMMANDS)
 
 
+@pytest.mark.parametrize("kind", ["python", "compiled"])
 def test_shims_gate_real_squeue_and_sbatch_for_nobody(
-    slurm, start_daemon, sockdir, cli, gridgate_exe
+    slurm, start_daemon, sockdir, cli, gridgate_exe, kind
 ) -> None:
     log = sockdir / "diag.log"
     daemon = start_daemon({"diagnose": True, "diagnose_file": str(log)})
     # Only the shims and links to the real Slurm commands (and setpriv): whatever else the
     # machine has in /usr/bin gets no shim and is not found
     installed = (c for c in SLURM if shutil.which(c, path="/usr/bin:/bin"))
-    path, printed, real = install_shims(gridgate_exe, sockdir, daemon, *installed)
+    path, printed, real = install_shims(gridgate_exe, sockdir, daemon, *installed, kind=kind)
     env = {"PATH": path, **slurm.env}
     assert find_real("squeue", sockdir / "shims", path) == f"{real}/squeue"
     for name in ("squeue", "sbatch", "sinfo", "scontrol", "scancel"):
-        assert f"{name} -> {real}/{name}" in printed, printed
+        assert f"{name} -> {real}/{name} ({kind})" in printed, printed
+    compiled = not (sockdir / "shims" / "squeue").read_bytes().startswith(b"#!")
+    assert compiled == (kind == "compiled")
     assert {line.split(" -> ")[0].rsplit("/", 1)[-1] for line in printed.splitlines()} <= set(SLURM)
 
     def as_nobody(*argv: str) -> subprocess.CompletedProcess:
