@@ -13,7 +13,7 @@ the light user's time).
 Two real ``gridgate lsfproxyd serve`` daemons: ``fixed`` (``--fixed``, default
 ``QUERY[max=3 nominal=3 user_max=2]``, the gate bench's) and ``adaptive`` (``QUERY[max=M
 nominal=M]`` with ``adaptive.query``: ``--source`` tokens or sdiag, min ``--min``, max
-``--max``, interval ``--interval``, ``--reserve``, ``--grow-after``; sdiag's
+``--max``, interval ``--interval``, ``--reserve``, ``--grow-after``, ``--light-window``; sdiag's
 ``--max-server-threads`` and ``--rpc-types``). Its target is ``--target-over-idle`` times the
 light user's idle median measured first on the cluster (what an operator does: time an idle
 squeue, say what it may become), or ``--target-ms`` with ``--target-over-idle 0``. Each of
@@ -34,6 +34,7 @@ five decisions.
         [--rounds 3] [--mode niced|client|shims] [--shim-kind compiled|python]
         [--source tokens|sdiag] [--target-over-idle 1.2]
         [--target-ms 50] [--min 2] [--max 32] [--interval 1] [--reserve 1] [--grow-after 5]
+        [--light-window 0]
         [--max-server-threads N] [--rpc-types A,B] [--fixed 'QUERY[...]'] [--json]
 """
 
@@ -244,6 +245,12 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--reserve", type=int, default=1)
     parser.add_argument("--grow-after", type=int, default=5)
+    parser.add_argument(
+        "--light-window",
+        type=float,
+        default=0.0,
+        help="source tokens: adaptive.light_window in seconds (0: off, the default)",
+    )
     parser.add_argument("--max-server-threads", type=int, default=None)
     parser.add_argument("--rpc-types", default="", help="comma-separated sdiag RPC types")
     parser.add_argument(
@@ -270,6 +277,8 @@ def main() -> None:
         "reserve": args.reserve,
         "grow_after": args.grow_after,
     }
+    if args.light_window:
+        entry["light_window"] = args.light_window
     if args.source == "sdiag":
         entry["max_server_threads"] = args.max_server_threads
         entry["rpc_types"] = [t for t in args.rpc_types.split(",") if t]

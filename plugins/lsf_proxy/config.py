@@ -293,6 +293,17 @@ ADAPTIVE_ENTRY: dict[str, Any] = {
             "one user holds at most max - reserve (and never more than its user_max), so a "
             "user who arrives while another floods finds a token free. 0: no reserve.",
         },
+        "light_window": {
+            "type": ["number", "null"],
+            "exclusiveMinimum": 0,
+            "default": None,
+            "description": "source tokens: also watch what light users get. The median "
+            "hold of the tokens of users who were not busy (busy_after) returned in the last "
+            "light_window seconds (3 or more of them) is a latency beside the interval's: "
+            "the max is cut when either is over the target. A flood's own commands, niced, "
+            "may come back within the target while a light user's are slower (measured: "
+            "docs/performance.md). null: the interval's median only.",
+        },
         "max_server_threads": {
             "type": ["integer", "null"],
             "minimum": 1,

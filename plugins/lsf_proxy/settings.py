@@ -122,6 +122,7 @@ class AdaptiveSettings(Settings):
     backoff: float
     grow_after: int
     reserve: int
+    light_window: float | None
     max_server_threads: int | None
     max_agent_queue: int | None
 
@@ -144,6 +145,14 @@ class AdaptiveSettings(Settings):
         problems: _Problems = []
         if self.min > self.max:
             problems.append((("min",), f"min ({self.min}) must not exceed max ({self.max})"))
+        if self.reads_scheduler and self.light_window is not None:
+            problems.append(
+                (
+                    ("light_window",),
+                    "light_window watches the tokens' hold times; source "
+                    f"{self.source} reads the scheduler (use source: tokens)",
+                )
+            )
         if not self.reads_scheduler:
             for name in SCHEDULER_ONLY:
                 if getattr(self, name) not in (None, ()):

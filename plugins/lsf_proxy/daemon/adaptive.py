@@ -7,7 +7,12 @@ spent on the category's RPC types divided by how many it served in that interval
 count and agent queue may count as "slow" too). ``source: tokens``, the daemon's own: the
 median time the category's ordinary tokens returned in the interval were held, i.e. what a
 gated command took end to end (the controller's service, the client's own work and whatever
-they waited for); it needs no scheduler, so it serves LSF and Grid Engine as well.
+they waited for); it needs no scheduler, so it serves LSF and Grid Engine as well. With
+``light_window``, what light users get counts too: the median hold of the tokens of users who
+were not busy (``busy_after``) returned in that many seconds is the latency when it is the
+higher. The interval's median is the flood's when one user floods, and its commands run niced:
+on a 2-core host its squeues came back within a 1.2x target while a light user's, beside them,
+took 1.3-1.5x (docs/performance.md).
 
 The rule is AIMD, as TCP's congestion window and Netflix's concurrency-limits ``AIMDLimit``:
 above ``target_ms`` the max is multiplied by ``backoff`` (0.75) or, when the latency is further
@@ -56,6 +61,8 @@ from gridgate.plugins.lsf_proxy.settings import AdaptiveSettings, ProxydSettings
 #: RPC types a category's commands make beyond their own opcode (squeue also asks for the
 #: partitions, measured on 22.05).
 EXTRA_TYPES = {QUERY: ("REQUEST_PARTITION_INFO", "REQUEST_JOB_INFO_SINGLE")}
+#: ``light_window``: the fewest light users' holds that make a signal.
+LIGHT_MIN = 3
 #: Never part of the signal: the daemon's own reading of the statistics.
 OWN_TYPES = frozenset({"REQUEST_STATS_INFO"})
 
@@ -149,12 +156,23 @@ class AdaptiveLimit:
                 slow.append(f"agent queue {queue:g}")
         return self._decide(latency, count, f"average over {count} RPCs", slow, at)
 
-    def observe_holds(self, holds: list[float], at: float) -> Decision:
+    def observe_holds(
+        self, holds: list[float], at: float, light: list[float] | None = None
+    ) -> Decision:
         """The decision for an interval in which the category's tokens came back after
-        ``holds`` seconds each (``source: tokens``): their median is the latency."""
+        ``holds`` seconds each (``source: tokens``): their median is the latency; or, with
+        ``light_window``, the median of ``light`` (the holds of light users' tokens in that
+        window, when there are :data:`LIGHT_MIN` of them) when it is the higher."""
         count = len(holds)
         latency = statistics.median(holds) * 1000 if holds else None
-        return self._decide(latency, count, f"median hold of {count} tokens", [], at)
+        what = f"median hold of {count} tokens"
+        if light is not None and len(light) >= LIGHT_MIN and latency is not None:
+            seen = statistics.median(light) * 1000
+            if seen > latency:
+                window = self.settings.light_window or 0
+                latency = seen
+                what = f"median hold of {len(light)} light users' tokens in {window:g} s"
+        return self._decide(latency, count, what, [], at)
 
     def _decide(
         self, latency: float | None, count: int, what: str, slow: list[str], at: float
@@ -243,6 +261,7 @@ class AdaptiveLimits:
         config_folder: Path | None = None,
         holds: Callable[[str], list[float]] | None = None,
         state: StateStore | None = None,
+        light: Callable[[str, float], list[float]] | None = None,
     ) -> None:
         """``settings``: the daemon's; the entries of ``adaptive``, capped by the limits of
         ``policies``, reading the scheduler of :attr:`ProxydSettings.adaptive_scheduler`
@@ -265,6 +284,8 @@ class AdaptiveLimits:
             )
         #: the hold times of a category's tokens since the last call (the daemon's policy)
         self.holds = holds or (lambda category: [])
+        #: the holds of light users' tokens of a category in the last seconds given
+        self.light = light or (lambda category, window: [])
         self.timeout = settings.bypass.timeout
         self.changed = changed
         self.problem = ""
@@ -301,7 +322,9 @@ class AdaptiveLimits:
         for category in sorted(due):
             limit = self.limits[category]
             if limit.settings.source == TOKENS:
-                decision: Decision | None = limit.observe_holds(self.holds(category), at)
+                window = limit.settings.light_window
+                light = None if window is None else self.light(category, window)
+                decision: Decision | None = limit.observe_holds(self.holds(category), at, light)
             elif reading is None:
                 continue
             elif not reading.ok:

@@ -157,6 +157,7 @@ class ProxyDaemon:
                 config_folder=self.config_path.parent if self.config_path else None,
                 holds=lambda category: self.policy.take_holds(category),
                 state=self.peers.store,
+                light=lambda category, window: self.policy.light_holds(category, window),
             )
         except ValueError as exc:
             raise StartupError(str(exc)) from None

@@ -430,6 +430,9 @@ class _Category:
     #: seconds each ordinary token was held, as it came back (not rides, not lapsed leases):
     #: the signal of ``proxyd.adaptive``'s ``source: tokens``, taken by :meth:`take_holds`
     holds: deque[float] = field(default_factory=lambda: deque(maxlen=HOLDS_KEPT))
+    #: (returned at, seconds held) of the ordinary tokens of users who were not busy
+    #: (``busy_after``) when they came back: ``adaptive``'s ``light_window``
+    light: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HOLDS_KEPT))
 
 
 #: the schema's defaults, the one place they are written (PolicySettings' keywords take them)
@@ -727,6 +730,7 @@ class TokenPolicy:
             self._leases = [(t.expires_at, t.id) for t in self._tokens.values()]
             heapify(self._leases)
         cat = self.categories[token.category]
+        light = not token.privileged and self._light(cat, token.user)
         cat.in_use -= 1
         left = cat.held.get(token.user, 1) - 1
         if left > 0:
@@ -739,7 +743,26 @@ class TokenPolicy:
             now = self.clock.monotonic()
             if now < token.expires_at:  # a lapsed lease is a client gone, not a hold time
                 cat.holds.append(max(0.0, now - token.granted))
+                if light:
+                    cat.light.append((now, max(0.0, now - token.granted)))
         return token
+
+    def _light(self, cat: _Category, user: str) -> bool:
+        """``user`` is not busy: fewer than ``busy_after`` requests of ``cat`` in flight (held,
+        one of them coming back now, and waiting); never, without ``busy_after``."""
+        after = self.settings.busy_after
+        if after is None:
+            return False
+        return cat.held.get(user, 0) + cat.queue.counts.get(user, 0) < after
+
+    def light_holds(self, category: str, window: float) -> list[float]:
+        """How long (seconds) each ordinary token of a user who was not busy was held, of
+        those of ``category`` returned in the last ``window`` seconds (older ones are dropped)."""
+        light = self.categories[category].light
+        since = self.clock.monotonic() - window
+        while light and light[0][0] < since:
+            light.popleft()
+        return [hold for _, hold in light]
 
     def take_holds(self, category: str) -> list[float]:
         """How long (seconds) each ordinary token of ``category`` returned since the last

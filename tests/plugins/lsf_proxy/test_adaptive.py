@@ -321,6 +321,94 @@ def test_the_tokens_own_hold_times_lower_the_max_and_raise_it_keeping_a_newcomer
         assert why.endswith("(its low)") == (int(after) == 2 and "slow" in why), why
 
 
+def test_light_users_holds_over_the_target_cut_the_max_when_the_intervals_are_within() -> None:
+    limit = rule(source="tokens", light_window=10, min_requests=1)
+    flood = [0.040] * 20  # a flood's niced commands: within the 50 ms target
+    calm = limit.observe_holds(flood, 1, light=[0.060, 0.070])
+    assert calm.after == calm.before == 32, "two light holds are no signal yet"
+    cut = limit.observe_holds(flood, 2, light=[0.060, 0.070, 0.065])
+    assert (cut.before, cut.after) == (32, 24) and cut.latency_ms == 65
+    assert "65.0 ms median hold of 3 light users' tokens in 10 s" in cut.reason
+    fine = limit.observe_holds(flood, 3, light=[0.030, 0.030, 0.030])
+    assert fine.latency_ms == 40, "the higher of the two medians"
+    # without light_window the light holds are not read
+    assert rule(source="tokens", min_requests=1).observe_holds(flood, 1).latency_ms == 40
+
+
+def test_the_daemon_cuts_the_max_for_a_light_users_slow_tokens_beside_a_fast_flood(
+    start_daemon,
+) -> None:
+    daemon = start_daemon(
+        {
+            "policies": "QUERY[max=16 nominal=16]",
+            "busy_after": 4,
+            "adaptive": {
+                "query": {
+                    "source": "tokens",
+                    "target_ms": 150,
+                    "min": 2,
+                    "max": 6,
+                    "interval": 1,
+                    "min_requests": 1,
+                    "grow_after": 100,
+                    "light_window": 30,
+                }
+            },
+        }
+    )
+
+    def adaptive() -> dict:
+        return daemon.status()["adaptive"]["query"]
+
+    flood = holders(daemon.socket, 6, 0.005)  # nobody: busy, its tokens back at once
+    try:
+        assert until(lambda: len(adaptive()["decisions"]) >= 3, timeout=60), adaptive()
+        assert adaptive()["limit"] == 6, "the flood alone is within the target"
+        # a light user (one call at a time) whose commands take 400 ms: three of them
+        light = holders_as("daemon", daemon.socket, 3)
+        assert light.returncode == 0, light.stderr
+        assert until(lambda: adaptive()["limit"] < 6, timeout=60), adaptive()
+        reasons = [d["reason"] for d in adaptive()["decisions"]]
+        assert any("light users' tokens in 30 s" in why for why in reasons), reasons
+    finally:
+        stop(flood)
+
+
+LIGHT = r"""
+import sys, time
+from loguru import logger
+logger.remove()
+from gridgate.plugins.lsf_proxy.client.client import Daemon, ProxyClient
+with ProxyClient([Daemon("proxyd", sys.argv[1])]) as client:
+    for _ in range(int(sys.argv[2])):
+        with client.acquire("query", "squeue"):
+            time.sleep(0.4)
+"""
+
+
+def holders_as(user: str, socket: str, calls: int) -> subprocess.CompletedProcess:
+    """``calls`` query tokens one after the other as ``user``, each held 400 ms."""
+    return subprocess.run(
+        [*as_user(user), sys.executable, "-c", LIGHT, socket, str(calls)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+
+
+def test_light_window_under_a_scheduler_source_is_named() -> None:
+    entry = {"source": "sdiag", "light_window": 10}
+    problems = ProxydSection.config_errors({"adaptive": {"query": entry}})
+    assert problems == [
+        (
+            ("adaptive", "query", "light_window"),
+            "light_window watches the tokens' hold times; source sdiag reads the scheduler "
+            "(use source: tokens)",
+        )
+    ]
+
+
 def test_a_scheduler_only_key_under_source_tokens_is_named() -> None:
     entry = {"source": "tokens", "max_server_threads": 4}
     problems = ProxydSection.config_errors({"adaptive": {"query": entry}})
