@@ -699,12 +699,15 @@ class TokenPolicy:
         ordinary user has ``busy_after`` or more requests of the category in flight (held,
         this one included, and waiting), else 0. Tokens bound the controller's work; this
         keeps a user's flood of gated clients from taking the CPU of the host they share."""
-        after = self.settings.busy_after
-        if after is None or token.privileged:
+        if token.privileged or not self._busy(self.categories[token.category], token.user):
             return 0
-        cat = self.categories[token.category]
-        flight = cat.held.get(token.user, 0) + cat.queue.counts.get(token.user, 0)
-        return self.settings.busy_nice if flight >= after else 0
+        return self.settings.busy_nice
+
+    def _busy(self, cat: _Category, user: str) -> bool:
+        """``user`` has ``busy_after`` or more requests of ``cat`` in flight (held, this one
+        included, and waiting); never, without ``busy_after``."""
+        after = self.settings.busy_after
+        return after is not None and cat.held.get(user, 0) + cat.queue.counts.get(user, 0) >= after
 
     def release(self, token_id: str) -> Token | None:
         """Return a token; the freed slot goes to the next waiter at the next tick.
@@ -730,7 +733,12 @@ class TokenPolicy:
             self._leases = [(t.expires_at, t.id) for t in self._tokens.values()]
             heapify(self._leases)
         cat = self.categories[token.category]
-        light = not token.privileged and self._light(cat, token.user)
+        # light: not busy (as nice_for reads it) when it comes back; nobody without busy_after
+        light = (
+            not token.privileged
+            and self.settings.busy_after is not None
+            and not self._busy(cat, token.user)
+        )
         cat.in_use -= 1
         left = cat.held.get(token.user, 1) - 1
         if left > 0:
@@ -746,14 +754,6 @@ class TokenPolicy:
                 if light:
                     cat.light.append((now, max(0.0, now - token.granted)))
         return token
-
-    def _light(self, cat: _Category, user: str) -> bool:
-        """``user`` is not busy: fewer than ``busy_after`` requests of ``cat`` in flight (held,
-        one of them coming back now, and waiting); never, without ``busy_after``."""
-        after = self.settings.busy_after
-        if after is None:
-            return False
-        return cat.held.get(user, 0) + cat.queue.counts.get(user, 0) < after
 
     def light_holds(self, category: str, window: float) -> list[float]:
         """How long (seconds) each ordinary token of a user who was not busy was held, of

@@ -34,6 +34,7 @@ __all__ = [
     "daemons_at_install",
     "fallback_name",
     "header",
+    "source",
 ]
 
 #: The Python shim a compiled one execs for what it leaves to the whole gate:
@@ -145,8 +146,14 @@ def header(conf: dict[str, Any], fallback: str) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def build(settings: str, cc: str | None = None) -> bytes:
-    """``shim.c`` compiled with ``settings`` (a :func:`header`): the executable's bytes.
+def source() -> bytes:
+    """The text of ``shim.c``, as installed with the package."""
+    return resources.files("gridgate.plugins.lsf_proxy.gate").joinpath("shim.c").read_bytes()
+
+
+def build(settings: str, cc: str | None = None, code: bytes | None = None) -> bytes:
+    """``shim.c`` (``code``: its text, :func:`source` when not given) compiled with
+    ``settings`` (a :func:`header`): the executable's bytes.
 
     :raises CompileError: no compiler, or it failed (its output in the message).
     """
@@ -154,10 +161,10 @@ def build(settings: str, cc: str | None = None) -> bytes:
     path = os.environ.get("PATH", "/usr/bin:/bin")
     if cc is None:
         raise CompileError("no C compiler (cc or gcc) on PATH")
-    source = resources.files("gridgate.plugins.lsf_proxy.gate").joinpath("shim.c").read_bytes()
+    code = source() if code is None else code
     with tempfile.TemporaryDirectory(prefix="gridgate-shim-") as tmp:
         folder = Path(tmp)
-        (folder / "shim.c").write_bytes(source)
+        (folder / "shim.c").write_bytes(code)
         (folder / "gg_settings.h").write_text(settings, encoding="utf-8")
         argv = [cc, "-O2", "-std=gnu11", "-Wall", "-Wextra", "-s", "-o", "shim", "shim.c"]
         try:

@@ -182,22 +182,15 @@ def shim_settings(
     }
 
 
-def shim_text(
-    name: str,
-    real: str | None,
-    shim_dir: str,
-    config: str | None,
-    socket_path: str | None,
-    code_file: str,
-) -> str:
-    """The shim for ``name``: a script of its settings that runs the code in ``code_file``
-    (a :func:`code_name` in ``shim_dir``), importing nothing it need not."""
+def shim_text(conf: dict[str, Any], code_file: str) -> str:
+    """The shim of :func:`shim_settings` ``conf``: a script of its settings that runs the code
+    in ``code_file`` (a :func:`code_name` in its ``shim_dir``), importing nothing it need not."""
     return _SHIM.format(
         python=sys.executable,
-        name=name,
-        conf=shim_settings(name, real, shim_dir, config, socket_path),
+        name=conf["name"],
+        conf=conf,
         code_name=code_file,
-        code_path=os.path.join(shim_dir, code_file),
+        code_path=os.path.join(conf["shim_dir"], code_file),
     )
 
 
@@ -240,6 +233,7 @@ def install_shims(
     if kind not in SHIM_KINDS:
         raise ValueError(f"not a shim kind: {kind!r} (one of {', '.join(SHIM_KINDS)})")
     cc = compiled.compiler() if kind != "python" else None
+    source = compiled.source() if cc is not None else b""  # read once for every shim
     if kind == "compiled" and cc is None:
         raise compiled.CompileError("--shim-kind compiled: no C compiler (cc or gcc) on PATH")
     shim_dir = Path(shim_dir)
@@ -264,14 +258,14 @@ def install_shims(
     built = []
     for name in names:
         real = find_real(name, shim_dir)
-        text = shim_text(name, real, folder, config, socket_path, code_file).encode("utf-8")
+        conf = shim_settings(name, real, folder, config, socket_path)
+        text = shim_text(conf, code_file).encode("utf-8")
         binary = None
         if cc is not None:
-            conf = shim_settings(name, real, folder, config, socket_path)
             fallback = os.path.join(folder, compiled.fallback_name(name))
             settings = compiled.header(conf, fallback)
             if settings is not None:
-                binary = compiled.build(settings, cc)
+                binary = compiled.build(settings, cc, source)
         built.append((name, real, text, binary))
     # the code first: a shim is never there before the file it reads
     atomic_write(shim_dir / code_file, code, mode=0o644, durable=False)

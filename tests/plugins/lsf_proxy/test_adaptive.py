@@ -253,25 +253,28 @@ with ProxyClient([Daemon("proxyd", sys.argv[1])]) as client:
 """
 
 
+def tokens_daemon(start_daemon, section: dict | None = None, **entry):  # noqa: ANN201
+    """A real daemon whose query max (2-6, from 16) follows its tokens' holds, target 150 ms,
+    a decision a second; ``section`` and ``entry`` add to its ``proxyd:`` and the entry."""
+    query = {
+        "source": "tokens",
+        "target_ms": 150,
+        "min": 2,
+        "max": 6,
+        "interval": 1,
+        "min_requests": 1,
+        **entry,
+    }
+    return start_daemon(
+        {"policies": "QUERY[max=16 nominal=16]", **(section or {}), "adaptive": {"query": query}}
+    )
+
+
 def test_the_tokens_own_hold_times_lower_the_max_and_raise_it_keeping_a_newcomers_token(
     start_daemon,
 ) -> None:
     # source tokens reads no scheduler: the daemon times the holds of its own tokens
-    daemon = start_daemon(
-        {
-            "policies": "QUERY[max=16 nominal=16]",
-            "adaptive": {
-                "query": {
-                    "source": "tokens",
-                    "target_ms": 150,
-                    "min": 2,
-                    "max": 6,
-                    "interval": 1,
-                    "min_requests": 1,
-                }
-            },
-        }
-    )
+    daemon = tokens_daemon(start_daemon)
 
     def adaptive() -> dict:
         return daemon.status()["adaptive"]["query"]
@@ -338,24 +341,7 @@ def test_light_users_holds_over_the_target_cut_the_max_when_the_intervals_are_wi
 def test_the_daemon_cuts_the_max_for_a_light_users_slow_tokens_beside_a_fast_flood(
     start_daemon,
 ) -> None:
-    daemon = start_daemon(
-        {
-            "policies": "QUERY[max=16 nominal=16]",
-            "busy_after": 2,
-            "adaptive": {
-                "query": {
-                    "source": "tokens",
-                    "target_ms": 150,
-                    "min": 2,
-                    "max": 6,
-                    "interval": 1,
-                    "min_requests": 1,
-                    "grow_after": 100,
-                    "light_window": 30,
-                }
-            },
-        }
-    )
+    daemon = tokens_daemon(start_daemon, {"busy_after": 2}, grow_after=100, light_window=30)
 
     def adaptive() -> dict:
         return daemon.status()["adaptive"]["query"]
@@ -378,6 +364,8 @@ def test_the_daemon_cuts_the_max_for_a_light_users_slow_tokens_beside_a_fast_flo
         stop(flood)
 
 
+#: One call at a time: each token held while its "command" runs 400 ms (the hold the daemon
+#: times on its own clock, so a real wait here, not an injected clock)
 LIGHT = r"""
 import sys, time
 from loguru import logger
